@@ -1,0 +1,130 @@
+"""``rfgp.sketch``: convert a GPyTorch kernel tree into its random-feature counterpart.
+
+Each supported GPyTorch kernel type has a registered converter that builds the rfgp
+kernel with the same hyperparameter values, constraints, priors, ``ard_num_dims``,
+``batch_shape`` and ``active_dims``.  ``ScaleKernel`` is kept (its outputscale scales
+the features), ``AdditiveKernel``/``ProductKernel`` become the feature-space
+:class:`~rfgp.kernels.FeatureSumKernel`/:class:`~rfgp.kernels.FeatureProductKernel`, so
+the whole tree stays low-rank.  Modules of other families register their converters
+with :func:`register_converter`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import gpytorch
+from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
+
+from .kernels.combinations import FeatureProductKernel, FeatureSumKernel
+
+_CONVERTERS: dict[type, Callable] = {}
+
+
+def register_converter(kernel_type: type) -> Callable:
+    """Decorator registering ``fn(kernel, num_features, method, seed, **options) -> Kernel`` for a type."""
+
+    def decorate(fn: Callable) -> Callable:
+        _CONVERTERS[kernel_type] = fn
+        return fn
+
+    return decorate
+
+
+def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: int | None = None, **options) -> Kernel:
+    """Return the random-feature version of a GPyTorch kernel tree with the same hyperparameters.
+
+    Args:
+        kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.
+        num_features: feature width F of every sketched leaf kernel.
+        method: the sketch of each leaf (``None``: the leaf family's default, e.g.
+            ``"rff"`` for RBF/Matérn; ``"rff" | "orf" | "sorf"`` for those).
+        seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
+            that factors of a product are independent.
+        options: passed to the leaf converters.
+
+    Raises:
+        TypeError: naming the first kernel in the tree that has no random-feature version.
+
+    Example:
+        >>> exact = ScaleKernel(RBFKernel(ard_num_dims=3))
+        >>> sketched = rfgp.sketch(exact, num_features=1024, method="sorf")
+    """
+    seeds = _SeedSequence(seed)
+    return _convert(kernel, num_features, method, seeds, options)
+
+
+class _SeedSequence:
+    def __init__(self, seed: int | None) -> None:
+        self.next = seed
+
+    def take(self) -> int | None:
+        seed = self.next
+        if seed is not None:
+            self.next += 1
+        return seed
+
+
+def _convert(kernel, num_features, method, seeds, options):
+    if isinstance(kernel, ScaleKernel):
+        base = _convert(kernel.base_kernel, num_features, method, seeds, options)
+        return copy_hyperparameters(kernel, ScaleKernel(base, **_common_kwargs(kernel)), "outputscale")
+    if isinstance(kernel, (AdditiveKernel, ProductKernel)):
+        parts = [_convert(k, num_features, method, seeds, options) for k in kernel.kernels]
+        cls = FeatureSumKernel if isinstance(kernel, AdditiveKernel) else FeatureProductKernel
+        return cls(*parts, active_dims=kernel.active_dims)
+    for kernel_type in type(kernel).__mro__:
+        if kernel_type in _CONVERTERS:
+            return _CONVERTERS[kernel_type](kernel, num_features, method, seeds.take(), **options)
+    supported = ", ".join(sorted(t.__name__ for t in _CONVERTERS))
+    raise TypeError(
+        f"rfgp.sketch has no random-feature version of {type(kernel).__name__}; supported kernels: "
+        f"{supported}, and ScaleKernel/AdditiveKernel/ProductKernel around them"
+    )
+
+
+def _common_kwargs(kernel: Kernel) -> dict:
+    return {"batch_shape": kernel.batch_shape, "active_dims": kernel.active_dims}
+
+
+def lengthscale_kwargs(kernel: Kernel) -> dict:
+    """Constructor arguments that reproduce ``kernel``'s lengthscale setup (ARD, batch, dims, constraint, prior)."""
+    kwargs = _common_kwargs(kernel)
+    kwargs["ard_num_dims"] = kernel.ard_num_dims
+    kwargs["lengthscale_constraint"] = kernel.raw_lengthscale_constraint
+    prior = getattr(kernel, "lengthscale_prior", None)
+    if prior is not None:
+        kwargs["lengthscale_prior"] = prior
+    return kwargs
+
+
+def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
+    """Copy the raw values of the named hyperparameters (and their constraints/priors) from source to target."""
+    for name in names:
+        raw = f"raw_{name}"
+        getattr(target, raw).data.copy_(getattr(source, raw).data)
+        target.register_constraint(raw, getattr(source, f"{raw}_constraint"))
+        prior_name = f"{name}_prior"
+        if prior_name in source._priors:
+            prior, closure, setting_closure = source._priors[prior_name]
+            target._priors[prior_name] = (prior, closure, setting_closure)
+            target.add_module(prior_name, prior)
+    return target
+
+
+@register_converter(gpytorch.kernels.RBFKernel)
+def _convert_rbf(kernel, num_features, method, seed, **options):
+    from .kernels.fourier import SketchedRBFKernel
+
+    sketched = SketchedRBFKernel(num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+@register_converter(gpytorch.kernels.MaternKernel)
+def _convert_matern(kernel, num_features, method, seed, **options):
+    from .kernels.fourier import SketchedMaternKernel
+
+    sketched = SketchedMaternKernel(
+        num_features, nu=kernel.nu, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
+    )
+    return copy_hyperparameters(kernel, sketched, "lengthscale")

@@ -1,0 +1,148 @@
+"""The :class:`FeatureMap` base class: an explicit random feature map Φ with k(x, y) ≈ Φ(x)ᵀΦ(y).
+
+Conventions shared by every map in :mod:`rfgp.features` (see ``DESIGN.md``):
+
+* ``num_features`` is the **real output width** F, for every method.
+* Random draws are registered buffers, so ``state_dict()`` reproduces them bit for
+  bit and ``.to(device)``/``.double()`` moves them.  They are a deterministic function
+  of an integer ``seed`` and of the input dimension; ``resample()`` draws a new seed.
+* The input dimension may be left unset; the draws are then made at the first call
+  (like GPyTorch's ``RFFKernel``), which is what :func:`rfgp.sketch` relies on.
+* Inputs arrive already divided by the lengthscale: hyperparameters live in the
+  GPyTorch kernel, the map only sees ``x / lengthscale``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_features_input, check_positive_int
+
+_SEED_BOUND = 2**62
+
+
+def _new_seed(generator: torch.Generator | None) -> int:
+    return int(torch.randint(_SEED_BOUND, (1,), generator=generator).item())
+
+
+class FeatureMap(nn.Module):
+    """Base class of all random feature maps.
+
+    Subclasses implement :meth:`_draw` (the random quantities, as a dict of tensors) and
+    :meth:`_features` (Φ from the input and the drawn buffers).  Maps whose expected
+    diagonal E[Φ(x)ᵀΦ(x)] differs from the target k(x, x) (truncated Maclaurin, fitted
+    SRF densities, ...) also override :meth:`target_diag` and :meth:`expected_diag`, and
+    set ``has_variance_bias = True``; the kernels then add the difference to the
+    posterior variance (paper 000, §5.6).
+
+    Args:
+        num_features: real output width F.
+        input_dim: input dimension d; ``None`` draws lazily at the first call.
+        seed: integer seed of the draws.  Exclusive with ``generator``.
+        generator: a ``torch.Generator`` from which the seed is drawn.  With neither,
+            the seed comes from torch's global generator (so ``torch.manual_seed`` applies).
+    """
+
+    #: whether E[Φ(x)ᵀΦ(x)] can differ from k(x, x) and needs a variance correction
+    has_variance_bias: bool = False
+
+    def __init__(
+        self,
+        num_features: int,
+        input_dim: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_features = check_positive_int(num_features, "num_features")
+        self.input_dim = None if input_dim is None else check_positive_int(input_dim, "input_dim")
+        if seed is not None and generator is not None:
+            raise ValueError("pass either seed or generator, not both")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+            self.seed = int(seed)
+        else:
+            self.seed = _new_seed(generator)
+        # Follows .to()/.double()/.cuda(): the dtype and device lazily drawn buffers get.
+        self.register_buffer("_anchor", torch.empty(0), persistent=False)
+        self._buffer_names: tuple[str, ...] = ()
+        if self.input_dim is not None:
+            self._materialize()
+
+    # ------------------------------------------------------------------ draws
+    def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """Return the random quantities for ``input_dim`` drawn from the CPU ``generator``."""
+        raise NotImplementedError
+
+    def _materialize(self) -> None:
+        generator = torch.Generator().manual_seed(self.seed)
+        draws = self._draw(self.input_dim, generator)
+        for name, value in draws.items():
+            if value.is_floating_point():
+                value = value.to(device=self._anchor.device, dtype=self._anchor.dtype)
+            else:
+                value = value.to(device=self._anchor.device)
+            self.register_buffer(name, value)
+        self._buffer_names = tuple(draws)
+
+    @property
+    def is_initialized(self) -> bool:
+        return bool(self._buffer_names)
+
+    def resample(self, generator: torch.Generator | None = None) -> FeatureMap:
+        """Redraw all random quantities (from ``generator`` if given, else torch's global RNG)."""
+        self.seed = _new_seed(generator)
+        if self.input_dim is not None:
+            self._materialize()
+        return self
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, x: Tensor) -> Tensor:
+        """Φ(x) of shape ``(..., n, num_features)`` for ``x`` of shape ``(..., n, d)``."""
+        check_features_input(x, "x", self.input_dim)
+        if self.input_dim is None:
+            self.input_dim = x.shape[-1]
+            self._materialize()
+        return self._features(x)
+
+    def _features(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _buffer(self, name: str, like: Tensor) -> Tensor:
+        """A drawn buffer in the dtype and on the device of ``like`` (a no-op when they match)."""
+        value = getattr(self, name)
+        if value.is_floating_point() and value.dtype != like.dtype:
+            value = value.to(like.dtype)
+        return value.to(like.device)
+
+    # ------------------------------------------------------- bias correction
+    def target_diag(self, x: Tensor) -> Tensor:
+        """k(x, x) of the kernel this map targets, shape ``(..., n)``."""
+        raise NotImplementedError
+
+    def expected_diag(self, x: Tensor) -> Tensor:
+        """E[Φ(x)ᵀΦ(x)] over the random draws, shape ``(..., n)``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- state dict
+    def get_extra_state(self) -> dict:
+        return {"input_dim": self.input_dim, "seed": self.seed}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.input_dim = state["input_dim"]
+        self.seed = state["seed"]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        extra = state_dict.get(prefix + "_extra_state")
+        if extra is not None and extra["input_dim"] is not None:
+            changed = (extra["input_dim"], extra["seed"]) != (self.input_dim, self.seed)
+            if changed or not self.is_initialized:
+                # Re-create the buffers with the saved shapes; their values are then copied in.
+                self.set_extra_state(extra)
+                self._materialize()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"input_dim={self.input_dim}, num_features={self.num_features}"

@@ -1,0 +1,16 @@
+"""GPyTorch kernels backed by random features."""
+
+from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
+from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
+
+__all__ = [
+    "FeatureKernel",
+    "FeatureProductKernel",
+    "FeatureSumKernel",
+    "RandomFeatureKernel",
+    "SketchedMaternKernel",
+    "SketchedRBFKernel",
+    "is_feature_kernel",
+    "kernel_features",
+]

@@ -1,0 +1,106 @@
+"""The GPyTorch adapter that turns any :class:`~rfgp.features.FeatureMap` into a kernel.
+
+k̂(x, y) = Φ(x/ℓ)ᵀΦ(y/ℓ), returned as a low-rank LinearOperator (never a dense n × n
+matrix unless ``to_dense()`` is asked for), with GPyTorch's lengthscale (ARD, batch
+shapes, constraints, priors), ``active_dims``, ``diag=True`` and a feature-space
+prediction strategy.  The random draws are shared across the kernel's batch
+dimensions, so batched models (one GP per class or output) share one Φ per input.
+"""
+
+from __future__ import annotations
+
+from gpytorch.kernels import Kernel
+from torch import Tensor
+
+from linear_operator.operators import MatmulLinearOperator
+
+from ..features.base import FeatureMap
+from ..operators import FeatureRootLinearOperator
+from ..prediction import FeatureSpacePredictionStrategy
+
+
+class FeatureKernel(Kernel):
+    """Base of every kernel that is an explicit inner product of features, k̂(x, y) = Φ(x)ᵀΦ(y).
+
+    Subclasses implement :meth:`featurize` and :meth:`diag_moments`; this class turns them
+    into GPyTorch's kernel contract with low-rank outputs and the feature-space
+    prediction strategy.
+    """
+
+    def featurize(self, x: Tensor) -> Tensor:
+        """Φ(x) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller)."""
+        raise NotImplementedError
+
+    def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(k(x, x), E[k̂(x, x)]) per point, or ``None`` when the two agree exactly."""
+        raise NotImplementedError
+
+    def variance_correction(self, x: Tensor) -> Tensor | None:
+        """k(x, x) − E[k̂(x, x)] ≥ 0 per point, or ``None`` when the features are unbiased on the diagonal."""
+        moments = self.diag_moments(x)
+        return None if moments is None else (moments[0] - moments[1]).clamp_min(0.0)
+
+    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
+        if last_dim_is_batch:
+            raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
+        same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
+        z1 = self.featurize(x1)
+        z2 = z1 if same else self.featurize(x2)
+        if diag:
+            return (z1 * z2).sum(-1)
+        if same:
+            return FeatureRootLinearOperator(z1, self.variance_correction(x1))
+        return MatmulLinearOperator(z1, z2.mT)
+
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        return FeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
+
+    def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
+        return 1
+
+
+class RandomFeatureKernel(FeatureKernel):
+    r"""Kernel k̂(x, y) = Φ(x/ℓ)ᵀΦ(y/ℓ) for a random feature map Φ.
+
+    Args:
+        feature_map: the :class:`~rfgp.features.FeatureMap` (its draws are fixed buffers).
+        kwargs: GPyTorch ``Kernel`` arguments (``ard_num_dims``, ``batch_shape``,
+            ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ...).
+
+    Example:
+        >>> from rfgp.features import RandomFourierFeatures
+        >>> kernel = RandomFeatureKernel(RandomFourierFeatures(512, input_dim=2, seed=0))
+        >>> kernel(torch.randn(10, 2)).shape
+        torch.Size([10, 10])
+    """
+
+    has_lengthscale = True
+
+    def __init__(self, feature_map: FeatureMap, **kwargs) -> None:
+        if not isinstance(feature_map, FeatureMap):
+            raise TypeError(f"feature_map must be a rfgp.features.FeatureMap, got {type(feature_map).__name__}")
+        ard = kwargs.get("ard_num_dims")
+        if ard is not None and feature_map.input_dim is not None and ard != feature_map.input_dim:
+            raise ValueError(
+                f"ard_num_dims={ard} does not match the feature map's input_dim={feature_map.input_dim}"
+            )
+        super().__init__(**kwargs)
+        self.feature_map = feature_map
+
+    @property
+    def num_features(self) -> int:
+        return self.feature_map.num_features
+
+    def scale_inputs(self, x: Tensor) -> Tensor:
+        """What the feature map sees: x/ℓ (subclasses with other hyperparameters override this)."""
+        return x.div(self.lengthscale) if self.has_lengthscale else x
+
+    def featurize(self, x: Tensor) -> Tensor:
+        """Φ(x/ℓ) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller)."""
+        return self.feature_map(self.scale_inputs(x))
+
+    def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
+        if not self.feature_map.has_variance_bias:
+            return None
+        scaled = self.scale_inputs(x)
+        return self.feature_map.target_diag(scaled), self.feature_map.expected_diag(scaled)
