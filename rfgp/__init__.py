@@ -1,9 +1,10 @@
 """rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels."""
 
-from . import features, kernels
+from . import features, kernels, models
 from .conversion import register_converter, sketch
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
+from .training import fit_mll
 
 __version__ = "0.1.0"
 
@@ -12,7 +13,9 @@ __all__ = [
     "FeatureRootLinearOperator",
     "FeatureSpacePredictionStrategy",
     "features",
+    "fit_mll",
     "kernels",
+    "models",
     "register_converter",
     "sketch",
 ]

@@ -1,0 +1,5 @@
+"""Thin, ready-made GPyTorch models."""
+
+from .regression import ExactGPModel
+
+__all__ = ["ExactGPModel"]
