@@ -21,6 +21,7 @@ scale draw (see :mod:`rfgp.features.spectral`).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor
@@ -32,6 +33,9 @@ from .hadamard import fwht, next_power_of_two, pad_to_power_of_two
 from .spectral import GaussianSpectralDensity, SpectralDensity
 
 SAMPLERS = ("iid", "orthogonal", "structured")
+
+#: below this padded input dimension SORF's bias (≈ −e^{−z²/2}z⁴/(4d)) is large.
+MIN_STRUCTURED_DIM = 16
 
 
 class RandomFourierFeatures(FeatureMap):
@@ -79,6 +83,13 @@ class RandomFourierFeatures(FeatureMap):
         m, d = self.num_frequencies, input_dim
         if self.sampler == "structured":
             padded = next_power_of_two(d)
+            if padded < MIN_STRUCTURED_DIM:
+                warnings.warn(
+                    f"sampler='structured' (SORF) with input_dim={d} (padded to {padded}) is strongly biased: "
+                    "its frequency norms are fixed at √d (paper 002, Lemma 5: bias ≈ −e^{−z²/2}z⁴/(4d)); "
+                    "use sampler='iid' or 'orthogonal' for low-dimensional inputs",
+                    stacklevel=4,
+                )
             num_blocks = math.ceil(m / padded)
             signs = random.rademacher((num_blocks, 3, padded), generator)
             row_scales = torch.full((m,), math.sqrt(padded), dtype=torch.float64)
