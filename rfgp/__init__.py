@@ -1,6 +1,6 @@
 """rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels."""
 
-from . import features, kernels, models
+from . import features, kernels, models, variance
 from .conversion import register_converter, sketch
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -18,4 +18,5 @@ __all__ = [
     "models",
     "register_converter",
     "sketch",
+    "variance",
 ]
