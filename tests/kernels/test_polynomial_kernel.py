@@ -158,5 +158,5 @@ def test_bad_inputs():
         kernel(torch.rand(4, 5)).to_dense()
     with pytest.raises(TypeError, match="real"):
         kernel(torch.rand(4, 3, dtype=torch.complex64)).to_dense()
-    with pytest.raises(RuntimeError, match="raw_offset"):  # GPyTorch's Positive constraint refuses it
+    with pytest.raises(RuntimeError, match="out of bounds"):  # GPyTorch's Positive constraint refuses it
         kernel.offset = -1.0
