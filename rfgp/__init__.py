@@ -1,6 +1,6 @@
 """rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels."""
 
-from . import features, kernels, models
+from . import complex_posterior, features, kernels, models, variance
 from .conversion import register_converter, sketch
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -9,6 +9,7 @@ from .training import fit_mll
 __version__ = "0.1.0"
 
 __all__ = [
+    "complex_posterior",
     "FeatureRootAddedDiagLinearOperator",
     "FeatureRootLinearOperator",
     "FeatureSpacePredictionStrategy",
@@ -18,4 +19,5 @@ __all__ = [
     "models",
     "register_converter",
     "sketch",
+    "variance",
 ]

@@ -128,3 +128,19 @@ def _convert_matern(kernel, num_features, method, seed, **options):
         num_features, nu=kernel.nu, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
     )
     return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+@register_converter(gpytorch.kernels.PolynomialKernel)
+def _convert_polynomial(kernel, num_features, method, seed, **options):
+    from .kernels.polynomial import SketchedPolynomialKernel
+
+    sketched = SketchedPolynomialKernel(
+        kernel.power,
+        num_features,
+        method=method or "sketch",
+        seed=seed,
+        offset_constraint=kernel.raw_offset_constraint,
+        **options,
+        **_common_kwargs(kernel),
+    )
+    return copy_hyperparameters(kernel, sketched, "offset")

@@ -101,11 +101,15 @@ class FeatureMap(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, x: Tensor) -> Tensor:
         """Φ(x) of shape ``(..., n, num_features)`` for ``x`` of shape ``(..., n, d)``."""
+        self._prepare(x)
+        return self._features(x)
+
+    def _prepare(self, x: Tensor) -> None:
+        """Validate an input and make the draws at the first call when ``input_dim`` was left unset."""
         check_features_input(x, "x", self.input_dim)
         if self.input_dim is None:
             self.input_dim = x.shape[-1]
             self._materialize()
-        return self._features(x)
 
     def _features(self, x: Tensor) -> Tensor:
         raise NotImplementedError

@@ -2,6 +2,7 @@
 
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
 
 __all__ = [
@@ -10,7 +11,9 @@ __all__ = [
     "FeatureSumKernel",
     "RandomFeatureKernel",
     "SketchedMaternKernel",
+    "SketchedPolynomialKernel",
     "SketchedRBFKernel",
     "is_feature_kernel",
     "kernel_features",
+    "register_polynomial_method",
 ]

@@ -1,0 +1,257 @@
+"""Degree-n tensor sketches: random maps Φₙ: Rᵈ → R^D or C^D with E[Φₙ(x)ᵀ conj Φₙ(y)] = (xᵀy)ⁿ.
+
+These are the building blocks of every polynomial and dot-product feature map
+(:class:`~rfgp.features.PolynomialSketch`, Maclaurin features, GaussianSketchHD).  Each is
+a plain description of *what is drawn* and *how it is applied*; the owning
+:class:`~rfgp.features.FeatureMap` stores the draws as buffers (under a name prefix, so
+one map can hold several sketches of different degrees and widths).
+
+Projections of one degree (papers 000 §3–4 and 001 §5):
+
+* ``"rademacher"``/``"gaussian"``: Φ(x) = D^{-1/2} ⊙ᵢ (x Wᵢ), Wᵢ ∈ R^{d×D} i.i.d. entries
+  (paper 000 Eq. 5; complex Eq. 10 with {±1, ±i} or CN(0, 1) entries, Examples 3–4).
+* ``"srht"``: TensorSRHT, wᵢ,ₗ = zᵢ ∘ h_{πᵢ(l)} with the *unnormalised* Hadamard matrix on
+  the zero-padded input (paper 000 Algorithm 1).  Two samplings of the stacked blocks:
+  ``"tiled"`` (paper 001 §5.1: one diagonal zᵢ per degree shared by all ⌈D/d⌉ blocks and one
+  shuffle of the tiled index vector per degree; variance with M = ⌈D/d⌉d) and
+  ``"independent"`` (paper 000 Algorithm 1 read literally: a fresh zᵢ and permutation per
+  degree *and* block; variance with c(D, d), Table 1).  Permutations are always independent
+  across degrees — sharing them breaks the closed forms (paper 000 notes, pitfall 1).
+* ``"countsketch"``: TensorSketch (Pham & Pagh 2013): CountSketches Cᵢx, combined by FFT
+  convolution, Φ(x) = IFFT(⊙ᵢ FFT(Cᵢx)); unbiased without a 1/√D factor.
+
+:class:`HierarchicalSketch` is the tree sketch of Ahle et al. (2020) used as a baseline in
+paper 000 (Fig. 6 "Ahle TensorSRHT"): degree-1 SRHT leaves, degree-2 TensorSRHT nodes.
+
+Complex weights are stored as separate real and imaginary buffers (``Module.to(dtype)``
+would otherwise discard the imaginary part); complex arithmetic happens only in forward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from . import random
+from .hadamard import fwht, next_power_of_two
+
+PROJECTIONS = ("rademacher", "gaussian", "srht", "countsketch")
+SRHT_BLOCKS = ("tiled", "independent")
+
+Getter = Callable[[str], Tensor]
+
+
+def srht_padded_dim(input_dim: int) -> int:
+    """The Hadamard size of TensorSRHT: the next power of two ≥ max(d, 2) (the variance divides by d − 1)."""
+    return next_power_of_two(max(input_dim, 2))
+
+
+def _unit_weights(shape, complex_weights: bool, generator: torch.Generator) -> dict[str, Tensor]:
+    """Entries uniform on {±1} (real) or {±1, ±i} (complex; paper 000 Example 4) as real/imag parts."""
+    signs = random.rademacher(shape, generator)
+    if not complex_weights:
+        return {"real": signs}
+    imaginary = torch.randint(0, 2, shape, generator=generator, dtype=torch.bool)
+    return {"real": torch.where(imaginary, 0.0, signs), "imag": torch.where(imaginary, signs, 0.0)}
+
+
+def _gaussian_weights(shape, complex_weights: bool, generator: torch.Generator) -> dict[str, Tensor]:
+    """N(0, 1) entries, or CN(0, 1) with Re and Im each N(0, ½) so that E|w|² = 1 (paper 001 check 6)."""
+    if not complex_weights:
+        return {"real": random.normal(shape, generator)}
+    scale = math.sqrt(0.5)
+    return {"real": random.normal(shape, generator) * scale, "imag": random.normal(shape, generator) * scale}
+
+
+def _combine(parts: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {f"{prefix}_{part}": value for part, value in parts.items()}
+
+
+def _weight(get: Getter, name: str, complex_weights: bool) -> Tensor:
+    real = get(f"{name}_real")
+    return torch.complex(real, get(f"{name}_imag")) if complex_weights else real
+
+
+def _hadamard(x: Tensor) -> Tensor:
+    """Unnormalised FWHT of a real or complex tensor (torch has no complex FWHT: transform Re and Im)."""
+    if x.is_complex():
+        return torch.complex(fwht(x.real), fwht(x.imag))
+    return fwht(x)
+
+
+class DegreeSketch:
+    """The degree-n sketch ⊙ᵢ₌₁ⁿ (projection i of x) of width D, for x ∈ Rᵈ or Cᵈ.
+
+    Args:
+        degree: n ≥ 1, the number of multiplied projections.
+        width: D, the number of (real or complex) output features.
+        input_dim: d, the dimension of the sketched vectors (before TensorSRHT padding).
+        projection: one of :data:`PROJECTIONS`.
+        complex_weights: draw complex weights ({±1, ±i} or CN(0, 1)); the output is then complex.
+        srht_blocks: ``"tiled"`` or ``"independent"`` stacking of TensorSRHT blocks (see module doc).
+
+    ``apply`` returns Φ scaled so that Φ(x)ᵀ conj Φ(y) is an unbiased estimate of (xᵀ conj y)ⁿ.
+    """
+
+    def __init__(
+        self,
+        degree: int,
+        width: int,
+        input_dim: int,
+        projection: str,
+        complex_weights: bool,
+        srht_blocks: str = "tiled",
+    ) -> None:
+        self.degree = degree
+        self.width = width
+        self.input_dim = input_dim
+        self.projection = projection
+        self.complex_weights = complex_weights
+        self.srht_blocks = srht_blocks
+
+    @property
+    def padded_dim(self) -> int:
+        return srht_padded_dim(self.input_dim) if self.projection == "srht" else self.input_dim
+
+    # ------------------------------------------------------------------ draws
+    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=()) -> dict[str, Tensor]:
+        """The random quantities as real tensors named ``{prefix}{name}``, shaped ``(degree, *batch_shape, ...)``.
+
+        A non-empty ``batch_shape`` draws that many independent sketches at once; :meth:`apply`
+        then returns one output per draw (vectorised Monte Carlo, used by the tests).
+        """
+        n, width, d, cplx = (self.degree, *batch_shape), self.width, self.input_dim, self.complex_weights
+        if self.projection == "rademacher":
+            draws = _combine(_unit_weights((*n, d, width), cplx, generator), "weight")
+        elif self.projection == "gaussian":
+            draws = _combine(_gaussian_weights((*n, d, width), cplx, generator), "weight")
+        elif self.projection == "srht":
+            draws = self._draw_srht(n, generator)
+        else:
+            draws = _combine(_unit_weights((*n, d), cplx, generator), "sign")
+            draws["bucket"] = torch.randint(0, width, (*n, d), generator=generator)
+        return {prefix + name: value for name, value in draws.items()}
+
+    def _draw_srht(self, n: tuple[int, ...], generator: torch.Generator) -> dict[str, Tensor]:
+        width, padded = self.width, self.padded_dim
+        num_blocks = math.ceil(width / padded)
+        if self.srht_blocks == "tiled":
+            # One diagonal per degree; one shuffle of (1..d) tiled ⌈D/d⌉ times per degree (paper 001 §5.1).
+            diagonals = _unit_weights((*n, 1, padded), self.complex_weights, generator)
+            tiled = torch.arange(padded).repeat(num_blocks)
+            order = torch.argsort(torch.rand((*n, num_blocks * padded), generator=generator), dim=-1)
+            index = tiled[order][..., :width]
+        else:
+            # A fresh diagonal and permutation per degree and block (paper 000 Algorithm 1).
+            diagonals = _unit_weights((*n, num_blocks, padded), self.complex_weights, generator)
+            permutations = torch.argsort(torch.rand((*n, num_blocks, padded), generator=generator), dim=-1)
+            offsets = torch.arange(num_blocks).unsqueeze(-1) * padded
+            index = (permutations + offsets).flatten(-2)[..., :width]
+        draws = _combine(diagonals, "diagonal")
+        draws["index"] = index
+        return draws
+
+    # ------------------------------------------------------------- apply
+    def project(self, x: Tensor, i: int, get: Getter) -> Tensor:
+        """Projection i of x, shape ``(..., N, D)``, unscaled: (wᵢ,ₗᵀx)ₗ, or the CountSketch Cᵢx."""
+        if self.projection in ("rademacher", "gaussian"):
+            weight = _weight(get, "weight", self.complex_weights)[i]
+            return (x.to(weight.dtype) if weight.is_complex() else x) @ weight
+        if self.projection == "srht":
+            diagonal = _weight(get, "diagonal", self.complex_weights)[i]  # (*draws, blocks, padded)
+            x = _pad(x, self.padded_dim).unsqueeze(-2)  # (..., N, 1, padded)
+            blocks = _hadamard(x * diagonal.unsqueeze(-3))  # (..., N, blocks, padded)
+            return _take(blocks.flatten(-2), get("index")[i])
+        sign = _weight(get, "sign", self.complex_weights)[i]  # (*draws, d)
+        values = x * sign.unsqueeze(-2)
+        out = torch.zeros((*values.shape[:-1], self.width), dtype=values.dtype, device=x.device)
+        return out.scatter_add(-1, get("bucket")[i].unsqueeze(-2).expand_as(values), values)
+
+    def apply(self, x: Tensor, get: Getter) -> Tensor:
+        """Φₙ(x), shape ``(..., N, D)``, real or complex; Φₙ(x)ᵀ conj Φₙ(y) is unbiased for (xᵀ conj y)ⁿ."""
+        return self.apply_to([x] * self.degree, get)
+
+    def apply_to(self, inputs: list[Tensor], get: Getter) -> Tensor:
+        """Sketch of inputs[0] ⊗ … ⊗ inputs[n−1]: projection i is applied to inputs[i]."""
+        projections = [self.project(x, i, get) for i, x in enumerate(inputs)]
+        if self.projection == "countsketch":
+            # Circular convolution of the CountSketches = CountSketch of the tensor product with
+            # hash Σᵢhᵢ mod D (Pham & Pagh 2013), computed with FFTs.
+            spectrum = torch.fft.fft(projections[0])
+            for projection in projections[1:]:
+                spectrum = spectrum * torch.fft.fft(projection)
+            out = torch.fft.ifft(spectrum)
+            return out if any(p.is_complex() for p in projections) else out.real
+        out = projections[0]
+        for projection in projections[1:]:
+            out = out * projection
+        return out / math.sqrt(self.width)
+
+
+def _pad(x: Tensor, size: int) -> Tensor:
+    return torch.nn.functional.pad(x, (0, size - x.shape[-1]))
+
+
+def _take(values: Tensor, index: Tensor) -> Tensor:
+    """values[..., n, index] for an index of shape (*draws, D) broadcast over the n axis."""
+    if index.dim() == 1:
+        return values.index_select(-1, index)
+    # values already carry the draw dimensions (the diagonals broadcast them in)
+    return values.gather(-1, index.unsqueeze(-2).expand(*values.shape[:-1], index.shape[-1]))
+
+
+class HierarchicalSketch:
+    """Tree sketch of x^{⊗n} (Ahle et al. 2020, "Oblivious sketching of high-degree polynomial kernels").
+
+    The n leaves are independent degree-1 SRHTs of x into width D; ⌈log₂ n⌉ levels of
+    degree-2 TensorSRHT nodes S(u ⊗ v) = D^{-1/2}(Sᵤu) ⊙ (Sᵥv) merge pairs of children.  When n
+    is not a power of two the tree is completed with the constant unit vector e₁ ∈ R^D
+    (Ahle et al. pad with e₁^{⊗(2^L − n)}; sketching e₁ in sketch space directly adds no
+    variance).  Unbiased because each node is conditionally unbiased given its children.
+    """
+
+    def __init__(self, degree: int, width: int, input_dim: int, complex_weights: bool) -> None:
+        self.degree = degree
+        self.width = width
+        self.input_dim = input_dim
+        self.complex_weights = complex_weights
+        self.num_leaves = next_power_of_two(degree)
+        self.leaves = [DegreeSketch(1, width, input_dim, "srht", complex_weights) for _ in range(degree)]
+        levels, count = [], self.num_leaves // 2
+        while count >= 1:
+            levels.append([DegreeSketch(2, width, width, "srht", complex_weights) for _ in range(count)])
+            count //= 2
+        self.levels = levels
+
+    def _named(self):
+        for j, leaf in enumerate(self.leaves):
+            yield f"leaf{j}_", leaf
+        for level, nodes in enumerate(self.levels):
+            for j, node in enumerate(nodes):
+                yield f"node{level}_{j}_", node
+
+    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=()) -> dict[str, Tensor]:
+        draws = {}
+        for name, sketch in self._named():
+            draws.update(sketch.draw(generator, prefix + name, batch_shape))
+        return draws
+
+    def apply(self, x: Tensor, get: Getter) -> Tensor:
+        def scoped(name: str) -> Getter:
+            return lambda key: get(name + key)
+
+        nodes = [leaf.apply(x, scoped(f"leaf{j}_")) for j, leaf in enumerate(self.leaves)]
+        if self.num_leaves > self.degree:
+            unit = torch.zeros(self.width, dtype=nodes[0].dtype, device=x.device)
+            unit[0] = 1
+            nodes += [unit.expand_as(nodes[0])] * (self.num_leaves - self.degree)
+        for level, sketches in enumerate(self.levels):
+            nodes = [
+                sketch.apply_to([nodes[2 * j], nodes[2 * j + 1]], scoped(f"node{level}_{j}_"))
+                for j, sketch in enumerate(sketches)
+            ]
+        return nodes[0]
+

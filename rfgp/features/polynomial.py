@@ -1,0 +1,173 @@
+"""Polynomial sketches: random features of the polynomial kernel (xᵀy + ν)^p.
+
+The inhomogeneous kernel is reduced to the homogeneous one by appending √ν to the input,
+x̃ = [x; √ν], so that (xᵀy + ν)^p = (x̃ᵀỹ)^p (paper 000 Eq. 2; paper 001 Eq. 2).  The
+degree-p sketch of x̃ is one of the :mod:`~rfgp.features.degree_sketch` projections.
+
+Weights (``num_features`` F is always the real output width):
+
+* ``"real"``: real weights, Φ(x) ∈ R^F; k̂ = Φ(x)ᵀΦ(y) (paper 000 Eq. 5–6).
+* ``"complex"``: complex weights ({±1, ±i} or CN(0, 1)), m = F/2 complex features Φ_C(x) ∈ C^m,
+  k̂_C = Φ_C(x)ᵀ conj Φ_C(y) (paper 000 Eq. 10–11).  The real output [Re Φ_C, Im Φ_C]
+  reproduces Re k̂_C exactly; :meth:`PolynomialSketch.complex_features` returns Φ_C for the
+  complex-feature GP posterior of paper 000 Appendix D (:mod:`rfgp.complex_posterior`).
+* ``"ctr"``: Complex-to-Real (paper 001 Algorithm 1): the same m = F/2 complex features,
+  output [Re Φ_C, Im Φ_C] with the 1/√m scale, used as an ordinary real feature map.
+
+``"complex"`` and ``"ctr"`` therefore produce the same real features for the same draws;
+they differ in intent: the complex sketch's error is E|k̂_C − k|² (paper 000 Table 1) and its
+GP posterior is the complex one, the CtR sketch's error is V[Re k̂_C] = ½(V + PV)
+(paper 001 Eq. 6) and its GP is the ordinary real one.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from .._validation import check_choice, check_positive_float, check_positive_int
+from .base import FeatureMap
+from .degree_sketch import PROJECTIONS as DEGREE_PROJECTIONS
+from .degree_sketch import SRHT_BLOCKS, DegreeSketch, HierarchicalSketch
+
+PROJECTIONS = (*DEGREE_PROJECTIONS, "hierarchical")
+WEIGHTS = ("real", "complex", "ctr")
+
+
+def check_degree(value, name: str = "degree") -> int:
+    """An integer polynomial degree ≥ 1 (floats with an integer value are accepted)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral)):
+        if float(value).is_integer():
+            value = int(value)
+        else:
+            raise ValueError(f"{name} must be an integer ≥ 1, got {value}")
+    return check_positive_int(value, name)
+
+
+class PolynomialSketch(FeatureMap):
+    r"""Random features for (xᵀy + ν)^p (or (xᵀy)^p), x already divided by the lengthscale.
+
+    Args:
+        degree: p ≥ 1.
+        num_features: real output width F (even for complex/CtR weights: m = F/2 complex features).
+        input_dim: d (``None``: set at the first call).
+        offset: ν ≥ 0, appended as √ν; ``None`` sketches the homogeneous kernel (xᵀy)^p on
+            x itself.  :meth:`forward` accepts a tensor ``offset`` overriding the value (the
+            kernels pass their learnable offset that way).
+        projection: ``"rademacher"``, ``"gaussian"``, ``"srht"`` (TensorSRHT), ``"countsketch"``
+            (TensorSketch) or ``"hierarchical"`` (Ahle et al. 2020 tree of TensorSRHTs).
+        weights: ``"real"``, ``"complex"`` or ``"ctr"``.
+        srht_blocks: ``"tiled"`` (paper 001, default) or ``"independent"`` (paper 000 Alg. 1).
+        seed, generator: randomness, see :class:`~rfgp.features.FeatureMap`.
+
+    Example:
+        >>> phi = PolynomialSketch(3, 256, input_dim=8, offset=1.0, projection="srht", weights="ctr", seed=0)
+        >>> x = torch.nn.functional.normalize(torch.rand(5, 8), dim=-1)
+        >>> k_hat = phi(x) @ phi(x).T          # ≈ (x xᵀ + 1)³
+    """
+
+    def __init__(
+        self,
+        degree: int,
+        num_features: int,
+        input_dim: int | None = None,
+        offset: float | None = None,
+        projection: str = "rademacher",
+        weights: str = "real",
+        srht_blocks: str = "tiled",
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.degree = check_degree(degree)
+        self.projection = check_choice(projection, "projection", PROJECTIONS)
+        self.weights = check_choice(weights, "weights", WEIGHTS)
+        self.srht_blocks = check_choice(srht_blocks, "srht_blocks", SRHT_BLOCKS)
+        self.offset = None if offset is None else check_positive_float(offset, "offset", allow_zero=True)
+        check_positive_int(num_features, "num_features")
+        if self.is_complex and num_features % 2:
+            raise ValueError(
+                f"num_features must be even for weights={weights!r} (F/2 complex features → [Re, Im]), "
+                f"got {num_features}"
+            )
+        super().__init__(num_features, input_dim=input_dim, seed=seed, generator=generator)
+
+    @property
+    def is_complex(self) -> bool:
+        return self.weights != "real"
+
+    @property
+    def width(self) -> int:
+        """Number of sketch features: F for real weights, F/2 complex features otherwise."""
+        return self.num_features // 2 if self.is_complex else self.num_features
+
+    @property
+    def sketch_dim(self) -> int:
+        """Dimension of the sketched vector x̃ (d + 1 when an offset is appended)."""
+        return self.input_dim + (self.offset is not None)
+
+    def sketch(self) -> DegreeSketch | HierarchicalSketch:
+        """The degree-p sketch applied to x̃ (needs ``input_dim``)."""
+        if self.input_dim is None:
+            raise RuntimeError("the feature map has no input_dim yet: pass input_dim or call it on data first")
+        if self.projection == "hierarchical":
+            return HierarchicalSketch(self.degree, self.width, self.sketch_dim, self.is_complex)
+        return DegreeSketch(
+            self.degree, self.width, self.sketch_dim, self.projection, self.is_complex, self.srht_blocks
+        )
+
+    def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        return self.sketch().draw(generator)
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, x: Tensor, offset: Tensor | float | None = None) -> Tensor:
+        """[Re Φ_C, Im Φ_C] (complex/CtR) or Φ (real), shape ``(..., n, F)``."""
+        phi = self.complex_features(x, offset) if self.is_complex else self._sketch(x, offset)
+        return torch.cat((phi.real, phi.imag), dim=-1) if self.is_complex else phi
+
+    def complex_features(self, x: Tensor, offset: Tensor | float | None = None) -> Tensor:
+        """The complex features Φ_C(x) ∈ C^{F/2} with Φ_C(x)ᵀ conj Φ_C(y) unbiased for the kernel."""
+        if not self.is_complex:
+            raise ValueError(f"complex_features needs weights='complex' or 'ctr', this map has weights={self.weights!r}")
+        return self._sketch(x, offset)
+
+    def _sketch(self, x: Tensor, offset) -> Tensor:
+        self._prepare(x)
+        return self.sketch().apply(self.augment(x, offset), lambda name: self._buffer(name, like=x))
+
+    def augment(self, x: Tensor, offset: Tensor | float | None = None) -> Tensor:
+        """x̃ = [x; √ν] (paper 000 Eq. 2); ``offset`` may be a tensor broadcastable to ``x.shape[:-1]``."""
+        if offset is None:
+            offset = self.offset
+        elif self.offset is None:
+            raise ValueError("this map sketches the homogeneous kernel (offset=None); it cannot take an offset")
+        if offset is None:
+            return x
+        if torch.is_tensor(offset):  # a kernel's constrained (≥ 0) hyperparameter
+            root = offset.to(dtype=x.dtype, device=x.device).sqrt()
+        else:
+            root = torch.tensor(check_positive_float(offset, "offset", allow_zero=True), dtype=x.dtype, device=x.device).sqrt()
+        shape = torch.broadcast_shapes(x.shape[:-1], root.shape)
+        return torch.cat((x.expand(*shape, x.shape[-1]), root.expand(shape).unsqueeze(-1)), dim=-1)
+
+    # ---------------------------------------------------------- diagonal terms
+    def target_diag(self, x: Tensor) -> Tensor:
+        x = self.augment(x)
+        return x.pow(2).sum(-1).pow(self.degree)
+
+    expected_diag = target_diag  # every sketch here is unbiased
+
+    def get_extra_state(self) -> dict:
+        return {**super().get_extra_state(), "offset": self.offset}
+
+    def set_extra_state(self, state: dict) -> None:
+        super().set_extra_state(state)
+        self.offset = state["offset"]
+
+    def extra_repr(self) -> str:
+        return (
+            f"degree={self.degree}, {super().extra_repr()}, offset={self.offset}, "
+            f"projection={self.projection!r}, weights={self.weights!r}"
+            + (f", srht_blocks={self.srht_blocks!r}" if self.projection == "srht" else "")
+        )

@@ -1,0 +1,166 @@
+"""Sketched polynomial kernel: GPyTorch's ``PolynomialKernel`` (xᵀy/ℓ² + c)^p with random features.
+
+The offset c has GPyTorch's name, shape, default ``Positive`` constraint and prior
+(``raw_offset``, ``offset_constraint``, ``offset_prior``), so hyperparameters carry over from
+``gpytorch.kernels.PolynomialKernel`` (:func:`rfgp.sketch` converts it).  An optional
+lengthscale (ARD) divides the inputs, (x/ℓ)ᵀ(y/ℓ).  The feature map sketches
+x̃ = [x/ℓ; √c] (paper 000 Eq. 2), so gradients reach ℓ and c with the draws frozen.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from gpytorch.constraints import Positive
+from gpytorch.priors import Prior
+from torch import Tensor
+
+from .._validation import check_choice, check_positive_float
+from ..features.base import FeatureMap
+from ..features.polynomial import PolynomialSketch, check_degree
+from .random_feature_kernel import RandomFeatureKernel
+
+#: ``method`` name -> builder(power, num_features, input_dim, seed, generator, **options) -> FeatureMap
+POLYNOMIAL_METHODS: dict[str, Callable[..., FeatureMap]] = {}
+
+INPUT_NORMALIZATIONS = (None, "check", "normalize")
+_UNIT_TOLERANCE = 1e-4
+
+
+def register_polynomial_method(name: str) -> Callable:
+    """Register a feature-map builder for ``SketchedPolynomialKernel(method=name)``."""
+
+    def decorate(builder: Callable[..., FeatureMap]) -> Callable[..., FeatureMap]:
+        POLYNOMIAL_METHODS[name] = builder
+        return builder
+
+    return decorate
+
+
+@register_polynomial_method("sketch")
+def _polynomial_sketch(power, num_features, input_dim, seed, generator, **options) -> FeatureMap:
+    return PolynomialSketch(power, num_features, input_dim=input_dim, offset=0.0, seed=seed, generator=generator, **options)
+
+
+class SketchedPolynomialKernel(RandomFeatureKernel):
+    r"""(xᵀy/ℓ² + c)^p approximated by a random feature map (default: a polynomial sketch).
+
+    Args:
+        power: p ≥ 1 (an integer).
+        num_features: real output width F of the features.
+        method: ``"sketch"`` (:class:`~rfgp.features.PolynomialSketch`); other families
+            register themselves with :func:`register_polynomial_method`.
+        projection, weights, srht_blocks: passed to the sketch (defaults: ``"srht"``, ``"ctr"``
+            — the lowest-variance combination on non-negative data, paper 001).
+        lengthscale: whether the kernel has a lengthscale (``ard_num_dims`` for ARD);
+            without it this is exactly GPyTorch's ``PolynomialKernel``.
+        input_normalization: ``None``; ``"check"`` raises on inputs off the unit sphere;
+            ``"normalize"`` divides inputs by their norm (for :meth:`from_sphere`).
+        offset_prior, offset_constraint: as in ``gpytorch.kernels.PolynomialKernel``.
+        input_dim, seed, generator: feature-map arguments.
+        kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ...
+
+    Example:
+        >>> covar = gpytorch.kernels.ScaleKernel(SketchedPolynomialKernel(3, num_features=512))
+        >>> covar(torch.rand(10, 4)).shape
+        torch.Size([10, 10])
+    """
+
+    def __init__(
+        self,
+        power: int,
+        num_features: int,
+        method: str = "sketch",
+        projection: str = "srht",
+        weights: str = "ctr",
+        lengthscale: bool = False,
+        input_normalization: str | None = None,
+        offset_prior: Prior | None = None,
+        offset_constraint=None,
+        input_dim: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs,
+    ) -> None:
+        self.power = check_degree(power, "power")
+        self.method = check_choice(method, "method", tuple(POLYNOMIAL_METHODS))
+        self.input_normalization = check_choice(input_normalization, "input_normalization", INPUT_NORMALIZATIONS)
+        if not isinstance(lengthscale, bool):
+            raise TypeError(f"lengthscale must be True or False, got {lengthscale!r}")
+        if kwargs.get("ard_num_dims") is not None and not lengthscale:
+            raise ValueError("ard_num_dims needs lengthscale=True (the polynomial kernel has no lengthscale otherwise)")
+        self.has_lengthscale = lengthscale  # read by gpytorch.kernels.Kernel.__init__
+        options = {"projection": projection, "weights": weights}
+        if projection == "srht":
+            options["srht_blocks"] = kwargs.pop("srht_blocks", "tiled")
+        feature_map = POLYNOMIAL_METHODS[method](
+            self.power,
+            num_features,
+            input_dim if input_dim is not None else kwargs.get("ard_num_dims"),
+            seed,
+            generator,
+            **options,
+        )
+        super().__init__(feature_map, **kwargs)
+        self.register_parameter("raw_offset", torch.nn.Parameter(torch.zeros(*self.batch_shape, 1)))
+        if offset_constraint is None:
+            offset_constraint = Positive()
+        self.register_constraint("raw_offset", offset_constraint)
+        if offset_prior is not None:
+            if not isinstance(offset_prior, Prior):
+                raise TypeError(f"offset_prior must be a gpytorch.priors.Prior, got {type(offset_prior).__name__}")
+            self.register_prior("offset_prior", offset_prior, lambda m: m.offset, lambda m, v: m._set_offset(v))
+
+    @classmethod
+    def from_sphere(cls, a: float, power: int, num_features: int, normalize_inputs: bool = False, **kwargs):
+        r"""k(x, y) = (1 − ‖x − y‖²/a²)^p on the unit sphere (paper 000 Eq. 57; a = 2 in its experiments).
+
+        For unit x, y: 1 − ‖x − y‖²/a² = (2/a²)xᵀy + 1 − 2/a², i.e. lengthscale ℓ = a/√2 and
+        offset c = 1 − 2/a² (a ≥ √2 keeps c ≥ 0).  Inputs off the unit sphere raise a
+        ``ValueError`` unless ``normalize_inputs=True`` opts into x ↦ x/‖x‖.  Wrap the kernel in
+        a ``ScaleKernel`` for σ².  ℓ and c are initialised, not fixed: they remain trainable.
+        """
+        a = check_positive_float(a, "a")
+        if a < 2**0.5:
+            raise ValueError(f"a must be ≥ √2 so that the offset 1 − 2/a² is ≥ 0, got {a}")
+        kernel = cls(
+            power,
+            num_features,
+            lengthscale=True,
+            input_normalization="normalize" if normalize_inputs else "check",
+            offset_constraint=kwargs.pop("offset_constraint", Positive()),
+            **kwargs,
+        )
+        kernel.lengthscale = a / 2**0.5
+        kernel.offset = 1.0 - 2.0 / a**2
+        return kernel
+
+    @property
+    def offset(self) -> Tensor:
+        return self.raw_offset_constraint.transform(self.raw_offset)
+
+    @offset.setter
+    def offset(self, value) -> None:
+        self._set_offset(value)
+
+    def _set_offset(self, value) -> None:
+        if not torch.is_tensor(value):
+            value = torch.as_tensor(value).to(self.raw_offset)
+        self.initialize(raw_offset=self.raw_offset_constraint.inverse_transform(value))
+
+    def scale_inputs(self, x: Tensor) -> Tensor:
+        if self.input_normalization == "normalize":
+            x = torch.nn.functional.normalize(x, dim=-1)
+        elif self.input_normalization == "check":
+            norms = x.norm(dim=-1)
+            if bool(((norms - 1).abs() > _UNIT_TOLERANCE).any()):
+                raise ValueError(
+                    "inputs must lie on the unit sphere for this kernel (norms range "
+                    f"{norms.min().item():.4g}..{norms.max().item():.4g}); normalise them or build the kernel "
+                    "with from_sphere(..., normalize_inputs=True)"
+                )
+        return super().scale_inputs(x)
+
+    def featurize(self, x: Tensor) -> Tensor:
+        return self.feature_map(self.scale_inputs(x), offset=self.offset)
