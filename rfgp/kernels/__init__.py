@@ -3,6 +3,7 @@
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
+from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
     "FeatureKernel",
@@ -11,6 +12,7 @@ __all__ = [
     "RandomFeatureKernel",
     "SketchedMaternKernel",
     "SketchedRBFKernel",
+    "SketchedSphericalPolynomialKernel",
     "is_feature_kernel",
     "kernel_features",
 ]
