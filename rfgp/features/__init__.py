@@ -4,6 +4,9 @@ from .base import FeatureMap
 from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .fourier import RandomFourierFeatures
 from .polynomial import PolynomialSketch
+from .radial_density import RadialDensity, fit_radial_density
+from .sphere_characteristic import sphere_characteristic
+from .spherical import SphericalRandomFeatures
 from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
 from .spectral import (
     GaussianSpectralDensity,
@@ -20,10 +23,14 @@ __all__ = [
     "GaussianSpectralDensity",
     "MaternSpectralDensity",
     "RandomFourierFeatures",
+    "RadialDensity",
     "RationalQuadraticSpectralDensity",
     "SpectralDensity",
+    "SphericalRandomFeatures",
+    "fit_radial_density",
     "fwht",
     "hadamard_matrix",
     "next_power_of_two",
     "pad_to_power_of_two",
+    "sphere_characteristic",
 ]

@@ -4,6 +4,7 @@ from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_ker
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
+from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
     "FeatureKernel",
@@ -13,6 +14,7 @@ __all__ = [
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
     "SketchedRBFKernel",
+    "SketchedSphericalPolynomialKernel",
     "is_feature_kernel",
     "kernel_features",
     "register_polynomial_method",

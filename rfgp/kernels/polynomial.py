@@ -120,7 +120,17 @@ class SketchedPolynomialKernel(RandomFeatureKernel):
         offset c = 1 − 2/a² (a ≥ √2 keeps c ≥ 0).  Inputs off the unit sphere raise a
         ``ValueError`` unless ``normalize_inputs=True`` opts into x ↦ x/‖x‖.  Wrap the kernel in
         a ``ScaleKernel`` for σ².  ℓ and c are initialised, not fixed: they remain trainable.
+
+        ``method="srf" | "srf_orth" | "srf_orth_complex"`` selects spherical random features
+        (Pennington et al. 2015; paper 000 §6.4), which need a fixed a ≥ 2 and return a
+        :class:`~rfgp.kernels.SketchedSphericalPolynomialKernel`.
         """
+        from .spherical import SPHERICAL_METHODS, SketchedSphericalPolynomialKernel
+
+        if kwargs.get("method") in SPHERICAL_METHODS:
+            return SketchedSphericalPolynomialKernel(
+                power, num_features, a=a, normalize_inputs=normalize_inputs, **kwargs
+            )
         a = check_positive_float(a, "a")
         if a < 2**0.5:
             raise ValueError(f"a must be ≥ √2 so that the offset 1 − 2/a² is ≥ 0, got {a}")
