@@ -97,15 +97,15 @@ def test_operator_sugar_trees_convert():
 
 
 @pytest.mark.parametrize("method", ["rff", "orf"])
-def test_sketched_tree_approximates_exact_tree(method):
+def test_sketched_tree_approximates_exact_tree(method, device):
     torch.manual_seed(0)
     rbf, matern = exact_scaled_tree()
-    exact = AdditiveKernel(rbf, matern).double()
-    x = torch.randn(30, 3, dtype=torch.float64)
+    exact = AdditiveKernel(rbf, matern).double().to(device)
+    x = torch.randn(30, 3, dtype=torch.float64, device=device)
     target = exact(x).to_dense().detach()
     errors = []
     for num_features in (32, 2048):
-        sketched = rfgp.sketch(exact, num_features=num_features, method=method, seed=1).double()
+        sketched = rfgp.sketch(exact, num_features=num_features, method=method, seed=1).double().to(device)
         errors.append(((sketched(x).to_dense().detach() - target).norm() / target.norm()).item())
     assert errors[1] < errors[0] / 3 and errors[1] < 0.1, errors
 
