@@ -20,7 +20,8 @@ def exact_rbf(**kwargs):
 
 
 def exact_scaled_tree():
-    rbf = ScaleKernel(exact_rbf(active_dims=[0, 1]), outputscale_prior=LogNormalPrior(0.0, 1.0))
+    rbf = ScaleKernel(exact_rbf(active_dims=[0, 1]), outputscale_prior=LogNormalPrior(0.0, 1.0),
+                      outputscale_constraint=Interval(0.01, 20.0))
     rbf.outputscale = 1.9
     matern = MaternKernel(nu=0.5, active_dims=[2])
     matern.lengthscale = 0.8
