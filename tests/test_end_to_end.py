@@ -4,7 +4,6 @@ posterior converges to the exact GP's as the number of features F grows."""
 import math
 
 import gpytorch
-import pytest
 import torch
 
 import rfgp
