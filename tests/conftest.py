@@ -3,6 +3,11 @@
 import pytest
 import torch
 
+# The suite is many small tensor operations: one intra-op thread per process avoids
+# oversubscription (tiny LAPACK calls such as an 8 × 8 QR take ~5 ms with two threads
+# instead of ~6 µs), and pytest-xdist runs one process per core instead.
+torch.set_num_threads(1)
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -15,12 +20,3 @@ def device(request):
 def dtype(request):
     return request.param
 
-
-@pytest.fixture
-def single_thread():
-    """Run with one intra-op thread: tiny LAPACK calls (8 × 8 QR) cost ~5 ms each with two
-    threads on CPU, which dominates tests that build hundreds of small seeded maps."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

@@ -114,7 +114,7 @@ def test_rff_and_orf_unbiased_for_rbf(sampler, d, device):
         assert abs(mc - rbf(z)) <= 4 * se, (sampler, d, z, mc, rbf(z), se)
 
 
-def test_orf_with_truncated_rows_unbiased_and_exact_variance(single_thread):
+def test_orf_with_truncated_rows_unbiased_and_exact_variance():
     # D < d: the first D rows of one orthogonal block (notes B2; check 16).
     d, D, zs, seeds = 8, 3, [0.5, 1.0, 2.0], 1500
     direction = unit_vector(d, 0)
