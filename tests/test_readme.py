@@ -11,7 +11,7 @@ README = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
 
 def test_readme_shows_exactly_two_commands_that_ci_runs():
     first_block = re.search(r"```\n(.*?)```", README, re.S).group(1).strip().splitlines()
-    assert first_block == ['pip install -e . && python -m rfgp demo', 'pip install -e ".[test]" && python -m pytest']
+    assert first_block == ['pip install -e . && python -m rfgp demo', 'pip install -e ".[test]" && python -m pytest -n auto']
     ci = (pathlib.Path(__file__).parents[1] / ".ci" / "run").read_text()
     assert "grep -m1 '^pip install -e \"\\.\\[test\\]\"' README.md" in ci
 
