@@ -27,6 +27,7 @@ Launch with ``torchrun --nproc_per_node=2 train.py``; in the script::
 
 from __future__ import annotations
 
+import functools
 import math
 
 import gpytorch
@@ -83,7 +84,7 @@ def reduce_statistics(*tensors: Tensor) -> tuple[Tensor, ...]:
     """Sum ``tensors`` over the ranks of the active :class:`data_parallel` group (identity outside)."""
     if not _active_groups:
         return tensors
-    dtype = torch.promote_types(*(t.dtype for t in tensors)) if len(tensors) > 1 else tensors[0].dtype
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
     reduced = _AllReduceSum.apply(_active_groups[-1], *(t.to(dtype) for t in tensors))
     return tuple(r.to(t.dtype) for r, t in zip(reduced, tensors))
 
