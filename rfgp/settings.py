@@ -20,8 +20,9 @@ import torch
 
 from ._validation import check_positive_int
 
-#: Arrays of size N·F live at once in the unchunked MLL backward pass (Φ, WΦ, ΦS and ∂Φ).
-_WORKING_COPIES = 4
+#: Arrays of size N·F alive at once in an MLL backward pass: Φ, WΦ, ΦS, ∂Φ and the
+#: feature map's own autograd intermediates (projections, cos/sin, their gradients).
+_WORKING_COPIES = 8
 
 
 class _ValueSetting:
