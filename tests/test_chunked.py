@@ -141,3 +141,19 @@ def test_chunked_dense_diag_and_cross_covariance_match():
 def test_settings_validate(setting, value, error):
     with pytest.raises(error, match=setting._name):
         setting(value)
+
+
+def test_input_gradients_match():
+    """Inputs produced by a network (deep kernel learning) get the same gradient through the chunks."""
+    base_x, y, _ = _data(torch.float64)
+    grads = []
+    for chunk in (None, 23):
+        x = base_x.clone().requires_grad_(True)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        model = ExactGPModel(x, y, likelihood, _kernel("rbf")).double()
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+        with rfgp.settings.chunk_size(chunk):
+            (-mll(model(x), y)).backward()
+        grads.append(x.grad)
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
