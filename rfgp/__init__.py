@@ -1,9 +1,10 @@
 """rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels."""
 
-from . import complex_posterior, features, kernels, models, variance
+from . import complex_posterior, distributed, features, kernels, models, settings, streaming, variance
 from .conversion import register_converter, sketch
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
+from .streaming import StreamingFeatureGP, fit_from_batches
 from .training import fit_mll
 
 __version__ = "0.1.0"
@@ -13,11 +14,16 @@ __all__ = [
     "FeatureRootAddedDiagLinearOperator",
     "FeatureRootLinearOperator",
     "FeatureSpacePredictionStrategy",
+    "StreamingFeatureGP",
+    "distributed",
     "features",
+    "fit_from_batches",
     "fit_mll",
     "kernels",
     "models",
     "register_converter",
+    "settings",
     "sketch",
+    "streaming",
     "variance",
 ]

@@ -1,6 +1,7 @@
 """Feature-space linear algebra: the weighted Gram matrix with a lean backward pass.
 
-A random-feature GP is determined by the F × F statistic ΦᵀWΦ (W diagonal).  Autograd
+A random-feature GP is determined by the F × F statistic ΦᵀWΦ (W diagonal) and the
+F × t statistic ΦᵀWR.  Autograd
 through ``(Φ * w).mT @ Φ`` costs three N·F² products (one forward, two backward); the
 custom function below exploits the symmetry of the result and needs two, which is the
 4·N·F² floating-point floor of one MLL-and-gradient evaluation.
@@ -48,3 +49,11 @@ def weighted_gram(features: Tensor, weights: Tensor) -> Tensor:
     features = features.expand(*batch, *features.shape[-2:])
     weights = weights.expand(*batch, weights.shape[-1])
     return _WeightedGram.apply(features, weights)
+
+
+def feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    """(ΦᵀWΦ, ΦᵀWR) for materialised Φ ``(..., N, F)``, weights ``(..., N)`` and R ``(..., N, t)``.
+
+    The chunked counterpart is :func:`rfgp.chunking.chunked_feature_statistics`.
+    """
+    return weighted_gram(features, weights), features.mT @ (rhs * weights.unsqueeze(-1))

@@ -9,6 +9,15 @@
   runs in O(N·F² + F³) time through the capacitance matrix A = I + ΦᵀD⁻¹Φ
   (Woodbury identity and the matrix determinant lemma), with the lean Gram backward
   of :func:`rfgp.linalg.weighted_gram`; when F ≥ N a dense Cholesky is cheaper and used.
+* :class:`ChunkedFeatureRootLinearOperator` / :class:`ChunkedFeatureRootAddedDiagLinearOperator`
+  — the same matrices when Φ does not fit :class:`rfgp.settings.memory_budget`: they
+  hold x and the feature function instead of Φ and evaluate the feature statistics
+  ΦᵀD⁻¹Φ and ΦᵀD⁻¹r chunk by chunk (:mod:`rfgp.chunking`), so that the MLL, its
+  gradients and the posterior caches need O(chunk·F + F²) memory.
+* :class:`ChunkedFeatureCrossLinearOperator` — Φ(x₁)Φ(x₂)ᵀ without materialising either Φ
+  (the test–train covariance that GPyTorch builds at prediction time).
+
+Inside :class:`rfgp.distributed.data_parallel` the statistics are summed over processes.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import (
+    AddedDiagLinearOperator,
     DiagLinearOperator,
     LinearOperator,
     LowRankRootAddedDiagLinearOperator,
@@ -24,7 +34,9 @@ from linear_operator.operators import (
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from .linalg import weighted_gram
+from . import distributed
+from .chunking import Featurizer, backprop_chunks, chunk_slices, chunked_feature_statistics
+from .linalg import feature_statistics, weighted_gram
 
 
 class FeatureRootLinearOperator(LowRankRootLinearOperator):
@@ -42,6 +54,14 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
         LinearOperator.__init__(self, root, variance_correction=variance_correction)
         self.root = root
         self.variance_correction = variance_correction
+
+    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` and R ``(..., N, t)``."""
+        return feature_statistics(self.root.to_dense(), weights, rhs)
+
+    def features(self) -> Tensor:
+        """Φ, ``(..., N, F)``."""
+        return self.root.to_dense()
 
     def _mul_constant(self, other):
         if torch.is_tensor(other) and not bool((other > 0).all()):
@@ -80,38 +100,56 @@ class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
         return super().__add__(other)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        features = self._linear_op.root.to_dense()
-        noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
-        vector_rhs = inv_quad_rhs is not None and inv_quad_rhs.dim() == 1
-        rhs = inv_quad_rhs.unsqueeze(-1) if vector_rhs else inv_quad_rhs
-        num_data, num_features = features.shape[-2:]
-        if num_features >= num_data:
+        num_data, num_features = self._linear_op.shape[-1], self._linear_op.root.shape[-1]
+        if num_features >= num_data and not distributed.is_active():
+            features = self._linear_op.root.to_dense()
+            noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
+            rhs = _as_matrix(inv_quad_rhs)
             inv_quad, logdet_term = _dense_inv_quad_logdet(features, noise, rhs, logdet)
-        else:
-            inv_quad, logdet_term = _woodbury_inv_quad_logdet(features, noise, rhs, logdet)
-        if inv_quad is not None and reduce_inv_quad:
-            inv_quad = inv_quad.sum(-1)
-        if inv_quad is None:
-            inv_quad = torch.zeros(0, dtype=features.dtype, device=features.device)
-        if logdet_term is None:
-            logdet_term = torch.zeros(0, dtype=features.dtype, device=features.device)
-        return inv_quad, logdet_term
+            return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, features)
+        return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
 
 
-def _woodbury_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | None, logdet: bool):
-    """rᵀ(ΦΦᵀ + D)⁻¹r and log|ΦΦᵀ + D| through A = I + ΦᵀD⁻¹Φ, O(N·F² + F³)."""
+def _as_matrix(rhs: Tensor | None) -> Tensor | None:
+    return rhs.unsqueeze(-1) if rhs is not None and rhs.dim() == 1 else rhs
+
+
+def _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, like: Tensor):
+    if inv_quad is not None and reduce_inv_quad:
+        inv_quad = inv_quad.sum(-1)
+    if inv_quad is None:
+        inv_quad = torch.zeros(0, dtype=like.dtype, device=like.device)
+    if logdet_term is None:
+        logdet_term = torch.zeros(0, dtype=like.dtype, device=like.device)
+    return inv_quad, logdet_term
+
+
+def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv_quad: bool):
+    """rᵀ(ΦΦᵀ + D)⁻¹r and log|ΦΦᵀ + D| from the feature statistics of ``operator._linear_op``.
+
+    Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
+    rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  Every
+    data-dependent quantity is a sum over points, reduced over processes when
+    :class:`rfgp.distributed.data_parallel` is active.
+    """
+    noise = operator._diag_tensor.diagonal(dim1=-1, dim2=-2)
     weights = noise.reciprocal()
-    capacitance = weighted_gram(features, weights)
-    capacitance = capacitance + torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
-    chol = psd_safe_cholesky(capacitance)
+    rhs = _as_matrix(inv_quad_rhs)
+    stats_rhs = rhs if rhs is not None else noise.new_zeros(*noise.shape, 0)
+    gram, cross = operator._linear_op.feature_statistics(weights, stats_rhs)
+    weighted_square = (stats_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
+    gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
+        gram, cross, weighted_square, noise.log().sum(-1)
+    )
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    chol = psd_safe_cholesky(gram + eye)
     inv_quad = logdet_term = None
     if rhs is not None:
-        weighted_rhs = rhs * weights.unsqueeze(-1)
-        projected = torch.linalg.solve_triangular(chol, features.mT @ weighted_rhs, upper=False)
-        inv_quad = (rhs * weighted_rhs).sum(-2) - projected.pow(2).sum(-2)
+        projected = torch.linalg.solve_triangular(chol, cross, upper=False)
+        inv_quad = weighted_square - projected.pow(2).sum(-2)
     if logdet:
-        logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise.log().sum(-1)
-    return inv_quad, logdet_term
+        logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
+    return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
 
 def _dense_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | None, logdet: bool):
@@ -124,3 +162,167 @@ def _dense_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | None, 
     if logdet:
         logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
     return inv_quad, logdet_term
+
+
+class ChunkedFeatureRootLinearOperator(LinearOperator):
+    """ΦΦᵀ with Φ = φ(x) recomputed chunk by chunk instead of stored: O(chunk·F) memory.
+
+    Args:
+        inputs: x, ``(..., N, d)``.
+        params: the featurizer's differentiable tensors (part of the representation, so
+            that GPyTorch's matmul gradients reach them).
+        featurizer: the :class:`~rfgp.chunking.Featurizer` φ.
+        chunk_size: rows per chunk.
+        variance_correction: optional ``(..., N)`` k(x, x) − E[φ(x)ᵀφ(x)].
+    """
+
+    def __init__(self, inputs: Tensor, *params: Tensor, featurizer: Featurizer, chunk_size: int,
+                 variance_correction: Tensor | None = None) -> None:
+        super().__init__(inputs, *params, featurizer=featurizer, chunk_size=chunk_size,
+                         variance_correction=variance_correction)
+        self.inputs = inputs
+        self.featurizer = featurizer
+        self.chunk_size = chunk_size
+        self.variance_correction = variance_correction
+
+    @classmethod
+    def from_featurizer(cls, inputs, featurizer, chunk_size, variance_correction=None):
+        return cls(inputs, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size,
+                   variance_correction=variance_correction)
+
+    def _size(self) -> torch.Size:
+        batch = torch.broadcast_shapes(self.featurizer.batch_shape, self.inputs.shape[:-2])
+        n = self.inputs.shape[-2]
+        return torch.Size((*batch, n, n))
+
+    def _transpose_nonbatch(self):
+        return self
+
+    def _chunks(self):
+        return chunk_slices(self.inputs.shape[-2], self.chunk_size)
+
+    def features(self) -> Tensor:
+        """Φ materialised, ``(..., N, F)`` (for small test sets)."""
+        return torch.cat([self.featurizer(self.inputs[..., rows, :]) for rows in self._chunks()], -2)
+
+    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+        """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients."""
+        return chunked_feature_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
+
+    def _project(self, rhs: Tensor) -> Tensor:
+        """ΦᵀR accumulated over chunks."""
+        return sum(self.featurizer(self.inputs[..., rows, :]).mT @ rhs[..., rows, :] for rows in self._chunks())
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        projected = self._project(rhs)
+        return torch.cat([self.featurizer(self.inputs[..., rows, :]) @ projected for rows in self._chunks()], -2)
+
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
+        # ∂⟨L, ΦΦᵀR⟩/∂Φ_c = L_c (ΦᵀR)ᵀ + R_c (ΦᵀL)ᵀ, backpropagated chunk by chunk.
+        with torch.no_grad():
+            left_proj, right_proj = self._project(left_vecs), self._project(right_vecs)
+
+        def chunk_grad(features: Tensor, rows: slice) -> Tensor:
+            return left_vecs[..., rows, :] @ right_proj.mT + right_vecs[..., rows, :] @ left_proj.mT
+
+        params = self.featurizer.params
+        input_grad, param_grads = backprop_chunks(
+            self.featurizer, self.inputs, self.chunk_size, chunk_grad, self.inputs.requires_grad,
+            [p.requires_grad for p in params],
+        )
+        correction = () if self.variance_correction is None else (None,)
+        return (input_grad, *param_grads, *correction)
+
+    def _diagonal(self) -> Tensor:
+        return torch.cat([self.featurizer(self.inputs[..., rows, :]).pow(2).sum(-1) for rows in self._chunks()], -1)
+
+    def to_dense(self) -> Tensor:
+        features = self.features()
+        return features @ features.mT
+
+    def _mul_constant(self, other):
+        if not _is_positive(other):
+            return super()._mul_constant(other)
+        correction = self.variance_correction
+        if correction is not None:
+            correction = correction * (other.unsqueeze(-1) if torch.is_tensor(other) else other)
+        return self.from_featurizer(self.inputs, self.featurizer.scaled(other), self.chunk_size, correction)
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return ChunkedFeatureRootAddedDiagLinearOperator(self, other)
+        if isinstance(other, ChunkedFeatureRootLinearOperator) and other.inputs is self.inputs:
+            return self.from_featurizer(
+                self.inputs, self.featurizer.concatenated(other.featurizer),
+                min(self.chunk_size, other.chunk_size),
+                _add_optional(self.variance_correction, other.variance_correction),
+            )
+        return super().__add__(other)
+
+
+def _is_positive(value) -> bool:
+    return bool((value > 0).all()) if torch.is_tensor(value) else value > 0
+
+
+class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
+    """ΦΦᵀ + D with Φ never materialised: MLL terms from chunked feature statistics."""
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return self.__class__(self._linear_op, self._diag_tensor + other)
+        return super().__add__(other)
+
+    def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
+
+
+class ChunkedFeatureCrossLinearOperator(LinearOperator):
+    """Φ(x₁)Φ(x₂)ᵀ evaluated chunk by chunk (a test–train covariance that never stores Φ(x₂)).
+
+    Gradients through it are not supported (training uses ΦΦᵀ + D); its products are exact.
+    """
+
+    def __init__(self, inputs1: Tensor, inputs2: Tensor, *params: Tensor, featurizer: Featurizer,
+                 chunk_size: int) -> None:
+        super().__init__(inputs1, inputs2, *params, featurizer=featurizer, chunk_size=chunk_size)
+        self.inputs1, self.inputs2 = inputs1, inputs2
+        self.featurizer = featurizer
+        self.chunk_size = chunk_size
+
+    @classmethod
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size):
+        return cls(inputs1, inputs2, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size)
+
+    def _size(self) -> torch.Size:
+        batch = torch.broadcast_shapes(self.featurizer.batch_shape, self.inputs1.shape[:-2], self.inputs2.shape[:-2])
+        return torch.Size((*batch, self.inputs1.shape[-2], self.inputs2.shape[-2]))
+
+    def _transpose_nonbatch(self):
+        return self.from_featurizer(self.inputs2, self.inputs1, self.featurizer, self.chunk_size)
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        projected = sum(
+            self.featurizer(self.inputs2[..., rows, :]).mT @ rhs[..., rows, :]
+            for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)
+        )
+        return torch.cat(
+            [self.featurizer(self.inputs1[..., rows, :]) @ projected
+             for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size)], -2
+        )
+
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
+        raise NotImplementedError(
+            "gradients through a chunked cross-covariance Φ(x₁)Φ(x₂)ᵀ are not supported; raise "
+            "rfgp.settings.memory_budget so that the features are materialised"
+        )
+
+    def to_dense(self) -> Tensor:
+        left = torch.cat([self.featurizer(self.inputs1[..., rows, :])
+                          for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size)], -2)
+        return torch.cat([left @ self.featurizer(self.inputs2[..., rows, :]).mT
+                          for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)], -1)
+
+    def _mul_constant(self, other):
+        if not _is_positive(other):
+            return super()._mul_constant(other)
+        return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size)

@@ -1,4 +1,4 @@
-"""Feature-space (weight-space) GP prediction in O(N·F² + F³) time and O(N·F) memory.
+"""Feature-space (weight-space) GP prediction in O(N·F² + F³) time and O(chunk·F + F²) memory.
 
 With K̂ = ΦΦᵀ and noise D, the posterior at test features Φ* is (Searle/Woodbury):
 
@@ -8,7 +8,9 @@ With K̂ = ΦΦᵀ and noise D, the posterior at test features Φ* is (Searle/Wo
 where c(x*) = k(x*, x*) − E[k̂(x*, x*)] ≥ 0 is the bias correction of paper 000 §5.6:
 feature maps whose expected diagonal falls short of the kernel's (truncated Maclaurin,
 fitted SRF densities) would otherwise report a posterior variance that collapses away
-from the data.  The Cholesky factor of A is computed once and cached, as in GPyTorch's
+from the data.  The caches A⁻¹ΦᵀD⁻¹(y − μ) and chol(A) are computed once from the
+training feature statistics (chunk by chunk when the training operator is chunked, and
+summed over processes inside :class:`rfgp.distributed.data_parallel`), as in GPyTorch's
 ``LinearPredictionStrategy``, which this class extends with the correction and with
 ``gpytorch.settings.skip_posterior_variances``.
 """
@@ -16,23 +18,74 @@ from the data.  The Cholesky factor of A is computed once and cached, as in GPyT
 from __future__ import annotations
 
 import gpytorch
+import torch
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
-from linear_operator.operators import ConstantMulLinearOperator, DiagLinearOperator, ZeroLinearOperator
+from gpytorch.utils.memoize import cached
+from linear_operator.operators import (
+    ConstantMulLinearOperator,
+    DiagLinearOperator,
+    MatmulLinearOperator,
+    RootLinearOperator,
+    ZeroLinearOperator,
+)
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from . import distributed
 
 
 class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
-    """GPyTorch prediction strategy for kernels that return :class:`~rfgp.operators.FeatureRootLinearOperator`."""
+    """GPyTorch prediction strategy for kernels that return rfgp feature-root operators."""
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         if hasattr(test_test_covar, "evaluate_kernel"):
             test_test_covar = test_test_covar.evaluate_kernel()
+        features = _features(test_test_covar)
+        if features is None:
+            return super().exact_prediction(test_mean, test_test_covar, test_train_covar)
         correction = _variance_correction(test_test_covar)
-        mean, covar = super().exact_prediction(test_mean, test_test_covar, test_train_covar)
+        mean_cache, chol = self.mean_covar_cache
+        mean = (features @ mean_cache).squeeze(-1) + test_mean
         if gpytorch.settings.skip_posterior_variances.on():
-            return mean, ZeroLinearOperator(*covar.shape, dtype=mean.dtype, device=mean.device)
+            return mean, ZeroLinearOperator(*mean.shape, mean.shape[-1], dtype=mean.dtype, device=mean.device)
+        covar = RootLinearOperator(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
         if correction is not None:
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar
+
+    @property
+    @cached(name="mean_covar_cache")
+    def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
+        """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
+        train_covar = self.train_prior_dist.lazy_covariance_matrix
+        scale = 1.0
+        if isinstance(train_covar, ConstantMulLinearOperator):
+            scale = train_covar.expanded_constant
+            train_covar = train_covar.base_linear_op
+        noise = self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        residual = (self.train_labels - self.train_prior_dist.mean).unsqueeze(-1)
+        gram, cross = train_covar.feature_statistics(noise.reciprocal(), residual)
+        if torch.is_tensor(scale):
+            gram = gram * scale.unsqueeze(-1).unsqueeze(-1)
+            cross = cross * scale.sqrt().unsqueeze(-1).unsqueeze(-1)
+        gram, cross = distributed.reduce_statistics(gram, cross)
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        chol = psd_safe_cholesky(gram + eye, upper=False)
+        return torch.cholesky_solve(cross, chol, upper=False), chol
+
+
+def _features(covar) -> Tensor | None:
+    """Φ of a test covariance ΦΦᵀ (possibly constant-scaled or chunked), ``None`` if it has no feature root."""
+    if isinstance(covar, ConstantMulLinearOperator):
+        inner = _features(covar.base_linear_op)
+        return None if inner is None else inner * covar.expanded_constant.sqrt().unsqueeze(-1).unsqueeze(-1)
+    if hasattr(covar, "features"):
+        return covar.features()
+    if hasattr(covar, "root"):
+        return covar.root.to_dense()
+    if isinstance(covar, MatmulLinearOperator):
+        return covar.left_linear_op.to_dense()
+    return None
 
 
 def _variance_correction(covar):

@@ -5,17 +5,27 @@ matrix unless ``to_dense()`` is asked for), with GPyTorch's lengthscale (ARD, ba
 shapes, constraints, priors), ``active_dims``, ``diag=True`` and a feature-space
 prediction strategy.  The random draws are shared across the kernel's batch
 dimensions, so batched models (one GP per class or output) share one Φ per input.
+
+When the N × F features of a call would exceed :class:`rfgp.settings.memory_budget`
+(or a :class:`rfgp.settings.chunk_size` is forced), the kernel returns chunked
+operators that hold x and the feature function instead of Φ (see
+:mod:`rfgp.chunking`): same values and gradients, O(chunk·F + F²) memory.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from linear_operator.operators import MatmulLinearOperator
 
+from ..chunking import Featurizer, chunk_slices
 from ..features.base import FeatureMap
-from ..operators import FeatureRootLinearOperator
+from ..operators import ChunkedFeatureCrossLinearOperator, ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
+from ..settings import resolve_chunk_size
 from ..prediction import FeatureSpacePredictionStrategy
 
 
@@ -44,6 +54,11 @@ class FeatureKernel(Kernel):
         if last_dim_is_batch:
             raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
         same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
+        featurizer = self.featurizer(x1)
+        num_rows = max(x1.shape[-2], x2.shape[-2])
+        chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, math.prod(featurizer.batch_shape), x1.dtype)
+        if chunk_size is not None:
+            return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
         z1 = self.featurize(x1)
         z2 = z1 if same else self.featurize(x2)
         if diag:
@@ -51,6 +66,24 @@ class FeatureKernel(Kernel):
         if same:
             return FeatureRootLinearOperator(z1, self.variance_correction(x1))
         return MatmulLinearOperator(z1, z2.mT)
+
+    def featurizer(self, x: Tensor) -> Featurizer:
+        """:meth:`featurize` as a :class:`~rfgp.chunking.Featurizer` (for chunked evaluation), probed on x's first row."""
+        with torch.no_grad():
+            probe = self.featurize(x[..., :1, :])
+        params = [p for p in self.parameters() if p.requires_grad]
+        return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2])
+
+    def _chunked_forward(self, x1: Tensor, x2: Tensor, same: bool, diag: bool, featurizer: Featurizer,
+                         chunk_size: int):
+        if diag:
+            rows = chunk_slices(x1.shape[-2], chunk_size)
+            return torch.cat([(featurizer(x1[..., r, :]) * featurizer(x2[..., r, :])).sum(-1) for r in rows], -1)
+        if same:
+            return ChunkedFeatureRootLinearOperator.from_featurizer(
+                x1, featurizer, chunk_size, self.variance_correction(x1)
+            )
+        return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, chunk_size)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         return FeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)

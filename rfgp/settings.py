@@ -1,0 +1,90 @@
+"""Global settings of rfgp, used as context managers or set for the whole process.
+
+* :class:`memory_budget` — bytes that feature matrices Φ may occupy during one
+  marginal-likelihood-and-gradient evaluation or one posterior update.  When the
+  N × F working set of a kernel call exceeds it, rfgp kernels return operators that
+  compute their feature statistics ΦᵀD⁻¹Φ and ΦᵀD⁻¹r chunk by chunk, so that peak
+  memory is O(chunk·F + F²) instead of O(N·F), with the same results to rounding.
+* :class:`chunk_size` — force a number of rows per chunk (``None``: derive it from
+  the budget).
+
+Example:
+    >>> with rfgp.settings.memory_budget(256 * 2**20):   # 256 MiB for Φ
+    ...     loss = -mll(model(train_x), train_y)
+    >>> rfgp.settings.chunk_size.set_global(10_000)       # always chunk, 10k rows
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validation import check_positive_int
+
+#: Arrays of size N·F alive at once in an MLL backward pass: Φ, WΦ, ΦS, ∂Φ and the
+#: feature map's own autograd intermediates (projections, cos/sin, their gradients).
+_WORKING_COPIES = 8
+
+
+class _ValueSetting:
+    """A process-wide value with a context manager that overrides it temporarily."""
+
+    _global_value = None
+    _name = "value"
+
+    def __init__(self, value) -> None:
+        self._value = self._check(value)
+        self._previous = None
+
+    @classmethod
+    def _check(cls, value):
+        return value if value is None else check_positive_int(value, cls._name)
+
+    @classmethod
+    def value(cls):
+        return cls._global_value
+
+    @classmethod
+    def set_global(cls, value) -> None:
+        cls._global_value = cls._check(value)
+
+    def __enter__(self):
+        self._previous = type(self)._global_value
+        type(self)._global_value = self._value
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        type(self)._global_value = self._previous
+        return False
+
+
+class memory_budget(_ValueSetting):
+    """Bytes the N × F feature matrices of one kernel evaluation may use (default 1 GiB)."""
+
+    _global_value = 2**30
+    _name = "memory_budget"
+
+    @classmethod
+    def _check(cls, value):
+        return check_positive_int(value, cls._name)
+
+
+class chunk_size(_ValueSetting):
+    """Rows per chunk of feature statistics; ``None`` (default) derives it from :class:`memory_budget`."""
+
+    _global_value = None
+    _name = "chunk_size"
+
+
+def resolve_chunk_size(num_rows: int, num_features: int, batch_numel: int, dtype: torch.dtype) -> int | None:
+    """Rows per chunk for a ``(batch, num_rows, num_features)`` feature matrix, ``None`` for no chunking.
+
+    A forced :class:`chunk_size` smaller than ``num_rows`` always chunks; otherwise the
+    matrix is chunked only when its working set exceeds :class:`memory_budget`.
+    """
+    forced = chunk_size.value()
+    if forced is not None:
+        return forced if forced < num_rows else None
+    row_bytes = _WORKING_COPIES * num_features * batch_numel * torch.finfo(dtype).bits // 8
+    if row_bytes * num_rows <= memory_budget.value():
+        return None
+    return max(1, memory_budget.value() // row_bytes)

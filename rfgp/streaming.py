@@ -1,0 +1,166 @@
+"""Streaming (online) random-feature GP regression: add data without revisiting old data.
+
+With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(·)),
+ε ~ N(0, σ²) depends on the data only through running sums (W = σ⁻²I, r = y − m(x)):
+
+    G = ΦᵀWΦ (F × F),  B = ΦᵀWr (F),  q = rᵀWr,  ℓ = Σ log σ²,  n,
+
+so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
+and memory O(F²), whatever the number of points seen.  The posterior needs
+L = chol(I + G), refactorised (O(F³), exact and stable) the first time it is needed
+after an update:
+
+    mean(x*) = m(x*) + Φ* L⁻ᵀL⁻¹B,   covar(x*) = (L⁻¹Φ*ᵀ)ᵀ(L⁻¹Φ*ᵀ) + diag c(x*),
+    log p(y) = −½[q − ‖L⁻¹B‖² + 2Σ log Lᵢᵢ + ℓ + n log 2π].
+
+These are the quantities of :func:`rfgp.operators._statistics_inv_quad_logdet` and
+:class:`rfgp.prediction.FeatureSpacePredictionStrategy`, so the result equals a refit
+on all the data.  :func:`fit_from_batches` feeds a ``DataLoader`` or any iterator of
+``(x, y)`` batches.  Train hyperparameters first (e.g. on a subset, or with the chunked
+``ExactGP`` path), then stream.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel
+from linear_operator.operators import DiagLinearOperator, RootLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
+from .linalg import feature_statistics
+
+_STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
+
+
+class StreamingFeatureGP(nn.Module):
+    """A random-feature GP posterior accumulated batch by batch from sufficient statistics.
+
+    Args:
+        covar_module: an rfgp feature kernel, optionally inside ``ScaleKernel`` (hyperparameters fixed).
+        likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (its noise is fixed while streaming).
+        mean_module: prior mean, default ``gpytorch.means.ZeroMean()``.
+
+    Example:
+        >>> gp = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
+        >>> fit_from_batches(gp, DataLoader(TensorDataset(x, y), batch_size=10_000))
+        >>> prediction = gp.likelihood(gp(x_test))
+    """
+
+    def __init__(self, covar_module: Kernel, likelihood, mean_module=None) -> None:
+        super().__init__()
+        if not is_feature_kernel(covar_module):
+            raise TypeError(
+                f"covar_module must be an rfgp feature kernel (optionally in ScaleKernel), got {type(covar_module).__name__}"
+            )
+        if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
+            raise TypeError(f"likelihood must be a gpytorch GaussianLikelihood, got {type(likelihood).__name__}")
+        self.covar_module = covar_module
+        self.likelihood = likelihood
+        self.mean_module = mean_module if mean_module is not None else gpytorch.means.ZeroMean()
+        for name in _STATISTICS:
+            self.register_buffer(name, torch.zeros(0))
+        self._chol = None
+
+    @property
+    def num_data(self) -> int:
+        """Number of points absorbed so far."""
+        return int(self.count.reshape(-1)[0].item()) if self.count.numel() else 0
+
+    def reset(self) -> StreamingFeatureGP:
+        """Forget all data."""
+        for name in _STATISTICS:
+            setattr(self, name, torch.zeros(0))
+        self._chol = None
+        return self
+
+    @torch.no_grad()
+    def update(self, x: Tensor, y: Tensor) -> StreamingFeatureGP:
+        """Absorb a batch: inputs ``(k, d)`` and targets ``(k,)``; O(k·F²) time, no old data needed."""
+        if not torch.is_tensor(x) or not torch.is_tensor(y):
+            raise TypeError(f"x and y must be tensors, got {type(x).__name__} and {type(y).__name__}")
+        if y.shape != x.shape[:-1]:
+            raise ValueError(f"y must have shape {tuple(x.shape[:-1])} to match x of shape {tuple(x.shape)}, "
+                             f"got {tuple(y.shape)}")
+        features = kernel_features(self.covar_module, x)
+        noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
+        residual = (y - self.mean_module(x)).unsqueeze(-1)
+        weights = noise.reciprocal()
+        gram, cross = feature_statistics(features, weights, residual)
+        batch = (
+            gram,
+            cross,
+            (residual.squeeze(-1).pow(2) * weights).sum(-1),
+            noise.log().sum(-1),
+            torch.full(noise.shape[:-1], float(x.shape[-2]), dtype=features.dtype, device=features.device),
+        )
+        for name, value in zip(_STATISTICS, batch):
+            current = getattr(self, name)
+            setattr(self, name, value if current.numel() == 0 else current + value)
+        self._chol = None
+        return self
+
+    def cholesky(self) -> Tensor:
+        """L = chol(I + ΦᵀWΦ), refactorised once after each update."""
+        if self.num_data == 0:
+            raise RuntimeError("StreamingFeatureGP has no data yet: call update(x, y) or fit_from_batches first")
+        if self._chol is None:
+            eye = torch.eye(self.gram.shape[-1], dtype=self.gram.dtype, device=self.gram.device)
+            self._chol = psd_safe_cholesky(self.gram + eye)
+        return self._chol
+
+    def log_marginal_likelihood(self) -> Tensor:
+        """log p(y) of all absorbed data (a sum over points, not a per-point average)."""
+        chol = self.cholesky()
+        projected = torch.linalg.solve_triangular(chol, self.cross, upper=False).pow(2).sum((-2, -1))
+        logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + self.noise_logdet
+        return -0.5 * (self.weighted_square - projected + logdet + self.count * math.log(2 * math.pi))
+
+    def forward(self, x: Tensor) -> MultivariateNormal:
+        """Posterior of the latent f at ``x`` (apply ``self.likelihood`` for y)."""
+        chol = self.cholesky()
+        features = kernel_features(self.covar_module, x)
+        mean = self.mean_module(x) + (features @ torch.cholesky_solve(self.cross, chol)).squeeze(-1)
+        covar = RootLinearOperator(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
+        moments = kernel_diag_moments(self.covar_module, x)
+        if moments is not None:
+            covar = covar + DiagLinearOperator((moments[0] - moments[1]).clamp_min(0.0))
+        return MultivariateNormal(mean, covar)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in _STATISTICS:
+            saved = state_dict.get(prefix + name)
+            if saved is not None:
+                setattr(self, name, torch.empty_like(saved))
+        self._chol = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def fit_from_batches(
+    model: StreamingFeatureGP, batches: Iterable, progress: bool | None = None, description: str = "streaming"
+) -> StreamingFeatureGP:
+    """Absorb every ``(x, y)`` batch of ``batches`` (a ``DataLoader`` or any iterator) into ``model``.
+
+    Args:
+        model: the :class:`StreamingFeatureGP` to update (its existing data is kept).
+        batches: yields ``(x, y)`` pairs.
+        progress: tqdm progress bar; ``None`` shows it only on a terminal.
+        description: label of the progress bar.
+    """
+    if not isinstance(model, StreamingFeatureGP):
+        raise TypeError(f"model must be a StreamingFeatureGP, got {type(model).__name__}")
+    if progress is None:
+        progress = sys.stderr.isatty()
+    for batch in tqdm(batches, desc=description, disable=not progress, leave=False):
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise ValueError(f"each batch must be an (x, y) pair, got {type(batch).__name__}")
+        model.update(*batch)
+    return model
