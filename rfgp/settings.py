@@ -84,7 +84,8 @@ def resolve_chunk_size(num_rows: int, num_features: int, batch_numel: int, dtype
     forced = chunk_size.value()
     if forced is not None:
         return forced if forced < num_rows else None
-    row_bytes = _WORKING_COPIES * num_features * batch_numel * torch.finfo(dtype).bits // 8
+    # element_size, not finfo: invalid (complex, integer) inputs must reach the feature map's own check.
+    row_bytes = _WORKING_COPIES * num_features * batch_numel * torch.empty((), dtype=dtype).element_size()
     if row_bytes * num_rows <= memory_budget.value():
         return None
     return max(1, memory_budget.value() // row_bytes)
