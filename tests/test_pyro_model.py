@@ -142,3 +142,16 @@ def test_errors_name_the_argument():
         weight_guide(big, family="diagonal")
     with pytest.raises(ValueError, match="num_samples is required"):
         posterior_predictive(big, x, weight_guide(big, family="mean_field"))
+
+
+def test_num_data_rescales_minibatch_likelihood():
+    """A minibatch of n points stands for num_data points: its log-likelihood is scaled by num_data/n."""
+    model = RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Gaussian(0.2))
+    x, y = torch.randn(5, 2), torch.randn(5)
+    trace = poutine.trace(model).get_trace(x, y, num_data=20)
+    trace.compute_log_prob()
+    full = poutine.trace(poutine.condition(model, {"w": trace.nodes["w"]["value"]})).get_trace(x, y)
+    full.compute_log_prob()
+    assert trace.nodes["y"]["scale"] == 4.0
+    # Pyro's trace log-probabilities already carry the plate's scale.
+    torch.testing.assert_close(trace.nodes["y"]["log_prob_sum"], 4.0 * full.nodes["y"]["log_prob_sum"])
