@@ -11,7 +11,6 @@ within Monte-Carlo error (|MC − truth| ≤ 4·SE per entry).
 import math
 
 import pyro
-import pytest
 import torch
 from pyro.ops.stats import effective_sample_size
 

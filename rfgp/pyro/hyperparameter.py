@@ -4,6 +4,8 @@
   ``.to()`` and ``state_dict``);
 * a ``pyro.distributions.Distribution``: it is a latent variable with that prior
   (a :class:`pyro.nn.PyroSample`), inferred by NUTS or by a guide (MAP, mean-field, joint).
+  Its samples are cast to the data's dtype and device; build the prior's parameters on
+  the data's device, since Pyro scores guide samples under the prior as given.
 """
 
 from __future__ import annotations
@@ -57,4 +59,5 @@ def hyperparameter_value(module: PyroModule, name: str, like: Tensor) -> Tensor:
 
 def is_random(module: PyroModule, name: str) -> bool:
     """Whether hyperparameter ``name`` of ``module`` has a prior (is a latent site)."""
+    # PyroModule keeps its PyroSample attributes in this dict (there is no public accessor).
     return name in module._pyro_samples
