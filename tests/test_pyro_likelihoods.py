@@ -7,7 +7,7 @@ import pyro.distributions as dist
 import torch
 
 from rfgp.features import RandomFourierFeatures
-from rfgp.pyro import Categorical, Poisson, RandomFeatureGP, fit_svi, posterior_predictive, weight_guide
+from rfgp.pyro import Categorical, HeteroscedasticGaussian, Poisson, RandomFeatureGP, fit_svi, posterior_predictive, weight_guide
 
 
 def three_sector_problem(n, generator):
@@ -63,3 +63,24 @@ def test_poisson_regression_recovers_rate():
     assert coverage >= 0.8
     # Misspecified check: a constant rate explains the data far worse.
     assert (truth.mean() - truth).abs().div(truth).mean() > 3 * relative_error.mean()
+
+
+def test_heteroscedastic_gaussian_recovers_noise_level():
+    """y = sin(3x) + s(x)ε with s(x) = 0.05·e^{3x} on [0, 1]: the second latent GP learns log s(x)."""
+    pyro.set_rng_seed(0)
+    generator = torch.Generator().manual_seed(2)
+
+    def noise_std(x):
+        return 0.05 * torch.exp(3.0 * x[:, 0])
+
+    x = torch.rand(500, 1, generator=generator, dtype=torch.float64)
+    y = torch.sin(3.0 * x[:, 0]) + noise_std(x) * torch.randn(500, generator=generator, dtype=torch.float64)
+    model = RandomFeatureGP(RandomFourierFeatures(16, input_dim=1, seed=0).double(), HeteroscedasticGaussian(),
+                            lengthscale=0.5)
+    guide = weight_guide(model, family="full_rank")
+    fit_svi(model, guide, x, y, num_steps=600, lr=0.05, num_particles=4, final_lr_fraction=0.1)
+    grid = torch.linspace(0.1, 0.9, 9, dtype=torch.float64).unsqueeze(-1)
+    f = posterior_predictive(model, grid, guide, num_samples=300, return_sites=("f",))["f"].mean(0)
+    estimated = torch.exp(f[:, 1] + model.likelihood.noise_offset)
+    assert ((estimated / noise_std(grid)).log().abs() < math.log(1.35)).all()  # within a factor 1.35
+    assert ((f[:, 0] - torch.sin(3.0 * grid[:, 0])).abs() < 3 * noise_std(grid) / math.sqrt(50)).all()
