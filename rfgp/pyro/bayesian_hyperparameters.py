@@ -1,0 +1,133 @@
+"""Fully Bayesian kernel hyperparameters for GPyTorch models with rfgp kernels, by NUTS.
+
+The hyperparameters θ (lengthscale, outputscale, noise, ...) get priors registered
+the GPyTorch way (``lengthscale_prior=...``); NUTS samples p(θ | y) ∝ p(y | θ) p(θ)
+with the exact marginal likelihood p(y | θ) = N(y; m, K̂_θ + σ²I), through GPyTorch's
+Pyro integration (``Module.pyro_sample_from_prior`` / ``pyro_load_from_samples``, as in
+GPyTorch's "Fully Bayesian GPs" example).  With an rfgp kernel, K̂_θ = Φ_θΦ_θᵀ and every
+likelihood evaluation is O(N·F² + F³) through
+:class:`~rfgp.operators.FeatureRootAddedDiagLinearOperator`.
+
+The random draws of the features are shared across the kernel's batch dimensions, so
+after loading S samples the model is a batch of S GPs over one set of features, and the
+posterior predictive is a batched ``MultivariateNormal`` (one component per sample of θ).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import gpytorch
+import pyro
+import torch
+from linear_operator.utils.errors import NanError, NotPSDError
+from pyro.infer import MCMC, NUTS
+from torch import Tensor
+
+from .._validation import check_positive_int
+
+
+def _check_exact_gp(model) -> None:
+    if not isinstance(model, gpytorch.models.ExactGP):
+        raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
+    if model.train_inputs is None or model.train_targets is None:
+        raise ValueError("model has no training data: build it with train_x, train_y or call set_train_data")
+    priors = list(model.named_priors())
+    if not priors:
+        raise ValueError(
+            "model has no hyperparameter priors: register some, e.g. "
+            "SketchedRBFKernel(..., lengthscale_prior=gpytorch.priors.GammaPrior(2.0, 4.0))"
+        )
+    for name, _, _, _, setting_closure in priors:
+        if setting_closure is None:
+            raise ValueError(f"prior {name!r} has no setting closure, so Pyro cannot set its hyperparameter")
+
+
+def sample_hyperparameters(
+    model: gpytorch.models.ExactGP,
+    num_samples: int = 200,
+    warmup_steps: int = 200,
+    max_tree_depth: int = 6,
+    progress: bool | None = None,
+) -> dict[str, Tensor]:
+    """Sample the hyperparameters that have priors by NUTS and load the samples into ``model``.
+
+    Hyperparameters without a prior stay fixed at their current values.  Proposals that
+    violate a hyperparameter's GPyTorch constraint (a prior with more support than the
+    constraint) are rejected, i.e. the prior is truncated to the constraint.  Afterwards
+    ``model`` (in eval mode) is a batch of ``num_samples`` GPs; predict with
+    :func:`batched_predictive`.
+
+    Args:
+        model: an ``ExactGP`` with training data and priors on its hyperparameters.
+        num_samples, warmup_steps: NUTS samples kept and warm-up (adaptation) iterations.
+        max_tree_depth: NUTS tree depth cap (2^depth leapfrog steps per iteration at most).
+        progress: show Pyro's progress bar; ``None`` shows it only on a terminal.
+
+    Returns:
+        ``{prior name: samples of shape (num_samples, *hyperparameter shape)}``.
+    """
+    _check_exact_gp(model)
+    num_samples = check_positive_int(num_samples, "num_samples")
+    warmup_steps = check_positive_int(warmup_steps, "warmup_steps")
+    if progress is None:
+        progress = sys.stderr.isatty()
+
+    # GPyTorch's pyro_sample_from_prior() deep-copies the model at every potential evaluation
+    # (most of NUTS' time on small problems); copy it once and overwrite its hyperparameters.
+    model.train()
+    random_model = model.to_pyro_random_module()
+    priors = list(random_model.named_priors())
+
+    def pyro_model(x: Tensor, y: Tensor) -> None:
+        for name, module, prior, closure, setting_closure in priors:
+            setting_closure(module, pyro.sample(name, prior.expand(closure(module).shape)))
+        try:
+            # Fast log_prob stays on: it routes to the kernel's own inv_quad_logdet (O(N·F²) for rfgp).
+            log_likelihood = random_model.likelihood(random_model(x)).log_prob(y)
+        except (NanError, NotPSDError):
+            # A proposal outside a hyperparameter's constraint (e.g. noise below GaussianLikelihood's
+            # 1e-4 floor) makes the setting closure produce NaN: reject it (zero posterior density).
+            log_likelihood = y.new_tensor(-math.inf)
+        pyro.factor("y", log_likelihood)
+
+    kernel = NUTS(pyro_model, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"))
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress)
+    mcmc.run(model.train_inputs[0], model.train_targets)
+    samples = mcmc.get_samples()
+    model.pyro_load_from_samples(samples)
+    model.eval()
+    return samples
+
+
+def batched_predictive(model: gpytorch.models.ExactGP, samples: dict[str, Tensor], x: Tensor, observed: bool = False):
+    """The posterior predictive at ``x`` under each hyperparameter sample loaded by :func:`sample_hyperparameters`.
+
+    Returns a ``MultivariateNormal`` with batch shape ``(S,)`` over the ``n`` points of
+    ``x`` (of the latent f, or of y with ``observed=True``).  The fully Bayesian
+    predictive is the equal-weight mixture of these S components; see :func:`mixture_moments`.
+    """
+    _check_exact_gp(model)
+    num_samples = next(iter(samples.values())).shape[0]
+    for name, module, _, closure, _ in model.named_priors():
+        if name in samples and closure(module).shape != samples[name].shape:
+            raise ValueError(
+                f"the model's {name} hyperparameter has shape {tuple(closure(module).shape)}, not the samples' "
+                f"{tuple(samples[name].shape)}: run sample_hyperparameters(model) (or model.pyro_load_from_samples) first"
+            )
+    expanded = x.unsqueeze(0).expand(num_samples, *x.shape)
+    model.eval()
+    with torch.no_grad():
+        output = model(expanded)
+        return model.likelihood(output) if observed else output
+
+
+def mixture_moments(output) -> tuple[Tensor, Tensor]:
+    """Mean and variance of the equal-weight mixture over the batch of a :func:`batched_predictive`.
+
+    E[f] = mean_s μ_s, Var[f] = mean_s (σ²_s + μ_s²) − E[f]² (law of total variance).
+    """
+    means, variances = output.mean, output.variance
+    mean = means.mean(0)
+    return mean, (variances + means.pow(2)).mean(0) - mean.pow(2)

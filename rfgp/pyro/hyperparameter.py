@@ -1,0 +1,63 @@
+"""How a Pyro model's scalar hyperparameter is specified: a fixed value or a prior.
+
+* a number or tensor: the hyperparameter is fixed (stored as a buffer, so it follows
+  ``.to()`` and ``state_dict``);
+* a ``pyro.distributions.Distribution``: it is a latent variable with that prior
+  (a :class:`pyro.nn.PyroSample`), inferred by NUTS or by a guide (MAP, mean-field, joint).
+  Its samples are cast to the data's dtype and device; build the prior's parameters on
+  the data's device, since Pyro scores guide samples under the prior as given.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroSample
+from torch import Tensor
+
+
+def register_hyperparameter(module: PyroModule, name: str, spec, positive: bool = True) -> None:
+    """Attach hyperparameter ``name`` to ``module``: a fixed buffer or a ``PyroSample`` prior.
+
+    Raises:
+        TypeError: ``spec`` is neither a real number, a real tensor nor a Pyro distribution.
+        ValueError: a fixed value is not finite, or not > 0 where ``positive``.
+    """
+    if isinstance(spec, dist.Distribution):
+        if positive and not _support_is_positive(spec):
+            raise ValueError(f"the prior of {name} must have positive support, got {spec!r} with support {spec.support}")
+        setattr(module, name, PyroSample(spec))
+        return
+    if isinstance(spec, bool) or not (isinstance(spec, numbers.Real) or torch.is_tensor(spec)):
+        raise TypeError(
+            f"{name} must be a number, a real tensor or a pyro.distributions prior, got {type(spec).__name__}"
+        )
+    value = torch.as_tensor(spec, dtype=torch.get_default_dtype()).clone()
+    if not value.is_floating_point() or not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} must be finite and real, got {spec!r}")
+    if positive and not bool((value > 0).all()):
+        raise ValueError(f"{name} must be > 0, got {spec!r}")
+    module.register_buffer(name, value)
+
+
+def _support_is_positive(prior: dist.Distribution) -> bool:
+    support = prior.support
+    while isinstance(support, (torch.distributions.constraints.independent,)):
+        support = support.base_constraint
+    if support is torch.distributions.constraints.positive:
+        return True
+    lower = getattr(support, "lower_bound", None)
+    return lower is not None and bool(torch.all(torch.as_tensor(lower) >= 0))
+
+
+def hyperparameter_value(module: PyroModule, name: str, like: Tensor) -> Tensor:
+    """The hyperparameter (sampled from its prior when it has one) in the dtype/device of ``like``."""
+    return getattr(module, name).to(dtype=like.dtype, device=like.device)
+
+
+def is_random(module: PyroModule, name: str) -> bool:
+    """Whether hyperparameter ``name`` of ``module`` has a prior (is a latent site)."""
+    # PyroModule keeps its PyroSample attributes in this dict (there is no public accessor).
+    return name in module._pyro_samples

@@ -1,0 +1,195 @@
+"""Inference for :class:`~rfgp.pyro.RandomFeatureGP`: Gaussian guides + SVI, NUTS, posterior predictive.
+
+* :func:`weight_guide` — q(w) = N(μ, diag(s²)) (``"mean_field"``, Pyro's ``AutoNormal``) or
+  N(μ, LLᵀ) (``"full_rank"``, ``AutoMultivariateNormal``) on the F·L weights, with the
+  hyperparameters that have priors point-estimated (``"map"``, ``AutoDelta``), given
+  their own mean-field Gaussian (``"mean_field"``) or included in the weight guide
+  (``"joint"``, which also correlates them with w in the full-rank family).
+* :func:`fit_svi` — maximise the ELBO with Adam.
+* :func:`run_nuts` — exact (asymptotically) posterior samples for small problems.
+* :func:`posterior_predictive` — ``pyro.infer.Predictive`` over a guide or NUTS samples,
+  vectorised over samples.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pyro
+import pyro.infer.autoguide as autoguide
+from pyro import poutine
+from pyro.infer import MCMC, NUTS, SVI, Predictive, Trace_ELBO
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .._validation import check_choice, check_positive_float, check_positive_int
+from .weight_space import RandomFeatureGP
+
+GUIDE_FAMILIES = ("mean_field", "full_rank")
+HYPERPARAMETER_GUIDES = ("map", "mean_field", "joint")
+#: a full-rank guide has (F·L)² / 2 scale parameters; beyond this, use mean-field.
+MAX_FULL_RANK_WEIGHTS = 4096
+#: NUTS mixes poorly and costs O(dim) memory per leapfrog tree beyond this: use SVI.
+MAX_NUTS_WEIGHTS = 2048
+
+
+def _check_model(model) -> RandomFeatureGP:
+    if not isinstance(model, RandomFeatureGP):
+        raise TypeError(f"model must be a rfgp.pyro.RandomFeatureGP, got {type(model).__name__}")
+    return model
+
+
+def weight_guide(
+    model: RandomFeatureGP,
+    family: str = "full_rank",
+    hyperparameters: str = "map",
+    init_scale: float = 0.1,
+) -> autoguide.AutoGuide:
+    """A Gaussian variational family on the weights w (and a guide for the hyperparameters).
+
+    Args:
+        model: the :class:`RandomFeatureGP`.
+        family: ``"mean_field"`` or ``"full_rank"`` (full-rank needs F·L ≤ 4096).
+        hyperparameters: ``"map"``, ``"mean_field"`` or ``"joint"`` (see module docstring);
+            ignored when no hyperparameter has a prior.
+        init_scale: initial standard deviation of q(w).
+
+    Parameters of a previous guide with the same name are removed from Pyro's global
+    parameter store, so that a fresh guide starts from its own initialisation.
+    """
+    _check_model(model)
+    check_choice(family, "family", GUIDE_FAMILIES)
+    check_choice(hyperparameters, "hyperparameters", HYPERPARAMETER_GUIDES)
+    init_scale = check_positive_float(init_scale, "init_scale")
+    if family == "full_rank" and model.num_weights > MAX_FULL_RANK_WEIGHTS:
+        raise ValueError(
+            f"family='full_rank' needs F·L ≤ {MAX_FULL_RANK_WEIGHTS} weights, the model has "
+            f"{model.num_weights} (F={model.feature_map.num_features}, L={model.num_latents}); use family='mean_field'"
+        )
+    gaussian = autoguide.AutoMultivariateNormal if family == "full_rank" else autoguide.AutoNormal
+    hyper_sites = model.hyperparameter_sites()
+    if hyperparameters == "joint" or not hyper_sites:
+        guide = gaussian(model, init_scale=init_scale)
+    else:
+        guide = autoguide.AutoGuideList(model)
+        guide.append(gaussian(poutine.block(model, expose=["w"]), init_scale=init_scale))
+        if hyperparameters == "map":
+            guide.append(autoguide.AutoDelta(poutine.block(model, expose=hyper_sites)))
+        else:
+            guide.append(autoguide.AutoNormal(poutine.block(model, expose=hyper_sites), init_scale=init_scale))
+    store = pyro.get_param_store()
+    for name in [name for name in store.keys() if name.startswith(guide._pyro_name + ".")]:
+        del store[name]
+    return guide
+
+
+def fit_svi(
+    model: RandomFeatureGP,
+    guide,
+    x: Tensor,
+    y: Tensor,
+    num_steps: int = 1000,
+    lr: float = 0.01,
+    num_particles: int = 1,
+    num_data: int | None = None,
+    final_lr_fraction: float = 1.0,
+    progress: bool | None = None,
+) -> list[float]:
+    """Maximise the ELBO with (clipped) Adam; returns the loss (−ELBO) per step.
+
+    ``num_particles`` > 1 averages that many vectorised Monte-Carlo samples per step;
+    the learning rate decays geometrically from ``lr`` to ``final_lr_fraction · lr``
+    (a decay removes most of the stochastic-gradient jitter around the optimum).
+    """
+    _check_model(model)
+    num_steps = check_positive_int(num_steps, "num_steps")
+    num_particles = check_positive_int(num_particles, "num_particles")
+    lr = check_positive_float(lr, "lr")
+    final_lr_fraction = check_positive_float(final_lr_fraction, "final_lr_fraction")
+    if progress is None:
+        progress = sys.stderr.isatty()
+    elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
+    svi = SVI(model, guide, pyro.optim.ClippedAdam({"lr": lr, "lrd": final_lr_fraction ** (1.0 / num_steps)}), loss=elbo)
+    losses = []
+    bar = tqdm(range(num_steps), desc="SVI", disable=not progress, leave=False)
+    for _ in bar:
+        losses.append(svi.step(x, y, num_data=num_data))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    return losses
+
+
+def run_nuts(
+    model: RandomFeatureGP,
+    x: Tensor,
+    y: Tensor,
+    num_samples: int = 300,
+    warmup_steps: int = 300,
+    num_chains: int = 1,
+    max_tree_depth: int = 8,
+    full_mass: bool = False,
+    progress: bool | None = None,
+) -> dict[str, Tensor]:
+    """Posterior samples of w (and of the hyperparameters that have priors) by NUTS.
+
+    For small problems only (F·L ≤ 2048 weights); use :func:`fit_svi` beyond.  ``full_mass``
+    adapts a dense mass matrix during warm-up, which removes the posterior correlations
+    of w (cheap for a few hundred weights, and much faster mixing).
+    Returns ``{site: tensor of shape (num_chains·num_samples, *site_shape)}``.
+    """
+    _check_model(model)
+    num_samples = check_positive_int(num_samples, "num_samples")
+    warmup_steps = check_positive_int(warmup_steps, "warmup_steps")
+    num_chains = check_positive_int(num_chains, "num_chains")
+    if model.num_weights > MAX_NUTS_WEIGHTS:
+        raise ValueError(
+            f"NUTS is for small models (F·L ≤ {MAX_NUTS_WEIGHTS} weights); this one has {model.num_weights}: "
+            "use weight_guide + fit_svi"
+        )
+    if progress is None:
+        progress = sys.stderr.isatty()
+    kernel = NUTS(model, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"),
+                  full_mass=bool(full_mass), max_plate_nesting=1)
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, num_chains=num_chains,
+                disable_progbar=not progress)
+    mcmc.run(x, y)
+    return mcmc.get_samples()
+
+
+def posterior_predictive(
+    model: RandomFeatureGP,
+    x: Tensor,
+    posterior,
+    num_samples: int | None = None,
+    return_sites: tuple[str, ...] = ("f", "y"),
+) -> dict[str, Tensor]:
+    """Samples of the latent ``"f"`` (shape ``(S, n, L)``) and of ``"y"`` (``(S, n)``) at ``x``.
+
+    Args:
+        model: the :class:`RandomFeatureGP`.
+        x: inputs ``(n, d)``.
+        posterior: a fitted guide, or a dict of posterior samples (from :func:`run_nuts`).
+        num_samples: S; required with a guide, optional (all samples) with a dict.
+        return_sites: the sites to return (also hyperparameter sites, e.g. ``"lengthscale"``).
+    """
+    _check_model(model)
+    if isinstance(posterior, dict):
+        samples = posterior
+    elif callable(posterior):
+        if num_samples is None:
+            raise ValueError("num_samples is required when posterior is a guide")
+        num_samples = check_positive_int(num_samples, "num_samples")
+        samples = Predictive(posterior, num_samples=num_samples, parallel=True)(x)
+    else:
+        raise TypeError(f"posterior must be a guide or a dict of samples, got {type(posterior).__name__}")
+    samples = {name: value for name, value in samples.items() if name not in ("f", "y")}
+    if num_samples is not None:
+        samples = {name: value[:num_samples] for name, value in samples.items()}
+    # Every latent site is global (outside the data plate, dim -1): give its samples the
+    # (S, 1, *site_shape) layout of a vectorised sample plate at dim -2.  Predictive's own
+    # reshape would misplace the slot of sites with event dimensions (w, ARD lengthscale).
+    conditioned = {name: value.unsqueeze(1) for name, value in samples.items()}
+    num_draws = next(iter(conditioned.values())).shape[0]
+    predictive = Predictive(model, posterior_samples=conditioned, num_samples=num_draws,
+                            return_sites=list(return_sites), parallel=True)
+    predictions = predictive(x)
+    return {name: value if name in ("f", "y") else value.squeeze(1) for name, value in predictions.items()}

@@ -1,0 +1,222 @@
+"""Likelihoods p(y | f) for weight-space random-feature GPs in Pyro.
+
+A likelihood maps the latent values f of shape ``(..., n, L)`` (L = ``num_latents``
+GP outputs per point) to a Pyro distribution with batch shape ``(..., n)`` and
+checks that targets are valid for it.  Every likelihood is a ``PyroModule``, so its
+hyperparameters (noise, degrees of freedom, ...) are fixed buffers or latent
+variables with priors (see :func:`rfgp.pyro.hyperparameter.register_hyperparameter`).
+
+=====================  ===  ==========================================  ===========================
+likelihood             L    p(y | f)                                    targets
+=====================  ===  ==========================================  ===========================
+Gaussian               1    N(y; f, σ²)                                 real
+StudentT               1    t_ν(y; f, s)                                real
+HeteroscedasticGauss.  2    N(y; f₁, exp(f₂)²)  (f₂ = log noise std)    real
+Bernoulli              1    Bernoulli(y; sigmoid(f))                    0 or 1
+Categorical            C    Categorical(y; softmax(f₁..f_C))            integers 0..C−1
+Poisson                1    Poisson(y; exposure·exp(f))                 counts 0, 1, 2, ...
+CustomLikelihood       L    any ``f -> Distribution`` callable          checked by the user
+=====================  ===  ==========================================  ===========================
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule
+from torch import Tensor
+
+from .._validation import check_positive_float, check_positive_int
+from .hyperparameter import hyperparameter_value, register_hyperparameter
+
+
+class Likelihood(PyroModule):
+    """Base class: ``forward(f)`` returns p(y | f) with batch shape ``f.shape[:-1]``.
+
+    Subclasses set ``num_latents`` and implement :meth:`_distribution`; they override
+    :meth:`check_targets` when only some values of y are valid.
+    """
+
+    num_latents: int = 1
+
+    def forward(self, f: Tensor) -> dist.Distribution:
+        if f.shape[-1] != self.num_latents:
+            raise ValueError(
+                f"{type(self).__name__} needs f of shape (..., n, {self.num_latents}), got {tuple(f.shape)}"
+            )
+        return self._distribution(f)
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        raise NotImplementedError
+
+    def expected_value(self, f: Tensor) -> Tensor:
+        """E[y | f] per point (class probabilities ``(..., n, C)`` for :class:`Categorical`).
+
+        Averaging it over posterior samples of f gives the posterior predictive mean.
+        """
+        return self(f).mean
+
+    def check_targets(self, y: Tensor, num_data: int) -> None:
+        """Raise if ``y`` is not a ``(num_data,)`` tensor of values this likelihood can observe."""
+        if not torch.is_tensor(y):
+            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        if y.shape != (num_data,):
+            raise ValueError(f"y must have shape ({num_data},) (one target per row of x), got {tuple(y.shape)}")
+        if y.is_floating_point() and not bool(torch.isfinite(y).all()):
+            raise ValueError("y contains NaN or Inf entries")
+
+
+class Gaussian(Likelihood):
+    """y = f + ε, ε ~ N(0, σ²).  ``noise`` is the variance σ² (a number or a prior)."""
+
+    def __init__(self, noise=0.1) -> None:
+        super().__init__()
+        register_hyperparameter(self, "noise", noise)
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        noise = hyperparameter_value(self, "noise", f)
+        return dist.Normal(f[..., 0], noise.sqrt())
+
+    def check_targets(self, y: Tensor, num_data: int) -> None:
+        super().check_targets(y, num_data)
+        _check_real(y)
+
+
+class StudentT(Likelihood):
+    """y = f + s·ε, ε ~ Student-t with ``df`` = ν degrees of freedom: robust regression."""
+
+    def __init__(self, df=4.0, scale=0.1) -> None:
+        super().__init__()
+        register_hyperparameter(self, "df", df)
+        register_hyperparameter(self, "scale", scale)
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        df = hyperparameter_value(self, "df", f)
+        scale = hyperparameter_value(self, "scale", f)
+        return dist.StudentT(df, f[..., 0], scale)
+
+    def check_targets(self, y: Tensor, num_data: int) -> None:
+        super().check_targets(y, num_data)
+        _check_real(y)
+
+
+class HeteroscedasticGaussian(Likelihood):
+    """y = f₁ + exp(f₂)·ε with two latent GPs: the mean f₁ and the log noise standard deviation f₂.
+
+    ``noise_offset`` is added to f₂ (a prior mean for the log noise std), so that a
+    zero-mean GP on f₂ starts near a sensible noise level.
+    """
+
+    num_latents = 2
+
+    def __init__(self, noise_offset: float = -1.0) -> None:
+        super().__init__()
+        if isinstance(noise_offset, bool) or not isinstance(noise_offset, (int, float)):
+            raise TypeError(f"noise_offset must be a real number, got {noise_offset!r}")
+        self.noise_offset = float(noise_offset)
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        return dist.Normal(f[..., 0], torch.exp(f[..., 1] + self.noise_offset))
+
+    def check_targets(self, y: Tensor, num_data: int) -> None:
+        super().check_targets(y, num_data)
+        _check_real(y)
+
+
+class Bernoulli(Likelihood):
+    """Binary classification: p(y = 1 | f) = sigmoid(f)."""
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        return dist.Bernoulli(logits=f[..., 0])
+
+    def check_targets(self, y: Tensor, num_data: int) -> None:
+        super().check_targets(y, num_data)
+        if not y.is_floating_point():
+            raise TypeError(f"Bernoulli targets y must be a floating tensor of 0s and 1s, got dtype {y.dtype}")
+        if not bool(((y == 0) | (y == 1)).all()):
+            raise ValueError(f"Bernoulli targets y must be 0 or 1, got values {_some_values(y)}")
+
+
+class Categorical(Likelihood):
+    """C-class classification with one latent GP per class: p(y = c | f) = softmax(f)_c."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = check_positive_int(num_classes, "num_classes")
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+        self.num_latents = self.num_classes
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        return dist.Categorical(logits=f)
+
+    def expected_value(self, f: Tensor) -> Tensor:
+        return torch.softmax(f, dim=-1)
+
+    def check_targets(self, y: Tensor, num_data: int) -> None:
+        super().check_targets(y, num_data)
+        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise TypeError(f"Categorical targets y must be an integer tensor of class labels, got dtype {y.dtype}")
+        if bool(((y < 0) | (y >= self.num_classes)).any()):
+            raise ValueError(
+                f"Categorical targets y must be class labels in 0..{self.num_classes - 1}, got values {_some_values(y)}"
+            )
+
+
+class Poisson(Likelihood):
+    """Count regression with a log link: y ~ Poisson(exposure · exp(f))."""
+
+    def __init__(self, exposure: float = 1.0) -> None:
+        super().__init__()
+        self.exposure = check_positive_float(exposure, "exposure")
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        return dist.Poisson(self.exposure * torch.exp(f[..., 0]))
+
+    def check_targets(self, y: Tensor, num_data: int) -> None:
+        super().check_targets(y, num_data)
+        if not y.is_floating_point():
+            raise TypeError(f"Poisson targets y must be a floating tensor of counts, got dtype {y.dtype}")
+        if not bool(((y >= 0) & (y == y.round())).all()):
+            raise ValueError(f"Poisson targets y must be non-negative integer counts, got values {_some_values(y)}")
+
+
+class CustomLikelihood(Likelihood):
+    """Any Pyro distribution of the latent values: ``distribution_fn(f) -> Distribution``.
+
+    ``f`` has shape ``(..., n, num_latents)``; the returned distribution must have batch
+    shape ``(..., n)`` and event shape ``()``.  Hyperparameters are up to the caller
+    (close over fixed values, or call ``pyro.sample`` inside ``distribution_fn``).
+
+    Example:
+        >>> gamma = CustomLikelihood(lambda f: dist.Gamma(2.0, 2.0 * torch.exp(-f[..., 0])), num_latents=1)
+    """
+
+    def __init__(self, distribution_fn: Callable[[Tensor], dist.Distribution], num_latents: int = 1) -> None:
+        super().__init__()
+        if not callable(distribution_fn):
+            raise TypeError(f"distribution_fn must be callable f -> Distribution, got {type(distribution_fn).__name__}")
+        self.distribution_fn = distribution_fn
+        self.num_latents = check_positive_int(num_latents, "num_latents")
+
+    def _distribution(self, f: Tensor) -> dist.Distribution:
+        result = self.distribution_fn(f)
+        if not isinstance(result, torch.distributions.Distribution):
+            raise TypeError(f"distribution_fn must return a torch/Pyro Distribution, got {type(result).__name__}")
+        if result.event_shape != () or result.batch_shape != f.shape[:-1]:
+            raise ValueError(
+                f"distribution_fn must return batch shape {tuple(f.shape[:-1])} and event shape (), "
+                f"got batch shape {tuple(result.batch_shape)} and event shape {tuple(result.event_shape)}"
+            )
+        return result
+
+
+def _check_real(y: Tensor) -> None:
+    if not y.is_floating_point():
+        raise TypeError(f"regression targets y must be a floating tensor, got dtype {y.dtype}")
+
+
+def _some_values(y: Tensor, limit: int = 6) -> list:
+    return torch.unique(y)[:limit].tolist()

@@ -1,0 +1,157 @@
+"""RandomFeatureGP as a Pyro model: shapes, dtypes, likelihood validation, guides, state."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+
+from rfgp.features import RandomFourierFeatures
+from rfgp.pyro import (
+    Bernoulli,
+    Categorical,
+    CustomLikelihood,
+    Gaussian,
+    HeteroscedasticGaussian,
+    Poisson,
+    RandomFeatureGP,
+    StudentT,
+    fit_svi,
+    posterior_predictive,
+    run_nuts,
+    weight_guide,
+)
+
+
+def targets(likelihood, n, dtype):
+    if isinstance(likelihood, Categorical):
+        return torch.randint(likelihood.num_classes, (n,))
+    if isinstance(likelihood, Bernoulli):
+        return torch.randint(2, (n,)).to(dtype)
+    if isinstance(likelihood, Poisson):
+        return torch.randint(5, (n,)).to(dtype)
+    return torch.randn(n, dtype=dtype)
+
+
+LIKELIHOODS = [
+    lambda: Gaussian(dist.Gamma(2.0, 4.0)),
+    lambda: StudentT(df=4.0, scale=0.3),
+    lambda: HeteroscedasticGaussian(),
+    lambda: Bernoulli(),
+    lambda: Categorical(3),
+    lambda: Poisson(),
+    lambda: CustomLikelihood(lambda f: dist.Laplace(f[..., 0], 0.5)),
+]
+
+
+@pytest.mark.parametrize("make_likelihood", LIKELIHOODS)
+def test_trace_shapes_and_dtype_follow_input(make_likelihood, dtype, device):
+    pyro.set_rng_seed(0)
+    likelihood = make_likelihood()
+    model = RandomFeatureGP(RandomFourierFeatures(16, input_dim=2, seed=0), likelihood,
+                            lengthscale=dist.Gamma(4.0, 4.0).expand([2]).to_event(1)).to(device)
+    x = torch.randn(7, 2, dtype=dtype, device=device)
+    y = targets(likelihood, 7, dtype).to(device)
+    trace = poutine.trace(model).get_trace(x, y)
+    f = trace.nodes["f"]["value"]
+    assert f.shape == (7, likelihood.num_latents) and f.dtype == dtype and f.device == x.device
+    assert trace.nodes["w"]["value"].shape == (likelihood.num_latents, 16)
+    assert torch.isfinite(trace.log_prob_sum())
+
+
+def test_latent_is_the_weight_space_gp():
+    """f = m + σΦ(x/ℓ)wᵀ exactly, for a given w."""
+    feature_map = RandomFourierFeatures(8, input_dim=2, seed=1).double()
+    model = RandomFeatureGP(feature_map, Categorical(3), lengthscale=torch.tensor([0.5, 2.0]), outputscale=4.0, mean=1.0)
+    x = torch.randn(5, 2, dtype=torch.float64)
+    w = torch.randn(3, 8, dtype=torch.float64)
+    f = poutine.trace(poutine.condition(model, {"w": w})).get_trace(x).nodes["f"]["value"]
+    expected = 1.0 + 2.0 * feature_map(x / torch.tensor([0.5, 2.0], dtype=torch.float64)) @ w.T
+    torch.testing.assert_close(f, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_guides_and_vectorised_predictive_shapes():
+    pyro.set_rng_seed(0)
+    x, y = torch.randn(12, 2), torch.randint(3, (12,))
+    model = RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Categorical(3),
+                            lengthscale=dist.Gamma(4.0, 4.0).expand([2]).to_event(1), outputscale=dist.Gamma(2.0, 2.0))
+    for family in ("mean_field", "full_rank"):
+        for hyper in ("map", "mean_field", "joint"):
+            guide = weight_guide(model, family=family, hyperparameters=hyper)
+            losses = fit_svi(model, guide, x, y, num_steps=3, num_particles=2)
+            assert len(losses) == 3
+            samples = posterior_predictive(model, torch.randn(5, 2), guide, num_samples=4,
+                                           return_sites=("f", "y", "w", "lengthscale", "outputscale"))
+            assert samples["f"].shape == (4, 5, 3) and samples["y"].shape == (4, 5)
+            assert samples["w"].shape == (4, 3, 8) and samples["lengthscale"].shape == (4, 2)
+            assert samples["outputscale"].shape == (4,)
+            if hyper == "map":  # a point estimate: identical in every draw
+                assert (samples["lengthscale"] == samples["lengthscale"][0]).all()
+
+
+def test_state_dict_round_trip_reproduces_latent():
+    x = torch.randn(6, 3)
+    w = torch.randn(1, 32)
+    model = RandomFeatureGP(RandomFourierFeatures(32, input_dim=3, seed=0), Poisson(), lengthscale=0.7, mean=-1.0)
+    other = RandomFeatureGP(RandomFourierFeatures(32, input_dim=3, seed=99), Poisson(), lengthscale=3.0, mean=2.0)
+    other.load_state_dict(model.state_dict())
+    f1 = poutine.condition(model.latent, {"w": w})(x)
+    f2 = poutine.condition(other.latent, {"w": w})(x)
+    assert torch.equal(f1, f2)
+
+
+def test_errors_name_the_argument():
+    feature_map = RandomFourierFeatures(8, input_dim=2, seed=0)
+    with pytest.raises(TypeError, match="likelihood must be one of"):
+        RandomFeatureGP(feature_map, dist.Bernoulli)
+    with pytest.raises(TypeError, match="feature_map"):
+        RandomFeatureGP(torch.nn.Linear(2, 8), Bernoulli())
+    with pytest.raises(ValueError, match="lengthscale must be > 0"):
+        RandomFeatureGP(feature_map, Bernoulli(), lengthscale=-1.0)
+    with pytest.raises(ValueError, match="positive support"):
+        RandomFeatureGP(feature_map, Bernoulli(), lengthscale=dist.Normal(0.0, 1.0))
+    with pytest.raises(TypeError, match="outputscale"):
+        RandomFeatureGP(feature_map, Bernoulli(), outputscale="big")
+    with pytest.raises(ValueError, match="num_classes"):
+        Categorical(1)
+    x = torch.randn(4, 2)
+    cases = [
+        (Categorical(3), torch.tensor([0, 1, 3, 2]), ValueError, r"0\.\.2"),
+        (Categorical(3), torch.tensor([0.0, 1.0, 2.0, 1.0]), TypeError, "integer tensor"),
+        (Bernoulli(), torch.tensor([0.0, 1.0, 0.5, 1.0]), ValueError, "0 or 1"),
+        (Poisson(), torch.tensor([0.0, 1.0, -2.0, 1.0]), ValueError, "non-negative integer"),
+        (Poisson(), torch.tensor([0.0, 1.5, 2.0, 1.0]), ValueError, "non-negative integer"),
+        (Gaussian(), torch.tensor([0.0, float("nan"), 2.0, 1.0]), ValueError, "NaN"),
+        (Gaussian(), torch.zeros(5), ValueError, r"shape \(4,\)"),
+    ]
+    for likelihood, y, error, message in cases:
+        with pytest.raises(error, match=message):
+            RandomFeatureGP(feature_map, likelihood)(x, y)
+    with pytest.raises(ValueError, match="input_dim=2"):
+        RandomFeatureGP(feature_map, Gaussian())(torch.randn(4, 3))
+    with pytest.raises(ValueError, match="num_data"):
+        RandomFeatureGP(feature_map, Gaussian())(x, torch.zeros(4), num_data=2)
+    with pytest.raises(ValueError, match="batch shape"):
+        RandomFeatureGP(feature_map, CustomLikelihood(lambda f: dist.Normal(f, 1.0)))(x)
+    big = RandomFeatureGP(RandomFourierFeatures(1024, input_dim=2, seed=0), Categorical(5))
+    with pytest.raises(ValueError, match="mean_field"):
+        weight_guide(big, family="full_rank")
+    with pytest.raises(ValueError, match="fit_svi"):
+        run_nuts(big, x, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="family"):
+        weight_guide(big, family="diagonal")
+    with pytest.raises(ValueError, match="num_samples is required"):
+        posterior_predictive(big, x, weight_guide(big, family="mean_field"))
+
+
+def test_num_data_rescales_minibatch_likelihood():
+    """A minibatch of n points stands for num_data points: its log-likelihood is scaled by num_data/n."""
+    model = RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Gaussian(0.2))
+    x, y = torch.randn(5, 2), torch.randn(5)
+    trace = poutine.trace(model).get_trace(x, y, num_data=20)
+    trace.compute_log_prob()
+    full = poutine.trace(poutine.condition(model, {"w": trace.nodes["w"]["value"]})).get_trace(x, y)
+    full.compute_log_prob()
+    assert trace.nodes["y"]["scale"] == 4.0
+    # Pyro's trace log-probabilities already carry the plate's scale.
+    torch.testing.assert_close(trace.nodes["y"]["log_prob_sum"], 4.0 * full.nodes["y"]["log_prob_sum"])
