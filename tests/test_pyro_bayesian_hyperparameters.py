@@ -42,8 +42,8 @@ def test_nuts_hyperparameter_posterior_concentrates_at_mll_optimum(monkeypatch):
 
     # Every likelihood evaluation must take the O(N·F²) capacitance path, never the dense one.
     calls = []
-    woodbury = operators._woodbury_inv_quad_logdet
-    monkeypatch.setattr(operators, "_woodbury_inv_quad_logdet", lambda *a: calls.append(1) or woodbury(*a))
+    woodbury = operators._statistics_inv_quad_logdet
+    monkeypatch.setattr(operators, "_statistics_inv_quad_logdet", lambda *a: calls.append(1) or woodbury(*a))
     monkeypatch.setattr(operators, "_dense_inv_quad_logdet", lambda *a: pytest.fail("dense N × N path used"))
 
     pyro.set_rng_seed(0)
