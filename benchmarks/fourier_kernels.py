@@ -119,32 +119,41 @@ def floor_step(features, square):
     return features.mT @ features, features @ square
 
 
-def median_times(tasks: dict, warmup: int, repeats: int) -> dict:
-    """Median (wall, CPU) seconds of each task, timed round-robin after ``warmup`` untimed rounds."""
+def median_times(tasks: dict, warmup: int, repeats: int, budget: float = math.inf) -> dict:
+    """Median (wall, CPU) seconds and repetition count of each task, timed round-robin.
+
+    ``warmup`` untimed rounds, then up to ``repeats`` timed rounds; no new round starts once
+    the timed rounds have taken ``budget`` seconds (at least one round is always timed).
+    """
     times = {name: [] for name in tasks}
-    for round_index in range(warmup + repeats):
+    for _ in range(warmup):
+        for fn in tasks.values():
+            fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
         for name, fn in tasks.items():
-            elapsed = time_call(fn)
-            if round_index >= warmup:
-                times[name].append(elapsed)
+            times[name].append(time_call(fn))
+        if time.perf_counter() - start > budget:
+            break
     return {
-        name: (statistics.median(v[0] for v in values), statistics.median(v[1] for v in values))
+        name: (statistics.median(v[0] for v in values), statistics.median(v[1] for v in values), len(values))
         for name, values in times.items()
     }
 
 
-def benchmark_timing(sizes, dtypes, num_features, dim, num_test, exact_max_n, float32_max_n, warmup, repeats):
+def benchmark_timing(sizes, dtypes, num_features, dim, num_test, exact_max_n, float32_max_n, schedule):
     rows = []
     for dtype in dtypes:
         for n in sizes:
             if dtype == torch.float32 and n > float32_max_n:
                 continue
+            warmup, repeats, budget = schedule(n)
             x, y, x_test = make_data(n, num_test, dim, dtype)
             methods = [m for m in METHODS if m != "exact" or n <= exact_max_n]
             models = {m: make_model(m, x, y, num_features, seed=1) for m in methods}
             print(f"N={n:>6} {str(dtype):>13}: timing training ...", flush=True)
             train = median_times(
-                {m: (lambda mm=mm: training_step(*mm)) for m, mm in models.items()}, warmup, repeats
+                {m: (lambda mm=mm: training_step(*mm)) for m, mm in models.items()}, warmup, repeats, budget
             )
             for model, _ in models.values():
                 model.eval()
@@ -153,15 +162,16 @@ def benchmark_timing(sizes, dtypes, num_features, dim, num_test, exact_max_n, fl
                 {m: (lambda mm=mm: predict_with_cache_build(mm[0], x_test)) for m, mm in models.items()},
                 0,
                 repeats,
+                budget,
             )
             cached = median_times(
-                {m: (lambda mm=mm: predict(mm[0], x_test)) for m, mm in models.items()}, 1, repeats
+                {m: (lambda mm=mm: predict(mm[0], x_test)) for m, mm in models.items()}, 1, repeats, budget
             )
             del models
             generator = torch.Generator().manual_seed(0)
             features = torch.randn(n, num_features, generator=generator, dtype=torch.float64).to(dtype)
             square = torch.randn(num_features, num_features, generator=generator, dtype=torch.float64).to(dtype)
-            floor = median_times({"floor": lambda: floor_step(features, square)}, warmup, repeats)["floor"]
+            floor = median_times({"floor": lambda: floor_step(features, square)}, warmup, repeats, budget)["floor"]
             del features, square
             for method in METHODS:
                 skipped = method not in train
@@ -176,6 +186,7 @@ def benchmark_timing(sizes, dtypes, num_features, dim, num_test, exact_max_n, fl
                         "floor_s": floor[0],
                         "train_cpu_s": math.nan if skipped else train[method][1],
                         "floor_cpu_s": floor[1],
+                        "train_repetitions": 0 if skipped else train[method][2],
                         "skipped": skipped,
                     }
                 )
@@ -253,7 +264,10 @@ def markdown_report(timing, errors, sigma, args, dim, target_n) -> tuple[str, li
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}, gpytorch {gpytorch.__version__}, rfgp {rfgp.__version__}. "
         f"F = {args.num_features}, d = {dim}, {args.num_test} test points; median of {args.repeats} "
-        f"repetitions after {args.warmup} warm-up round(s), methods timed round-robin. "
+        f"repetitions after {args.warmup} warm-up round(s)"
+        + f"; for N ≥ {args.large_n} no warm-up (one iteration takes seconds) and no new repetition after "
+        f"{args.budget:.0f} s, to fit the run into the time available on the shared machine (column *reps*)"
+        + ", methods timed round-robin. "
         f"Load average (1 min) at start/end: {args.load_start:.1f}/{os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} cores: the machine was shared with other jobs, so wall-clock times are inflated; "
         "the *CPU* columns (process CPU time over all threads) are less sensitive to that."
@@ -273,8 +287,8 @@ def markdown_report(timing, errors, sigma, args, dim, target_n) -> tuple[str, li
         "## Training and prediction time (seconds)",
         "",
         "| dtype | N | method | train | ×floor | speed-up vs gpytorch-rff | train CPU | ×floor CPU | speed-up CPU "
-        "| predict (+cache) | predict (cached) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| predict (+cache) | predict (cached) | reps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_key = {(r["dtype"], r["n"], r["method"]): r for r in timing}
     for row in timing:
@@ -288,7 +302,7 @@ def markdown_report(timing, errors, sigma, args, dim, target_n) -> tuple[str, li
             else:
                 train = row[f"train{clock}_s"]
                 cells += [f"{train / row[f'floor{clock}_s']:.2f}", f"{reference[f'train{clock}_s'] / train:.2f}×"]
-        cells += [fmt(row["predict_with_cache_build_s"]), fmt(row["predict_cached_s"])]
+        cells += [fmt(row["predict_with_cache_build_s"]), fmt(row["predict_cached_s"]), row["train_repetitions"] or ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     floors = sorted({(r["dtype"], r["n"], r["floor_s"], r["floor_cpu_s"]) for r in timing})
     lines += ["", "| dtype | N | floor wall (s) | floor CPU (s) |", "|---|---|---|---|"]
@@ -398,6 +412,9 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--float32-max-n", type=int, default=100_000, help="largest N timed in float32")
+    parser.add_argument("--large-n", type=int, default=10_000, help="from this N on, no warm-up and a time budget")
+    parser.add_argument("--budget", type=float, default=300.0,
+                        help="seconds after which no further repetition starts (N ≥ --large-n)")
     args = parser.parse_args(argv)
     args.load_start = os.getloadavg()[0]
     torch.set_num_threads(os.cpu_count() or 1)
@@ -410,9 +427,12 @@ def main(argv=None) -> list[str]:
         args.exact_max_n, args.error_points, args.seeds, feature_counts = 500, 300, 3, [64, 256]
     args.out.mkdir(parents=True, exist_ok=True)
 
+    def schedule(n):
+        return (0, args.repeats, args.budget) if n >= args.large_n else (args.warmup, args.repeats, math.inf)
+
     timing = benchmark_timing(
         sizes, (torch.float64, torch.float32), args.num_features, dim, args.num_test, args.exact_max_n,
-        args.float32_max_n, args.warmup, args.repeats,
+        args.float32_max_n, schedule,
     )
     errors, sigma = benchmark_error(feature_counts, args.seeds, args.error_points)
 
