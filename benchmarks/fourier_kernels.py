@@ -141,7 +141,8 @@ def median_times(tasks: dict, warmup: int, repeats: int, budget: float = math.in
     }
 
 
-def benchmark_timing(sizes, dtypes, num_features, dim, num_test, exact_max_n, float32_max_n, schedule):
+def benchmark_timing(sizes, dtypes, num_features, dim, num_test, exact_max_n, float32_max_n, schedule, on_block):
+    """Time every (dtype, N) block; ``on_block(rows)`` is called after each, so partial results survive."""
     rows = []
     for dtype in dtypes:
         for n in sizes:
@@ -197,6 +198,7 @@ def benchmark_timing(sizes, dtypes, num_features, dim, num_test, exact_max_n, fl
                     f"  CPU: train {row['train_cpu_s']:.4f}s floor {row['floor_cpu_s']:.4f}s",
                     flush=True,
                 )
+            on_block(rows)
     return rows
 
 
@@ -430,22 +432,30 @@ def main(argv=None) -> list[str]:
     def schedule(n):
         return (0, args.repeats, args.budget) if n >= args.large_n else (args.warmup, args.repeats, math.inf)
 
+    stem = "fourier_kernels_quick" if args.quick else "fourier_kernels"
+    errors, sigma = benchmark_error(feature_counts, args.seeds, args.error_points)
+    write_csv(args.out / f"{stem}_error.csv", errors)
+    plot_error(errors, sigma, args.out / f"{stem}_error.png")
+
+    def write_timing(timing, complete=False):
+        write_csv(args.out / f"{stem}_timing.csv", timing)
+        plot_timing(timing, args.out / f"{stem}_timing.png")
+        report, verdicts = markdown_report(timing, errors, sigma, args, dim, max(sizes))
+        report = report.replace("fourier_kernels_timing.png", f"{stem}_timing.png").replace(
+            "fourier_kernels_error.png", f"{stem}_error.png"
+        )
+        if not complete:
+            report = report.replace(
+                "## Training", "**Partial results: the run had not finished all (dtype, N) blocks.**\n\n## Training", 1
+            )
+        (args.out / f"{stem}.md").write_text(report)
+        return verdicts
+
     timing = benchmark_timing(
         sizes, (torch.float64, torch.float32), args.num_features, dim, args.num_test, args.exact_max_n,
-        args.float32_max_n, schedule,
+        args.float32_max_n, schedule, write_timing,
     )
-    errors, sigma = benchmark_error(feature_counts, args.seeds, args.error_points)
-
-    stem = "fourier_kernels_quick" if args.quick else "fourier_kernels"
-    write_csv(args.out / f"{stem}_timing.csv", timing)
-    write_csv(args.out / f"{stem}_error.csv", errors)
-    plot_timing(timing, args.out / f"{stem}_timing.png")
-    plot_error(errors, sigma, args.out / f"{stem}_error.png")
-    report, verdicts = markdown_report(timing, errors, sigma, args, dim, max(sizes))
-    report = report.replace("fourier_kernels_timing.png", f"{stem}_timing.png").replace(
-        "fourier_kernels_error.png", f"{stem}_error.png"
-    )
-    (args.out / f"{stem}.md").write_text(report)
+    verdicts = write_timing(timing, complete=True)
     print("\n".join(verdicts))
     return verdicts
 
