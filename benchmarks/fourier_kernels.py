@@ -22,7 +22,8 @@ after warm-up.  Writes ``fourier_kernels.md``, ``fourier_kernels_{timing,error}.
 Usage::
 
     python benchmarks/fourier_kernels.py            # full run (tens of minutes on 2 CPU cores)
-    python benchmarks/fourier_kernels.py --quick    # smoke run (seconds)
+    python benchmarks/fourier_kernels.py --quick    # smoke run (a minute)
+    python benchmarks/fourier_kernels.py --profile 20000   # torch.profiler breakdown of one training step
 """
 
 from __future__ import annotations
@@ -401,6 +402,25 @@ def plot_error(errors, sigma, path: Path) -> None:
     plt.close(fig)
 
 
+def profile_training(n, num_features, dim, path: Path) -> None:
+    """torch.profiler breakdown (self CPU time per op and input shape) of one training step per method."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x, y, _ = make_data(n, 1, dim, torch.float64)
+    sections = []
+    for method in ("gpytorch-rff", "rfgp-rff", "rfgp-sorf"):
+        model, mll = make_model(method, x, y, num_features, seed=1)
+        training_step(model, mll)  # warm-up
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            training_step(model, mll)
+        table = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=36, max_shapes_column_width=70
+        )
+        sections.append(f"===== {method}: one MLL forward + backward, N={n}, F={num_features}, float64\n{table}")
+        print(sections[-1], flush=True)
+    path.write_text("\n\n".join(sections))
+
+
 def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
@@ -417,6 +437,7 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--large-n", type=int, default=10_000, help="from this N on, no warm-up and a time budget")
     parser.add_argument("--budget", type=float, default=300.0,
                         help="seconds after which no further repetition starts (N ≥ --large-n)")
+    parser.add_argument("--profile", type=int, metavar="N", help="only profile one training step per method at N")
     args = parser.parse_args(argv)
     args.load_start = os.getloadavg()[0]
     torch.set_num_threads(os.cpu_count() or 1)
@@ -428,6 +449,9 @@ def main(argv=None) -> list[str]:
         sizes, args.num_features, args.repeats, args.num_test = [500, 2_000], 256, 2, 200
         args.exact_max_n, args.error_points, args.seeds, feature_counts = 500, 300, 3, [64, 256]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        profile_training(args.profile, args.num_features, dim, args.out / "fourier_kernels_profile.txt")
+        return []
 
     def schedule(n):
         return (0, args.repeats, args.budget) if n >= args.large_n else (args.warmup, args.repeats, math.inf)
