@@ -102,6 +102,8 @@ def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
     """Copy the raw values of the named hyperparameters (and their constraints/priors) from source to target."""
     for name in names:
         raw = f"raw_{name}"
+        # the target was built in torch's default dtype on the CPU: follow the source, copy at full precision
+        target.to(getattr(source, raw))
         getattr(target, raw).data.copy_(getattr(source, raw).data)
         target.register_constraint(raw, getattr(source, f"{raw}_constraint"))
         prior_name = f"{name}_prior"
