@@ -6,7 +6,7 @@ import sys
 
 import gpytorch
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from ._validation import check_positive_float, check_positive_int
 

@@ -10,9 +10,12 @@ Frequency samplers (paper 002, Yu et al. 2016, "Orthogonal Random Features"):
 * ``"orthogonal"`` (ORF, Eq. 2): W = S Q per d × d block, Q Haar-orthogonal (QR with the
   sign fix), S diagonal with independent χ_d norms; independent blocks are stacked when
   m > d and rows truncated when m < d.  Unbiased, lower variance than RFF.
-* ``"structured"`` (SORF, Eq. 5): W = √d H D₁ H D₂ H D₃ per block with the normalised
-  Hadamard H, Rademacher diagonals Dᵢ and the input zero-padded to d = 2^k; applied in
-  O(d log d) by the FWHT.  Bias ≈ −e^{−z²/2}z⁴/(4d) (Lemma 5), negligible for d ≳ 64.
+* ``"structured"`` (SORF, Eq. 5): W = √D H D₁ H D₂ H D₃ per block with the normalised
+  Hadamard H, Rademacher diagonals Dᵢ and the input zero-padded to D = 2^k ≥ 32; applied in
+  O(D log D) by the FWHT.  Its rows have the fixed norm √D, so the bias is
+  ≈ −e^{−z²/2}z⁴/(4D) (Lemma 5): padding low-dimensional inputs to D ≥ 32 keeps it small
+  (zero-padding preserves ‖x − y‖; at D = 2 every row would be (±1, ±1) and the estimate
+  would target cos-type kernels, not the RBF).
 
 Non-Gaussian spectral densities (Matérn, rational quadratic) multiply each row by its own
 scale draw (see :mod:`rfgp.features.spectral`).
@@ -21,21 +24,21 @@ scale draw (see :mod:`rfgp.features.spectral`).
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import check_choice
 from . import random
 from .base import FeatureMap
-from .hadamard import fwht, next_power_of_two, pad_to_power_of_two
+from .hadamard import fwht, next_power_of_two
 from .spectral import GaussianSpectralDensity, SpectralDensity
 
 SAMPLERS = ("iid", "orthogonal", "structured")
 
-#: below this padded input dimension SORF's bias (≈ −e^{−z²/2}z⁴/(4d)) is large.
-MIN_STRUCTURED_DIM = 16
+#: SORF pads inputs to at least this many dimensions (its bias ≈ −e^{−z²/2}z⁴/(4D)).
+MIN_STRUCTURED_DIM = 32
 
 
 class RandomFourierFeatures(FeatureMap):
@@ -82,14 +85,7 @@ class RandomFourierFeatures(FeatureMap):
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         m, d = self.num_frequencies, input_dim
         if self.sampler == "structured":
-            padded = next_power_of_two(d)
-            if padded < MIN_STRUCTURED_DIM:
-                warnings.warn(
-                    f"sampler='structured' (SORF) with input_dim={d} (padded to {padded}) is strongly biased: "
-                    "its frequency norms are fixed at √d (paper 002, Lemma 5: bias ≈ −e^{−z²/2}z⁴/(4d)); "
-                    "use sampler='iid' or 'orthogonal' for low-dimensional inputs",
-                    stacklevel=4,
-                )
+            padded = max(next_power_of_two(d), MIN_STRUCTURED_DIM)
             num_blocks = math.ceil(m / padded)
             signs = random.rademacher((num_blocks, 3, padded), generator)
             row_scales = torch.full((m,), math.sqrt(padded), dtype=torch.float64)
@@ -115,7 +111,7 @@ class RandomFourierFeatures(FeatureMap):
             return x @ self._buffer("frequencies", x).mT
         signs = self._buffer("signs", x)
         num_blocks, _, padded = signs.shape
-        z = pad_to_power_of_two(x).unsqueeze(-2)  # (..., n, 1, padded)
+        z = F.pad(x, (0, padded - x.shape[-1])).unsqueeze(-2)  # (..., n, 1, padded)
         for stage in (2, 1, 0):  # √d H D₁ H D₂ H D₃ x: D₃ first
             z = fwht(z * signs[:, stage], normalized=True)
         z = z.reshape(*z.shape[:-2], num_blocks * padded)[..., : self.num_frequencies]
