@@ -40,6 +40,11 @@ SAMPLERS = ("iid", "orthogonal", "structured")
 #: SORF pads inputs to at least this many dimensions (its bias ≈ −e^{−z²/2}z⁴/(4D)).
 MIN_STRUCTURED_DIM = 32
 
+#: up to this input dimension SORF is applied as one BLAS matmul with its explicit W (built by
+#: the FWHT from the identity), which beats three FWHT passes over every point; above it the
+#: FWHT path costs O(D log D) per block instead of O(d) per frequency.
+DENSE_STRUCTURED_MAX_DIM = 128
+
 
 class RandomFourierFeatures(FeatureMap):
     """sin/cos random Fourier features of a shift-invariant kernel (unit lengthscale).
@@ -109,10 +114,17 @@ class RandomFourierFeatures(FeatureMap):
         """The projections Wx of shape ``(..., n, m)`` (x already divided by the lengthscale)."""
         if self.sampler != "structured":
             return x @ self._buffer("frequencies", x).mT
+        if x.shape[-1] <= DENSE_STRUCTURED_MAX_DIM:
+            eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+            return x @ self._structured_transform(eye)  # rows of I map to the columns of Wᵀ
+        return self._structured_transform(x)
+
+    def _structured_transform(self, x: Tensor) -> Tensor:
+        """√D H D₁ H D₂ H D₃ x per block by three FWHT stages, O(D log D) per block and point."""
         signs = self._buffer("signs", x)
         num_blocks, _, padded = signs.shape
         z = F.pad(x, (0, padded - x.shape[-1])).unsqueeze(-2)  # (..., n, 1, padded)
-        for stage in (2, 1, 0):  # √d H D₁ H D₂ H D₃ x: D₃ first
+        for stage in (2, 1, 0):  # D₃ first
             z = fwht(z * signs[:, stage], normalized=True)
         z = z.reshape(*z.shape[:-2], num_blocks * padded)[..., : self.num_frequencies]
         return z * self._buffer("row_scales", x)

@@ -313,3 +313,12 @@ def test_sorf_in_low_dimension_approximates_rbf(d):
     fm = RandomFourierFeatures(4096, sampler="structured", seed=0).double()
     approx = fm(x) @ fm(x).T
     assert ((approx - exact).norm() / exact.norm()).item() < 0.1
+
+
+def test_sorf_dense_and_fwht_paths_agree():
+    from rfgp.features.fourier import DENSE_STRUCTURED_MAX_DIM
+
+    fm = RandomFourierFeatures(512, input_dim=20, sampler="structured", seed=1).double()
+    x = torch.randn(7, 20, dtype=torch.float64)
+    assert x.shape[-1] <= DENSE_STRUCTURED_MAX_DIM
+    torch.testing.assert_close(fm.project(x), fm._structured_transform(x), rtol=1e-12, atol=1e-12)
