@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gpytorch
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
+from gpytorch.utils.memoize import cached
 from linear_operator.operators import ConstantMulLinearOperator, DiagLinearOperator, ZeroLinearOperator
 
 
@@ -33,6 +34,15 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if correction is not None:
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar
+
+    @property
+    @cached(name="mean_covar_cache")
+    def mean_covar_cache(self):
+        # Hook: noise-added operators with extra structure (rfgp.classification) build the
+        # feature-space caches themselves; everything else takes GPyTorch's Woodbury path.
+        structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)
+        caches = None if structured is None else structured(self.train_labels - self.train_prior_dist.mean)
+        return caches if caches is not None else super().mean_covar_cache
 
 
 def _variance_correction(covar):
