@@ -1,6 +1,6 @@
 """rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels."""
 
-from . import features, kernels, models
+from . import features, kernels, likelihoods, metrics, models
 from .conversion import register_converter, sketch
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -15,6 +15,8 @@ __all__ = [
     "features",
     "fit_mll",
     "kernels",
+    "likelihoods",
+    "metrics",
     "models",
     "register_converter",
     "sketch",

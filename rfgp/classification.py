@@ -16,7 +16,7 @@ need only batched F-dimensional work and one Φᵀ(C right-hand sides) product.
 
 The per-label Grams are computed without a Python loop over classes: rows are sorted by
 label into fixed-size, label-pure blocks (zero-padded), one batched Gram runs over the
-blocks and ``index_add`` sums blocks into their class.  The block plan depends only on
+blocks and a block-to-class membership product sums blocks into their class.  The block plan depends only on
 the labels and is built once (:class:`LabelBlockPlan`).
 """
 
@@ -50,11 +50,10 @@ class LabelBlockPlan:
 
     @classmethod
     def from_labels(cls, labels: Tensor, num_classes: int) -> "LabelBlockPlan":
-        """Plan for integer ``labels`` (N,) in 0..C−1; padding stays below N/4 + C rows."""
+        """Plan for integer ``labels`` (N,) in 0..C−1; padding stays below N/8 + C rows."""
         num_data = labels.shape[-1]
-        # Blocks of ≈ N/(4C) rows: at most N/4 padding rows in total and ≤ 5C blocks, so the
-        # block Grams need ≤ 5·C·F² memory while the flops stay ≈ N·F².
-        block_size = max(1, -(-num_data // (4 * num_classes)))
+        # Blocks of ≈ N/(8C) rows: at most N/8 padding rows (≤ 12.5 % extra flops) and ≤ 9C blocks.
+        block_size = max(1, -(-num_data // (8 * num_classes)))
         counts = torch.bincount(labels, minlength=num_classes)
         blocks_per_class = (counts + block_size - 1) // block_size
         num_blocks = int(blocks_per_class.sum())
@@ -70,21 +69,28 @@ class LabelBlockPlan:
         return cls(index, block_class, counts, num_blocks, block_size)
 
 
-def label_grams(features: Tensor, plan: LabelBlockPlan) -> Tensor:
+def label_grams(features: Tensor, plan: LabelBlockPlan, blocks_per_step: int | None = None) -> Tensor:
     """G_k = Φ_kᵀΦ_k for every label k, shape ``(C, F, F)``, in O(N·F²) total work.
 
     Args:
         features: Φ of shape ``(N, F)`` (shared by all classes).
         plan: the label blocks of the N rows.
+        blocks_per_step: blocks whose Grams are formed at once (default 2C), bounding the
+            transient memory to ``blocks_per_step·F²`` on top of the ``C·F²`` result.
     """
     num_features = features.shape[-1]
-    padded = torch.cat((features, features.new_zeros(1, num_features)), 0)
-    blocks = padded[plan.index].view(plan.num_blocks, plan.block_size, num_features)
-    ones = features.new_ones(plan.num_blocks, plan.block_size)
-    block_grams = weighted_gram(blocks, ones)
     num_classes = plan.counts.shape[0]
-    grams = features.new_zeros(num_classes, num_features, num_features)
-    return grams.index_add(0, plan.block_class, block_grams)
+    step = blocks_per_step or 2 * num_classes
+    padded = torch.cat((features, features.new_zeros(1, num_features)), 0)
+    index = plan.index.view(plan.num_blocks, plan.block_size)
+    membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(features.dtype)
+    grams = features.new_zeros(num_classes, num_features * num_features)
+    for start in range(0, plan.num_blocks, step):  # a few steps over blocks, not over classes
+        blocks = padded[index[start : start + step]]
+        block_grams = weighted_gram(blocks, features.new_ones(blocks.shape[:-1]))
+        # sum the blocks into their classes (a small matmul; CPU index_add is far slower here)
+        grams = grams + membership[start : start + step].mT @ block_grams.flatten(1)
+    return grams.view(num_classes, num_features, num_features)
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,11 @@ class ClassNoiseFeatureLinearOperator(FeatureRootAddedDiagLinearOperator):
         op = cls(generic._linear_op, generic._diag_tensor)
         op.structure = structure
         return op
+
+    def evaluate_kernel(self):
+        # LinearOperator.evaluate_kernel rebuilds the operator from its representation, which would
+        # drop the label structure; both components are already evaluated, so it is the identity.
+        return self
 
     def _structured_features(self) -> Tensor | None:
         """Φ when the structured path applies (shared 2-D Φ with fewer features than points)."""

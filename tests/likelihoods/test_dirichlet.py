@@ -6,6 +6,7 @@ import gpytorch
 import pytest
 import torch
 
+from rfgp import classification
 from rfgp.classification import ClassNoiseFeatureLinearOperator, LabelBlockPlan, label_grams
 from rfgp.kernels.fourier import SketchedRBFKernel
 from rfgp.likelihoods import DirichletClassificationLikelihood
@@ -100,14 +101,16 @@ def test_label_grams_partition_the_gram_matrix():
     labels = labels[torch.randperm(labels.numel(), generator=gen)]
     features = torch.randn(labels.numel(), 9, generator=gen, dtype=torch.float64)
     plan = LabelBlockPlan.from_labels(labels, 5)
-    grams = label_grams(features, plan)
+    grams = label_grams(features, plan, blocks_per_step=3)
     for c in range(5):
         rows = features[labels == c]
         torch.testing.assert_close(grams[c], rows.mT @ rows, rtol=0, atol=1e-12)
     assert plan.num_blocks * plan.block_size <= labels.numel() * 5 / 4 + 5 * plan.block_size
 
 
-def test_structured_mll_and_gradients_equal_dense_gaussian(dtype):
+def test_structured_mll_and_gradients_equal_dense_gaussian(dtype, monkeypatch):
+    calls = []
+    monkeypatch.setattr(classification, "label_grams", lambda *a: calls.append(1) or label_grams(*a))
     x, labels, num_classes = _problem(dtype)
     model, likelihood, kernel = _model(x, labels, num_classes, dtype)
     marginal = likelihood(model(x))
@@ -116,6 +119,7 @@ def test_structured_mll_and_gradients_equal_dense_gaussian(dtype):
     targets = likelihood.transformed_targets
     params = [kernel.base_kernel.raw_lengthscale, kernel.raw_outputscale, likelihood.second_noise_covar.raw_noise]
     structured = marginal.log_prob(targets)
+    assert calls, "the shared-Φ structured solve was not used"
     grads = torch.autograd.grad(structured.sum(), params)
     prior = model(x)
     covar = kernel(x).to_dense().double() + torch.diag_embed(likelihood.noise.double())
@@ -159,7 +163,9 @@ def _dense_posterior(kernel, likelihood, mean_constant, x, x_test):
     return mean, var
 
 
-def test_batched_feature_space_posterior_equals_dense_exact_gp(dtype):
+def test_batched_feature_space_posterior_equals_dense_exact_gp(dtype, monkeypatch):
+    calls = []
+    monkeypatch.setattr(classification, "label_grams", lambda *a: calls.append(1) or label_grams(*a))
     x, labels, num_classes = _problem(dtype)
     model, likelihood, kernel = _model(x, labels, num_classes, dtype)
     x_test = torch.randn(9, 2, generator=torch.Generator().manual_seed(5), dtype=dtype)
@@ -167,6 +173,7 @@ def test_batched_feature_space_posterior_equals_dense_exact_gp(dtype):
     with torch.no_grad():
         posterior = model(x_test)
     assert isinstance(model.prediction_strategy.lik_train_train_covar, ClassNoiseFeatureLinearOperator)
+    assert calls, "the posterior caches did not come from the shared-Φ structured solve"
     xd, xtd = x.double(), x_test.double()
     model.double()
     mean, var = _dense_posterior(kernel, likelihood, model.mean_module.constant, xd, xtd)
