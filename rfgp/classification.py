@@ -152,7 +152,11 @@ class ClassNoiseFeatureLinearOperator(FeatureRootAddedDiagLinearOperator):
     def _weighted_projection(self, features: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
         """(D_c⁻¹ r_c, ΦᵀD_c⁻¹ r_c) for right-hand sides ``rhs`` of shape (C, N, k)."""
         weighted = rhs * self.structure.per_point().reciprocal().unsqueeze(-1)
-        return weighted, torch.matmul(features.mT, weighted)
+        num_classes, num_data, width = weighted.shape
+        # one (F × N)(N × C·k) product instead of a broadcast batched matmul over the classes
+        stacked = weighted.permute(1, 0, 2).reshape(num_data, num_classes * width)
+        projected = (features.mT @ stacked).view(-1, num_classes, width).permute(1, 0, 2)
+        return weighted, projected
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         features = self._structured_features()
