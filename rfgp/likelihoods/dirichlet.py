@@ -178,7 +178,7 @@ class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassifica
     def _two_level_noise(self) -> TwoLevelNoise:
         on, off = dirichlet_noise_levels(self.alpha_epsilon)
         extra = self.second_noise
-        extra = extra.reshape(-1) if torch.is_tensor(extra) else torch.tensor(float(extra))
+        extra = extra.reshape(-1) if torch.is_tensor(extra) else extra
         base = self.transformed_targets.new_ones(self.num_classes)
         if self._plan is None or self._plan.index.device != self.targets.device:
             self._plan = LabelBlockPlan.from_labels(self.targets, self.num_classes)
