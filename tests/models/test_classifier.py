@@ -19,7 +19,7 @@ def _blobs(num_per_class=60, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fit_predict_on_separable_blobs(dtype):
     x, y = _blobs()
-    clf = DirichletGPClassifier(num_features=128, num_iterations=15, dtype=dtype, progress=False).fit(x, y)
+    clf = DirichletGPClassifier(num_features=64, num_iterations=10, dtype=dtype, progress=False).fit(x, y)
     probs = clf.predict_proba(x)
     assert probs.shape == (180, 3) and probs.dtype == (np.float32 if dtype == torch.float32 else np.float64)
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
