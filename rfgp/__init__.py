@@ -1,6 +1,17 @@
 """rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels."""
 
-from . import complex_posterior, distributed, features, kernels, models, settings, streaming, variance
+from . import (
+    complex_posterior,
+    distributed,
+    features,
+    kernels,
+    likelihoods,
+    metrics,
+    models,
+    settings,
+    streaming,
+    variance,
+)
 from .conversion import register_converter, sketch
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -20,6 +31,8 @@ __all__ = [
     "fit_from_batches",
     "fit_mll",
     "kernels",
+    "likelihoods",
+    "metrics",
     "models",
     "register_converter",
     "settings",

@@ -57,6 +57,13 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="mean_covar_cache")
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
+        # Noise-added operators with extra structure (rfgp.classification: shared Φ across
+        # classes) build the same caches themselves.
+        structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)
+        if structured is not None:
+            caches = structured(self.train_labels - self.train_prior_dist.mean)
+            if caches is not None:
+                return caches
         train_covar = self.train_prior_dist.lazy_covariance_matrix
         scale = 1.0
         if isinstance(train_covar, ConstantMulLinearOperator):

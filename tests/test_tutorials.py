@@ -19,6 +19,7 @@ TUTORIALS = ROOT / "tutorials"
 NOTEBOOKS = {
     "01_swap_your_kernel.ipynb": ("same lengthscale: True", 3),
     "02_polynomial_sketches.ipynb": ("CtR", 0),
+    "04_dirichlet_classification.ipynb": ("same predicted class", 3),
     "07_million_points.ipynb": ("ChunkedFeatureRootLinearOperator", 0),
     "08_pyro_likelihoods_and_bayesian_hyperparameters.ipynb": ("", 5),
 }

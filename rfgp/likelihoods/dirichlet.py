@@ -1,0 +1,295 @@
+"""Dirichlet-based GP classification as C heteroscedastic regressions (Milios et al. 2018).
+
+Paper 000, App. D.4, Eqs. 91–92: for labels y_i ∈ {0..C−1} and α_ε > 0, class c sees
+
+    α_{c,i} = α_ε + 1[y_i = c],   σ²_{c,i} = log(1/α_{c,i} + 1),   ỹ_{c,i} = log α_{c,i} − σ²_{c,i}/2,
+
+(log-normal moment matching of Gamma(α_{c,i}, 1)), and ỹ_c = f_c(X) + ε_c, ε_{c,i} ~ N(0, σ²_{c,i}),
+f_c ~ GP(m_c, k).  Class probabilities are E[softmax(f)] under the C latent posteriors.
+
+:class:`DirichletClassificationLikelihood` is a drop-in replacement of GPyTorch's class of the
+same name (and a subclass of it) that
+
+* validates labels and takes ``num_classes`` explicitly, so classes absent from a batch exist;
+* with an rfgp feature kernel shared by the classes (Φ of shape (N, F)) hands GPyTorch a
+  :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator`, whose marginal likelihood and
+  posterior caches cost O(N·F² + C·F³) instead of O(C·N·F²);
+* fixes GPyTorch's fantasy update (which read the ``noise`` keyword as the new labels);
+* predicts class probabilities by seeded Monte Carlo or the deterministic mean-field approximation.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from copy import deepcopy
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
+from gpytorch.likelihoods.noise_models import FixedGaussianNoise
+from torch import Tensor
+
+from .._validation import check_choice, check_positive_float, check_positive_int
+from ..classification import ClassNoiseFeatureLinearOperator, LabelBlockPlan, TwoLevelNoise
+from ..operators import FeatureRootAddedDiagLinearOperator
+from .softmax import softmax_expectation_mc, softmax_expectation_mean_field
+
+PROBABILITY_METHODS = ("mc", "mean_field")
+
+
+def check_labels(labels, name: str, num_classes: int | None = None) -> Tensor:
+    """Return ``labels`` as a 1-D ``torch.long`` tensor after checking they are integers in 0..C−1."""
+    if not torch.is_tensor(labels):
+        raise TypeError(f"{name} must be a 1-D torch.Tensor of integer class labels, got {type(labels).__name__}")
+    if labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer class labels, got dtype {labels.dtype}")
+    if labels.dim() != 1 or labels.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D tensor of class labels, got shape {tuple(labels.shape)}")
+    if labels.is_floating_point():
+        if not bool(torch.isfinite(labels).all()) or not bool((labels == labels.round()).all()):
+            raise ValueError(f"{name} must hold integer class labels; got non-integer values such as "
+                             f"{labels[(labels != labels.round()) | ~torch.isfinite(labels)][0].item()}")
+    labels = labels.long()
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0:
+        raise ValueError(f"{name} must be class indices in 0..C-1; got the negative label {low}")
+    if num_classes is not None and high >= num_classes:
+        raise ValueError(
+            f"{name} must be class indices in 0..{num_classes - 1} (num_classes={num_classes}); got label {high}"
+        )
+    return labels
+
+
+def check_num_classes(num_classes, labels: Tensor) -> int:
+    """``num_classes`` as an int ≥ 2, inferred as max(labels) + 1 when ``None``."""
+    if num_classes is None:
+        inferred = int(labels.max()) + 1
+        if inferred < 2:
+            raise ValueError(f"targets hold a single class ({inferred}); pass num_classes (≥ 2) explicitly")
+        return inferred
+    num_classes = check_positive_int(num_classes, "num_classes")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be ≥ 2, got {num_classes}")
+    return num_classes
+
+
+def dirichlet_noise_levels(alpha_epsilon: float) -> tuple[float, float]:
+    """(σ²_on, σ²_off) = (log(1/(1 + α_ε) + 1), log(1/α_ε + 1)): noise where y_i = c and where y_i ≠ c."""
+    return math.log1p(1.0 / (1.0 + alpha_epsilon)), math.log1p(1.0 / alpha_epsilon)
+
+
+def dirichlet_transform(
+    labels: Tensor, num_classes: int, alpha_epsilon: float, dtype: torch.dtype = torch.float
+) -> tuple[Tensor, Tensor]:
+    """Noise σ² and regression targets ỹ, both ``(C, N)``, of paper 000 App. D.4 for validated labels."""
+    classes = torch.arange(num_classes, device=labels.device).unsqueeze(-1)
+    alpha = alpha_epsilon + (labels == classes).to(dtype)
+    noise = torch.log1p(alpha.reciprocal())
+    return noise, alpha.log() - 0.5 * noise
+
+
+class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassificationLikelihood):
+    r"""Fixed heteroscedastic Gaussian noise per class from integer labels (Milios et al. 2018).
+
+    σ²_{c,i} = log(1/α_{c,i} + 1) and targets ỹ_{c,i} = log α_{c,i} − σ²_{c,i}/2 with
+    α_{c,i} = α_ε + 1[y_i = c] (paper 000 App. D.4).  The model must produce C latent GPs
+    (batch shape ``(C,)``, e.g. ``ConstantMean(batch_shape=(C,))``) and be trained on
+    :attr:`transformed_targets` ``(C, N)``.  A non-batched rfgp kernel shares Φ across
+    classes and triggers the O(N·F²), C-independent feature-space solve.
+
+    Args:
+        targets: integer labels ``(N,)`` in 0..C−1.
+        num_classes: C; defaults to max(targets) + 1.  Pass it when a class may be absent.
+        alpha_epsilon: α_ε > 0 (Dirichlet prior concentration; pick by validation MNLL).
+        learn_additional_noise: add a learned per-class homoscedastic noise to σ².
+        dtype: floating dtype of the noise and targets.
+        kwargs: ``noise_prior``/``noise_constraint`` of the learned noise.
+
+    Example:
+        >>> likelihood = DirichletClassificationLikelihood(train_y, num_classes=10)
+        >>> model = ExactGPModel(train_x, likelihood.transformed_targets, likelihood,
+        ...     ScaleKernel(SketchedRBFKernel(1024)), ConstantMean(batch_shape=torch.Size([10])))
+        >>> probs = likelihood.predict_proba(model(test_x))       # (M, C)
+    """
+
+    def __init__(
+        self,
+        targets: Tensor,
+        num_classes: int | None = None,
+        alpha_epsilon: float = 0.01,
+        learn_additional_noise: bool = False,
+        dtype: torch.dtype = torch.float,
+        **kwargs,
+    ) -> None:
+        labels = check_labels(targets, "targets")
+        num_classes = check_num_classes(num_classes, labels)
+        labels = check_labels(labels, "targets", num_classes)
+        self.alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype (torch.float32 or torch.float64), got {dtype!r}")
+        noise, transformed = dirichlet_transform(labels, num_classes, self.alpha_epsilon, dtype)
+        # GPyTorch's parent __init__ infers C from max(targets); bypass it and set up the noise directly.
+        FixedNoiseGaussianLikelihood.__init__(
+            self,
+            noise=noise,
+            learn_additional_noise=learn_additional_noise,
+            batch_shape=torch.Size((num_classes,)),
+            **kwargs,
+        )
+        self.num_classes = num_classes
+        self.register_buffer("targets", labels)
+        self.register_buffer("transformed_targets", transformed)
+        self._plan = None
+        self.register_load_state_dict_post_hook(_refresh_after_load)
+
+    # ----- labels and noise -------------------------------------------------------------
+    def _set_labels(self, labels: Tensor) -> None:
+        dtype = self.transformed_targets.dtype
+        noise, transformed = dirichlet_transform(labels, self.num_classes, self.alpha_epsilon, dtype)
+        self.targets = labels
+        self.transformed_targets = transformed
+        self.noise_covar = FixedGaussianNoise(noise=noise)
+        self._plan = None
+
+    @property
+    def noise(self) -> Tensor:
+        return self.noise_covar.noise + self.second_noise
+
+    @noise.setter
+    def noise(self, value: Tensor) -> None:
+        raise AttributeError(
+            "the noise of a DirichletClassificationLikelihood is fixed by alpha_epsilon and the labels; "
+            "use learn_additional_noise=True to learn extra noise"
+        )
+
+    def label_noise(self, labels: Tensor) -> Tensor:
+        """Fixed σ² ``(C, M)`` for (validated) labels ``(M,)`` (the learned extra noise comes on top)."""
+        labels = check_labels(labels, "targets", self.num_classes).to(self.targets.device)
+        noise, _ = dirichlet_transform(labels, self.num_classes, self.alpha_epsilon, self.transformed_targets.dtype)
+        return noise
+
+    def transform_labels(self, labels: Tensor) -> Tensor:
+        """Regression targets ỹ ``(C, M)`` of labels ``(M,)`` (e.g. for ``get_fantasy_model``)."""
+        labels = check_labels(labels, "labels", self.num_classes).to(self.targets.device)
+        return dirichlet_transform(labels, self.num_classes, self.alpha_epsilon, self.transformed_targets.dtype)[1]
+
+    def _two_level_noise(self) -> TwoLevelNoise:
+        on, off = dirichlet_noise_levels(self.alpha_epsilon)
+        extra = self.second_noise
+        extra = extra.reshape(-1) if torch.is_tensor(extra) else extra
+        base = self.transformed_targets.new_ones(self.num_classes)
+        if self._plan is None or self._plan.index.device != self.targets.device:
+            self._plan = LabelBlockPlan.from_labels(self.targets, self.num_classes)
+        return TwoLevelNoise(self.targets, base * on + extra, base * off + extra, self._plan)
+
+    # ----- GPyTorch likelihood protocol -------------------------------------------------
+    def marginal(self, function_dist: MultivariateNormal, *args, **kwargs) -> MultivariateNormal:
+        """p(ỹ) = N(m, K̂ + D_c); over the training points with a feature kernel the covariance
+        is a :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator` (structured solve)."""
+        prior_covar = function_dist.lazy_covariance_matrix
+        if hasattr(prior_covar, "evaluate_kernel"):
+            # A lazily evaluated kernel would be added to the noise as a generic sum; the evaluated
+            # feature kernel (ΦΦᵀ) adds to it as a FeatureRootAddedDiagLinearOperator.
+            function_dist = function_dist.__class__(function_dist.mean, prior_covar.evaluate_kernel())
+        result = super().marginal(function_dist, *args, **kwargs)
+        covar = result.lazy_covariance_matrix
+        eligible = (
+            "noise" not in kwargs
+            and type(covar) is FeatureRootAddedDiagLinearOperator
+            and covar.shape[-1] == self.targets.shape[-1]
+            and covar.batch_shape == torch.Size((self.num_classes,))
+        )
+        if not eligible:
+            return result
+        structured = ClassNoiseFeatureLinearOperator.from_parts(covar, self._two_level_noise())
+        return result.__class__(result.mean, structured)
+
+    def _shaped_noise_covar(self, base_shape, *params, **kwargs):
+        if "noise" not in kwargs or self.second_noise_covar is None:
+            return super()._shaped_noise_covar(base_shape, *params, **kwargs)
+        # GPyTorch passes ``noise=`` to the learned noise as well, which then returns the given
+        # noise again instead of its own (counting the label noise twice); keep them apart.
+        shape = None if params else base_shape
+        fixed = self.noise_covar(*params, shape=shape, noise=kwargs.pop("noise"))
+        return fixed + self.second_noise_covar(*params, shape=shape, **kwargs)
+
+    def __call__(self, input, *args, **kwargs):
+        if "targets" in kwargs:
+            kwargs["noise"] = self.label_noise(kwargs.pop("targets"))
+        return FixedNoiseGaussianLikelihood.__call__(self, input, *args, **kwargs)
+
+    def get_fantasy_likelihood(self, **kwargs) -> "DirichletClassificationLikelihood":
+        """A copy whose training labels are extended by the fantasy points' class labels.
+
+        GPyTorch's ``ExactGP.get_fantasy_model`` forwards only the ``noise`` keyword to the
+        likelihood, so the labels travel as ``noise=`` (an integer tensor); ``labels=`` and
+        ``targets=`` are accepted for direct calls.  (GPyTorch's own class demands ``targets``
+        but reads ``noise``.)  Use:
+        ``model.get_fantasy_model(x_new, likelihood.transform_labels(y_new), noise=y_new)``.
+        """
+        new_labels = next((kwargs[k] for k in ("labels", "targets", "noise") if kwargs.get(k) is not None), None)
+        if new_labels is None:
+            raise ValueError("get_fantasy_likelihood needs the fantasy class labels as noise=..., labels=... or targets=...")
+        if torch.is_tensor(new_labels) and new_labels.is_floating_point():
+            raise TypeError(
+                "the fantasy labels of a DirichletClassificationLikelihood must be an integer tensor of classes "
+                f"(its noise follows from them), got dtype {new_labels.dtype}"
+            )
+        new_labels = check_labels(new_labels, "labels", self.num_classes).to(self.targets.device)
+        old_noise_covar = self.noise_covar
+        self.noise_covar = None  # not deep-copied: rebuilt from the labels below
+        try:
+            fantasy = deepcopy(self)
+        finally:
+            self.noise_covar = old_noise_covar
+        fantasy._set_labels(torch.cat((self.targets, new_labels)))
+        return fantasy
+
+    # ----- class probabilities ----------------------------------------------------------
+    def predict_proba(
+        self,
+        function_dist: MultivariateNormal,
+        method: str = "mc",
+        num_samples: int = 1000,
+        generator: torch.Generator | None = None,
+        seed: int | None = 0,
+    ) -> Tensor:
+        """Class probabilities ``(M, C)`` = E[softmax(f)] under the latent posterior ``function_dist``.
+
+        Args:
+            function_dist: the C latent posteriors at M points (batch ``(C,)``, event ``(M,)``),
+                e.g. ``model(test_x)`` in eval mode (not ``likelihood(model(test_x))``).
+            method: ``"mc"`` (Monte Carlo through the softmax, paper 000 App. D.4) or
+                ``"mean_field"`` (deterministic, see :mod:`rfgp.likelihoods.softmax`).
+            num_samples: Monte-Carlo samples (``"mc"`` only).
+            generator: random generator for ``"mc"``; if ``None``, one seeded with ``seed``.
+            seed: seed used when ``generator`` is ``None`` (``None`` draws from the global state).
+        """
+        check_choice(method, "method", PROBABILITY_METHODS)
+        if not isinstance(function_dist, MultivariateNormal):
+            raise TypeError(f"function_dist must be a gpytorch MultivariateNormal, got {type(function_dist).__name__}")
+        if function_dist.batch_shape[-1:] != torch.Size((self.num_classes,)):
+            raise ValueError(
+                f"function_dist must have batch shape (..., {self.num_classes}) (one latent GP per class), "
+                f"got {tuple(function_dist.batch_shape)}"
+            )
+        mean = function_dist.mean.transpose(-1, -2)
+        variance = function_dist.variance.transpose(-1, -2)
+        if method == "mean_field":
+            return softmax_expectation_mean_field(mean, variance)
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=mean.device).manual_seed(int(_check_seed(seed)))
+        return softmax_expectation_mc(mean, variance, num_samples, generator)[0]
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an integer or None, got {seed!r}")
+    return int(seed)
+
+
+def _refresh_after_load(module: DirichletClassificationLikelihood, incompatible_keys) -> None:
+    """Rebuild the fixed noise from the loaded labels (the noise itself is not a buffer)."""
+    module._set_labels(check_labels(module.targets, "targets", module.num_classes))

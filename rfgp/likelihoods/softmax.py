@@ -1,0 +1,78 @@
+"""Class probabilities E[softmax(f)] for independent Gaussian latents f_c ~ N(μ_c, σ²_c).
+
+The Dirichlet-based classifier (Milios et al. 2018; paper 000 App. D.4) predicts
+p_c = E[exp f_c / Σ_j exp f_j].  There is no closed form; two estimators are provided:
+
+* :func:`softmax_expectation_mc` — Monte Carlo with a seeded generator (what paper 000's
+  code does, with 1000 samples); unbiased, standard error ≤ 0.5/√S per entry.
+* :func:`softmax_expectation_mean_field` — the deterministic mean-field approximation
+  (Lu, Ie & Sha 2020, "Mean-field approximation to Gaussian-softmax integral with
+  application to uncertainty estimation", arXiv:2006.07584):
+  write p_c = 1 / (1 + Σ_{j≠c} exp(−(f_c − f_j))), replace each sigmoid-of-a-Gaussian by the
+  probit approximation E[σ(z)] ≈ σ(m/√(1 + π/8 · v)), giving
+
+      p_c ≈ 1 / (1 + Σ_{j≠c} exp(−(μ_c − μ_j)/√(1 + π/8 (σ²_c + σ²_j)))),
+
+  then normalise to sum to 1.  Exact as σ² → 0.  Measured against a 4·10⁴-sample Monte
+  Carlo reference (μ_c ~ N(0, 4), σ²_c ~ U(0, 1), 300 points) the largest absolute error
+  per probability is 0.007 (C = 2), 0.018 (C = 3) and 0.062 (C = 10), the mean error
+  below 0.007; it grows with σ² (0.13 at σ² ≤ 4, C = 10).  ``tests/likelihoods/test_softmax.py``
+  checks these bounds.  (The log-normal → Dirichlet mean softmax(μ + σ²/2) is 3–5× worse.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .._validation import check_positive_int
+
+
+def softmax_expectation_mc(
+    mean: Tensor,
+    variance: Tensor,
+    num_samples: int = 1000,
+    generator: torch.Generator | None = None,
+    chunk_size: int = 256,
+) -> tuple[Tensor, Tensor]:
+    """Monte-Carlo E[softmax(f)] over the last axis, with its standard error.
+
+    Args:
+        mean, variance: ``(..., C)`` latent means and variances.
+        num_samples: number of samples S.
+        generator: a ``torch.Generator`` on ``mean``'s device for reproducible draws.
+        chunk_size: samples drawn at once (bounds memory to ``chunk_size × mean.numel()``).
+
+    Returns:
+        (probabilities, standard_error), both ``(..., C)``; the probabilities sum to 1.
+    """
+    num_samples = check_positive_int(num_samples, "num_samples")
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    std = variance.clamp_min(0.0).sqrt()
+    total = torch.zeros_like(mean)
+    total_sq = torch.zeros_like(mean)
+    remaining = num_samples
+    while remaining > 0:
+        size = min(chunk_size, remaining)
+        noise = torch.randn((size, *mean.shape), generator=generator, dtype=mean.dtype, device=mean.device)
+        probs = torch.softmax(mean + std * noise, dim=-1)
+        total = total + probs.sum(0)
+        total_sq = total_sq + probs.pow(2).sum(0)
+        remaining -= size
+    estimate = total / num_samples
+    sample_var = (total_sq / num_samples - estimate.pow(2)).clamp_min(0.0) * num_samples / max(num_samples - 1, 1)
+    return estimate, (sample_var / num_samples).sqrt()
+
+
+def softmax_expectation_mean_field(mean: Tensor, variance: Tensor) -> Tensor:
+    """Mean-field (probit) approximation of E[softmax(f)] over the last axis, normalised to sum to 1.
+
+    Costs O(C²) per point; ``mean``, ``variance`` of shape ``(..., C)``.
+    """
+    diff = mean.unsqueeze(-1) - mean.unsqueeze(-2)  # μ_c − μ_j, (..., C, C)
+    scale = (1.0 + (math.pi / 8.0) * (variance.unsqueeze(-1) + variance.unsqueeze(-2))).sqrt()
+    # log Σ_j exp(−d_cj/s_cj) over all j (the j = c term is exp(0) = 1, the "1 +" of the formula).
+    probs = torch.exp(-torch.logsumexp(-diff / scale, dim=-1))
+    return probs / probs.sum(-1, keepdim=True)

@@ -1,0 +1,114 @@
+"""Evaluation metrics of paper 000 §6.1.3 and App. D.5 (kernel error, posterior KL, classification scores).
+
+* :func:`relative_frobenius_error` — ‖K̂ − K‖_F / ‖K‖_F (paper 000 Eq. 58; real part of a complex K̂).
+* :func:`gaussian_kl_divergence` — KL between factorised Gaussian posteriors (paper 000 Eq. 93 with
+  its misprint corrected, see below).
+* :func:`classification_error`, :func:`mean_negative_log_likelihood`, :func:`gaussian_mnll`,
+  :func:`expected_calibration_error` and :func:`reliability_curve` for predictions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._validation import check_positive_int
+
+
+def _dense(matrix) -> Tensor:
+    matrix = matrix.to_dense() if hasattr(matrix, "to_dense") and not torch.is_tensor(matrix) else matrix
+    if not torch.is_tensor(matrix):
+        raise TypeError(f"expected a torch.Tensor or LinearOperator, got {type(matrix).__name__}")
+    return matrix.real if matrix.is_complex() else matrix
+
+
+def relative_frobenius_error(approx, exact) -> Tensor:
+    """‖K̂ − K‖_F / ‖K‖_F over the last two axes (paper 000 Eq. 58).
+
+    A complex K̂ contributes its real part (the paper's convention: K is real).  Accepts tensors
+    or LinearOperators of equal shape ``(..., m, m)``.
+    """
+    approx, exact = _dense(approx), _dense(exact)
+    if approx.shape != exact.shape:
+        raise ValueError(f"approx and exact must have the same shape, got {tuple(approx.shape)} and {tuple(exact.shape)}")
+    return torch.linalg.matrix_norm(approx - exact) / torch.linalg.matrix_norm(exact)
+
+
+def gaussian_kl_divergence(
+    mean_approx: Tensor, var_approx: Tensor, mean_exact: Tensor, var_exact: Tensor, min_variance: float = 1e-12
+) -> Tensor:
+    """KL[N(μ_a, diag σ²_a) ‖ N(μ_e, diag σ²_e)] summed over the last axis (the test points).
+
+        KL = ½ Σ_i ( σ²_a,i/σ²_e,i + log(σ²_e,i/σ²_a,i) − 1 + (μ_e,i − μ_a,i)²/σ²_e,i ).
+
+    Paper 000 Eq. 93 prints the ratios inverted (σ²_e/σ²_a + log(σ²_e/σ²_a) − 1, which can be
+    negative); this is the corrected form its code computes.  For classification pass the C
+    latent posteriors as ``(C, m)`` and average the result over classes, as the paper does.
+    Variances are clamped to ``min_variance`` (the paper's code clamps std at 1e−6).
+    """
+    shapes = {t.shape for t in (mean_approx, var_approx, mean_exact, var_exact)}
+    if len(shapes) != 1:
+        raise ValueError(f"means and variances must share one shape, got {sorted(tuple(s) for s in shapes)}")
+    var_approx = var_approx.clamp_min(min_variance)
+    var_exact = var_exact.clamp_min(min_variance)
+    ratio = var_approx / var_exact
+    terms = ratio - ratio.log() - 1.0 + (mean_exact - mean_approx).pow(2) / var_exact
+    return 0.5 * terms.sum(-1)
+
+
+def _check_probabilities(probs: Tensor, labels: Tensor) -> Tensor:
+    if not torch.is_tensor(probs) or probs.dim() != 2:
+        raise ValueError(f"probs must be a (M, C) tensor of class probabilities, got {getattr(probs, 'shape', probs)}")
+    if not torch.is_tensor(labels) or labels.shape != probs.shape[:1]:
+        raise ValueError(f"labels must be a ({probs.shape[0]},) tensor, got {getattr(labels, 'shape', labels)}")
+    labels = labels.long()
+    if bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
+        raise ValueError(f"labels must lie in 0..{probs.shape[1] - 1}")
+    return labels
+
+
+def classification_error(probs: Tensor, labels: Tensor) -> Tensor:
+    """Fraction of points whose most probable class differs from the label (test error)."""
+    labels = _check_probabilities(probs, labels)
+    return (probs.argmax(-1) != labels).to(probs.dtype).mean()
+
+
+def mean_negative_log_likelihood(probs: Tensor, labels: Tensor) -> Tensor:
+    """MNLL = −(1/M) Σ_i log p_i(y_i) of predicted class probabilities (R&W p. 23).
+
+    Zero probabilities are raised to the dtype's smallest normal number, so a confident
+    mistake costs a large finite amount instead of ∞.
+    """
+    labels = _check_probabilities(probs, labels)
+    picked = probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return -picked.clamp_min(torch.finfo(probs.dtype).tiny).log().mean()
+
+
+def gaussian_mnll(mean: Tensor, variance: Tensor, targets: Tensor) -> Tensor:
+    """Regression MNLL = −(1/M) Σ_i log N(y_i; μ_i, σ²_i) with σ² the predictive (noisy) variance."""
+    return 0.5 * ((targets - mean).pow(2) / variance + variance.log() + math.log(2 * math.pi)).mean()
+
+
+def reliability_curve(probs: Tensor, labels: Tensor, num_bins: int = 10) -> tuple[Tensor, Tensor, Tensor]:
+    """Per confidence bin (equal width on [0, 1]): mean confidence, accuracy and point count.
+
+    Confidence is the top-class probability; empty bins report zero confidence and accuracy.
+    """
+    labels = _check_probabilities(probs, labels)
+    num_bins = check_positive_int(num_bins, "num_bins")
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == labels).to(probs.dtype)
+    bins = (confidence * num_bins).long().clamp(0, num_bins - 1)
+    counts = torch.bincount(bins, minlength=num_bins).to(probs.dtype)
+    conf_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add(0, bins, confidence)
+    acc_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add(0, bins, correct)
+    safe = counts.clamp_min(1.0)
+    return conf_sum / safe, acc_sum / safe, counts
+
+
+def expected_calibration_error(probs: Tensor, labels: Tensor, num_bins: int = 10) -> Tensor:
+    """ECE = Σ_b (n_b/M) |accuracy_b − confidence_b| over equal-width confidence bins (Guo et al. 2017)."""
+    confidence, accuracy, counts = reliability_curve(probs, labels, num_bins)
+    return (counts / counts.sum() * (accuracy - confidence).abs()).sum()

@@ -1,0 +1,259 @@
+"""DirichletClassificationLikelihood: transform, validation, structured batched solve, fantasies, state."""
+
+import math
+
+import gpytorch
+import pytest
+import torch
+
+from rfgp import classification
+from rfgp.classification import ClassNoiseFeatureLinearOperator, LabelBlockPlan, label_grams
+from rfgp.kernels.fourier import SketchedRBFKernel
+from rfgp.likelihoods import DirichletClassificationLikelihood
+from rfgp.models import ExactGPModel
+
+TOL = {torch.float32: 2e-4, torch.float64: 1e-10}
+
+
+def _problem(dtype, num_points=120, num_classes=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_points, 2, generator=gen, dtype=dtype)
+    # class 3 is absent on purpose: num_classes must still create its regression
+    labels = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    return x, labels, num_classes
+
+
+def _model(x, labels, num_classes, dtype, num_features=24, learn_noise=True, kernel_seed=0):
+    likelihood = DirichletClassificationLikelihood(
+        labels, num_classes=num_classes, dtype=dtype, learn_additional_noise=learn_noise
+    )
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(num_features, seed=kernel_seed))
+    mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([num_classes]))
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean).to(dtype)
+    with torch.no_grad():
+        kernel.base_kernel.lengthscale = 0.7
+        kernel.outputscale = 1.3
+        mean.constant.copy_(torch.linspace(-1.0, 0.5, num_classes, dtype=dtype))
+        if learn_noise:
+            likelihood.second_noise_covar.noise = torch.linspace(0.05, 0.4, num_classes, dtype=dtype).unsqueeze(-1)
+    return model, likelihood, kernel
+
+
+def test_transform_matches_milios_formulas():
+    labels = torch.tensor([0, 2, 2, 1])
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=4, alpha_epsilon=0.05, dtype=torch.float64)
+    alpha = torch.full((4, 4), 0.05, dtype=torch.float64)
+    alpha[labels, torch.arange(4)] += 1.0
+    sigma2 = torch.log(1.0 / alpha + 1.0)
+    assert likelihood.noise.shape == (4, 4) and likelihood.transformed_targets.shape == (4, 4)
+    torch.testing.assert_close(likelihood.noise, sigma2, rtol=0, atol=1e-14)
+    torch.testing.assert_close(likelihood.transformed_targets, alpha.log() - sigma2 / 2, rtol=0, atol=1e-14)
+    # the absent class 3 sees only "off" noise log(1/α_ε + 1)
+    assert torch.allclose(likelihood.noise[3], torch.full((4,), math.log(21.0), dtype=torch.float64))
+    # identical to GPyTorch's transform where GPyTorch can express the problem (all classes present)
+    reference = gpytorch.likelihoods.DirichletClassificationLikelihood(labels[:3], alpha_epsilon=0.05, dtype=torch.float64)
+    ours = DirichletClassificationLikelihood(labels[:3], alpha_epsilon=0.05, dtype=torch.float64)
+    torch.testing.assert_close(ours.noise, reference.noise)
+    torch.testing.assert_close(ours.transformed_targets, reference.transformed_targets)
+
+
+def test_noise_shapes_with_learned_noise_and_test_labels():
+    labels = torch.tensor([0, 1, 1, 2, 0])
+    likelihood = DirichletClassificationLikelihood(labels, learn_additional_noise=True)
+    assert likelihood.num_classes == 3
+    assert likelihood.second_noise_covar.noise.shape == (3, 1)
+    assert likelihood.noise.shape == (3, 5)
+    latent = gpytorch.distributions.MultivariateNormal(torch.zeros(3, 2), torch.eye(2).expand(3, 2, 2))
+    observed = likelihood(latent, targets=torch.tensor([2, 0]))
+    expected = 1.0 + likelihood.label_noise(torch.tensor([2, 0])) + likelihood.second_noise_covar.noise
+    torch.testing.assert_close(observed.variance, expected)
+
+
+@pytest.mark.parametrize(
+    "labels, num_classes, error, match",
+    [
+        (torch.tensor([0.0, 1.5]), None, ValueError, "integer class labels"),
+        (torch.tensor([0, -1, 1]), None, ValueError, "negative label -1"),
+        (torch.tensor([0, 3, 1]), 3, ValueError, r"0\.\.2 \(num_classes=3\); got label 3"),
+        (torch.zeros(2, 3, dtype=torch.long), None, ValueError, "1-D"),
+        (torch.tensor([True, False]), None, TypeError, "dtype torch.bool"),
+        ([0, 1], None, TypeError, "torch.Tensor"),
+        (torch.zeros(4, dtype=torch.long), None, ValueError, "single class"),
+        (torch.tensor([0, 1]), 1, ValueError, "num_classes must be ≥ 2"),
+    ],
+)
+def test_labels_are_validated(labels, num_classes, error, match):
+    with pytest.raises(error, match=match):
+        DirichletClassificationLikelihood(labels, num_classes=num_classes)
+
+
+def test_bad_alpha_and_fixed_noise_assignment_rejected():
+    with pytest.raises(ValueError, match="alpha_epsilon"):
+        DirichletClassificationLikelihood(torch.tensor([0, 1]), alpha_epsilon=0.0)
+    likelihood = DirichletClassificationLikelihood(torch.tensor([0, 1]))
+    with pytest.raises(AttributeError, match="learn_additional_noise"):
+        likelihood.noise = torch.ones(2, 2)
+
+
+def test_label_grams_partition_the_gram_matrix():
+    gen = torch.Generator().manual_seed(1)
+    labels = torch.cat((torch.zeros(37, dtype=torch.long), torch.full((3,), 2), torch.full((61,), 4)))
+    labels = labels[torch.randperm(labels.numel(), generator=gen)]
+    features = torch.randn(labels.numel(), 9, generator=gen, dtype=torch.float64)
+    plan = LabelBlockPlan.from_labels(labels, 5)
+    grams = label_grams(features, plan, blocks_per_step=3)
+    for c in range(5):
+        rows = features[labels == c]
+        torch.testing.assert_close(grams[c], rows.mT @ rows, rtol=0, atol=1e-12)
+    assert plan.num_blocks * plan.block_size <= labels.numel() * 5 / 4 + 5 * plan.block_size
+
+
+def test_structured_mll_and_gradients_equal_dense_gaussian(dtype, monkeypatch):
+    calls = []
+    monkeypatch.setattr(classification, "label_grams", lambda *a: calls.append(1) or label_grams(*a))
+    x, labels, num_classes = _problem(dtype)
+    model, likelihood, kernel = _model(x, labels, num_classes, dtype)
+    marginal = likelihood(model(x))
+    assert isinstance(marginal.lazy_covariance_matrix, ClassNoiseFeatureLinearOperator)
+    assert marginal.lazy_covariance_matrix.structure is not None
+    targets = likelihood.transformed_targets
+    params = [kernel.base_kernel.raw_lengthscale, kernel.raw_outputscale, likelihood.second_noise_covar.raw_noise]
+    structured = marginal.log_prob(targets)
+    assert calls, "the shared-Φ structured solve was not used"
+    grads = torch.autograd.grad(structured.sum(), params)
+    prior = model(x)
+    covar = kernel(x).to_dense().double() + torch.diag_embed(likelihood.noise.double())
+    dense = torch.distributions.MultivariateNormal(prior.mean.double(), covar).log_prob(targets.double())
+    dense_grads = torch.autograd.grad(dense.sum(), params)
+    tol = TOL[dtype] * 50
+    torch.testing.assert_close(structured.double(), dense, rtol=tol, atol=tol)
+    for g, d in zip(grads, dense_grads):
+        torch.testing.assert_close(g.double(), d.double(), rtol=tol * 10, atol=tol * 10)
+
+
+def test_batched_kernel_takes_generic_path_with_same_answer():
+    dtype = torch.float64
+    x, labels, num_classes = _problem(dtype)
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=num_classes, dtype=dtype)
+    batch = torch.Size([num_classes])
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(24, seed=0, batch_shape=batch), batch_shape=batch)
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel,
+                         gpytorch.means.ConstantMean(batch_shape=batch)).to(dtype)
+    with torch.no_grad():
+        kernel.base_kernel.lengthscale = torch.linspace(0.5, 1.5, num_classes, dtype=dtype).view(-1, 1, 1)
+    marginal = likelihood(model(x))
+    # per-class lengthscales give one Φ per class: the shared-Φ shortcut must not be taken
+    assert marginal.lazy_covariance_matrix._structured_features() is None
+    covar = kernel(x).to_dense() + torch.diag_embed(likelihood.noise)
+    dense = torch.distributions.MultivariateNormal(model(x).mean, covar)
+    targets = likelihood.transformed_targets
+    torch.testing.assert_close(marginal.log_prob(targets), dense.log_prob(targets), rtol=1e-10, atol=1e-10)
+
+
+def _dense_posterior(kernel, likelihood, mean_constant, x, x_test):
+    """Exact GP posterior per class with the (approximate) kernel matrix formed densely."""
+    with torch.no_grad():
+        k_train = kernel(x).to_dense() + torch.diag_embed(likelihood.noise)
+        k_cross = kernel(x_test, x).to_dense()
+        k_test = kernel(x_test, diag=True)
+        residual = (likelihood.transformed_targets - mean_constant.unsqueeze(-1)).unsqueeze(-1)
+        mean = (k_cross @ torch.linalg.solve(k_train, residual)).squeeze(-1) + mean_constant.unsqueeze(-1)
+        solved = torch.linalg.solve(k_train, k_cross.mT.expand(k_train.shape[0], -1, -1))
+        var = k_test - (k_cross * solved.mT).sum(-1)
+    return mean, var
+
+
+def test_batched_feature_space_posterior_equals_dense_exact_gp(dtype, monkeypatch):
+    calls = []
+    monkeypatch.setattr(classification, "label_grams", lambda *a: calls.append(1) or label_grams(*a))
+    x, labels, num_classes = _problem(dtype)
+    model, likelihood, kernel = _model(x, labels, num_classes, dtype)
+    x_test = torch.randn(9, 2, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    model.eval()
+    with torch.no_grad():
+        posterior = model(x_test)
+    assert isinstance(model.prediction_strategy.lik_train_train_covar, ClassNoiseFeatureLinearOperator)
+    assert calls, "the posterior caches did not come from the shared-Φ structured solve"
+    xd, xtd = x.double(), x_test.double()
+    model.double()
+    mean, var = _dense_posterior(kernel, likelihood, model.mean_module.constant, xd, xtd)
+    tol = TOL[dtype] * 20
+    torch.testing.assert_close(posterior.mean.double(), mean, rtol=tol, atol=tol)
+    torch.testing.assert_close(posterior.variance.double(), var, rtol=tol, atol=tol)
+
+
+def test_fantasy_update_equals_refit_on_all_labels():
+    dtype = torch.float64
+    x, labels, num_classes = _problem(dtype)
+    model, likelihood, _ = _model(x, labels, num_classes, dtype)
+    x_new = torch.randn(5, 2, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    y_new = torch.tensor([3, 3, 0, 1, 2])  # includes the class absent from training
+    x_test = torch.randn(6, 2, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    model.eval()
+    with torch.no_grad():
+        model(x_test)
+        fantasy = model.get_fantasy_model(x_new, likelihood.transform_labels(y_new), noise=y_new)
+        fantasy_post = fantasy(x_test)
+    assert torch.equal(fantasy.likelihood.targets, torch.cat((labels, y_new)))
+    refit, _, _ = _model(torch.cat((x, x_new)), torch.cat((labels, y_new)), num_classes, dtype)
+    refit.eval()
+    with torch.no_grad():
+        refit_post = refit(x_test)
+    torch.testing.assert_close(fantasy_post.mean, refit_post.mean, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(fantasy_post.variance, refit_post.variance, rtol=1e-9, atol=1e-9)
+    with pytest.raises(TypeError, match="integer tensor"):
+        likelihood.get_fantasy_likelihood(noise=torch.ones(2))
+    with pytest.raises(ValueError, match="fantasy class labels"):
+        likelihood.get_fantasy_likelihood()
+
+
+def test_state_dict_round_trip_is_bit_exact(dtype):
+    x, labels, num_classes = _problem(dtype)
+    model, likelihood, _ = _model(x, labels, num_classes, dtype)
+    x_test = torch.randn(4, 2, generator=torch.Generator().manual_seed(6), dtype=dtype)
+    model.eval()
+    with torch.no_grad():
+        expected = likelihood.predict_proba(model(x_test), seed=3)
+    other_labels = torch.zeros_like(labels).index_fill(0, torch.arange(3), 1)
+    fresh, fresh_likelihood, _ = _model(x, other_labels, num_classes, dtype, kernel_seed=99)
+    fresh.load_state_dict(model.state_dict())
+    assert torch.equal(fresh_likelihood.noise, likelihood.noise)
+    fresh.eval()
+    with torch.no_grad():
+        actual = fresh_likelihood.predict_proba(fresh(x_test), seed=3)
+    assert torch.equal(actual, expected)
+    assert actual.dtype == dtype
+
+
+def _class_probabilities(kernel, x, labels, x_test, num_classes):
+    dtype = torch.float64
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=num_classes, dtype=dtype)
+    mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([num_classes]))
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean).to(dtype)
+    with torch.no_grad():
+        kernel.base_kernel.lengthscale = 0.8
+        kernel.outputscale = 2.0
+        mean.constant.fill_(-2.0)
+    model.eval()
+    with torch.no_grad():
+        return likelihood.predict_proba(model(x_test), method="mean_field")
+
+
+def test_large_feature_count_approaches_exact_kernel_dirichlet_gp():
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(300, 2, generator=gen, dtype=dtype)
+    labels = ((x[:, 0] + 0.3 * torch.randn(300, generator=gen, dtype=dtype)) > 0).long() + (x[:, 1] > 0.7).long()
+    x_test = torch.randn(200, 2, generator=gen, dtype=dtype)
+    # GPyTorch's dense prediction path needs the kernel batched over the classes (same hyperparameters)
+    batch = torch.Size([3])
+    exact_kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch), batch_shape=batch)
+    exact = _class_probabilities(exact_kernel, x, labels, x_test, 3)
+    errors = []
+    for num_features in (16, 128, 1024):
+        sketched = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(num_features, method="orf", seed=1))
+        probs = _class_probabilities(sketched, x, labels, x_test, 3)
+        errors.append((probs - exact).abs().mean().item())
+        agreement = (probs.argmax(-1) == exact.argmax(-1)).double().mean().item()
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 0.01 and agreement >= 0.97

@@ -1,0 +1,58 @@
+"""Class probabilities E[softmax(f)]: seeded Monte Carlo vs the deterministic mean-field approximation."""
+
+import pytest
+import torch
+
+from rfgp.likelihoods import softmax_expectation_mc, softmax_expectation_mean_field
+
+#: measured max |mean-field − E[softmax]| for μ ~ N(0, 4), σ² ~ U(0, 1) (see rfgp.likelihoods.softmax)
+MEAN_FIELD_ERROR = {2: 0.01, 3: 0.025, 10: 0.07}
+
+
+def _latents(num_points, num_classes, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    mean = 2.0 * torch.randn(num_points, num_classes, generator=gen, dtype=dtype)
+    variance = torch.rand(num_points, num_classes, generator=gen, dtype=dtype)
+    return mean, variance
+
+
+@pytest.mark.parametrize("num_classes, num_points, num_samples", [(2, 100, 20000), (3, 100, 20000), (10, 40, 10000)])
+def test_mc_converges_to_mean_field_within_measured_error(num_classes, num_points, num_samples):
+    mean, variance = _latents(num_points, num_classes, torch.float32)
+    mc, se = softmax_expectation_mc(mean, variance, num_samples, torch.Generator().manual_seed(1), chunk_size=5000)
+    approx = softmax_expectation_mean_field(mean, variance)
+    assert bool(((mc - approx).abs() <= MEAN_FIELD_ERROR[num_classes] + 4 * se).all())
+    # the approximation is not trivially equal to the plug-in softmax(μ): the variance matters
+    assert (softmax_expectation_mean_field(mean, variance) - torch.softmax(mean, -1)).abs().max() > 0.01
+
+
+def test_mean_field_is_exact_without_variance(dtype):
+    mean, _ = _latents(50, 5, dtype)
+    torch.testing.assert_close(softmax_expectation_mean_field(mean, torch.zeros_like(mean)), torch.softmax(mean, -1))
+
+
+def test_probabilities_sum_to_one_and_follow_dtype(dtype):
+    mean, variance = _latents(30, 4, dtype)
+    mc, se = softmax_expectation_mc(mean, variance, 300, torch.Generator().manual_seed(2))
+    approx = softmax_expectation_mean_field(mean, variance)
+    for probs in (mc, approx):
+        assert probs.dtype == dtype and bool((probs >= 0).all())
+        torch.testing.assert_close(probs.sum(-1), torch.ones(30, dtype=dtype))
+    assert se.shape == mc.shape
+
+
+def test_mc_is_seeded_and_its_standard_error_is_honest():
+    mean, variance = _latents(200, 3, torch.float64)
+    first, se1 = softmax_expectation_mc(mean, variance, 500, torch.Generator().manual_seed(7))
+    again, _ = softmax_expectation_mc(mean, variance, 500, torch.Generator().manual_seed(7))
+    other, se2 = softmax_expectation_mc(mean, variance, 500, torch.Generator().manual_seed(8))
+    assert torch.equal(first, again)
+    z = (first - other) / (se1.pow(2) + se2.pow(2)).sqrt().clamp_min(1e-12)
+    # independent estimates: the standardised differences have unit variance (600 draws, ±20 %)
+    assert 0.8 < z.pow(2).mean().item() < 1.2
+
+
+def test_bad_sample_count_rejected():
+    mean, variance = _latents(3, 2, torch.float64)
+    with pytest.raises(ValueError, match="num_samples"):
+        softmax_expectation_mc(mean, variance, 0)

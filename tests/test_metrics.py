@@ -1,0 +1,54 @@
+"""rfgp.metrics against hand-computed values and closed forms."""
+
+import math
+
+import pytest
+import torch
+
+from rfgp import metrics
+
+
+def test_relative_frobenius_error_uses_real_part_of_complex_approximation():
+    exact = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    approx = exact + torch.tensor([[0.1, 0.0], [0.0, -0.1]], dtype=torch.float64) + 5j
+    expected = math.sqrt(0.02) / math.sqrt(10.0)
+    assert metrics.relative_frobenius_error(approx, exact).item() == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="same shape"):
+        metrics.relative_frobenius_error(torch.ones(2, 2), torch.ones(3, 3))
+
+
+def test_gaussian_kl_is_the_corrected_formula_and_matches_torch():
+    gen = torch.Generator().manual_seed(0)
+    mean_a, mean_e = torch.randn(2, 3, 50, generator=gen, dtype=torch.float64)
+    var_a, var_e = torch.rand(2, 3, 50, generator=gen, dtype=torch.float64) + 0.1
+    kl = metrics.gaussian_kl_divergence(mean_a, var_a, mean_e, var_e)
+    reference = torch.distributions.kl_divergence(
+        torch.distributions.Normal(mean_a, var_a.sqrt()), torch.distributions.Normal(mean_e, var_e.sqrt())
+    ).sum(-1)
+    torch.testing.assert_close(kl, reference)
+    assert bool((kl >= 0).all())
+    assert metrics.gaussian_kl_divergence(mean_a, var_a, mean_a, var_a).abs().max() < 1e-12
+
+
+def test_classification_scores_by_hand():
+    probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]], dtype=torch.float64)
+    labels = torch.tensor([0, 1, 1, 1])
+    assert metrics.classification_error(probs, labels).item() == pytest.approx(0.25)
+    nll = -(math.log(0.9) + math.log(0.8) + math.log(0.4) + math.log(0.7)) / 4
+    assert metrics.mean_negative_log_likelihood(probs, labels).item() == pytest.approx(nll)
+    # bins of width 0.25: [0.5, 0.75) holds 0.6 (wrong) and 0.7 (right); [0.75, 1] holds 0.9, 0.8 (right)
+    ece = 2 / 4 * abs(0.5 - 0.65) + 2 / 4 * abs(1.0 - 0.85)
+    assert metrics.expected_calibration_error(probs, labels, num_bins=4).item() == pytest.approx(ece)
+    confidence, accuracy, counts = metrics.reliability_curve(probs, labels, num_bins=4)
+    torch.testing.assert_close(accuracy, torch.tensor([0.0, 0.0, 0.5, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(confidence, torch.tensor([0.0, 0.0, 0.65, 0.85], dtype=torch.float64))
+    assert counts.tolist() == [0.0, 0.0, 2.0, 2.0]
+    assert metrics.mean_negative_log_likelihood(torch.tensor([[1.0, 0.0]]), torch.tensor([1])).isfinite()
+    with pytest.raises(ValueError, match="labels must lie in 0..1"):
+        metrics.classification_error(probs, torch.tensor([0, 1, 2, 1]))
+
+
+def test_gaussian_mnll_matches_normal_log_prob():
+    mean, var, y = torch.tensor([0.0, 1.0]), torch.tensor([1.0, 4.0]), torch.tensor([0.5, -1.0])
+    expected = -torch.distributions.Normal(mean, var.sqrt()).log_prob(y).mean()
+    torch.testing.assert_close(metrics.gaussian_mnll(mean, var, y), expected)
