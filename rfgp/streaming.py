@@ -33,7 +33,7 @@ from gpytorch.kernels import Kernel
 from linear_operator.operators import DiagLinearOperator, RootLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from .kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 from .linalg import feature_statistics
