@@ -2,6 +2,7 @@
 
 from .base import FeatureMap
 from .fourier import RandomFourierFeatures
+from .operator_valued import OperatorValuedFourierFeatures
 from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
 from .spectral import (
     GaussianSpectralDensity,
@@ -14,6 +15,7 @@ __all__ = [
     "FeatureMap",
     "GaussianSpectralDensity",
     "MaternSpectralDensity",
+    "OperatorValuedFourierFeatures",
     "RandomFourierFeatures",
     "RationalQuadraticSpectralDensity",
     "SpectralDensity",

@@ -2,9 +2,17 @@
 
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
+from .sketched_operator_valued import SketchedCurlFreeKernel, SketchedDecomposableKernel, SketchedDivFreeKernel
 
 __all__ = [
+    "CurlFreeRBFKernel",
+    "DecomposableKernel",
+    "DivFreeRBFKernel",
+    "SketchedCurlFreeKernel",
+    "SketchedDecomposableKernel",
+    "SketchedDivFreeKernel",
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
