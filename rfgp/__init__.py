@@ -2,6 +2,8 @@
 
 from . import features, kernels, models
 from .conversion import register_converter, sketch
+from . import datasets, multioutput, operator_valued_conversion, vector_fields  # noqa: E402  (registers converters)
+from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
 from .training import fit_mll
@@ -12,10 +14,15 @@ __all__ = [
     "FeatureRootAddedDiagLinearOperator",
     "FeatureRootLinearOperator",
     "FeatureSpacePredictionStrategy",
+    "MultiOutputGPModel",
+    "MultitaskFeatureSpacePredictionStrategy",
+    "datasets",
     "features",
     "fit_mll",
     "kernels",
     "models",
+    "multioutput",
     "register_converter",
     "sketch",
+    "vector_fields",
 ]

@@ -4,7 +4,12 @@ from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_ker
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
-from .sketched_operator_valued import SketchedCurlFreeKernel, SketchedDecomposableKernel, SketchedDivFreeKernel
+from .sketched_operator_valued import (
+    MultiOutputFeatureSumKernel,
+    SketchedCurlFreeKernel,
+    SketchedDecomposableKernel,
+    SketchedDivFreeKernel,
+)
 
 __all__ = [
     "CurlFreeRBFKernel",
@@ -16,6 +21,7 @@ __all__ = [
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
+    "MultiOutputFeatureSumKernel",
     "RandomFeatureKernel",
     "SketchedMaternKernel",
     "SketchedRBFKernel",

@@ -10,6 +10,8 @@ training and prediction cost O(N·p·F²).
   A = BBᵀ, B = [L, diag(√v)] (width F_s·(rank + p)).
 * :class:`SketchedCurlFreeKernel` — B(ω) = ω (width F = 2m).
 * :class:`SketchedDivFreeKernel` — B(ω) = ‖ω‖U⊥(ω) (width F = 2m(d − 1)).
+* :class:`MultiOutputFeatureSumKernel` — Σᵢ K̂ᵢ with root [R₁, R₂, …], e.g. the Helmholtz kernel
+  σ_c²K̂_curl + σ_d²K̂_div whose posterior splits into a curl-free and a divergence-free field.
 
 See :mod:`rfgp.features.operator_valued` for the feature maps and the corrected
 divergence-free factor.
@@ -23,7 +25,7 @@ from torch import Tensor
 
 from .._validation import check_choice, check_positive_int
 from ..features.operator_valued import OperatorValuedFourierFeatures, decomposable_features
-from .combinations import is_feature_kernel, kernel_features
+from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import FOURIER_METHODS
 from .operator_valued import check_vector_dim, check_vector_input
 from .random_feature_kernel import FeatureKernel
@@ -167,3 +169,32 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         scalar = kernel_features(self.base_kernel, x)
         factor = self.output_factor().to(scalar.dtype)
         return decomposable_features(scalar, factor).flatten(-3, -2)
+
+
+def _num_outputs(kernel: Kernel) -> int:
+    inner = kernel.base_kernel if hasattr(kernel, "outputscale") else kernel
+    return getattr(inner, "num_outputs", 1)
+
+
+class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
+    r"""K̂ = Σᵢ K̂ᵢ of multi-output feature kernels with the same p, root [R₁, …, Rₖ] (width ΣFᵢ).
+
+    With a curl-free and a divergence-free component (each in its own ``ScaleKernel``) this is
+    the Helmholtz kernel: the weight posterior splits into the two parts, see
+    :func:`rfgp.vector_fields.posterior_component_fields`.
+
+    Example:
+        >>> helmholtz = MultiOutputFeatureSumKernel(
+        ...     ScaleKernel(SketchedCurlFreeKernel(512, 2)), ScaleKernel(SketchedDivFreeKernel(512, 2)))
+    """
+
+    def __init__(self, *kernels: Kernel, **kwargs) -> None:
+        FeatureSumKernel.__init__(self, *kernels, **kwargs)
+        outputs = [_num_outputs(kernel) for kernel in kernels]
+        if len(set(outputs)) != 1:
+            raise ValueError(f"all kernels must have the same number of outputs; got num_outputs={outputs}")
+        self.num_outputs = outputs[0]
+
+    def component_widths(self, x: Tensor) -> list[int]:
+        """Root width of every component (the column blocks of the root)."""
+        return [kernel_features(kernel, x[..., :1, :]).shape[-1] for kernel in self.kernels]
