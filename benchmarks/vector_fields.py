@@ -168,7 +168,7 @@ def write(rows, header: str, stem: str = "vector_fields"):
             axes[0, col].plot([r["n"] for r in sel], [r["rmse"] for r in sel], "o-", label=method)
             axes[1, col].plot([r["n"] for r in sel], [r["fit_s"] + r["predict_s"] for r in sel], "o-", label=method)
         axes[0, col].set(title=name, xscale="log", yscale="log", ylabel="test RMSE (standardised)")
-        axes[1, col].set(xscale="log", yscale="log", xlabel="N training vectors", ylabel="fit + predict time (s)")
+        axes[1, col].set(xscale="log", yscale="log", xlabel="N training points (p outputs each)", ylabel="fit + predict time (s)")
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{stem}.png", dpi=110)
