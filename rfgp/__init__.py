@@ -2,17 +2,21 @@
 
 from . import (
     complex_posterior,
+    datasets,
     distributed,
     features,
     kernels,
     likelihoods,
     metrics,
     models,
+    multioutput,
     settings,
     streaming,
     variance,
+    vector_fields,
 )
 from .conversion import register_converter, sketch
+from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
 from .streaming import StreamingFeatureGP, fit_from_batches
@@ -21,11 +25,14 @@ from .training import fit_mll
 __version__ = "0.1.0"
 
 __all__ = [
-    "complex_posterior",
     "FeatureRootAddedDiagLinearOperator",
     "FeatureRootLinearOperator",
     "FeatureSpacePredictionStrategy",
+    "MultiOutputGPModel",
+    "MultitaskFeatureSpacePredictionStrategy",
     "StreamingFeatureGP",
+    "complex_posterior",
+    "datasets",
     "distributed",
     "features",
     "fit_from_batches",
@@ -34,9 +41,11 @@ __all__ = [
     "likelihoods",
     "metrics",
     "models",
+    "multioutput",
     "register_converter",
     "settings",
     "sketch",
     "streaming",
     "variance",
+    "vector_fields",
 ]

@@ -11,12 +11,14 @@ with :func:`register_converter`.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import gpytorch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 
 from .kernels.combinations import FeatureProductKernel, FeatureSumKernel
+from .kernels.operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
 
 _CONVERTERS: dict[type, Callable] = {}
 
@@ -146,3 +148,40 @@ def _convert_polynomial(kernel, num_features, method, seed, **options):
         **_common_kwargs(kernel),
     )
     return copy_hyperparameters(kernel, sketched, "offset")
+
+
+def _convert_derivative_kernel(sketched_type, kernel, num_features, method, seed, **options):
+    sketched = sketched_type(
+        num_features, kernel.input_dim, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
+    )
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+@register_converter(CurlFreeRBFKernel)
+def _convert_curl_free(kernel, num_features, method, seed, **options):
+    from .kernels.sketched_operator_valued import SketchedCurlFreeKernel
+
+    return _convert_derivative_kernel(SketchedCurlFreeKernel, kernel, num_features, method, seed, **options)
+
+
+@register_converter(DivFreeRBFKernel)
+def _convert_div_free(kernel, num_features, method, seed, **options):
+    from .kernels.sketched_operator_valued import SketchedDivFreeKernel
+
+    return _convert_derivative_kernel(SketchedDivFreeKernel, kernel, num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.MultitaskKernel)
+def _convert_decomposable(kernel, num_features, method, seed, **options):
+    """MultitaskKernel (and so DecomposableKernel) → SketchedDecomposableKernel over the sketched data kernel.
+
+    ``num_features`` is the width of the scalar sketch; the root has F·(rank + p) columns.  The
+    IndexKernel (A = LLᵀ + diag(v), its constraint and prior) carries over unchanged.
+    """
+    from .kernels.sketched_operator_valued import SketchedDecomposableKernel
+
+    base = sketch(kernel.data_covar_module, num_features, method=method, seed=seed, **options)
+    rank = kernel.task_covar_module.covar_factor.shape[-1]
+    sketched = SketchedDecomposableKernel(base, num_outputs=kernel.num_tasks, rank=rank)
+    sketched.task_covar_module = copy.deepcopy(kernel.task_covar_module)
+    return sketched

@@ -3,17 +3,18 @@
 from .base import FeatureMap
 from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .fourier import RandomFourierFeatures
+from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
+from .operator_valued import OperatorValuedFourierFeatures
 from .polynomial import PolynomialSketch
 from .radial_density import RadialDensity, fit_radial_density
 from .sphere_characteristic import sphere_characteristic
-from .spherical import SphericalRandomFeatures
-from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
 from .spectral import (
     GaussianSpectralDensity,
     MaternSpectralDensity,
     RationalQuadraticSpectralDensity,
     SpectralDensity,
 )
+from .spherical import SphericalRandomFeatures
 
 __all__ = [
     "DegreeSketch",
@@ -22,6 +23,7 @@ __all__ = [
     "FeatureMap",
     "GaussianSpectralDensity",
     "MaternSpectralDensity",
+    "OperatorValuedFourierFeatures",
     "RandomFourierFeatures",
     "RadialDensity",
     "RationalQuadraticSpectralDensity",

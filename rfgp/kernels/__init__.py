@@ -2,15 +2,29 @@
 
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
+from .sketched_operator_valued import (
+    MultiOutputFeatureSumKernel,
+    SketchedCurlFreeKernel,
+    SketchedDecomposableKernel,
+    SketchedDivFreeKernel,
+)
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
+    "CurlFreeRBFKernel",
+    "DecomposableKernel",
+    "DivFreeRBFKernel",
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
+    "MultiOutputFeatureSumKernel",
     "RandomFeatureKernel",
+    "SketchedCurlFreeKernel",
+    "SketchedDecomposableKernel",
+    "SketchedDivFreeKernel",
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
     "SketchedRBFKernel",

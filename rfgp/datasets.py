@@ -1,0 +1,166 @@
+"""Offline datasets: synthetic Helmholtz vector fields and the IGRF geomagnetic field.
+
+* :func:`helmholtz_field` — f = ∇g + f_div on [−1, 1]^d (d = 2, 3), with g and the div-free
+  part built from Gaussian bumps (the operalib-style test field of the ORFF digest, Part IV):
+  2-D f_div = R∇h (R = 90° rotation), 3-D f_div = ∇ × a.  Both parts are returned separately
+  so a Helmholtz decomposition can be scored.  Derivatives are exact (autograd).
+* :func:`igrf_magnetic_field` — the Earth's main magnetic field from the IGRF model shipped in
+  the ``ppigrf`` package (coefficient files inside the wheel, no download).  Above the Earth's
+  surface B = −∇V is curl-free, a real-world test of curl-free GPs.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+from torch import Tensor
+
+from ._validation import check_positive_float, check_positive_int
+
+#: IGRF reference radius (km)
+EARTH_RADIUS_KM = 6371.2
+
+
+def _bumps(x: Tensor, centers: Tensor, signs: Tensor, width: float) -> Tensor:
+    """Σₖ sₖ exp(−‖x − cₖ‖²/(2w²)), shape (n,)."""
+    sq = (x.unsqueeze(-2) - centers).pow(2).sum(-1)
+    return (signs * torch.exp(-0.5 * sq / width**2)).sum(-1)
+
+
+def _gradient(fn, x: Tensor) -> Tensor:
+    with torch.enable_grad():
+        leaf = x.detach().requires_grad_(True)
+        return torch.autograd.grad(fn(leaf).sum(), leaf)[0]
+
+
+def helmholtz_field(
+    n: int,
+    input_dim: int = 2,
+    noise: float = 0.0,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    width: float = 0.35,
+    num_bumps: int = 6,
+) -> dict[str, Tensor]:
+    """A random smooth vector field f = f_curl + f_div on [−1, 1]^d sampled at n uniform points.
+
+    Args:
+        n: number of points.
+        input_dim: 2 or 3.
+        noise: standard deviation of Gaussian noise added to ``y``.
+        seed: seed of the bump layout, the points and the noise.
+        dtype: floating dtype of the tensors.
+        width: bump width (the field's length scale).
+        num_bumps: bumps per potential.
+
+    Returns:
+        dict with ``x`` (n, d), ``y`` = f + noise (n, d), ``f``, ``curl_free`` (= ∇g) and
+        ``divergence_free`` parts (n, d) each, and ``field``, a callable x ↦ (f_curl, f_div)
+        to evaluate the noise-free parts anywhere (e.g. on a plotting grid).
+    """
+    n = check_positive_int(n, "n")
+    if input_dim not in (2, 3):
+        raise ValueError(f"input_dim must be 2 or 3 for helmholtz_field, got {input_dim}")
+    noise = check_positive_float(noise, "noise", allow_zero=True)
+    generator = torch.Generator().manual_seed(seed)
+
+    def layout():
+        centers = (torch.rand(num_bumps, input_dim, generator=generator, dtype=dtype) * 1.6 - 0.8)
+        signs = torch.randint(0, 2, (num_bumps,), generator=generator).to(dtype) * 2 - 1
+        return centers, signs
+
+    scalar = layout()
+    potentials = [layout() for _ in range(1 if input_dim == 2 else 3)]
+
+    def field(x: Tensor) -> tuple[Tensor, Tensor]:
+        x = x.to(dtype)
+        curl_free = _gradient(lambda z: _bumps(z, *scalar, width), x) * width
+        grads = [_gradient(lambda z, p=p: _bumps(z, *p, width), x) * width for p in potentials]
+        if input_dim == 2:
+            div_free = torch.stack((-grads[0][:, 1], grads[0][:, 0]), -1)  # R∇h
+        else:  # ∇ × a with a = (a₁, a₂, a₃): (∂₂a₃ − ∂₃a₂, ∂₃a₁ − ∂₁a₃, ∂₁a₂ − ∂₂a₁)
+            div_free = torch.stack(
+                (
+                    grads[2][:, 1] - grads[1][:, 2],
+                    grads[0][:, 2] - grads[2][:, 0],
+                    grads[1][:, 0] - grads[0][:, 1],
+                ),
+                -1,
+            )
+        return curl_free, div_free
+
+    x = torch.rand(n, input_dim, generator=generator, dtype=dtype) * 2 - 1
+    curl_free, div_free = field(x)
+    f = curl_free + div_free
+    y = f + noise * torch.randn(f.shape, generator=generator, dtype=dtype)
+    return {"x": x, "y": y, "f": f, "curl_free": curl_free, "divergence_free": div_free, "field": field}
+
+
+def igrf_magnetic_field(
+    n: int,
+    altitude_km: tuple[float, float] = (0.0, 1000.0),
+    date: datetime.datetime | None = None,
+    max_degree: int = 13,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[Tensor, Tensor]:
+    """The IGRF main field at n random points of a spherical shell, in Earth-centred Cartesian axes.
+
+    Args:
+        n: number of points (uniform on the sphere, altitude uniform in ``altitude_km``).
+        altitude_km: (low, high) altitude above the IGRF reference radius 6371.2 km.
+        date: model epoch (default 2020-01-01; IGRF-14 covers 1900–2030).
+        max_degree: truncation degree of the spherical-harmonic expansion (1 = dipole, ≤ 13).
+        seed: seed of the positions.
+        dtype: dtype of the returned tensors.
+
+    Returns:
+        ``positions`` (n, 3) in Earth radii and ``field`` (n, 3) in µT, both Earth-centred
+        Cartesian (x towards 0° longitude on the equator, z to the north pole).  The field is
+        curl-free in the shell (no sources between the Earth's core and the ionosphere).
+    """
+    n = check_positive_int(n, "n")
+    low, high = (check_positive_float(a, "altitude_km", allow_zero=True) for a in altitude_km)
+    if high < low:
+        raise ValueError(f"altitude_km must be (low, high) with low ≤ high, got {altitude_km}")
+    if not 1 <= int(max_degree) <= 13:
+        raise ValueError(f"max_degree must be in 1..13, got {max_degree}")
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.randn(n, 3, generator=generator, dtype=torch.float64)
+    direction = direction / direction.norm(dim=-1, keepdim=True)
+    radius_km = EARTH_RADIUS_KM + low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)
+    positions = direction * (radius_km / EARTH_RADIUS_KM).unsqueeze(-1)
+    field = igrf_field_at(positions, date=date, max_degree=max_degree)
+    return positions.to(dtype), field.to(dtype)
+
+
+def igrf_field_at(
+    positions: Tensor, date: datetime.datetime | None = None, max_degree: int = 13
+) -> Tensor:
+    """The IGRF field (µT, Earth-centred Cartesian) at ``positions`` (n, 3) given in Earth radii."""
+    import numpy as np
+    import ppigrf
+
+    positions = positions.detach().to(torch.float64).cpu()
+    radius = positions.norm(dim=-1)
+    colatitude = torch.arccos((positions[:, 2] / radius).clamp(-1.0, 1.0))
+    longitude = torch.atan2(positions[:, 1], positions[:, 0])
+    b_r, b_theta, b_phi = ppigrf.igrf_gc(
+        (radius * EARTH_RADIUS_KM).numpy(),
+        np.degrees(colatitude.numpy()),
+        np.degrees(longitude.numpy()),
+        date or datetime.datetime(2020, 1, 1),
+        max_degree=int(max_degree),
+    )
+    spherical = torch.as_tensor(np.stack([b_r[0], b_theta[0], b_phi[0]], -1), dtype=torch.float64) / 1000.0
+    # Unit vectors e_r, e_θ (south), e_φ (east) in Cartesian axes.
+    st, ct = torch.sin(colatitude), torch.cos(colatitude)
+    sp, cp = torch.sin(longitude), torch.cos(longitude)
+    e_r = torch.stack((st * cp, st * sp, ct), -1)
+    e_theta = torch.stack((ct * cp, ct * sp, -st), -1)
+    e_phi = torch.stack((-sp, cp, torch.zeros_like(sp)), -1)
+    return spherical[:, :1] * e_r + spherical[:, 1:2] * e_theta + spherical[:, 2:] * e_phi
+
+
+__all__ = ["EARTH_RADIUS_KM", "helmholtz_field", "igrf_field_at", "igrf_magnetic_field"]

@@ -1,0 +1,200 @@
+"""Random-feature (ORFF) versions of the operator-valued kernels (paper 004, Brault et al. 2016).
+
+Each kernel returns, for x1 == x2, a :class:`~rfgp.operators.FeatureRootLinearOperator` over the
+interleaved root R of shape ``(..., n·p, F)`` (row i·p + t = output t of point i, GPyTorch's
+multitask order), so K̂ = RRᵀ stays low-rank through the likelihood, the marginal likelihood
+and the prediction (:class:`~rfgp.multioutput.MultitaskFeatureSpacePredictionStrategy`):
+training and prediction cost O(N·p·F²).
+
+* :class:`SketchedDecomposableKernel` — any rfgp scalar feature kernel φ ⊗ Bᵀ with
+  A = BBᵀ, B = [L, diag(√v)] (width F_s·(rank + p)).
+* :class:`SketchedCurlFreeKernel` — B(ω) = ω (width F = 2m).
+* :class:`SketchedDivFreeKernel` — B(ω) = ‖ω‖U⊥(ω) (width F = 2m(d − 1)).
+* :class:`MultiOutputFeatureSumKernel` — Σᵢ K̂ᵢ with root [R₁, R₂, …], e.g. the Helmholtz kernel
+  σ_c²K̂_curl + σ_d²K̂_div whose posterior splits into a curl-free and a divergence-free field.
+
+See :mod:`rfgp.features.operator_valued` for the feature maps and the corrected
+divergence-free factor.
+"""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.kernels import IndexKernel, Kernel
+from torch import Tensor
+
+from .._validation import check_choice, check_positive_int
+from ..features.operator_valued import OperatorValuedFourierFeatures, decomposable_features
+from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features
+from .fourier import FOURIER_METHODS
+from .operator_valued import check_vector_dim, check_vector_input
+from .random_feature_kernel import FeatureKernel
+
+
+class _MultiOutputFeatureKernel(FeatureKernel):
+    """A feature kernel whose root has p interleaved rows per input point."""
+
+    num_outputs: int
+
+    def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
+        return self.num_outputs
+
+    def diag_moments(self, x: Tensor):
+        # ORFF are unbiased with finite variance; no deterministic diagonal shortfall to correct.
+        return None
+
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        from ..multioutput import MultitaskFeatureSpacePredictionStrategy
+
+        return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
+
+
+class _SketchedGaussianDerivativeKernel(_MultiOutputFeatureKernel):
+    family: str
+    has_lengthscale = True
+
+    def __init__(
+        self,
+        num_features: int,
+        input_dim: int,
+        method: str = "rff",
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs,
+    ) -> None:
+        input_dim = check_vector_dim(input_dim)
+        check_choice(method, "method", tuple(FOURIER_METHODS))
+        ard = kwargs.get("ard_num_dims")
+        if ard is not None and ard != input_dim:
+            raise ValueError(f"ard_num_dims must be None or input_dim={input_dim}, got {ard}")
+        super().__init__(**kwargs)
+        self.method = method
+        self.input_dim = input_dim
+        self.num_outputs = input_dim
+        self.feature_map = OperatorValuedFourierFeatures(
+            num_features, input_dim, self.family, sampler=FOURIER_METHODS[method], seed=seed, generator=generator
+        )
+
+    @property
+    def num_features(self) -> int:
+        return self.feature_map.num_features
+
+    def featurize(self, x: Tensor) -> Tensor:
+        """The interleaved root Φ of shape ``(*batch, n·d, F)``."""
+        check_vector_input(x, "x", self.input_dim)
+        lengthscale = self.lengthscale
+        return self.feature_map(x.div(lengthscale), lengthscale).flatten(-3, -2)
+
+    def extra_repr(self) -> str:
+        return f"input_dim={self.input_dim}, num_features={self.num_features}, method={self.method!r}"
+
+
+class SketchedCurlFreeKernel(_SketchedGaussianDerivativeKernel):
+    r"""ORFF approximation of :class:`~rfgp.kernels.CurlFreeRBFKernel`: K̂ = m⁻¹Σⱼcos(ωⱼᵀδ)ωⱼωⱼᵀ.
+
+    Every sample Φ(x)θ is the gradient of the scalar RFF function Σⱼ(aⱼsin − bⱼcos)(ωⱼᵀx)
+    /√m, so its curl is zero to machine precision.
+
+    Args:
+        num_features: F = 2m (even).
+        input_dim: d ≥ 2 (= number of outputs).
+        method: ``"rff"`` (i.i.d.), ``"orf"`` (orthogonal) or ``"sorf"`` (structured) frequencies.
+        seed, generator: randomness of the frequencies.
+        kwargs: ``ard_num_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ``batch_shape``,
+            ``active_dims``.
+
+    Example:
+        >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(1024, input_dim=3, method="orf"))
+    """
+
+    family = "curl_free"
+
+
+class SketchedDivFreeKernel(_SketchedGaussianDerivativeKernel):
+    r"""ORFF approximation of :class:`~rfgp.kernels.DivFreeRBFKernel`: K̂ = m⁻¹Σⱼcos(ωⱼᵀδ)(‖ωⱼ‖²I − ωⱼωⱼᵀ).
+
+    Uses the corrected factor B(ω) = ‖ω‖U⊥(ω) (digest II.2(c) pitfall), so ωᵀB = 0 and every
+    sample is exactly divergence-free; works for every d ≥ 2.  ``num_features`` = F = 2m(d − 1)
+    must be a multiple of 2(d − 1).  Other arguments as :class:`SketchedCurlFreeKernel`.
+    """
+
+    family = "divergence_free"
+
+
+class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
+    r"""ORFF of a decomposable kernel k̂(x, y)·A: root φ(x) ⊗ Bᵀ with A = BBᵀ = LLᵀ + diag(v).
+
+    The output covariance is parameterised exactly like ``gpytorch.kernels.IndexKernel`` (in
+    ``task_covar_module``), so it can be copied from a :class:`~rfgp.kernels.DecomposableKernel`
+    or ``MultitaskKernel``; B = [L, diag(√v)] is an exact factor, no SVD needed.
+
+    Args:
+        base_kernel: an rfgp scalar feature kernel (optionally inside ``ScaleKernel``), e.g.
+            ``SketchedRBFKernel(512, method="orf")``.
+        num_outputs: p.
+        rank: columns of L.
+        output_covar_prior: optional prior on A (``IndexKernel``'s ``prior``).
+
+    Width: F = F_s·(rank + p).
+    """
+
+    def __init__(self, base_kernel: Kernel, num_outputs: int, rank: int = 1, output_covar_prior=None, **kwargs):
+        if not is_feature_kernel(base_kernel):
+            raise TypeError(
+                f"base_kernel must be an rfgp feature kernel (optionally inside ScaleKernel), got "
+                f"{type(base_kernel).__name__}; use rfgp.sketch(kernel, num_features) to convert an exact one"
+            )
+        super().__init__(**kwargs)
+        self.num_outputs = check_positive_int(num_outputs, "num_outputs")
+        self.rank = check_positive_int(rank, "rank")
+        self.base_kernel = base_kernel
+        self.task_covar_module = IndexKernel(num_tasks=self.num_outputs, rank=self.rank, prior=output_covar_prior)
+
+    @property
+    def num_features(self) -> int:
+        """Root width F_s·(rank + p), F_s the base sketch's width."""
+        base = self.base_kernel.base_kernel if hasattr(self.base_kernel, "outputscale") else self.base_kernel
+        return base.num_features * (self.rank + self.num_outputs)
+
+    def output_factor(self) -> Tensor:
+        """B = [L, diag(√v)] of shape (p, rank + p), with BBᵀ = A."""
+        task = self.task_covar_module
+        return torch.cat((task.covar_factor, torch.diag_embed(task.var.sqrt())), dim=-1)
+
+    @property
+    def output_covariance(self) -> Tensor:
+        return self.task_covar_module.covar_matrix.to_dense()
+
+    def featurize(self, x: Tensor) -> Tensor:
+        scalar = kernel_features(self.base_kernel, x)
+        factor = self.output_factor().to(scalar.dtype)
+        return decomposable_features(scalar, factor).flatten(-3, -2)
+
+
+def _num_outputs(kernel: Kernel) -> int:
+    inner = kernel.base_kernel if hasattr(kernel, "outputscale") else kernel
+    return getattr(inner, "num_outputs", 1)
+
+
+class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
+    r"""K̂ = Σᵢ K̂ᵢ of multi-output feature kernels with the same p, root [R₁, …, Rₖ] (width ΣFᵢ).
+
+    With a curl-free and a divergence-free component (each in its own ``ScaleKernel``) this is
+    the Helmholtz kernel: the weight posterior splits into the two parts, see
+    :func:`rfgp.vector_fields.posterior_component_fields`.
+
+    Example:
+        >>> helmholtz = MultiOutputFeatureSumKernel(
+        ...     ScaleKernel(SketchedCurlFreeKernel(512, 2)), ScaleKernel(SketchedDivFreeKernel(512, 2)))
+    """
+
+    def __init__(self, *kernels: Kernel, **kwargs) -> None:
+        FeatureSumKernel.__init__(self, *kernels, **kwargs)
+        outputs = [_num_outputs(kernel) for kernel in kernels]
+        if len(set(outputs)) != 1:
+            raise ValueError(f"all kernels must have the same number of outputs; got num_outputs={outputs}")
+        self.num_outputs = outputs[0]
+
+    def component_widths(self, x: Tensor) -> list[int]:
+        """Root width of every component (the column blocks of the root)."""
+        return [kernel_features(kernel, x[..., :1, :]).shape[-1] for kernel in self.kernels]
