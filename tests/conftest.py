@@ -20,3 +20,9 @@ def device(request):
 def dtype(request):
     return request.param
 
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    """Every test starts from the same global RNG state, whatever ran before it in its worker."""
+    torch.manual_seed(0)
