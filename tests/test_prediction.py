@@ -8,16 +8,7 @@ import torch
 from rfgp.features import FeatureMap, RandomFourierFeatures
 from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
 from rfgp.prediction import FeatureSpacePredictionStrategy
-
-
-class Model(gpytorch.models.ExactGP):
-    def __init__(self, kernel, x, y):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+from rfgp.models import ExactGPModel
 
 
 class ShrunkFourierFeatures(FeatureMap):
@@ -53,7 +44,8 @@ def data(device, n=30, d=2, seed=0):
 
 
 def build(kernel, x, y, device, outputscale=1.7, lengthscale=0.6, noise=0.05):
-    model = Model(gpytorch.kernels.ScaleKernel(kernel), x, y).double().to(device)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, y, likelihood, gpytorch.kernels.ScaleKernel(kernel)).double().to(device)
     model.covar_module.outputscale = outputscale
     model.covar_module.base_kernel.lengthscale = lengthscale
     model.likelihood.noise = noise
@@ -176,7 +168,7 @@ def test_batched_model_posterior_equals_dense(device):
     ys = torch.stack((y, -y))
     kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(10, method="orf", seed=3, batch_shape=batch),
                                           batch_shape=batch)
-    model = Model(kernel, x, ys).double().to(device)
+    model = ExactGPModel(x, ys, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().to(device)
     model.mean_module = gpytorch.means.ConstantMean(batch_shape=batch).double().to(device)
     model.likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double().to(device)
     model.covar_module.outputscale = torch.tensor([1.0, 2.0], dtype=torch.float64, device=device)

@@ -11,6 +11,7 @@ from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
 from rfgp.operators import FeatureRootLinearOperator
+from rfgp.models import ExactGPModel
 
 METHODS = ["rff", "orf", "sorf"]
 
@@ -169,16 +170,6 @@ def test_gradients_wrt_hyperparameters_finite(method, device):
     assert all(g is not None and bool(torch.isfinite(g).all()) and bool((g != 0).any()) for g in grads)
 
 
-class _Model(gpytorch.models.ExactGP):
-    def __init__(self, kernel, x, y):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("source_lazy", [False, True])
 def test_state_dict_round_trip_reproduces_predictions(method, source_lazy, device):
@@ -189,7 +180,8 @@ def test_state_dict_round_trip_reproduces_predictions(method, source_lazy, devic
 
     def build(seed, lazy):
         base = SketchedMaternKernel(32, nu=1.5, method=method, seed=seed, input_dim=None if lazy else 3)
-        return _Model(gpytorch.kernels.ScaleKernel(base), x, y).double().to(device)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        return ExactGPModel(x, y, likelihood, gpytorch.kernels.ScaleKernel(base)).double().to(device)
 
     source = build(1, source_lazy)
     source.covar_module.outputscale = 1.7

@@ -10,6 +10,7 @@ from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 from rfgp.kernels import SketchedSphericalPolynomialKernel
 from rfgp.operators import FeatureRootLinearOperator
+from rfgp.models import ExactGPModel
 
 F64 = torch.float64
 
@@ -68,19 +69,9 @@ def test_returns_low_rank_operator_with_bias_correction():
 def test_gp_prediction_runs_in_scale_kernel():
     x, y = unit_rows(40, 8, dtype=F64), torch.randn(40, dtype=F64)
 
-    class GP(gpytorch.models.ExactGP):
-        def __init__(self):
-            likelihood = gpytorch.likelihoods.GaussianLikelihood()
-            super().__init__(x, y, likelihood)
-            self.mean_module = gpytorch.means.ZeroMean()
-            self.covar_module = gpytorch.kernels.ScaleKernel(
-                SketchedSphericalPolynomialKernel(power=3, num_features=128, seed=0)
-            )
-
-        def forward(self, z):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(z), self.covar_module(z))
-
-    model = GP().double().eval()
+    kernel = gpytorch.kernels.ScaleKernel(SketchedSphericalPolynomialKernel(power=3, num_features=128, seed=0))
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, y, likelihood, kernel, mean_module=gpytorch.means.ZeroMean()).double().eval()
     with torch.no_grad():
         prediction = model.likelihood(model(unit_rows(7, 8, seed=1, dtype=F64)))
     assert torch.isfinite(prediction.mean).all() and (prediction.variance > 0).all()
