@@ -322,3 +322,10 @@ def test_sorf_dense_and_fwht_paths_agree():
     x = torch.randn(7, 20, dtype=torch.float64)
     assert x.shape[-1] <= DENSE_STRUCTURED_MAX_DIM
     torch.testing.assert_close(fm.project(x), fm._structured_transform(x), rtol=1e-12, atol=1e-12)
+
+
+def test_sin_cos_features_gradient():
+    from rfgp.features.fourier import _SinCosFeatures
+
+    projection = torch.randn(5, 3, 4, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda p: _SinCosFeatures.apply(p, 0.7), (projection,))
