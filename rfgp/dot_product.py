@@ -18,6 +18,7 @@ underflow before they are combined with powers of xᵀy.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable
 
 import torch
@@ -114,18 +115,41 @@ def truncated_series(spec: DotProductKernelSpec, t: Tensor, max_degree: int) -> 
     return degree_terms(spec, t, max_degree).sum(-1)
 
 
+def _polynomial_log_coefficient(power: int, offset: float, n: int) -> float:
+    if n > power or (offset == 0 and n < power):
+        return -math.inf
+    return math.log(math.comb(power, n)) + (power - n) * (math.log(offset) if offset > 0 else 0.0)
+
+
+def _polynomial_function(power: int, offset: float, t: Tensor) -> Tensor:
+    return (offset + t).pow(power)
+
+
+def _log_inverse_factorial(n: int) -> float:
+    return -math.lgamma(n + 1)
+
+
+def _log_gaussian_prefactor(x: Tensor) -> Tensor:
+    return -0.5 * x.pow(2).sum(-1)
+
+
+def _checked_log(coefficient: Callable[[int], float], n: int) -> float:
+    value = float(coefficient(n))
+    if not value >= 0:
+        raise ValueError(f"Maclaurin coefficients must be ≥ 0 (positive definiteness), got a_{n} = {value}")
+    return math.log(value) if value > 0 else -math.inf
+
+
+# Module-level functions and partials (not lambdas) keep specs, and the kernels holding them, picklable.
 def polynomial(power: int, offset: float = 1.0) -> DotProductKernelSpec:
     """(ν + xᵀy)^p with aₙ = C(p, n) ν^{p−n} (paper 000 Eq. 37)."""
     power = check_positive_int(power, "power")
     offset = check_positive_float(offset, "offset", allow_zero=True)
-
-    def log_coefficient(n: int) -> float:
-        if n > power or (offset == 0 and n < power):
-            return -math.inf
-        return math.log(math.comb(power, n)) + (power - n) * (math.log(offset) if offset > 0 else 0.0)
-
     spec = DotProductKernelSpec(
-        log_coefficient, lambda t: (offset + t).pow(power), max_degree=power, name=f"polynomial(p={power}, ν={offset})"
+        partial(_polynomial_log_coefficient, power, offset),
+        partial(_polynomial_function, power, offset),
+        max_degree=power,
+        name=f"polynomial(p={power}, ν={offset})",
     )
     spec.power, spec.offset = power, offset  # lets the feature maps take a learnable offset tensor
     return spec
@@ -133,14 +157,13 @@ def polynomial(power: int, offset: float = 1.0) -> DotProductKernelSpec:
 
 def exponential() -> DotProductKernelSpec:
     """exp(xᵀy) with aₙ = 1/n! (paper 000 Eq. 38; inputs divided by ℓ give exp(xᵀy/ℓ²))."""
-    return DotProductKernelSpec(lambda n: -math.lgamma(n + 1), torch.exp, name="exponential")
+    return DotProductKernelSpec(_log_inverse_factorial, torch.exp, name="exponential")
 
 
 def gaussian() -> DotProductKernelSpec:
     """exp(−‖x − y‖²/2) = e^{−‖x‖²/2} e^{−‖y‖²/2} Σₙ (xᵀy)ⁿ/n! (paper 000 Eq. 39, §5.4)."""
-    return DotProductKernelSpec(
-        lambda n: -math.lgamma(n + 1), torch.exp, log_prefactor=lambda x: -0.5 * x.pow(2).sum(-1), name="gaussian"
-    )
+    return DotProductKernelSpec(_log_inverse_factorial, torch.exp, log_prefactor=_log_gaussian_prefactor,
+                                name="gaussian")
 
 
 def from_coefficients(
@@ -154,10 +177,4 @@ def from_coefficients(
     if max_degree is not None:
         max_degree = check_positive_int(max_degree, "max_degree")
 
-    def log_coefficient(n: int) -> float:
-        value = float(coefficient(n))
-        if not value >= 0:
-            raise ValueError(f"Maclaurin coefficients must be ≥ 0 (positive definiteness), got a_{n} = {value}")
-        return math.log(value) if value > 0 else -math.inf
-
-    return DotProductKernelSpec(log_coefficient, function, max_degree=max_degree, name="custom")
+    return DotProductKernelSpec(partial(_checked_log, coefficient), function, max_degree=max_degree, name="custom")
