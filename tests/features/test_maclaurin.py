@@ -208,3 +208,22 @@ def test_bad_input_names_the_argument():
         OptimizedMaclaurin(spec, 2, weights="ctr")
     with pytest.raises(ValueError, match="no truncation order"):
         OptimizedMaclaurin(dot_product.polynomial(3), 3, min_order=3, x_sample=torch.randn(5, 2))
+
+
+@pytest.mark.parametrize("cls", [OptimizedMaclaurin, RandomMaclaurin])
+def test_device_and_dtype_follow_the_input(cls, device, dtype):
+    x = 0.5 * torch.randn(12, 5, dtype=torch.float64)
+    options = dict(projection="srht", weights="ctr", seed=0)
+    reference = cls(dot_product.gaussian(), 21, input_dim=5, **options).double()
+    if cls is OptimizedMaclaurin:
+        reference.fit(x)
+    phi = cls(dot_product.gaussian(), 21, input_dim=5, **options)
+    phi.load_state_dict(reference.state_dict())
+    phi = phi.to(device=device, dtype=dtype)
+    out = phi(x.to(device, dtype))
+    assert out.device.type == device.type and out.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+    assert torch.allclose(out.cpu().double(), reference(x), atol=tolerance, rtol=tolerance)
+    correction = phi.variance_correction(x.to(device, dtype))
+    assert correction.device.type == device.type
+    assert torch.allclose(correction.cpu().double(), reference.variance_correction(x), atol=tolerance)
