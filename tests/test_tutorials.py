@@ -19,6 +19,7 @@ TUTORIALS = ROOT / "tutorials"
 NOTEBOOKS = {
     "01_swap_your_kernel.ipynb": ("same lengthscale: True", 3),
     "02_polynomial_sketches.ipynb": ("distance to exact GP mean", 0),
+    "03_maclaurin_and_bias_correction.ipynb": ("p* = 9, widths = (1, 1, 1, 1, 1, 1, 1, 1, 1)", 1),
     "04_dirichlet_classification.ipynb": ("same predicted class", 3),
     "05_vector_fields.ipynb": ("prediction strategy: MultitaskFeatureSpacePredictionStrategy", 2),
     "07_million_points.ipynb": ("ChunkedFeatureRootLinearOperator", 0),

@@ -4,6 +4,7 @@ from .base import FeatureMap
 from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .fourier import RandomFourierFeatures
 from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
+from .maclaurin import OptimizedMaclaurin, RandomMaclaurin
 from .operator_valued import OperatorValuedFourierFeatures
 from .polynomial import PolynomialSketch
 from .radial_density import RadialDensity, fit_radial_density
@@ -24,6 +25,8 @@ __all__ = [
     "GaussianSpectralDensity",
     "MaternSpectralDensity",
     "OperatorValuedFourierFeatures",
+    "OptimizedMaclaurin",
+    "RandomMaclaurin",
     "RandomFourierFeatures",
     "RadialDensity",
     "RationalQuadraticSpectralDensity",

@@ -104,6 +104,10 @@ class FeatureMap(nn.Module):
         self._prepare(x)
         return self._features(x)
 
+    def prepare(self, x: Tensor) -> None:
+        """Make the draws (and any data-dependent fit) from a batch of inputs without computing features."""
+        self._prepare(x)
+
     def _prepare(self, x: Tensor) -> None:
         """Validate an input and make the draws at the first call when ``input_dim`` was left unset."""
         check_features_input(x, "x", self.input_dim)

@@ -2,6 +2,7 @@
 
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
@@ -25,11 +26,13 @@ __all__ = [
     "SketchedCurlFreeKernel",
     "SketchedDecomposableKernel",
     "SketchedDivFreeKernel",
+    "SketchedExponentialKernel",
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
     "SketchedRBFKernel",
     "SketchedSphericalPolynomialKernel",
     "is_feature_kernel",
     "kernel_features",
+    "refit_allocation",
     "register_polynomial_method",
 ]

@@ -17,6 +17,8 @@ from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names of the Fourier kernels and the frequency sampler each uses.
 FOURIER_METHODS = {"rff": "iid", "orf": "orthogonal", "sorf": "structured"}
+#: options of ``SketchedRBFKernel(method="maclaurin")`` passed to :class:`~rfgp.features.OptimizedMaclaurin`
+MACLAURIN_OPTIONS = ("projection", "weights", "srht_blocks", "min_order", "max_order", "sample_size", "bias_correction")
 
 
 class SketchedRBFKernel(RandomFeatureKernel):
@@ -24,8 +26,13 @@ class SketchedRBFKernel(RandomFeatureKernel):
 
     Args:
         num_features: output width F of the feature map (F = 2m for m frequencies).
-        method: ``"rff"`` (i.i.d. frequencies), ``"orf"`` (orthogonal, Yu et al. 2016 Eq. 2)
-            or ``"sorf"`` (structured HD₁HD₂HD₃, Eq. 5; O(d log d) per frequency block).
+        method: ``"rff"`` (i.i.d. frequencies), ``"orf"`` (orthogonal, Yu et al. 2016 Eq. 2),
+            ``"sorf"`` (structured HD₁HD₂HD₃, Eq. 5; O(d log d) per frequency block) or
+            ``"maclaurin"``: optimized Maclaurin features of e^{−‖x‖²/2}e^{−‖y‖²/2}e^{xᵀy}
+            (paper 000 §5.4, :class:`~rfgp.features.OptimizedMaclaurin`; keyword options
+            ``projection``, ``weights``, ``max_order``, ``bias_correction``, … go to it;
+            the allocation is fitted on the first inputs, refit with
+            :func:`rfgp.kernels.refit_allocation`).
         input_dim: input dimension (defaults to ``ard_num_dims``; otherwise set at the first call).
         seed, generator: randomness of the frequencies.
         kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
@@ -45,11 +52,22 @@ class SketchedRBFKernel(RandomFeatureKernel):
         generator: torch.Generator | None = None,
         **kwargs,
     ) -> None:
-        check_choice(method, "method", tuple(FOURIER_METHODS))
+        check_choice(method, "method", (*FOURIER_METHODS, "maclaurin"))
         self.method = method
+        input_dim = input_dim if input_dim is not None else kwargs.get("ard_num_dims")
+        if method == "maclaurin":
+            from .. import dot_product
+            from ..features.maclaurin import OptimizedMaclaurin
+
+            options = {key: kwargs.pop(key) for key in MACLAURIN_OPTIONS if key in kwargs}
+            feature_map = OptimizedMaclaurin(
+                dot_product.gaussian(), num_features, input_dim=input_dim, seed=seed, generator=generator, **options
+            )
+            super().__init__(feature_map, **kwargs)
+            return
         feature_map = RandomFourierFeatures(
             num_features,
-            input_dim=input_dim if input_dim is not None else kwargs.get("ard_num_dims"),
+            input_dim=input_dim,
             spectral_density=GaussianSpectralDensity(),
             sampler=FOURIER_METHODS[method],
             seed=seed,

@@ -132,6 +132,13 @@ class RandomFeatureKernel(FeatureKernel):
         """Φ(x/ℓ) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller)."""
         return self.feature_map(self.scale_inputs(x))
 
+    def featurizer(self, x: Tensor):
+        if not self.feature_map.is_initialized:
+            # data-dependent maps (optimized Maclaurin) fit on the whole first input, not on the 1-row probe
+            with torch.no_grad():
+                self.feature_map.prepare(self.scale_inputs(x))
+        return super().featurizer(x)
+
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
         if not self.feature_map.has_variance_bias:
             return None

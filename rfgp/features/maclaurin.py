@@ -1,0 +1,341 @@
+"""Maclaurin random features for dot-product kernels k(x, y) = s(x)s(y)Σₙaₙ(xᵀy)ⁿ (paper 000 §5).
+
+Φ(x) = s(x)·[√a₀, √a₁ Φ₁(x), …, √a_p Φ_p(x)] with independent unbiased degree-n sketches Φₙ
+of width Dₙ (:class:`~rfgp.features.DegreeSketch`; any projection and real, complex or CtR
+weights — complex blocks are output as [Re Φₙ, Im Φₙ], so Φ(x)ᵀΦ(y) = Re k̂).  Then
+
+    E[Φ(x)ᵀΦ(y)] = s(x)s(y) Σ_{n ≤ p, Dₙ>0 or n=0} aₙ(xᵀy)ⁿ          (Algorithm 4, Eq. 48).
+
+* :class:`OptimizedMaclaurin`: (p*, Dₙ) chosen by Algorithms 2–3 on a data sample
+  (:mod:`~rfgp.features.maclaurin_allocation`) — biased by the truncation, which
+  :meth:`expected_diag` reports so that the kernels correct the posterior variance (§5.6).
+* :class:`RandomMaclaurin`: Kar & Karnick (2012): the degrees of the D features are drawn
+  from μ(n) ∝ 2^{−(n+1)} on {1..p} and block n is scaled by √(Dₙ/(Dμ(n))) (Eqs. 40–43);
+  unbiased for kernels of degree ≤ p.
+
+The constant √a₀ (times s(x)) is one deterministic real column counted in ``num_features``
+(paper 000 §5.6: "one feature is always allocated to the degree n = 0").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .._validation import check_choice, check_positive_int
+from ..dot_product import DotProductKernelSpec, degree_terms
+from .base import FeatureMap
+from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
+from .maclaurin_allocation import AllocationObjective, extended_allocation, random_degrees, total_width
+from .polynomial import WEIGHTS
+
+#: projections the allocation has closed-form variances for
+ALLOCATION_PROJECTIONS = ("rademacher", "gaussian", "srht")
+
+
+class _MaclaurinFeatures(FeatureMap):
+    """Shared feature computation: the constant, the per-degree sketch blocks and the diagonal moments."""
+
+    def __init__(self, kernel, num_features, input_dim, projection, weights, srht_blocks, bias_correction,
+                 seed, generator, projections=PROJECTIONS) -> None:
+        if not isinstance(kernel, DotProductKernelSpec):
+            raise TypeError(f"kernel must be a rfgp.dot_product.DotProductKernelSpec, got {type(kernel).__name__}")
+        if not isinstance(bias_correction, bool):
+            raise TypeError(f"bias_correction must be True or False, got {bias_correction!r}")
+        self.kernel = kernel
+        self.projection = check_choice(projection, "projection", projections)
+        self.weights = check_choice(weights, "weights", WEIGHTS)
+        self.srht_blocks = check_choice(srht_blocks, "srht_blocks", SRHT_BLOCKS)
+        self.bias_correction = bias_correction
+        self.has_constant = bool(kernel.coefficients(0)[0] > 0)
+        check_positive_int(num_features, "num_features")
+        self.total_width = total_width(num_features, self.has_constant, self.is_complex)
+        if self.total_width < 1:
+            raise ValueError(f"num_features={num_features} leaves no feature for the sketches (weights={weights!r})")
+        self.widths: tuple[int, ...] | None = None  # (D₁, …, D_p)
+        super().__init__(self._output_width(), input_dim=input_dim, seed=seed, generator=generator)
+
+    @property
+    def is_complex(self) -> bool:
+        return self.weights != "real"
+
+    def _output_width(self) -> int:
+        return self.has_constant + (2 if self.is_complex else 1) * self.total_width
+
+    @property
+    def order(self) -> int | None:
+        """The truncation order p (the last degree with a feature)."""
+        if self.widths is None:
+            return None
+        return max((n for n, width in enumerate(self.widths, start=1) if width > 0), default=0)
+
+    @property
+    def has_variance_bias(self) -> bool:
+        return self.bias_correction
+
+    def _blocks(self):
+        return [(n, width) for n, width in enumerate(self.widths or (), start=1) if width > 0]
+
+    def _sketch(self, degree: int, width: int) -> DegreeSketch:
+        return DegreeSketch(degree, width, self.input_dim, self.projection, self.is_complex, self.srht_blocks)
+
+    def _draw_sketches(self, generator: torch.Generator) -> dict[str, Tensor]:
+        draws = {}
+        for n, width in self._blocks():
+            draws.update(self._sketch(n, width).draw(generator, prefix=f"degree{n}_"))
+        return draws
+
+    def _block_scales(self) -> Tensor:
+        """Extra scale of block n (1 for the optimized map; √(Dₙ/(Dμ(n))) for Random Maclaurin)."""
+        return torch.ones(len(self.widths or ()), dtype=torch.float64)
+
+    def _sqrt_coefficients(self, like: Tensor, offset: Tensor | None) -> Tensor:
+        """√aₙ for n = 0..p, shape ``(p + 1,)`` or ``(*offset.shape[:-1], p + 1)`` for a tensor offset ν."""
+        order = len(self.widths)
+        if offset is None:
+            return (0.5 * self.kernel.log_coefficients(order)).exp().to(like)
+        # polynomial kernel with a learnable offset: √aₙ = √C(p, n)·ν^{(p−n)/2} (Eq. 37), differentiable in ν
+        power = getattr(self.kernel, "power", None)
+        if power is None:
+            raise ValueError(f"offset is only accepted for the polynomial kernel, this map targets {self.kernel.name}")
+        n = torch.arange(order + 1, dtype=like.dtype, device=like.device)
+        binomial = torch.tensor([math.comb(power, k) if k <= power else 0 for k in range(order + 1)]).to(like)
+        exponent = ((power - n) / 2).clamp_min(0)
+        return binomial.sqrt() * offset.to(like).pow(exponent)
+
+    def forward(self, x: Tensor, offset: Tensor | None = None) -> Tensor:
+        """Φ(x), shape ``(..., n, num_features)``; ``offset`` overrides ν of a polynomial kernel (tensor)."""
+        self._prepare(x)
+        return self._features(x, offset)
+
+    def _features(self, x: Tensor, offset: Tensor | None = None) -> Tensor:
+        roots = self._sqrt_coefficients(x, offset)
+        scales = self._block_scales().to(x)
+        get = lambda name: self._buffer(name, like=x)  # noqa: E731
+        parts = []
+        if self.has_constant:
+            parts.append(x.new_ones(*x.shape[:-1], 1) * roots[..., :1].unsqueeze(-2))
+        for index, (n, width) in enumerate(self._blocks()):
+            phi = self._sketch(n, width).apply(x, lambda name, n=n: get(f"degree{n}_{name}"))
+            if phi.is_complex():
+                phi = torch.cat((phi.real, phi.imag), dim=-1)
+            parts.append(phi * (roots[..., n : n + 1].unsqueeze(-2) * scales[n - 1]))
+        if len({p.shape[:-1] for p in parts}) > 1:
+            shape = torch.broadcast_shapes(*(p.shape[:-1] for p in parts))
+            parts = [p.expand(*shape, p.shape[-1]) for p in parts]
+        features = torch.cat(parts, dim=-1)
+        if self.kernel.has_prefactor:
+            features = features * self.kernel.log_prefactor(x).exp().unsqueeze(-1)
+        return features
+
+    # ------------------------------------------------------- bias correction
+    def target_diag(self, x: Tensor) -> Tensor:
+        return self.kernel.diag(x)
+
+    def expected_diag(self, x: Tensor) -> Tensor:
+        """E[Φ(x)ᵀΦ(x)] = s(x)² Σ_{n ∈ {0} ∪ {n: Dₙ>0}} aₙ‖x‖²ⁿ (Eq. 48 at y = x).
+
+        For the Gaussian kernel with every degree ≤ p present this is Q(p+1, ‖x‖²) (regularised
+        upper incomplete gamma), so k(x, x) − E k̂(x, x) = P(p+1, ‖x‖²) without cancellation (§5.6).
+        """
+        order = len(self.widths)
+        t = x.pow(2).sum(-1)
+        if self.kernel.name == "gaussian":
+            missing = [n for n, width in enumerate(self.widths, start=1) if width == 0]
+            value = torch.special.gammaincc(torch.tensor(order + 1.0, dtype=t.dtype, device=t.device), t)
+            if missing:
+                value = value - degree_terms(self.kernel, t, order, log_scale=-t)[..., missing].sum(-1)
+            return value
+        terms = degree_terms(self.kernel, t, order, log_scale=2 * self.kernel.log_prefactor(x))
+        present = [0] + [n for n, _ in self._blocks()]
+        return terms[..., present].sum(-1)
+
+    def variance_correction(self, x: Tensor) -> Tensor:
+        """k(x, x) − E[Φ(x)ᵀΦ(x)] ≥ 0 (for the Gaussian kernel P(p+1, ‖x‖²) minus omitted inner degrees)."""
+        return (self.target_diag(x) - self.expected_diag(x)).clamp_min(0.0)
+
+    # ------------------------------------------------------------- state dict
+    def get_extra_state(self) -> dict:
+        return {**super().get_extra_state(), "widths": self.widths}
+
+    def set_extra_state(self, state: dict) -> None:
+        super().set_extra_state(state)
+        self.widths = None if state["widths"] is None else tuple(state["widths"])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        extra = state_dict.get(prefix + "_extra_state")
+        if extra is not None and extra.get("widths") is not None and tuple(extra["widths"]) != self.widths:
+            self.set_extra_state(extra)
+            self._materialize()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel={self.kernel.name}, widths={self.widths}, projection={self.projection!r}"
+
+
+class OptimizedMaclaurin(_MaclaurinFeatures):
+    r"""Optimized Maclaurin features (paper 000 Algorithms 2–4) for a dot-product kernel.
+
+    Args:
+        kernel: a :class:`~rfgp.dot_product.DotProductKernelSpec` (``dot_product.gaussian()``, …).
+        num_features: real output width budget F: one constant column (when a₀ > 0) plus
+            D_total sketch features (two real columns each for complex/CtR weights; an
+            unusable odd column is dropped, ``num_features`` reports the real width).
+        input_dim: d (``None``: at the first call).
+        projection: ``"rademacher"``, ``"gaussian"`` or ``"srht"`` (TensorSRHT, with the
+            Appendix C surrogate in the allocation).
+        weights: ``"real"``, ``"complex"`` (objective: complex variance) or ``"ctr"``
+            (objective: real-part variance ½(V + P), paper 001).
+        min_order, max_order: the search range [p_min, p_max] of Algorithm 3.
+        widths: a fixed allocation (D₁, …, D_p) instead of the search (Σ Dₙ = D_total).
+        x_sample: the data sample for the allocation; ``None`` fits on the first call's
+            inputs.  :meth:`fit` refits (e.g. after the lengthscale changed).
+        sample_size: at most this many rows of the sample are used (O(m²) statistics).
+        bias_correction: report k(x, x) − E k̂(x, x) to the kernels' posterior variance (§5.6).
+        seed, generator: randomness of the sketches (and of the subsample).
+
+    Attributes:
+        order: p*; ``widths``: (D₁..D_p*); ``objective``: g(p*, D*) on the fitted sample.
+
+    Example:
+        >>> phi = OptimizedMaclaurin(dot_product.gaussian(), 65, projection="srht", weights="ctr", seed=0)
+        >>> phi.fit(x_train / lengthscale)
+        >>> k_hat = phi(x / lengthscale) @ phi(y / lengthscale).T
+    """
+
+    def __init__(
+        self,
+        kernel: DotProductKernelSpec,
+        num_features: int,
+        input_dim: int | None = None,
+        projection: str = "rademacher",
+        weights: str = "real",
+        srht_blocks: str = "tiled",
+        min_order: int = 1,
+        max_order: int = 10,
+        widths: tuple[int, ...] | None = None,
+        x_sample: Tensor | None = None,
+        sample_size: int = 500,
+        bias_correction: bool = True,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.min_order = check_positive_int(min_order, "min_order")
+        self.max_order = check_positive_int(max_order, "max_order")
+        if self.max_order < self.min_order:
+            raise ValueError(f"max_order must be ≥ min_order={min_order}, got {max_order}")
+        self.sample_size = check_positive_int(sample_size, "sample_size")
+        self.objective = None
+        super().__init__(kernel, num_features, None, projection, weights, srht_blocks, bias_correction, seed,
+                         generator, projections=ALLOCATION_PROJECTIONS)
+        if widths is not None:
+            self.set_widths(widths)
+        if input_dim is not None:
+            self.input_dim = check_positive_int(input_dim, "input_dim")
+            self._materialize()
+        if x_sample is not None:
+            self.fit(x_sample)
+
+    def set_widths(self, widths) -> OptimizedMaclaurin:
+        """Use a fixed allocation (D₁, …, D_p) (Σ Dₙ must equal D_total; Dₙ = 0 skips degree n)."""
+        widths = tuple(int(w) for w in widths)
+        if not widths or any(w < 0 for w in widths) or sum(widths) != self.total_width:
+            raise ValueError(
+                f"widths must be non-negative integers summing to D_total={self.total_width}, got {widths}"
+            )
+        self.widths = widths
+        if self.input_dim is not None:
+            self._materialize()
+        return self
+
+    def fit(self, x_sample: Tensor, kernel: DotProductKernelSpec | None = None) -> OptimizedMaclaurin:
+        """Recompute (p*, D*) by Algorithm 3 on ``x_sample`` (as the map sees it: divided by ℓ), then redraw.
+
+        ``kernel`` replaces the target (e.g. a polynomial spec with the current offset).
+        """
+        if not torch.is_tensor(x_sample) or x_sample.dim() < 2 or x_sample.shape[-2] < 2:
+            shape = tuple(x_sample.shape) if torch.is_tensor(x_sample) else type(x_sample).__name__
+            raise ValueError(f"x_sample must be a tensor of shape (..., m, d) with m ≥ 2, got {shape}")
+        if kernel is not None:
+            if not isinstance(kernel, DotProductKernelSpec):
+                raise TypeError(f"kernel must be a DotProductKernelSpec, got {type(kernel).__name__}")
+            self.kernel = kernel
+        x = x_sample.detach().reshape(-1, x_sample.shape[-1]).to("cpu", torch.float64)
+        if self.input_dim is not None and x.shape[-1] != self.input_dim:
+            raise ValueError(f"x_sample has {x.shape[-1]} columns, the map has input_dim={self.input_dim}")
+        if x.shape[0] > self.sample_size:
+            generator = torch.Generator().manual_seed(self.seed)
+            x = x[torch.randperm(x.shape[0], generator=generator)[: self.sample_size]]
+        objective = AllocationObjective(self.kernel, x, self.max_order, self.projection, self.weights,
+                                        self.srht_blocks)
+        result = extended_allocation(objective, self.min_order, self.max_order, self.total_width)
+        self.objective = result.objective
+        self.input_dim = x.shape[-1]
+        return self.set_widths(result.widths[: result.order])
+
+    def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        return self._draw_sketches(generator)
+
+    def _prepare(self, x: Tensor) -> None:
+        super()._prepare(x)
+        if self.widths is None:
+            self.fit(x)  # no sample given: allocate on the first inputs
+
+    def get_extra_state(self) -> dict:
+        return {**super().get_extra_state(), "objective": self.objective}
+
+    def set_extra_state(self, state: dict) -> None:
+        super().set_extra_state(state)
+        self.objective = state.get("objective")
+
+
+class RandomMaclaurin(_MaclaurinFeatures):
+    r"""Random Maclaurin features (Kar & Karnick 2012; paper 000 §5.2, Eqs. 40–43).
+
+    The degrees of the D_total features are drawn i.i.d. from μ(n) = 2^{−(n+1)}/(½ − 2^{−(p+1)})
+    on {1..p} (paper 000 footnote 15), Dₙ = #{j: nⱼ = n}; block n is √(aₙDₙ/(D_total μ(n)))Φₙ
+    and the constant √a₀ is appended deterministically.  Unbiased for kernels of degree ≤ p;
+    for infinite series the degrees above p are omitted (reported by :meth:`expected_diag`).
+
+    Args: as :class:`OptimizedMaclaurin`, with ``max_order`` = p (default: the kernel's degree,
+    or 10) and any projection of :class:`~rfgp.features.DegreeSketch` (default Rademacher).
+    """
+
+    def __init__(
+        self,
+        kernel: DotProductKernelSpec,
+        num_features: int,
+        input_dim: int | None = None,
+        projection: str = "rademacher",
+        weights: str = "real",
+        srht_blocks: str = "tiled",
+        max_order: int | None = None,
+        bias_correction: bool = True,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if max_order is None:
+            max_order = kernel.max_degree if getattr(kernel, "max_degree", None) else 10
+        self.max_order = check_positive_int(max_order, "max_order")
+        super().__init__(kernel, num_features, input_dim, projection, weights, srht_blocks, bias_correction,
+                         seed, generator)
+
+    def _materialize(self) -> None:
+        generator = torch.Generator().manual_seed(self.seed)
+        counts, self._probabilities = random_degrees(self.total_width, self.max_order, generator)
+        self.widths = tuple(int(c) for c in counts)
+        super()._materialize()
+
+    def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        return self._draw_sketches(generator)
+
+    def _block_scales(self) -> Tensor:
+        counts = torch.tensor(self.widths, dtype=torch.float64)
+        return (counts / (self.total_width * self._probabilities)).sqrt()
+
+    def expected_diag(self, x: Tensor) -> Tensor:
+        """E over degrees and sketches: s(x)² Σ_{n ≤ p} aₙ‖x‖²ⁿ (every degree ≤ p has positive probability)."""
+        t = x.pow(2).sum(-1)
+        return degree_terms(self.kernel, t, self.max_order, log_scale=2 * self.kernel.log_prefactor(x)).sum(-1)

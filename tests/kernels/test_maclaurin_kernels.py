@@ -1,0 +1,151 @@
+"""Maclaurin kernels: GPyTorch contract, agreement with exact kernels, bias-corrected posterior, training."""
+
+import math
+import unittest
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
+
+import rfgp
+from rfgp.kernels import SketchedExponentialKernel, SketchedPolynomialKernel, SketchedRBFKernel, refit_allocation
+
+
+class TestMaclaurinRBFContract(BaseKernelTestCase, unittest.TestCase):
+    """GPyTorch's kernel harness; seeded kernels fitted on the same first inputs share their draws."""
+
+    def create_kernel_no_ard(self, **kwargs):
+        return SketchedRBFKernel(33, method="maclaurin", seed=0, **kwargs)
+
+    def create_kernel_ard(self, num_dims, **kwargs):
+        return SketchedRBFKernel(33, method="maclaurin", ard_num_dims=num_dims, seed=0, **kwargs)
+
+
+def _relative_error(kernel, exact, x):
+    return ((kernel(x).to_dense() - exact(x).to_dense()).norm() / exact(x).to_dense().norm()).item()
+
+
+def test_maclaurin_rbf_approaches_the_exact_kernel():
+    x = torch.randn(60, 4, dtype=torch.float64)
+    x = x - x.mean(0)
+    exact = gpytorch.kernels.RBFKernel().double()
+    exact.lengthscale = 2.0
+    errors = []
+    for budget in (17, 513):
+        kernel = rfgp.sketch(exact, budget, method="maclaurin", seed=0, projection="srht", weights="ctr").double()
+        errors.append(_relative_error(kernel, exact, x))
+    assert errors[1] < 0.05 and errors[1] < errors[0] / 3
+
+
+@pytest.mark.parametrize("method", ["maclaurin", "random_maclaurin"])
+def test_polynomial_maclaurin_approaches_the_exact_kernel(method):
+    x = torch.nn.functional.normalize(torch.randn(40, 6, dtype=torch.float64), dim=-1)
+    exact = gpytorch.kernels.PolynomialKernel(3).double()
+    errors = [
+        _relative_error(SketchedPolynomialKernel(3, F, method=method, projection="rademacher", weights="real",
+                                                 seed=1).double(), exact, x)
+        for F in (32, 4096)
+    ]
+    assert errors[1] < 0.1 and errors[1] < errors[0] / 3
+
+
+def test_exponential_kernel_expectation_and_lengthscale():
+    x = 0.5 * torch.randn(20, 3, dtype=torch.float64)
+    kernel = SketchedExponentialKernel(2049, projection="srht", weights="ctr", max_order=8, seed=0).double()
+    kernel.lengthscale = 1.5
+    exact = torch.exp(x @ x.T / 1.5**2)
+    assert ((kernel(x).to_dense() - exact).norm() / exact.norm()).item() < 0.05
+    assert kernel.feature_map.order >= 3
+
+
+class _GP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, kernel):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ZeroMean()
+        self.covar_module = gpytorch.kernels.ScaleKernel(kernel)
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def _sinc_gp(bias_correction):
+    x = torch.linspace(-1.5, 1.5, 30, dtype=torch.float64).unsqueeze(-1)
+    y = torch.sin(2 * x.squeeze(-1)) / x.squeeze(-1)
+    kernel = SketchedRBFKernel(10, method="maclaurin", max_order=12, bias_correction=bias_correction, seed=0)
+    model = _GP(x, y, kernel).double()
+    model.covar_module.base_kernel.lengthscale = 0.5
+    model.covar_module.outputscale = 2.0
+    model.likelihood.noise = 0.01
+    refit_allocation(model.covar_module, x)  # allocate on the training inputs (not train + test)
+    model.eval()
+    return model
+
+
+def test_corrected_posterior_variance_returns_to_the_prior_far_from_the_data():
+    """Paper 000 §5.6: without the correction the variance collapses to 0 away from x = 0."""
+    test = torch.tensor([[0.0], [5.0]], dtype=torch.float64)  # ‖x‖/ℓ = 10 at x = 5
+    corrected, uncorrected = _sinc_gp(True), _sinc_gp(False)
+    assert corrected.covar_module.base_kernel.feature_map.order == 9
+    with torch.no_grad():
+        var_c = corrected(test).variance
+        var_u = uncorrected(test).variance
+        mean_c, mean_u = corrected(test).mean, uncorrected(test).mean
+    assert var_c[1] > 0.999 * 2.0 and var_u[1] < 1e-3
+    assert torch.allclose(mean_c, mean_u)  # the correction touches the variance only
+    assert abs(var_c[0] - var_u[0]) < 1e-6  # near the data it is negligible
+
+
+def test_training_by_marginal_likelihood_moves_lengthscale_with_fixed_draws():
+    x = torch.randn(40, 2, dtype=torch.float64)
+    y = torch.sin(x.sum(-1))
+    model = _GP(x, y, SketchedRBFKernel(41, method="maclaurin", projection="srht", weights="ctr", seed=0)).double()
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    buffers = {k: v.clone() for k, v in model.covar_module.base_kernel.feature_map.state_dict().items()
+               if torch.is_tensor(v)}
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    start = model.covar_module.base_kernel.lengthscale.item()
+    for _ in range(5):
+        optimizer.zero_grad()
+        loss = -mll(model(x), y)
+        loss.backward()
+        assert model.covar_module.base_kernel.raw_lengthscale.grad.abs().item() > 0
+        assert model.covar_module.raw_outputscale.grad.abs().item() > 0
+        optimizer.step()
+    assert model.covar_module.base_kernel.lengthscale.item() != start
+    after = model.covar_module.base_kernel.feature_map.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in buffers.items())
+    widths = model.covar_module.base_kernel.feature_map.widths
+    model.covar_module.base_kernel.lengthscale = 5.0
+    refit_allocation(model.covar_module, x)
+    assert model.covar_module.base_kernel.feature_map.widths != widths  # allocation follows ℓ
+
+
+def test_polynomial_offset_gradient_and_refit():
+    x = torch.nn.functional.normalize(torch.randn(20, 3, dtype=torch.float64), dim=-1)
+    kernel = SketchedPolynomialKernel(3, 33, method="maclaurin", seed=0).double()
+    kernel(x).to_dense().sum().backward()
+    assert kernel.raw_offset.grad.abs().item() > 0
+    kernel.offset = 3.0
+    refit_allocation(kernel, x)
+    assert kernel.feature_map.kernel.offset == pytest.approx(3.0)
+
+
+def test_kernel_state_dict_round_trip():
+    x = torch.randn(25, 3)
+    kernel = SketchedRBFKernel(21, method="maclaurin", projection="srht", weights="ctr", seed=0)
+    before = kernel(x).to_dense()
+    fresh = SketchedRBFKernel(21, method="maclaurin", projection="srht", weights="ctr", seed=7, input_dim=3)
+    fresh.load_state_dict(kernel.state_dict())
+    assert torch.equal(fresh(x).to_dense(), before)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="method must be one of 'maclaurin', 'random_maclaurin'; got 'srf'"):
+        SketchedExponentialKernel(16, method="srf")
+    with pytest.raises(TypeError, match="no OptimizedMaclaurin feature map"):
+        refit_allocation(SketchedRBFKernel(16), torch.randn(5, 2))
+    with pytest.raises(ValueError, match="projection must be one of"):
+        SketchedRBFKernel(16, method="maclaurin", projection="hierarchical")
