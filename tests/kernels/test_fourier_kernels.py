@@ -244,7 +244,7 @@ def test_batch_shape_shares_draws(device):
 
 # ---------------------------------------------------------------- bad input
 def test_bad_arguments_name_themselves():
-    with pytest.raises(ValueError, match=r"method must be one of 'rff', 'orf', 'sorf'; got 'fastfood'"):
+    with pytest.raises(ValueError, match=r"method must be one of 'rff', 'orf', 'sorf', 'gaussian_sketch', 'gaussian_sketch_hd'; got 'fastfood'"):
         SketchedRBFKernel(64, method="fastfood")
     with pytest.raises(ValueError, match=r"method must be one of"):
         SketchedMaternKernel(64, method="qmc")
