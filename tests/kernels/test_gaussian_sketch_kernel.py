@@ -86,3 +86,33 @@ def test_taylor_arguments_rejected_for_fourier_methods():
         SketchedRBFKernel(64, method="rff", order=5)
     with pytest.raises(ValueError, match="method"):
         SketchedRBFKernel(64, method="taylor")
+
+
+@pytest.mark.parametrize("method", ["gaussian_sketch", "gaussian_sketch_hd"])
+def test_lengthscale_gradient_matches_finite_difference(method):
+    x = _data(15)
+    kernel = SketchedRBFKernel(256, method=method, order=12, center=[4.0, 4.0], input_dim=2, seed=0).double()
+    kernel.lengthscale = 0.9
+
+    def value():
+        return kernel(x).to_dense().sum()
+
+    value().backward()
+    grad = kernel.raw_lengthscale.grad.clone()
+    step = 1e-6
+    with torch.no_grad():
+        kernel.raw_lengthscale += step
+        plus = value()
+        kernel.raw_lengthscale -= 2 * step
+        minus = value()
+    assert torch.isfinite(grad).all()
+    assert torch.allclose(grad, (plus - minus) / (2 * step), rtol=1e-5)
+
+
+def test_state_dict_round_trip():
+    x = _data(10)
+    a = SketchedRBFKernel(128, method="gaussian_sketch", order=6, center=[4.0, 4.0], input_dim=2, seed=0, mode="tree")
+    b = SketchedRBFKernel(128, method="gaussian_sketch", order=6, center=[0.0, 0.0], input_dim=2, seed=5, mode="tree")
+    a.lengthscale = 1.3
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(a(x.float()).to_dense(), b(x.float()).to_dense())
