@@ -115,8 +115,9 @@ def write(rows, args):
         "# Kernel distance D_K²(P, Q): GaussianSketch(HD) vs RFF vs SORF vs exact",
         "",
         f"Widths F = {args.widths} (equal for every map), {args.seeds} seeds, n points per set, "
-        f"exact O(n²) computation up to n = {args.exact_max_n} (reduced from the issue's n = 10⁵: the exact "
-        "reference at n = 10⁵ is 4·10¹⁰ kernel evaluations per d). Median relative error |D̂² − D²|/D² and "
+        f"exact O(n²) computation up to n = {args.exact_max_n}. REDUCED RUN: the issue asks for n up to 10⁵; the "
+        "exact reference at n = 10⁵ is 4·10¹⁰ kernel evaluations per d, and the tree sketches (HierarchicalSketch "
+        "of TensorSRHT nodes) take tens of seconds per draw at F = 4096, n ≥ 8000, so n ≤ 4000 and F ≤ 1024 here. Median relative error |D̂² − D²|/D² and "
         "median wall-clock seconds on a shared 2-core CPU (" + ("--quick run" if args.quick else "full run") + ").",
         "",
         "| d | n | D² (exact) | exact time s | method | F | s | median rel. error | time s |",
@@ -125,7 +126,7 @@ def write(rows, args):
     for r in rows:
         lines.append(
             f"| {r['d']} | {r['n']} | {r['exact']:.3e} | {r['exact_time_s']:.2f} | {r['method']} | {r['width']} | {r['order']} | "
-            f"{r['median_rel_error']:.4f} | {r['time_s']:.3f} |"
+            f"{r['median_rel_error']:.2e} | {r['time_s']:.3f} |"
         )
     (RESULTS / "kernel_distance.md").write_text("\n".join(lines) + "\n")
 
@@ -149,9 +150,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    args.widths = [256, 1024] if args.quick else [256, 1024, 4096]
+    # Reduced full run (fits ~10 min on a shared 2-core CPU): F ≤ 1024, n ≤ 4000 per set.
+    args.widths = [256, 1024]
     args.dims = [2, 8] if args.quick else [2, 8, 32]
-    sizes = [300, 1000] if args.quick else [1000, 8000]
+    sizes = [300, 1000] if args.quick else [1000, 4000]
     args.seeds = 2 if args.quick else 3
     args.exact_max_n = max(sizes)
     rows = run(args.dims, sizes, args.widths, args.seeds, args.exact_max_n)
