@@ -3,6 +3,7 @@
 from . import (
     complex_posterior,
     datasets,
+    distances,
     distributed,
     features,
     kernels,
@@ -33,6 +34,7 @@ __all__ = [
     "StreamingFeatureGP",
     "complex_posterior",
     "datasets",
+    "distances",
     "distributed",
     "features",
     "fit_from_batches",

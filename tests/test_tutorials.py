@@ -21,6 +21,7 @@ NOTEBOOKS = {
     "02_polynomial_sketches.ipynb": ("distance to exact GP mean", 0),
     "03_maclaurin_and_bias_correction.ipynb": ("p* = 9, widths = (1, 1, 1, 1, 1, 1, 1, 1, 1)", 1),
     "04_dirichlet_classification.ipynb": ("same predicted class", 3),
+    "06_kernel_distance_and_two_sample_tests.ipynb": ("refused: lengthscale 0.3 is below min_lengthscale", 2),
     "05_vector_fields.ipynb": ("prediction strategy: MultitaskFeatureSpacePredictionStrategy", 2),
     "07_million_points.ipynb": ("ChunkedFeatureRootLinearOperator", 0),
     "08_pyro_likelihoods_and_bayesian_hyperparameters.ipynb": ("", 5),

@@ -3,6 +3,7 @@
 from .base import FeatureMap
 from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .fourier import RandomFourierFeatures
+from .gaussian_sketch import GaussianSketch, GaussianSketchHD
 from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
 from .maclaurin import OptimizedMaclaurin, RandomMaclaurin
 from .operator_valued import OperatorValuedFourierFeatures
@@ -22,6 +23,8 @@ __all__ = [
     "HierarchicalSketch",
     "PolynomialSketch",
     "FeatureMap",
+    "GaussianSketch",
+    "GaussianSketchHD",
     "GaussianSpectralDensity",
     "MaternSpectralDensity",
     "OperatorValuedFourierFeatures",

@@ -240,10 +240,16 @@ class HierarchicalSketch:
         return draws
 
     def apply(self, x: Tensor, get: Getter) -> Tensor:
+        return self.apply_to([x] * self.degree, get)
+
+    def apply_to(self, inputs: list[Tensor], get: Getter) -> Tensor:
+        """Sketch of inputs[0] ⊗ … ⊗ inputs[n−1]: leaf j sketches inputs[j] (GaussianSketch, paper 003)."""
+
         def scoped(name: str) -> Getter:
             return lambda key: get(name + key)
 
-        nodes = [leaf.apply(x, scoped(f"leaf{j}_")) for j, leaf in enumerate(self.leaves)]
+        x = inputs[0]
+        nodes = [leaf.apply(u, scoped(f"leaf{j}_")) for j, (leaf, u) in enumerate(zip(self.leaves, inputs))]
         if self.num_leaves > self.degree:
             unit = torch.zeros(self.width, dtype=nodes[0].dtype, device=x.device)
             unit[0] = 1

@@ -1,0 +1,177 @@
+"""GaussianSketch / GaussianSketchHD (paper 003) against their truncated kernels and the exact Gaussian kernel."""
+
+import math
+
+import pytest
+import torch
+
+from rfgp.distances import exact_kernel_distance, gaussian_kernel, kernel_distance
+from rfgp.features.gaussian_sketch import (
+    GaussianSketch,
+    GaussianSketchHD,
+    taylor_monomials,
+    truncated_exp,
+    truncation_bound,
+    truncation_order,
+)
+
+
+def _box(n, d, half_width, seed, shift=0.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, d, generator=g, dtype=torch.float64) * 2 - 1) * half_width + shift
+
+
+def _beta(n1, n2):
+    return torch.cat((torch.full((n1,), 1.0 / n1), torch.full((n2,), -1.0 / n2))).double()
+
+
+def test_truncation_orders_match_the_notes_table():
+    # notes I.6, d = 2: (paper bound / exact tail) for L ∈ {0.25, 0.5, 1}, α ∈ {1e-2, 1e-4, 1e-6}
+    table = {0.25: [(4, 3), (5, 4), (6, 6)], 0.5: [(6, 5), (8, 7), (9, 9)], 1.0: [(13, 11), (16, 13), (18, 16)]}
+    for radius, expected in table.items():
+        got = [(truncation_order(radius, a, 2, rule="paper"), truncation_order(radius, a, 2)) for a in (1e-2, 1e-4, 1e-6)]
+        assert got == expected
+    # the exact tail is never looser than the paper's bound
+    assert truncation_bound(8, 0.7, 3) <= truncation_bound(8, 0.7, 3, rule="paper")
+    with pytest.raises(ValueError, match="alpha"):
+        truncation_order(10.0, 1e-8, 8, max_order=20)
+
+
+def test_truncated_exp_and_monomials():
+    w = torch.linspace(-3, 3, 11, dtype=torch.float64)
+    explicit = sum(w**t / math.factorial(t) for t in range(6))
+    assert torch.allclose(truncated_exp(w, 6), explicit, rtol=1e-14)
+    z = torch.tensor([[-0.7, 0.0, 1.3]], dtype=torch.float64)
+    naive = torch.stack([torch.exp(-z**2) * math.sqrt(2**t / math.factorial(t)) * z**t for t in range(7)], -1)
+    assert torch.allclose(taylor_monomials(z, 7), naive, rtol=1e-13, atol=1e-300)
+    big = taylor_monomials(torch.tensor([[3.0, -3.0]], dtype=torch.float64), 60)  # notes check 7
+    assert torch.isfinite(big).all() and big.abs().max() <= 1
+
+
+@pytest.mark.parametrize("cls,kwargs", [(GaussianSketch, {"mode": "explicit"}), (GaussianSketchHD, {})])
+def test_explicit_features_reproduce_truncated_kernel(cls, kwargs):
+    x = _box(20, 3, 1.0, 0)
+    phi = cls(4096, order=6, input_dim=3, seed=0, **kwargs).double()
+    features = phi(x)
+    assert torch.allclose(features @ features.T, phi.truncated_kernel(x, x), atol=1e-13)
+    # the closed forms tend to the RBF kernel exp(−‖u − v‖²/2) as s grows
+    far = cls(128, order=40, input_dim=3, seed=0, **({"mode": "tree"} if kwargs else {}))
+    assert torch.allclose(far.truncated_kernel(x, x), gaussian_kernel(1.0)(x, x), atol=1e-12)
+
+
+def test_truncated_kernels_match_expansions_term_by_term():
+    x, y = _box(6, 2, 1.0, 1), _box(5, 2, 1.0, 2)
+    gs = GaussianSketch(64, order=4, input_dim=2, seed=0, mode="explicit")
+    hd = GaussianSketchHD(64, order=4, input_dim=2, seed=0)
+    z, w = x / math.sqrt(2), y / math.sqrt(2)
+    front = torch.exp(-(z**2).sum(-1)[:, None] - (w**2).sum(-1)[None])
+    inner = z @ w.T
+    expected_hd = front * sum((2 * inner) ** t / math.factorial(t) for t in range(4))
+    expected_gs = front * torch.ones_like(inner)
+    for j in range(2):
+        expected_gs = expected_gs * sum((2 * z[:, j, None] * w[None, :, j]) ** t / math.factorial(t) for t in range(4))
+    assert torch.allclose(hd.truncated_kernel(x, y), expected_hd, rtol=1e-13)
+    assert torch.allclose(gs.truncated_kernel(x, y), expected_gs, rtol=1e-13)
+
+
+@pytest.mark.parametrize("cls", [GaussianSketch, GaussianSketchHD])
+def test_truncation_error_is_one_sided_within_bound_and_monotone(cls):
+    half = 0.6  # box half-width in the map's input units
+    p, q = _box(40, 2, half, 3), _box(50, 2, half, 4, shift=0.1)
+    exact = exact_kernel_distance(gaussian_kernel(1.0), p, q, squared=True)
+    z, beta = torch.cat((p, q)), _beta(40, 50)
+    radius = half / math.sqrt(2) * (1.0 if cls is GaussianSketch else math.sqrt(2))  # box L or ball R
+    gaps = []
+    for order in range(2, 10):
+        phi = cls(64, order=order, input_dim=2, seed=0, **({"mode": "tree"} if cls is GaussianSketch else {}))
+        gap = exact - beta @ phi.truncated_kernel(z, z) @ beta
+        bound = truncation_bound(order, radius, 2 if cls is GaussianSketch else None)
+        assert -1e-15 <= gap <= bound
+        gaps.append(gap)
+        assert (phi.expected_diag(z) <= 1 + 1e-15).all()
+    assert all(a >= b - 1e-15 for a, b in zip(gaps, gaps[1:]))
+
+
+@pytest.mark.parametrize("cls,kwargs", [(GaussianSketch, {"mode": "tree"}), (GaussianSketchHD, {})])
+def test_sketch_is_unbiased_for_the_truncated_distance(cls, kwargs):
+    p, q = _box(30, 3, 0.8, 5), _box(30, 3, 0.8, 6, shift=0.2)
+    z, beta = torch.cat((p, q)), _beta(30, 30)
+    estimates = []
+    for seed in range(80):
+        phi = cls(64, order=5, input_dim=3, seed=seed, **kwargs).double()
+        estimates.append(kernel_distance(phi, p, q, squared=True))
+    estimates = torch.stack(estimates)
+    target = beta @ phi.truncated_kernel(z, z) @ beta
+    se = estimates.std() / math.sqrt(len(estimates))
+    assert (estimates.mean() - target).abs() <= 4 * se
+    assert estimates.std() > 0  # really sketched, not explicit
+
+
+def test_relative_error_guarantee_and_median_boosting():
+    """|D̂² − D²| ≤ εD² + α in ≥ 90 % of draws (Thm 3.1 with calibrated m); the median of 5 copies fails less."""
+    d, half = 3, 0.7
+    p, q = _box(60, d, half, 7), _box(60, d, half, 8, shift=0.15)
+    exact = exact_kernel_distance(gaussian_kernel(1.0), p, q, squared=True)
+    eps, alpha = 0.2, 1e-3 * exact.item()
+
+    def estimate(width, seed):
+        phi = GaussianSketch(width, radius=half, alpha=alpha, input_dim=d, mode="tree", seed=seed).double()
+        return kernel_distance(phi, p, q, squared=True)
+
+    def fails(values):
+        return ((values - exact).abs() > eps * exact + alpha).float()
+
+    trials = 30
+    large = torch.stack([estimate(1024, s) for s in range(trials)])
+    assert fails(large).mean() <= 0.1
+    singles = torch.stack([estimate(128, s) for s in range(5 * trials)]).reshape(trials, 5)
+    single_failure = fails(singles).mean()
+    median_failure = fails(singles.median(-1).values).mean()
+    assert single_failure > 0.1  # the small sketch alone misses the guarantee often ...
+    assert median_failure < single_failure / 2  # ... the median of independent copies much less
+
+
+@pytest.mark.parametrize("cls,kwargs", [(GaussianSketch, {"mode": "tree"}), (GaussianSketchHD, {})])
+def test_state_dict_round_trip_and_dtypes(cls, kwargs, dtype):
+    x = _box(7, 3, 0.5, 9)
+    phi = cls(64, order=5, input_dim=3, seed=1, center=[0.1, 0.0, -0.1], **kwargs).to(dtype)
+    other = cls(64, order=5, input_dim=3, seed=2, center=[0.0, 0.0, 0.0], **kwargs).to(dtype)
+    other.load_state_dict(phi.state_dict())
+    out = phi(x.to(dtype))
+    assert out.dtype == dtype and torch.equal(out, other(x.to(dtype)))
+
+
+def test_for_data_centres_and_picks_order():
+    x = _box(50, 2, 0.5, 10, shift=5.0)
+    phi = GaussianSketch.for_data(x, 256, alpha=1e-4, seed=0)
+    assert torch.allclose(phi.center, (x.min(0).values + x.max(0).values) / 2)
+    assert phi.order == truncation_order(phi.radius / math.sqrt(2), 1e-4, 2)
+    # shift-invariance: far-away data give the same features as the centred data
+    assert torch.allclose(phi(x), GaussianSketch(256, order=phi.order, input_dim=2, seed=0)(x - phi.center))
+    hd = GaussianSketchHD.for_data(x, 256, alpha=1e-4, seed=0)
+    assert hd.radius == pytest.approx(float((x - hd.center).norm(dim=-1).max()))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="order"):
+        GaussianSketch(64, input_dim=2)
+    with pytest.raises(ValueError, match="mode"):
+        GaussianSketch(64, order=3, mode="flat")
+    with pytest.raises(ValueError, match="explicit"):
+        GaussianSketch(64, order=5, input_dim=3, mode="explicit")
+    with pytest.raises(ValueError, match="too small"):
+        GaussianSketchHD(4, order=8, input_dim=5)
+
+
+def test_independent_draws_for_p_and_q_break_the_estimate():
+    """Sign-randomised sketches: E⟨T₁a, T₂b⟩ = 0, so separate draws estimate κ_s(P,P) + κ_s(Q,Q) (notes check 5)."""
+    p, q = _box(40, 3, 0.6, 11), _box(40, 3, 0.6, 12)
+    exact = exact_kernel_distance(gaussian_kernel(1.0), p, q, squared=True)
+    mean_pp = gaussian_kernel(1.0)(p, p).mean() + gaussian_kernel(1.0)(q, q).mean()
+    separate = torch.stack([
+        (GaussianSketch(256, order=5, input_dim=3, mode="tree", seed=2 * s).double()(p).mean(0)
+         - GaussianSketch(256, order=5, input_dim=3, mode="tree", seed=2 * s + 1).double()(q).mean(0)).square().sum()
+        for s in range(20)
+    ]).mean()
+    assert (separate - mean_pp).abs() < 0.1 * mean_pp
+    assert separate > 10 * exact
