@@ -33,7 +33,11 @@ from torch import Tensor
 
 from .._validation import check_choice, check_positive_float, check_positive_int
 from ..classification import ClassNoiseFeatureLinearOperator, LabelBlockPlan, TwoLevelNoise
-from ..operators import FeatureRootAddedDiagLinearOperator
+from ..operators import (
+    ChunkedFeatureRootLinearOperator,
+    FeatureRootAddedDiagLinearOperator,
+    FeatureRootLinearOperator,
+)
 from .softmax import softmax_expectation_mc, softmax_expectation_mean_field
 
 PROBABILITY_METHODS = ("mc", "mean_field")
@@ -193,6 +197,12 @@ class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassifica
             # A lazily evaluated kernel would be added to the noise as a generic sum; the evaluated
             # feature kernel (ΦΦᵀ) adds to it as a FeatureRootAddedDiagLinearOperator.
             function_dist = function_dist.__class__(function_dist.mean, prior_covar.evaluate_kernel())
+        if isinstance(function_dist.lazy_covariance_matrix, ChunkedFeatureRootLinearOperator):
+            # The class-structured solve works on Φ itself (O(N·F) memory, shared by the C
+            # classes); a chunked ΦΦᵀ would otherwise meet the (C, N) noise as a generic sum.
+            chunked = function_dist.lazy_covariance_matrix
+            materialized = FeatureRootLinearOperator(chunked.features(), chunked.variance_correction)
+            function_dist = function_dist.__class__(function_dist.mean, materialized)
         result = super().marginal(function_dist, *args, **kwargs)
         covar = result.lazy_covariance_matrix
         eligible = (

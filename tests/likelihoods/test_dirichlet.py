@@ -257,3 +257,35 @@ def test_large_feature_count_approaches_exact_kernel_dirichlet_gp():
         agreement = (probs.argmax(-1) == exact.argmax(-1)).double().mean().item()
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 0.01 and agreement >= 0.97
+
+
+def test_chunked_kernel_output_still_takes_the_structured_solve(dtype):
+    # Large N makes the kernel return a chunked operator (rfgp.settings.memory_budget); the
+    # likelihood must still reach the shared-Φ solve with the same MLL, gradients and posterior.
+    import rfgp
+
+    x, labels, num_classes = _problem(dtype)
+    model, likelihood, kernel = _model(x, labels, num_classes, dtype)
+    targets = likelihood.transformed_targets
+    params = [kernel.base_kernel.raw_lengthscale, kernel.raw_outputscale]
+    reference = likelihood(model(x)).log_prob(targets).sum()
+    reference_grads = torch.autograd.grad(reference, params)
+    with rfgp.settings.chunk_size(16):
+        assert isinstance(kernel(x).evaluate_kernel(), rfgp.operators.ChunkedFeatureRootLinearOperator)
+        marginal = likelihood(model(x))
+        assert isinstance(marginal.lazy_covariance_matrix, ClassNoiseFeatureLinearOperator)
+        chunked = marginal.log_prob(targets).sum()
+        grads = torch.autograd.grad(chunked, params)
+        model.eval()
+        test_x = torch.randn(5, 2, dtype=dtype, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            chunked_mean = model(test_x).mean
+    model.train()
+    model.eval()
+    with torch.no_grad():
+        mean = model(test_x).mean
+    tol = TOL[dtype] * 50
+    torch.testing.assert_close(chunked, reference, rtol=tol, atol=tol)
+    for g, r in zip(grads, reference_grads):
+        torch.testing.assert_close(g, r, rtol=tol * 10, atol=tol * 10)
+    torch.testing.assert_close(chunked_mean, mean, rtol=tol, atol=tol)
