@@ -20,7 +20,7 @@ import pyro.infer.autoguide as autoguide
 from pyro import poutine
 from pyro.infer import MCMC, NUTS, SVI, Predictive, Trace_ELBO
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from .._validation import check_choice, check_positive_float, check_positive_int
 from .weight_space import RandomFeatureGP
