@@ -64,15 +64,10 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
         return self.root.to_dense()
 
     def _mul_constant(self, other):
-        if torch.is_tensor(other) and not bool((other > 0).all()):
+        if not _is_positive(other):
             return super()._mul_constant(other)
-        if not torch.is_tensor(other) and other <= 0:
-            return super()._mul_constant(other)
-        correction = self.variance_correction
-        if correction is not None:
-            correction = correction * (other.unsqueeze(-1) if torch.is_tensor(other) else other)
         scale = other.sqrt().unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(other) else other**0.5
-        return self.__class__(self.root.to_dense() * scale, correction)
+        return self.__class__(self.root.to_dense() * scale, _scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
@@ -243,9 +238,7 @@ class ChunkedFeatureRootLinearOperator(LinearOperator):
     def _mul_constant(self, other):
         if not _is_positive(other):
             return super()._mul_constant(other)
-        correction = self.variance_correction
-        if correction is not None:
-            correction = correction * (other.unsqueeze(-1) if torch.is_tensor(other) else other)
+        correction = _scaled_correction(self.variance_correction, other)
         return self.from_featurizer(self.inputs, self.featurizer.scaled(other), self.chunk_size, correction)
 
     def __add__(self, other):
@@ -262,6 +255,13 @@ class ChunkedFeatureRootLinearOperator(LinearOperator):
 
 def _is_positive(value) -> bool:
     return bool((value > 0).all()) if torch.is_tensor(value) else value > 0
+
+
+def _scaled_correction(correction: Tensor | None, constant) -> Tensor | None:
+    """The per-point variance correction of c·K: c times it (a batch constant broadcasts over points)."""
+    if correction is None:
+        return None
+    return correction * (constant.unsqueeze(-1) if torch.is_tensor(constant) else constant)
 
 
 class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
