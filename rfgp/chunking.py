@@ -13,8 +13,9 @@ gradient needs ∂G and ∂B with respect to Φ, which again decompose over chun
 
 so the backward pass recomputes Φ_c = φ(x_c) under autograd one chunk at a time and
 backpropagates ∂Φ_c into the kernel hyperparameters (gradient checkpointing per chunk).
-Forward and backward each cost 2·N·F² flops, the same as the unchunked path of
-:func:`rfgp.linalg.weighted_gram`; only the features are computed twice.
+Forward and backward use the per-chunk kernels of :mod:`rfgp.linalg` (symmetric Gram,
+one N·F² product backward, no N × F pass for uniform weights), the same cost as the
+unchunked path; only the features are computed twice.
 """
 
 from __future__ import annotations
@@ -24,45 +25,52 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .linalg import _sum_to_shape
+from .linalg import _sum_to_shape, fold_constant, statistics_backward, statistics_forward, uniform_weight_grad
 
 
 class Featurizer:
-    """x ↦ Φ(x), a function of explicit differentiable tensors, so that it can be recomputed per chunk.
+    """x ↦ Φ(x) = c·Φ₀(x), a function of explicit differentiable tensors, so that it can be recomputed per chunk.
 
     Args:
-        function: maps rows ``(..., c, d)`` to features ``(*batch_shape, c, F)``.
+        function: maps rows ``(..., c, d)`` to features Φ₀ ``(*batch_shape, c, F)``.
         params: every tensor through which gradients must flow (kernel parameters,
             output scales); the function may use them only through closure.
         num_features: F.
         batch_shape: batch shape of the features.
+        constant: optional positive constant c (a number or a batch-shaped tensor, one of
+            ``params`` if it needs gradients) kept apart from Φ₀ so that the feature
+            statistics can fold it into their weights instead of scaling every chunk.
     """
 
     def __init__(self, function: Callable[[Tensor], Tensor], params: Sequence[Tensor], num_features: int,
-                 batch_shape: torch.Size) -> None:
+                 batch_shape: torch.Size, constant: Tensor | float | None = None) -> None:
         self.function = function
         self.params = tuple(params)
         self.num_features = num_features
         self.batch_shape = torch.Size(batch_shape)
+        self.constant = constant
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.function(x)
+        features = self.function(x)
+        if self.constant is None:
+            return features
+        constant = self.constant
+        return features * (constant.unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(constant) else constant)
 
     def scaled(self, scale: Tensor | float) -> Featurizer:
         """The features of σ²k: √σ² Φ (``scale`` a positive number or a batch-shaped tensor)."""
-        if not torch.is_tensor(scale):
-            root = scale**0.5
-            return Featurizer(lambda x: self.function(x) * root, self.params, self.num_features, self.batch_shape)
-        root = scale.sqrt().unsqueeze(-1).unsqueeze(-1)
-        batch = torch.broadcast_shapes(self.batch_shape, root.shape[:-2])
-        return Featurizer(lambda x: self.function(x) * root, (*self.params, root), self.num_features, batch)
+        root = scale.sqrt() if torch.is_tensor(scale) else scale**0.5
+        constant = root if self.constant is None else self.constant * root
+        params = (*self.params, root) if torch.is_tensor(root) else self.params
+        batch = torch.broadcast_shapes(self.batch_shape, root.shape) if torch.is_tensor(root) else self.batch_shape
+        return Featurizer(self.function, params, self.num_features, batch, constant)
 
     def concatenated(self, other: Featurizer) -> Featurizer:
         """The features of k₁ + k₂: [Φ₁, Φ₂]."""
         batch = torch.broadcast_shapes(self.batch_shape, other.batch_shape)
 
         def function(x: Tensor) -> Tensor:
-            left, right = self.function(x), other.function(x)
+            left, right = self(x), other(x)
             return torch.cat((left.expand(*batch, *left.shape[-2:]), right.expand(*batch, *right.shape[-2:])), -1)
 
         params = self.params + tuple(p for p in other.params if all(p is not q for q in self.params))
@@ -116,36 +124,48 @@ def _add(total: Tensor | None, value: Tensor | None) -> Tensor | None:
 class _ChunkedStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
+        uniform = weights.shape[-1] == 1
         gram = cross = None
         for rows in chunk_slices(inputs.shape[-2], chunk_size):
             features = featurizer(inputs[..., rows, :])
-            weighted = features * weights[..., rows].unsqueeze(-1)
-            gram = _add(gram, weighted.mT @ features)
-            cross = _add(cross, weighted.mT @ rhs[..., rows, :])
+            chunk_weights = weights.new_ones(1) if uniform else weights[..., rows]
+            chunk_gram, chunk_cross = statistics_forward(features, chunk_weights, rhs[..., rows, :])
+            gram, cross = _add(gram, chunk_gram), _add(cross, chunk_cross)
         ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
+        if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
+            ctx.save_for_backward(inputs, weights, rhs, gram, cross)
+            w = weights.unsqueeze(-1)
+            return gram * w, cross * w
         ctx.save_for_backward(inputs, weights, rhs)
         return gram, cross
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_gram, grad_cross):
-        inputs, weights, rhs = ctx.saved_tensors
-        sym = 0.5 * (grad_gram + grad_gram.mT)
+        inputs, weights, rhs, *unit = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        uniform = weights.shape[-1] == 1
         weight_grads, rhs_grads = [], []
 
         def chunk_grad(features: Tensor, rows: slice) -> Tensor:
-            w, r = weights[..., rows].unsqueeze(-1), rhs[..., rows, :]
-            projected = features @ sym  # the one c·F² product per chunk
-            on_cross = features @ grad_cross
-            weight_grads.append((features * projected).sum(-1) + (on_cross * r).sum(-1))
-            rhs_grads.append(w * on_cross)
-            return 2.0 * w * projected + (w * r) @ grad_cross.mT
+            chunk_weights = weights if uniform else weights[..., rows]
+            grad_features, grad_weights, grad_rhs = statistics_backward(
+                features, chunk_weights, rhs[..., rows, :], grad_gram, grad_cross,
+                (True, needs[3] and not uniform, needs[4]),
+            )
+            weight_grads.append(grad_weights)
+            rhs_grads.append(grad_rhs)
+            return grad_features
 
-        needs = ctx.needs_input_grad
         input_grad, param_grads = backprop_chunks(
             ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[5:]
         )
-        grad_weights = _sum_to_shape(torch.cat(weight_grads, -1), weights.shape) if needs[3] else None
-        grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape) if needs[4] else None
+        grad_weights = grad_rhs = None
+        if needs[3]:
+            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_cross) if uniform else torch.cat(weight_grads, -1)
+            grad_weights = _sum_to_shape(grad_weights, weights.shape)
+        if needs[4]:
+            grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape)
         return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
 
 
@@ -161,4 +181,6 @@ def chunked_feature_statistics(
         rhs: R of shape ``(..., N, t)``.
         chunk_size: rows per chunk.
     """
-    return _ChunkedStatistics.apply(featurizer, chunk_size, inputs, weights, rhs, *featurizer.params)
+    unscaled = Featurizer(featurizer.function, featurizer.params, featurizer.num_features, featurizer.batch_shape)
+    weights, rhs = fold_constant(featurizer.constant, weights, rhs)
+    return _ChunkedStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *featurizer.params)

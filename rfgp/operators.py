@@ -8,7 +8,7 @@
   likelihood adds its noise.  ``inv_quad_logdet`` (the marginal-likelihood hot path)
   runs in O(N·F² + F³) time through the capacitance matrix A = I + ΦᵀD⁻¹Φ
   (Woodbury identity and the matrix determinant lemma), with the lean Gram backward
-  of :func:`rfgp.linalg.weighted_gram`; when F ≥ N a dense Cholesky is cheaper and used.
+  of :func:`rfgp.linalg.feature_statistics`; when F ≥ N a dense Cholesky is cheaper and used.
 * :class:`ChunkedFeatureRootLinearOperator` / :class:`ChunkedFeatureRootAddedDiagLinearOperator`
   — the same matrices when Φ does not fit :class:`rfgp.settings.memory_budget`: they
   hold x and the feature function instead of Φ and evaluate the feature statistics
@@ -26,6 +26,8 @@ import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import (
     AddedDiagLinearOperator,
+    ConstantDiagLinearOperator,
+    ConstantMulLinearOperator,
     DiagLinearOperator,
     LinearOperator,
     LowRankRootAddedDiagLinearOperator,
@@ -36,14 +38,18 @@ from torch import Tensor
 
 from . import distributed
 from .chunking import Featurizer, backprop_chunks, chunk_slices, chunked_feature_statistics
-from .linalg import feature_statistics, weighted_gram
+from .linalg import feature_statistics, fold_constant
 
 
 class FeatureRootLinearOperator(LowRankRootLinearOperator):
     """ΦΦᵀ for a feature matrix Φ of shape ``(..., n, F)``.
 
+    A positive constant s (``ScaleKernel``'s outputscale) is carried by the root as
+    Φ = √s·Φ₀ (a ``ConstantMulLinearOperator``), not multiplied into the N × F features:
+    the feature statistics fold it into their weights.
+
     Args:
-        root: the features Φ.
+        root: the features Φ (a tensor, or √s times one).
         variance_correction: optional ``(..., n)`` tensor k(x, x) − E[Φ(x)ᵀΦ(x)].
     """
 
@@ -55,9 +61,16 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
         self.root = root
         self.variance_correction = variance_correction
 
+    def scaled_features(self) -> tuple[Tensor, Tensor | None]:
+        """(Φ₀, c) with Φ = c·Φ₀; c (batch-shaped or scalar) is ``None`` when the root carries no constant."""
+        if isinstance(self.root, ConstantMulLinearOperator):
+            return self.root.base_linear_op.to_dense(), self.root._constant
+        return self.root.to_dense(), None
+
     def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` and R ``(..., N, t)``."""
-        return feature_statistics(self.root.to_dense(), weights, rhs)
+        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``."""
+        features, constant = self.scaled_features()
+        return feature_statistics(features, *fold_constant(constant, weights, rhs))
 
     def features(self) -> Tensor:
         """Φ, ``(..., N, F)``."""
@@ -66,8 +79,12 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
     def _mul_constant(self, other):
         if not _is_positive(other):
             return super()._mul_constant(other)
-        scale = other.sqrt().unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(other) else other**0.5
-        return self.__class__(self.root.to_dense() * scale, _scaled_correction(self.variance_correction, other))
+        features, constant = self.scaled_features()
+        root_constant = torch.as_tensor(other, dtype=features.dtype, device=features.device).sqrt()
+        if constant is not None:
+            root_constant = constant * root_constant
+        root = ConstantMulLinearOperator(to_linear_operator(features), root_constant)
+        return self.__class__(root, _scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
@@ -78,6 +95,13 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
             root = torch.cat((left.expand(*batch, *left.shape[-2:]), right.expand(*batch, *right.shape[-2:])), -1)
             return self.__class__(root, _add_optional(self.variance_correction, other.variance_correction))
         return super().__add__(other)
+
+
+def noise_weights(noise: DiagLinearOperator) -> Tensor:
+    """D⁻¹ of a noise operator: ``(..., N)``, or ``(..., 1)`` for a homoscedastic (constant) diagonal."""
+    if isinstance(noise, ConstantDiagLinearOperator):
+        return noise.diag_values.reciprocal()
+    return noise.diagonal(dim1=-1, dim2=-2).reciprocal()
 
 
 def _add_optional(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -127,14 +151,15 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.distributed.data_parallel` is active.
     """
-    noise = operator._diag_tensor.diagonal(dim1=-1, dim2=-2)
-    weights = noise.reciprocal()
+    weights = noise_weights(operator._diag_tensor)
+    num_data = operator.shape[-1]
     rhs = _as_matrix(inv_quad_rhs)
-    stats_rhs = rhs if rhs is not None else noise.new_zeros(*noise.shape, 0)
+    stats_rhs = rhs if rhs is not None else weights.new_zeros(*operator.shape[:-1], 0)
     gram, cross = operator._linear_op.feature_statistics(weights, stats_rhs)
     weighted_square = (stats_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
+    noise_logdet = -weights.log().sum(-1) * (num_data // weights.shape[-1])
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
-        gram, cross, weighted_square, noise.log().sum(-1)
+        gram, cross, weighted_square, noise_logdet
     )
     eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
     chol = psd_safe_cholesky(gram + eye)

@@ -161,7 +161,11 @@ class _SinCosFeatures(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, projection: Tensor, scale: float) -> Tensor:
-        features = torch.cat((torch.cos(projection), torch.sin(projection)), dim=-1).mul_(scale)
+        m = projection.shape[-1]
+        features = projection.new_empty(*projection.shape[:-1], 2 * m)
+        torch.cos(projection, out=features[..., :m])  # written in place: no concatenation pass
+        torch.sin(projection, out=features[..., m:])
+        features.mul_(scale)
         ctx.save_for_backward(features)
         return features
 
