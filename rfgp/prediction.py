@@ -32,6 +32,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
+from .operators import noise_weights
 
 
 class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
@@ -69,9 +70,9 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if isinstance(train_covar, ConstantMulLinearOperator):
             scale = train_covar.expanded_constant
             train_covar = train_covar.base_linear_op
-        noise = self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        weights = noise_weights(self.lik_train_train_covar._diag_tensor)
         residual = (self.train_labels - self.train_prior_dist.mean).unsqueeze(-1)
-        gram, cross = train_covar.feature_statistics(noise.reciprocal(), residual)
+        gram, cross = train_covar.feature_statistics(weights, residual)
         if torch.is_tensor(scale):
             gram = gram * scale.unsqueeze(-1).unsqueeze(-1)
             cross = cross * scale.sqrt().unsqueeze(-1).unsqueeze(-1)
