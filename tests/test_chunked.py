@@ -94,10 +94,10 @@ def test_chunked_path_never_featurizes_more_than_a_chunk():
 def test_memory_budget_selects_the_path():
     x = torch.randn(1000, DIM, dtype=torch.float64)
     kernel = SketchedRBFKernel(64, ard_num_dims=DIM, seed=0).double()
-    # 8 working copies × 64 features × 8 bytes = 4096 bytes per row
-    with rfgp.settings.memory_budget(4096 * 1000):
+    # 4 working copies × 64 features × 8 bytes = 2048 bytes per row
+    with rfgp.settings.memory_budget(2048 * 1000):
         assert isinstance(kernel(x).evaluate_kernel(), FeatureRootLinearOperator)
-    with rfgp.settings.memory_budget(4096 * 100):
+    with rfgp.settings.memory_budget(2048 * 100):
         op = kernel(x).evaluate_kernel()
         assert isinstance(op, ChunkedFeatureRootLinearOperator) and op.chunk_size == 100
     assert rfgp.settings.resolve_chunk_size(1000, 64, 1, torch.float64) is None  # default 1 GiB
