@@ -59,7 +59,7 @@ METHODS = ("exact", "gpytorch-rff", "rfgp-rff", "rfgp-orf", "rfgp-sorf", "rfgp-r
 RFGP_METHODS = ("rfgp-rff", "rfgp-orf", "rfgp-sorf")
 #: memory budget of the rfgp-* rows: large enough that Φ is materialised, as GPyTorch's
 #: RFFKernel does; "rfgp-rff-chunked" keeps rfgp's default budget (1 GiB), which chunks
-#: the feature statistics from N ≈ 16 000 (float64, F = 1024) on and recomputes Φ in the backward pass.
+#: the feature statistics from N ≈ 33 000 (float64, F = 1024) on and recomputes Φ in the backward pass.
 MATERIALISED_BUDGET = 16 * 2**30
 
 
