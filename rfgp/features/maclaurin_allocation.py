@@ -91,11 +91,15 @@ class AllocationObjective:
         ones = torch.ones_like(bound)
         scales = [signed_log.mean_exp(2 * self._log_exact, ones)[0]]
         for degree in range(1, self.max_degree + 1):
-            if math.isfinite(float(self.log_coefficients[degree])):
+            if self.has_degree(degree):
                 log_mean = signed_log.mean_exp(self._log_weight + degree * bound, ones)[0]
                 scales.append(2 * float(self.log_coefficients[degree]) + log_mean)
         finite = [value for value in scales if math.isfinite(value)]
         return max(finite) if finite else 0.0
+
+    def has_degree(self, degree: int) -> bool:
+        """aₙ > 0 (decided in log space: 1/n! underflows to 0 in float64 beyond n = 170)."""
+        return math.isfinite(float(self.log_coefficients[degree]))
 
     def _relative(self, log_abs: float, sign: float, degree: int) -> float:
         """sign·aₙ²·exp(log_abs) in units of exp(log_scale)."""
@@ -133,7 +137,7 @@ class AllocationObjective:
 
     def degree_variance(self, degree: int, width: int) -> float:
         """aₙ²·mean_{i≠j} sᵢ²sⱼ² V[Φₙ(xᵢ)ᵀΦₙ(xⱼ)] with ``width`` features (exact closed form, relative units)."""
-        if width == 0 or not math.isfinite(float(self.log_coefficients[degree])):
+        if width == 0 or not self.has_degree(degree):
             return 0.0
         variance = self.single_variance(degree) / width
         if self.projection == "srht":
@@ -145,7 +149,7 @@ class AllocationObjective:
         """The convex surrogate used for the allocation: exact for unstructured sketches, Eqs. 72–73 for TensorSRHT."""
         if self.projection != "srht":
             return self.degree_variance(degree, width)
-        if not math.isfinite(float(self.log_coefficients[degree])):
+        if not self.has_degree(degree):
             return 0.0
         d = self.padded_dim
         v, cov = self.single_variance(degree), self.covariance(degree, d - 1)
@@ -176,7 +180,7 @@ class AllocationObjective:
 
 def incremental_allocation(objective: AllocationObjective, order: int, total: int) -> tuple[int, ...]:
     """Algorithm 2: the greedy allocation (D₁, …, D_order) with Σ Dₙ = ``total``."""
-    active = [n for n in range(1, order + 1) if objective.coefficients[n] > 0]
+    active = [n for n in range(1, order + 1) if objective.has_degree(n)]
     if len(active) > total:
         raise ValueError(f"order {order} needs at least {len(active)} features, the budget is {total}")
     allocation = [0] * order
@@ -204,7 +208,7 @@ def extended_allocation(objective: AllocationObjective, min_order: int, max_orde
     """Algorithm 3: min over p ∈ [min_order, max_order] of g(p, Algorithm 2(p)); ties go to the larger p."""
     best, best_value = None, math.inf
     for order in range(min_order, max_order + 1):
-        active = sum(1 for n in range(1, order + 1) if objective.coefficients[n] > 0)
+        active = sum(1 for n in range(1, order + 1) if objective.has_degree(n))
         if active > total:
             break  # infeasible: every degree with aₙ > 0 needs a feature
         widths = incremental_allocation(objective, order, total)
