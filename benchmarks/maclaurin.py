@@ -319,7 +319,8 @@ def write(rows, diagnostics, stem, setup):
         "", "| kernel | dataset | F | best Opt. Macl. (rel. Frob.) | Rnd. Macl. | all variants better | "
         "best Opt. Macl. (KL) | Rnd. Macl. KL | better |", "|---|---|---|---|---|---|---|---|---|",
         *check_lines, "",
-        "## §6.4.3 diagnostic: pairwise distances τ = ‖x*ᵢ − x*ⱼ‖ of the centred, unit-normalised test points", "",
+        "## §6.4.3 diagnostic: pairwise distances τ = ‖x*ᵢ − x*ⱼ‖ of the unit-normalised test points (centred, "
+        "except digits_raw)", "",
         "τ ∈ [0, 2]; τ = √2 ⇔ orthogonal inputs.  Paper 000 §6.4.3: SRF wins where τ concentrates near 0, "
         "optimized Maclaurin where τ spreads over [0, 2].  Last column (not from the paper): mean ‖x‖²/ℓ² of the "
         "training inputs for the Gaussian kernel (Maclaurin's truncation is accurate where it is small).", "",
