@@ -7,8 +7,10 @@ U-statistic over ordered pairs i ≠ j
             + mean_{i≠j}[(k(xᵢ, xⱼ) − sᵢsⱼ Σ_{n ≤ p, Dₙ>0 or n=0} aₙ(xᵢᵀxⱼ)ⁿ)²],
 
 with the closed-form variances of :mod:`rfgp.variance` (paper 000 Table 1; for CtR weights the
-real-part variance ½(V + P), paper 001 Eq. 6).  Everything is computed once on the sample in
-float64; afterwards each evaluation costs O(1) per degree.
+real-part variance ½(V + P), paper 001 Eq. 6).  The pair terms are formed in float64 signed log
+space (:mod:`rfgp.signed_log`), stable for high degrees and large ‖x‖/ℓ; each degree's pair mean is
+computed once (O(m²)) and cached, so the greedy search costs O(1) per evaluation, plus O(m²p) for
+the bias of each candidate order.
 
 * :func:`incremental_allocation` (Algorithm 2, read as in the notes: every degree with aₙ > 0
   starts at 1, then features are added greedily until Σ Dₙ = D_total; degrees with aₙ = 0
