@@ -12,7 +12,10 @@ coefficients are those of the unit-lengthscale kernel:
 * :func:`from_coefficients`: any user coefficient function n ↦ aₙ (and optionally f).
 
 Coefficients are evaluated in log space (log aₙ) so that high degrees neither overflow nor
-underflow before they are combined with powers of xᵀy.
+underflow before they are combined with powers of xᵀy; the built-in kernels also give
+log|f(t)| (:meth:`DotProductKernelSpec.log_gram`), so that k = exp(log s(x) + log s(y) + log f)
+stays finite at large norms where s(x)s(y) underflows and f(xᵀy) overflows (e.g. the Gaussian
+kernel's e^{−‖x‖²/2}·e^{xᵀy}).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class DotProductKernelSpec:
         max_degree: the last n with aₙ > 0 for finite series (``None``: infinite).
         log_prefactor: x ↦ log s(x) per row (``None``: s ≡ 1).
         name: for repr and messages.
+        log_function: t ↦ (log|f(t)|, sign f(t)) (``None``: taken from ``function``).
     """
 
     def __init__(
@@ -45,6 +49,7 @@ class DotProductKernelSpec:
         max_degree: int | None = None,
         log_prefactor: Callable[[Tensor], Tensor] | None = None,
         name: str = "dot_product",
+        log_function: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
     ) -> None:
         if function is None and max_degree is None:
             raise ValueError("a kernel with infinitely many coefficients needs its exact function f(t)")
@@ -52,6 +57,7 @@ class DotProductKernelSpec:
         self._function = function
         self.max_degree = max_degree
         self._log_prefactor = log_prefactor
+        self._log_function = log_function
         self.name = name
 
     def __repr__(self) -> str:
@@ -83,14 +89,38 @@ class DotProductKernelSpec:
             return self._function(t)
         return truncated_series(self, t, self.max_degree)
 
+    def log_function(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        """(log|f(t)|, sign f(t)); exact in log space for the built-in kernels (no overflow of f)."""
+        if self._log_function is not None:
+            return self._log_function(t)
+        value = self.function(t)
+        return value.abs().log(), value.sign()
+
+    def _from_log(self, log_scale: Tensor, t: Tensor) -> Tensor:
+        log_abs, sign = self.log_function(t)
+        return sign * (log_scale + log_abs).exp()
+
+    def log_gram(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """(log|k(xᵢ, yⱼ)|, sign) = (log s(xᵢ) + log s(yⱼ) + log|f(xᵢᵀyⱼ)|, sign f), shape ``(..., n, m)``."""
+        log_abs, sign = self.log_function(x @ y.mT)
+        return log_abs + self.log_prefactor(x).unsqueeze(-1) + self.log_prefactor(y).unsqueeze(-2), sign
+
     def __call__(self, x: Tensor, y: Tensor) -> Tensor:
-        """The exact Gram matrix k(xᵢ, yⱼ), shape ``(..., n, m)``."""
-        prefactor = (self.log_prefactor(x).unsqueeze(-1) + self.log_prefactor(y).unsqueeze(-2)).exp()
-        return prefactor * self.function(x @ y.mT)
+        """The exact Gram matrix k(xᵢ, yⱼ), shape ``(..., n, m)``.
+
+        With a prefactor the product s(x)s(y)·f(xᵀy) is formed in log space (e^{−‖x‖²/2} would
+        underflow and e^{xᵀy} overflow at large norms); without one f is evaluated directly.
+        """
+        if not self.has_prefactor:
+            return self.function(x @ y.mT)
+        log_abs, sign = self.log_gram(x, y)
+        return sign * log_abs.exp()
 
     def diag(self, x: Tensor) -> Tensor:
-        """k(x, x) per row."""
-        return (2 * self.log_prefactor(x)).exp() * self.function(x.pow(2).sum(-1))
+        """k(x, x) per row (log space with a prefactor, as :meth:`__call__`)."""
+        if not self.has_prefactor:
+            return self.function(x.pow(2).sum(-1))
+        return self._from_log(2 * self.log_prefactor(x), x.pow(2).sum(-1))
 
 
 def degree_terms(spec: DotProductKernelSpec, t: Tensor, max_degree: int, log_scale: Tensor | None = None) -> Tensor:
@@ -125,6 +155,16 @@ def _polynomial_function(power: int, offset: float, t: Tensor) -> Tensor:
     return (offset + t).pow(power)
 
 
+def _polynomial_log_function(power: int, offset: float, t: Tensor) -> tuple[Tensor, Tensor]:
+    base = offset + t
+    sign = torch.where((base < 0) & (power % 2 == 1), -1.0, 1.0).to(t.dtype)
+    return power * base.abs().log(), sign
+
+
+def _exponential_log_function(t: Tensor) -> tuple[Tensor, Tensor]:
+    return t, torch.ones_like(t)
+
+
 def _log_inverse_factorial(n: int) -> float:
     return -math.lgamma(n + 1)
 
@@ -150,6 +190,7 @@ def polynomial(power: int, offset: float = 1.0) -> DotProductKernelSpec:
         partial(_polynomial_function, power, offset),
         max_degree=power,
         name=f"polynomial(p={power}, ν={offset})",
+        log_function=partial(_polynomial_log_function, power, offset),
     )
     spec.power, spec.offset = power, offset  # lets the feature maps take a learnable offset tensor
     return spec
@@ -157,13 +198,14 @@ def polynomial(power: int, offset: float = 1.0) -> DotProductKernelSpec:
 
 def exponential() -> DotProductKernelSpec:
     """exp(xᵀy) with aₙ = 1/n! (paper 000 Eq. 38; inputs divided by ℓ give exp(xᵀy/ℓ²))."""
-    return DotProductKernelSpec(_log_inverse_factorial, torch.exp, name="exponential")
+    return DotProductKernelSpec(_log_inverse_factorial, torch.exp, name="exponential",
+                                log_function=_exponential_log_function)
 
 
 def gaussian() -> DotProductKernelSpec:
     """exp(−‖x − y‖²/2) = e^{−‖x‖²/2} e^{−‖y‖²/2} Σₙ (xᵀy)ⁿ/n! (paper 000 Eq. 39, §5.4)."""
     return DotProductKernelSpec(_log_inverse_factorial, torch.exp, log_prefactor=_log_gaussian_prefactor,
-                                name="gaussian")
+                                name="gaussian", log_function=_exponential_log_function)
 
 
 def from_coefficients(

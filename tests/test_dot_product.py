@@ -40,6 +40,16 @@ def test_exact_evaluation_matches_closed_form_and_series(spec, exact):
     assert torch.allclose(series, exact(x, y), rtol=1e-12)
 
 
+def test_gaussian_gram_is_formed_in_log_space_at_large_norms():
+    """e^{−‖x‖²/2} underflows and e^{xᵀy} overflows for ‖x‖² = 1600; k = e^{−‖x − y‖²/2} is still exact."""
+    x = torch.tensor([[40.0, 0.0], [39.9, 0.5], [0.0, 40.0]], dtype=torch.float64)
+    spec = dot_product.gaussian()
+    assert torch.allclose(spec(x, x), torch.exp(-0.5 * torch.cdist(x, x) ** 2), rtol=1e-10)
+    assert torch.equal(spec.diag(x), torch.ones(3, dtype=torch.float64))
+    log_abs, sign = dot_product.polynomial(3, 1.0).log_gram(-x, x)
+    assert torch.allclose(sign * log_abs.exp(), (1 - x @ x.T) ** 3, rtol=1e-12)  # signs of odd powers
+
+
 def test_degree_terms_are_stable_for_large_arguments():
     t = torch.tensor([-60.0, 0.0, 60.0], dtype=torch.float64)
     terms = dot_product.degree_terms(dot_product.exponential(), t, 200)

@@ -7,8 +7,10 @@ U-statistic over ordered pairs i ≠ j
             + mean_{i≠j}[(k(xᵢ, xⱼ) − sᵢsⱼ Σ_{n ≤ p, Dₙ>0 or n=0} aₙ(xᵢᵀxⱼ)ⁿ)²],
 
 with the closed-form variances of :mod:`rfgp.variance` (paper 000 Table 1; for CtR weights the
-real-part variance ½(V + P), paper 001 Eq. 6).  Everything is computed once on the sample in
-float64; afterwards each evaluation costs O(1) per degree.
+real-part variance ½(V + P), paper 001 Eq. 6).  The pair terms are formed in float64 signed log
+space (:mod:`rfgp.signed_log`), stable for high degrees and large ‖x‖/ℓ; each degree's pair mean is
+computed once (O(m²)) and cached, so the greedy search costs O(1) per evaluation, plus O(m²p) for
+the bias of each candidate order.
 
 * :func:`incremental_allocation` (Algorithm 2, read as in the notes: every degree with aₙ > 0
   starts at 1, then features are added greedily until Σ Dₙ = D_total; degrees with aₙ = 0
@@ -20,25 +22,29 @@ float64; afterwards each evaluation costs O(1) per degree.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..dot_product import DotProductKernelSpec, degree_terms
-from ..variance import (
-    _FOURTH_MOMENT,
-    _srht_pairs,
-    gram_statistics,
-    single_feature_pseudo_variance,
-    single_feature_variance,
-    srht_covariance,
-)
+from .. import signed_log
+from ..dot_product import DotProductKernelSpec
+from ..variance import _FOURTH_MOMENT, _srht_pairs, gram_statistics
 from .degree_sketch import srht_padded_dim
 
 
 class AllocationObjective:
     """The pair statistics of a data sample that g(p, D) needs, for one kernel and one sketch family.
+
+    Numerics: every per-pair term — aₙ²sᵢ²sⱼ²((G² + δ)ⁿ − G²ⁿ) for the variances, sᵢsⱼaₙGⁿ and
+    k(xᵢ, xⱼ) for the bias — is formed in float64 log space with signs
+    (:mod:`rfgp.signed_log`), and the pair means are signed logsumexps, so high degrees and
+    large ‖x‖/ℓ neither overflow nor underflow (s² = e^{−‖x‖²} for the Gaussian kernel).  The
+    differences (G² + δ)ⁿ − G²ⁿ use G²ⁿ·expm1(n·log1p(δ/G²)) with δ written out from (G, N, S),
+    which also removes the cancellation of the direct form.  All values the methods return
+    are in units of ``exp(log_scale)`` (the largest term magnitude on the sample; the
+    allocation is invariant to this scale): multiply by it for the absolute g.
 
     Args:
         kernel: the :class:`~rfgp.dot_product.DotProductKernelSpec`.
@@ -52,93 +58,131 @@ class AllocationObjective:
     def __init__(self, kernel: DotProductKernelSpec, x: Tensor, max_degree: int, projection: str,
                  weights: str, srht_blocks: str = "tiled") -> None:
         x = x.detach().double()
-        m = x.shape[0]
         self.kernel, self.max_degree, self.projection = kernel, max_degree, projection
         self.weights, self.srht_blocks = weights, srht_blocks
         self.padded_dim = srht_padded_dim(x.shape[-1])
-        complex_weights = weights != "real"
-        self._m4 = _FOURTH_MOMENT[projection][complex_weights]
-        self._q = 0.5 if complex_weights else 1.0
-        self._stats = gram_statistics(x)
-        self._off = ~torch.eye(m, dtype=torch.bool)
+        # The statistics are symmetric in (i, j): the mean over i < j equals the U-statistic over i ≠ j.
+        rows, cols = torch.triu_indices(x.shape[0], x.shape[0], offset=1)
+        g, n, s = (stat[rows, cols] for stat in gram_statistics(x))
+        self._g2 = g * g
+        # δ = base − G² of the single-feature variance and pseudo-variance (paper 000 Eq. 16, 001 Table 1):
+        # base_V = m₄S + N − S + c(G² − S), c = (2q−1)² + 1;  base_P = m₄S + 2(G² − S) + (2q−1)²(N − S)
+        m4 = _FOURTH_MOMENT[projection][weights != "real"]
+        phase = 0.0 if weights != "real" else 1.0  # (2q − 1)², q = ½ for complex weights
+        c = phase + 1.0
+        self._delta = {False: (c - 1) * self._g2 + n + (m4 - 1 - c) * s,
+                       True: self._g2 + (m4 - 2 - phase) * s + phase * n}
         log_s = kernel.log_prefactor(x)
-        log_pair = log_s.unsqueeze(-1) + log_s.unsqueeze(-2)
-        self._pair_weight = (2 * log_pair).exp()  # s(xᵢ)²s(xⱼ)², Eq. 55
+        log_pair = log_s[rows] + log_s[cols]
+        self._log_weight = 2 * log_pair  # sᵢ²sⱼ², Eq. 55
         self.log_coefficients = kernel.log_coefficients(max_degree)
         self.coefficients = self.log_coefficients.exp()
-        # sᵢsⱼaₙGⁿ per pair and degree, for the bias curve
-        self._terms = degree_terms(kernel, self._stats[0], max_degree, log_scale=log_pair)[self._off]
-        self._exact = kernel(x, x)[self._off]
+        # sᵢsⱼaₙGⁿ per pair and degree (log|·|, sign) and k(xᵢ, xⱼ), for the bias
+        degrees = torch.arange(max_degree + 1, dtype=torch.float64)
+        log_abs_g = torch.where(degrees == 0, 0.0, degrees * g.abs().log().unsqueeze(-1))
+        self._log_terms = log_pair.unsqueeze(-1) + self.log_coefficients + log_abs_g
+        self._sign_terms = torch.where((g.unsqueeze(-1) < 0) & (degrees % 2 == 1), -1.0, 1.0).double()
+        log_k, sign_k = kernel.log_gram(x, x)
+        self._log_exact, self._sign_exact = log_k[rows, cols], sign_k[rows, cols]
+        self.log_scale = self._reference_scale()
         self._cache: dict = {}
 
-    # ------------------------------------------------------------- variances
-    def _mean(self, values: Tensor) -> float:
-        return float((self._pair_weight * values)[self._off].mean())
+    def _reference_scale(self) -> float:
+        """log of the largest pair-mean magnitude any term can reach: max(mean k², aₙ²·mean sᵢ²sⱼ²·Bₙ)."""
+        bound = (self._g2 + self._delta[False].abs() + self._delta[True].abs()).log()  # ≥ every |base|, G²
+        ones = torch.ones_like(bound)
+        scales = [signed_log.mean_exp(2 * self._log_exact, ones)[0]]
+        for degree in range(1, self.max_degree + 1):
+            if self.has_degree(degree):
+                log_mean = signed_log.mean_exp(self._log_weight + degree * bound, ones)[0]
+                scales.append(2 * float(self.log_coefficients[degree]) + log_mean)
+        finite = [value for value in scales if math.isfinite(value)]
+        return max(finite) if finite else 0.0
 
-    def _single(self, degree: int, pseudo: bool = False) -> Tensor:
-        fn = single_feature_pseudo_variance if pseudo else single_feature_variance
-        return fn(self._stats, degree, self._m4, self._q)
+    def has_degree(self, degree: int) -> bool:
+        """aₙ > 0 (decided in log space: 1/n! underflows to 0 in float64 beyond n = 170)."""
+        return math.isfinite(float(self.log_coefficients[degree]))
+
+    def _relative(self, log_abs: float, sign: float, degree: int) -> float:
+        """sign·aₙ²·exp(log_abs) in units of exp(log_scale)."""
+        return signed_log.to_float(log_abs + 2 * float(self.log_coefficients[degree]) - self.log_scale, sign)
+
+    # ------------------------------------------------------------- variances
+    def _gap_mean(self, degree: int, delta: Tensor) -> tuple[float, float]:
+        """mean_{i≠j} sᵢ²sⱼ²((G² + δ)ⁿ − G²ⁿ) as (log|·|, sign)."""
+        log_gap, sign = signed_log.power_gap(self._g2, delta, degree)
+        return signed_log.mean_exp(self._log_weight + log_gap, sign)
 
     def single_variance(self, degree: int) -> float:
-        """mean_{i≠j} sᵢ²sⱼ²·(variance of one feature) — V⁽ⁿ⁾, or ½(V + P) for CtR."""
+        """aₙ²·mean_{i≠j} sᵢ²sⱼ²·(variance of one feature) — V⁽ⁿ⁾, or ½(V + P) for CtR (relative units)."""
         key = ("single", degree)
         if key not in self._cache:
-            value = self._single(degree)
+            value = self._relative(*self._gap_mean(degree, self._delta[False]), degree)
             if self.weights == "ctr":
-                value = 0.5 * (value + self._single(degree, pseudo=True))
-            self._cache[key] = self._mean(value)
+                value = 0.5 * (value + self._relative(*self._gap_mean(degree, self._delta[True]), degree))
+            self._cache[key] = value
         return self._cache[key]
 
     def covariance(self, degree: int, denominator: int) -> float:
-        """mean_{i≠j} sᵢ²sⱼ²·Cov of two distinct TensorSRHT features (Cov_q⁽ⁿ⁾ with r = ``denominator``)."""
+        """aₙ²·mean_{i≠j} sᵢ²sⱼ²·Cov of two distinct TensorSRHT features, Cov = (G² − V⁽¹⁾/r)ⁿ − G²ⁿ (relative units).
+
+        V⁽¹⁾ = δ (the degree-1 single-feature variance), so the base is G² + δ_cov with δ_cov = −δ/r.
+        """
         key = ("cov", degree, denominator)
         if key not in self._cache:
-            value = srht_covariance(self._stats, degree, self._single(1), denominator)
+            value = self._relative(*self._gap_mean(degree, -self._delta[False] / denominator), degree)
             if self.weights == "ctr":
-                pseudo = srht_covariance(self._stats, degree, self._single(1, pseudo=True), denominator)
-                value = 0.5 * (value + pseudo)
-            self._cache[key] = self._mean(value)
+                pseudo = self._gap_mean(degree, -self._delta[True] / denominator)
+                value = 0.5 * (value + self._relative(*pseudo, degree))
+            self._cache[key] = value
         return self._cache[key]
 
     def degree_variance(self, degree: int, width: int) -> float:
-        """aₙ²·mean_{i≠j} sᵢ²sⱼ² V[Φₙ(xᵢ)ᵀΦₙ(xⱼ)] with ``width`` features (exact closed form)."""
-        a2 = float(self.coefficients[degree]) ** 2
-        if width == 0 or a2 == 0:
+        """aₙ²·mean_{i≠j} sᵢ²sⱼ² V[Φₙ(xᵢ)ᵀΦₙ(xⱼ)] with ``width`` features (exact closed form, relative units)."""
+        if width == 0 or not self.has_degree(degree):
             return 0.0
         variance = self.single_variance(degree) / width
         if self.projection == "srht":
             pairs, denominator = _srht_pairs(width, self.padded_dim, self.srht_blocks)
             variance += pairs / width**2 * self.covariance(degree, denominator)
-        return a2 * max(variance, 0.0)
+        return max(variance, 0.0)
 
     def surrogate_variance(self, degree: int, width: int) -> float:
         """The convex surrogate used for the allocation: exact for unstructured sketches, Eqs. 72–73 for TensorSRHT."""
         if self.projection != "srht":
             return self.degree_variance(degree, width)
+        if not self.has_degree(degree):
+            return 0.0
         d = self.padded_dim
-        a2 = float(self.coefficients[degree]) ** 2
         v, cov = self.single_variance(degree), self.covariance(degree, d - 1)
         if cov > 0 or width > d:
-            return a2 * max(v + (d - 1) * cov, 0.0) / width
-        return a2 * ((v - cov) / width + cov)
+            return max(v + (d - 1) * cov, 0.0) / width
+        return (v - cov) / width + cov
 
     # ------------------------------------------------------------ objective
     def squared_bias(self, included: list[int]) -> float:
-        """mean_{i≠j}(k − sᵢsⱼ Σ_{n ∈ {0} ∪ included} aₙGⁿ)²."""
+        """mean_{i≠j}(k − sᵢsⱼ Σ_{n ∈ {0} ∪ included} aₙGⁿ)² (relative units)."""
         degrees = sorted({0, *included})
-        residual = self._exact - self._terms[:, degrees].sum(-1)
-        return float(residual.pow(2).mean())
+        log_abs = torch.cat((self._log_exact.unsqueeze(-1), self._log_terms[:, degrees]), dim=-1)
+        sign = torch.cat((self._sign_exact.unsqueeze(-1), -self._sign_terms[:, degrees]), dim=-1)
+        log_residual, _ = signed_log.sum_exp(log_abs, sign)
+        log_mean, _ = signed_log.mean_exp(2 * log_residual, torch.ones_like(log_residual))
+        return signed_log.to_float(log_mean - self.log_scale)
 
     def __call__(self, allocation: tuple[int, ...]) -> float:
-        """g(p, D) for D = (D₁, …, D_p) (exact closed-form variances)."""
+        """g(p, D) for D = (D₁, …, D_p) (exact closed-form variances; relative units)."""
         included = [n for n, width in enumerate(allocation, start=1) if width > 0]
         variance = sum(self.degree_variance(n, allocation[n - 1]) for n in included)
         return variance + self.squared_bias(included)
 
+    def absolute(self, value: float) -> float:
+        """A value of this objective in absolute units, value·exp(log_scale) (inf beyond float64)."""
+        return 0.0 if value <= 0 else signed_log.to_float(math.log(value) + self.log_scale)
+
 
 def incremental_allocation(objective: AllocationObjective, order: int, total: int) -> tuple[int, ...]:
     """Algorithm 2: the greedy allocation (D₁, …, D_order) with Σ Dₙ = ``total``."""
-    active = [n for n in range(1, order + 1) if objective.coefficients[n] > 0]
+    active = [n for n in range(1, order + 1) if objective.has_degree(n)]
     if len(active) > total:
         raise ValueError(f"order {order} needs at least {len(active)} features, the budget is {total}")
     allocation = [0] * order
@@ -155,7 +199,7 @@ def incremental_allocation(objective: AllocationObjective, order: int, total: in
 
 @dataclass(frozen=True)
 class Allocation:
-    """The result of Algorithm 3: truncation order p*, widths (D₁..D_p*) and objective g."""
+    """The result of Algorithm 3: truncation order p*, widths (D₁..D_p*) and objective g (absolute units)."""
 
     order: int
     widths: tuple[int, ...]
@@ -164,18 +208,18 @@ class Allocation:
 
 def extended_allocation(objective: AllocationObjective, min_order: int, max_order: int, total: int) -> Allocation:
     """Algorithm 3: min over p ∈ [min_order, max_order] of g(p, Algorithm 2(p)); ties go to the larger p."""
-    best = None
+    best, best_value = None, math.inf
     for order in range(min_order, max_order + 1):
-        active = sum(1 for n in range(1, order + 1) if objective.coefficients[n] > 0)
+        active = sum(1 for n in range(1, order + 1) if objective.has_degree(n))
         if active > total:
             break  # infeasible: every degree with aₙ > 0 needs a feature
         widths = incremental_allocation(objective, order, total)
         value = objective(widths)
-        if best is None or value <= best.objective:
-            best = Allocation(order, widths, value)
+        if best is None or value <= best_value:
+            best, best_value = (order, widths), value
     if best is None:
         raise ValueError(f"no truncation order in [{min_order}, {max_order}] fits a budget of {total} features")
-    return best
+    return Allocation(*best, objective.absolute(best_value))
 
 
 def random_degrees(num: int, max_order: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
