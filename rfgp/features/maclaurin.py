@@ -78,6 +78,24 @@ class _MaclaurinFeatures(FeatureMap):
     def _blocks(self):
         return [(n, width) for n, width in enumerate(self.widths or (), start=1) if width > 0]
 
+    def complex_layout(self) -> Tensor:
+        """Output columns holding [Re Φ_C, Im Φ_C] (F = ``num_features`` marks a zero), length 2m.
+
+        The output is [constant, Re Φ₁, Im Φ₁, Re Φ₂, Im Φ₂, …]; the real constant is a complex
+        feature with zero imaginary part (paper 000 App. D treats real features as complex ones).
+        """
+        if not self.is_complex:
+            raise ValueError(f"complex_layout needs weights='complex' or 'ctr', this map has weights={self.weights!r}")
+        if self.widths is None:
+            raise RuntimeError("the Maclaurin allocation is not fitted yet: call the map on data first")
+        real, imag = ([0], [self.num_features]) if self.has_constant else ([], [])
+        start = int(self.has_constant)
+        for _, width in self._blocks():
+            real.extend(range(start, start + width))
+            imag.extend(range(start + width, start + 2 * width))
+            start += 2 * width
+        return torch.tensor(real + imag)
+
     def _sketch(self, degree: int, width: int) -> DegreeSketch:
         return DegreeSketch(degree, width, self.input_dim, self.projection, self.is_complex, self.srht_blocks)
 

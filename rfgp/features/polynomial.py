@@ -132,6 +132,12 @@ class PolynomialSketch(FeatureMap):
             raise ValueError(f"complex_features needs weights='complex' or 'ctr', this map has weights={self.weights!r}")
         return self._sketch(x, offset)
 
+    def complex_layout(self) -> Tensor:
+        """Columns of the output holding [Re Φ_C, Im Φ_C] (for the complex-feature GP): all of them, in order."""
+        if not self.is_complex:
+            raise ValueError(f"complex_layout needs weights='complex' or 'ctr', this map has weights={self.weights!r}")
+        return torch.arange(self.num_features)
+
     def _sketch(self, x: Tensor, offset) -> Tensor:
         self._prepare(x)
         return self.sketch().apply(self.augment(x, offset), lambda name: self._buffer(name, like=x))

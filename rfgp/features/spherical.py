@@ -159,6 +159,10 @@ class SphericalRandomFeatures(FeatureMap):
         m = self.num_frequencies
         return torch.complex(real[..., :m], real[..., m:])
 
+    def complex_layout(self) -> Tensor:
+        """Columns of the output holding [Re Φ_C, Im Φ_C] = [cos, sin]: all of them, in order."""
+        return torch.arange(self.num_features)
+
     # ----------------------------------------------------- fitted kernel, bias
     def _fitted_density(self) -> RadialDensity:
         if self.density is None:

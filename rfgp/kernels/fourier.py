@@ -20,6 +20,7 @@ from .._validation import check_choice, check_positive_float
 from ..features.fourier import RandomFourierFeatures
 from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD
 from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity
+from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names of the Fourier kernels and the frequency sampler each uses.
@@ -30,7 +31,7 @@ MACLAURIN_OPTIONS = ("projection", "weights", "srht_blocks", "min_order", "max_o
 GAUSSIAN_SKETCH_METHODS = {"gaussian_sketch": GaussianSketch, "gaussian_sketch_hd": GaussianSketchHD}
 
 
-class SketchedRBFKernel(RandomFeatureKernel):
+class SketchedRBFKernel(ComplexPosteriorMixin, RandomFeatureKernel):
     r"""RBF kernel exp(−‖x − y‖²/(2ℓ²)) approximated by random Fourier features.
 
     Args:
@@ -56,6 +57,9 @@ class SketchedRBFKernel(RandomFeatureKernel):
             below it raises an error instead of silently exceeding the truncation bound;
             ``lengthscale_constraint=gpytorch.constraints.GreaterThan(min_lengthscale)`` prevents it.
         mode: GaussianSketch only: ``"auto"``, ``"tree"`` or ``"explicit"``.
+        complex_posterior: with ``method="maclaurin"`` and ``weights="complex"``/``"ctr"``, the
+            complex-feature GP of paper 000 App. D (see :class:`~rfgp.kernels.SketchedPolynomialKernel`);
+            ``ValueError`` for every real-weight map.
         kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
             ``lengthscale_constraint`` as in ``gpytorch.kernels.RBFKernel``.
 
@@ -79,6 +83,7 @@ class SketchedRBFKernel(RandomFeatureKernel):
         center=None,
         min_lengthscale: float | None = None,
         mode: str | None = None,
+        complex_posterior: bool = False,
         **kwargs,
     ) -> None:
         check_choice(method, "method", (*FOURIER_METHODS, "maclaurin", *GAUSSIAN_SKETCH_METHODS))
@@ -113,6 +118,10 @@ class SketchedRBFKernel(RandomFeatureKernel):
                 num_features, order=order, radius=radius, alpha=alpha, input_dim=input_dim,
                 seed=seed, generator=generator, **options,
             )
+        weights = getattr(feature_map, "weights", "real")
+        self.complex_posterior = check_complex_posterior(
+            complex_posterior, getattr(feature_map, "is_complex", False), f"method={method!r}, weights={weights!r}"
+        )
         super().__init__(feature_map, **kwargs)
         # a None buffer when absent: GPyTorch's batch expansion (__getitem__) walks every buffer
         center = None if center is None else torch.as_tensor(center, dtype=torch.get_default_dtype()).reshape(-1)

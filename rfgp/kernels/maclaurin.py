@@ -19,6 +19,7 @@ from .. import dot_product
 from .._validation import check_choice
 from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
+from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 MACLAURIN_METHODS = ("maclaurin", "random_maclaurin")
@@ -36,7 +37,7 @@ def _random(power, num_features, input_dim, seed, generator, **options):
                            max_order=power, seed=seed, generator=generator, **options)
 
 
-class SketchedExponentialKernel(RandomFeatureKernel):
+class SketchedExponentialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
     r"""Exponential dot-product kernel k(x, y) = exp(xᵀy/ℓ²) with Maclaurin features (paper 000 Eq. 38).
 
     Args:
@@ -44,12 +45,15 @@ class SketchedExponentialKernel(RandomFeatureKernel):
         method: ``"maclaurin"`` (:class:`~rfgp.features.OptimizedMaclaurin`) or
             ``"random_maclaurin"`` (:class:`~rfgp.features.RandomMaclaurin`, degrees ≤ ``max_order``).
         input_dim, seed, generator: as the other sketched kernels.
+        complex_posterior: with ``weights="complex"``/``"ctr"``, the complex-feature GP of paper 000
+            App. D (see :class:`~rfgp.kernels.SketchedPolynomialKernel`); ``ValueError`` for real weights.
         kwargs: feature-map options (``projection``, ``weights``, ``max_order``,
             ``bias_correction``, …) and GPyTorch ``Kernel`` arguments (``ard_num_dims``, …).
     """
 
     def __init__(self, num_features: int, method: str = "maclaurin", input_dim: int | None = None,
-                 seed: int | None = None, generator: torch.Generator | None = None, **kwargs) -> None:
+                 seed: int | None = None, generator: torch.Generator | None = None,
+                 complex_posterior: bool = False, **kwargs) -> None:
         self.method = check_choice(method, "method", MACLAURIN_METHODS)
         cls = OptimizedMaclaurin if method == "maclaurin" else RandomMaclaurin
         names = cls.__init__.__code__.co_varnames[: cls.__init__.__code__.co_argcount]
@@ -57,6 +61,9 @@ class SketchedExponentialKernel(RandomFeatureKernel):
         input_dim = input_dim if input_dim is not None else kwargs.get("ard_num_dims")
         feature_map = cls(dot_product.exponential(), num_features, input_dim=input_dim, seed=seed,
                           generator=generator, **options)
+        self.complex_posterior = check_complex_posterior(
+            complex_posterior, feature_map.is_complex, f"weights={feature_map.weights!r}"
+        )
         super().__init__(feature_map, **kwargs)
 
 

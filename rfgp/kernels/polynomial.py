@@ -19,6 +19,7 @@ from torch import Tensor
 from .._validation import check_choice, check_positive_float
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
+from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` name -> builder(power, num_features, input_dim, seed, generator, **options) -> FeatureMap
@@ -43,7 +44,7 @@ def _polynomial_sketch(power, num_features, input_dim, seed, generator, **option
     return PolynomialSketch(power, num_features, input_dim=input_dim, offset=0.0, seed=seed, generator=generator, **options)
 
 
-class SketchedPolynomialKernel(RandomFeatureKernel):
+class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
     r"""(xᵀy/ℓ² + c)^p approximated by a random feature map (default: a polynomial sketch).
 
     Args:
@@ -59,6 +60,10 @@ class SketchedPolynomialKernel(RandomFeatureKernel):
             ``"normalize"`` divides inputs by their norm (for :meth:`from_sphere`).
         offset_prior, offset_constraint: as in ``gpytorch.kernels.PolynomialKernel``.
         input_dim, seed, generator: feature-map arguments.
+        complex_posterior: with complex weights (``"complex"``, ``"ctr"``; also the Maclaurin
+            methods), train and predict with the complex-feature GP of paper 000 Appendix D
+            instead of the real GP on Re K̂: MLL = complex-GP evidence log CN(y + 0i; 0, 2(K̂_C + Σ)),
+            posterior Eqs. 86–90 (:mod:`rfgp.kernels.complex_posterior`).  ``ValueError`` for real weights.
         kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ...
 
     Example:
@@ -81,6 +86,7 @@ class SketchedPolynomialKernel(RandomFeatureKernel):
         input_dim: int | None = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        complex_posterior: bool = False,
         **kwargs,
     ) -> None:
         self.power = check_degree(power, "power")
@@ -101,6 +107,9 @@ class SketchedPolynomialKernel(RandomFeatureKernel):
             seed,
             generator,
             **options,
+        )
+        self.complex_posterior = check_complex_posterior(
+            complex_posterior, getattr(feature_map, "is_complex", False), f"method={method!r}, weights={weights!r}"
         )
         super().__init__(feature_map, **kwargs)
         self.register_parameter("raw_offset", torch.nn.Parameter(torch.zeros(*self.batch_shape, 1)))

@@ -15,13 +15,14 @@ import torch
 
 from .._validation import check_choice
 from ..features.spherical import SphericalRandomFeatures
+from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names (paper 000, §6.4 legends) and the direction sampler each uses.
 SPHERICAL_METHODS = {"srf": "iid", "srf_orth": "structured", "srf_orth_complex": "structured"}
 
 
-class SketchedSphericalPolynomialKernel(RandomFeatureKernel):
+class SketchedSphericalPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
     r"""(1 − ‖x − y‖²/a²)^p on the unit sphere with spherical random features (Pennington et al. 2015).
 
     There is no lengthscale: the kernel is defined on unit vectors, and inputs that are not
@@ -41,6 +42,8 @@ class SketchedSphericalPolynomialKernel(RandomFeatureKernel):
         input_dim: input dimension (otherwise set, and the density fitted, at the first call).
         cache_dir: optional directory caching fitted radial densities across processes.
         seed, generator: randomness of the frequencies.
+        complex_posterior: with ``method="srf_orth_complex"``, the complex-feature GP of paper 000
+            App. D (see :class:`~rfgp.kernels.SketchedPolynomialKernel`); ``ValueError`` otherwise.
         kwargs: ``batch_shape``, ``active_dims`` as in GPyTorch kernels.
 
     Example:
@@ -61,9 +64,13 @@ class SketchedSphericalPolynomialKernel(RandomFeatureKernel):
         cache_dir: str | os.PathLike | None = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        complex_posterior: bool = False,
         **kwargs,
     ) -> None:
         self.method = check_choice(method, "method", tuple(SPHERICAL_METHODS))
+        self.complex_posterior = check_complex_posterior(
+            complex_posterior, method == "srf_orth_complex", f"method={method!r}"
+        )
         feature_map = SphericalRandomFeatures(
             num_features,
             power=power,
