@@ -7,8 +7,9 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
 
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
 and memory O(F²), whatever the number of points seen.  The posterior needs
-L = chol(I + G), refactorised (O(F³), exact and stable) the first time it is needed
-after an update:
+L = chol(I + G).  Once L exists, a batch of k < ``rank_update_fraction``·F points updates it
+in O(k·F²) by the rank-k update LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.cholesky_update.cholesky_update`);
+a larger batch drops it, and it is refactorised (O(F³)) the first time it is needed:
 
     mean(x*) = m(x*) + Φ* L⁻ᵀL⁻¹B,   covar(x*) = (L⁻¹Φ*ᵀ)ᵀ(L⁻¹Φ*ᵀ) + diag c(x*),
     log p(y) = −½[q − ‖L⁻¹B‖² + 2Σ log Lᵢᵢ + ℓ + n log 2π].
@@ -18,6 +19,13 @@ These are the quantities of :func:`rfgp.operators._statistics_inv_quad_logdet` a
 on all the data.  :func:`fit_from_batches` feeds a ``DataLoader`` or any iterator of
 ``(x, y)`` batches.  Train hyperparameters first (e.g. on a subset, or with the chunked
 ``ExactGP`` path), then stream.
+
+The statistics are only valid for the hyperparameters they were accumulated with (features,
+lengthscale, outputscale, noise, mean): the model keeps a copy of every parameter and buffer of
+its kernel, likelihood and mean module from its first update, and ``update``, the posterior and
+the marginal likelihood raise ``RuntimeError`` once any of them changed, because old data would
+be needed to recompute the statistics (``reset()`` and stream again, or restore them).
+The streaming path runs without autograd.
 """
 
 from __future__ import annotations
@@ -35,10 +43,16 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
+from ._validation import check_positive_float
+from .cholesky_update import cholesky_update
 from .kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 from .linalg import feature_statistics
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
+
+#: A batch of k < fraction·F points updates the Cholesky factor (O(k·F²)) instead of dropping it for
+#: an O(F³) refactorisation; the crossover measured at F = 1024 (benchmarks/streaming_update.py).
+RANK_UPDATE_FRACTION = 1 / 8
 
 
 class StreamingFeatureGP(nn.Module):
@@ -48,6 +62,8 @@ class StreamingFeatureGP(nn.Module):
         covar_module: an rfgp feature kernel, optionally inside ``ScaleKernel`` (hyperparameters fixed).
         likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (its noise is fixed while streaming).
         mean_module: prior mean, default ``gpytorch.means.ZeroMean()``.
+        rank_update_fraction: once the factor exists, a batch of k < ``rank_update_fraction``·F
+            points updates it by a rank-k update; larger batches refactorise. 0 always refactorises.
 
     Example:
         >>> gp = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
@@ -55,7 +71,9 @@ class StreamingFeatureGP(nn.Module):
         >>> prediction = gp.likelihood(gp(x_test))
     """
 
-    def __init__(self, covar_module: Kernel, likelihood, mean_module=None) -> None:
+    def __init__(
+        self, covar_module: Kernel, likelihood, mean_module=None, rank_update_fraction: float = RANK_UPDATE_FRACTION
+    ) -> None:
         super().__init__()
         if not is_feature_kernel(covar_module):
             raise TypeError(
@@ -66,9 +84,12 @@ class StreamingFeatureGP(nn.Module):
         self.covar_module = covar_module
         self.likelihood = likelihood
         self.mean_module = mean_module if mean_module is not None else gpytorch.means.ZeroMean()
+        self.rank_update_fraction = check_positive_float(rank_update_fraction, "rank_update_fraction", allow_zero=True)
         for name in _STATISTICS:
             self.register_buffer(name, torch.zeros(0))
         self._chol = None
+        self._hyperparameters = None
+        self.register_load_state_dict_post_hook(_snapshot_after_loading)
 
     @property
     def num_data(self) -> int:
@@ -80,16 +101,49 @@ class StreamingFeatureGP(nn.Module):
         for name in _STATISTICS:
             setattr(self, name, torch.zeros(0))
         self._chol = None
+        self._hyperparameters = None
         return self
+
+    def _hyperparameter_state(self) -> dict[str, Tensor]:
+        modules = {"covar_module": self.covar_module, "likelihood": self.likelihood, "mean_module": self.mean_module}
+        return {
+            f"{prefix}.{name}": tensor.detach()
+            for prefix, module in modules.items()
+            for name, tensor in [*module.named_parameters(), *module.named_buffers()]
+        }
+
+    def _check_hyperparameters(self) -> None:
+        """Raise if a hyperparameter changed since the statistics were first accumulated."""
+        if self._hyperparameters is None:
+            return
+        current = self._hyperparameter_state()
+        changed = sorted(
+            name
+            for name in self._hyperparameters.keys() | current.keys()
+            if name not in current
+            or name not in self._hyperparameters
+            or not _identical(current[name], self._hyperparameters[name])
+        )
+        if changed:
+            raise RuntimeError(
+                f"StreamingFeatureGP: {', '.join(changed)} changed after data were absorbed; the accumulated "
+                "statistics hold the old hyperparameters and cannot be recomputed without the old data. "
+                "Restore them, or call reset() and stream the data again."
+            )
 
     @torch.no_grad()
     def update(self, x: Tensor, y: Tensor) -> StreamingFeatureGP:
-        """Absorb a batch: inputs ``(k, d)`` and targets ``(k,)``; O(k·F²) time, no old data needed."""
+        """Absorb a batch: inputs ``(k, d)`` and targets ``(k,)``; O(k·F²) time, no old data needed.
+
+        The Cholesky factor, if already computed, is updated by a rank-k update when
+        k < ``rank_update_fraction``·F and dropped (refactorised when next needed) otherwise.
+        """
         if not torch.is_tensor(x) or not torch.is_tensor(y):
             raise TypeError(f"x and y must be tensors, got {type(x).__name__} and {type(y).__name__}")
         if y.shape != x.shape[:-1]:
             raise ValueError(f"y must have shape {tuple(x.shape[:-1])} to match x of shape {tuple(x.shape)}, "
                              f"got {tuple(y.shape)}")
+        self._check_hyperparameters()
         features = kernel_features(self.covar_module, x)
         noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
         residual = (y - self.mean_module(x)).unsqueeze(-1)
@@ -105,13 +159,20 @@ class StreamingFeatureGP(nn.Module):
         for name, value in zip(_STATISTICS, batch):
             current = getattr(self, name)
             setattr(self, name, value if current.numel() == 0 else current + value)
-        self._chol = None
+        if self._hyperparameters is None:  # after the first featurisation: lazily drawn features exist now
+            self._hyperparameters = {name: t.clone() for name, t in self._hyperparameter_state().items()}
+        num_features = features.shape[-1]
+        if self._chol is not None and x.shape[-2] < self.rank_update_fraction * num_features:
+            self._chol = cholesky_update(self._chol, (features * weights.sqrt().unsqueeze(-1)).mT)
+        else:
+            self._chol = None
         return self
 
     def cholesky(self) -> Tensor:
         """L = chol(I + ΦᵀWΦ), refactorised once after each update."""
         if self.num_data == 0:
             raise RuntimeError("StreamingFeatureGP has no data yet: call update(x, y) or fit_from_batches first")
+        self._check_hyperparameters()
         if self._chol is None:
             eye = torch.eye(self.gram.shape[-1], dtype=self.gram.dtype, device=self.gram.device)
             self._chol = psd_safe_cholesky(self.gram + eye)
@@ -142,6 +203,17 @@ class StreamingFeatureGP(nn.Module):
                 setattr(self, name, torch.empty_like(saved))
         self._chol = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def _snapshot_after_loading(module: StreamingFeatureGP, incompatible_keys) -> None:
+    # Runs after the kernel, likelihood and mean were loaded: the loaded statistics belong to them.
+    module._hyperparameters = (
+        {name: t.clone() for name, t in module._hyperparameter_state().items()} if module.num_data else None
+    )
+
+
+def _identical(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
 
 
 def fit_from_batches(
