@@ -7,9 +7,10 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
 
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
 and memory O(F²), whatever the number of points seen.  The posterior needs
-L = chol(I + G).  Once L exists, a batch of k < ``rank_update_fraction``·F points updates it
-in O(k·F²) by the rank-k update LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.cholesky_update.cholesky_update`);
-a larger batch drops it, and it is refactorised (O(F³)) the first time it is needed:
+L = chol(I + G).  Once L exists, a small batch updates it in O(k·F²) by the rank-k update
+LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.cholesky_update.cholesky_update`, see
+:func:`takes_rank_update` for when); otherwise it is dropped and refactorised (O(F³)) the
+first time it is needed:
 
     mean(x*) = m(x*) + Φ* L⁻ᵀL⁻¹B,   covar(x*) = (L⁻¹Φ*ᵀ)ᵀ(L⁻¹Φ*ᵀ) + diag c(x*),
     log p(y) = −½[q − ‖L⁻¹B‖² + 2Σ log Lᵢᵢ + ℓ + n log 2π].
@@ -43,16 +44,29 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from ._validation import check_positive_float
+from ._validation import check_choice
 from .cholesky_update import cholesky_update
 from .kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 from .linalg import feature_statistics
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
 
-#: A batch of k < fraction·F points updates the Cholesky factor (O(k·F²)) instead of dropping it for
-#: an O(F³) refactorisation; the crossover measured at F = 1024 (benchmarks/streaming_update.py).
-RANK_UPDATE_FRACTION = 1 / 8
+#: ``rank_update="auto"`` updates the factor for batches of k < F / RANK_UPDATE_DIVISOR points when
+#: F ≥ RANK_UPDATE_MIN_FEATURES.  Measured (benchmarks/results/streaming_update.md, one thread): the
+#: update is 1.1–1.7× faster than refactorising at F = 1024 and ~2× at F = 2048 for k ≤ F/32, breaks
+#: even near k = F/16, and at F = 512 LAPACK's Cholesky beats the blocked update's per-block overhead.
+RANK_UPDATE_DIVISOR = 16
+RANK_UPDATE_MIN_FEATURES = 1024
+
+
+def takes_rank_update(rank: int, num_features: int, mode: str = "auto") -> bool:
+    """Whether a batch of ``rank`` points updates an existing factor rather than dropping it.
+
+    ``mode``: "auto" (k < F/16 and F ≥ 1024, the measured crossover), "always" or "never".
+    """
+    if mode == "auto":
+        return num_features >= RANK_UPDATE_MIN_FEATURES and rank * RANK_UPDATE_DIVISOR < num_features
+    return mode == "always"
 
 
 class StreamingFeatureGP(nn.Module):
@@ -62,8 +76,8 @@ class StreamingFeatureGP(nn.Module):
         covar_module: an rfgp feature kernel, optionally inside ``ScaleKernel`` (hyperparameters fixed).
         likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (its noise is fixed while streaming).
         mean_module: prior mean, default ``gpytorch.means.ZeroMean()``.
-        rank_update_fraction: once the factor exists, a batch of k < ``rank_update_fraction``·F
-            points updates it by a rank-k update; larger batches refactorise. 0 always refactorises.
+        rank_update: once the Cholesky factor exists, does a batch update it (O(k·F²)) or drop it
+            for an O(F³) refactorisation: "auto" (see :func:`takes_rank_update`), "always", "never".
 
     Example:
         >>> gp = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
@@ -72,7 +86,7 @@ class StreamingFeatureGP(nn.Module):
     """
 
     def __init__(
-        self, covar_module: Kernel, likelihood, mean_module=None, rank_update_fraction: float = RANK_UPDATE_FRACTION
+        self, covar_module: Kernel, likelihood, mean_module=None, rank_update: str = "auto"
     ) -> None:
         super().__init__()
         if not is_feature_kernel(covar_module):
@@ -84,7 +98,7 @@ class StreamingFeatureGP(nn.Module):
         self.covar_module = covar_module
         self.likelihood = likelihood
         self.mean_module = mean_module if mean_module is not None else gpytorch.means.ZeroMean()
-        self.rank_update_fraction = check_positive_float(rank_update_fraction, "rank_update_fraction", allow_zero=True)
+        self.rank_update = check_choice(rank_update, "rank_update", ("auto", "always", "never"))
         for name in _STATISTICS:
             self.register_buffer(name, torch.zeros(0))
         self._chol = None
@@ -136,7 +150,7 @@ class StreamingFeatureGP(nn.Module):
         """Absorb a batch: inputs ``(k, d)`` and targets ``(k,)``; O(k·F²) time, no old data needed.
 
         The Cholesky factor, if already computed, is updated by a rank-k update when
-        k < ``rank_update_fraction``·F and dropped (refactorised when next needed) otherwise.
+        :func:`takes_rank_update` says so, and dropped (refactorised when next needed) otherwise.
         """
         if not torch.is_tensor(x) or not torch.is_tensor(y):
             raise TypeError(f"x and y must be tensors, got {type(x).__name__} and {type(y).__name__}")
@@ -161,8 +175,7 @@ class StreamingFeatureGP(nn.Module):
             setattr(self, name, value if current.numel() == 0 else current + value)
         if self._hyperparameters is None:  # after the first featurisation: lazily drawn features exist now
             self._hyperparameters = {name: t.clone() for name, t in self._hyperparameter_state().items()}
-        num_features = features.shape[-1]
-        if self._chol is not None and x.shape[-2] < self.rank_update_fraction * num_features:
+        if self._chol is not None and takes_rank_update(x.shape[-2], features.shape[-1], self.rank_update):
             self._chol = cholesky_update(self._chol, (features * weights.sqrt().unsqueeze(-1)).mT)
         else:
             self._chol = None

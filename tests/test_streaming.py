@@ -11,7 +11,7 @@ from rfgp import streaming as streaming_module
 from rfgp.cholesky_update import cholesky_update
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
-from rfgp.streaming import StreamingFeatureGP, fit_from_batches
+from rfgp.streaming import StreamingFeatureGP, fit_from_batches, takes_rank_update
 
 DIM = 2
 
@@ -123,12 +123,12 @@ def test_rank_updates_equal_refit(dtype, monkeypatch):
     x, y = _data(100 + sum(sizes))
     x, y = x.to(dtype), y.to(dtype)
     model = _model(x, y).to(dtype)
-    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
-    streaming.update(x[:100], y[:100]).cholesky()  # the factor exists: small batches now update it
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
+    streaming.update(x[:100], y[:100]).cholesky()  # the factor exists: batches now update it
     bounds = torch.tensor([0, *sizes]).cumsum(0) + 100
     for start, stop in zip(bounds[:-1], bounds[1:]):
         streaming.update(x[start:stop], y[start:stop])
-    assert calls == sizes  # every batch (k < F/8 = 6) took the rank-k path, none refactorised
+    assert calls == sizes  # every batch took the rank-k path, none refactorised
     tolerance = {torch.float64: 1e-10, torch.float32: 1e-4}[dtype]
     eye = torch.eye(streaming.gram.shape[-1], dtype=torch.float64)
     refactorised = torch.linalg.cholesky(eye + streaming.gram.double())
@@ -143,20 +143,20 @@ def test_rank_updates_equal_refit(dtype, monkeypatch):
     torch.testing.assert_close(streamed.covariance_matrix, reference.covariance_matrix, **close)
 
 
-def test_large_batches_and_zero_fraction_refactorise(monkeypatch):
+def test_when_batches_update_the_factor(monkeypatch):
+    assert takes_rank_update(63, 1024) and not takes_rank_update(64, 1024)  # k < F/16 ...
+    assert not takes_rank_update(1, 512)  # ... once F is large enough to pay
+    assert takes_rank_update(500, 512, "always") and not takes_rank_update(1, 4096, "never")
     calls = _count_rank_updates(monkeypatch)
     x, y = _data()
     model = _model(x, y)
-    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
-    streaming.update(x[:100], y[:100]).cholesky()
-    streaming.update(x[100:106], y[100:106])  # k = 6 = F/8: not below the crossover
-    assert calls == [] and streaming._chol is None
-    never = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update_fraction=0)
-    never.update(x[:100], y[:100]).cholesky()
-    never.update(x[100:101], y[100:101])
-    assert calls == [] and never._chol is None
-    with pytest.raises(ValueError, match="rank_update_fraction"):
-        StreamingFeatureGP(model.covar_module, model.likelihood, rank_update_fraction=-0.5)
+    for mode in ("auto", "never"):  # F = 48: "auto" refactorises too
+        streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update=mode)
+        streaming.update(x[:100], y[:100]).cholesky()
+        streaming.update(x[100:101], y[100:101])
+        assert calls == [] and streaming._chol is None
+    with pytest.raises(ValueError, match="rank_update"):
+        StreamingFeatureGP(model.covar_module, model.likelihood, rank_update="sometimes")
 
 
 @pytest.mark.parametrize(
