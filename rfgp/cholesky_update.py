@@ -12,11 +12,12 @@ blocks J of width b are processed left to right.  With the rows split into J and
 
 and Ṽ_R (still k columns, because the last k columns of Q_J span the null space of [L_JJ V_J])
 is the update left for the trailing factor L_RR, which is only touched when its own block is
-reached.  Block j costs O((F − jb)(b + k)²), in all O(F²(b + k)²/b) = O(k·F²) for b ≈ k,
-against O(F³) for refactorising LLᵀ + VVᵀ.  Because only orthogonal transformations are applied
-(Householder QR), the update is backward stable, like the classical rank-1 Givens update
-(Golub & Van Loan, *Matrix Computations*, 4th ed., §6.5.4) whose blocked form this is (LAPACK's
-triangular-pentagonal QR, ``xTPQRT``).  Cf. the "L·chol(I + (L⁻¹V)(L⁻¹V)ᵀ)" form, which is exact
+reached.  Block j costs O((F − jb)(b + k)²), in all O(F²(b + k)²/b); the default
+b = max(k, 32) makes that O(max(k, 32)·F²), against O(F³) for refactorising LLᵀ + VVᵀ (the floor
+of 32 keeps the number of Python-level block steps, F/b, small).  Because only orthogonal
+transformations are applied (Householder QR), the update is backward stable, like the classical
+rank-1 Givens update (Golub & Van Loan, *Matrix Computations*, §6.5, updating factorisations)
+whose blocked form this is (LAPACK's triangular-pentagonal QR, ``xTPQRT``).  Cf. the "L·chol(I + (L⁻¹V)(L⁻¹V)ᵀ)" form, which is exact
 too but costs O(F³) and is therefore no update at all.
 """
 
