@@ -209,6 +209,10 @@ class StreamingFeatureGP(nn.Module):
             covar = covar + DiagLinearOperator((moments[0] - moments[1]).clamp_min(0.0))
         return MultivariateNormal(mean, covar)
 
+    def _apply(self, fn, *args, **kwargs):
+        self._chol = None  # a plain attribute, not a buffer: refactorised in the new dtype/device
+        return super()._apply(fn, *args, **kwargs)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for name in _STATISTICS:
             saved = state_dict.get(prefix + name)
@@ -225,8 +229,9 @@ def _snapshot_after_loading(module: StreamingFeatureGP, incompatible_keys) -> No
     )
 
 
-def _identical(a: Tensor, b: Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+def _identical(current: Tensor, saved: Tensor) -> bool:
+    # Moving the model (.to(device) or .to(dtype)) moves the statistics too: compare values only.
+    return current.shape == saved.shape and torch.equal(current, saved.to(current))
 
 
 def fit_from_batches(
