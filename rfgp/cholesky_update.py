@@ -71,13 +71,13 @@ def cholesky_update(chol: Tensor, vectors: Tensor, block_size: int | None = None
         stop = min(start + block, size)
         width = stop - start
         panel = torch.cat([result[..., start:, start:stop], remaining], dim=-1)  # [L_·J  V_·]
-        # Householder QR kept in LAPACK's compact form: Q is applied by ormqr, never formed.
-        reflectors, tau = torch.geqrf(panel[..., :width, :].mT)
-        upper = torch.triu(reflectors[..., :width, :])
+        # Q is formed ((b + k)² entries) and applied by a matmul: torch's CPU ormqr, which would apply
+        # it in compact form, took ~0.1 s instead of ~20 µs on a 96 × 33 block with 2 threads.
+        q, r = torch.linalg.qr(panel[..., :width, :].mT, mode="complete")
         # QR fixes each column of Q only up to sign: make diag(L'_JJ) positive.
-        signs = torch.where(torch.diagonal(upper, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(upper.dtype)
-        result[..., start:stop, start:stop] = (upper * signs.unsqueeze(-1)).mT
-        rotated = torch.ormqr(reflectors, tau, panel[..., width:, :], left=False, transpose=False)
+        signs = torch.where(torch.diagonal(r, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(r.dtype)
+        result[..., start:stop, start:stop] = (r[..., :width, :] * signs.unsqueeze(-1)).mT
+        rotated = panel[..., width:, :] @ q
         result[..., stop:, start:stop] = rotated[..., :width] * signs.unsqueeze(-2)
         remaining = rotated[..., width:]
     return result
