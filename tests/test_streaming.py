@@ -198,7 +198,6 @@ def test_loaded_statistics_are_tied_to_the_loaded_hyperparameters():
     fresh.load_state_dict(streaming.state_dict())
     fresh(x[:2])  # the loaded hyperparameters match the loaded statistics
     fresh.float()(x[:2].float())  # moving the model moves the statistics: still valid
-    fresh.double()
     other.likelihood.noise = 0.3
     with pytest.raises(RuntimeError, match="likelihood.noise_covar.raw_noise"):
-        fresh(x[:2])
+        fresh(x[:2].float())
