@@ -90,15 +90,11 @@ class _LabelStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan, featurizer, step_blocks, rhs, source, *params):
         num_classes = plan.counts.shape[0]
-        dtype, device = rhs.dtype, rhs.device
-        membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(dtype).mT
-        num_features = None
-        grams = projection = None
+        membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(rhs.dtype).mT
+        num_features = source.shape[-1] if featurizer is None else featurizer.num_features
+        grams = rhs.new_zeros(num_classes, num_features * num_features)
+        projection = rhs.new_zeros(rhs.shape[-1], num_features)
         for start, slots, pad, features in _block_steps(plan, featurizer, step_blocks, source):
-            if grams is None:
-                num_features = features.shape[-1]
-                grams = features.new_zeros(num_classes, num_features * num_features)
-                projection = features.new_zeros(rhs.shape[-1], num_features)
             blocks = features.view(-1, plan.block_size, num_features)
             block_grams = torch.bmm(blocks.mT, blocks).view(blocks.shape[0], -1)
             # sum the blocks into their classes (a small matmul; CPU index_add is far slower here)
@@ -237,7 +233,6 @@ class _ClassNoiseSolve:
         w_on, w_off = structure.on.reciprocal(), structure.off.reciprocal()
         num_classes, num_data = w_on.shape[0], structure.labels.shape[0]
         width = 0 if rhs is None else rhs.shape[-1]
-        dtype = w_on.dtype
         if rhs is None:
             weighted = w_on.new_zeros(num_data, 0)
             weighted_square = None
@@ -252,7 +247,7 @@ class _ClassNoiseSolve:
         # A_c = I + β_off ΦᵀΦ + (β_on − β_off) G_c, one batched Cholesky over the classes
         capacitance = grams * (w_on - w_off).view(-1, 1, 1) + w_off.view(-1, 1, 1) * grams.sum(0)
         capacitance.diagonal(dim1=-2, dim2=-1).add_(1.0)
-        chol = psd_safe_cholesky(capacitance.to(dtype))
+        chol = psd_safe_cholesky(capacitance)
         return chol, projection, weighted_square
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
