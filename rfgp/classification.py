@@ -9,15 +9,18 @@ label c, σ²_{c,off} otherwise.  With β = 1/σ² the capacitance matrix of cla
 
 Φ_c holding the rows labelled c.  The per-label Gram matrices G_k = Φ_kᵀΦ_k partition the
 rows, so all of them (and ΦᵀΦ = Σ_k G_k) cost O(N·F²) together — independent of C — and
-the C factorisations are one batched (C, F, F) Cholesky.  Memory is O(N·F + C·F²): Φ is
-never replicated per class.  The marginal likelihood (Woodbury identity and the matrix
-determinant lemma) and the posterior caches (Searle identity, paper 000 Eqs. 88–90) then
-need only batched F-dimensional work and one Φᵀ(C right-hand sides) product.
+the C factorisations are one batched (C, F, F) Cholesky.  The right-hand sides enter only
+through ΦᵀD_c⁻¹r_c for all c, one product of Φ with an (N × C) matrix.  The marginal likelihood
+(Woodbury identity and the matrix determinant lemma) and the posterior caches (Searle
+identity, paper 000 Eqs. 88–90) then need only batched F-dimensional work.
 
 The per-label Grams are computed without a Python loop over classes: rows are sorted by
 label into fixed-size, label-pure blocks (zero-padded), one batched Gram runs over the
-blocks and a block-to-class membership product sums blocks into their class.  The block plan depends only on
-the labels and is built once (:class:`LabelBlockPlan`).
+blocks and a block-to-class membership product sums blocks into their class.  The block plan
+depends only on the labels and is built once (:class:`LabelBlockPlan`).  A pass visits a
+few blocks at a time, so when the kernel returns a chunked ΦΦᵀ (``rfgp.settings.memory_budget``)
+the features are computed per step — and recomputed in the backward pass — and memory is
+O(chunk·F + C·F²); otherwise O(N·F + C·F²).  Φ is never replicated per class.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from .linalg import weighted_gram
-from .operators import FeatureRootAddedDiagLinearOperator
+from .chunking import backprop_chunks
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,19 @@ class LabelBlockPlan:
     counts: Tensor
     num_blocks: int
     block_size: int
+    num_data: int
 
     @classmethod
-    def from_labels(cls, labels: Tensor, num_classes: int) -> "LabelBlockPlan":
-        """Plan for integer ``labels`` (N,) in 0..C−1; padding stays below N/8 + C rows."""
+    def from_labels(cls, labels: Tensor, num_classes: int, max_block_size: int | None = None) -> "LabelBlockPlan":
+        """Plan for integer ``labels`` (N,) in 0..C−1; padding stays below N/8 + C·block_size rows.
+
+        ``max_block_size`` caps the block size (a chunked feature operator's chunk size).
+        """
         num_data = labels.shape[-1]
         # Blocks of ≈ N/(8C) rows: at most N/8 padding rows (≤ 12.5 % extra flops) and ≤ 9C blocks.
         block_size = max(1, -(-num_data // (8 * num_classes)))
+        if max_block_size is not None:
+            block_size = min(block_size, max_block_size)
         counts = torch.bincount(labels, minlength=num_classes)
         blocks_per_class = (counts + block_size - 1) // block_size
         num_blocks = int(blocks_per_class.sum())
@@ -66,31 +75,121 @@ class LabelBlockPlan:
         index = torch.full((num_blocks * block_size,), num_data, dtype=torch.long, device=labels.device)
         index[slot] = order
         block_class = torch.repeat_interleave(torch.arange(num_classes, device=labels.device), blocks_per_class)
-        return cls(index, block_class, counts, num_blocks, block_size)
+        return cls(index, block_class, counts, num_blocks, block_size, num_data)
 
 
-def label_grams(features: Tensor, plan: LabelBlockPlan, blocks_per_step: int | None = None) -> Tensor:
-    """G_k = Φ_kᵀΦ_k for every label k, shape ``(C, F, F)``, in O(N·F²) total work.
+class _LabelStatistics(torch.autograd.Function):
+    """(G_k = Φ_kᵀΦ_k for every label k, VᵀΦ) in one pass over steps of label-pure row blocks.
+
+    The rows come either from a materialised Φ (``featurizer is None``, ``source`` = Φ) or are
+    recomputed per step as φ(x) (``source`` = x arranged in block slots, padding included).
+    With Ḡ, P̄ the incoming gradients, row i of label k receives
+    ∂Φ_i = Φ_i(Ḡ_k + Ḡ_kᵀ) + V_i P̄ and ∂V_i = Φ_i P̄ᵀ: one batched block product per step.
+    """
+
+    @staticmethod
+    def forward(ctx, plan, featurizer, step_blocks, rhs, source, *params):
+        num_classes = plan.counts.shape[0]
+        membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(rhs.dtype).mT
+        num_features = source.shape[-1] if featurizer is None else featurizer.num_features
+        grams = rhs.new_zeros(num_classes, num_features * num_features)
+        projection = rhs.new_zeros(rhs.shape[-1], num_features)
+        for start, slots, pad, features in _block_steps(plan, featurizer, step_blocks, source):
+            blocks = features.view(-1, plan.block_size, num_features)
+            block_grams = torch.bmm(blocks.mT, blocks).view(blocks.shape[0], -1)
+            # sum the blocks into their classes (a small matmul; CPU index_add is far slower here)
+            grams.addmm_(membership[:, start : start + blocks.shape[0]], block_grams)
+            # VᵀΦ, not ΦᵀV: BLAS is an order of magnitude slower on (F × n)(n × k) with small k
+            projection.addmm_(_gather_rows(rhs, slots, pad).mT, features)
+        ctx.plan, ctx.featurizer, ctx.step_blocks = plan, featurizer, step_blocks
+        ctx.save_for_backward(rhs, source)
+        return grams.view(num_classes, num_features, num_features), projection
+
+    @staticmethod
+    def backward(ctx, grad_grams, grad_projection):
+        rhs, source = ctx.saved_tensors
+        plan, featurizer, step_blocks = ctx.plan, ctx.featurizer, ctx.step_blocks
+        needs = ctx.needs_input_grad
+        sym = grad_grams + grad_grams.mT
+        grad_rhs = rhs.new_zeros(rhs.shape[0] + 1, rhs.shape[1]) if needs[3] else None
+
+        def slot_grad(features: Tensor, start: int, slots: Tensor, pad: Tensor) -> Tensor:
+            blocks = features.view(-1, plan.block_size, features.shape[-1])
+            block_sym = sym[plan.block_class[start : start + blocks.shape[0]]]
+            grad = torch.bmm(blocks, block_sym).view_as(features)
+            grad.addmm_(_gather_rows(rhs, slots, pad), grad_projection)
+            if grad_rhs is not None:
+                grad_rhs[slots] = features @ grad_projection.mT
+            return grad.masked_fill_(pad.unsqueeze(-1), 0.0)
+
+        if featurizer is None:
+            grad_source = None
+            if needs[4]:
+                grad_source = source.new_zeros(source.shape[0] + 1, source.shape[1])
+                for start, slots, pad, features in _block_steps(plan, None, step_blocks, source):
+                    grad_source[slots] = slot_grad(features, start, slots, pad)
+                grad_source = grad_source[:-1]
+            param_grads = []
+        else:
+            rows_per_step = step_blocks * plan.block_size
+
+            def chunk_grad(features: Tensor, rows: slice) -> Tensor:
+                start = rows.start // plan.block_size
+                slots = plan.index[rows]
+                pad = slots == plan.num_data
+                return slot_grad(features.masked_fill(pad.unsqueeze(-1), 0.0), start, slots, pad)
+
+            grad_source, param_grads = backprop_chunks(
+                featurizer, source, rows_per_step, chunk_grad, needs[4], needs[5:]
+            )
+        if grad_rhs is not None:
+            grad_rhs = grad_rhs[:-1]
+        return (None, None, None, grad_rhs, grad_source, *param_grads)
+
+
+def _gather_rows(values: Tensor, slots: Tensor, pad: Tensor) -> Tensor:
+    """``values[slots]`` with the padding slots (index N) as zero rows."""
+    return values.index_select(0, slots.clamp(max=values.shape[0] - 1)).masked_fill_(pad.unsqueeze(-1), 0.0)
+
+
+def _block_steps(plan, featurizer, step_blocks: int, source: Tensor):
+    """(first block, slots, padding mask, features) for every step of ``step_blocks`` blocks."""
+    for start in range(0, plan.num_blocks, step_blocks):
+        rows = slice(start * plan.block_size, min(start + step_blocks, plan.num_blocks) * plan.block_size)
+        slots = plan.index[rows]
+        pad = slots == plan.num_data
+        if featurizer is None:
+            features = _gather_rows(source, slots, pad)
+        else:
+            features = featurizer(source[rows]).masked_fill_(pad.unsqueeze(-1), 0.0)
+        yield start, slots, pad, features
+
+
+def label_feature_statistics(features, plan: "LabelBlockPlan", rhs: Tensor, blocks_per_step: int | None = None):
+    """(G, VᵀΦ): the per-label Grams G_k = Φ_kᵀΦ_k ``(C, F, F)`` and the projection ``(k, F)`` of V ``(N, k)``.
+
+    O(N·F²) total work whatever C, exact gradients with respect to Φ (or the feature map's
+    parameters) and V.
 
     Args:
-        features: Φ of shape ``(N, F)`` (shared by all classes).
+        features: Φ ``(N, F)``, or a :class:`~rfgp.operators.ChunkedFeatureRootLinearOperator`
+            whose rows are then recomputed chunk by chunk (forward and backward), so that
+            memory stays O(chunk·F + C·F²).
         plan: the label blocks of the N rows.
-        blocks_per_step: blocks whose Grams are formed at once (default 2C), bounding the
-            transient memory to ``blocks_per_step·F²`` on top of the ``C·F²`` result.
+        rhs: V ``(N, k)`` (k may be 0).
+        blocks_per_step: blocks processed at once (default: 2C, or the operator's chunk size),
+            bounding the transient memory to ``blocks_per_step·(block_size·F + F²)``.
     """
-    num_features = features.shape[-1]
     num_classes = plan.counts.shape[0]
-    step = blocks_per_step or 2 * num_classes
-    padded = torch.cat((features, features.new_zeros(1, num_features)), 0)
-    index = plan.index.view(plan.num_blocks, plan.block_size)
-    membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(features.dtype)
-    grams = features.new_zeros(num_classes, num_features * num_features)
-    for start in range(0, plan.num_blocks, step):  # a few steps over blocks, not over classes
-        blocks = padded[index[start : start + step]]
-        block_grams = weighted_gram(blocks, features.new_ones(blocks.shape[:-1]))
-        # sum the blocks into their classes (a small matmul; CPU index_add is far slower here)
-        grams = grams + membership[start : start + step].mT @ block_grams.flatten(1)
-    return grams.view(num_classes, num_features, num_features)
+    if torch.is_tensor(features):
+        step = blocks_per_step or 2 * num_classes
+        return _LabelStatistics.apply(plan, None, step, rhs, features)
+    featurizer = features.featurizer
+    step = blocks_per_step or max(1, min(2 * num_classes, features.chunk_size // plan.block_size))
+    inputs = features.inputs
+    # x in block-slot order; padding slots repeat row 0 (their features are zeroed)
+    slot_inputs = inputs[plan.index.clamp(max=inputs.shape[-2] - 1)]
+    return _LabelStatistics.apply(plan, featurizer, step, rhs, slot_inputs, *featurizer.params)
 
 
 @dataclass(frozen=True)
@@ -108,19 +207,13 @@ class TwoLevelNoise:
         return torch.where(self.labels == classes, self.on.unsqueeze(-1), self.off.unsqueeze(-1))
 
 
-class ClassNoiseFeatureLinearOperator(FeatureRootAddedDiagLinearOperator):
-    """ΦΦᵀ + D_c for C classes sharing Φ ``(N, F)`` with two-valued noise D_c, solved in feature space.
-
-    Behaves exactly like :class:`~rfgp.operators.FeatureRootAddedDiagLinearOperator` (it is one,
-    with diagonal ``(C, N)``); when built through :meth:`from_parts` it also carries the label
-    structure, which :meth:`inv_quad_logdet` and :meth:`feature_space_caches` exploit.  Operators
-    derived from it by slicing or reshaping lose the structure and take the generic path.
-    """
+class _ClassNoiseSolve:
+    """The structured marginal likelihood and posterior caches, shared by the dense and chunked operators."""
 
     structure: TwoLevelNoise | None = None
 
     @classmethod
-    def from_parts(cls, generic: FeatureRootAddedDiagLinearOperator, structure: TwoLevelNoise):
+    def from_parts(cls, generic, structure: TwoLevelNoise):
         op = cls(generic._linear_op, generic._diag_tensor)
         op.structure = structure
         return op
@@ -130,53 +223,54 @@ class ClassNoiseFeatureLinearOperator(FeatureRootAddedDiagLinearOperator):
         # drop the label structure; both components are already evaluated, so it is the identity.
         return self
 
-    def _structured_features(self) -> Tensor | None:
-        """Φ when the structured path applies (shared 2-D Φ with fewer features than points)."""
-        if self.structure is None:
-            return None
-        features = self._linear_op.root.to_dense()
-        if features.dim() != 2 or features.shape[-1] >= features.shape[-2]:
-            return None
-        return features
+    def _feature_source(self):
+        """Φ (or the chunked ΦΦᵀ) when the structured path applies: shared 2-D Φ, fewer features than points."""
+        raise NotImplementedError
 
-    def _capacitance_cholesky(self, features: Tensor) -> Tensor:
-        """Batched Cholesky factors of A_c = I + β_off ΦᵀΦ + (β_on − β_off) G_c, shape (C, F, F)."""
+    def _solve_statistics(self, source, rhs: Tensor | None):
+        """(chol A_c ``(C, F, F)``, ΦᵀD_c⁻¹r_c ``(C, F, t)``, r_cᵀD_c⁻¹r_c ``(C, t)``) for r ``(C, N, t)``."""
         structure = self.structure
-        grams = label_grams(features, structure.plan)
         w_on, w_off = structure.on.reciprocal(), structure.off.reciprocal()
-        total = grams.sum(0)
-        capacitance = w_off[:, None, None] * total + (w_on - w_off)[:, None, None] * grams
-        eye = torch.eye(features.shape[-1], dtype=features.dtype, device=features.device)
-        return psd_safe_cholesky(capacitance + eye)
-
-    def _weighted_projection(self, features: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        """(D_c⁻¹ r_c, ΦᵀD_c⁻¹ r_c) for right-hand sides ``rhs`` of shape (C, N, k)."""
-        weighted = rhs * self.structure.per_point().reciprocal().unsqueeze(-1)
-        num_classes, num_data, width = weighted.shape
-        # one (F × N)(N × C·k) product instead of a broadcast batched matmul over the classes
-        stacked = weighted.permute(1, 0, 2).reshape(num_data, num_classes * width)
-        projected = (features.mT @ stacked).view(-1, num_classes, width).permute(1, 0, 2)
-        return weighted, projected
+        num_classes, num_data = w_on.shape[0], structure.labels.shape[0]
+        width = 0 if rhs is None else rhs.shape[-1]
+        if rhs is None:
+            weighted = w_on.new_zeros(num_data, 0)
+            weighted_square = None
+        else:
+            weights = structure.per_point().reciprocal().unsqueeze(-1)
+            weighted_rhs = rhs * weights
+            weighted_square = (rhs * weighted_rhs).sum(-2)
+            weighted = weighted_rhs.permute(1, 0, 2).reshape(num_data, num_classes * width)
+        grams, projection = label_feature_statistics(source, structure.plan, weighted)
+        num_features = grams.shape[-1]
+        projection = projection.view(num_classes, width, num_features).mT
+        # A_c = I + β_off ΦᵀΦ + (β_on − β_off) G_c, one batched Cholesky over the classes
+        capacitance = grams * (w_on - w_off).view(-1, 1, 1) + w_off.view(-1, 1, 1) * grams.sum(0)
+        capacitance.diagonal(dim1=-2, dim2=-1).add_(1.0)
+        chol = psd_safe_cholesky(capacitance)
+        return chol, projection, weighted_square
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        features = self._structured_features()
-        if features is None:
+        source = self._feature_source()
+        if source is None:
             return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
-        chol = self._capacitance_cholesky(features)
-        num_classes = chol.shape[0]
-        inv_quad = logdet_term = torch.zeros(0, dtype=features.dtype, device=features.device)
+        structure = self.structure
+        num_classes = structure.on.shape[0]
+        rhs = None
         if inv_quad_rhs is not None:
             rhs = inv_quad_rhs.unsqueeze(-1) if inv_quad_rhs.dim() == 1 else inv_quad_rhs
             rhs = rhs.expand(num_classes, *rhs.shape[-2:])
-            weighted, projected = self._weighted_projection(features, rhs)
-            projected = torch.linalg.solve_triangular(chol, projected, upper=False)
-            inv_quad = (rhs * weighted).sum(-2) - projected.pow(2).sum(-2)
+        chol, projection, weighted_square = self._solve_statistics(source, rhs)
+        inv_quad = logdet_term = torch.zeros(0, dtype=chol.dtype, device=chol.device)
+        if rhs is not None:
+            projected = torch.linalg.solve_triangular(chol, projection, upper=False)
+            inv_quad = weighted_square - projected.pow(2).sum(-2)
             if reduce_inv_quad:
                 inv_quad = inv_quad.sum(-1)
         if logdet:
-            structure = self.structure
-            counts = structure.plan.counts.to(features.dtype)
-            noise_logdet = counts * structure.on.log() + (features.shape[0] - counts) * structure.off.log()
+            counts = structure.plan.counts.to(chol.dtype)
+            num_data = structure.labels.shape[0]
+            noise_logdet = counts * structure.on.log() + (num_data - counts) * structure.off.log()
             logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
         return inv_quad, logdet_term
 
@@ -186,10 +280,42 @@ class ClassNoiseFeatureLinearOperator(FeatureRootAddedDiagLinearOperator):
         Posterior at test features φ*: mean_c = φ*ᵀ mean_cache_c, covar_c = φ*ᵀA_c⁻¹φ*
         (paper 000 Eqs. 88–89).  ``None`` when the structured path does not apply.
         """
-        features = self._structured_features()
-        if features is None:
+        source = self._feature_source()
+        if source is None:
             return None
-        chol = self._capacitance_cholesky(features)
-        residual = residual.expand(chol.shape[0], residual.shape[-1]).unsqueeze(-1)
-        _, projected = self._weighted_projection(features, residual)
-        return torch.cholesky_solve(projected, chol, upper=False), chol
+        num_classes = self.structure.on.shape[0]
+        residual = residual.expand(num_classes, residual.shape[-1]).unsqueeze(-1)
+        chol, projection, _ = self._solve_statistics(source, residual)
+        return torch.cholesky_solve(projection, chol, upper=False), chol
+
+
+class ClassNoiseFeatureLinearOperator(_ClassNoiseSolve, FeatureRootAddedDiagLinearOperator):
+    """ΦΦᵀ + D_c for C classes sharing Φ ``(N, F)`` with two-valued noise D_c, solved in feature space.
+
+    Behaves exactly like :class:`~rfgp.operators.FeatureRootAddedDiagLinearOperator` (it is one,
+    with diagonal ``(C, N)``); when built through :meth:`from_parts` it also carries the label
+    structure, which :meth:`inv_quad_logdet` and :meth:`feature_space_caches` exploit.  Operators
+    derived from it by slicing or reshaping lose the structure and take the generic path.
+    """
+
+    def _feature_source(self):
+        if self.structure is None:
+            return None
+        features = self._linear_op.root.to_dense()
+        if features.dim() != 2 or features.shape[-1] >= features.shape[-2]:
+            return None
+        return features
+
+
+class ChunkedClassNoiseFeatureLinearOperator(_ClassNoiseSolve, ChunkedFeatureRootAddedDiagLinearOperator):
+    """The same for a chunked ΦΦᵀ (:class:`~rfgp.operators.ChunkedFeatureRootLinearOperator`): the
+    per-label Grams and projections are accumulated chunk by chunk (features recomputed in the
+    backward pass), so memory is O(chunk·F + C·F²) instead of O(N·F)."""
+
+    def _feature_source(self):
+        if self.structure is None:
+            return None
+        root = self._linear_op
+        if root.inputs.dim() != 2 or len(root.featurizer.batch_shape) or root.featurizer.num_features >= root.shape[-1]:
+            return None
+        return root

@@ -12,7 +12,8 @@ same name (and a subclass of it) that
 
 * validates labels and takes ``num_classes`` explicitly, so classes absent from a batch exist;
 * with an rfgp feature kernel shared by the classes (Φ of shape (N, F)) hands GPyTorch a
-  :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator`, whose marginal likelihood and
+  :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator` (or its chunked sibling when the
+  kernel's features exceed ``rfgp.settings.memory_budget``), whose marginal likelihood and
   posterior caches cost O(N·F² + C·F³) instead of O(C·N·F²);
 * fixes GPyTorch's fantasy update (which read the ``noise`` keyword as the new labels);
 * predicts class probabilities by seeded Monte Carlo or the deterministic mean-field approximation.
@@ -32,15 +33,21 @@ from gpytorch.likelihoods.noise_models import FixedGaussianNoise
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_float, check_positive_int
-from ..classification import ClassNoiseFeatureLinearOperator, LabelBlockPlan, TwoLevelNoise
-from ..operators import (
-    ChunkedFeatureRootLinearOperator,
-    FeatureRootAddedDiagLinearOperator,
-    FeatureRootLinearOperator,
+from ..classification import (
+    ChunkedClassNoiseFeatureLinearOperator,
+    ClassNoiseFeatureLinearOperator,
+    LabelBlockPlan,
+    TwoLevelNoise,
 )
+from ..operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .softmax import softmax_expectation_mc, softmax_expectation_mean_field
 
 PROBABILITY_METHODS = ("mc", "mean_field")
+#: noise-added operators of a feature kernel → their shared-Φ, class-structured counterparts
+_STRUCTURED_OPERATORS = {
+    FeatureRootAddedDiagLinearOperator: ClassNoiseFeatureLinearOperator,
+    ChunkedFeatureRootAddedDiagLinearOperator: ChunkedClassNoiseFeatureLinearOperator,
+}
 
 
 def check_labels(labels, name: str, num_classes: int | None = None) -> Tensor:
@@ -145,7 +152,7 @@ class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassifica
         self.num_classes = num_classes
         self.register_buffer("targets", labels)
         self.register_buffer("transformed_targets", transformed)
-        self._plan = None
+        self._plans = {}
         self.register_load_state_dict_post_hook(_refresh_after_load)
 
     # ----- labels and noise -------------------------------------------------------------
@@ -155,7 +162,7 @@ class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassifica
         self.targets = labels
         self.transformed_targets = transformed
         self.noise_covar = FixedGaussianNoise(noise=noise)
-        self._plan = None
+        self._plans = {}
 
     @property
     def noise(self) -> Tensor:
@@ -179,41 +186,41 @@ class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassifica
         labels = check_labels(labels, "labels", self.num_classes).to(self.targets.device)
         return dirichlet_transform(labels, self.num_classes, self.alpha_epsilon, self.transformed_targets.dtype)[1]
 
-    def _two_level_noise(self) -> TwoLevelNoise:
+    def _two_level_noise(self, max_block_size: int | None = None) -> TwoLevelNoise:
         on, off = dirichlet_noise_levels(self.alpha_epsilon)
         extra = self.second_noise
         extra = extra.reshape(-1) if torch.is_tensor(extra) else extra
         base = self.transformed_targets.new_ones(self.num_classes)
-        if self._plan is None or self._plan.index.device != self.targets.device:
-            self._plan = LabelBlockPlan.from_labels(self.targets, self.num_classes)
-        return TwoLevelNoise(self.targets, base * on + extra, base * off + extra, self._plan)
+        # the label blocks depend only on the labels (and the chunk size): built once per size
+        key = (max_block_size, self.targets.device)
+        if key not in self._plans:
+            self._plans[key] = LabelBlockPlan.from_labels(self.targets, self.num_classes, max_block_size)
+        return TwoLevelNoise(self.targets, base * on + extra, base * off + extra, self._plans[key])
 
     # ----- GPyTorch likelihood protocol -------------------------------------------------
     def marginal(self, function_dist: MultivariateNormal, *args, **kwargs) -> MultivariateNormal:
         """p(ỹ) = N(m, K̂ + D_c); over the training points with a feature kernel the covariance
-        is a :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator` (structured solve)."""
+        is a :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator` (structured solve), or
+        its chunked sibling when the kernel returned a chunked ΦΦᵀ."""
         prior_covar = function_dist.lazy_covariance_matrix
         if hasattr(prior_covar, "evaluate_kernel"):
             # A lazily evaluated kernel would be added to the noise as a generic sum; the evaluated
-            # feature kernel (ΦΦᵀ) adds to it as a FeatureRootAddedDiagLinearOperator.
+            # feature kernel (ΦΦᵀ) adds to it as a (chunked) feature-root-plus-diagonal operator.
             function_dist = function_dist.__class__(function_dist.mean, prior_covar.evaluate_kernel())
-        if isinstance(function_dist.lazy_covariance_matrix, ChunkedFeatureRootLinearOperator):
-            # The class-structured solve works on Φ itself (O(N·F) memory, shared by the C
-            # classes); a chunked ΦΦᵀ would otherwise meet the (C, N) noise as a generic sum.
-            chunked = function_dist.lazy_covariance_matrix
-            materialized = FeatureRootLinearOperator(chunked.features(), chunked.variance_correction)
-            function_dist = function_dist.__class__(function_dist.mean, materialized)
         result = super().marginal(function_dist, *args, **kwargs)
         covar = result.lazy_covariance_matrix
+        structured_type = _STRUCTURED_OPERATORS.get(type(covar))
         eligible = (
             "noise" not in kwargs
-            and type(covar) is FeatureRootAddedDiagLinearOperator
+            and structured_type is not None
             and covar.shape[-1] == self.targets.shape[-1]
             and covar.batch_shape == torch.Size((self.num_classes,))
         )
         if not eligible:
             return result
-        structured = ClassNoiseFeatureLinearOperator.from_parts(covar, self._two_level_noise())
+        # a chunked ΦΦᵀ is visited in label blocks no longer than its chunks
+        max_block_size = getattr(covar._linear_op, "chunk_size", None)
+        structured = structured_type.from_parts(covar, self._two_level_noise(max_block_size))
         return result.__class__(result.mean, structured)
 
     def _shaped_noise_covar(self, base_shape, *params, **kwargs):

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from rfgp import classification
-from rfgp.classification import ClassNoiseFeatureLinearOperator, LabelBlockPlan, label_grams
+from rfgp.classification import (
+    ChunkedClassNoiseFeatureLinearOperator,
+    ClassNoiseFeatureLinearOperator,
+    LabelBlockPlan,
+    label_feature_statistics,
+)
 from rfgp.kernels.fourier import SketchedRBFKernel
 from rfgp.likelihoods import DirichletClassificationLikelihood
 from rfgp.models import ExactGPModel
@@ -95,22 +100,32 @@ def test_bad_alpha_and_fixed_noise_assignment_rejected():
         likelihood.noise = torch.ones(2, 2)
 
 
-def test_label_grams_partition_the_gram_matrix():
+@pytest.mark.parametrize("max_block_size", [None, 5])
+def test_label_statistics_partition_the_gram_matrix_with_exact_gradients(max_block_size):
     gen = torch.Generator().manual_seed(1)
     labels = torch.cat((torch.zeros(37, dtype=torch.long), torch.full((3,), 2), torch.full((61,), 4)))
     labels = labels[torch.randperm(labels.numel(), generator=gen)]
-    features = torch.randn(labels.numel(), 9, generator=gen, dtype=torch.float64)
-    plan = LabelBlockPlan.from_labels(labels, 5)
-    grams = label_grams(features, plan, blocks_per_step=3)
-    for c in range(5):
-        rows = features[labels == c]
-        torch.testing.assert_close(grams[c], rows.mT @ rows, rtol=0, atol=1e-12)
+    features = torch.randn(labels.numel(), 9, generator=gen, dtype=torch.float64, requires_grad=True)
+    rhs = torch.randn(labels.numel(), 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    plan = LabelBlockPlan.from_labels(labels, 5, max_block_size)
+    grams, projection = label_feature_statistics(features, plan, rhs, blocks_per_step=3)
+    reference = torch.stack([features[labels == c].mT @ features[labels == c] for c in range(5)])
+    torch.testing.assert_close(grams, reference, rtol=0, atol=1e-12)
+    torch.testing.assert_close(projection, rhs.mT @ features, rtol=0, atol=1e-12)
+    grad_grams = torch.randn(grams.shape, generator=gen, dtype=torch.float64)
+    grad_projection = torch.randn(projection.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((grams * grad_grams).sum() + (projection * grad_projection).sum(), (features, rhs))
+    reference_loss = (reference * grad_grams).sum() + ((rhs.mT @ features) * grad_projection).sum()
+    for g, r in zip(grads, torch.autograd.grad(reference_loss, (features, rhs))):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
     assert plan.num_blocks * plan.block_size <= labels.numel() * 5 / 4 + 5 * plan.block_size
+    assert max_block_size is None or plan.block_size <= max_block_size
 
 
 def test_structured_mll_and_gradients_equal_dense_gaussian(dtype, monkeypatch):
     calls = []
-    monkeypatch.setattr(classification, "label_grams", lambda *a: calls.append(1) or label_grams(*a))
+    monkeypatch.setattr(classification, "label_feature_statistics",
+                        lambda *a: calls.append(1) or label_feature_statistics(*a))
     x, labels, num_classes = _problem(dtype)
     model, likelihood, kernel = _model(x, labels, num_classes, dtype)
     marginal = likelihood(model(x))
@@ -143,7 +158,7 @@ def test_batched_kernel_takes_generic_path_with_same_answer():
         kernel.base_kernel.lengthscale = torch.linspace(0.5, 1.5, num_classes, dtype=dtype).view(-1, 1, 1)
     marginal = likelihood(model(x))
     # per-class lengthscales give one Φ per class: the shared-Φ shortcut must not be taken
-    assert marginal.lazy_covariance_matrix._structured_features() is None
+    assert marginal.lazy_covariance_matrix._feature_source() is None
     covar = kernel(x).to_dense() + torch.diag_embed(likelihood.noise)
     dense = torch.distributions.MultivariateNormal(model(x).mean, covar)
     targets = likelihood.transformed_targets
@@ -165,7 +180,8 @@ def _dense_posterior(kernel, likelihood, mean_constant, x, x_test):
 
 def test_batched_feature_space_posterior_equals_dense_exact_gp(dtype, monkeypatch):
     calls = []
-    monkeypatch.setattr(classification, "label_grams", lambda *a: calls.append(1) or label_grams(*a))
+    monkeypatch.setattr(classification, "label_feature_statistics",
+                        lambda *a: calls.append(1) or label_feature_statistics(*a))
     x, labels, num_classes = _problem(dtype)
     model, likelihood, kernel = _model(x, labels, num_classes, dtype)
     x_test = torch.randn(9, 2, generator=torch.Generator().manual_seed(5), dtype=dtype)
@@ -259,33 +275,53 @@ def test_large_feature_count_approaches_exact_kernel_dirichlet_gp():
     assert errors[2] < 0.01 and agreement >= 0.97
 
 
-def test_chunked_kernel_output_still_takes_the_structured_solve(dtype):
-    # Large N makes the kernel return a chunked operator (rfgp.settings.memory_budget); the
-    # likelihood must still reach the shared-Φ solve with the same MLL, gradients and posterior.
+def _mll_grads_and_posterior(model, likelihood, kernel, x, x_test):
+    targets = likelihood.transformed_targets
+    params = [kernel.base_kernel.raw_lengthscale, kernel.raw_outputscale, likelihood.second_noise_covar.raw_noise,
+              model.mean_module.constant]
+    model.train()
+    marginal = likelihood(model(x))
+    mll = marginal.log_prob(targets).sum()
+    grads = torch.autograd.grad(mll, params)
+    model.eval()
+    with torch.no_grad():
+        posterior = model(x_test)
+    return marginal.lazy_covariance_matrix, mll, grads, posterior.mean, posterior.variance
+
+
+@pytest.mark.parametrize("chunk_size", [16, 50])
+def test_chunked_structured_solve_equals_materialised(dtype, chunk_size, monkeypatch):
+    # A chunked ΦΦᵀ (rfgp.settings.memory_budget) keeps the shared-Φ solve, accumulating the
+    # per-label Grams chunk by chunk without ever materialising Φ: same MLL, gradients, posterior.
     import rfgp
 
     x, labels, num_classes = _problem(dtype)
     model, likelihood, kernel = _model(x, labels, num_classes, dtype)
-    targets = likelihood.transformed_targets
-    params = [kernel.base_kernel.raw_lengthscale, kernel.raw_outputscale]
-    reference = likelihood(model(x)).log_prob(targets).sum()
-    reference_grads = torch.autograd.grad(reference, params)
-    with rfgp.settings.chunk_size(16):
+    x_test = torch.randn(5, 2, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    covar, *reference = _mll_grads_and_posterior(model, likelihood, kernel, x, x_test)
+    assert type(covar) is ClassNoiseFeatureLinearOperator
+
+    def no_materialisation(self):
+        raise AssertionError("the chunked training features were materialised")
+
+    with rfgp.settings.chunk_size(chunk_size):
         assert isinstance(kernel(x).evaluate_kernel(), rfgp.operators.ChunkedFeatureRootLinearOperator)
-        marginal = likelihood(model(x))
-        assert isinstance(marginal.lazy_covariance_matrix, ClassNoiseFeatureLinearOperator)
-        chunked = marginal.log_prob(targets).sum()
-        grads = torch.autograd.grad(chunked, params)
-        model.eval()
-        test_x = torch.randn(5, 2, dtype=dtype, generator=torch.Generator().manual_seed(3))
-        with torch.no_grad():
-            chunked_mean = model(test_x).mean
-    model.train()
-    model.eval()
-    with torch.no_grad():
-        mean = model(test_x).mean
+        calls = []
+        with monkeypatch.context() as patch:
+            patch.setattr(classification, "label_feature_statistics",
+                          lambda *a: calls.append(a[0]) or label_feature_statistics(*a))
+            patch.setattr(rfgp.operators.ChunkedFeatureRootLinearOperator, "features", no_materialisation)
+            patch.setattr(rfgp.operators.ChunkedFeatureRootLinearOperator, "to_dense", no_materialisation)
+            covar, *chunked = _mll_grads_and_posterior(model, likelihood, kernel, x, x_test)
+    assert type(covar) is ChunkedClassNoiseFeatureLinearOperator
+    assert covar.structure.plan.block_size <= chunk_size
+    # both the MLL and the posterior caches took the chunked structured path
+    assert len(calls) == 2 and all(isinstance(c, rfgp.operators.ChunkedFeatureRootLinearOperator) for c in calls)
     tol = TOL[dtype] * 50
-    torch.testing.assert_close(chunked, reference, rtol=tol, atol=tol)
-    for g, r in zip(grads, reference_grads):
+    mll, grads, mean, variance = chunked
+    ref_mll, ref_grads, ref_mean, ref_variance = reference
+    torch.testing.assert_close(mll, ref_mll, rtol=tol, atol=tol)
+    for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=tol * 10, atol=tol * 10)
-    torch.testing.assert_close(chunked_mean, mean, rtol=tol, atol=tol)
+    torch.testing.assert_close(mean, ref_mean, rtol=tol, atol=tol)
+    torch.testing.assert_close(variance, ref_variance, rtol=tol, atol=tol)
