@@ -47,6 +47,15 @@ def symmetric_gram(left: Tensor, right: Tensor) -> Tensor:
     return gram
 
 
+def project(features: Tensor, rhs: Tensor) -> Tensor:
+    """ΦᵀR for Φ ``(..., N, F)`` and a thin R ``(..., N, t)``, computed as (RᵀΦ)ᵀ.
+
+    CPU BLAS (MKL) runs the product with the transposed N × F operand ~40× slower once
+    t ≥ 2 (N = 10⁵, F = 1024, t = 2: 3.2 s against 0.06 s CPU), same result.
+    """
+    return (rhs.mT @ features).mT
+
+
 def _is_uniform(weights: Tensor) -> bool:
     """One weight per batch (``(..., 1)``), broadcast over the rows."""
     return weights.shape[-1] == 1
@@ -56,8 +65,8 @@ def statistics_forward(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[
     """(ΦᵀWΦ, ΦᵀWR) without autograd bookkeeping; weights ``(..., N)`` or uniform ``(..., 1)``."""
     w = weights.unsqueeze(-1)
     if _is_uniform(weights):
-        return symmetric_gram(features, features) * w, (features.mT @ rhs) * w
-    return symmetric_gram(features * w, features), features.mT @ (rhs * w)
+        return symmetric_gram(features, features) * w, project(features, rhs) * w
+    return symmetric_gram(features * w, features), project(features, rhs * w)
 
 
 def statistics_backward(
@@ -113,7 +122,7 @@ class _FeatureStatistics(torch.autograd.Function):
     def forward(ctx, features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
         uniform = _is_uniform(weights)
         if uniform:
-            unit_gram, unit_cross = symmetric_gram(features, features), features.mT @ rhs
+            unit_gram, unit_cross = symmetric_gram(features, features), project(features, rhs)
             w = weights.unsqueeze(-1)
             gram, cross = unit_gram * w, unit_cross * w
             ctx.save_for_backward(features, weights, rhs, unit_gram, unit_cross)

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from . import distributed
 from .chunking import Featurizer, backprop_chunks, chunk_slices, chunked_feature_statistics
-from .linalg import feature_statistics, fold_constant
+from .linalg import feature_statistics, fold_constant, project
 
 
 class FeatureRootLinearOperator(LowRankRootLinearOperator):
@@ -231,7 +231,7 @@ class ChunkedFeatureRootLinearOperator(LinearOperator):
 
     def _project(self, rhs: Tensor) -> Tensor:
         """ΦᵀR accumulated over chunks."""
-        return sum(self.featurizer(self.inputs[..., rows, :]).mT @ rhs[..., rows, :] for rows in self._chunks())
+        return sum(project(self.featurizer(self.inputs[..., rows, :]), rhs[..., rows, :]) for rows in self._chunks())
 
     def _matmul(self, rhs: Tensor) -> Tensor:
         projected = self._project(rhs)
@@ -327,7 +327,7 @@ class ChunkedFeatureCrossLinearOperator(LinearOperator):
 
     def _matmul(self, rhs: Tensor) -> Tensor:
         projected = sum(
-            self.featurizer(self.inputs2[..., rows, :]).mT @ rhs[..., rows, :]
+            project(self.featurizer(self.inputs2[..., rows, :]), rhs[..., rows, :])
             for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)
         )
         return torch.cat(
