@@ -15,7 +15,9 @@ import copy
 from typing import Callable
 
 import gpytorch
+import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
+from torch import Tensor
 
 from .kernels.combinations import FeatureProductKernel, FeatureSumKernel
 from .kernels.operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
@@ -43,7 +45,10 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             ``"rff"`` for RBF/Matérn; ``"rff" | "orf" | "sorf"`` for those).
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
             that factors of a product are independent.
-        options: passed to the leaf converters.
+        options: passed to the leaf converters.  ``method="gaussian_sketch" | "gaussian_sketch_hd"``
+            (RBF leaves, paper 003) need the data radius and the target additive error to
+            choose the truncation order: ``x_sample=`` (or ``radius=``) and ``alpha=``, or
+            ``order=`` (see :func:`taylor_sketch_options`); a ValueError names what is missing.
 
     Raises:
         TypeError: naming the first kernel in the tree that has no random-feature version.
@@ -51,6 +56,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Example:
         >>> exact = ScaleKernel(RBFKernel(ard_num_dims=3))
         >>> sketched = rfgp.sketch(exact, num_features=1024, method="sorf")
+        >>> taylor = rfgp.sketch(exact, 1024, method="gaussian_sketch", x_sample=train_x, alpha=1e-4)
     """
     seeds = _SeedSequence(seed)
     return _convert(kernel, num_features, method, seeds, options)
@@ -118,10 +124,74 @@ def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
 
 @register_converter(gpytorch.kernels.RBFKernel)
 def _convert_rbf(kernel, num_features, method, seed, **options):
-    from .kernels.fourier import SketchedRBFKernel
+    """RBFKernel → SketchedRBFKernel; ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`."""
+    from .kernels.fourier import GAUSSIAN_SKETCH_METHODS, SketchedRBFKernel
 
+    if method in GAUSSIAN_SKETCH_METHODS:
+        options = taylor_sketch_options(kernel, method, **options)
     sketched = SketchedRBFKernel(num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel))
     return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None = None, radius: float | None = None,
+                          alpha: float | None = None, order: int | None = None, center=None,
+                          min_lengthscale: float | None = None, **options) -> dict:
+    r"""Arguments of ``SketchedRBFKernel(method="gaussian_sketch"|"gaussian_sketch_hd")`` for converting ``kernel``.
+
+    GaussianSketch(HD) truncate the Taylor expansion of exp(−‖z − z'‖²) around the origin at
+    an order s that depends on the data radius and the target additive error α (paper 003
+    Lemmas 2.9/2.11, Thms 3.1/3.3: the smallest s with ξ d e^{2dL²} P(s, 2L²) ≤ α, box
+    radius L = ‖x − c‖_∞/(√2 ℓ), resp. ξ e^{2R²} P(s, 2R²) ≤ α, ball radius R = ‖x − c‖₂/(√2 ℓ),
+    ξ = 4).  So the conversion needs, besides ``alpha``:
+
+    * ``x_sample``: points of the input space (the columns the GP receives; the kernel's
+      ``active_dims`` are applied) — the centre c is their bounding-box centre and the radius
+      their largest ‖x − c‖_∞ (GaussianSketch) or ‖x − c‖₂ (HD), in input units; or
+    * ``radius`` (and optionally ``center``, default no shift) given directly; or
+    * ``order`` = s directly (then neither radius nor alpha is needed).
+
+    ``min_lengthscale`` (the lengthscale s is chosen for) defaults to the converted kernel's
+    smallest current lengthscale, so the converted kernel holds the bound |K − K_s| ≤ α/4
+    entrywise at the carried-over hyperparameters; a lengthscale trained below it raises.
+
+    Raises:
+        ValueError: naming the missing argument (``radius``/``x_sample`` or ``alpha``), or
+            when both ``radius`` and ``x_sample`` are given.
+    """
+    if x_sample is not None:
+        if radius is not None:
+            raise ValueError(f"pass radius= or x_sample= for method={method!r}, not both (got radius={radius})")
+        x = _active_columns(kernel, x_sample)
+        center = (x.min(-2).values + x.max(-2).values) / 2 if center is None else torch.as_tensor(center).to(x)
+        offsets = x - center
+        radius = float(offsets.abs().max() if method == "gaussian_sketch" else offsets.norm(dim=-1).max())
+        center = center.tolist()
+    if order is None:
+        norm = "‖x − center‖_∞" if method == "gaussian_sketch" else "‖x − center‖₂"
+        missing = [name for name, value in (("radius", radius), ("alpha", alpha)) if value is None]
+        if missing:
+            raise ValueError(
+                f"method={method!r} chooses its truncation order s from the data radius and the target "
+                f"additive error alpha (paper 003 Lemma 2.9/2.11); missing: {' and '.join(missing)} "
+                f"(got radius={radius}, x_sample=None, alpha={alpha}). Pass x_sample= (points to take the "
+                f"centre and radius from) or radius= (a bound on {norm} in input units), and alpha= "
+                "(e.g. 1e-4), or order= directly"
+            )
+    if min_lengthscale is None and radius is not None:
+        min_lengthscale = float(kernel.lengthscale.detach().min())
+    return {"order": order, "radius": radius, "alpha": alpha, "center": center,
+            "min_lengthscale": min_lengthscale, **options}
+
+
+def _active_columns(kernel: Kernel, x_sample) -> Tensor:
+    if not torch.is_tensor(x_sample) or not x_sample.is_floating_point() or x_sample.dim() < 2:
+        raise ValueError(f"x_sample must be a floating (n, d) tensor of input points, got {x_sample!r:.80}")
+    if kernel.active_dims is not None:
+        x_sample = x_sample.index_select(-1, kernel.active_dims.to(x_sample.device))
+    x_sample = x_sample.detach().reshape(-1, x_sample.shape[-1]).double()
+    if not bool(torch.isfinite(x_sample).all()):
+        raise ValueError("x_sample contains NaN or Inf entries")
+    return x_sample
 
 
 @register_converter(gpytorch.kernels.MaternKernel)

@@ -10,7 +10,12 @@ With a random feature map G (any :class:`~rfgp.features.FeatureMap`: Fourier fea
 GaussianSketch, Maclaurin, ...) the estimate is ‖F(P) − F(Q)‖ with F(X) the MEAN of G over X
 (paper 003 Thms 3.1/3.3 misprint it as a sum) and ONE draw of G for both sets: independent
 draws for P and Q would estimate κ(P, P) + κ(Q, Q) instead of D_K² (sign-randomised sketches
-have E⟨T₁a, T₂b⟩ = 0).  The exact O(|P||Q|) computation is done in row chunks.
+have E⟨T₁a, T₂b⟩ = 0).  The exact O(|P||Q|) computation is done in row chunks
+(:func:`exact_gaussian_kernel_distance`: float64 GEMM blocks of the upper triangle, for n ~ 10⁵).
+
+Kernel PCA: :func:`kernel_pca` decomposes one feature matrix; :func:`two_sketch_kernel_pca` is
+the two-sketch construction of paper 003 Appendix A (a narrow sketch fixes the subspace, a wide
+independent one ranks directions inside it) with its almost-relative-error guarantee.
 """
 
 from __future__ import annotations
@@ -51,20 +56,31 @@ def gaussian_kernel(lengthscale: float = 1.0) -> KernelFunction:
     return kernel
 
 
-def kernel_mean_embedding(feature_map: FeatureMap, x: Tensor) -> Tensor:
-    """F(X) = (1/|X|) Σ_{x∈X} G(x), shape ``(F,)`` (paper 003 §1, the mean — not the sum)."""
-    return feature_map(_check_points(x, "x")).mean(-2)
+def kernel_mean_embedding(feature_map: FeatureMap, x: Tensor, chunk_size: int = 8192) -> Tensor:
+    """F(X) = (1/|X|) Σ_{x∈X} G(x), shape ``(F,)`` (paper 003 §1, the mean — not the sum).
+
+    The features are summed over row chunks of ``chunk_size`` points, so memory is
+    O(chunk_size · F) (plus the map's intermediates) for any |X|.
+    """
+    x = _check_points(x, "x")
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    total = sum(feature_map(x[i : i + chunk_size]).sum(-2) for i in range(0, x.shape[0], chunk_size))
+    return total / x.shape[0]
 
 
-def kernel_distance(feature_map: FeatureMap, p: Tensor, q: Tensor, squared: bool = False) -> Tensor:
+def kernel_distance(
+    feature_map: FeatureMap, p: Tensor, q: Tensor, squared: bool = False, chunk_size: int = 8192
+) -> Tensor:
     """Estimate of D_K(P, Q) (or D_K² with ``squared=True``) from ONE feature map applied to both sets.
+
+    ``chunk_size``: rows per feature evaluation (see :func:`kernel_mean_embedding`).
 
     Example:
         >>> phi = RandomFourierFeatures(1024, input_dim=2, seed=0)
         >>> kernel_distance(phi, torch.randn(500, 2), torch.randn(400, 2) + 1.0)
     """
     _check_pair(p, q)
-    difference = kernel_mean_embedding(feature_map, p) - kernel_mean_embedding(feature_map, q)
+    difference = kernel_mean_embedding(feature_map, p, chunk_size) - kernel_mean_embedding(feature_map, q, chunk_size)
     value = difference.square().sum(-1)
     return value if squared else value.sqrt()
 
@@ -88,6 +104,41 @@ def exact_kernel_distance(
     value = mean_kernel(kernel, p, p, chunk_size) + mean_kernel(kernel, q, q, chunk_size)
     value = value - 2 * mean_kernel(kernel, p, q, chunk_size)
     return value if squared else value.clamp_min(0).sqrt()
+
+
+def exact_gaussian_kernel_distance(
+    p: Tensor, q: Tensor, lengthscale: float = 1.0, squared: bool = False, chunk_size: int = 2048
+) -> Tensor:
+    """Exact D_K(P, Q) for the RBF kernel exp(−‖x − y‖²/(2ℓ²)), in float64, for large sets.
+
+    Uses the signed-weight form D_K² = βᵀKβ over Z = P ∪ Q with β = 1/|P| on P and −1/|Q| on Q
+    (paper 003 §1).  K is never formed: ``chunk_size`` × 8·``chunk_size`` blocks of the upper
+    triangle are built from one GEMM each, ‖z − z'‖² = ‖z‖² + ‖z'‖² − 2zᵀz' (clamped at 0), and
+    symmetry (off-diagonal blocks counted twice) halves the (|P| + |Q|)² kernel evaluations.
+    Memory O(chunk_size²); same value as :func:`exact_kernel_distance` with :func:`gaussian_kernel`.
+    """
+    _check_pair(p, q)
+    lengthscale = check_positive_float(lengthscale, "lengthscale")
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    z = torch.cat((p, q)).double() / lengthscale
+    n, num_p = z.shape[0], p.shape[0]
+    beta = torch.full((n,), -1.0 / (n - num_p), dtype=z.dtype, device=z.device)
+    beta[:num_p] = 1.0 / num_p
+    norms = z.square().sum(-1)
+    column_chunk = 8 * chunk_size
+    total = torch.zeros((), dtype=z.dtype, device=z.device)
+    for i in range(0, n, chunk_size):
+        rows = slice(i, i + chunk_size)
+        for j in range(i, n, column_chunk):
+            cols = slice(j, j + column_chunk)
+            block = z[rows] @ z[cols].T
+            # −½‖z − z'‖² = zᵀz' − ½‖z‖² − ½‖z'‖², built in place to keep one block in memory
+            block.sub_(norms[rows, None] / 2).sub_(norms[None, cols] / 2).clamp_max_(0).exp_()
+            weighted = beta[rows] @ block
+            # columns before the row block's end that lie in it are the diagonal block (counted once)
+            diagonal = max(0, min(i + chunk_size, n) - j)
+            total += weighted[:diagonal] @ beta[j : j + diagonal] + 2 * (weighted[diagonal:] @ beta[j + diagonal : j + column_chunk])
+    return total if squared else total.clamp_min(0).sqrt()
 
 
 # --------------------------------------------------------------------------- two-sample test
@@ -222,3 +273,80 @@ def exact_kernel_pca_eigenvalues(kernel: KernelFunction, x: Tensor, num_componen
     if center:
         gram = gram - gram.mean(0, keepdim=True) - gram.mean(1, keepdim=True) + gram.mean()
     return torch.linalg.eigvalsh(gram).flip(0)[: check_positive_int(num_components, "num_components")]
+
+
+@dataclass
+class SketchedKernelPCA:
+    """Output of :func:`two_sketch_kernel_pca`.
+
+    Attributes:
+        basis: V = UW, an n × k matrix with orthonormal columns approximating the top-k
+            eigenvectors of the (uncentred) Gram matrix K.
+        singular_values: the top-k singular values of UᵀN, ``(k,)`` (their squares estimate the
+            top-k eigenvalues of K).
+        range_rank: the rank of the range sketch M (the width of U).
+    """
+
+    basis: Tensor
+    singular_values: Tensor
+    range_rank: int
+
+
+def two_sketch_kernel_pca(range_map: FeatureMap, projection_map: FeatureMap, x: Tensor, num_components: int) -> SketchedKernelPCA:
+    r"""Rank-k kernel PCA basis from two independent sketches (paper 003 Appendix A; Avron et al. 2014).
+
+    With K = B_X B_Xᵀ the Gram matrix of X, the algorithm of Thm A.2 (GaussianSketch) / Thm A.7
+    (GaussianSketchHD) is:
+
+        M = G(X) (n × m),  N = H(X) (n × r),   G, H independent sketches, r ≫ m
+        U = orthonormal basis of col(M)                          (n × rank M)
+        W = top-k left singular vectors of UᵀN                   (rank M × k)
+        V = U W
+
+    and with constant probability ‖B_X − VVᵀB_X‖²_F = Tr(K) − Tr(VᵀKV)
+    ≤ (1 + ε)‖B_X − [B_X]_k‖²_F + α = (1 + ε) Σ_{i>k} λᵢ(K) + α, for m = Θ(d(k² + k/ε)),
+    r = Θ(d m²/ε²) and the truncation order s chosen with ξ = 4n² (Thm A.2; the paper's
+    constants are unspecified: calibrate m and r empirically).  The narrow sketch M only fixes
+    the subspace; the wide sketch N estimates B_X's energy inside it (UᵀN ≈ UᵀB_X up to a
+    near-isometry), so a second, wider sketch buys accuracy without an n × r basis.  Costs
+    O(n m² + n m r) after the features; no n × n matrix is formed.
+
+    Args:
+        range_map: G, width m (e.g. ``GaussianSketch(m, ...)``).
+        projection_map: H, width r, drawn independently of G (another seed).
+        x: the n points ``(n, d)``.
+        num_components: k ≤ rank of G(X).
+    """
+    _check_points(x, "x")
+    num_components = check_positive_int(num_components, "num_components")
+    range_features = range_map(x)
+    # orthonormal basis of col(M) from its SVD, dropping directions at round-off level
+    left, singular, _ = torch.linalg.svd(range_features, full_matrices=False)
+    tolerance = max(range_features.shape) * torch.finfo(singular.dtype).eps * singular[0]
+    rank = int((singular > tolerance).sum())
+    if num_components > rank:
+        raise ValueError(f"num_components must be ≤ rank of the range sketch G(x) = {rank}, got {num_components}")
+    basis = left[:, :rank]
+    projected = basis.mT @ projection_map(x).to(basis.dtype)  # UᵀN, rank × r
+    top, values, _ = torch.linalg.svd(projected, full_matrices=False)
+    return SketchedKernelPCA(basis @ top[:, :num_components], values[:num_components], rank)
+
+
+def projection_residual(kernel: KernelFunction, x: Tensor, basis: Tensor, chunk_size: int = 2048) -> Tensor:
+    """‖B_X − VVᵀB_X‖²_F = Tr(K) − Tr(VᵀKV) for orthonormal V, exactly, in O(n²k) over row chunks.
+
+    The quantity bounded by paper 003 Thm A.2 (its proof's first line), compared with the best
+    rank-k value Σ_{i>k} λᵢ(K) = Tr(K) − Σ_{i≤k} λᵢ(K) (:func:`exact_kernel_pca_eigenvalues`
+    with ``center=False``).
+    """
+    _check_points(x, "x")
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    if basis.dim() != 2 or basis.shape[0] != x.shape[0]:
+        raise ValueError(f"basis must be (n, k) with n = {x.shape[0]} rows, got shape {tuple(basis.shape)}")
+    total = torch.zeros((), dtype=basis.dtype, device=basis.device)
+    for i in range(0, x.shape[0], chunk_size):
+        rows = x[i : i + chunk_size]
+        block = kernel(rows, x).to(basis.dtype)  # K[chunk, :]
+        trace = kernel(rows, rows).diagonal().sum()
+        total += trace - (basis[i : i + chunk_size] * (block @ basis)).sum()
+    return total

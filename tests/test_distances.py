@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rfgp.distances import (
+    exact_gaussian_kernel_distance,
     exact_kernel_distance,
     exact_kernel_pca_eigenvalues,
     gaussian_kernel,
@@ -36,6 +37,28 @@ def test_exact_distance_matches_dense_formula_and_is_chunk_invariant():
     assert torch.allclose(exact_kernel_distance(k, p, q), dense.sqrt(), rtol=1e-12)
     assert exact_kernel_distance(k, p, p, squared=True).abs() < 1e-12
     assert torch.allclose(mean_kernel(k, p, q, 5), k(p, q).mean(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("chunk_size", [7, 64, 4096])
+def test_gemm_gaussian_distance_matches_dense_formula(chunk_size):
+    """Upper-triangular blocks (diagonal once, off-diagonal twice) give exactly βᵀKβ for any chunking."""
+    p, q = _sets()
+    k = gaussian_kernel(0.7)
+    beta = torch.cat((torch.full((p.shape[0],), 1 / p.shape[0]), torch.full((q.shape[0],), -1 / q.shape[0]))).double()
+    z = torch.cat((p, q))
+    dense = beta @ k(z, z) @ beta
+    value = exact_gaussian_kernel_distance(p.float(), q.float(), 0.7, squared=True, chunk_size=chunk_size)
+    assert value.dtype == torch.float64  # float64 whatever the input dtype
+    assert torch.allclose(value, beta @ k(z.float().double(), z.float().double()) @ beta, rtol=1e-10)
+    assert torch.allclose(exact_gaussian_kernel_distance(p, q, 0.7, chunk_size=chunk_size), dense.sqrt(), rtol=1e-10)
+    assert exact_gaussian_kernel_distance(p, p, 0.7, squared=True, chunk_size=chunk_size).abs() < 1e-12
+
+
+def test_mean_embedding_is_chunk_invariant():
+    p, q = _sets()
+    phi = RandomFourierFeatures(64, input_dim=2, seed=0).double()
+    assert torch.allclose(kernel_mean_embedding(phi, p, chunk_size=11), phi(p).mean(0), rtol=1e-12)
+    assert torch.allclose(kernel_distance(phi, p, q, chunk_size=5), kernel_distance(phi, p, q), rtol=1e-12)
 
 
 def test_sketched_distance_is_unbiased_and_converges_to_exact():
