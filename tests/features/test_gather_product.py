@@ -38,10 +38,10 @@ def test_matches_product_of_gathers(batched, complex_values, k):
     torch.testing.assert_close(gather_product(values, index), reference(values, index), rtol=1e-14, atol=1e-14)
 
 
-@pytest.mark.parametrize("block_entries", [9, 19, 40])  # 1, 2 (uneven) and 4 rows per block
+@pytest.mark.parametrize("block_bytes", [1, 160, 300])  # 1, 2 or 1 (uneven) and 4 or 2 rows of 9 per block
 @pytest.mark.parametrize("complex_values", [False, True])
-def test_row_blocks_of_the_in_place_products(block_entries, complex_values, monkeypatch):
-    monkeypatch.setattr(module, "_BLOCK_ENTRIES", block_entries)
+def test_row_blocks_of_the_in_place_products(block_bytes, complex_values, monkeypatch):
+    monkeypatch.setattr(module, "_BLOCK_BYTES", block_bytes)
     values, index = _inputs(False, complex_values)
     values = torch.stack((values, 2 * values, -values))[:, 1:]  # leading batch, 3 × 3 rows, non-contiguous
     torch.testing.assert_close(gather_product(values, index), reference(values, index), rtol=1e-14, atol=1e-14)
