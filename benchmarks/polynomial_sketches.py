@@ -60,28 +60,32 @@ def frobenius(x: torch.Tensor, p: int, F: int, projection: str, weights: str, se
     return ((z @ z.T - exact).norm() / exact.norm()).item(), elapsed
 
 
-def speed(repeats: int) -> dict:
+def speed(repeats: int, threads: list[int]) -> dict:
     """TensorSRHT vs dense Rademacher feature construction at d = 1024, F = 10240, n = 1000, p = 3.
 
-    Median wall and CPU (process) time over ``repeats`` runs, the two methods interleaved so
-    that a load change on the shared host hits both; float32 and float64.
+    Median wall and CPU (process) time over ``repeats`` runs per thread count and dtype, the
+    two methods interleaved so that a load change on the shared host hits both.
     """
-    times = {"load": os.getloadavg()[0], "threads": torch.get_num_threads()}
-    for dtype in (torch.float32, torch.float64):
-        x = torch.nn.functional.normalize(torch.rand(1000, 1024, generator=torch.Generator().manual_seed(0)), dim=-1)
-        x = x.to(dtype)
-        maps = {p: PolynomialSketch(3, 10240, input_dim=1024, projection=p, seed=0).to(dtype) for p in SPEED_METHODS}
-        samples = {p: ([], []) for p in maps}
-        for phi in maps.values():
-            phi(x)  # draws and first-touch allocations outside the timing
-        for _ in range(repeats):
-            for projection, phi in maps.items():
-                wall, cpu = time.perf_counter(), time.process_time()
-                phi(x)
-                samples[projection][0].append(time.perf_counter() - wall)
-                samples[projection][1].append(time.process_time() - cpu)
-        times[dtype] = {p: tuple(statistics.median(s) for s in pair) for p, pair in samples.items()}
-    times["load_end"] = os.getloadavg()[0]
+    times = {"load": os.getloadavg()[0], "runs": {}}
+    default_threads = torch.get_num_threads()
+    for count in threads:
+        torch.set_num_threads(count)
+        for dtype in (torch.float32, torch.float64):
+            x = torch.nn.functional.normalize(torch.rand(1000, 1024, generator=torch.Generator().manual_seed(0)), dim=-1)
+            x = x.to(dtype)
+            maps = {p: PolynomialSketch(3, 10240, input_dim=1024, projection=p, seed=0).to(dtype) for p in SPEED_METHODS}
+            samples = {p: ([], []) for p in maps}
+            for phi in maps.values():
+                phi(x)  # draws and first-touch allocations outside the timing
+            for _ in range(repeats):
+                for projection, phi in maps.items():
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    phi(x)
+                    samples[projection][0].append(time.perf_counter() - wall)
+                    samples[projection][1].append(time.process_time() - cpu)
+            times["runs"][count, dtype] = {p: tuple(statistics.median(s) for s in pair) for p, pair in samples.items()}
+    torch.set_num_threads(default_threads)
+    times["load_end"], times["repeats"] = os.getloadavg()[0], repeats
     return times
 
 
@@ -93,20 +97,25 @@ def speed_lines(timing: dict) -> list[str]:
     lines = [
         f"{SPEED_HEADING} TensorSRHT vs dense Rademacher, d = 1024, F = 10240, n = 1000, p = 3 (CPU)",
         "",
-        f"Median of repeats, {timing['threads']} threads; load average (1 min) {timing['load']:.1f} at start, "
-        f"{timing['load_end']:.1f} at end on 2 cores — wall times are inflated by other jobs when it is "
-        "above ~1, CPU (process) time much less so.",
+        f"Median of {timing['repeats']} repeats; load average (1 min) {timing['load']:.1f} at start, "
+        f"{timing['load_end']:.1f} at end on 2 cores: above ~1 other jobs inflate wall times (and, with "
+        "2 threads, CPU time: OpenMP threads spin while waiting for a descheduled partner); the "
+        "1-thread CPU time is the least disturbed comparison.",
         "",
-        "| dtype | TensorSRHT wall / CPU (ms) | dense Rademacher wall / CPU (ms) | speed-up wall | speed-up CPU |",
-        "|---|---|---|---|---|",
+        "| threads | dtype | TensorSRHT wall / CPU (ms) | dense Rademacher wall / CPU (ms) | speed-up wall | speed-up CPU |",
+        "|---|---|---|---|---|---|",
     ]
-    for dtype in (torch.float32, torch.float64):
-        (s_wall, s_cpu), (r_wall, r_cpu) = (timing[dtype][p] for p in SPEED_METHODS)
+    for (count, dtype), run in timing["runs"].items():
+        (s_wall, s_cpu), (r_wall, r_cpu) = (run[p] for p in SPEED_METHODS)
         lines.append(
-            f"| {str(dtype).removeprefix('torch.')} | {s_wall * 1e3:.0f} / {s_cpu * 1e3:.0f} | "
+            f"| {count} | {str(dtype).removeprefix('torch.')} | {s_wall * 1e3:.0f} / {s_cpu * 1e3:.0f} | "
             f"{r_wall * 1e3:.0f} / {r_cpu * 1e3:.0f} | **{r_wall / s_wall:.1f}×** | {r_cpu / s_cpu:.1f}× |"
         )
-    return lines + ["", "Target: TensorSRHT ≥ 5× faster than dense Rademacher in the same run."]
+    return lines + [
+        "",
+        "Target: TensorSRHT ≥ 5× faster than dense Rademacher in the same run. Re-run this section alone: "
+        "`python benchmarks/polynomial_sketches.py --speed-only --threads 2 1`.",
+    ]
 
 
 def rewrite_speed_section(path: Path, timing: dict) -> None:
@@ -122,11 +131,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--speed-only", action="store_true", help="only the timing row; rewrites its section")
     parser.add_argument("--repeats", type=int, default=None, help="timing repeats (default 3 quick, 9 full)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()],
+                        help="torch thread counts of the timing row (default: torch's)")
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 9)
     if args.speed_only:
         path = RESULTS / ("polynomial_sketches_quick.md" if args.quick else "polynomial_sketches.md")
-        rewrite_speed_section(path, speed(repeats))
+        rewrite_speed_section(path, speed(repeats, args.threads))
         print(path.read_text()[path.read_text().find(SPEED_HEADING):])
         return
     n, seeds, degrees = (200, 2, (3,)) if args.quick else (1000, 5, (3, 7, 10))
@@ -145,7 +156,7 @@ def main() -> None:
                              error=err.mean().item(), std=err.std().item(),
                              time_ms=1e3 * sum(r[1] for r in results) / len(results))
                     )
-    timing = speed(repeats)
+    timing = speed(repeats, args.threads)
     write(rows, timing, args.quick, n, seeds)
 
 
