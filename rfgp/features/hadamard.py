@@ -3,12 +3,12 @@
 The Sylvester–Hadamard matrix H_d (d = 2^k, entries ±1) factors as a Kronecker product of
 smaller Sylvester matrices, H_{2^(a+b)} = H_{2^a} ⊗ H_{2^b}.  Viewing the last axis of x as
 a (2^a, 2^b) grid (row-major, the Sylvester index order), x H_d = H_{2^a} X H_{2^b}: one
-small matrix product per grid axis.  With factors of size s ≤ 32 this costs 2d·Σs flops
-per vector in ⌈k/5⌉ BLAS calls, instead of the log₂ d memory-bound passes of the radix-2
-butterfly (d log₂ d flops, but ~7× slower on CPU at d = 1024, see ``fwht``).  The pure-torch
-path works for any leading batch shape, any floating dtype, on CPU and CUDA, and is
-differentiable (matrix products; the backward is the same transform because H_d is
-symmetric).  When the ``fast_hadamard_transform`` package (Dao-AILab) is installed, the
+small matrix product per grid axis.  With m factors of size sⱼ ≤ 32 (one factor up to 64)
+this costs 2d·Σⱼsⱼ flops per vector in m BLAS calls (m = 2 at d = 1024) instead of the
+log₂ d memory-bound passes of the radix-2 butterfly, which has fewer flops (d log₂ d) but
+was 6.5× slower on CPU at d = 1024.  The pure-torch path works for any leading batch
+shape, any floating dtype, on CPU and CUDA, and is differentiable (matrix products; the
+backward is the same transform because H_d is symmetric).  When the ``fast_hadamard_transform`` package (Dao-AILab) is installed, the
 input is on CUDA and in a dtype it supports, its kernel is used instead.
 """
 
@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Sizes up to 2^6 are one explicit matrix product; larger ones use factors of at most 2^5.
 # Measured (CPU, float32/float64, 3000 vectors, 2026-11): a single H_64 product beats 8×8;
-# 32×32 beats 16×64 and 64×16 at d = 1024; 16×16×16 is within 5% of the best split at 4096;
+# 32×32 beats 16×64 and 64×16 at d = 1024; 16×16×16 is within 10% of the best split at 4096;
 # the butterfly lost to the best split at every size from 16 to 4096 (2–7×).
 _SINGLE_FACTOR_LOG2 = 6
 _FACTOR_LOG2 = 5
