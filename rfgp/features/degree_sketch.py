@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from . import random
+from .gather_product import gather_product
 from .hadamard import fwht, next_power_of_two
 
 PROJECTIONS = ("rademacher", "gaussian", "srht", "countsketch")
@@ -76,9 +77,10 @@ def _weight(get: Getter, name: str, complex_weights: bool) -> Tensor:
 
 
 def _hadamard(x: Tensor) -> Tensor:
-    """Unnormalised FWHT of a real or complex tensor (torch has no complex FWHT: transform Re and Im)."""
+    """Unnormalised FWHT of a real or complex tensor (torch has no complex FWHT: Re and Im in one call)."""
     if x.is_complex():
-        return torch.complex(fwht(x.real), fwht(x.imag))
+        parts = fwht(torch.stack((x.real, x.imag)))
+        return torch.complex(parts[0], parts[1])
     return fwht(x)
 
 
@@ -161,10 +163,7 @@ class DegreeSketch:
             weight = _weight(get, "weight", self.complex_weights)[i]
             return (x.to(weight.dtype) if weight.is_complex() else x) @ weight
         if self.projection == "srht":
-            diagonal = _weight(get, "diagonal", self.complex_weights)[i]  # (*draws, blocks, padded)
-            x = _pad(x, self.padded_dim).unsqueeze(-2)  # (..., N, 1, padded)
-            blocks = _hadamard(x * diagonal.unsqueeze(-3))  # (..., N, blocks, padded)
-            return _take(blocks.flatten(-2), get("index")[i])
+            return gather_product(*self._srht_transform(x.unsqueeze(-2), get, slice(i, i + 1)))
         sign = _weight(get, "sign", self.complex_weights)[i]  # (*draws, d)
         values = x * sign.unsqueeze(-2)
         out = torch.zeros((*values.shape[:-1], self.width), dtype=values.dtype, device=x.device)
@@ -176,6 +175,8 @@ class DegreeSketch:
 
     def apply_to(self, inputs: list[Tensor], get: Getter) -> Tensor:
         """Sketch of inputs[0] ⊗ … ⊗ inputs[n−1]: projection i is applied to inputs[i]."""
+        if self.projection == "srht":
+            return self._srht_product(inputs, get)
         projections = [self.project(x, i, get) for i, x in enumerate(inputs)]
         if self.projection == "countsketch":
             # Circular convolution of the CountSketches = CountSketch of the tensor product with
@@ -190,17 +191,37 @@ class DegreeSketch:
             out = out * projection
         return out / math.sqrt(self.width)
 
+    def _srht_product(self, inputs: list[Tensor], get: Getter) -> Tensor:
+        """D^{-1/2} ⊙ᵢ (TensorSRHT projection i of inputs[i]): every degree in one FWHT and one gather-product.
+
+        The factor D^{-1/2} is spread as D^{-1/(2n)} over the n diagonals (d-sized, not D-sized, work).
+        """
+        if all(x is inputs[0] for x in inputs):
+            stacked = inputs[0].unsqueeze(-2)  # (..., N, 1, d): broadcast over the degrees, no copy
+        else:
+            stacked = torch.stack(torch.broadcast_tensors(*inputs), dim=-2)  # (..., N, n, d)
+        return gather_product(*self._srht_transform(stacked, get, slice(None), self.width ** (-0.5 / self.degree)))
+
+    def _srht_transform(self, stacked: Tensor, get: Getter, degrees: slice, scale: float = 1.0):
+        """H Dᵢ xᵢ for the k selected degrees, flattened to ``(..., N, k·blocks·padded)``, and the
+        ``(k, *draws, D)`` positions of the projections (wᵢ,ₗᵀ xᵢ)ₗ in it.
+
+        All k degrees and all blocks go through one FWHT of shape ``(..., N, k, blocks, padded)``
+        (``stacked`` is ``(..., N, k or 1, d)``, size 1 broadcasting over the degrees).
+        """
+        diagonal = _weight(get, "diagonal", self.complex_weights)[degrees]  # (k, *draws, blocks, padded)
+        index = get("index")[degrees]  # (k, *draws, D) into blocks·padded
+        if scale != 1.0:
+            diagonal = diagonal * scale
+        k, num_blocks, padded = diagonal.shape[0], diagonal.shape[-2], diagonal.shape[-1]
+        x = _pad(stacked, padded).unsqueeze(-2)  # (..., N, k or 1, 1, padded)
+        blocks = _hadamard(x * diagonal.movedim(0, -3).unsqueeze(-4))  # (..., N, k, blocks, padded)
+        offsets = torch.arange(k, device=index.device) * (num_blocks * padded)
+        return blocks.flatten(-3), index + offsets.view(k, *[1] * (index.dim() - 1))
+
 
 def _pad(x: Tensor, size: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, size - x.shape[-1]))
-
-
-def _take(values: Tensor, index: Tensor) -> Tensor:
-    """values[..., n, index] for an index of shape (*draws, D) broadcast over the n axis."""
-    if index.dim() == 1:
-        return values.index_select(-1, index)
-    # values already carry the draw dimensions (the diagonals broadcast them in)
-    return values.gather(-1, index.unsqueeze(-2).expand(*values.shape[:-1], index.shape[-1]))
 
 
 class HierarchicalSketch:

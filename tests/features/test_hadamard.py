@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from rfgp.features.hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
+from rfgp.features import hadamard
+from rfgp.features.hadamard import fwht, hadamard_matrix, kronecker_factors, next_power_of_two, pad_to_power_of_two
 
 SIZES = [2**k for k in range(13)]  # 1 .. 4096
 
@@ -106,3 +107,63 @@ def test_fwht_rejects_non_power_of_two(d, device):
 def test_fwht_rejects_empty_last_axis():
     with pytest.raises(ValueError, match="power-of-two"):
         fwht(torch.randn(2, 0))
+
+
+def butterfly(x: torch.Tensor) -> torch.Tensor:
+    """Reference radix-2 FWHT (log₂ d stages of (a + b, a − b)), independent of the Kronecker factors."""
+    d = x.shape[-1]
+    y, half = x.reshape(-1, d), 1
+    while half < d:
+        pairs = y.view(-1, d // (2 * half), 2, half)
+        y = torch.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), dim=2).reshape(-1, d)
+        half *= 2
+    return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize(
+    "d, factors",
+    [(1, [1]), (64, [64]), (128, [8, 16]), (1024, [32, 32]), (2048, [8, 16, 16]), (2**15, [32, 32, 32]), (2**16, [16] * 4)],
+)
+def test_kronecker_factors_multiply_to_d_and_stay_small(d, factors):
+    assert kronecker_factors(d) == factors
+    assert math.prod(factors) == d and factors == sorted(factors)
+
+
+@pytest.mark.parametrize("d", [128, 2**15])
+def test_factored_path_is_taken_and_matches_butterfly_on_strided_batches(d, device, dtype, monkeypatch):
+    # Record which explicit factors fwht multiplies by: it must be exactly the Kronecker factors
+    # (the CUDA kernel, when installed, would bypass them: the test forces the torch path).
+    used = []
+    sylvester_factor = hadamard._sylvester
+    monkeypatch.setattr(hadamard, "_sylvester", lambda size, *args: used.append(size) or sylvester_factor(size, *args))
+    monkeypatch.setattr(hadamard, "_cuda_hadamard_transform", None)
+    gen = torch.Generator().manual_seed(d)
+    base = torch.randn(3, d, 2, generator=gen, dtype=torch.float64)
+    inputs = {
+        "transposed": base.mT,  # (3, 2, d), last axis strided
+        "sliced": torch.randn(2, 3, 2 * d, generator=gen, dtype=torch.float64)[..., ::2],
+        "expanded": base[:, :, 0].unsqueeze(0).expand(4, 3, d),
+    }
+    for name, x in inputs.items():
+        assert not x.is_contiguous()
+        used.clear()
+        got = fwht(x.to(device=device, dtype=dtype))
+        assert sorted(used) == kronecker_factors(d), name
+        assert got.shape == x.shape
+        torch.testing.assert_close(got.double().cpu(), butterfly(x), **tolerance(dtype, d), msg=name)
+
+
+def test_factored_fwht_gradcheck():
+    x = torch.randn(2, 128, dtype=torch.float64, requires_grad=True)  # 8 × 16 factors
+    assert torch.autograd.gradcheck(lambda t: fwht(t, normalized=True), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: fwht(t, normalized=True), (x,))
+
+
+def test_cached_factors_work_under_inference_mode_then_autograd():
+    # A factor first built under inference_mode must not be an inference tensor (autograd would refuse it).
+    hadamard._sylvester.cache_clear()
+    with torch.inference_mode():
+        fwht(torch.randn(2, 256))
+    x = torch.randn(2, 256, requires_grad=True)
+    fwht(x).sum().backward()
+    torch.testing.assert_close(x.grad, fwht(torch.ones(2, 256)))
