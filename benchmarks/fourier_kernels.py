@@ -61,6 +61,8 @@ RFGP_METHODS = ("rfgp-rff", "rfgp-orf", "rfgp-sorf")
 #: RFFKernel does; "rfgp-rff-chunked" keeps rfgp's default budget (1 GiB), which chunks
 #: the feature statistics from N ≈ 33 000 (float64, F = 1024) on and recomputes Φ in the backward pass.
 MATERIALISED_BUDGET = 16 * 2**30
+TIMING_ONLY_NOTE = (" Timing re-run (`--timing-only`): the approximation-error table below is the one of the last full "
+                    "run, read from `fourier_kernels_error.csv`.")
 
 
 # ----------------------------------------------------------------------------- timing
@@ -312,7 +314,8 @@ def markdown_report(timing, errors, sigma, args, dim, target_n) -> tuple[str, li
         f"Load average (1 min) at start/end: {args.load_start:.1f}/{os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} cores: the machine was shared with other jobs, so wall-clock times are inflated; "
         "the *CPU* columns (process CPU time over all threads) are less sensitive to that."
-        + (" **Quick smoke run: sizes reduced, not the full benchmark.**" if args.quick else ""),
+        + (" **Quick smoke run: sizes reduced, not the full benchmark.**" if args.quick else "")
+        + (TIMING_ONLY_NOTE if args.timing_only else ""),
         "",
         "- *train*: one `ExactMarginalLogLikelihood` forward + backward (`ScaleKernel`, `GaussianLikelihood`, `ExactGP`).",
         "- *predict (+cache)*: posterior mean and variance at the test points, first call after `eval()` "

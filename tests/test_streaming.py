@@ -68,13 +68,19 @@ def test_update_absorbs_new_data_without_old_data():
     torch.testing.assert_close(after, full, rtol=1e-10, atol=1e-12)
 
 
-def test_state_dict_round_trip():
-    x, y = _data()
+def _fitted_and_loaded_copy(x, y):
+    """(model, streaming GP fitted on x, y, a differently seeded streaming GP that loaded its state_dict)."""
     model = _model(x, y)
     streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x, y)
     other = _model(x[:3], y[:3], seed=7)
     fresh = StreamingFeatureGP(other.covar_module, other.likelihood, other.mean_module)
     fresh.load_state_dict(streaming.state_dict())
+    return model, streaming, fresh
+
+
+def test_state_dict_round_trip():
+    x, y = _data()
+    model, streaming, fresh = _fitted_and_loaded_copy(x, y)
     x_test = torch.rand(6, DIM, dtype=torch.float64)
     with torch.no_grad():
         assert torch.equal(fresh(x_test).mean, streaming(x_test).mean)
@@ -191,13 +197,9 @@ def test_hyperparameter_change_invalidates_the_statistics(change):
 
 def test_loaded_statistics_are_tied_to_the_loaded_hyperparameters():
     x, y = _data()
-    model = _model(x, y)
-    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x, y)
-    other = _model(x[:3], y[:3], seed=7)
-    fresh = StreamingFeatureGP(other.covar_module, other.likelihood, other.mean_module)
-    fresh.load_state_dict(streaming.state_dict())
+    model, streaming, fresh = _fitted_and_loaded_copy(x, y)
     fresh(x[:2])  # the loaded hyperparameters match the loaded statistics
     fresh.float()(x[:2].float())  # moving the model moves the statistics: still valid
-    other.likelihood.noise = 0.3
+    fresh.likelihood.noise = 0.3  # a hyperparameter changes after loading
     with pytest.raises(RuntimeError, match="likelihood.noise_covar.raw_noise"):
         fresh(x[:2].float())
