@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import sys
 import time
+from pathlib import Path
 
 import matplotlib
 
@@ -32,6 +34,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
 
 from rfgp.features import RandomFourierFeatures  # noqa: E402
 from rfgp.features.radial_density import clear_memory_cache, fit_radial_density  # noqa: E402

@@ -28,6 +28,9 @@ from pathlib import Path
 import gpytorch
 import torch
 
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
+
 from rfgp.cholesky_update import cholesky_update
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.kernels.combinations import kernel_features
