@@ -11,6 +11,7 @@ import rfgp
 from rfgp.kernels import FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
 from rfgp.operators import (
+    ChunkedFeatureCrossLinearOperator,
     ChunkedFeatureRootAddedDiagLinearOperator,
     ChunkedFeatureRootLinearOperator,
     FeatureRootLinearOperator,
@@ -157,3 +158,25 @@ def test_input_gradients_match():
         grads.append(x.grad)
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
+
+
+def test_prediction_keeps_the_test_train_covariance_lazy():
+    """Under no_grad the cross covariance Φ(x*)Φ(x)ᵀ is a lazy operator (the N training points are not
+    featurised for it), with the same values and the same posterior as the eager one."""
+    x, y, x_test = _data(torch.float64)
+    kernel = SketchedRBFKernel(64, ard_num_dims=DIM, seed=0).double()
+    eager = kernel(x_test, x).to_dense()
+    with torch.no_grad():
+        lazy = kernel(x_test, x).evaluate_kernel()
+        assert isinstance(lazy, ChunkedFeatureCrossLinearOperator)
+        torch.testing.assert_close(lazy.to_dense(), eager.detach())
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().eval()
+    with torch.no_grad():
+        lazy_posterior = model(x_test)
+        mean, variance = lazy_posterior.mean, lazy_posterior.variance
+    model.train()
+    model.eval()
+    with torch.enable_grad():
+        posterior = model(x_test)
+        torch.testing.assert_close(mean, posterior.mean.detach())
+        torch.testing.assert_close(variance, posterior.variance.detach())

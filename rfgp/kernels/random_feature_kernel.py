@@ -59,6 +59,10 @@ class FeatureKernel(Kernel):
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, math.prod(featurizer.batch_shape), x1.dtype)
         if chunk_size is not None:
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
+        if not (same or diag or torch.is_grad_enabled()) and self.num_outputs_per_input(x1, x2) == 1:
+            # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space
+            # strategy never evaluates: stay lazy instead of featurising the N training points.
+            return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, num_rows)
         z1 = self.featurize(x1)
         z2 = z1 if same else self.featurize(x2)
         if diag:
