@@ -25,7 +25,15 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .linalg import _sum_to_shape, fold_constant, statistics_backward, statistics_forward, uniform_weight_grad
+from .linalg import (
+    _is_uniform,
+    _sum_to_shape,
+    fold_constant,
+    statistics_backward,
+    uniform_weight_grad,
+    unit_statistics,
+    weighted_statistics,
+)
 
 
 class Featurizer:
@@ -124,12 +132,14 @@ def _add(total: Tensor | None, value: Tensor | None) -> Tensor | None:
 class _ChunkedStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
-        uniform = weights.shape[-1] == 1
+        uniform = _is_uniform(weights)
         gram = cross = None
         for rows in chunk_slices(inputs.shape[-2], chunk_size):
-            features = featurizer(inputs[..., rows, :])
-            chunk_weights = weights.new_ones(1) if uniform else weights[..., rows]
-            chunk_gram, chunk_cross = statistics_forward(features, chunk_weights, rhs[..., rows, :])
+            features, chunk_rhs = featurizer(inputs[..., rows, :]), rhs[..., rows, :]
+            if uniform:
+                chunk_gram, chunk_cross = unit_statistics(features, chunk_rhs)
+            else:
+                chunk_gram, chunk_cross = weighted_statistics(features, weights[..., rows], chunk_rhs)
             gram, cross = _add(gram, chunk_gram), _add(cross, chunk_cross)
         ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
         if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
@@ -144,14 +154,14 @@ class _ChunkedStatistics(torch.autograd.Function):
     def backward(ctx, grad_gram, grad_cross):
         inputs, weights, rhs, *unit = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        uniform = weights.shape[-1] == 1
+        uniform = _is_uniform(weights)
         weight_grads, rhs_grads = [], []
 
         def chunk_grad(features: Tensor, rows: slice) -> Tensor:
             chunk_weights = weights if uniform else weights[..., rows]
             grad_features, grad_weights, grad_rhs = statistics_backward(
                 features, chunk_weights, rhs[..., rows, :], grad_gram, grad_cross,
-                (True, needs[3] and not uniform, needs[4]),
+                (True, needs[3], needs[4]),
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)

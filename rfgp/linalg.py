@@ -61,11 +61,14 @@ def _is_uniform(weights: Tensor) -> bool:
     return weights.shape[-1] == 1
 
 
-def statistics_forward(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-    """(ΦᵀWΦ, ΦᵀWR) without autograd bookkeeping; weights ``(..., N)`` or uniform ``(..., 1)``."""
+def unit_statistics(features: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    """(ΦᵀΦ, ΦᵀR): the statistics of uniform weights, which scale them afterwards (no N × F pass)."""
+    return symmetric_gram(features, features), project(features, rhs)
+
+
+def weighted_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    """(ΦᵀWΦ, ΦᵀWR) for per-point weights ``(..., N)``, without autograd bookkeeping."""
     w = weights.unsqueeze(-1)
-    if _is_uniform(weights):
-        return symmetric_gram(features, features) * w, project(features, rhs) * w
     return symmetric_gram(features * w, features), project(features, rhs * w)
 
 
@@ -76,22 +79,18 @@ def statistics_backward(
     grad_gram: Tensor,
     grad_cross: Tensor,
     needs: tuple[bool, bool, bool],
-    unit_statistics: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Gradients of (ΦᵀWΦ, ΦᵀWR) with respect to (Φ, w, R), before un-broadcasting.
 
-    ``unit_statistics`` = (ΦᵀΦ, ΦᵀR) for uniform weights (saved by the forward pass), from
-    which ∂w is an F × F contraction instead of an N × F pass.
+    For uniform weights ``(..., 1)`` ∂w is not computed here: it is an F × F contraction of
+    the whole data's unit statistics (:func:`uniform_weight_grad`), so ``needs[1]`` is ignored.
     """
     sym = 0.5 * (grad_gram + grad_gram.mT)
     w = weights.unsqueeze(-1)
-    uniform = _is_uniform(weights)
     grad_features = grad_weights = grad_rhs = None
     if needs[2]:
         grad_rhs = (features @ grad_cross) * w
-    if uniform:
-        if needs[1]:
-            grad_weights = uniform_weight_grad(*unit_statistics, grad_gram, grad_cross)
+    if _is_uniform(weights):
         if needs[0]:
             grad_features = _add_matmul(features @ (sym * (2.0 * w)), rhs * w, grad_cross.mT)
         return grad_features, grad_weights, grad_rhs
@@ -120,24 +119,24 @@ def _add_matmul(out: Tensor, left: Tensor, right: Tensor) -> Tensor:
 class _FeatureStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        uniform = _is_uniform(weights)
-        if uniform:
-            unit_gram, unit_cross = symmetric_gram(features, features), project(features, rhs)
+        if _is_uniform(weights):
+            unit = unit_statistics(features, rhs)
+            ctx.save_for_backward(features, weights, rhs, *unit)
             w = weights.unsqueeze(-1)
-            gram, cross = unit_gram * w, unit_cross * w
-            ctx.save_for_backward(features, weights, rhs, unit_gram, unit_cross)
-        else:
-            gram, cross = statistics_forward(features, weights, rhs)
-            ctx.save_for_backward(features, weights, rhs)
-        return gram, cross
+            return unit[0] * w, unit[1] * w
+        ctx.save_for_backward(features, weights, rhs)
+        return weighted_statistics(features, weights, rhs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_gram: Tensor, grad_cross: Tensor):
         features, weights, rhs, *unit = ctx.saved_tensors
-        grads = statistics_backward(
-            features, weights, rhs, grad_gram, grad_cross, ctx.needs_input_grad[:3], tuple(unit) or None
+        grad_features, grad_weights, grad_rhs = statistics_backward(
+            features, weights, rhs, grad_gram, grad_cross, ctx.needs_input_grad[:3]
         )
+        if unit and ctx.needs_input_grad[1]:
+            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_cross)
+        grads = (grad_features, grad_weights, grad_rhs)
         return tuple(None if g is None else _sum_to_shape(g, t.shape) for g, t in zip(grads, (features, weights, rhs)))
 
 
