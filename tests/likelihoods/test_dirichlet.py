@@ -20,6 +20,14 @@ from rfgp.models import ExactGPModel
 TOL = {torch.float32: 2e-4, torch.float64: 1e-10}
 
 
+def _record_label_statistics(patch) -> list:
+    """Spy on the shared-Φ structured solve: the list of feature sources it is called with."""
+    calls = []
+    patch.setattr(classification, "label_feature_statistics",
+                  lambda *a: calls.append(a[0]) or label_feature_statistics(*a))
+    return calls
+
+
 def _problem(dtype, num_points=120, num_classes=4, seed=0):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(num_points, 2, generator=gen, dtype=dtype)
@@ -123,9 +131,7 @@ def test_label_statistics_partition_the_gram_matrix_with_exact_gradients(max_blo
 
 
 def test_structured_mll_and_gradients_equal_dense_gaussian(dtype, monkeypatch):
-    calls = []
-    monkeypatch.setattr(classification, "label_feature_statistics",
-                        lambda *a: calls.append(1) or label_feature_statistics(*a))
+    calls = _record_label_statistics(monkeypatch)
     x, labels, num_classes = _problem(dtype)
     model, likelihood, kernel = _model(x, labels, num_classes, dtype)
     marginal = likelihood(model(x))
@@ -179,9 +185,7 @@ def _dense_posterior(kernel, likelihood, mean_constant, x, x_test):
 
 
 def test_batched_feature_space_posterior_equals_dense_exact_gp(dtype, monkeypatch):
-    calls = []
-    monkeypatch.setattr(classification, "label_feature_statistics",
-                        lambda *a: calls.append(1) or label_feature_statistics(*a))
+    calls = _record_label_statistics(monkeypatch)
     x, labels, num_classes = _problem(dtype)
     model, likelihood, kernel = _model(x, labels, num_classes, dtype)
     x_test = torch.randn(9, 2, generator=torch.Generator().manual_seed(5), dtype=dtype)
@@ -306,10 +310,8 @@ def test_chunked_structured_solve_equals_materialised(dtype, chunk_size, monkeyp
 
     with rfgp.settings.chunk_size(chunk_size):
         assert isinstance(kernel(x).evaluate_kernel(), rfgp.operators.ChunkedFeatureRootLinearOperator)
-        calls = []
         with monkeypatch.context() as patch:
-            patch.setattr(classification, "label_feature_statistics",
-                          lambda *a: calls.append(a[0]) or label_feature_statistics(*a))
+            calls = _record_label_statistics(patch)
             patch.setattr(rfgp.operators.ChunkedFeatureRootLinearOperator, "features", no_materialisation)
             patch.setattr(rfgp.operators.ChunkedFeatureRootLinearOperator, "to_dense", no_materialisation)
             covar, *chunked = _mll_grads_and_posterior(model, likelihood, kernel, x, x_test)
