@@ -37,6 +37,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
+from ._validation import check_targets
 from .chunking import Featurizer, backprop_chunks, chunk_slices, chunked_feature_statistics
 from .linalg import feature_statistics, fold_constant, project
 
@@ -119,6 +120,7 @@ class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
         return super().__add__(other)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        check_targets(inv_quad_rhs)
         num_data, num_features = self._linear_op.shape[-1], self._linear_op.root.shape[-1]
         if num_features >= num_data and not distributed.is_active():
             features = self._linear_op.root.to_dense()
@@ -298,6 +300,7 @@ class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
         return super().__add__(other)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        check_targets(inv_quad_rhs)
         return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
 
 

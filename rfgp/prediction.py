@@ -32,6 +32,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
+from ._validation import check_targets
 from .operators import noise_weights
 
 
@@ -58,6 +59,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="mean_covar_cache")
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
+        check_targets(self.train_labels)
         # Noise-added operators with extra structure (rfgp.classification: shared Φ across
         # classes) build the same caches themselves.
         structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)
