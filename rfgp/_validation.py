@@ -168,6 +168,15 @@ def check_unit_rows(x: Tensor, name: str, hint: str) -> None:
         )
 
 
+def normalize_rows(x: Tensor, name: str) -> Tensor:
+    """x/‖x‖ row by row; an all-zero row has no direction and raises instead of staying zero."""
+    norms = x.norm(dim=-1, keepdim=True)
+    if settings.validate_inputs.on() and x.numel() and bool((norms == 0).any()):
+        row = int((norms.reshape(-1) == 0).nonzero()[0])
+        raise ValueError(f"{name} has an all-zero row (row {row}), which cannot be normalised onto the unit sphere")
+    return x / norms
+
+
 def check_hyperparameter(value, name: str, constraint=None, allow_bound: bool = False) -> None:
     """A value assigned to a hyperparameter is finite and inside its (positive) constraint.
 

@@ -39,7 +39,7 @@ import os
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_unit_rows
+from .._validation import check_choice, check_unit_rows, normalize_rows
 from . import random
 from ..config_state import DRAW, METHOD
 from .base import FeatureMap
@@ -126,11 +126,8 @@ class SphericalRandomFeatures(FeatureMap):
 
     # ---------------------------------------------------------------- forward
     def _checked_input(self, x: Tensor) -> Tensor:
-        norms = x.norm(dim=-1, keepdim=True)
         if self.normalize_inputs:
-            if bool((norms == 0).any()):
-                raise ValueError("x has an all-zero row, which normalize_inputs=True cannot put on the unit sphere")
-            return x / norms
+            return normalize_rows(x, "x")
         check_unit_rows(x, "x", "Spherical random features need unit-norm inputs: normalise them "
                                 "(x / x.norm(dim=-1, keepdim=True)) or pass normalize_inputs=True")
         return x

@@ -16,7 +16,7 @@ from gpytorch.constraints import Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from .._validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows
+from .._validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows, normalize_rows
 from ..config_state import METHOD
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
@@ -174,7 +174,7 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
 
     def scale_inputs(self, x: Tensor) -> Tensor:
         if self.input_normalization == "normalize":
-            x = torch.nn.functional.normalize(x, dim=-1)
+            x = normalize_rows(x, "x")
         elif self.input_normalization == "check":
             check_unit_rows(x, "x", "Normalise the inputs or build the kernel with from_sphere(..., normalize_inputs=True)")
         return super().scale_inputs(x)

@@ -262,7 +262,15 @@ case("spherical/off_sphere_digits", lambda: FEATURE_MAPS["spherical"][0]().doubl
      Raises(ValueError, "unit sphere", "0.99997"))
 case("spherical/normalize_zero_row", lambda: features.SphericalRandomFeatures(32, power=2, input_dim=D, normalize_inputs=True,
                                                                             seed=0).double()(torch.zeros(2, D, dtype=torch.float64)),
-     Raises(ValueError, "zero row"))
+     Raises(ValueError, "all-zero row"))
+case("polynomial_normalize/zero_row", lambda: kernels.SketchedPolynomialKernel(
+    2, 16, input_dim=D, input_normalization="normalize", seed=0).double()(torch.zeros(2, D, dtype=torch.float64)).to_dense(),
+     Raises(ValueError, "all-zero row"))
+case("polynomial_normalize/ok", lambda: kernels.SketchedPolynomialKernel(
+    2, 16, input_dim=D, input_normalization="normalize", seed=0).double()(data()).to_dense(), Finite())
+for _name, _spec in (("lengthscale", 0.0), ("outputscale", -1.0), ("lengthscale", math.nan)):
+    case(f"pyro/{_name}_{_spec}", lambda _name=_name, _spec=_spec: rfgp.pyro.RandomFeatureGP(
+        FEATURE_MAPS["rff"][0](), rfgp.pyro.Gaussian(0.1), **{_name: _spec}), Raises(ValueError, _name))
 
 
 # --------------------------------------------------------------------------- regression models
