@@ -223,6 +223,17 @@ def check_targets(y: Tensor, name: str = "the training targets y") -> None:
                           "prediction NaN)")
 
 
+def check_noise(noise: Tensor) -> Tensor:
+    """The likelihood's noise variances D (returned unchanged): finite and > 0, as D⁻¹ weights the data."""
+    if settings.validate_inputs.on() and noise.numel() and not bool((torch.isfinite(noise) & (noise > 0)).all()):
+        raise ValueError(
+            f"the likelihood's noise variances must be finite and > 0 (the feature-space solve weights every point "
+            f"by 1/noise), got values in [{float(noise.min()):.6g}, {float(noise.max()):.6g}]"
+            f"{' including NaN' if bool(noise.isnan().any()) else ''}"
+        )
+    return noise
+
+
 def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1) -> None:
     """train_x ``(..., n, d)`` and train_y with n along ``target_axis`` of an ExactGP: dtype, sizes, finiteness."""
     check_tensor_dtype(train_x, "train_x")

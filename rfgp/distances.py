@@ -91,6 +91,8 @@ def kernel_distance(
 
 def mean_kernel(kernel: KernelFunction, x: Tensor, y: Tensor, chunk_size: int = 2048) -> Tensor:
     """κ(X, Y) = mean of k(x, y) over X × Y, accumulated over row chunks of X (memory O(chunk·|Y|))."""
+    _check_points(x, "x")
+    _check_points(y, "y")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     total = sum(kernel(x[i : i + chunk_size], y).sum() for i in range(0, x.shape[0], chunk_size))
     return total / (x.shape[0] * y.shape[0])

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._validation import check_finite, check_positive_int, check_tensor_dtype
+from ._validation import check_finite, check_positive_float, check_positive_int, check_tensor_dtype
 
 
 def _dense(matrix) -> Tensor:
@@ -57,6 +57,7 @@ def gaussian_kl_divergence(
     if len(shapes) != 1:
         raise ValueError(f"means and variances must share one shape, got {sorted(tuple(s) for s in shapes)}")
     _check_gaussian(var_approx=var_approx, var_exact=var_exact, mean_approx=mean_approx, mean_exact=mean_exact)
+    min_variance = check_positive_float(min_variance, "min_variance")
     var_approx = var_approx.clamp_min(min_variance)
     var_exact = var_exact.clamp_min(min_variance)
     ratio = var_approx / var_exact

@@ -24,7 +24,7 @@ from linear_operator.operators import ConstantMulLinearOperator, RootLinearOpera
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ._validation import check_model_inputs, check_targets, check_training_data
+from ._validation import check_model_inputs, check_noise, check_targets, check_training_data
 from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -68,7 +68,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R)."""
         check_targets(self.train_labels)
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
-        noise = self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        noise = check_noise(self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
         weights = noise.reciprocal()
         capacitance = weighted_gram(features, weights)
         eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)

@@ -37,7 +37,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
-from ._validation import check_targets
+from ._validation import check_noise, check_targets
 from .chunking import Featurizer, backprop_chunks, chunk_slices, chunked_feature_statistics
 from .linalg import feature_statistics, fold_constant, project
 
@@ -101,8 +101,8 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
 def noise_weights(noise: DiagLinearOperator) -> Tensor:
     """D⁻¹ of a noise operator: ``(..., N)``, or ``(..., 1)`` for a homoscedastic (constant) diagonal."""
     if isinstance(noise, ConstantDiagLinearOperator):
-        return noise.diag_values.reciprocal()
-    return noise.diagonal(dim1=-1, dim2=-2).reciprocal()
+        return check_noise(noise.diag_values).reciprocal()
+    return check_noise(noise.diagonal(dim1=-1, dim2=-2)).reciprocal()
 
 
 def _add_optional(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -124,7 +124,7 @@ class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
         num_data, num_features = self._linear_op.shape[-1], self._linear_op.root.shape[-1]
         if num_features >= num_data and not distributed.is_active():
             features = self._linear_op.root.to_dense()
-            noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
+            noise = check_noise(self._diag_tensor.diagonal(dim1=-1, dim2=-2))
             rhs = _as_matrix(inv_quad_rhs)
             inv_quad, logdet_term = _dense_inv_quad_logdet(features, noise, rhs, logdet)
             return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, features)

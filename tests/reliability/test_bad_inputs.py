@@ -377,6 +377,39 @@ def _dense_path_nan_target():
 case("dense_gp/mll_nan_target", _dense_path_nan_target, Raises(ValueError, "target", "NaN"))
 
 
+def _fixed_noise(value):
+    def run():
+        x = data(8)
+        likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=torch.full((8,), value, dtype=torch.float64))
+        kernel = gpytorch.kernels.ScaleKernel(kernels.SketchedRBFKernel(4, input_dim=D, seed=0))
+        from ._builders import GP
+
+        return mll_value(GP(x, torch.sin(x.sum(-1)), kernel, likelihood).double())
+    return run
+
+
+case("fixed_noise/ok", _fixed_noise(0.1), Finite())
+# GPyTorch's FixedGaussianNoise rounds noise below 1e-6 up to 1e-6 itself, with a NumericalWarning
+case("fixed_noise/zero", _fixed_noise(0.0), Finite())
+case("fixed_noise/nan", _fixed_noise(math.nan), Raises(ValueError, "noise", "NaN"))
+
+
+def _maclaurin_fit(x):
+    return lambda: features.OptimizedMaclaurin(rfgp.dot_product.exponential(), 32, input_dim=D, seed=0).double().fit(x)
+
+
+case("maclaurin_fit/ok", lambda: _maclaurin_fit(data(8))()(data()), Finite())
+case("maclaurin_fit/nan", _maclaurin_fit(nan_at(data(8))), Raises(ValueError, "x_sample", "NaN"))
+case("refit_allocation/nan", lambda: kernels.refit_allocation(SCALAR_KERNELS["rbf_maclaurin"][0]().double(), nan_at(data(8))),
+     Raises(ValueError, "x_sample", "NaN"))
+case("gaussian_sketch_for_data/nan", lambda: features.GaussianSketch.for_data(nan_at(data(8)), 32, alpha=1e-3),
+     Raises(ValueError, "x", "NaN"))
+case("cholesky_update/nan", lambda: rfgp.cholesky_update.cholesky_update(
+    torch.eye(3, dtype=torch.float64), torch.full((3, 1), math.nan, dtype=torch.float64)), Raises(ValueError, "vectors", "NaN"))
+case("cholesky_update/ok", lambda: rfgp.cholesky_update.cholesky_update(
+    torch.eye(3, dtype=torch.float64), torch.ones(3, 1, dtype=torch.float64)), Finite())
+
+
 # --------------------------------------------------------------------------- streaming
 def _stream(*batches, predict_at=None):
     def run():
@@ -559,6 +592,9 @@ case("kl/ok", lambda: metrics.gaussian_kl_divergence(_mean, _var, _mean + 1, _va
 case("kl/nan_mean", lambda: metrics.gaussian_kl_divergence(nan_at(_mean, index=(0,)), _var, _mean, _var),
      Raises(ValueError, "mean_approx", "NaN"))
 case("kl/negative_variance", lambda: metrics.gaussian_kl_divergence(_mean, -_var, _mean, _var), Raises(ValueError, "var_approx"))
+case("kl/min_variance_negative", lambda: metrics.gaussian_kl_divergence(_mean, _var, _mean, _var, min_variance=-1.0),
+     Raises(ValueError, "min_variance"))
+case("mean_kernel/empty", lambda: distances.mean_kernel(distances.gaussian_kernel(), _p[:0], _q), Raises(ValueError, "x"))
 case("kl/shape", lambda: metrics.gaussian_kl_divergence(_mean, _var[:3], _mean, _var), Raises(ValueError, "shape"))
 case("gaussian_mnll/ok", lambda: metrics.gaussian_mnll(_mean, _var, _mean + 0.5), Finite())
 case("gaussian_mnll/zero_variance", lambda: metrics.gaussian_mnll(_mean, _var * 0, _mean), Raises(ValueError, "variance"))
