@@ -286,3 +286,44 @@ def test_dirichlet_labels(labels, num_classes):
                      .transformed_targets, targets)
     valid = bool(labels) and min(labels) >= 0 and max(labels) < num_classes and num_classes >= 2
     _check(None if valid else ValueError, result)
+
+
+@FUZZ
+@given(x=tensors(rows=st.integers(1, 5), batch=st.just(())), pattern=PATTERNS,
+       likelihood=st.sampled_from(["Gaussian", "StudentT", "Poisson", "Bernoulli"]))
+def test_pyro_model(x, pattern, likelihood):
+    import pyro
+
+    from rfgp import pyro as rpyro
+
+    counts = likelihood in ("Poisson", "Bernoulli")
+    y = x.real.double().sum(-1).nan_to_num(0.0, 0.0, 0.0).abs().round().clamp_max(1 if likelihood == "Bernoulli" else 9)
+    if not counts:
+        y = y + 0.5
+    if pattern != "finite":
+        y[0] = math.nan if pattern == "nan" else math.inf
+    model = rpyro.RandomFeatureGP(FEATURE_MAPS["rff"][0]().double(), getattr(rpyro, likelihood)())
+    pyro.set_rng_seed(0)
+    result = outcome(lambda: pyro.poutine.trace(model).get_trace(x, y).log_prob_sum(), x, y)
+    problems = {_must_fail(x)} - {None}
+    if x.dtype in SUPPORTED and x.dtype != torch.float64:
+        problems.add(TypeError)  # the draws are float64; a float32 x meets them in one product
+    if pattern != "finite":
+        problems.add(ValueError)
+    if problems and not isinstance(result, Exception):
+        # a float32 x is accepted by Pyro's model (its draws follow the input), nothing else may pass
+        assert problems == {TypeError} and x.dtype == torch.float32, result
+        return
+    _check(tuple(problems) or None, result)
+
+
+@FUZZ
+@given(x=tensors(rows=st.integers(0, 4), batch=st.just(())), kernel=st.sampled_from(["curl_free", "div_free"]))
+def test_vector_fields(x, kernel):
+    field = rfgp.vector_fields.prior_field_samples(VECTOR_KERNELS[kernel]().double(), 2, anchors=torch.zeros(1, D,
+                                                   dtype=torch.float64), generator=torch.Generator().manual_seed(0))
+    result = outcome(lambda: (rfgp.vector_fields.divergence(field, x), rfgp.vector_fields.curl(field, x)), x)
+    problems = {_must_fail(x)} - {None}
+    if x.dtype in SUPPORTED and x.dtype != torch.float64:
+        problems.add(TypeError)
+    _check(tuple(problems) or None, result)
