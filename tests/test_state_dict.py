@@ -161,6 +161,11 @@ def test_encoding_round_trips_every_value_type(value):
     assert type(decoded) is type(value) and decoded == value
 
 
+def test_seed_outside_int64_is_refused():
+    with pytest.raises(ValueError, match=r"seed must be an int in \[-2\*\*63, 2\*\*63\), got 18446744073709551616"):
+        RandomFourierFeatures(16, 3, seed=2**64)
+
+
 def test_encoding_refuses_other_types():
     with pytest.raises(TypeError, match="configuration value must be"):
         encode([1, 2])

@@ -70,6 +70,8 @@ class FeatureMap(ConfigState, nn.Module):
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, int):
                 raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+            if not -(2**63) <= seed < 2**63:  # saved as an int64 in state_dict
+                raise ValueError(f"seed must be an int in [-2**63, 2**63), got {seed}")
             self.seed = int(seed)
         else:
             self.seed = _new_seed(generator)
