@@ -24,8 +24,8 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_int
 from .. import dot_product
+from .._validation import check_choice, check_positive_int
 from ..config_state import DRAW, METHOD
 from ..dot_product import DotProductKernelSpec, degree_terms
 from .base import FeatureMap
