@@ -19,8 +19,11 @@ the sample x (so that K_{ZZ} is a principal submatrix of the data Gram matrix):
 
   the λ-regularised Nyström residual of point i, which over-estimates τᵢ(λ) for every S.
   Points the pilot already explains get small scores, points in sparsely covered regions
-  large ones.  Cost O(n·s² + s³).  The default λ = tr(K)/M bounds the effective dimension
-  d_eff(λ) = Σ τᵢ(λ) ≤ tr(K)/λ = M, the regime where M landmarks suffice.
+  large ones.  Cost O(n·s² + s³).  The default λ is the ⌈s/2⌉-th largest eigenvalue of
+  (n/s)·K_{SS}, the pilot's Nyström estimate of K's spectrum (floored at 10⁻⁶·mean k(x, x)):
+  about half of the spectrum the landmarks can hold lies above λ, so d_eff(λ) is of the
+  order of M, the regime in which M landmarks suffice.  In a GP the noise variance σ² is
+  the natural λ (pass ``regularization=``).
 
 Sampling without replacement and without reweighting is what Nyström needs: the
 approximation K_{xZ}K_{ZZ}⁻¹K_{Zx} is the projection onto span{φ(z)}, which column
@@ -116,7 +119,7 @@ def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFuncti
         x: sample of inputs ``(n, d)``.
         num_landmarks: M ≤ n.
         kernel: ``kernel(x1, x2, diag=False)`` → dense cross-covariance (or diagonal).
-        regularization: λ > 0; default tr(K)/M, which keeps d_eff(λ) ≤ M.
+        regularization: λ > 0; default from the pilot's spectrum (see the module docstring).
         pilot_size: s, the size of the uniform pilot sample the scores are estimated from
             (default min(n, M)); cost O(n·s² + s³).
         seed, generator: the randomness of the pilot and of the final draw.
@@ -134,9 +137,9 @@ def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFuncti
     if pilot_size > num_points:
         raise ValueError(f"pilot_size={pilot_size} exceeds the number of rows of x ({num_points})")
     generator = _generator(seed, generator)
-    if regularization is None:
-        regularization = _batch_mean(kernel(x, x, diag=True), 1).sum() / num_landmarks
     pilot = uniform_landmarks(x, pilot_size, generator=generator)
+    if regularization is None:
+        regularization = _spectral_regularization(x, kernel, pilot)
     scores = approximate_ridge_leverage_scores(x, kernel, regularization, pilot)
     positive = int((scores > 0).sum())
     if positive < num_landmarks:
@@ -163,6 +166,14 @@ def approximate_ridge_leverage_scores(x: Tensor, kernel: KernelFunction, regular
     chol = torch.linalg.cholesky(pilot_gram + regularization * eye)
     explained = torch.linalg.solve_triangular(chol, cross.mT, upper=False).pow(2).sum(-2)
     return ((diag - explained) / regularization).clamp_min(0)
+
+
+def _spectral_regularization(x: Tensor, kernel: KernelFunction, pilot: Tensor) -> Tensor:
+    """The ⌈s/2⌉-th largest eigenvalue of (n/s)·K_SS, at least 10⁻⁶·mean k(x, x)."""
+    num_points, pilot_size = x.shape[0], pilot.shape[0]
+    spectrum = torch.linalg.eigvalsh(_batch_mean(kernel(pilot, pilot), 2)) * (num_points / pilot_size)
+    floor = 1e-6 * _batch_mean(kernel(x, x, diag=True), 1).mean()
+    return torch.maximum(spectrum[pilot_size - (pilot_size + 1) // 2], floor)
 
 
 def _check_sample(x: Tensor, num_landmarks: int) -> int:
