@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .._validation import check_positive_float
-from ..chunking import Featurizer, chunk_slices
+from ..chunking import chunk_slices
 from ..features.landmarks import select_landmarks
 from ..settings import resolve_chunk_size
 from .random_feature_kernel import FeatureKernel
@@ -114,7 +114,7 @@ class NystromKernel(FeatureKernel):
         gram = self.base_kernel(landmarks, landmarks).to_dense()
         scale = gram.diagonal(dim1=-2, dim2=-1).mean(-1).unsqueeze(-1).unsqueeze(-1)
         eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-        jitter = self.jitter if self.jitter is not None else _DEFAULT_JITTER.get(gram.dtype, 1e-4)
+        first = jitter = self.jitter if self.jitter is not None else _DEFAULT_JITTER.get(gram.dtype, 1e-4)
         while True:
             chol, info = torch.linalg.cholesky_ex(gram + (jitter * scale) * eye)
             if bool((info == 0).all() & torch.isfinite(chol).all()):
@@ -126,59 +126,50 @@ class NystromKernel(FeatureKernel):
                     "entries, or the landmarks are (nearly) duplicated, or the kernel is not positive definite at them)"
                 )
             jitter *= 10
-            if not self._warned_jitter:
-                self._warned_jitter = True
-                warnings.warn(
-                    f"NystromKernel: K(Z, Z) at {self.num_features} landmarks needed relative jitter ≥ {jitter:.0e} "
-                    f"in {gram.dtype} (warned once per kernel); consider fewer or better spread landmarks",
-                    NumericalWarning, stacklevel=2,
-                )
+        if jitter != first and not self._warned_jitter:
+            self._warned_jitter = True
+            warnings.warn(
+                f"NystromKernel: the Cholesky factor of K(Z, Z) at {self.num_features} landmarks needed relative "
+                f"jitter {jitter:.0e} instead of {first:.0e} in {gram.dtype} (warned once per kernel); "
+                "consider fewer or better spread landmarks",
+                NumericalWarning, stacklevel=2,
+            )
         return chol
 
     def featurize(self, x: Tensor) -> Tensor:
-        """Φ(x) = K(x, Z)·L⁻ᵀ, ``(*batch_shape, n, M)``."""
-        return self._features(x, self.landmark_cholesky(x.dtype))
+        """Φ(x) = K(x, Z)·L⁻ᵀ, ``(*batch_shape, n, M)``.
 
-    def _features(self, x: Tensor, chol: Tensor) -> Tensor:
+        L is recomputed at every call, so that chunked evaluation (which recomputes the
+        features of each chunk in the backward pass) differentiates through it: O(M³) per
+        chunk, small against the chunk's O(chunk·M²).
+        """
+        chol = self.landmark_cholesky(x.dtype)
         cross = self.base_kernel(x, self.landmarks.to(x.dtype)).to_dense()
         return torch.linalg.solve_triangular(chol, cross.mT, upper=False).mT
 
-    def featurizer(self, x: Tensor) -> Featurizer:
-        """One Cholesky factor per call, shared by every chunk (it is a differentiable input of the chunks)."""
-        chol = self.landmark_cholesky(x.dtype)
-
-        def function(rows: Tensor) -> Tensor:
-            return self._features(rows, chol)
-
-        with torch.no_grad():
-            batch_shape = function(x[..., :1, :]).shape[:-2]
-        params = [p for p in self.parameters() if p.requires_grad] + ([chol] if chol.requires_grad else [])
-        return Featurizer(function, params, self.num_features, batch_shape)
-
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(k(x, x), ‖Φ(x)‖²) per point; their difference is the FITC-style variance correction (≥ 0)."""
-        featurizer = self.featurizer(x)
-        chunk_size = resolve_chunk_size(x.shape[-2], self.num_features, math.prod(featurizer.batch_shape), x.dtype)
+        batch = torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
+        chunk_size = resolve_chunk_size(x.shape[-2], self.num_features, math.prod(batch), x.dtype)
         if chunk_size is None:
-            norms = _squared_norms(featurizer, x)
-        else:  # the budget's chunking, recomputed in the backward pass instead of holding N × M features
+            norms = self._squared_norms(x)
+        else:  # the budget's chunks, recomputed in the backward pass instead of holding N × M features
             norms = torch.cat([
-                checkpoint(_squared_norms, featurizer, x[..., rows, :], use_reentrant=False)
-                if torch.is_grad_enabled() else _squared_norms(featurizer, x[..., rows, :])
+                checkpoint(self._squared_norms, x[..., rows, :], use_reentrant=False)
+                if torch.is_grad_enabled() else self._squared_norms(x[..., rows, :])
                 for rows in chunk_slices(x.shape[-2], chunk_size)
             ], -1)
         target = self.base_kernel(x, diag=True)
         return target.expand(norms.shape), norms
+
+    def _squared_norms(self, x: Tensor) -> Tensor:
+        return self.featurize(x).pow(2).sum(-1)
 
     def variance_correction(self, x: Tensor) -> Tensor | None:
         """k(x, x) − ‖Φ(x)‖² ≥ 0, computed in eval mode only: no training quantity reads it, predictions do."""
         if self.training:
             return None
         return super().variance_correction(x)
-
-
-def _squared_norms(featurizer: Featurizer, x: Tensor) -> Tensor:
-    return featurizer(x).pow(2).sum(-1)
 
 
 def _check_points(points, name: str) -> Tensor:
