@@ -90,14 +90,15 @@ def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | N
     generator = _generator(seed, generator)
     diag = _batch_mean(kernel(x, x, diag=True), 1) if kernel is not None else None
 
-    def squared_distance(z: Tensor) -> Tensor:
+    def squared_distance(index: Tensor) -> Tensor:
+        z = x.index_select(0, index)
         if kernel is None:
             return (x - z).pow(2).sum(-1)
-        return (diag + _batch_mean(kernel(z, z, diag=True), 1) - 2 * _batch_mean(kernel(x, z), 2).squeeze(-1)).clamp_min(0)
+        return (diag + diag.index_select(0, index) - 2 * _batch_mean(kernel(x, z), 2).squeeze(-1)).clamp_min(0)
 
     first = torch.randint(x.shape[0], (1,), generator=generator, device=_draw_device(generator, x)).to(x.device)
     chosen = [first]
-    nearest = squared_distance(x.index_select(0, first))
+    nearest = squared_distance(first)
     for count in range(1, num_landmarks):
         if not bool(nearest.sum() > 0):
             raise ValueError(
@@ -106,7 +107,7 @@ def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | N
             )
         index = _draw(nearest, 1, generator)
         chosen.append(index)
-        nearest = torch.minimum(nearest, squared_distance(x.index_select(0, index)))
+        nearest = torch.minimum(nearest, squared_distance(index))
     return x.index_select(0, torch.cat(chosen))
 
 
