@@ -46,9 +46,14 @@ PROPOSAL_FACTORS = (0.25, 1.0, 4.0)
 TAIL_TOLERANCE = 1e-9
 
 
+#: recurrence start K + this: float64-accurate for z up to 3× the argument K was chosen for
+#: (:func:`num_harmonics_for`), beyond which the tail check refuses anyway (see the tests)
+RECURRENCE_MARGIN = 40
+
+
 def harmonic_probabilities(z: Tensor, num_harmonics: int) -> Tensor:
     """q_k(z) = (2 − δ_{k0}) I_k(z)e^{−z} for k = 0, …, K − 1, shape ``(*z.shape, K)``."""
-    bessel = scaled_bessel_i(z, num_harmonics)
+    bessel = scaled_bessel_i(z, num_harmonics, start=num_harmonics + RECURRENCE_MARGIN)
     doubling = torch.full((num_harmonics,), 2.0, dtype=z.dtype, device=z.device)
     doubling[0] = 1.0
     return bessel * doubling
