@@ -82,7 +82,7 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         lengthscale = self.reference.get("lengthscale")
         if lengthscale is None:
             raise RuntimeError("PeriodicSpectralMeasure needs reference['lengthscale'] before drawing")
-        z_ref = 1.0 / lengthscale.detach().to(torch.float64).cpu().reshape(-1, lengthscale.shape[-1]).min(0).values
+        z_ref = 1.0 / lengthscale.detach().to(torch.float64).cpu().reshape(-1, lengthscale.shape[-1]).min(0).values  # smallest ℓ: widest measure
         z_ref = z_ref.expand(input_dim)  # one value per dimension (ARD) or shared
         num_harmonics = num_harmonics_for(max(PROPOSAL_FACTORS) * float(z_ref.max()))
         factors = torch.tensor(PROPOSAL_FACTORS, dtype=torch.float64)
@@ -107,8 +107,10 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         """log w = Σ_i log q_{k_i}(1/ℓ_i) − log r(k), shape ``(*batch, m)``."""
         harmonics = draws["harmonics"]
         num_harmonics = draws["harmonic_orders"].shape[-1]
-        probabilities = harmonic_probabilities(lengthscale.reciprocal(), num_harmonics)  # (*batch, 1, d|1, K)
+        # the Bessel table in float64 (it is tiny) so the tail check is exact in float32 too
+        probabilities = harmonic_probabilities(lengthscale.to(torch.float64).reciprocal(), num_harmonics)
         missing = (1.0 - probabilities.sum(-1)).max()
+        probabilities = probabilities.to(lengthscale.dtype)  # (*batch, 1, d|1, K)
         if bool(missing > TAIL_TOLERANCE):
             raise ValueError(
                 f"lengthscale {float(lengthscale.min()):.4g} is too small for the drawn harmonics (the periodic "

@@ -69,6 +69,10 @@ class SpectralFeatureKernel(FeatureKernel):
     def _centre_proposal(self) -> None:
         self.measure.reference = {name: value.detach() for name, value in self.measure_hyperparameters().items()}
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._centre_proposal()  # the feature map (loaded next) may redraw to re-create its buffers
+
     def resample(self, generator: torch.Generator | None = None) -> SpectralFeatureKernel:
         """Redraw the frequencies, with the proposal re-centred on the current hyperparameters."""
         self._centre_proposal()
