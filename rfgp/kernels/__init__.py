@@ -1,8 +1,13 @@
 """GPyTorch kernels backed by random features."""
 
+from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
+from .periodic import SketchedPeriodicKernel
+from .rational_quadratic import SketchedRQKernel
+from .spectral_kernel import SpectralFeatureKernel
+from .spectral_mixture import SketchedSpectralMixtureKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
@@ -15,6 +20,13 @@ from .sketched_operator_valued import (
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
+    "SpectralFeatureKernel",
+    "SketchedSpectralMixtureKernel",
+    "SketchedRQKernel",
+    "SketchedPeriodicKernel",
+    "LinearFeatureKernel",
+    "CosineFeatureKernel",
+    "ConstantFeatureKernel",
     "CurlFreeRBFKernel",
     "DecomposableKernel",
     "DivFreeRBFKernel",
