@@ -44,6 +44,7 @@ class SpectralMixtureSpectralMeasure(SpectralMeasure):
     def __init__(self, num_mixtures: int) -> None:
         super().__init__()
         self.num_mixtures = check_positive_int(num_mixtures, "num_mixtures")
+        self.name = f"spectral mixture (Q={self.num_mixtures})"
 
     def draw(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         if num_frequencies < self.num_mixtures:

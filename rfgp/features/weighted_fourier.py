@@ -23,6 +23,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..config_state import METHOD
 from .base import FeatureMap
 
 
@@ -82,6 +83,8 @@ class WeightedFourierFeatures(FeatureMap):
     ``forward(x, **hyperparameters)`` passes θ to the measure; x is in raw input units.
     """
 
+    config_fields = {"measure": METHOD}
+
     def __init__(self, measure: SpectralMeasure, num_features: int, input_dim: int | None = None,
                  seed: int | None = None, generator: torch.Generator | None = None) -> None:
         if not isinstance(measure, SpectralMeasure):
@@ -97,6 +100,11 @@ class WeightedFourierFeatures(FeatureMap):
 
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         return self.measure.draw(self.num_frequencies, input_dim, generator)
+
+    def _config_value(self, name: str):
+        if name == "measure":
+            return repr(self.measure)
+        return super()._config_value(name)
 
     def draws(self, like: Tensor) -> dict[str, Tensor]:
         """The drawn buffers, floating ones in the dtype and on the device of ``like``."""

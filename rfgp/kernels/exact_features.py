@@ -24,6 +24,7 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from .._validation import check_positive_int
+from ..config_state import LAZY
 from .hyperparameters import positive_value, register_positive_hyperparameter, set_positive_value
 from .random_feature_kernel import FeatureKernel
 
@@ -46,6 +47,8 @@ class LinearFeatureKernel(_ExactFeatureKernel):
         >>> LinearFeatureKernel(input_dim=3).featurize(torch.rand(5, 3)).shape
         torch.Size([5, 3])
     """
+
+    config_fields = {"input_dim": LAZY}
 
     def __init__(self, ard_num_dims: int | None = None, input_dim: int | None = None,
                  variance_prior: Prior | None = None, variance_constraint: Interval | None = None, **kwargs) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..config_state import METHOD
 from ..features.weighted_fourier import SpectralMeasure, WeightedFourierFeatures
 from .random_feature_kernel import FeatureKernel
 
@@ -36,6 +37,8 @@ class SpectralFeatureKernel(FeatureKernel):
     1, :meth:`spectral_amplitude`.  The draws are made lazily at the first call (or
     :meth:`resample`), with the proposal centred on the hyperparameters at that time.
     """
+
+    config_fields = {"method": METHOD}
 
     def __init__(self, measure: SpectralMeasure, num_features: int, method: str = "rff", seed: int | None = None,
                  generator: torch.Generator | None = None, **kwargs) -> None:

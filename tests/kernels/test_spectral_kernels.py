@@ -79,8 +79,18 @@ def test_hyperparameters_receive_gradients_and_state_dict_round_trips(family):
     for name, parameter in kernel.named_parameters():
         assert parameter.grad is not None and bool(parameter.grad.abs().sum() > 0), name
     _, other = PAIRS[family](seed=11)
-    other.load_state_dict(kernel.state_dict())
+    state = kernel.state_dict()
+    assert all(torch.is_tensor(value) for value in state.values())
+    other.load_state_dict(state)
     assert torch.equal(other(X).to_dense(), kernel(X).to_dense())
+
+
+def test_state_of_another_family_is_refused():
+    _, periodic = periodic_pair()
+    _, rq = rq_pair()
+    periodic(X).to_dense()
+    with pytest.raises((ValueError, RuntimeError), match="SketchedPeriodicKernel|config_type"):
+        rq.load_state_dict(periodic.state_dict())
 
 
 def test_float32_and_diag():
