@@ -196,3 +196,30 @@ def test_mauna_loa_style_sum_converts_and_approximates():
     target = tree(x).to_dense().detach()
     sketched = rfgp.sketch(tree, 2048, seed=0)
     assert float((sketched(x).to_dense().detach() - target).norm() / target.norm()) < 0.1
+
+
+class _ExactGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood, covar_module):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def test_converted_periodic_tree_predicts_like_the_exact_gp():
+    generator = torch.Generator().manual_seed(3)
+    x = torch.rand(150, 1, generator=generator, dtype=F64) * 6
+    y = torch.sin(2 * torch.pi * x[:, 0] / 1.3) + 0.3 * x[:, 0] + 0.05 * torch.randn(150, generator=generator, dtype=F64)
+    tree = (ScaleKernel(PeriodicKernel()) + ScaleKernel(RQKernel()) + LinearKernel()).double()
+    tree.kernels[0].base_kernel.period_length = 1.3
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = 0.01
+    exact = _ExactGP(x, y, likelihood, tree).double().eval()
+    sketched = _ExactGP(x, y, likelihood, rfgp.sketch(tree, 512, seed=0)).double().eval()
+    x_test = torch.linspace(0, 7, 40, dtype=F64).unsqueeze(-1)
+    with torch.no_grad():
+        exact_mean = exact(x_test).mean
+        sketched_mean = sketched(x_test).mean
+    assert float((sketched_mean - exact_mean).norm() / exact_mean.norm()) < 0.05

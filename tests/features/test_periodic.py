@@ -100,3 +100,13 @@ def test_state_dict_round_trip_restores_proposal_dependent_shapes():
     other = features(32, 9)
     other.load_state_dict(phi.state_dict())
     assert torch.equal(gram(other), gram(phi))
+
+
+def test_input_hessian_matches_finite_differences():
+    phi = features(32, 4)
+    weights = torch.randn(32, generator=torch.Generator().manual_seed(5), dtype=F64)
+
+    def mean_at(point):  # a predictive mean Φ(x)ᵀβ at one point
+        return phi(point.unsqueeze(0), lengthscale=LENGTHSCALE, period=PERIOD)[0] @ weights
+
+    assert_derivatives_match_finite_differences(mean_at, torch.tensor([0.3, 1.1], dtype=F64))
