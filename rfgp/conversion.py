@@ -70,8 +70,11 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     """Return the random-feature version of a GPyTorch kernel tree with the same hyperparameters.
 
     Args:
-        kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.
-        num_features: feature width F of every sketched leaf kernel.
+        kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.  Leaves: RBF, Matérn,
+            polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
+            constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; inside
+            ``ScaleKernel``, ``AdditiveKernel``, ``ProductKernel``, ``MultitaskKernel``.
+        num_features: feature width F of every random-feature leaf kernel.
         method: the sketch of each leaf: ``None`` (every family's default, e.g. ``"rff"`` for
             RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others
             keep their default — a name no leaf of the tree has raises; or a mapping from
@@ -94,6 +97,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         >>> exact = ScaleKernel(RBFKernel(ard_num_dims=3))
         >>> sketched = rfgp.sketch(exact, num_features=1024, method="sorf")
         >>> taylor = rfgp.sketch(exact, 1024, method="gaussian_sketch", x_sample=train_x, alpha=1e-4)
+        >>> mixed = rfgp.sketch(ScaleKernel(RBFKernel()) + PolynomialKernel(power=2), 1024,
+        ...                     method={"RBFKernel": "orf", "PolynomialKernel": "sketch"})
     """
     _check_option_names(options)
     leaves = list(_leaves(kernel))
