@@ -107,17 +107,18 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         """log w = Σ_i log q_{k_i}(1/ℓ_i) − log r(k), shape ``(*batch, m)``."""
         harmonics = draws["harmonics"]
         num_harmonics = draws["harmonic_orders"].shape[-1]
-        # the Bessel table in float64 (it is tiny) so the tail check is exact in float32 too
+        # the Bessel table and the log-weights in float64 (the table is tiny): the tail check is exact
+        # and log q_k stays finite in float32 too, where q_k(1/ℓ) of a high harmonic can underflow
         probabilities = harmonic_probabilities(lengthscale.to(torch.float64).reciprocal(), num_harmonics)
         missing = (1.0 - probabilities.sum(-1)).max()
-        probabilities = probabilities.to(lengthscale.dtype)  # (*batch, 1, d|1, K)
         if bool(missing > TAIL_TOLERANCE):
             raise ValueError(
                 f"lengthscale {float(lengthscale.min()):.4g} is too small for the drawn harmonics (the periodic "
                 f"measure puts {float(missing):.2e} of its mass beyond the {num_harmonics} harmonics the proposal "
                 "covers): call resample() on the kernel to re-centre the proposal at the current lengthscale"
             )
-        batch = probabilities.shape[:-3]
+        batch = probabilities.shape[:-3]  # (*batch, 1, d|1, K)
         shape = (*batch, *harmonics.shape)
         picked = probabilities.expand(*shape, num_harmonics).gather(-1, harmonics.expand(shape).unsqueeze(-1))
-        return picked.squeeze(-1).log().sum(-1) - draws["log_proposal"]
+        log_q = picked.squeeze(-1).clamp_min(torch.finfo(torch.float64).tiny).log().sum(-1)
+        return (log_q - draws["log_proposal"].to(torch.float64)).to(lengthscale.dtype)

@@ -16,7 +16,8 @@ shape α₀ (α at draw time), and each frequency carries the weight
 so E_r[w cos ωᵀτ] = k for every α (unbiased), w is smooth in α to every order (autograd
 agrees with finite differences, Hessians exist), w ≤ 2 at α = α₀, and E_r[w²] < ∞ for every
 α > α₀/8 (the tails of the Gamma(α₀/4) component).  Below that bound the weights have infinite
-variance, so a smaller α raises; ``resample()`` of the kernel re-centres the proposal.
+variance, so a smaller α raises; far above α₀ the target concentrates near τ = 1 and the
+variance grows (roughly like √(α/α₀)).  ``resample()`` of the kernel re-centres the proposal.
 The lengthscale enters only through ω = g√τ/ℓ.
 """
 

@@ -104,6 +104,15 @@ def test_float32_and_diag():
     assert torch.allclose(kernel(x, diag=True), kernel(x).to_dense().diagonal(dim1=-2, dim2=-1), atol=1e-5)
 
 
+def test_float32_gradients_stay_finite_when_the_lengthscale_grows_far_from_the_proposal():
+    kernel = SketchedPeriodicKernel(256, seed=0)
+    x = X[:, :1].float()
+    kernel(x).to_dense()
+    kernel.lengthscale = 30.0  # high sampled harmonics now have q_k(1/ℓ) below float32's range
+    kernel(x).to_dense().sum().backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in kernel.parameters())
+
+
 def test_resample_recentres_the_proposal_after_the_lengthscale_shrinks():
     _, kernel = periodic_pair()
     kernel(X).to_dense()
