@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._validation import check_choice
 from ..config_state import METHOD
 from ..features.weighted_fourier import SpectralMeasure, WeightedFourierFeatures
 from .random_feature_kernel import FeatureKernel
@@ -42,11 +43,8 @@ class SpectralFeatureKernel(FeatureKernel):
 
     def __init__(self, measure: SpectralMeasure, num_features: int, method: str = "rff", seed: int | None = None,
                  generator: torch.Generator | None = None, **kwargs) -> None:
-        if method not in SPECTRAL_METHODS:
-            accepted = ", ".join(repr(m) for m in SPECTRAL_METHODS)
-            raise ValueError(f"method must be one of {accepted}; got {method!r}")
+        self.method = check_choice(method, "method", SPECTRAL_METHODS)
         super().__init__(**kwargs)
-        self.method = method
         self.feature_map = WeightedFourierFeatures(measure, num_features, seed=seed, generator=generator)
 
     @property
