@@ -6,7 +6,7 @@ sum over components, then product over dimensions) is
     k(τ) = Π_i Σ_q w_q exp(−2π²τ_i²σ_{qi}²) cos(2πτ_iμ_{qi}),
 
 (weights w_q, means μ_q, scales σ_q; per dimension the 1-D kernel of Wilson & Adams 2013,
-"Gaussian process kernels for pattern discovery and extrapolation", Eq. 12), so
+"Gaussian process kernels for pattern discovery and extrapolation", the SM kernel), so
 k(0) = (Σ_q w_q)^d.  Each 1-D term w_q·exp(·)cos(·) is w_q times the characteristic function
 of the symmetrised Gaussian 2π(±μ_{qi} + σ_{qi}z), so k = A·E[cos ωᵀτ] with amplitude
 A = (Σ_q w_q)^d and, independently per dimension i, a component c_i drawn with probability

@@ -1,6 +1,6 @@
 r"""Sketched spectral mixture kernel: GPyTorch's ``SpectralMixtureKernel`` with reparameterised mixture features.
 
-k(τ) = Π_i Σ_q w_q exp(−2π²τ_i²σ_{qi}²) cos(2πτ_iμ_{qi}) (GPyTorch's form of Wilson & Adams 2013, Eq. 12), with
+k(τ) = Π_i Σ_q w_q exp(−2π²τ_i²σ_{qi}²) cos(2πτ_iμ_{qi}) (GPyTorch's form of Wilson & Adams 2013), with
 GPyTorch's parameter names and shapes (``mixture_weights`` ``(*batch, Q)``, ``mixture_means``
 and ``mixture_scales`` ``(*batch, Q, 1, d)``).  Features: √A, A = (Σw)^d, times the weighted Fourier
 features of :mod:`rfgp.features.spectral_mixture` — unbiased, gradients in all three.
