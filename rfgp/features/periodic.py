@@ -10,8 +10,9 @@ e^{z cos θ} = I₀(z) + 2 Σ_{k≥1} I_k(z) cos kθ (Abramowitz & Stegun 9.6.34
 so the spectral measure of each dimension is discrete: harmonics ±2πk/p with probabilities
 q_k (Solin & Särkkä 2014, "Explicit link between periodic covariance functions and state
 space models": the Bessel series of the canonical periodic covariance, there with z = ℓ⁻²
-for the squared-lengthscale convention).  Over d dimensions the measure is the product: ω = (s_i 2πk_i/p_i)_i with independent harmonics k_i
-and signs s_i = ±1 (the signs make E[cos ωᵀτ] factorise).
+for the squared-lengthscale convention).  Over d dimensions the measure is the product:
+ω = (s_i 2πk_i/p_i)_i with independent harmonics k_i and signs s_i = ±1 (the signs make
+E[cos ωᵀτ] factorise).
 
 Sampler — importance-weighted harmonics (chosen over sampling k from q directly, whose
 discrete inverse CDF has zero derivative in ℓ, and over a deterministic set of top
