@@ -49,6 +49,14 @@ from rfgp.kernels import (
     SketchedRBFKernel,
     SketchedSphericalPolynomialKernel,
 )
+from rfgp.kernels import (
+    ConstantFeatureKernel,
+    CosineFeatureKernel,
+    LinearFeatureKernel,
+    SketchedPeriodicKernel,
+    SketchedRQKernel,
+    SketchedSpectralMixtureKernel,
+)
 from rfgp.likelihoods import DirichletClassificationLikelihood
 
 F64 = torch.float64
@@ -124,6 +132,12 @@ KERNELS = {
     "exact_curl_free": (lambda s: CurlFreeRBFKernel(2), 2, False),
     "exact_div_free": (lambda s: DivFreeRBFKernel(2), 2, False),
     "exact_decomposable": (lambda s: DecomposableKernel(RBFKernel(), num_outputs=2), 2, False),
+    "periodic": (lambda s: SketchedPeriodicKernel(16, ard_num_dims=3, seed=s), 3, False),
+    "rq": (lambda s: SketchedRQKernel(16, seed=s), 3, False),
+    "spectral_mixture": (lambda s: SketchedSpectralMixtureKernel(2, 16, ard_num_dims=3, seed=s), 3, False),
+    "linear": (lambda s: LinearFeatureKernel(ard_num_dims=3), 3, False),
+    "constant": (lambda s: ConstantFeatureKernel(), 3, False),
+    "cosine": (lambda s: CosineFeatureKernel(), 1, False),
 }
 
 

@@ -5,7 +5,7 @@ from .bessel import scaled_bessel_i
 from .periodic import PeriodicSpectralMeasure
 from .rational_quadratic import RationalQuadraticSpectralMeasure
 from .spectral_mixture import SpectralMixtureSpectralMeasure
-from .weighted_fourier import SpectralMeasure, WeightedFourierFeatures, fourier_features
+from .weighted_fourier import SpectralMeasure, fourier_features
 from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .fourier import RandomFourierFeatures
 from .gaussian_sketch import GaussianSketch, GaussianSketchHD
@@ -26,7 +26,6 @@ from .spherical import SphericalRandomFeatures
 __all__ = [
     "scaled_bessel_i",
     "fourier_features",
-    "WeightedFourierFeatures",
     "SpectralMeasure",
     "SpectralMixtureSpectralMeasure",
     "RationalQuadraticSpectralMeasure",

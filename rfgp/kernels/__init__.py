@@ -6,7 +6,6 @@ from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .periodic import SketchedPeriodicKernel
 from .rational_quadratic import SketchedRQKernel
-from .spectral_kernel import SpectralFeatureKernel
 from .spectral_mixture import SketchedSpectralMixtureKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
@@ -20,7 +19,6 @@ from .sketched_operator_valued import (
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
-    "SpectralFeatureKernel",
     "SketchedSpectralMixtureKernel",
     "SketchedRQKernel",
     "SketchedPeriodicKernel",
