@@ -33,7 +33,8 @@ def scaled_bessel_i(z: Tensor, num_orders: int, start: int | None = None) -> Ten
         z: positive arguments (any shape, floating).
         num_orders: K, the number of orders returned.
         start: the recurrence start order N ≥ K (default ``recurrence_start(K, K)``, accurate for
-            z ≤ K; pass ``recurrence_start(K, z_max)`` for larger arguments).  The loop runs over orders, never over the entries of z.
+            z ≤ K; pass ``recurrence_start(K, z_max)`` for larger arguments).  The loop runs over
+            orders, never over the entries of z.
     """
     num_orders = check_positive_int(num_orders, "num_orders")
     start = recurrence_start(num_orders, num_orders) if start is None else start

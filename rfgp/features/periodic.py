@@ -83,7 +83,8 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         lengthscale = self.reference.get("lengthscale")
         if lengthscale is None:
             raise RuntimeError("PeriodicSpectralMeasure needs reference['lengthscale'] before drawing")
-        z_ref = 1.0 / lengthscale.detach().to(torch.float64).cpu().reshape(-1, lengthscale.shape[-1]).min(0).values  # smallest ℓ: widest measure
+        lengthscale = lengthscale.detach().to(torch.float64).cpu().reshape(-1, lengthscale.shape[-1])
+        z_ref = 1.0 / lengthscale.min(0).values  # the smallest ℓ over the batch: the widest measure
         z_ref = z_ref.expand(input_dim)  # one value per dimension (ARD) or shared
         num_harmonics = num_harmonics_for(max(PROPOSAL_FACTORS) * float(z_ref.max()))
         factors = torch.tensor(PROPOSAL_FACTORS, dtype=torch.float64)

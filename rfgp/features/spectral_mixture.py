@@ -33,7 +33,9 @@ from .weighted_fourier import SpectralMeasure
 
 
 class SpectralMixtureSpectralMeasure(SpectralMeasure):
-    """ω_i = 2π(s_iμ_{c_i i} + σ_{c_i i}z_i), weights Π_i(w_{c_i}/Σw)/π_{c_i}; hyperparameters ``means``, ``scales``, ``weights``.
+    """ω_i = 2π(s_iμ_{c_i i} + σ_{c_i i}z_i) with weights Π_i(w_{c_i}/Σw)/π_{c_i}.
+
+    Hyperparameters ``means``, ``scales``, ``weights`` (GPyTorch's shapes).
 
     Args:
         num_mixtures: Q.

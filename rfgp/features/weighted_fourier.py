@@ -7,7 +7,8 @@ through the frequencies, ω = ω_θ(ξ) (reparameterisation), or through per-fre
 importance weights w_θ(ξ) = p_θ(ξ)/r(ξ) against the proposal r the draws came from, with
 E_r[w_θ] = 1 (Owen 2013, *Monte Carlo theory, methods and examples*, Ch. 9).  Then
 
-    k̂(x, y) = (A/m) Σⱼ wⱼ cos(ωⱼᵀ(x − y)) = Φ(x)ᵀΦ(y),   Φ(x) = √(A/m)·[√wⱼ cos(ωⱼᵀx), √wⱼ sin(ωⱼᵀx)]ⱼ,
+    k̂(x, y) = (A/m) Σⱼ wⱼ cos(ωⱼᵀ(x − y)) = Φ(x)ᵀΦ(y),
+    Φ(x) = √(A/m)·[√wⱼ cos(ωⱼᵀx), √wⱼ sin(ωⱼᵀx)]ⱼ,
 
 unbiased for every θ, and value and gradient are the same smooth function of θ (so autograd
 agrees with finite differences and second derivatives exist).  Width F = 2m.

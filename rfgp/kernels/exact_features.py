@@ -125,7 +125,7 @@ class ConstantFeatureKernel(_ExactFeatureKernel):
 
 
 class CosineFeatureKernel(_ExactFeatureKernel):
-    r"""k(x, y) = cos(π(x − y)/p) for one input dimension, features [cos(πx/p), sin(πx/p)] (``gpytorch.kernels.CosineKernel``).
+    r"""k(x, y) = cos(π(x − y)/p) on 1-D inputs with features [cos(πx/p), sin(πx/p)] (GPyTorch's ``CosineKernel``).
 
     Args:
         period_length_prior, period_length_constraint: as in GPyTorch.
