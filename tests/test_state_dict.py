@@ -49,6 +49,15 @@ from rfgp.kernels import (
     SketchedRBFKernel,
     SketchedSphericalPolynomialKernel,
 )
+from rfgp.kernels import (
+    ConstantFeatureKernel,
+    CosineFeatureKernel,
+    LinearFeatureKernel,
+    NystromKernel,
+    SketchedPeriodicKernel,
+    SketchedRQKernel,
+    SketchedSpectralMixtureKernel,
+)
 from rfgp.likelihoods import DirichletClassificationLikelihood
 
 F64 = torch.float64
@@ -124,6 +133,14 @@ KERNELS = {
     "exact_curl_free": (lambda s: CurlFreeRBFKernel(2), 2, False),
     "exact_div_free": (lambda s: DivFreeRBFKernel(2), 2, False),
     "exact_decomposable": (lambda s: DecomposableKernel(RBFKernel(), num_outputs=2), 2, False),
+    "periodic": (lambda s: SketchedPeriodicKernel(16, ard_num_dims=3, seed=s), 3, False),
+    "rq": (lambda s: SketchedRQKernel(16, seed=s), 3, False),
+    "spectral_mixture": (lambda s: SketchedSpectralMixtureKernel(2, 16, ard_num_dims=3, seed=s), 3, False),
+    "linear": (lambda s: LinearFeatureKernel(ard_num_dims=3), 3, False),
+    "constant": (lambda s: ConstantFeatureKernel(), 3, False),
+    "cosine": (lambda s: CosineFeatureKernel(), 1, False),
+    "nystrom": (lambda s: NystromKernel(RBFKernel(), torch.randn(8, 3, generator=torch.Generator().manual_seed(s))),
+                3, False),
 }
 
 

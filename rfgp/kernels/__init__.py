@@ -1,9 +1,13 @@
 """GPyTorch kernels backed by random features."""
 
+from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .nystrom import NystromKernel
+from .periodic import SketchedPeriodicKernel
+from .rational_quadratic import SketchedRQKernel
+from .spectral_mixture import SketchedSpectralMixtureKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
@@ -16,6 +20,12 @@ from .sketched_operator_valued import (
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
+    "SketchedSpectralMixtureKernel",
+    "SketchedRQKernel",
+    "SketchedPeriodicKernel",
+    "LinearFeatureKernel",
+    "CosineFeatureKernel",
+    "ConstantFeatureKernel",
     "CurlFreeRBFKernel",
     "DecomposableKernel",
     "DivFreeRBFKernel",
