@@ -255,3 +255,55 @@ def _convert_decomposable(kernel, num_features, method, seed, **options):
     sketched = SketchedDecomposableKernel(base, num_outputs=kernel.num_tasks, rank=rank)
     sketched.task_covar_module = copy.deepcopy(kernel.task_covar_module)
     return sketched
+
+
+# ---------------------------------------------------------------- derivative kernels
+def _check_exact_type(kernel: Kernel, exact_type: type) -> None:
+    """A subclass of a GPyTorch derivative kernel may define another covariance: refuse it, never match the parent."""
+    if type(kernel) is not exact_type:
+        raise TypeError(
+            f"rfgp.sketch has no random-feature version of {type(kernel).__name__} (a subclass of "
+            f"{exact_type.__name__} whose covariance rfgp cannot know); convert a {exact_type.__name__} itself"
+        )
+
+
+def _convert_fourier_gradient(kernel, exact_type, sketched_name, num_features, method, seed, **options):
+    """RBFKernelGrad/RBFKernelGradGrad/Matern52KernelGrad → the sketched kernel of :mod:`rfgp.kernels.derivative`."""
+    from .kernels import derivative
+
+    _check_exact_type(kernel, exact_type)
+    sketched = getattr(derivative, sketched_name)(
+        num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
+    )
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+@register_converter(gpytorch.kernels.RBFKernelGrad)
+def _convert_rbf_grad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, gpytorch.kernels.RBFKernelGrad, "SketchedRBFKernelGrad",
+                                     num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.RBFKernelGradGrad)
+def _convert_rbf_gradgrad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, gpytorch.kernels.RBFKernelGradGrad, "SketchedRBFKernelGradGrad",
+                                     num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.Matern52KernelGrad)
+def _convert_matern52_grad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, gpytorch.kernels.Matern52KernelGrad, "SketchedMatern52KernelGrad",
+                                     num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.PolynomialKernelGrad)
+def _convert_polynomial_grad(kernel, num_features, method, seed, **options):
+    """PolynomialKernelGrad → :class:`~rfgp.kernels.SketchedPolynomialKernelGrad`, offset carried over."""
+    from .kernels.derivative import SketchedPolynomialKernelGrad
+
+    _check_exact_type(kernel, gpytorch.kernels.PolynomialKernelGrad)
+    sketched = SketchedPolynomialKernelGrad(
+        kernel.power, num_features, method=method or "sketch", seed=seed,
+        offset_constraint=kernel.raw_offset_constraint, **options, **_common_kwargs(kernel),
+    )
+    return copy_hyperparameters(kernel, sketched, "offset")

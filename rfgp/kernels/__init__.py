@@ -1,6 +1,12 @@
 """GPyTorch kernels backed by random features."""
 
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
+from .derivative import (
+    SketchedMatern52KernelGrad,
+    SketchedPolynomialKernelGrad,
+    SketchedRBFKernelGrad,
+    SketchedRBFKernelGradGrad,
+)
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
@@ -27,9 +33,13 @@ __all__ = [
     "SketchedDecomposableKernel",
     "SketchedDivFreeKernel",
     "SketchedExponentialKernel",
+    "SketchedMatern52KernelGrad",
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
+    "SketchedPolynomialKernelGrad",
     "SketchedRBFKernel",
+    "SketchedRBFKernelGrad",
+    "SketchedRBFKernelGradGrad",
     "SketchedSphericalPolynomialKernel",
     "is_feature_kernel",
     "kernel_features",
