@@ -67,23 +67,21 @@ def multilinear_derivatives(
         second: also return the diagonal second derivatives.
     """
     x = point.unsqueeze(-2)  # (..., n, 1, d̃), against the directions' (d, d̃)
-    directions = directions.to(point)
     value = apply_to([point] * degree).unsqueeze(-2)
-    rows = [value, _sum_with_directions(apply_to, x, directions, degree, 1).expand(*value.shape[:-2], -1, -1)]
+    shape = (*value.shape[:-2], directions.shape[0], value.shape[-1])
+    rows = [value, _sum_with_directions(apply_to, x, directions, degree, 1, shape)]
     if second:
-        pairs = _sum_with_directions(apply_to, x, directions, degree, 2)
-        rows.append((2.0 * pairs).expand(*value.shape[:-2], -1, -1))
+        rows.append(2.0 * _sum_with_directions(apply_to, x, directions, degree, 2, shape))
     return torch.cat(rows, dim=-2)
 
 
-def _sum_with_directions(apply_to, x: Tensor, directions: Tensor, degree: int, count: int) -> Tensor:
-    """Σ over the ``count``-subsets of factors of S(factors in the subset = eⱼ, the others = x̃), per j."""
-    subsets = list(itertools.combinations(range(degree), count))
-    if not subsets:  # the degree is below the derivative order: the derivative vanishes
-        probe = apply_to([x] * degree)
-        return probe.new_zeros(*probe.shape[:-2], directions.shape[0], probe.shape[-1])
-    total = None
-    for subset in subsets:
+def _sum_with_directions(apply_to, x: Tensor, directions: Tensor, degree: int, count: int, shape) -> Tensor:
+    """Σ over the ``count``-subsets of factors of S(factors in the subset = eⱼ, the others = x̃), per j.
+
+    Returns ``shape`` = (..., n, d, F); a degree below ``count`` has a vanishing derivative.
+    """
+    total = torch.zeros(shape, dtype=x.dtype, device=x.device) if degree < count else None
+    for subset in itertools.combinations(range(degree), count):
         term = apply_to([directions if i in subset else x for i in range(degree)])
         total = term if total is None else total + term
-    return total
+    return total.expand(shape)
