@@ -11,8 +11,9 @@ model, so the rows compare the cost and the accuracy of the covariance alone: fo
 ``iteration`` is the median time of one MLL + gradient evaluation; ``predict`` conditions the
 model (Woodbury cache / Cholesky) and predicts 1000 test points; RMSE of f and of ∇f against
 the noise-free truth.  The exact GP uses a dense Cholesky (``max_cholesky_size`` raised: CG on
-the derivative Gram converges slowly) and stops once an iteration exceeds ``--exact-limit``
-seconds or its n(d + 1) × n(d + 1) Gram would exceed ``--exact-memory`` bytes; the rows say so.
+the derivative Gram converges slowly) and stops once its next iteration, extrapolated as O(n³)
+from the last one, would exceed ``--exact-limit`` seconds, or its n(d + 1) × n(d + 1) Gram would
+exceed ``--exact-memory`` bytes; the rows say so.
 
 Run: ``python benchmarks/derivative_observations.py`` (full) or ``--quick``.
 """
@@ -113,12 +114,13 @@ def evaluate(model, test_x, truth):
     return elapsed, error[:, 0].mean().sqrt().item(), error[:, 1:].mean().sqrt().item()
 
 
-def run(sizes, num_features, repeats, exact_limit, exact_memory, hyper_iterations):
+def run(sizes, num_features, repeats, exact_limit, exact_memory, hyper_iterations, report):
+    """The benchmark rows; ``report(rows)`` is called after every row (partial results survive a kill)."""
     state = fit_hyperparameters(hyper_iterations)
     test_x = torch.rand(1000, 2, generator=torch.Generator().manual_seed(2), dtype=DTYPE)
     truth = franke(test_x)
     rows, exact_stopped = [], None
-    for n in sizes:
+    for index, n in enumerate(sizes):
         x, y = data(n, seed=0)
         methods = ["exact"] + [f"rfgp-orf-F{f}" for f in num_features]
         for method in methods:
@@ -129,14 +131,19 @@ def run(sizes, num_features, repeats, exact_limit, exact_memory, hyper_iteration
             if method == "exact" and exact_stopped is not None:
                 rows.append({**row, "status": exact_stopped, "iteration_s": float("nan"), "predict_s": float("nan"),
                              "rmse_f": float("nan"), "rmse_grad": float("nan")})
+                report(rows)
                 continue
             model = build(method, x, y, state, int(method.split("F")[-1]) if method != "exact" else 0)
             with gpytorch.settings.max_cholesky_size(10**9), rfgp.settings.memory_budget(16 * 2**30):
                 row["iteration_s"] = time_iterations(model, x, y, repeats)
                 row["predict_s"], row["rmse_f"], row["rmse_grad"] = evaluate(model, test_x, truth)
-            if method == "exact" and row["iteration_s"] > exact_limit:
-                exact_stopped = f"stopped after N = {n}: one iteration took {row['iteration_s']:.0f} s > {exact_limit:.0f} s"
+            if method == "exact" and index + 1 < len(sizes):
+                predicted = row["iteration_s"] * (sizes[index + 1] / n) ** 3
+                if predicted > exact_limit:
+                    exact_stopped = (f"stopped after N = {n} ({row['iteration_s']:.0f} s/iteration): O(n³) predicts "
+                                     f"{predicted:.0f} s > {exact_limit:.0f} s per iteration")
             rows.append(row)
+            report(rows)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     return rows
 
@@ -174,14 +181,14 @@ def write(rows, header: str, stem: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--exact-limit", type=float, default=60.0, help="stop the exact GP beyond this many s/iteration")
+    parser.add_argument("--exact-limit", type=float, default=120.0,
+                        help="stop the exact GP when its next iteration is predicted to take longer (s)")
     parser.add_argument("--exact-memory", type=float, default=2**30, help="largest exact Gram in bytes")
     args = parser.parse_args()
     if args.quick:
         sizes, num_features, repeats, hyper = [100, 300], [256], 2, 10
     else:
         sizes, num_features, repeats, hyper = [100, 300, 1000, 3000, 10000], [512, 1024], 2, 50
-    rows = run(sizes, num_features, repeats, args.exact_limit, args.exact_memory, hyper)
     header = (
         f"# Derivative observations ({'quick' if args.quick else 'full'} run): Franke function, d = 2, f and ∇f "
         f"observed (σ = {NOISE}); exact GPyTorch RBFKernelGrad vs rfgp.sketch(..., method='orf'); hyperparameters "
@@ -189,7 +196,8 @@ def main():
         f"evaluations; 1000 test points. CPU float64, torch threads = {torch.get_num_threads()}, machine shared "
         "with other jobs (load column: 1-minute load average when the row started)."
     )
-    write(rows, header, "derivative_observations_quick" if args.quick else "derivative_observations")
+    stem = "derivative_observations_quick" if args.quick else "derivative_observations"
+    run(sizes, num_features, repeats, args.exact_limit, args.exact_memory, hyper, lambda rows: write(rows, header, stem))
 
 
 if __name__ == "__main__":
