@@ -161,3 +161,17 @@ def test_mll_hessian_in_hyperparameters_matches_finite_differences(chunk):
                                for i in range(start.numel())])
     expected = finite_difference_hessian(lambda v: loss_at(v.reshape(raw.shape)), start)
     torch.testing.assert_close(hessian, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_dirichlet_label_statistics_refuse_second_derivatives():
+    """Their lean backward has no differentiable form: create_graph raises instead of returning partial terms."""
+    from rfgp.classification import LabelBlockPlan, label_feature_statistics
+
+    labels = torch.tensor([0, 1, 1, 0, 2, 2, 1])
+    features = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
+    grams, projection = label_feature_statistics(features, LabelBlockPlan.from_labels(labels, 3),
+                                                  torch.randn(7, 1, dtype=torch.float64))
+    (first,) = torch.autograd.grad(grams.sum() + projection.sum(), features)  # first order is fine
+    assert first.shape == features.shape
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        torch.autograd.grad(grams.pow(2).sum(), features, create_graph=True)
