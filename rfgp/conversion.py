@@ -543,3 +543,42 @@ refuse_conversion(
     "density fit (used for SRF on the sphere) has no documented accuracy for it; keep it exact or "
     "replace it by a MaternKernel of similar smoothness (q = 0, 1, 2, 3 ~ nu = 0.5, 1.5, 2.5)",
 )
+
+
+# ---------------------------------------------------------------- derivative kernels
+def _convert_fourier_gradient(kernel, sketched_name, num_features, method, seed, **options):
+    """RBFKernelGrad/RBFKernelGradGrad/Matern52KernelGrad → the sketched kernel of :mod:`rfgp.kernels.derivative`."""
+    from .kernels import derivative
+
+    sketched = getattr(derivative, sketched_name)(
+        num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
+    )
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+@register_converter(gpytorch.kernels.RBFKernelGrad, methods=_FOURIER, options=("input_dim",))
+def _convert_rbf_grad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, "SketchedRBFKernelGrad", num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.RBFKernelGradGrad, methods=_FOURIER, options=("input_dim",))
+def _convert_rbf_gradgrad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, "SketchedRBFKernelGradGrad", num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.Matern52KernelGrad, methods=_FOURIER, options=("input_dim",))
+def _convert_matern52_grad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, "SketchedMatern52KernelGrad", num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.PolynomialKernelGrad, methods=("sketch",),
+                    options=("projection", "weights", "srht_blocks", "input_dim"))
+def _convert_polynomial_grad(kernel, num_features, method, seed, **options):
+    """PolynomialKernelGrad → :class:`~rfgp.kernels.SketchedPolynomialKernelGrad`, offset carried over."""
+    from .kernels.derivative import SketchedPolynomialKernelGrad
+
+    sketched = SketchedPolynomialKernelGrad(
+        kernel.power, num_features, method=method or "sketch", seed=seed,
+        offset_constraint=kernel.raw_offset_constraint, **options, **_common_kwargs(kernel),
+    )
+    return copy_hyperparameters(kernel, sketched, "offset")

@@ -2,6 +2,12 @@
 
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
+from .derivative import (
+    SketchedMatern52KernelGrad,
+    SketchedPolynomialKernelGrad,
+    SketchedRBFKernelGrad,
+    SketchedRBFKernelGradGrad,
+)
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .nystrom import NystromKernel
@@ -39,9 +45,13 @@ __all__ = [
     "SketchedDecomposableKernel",
     "SketchedDivFreeKernel",
     "SketchedExponentialKernel",
+    "SketchedMatern52KernelGrad",
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
+    "SketchedPolynomialKernelGrad",
     "SketchedRBFKernel",
+    "SketchedRBFKernelGrad",
+    "SketchedRBFKernelGradGrad",
     "SketchedSphericalPolynomialKernel",
     "is_feature_kernel",
     "kernel_features",
