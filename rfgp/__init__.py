@@ -21,7 +21,7 @@ from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStra
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
 from .streaming import StreamingFeatureGP, fit_from_batches
-from .training import fit_mll
+from .training import NonFiniteLossError, TrainingHistory, fit_mll
 
 __version__ = "0.1.0"
 
@@ -31,7 +31,9 @@ __all__ = [
     "FeatureSpacePredictionStrategy",
     "MultiOutputGPModel",
     "MultitaskFeatureSpacePredictionStrategy",
+    "NonFiniteLossError",
     "StreamingFeatureGP",
+    "TrainingHistory",
     "complex_posterior",
     "datasets",
     "distances",

@@ -36,7 +36,7 @@ def make_model(x, y, num_features=64):
 def test_nuts_hyperparameter_posterior_concentrates_at_mll_optimum(monkeypatch):
     x, y = make_data()
     optimum = make_model(x, y)
-    fit_mll(optimum, num_iterations=200, lr=0.05)
+    fit_mll(optimum, num_iterations=200, lr=0.05, optimizer="adam")
     mll_lengthscale = optimum.covar_module.base_kernel.lengthscale.item()
     mll_noise = optimum.likelihood.noise.item()
 
