@@ -17,6 +17,7 @@ from . import (
     vector_fields,
 )
 from .conversion import register_converter, sketch
+from .feature_width import set_num_features
 from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -47,6 +48,7 @@ __all__ = [
     "models",
     "multioutput",
     "register_converter",
+    "set_num_features",
     "settings",
     "sketch",
     "streaming",

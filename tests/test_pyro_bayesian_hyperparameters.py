@@ -44,7 +44,7 @@ def test_nuts_hyperparameter_posterior_concentrates_at_mll_optimum(monkeypatch):
     calls = []
     woodbury = operators._statistics_inv_quad_logdet
     monkeypatch.setattr(operators, "_statistics_inv_quad_logdet", lambda *a: calls.append(1) or woodbury(*a))
-    monkeypatch.setattr(operators, "_dense_inv_quad_logdet", lambda *a: pytest.fail("dense N × N path used"))
+    monkeypatch.setattr(operators, "kernel_space_inv_quad_logdet", lambda *a: pytest.fail("dense N × N path used"))
 
     pyro.set_rng_seed(0)
     model = make_model(x, y)
