@@ -171,3 +171,30 @@ def test_kernel_cholesky_matches_dense():
     chol = kernel_space.kernel_cholesky(features, noise, torch.tensor([1.0, 2.0], dtype=F64))
     dense = torch.stack([features[0] @ features[0].T, 2 * features[1] @ features[1].T]) + torch.diag(noise)
     torch.testing.assert_close(chol @ chol.mT, dense, **TIGHT)
+
+
+def test_multi_output_mll_matches_feature_space(feature_space_only, monkeypatch):
+    from gpytorch.likelihoods import MultitaskGaussianLikelihood
+
+    from rfgp.kernels import SketchedCurlFreeKernel
+
+    x, y = _data(n=20)
+    field = torch.stack([y, y.flip(0)], -1)
+
+    def build():
+        kernel = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(128, 2, seed=0))
+        likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=0)
+        model = rfgp.MultiOutputGPModel(x, field, likelihood, kernel).to(F64)
+        kernel.base_kernel.lengthscale = 0.4
+        return model
+
+    calls = []
+    original = operators.kernel_space_inv_quad_logdet
+    monkeypatch.setattr(operators, "kernel_space_inv_quad_logdet", lambda *a: calls.append(1) or original(*a))
+    value, grads = _mll_and_gradients(build(), x, field)
+    assert calls  # N·p = 40 ≤ F = 128
+    feature_space_only()
+    ref_value, ref_grads = _mll_and_gradients(build(), x, field)
+    torch.testing.assert_close(value, ref_value, **TIGHT)
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], **TIGHT, msg=name)
