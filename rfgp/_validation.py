@@ -213,14 +213,18 @@ def describe_bad_hyperparameters(module) -> list[str]:
     return bad
 
 
-def check_targets(y: Tensor, name: str = "the training targets y") -> None:
-    """Targets of a Gaussian model: finite and non-empty (an MLL over no data is 0/0)."""
+#: what the feature-space solve sees of the targets: the residual of the marginal likelihood
+RESIDUAL = "y − μ (the training targets minus the prior mean)"
+
+
+def check_targets(y: Tensor, name: str = RESIDUAL) -> None:
+    """Targets (or residuals y − μ) of a Gaussian model: finite and non-empty (an MLL over no data is 0/0)."""
     if y is None:
         return
     if y.shape[-1 if y.dim() == 1 else -2] == 0:
-        raise ValueError(f"{name} are empty (0 data points): the marginal likelihood and posterior need at least one")
-    check_finite(y, name, "remove or impute those rows (a NaN target makes the marginal likelihood and every "
-                          "prediction NaN)")
+        raise ValueError(f"{name} is empty (0 data points); the marginal likelihood and posterior need at least one")
+    check_finite(y, name, "remove or impute the rows of train_y with NaN/Inf, or fix a mean module that returns "
+                          "them (a NaN target makes the marginal likelihood and every prediction NaN)")
 
 
 def check_noise(noise: Tensor) -> Tensor:

@@ -66,7 +66,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
     @cached(name="mean_covar_cache")
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R)."""
-        check_targets(self.train_labels)
+        check_targets(self.train_labels, "the training targets y")
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
         noise = check_noise(self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
         weights = noise.reciprocal()

@@ -78,7 +78,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="kernel_space_cache")
     def kernel_space_cache(self) -> tuple[Tensor, Tensor]:
         """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D)."""
-        check_targets(self.train_labels)
+        check_targets(self.train_labels, "the training targets y")
         train_covar = self.lik_train_train_covar
         features = train_covar._linear_op.root.to_dense()
         noise = check_noise(train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
@@ -89,7 +89,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="mean_covar_cache")
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
-        check_targets(self.train_labels)
+        check_targets(self.train_labels, "the training targets y")
         # Noise-added operators with extra structure (rfgp.classification: shared Φ across
         # classes) build the same caches themselves.
         structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)

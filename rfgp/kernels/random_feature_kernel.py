@@ -24,11 +24,11 @@ from linear_operator.operators import MatmulLinearOperator
 
 from .._validation import (
     NonFiniteError,
+    check_finite,
     check_hyperparameter,
     check_kernel_inputs,
     describe_bad_hyperparameters,
     module_dtype,
-    nonfinite_message,
 )
 from ..chunking import Featurizer, chunk_slices
 from ..config_state import ConfigState
@@ -66,6 +66,14 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
+        self.check_inputs(x1, x2)
+        try:
+            return self._feature_forward(x1, x2, diag)
+        except NonFiniteError as error:
+            raise self._nonfinite_error(error) from None
+
+    def check_inputs(self, x1: Tensor, x2: Tensor) -> None:
+        """Checks of an evaluation: dtypes, input dimension and finite values (one reduction per distinct input)."""
         check_kernel_inputs(x1, x2, module_dtype(self))
         input_dim = getattr(self, "input_dim", None)  # the dimension the draws were made for, if fixed
         if input_dim is not None and x1.shape[-1] != input_dim:
@@ -73,10 +81,9 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                 f"x1 has {x1.shape[-1]} input dimensions (last axis, after active_dims) but this kernel was built "
                 f"for input_dim={input_dim}"
             )
-        try:
-            return self._feature_forward(x1, x2, diag)
-        except NonFiniteError as error:
-            raise self._nonfinite_error(x1, x2, error) from None
+        check_finite(x1, "x1")
+        if x2 is not x1:
+            check_finite(x2, "x2")
 
     def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool):
         same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
@@ -107,11 +114,8 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         params = [p for p in self.parameters() if p.requires_grad]
         return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2])
 
-    def _nonfinite_error(self, x1: Tensor, x2: Tensor, error: NonFiniteError) -> NonFiniteError:
-        """Name the culprit of non-finite feature-map inputs: x1, x2, or a hyperparameter (error path only)."""
-        for name, x in (("x1", x1), ("x2", x2)):
-            if not bool(torch.isfinite(x).all()):
-                return NonFiniteError(nonfinite_message(x, name))
+    def _nonfinite_error(self, error: NonFiniteError) -> NonFiniteError:
+        """x1 and x2 are finite, the scaled inputs are not: name the hyperparameter (error path only)."""
         bad = describe_bad_hyperparameters(self)
         if bad:
             return NonFiniteError(

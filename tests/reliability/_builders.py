@@ -39,6 +39,13 @@ SCALAR_KERNELS = {
         kernels.SketchedRBFKernel(16, input_dim=D, seed=1), kernels.SketchedMaternKernel(16, input_dim=D, seed=2)), False),
     "product": (lambda: kernels.FeatureProductKernel(
         kernels.SketchedRBFKernel(8, input_dim=D, seed=1), kernels.SketchedRBFKernel(4, input_dim=D, seed=2)), False),
+    "periodic": (lambda: kernels.SketchedPeriodicKernel(32, seed=0, ard_num_dims=D), False),
+    "rational_quadratic": (lambda: kernels.SketchedRQKernel(32, seed=0), False),
+    "spectral_mixture": (lambda: kernels.SketchedSpectralMixtureKernel(2, 32, ard_num_dims=D, seed=0), False),
+    "nystrom": (lambda: kernels.NystromKernel(gpytorch.kernels.RBFKernel(), data(4, seed=3)), False),
+    "rbf_grad": (lambda: kernels.SketchedRBFKernelGrad(32, input_dim=D, seed=0), False),
+    "linear_features": (lambda: kernels.LinearFeatureKernel(input_dim=D), False),
+    "cosine_features": (lambda: kernels.CosineFeatureKernel(active_dims=torch.tensor([0])), False),
 }
 
 #: name -> builder of a float64 multi-output (vector-field) kernel with p = D outputs

@@ -126,6 +126,18 @@ for name in ("rbf_rff", "rbf_sorf", "rbf_maclaurin", "matern", "random_feature",
         case(f"{name}/lengthscale_{label}", set_lengthscale, Raises(ValueError, "lengthscale", str(value)))
 
 
+def _set(name, attribute, value):
+    def run():
+        setattr(SCALAR_KERNELS[name][0]().double(), attribute, value)
+    return run
+
+
+for _name, _attribute in (("periodic", "period_length"), ("rational_quadratic", "alpha"),
+                          ("spectral_mixture", "mixture_scales"), ("linear_features", "variance")):
+    for _label, _value in (("zero", 0.0), ("negative", -2.0), ("nan", math.nan)):
+        case(f"{_name}/{_attribute}_{_label}", _set(_name, _attribute, _value), Raises(ValueError, _attribute, str(_value)))
+
+
 def _initialize_lengthscale():
     SCALAR_KERNELS["rbf_rff"][0]().initialize(lengthscale=0.0)
 
