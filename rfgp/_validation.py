@@ -142,7 +142,7 @@ def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> No
     check_tensor_dtype(x1, "x1")
     check_tensor_dtype(x2, "x2")
     check_same_dtype(x2, "x2", x1.dtype, "x1")
-    check_same_dtype(x1, "x1", dtype, "the kernel's hyperparameters/draws")
+    check_same_dtype(x1, "x1", dtype, "the kernel's dtype")
     if x1.shape[-1] != x2.shape[-1]:
         raise ValueError(
             f"x2 has {x2.shape[-1]} input dimensions (last axis) but x1 has {x1.shape[-1]}; "

@@ -192,7 +192,7 @@ class StreamingFeatureGP(nn.Module):
         if self.gram.numel():
             check_same_dtype(x, "x", self.gram.dtype, "the statistics accumulated from earlier batches")
         else:
-            check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's hyperparameters/draws")
+            check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype")
 
     def cholesky(self) -> Tensor:
         """L = chol(I + ΦᵀWΦ), refactorised once after each update."""
