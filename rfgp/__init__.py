@@ -16,12 +16,16 @@ from . import (
     variance,
     vector_fields,
 )
+from . import log_prob as _log_prob
 from .conversion import register_converter, sketch
 from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
 from .streaming import StreamingFeatureGP, fit_from_batches
 from .training import fit_mll
+
+# BoTorch (and anyone) may switch GPyTorch's fast log-prob off globally: keep rfgp operators in feature space.
+_log_prob.install()
 
 __version__ = "0.1.0"
 
