@@ -27,6 +27,8 @@ from .training import fit_mll
 
 # BoTorch (and anyone) may switch GPyTorch's fast log-prob off globally: keep rfgp operators in feature space.
 _log_prob.install()
+# last: registers BoTorch hooks now if BoTorch is already imported, else when it is
+from . import integrations  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -42,6 +44,7 @@ __all__ = [
     "distances",
     "distributed",
     "features",
+    "integrations",
     "fit_from_batches",
     "fit_mll",
     "kernels",
