@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_float
+from ..config_state import METHOD
 from ..features.fourier import RandomFourierFeatures
 from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD
 from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity
@@ -69,6 +70,8 @@ class SketchedRBFKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         >>> taylor = SketchedRBFKernel(1024, method="gaussian_sketch", radius=2.0, alpha=1e-4,
         ...     min_lengthscale=0.5, input_dim=2)
     """
+
+    config_fields = {"method": METHOD, "min_lengthscale": METHOD, "complex_posterior": METHOD}
 
     def __init__(
         self,
@@ -149,6 +152,8 @@ class SketchedMaternKernel(RandomFeatureKernel):
     degrees of freedom.  Arguments as :class:`SketchedRBFKernel`, plus ``nu``.
     """
 
+    config_fields = {"method": METHOD, "nu": METHOD}
+
     def __init__(
         self,
         num_features: int,
@@ -161,7 +166,6 @@ class SketchedMaternKernel(RandomFeatureKernel):
     ) -> None:
         check_choice(method, "method", tuple(FOURIER_METHODS))
         self.method = method
-        self.nu = nu
         feature_map = RandomFourierFeatures(
             num_features,
             input_dim=input_dim if input_dim is not None else kwargs.get("ard_num_dims"),
@@ -170,4 +174,5 @@ class SketchedMaternKernel(RandomFeatureKernel):
             seed=seed,
             generator=generator,
         )
+        self.nu = feature_map.spectral_density.nu
         super().__init__(feature_map, **kwargs)
