@@ -124,6 +124,20 @@ def test_condition_on_observations_equals_refit_with_the_same_hyperparameters():
     torch.testing.assert_close(actual.variance, expected.variance, rtol=1e-8, atol=1e-10)
 
 
+def test_fantasy_batches_equal_one_conditioning_per_fantasy():
+    """The fantasy targets' batch is folded into right-hand-side columns; each fantasy is still its own model."""
+    x, y = data(60)
+    model = fitted(x, y, outcome_transform=None)
+    points = 2 * torch.rand(2, D, dtype=torch.float64)
+    fantasy = model.fantasize(points, SobolQMCNormalSampler(torch.Size([3])))
+    xs = 2 * torch.rand(4, D, dtype=torch.float64)
+    with torch.no_grad():
+        means = fantasy.posterior(xs).mean
+        for k in range(3):
+            single = model.condition_on_observations(points, fantasy.train_targets[k, -2:].unsqueeze(-1))
+            torch.testing.assert_close(means[k], single.posterior(xs).mean, rtol=1e-8, atol=1e-10)
+
+
 def test_model_list_with_sum_mll():
     x, y = data(60, num_outputs=2)
     models = [sketched_model(x, y[:, k : k + 1]) for k in range(2)]
