@@ -208,6 +208,17 @@ def final_regrets(rows: list[dict], study: str, key: tuple) -> dict:
     return {group: [r["regret"] for r in seeds.values()] for group, seeds in last.items()}
 
 
+def command_arguments() -> str:
+    """The command line without the ``--note`` text (printed as its own paragraph)."""
+    arguments, skip = [], False
+    for argument in sys.argv[1:]:
+        if skip or argument == "--note":
+            skip = argument == "--note"
+            continue
+        arguments.append(argument)
+    return " ".join(arguments)
+
+
 def write_results(rows: list[dict], name: str, args, loads: tuple[float, float]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     fields = sorted({k for row in rows for k in row})
@@ -216,7 +227,7 @@ def write_results(rows: list[dict], name: str, args, loads: tuple[float, float])
         writer.writeheader()
         writer.writerows(rows)
     lines = [f"# Bayesian optimisation: exact SingleTaskGP vs rfgp ({name})", "",
-             f"Command: `python benchmarks/bayesian_optimisation.py {' '.join(sys.argv[1:])}`.  "
+             f"Command: `python benchmarks/bayesian_optimisation.py {command_arguments()}`.  "
              f"rfgp kernel: `rfgp.sketch(BoTorch default RBF kernel, F={args.features})`, float64, "
              f"fit_gpytorch_mll with L-BFGS-B maxiter={args.maxiter}, optimize_acqf num_restarts={args.restarts}, "
              f"raw_samples={args.raw_samples}, maxiter={args.acqf_maxiter}.  Machine load (1-min loadavg) "
@@ -268,18 +279,23 @@ def plot(rows: list[dict], name: str) -> None:
     import matplotlib.pyplot as plt
 
     problems = sorted({r["problem"] for r in rows if r["study"] == "regret"})
-    panels = 1 + len(problems) + 1
-    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6))
     throughput_rows = [r for r in rows if r["study"] == "throughput" and "note" not in r]
-    for model in sorted({r["model"] for r in throughput_rows}):
-        points = [(r["n"], r["iteration_s"]) for r in throughput_rows if r["model"] == model]
-        axes[0].plot(*zip(*points), "o-", label=model)
-    axes[0].set(xscale="log", yscale="log", xlabel="N observations", ylabel="s per BO iteration",
-                title="Hartmann-6: fit + qLogEI")
-    axes[0].legend()
-    for ax, problem in zip(axes[1:], problems):
-        _regret_panel(ax, [r for r in rows if r["study"] == "regret" and r["problem"] == problem], problem)
-    _regret_panel(axes[-1], [r for r in rows if r["study"] == "thompson"], "Hartmann-6 Thompson sampling")
+    thompson_rows = [r for r in rows if r["study"] == "thompson"]
+    panels = bool(throughput_rows) + len(problems) + bool(thompson_rows)
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6), squeeze=False)
+    axes = list(axes[0])
+    if throughput_rows:
+        ax = axes.pop(0)
+        for model in sorted({r["model"] for r in throughput_rows}):
+            points = [(r["n"], r["iteration_s"]) for r in throughput_rows if r["model"] == model]
+            ax.plot(*zip(*points), "o-", label=model)
+        ax.set(xscale="log", yscale="log", xlabel="N observations", ylabel="s per BO iteration",
+               title="Hartmann-6: fit + qLogEI")
+        ax.legend()
+    for problem in problems:
+        _regret_panel(axes.pop(0), [r for r in rows if r["study"] == "regret" and r["problem"] == problem], problem)
+    if thompson_rows:
+        _regret_panel(axes.pop(0), thompson_rows, "Hartmann-6 Thompson sampling")
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=110)
 
