@@ -64,6 +64,25 @@ def test_sketch_of_botorch_default_kernel_keeps_its_prior_and_constraint():
     torch.testing.assert_close(sketched.lengthscale, default.lengthscale)
 
 
+def test_sketch_of_matern_kernel_with_gamma_priors_fits():
+    """BoTorch's Matérn-5/2 + ScaleKernel with Gamma priors (its earlier default) converts with both priors."""
+    from botorch.models.utils.gpytorch_modules import get_matern_kernel_with_gamma_prior
+
+    exact = get_matern_kernel_with_gamma_prior(ard_num_dims=D)
+    sketched = rfgp.sketch(exact, 64, method="orf", seed=0)
+    assert isinstance(sketched.base_kernel, rfgp.kernels.SketchedMaternKernel) and sketched.base_kernel.nu == 2.5
+    for module, exact_module, name in ((sketched, exact, "outputscale_prior"),
+                                       (sketched.base_kernel, exact.base_kernel, "lengthscale_prior")):
+        prior, exact_prior = getattr(module, name), getattr(exact_module, name)
+        assert isinstance(prior, gpytorch.priors.GammaPrior)
+        torch.testing.assert_close(prior.concentration, exact_prior.concentration)
+        torch.testing.assert_close(prior.rate, exact_prior.rate)
+    x, y = data(60)
+    model = SingleTaskGP(x, y, covar_module=sketched, input_transform=Normalize(D)).double()
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model), **FIT_OPTIONS)
+    assert torch.isfinite(model.posterior(x[:3]).mean).all()
+
+
 def test_fit_factorises_nothing_larger_than_the_features(factorised):
     x, y = data(3000)
     model = sketched_model(x, y, num_features=64)
