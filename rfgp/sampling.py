@@ -123,7 +123,9 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
             module docstring); ignored for maps without a variance bias.
 
     Returns:
-        :class:`PosteriorPaths` (an ``nn.Module``; the drawn weights are a buffer).
+        :class:`PosteriorPaths` (an ``nn.Module``; the drawn weights are a buffer).  It works in model
+        space: BoTorch input/outcome transforms are not applied — for BoTorch models use
+        ``botorch.sampling.pathwise.draw_matheron_paths``, which rfgp registers (:mod:`rfgp.integrations.botorch`).
 
     Example:
         >>> model.eval()

@@ -42,6 +42,7 @@ from botorch.sampling.pathwise.utils import TensorTransform, get_input_transform
 from botorch.utils.dispatcher import MDNotImplementedError
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import ExactGP
+from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
@@ -128,6 +129,8 @@ def _gaussian_update_feature_space(
         target_values = get_train_targets(model, transformed=True)
     if noise_covariance is None:
         noise_covariance = likelihood.noise_covar(shape=points.shape[:-1])
+    if not isinstance(noise_covariance, DiagLinearOperator):
+        raise MDNotImplementedError  # a non-diagonal noise: BoTorch's dense update handles it
     with torch.no_grad():  # the update is a function of x only, like the prior draws
         weight = _update_weights(kernel, points, target_values, sample_values, noise_weights(noise_covariance))
     feature_map = gen_kernel_features(kernel, num_inputs=points.shape[-1], num_outputs=weight.shape[-1])
