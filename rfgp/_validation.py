@@ -31,7 +31,14 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _SUPPORTED = "float32 or float64"
 
 
-class NonFiniteError(ValueError):
+class InvalidValueError(ValueError):
+    """A value check failed: NaN/Inf entries, a non-positive noise, a hyperparameter outside its constraint.
+
+    Code that explores values on purpose (MCMC proposals) catches it to reject the point.
+    """
+
+
+class NonFiniteError(InvalidValueError):
     """A tensor that must be finite holds NaN or ±Inf entries."""
 
 
@@ -195,7 +202,7 @@ def check_hyperparameter(value, name: str, constraint=None, allow_bound: bool = 
         bounds = f"{'≥' if allow_bound else '>'} {float(lower.min()):g}" if math.isinf(float(upper.max())) else (
             f"in ({float(lower.min()):g}, {float(upper.max()):g})")
         where = f" (its constraint is {constraint})" if constraint is not None else ""
-        raise ValueError(f"{name} must be finite and {bounds}{where}, got {shown}")
+        raise InvalidValueError(f"{name} must be finite and {bounds}{where}, got {shown}")
 
 
 def describe_bad_hyperparameters(module) -> list[str]:
@@ -230,7 +237,7 @@ def check_targets(y: Tensor, name: str = RESIDUAL) -> None:
 def check_noise(noise: Tensor) -> Tensor:
     """The likelihood's noise variances D (returned unchanged): finite and > 0, as D⁻¹ weights the data."""
     if settings.validate_inputs.on() and noise.numel() and not bool((torch.isfinite(noise) & (noise > 0)).all()):
-        raise ValueError(
+        raise InvalidValueError(
             f"the likelihood's noise variances must be finite and > 0 (the feature-space solve weights every point "
             f"by 1/noise), got values in [{float(noise.min()):.6g}, {float(noise.max()):.6g}]"
             f"{' including NaN' if bool(noise.isnan().any()) else ''}"
