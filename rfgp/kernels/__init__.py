@@ -1,7 +1,15 @@
 """GPyTorch kernels backed by random features."""
 
-from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
+from .combinations import (
+    FeatureProductKernel,
+    FeatureSumKernel,
+    SketchedProductKernel,
+    is_feature_kernel,
+    kernel_features,
+    kernel_num_features,
+)
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .index import IndexFeatureKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
@@ -12,6 +20,7 @@ from .sketched_operator_valued import (
     SketchedDecomposableKernel,
     SketchedDivFreeKernel,
 )
+from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
@@ -21,6 +30,7 @@ __all__ = [
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
+    "IndexFeatureKernel",
     "MultiOutputFeatureSumKernel",
     "RandomFeatureKernel",
     "SketchedCurlFreeKernel",
@@ -29,10 +39,14 @@ __all__ = [
     "SketchedExponentialKernel",
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
+    "SketchedProductKernel",
     "SketchedRBFKernel",
     "SketchedSphericalPolynomialKernel",
+    "SpectralProductKernel",
+    "has_spectral_protocol",
     "is_feature_kernel",
     "kernel_features",
+    "kernel_num_features",
     "refit_allocation",
     "register_polynomial_method",
 ]
