@@ -52,26 +52,27 @@ def kernel_num_features(kernel: Kernel) -> int:
 
 
 def kernel_features(kernel: Kernel, x: Tensor) -> Tensor:
-    """Φ(x) of a feature kernel or a ``ScaleKernel`` around one, honouring ``active_dims``."""
+    """Φ(x) of a feature kernel or a ``ScaleKernel`` around one, honouring ``active_dims``.
+
+    As in GPyTorch, a ``ScaleKernel`` selects its own ``active_dims`` (copied from its base at
+    construction) and hands them to its base's ``forward`` without selecting again.
+    """
     x = select_active(kernel, x)
-    if isinstance(kernel, ScaleKernel):
-        scale = kernel.outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
-        return kernel_features(kernel.base_kernel, x) * scale
-    if isinstance(kernel, FeatureKernel):
-        return kernel.featurize(x)
-    raise TypeError(f"{type(kernel).__name__} is not a feature kernel")
+    base, outputscale = unwrap_scale(kernel)
+    if not isinstance(base, FeatureKernel):
+        raise TypeError(f"{type(base).__name__} is not a feature kernel")
+    features = base.featurize(x)
+    return features if outputscale is None else features * outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
 def kernel_diag_moments(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor] | None:
     """(k(x, x), E[k̂(x, x)]) of a feature kernel tree, ``None`` where they agree exactly."""
-    x = select_active(kernel, x)
-    if isinstance(kernel, ScaleKernel):
-        moments = kernel_diag_moments(kernel.base_kernel, x)
-        if moments is None:
-            return None
-        scale = kernel.outputscale.unsqueeze(-1)
-        return moments[0] * scale, moments[1] * scale
-    return kernel.diag_moments(x)
+    base, outputscale = unwrap_scale(kernel)
+    moments = base.diag_moments(select_active(kernel, x))
+    if moments is None or outputscale is None:
+        return moments
+    scale = outputscale.unsqueeze(-1)
+    return moments[0] * scale, moments[1] * scale
 
 
 def _exact_moments(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor]:
