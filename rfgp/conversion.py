@@ -140,8 +140,9 @@ def _check_width(width, name: str) -> None:
 
 
 def _probe(parts, num_features, method, options) -> list:
-    """The parts converted at width F with throwaway seeds, to find the exact ones (which use no randomness)."""
-    return [_convert(part, num_features, method, _SeedSequence(0), options) for part in parts]
+    """The parts converted at (even) width F with throwaway seeds, to find the exact ones (which use no randomness)."""
+    even = max(num_features - num_features % 2, 2)
+    return [_convert(part, even, method, _SeedSequence(0), options) for part in parts]
 
 
 def _convert_sum(kernel, num_features, method, seeds, options):
@@ -198,6 +199,7 @@ def _convert_product(kernel, num_features, method, seeds, options):
       (exact only: Kronecker when w ≤ F, else TensorSRHT to F).
     """
     _check_width(num_features, "num_features")
+    num_features -= num_features % 2 if num_features > 1 else 0  # sin/cos maps come in pairs
     probes = _probe(kernel.kernels, num_features, method, options)
     exact = [p for p in probes if _is_exact(p)]
     exact_width = math.prod(kernel_num_features(p) for p in exact)
@@ -238,9 +240,9 @@ def _convert_index(kernel, num_features, method, seed, **options):
     num_tasks, rank = kernel.covar_factor.shape[-2:]
     converted = IndexFeatureKernel(num_tasks, rank, var_constraint=kernel.raw_var_constraint,
                                    **_common_kwargs(kernel))
-    converted.load_state_dict(kernel.state_dict())
     for name, (prior, closure, setting_closure) in kernel._priors.items():
         converted.register_prior(name, prior, closure, setting_closure)
+    converted.load_state_dict(kernel.state_dict())
     return converted.to(kernel.covar_factor)
 
 
