@@ -26,6 +26,7 @@ from .kernels.combinations import (
     FeatureProductKernel,
     FeatureSumKernel,
     SketchedProductKernel,
+    is_exact_feature_kernel,
     kernel_num_features,
     unwrap_scale,
 )
@@ -129,9 +130,22 @@ def _total_width(num_features, kernel) -> int:
     return num_features
 
 
-def _is_exact(kernel) -> bool:
-    """Exact finite features at their own width (``is_exact``) and no spectral form to convolve instead."""
-    return bool(getattr(unwrap_scale(kernel)[0], "is_exact", False)) and not has_spectral_protocol(kernel)
+def _is_kronecker_factor(kernel) -> bool:
+    """An exact factor of a product with no spectral form to convolve instead (IndexKernel, Linear)."""
+    return is_exact_feature_kernel(kernel) and not has_spectral_protocol(kernel)
+
+
+def _exact_width(kernel) -> int:
+    """The width of an exact part; a Linear kernel's is d, known from ``ard_num_dims`` or ``active_dims``."""
+    try:
+        return kernel_num_features(kernel)
+    except RuntimeError as error:
+        if kernel.active_dims is not None:
+            return len(kernel.active_dims)
+        raise ValueError(
+            f"{type(unwrap_scale(kernel)[0]).__name__} has features as wide as its input, unknown at conversion: "
+            "give the exact kernel ard_num_dims= or active_dims= so that the tree's width F can be split"
+        ) from error
 
 
 def _check_width(width, name: str) -> None:
@@ -166,8 +180,8 @@ def _split_width(parts, num_features, method, seeds, options):
     """Exact parts first (their own width), the rest of F split equally in even shares (total ≤ F)."""
     _check_width(num_features, "num_features")
     probes = _probe(parts, num_features, method, options)
-    exact_width = sum(kernel_num_features(p) for p in probes if _is_exact(p))
-    num_random = sum(not _is_exact(p) for p in probes)
+    exact_width = sum(_exact_width(p) for p in probes if is_exact_feature_kernel(p))
+    num_random = sum(not is_exact_feature_kernel(p) for p in probes)
     remaining = num_features - exact_width
     share = 2 * (remaining // (2 * num_random)) if num_random else 0
     if num_random and share < 2:
@@ -178,7 +192,7 @@ def _split_width(parts, num_features, method, seeds, options):
     pairs_left = (remaining - share * num_random) // 2  # handed out one pair each to the first random parts
     converted = []
     for part, probe in zip(parts, probes):
-        if _is_exact(probe):
+        if is_exact_feature_kernel(probe):
             converted.append(probe)
             continue
         converted.append(_convert(part, share + 2 * (pairs_left > 0), method, seeds, options))
@@ -201,8 +215,8 @@ def _convert_product(kernel, num_features, method, seeds, options):
     _check_width(num_features, "num_features")
     num_features -= num_features % 2 if num_features > 1 else 0  # sin/cos maps come in pairs
     probes = _probe(kernel.kernels, num_features, method, options)
-    exact = [p for p in probes if _is_exact(p)]
-    exact_width = math.prod(kernel_num_features(p) for p in exact)
+    exact = [p for p in probes if _is_kronecker_factor(p)]
+    exact_width = math.prod(_exact_width(p) for p in exact)
     if len(exact) == len(probes):
         if exact_width <= num_features:
             return FeatureProductKernel(*exact, active_dims=kernel.active_dims)
@@ -215,7 +229,7 @@ def _convert_product(kernel, num_features, method, seeds, options):
             f"{exact_width} features, so its random factors would get fewer than 2"
         )
     factors = [_convert(f, random_width, method, seeds, options)
-               for f, p in zip(kernel.kernels, probes) if not _is_exact(p)]
+               for f, p in zip(kernel.kernels, probes) if not _is_kronecker_factor(p)]
     spectral = [f for f in factors if has_spectral_protocol(f)]
     others = [f for f in factors if not has_spectral_protocol(f)]
     outer = {} if exact else {"active_dims": kernel.active_dims}  # the product's dims go on its outermost kernel

@@ -98,6 +98,11 @@ def test_sums_split_f_equally_in_even_shares_and_products_keep_it():
     assert widths == [34, 34, 32]
     assert isinstance(sketched.kernels[0].base_kernel, SpectralProductKernel)
     assert isinstance(sketched.kernels[2], SketchedProductKernel)
+    # exact finite parts take their own width first (IndexKernel: rank + num_tasks)
+    with_tasks = AdditiveKernel(RBFKernel(active_dims=[0]), MaternKernel(active_dims=[0]),
+                                IndexKernel(num_tasks=3, rank=1, active_dims=[1]))
+    widths = [rfgp.kernels.kernel_num_features(k) for k in rfgp.sketch(with_tasks, num_features=64, seed=0).kernels]
+    assert widths == [30, 30, 4]
 
 
 def test_per_part_widths_and_their_errors():

@@ -46,6 +46,11 @@ def unwrap_scale(kernel: Kernel) -> tuple[Kernel, Tensor | None]:
     return kernel, outputscale
 
 
+def is_exact_feature_kernel(kernel: Kernel) -> bool:
+    """Whether Φ(x)ᵀΦ(y) = k(x, y) exactly at a width fixed by the kernel (class attribute ``is_exact``)."""
+    return bool(getattr(unwrap_scale(kernel)[0], "is_exact", False))
+
+
 def kernel_num_features(kernel: Kernel) -> int:
     """The width of Φ of a feature kernel, possibly inside ``ScaleKernel``."""
     return unwrap_scale(kernel)[0].num_features
@@ -111,6 +116,11 @@ class FeatureSumKernel(_CombinedFeatureKernel):
     def num_features(self) -> int:
         return sum(kernel_num_features(kernel) for kernel in self.kernels)
 
+    @property
+    def is_exact(self) -> bool:
+        """Whether every part has exact finite features (then so has the sum, at its fixed width)."""
+        return all(is_exact_feature_kernel(kernel) for kernel in self.kernels)
+
     def featurize(self, x: Tensor) -> Tensor:
         parts = [kernel_features(kernel, x) for kernel in self.kernels]
         batch = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
@@ -138,6 +148,10 @@ class FeatureProductKernel(_CombinedFeatureKernel):
         for kernel in self.kernels:
             width *= kernel_num_features(kernel)
         return width
+
+    @property
+    def is_exact(self) -> bool:
+        return all(is_exact_feature_kernel(kernel) for kernel in self.kernels)
 
     def featurize(self, x: Tensor) -> Tensor:
         result = None
