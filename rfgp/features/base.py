@@ -6,6 +6,10 @@ Conventions shared by every map in :mod:`rfgp.features` (see ``DESIGN.md``):
 * Random draws are registered buffers, so ``state_dict()`` reproduces them bit for
   bit and ``.to(device)``/``.double()`` moves them.  They are a deterministic function
   of an integer ``seed`` and of the input dimension; ``resample()`` draws a new seed.
+* ``state_dict()`` holds tensors only: besides the draws, the configuration that defines
+  the map (class, width, input dimension, seed, sampler, degree, ...) as ``config_*``
+  entries (:mod:`rfgp.config_state`).  Loading adopts the seed and the input dimension of a
+  lazily initialised map and refuses a state saved from a differently configured map.
 * The input dimension may be left unset; the draws are then made at the first call
   (like GPyTorch's ``RFFKernel``), which is what :func:`rfgp.sketch` relies on.
 * Inputs arrive already divided by the lengthscale: hyperparameters live in the
@@ -18,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_features_input, check_positive_int
+from ..config_state import DRAW, LAZY, METHOD, ConfigState, same_value
 
 _SEED_BOUND = 2**62
 
@@ -26,7 +31,7 @@ def _new_seed(generator: torch.Generator | None) -> int:
     return int(torch.randint(_SEED_BOUND, (1,), generator=generator).item())
 
 
-class FeatureMap(nn.Module):
+class FeatureMap(ConfigState, nn.Module):
     """Base class of all random feature maps.
 
     Subclasses implement :meth:`_draw` (the random quantities, as a dict of tensors) and
@@ -46,6 +51,9 @@ class FeatureMap(nn.Module):
 
     #: whether E[Φ(x)ᵀΦ(x)] can differ from k(x, x) and needs a variance correction
     has_variance_bias: bool = False
+
+    #: configuration saved in ``state_dict`` (subclasses add theirs; see :mod:`rfgp.config_state`)
+    config_fields = {"num_features": METHOD, "input_dim": LAZY, "seed": DRAW}
 
     def __init__(
         self,
@@ -135,22 +143,12 @@ class FeatureMap(nn.Module):
         raise NotImplementedError
 
     # ------------------------------------------------------------- state dict
-    def get_extra_state(self) -> dict:
-        return {"input_dim": self.input_dim, "seed": self.seed}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.input_dim = state["input_dim"]
-        self.seed = state["seed"]
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        extra = state_dict.get(prefix + "_extra_state")
-        if extra is not None and extra["input_dim"] is not None:
-            changed = (extra["input_dim"], extra["seed"]) != (self.input_dim, self.seed)
-            if changed or not self.is_initialized:
-                # Re-create the buffers with the saved shapes; their values are then copied in.
-                self.set_extra_state(extra)
-                self._materialize()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _adopt_config(self, values: dict) -> None:
+        """Adopt the saved seed (and input_dim, ...), then re-create the buffers with the saved shapes."""
+        changed = not all(same_value(value, self._config_value(name)) for name, value in values.items())
+        super()._adopt_config(values)
+        if self.input_dim is not None and (changed or not self.is_initialized):
+            self._materialize()
 
     def extra_repr(self) -> str:
         return f"input_dim={self.input_dim}, num_features={self.num_features}"

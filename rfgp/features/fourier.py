@@ -31,6 +31,7 @@ from torch import Tensor
 
 from .._validation import check_choice
 from . import random
+from ..config_state import METHOD
 from .base import FeatureMap
 from .hadamard import fwht, next_power_of_two
 from .spectral import GaussianSpectralDensity, SpectralDensity
@@ -63,6 +64,8 @@ class RandomFourierFeatures(FeatureMap):
         torch.Size([5, 5])
     """
 
+    config_fields = {"sampler": METHOD, "spectral_density": METHOD, "spectral_parameter": METHOD}
+
     def __init__(
         self,
         num_features: int,
@@ -85,6 +88,13 @@ class RandomFourierFeatures(FeatureMap):
     @property
     def num_frequencies(self) -> int:
         return self.num_features // 2
+
+    def _config_value(self, name: str):
+        if name == "spectral_density":
+            return self.spectral_density.family
+        if name == "spectral_parameter":
+            return self.spectral_density.parameter
+        return super()._config_value(name)
 
     # ------------------------------------------------------------------ draws
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:

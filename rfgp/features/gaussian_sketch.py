@@ -33,6 +33,7 @@ from scipy.special import gammainc
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_float, check_positive_int
+from ..config_state import LAZY, METHOD
 from .base import FeatureMap
 from .degree_sketch import HierarchicalSketch
 
@@ -126,6 +127,8 @@ class _TaylorSketchBase(FeatureMap):
     """Shared input handling: centre c (buffer), rescaling z = (u − c)/√2, order from radius/alpha."""
 
     has_variance_bias = True
+    #: ``order`` is chosen from radius and alpha at the first draw when not given
+    config_fields = {"order": LAZY, "radius": METHOD, "alpha": METHOD, "rule": METHOD}
     _degree_rule_dim: bool  # whether the order rule uses the input dimension (box vs ball)
 
     def __init__(self, num_features, order, radius, alpha, rule, center, input_dim, seed, generator):
@@ -175,13 +178,6 @@ class _TaylorSketchBase(FeatureMap):
     def expected_diag(self, x: Tensor) -> Tensor:
         return self.truncated_kernel(x.unsqueeze(-2), x.unsqueeze(-2)).squeeze(-1).squeeze(-1)
 
-    def get_extra_state(self) -> dict:
-        return {**super().get_extra_state(), "order": self.order}
-
-    def set_extra_state(self, state: dict) -> None:
-        super().set_extra_state(state)
-        self.order = state["order"]
-
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, order={self.order}, radius={self.radius}, alpha={self.alpha}"
 
@@ -207,6 +203,7 @@ class GaussianSketch(_TaylorSketchBase):
     """
 
     _degree_rule_dim = True
+    config_fields = {"mode": METHOD}
 
     def __init__(self, num_features: int, order: int | None = None, radius: float | None = None,
                  alpha: float | None = None, rule: str = "exact", center=None, mode: str = "auto",

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_int
+from .. import dot_product
+from ..config_state import DRAW, METHOD
 from ..dot_product import DotProductKernelSpec, degree_terms
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
@@ -36,7 +38,15 @@ ALLOCATION_PROJECTIONS = ("rademacher", "gaussian", "srht")
 
 
 class _MaclaurinFeatures(FeatureMap):
-    """Shared feature computation: the constant, the per-degree sketch blocks and the diagonal moments."""
+    """Shared feature computation: the constant, the per-degree sketch blocks and the diagonal moments.
+
+    Saved configuration: the target kernel's family (``kernel``; for the polynomial kernel
+    without its offset ν, which :func:`~rfgp.kernels.refit_allocation` may change and which is
+    saved as ``kernel_offset``), the sketch options and the allocation ``widths`` (D₁..D_p).
+    """
+
+    config_fields = {"kernel": METHOD, "projection": METHOD, "weights": METHOD, "srht_blocks": METHOD,
+                     "bias_correction": METHOD, "kernel_offset": DRAW, "widths": DRAW}
 
     def __init__(self, kernel, num_features, input_dim, projection, weights, srht_blocks, bias_correction,
                  seed, generator, projections=PROJECTIONS) -> None:
@@ -175,19 +185,27 @@ class _MaclaurinFeatures(FeatureMap):
         return (self.target_diag(x) - self.expected_diag(x)).clamp_min(0.0)
 
     # ------------------------------------------------------------- state dict
-    def get_extra_state(self) -> dict:
-        return {**super().get_extra_state(), "widths": self.widths}
+    def _config_value(self, name: str):
+        power = getattr(self.kernel, "power", None)
+        if name == "kernel":
+            return self.kernel.name if power is None else f"polynomial(p={power})"
+        if name == "kernel_offset":
+            return None if power is None else self.kernel.offset
+        return super()._config_value(name)
 
-    def set_extra_state(self, state: dict) -> None:
-        super().set_extra_state(state)
-        self.widths = None if state["widths"] is None else tuple(state["widths"])
+    def _adopt_config(self, values: dict) -> None:
+        offset = values.pop("kernel_offset", None)
+        if offset is not None:
+            self.kernel = dot_product.polynomial(self.kernel.power, offset)
+        if values.get("widths") is not None:
+            values["widths"] = tuple(values["widths"])
+        super()._adopt_config(values)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        extra = state_dict.get(prefix + "_extra_state")
-        if extra is not None and extra.get("widths") is not None and tuple(extra["widths"]) != self.widths:
-            self.set_extra_state(extra)
-            self._materialize()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _legacy_config(self, extra: dict) -> dict:
+        config = super()._legacy_config(extra)
+        if config.get("widths") is not None:
+            config["widths"] = tuple(config["widths"])
+        return config
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel={self.kernel.name}, widths={self.widths}, projection={self.projection!r}"
@@ -211,6 +229,8 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         x_sample: the data sample for the allocation; ``None`` fits on the first call's
             inputs.  :meth:`fit` refits (e.g. after the lengthscale changed).
         sample_size: at most this many rows of the sample are used (O(m²) statistics).
+            (``min_order``, ``max_order`` and ``sample_size`` are saved and checked on load; the
+            fitted ``widths`` and ``objective`` are adopted.)
         bias_correction: report k(x, x) − E k̂(x, x) to the kernels' posterior variance (§5.6).
         seed, generator: randomness of the sketches (and of the subsample).
 
@@ -222,6 +242,8 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         >>> phi.fit(x_train / lengthscale)
         >>> k_hat = phi(x / lengthscale) @ phi(y / lengthscale).T
     """
+
+    config_fields = {"min_order": METHOD, "max_order": METHOD, "sample_size": METHOD, "objective": DRAW}
 
     def __init__(
         self,
@@ -301,13 +323,6 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         if self.widths is None:
             self.fit(x)  # no sample given: allocate on the first inputs
 
-    def get_extra_state(self) -> dict:
-        return {**super().get_extra_state(), "objective": self.objective}
-
-    def set_extra_state(self, state: dict) -> None:
-        super().set_extra_state(state)
-        self.objective = state.get("objective")
-
 
 class RandomMaclaurin(_MaclaurinFeatures):
     r"""Random Maclaurin features (Kar & Karnick 2012; paper 000 §5.2, Eqs. 40–43).
@@ -320,6 +335,8 @@ class RandomMaclaurin(_MaclaurinFeatures):
     Args: as :class:`OptimizedMaclaurin`, with ``max_order`` = p (default: the kernel's degree,
     or 10) and any projection of :class:`~rfgp.features.DegreeSketch` (default Rademacher).
     """
+
+    config_fields = {"max_order": METHOD}
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_features_input, check_positive_int
+from ..config_state import METHOD, ConfigState
 from .fourier import SAMPLERS, RandomFourierFeatures
 from .hadamard import next_power_of_two
 
@@ -82,7 +83,7 @@ def factor_width(family: str, input_dim: int) -> int:
     return 1 if family == "curl_free" else input_dim - 1
 
 
-class OperatorValuedFourierFeatures(nn.Module):
+class OperatorValuedFourierFeatures(ConfigState, nn.Module):
     """ORFF map of the curl-free or divergence-free Gaussian kernel, with p = d outputs.
 
     Args:
@@ -102,6 +103,9 @@ class OperatorValuedFourierFeatures(nn.Module):
         >>> phi(torch.randn(10, 2)).shape
         torch.Size([10, 2, 512])
     """
+
+    # the frequencies (and their seed and sampler) are saved by the inner RandomFourierFeatures
+    config_fields = {"family": METHOD, "num_features": METHOD, "input_dim": METHOD}
 
     def __init__(
         self,

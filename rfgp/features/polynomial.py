@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_float, check_positive_int
+from ..config_state import METHOD
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS as DEGREE_PROJECTIONS
 from .degree_sketch import SRHT_BLOCKS, DegreeSketch, HierarchicalSketch
@@ -67,6 +68,9 @@ class PolynomialSketch(FeatureMap):
         >>> x = torch.nn.functional.normalize(torch.rand(5, 8), dim=-1)
         >>> k_hat = phi(x) @ phi(x).T          # ≈ (x xᵀ + 1)³
     """
+
+    config_fields = {"degree": METHOD, "offset": METHOD, "projection": METHOD, "weights": METHOD,
+                     "srht_blocks": METHOD}
 
     def __init__(
         self,
@@ -163,13 +167,6 @@ class PolynomialSketch(FeatureMap):
         return x.pow(2).sum(-1).pow(self.degree)
 
     expected_diag = target_diag  # every sketch here is unbiased
-
-    def get_extra_state(self) -> dict:
-        return {**super().get_extra_state(), "offset": self.offset}
-
-    def set_extra_state(self, state: dict) -> None:
-        super().set_extra_state(state)
-        self.offset = state["offset"]
 
     def extra_repr(self) -> str:
         return (

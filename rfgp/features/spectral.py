@@ -31,6 +31,16 @@ class SpectralDensity:
 
     name = "spectral density"
 
+    @property
+    def family(self) -> str:
+        """The density's class name (saved in a feature map's ``state_dict``)."""
+        return type(self).__name__
+
+    @property
+    def parameter(self) -> float | None:
+        """The shape parameter of the family (Matérn ν, rational-quadratic α), ``None`` if it has none."""
+        return None
+
     def sample_scales(self, num: int, generator: torch.Generator) -> Tensor | None:
         """``num`` draws of the row scale s (float64), or ``None`` when s ≡ 1."""
         return None
@@ -61,6 +71,10 @@ class MaternSpectralDensity(SpectralDensity):
         self.nu = float(nu)
         self.name = f"matern{nu}"
 
+    @property
+    def parameter(self) -> float:
+        return self.nu
+
     def sample_scales(self, num: int, generator: torch.Generator) -> Tensor:
         u = 2.0 * random.gamma((num,), self.nu, generator)  # χ²_{2ν}
         return torch.sqrt(2.0 * self.nu / u)
@@ -82,6 +96,10 @@ class RationalQuadraticSpectralDensity(SpectralDensity):
     def __init__(self, alpha: float) -> None:
         self.alpha = check_positive_float(alpha, "alpha")
         self.name = f"rq(alpha={self.alpha:g})"
+
+    @property
+    def parameter(self) -> float:
+        return self.alpha
 
     def sample_scales(self, num: int, generator: torch.Generator) -> Tensor:
         return torch.sqrt(random.gamma((num,), self.alpha, generator) / self.alpha)

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from .._validation import check_choice
 from . import random
+from ..config_state import DRAW, METHOD
 from .base import FeatureMap
 from .hadamard import fwht, next_power_of_two, pad_to_power_of_two
 from .radial_density import RadialDensity, check_sphere_polynomial, fit_radial_density
@@ -70,6 +71,10 @@ class SphericalRandomFeatures(FeatureMap):
     """
 
     has_variance_bias = True
+    #: the fitted radial density is saved with the draws (``density_*``), so a load needs no refit
+    config_fields = {"power": METHOD, "a": METHOD, "direction_sampler": METHOD, "normalize_inputs": METHOD,
+                     "density_dim": DRAW, "density_spacing": DRAW, "density_weights": DRAW,
+                     "density_max_error": DRAW}
 
     def __init__(
         self,
@@ -190,21 +195,31 @@ class SphericalRandomFeatures(FeatureMap):
         return torch.full(x.shape[:-1], self._fitted_density().mass, dtype=x.dtype, device=x.device)
 
     # ------------------------------------------------------------- state dict
-    def get_extra_state(self) -> dict:
-        state = super().get_extra_state()
-        state["density"] = None if self.density is None else self.density.state()
-        return state
+    _DENSITY_FIELDS = {"density_dim": "dim", "density_spacing": "spacing", "density_weights": "weights",
+                       "density_max_error": "max_error"}
 
-    def set_extra_state(self, state: dict) -> None:
-        super().set_extra_state(state)
-        density = state.get("density")
+    def _config_value(self, name: str):
+        if name in self._DENSITY_FIELDS:
+            return None if self.density is None else getattr(self.density, self._DENSITY_FIELDS[name])
+        return super()._config_value(name)
+
+    def _adopt_config(self, values: dict) -> None:
+        density = {attribute: values.pop(name) for name, attribute in self._DENSITY_FIELDS.items() if name in values}
+        if density.get("weights") is not None:  # before the draws: _draw reuses a density of the right dimension
+            self.density = RadialDensity(a=self.a, power=self.power, **density)
+        super()._adopt_config(values)
+
+    def _legacy_config(self, extra: dict) -> dict:
+        config = super()._legacy_config(extra)
+        density = extra.get("density")
         if density is not None:
             if (density["a"], density["power"]) != (self.a, self.power):
                 raise ValueError(
-                    f"the saved radial density was fitted for a={density['a']}, power={density['power']}, "
-                    f"but this map has a={self.a}, power={self.power}"
+                    f"cannot load state: the saved radial density was fitted for a={density['a']}, "
+                    f"power={density['power']}, but this map has a={self.a}, power={self.power}"
                 )
-            self.density = RadialDensity.from_state(density)
+            config.update({name: density[attribute] for name, attribute in self._DENSITY_FIELDS.items()})
+        return config
 
     def extra_repr(self) -> str:
         return (

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_float
+from ..config_state import METHOD
 from ..features.fourier import RandomFourierFeatures
 from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD
 from ..features import random
@@ -110,6 +111,8 @@ class SketchedRBFKernel(ScaleMixtureSpectrum, ComplexPosteriorMixin, RandomFeatu
         ...     min_lengthscale=0.5, input_dim=2)
     """
 
+    config_fields = {"method": METHOD, "min_lengthscale": METHOD, "complex_posterior": METHOD}
+
     def __init__(
         self,
         num_features: int,
@@ -192,6 +195,8 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     degrees of freedom.  Arguments as :class:`SketchedRBFKernel`, plus ``nu``.
     """
 
+    config_fields = {"method": METHOD, "nu": METHOD}
+
     def __init__(
         self,
         num_features: int,
@@ -204,7 +209,6 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     ) -> None:
         check_choice(method, "method", tuple(FOURIER_METHODS))
         self.method = method
-        self.nu = nu
         feature_map = RandomFourierFeatures(
             num_features,
             input_dim=input_dim if input_dim is not None else kwargs.get("ard_num_dims"),
@@ -213,6 +217,7 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
             seed=seed,
             generator=generator,
         )
+        self.nu = feature_map.spectral_density.nu
         super().__init__(feature_map, **kwargs)
 
     def spectral_density(self) -> SpectralDensity:

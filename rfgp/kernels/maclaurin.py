@@ -16,6 +16,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from .. import dot_product
+from ..config_state import METHOD
 from .._validation import check_choice
 from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
@@ -50,6 +51,8 @@ class SketchedExponentialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         kwargs: feature-map options (``projection``, ``weights``, ``max_order``,
             ``bias_correction``, …) and GPyTorch ``Kernel`` arguments (``ard_num_dims``, …).
     """
+
+    config_fields = {"method": METHOD, "complex_posterior": METHOD}
 
     def __init__(self, num_features: int, method: str = "maclaurin", input_dim: int | None = None,
                  seed: int | None = None, generator: torch.Generator | None = None,

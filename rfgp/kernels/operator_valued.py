@@ -29,6 +29,7 @@ from gpytorch.kernels import Kernel, MultitaskKernel
 from torch import Tensor
 
 from .._validation import check_positive_int
+from ..config_state import METHOD, ConfigState
 
 
 def interleave(blocks: Tensor) -> Tensor:
@@ -55,10 +56,12 @@ def check_vector_dim(input_dim, name: str = "input_dim") -> int:
     return input_dim
 
 
-class _GaussianDerivativeKernel(Kernel):
+class _GaussianDerivativeKernel(ConfigState, Kernel):
     """Shared machinery of the curl- and divergence-free Gaussian kernels (p = d outputs)."""
 
     has_lengthscale = True
+    #: a scalar lengthscale has the same shape in every dimension: the state must say which d it is for
+    config_fields = {"input_dim": METHOD}
 
     def __init__(self, input_dim: int, **kwargs) -> None:
         self.input_dim = check_vector_dim(input_dim)

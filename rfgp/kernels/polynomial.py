@@ -17,6 +17,7 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_float
+from ..config_state import METHOD
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
 from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
@@ -71,6 +72,9 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         >>> covar(torch.rand(10, 4)).shape
         torch.Size([10, 10])
     """
+
+    config_fields = {"power": METHOD, "method": METHOD, "has_lengthscale": METHOD, "input_normalization": METHOD,
+                     "complex_posterior": METHOD}
 
     def __init__(
         self,

@@ -23,18 +23,21 @@ from torch import Tensor
 from linear_operator.operators import MatmulLinearOperator
 
 from ..chunking import Featurizer, chunk_slices
+from ..config_state import ConfigState
 from ..features.base import FeatureMap
 from ..operators import ChunkedFeatureCrossLinearOperator, ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from ..settings import resolve_chunk_size
 from ..prediction import FeatureSpacePredictionStrategy
 
 
-class FeatureKernel(Kernel):
+class FeatureKernel(ConfigState, Kernel):
     """Base of every kernel that is an explicit inner product of features, k̂(x, y) = Φ(x)ᵀΦ(y).
 
     Subclasses implement :meth:`featurize` and :meth:`diag_moments`; this class turns them
     into GPyTorch's kernel contract with low-rank outputs and the feature-space
-    prediction strategy.
+    prediction strategy.  Options that change the kernel (``method``, ``nu``, ...) are declared
+    in ``config_fields`` and saved in ``state_dict`` (:mod:`rfgp.config_state`); the feature
+    map saves its own.
     """
 
     def featurize(self, x: Tensor) -> Tensor:

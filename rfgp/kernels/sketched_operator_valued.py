@@ -24,6 +24,7 @@ from gpytorch.kernels import IndexKernel, Kernel
 from torch import Tensor
 
 from .._validation import check_choice, check_positive_int
+from ..config_state import METHOD
 from ..features.operator_valued import OperatorValuedFourierFeatures, decomposable_features
 from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import FOURIER_METHODS
@@ -52,6 +53,7 @@ class _MultiOutputFeatureKernel(FeatureKernel):
 class _SketchedGaussianDerivativeKernel(_MultiOutputFeatureKernel):
     family: str
     has_lengthscale = True
+    config_fields = {"method": METHOD, "input_dim": METHOD}
 
     def __init__(
         self,
@@ -137,6 +139,8 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
 
     Width: F = F_s·(rank + p).
     """
+
+    config_fields = {"num_outputs": METHOD, "rank": METHOD}
 
     def __init__(self, base_kernel: Kernel, num_outputs: int, rank: int = 1, output_covar_prior=None, **kwargs):
         if not is_feature_kernel(base_kernel):

@@ -14,6 +14,7 @@ import os
 import torch
 
 from .._validation import check_choice
+from ..config_state import METHOD
 from ..features.spherical import SphericalRandomFeatures
 from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
@@ -52,6 +53,7 @@ class SketchedSphericalPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKern
     """
 
     has_lengthscale = False
+    config_fields = {"method": METHOD, "complex_posterior": METHOD}
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ from ..classification import (
     LabelBlockPlan,
     TwoLevelNoise,
 )
+from ..config_state import METHOD, ConfigState
 from ..operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .softmax import softmax_expectation_mc, softmax_expectation_mean_field
 
@@ -101,7 +102,7 @@ def dirichlet_transform(
     return noise, alpha.log() - 0.5 * noise
 
 
-class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassificationLikelihood):
+class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.DirichletClassificationLikelihood):
     r"""Fixed heteroscedastic Gaussian noise per class from integer labels (Milios et al. 2018).
 
     σ²_{c,i} = log(1/α_{c,i} + 1) and targets ỹ_{c,i} = log α_{c,i} − σ²_{c,i}/2 with
@@ -123,7 +124,12 @@ class DirichletClassificationLikelihood(gpytorch.likelihoods.DirichletClassifica
         >>> model = ExactGPModel(train_x, likelihood.transformed_targets, likelihood,
         ...     ScaleKernel(SketchedRBFKernel(1024)), ConstantMean(batch_shape=torch.Size([10])))
         >>> probs = likelihood.predict_proba(model(test_x))       # (M, C)
+
+    ``alpha_epsilon`` and ``num_classes`` are saved in ``state_dict`` and a state saved with other
+    values is refused (the labels are data: they are loaded).
     """
+
+    config_fields = {"num_classes": METHOD, "alpha_epsilon": METHOD}
 
     def __init__(
         self,

@@ -194,7 +194,7 @@ def test_state_dict_round_trip_with_density(sampler):
 def test_state_dict_of_another_kernel_is_refused():
     phi = SphericalRandomFeatures(64, power=7, input_dim=8, seed=0)
     other = SphericalRandomFeatures(64, power=3, input_dim=8, seed=0)
-    with pytest.raises(ValueError, match="power=7"):
+    with pytest.raises(ValueError, match="power is 7 in the state dict but 3"):
         other.load_state_dict(phi.state_dict())
 
 

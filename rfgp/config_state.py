@@ -1,0 +1,188 @@
+"""Configuration in ``state_dict``: tensors only, and loads that refuse a different model.
+
+A module that mixes in :class:`ConfigState` declares the Python attributes that define what it
+computes (the sampler, a Matérn ν, a degree, an input dimension, a seed, ...) in
+``config_fields``.  ``state_dict()`` then carries each of them as a tensor under the key
+``config_<name>`` (written at save time from the attribute, so it can never be stale, and not
+a buffer, so ``.double()``/``.float()``/``.to()`` and GPyTorch's batch indexing never touch it),
+and ``load_state_dict()`` reads them back before the parameters and buffers are copied.
+
+Encoding (self-describing: the dtype and shape say how to decode, no per-field declaration):
+
+=====================  ===========================================
+value                  tensor
+=====================  ===========================================
+``None``               empty ``torch.bool`` vector, shape (0,)
+``bool``               ``torch.bool`` scalar
+``int``                ``torch.int64`` scalar (seeds < 2**62 fit)
+``float``              ``torch.float64`` scalar (bit exact)
+``str``                ``torch.uint8`` vector of its UTF-8 bytes
+``tuple`` of ints      ``torch.int64`` vector
+``Tensor`` (float64)   the tensor itself (a fitted table, say)
+=====================  ===========================================
+
+Every field has a role, which says what a load does with the saved value:
+
+* ``METHOD``: the field defines the approximation (sampler, ν, degree, projection, width, ...).
+  A saved value different from the module's raises a ``ValueError`` naming the field and
+  both values, before anything of the module is changed.
+* ``LAZY``: a value the module may still be waiting for (``input_dim`` of a map that draws at
+  its first call).  Adopted when the module has ``None``; otherwise it must match, like
+  ``METHOD``.  A saved ``None`` constrains nothing.
+* ``DRAW``: identifies the random draw or the data fit (``seed``, fitted widths).  Always
+  adopted; the module then re-creates its buffers with the saved shapes
+  (:meth:`ConfigState._adopt_config`) and the saved values are copied into them.
+
+A state dict without ``config_*`` keys reports them as missing keys (``strict=True`` fails, and
+``strict=False`` loads without checks, e.g. GPyTorch hyperparameters into an rfgp kernel).  A
+checkpoint from rfgp versions that kept the draw fields in a Python dict under
+``_extra_state`` is converted (it carries no method fields, so those are not checked).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+METHOD = "method"
+LAZY = "lazy"
+DRAW = "draw"
+ROLES = (METHOD, LAZY, DRAW)
+
+#: prefix of the state-dict keys holding configuration fields
+CONFIG_PREFIX = "config_"
+_LEGACY_KEY = "_extra_state"
+
+
+def encode(value: Any) -> Tensor:
+    """The tensor that stores a configuration value (see the module's table)."""
+    if value is None:
+        return torch.zeros(0, dtype=torch.bool)
+    if isinstance(value, bool):
+        return torch.tensor(value)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float64)
+    if isinstance(value, str):
+        return torch.tensor(list(value.encode("utf-8")), dtype=torch.uint8)
+    if isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return torch.tensor(value, dtype=torch.int64).reshape(-1)
+    if torch.is_tensor(value) and value.dtype == torch.float64:
+        return value.detach().clone()
+    raise TypeError(
+        f"a configuration value must be None, bool, int, float, str, a tuple of ints or a float64 tensor, "
+        f"got {type(value).__name__}"
+    )
+
+
+def decode(tensor: Tensor) -> Any:
+    """The configuration value stored in ``tensor`` (inverse of :func:`encode`)."""
+    if not torch.is_tensor(tensor):
+        raise TypeError(f"a configuration entry must be a tensor, got {type(tensor).__name__}")
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bool:
+        return None if tensor.dim() == 1 and tensor.numel() == 0 else bool(tensor)
+    if tensor.dtype == torch.int64:
+        return int(tensor) if tensor.dim() == 0 else tuple(tensor.tolist())
+    if tensor.dtype == torch.float64:
+        return float(tensor) if tensor.dim() == 0 else tensor
+    if tensor.dtype == torch.uint8:
+        return bytes(tensor.tolist()).decode("utf-8")
+    raise TypeError(f"a configuration entry has dtype {tensor.dtype}, which encodes no configuration value")
+
+
+def same_value(saved: Any, current: Any) -> bool:
+    """Whether two configuration values are equal (same type; tensors compared exactly)."""
+    if torch.is_tensor(saved) or torch.is_tensor(current):
+        return torch.is_tensor(saved) and torch.is_tensor(current) and torch.equal(saved, current.cpu())
+    return type(saved) is type(current) and saved == current
+
+
+class ConfigState:
+    """``nn.Module`` mixin (listed before ``nn.Module`` in the bases): configuration fields in ``state_dict``.
+
+    Subclasses extend ``config_fields`` ({attribute name: role}; merged along the MRO, base
+    classes first).  ``type`` (the class name, role ``METHOD``) is always the first field, so
+    the state of one class never loads into another.  :meth:`_config_value` reads a field
+    (default: the attribute) and :meth:`_adopt_config` applies adopted ``LAZY``/``DRAW``
+    values (default: sets the attributes); override them for derived fields.
+    """
+
+    config_fields: ClassVar[dict[str, str]] = {"type": METHOD}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        merged: dict[str, str] = {}
+        for base in reversed(cls.__mro__):
+            merged.update(base.__dict__.get("config_fields", {}))
+        bad = {name: role for name, role in merged.items() if role not in ROLES}
+        if bad:
+            raise ValueError(f"{cls.__name__}.config_fields has roles {bad}; accepted roles: {ROLES}")
+        cls.config_fields = merged
+
+    # --------------------------------------------------------------- fields
+    def _config_value(self, name: str) -> Any:
+        if name == "type":
+            return type(self).__name__
+        return getattr(self, name)
+
+    def config(self) -> dict[str, Any]:
+        """The configuration fields and their current values."""
+        return {name: self._config_value(name) for name in self.config_fields}
+
+    def _adopt_config(self, values: dict[str, Any]) -> None:
+        """Apply adopted ``LAZY``/``DRAW`` values (called before the buffers are loaded)."""
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def _legacy_config(self, extra: dict) -> dict[str, Any]:
+        """Fields of a legacy ``_extra_state`` dict (default: those it has, by name)."""
+        return {name: value for name, value in extra.items() if name in self.config_fields}
+
+    # ----------------------------------------------------------- state dict
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, value in self.config().items():
+            destination[prefix + CONFIG_PREFIX + name] = encode(value)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        saved = self._saved_config(state_dict, prefix, missing_keys)
+        self._adopt_config(self._checked_adoptions(saved, prefix))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        own = {prefix + CONFIG_PREFIX + name for name in self.config_fields} | {prefix + _LEGACY_KEY}
+        unexpected_keys[:] = [key for key in unexpected_keys if key not in own]
+
+    def _saved_config(self, state_dict, prefix: str, missing_keys: list[str]) -> dict[str, Any]:
+        legacy = state_dict.get(prefix + _LEGACY_KEY)
+        if isinstance(legacy, dict) and not any(key.startswith(prefix + CONFIG_PREFIX) for key in state_dict):
+            return self._legacy_config(legacy)
+        saved = {}
+        for name in self.config_fields:
+            key = prefix + CONFIG_PREFIX + name
+            if key in state_dict:
+                saved[name] = decode(state_dict[key])
+            else:
+                missing_keys.append(key)
+        return saved
+
+    def _checked_adoptions(self, saved: dict[str, Any], prefix: str) -> dict[str, Any]:
+        """The saved values to adopt; raises ``ValueError`` on a ``METHOD`` (or set ``LAZY``) mismatch."""
+        adopt = {}
+        for name, role in self.config_fields.items():
+            if name not in saved:
+                continue
+            value, current = saved[name], self._config_value(name)
+            if role == DRAW or (role == LAZY and current is None):
+                if value is not None or role == DRAW:
+                    adopt[name] = value
+            elif not (same_value(value, current) or (role == LAZY and value is None)):
+                raise ValueError(
+                    f"cannot load state: {prefix}{name} is {value!r} in the state dict but {current!r} in this module "
+                    "(the state was saved from a differently configured module)"
+                )
+        return adopt
