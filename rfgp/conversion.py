@@ -252,11 +252,11 @@ def _convert_index(kernel, num_features, method, seed, **options):
     from .kernels.index import IndexFeatureKernel
 
     num_tasks, rank = kernel.covar_factor.shape[-2:]
-    converted = IndexFeatureKernel(num_tasks, rank, var_constraint=kernel.raw_var_constraint,
-                                   **_common_kwargs(kernel))
+    converted = IndexFeatureKernel(num_tasks, rank, **_common_kwargs(kernel))
+    converted.covar_factor.data = kernel.covar_factor.data.clone()
     for name, (prior, closure, setting_closure) in kernel._priors.items():
         converted.register_prior(name, prior, closure, setting_closure)
-    converted.load_state_dict(kernel.state_dict())
+    copy_hyperparameters(kernel, converted, "var")
     return converted.to(kernel.covar_factor)
 
 

@@ -42,6 +42,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
 from .._validation import check_positive_int
+from ..config_state import DRAW, LAZY, METHOD
 from ..features.base import _new_seed
 from .combinations import select_active, unwrap_scale
 from .random_feature_kernel import FeatureKernel
@@ -73,6 +74,9 @@ class SpectralProductKernel(FeatureKernel):
         >>> product(torch.randn(10, 3)).shape
         torch.Size([10, 10])
     """
+
+    #: saved in ``state_dict`` (:mod:`rfgp.config_state`): the width, the factors' input dims, the seed
+    config_fields = {"num_frequencies": METHOD, "input_dims": LAZY, "seed": DRAW}
 
     def __init__(self, *kernels: Kernel, num_features: int, seed: int | None = None,
                  generator: torch.Generator | None = None, **kwargs) -> None:
@@ -153,19 +157,11 @@ class SpectralProductKernel(FeatureKernel):
         return None
 
     # -------------------------------------------------------------- state dict
-    def get_extra_state(self) -> dict:
-        return {"seed": self.seed, "input_dims": self.input_dims}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.seed = state["seed"]
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        extra = state_dict.get(prefix + "_extra_state")
-        if extra is not None and extra["input_dims"] is not None:
-            if (extra["seed"], extra["input_dims"]) != (self.seed, self.input_dims):
-                self.seed = extra["seed"]
-                self._materialize(extra["input_dims"])  # the saved values are then copied in
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _adopt_config(self, values: dict) -> None:
+        """Adopt the saved seed and factor input dimensions, then re-draw so the saved draws load into place."""
+        super()._adopt_config(values)
+        if self.input_dims is not None:
+            self._materialize(self.input_dims)
 
     def extra_repr(self) -> str:
         return f"num_features={self.num_features}, seed={self.seed}"
