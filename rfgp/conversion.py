@@ -14,7 +14,6 @@ with :func:`register_converter`.
 from __future__ import annotations
 
 import copy
-import math
 from typing import Callable
 
 import gpytorch
@@ -22,15 +21,7 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
-from .kernels.combinations import (
-    FeatureProductKernel,
-    FeatureSumKernel,
-    SketchedProductKernel,
-    is_exact_feature_kernel,
-    kernel_num_features,
-    unwrap_scale,
-)
-from .kernels.spectral_product import SpectralProductKernel, has_spectral_protocol
+from .kernels.tree_widths import TreeBuilder, leaf_width
 from .kernels.operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
 
 _CONVERTERS: dict[type, Callable] = {}
@@ -97,11 +88,15 @@ def _convert(kernel, num_features, method, seeds, options):
     if isinstance(kernel, ScaleKernel):
         base = _convert(kernel.base_kernel, num_features, method, seeds, options)
         return copy_hyperparameters(kernel, ScaleKernel(base, **_common_kwargs(kernel)), "outputscale")
-    if isinstance(kernel, AdditiveKernel):
-        return _convert_sum(kernel, num_features, method, seeds, options)
-    if isinstance(kernel, ProductKernel):
-        return _convert_product(kernel, _total_width(num_features, kernel), method, seeds, options)
-    num_features = _total_width(num_features, kernel)
+    if isinstance(kernel, (AdditiveKernel, ProductKernel)):
+        builder = TreeBuilder(
+            convert=lambda part, width: _convert(part, width, method, seeds, options),
+            probe=lambda part, width: _convert(part, width, method, _SeedSequence(0), options),
+            take_seed=seeds.take,
+        )
+        return builder.sum(kernel, num_features) if isinstance(kernel, AdditiveKernel) else \
+            builder.product(kernel, num_features)
+    num_features = leaf_width(num_features, kernel)
     for kernel_type in type(kernel).__mro__:
         if kernel_type in _CONVERTERS:
             return _CONVERTERS[kernel_type](kernel, num_features, method, seeds.take(), **options)
@@ -110,140 +105,6 @@ def _convert(kernel, num_features, method, seeds, options):
         f"rfgp.sketch has no random-feature version of {type(kernel).__name__}; supported kernels: "
         f"{supported}, and ScaleKernel/AdditiveKernel/ProductKernel around them"
     )
-
-
-# ------------------------------------------------------------------------------ tree widths
-# A sum splits its width F equally among its parts, after the exact finite parts (Linear,
-# Constant, IndexKernel features: ``is_exact``) took their own widths; each random part gets an
-# even share (sin/cos maps have F = 2m), so the total is ≤ F.  Equal rather than proportional
-# to the outputscales: at conversion time those are often initial values that training then
-# changes, and a part's need for features depends on its structure (a periodic part with many
-# harmonics) as much as on its scale.  A product keeps F (spectral convolution or TensorSRHT).
-
-
-def _total_width(num_features, kernel) -> int:
-    if isinstance(num_features, (list, tuple)):
-        raise ValueError(
-            f"num_features={list(num_features)} gives per-part widths of an AdditiveKernel, but it reached a "
-            f"{type(kernel).__name__}; pass an int there (nested lists follow nested AdditiveKernels)"
-        )
-    return num_features
-
-
-def _is_kronecker_factor(kernel) -> bool:
-    """An exact factor of a product with no spectral form to convolve instead (IndexKernel, Linear)."""
-    return is_exact_feature_kernel(kernel) and not has_spectral_protocol(kernel)
-
-
-def _exact_width(kernel) -> int:
-    """The width of an exact part; a Linear kernel's is d, known from ``ard_num_dims`` or ``active_dims``."""
-    try:
-        return kernel_num_features(kernel)
-    except RuntimeError as error:
-        if kernel.active_dims is not None:
-            return len(kernel.active_dims)
-        raise ValueError(
-            f"{type(unwrap_scale(kernel)[0]).__name__} has features as wide as its input, unknown at conversion: "
-            "give the exact kernel ard_num_dims= or active_dims= so that the tree's width F can be split"
-        ) from error
-
-
-def _check_width(width, name: str) -> None:
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"{name}: every width must be a positive int, got {width!r}")
-
-
-def _probe(parts, num_features, method, options) -> list:
-    """The parts converted at (even) width F with throwaway seeds, to find the exact ones (which use no randomness)."""
-    even = max(num_features - num_features % 2, 2)
-    return [_convert(part, even, method, _SeedSequence(0), options) for part in parts]
-
-
-def _convert_sum(kernel, num_features, method, seeds, options):
-    parts = kernel.kernels
-    if isinstance(num_features, (list, tuple)):
-        if len(num_features) != len(parts):
-            raise ValueError(
-                f"num_features={list(num_features)} has {len(num_features)} widths but the AdditiveKernel has "
-                f"{len(parts)} parts ({', '.join(type(p).__name__ for p in parts)})"
-            )
-        for width in num_features:
-            if not isinstance(width, (list, tuple)):
-                _check_width(width, f"num_features={list(num_features)}")
-        converted = [_convert(p, w, method, seeds, options) for p, w in zip(parts, num_features)]
-    else:
-        converted = _split_width(parts, num_features, method, seeds, options)
-    return FeatureSumKernel(*converted, active_dims=kernel.active_dims)
-
-
-def _split_width(parts, num_features, method, seeds, options):
-    """Exact parts first (their own width), the rest of F split equally in even shares (total ≤ F)."""
-    _check_width(num_features, "num_features")
-    probes = _probe(parts, num_features, method, options)
-    exact_width = sum(_exact_width(p) for p in probes if is_exact_feature_kernel(p))
-    num_random = sum(not is_exact_feature_kernel(p) for p in probes)
-    remaining = num_features - exact_width
-    share = 2 * (remaining // (2 * num_random)) if num_random else 0
-    if num_random and share < 2:
-        raise ValueError(
-            f"num_features={num_features} is too small for this AdditiveKernel: its exact parts take "
-            f"{exact_width} features and its {num_random} random parts need at least 2 each"
-        )
-    pairs_left = (remaining - share * num_random) // 2  # handed out one pair each to the first random parts
-    converted = []
-    for part, probe in zip(parts, probes):
-        if is_exact_feature_kernel(probe):
-            converted.append(probe)
-            continue
-        converted.append(_convert(part, share + 2 * (pairs_left > 0), method, seeds, options))
-        pairs_left -= 1
-    return converted
-
-
-def _convert_product(kernel, num_features, method, seeds, options):
-    """A product at width F: exact factors by Kronecker, stationary ones by spectral convolution, the rest by TensorSRHT.
-
-    * factors with the spectral protocol (RBF, Matérn, …) → one :class:`SpectralProductKernel`
-      (ω = Σωᵢ, one joint frequency vector across ``active_dims``; a ``ScaleKernel`` factor
-      folds into the amplitude);
-    * any other random factor (polynomial, …) → combined with the spectral group by a
-      :class:`SketchedProductKernel` (TensorSRHT of the factors' features, width F);
-    * exact finite factors (``IndexKernel``, Linear, …) of total width w → row-wise Kronecker
-      (:class:`FeatureProductKernel`) with the random part at the even width ≤ F/w, so the total is ≤ F
-      (exact only: Kronecker when w ≤ F, else TensorSRHT to F).
-    """
-    _check_width(num_features, "num_features")
-    num_features -= num_features % 2 if num_features > 1 else 0  # sin/cos maps come in pairs
-    probes = _probe(kernel.kernels, num_features, method, options)
-    exact = [p for p in probes if _is_kronecker_factor(p)]
-    exact_width = math.prod(_exact_width(p) for p in exact)
-    if len(exact) == len(probes):
-        if exact_width <= num_features:
-            return FeatureProductKernel(*exact, active_dims=kernel.active_dims)
-        return SketchedProductKernel(*exact, num_features=num_features, seed=seeds.take(),
-                                     active_dims=kernel.active_dims)
-    random_width = 2 * (num_features // exact_width // 2)  # even: sin/cos maps have F = 2m
-    if random_width < 2:
-        raise ValueError(
-            f"num_features={num_features} is too small for this ProductKernel: its exact factors have "
-            f"{exact_width} features, so its random factors would get fewer than 2"
-        )
-    factors = [_convert(f, random_width, method, seeds, options)
-               for f, p in zip(kernel.kernels, probes) if not _is_kronecker_factor(p)]
-    spectral = [f for f in factors if has_spectral_protocol(f)]
-    others = [f for f in factors if not has_spectral_protocol(f)]
-    outer = {} if exact else {"active_dims": kernel.active_dims}  # the product's dims go on its outermost kernel
-    if len(spectral) > 1 and not others:
-        random = SpectralProductKernel(*spectral, num_features=random_width, seed=seeds.take(), **outer)
-    elif len(spectral) + len(others) > 1:
-        if len(spectral) > 1:
-            spectral = [SpectralProductKernel(*spectral, num_features=random_width, seed=seeds.take())]
-        random = SketchedProductKernel(*spectral, *others, num_features=random_width, seed=seeds.take(), **outer)
-    elif exact:
-        random = factors[0]
-    else:  # a one-factor ProductKernel: the identity product keeps the product's active_dims
-        random = FeatureProductKernel(*factors, **outer)
-    return FeatureProductKernel(random, *exact, active_dims=kernel.active_dims) if exact else random
 
 
 @register_converter(gpytorch.kernels.IndexKernel)
