@@ -6,7 +6,9 @@
   the total is ≤ F.  Equal rather than proportional to the outputscales: at conversion time
   those are often initial values that training then changes (so widths would depend on an
   arbitrary moment), and a part's need for features depends on its structure (a periodic part
-  with many harmonics, a short lengthscale) as much as on its amplitude.  Per-part widths are
+  with many harmonics, a short lengthscale) as much as on its amplitude.  (A Linear part of
+  width d unknown at conversion — no ``ard_num_dims``, ``active_dims`` or ``input_dim=`` — is
+  not reserved: the total is then ≤ F + d.)  Per-part widths are
   given as a list, ``num_features=[256, 512, 256]``, one entry per part of the
   ``AdditiveKernel`` (``ScaleKernel``s looked through); an entry may be a list for a nested sum.
 * **Products** keep F:
@@ -38,7 +40,6 @@ from .combinations import (
     SketchedProductKernel,
     is_exact_feature_kernel,
     kernel_num_features,
-    unwrap_scale,
 )
 from .spectral_product import SpectralProductKernel, has_spectral_protocol
 
@@ -64,16 +65,16 @@ def is_kronecker_factor(kernel: Kernel) -> bool:
 
 
 def exact_width(kernel: Kernel) -> int:
-    """The width of an exact part; a Linear kernel's is d, known from ``ard_num_dims`` or ``active_dims``."""
+    """The width of an exact part; 0 for a Linear kernel whose input dimension d is still unknown.
+
+    A Linear kernel's width d is known from ``ard_num_dims``, ``active_dims`` or the converter's
+    ``input_dim=`` option; without them it is set at the first call, so the sum cannot reserve it
+    and the converted tree is at most F + d wide (pass one of them to keep it within F).
+    """
     try:
         return kernel_num_features(kernel)
-    except RuntimeError as error:
-        if kernel.active_dims is not None:
-            return len(kernel.active_dims)
-        raise ValueError(
-            f"{type(unwrap_scale(kernel)[0]).__name__} has features as wide as its input, unknown at conversion: "
-            "give the exact kernel ard_num_dims= or active_dims= so that the tree's width F can be split"
-        ) from error
+    except RuntimeError:
+        return 0 if kernel.active_dims is None else len(kernel.active_dims)
 
 
 class TreeBuilder:
@@ -135,6 +136,12 @@ class TreeBuilder:
         num_features -= num_features % 2 if num_features > 1 else 0  # sin/cos maps come in pairs
         probes = self._probes(kernel.kernels, num_features)
         exact = [p for p in probes if is_kronecker_factor(p)]
+        unknown = [type(p).__name__ for p in exact if exact_width(p) == 0]
+        if unknown:
+            raise ValueError(
+                f"the width of {unknown[0]} (its input dimension) is unknown at conversion, so this ProductKernel "
+                "cannot keep its width F: give the exact kernel ard_num_dims= or active_dims=, or pass input_dim="
+            )
         width_of_exact = math.prod(exact_width(p) for p in exact)
         if len(exact) == len(probes):
             if width_of_exact <= num_features:
