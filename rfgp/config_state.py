@@ -35,8 +35,11 @@ Every field has a role, which says what a load does with the saved value:
 
 A state dict without ``config_*`` keys reports them as missing keys (``strict=True`` fails, and
 ``strict=False`` loads without checks, e.g. GPyTorch hyperparameters into an rfgp kernel).  A
-checkpoint from rfgp versions that kept the draw fields in a Python dict under
-``_extra_state`` is converted (it carries no method fields, so those are not checked).
+checkpoint from rfgp versions that kept the feature maps' draw fields in a Python dict under
+``_extra_state`` is converted (it carries no method fields, so those are not checked, and the
+modules above such a map accept it without configuration).  A legacy state of a module without
+feature maps (a Dirichlet likelihood alone) cannot be told apart from a foreign one: load it
+with ``strict=False``.
 """
 
 from __future__ import annotations
@@ -158,9 +161,12 @@ class ConfigState:
         unexpected_keys[:] = [key for key in unexpected_keys if key not in own]
 
     def _saved_config(self, state_dict, prefix: str, missing_keys: list[str]) -> dict[str, Any]:
-        legacy = state_dict.get(prefix + _LEGACY_KEY)
-        if isinstance(legacy, dict) and not any(key.startswith(prefix + CONFIG_PREFIX) for key in state_dict):
-            return self._legacy_config(legacy)
+        if not any(key.startswith(prefix + CONFIG_PREFIX) for key in state_dict):
+            legacy = state_dict.get(prefix + _LEGACY_KEY)
+            if isinstance(legacy, dict):
+                return self._legacy_config(legacy)
+            if any(key.endswith(_LEGACY_KEY) for key in state_dict):
+                return {}  # a legacy checkpoint: its feature maps kept their draw fields in a dict
         saved = {}
         for name in self.config_fields:
             key = prefix + CONFIG_PREFIX + name

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_features_input, check_positive_int
-from ..config_state import DRAW, LAZY, METHOD, ConfigState, same_value
+from ..config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
 
 _SEED_BOUND = 2**62
 
@@ -70,6 +70,8 @@ class FeatureMap(ConfigState, nn.Module):
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, int):
                 raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+            if not -(2**63) <= seed < 2**63:  # saved as an int64 in state_dict
+                raise ValueError(f"seed must be an int in [-2**63, 2**63), got {seed}")
             self.seed = int(seed)
         else:
             self.seed = _new_seed(generator)
@@ -93,6 +95,8 @@ class FeatureMap(ConfigState, nn.Module):
             else:
                 value = value.to(device=self._anchor.device)
             self.register_buffer(name, value)
+        for name in set(self._buffer_names) - set(draws):  # draws of a previous seed or allocation
+            delattr(self, name)
         self._buffer_names = tuple(draws)
 
     @property
@@ -149,6 +153,16 @@ class FeatureMap(ConfigState, nn.Module):
         super()._adopt_config(values)
         if self.input_dim is not None and (changed or not self.is_initialized):
             self._materialize()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        saved_dim = state_dict.get(prefix + CONFIG_PREFIX + "input_dim")
+        if saved_dim is not None and decode(saved_dim) is None:
+            # saved before its first call, so without draws: this map made them from the adopted seed
+            drawn = {prefix + name for name in self._buffer_names}
+            missing_keys[:] = [key for key in missing_keys if key not in drawn]
 
     def extra_repr(self) -> str:
         return f"input_dim={self.input_dim}, num_features={self.num_features}"

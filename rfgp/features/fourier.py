@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import check_choice
-from . import random
 from ..config_state import METHOD
+from . import random
 from .base import FeatureMap
 from .hadamard import fwht, next_power_of_two
 from .spectral import GaussianSpectralDensity, SpectralDensity

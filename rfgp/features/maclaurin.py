@@ -24,8 +24,8 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_int
 from .. import dot_product
+from .._validation import check_choice, check_positive_int
 from ..config_state import DRAW, METHOD
 from ..dot_product import DotProductKernelSpec, degree_terms
 from .base import FeatureMap
@@ -42,7 +42,8 @@ class _MaclaurinFeatures(FeatureMap):
 
     Saved configuration: the target kernel's family (``kernel``; for the polynomial kernel
     without its offset ν, which :func:`~rfgp.kernels.refit_allocation` may change and which is
-    saved as ``kernel_offset``), the sketch options and the allocation ``widths`` (D₁..D_p).
+    saved as ``kernel_offset``; a spec from :func:`~rfgp.dot_product.from_coefficients` is saved as
+    ``"custom"``, its coefficients are not), the sketch options and the allocation ``widths`` (D₁..D_p).
     """
 
     config_fields = {"kernel": METHOD, "projection": METHOD, "weights": METHOD, "srht_blocks": METHOD,

@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 
 from .._validation import check_choice
-from . import random
 from ..config_state import DRAW, METHOD
+from . import random
 from .base import FeatureMap
 from .hadamard import fwht, next_power_of_two, pad_to_power_of_two
 from .radial_density import RadialDensity, check_sphere_polynomial, fit_radial_density
