@@ -320,3 +320,16 @@ def test_mauna_loa_tree_converts_at_width_f_and_approximates_the_exact_gram():
     assert rfgp.kernels.kernel_num_features(sketched) <= 4096
     assert dict(exact.named_hyperparameters()).keys() == dict(sketched.named_hyperparameters()).keys()
     assert relative_error(sketched, exact, x) < 0.05
+
+
+def test_index_feature_kernel_state_dict_round_trip():
+    exact = IndexKernel(num_tasks=3, rank=1)
+    source = rfgp.sketch(exact, num_features=8).double()
+    with torch.no_grad():
+        source.covar_factor.add_(0.3)
+    i = torch.tensor([[0.0], [2.0], [1.0]], dtype=F64)
+    target = rfgp.sketch(IndexKernel(num_tasks=3, rank=1), num_features=8).double()
+    target.load_state_dict(source.state_dict())
+    assert torch.equal(target(i).to_dense(), source(i).to_dense())
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        source(torch.tensor([[3.0]], dtype=F64)).to_dense()
