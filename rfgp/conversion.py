@@ -50,7 +50,11 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             itself be a list for a nested sum.  Non-positive or non-integer widths, or a list whose
             length is not the number of parts, raise ValueError.
         method: the sketch of each leaf (``None``: the leaf family's default, e.g.
-            ``"rff"`` for RBF/Matérn; ``"rff" | "orf" | "sorf"`` for those).
+            ``"rff"`` for RBF/Matérn; ``"rff" | "orf" | "sorf"`` for those).  ``method="nystrom"``
+            turns the whole tree (any scalar kernel) into one :class:`~rfgp.kernels.NystromKernel`
+            with ``num_features`` landmarks chosen among ``x_sample=`` (required) by
+            ``landmarks="uniform" | "kmeans++" | "rls"``, see :func:`~rfgp.kernels.nystrom.nystrom_sketch`;
+            a ``MultitaskKernel`` becomes a decomposable kernel over the Nyström data kernel.
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
             that factors of a product are independent.
         options: passed to the leaf converters.  ``method="gaussian_sketch" | "gaussian_sketch_hd"``
@@ -68,7 +72,12 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         >>> tree = ScaleKernel(RBFKernel()) + ScaleKernel(RBFKernel() * MaternKernel())
         >>> rfgp.sketch(tree, num_features=[256, 768]).num_features
         1024
+        >>> landmark = rfgp.sketch(exact, 512, method="nystrom", x_sample=train_x, landmarks="kmeans++", seed=0)
     """
+    if method == "nystrom" and not isinstance(kernel, gpytorch.kernels.MultitaskKernel):
+        from .kernels.nystrom import nystrom_sketch
+
+        return nystrom_sketch(kernel, num_features, seed=seed, **options)
     seeds = _SeedSequence(seed)
     return _convert(kernel, num_features, method, seeds, options)
 

@@ -11,6 +11,7 @@ from .combinations import (
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .index import IndexFeatureKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
+from .nystrom import NystromKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
@@ -32,6 +33,7 @@ __all__ = [
     "FeatureSumKernel",
     "IndexFeatureKernel",
     "MultiOutputFeatureSumKernel",
+    "NystromKernel",
     "RandomFeatureKernel",
     "SketchedCurlFreeKernel",
     "SketchedDecomposableKernel",
