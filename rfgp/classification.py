@@ -107,6 +107,13 @@ class _LabelStatistics(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_grams, grad_projection):
+        if torch.is_grad_enabled():
+            # the backward below works in place and through per-step autograd calls: its result
+            # would carry no (or a partial) graph, i.e. silently wrong second derivatives
+            raise NotImplementedError(
+                "second derivatives (create_graph=True) through the Dirichlet per-label feature statistics "
+                "are not supported; differentiate the classifier once"
+            )
         rhs, source = ctx.saved_tensors
         plan, featurizer, step_blocks = ctx.plan, ctx.featurizer, ctx.step_blocks
         needs = ctx.needs_input_grad
@@ -224,7 +231,7 @@ class _ClassNoiseSolve:
         return self
 
     def _feature_source(self):
-        """Φ (or the chunked ΦΦᵀ) when the structured path applies: shared 2-D Φ, fewer features than points."""
+        """Φ (or the chunked ΦΦᵀ) when the structured path applies: shared 2-D Φ, cheaper than kernel space."""
         raise NotImplementedError
 
     def _solve_statistics(self, source, rhs: Tensor | None):
@@ -302,9 +309,15 @@ class ClassNoiseFeatureLinearOperator(_ClassNoiseSolve, FeatureRootAddedDiagLine
         if self.structure is None:
             return None
         features = self._linear_op.root.to_dense()
-        if features.dim() != 2 or features.shape[-1] >= features.shape[-2]:
+        if features.dim() != 2 or self.uses_kernel_space():
             return None
         return features
+
+    def uses_kernel_space(self, statistics_batch: int | None = None) -> bool:
+        # the structured feature path forms the per-label Grams once for all classes
+        if statistics_batch is None and self.structure is not None:
+            statistics_batch = 1
+        return super().uses_kernel_space(statistics_batch)
 
 
 class ChunkedClassNoiseFeatureLinearOperator(_ClassNoiseSolve, ChunkedFeatureRootAddedDiagLinearOperator):

@@ -8,10 +8,20 @@ from .combinations import (
     kernel_features,
     kernel_num_features,
 )
+from .derivative import (
+    SketchedMatern52KernelGrad,
+    SketchedPolynomialKernelGrad,
+    SketchedRBFKernelGrad,
+    SketchedRBFKernelGradGrad,
+)
+from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .index import IndexFeatureKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .nystrom import NystromKernel
+from .periodic import SketchedPeriodicKernel
+from .rational_quadratic import SketchedRQKernel
+from .spectral_mixture import SketchedSpectralMixtureKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
@@ -25,6 +35,12 @@ from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
+    "SketchedSpectralMixtureKernel",
+    "SketchedRQKernel",
+    "SketchedPeriodicKernel",
+    "LinearFeatureKernel",
+    "CosineFeatureKernel",
+    "ConstantFeatureKernel",
     "CurlFreeRBFKernel",
     "DecomposableKernel",
     "DivFreeRBFKernel",
@@ -39,10 +55,14 @@ __all__ = [
     "SketchedDecomposableKernel",
     "SketchedDivFreeKernel",
     "SketchedExponentialKernel",
+    "SketchedMatern52KernelGrad",
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
+    "SketchedPolynomialKernelGrad",
     "SketchedProductKernel",
     "SketchedRBFKernel",
+    "SketchedRBFKernelGrad",
+    "SketchedRBFKernelGradGrad",
     "SketchedSphericalPolynomialKernel",
     "SpectralProductKernel",
     "has_spectral_protocol",
