@@ -1,6 +1,6 @@
 """rfgp.sketch on kernel trees: total width ≤ F (sums split F, products keep it), per-part widths,
 RBF×Matérn on same/disjoint dims, polynomial×RBF, the Hadamard multitask pattern, the Mauna Loa and
-locally periodic trees (once Periodic/RQ convert), hyperparameters and priors carried, a trained exact
+locally periodic trees, hyperparameters and priors carried, a trained exact
 tree predicting like its conversion, state_dict round trips."""
 
 import math
@@ -11,7 +11,9 @@ import torch
 from gpytorch.constraints import Interval
 from gpytorch.kernels import (
     AdditiveKernel,
+    ConstantKernel,
     IndexKernel,
+    LinearKernel,
     MaternKernel,
     PeriodicKernel,
     PolynomialKernel,
@@ -34,21 +36,6 @@ from rfgp.kernels import (
 )
 
 F64 = torch.float64
-
-
-def converts(kernel) -> bool:
-    """Whether rfgp.sketch has a converter for this leaf (Periodic/RQ come with the kernel-zoo stream)."""
-    try:
-        rfgp.sketch(kernel, num_features=8, seed=0)
-    except TypeError:
-        return False
-    return True
-
-
-needs_periodic_and_rq = pytest.mark.skipif(
-    not (converts(PeriodicKernel()) and converts(RQKernel())),
-    reason="rfgp.sketch does not convert PeriodicKernel/RQKernel yet",
-)
 
 
 def mauna_loa_tree():
@@ -289,8 +276,7 @@ def test_state_dict_round_trip_of_a_converted_tree():
     torch.testing.assert_close(restored(x).to_dense().detach(), expected, rtol=0, atol=0)
 
 
-# ---------------------------------------------------------------- Periodic / RQ trees (kernel zoo)
-@needs_periodic_and_rq
+# ---------------------------------------------------------------- Periodic / RQ trees
 def test_locally_periodic_product_is_unbiased_at_width_f():
     periodic = PeriodicKernel()
     periodic.period_length, periodic.lengthscale = 0.7, 1.2
@@ -302,16 +288,15 @@ def test_locally_periodic_product_is_unbiased_at_width_f():
         sketched = rfgp.sketch(exact, num_features=32, seed=seed).double()
         assert rfgp.kernels.kernel_num_features(sketched) <= 32
         estimates.append(sketched(x).to_dense().detach())
-    factor = sketched.base_kernel
-    assert isinstance(factor, SpectralProductKernel if has_spectral_protocol(factor.kernels[0])
-                      else SketchedProductKernel)
+    # periodic and RBF both have the spectral protocol: one convolved set of harmonics + Gaussian frequencies
+    assert isinstance(sketched.base_kernel, SpectralProductKernel)
+    assert all(has_spectral_protocol(k) for k in sketched.base_kernel.kernels)
     estimates = torch.stack(estimates)
     mean, se = estimates.mean(0), estimates.std(0) / math.sqrt(len(estimates))
     target = exact(x).to_dense().detach()
     assert bool(((mean - target).abs() <= 4 * se + 1e-8).all())
 
 
-@needs_periodic_and_rq
 def test_mauna_loa_tree_converts_at_width_f_and_approximates_the_exact_gram():
     exact = mauna_loa_tree().double()
     x = torch.linspace(0, 30, 60, dtype=F64).unsqueeze(-1)
@@ -333,3 +318,15 @@ def test_index_feature_kernel_state_dict_round_trip():
     assert torch.equal(target(i).to_dense(), source(i).to_dense())
     with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
         source(torch.tensor([[3.0]], dtype=F64)).to_dense()
+
+
+def test_exact_linear_and_constant_parts_take_their_width_first():
+    tree = ScaleKernel(RBFKernel()) + LinearKernel(ard_num_dims=3) + ConstantKernel()
+    sketched = rfgp.sketch(tree, num_features=64, seed=0)
+    assert [rfgp.kernels.kernel_num_features(k) for k in sketched.kernels] == [60, 3, 1]
+    # Linear × RBF: the exact factor multiplies by Kronecker, the random part at ⌊F/d⌋ (even)
+    product = rfgp.sketch(ProductKernel(LinearKernel(active_dims=[0, 1]), RBFKernel()), num_features=64, seed=0)
+    x = torch.randn(5, 2, dtype=F64)
+    assert isinstance(product, FeatureProductKernel) and width(product.double(), x) == 64
+    with pytest.raises(ValueError, match="width of LinearFeatureKernel .* is unknown at conversion"):
+        rfgp.sketch(ProductKernel(LinearKernel(), RBFKernel()), num_features=64)
