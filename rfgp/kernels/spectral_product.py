@@ -21,11 +21,12 @@ inner product with one joint frequency vector that embeds each ωᵢ at its fact
 the amplitude) is usable here when it implements
 
 * ``spectral_draws(num_frequencies, input_dim, generator) -> dict[str, Tensor]``: base
-  randomness that does not depend on hyperparameters (float64, CPU);
+  randomness that does not depend on hyperparameters (float64 or integer CPU tensors; stored
+  here as buffers, so ``state_dict`` reproduces them);
 * ``spectral_frequencies(draws) -> Tensor``: ω of shape ``(*batch, m, d)`` in units of the
   factor's raw (``active_dims``-selected) inputs, hyperparameters applied differentiably;
-* ``spectral_weights(draws) -> Tensor | None``: per-frequency importance weights ``(*batch, m)``
-  with expectation 1, or ``None``;
+* ``spectral_weights(draws) -> Tensor | None`` (optional): per-frequency nonnegative importance
+  weights ``(*batch, m)`` with expectation 1, or ``None``;
 * ``spectral_amplitude() -> Tensor``: k(x, x), batch-shaped.
 
 The draws are always i.i.d. (a factor built with ORF/SORF is convolved with i.i.d. draws: the
