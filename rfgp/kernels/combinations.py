@@ -105,12 +105,57 @@ class _CombinedFeatureKernel(FeatureKernel):
                     f"kernels[{i}] has complex_posterior=True, which combined kernels would silently drop "
                     "(their features are real): use it on a single kernel"
                 )
+        if not self.combines_outputs:
+            refuse_multi_output_factors(kernels, type(self).__name__)
         super().__init__(**kwargs)
         self.kernels = nn.ModuleList(kernels)
 
+    #: whether parts with several outputs per input (derivative, operator-valued kernels) may be combined
+    combines_outputs = False
+
+    def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
+        outputs = sorted({kernel.num_outputs_per_input(x1, x2) for kernel in self.kernels})
+        if len(outputs) > 1:
+            raise ValueError(
+                f"the parts of {type(self).__name__} have different numbers of outputs per input ({outputs}) "
+                f"for inputs of dimension {x1.shape[-1]}; their covariances cannot be added"
+            )
+        return outputs[0]
+
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        x = train_inputs[0]
+        if self.num_outputs_per_input(x, x) > 1:
+            from ..multioutput import MultitaskFeatureSpacePredictionStrategy
+
+            return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
+        return super().prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
+
+
+def refuse_multi_output_factors(kernels, owner: str) -> None:
+    """Products are of scalar kernels only: a factor with several outputs per input raises a TypeError.
+
+    The product of two derivative kernels (or of a derivative and a scalar kernel) is not the
+    derivative kernel of the product, so multiplying their roots would be a different model.
+    """
+    probe = torch.zeros(1, 1)
+    outputs = [kernel.num_outputs_per_input(probe, probe) for kernel in kernels]
+    if max(outputs) > 1:
+        names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in kernels]
+        raise TypeError(
+            f"{owner} multiplies scalar kernels only; got factors {names} with {outputs} outputs per input "
+            "(derivative or operator-valued kernels): the product of derivative kernels is not the derivative "
+            "kernel of the product — use the derivative kernel of a scalar kernel instead"
+        )
+
 
 class FeatureSumKernel(_CombinedFeatureKernel):
-    r"""k̂ = Σᵢ k̂ᵢ with features [Φ₁, …, Φₖ] (width ΣFᵢ): the low-rank form of ``AdditiveKernel``."""
+    r"""k̂ = Σᵢ k̂ᵢ with features [Φ₁, …, Φₖ] (width ΣFᵢ): the low-rank form of ``AdditiveKernel``.
+
+    Parts with p outputs per input (derivative kernels: roots [Φ; ∂Φ/∂x₁; …] in GPyTorch's
+    interleaved layout) add the same way, row by row, when every part has the same p.
+    """
+
+    combines_outputs = True
 
     @property
     def num_features(self) -> int:

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from .._validation import check_positive_int
 from ..config_state import DRAW, LAZY, METHOD
 from ..features.base import _new_seed
-from .combinations import select_active, unwrap_scale
+from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
 from .random_feature_kernel import FeatureKernel
 
 SPECTRAL_PROTOCOL = ("spectral_draws", "spectral_frequencies", "spectral_amplitude")
@@ -89,6 +89,7 @@ class SpectralProductKernel(FeatureKernel):
                     f"kernels[{i}] ({type(unwrap_scale(kernel)[0]).__name__}) does not implement the spectral "
                     f"protocol ({', '.join(SPECTRAL_PROTOCOL)}); combine it with rfgp.kernels.SketchedProductKernel"
                 )
+        refuse_multi_output_factors(kernels, "SpectralProductKernel")
         check_positive_int(num_features, "num_features")
         if num_features < 2:
             raise ValueError(f"num_features must be ≥ 2 (one sin/cos pair), got {num_features}")

@@ -185,3 +185,39 @@ def test_end_to_end_fit_with_gradient_observations_matches_exact_gp():
     assert bool((sketched_rmse < 2 * exact_rmse + 0.02).all()), (sketched_rmse, exact_rmse)
     assert bool((sketched_pred.mean - exact_pred.mean).abs().max() < 0.1)
     assert bool((sketched_pred.variance > 0).all())
+
+
+def test_sum_of_derivative_kernels_adds_their_joint_covariances():
+    """AdditiveKernel(RBFKernelGrad, Matern52KernelGrad) converts to a sum whose root stacks the parts' roots."""
+    tree = (gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernelGrad())
+            + gpytorch.kernels.ScaleKernel(gpytorch.kernels.Matern52KernelGrad()))
+    sketched = rfgp.sketch(tree, 256, seed=0).double()
+    x = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    covar = sketched(x).to_dense()
+    assert covar.shape == tree(x.float()).shape == (18, 18)
+    parts = sum(part(x).to_dense() for part in sketched.kernels)
+    torch.testing.assert_close(covar, parts, rtol=1e-12, atol=1e-12)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3).double()
+    y = torch.cat([x.sin().sum(-1, keepdim=True), x.cos()], -1)
+
+    class Model(gpytorch.models.ExactGP):
+        def __init__(self):
+            super().__init__(x, y, likelihood)
+            self.mean_module, self.covar_module = gpytorch.means.ConstantMeanGrad(), sketched
+
+        def forward(self, z):
+            return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(z), self.covar_module(z))
+
+    model = Model().double().eval()
+    with torch.no_grad():
+        mean = model(x[:3]).mean
+    assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
+    assert mean.shape == (3, 3) and bool(torch.isfinite(mean).all())
+
+
+@pytest.mark.parametrize("other", [gpytorch.kernels.RBFKernelGrad, gpytorch.kernels.RBFKernel,
+                                   lambda: gpytorch.kernels.PolynomialKernel(2)])
+def test_products_with_a_derivative_kernel_are_refused(other):
+    """The product of derivative kernels is not the derivative kernel of the product: never a silent scalar product."""
+    with pytest.raises(TypeError, match="multiplies scalar kernels only"):
+        rfgp.sketch(gpytorch.kernels.RBFKernelGrad() * other(), 256)
