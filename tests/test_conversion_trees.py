@@ -25,6 +25,7 @@ from gpytorch.kernels import (
 from gpytorch.priors import GammaPrior, LogNormalPrior
 
 import rfgp
+from rfgp.models import ExactGPModel
 from rfgp.kernels import (
     FeatureProductKernel,
     FeatureSumKernel,
@@ -229,21 +230,13 @@ def test_hyperparameters_constraints_and_priors_carry_over():
     assert isinstance(constraint, Interval) and float(constraint.upper_bound) == 10.0
 
 
-class TreeGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, covar_module):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = covar_module
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def test_trained_exact_tree_converted_predicts_like_the_exact_model():
     torch.manual_seed(0)
     x = torch.rand(80, 1, dtype=F64)
     y = (torch.sin(12 * x) * torch.exp(-x) + x).squeeze(-1) + 0.05 * torch.randn(80, dtype=F64)
-    exact = TreeGP(x, y, gpytorch.likelihoods.GaussianLikelihood(), exact_tree()).double()
+    exact = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), exact_tree()).double()
     optimizer = torch.optim.Adam(exact.parameters(), lr=0.05)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(exact.likelihood, exact)
     exact.train()
@@ -251,7 +244,7 @@ def test_trained_exact_tree_converted_predicts_like_the_exact_model():
         optimizer.zero_grad()
         (-mll(exact(x), y)).backward()
         optimizer.step()
-    sketched = TreeGP(x, y, exact.likelihood, rfgp.sketch(exact.covar_module, num_features=2048, seed=0)).double()
+    sketched = ExactGPModel(x, y, exact.likelihood, rfgp.sketch(exact.covar_module, num_features=2048, seed=0)).double()
     sketched.mean_module.load_state_dict(exact.mean_module.state_dict())
     x_test = torch.linspace(0, 1.1, 25, dtype=F64).unsqueeze(-1)
     predictions = []

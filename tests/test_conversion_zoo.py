@@ -19,6 +19,7 @@ from gpytorch.kernels import (
 from gpytorch.priors import GammaPrior, NormalPrior
 
 import rfgp
+from rfgp.models import ExactGPModel
 from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from rfgp.kernels.periodic import SketchedPeriodicKernel
@@ -198,14 +199,6 @@ def test_mauna_loa_style_sum_converts_and_approximates():
     assert float((sketched(x).to_dense().detach() - target).norm() / target.norm()) < 0.1
 
 
-class _ExactGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, covar_module):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = covar_module
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def test_converted_periodic_tree_predicts_like_the_exact_gp():
@@ -216,8 +209,8 @@ def test_converted_periodic_tree_predicts_like_the_exact_gp():
     tree.kernels[0].base_kernel.period_length = 1.3
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     likelihood.noise = 0.01
-    exact = _ExactGP(x, y, likelihood, tree).double().eval()
-    sketched = _ExactGP(x, y, likelihood, rfgp.sketch(tree, 512, seed=0)).double().eval()
+    exact = ExactGPModel(x, y, likelihood, tree).double().eval()
+    sketched = ExactGPModel(x, y, likelihood, rfgp.sketch(tree, 512, seed=0)).double().eval()
     x_test = torch.linspace(0, 7, 40, dtype=F64).unsqueeze(-1)
     with torch.no_grad():
         exact_mean = exact(x_test).mean
