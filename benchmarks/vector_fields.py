@@ -115,7 +115,7 @@ def run(datasets, sizes, methods, num_features, exact_max, train_subset, iterati
             sub_x, sub_y = x_all[:train_subset], y_all[:train_subset] / scale
             model, likelihood = build(sub_x, sub_y, kernel, derivative, lengthscale)
             start = time.perf_counter()
-            rfgp.fit_mll(model, num_iterations=iterations, lr=0.05, progress=False)
+            rfgp.fit_mll(model, num_iterations=iterations, lr=0.05, progress=False, optimizer="adam")
             hyper_seconds = time.perf_counter() - start
             state = model.state_dict()
             for n in sizes:

@@ -17,11 +17,12 @@ from . import (
     vector_fields,
 )
 from .conversion import register_converter, sketch
+from .feature_width import set_num_features
 from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
 from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
 from .streaming import StreamingFeatureGP, fit_from_batches
-from .training import fit_mll
+from .training import NonFiniteLossError, TrainingHistory, fit_mll
 
 __version__ = "0.1.0"
 
@@ -31,7 +32,9 @@ __all__ = [
     "FeatureSpacePredictionStrategy",
     "MultiOutputGPModel",
     "MultitaskFeatureSpacePredictionStrategy",
+    "NonFiniteLossError",
     "StreamingFeatureGP",
+    "TrainingHistory",
     "complex_posterior",
     "datasets",
     "distances",
@@ -45,6 +48,7 @@ __all__ = [
     "models",
     "multioutput",
     "register_converter",
+    "set_num_features",
     "settings",
     "sketch",
     "streaming",

@@ -224,7 +224,7 @@ class _ClassNoiseSolve:
         return self
 
     def _feature_source(self):
-        """Φ (or the chunked ΦΦᵀ) when the structured path applies: shared 2-D Φ, fewer features than points."""
+        """Φ (or the chunked ΦΦᵀ) when the structured path applies: shared 2-D Φ, cheaper than kernel space."""
         raise NotImplementedError
 
     def _solve_statistics(self, source, rhs: Tensor | None):
@@ -302,9 +302,15 @@ class ClassNoiseFeatureLinearOperator(_ClassNoiseSolve, FeatureRootAddedDiagLine
         if self.structure is None:
             return None
         features = self._linear_op.root.to_dense()
-        if features.dim() != 2 or features.shape[-1] >= features.shape[-2]:
+        if features.dim() != 2 or self.uses_kernel_space():
             return None
         return features
+
+    def uses_kernel_space(self, statistics_batch: int | None = None) -> bool:
+        # the structured feature path forms the per-label Grams once for all classes
+        if statistics_batch is None and self.structure is not None:
+            statistics_batch = 1
+        return super().uses_kernel_space(statistics_batch)
 
 
 class ChunkedClassNoiseFeatureLinearOperator(_ClassNoiseSolve, ChunkedFeatureRootAddedDiagLinearOperator):

@@ -177,6 +177,9 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
             return self.__class__(self._linear_op, self._diag_tensor + other)
         return super().__add__(other)
 
+    def uses_kernel_space(self, statistics_batch: int | None = None) -> bool:
+        return False  # the complex-GP evidence has its own feature-space algebra, whatever N and F
+
     def _capacitance(self, rhs: Tensor):
         noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
         weights = noise.reciprocal()

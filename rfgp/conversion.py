@@ -42,7 +42,11 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.
         num_features: feature width F of every sketched leaf kernel.
         method: the sketch of each leaf (``None``: the leaf family's default, e.g.
-            ``"rff"`` for RBF/Matérn; ``"rff" | "orf" | "sorf"`` for those).
+            ``"rff"`` for RBF/Matérn; ``"rff" | "orf" | "sorf"`` for those).  ``method="nystrom"``
+            turns the whole tree (any scalar kernel) into one :class:`~rfgp.kernels.NystromKernel`
+            with ``num_features`` landmarks chosen among ``x_sample=`` (required) by
+            ``landmarks="uniform" | "kmeans++" | "rls"``, see :func:`~rfgp.kernels.nystrom.nystrom_sketch`;
+            a ``MultitaskKernel`` becomes a decomposable kernel over the Nyström data kernel.
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
             that factors of a product are independent.
         options: passed to the leaf converters.  ``method="gaussian_sketch" | "gaussian_sketch_hd"``
@@ -57,7 +61,12 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         >>> exact = ScaleKernel(RBFKernel(ard_num_dims=3))
         >>> sketched = rfgp.sketch(exact, num_features=1024, method="sorf")
         >>> taylor = rfgp.sketch(exact, 1024, method="gaussian_sketch", x_sample=train_x, alpha=1e-4)
+        >>> landmark = rfgp.sketch(exact, 512, method="nystrom", x_sample=train_x, landmarks="kmeans++", seed=0)
     """
+    if method == "nystrom" and not isinstance(kernel, gpytorch.kernels.MultitaskKernel):
+        from .kernels.nystrom import nystrom_sketch
+
+        return nystrom_sketch(kernel, num_features, seed=seed, **options)
     seeds = _SeedSequence(seed)
     return _convert(kernel, num_features, method, seeds, options)
 

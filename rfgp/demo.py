@@ -78,7 +78,7 @@ def run_demo(
     for name, kernel in (("exact GPyTorch RBF", exact_kernel), (f"rfgp {method.upper()} F={num_features}", sketched_kernel)):
         model = _build(train_x, train_y, kernel)
         start = time.perf_counter()
-        fit_mll(model, num_iterations=num_iterations, lr=0.05, progress=progress, description=name)
+        fit_mll(model, num_iterations=num_iterations, lr=0.05, progress=progress, description=name, optimizer="adam")
         results.append(_evaluate(name, model, test_x, test_y, time.perf_counter() - start))
         models[name] = model
 

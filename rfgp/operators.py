@@ -8,7 +8,8 @@
   likelihood adds its noise.  ``inv_quad_logdet`` (the marginal-likelihood hot path)
   runs in O(N·F² + F³) time through the capacitance matrix A = I + ΦᵀD⁻¹Φ
   (Woodbury identity and the matrix determinant lemma), with the lean Gram backward
-  of :func:`rfgp.linalg.feature_statistics`; when F ≥ N a dense Cholesky is cheaper and used.
+  of :func:`rfgp.linalg.feature_statistics`; when the N × N matrix is cheaper by flop count
+  (always when N ≤ F) it runs in O(N²·F + N³) through :mod:`rfgp.kernel_space` instead.
 * :class:`ChunkedFeatureRootLinearOperator` / :class:`ChunkedFeatureRootAddedDiagLinearOperator`
   — the same matrices when Φ does not fit :class:`rfgp.settings.memory_budget`: they
   hold x and the feature function instead of Φ and evaluate the feature statistics
@@ -21,6 +22,8 @@ Inside :class:`rfgp.distributed.data_parallel` the statistics are summed over pr
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from linear_operator import to_linear_operator
@@ -38,6 +41,7 @@ from torch import Tensor
 
 from . import distributed
 from .chunking import Featurizer, backprop_chunks, chunk_slices, chunked_feature_statistics
+from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import feature_statistics, fold_constant, project
 
 
@@ -119,14 +123,31 @@ class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
         return super().__add__(other)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        num_data, num_features = self._linear_op.shape[-1], self._linear_op.root.shape[-1]
-        if num_features >= num_data and not distributed.is_active():
-            features = self._linear_op.root.to_dense()
+        if self.uses_kernel_space():
+            features, constant = self._linear_op.scaled_features()
             noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
-            rhs = _as_matrix(inv_quad_rhs)
-            inv_quad, logdet_term = _dense_inv_quad_logdet(features, noise, rhs, logdet)
+            scale = None if constant is None else constant**2
+            inv_quad, logdet_term = kernel_space_inv_quad_logdet(
+                features, noise, _as_matrix(inv_quad_rhs), logdet, scale
+            )
             return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, features)
         return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
+
+    def uses_kernel_space(self, statistics_batch: int | None = None) -> bool:
+        """Whether the N × N path (:mod:`rfgp.kernel_space`) is cheaper than the F × F capacitance.
+
+        ``statistics_batch``: F × F statistics the feature path would form (default: one per Φ for
+        homoscedastic noise, else one per batch member).  Never inside
+        :class:`rfgp.distributed.data_parallel`, whose statistics are sums over each process's points.
+        """
+        if distributed.is_active():
+            return False
+        root = self._linear_op.root
+        feature_batch, solve_batch = math.prod(root.shape[:-2]), math.prod(self.batch_shape)
+        if statistics_batch is None:
+            uniform = isinstance(self._diag_tensor, ConstantDiagLinearOperator)
+            statistics_batch = feature_batch if uniform else solve_batch
+        return prefers_kernel_space(root.shape[-2], root.shape[-1], feature_batch, solve_batch, statistics_batch)
 
 
 def _as_matrix(rhs: Tensor | None) -> Tensor | None:
@@ -170,18 +191,6 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     if logdet:
         logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
     return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
-
-
-def _dense_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | None, logdet: bool):
-    """The same quantities through a dense N × N Cholesky (cheaper when F ≥ N)."""
-    covar = features @ features.mT + torch.diag_embed(noise)
-    chol = psd_safe_cholesky(covar)
-    inv_quad = logdet_term = None
-    if rhs is not None:
-        inv_quad = torch.linalg.solve_triangular(chol, rhs, upper=False).pow(2).sum(-2)
-    if logdet:
-        logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
-    return inv_quad, logdet_term
 
 
 class ChunkedFeatureRootLinearOperator(LinearOperator):

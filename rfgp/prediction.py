@@ -8,7 +8,9 @@ With K̂ = ΦΦᵀ and noise D, the posterior at test features Φ* is (Searle/Wo
 where c(x*) = k(x*, x*) − E[k̂(x*, x*)] ≥ 0 is the bias correction of paper 000 §5.6:
 feature maps whose expected diagonal falls short of the kernel's (truncated Maclaurin,
 fitted SRF densities) would otherwise report a posterior variance that collapses away
-from the data.  The caches A⁻¹ΦᵀD⁻¹(y − μ) and chol(A) are computed once from the
+from the data.  When the N × N matrix ΦΦᵀ + D is cheaper (N ≤ F, see :mod:`rfgp.kernel_space`)
+the same mean and covariance come from its Cholesky factor instead of A's, with the same
+correction.  The caches A⁻¹ΦᵀD⁻¹(y − μ) and chol(A) are computed once from the
 training feature statistics (chunk by chunk when the training operator is chunked, and
 summed over processes inside :class:`rfgp.distributed.data_parallel`), as in GPyTorch's
 ``LinearPredictionStrategy``, which this class extends with the correction and with
@@ -32,7 +34,8 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
-from .operators import noise_weights
+from .kernel_space import kernel_space_posterior_caches
+from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 
 
 class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
@@ -45,14 +48,40 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if features is None:
             return super().exact_prediction(test_mean, test_test_covar, test_train_covar)
         correction = _variance_correction(test_test_covar)
-        mean_cache, chol = self.mean_covar_cache
+        kernel_space = self.uses_kernel_space
+        mean_cache, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
         mean = (features @ mean_cache).squeeze(-1) + test_mean
         if gpytorch.settings.skip_posterior_variances.on():
             return mean, ZeroLinearOperator(*mean.shape, mean.shape[-1], dtype=mean.dtype, device=mean.device)
-        covar = RootLinearOperator(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
+        if kernel_space:  # Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ, W = L⁻¹Φ
+            features = features.expand(*torch.broadcast_shapes(features.shape[:-2], factor.shape[:-2]),
+                                       *features.shape[-2:])
+            covar = RootLinearOperator(features) - RootLinearOperator(features @ factor.mT)
+        else:
+            covar = RootLinearOperator(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
         if correction is not None:
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar
+
+    @property
+    def uses_kernel_space(self) -> bool:
+        """Whether the posterior caches come from the N × N matrix ΦΦᵀ + D (:mod:`rfgp.kernel_space`).
+
+        The same choice as the marginal likelihood's: materialised training features and
+        N²·F + N³/3 ≤ N·F² + F³/3 (batches counted).  Chunked training operators stay in feature space.
+        """
+        train_covar = self.lik_train_train_covar
+        return isinstance(train_covar, FeatureRootAddedDiagLinearOperator) and train_covar.uses_kernel_space()
+
+    @property
+    @cached(name="kernel_space_cache")
+    def kernel_space_cache(self) -> tuple[Tensor, Tensor]:
+        """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D)."""
+        train_covar = self.lik_train_train_covar
+        features = train_covar._linear_op.root.to_dense()
+        noise = train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        residual = (self.train_labels - self.train_prior_dist.mean).unsqueeze(-1)
+        return kernel_space_posterior_caches(features, noise, residual)
 
     @property
     @cached(name="mean_covar_cache")

@@ -1,53 +1,289 @@
-"""Hyperparameter training by maximising GPyTorch's exact marginal log likelihood."""
+"""Hyperparameter training by minimising GPyTorch's negative exact marginal log likelihood.
+
+:func:`fit_mll` runs full-batch L-BFGS (``torch.optim.LBFGS`` with the strong-Wolfe line
+search; Nocedal & Wright, *Numerical Optimization*, Alg. 7.5 and 3.5–3.6) by default, or
+Adam.  The loss is −log p(y | θ)/N (GPyTorch's ``ExactMarginalLogLikelihood``), summed over
+the batch of a batched model (one GP per class of a Dirichlet classifier, per output of a
+batched regression), so one optimiser step moves every batch member.
+
+L-BFGS takes one ``optimizer.step`` per iteration (``max_iter=1``) so that budgets and the
+convergence rule are checked between iterations.  ``torch.optim.LBFGS`` re-evaluates the
+loss at the start of every ``step``, at the point its line search has just evaluated; the
+objective below remembers the evaluations of the current iteration and answers that repeat
+from memory, so an iteration costs only its line-search evaluations.
+"""
 
 from __future__ import annotations
 
+import math
 import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import gpytorch
 import torch
+from linear_operator.utils.errors import NotPSDError
+from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from ._validation import check_positive_float, check_positive_int
+from ._validation import check_choice, check_positive_float, check_positive_int
+
+OPTIMIZERS = ("lbfgs", "adam")
+CLOCKS = ("wall", "cpu")
+#: default learning rates: L-BFGS's initial step length (the line search adapts it), Adam's step size
+DEFAULT_LR = {"lbfgs": 1.0, "adam": 0.05}
+#: line-search evaluations allowed per L-BFGS iteration (torch's strong-Wolfe default, plus the start point)
+_LINE_SEARCH_EVALUATIONS = 25
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The marginal likelihood or its gradient became NaN/Inf during :func:`fit_mll`.
+
+    Raised after the hyperparameters were restored to the last point with a finite loss.
+    """
+
+
+@dataclass
+class TrainingHistory(Sequence):
+    """What :func:`fit_mll` did.  Indexing and ``len`` address :attr:`losses`.
+
+    Entry 0 of every list describes the starting point, entry k the point after iteration k.
+
+    Attributes:
+        losses: negative MLL per data point (summed over the batch) at each point; ``losses[-1]``
+            is the loss of the returned hyperparameters.
+        wall_seconds, cpu_seconds: elapsed wall-clock (``time.perf_counter``) and process CPU
+            (``time.process_time``, all threads) seconds since the start, when each loss was known.
+        evaluations: cumulative number of loss-and-gradient evaluations.
+        gradient_norms: largest absolute gradient entry (∞-norm over the raw parameters) at each point.
+        stop_reason: why training stopped (convergence rule, iteration or time budget).
+        converged: whether a convergence rule (not a budget) stopped it.
+        optimizer: ``"lbfgs"`` or ``"adam"``.
+    """
+
+    optimizer: str
+    losses: list[float] = field(default_factory=list)
+    wall_seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
+    evaluations: list[int] = field(default_factory=list)
+    gradient_norms: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+    converged: bool = False
+
+    def __getitem__(self, index):
+        return self.losses[index]
+
+    def __len__(self) -> int:
+        return len(self.losses)
+
+    @property
+    def num_iterations(self) -> int:
+        return len(self.losses) - 1
+
+
+class _Objective:
+    """The closure: loss and gradients at the current parameters, with the iteration's evaluations remembered."""
+
+    def __init__(self, model: gpytorch.models.ExactGP, params: list[Tensor], optimizer: str) -> None:
+        self.model, self.params, self.optimizer = model, params, optimizer
+        self.mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        self.evaluations = 0
+        self.iteration = 0
+        self.memory: list[tuple[Tensor, Tensor, list[Tensor]]] = []
+        self.last_finite: tuple[Tensor, float] | None = None
+
+    def point(self) -> Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def __call__(self) -> Tensor:
+        point = self.point()
+        for seen, loss, grads in self.memory:
+            if torch.equal(seen, point):
+                for p, g in zip(self.params, grads):
+                    p.grad = g.clone()
+                return loss
+        for p in self.params:
+            p.grad = None
+        try:
+            loss = -self.mll(self.model(*self.model.train_inputs), self.model.train_targets).sum()
+            loss.backward()
+        except NotPSDError as error:
+            self.restore()
+            error.add_note(self._advice("a covariance matrix that is not positive definite"))
+            raise
+        self.evaluations += 1
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
+        finite = torch.isfinite(loss) & torch.stack([torch.isfinite(g).all() for g in grads]).all()
+        if not bool(finite):  # host sync: the training loop, not a forward path
+            value = loss.item()
+            self.restore()
+            what = f"a loss of {value}" if not math.isfinite(value) else "a non-finite gradient"
+            raise NonFiniteLossError(self._advice(what))
+        loss = loss.detach()
+        self.memory.append((point, loss, [g.detach().clone() for g in grads]))
+        return loss
+
+    def accept(self) -> tuple[float, float]:
+        """Record the current point as the iteration's result: (loss, largest |gradient| entry)."""
+        point = self.point()
+        loss = self()  # from memory (L-BFGS) or a fresh evaluation (Adam's new point)
+        self.memory = [entry for entry in self.memory if torch.equal(entry[0], point)][-1:]
+        grad_norm = max(float(p.grad.abs().max()) for p in self.params) if self.params else 0.0
+        self.last_finite = (point, float(loss))
+        return float(loss), grad_norm
+
+    def restore(self) -> None:
+        if self.last_finite is not None:
+            torch.nn.utils.vector_to_parameters(self.last_finite[0], self.params)
+
+    def _advice(self, what: str) -> str:
+        kept = "" if self.last_finite is None else f" (loss {self.last_finite[1]:.6g})"
+        return (
+            f"fit_mll(optimizer={self.optimizer!r}) reached {what} at iteration {self.iteration} "
+            f"(loss evaluation {self.evaluations + 1}); the hyperparameters were restored to the last point "
+            f"with a finite loss{kept}. Check: the training data (NaN/Inf, unstandardised targets), the "
+            "initial hyperparameters (a lengthscale, outputscale or noise far from the data's scale), the "
+            "precision (float32: use float64 or raise the noise constraint's lower bound), or pass a smaller lr."
+        )
 
 
 def fit_mll(
     model: gpytorch.models.ExactGP,
     num_iterations: int = 100,
-    lr: float = 0.05,
+    lr: float | None = None,
     progress: bool | None = None,
     description: str = "training",
-) -> list[float]:
-    """Train ``model`` (and its likelihood) with Adam on the negative exact MLL.
+    *,
+    optimizer: str = "lbfgs",
+    ftol: float = 1e-6,
+    gtol: float = 1e-5,
+    time_budget: float | None = None,
+    clock: str = "wall",
+    history_size: int = 10,
+) -> TrainingHistory:
+    r"""Train ``model`` (and its likelihood) on its negative exact marginal log likelihood.
+
+    Full-batch L-BFGS with a strong-Wolfe line search by default: for the handful of
+    hyperparameters of a GP it reaches a tighter optimum than Adam in far fewer loss
+    evaluations (no learning rate to tune).  Works for any ``ExactGP``: regression,
+    Dirichlet classification and other batched models (the loss is summed over the batch),
+    multi-output models, and chunked kernels (:class:`rfgp.settings.memory_budget`).
+
+    Stopping (checked after every iteration; the first rule that holds stops training):
+
+    * convergence: relative loss change |f_k − f_{k−1}| ≤ ``ftol``·max(|f_k|, |f_{k−1}|, 1),
+      or largest gradient entry max_i |∂f/∂θ_i| ≤ ``gtol`` (θ: the raw, unconstrained
+      parameters, so this is the projected gradient of the bound-free problem), with f the
+      negative MLL per data point;
+    * iteration budget: ``num_iterations`` iterations (one L-BFGS iteration may evaluate the
+      loss several times in its line search; one Adam iteration evaluates it once);
+    * time budget: ``time_budget`` seconds of ``clock`` time elapsed (``"wall"``:
+      ``time.perf_counter``; ``"cpu"``: ``time.process_time``, the CPU time of all threads of
+      this process).  An iteration is never interrupted, so the budget can be exceeded by at
+      most one iteration.
+
+    L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above
+    ``gpytorch.settings.max_cholesky_size`` (800 points) is evaluated by stochastic CG/Lanczos,
+    for which use ``gpytorch.settings.max_cholesky_size(n)`` or ``optimizer="adam"``.
 
     Args:
         model: an ``ExactGP`` holding its training data and likelihood.
-        num_iterations: optimiser steps.
-        lr: Adam learning rate.
+        num_iterations: iteration budget.
+        lr: L-BFGS's initial step length (default 1.0; the line search adapts it) or Adam's
+            learning rate (default 0.05).
         progress: show a tqdm progress bar; ``None`` shows it only on a terminal.
         description: label of the progress bar.
+        optimizer: ``"lbfgs"`` or ``"adam"``.
+        ftol: relative loss-change tolerance (0 disables the rule).
+        gtol: gradient ∞-norm tolerance (0 disables the rule).
+        time_budget: seconds of ``clock`` time; ``None`` for no limit.
+        clock: ``"wall"`` or ``"cpu"``.
+        history_size: L-BFGS curvature pairs kept.
 
     Returns:
-        The loss (negative MLL per data point) at every iteration.
+        A :class:`TrainingHistory` (a sequence of the losses, starting point first).
+
+    Raises:
+        NonFiniteLossError: the loss or its gradient became NaN/Inf; the hyperparameters are
+            restored to the last finite point first.
+
+    Example:
+        >>> history = rfgp.fit_mll(model)                       # L-BFGS until converged
+        >>> history.stop_reason, history.losses[-1], history.cpu_seconds[-1]
+        >>> rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=200)
+        >>> rfgp.fit_mll(model, time_budget=30.0, clock="cpu")  # at most ~30 s of CPU time
     """
+    if not isinstance(model, gpytorch.models.ExactGP):
+        raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
     num_iterations = check_positive_int(num_iterations, "num_iterations")
-    lr = check_positive_float(lr, "lr")
+    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
+    lr = DEFAULT_LR[optimizer] if lr is None else check_positive_float(lr, "lr")
+    ftol = check_positive_float(ftol, "ftol", allow_zero=True)
+    gtol = check_positive_float(gtol, "gtol", allow_zero=True)
+    if time_budget is not None:
+        time_budget = check_positive_float(time_budget, "time_budget")
+    clock = check_choice(clock, "clock", CLOCKS)
+    history_size = check_positive_int(history_size, "history_size")
     if progress is None:
         progress = sys.stderr.isatty()
+
     model.train()
     model.likelihood.train()
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    train_x, train_y = model.train_inputs, model.train_targets
-    losses = []
-    bar = tqdm(range(num_iterations), desc=description, disable=not progress, leave=False)
-    for _ in bar:
-        optimizer.zero_grad()
-        loss = -mll(model(*train_x), train_y).sum()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    model.eval()
-    model.likelihood.eval()
-    return losses
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no trainable parameters (every parameter has requires_grad=False)")
+    objective = _Objective(model, params, optimizer)
+    if optimizer == "lbfgs":
+        step_optimizer = torch.optim.LBFGS(
+            params, lr=lr, max_iter=1, max_eval=_LINE_SEARCH_EVALUATIONS + 1, tolerance_grad=0.0,
+            tolerance_change=0.0, history_size=history_size, line_search_fn="strong_wolfe",
+        )
+        step = lambda: step_optimizer.step(objective)  # noqa: E731
+    else:
+        step_optimizer = torch.optim.Adam(params, lr=lr)
+        step = step_optimizer.step  # the gradients of the accepted point are in .grad
+
+    history = TrainingHistory(optimizer)
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
+
+    def record() -> None:
+        loss, grad_norm = objective.accept()
+        history.losses.append(loss)
+        history.gradient_norms.append(grad_norm)
+        history.wall_seconds.append(time.perf_counter() - start_wall)
+        history.cpu_seconds.append(time.process_time() - start_cpu)
+        history.evaluations.append(objective.evaluations)
+
+    record()
+    bar = tqdm(total=num_iterations, desc=description, disable=not progress, leave=False)
+    try:
+        while not history.stop_reason:
+            objective.iteration += 1
+            step()
+            record()
+            bar.update()
+            bar.set_postfix(loss=f"{history.losses[-1]:.4f}")
+            history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget, clock)
+    finally:
+        bar.close()
+        model.eval()
+        model.likelihood.eval()
+    return history
+
+
+def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: float,
+          time_budget: float | None, clock: str) -> tuple[str, bool]:
+    """(reason, converged) after the latest iteration; ``("", False)`` to continue."""
+    previous, current = history.losses[-2], history.losses[-1]
+    change = abs(current - previous) / max(abs(current), abs(previous), 1.0)
+    if change <= ftol:
+        return f"converged: relative loss change {change:.3g} ≤ ftol={ftol:g}", True
+    if history.gradient_norms[-1] <= gtol:
+        return f"converged: largest gradient entry {history.gradient_norms[-1]:.3g} ≤ gtol={gtol:g}", True
+    if history.num_iterations >= num_iterations:
+        return f"iteration budget: num_iterations={num_iterations} reached", False
+    elapsed = (history.wall_seconds if clock == "wall" else history.cpu_seconds)[-1]
+    if time_budget is not None and elapsed >= time_budget:
+        return f"time budget: {elapsed:.3g} s of {clock} time ≥ time_budget={time_budget:g} s", False
+    return "", False

@@ -61,7 +61,7 @@ def test_training_decreases_loss_and_matches_exact_gp(device):
     def trained(kernel):
         model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), gpytorch.kernels.ScaleKernel(kernel))
         model = model.double().to(device)
-        losses = rfgp.fit_mll(model, num_iterations=40, lr=0.1, progress=False)
+        losses = rfgp.fit_mll(model, num_iterations=40, lr=0.1, progress=False, optimizer="adam")
         return model, losses
 
     exact, exact_losses = trained(gpytorch.kernels.RBFKernel(ard_num_dims=2))
@@ -78,7 +78,7 @@ def test_sketched_conversion_of_a_trained_exact_model(device):
     x, y, xs = (t.to(device) for t in problem(1))
     exact = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(),
                          gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())).double().to(device)
-    rfgp.fit_mll(exact, num_iterations=20, lr=0.1, progress=False)
+    rfgp.fit_mll(exact, num_iterations=20, lr=0.1, progress=False, optimizer="adam")
     sketched = ExactGPModel(x, y, exact.likelihood, rfgp.sketch(exact.covar_module, 2048, method="orf", seed=0))
     sketched = sketched.double().to(device)
     sketched.mean_module.load_state_dict(exact.mean_module.state_dict())
@@ -93,7 +93,7 @@ def test_float32_training_stays_finite(device):
     x, y = x.float().to(device), y.float().to(device)
     model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(),
                          gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64, method="sorf", seed=0))).to(device)
-    losses = rfgp.fit_mll(model, num_iterations=15, lr=0.1, progress=False)
+    losses = rfgp.fit_mll(model, num_iterations=15, lr=0.1, progress=False, optimizer="adam")
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     with torch.no_grad():
         pred = model(x[:10])

@@ -92,7 +92,7 @@ def test_feature_space_mll_and_posterior_match_the_dense_gp(make_kernel, d):
 def test_mll_gradients_flow_and_training_reduces_the_loss():
     x, y = _data(n=80)
     model, likelihood = _model(x, y, SketchedCurlFreeKernel(64, 2, seed=0))
-    losses = rfgp.fit_mll(model, num_iterations=25, lr=0.05, progress=False)
+    losses = rfgp.fit_mll(model, num_iterations=25, lr=0.05, progress=False, optimizer="adam")
     assert losses[-1] < losses[0] - 0.1
     assert model.covar_module.base_kernel.raw_lengthscale.grad is not None
 
@@ -118,7 +118,7 @@ def test_sketched_gp_approaches_the_exact_curl_free_gp():
 
 
 def _fit(model, iterations=40):
-    rfgp.fit_mll(model, num_iterations=iterations, lr=0.05, progress=False)
+    rfgp.fit_mll(model, num_iterations=iterations, lr=0.05, progress=False, optimizer="adam")
     return model
 
 

@@ -5,6 +5,13 @@ from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .fourier import RandomFourierFeatures
 from .gaussian_sketch import GaussianSketch, GaussianSketchHD
 from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
+from .landmarks import (
+    approximate_ridge_leverage_scores,
+    kmeanspp_landmarks,
+    ridge_leverage_landmarks,
+    select_landmarks,
+    uniform_landmarks,
+)
 from .maclaurin import OptimizedMaclaurin, RandomMaclaurin
 from .operator_valued import OperatorValuedFourierFeatures
 from .polynomial import PolynomialSketch
@@ -19,6 +26,7 @@ from .spectral import (
 from .spherical import SphericalRandomFeatures
 
 __all__ = [
+    "approximate_ridge_leverage_scores",
     "DegreeSketch",
     "HierarchicalSketch",
     "PolynomialSketch",
@@ -38,7 +46,11 @@ __all__ = [
     "fit_radial_density",
     "fwht",
     "hadamard_matrix",
+    "kmeanspp_landmarks",
     "next_power_of_two",
     "pad_to_power_of_two",
+    "ridge_leverage_landmarks",
+    "select_landmarks",
     "sphere_characteristic",
+    "uniform_landmarks",
 ]

@@ -3,6 +3,7 @@
 from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
+from .nystrom import NystromKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
@@ -22,6 +23,7 @@ __all__ = [
     "FeatureProductKernel",
     "FeatureSumKernel",
     "MultiOutputFeatureSumKernel",
+    "NystromKernel",
     "RandomFeatureKernel",
     "SketchedCurlFreeKernel",
     "SketchedDecomposableKernel",

@@ -150,7 +150,8 @@ class DirichletGPClassifier:
             mean.constant.copy_(targets.mean(-1))
         losses = []
         if self.num_iterations > 0:
-            losses = fit_mll(model, self.num_iterations, self.lr, self.progress, description="Dirichlet GP")
+            losses = fit_mll(model, self.num_iterations, self.lr, self.progress, description="Dirichlet GP",
+                              optimizer="adam")
         model.eval()
         likelihood.eval()
         return model, losses

@@ -1,0 +1,223 @@
+"""Landmark (inducing point) selection for the Nyström method: uniform, k-means++, ridge leverage scores.
+
+The Nyström approximation K ≈ K_{xZ} K_{ZZ}⁻¹ K_{Zx} is as good as its landmarks Z are at
+spanning the data in the kernel's feature space.  Three selectors, all returning M rows of
+the sample x (so that K_{ZZ} is a principal submatrix of the data Gram matrix):
+
+* :func:`uniform_landmarks` — M rows drawn uniformly without replacement (Williams &
+  Seeger 2001).  Cheapest; poor when the data are very unevenly spread.
+* :func:`kmeanspp_landmarks` — k-means++ seeding (Arthur & Vassilvitskii 2007): each new
+  landmark is drawn with probability ∝ D²(x), the squared distance to the nearest landmark
+  chosen so far.  With a ``kernel`` the distance is the feature-space one,
+  D²(x, z) = k(x, x) + k(z, z) − 2k(x, z) (kernel k-means++ landmarks, Oglic & Gärtner 2017),
+  which honours lengthscales, periodicity and any other structure of the kernel.
+* :func:`ridge_leverage_landmarks` — M rows drawn without replacement with probability ∝
+  approximate λ-ridge leverage scores τᵢ(λ) = [K(K + λI)⁻¹]ᵢᵢ (Alaoui & Mahoney 2015),
+  estimated from a uniform pilot sample S of s points as in Musco & Musco 2017 (§3):
+
+      τ̃ᵢ(λ) = (k(xᵢ, xᵢ) − k_{iS}(K_{SS} + λI)⁻¹k_{Si}) / λ,
+
+  the λ-regularised Nyström residual of point i, which over-estimates τᵢ(λ) for every S.
+  Points the pilot already explains get small scores, points in sparsely covered regions
+  large ones.  Cost O(n·s² + s³).  The default λ is the ⌈s/2⌉-th largest eigenvalue of
+  (n/s)·K_{SS}, the pilot's Nyström estimate of K's spectrum (floored at 10⁻⁶·mean k(x, x)):
+  about half of the spectrum the landmarks can hold lies above λ, so d_eff(λ) is of the
+  order of M, the regime in which M landmarks suffice.  In a GP the noise variance σ² is
+  the natural λ (pass ``regularization=``).
+
+Sampling without replacement and without reweighting is what Nyström needs: the
+approximation K_{xZ}K_{ZZ}⁻¹K_{Zx} is the projection onto span{φ(z)}, which column
+scaling does not change.
+
+Kernels enter as a callable ``kernel(x1, x2, diag=False)`` returning the dense
+``(..., n1, n2)`` cross-covariance (or the ``(..., n)`` diagonal for ``diag=True``), so
+this module needs no GPyTorch; batch dimensions of the kernel are averaged.
+Randomness: ``seed`` (an int) or ``generator`` (a ``torch.Generator``, whose device the
+draws are made on); with neither, torch's global generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .._validation import check_positive_float, check_positive_int
+
+KernelFunction = Callable[..., Tensor]
+
+LANDMARK_METHODS = ("uniform", "kmeans++", "rls")
+
+
+def select_landmarks(x: Tensor, num_landmarks: int, method: str = "uniform", kernel: KernelFunction | None = None,
+                     seed: int | None = None, generator: torch.Generator | None = None, **options) -> Tensor:
+    """Dispatch to the selector named ``method`` (one of :data:`LANDMARK_METHODS`); returns ``(M, d)`` rows of x."""
+    if method == "uniform":
+        return uniform_landmarks(x, num_landmarks, seed=seed, generator=generator, **options)
+    if method == "kmeans++":
+        return kmeanspp_landmarks(x, num_landmarks, kernel=kernel, seed=seed, generator=generator, **options)
+    if method == "rls":
+        if kernel is None:
+            raise ValueError("landmarks='rls' needs the kernel whose ridge leverage scores it samples by (kernel=None)")
+        return ridge_leverage_landmarks(x, num_landmarks, kernel, seed=seed, generator=generator, **options)
+    raise ValueError(f"landmarks must be one of {', '.join(repr(m) for m in LANDMARK_METHODS)}; got {method!r}")
+
+
+def uniform_landmarks(x: Tensor, num_landmarks: int, seed: int | None = None,
+                      generator: torch.Generator | None = None) -> Tensor:
+    """M distinct rows of x drawn uniformly without replacement, ``(M, d)``."""
+    num_landmarks = _check_sample(x, num_landmarks)
+    generator = _generator(seed, generator)
+    order = torch.randperm(x.shape[0], generator=generator, device=_draw_device(generator, x))
+    return x.index_select(0, order[:num_landmarks].to(x.device))
+
+
+def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | None = None, seed: int | None = None,
+                       generator: torch.Generator | None = None) -> Tensor:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007), ``(M, d)`` rows of x.
+
+    The first landmark is uniform; each next one is drawn with probability ∝ D²(x), the
+    squared distance to the nearest landmark so far: Euclidean without ``kernel``, the
+    kernel feature-space distance k(x, x) + k(z, z) − 2k(x, z) with one (Oglic & Gärtner
+    2017).  Chosen points have D² = 0, so no row is picked twice.  O(n·M) distance
+    evaluations, a loop over the M landmarks (not over the data).
+
+    Raises:
+        ValueError: when fewer than ``num_landmarks`` rows are distinct under the distance.
+    """
+    num_landmarks = _check_sample(x, num_landmarks)
+    generator = _generator(seed, generator)
+    diag = _batch_mean(kernel(x, x, diag=True), 1) if kernel is not None else None
+
+    def squared_distance(index: Tensor) -> Tensor:
+        z = x.index_select(0, index)
+        if kernel is None:
+            return (x - z).pow(2).sum(-1)
+        return (diag + diag.index_select(0, index) - 2 * _batch_mean(kernel(x, z), 2).squeeze(-1)).clamp_min(0)
+
+    first = torch.randint(x.shape[0], (1,), generator=generator, device=_draw_device(generator, x)).to(x.device)
+    chosen = [first]
+    nearest = squared_distance(first)
+    for count in range(1, num_landmarks):
+        if not bool(nearest.sum() > 0):
+            raise ValueError(
+                f"x has only {count} distinct rows under the k-means++ distance, fewer than "
+                f"num_landmarks={num_landmarks}; use fewer landmarks or remove duplicate points"
+            )
+        index = _draw(nearest, 1, generator)
+        chosen.append(index)
+        nearest = torch.minimum(nearest, squared_distance(index))
+    return x.index_select(0, torch.cat(chosen))
+
+
+def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction, regularization: float | None = None,
+                             pilot_size: int | None = None, seed: int | None = None,
+                             generator: torch.Generator | None = None) -> Tensor:
+    """M rows of x drawn without replacement ∝ approximate λ-ridge leverage scores, ``(M, d)``.
+
+    Args:
+        x: sample of inputs ``(n, d)``.
+        num_landmarks: M ≤ n.
+        kernel: ``kernel(x1, x2, diag=False)`` → dense cross-covariance (or diagonal).
+        regularization: λ > 0; default from the pilot's spectrum (see the module docstring).
+        pilot_size: s, the size of the uniform pilot sample the scores are estimated from
+            (default min(n, M)); cost O(n·s² + s³).
+        seed, generator: the randomness of the pilot and of the final draw.
+
+    The scores are the Musco & Musco (2017) estimates
+    τ̃ᵢ = (k(xᵢ, xᵢ) − k_{iS}(K_{SS} + λI)⁻¹k_{Si}) / λ (see the module docstring).
+
+    Raises:
+        ValueError: on a bad argument, or when fewer than M rows have a positive score
+            (duplicated data).
+    """
+    num_landmarks = _check_sample(x, num_landmarks)
+    num_points = x.shape[0]
+    pilot_size = min(num_points, num_landmarks) if pilot_size is None else check_positive_int(pilot_size, "pilot_size")
+    if pilot_size > num_points:
+        raise ValueError(f"pilot_size={pilot_size} exceeds the number of rows of x ({num_points})")
+    generator = _generator(seed, generator)
+    pilot = uniform_landmarks(x, pilot_size, generator=generator)
+    if regularization is None:
+        regularization = _spectral_regularization(x, kernel, pilot)
+    scores = approximate_ridge_leverage_scores(x, kernel, regularization, pilot)
+    positive = int((scores > 0).sum())
+    if positive < num_landmarks:
+        raise ValueError(
+            f"only {positive} rows of x have a positive ridge leverage score, fewer than num_landmarks={num_landmarks}; "
+            "use fewer landmarks or remove duplicate points"
+        )
+    return x.index_select(0, _draw(scores, num_landmarks, generator))
+
+
+def approximate_ridge_leverage_scores(x: Tensor, kernel: KernelFunction, regularization: float | Tensor,
+                                      pilot: Tensor) -> Tensor:
+    """τ̃ᵢ(λ) = (k(xᵢ, xᵢ) − k_{iS}(K_{SS} + λI)⁻¹k_{Si}) / λ for the rows of x, ``(n,)`` (Musco & Musco 2017).
+
+    An over-estimate of the λ-ridge leverage score τᵢ(λ) = [K(K + λI)⁻¹]ᵢᵢ for every pilot
+    set S, equal to it when S = x (then K − K(K + λI)⁻¹K = λK(K + λI)⁻¹).
+    """
+    if not torch.is_tensor(regularization):
+        regularization = check_positive_float(regularization, "regularization")
+    diag = _batch_mean(kernel(x, x, diag=True), 1)
+    cross = _batch_mean(kernel(x, pilot), 2)  # (n, s)
+    pilot_gram = _batch_mean(kernel(pilot, pilot), 2)
+    eye = torch.eye(pilot.shape[0], dtype=pilot_gram.dtype, device=pilot_gram.device)
+    chol = torch.linalg.cholesky(pilot_gram + regularization * eye)
+    explained = torch.linalg.solve_triangular(chol, cross.mT, upper=False).pow(2).sum(-2)
+    return ((diag - explained) / regularization).clamp_min(0)
+
+
+def _spectral_regularization(x: Tensor, kernel: KernelFunction, pilot: Tensor) -> Tensor:
+    """The ⌈s/2⌉-th largest eigenvalue of (n/s)·K_SS, at least 10⁻⁶·mean k(x, x)."""
+    num_points, pilot_size = x.shape[0], pilot.shape[0]
+    spectrum = torch.linalg.eigvalsh(_batch_mean(kernel(pilot, pilot), 2)) * (num_points / pilot_size)
+    floor = 1e-6 * _batch_mean(kernel(x, x, diag=True), 1).mean()
+    return torch.maximum(spectrum[pilot_size - (pilot_size + 1) // 2], floor)
+
+
+def _check_sample(x: Tensor, num_landmarks: int) -> int:
+    if not torch.is_tensor(x) or not x.is_floating_point() or x.is_complex():
+        raise TypeError(f"x must be a real floating-point tensor of shape (n, d), got {x!r:.80}")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape (n, d) (one input point per row), got shape {tuple(x.shape)}")
+    num_landmarks = check_positive_int(num_landmarks, "num_landmarks")
+    if num_landmarks > x.shape[0]:
+        raise ValueError(
+            f"num_landmarks={num_landmarks} exceeds the number of rows of x ({x.shape[0]}); landmarks are "
+            "chosen among the given points, so pass at least num_landmarks points"
+        )
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x contains NaN or Inf entries; landmarks must be finite points")
+    return num_landmarks
+
+
+def _generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator | None:
+    if seed is not None and generator is not None:
+        raise ValueError("pass seed or generator, not both")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        return torch.Generator().manual_seed(seed)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    return generator
+
+
+def _draw_device(generator: torch.Generator | None, x: Tensor) -> torch.device:
+    return generator.device if generator is not None else x.device
+
+
+def _draw(weights: Tensor, count: int, generator: torch.Generator | None) -> Tensor:
+    """``count`` indices drawn without replacement ∝ weights, on the weights' device."""
+    device = _draw_device(generator, weights)
+    return torch.multinomial(weights.to(device), count, replacement=False, generator=generator).to(weights.device)
+
+
+def _batch_mean(values: Tensor, event_dims: int) -> Tensor:
+    """Average a kernel output (a diagonal: ``event_dims=1``, a matrix: 2) over its batch dimensions."""
+    if not torch.is_tensor(values):
+        raise TypeError(f"kernel must return dense tensors, got {type(values).__name__}")
+    batch_dims = tuple(range(values.dim() - event_dims))
+    return values.mean(batch_dims) if batch_dims else values

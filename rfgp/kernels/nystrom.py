@@ -1,0 +1,224 @@
+r"""Nyström landmark features for any GPyTorch kernel: Φ(x) = K(x, Z)·L⁻ᵀ, L = chol(K(Z, Z) + εI).
+
+With M landmarks Z the Nyström approximation (Williams & Seeger 2001) is
+
+    k̂(x, y) = Φ(x)ᵀΦ(y) = K(x, Z) (K(Z, Z) + εI)⁻¹ K(Z, y),
+
+the projection of k's feature map onto span{φ(z₁), …, φ(z_M)}: exact at the landmarks (up to
+the jitter ε), never larger than k on the diagonal, and deterministic given Z.  It is the
+covariance of GPyTorch's SGPR / the DTC approximation (Seeger et al. 2003; Quiñonero-Candela
+& Rasmussen 2005), here as an explicit width-M feature map, so it runs through rfgp's
+feature-space algebra: O(N·M² + M³) marginal likelihood, chunked evaluation, streaming,
+multi-output and Dirichlet classification.  The training objective is the DTC marginal
+likelihood log N(y | 0, ΦΦᵀ + σ²I) (SGPR's collapsed bound without its trace term).
+
+Predictive variance.  Away from the landmarks K(x, Z) → 0, so Φ(x) → 0 and the DTC
+posterior variance would collapse to zero.  :meth:`NystromKernel.diag_moments` returns
+(k(x, x), ‖Φ(x)‖²), and rfgp's prediction strategy adds the residual
+c(x) = k(x, x) − Φ(x)ᵀΦ(x) ≥ 0 to the posterior variance: the FITC-style diagonal
+correction at the test points (Snelson & Ghahramani 2006; Quiñonero-Candela & Rasmussen
+2005 §6), which restores the prior variance far from Z.
+
+Jitter.  ε = jitter·mean(diag K(Z, Z)) is relative to the kernel's scale.  It starts at
+``jitter`` (default 1e-8 in float64, 1e-6 in float32) and grows ×10 while the Cholesky factor
+fails (at most up to 10⁻¹); a growth is reported once per kernel by a ``NumericalWarning``,
+and a failure at the largest value raises ``NotPSDError`` naming the kernel (never a silent
+NaN).  The check costs one host synchronisation per kernel call.
+
+The base kernel's hyperparameters stay trainable (it is a submodule), and so are the
+landmarks with ``learn_landmarks=True`` (as in SGPR); otherwise they are a buffer.  Every
+operation is an ordinary differentiable torch op (Cholesky, triangular solve), so the map is
+twice differentiable.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import torch
+from gpytorch.kernels import Kernel
+from gpytorch.utils.warnings import NumericalWarning
+from linear_operator.utils.errors import NotPSDError
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .._validation import check_positive_float
+from ..chunking import chunk_slices
+from ..features.landmarks import select_landmarks
+from ..settings import resolve_chunk_size
+from .random_feature_kernel import FeatureKernel
+
+#: first relative jitter per dtype; ×10 per failed Cholesky up to _MAX_JITTER
+_DEFAULT_JITTER = {torch.float64: 1e-8, torch.float32: 1e-6}
+_MAX_JITTER = 1e-1
+
+
+class NystromKernel(FeatureKernel):
+    r"""Nyström features of any GPyTorch kernel at M landmarks: k̂(x, y) = K(x, Z)(K(Z, Z) + εI)⁻¹K(Z, y).
+
+    Args:
+        base_kernel: any GPyTorch kernel (tree), e.g. ``ScaleKernel(MaternKernel(nu=2.5))``;
+            used as it is (not copied), its hyperparameters stay trainable.  It must give one
+            output per input (for multi-output models wrap the Nyström data kernel in
+            :class:`~rfgp.kernels.SketchedDecomposableKernel`).
+        landmarks: Z, ``(M, d)`` points of the input space (the base kernel applies its
+            ``active_dims`` to them as to the data); see :mod:`rfgp.features.landmarks`.
+        learn_landmarks: make Z an ``nn.Parameter`` (trained with the hyperparameters).
+        jitter: first relative jitter (default 1e-8 for float64, 1e-6 for float32), see the
+            module docstring.
+
+    ``num_features`` is M.  Batch shapes of the base kernel give batched features
+    ``(*batch_shape, n, M)`` over shared landmarks.
+
+    Example:
+        >>> base = ScaleKernel(PeriodicKernel())
+        >>> kernel = NystromKernel(base, landmarks=train_x[:256])
+        >>> kernel(train_x).shape          # a rank-256 feature-root operator
+        torch.Size([10000, 10000])
+        >>> # or, choosing the landmarks and deep-copying the tree:
+        >>> kernel = rfgp.sketch(base, num_features=256, method="nystrom", x_sample=train_x, landmarks="rls")
+    """
+
+    def __init__(self, base_kernel: Kernel, landmarks: Tensor, learn_landmarks: bool = False,
+                 jitter: float | None = None, **kwargs) -> None:
+        if not isinstance(base_kernel, Kernel):
+            raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
+        landmarks = _check_points(landmarks, "landmarks")
+        probe = landmarks[:1]
+        with torch.no_grad():
+            outputs = base_kernel.num_outputs_per_input(probe, probe)
+        if outputs != 1:
+            raise TypeError(
+                f"base_kernel {type(base_kernel).__name__} has {outputs} outputs per input; Nyström features are "
+                "for scalar kernels: use SketchedDecomposableKernel(NystromKernel(data_kernel, ...), num_outputs=p)"
+            )
+        super().__init__(batch_shape=base_kernel.batch_shape, **kwargs)
+        self.base_kernel = base_kernel
+        landmarks = landmarks.detach().clone()
+        if learn_landmarks:
+            self.landmarks = nn.Parameter(landmarks)
+        else:
+            self.register_buffer("landmarks", landmarks)
+        self.jitter = None if jitter is None else check_positive_float(jitter, "jitter")
+        self._warned_jitter = False
+
+    @property
+    def num_features(self) -> int:
+        return self.landmarks.shape[-2]
+
+    def landmark_cholesky(self, dtype: torch.dtype | None = None) -> Tensor:
+        """L = chol(K(Z, Z) + εI), ``(*batch_shape, M, M)``, with the jitter schedule of the module docstring."""
+        landmarks = self.landmarks if dtype is None else self.landmarks.to(dtype)
+        gram = self.base_kernel(landmarks, landmarks).to_dense()
+        scale = gram.diagonal(dim1=-2, dim2=-1).mean(-1).unsqueeze(-1).unsqueeze(-1)
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        first = jitter = self.jitter if self.jitter is not None else _DEFAULT_JITTER.get(gram.dtype, 1e-4)
+        while True:
+            chol, info = torch.linalg.cholesky_ex(gram + (jitter * scale) * eye)
+            if bool((info == 0).all() & torch.isfinite(chol).all()):
+                break
+            if jitter * 10 > _MAX_JITTER * (1 + 1e-9):
+                raise NotPSDError(
+                    f"NystromKernel: Cholesky of K(Z, Z) + ε·I failed for base kernel {type(self.base_kernel).__name__} "
+                    f"at {self.num_features} landmarks even at relative jitter {jitter:.0e} (K(Z, Z) has non-finite "
+                    "entries, or the landmarks are (nearly) duplicated, or the kernel is not positive definite at them)"
+                )
+            jitter *= 10
+        if jitter != first and not self._warned_jitter:
+            self._warned_jitter = True
+            warnings.warn(
+                f"NystromKernel: the Cholesky factor of K(Z, Z) at {self.num_features} landmarks needed relative "
+                f"jitter {jitter:.0e} instead of {first:.0e} in {gram.dtype} (warned once per kernel); "
+                "consider fewer or better spread landmarks",
+                NumericalWarning, stacklevel=2,
+            )
+        return chol
+
+    def featurize(self, x: Tensor) -> Tensor:
+        """Φ(x) = K(x, Z)·L⁻ᵀ, ``(*batch_shape, n, M)``.
+
+        L is recomputed at every call, so that chunked evaluation (which recomputes the
+        features of each chunk in the backward pass) differentiates through it: O(M³) per
+        chunk, small against the chunk's O(chunk·M²).
+        """
+        chol = self.landmark_cholesky(x.dtype)
+        cross = self.base_kernel(x, self.landmarks.to(x.dtype)).to_dense()
+        return torch.linalg.solve_triangular(chol, cross.mT, upper=False).mT
+
+    def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(k(x, x), ‖Φ(x)‖²) per point; their difference is the FITC-style variance correction (≥ 0)."""
+        batch = torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
+        chunk_size = resolve_chunk_size(x.shape[-2], self.num_features, math.prod(batch), x.dtype)
+        if chunk_size is None:
+            norms = self._squared_norms(x)
+        else:  # the budget's chunks, recomputed in the backward pass instead of holding N × M features
+            norms = torch.cat([
+                checkpoint(self._squared_norms, x[..., rows, :], use_reentrant=False)
+                if torch.is_grad_enabled() else self._squared_norms(x[..., rows, :])
+                for rows in chunk_slices(x.shape[-2], chunk_size)
+            ], -1)
+        target = self.base_kernel(x, diag=True)
+        return target.expand(norms.shape), norms
+
+    def _squared_norms(self, x: Tensor) -> Tensor:
+        return self.featurize(x).pow(2).sum(-1)
+
+    def variance_correction(self, x: Tensor) -> Tensor | None:
+        """k(x, x) − ‖Φ(x)‖² ≥ 0, computed in eval mode only: no training quantity reads it, predictions do."""
+        if self.training:
+            return None
+        return super().variance_correction(x)
+
+
+def _check_points(points, name: str) -> Tensor:
+    if not torch.is_tensor(points) or not points.is_floating_point() or points.is_complex():
+        raise TypeError(f"{name} must be a real floating-point tensor of shape (n, d), got {points!r:.80}")
+    if points.dim() != 2 or points.shape[0] < 1:
+        raise ValueError(f"{name} must have shape (n, d) with n ≥ 1 (one point per row), got shape {tuple(points.shape)}")
+    if not bool(torch.isfinite(points).all()):
+        raise ValueError(f"{name} contains NaN or Inf entries")
+    return points
+
+
+def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = None, landmarks: str = "uniform",
+                   seed: int | None = None, generator: torch.Generator | None = None, learn_landmarks: bool = False,
+                   jitter: float | None = None, **selection_options) -> NystromKernel:
+    """``rfgp.sketch(kernel, M, method="nystrom", x_sample=X, ...)``: one NystromKernel over a deep copy of the tree.
+
+    The whole tree becomes one Nyström map: the projection of the sum/product kernel onto its
+    own landmarks is at least as accurate as summing separate Nyström maps of the parts at
+    the same total width (the sum's span contains no wasted directions), and costs one
+    Cholesky.  The tree is deep-copied: its hyperparameter values, constraints and priors
+    carry over, and training the converted kernel leaves the user's exact kernel unchanged
+    (as every ``rfgp.sketch`` conversion does).
+
+    Args:
+        kernel: any scalar GPyTorch kernel (tree).
+        num_features: M, the number of landmarks.
+        x_sample: ``(n, d)`` input points (n ≥ M) to choose the landmarks among, e.g. the
+            training inputs (required).
+        landmarks: ``"uniform"``, ``"kmeans++"`` (in the kernel's feature-space distance) or
+            ``"rls"`` (approximate ridge leverage scores), see :mod:`rfgp.features.landmarks`.
+        seed, generator: randomness of the selection.
+        learn_landmarks, jitter: see :class:`NystromKernel`.
+        selection_options: passed to the selector (``regularization``, ``pilot_size`` for ``"rls"``).
+    """
+    if x_sample is None:
+        raise ValueError(
+            "method='nystrom' chooses its landmarks among data points: pass x_sample= (an (n, d) tensor of "
+            "input points with n ≥ num_features, e.g. the training inputs)"
+        )
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
+    x_sample = _check_points(x_sample, "x_sample").detach()
+    base = copy.deepcopy(kernel)
+
+    def dense_kernel(x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
+        return base(x1, x2, diag=True) if diag else base(x1, x2).to_dense()
+
+    with torch.no_grad():
+        points = select_landmarks(x_sample, num_features, landmarks, kernel=dense_kernel, seed=seed,
+                                  generator=generator, **selection_options)
+    return NystromKernel(base, points, learn_landmarks=learn_landmarks, jitter=jitter)

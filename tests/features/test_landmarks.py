@@ -1,0 +1,138 @@
+"""Landmark selection for Nyström features: seeded, valid rows of x, the selectors' defining properties."""
+
+import pytest
+import torch
+
+from rfgp.features.landmarks import (
+    approximate_ridge_leverage_scores,
+    kmeanspp_landmarks,
+    ridge_leverage_landmarks,
+    select_landmarks,
+    uniform_landmarks,
+)
+
+METHODS = ("uniform", "kmeans++", "rls")
+
+
+def rbf(lengthscale=1.0):
+    def kernel(x1, x2, diag=False):
+        if diag:
+            return torch.ones(x1.shape[:-1], dtype=x1.dtype)
+        return torch.exp(-0.5 * torch.cdist(x1, x2).pow(2) / lengthscale**2)
+
+    return kernel
+
+
+def data(n=200, d=2, seed=0):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def row_indices(x, z):
+    """Index of each row of z in x (asserting it is one)."""
+    match = (z.unsqueeze(1) == x.unsqueeze(0)).all(-1)
+    assert bool((match.sum(1) == 1).all())
+    return match.float().argmax(1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_distinct_rows_of_x_and_seeded(method):
+    x = data()
+    z = select_landmarks(x, 30, method, kernel=rbf(), seed=3)
+    assert z.shape == (30, 2) and z.dtype == x.dtype
+    assert row_indices(x, z).unique().numel() == 30
+    assert torch.equal(z, select_landmarks(x, 30, method, kernel=rbf(), seed=3))
+    assert not torch.equal(z, select_landmarks(x, 30, method, kernel=rbf(), seed=4))
+    generated = select_landmarks(x, 30, method, kernel=rbf(), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(z, generated)
+
+
+def test_uniform_with_the_same_seed_is_nested():
+    x = data()
+    assert torch.equal(uniform_landmarks(x, 10, seed=1), uniform_landmarks(x, 40, seed=1)[:10])
+
+
+def test_all_rows_when_m_equals_n():
+    x = data(20)
+    for method in METHODS:
+        z = select_landmarks(x, 20, method, kernel=rbf(), seed=0)
+        assert torch.equal(row_indices(x, z).sort().values, torch.arange(20))
+
+
+def clusters():
+    """9 tight clusters of 2 points and one big cluster of 500: uniform sampling misses the small ones."""
+    gen = torch.Generator().manual_seed(0)
+    centers = torch.arange(10, dtype=torch.float64).unsqueeze(-1) * 10.0
+    sizes = [500] + [2] * 9
+    points = [c + 0.01 * torch.randn(s, 1, generator=gen, dtype=torch.float64) for c, s in zip(centers, sizes)]
+    return torch.cat(points), centers
+
+
+@pytest.mark.parametrize("kernel", [None, rbf()], ids=["euclidean", "kernel"])
+def test_kmeanspp_covers_every_cluster(kernel):
+    x, centers = clusters()
+    for seed in range(5):
+        z = kmeanspp_landmarks(x, 10, kernel=kernel, seed=seed)
+        nearest = (z - centers.mT).abs().argmin(-1)
+        assert nearest.unique().numel() == 10
+    covered = [(uniform_landmarks(x, 10, seed=s) - centers.mT).abs().argmin(-1).unique().numel() for s in range(5)]
+    assert max(covered) < 10
+
+
+def test_rls_prefers_the_rare_clusters():
+    """The 18 rare points have the large leverage scores; uniform draws land almost all in the big cluster."""
+    x, centers = clusters()
+    for seed in range(5):
+        rare = (ridge_leverage_landmarks(x, 10, rbf(), seed=seed) - centers.mT).abs().argmin(-1) > 0
+        assert int(rare.sum()) >= 8
+        assert int(((uniform_landmarks(x, 10, seed=seed) - centers.mT).abs().argmin(-1) > 0).sum()) <= 2
+
+
+def test_rls_scores_exact_with_full_pilot_and_upper_bounds_otherwise():
+    x = data(60)
+    kernel, lam = rbf(0.7), 0.3
+    gram = kernel(x, x)
+    exact = torch.linalg.solve(gram + lam * torch.eye(60, dtype=x.dtype), gram).diagonal()
+    full = approximate_ridge_leverage_scores(x, kernel, lam, x)
+    torch.testing.assert_close(full, exact, rtol=1e-10, atol=1e-12)
+    for seed in range(3):
+        pilot = uniform_landmarks(x, 15, seed=seed)
+        assert bool((approximate_ridge_leverage_scores(x, kernel, lam, pilot) >= exact - 1e-12).all())
+
+
+def test_batched_kernel_outputs_are_averaged():
+    x = data(50)
+
+    def batched(x1, x2, diag=False):
+        single = rbf()(x1, x2, diag)
+        return torch.stack((single, single))
+
+    assert torch.equal(ridge_leverage_landmarks(x, 10, batched, seed=0), ridge_leverage_landmarks(x, 10, rbf(), seed=0))
+    assert torch.equal(kmeanspp_landmarks(x, 10, batched, seed=0), kmeanspp_landmarks(x, 10, rbf(), seed=0))
+
+
+def test_kmeanspp_raises_instead_of_repeating_points():
+    x = data(3).repeat(4, 1)
+    assert kmeanspp_landmarks(x, 3, seed=0).unique(dim=0).shape[0] == 3
+    with pytest.raises(ValueError, match="only 3 distinct rows"):
+        kmeanspp_landmarks(x, 5, seed=0)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda x: uniform_landmarks(x, 201), ValueError, "num_landmarks=201 exceeds"),
+        (lambda x: uniform_landmarks(x, 0), ValueError, "num_landmarks"),
+        (lambda x: uniform_landmarks(x, 2.0), TypeError, "num_landmarks"),
+        (lambda x: uniform_landmarks(x[:, 0], 2), ValueError, "x must have shape"),
+        (lambda x: uniform_landmarks(x.long(), 2), TypeError, "x must be a real"),
+        (lambda x: kmeanspp_landmarks(torch.where(x > 2, float("nan"), x), 2), ValueError, "NaN"),
+        (lambda x: ridge_leverage_landmarks(x, 5, rbf(), regularization=-1.0), ValueError, "regularization"),
+        (lambda x: ridge_leverage_landmarks(x, 5, rbf(), pilot_size=500), ValueError, "pilot_size=500"),
+        (lambda x: uniform_landmarks(x, 5, seed=0, generator=torch.Generator()), ValueError, "seed or generator"),
+        (lambda x: select_landmarks(x, 5, "rls"), ValueError, "needs the kernel"),
+        (lambda x: select_landmarks(x, 5, "greedy"), ValueError, "landmarks must be one of"),
+    ],
+)
+def test_validation(call, error, match):
+    with pytest.raises(error, match=match):
+        call(data())

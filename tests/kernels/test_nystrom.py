@@ -1,0 +1,324 @@
+"""NystromKernel: exactness at the landmarks, accuracy in M, FITC-style variance, gradients, every rfgp model."""
+
+import copy
+import io
+import warnings
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKernel
+from gpytorch.utils.warnings import NumericalWarning
+from linear_operator.utils.errors import NotPSDError
+
+import rfgp
+from rfgp.kernels import NystromKernel
+from rfgp.models.regression import ExactGPModel
+
+DTYPE = torch.float64
+
+
+def data(n=120, d=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=gen, dtype=DTYPE) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1] ** 2 + 0.1 * torch.randn(n, generator=gen, dtype=DTYPE)
+    return x, y
+
+
+def exact_kernel(d=2):
+    kernel = ScaleKernel(RBFKernel(ard_num_dims=d)).to(DTYPE)
+    kernel.base_kernel.lengthscale = torch.tensor([0.7, 1.3], dtype=DTYPE)[:d]
+    kernel.outputscale = 1.5
+    return kernel
+
+
+def relative_error(kernel, approx, x):
+    exact = kernel(x).to_dense().detach()
+    with torch.no_grad():
+        return float((approx(x).to_dense() - exact).norm() / exact.norm())
+
+
+def test_gram_is_exact_at_the_landmarks():
+    x, _ = data()
+    kernel = exact_kernel()
+    nystrom = NystromKernel(kernel, x[:30], jitter=1e-12)
+    torch.testing.assert_close(nystrom(x[:30]).to_dense(), kernel(x[:30]).to_dense(), rtol=0, atol=1e-9)
+    assert nystrom.num_features == 30 and nystrom(x).evaluate_kernel().root.shape == (120, 30)
+
+
+def test_error_decreases_in_m_and_beats_random_features():
+    x, _ = data(300)
+    kernel = exact_kernel()
+    errors = [relative_error(kernel, rfgp.sketch(kernel, m, method="nystrom", x_sample=x, seed=0), x)
+              for m in (10, 20, 40, 80)]  # the same seed gives nested uniform landmarks
+    assert all(a > b for a, b in zip(errors, errors[1:])), errors
+    rff = [relative_error(kernel, rfgp.sketch(kernel, 80, method="rff", seed=s), x) for s in range(3)]
+    assert errors[-1] < 0.1 * min(rff), (errors, rff)
+
+
+def test_variance_correction_is_the_fitc_residual():
+    x, _ = data()
+    kernel = exact_kernel()
+    nystrom = NystromKernel(kernel, x[:20]).eval()
+    test = torch.cat((x[20:40], x[:5] + 10.0))  # far points: Φ ≈ 0, the correction restores k(x, x)
+    operator = nystrom(test).evaluate_kernel()
+    features = operator.root.to_dense()
+    prior = kernel(test, diag=True)
+    correction = operator.variance_correction
+    assert bool((correction >= 0).all())
+    torch.testing.assert_close(correction, prior - features.pow(2).sum(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(correction[-5:], prior[-5:], rtol=1e-10, atol=0)
+    assert nystrom.train()(test).evaluate_kernel().variance_correction is None  # training never reads it
+
+
+@pytest.mark.parametrize("learn_landmarks", [False, True])
+def test_first_and_second_derivatives_match_finite_differences(learn_landmarks):
+    x, _ = data(8)
+    base = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=2)).to(DTYPE)
+    nystrom = NystromKernel(base, x[:4] + 0.1, learn_landmarks=learn_landmarks)
+    names = ["base_kernel.raw_outputscale", "base_kernel.base_kernel.raw_lengthscale"]
+    names += ["landmarks"] if learn_landmarks else []
+    params = dict(nystrom.named_parameters())
+    assert sorted(params) == sorted(names)
+
+    def gram(*values):
+        state = {name: value for name, value in zip(names, values)}
+        return torch.func.functional_call(nystrom, state, (x,)).to_dense()
+
+    inputs = tuple(params[name].detach().clone().requires_grad_(True) for name in names)
+    assert torch.autograd.gradcheck(gram, inputs)
+    assert torch.autograd.gradgradcheck(gram, inputs)
+
+
+def test_batch_shapes_of_the_base_kernel():
+    x, _ = data(40)
+    base = RBFKernel(batch_shape=torch.Size([3])).to(DTYPE)
+    base.lengthscale = torch.tensor([0.3, 0.8, 2.0], dtype=DTYPE).view(3, 1, 1)
+    features = NystromKernel(base, x[:10]).featurize(x)
+    assert features.shape == (3, 40, 10)
+    for b in range(3):
+        single = RBFKernel().to(DTYPE)
+        single.lengthscale = base.lengthscale[b]
+        torch.testing.assert_close(features[b], NystromKernel(single, x[:10]).featurize(x))
+
+
+def fitted(kernel, x, y, noise=0.05):
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DTYPE)
+    likelihood.noise = noise
+    model = ExactGPModel(x, y, likelihood, kernel, gpytorch.means.ZeroMean()).to(DTYPE)
+    return model.eval(), likelihood.eval()
+
+
+def posterior(kernel, x, y, test):
+    model, _ = fitted(kernel, x, y)
+    with torch.no_grad():
+        out = model(test)
+        return out.mean, out.variance
+
+
+def test_regression_posterior_is_dtc_mean_with_fitc_variance():
+    x, y = data()
+    test, _ = data(30, seed=1)
+    kernel = exact_kernel()
+    z, noise = x[:25], 0.05
+    mean, variance = posterior(NystromKernel(kernel, z, jitter=1e-12), x, y, test)
+    with torch.no_grad():
+        kzz, kxz, ktz = (kernel(a, z).to_dense() for a in (z, x, test))
+        sigma = noise * kzz + kxz.mT @ kxz
+        torch.testing.assert_close(mean, ktz @ torch.linalg.solve(sigma, kxz.mT @ y), rtol=1e-7, atol=1e-8)
+        dtc = noise * (ktz @ torch.linalg.solve(sigma, ktz.mT)).diagonal()
+        fitc = kernel(test, diag=True) - (ktz @ torch.linalg.solve(kzz, ktz.mT)).diagonal()
+        torch.testing.assert_close(variance, dtc + fitc, rtol=1e-6, atol=1e-8)
+
+
+def test_posterior_approaches_the_exact_gp_as_m_grows():
+    x, y = data(80)
+    test, _ = data(25, seed=1)
+    kernel = exact_kernel()
+    exact_mean, exact_var = posterior(copy.deepcopy(kernel), x, y, test)
+    gaps = []
+    for m in (10, 20, 40, 80):
+        mean, var = posterior(rfgp.sketch(kernel, m, method="nystrom", x_sample=x, seed=0, jitter=1e-12), x, y, test)
+        gaps.append(float((mean - exact_mean).abs().max() + (var - exact_var).abs().max()))
+    assert gaps[-1] < 1e-6 and gaps[0] > 100 * gaps[-1], gaps  # M = N: the exact posterior up to the jitter
+    assert all(a >= b for a, b in zip(gaps, gaps[1:])), gaps
+
+
+def test_training_moves_hyperparameters_and_learnable_landmarks_with_kmeanspp():
+    x, y = data()
+    kernel = rfgp.sketch(exact_kernel(), 15, method="nystrom", x_sample=x, landmarks="kmeans++", seed=0,
+                         learn_landmarks=True)
+    start = kernel.landmarks.detach().clone()
+    model, likelihood = fitted(kernel, x, y)
+    model.train(), likelihood.train()
+    losses = rfgp.fit_mll(model, 30, lr=0.05, progress=False)
+    assert losses[-1] < losses[0]
+    assert not torch.equal(kernel.landmarks.detach(), start)
+
+
+def test_state_dict_round_trip_is_bit_exact():
+    x, y = data()
+    kernel = rfgp.sketch(exact_kernel(), 20, method="nystrom", x_sample=x, landmarks="rls", seed=0)
+    model, _ = fitted(kernel, x, y)
+    assert all(torch.is_tensor(v) for v in model.state_dict().values())
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    other = rfgp.sketch(exact_kernel(), 20, method="nystrom", x_sample=x, landmarks="uniform", seed=5)
+    other_model, _ = fitted(other, x, y, noise=0.3)
+    buffer.seek(0)
+    other_model.load_state_dict(torch.load(buffer))
+    test, _ = data(10, seed=2)
+    with torch.no_grad():
+        a, b = model(test), other_model.eval()(test)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+
+
+def test_sketch_converts_the_whole_tree_into_a_copy():
+    x, _ = data()
+    tree = (ScaleKernel(RBFKernel(lengthscale_prior=gpytorch.priors.GammaPrior(2.0, 3.0)))
+            + ScaleKernel(PeriodicKernel())).to(DTYPE)
+    converted = rfgp.sketch(tree, 80, method="nystrom", x_sample=x, seed=0)
+    assert isinstance(converted, NystromKernel) and converted.num_features == 80
+    assert converted.base_kernel is not tree
+    assert [name for name, *_ in converted.named_priors()] == ["base_kernel.kernels.0.base_kernel.lengthscale_prior"]
+    assert relative_error(tree, converted, x) < 0.05
+    before = [p.detach().clone() for p in tree.parameters()]
+    with torch.no_grad():
+        for p in converted.parameters():
+            p.add_(0.5)
+    assert all(torch.equal(a, b) for a, b in zip(before, tree.parameters()))
+
+
+def test_jitter_grows_with_one_warning_and_failure_raises():
+    x, _ = data()
+    duplicated = torch.cat((x[:10], x[:10]))
+    nystrom = NystromKernel(exact_kernel(), duplicated, jitter=1e-20)  # duplicates need more than 1e-20
+    with pytest.warns(NumericalWarning, match="needed relative jitter"):
+        first = nystrom(x).to_dense()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = nystrom(x).to_dense()  # warned once per kernel
+    assert bool(torch.isfinite(first).all())
+    torch.testing.assert_close(first.detach(), second)
+
+    class NotPositive(RBFKernel):
+        def forward(self, x1, x2, **params):
+            return -super().forward(x1, x2, **params)
+
+    with pytest.raises(NotPSDError, match="NotPositive at 10 landmarks"):
+        NystromKernel(NotPositive(), x[:10]).featurize(x)
+
+
+def test_bad_arguments():
+    x, _ = data()
+    with pytest.raises(ValueError, match="x_sample="):
+        rfgp.sketch(exact_kernel(), 10, method="nystrom")
+    with pytest.raises(ValueError, match="num_landmarks=500 exceeds"):
+        rfgp.sketch(exact_kernel(), 500, method="nystrom", x_sample=x)
+    with pytest.raises(ValueError, match="landmarks contains NaN"):
+        NystromKernel(exact_kernel(), torch.full((3, 2), float("nan")))
+    with pytest.raises(ValueError, match="landmarks must have shape"):
+        NystromKernel(exact_kernel(), x[0])
+    with pytest.raises(TypeError, match="base_kernel must be a gpytorch Kernel"):
+        NystromKernel("rbf", x[:3])
+    with pytest.raises(TypeError, match="outputs per input"):
+        NystromKernel(gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=2), x[:3])
+    with pytest.raises(ValueError, match="jitter"):
+        NystromKernel(exact_kernel(), x[:3], jitter=-1.0)
+
+
+# ----- inside every rfgp model ------------------------------------------------------------------
+
+
+def test_chunked_evaluation_matches_unchunked():
+    x, y = data(90)
+    kernel = rfgp.sketch(exact_kernel(), 12, method="nystrom", x_sample=x, seed=0, learn_landmarks=True)
+    model, likelihood = fitted(kernel, x, y)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    test, _ = data(20, seed=3)
+    results = []
+    for size in (None, 16):
+        model.train(), likelihood.train()
+        model.zero_grad()
+        with rfgp.settings.chunk_size(size):
+            loss = -mll(model(x), y)
+            loss.backward()
+            model.eval(), likelihood.eval()
+            model.prediction_strategy = None
+            with torch.no_grad():
+                out = model(test)
+        grads = [p.grad.clone() for p in model.parameters()]
+        results.append((loss.detach(), grads, out.mean, out.variance))
+    (l0, g0, m0, v0), (l1, g1, m1, v1) = results
+    torch.testing.assert_close(l1, l0)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(m1, m0)
+    torch.testing.assert_close(v1, v0)
+
+
+def test_chunked_diag_moments_match_and_differentiate():
+    x, _ = data(50)
+    nystrom = NystromKernel(exact_kernel(), x[:10] + 0.05, learn_landmarks=True)
+    results = []
+    for size in (None, 7):
+        nystrom.zero_grad()
+        with rfgp.settings.chunk_size(size):
+            target, norms = nystrom.diag_moments(x)
+        norms.sum().backward()
+        results.append((target.detach(), norms.detach(), nystrom.landmarks.grad.clone()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+def test_streaming_equals_batch_posterior_and_guards_hyperparameters():
+    x, y = data()
+    test, _ = data(15, seed=4)
+    kernel = rfgp.sketch(exact_kernel(), 20, method="nystrom", x_sample=x, seed=0)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DTYPE)
+    likelihood.noise = 0.05
+    stream = rfgp.StreamingFeatureGP(kernel, likelihood).to(DTYPE)
+    for xb, yb in zip(x.split(50), y.split(50)):
+        stream.update(xb, yb)
+    mean, variance = posterior(copy.deepcopy(kernel), x, y, test)
+    with torch.no_grad():
+        out = stream(test)
+    torch.testing.assert_close(out.mean, mean)
+    torch.testing.assert_close(out.variance, variance)
+    with torch.no_grad():
+        kernel.landmarks.add_(0.1)
+    with pytest.raises(RuntimeError, match="landmarks changed"):
+        stream.update(x[:5], y[:5])
+
+
+def test_multi_output_over_a_nystrom_data_kernel():
+    x, _ = data(60)
+    y = torch.stack((torch.sin(2 * x[:, 0]), torch.cos(x[:, 1]) + torch.sin(2 * x[:, 0])), -1)
+    exact = gpytorch.kernels.MultitaskKernel(exact_kernel(), num_tasks=2, rank=1).to(DTYPE)
+    sketched = rfgp.sketch(exact, 60, method="nystrom", x_sample=x, seed=0, jitter=1e-12)
+    assert isinstance(sketched.base_kernel, NystromKernel)
+    test, _ = data(10, seed=5)
+    means = []
+    for kernel in (exact, sketched):
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0).to(DTYPE)
+        likelihood.noise = 0.05
+        model = rfgp.MultiOutputGPModel(x, y, likelihood, kernel).to(DTYPE).eval()
+        with torch.no_grad():
+            means.append(model(test).mean)
+    torch.testing.assert_close(means[1], means[0], rtol=1e-5, atol=1e-6)  # M = N landmarks: the exact GP
+
+
+def test_dirichlet_classifier_with_a_nystrom_kernel():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(150, 2, generator=gen, dtype=DTYPE)
+    labels = (x[:, 0] + 0.3 * torch.randn(150, generator=gen, dtype=DTYPE) > 0).long() + (x[:, 1] > 1).long()
+    kernel = rfgp.sketch(ScaleKernel(RBFKernel()).to(DTYPE), 30, method="nystrom", x_sample=x[:100], landmarks="kmeans++",
+                         seed=0)
+    clf = rfgp.models.DirichletGPClassifier(kernel, num_iterations=10, standardize=False, dtype=DTYPE,
+                                            probability_method="mean_field", progress=False)
+    clf.fit(x[:100], labels[:100])
+    proba = clf.predict_proba(x[100:])
+    assert proba.shape == (50, 3)
+    torch.testing.assert_close(proba.sum(-1), torch.ones(50, dtype=DTYPE))
+    assert float((clf.predict(x[100:]) == labels[100:].numpy()).mean()) > 0.8
+    assert isinstance(clf.model_.covar_module, NystromKernel)

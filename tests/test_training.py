@@ -1,0 +1,154 @@
+"""rfgp.fit_mll: L-BFGS convergence, budgets, non-finite losses, batched and multi-output models."""
+
+import math
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.likelihoods import GaussianLikelihood, MultitaskGaussianLikelihood
+
+import rfgp
+from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
+from rfgp.likelihoods import DirichletClassificationLikelihood
+from rfgp.models import ExactGPModel
+
+F64 = torch.float64
+
+
+def _regression(n=120, num_features=48, mean_module=None):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 2, generator=g, dtype=F64)
+    y = torch.sin(4 * x).sum(-1) + 0.1 * torch.randn(n, generator=g, dtype=F64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(num_features, seed=0, ard_num_dims=2))
+    return ExactGPModel(x, y, GaussianLikelihood(), kernel, mean_module).to(F64)
+
+
+def _parameters(model):
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+def test_lbfgs_beats_100_adam_steps_in_fewer_evaluations():
+    adam = rfgp.fit_mll(_regression(), optimizer="adam", num_iterations=100, lr=0.05)
+    lbfgs = rfgp.fit_mll(_regression())
+    assert lbfgs.converged, lbfgs.stop_reason
+    assert lbfgs.losses[-1] < adam.losses[-1], (lbfgs.losses[-1], adam.losses[-1])
+    assert lbfgs.evaluations[-1] < adam.evaluations[-1] / 2, (lbfgs.evaluations[-1], adam.evaluations[-1])
+
+
+def test_history_records_every_point_and_returns_the_final_loss():
+    model = _regression()
+    history = rfgp.fit_mll(model, num_iterations=4)
+    assert len(history) == history.num_iterations + 1 == 5 and history[-1] == history.losses[-1]
+    assert history.stop_reason.startswith("iteration budget") and not history.converged
+    for column in (history.wall_seconds, history.cpu_seconds, history.evaluations):
+        assert len(column) == 5 and all(b >= a for a, b in zip(column, column[1:]))
+    assert history.evaluations[0] == 1
+    assert all(b <= a for a, b in zip(history.losses, history.losses[1:]))  # Wolfe: sufficient decrease
+    assert not model.training  # returned in eval mode
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    with torch.no_grad():
+        assert math.isclose(-mll(model(*model.train_inputs), model.train_targets).item(), history[-1], rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_time_budget_is_respected_up_to_one_iteration(clock):
+    budget = 0.15
+    history = rfgp.fit_mll(_regression(), num_iterations=10_000, optimizer="adam", ftol=0.0, gtol=0.0,
+                           time_budget=budget, clock=clock)
+    times = history.wall_seconds if clock == "wall" else history.cpu_seconds
+    assert history.stop_reason.startswith("time budget"), history.stop_reason
+    longest = max(b - a for a, b in zip(times, times[1:]))
+    assert budget <= times[-1] <= budget + longest
+    assert times[-2] < budget
+
+
+class _PoisonedMean(gpytorch.means.ConstantMean):
+    """A constant mean that turns NaN from its ``poison_at``-th call on (a diverging model, simulated)."""
+
+    def __init__(self, poison_at):
+        super().__init__()
+        self.calls, self.poison_at = 0, poison_at
+
+    def forward(self, x):
+        self.calls += 1
+        mean = super().forward(x)
+        return mean * float("nan") if self.calls >= self.poison_at else mean
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_non_finite_loss_raises_and_restores_the_last_finite_point(optimizer):
+    model = _regression(mean_module=_PoisonedMean(poison_at=4))
+    snapshots = []
+    original = rfgp.training._Objective.accept
+
+    def spy(self):
+        result = original(self)
+        snapshots.append(_parameters(model))
+        return result
+
+    rfgp.training._Objective.accept = spy
+    try:
+        with pytest.raises(rfgp.NonFiniteLossError, match=r"reached a loss of nan at iteration \d.*restored"):
+            rfgp.fit_mll(model, optimizer=optimizer)
+    finally:
+        rfgp.training._Objective.accept = original
+    assert torch.equal(_parameters(model), snapshots[-1])
+    assert bool(torch.isfinite(_parameters(model)).all())
+
+
+def test_dirichlet_classifier_trains_with_the_batch_summed_loss():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(150, 2, generator=g, dtype=F64)
+    labels = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=3, dtype=F64)
+    mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([3]))
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, seed=0))
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean).to(F64)
+    history = rfgp.fit_mll(model, num_iterations=30)
+    assert history.losses[-1] < history.losses[0] - 0.5, history.losses
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with torch.no_grad():
+        per_class = -mll(model(x), likelihood.transformed_targets)
+    assert per_class.shape == (3,) and math.isclose(per_class.sum().item(), history[-1], rel_tol=1e-10)
+
+
+def test_multi_output_model_trains():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(80, 2, generator=g, dtype=F64) * 2 - 1
+    y = torch.stack([torch.sin(2 * x[:, 0]) + x[:, 1], torch.cos(3 * x[:, 1]) * x[:, 0]], -1)
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=0)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(64, 2, seed=0))
+    model = rfgp.MultiOutputGPModel(x, y, likelihood, kernel).to(F64)
+    history = rfgp.fit_mll(model, num_iterations=20)
+    assert history.losses[-1] < history.losses[0] - 0.5, history.losses
+    assert all(math.isfinite(v) for v in history)
+
+
+def test_chunked_training_follows_the_unchunked_trajectory():
+    plain = rfgp.fit_mll(_regression(), num_iterations=5)
+    with rfgp.settings.chunk_size(64):
+        chunked = rfgp.fit_mll(_regression(), num_iterations=5)
+    torch.testing.assert_close(torch.tensor(chunked.losses), torch.tensor(plain.losses), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"optimizer": "sgd"}, ValueError, "optimizer must be one of 'lbfgs', 'adam'"),
+        ({"num_iterations": 0}, ValueError, "num_iterations"),
+        ({"lr": -1.0}, ValueError, "lr"),
+        ({"time_budget": 0.0}, ValueError, "time_budget"),
+        ({"clock": "gpu"}, ValueError, "clock must be one of 'wall', 'cpu'"),
+        ({"ftol": -1e-3}, ValueError, "ftol"),
+    ],
+)
+def test_arguments_are_validated(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        rfgp.fit_mll(_regression(n=20, num_features=8), **kwargs)
+
+
+def test_model_must_be_an_exact_gp():
+    with pytest.raises(TypeError, match="ExactGP"):
+        rfgp.fit_mll(torch.nn.Linear(2, 1))
