@@ -33,9 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
 
-from rfgp import operators  # noqa: E402
-from rfgp.kernels import SketchedRBFKernel  # noqa: E402
-from rfgp.models import ExactGPModel  # noqa: E402
+from rfgp import operators
+from rfgp.kernels import SketchedRBFKernel
+from rfgp.models import ExactGPModel
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 DIM = 4
@@ -132,9 +132,9 @@ def main() -> None:
     lines = [
         f"# Kernel-space path: one MLL + gradient at N = {num_data}, F = {num_features} (d = {DIM})",
         "",
-        f"Medians over {repeats} interleaved repeats, wall-clock seconds.  Load average (1, 5, 15 min) "
+        (f"Medians over {repeats} interleaved repeats, wall-clock seconds.  Load average (1, 5, 15 min) "
         f"before: {', '.join(f'{v:.2f}' for v in load_before)}; after: {', '.join(f'{v:.2f}' for v in load_after)} "
-        f"on {os.cpu_count()} logical CPUs.",
+        f"on {os.cpu_count()} logical CPUs."),
         "",
         "| dtype | threads | model | median [s] | min [s] | × exact (default) | × exact (Cholesky) |",
         "|---|---|---|---|---|---|---|",

@@ -33,9 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
 
-import rfgp  # noqa: E402
-from rfgp.kernels import SketchedRBFKernel  # noqa: E402
-from rfgp.models import ExactGPModel  # noqa: E402
+import rfgp
+from rfgp.kernels import SketchedRBFKernel
+from rfgp.models import ExactGPModel
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 #: dataset → (package, item, input columns, target column, log-transform the target)
@@ -105,12 +105,12 @@ def main() -> None:
     load_after = os.getloadavg()
 
     lines = [
-        f"# Train small, predict big ({'::'.join(DATASETS[args.dataset][:2])}, N = {train_x.shape[0]} train / {test_x.shape[0]} test, "
-        f"d = {train_x.shape[-1]}, float32, {args.threads} threads)",
+        (f"# Train small, predict big ({'::'.join(DATASETS[args.dataset][:2])}, N = {train_x.shape[0]} train / {test_x.shape[0]} test, "
+        f"d = {train_x.shape[-1]}, float32, {args.threads} threads)"),
         "",
-        f"Load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load_before)}; after: "
+        (f"Load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load_before)}; after: "
         f"{', '.join(f'{v:.2f}' for v in load_after)} on {os.cpu_count()} logical CPUs.  Training columns are the "
-        "training run the row's hyperparameters come from; predict = the one posterior rebuild plus the test predictions.",
+        "training run the row's hyperparameters come from; predict = the one posterior rebuild plus the test predictions."),
         "",
         "| recipe | train wall [s] | train CPU [s] | loss evaluations | stop | predict wall [s] | test RMSE | test NLPD |",
         "|---|---|---|---|---|---|---|---|",

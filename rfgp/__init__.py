@@ -11,11 +11,13 @@ from . import (
     metrics,
     models,
     multioutput,
+    sampling,
     settings,
     streaming,
     variance,
     vector_fields,
 )
+from . import log_prob as _log_prob
 from .conversion import register_converter, sketch
 from .feature_width import set_num_features
 from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
@@ -23,6 +25,11 @@ from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOper
 from .prediction import FeatureSpacePredictionStrategy
 from .streaming import StreamingFeatureGP, fit_from_batches
 from .training import NonFiniteLossError, TrainingHistory, fit_mll
+
+# BoTorch (and anyone) may switch GPyTorch's fast log-prob off globally: keep rfgp operators in feature space.
+_log_prob.install()
+# last: registers BoTorch hooks now if BoTorch is already imported, else when it is
+from . import integrations  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -40,6 +47,7 @@ __all__ = [
     "distances",
     "distributed",
     "features",
+    "integrations",
     "fit_from_batches",
     "fit_mll",
     "kernels",
@@ -48,6 +56,7 @@ __all__ = [
     "models",
     "multioutput",
     "register_converter",
+    "sampling",
     "set_num_features",
     "settings",
     "sketch",

@@ -15,7 +15,9 @@ so the backward pass recomputes Φ_c = φ(x_c) under autograd one chunk at a tim
 backpropagates ∂Φ_c into the kernel hyperparameters (gradient checkpointing per chunk).
 Forward and backward use the per-chunk kernels of :mod:`rfgp.linalg` (symmetric Gram,
 one N·F² product backward, no N × F pass for uniform weights), the same cost as the
-unchunked path; only the features are computed twice.
+unchunked path; only the features are computed twice.  Second derivatives
+(``create_graph=True``) recompute the statistics of all chunks under autograd instead
+(:func:`rfgp.linalg.differentiable_backward`), so they need O(N·F) memory.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from torch import Tensor
 from .linalg import (
     _is_uniform,
     _sum_to_shape,
+    differentiable_backward,
     fold_constant,
+    plain_statistics,
     statistics_backward,
     uniform_weight_grad,
     unit_statistics,
@@ -150,10 +154,16 @@ class _ChunkedStatistics(torch.autograd.Function):
         return gram, cross
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_gram, grad_cross):
         inputs, weights, rhs, *unit = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
+            params = ctx.featurizer.params
+            grads = differentiable_backward(
+                lambda: plain_statistics(ctx.featurizer(inputs), weights, rhs), (inputs, weights, rhs, *params),
+                needs[2:], (grad_gram, grad_cross),
+            )
+            return (None, None, *grads)
         uniform = _is_uniform(weights)
         weight_grads, rhs_grads = [], []
 

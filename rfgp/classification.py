@@ -107,6 +107,13 @@ class _LabelStatistics(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_grams, grad_projection):
+        if torch.is_grad_enabled():
+            # the backward below works in place and through per-step autograd calls: its result
+            # would carry no (or a partial) graph, i.e. silently wrong second derivatives
+            raise NotImplementedError(
+                "second derivatives (create_graph=True) through the Dirichlet per-label feature statistics "
+                "are not supported; differentiate the classifier once"
+            )
         rhs, source = ctx.saved_tensors
         plan, featurizer, step_blocks = ctx.plan, ctx.featurizer, ctx.step_blocks
         needs = ctx.needs_input_grad

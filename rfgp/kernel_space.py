@@ -30,7 +30,7 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from .linalg import _sum_to_shape, symmetric_gram
+from .linalg import _sum_to_shape, differentiable_backward, symmetric_gram
 
 
 def prefers_kernel_space(num_data: int, num_features: int, feature_batch: int = 1, solve_batch: int = 1,
@@ -70,23 +70,33 @@ def _factor(gram: Tensor, noise: Tensor, scale: Tensor | None) -> Tensor:
     return psd_safe_cholesky(covar)
 
 
+def _inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor, scale: Tensor, gram: Tensor):
+    """(rᵀK⁻¹r per column, log|K|, chol(K), K⁻¹r) for K = sΦΦᵀ + D with ΦΦᵀ = ``gram``."""
+    chol = _factor(gram, noise, scale)
+    batch = chol.shape[:-2]
+    solve = torch.cholesky_solve(rhs.expand(*batch, *rhs.shape[-2:]), chol)
+    inv_quad = (rhs * solve).sum(-2)
+    logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+    return inv_quad, logdet_term, chol, solve
+
+
 class _KernelSpaceInvQuadLogdet(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features: Tensor, noise: Tensor, rhs: Tensor, scale: Tensor, logdet: bool):
         gram = kernel_gram(features)
-        chol = _factor(gram, noise, scale)
-        batch = chol.shape[:-2]
-        solve = torch.cholesky_solve(rhs.expand(*batch, *rhs.shape[-2:]), chol)
-        inv_quad = (rhs * solve).sum(-2)
-        logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+        inv_quad, logdet_term, chol, solve = _inv_quad_logdet(features, noise, rhs, scale, gram)
         ctx.logdet = logdet
         ctx.save_for_backward(features, noise, rhs, scale, gram, chol, solve)
         return inv_quad, logdet_term
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_inv_quad: Tensor, grad_logdet: Tensor):
         features, noise, rhs, scale, gram, chol, solve = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the lean backward below has no graph
+            inputs = (features, noise, rhs, scale)
+            return (*differentiable_backward(
+                lambda: _inv_quad_logdet(features, noise, rhs, scale, features @ features.mT)[:2],
+                inputs, ctx.needs_input_grad[:4], (grad_inv_quad, grad_logdet)), None)
         need_features, need_noise, need_rhs, need_scale = ctx.needs_input_grad[:4]
         # S = ḡ_l K⁻¹ − α diag(ḡ_q) αᵀ, the gradient with respect to K (symmetric)
         sym = -(solve * grad_inv_quad.unsqueeze(-2)) @ solve.mT

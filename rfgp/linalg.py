@@ -12,7 +12,9 @@ costs three N·F² products (one forward, two backward) plus a second gradient p
 
 When the weights are uniform (one value per batch, shape ``(..., 1)`` — a homoscedastic
 noise), no N × F element-wise pass is made at all: G = w·ΦᵀΦ and ∂w = ⟨ΦᵀΦ, S⟩ + ⟨ΦᵀR, B̄⟩
-come from F × F quantities.  Used by :class:`rfgp.operators.FeatureRootAddedDiagLinearOperator`
+come from F × F quantities.  Second derivatives (``create_graph=True``, e.g. Hessians of the
+MLL w.r.t. hyperparameters) take :func:`differentiable_backward` instead: plain autograd
+through the same statistics, differentiable again.  Used by :class:`rfgp.operators.FeatureRootAddedDiagLinearOperator`
 (materialised Φ) and, chunk by chunk, by :mod:`rfgp.chunking`.
 """
 
@@ -116,6 +118,26 @@ def _add_matmul(out: Tensor, left: Tensor, right: Tensor) -> Tensor:
     return out.add_(left @ right)
 
 
+def plain_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    """(ΦᵀWΦ, ΦᵀWR) with ordinary differentiable operations (weights ``(..., N)`` or uniform ``(..., 1)``)."""
+    w = weights.unsqueeze(-1)
+    return (features * w).mT @ features, features.mT @ (rhs * w)
+
+
+def differentiable_backward(compute, inputs, needs, grads) -> tuple[Tensor | None, ...]:
+    """The vector-Jacobian product of ``compute()`` w.r.t. ``inputs`` as a differentiable graph (double backward).
+
+    Called from a custom Function's backward under ``create_graph=True``: the lean backward
+    passes work in place and without a graph, which would make second derivatives silently
+    zero; this recomputes the statistics with autograd (O(N·F) memory) and differentiates them.
+    """
+    wanted = [t for t, need in zip(inputs, needs) if need]
+    with torch.enable_grad():
+        outputs = compute()
+    found = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
+    return tuple(next(found) if need else None for need in needs)
+
+
 class _FeatureStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
@@ -128,9 +150,11 @@ class _FeatureStatistics(torch.autograd.Function):
         return weighted_statistics(features, weights, rhs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_gram: Tensor, grad_cross: Tensor):
         features, weights, rhs, *unit = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            return differentiable_backward(lambda: plain_statistics(features, weights, rhs), (features, weights, rhs),
+                                           ctx.needs_input_grad, (grad_gram, grad_cross))
         grad_features, grad_weights, grad_rhs = statistics_backward(
             features, weights, rhs, grad_gram, grad_cross, ctx.needs_input_grad[:3]
         )

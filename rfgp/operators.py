@@ -40,7 +40,12 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
-from .chunking import Featurizer, backprop_chunks, chunk_slices, chunked_feature_statistics
+from .chunking import (
+    Featurizer,
+    backprop_chunks,
+    chunk_slices,
+    chunked_feature_statistics,
+)
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import feature_statistics, fold_constant, project
 

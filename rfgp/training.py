@@ -239,7 +239,10 @@ def fit_mll(
             params, lr=lr, max_iter=1, max_eval=_LINE_SEARCH_EVALUATIONS + 1, tolerance_grad=0.0,
             tolerance_change=0.0, history_size=history_size, line_search_fn="strong_wolfe",
         )
-        step = lambda: step_optimizer.step(objective)  # noqa: E731
+
+        def step():
+            step_optimizer.step(objective)
+
     else:
         step_optimizer = torch.optim.Adam(params, lr=lr)
         step = step_optimizer.step  # the gradients of the accepted point are in .grad

@@ -124,7 +124,7 @@ def test_bias_correction_is_added_identically(feature_space_only):
         kernel.base_kernel.lengthscale = 0.5
         return model
 
-    covar = _compare(build, x, y, x_test, feature_space_only)
+    _compare(build, x, y, x_test, feature_space_only)
     model = build()
     _posterior(model, x_test)
     correction = model.covar_module.base_kernel.variance_correction(x_test / 0.5)

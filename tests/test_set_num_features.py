@@ -6,8 +6,8 @@ import torch
 from gpytorch.likelihoods import GaussianLikelihood, MultitaskGaussianLikelihood
 
 import rfgp
-from rfgp.features import OptimizedMaclaurin
 from rfgp import dot_product
+from rfgp.features import OptimizedMaclaurin
 from rfgp.kernels import FeatureSumKernel, SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.likelihoods import DirichletClassificationLikelihood
 from rfgp.models import ExactGPModel

@@ -49,6 +49,19 @@ from rfgp.kernels import (
     SketchedRBFKernel,
     SketchedSphericalPolynomialKernel,
 )
+from rfgp.kernels import (
+    ConstantFeatureKernel,
+    CosineFeatureKernel,
+    LinearFeatureKernel,
+    NystromKernel,
+    SketchedMatern52KernelGrad,
+    SketchedPolynomialKernelGrad,
+    SketchedRBFKernelGrad,
+    SketchedRBFKernelGradGrad,
+    SketchedPeriodicKernel,
+    SketchedRQKernel,
+    SketchedSpectralMixtureKernel,
+)
 from rfgp.likelihoods import DirichletClassificationLikelihood
 
 F64 = torch.float64
@@ -124,6 +137,18 @@ KERNELS = {
     "exact_curl_free": (lambda s: CurlFreeRBFKernel(2), 2, False),
     "exact_div_free": (lambda s: DivFreeRBFKernel(2), 2, False),
     "exact_decomposable": (lambda s: DecomposableKernel(RBFKernel(), num_outputs=2), 2, False),
+    "periodic": (lambda s: SketchedPeriodicKernel(16, ard_num_dims=3, seed=s), 3, False),
+    "rq": (lambda s: SketchedRQKernel(16, seed=s), 3, False),
+    "spectral_mixture": (lambda s: SketchedSpectralMixtureKernel(2, 16, ard_num_dims=3, seed=s), 3, False),
+    "linear": (lambda s: LinearFeatureKernel(ard_num_dims=3), 3, False),
+    "constant": (lambda s: ConstantFeatureKernel(), 3, False),
+    "cosine": (lambda s: CosineFeatureKernel(), 1, False),
+    "rbf_grad": (lambda s: SketchedRBFKernelGrad(16, input_dim=3, seed=s), 3, False),
+    "rbf_gradgrad": (lambda s: SketchedRBFKernelGradGrad(16, method="orf", input_dim=3, seed=s), 3, False),
+    "matern52_grad": (lambda s: SketchedMatern52KernelGrad(16, input_dim=3, seed=s), 3, False),
+    "polynomial_grad": (lambda s: SketchedPolynomialKernelGrad(2, 16, input_dim=3, seed=s), 3, False),
+    "nystrom": (lambda s: NystromKernel(RBFKernel(), torch.randn(8, 3, generator=torch.Generator().manual_seed(s))),
+                3, False),
 }
 
 

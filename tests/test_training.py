@@ -1,5 +1,6 @@
 """rfgp.fit_mll: L-BFGS convergence, budgets, non-finite losses, batched and multi-output models."""
 
+import itertools
 import math
 
 import gpytorch
@@ -41,9 +42,9 @@ def test_history_records_every_point_and_returns_the_final_loss():
     assert len(history) == history.num_iterations + 1 == 5 and history[-1] == history.losses[-1]
     assert history.stop_reason.startswith("iteration budget") and not history.converged
     for column in (history.wall_seconds, history.cpu_seconds, history.evaluations):
-        assert len(column) == 5 and all(b >= a for a, b in zip(column, column[1:]))
+        assert len(column) == 5 and all(b >= a for a, b in itertools.pairwise(column))
     assert history.evaluations[0] == 1
-    assert all(b <= a for a, b in zip(history.losses, history.losses[1:]))  # Wolfe: sufficient decrease
+    assert all(b <= a for a, b in itertools.pairwise(history.losses))  # Wolfe: sufficient decrease
     assert not model.training  # returned in eval mode
     model.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
@@ -58,7 +59,7 @@ def test_time_budget_is_respected_up_to_one_iteration(clock):
                            time_budget=budget, clock=clock)
     times = history.wall_seconds if clock == "wall" else history.cpu_seconds
     assert history.stop_reason.startswith("time budget"), history.stop_reason
-    longest = max(b - a for a, b in zip(times, times[1:]))
+    longest = max(b - a for a, b in itertools.pairwise(times))
     assert budget <= times[-1] <= budget + longest
     assert times[-2] < budget
 

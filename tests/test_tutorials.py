@@ -25,6 +25,7 @@ NOTEBOOKS = {
     "05_vector_fields.ipynb": ("prediction strategy: MultitaskFeatureSpacePredictionStrategy", 2),
     "07_million_points.ipynb": ("updated factor = refactorised factor to float32 rounding: True", 3),
     "08_pyro_likelihoods_and_bayesian_hyperparameters.ipynb": ("", 5),
+    "10_bayesian_optimisation.ipynb": ("paths drawn from the kernel's own features: True", 3),
 }
 
 

@@ -1,6 +1,11 @@
 """Random feature maps Φ with k(x, y) ≈ Φ(x)ᵀΦ(y): pure torch, no GPyTorch import."""
 
 from .base import FeatureMap
+from .bessel import scaled_bessel_i
+from .periodic import PeriodicSpectralMeasure
+from .rational_quadratic import RationalQuadraticSpectralMeasure
+from .spectral_mixture import SpectralMixtureSpectralMeasure
+from .weighted_fourier import SpectralMeasure, fourier_features
 from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .fourier import RandomFourierFeatures
 from .gaussian_sketch import GaussianSketch, GaussianSketchHD
@@ -27,6 +32,12 @@ from .spherical import SphericalRandomFeatures
 
 __all__ = [
     "approximate_ridge_leverage_scores",
+    "scaled_bessel_i",
+    "fourier_features",
+    "SpectralMeasure",
+    "SpectralMixtureSpectralMeasure",
+    "RationalQuadraticSpectralMeasure",
+    "PeriodicSpectralMeasure",
     "DegreeSketch",
     "HierarchicalSketch",
     "PolynomialSketch",

@@ -33,6 +33,7 @@ from .._validation import check_choice
 from ..config_state import METHOD
 from . import random
 from .base import FeatureMap
+from .derivatives import sincos_derivatives
 from .hadamard import fwht, next_power_of_two
 from .spectral import GaussianSpectralDensity, SpectralDensity
 
@@ -149,6 +150,15 @@ class RandomFourierFeatures(FeatureMap):
     def _features(self, x: Tensor) -> Tensor:
         return _SinCosFeatures.apply(self.project(x), 1.0 / math.sqrt(self.num_frequencies))
 
+    def input_derivatives(self, x: Tensor, second: bool = False) -> Tensor:
+        """[Φ, ∂Φ/∂x₁, …, ∂Φ/∂x_d (, ∂²Φ/∂x₁², …)] of shape ``(..., n, 1 + d (+ d), F)``.
+
+        Analytic (:func:`~rfgp.features.derivatives.sincos_derivatives`): ∂ⱼΦ swaps Φ's cos and
+        sin halves and multiplies by the frequencies' j-th column, so no further sin or cos is evaluated.
+        """
+        features = self(x)
+        return sincos_derivatives(features, self.frequency_matrix().to(features), second)
+
     # ---------------------------------------------------------- diagonal terms
     def target_diag(self, x: Tensor) -> Tensor:
         return torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
@@ -167,6 +177,11 @@ class _SinCosFeatures(torch.autograd.Function):
     d(c cos P)/dP = −c sin P and d(c sin P)/dP = c cos P are both blocks of the output, so
     the backward pass needs no second evaluation of sin and cos (autograd's default saves P
     and recomputes them) and no extra passes for the concatenation and the scaling.
+
+    The backward is made of differentiable operations on the saved *output*, so autograd
+    differentiates it again through this function (double backward: Hessians w.r.t. inputs
+    and hyperparameters); a first-order backward runs it without building a graph, at the
+    same cost as before.
     """
 
     @staticmethod
@@ -180,7 +195,6 @@ class _SinCosFeatures(torch.autograd.Function):
         return features
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         (features,) = ctx.saved_tensors
         m = features.shape[-1] // 2

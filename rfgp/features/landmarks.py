@@ -25,6 +25,10 @@ the sample x (so that K_{ZZ} is a principal submatrix of the data Gram matrix):
   order of M, the regime in which M landmarks suffice.  In a GP the noise variance σ² is
   the natural λ (pass ``regularization=``).
 
+:func:`approximate_ridge_leverage_scores` exposes the scores.  Rows are drawn without
+replacement, so duplicated *points* in x can still give duplicated landmarks (k-means++ excepted);
+:class:`rfgp.kernels.NystromKernel` then grows its jitter and warns.
+
 Sampling without replacement and without reweighting is what Nyström needs: the
 approximation K_{xZ}K_{ZZ}⁻¹K_{Zx} is the projection onto span{φ(z)}, which column
 scaling does not change.

@@ -32,6 +32,7 @@ from ..config_state import METHOD
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS as DEGREE_PROJECTIONS
 from .degree_sketch import SRHT_BLOCKS, DegreeSketch, HierarchicalSketch
+from .derivatives import multilinear_derivatives
 
 PROJECTIONS = (*DEGREE_PROJECTIONS, "hierarchical")
 WEIGHTS = ("real", "complex", "ctr")
@@ -145,6 +146,23 @@ class PolynomialSketch(FeatureMap):
     def _sketch(self, x: Tensor, offset) -> Tensor:
         self._prepare(x)
         return self.sketch().apply(self.augment(x, offset), lambda name: self._buffer(name, like=x))
+
+    def input_derivatives(self, x: Tensor, offset: Tensor | float | None = None, second: bool = False) -> Tensor:
+        """[Φ, ∂Φ/∂x₁, …, ∂Φ/∂x_d (, ∂²Φ/∂x₁², …)] of shape ``(..., n, 1 + d (+ d), F)``.
+
+        Exact product rule over the p sketched factors of x̃ = [x; √ν]
+        (:func:`~rfgp.features.derivatives.multilinear_derivatives`; ∂x̃/∂xⱼ = eⱼ, the offset
+        coordinate is constant).  Complex and CtR weights give [Re, Im] of the complex derivatives.
+        """
+        self._prepare(x)
+        point = self.augment(x, offset)
+        directions = torch.eye(self.input_dim, point.shape[-1], dtype=x.dtype, device=x.device)
+        sketch = self.sketch()
+        rows = multilinear_derivatives(
+            lambda factors: sketch.apply_to(factors, lambda name: self._buffer(name, like=x)),
+            point, directions, self.degree, second,
+        )
+        return torch.cat((rows.real, rows.imag), dim=-1) if self.is_complex else rows
 
     def augment(self, x: Tensor, offset: Tensor | float | None = None) -> Tensor:
         """x̃ = [x; √ν] (paper 000 Eq. 2); ``offset`` may be a tensor broadcastable to ``x.shape[:-1]``."""

@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .._validation import check_positive_float
 from ..chunking import chunk_slices
+from ..config_state import METHOD
 from ..features.landmarks import select_landmarks
 from ..settings import resolve_chunk_size
 from .random_feature_kernel import FeatureKernel
@@ -81,6 +82,8 @@ class NystromKernel(FeatureKernel):
         >>> kernel = rfgp.sketch(base, num_features=256, method="nystrom", x_sample=train_x, landmarks="rls")
     """
 
+    config_fields = {"learn_landmarks": METHOD, "jitter": METHOD}
+
     def __init__(self, base_kernel: Kernel, landmarks: Tensor, learn_landmarks: bool = False,
                  jitter: float | None = None, **kwargs) -> None:
         if not isinstance(base_kernel, Kernel):
@@ -97,6 +100,7 @@ class NystromKernel(FeatureKernel):
         super().__init__(batch_shape=base_kernel.batch_shape, **kwargs)
         self.base_kernel = base_kernel
         landmarks = landmarks.detach().clone()
+        self.learn_landmarks = bool(learn_landmarks)
         if learn_landmarks:
             self.landmarks = nn.Parameter(landmarks)
         else:

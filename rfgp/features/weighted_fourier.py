@@ -1,0 +1,146 @@
+"""Random Fourier features of a spectral measure whose hyperparameters are trainable.
+
+Bochner: a stationary kernel with k(0) = A is k(τ) = A·E_ω[cos(ωᵀτ)] for its normalised
+spectral measure.  When the measure depends on hyperparameters θ (a period, a mixture
+weight, an RQ shape α) the random draws ξ stay fixed and θ enters differentiably, either
+through the frequencies, ω = ω_θ(ξ) (reparameterisation), or through per-frequency
+importance weights w_θ(ξ) = p_θ(ξ)/r(ξ) against the proposal r the draws came from, with
+E_r[w_θ] = 1 (Owen 2013, *Monte Carlo theory, methods and examples*, Ch. 9).  Then
+
+    k̂(x, y) = (A/m) Σⱼ wⱼ cos(ωⱼᵀ(x − y)) = Φ(x)ᵀΦ(y),
+    Φ(x) = √(A/m)·[√wⱼ cos(ωⱼᵀx), √wⱼ sin(ωⱼᵀx)]ⱼ,
+
+unbiased for every θ, and value and gradient are the same smooth function of θ (so autograd
+agrees with finite differences and second derivatives exist).  Width F = 2m.
+
+A :class:`SpectralMeasure` says how to draw ξ, and how θ turns ξ into frequencies and
+log-weights; :class:`WeightedFourierFeatures` keeps ξ as buffers and evaluates Φ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..config_state import METHOD
+from .base import FeatureMap
+
+
+class SpectralMeasure:
+    """The normalised spectral measure of a stationary kernel family, with hyperparameters θ.
+
+    Subclasses implement :meth:`draw`, :meth:`frequencies` and (for importance-weighted
+    samplers) :meth:`log_weights`.  ``reference`` holds detached hyperparameter values a
+    proposal may be centred on when drawing (set by the kernel before every draw).
+    """
+
+    name = "spectral measure"
+
+    def __init__(self) -> None:
+        self.reference: dict[str, Tensor] = {}
+
+    def draw(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """Base randomness ξ for m frequencies (CPU tensors; floating ones float64)."""
+        raise NotImplementedError
+
+    def frequencies(self, draws: dict[str, Tensor], **hyperparameters: Tensor) -> Tensor:
+        """ω of shape ``(*batch, m, d)``, in units of the raw inputs."""
+        raise NotImplementedError
+
+    def log_weights(self, draws: dict[str, Tensor], **hyperparameters: Tensor) -> Tensor | None:
+        """log wⱼ of shape ``(*batch, m)`` with E[wⱼ] = 1, or ``None`` for uniform weights."""
+        return None
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def fourier_features(x: Tensor, frequencies: Tensor, log_weights: Tensor | None = None) -> Tensor:
+    """Φ(x) = m^{−1/2}[√w cos(xWᵀ), √w sin(xWᵀ)], shape ``(*batch, n, 2m)``.
+
+    ``frequencies`` W is ``(*batch, m, d)`` and broadcasts with ``x`` ``(..., n, d)``.  Plain
+    differentiable operations (no custom backward), so Φ is twice differentiable in x and in
+    the hyperparameters W and w depend on.
+    """
+    projection = x @ frequencies.mT
+    features = torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1)
+    m = frequencies.shape[-2]
+    if log_weights is None:
+        return features / math.sqrt(m)
+    amplitude = torch.exp(0.5 * (log_weights - math.log(m))).unsqueeze(-2)
+    return features * torch.cat([amplitude, amplitude], dim=-1)
+
+
+class WeightedFourierFeatures(FeatureMap):
+    """Φ(x; θ) for a :class:`SpectralMeasure`: fixed draws ξ (buffers), hyperparameters θ at call time.
+
+    Args:
+        measure: the spectral measure (its draws become buffers of this module).
+        num_features: F = 2m (even).
+        input_dim, seed, generator: see :class:`~rfgp.features.FeatureMap`.
+
+    ``forward(x, **hyperparameters)`` passes θ to the measure; x is in raw input units.
+    """
+
+    config_fields = {"measure": METHOD}
+
+    def __init__(self, measure: SpectralMeasure, num_features: int, input_dim: int | None = None,
+                 seed: int | None = None, generator: torch.Generator | None = None) -> None:
+        if not isinstance(measure, SpectralMeasure):
+            raise TypeError(f"measure must be a rfgp.features.SpectralMeasure, got {type(measure).__name__}")
+        if isinstance(num_features, int) and not isinstance(num_features, bool) and num_features % 2:
+            raise ValueError(f"num_features must be even for sin/cos features (F = 2m), got {num_features}")
+        self.measure = measure
+        super().__init__(num_features, input_dim=input_dim, seed=seed, generator=generator)
+
+    @property
+    def num_frequencies(self) -> int:
+        return self.num_features // 2
+
+    def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        return self.measure.draw(self.num_frequencies, input_dim, generator)
+
+    def _config_value(self, name: str):
+        if name == "measure":
+            return repr(self.measure)
+        return super()._config_value(name)
+
+    def draws(self, like: Tensor) -> dict[str, Tensor]:
+        """The drawn buffers, floating ones in the dtype and on the device of ``like``."""
+        return {name: self._buffer(name, like) for name in self._buffer_names}
+
+    def forward(self, x: Tensor, **hyperparameters: Tensor) -> Tensor:
+        self._prepare(x)
+        draws = self.draws(x)
+        frequencies = self.measure.frequencies(draws, **hyperparameters)
+        return fourier_features(x, frequencies, self.measure.log_weights(draws, **hyperparameters))
+
+    # Draws whose shape depends on the proposal (e.g. the number of harmonics, chosen from the
+    # hyperparameters at draw time) take the saved shape when a state dict is loaded.
+    _saved_shapes: dict = {}
+
+    def _materialize(self) -> None:
+        super()._materialize()
+        self._adopt_saved_shapes()
+
+    def _adopt_saved_shapes(self) -> None:
+        for name, shape in self._saved_shapes.items():
+            if name in self._buffer_names and getattr(self, name).shape != shape:
+                old = getattr(self, name)
+                self.register_buffer(name, old.new_empty(shape))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self._saved_shapes = {
+            key[len(prefix):]: value.shape for key, value in state_dict.items()
+            if key.startswith(prefix) and "." not in key[len(prefix):] and torch.is_tensor(value)
+        }
+        try:
+            self._adopt_saved_shapes()
+            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        finally:
+            self._saved_shapes = {}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, measure={self.measure!r}"

@@ -1,0 +1,153 @@
+"""BoTorch pathwise (Matheron) sampling with rfgp kernels, using the kernel's own features.
+
+Imported automatically once both rfgp and BoTorch are imported (:mod:`rfgp.integrations`);
+importing it directly needs BoTorch.  It registers two entries with BoTorch's dispatchers, so
+that ``botorch.sampling.pathwise.draw_matheron_paths`` and ``get_matheron_path_model`` (hence
+pathwise Thompson sampling, ``optimize_posterior_samples``, …) work for any model whose
+``covar_module`` is an rfgp feature kernel, optionally inside ``ScaleKernel``:
+
+* ``gen_kernel_features`` for :class:`~rfgp.kernels.FeatureKernel` returns
+  :class:`KernelFeatures`, the kernel's Φ itself (its fixed draws, not new random features;
+  ``num_features`` of BoTorch's prior sampler is ignored because the model's kernel *is*
+  k̂ = ΦᵀΦ).  BoTorch's own ``ScaleKernel`` generator adds the outputscale.
+* ``gaussian_update`` for ``(ExactGP, GaussianLikelihood | FixedNoiseGaussianLikelihood)``
+  computes Matheron's update f(·) + k̂(·, X)(K̂ + D)⁻¹(y − f(X) − ε) in weight space: with
+  A = I + ΦᵀD⁻¹Φ (Woodbury), k̂(·, X)(K̂ + D)⁻¹r = Φ(·)ᵀA⁻¹ΦᵀD⁻¹r, an F × F solve from the
+  feature statistics (chunked when the kernel's operator is) instead of BoTorch's dense
+  N × N Cholesky of K̂ + D and its N-point kernel evaluations per call.  For every other
+  kernel the entry raises ``MDNotImplementedError``, which makes BoTorch's dispatcher run its
+  own ``(ExactGP, _GaussianLikelihoodBase)`` update unchanged.
+
+Prior path Φ(x)ᵀw plus update Φ(x)ᵀv is an exact draw of the posterior of the model's k̂
+(Wilson et al. 2020, Eq. 13, with no feature approximation left).  Feature maps with a variance
+bias (``has_variance_bias``) have a posterior variance larger by the diagonal c(x) =
+k(x, x) − E[k̂(x, x)] (paper 000 §5.6); a function draw cannot carry an uncorrelated diagonal,
+so BoTorch paths of such kernels sample the k̂ posterior without it and a warning says so
+(:func:`rfgp.sampling.posterior_paths` can add it as per-point noise).  Kernels with several
+outputs per input (operator-valued) and ``complex_posterior=True`` kernels are refused with
+an error naming them.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from botorch.exceptions.errors import UnsupportedError
+from botorch.sampling.pathwise.features.generators import GenKernelFeatures, gen_kernel_features
+from botorch.sampling.pathwise.features.maps import FeatureMap
+from botorch.sampling.pathwise.paths import GeneralizedLinearPath
+from botorch.sampling.pathwise.update_strategies import GaussianUpdate
+from botorch.sampling.pathwise.utils import TensorTransform, get_input_transform, get_train_inputs, get_train_targets
+from botorch.utils.dispatcher import MDNotImplementedError
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.models import ExactGP
+from linear_operator.operators import DiagLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from ..kernels.combinations import is_feature_kernel, kernel_features
+from ..kernels.random_feature_kernel import FeatureKernel
+from ..operators import noise_weights
+from ..sampling import check_path_kernel
+
+
+class _Identity(TensorTransform):
+    """The output transform BoTorch's ``ScaleKernel`` generator chains the outputscale onto."""
+
+    def forward(self, values: Tensor) -> Tensor:
+        return values
+
+
+class KernelFeatures(FeatureMap):
+    """Φ of an rfgp feature kernel as a BoTorch pathwise feature map (``active_dims`` applied, no new draws)."""
+
+    def __init__(self, kernel: FeatureKernel, num_inputs: int) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.input_transform = None
+        self.output_transform = _Identity()
+        self._num_outputs = getattr(kernel, "num_features", None)
+        if self._num_outputs is None:  # combined kernels: probe (their leaves' draws exist by now)
+            with torch.no_grad():
+                probe = kernel_features(kernel, torch.ones(1, num_inputs, dtype=kernel.dtype, device=kernel.device))
+            self._num_outputs = probe.shape[-1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return kernel_features(self.kernel, x)
+
+    @property
+    def num_outputs(self) -> int:
+        return self._num_outputs
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.kernel.batch_shape
+
+
+@GenKernelFeatures.register(FeatureKernel)
+def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_outputs: int) -> KernelFeatures:
+    check_path_kernel(kernel, "kernel")
+    probe = torch.zeros(1, num_inputs)
+    outputs = kernel.num_outputs_per_input(probe, probe)
+    if outputs != 1:
+        raise UnsupportedError(
+            f"{type(kernel).__name__} has {outputs} outputs per input (an operator-valued kernel, interleaved rows); "
+            "BoTorch's pathwise sampling expects one output per input (multi-output models are batched). "
+            "Use rfgp.sampling.posterior_paths for operator-valued kernels"
+        )
+    feature_map = getattr(kernel, "feature_map", None)
+    if getattr(feature_map, "has_variance_bias", False):
+        warnings.warn(
+            f"{type(feature_map).__name__} has a variance bias: BoTorch paths sample the posterior of k̂ = ΦᵀΦ without "
+            "the diagonal correction c(x) that the model's posterior variance adds (rfgp.sampling.posterior_paths "
+            "adds it as per-point noise)",
+            UserWarning,
+            stacklevel=2,
+        )
+    return KernelFeatures(kernel, num_inputs)
+
+
+@GaussianUpdate.register(ExactGP, (GaussianLikelihood, FixedNoiseGaussianLikelihood))
+def _gaussian_update_feature_space(
+    model: ExactGP,
+    likelihood,
+    *,
+    sample_values: Tensor,
+    target_values: Tensor | None = None,
+    points: Tensor | None = None,
+    noise_covariance=None,
+    scale_tril=None,
+) -> GeneralizedLinearPath:
+    """Matheron's update Φ(·)ᵀA⁻¹ΦᵀD⁻¹(y − f(X) − ε) for rfgp kernels; BoTorch's own update otherwise."""
+    kernel = getattr(model, "covar_module", None)
+    if kernel is None or not is_feature_kernel(kernel) or scale_tril is not None:
+        raise MDNotImplementedError  # BoTorch's (ExactGP, _GaussianLikelihoodBase) update runs instead
+    if points is None:
+        (points,) = get_train_inputs(model, transformed=True)
+    if target_values is None:
+        target_values = get_train_targets(model, transformed=True)
+    if noise_covariance is None:
+        noise_covariance = likelihood.noise_covar(shape=points.shape[:-1])
+    if not isinstance(noise_covariance, DiagLinearOperator):
+        raise MDNotImplementedError  # a non-diagonal noise: BoTorch's dense update handles it
+    with torch.no_grad():  # the update is a function of x only, like the prior draws
+        weight = _update_weights(kernel, points, target_values, sample_values, noise_weights(noise_covariance))
+    feature_map = gen_kernel_features(kernel, num_inputs=points.shape[-1], num_outputs=weight.shape[-1])
+    return GeneralizedLinearPath(feature_map=feature_map, weight=weight, input_transform=get_input_transform(model))
+
+
+def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tensor, weights: Tensor) -> Tensor:
+    """v = A⁻¹ΦᵀD⁻¹(y − f(X) − ε) with ε ~ N(0, D), shape ``sample_shape × batch × F``."""
+    operator = kernel(points).evaluate_kernel()
+    if not hasattr(operator, "feature_statistics"):
+        raise TypeError(f"expected an rfgp feature operator from {type(kernel).__name__}, got {type(operator).__name__}")
+    noise = torch.randn(sample_values.shape, dtype=sample_values.dtype, device=sample_values.device)
+    residual = targets - sample_values - noise * weights.reciprocal().sqrt()
+    sample_dims = residual.dim() - targets.dim()
+    # sample dimensions become right-hand-side columns: (batch, N, S)
+    rhs = residual.flatten(0, sample_dims - 1).movedim(0, -1) if sample_dims else residual.unsqueeze(-1)
+    gram, cross = operator.feature_statistics(weights, rhs)
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    solved = torch.cholesky_solve(cross, psd_safe_cholesky(gram + eye))  # (batch, F, S)
+    return solved.movedim(-1, 0).unflatten(0, residual.shape[:sample_dims]) if sample_dims else solved.squeeze(-1)

@@ -1,0 +1,189 @@
+"""Sketched derivative kernels: GPyTorch's ``RBFKernelGrad``, ``RBFKernelGradGrad``,
+``Matern52KernelGrad`` and ``PolynomialKernelGrad`` with a random-feature root.
+
+A GP observed through values and gradients has the joint covariance
+Cov(∂ᵢf(x), ∂ⱼf(y)) = ∂²k(x, y)/∂xᵢ∂yⱼ (Rasmussen & Williams 2006, §9.4).  With
+k(x, y) ≈ Φ(x)ᵀΦ(y) this is ∂ᵢΦ(x)ᵀ∂ⱼΦ(y), so the whole joint Gram over the n·K outputs
+(K = d + 1: value and gradient; K = 2d + 1: also the diagonal second derivatives ∂ⱼ²f) is
+RRᵀ with the root
+
+    R = [Φ(xᵢ); ∂₁Φ(xᵢ); …; ∂_dΦ(xᵢ) (; ∂₁²Φ(xᵢ); …; ∂_d²Φ(xᵢ))]ᵢ   of shape (n·K, F),
+
+rows interleaved per point exactly as GPyTorch orders its derivative kernels (row i·K + t:
+output t of point i, value first), so ``MultitaskMultivariateNormal``,
+``MultitaskGaussianLikelihood(num_tasks=K)``, ``ConstantMeanGrad`` and
+``ExactMarginalLogLikelihood`` work unchanged.  Training and prediction then cost
+O(n·K·F² + F³) through the F × F capacitance matrix
+(:class:`~rfgp.multioutput.MultitaskFeatureSpacePredictionStrategy`) instead of GPyTorch's
+O((n·K)³).
+
+The input derivatives of the features are analytic (:mod:`rfgp.features.derivatives`):
+for sin/cos features a swap of Φ's halves times the frequencies; for polynomial sketches
+the product rule over the sketched factors.  The lengthscale enters by the chain rule,
+∂/∂xⱼ = ℓⱼ⁻¹ ∂/∂zⱼ with z = x/ℓ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from linear_operator.operators import MatmulLinearOperator
+from torch import Tensor
+
+from .._validation import check_choice
+from ..operators import FeatureRootLinearOperator
+from ..settings import memory_budget, resolve_chunk_size
+from .fourier import FOURIER_METHODS, SketchedMaternKernel, SketchedRBFKernel
+from .polynomial import SketchedPolynomialKernel
+
+
+class _DerivativeRootMixin:
+    """Turns a scalar rfgp feature kernel into its derivative-observation kernel (first in the bases).
+
+    Subclasses implement :meth:`input_derivatives` (rows [Φ, ∂Φ/∂zⱼ, (∂²Φ/∂zⱼ²)] with respect to
+    the scaled input z the feature map sees) and set ``second_derivatives``.
+    """
+
+    second_derivatives: bool = False
+
+    def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
+        d = x1.shape[-1]
+        return 1 + (2 * d if self.second_derivatives else d)
+
+    def input_derivatives(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def featurize(self, x: Tensor) -> Tensor:
+        """The interleaved root R of shape ``(*batch, n·K, F)`` (``active_dims`` already applied)."""
+        rows = self.input_derivatives(x)
+        return (rows * self._chain_factors(x).to(rows)).flatten(-3, -2)
+
+    def _chain_factors(self, x: Tensor) -> Tensor:
+        """(1, ℓ⁻¹, (ℓ⁻²)) per output row, shape ``(*batch, 1, K, 1)``: ∂/∂xⱼ = ℓⱼ⁻¹∂/∂zⱼ."""
+        d = x.shape[-1]
+        if not self.has_lengthscale:
+            inverse = x.new_ones(d)
+        else:
+            inverse = self.lengthscale.reciprocal().expand(*self.lengthscale.shape[:-1], d)
+        powers = [torch.ones_like(inverse[..., :1]), inverse]
+        if self.second_derivatives:
+            powers.append(inverse.square())
+        return torch.cat(powers, dim=-1).unsqueeze(-1)
+
+    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
+        if last_dim_is_batch:
+            raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
+        self._check_memory(x1, x2)
+        same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
+        z1 = self.featurize(x1)
+        z2 = z1 if same else self.featurize(x2)
+        if diag:
+            return (z1 * z2).sum(-1)
+        if same:
+            return FeatureRootLinearOperator(z1)
+        return MatmulLinearOperator(z1, z2.mT)
+
+    def _check_memory(self, x1: Tensor, x2: Tensor) -> None:
+        """Refuse (instead of silently exceeding) a memory budget that would ask for chunked statistics."""
+        outputs = self.num_outputs_per_input(x1, x2)
+        rows = max(x1.shape[-2], x2.shape[-2]) * outputs
+        batch = math.prod(torch.broadcast_shapes(self.batch_shape, x1.shape[:-2]))
+        if resolve_chunk_size(rows, self.num_features, batch, x1.dtype) is not None:
+            raise ValueError(
+                f"{type(self).__name__}: the derivative root of {rows} rows (n = {rows // outputs} points × "
+                f"{outputs} outputs) and {self.num_features} features exceeds rfgp.settings.memory_budget "
+                f"({memory_budget.value()} bytes) or a forced rfgp.settings.chunk_size, and derivative kernels "
+                "have no chunked evaluation; raise the budget, e.g. `with rfgp.settings.memory_budget(8 * 2**30):`"
+            )
+
+    def diag_moments(self, x: Tensor):
+        # the supported feature maps (sin/cos, polynomial sketches) are unbiased on the whole joint diagonal
+        return None
+
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        from ..multioutput import MultitaskFeatureSpacePredictionStrategy
+
+        return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
+
+
+class SketchedRBFKernelGrad(_DerivativeRootMixin, SketchedRBFKernel):
+    r"""``gpytorch.kernels.RBFKernelGrad`` with random Fourier features: the joint kernel of (f, ∇f).
+
+    Root rows per point: Φ(x) = m^{−1/2}[cos(Ωz), sin(Ωz)] (z = x/ℓ) and
+    ∂ⱼΦ = ℓⱼ⁻¹ m^{−1/2}[−sin(Ωz), cos(Ωz)] ⊙ [Ω_{:,j}, Ω_{:,j}], in GPyTorch's interleaved order
+    (``num_outputs_per_input`` = d + 1).
+
+    Args:
+        num_features: F = 2m.
+        method: ``"rff"``, ``"orf"`` or ``"sorf"`` (the frequency sampler, see :class:`SketchedRBFKernel`).
+        input_dim, seed, generator: as :class:`SketchedRBFKernel`.
+        kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
+            ``lengthscale_constraint`` as in ``gpytorch.kernels.RBFKernelGrad``.
+
+    Example:
+        >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedRBFKernelGrad(1024, ard_num_dims=2))
+        >>> covar_module(torch.randn(10, 2)).shape  # n·(d + 1) = 30
+        torch.Size([30, 30])
+    """
+
+    def __init__(self, num_features: int, method: str = "rff", input_dim: int | None = None,
+                 seed: int | None = None, generator: torch.Generator | None = None, **kwargs) -> None:
+        check_choice(method, "method", tuple(FOURIER_METHODS))
+        super().__init__(num_features, method=method, input_dim=input_dim, seed=seed, generator=generator, **kwargs)
+
+    def input_derivatives(self, x: Tensor) -> Tensor:
+        return self.feature_map.input_derivatives(self.scale_inputs(x), second=self.second_derivatives)
+
+
+class SketchedRBFKernelGradGrad(SketchedRBFKernelGrad):
+    r"""``gpytorch.kernels.RBFKernelGradGrad`` with random Fourier features: (f, ∇f, ∂₁²f, …, ∂_d²f).
+
+    Adds the rows ∂ⱼ²Φ = −ℓⱼ⁻² Φ ⊙ [Ω_{:,j}², Ω_{:,j}²] after the gradient rows
+    (``num_outputs_per_input`` = 2d + 1, GPyTorch's order).  Arguments as :class:`SketchedRBFKernelGrad`.
+    """
+
+    second_derivatives = True
+
+
+class SketchedMatern52KernelGrad(_DerivativeRootMixin, SketchedMaternKernel):
+    r"""``gpytorch.kernels.Matern52KernelGrad`` with random Fourier features (Student-t frequencies, 5 dof).
+
+    The derivative rows are those of :class:`SketchedRBFKernelGrad`; E‖ω‖² is finite for
+    ν = 5/2, so the gradient block is unbiased.  Arguments as :class:`SketchedMaternKernel`
+    without ``nu`` (fixed to 5/2, as in GPyTorch).
+    """
+
+    def __init__(self, num_features: int, method: str = "rff", input_dim: int | None = None,
+                 seed: int | None = None, generator: torch.Generator | None = None, **kwargs) -> None:
+        nu = kwargs.pop("nu", 2.5)
+        if nu != 2.5:
+            raise ValueError(f"nu must be 2.5 for Matern52KernelGrad (the only Matérn derivative kernel), got {nu!r}")
+        super().__init__(num_features, nu=2.5, method=method, input_dim=input_dim, seed=seed, generator=generator,
+                         **kwargs)
+
+    def input_derivatives(self, x: Tensor) -> Tensor:
+        return self.feature_map.input_derivatives(self.scale_inputs(x), second=False)
+
+
+class SketchedPolynomialKernelGrad(_DerivativeRootMixin, SketchedPolynomialKernel):
+    r"""``gpytorch.kernels.PolynomialKernelGrad`` (xᵀy + c)^p with a polynomial sketch: the joint kernel of (f, ∇f).
+
+    Φ(x) = S(x̃ ⊗ … ⊗ x̃) with x̃ = [x; √c] and S linear in each factor, so
+    ∂ⱼΦ = Σᵢ S(x̃ ⊗ … ⊗ eⱼ ⊗ … ⊗ x̃) (eⱼ at factor i) — exact for every projection
+    (:func:`~rfgp.features.derivatives.multilinear_derivatives`).  Arguments as
+    :class:`SketchedPolynomialKernel`, except ``input_normalization`` (no derivative
+    through x/‖x‖) and ``complex_posterior`` (the joint derivative GP is the real one).
+
+    Example:
+        >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedPolynomialKernelGrad(2, num_features=512))
+    """
+
+    def __init__(self, power: int, num_features: int, **kwargs) -> None:
+        for name in ("input_normalization", "complex_posterior"):
+            if kwargs.get(name):
+                raise ValueError(f"{type(self).__name__} does not support {name}={kwargs[name]!r}")
+        super().__init__(power, num_features, **kwargs)
+
+    def input_derivatives(self, x: Tensor) -> Tensor:
+        return self.feature_map.input_derivatives(self.scale_inputs(x), offset=self.offset, second=False)

@@ -1,0 +1,182 @@
+r"""Kernels with exact finite feature maps: GPyTorch's ``LinearKernel``, ``ConstantKernel`` and ``CosineKernel``.
+
+No randomness and no approximation: k(x, y) = Φ(x)ᵀΦ(y) exactly, with
+
+* linear   k = v·xᵀy (per-dimension v under ARD):  Φ(x) = x ⊙ √v,        width d;
+* constant k = c:                                  Φ(x) = √c,            width 1;
+* cosine   k = cos(π‖x − y‖/p):                    Φ(x) = [cos(πx/p), sin(πx/p)], width 2 —
+  exact for one input dimension by cos(a − b) = cos a cos b + sin a sin b.  For d > 1,
+  cos(π‖τ‖/p) is not positive definite (a radial function is positive definite on ℝᵈ, d ≥ 2,
+  only as a mixture of Bessel-type functions Ω_d, Schoenberg 1938; cos = Ω₁), so it has no
+  feature map: such inputs raise.
+
+Hyperparameters have GPyTorch's names, shapes, constraints and priors.  Their features are
+exact, so their variance correction is zero and ``num_features`` is the exact width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from gpytorch.constraints import Interval
+from gpytorch.priors import Prior
+from torch import Tensor
+
+from .._validation import check_positive_int
+from ..config_state import LAZY
+from .hyperparameters import positive_value, register_positive_hyperparameter, set_positive_value
+from .random_feature_kernel import FeatureKernel
+
+
+class _ExactFeatureKernel(FeatureKernel):
+    def diag_moments(self, x: Tensor) -> None:
+        return None
+
+
+class LinearFeatureKernel(_ExactFeatureKernel):
+    r"""k(x, y) = xᵀ diag(v) y with features x ⊙ √v (``gpytorch.kernels.LinearKernel``).
+
+    Args:
+        ard_num_dims: one variance per input dimension (else one shared).
+        input_dim: d, the width of Φ (default ``ard_num_dims``; otherwise set at the first call).
+        variance_prior, variance_constraint: as in GPyTorch.
+        kwargs: ``batch_shape``, ``active_dims``.
+
+    Example:
+        >>> LinearFeatureKernel(input_dim=3).featurize(torch.rand(5, 3)).shape
+        torch.Size([5, 3])
+    """
+
+    config_fields = {"input_dim": LAZY}
+
+    def __init__(self, ard_num_dims: int | None = None, input_dim: int | None = None,
+                 variance_prior: Prior | None = None, variance_constraint: Interval | None = None, **kwargs) -> None:
+        super().__init__(ard_num_dims=ard_num_dims, **kwargs)
+        input_dim = ard_num_dims if input_dim is None else input_dim
+        self.input_dim = None if input_dim is None else check_positive_int(input_dim, "input_dim")
+        register_positive_hyperparameter(self, "variance", (*self.batch_shape, 1, ard_num_dims or 1),
+                                         variance_prior, variance_constraint)
+
+    @property
+    def variance(self) -> Tensor:
+        return positive_value(self, "variance")
+
+    @variance.setter
+    def variance(self, value) -> None:
+        set_positive_value(self, "variance", value)
+
+    @property
+    def num_features(self) -> int:
+        if self.input_dim is None:
+            raise RuntimeError("LinearFeatureKernel has width d = input_dim, unknown before the first call: "
+                               "pass input_dim= (or ard_num_dims=)")
+        return self.input_dim
+
+    def featurize(self, x: Tensor) -> Tensor:
+        if self.input_dim is None:
+            self.input_dim = x.shape[-1]
+        elif x.shape[-1] != self.input_dim:
+            raise ValueError(f"x has {x.shape[-1]} input dimensions but LinearFeatureKernel has input_dim={self.input_dim}")
+        return x * self.variance.sqrt()
+
+
+class ConstantFeatureKernel(_ExactFeatureKernel):
+    r"""k(x, y) = c with the single feature √c (``gpytorch.kernels.ConstantKernel``).
+
+    Args:
+        constant_prior, constant_constraint: as in GPyTorch.
+        kwargs: ``batch_shape``, ``active_dims``.
+    """
+
+    num_features = 1
+
+    def __init__(self, constant_prior: Prior | None = None, constant_constraint: Interval | None = None,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        register_positive_hyperparameter(self, "constant", (*self.batch_shape, 1), constant_prior, constant_constraint)
+
+    @property
+    def constant(self) -> Tensor:
+        return positive_value(self, "constant")
+
+    @constant.setter
+    def constant(self, value) -> None:
+        set_positive_value(self, "constant", value)
+
+    def featurize(self, x: Tensor) -> Tensor:
+        root = self.constant.sqrt().unsqueeze(-2)  # (*batch, 1, 1)
+        return root.expand(*torch.broadcast_shapes(root.shape[:-2], x.shape[:-2]), x.shape[-2], 1)
+
+    # -------------------------------------------------------------- spectral
+    def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        return {"shape": torch.zeros(num_frequencies, input_dim, dtype=torch.float64)}
+
+    def spectral_frequencies(self, draws: dict[str, Tensor]) -> Tensor:
+        """ω = 0 (the measure is a point mass at the origin)."""
+        zero = draws["shape"].to(self.raw_constant)
+        return zero.expand(*self.batch_shape, *zero.shape)
+
+    def spectral_weights(self, draws: dict[str, Tensor]) -> None:
+        return None
+
+    def spectral_amplitude(self) -> Tensor:
+        return self.constant.squeeze(-1)
+
+
+class CosineFeatureKernel(_ExactFeatureKernel):
+    r"""k(x, y) = cos(π(x − y)/p) on 1-D inputs with features [cos(πx/p), sin(πx/p)] (GPyTorch's ``CosineKernel``).
+
+    Args:
+        period_length_prior, period_length_constraint: as in GPyTorch.
+        kwargs: ``batch_shape``, ``active_dims``.
+
+    Raises:
+        ValueError: for inputs with more than one dimension (cos(π‖x − y‖/p) is not positive
+            definite there, so no feature map exists).
+    """
+
+    num_features = 2
+    is_stationary = True
+
+    def __init__(self, period_length_prior: Prior | None = None, period_length_constraint: Interval | None = None,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        register_positive_hyperparameter(self, "period_length", (*self.batch_shape, 1, 1), period_length_prior,
+                                         period_length_constraint)
+
+    @property
+    def period_length(self) -> Tensor:
+        return positive_value(self, "period_length")
+
+    @period_length.setter
+    def period_length(self, value) -> None:
+        set_positive_value(self, "period_length", value)
+
+    @staticmethod
+    def _check_one_dimensional(input_dim: int) -> None:
+        if input_dim != 1:
+            raise ValueError(
+                f"CosineKernel cos(π‖x − y‖/p) is positive definite only on 1-D inputs, got input dimension "
+                f"{input_dim}: select one column with active_dims, or use a product of per-dimension CosineKernels"
+            )
+
+    def featurize(self, x: Tensor) -> Tensor:
+        self._check_one_dimensional(x.shape[-1])
+        phase = x * (math.pi / self.period_length)
+        return torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1)
+
+    # -------------------------------------------------------------- spectral
+    def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        self._check_one_dimensional(input_dim)
+        return {"shape": torch.ones(num_frequencies, 1, dtype=torch.float64)}
+
+    def spectral_frequencies(self, draws: dict[str, Tensor]) -> Tensor:
+        """ω = π/p for every frequency (the measure is the point pair ±π/p; cos is even)."""
+        return draws["shape"].to(self.raw_period_length) * (math.pi / self.period_length)
+
+    def spectral_weights(self, draws: dict[str, Tensor]) -> None:
+        return None
+
+    def spectral_amplitude(self) -> Tensor:
+        return torch.ones(self.batch_shape, dtype=self.raw_period_length.dtype, device=self.raw_period_length.device)

@@ -1,0 +1,39 @@
+"""Registering GPyTorch-style positive hyperparameters (raw parameter, constraint, prior, validated setter)."""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.constraints import Interval, Positive
+from gpytorch.kernels import Kernel
+from gpytorch.priors import Prior
+from torch import Tensor
+
+
+def register_positive_hyperparameter(kernel: Kernel, name: str, shape, prior: Prior | None = None,
+                                     constraint: Interval | None = None) -> None:
+    """Register ``raw_<name>`` (zeros of ``shape``), its constraint (default ``Positive``) and ``<name>_prior``.
+
+    The kernel class defines the ``<name>`` property with :func:`positive_value` /
+    :func:`set_positive_value`, exactly as GPyTorch's kernels name them, so values,
+    constraints and priors carry over from the GPyTorch kernel.
+    """
+    kernel.register_parameter(f"raw_{name}", torch.nn.Parameter(torch.zeros(*shape)))
+    kernel.register_constraint(f"raw_{name}", Positive() if constraint is None else constraint)
+    if prior is not None:
+        if not isinstance(prior, Prior):
+            raise TypeError(f"{name}_prior must be a gpytorch.priors.Prior, got {type(prior).__name__}")
+        kernel.register_prior(f"{name}_prior", prior, lambda m: positive_value(m, name),
+                              lambda m, v: set_positive_value(m, name, v))
+
+
+def positive_value(kernel: Kernel, name: str) -> Tensor:
+    return getattr(kernel, f"raw_{name}_constraint").transform(getattr(kernel, f"raw_{name}"))
+
+
+def set_positive_value(kernel: Kernel, name: str, value) -> None:
+    """Set ``<name>`` after checking every entry is finite and > 0 (a ValueError names the argument otherwise)."""
+    raw = getattr(kernel, f"raw_{name}")
+    value = torch.as_tensor(value).to(raw)
+    if not bool(torch.isfinite(value).all()) or bool((value <= 0).any()):
+        raise ValueError(f"{name} must be finite and > 0, got {value.detach().cpu().flatten()[:8].tolist()}")
+    kernel.initialize(**{f"raw_{name}": getattr(kernel, f"raw_{name}_constraint").inverse_transform(value)})

@@ -1,0 +1,94 @@
+r"""Sketched spectral mixture kernel: GPyTorch's ``SpectralMixtureKernel`` with reparameterised mixture features.
+
+k(τ) = Π_i Σ_q w_q exp(−2π²τ_i²σ_{qi}²) cos(2πτ_iμ_{qi}) (GPyTorch's form of Wilson & Adams 2013), with
+GPyTorch's parameter names and shapes (``mixture_weights`` ``(*batch, Q)``, ``mixture_means``
+and ``mixture_scales`` ``(*batch, Q, 1, d)``).  Features: √A, A = (Σw)^d, times the weighted Fourier
+features of :mod:`rfgp.features.spectral_mixture` — unbiased, gradients in all three.
+"""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.constraints import Interval
+from gpytorch.priors import Prior
+from torch import Tensor
+
+from .._validation import check_positive_int
+from ..features.spectral_mixture import SpectralMixtureSpectralMeasure
+from .hyperparameters import positive_value, register_positive_hyperparameter, set_positive_value
+from .spectral_kernel import SpectralFeatureKernel
+
+
+class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
+    r"""Spectral mixture kernel with Q components approximated by F = 2m features (m ≥ Q).
+
+    Args:
+        num_mixtures: Q.
+        num_features: F = 2m.
+        ard_num_dims: the input dimension d (GPyTorch requires it to match the data; default 1).
+        method, seed, generator: randomness (``"rff"``).
+        mixture_{weights,means,scales}_{prior,constraint}: as in ``gpytorch.kernels.SpectralMixtureKernel``.
+        kwargs: ``batch_shape``, ``active_dims``.
+
+    Example:
+        >>> kernel = SketchedSpectralMixtureKernel(num_mixtures=3, num_features=512, ard_num_dims=1, seed=0)
+        >>> kernel(torch.rand(10, 1)).shape
+        torch.Size([10, 10])
+    """
+
+    is_stationary = True
+
+    def __init__(self, num_mixtures: int, num_features: int, ard_num_dims: int = 1, method: str = "rff",
+                 seed: int | None = None, generator: torch.Generator | None = None,
+                 mixture_weights_prior: Prior | None = None, mixture_weights_constraint: Interval | None = None,
+                 mixture_means_prior: Prior | None = None, mixture_means_constraint: Interval | None = None,
+                 mixture_scales_prior: Prior | None = None, mixture_scales_constraint: Interval | None = None,
+                 **kwargs) -> None:
+        self.num_mixtures = check_positive_int(num_mixtures, "num_mixtures")
+        ard_num_dims = check_positive_int(ard_num_dims, "ard_num_dims")
+        super().__init__(SpectralMixtureSpectralMeasure(num_mixtures), num_features, method=method, seed=seed,
+                         generator=generator, ard_num_dims=ard_num_dims, **kwargs)
+        shape = (*self.batch_shape, num_mixtures, 1, ard_num_dims)
+        register_positive_hyperparameter(self, "mixture_weights", (*self.batch_shape, num_mixtures),
+                                         mixture_weights_prior, mixture_weights_constraint)
+        register_positive_hyperparameter(self, "mixture_means", shape, mixture_means_prior, mixture_means_constraint)
+        register_positive_hyperparameter(self, "mixture_scales", shape, mixture_scales_prior, mixture_scales_constraint)
+
+    @property
+    def mixture_weights(self) -> Tensor:
+        return positive_value(self, "mixture_weights")
+
+    @mixture_weights.setter
+    def mixture_weights(self, value) -> None:
+        set_positive_value(self, "mixture_weights", value)
+
+    @property
+    def mixture_means(self) -> Tensor:
+        return positive_value(self, "mixture_means")
+
+    @mixture_means.setter
+    def mixture_means(self, value) -> None:
+        set_positive_value(self, "mixture_means", value)
+
+    @property
+    def mixture_scales(self) -> Tensor:
+        return positive_value(self, "mixture_scales")
+
+    @mixture_scales.setter
+    def mixture_scales(self, value) -> None:
+        set_positive_value(self, "mixture_scales", value)
+
+    def measure_hyperparameters(self) -> dict[str, Tensor]:
+        return {"means": self.mixture_means, "scales": self.mixture_scales, "weights": self.mixture_weights}
+
+    def spectral_amplitude(self) -> Tensor:
+        """k(x, x) = (Σ_q w_q)^d."""
+        return self.mixture_weights.sum(-1).pow(self.ard_num_dims)
+
+    def featurize(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.ard_num_dims:
+            raise ValueError(
+                f"SketchedSpectralMixtureKernel expects inputs with ard_num_dims={self.ard_num_dims} dimensions "
+                f"(as GPyTorch's SpectralMixtureKernel), got {x.shape[-1]}"
+            )
+        return super().featurize(x) * self.spectral_amplitude().sqrt().unsqueeze(-1).unsqueeze(-1)

@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from rfgp.features.rational_quadratic import RationalQuadraticSpectralMeasure
+from rfgp.features.weighted_fourier import WeightedFourierFeatures
+from tests._spectral_checks import (
+    assert_derivatives_match_finite_differences,
+    assert_error_falls_like_inverse_sqrt,
+    assert_unbiased,
+)
+
+F64 = torch.float64
+LENGTHSCALE = torch.tensor([[0.7, 1.3]], dtype=F64)
+ALPHA = torch.tensor([0.8], dtype=F64)
+X = torch.rand(8, 2, generator=torch.Generator().manual_seed(0), dtype=F64) * 2
+
+
+def exact_rq(x, y, lengthscale, alpha):
+    """GPyTorch's RQKernel: (1 + r²/(2α))^{−α}, r² = ‖(x − y)/ℓ‖²."""
+    r2 = (((x.unsqueeze(-2) - y.unsqueeze(-3)) / lengthscale) ** 2).sum(-1)
+    return (1 + r2 / (2 * alpha)).pow(-alpha)
+
+
+def features(num_features, seed, reference=ALPHA):
+    measure = RationalQuadraticSpectralMeasure()
+    measure.reference = {"alpha": reference}
+    return WeightedFourierFeatures(measure, num_features, input_dim=2, seed=seed)
+
+
+def gram(phi, lengthscale=LENGTHSCALE, alpha=ALPHA, x=X):
+    z = phi(x, lengthscale=lengthscale, alpha=alpha)
+    return z @ z.mT
+
+
+def test_gram_is_unbiased():
+    assert_unbiased(lambda seed: gram(features(128, seed)), exact_rq(X, X, LENGTHSCALE, ALPHA), 150)
+
+
+@pytest.mark.parametrize("factor", [0.3, 4.0])
+def test_unbiased_when_alpha_moved_from_the_proposal(factor):
+    alpha = ALPHA * factor
+    assert_unbiased(lambda seed: gram(features(128, seed), alpha=alpha), exact_rq(X, X, LENGTHSCALE, alpha), 150)
+
+
+def test_relative_error_falls_like_inverse_sqrt_width():
+    exact = exact_rq(X, X, LENGTHSCALE, ALPHA)
+    assert_error_falls_like_inverse_sqrt(lambda width, seed: gram(features(width, 50 + seed)), exact, 32, 512)
+
+
+def test_gradients_and_hessian_in_alpha_and_lengthscale_match_finite_differences():
+    phi = features(32, 1)
+    probe = torch.randn(8, 8, generator=torch.Generator().manual_seed(2), dtype=F64)
+
+    def scalar(theta):  # θ = (ℓ₁, ℓ₂, α)
+        return (gram(phi, theta[:2].unsqueeze(0), theta[2:]) * probe).sum()
+
+    assert_derivatives_match_finite_differences(scalar, torch.cat([LENGTHSCALE[0], ALPHA]))
+
+
+def test_alpha_far_below_the_proposal_raises_naming_it():
+    with pytest.raises(ValueError, match="alpha .* resample"):
+        gram(features(16, 0), alpha=ALPHA / 10)
+
+
+def test_state_dict_round_trip():
+    phi, other = features(32, 5), features(32, 6)
+    other.load_state_dict(phi.state_dict())
+    assert torch.equal(gram(other), gram(phi))

@@ -1,0 +1,192 @@
+"""BoTorch models with rfgp kernels: fit, posterior, acquisition optimisation, fantasies, model lists,
+batched outputs, transforms and fixed noise — in feature space (no factorisation larger than F)."""
+
+import pytest
+import torch
+
+botorch = pytest.importorskip("botorch")
+
+import gpytorch  # noqa: E402
+from botorch.acquisition import (  # noqa: E402
+    qKnowledgeGradient,
+    qLogExpectedImprovement,
+    qLogNoisyExpectedImprovement,
+    qUpperConfidenceBound,
+)
+from botorch.fit import fit_gpytorch_mll  # noqa: E402
+from botorch.models import ModelListGP, SingleTaskGP  # noqa: E402
+from botorch.models.transforms import Normalize, Standardize  # noqa: E402
+from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior  # noqa: E402
+from botorch.optim import optimize_acqf  # noqa: E402
+from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
+from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood  # noqa: E402
+
+import rfgp  # noqa: E402
+from rfgp.kernels import SketchedRBFKernel  # noqa: E402
+from tests.test_log_prob import factorised  # noqa: E402,F401  (fixture)
+
+D = 3
+BOUNDS = torch.tensor([[0.0] * D, [2.0] * D], dtype=torch.float64)
+FIT_OPTIONS = {"optimizer_kwargs": {"options": {"maxiter": 30}}}
+ACQF_OPTIONS = {"num_restarts": 2, "raw_samples": 32, "options": {"maxiter": 10}}
+
+
+def data(n, num_outputs=1, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = 2 * torch.rand(n, D, generator=gen, dtype=torch.float64)
+    y = torch.stack([torch.sin(3 * x).sum(-1) * (k + 1) for k in range(num_outputs)], -1)
+    return x, y + 0.1 * torch.randn(n, num_outputs, generator=gen, dtype=torch.float64)
+
+
+def sketched_model(x, y, num_features=64, **options):
+    """BoTorch's default SingleTaskGP kernel (RBF, dim-scaled LogNormal prior), sketched."""
+    batch = torch.Size([y.shape[-1]]) if y.shape[-1] > 1 else torch.Size()
+    exact = get_covar_module_with_dim_scaled_prior(ard_num_dims=D, batch_shape=batch)
+    kernel = rfgp.sketch(exact, num_features, method="orf", seed=0)
+    return SingleTaskGP(x, y, covar_module=kernel, input_transform=Normalize(D), **options).double()
+
+
+def fitted(x, y, **options):
+    model = sketched_model(x, y, **options)
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model), **FIT_OPTIONS)
+    return model.eval()
+
+
+def test_sketch_of_botorch_default_kernel_keeps_its_prior_and_constraint():
+    x, y = data(20)
+    default = SingleTaskGP(x, y).covar_module
+    sketched = rfgp.sketch(default, 128, method="sorf", seed=0)
+    assert isinstance(sketched, SketchedRBFKernel)
+    prior = sketched.lengthscale_prior
+    assert isinstance(prior, gpytorch.priors.LogNormalPrior)
+    torch.testing.assert_close(prior.loc, default.lengthscale_prior.loc)
+    assert sketched.raw_lengthscale_constraint.lower_bound == default.raw_lengthscale_constraint.lower_bound
+    torch.testing.assert_close(sketched.lengthscale, default.lengthscale)
+
+
+def test_sketch_of_matern_kernel_with_gamma_priors_fits():
+    """BoTorch's Matérn-5/2 + ScaleKernel with Gamma priors (its earlier default) converts with both priors."""
+    from botorch.models.utils.gpytorch_modules import get_matern_kernel_with_gamma_prior
+
+    exact = get_matern_kernel_with_gamma_prior(ard_num_dims=D)
+    sketched = rfgp.sketch(exact, 64, method="orf", seed=0)
+    assert isinstance(sketched.base_kernel, rfgp.kernels.SketchedMaternKernel) and sketched.base_kernel.nu == 2.5
+    for module, exact_module, name in ((sketched, exact, "outputscale_prior"),
+                                       (sketched.base_kernel, exact.base_kernel, "lengthscale_prior")):
+        prior, exact_prior = getattr(module, name), getattr(exact_module, name)
+        assert isinstance(prior, gpytorch.priors.GammaPrior)
+        torch.testing.assert_close(prior.concentration, exact_prior.concentration)
+        torch.testing.assert_close(prior.rate, exact_prior.rate)
+    x, y = data(60)
+    model = SingleTaskGP(x, y, covar_module=sketched, input_transform=Normalize(D)).double()
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model), **FIT_OPTIONS)
+    assert torch.isfinite(model.posterior(x[:3]).mean).all()
+
+
+def test_fit_factorises_nothing_larger_than_the_features(factorised):
+    x, y = data(3000)
+    model = sketched_model(x, y, num_features=64)
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    start = model.covar_module.lengthscale.detach().clone()
+    fit_gpytorch_mll(mll, **FIT_OPTIONS)
+    assert factorised and max(factorised) <= 64
+    assert not torch.allclose(model.covar_module.lengthscale, start)
+
+
+def test_posterior_and_observation_noise():
+    x, y = data(60)
+    model = fitted(x, y)
+    xs = 2 * torch.rand(5, D, dtype=torch.float64)
+    with torch.no_grad():
+        latent, noisy = model.posterior(xs), model.posterior(xs, observation_noise=True)
+    noise = model.likelihood.noise * model.outcome_transform.stdvs.pow(2)  # in output units
+    torch.testing.assert_close(noisy.variance, latent.variance + noise, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(noisy.mean, latent.mean)
+
+
+@pytest.mark.parametrize("acquisition", ["qLogEI", "qLogNEI", "qUCB"])
+def test_acquisition_optimisation(acquisition):
+    x, y = data(60)
+    model = fitted(x, y)
+    acqf = {
+        "qLogEI": lambda: qLogExpectedImprovement(model, best_f=y.max()),
+        "qLogNEI": lambda: qLogNoisyExpectedImprovement(model, X_baseline=x),
+        "qUCB": lambda: qUpperConfidenceBound(model, beta=0.2),
+    }[acquisition]()
+    candidates, value = optimize_acqf(acqf, BOUNDS, q=2, **ACQF_OPTIONS)
+    assert candidates.shape == (2, D) and torch.isfinite(value)
+    assert ((candidates >= 0) & (candidates <= 2)).all()
+
+
+def test_fantasize_and_knowledge_gradient():
+    x, y = data(60)
+    model = fitted(x, y)
+    fantasy = model.fantasize(2 * torch.rand(2, D, dtype=torch.float64), SobolQMCNormalSampler(torch.Size([4])))
+    assert fantasy.posterior(x[:3]).mean.shape == (4, 3, 1)
+    candidates, value = optimize_acqf(qKnowledgeGradient(model, num_fantasies=4), BOUNDS, q=1,
+                                      num_restarts=2, raw_samples=16, options={"maxiter": 3})
+    assert candidates.shape == (1, D) and torch.isfinite(value)
+
+
+def test_condition_on_observations_equals_refit_with_the_same_hyperparameters():
+    x, y = data(60)
+    model = fitted(x[:50], y[:50], outcome_transform=None)
+    model.posterior(x[:1])  # GPyTorch builds the caches a fantasy update extends at the first prediction
+    conditioned = model.condition_on_observations(x[50:], y[50:])  # BoTorch applies the input transform
+    full = sketched_model(x, y, outcome_transform=None)
+    full.load_state_dict(model.state_dict())
+    full.eval()
+    xs = 2 * torch.rand(6, D, dtype=torch.float64)
+    with torch.no_grad():
+        expected, actual = full.posterior(xs), conditioned.posterior(xs)
+    torch.testing.assert_close(actual.mean, expected.mean, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(actual.variance, expected.variance, rtol=1e-8, atol=1e-10)
+
+
+def test_fantasy_batches_equal_one_conditioning_per_fantasy():
+    """The fantasy targets' batch is folded into right-hand-side columns; each fantasy is still its own model."""
+    x, y = data(60)
+    model = fitted(x, y, outcome_transform=None)
+    points = 2 * torch.rand(2, D, dtype=torch.float64)
+    fantasy = model.fantasize(points, SobolQMCNormalSampler(torch.Size([3])))
+    xs = 2 * torch.rand(4, D, dtype=torch.float64)
+    with torch.no_grad():
+        means = fantasy.posterior(xs).mean
+        for k in range(3):
+            single = model.condition_on_observations(points, fantasy.train_targets[k, -2:].unsqueeze(-1))
+            torch.testing.assert_close(means[k], single.posterior(xs).mean, rtol=1e-8, atol=1e-10)
+
+
+def test_model_list_with_sum_mll():
+    x, y = data(60, num_outputs=2)
+    models = [sketched_model(x, y[:, k : k + 1]) for k in range(2)]
+    model_list = ModelListGP(*models)
+    fit_gpytorch_mll(SumMarginalLogLikelihood(model_list.likelihood, model_list), **FIT_OPTIONS)
+    model_list.eval()
+    assert model_list.posterior(x[:4]).mean.shape == (4, 2)
+    candidates, _ = optimize_acqf(qUpperConfidenceBound(models[0], beta=0.2), BOUNDS, q=1, **ACQF_OPTIONS)
+    assert candidates.shape == (1, D)
+
+
+def test_batched_multi_output_model(factorised):
+    x, y = data(200, num_outputs=2)
+    model = fitted(x, y)
+    assert factorised and max(factorised) <= 64
+    assert model.covar_module.batch_shape == torch.Size([2])
+    posterior = model.posterior(x[:4])
+    assert posterior.mean.shape == (4, 2)
+    objective = botorch.acquisition.objective.LinearMCObjective(torch.tensor([1.0, -1.0], dtype=torch.float64))
+    candidates, _ = optimize_acqf(qLogNoisyExpectedImprovement(model, X_baseline=x[:20], objective=objective),
+                                  BOUNDS, q=1, **ACQF_OPTIONS)
+    assert candidates.shape == (1, D)
+
+
+def test_fixed_noise_from_train_yvar():
+    x, y = data(60)
+    model = fitted(x, y, train_Yvar=torch.full_like(y, 0.02))
+    assert isinstance(model.likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood)
+    xs = x[:4]
+    with torch.no_grad():
+        latent, noisy = model.posterior(xs), model.posterior(xs, observation_noise=True)
+    assert (noisy.variance > latent.variance).all()
+    assert isinstance(model.outcome_transform, Standardize)

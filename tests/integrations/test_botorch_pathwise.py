@@ -1,0 +1,141 @@
+"""BoTorch pathwise (Matheron) sampling with rfgp kernels: the kernel's own Φ, a feature-space update
+(no N × N factorisation), draws matching model.posterior within Monte-Carlo standard errors."""
+
+import warnings
+
+import pytest
+import torch
+
+botorch = pytest.importorskip("botorch")
+
+import gpytorch  # noqa: E402
+from botorch.exceptions.errors import UnsupportedError  # noqa: E402
+from botorch.models import SingleTaskGP  # noqa: E402
+from botorch.sampling.pathwise import draw_matheron_paths, get_matheron_path_model  # noqa: E402
+from gpytorch.kernels import ScaleKernel  # noqa: E402
+
+import rfgp  # noqa: E402
+from rfgp.kernels import (  # noqa: E402
+    SketchedMaternKernel,
+    SketchedPolynomialKernel,
+    SketchedRBFKernel,
+    SketchedSphericalPolynomialKernel,
+    kernel_features,
+)
+from tests.test_log_prob import factorised  # noqa: E402,F401  (fixture)
+
+NUM_PATHS = 3000
+KERNELS = {
+    "rff": lambda: SketchedRBFKernel(64, ard_num_dims=2, seed=0),
+    "sorf": lambda: SketchedRBFKernel(64, method="sorf", ard_num_dims=2, seed=0),
+    "matern": lambda: SketchedMaternKernel(64, nu=2.5, method="orf", ard_num_dims=2, seed=0),
+    "maclaurin": lambda: SketchedRBFKernel(64, method="maclaurin", ard_num_dims=2, seed=0),
+    "polynomial": lambda: SketchedPolynomialKernel(2, 64, seed=0),
+    "spherical": lambda: SketchedSphericalPolynomialKernel(3, 64, normalize_inputs=True, seed=0),
+}
+
+
+def single_task_gp(kernel, n=50, d=2, num_outputs=1, **options):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(n, d, generator=gen, dtype=torch.float64)
+    y = torch.cat([torch.sin(4 * x[:, :1] * (k + 1)) + x[:, 1:] for k in range(num_outputs)], -1)
+    y = y + 0.05 * torch.randn(n, num_outputs, generator=gen, dtype=torch.float64)
+    model = SingleTaskGP(x, y, covar_module=kernel, **options).double()
+    model.likelihood.noise = 0.01
+    return model.eval()
+
+
+def assert_matches_posterior(model, xs, values, diagonal_correction=0.0):
+    """Sample mean/covariance against the posterior's (less a diagonal the paths do not carry), |error| ≤ 4·SE."""
+    with torch.no_grad():
+        posterior = model.posterior(xs)
+        mean, covar = posterior.mean.squeeze(-1), posterior.distribution.covariance_matrix
+        covar = covar - torch.diag_embed(torch.as_tensor(diagonal_correction, dtype=covar.dtype).expand(mean.shape))
+    variance = covar.diagonal(dim1=-1, dim2=-2)
+    assert ((values.mean(0) - mean).abs() <= 4 * (variance / NUM_PATHS).sqrt()).all()
+    sample_covar = torch.cov(values.T)
+    se = ((variance.unsqueeze(-1) * variance.unsqueeze(-2) + covar.pow(2)) / NUM_PATHS).sqrt()
+    assert ((sample_covar - covar).abs() <= 4 * se).all()
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_matheron_paths_match_posterior(name):
+    kernel = ScaleKernel(KERNELS[name]())
+    biased = kernel.base_kernel.feature_map.has_variance_bias
+    # biased maps: no outcome transform, so that the model's diagonal correction c(x) is in output units
+    model = single_task_gp(kernel, **({"outcome_transform": None} if biased else {}))
+    xs = 2 * torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))  # [0, 2]²: data in [0, 1]²
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            values = draw_matheron_paths(model, sample_shape=torch.Size([NUM_PATHS]))(xs)
+    assert any("variance bias" in str(w.message) for w in caught) == biased
+    assert values.shape == (NUM_PATHS, 6)
+    correction = 0.0
+    if biased:  # the paths sample the posterior of k̂; the model's variance adds c(x)
+        with torch.no_grad():
+            target, expected = rfgp.kernels.combinations.kernel_diag_moments(model.covar_module, xs)
+        correction = (target - expected).clamp_min(0.0)
+        assert name != "maclaurin" or (correction > 0.05).any()  # exercised where the map truncates
+    assert_matches_posterior(model, xs, values, correction)
+
+
+def test_prior_features_are_the_kernels_own():
+    model = single_task_gp(ScaleKernel(SketchedRBFKernel(64, method="orf", ard_num_dims=2, seed=0)))
+    paths = draw_matheron_paths(model, sample_shape=torch.Size([2]))
+    xs = torch.rand(4, 2, dtype=torch.float64)
+    feature_map = paths["prior_paths"].feature_map
+    assert feature_map.num_outputs == 64
+    with torch.no_grad():
+        torch.testing.assert_close(feature_map(xs), kernel_features(model.covar_module, xs), rtol=1e-12, atol=1e-14)
+
+
+def test_update_factorises_nothing_larger_than_the_features(factorised):
+    model = single_task_gp(ScaleKernel(SketchedRBFKernel(32, ard_num_dims=2, seed=0)), n=800)
+    with torch.no_grad():
+        model.posterior(model.train_inputs[0][:2])  # prediction caches
+        factorised.clear()
+        paths = draw_matheron_paths(model, sample_shape=torch.Size([16]))
+        paths(torch.rand(10_000, 2, dtype=torch.float64))
+    assert factorised and max(factorised) <= 32
+
+
+def test_path_model_batched_outputs_and_gradients():
+    model = single_task_gp(ScaleKernel(SketchedRBFKernel(32, ard_num_dims=2, seed=0, batch_shape=torch.Size([2])),
+                                       batch_shape=torch.Size([2])), num_outputs=2)
+    path_model = get_matheron_path_model(model)
+    xs = torch.rand(3, 5, 2, dtype=torch.float64, requires_grad=True)
+    values = path_model(xs)
+    assert values.shape == (3, 5, 2)
+    values.sum().backward()
+    assert torch.isfinite(xs.grad).all()
+
+
+def test_batched_multi_output_paths_match_posterior():
+    batch = torch.Size([2])
+    kernel = ScaleKernel(SketchedRBFKernel(32, ard_num_dims=2, seed=0, batch_shape=batch), batch_shape=batch)
+    model = single_task_gp(kernel, num_outputs=2)
+    xs = torch.rand(4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        values = draw_matheron_paths(model, sample_shape=torch.Size([NUM_PATHS]))(xs)  # (S, 2, 4)
+        posterior = model.posterior(xs)
+    for output in range(2):
+        mean = posterior.mean[..., output]
+        variance = posterior.variance[..., output]
+        assert ((values[:, output].mean(0) - mean).abs() <= 4 * (variance / NUM_PATHS).sqrt()).all()
+        assert ((values[:, output].var(0) - variance).abs() <= 4 * variance * (2 / NUM_PATHS) ** 0.5).all()
+
+
+def test_other_kernels_keep_botorch_update():
+    model = single_task_gp(ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)))
+    update = draw_matheron_paths(model, sample_shape=torch.Size([2]))["update_paths"]
+    assert type(update.feature_map).__name__ == "KernelEvaluationMap"
+
+
+def test_unsupported_kernels_are_refused():
+    operator_valued = rfgp.kernels.SketchedCurlFreeKernel(32, input_dim=2, seed=0)
+    with pytest.raises(UnsupportedError, match="outputs per input"):
+        botorch.sampling.pathwise.gen_kernel_features(operator_valued, num_inputs=2, num_outputs=32)
+    complex_kernel = SketchedPolynomialKernel(2, 32, weights="complex", complex_posterior=True, seed=0)
+    with pytest.raises(ValueError, match="complex_posterior"):
+        botorch.sampling.pathwise.gen_kernel_features(complex_kernel, num_inputs=2, num_outputs=32)

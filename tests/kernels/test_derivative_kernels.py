@@ -1,0 +1,187 @@
+"""Sketched derivative kernels against GPyTorch's exact RBFKernelGrad, RBFKernelGradGrad,
+Matern52KernelGrad and PolynomialKernelGrad: layout, unbiasedness (Monte Carlo over seeds, SE
+tolerance), error decay with F, conversion, state_dict, end-to-end training with gradient data.
+"""
+
+import gpytorch
+import pytest
+import torch
+
+import rfgp
+from rfgp.kernels import (
+    SketchedMatern52KernelGrad,
+    SketchedPolynomialKernelGrad,
+    SketchedRBFKernelGrad,
+    SketchedRBFKernelGradGrad,
+)
+from rfgp.multioutput import MultitaskFeatureSpacePredictionStrategy
+
+
+def _exact(name):
+    if name == "polynomial":
+        kernel = gpytorch.kernels.PolynomialKernelGrad(power=2)
+        kernel.offset = 0.5
+        return kernel
+    cls = {"rbf": gpytorch.kernels.RBFKernelGrad, "rbf_gradgrad": gpytorch.kernels.RBFKernelGradGrad,
+           "matern52": gpytorch.kernels.Matern52KernelGrad}[name]
+    kernel = cls(ard_num_dims=2)
+    kernel.lengthscale = torch.tensor([[0.8, 1.3]])
+    return kernel.double()
+
+
+def _inputs(name, n=4):
+    x = torch.randn(n, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    return x / 3 if name == "polynomial" else x
+
+
+NAMES = ["rbf", "rbf_gradgrad", "matern52", "polynomial"]
+SKETCHED = {"rbf": SketchedRBFKernelGrad, "rbf_gradgrad": SketchedRBFKernelGradGrad,
+            "matern52": SketchedMatern52KernelGrad, "polynomial": SketchedPolynomialKernelGrad}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converted_kernel_has_gpytorchs_layout_and_is_unbiased(name):
+    exact = _exact(name)
+    x = _inputs(name)
+    target = exact(x).to_dense()
+    sketched = rfgp.sketch(exact, num_features=128, seed=0).double()
+    assert type(sketched) is SKETCHED[name]
+    outputs = exact.num_outputs_per_input(x, x)
+    assert sketched.num_outputs_per_input(x, x) == outputs
+    assert sketched(x).shape == target.shape == (4 * outputs, 4 * outputs)
+    draws = torch.stack([rfgp.sketch(exact, 128, seed=s).double()(x).to_dense() for s in range(120)])
+    mean, se = draws.mean(0), draws.std(0) / draws.shape[0] ** 0.5
+    assert bool(((mean - target).abs() <= 4 * se + 1e-12).all()), ((mean - target).abs() / se).max()
+    # the diagonal (also in GPyTorch's interleaved order) and a cross-covariance agree with the dense matrix
+    torch.testing.assert_close(sketched(x, diag=True), torch.diagonal(sketched(x).to_dense()))
+    torch.testing.assert_close(exact(x, diag=True), torch.diagonal(target))
+    y = _inputs(name, 3) + 0.1
+    cross = sketched(x, y).to_dense()
+    assert cross.shape == exact(x, y).shape
+    root_x, root_y = sketched.featurize(x), sketched.featurize(y)
+    torch.testing.assert_close(cross, root_x @ root_y.mT)
+
+
+@pytest.mark.parametrize("name", ["rbf", "rbf_gradgrad", "polynomial"])
+def test_frobenius_error_shrinks_with_num_features(name):
+    exact = _exact(name)
+    x = _inputs(name, 6)
+    target = exact(x).to_dense()
+
+    def error(width):
+        errors = [(rfgp.sketch(exact, width, seed=s).double()(x).to_dense() - target).norm() / target.norm()
+                  for s in range(10)]
+        return torch.stack(errors).pow(2).mean().sqrt()
+
+    small, large = error(64), error(1024)
+    # relative error ∝ F^{−1/2}: 16× the width gives ≈ 4× less error
+    assert 2.5 < small / large < 6.5, (small, large)
+
+
+def test_hyperparameters_constraints_and_priors_carry_over():
+    exact = gpytorch.kernels.RBFKernelGrad(ard_num_dims=2, lengthscale_prior=gpytorch.priors.GammaPrior(3.0, 6.0))
+    exact.lengthscale = torch.tensor([[0.4, 2.0]])
+    sketched = rfgp.sketch(gpytorch.kernels.ScaleKernel(exact), 64, method="orf", seed=0)
+    inner = sketched.base_kernel
+    assert type(inner) is SketchedRBFKernelGrad and inner.method == "orf"
+    torch.testing.assert_close(inner.lengthscale, exact.lengthscale)
+    assert any(name.endswith("lengthscale_prior") for name, *_ in inner.named_priors())
+    polynomial = gpytorch.kernels.PolynomialKernelGrad(power=3)
+    polynomial.offset = 2.0
+    converted = rfgp.sketch(polynomial, 64, seed=0)
+    assert converted.power == 3
+    torch.testing.assert_close(converted.offset, polynomial.offset)
+
+
+def test_unsupported_derivative_kernels_raise_type_error():
+    class MyRBFKernelGrad(gpytorch.kernels.RBFKernelGrad):
+        """A user's variant: another covariance, which must not be matched to its parent."""
+
+    with pytest.raises(TypeError, match="MyRBFKernelGrad"):
+        rfgp.sketch(MyRBFKernelGrad(), 64)
+
+    class LinearKernelGrad(gpytorch.kernels.Kernel):
+        def num_outputs_per_input(self, x1, x2):
+            return x1.shape[-1] + 1
+
+    with pytest.raises(TypeError, match="LinearKernelGrad"):
+        rfgp.sketch(gpytorch.kernels.ScaleKernel(LinearKernelGrad()), 64)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="method"):
+        SketchedRBFKernelGrad(64, method="maclaurin")
+    with pytest.raises(ValueError, match="nu"):
+        SketchedMatern52KernelGrad(64, nu=1.5)
+    with pytest.raises(ValueError, match="input_normalization"):
+        SketchedPolynomialKernelGrad(2, 64, input_normalization="normalize")
+    kernel = SketchedRBFKernelGrad(64, ard_num_dims=2, seed=0)
+    with rfgp.settings.memory_budget(1024), pytest.raises(ValueError, match="memory_budget"):
+        kernel(torch.randn(50, 2)).to_dense()
+
+
+def test_batch_shape_and_state_dict_round_trip():
+    kernel = SketchedRBFKernelGradGrad(32, method="sorf", ard_num_dims=2, batch_shape=torch.Size([3]), seed=0)
+    x = torch.randn(3, 5, 2)
+    assert kernel(x).shape == (3, 25, 25)
+    kernel.lengthscale = torch.rand(3, 1, 2) + 0.5
+    state = kernel.state_dict()
+    clone = SketchedRBFKernelGradGrad(32, method="sorf", ard_num_dims=2, batch_shape=torch.Size([3]), seed=7)
+    clone.load_state_dict(state)
+    torch.testing.assert_close(clone(x).to_dense(), kernel(x).to_dense(), rtol=0, atol=0)
+
+
+def _franke_like(x):
+    """f(x) = sin(2x₁)cos(3x₂) + x₁²/2 and its gradient: the observation columns [f, ∂₁f, ∂₂f]."""
+    f = torch.sin(2 * x[:, 0]) * torch.cos(3 * x[:, 1]) + 0.5 * x[:, 0] ** 2
+    grad = torch.stack((2 * torch.cos(2 * x[:, 0]) * torch.cos(3 * x[:, 1]) + x[:, 0],
+                        -3 * torch.sin(2 * x[:, 0]) * torch.sin(3 * x[:, 1])), dim=-1)
+    return torch.cat((f.unsqueeze(-1), grad), dim=-1)
+
+
+class GradientGP(gpytorch.models.ExactGP):
+    """GPyTorch's "GP regression with derivative information" model, kernel passed in."""
+
+    def __init__(self, x, y, likelihood, kernel):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMeanGrad()
+        self.covar_module = gpytorch.kernels.ScaleKernel(kernel)
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def _fit(kernel, x, y, iterations=40):
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3)
+    model = GradientGP(x, y, likelihood, kernel).double()
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    for _ in range(iterations):
+        optimizer.zero_grad()
+        loss = -mll(model(x), y)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return model
+
+
+def test_end_to_end_fit_with_gradient_observations_matches_exact_gp():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 2, dtype=torch.float64, generator=generator)
+    y = _franke_like(x) + 0.02 * torch.randn(40, 3, dtype=torch.float64, generator=generator)
+    test_x = torch.rand(30, 2, dtype=torch.float64, generator=generator)
+    exact = _fit(gpytorch.kernels.RBFKernelGrad(ard_num_dims=2), x, y)
+    sketched = _fit(rfgp.sketch(gpytorch.kernels.RBFKernelGrad(ard_num_dims=2), 512, method="orf", seed=0), x, y)
+    with torch.no_grad():
+        exact_pred = exact.likelihood(exact(test_x))
+        sketched_pred = sketched.likelihood(sketched(test_x))
+    assert isinstance(sketched.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
+    assert sketched_pred.mean.shape == exact_pred.mean.shape == (30, 3)
+    truth = _franke_like(test_x)
+    exact_rmse = (exact_pred.mean - truth).pow(2).mean(0).sqrt()
+    sketched_rmse = (sketched_pred.mean - truth).pow(2).mean(0).sqrt()
+    # f and ∇f both predicted about as well as by the exact GP (and far better than the data's scale ~1)
+    assert bool((sketched_rmse < 2 * exact_rmse + 0.02).all()), (sketched_rmse, exact_rmse)
+    assert bool((sketched_pred.mean - exact_pred.mean).abs().max() < 0.1)
+    assert bool((sketched_pred.variance > 0).all())
