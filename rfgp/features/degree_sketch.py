@@ -65,15 +65,18 @@ def _unit_weights(shape, complex_weights: bool, generator: torch.Generator) -> d
     return {"real": torch.where(imaginary, 0.0, signs), "imag": torch.where(imaginary, signs, 0.0)}
 
 
-#: the four complex units 1, −1, i, −i as (Re, Im) pairs
-_UNIT_PAIRS = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
+#: the four complex units 1, −1, i, −i
+_UNITS = torch.tensor([1, -1, 1j, -1j], dtype=torch.complex128)
 
 
-def _weight_pairs(projection: str, shape, generator: torch.Generator) -> Tensor:
+def _weight_pairs(projection: str, shape, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
     """Complex projection entries as (Re, Im) pairs, shape ``(*shape, 2)``: uniform on {±1, ±i}
-    (paper 000 Example 4) or CN(0, 1) with Re and Im each N(0, ½), so that E|w|² = 1 (paper 001 check 6)."""
+    (paper 000 Example 4; exact in ``dtype``, so made in it directly) or CN(0, 1) with Re and Im
+    each N(0, ½), so that E|w|² = 1 (paper 001 check 6; float64, rfgp's precision for Gaussian draws)."""
     if projection == "rademacher":
-        return _UNIT_PAIRS[torch.randint(0, 4, shape, generator=generator)]
+        # a gather from a complex table viewed as pairs: as fast as dp-rfs's draw (a gather of pair rows is ~1.7× slower)
+        units = _UNITS.to(torch.complex64 if dtype == torch.float32 else torch.complex128)
+        return torch.view_as_real(units[torch.randint(0, 4, shape, generator=generator)])
     return random.normal((*shape, 2), generator).mul_(math.sqrt(0.5))
 
 
@@ -129,15 +132,18 @@ class DegreeSketch:
         return srht_padded_dim(self.input_dim) if self.projection == "srht" else self.input_dim
 
     # ------------------------------------------------------------------ draws
-    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=()) -> dict[str, Tensor]:
+    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=(),
+             dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
         """The random quantities as real tensors named ``{prefix}{name}``, shaped ``(degree, *batch_shape, ...)``.
 
         A non-empty ``batch_shape`` draws that many independent sketches at once; :meth:`apply`
-        then returns one output per draw (vectorised Monte Carlo, used by the tests).
+        then returns one output per draw (vectorised Monte Carlo, used by the tests).  ``dtype``:
+        the floating dtype the complex {±1, ±i} weights are made in (exact in any dtype, so the
+        owning map passes its own and skips a float64 copy); every other draw is float64.
         """
         n, width, d, cplx = (self.degree, *batch_shape), self.width, self.input_dim, self.complex_weights
         if self.projection in ("rademacher", "gaussian") and cplx:
-            draws = {"weight_pairs": _weight_pairs(self.projection, (*n, d, width), generator)}
+            draws = {"weight_pairs": _weight_pairs(self.projection, (*n, d, width), generator, dtype)}
         elif self.projection == "rademacher":
             draws = {"weight_real": random.rademacher((*n, d, width), generator)}
         elif self.projection == "gaussian":
@@ -271,10 +277,11 @@ class HierarchicalSketch:
             for j, node in enumerate(nodes):
                 yield f"node{level}_{j}_", node
 
-    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=()) -> dict[str, Tensor]:
+    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=(),
+             dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
         draws = {}
         for name, sketch in self._named():
-            draws.update(sketch.draw(generator, prefix + name, batch_shape))
+            draws.update(sketch.draw(generator, prefix + name, batch_shape, dtype))
         return draws
 
     def apply(self, x: Tensor, get: Getter) -> Tensor:

@@ -113,7 +113,7 @@ class _MaclaurinFeatures(FeatureMap):
     def _draw_sketches(self, generator: torch.Generator) -> dict[str, Tensor]:
         draws = {}
         for n, width in self._blocks():
-            draws.update(self._sketch(n, width).draw(generator, prefix=f"degree{n}_"))
+            draws.update(self._sketch(n, width).draw(generator, prefix=f"degree{n}_", dtype=self._anchor.dtype))
         return draws
 
     def _block_scales(self) -> Tensor:
