@@ -3,9 +3,12 @@
 Each supported GPyTorch kernel type has a registered converter that builds the rfgp
 kernel with the same hyperparameter values, constraints, priors, ``ard_num_dims``,
 ``batch_shape`` and ``active_dims``.  ``ScaleKernel`` is kept (its outputscale scales
-the features), ``AdditiveKernel``/``ProductKernel`` become the feature-space
-:class:`~rfgp.kernels.FeatureSumKernel`/:class:`~rfgp.kernels.FeatureProductKernel`, so
-the whole tree stays low-rank.  Modules of other families register their converters
+the features), ``AdditiveKernel`` becomes :class:`~rfgp.kernels.FeatureSumKernel` (its
+parts share the width F) and ``ProductKernel`` a width-F product
+(:class:`~rfgp.kernels.SpectralProductKernel` for stationary factors,
+:class:`~rfgp.kernels.SketchedProductKernel` otherwise, a Kronecker product with exact
+factors such as ``IndexKernel``; see :mod:`rfgp.kernels.tree_widths`), so the whole tree
+stays low-rank and at most F wide.  Modules of other families register their converters
 with :func:`register_converter`.
 
 Dispatch is on the exact type: a subclass of a supported kernel (``RBFKernelGrad`` is an
@@ -26,7 +29,7 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
-from .kernels.combinations import FeatureProductKernel, FeatureSumKernel
+from .kernels.tree_widths import TreeBuilder, leaf_width
 from .kernels.operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 
 _CONVERTERS: dict[type, Callable] = {}
@@ -74,7 +77,13 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
             constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; inside
             ``ScaleKernel``, ``AdditiveKernel``, ``ProductKernel``, ``MultitaskKernel``.
-        num_features: feature width F of every random-feature leaf kernel.
+        num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).
+            A sum splits F equally among its parts after its exact finite parts (``IndexKernel``,
+            Linear, Constant, Cosine) took their own widths, each random part an even share; a
+            product keeps F.  A list gives the widths of the parts of the tree's (outermost,
+            ScaleKernels looked through) ``AdditiveKernel`` explicitly, e.g. ``[256, 512, 256]``; an
+            entry may itself be a list for a nested sum.  Non-positive or non-integer widths, or a
+            list whose length is not the number of parts, raise ValueError.
         method: the sketch of each leaf: ``None`` (every family's default, e.g. ``"rff"`` for
             RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others
             keep their default — a name no leaf of the tree has raises; or a mapping from
@@ -104,6 +113,9 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         >>> taylor = rfgp.sketch(exact, 1024, method="gaussian_sketch", x_sample=train_x, alpha=1e-4)
         >>> mixed = rfgp.sketch(ScaleKernel(RBFKernel()) + PolynomialKernel(power=2), 1024,
         ...                     method={"RBFKernel": "orf", "PolynomialKernel": "sketch"})
+        >>> tree = ScaleKernel(RBFKernel()) + ScaleKernel(PeriodicKernel() * RBFKernel())
+        >>> rfgp.sketch(tree, num_features=[256, 768]).num_features      # the product keeps its 768
+        1024
         >>> landmark = rfgp.sketch(exact, 512, method="nystrom", x_sample=train_x, landmarks="kmeans++", seed=0)
     """
     if method == "nystrom":
@@ -214,6 +226,14 @@ class _Plan:
         self.options = options
         self.used_options: set[str] = set()
 
+    def at_width(self, num_features, seeds: _SeedSequence | None = None) -> _Plan:
+        """This plan for a sub-tree of another width (and, for probes, other seeds); option use stays shared."""
+        plan = copy.copy(self)
+        plan.num_features = num_features
+        if seeds is not None:
+            plan.seeds = seeds
+        return plan
+
     def options_for(self, kernel_type: type) -> dict:
         declared = _OPTIONS.get(kernel_type)
         taken = self.options if declared is None else {k: v for k, v in self.options.items() if k in declared}
@@ -237,9 +257,13 @@ def _convert(kernel, plan: _Plan):
         base = _convert(kernel.base_kernel, plan)
         return copy_hyperparameters(kernel, ScaleKernel(base, **_common_kwargs(kernel)), "outputscale")
     if isinstance(kernel, (AdditiveKernel, ProductKernel)):
-        parts = [_convert(k, plan) for k in kernel.kernels]
-        cls = FeatureSumKernel if isinstance(kernel, AdditiveKernel) else FeatureProductKernel
-        return cls(*parts, active_dims=kernel.active_dims)
+        builder = TreeBuilder(
+            convert=lambda part, width: _convert(part, plan.at_width(width)),
+            probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0))),
+            take_seed=plan.seeds.take,
+        )
+        return builder.sum(kernel, plan.num_features) if isinstance(kernel, AdditiveKernel) else \
+            builder.product(kernel, plan.num_features)
     if type(kernel) in _MULTITASK_TYPES:
         return _convert_decomposable(kernel, _convert(kernel.data_covar_module, plan))
     return _convert_leaf(kernel, plan)
@@ -251,7 +275,7 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
         raise TypeError(f"rfgp.sketch does not convert {kernel_type.__name__}: {_REFUSALS[kernel_type]}")
     if kernel_type in _CONVERTERS:
         converter = _CONVERTERS[kernel_type]
-        return converter(kernel, plan.num_features, plan.choose_method(kernel), plan.seeds.take(),
+        return converter(kernel, leaf_width(plan.num_features, kernel), plan.choose_method(kernel), plan.seeds.take(),
                          **plan.options_for(kernel_type))
     parents = [t.__name__ for t in kernel_type.__mro__[1:] if t in _CONVERTERS]
     if parents:
@@ -582,3 +606,17 @@ def _convert_polynomial_grad(kernel, num_features, method, seed, **options):
         offset_constraint=kernel.raw_offset_constraint, **options, **_common_kwargs(kernel),
     )
     return copy_hyperparameters(kernel, sketched, "offset")
+
+
+@register_converter(gpytorch.kernels.IndexKernel, methods=(), options=())
+def _convert_index(kernel, num_features, method, seed):
+    """IndexKernel → :class:`~rfgp.kernels.IndexFeatureKernel` (exact features [L[i], √v[i]e_i], same parameters, prior)."""
+    from .kernels.index import IndexFeatureKernel
+
+    num_tasks, rank = kernel.covar_factor.shape[-2:]
+    converted = IndexFeatureKernel(num_tasks, rank, **_common_kwargs(kernel))
+    converted.covar_factor.data = kernel.covar_factor.data.clone()
+    for name, (prior, closure, setting_closure) in kernel._priors.items():
+        converted.register_prior(name, prior, closure, setting_closure)
+    copy_hyperparameters(kernel, converted, "var")
+    return converted.to(kernel.covar_factor)

@@ -7,6 +7,9 @@
 * :func:`igrf_magnetic_field` — the Earth's main magnetic field from the IGRF model shipped in
   the ``ppigrf`` package (coefficient files inside the wheel, no download).  Above the Earth's
   surface B = −∇V is curl-free, a real-world test of curl-free GPs.
+* :func:`mauna_loa_co2` — monthly mean atmospheric CO₂ at Mauna Loa, 1958–2001 (the weekly
+  record shipped in ``statsmodels.datasets.co2``), split into a training period and a held-out
+  forecast period: the classic kernel-composition example (Rasmussen & Williams 2006, §5.4.3).
 """
 
 from __future__ import annotations
@@ -164,3 +167,29 @@ def igrf_field_at(
 
 
 __all__ = ["EARTH_RADIUS_KM", "helmholtz_field", "igrf_field_at", "igrf_magnetic_field"]
+
+
+def mauna_loa_co2(holdout_years: float = 5.0, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
+    """Monthly mean CO₂ (ppm) at Mauna Loa from ``statsmodels.datasets.co2``, the last years held out.
+
+    The weekly record (March 1958 – December 2001) is averaged per calendar month; months without
+    any measurement (5 of 526) are dropped.  Time is in years since January 1958.
+
+    Args:
+        holdout_years: length of the forecast period at the end of the record (test set).
+        dtype: floating dtype of the tensors.
+
+    Returns:
+        dict with ``train_x``/``test_x`` (n, 1) in years and ``train_y``/``test_y`` (n,) in ppm.
+    """
+    holdout_years = check_positive_float(holdout_years, "holdout_years")
+    from statsmodels.datasets import co2  # an optional dependency: only this dataset needs it
+
+    monthly = co2.load_pandas().data["co2"].resample("MS").mean().dropna()
+    years = torch.tensor(monthly.index.year + (monthly.index.month - 1) / 12.0 - 1958.0, dtype=dtype)
+    ppm = torch.tensor(monthly.to_numpy(), dtype=dtype)
+    train = years <= years.max() - holdout_years
+    if int(train.sum()) < 2 or bool(train.all()):
+        raise ValueError(f"holdout_years={holdout_years} leaves no training or no test months (record: 44 years)")
+    return {"train_x": years[train].unsqueeze(-1), "train_y": ppm[train],
+            "test_x": years[~train].unsqueeze(-1), "test_y": ppm[~train]}

@@ -9,7 +9,7 @@ from gpytorch.kernels import AdditiveKernel, MaternKernel, ProductKernel, RBFKer
 from gpytorch.priors import GammaPrior, LogNormalPrior
 
 import rfgp
-from rfgp.kernels import FeatureProductKernel, FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel
+from rfgp.kernels import FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel, SpectralProductKernel
 
 
 def exact_rbf(**kwargs):
@@ -71,11 +71,11 @@ def test_tree_converts_structure_hyperparameters_and_seeds():
     rbf, matern = exact_scaled_tree()
     exact = ScaleKernel(AdditiveKernel(rbf, ProductKernel(matern, RBFKernel(active_dims=[0]))))
     exact.outputscale = 0.7
-    sketched = rfgp.sketch(exact, num_features=16, method="orf", seed=10)
+    sketched = rfgp.sketch(exact, num_features=32, method="orf", seed=10)
     assert isinstance(sketched, ScaleKernel) and isinstance(sketched.base_kernel, FeatureSumKernel)
     s_rbf, s_product = sketched.base_kernel.kernels
     assert isinstance(s_rbf, ScaleKernel) and isinstance(s_rbf.base_kernel, SketchedRBFKernel)
-    assert isinstance(s_product, FeatureProductKernel)
+    assert isinstance(s_product, SpectralProductKernel) and s_product.seed == 13
     assert_same_hyperparameters(exact, sketched, "outputscale")
     assert_same_hyperparameters(rbf, s_rbf, "outputscale")
     assert isinstance(s_rbf.outputscale_prior, LogNormalPrior)
@@ -94,7 +94,7 @@ def test_tree_converts_structure_hyperparameters_and_seeds():
 def test_operator_sugar_trees_convert():
     a, b = RBFKernel(active_dims=[0]), MaternKernel(nu=1.5, active_dims=[1])
     assert isinstance(rfgp.sketch(a + b, num_features=8, seed=0), FeatureSumKernel)
-    assert isinstance(rfgp.sketch(a * b, num_features=8, seed=0), FeatureProductKernel)
+    assert isinstance(rfgp.sketch(a * b, num_features=8, seed=0), SpectralProductKernel)
 
 
 @pytest.mark.parametrize("method", ["rff", "orf"])

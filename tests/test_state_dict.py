@@ -46,8 +46,10 @@ from rfgp.kernels import (
     SketchedExponentialKernel,
     SketchedMaternKernel,
     SketchedPolynomialKernel,
+    SketchedProductKernel,
     SketchedRBFKernel,
     SketchedSphericalPolynomialKernel,
+    SpectralProductKernel,
 )
 from rfgp.kernels import (
     ConstantFeatureKernel,
@@ -108,6 +110,16 @@ def _product_kernel(s):
                                 SketchedPolynomialKernel(2, 8, input_dim=3, seed=s + 1))
 
 
+def _spectral_product(s):
+    return SpectralProductKernel(SketchedRBFKernel(8, input_dim=3, seed=s), ScaleKernel(SketchedMaternKernel(8, seed=s)),
+                                 num_features=16, seed=s)
+
+
+def _tensor_srht_product(s):
+    return SketchedProductKernel(SketchedRBFKernel(8, input_dim=3, seed=s),
+                                 SketchedPolynomialKernel(2, 8, input_dim=3, seed=s + 1), num_features=16, seed=s + 2)
+
+
 def _helmholtz(s):
     return MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(16, 2, seed=s)),
                                        ScaleKernel(SketchedDivFreeKernel(16, 2, seed=s + 1)))
@@ -130,6 +142,8 @@ KERNELS = {
     "random_feature": (lambda s: RandomFeatureKernel(RandomFourierFeatures(16, input_dim=3, seed=s)), 3, False),
     "sum": (_sum_kernel, 3, False),
     "product": (_product_kernel, 3, False),
+    "spectral_product": (_spectral_product, 3, False),
+    "tensor_srht_product": (_tensor_srht_product, 3, False),
     "curl_free": (lambda s: SketchedCurlFreeKernel(16, 2, seed=s), 2, False),
     "div_free": (lambda s: SketchedDivFreeKernel(16, 2, method="orf", seed=s), 2, False),
     "decomposable": (lambda s: SketchedDecomposableKernel(SketchedRBFKernel(16, input_dim=2, seed=s), 2), 2, False),
@@ -174,7 +188,8 @@ def test_tables_cover_every_public_feature_map_and_kernel():
     kernel_types = {type(build(0)) for build, _, _ in KERNELS.values()}
     public_kernels = {cls for cls in map(kernels.__dict__.get, kernels.__all__)
                       if inspect.isclass(cls) and issubclass(cls, gpytorch.kernels.Kernel)}
-    assert public_kernels - {kernels.FeatureKernel} <= kernel_types
+    # IndexFeatureKernel takes integer task indices: its round trip is in tests/test_conversion_trees.py
+    assert public_kernels - {kernels.FeatureKernel, kernels.IndexFeatureKernel} <= kernel_types
 
 
 # ----------------------------------------------------------------------------- encoding

@@ -1,14 +1,22 @@
 """GPyTorch kernels backed by random features."""
 
-from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
-from .combinations import FeatureProductKernel, FeatureSumKernel, is_feature_kernel, kernel_features
+from .combinations import (
+    FeatureProductKernel,
+    FeatureSumKernel,
+    SketchedProductKernel,
+    is_feature_kernel,
+    kernel_features,
+    kernel_num_features,
+)
 from .derivative import (
     SketchedMatern52KernelGrad,
     SketchedPolynomialKernelGrad,
     SketchedRBFKernelGrad,
     SketchedRBFKernelGradGrad,
 )
+from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .index import IndexFeatureKernel
 from .maclaurin import SketchedExponentialKernel, refit_allocation
 from .nystrom import NystromKernel
 from .periodic import SketchedPeriodicKernel
@@ -23,6 +31,7 @@ from .sketched_operator_valued import (
     SketchedDecomposableKernel,
     SketchedDivFreeKernel,
 )
+from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
@@ -38,6 +47,7 @@ __all__ = [
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
+    "IndexFeatureKernel",
     "MultiOutputFeatureSumKernel",
     "NystromKernel",
     "RandomFeatureKernel",
@@ -49,12 +59,16 @@ __all__ = [
     "SketchedMaternKernel",
     "SketchedPolynomialKernel",
     "SketchedPolynomialKernelGrad",
+    "SketchedProductKernel",
     "SketchedRBFKernel",
     "SketchedRBFKernelGrad",
     "SketchedRBFKernelGradGrad",
     "SketchedSphericalPolynomialKernel",
+    "SpectralProductKernel",
+    "has_spectral_protocol",
     "is_feature_kernel",
     "kernel_features",
+    "kernel_num_features",
     "refit_allocation",
     "register_polynomial_method",
 ]

@@ -5,10 +5,14 @@ a sum of low-rank ΦΦᵀ into a generic operator (solved iteratively) and a pro
 dense matrix.  On features the algebra is exact and stays low-rank:
 
 * sum:      k₁ + k₂ ↦ [Φ₁, Φ₂]                       (width F₁ + F₂)
-* product:  k₁·k₂   ↦ row-wise Kronecker Φ₁ ⊙ Φ₂     (width F₁·F₂)
+* product:  k₁·k₂   ↦ row-wise Kronecker Φ₁ ⊙ Φ₂     (width F₁·F₂, exact: :class:`FeatureProductKernel`)
+            k₁·k₂   ↦ TensorSRHT S(Φ₁ ⊗ Φ₂)          (width F, unbiased: :class:`SketchedProductKernel`)
 * scale:    σ²k     ↦ σΦ                              (``gpytorch.kernels.ScaleKernel``)
 
-:func:`rfgp.sketch` builds these from GPyTorch kernel trees.
+Products of stationary factors have a third, cheaper form at width F, the convolution of
+their spectral measures (:class:`~rfgp.kernels.SpectralProductKernel`).  :func:`rfgp.sketch`
+builds these from GPyTorch kernel trees.  Every combination exposes ``num_features``, the
+width of its whole Φ.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor, nn
 
+from ..features.tensor_product import TensorProductSketch
 from .random_feature_kernel import FeatureKernel
 
 
@@ -27,31 +32,52 @@ def is_feature_kernel(kernel: Kernel) -> bool:
     return isinstance(kernel, FeatureKernel)
 
 
-def _select(kernel: Kernel, x: Tensor) -> Tensor:
-    return x if kernel.active_dims is None else x.index_select(-1, kernel.active_dims)
+def select_active(kernel: Kernel, x: Tensor) -> Tensor:
+    """The columns of x that ``kernel`` sees (its ``active_dims``; all of them when unset)."""
+    return x if kernel.active_dims is None else x.index_select(-1, kernel.active_dims.to(x.device))
+
+
+def unwrap_scale(kernel: Kernel) -> tuple[Kernel, Tensor | None]:
+    """(base kernel, product of the outputscales of the ``ScaleKernel`` wrappers around it or ``None``)."""
+    outputscale = None
+    while isinstance(kernel, ScaleKernel):
+        outputscale = kernel.outputscale if outputscale is None else outputscale * kernel.outputscale
+        kernel = kernel.base_kernel
+    return kernel, outputscale
+
+
+def is_exact_feature_kernel(kernel: Kernel) -> bool:
+    """Whether Φ(x)ᵀΦ(y) = k(x, y) exactly at a width fixed by the kernel (class attribute ``is_exact``)."""
+    return bool(getattr(unwrap_scale(kernel)[0], "is_exact", False))
+
+
+def kernel_num_features(kernel: Kernel) -> int:
+    """The width of Φ of a feature kernel, possibly inside ``ScaleKernel``."""
+    return unwrap_scale(kernel)[0].num_features
 
 
 def kernel_features(kernel: Kernel, x: Tensor) -> Tensor:
-    """Φ(x) of a feature kernel or a ``ScaleKernel`` around one, honouring ``active_dims``."""
-    x = _select(kernel, x)
-    if isinstance(kernel, ScaleKernel):
-        scale = kernel.outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
-        return kernel_features(kernel.base_kernel, x) * scale
-    if isinstance(kernel, FeatureKernel):
-        return kernel.featurize(x)
-    raise TypeError(f"{type(kernel).__name__} is not a feature kernel")
+    """Φ(x) of a feature kernel or a ``ScaleKernel`` around one, honouring ``active_dims``.
+
+    As in GPyTorch, a ``ScaleKernel`` selects its own ``active_dims`` (copied from its base at
+    construction) and hands them to its base's ``forward`` without selecting again.
+    """
+    x = select_active(kernel, x)
+    base, outputscale = unwrap_scale(kernel)
+    if not isinstance(base, FeatureKernel):
+        raise TypeError(f"{type(base).__name__} is not a feature kernel")
+    features = base.featurize(x)
+    return features if outputscale is None else features * outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
 def kernel_diag_moments(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor] | None:
     """(k(x, x), E[k̂(x, x)]) of a feature kernel tree, ``None`` where they agree exactly."""
-    x = _select(kernel, x)
-    if isinstance(kernel, ScaleKernel):
-        moments = kernel_diag_moments(kernel.base_kernel, x)
-        if moments is None:
-            return None
-        scale = kernel.outputscale.unsqueeze(-1)
-        return moments[0] * scale, moments[1] * scale
-    return kernel.diag_moments(x)
+    base, outputscale = unwrap_scale(kernel)
+    moments = base.diag_moments(select_active(kernel, x))
+    if moments is None or outputscale is None:
+        return moments
+    scale = outputscale.unsqueeze(-1)
+    return moments[0] * scale, moments[1] * scale
 
 
 def _exact_moments(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -86,6 +112,15 @@ class _CombinedFeatureKernel(FeatureKernel):
 class FeatureSumKernel(_CombinedFeatureKernel):
     r"""k̂ = Σᵢ k̂ᵢ with features [Φ₁, …, Φₖ] (width ΣFᵢ): the low-rank form of ``AdditiveKernel``."""
 
+    @property
+    def num_features(self) -> int:
+        return sum(kernel_num_features(kernel) for kernel in self.kernels)
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether every part has exact finite features (then so has the sum, at its fixed width)."""
+        return all(is_exact_feature_kernel(kernel) for kernel in self.kernels)
+
     def featurize(self, x: Tensor) -> Tensor:
         parts = [kernel_features(kernel, x) for kernel in self.kernels]
         batch = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
@@ -102,9 +137,21 @@ class FeatureSumKernel(_CombinedFeatureKernel):
 class FeatureProductKernel(_CombinedFeatureKernel):
     r"""k̂ = Πᵢ k̂ᵢ with row-wise Kronecker features Φ₁ ⊙ Φ₂ ⊙ … (width ΠFᵢ): the form of ``ProductKernel``.
 
-    The factors use independent draws, so E[Πk̂ᵢ] = ΠE[k̂ᵢ].  The width multiplies: keep
-    the factors small.
+    The factors use independent draws, so E[Πk̂ᵢ] = ΠE[k̂ᵢ].  The width multiplies: use it for
+    small exact factors (an ``IndexKernel``'s task features, a linear kernel); otherwise
+    :class:`SketchedProductKernel` or :class:`~rfgp.kernels.SpectralProductKernel` keep width F.
     """
+
+    @property
+    def num_features(self) -> int:
+        width = 1
+        for kernel in self.kernels:
+            width *= kernel_num_features(kernel)
+        return width
+
+    @property
+    def is_exact(self) -> bool:
+        return all(is_exact_feature_kernel(kernel) for kernel in self.kernels)
 
     def featurize(self, x: Tensor) -> Tensor:
         result = None
@@ -117,11 +164,56 @@ class FeatureProductKernel(_CombinedFeatureKernel):
         return result
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
-        if all(kernel_diag_moments(kernel, x) is None for kernel in self.kernels):
-            return None
-        target = expected = 1.0
-        for kernel in self.kernels:
-            t, e = _exact_moments(kernel, x)
-            target, expected = target * t, expected * e
-        return target, expected
+        return _product_moments(self.kernels, x)
+
+
+def _product_moments(kernels, x: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(Πk(x, x), ΠE[k̂(x, x)]) of independent factors, ``None`` when every factor is exact on the diagonal."""
+    if all(kernel_diag_moments(kernel, x) is None for kernel in kernels):
+        return None
+    target = expected = 1.0
+    for kernel in kernels:
+        t, e = _exact_moments(kernel, x)
+        target, expected = target * t, expected * e
+    return target, expected
+
+
+class SketchedProductKernel(_CombinedFeatureKernel):
+    r"""k̂ = Πᵢ k̂ᵢ at width F: the TensorSRHT S(Φ₁ ⊗ … ⊗ Φₙ) of the factors' features.
+
+    For products whose factors have no common spectral form (polynomial × RBF, a factor
+    without the spectral protocol): the degree-n TensorSRHT of paper 000 (Algorithm 1), applied
+    to the n factor feature vectors instead of n copies of one input, see
+    :class:`~rfgp.features.tensor_product.TensorProductSketch`.  Unbiased,
+    E[k̂] = ΠE[k̂ᵢ], with conditional variance O(Πᵢk̂ᵢ(x, x)k̂ᵢ(y, y)/F) on top of the factors'
+    own (paper 000 Thm 6 / Table 1).
+
+    Args:
+        kernels: n ≥ 2 feature kernels (optionally inside ``ScaleKernel``).
+        num_features: output width F.
+        seed, generator: randomness of the sketch (independent of the factors' own draws).
+        kwargs: GPyTorch ``Kernel`` arguments (``active_dims``, …).
+
+    Example:
+        >>> poly = SketchedPolynomialKernel(2, num_features=512, seed=0)
+        >>> product = SketchedProductKernel(poly, SketchedRBFKernel(512, seed=1), num_features=512, seed=2)
+    """
+
+    def __init__(self, *kernels: Kernel, num_features: int, seed: int | None = None,
+                 generator: torch.Generator | None = None, **kwargs) -> None:
+        super().__init__(*kernels, **kwargs)
+        widths = [kernel_num_features(kernel) for kernel in self.kernels]
+        self.sketch = TensorProductSketch(len(kernels), num_features, input_dim=max(widths), seed=seed,
+                                          generator=generator)
+
+    @property
+    def num_features(self) -> int:
+        return self.sketch.num_features
+
+    def featurize(self, x: Tensor) -> Tensor:
+        return self.sketch([kernel_features(kernel, x) for kernel in self.kernels])
+
+    def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
+        # the sketch is unbiased given the factor features: the expectations are the factors'
+        return _product_moments(self.kernels, x)
 

@@ -30,6 +30,9 @@ from .random_feature_kernel import FeatureKernel
 
 
 class _ExactFeatureKernel(FeatureKernel):
+    #: Φ(x)ᵀΦ(y) = k(x, y) exactly, at a width fixed by the kernel: sums reserve it before splitting F
+    is_exact = True
+
     def diag_moments(self, x: Tensor) -> None:
         return None
 

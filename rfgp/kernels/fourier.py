@@ -20,7 +20,8 @@ from .._validation import check_choice, check_positive_float
 from ..config_state import METHOD
 from ..features.fourier import RandomFourierFeatures
 from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD
-from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity
+from ..features import random
+from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity, SpectralDensity
 from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
@@ -32,7 +33,46 @@ MACLAURIN_OPTIONS = ("projection", "weights", "srht_blocks", "min_order", "max_o
 GAUSSIAN_SKETCH_METHODS = {"gaussian_sketch": GaussianSketch, "gaussian_sketch_hd": GaussianSketchHD}
 
 
-class SketchedRBFKernel(ComplexPosteriorMixin, RandomFeatureKernel):
+class ScaleMixtureSpectrum:
+    r"""The spectral protocol of :class:`~rfgp.kernels.SpectralProductKernel` for Gaussian scale mixtures.
+
+    Bochner: k(x − y) = a·E_ω[cos(ωᵀ(x − y))]; for RBF and Matérn, ω = s·g/ℓ with g ~ N(0, I_d)
+    and an independent scalar s (s ≡ 1 for the RBF, s = √(2ν/u), u ~ χ²_{2ν} for Matérn-ν:
+    multivariate Student-t, Rasmussen & Williams 2006 Eq. 4.15), a = k(x, x) = 1.
+
+    * ``spectral_draws(m, d, generator)``: the hyperparameter-free draws g (and s), float64 CPU;
+    * ``spectral_frequencies(draws)``: ω = s·g/ℓ, shape ``(*batch, m, d)``, differentiable in ℓ;
+    * ``spectral_weights(draws)``: ``None`` (the draws follow the spectral measure exactly);
+    * ``spectral_amplitude()``: k(x, x) = 1, batch-shaped.
+
+    Products draw these i.i.d. even when the kernel's own map is ORF/SORF (the convolution
+    ω₁ + ω₂ of orthogonal blocks is no longer orthogonal, so nothing would be gained).
+    """
+
+    def spectral_density(self) -> SpectralDensity:
+        raise NotImplementedError
+
+    def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        draws = {"normal": random.normal((num_frequencies, input_dim), generator)}
+        scales = self.spectral_density().sample_scales(num_frequencies, generator)
+        if scales is not None:
+            draws["scale"] = scales
+        return draws
+
+    def spectral_frequencies(self, draws: dict[str, Tensor]) -> Tensor:
+        frequencies = draws["normal"]
+        if "scale" in draws:
+            frequencies = frequencies * draws["scale"].unsqueeze(-1)
+        return frequencies / self.lengthscale  # (*batch, 1, d or 1) broadcasts over the m rows
+
+    def spectral_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
+        return None
+
+    def spectral_amplitude(self) -> Tensor:
+        return torch.ones(self.batch_shape, dtype=self.lengthscale.dtype, device=self.lengthscale.device)
+
+
+class SketchedRBFKernel(ScaleMixtureSpectrum, ComplexPosteriorMixin, RandomFeatureKernel):
     r"""RBF kernel exp(−‖x − y‖²/(2ℓ²)) approximated by random Fourier features.
 
     Args:
@@ -145,8 +185,11 @@ class SketchedRBFKernel(ComplexPosteriorMixin, RandomFeatureKernel):
             x = x - self.input_center.to(x)
         return super().scale_inputs(x)
 
+    def spectral_density(self) -> SpectralDensity:
+        return GaussianSpectralDensity()
 
-class SketchedMaternKernel(RandomFeatureKernel):
+
+class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     r"""Matérn kernel (ν ∈ {1/2, 3/2, 5/2}) approximated by random Fourier features.
 
     k(r) = 2^{1−ν}/Γ(ν)(√(2ν) r)^ν K_ν(√(2ν) r), r = ‖x − y‖/ℓ, as in
@@ -178,3 +221,6 @@ class SketchedMaternKernel(RandomFeatureKernel):
         )
         self.nu = feature_map.spectral_density.nu
         super().__init__(feature_map, **kwargs)
+
+    def spectral_density(self) -> SpectralDensity:
+        return MaternSpectralDensity(self.nu)

@@ -1,0 +1,54 @@
+"""``IndexKernel`` as exact finite features, so task covariances combine in feature space.
+
+GPyTorch's ``IndexKernel`` is k(i, j) = B[i, j] with B = LLᵀ + diag(v) (L the T × r
+``covar_factor``, v > 0 the ``var``).  Its exact features are the rows of the T × (r + T) root
+R = [L, diag(√v)], Φ(i) = R[i] (RRᵀ = B): no randomness, no variance.  Inside a product
+(GPyTorch's Hadamard multitask pattern, ``k_x(x, x')·B[i, i']`` with the task index as one
+input column) they multiply the data features by a row-wise Kronecker product
+(:class:`~rfgp.kernels.FeatureProductKernel`).
+"""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.kernels import IndexKernel
+from torch import Tensor
+
+from .random_feature_kernel import FeatureKernel
+
+
+class IndexFeatureKernel(FeatureKernel, IndexKernel):
+    r"""``gpytorch.kernels.IndexKernel`` with features Φ(i) = [L[i], √v[i]·e_i] (width r + T, exact).
+
+    Same parameters (``covar_factor``, ``raw_var`` and its constraint, ``IndexKernelPrior``) and
+    arguments as ``IndexKernel``; the input is one column of task indices 0..T−1 (floats holding
+    integers, as in GPyTorch's multitask examples).
+
+    Example:
+        >>> tasks = IndexFeatureKernel(num_tasks=3, rank=1)
+        >>> tasks(torch.tensor([[0.0], [2.0]])).to_dense().shape
+        torch.Size([2, 2])
+    """
+
+    #: Φ(i)ᵀΦ(j) = k(i, j) exactly, at a width fixed by the kernel (not by ``num_features``)
+    is_exact = True
+
+    @property
+    def num_features(self) -> int:
+        num_tasks, rank = self.covar_factor.shape[-2:]
+        return rank + num_tasks
+
+    def featurize(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != 1:
+            raise ValueError(
+                f"IndexFeatureKernel takes one column of task indices, got {x.shape[-1]} columns "
+                "(set active_dims to the task column)"
+            )
+        num_tasks = self.covar_factor.shape[-2]
+        root = torch.cat((self.covar_factor, torch.diag_embed(self.var.sqrt())), dim=-1)  # (*batch, T, r + T)
+        # one-hot rows select R[i] differentiably; one_hot raises for indices outside 0..T−1
+        onehot = torch.nn.functional.one_hot(x.squeeze(-1).long(), num_tasks).to(root.dtype)
+        return onehot @ root
+
+    def diag_moments(self, x: Tensor) -> None:
+        return None

@@ -1,0 +1,168 @@
+"""Products of stationary kernels at width F by convolving their spectral measures.
+
+If k₁(τ) = a₁E_{ω₁~μ₁}[cos(ω₁ᵀτ)] and k₂(τ) = a₂E_{ω₂~μ₂}[cos(ω₂ᵀτ)] (Bochner), then with
+independent ω₁, ω₂
+
+    k₁(τ)·k₂(τ) = a₁a₂E[cos(ω₁ᵀτ)cos(ω₂ᵀτ)] = a₁a₂E[cos((ω₁ + ω₂)ᵀτ)]
+
+(cos A cos B = ½[cos(A + B) + cos(A − B)] and ω₂ ↦ −ω₂ leaves a symmetric μ₂ unchanged): the
+product's spectral measure is the convolution μ₁ * μ₂ (Rahimi & Recht 2007 §3; Wilson & Adams
+2013 use the same identity for products of spectral mixtures).  So m i.i.d. draws of
+ω = Σᵢ ωᵢ give the ordinary sin/cos features
+
+    Φ(x) = √(a/m)·[√wⱼ cos(ωⱼᵀx), √wⱼ sin(ωⱼᵀx)]ⱼ,   a = Πᵢaᵢ,   wⱼ = Πᵢwᵢⱼ,
+
+of width F = 2m whatever the number of factors, unbiased for the product (the importance
+weights wᵢ of a factor have E[wᵢ] = 1 and are independent across factors).  Factors on
+different or overlapping ``active_dims`` are the same construction: ωᵀx = Σᵢωᵢᵀx[aᵢ] is the
+inner product with one joint frequency vector that embeds each ωᵢ at its factor's columns.
+
+**Protocol** — a factor kernel (optionally inside ``ScaleKernel``, whose outputscale multiplies
+the amplitude) is usable here when it implements
+
+* ``spectral_draws(num_frequencies, input_dim, generator) -> dict[str, Tensor]``: base
+  randomness that does not depend on hyperparameters (float64 or integer CPU tensors; stored
+  here as buffers, so ``state_dict`` reproduces them);
+* ``spectral_frequencies(draws) -> Tensor``: ω of shape ``(*batch, m, d)`` in units of the
+  factor's raw (``active_dims``-selected) inputs, hyperparameters applied differentiably;
+* ``spectral_weights(draws) -> Tensor | None`` (optional): per-frequency nonnegative importance
+  weights ``(*batch, m)`` with expectation 1, or ``None``;
+* ``spectral_amplitude() -> Tensor``: k(x, x), batch-shaped.
+
+The draws are always i.i.d. (a factor built with ORF/SORF is convolved with i.i.d. draws: the
+sum of orthogonal blocks is not orthogonal).  Variance: that of m-frequency RFF for the product
+kernel, Var[k̂(τ)] = a²(E[w²cos²(ωᵀτ)] − k̃(τ)²)/m with k̃ = k/a; with w ≡ 1 it is
+a²(½ + ½k̃(2τ) − k̃(τ)²)/m (Sutherland & Schneider 2015, Prop. 1), the same as sketching the
+product kernel directly and independent of the number of factors.
+"""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.kernels import Kernel
+from torch import Tensor, nn
+
+from .._validation import check_positive_int
+from ..config_state import DRAW, LAZY, METHOD
+from ..features.base import _new_seed
+from .combinations import select_active, unwrap_scale
+from .random_feature_kernel import FeatureKernel
+
+SPECTRAL_PROTOCOL = ("spectral_draws", "spectral_frequencies", "spectral_amplitude")
+
+
+def has_spectral_protocol(kernel: Kernel) -> bool:
+    """Whether ``kernel`` (or the base of a ``ScaleKernel``) implements the spectral protocol above."""
+    base, _ = unwrap_scale(kernel)
+    return all(callable(getattr(base, name, None)) for name in SPECTRAL_PROTOCOL)
+
+
+class SpectralProductKernel(FeatureKernel):
+    r"""k̂ ≈ Πᵢ kᵢ for stationary factors, sin/cos features of ω = Σᵢωᵢ (width F = 2m, see module doc).
+
+    Args:
+        kernels: factor kernels with the spectral protocol (``SketchedRBFKernel``,
+            ``SketchedMaternKernel``, …), optionally inside ``ScaleKernel``; each keeps its own
+            hyperparameters (its own feature map is not used).
+        num_features: output width F; m = ⌊F/2⌋ joint frequencies (width 2m ≤ F).
+        seed, generator: randomness of the draws (one seed for all factors; the factors' draws
+            are consecutive and independent).
+        kwargs: GPyTorch ``Kernel`` arguments (``active_dims``, …).
+
+    Example:
+        >>> a = SketchedRBFKernel(2, active_dims=[0]); b = SketchedMaternKernel(2, nu=1.5)
+        >>> product = SpectralProductKernel(a, ScaleKernel(b), num_features=1024, seed=0)
+        >>> product(torch.randn(10, 3)).shape
+        torch.Size([10, 10])
+    """
+
+    #: saved in ``state_dict`` (:mod:`rfgp.config_state`): the width, the factors' input dims, the seed
+    config_fields = {"num_frequencies": METHOD, "input_dims": LAZY, "seed": DRAW}
+
+    def __init__(self, *kernels: Kernel, num_features: int, seed: int | None = None,
+                 generator: torch.Generator | None = None, **kwargs) -> None:
+        if len(kernels) < 1:
+            raise ValueError("SpectralProductKernel needs at least one factor kernel")
+        for i, kernel in enumerate(kernels):
+            if not has_spectral_protocol(kernel):
+                raise TypeError(
+                    f"kernels[{i}] ({type(unwrap_scale(kernel)[0]).__name__}) does not implement the spectral "
+                    f"protocol ({', '.join(SPECTRAL_PROTOCOL)}); combine it with rfgp.kernels.SketchedProductKernel"
+                )
+        check_positive_int(num_features, "num_features")
+        if num_features < 2:
+            raise ValueError(f"num_features must be ≥ 2 (one sin/cos pair), got {num_features}")
+        if seed is not None and generator is not None:
+            raise ValueError("pass either seed or generator, not both")
+        super().__init__(**kwargs)
+        self.kernels = nn.ModuleList(kernels)
+        self.num_frequencies = num_features // 2
+        self.seed = int(seed) if seed is not None else _new_seed(generator)
+        self.input_dims: tuple[int, ...] | None = None
+
+    @property
+    def num_features(self) -> int:
+        return 2 * self.num_frequencies
+
+    # ------------------------------------------------------------------ draws
+    def _materialize(self, input_dims: tuple[int, ...]) -> None:
+        generator = torch.Generator().manual_seed(self.seed)
+        anchor = next(iter(self.parameters()), None)
+        for i, (kernel, dim) in enumerate(zip(self.kernels, input_dims)):
+            draws = unwrap_scale(kernel)[0].spectral_draws(self.num_frequencies, dim, generator)
+            for name, value in draws.items():
+                if anchor is not None and value.is_floating_point():
+                    value = value.to(device=anchor.device, dtype=anchor.dtype)
+                self.register_buffer(f"draws{i}_{name}", value)
+        self.input_dims = tuple(input_dims)
+
+    def resample(self, generator: torch.Generator | None = None) -> SpectralProductKernel:
+        """Redraw the joint frequencies (from ``generator`` if given, else torch's global RNG)."""
+        self.seed = _new_seed(generator)
+        if self.input_dims is not None:
+            self._materialize(self.input_dims)
+        return self
+
+    def _draws(self, i: int, like: Tensor) -> dict[str, Tensor]:
+        prefix = f"draws{i}_"
+        return {
+            name[len(prefix):]: value.to(dtype=like.dtype if value.is_floating_point() else value.dtype,
+                                         device=like.device)
+            for name, value in self.named_buffers(recurse=False) if name.startswith(prefix)
+        }
+
+    # ---------------------------------------------------------------- features
+    def featurize(self, x: Tensor) -> Tensor:
+        inputs = [select_active(kernel, x) for kernel in self.kernels]
+        if self.input_dims is None:
+            self._materialize(tuple(u.shape[-1] for u in inputs))
+        projection, amplitude, weights = 0.0, 1.0, None
+        for i, (kernel, u) in enumerate(zip(self.kernels, inputs)):
+            base, outputscale = unwrap_scale(kernel)
+            draws = self._draws(i, u)
+            projection = projection + u @ base.spectral_frequencies(draws).mT
+            factor_amplitude = base.spectral_amplitude()
+            amplitude = amplitude * (factor_amplitude if outputscale is None else factor_amplitude * outputscale)
+            factor_weights = getattr(base, "spectral_weights", lambda _: None)(draws)
+            if factor_weights is not None:
+                weights = factor_weights if weights is None else weights * factor_weights
+        scale = (amplitude / self.num_frequencies).sqrt().unsqueeze(-1).unsqueeze(-1)
+        features = torch.cat((projection.cos(), projection.sin()), dim=-1) * scale
+        if weights is not None:
+            root = weights.sqrt()
+            features = features * torch.cat((root, root), dim=-1).unsqueeze(-2)
+        return features
+
+    def diag_moments(self, x: Tensor) -> None:
+        # Φ(x)ᵀΦ(x) = a·mean(w), whose expectation is a = k(x, x): unbiased on the diagonal.
+        return None
+
+    # -------------------------------------------------------------- state dict
+    def _adopt_config(self, values: dict) -> None:
+        """Adopt the saved seed and factor input dimensions, then re-draw so the saved draws load into place."""
+        super()._adopt_config(values)
+        if self.input_dims is not None:
+            self._materialize(self.input_dims)
+
+    def extra_repr(self) -> str:
+        return f"num_features={self.num_features}, seed={self.seed}"

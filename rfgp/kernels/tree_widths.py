@@ -1,0 +1,175 @@
+"""How :func:`rfgp.sketch` spends a total width F on a kernel tree's sums and products.
+
+* **Sums** split F *equally* among their parts, after the exact finite parts (``is_exact``:
+  ``IndexKernel``, Linear, Constant, Cosine features) took their own widths; each random part
+  gets an even share (sin/cos maps have F = 2m), the remaining pairs go to the first parts, so
+  the total is ≤ F.  Equal rather than proportional to the outputscales: at conversion time
+  those are often initial values that training then changes (so widths would depend on an
+  arbitrary moment), and a part's need for features depends on its structure (a periodic part
+  with many harmonics, a short lengthscale) as much as on its amplitude.  (A Linear part of
+  width d unknown at conversion — no ``ard_num_dims``, ``active_dims`` or ``input_dim=`` — is
+  not reserved: the total is then ≤ F + d.)  Per-part widths are
+  given as a list, ``num_features=[256, 512, 256]``, one entry per part of the
+  ``AdditiveKernel`` (``ScaleKernel``s looked through); an entry may be a list for a nested sum.
+* **Products** keep F:
+
+  - factors with the spectral protocol (RBF, Matérn, periodic, RQ, …) → one
+    :class:`~rfgp.kernels.SpectralProductKernel` (ω = Σωᵢ; one joint frequency vector across
+    ``active_dims``; a ``ScaleKernel`` factor folds into the amplitude);
+  - other random factors (polynomial, …) → a :class:`~rfgp.kernels.SketchedProductKernel`
+    (TensorSRHT of the factors' features, with the spectral group as one factor);
+  - exact factors without a spectral form (``IndexKernel``, Linear) of total width w →
+    row-wise Kronecker (:class:`~rfgp.kernels.FeatureProductKernel`) with the random part at the
+    even width ≤ F/w (all-exact products: Kronecker when w ≤ F, else TensorSRHT to F).
+
+The builder converts sub-trees through callables, so it does not depend on how leaves are
+converted: ``convert(part, width)`` (real seeds), ``probe(part, width)`` (throwaway seeds, to
+find the exact parts, which use no randomness) and ``take_seed()``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from gpytorch.kernels import Kernel
+
+from .combinations import (
+    FeatureProductKernel,
+    FeatureSumKernel,
+    SketchedProductKernel,
+    is_exact_feature_kernel,
+    kernel_num_features,
+)
+from .spectral_product import SpectralProductKernel, has_spectral_protocol
+
+
+def leaf_width(num_features, kernel: Kernel) -> int:
+    """The width a leaf (or product) gets; refuses a list of per-part widths that reached it."""
+    if isinstance(num_features, (list, tuple)):
+        raise ValueError(
+            f"num_features={list(num_features)} gives per-part widths of an AdditiveKernel, but it reached a "
+            f"{type(kernel).__name__}; pass an int there (nested lists follow nested AdditiveKernels)"
+        )
+    return num_features
+
+
+def check_width(width, name: str) -> None:
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"{name}: every width must be a positive int, got {width!r}")
+
+
+def is_kronecker_factor(kernel: Kernel) -> bool:
+    """An exact factor with no spectral form to convolve instead (IndexKernel, Linear)."""
+    return is_exact_feature_kernel(kernel) and not has_spectral_protocol(kernel)
+
+
+def exact_width(kernel: Kernel) -> int:
+    """The width of an exact part; 0 for a Linear kernel whose input dimension d is still unknown.
+
+    A Linear kernel's width d is known from ``ard_num_dims``, ``active_dims`` or the converter's
+    ``input_dim=`` option; without them it is set at the first call, so the sum cannot reserve it
+    and the converted tree is at most F + d wide (pass one of them to keep it within F).
+    """
+    try:
+        return kernel_num_features(kernel)
+    except RuntimeError:
+        return 0 if kernel.active_dims is None else len(kernel.active_dims)
+
+
+class TreeBuilder:
+    """Builds the width-F feature kernels of ``AdditiveKernel``/``ProductKernel`` nodes (see module doc)."""
+
+    def __init__(self, convert: Callable[[Kernel, int], Kernel], probe: Callable[[Kernel, int], Kernel],
+                 take_seed: Callable[[], int | None]) -> None:
+        self.convert = convert
+        self.probe = probe
+        self.take_seed = take_seed
+
+    def _probes(self, parts, num_features: int) -> list[Kernel]:
+        even = max(num_features - num_features % 2, 2)
+        return [self.probe(part, even) for part in parts]
+
+    # --------------------------------------------------------------------- sums
+    def sum(self, kernel: Kernel, num_features) -> FeatureSumKernel:
+        parts = kernel.kernels
+        if isinstance(num_features, (list, tuple)):
+            if len(num_features) != len(parts):
+                raise ValueError(
+                    f"num_features={list(num_features)} has {len(num_features)} widths but the AdditiveKernel has "
+                    f"{len(parts)} parts ({', '.join(type(p).__name__ for p in parts)})"
+                )
+            for width in num_features:
+                if not isinstance(width, (list, tuple)):
+                    check_width(width, f"num_features={list(num_features)}")
+            converted = [self.convert(part, width) for part, width in zip(parts, num_features)]
+        else:
+            converted = self._split(parts, num_features)
+        return FeatureSumKernel(*converted, active_dims=kernel.active_dims)
+
+    def _split(self, parts, num_features: int) -> list[Kernel]:
+        check_width(num_features, "num_features")
+        probes = self._probes(parts, num_features)
+        reserved = sum(exact_width(p) for p in probes if is_exact_feature_kernel(p))
+        num_random = sum(not is_exact_feature_kernel(p) for p in probes)
+        remaining = num_features - reserved
+        share = 2 * (remaining // (2 * num_random)) if num_random else 0
+        if num_random and share < 2:
+            raise ValueError(
+                f"num_features={num_features} is too small for this AdditiveKernel: its exact parts take "
+                f"{reserved} features and its {num_random} random parts need at least 2 each"
+            )
+        pairs_left = (remaining - share * num_random) // 2  # one more pair each for the first random parts
+        converted = []
+        for part, probe in zip(parts, probes):
+            if is_exact_feature_kernel(probe):
+                converted.append(probe)
+                continue
+            converted.append(self.convert(part, share + 2 * (pairs_left > 0)))
+            pairs_left -= 1
+        return converted
+
+    # ----------------------------------------------------------------- products
+    def product(self, kernel: Kernel, num_features) -> Kernel:
+        num_features = leaf_width(num_features, kernel)
+        check_width(num_features, "num_features")
+        num_features -= num_features % 2 if num_features > 1 else 0  # sin/cos maps come in pairs
+        probes = self._probes(kernel.kernels, num_features)
+        exact = [p for p in probes if is_kronecker_factor(p)]
+        unknown = [type(p).__name__ for p in exact if exact_width(p) == 0]
+        if unknown:
+            raise ValueError(
+                f"the width of {unknown[0]} (its input dimension) is unknown at conversion, so this ProductKernel "
+                "cannot keep its width F: give the exact kernel ard_num_dims= or active_dims=, or pass input_dim="
+            )
+        width_of_exact = math.prod(exact_width(p) for p in exact)
+        if len(exact) == len(probes):
+            if width_of_exact <= num_features:
+                return FeatureProductKernel(*exact, active_dims=kernel.active_dims)
+            return SketchedProductKernel(*exact, num_features=num_features, seed=self.take_seed(),
+                                         active_dims=kernel.active_dims)
+        random_width = 2 * (num_features // width_of_exact // 2)
+        if random_width < 2:
+            raise ValueError(
+                f"num_features={num_features} is too small for this ProductKernel: its exact factors have "
+                f"{width_of_exact} features, so its random factors would get fewer than 2"
+            )
+        factors = [self.convert(part, random_width)
+                   for part, probe in zip(kernel.kernels, probes) if not is_kronecker_factor(probe)]
+        random = self._random_product(factors, random_width, {} if exact else {"active_dims": kernel.active_dims})
+        return FeatureProductKernel(random, *exact, active_dims=kernel.active_dims) if exact else random
+
+    def _random_product(self, factors: list[Kernel], num_features: int, outer: dict) -> Kernel:
+        """Spectral factors convolved into one, the rest TensorSRHT-combined; ``outer`` (dims) on the result."""
+        spectral = [f for f in factors if has_spectral_protocol(f)]
+        others = [f for f in factors if not has_spectral_protocol(f)]
+        if len(spectral) > 1 and not others:
+            return SpectralProductKernel(*spectral, num_features=num_features, seed=self.take_seed(), **outer)
+        if len(factors) > 1:
+            if len(spectral) > 1:
+                spectral = [SpectralProductKernel(*spectral, num_features=num_features, seed=self.take_seed())]
+            return SketchedProductKernel(*spectral, *others, num_features=num_features, seed=self.take_seed(),
+                                         **outer)
+        if not outer or outer["active_dims"] is None:
+            return factors[0]
+        return FeatureProductKernel(factors[0], **outer)  # a one-factor product under its own active_dims

@@ -1,0 +1,332 @@
+"""rfgp.sketch on kernel trees: total width ≤ F (sums split F, products keep it), per-part widths,
+RBF×Matérn on same/disjoint dims, polynomial×RBF, the Hadamard multitask pattern, the Mauna Loa and
+locally periodic trees, hyperparameters and priors carried, a trained exact
+tree predicting like its conversion, state_dict round trips."""
+
+import math
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.constraints import Interval
+from gpytorch.kernels import (
+    AdditiveKernel,
+    ConstantKernel,
+    IndexKernel,
+    LinearKernel,
+    MaternKernel,
+    PeriodicKernel,
+    PolynomialKernel,
+    ProductKernel,
+    RBFKernel,
+    RQKernel,
+    ScaleKernel,
+)
+from gpytorch.priors import GammaPrior, LogNormalPrior
+
+import rfgp
+from rfgp.kernels import (
+    FeatureProductKernel,
+    FeatureSumKernel,
+    IndexFeatureKernel,
+    SketchedProductKernel,
+    SpectralProductKernel,
+    has_spectral_protocol,
+    kernel_features,
+)
+
+F64 = torch.float64
+
+
+def mauna_loa_tree():
+    """The classic CO2 tree: long-term trend + locally periodic seasonality + medium-term irregularities."""
+    trend = ScaleKernel(RBFKernel(lengthscale_prior=GammaPrior(4.0, 0.1)))
+    seasonal = ScaleKernel(ProductKernel(PeriodicKernel(), RBFKernel()))
+    irregular = ScaleKernel(RQKernel())
+    trend.base_kernel.lengthscale = 50.0
+    seasonal.base_kernel.kernels[0].period_length = 1.0
+    seasonal.base_kernel.kernels[0].lengthscale = 1.5
+    seasonal.base_kernel.kernels[1].lengthscale = 90.0
+    irregular.base_kernel.lengthscale = 1.2
+    irregular.base_kernel.alpha = 0.8
+    trend.outputscale, seasonal.outputscale, irregular.outputscale = 40.0, 4.0, 0.5
+    return trend + seasonal + irregular
+
+
+def width(kernel, x) -> int:
+    return kernel_features(kernel, x).shape[-1]
+
+
+# ---------------------------------------------------------------------------------------- widths
+def trees():
+    a, b = RBFKernel(active_dims=[0]), MaternKernel(nu=1.5, active_dims=[1])
+    return {
+        "sum": ScaleKernel(a) + ScaleKernel(b),
+        "product": ScaleKernel(RBFKernel() * MaternKernel(nu=0.5)),
+        "sum of products": ScaleKernel(RBFKernel() * MaternKernel()) + RBFKernel() + PolynomialKernel(2) * RBFKernel(),
+        "nested sum": AdditiveKernel(RBFKernel(), AdditiveKernel(MaternKernel(), RBFKernel())),
+        "hadamard": ProductKernel(RBFKernel(active_dims=[0]), IndexKernel(num_tasks=3, rank=1, active_dims=[1])),
+    }
+
+
+@pytest.mark.parametrize("name", list(trees()))
+@pytest.mark.parametrize("num_features", [64, 101, 512])
+def test_converted_width_is_at_most_f_and_reported(name, num_features):
+    sketched = rfgp.sketch(trees()[name], num_features=num_features, seed=0)
+    x = torch.cat((torch.randn(5, 1), torch.randint(0, 3, (5, 1)).float()), dim=-1)
+    reported = rfgp.kernels.kernel_num_features(sketched)
+    assert reported == width(sketched, x) <= num_features
+    assert reported >= num_features - 4 * 3  # the split loses at most a pair per part (or the Kronecker remainder)
+
+
+def test_sums_split_f_equally_in_even_shares_and_products_keep_it():
+    sketched = rfgp.sketch(trees()["sum of products"], num_features=100, seed=0)
+    widths = [rfgp.kernels.kernel_num_features(k) for k in sketched.kernels]
+    assert widths == [34, 34, 32]
+    assert isinstance(sketched.kernels[0].base_kernel, SpectralProductKernel)
+    assert isinstance(sketched.kernels[2], SketchedProductKernel)
+    # exact finite parts take their own width first (IndexKernel: rank + num_tasks)
+    with_tasks = AdditiveKernel(RBFKernel(active_dims=[0]), MaternKernel(active_dims=[0]),
+                                IndexKernel(num_tasks=3, rank=1, active_dims=[1]))
+    widths = [rfgp.kernels.kernel_num_features(k) for k in rfgp.sketch(with_tasks, num_features=64, seed=0).kernels]
+    assert widths == [30, 30, 4]
+
+
+def test_per_part_widths_and_their_errors():
+    tree = trees()["sum of products"]
+    sketched = rfgp.sketch(tree, num_features=[256, 64, 128], seed=0)
+    assert [rfgp.kernels.kernel_num_features(k) for k in sketched.kernels] == [256, 64, 128]
+    nested = rfgp.sketch(trees()["nested sum"], num_features=[32, [16, 64]], seed=0)
+    assert nested.num_features == 112 and nested.kernels[1].kernels[1].num_features == 64
+    with pytest.raises(ValueError, match=r"num_features=\[256, 64\] has 2 widths but the AdditiveKernel has 3 parts"):
+        rfgp.sketch(tree, num_features=[256, 64])
+    with pytest.raises(ValueError, match=r"num_features=\[256, 0, 64\]: every width must be a positive int, got 0"):
+        rfgp.sketch(tree, num_features=[256, 0, 64])
+    with pytest.raises(ValueError, match=r"every width must be a positive int, got 12.5"):
+        rfgp.sketch(tree, num_features=[256, 12.5, 64])
+    with pytest.raises(ValueError, match=r"gives per-part widths of an AdditiveKernel, but it reached a ProductKernel"):
+        rfgp.sketch(tree, num_features=[256, 64, [32, 32]])
+    with pytest.raises(ValueError, match=r"num_features=4 is too small for this AdditiveKernel"):
+        rfgp.sketch(tree, num_features=4)
+    with pytest.raises(ValueError, match=r"num_features: every width must be a positive int, got -8"):
+        rfgp.sketch(trees()["product"], num_features=-8)
+
+
+# --------------------------------------------------------------------------- products vs exact
+def relative_error(sketched, exact, x) -> float:
+    target = exact(x).to_dense().detach()
+    return float((sketched(x).to_dense().detach() - target).norm() / target.norm())
+
+
+@pytest.mark.parametrize("dims", ["same", "disjoint"])
+def test_rbf_times_matern_converts_to_one_spectral_product(dims):
+    active = ([0, 1], [0, 1]) if dims == "same" else ([0], [1])
+    exact = ScaleKernel(ProductKernel(RBFKernel(active_dims=active[0], ard_num_dims=len(active[0])),
+                                      MaternKernel(nu=2.5, active_dims=active[1]))).double()
+    exact.base_kernel.kernels[0].lengthscale = torch.tensor([[0.7] * len(active[0])])
+    exact.outputscale = 2.5
+    x = torch.randn(40, 2, dtype=F64)
+    errors = []
+    for num_features in (64, 4096):
+        sketched = rfgp.sketch(exact, num_features=num_features, seed=1).double()
+        assert isinstance(sketched.base_kernel, SpectralProductKernel)
+        assert width(sketched, x) == num_features
+        errors.append(relative_error(sketched, exact, x))
+    # relative Frobenius error falls like F^-1/2: 64× the width, ≈ 8× smaller
+    assert errors[1] < errors[0] / 4 and errors[1] < 0.1, errors
+
+
+def test_polynomial_times_rbf_uses_tensor_srht_at_width_f():
+    exact = ProductKernel(PolynomialKernel(2), RBFKernel()).double()
+    x = torch.nn.functional.normalize(torch.randn(30, 3, dtype=F64), dim=-1)
+    errors = []
+    for num_features in (64, 2048):
+        sketched = rfgp.sketch(exact, num_features=num_features, seed=0).double()
+        assert isinstance(sketched, SketchedProductKernel) and width(sketched, x) == num_features
+        errors.append(relative_error(sketched, exact, x))
+    assert errors[1] < errors[0] / 3 and errors[1] < 0.15, errors
+
+
+def test_scale_kernel_inside_a_product_folds_into_the_amplitude():
+    inner = ScaleKernel(RBFKernel())
+    inner.outputscale = 3.0
+    exact = ProductKernel(inner, MaternKernel(nu=0.5)).double()
+    sketched = rfgp.sketch(exact, num_features=32, seed=0).double()
+    assert isinstance(sketched, SpectralProductKernel) and isinstance(sketched.kernels[0], ScaleKernel)
+    x = torch.randn(4, 2, dtype=F64)
+    torch.testing.assert_close(sketched(x, diag=True), torch.full((4,), 3.0, dtype=F64))
+
+
+# ------------------------------------------------------------------------------ Hadamard multitask
+def test_index_kernel_in_a_product_is_exact_in_the_task_part():
+    exact = ProductKernel(RBFKernel(active_dims=[0]), IndexKernel(num_tasks=3, rank=2, active_dims=[1],
+                                                                  prior=LogNormalPrior(0.0, 1.0))).double()
+    sketched = rfgp.sketch(exact, num_features=100, seed=0).double()
+    assert isinstance(sketched, FeatureProductKernel)
+    rff, tasks = sketched.kernels
+    assert isinstance(tasks, IndexFeatureKernel) and tasks.num_features == 5 and rff.num_features == 20
+    assert torch.equal(tasks.covar_factor, exact.kernels[1].covar_factor)
+    assert [n for n, *_ in sketched.named_priors()] == ["kernels.1.IndexKernelPrior"]
+    x = torch.cat((torch.randn(8, 1, dtype=F64), torch.randint(0, 3, (8, 1)).to(F64)), dim=-1)
+    task_gram = exact.kernels[1](x).to_dense().detach()
+    torch.testing.assert_close(tasks(x).to_dense().detach(), task_gram)
+    torch.testing.assert_close(sketched(x).to_dense().detach(), (rff(x).to_dense() * task_gram).detach())
+
+
+class HadamardGP(gpytorch.models.ExactGP):
+    """GPyTorch's Hadamard multitask model: covar_x(x) * covar_i(i)."""
+
+    def __init__(self, x, i, y, covar_module):
+        super().__init__((x, i), y, gpytorch.likelihoods.GaussianLikelihood())
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = covar_module
+        self.task_covar_module = IndexKernel(num_tasks=2, rank=1)
+
+    def forward(self, x, i):
+        covar = self.covar_module(x).mul(self.task_covar_module(i))
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), covar)
+
+
+def test_hadamard_multitask_model_with_a_converted_data_kernel_predicts_like_the_exact_one():
+    torch.manual_seed(0)
+    x = torch.rand(60, 1, dtype=F64)
+    i = torch.randint(0, 2, (60, 1))
+    y = torch.sin(6 * x).squeeze(-1) + 0.5 * i.squeeze(-1) + 0.05 * torch.randn(60, dtype=F64)
+    exact = HadamardGP(x, i, y, RBFKernel()).double()
+    exact.covar_module.lengthscale = 0.3
+    sketched = HadamardGP(x, i, y, rfgp.sketch(RBFKernel(), num_features=4096, seed=0)).double()
+    sketched.load_state_dict(exact.state_dict(), strict=False)
+    x_test, i_test = torch.linspace(0, 1, 7, dtype=F64).unsqueeze(-1), torch.tensor([[0], [1]] * 3 + [[0]])
+    means = []
+    for model in (exact, sketched):
+        model.eval()
+        with torch.no_grad():
+            means.append(model.likelihood(model(x_test, i_test)).mean)
+    assert float((means[0] - means[1]).abs().max()) < 0.05
+
+
+# --------------------------------------------------------------- hyperparameters, training, state
+def exact_tree():
+    trend = ScaleKernel(RBFKernel(lengthscale_prior=GammaPrior(3.0, 2.0), lengthscale_constraint=Interval(0.05, 10.0)),
+                        outputscale_prior=LogNormalPrior(0.0, 1.0))
+    local = ScaleKernel(ProductKernel(MaternKernel(nu=2.5), RBFKernel()))
+    local.base_kernel.kernels[0].lengthscale = 0.15
+    local.base_kernel.kernels[1].lengthscale = 0.6
+    return trend + local
+
+
+def test_hyperparameters_constraints_and_priors_carry_over():
+    exact = exact_tree()
+    sketched = rfgp.sketch(exact, num_features=256, seed=0)
+    exact_values = dict(exact.named_hyperparameters())
+    sketched_values = dict(sketched.named_hyperparameters())
+    assert exact_values.keys() == sketched_values.keys()
+    for name, value in sketched_values.items():
+        assert torch.equal(value, exact_values[name]), name
+    assert {n: type(p) for n, _, p, *_ in sketched.named_priors()} == {
+        n: type(p) for n, _, p, *_ in exact.named_priors()}
+    constraint = sketched.kernels[0].base_kernel.raw_lengthscale_constraint
+    assert isinstance(constraint, Interval) and float(constraint.upper_bound) == 10.0
+
+
+class TreeGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood, covar_module):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def test_trained_exact_tree_converted_predicts_like_the_exact_model():
+    torch.manual_seed(0)
+    x = torch.rand(80, 1, dtype=F64)
+    y = (torch.sin(12 * x) * torch.exp(-x) + x).squeeze(-1) + 0.05 * torch.randn(80, dtype=F64)
+    exact = TreeGP(x, y, gpytorch.likelihoods.GaussianLikelihood(), exact_tree()).double()
+    optimizer = torch.optim.Adam(exact.parameters(), lr=0.05)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(exact.likelihood, exact)
+    exact.train()
+    for _ in range(40):
+        optimizer.zero_grad()
+        (-mll(exact(x), y)).backward()
+        optimizer.step()
+    sketched = TreeGP(x, y, exact.likelihood, rfgp.sketch(exact.covar_module, num_features=2048, seed=0)).double()
+    sketched.mean_module.load_state_dict(exact.mean_module.state_dict())
+    x_test = torch.linspace(0, 1.1, 25, dtype=F64).unsqueeze(-1)
+    predictions = []
+    for model in (exact, sketched):
+        model.eval()
+        with torch.no_grad():
+            predictions.append(model.likelihood(model(x_test)))
+    (exact_pred, sketched_pred) = predictions
+    assert isinstance(sketched.prediction_strategy, rfgp.FeatureSpacePredictionStrategy)
+    assert float((exact_pred.mean - sketched_pred.mean).abs().max()) < 0.1 * float(y.std())
+    ratio = sketched_pred.variance / exact_pred.variance
+    assert float(ratio.min()) > 0.7 and float(ratio.max()) < 1.3
+
+
+def test_state_dict_round_trip_of_a_converted_tree():
+    x = torch.randn(6, 2, dtype=F64)
+    tree = exact_tree() + PolynomialKernel(2) * RBFKernel()
+    original = rfgp.sketch(tree, num_features=96, seed=0).double()
+    expected = original(x).to_dense().detach()
+    restored = rfgp.sketch(tree, num_features=96, seed=7).double()
+    restored.load_state_dict(original.state_dict())
+    torch.testing.assert_close(restored(x).to_dense().detach(), expected, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- Periodic / RQ trees
+def test_locally_periodic_product_is_unbiased_at_width_f():
+    periodic = PeriodicKernel()
+    periodic.period_length, periodic.lengthscale = 0.7, 1.2
+    exact = ScaleKernel(ProductKernel(periodic, RBFKernel())).double()
+    exact.base_kernel.kernels[1].lengthscale = 2.0
+    x = torch.linspace(-2, 2, 6, dtype=F64).unsqueeze(-1)
+    estimates = []
+    for seed in range(150):
+        sketched = rfgp.sketch(exact, num_features=32, seed=seed).double()
+        assert rfgp.kernels.kernel_num_features(sketched) <= 32
+        estimates.append(sketched(x).to_dense().detach())
+    # periodic and RBF both have the spectral protocol: one convolved set of harmonics + Gaussian frequencies
+    assert isinstance(sketched.base_kernel, SpectralProductKernel)
+    assert all(has_spectral_protocol(k) for k in sketched.base_kernel.kernels)
+    estimates = torch.stack(estimates)
+    mean, se = estimates.mean(0), estimates.std(0) / math.sqrt(len(estimates))
+    target = exact(x).to_dense().detach()
+    assert bool(((mean - target).abs() <= 4 * se + 1e-8).all())
+
+
+def test_mauna_loa_tree_converts_at_width_f_and_approximates_the_exact_gram():
+    exact = mauna_loa_tree().double()
+    x = torch.linspace(0, 30, 60, dtype=F64).unsqueeze(-1)
+    sketched = rfgp.sketch(exact, num_features=4096, seed=0).double()
+    assert isinstance(sketched, FeatureSumKernel) and len(sketched.kernels) == 3
+    assert rfgp.kernels.kernel_num_features(sketched) <= 4096
+    assert dict(exact.named_hyperparameters()).keys() == dict(sketched.named_hyperparameters()).keys()
+    assert relative_error(sketched, exact, x) < 0.05
+
+
+def test_index_feature_kernel_state_dict_round_trip():
+    exact = IndexKernel(num_tasks=3, rank=1)
+    source = rfgp.sketch(exact, num_features=8).double()
+    with torch.no_grad():
+        source.covar_factor.add_(0.3)
+    i = torch.tensor([[0.0], [2.0], [1.0]], dtype=F64)
+    target = rfgp.sketch(IndexKernel(num_tasks=3, rank=1), num_features=8).double()
+    target.load_state_dict(source.state_dict())
+    assert torch.equal(target(i).to_dense(), source(i).to_dense())
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        source(torch.tensor([[3.0]], dtype=F64)).to_dense()
+
+
+def test_exact_linear_and_constant_parts_take_their_width_first():
+    tree = ScaleKernel(RBFKernel()) + LinearKernel(ard_num_dims=3) + ConstantKernel()
+    sketched = rfgp.sketch(tree, num_features=64, seed=0)
+    assert [rfgp.kernels.kernel_num_features(k) for k in sketched.kernels] == [60, 3, 1]
+    # Linear × RBF: the exact factor multiplies by Kronecker, the random part at ⌊F/d⌋ (even)
+    product = rfgp.sketch(ProductKernel(LinearKernel(active_dims=[0, 1]), RBFKernel()), num_features=64, seed=0)
+    x = torch.randn(5, 2, dtype=F64)
+    assert isinstance(product, FeatureProductKernel) and width(product.double(), x) == 64
+    with pytest.raises(ValueError, match="width of LinearFeatureKernel .* is unknown at conversion"):
+        rfgp.sketch(ProductKernel(LinearKernel(), RBFKernel()), num_features=64)
