@@ -3,14 +3,43 @@
 Each check raises a ``ValueError``/``TypeError`` that names the argument, what
 was given and what is accepted, so a user never has to read a stack trace to
 find out which input was wrong.
+
+dtype policy: rfgp computes in float32 or float64.  Half precision (float16, bfloat16)
+is refused everywhere with a ``TypeError`` (random-feature sums over F terms lose about
+three digits in half precision, and some torch kernels silently upcast it while others do
+not); integer, boolean and complex inputs are refused too.  Tensors that meet in one
+computation (x1 and x2, data and model, streaming batches) must share a dtype: rfgp never
+converts one silently.
+
+Checks that read the data's values (finite entries, label ranges, unit norms) cost one
+fused reduction and one host sync per call; :class:`rfgp.settings.validate_inputs` turns
+them off for data the user has already validated.  Shape, dtype and argument checks
+always run (they are free).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
 from torch import Tensor
+
+from . import settings
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+_SUPPORTED = "float32 or float64"
+
+
+class InvalidValueError(ValueError):
+    """A value check failed: NaN/Inf entries, a non-positive noise, a hyperparameter outside its constraint.
+
+    Code that explores values on purpose (MCMC proposals) catches it to reject the point.
+    """
+
+
+class NonFiniteError(InvalidValueError):
+    """A tensor that must be finite holds NaN or ±Inf entries."""
 
 
 def check_positive_int(value, name: str) -> int:
@@ -42,14 +71,69 @@ def check_positive_float(value, name: str, allow_zero: bool = False) -> float:
     return value
 
 
-def check_features_input(x: Tensor, name: str, input_dim: int | None) -> None:
-    """Check a feature-map input: a real floating tensor of shape (..., n, d) with finite entries."""
+def check_dtype_argument(dtype, name: str = "dtype") -> torch.dtype:
+    """A ``dtype`` argument: torch.float32 or torch.float64 (see the dtype policy above)."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be torch.float32 or torch.float64, got {dtype!r}{_half_hint(dtype)}")
+    return dtype
+
+
+def _half_hint(dtype) -> str:
+    if dtype in (torch.float16, torch.bfloat16):
+        return " (half precision is not supported: random-feature sums lose about three digits in it)"
+    return ""
+
+
+def check_tensor_dtype(x, name: str) -> None:
+    """``x`` is a real float32/float64 tensor (TypeError otherwise, naming ``name`` and its dtype)."""
     if not torch.is_tensor(x):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.is_complex():
-        raise TypeError(f"{name} must be a real tensor, got dtype {x.dtype}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor (float32 or float64), got dtype {x.dtype}")
+        raise TypeError(f"{name} must be a real tensor ({_SUPPORTED}), got the complex dtype {x.dtype}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor ({_SUPPORTED}), got dtype {x.dtype}{_half_hint(x.dtype)}")
+
+
+def check_same_dtype(x: Tensor, name: str, dtype: torch.dtype | None, other: str) -> None:
+    """``x`` has ``dtype`` (that of ``other``); rfgp never converts between them silently."""
+    if dtype is not None and x.dtype != dtype:
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but {other} is {dtype}; convert one of them explicitly "
+            f"(e.g. {name}.to({dtype}) or model.to({x.dtype}))"
+        )
+
+
+def module_dtype(module) -> torch.dtype | None:
+    """The floating dtype of a module's first floating parameter or buffer (``None`` if it has none)."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def check_finite(x: Tensor, name: str, hint: str = "") -> None:
+    """One fused reduction: raise :class:`NonFiniteError` naming ``name`` if ``x`` holds NaN or ±Inf.
+
+    Skipped under ``rfgp.settings.validate_inputs(False)``.
+    """
+    if settings.validate_inputs.on() and x.numel() and not bool(torch.isfinite(x).all()):
+        raise NonFiniteError(nonfinite_message(x, name, hint))
+
+
+def nonfinite_message(x: Tensor, name: str, hint: str = "") -> str:
+    """What is wrong with a non-finite ``x`` (error path only: counts and the first bad position)."""
+    nan = int(torch.isnan(x).sum())
+    inf = int(torch.isinf(x).sum())
+    first = tuple(int(i) for i in (~torch.isfinite(x)).nonzero()[0])
+    return (
+        f"{name} contains NaN or Inf entries ({nan} NaN and {inf} ±Inf of {x.numel()}, the first at index {first}); "
+        f"rfgp needs finite values{': ' + hint if hint else ''}"
+    )
+
+
+def check_features_input(x: Tensor, name: str, input_dim: int | None) -> None:
+    """Check a feature-map input: a real floating tensor of shape (..., n, d) with finite entries."""
+    check_tensor_dtype(x, name)
     if x.dim() < 2:
         raise ValueError(f"{name} must have shape (..., n, d), got shape {tuple(x.shape)}")
     if input_dim is not None and x.shape[-1] != input_dim:
@@ -57,5 +141,143 @@ def check_features_input(x: Tensor, name: str, input_dim: int | None) -> None:
             f"{name} has {x.shape[-1]} input dimensions (last axis) but this feature map was built for "
             f"input_dim={input_dim}"
         )
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or Inf entries; random-feature maps need finite inputs")
+    check_finite(x, name)
+
+
+def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> None:
+    """Free checks of a kernel call: supported dtypes, x1/x2 and model dtypes agree, equal trailing dims."""
+    check_tensor_dtype(x1, "x1")
+    check_tensor_dtype(x2, "x2")
+    check_same_dtype(x2, "x2", x1.dtype, "x1")
+    check_same_dtype(x1, "x1", dtype, "the kernel's dtype")
+    if x1.shape[-1] != x2.shape[-1]:
+        raise ValueError(
+            f"x2 has {x2.shape[-1]} input dimensions (last axis) but x1 has {x1.shape[-1]}; "
+            "both must have the kernel's input dimension"
+        )
+
+
+def check_unit_rows(x: Tensor, name: str, hint: str) -> None:
+    """Every row of ``x`` has norm 1 within √eps of its dtype (float32: 3.5e-4, float64: 1.5e-8)."""
+    if not settings.validate_inputs.on() or x.numel() == 0:
+        return
+    check_finite(x, name)
+    deviation = (x.norm(dim=-1) - 1).abs()
+    tolerance = math.sqrt(torch.finfo(x.dtype).eps)
+    if bool((deviation > tolerance).any()):
+        worst = int(deviation.reshape(-1).argmax())
+        norm = float(x.reshape(-1, x.shape[-1])[worst].norm())
+        # enough significant digits to show |norm − 1| to three digits
+        digits = 3 - math.floor(math.log10(abs(norm - 1))) if norm != 1 else 3
+        raise ValueError(
+            f"{name} must lie on the unit sphere (every row with norm 1 within {tolerance:.2g} for {x.dtype}); "
+            f"row {worst} has norm {norm:.{max(digits, 3)}g} (|norm − 1| = {abs(norm - 1):.3g}). {hint}"
+        )
+
+
+def normalize_rows(x: Tensor, name: str) -> Tensor:
+    """x/‖x‖ row by row; an all-zero row has no direction and raises instead of staying zero."""
+    norms = x.norm(dim=-1, keepdim=True)
+    if settings.validate_inputs.on() and x.numel() and bool((norms == 0).any()):
+        row = int((norms.reshape(-1) == 0).nonzero()[0])
+        raise ValueError(f"{name} has an all-zero row (row {row}), which cannot be normalised onto the unit sphere")
+    return x / norms
+
+
+def check_hyperparameter(value, name: str, constraint=None, allow_bound: bool = False) -> None:
+    """A value assigned to a hyperparameter is finite and inside its (positive) constraint.
+
+    ``allow_bound`` accepts the lower bound itself (an offset c = 0 is a valid kernel; ℓ = 0 is not).
+    """
+    tensor = value if torch.is_tensor(value) else torch.as_tensor(value, dtype=torch.float64)
+    if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64)):
+        raise TypeError(f"{name} must be a real number or tensor, got {value!r}")
+    lower = getattr(constraint, "lower_bound", torch.tensor(0.0))
+    upper = getattr(constraint, "upper_bound", torch.tensor(math.inf))
+    tensor = tensor.detach()
+    above = tensor >= lower.to(tensor) if allow_bound else tensor > lower.to(tensor)
+    inside = torch.isfinite(tensor) & above & (tensor < upper.to(tensor))
+    if not bool(inside.all()):
+        shown = tensor.item() if tensor.numel() == 1 else tensor.tolist()
+        bounds = f"{'≥' if allow_bound else '>'} {float(lower.min()):g}" if math.isinf(float(upper.max())) else (
+            f"in ({float(lower.min()):g}, {float(upper.max()):g})")
+        where = f" (its constraint is {constraint})" if constraint is not None else ""
+        raise InvalidValueError(f"{name} must be finite and {bounds}{where}, got {shown}")
+
+
+def describe_bad_hyperparameters(module) -> list[str]:
+    """``name = value`` of every constrained hyperparameter of ``module`` that is non-finite or on/out of its bound."""
+    bad = []
+    for raw_name, raw, constraint in module.named_parameters_and_constraints():
+        if constraint is None:
+            continue
+        value = constraint.transform(raw.detach())
+        lower = constraint.lower_bound.to(value)
+        if not bool((torch.isfinite(value) & (value > lower)).all()):
+            name = raw_name.replace("raw_", "")
+            shown = value.item() if value.numel() == 1 else value.tolist()
+            bad.append(f"{name} = {shown}")
+    return bad
+
+
+#: what the feature-space solve sees of the targets: the residual of the marginal likelihood
+RESIDUAL = "y − μ (the training targets minus the prior mean)"
+
+
+def check_targets(y: Tensor, name: str = RESIDUAL) -> None:
+    """Targets (or residuals y − μ) of a Gaussian model: finite and non-empty (an MLL over no data is 0/0)."""
+    if y is None:
+        return
+    if y.shape[-1 if y.dim() == 1 else -2] == 0:
+        raise ValueError(f"{name} is empty (0 data points); the marginal likelihood and posterior need at least one")
+    check_finite(y, name, "remove or impute the rows of train_y with NaN/Inf, or fix a mean module that returns "
+                          "them (a NaN target makes the marginal likelihood and every prediction NaN)")
+
+
+def check_noise(noise: Tensor) -> Tensor:
+    """The likelihood's noise variances D (returned unchanged): finite and > 0, as D⁻¹ weights the data."""
+    if settings.validate_inputs.on() and noise.numel() and not bool((torch.isfinite(noise) & (noise > 0)).all()):
+        raise InvalidValueError(
+            f"the likelihood's noise variances must be finite and > 0 (the feature-space solve weights every point "
+            f"by 1/noise), got values in [{float(noise.min()):.6g}, {float(noise.max()):.6g}]"
+            f"{' including NaN' if bool(noise.isnan().any()) else ''}"
+        )
+    return noise
+
+
+def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1) -> None:
+    """train_x ``(..., n, d)`` and train_y with n along ``target_axis`` of an ExactGP: dtype, sizes, finiteness."""
+    check_tensor_dtype(train_x, "train_x")
+    check_tensor_dtype(train_y, "train_y")
+    check_same_dtype(train_y, "train_y", train_x.dtype, "train_x")
+    if train_x.dim() < 2:
+        raise ValueError(f"train_x must have shape (..., n, d), got {tuple(train_x.shape)}")
+    if train_x.shape[-2] == 0:
+        raise ValueError("train_x is empty (0 rows): a GP needs at least one training point")
+    if train_y.dim() < -target_axis or train_y.shape[target_axis] != train_x.shape[-2]:
+        raise ValueError(
+            f"train_y must hold one target per row of train_x ({train_x.shape[-2]} along axis {target_axis}), "
+            f"got shape {tuple(train_y.shape)}"
+        )
+    check_finite(train_x, "train_x")
+    check_finite(train_y, "train_y (the training targets)", "remove or impute those rows")
+
+
+def check_model_inputs(model, inputs) -> None:
+    """Inputs of an rfgp ExactGP call, checked against its training inputs (dtype, trailing dimension, finite)."""
+    if model.train_inputs is None:
+        return
+    for x, train_x in zip(inputs, model.train_inputs):
+        check_prediction_inputs(x, train_x)
+
+
+def check_prediction_inputs(x: Tensor, train_x: Tensor, name: str = "x") -> None:
+    """Test inputs of a trained ExactGP: train_x's dtype and trailing dimension, finite."""
+    check_tensor_dtype(x, name)
+    check_same_dtype(x, name, train_x.dtype, "train_x")
+    if x.dim() < 2 or x.shape[-1] != train_x.shape[-1]:
+        raise ValueError(
+            f"{name} must have shape (..., n, {train_x.shape[-1]}) like train_x (d = {train_x.shape[-1]} "
+            f"input dimensions), got shape {tuple(x.shape)}"
+        )
+    check_finite(x, name)

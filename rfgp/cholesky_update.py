@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._validation import check_finite
+
 #: smallest column block: below it the per-block Python and LAPACK-call overhead dominates.
 MIN_BLOCK_SIZE = 32
 
@@ -60,6 +62,7 @@ def cholesky_update(chol: Tensor, vectors: Tensor, block_size: int | None = None
             f"vectors must have chol's dtype and device ({chol.dtype}, {chol.device}), "
             f"got {vectors.dtype} on {vectors.device}"
         )
+    check_finite(vectors, "vectors")
     size, rank = chol.shape[-1], vectors.shape[-1]
     block = default_block_size(rank) if block_size is None else block_size
     if not isinstance(block, int) or block < 1:

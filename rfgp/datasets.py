@@ -19,7 +19,13 @@ import datetime
 import torch
 from torch import Tensor
 
-from ._validation import check_positive_float, check_positive_int
+from ._validation import (
+    check_dtype_argument,
+    check_finite,
+    check_positive_float,
+    check_positive_int,
+    check_tensor_dtype,
+)
 
 #: IGRF reference radius (km)
 EARTH_RADIUS_KM = 6371.2
@@ -66,6 +72,7 @@ def helmholtz_field(
     if input_dim not in (2, 3):
         raise ValueError(f"input_dim must be 2 or 3 for helmholtz_field, got {input_dim}")
     noise = check_positive_float(noise, "noise", allow_zero=True)
+    check_dtype_argument(dtype)
     generator = torch.Generator().manual_seed(seed)
 
     def layout():
@@ -127,8 +134,8 @@ def igrf_magnetic_field(
     low, high = (check_positive_float(a, "altitude_km", allow_zero=True) for a in altitude_km)
     if high < low:
         raise ValueError(f"altitude_km must be (low, high) with low ≤ high, got {altitude_km}")
-    if not 1 <= int(max_degree) <= 13:
-        raise ValueError(f"max_degree must be in 1..13, got {max_degree}")
+    check_dtype_argument(dtype)
+    _check_max_degree(max_degree)
     generator = torch.Generator().manual_seed(seed)
     direction = torch.randn(n, 3, generator=generator, dtype=torch.float64)
     direction = direction / direction.norm(dim=-1, keepdim=True)
@@ -145,6 +152,11 @@ def igrf_field_at(
     import numpy as np
     import ppigrf
 
+    check_tensor_dtype(positions, "positions")
+    if positions.dim() != 2 or positions.shape[-1] != 3:
+        raise ValueError(f"positions must have shape (n, 3) (Cartesian, in Earth radii), got {tuple(positions.shape)}")
+    check_finite(positions, "positions")
+    _check_max_degree(max_degree)
     positions = positions.detach().to(torch.float64).cpu()
     radius = positions.norm(dim=-1)
     colatitude = torch.arccos((positions[:, 2] / radius).clamp(-1.0, 1.0))
@@ -164,6 +176,11 @@ def igrf_field_at(
     e_theta = torch.stack((ct * cp, ct * sp, -st), -1)
     e_phi = torch.stack((-sp, cp, torch.zeros_like(sp)), -1)
     return spherical[:, :1] * e_r + spherical[:, 1:2] * e_theta + spherical[:, 2:] * e_phi
+
+
+def _check_max_degree(max_degree) -> None:
+    if check_positive_int(max_degree, "max_degree") > 13:
+        raise ValueError(f"max_degree must be in 1..13 (IGRF's highest degree is 13), got {max_degree}")
 
 
 __all__ = ["EARTH_RADIUS_KM", "helmholtz_field", "igrf_field_at", "igrf_magnetic_field"]

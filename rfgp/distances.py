@@ -20,13 +20,14 @@ independent one ranks directions inside it) with its almost-relative-error guara
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ._validation import check_positive_float, check_positive_int
+from ._validation import check_finite, check_positive_float, check_positive_int, check_same_dtype, check_tensor_dtype
 from .features.base import FeatureMap
 
 KernelFunction = Callable[[Tensor, Tensor], Tensor]
@@ -36,6 +37,8 @@ def _check_points(x: Tensor, name: str) -> Tensor:
     if not torch.is_tensor(x) or x.dim() != 2 or x.shape[0] == 0:
         shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
         raise ValueError(f"{name} must be a non-empty (n, d) tensor of points, got {shape}")
+    check_tensor_dtype(x, name)
+    check_finite(x, name)
     return x
 
 
@@ -44,6 +47,7 @@ def _check_pair(p: Tensor, q: Tensor) -> None:
     _check_points(q, "q")
     if p.shape[-1] != q.shape[-1]:
         raise ValueError(f"p and q must have the same dimension, got p: {tuple(p.shape)}, q: {tuple(q.shape)}")
+    check_same_dtype(q, "q", p.dtype, "p")
 
 
 def gaussian_kernel(lengthscale: float = 1.0) -> KernelFunction:
@@ -87,6 +91,8 @@ def kernel_distance(
 
 def mean_kernel(kernel: KernelFunction, x: Tensor, y: Tensor, chunk_size: int = 2048) -> Tensor:
     """κ(X, Y) = mean of k(x, y) over X × Y, accumulated over row chunks of X (memory O(chunk·|Y|))."""
+    _check_points(x, "x")
+    _check_points(y, "y")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     total = sum(kernel(x[i : i + chunk_size], y).sum() for i in range(0, x.shape[0], chunk_size))
     return total / (x.shape[0] * y.shape[0])
@@ -210,6 +216,8 @@ def two_sample_test(
     identity = torch.arange(n, device=features.device).unsqueeze(0)
     statistic = permutation_statistics(features, num_p, identity)[0]
     generator = torch.Generator()
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an integer or None, got {seed!r}")
     generator.manual_seed(int(seed) if seed is not None else int(torch.randint(2**62, (1,)).item()))
     null = []
     for start in range(0, num_permutations, batch_size):

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._validation import check_positive_int
+from ._validation import check_finite, check_positive_float, check_positive_int, check_tensor_dtype
 
 
 def _dense(matrix) -> Tensor:
@@ -33,7 +33,12 @@ def relative_frobenius_error(approx, exact) -> Tensor:
     approx, exact = _dense(approx), _dense(exact)
     if approx.shape != exact.shape:
         raise ValueError(f"approx and exact must have the same shape, got {tuple(approx.shape)} and {tuple(exact.shape)}")
-    return torch.linalg.matrix_norm(approx - exact) / torch.linalg.matrix_norm(exact)
+    check_finite(approx, "approx")
+    check_finite(exact, "exact")
+    norm = torch.linalg.matrix_norm(exact)
+    if not bool((norm > 0).all()):
+        raise ValueError("exact is the zero matrix (in some batch): the relative error ‖K̂ − K‖_F / ‖K‖_F is undefined")
+    return torch.linalg.matrix_norm(approx - exact) / norm
 
 
 def gaussian_kl_divergence(
@@ -51,6 +56,8 @@ def gaussian_kl_divergence(
     shapes = {t.shape for t in (mean_approx, var_approx, mean_exact, var_exact)}
     if len(shapes) != 1:
         raise ValueError(f"means and variances must share one shape, got {sorted(tuple(s) for s in shapes)}")
+    _check_gaussian(var_approx=var_approx, var_exact=var_exact, mean_approx=mean_approx, mean_exact=mean_exact)
+    min_variance = check_positive_float(min_variance, "min_variance")
     var_approx = var_approx.clamp_min(min_variance)
     var_exact = var_exact.clamp_min(min_variance)
     ratio = var_approx / var_exact
@@ -58,11 +65,26 @@ def gaussian_kl_divergence(
     return 0.5 * terms.sum(-1)
 
 
+def _check_gaussian(**tensors: Tensor) -> None:
+    """Finite means and variances; variances (names starting with ``var``) ≥ 0."""
+    for name, tensor in tensors.items():
+        check_tensor_dtype(tensor, name)
+        check_finite(tensor, name)
+        if name.startswith("var") and bool((tensor < 0).any()):
+            raise ValueError(f"{name} must be ≥ 0 (variances), got the minimum {float(tensor.min()):.6g}")
+
+
 def _check_probabilities(probs: Tensor, labels: Tensor) -> Tensor:
     if not torch.is_tensor(probs) or probs.dim() != 2:
         raise ValueError(f"probs must be a (M, C) tensor of class probabilities, got {getattr(probs, 'shape', probs)}")
     if not torch.is_tensor(labels) or labels.shape != probs.shape[:1]:
         raise ValueError(f"labels must be a ({probs.shape[0]},) tensor, got {getattr(labels, 'shape', labels)}")
+    check_tensor_dtype(probs, "probs")
+    check_finite(probs, "probs")
+    if bool(((probs < 0) | (probs > 1)).any()):
+        raise ValueError(f"probs must lie in [0, 1], got values in [{float(probs.min()):.6g}, {float(probs.max()):.6g}]")
+    if labels.is_floating_point() and not bool((labels == labels.round()).all()):
+        raise ValueError("labels must be integer class indices, got non-integer values")
     labels = labels.long()
     if bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
         raise ValueError(f"labels must lie in 0..{probs.shape[1] - 1}")
@@ -88,6 +110,12 @@ def mean_negative_log_likelihood(probs: Tensor, labels: Tensor) -> Tensor:
 
 def gaussian_mnll(mean: Tensor, variance: Tensor, targets: Tensor) -> Tensor:
     """Regression MNLL = −(1/M) Σ_i log N(y_i; μ_i, σ²_i) with σ² the predictive (noisy) variance."""
+    if not (mean.shape == variance.shape == targets.shape):
+        raise ValueError(f"mean, variance and targets must share one shape, got {tuple(mean.shape)}, "
+                         f"{tuple(variance.shape)} and {tuple(targets.shape)}")
+    _check_gaussian(mean=mean, variance=variance, targets=targets)
+    if not bool((variance > 0).all()):
+        raise ValueError(f"variance must be > 0 (a predictive variance), got the minimum {float(variance.min()):.6g}")
     return 0.5 * ((targets - mean).pow(2) / variance + variance.log() + math.log(2 * math.pi)).mean()
 
 

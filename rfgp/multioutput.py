@@ -24,6 +24,7 @@ from linear_operator.operators import ConstantMulLinearOperator, RootLinearOpera
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ._validation import check_model_inputs, check_noise, check_targets, check_training_data
 from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -65,8 +66,9 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
     @cached(name="mean_covar_cache")
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R)."""
+        check_targets(self.train_labels, "the training targets y")
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
-        noise = self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        noise = check_noise(self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
         weights = noise.reciprocal()
         capacitance = weighted_gram(features, weights)
         eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
@@ -118,6 +120,7 @@ class MultiOutputGPModel(gpytorch.models.ExactGP):
         if not torch.is_tensor(train_y) or train_y.dim() != 2:
             shape = tuple(train_y.shape) if torch.is_tensor(train_y) else type(train_y).__name__
             raise ValueError(f"train_y must be an (n, p) tensor of vector observations, got {shape}")
+        check_training_data(train_x, train_y, target_axis=-2)
         num_outputs = kernel_num_outputs(covar_module, train_x[..., :1, :])
         if train_y.shape[-1] != num_outputs:
             raise ValueError(
@@ -135,6 +138,10 @@ class MultiOutputGPModel(gpytorch.models.ExactGP):
             mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ZeroMean(), num_tasks=num_outputs)
         self.mean_module = mean_module
         self.covar_module = covar_module
+
+    def __call__(self, *inputs, **kwargs):
+        check_model_inputs(self, inputs)
+        return super().__call__(*inputs, **kwargs)
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultitaskMultivariateNormal:
         return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))

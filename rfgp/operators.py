@@ -40,6 +40,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
+from ._validation import check_noise, check_targets
 from .chunking import (
     Featurizer,
     backprop_chunks,
@@ -109,8 +110,8 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
 def noise_weights(noise: DiagLinearOperator) -> Tensor:
     """D⁻¹ of a noise operator: ``(..., N)``, or ``(..., 1)`` for a homoscedastic (constant) diagonal."""
     if isinstance(noise, ConstantDiagLinearOperator):
-        return noise.diag_values.reciprocal()
-    return noise.diagonal(dim1=-1, dim2=-2).reciprocal()
+        return check_noise(noise.diag_values).reciprocal()
+    return check_noise(noise.diagonal(dim1=-1, dim2=-2)).reciprocal()
 
 
 def _add_optional(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -128,9 +129,10 @@ class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
         return super().__add__(other)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        check_targets(inv_quad_rhs)
         if self.uses_kernel_space():
             features, constant = self._linear_op.scaled_features()
-            noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
+            noise = check_noise(self._diag_tensor.diagonal(dim1=-1, dim2=-2))
             scale = None if constant is None else constant**2
             inv_quad, logdet_term = kernel_space_inv_quad_logdet(
                 features, noise, _as_matrix(inv_quad_rhs), logdet, scale
@@ -312,6 +314,7 @@ class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
         return super().__add__(other)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        check_targets(inv_quad_rhs)
         return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
 
 

@@ -34,6 +34,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
+from ._validation import check_noise, check_targets
 from .kernel_space import kernel_space_posterior_caches
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 
@@ -77,9 +78,10 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="kernel_space_cache")
     def kernel_space_cache(self) -> tuple[Tensor, Tensor]:
         """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D)."""
+        check_targets(self.train_labels, "the training targets y")
         train_covar = self.lik_train_train_covar
         features = train_covar._linear_op.root.to_dense()
-        noise = train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        noise = check_noise(train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
         residual = self.train_labels - self.train_prior_dist.mean
         operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1])
         columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
@@ -92,6 +94,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="mean_covar_cache")
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
+        check_targets(self.train_labels, "the training targets y")
         # Noise-added operators with extra structure (rfgp.classification: shared Φ across
         # classes) build the same caches themselves.
         structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)

@@ -7,6 +7,9 @@
   memory is O(chunk·F + F²) instead of O(N·F), with the same results to rounding.
 * :class:`chunk_size` — force a number of rows per chunk (``None``: derive it from
   the budget).
+* :class:`validate_inputs` — ``False`` skips the checks that read the data's values (NaN/Inf
+  in inputs and targets, label ranges, unit norms): one fused reduction and one host sync per
+  call each.  For data you have validated yourself; shape and dtype checks always run.
 
 Example:
     >>> with rfgp.settings.memory_budget(256 * 2**20):   # 256 MiB for Φ
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_positive_int
 
 #: Arrays of size N·F alive at once in an MLL backward pass: Φ (saved), ∂Φ and the feature
 #: map's autograd intermediates (projections and their gradient, half width each).  Measured
@@ -38,6 +40,8 @@ class _ValueSetting:
 
     @classmethod
     def _check(cls, value):
+        from ._validation import check_positive_int  # _validation reads validate_inputs from this module
+
         return value if value is None else check_positive_int(value, cls._name)
 
     @classmethod
@@ -66,7 +70,35 @@ class memory_budget(_ValueSetting):
 
     @classmethod
     def _check(cls, value):
+        from ._validation import check_positive_int
+
         return check_positive_int(value, cls._name)
+
+
+class validate_inputs(_ValueSetting):
+    """Whether rfgp checks the values of data at its boundaries (default ``True``).
+
+    The checks are NaN/Inf in inputs and targets, class labels in 0..C−1 and unit-norm rows
+    where the unit sphere is required; each is one fused reduction (one host sync) per call.
+    Turn them off only for data you have validated: a NaN then propagates silently.
+
+    Example:
+        >>> with rfgp.settings.validate_inputs(False):
+        ...     loss = -mll(model(train_x), train_y)
+    """
+
+    _global_value = True
+    _name = "validate_inputs"
+
+    @classmethod
+    def _check(cls, value):
+        if not isinstance(value, bool):
+            raise TypeError(f"validate_inputs must be True or False, got {value!r}")
+        return value
+
+    @classmethod
+    def on(cls) -> bool:
+        return cls._global_value
 
 
 class chunk_size(_ValueSetting):

@@ -44,7 +44,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from ._validation import check_choice
+from ._validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
 from .cholesky_update import cholesky_update
 from .kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 from .linalg import feature_statistics
@@ -153,11 +153,15 @@ class StreamingFeatureGP(nn.Module):
         The Cholesky factor, if already computed, is updated by a rank-k update when
         :func:`takes_rank_update` says so, and dropped (refactorised when next needed) otherwise.
         """
-        if not torch.is_tensor(x) or not torch.is_tensor(y):
-            raise TypeError(f"x and y must be tensors, got {type(x).__name__} and {type(y).__name__}")
+        self._check_inputs(x)
+        check_tensor_dtype(y, "y")
+        check_same_dtype(y, "y", x.dtype, "x")
         if y.shape != x.shape[:-1]:
             raise ValueError(f"y must have shape {tuple(x.shape[:-1])} to match x of shape {tuple(x.shape)}, "
                              f"got {tuple(y.shape)}")
+        if x.shape[-2] == 0:
+            raise ValueError("x and y are an empty batch (0 rows); pass batches with at least one point")
+        check_finite(y, "y (the targets)", "remove or impute those rows before streaming them")
         self._check_hyperparameters()
         features = kernel_features(self.covar_module, x)
         noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
@@ -182,6 +186,14 @@ class StreamingFeatureGP(nn.Module):
             self._chol = None
         return self
 
+    def _check_inputs(self, x) -> None:
+        """x is a supported floating tensor in the dtype of the statistics (or, before any data, of the model)."""
+        check_tensor_dtype(x, "x")
+        if self.gram.numel():
+            check_same_dtype(x, "x", self.gram.dtype, "the statistics accumulated from earlier batches")
+        else:
+            check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype")
+
     def cholesky(self) -> Tensor:
         """L = chol(I + ΦᵀWΦ), refactorised once after each update."""
         if self.num_data == 0:
@@ -201,6 +213,7 @@ class StreamingFeatureGP(nn.Module):
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         """Posterior of the latent f at ``x`` (apply ``self.likelihood`` for y)."""
+        self._check_inputs(x)
         chol = self.cholesky()
         features = kernel_features(self.covar_module, x)
         mean = self.mean_module(x) + (features @ torch.cholesky_solve(self.cross, chol)).squeeze(-1)

@@ -27,7 +27,7 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from ._validation import check_choice, check_positive_float, check_positive_int
+from ._validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
 
 OPTIMIZERS = ("lbfgs", "adam")
 CLOCKS = ("wall", "cpu")
@@ -112,6 +112,11 @@ class _Objective:
             self.restore()
             error.add_note(self._advice("a covariance matrix that is not positive definite"))
             raise
+        except InvalidValueError as error:
+            if self.last_finite is None:  # the data or the starting point is invalid: nothing to restore
+                raise
+            self.restore()  # training moved the model to a point rfgp's validation refuses (NaN mean, ...)
+            raise NonFiniteLossError(self._advice(f"an invalid value ({error})")) from error
         self.evaluations += 1
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
         finite = torch.isfinite(loss) & torch.stack([torch.isfinite(g).all() for g in grads]).all()

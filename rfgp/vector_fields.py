@@ -20,7 +20,7 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ._validation import check_positive_int
+from ._validation import check_finite, check_positive_int, check_tensor_dtype
 from .kernels.combinations import is_feature_kernel, kernel_features
 from .multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
 
@@ -33,9 +33,14 @@ def jacobian(field: Field, x: Tensor) -> Tensor:
     If ``field`` returns leading sample dimensions that ``x`` lacks, ``x`` is expanded to them
     so that each sample gets its own Jacobian.
     """
+    check_tensor_dtype(x, "x")
+    check_finite(x, "x")
     leaf = x.detach().requires_grad_(True)
     with torch.enable_grad():
         values = field(leaf)
+        if values.dtype != x.dtype:
+            raise TypeError(f"the field returned dtype {values.dtype} for x of dtype {x.dtype}: pass x in the "
+                            f"dtype of the model behind the field ({values.dtype})")
         if values.dim() > x.dim():
             leaf = x.detach().expand(*values.shape[:-2], *x.shape[-2:]).clone().requires_grad_(True)
             values = field(leaf)

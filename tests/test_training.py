@@ -77,8 +77,9 @@ class _PoisonedMean(gpytorch.means.ConstantMean):
         return mean * float("nan") if self.calls >= self.poison_at else mean
 
 
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "unvalidated"])
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
-def test_non_finite_loss_raises_and_restores_the_last_finite_point(optimizer):
+def test_non_finite_loss_raises_and_restores_the_last_finite_point(optimizer, validate):
     model = _regression(mean_module=_PoisonedMean(poison_at=4))
     snapshots = []
     original = rfgp.training._Objective.accept
@@ -90,7 +91,10 @@ def test_non_finite_loss_raises_and_restores_the_last_finite_point(optimizer):
 
     rfgp.training._Objective.accept = spy
     try:
-        with pytest.raises(rfgp.NonFiniteLossError, match=r"reached a loss of nan at iteration \d.*restored"):
+        # rfgp's validation names y − μ before the loss is formed; without it the loss is NaN
+        reached = "an invalid value" if validate else "a loss of nan"
+        with rfgp.settings.validate_inputs(validate), pytest.raises(
+                rfgp.NonFiniteLossError, match=rf"reached {reached}.* at iteration \d.*restored"):
             rfgp.fit_mll(model, optimizer=optimizer)
     finally:
         rfgp.training._Objective.accept = original

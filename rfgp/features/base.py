@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .._validation import check_features_input, check_positive_int
 from ..config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
+from ..memory import check_draws
 
 _SEED_BOUND = 2**62
 
@@ -87,6 +88,7 @@ class FeatureMap(ConfigState, nn.Module):
         raise NotImplementedError
 
     def _materialize(self) -> None:
+        check_draws(self, self.input_dim, self._anchor.device)
         generator = torch.Generator().manual_seed(self.seed)
         draws = self._draw(self.input_dim, generator)
         for name, value in draws.items():

@@ -32,7 +32,7 @@ import torch
 from scipy.special import gammainc
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_float, check_positive_int
+from .._validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from ..config_state import LAZY, METHOD
 from .base import FeatureMap
 from .degree_sketch import HierarchicalSketch
@@ -148,6 +148,7 @@ class _TaylorSketchBase(FeatureMap):
     @classmethod
     def for_data(cls, x: Tensor, num_features: int, alpha: float, rule: str = "exact", **kwargs):
         """A map centred on the bounding box of x (in lengthscale units) with s chosen from its radius."""
+        check_features_input(x, "x", None)
         low, high = x.min(0).values, x.max(0).values
         center = (low + high) / 2
         radius = cls._data_radius(x - center)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .. import dot_product
-from .._validation import check_choice, check_positive_int
+from .._validation import check_choice, check_features_input, check_positive_int
 from ..config_state import DRAW, METHOD
 from ..dot_product import DotProductKernelSpec, degree_terms
 from .base import FeatureMap
@@ -309,6 +309,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         if not torch.is_tensor(x_sample) or x_sample.dim() < 2 or x_sample.shape[-2] < 2:
             shape = tuple(x_sample.shape) if torch.is_tensor(x_sample) else type(x_sample).__name__
             raise ValueError(f"x_sample must be a tensor of shape (..., m, d) with m ≥ 2, got {shape}")
+        check_features_input(x_sample, "x_sample", self.input_dim)
         if kernel is not None:
             if not isinstance(kernel, DotProductKernelSpec):
                 raise TypeError(f"kernel must be a DotProductKernelSpec, got {type(kernel).__name__}")

@@ -39,7 +39,7 @@ import os
 import torch
 from torch import Tensor
 
-from .._validation import check_choice
+from .._validation import check_choice, check_unit_rows, normalize_rows
 from ..config_state import DRAW, METHOD
 from . import random
 from .base import FeatureMap
@@ -126,19 +126,10 @@ class SphericalRandomFeatures(FeatureMap):
 
     # ---------------------------------------------------------------- forward
     def _checked_input(self, x: Tensor) -> Tensor:
-        norms = x.norm(dim=-1, keepdim=True)
         if self.normalize_inputs:
-            if bool((norms == 0).any()):
-                raise ValueError("x has an all-zero row, which normalize_inputs=True cannot put on the unit sphere")
-            return x / norms
-        tolerance = math.sqrt(torch.finfo(x.dtype).eps)
-        deviation = float((norms - 1).abs().max()) if x.numel() else 0.0
-        if deviation > tolerance:
-            raise ValueError(
-                "x must lie on the unit sphere (every row with norm 1) for spherical random features; got row "
-                f"norms in [{float(norms.min()):.6g}, {float(norms.max()):.6g}]. Normalise the inputs "
-                "(x / x.norm(dim=-1, keepdim=True)) or pass normalize_inputs=True"
-            )
+            return normalize_rows(x, "x")
+        check_unit_rows(x, "x", "Spherical random features need unit-norm inputs: normalise them "
+                                "(x / x.norm(dim=-1, keepdim=True)) or pass normalize_inputs=True")
         return x
 
     def project(self, x: Tensor) -> Tensor:

@@ -8,6 +8,8 @@ from gpytorch.kernels import Kernel
 from gpytorch.priors import Prior
 from torch import Tensor
 
+from .._validation import check_hyperparameter
+
 
 def register_positive_hyperparameter(kernel: Kernel, name: str, shape, prior: Prior | None = None,
                                      constraint: Interval | None = None) -> None:
@@ -33,7 +35,6 @@ def positive_value(kernel: Kernel, name: str) -> Tensor:
 def set_positive_value(kernel: Kernel, name: str, value) -> None:
     """Set ``<name>`` after checking every entry is finite and > 0 (a ValueError names the argument otherwise)."""
     raw = getattr(kernel, f"raw_{name}")
+    check_hyperparameter(value, name, getattr(kernel, f"raw_{name}_constraint"))
     value = torch.as_tensor(value).to(raw)
-    if not bool(torch.isfinite(value).all()) or bool((value <= 0).any()):
-        raise ValueError(f"{name} must be finite and > 0, got {value.detach().cpu().flatten()[:8].tolist()}")
     kernel.initialize(**{f"raw_{name}": getattr(kernel, f"raw_{name}_constraint").inverse_transform(value)})

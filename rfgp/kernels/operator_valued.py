@@ -28,8 +28,9 @@ import torch
 from gpytorch.kernels import Kernel, MultitaskKernel
 from torch import Tensor
 
-from .._validation import check_positive_int
+from .._validation import check_finite, check_hyperparameter, check_positive_int, check_same_dtype, check_tensor_dtype
 from ..config_state import METHOD, ConfigState
+from .checked_call import CheckedCallMixin
 
 
 def interleave(blocks: Tensor) -> Tensor:
@@ -40,13 +41,13 @@ def interleave(blocks: Tensor) -> Tensor:
 
 def check_vector_input(x: Tensor, name: str, input_dim: int) -> None:
     """Inputs of a vector-field kernel must have exactly ``input_dim`` columns."""
-    if not torch.is_tensor(x) or not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point torch.Tensor, got {type(x).__name__}")
+    check_tensor_dtype(x, name)
     if x.dim() < 2 or x.shape[-1] != input_dim:
         raise ValueError(
             f"{name} must have shape (..., n, {input_dim}) for this kernel with input_dim={input_dim} "
             f"(= number of outputs p), got shape {tuple(x.shape)}"
         )
+    check_finite(x, name)
 
 
 def check_vector_dim(input_dim, name: str = "input_dim") -> int:
@@ -56,7 +57,7 @@ def check_vector_dim(input_dim, name: str = "input_dim") -> int:
     return input_dim
 
 
-class _GaussianDerivativeKernel(ConfigState, Kernel):
+class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
     """Shared machinery of the curl- and divergence-free Gaussian kernels (p = d outputs)."""
 
     has_lengthscale = True
@@ -92,6 +93,8 @@ class _GaussianDerivativeKernel(ConfigState, Kernel):
             raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
         check_vector_input(x1, "x1", self.input_dim)
         check_vector_input(x2, "x2", self.input_dim)
+        check_same_dtype(x2, "x2", x1.dtype, "x1")
+        check_same_dtype(x1, "x1", self.lengthscale.dtype, "the kernel's lengthscale")
         lengthscale = self.lengthscale  # (*batch, 1, d or 1)
         inv_sq = lengthscale.pow(-2).expand(*lengthscale.shape[:-1], self.input_dim)
         if diag:
@@ -104,6 +107,10 @@ class _GaussianDerivativeKernel(ConfigState, Kernel):
         v = delta * inv_sq
         k0 = torch.exp(-0.5 * (delta * v).sum(-1))
         return interleave(self._blocks(v, inv_sq) * k0.unsqueeze(-1).unsqueeze(-1))
+
+    def _set_lengthscale(self, value) -> None:
+        check_hyperparameter(value, "lengthscale", self.raw_lengthscale_constraint)
+        super()._set_lengthscale(value)
 
     def extra_repr(self) -> str:
         return f"input_dim={self.input_dim}"

@@ -16,7 +16,7 @@ from gpytorch.constraints import Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_float
+from .._validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows, normalize_rows
 from ..config_state import METHOD
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
@@ -27,7 +27,6 @@ from .random_feature_kernel import RandomFeatureKernel
 POLYNOMIAL_METHODS: dict[str, Callable[..., FeatureMap]] = {}
 
 INPUT_NORMALIZATIONS = (None, "check", "normalize")
-_UNIT_TOLERANCE = 1e-4
 
 
 def register_polynomial_method(name: str) -> Callable:
@@ -168,21 +167,16 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         self._set_offset(value)
 
     def _set_offset(self, value) -> None:
+        check_hyperparameter(value, "offset", self.raw_offset_constraint, allow_bound=True)
         if not torch.is_tensor(value):
             value = torch.as_tensor(value).to(self.raw_offset)
         self.initialize(raw_offset=self.raw_offset_constraint.inverse_transform(value))
 
     def scale_inputs(self, x: Tensor) -> Tensor:
         if self.input_normalization == "normalize":
-            x = torch.nn.functional.normalize(x, dim=-1)
+            x = normalize_rows(x, "x")
         elif self.input_normalization == "check":
-            norms = x.norm(dim=-1)
-            if bool(((norms - 1).abs() > _UNIT_TOLERANCE).any()):
-                raise ValueError(
-                    "inputs must lie on the unit sphere for this kernel (norms range "
-                    f"{norms.min().item():.4g}..{norms.max().item():.4g}); normalise them or build the kernel "
-                    "with from_sphere(..., normalize_inputs=True)"
-                )
+            check_unit_rows(x, "x", "Normalise the inputs or build the kernel with from_sphere(..., normalize_inputs=True)")
         return super().scale_inputs(x)
 
     def featurize(self, x: Tensor) -> Tensor:

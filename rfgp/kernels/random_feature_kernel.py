@@ -22,15 +22,25 @@ from torch import Tensor
 
 from linear_operator.operators import MatmulLinearOperator
 
+from .._validation import (
+    NonFiniteError,
+    check_finite,
+    check_hyperparameter,
+    check_kernel_inputs,
+    describe_bad_hyperparameters,
+    module_dtype,
+)
 from ..chunking import Featurizer, chunk_slices
 from ..config_state import ConfigState
+from ..memory import check_solve
+from .checked_call import CheckedCallMixin
 from ..features.base import FeatureMap
 from ..operators import ChunkedFeatureCrossLinearOperator, ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from ..settings import resolve_chunk_size
 from ..prediction import FeatureSpacePredictionStrategy
 
 
-class FeatureKernel(ConfigState, Kernel):
+class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     """Base of every kernel that is an explicit inner product of features, k̂(x, y) = Φ(x)ᵀΦ(y).
 
     Subclasses implement :meth:`featurize` and :meth:`diag_moments`; this class turns them
@@ -56,10 +66,33 @@ class FeatureKernel(ConfigState, Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
+        self.check_inputs(x1, x2)
+        try:
+            return self._feature_forward(x1, x2, diag)
+        except NonFiniteError as error:
+            raise self._nonfinite_error(error) from None
+
+    def check_inputs(self, x1: Tensor, x2: Tensor) -> None:
+        """Checks of an evaluation: dtypes, input dimension and finite values (one reduction per distinct input)."""
+        check_kernel_inputs(x1, x2, module_dtype(self))
+        input_dim = getattr(self, "input_dim", None)  # the dimension the draws were made for, if fixed
+        if input_dim is not None and x1.shape[-1] != input_dim:
+            raise ValueError(
+                f"x1 has {x1.shape[-1]} input dimensions (last axis, after active_dims) but this kernel was built "
+                f"for input_dim={input_dim}"
+            )
+        check_finite(x1, "x1")
+        if x2 is not x1:
+            check_finite(x2, "x2")
+
+    def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool):
         same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
         featurizer = self.featurizer(x1)
         num_rows = max(x1.shape[-2], x2.shape[-2])
-        chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, math.prod(featurizer.batch_shape), x1.dtype)
+        batch = math.prod(featurizer.batch_shape)
+        if same and not diag:
+            check_solve(num_rows, featurizer.num_features, batch, x1.dtype, x1.device)
+        chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
         if not (same or diag or torch.is_grad_enabled()) and self.num_outputs_per_input(x1, x2) == 1:
@@ -80,6 +113,20 @@ class FeatureKernel(ConfigState, Kernel):
             probe = self.featurize(x[..., :1, :])
         params = [p for p in self.parameters() if p.requires_grad]
         return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2])
+
+    def _nonfinite_error(self, error: NonFiniteError) -> NonFiniteError:
+        """x1 and x2 are finite, the scaled inputs are not: name the hyperparameter (error path only)."""
+        bad = describe_bad_hyperparameters(self)
+        if bad:
+            return NonFiniteError(
+                f"the kernel's hyperparameters {', '.join(bad)} are NaN, Inf or not positive, so the scaled inputs "
+                "its feature map sees are not finite (x1 and x2 are finite); reset them, e.g. kernel.lengthscale = 1.0"
+            )
+        return error
+
+    def _set_lengthscale(self, value) -> None:
+        check_hyperparameter(value, "lengthscale", self.raw_lengthscale_constraint)
+        super()._set_lengthscale(value)
 
     def _chunked_forward(self, x1: Tensor, x2: Tensor, same: bool, diag: bool, featurizer: Featurizer,
                          chunk_size: int):
@@ -130,6 +177,11 @@ class RandomFeatureKernel(FeatureKernel):
     @property
     def num_features(self) -> int:
         return self.feature_map.num_features
+
+    @property
+    def input_dim(self) -> int | None:
+        """The input dimension of the feature map's draws (``None`` until the first call if not given)."""
+        return self.feature_map.input_dim
 
     def scale_inputs(self, x: Tensor) -> Tensor:
         """What the feature map sees: x/ℓ (subclasses with other hyperparameters override this)."""

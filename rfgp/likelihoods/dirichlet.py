@@ -32,7 +32,7 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
 from gpytorch.likelihoods.noise_models import FixedGaussianNoise
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_float, check_positive_int
+from .._validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
 from ..classification import (
     ChunkedClassNoiseFeatureLinearOperator,
     ClassNoiseFeatureLinearOperator,
@@ -144,8 +144,7 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         num_classes = check_num_classes(num_classes, labels)
         labels = check_labels(labels, "targets", num_classes)
         self.alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype (torch.float32 or torch.float64), got {dtype!r}")
+        check_dtype_argument(dtype)
         noise, transformed = dirichlet_transform(labels, num_classes, self.alpha_epsilon, dtype)
         # GPyTorch's parent __init__ infers C from max(targets); bypass it and set up the noise directly.
         FixedNoiseGaussianLikelihood.__init__(

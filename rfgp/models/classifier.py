@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_float, check_positive_int
+from .._validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood
@@ -90,9 +90,7 @@ class DirichletGPClassifier:
         self.probability_method = check_choice(probability_method, "probability_method", PROBABILITY_METHODS)
         self.num_samples = check_positive_int(num_samples, "num_samples")
         self.standardize = bool(standardize)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-        self.dtype = dtype
+        self.dtype = check_dtype_argument(dtype)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"seed must be an integer, got {seed!r}")

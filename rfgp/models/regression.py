@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gpytorch
+import torch
 from torch import Tensor
+
+from .._validation import check_model_inputs, check_training_data
 
 
 class ExactGPModel(gpytorch.models.ExactGP):
@@ -20,9 +23,21 @@ class ExactGPModel(gpytorch.models.ExactGP):
     """
 
     def __init__(self, train_x: Tensor, train_y: Tensor, likelihood, covar_module, mean_module=None) -> None:
+        check_training_data(train_x, train_y)
         super().__init__(train_x, train_y, likelihood)
         self.mean_module = mean_module if mean_module is not None else gpytorch.means.ConstantMean()
         self.covar_module = covar_module
+
+    def set_train_data(self, inputs=None, targets=None, strict=True) -> None:
+        new_x = inputs if inputs is None or torch.is_tensor(inputs) else inputs[0]
+        check_training_data(self.train_inputs[0] if new_x is None else new_x,
+                            self.train_targets if targets is None else targets)
+        super().set_train_data(inputs, targets, strict)
+
+    def __call__(self, *inputs, **kwargs):
+        """The prior (train mode) or posterior (eval mode) at ``inputs``, checked against the training inputs."""
+        check_model_inputs(self, inputs)
+        return super().__call__(*inputs, **kwargs)
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultivariateNormal:
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))

@@ -25,7 +25,7 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from pyro.infer import MCMC, NUTS
 from torch import Tensor
 
-from .._validation import check_positive_int
+from .._validation import InvalidValueError, check_positive_int
 
 
 def _check_exact_gp(model) -> None:
@@ -81,14 +81,17 @@ def sample_hyperparameters(
     priors = list(random_model.named_priors())
 
     def pyro_model(x: Tensor, y: Tensor) -> None:
-        for name, module, prior, closure, setting_closure in priors:
-            setting_closure(module, pyro.sample(name, prior.expand(closure(module).shape)))
+        values = [(module, setting_closure, pyro.sample(name, prior.expand(closure(module).shape)))
+                  for name, module, prior, closure, setting_closure in priors]
         try:
+            for module, setting_closure, value in values:
+                setting_closure(module, value)
             # Fast log_prob stays on: it routes to the kernel's own inv_quad_logdet (O(N·F²) for rfgp).
             log_likelihood = random_model.likelihood(random_model(x)).log_prob(y)
-        except (NanError, NotPSDError):
+        except (NanError, NotPSDError, InvalidValueError):
             # A proposal outside a hyperparameter's constraint (e.g. noise below GaussianLikelihood's
-            # 1e-4 floor) makes the setting closure produce NaN: reject it (zero posterior density).
+            # 1e-4 floor) makes the setting closure produce NaN, or rfgp's checks refuse it: reject it
+            # (zero posterior density).
             log_likelihood = y.new_tensor(-math.inf)
         pyro.factor("y", log_likelihood)
 

@@ -253,18 +253,18 @@ def test_bad_arguments_name_themselves():
 
 def test_bad_inputs_to_kernel(device):
     kernel = SketchedRBFKernel(16, input_dim=3, seed=0).to(device)
-    with pytest.raises(ValueError, match="x has 4 input dimensions.*input_dim=3"):
+    with pytest.raises(ValueError, match="x1 has 4 input dimensions.*input_dim=3"):
         kernel(torch.randn(5, 4, device=device)).to_dense()
     x = torch.randn(5, 3, device=device)
     x[0, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN or Inf"):
         kernel(x).to_dense()
-    with pytest.raises(TypeError, match="x must be a real tensor"):
+    with pytest.raises(TypeError, match="x1 must be a real tensor"):
         kernel(torch.randn(5, 3, dtype=torch.complex64, device=device)).to_dense()
-    # Integer inputs are promoted by x/ℓ exactly as in gpytorch.kernels.RBFKernel (the feature
-    # map itself rejects them, see tests/features/test_base.py).
+    # Integer (and half-precision) inputs are refused, not promoted (rfgp's dtype policy).
     ints = torch.arange(15, device=device).view(5, 3)
-    torch.testing.assert_close(kernel(ints).to_dense(), kernel(ints.float()).to_dense())
+    with pytest.raises(TypeError, match="x1 must be a floating-point tensor.*int64"):
+        kernel(ints).to_dense()
     # With ARD, GPyTorch's own check fires first and names ard_num_dims.
     ard = SketchedRBFKernel(16, ard_num_dims=3, seed=0).to(device)
     with pytest.raises(RuntimeError, match="ard_num_dims"):

@@ -158,5 +158,5 @@ def test_bad_inputs():
         kernel(torch.rand(4, 5)).to_dense()
     with pytest.raises(TypeError, match="real"):
         kernel(torch.rand(4, 3, dtype=torch.complex64)).to_dense()
-    with pytest.raises(RuntimeError, match="out of bounds"):  # GPyTorch's Positive constraint refuses it
+    with pytest.raises(ValueError, match="offset must be finite and ≥ 0"):
         kernel.offset = -1.0

@@ -1,0 +1,20 @@
+"""Input checks at a kernel's entry point, before GPyTorch's own shape handling."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .._validation import check_kernel_inputs, module_dtype
+
+
+class CheckedCallMixin:
+    """``kernel(x1, x2)`` checks dtypes (supported, x1/x2 and model agree) and trailing dimensions first.
+
+    GPyTorch's ``Kernel.__call__`` would otherwise answer a dimension mismatch with its own
+    ``RuntimeError`` and let a dtype mix through to a silent promotion.
+    """
+
+    def __call__(self, x1: Tensor, x2: Tensor | None = None, diag: bool = False, last_dim_is_batch: bool = False,
+                 **params):
+        check_kernel_inputs(x1, x1 if x2 is None else x2, module_dtype(self))
+        return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)

@@ -1,0 +1,95 @@
+"""Memory guard: refuse an allocation that cannot fit before the allocator fails on it.
+
+Random draws (F × d numbers for dense samplers) and the F × F or N × N matrices of a
+feature-space solve cannot be chunked.  Before they are allocated their size is estimated
+and compared with the memory the device has available — MemAvailable of ``/proc/meminfo``
+(else ``SC_AVPHYS_PAGES · SC_PAGE_SIZE``) on the CPU, ``torch.cuda.mem_get_info`` on CUDA —
+and a ``ValueError`` names ``num_features``, the sizes and the estimate instead of an
+allocator crash (or a machine swapping to a halt).  N × F feature matrices are not refused:
+they are chunked under :class:`rfgp.settings.memory_budget`.
+
+Estimates below :data:`CHECK_THRESHOLD` bytes are not checked, so the common case costs
+nothing (no ``/proc`` read, no CUDA call).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+#: allocations smaller than this (256 MiB) are never checked
+CHECK_THRESHOLD = 2**28
+#: bytes per drawn number: draws are made in float64 on the CPU, then converted
+DRAW_BYTES = 8
+
+
+def available_bytes(device: torch.device | str) -> int | None:
+    """Memory the device can still allocate, or ``None`` when it cannot be determined."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def format_bytes(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.3g} GiB" if num_bytes >= 2**26 else f"{num_bytes / 2**20:.3g} MiB"
+
+
+def check_allocation(num_bytes: int, what: str, device, advice: str) -> None:
+    """Raise ``ValueError`` when ``num_bytes`` for ``what`` exceed the device's available memory."""
+    if num_bytes < CHECK_THRESHOLD:
+        return
+    available = available_bytes(device)
+    if available is not None and num_bytes > available:
+        raise ValueError(
+            f"{what} needs about {format_bytes(num_bytes)} but only {format_bytes(available)} is available on "
+            f"{torch.device(device)}; {advice}"
+        )
+
+
+def draw_numel(feature_map, input_dim: int) -> int:
+    """Numbers drawn by a feature map: F·d for dense projections (RFF, ORF, sketches), 3F for SORF-type ones.
+
+    A lower bound for maps that draw one d-vector per feature and degree (polynomial sketches
+    draw p of them), so the guard never refuses a map that would fit.
+    """
+    structured = "structured" in (getattr(feature_map, "sampler", None), getattr(feature_map, "direction_sampler", None))
+    return feature_map.num_features * (3 if structured else max(input_dim, 1))
+
+
+def check_draws(feature_map, input_dim: int, device) -> None:
+    """Guard the random draws of ``feature_map`` for ``input_dim`` before they are made."""
+    num_bytes = draw_numel(feature_map, input_dim) * DRAW_BYTES
+    check_allocation(
+        num_bytes,
+        f"{type(feature_map).__name__} with num_features={feature_map.num_features} and input_dim={input_dim} "
+        f"(random draws in float64)",
+        device,
+        "reduce num_features (or use a structured sampler such as method='sorf')",
+    )
+
+
+def check_solve(num_rows: int, num_features: int, batch: int, dtype: torch.dtype, device) -> None:
+    """Guard the min(N, F)² matrix (capacitance I + ΦᵀD⁻¹Φ or dense N × N) of a feature-space solve."""
+    size = min(num_rows, num_features)
+    num_bytes = 2 * batch * size * size * torch.empty((), dtype=dtype).element_size()  # matrix and its Cholesky
+    check_allocation(
+        num_bytes,
+        f"the feature-space solve with N={num_rows} points, num_features={num_features}, batch={batch} "
+        f"({size} × {size} {dtype} matrix and its Cholesky factor)",
+        device,
+        "reduce num_features",
+    )
