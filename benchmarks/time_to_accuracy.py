@@ -21,7 +21,7 @@ initial hyperparameters (GPyTorch's defaults).  Contenders:
 * ``recipe``: rfgp's recipe — ``rfgp.fit_mll`` (L-BFGS, strong Wolfe, its convergence rule) on
   ``SketchedRBFKernel(F, "rff")``, then ``rfgp.set_num_features`` to 4F and 8F with the same
   hyperparameters; the re-draw and posterior rebuild is counted as training time.  Its curve
-  has three parts: each checkpoint predicted at F; each checkpoint (from 2 s CPU on) re-drawn at
+  has three parts: each checkpoint predicted at F; each checkpoint (from 4 s CPU on) re-drawn at
   4F — what a user stopping there would get, at the checkpoint's time plus that rebuild; the
   final hyperparameters at 8F.  ``recipe_half`` is the same recipe trained at F/2.
 * ``adam``: the same rfgp model trained by Adam (lr 0.05; GPyTorch's tutorial recipe).
@@ -35,7 +35,8 @@ initial hyperparameters (GPyTorch's defaults).  Contenders:
 * ``svgp``: GPyTorch SVGP (``VariationalStrategy``, learned inducing locations, M = 1024) with a
   ``NaturalVariationalDistribution`` trained by natural gradients (lr 0.1) plus Adam (lr 0.01) on
   the hyperparameters and inducing points, minibatches of 1024 (Salimbeni et al. 2018).
-* ``rff``: GPyTorch ``RFFKernel`` (F/2 frequencies, F features), L-BFGS as SGPR (or Adam, lr 0.05).
+* ``rff``: GPyTorch ``RFFKernel`` (F/2 frequencies, F features), Adam (lr 0.05): with L-BFGS its
+  float32 capacitance Cholesky went NaN on elecdemand (GPyTorch raises ``NanError``).
 * ``exact``: GPyTorch exact GP on a 5 000-point random subset of the training set, Cholesky
   (``max_cholesky_size``), trained by L-BFGS (``rfgp.fit_mll``: deterministic loss, fewer steps
   than Adam — the strongest setting we found for it).
@@ -93,7 +94,7 @@ LABELS = {
     "sgpr512": "GPyTorch SGPR M=512, {optimizer}",
     "sgpr1024": "GPyTorch SGPR M=1024, {optimizer}",
     "svgp": "GPyTorch SVGP M={svgp_inducing}, NGD+Adam",
-    "rff": "GPyTorch RFFKernel F={width}, {optimizer}",
+    "rff": "GPyTorch RFFKernel F={width}, Adam",
     "exact": "GPyTorch exact GP, {subset}-pt subset, L-BFGS",
 }
 
@@ -357,7 +358,7 @@ def run_method(method: str, data: Split, config: dict) -> Run:
             rows = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))[: config["subset"]]
             model = exact_model(x[rows], y[rows], rbf(d))
         start.model = model
-        if method == "exact" or config["optimizer"] == "lbfgs":
+        if method == "exact" or config["optimizer"] == "lbfgs" and method != "rff":
             with _OptimizerHook(start), gpytorch.settings.max_cholesky_size(20000):
                 history = rfgp.fit_mll(model, num_iterations=10**6, time_budget=remaining(start, budget), clock="cpu",
                                        progress=False)
@@ -428,11 +429,21 @@ def verdicts(runs: dict[str, Run]) -> list[str]:
         met = recipe_time is not None and recipe_time <= 0.5 * contender_time
         lines += ["", f"Target for {LABELS[recipe]} (reach the best contender's final NLPD {finals[best]:.4f} in ≤ ½ of "
                       f"its {contender_time:.1f} s CPU; this recipe's best NLPD is {min(p['nlpd'] for p in points):.4f}): "
-                      f"**{'met' if met else 'NOT met'}**.", ""]
+                      f"**{'met' if met else 'NOT met'}**."]
+        gpytorch_finals = {m: v for m, v in finals.items() if m not in ("adam", "nystrom")}
+        if gpytorch_finals and best not in gpytorch_finals:
+            rival = min(gpytorch_finals, key=gpytorch_finals.get)
+            recipe_time = time_to_reach(points, finals[rival])
+            contender_time = time_to_reach(others[rival].points, finals[rival])
+            met = recipe_time is not None and recipe_time <= 0.5 * contender_time
+            lines.append(f"Against the best GPyTorch contender only ({LABELS[rival]}, final NLPD {finals[rival]:.4f} "
+                         f"after {contender_time:.1f} s CPU): **{'met' if met else 'NOT met'}**.")
+        lines.append("")
     return lines
 
 
-def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads: tuple, tag: str) -> None:
+def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads: tuple, tag: str,
+          failures: list[str]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"time_to_accuracy{tag}"
     with open(f"{stem}.csv", "w", newline="") as handle:
@@ -473,6 +484,8 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
                 lines.append(f"| {label} | {p['cpu_s']:.1f} | {p['wall_s']:.1f} | {p['steps']} | {p['rmse']:.4f} | "
                              f"{p['nlpd']:.4f} | {best['nlpd']:.4f} ({best['cpu_s']:.1f}) | {run.note} |")
         lines += ["", *verdicts(runs), ""]
+    if failures:
+        lines += ["## Failures", "", *[f"* {f}" for f in failures], ""]
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, f"{stem}.png")
@@ -525,21 +538,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 000 rows, small widths, 4 s budgets")
     parser.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["elecdemand", "diamonds"])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    parser.add_argument("--budget", type=float, help="CPU seconds per contender (default 90, quick 4)")
+    parser.add_argument("--budget", type=float, help="CPU seconds per contender (default 60, quick 4)")
     parser.add_argument("--width", type=int, help="F of the rfgp and RFF models (default 1024, quick 128)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gpytorch-optimizer", choices=("adam", "lbfgs"), default="lbfgs",
-                        help="training of SGPR and RFFKernel (default lbfgs, the stronger in --quick checks)")
+                        help="training of SGPR (default lbfgs, the stronger in --quick checks)")
     parser.add_argument("--tag", default=None, help="suffix of the output files (default '' or '_quick')")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     quick = args.quick
     config = {
         "quick": quick, "threads": args.threads,
-        "budget": args.budget or (4.0 if quick else 90.0),
+        "budget": args.budget or (4.0 if quick else 60.0),
         "width": args.width or (128 if quick else 1024),
         "factors": (4, 8),
-        "min_redraw_cpu": 0.0 if quick else 2.0,
+        "min_redraw_cpu": 0.0 if quick else 4.0,
         "landmarks": 128 if quick else 1024,
         "subset": 1000 if quick else 5000,
         "svgp_inducing": 128 if quick else 1024,
@@ -550,7 +563,7 @@ def main() -> None:
     tag = args.tag if args.tag is not None else ("_quick" if quick else "")
     warm_up(config)
     loads = [os.getloadavg()]
-    results = {}
+    results, failures = {}, []
     for name in args.datasets:
         data = load(name, 3000 if quick else None)
         runs = {}
@@ -558,13 +571,19 @@ def main() -> None:
             if method == "sgpr1024" and quick:
                 continue
             print(f"[{name}] {method} ...", flush=True)
-            runs[method] = run_method(method, data, config)
+            try:
+                runs[method] = run_method(method, data, config)
+            except Exception as error:  # a contender that fails is reported, the others still run
+                failures.append(f"{name}: {LABELS[method]} failed: {type(error).__name__}: {str(error)[:200]}")
+                print("    " + failures[-1], flush=True)
+                continue
             last = runs[method].points[-1]
             print(f"    CPU {last['cpu_s']:.1f} s, NLPD {last['nlpd']:.4f}, RMSE {last['rmse']:.4f}  ({runs[method].note})",
                   flush=True)
         results[name] = (data, runs)
+        write(results, config, (loads[0], os.getloadavg()), tag, failures)  # partial results survive a crash
     loads.append(os.getloadavg())
-    write(results, config, tuple(loads), tag)
+    write(results, config, tuple(loads), tag, failures)
 
 
 if __name__ == "__main__":
