@@ -79,8 +79,10 @@ POLYNOMIAL_METHODS = {
 }
 
 GAUSSIAN_METHODS = {
-    "Opt. Macl. Rademacher": lambda p, F, s: SketchedRBFKernel(F, method="maclaurin", projection="rademacher", seed=s),
-    "Opt. Macl. TensorSRHT": lambda p, F, s: SketchedRBFKernel(F, method="maclaurin", projection="srht", seed=s),
+    "Opt. Macl. Rademacher": lambda p, F, s: SketchedRBFKernel(F, method="maclaurin", projection="rademacher",
+                                                               weights="real", seed=s),
+    "Opt. Macl. TensorSRHT": lambda p, F, s: SketchedRBFKernel(F, method="maclaurin", projection="srht", weights="real",
+                                                               seed=s),
     "Opt. Macl. TensorSRHT complex": lambda p, F, s: SketchedRBFKernel(F, method="maclaurin", projection="srht",
                                                                        weights="complex", seed=s),
     "Opt. Macl. TensorSRHT CtR": lambda p, F, s: SketchedRBFKernel(F, method="maclaurin", projection="srht",

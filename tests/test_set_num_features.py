@@ -109,14 +109,14 @@ def test_optimized_maclaurin_refits_its_allocation_on_the_training_inputs():
     x, y = _data()
     model = _model(x, y, SketchedRBFKernel(33, method="maclaurin", seed=0, input_dim=2))
     _predict(model, x[:3])
-    rfgp.set_num_features(model, 129)
+    rfgp.set_num_features(model, 128)  # default CtR weights: complex pairs, so an even width
     feature_map = model.covar_module.base_kernel.feature_map
-    assert feature_map.num_features == 129 and sum(feature_map.widths) == 128
-    reference = OptimizedMaclaurin(dot_product.gaussian(), 129, seed=feature_map.seed, x_sample=x / 0.3)
+    assert feature_map.num_features == 127 and sum(feature_map.widths) == 63  # the constant + 2·63 columns
+    reference = OptimizedMaclaurin(dot_product.gaussian(), 128, seed=feature_map.seed, x_sample=x / 0.3)
     assert feature_map.widths == reference.widths
     assert _predict(model, x[:3])[0].shape == (3,)
     with pytest.raises(ValueError, match="x_sample"):
-        rfgp.set_num_features(model.covar_module, 65)
+        rfgp.set_num_features(model.covar_module, 64)
 
 
 def test_multi_output_and_dirichlet_models_are_resized():

@@ -23,8 +23,14 @@ Projections of one degree (papers 000 §3–4 and 001 §5):
 :class:`HierarchicalSketch` is the tree sketch of Ahle et al. (2020) used as a baseline in
 paper 000 (Fig. 6 "Ahle TensorSRHT"): degree-1 SRHT leaves, degree-2 TensorSRHT nodes.
 
-Complex weights are stored as separate real and imaginary buffers (``Module.to(dtype)``
-would otherwise discard the imaginary part); complex arithmetic happens only in forward.
+Complex weights are stored as real buffers (``Module.to(dtype)`` would otherwise discard the
+imaginary part).  The dense Rademacher/Gaussian projections keep (Re, Im) pairs interleaved in one
+``weight_pairs`` buffer of shape ``(degree, d, D, 2)``: a real input is then projected by ONE real
+matmul x @ W.view(d, 2D), whose (N, 2D) result is viewed as complex without a copy — half the flops
+of the complex matmul x.to(complex) @ W that dp-rfs (the seed authors' code) uses, and no complex
+weight is rebuilt per call.  {±1, ±i} entries are drawn by one ``randint`` into the table of the four
+units, as dp-rfs draws them.  The SRHT diagonals and CountSketch signs are small (O(d)) and keep
+separate ``_real``/``_imag`` buffers.
 """
 
 from __future__ import annotations
@@ -59,12 +65,19 @@ def _unit_weights(shape, complex_weights: bool, generator: torch.Generator) -> d
     return {"real": torch.where(imaginary, 0.0, signs), "imag": torch.where(imaginary, signs, 0.0)}
 
 
-def _gaussian_weights(shape, complex_weights: bool, generator: torch.Generator) -> dict[str, Tensor]:
-    """N(0, 1) entries, or CN(0, 1) with Re and Im each N(0, ½) so that E|w|² = 1 (paper 001 check 6)."""
-    if not complex_weights:
-        return {"real": random.normal(shape, generator)}
-    scale = math.sqrt(0.5)
-    return {"real": random.normal(shape, generator) * scale, "imag": random.normal(shape, generator) * scale}
+#: the four complex units 1, −1, i, −i
+_UNITS = torch.tensor([1, -1, 1j, -1j], dtype=torch.complex128)
+
+
+def _weight_pairs(projection: str, shape, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
+    """Complex projection entries as (Re, Im) pairs, shape ``(*shape, 2)``: uniform on {±1, ±i}
+    (paper 000 Example 4; exact in ``dtype``, so made in it directly) or CN(0, 1) with Re and Im
+    each N(0, ½), so that E|w|² = 1 (paper 001 check 6; float64, rfgp's precision for Gaussian draws)."""
+    if projection == "rademacher":
+        # a gather from a complex table viewed as pairs: as fast as dp-rfs's draw (a gather of pair rows is ~1.7× slower)
+        units = _UNITS.to(torch.complex64 if dtype == torch.float32 else torch.complex128)
+        return torch.view_as_real(units[torch.randint(0, 4, shape, generator=generator)])
+    return random.normal((*shape, 2), generator).mul_(math.sqrt(0.5))
 
 
 def _combine(parts: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -119,17 +132,22 @@ class DegreeSketch:
         return srht_padded_dim(self.input_dim) if self.projection == "srht" else self.input_dim
 
     # ------------------------------------------------------------------ draws
-    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=()) -> dict[str, Tensor]:
+    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=(),
+             dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
         """The random quantities as real tensors named ``{prefix}{name}``, shaped ``(degree, *batch_shape, ...)``.
 
         A non-empty ``batch_shape`` draws that many independent sketches at once; :meth:`apply`
-        then returns one output per draw (vectorised Monte Carlo, used by the tests).
+        then returns one output per draw (vectorised Monte Carlo, used by the tests).  ``dtype``:
+        the floating dtype the complex {±1, ±i} weights are made in (exact in any dtype, so the
+        owning map passes its own and skips a float64 copy); every other draw is float64.
         """
         n, width, d, cplx = (self.degree, *batch_shape), self.width, self.input_dim, self.complex_weights
-        if self.projection == "rademacher":
-            draws = _combine(_unit_weights((*n, d, width), cplx, generator), "weight")
+        if self.projection in ("rademacher", "gaussian") and cplx:
+            draws = {"weight_pairs": _weight_pairs(self.projection, (*n, d, width), generator, dtype)}
+        elif self.projection == "rademacher":
+            draws = {"weight_real": random.rademacher((*n, d, width), generator)}
         elif self.projection == "gaussian":
-            draws = _combine(_gaussian_weights((*n, d, width), cplx, generator), "weight")
+            draws = {"weight_real": random.normal((*n, d, width), generator)}
         elif self.projection == "srht":
             draws = self._draw_srht(n, generator)
         else:
@@ -160,8 +178,13 @@ class DegreeSketch:
     def project(self, x: Tensor, i: int, get: Getter) -> Tensor:
         """Projection i of x, shape ``(..., N, D)``, unscaled: (wᵢ,ₗᵀx)ₗ, or the CountSketch Cᵢx."""
         if self.projection in ("rademacher", "gaussian"):
-            weight = _weight(get, "weight", self.complex_weights)[i]
-            return (x.to(weight.dtype) if weight.is_complex() else x) @ weight
+            if not self.complex_weights:
+                return x @ get("weight_real")[i]
+            pairs = get("weight_pairs")[i]  # (*draws, d, D, 2)
+            if x.is_complex():
+                return x @ torch.view_as_complex(pairs)
+            # one real matmul against [Re w₁, Im w₁, Re w₂, …]; its output pairs are the complex projections
+            return torch.view_as_complex((x @ pairs.flatten(-2)).unflatten(-1, (self.width, 2)))
         if self.projection == "srht":
             return gather_product(*self._srht_transform(x.unsqueeze(-2), get, slice(i, i + 1)))
         sign = _weight(get, "sign", self.complex_weights)[i]  # (*draws, d)
@@ -254,10 +277,11 @@ class HierarchicalSketch:
             for j, node in enumerate(nodes):
                 yield f"node{level}_{j}_", node
 
-    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=()) -> dict[str, Tensor]:
+    def draw(self, generator: torch.Generator, prefix: str = "", batch_shape=(),
+             dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
         draws = {}
         for name, sketch in self._named():
-            draws.update(sketch.draw(generator, prefix + name, batch_shape))
+            draws.update(sketch.draw(generator, prefix + name, batch_shape, dtype))
         return draws
 
     def apply(self, x: Tensor, get: Getter) -> Tensor:

@@ -123,7 +123,7 @@ class PolynomialSketch(FeatureMap):
         )
 
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
-        return self.sketch().draw(generator)
+        return self.sketch().draw(generator, dtype=self._anchor.dtype)
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: Tensor, offset: Tensor | float | None = None) -> Tensor:

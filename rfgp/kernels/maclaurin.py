@@ -49,7 +49,9 @@ class SketchedExponentialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         complex_posterior: with ``weights="complex"``/``"ctr"``, the complex-feature GP of paper 000
             App. D (see :class:`~rfgp.kernels.SketchedPolynomialKernel`); ``ValueError`` for real weights.
         kwargs: feature-map options (``projection``, ``weights``, ``max_order``,
-            ``bias_correction``, …) and GPyTorch ``Kernel`` arguments (``ard_num_dims``, …).
+            ``bias_correction``, …; optimized Maclaurin defaults to TensorSRHT + CtR, Random
+            Maclaurin to Kar & Karnick's Rademacher real weights) and GPyTorch ``Kernel``
+            arguments (``ard_num_dims``, …).
     """
 
     config_fields = {"method": METHOD, "complex_posterior": METHOD}

@@ -72,7 +72,7 @@ def test_random_maclaurin_is_unbiased_for_the_polynomial_kernel():
 def test_one_dimensional_toy_selects_order_nine_with_one_feature_each():
     """Paper 000 §5.6 / notes check 16: d = 1, Rademacher, D = 10 with the constant → p* = 9, D₁..₉ = 1."""
     x = torch.linspace(-1.5, 1.5, 40, dtype=torch.float64).unsqueeze(-1) / 0.7
-    phi = OptimizedMaclaurin(dot_product.gaussian(), 10, max_order=15, x_sample=x, seed=0).double()
+    phi = OptimizedMaclaurin(dot_product.gaussian(), 10, max_order=15, x_sample=x, seed=0, projection="rademacher", weights="real").double()
     assert phi.order == 9 and phi.widths == (1,) * 9
     features = phi(x)
     expected = torch.exp(-0.5 * (x**2 + x.T**2)) * dot_product.truncated_series(dot_product.gaussian(), x @ x.T, 9)
@@ -109,7 +109,7 @@ def test_srht_surrogate_caps_degree_one_at_the_input_dimension():
         assert phi.widths[0] <= 8 and phi.order >= 2
     assert OptimizedMaclaurin(dot_product.gaussian(), 25, projection="srht", min_order=2, x_sample=x,
                               seed=0).widths[0] == 8
-    rademacher = OptimizedMaclaurin(dot_product.gaussian(), 25, min_order=2, x_sample=x, seed=0)
+    rademacher = OptimizedMaclaurin(dot_product.gaussian(), 25, min_order=2, x_sample=x, seed=0, projection="rademacher", weights="real")
     assert rademacher.widths[0] > 8  # without the surrogate degree 1 keeps taking features
 
 
@@ -136,7 +136,7 @@ def test_gaussian_bias_vanishes_as_the_order_grows():
     k = math.exp(-0.5 * float((x - y) @ (x - y)))
     biases = []
     for order in (3, 6, 9, 15):
-        phi = OptimizedMaclaurin(dot_product.gaussian(), 1 + order, input_dim=8, widths=(1,) * order, seed=0)
+        phi = OptimizedMaclaurin(dot_product.gaussian(), 1 + order, input_dim=8, widths=(1,) * order, seed=0, projection="rademacher", weights="real")
         prefactor = math.exp(-0.5 * float(x @ x + y @ y))
         mean = prefactor * float(dot_product.truncated_series(phi.kernel, x @ y, order))
         biases.append(abs(k - mean))
@@ -148,21 +148,21 @@ def test_gaussian_correction_is_the_incomplete_gamma_and_the_direct_sum():
     """k(x,x) − E k̂(x,x) = P(p*+1, ‖x‖²) = 1 − e^{−t}Σ_{n≤p*}tⁿ/n! (notes check 17)."""
     t = torch.tensor([0.25, 1.0, 5.0, 30.0, 100.0], dtype=torch.float64)
     x = torch.stack((t.sqrt(), torch.zeros_like(t)), dim=-1)
-    phi = OptimizedMaclaurin(dot_product.gaussian(), 10, input_dim=2, widths=(1,) * 9, seed=0).double()
+    phi = OptimizedMaclaurin(dot_product.gaussian(), 10, input_dim=2, widths=(1,) * 9, seed=0, projection="rademacher", weights="real").double()
     correction = phi.variance_correction(x)
     direct = 1 - torch.exp(-t) * sum(t**n / math.factorial(n) for n in range(10))
     assert torch.allclose(correction, torch.special.gammainc(torch.tensor(10.0, dtype=torch.float64), t), rtol=1e-12)
     assert torch.allclose(correction[:3], direct[:3], rtol=1e-9)
     assert correction[1] == pytest.approx(1.1e-7, rel=0.05) and correction[2] == pytest.approx(3.2e-2, rel=0.05)
     assert correction[-1] > 0.999999
-    gap = OptimizedMaclaurin(dot_product.gaussian(), 10, input_dim=2, widths=(2, 0, 7), seed=0).double()
+    gap = OptimizedMaclaurin(dot_product.gaussian(), 10, input_dim=2, widths=(2, 0, 7), seed=0, projection="rademacher", weights="real").double()
     expected_gap = 1 - torch.exp(-t) * (1 + t + t**3 / 6)  # the omitted degree 2 is part of the correction
     assert torch.allclose(gap.variance_correction(x)[:3], expected_gap[:3], rtol=1e-10)
 
 
 def test_general_correction_sums_the_omitted_terms():
     spec = dot_product.polynomial(4, 1.0)
-    phi = OptimizedMaclaurin(spec, 8, input_dim=3, widths=(3, 0, 4), seed=0).double()
+    phi = OptimizedMaclaurin(spec, 8, input_dim=3, widths=(3, 0, 4), seed=0, projection="rademacher", weights="real").double()
     x = torch.randn(5, 3, dtype=torch.float64)
     t = x.pow(2).sum(-1)
     assert torch.allclose(phi.variance_correction(x), 6 * t**2 + t**4, rtol=1e-12)
@@ -184,7 +184,7 @@ def test_state_dict_round_trip_restores_order_widths_and_draws():
 
 def test_fit_recomputes_and_follows_dtype(dtype):
     x = torch.randn(30, 3, dtype=dtype)
-    phi = OptimizedMaclaurin(dot_product.gaussian(), 11, seed=0).to(dtype)
+    phi = OptimizedMaclaurin(dot_product.gaussian(), 11, seed=0, projection="rademacher", weights="real").to(dtype)
     out = phi(x)  # allocated on the first inputs
     assert out.dtype == dtype and out.shape == (30, 11) and sum(phi.widths) == 10
     first = phi.widths
@@ -197,7 +197,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="projection must be one of"):
         OptimizedMaclaurin(spec, 10, projection="countsketch")
     with pytest.raises(ValueError, match=r"widths must .* D_total=9, got \(1, 2\)"):
-        OptimizedMaclaurin(spec, 10, widths=(1, 2))
+        OptimizedMaclaurin(spec, 10, widths=(1, 2), projection="rademacher", weights="real")
     with pytest.raises(ValueError, match="max_order must be ≥ min_order"):
         OptimizedMaclaurin(spec, 10, min_order=4, max_order=2)
     with pytest.raises(TypeError, match="kernel must be"):

@@ -120,7 +120,8 @@ def test_extreme_norms_keep_the_allocation_valid_beyond_float64_range():
     result = extended_allocation(objective, 1, 50, 300)
     assert sum(result.widths) == 300 and not math.isnan(result.objective)
     assert math.isfinite(objective.log_scale)
-    gaussian = OptimizedMaclaurin(dot_product.gaussian(), 101, max_order=50, x_sample=x, seed=0)
+    gaussian = OptimizedMaclaurin(dot_product.gaussian(), 101, max_order=50, x_sample=x, seed=0, projection="rademacher",
+                                 weights="real")
     assert sum(gaussian.widths) == 100 and math.isfinite(gaussian.objective)
 
 

@@ -73,7 +73,8 @@ class _GP(gpytorch.models.ExactGP):
 def _sinc_gp(bias_correction):
     x = torch.linspace(-1.5, 1.5, 30, dtype=torch.float64).unsqueeze(-1)
     y = torch.sin(2 * x.squeeze(-1)) / x.squeeze(-1)
-    kernel = SketchedRBFKernel(10, method="maclaurin", max_order=12, bias_correction=bias_correction, seed=0)
+    kernel = SketchedRBFKernel(10, method="maclaurin", max_order=12, bias_correction=bias_correction, seed=0,
+                               projection="rademacher", weights="real")
     model = _GP(x, y, kernel).double()
     model.covar_module.base_kernel.lengthscale = 0.5
     model.covar_module.outputscale = 2.0
