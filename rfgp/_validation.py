@@ -237,9 +237,10 @@ def check_targets(y: Tensor, name: str = RESIDUAL) -> None:
 def check_noise(noise: Tensor) -> Tensor:
     """The likelihood's noise variances D (returned unchanged): finite and > 0, as D⁻¹ weights the data."""
     if settings.validate_inputs.on() and noise.numel() and not bool((torch.isfinite(noise) & (noise > 0)).all()):
+        values = noise.detach()
         raise InvalidValueError(
             f"the likelihood's noise variances must be finite and > 0 (the feature-space solve weights every point "
-            f"by 1/noise), got values in [{float(noise.min()):.6g}, {float(noise.max()):.6g}]"
+            f"by 1/noise), got values in [{float(values.min()):.6g}, {float(values.max()):.6g}]"
             f"{' including NaN' if bool(noise.isnan().any()) else ''}"
         )
     return noise
