@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .._validation import check_positive_int
 from ..config_state import LAZY
-from .hyperparameters import positive_value, register_positive_hyperparameter, set_positive_value
+from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .random_feature_kernel import FeatureKernel
 
 
@@ -61,13 +61,7 @@ class LinearFeatureKernel(_ExactFeatureKernel):
         register_positive_hyperparameter(self, "variance", (*self.batch_shape, 1, ard_num_dims or 1),
                                          variance_prior, variance_constraint)
 
-    @property
-    def variance(self) -> Tensor:
-        return positive_value(self, "variance")
-
-    @variance.setter
-    def variance(self, value) -> None:
-        set_positive_value(self, "variance", value)
+    variance = PositiveHyperparameter()
 
     @property
     def num_features(self) -> int:
@@ -99,13 +93,7 @@ class ConstantFeatureKernel(_ExactFeatureKernel):
         super().__init__(**kwargs)
         register_positive_hyperparameter(self, "constant", (*self.batch_shape, 1), constant_prior, constant_constraint)
 
-    @property
-    def constant(self) -> Tensor:
-        return positive_value(self, "constant")
-
-    @constant.setter
-    def constant(self, value) -> None:
-        set_positive_value(self, "constant", value)
+    constant = PositiveHyperparameter()
 
     def featurize(self, x: Tensor) -> Tensor:
         root = self.constant.sqrt().unsqueeze(-2)  # (*batch, 1, 1)
@@ -148,13 +136,7 @@ class CosineFeatureKernel(_ExactFeatureKernel):
         register_positive_hyperparameter(self, "period_length", (*self.batch_shape, 1, 1), period_length_prior,
                                          period_length_constraint)
 
-    @property
-    def period_length(self) -> Tensor:
-        return positive_value(self, "period_length")
-
-    @period_length.setter
-    def period_length(self, value) -> None:
-        set_positive_value(self, "period_length", value)
+    period_length = PositiveHyperparameter()
 
     @staticmethod
     def _check_one_dimensional(input_dim: int) -> None:

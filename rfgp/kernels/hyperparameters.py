@@ -15,9 +15,8 @@ def register_positive_hyperparameter(kernel: Kernel, name: str, shape, prior: Pr
                                      constraint: Interval | None = None) -> None:
     """Register ``raw_<name>`` (zeros of ``shape``), its constraint (default ``Positive``) and ``<name>_prior``.
 
-    The kernel class defines the ``<name>`` property with :func:`positive_value` /
-    :func:`set_positive_value`, exactly as GPyTorch's kernels name them, so values,
-    constraints and priors carry over from the GPyTorch kernel.
+    The kernel class declares ``<name> = PositiveHyperparameter()``, exactly as GPyTorch's
+    kernels name it, so values, constraints and priors carry over from the GPyTorch kernel.
     """
     kernel.register_parameter(f"raw_{name}", torch.nn.Parameter(torch.zeros(*shape)))
     kernel.register_constraint(f"raw_{name}", Positive() if constraint is None else constraint)
@@ -38,3 +37,20 @@ def set_positive_value(kernel: Kernel, name: str, value) -> None:
     check_hyperparameter(value, name, getattr(kernel, f"raw_{name}_constraint"))
     value = torch.as_tensor(value).to(raw)
     kernel.initialize(**{f"raw_{name}": getattr(kernel, f"raw_{name}_constraint").inverse_transform(value)})
+
+
+class PositiveHyperparameter:
+    """Class attribute ``<name> = PositiveHyperparameter()``: the constrained value of ``raw_<name>``, validated on set.
+
+    GPyTorch writes this as a property/setter pair per hyperparameter; one descriptor serves them all
+    (``nn.Module.__setattr__`` defers to it, as to a property, for names that are not parameters).
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, kernel: Kernel | None, owner: type | None = None):
+        return self if kernel is None else positive_value(kernel, self.name)
+
+    def __set__(self, kernel: Kernel, value) -> None:
+        set_positive_value(kernel, self.name, value)

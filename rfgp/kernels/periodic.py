@@ -14,7 +14,7 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from ..features.periodic import PeriodicSpectralMeasure
-from .hyperparameters import positive_value, register_positive_hyperparameter, set_positive_value
+from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .spectral_kernel import SpectralFeatureKernel
 
 
@@ -47,13 +47,7 @@ class SketchedPeriodicKernel(SpectralFeatureKernel):
         register_positive_hyperparameter(self, "period_length", (*self.batch_shape, 1, ard_num_dims),
                                          period_length_prior, period_length_constraint)
 
-    @property
-    def period_length(self) -> Tensor:
-        return positive_value(self, "period_length")
-
-    @period_length.setter
-    def period_length(self, value) -> None:
-        set_positive_value(self, "period_length", value)
+    period_length = PositiveHyperparameter()
 
     def measure_hyperparameters(self) -> dict[str, Tensor]:
         return {"period": self.period_length, "lengthscale": self.lengthscale}

@@ -13,7 +13,7 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from ..features.rational_quadratic import RationalQuadraticSpectralMeasure
-from .hyperparameters import positive_value, register_positive_hyperparameter, set_positive_value
+from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .spectral_kernel import SpectralFeatureKernel
 
 
@@ -44,13 +44,7 @@ class SketchedRQKernel(SpectralFeatureKernel):
                          generator=generator, **kwargs)
         register_positive_hyperparameter(self, "alpha", (*self.batch_shape, 1), alpha_prior, alpha_constraint)
 
-    @property
-    def alpha(self) -> Tensor:
-        return positive_value(self, "alpha")
-
-    @alpha.setter
-    def alpha(self, value) -> None:
-        set_positive_value(self, "alpha", value)
+    alpha = PositiveHyperparameter()
 
     def measure_hyperparameters(self) -> dict[str, Tensor]:
         return {"lengthscale": self.lengthscale, "alpha": self.alpha}

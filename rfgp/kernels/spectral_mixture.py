@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .._validation import check_positive_int
 from ..features.spectral_mixture import SpectralMixtureSpectralMeasure
-from .hyperparameters import positive_value, register_positive_hyperparameter, set_positive_value
+from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .spectral_kernel import SpectralFeatureKernel
 
 
@@ -54,29 +54,11 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         register_positive_hyperparameter(self, "mixture_means", shape, mixture_means_prior, mixture_means_constraint)
         register_positive_hyperparameter(self, "mixture_scales", shape, mixture_scales_prior, mixture_scales_constraint)
 
-    @property
-    def mixture_weights(self) -> Tensor:
-        return positive_value(self, "mixture_weights")
+    mixture_weights = PositiveHyperparameter()
 
-    @mixture_weights.setter
-    def mixture_weights(self, value) -> None:
-        set_positive_value(self, "mixture_weights", value)
+    mixture_means = PositiveHyperparameter()
 
-    @property
-    def mixture_means(self) -> Tensor:
-        return positive_value(self, "mixture_means")
-
-    @mixture_means.setter
-    def mixture_means(self, value) -> None:
-        set_positive_value(self, "mixture_means", value)
-
-    @property
-    def mixture_scales(self) -> Tensor:
-        return positive_value(self, "mixture_scales")
-
-    @mixture_scales.setter
-    def mixture_scales(self, value) -> None:
-        set_positive_value(self, "mixture_scales", value)
+    mixture_scales = PositiveHyperparameter()
 
     def measure_hyperparameters(self) -> dict[str, Tensor]:
         return {"means": self.mixture_means, "scales": self.mixture_scales, "weights": self.mixture_weights}
