@@ -177,8 +177,8 @@ def fit_mll(
 
     Stopping (checked after every iteration; the first rule that holds stops training):
 
-    * convergence: relative loss change |f_k − f_{k−1}| ≤ ``ftol``·max(|f_k|, |f_{k−1}|, 1),
-      or largest gradient entry max_i |∂f/∂θ_i| ≤ ``gtol`` (θ: the raw, unconstrained
+    * convergence: relative loss change ``|f_k − f_{k−1}| ≤ ftol·max(|f_k|, |f_{k−1}|, 1)``,
+      or largest gradient entry ``max_i |∂f/∂θ_i| ≤ gtol`` (θ: the raw, unconstrained
       parameters, so this is the projected gradient of the bound-free problem), with f the
       negative MLL per data point;
     * iteration budget: ``num_iterations`` iterations (one L-BFGS iteration may evaluate the

@@ -46,9 +46,9 @@ class DirichletGPClassifier:
         progress: tqdm progress bar during training (``None``: only on a terminal).
 
     Attributes (after ``fit``):
-        classes_: the sorted class labels; ``model_``/``likelihood_``: the fitted GPyTorch objects;
-        alpha_epsilon_: the α_ε used; validation_mnll_: {α_ε: MNLL} when several were tried;
-        losses_: training losses.
+        ``classes_``: the sorted class labels; ``model_``/``likelihood_``: the fitted GPyTorch objects;
+        ``alpha_epsilon_``: the α_ε used; ``validation_mnll_``: {α_ε: MNLL} when several were tried;
+        ``losses_``: training losses.
 
     Example:
         >>> clf = DirichletGPClassifier(num_features=1024, alpha_epsilon=[0.001, 0.01, 0.1])
