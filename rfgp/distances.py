@@ -80,8 +80,13 @@ def kernel_distance(
     ``chunk_size``: rows per feature evaluation (see :func:`kernel_mean_embedding`).
 
     Example:
+        >>> from rfgp.features import RandomFourierFeatures
         >>> phi = RandomFourierFeatures(1024, input_dim=2, seed=0)
-        >>> kernel_distance(phi, torch.randn(500, 2), torch.randn(400, 2) + 1.0)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> p, q = torch.randn(500, 2, generator=g), torch.randn(400, 2, generator=g) + 1.0
+        >>> d = kernel_distance(phi, p, q)
+        >>> bool(abs(d - exact_gaussian_kernel_distance(p, q)) < 0.05)     # same draw of Φ for P and Q
+        True
     """
     _check_pair(p, q)
     difference = kernel_mean_embedding(feature_map, p, chunk_size) - kernel_mean_embedding(feature_map, q, chunk_size)

@@ -214,10 +214,17 @@ def fit_mll(
             restored to the last finite point first.
 
     Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+        >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+        >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
         >>> history = rfgp.fit_mll(model)                       # L-BFGS until converged
-        >>> history.stop_reason, history.losses[-1], history.cpu_seconds[-1]
-        >>> rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=200)
-        >>> rfgp.fit_mll(model, time_budget=30.0, clock="cpu")  # at most ~30 s of CPU time
+        >>> history.converged, history.stop_reason
+        (True, 'converged: relative loss change ... ≤ ftol=1e-06')
+        >>> history = rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=20)
+        >>> history = rfgp.fit_mll(model, time_budget=30.0, clock="cpu")  # at most ~30 s of CPU time
     """
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
