@@ -31,7 +31,7 @@ _log_prob.install()
 # last: registers BoTorch hooks now if BoTorch is already imported, else when it is
 from . import integrations  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source: pyproject.toml reads it (setuptools dynamic version)
 
 __all__ = [
     "FeatureRootAddedDiagLinearOperator",

@@ -183,7 +183,7 @@ def _check_max_degree(max_degree) -> None:
         raise ValueError(f"max_degree must be in 1..13 (IGRF's highest degree is 13), got {max_degree}")
 
 
-__all__ = ["EARTH_RADIUS_KM", "helmholtz_field", "igrf_field_at", "igrf_magnetic_field"]
+__all__ = ["EARTH_RADIUS_KM", "helmholtz_field", "igrf_field_at", "igrf_magnetic_field", "mauna_loa_co2"]
 
 
 def mauna_loa_co2(holdout_years: float = 5.0, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:

@@ -1,6 +1,6 @@
 """Kernel mean embeddings, kernel distance (MMD), a permutation two-sample test and kernel PCA.
 
-For a kernel k with feature map φ and point sets P, Q with uniform weights (paper 003 §1):
+For a kernel k with feature map φ and point sets P, Q with uniform weights (paper 003 §1)::
 
     Φ(P) = (1/|P|) Σ_{x∈P} φ(x)                                  (kernel mean embedding)
     κ(P, Q) = (1/|P||Q|) Σ_{x∈P} Σ_{y∈Q} k(x, y)
@@ -10,7 +10,7 @@ With a random feature map G (any :class:`~rfgp.features.FeatureMap`: Fourier fea
 GaussianSketch, Maclaurin, ...) the estimate is ‖F(P) − F(Q)‖ with F(X) the MEAN of G over X
 (paper 003 Thms 3.1/3.3 misprint it as a sum) and ONE draw of G for both sets: independent
 draws for P and Q would estimate κ(P, P) + κ(Q, Q) instead of D_K² (sign-randomised sketches
-have E⟨T₁a, T₂b⟩ = 0).  The exact O(|P||Q|) computation is done in row chunks
+have E⟨T₁a, T₂b⟩ = 0).  The exact ``O(|P|·|Q|)`` computation is done in row chunks
 (:func:`exact_gaussian_kernel_distance`: float64 GEMM blocks of the upper triangle, for n ~ 10⁵).
 
 Kernel PCA: :func:`kernel_pca` decomposes one feature matrix; :func:`two_sketch_kernel_pca` is
@@ -61,10 +61,10 @@ def gaussian_kernel(lengthscale: float = 1.0) -> KernelFunction:
 
 
 def kernel_mean_embedding(feature_map: FeatureMap, x: Tensor, chunk_size: int = 8192) -> Tensor:
-    """F(X) = (1/|X|) Σ_{x∈X} G(x), shape ``(F,)`` (paper 003 §1, the mean — not the sum).
+    """``F(X) = (1/|X|) Σ_{x∈X} G(x)``, shape ``(F,)`` (paper 003 §1, the mean — not the sum).
 
     The features are summed over row chunks of ``chunk_size`` points, so memory is
-    O(chunk_size · F) (plus the map's intermediates) for any |X|.
+    O(chunk_size · F) (plus the map's intermediates) for any ``|X|``.
     """
     x = _check_points(x, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
@@ -80,8 +80,13 @@ def kernel_distance(
     ``chunk_size``: rows per feature evaluation (see :func:`kernel_mean_embedding`).
 
     Example:
+        >>> from rfgp.features import RandomFourierFeatures
         >>> phi = RandomFourierFeatures(1024, input_dim=2, seed=0)
-        >>> kernel_distance(phi, torch.randn(500, 2), torch.randn(400, 2) + 1.0)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> p, q = torch.randn(500, 2, generator=g), torch.randn(400, 2, generator=g) + 1.0
+        >>> d = kernel_distance(phi, p, q)
+        >>> bool(abs(d - exact_gaussian_kernel_distance(p, q)) < 0.05)     # same draw of Φ for P and Q
+        True
     """
     _check_pair(p, q)
     difference = kernel_mean_embedding(feature_map, p, chunk_size) - kernel_mean_embedding(feature_map, q, chunk_size)
@@ -90,7 +95,7 @@ def kernel_distance(
 
 
 def mean_kernel(kernel: KernelFunction, x: Tensor, y: Tensor, chunk_size: int = 2048) -> Tensor:
-    """κ(X, Y) = mean of k(x, y) over X × Y, accumulated over row chunks of X (memory O(chunk·|Y|))."""
+    """κ(X, Y) = mean of k(x, y) over X × Y, accumulated over row chunks of X (memory ``O(chunk·|Y|)``)."""
     _check_points(x, "x")
     _check_points(y, "y")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
@@ -101,7 +106,7 @@ def mean_kernel(kernel: KernelFunction, x: Tensor, y: Tensor, chunk_size: int = 
 def exact_kernel_distance(
     kernel: KernelFunction, p: Tensor, q: Tensor, squared: bool = False, chunk_size: int = 2048
 ) -> Tensor:
-    """Exact D_K(P, Q) = √(κ(P,P) + κ(Q,Q) − 2κ(P,Q)) in O((|P| + |Q|)²) time, chunked rows.
+    """Exact D_K(P, Q) = √(κ(P,P) + κ(Q,Q) − 2κ(P,Q)) in ``O((|P| + |Q|)²)`` time, chunked rows.
 
     ``kernel`` maps two point sets to their dense kernel matrix (e.g. :func:`gaussian_kernel`).
     Negative round-off of D_K² is clamped to 0 before the square root.
@@ -117,10 +122,10 @@ def exact_gaussian_kernel_distance(
 ) -> Tensor:
     """Exact D_K(P, Q) for the RBF kernel exp(−‖x − y‖²/(2ℓ²)), in float64, for large sets.
 
-    Uses the signed-weight form D_K² = βᵀKβ over Z = P ∪ Q with β = 1/|P| on P and −1/|Q| on Q
+    Uses the signed-weight form D_K² = βᵀKβ over Z = P ∪ Q with ``β = 1/|P|`` on P and ``−1/|Q|`` on Q
     (paper 003 §1).  K is never formed: ``chunk_size`` × 8·``chunk_size`` blocks of the upper
     triangle are built from one GEMM each, ‖z − z'‖² = ‖z‖² + ‖z'‖² − 2zᵀz' (clamped at 0), and
-    symmetry (off-diagonal blocks counted twice) halves the (|P| + |Q|)² kernel evaluations.
+    symmetry (off-diagonal blocks counted twice) halves the ``(|P| + |Q|)²`` kernel evaluations.
     Memory O(chunk_size²); same value as :func:`exact_kernel_distance` with :func:`gaussian_kernel`.
     """
     _check_pair(p, q)
@@ -171,7 +176,7 @@ def permutation_statistics(features: Tensor, num_p: int, permutations: Tensor) -
     """D̂² of every relabelling: the first ``num_p`` permuted rows form P, the rest Q.
 
     ``features`` is (n, F) for the stacked P ∪ Q and ``permutations`` (B, n) row orders.
-    With signed weights β = 1/|P| on P and −1/|Q| on Q (paper 003 §1), F(P) − F(Q) = βᵀΦ, so
+    With signed weights ``β = 1/|P|`` on P and ``−1/|Q|`` on Q (paper 003 §1), F(P) − F(Q) = βᵀΦ, so
     all B statistics are one (B × n)(n × F) product: the features are computed once.
     """
     n = features.shape[0]

@@ -66,9 +66,18 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
             (its sufficient statistics belong to the old features: refit it from the data).
 
     Example:
-        >>> rfgp.fit_mll(model)                          # train at F = 512
-        >>> rfgp.set_num_features(model, 4096)           # predict at F = 4096, same hyperparameters
-        >>> posterior = model.likelihood(model(test_x))
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+        >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+        >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
+        >>> history = rfgp.fit_mll(model, num_iterations=20)   # train at F = 512
+        >>> model = rfgp.set_num_features(model, 4096)         # predict at F = 4096, same hyperparameters
+        >>> model.covar_module.base_kernel.num_features
+        4096
+        >>> _ = model.eval()
+        >>> posterior = model.likelihood(model(torch.linspace(0, 1, 50, dtype=torch.float64)[:, None]))
     """
     num_features = check_positive_int(num_features, "num_features")
     if x_sample is None and isinstance(module, gpytorch.models.ExactGP) and module.train_inputs is not None:

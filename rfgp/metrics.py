@@ -137,6 +137,6 @@ def reliability_curve(probs: Tensor, labels: Tensor, num_bins: int = 10) -> tupl
 
 
 def expected_calibration_error(probs: Tensor, labels: Tensor, num_bins: int = 10) -> Tensor:
-    """ECE = Σ_b (n_b/M) |accuracy_b − confidence_b| over equal-width confidence bins (Guo et al. 2017)."""
+    """ECE = Σ_b (n_b/M) ``|accuracy_b − confidence_b|`` over equal-width confidence bins (Guo et al. 2017)."""
     confidence, accuracy, counts = reliability_curve(probs, labels, num_bins)
     return (counts / counts.sum() * (accuracy - confidence).abs()).sum()

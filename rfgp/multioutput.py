@@ -112,8 +112,15 @@ class MultiOutputGPModel(gpytorch.models.ExactGP):
         mean_module: defaults to ``MultitaskMean(ZeroMean(), p)`` (vector fields are usually centred).
 
     Example:
-        >>> kernel = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(1024, input_dim=2))
+        >>> from gpytorch.likelihoods import MultitaskGaussianLikelihood
+        >>> from rfgp.kernels import SketchedCurlFreeKernel
+        >>> x = torch.randn(50, 2, generator=torch.Generator().manual_seed(0))
+        >>> y = -2 * x                                   # the gradient field of −‖x‖²: curl-free
+        >>> kernel = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(1024, input_dim=2, seed=0))
         >>> model = MultiOutputGPModel(x, y, MultitaskGaussianLikelihood(num_tasks=2, rank=0), kernel)
+        >>> _ = model.eval()
+        >>> model(torch.zeros(3, 2)).mean.shape          # (points, components)
+        torch.Size([3, 2])
     """
 
     def __init__(self, train_x: Tensor, train_y: Tensor, likelihood, covar_module, mean_module=None) -> None:

@@ -128,10 +128,19 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
         ``botorch.sampling.pathwise.draw_matheron_paths``, which rfgp registers (:mod:`rfgp.integrations.botorch`).
 
     Example:
-        >>> model.eval()
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+        >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+        >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
+        >>> _ = model.eval()
         >>> paths = rfgp.sampling.posterior_paths(model, num_paths=16, generator=torch.Generator().manual_seed(0))
+        >>> candidates = torch.rand(10**5, 1, dtype=torch.float64)
         >>> values = paths(candidates)                      # (16, 10**5), one featurisation
         >>> best = candidates[values.argmax(-1)]            # 16 Thompson-sampling proposals
+        >>> best.shape
+        torch.Size([16, 1])
     """
     num_paths = check_positive_int(num_paths, "num_paths")
     if not isinstance(model, gpytorch.models.ExactGP):

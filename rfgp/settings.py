@@ -12,9 +12,17 @@
   call each.  For data you have validated yourself; shape and dtype checks always run.
 
 Example:
+    >>> g = torch.Generator().manual_seed(0)
+    >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+    >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+    >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+    >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
+    >>> mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     >>> with rfgp.settings.memory_budget(256 * 2**20):   # 256 MiB for Φ
     ...     loss = -mll(model(train_x), train_y)
     >>> rfgp.settings.chunk_size.set_global(10_000)       # always chunk, 10k rows
+    >>> rfgp.settings.chunk_size.set_global(None)         # back to the default
 """
 
 from __future__ import annotations
@@ -83,6 +91,13 @@ class validate_inputs(_ValueSetting):
     Turn them off only for data you have validated: a NaN then propagates silently.
 
     Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+        >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+        >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
+        >>> mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
         >>> with rfgp.settings.validate_inputs(False):
         ...     loss = -mll(model(train_x), train_y)
     """

@@ -177,8 +177,8 @@ def fit_mll(
 
     Stopping (checked after every iteration; the first rule that holds stops training):
 
-    * convergence: relative loss change |f_k − f_{k−1}| ≤ ``ftol``·max(|f_k|, |f_{k−1}|, 1),
-      or largest gradient entry max_i |∂f/∂θ_i| ≤ ``gtol`` (θ: the raw, unconstrained
+    * convergence: relative loss change ``|f_k − f_{k−1}| ≤ ftol·max(|f_k|, |f_{k−1}|, 1)``,
+      or largest gradient entry ``max_i |∂f/∂θ_i| ≤ gtol`` (θ: the raw, unconstrained
       parameters, so this is the projected gradient of the bound-free problem), with f the
       negative MLL per data point;
     * iteration budget: ``num_iterations`` iterations (one L-BFGS iteration may evaluate the
@@ -214,10 +214,17 @@ def fit_mll(
             restored to the last finite point first.
 
     Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+        >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+        >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
         >>> history = rfgp.fit_mll(model)                       # L-BFGS until converged
-        >>> history.stop_reason, history.losses[-1], history.cpu_seconds[-1]
-        >>> rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=200)
-        >>> rfgp.fit_mll(model, time_budget=30.0, clock="cpu")  # at most ~30 s of CPU time
+        >>> history.converged, history.stop_reason
+        (True, 'converged: relative loss change ... ≤ ftol=1e-06')
+        >>> history = rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=20)
+        >>> history = rfgp.fit_mll(model, time_budget=30.0, clock="cpu")  # at most ~30 s of CPU time
     """
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")

@@ -205,8 +205,11 @@ def expected_error(x_sample: Tensor, sketches) -> dict[str, float]:
         ``{name: mean squared error}`` (name ``"sketch"`` for a single sketch).
 
     Example:
-        >>> expected_error(x, {"real": dict(degree=3, num_features=128, projection="srht"),
+        >>> x = torch.nn.functional.normalize(torch.rand(20, 8, dtype=torch.float64), dim=-1)
+        >>> errors = expected_error(x, {"real": dict(degree=3, num_features=128, projection="srht"),
         ...                    "ctr": dict(degree=3, num_features=128, projection="srht", weights="ctr")})
+        >>> sorted(errors)
+        ['ctr', 'real']
     """
     if not torch.is_tensor(x_sample) or x_sample.dim() != 2 or x_sample.shape[0] < 2:
         shape = tuple(x_sample.shape) if torch.is_tensor(x_sample) else type(x_sample).__name__

@@ -199,8 +199,15 @@ class GaussianSketch(_TaylorSketchBase):
         input_dim, seed, generator: see :class:`~rfgp.features.FeatureMap`.
 
     Example:
-        >>> phi = GaussianSketch.for_data(x / lengthscale, 1024, alpha=1e-4, seed=0)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> p = torch.randn(200, 2, generator=g, dtype=torch.float64)
+        >>> q = torch.randn(150, 2, generator=g, dtype=torch.float64) + 1.0
+        >>> lengthscale = 1.5
+        >>> phi = GaussianSketch.for_data(torch.cat([p, q]) / lengthscale, 1024, alpha=1e-4, seed=0)
         >>> d2 = rfgp.distances.kernel_distance(phi, p / lengthscale, q / lengthscale, squared=True)
+        >>> exact = rfgp.distances.exact_gaussian_kernel_distance(p, q, lengthscale, squared=True)
+        >>> bool(abs(d2 - exact) < 0.1 * exact)
+        True
     """
 
     _degree_rule_dim = True

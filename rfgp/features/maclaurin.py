@@ -249,9 +249,13 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         order: p*; ``widths``: (D₁..D_p*); ``objective``: g(p*, D*) on the fitted sample.
 
     Example:
+        >>> x = torch.rand(100, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> lengthscale = 1.0
         >>> phi = OptimizedMaclaurin(dot_product.gaussian(), 65, projection="srht", weights="ctr", seed=0)
-        >>> phi.fit(x_train / lengthscale)
-        >>> k_hat = phi(x / lengthscale) @ phi(y / lengthscale).T
+        >>> phi = phi.fit(x / lengthscale)               # truncation order and widths for this data
+        >>> k_hat = phi(x / lengthscale) @ phi(x[:10] / lengthscale).T
+        >>> k_hat.shape
+        torch.Size([100, 10])
     """
 
     config_fields = {"min_order": METHOD, "max_order": METHOD, "sample_size": METHOD, "objective": DRAW}

@@ -74,7 +74,7 @@ class RadialDensity:
         spacing: grid spacing h.
         weights: non-negative node values wⱼ = μ(rⱼ), shape (M,); μ falls linearly to 0 at M·h.
         a, power: the target kernel's parameters (kept for :meth:`target` and the state).
-        max_error: max |K̂ − k| on a fine τ grid (computed by :func:`fit_radial_density`).
+        max_error: max ``|K̂ − k|`` on a fine τ grid (computed by :func:`fit_radial_density`).
     """
 
     def __init__(self, dim: int, spacing: float, weights: Tensor, a: float, power: int, max_error: float):

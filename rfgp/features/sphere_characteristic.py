@@ -64,7 +64,7 @@ def sphere_characteristic(z: Tensor, dim: int, num_nodes: int | None = None) -> 
     Args:
         z: arguments (any shape).
         dim: ambient dimension d ≥ 2 (Ω₂ = J₀, Ω₃(z) = sin z / z).
-        num_nodes: quadrature nodes; default resolves every |z| up to ``z.abs().max()``.
+        num_nodes: quadrature nodes; default resolves every ``|z|`` up to ``z.abs().max()``.
     """
     if num_nodes is None:
         num_nodes = default_num_nodes(float(z.abs().max()) if z.numel() else 0.0, dim)

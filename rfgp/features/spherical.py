@@ -175,7 +175,7 @@ class SphericalRandomFeatures(FeatureMap):
 
     @property
     def max_fit_error(self) -> float:
-        """max over τ ∈ [0, 2] of |K̂(τ) − k(τ)| (on a 1001-point grid)."""
+        """max over τ ∈ [0, 2] of ``|K̂(τ) − k(τ)|`` (on a 1001-point grid)."""
         return self._fitted_density().max_error
 
     def target_diag(self, x: Tensor) -> Tensor:

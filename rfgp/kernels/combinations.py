@@ -240,8 +240,11 @@ class SketchedProductKernel(_CombinedFeatureKernel):
         kwargs: GPyTorch ``Kernel`` arguments (``active_dims``, …).
 
     Example:
+        >>> from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
         >>> poly = SketchedPolynomialKernel(2, num_features=512, seed=0)
         >>> product = SketchedProductKernel(poly, SketchedRBFKernel(512, seed=1), num_features=512, seed=2)
+        >>> product(torch.rand(10, 3)).shape
+        torch.Size([10, 10])
     """
 
     def __init__(self, *kernels: Kernel, num_features: int, seed: int | None = None,

@@ -79,12 +79,14 @@ class NystromKernel(FeatureKernel):
     ``(*batch_shape, n, M)`` over shared landmarks.
 
     Example:
+        >>> from gpytorch.kernels import PeriodicKernel, ScaleKernel
+        >>> train_x = torch.rand(2000, 1, generator=torch.Generator().manual_seed(0))
         >>> base = ScaleKernel(PeriodicKernel())
-        >>> kernel = NystromKernel(base, landmarks=train_x[:256])
-        >>> kernel(train_x).shape          # a rank-256 feature-root operator
-        torch.Size([10000, 10000])
+        >>> kernel = NystromKernel(base, landmarks=train_x[:64])
+        >>> kernel(train_x).shape          # a rank-64 feature-root operator
+        torch.Size([2000, 2000])
         >>> # or, choosing the landmarks and deep-copying the tree:
-        >>> kernel = rfgp.sketch(base, num_features=256, method="nystrom", x_sample=train_x, landmarks="rls")
+        >>> kernel = rfgp.sketch(base, num_features=64, method="nystrom", x_sample=train_x, landmarks="rls", seed=0)
     """
 
     config_fields = {"learn_landmarks": METHOD, "jitter": METHOD, "num_features": DRAW, "landmark_method": DRAW,

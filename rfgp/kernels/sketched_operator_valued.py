@@ -188,8 +188,11 @@ class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
     :func:`rfgp.vector_fields.posterior_component_fields`.
 
     Example:
+        >>> from gpytorch.kernels import ScaleKernel
         >>> helmholtz = MultiOutputFeatureSumKernel(
         ...     ScaleKernel(SketchedCurlFreeKernel(512, 2)), ScaleKernel(SketchedDivFreeKernel(512, 2)))
+        >>> helmholtz(torch.randn(5, 2)).shape          # 5 points × 2 field components
+        torch.Size([10, 10])
     """
 
     def __init__(self, *kernels: Kernel, **kwargs) -> None:

@@ -70,6 +70,8 @@ class SpectralProductKernel(FeatureKernel):
         kwargs: GPyTorch ``Kernel`` arguments (``active_dims``, …).
 
     Example:
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
         >>> a = SketchedRBFKernel(2, active_dims=[0]); b = SketchedMaternKernel(2, nu=1.5)
         >>> product = SpectralProductKernel(a, ScaleKernel(b), num_features=1024, seed=0)
         >>> product(torch.randn(10, 3)).shape

@@ -120,10 +120,19 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         kwargs: ``noise_prior``/``noise_constraint`` of the learned noise.
 
     Example:
-        >>> likelihood = DirichletClassificationLikelihood(train_y, num_classes=10)
+        >>> from gpytorch.kernels import ScaleKernel
+        >>> from gpytorch.means import ConstantMean
+        >>> from rfgp.kernels import SketchedRBFKernel
+        >>> from rfgp.models import ExactGPModel
+        >>> train_x = torch.rand(100, 2, generator=torch.Generator().manual_seed(0))
+        >>> train_y = (3 * train_x.sum(-1)).long()                # labels 0, 1, ..., 5
+        >>> likelihood = DirichletClassificationLikelihood(train_y, num_classes=6)
         >>> model = ExactGPModel(train_x, likelihood.transformed_targets, likelihood,
-        ...     ScaleKernel(SketchedRBFKernel(1024)), ConstantMean(batch_shape=torch.Size([10])))
-        >>> probs = likelihood.predict_proba(model(test_x))       # (M, C)
+        ...     ScaleKernel(SketchedRBFKernel(1024, seed=0)), ConstantMean(batch_shape=torch.Size([6])))
+        >>> _ = model.eval()
+        >>> probs = likelihood.predict_proba(model(torch.rand(8, 2)))       # (M, C)
+        >>> probs.shape
+        torch.Size([8, 6])
 
     ``alpha_epsilon`` and ``num_classes`` are saved in ``state_dict`` and a state saved with other
     values is refused (the labels are data: they are loaded).

@@ -46,13 +46,17 @@ class DirichletGPClassifier:
         progress: tqdm progress bar during training (``None``: only on a terminal).
 
     Attributes (after ``fit``):
-        classes_: the sorted class labels; ``model_``/``likelihood_``: the fitted GPyTorch objects;
-        alpha_epsilon_: the α_ε used; validation_mnll_: {α_ε: MNLL} when several were tried;
-        losses_: training losses.
+        ``classes_``: the sorted class labels; ``model_``/``likelihood_``: the fitted GPyTorch objects;
+        ``alpha_epsilon_``: the α_ε used; ``validation_mnll_``: {α_ε: MNLL} when several were tried;
+        ``losses_``: training losses.
 
     Example:
-        >>> clf = DirichletGPClassifier(num_features=1024, alpha_epsilon=[0.001, 0.01, 0.1])
-        >>> clf.fit(X_train, y_train).predict(X_test)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.randn(150, 2, generator=g)
+        >>> y = (X[:, 0] > 0).long() + (X[:, 1] > 1).long()                # three classes
+        >>> clf = DirichletGPClassifier(num_features=256, alpha_epsilon=[0.001, 0.01, 0.1], num_iterations=10)
+        >>> clf.fit(X[:100], y[:100]).predict(X[100:]).shape           # a NumPy array of labels
+        (50,)
     """
 
     def __init__(

@@ -44,6 +44,7 @@ class RandomFeatureGP(PyroModule):
 
     Example:
         >>> from rfgp.features import RandomFourierFeatures
+        >>> from rfgp.pyro import Bernoulli, weight_guide
         >>> model = RandomFeatureGP(RandomFourierFeatures(128, input_dim=2, seed=0), Bernoulli(),
         ...                         lengthscale=dist.Gamma(4.0, 4.0))
         >>> guide = weight_guide(model, family="full_rank", hyperparameters="map")
