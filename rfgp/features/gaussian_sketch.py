@@ -32,8 +32,8 @@ import torch
 from scipy.special import gammainc
 from torch import Tensor
 
-from .._validation import check_choice, check_features_input, check_positive_float, check_positive_int
-from ..config_state import LAZY, METHOD
+from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
+from ..core.config_state import LAZY, METHOD
 from .base import FeatureMap
 from .degree_sketch import HierarchicalSketch
 
@@ -200,7 +200,7 @@ class GaussianSketch(_TaylorSketchBase):
 
     Example:
         >>> phi = GaussianSketch.for_data(x / lengthscale, 1024, alpha=1e-4, seed=0)
-        >>> d2 = rfgp.distances.kernel_distance(phi, p / lengthscale, q / lengthscale, squared=True)
+        >>> d2 = rfgp.applications.distances.kernel_distance(phi, p / lengthscale, q / lengthscale, squared=True)
     """
 
     _degree_rule_dim = True

@@ -44,11 +44,11 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .._validation import check_positive_float
-from ..chunking import chunk_slices
-from ..config_state import METHOD
+from ..core.validation import check_positive_float
+from ..inference.chunking import chunk_slices
+from ..core.config_state import METHOD
 from ..features.landmarks import select_landmarks
-from ..settings import resolve_chunk_size
+from ..core.settings import resolve_chunk_size
 from .random_feature_kernel import FeatureKernel
 
 #: first relative jitter per dtype; ×10 per failed Cholesky up to _MAX_JITTER

@@ -3,7 +3,7 @@
 GPyTorch's ``MultivariateNormal.log_prob`` has two branches, chosen by the global flag
 ``fast_computations.log_prob``: the "fast" one hands the covariance operator to its own
 ``inv_quad_logdet`` — for rfgp's ΦΦᵀ + D that is the O(N·F² + F³) Woodbury/determinant-lemma
-path of :mod:`rfgp.operators` (exact, not iterative) — while the "slow" one asks for a dense
+path of :mod:`rfgp.inference.operators` (exact, not iterative) — while the "slow" one asks for a dense
 N × N Cholesky factor.  ``import botorch`` switches the flag off for the whole process
 (linear_operator's ``_fast_log_prob._default = False``), so from then on an rfgp model's
 marginal likelihood would cost O(N³) time and O(N²) memory (N = 2000, F = 256: 1.5 s instead

@@ -30,14 +30,14 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from ._validation import check_choice, check_positive_int
-from .features.degree_sketch import SRHT_BLOCKS, srht_padded_dim
-from .features.polynomial import WEIGHTS, PolynomialSketch, check_degree
+from ..core.validation import check_choice, check_positive_int
+from .degree_sketch import SRHT_BLOCKS, srht_padded_dim
+from .polynomial import WEIGHTS, PolynomialSketch, check_degree
 
 #: projections with a closed-form variance
 CLOSED_FORM_PROJECTIONS = ("rademacher", "gaussian", "srht")
 #: (m₄ real, m₄ complex) of the weight entries
-_FOURTH_MOMENT = {"rademacher": (1.0, 1.0), "gaussian": (3.0, 2.0), "srht": (1.0, 1.0)}
+FOURTH_MOMENT = {"rademacher": (1.0, 1.0), "gaussian": (3.0, 2.0), "srht": (1.0, 1.0)}
 
 
 # ------------------------------------------------------------------ statistics
@@ -84,7 +84,7 @@ def srht_covariance(stats, degree: int, degree_one_variance: Tensor, denominator
     return _power_gap(g * g - degree_one_variance / denominator, g, degree)
 
 
-def _srht_pairs(num_features: int, padded_dim: int, srht_blocks: str) -> tuple[int, int]:
+def srht_pairs(num_features: int, padded_dim: int, srht_blocks: str) -> tuple[int, int]:
     """(number of correlated ordered pairs, covariance denominator r) of a TensorSRHT sampling."""
     if srht_blocks == "independent":
         return block_pair_count(num_features, padded_dim), padded_dim - 1
@@ -94,12 +94,12 @@ def _srht_pairs(num_features: int, padded_dim: int, srht_blocks: str) -> tuple[i
 
 def _moments(stats, degree, width, projection, complex_weights, padded_dim, srht_blocks):
     """(variance, pseudo-variance) of the (complex) estimator with ``width`` features, not clamped."""
-    m4 = _FOURTH_MOMENT[projection][complex_weights]
+    m4 = FOURTH_MOMENT[projection][complex_weights]
     q = 0.5 if complex_weights else 1.0
     variance = single_feature_variance(stats, degree, m4, q) / width
     pseudo = single_feature_pseudo_variance(stats, degree, m4, q) / width
     if projection == "srht":
-        pairs, denominator = _srht_pairs(width, padded_dim, srht_blocks)
+        pairs, denominator = srht_pairs(width, padded_dim, srht_blocks)
         factor = pairs / width**2
         variance = variance + factor * srht_covariance(
             stats, degree, single_feature_variance(stats, 1, m4, q), denominator

@@ -13,11 +13,11 @@ gradient needs ∂G and ∂B with respect to Φ, which again decompose over chun
 
 so the backward pass recomputes Φ_c = φ(x_c) under autograd one chunk at a time and
 backpropagates ∂Φ_c into the kernel hyperparameters (gradient checkpointing per chunk).
-Forward and backward use the per-chunk kernels of :mod:`rfgp.linalg` (symmetric Gram,
+Forward and backward use the per-chunk kernels of :mod:`rfgp.inference.linalg` (symmetric Gram,
 one N·F² product backward, no N × F pass for uniform weights), the same cost as the
 unchunked path; only the features are computed twice.  Second derivatives
 (``create_graph=True``) recompute the statistics of all chunks under autograd instead
-(:func:`rfgp.linalg.differentiable_backward`), so they need O(N·F) memory.
+(:func:`rfgp.inference.linalg.differentiable_backward`), so they need O(N·F) memory.
 """
 
 from __future__ import annotations

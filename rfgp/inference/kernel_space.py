@@ -53,7 +53,7 @@ def prefers_kernel_space(num_data: int, num_features: int, feature_batch: int = 
 
 
 def kernel_gram(features: Tensor) -> Tensor:
-    """ΦΦᵀ ``(..., N, N)`` from its upper column blocks (:func:`rfgp.linalg.symmetric_gram` on Φᵀ)."""
+    """ΦΦᵀ ``(..., N, N)`` from its upper column blocks (:func:`rfgp.inference.linalg.symmetric_gram` on Φᵀ)."""
     return symmetric_gram(features.mT, features.mT)
 
 

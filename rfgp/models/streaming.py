@@ -8,15 +8,15 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
 and memory O(F²), whatever the number of points seen.  The posterior needs
 L = chol(I + G).  Once L exists, a small batch updates it in O(k·F²) by the rank-k update
-LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.cholesky_update.cholesky_update`, see
+LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.inference.cholesky_update.cholesky_update`, see
 :func:`takes_rank_update` for when); otherwise it is dropped and refactorised (O(F³)) the
 first time it is needed:
 
     mean(x*) = m(x*) + Φ* L⁻ᵀL⁻¹B,   covar(x*) = (L⁻¹Φ*ᵀ)ᵀ(L⁻¹Φ*ᵀ) + diag c(x*),
     log p(y) = −½[q − ‖L⁻¹B‖² + 2Σ log Lᵢᵢ + ℓ + n log 2π].
 
-These are the quantities of :func:`rfgp.operators._statistics_inv_quad_logdet` and
-:class:`rfgp.prediction.FeatureSpacePredictionStrategy`, so the result equals a refit
+These are the quantities of :func:`rfgp.inference.operators._statistics_inv_quad_logdet` and
+:class:`rfgp.inference.prediction.FeatureSpacePredictionStrategy`, so the result equals a refit
 on all the data.  :func:`fit_from_batches` feeds a ``DataLoader`` or any iterator of
 ``(x, y)`` batches.  Train hyperparameters first (e.g. on a subset, or with the chunked
 ``ExactGP`` path), then stream.
@@ -44,10 +44,10 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from ._validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
-from .cholesky_update import cholesky_update
-from .kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
-from .linalg import feature_statistics
+from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
+from ..inference.cholesky_update import cholesky_update
+from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
+from ..inference.linalg import feature_statistics
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
 

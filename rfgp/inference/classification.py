@@ -179,7 +179,7 @@ def label_feature_statistics(features, plan: "LabelBlockPlan", rhs: Tensor, bloc
     parameters) and V.
 
     Args:
-        features: Φ ``(N, F)``, or a :class:`~rfgp.operators.ChunkedFeatureRootLinearOperator`
+        features: Φ ``(N, F)``, or a :class:`~rfgp.inference.operators.ChunkedFeatureRootLinearOperator`
             whose rows are then recomputed chunk by chunk (forward and backward), so that
             memory stays O(chunk·F + C·F²).
         plan: the label blocks of the N rows.
@@ -299,7 +299,7 @@ class _ClassNoiseSolve:
 class ClassNoiseFeatureLinearOperator(_ClassNoiseSolve, FeatureRootAddedDiagLinearOperator):
     """ΦΦᵀ + D_c for C classes sharing Φ ``(N, F)`` with two-valued noise D_c, solved in feature space.
 
-    Behaves exactly like :class:`~rfgp.operators.FeatureRootAddedDiagLinearOperator` (it is one,
+    Behaves exactly like :class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator` (it is one,
     with diagonal ``(C, N)``); when built through :meth:`from_parts` it also carries the label
     structure, which :meth:`inv_quad_logdet` and :meth:`feature_space_caches` exploit.  Operators
     derived from it by slicing or reshaping lose the structure and take the generic path.
@@ -321,7 +321,7 @@ class ClassNoiseFeatureLinearOperator(_ClassNoiseSolve, FeatureRootAddedDiagLine
 
 
 class ChunkedClassNoiseFeatureLinearOperator(_ClassNoiseSolve, ChunkedFeatureRootAddedDiagLinearOperator):
-    """The same for a chunked ΦΦᵀ (:class:`~rfgp.operators.ChunkedFeatureRootLinearOperator`): the
+    """The same for a chunked ΦΦᵀ (:class:`~rfgp.inference.operators.ChunkedFeatureRootLinearOperator`): the
     per-label Grams and projections are accumulated chunk by chunk (features recomputed in the
     backward pass), so memory is O(chunk·F + C·F²) instead of O(N·F)."""
 

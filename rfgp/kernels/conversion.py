@@ -29,8 +29,8 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
-from .kernels.tree_widths import TreeBuilder, leaf_width
-from .kernels.operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
+from .tree_widths import TreeBuilder, leaf_width
+from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 
 _CONVERTERS: dict[type, Callable] = {}
 #: the ``method`` names each converter accepts (a callable for families that grow, e.g. polynomial)
@@ -137,7 +137,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
 
 def _nystrom(kernel: Kernel, num_features: int, seed: int | None, options: dict) -> Kernel:
     """``method="nystrom"``: one Nyström map of the whole tree (of the data kernel of a multitask kernel)."""
-    from .kernels.nystrom import nystrom_sketch
+    from .nystrom import nystrom_sketch
 
     if type(kernel) in _MULTITASK_TYPES:
         data_kernel = nystrom_sketch(kernel.data_covar_module, num_features, seed=seed, **options)
@@ -333,7 +333,7 @@ _TAYLOR_OPTIONS = ("x_sample", "radius", "alpha", "order", "center", "min_length
                     options=(*_MACLAURIN_OPTIONS, *_TAYLOR_OPTIONS, "complex_posterior", "input_dim"))
 def _convert_rbf(kernel, num_features, method, seed, **options):
     """RBFKernel → SketchedRBFKernel; ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`."""
-    from .kernels.fourier import GAUSSIAN_SKETCH_METHODS, SketchedRBFKernel
+    from .fourier import GAUSSIAN_SKETCH_METHODS, SketchedRBFKernel
 
     if method in GAUSSIAN_SKETCH_METHODS:
         options = taylor_sketch_options(kernel, method, **options)
@@ -404,7 +404,7 @@ def _active_columns(kernel: Kernel, x_sample) -> Tensor:
 
 @register_converter(gpytorch.kernels.MaternKernel, methods=_FOURIER, options=("input_dim",))
 def _convert_matern(kernel, num_features, method, seed, **options):
-    from .kernels.fourier import SketchedMaternKernel
+    from .fourier import SketchedMaternKernel
 
     sketched = SketchedMaternKernel(
         num_features, nu=kernel.nu, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
@@ -413,7 +413,7 @@ def _convert_matern(kernel, num_features, method, seed, **options):
 
 
 def _polynomial_methods() -> tuple[str, ...]:
-    from .kernels.polynomial import POLYNOMIAL_METHODS
+    from .polynomial import POLYNOMIAL_METHODS
 
     return tuple(POLYNOMIAL_METHODS)
 
@@ -423,7 +423,7 @@ def _polynomial_methods() -> tuple[str, ...]:
                              "complex_posterior", "input_dim", "min_order", "max_order", "sample_size",
                              "bias_correction"))
 def _convert_polynomial(kernel, num_features, method, seed, **options):
-    from .kernels.polynomial import SketchedPolynomialKernel
+    from .polynomial import SketchedPolynomialKernel
 
     sketched = SketchedPolynomialKernel(
         kernel.power,
@@ -446,14 +446,14 @@ def _convert_derivative_kernel(sketched_type, kernel, num_features, method, seed
 
 @register_converter(CurlFreeRBFKernel, methods=_FOURIER, options=())
 def _convert_curl_free(kernel, num_features, method, seed, **options):
-    from .kernels.sketched_operator_valued import SketchedCurlFreeKernel
+    from .sketched_operator_valued import SketchedCurlFreeKernel
 
     return _convert_derivative_kernel(SketchedCurlFreeKernel, kernel, num_features, method, seed, **options)
 
 
 @register_converter(DivFreeRBFKernel, methods=_FOURIER, options=())
 def _convert_div_free(kernel, num_features, method, seed, **options):
-    from .kernels.sketched_operator_valued import SketchedDivFreeKernel
+    from .sketched_operator_valued import SketchedDivFreeKernel
 
     return _convert_derivative_kernel(SketchedDivFreeKernel, kernel, num_features, method, seed, **options)
 
@@ -468,7 +468,7 @@ def _convert_decomposable(kernel, base: Kernel) -> Kernel:
     ``num_features`` is the width of the scalar sketch; the root has F·(rank + p) columns.  The
     IndexKernel (A = LLᵀ + diag(v), its constraint and prior) carries over unchanged.
     """
-    from .kernels.sketched_operator_valued import SketchedDecomposableKernel
+    from .sketched_operator_valued import SketchedDecomposableKernel
 
     rank = kernel.task_covar_module.covar_factor.shape[-1]
     sketched = SketchedDecomposableKernel(base, num_outputs=kernel.num_tasks, rank=rank)
@@ -494,7 +494,7 @@ def _spectral_kwargs(kernel: Kernel, method: str | None, seed: int | None) -> di
 @register_converter(gpytorch.kernels.PeriodicKernel, methods=("rff",), options=())
 def _convert_periodic(kernel, num_features, method, seed):
     """PeriodicKernel → SketchedPeriodicKernel (Bessel-weighted harmonics, :mod:`rfgp.features.periodic`)."""
-    from .kernels.periodic import SketchedPeriodicKernel
+    from .periodic import SketchedPeriodicKernel
 
     _check_positive_hyperparameters(kernel, "lengthscale", "period_length")
     sketched = SketchedPeriodicKernel(num_features, period_length_constraint=kernel.raw_period_length_constraint,
@@ -505,7 +505,7 @@ def _convert_periodic(kernel, num_features, method, seed):
 @register_converter(gpytorch.kernels.RQKernel, methods=("rff",), options=())
 def _convert_rq(kernel, num_features, method, seed):
     """RQKernel → SketchedRQKernel (importance-weighted Student-t frequencies, :mod:`rfgp.features.rational_quadratic`)."""
-    from .kernels.rational_quadratic import SketchedRQKernel
+    from .rational_quadratic import SketchedRQKernel
 
     _check_positive_hyperparameters(kernel, "lengthscale", "alpha")
     sketched = SketchedRQKernel(num_features, alpha_constraint=kernel.raw_alpha_constraint,
@@ -519,7 +519,7 @@ _MIXTURE_PARAMETERS = ("mixture_weights", "mixture_means", "mixture_scales")
 @register_converter(gpytorch.kernels.SpectralMixtureKernel, methods=("rff",), options=())
 def _convert_spectral_mixture(kernel, num_features, method, seed):
     """SpectralMixtureKernel → SketchedSpectralMixtureKernel (:mod:`rfgp.features.spectral_mixture`)."""
-    from .kernels.spectral_mixture import SketchedSpectralMixtureKernel
+    from .spectral_mixture import SketchedSpectralMixtureKernel
 
     _check_positive_hyperparameters(kernel, "mixture_weights", "mixture_scales")
     constraints = {f"{name}_constraint": getattr(kernel, f"raw_{name}_constraint") for name in _MIXTURE_PARAMETERS}
@@ -531,7 +531,7 @@ def _convert_spectral_mixture(kernel, num_features, method, seed):
 @register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))
 def _convert_linear(kernel, num_features, method, seed, input_dim=None):
     """LinearKernel → LinearFeatureKernel: exact features x⊙√v, width d (``num_features`` does not apply)."""
-    from .kernels.exact_features import LinearFeatureKernel
+    from .exact_features import LinearFeatureKernel
 
     if input_dim is None and kernel.active_dims is not None:
         input_dim = len(kernel.active_dims)
@@ -543,7 +543,7 @@ def _convert_linear(kernel, num_features, method, seed, input_dim=None):
 @register_converter(gpytorch.kernels.ConstantKernel, methods=("exact",), options=())
 def _convert_constant(kernel, num_features, method, seed):
     """ConstantKernel → ConstantFeatureKernel: the exact feature √c, width 1."""
-    from .kernels.exact_features import ConstantFeatureKernel
+    from .exact_features import ConstantFeatureKernel
 
     sketched = ConstantFeatureKernel(constant_constraint=kernel.raw_constant_constraint, **_common_kwargs(kernel))
     return copy_hyperparameters(kernel, sketched, "constant")
@@ -552,7 +552,7 @@ def _convert_constant(kernel, num_features, method, seed):
 @register_converter(gpytorch.kernels.CosineKernel, methods=("exact",), options=())
 def _convert_cosine(kernel, num_features, method, seed):
     """CosineKernel → CosineFeatureKernel: exact features [cos, sin](πx/p), width 2 (1-D inputs only)."""
-    from .kernels.exact_features import CosineFeatureKernel
+    from .exact_features import CosineFeatureKernel
 
     _check_positive_hyperparameters(kernel, "period_length")
     sketched = CosineFeatureKernel(period_length_constraint=kernel.raw_period_length_constraint,
@@ -572,7 +572,7 @@ refuse_conversion(
 # ---------------------------------------------------------------- derivative kernels
 def _convert_fourier_gradient(kernel, sketched_name, num_features, method, seed, **options):
     """RBFKernelGrad/RBFKernelGradGrad/Matern52KernelGrad → the sketched kernel of :mod:`rfgp.kernels.derivative`."""
-    from .kernels import derivative
+    from . import derivative
 
     sketched = getattr(derivative, sketched_name)(
         num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
@@ -599,7 +599,7 @@ def _convert_matern52_grad(kernel, num_features, method, seed, **options):
                     options=("projection", "weights", "srht_blocks", "input_dim"))
 def _convert_polynomial_grad(kernel, num_features, method, seed, **options):
     """PolynomialKernelGrad → :class:`~rfgp.kernels.SketchedPolynomialKernelGrad`, offset carried over."""
-    from .kernels.derivative import SketchedPolynomialKernelGrad
+    from .derivative import SketchedPolynomialKernelGrad
 
     sketched = SketchedPolynomialKernelGrad(
         kernel.power, num_features, method=method or "sketch", seed=seed,
@@ -611,7 +611,7 @@ def _convert_polynomial_grad(kernel, num_features, method, seed, **options):
 @register_converter(gpytorch.kernels.IndexKernel, methods=(), options=())
 def _convert_index(kernel, num_features, method, seed):
     """IndexKernel → :class:`~rfgp.kernels.IndexFeatureKernel` (exact features [L[i], √v[i]e_i], same parameters, prior)."""
-    from .kernels.index import IndexFeatureKernel
+    from .index import IndexFeatureKernel
 
     num_tasks, rank = kernel.covar_factor.shape[-2:]
     converted = IndexFeatureKernel(num_tasks, rank, **_common_kwargs(kernel))

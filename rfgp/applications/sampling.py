@@ -32,10 +32,10 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor, nn
 
-from ._validation import check_positive_int
-from .chunking import chunk_slices
-from .kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
-from .settings import resolve_chunk_size
+from ..core.validation import check_positive_int
+from ..inference.chunking import chunk_slices
+from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
+from ..core.settings import resolve_chunk_size
 
 
 def _base_kernel(kernel):
@@ -129,7 +129,7 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
 
     Example:
         >>> model.eval()
-        >>> paths = rfgp.sampling.posterior_paths(model, num_paths=16, generator=torch.Generator().manual_seed(0))
+        >>> paths = rfgp.applications.sampling.posterior_paths(model, num_paths=16, generator=torch.Generator().manual_seed(0))
         >>> values = paths(candidates)                      # (16, 10**5), one featurisation
         >>> best = candidates[values.argmax(-1)]            # 16 Thompson-sampling proposals
     """

@@ -1,7 +1,7 @@
 """Data-parallel random-feature GPs over ``torch.distributed`` (gloo on CPU, NCCL on GPU).
 
 The exact marginal likelihood of a random-feature GP depends on the data only through
-sums over points (paper-independent Woodbury algebra, see :mod:`rfgp.chunking`):
+sums over points (paper-independent Woodbury algebra, see :mod:`rfgp.inference.chunking`):
 
     G = ΦᵀD⁻¹Φ,  B = ΦᵀD⁻¹r,  q = rᵀD⁻¹r,  ℓ = Σ log dᵢ,  N,
 
@@ -18,10 +18,10 @@ Launch with ``torchrun --nproc_per_node=2 train.py``; in the script::
     torch.distributed.init_process_group("gloo")          # "nccl" on GPUs
     x, y = shard(full_x, full_y)                           # this rank's rows
     model = ExactGPModel(x, y, likelihood, kernel)         # same seed on every rank
-    mll = rfgp.distributed.DistributedExactMarginalLogLikelihood(likelihood, model)
+    mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(likelihood, model)
     loss = -mll(model(x), y); loss.backward()
-    rfgp.distributed.sync_gradients(model); optimizer.step()
-    with rfgp.distributed.data_parallel():                 # collective: every rank calls it
+    rfgp.inference.distributed.sync_gradients(model); optimizer.step()
+    with rfgp.inference.distributed.data_parallel():                 # collective: every rank calls it
         prediction = likelihood(model(x_test))
 """
 
@@ -50,7 +50,7 @@ class data_parallel:
     def __enter__(self):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
-                "rfgp.distributed.data_parallel needs an initialised process group: call "
+                "rfgp.inference.distributed.data_parallel needs an initialised process group: call "
                 "torch.distributed.init_process_group(...) first (e.g. under torchrun)"
             )
         _active_groups.append(self.group)

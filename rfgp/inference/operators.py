@@ -8,17 +8,17 @@
   likelihood adds its noise.  ``inv_quad_logdet`` (the marginal-likelihood hot path)
   runs in O(N·F² + F³) time through the capacitance matrix A = I + ΦᵀD⁻¹Φ
   (Woodbury identity and the matrix determinant lemma), with the lean Gram backward
-  of :func:`rfgp.linalg.feature_statistics`; when the N × N matrix is cheaper by flop count
-  (always when N ≤ F) it runs in O(N²·F + N³) through :mod:`rfgp.kernel_space` instead.
+  of :func:`rfgp.inference.linalg.feature_statistics`; when the N × N matrix is cheaper by flop count
+  (always when N ≤ F) it runs in O(N²·F + N³) through :mod:`rfgp.inference.kernel_space` instead.
 * :class:`ChunkedFeatureRootLinearOperator` / :class:`ChunkedFeatureRootAddedDiagLinearOperator`
   — the same matrices when Φ does not fit :class:`rfgp.settings.memory_budget`: they
   hold x and the feature function instead of Φ and evaluate the feature statistics
-  ΦᵀD⁻¹Φ and ΦᵀD⁻¹r chunk by chunk (:mod:`rfgp.chunking`), so that the MLL, its
+  ΦᵀD⁻¹Φ and ΦᵀD⁻¹r chunk by chunk (:mod:`rfgp.inference.chunking`), so that the MLL, its
   gradients and the posterior caches need O(chunk·F + F²) memory.
 * :class:`ChunkedFeatureCrossLinearOperator` — Φ(x₁)Φ(x₂)ᵀ without materialising either Φ
   (the test–train covariance that GPyTorch builds at prediction time).
 
-Inside :class:`rfgp.distributed.data_parallel` the statistics are summed over processes.
+Inside :class:`rfgp.inference.distributed.data_parallel` the statistics are summed over processes.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
-from ._validation import check_noise, check_targets
+from ..core.validation import check_noise, check_targets
 from .chunking import (
     Featurizer,
     backprop_chunks,
@@ -141,11 +141,11 @@ class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
         return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
 
     def uses_kernel_space(self, statistics_batch: int | None = None) -> bool:
-        """Whether the N × N path (:mod:`rfgp.kernel_space`) is cheaper than the F × F capacitance.
+        """Whether the N × N path (:mod:`rfgp.inference.kernel_space`) is cheaper than the F × F capacitance.
 
         ``statistics_batch``: F × F statistics the feature path would form (default: one per Φ for
         homoscedastic noise, else one per batch member).  Never inside
-        :class:`rfgp.distributed.data_parallel`, whose statistics are sums over each process's points.
+        :class:`rfgp.inference.distributed.data_parallel`, whose statistics are sums over each process's points.
         """
         if distributed.is_active():
             return False
@@ -177,7 +177,7 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
     rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  Every
     data-dependent quantity is a sum over points, reduced over processes when
-    :class:`rfgp.distributed.data_parallel` is active.
+    :class:`rfgp.inference.distributed.data_parallel` is active.
     """
     weights = noise_weights(operator._diag_tensor)
     num_data = operator.shape[-1]
@@ -207,7 +207,7 @@ class ChunkedFeatureRootLinearOperator(LinearOperator):
         inputs: x, ``(..., N, d)``.
         params: the featurizer's differentiable tensors (part of the representation, so
             that GPyTorch's matmul gradients reach them).
-        featurizer: the :class:`~rfgp.chunking.Featurizer` φ.
+        featurizer: the :class:`~rfgp.inference.chunking.Featurizer` φ.
         chunk_size: rows per chunk.
         variance_correction: optional ``(..., N)`` k(x, x) − E[φ(x)ᵀφ(x)].
     """

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ._validation import check_positive_float, check_positive_int
+from ..core.validation import check_positive_float, check_positive_int
 
 
 class DotProductKernelSpec:

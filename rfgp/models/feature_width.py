@@ -22,17 +22,17 @@ import gpytorch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from ._validation import check_positive_int
-from .features.base import FeatureMap
-from .features.fourier import RandomFourierFeatures
-from .features.gaussian_sketch import _TaylorSketchBase
-from .features.maclaurin import OptimizedMaclaurin, RandomMaclaurin, _MaclaurinFeatures
-from .features.maclaurin_allocation import total_width
-from .features.operator_valued import OperatorValuedFourierFeatures
-from .features.polynomial import PolynomialSketch
-from .features.spherical import SphericalRandomFeatures
-from .kernels.maclaurin import refit_allocation
-from .kernels.random_feature_kernel import RandomFeatureKernel
+from ..core.validation import check_positive_int
+from ..features.base import FeatureMap
+from ..features.fourier import RandomFourierFeatures
+from ..features.gaussian_sketch import _TaylorSketchBase
+from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin, _MaclaurinFeatures
+from ..features.maclaurin_allocation import total_width
+from ..features.operator_valued import OperatorValuedFourierFeatures
+from ..features.polynomial import PolynomialSketch
+from ..features.spherical import SphericalRandomFeatures
+from ..kernels.maclaurin import refit_allocation
+from ..kernels.random_feature_kernel import RandomFeatureKernel
 from .streaming import StreamingFeatureGP
 
 #: maps whose draws depend only on (seed, input_dim, num_features): a new width is a redraw
@@ -59,7 +59,7 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
     Raises:
         ValueError: ``num_features`` is not a multiple of a single map's granularity (e.g. odd for
             sin/cos features), ``module`` holds no feature map, or a data-dependent map has no data.
-        TypeError: a map type without a width rule, or a :class:`~rfgp.streaming.StreamingFeatureGP`
+        TypeError: a map type without a width rule, or a :class:`~rfgp.models.streaming.StreamingFeatureGP`
             (its sufficient statistics belong to the old features: refit it from the data).
 
     Example:

@@ -8,11 +8,11 @@ With K̂ = ΦΦᵀ and noise D, the posterior at test features Φ* is (Searle/Wo
 where c(x*) = k(x*, x*) − E[k̂(x*, x*)] ≥ 0 is the bias correction of paper 000 §5.6:
 feature maps whose expected diagonal falls short of the kernel's (truncated Maclaurin,
 fitted SRF densities) would otherwise report a posterior variance that collapses away
-from the data.  When the N × N matrix ΦΦᵀ + D is cheaper (N ≤ F, see :mod:`rfgp.kernel_space`)
+from the data.  When the N × N matrix ΦΦᵀ + D is cheaper (N ≤ F, see :mod:`rfgp.inference.kernel_space`)
 the same mean and covariance come from its Cholesky factor instead of A's, with the same
 correction.  The caches A⁻¹ΦᵀD⁻¹(y − μ) and chol(A) are computed once from the
 training feature statistics (chunk by chunk when the training operator is chunked, and
-summed over processes inside :class:`rfgp.distributed.data_parallel`), as in GPyTorch's
+summed over processes inside :class:`rfgp.inference.distributed.data_parallel`), as in GPyTorch's
 ``LinearPredictionStrategy``, which this class extends with the correction and with
 ``gpytorch.settings.skip_posterior_variances``.
 """
@@ -34,7 +34,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
-from ._validation import check_noise, check_targets
+from ..core.validation import check_noise, check_targets
 from .kernel_space import kernel_space_posterior_caches
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 
@@ -66,7 +66,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
     @property
     def uses_kernel_space(self) -> bool:
-        """Whether the posterior caches come from the N × N matrix ΦΦᵀ + D (:mod:`rfgp.kernel_space`).
+        """Whether the posterior caches come from the N × N matrix ΦΦᵀ + D (:mod:`rfgp.inference.kernel_space`).
 
         The same choice as the marginal likelihood's: materialised training features and
         N²·F + N³/3 ≤ N·F² + F³/3 (batches counted).  Chunked training operators stay in feature space.
@@ -95,7 +95,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
         check_targets(self.train_labels, "the training targets y")
-        # Noise-added operators with extra structure (rfgp.classification: shared Φ across
+        # Noise-added operators with extra structure (rfgp.inference.classification: shared Φ across
         # classes) build the same caches themselves.
         structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)
         if structured is not None:

@@ -1,10 +1,10 @@
 """The ``complex_posterior=True`` option of kernels whose feature maps have complex weights.
 
 With it, the kernel's training and test covariances become
-:class:`~rfgp.complex_posterior.ComplexFeatureRootLinearOperator` (Ψ = [Re Φ_C, Im Φ_C]); an
+:class:`~rfgp.inference.complex_posterior.ComplexFeatureRootLinearOperator` (Ψ = [Re Φ_C, Im Φ_C]); an
 ordinary GPyTorch ``ExactGP`` with a ``GaussianLikelihood`` then trains on the complex-GP
 evidence log CN(y + 0i; 0, 2(K̂_C + Σ)) and predicts the complex-GP posterior of paper 000
-Appendix D (Eqs. 86–90, real form A = I + ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°), see :mod:`rfgp.complex_posterior`.
+Appendix D (Eqs. 86–90, real form A = I + ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°), see :mod:`rfgp.inference.complex_posterior`.
 Cross-covariances and ``diag=True`` are unchanged (Re K̂); the feature-space prediction strategy
 needs neither.
 """
@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..complex_posterior import ComplexFeatureRootLinearOperator
-from ..operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
+from ..inference.complex_posterior import ComplexFeatureRootLinearOperator, complex_feature_posterior
+from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
+from .combinations import kernel_features
 
 
 def check_complex_posterior(value, complex_weights: bool, what: str) -> bool:
@@ -58,3 +59,14 @@ class ComplexPosteriorMixin:
             return ComplexFeatureRootLinearOperator(self.complex_root(output.root.to_dense()),
                                                     output.variance_correction)
         return output
+
+
+def complex_kernel_posterior(kernel, train_x: Tensor, train_y: Tensor, noise, test_x: Tensor, full_covariance=False):
+    """:func:`~rfgp.inference.complex_posterior.complex_feature_posterior` with the features of a kernel built on complex weights.
+
+    ``kernel`` is e.g. ``ScaleKernel(SketchedPolynomialKernel(p, F, weights="complex"))``
+    (its outputscale is folded into the features), evaluated with its current hyperparameters.
+    """
+    return complex_feature_posterior(
+        kernel_features(kernel, train_x), train_y, noise, kernel_features(kernel, test_x), full_covariance
+    )

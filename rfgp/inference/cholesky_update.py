@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validation import check_finite
+from ..core.validation import check_finite
 
 #: smallest column block: below it the per-block Python and LAPACK-call overhead dominates.
 MIN_BLOCK_SIZE = 32

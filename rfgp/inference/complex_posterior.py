@@ -27,7 +27,7 @@ is what :class:`ComplexFeatureRootAddedDiagLinearOperator` returns to GPyTorch's
 ``ExactMarginalLogLikelihood``, so that hyperparameters are trained for the same model whose
 posterior is predicted (Woodbury: yᵀΣ⁻¹y − bᵀA⁻¹b with b = ΨᵀΣ⁻¹y; determinant lemma:
 log|M| = log|A| + 2 log|Σ|).  The kernels' ``complex_posterior=True`` option
-(:mod:`rfgp.kernels.complex_posterior`) routes GPyTorch models through these operators.
+(:mod:`rfgp.kernels.complex_posterior_option`) routes GPyTorch models through these operators.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from . import distributed
-from ._validation import check_targets
+from ..core.validation import check_targets
 from .linalg import feature_statistics, weighted_gram
 from .operators import (
     FeatureRootAddedDiagLinearOperator,
@@ -115,20 +115,6 @@ def complex_feature_posterior(
     return mean, half.pow(2).sum(-2)
 
 
-def complex_kernel_posterior(kernel, train_x: Tensor, train_y: Tensor, noise, test_x: Tensor, full_covariance=False):
-    """:func:`complex_feature_posterior` with the features of a kernel built on complex weights.
-
-    ``kernel`` is e.g. ``ScaleKernel(SketchedPolynomialKernel(p, F, weights="complex"))``
-    (its outputscale is folded into the features), evaluated with its current hyperparameters.
-    """
-    # imported here: rfgp.kernels imports this module (the complex_posterior kernel option)
-    from .kernels.combinations import kernel_features
-
-    return complex_feature_posterior(
-        kernel_features(kernel, train_x), train_y, noise, kernel_features(kernel, test_x), full_covariance
-    )
-
-
 class ComplexFeatureRootLinearOperator(FeatureRootLinearOperator):
     """Re K̂ = ΨΨᵀ for Ψ = [Re Φ_C, Im Φ_C], marked for the complex-feature GP of paper 000 App. D.
 
@@ -170,7 +156,7 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
     :meth:`inv_quad_logdet` and :meth:`feature_space_caches` treat the targets as the complex
     observations y + 0i (module docstring), so that ``MultivariateNormal.log_prob`` — hence
     ``ExactMarginalLogLikelihood`` — is the complex-GP evidence log N([y; 0]; 0, M) exactly, and
-    :class:`~rfgp.prediction.FeatureSpacePredictionStrategy` predicts Eqs. 86–87.
+    :class:`~rfgp.inference.prediction.FeatureSpacePredictionStrategy` predicts Eqs. 86–87.
     """
 
     def __add__(self, other):

@@ -14,8 +14,8 @@ When the weights are uniform (one value per batch, shape ``(..., 1)`` — a homo
 noise), no N × F element-wise pass is made at all: G = w·ΦᵀΦ and ∂w = ⟨ΦᵀΦ, S⟩ + ⟨ΦᵀR, B̄⟩
 come from F × F quantities.  Second derivatives (``create_graph=True``, e.g. Hessians of the
 MLL w.r.t. hyperparameters) take :func:`differentiable_backward` instead: plain autograd
-through the same statistics, differentiable again.  Used by :class:`rfgp.operators.FeatureRootAddedDiagLinearOperator`
-(materialised Φ) and, chunk by chunk, by :mod:`rfgp.chunking`.
+through the same statistics, differentiable again.  Used by :class:`rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`
+(materialised Φ) and, chunk by chunk, by :mod:`rfgp.inference.chunking`.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _sum_to_shape(grad: Tensor, shape: torch.Size) -> Tensor:
 def feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
     """(ΦᵀWΦ, ΦᵀWR) for Φ ``(..., N, F)``, weights ``(..., N)`` or uniform ``(..., 1)``, and R ``(..., N, t)``.
 
-    The chunked counterpart is :func:`rfgp.chunking.chunked_feature_statistics`.
+    The chunked counterpart is :func:`rfgp.inference.chunking.chunked_feature_statistics`.
     """
     batch = torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1], rhs.shape[:-2])
     features = features.expand(*batch, *features.shape[-2:])

@@ -20,9 +20,9 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ._validation import check_finite, check_positive_int, check_tensor_dtype
-from .kernels.combinations import is_feature_kernel, kernel_features
-from .multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
+from ..core.validation import check_finite, check_positive_int, check_tensor_dtype
+from ..kernels.combinations import is_feature_kernel, kernel_features
+from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
 
 Field = Callable[[Tensor], Tensor]
 
@@ -147,11 +147,11 @@ def prior_field_samples(
 def posterior_field_samples(model, num_samples: int, generator: torch.Generator | None = None) -> Field:
     """Draw ``num_samples`` posterior vector fields of a trained multi-output feature GP.
 
-    θ ~ N(E[θ | y], A⁻¹) from the model's :class:`~rfgp.multioutput.MultitaskFeatureSpacePredictionStrategy`
+    θ ~ N(E[θ | y], A⁻¹) from the model's :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`
     cache (built on first use), f(x) = μ(x) + Φ(x)θ.  The model must be an ExactGP whose
     ``covar_module`` is an rfgp multi-output feature kernel and whose ``forward`` returns
     ``MultitaskMultivariateNormal(mean_module(x), covar_module(x))`` (e.g.
-    :class:`~rfgp.multioutput.MultiOutputGPModel`).
+    :class:`~rfgp.models.multioutput.MultiOutputGPModel`).
     """
     num_samples = check_positive_int(num_samples, "num_samples")
     if not is_feature_kernel(model.covar_module):
@@ -181,7 +181,7 @@ def posterior_component_fields(model) -> list[Field]:
     Rᵢ(x)E[θᵢ | y] (e.g. the curl-free and divergence-free parts of a Helmholtz fit); the
     components sum to the posterior mean minus the prior mean.
     """
-    from .kernels.sketched_operator_valued import MultiOutputFeatureSumKernel
+    from ..kernels.sketched_operator_valued import MultiOutputFeatureSumKernel
 
     kernel = model.covar_module
     if not isinstance(kernel, MultiOutputFeatureSumKernel):

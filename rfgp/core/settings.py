@@ -40,7 +40,7 @@ class _ValueSetting:
 
     @classmethod
     def _check(cls, value):
-        from ._validation import check_positive_int  # _validation reads validate_inputs from this module
+        from .validation import check_positive_int  # _validation reads validate_inputs from this module
 
         return value if value is None else check_positive_int(value, cls._name)
 
@@ -70,7 +70,7 @@ class memory_budget(_ValueSetting):
 
     @classmethod
     def _check(cls, value):
-        from ._validation import check_positive_int
+        from .validation import check_positive_int
 
         return check_positive_int(value, cls._name)
 
