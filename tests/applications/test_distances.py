@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp.distances import (
+from rfgp.applications.distances import (
     exact_gaussian_kernel_distance,
     exact_kernel_distance,
     exact_kernel_pca_eigenvalues,

@@ -1,4 +1,4 @@
-"""rfgp.sampling.posterior_paths: weight-space function draws reproduce the model's posterior mean and
+"""rfgp.applications.sampling.posterior_paths: weight-space function draws reproduce the model's posterior mean and
 covariance (within Monte-Carlo standard errors), batched and chunked, with the bias correction as noise."""
 
 import gpytorch
@@ -8,8 +8,8 @@ import torch
 import rfgp
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
-from rfgp.sampling import posterior_paths
-from tests.test_prediction import ShrunkFourierFeatures
+from rfgp.applications.sampling import posterior_paths
+from tests.inference.test_prediction import ShrunkFourierFeatures
 
 NUM_PATHS = 4000
 

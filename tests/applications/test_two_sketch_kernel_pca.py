@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from rfgp.distances import (
+from rfgp.applications.distances import (
     exact_kernel_pca_eigenvalues,
     gaussian_kernel,
     projection_residual,

@@ -7,8 +7,8 @@ from gpytorch.likelihoods import MultitaskGaussianLikelihood
 
 from rfgp.datasets import helmholtz_field, igrf_field_at, igrf_magnetic_field
 from rfgp.kernels import CurlFreeRBFKernel, DivFreeRBFKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
-from rfgp.multioutput import MultiOutputGPModel
-from rfgp.vector_fields import (
+from rfgp.models.multioutput import MultiOutputGPModel
+from rfgp.applications.vector_fields import (
     curl,
     divergence,
     jacobian,

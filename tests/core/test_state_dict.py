@@ -18,8 +18,9 @@ import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 import rfgp
-from rfgp import dot_product, features, kernels
-from rfgp.config_state import CONFIG_PREFIX, decode, encode
+from rfgp.features import dot_product
+from rfgp import features, kernels
+from rfgp.core.config_state import CONFIG_PREFIX, decode, encode
 from rfgp.features import (
     GaussianSketch,
     GaussianSketchHD,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp import dot_product
+from rfgp.features import dot_product
 
 
 def test_polynomial_coefficients_are_binomial_and_finite():

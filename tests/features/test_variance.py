@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp import variance
+from rfgp.features import variance
 from rfgp.features import PolynomialSketch
 
 # Paper 000 §5 pair (d = 4): G = 2/3, N = 1, S = 0.1155555556.

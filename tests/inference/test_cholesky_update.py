@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rfgp.cholesky_update import cholesky_update
+from rfgp.inference.cholesky_update import cholesky_update
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4}  # relative Frobenius error
 

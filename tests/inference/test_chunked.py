@@ -10,7 +10,7 @@ import torch
 import rfgp
 from rfgp.kernels import FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
-from rfgp.operators import (
+from rfgp.inference.operators import (
     ChunkedFeatureCrossLinearOperator,
     ChunkedFeatureRootAddedDiagLinearOperator,
     ChunkedFeatureRootLinearOperator,

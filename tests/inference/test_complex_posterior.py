@@ -4,7 +4,8 @@ import gpytorch
 import pytest
 import torch
 
-from rfgp.complex_posterior import complex_feature_posterior, complex_kernel_posterior
+from rfgp.inference.complex_posterior import complex_feature_posterior
+from rfgp.kernels.complex_posterior_option import complex_kernel_posterior
 from rfgp.features import PolynomialSketch
 from rfgp.kernels import SketchedPolynomialKernel
 

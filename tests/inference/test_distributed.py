@@ -37,7 +37,7 @@ def _mll_grads_prediction(model, x, y, x_test, mll):
     loss = -mll(model(x), y)
     loss.backward()
     if dist.is_initialized():
-        rfgp.distributed.sync_gradients(model)
+        rfgp.inference.distributed.sync_gradients(model)
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.eval()
     with torch.no_grad():
@@ -55,8 +55,8 @@ def _worker(rank, port, path):
         shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
         for chunk_size in CHUNK_SIZES:
             model = _model(x[shard], y[shard])
-            mll = rfgp.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
-            with rfgp.settings.chunk_size(chunk_size), rfgp.distributed.data_parallel():
+            mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
+            with rfgp.settings.chunk_size(chunk_size), rfgp.inference.distributed.data_parallel():
                 result = _mll_grads_prediction(model, x[shard], y[shard], x_test, mll)
             torch.save(result, f"{path}/rank{rank}-chunk{chunk_size}.pt")
     finally:
@@ -88,5 +88,5 @@ def test_two_gloo_processes_match_one(tmp_path):
 
 def test_data_parallel_needs_a_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
-        with rfgp.distributed.data_parallel():
+        with rfgp.inference.distributed.data_parallel():
             pass

@@ -6,8 +6,8 @@ import torch
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 
 import rfgp
-from rfgp import kernel_space, operators
-from rfgp.kernel_space import prefers_kernel_space
+from rfgp.inference import kernel_space, operators
+from rfgp.inference.kernel_space import prefers_kernel_space
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.likelihoods import DirichletClassificationLikelihood
 from rfgp.models import ExactGPModel

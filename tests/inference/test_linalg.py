@@ -9,9 +9,9 @@ from linear_operator.operators import ConstantMulLinearOperator
 
 import rfgp
 from rfgp.kernels import SketchedRBFKernel
-from rfgp.linalg import GRAM_BLOCK, feature_statistics, fold_constant, symmetric_gram
+from rfgp.inference.linalg import GRAM_BLOCK, feature_statistics, fold_constant, symmetric_gram
 from rfgp.models import ExactGPModel
-from rfgp.operators import FeatureRootLinearOperator, noise_weights
+from rfgp.inference.operators import FeatureRootLinearOperator, noise_weights
 
 F64 = torch.float64
 

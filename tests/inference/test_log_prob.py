@@ -1,4 +1,4 @@
-"""rfgp.log_prob: the feature-space MLL runs whatever gpytorch.settings.fast_computations says (BoTorch
+"""rfgp.inference.log_prob: the feature-space MLL runs whatever gpytorch.settings.fast_computations says (BoTorch
 switches its log_prob flag off globally), and only rfgp covariances are affected."""
 
 import gpytorch
@@ -7,7 +7,7 @@ import torch
 
 import rfgp
 from rfgp.kernels import SketchedRBFKernel
-from rfgp.log_prob import has_feature_space_covariance
+from rfgp.inference.log_prob import has_feature_space_covariance
 from rfgp.models import ExactGPModel
 
 SLOW_LOG_PROB = gpytorch.settings.fast_computations(covar_root_decomposition=False, log_prob=False, solves=False)
@@ -82,5 +82,5 @@ def test_other_covariances_keep_gpytorch_behaviour(factorised):
 
 def test_install_is_idempotent():
     wrapped = gpytorch.distributions.MultivariateNormal.log_prob
-    rfgp.log_prob.install()
+    rfgp.inference.log_prob.install()
     assert gpytorch.distributions.MultivariateNormal.log_prob is wrapped

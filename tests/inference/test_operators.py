@@ -6,8 +6,8 @@ import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import DiagLinearOperator
 
-from rfgp.linalg import weighted_gram
-from rfgp.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
+from rfgp.inference.linalg import weighted_gram
+from rfgp.inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 
 
 def dense_inv_quad_logdet(features, noise, rhs):

@@ -7,7 +7,7 @@ import torch
 
 from rfgp.features import FeatureMap, RandomFourierFeatures
 from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
-from rfgp.prediction import FeatureSpacePredictionStrategy
+from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.models import ExactGPModel
 
 
@@ -91,7 +91,7 @@ def test_posterior_equals_dense_gp_with_same_features(method, num_features, devi
 
 
 def test_marginal_log_likelihood_equals_dense_and_uses_feature_space(device, monkeypatch):
-    from rfgp.operators import FeatureRootAddedDiagLinearOperator
+    from rfgp.inference.operators import FeatureRootAddedDiagLinearOperator
 
     calls = []
     original = FeatureRootAddedDiagLinearOperator.inv_quad_logdet

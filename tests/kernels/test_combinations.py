@@ -15,7 +15,7 @@ from rfgp.kernels import (
     is_feature_kernel,
     kernel_features,
 )
-from rfgp.operators import FeatureRootLinearOperator
+from rfgp.inference.operators import FeatureRootLinearOperator
 
 from ..test_prediction import ShrunkFourierFeatures
 

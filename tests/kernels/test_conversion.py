@@ -152,6 +152,6 @@ def test_register_converter_extends_sketch():
         assert isinstance(rfgp.sketch(Other(), num_features=8, method="orf", seed=4), SketchedRBFKernel)
         assert called == [(8, "orf", 4, {})]
     finally:
-        from rfgp import conversion
+        from rfgp.kernels import conversion
 
         conversion._CONVERTERS.pop(Other)

@@ -131,7 +131,7 @@ def test_every_converted_leaf_exposes_num_features():
                                       gpytorch.kernels.Matern52KernelGrad, gpytorch.kernels.PolynomialKernelGrad])
 def test_unregistered_subclasses_are_never_converted_as_their_parent(subclass):
     kernel = subclass(power=2) if subclass is gpytorch.kernels.PolynomialKernelGrad else subclass()
-    if type(kernel) in rfgp.conversion._CONVERTERS:
+    if type(kernel) in rfgp.kernels.conversion._CONVERTERS:
         pytest.skip(f"{subclass.__name__} has its own converter")
     with pytest.raises(TypeError, match=f"no random-feature version of {subclass.__name__}; it is a subclass of"):
         rfgp.sketch(ScaleKernel(kernel), num_features=16)

@@ -17,8 +17,9 @@ from rfgp.kernels import (
     SketchedDivFreeKernel,
     SketchedRBFKernel,
 )
-from rfgp.multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
-from rfgp.vector_fields import posterior_component_fields
+from rfgp.models.multioutput import MultiOutputGPModel
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
+from rfgp.applications.vector_fields import posterior_component_fields
 
 F64 = torch.float64
 ScaleKernel = gpytorch.kernels.ScaleKernel

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gpytorch.priors import LogNormalPrior
 
-from rfgp import operators
+from rfgp.inference import operators
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models.regression import ExactGPModel
 from rfgp.pyro import batched_predictive, mixture_moments, sample_hyperparameters
