@@ -9,7 +9,7 @@ import rfgp
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
 from rfgp.applications.sampling import posterior_paths
-from tests.inference.test_prediction import ShrunkFourierFeatures
+from tests._feature_maps import ShrunkFourierFeatures
 
 NUM_PATHS = 4000
 

@@ -13,21 +13,6 @@ from rfgp.models import ExactGPModel
 SLOW_LOG_PROB = gpytorch.settings.fast_computations(covar_root_decomposition=False, log_prob=False, solves=False)
 
 
-@pytest.fixture
-def factorised(monkeypatch):
-    """Sizes of every matrix handed to a Cholesky factorisation."""
-    sizes = []
-    for name in ("cholesky", "cholesky_ex"):
-        original = getattr(torch.linalg, name)
-
-        def spy(matrix, *args, _original=original, **kwargs):
-            sizes.append(matrix.shape[-1])
-            return _original(matrix, *args, **kwargs)
-
-        monkeypatch.setattr(torch.linalg, name, spy)
-    return sizes
-
-
 def model(kernel, n=300, d=2):
     gen = torch.Generator().manual_seed(1)
     x = torch.rand(n, d, generator=gen, dtype=torch.float64)

@@ -17,7 +17,7 @@ from rfgp.kernels import (
 )
 from rfgp.inference.operators import FeatureRootLinearOperator
 
-from ..test_prediction import ShrunkFourierFeatures
+from tests._feature_maps import ShrunkFourierFeatures
 
 
 def parts(device):
