@@ -1,31 +1,41 @@
-"""rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels."""
+"""rfgp: scalable Gaussian processes with random features, as drop-in GPyTorch kernels.
 
-from . import (
-    complex_posterior,
-    datasets,
-    distances,
-    distributed,
-    features,
-    kernels,
-    likelihoods,
-    metrics,
-    models,
-    multioutput,
-    sampling,
-    settings,
-    streaming,
-    variance,
-    vector_fields,
-)
-from . import log_prob as _log_prob
-from .conversion import register_converter, sketch
-from .feature_width import set_num_features
-from .multioutput import MultiOutputGPModel, MultitaskFeatureSpacePredictionStrategy
-from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
-from .prediction import FeatureSpacePredictionStrategy
-from .streaming import StreamingFeatureGP, fit_from_batches
+The folders are the layers, in the order data flows from inputs x to a posterior; each imports
+only from the layers above it in this list:
+
+* :mod:`rfgp.core` — validation, settings, tensor-only configuration state, memory guard;
+* :mod:`rfgp.features` — random feature maps x ↦ Φ(x) in pure torch (RFF/ORF/SORF, SRF,
+  polynomial sketches, optimized Maclaurin, Gaussian sketch, landmarks), with the closed-form
+  variances that the Maclaurin allocation uses;
+* :mod:`rfgp.inference` — Φ ↦ statistics ΦᵀWΦ, low-rank operators, the marginal likelihood and
+  the weight-space posterior (feature space or, when cheaper, kernel space; chunked; streaming
+  updates; distributed sums);
+* :mod:`rfgp.kernels` — GPyTorch kernels whose covariance is ΦΦᵀ, and :func:`rfgp.sketch`, which
+  converts an exact kernel tree;
+* :mod:`rfgp.likelihoods` — Dirichlet classification and softmax expectations;
+* :mod:`rfgp.training` — :func:`fit_mll`;
+* :mod:`rfgp.models` — ready-made regression, classification, multi-output and streaming models,
+  and :func:`set_num_features` for trained models;
+* :mod:`rfgp.applications` — posterior function draws, vector-field tools, kernel distances;
+* :mod:`rfgp.pyro` (Bayesian weight-space models) and :mod:`rfgp.integrations` (BoTorch) sit on top.
+
+:mod:`rfgp.metrics` and :mod:`rfgp.datasets` are leaf utilities; :mod:`rfgp.demo` runs
+``python -m rfgp demo``.  The flat module paths of rfgp 0.1 (``rfgp.operators``,
+``rfgp.streaming``, ...) keep working (:mod:`rfgp._aliases`).
+"""
+
+from . import applications, core, datasets, features, inference, kernels, likelihoods, metrics, models, training
+from .core import settings
+from .inference import log_prob as _log_prob
+from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
+from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
+from .inference.prediction import FeatureSpacePredictionStrategy
+from .kernels.conversion import register_converter, sketch
+from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, set_num_features
 from .training import NonFiniteLossError, TrainingHistory, fit_mll
+from . import _aliases
 
+_aliases.install()  # rfgp.operators, rfgp.streaming, rfgp.variance, ... as before the layer folders
 # BoTorch (and anyone) may switch GPyTorch's fast log-prob off globally: keep rfgp operators in feature space.
 _log_prob.install()
 # last: registers BoTorch hooks now if BoTorch is already imported, else when it is
@@ -42,14 +52,17 @@ __all__ = [
     "NonFiniteLossError",
     "StreamingFeatureGP",
     "TrainingHistory",
+    "applications",
     "complex_posterior",
+    "core",
     "datasets",
     "distances",
     "distributed",
     "features",
-    "integrations",
     "fit_from_batches",
     "fit_mll",
+    "inference",
+    "integrations",
     "kernels",
     "likelihoods",
     "metrics",

@@ -19,7 +19,7 @@ import datetime
 import torch
 from torch import Tensor
 
-from ._validation import (
+from .core.validation import (
     check_dtype_argument,
     check_finite,
     check_positive_float,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import gpytorch
 import torch
 
-from .conversion import sketch
+from .kernels.conversion import sketch
 from .models import ExactGPModel
 from .training import fit_mll
 

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._validation import check_finite, check_positive_float, check_positive_int, check_tensor_dtype
+from .core.validation import check_finite, check_positive_float, check_positive_int, check_tensor_dtype
 
 
 def _dense(matrix) -> Tensor:

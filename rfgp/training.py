@@ -27,7 +27,7 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from ._validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
+from .core.validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
 
 OPTIMIZERS = ("lbfgs", "adam")
 CLOCKS = ("wall", "cpu")

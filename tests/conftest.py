@@ -26,3 +26,18 @@ def dtype(request):
 def _seed_torch():
     """Every test starts from the same global RNG state, whatever ran before it in its worker."""
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def factorised(monkeypatch):
+    """Sizes of every matrix handed to a Cholesky factorisation."""
+    sizes = []
+    for name in ("cholesky", "cholesky_ex"):
+        original = getattr(torch.linalg, name)
+
+        def spy(matrix, *args, _original=original, **kwargs):
+            sizes.append(matrix.shape[-1])
+            return _original(matrix, *args, **kwargs)
+
+        monkeypatch.setattr(torch.linalg, name, spy)
+    return sizes

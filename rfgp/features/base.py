@@ -8,7 +8,7 @@ Conventions shared by every map in :mod:`rfgp.features` (see ``DESIGN.md``):
   of an integer ``seed`` and of the input dimension; ``resample()`` draws a new seed.
 * ``state_dict()`` holds tensors only: besides the draws, the configuration that defines
   the map (class, width, input dimension, seed, sampler, degree, ...) as ``config_*``
-  entries (:mod:`rfgp.config_state`).  Loading adopts the seed and the input dimension of a
+  entries (:mod:`rfgp.core.config_state`).  Loading adopts the seed and the input dimension of a
   lazily initialised map and refuses a state saved from a differently configured map.
 * The input dimension may be left unset; the draws are then made at the first call
   (like GPyTorch's ``RFFKernel``), which is what :func:`rfgp.sketch` relies on.
@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_features_input, check_positive_int
-from ..config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
-from ..memory import check_draws
+from ..core.validation import check_features_input, check_positive_int
+from ..core.config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
+from ..core.memory import check_draws
 
 _SEED_BOUND = 2**62
 
@@ -53,7 +53,7 @@ class FeatureMap(ConfigState, nn.Module):
     #: whether E[Φ(x)ᵀΦ(x)] can differ from k(x, x) and needs a variance correction
     has_variance_bias: bool = False
 
-    #: configuration saved in ``state_dict`` (subclasses add theirs; see :mod:`rfgp.config_state`)
+    #: configuration saved in ``state_dict`` (subclasses add theirs; see :mod:`rfgp.core.config_state`)
     config_fields = {"num_features": METHOD, "input_dim": LAZY, "seed": DRAW}
 
     def __init__(

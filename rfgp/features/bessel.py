@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int
+from ..core.validation import check_positive_int
 
 
 def recurrence_start(num_orders: int, max_argument: float) -> int:

@@ -47,7 +47,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_float, check_positive_int
+from ..core.validation import check_positive_float, check_positive_int
 
 KernelFunction = Callable[..., Tensor]
 

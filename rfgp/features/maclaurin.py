@@ -24,10 +24,10 @@ import math
 import torch
 from torch import Tensor
 
-from .. import dot_product
-from .._validation import check_choice, check_features_input, check_positive_int
-from ..config_state import DRAW, METHOD
-from ..dot_product import DotProductKernelSpec, degree_terms
+from . import dot_product
+from ..core.validation import check_choice, check_features_input, check_positive_int
+from ..core.config_state import DRAW, METHOD
+from .dot_product import DotProductKernelSpec, degree_terms
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
 from .maclaurin_allocation import AllocationObjective, extended_allocation, random_degrees, total_width
@@ -42,7 +42,7 @@ class _MaclaurinFeatures(FeatureMap):
 
     Saved configuration: the target kernel's family (``kernel``; for the polynomial kernel
     without its offset ν, which :func:`~rfgp.kernels.refit_allocation` may change and which is
-    saved as ``kernel_offset``; a spec from :func:`~rfgp.dot_product.from_coefficients` is saved as
+    saved as ``kernel_offset``; a spec from :func:`~rfgp.features.dot_product.from_coefficients` is saved as
     ``"custom"``, its coefficients are not), the sketch options and the allocation ``widths`` (D₁..D_p).
     """
 
@@ -52,7 +52,7 @@ class _MaclaurinFeatures(FeatureMap):
     def __init__(self, kernel, num_features, input_dim, projection, weights, srht_blocks, bias_correction,
                  seed, generator, projections=PROJECTIONS) -> None:
         if not isinstance(kernel, DotProductKernelSpec):
-            raise TypeError(f"kernel must be a rfgp.dot_product.DotProductKernelSpec, got {type(kernel).__name__}")
+            raise TypeError(f"kernel must be a rfgp.features.dot_product.DotProductKernelSpec, got {type(kernel).__name__}")
         if not isinstance(bias_correction, bool):
             raise TypeError(f"bias_correction must be True or False, got {bias_correction!r}")
         self.kernel = kernel
@@ -216,7 +216,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
     r"""Optimized Maclaurin features (paper 000 Algorithms 2–4) for a dot-product kernel.
 
     Args:
-        kernel: a :class:`~rfgp.dot_product.DotProductKernelSpec` (``dot_product.gaussian()``, …).
+        kernel: a :class:`~rfgp.features.dot_product.DotProductKernelSpec` (``dot_product.gaussian()``, …).
         num_features: real output width budget F: one constant column (when a₀ > 0) plus
             D_total sketch features (two real columns each for complex/CtR weights; an
             unusable odd column is dropped, ``num_features`` reports the real width).

@@ -6,9 +6,9 @@ U-statistic over ordered pairs i ≠ j
     g(p, D) = Σ_{n ≤ p, Dₙ>0} aₙ² mean_{i≠j}[sᵢ²sⱼ² V(Φₙ(xᵢ)ᵀΦₙ(xⱼ); Dₙ)]
             + mean_{i≠j}[(k(xᵢ, xⱼ) − sᵢsⱼ Σ_{n ≤ p, Dₙ>0 or n=0} aₙ(xᵢᵀxⱼ)ⁿ)²],
 
-with the closed-form variances of :mod:`rfgp.variance` (paper 000 Table 1; for CtR weights the
+with the closed-form variances of :mod:`rfgp.features.variance` (paper 000 Table 1; for CtR weights the
 real-part variance ½(V + P), paper 001 Eq. 6).  The pair terms are formed in float64 signed log
-space (:mod:`rfgp.signed_log`), stable for high degrees and large ‖x‖/ℓ; each degree's pair mean is
+space (:mod:`rfgp.features.signed_log`), stable for high degrees and large ‖x‖/ℓ; each degree's pair mean is
 computed once (O(m²)) and cached, so the greedy search costs O(1) per evaluation, plus O(m²p) for
 the bias of each candidate order.
 
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .. import signed_log
-from ..dot_product import DotProductKernelSpec
-from ..variance import _FOURTH_MOMENT, _srht_pairs, gram_statistics
+from . import signed_log
+from .dot_product import DotProductKernelSpec
+from .variance import FOURTH_MOMENT, srht_pairs, gram_statistics
 from .degree_sketch import srht_padded_dim
 
 
@@ -39,7 +39,7 @@ class AllocationObjective:
 
     Numerics: every per-pair term — aₙ²sᵢ²sⱼ²((G² + δ)ⁿ − G²ⁿ) for the variances, sᵢsⱼaₙGⁿ and
     k(xᵢ, xⱼ) for the bias — is formed in float64 log space with signs
-    (:mod:`rfgp.signed_log`), and the pair means are signed logsumexps, so high degrees and
+    (:mod:`rfgp.features.signed_log`), and the pair means are signed logsumexps, so high degrees and
     large ‖x‖/ℓ neither overflow nor underflow (s² = e^{−‖x‖²} for the Gaussian kernel).  The
     differences (G² + δ)ⁿ − G²ⁿ use G²ⁿ·expm1(n·log1p(δ/G²)) with δ written out from (G, N, S),
     which also removes the cancellation of the direct form.  All values the methods return
@@ -47,7 +47,7 @@ class AllocationObjective:
     allocation is invariant to this scale): multiply by it for the absolute g.
 
     Args:
-        kernel: the :class:`~rfgp.dot_product.DotProductKernelSpec`.
+        kernel: the :class:`~rfgp.features.dot_product.DotProductKernelSpec`.
         x: ``(m, d)`` sample (inputs as the map sees them, i.e. divided by ℓ), m ≥ 2.
         max_degree: the largest degree that will be evaluated.
         projection: ``"rademacher"``, ``"gaussian"`` or ``"srht"``.
@@ -67,7 +67,7 @@ class AllocationObjective:
         self._g2 = g * g
         # δ = base − G² of the single-feature variance and pseudo-variance (paper 000 Eq. 16, 001 Table 1):
         # base_V = m₄S + N − S + c(G² − S), c = (2q−1)² + 1;  base_P = m₄S + 2(G² − S) + (2q−1)²(N − S)
-        m4 = _FOURTH_MOMENT[projection][weights != "real"]
+        m4 = FOURTH_MOMENT[projection][weights != "real"]
         phase = 0.0 if weights != "real" else 1.0  # (2q − 1)², q = ½ for complex weights
         c = phase + 1.0
         self._delta = {False: (c - 1) * self._g2 + n + (m4 - 1 - c) * s,
@@ -143,7 +143,7 @@ class AllocationObjective:
             return 0.0
         variance = self.single_variance(degree) / width
         if self.projection == "srht":
-            pairs, denominator = _srht_pairs(width, self.padded_dim, self.srht_blocks)
+            pairs, denominator = srht_pairs(width, self.padded_dim, self.srht_blocks)
             variance += pairs / width**2 * self.covariance(degree, denominator)
         return max(variance, 0.0)
 

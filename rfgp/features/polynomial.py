@@ -10,7 +10,7 @@ Weights (``num_features`` F is always the real output width):
 * ``"complex"``: complex weights ({±1, ±i} or CN(0, 1)), m = F/2 complex features Φ_C(x) ∈ C^m,
   k̂_C = Φ_C(x)ᵀ conj Φ_C(y) (paper 000 Eq. 10–11).  The real output [Re Φ_C, Im Φ_C]
   reproduces Re k̂_C exactly; :meth:`PolynomialSketch.complex_features` returns Φ_C for the
-  complex-feature GP posterior of paper 000 Appendix D (:mod:`rfgp.complex_posterior`).
+  complex-feature GP posterior of paper 000 Appendix D (:mod:`rfgp.inference.complex_posterior`).
 * ``"ctr"``: Complex-to-Real (paper 001 Algorithm 1): the same m = F/2 complex features,
   output [Re Φ_C, Im Φ_C] with the 1/√m scale, used as an ordinary real feature map.
 
@@ -27,8 +27,8 @@ import numbers
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_float, check_positive_int
-from ..config_state import METHOD
+from ..core.validation import check_choice, check_positive_float, check_positive_int
+from ..core.config_state import METHOD
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS as DEGREE_PROJECTIONS
 from .degree_sketch import SRHT_BLOCKS, DegreeSketch, HierarchicalSketch

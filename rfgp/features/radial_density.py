@@ -31,7 +31,7 @@ import os
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int
+from ..core.validation import check_positive_int
 from .sphere_characteristic import default_num_nodes, direction_quadrature
 
 #: bump when the fit changes, so stale disk caches are not reused

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_float
+from ..core.validation import check_positive_float
 from . import random
 
 

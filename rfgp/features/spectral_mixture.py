@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int
+from ..core.validation import check_positive_int
 from . import random
 from .weighted_fourier import SpectralMeasure
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int
+from ..core.validation import check_positive_int
 from .base import FeatureMap
 from .degree_sketch import DegreeSketch
 

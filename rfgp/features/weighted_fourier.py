@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..config_state import METHOD
+from ..core.config_state import METHOD
 from .base import FeatureMap
 
 

@@ -23,7 +23,7 @@ Prior path Φ(x)ᵀw plus update Φ(x)ᵀv is an exact draw of the posterior of 
 bias (``has_variance_bias``) have a posterior variance larger by the diagonal c(x) =
 k(x, x) − E[k̂(x, x)] (paper 000 §5.6); a function draw cannot carry an uncorrelated diagonal,
 so BoTorch paths of such kernels sample the k̂ posterior without it and a warning says so
-(:func:`rfgp.sampling.posterior_paths` can add it as per-point noise).  Kernels with several
+(:func:`rfgp.applications.sampling.posterior_paths` can add it as per-point noise).  Kernels with several
 outputs per input (operator-valued) and ``complex_posterior=True`` kernels are refused with
 an error naming them.
 """
@@ -48,8 +48,8 @@ from torch import Tensor
 
 from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
-from ..operators import noise_weights
-from ..sampling import check_path_kernel
+from ..inference.operators import noise_weights
+from ..applications.sampling import check_path_kernel
 
 
 class _Identity(TensorTransform):
@@ -94,13 +94,13 @@ def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_out
         raise UnsupportedError(
             f"{type(kernel).__name__} has {outputs} outputs per input (an operator-valued kernel, interleaved rows); "
             "BoTorch's pathwise sampling expects one output per input (multi-output models are batched). "
-            "Use rfgp.sampling.posterior_paths for operator-valued kernels"
+            "Use rfgp.applications.sampling.posterior_paths for operator-valued kernels"
         )
     feature_map = getattr(kernel, "feature_map", None)
     if getattr(feature_map, "has_variance_bias", False):
         warnings.warn(
             f"{type(feature_map).__name__} has a variance bias: BoTorch paths sample the posterior of k̂ = ΦᵀΦ without "
-            "the diagonal correction c(x) that the model's posterior variance adds (rfgp.sampling.posterior_paths "
+            "the diagonal correction c(x) that the model's posterior variance adds (rfgp.applications.sampling.posterior_paths "
             "adds it as per-point noise)",
             UserWarning,
             stacklevel=2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .._validation import check_kernel_inputs, module_dtype
+from ..core.validation import check_kernel_inputs, module_dtype
 
 
 class CheckedCallMixin:

@@ -125,7 +125,7 @@ class _CombinedFeatureKernel(FeatureKernel):
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         x = train_inputs[0]
         if self.num_outputs_per_input(x, x) > 1:
-            from ..multioutput import MultitaskFeatureSpacePredictionStrategy
+            from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 
             return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
         return super().prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)

@@ -14,7 +14,7 @@ output t of point i, value first), so ``MultitaskMultivariateNormal``,
 ``MultitaskGaussianLikelihood(num_tasks=K)``, ``ConstantMeanGrad`` and
 ``ExactMarginalLogLikelihood`` work unchanged.  Training and prediction then cost
 O(n·K·F² + F³) through the F × F capacitance matrix
-(:class:`~rfgp.multioutput.MultitaskFeatureSpacePredictionStrategy`) instead of GPyTorch's
+(:class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`) instead of GPyTorch's
 O((n·K)³).
 
 The input derivatives of the features are analytic (:mod:`rfgp.features.derivatives`):
@@ -31,9 +31,9 @@ import torch
 from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor
 
-from .._validation import check_choice
-from ..operators import FeatureRootLinearOperator
-from ..settings import memory_budget, resolve_chunk_size
+from ..core.validation import check_choice
+from ..inference.operators import FeatureRootLinearOperator
+from ..core.settings import memory_budget, resolve_chunk_size
 from .fourier import FOURIER_METHODS, SketchedMaternKernel, SketchedRBFKernel
 from .polynomial import SketchedPolynomialKernel
 
@@ -103,7 +103,7 @@ class _DerivativeRootMixin:
         return None
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        from ..multioutput import MultitaskFeatureSpacePredictionStrategy
+        from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 
         return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
 

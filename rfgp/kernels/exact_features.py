@@ -23,8 +23,8 @@ from gpytorch.constraints import Interval
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from .._validation import check_positive_int
-from ..config_state import LAZY
+from ..core.validation import check_positive_int
+from ..core.config_state import LAZY
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .random_feature_kernel import FeatureKernel
 

@@ -16,13 +16,13 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_float
-from ..config_state import METHOD
+from ..core.validation import check_choice, check_positive_float
+from ..core.config_state import METHOD
 from ..features.fourier import RandomFourierFeatures
 from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD
 from ..features import random
 from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity, SpectralDensity
-from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
+from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names of the Fourier kernels and the frequency sampler each uses.
@@ -141,7 +141,7 @@ class SketchedRBFKernel(ScaleMixtureSpectrum, ComplexPosteriorMixin, RandomFeatu
         if given and method not in GAUSSIAN_SKETCH_METHODS:
             raise ValueError(f"{given} only apply to method='gaussian_sketch'/'gaussian_sketch_hd', got method={method!r}")
         if method == "maclaurin":
-            from .. import dot_product
+            from ..features import dot_product
             from ..features.maclaurin import OptimizedMaclaurin
 
             options = {key: kwargs.pop(key) for key in MACLAURIN_OPTIONS if key in kwargs}

@@ -8,7 +8,7 @@ from gpytorch.kernels import Kernel
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from .._validation import check_hyperparameter
+from ..core.validation import check_hyperparameter
 
 
 def register_positive_hyperparameter(kernel: Kernel, name: str, shape, prior: Prior | None = None,

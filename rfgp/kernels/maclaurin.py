@@ -15,12 +15,12 @@ import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
-from .. import dot_product
-from ..config_state import METHOD
-from .._validation import check_choice
+from ..features import dot_product
+from ..core.config_state import METHOD
+from ..core.validation import check_choice
 from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
-from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
+from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 MACLAURIN_METHODS = ("maclaurin", "random_maclaurin")

@@ -44,12 +44,12 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .._validation import check_positive_float
-from ..chunking import chunk_slices
-from ..config_state import DRAW, METHOD
+from ..core.config_state import DRAW, METHOD
+from ..core.settings import resolve_chunk_size
+from ..core.validation import check_positive_float
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
-from ..settings import resolve_chunk_size
+from ..inference.chunking import chunk_slices
 from .random_feature_kernel import FeatureKernel
 
 #: first relative jitter per dtype; ×10 per failed Cholesky up to _MAX_JITTER

@@ -28,8 +28,8 @@ import torch
 from gpytorch.kernels import Kernel, MultitaskKernel
 from torch import Tensor
 
-from .._validation import check_finite, check_hyperparameter, check_positive_int, check_same_dtype, check_tensor_dtype
-from ..config_state import METHOD, ConfigState
+from ..core.validation import check_finite, check_hyperparameter, check_positive_int, check_same_dtype, check_tensor_dtype
+from ..core.config_state import METHOD, ConfigState
 from .checked_call import CheckedCallMixin
 
 

@@ -16,11 +16,11 @@ from gpytorch.constraints import Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from .._validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows, normalize_rows
-from ..config_state import METHOD
+from ..core.validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows, normalize_rows
+from ..core.config_state import METHOD
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
-from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
+from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` name -> builder(power, num_features, input_dim, seed, generator, **options) -> FeatureMap
@@ -63,7 +63,7 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         complex_posterior: with complex weights (``"complex"``, ``"ctr"``; also the Maclaurin
             methods), train and predict with the complex-feature GP of paper 000 Appendix D
             instead of the real GP on Re K̂: MLL = complex-GP evidence log CN(y + 0i; 0, 2(K̂_C + Σ)),
-            posterior Eqs. 86–90 (:mod:`rfgp.kernels.complex_posterior`).  ``ValueError`` for real weights.
+            posterior Eqs. 86–90 (:mod:`rfgp.kernels.complex_posterior_option`).  ``ValueError`` for real weights.
         kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ...
 
     Example:

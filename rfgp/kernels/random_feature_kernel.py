@@ -9,7 +9,7 @@ dimensions, so batched models (one GP per class or output) share one Φ per inpu
 When the N × F features of a call would exceed :class:`rfgp.settings.memory_budget`
 (or a :class:`rfgp.settings.chunk_size` is forced), the kernel returns chunked
 operators that hold x and the feature function instead of Φ (see
-:mod:`rfgp.chunking`): same values and gradients, O(chunk·F + F²) memory.
+:mod:`rfgp.inference.chunking`): same values and gradients, O(chunk·F + F²) memory.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from linear_operator.operators import MatmulLinearOperator
 
-from .._validation import (
+from ..core.validation import (
     NonFiniteError,
     check_finite,
     check_hyperparameter,
@@ -30,14 +30,14 @@ from .._validation import (
     describe_bad_hyperparameters,
     module_dtype,
 )
-from ..chunking import Featurizer, chunk_slices
-from ..config_state import ConfigState
-from ..memory import check_solve
+from ..inference.chunking import Featurizer, chunk_slices
+from ..core.config_state import ConfigState
+from ..core.memory import check_solve
 from .checked_call import CheckedCallMixin
 from ..features.base import FeatureMap
-from ..operators import ChunkedFeatureCrossLinearOperator, ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
-from ..settings import resolve_chunk_size
-from ..prediction import FeatureSpacePredictionStrategy
+from ..inference.operators import ChunkedFeatureCrossLinearOperator, ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
+from ..core.settings import resolve_chunk_size
+from ..inference.prediction import FeatureSpacePredictionStrategy
 
 
 class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
@@ -46,7 +46,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     Subclasses implement :meth:`featurize` and :meth:`diag_moments`; this class turns them
     into GPyTorch's kernel contract with low-rank outputs and the feature-space
     prediction strategy.  Options that change the kernel (``method``, ``nu``, ...) are declared
-    in ``config_fields`` and saved in ``state_dict`` (:mod:`rfgp.config_state`); the feature
+    in ``config_fields`` and saved in ``state_dict`` (:mod:`rfgp.core.config_state`); the feature
     map saves its own.
     """
 
@@ -108,7 +108,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         return MatmulLinearOperator(z1, z2.mT)
 
     def featurizer(self, x: Tensor) -> Featurizer:
-        """:meth:`featurize` as a :class:`~rfgp.chunking.Featurizer` (for chunked evaluation), probed on x's first row."""
+        """:meth:`featurize` as a :class:`~rfgp.inference.chunking.Featurizer` (for chunked evaluation), probed on x's first row."""
         with torch.no_grad():
             probe = self.featurize(x[..., :1, :])
         params = [p for p in self.parameters() if p.requires_grad]

@@ -1,9 +1,9 @@
 """Random-feature (ORFF) versions of the operator-valued kernels (paper 004, Brault et al. 2016).
 
-Each kernel returns, for x1 == x2, a :class:`~rfgp.operators.FeatureRootLinearOperator` over the
+Each kernel returns, for x1 == x2, a :class:`~rfgp.inference.operators.FeatureRootLinearOperator` over the
 interleaved root R of shape ``(..., n·p, F)`` (row i·p + t = output t of point i, GPyTorch's
 multitask order), so K̂ = RRᵀ stays low-rank through the likelihood, the marginal likelihood
-and the prediction (:class:`~rfgp.multioutput.MultitaskFeatureSpacePredictionStrategy`):
+and the prediction (:class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`):
 training and prediction cost O(N·p·F²).
 
 * :class:`SketchedDecomposableKernel` — any rfgp scalar feature kernel φ ⊗ Bᵀ with
@@ -23,8 +23,8 @@ import torch
 from gpytorch.kernels import IndexKernel, Kernel
 from torch import Tensor
 
-from .._validation import check_choice, check_positive_int
-from ..config_state import METHOD
+from ..core.validation import check_choice, check_positive_int
+from ..core.config_state import METHOD
 from ..features.operator_valued import OperatorValuedFourierFeatures, decomposable_features
 from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features
 from .fourier import FOURIER_METHODS
@@ -45,7 +45,7 @@ class _MultiOutputFeatureKernel(FeatureKernel):
         return None
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        from ..multioutput import MultitaskFeatureSpacePredictionStrategy
+        from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 
         return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
 
@@ -185,7 +185,7 @@ class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
 
     With a curl-free and a divergence-free component (each in its own ``ScaleKernel``) this is
     the Helmholtz kernel: the weight posterior splits into the two parts, see
-    :func:`rfgp.vector_fields.posterior_component_fields`.
+    :func:`rfgp.applications.vector_fields.posterior_component_fields`.
 
     Example:
         >>> from gpytorch.kernels import ScaleKernel

@@ -13,7 +13,7 @@ from gpytorch.constraints import Interval
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from .._validation import check_positive_int
+from ..core.validation import check_positive_int
 from ..features.spectral_mixture import SpectralMixtureSpectralMeasure
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .spectral_kernel import SpectralFeatureKernel

@@ -42,8 +42,8 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from .._validation import check_positive_int
-from ..config_state import DRAW, LAZY, METHOD
+from ..core.validation import check_positive_int
+from ..core.config_state import DRAW, LAZY, METHOD
 from ..features.base import _new_seed
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
 from .random_feature_kernel import FeatureKernel
@@ -78,7 +78,7 @@ class SpectralProductKernel(FeatureKernel):
         torch.Size([10, 10])
     """
 
-    #: saved in ``state_dict`` (:mod:`rfgp.config_state`): the width, the factors' input dims, the seed
+    #: saved in ``state_dict`` (:mod:`rfgp.core.config_state`): the width, the factors' input dims, the seed
     config_fields = {"num_frequencies": METHOD, "input_dims": LAZY, "seed": DRAW}
 
     def __init__(self, *kernels: Kernel, num_features: int, seed: int | None = None,

@@ -13,10 +13,10 @@ import os
 
 import torch
 
-from .._validation import check_choice
-from ..config_state import METHOD
+from ..core.validation import check_choice
+from ..core.config_state import METHOD
 from ..features.spherical import SphericalRandomFeatures
-from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
+from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names (paper 000, §6.4 legends) and the direction sampler each uses.

@@ -12,7 +12,7 @@ same name (and a subclass of it) that
 
 * validates labels and takes ``num_classes`` explicitly, so classes absent from a batch exist;
 * with an rfgp feature kernel shared by the classes (Φ of shape (N, F)) hands GPyTorch a
-  :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator` (or its chunked sibling when the
+  :class:`~rfgp.inference.classification.ClassNoiseFeatureLinearOperator` (or its chunked sibling when the
   kernel's features exceed ``rfgp.settings.memory_budget``), whose marginal likelihood and
   posterior caches cost O(N·F² + C·F³) instead of O(C·N·F²);
 * fixes GPyTorch's fantasy update (which read the ``noise`` keyword as the new labels);
@@ -32,15 +32,15 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
 from gpytorch.likelihoods.noise_models import FixedGaussianNoise
 from torch import Tensor
 
-from .._validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
-from ..classification import (
+from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
+from ..inference.classification import (
     ChunkedClassNoiseFeatureLinearOperator,
     ClassNoiseFeatureLinearOperator,
     LabelBlockPlan,
     TwoLevelNoise,
 )
-from ..config_state import METHOD, ConfigState
-from ..operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
+from ..core.config_state import METHOD, ConfigState
+from ..inference.operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .softmax import softmax_expectation_mc, softmax_expectation_mean_field
 
 PROBABILITY_METHODS = ("mc", "mean_field")
@@ -214,7 +214,7 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
     # ----- GPyTorch likelihood protocol -------------------------------------------------
     def marginal(self, function_dist: MultivariateNormal, *args, **kwargs) -> MultivariateNormal:
         """p(ỹ) = N(m, K̂ + D_c); over the training points with a feature kernel the covariance
-        is a :class:`~rfgp.classification.ClassNoiseFeatureLinearOperator` (structured solve), or
+        is a :class:`~rfgp.inference.classification.ClassNoiseFeatureLinearOperator` (structured solve), or
         its chunked sibling when the kernel returned a chunked ΦΦᵀ."""
         prior_covar = function_dist.lazy_covariance_matrix
         if hasattr(prior_covar, "evaluate_kernel"):

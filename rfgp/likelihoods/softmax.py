@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int
+from ..core.validation import check_positive_int
 
 
 def softmax_expectation_mc(

@@ -4,7 +4,7 @@
 regressions (Milios et al. 2018; paper 000 App. D.4) sharing one random-feature kernel,
 trains the kernel hyperparameters by the exact marginal likelihood, optionally picks α_ε by
 validation MNLL, and predicts E[softmax(f)] — everything in O(N·F²) time independent of C
-when the kernel is an rfgp feature kernel (see :mod:`rfgp.classification`).
+when the kernel is an rfgp feature kernel (see :mod:`rfgp.inference.classification`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
+from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood

@@ -6,7 +6,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from .._validation import check_model_inputs, check_training_data
+from ..core.validation import check_model_inputs, check_training_data
 
 
 class ExactGPModel(gpytorch.models.ExactGP):

@@ -6,7 +6,7 @@ with the exact marginal likelihood p(y | θ) = N(y; m, K̂_θ + σ²I), through 
 Pyro integration (``Module.pyro_sample_from_prior`` / ``pyro_load_from_samples``, as in
 GPyTorch's "Fully Bayesian GPs" example).  With an rfgp kernel, K̂_θ = Φ_θΦ_θᵀ and every
 likelihood evaluation is O(N·F² + F³) through
-:class:`~rfgp.operators.FeatureRootAddedDiagLinearOperator`.
+:class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`.
 
 The random draws of the features are shared across the kernel's batch dimensions, so
 after loading S samples the model is a batch of S GPs over one set of features, and the
@@ -25,7 +25,7 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from pyro.infer import MCMC, NUTS
 from torch import Tensor
 
-from .._validation import InvalidValueError, check_positive_int
+from ..core.validation import InvalidValueError, check_positive_int
 
 
 def _check_exact_gp(model) -> None:

@@ -22,7 +22,7 @@ from pyro.infer import MCMC, NUTS, SVI, Predictive, Trace_ELBO
 from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from .._validation import check_choice, check_positive_float, check_positive_int
+from ..core.validation import check_choice, check_positive_float, check_positive_int
 from .weight_space import RandomFeatureGP
 
 GUIDE_FAMILIES = ("mean_field", "full_rank")

@@ -28,7 +28,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
-from .._validation import check_positive_float, check_positive_int
+from ..core.validation import check_positive_float, check_positive_int
 from .hyperparameter import hyperparameter_value, register_hyperparameter
 
 

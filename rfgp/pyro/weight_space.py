@@ -23,7 +23,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
-from .._validation import check_features_input
+from ..core.validation import check_features_input
 from ..features.base import FeatureMap
 from .hyperparameter import hyperparameter_value, is_random, register_hyperparameter
 from .likelihoods import Likelihood

@@ -165,7 +165,7 @@ def test_mll_hessian_in_hyperparameters_matches_finite_differences(chunk):
 
 def test_dirichlet_label_statistics_refuse_second_derivatives():
     """Their lean backward has no differentiable form: create_graph raises instead of returning partial terms."""
-    from rfgp.classification import LabelBlockPlan, label_feature_statistics
+    from rfgp.inference.classification import LabelBlockPlan, label_feature_statistics
 
     labels = torch.tensor([0, 1, 1, 0, 2, 2, 1])
     features = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)

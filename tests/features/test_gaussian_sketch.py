@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp.distances import exact_kernel_distance, gaussian_kernel, kernel_distance
+from rfgp.applications.distances import exact_kernel_distance, gaussian_kernel, kernel_distance
 from rfgp.features.gaussian_sketch import (
     GaussianSketch,
     GaussianSketchHD,

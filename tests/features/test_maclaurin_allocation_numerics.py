@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rfgp import dot_product, signed_log, variance
+from rfgp.features import dot_product, signed_log, variance
 from rfgp.features import OptimizedMaclaurin
 from rfgp.features.maclaurin_allocation import AllocationObjective, extended_allocation
 
@@ -20,7 +20,7 @@ def _sample(m, d, squared_norm, seed=0):
 
 
 def _direct(spec, x, degree, width, projection, weights):
-    """aₙ² mean_{i≠j} sᵢ²sⱼ² V[Φₙ(xᵢ)ᵀΦₙ(xⱼ)] by rfgp.variance's direct (non-log) formulas."""
+    """aₙ² mean_{i≠j} sᵢ²sⱼ² V[Φₙ(xᵢ)ᵀΦₙ(xⱼ)] by rfgp.features.variance's direct (non-log) formulas."""
     m = x.shape[0]
     off = ~torch.eye(m, dtype=torch.bool)
     i, j = torch.nonzero(off, as_tuple=True)

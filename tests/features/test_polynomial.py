@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp import variance
+from rfgp.features import variance
 from rfgp.features import PolynomialSketch
 from rfgp.features.degree_sketch import DegreeSketch
 

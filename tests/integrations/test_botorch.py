@@ -23,7 +23,6 @@ from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood  
 
 import rfgp  # noqa: E402
 from rfgp.kernels import SketchedRBFKernel  # noqa: E402
-from tests.test_log_prob import factorised  # noqa: E402,F401  (fixture)
 
 D = 3
 BOUNDS = torch.tensor([[0.0] * D, [2.0] * D], dtype=torch.float64)

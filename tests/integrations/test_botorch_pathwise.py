@@ -22,7 +22,6 @@ from rfgp.kernels import (  # noqa: E402
     SketchedSphericalPolynomialKernel,
     kernel_features,
 )
-from tests.test_log_prob import factorised  # noqa: E402,F401  (fixture)
 
 NUM_PATHS = 3000
 KERNELS = {

@@ -15,9 +15,9 @@ from rfgp.kernels import (
     is_feature_kernel,
     kernel_features,
 )
-from rfgp.operators import FeatureRootLinearOperator
+from rfgp.inference.operators import FeatureRootLinearOperator
 
-from ..test_prediction import ShrunkFourierFeatures
+from tests._feature_maps import ShrunkFourierFeatures
 
 
 def parts(device):

@@ -14,7 +14,7 @@ from rfgp.kernels import (
     SketchedRBFKernelGrad,
     SketchedRBFKernelGradGrad,
 )
-from rfgp.multioutput import MultitaskFeatureSpacePredictionStrategy
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 
 
 def _exact(name):

@@ -10,7 +10,7 @@ import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
-from rfgp.operators import FeatureRootLinearOperator
+from rfgp.inference.operators import FeatureRootLinearOperator
 from rfgp.models import ExactGPModel
 
 METHODS = ["rff", "orf", "sorf"]

@@ -9,7 +9,7 @@ import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 from rfgp.kernels import SketchedSphericalPolynomialKernel
-from rfgp.operators import FeatureRootLinearOperator
+from rfgp.inference.operators import FeatureRootLinearOperator
 from rfgp.models import ExactGPModel
 
 F64 = torch.float64

@@ -6,8 +6,8 @@ import gpytorch
 import pytest
 import torch
 
-from rfgp import classification
-from rfgp.classification import (
+from rfgp.inference import classification
+from rfgp.inference.classification import (
     ChunkedClassNoiseFeatureLinearOperator,
     ClassNoiseFeatureLinearOperator,
     LabelBlockPlan,
@@ -309,16 +309,16 @@ def test_chunked_structured_solve_equals_materialised(dtype, chunk_size, monkeyp
         raise AssertionError("the chunked training features were materialised")
 
     with rfgp.settings.chunk_size(chunk_size):
-        assert isinstance(kernel(x).evaluate_kernel(), rfgp.operators.ChunkedFeatureRootLinearOperator)
+        assert isinstance(kernel(x).evaluate_kernel(), rfgp.inference.operators.ChunkedFeatureRootLinearOperator)
         with monkeypatch.context() as patch:
             calls = _record_label_statistics(patch)
-            patch.setattr(rfgp.operators.ChunkedFeatureRootLinearOperator, "features", no_materialisation)
-            patch.setattr(rfgp.operators.ChunkedFeatureRootLinearOperator, "to_dense", no_materialisation)
+            patch.setattr(rfgp.inference.operators.ChunkedFeatureRootLinearOperator, "features", no_materialisation)
+            patch.setattr(rfgp.inference.operators.ChunkedFeatureRootLinearOperator, "to_dense", no_materialisation)
             covar, *chunked = _mll_grads_and_posterior(model, likelihood, kernel, x, x_test)
     assert type(covar) is ChunkedClassNoiseFeatureLinearOperator
     assert covar.structure.plan.block_size <= chunk_size
     # both the MLL and the posterior caches took the chunked structured path
-    assert len(calls) == 2 and all(isinstance(c, rfgp.operators.ChunkedFeatureRootLinearOperator) for c in calls)
+    assert len(calls) == 2 and all(isinstance(c, rfgp.inference.operators.ChunkedFeatureRootLinearOperator) for c in calls)
     tol = TOL[dtype] * 50
     mll, grads, mean, variance = chunked
     ref_mll, ref_grads, ref_mean, ref_variance = reference

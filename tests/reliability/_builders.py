@@ -69,9 +69,9 @@ FEATURE_MAPS = {
         lambda: features.PolynomialSketch(2, 32, input_dim=D, projection="hierarchical", seed=0), False),
     "gaussian_sketch": (lambda: features.GaussianSketch(32, order=3, input_dim=D, seed=0), False),
     "gaussian_sketch_hd": (lambda: features.GaussianSketchHD(32, order=3, input_dim=D, seed=0), False),
-    "random_maclaurin": (lambda: features.RandomMaclaurin(rfgp.dot_product.exponential(), 32, input_dim=D, seed=0), False),
+    "random_maclaurin": (lambda: features.RandomMaclaurin(rfgp.features.dot_product.exponential(), 32, input_dim=D, seed=0), False),
     "optimized_maclaurin": (
-        lambda: features.OptimizedMaclaurin(rfgp.dot_product.exponential(), 32, input_dim=D, seed=0), False),
+        lambda: features.OptimizedMaclaurin(rfgp.features.dot_product.exponential(), 32, input_dim=D, seed=0), False),
     "spherical": (lambda: features.SphericalRandomFeatures(32, power=2, input_dim=D, seed=0), True),
 }
 

@@ -21,7 +21,8 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 
 import rfgp
-from rfgp import distances, features, kernels, metrics
+from rfgp.applications import distances
+from rfgp import features, kernels, metrics
 from rfgp.likelihoods import DirichletClassificationLikelihood
 
 from ._builders import (
@@ -241,7 +242,7 @@ case("rq_density/alpha_zero", lambda: features.RationalQuadraticSpectralDensity(
 case("rq_density/alpha_nan", lambda: features.RationalQuadraticSpectralDensity(math.nan), Raises(ValueError, "alpha"))
 case("gaussian_sketch/order_float", lambda: features.GaussianSketch(32, order=2.5, input_dim=D), Raises((ValueError, TypeError), "order"))
 case("gaussian_sketch/no_order", lambda: features.GaussianSketch(32, input_dim=D), Raises(ValueError, "order"))
-case("maclaurin/max_order_zero", lambda: features.RandomMaclaurin(rfgp.dot_product.exponential(), 32, max_order=0),
+case("maclaurin/max_order_zero", lambda: features.RandomMaclaurin(rfgp.features.dot_product.exponential(), 32, max_order=0),
      Raises(ValueError, "max_order"))
 case("random_feature_kernel/not_a_map", lambda: kernels.RandomFeatureKernel(torch.nn.Linear(2, 2)), Raises(TypeError, "feature_map"))
 case("sum_kernel/exact_part", lambda: kernels.FeatureSumKernel(gpytorch.kernels.RBFKernel()), Raises(TypeError, "kernels[0]"))
@@ -407,7 +408,7 @@ case("fixed_noise/nan", _fixed_noise(math.nan), Raises(ValueError, "noise", "NaN
 
 
 def _maclaurin_fit(x):
-    return lambda: features.OptimizedMaclaurin(rfgp.dot_product.exponential(), 32, input_dim=D, seed=0).double().fit(x)
+    return lambda: features.OptimizedMaclaurin(rfgp.features.dot_product.exponential(), 32, input_dim=D, seed=0).double().fit(x)
 
 
 case("maclaurin_fit/ok", lambda: _maclaurin_fit(data(8))()(data()), Finite())
@@ -416,9 +417,9 @@ case("refit_allocation/nan", lambda: kernels.refit_allocation(SCALAR_KERNELS["rb
      Raises(ValueError, "x_sample", "NaN"))
 case("gaussian_sketch_for_data/nan", lambda: features.GaussianSketch.for_data(nan_at(data(8)), 32, alpha=1e-3),
      Raises(ValueError, "x", "NaN"))
-case("cholesky_update/nan", lambda: rfgp.cholesky_update.cholesky_update(
+case("cholesky_update/nan", lambda: rfgp.inference.cholesky_update.cholesky_update(
     torch.eye(3, dtype=torch.float64), torch.full((3, 1), math.nan, dtype=torch.float64)), Raises(ValueError, "vectors", "NaN"))
-case("cholesky_update/ok", lambda: rfgp.cholesky_update.cholesky_update(
+case("cholesky_update/ok", lambda: rfgp.inference.cholesky_update.cholesky_update(
     torch.eye(3, dtype=torch.float64), torch.ones(3, 1, dtype=torch.float64)), Finite())
 
 
@@ -668,17 +669,17 @@ def _vector_field_model():
     return model
 
 
-case("vector_fields/divergence_ok", lambda: rfgp.vector_fields.divergence(rfgp.vector_fields.posterior_mean_field(_vector_field_model()), data(3)),
+case("vector_fields/divergence_ok", lambda: rfgp.applications.vector_fields.divergence(rfgp.applications.vector_fields.posterior_mean_field(_vector_field_model()), data(3)),
      Finite())
-case("vector_fields/divergence_nan", lambda: rfgp.vector_fields.divergence(
-    rfgp.vector_fields.posterior_mean_field(_vector_field_model()), nan_at(data(3))), Raises(ValueError, "NaN"))
-case("vector_fields/curl_4d", lambda: rfgp.vector_fields.curl(lambda x: x * 2, torch.ones(3, 4, dtype=torch.float64)), Raises(ValueError, "curl"))
-case("vector_fields/divergence_not_square", lambda: rfgp.vector_fields.divergence(lambda x: x[..., :1], data(3)), Raises(ValueError))
-case("vector_fields/prior_samples_zero", lambda: rfgp.vector_fields.prior_field_samples(VECTOR_KERNELS["curl_free"](), 0, anchors=data(3)),
+case("vector_fields/divergence_nan", lambda: rfgp.applications.vector_fields.divergence(
+    rfgp.applications.vector_fields.posterior_mean_field(_vector_field_model()), nan_at(data(3))), Raises(ValueError, "NaN"))
+case("vector_fields/curl_4d", lambda: rfgp.applications.vector_fields.curl(lambda x: x * 2, torch.ones(3, 4, dtype=torch.float64)), Raises(ValueError, "curl"))
+case("vector_fields/divergence_not_square", lambda: rfgp.applications.vector_fields.divergence(lambda x: x[..., :1], data(3)), Raises(ValueError))
+case("vector_fields/prior_samples_zero", lambda: rfgp.applications.vector_fields.prior_field_samples(VECTOR_KERNELS["curl_free"](), 0, anchors=data(3)),
      Raises(ValueError, "num_samples"))
-case("vector_fields/prior_no_anchors", lambda: rfgp.vector_fields.prior_field_samples(VECTOR_KERNELS["curl_free"](), 2),
+case("vector_fields/prior_no_anchors", lambda: rfgp.applications.vector_fields.prior_field_samples(VECTOR_KERNELS["curl_free"](), 2),
      Raises(ValueError, "anchors"))
-case("vector_fields/posterior_samples_ok", lambda: rfgp.vector_fields.posterior_field_samples(
+case("vector_fields/posterior_samples_ok", lambda: rfgp.applications.vector_fields.posterior_field_samples(
     _vector_field_model(), 2, generator=torch.Generator().manual_seed(0))(data(3)), Finite())
 case("datasets/helmholtz_ok", lambda: rfgp.datasets.helmholtz_field(5)["y"], Finite())
 case("datasets/helmholtz_n_zero", lambda: rfgp.datasets.helmholtz_field(0), Raises(ValueError, "n"))

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rfgp
-from rfgp import distances, metrics
+from rfgp.applications import distances
+from rfgp import metrics
 
 from ._builders import (
     D,
@@ -321,9 +322,9 @@ def test_pyro_model(x, pattern, likelihood):
 @FUZZ
 @given(x=tensors(rows=st.integers(0, 4), batch=st.just(())), kernel=st.sampled_from(["curl_free", "div_free"]))
 def test_vector_fields(x, kernel):
-    field = rfgp.vector_fields.prior_field_samples(VECTOR_KERNELS[kernel]().double(), 2, anchors=torch.zeros(1, D,
+    field = rfgp.applications.vector_fields.prior_field_samples(VECTOR_KERNELS[kernel]().double(), 2, anchors=torch.zeros(1, D,
                                                    dtype=torch.float64), generator=torch.Generator().manual_seed(0))
-    result = outcome(lambda: (rfgp.vector_fields.divergence(field, x), rfgp.vector_fields.curl(field, x)), x)
+    result = outcome(lambda: (rfgp.applications.vector_fields.divergence(field, x), rfgp.applications.vector_fields.curl(field, x)), x)
     problems = {_must_fail(x)} - {None}
     if x.dtype in SUPPORTED and x.dtype != torch.float64:
         problems.add(TypeError)

@@ -1,0 +1,176 @@
+"""Posterior function draws of a random-feature GP in weight space: Thompson sampling at featurisation cost.
+
+With k̂(x, y) = Φ(x)ᵀΦ(y) (outputscale folded into Φ) and Gaussian noise D, the GP is the
+Bayesian linear model f(x) = μ(x) + Φ(x)ᵀw, w ~ N(0, I), whose posterior is
+
+    w | y ~ N(A⁻¹ΦᵀD⁻¹(y − μ), A⁻¹),        A = I + ΦᵀD⁻¹Φ = LLᵀ        (F × F)
+
+(paper 000 App. D, Eqs. 88–90; Wilson et al. 2020 §3 "weight-space" sampling is exact here,
+because the model's kernel *is* the finite feature map).  A draw w = m + L⁻ᵀz, z ~ N(0, I),
+is a whole function: :class:`PosteriorPaths` evaluates S of them at n points for one
+featurisation and an (n × F)(F × S) product, chunked under :class:`rfgp.settings.memory_budget`,
+so Thompson sampling over 10⁵–10⁶ candidates costs what one prediction costs — against an
+n × n root decomposition of the joint posterior covariance for sampling the posterior directly.
+m and L are the feature-space prediction caches (:class:`rfgp.FeatureSpacePredictionStrategy`,
+computed once from the training feature statistics, chunk by chunk when the training
+operator is chunked).
+
+**Bias-corrected variance.** For feature maps whose expected diagonal falls short of the kernel's
+(``has_variance_bias``: truncated Maclaurin, fitted SRF densities, truncated Taylor sketches) the
+model's posterior variance is Φ(x)ᵀA⁻¹Φ(x) + c(x), c(x) = k(x, x) − E[k̂(x, x)] ≥ 0 (paper 000
+§5.6).  The correction is a diagonal term with no cross-covariance, so a function draw cannot
+carry it; with ``variance_correction=True`` (the default) every evaluation adds independent noise
+√c(x)·ε, ε ~ N(0, 1), per point and per path, so that the draws' marginal variance matches the
+model's posterior variance (their covariance between distinct points is that of k̂).  Such
+draws are fresh at every call; pass ``variance_correction=False`` for deterministic paths.
+"""
+
+from __future__ import annotations
+
+import gpytorch
+import torch
+from gpytorch.kernels import ScaleKernel
+from torch import Tensor, nn
+
+from ..core.validation import check_positive_int
+from ..inference.chunking import chunk_slices
+from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
+from ..core.settings import resolve_chunk_size
+
+
+def _base_kernel(kernel):
+    return _base_kernel(kernel.base_kernel) if isinstance(kernel, ScaleKernel) else kernel
+
+
+def check_path_kernel(kernel, what: str = "model.covar_module") -> None:
+    """Raise unless ``kernel`` is a real-feature rfgp kernel (optionally inside ``ScaleKernel``) that paths can use."""
+    if not is_feature_kernel(kernel):
+        raise TypeError(
+            f"{what} must be an rfgp feature kernel (rfgp.kernels.*, optionally inside ScaleKernel, or "
+            f"rfgp.sketch(...) of a GPyTorch kernel), got {type(kernel).__name__}"
+        )
+    if getattr(_base_kernel(kernel), "complex_posterior", False):
+        raise ValueError(
+            f"{what} has complex_posterior=True: its posterior is the complex-feature GP of paper 000 App. D, "
+            "which real weight-space paths do not represent; build the kernel with complex_posterior=False"
+        )
+
+
+class PosteriorPaths(nn.Module):
+    r"""S posterior function draws f_s(x) = μ(x) + Φ(x)ᵀw_s of a fitted random-feature GP.
+
+    Build it with :func:`posterior_paths`.  Calling it on x ``(..., n, d)`` (model-space inputs,
+    what ``model.forward`` receives) returns ``(S, *batch, n)`` for single-output models and
+    ``(S, *batch, n, p)`` for operator-valued kernels with p outputs per input.
+
+    Attributes:
+        weights: ``(S, *batch, F)`` the drawn w_s.
+    """
+
+    def __init__(self, mean_module: nn.Module, covar_module: nn.Module, weights: Tensor, num_outputs: int,
+                 variance_correction: bool, generator: torch.Generator | None) -> None:
+        super().__init__()
+        self.mean_module = mean_module
+        self.covar_module = covar_module
+        self.register_buffer("weights", weights)
+        self.num_outputs = num_outputs
+        self.variance_correction = variance_correction
+        self.generator = generator
+
+    @property
+    def num_paths(self) -> int:
+        return self.weights.shape[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        weights = self.weights.movedim(0, -1)  # (*batch, F, S)
+        num_features = weights.shape[-2]
+        rows = x.shape[-2] * self.num_outputs
+        batch_numel = max(weights[..., 0, 0].numel(), x[..., 0, 0].numel())
+        chunk = resolve_chunk_size(rows, num_features, batch_numel, x.dtype) or rows
+        chunk = max(1, chunk // self.num_outputs)
+        values = torch.cat(
+            [self._chunk_values(x[..., points, :], weights) for points in chunk_slices(x.shape[-2], chunk)], dim=-2
+        )  # (*batch, n·p, S)
+        values = values.movedim(-1, 0)
+        if self.num_outputs > 1:
+            values = values.unflatten(-1, (x.shape[-2], self.num_outputs))
+        return values + self.mean_module(x)
+
+    def _chunk_values(self, x: Tensor, weights: Tensor) -> Tensor:
+        values = kernel_features(self.covar_module, x) @ weights
+        if not self.variance_correction:
+            return values
+        moments = kernel_diag_moments(self.covar_module, x)
+        if moments is None:
+            return values
+        correction = (moments[0] - moments[1]).clamp_min(0.0).unsqueeze(-1)
+        noise = torch.randn(values.shape, generator=self.generator, dtype=values.dtype, device=values.device)
+        return values + correction.sqrt() * noise
+
+
+def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: torch.Generator | None = None,
+                    variance_correction: bool = True) -> PosteriorPaths:
+    """Draw ``num_paths`` posterior functions f(x) = μ(x) + Φ(x)ᵀw, w ~ N(A⁻¹ΦᵀD⁻¹(y − μ), A⁻¹).
+
+    Args:
+        model: an ``ExactGP`` with ``mean_module`` and an rfgp ``covar_module`` (a feature kernel,
+            optionally inside ``ScaleKernel``), a Gaussian likelihood and its training data; its
+            current hyperparameters are used.
+        num_paths: S.
+        generator: source of the weight draws (and of the bias-correction noise); its device must be
+            the model's.  ``None``: torch's global generator.
+        variance_correction: add the bias correction c(x) as independent per-point noise (see the
+            module docstring); ignored for maps without a variance bias.
+
+    Returns:
+        :class:`PosteriorPaths` (an ``nn.Module``; the drawn weights are a buffer).  It works in model
+        space: BoTorch input/outcome transforms are not applied — for BoTorch models use
+        ``botorch.sampling.pathwise.draw_matheron_paths``, which rfgp registers (:mod:`rfgp.integrations.botorch`).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+        >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+        >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
+        >>> _ = model.eval()
+        >>> paths = rfgp.sampling.posterior_paths(model, num_paths=16, generator=torch.Generator().manual_seed(0))
+        >>> candidates = torch.rand(10**5, 1, dtype=torch.float64)
+        >>> values = paths(candidates)                      # (16, 10**5), one featurisation
+        >>> best = candidates[values.argmax(-1)]            # 16 Thompson-sampling proposals
+        >>> best.shape
+        torch.Size([16, 1])
+    """
+    num_paths = check_positive_int(num_paths, "num_paths")
+    if not isinstance(model, gpytorch.models.ExactGP):
+        raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
+    check_path_kernel(getattr(model, "covar_module", None))
+    if model.train_inputs is None:
+        raise ValueError("model has no training data (model.train_inputs is None); posterior paths need it")
+    mean_cache, chol = _prediction_caches(model)
+    batch = mean_cache.shape[:-2]
+    noise = torch.randn(num_paths, *batch, mean_cache.shape[-2], 1, generator=generator,
+                        dtype=mean_cache.dtype, device=mean_cache.device)
+    # w = m + L⁻ᵀz has covariance L⁻ᵀL⁻¹ = A⁻¹; detached: paths are functions of x, not of the hyperparameters
+    weights = (mean_cache + torch.linalg.solve_triangular(chol.mT, noise, upper=True)).detach()
+    num_outputs = int(model.covar_module.num_outputs_per_input(model.train_inputs[0], model.train_inputs[0]))
+    return PosteriorPaths(model.mean_module, model.covar_module, weights.squeeze(-1), num_outputs,
+                          variance_correction, generator)
+
+
+def _prediction_caches(model) -> tuple[Tensor, Tensor]:
+    """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) from the model's feature-space prediction strategy (built if needed)."""
+    if model.training:
+        raise ValueError("call model.eval() first: posterior paths use the eval-mode prediction caches")
+    if model.prediction_strategy is None:
+        with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
+            model(*(x[..., :1, :] for x in model.train_inputs))  # builds the prediction strategy
+    strategy = model.prediction_strategy
+    caches = getattr(strategy, "mean_covar_cache", None)
+    if caches is None:
+        raise TypeError(
+            f"the model's prediction strategy {type(strategy).__name__} has no feature-space caches; "
+            "posterior paths need rfgp's FeatureSpacePredictionStrategy (an rfgp covar_module)"
+        )
+    return caches

@@ -1,0 +1,211 @@
+"""Vector-field tools: prior/posterior field samples as functions, and autograd physics checks.
+
+A *field* here is any callable ``x (..., n, d) -> f(x) (..., n, p)`` whose value at a point
+depends on that point only (a GP mean, or one weight-space sample).  Samples are returned as
+fields too, so their divergence and curl can be checked with autograd:
+
+* feature kernels (sketched, ORFF): f(x) = Φ(x)θ with θ ~ N(0, I) (prior) or
+  θ ~ N(A⁻¹ΦᵀD⁻¹(y − μ), A⁻¹) (posterior) — exact samples of the random-feature GP;
+* exact kernels: values sampled jointly at anchor points X and extended by kernel
+  interpolation f(x) = K(x, X)K(X, X)⁻¹f(X), which interpolates the sample and lies in the span
+  of the kernel's columns, so it satisfies the same linear constraints (zero curl/divergence).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import gpytorch
+import torch
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from ..core.validation import check_finite, check_positive_int, check_tensor_dtype
+from ..kernels.combinations import is_feature_kernel, kernel_features
+from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
+
+Field = Callable[[Tensor], Tensor]
+
+
+def jacobian(field: Field, x: Tensor) -> Tensor:
+    """J[..., i, a, b] = ∂fₐ/∂x_b at every point xᵢ, by autograd; shape ``(..., n, p, d)``.
+
+    If ``field`` returns leading sample dimensions that ``x`` lacks, ``x`` is expanded to them
+    so that each sample gets its own Jacobian.
+    """
+    check_tensor_dtype(x, "x")
+    check_finite(x, "x")
+    leaf = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        values = field(leaf)
+        if values.dtype != x.dtype:
+            raise TypeError(f"the field returned dtype {values.dtype} for x of dtype {x.dtype}: pass x in the "
+                            f"dtype of the model behind the field ({values.dtype})")
+        if values.dim() > x.dim():
+            leaf = x.detach().expand(*values.shape[:-2], *x.shape[-2:]).clone().requires_grad_(True)
+            values = field(leaf)
+        rows = [
+            torch.autograd.grad(values[..., a].sum(), leaf, retain_graph=a + 1 < values.shape[-1])[0]
+            for a in range(values.shape[-1])  # a loop over the p ≤ 3 outputs, not over data
+        ]
+    return torch.stack(rows, dim=-2)
+
+
+def divergence(field: Field, x: Tensor) -> Tensor:
+    """∇·f = Σₐ ∂fₐ/∂xₐ at every point, shape ``(..., n)`` (needs p = d)."""
+    jac = jacobian(field, x)
+    _check_square(jac)
+    return jac.diagonal(dim1=-2, dim2=-1).sum(-1)
+
+
+def curl(field: Field, x: Tensor) -> Tensor:
+    """∇×f: the scalar ∂f₂/∂x₁ − ∂f₁/∂x₂ in 2-D (shape ``(..., n)``), the vector curl in 3-D (``(..., n, 3)``).
+
+    For other d use ``J − Jᵀ`` from :func:`jacobian` (zero for gradient fields in any d).
+    """
+    jac = jacobian(field, x)
+    _check_square(jac)
+    d = jac.shape[-1]
+    if d == 2:
+        return jac[..., 1, 0] - jac[..., 0, 1]
+    if d == 3:
+        return torch.stack(
+            (jac[..., 2, 1] - jac[..., 1, 2], jac[..., 0, 2] - jac[..., 2, 0], jac[..., 1, 0] - jac[..., 0, 1]), -1
+        )
+    raise ValueError(f"curl is defined here for d = 2 or 3 inputs, got d={d}; use jacobian(field, x) and J − Jᵀ")
+
+
+def _check_square(jac: Tensor) -> None:
+    if jac.shape[-1] != jac.shape[-2]:
+        raise ValueError(
+            f"divergence/curl need a field with as many outputs as input dimensions; got p={jac.shape[-2]} "
+            f"outputs for d={jac.shape[-1]}"
+        )
+
+
+def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | None = None) -> Field:
+    """x ↦ (Φ(x)θₛ) reshaped to (S, n, p) for weight samples θ of shape (S, F)."""
+
+    def field(x: Tensor) -> Tensor:
+        features = kernel_features(kernel, x).to(weights.dtype)  # (..., n·p, F)
+        if features.dim() == 2:
+            values = (features @ weights.mT).mT
+        else:
+            values = (features @ weights.unsqueeze(-1)).squeeze(-1)
+        values = values.reshape(*values.shape[:-1], -1, num_outputs)
+        return values if offset is None else values + offset(x)
+
+    return field
+
+
+def prior_field_samples(
+    kernel,
+    num_samples: int,
+    anchors: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    jitter: float = 1e-8,
+) -> Field:
+    """Draw ``num_samples`` zero-mean prior vector fields of a (multi-output) kernel.
+
+    Args:
+        kernel: an rfgp feature kernel (weight-space samples, exact for the sketched GP) or an
+            exact kernel (then ``anchors`` is required).
+        num_samples: S.
+        anchors: ``(N, d)`` points where an exact kernel's sample is drawn jointly (required); for
+            feature kernels only a probe that sizes the features.
+        generator: torch generator of the Gaussian draws.
+        jitter: added to the anchor Gram matrix's diagonal (exact kernels).
+
+    Returns:
+        A field ``x (n, d) | (S, n, d) -> (S, n, p)``.
+    """
+    num_samples = check_positive_int(num_samples, "num_samples")
+    if is_feature_kernel(kernel):
+        if anchors is None:
+            raise ValueError("feature kernels need a probe input to size their features: pass anchors=x (n, d)")
+        root = kernel_features(kernel, anchors)
+        num_outputs = root.shape[-2] // anchors.shape[-2]
+        weights = torch.randn(num_samples, root.shape[-1], generator=generator, dtype=root.dtype).to(root.device)
+        return _feature_field(kernel, weights, num_outputs)
+    if anchors is None:
+        raise ValueError(f"anchors (N, d) are required to sample the exact kernel {type(kernel).__name__}")
+    with torch.no_grad():
+        gram = kernel(anchors).to_dense()
+        chol = psd_safe_cholesky(gram + jitter * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device))
+        normal = torch.randn(gram.shape[-1], num_samples, generator=generator, dtype=gram.dtype).to(gram.device)
+        coefficients = torch.cholesky_solve(chol @ normal, chol).mT  # (S, N·p): K⁻¹f(X)
+    num_outputs = kernel_num_outputs(kernel, anchors)
+
+    def field(x: Tensor) -> Tensor:
+        cross = kernel(x, anchors).to_dense()  # (..., n·p, N·p)
+        values = (cross @ coefficients.unsqueeze(-1)).squeeze(-1) if cross.dim() > 2 else (cross @ coefficients.mT).mT
+        return values.reshape(*values.shape[:-1], -1, num_outputs)
+
+    return field
+
+
+def posterior_field_samples(model, num_samples: int, generator: torch.Generator | None = None) -> Field:
+    """Draw ``num_samples`` posterior vector fields of a trained multi-output feature GP.
+
+    θ ~ N(E[θ | y], A⁻¹) from the model's :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`
+    cache (built on first use), f(x) = μ(x) + Φ(x)θ.  The model must be an ExactGP whose
+    ``covar_module`` is an rfgp multi-output feature kernel and whose ``forward`` returns
+    ``MultitaskMultivariateNormal(mean_module(x), covar_module(x))`` (e.g.
+    :class:`~rfgp.models.multioutput.MultiOutputGPModel`).
+    """
+    num_samples = check_positive_int(num_samples, "num_samples")
+    if not is_feature_kernel(model.covar_module):
+        raise TypeError(
+            f"posterior_field_samples needs an rfgp feature kernel, got {type(model.covar_module).__name__}; "
+            "for exact kernels sample model(x) at fixed points instead"
+        )
+    model.eval()
+    train_x = model.train_inputs[0]
+    with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
+        model(train_x[..., :1, :])  # builds the prediction strategy and its cache
+        strategy = model.prediction_strategy
+        if not isinstance(strategy, MultitaskFeatureSpacePredictionStrategy):
+            raise TypeError(f"expected a MultitaskFeatureSpacePredictionStrategy, got {type(strategy).__name__}")
+        weight_mean, chol = strategy.mean_covar_cache
+        normal = torch.randn(chol.shape[-1], num_samples, generator=generator, dtype=chol.dtype).to(chol.device)
+        # θ = m + L⁻ᵀz has covariance (LLᵀ)⁻¹ = A⁻¹.
+        weights = (weight_mean + torch.linalg.solve_triangular(chol.mT, normal, upper=True)).mT
+    num_outputs = kernel_num_outputs(model.covar_module, train_x)
+    return _feature_field(model.covar_module, weights, num_outputs, offset=model.mean_module)
+
+
+def posterior_component_fields(model) -> list[Field]:
+    """Posterior mean of every component of a :class:`~rfgp.kernels.MultiOutputFeatureSumKernel` model.
+
+    With K̂ = Σᵢ RᵢRᵢᵀ the weights split as θ = [θ₁, …], and component i has posterior mean
+    Rᵢ(x)E[θᵢ | y] (e.g. the curl-free and divergence-free parts of a Helmholtz fit); the
+    components sum to the posterior mean minus the prior mean.
+    """
+    from ..kernels.sketched_operator_valued import MultiOutputFeatureSumKernel
+
+    kernel = model.covar_module
+    if not isinstance(kernel, MultiOutputFeatureSumKernel):
+        raise TypeError(f"model.covar_module must be a MultiOutputFeatureSumKernel, got {type(kernel).__name__}")
+    model.eval()
+    train_x = model.train_inputs[0]
+    with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
+        model(train_x[..., :1, :])
+        weight_mean = model.prediction_strategy.mean_covar_cache[0].squeeze(-1)
+    offsets = torch.tensor([0] + kernel.component_widths(train_x)).cumsum(0).tolist()
+
+    def component_field(i: int) -> Field:
+        field = _feature_field(kernel.kernels[i], weight_mean[offsets[i] : offsets[i + 1]].unsqueeze(0), kernel.num_outputs)
+        return lambda x: field(x).squeeze(0)
+
+    return [component_field(i) for i in range(len(kernel.kernels))]
+
+
+def posterior_mean_field(model) -> Field:
+    """The posterior mean x ↦ E[f(x) | y] of a trained multi-output GP, as a differentiable field."""
+    model.eval()
+
+    def field(x: Tensor) -> Tensor:
+        with gpytorch.settings.skip_posterior_variances(True):
+            return model(x).mean
+
+    return field

@@ -1,0 +1,21 @@
+"""Feature-space inference: from the features Φ to the marginal likelihood and the posterior.
+
+The kernels hand over Φ (N × F) instead of an N × N matrix; this layer keeps it factored:
+
+* :mod:`~rfgp.inference.linalg` — the statistics ΦᵀWΦ and ΦᵀWR with a lean backward pass;
+* :mod:`~rfgp.inference.chunking` — the same statistics over chunks of rows, recomputed in the
+  backward pass, under :class:`rfgp.settings.memory_budget`;
+* :mod:`~rfgp.inference.kernel_space` — the N × N form ΦΦᵀ + D, chosen by flop count when N ≲ F;
+* :mod:`~rfgp.inference.operators` — ``LinearOperator`` s ΦΦᵀ (+ D) whose solves, log-determinants
+  and ``inv_quad_logdet`` go through the F × F capacitance matrix;
+* :mod:`~rfgp.inference.log_prob` — GPyTorch's Gaussian log-density routed to those operators;
+* :mod:`~rfgp.inference.prediction`, :mod:`~rfgp.inference.multioutput` — weight-space prediction
+  strategies (single- and multi-output) that GPyTorch's ``ExactGP`` uses for the posterior;
+* :mod:`~rfgp.inference.classification` — C regressions sharing Φ (Dirichlet classification);
+* :mod:`~rfgp.inference.complex_posterior` — the complex-feature GP of paper 000 App. D;
+* :mod:`~rfgp.inference.cholesky_update`, :mod:`~rfgp.inference.distributed` — rank-k updates of
+  the capacitance factor (streaming) and statistics summed over ``torch.distributed`` ranks.
+
+It imports :mod:`rfgp.core` and :mod:`rfgp.features` only; the kernels, likelihoods and models
+above it import from here.
+"""

@@ -1,0 +1,206 @@
+"""Feature statistics over data chunks with per-chunk recomputation in the backward pass.
+
+A random-feature GP sees its N training points only through sums over points,
+
+    G = ΦᵀWΦ  (F × F),   B = ΦᵀWR  (F × t),        W = D⁻¹ diagonal,
+
+so they can be accumulated over row chunks of x with O(chunk·F + F²) memory.  The
+gradient needs ∂G and ∂B with respect to Φ, which again decompose over chunks: with
+Ḡ, B̄ the incoming gradients and S = ½(Ḡ + Ḡᵀ),
+
+    ∂Φ_c = 2 W_c Φ_c S + W_c R_c B̄ᵀ,   ∂w_c = rowsum(Φ_c ⊙ Φ_c S) + rowsum(R_c ⊙ Φ_c B̄),
+    ∂R_c = W_c Φ_c B̄,
+
+so the backward pass recomputes Φ_c = φ(x_c) under autograd one chunk at a time and
+backpropagates ∂Φ_c into the kernel hyperparameters (gradient checkpointing per chunk).
+Forward and backward use the per-chunk kernels of :mod:`rfgp.inference.linalg` (symmetric Gram,
+one N·F² product backward, no N × F pass for uniform weights), the same cost as the
+unchunked path; only the features are computed twice.  Second derivatives
+(``create_graph=True``) recompute the statistics of all chunks under autograd instead
+(:func:`rfgp.inference.linalg.differentiable_backward`), so they need O(N·F) memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .linalg import (
+    _is_uniform,
+    _sum_to_shape,
+    differentiable_backward,
+    fold_constant,
+    plain_statistics,
+    statistics_backward,
+    uniform_weight_grad,
+    unit_statistics,
+    weighted_statistics,
+)
+
+
+class Featurizer:
+    """x ↦ Φ(x) = c·Φ₀(x), a function of explicit differentiable tensors, so that it can be recomputed per chunk.
+
+    Args:
+        function: maps rows ``(..., c, d)`` to features Φ₀ ``(*batch_shape, c, F)``.
+        params: every tensor through which gradients must flow (kernel parameters,
+            output scales); the function may use them only through closure.
+        num_features: F.
+        batch_shape: batch shape of the features.
+        constant: optional positive constant c (a number or a batch-shaped tensor, one of
+            ``params`` if it needs gradients) kept apart from Φ₀ so that the feature
+            statistics can fold it into their weights instead of scaling every chunk.
+    """
+
+    def __init__(self, function: Callable[[Tensor], Tensor], params: Sequence[Tensor], num_features: int,
+                 batch_shape: torch.Size, constant: Tensor | float | None = None) -> None:
+        self.function = function
+        self.params = tuple(params)
+        self.num_features = num_features
+        self.batch_shape = torch.Size(batch_shape)
+        self.constant = constant
+
+    def __call__(self, x: Tensor) -> Tensor:
+        features = self.function(x)
+        if self.constant is None:
+            return features
+        constant = self.constant
+        return features * (constant.unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(constant) else constant)
+
+    def scaled(self, scale: Tensor | float) -> Featurizer:
+        """The features of σ²k: √σ² Φ (``scale`` a positive number or a batch-shaped tensor)."""
+        root = scale.sqrt() if torch.is_tensor(scale) else scale**0.5
+        constant = root if self.constant is None else self.constant * root
+        params = (*self.params, root) if torch.is_tensor(root) else self.params
+        batch = torch.broadcast_shapes(self.batch_shape, root.shape) if torch.is_tensor(root) else self.batch_shape
+        return Featurizer(self.function, params, self.num_features, batch, constant)
+
+    def concatenated(self, other: Featurizer) -> Featurizer:
+        """The features of k₁ + k₂: [Φ₁, Φ₂]."""
+        batch = torch.broadcast_shapes(self.batch_shape, other.batch_shape)
+
+        def function(x: Tensor) -> Tensor:
+            left, right = self(x), other(x)
+            return torch.cat((left.expand(*batch, *left.shape[-2:]), right.expand(*batch, *right.shape[-2:])), -1)
+
+        params = self.params + tuple(p for p in other.params if all(p is not q for q in self.params))
+        return Featurizer(function, params, self.num_features + other.num_features, batch)
+
+
+def chunk_slices(num_rows: int, chunk_size: int):
+    return (slice(start, min(start + chunk_size, num_rows)) for start in range(0, num_rows, chunk_size))
+
+
+def backprop_chunks(
+    featurizer: Featurizer,
+    inputs: Tensor,
+    chunk_size: int,
+    chunk_grad: Callable[[Tensor, slice], Tensor],
+    input_needs_grad: bool,
+    params_need_grad: Sequence[bool],
+) -> tuple[Tensor | None, list[Tensor | None]]:
+    """Σ over chunks of the vector-Jacobian product ⟨chunk_grad(Φ_c, rows), ∂Φ_c⟩ w.r.t. x and the params.
+
+    ``chunk_grad(features, rows)`` receives the detached Φ_c and returns ∂loss/∂Φ_c.
+    """
+    wanted = [p for p, needed in zip(featurizer.params, params_need_grad) if needed]
+    param_grads = [None] * len(wanted)
+    input_grads = []
+    for rows in chunk_slices(inputs.shape[-2], chunk_size):
+        chunk = inputs[..., rows, :].detach().requires_grad_(input_needs_grad)
+        with torch.enable_grad():
+            features = featurizer(chunk)
+        grad_features = _sum_to_shape(chunk_grad(features.detach(), rows), features.shape)
+        targets = ([chunk] if input_needs_grad else []) + wanted
+        if not targets:
+            continue
+        grads = torch.autograd.grad(features, targets, grad_features, allow_unused=True)
+        if input_needs_grad:
+            input_grads.append(grads[0])
+            grads = grads[1:]
+        param_grads = [_add(total, g) for total, g in zip(param_grads, grads)]
+    it = iter(param_grads)
+    all_param_grads = [next(it) if needed else None for needed in params_need_grad]
+    input_grad = torch.cat(input_grads, dim=-2) if input_needs_grad else None
+    return input_grad, all_param_grads
+
+
+def _add(total: Tensor | None, value: Tensor | None) -> Tensor | None:
+    if value is None:
+        return total
+    return value if total is None else total + value
+
+
+class _ChunkedStatistics(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
+        uniform = _is_uniform(weights)
+        gram = cross = None
+        for rows in chunk_slices(inputs.shape[-2], chunk_size):
+            features, chunk_rhs = featurizer(inputs[..., rows, :]), rhs[..., rows, :]
+            if uniform:
+                chunk_gram, chunk_cross = unit_statistics(features, chunk_rhs)
+            else:
+                chunk_gram, chunk_cross = weighted_statistics(features, weights[..., rows], chunk_rhs)
+            gram, cross = _add(gram, chunk_gram), _add(cross, chunk_cross)
+        ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
+        if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
+            ctx.save_for_backward(inputs, weights, rhs, gram, cross)
+            w = weights.unsqueeze(-1)
+            return gram * w, cross * w
+        ctx.save_for_backward(inputs, weights, rhs)
+        return gram, cross
+
+    @staticmethod
+    def backward(ctx, grad_gram, grad_cross):
+        inputs, weights, rhs, *unit = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
+            params = ctx.featurizer.params
+            grads = differentiable_backward(
+                lambda: plain_statistics(ctx.featurizer(inputs), weights, rhs), (inputs, weights, rhs, *params),
+                needs[2:], (grad_gram, grad_cross),
+            )
+            return (None, None, *grads)
+        uniform = _is_uniform(weights)
+        weight_grads, rhs_grads = [], []
+
+        def chunk_grad(features: Tensor, rows: slice) -> Tensor:
+            chunk_weights = weights if uniform else weights[..., rows]
+            grad_features, grad_weights, grad_rhs = statistics_backward(
+                features, chunk_weights, rhs[..., rows, :], grad_gram, grad_cross,
+                (True, needs[3], needs[4]),
+            )
+            weight_grads.append(grad_weights)
+            rhs_grads.append(grad_rhs)
+            return grad_features
+
+        input_grad, param_grads = backprop_chunks(
+            ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[5:]
+        )
+        grad_weights = grad_rhs = None
+        if needs[3]:
+            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_cross) if uniform else torch.cat(weight_grads, -1)
+            grad_weights = _sum_to_shape(grad_weights, weights.shape)
+        if needs[4]:
+            grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape)
+        return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
+
+
+def chunked_feature_statistics(
+    featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int
+) -> tuple[Tensor, Tensor]:
+    """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs), accumulated over ``chunk_size`` rows at a time.
+
+    Args:
+        featurizer: the feature function and its differentiable tensors.
+        inputs: x of shape ``(..., N, d)``.
+        weights: diagonal of W, ``(..., N)``.
+        rhs: R of shape ``(..., N, t)``.
+        chunk_size: rows per chunk.
+    """
+    unscaled = Featurizer(featurizer.function, featurizer.params, featurizer.num_features, featurizer.batch_shape)
+    weights, rhs = fold_constant(featurizer.constant, weights, rhs)
+    return _ChunkedStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *featurizer.params)

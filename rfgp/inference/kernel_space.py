@@ -1,0 +1,170 @@
+"""The kernel-space path: the N × N matrix K = ΦΦᵀ + D when it is cheaper than feature space.
+
+A random-feature GP can be solved with the F × F capacitance A = I + ΦᵀD⁻¹Φ (Woodbury, cost
+≈ N·F² + F³/3) or with the N × N covariance K = ΦΦᵀ + D (cost ≈ N²·F + N³/3).  Both give the
+same marginal likelihood, gradients and posterior; :func:`prefers_kernel_space` picks the
+cheaper by flop count, counting the Gram products once per distinct Φ (a Φ shared by a batch of
+noise levels, as in Dirichlet classification, is multiplied once) and the factorisations once
+per batch member.  With N ≤ F the kernel-space path is always chosen.
+
+Marginal-likelihood terms (:func:`kernel_space_inv_quad_logdet`, a custom autograd function)::
+
+    forward:  K = ΦΦᵀ + D,  L = chol(K),  α = K⁻¹r,  rᵀK⁻¹r = rᵀα,  log|K| = 2 Σ log Lᵢᵢ;
+    backward: S = ḡ_l K⁻¹ − α diag(ḡ_q) αᵀ  (∂/∂K of ḡ_l·log|K| + ḡ_q·rᵀK⁻¹r),
+              ∂Φ = 2SΦ,  ∂D = diag(S),  ∂r = 2α diag(ḡ_q),
+
+(Rasmussen & Williams 2006, Eq. 5.9), i.e. one symmetric N × N Gram, one Cholesky, one
+inverse from the factor and one N²·F product — where autograd through ``Φ @ Φᵀ`` and the
+Cholesky would spend three N²·F products and a Cholesky backward.  When Φ is shared over the
+batch, S is summed over the batch first, so the N²·F product runs once.
+
+Posterior (:func:`kernel_space_posterior_caches`): with the push-through identity
+A⁻¹ΦᵀD⁻¹ = Φᵀ(ΦΦᵀ + D)⁻¹, the mean weights are Φᵀα and the posterior covariance at test
+features Φ* is Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ with W = L⁻¹Φ (N × F) — the same quantities as the
+feature-space caches, without an F × F factorisation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from .linalg import _sum_to_shape, differentiable_backward, symmetric_gram
+
+
+def prefers_kernel_space(num_data: int, num_features: int, feature_batch: int = 1, solve_batch: int = 1,
+                         statistics_batch: int | None = None) -> bool:
+    """Whether N²·F + N³/3 (kernel space) costs no more than N·F² + F³/3 (feature space), batches counted.
+
+    Args:
+        num_data, num_features: N and F.
+        feature_batch: number of distinct Φ matrices (the Gram ΦΦᵀ is formed once per Φ).
+        solve_batch: number of factorisations (batch members of the noise-added operator).
+        statistics_batch: number of F × F statistics ΦᵀWΦ the feature path forms (``feature_batch``
+            for homoscedastic noise, whose weight scales one shared ΦᵀΦ; otherwise one per
+            batch member of Φ and the noise together).  Defaults to ``feature_batch``.
+    """
+    statistics_batch = feature_batch if statistics_batch is None else statistics_batch
+    n, f = float(num_data), float(num_features)
+    kernel = feature_batch * n * n * f + solve_batch * n**3 / 3
+    feature = statistics_batch * n * f * f + solve_batch * f**3 / 3
+    return kernel <= feature
+
+
+def kernel_gram(features: Tensor) -> Tensor:
+    """ΦΦᵀ ``(..., N, N)`` from its upper column blocks (:func:`rfgp.inference.linalg.symmetric_gram` on Φᵀ)."""
+    return symmetric_gram(features.mT, features.mT)
+
+
+def kernel_cholesky(features: Tensor, noise: Tensor, scale: Tensor | None = None) -> Tensor:
+    """chol(sΦΦᵀ + D) for Φ ``(..., N, F)``, the noise diagonal ``(..., N)`` and an optional batch-shaped s."""
+    return _factor(kernel_gram(features), noise, scale)
+
+
+def _factor(gram: Tensor, noise: Tensor, scale: Tensor | None) -> Tensor:
+    """chol(sG + D), forming sG + D in one fresh N × N buffer (one pass over G)."""
+    covar = gram.clone() if scale is None else gram * scale.unsqueeze(-1).unsqueeze(-1)
+    batch = torch.broadcast_shapes(covar.shape[:-2], noise.shape[:-1])
+    if covar.shape[:-2] != batch:
+        covar = covar.expand(*batch, *covar.shape[-2:]).clone()
+    covar.diagonal(dim1=-2, dim2=-1).add_(noise)
+    return psd_safe_cholesky(covar)
+
+
+def _covariance_gradient(chol: Tensor, solve: Tensor, grad_inv_quad: Tensor, grad_logdet: Tensor | None) -> Tensor:
+    """S = ḡ_l K⁻¹ − α diag(ḡ_q) αᵀ ``(..., N, N)`` (∂/∂K of ḡ_l·log|K| + ḡ_q·rᵀK⁻¹r), in one N × N buffer.
+
+    K⁻¹ from the factor (LAPACK potri), scaled and updated by the rank-t term in place
+    (batched ``baddbmm_``), so no further N × N temporaries are made.
+    """
+    weighted = solve * grad_inv_quad.unsqueeze(-2)
+    if grad_logdet is None:
+        return -(weighted @ solve.mT)
+    sym = torch.cholesky_inverse(chol).mul_(grad_logdet.unsqueeze(-1).unsqueeze(-1))
+    b, (n, t) = math.prod(sym.shape[:-2]), solve.shape[-2:]  # weighted and solve share sym's batch
+    sym.view(b, n, n).baddbmm_(weighted.reshape(b, n, t), solve.mT.reshape(b, t, n), alpha=-1)
+    return sym
+
+
+def _batched_dot(left: Tensor, right: Tensor) -> Tensor:
+    """Σᵢⱼ Lᵢⱼ Rᵢⱼ over the last two axes (broadcast batches), as a BLAS dot without an N × N product."""
+    return (left.flatten(-2).unsqueeze(-2) @ right.flatten(-2).unsqueeze(-1)).squeeze(-1).squeeze(-1)
+
+
+def _inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor, scale: Tensor, gram: Tensor):
+    """(rᵀK⁻¹r per column, log|K|, chol(K), K⁻¹r) for K = sΦΦᵀ + D with ΦΦᵀ = ``gram``."""
+    chol = _factor(gram, noise, scale)
+    batch = chol.shape[:-2]
+    solve = torch.cholesky_solve(rhs.expand(*batch, *rhs.shape[-2:]), chol)
+    inv_quad = (rhs * solve).sum(-2)
+    logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+    return inv_quad, logdet_term, chol, solve
+
+
+class _KernelSpaceInvQuadLogdet(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, features: Tensor, noise: Tensor, rhs: Tensor, scale: Tensor, logdet: bool):
+        gram = kernel_gram(features)
+        inv_quad, logdet_term, chol, solve = _inv_quad_logdet(features, noise, rhs, scale, gram)
+        ctx.logdet = logdet
+        ctx.save_for_backward(features, noise, rhs, scale, gram, chol, solve)
+        return inv_quad, logdet_term
+
+    @staticmethod
+    def backward(ctx, grad_inv_quad: Tensor, grad_logdet: Tensor):
+        features, noise, rhs, scale, gram, chol, solve = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the lean backward below has no graph
+            inputs = (features, noise, rhs, scale)
+            return (*differentiable_backward(
+                lambda: _inv_quad_logdet(features, noise, rhs, scale, features @ features.mT)[:2],
+                inputs, ctx.needs_input_grad[:4], (grad_inv_quad, grad_logdet)), None)
+        need_features, need_noise, need_rhs, need_scale = ctx.needs_input_grad[:4]
+        # S = ḡ_l K⁻¹ − α diag(ḡ_q) αᵀ, the gradient with respect to K (symmetric)
+        sym = _covariance_gradient(chol, solve, grad_inv_quad, grad_logdet if ctx.logdet else None)
+        grad_features = grad_noise = grad_rhs = grad_scale = None
+        if need_noise:
+            grad_noise = _sum_to_shape(torch.diagonal(sym, dim1=-2, dim2=-1).clone(), noise.shape)
+        if need_rhs:
+            grad_rhs = _sum_to_shape(2.0 * solve * grad_inv_quad.unsqueeze(-2), rhs.shape)
+        if need_scale:
+            grad_scale = _sum_to_shape(_batched_dot(sym, gram), scale.shape)
+        if need_features:  # ∂Φ = 2sSΦ (S scaled in place: the other gradients are taken), summed over
+            # the batch members that share Φ before the N²·F product
+            sym.mul_((2.0 * scale).unsqueeze(-1).unsqueeze(-1))
+            grad_features = _sum_to_shape(sym, (*features.shape[:-2], *sym.shape[-2:])) @ features
+        return grad_features, grad_noise, grad_rhs, grad_scale, None
+
+
+def kernel_space_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | None, logdet: bool,
+                                 scale: Tensor | float | None = None) -> tuple[Tensor | None, Tensor | None]:
+    """(rᵀ(sΦΦᵀ + D)⁻¹r per column ``(..., t)``, log|sΦΦᵀ + D| ``(...)``), ``None`` where not asked.
+
+    Args:
+        features: Φ ``(..., N, F)`` (shared over the noise's batch when it has fewer batch dims).
+        noise: the diagonal of D, ``(..., N)``.
+        rhs: r ``(..., N, t)`` or ``None``.
+        logdet: whether the log-determinant is needed.
+        scale: optional positive s (a number or batch-shaped, e.g. ``ScaleKernel``'s outputscale),
+            kept out of Φ so that it costs no N × F pass.
+    """
+    width_rhs = rhs if rhs is not None else features.new_zeros(*features.shape[:-2], features.shape[-2], 0)
+    scale = torch.as_tensor(1.0 if scale is None else scale, dtype=features.dtype, device=features.device)
+    inv_quad, logdet_term = _KernelSpaceInvQuadLogdet.apply(features, noise, width_rhs, scale, logdet)
+    return (inv_quad if rhs is not None else None), (logdet_term if logdet else None)
+
+
+def kernel_space_posterior_caches(features: Tensor, noise: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+    """(Φᵀ(ΦΦᵀ + D)⁻¹r ``(..., F, 1)``, W = L⁻¹Φ ``(..., N, F)``) with LLᵀ = ΦΦᵀ + D.
+
+    The first equals the feature-space mean cache A⁻¹ΦᵀD⁻¹r; the posterior covariance at test
+    features Φ* is Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ (= Φ*A⁻¹Φ*ᵀ).
+    """
+    chol = kernel_cholesky(features, noise)
+    batch = chol.shape[:-2]
+    solve = torch.cholesky_solve(residual.expand(*batch, *residual.shape[-2:]), chol)
+    mean_cache = features.mT @ solve
+    root = torch.linalg.solve_triangular(chol, features.expand(*batch, *features.shape[-2:]), upper=False)
+    return mean_cache, root

@@ -1,0 +1,97 @@
+"""Multi-output GPs with feature-space (Woodbury) training and prediction in O(N·p·F²).
+
+A multi-output rfgp kernel returns the interleaved root R (N·p × F) of K̂ = RRᵀ.  With the
+noise D of ``gpytorch.likelihoods.MultitaskGaussianLikelihood`` (rank 0: a diagonal
+``KroneckerProductDiagLinearOperator``), K̂ + D is a
+:class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`, whose marginal likelihood runs
+through the F × F capacitance matrix A = I + RᵀD⁻¹R.  For prediction GPyTorch's multitask
+path flattens the (N, p) targets and means, which the single-output
+``LinearPredictionStrategy`` does not expect (GPyTorch #2659: multitask models otherwise end
+in ``DefaultPredictionStrategy``, i.e. dense N·p × N·p algebra);
+:class:`MultitaskFeatureSpacePredictionStrategy` keeps the weight-space form
+
+    θ | y ~ N(A⁻¹RᵀD⁻¹(y − μ), A⁻¹),     f(x*) = R(x*)θ,
+
+so the posterior mean costs O(N·p·F + F³) and the covariance is the root R(x*)L⁻ᵀ (LLᵀ = A).
+"""
+
+from __future__ import annotations
+
+import gpytorch
+import torch
+from gpytorch.utils.memoize import cached
+from linear_operator.operators import ConstantMulLinearOperator, RootLinearOperator, ZeroLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from ..core.validation import check_noise, check_targets
+from .linalg import weighted_gram
+from .operators import FeatureRootAddedDiagLinearOperator
+from .prediction import FeatureSpacePredictionStrategy
+
+
+def scaled_root(covar) -> Tensor | None:
+    """The feature root of a (possibly constant-scaled) low-rank operator, constant folded in."""
+    if hasattr(covar, "evaluate_kernel"):
+        covar = covar.evaluate_kernel()
+    if isinstance(covar, ConstantMulLinearOperator):
+        inner = scaled_root(covar.base_linear_op)
+        return None if inner is None else inner * covar.expanded_constant.sqrt().unsqueeze(-1).unsqueeze(-1)
+    root = getattr(covar, "root", None)
+    return None if root is None else root.to_dense()
+
+
+class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
+    """Woodbury prediction for multi-output feature kernels with a diagonal (multitask) Gaussian noise.
+
+    Works with ``MultitaskMultivariateNormal`` (interleaved, the default) and
+    ``MultitaskGaussianLikelihood(rank=0)`` or ``GaussianLikelihood``-style diagonal noise.
+    """
+
+    def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
+        if getattr(train_prior_dist, "_interleaved", True) is False:
+            raise ValueError(
+                "rfgp multi-output kernels use GPyTorch's interleaved layout; build the model output with "
+                "MultitaskMultivariateNormal(mean, covar, interleaved=True) (the default)"
+            )
+        if not isinstance(self.lik_train_train_covar, FeatureRootAddedDiagLinearOperator):
+            raise TypeError(
+                "feature-space multi-output prediction needs a likelihood with diagonal noise (e.g. "
+                "MultitaskGaussianLikelihood(num_tasks, rank=0)); got a noisy covariance of type "
+                f"{type(self.lik_train_train_covar).__name__}"
+            )
+
+    @property
+    @cached(name="mean_covar_cache")
+    def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
+        """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R)."""
+        check_targets(self.train_labels, "the training targets y")
+        features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
+        noise = check_noise(self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
+        weights = noise.reciprocal()
+        capacitance = weighted_gram(features, weights)
+        eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
+        chol = psd_safe_cholesky(capacitance + eye)
+        residual = self.train_labels - self.train_prior_dist.loc  # both flattened in interleaved order
+        rhs = features.mT @ (residual * weights).unsqueeze(-1)
+        return torch.cholesky_solve(rhs, chol), chol
+
+    def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
+        features = scaled_root(test_test_covar)
+        if features is None:
+            raise TypeError(
+                f"expected a low-rank feature operator for the test covariance, got {type(test_test_covar).__name__}"
+            )
+        weight_mean, chol = self.mean_covar_cache
+        mean = (features @ weight_mean).squeeze(-1) + test_mean
+        if gpytorch.settings.skip_posterior_variances.on():
+            return mean, ZeroLinearOperator(*features.shape[:-1], features.shape[-2], dtype=mean.dtype, device=mean.device)
+        return mean, RootLinearOperator(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
+
+
+def kernel_num_outputs(kernel, x: Tensor) -> int:
+    outputs = kernel.num_outputs_per_input(x, x)
+    if isinstance(outputs, tuple):
+        raise ValueError(f"kernel {type(kernel).__name__} has different row/column output counts {outputs}")
+    return int(outputs)

@@ -1,0 +1,370 @@
+"""Low-rank LinearOperators that keep Φ factored from the kernel to the solve.
+
+* :class:`FeatureRootLinearOperator` — K̂ = ΦΦᵀ, optionally carrying the per-point
+  variance correction k(x, x) − E[k̂(x, x)] that the prediction strategy adds to the
+  posterior variance.  ``ScaleKernel`` scaling and sums of such operators stay in
+  this form.
+* :class:`FeatureRootAddedDiagLinearOperator` — ΦΦᵀ + D, produced when a Gaussian
+  likelihood adds its noise.  ``inv_quad_logdet`` (the marginal-likelihood hot path)
+  runs in O(N·F² + F³) time through the capacitance matrix A = I + ΦᵀD⁻¹Φ
+  (Woodbury identity and the matrix determinant lemma), with the lean Gram backward
+  of :func:`rfgp.inference.linalg.feature_statistics`; when the N × N matrix is cheaper by flop count
+  (always when N ≤ F) it runs in O(N²·F + N³) through :mod:`rfgp.inference.kernel_space` instead.
+* :class:`ChunkedFeatureRootLinearOperator` / :class:`ChunkedFeatureRootAddedDiagLinearOperator`
+  — the same matrices when Φ does not fit :class:`rfgp.settings.memory_budget`: they
+  hold x and the feature function instead of Φ and evaluate the feature statistics
+  ΦᵀD⁻¹Φ and ΦᵀD⁻¹r chunk by chunk (:mod:`rfgp.inference.chunking`), so that the MLL, its
+  gradients and the posterior caches need O(chunk·F + F²) memory.
+* :class:`ChunkedFeatureCrossLinearOperator` — Φ(x₁)Φ(x₂)ᵀ without materialising either Φ
+  (the test–train covariance that GPyTorch builds at prediction time).
+
+Inside :class:`rfgp.inference.distributed.data_parallel` the statistics are summed over processes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from linear_operator import to_linear_operator
+from linear_operator.operators import (
+    AddedDiagLinearOperator,
+    ConstantDiagLinearOperator,
+    ConstantMulLinearOperator,
+    DiagLinearOperator,
+    LinearOperator,
+    LowRankRootAddedDiagLinearOperator,
+    LowRankRootLinearOperator,
+)
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from . import distributed
+from ..core.validation import check_noise, check_targets
+from .chunking import (
+    Featurizer,
+    backprop_chunks,
+    chunk_slices,
+    chunked_feature_statistics,
+)
+from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
+from .linalg import feature_statistics, fold_constant, project
+
+
+class FeatureRootLinearOperator(LowRankRootLinearOperator):
+    """ΦΦᵀ for a feature matrix Φ of shape ``(..., n, F)``.
+
+    A positive constant s (``ScaleKernel``'s outputscale) is carried by the root as
+    Φ = √s·Φ₀ (a ``ConstantMulLinearOperator``), not multiplied into the N × F features:
+    the feature statistics fold it into their weights.
+
+    Args:
+        root: the features Φ (a tensor, or √s times one).
+        variance_correction: optional ``(..., n)`` tensor k(x, x) − E[Φ(x)ᵀΦ(x)].
+    """
+
+    def __init__(self, root: Tensor, variance_correction: Tensor | None = None) -> None:
+        root = to_linear_operator(root)
+        # LinearOperator keeps the keyword so that operator copies (representation trees,
+        # detach, device moves) carry the correction along.
+        LinearOperator.__init__(self, root, variance_correction=variance_correction)
+        self.root = root
+        self.variance_correction = variance_correction
+
+    def scaled_features(self) -> tuple[Tensor, Tensor | None]:
+        """(Φ₀, c) with Φ = c·Φ₀; c (batch-shaped or scalar) is ``None`` when the root carries no constant."""
+        if isinstance(self.root, ConstantMulLinearOperator):
+            return self.root.base_linear_op.to_dense(), self.root._constant
+        return self.root.to_dense(), None
+
+    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``."""
+        features, constant = self.scaled_features()
+        return feature_statistics(features, *fold_constant(constant, weights, rhs))
+
+    def features(self) -> Tensor:
+        """Φ, ``(..., N, F)``."""
+        return self.root.to_dense()
+
+    def _mul_constant(self, other):
+        if not _is_positive(other):
+            return super()._mul_constant(other)
+        features, constant = self.scaled_features()
+        root_constant = torch.as_tensor(other, dtype=features.dtype, device=features.device).sqrt()
+        if constant is not None:
+            root_constant = constant * root_constant
+        root = ConstantMulLinearOperator(to_linear_operator(features), root_constant)
+        return self.__class__(root, _scaled_correction(self.variance_correction, other))
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return FeatureRootAddedDiagLinearOperator(self, other)
+        if isinstance(other, FeatureRootLinearOperator):
+            left, right = self.root.to_dense(), other.root.to_dense()
+            batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])
+            root = torch.cat((left.expand(*batch, *left.shape[-2:]), right.expand(*batch, *right.shape[-2:])), -1)
+            return self.__class__(root, _add_optional(self.variance_correction, other.variance_correction))
+        return super().__add__(other)
+
+
+def noise_weights(noise: DiagLinearOperator) -> Tensor:
+    """D⁻¹ of a noise operator: ``(..., N)``, or ``(..., 1)`` for a homoscedastic (constant) diagonal."""
+    if isinstance(noise, ConstantDiagLinearOperator):
+        return check_noise(noise.diag_values).reciprocal()
+    return check_noise(noise.diagonal(dim1=-1, dim2=-2)).reciprocal()
+
+
+def _add_optional(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
+    """ΦΦᵀ + D with a feature-space marginal-likelihood path."""
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return self.__class__(self._linear_op, self._diag_tensor + other)
+        return super().__add__(other)
+
+    def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        check_targets(inv_quad_rhs)
+        if self.uses_kernel_space():
+            features, constant = self._linear_op.scaled_features()
+            noise = check_noise(self._diag_tensor.diagonal(dim1=-1, dim2=-2))
+            scale = None if constant is None else constant**2
+            inv_quad, logdet_term = kernel_space_inv_quad_logdet(
+                features, noise, _as_matrix(inv_quad_rhs), logdet, scale
+            )
+            return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, features)
+        return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
+
+    def uses_kernel_space(self, statistics_batch: int | None = None) -> bool:
+        """Whether the N × N path (:mod:`rfgp.inference.kernel_space`) is cheaper than the F × F capacitance.
+
+        ``statistics_batch``: F × F statistics the feature path would form (default: one per Φ for
+        homoscedastic noise, else one per batch member).  Never inside
+        :class:`rfgp.inference.distributed.data_parallel`, whose statistics are sums over each process's points.
+        """
+        if distributed.is_active():
+            return False
+        root = self._linear_op.root
+        feature_batch, solve_batch = math.prod(root.shape[:-2]), math.prod(self.batch_shape)
+        if statistics_batch is None:
+            uniform = isinstance(self._diag_tensor, ConstantDiagLinearOperator)
+            statistics_batch = feature_batch if uniform else solve_batch
+        return prefers_kernel_space(root.shape[-2], root.shape[-1], feature_batch, solve_batch, statistics_batch)
+
+
+def _as_matrix(rhs: Tensor | None) -> Tensor | None:
+    return rhs.unsqueeze(-1) if rhs is not None and rhs.dim() == 1 else rhs
+
+
+def _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, like: Tensor):
+    if inv_quad is not None and reduce_inv_quad:
+        inv_quad = inv_quad.sum(-1)
+    if inv_quad is None:
+        inv_quad = torch.zeros(0, dtype=like.dtype, device=like.device)
+    if logdet_term is None:
+        logdet_term = torch.zeros(0, dtype=like.dtype, device=like.device)
+    return inv_quad, logdet_term
+
+
+def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv_quad: bool):
+    """rᵀ(ΦΦᵀ + D)⁻¹r and log|ΦΦᵀ + D| from the feature statistics of ``operator._linear_op``.
+
+    Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
+    rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  Every
+    data-dependent quantity is a sum over points, reduced over processes when
+    :class:`rfgp.inference.distributed.data_parallel` is active.
+    """
+    weights = noise_weights(operator._diag_tensor)
+    num_data = operator.shape[-1]
+    rhs = _as_matrix(inv_quad_rhs)
+    stats_rhs = rhs if rhs is not None else weights.new_zeros(*operator.shape[:-1], 0)
+    gram, cross = operator._linear_op.feature_statistics(weights, stats_rhs)
+    weighted_square = (stats_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
+    noise_logdet = -weights.log().sum(-1) * (num_data // weights.shape[-1])
+    gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
+        gram, cross, weighted_square, noise_logdet
+    )
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    chol = psd_safe_cholesky(gram + eye)
+    inv_quad = logdet_term = None
+    if rhs is not None:
+        projected = torch.linalg.solve_triangular(chol, cross, upper=False)
+        inv_quad = weighted_square - projected.pow(2).sum(-2)
+    if logdet:
+        logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
+    return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
+
+
+class ChunkedFeatureRootLinearOperator(LinearOperator):
+    """ΦΦᵀ with Φ = φ(x) recomputed chunk by chunk instead of stored: O(chunk·F) memory.
+
+    Args:
+        inputs: x, ``(..., N, d)``.
+        params: the featurizer's differentiable tensors (part of the representation, so
+            that GPyTorch's matmul gradients reach them).
+        featurizer: the :class:`~rfgp.inference.chunking.Featurizer` φ.
+        chunk_size: rows per chunk.
+        variance_correction: optional ``(..., N)`` k(x, x) − E[φ(x)ᵀφ(x)].
+    """
+
+    def __init__(self, inputs: Tensor, *params: Tensor, featurizer: Featurizer, chunk_size: int,
+                 variance_correction: Tensor | None = None) -> None:
+        super().__init__(inputs, *params, featurizer=featurizer, chunk_size=chunk_size,
+                         variance_correction=variance_correction)
+        self.inputs = inputs
+        self.featurizer = featurizer
+        self.chunk_size = chunk_size
+        self.variance_correction = variance_correction
+
+    @classmethod
+    def from_featurizer(cls, inputs, featurizer, chunk_size, variance_correction=None):
+        return cls(inputs, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size,
+                   variance_correction=variance_correction)
+
+    def _size(self) -> torch.Size:
+        batch = torch.broadcast_shapes(self.featurizer.batch_shape, self.inputs.shape[:-2])
+        n = self.inputs.shape[-2]
+        return torch.Size((*batch, n, n))
+
+    def _transpose_nonbatch(self):
+        return self
+
+    def _chunks(self):
+        return chunk_slices(self.inputs.shape[-2], self.chunk_size)
+
+    def features(self) -> Tensor:
+        """Φ materialised, ``(..., N, F)`` (for small test sets)."""
+        return torch.cat([self.featurizer(self.inputs[..., rows, :]) for rows in self._chunks()], -2)
+
+    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+        """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients."""
+        return chunked_feature_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
+
+    def _project(self, rhs: Tensor) -> Tensor:
+        """ΦᵀR accumulated over chunks."""
+        return sum(project(self.featurizer(self.inputs[..., rows, :]), rhs[..., rows, :]) for rows in self._chunks())
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        projected = self._project(rhs)
+        return torch.cat([self.featurizer(self.inputs[..., rows, :]) @ projected for rows in self._chunks()], -2)
+
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
+        # ∂⟨L, ΦΦᵀR⟩/∂Φ_c = L_c (ΦᵀR)ᵀ + R_c (ΦᵀL)ᵀ, backpropagated chunk by chunk.
+        with torch.no_grad():
+            left_proj, right_proj = self._project(left_vecs), self._project(right_vecs)
+
+        def chunk_grad(features: Tensor, rows: slice) -> Tensor:
+            return left_vecs[..., rows, :] @ right_proj.mT + right_vecs[..., rows, :] @ left_proj.mT
+
+        params = self.featurizer.params
+        input_grad, param_grads = backprop_chunks(
+            self.featurizer, self.inputs, self.chunk_size, chunk_grad, self.inputs.requires_grad,
+            [p.requires_grad for p in params],
+        )
+        correction = () if self.variance_correction is None else (None,)
+        return (input_grad, *param_grads, *correction)
+
+    def _diagonal(self) -> Tensor:
+        return torch.cat([self.featurizer(self.inputs[..., rows, :]).pow(2).sum(-1) for rows in self._chunks()], -1)
+
+    def to_dense(self) -> Tensor:
+        features = self.features()
+        return features @ features.mT
+
+    def _mul_constant(self, other):
+        if not _is_positive(other):
+            return super()._mul_constant(other)
+        correction = _scaled_correction(self.variance_correction, other)
+        return self.from_featurizer(self.inputs, self.featurizer.scaled(other), self.chunk_size, correction)
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return ChunkedFeatureRootAddedDiagLinearOperator(self, other)
+        if isinstance(other, ChunkedFeatureRootLinearOperator) and other.inputs is self.inputs:
+            return self.from_featurizer(
+                self.inputs, self.featurizer.concatenated(other.featurizer),
+                min(self.chunk_size, other.chunk_size),
+                _add_optional(self.variance_correction, other.variance_correction),
+            )
+        return super().__add__(other)
+
+
+def _is_positive(value) -> bool:
+    return bool((value > 0).all()) if torch.is_tensor(value) else value > 0
+
+
+def _scaled_correction(correction: Tensor | None, constant) -> Tensor | None:
+    """The per-point variance correction of c·K: c times it (a batch constant broadcasts over points)."""
+    if correction is None:
+        return None
+    return correction * (constant.unsqueeze(-1) if torch.is_tensor(constant) else constant)
+
+
+class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
+    """ΦΦᵀ + D with Φ never materialised: MLL terms from chunked feature statistics."""
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return self.__class__(self._linear_op, self._diag_tensor + other)
+        return super().__add__(other)
+
+    def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        check_targets(inv_quad_rhs)
+        return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
+
+
+class ChunkedFeatureCrossLinearOperator(LinearOperator):
+    """Φ(x₁)Φ(x₂)ᵀ evaluated chunk by chunk (a test–train covariance that never stores Φ(x₂)).
+
+    Gradients through it are not supported (training uses ΦΦᵀ + D); its products are exact.
+    """
+
+    def __init__(self, inputs1: Tensor, inputs2: Tensor, *params: Tensor, featurizer: Featurizer,
+                 chunk_size: int) -> None:
+        super().__init__(inputs1, inputs2, *params, featurizer=featurizer, chunk_size=chunk_size)
+        self.inputs1, self.inputs2 = inputs1, inputs2
+        self.featurizer = featurizer
+        self.chunk_size = chunk_size
+
+    @classmethod
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size):
+        return cls(inputs1, inputs2, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size)
+
+    def _size(self) -> torch.Size:
+        batch = torch.broadcast_shapes(self.featurizer.batch_shape, self.inputs1.shape[:-2], self.inputs2.shape[:-2])
+        return torch.Size((*batch, self.inputs1.shape[-2], self.inputs2.shape[-2]))
+
+    def _transpose_nonbatch(self):
+        return self.from_featurizer(self.inputs2, self.inputs1, self.featurizer, self.chunk_size)
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        projected = sum(
+            project(self.featurizer(self.inputs2[..., rows, :]), rhs[..., rows, :])
+            for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)
+        )
+        return torch.cat(
+            [self.featurizer(self.inputs1[..., rows, :]) @ projected
+             for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size)], -2
+        )
+
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
+        raise NotImplementedError(
+            "gradients through a chunked cross-covariance Φ(x₁)Φ(x₂)ᵀ are not supported; raise "
+            "rfgp.settings.memory_budget so that the features are materialised"
+        )
+
+    def to_dense(self) -> Tensor:
+        left = torch.cat([self.featurizer(self.inputs1[..., rows, :])
+                          for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size)], -2)
+        return torch.cat([left @ self.featurizer(self.inputs2[..., rows, :]).mT
+                          for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)], -1)
+
+    def _mul_constant(self, other):
+        if not _is_positive(other):
+            return super()._mul_constant(other)
+        return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size)

@@ -1,0 +1,160 @@
+"""Feature-space (weight-space) GP prediction in O(N·F² + F³) time and O(chunk·F + F²) memory.
+
+With K̂ = ΦΦᵀ and noise D, the posterior at test features Φ* is (Searle/Woodbury):
+
+    mean  = Φ* A⁻¹ ΦᵀD⁻¹(y − μ),          A = I + ΦᵀD⁻¹Φ  (F × F),
+    covar = Φ* A⁻¹ Φ*ᵀ  (+ diag c(x*)),
+
+where c(x*) = k(x*, x*) − E[k̂(x*, x*)] ≥ 0 is the bias correction of paper 000 §5.6:
+feature maps whose expected diagonal falls short of the kernel's (truncated Maclaurin,
+fitted SRF densities) would otherwise report a posterior variance that collapses away
+from the data.  When the N × N matrix ΦΦᵀ + D is cheaper (N ≤ F, see :mod:`rfgp.inference.kernel_space`)
+the same mean and covariance come from its Cholesky factor instead of A's, with the same
+correction.  The caches A⁻¹ΦᵀD⁻¹(y − μ) and chol(A) are computed once from the
+training feature statistics (chunk by chunk when the training operator is chunked, and
+summed over processes inside :class:`rfgp.inference.distributed.data_parallel`), as in GPyTorch's
+``LinearPredictionStrategy``, which this class extends with the correction and with
+``gpytorch.settings.skip_posterior_variances``.
+"""
+
+from __future__ import annotations
+
+import gpytorch
+import torch
+from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
+from gpytorch.utils.memoize import cached
+from linear_operator.operators import (
+    ConstantMulLinearOperator,
+    DiagLinearOperator,
+    MatmulLinearOperator,
+    RootLinearOperator,
+    ZeroLinearOperator,
+)
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from . import distributed
+from ..core.validation import check_noise, check_targets
+from .kernel_space import kernel_space_posterior_caches
+from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
+
+
+class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
+    """GPyTorch prediction strategy for kernels that return rfgp feature-root operators."""
+
+    def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
+        if hasattr(test_test_covar, "evaluate_kernel"):
+            test_test_covar = test_test_covar.evaluate_kernel()
+        features = _features(test_test_covar)
+        if features is None:
+            return super().exact_prediction(test_mean, test_test_covar, test_train_covar)
+        correction = _variance_correction(test_test_covar)
+        kernel_space = self.uses_kernel_space
+        mean_cache, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
+        mean = (features @ mean_cache).squeeze(-1) + test_mean
+        if gpytorch.settings.skip_posterior_variances.on():
+            return mean, ZeroLinearOperator(*mean.shape, mean.shape[-1], dtype=mean.dtype, device=mean.device)
+        if kernel_space:  # Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ, W = L⁻¹Φ
+            features = features.expand(*torch.broadcast_shapes(features.shape[:-2], factor.shape[:-2]),
+                                       *features.shape[-2:])
+            covar = RootLinearOperator(features) - RootLinearOperator(features @ factor.mT)
+        else:
+            covar = RootLinearOperator(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
+        if correction is not None:
+            covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
+        return mean, covar
+
+    @property
+    def uses_kernel_space(self) -> bool:
+        """Whether the posterior caches come from the N × N matrix ΦΦᵀ + D (:mod:`rfgp.inference.kernel_space`).
+
+        The same choice as the marginal likelihood's: materialised training features and
+        N²·F + N³/3 ≤ N·F² + F³/3 (batches counted).  Chunked training operators stay in feature space.
+        """
+        train_covar = self.lik_train_train_covar
+        return isinstance(train_covar, FeatureRootAddedDiagLinearOperator) and train_covar.uses_kernel_space()
+
+    @property
+    @cached(name="kernel_space_cache")
+    def kernel_space_cache(self) -> tuple[Tensor, Tensor]:
+        """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D)."""
+        check_targets(self.train_labels, "the training targets y")
+        train_covar = self.lik_train_train_covar
+        features = train_covar._linear_op.root.to_dense()
+        noise = check_noise(train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
+        residual = self.train_labels - self.train_prior_dist.mean
+        operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1])
+        columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
+        mean_cache, root = kernel_space_posterior_caches(features, noise, columns)
+        if target_batch:
+            mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
+        return mean_cache, root
+
+    @property
+    @cached(name="mean_covar_cache")
+    def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
+        """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
+        check_targets(self.train_labels, "the training targets y")
+        # Noise-added operators with extra structure (rfgp.inference.classification: shared Φ across
+        # classes) build the same caches themselves.
+        structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)
+        if structured is not None:
+            caches = structured(self.train_labels - self.train_prior_dist.mean)
+            if caches is not None:
+                return caches
+        train_covar = self.train_prior_dist.lazy_covariance_matrix
+        scale = 1.0
+        if isinstance(train_covar, ConstantMulLinearOperator):
+            scale = train_covar.expanded_constant
+            train_covar = train_covar.base_linear_op
+        weights = noise_weights(self.lik_train_train_covar._diag_tensor)
+        residual = self.train_labels - self.train_prior_dist.mean
+        operator_batch = torch.broadcast_shapes(train_covar.batch_shape, weights.shape[:-1])
+        columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
+        gram, cross = train_covar.feature_statistics(weights, columns)
+        if torch.is_tensor(scale):
+            gram = gram * scale.unsqueeze(-1).unsqueeze(-1)
+            cross = cross * scale.sqrt().unsqueeze(-1).unsqueeze(-1)
+        gram, cross = distributed.reduce_statistics(gram, cross)
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        chol = psd_safe_cholesky(gram + eye, upper=False)
+        mean_cache = torch.cholesky_solve(cross, chol, upper=False)  # (*batch, F, prod(extra) or 1)
+        if target_batch:
+            mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
+        return mean_cache, chol
+
+
+def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tensor, torch.Size]:
+    """Targets ``(*extra, *batch, N)`` as right-hand-side columns ``(*batch, N, prod(extra))``, and ``extra``.
+
+    Fantasy models (BoTorch's ``fantasize``, qKnowledgeGradient) carry batch dimensions in their
+    targets only — the training inputs and so Φ are shared — and ΦᵀD⁻¹Φ does not depend on the
+    targets: folding those dimensions into columns computes one F × F Gram per operator batch
+    instead of one per fantasy (16 fantasies × 32 candidate batches, N = 2000, F = 256: 60 s → 4.6 s).
+    """
+    extra = residual.shape[: max(0, residual.dim() - 1 - operator_dims)]
+    if not extra:
+        return residual.unsqueeze(-1), extra
+    return residual.flatten(0, len(extra) - 1).movedim(0, -1), extra
+
+
+def _features(covar) -> Tensor | None:
+    """Φ of a test covariance ΦΦᵀ (possibly constant-scaled or chunked), ``None`` if it has no feature root."""
+    if isinstance(covar, ConstantMulLinearOperator):
+        inner = _features(covar.base_linear_op)
+        return None if inner is None else inner * covar.expanded_constant.sqrt().unsqueeze(-1).unsqueeze(-1)
+    if hasattr(covar, "features"):
+        return covar.features()
+    if hasattr(covar, "root"):
+        return covar.root.to_dense()
+    if isinstance(covar, MatmulLinearOperator):
+        return covar.left_linear_op.to_dense()
+    return None
+
+
+def _variance_correction(covar):
+    """The bias correction carried by a (possibly constant-scaled) feature-root operator."""
+    if isinstance(covar, ConstantMulLinearOperator):
+        inner = _variance_correction(covar.base_linear_op)
+        return None if inner is None else inner * covar.expanded_constant.unsqueeze(-1)
+    return getattr(covar, "variance_correction", None)

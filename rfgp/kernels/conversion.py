@@ -1,0 +1,622 @@
+"""``rfgp.sketch``: convert a GPyTorch kernel tree into its random-feature counterpart.
+
+Each supported GPyTorch kernel type has a registered converter that builds the rfgp
+kernel with the same hyperparameter values, constraints, priors, ``ard_num_dims``,
+``batch_shape`` and ``active_dims``.  ``ScaleKernel`` is kept (its outputscale scales
+the features), ``AdditiveKernel`` becomes :class:`~rfgp.kernels.FeatureSumKernel` (its
+parts share the width F) and ``ProductKernel`` a width-F product
+(:class:`~rfgp.kernels.SpectralProductKernel` for stationary factors,
+:class:`~rfgp.kernels.SketchedProductKernel` otherwise, a Kronecker product with exact
+factors such as ``IndexKernel``; see :mod:`rfgp.kernels.tree_widths`), so the whole tree
+stays low-rank and at most F wide.  Modules of other families register their converters
+with :func:`register_converter`.
+
+Dispatch is on the exact type: a subclass of a supported kernel (``RBFKernelGrad`` is an
+``RBFKernel``) may compute a different covariance, so it raises a ``TypeError`` unless it
+has a converter of its own.  ``method`` is one name for every leaf that has it, or a mapping
+from kernel class (or class name) to method; keyword options go to the leaves that declare
+them, and an option no leaf of the tree takes raises.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Callable
+
+import gpytorch
+import torch
+from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
+from torch import Tensor
+
+from .tree_widths import TreeBuilder, leaf_width
+from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
+
+_CONVERTERS: dict[type, Callable] = {}
+#: the ``method`` names each converter accepts (a callable for families that grow, e.g. polynomial)
+_METHODS: dict[type, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
+#: the keyword options each converter accepts
+_OPTIONS: dict[type, tuple[str, ...]] = {}
+#: kernels rfgp deliberately does not convert, with the reason
+_REFUSALS: dict[type, str] = {}
+
+
+def register_converter(kernel_type: type, methods=None, options: tuple[str, ...] | None = None) -> Callable:
+    """Decorator registering ``fn(kernel, num_features, method, seed, **options) -> Kernel`` for exactly ``kernel_type``.
+
+    Args:
+        kernel_type: the kernel class (subclasses are not matched: register them separately).
+        methods: the ``method`` names ``fn`` accepts (a tuple, or a callable returning one); ``fn``
+            receives ``None`` for its default.  ``None``: undeclared, ``fn`` receives any name given.
+        options: the keyword options ``fn`` accepts; ``None``: undeclared, ``fn`` receives all.
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        _CONVERTERS[kernel_type] = fn
+        _METHODS.pop(kernel_type, None)
+        _OPTIONS.pop(kernel_type, None)
+        if methods is not None:
+            _METHODS[kernel_type] = methods
+        if options is not None:
+            _OPTIONS[kernel_type] = tuple(options)
+        return fn
+
+    return decorate
+
+
+def refuse_conversion(kernel_type: type, reason: str) -> None:
+    """Make :func:`sketch` raise a TypeError with ``reason`` for ``kernel_type``."""
+    _REFUSALS[kernel_type] = reason
+
+
+def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: int | None = None, **options) -> Kernel:
+    """Return the random-feature version of a GPyTorch kernel tree with the same hyperparameters.
+
+    Args:
+        kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.  Leaves: RBF, Matérn,
+            polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
+            constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; inside
+            ``ScaleKernel``, ``AdditiveKernel``, ``ProductKernel``, ``MultitaskKernel``.
+        num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).
+            A sum splits F equally among its parts after its exact finite parts (``IndexKernel``,
+            Linear, Constant, Cosine) took their own widths, each random part an even share; a
+            product keeps F.  A list gives the widths of the parts of the tree's (outermost,
+            ScaleKernels looked through) ``AdditiveKernel`` explicitly, e.g. ``[256, 512, 256]``; an
+            entry may itself be a list for a nested sum.  Non-positive or non-integer widths, or a
+            list whose length is not the number of parts, raise ValueError.
+        method: the sketch of each leaf: ``None`` (every family's default, e.g. ``"rff"`` for
+            RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others
+            keep their default — a name no leaf of the tree has raises; or a mapping from
+            kernel class or class name to method, ``{"RBFKernel": "orf", PolynomialKernel: "sketch"}``
+            (unlisted leaves keep their default; unknown kernels or methods raise).
+            ``method="nystrom"`` instead turns the whole tree (any scalar kernel) into one
+            :class:`~rfgp.kernels.NystromKernel` with ``num_features`` landmarks chosen among
+            ``x_sample=`` (required) by ``landmarks="uniform" | "kmeans++" | "rls"``, see
+            :func:`~rfgp.kernels.nystrom.nystrom_sketch`; a ``MultitaskKernel`` becomes a
+            decomposable kernel over the Nyström data kernel.
+        seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
+            that factors of a product are independent.
+        options: passed to the leaf converters.  ``method="gaussian_sketch" | "gaussian_sketch_hd"``
+            (RBF leaves, paper 003) need the data radius and the target additive error to
+            choose the truncation order: ``x_sample=`` (or ``radius=``) and ``alpha=``, or
+            ``order=`` (see :func:`taylor_sketch_options`); a ValueError names what is missing.
+
+    Raises:
+        TypeError: naming the first kernel in the tree that has no random-feature version (or is
+            an unregistered subclass of one), or an unknown keyword option (the accepted ones listed).
+        ValueError: a method name no leaf of the tree has, or a ``method`` mapping naming an
+            unknown kernel or a method that kernel does not have.
+
+    Example:
+        >>> exact = ScaleKernel(RBFKernel(ard_num_dims=3))
+        >>> sketched = rfgp.sketch(exact, num_features=1024, method="sorf")
+        >>> taylor = rfgp.sketch(exact, 1024, method="gaussian_sketch", x_sample=train_x, alpha=1e-4)
+        >>> mixed = rfgp.sketch(ScaleKernel(RBFKernel()) + PolynomialKernel(power=2), 1024,
+        ...                     method={"RBFKernel": "orf", "PolynomialKernel": "sketch"})
+        >>> tree = ScaleKernel(RBFKernel()) + ScaleKernel(PeriodicKernel() * RBFKernel())
+        >>> rfgp.sketch(tree, num_features=[256, 768]).num_features      # the product keeps its 768
+        1024
+        >>> landmark = rfgp.sketch(exact, 512, method="nystrom", x_sample=train_x, landmarks="kmeans++", seed=0)
+    """
+    if method == "nystrom":
+        return _nystrom(kernel, num_features, seed, options)
+    _check_option_names(options)
+    leaves = list(_leaves(kernel))
+    choose_method = _method_chooser(method, leaves)
+    plan = _Plan(num_features, choose_method, _SeedSequence(seed), options)
+    converted = _convert(kernel, plan)
+    unused = sorted(set(options) - plan.used_options)
+    if unused:
+        takers = {name: sorted(t.__name__ for t, names in _OPTIONS.items() if name in names) for name in unused}
+        raise TypeError(
+            "options not taken by any kernel in this tree: "
+            + "; ".join(f"{name!r} (taken by {', '.join(takers[name])})" for name in unused)
+        )
+    return converted
+
+
+def _nystrom(kernel: Kernel, num_features: int, seed: int | None, options: dict) -> Kernel:
+    """``method="nystrom"``: one Nyström map of the whole tree (of the data kernel of a multitask kernel)."""
+    from .nystrom import nystrom_sketch
+
+    if type(kernel) in _MULTITASK_TYPES:
+        data_kernel = nystrom_sketch(kernel.data_covar_module, num_features, seed=seed, **options)
+        return _convert_decomposable(kernel, data_kernel)
+    return nystrom_sketch(kernel, num_features, seed=seed, **options)
+
+
+def _accepted_option_names() -> list[str]:
+    return sorted({name for names in _OPTIONS.values() for name in names})
+
+
+def _check_option_names(options: dict) -> None:
+    unknown = [name for name in options if name not in _accepted_option_names()]
+    undeclared = [t for t in _CONVERTERS if t not in _OPTIONS]
+    if unknown and not undeclared:
+        raise TypeError(
+            f"rfgp.sketch got unexpected keyword argument(s) {', '.join(repr(n) for n in unknown)}; accepted: "
+            f"num_features, method, seed, {', '.join(_accepted_option_names())}"
+        )
+
+
+def _children(kernel: Kernel) -> list[Kernel]:
+    if isinstance(kernel, ScaleKernel):
+        return [kernel.base_kernel]
+    if isinstance(kernel, (AdditiveKernel, ProductKernel)):
+        return list(kernel.kernels)
+    if type(kernel) in _MULTITASK_TYPES:
+        return [kernel.data_covar_module]
+    return []
+
+
+def _leaves(kernel: Kernel):
+    children = _children(kernel)
+    if not children:
+        yield kernel
+    for child in children:
+        yield from _leaves(child)
+
+
+def _methods_of(kernel_type: type) -> tuple[str, ...] | None:
+    methods = _METHODS.get(kernel_type)
+    return methods() if callable(methods) else methods
+
+
+def _method_chooser(method, leaves: list[Kernel]) -> Callable[[Kernel], str | None]:
+    """``leaf -> method`` for a ``method`` argument that is None, one name or a mapping."""
+    if method is None:
+        return lambda leaf: None
+    if isinstance(method, str):
+        types = {type(leaf) for leaf in leaves if type(leaf) in _CONVERTERS}
+        declared = {t: _methods_of(t) for t in types}
+        if types and all(m is not None and method not in m for m in declared.values()):
+            accepted = sorted({name for m in declared.values() for name in m})
+            raise ValueError(
+                f"method must be one of {', '.join(repr(a) for a in accepted)} (the methods of the kernels in this "
+                f"tree: {', '.join(sorted(t.__name__ for t in types))}); got {method!r}"
+            )
+        return lambda leaf: method if declared.get(type(leaf)) is None or method in declared[type(leaf)] else None
+    if not isinstance(method, Mapping):
+        raise TypeError(f"method must be None, a str or a mapping from kernel class to method, got {type(method).__name__}")
+    by_type = {}
+    names = {t.__name__: t for t in _CONVERTERS}
+    for key, value in method.items():
+        kernel_type = names.get(key) if isinstance(key, str) else key
+        if kernel_type not in _CONVERTERS:
+            raise ValueError(
+                f"method mapping names {getattr(key, '__name__', key)!r}, which rfgp.sketch does not convert; "
+                f"kernels: {', '.join(sorted(names))}"
+            )
+        accepted = _methods_of(kernel_type)
+        if accepted is not None and value not in accepted:
+            raise ValueError(
+                f"method for {kernel_type.__name__} must be one of {', '.join(repr(a) for a in accepted)}; got {value!r}"
+            )
+        by_type[kernel_type] = value
+    return lambda leaf: by_type.get(type(leaf))
+
+
+class _Plan:
+    """What every leaf conversion needs: width, method choice, seeds, and the options (with their use recorded)."""
+
+    def __init__(self, num_features: int, choose_method: Callable, seeds: _SeedSequence, options: dict) -> None:
+        self.num_features = num_features
+        self.choose_method = choose_method
+        self.seeds = seeds
+        self.options = options
+        self.used_options: set[str] = set()
+
+    def at_width(self, num_features, seeds: _SeedSequence | None = None) -> _Plan:
+        """This plan for a sub-tree of another width (and, for probes, other seeds); option use stays shared."""
+        plan = copy.copy(self)
+        plan.num_features = num_features
+        if seeds is not None:
+            plan.seeds = seeds
+        return plan
+
+    def options_for(self, kernel_type: type) -> dict:
+        declared = _OPTIONS.get(kernel_type)
+        taken = self.options if declared is None else {k: v for k, v in self.options.items() if k in declared}
+        self.used_options.update(taken)
+        return taken
+
+
+class _SeedSequence:
+    def __init__(self, seed: int | None) -> None:
+        self.next = seed
+
+    def take(self) -> int | None:
+        seed = self.next
+        if seed is not None:
+            self.next += 1
+        return seed
+
+
+def _convert(kernel, plan: _Plan):
+    if isinstance(kernel, ScaleKernel):
+        base = _convert(kernel.base_kernel, plan)
+        return copy_hyperparameters(kernel, ScaleKernel(base, **_common_kwargs(kernel)), "outputscale")
+    if isinstance(kernel, (AdditiveKernel, ProductKernel)):
+        builder = TreeBuilder(
+            convert=lambda part, width: _convert(part, plan.at_width(width)),
+            probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0))),
+            take_seed=plan.seeds.take,
+        )
+        return builder.sum(kernel, plan.num_features) if isinstance(kernel, AdditiveKernel) else \
+            builder.product(kernel, plan.num_features)
+    if type(kernel) in _MULTITASK_TYPES:
+        return _convert_decomposable(kernel, _convert(kernel.data_covar_module, plan))
+    return _convert_leaf(kernel, plan)
+
+
+def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
+    kernel_type = type(kernel)
+    if kernel_type in _REFUSALS:
+        raise TypeError(f"rfgp.sketch does not convert {kernel_type.__name__}: {_REFUSALS[kernel_type]}")
+    if kernel_type in _CONVERTERS:
+        converter = _CONVERTERS[kernel_type]
+        return converter(kernel, leaf_width(plan.num_features, kernel), plan.choose_method(kernel), plan.seeds.take(),
+                         **plan.options_for(kernel_type))
+    parents = [t.__name__ for t in kernel_type.__mro__[1:] if t in _CONVERTERS]
+    if parents:
+        raise TypeError(
+            f"rfgp.sketch has no random-feature version of {kernel_type.__name__}; it is a subclass of "
+            f"{parents[0]}, but a subclass may compute a different covariance (RBFKernelGrad adds derivatives), "
+            f"so it is not converted as its parent: register a converter with "
+            f"rfgp.register_converter({kernel_type.__name__})"
+        )
+    supported = ", ".join(sorted(t.__name__ for t in _CONVERTERS))
+    raise TypeError(
+        f"rfgp.sketch has no random-feature version of {kernel_type.__name__}; supported kernels: "
+        f"{supported}, and ScaleKernel/AdditiveKernel/ProductKernel/MultitaskKernel around them"
+    )
+
+
+def _common_kwargs(kernel: Kernel) -> dict:
+    return {"batch_shape": kernel.batch_shape, "active_dims": kernel.active_dims}
+
+
+def lengthscale_kwargs(kernel: Kernel) -> dict:
+    """Constructor arguments that reproduce ``kernel``'s lengthscale setup (ARD, batch, dims, constraint, prior)."""
+    kwargs = _common_kwargs(kernel)
+    kwargs["ard_num_dims"] = kernel.ard_num_dims
+    kwargs["lengthscale_constraint"] = kernel.raw_lengthscale_constraint
+    prior = getattr(kernel, "lengthscale_prior", None)
+    if prior is not None:
+        kwargs["lengthscale_prior"] = prior
+    return kwargs
+
+
+def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
+    """Copy the raw values of the named hyperparameters (and their constraints/priors) from source to target."""
+    for name in names:
+        raw = f"raw_{name}"
+        # the target was built in torch's default dtype on the CPU: follow the source, copy at full precision
+        target.to(getattr(source, raw))
+        getattr(target, raw).data.copy_(getattr(source, raw).data)
+        target.register_constraint(raw, getattr(source, f"{raw}_constraint"))
+        prior_name = f"{name}_prior"
+        if prior_name in source._priors:
+            prior, closure, setting_closure = source._priors[prior_name]
+            target._priors[prior_name] = (prior, closure, setting_closure)
+            target.add_module(prior_name, prior)
+    return target
+
+
+_FOURIER = ("rff", "orf", "sorf")
+_RBF_METHODS = (*_FOURIER, "maclaurin", "gaussian_sketch", "gaussian_sketch_hd")
+_MACLAURIN_OPTIONS = ("projection", "weights", "srht_blocks", "min_order", "max_order", "sample_size", "bias_correction")
+_TAYLOR_OPTIONS = ("x_sample", "radius", "alpha", "order", "center", "min_lengthscale", "mode")
+
+
+@register_converter(gpytorch.kernels.RBFKernel, methods=_RBF_METHODS,
+                    options=(*_MACLAURIN_OPTIONS, *_TAYLOR_OPTIONS, "complex_posterior", "input_dim"))
+def _convert_rbf(kernel, num_features, method, seed, **options):
+    """RBFKernel → SketchedRBFKernel; ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`."""
+    from .fourier import GAUSSIAN_SKETCH_METHODS, SketchedRBFKernel
+
+    if method in GAUSSIAN_SKETCH_METHODS:
+        options = taylor_sketch_options(kernel, method, **options)
+    sketched = SketchedRBFKernel(num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None = None, radius: float | None = None,
+                          alpha: float | None = None, order: int | None = None, center=None,
+                          min_lengthscale: float | None = None, **options) -> dict:
+    r"""Arguments of ``SketchedRBFKernel(method="gaussian_sketch"|"gaussian_sketch_hd")`` for converting ``kernel``.
+
+    GaussianSketch(HD) truncate the Taylor expansion of exp(−‖z − z'‖²) around the origin at
+    an order s that depends on the data radius and the target additive error α (paper 003
+    Lemmas 2.9/2.11, Thms 3.1/3.3: the smallest s with ξ d e^{2dL²} P(s, 2L²) ≤ α, box
+    radius L = ‖x − c‖_∞/(√2 ℓ), resp. ξ e^{2R²} P(s, 2R²) ≤ α, ball radius R = ‖x − c‖₂/(√2 ℓ),
+    ξ = 4).  So the conversion needs, besides ``alpha``:
+
+    * ``x_sample``: points of the input space (the columns the GP receives; the kernel's
+      ``active_dims`` are applied) — the centre c is their bounding-box centre and the radius
+      their largest ‖x − c‖_∞ (GaussianSketch) or ‖x − c‖₂ (HD), in input units; or
+    * ``radius`` (and optionally ``center``, default no shift) given directly; or
+    * ``order`` = s directly (then neither radius nor alpha is needed).
+
+    ``min_lengthscale`` (the lengthscale s is chosen for) defaults to the converted kernel's
+    smallest current lengthscale, so the converted kernel holds the bound |K − K_s| ≤ α/4
+    entrywise at the carried-over hyperparameters; a lengthscale trained below it raises.
+
+    Raises:
+        ValueError: naming the missing argument (``radius``/``x_sample`` or ``alpha``), or
+            when both ``radius`` and ``x_sample`` are given.
+    """
+    if x_sample is not None:
+        if radius is not None:
+            raise ValueError(f"pass radius= or x_sample= for method={method!r}, not both (got radius={radius})")
+        x = _active_columns(kernel, x_sample)
+        center = (x.min(-2).values + x.max(-2).values) / 2 if center is None else torch.as_tensor(center).to(x)
+        offsets = x - center
+        radius = float(offsets.abs().max() if method == "gaussian_sketch" else offsets.norm(dim=-1).max())
+        center = center.tolist()
+    if order is None:
+        norm = "‖x − center‖_∞" if method == "gaussian_sketch" else "‖x − center‖₂"
+        missing = [name for name, value in (("radius", radius), ("alpha", alpha)) if value is None]
+        if missing:
+            raise ValueError(
+                f"method={method!r} chooses its truncation order s from the data radius and the target "
+                f"additive error alpha (paper 003 Lemma 2.9/2.11); missing: {' and '.join(missing)} "
+                f"(got radius={radius}, x_sample=None, alpha={alpha}). Pass x_sample= (points to take the "
+                f"centre and radius from) or radius= (a bound on {norm} in input units), and alpha= "
+                "(e.g. 1e-4), or order= directly"
+            )
+    if min_lengthscale is None and radius is not None:
+        min_lengthscale = float(kernel.lengthscale.detach().min())
+    return {"order": order, "radius": radius, "alpha": alpha, "center": center,
+            "min_lengthscale": min_lengthscale, **options}
+
+
+def _active_columns(kernel: Kernel, x_sample) -> Tensor:
+    if not torch.is_tensor(x_sample) or not x_sample.is_floating_point() or x_sample.dim() < 2:
+        raise ValueError(f"x_sample must be a floating (n, d) tensor of input points, got {x_sample!r:.80}")
+    if kernel.active_dims is not None:
+        x_sample = x_sample.index_select(-1, kernel.active_dims.to(x_sample.device))
+    x_sample = x_sample.detach().reshape(-1, x_sample.shape[-1]).double()
+    if not bool(torch.isfinite(x_sample).all()):
+        raise ValueError("x_sample contains NaN or Inf entries")
+    return x_sample
+
+
+@register_converter(gpytorch.kernels.MaternKernel, methods=_FOURIER, options=("input_dim",))
+def _convert_matern(kernel, num_features, method, seed, **options):
+    from .fourier import SketchedMaternKernel
+
+    sketched = SketchedMaternKernel(
+        num_features, nu=kernel.nu, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
+    )
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+def _polynomial_methods() -> tuple[str, ...]:
+    from .polynomial import POLYNOMIAL_METHODS
+
+    return tuple(POLYNOMIAL_METHODS)
+
+
+@register_converter(gpytorch.kernels.PolynomialKernel, methods=_polynomial_methods,
+                    options=("projection", "weights", "srht_blocks", "lengthscale", "input_normalization",
+                             "complex_posterior", "input_dim", "min_order", "max_order", "sample_size",
+                             "bias_correction"))
+def _convert_polynomial(kernel, num_features, method, seed, **options):
+    from .polynomial import SketchedPolynomialKernel
+
+    sketched = SketchedPolynomialKernel(
+        kernel.power,
+        num_features,
+        method=method or "sketch",
+        seed=seed,
+        offset_constraint=kernel.raw_offset_constraint,
+        **options,
+        **_common_kwargs(kernel),
+    )
+    return copy_hyperparameters(kernel, sketched, "offset")
+
+
+def _convert_derivative_kernel(sketched_type, kernel, num_features, method, seed, **options):
+    sketched = sketched_type(
+        num_features, kernel.input_dim, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
+    )
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+@register_converter(CurlFreeRBFKernel, methods=_FOURIER, options=())
+def _convert_curl_free(kernel, num_features, method, seed, **options):
+    from .sketched_operator_valued import SketchedCurlFreeKernel
+
+    return _convert_derivative_kernel(SketchedCurlFreeKernel, kernel, num_features, method, seed, **options)
+
+
+@register_converter(DivFreeRBFKernel, methods=_FOURIER, options=())
+def _convert_div_free(kernel, num_features, method, seed, **options):
+    from .sketched_operator_valued import SketchedDivFreeKernel
+
+    return _convert_derivative_kernel(SketchedDivFreeKernel, kernel, num_features, method, seed, **options)
+
+
+#: MultitaskKernel (and rfgp's DecomposableKernel, the same model) convert their data kernel like a container
+_MULTITASK_TYPES = (gpytorch.kernels.MultitaskKernel, DecomposableKernel)
+
+
+def _convert_decomposable(kernel, base: Kernel) -> Kernel:
+    """MultitaskKernel / DecomposableKernel → SketchedDecomposableKernel over the converted data kernel.
+
+    ``num_features`` is the width of the scalar sketch; the root has F·(rank + p) columns.  The
+    IndexKernel (A = LLᵀ + diag(v), its constraint and prior) carries over unchanged.
+    """
+    from .sketched_operator_valued import SketchedDecomposableKernel
+
+    rank = kernel.task_covar_module.covar_factor.shape[-1]
+    sketched = SketchedDecomposableKernel(base, num_outputs=kernel.num_tasks, rank=rank)
+    sketched.task_covar_module = copy.deepcopy(kernel.task_covar_module)
+    return sketched
+
+
+def _check_positive_hyperparameters(kernel: Kernel, *names: str) -> None:
+    """Conversion-time check (the sketched families need them > 0 whatever constraint the exact kernel has)."""
+    for name in names:
+        value = getattr(kernel, name).detach()
+        if not bool(torch.isfinite(value).all()) or bool((value <= 0).any()):
+            raise ValueError(
+                f"{type(kernel).__name__}.{name} must be finite and > 0 to convert, got "
+                f"{value.cpu().flatten()[:8].tolist()}"
+            )
+
+
+def _spectral_kwargs(kernel: Kernel, method: str | None, seed: int | None) -> dict:
+    return {"method": method or "rff", "seed": seed, **_common_kwargs(kernel)}
+
+
+@register_converter(gpytorch.kernels.PeriodicKernel, methods=("rff",), options=())
+def _convert_periodic(kernel, num_features, method, seed):
+    """PeriodicKernel → SketchedPeriodicKernel (Bessel-weighted harmonics, :mod:`rfgp.features.periodic`)."""
+    from .periodic import SketchedPeriodicKernel
+
+    _check_positive_hyperparameters(kernel, "lengthscale", "period_length")
+    sketched = SketchedPeriodicKernel(num_features, period_length_constraint=kernel.raw_period_length_constraint,
+                                      **{**_spectral_kwargs(kernel, method, seed), **lengthscale_kwargs(kernel)})
+    return copy_hyperparameters(kernel, sketched, "lengthscale", "period_length")
+
+
+@register_converter(gpytorch.kernels.RQKernel, methods=("rff",), options=())
+def _convert_rq(kernel, num_features, method, seed):
+    """RQKernel → SketchedRQKernel (importance-weighted Student-t frequencies, :mod:`rfgp.features.rational_quadratic`)."""
+    from .rational_quadratic import SketchedRQKernel
+
+    _check_positive_hyperparameters(kernel, "lengthscale", "alpha")
+    sketched = SketchedRQKernel(num_features, alpha_constraint=kernel.raw_alpha_constraint,
+                                **{**_spectral_kwargs(kernel, method, seed), **lengthscale_kwargs(kernel)})
+    return copy_hyperparameters(kernel, sketched, "lengthscale", "alpha")
+
+
+_MIXTURE_PARAMETERS = ("mixture_weights", "mixture_means", "mixture_scales")
+
+
+@register_converter(gpytorch.kernels.SpectralMixtureKernel, methods=("rff",), options=())
+def _convert_spectral_mixture(kernel, num_features, method, seed):
+    """SpectralMixtureKernel → SketchedSpectralMixtureKernel (:mod:`rfgp.features.spectral_mixture`)."""
+    from .spectral_mixture import SketchedSpectralMixtureKernel
+
+    _check_positive_hyperparameters(kernel, "mixture_weights", "mixture_scales")
+    constraints = {f"{name}_constraint": getattr(kernel, f"raw_{name}_constraint") for name in _MIXTURE_PARAMETERS}
+    sketched = SketchedSpectralMixtureKernel(kernel.num_mixtures, num_features, ard_num_dims=kernel.ard_num_dims,
+                                             **constraints, **_spectral_kwargs(kernel, method, seed))
+    return copy_hyperparameters(kernel, sketched, *_MIXTURE_PARAMETERS)
+
+
+@register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))
+def _convert_linear(kernel, num_features, method, seed, input_dim=None):
+    """LinearKernel → LinearFeatureKernel: exact features x⊙√v, width d (``num_features`` does not apply)."""
+    from .exact_features import LinearFeatureKernel
+
+    if input_dim is None and kernel.active_dims is not None:
+        input_dim = len(kernel.active_dims)
+    sketched = LinearFeatureKernel(ard_num_dims=kernel.ard_num_dims, input_dim=input_dim,
+                                   variance_constraint=kernel.raw_variance_constraint, **_common_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "variance")
+
+
+@register_converter(gpytorch.kernels.ConstantKernel, methods=("exact",), options=())
+def _convert_constant(kernel, num_features, method, seed):
+    """ConstantKernel → ConstantFeatureKernel: the exact feature √c, width 1."""
+    from .exact_features import ConstantFeatureKernel
+
+    sketched = ConstantFeatureKernel(constant_constraint=kernel.raw_constant_constraint, **_common_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "constant")
+
+
+@register_converter(gpytorch.kernels.CosineKernel, methods=("exact",), options=())
+def _convert_cosine(kernel, num_features, method, seed):
+    """CosineKernel → CosineFeatureKernel: exact features [cos, sin](πx/p), width 2 (1-D inputs only)."""
+    from .exact_features import CosineFeatureKernel
+
+    _check_positive_hyperparameters(kernel, "period_length")
+    sketched = CosineFeatureKernel(period_length_constraint=kernel.raw_period_length_constraint,
+                                   **_common_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "period_length")
+
+
+refuse_conversion(
+    gpytorch.kernels.PiecewisePolynomialKernel,
+    "its compactly supported (Wendland-type) covariance has a spectral density that is a sum of "
+    "Bessel/hypergeometric terms with power-law tails and no closed-form sampler, and rfgp's radial "
+    "density fit (used for SRF on the sphere) has no documented accuracy for it; keep it exact or "
+    "replace it by a MaternKernel of similar smoothness (q = 0, 1, 2, 3 ~ nu = 0.5, 1.5, 2.5)",
+)
+
+
+# ---------------------------------------------------------------- derivative kernels
+def _convert_fourier_gradient(kernel, sketched_name, num_features, method, seed, **options):
+    """RBFKernelGrad/RBFKernelGradGrad/Matern52KernelGrad → the sketched kernel of :mod:`rfgp.kernels.derivative`."""
+    from . import derivative
+
+    sketched = getattr(derivative, sketched_name)(
+        num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel)
+    )
+    return copy_hyperparameters(kernel, sketched, "lengthscale")
+
+
+@register_converter(gpytorch.kernels.RBFKernelGrad, methods=_FOURIER, options=("input_dim",))
+def _convert_rbf_grad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, "SketchedRBFKernelGrad", num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.RBFKernelGradGrad, methods=_FOURIER, options=("input_dim",))
+def _convert_rbf_gradgrad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, "SketchedRBFKernelGradGrad", num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.Matern52KernelGrad, methods=_FOURIER, options=("input_dim",))
+def _convert_matern52_grad(kernel, num_features, method, seed, **options):
+    return _convert_fourier_gradient(kernel, "SketchedMatern52KernelGrad", num_features, method, seed, **options)
+
+
+@register_converter(gpytorch.kernels.PolynomialKernelGrad, methods=("sketch",),
+                    options=("projection", "weights", "srht_blocks", "input_dim"))
+def _convert_polynomial_grad(kernel, num_features, method, seed, **options):
+    """PolynomialKernelGrad → :class:`~rfgp.kernels.SketchedPolynomialKernelGrad`, offset carried over."""
+    from .derivative import SketchedPolynomialKernelGrad
+
+    sketched = SketchedPolynomialKernelGrad(
+        kernel.power, num_features, method=method or "sketch", seed=seed,
+        offset_constraint=kernel.raw_offset_constraint, **options, **_common_kwargs(kernel),
+    )
+    return copy_hyperparameters(kernel, sketched, "offset")
+
+
+@register_converter(gpytorch.kernels.IndexKernel, methods=(), options=())
+def _convert_index(kernel, num_features, method, seed):
+    """IndexKernel → :class:`~rfgp.kernels.IndexFeatureKernel` (exact features [L[i], √v[i]e_i], same parameters, prior)."""
+    from .index import IndexFeatureKernel
+
+    num_tasks, rank = kernel.covar_factor.shape[-2:]
+    converted = IndexFeatureKernel(num_tasks, rank, **_common_kwargs(kernel))
+    converted.covar_factor.data = kernel.covar_factor.data.clone()
+    for name, (prior, closure, setting_closure) in kernel._priors.items():
+        converted.register_prior(name, prior, closure, setting_closure)
+    copy_hyperparameters(kernel, converted, "var")
+    return converted.to(kernel.covar_factor)

@@ -1,0 +1,190 @@
+"""``rfgp.set_num_features``: re-draw every feature map of a model or kernel tree at a new width.
+
+Train small, predict big: the hyperparameters (lengthscales, outputscale, noise, means) of a
+random-feature GP do not depend on F, only the Monte-Carlo error of k̂ does (it falls as F^{−1/2}).
+So a model can be trained at a small F — O(N·F²) per marginal-likelihood evaluation — and then
+re-drawn at 4–8× the width with the *same* hyperparameters, paying O(N·F'²) once for the
+posterior caches instead of at every optimiser step.
+
+Every map keeps its configuration (method, projection, weights, spectral density, seed, ...):
+with the same seed, i.i.d. draws at the new width extend the old ones.  When a tree holds several
+maps (sums, products, multi-output parts) the widths keep their proportions; each is rounded to
+its map's granularity (sin/cos pairs, complex features and operator-valued blocks come in
+multiples).  Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
+(paper 000 Algorithm 3) for the new budget on the training inputs as the map sees them, and a
+Nyström kernel chooses M' new landmarks among them by the rule and seed of its first choice
+(:meth:`~rfgp.kernels.NystromKernel.reselect_landmarks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gpytorch
+from gpytorch.kernels import Kernel
+from torch import Tensor, nn
+
+from ..core.validation import check_positive_int
+from ..features.base import FeatureMap
+from ..features.fourier import RandomFourierFeatures
+from ..features.gaussian_sketch import _TaylorSketchBase
+from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin, _MaclaurinFeatures
+from ..features.maclaurin_allocation import total_width
+from ..features.operator_valued import OperatorValuedFourierFeatures
+from ..features.polynomial import PolynomialSketch
+from ..features.spherical import SphericalRandomFeatures
+from ..kernels.maclaurin import refit_allocation
+from ..kernels.nystrom import NystromKernel
+from ..kernels.random_feature_kernel import RandomFeatureKernel
+from .streaming import StreamingFeatureGP
+
+#: maps whose draws depend only on (seed, input_dim, num_features): a new width is a redraw
+_REDRAWN = (RandomFourierFeatures, SphericalRandomFeatures, PolynomialSketch, _TaylorSketchBase)
+
+
+def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | None = None) -> nn.Module:
+    """Re-draw the rfgp feature maps in ``module`` in place so that their widths sum to ``num_features``.
+
+    Hyperparameters and every other setting are kept; prediction caches of GPyTorch models in
+    ``module`` are cleared, so the next posterior is rebuilt once at the new width (chunk by chunk
+    when its N × F features exceed :class:`rfgp.settings.memory_budget`).
+
+    Args:
+        module: an ``ExactGP`` (e.g. a trained model), a kernel tree, or any module holding them.
+        num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F).  With several
+            maps each gets F·Fᵢ/ΣFⱼ rounded to its granularity (at least one unit).
+        x_sample: inputs for data-dependent maps (optimized Maclaurin, Nyström landmarks); defaults to the model's
+            ``train_inputs``.
+
+    Returns:
+        ``module``.
+
+    Raises:
+        ValueError: ``num_features`` is not a multiple of a single map's granularity (e.g. odd for
+            sin/cos features), ``module`` holds no feature map, or a data-dependent map has no data.
+        TypeError: a map type without a width rule, or a :class:`~rfgp.models.streaming.StreamingFeatureGP`
+            (its sufficient statistics belong to the old features: refit it from the data).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
+        >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
+        >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(512, seed=0))
+        >>> likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
+        >>> history = rfgp.fit_mll(model, num_iterations=20)   # train at F = 512
+        >>> model = rfgp.set_num_features(model, 4096)         # predict at F = 4096, same hyperparameters
+        >>> model.covar_module.base_kernel.num_features
+        4096
+        >>> _ = model.eval()
+        >>> posterior = model.likelihood(model(torch.linspace(0, 1, 50, dtype=torch.float64)[:, None]))
+    """
+    num_features = check_positive_int(num_features, "num_features")
+    if x_sample is None and isinstance(module, gpytorch.models.ExactGP) and module.train_inputs is not None:
+        x_sample = module.train_inputs[0]
+    for node in module.modules():
+        if isinstance(node, StreamingFeatureGP):
+            raise TypeError(
+                "set_num_features cannot resize a StreamingFeatureGP: its accumulated statistics ΦᵀΦ belong to "
+                "the old features; build a new one at the new width and update it from the data batches"
+            )
+    maps = list(_feature_maps(module, x_sample, None))
+    if not maps:
+        raise ValueError(f"{type(module).__name__} holds no rfgp feature map to resize")
+    widths = _new_widths([feature_map for feature_map, _, _ in maps], num_features)
+    for (feature_map, owner, inputs), width in zip(maps, widths):
+        _redraw(feature_map, width, owner, inputs)
+    for node in module.modules():
+        if isinstance(node, gpytorch.models.ExactGP):
+            node.prediction_strategy = None
+    return module
+
+
+def _feature_maps(module: nn.Module, x: Tensor | None, owner: Kernel | None,
+                  owner_inputs: Tensor | None = None) -> Iterator[tuple]:
+    """(map, owning kernel, the inputs the owner receives) for every outermost feature map below ``module``.
+
+    A :class:`~rfgp.kernels.NystromKernel` is its own map (its landmarks are its width); its base
+    kernel is not searched.
+    """
+    if isinstance(module, (FeatureMap, OperatorValuedFourierFeatures)):
+        yield module, owner, owner_inputs
+        return
+    if isinstance(module, Kernel):
+        owner, owner_inputs = module, x
+        if x is not None and module.active_dims is not None:
+            x = x.index_select(-1, module.active_dims.to(x.device))
+        if isinstance(module, NystromKernel):
+            yield module, module, x
+            return
+    for child in module.children():
+        yield from _feature_maps(child, x, owner, owner_inputs)
+
+
+def _granularity(feature_map: nn.Module) -> int:
+    if isinstance(feature_map, OperatorValuedFourierFeatures):
+        return 2 * feature_map.factor_width
+    if isinstance(feature_map, (RandomFourierFeatures, SphericalRandomFeatures)):
+        return 2
+    if isinstance(feature_map, (PolynomialSketch, _MaclaurinFeatures)) and feature_map.is_complex:
+        return 2
+    return 1
+
+
+def _new_widths(maps: list[nn.Module], num_features: int) -> list[int]:
+    grains = [_granularity(m) for m in maps]
+    if len(maps) == 1:
+        if num_features % grains[0]:
+            raise ValueError(
+                f"num_features must be a multiple of {grains[0]} for {type(maps[0]).__name__} "
+                f"(its features come in groups of {grains[0]}), got {num_features}"
+            )
+        return [num_features]
+    total = sum(m.num_features for m in maps)
+    return [max(g, g * round(num_features * m.num_features / total / g)) for m, g in zip(maps, grains)]
+
+
+def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Tensor | None) -> None:
+    if isinstance(feature_map, NystromKernel):
+        feature_map.reselect_landmarks(width, inputs)
+    elif isinstance(feature_map, OperatorValuedFourierFeatures):
+        feature_map.num_features = width
+        _redraw(feature_map.fourier, width // feature_map.factor_width, None, None)
+    elif isinstance(feature_map, _MaclaurinFeatures):
+        _redraw_maclaurin(feature_map, width, owner, inputs)
+    elif isinstance(feature_map, _REDRAWN):
+        feature_map.num_features = width
+        if feature_map.input_dim is not None:
+            feature_map._materialize()
+    else:
+        raise TypeError(
+            f"set_num_features has no width rule for {type(feature_map).__name__}; known maps: "
+            "RandomFourierFeatures, SphericalRandomFeatures, PolynomialSketch, GaussianSketch(HD), "
+            "OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, NystromKernel"
+        )
+
+
+def _redraw_maclaurin(feature_map: _MaclaurinFeatures, width: int, owner: Kernel | None,
+                      inputs: Tensor | None) -> None:
+    """A new budget D_total; Random Maclaurin redraws its degrees, optimized Maclaurin refits its allocation."""
+    budget = total_width(width, feature_map.has_constant, feature_map.is_complex)
+    if budget < 1:
+        raise ValueError(f"num_features={width} leaves no feature for the Maclaurin sketches (weights="
+                         f"{feature_map.weights!r})")
+    if isinstance(feature_map, OptimizedMaclaurin) and feature_map.widths is not None:
+        if inputs is None or not isinstance(owner, RandomFeatureKernel):
+            raise ValueError(
+                "set_num_features needs x_sample (the training inputs) to refit the optimized Maclaurin "
+                "allocation for the new width; pass x_sample= or call it on the ExactGP model"
+            )
+        feature_map.total_width = budget
+        feature_map.num_features = feature_map._output_width()
+        refit_allocation(owner, inputs)  # applies the owner's active_dims and lengthscale
+        return
+    if not isinstance(feature_map, (OptimizedMaclaurin, RandomMaclaurin)):
+        raise TypeError(f"set_num_features has no width rule for {type(feature_map).__name__}")
+    feature_map.total_width = budget
+    feature_map.num_features = feature_map._output_width()
+    if feature_map.input_dim is not None and (isinstance(feature_map, RandomMaclaurin) or feature_map.widths):
+        feature_map._materialize()
+

@@ -1,0 +1,167 @@
+"""Kernel distance, two-sample test and kernel PCA from random features vs the exact computations."""
+
+import math
+
+import pytest
+import torch
+
+from rfgp.applications.distances import (
+    exact_gaussian_kernel_distance,
+    exact_kernel_distance,
+    exact_kernel_pca_eigenvalues,
+    gaussian_kernel,
+    kernel_distance,
+    kernel_mean_embedding,
+    kernel_pca,
+    mean_kernel,
+    permutation_statistics,
+    two_sample_test,
+)
+from rfgp.features import RandomFourierFeatures
+
+
+def _sets(n=150, shift=0.5, d=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.randn(n, d, generator=g, dtype=torch.float64)
+    q = torch.randn(n + 20, d, generator=g, dtype=torch.float64) + shift
+    return p, q
+
+
+def test_exact_distance_matches_dense_formula_and_is_chunk_invariant():
+    p, q = _sets()
+    k = gaussian_kernel(0.7)
+    beta = torch.cat((torch.full((p.shape[0],), 1 / p.shape[0]), torch.full((q.shape[0],), -1 / q.shape[0]))).double()
+    z = torch.cat((p, q))
+    dense = beta @ k(z, z) @ beta  # signed-weight form, paper 003 §1
+    assert torch.allclose(exact_kernel_distance(k, p, q, squared=True, chunk_size=7), dense, rtol=1e-12)
+    assert torch.allclose(exact_kernel_distance(k, p, q), dense.sqrt(), rtol=1e-12)
+    assert exact_kernel_distance(k, p, p, squared=True).abs() < 1e-12
+    assert torch.allclose(mean_kernel(k, p, q, 5), k(p, q).mean(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("chunk_size", [7, 64, 4096])
+def test_gemm_gaussian_distance_matches_dense_formula(chunk_size):
+    """Upper-triangular blocks (diagonal once, off-diagonal twice) give exactly βᵀKβ for any chunking."""
+    p, q = _sets()
+    k = gaussian_kernel(0.7)
+    beta = torch.cat((torch.full((p.shape[0],), 1 / p.shape[0]), torch.full((q.shape[0],), -1 / q.shape[0]))).double()
+    z = torch.cat((p, q))
+    dense = beta @ k(z, z) @ beta
+    value = exact_gaussian_kernel_distance(p.float(), q.float(), 0.7, squared=True, chunk_size=chunk_size)
+    assert value.dtype == torch.float64  # float64 whatever the input dtype
+    assert torch.allclose(value, beta @ k(z.float().double(), z.float().double()) @ beta, rtol=1e-10)
+    assert torch.allclose(exact_gaussian_kernel_distance(p, q, 0.7, chunk_size=chunk_size), dense.sqrt(), rtol=1e-10)
+    assert exact_gaussian_kernel_distance(p, p, 0.7, squared=True, chunk_size=chunk_size).abs() < 1e-12
+
+
+def test_mean_embedding_is_chunk_invariant():
+    p, q = _sets()
+    phi = RandomFourierFeatures(64, input_dim=2, seed=0).double()
+    assert torch.allclose(kernel_mean_embedding(phi, p, chunk_size=11), phi(p).mean(0), rtol=1e-12)
+    assert torch.allclose(kernel_distance(phi, p, q, chunk_size=5), kernel_distance(phi, p, q), rtol=1e-12)
+
+
+def test_sketched_distance_is_unbiased_and_converges_to_exact():
+    p, q = _sets()
+    exact = exact_kernel_distance(gaussian_kernel(1.0), p, q, squared=True)
+    errors = {}
+    for width in (64, 4096):
+        estimates = torch.stack([
+            kernel_distance(RandomFourierFeatures(width, input_dim=2, seed=s).double(), p, q, squared=True)
+            for s in range(60)
+        ])
+        se = estimates.std() / math.sqrt(len(estimates))
+        assert (estimates.mean() - exact).abs() <= 4 * se + 1e-12  # unbiased: βᵀK̂β with E K̂ = K
+        errors[width] = (estimates - exact).abs().mean()
+    assert errors[4096] < errors[64] / 4  # RMS error ∝ F^{-1/2}: ratio 8 expected
+    assert errors[4096] / exact < 0.05
+
+
+def test_one_shared_draw_is_required():
+    """Independent draws for P and Q do not estimate D² (the cross term loses its correlation)."""
+    p, q = _sets(shift=0.0)
+    exact = exact_kernel_distance(gaussian_kernel(1.0), p, q, squared=True)
+    shared = kernel_distance(RandomFourierFeatures(2048, input_dim=2, seed=1).double(), p, q, squared=True)
+    a = kernel_mean_embedding(RandomFourierFeatures(2048, input_dim=2, seed=1).double(), p)
+    b = kernel_mean_embedding(RandomFourierFeatures(2048, input_dim=2, seed=2).double(), q)
+    assert (shared - exact).abs() < 0.02
+    assert (a - b).square().sum() > 20 * exact
+
+
+def test_permutation_statistics_match_direct_relabelling():
+    p, q = _sets(n=30)
+    phi = RandomFourierFeatures(64, input_dim=2, seed=0).double()
+    features = phi(torch.cat((p, q)))
+    orders = torch.stack([torch.randperm(features.shape[0]) for _ in range(5)])
+    stats = permutation_statistics(features, p.shape[0], orders)
+    for order, stat in zip(orders, stats):
+        z = torch.cat((p, q))[order]
+        direct = kernel_distance(phi, z[:30], z[30:], squared=True)
+        assert torch.allclose(stat, direct, rtol=1e-12)
+
+
+def test_two_sample_test_size_under_null():
+    level, trials = 0.05, 200
+    phi = RandomFourierFeatures(128, input_dim=2, seed=0).double()
+    g = torch.Generator().manual_seed(3)
+    rejections = 0
+    for t in range(trials):
+        z = torch.randn(80, 2, generator=g, dtype=torch.float64)
+        rejections += two_sample_test(phi, z[:40], z[40:], num_permutations=199, level=level, seed=t).reject
+    se = math.sqrt(level * (1 - level) / trials)
+    assert abs(rejections / trials - level) <= 4 * se  # binomial tolerance around the nominal size
+
+
+def test_two_sample_test_power_under_mean_shift_and_agreement_with_exact():
+    phi = RandomFourierFeatures(512, input_dim=2, seed=0).double()
+    g = torch.Generator().manual_seed(4)
+    decisions = []
+    for t in range(20):
+        p = torch.randn(200, 2, generator=g, dtype=torch.float64)
+        q = torch.randn(200, 2, generator=g, dtype=torch.float64) + torch.tensor([0.5, 0.0], dtype=torch.float64)
+        result = two_sample_test(phi, p, q, num_permutations=199, seed=t)
+        decisions.append(result.reject)
+        exact = exact_kernel_distance(gaussian_kernel(1.0), p, q, squared=True)
+        assert (result.statistic - exact).abs() < 0.1 * exact
+        assert result.statistic >= result.threshold or not result.reject
+    assert sum(decisions) >= 19
+
+
+def test_kernel_pca_eigenvalues_close_to_exact():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 3, generator=g, dtype=torch.float64)
+    exact = exact_kernel_pca_eigenvalues(gaussian_kernel(1.0), x, 5)
+    small = kernel_pca(RandomFourierFeatures(64, input_dim=3, seed=0).double(), x, 5).eigenvalues
+    big = kernel_pca(RandomFourierFeatures(16384, input_dim=3, seed=0).double(), x, 5).eigenvalues
+    assert ((big - exact).abs() / exact).max() < 0.05
+    assert ((big - exact).abs() / exact).max() < ((small - exact).abs() / exact).max()
+
+
+def test_kernel_pca_basis_and_transform():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(100, 2, generator=g, dtype=torch.float64)
+    phi = RandomFourierFeatures(4096, input_dim=2, seed=0).double()
+    pca = kernel_pca(phi, x, 4, center=False)
+    assert torch.allclose(pca.basis.T @ pca.basis, torch.eye(4, dtype=torch.float64), atol=1e-10)
+    assert torch.allclose(pca.transform(phi, x), pca.scores, atol=1e-8)
+    # paper 003 App. A: Tr(K) − Tr(VᵀKV) vs the optimal residual Σ_{i>k} λᵢ(K)
+    gram = gaussian_kernel(1.0)(x, x)
+    residual = gram.trace() - (pca.basis.T @ gram @ pca.basis).trace()
+    optimal = torch.linalg.eigvalsh(gram).flip(0)[4:].sum()
+    assert optimal <= residual <= 1.1 * optimal
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(0, 2), torch.zeros(3), "points"])
+def test_bad_points_rejected(bad):
+    with pytest.raises(ValueError, match="p must be"):
+        kernel_distance(RandomFourierFeatures(8, input_dim=2, seed=0), bad, torch.zeros(3, 2))
+
+
+def test_bad_test_arguments_rejected():
+    phi = RandomFourierFeatures(8, input_dim=2, seed=0)
+    with pytest.raises(ValueError, match="level"):
+        two_sample_test(phi, torch.zeros(3, 2), torch.zeros(3, 2), level=1.5)
+    with pytest.raises(ValueError, match="same dimension"):
+        kernel_distance(phi, torch.zeros(3, 2), torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="num_components"):
+        kernel_pca(phi, torch.zeros(3, 2), 5)

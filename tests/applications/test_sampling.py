@@ -1,0 +1,137 @@
+"""rfgp.applications.sampling.posterior_paths: weight-space function draws reproduce the model's posterior mean and
+covariance (within Monte-Carlo standard errors), batched and chunked, with the bias correction as noise."""
+
+import gpytorch
+import pytest
+import torch
+
+import rfgp
+from rfgp.kernels import SketchedRBFKernel
+from rfgp.models import ExactGPModel
+from rfgp.applications.sampling import posterior_paths
+from tests._feature_maps import ShrunkFourierFeatures
+
+NUM_PATHS = 4000
+
+
+def fitted(kernel, n=60, d=2, batch=torch.Size()):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(n, d, generator=gen, dtype=torch.float64) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+    y = y.expand(*batch, n) * torch.arange(1, batch.numel() + 1, dtype=torch.float64).reshape(*batch, 1)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch)
+    gp = ExactGPModel(x, y, likelihood, gpytorch.kernels.ScaleKernel(kernel, batch_shape=batch)).double()
+    gp.mean_module = gpytorch.means.ConstantMean(batch_shape=batch).double()
+    gp.mean_module.constant.data.fill_(0.2)
+    gp.covar_module.outputscale = 1.5
+    gp.likelihood.noise = 0.05
+    return gp.eval()
+
+
+def assert_matches_posterior(gp, xs, values):
+    """Sample mean and covariance of the draws against the posterior, |error| ≤ 4·SE entrywise."""
+    with torch.no_grad():
+        posterior = gp(xs)
+        mean, covar = posterior.mean, posterior.covariance_matrix
+    num = values.shape[0]
+    variance = covar.diagonal(dim1=-1, dim2=-2)
+    assert ((values.mean(0) - mean).abs() <= 4 * (variance / num).sqrt()).all()
+    centred = values - values.mean(0)
+    sample_covar = centred.unsqueeze(-1).mul(centred.unsqueeze(-2)).sum(0) / (num - 1)
+    se = ((variance.unsqueeze(-1) * variance.unsqueeze(-2) + covar.pow(2)) / num).sqrt()
+    assert ((sample_covar - covar).abs() <= 4 * se).all()
+
+
+@pytest.mark.parametrize("method", ["rff", "sorf"])
+def test_paths_match_posterior_mean_and_covariance(method):
+    gp = fitted(SketchedRBFKernel(64, method=method, ard_num_dims=2, seed=0))
+    xs = torch.linspace(-2.5, 2.5, 7, dtype=torch.float64).unsqueeze(-1).expand(7, 2).contiguous()
+    paths = posterior_paths(gp, NUM_PATHS, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        values = paths(xs)
+    assert values.shape == (NUM_PATHS, 7)
+    assert_matches_posterior(gp, xs, values)
+
+
+def test_batched_model_paths():
+    batch = torch.Size([2])
+    gp = fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=1, batch_shape=batch), batch=batch)
+    xs = torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        values = posterior_paths(gp, NUM_PATHS, generator=torch.Generator().manual_seed(1))(xs)
+    assert values.shape == (NUM_PATHS, 2, 5)
+    assert_matches_posterior(gp, xs, values)
+
+
+def test_chunked_evaluation_and_chunked_training_operator_agree():
+    gp = fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=2))
+    xs = torch.rand(50, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    paths = posterior_paths(gp, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        whole = paths(xs)
+        with rfgp.settings.chunk_size(7):
+            chunked = paths(xs)
+            gp_chunked = fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=2))
+            chunked_weights = posterior_paths(gp_chunked, 8, generator=torch.Generator().manual_seed(2)).weights
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked_weights, paths.weights, rtol=1e-10, atol=1e-12)
+
+
+def test_variance_correction_is_added_as_independent_noise():
+    gp = fitted(rfgp.kernels.RandomFeatureKernel(ShrunkFourierFeatures(64, shrink=0.6, input_dim=2, seed=0)))
+    xs = torch.tensor([[4.0, 4.0], [-4.0, 3.0], [0.0, 0.0]], dtype=torch.float64)  # far from data: large correction
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        corrected = posterior_paths(gp, NUM_PATHS, generator=generator)(xs)
+        plain = posterior_paths(gp, NUM_PATHS, generator=generator, variance_correction=False)(xs)
+    assert_matches_posterior(gp, xs, corrected)  # the model's variance includes c(x) = 1.5·(1 − 0.6)
+    with torch.no_grad():
+        variance = gp(xs).variance
+    plain_se = variance * (2 / NUM_PATHS) ** 0.5
+    assert ((variance - 1.5 * 0.4 - plain.var(0)).abs() <= 4 * plain_se).all()
+    assert (variance - plain.var(0) > 0.4).all()  # without the noise the draws miss c(x)
+
+
+def test_operator_valued_kernel_paths():
+    """A curl-free field: draws of shape (S, n, p) against the interleaved multitask posterior."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(40, 2, generator=gen, dtype=torch.float64) * 2 - 1
+    y = torch.stack((torch.cos(x[:, 0]), torch.sin(x[:, 1])), -1)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0)
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedCurlFreeKernel(32, input_dim=2, seed=0))
+    gp = rfgp.MultiOutputGPModel(x, y, likelihood, kernel).double().eval()
+    xs = torch.tensor([[0.1, 0.2], [-0.5, 0.7]], dtype=torch.float64)
+    with torch.no_grad():
+        values = posterior_paths(gp, NUM_PATHS, generator=torch.Generator().manual_seed(4))(xs)
+        posterior = gp(xs)
+    assert values.shape == (NUM_PATHS, 2, 2)
+    flat = values.flatten(-2)  # interleaved, as the posterior covariance
+    mean, covar = posterior.mean.flatten(-2), posterior.covariance_matrix
+    variance = covar.diagonal()
+    assert ((flat.mean(0) - mean).abs() <= 4 * (variance / NUM_PATHS).sqrt()).all()
+    sample_covar = torch.cov(flat.T)
+    se = ((variance.unsqueeze(-1) * variance.unsqueeze(-2) + covar.pow(2)) / NUM_PATHS).sqrt()
+    assert ((sample_covar - covar).abs() <= 4 * se).all()
+
+
+def test_paths_are_differentiable_in_x():
+    gp = fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=0))
+    xs = torch.zeros(3, 2, dtype=torch.float64, requires_grad=True)
+    paths = posterior_paths(gp, 4)
+    paths(xs).sum().backward()
+    assert torch.isfinite(xs.grad).all() and not paths.weights.requires_grad
+
+
+def test_errors_name_the_problem():
+    exact = fitted(gpytorch.kernels.RBFKernel())
+    with pytest.raises(TypeError, match="rfgp feature kernel"):
+        posterior_paths(exact, 4)
+    gp = fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=0))
+    with pytest.raises(ValueError, match="num_paths"):
+        posterior_paths(gp, 0)
+    gp.train()
+    with pytest.raises(ValueError, match="model.eval"):
+        posterior_paths(gp, 4)
+    complex_gp = fitted(rfgp.kernels.SketchedPolynomialKernel(2, 32, weights="complex", complex_posterior=True, seed=0))
+    with pytest.raises(ValueError, match="complex_posterior"):
+        posterior_paths(complex_gp, 4)

@@ -1,0 +1,122 @@
+"""Physics checks: prior samples of curl-free GPs have zero curl, of div-free GPs zero divergence."""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.likelihoods import MultitaskGaussianLikelihood
+
+from rfgp.datasets import helmholtz_field, igrf_field_at, igrf_magnetic_field
+from rfgp.kernels import CurlFreeRBFKernel, DivFreeRBFKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
+from rfgp.models.multioutput import MultiOutputGPModel
+from rfgp.applications.vector_fields import (
+    curl,
+    divergence,
+    jacobian,
+    posterior_field_samples,
+    posterior_mean_field,
+    prior_field_samples,
+)
+
+F64 = torch.float64
+
+
+def test_jacobian_divergence_curl_on_known_fields():
+    x = torch.randn(7, 3, dtype=F64)
+    rotation = lambda z: torch.stack((-z[..., 1], z[..., 0], torch.zeros_like(z[..., 0])), -1)  # noqa: E731
+    torch.testing.assert_close(curl(rotation, x), torch.tensor([0.0, 0.0, 2.0], dtype=F64).expand(7, 3))
+    torch.testing.assert_close(divergence(rotation, x), torch.zeros(7, dtype=F64))
+    radial = lambda z: z * 3.0  # noqa: E731
+    torch.testing.assert_close(divergence(radial, x), torch.full((7,), 9.0, dtype=F64))
+    torch.testing.assert_close(jacobian(radial, x), 3.0 * torch.eye(3, dtype=F64).expand(7, 3, 3))
+    with pytest.raises(ValueError, match="d = 2 or 3"):
+        curl(lambda z: z, torch.randn(3, 4))
+    with pytest.raises(ValueError, match="as many outputs"):
+        divergence(lambda z: z[..., :2], torch.randn(3, 3))
+
+
+def _relative(values, jac):
+    return (values.abs().max() / jac.abs().max()).item()
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("exact", [True, False])
+def test_prior_samples_satisfy_the_constraint(d, exact):
+    """max|curl| (curl-free) and max|div| (div-free) ≤ 1e-8·max|J|; the other operator is O(1)."""
+    generator = torch.Generator().manual_seed(d)
+    anchors = torch.rand(15, d, generator=generator, dtype=F64) * 2 - 1
+    probe = torch.rand(40, d, generator=generator, dtype=F64) * 2 - 1
+    if exact:
+        curl_kernel, div_kernel = CurlFreeRBFKernel(d).to(F64), DivFreeRBFKernel(d).to(F64)
+    else:
+        curl_kernel = SketchedCurlFreeKernel(256, d, seed=0).to(F64)
+        div_kernel = SketchedDivFreeKernel(256 * (d - 1), d, method="orf", seed=0).to(F64)
+    for kernel in (curl_kernel, div_kernel):
+        kernel.lengthscale = 0.5
+    curl_field = prior_field_samples(curl_kernel, 4, anchors=anchors, generator=generator)
+    div_field = prior_field_samples(div_kernel, 4, anchors=anchors, generator=generator)
+    curl_jac, div_jac = jacobian(curl_field, probe), jacobian(div_field, probe)
+    assert curl_jac.shape == (4, 40, d, d)
+    assert _relative(curl_jac - curl_jac.mT, curl_jac) < 1e-8
+    assert _relative(div_jac.diagonal(dim1=-2, dim2=-1).sum(-1), div_jac) < 1e-8
+    # the complementary quantities are not zero: the checks can fail
+    assert _relative(div_jac - div_jac.mT, div_jac) > 1e-2
+    assert _relative(curl_jac.diagonal(dim1=-2, dim2=-1).sum(-1), curl_jac) > 1e-2
+    torch.testing.assert_close(divergence(div_field, probe), div_jac.diagonal(dim1=-2, dim2=-1).sum(-1))
+
+
+def test_exact_prior_samples_interpolate_and_have_the_kernel_covariance():
+    anchors = torch.rand(6, 2, dtype=F64)
+    kernel = CurlFreeRBFKernel(2).to(F64)
+    field = prior_field_samples(kernel, 4000, anchors=anchors, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        values = field(anchors[:2]).reshape(4000, -1)
+        target = kernel(anchors[:2]).to_dense()
+    empirical = values.T @ values / values.shape[0]
+    stderr = (target.diagonal().outer(target.diagonal()) + target**2).sqrt() / 4000**0.5
+    assert ((empirical - target).abs() <= 4 * stderr).all()
+
+
+def test_posterior_samples_and_mean_field():
+    data = helmholtz_field(60, input_dim=2, noise=0.02, seed=1)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(128, 2, seed=0))
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=0)
+    model = MultiOutputGPModel(data["x"], data["curl_free"], likelihood, kernel).to(F64)
+    kernel.base_kernel.lengthscale = 0.4
+    probe = torch.rand(30, 2, dtype=F64) * 2 - 1
+    mean_field = posterior_mean_field(model)
+    assert curl(mean_field, probe).abs().max() < 1e-8 * jacobian(mean_field, probe).abs().max()
+    samples = posterior_field_samples(model, 3000, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        values = samples(probe[:3])
+        posterior = model(probe[:3])
+    assert values.shape == (3000, 3, 2)
+    stderr_mean = posterior.variance.sqrt() / 3000**0.5
+    assert ((values.mean(0) - posterior.mean).abs() <= 4 * stderr_mean).all()
+    ratio = values.var(0) / posterior.variance
+    assert ((ratio - 1).abs() < 4 * (2 / 2999) ** 0.5).all()
+    few = posterior_field_samples(model, 3, generator=torch.Generator().manual_seed(1))
+    assert curl(few, probe).abs().max() < 1e-8 * jacobian(few, probe).abs().max()
+
+
+def test_igrf_field_is_curl_free_and_physical():
+    positions, field = igrf_magnetic_field(200, altitude_km=(0.0, 0.0), seed=0)
+    assert positions.shape == field.shape == (200, 3)
+    torch.testing.assert_close(positions.norm(dim=-1), torch.ones(200, dtype=F64))
+    strength = field.norm(dim=-1)
+    assert 20.0 < strength.min() and strength.max() < 70.0  # µT at the surface
+    # Around a small closed loop the circulation of B (a gradient field) vanishes.
+    angles = torch.linspace(0, 2 * torch.pi, 401, dtype=F64)[:-1]
+    center = torch.tensor([0.3, 0.5, 0.9], dtype=F64)
+    loop = center / center.norm() * 1.05 + 0.01 * torch.stack((angles.cos(), angles.sin(), 0 * angles), -1)
+    b = igrf_field_at(loop)
+    tangent = torch.roll(loop, -1, 0) - loop
+    circulation = (0.5 * (b + torch.roll(b, -1, 0)) * tangent).sum()
+    assert circulation.abs() < 1e-4 * b.norm(dim=-1).mean() * tangent.norm(dim=-1).sum()
+    torch.testing.assert_close(igrf_field_at(positions[:5]), field[:5])
+
+
+def test_dataset_bad_input():
+    with pytest.raises(ValueError, match="input_dim must be 2 or 3"):
+        helmholtz_field(10, input_dim=4)
+    with pytest.raises(ValueError, match="max_degree"):
+        igrf_magnetic_field(10, max_degree=20)

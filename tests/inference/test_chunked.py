@@ -1,0 +1,182 @@
+"""Chunked feature statistics: the plain ExactGP + ExactMarginalLogLikelihood path gives the same
+MLL, gradients and predictions with and without chunking, and never materialises N × F."""
+
+import functools
+
+import gpytorch
+import pytest
+import torch
+
+import rfgp
+from rfgp.kernels import FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel
+from rfgp.models import ExactGPModel
+from rfgp.inference.operators import (
+    ChunkedFeatureCrossLinearOperator,
+    ChunkedFeatureRootAddedDiagLinearOperator,
+    ChunkedFeatureRootLinearOperator,
+    FeatureRootLinearOperator,
+)
+
+NUM_TRAIN, DIM = 200, 3
+
+
+def _data(dtype):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(NUM_TRAIN, DIM, generator=gen, dtype=dtype)
+    y = torch.sin(2 * x).sum(-1) + 0.1 * torch.randn(NUM_TRAIN, generator=gen, dtype=dtype)
+    x_test = torch.randn(11, DIM, generator=gen, dtype=dtype)
+    return x, y, x_test
+
+
+def _kernel(kind):
+    if kind == "rbf":
+        return gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64, ard_num_dims=DIM, seed=0))
+    return FeatureSumKernel(
+        gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, method="orf", ard_num_dims=DIM, seed=1)),
+        gpytorch.kernels.ScaleKernel(SketchedMaternKernel(32, nu=1.5, seed=2)),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _train_and_predict(kind, dtype, chunk_size):
+    """Loss, parameter gradients and predictive mean/variance under ``rfgp.settings.chunk_size``."""
+    x, y, x_test = _data(dtype)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, y, likelihood, _kernel(kind)).to(dtype)
+    with torch.no_grad():  # away from initial values so that every gradient is non-trivial
+        for p in model.parameters():
+            p.add_(0.3)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with rfgp.settings.chunk_size(chunk_size):
+        loss = -mll(model(x), y)
+        loss.backward()
+        model.eval()
+        with torch.no_grad():
+            prediction = likelihood(model(x_test))
+            mean, variance = prediction.mean, prediction.variance
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return loss.detach(), grads, mean, variance
+
+
+@pytest.mark.parametrize("kind, chunk_size", [("rbf", 16), ("rbf", 64), ("rbf", NUM_TRAIN - 1), ("sum", 64)])
+def test_chunked_equals_unchunked(kind, chunk_size, dtype):
+    rtol, atol = (1e-10, 1e-12) if dtype == torch.float64 else (2e-4, 2e-5)
+    loss, grads, mean, var = _train_and_predict(kind, dtype, None)
+    c_loss, c_grads, c_mean, c_var = _train_and_predict(kind, dtype, chunk_size)
+    torch.testing.assert_close(c_loss, loss, rtol=rtol, atol=atol)
+    assert set(grads) == set(c_grads)
+    for name in grads:
+        assert grads[name].abs().max() > 0, name
+        torch.testing.assert_close(c_grads[name], grads[name], rtol=rtol * 10, atol=atol * 10, msg=name)
+    torch.testing.assert_close(c_mean, mean, rtol=rtol * 10, atol=atol * 10)
+    torch.testing.assert_close(c_var, var, rtol=rtol * 10, atol=atol * 10)
+
+
+def test_chunked_path_never_featurizes_more_than_a_chunk():
+    x, y, x_test = _data(torch.float64)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    kernel = _kernel("rbf")
+    model = ExactGPModel(x, y, likelihood, kernel).double()
+    rows_seen = []
+    kernel.base_kernel.feature_map.register_forward_hook(lambda m, args, out: rows_seen.append(out.shape[-2]))
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with rfgp.settings.chunk_size(50):
+        output = model(x)
+        assert isinstance(output.lazy_covariance_matrix.evaluate_kernel(), ChunkedFeatureRootLinearOperator)
+        assert isinstance(likelihood(output).lazy_covariance_matrix.evaluate_kernel(),
+                          ChunkedFeatureRootAddedDiagLinearOperator)
+        (-mll(output, y)).backward()
+        model.eval()
+        with torch.no_grad():
+            likelihood(model(x_test)).variance
+    assert rows_seen and max(rows_seen) <= 50
+
+
+def test_memory_budget_selects_the_path():
+    x = torch.randn(1000, DIM, dtype=torch.float64)
+    kernel = SketchedRBFKernel(64, ard_num_dims=DIM, seed=0).double()
+    # 4 working copies × 64 features × 8 bytes = 2048 bytes per row
+    with rfgp.settings.memory_budget(2048 * 1000):
+        assert isinstance(kernel(x).evaluate_kernel(), FeatureRootLinearOperator)
+    with rfgp.settings.memory_budget(2048 * 100):
+        op = kernel(x).evaluate_kernel()
+        assert isinstance(op, ChunkedFeatureRootLinearOperator) and op.chunk_size == 100
+    assert rfgp.settings.resolve_chunk_size(1000, 64, 1, torch.float64) is None  # default 1 GiB
+
+
+def test_matmul_gradients_through_chunked_operator():
+    """GPyTorch's generic matmul backward (_bilinear_derivative) reaches the kernel parameters."""
+    x = torch.randn(40, DIM, dtype=torch.float64)
+    rhs = torch.randn(40, 2, dtype=torch.float64)
+    results = []
+    for chunk in (None, 9):
+        kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, ard_num_dims=DIM, seed=0)).double()
+        with rfgp.settings.chunk_size(chunk):
+            product = kernel(x).evaluate_kernel().matmul(rhs)
+            (product.pow(2).sum()).backward()
+        results.append((product.detach(), [p.grad.clone() for p in kernel.parameters()]))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for chunked, plain in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(chunked, plain)
+
+
+def test_chunked_dense_diag_and_cross_covariance_match():
+    x, _, x_test = _data(torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, ard_num_dims=DIM, seed=0)).double()
+    kernel.outputscale = 1.7
+    with torch.no_grad():
+        dense = kernel(x_test, x).to_dense()
+        diag = kernel(x, diag=True)
+        with rfgp.settings.chunk_size(13):
+            torch.testing.assert_close(kernel(x_test, x).to_dense(), dense)
+            torch.testing.assert_close(kernel(x, diag=True), diag)
+            torch.testing.assert_close(kernel(x_test, x).evaluate_kernel() @ torch.ones(NUM_TRAIN, 1, dtype=torch.float64),
+                                       dense.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("setting, value, error", [
+    (rfgp.settings.chunk_size, 0, ValueError),
+    (rfgp.settings.chunk_size, 2.5, TypeError),
+    (rfgp.settings.memory_budget, None, TypeError),
+])
+def test_settings_validate(setting, value, error):
+    with pytest.raises(error, match=setting._name):
+        setting(value)
+
+
+def test_input_gradients_match():
+    """Inputs produced by a network (deep kernel learning) get the same gradient through the chunks."""
+    base_x, y, _ = _data(torch.float64)
+    grads = []
+    for chunk in (None, 23):
+        x = base_x.clone().requires_grad_(True)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        model = ExactGPModel(x, y, likelihood, _kernel("rbf")).double()
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+        with rfgp.settings.chunk_size(chunk):
+            (-mll(model(x), y)).backward()
+        grads.append(x.grad)
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
+
+
+def test_prediction_keeps_the_test_train_covariance_lazy():
+    """Under no_grad the cross covariance Φ(x*)Φ(x)ᵀ is a lazy operator (the N training points are not
+    featurised for it), with the same values and the same posterior as the eager one."""
+    x, y, x_test = _data(torch.float64)
+    kernel = SketchedRBFKernel(64, ard_num_dims=DIM, seed=0).double()
+    eager = kernel(x_test, x).to_dense()
+    with torch.no_grad():
+        lazy = kernel(x_test, x).evaluate_kernel()
+        assert isinstance(lazy, ChunkedFeatureCrossLinearOperator)
+        torch.testing.assert_close(lazy.to_dense(), eager.detach())
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().eval()
+    with torch.no_grad():
+        lazy_posterior = model(x_test)
+        mean, variance = lazy_posterior.mean, lazy_posterior.variance
+    model.train()
+    model.eval()
+    with torch.enable_grad():
+        posterior = model(x_test)
+        torch.testing.assert_close(mean, posterior.mean.detach())
+        torch.testing.assert_close(variance, posterior.variance.detach())

@@ -1,0 +1,151 @@
+"""Feature-root operators: Woodbury inv_quad_logdet against dense algebra, weighted_gram backward,
+concatenation of roots and constant scaling of the variance correction."""
+
+import pytest
+import torch
+from linear_operator import to_linear_operator
+from linear_operator.operators import DiagLinearOperator
+
+from rfgp.inference.linalg import weighted_gram
+from rfgp.inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
+
+
+def dense_inv_quad_logdet(features, noise, rhs):
+    """Reference: rᵀ(ΦΦᵀ + D)⁻¹r per column and log|ΦΦᵀ + D| from a dense Cholesky."""
+    covar = features @ features.mT + torch.diag_embed(noise)
+    chol = torch.linalg.cholesky(covar)
+    solve = torch.cholesky_solve(rhs, chol)
+    return (rhs * solve).sum(-2), 2 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+
+
+def operator(features, noise):
+    op = FeatureRootLinearOperator(features) + DiagLinearOperator(noise)
+    assert isinstance(op, FeatureRootAddedDiagLinearOperator)
+    return op
+
+
+CASES = [  # (batch, N, F): Woodbury (F < N) and dense-Cholesky (F ≥ N) paths
+    ((), 30, 6), ((), 8, 8), ((), 6, 20), ((3,), 25, 4), ((2, 2), 5, 12),
+]
+
+
+# rhs of shape (N,) (vector; linear_operator allows it only for non-batched operators) or (..., N, k).
+RHS_CASES = [(*case, columns) for case in CASES for columns in [None, 1, 3] if columns or not case[0]]
+
+
+@pytest.mark.parametrize("batch, n, f, columns", RHS_CASES)
+def test_inv_quad_logdet_matches_dense_values_and_gradients(batch, n, f, columns, device):
+    gen = torch.Generator().manual_seed(n * f)
+    kw = dict(dtype=torch.float64)
+    features = torch.randn(*batch, n, f, generator=gen, **kw).to(device).requires_grad_()
+    noise = (0.1 + torch.rand(*batch, n, generator=gen, **kw)).to(device).requires_grad_()
+    shape = (*batch, n) if columns is None else (*batch, n, columns)
+    rhs = torch.randn(*shape, generator=gen, **kw).to(device).requires_grad_()
+    matrix_rhs = rhs.unsqueeze(-1) if columns is None else rhs
+
+    inv_quad, logdet = operator(features, noise).inv_quad_logdet(rhs, logdet=True)
+    ref_columns, ref_logdet = dense_inv_quad_logdet(features, noise, matrix_rhs)
+    ref_inv_quad = ref_columns.sum(-1)
+    torch.testing.assert_close(inv_quad, ref_inv_quad)
+    torch.testing.assert_close(logdet, ref_logdet)
+
+    weights = torch.randn(2, *batch, dtype=torch.float64, device=device)
+    grads = torch.autograd.grad((weights[0] * inv_quad + weights[1] * logdet).sum(), (features, noise, rhs))
+    ref_grads = torch.autograd.grad((weights[0] * ref_inv_quad + weights[1] * ref_logdet).sum(), (features, noise, rhs))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+    if columns is not None:  # per-column terms without reduction
+        per_column, _ = operator(features, noise).inv_quad_logdet(rhs, logdet=False, reduce_inv_quad=False)
+        torch.testing.assert_close(per_column, ref_columns)
+
+
+@pytest.mark.parametrize("n, f", [(30, 6), (6, 20)])
+def test_logdet_only_and_agrees_with_linear_operator(n, f, device):
+    features = torch.randn(n, f, dtype=torch.float64, device=device)
+    noise = 0.2 + torch.rand(n, dtype=torch.float64, device=device)
+    op = operator(features, noise)
+    _, logdet = op.inv_quad_logdet(None, logdet=True)
+    dense = to_linear_operator(op.to_dense())
+    torch.testing.assert_close(logdet, dense.inv_quad_logdet(None, logdet=True)[1])
+    rhs = torch.randn(n, 2, dtype=torch.float64, device=device)
+    torch.testing.assert_close(op.inv_quad_logdet(rhs, logdet=False)[0], dense.inv_quad_logdet(rhs)[0])
+    torch.testing.assert_close(op.to_dense(), features @ features.T + torch.diag(noise))
+
+
+def test_inv_quad_logdet_float32(device):
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(40, 8, generator=gen).to(device)
+    noise = torch.full((40,), 0.3, device=device)
+    rhs = torch.randn(40, 1, generator=gen).to(device)
+    inv_quad, logdet = operator(features, noise).inv_quad_logdet(rhs, logdet=True)
+    ref = dense_inv_quad_logdet(features.double(), noise.double(), rhs.double())
+    assert inv_quad.dtype == torch.float32
+    torch.testing.assert_close(inv_quad.double(), ref[0].sum(-1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logdet.double(), ref[1], rtol=1e-4, atol=1e-4)
+
+
+def test_added_diag_plus_diag_stays_feature_space(device):
+    features = torch.randn(10, 3, dtype=torch.float64, device=device)
+    a, b = torch.rand(10, dtype=torch.float64, device=device), torch.rand(10, dtype=torch.float64, device=device)
+    op = operator(features, a) + DiagLinearOperator(b)
+    assert isinstance(op, FeatureRootAddedDiagLinearOperator)
+    torch.testing.assert_close(op.to_dense(), features @ features.T + torch.diag(a + b))
+
+
+# ------------------------------------------------------------ weighted_gram
+@pytest.mark.parametrize("feature_batch, weight_batch", [((), ()), ((3,), (3,)), ((3,), ()), ((2, 1), (1, 4)), ((), (2,))])
+def test_weighted_gram_forward_and_gradcheck(feature_batch, weight_batch, device):
+    n, f = 7, 3
+    features = torch.randn(*feature_batch, n, f, dtype=torch.float64, device=device, requires_grad=True)
+    weights = torch.rand(*weight_batch, n, dtype=torch.float64, device=device, requires_grad=True)
+    expected = (features * weights.unsqueeze(-1)).mT @ features
+    torch.testing.assert_close(weighted_gram(features, weights), expected)
+    assert torch.autograd.gradcheck(weighted_gram, (features, weights))
+
+
+# --------------------------------------------------- sums and constant scaling
+def test_feature_root_sum_concatenates_roots_and_corrections(device):
+    kw = dict(dtype=torch.float64, device=device)
+    a = FeatureRootLinearOperator(torch.randn(3, 9, 4, **kw), torch.rand(3, 9, **kw))
+    b = FeatureRootLinearOperator(torch.randn(9, 2, **kw), torch.rand(9, **kw))
+    c = FeatureRootLinearOperator(torch.randn(9, 5, **kw))
+    total = a + b
+    assert isinstance(total, FeatureRootLinearOperator)
+    assert total.root.shape == (3, 9, 6)
+    torch.testing.assert_close(total.to_dense(), a.to_dense() + b.to_dense())
+    torch.testing.assert_close(total.variance_correction, a.variance_correction + b.variance_correction)
+    mixed = b + c  # a missing correction counts as zero
+    torch.testing.assert_close(mixed.variance_correction, b.variance_correction)
+    assert (c + c).variance_correction is None
+
+
+@pytest.mark.parametrize("constant", [2.5, torch.tensor(0.7)])
+def test_mul_constant_scales_matrix_and_correction(constant, device):
+    kw = dict(dtype=torch.float64, device=device)
+    op = FeatureRootLinearOperator(torch.randn(8, 3, **kw), torch.rand(8, **kw))
+    if torch.is_tensor(constant):
+        constant = constant.to(**kw)
+    scaled = op * constant
+    assert isinstance(scaled, FeatureRootLinearOperator)
+    c = float(constant)
+    torch.testing.assert_close(scaled.to_dense(), c * op.to_dense())
+    torch.testing.assert_close(scaled.variance_correction, c * op.variance_correction)
+
+
+def test_mul_batched_constant_scales_each_batch(device):
+    kw = dict(dtype=torch.float64, device=device)
+    op = FeatureRootLinearOperator(torch.randn(2, 8, 3, **kw), torch.rand(2, 8, **kw))
+    constant = torch.tensor([2.0, 3.0], **kw)
+    scaled = op.mul(constant.view(2, 1, 1))
+    assert isinstance(scaled, FeatureRootLinearOperator)
+    torch.testing.assert_close(scaled.to_dense(), op.to_dense() * constant.view(2, 1, 1))
+    torch.testing.assert_close(scaled.variance_correction, op.variance_correction * constant.view(2, 1))
+
+
+def test_mul_non_positive_constant_falls_back_but_stays_correct(device):
+    op = FeatureRootLinearOperator(torch.randn(6, 2, dtype=torch.float64, device=device))
+    for c in (-1.5, 0.0):
+        scaled = op * c
+        assert not isinstance(scaled, FeatureRootLinearOperator)  # no real root for c ≤ 0
+        torch.testing.assert_close(scaled.to_dense(), c * op.to_dense())

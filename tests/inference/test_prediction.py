@@ -1,0 +1,164 @@
+"""FeatureSpacePredictionStrategy: the posterior equals a dense exact GP with the same K̂ = ΦΦᵀ,
+honours skip_posterior_variances and adds the scaled variance correction of biased maps."""
+
+import gpytorch
+import pytest
+import torch
+
+from rfgp.features import RandomFourierFeatures
+from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
+from rfgp.inference.prediction import FeatureSpacePredictionStrategy
+from rfgp.models import ExactGPModel
+from tests._feature_maps import ShrunkFourierFeatures
+
+
+def data(device, n=30, d=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=gen, dtype=torch.float64) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+    xs = torch.linspace(-2.5, 2.5, 13, dtype=torch.float64).unsqueeze(-1).expand(13, d).contiguous()
+    return x.to(device), y.to(device), xs.to(device)
+
+
+def build(kernel, x, y, device, outputscale=1.7, lengthscale=0.6, noise=0.05):
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, y, likelihood, gpytorch.kernels.ScaleKernel(kernel)).double().to(device)
+    model.covar_module.outputscale = outputscale
+    model.covar_module.base_kernel.lengthscale = lengthscale
+    model.likelihood.noise = noise
+    model.mean_module.constant.data.fill_(0.3)
+    model.eval()
+    return model
+
+
+def dense_posterior(model, x, y, xs, correction=None):
+    """Exact GP algebra with K̂ = s·ΦΦᵀ, explicit N × N matrices (the reference)."""
+    with torch.no_grad():
+        phi, phis = kernel_features(model.covar_module, x), kernel_features(model.covar_module, xs)
+        noise = model.likelihood.noise.item()
+        mu = model.mean_module.constant.item()
+        k = phi @ phi.T + noise * torch.eye(len(x), dtype=x.dtype, device=x.device)
+        cross = phis @ phi.T
+        mean = mu + cross @ torch.linalg.solve(k, y - mu)
+        covar = phis @ phis.T - cross @ torch.linalg.solve(k, cross.T)
+        if correction is not None:
+            covar = covar + torch.diag(correction)
+    return mean, covar
+
+
+@pytest.mark.parametrize("method", ["rff", "orf", "sorf"])
+@pytest.mark.parametrize("num_features", [8, 64])  # F < N (Woodbury) and F ≥ N
+def test_posterior_equals_dense_gp_with_same_features(method, num_features, device):
+    x, y, xs = data(device)
+    model = build(SketchedRBFKernel(num_features, method=method, seed=0), x, y, device)
+    with torch.no_grad():
+        pred = model(xs)
+    assert isinstance(model.prediction_strategy, FeatureSpacePredictionStrategy)
+    mean, covar = dense_posterior(model, x, y, xs)
+    torch.testing.assert_close(pred.mean, mean, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(pred.covariance_matrix, covar, rtol=1e-7, atol=1e-8)
+    with torch.no_grad(), gpytorch.settings.fast_pred_var():
+        fast = model(xs)
+    torch.testing.assert_close(fast.variance, torch.diagonal(covar), rtol=1e-7, atol=1e-8)
+    # The predictive distribution adds the observation noise.
+    with torch.no_grad():
+        observed = model.likelihood(model(xs))
+    torch.testing.assert_close(observed.variance, torch.diagonal(covar) + model.likelihood.noise, rtol=1e-7,
+                               atol=1e-8)
+
+
+def test_marginal_log_likelihood_equals_dense_and_uses_feature_space(device, monkeypatch):
+    from rfgp.inference.operators import FeatureRootAddedDiagLinearOperator
+
+    calls = []
+    original = FeatureRootAddedDiagLinearOperator.inv_quad_logdet
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.shape)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FeatureRootAddedDiagLinearOperator, "inv_quad_logdet", spy)
+    x, y, _ = data(device, n=40)
+    model = build(SketchedRBFKernel(16, method="orf", seed=1), x, y, device)
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    value = mll(model(x), y)
+    assert calls == [torch.Size([40, 40])]  # GPyTorch's MLL reaches the O(N·F²) Woodbury path
+    with torch.no_grad():
+        phi = kernel_features(model.covar_module, x)
+        k = phi @ phi.T + model.likelihood.noise * torch.eye(40, dtype=x.dtype, device=device)
+        mu = torch.full_like(y, 0.3)
+        reference = torch.distributions.MultivariateNormal(mu, k).log_prob(y) / 40
+    torch.testing.assert_close(value.detach(), reference, rtol=1e-9, atol=1e-9)
+    value.backward()
+    assert all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+
+
+def test_skip_posterior_variances(device):
+    x, y, xs = data(device)
+    model = build(SketchedRBFKernel(16, seed=0), x, y, device)
+    with torch.no_grad():
+        full = model(xs)
+    model = build(SketchedRBFKernel(16, seed=0), x, y, device)
+    with torch.no_grad(), gpytorch.settings.skip_posterior_variances():
+        skipped = model(xs)
+    from linear_operator.operators import ZeroLinearOperator
+
+    torch.testing.assert_close(skipped.mean, full.mean)
+    assert isinstance(skipped.lazy_covariance_matrix, ZeroLinearOperator)
+    assert skipped.lazy_covariance_matrix.shape == (len(xs), len(xs))
+
+
+@pytest.mark.parametrize("num_features", [8, 64])
+def test_variance_correction_added_and_scaled_by_outputscale(num_features, device):
+    x, y, xs = data(device)
+    shrink, outputscale = 0.6, 2.5
+    kernel = RandomFeatureKernel(ShrunkFourierFeatures(num_features, 0.6, seed=0))
+    model = build(kernel, x, y, device, outputscale=outputscale)
+    with torch.no_grad():
+        pred = model(xs)
+    correction = torch.full((len(xs),), (1 - shrink) * outputscale, dtype=torch.float64, device=device)
+    mean, covar = dense_posterior(model, x, y, xs, correction=correction)
+    torch.testing.assert_close(pred.mean, mean, rtol=1e-8, atol=1e-8)  # the mean ignores the correction
+    torch.testing.assert_close(pred.covariance_matrix, covar, rtol=1e-7, atol=1e-8)
+    # Without the correction the same model would report less variance by exactly (1 − shrink)·s.
+    uncorrected = build(RandomFeatureKernel(ShrunkFourierFeatures(num_features, 0.6, seed=0)), x, y, device,
+                        outputscale=outputscale)
+    uncorrected.covar_module.base_kernel.feature_map.has_variance_bias = False
+    with torch.no_grad():
+        torch.testing.assert_close(pred.variance - uncorrected(xs).variance, correction)
+
+
+def test_unbiased_maps_carry_no_correction(device):
+    x, _, _ = data(device)
+    kernel = RandomFeatureKernel(RandomFourierFeatures(16, seed=0)).double().to(device)
+    assert kernel.variance_correction(x) is None
+    shrunk = RandomFeatureKernel(ShrunkFourierFeatures(16, 0.6, seed=0)).double().to(device)
+    torch.testing.assert_close(shrunk.variance_correction(x), torch.full((len(x),), 0.4, dtype=torch.float64,
+                                                                          device=device))
+
+
+def test_batched_model_posterior_equals_dense(device):
+    # One GP per output sharing Φ (e.g. Dirichlet classification): batch_shape (2,).
+    x, y, xs = data(device, n=25)
+    batch = torch.Size([2])
+    ys = torch.stack((y, -y))
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(10, method="orf", seed=3, batch_shape=batch),
+                                          batch_shape=batch)
+    model = ExactGPModel(x, ys, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().to(device)
+    model.mean_module = gpytorch.means.ConstantMean(batch_shape=batch).double().to(device)
+    model.likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double().to(device)
+    model.covar_module.outputscale = torch.tensor([1.0, 2.0], dtype=torch.float64, device=device)
+    model.likelihood.noise = torch.tensor([[0.05], [0.2]], dtype=torch.float64, device=device)
+    model.eval()
+    with torch.no_grad():
+        pred = model(xs)
+        phi = kernel_features(model.covar_module, x)  # (2, n, F)
+        phis = kernel_features(model.covar_module, xs)
+        for b in range(2):
+            k = phi[b] @ phi[b].T + model.likelihood.noise[b] * torch.eye(25, dtype=x.dtype, device=device)
+            cross = phis[b] @ phi[b].T
+            mean = cross @ torch.linalg.solve(k, ys[b])
+            var = (phis[b] ** 2).sum(-1) - (cross * torch.linalg.solve(k, cross.T).T).sum(-1)
+            torch.testing.assert_close(pred.mean[b], mean, rtol=1e-8, atol=1e-8)
+            torch.testing.assert_close(pred.variance[b], var, rtol=1e-7, atol=1e-8)

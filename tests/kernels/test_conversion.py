@@ -1,0 +1,157 @@
+"""rfgp.sketch: GPyTorch kernel trees convert with identical hyperparameters, constraints and
+priors; the converted tree approximates the original; unsupported kernels raise TypeError."""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.constraints import Interval
+from gpytorch.kernels import AdditiveKernel, MaternKernel, ProductKernel, RBFKernel, ScaleKernel
+from gpytorch.priors import GammaPrior, LogNormalPrior
+
+import rfgp
+from rfgp.kernels import FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel, SpectralProductKernel
+
+
+def exact_rbf(**kwargs):
+    kernel = RBFKernel(ard_num_dims=2, lengthscale_prior=GammaPrior(3.0, 6.0),
+                       lengthscale_constraint=Interval(0.05, 5.0), **kwargs)
+    kernel.lengthscale = torch.tensor([[0.4, 1.3]])
+    return kernel
+
+
+def exact_scaled_tree():
+    rbf = ScaleKernel(exact_rbf(active_dims=[0, 1]), outputscale_prior=LogNormalPrior(0.0, 1.0),
+                      outputscale_constraint=Interval(0.01, 20.0))
+    rbf.outputscale = 1.9
+    matern = MaternKernel(nu=0.5, active_dims=[2])
+    matern.lengthscale = 0.8
+    return rbf, matern
+
+
+def assert_same_hyperparameters(exact, sketched, name):
+    raw = f"raw_{name}"
+    assert torch.equal(getattr(sketched, raw).data, getattr(exact, raw).data)
+    assert torch.equal(getattr(sketched, name), getattr(exact, name))
+    c1, c2 = getattr(exact, f"{raw}_constraint"), getattr(sketched, f"{raw}_constraint")
+    assert type(c1) is type(c2) and torch.equal(c1.lower_bound, c2.lower_bound)
+    assert torch.equal(c1.upper_bound, c2.upper_bound)
+
+
+@pytest.mark.parametrize("method", [None, "rff", "orf", "sorf"])
+def test_rbf_converts_with_same_hyperparameters(method):
+    exact = exact_rbf()
+    sketched = rfgp.sketch(exact, num_features=64, method=method, seed=3)
+    assert isinstance(sketched, SketchedRBFKernel)
+    assert sketched.method == (method or "rff") and sketched.num_features == 64
+    assert sketched.ard_num_dims == 2 and sketched.feature_map.seed == 3
+    assert_same_hyperparameters(exact, sketched, "lengthscale")
+    priors = {n: type(p) for n, _, p, *_ in sketched.named_priors()}
+    assert priors == {n: type(p) for n, _, p, *_ in exact.named_priors()} == {"lengthscale_prior": GammaPrior}
+    prior = sketched.lengthscale_prior
+    assert torch.equal(prior.concentration, torch.tensor(3.0)) and torch.equal(prior.rate, torch.tensor(6.0))
+    # The prior's log-probability term matches (same closure over the same parameter).
+    x = torch.randn(5, 2)
+    for (_, m1, p1, c1, _), (_, m2, p2, c2, _) in zip(exact.named_priors(), sketched.named_priors()):
+        torch.testing.assert_close(p1.log_prob(c1(m1)), p2.log_prob(c2(m2)))
+    assert sketched(x).shape == (5, 5)
+
+
+@pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
+def test_matern_converts_with_nu_batch_and_active_dims(nu):
+    exact = MaternKernel(nu=nu, batch_shape=torch.Size([2]), active_dims=[1, 3])
+    exact.lengthscale = torch.tensor([0.3, 2.0]).view(2, 1, 1)
+    sketched = rfgp.sketch(exact, num_features=32, method="orf", seed=0)
+    assert isinstance(sketched, SketchedMaternKernel) and sketched.nu == nu
+    assert sketched.batch_shape == torch.Size([2]) and torch.equal(sketched.active_dims, exact.active_dims)
+    assert_same_hyperparameters(exact, sketched, "lengthscale")
+    assert sketched(torch.randn(6, 4)).shape == (2, 6, 6)
+
+
+def test_tree_converts_structure_hyperparameters_and_seeds():
+    rbf, matern = exact_scaled_tree()
+    exact = ScaleKernel(AdditiveKernel(rbf, ProductKernel(matern, RBFKernel(active_dims=[0]))))
+    exact.outputscale = 0.7
+    sketched = rfgp.sketch(exact, num_features=32, method="orf", seed=10)
+    assert isinstance(sketched, ScaleKernel) and isinstance(sketched.base_kernel, FeatureSumKernel)
+    s_rbf, s_product = sketched.base_kernel.kernels
+    assert isinstance(s_rbf, ScaleKernel) and isinstance(s_rbf.base_kernel, SketchedRBFKernel)
+    assert isinstance(s_product, SpectralProductKernel) and s_product.seed == 13
+    assert_same_hyperparameters(exact, sketched, "outputscale")
+    assert_same_hyperparameters(rbf, s_rbf, "outputscale")
+    assert isinstance(s_rbf.outputscale_prior, LogNormalPrior)
+    assert_same_hyperparameters(rbf.base_kernel, s_rbf.base_kernel, "lengthscale")
+    assert_same_hyperparameters(matern, s_product.kernels[0], "lengthscale")
+    # Leaves get seeds 10, 11, 12 (independent factors of a product).
+    seeds = [m.seed for m in sketched.modules() if isinstance(m, rfgp.features.FeatureMap)]
+    assert seeds == [10, 11, 12]
+    # The whole model's hyperparameter values are unchanged.
+    exact_values = {n: p for n, p in exact.named_hyperparameters()}
+    for name, value in sketched.named_hyperparameters():
+        assert torch.equal(value.data, exact_values[name].data), name
+    assert len(exact_values) == len(dict(sketched.named_hyperparameters()))
+
+
+def test_operator_sugar_trees_convert():
+    a, b = RBFKernel(active_dims=[0]), MaternKernel(nu=1.5, active_dims=[1])
+    assert isinstance(rfgp.sketch(a + b, num_features=8, seed=0), FeatureSumKernel)
+    assert isinstance(rfgp.sketch(a * b, num_features=8, seed=0), SpectralProductKernel)
+
+
+@pytest.mark.parametrize("method", ["rff", "orf"])
+def test_sketched_tree_approximates_exact_tree(method, device):
+    torch.manual_seed(0)
+    rbf, matern = exact_scaled_tree()
+    exact = AdditiveKernel(rbf, matern).double().to(device)
+    x = torch.randn(30, 3, dtype=torch.float64, device=device)
+    target = exact(x).to_dense().detach()
+    errors = []
+    for num_features in (32, 2048):
+        sketched = rfgp.sketch(exact, num_features=num_features, method=method, seed=1).double().to(device)
+        errors.append(((sketched(x).to_dense().detach() - target).norm() / target.norm()).item())
+    assert errors[1] < errors[0] / 3 and errors[1] < 0.1, errors
+
+
+class _Unsupported(gpytorch.kernels.Kernel):
+    def forward(self, x1, x2, **params):
+        return x1 @ x2.mT
+
+
+def test_unsupported_kernels_raise_type_error_naming_them():
+    with pytest.raises(TypeError, match="no random-feature version of _Unsupported.*supported kernels: "
+                                        ".*MaternKernel.*RBFKernel"):
+        rfgp.sketch(_Unsupported(), num_features=8)
+    with pytest.raises(TypeError, match="_Unsupported"):
+        rfgp.sketch(ScaleKernel(AdditiveKernel(RBFKernel(), _Unsupported())), num_features=8)
+
+
+def test_bad_method_and_num_features_named():
+    with pytest.raises(ValueError, match="method must be one of"):
+        rfgp.sketch(RBFKernel(), num_features=8, method="magic")
+    with pytest.raises(ValueError, match="num_features"):
+        rfgp.sketch(RBFKernel(), num_features=-4)
+
+
+def test_register_converter_extends_sketch():
+    class MyKernel(RBFKernel):
+        pass
+
+    class Other(gpytorch.kernels.Kernel):
+        def forward(self, x1, x2, **params):
+            return x1 @ x2.mT
+
+    called = []
+
+    @rfgp.register_converter(Other)
+    def convert_other(kernel, num_features, method, seed, **options):
+        called.append((num_features, method, seed, options))
+        return SketchedRBFKernel(num_features, seed=seed)
+
+    try:
+        with pytest.raises(TypeError, match="MyKernel.*subclass of RBFKernel"):  # never as its parent
+            rfgp.sketch(MyKernel(), num_features=8, seed=0)
+        assert isinstance(rfgp.sketch(Other(), num_features=8, method="orf", seed=4), SketchedRBFKernel)
+        assert called == [(8, "orf", 4, {})]
+    finally:
+        from rfgp.kernels import conversion
+
+        conversion._CONVERTERS.pop(Other)

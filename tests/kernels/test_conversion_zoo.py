@@ -1,0 +1,218 @@
+"""rfgp.sketch on the GPyTorch kernel zoo: new families, exact-type dispatch, method mappings, option checks."""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.constraints import GreaterThan, Interval
+from gpytorch.kernels import (
+    AdditiveKernel,
+    ConstantKernel,
+    CosineKernel,
+    LinearKernel,
+    PeriodicKernel,
+    PolynomialKernel,
+    RBFKernel,
+    RQKernel,
+    ScaleKernel,
+    SpectralMixtureKernel,
+)
+from gpytorch.priors import GammaPrior, NormalPrior
+
+import rfgp
+from rfgp.models import ExactGPModel
+from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
+from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
+from rfgp.kernels.periodic import SketchedPeriodicKernel
+from rfgp.kernels.rational_quadratic import SketchedRQKernel
+from rfgp.kernels.spectral_mixture import SketchedSpectralMixtureKernel
+
+F64 = torch.float64
+BATCH = torch.Size([2])
+X = torch.rand(30, 3, generator=torch.Generator().manual_seed(0), dtype=F64) * 2
+
+
+def periodic():
+    kernel = PeriodicKernel(ard_num_dims=2, batch_shape=BATCH, active_dims=(0, 2), lengthscale_prior=GammaPrior(2.0, 2.0),
+                            period_length_prior=NormalPrior(1.0, 0.5),
+                            period_length_constraint=GreaterThan(0.1)).double()
+    kernel.lengthscale = torch.tensor([[[0.8, 1.2]], [[1.0, 0.7]]])
+    kernel.period_length = torch.tensor([[[1.1, 0.6]], [[0.9, 1.4]]])
+    return kernel
+
+
+def rq():
+    kernel = RQKernel(ard_num_dims=3, batch_shape=BATCH, alpha_constraint=Interval(0.05, 20.0)).double()
+    kernel.register_prior("alpha_prior", GammaPrior(3.0, 2.0), lambda m: m.alpha, lambda m, v: m._set_alpha(v))
+    kernel.lengthscale = torch.tensor([[[0.8, 1.2, 0.5]], [[1.0, 0.7, 2.0]]])
+    kernel.alpha = torch.tensor([[0.7], [3.0]])
+    return kernel
+
+
+def spectral_mixture():
+    kernel = SpectralMixtureKernel(num_mixtures=2, ard_num_dims=3, batch_shape=BATCH).double()
+    kernel.mixture_weights = torch.tensor([[0.3, 0.7], [1.0, 0.5]])
+    kernel.mixture_means = torch.rand(2, 2, 1, 3, generator=torch.Generator().manual_seed(1))
+    kernel.mixture_scales = 0.3 + torch.rand(2, 2, 1, 3, generator=torch.Generator().manual_seed(2))
+    return kernel
+
+
+def linear():
+    kernel = LinearKernel(ard_num_dims=3, batch_shape=BATCH, variance_prior=GammaPrior(1.0, 1.0)).double()
+    kernel.variance = torch.tensor([[[0.5, 1.0, 2.0]], [[1.0, 0.1, 0.3]]])
+    return kernel
+
+
+def constant():
+    kernel = ConstantKernel(batch_shape=BATCH, constant_prior=GammaPrior(1.0, 1.0)).double()
+    kernel.constant = torch.tensor([0.4, 1.3], dtype=F64)
+    return kernel
+
+
+def cosine():
+    kernel = CosineKernel(batch_shape=BATCH, active_dims=(1,), period_length_prior=GammaPrior(2.0, 1.0)).double()
+    kernel.period_length = torch.tensor([[[0.8]], [[1.7]]])
+    return kernel
+
+
+CASES = {
+    "periodic": (periodic, SketchedPeriodicKernel, ("lengthscale", "period_length")),
+    "rq": (rq, SketchedRQKernel, ("lengthscale", "alpha")),
+    "spectral_mixture": (spectral_mixture, SketchedSpectralMixtureKernel,
+                         ("mixture_weights", "mixture_means", "mixture_scales")),
+    "linear": (linear, LinearFeatureKernel, ("variance",)),
+    "constant": (constant, ConstantFeatureKernel, ("constant",)),
+    "cosine": (cosine, CosineFeatureKernel, ("period_length",)),
+}
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_conversion_carries_hyperparameters_constraints_priors_batch_and_active_dims(family):
+    make, sketched_type, names = CASES[family]
+    exact = make()
+    sketched = rfgp.sketch(exact, num_features=64, seed=0)
+    assert type(sketched) is sketched_type
+    assert sketched.batch_shape == exact.batch_shape
+    assert (sketched.active_dims is None) == (exact.active_dims is None)
+    if exact.active_dims is not None:
+        assert torch.equal(sketched.active_dims, exact.active_dims)
+    for name in names:
+        assert torch.equal(getattr(sketched, name), getattr(exact, name)), name
+        assert getattr(sketched, f"raw_{name}_constraint") is getattr(exact, f"raw_{name}_constraint")
+    assert {n for n, *_ in exact.named_priors()} == {n for n, *_ in sketched.named_priors()}
+    again = rfgp.sketch(make(), num_features=64, seed=5)
+    sketched(X).to_dense(), again(X).to_dense()  # draws are made at the first call
+    again.load_state_dict(sketched.state_dict())
+    assert torch.equal(again(X).to_dense(), sketched(X).to_dense())
+
+
+@pytest.mark.parametrize("family", ["periodic", "rq", "spectral_mixture"])
+def test_converted_random_kernels_approximate_the_exact_gram(family):
+    exact = CASES[family][0]()
+    target = exact(X).to_dense().detach()
+    errors = [float((rfgp.sketch(exact, f, seed=1)(X).to_dense().detach() - target).norm() / target.norm())
+              for f in (64, 4096)]
+    assert errors[1] < errors[0] / 4 and errors[1] < 0.1, errors
+
+
+@pytest.mark.parametrize("family", ["linear", "constant", "cosine"])
+def test_exact_families_convert_exactly_with_their_own_width(family):
+    exact = CASES[family][0]()
+    sketched = rfgp.sketch(exact, num_features=512)
+    assert torch.allclose(sketched(X).to_dense(), exact(X).to_dense(), atol=1e-13)
+    assert sketched.num_features == {"linear": 3, "constant": 1, "cosine": 2}[family]
+
+
+def test_every_converted_leaf_exposes_num_features():
+    for family, (make, *_) in CASES.items():
+        assert isinstance(rfgp.sketch(make(), num_features=64).num_features, int), family
+
+
+@pytest.mark.parametrize("subclass", [gpytorch.kernels.RBFKernelGrad, gpytorch.kernels.RBFKernelGradGrad,
+                                      gpytorch.kernels.Matern52KernelGrad, gpytorch.kernels.PolynomialKernelGrad])
+def test_unregistered_subclasses_are_never_converted_as_their_parent(subclass):
+    kernel = subclass(power=2) if subclass is gpytorch.kernels.PolynomialKernelGrad else subclass()
+    if type(kernel) in rfgp.kernels.conversion._CONVERTERS:
+        pytest.skip(f"{subclass.__name__} has its own converter")
+    with pytest.raises(TypeError, match=f"no random-feature version of {subclass.__name__}; it is a subclass of"):
+        rfgp.sketch(ScaleKernel(kernel), num_features=16)
+
+
+def test_piecewise_polynomial_is_refused_with_the_reason():
+    with pytest.raises(TypeError, match="does not convert PiecewisePolynomialKernel: its compactly supported"):
+        rfgp.sketch(gpytorch.kernels.PiecewisePolynomialKernel(), num_features=16)
+
+
+def mixed_tree():
+    return AdditiveKernel(ScaleKernel(RBFKernel()), PolynomialKernel(power=2), LinearKernel())
+
+
+def test_method_mapping_by_class_or_name():
+    sketched = rfgp.sketch(mixed_tree(), 64, method={"RBFKernel": "orf", PolynomialKernel: "sketch"}, seed=0)
+    rbf, polynomial, linear_part = sketched.kernels
+    assert isinstance(rbf.base_kernel, SketchedRBFKernel) and rbf.base_kernel.method == "orf"
+    assert isinstance(polynomial, SketchedPolynomialKernel) and polynomial.method == "sketch"
+    assert isinstance(linear_part, LinearFeatureKernel)
+
+
+def test_single_method_applies_where_it_exists_and_defaults_elsewhere():
+    sketched = rfgp.sketch(mixed_tree(), 64, method="orf", seed=0)
+    assert sketched.kernels[0].base_kernel.method == "orf" and sketched.kernels[1].method == "sketch"
+
+
+def test_bad_methods_raise_naming_them():
+    with pytest.raises(ValueError, match="method must be one of .*'orf'.*got 'magic'"):
+        rfgp.sketch(mixed_tree(), 64, method="magic")
+    with pytest.raises(ValueError, match="method must be one of 'rff'.*got 'orf'"):
+        rfgp.sketch(PeriodicKernel(), 64, method="orf")
+    with pytest.raises(ValueError, match="'FancyKernel', which rfgp.sketch does not convert"):
+        rfgp.sketch(mixed_tree(), 64, method={"FancyKernel": "orf"})
+    with pytest.raises(ValueError, match="method for RBFKernel must be one of .*got 'sketch'"):
+        rfgp.sketch(mixed_tree(), 64, method={"RBFKernel": "sketch"})
+    with pytest.raises(TypeError, match="method must be None, a str or a mapping"):
+        rfgp.sketch(mixed_tree(), 64, method=3)
+
+
+def test_unknown_and_unused_keyword_options_raise():
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'methd'; accepted: num_features, method, seed, "
+                                        ".*x_sample"):
+        rfgp.sketch(RBFKernel(), 64, methd="sorf")
+    with pytest.raises(TypeError, match="options not taken by any kernel in this tree: 'x_sample' \\(taken by RBFKernel\\)"):
+        rfgp.sketch(PeriodicKernel(), 64, x_sample=X)
+
+
+def test_non_positive_hyperparameters_refused_at_conversion():
+    kernel = PeriodicKernel(period_length_constraint=Interval(-2.0, 2.0))
+    kernel.period_length = -0.5
+    with pytest.raises(ValueError, match="PeriodicKernel.period_length must be finite and > 0"):
+        rfgp.sketch(kernel, 64)
+    kernel = RQKernel(alpha_constraint=Interval(-1.0, 1.0))
+    kernel.alpha = 0.0
+    with pytest.raises(ValueError, match="RQKernel.alpha must be finite and > 0"):
+        rfgp.sketch(kernel, 64)
+
+
+def test_mauna_loa_style_sum_converts_and_approximates():
+    tree = (ScaleKernel(RBFKernel()) + ScaleKernel(PeriodicKernel()) + ScaleKernel(RQKernel())).double()
+    x = X[:, :1]
+    target = tree(x).to_dense().detach()
+    sketched = rfgp.sketch(tree, 2048, seed=0)
+    assert float((sketched(x).to_dense().detach() - target).norm() / target.norm()) < 0.1
+
+
+
+
+def test_converted_periodic_tree_predicts_like_the_exact_gp():
+    generator = torch.Generator().manual_seed(3)
+    x = torch.rand(150, 1, generator=generator, dtype=F64) * 6
+    y = torch.sin(2 * torch.pi * x[:, 0] / 1.3) + 0.3 * x[:, 0] + 0.05 * torch.randn(150, generator=generator, dtype=F64)
+    tree = (ScaleKernel(PeriodicKernel()) + ScaleKernel(RQKernel()) + LinearKernel()).double()
+    tree.kernels[0].base_kernel.period_length = 1.3
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = 0.01
+    exact = ExactGPModel(x, y, likelihood, tree).double().eval()
+    sketched = ExactGPModel(x, y, likelihood, rfgp.sketch(tree, 512, seed=0)).double().eval()
+    x_test = torch.linspace(0, 7, 40, dtype=F64).unsqueeze(-1)
+    with torch.no_grad():
+        exact_mean = exact(x_test).mean
+        sketched_mean = sketched(x_test).mean
+    assert float((sketched_mean - exact_mean).norm() / exact_mean.norm()) < 0.05

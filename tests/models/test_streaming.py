@@ -1,0 +1,205 @@
+"""Streaming updates of the feature statistics equal a refit on all data."""
+
+import copy
+
+import gpytorch
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from rfgp.models import streaming as streaming_module
+from rfgp.inference.cholesky_update import cholesky_update
+from rfgp.kernels import SketchedRBFKernel
+from rfgp.models import ExactGPModel
+from rfgp.models.streaming import StreamingFeatureGP, fit_from_batches, takes_rank_update
+
+DIM = 2
+
+
+def _model(x, y, seed=0):
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(48, ard_num_dims=DIM, seed=seed))
+    kernel.outputscale = 1.3
+    kernel.base_kernel.lengthscale = torch.tensor([0.7, 1.2])
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    likelihood.noise = 0.05
+    model = ExactGPModel(x, y, likelihood, kernel).double()
+    model.mean_module.constant.data.fill_(0.4)
+    return model.eval()
+
+
+def _data(n=240):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(n, DIM, generator=gen, dtype=torch.float64) * 4
+    y = torch.sin(x[:, 0]) * torch.cos(x[:, 1]) + 0.2 * torch.randn(n, generator=gen, dtype=torch.float64)
+    return x, y
+
+
+def test_streaming_equals_refit():
+    x, y = _data()
+    x_test = torch.rand(9, DIM, dtype=torch.float64) * 4
+    model = _model(x, y)
+    with torch.no_grad():
+        reference = model.likelihood(model(x_test))
+        model.train()
+        reference_mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(x), y) * len(y)
+        model.eval()
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
+    loader = DataLoader(TensorDataset(x, y), batch_size=70)  # 4 uneven batches
+    fit_from_batches(streaming, loader, progress=False)
+    assert streaming.num_data == len(y)
+    with torch.no_grad():
+        prediction = streaming.likelihood(streaming(x_test))
+    torch.testing.assert_close(prediction.mean, reference.mean, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(prediction.covariance_matrix, reference.covariance_matrix, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(streaming.log_marginal_likelihood(), reference_mll.detach(), rtol=1e-10, atol=1e-9)
+
+
+def test_update_absorbs_new_data_without_old_data():
+    x, y = _data()
+    model = _model(x, y)
+    first = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x[:100], y[:100])
+    x_test = torch.rand(5, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        before = first(x_test).mean
+        first.update(x[100:], y[100:])
+        after = first(x_test).mean
+        full = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x, y)(x_test).mean
+    assert (after - before).abs().max() > 1e-3  # the new batch changed the posterior (cache refreshed)
+    torch.testing.assert_close(after, full, rtol=1e-10, atol=1e-12)
+
+
+def _fitted_and_loaded_copy(x, y):
+    """(model, streaming GP fitted on x, y, a differently seeded streaming GP that loaded its state_dict)."""
+    model = _model(x, y)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x, y)
+    other = _model(x[:3], y[:3], seed=7)
+    fresh = StreamingFeatureGP(other.covar_module, other.likelihood, other.mean_module)
+    fresh.load_state_dict(streaming.state_dict())
+    return model, streaming, fresh
+
+
+def test_state_dict_round_trip():
+    x, y = _data()
+    model, streaming, fresh = _fitted_and_loaded_copy(x, y)
+    x_test = torch.rand(6, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(fresh(x_test).mean, streaming(x_test).mean)
+        assert torch.equal(fresh(x_test).variance, streaming(x_test).variance)
+
+
+def test_bad_input():
+    x, y = _data(10)
+    model = _model(x, y)
+    with pytest.raises(TypeError, match="covar_module"):
+        StreamingFeatureGP(gpytorch.kernels.RBFKernel(), model.likelihood)
+    with pytest.raises(TypeError, match="likelihood"):
+        StreamingFeatureGP(model.covar_module, gpytorch.likelihoods.BernoulliLikelihood())
+    gp = StreamingFeatureGP(model.covar_module, model.likelihood)
+    with pytest.raises(ValueError, match="y must have shape"):
+        gp.update(x, y[:-1])
+    with pytest.raises(RuntimeError, match="no data"):
+        gp(x)
+    with pytest.raises(ValueError, match="pair"):
+        fit_from_batches(gp, [x], progress=False)
+
+
+def _count_rank_updates(monkeypatch):
+    """Record the rank k of every Cholesky update the streaming model makes."""
+    calls = []
+
+    def counting(chol, vectors):
+        calls.append(vectors.shape[-1])
+        return cholesky_update(chol, vectors)
+
+    monkeypatch.setattr(streaming_module, "cholesky_update", counting)
+    return calls
+
+
+def _exact_posterior(model, x, y, x_test):
+    """The ExactGP posterior on all of (x, y): the refit the streaming model must reproduce."""
+    model.set_train_data(x, y, strict=False)
+    with torch.no_grad():
+        return model(x_test)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_rank_updates_equal_refit(dtype, monkeypatch):
+    calls = _count_rank_updates(monkeypatch)
+    sizes = [1, 1, 5, 3, 1, 4, 2, 1, 1, 5] * 20  # 480 points in 200 updates: the drift check
+    x, y = _data(100 + sum(sizes))
+    x, y = x.to(dtype), y.to(dtype)
+    model = _model(x, y).to(dtype)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
+    streaming.update(x[:100], y[:100]).cholesky()  # the factor exists: batches now update it
+    bounds = torch.tensor([0, *sizes]).cumsum(0) + 100
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        streaming.update(x[start:stop], y[start:stop])
+    assert calls == sizes  # every batch took the rank-k path, none refactorised
+    tolerance = {torch.float64: 1e-10, torch.float32: 1e-4}[dtype]
+    eye = torch.eye(streaming.gram.shape[-1], dtype=torch.float64)
+    refactorised = torch.linalg.cholesky(eye + streaming.gram.double())
+    relative = (streaming.cholesky().double() - refactorised).norm() / refactorised.norm()
+    assert relative < tolerance
+    x_test = torch.rand(7, DIM, dtype=dtype) * 4
+    with torch.no_grad():
+        streamed = streaming(x_test)
+    reference = _exact_posterior(model, x, y, x_test)
+    close = {"rtol": 1e-8, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-3, "atol": 1e-3}
+    torch.testing.assert_close(streamed.mean, reference.mean, **close)
+    torch.testing.assert_close(streamed.covariance_matrix, reference.covariance_matrix, **close)
+
+
+def test_when_batches_update_the_factor(monkeypatch):
+    assert takes_rank_update(63, 1024) and not takes_rank_update(64, 1024)  # k < F/16 ...
+    assert not takes_rank_update(1, 512)  # ... once F is large enough to pay
+    assert takes_rank_update(500, 512, "always") and not takes_rank_update(1, 4096, "never")
+    calls = _count_rank_updates(monkeypatch)
+    x, y = _data()
+    model = _model(x, y)
+    for mode in ("auto", "never"):  # F = 48: "auto" refactorises too
+        streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update=mode)
+        streaming.update(x[:100], y[:100]).cholesky()
+        streaming.update(x[100:101], y[100:101])
+        assert calls == [] and streaming._chol is None
+    with pytest.raises(ValueError, match="rank_update"):
+        StreamingFeatureGP(model.covar_module, model.likelihood, rank_update="sometimes")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: setattr(m.covar_module.base_kernel, "lengthscale", torch.tensor([0.5, 1.2])),
+        lambda m: setattr(m.covar_module, "outputscale", 2.0),
+        lambda m: setattr(m.likelihood, "noise", 0.1),
+        lambda m: m.mean_module.constant.data.fill_(0.0),
+        lambda m: m.covar_module.base_kernel.feature_map.resample(torch.Generator().manual_seed(9)),
+    ],
+    ids=["lengthscale", "outputscale", "noise", "mean", "features"],
+)
+def test_hyperparameter_change_invalidates_the_statistics(change):
+    x, y = _data()
+    model = _model(x, y)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x[:200], y[:200])
+    streaming.cholesky()
+    saved = copy.deepcopy(model.state_dict())
+    change(model)
+    for use in (lambda: streaming.update(x[200:], y[200:]), lambda: streaming(x[:3]), streaming.log_marginal_likelihood):
+        with pytest.raises(RuntimeError, match="changed after data were absorbed"):
+            use()
+    model.load_state_dict(saved)  # restored: the statistics are valid again
+    streaming.update(x[200:], y[200:])
+    torch.testing.assert_close(streaming.cholesky(), StreamingFeatureGP(
+        model.covar_module, model.likelihood, model.mean_module).update(x, y).cholesky(), rtol=1e-12, atol=1e-12)
+    change(model)
+    streaming.reset().update(x, y)  # reset: streaming with the new hyperparameters is allowed
+    assert streaming.num_data == len(y)
+
+
+def test_loaded_statistics_are_tied_to_the_loaded_hyperparameters():
+    x, y = _data()
+    model, streaming, fresh = _fitted_and_loaded_copy(x, y)
+    fresh(x[:2])  # the loaded hyperparameters match the loaded statistics
+    fresh.float()(x[:2].float())  # moving the model moves the statistics: still valid
+    fresh.likelihood.noise = 0.3  # a hyperparameter changes after loading
+    with pytest.raises(RuntimeError, match="likelihood.noise_covar.raw_noise"):
+        fresh(x[:2].float())

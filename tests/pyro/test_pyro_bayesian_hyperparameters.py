@@ -1,0 +1,92 @@
+"""Fully Bayesian hyperparameters of GPyTorch models with rfgp kernels (NUTS through GPyTorch's Pyro API)."""
+
+import math
+
+import gpytorch
+import pyro
+import pytest
+import torch
+from gpytorch.priors import LogNormalPrior
+
+from rfgp.inference import operators
+from rfgp.kernels import SketchedRBFKernel
+from rfgp.models.regression import ExactGPModel
+from rfgp.pyro import batched_predictive, mixture_moments, sample_hyperparameters
+from rfgp.training import fit_mll
+
+DTYPE = torch.float64
+
+
+def make_data(n=100):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 1, generator=generator, dtype=DTYPE)
+    y = torch.sin(6 * x[:, 0]) + 0.5 * torch.cos(13 * x[:, 0]) + 0.1 * torch.randn(n, generator=generator, dtype=DTYPE)
+    return x, y
+
+
+def make_model(x, y, num_features=64):
+    kernel = gpytorch.kernels.ScaleKernel(
+        SketchedRBFKernel(num_features, seed=0, lengthscale_prior=LogNormalPrior(math.log(0.3), 1.0)),
+        outputscale_prior=LogNormalPrior(0.0, 1.0),
+    )
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_prior=LogNormalPrior(math.log(0.05), 1.0))
+    return ExactGPModel(x, y, likelihood, kernel, mean_module=gpytorch.means.ZeroMean()).to(DTYPE)
+
+
+def test_nuts_hyperparameter_posterior_concentrates_at_mll_optimum(monkeypatch):
+    x, y = make_data()
+    optimum = make_model(x, y)
+    fit_mll(optimum, num_iterations=200, lr=0.05, optimizer="adam")
+    mll_lengthscale = optimum.covar_module.base_kernel.lengthscale.item()
+    mll_noise = optimum.likelihood.noise.item()
+
+    # Every likelihood evaluation must take the O(N·F²) capacitance path, never the dense one.
+    calls = []
+    woodbury = operators._statistics_inv_quad_logdet
+    monkeypatch.setattr(operators, "_statistics_inv_quad_logdet", lambda *a: calls.append(1) or woodbury(*a))
+    monkeypatch.setattr(operators, "kernel_space_inv_quad_logdet", lambda *a: pytest.fail("dense N × N path used"))
+
+    pyro.set_rng_seed(0)
+    model = make_model(x, y)
+    samples = sample_hyperparameters(model, num_samples=60, warmup_steps=60, max_tree_depth=4)
+    assert calls
+    lengthscale = samples["covar_module.base_kernel.lengthscale_prior"].flatten()
+    noise = samples["likelihood.noise_covar.noise_prior"].flatten()
+    assert lengthscale.shape == noise.shape == (60,)
+    # Concentrated: posterior spread ≪ prior spread (LogNormal σ = 1, i.e. a factor e).
+    assert lengthscale.log().std() < 0.15 and noise.log().std() < 0.25
+    # ... and at the optimum (Bernstein–von Mises): within a few posterior sds of the MLL optimum.
+    assert abs(lengthscale.log().median() - math.log(mll_lengthscale)) < 2 * lengthscale.log().std()
+    assert abs(noise.log().median() - math.log(mll_noise)) < 2 * noise.log().std()
+
+    # The loaded model is a batch of 60 GPs sharing one feature draw; component s equals a
+    # single GP with hyperparameters set to sample s.
+    x_test = torch.linspace(0, 1, 7, dtype=DTYPE).unsqueeze(-1)
+    output = batched_predictive(model, samples, x_test)
+    assert output.batch_shape == (60,) and output.event_shape == (7,)
+    single = make_model(x, y)
+    single.covar_module.base_kernel.lengthscale = lengthscale[5]
+    single.covar_module.outputscale = samples["covar_module.outputscale_prior"][5]
+    single.likelihood.noise = noise[5]
+    single.eval()
+    with torch.no_grad():
+        reference = single(x_test)
+    torch.testing.assert_close(output.mean[5], reference.mean, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(output.variance[5], reference.variance, rtol=1e-6, atol=1e-8)
+    mean, variance = mixture_moments(output)
+    assert (variance >= output.variance.mean(0) - 1e-12).all()  # total variance ≥ mean within-variance
+    truth = torch.sin(6 * x_test[:, 0]) + 0.5 * torch.cos(13 * x_test[:, 0])
+    assert ((mean - truth).abs() < 0.1).all()
+
+
+def test_errors():
+    x, y = make_data(10)
+    with pytest.raises(TypeError, match="ExactGP"):
+        sample_hyperparameters(torch.nn.Linear(1, 1))
+    bare = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(),
+                        gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0)))
+    with pytest.raises(ValueError, match="no hyperparameter priors"):
+        sample_hyperparameters(bare)
+    samples = {"covar_module.base_kernel.lengthscale_prior": torch.ones(3, 1, 1, dtype=DTYPE)}
+    with pytest.raises(ValueError, match="sample_hyperparameters"):
+        batched_predictive(make_model(x, y), samples, x)
