@@ -115,6 +115,9 @@ class ConfigState:
     """
 
     config_fields: ClassVar[dict[str, str]] = {"type": METHOD}
+    #: earlier class names whose saved states this class loads as its own (a family split out of a
+    #: class that multiplexed families by ``method``; the saved ``method`` field is still checked)
+    legacy_type_names: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -174,6 +177,8 @@ class ConfigState:
                 saved[name] = decode(state_dict[key])
             else:
                 missing_keys.append(key)
+        if saved.get("type") in self.legacy_type_names:
+            saved["type"] = type(self).__name__
         return saved
 
     def _checked_adoptions(self, saved: dict[str, Any], prefix: str) -> dict[str, Any]:

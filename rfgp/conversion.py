@@ -333,7 +333,8 @@ _TAYLOR_OPTIONS = ("x_sample", "radius", "alpha", "order", "center", "min_length
                     options=(*_MACLAURIN_OPTIONS, *_TAYLOR_OPTIONS, "complex_posterior", "input_dim"))
 def _convert_rbf(kernel, num_features, method, seed, **options):
     """RBFKernel → SketchedRBFKernel; ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`."""
-    from .kernels.fourier import GAUSSIAN_SKETCH_METHODS, SketchedRBFKernel
+    from .kernels.fourier import SketchedRBFKernel
+    from .kernels.gaussian_sketch import GAUSSIAN_SKETCH_METHODS
 
     if method in GAUSSIAN_SKETCH_METHODS:
         options = taylor_sketch_options(kernel, method, **options)

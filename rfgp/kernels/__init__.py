@@ -17,7 +17,8 @@ from .derivative import (
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .index import IndexFeatureKernel
-from .maclaurin import SketchedExponentialKernel, refit_allocation
+from .maclaurin import MaclaurinRBFKernel, SketchedExponentialKernel, refit_allocation
+from .gaussian_sketch import GaussianSketchRBFKernel  # after maclaurin: SketchedRBFKernel's methods in that order
 from .nystrom import NystromKernel
 from .periodic import SketchedPeriodicKernel
 from .rational_quadratic import SketchedRQKernel
@@ -39,6 +40,7 @@ __all__ = [
     "SketchedRQKernel",
     "SketchedPeriodicKernel",
     "LinearFeatureKernel",
+    "MaclaurinRBFKernel",
     "CosineFeatureKernel",
     "ConstantFeatureKernel",
     "CurlFreeRBFKernel",
@@ -47,6 +49,7 @@ __all__ = [
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
+    "GaussianSketchRBFKernel",
     "IndexFeatureKernel",
     "MultiOutputFeatureSumKernel",
     "NystromKernel",
