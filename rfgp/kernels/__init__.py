@@ -17,7 +17,7 @@ from .derivative import (
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .index import IndexFeatureKernel
-from .maclaurin import MaclaurinRBFKernel, SketchedExponentialKernel, refit_allocation
+from .maclaurin import MaclaurinRBFKernel, RandomMaclaurinExponentialKernel, SketchedExponentialKernel, refit_allocation
 from .gaussian_sketch import GaussianSketchRBFKernel  # after maclaurin: SketchedRBFKernel's methods in that order
 from .nystrom import NystromKernel
 from .periodic import SketchedPeriodicKernel
@@ -54,6 +54,7 @@ __all__ = [
     "MultiOutputFeatureSumKernel",
     "NystromKernel",
     "RandomFeatureKernel",
+    "RandomMaclaurinExponentialKernel",
     "SketchedCurlFreeKernel",
     "SketchedDecomposableKernel",
     "SketchedDivFreeKernel",

@@ -67,11 +67,14 @@ class MethodDispatch:
 
     @classmethod
     def family_options(cls) -> tuple[str, ...]:
-        """The named keyword options of this family's constructor that the root's does not have."""
-        shared = inspect.signature(cls._root().__init__).parameters
-        own = inspect.signature(cls.__init__).parameters.values()
+        """The named arguments of this family's constructor that not every family of its root has."""
         named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        return tuple(p.name for p in own if p.kind in named and p.name not in shared)
+
+        def names(family: type) -> list[str]:
+            return [p.name for p in inspect.signature(family.__init__).parameters.values() if p.kind in named]
+
+        common = set.intersection(*(set(names(family)) for family in cls._root()._families.values()))
+        return tuple(name for name in names(cls) if name not in common)
 
 
 def refuse_other_family_options(kernel: MethodDispatch, method: str, kwargs: dict) -> dict:

@@ -31,6 +31,7 @@ import rfgp
 from rfgp.kernels import (
     GaussianSketchRBFKernel,
     MaclaurinRBFKernel,
+    RandomMaclaurinExponentialKernel,
     SketchedExponentialKernel,
     SketchedRBFKernel,
     SketchedRBFKernelGrad,
@@ -80,6 +81,8 @@ OLD_AND_NEW = [
     (lambda: SketchedRBFKernel(64, method="gaussian_sketch_hd", order=5, center=[0.5, 0.5], input_dim=2, seed=2),
      lambda: GaussianSketchRBFKernel(64, method="gaussian_sketch_hd", order=5, center=[0.5, 0.5], input_dim=2,
                                      seed=2)),
+    (lambda: SketchedExponentialKernel(32, method="random_maclaurin", input_dim=2, seed=0, max_order=4),
+     lambda: RandomMaclaurinExponentialKernel(32, input_dim=2, seed=0, max_order=4)),
 ]
 
 
@@ -88,7 +91,7 @@ def test_method_spelling_builds_the_family_class_with_the_same_features(old, new
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         a, b = old().double(), new().double()
-    assert type(a) is type(b) and isinstance(a, SketchedRBFKernel)
+    assert type(a) is type(b) and isinstance(a, (SketchedRBFKernel, SketchedExponentialKernel))
     assert a.method == b.method
     assert torch.equal(_features(a), _features(b))
     assert torch.equal(a(X).to_dense(), b(X).to_dense())
@@ -131,6 +134,10 @@ def test_states_of_different_families_do_not_load_into_each_other():
     (lambda: SketchedRBFKernel(16, method="gaussian_sketch", order=4, complex_posterior=True),
      r"complex_posterior=True is an option of MaclaurinRBFKernel"),
     (lambda: MaclaurinRBFKernel(16, method="rff"), r"method must be one of 'maclaurin'; got 'rff'"),
+    (lambda: SketchedExponentialKernel(16, method="random_maclaurin", sample_size=50),
+     r"sample_size=50 is an option of SketchedExponentialKernel \(method='maclaurin'\), not of "
+     r"RandomMaclaurinExponentialKernel \(method='random_maclaurin'\)"),
+    (lambda: SketchedExponentialKernel(16, method="rff"), r"method must be one of 'maclaurin', 'random_maclaurin'"),
     (lambda: GaussianSketchRBFKernel(16, method="maclaurin"),
      r"method must be one of 'gaussian_sketch', 'gaussian_sketch_hd'; got 'maclaurin'"),
 ])
@@ -142,7 +149,8 @@ def test_options_of_another_family_raise_naming_the_family(build, message):
 def test_unknown_keyword_arguments_raise_instead_of_being_dropped_by_gpytorch():
     for build in (lambda: SketchedRBFKernel(16, lenghtscale_prior=None, bogus=1),
                   lambda: MaclaurinRBFKernel(16, bogus=1),
-                  lambda: GaussianSketchRBFKernel(16, order=3, bogus=1)):
+                  lambda: GaussianSketchRBFKernel(16, order=3, bogus=1),
+                  lambda: SketchedExponentialKernel(16, bogus=1)):
         with pytest.raises(TypeError, match="unexpected keyword argument.*'bogus'.*ard_num_dims"):
             build()
 
