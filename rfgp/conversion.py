@@ -421,7 +421,7 @@ def _polynomial_methods() -> tuple[str, ...]:
 
 @register_converter(gpytorch.kernels.PolynomialKernel, methods=_polynomial_methods,
                     options=("projection", "weights", "srht_blocks", "lengthscale", "input_normalization",
-                             "complex_posterior", "input_dim", "min_order", "max_order", "sample_size",
+                             "complex_posterior", "input_dim", "min_order", "sample_size",
                              "bias_correction"))
 def _convert_polynomial(kernel, num_features, method, seed, **options):
     from .kernels.polynomial import SketchedPolynomialKernel

@@ -22,7 +22,7 @@ from ..features.fourier import RandomFourierFeatures
 from ..features import random
 from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity, SpectralDensity
 from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
-from .families import MethodDispatch, check_kernel_kwargs, refuse_other_family_options
+from .families import MethodDispatch, refuse_other_family_options
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names of the Fourier kernels and the frequency sampler each uses.
@@ -142,7 +142,6 @@ class SketchedRBFKernel(MethodDispatch, ScaleMixtureSpectrum, ComplexPosteriorMi
     def _setup_rbf(self, method: str, feature_map: FeatureMap, kwargs: dict, complex_posterior: bool = False,
                    min_lengthscale: float | None = None) -> None:
         """What every RBF family's ``__init__`` does once its map is built (families call it, not ``__init__``)."""
-        check_kernel_kwargs(type(self).__name__, kwargs)
         self.method = method
         self.min_lengthscale = min_lengthscale
         weights = getattr(feature_map, "weights", "real")
@@ -181,7 +180,6 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         **kwargs,
     ) -> None:
         check_choice(method, "method", tuple(FOURIER_METHODS))
-        check_kernel_kwargs(type(self).__name__, kwargs)
         self.method = method
         feature_map = RandomFourierFeatures(
             num_features,

@@ -20,19 +20,19 @@ from .._validation import check_choice
 from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
-from .families import MethodDispatch, check_kernel_kwargs, refuse_other_family_options
+from .families import MethodDispatch, refuse_other_family_options
 from ..features.base import FeatureMap
 from .fourier import SketchedRBFKernel, _input_dim
 from .random_feature_kernel import RandomFeatureKernel
 
 
-@register_polynomial_method("maclaurin")
+@register_polynomial_method("maclaurin", options=("min_order", "sample_size", "bias_correction"))
 def _optimized(power, num_features, input_dim, seed, generator, **options):
     return OptimizedMaclaurin(dot_product.polynomial(power, 1.0), num_features, input_dim=input_dim,
                               max_order=power, seed=seed, generator=generator, **options)
 
 
-@register_polynomial_method("random_maclaurin")
+@register_polynomial_method("random_maclaurin", options=("bias_correction",))
 def _random(power, num_features, input_dim, seed, generator, **options):
     return RandomMaclaurin(dot_product.polynomial(power, 1.0), num_features, input_dim=input_dim,
                            max_order=power, seed=seed, generator=generator, **options)
@@ -190,7 +190,6 @@ class SketchedExponentialKernel(MethodDispatch, ComplexPosteriorMixin, RandomFea
 
     def _setup_exponential(self, method: str, feature_map: FeatureMap, kwargs: dict, complex_posterior: bool) -> None:
         """What both exponential families' ``__init__`` do once the map is built."""
-        check_kernel_kwargs(type(self).__name__, kwargs)
         self.method = method
         self.complex_posterior = check_complex_posterior(
             complex_posterior, feature_map.is_complex, f"weights={feature_map.weights!r}"

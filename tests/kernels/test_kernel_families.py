@@ -176,3 +176,18 @@ def test_derivative_kernel_keeps_its_own_class():
     assert type(kernel) is SketchedRBFKernelGrad and kernel.method == "orf"
     with pytest.raises(ValueError, match="method"):
         SketchedRBFKernelGrad(16, method="maclaurin")
+
+
+def test_polynomial_method_options_go_to_their_method_only():
+    from rfgp.kernels import SketchedPolynomialKernel
+
+    kernel = SketchedPolynomialKernel(3, 21, method="maclaurin", weights="real", sample_size=7, input_dim=2, seed=0)
+    assert kernel.feature_map.sample_size == 7
+    with pytest.raises(ValueError, match=r"sample_size=7 is an option of SketchedPolynomialKernel\(method='maclaurin'\), "
+                                         r"not of method='sketch'"):
+        SketchedPolynomialKernel(3, 21, sample_size=7)
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'max_order'"):
+        SketchedPolynomialKernel(3, 21, method="maclaurin", max_order=3)  # fixed to the power
+    # srht_blocks is validated for every projection (it was dropped for non-SRHT ones)
+    with pytest.raises(ValueError, match="srht_blocks"):
+        SketchedPolynomialKernel(3, 16, projection="gaussian", srht_blocks="bogus")
