@@ -42,7 +42,8 @@ class ScaleMixtureSpectrum:
     * ``spectral_amplitude()``: k(x, x) = 1, batch-shaped.
 
     Products draw these i.i.d. even when the kernel's own map is ORF/SORF (the convolution
-    ω₁ + ω₂ of orthogonal blocks is no longer orthogonal, so nothing would be gained).
+    ω₁ + ω₂ of orthogonal blocks is no longer orthogonal, so nothing would be gained), and
+    for every RBF family (the protocol describes the kernel, not its approximation).
     """
 
     def spectral_density(self) -> SpectralDensity:
@@ -78,14 +79,13 @@ class SketchedRBFKernel(MethodDispatch, ScaleMixtureSpectrum, ComplexPosteriorMi
     ``method=`` picks one (``SketchedRBFKernel.__new__`` returns the family's class, so
     ``isinstance(kernel, SketchedRBFKernel)`` holds for all of them, see :mod:`rfgp.kernels.families`):
 
-    =======================================  =====================================================
-    ``method``                               class
-    =======================================  =====================================================
-    ``"rff"``, ``"orf"``, ``"sorf"``         :class:`SketchedRBFKernel` (this class)
-    ``"maclaurin"``                          :class:`~rfgp.kernels.MaclaurinRBFKernel`
-    ``"gaussian_sketch"``,                   :class:`~rfgp.kernels.GaussianSketchRBFKernel`
-    ``"gaussian_sketch_hd"``
-    =======================================  =====================================================
+    ================================================  ================================================
+    ``method``                                        class
+    ================================================  ================================================
+    ``"rff"``, ``"orf"``, ``"sorf"``                  :class:`SketchedRBFKernel` (this class)
+    ``"maclaurin"``                                   :class:`~rfgp.kernels.MaclaurinRBFKernel`
+    ``"gaussian_sketch"``, ``"gaussian_sketch_hd"``   :class:`~rfgp.kernels.GaussianSketchRBFKernel`
+    ================================================  ================================================
 
     Args:
         num_features: output width F of the feature map (F = 2m for m frequencies).
@@ -164,7 +164,28 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
 
     k(r) = 2^{1−ν}/Γ(ν)(√(2ν) r)^ν K_ν(√(2ν) r), r = ‖x − y‖/ℓ, as in
     ``gpytorch.kernels.MaternKernel``; frequencies are multivariate Student-t with 2ν
-    degrees of freedom.  Arguments as :class:`SketchedRBFKernel`, plus ``nu``.
+    degrees of freedom (Rasmussen & Williams 2006 Eq. 4.15).
+
+    Args:
+        num_features: output width F of the feature map (F = 2m for m frequencies).
+        nu: the smoothness ν, ``0.5``, ``1.5`` or ``2.5``.
+        method: ``"rff"``, ``"orf"`` or ``"sorf"`` (the frequency sampler, as :class:`SketchedRBFKernel`).
+        input_dim: input dimension (defaults to ``ard_num_dims``; otherwise set at the first call).
+        seed: seed of the frequencies.
+        generator: a ``torch.Generator`` for the frequencies, instead of ``seed``.
+        **kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
+            ``lengthscale_constraint`` as in ``gpytorch.kernels.MaternKernel``.
+
+    Raises:
+        ValueError: an unknown ``method`` or ``nu``.
+        TypeError: an unexpected keyword argument.
+
+    Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedMaternKernel
+        >>> kernel = SketchedMaternKernel(128, nu=1.5, method="orf", input_dim=2, seed=0)
+        >>> kernel(torch.rand(5, 2)).shape
+        torch.Size([5, 5])
     """
 
     config_fields = {"method": METHOD, "nu": METHOD}

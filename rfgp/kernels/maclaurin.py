@@ -263,6 +263,29 @@ def refit_allocation(kernel: Kernel, x: Tensor) -> Kernel:
     Uses the kernel's current lengthscale (and polynomial offset); the sketches are redrawn for
     the new widths from the map's seed.  Call it after (or between rounds of) hyperparameter
     training, e.g. ``refit_allocation(model.covar_module, train_x)``.
+
+    Args:
+        kernel: a kernel with an :class:`~rfgp.features.OptimizedMaclaurin` map
+            (:class:`MaclaurinRBFKernel`, :class:`SketchedExponentialKernel`,
+            ``SketchedPolynomialKernel(method="maclaurin")``), or a ``ScaleKernel`` around one.
+        x: the inputs to fit on, shape ``(n, d)`` (before ``active_dims``).
+
+    Returns:
+        ``kernel`` itself, refitted in place.
+
+    Raises:
+        TypeError: the kernel has no optimized Maclaurin map.
+
+    Example:
+        >>> import torch
+        >>> from rfgp.kernels import MaclaurinRBFKernel, refit_allocation
+        >>> kernel = MaclaurinRBFKernel(64, input_dim=2, seed=0, max_order=4)
+        >>> x = torch.rand(20, 2, generator=torch.Generator().manual_seed(0))
+        >>> kernel.lengthscale = 0.3
+        >>> refit_allocation(kernel, x) is kernel
+        True
+        >>> sum(kernel.feature_map.widths) <= 64
+        True
     """
     base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
     feature_map = getattr(base, "feature_map", None)
