@@ -191,3 +191,11 @@ def test_polynomial_method_options_go_to_their_method_only():
     # srht_blocks is validated for every projection (it was dropped for non-SRHT ones)
     with pytest.raises(ValueError, match="srht_blocks"):
         SketchedPolynomialKernel(3, 16, projection="gaussian", srht_blocks="bogus")
+
+
+def test_spectral_kernels_refuse_unknown_keyword_arguments():
+    from rfgp.kernels import SketchedPeriodicKernel, SketchedRQKernel
+
+    for build in (lambda: SketchedPeriodicKernel(16, max_order=3), lambda: SketchedRQKernel(16, max_order=3)):
+        with pytest.raises(TypeError, match="unexpected keyword argument.*'max_order'"):
+            build()
