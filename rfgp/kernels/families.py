@@ -12,7 +12,10 @@ is its own class with explicit keyword arguments; the family classes of one kern
   builds exactly the object the family's own constructor builds;
 * a family class declares the methods it implements in ``family_methods``;
 * an option that only another family takes raises a ``ValueError`` naming the option and the
-  class that accepts it (:func:`refuse_other_family_options`).
+  class that accepts it (:func:`refuse_other_family_options`);
+* a family split out of a root that used to build it itself declares the root's name in
+  ``legacy_type_names`` (:class:`~rfgp.config_state.ConfigState`), so checkpoints saved before
+  the split (which name the root) load into the family class; the saved ``method`` is still checked.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ GPYTORCH_KERNEL_ARGS = ("ard_num_dims", "batch_shape", "active_dims", "lengthsca
 class MethodDispatch:
     """Mixin of a root kernel class whose ``method`` argument selects a family subclass.
 
-    The root sets ``family_methods`` (its own methods); each family subclass sets its own
-    ``family_methods`` and is registered under them.  Subclasses that do not set
+    The root (the first subclass; its ``__init__`` takes ``method``) sets ``family_methods`` (its
+    own methods); each family subclass sets its own ``family_methods`` and is registered under them.  Subclasses that do not set
     ``family_methods`` (derivative kernels, say) are constructed as themselves.
     """
 

@@ -43,7 +43,7 @@ class GaussianSketchRBFKernel(SketchedRBFKernel):
         alpha: target additive error of the kernel distance (paper 003 Thms 3.1/3.3).
         center: c, subtracted from the inputs before scaling (default: no shift).
         min_lengthscale: the smallest lengthscale s is chosen for (default ln 2, GPyTorch's
-            initial lengthscale; only with ``radius``).  A lengthscale below it raises;
+            initial lengthscale; only with ``radius``, ``ValueError`` without it).  A lengthscale below it raises;
             ``lengthscale_constraint=gpytorch.constraints.GreaterThan(min_lengthscale)`` prevents it.
         mode: GaussianSketch only: ``"auto"``, ``"tree"`` or ``"explicit"`` (the map's default: ``"auto"``).
         **kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
@@ -84,6 +84,11 @@ class GaussianSketchRBFKernel(SketchedRBFKernel):
     ) -> None:
         check_choice(method, "method", self.family_methods)
         kwargs = refuse_other_family_options(self, method, kwargs)
+        if min_lengthscale is not None and radius is None:
+            raise ValueError(
+                f"min_lengthscale={min_lengthscale!r} only applies with radius= (the order is chosen for "
+                "radius/min_lengthscale); with order= alone there is no bound to protect"
+            )
         if radius is not None:
             min_lengthscale = check_positive_float(
                 math.log(2) if min_lengthscale is None else min_lengthscale, "min_lengthscale")
@@ -93,7 +98,7 @@ class GaussianSketchRBFKernel(SketchedRBFKernel):
             num_features, order=order, radius=radius, alpha=alpha, input_dim=_input_dim(input_dim, kwargs),
             seed=seed, generator=generator, **options,
         )
-        self._setup_rbf(method, feature_map, kwargs, min_lengthscale=min_lengthscale if radius is not None else None)
+        self._setup_rbf(method, feature_map, kwargs, min_lengthscale=min_lengthscale)
         # a None buffer when absent: GPyTorch's batch expansion (__getitem__) walks every buffer
         center = None if center is None else torch.as_tensor(center, dtype=torch.get_default_dtype()).reshape(-1)
         self.register_buffer("input_center", center)

@@ -199,3 +199,8 @@ def test_spectral_kernels_refuse_unknown_keyword_arguments():
     for build in (lambda: SketchedPeriodicKernel(16, max_order=3), lambda: SketchedRQKernel(16, max_order=3)):
         with pytest.raises(TypeError, match="unexpected keyword argument.*'max_order'"):
             build()
+
+
+def test_min_lengthscale_without_radius_raises_instead_of_being_ignored():
+    with pytest.raises(ValueError, match="min_lengthscale=0.5 only applies with radius="):
+        GaussianSketchRBFKernel(32, order=4, min_lengthscale=0.5)
