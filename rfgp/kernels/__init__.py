@@ -16,9 +16,9 @@ from .derivative import (
 )
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .gaussian_sketch import GaussianSketchRBFKernel
 from .index import IndexFeatureKernel
 from .maclaurin import MaclaurinRBFKernel, RandomMaclaurinExponentialKernel, SketchedExponentialKernel, refit_allocation
-from .gaussian_sketch import GaussianSketchRBFKernel  # after maclaurin: SketchedRBFKernel's methods in that order
 from .nystrom import NystromKernel
 from .periodic import SketchedPeriodicKernel
 from .rational_quadratic import SketchedRQKernel

@@ -46,9 +46,14 @@ class MethodDispatch:
             cls._families.update(dict.fromkeys(cls.family_methods, cls))
 
     def __new__(cls, *args, **kwargs):
-        if cls._is_root():
-            cls = cls._families.get(cls._method_argument(args, kwargs), cls)
-        return super().__new__(cls)
+        family = cls._families.get(cls._method_argument(args, kwargs), cls) if cls._is_root() else cls
+        return super().__new__(family)
+
+    @classmethod
+    def all_methods(cls) -> tuple[str, ...]:
+        """Every ``method`` of the root's families: the root's own first, then the others sorted."""
+        root = cls._root()
+        return (*root.family_methods, *sorted(set(root._families) - set(root.family_methods)))
 
     @classmethod
     def _is_root(cls) -> bool:

@@ -17,10 +17,14 @@ from torch import Tensor
 
 from .._validation import check_choice
 from ..config_state import METHOD
+from ..features import random
 from ..features.base import FeatureMap
 from ..features.fourier import RandomFourierFeatures
-from ..features import random
-from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity, SpectralDensity
+from ..features.spectral import (
+    GaussianSpectralDensity,
+    MaternSpectralDensity,
+    SpectralDensity,
+)
 from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .families import MethodDispatch, refuse_other_family_options
 from .random_feature_kernel import RandomFeatureKernel
@@ -131,7 +135,7 @@ class SketchedRBFKernel(MethodDispatch, ScaleMixtureSpectrum, ComplexPosteriorMi
         generator: torch.Generator | None = None,
         **kwargs,
     ) -> None:
-        check_choice(method, "method", tuple(self._families))
+        check_choice(method, "method", self.all_methods())
         kwargs = refuse_other_family_options(self, method, kwargs)
         feature_map = RandomFourierFeatures(
             num_features, input_dim=_input_dim(input_dim, kwargs), spectral_density=GaussianSpectralDensity(),

@@ -15,14 +15,14 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from .. import dot_product
-from ..config_state import METHOD
 from .._validation import check_choice
+from ..config_state import METHOD
+from ..features.base import FeatureMap
 from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin
-from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .complex_posterior import ComplexPosteriorMixin, check_complex_posterior
 from .families import MethodDispatch, refuse_other_family_options
-from ..features.base import FeatureMap
 from .fourier import SketchedRBFKernel, _input_dim
+from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import RandomFeatureKernel
 
 
@@ -178,7 +178,7 @@ class SketchedExponentialKernel(MethodDispatch, ComplexPosteriorMixin, RandomFea
         complex_posterior: bool = False,
         **kwargs,
     ) -> None:
-        check_choice(method, "method", tuple(self._families) if self._is_root() else self.family_methods)
+        check_choice(method, "method", self.all_methods() if self._is_root() else self.family_methods)
         kwargs = refuse_other_family_options(self, method, kwargs)
         feature_map = OptimizedMaclaurin(
             dot_product.exponential(), num_features, input_dim=_input_dim(input_dim, kwargs), projection=projection,

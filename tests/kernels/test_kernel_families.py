@@ -135,8 +135,8 @@ def test_states_of_different_families_do_not_load_into_each_other():
      r"complex_posterior=True is an option of MaclaurinRBFKernel"),
     (lambda: MaclaurinRBFKernel(16, method="rff"), r"method must be one of 'maclaurin'; got 'rff'"),
     (lambda: SketchedExponentialKernel(16, method="random_maclaurin", sample_size=50),
-     r"sample_size=50 is an option of SketchedExponentialKernel \(method='maclaurin'\), not of "
-     r"RandomMaclaurinExponentialKernel \(method='random_maclaurin'\)"),
+     (r"sample_size=50 is an option of SketchedExponentialKernel \(method='maclaurin'\), not of "
+      r"RandomMaclaurinExponentialKernel \(method='random_maclaurin'\)")),
     (lambda: SketchedExponentialKernel(16, method="rff"), r"method must be one of 'maclaurin', 'random_maclaurin'"),
     (lambda: GaussianSketchRBFKernel(16, method="maclaurin"),
      r"method must be one of 'gaussian_sketch', 'gaussian_sketch_hd'; got 'maclaurin'"),
