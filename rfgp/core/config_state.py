@@ -118,6 +118,9 @@ class ConfigState:
     #: fields added after states of the class were first saved: a state without them is not
     #: missing anything (the module keeps its own values), a state with them loads as usual
     optional_config_fields: ClassVar[frozenset[str]] = frozenset()
+    #: earlier class names whose saved states this class loads as its own (a family split out of a
+    #: class that multiplexed families by ``method``; the saved ``method`` field is still checked)
+    legacy_type_names: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -177,6 +180,8 @@ class ConfigState:
                 saved[name] = decode(state_dict[key])
             elif name not in self.optional_config_fields:
                 missing_keys.append(key)
+        if saved.get("type") in self.legacy_type_names:
+            saved["type"] = type(self).__name__
         return saved
 
     def _checked_adoptions(self, saved: dict[str, Any], prefix: str) -> dict[str, Any]:

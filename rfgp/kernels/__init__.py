@@ -16,8 +16,9 @@ from .derivative import (
 )
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
+from .gaussian_sketch import GaussianSketchRBFKernel
 from .index import IndexFeatureKernel
-from .maclaurin import SketchedExponentialKernel, refit_allocation
+from .maclaurin import MaclaurinRBFKernel, RandomMaclaurinExponentialKernel, SketchedExponentialKernel, refit_allocation
 from .nystrom import NystromKernel
 from .periodic import SketchedPeriodicKernel
 from .rational_quadratic import SketchedRQKernel
@@ -39,6 +40,7 @@ __all__ = [
     "SketchedRQKernel",
     "SketchedPeriodicKernel",
     "LinearFeatureKernel",
+    "MaclaurinRBFKernel",
     "CosineFeatureKernel",
     "ConstantFeatureKernel",
     "CurlFreeRBFKernel",
@@ -47,10 +49,12 @@ __all__ = [
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
+    "GaussianSketchRBFKernel",
     "IndexFeatureKernel",
     "MultiOutputFeatureSumKernel",
     "NystromKernel",
     "RandomFeatureKernel",
+    "RandomMaclaurinExponentialKernel",
     "SketchedCurlFreeKernel",
     "SketchedDecomposableKernel",
     "SketchedDivFreeKernel",

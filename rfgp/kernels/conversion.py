@@ -49,6 +49,9 @@ def register_converter(kernel_type: type, methods=None, options: tuple[str, ...]
         methods: the ``method`` names ``fn`` accepts (a tuple, or a callable returning one); ``fn``
             receives ``None`` for its default.  ``None``: undeclared, ``fn`` receives any name given.
         options: the keyword options ``fn`` accepts; ``None``: undeclared, ``fn`` receives all.
+
+    Returns:
+        The decorator, which registers ``fn`` and returns it unchanged.
     """
 
     def decorate(fn: Callable) -> Callable:
@@ -96,27 +99,45 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             decomposable kernel over the Nyström data kernel.
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
             that factors of a product are independent.
-        options: passed to the leaf converters.  ``method="gaussian_sketch" | "gaussian_sketch_hd"``
-            (RBF leaves, paper 003) need the data radius and the target additive error to
-            choose the truncation order: ``x_sample=`` (or ``radius=``) and ``alpha=``, or
-            ``order=`` (see :func:`taylor_sketch_options`); a ValueError names what is missing.
+        **options: passed to the leaves whose converter declares them, and on to the family class
+            of the leaf's method, which raises a ``ValueError`` for an option of another family
+            (``max_order`` with ``method="rff"``, say).  ``method="gaussian_sketch" |
+            "gaussian_sketch_hd"`` (RBF leaves, paper 003) need the data radius and the target
+            additive error to choose the truncation order: ``x_sample=`` (or ``radius=``) and
+            ``alpha=``, or ``order=`` (see :func:`taylor_sketch_options`); a ValueError names what
+            is missing.
 
     Raises:
         TypeError: naming the first kernel in the tree that has no random-feature version (or is
             an unregistered subclass of one), or an unknown keyword option (the accepted ones listed).
-        ValueError: a method name no leaf of the tree has, or a ``method`` mapping naming an
-            unknown kernel or a method that kernel does not have.
+        ValueError: a method name no leaf of the tree has, a ``method`` mapping naming an
+            unknown kernel or a method that kernel does not have, or an option of another family
+            than the leaf's method.
+
+    Returns:
+        The converted kernel tree: ``ScaleKernel`` kept, leaves replaced by their rfgp kernels
+        (an RBF leaf by the class of its family, e.g. :class:`~rfgp.kernels.MaclaurinRBFKernel`
+        for ``method="maclaurin"``), hyperparameters copied.
 
     Example:
+        >>> import torch, rfgp
+        >>> from gpytorch.kernels import PeriodicKernel, PolynomialKernel, RBFKernel, ScaleKernel
+        >>> train_x = torch.rand(50, 3, generator=torch.Generator().manual_seed(0))
         >>> exact = ScaleKernel(RBFKernel(ard_num_dims=3))
-        >>> sketched = rfgp.sketch(exact, num_features=1024, method="sorf")
-        >>> taylor = rfgp.sketch(exact, 1024, method="gaussian_sketch", x_sample=train_x, alpha=1e-4)
-        >>> mixed = rfgp.sketch(ScaleKernel(RBFKernel()) + PolynomialKernel(power=2), 1024,
+        >>> sketched = rfgp.sketch(exact, num_features=256, method="sorf", seed=0)
+        >>> type(sketched.base_kernel).__name__
+        'SketchedRBFKernel'
+        >>> taylor = rfgp.sketch(exact, 256, method="gaussian_sketch", x_sample=train_x, alpha=1e-2, seed=0)
+        >>> type(taylor.base_kernel).__name__
+        'GaussianSketchRBFKernel'
+        >>> mixed = rfgp.sketch(ScaleKernel(RBFKernel()) + PolynomialKernel(power=2), 256, seed=0,
         ...                     method={"RBFKernel": "orf", "PolynomialKernel": "sketch"})
         >>> tree = ScaleKernel(RBFKernel()) + ScaleKernel(PeriodicKernel() * RBFKernel())
-        >>> rfgp.sketch(tree, num_features=[256, 768]).num_features      # the product keeps its 768
-        1024
-        >>> landmark = rfgp.sketch(exact, 512, method="nystrom", x_sample=train_x, landmarks="kmeans++", seed=0)
+        >>> rfgp.sketch(tree, num_features=[64, 192], seed=0).num_features  # the product keeps its 192
+        256
+        >>> landmark = rfgp.sketch(exact, 32, method="nystrom", x_sample=train_x, landmarks="kmeans++", seed=0)
+        >>> landmark.num_features
+        32
     """
     if method == "nystrom":
         return _nystrom(kernel, num_features, seed, options)
@@ -332,8 +353,10 @@ _TAYLOR_OPTIONS = ("x_sample", "radius", "alpha", "order", "center", "min_length
 @register_converter(gpytorch.kernels.RBFKernel, methods=_RBF_METHODS,
                     options=(*_MACLAURIN_OPTIONS, *_TAYLOR_OPTIONS, "complex_posterior", "input_dim"))
 def _convert_rbf(kernel, num_features, method, seed, **options):
-    """RBFKernel → SketchedRBFKernel; ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`."""
-    from .fourier import GAUSSIAN_SKETCH_METHODS, SketchedRBFKernel
+    """RBFKernel → the RBF family class of ``method`` (``SketchedRBFKernel(method=...)`` picks it);
+    ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`."""
+    from .fourier import SketchedRBFKernel
+    from .gaussian_sketch import GAUSSIAN_SKETCH_METHODS
 
     if method in GAUSSIAN_SKETCH_METHODS:
         options = taylor_sketch_options(kernel, method, **options)
@@ -344,7 +367,7 @@ def _convert_rbf(kernel, num_features, method, seed, **options):
 def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None = None, radius: float | None = None,
                           alpha: float | None = None, order: int | None = None, center=None,
                           min_lengthscale: float | None = None, **options) -> dict:
-    r"""Arguments of ``SketchedRBFKernel(method="gaussian_sketch"|"gaussian_sketch_hd")`` for converting ``kernel``.
+    r"""Arguments of :class:`~rfgp.kernels.GaussianSketchRBFKernel` for converting ``kernel``.
 
     GaussianSketch(HD) truncate the Taylor expansion of exp(−‖z − z'‖²) around the origin at
     an order s that depends on the data radius and the target additive error α (paper 003
@@ -359,8 +382,24 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
     * ``order`` = s directly (then neither radius nor alpha is needed).
 
     ``min_lengthscale`` (the lengthscale s is chosen for) defaults to the converted kernel's
-    smallest current lengthscale, so the converted kernel holds the bound |K − K_s| ≤ α/4
+    smallest current lengthscale, so the converted kernel holds the bound ``|K − K_s| ≤ α/4``
     entrywise at the carried-over hyperparameters; a lengthscale trained below it raises.
+
+    Args:
+        kernel: the exact ``gpytorch.kernels.RBFKernel`` being converted (its lengthscale and
+            ``active_dims`` are read).
+        method: ``"gaussian_sketch"`` or ``"gaussian_sketch_hd"``.
+        x_sample: points to take the centre and radius from, shape ``(n, d)``.
+        radius: a bound on ‖x − center‖ in input units, instead of ``x_sample``.
+        alpha: the target additive error α.
+        order: the truncation order s, instead of ``radius`` and ``alpha``.
+        center: c (default: the bounding-box centre of ``x_sample``, or no shift with ``radius``).
+        min_lengthscale: the lengthscale s is chosen for (default: the kernel's smallest).
+        **options: the other options of :class:`~rfgp.kernels.GaussianSketchRBFKernel`, passed on.
+
+    Returns:
+        The keyword arguments of :class:`~rfgp.kernels.GaussianSketchRBFKernel` (besides
+        ``num_features``, ``method``, ``seed`` and the lengthscale setup).
 
     Raises:
         ValueError: naming the missing argument (``radius``/``x_sample`` or ``alpha``), or
@@ -420,7 +459,7 @@ def _polynomial_methods() -> tuple[str, ...]:
 
 @register_converter(gpytorch.kernels.PolynomialKernel, methods=_polynomial_methods,
                     options=("projection", "weights", "srht_blocks", "lengthscale", "input_normalization",
-                             "complex_posterior", "input_dim", "min_order", "max_order", "sample_size",
+                             "complex_posterior", "input_dim", "min_order", "sample_size",
                              "bias_correction"))
 def _convert_polynomial(kernel, num_features, method, seed, **options):
     from .polynomial import SketchedPolynomialKernel

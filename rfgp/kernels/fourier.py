@@ -1,7 +1,8 @@
 """Sketched RBF and Matérn kernels: GPyTorch's ``RBFKernel``/``MaternKernel`` with random Fourier features.
 
-The RBF kernel also accepts the truncated-Taylor GaussianSketch/GaussianSketchHD maps of paper 003
-(``method="gaussian_sketch"``/``"gaussian_sketch_hd"``).
+:class:`SketchedRBFKernel` is also the root of the RBF kernel's other approximation families
+(:class:`~rfgp.kernels.MaclaurinRBFKernel`, :class:`~rfgp.kernels.GaussianSketchRBFKernel`), which
+its ``method=`` argument selects.
 
 The hyperparameters are named, constrained and initialised exactly like GPyTorch's
 (``raw_lengthscale`` with a ``Positive`` constraint, ``lengthscale_prior``, ARD via
@@ -11,26 +12,25 @@ the covariance is replaced by Φ(x/ℓ)Φ(y/ℓ)ᵀ.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from ..core.validation import check_choice, check_positive_float
 from ..core.config_state import METHOD
-from ..features.fourier import RandomFourierFeatures
-from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD
+from ..core.validation import check_choice
 from ..features import random
-from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity, SpectralDensity
+from ..features.base import FeatureMap
+from ..features.fourier import RandomFourierFeatures
+from ..features.spectral import (
+    GaussianSpectralDensity,
+    MaternSpectralDensity,
+    SpectralDensity,
+)
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
+from .families import MethodDispatch, refuse_other_family_options
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names of the Fourier kernels and the frequency sampler each uses.
 FOURIER_METHODS = {"rff": "iid", "orf": "orthogonal", "sorf": "structured"}
-#: options of ``SketchedRBFKernel(method="maclaurin")`` passed to :class:`~rfgp.features.OptimizedMaclaurin`
-MACLAURIN_OPTIONS = ("projection", "weights", "srht_blocks", "min_order", "max_order", "sample_size", "bias_correction")
-#: ``method`` names of the truncated-Taylor sketches of the RBF kernel (paper 003).
-GAUSSIAN_SKETCH_METHODS = {"gaussian_sketch": GaussianSketch, "gaussian_sketch_hd": GaussianSketchHD}
 
 
 class ScaleMixtureSpectrum:
@@ -46,7 +46,8 @@ class ScaleMixtureSpectrum:
     * ``spectral_amplitude()``: k(x, x) = 1, batch-shaped.
 
     Products draw these i.i.d. even when the kernel's own map is ORF/SORF (the convolution
-    ω₁ + ω₂ of orthogonal blocks is no longer orthogonal, so nothing would be gained).
+    ω₁ + ω₂ of orthogonal blocks is no longer orthogonal, so nothing would be gained), and
+    for every RBF family (the protocol describes the kernel, not its approximation).
     """
 
     def spectral_density(self) -> SpectralDensity:
@@ -72,47 +73,57 @@ class ScaleMixtureSpectrum:
         return torch.ones(self.batch_shape, dtype=self.lengthscale.dtype, device=self.lengthscale.device)
 
 
-class SketchedRBFKernel(ScaleMixtureSpectrum, ComplexPosteriorMixin, RandomFeatureKernel):
-    r"""RBF kernel exp(−‖x − y‖²/(2ℓ²)) approximated by random Fourier features.
+class SketchedRBFKernel(MethodDispatch, ScaleMixtureSpectrum, ComplexPosteriorMixin, RandomFeatureKernel):
+    r"""RBF kernel exp(−‖x − y‖²/(2ℓ²)) approximated by random Fourier features; the root of the RBF families.
+
+    Φ(x) = m^{−1/2}[cos(Ωx/ℓ), sin(Ωx/ℓ)] with m = F/2 frequencies Ω ~ N(0, I) (Rahimi & Recht
+    2007; Bochner's theorem, Rasmussen & Williams 2006 Eq. 4.10).
+
+    Other approximation families of the RBF kernel are subclasses with their own options, and
+    ``method=`` picks one (``SketchedRBFKernel.__new__`` returns the family's class, so
+    ``isinstance(kernel, SketchedRBFKernel)`` holds for all of them, see :mod:`rfgp.kernels.families`):
+
+    ================================================  ================================================
+    ``method``                                        class
+    ================================================  ================================================
+    ``"rff"``, ``"orf"``, ``"sorf"``                  :class:`SketchedRBFKernel` (this class)
+    ``"maclaurin"``                                   :class:`~rfgp.kernels.MaclaurinRBFKernel`
+    ``"gaussian_sketch"``, ``"gaussian_sketch_hd"``   :class:`~rfgp.kernels.GaussianSketchRBFKernel`
+    ================================================  ================================================
 
     Args:
         num_features: output width F of the feature map (F = 2m for m frequencies).
-        method: ``"rff"`` (i.i.d. frequencies), ``"orf"`` (orthogonal, Yu et al. 2016 Eq. 2),
-            ``"sorf"`` (structured HD₁HD₂HD₃, Eq. 5; O(d log d) per frequency block);
-            ``"maclaurin"``: optimized Maclaurin features of e^{−‖x‖²/2}e^{−‖y‖²/2}e^{xᵀy}
-            (paper 000 §5.4, :class:`~rfgp.features.OptimizedMaclaurin`, by default TensorSRHT
-            with CtR weights — 2–3× lower Gram error than Rademacher real weights and 3–4× lower
-            than RFF in ``benchmarks/results/maclaurin_defaults.md``; keyword options
-            ``projection``, ``weights``, ``max_order``, ``bias_correction``, … go to it;
-            the allocation is fitted on the first inputs, refit with
-            :func:`rfgp.kernels.refit_allocation`);
-            ``"gaussian_sketch"``/``"gaussian_sketch_hd"``: GaussianSketch(HD) of paper 003, a
-            sketch of the Taylor expansion truncated at order s (only these take the arguments
-            below; the truncation bias k(x, x) − K_s(x, x) goes to the variance correction).
+        method: ``"rff"`` (i.i.d. frequencies), ``"orf"`` (orthogonal, Yu et al. 2016 Eq. 2) or
+            ``"sorf"`` (structured HD₁HD₂HD₃, Eq. 5; O(d log d) per frequency block); or the
+            ``method`` of another family in the table above.
         input_dim: input dimension (defaults to ``ard_num_dims``; otherwise set at the first call).
-        seed, generator: randomness of the frequencies / sketches.
-        order: the truncation order s; or ``None`` to derive it from ``radius`` and ``alpha``.
-        radius: bound on ‖x − center‖_∞ (GaussianSketch) or ‖x − center‖₂ (HD) in INPUT units.
-        alpha: target additive error of the kernel distance (paper 003 Thms 3.1/3.3).
-        center: c, subtracted from the inputs before scaling (the expansion is around 0).
-        min_lengthscale: the smallest lengthscale s is chosen for (radius/min_lengthscale in
-            lengthscale units; default ln 2, GPyTorch's initial lengthscale).  A lengthscale
-            below it raises an error instead of silently exceeding the truncation bound;
-            ``lengthscale_constraint=gpytorch.constraints.GreaterThan(min_lengthscale)`` prevents it.
-        mode: GaussianSketch only: ``"auto"``, ``"tree"`` or ``"explicit"``.
-        complex_posterior: with ``method="maclaurin"`` and ``weights="complex"``/``"ctr"``, the
-            complex-feature GP of paper 000 App. D (see :class:`~rfgp.kernels.SketchedPolynomialKernel`);
-            ``ValueError`` for every real-weight map.
-        kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
-            ``lengthscale_constraint`` as in ``gpytorch.kernels.RBFKernel``.
+        seed: seed of the frequencies (``None``: drawn from ``generator`` or torch's global one).
+        generator: a ``torch.Generator`` for the frequencies, instead of ``seed``.
+        **kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
+            ``lengthscale_constraint`` as in ``gpytorch.kernels.RBFKernel``; with the ``method`` of
+            another family, that family's options.
+
+    Raises:
+        ValueError: an unknown ``method``, or an option of another family (naming the option
+            and the class that takes it).
+        TypeError: any other unexpected keyword argument.
 
     Example:
+        >>> import torch, gpytorch
+        >>> from rfgp.kernels import SketchedRBFKernel, GaussianSketchRBFKernel
         >>> covar_module = gpytorch.kernels.ScaleKernel(
-        ...     SketchedRBFKernel(num_features=1024, method="sorf", ard_num_dims=3))
-        >>> taylor = SketchedRBFKernel(1024, method="gaussian_sketch", radius=2.0, alpha=1e-4,
-        ...     min_lengthscale=0.5, input_dim=2)
+        ...     SketchedRBFKernel(num_features=256, method="sorf", ard_num_dims=3, seed=0))
+        >>> covar_module(torch.rand(10, 3)).shape
+        torch.Size([10, 10])
+        >>> taylor = SketchedRBFKernel(256, method="gaussian_sketch", radius=1.0, alpha=1e-4,
+        ...     min_lengthscale=0.5, input_dim=2, seed=0)
+        >>> type(taylor).__name__, isinstance(taylor, SketchedRBFKernel)
+        ('GaussianSketchRBFKernel', True)
     """
 
+    family_methods = tuple(FOURIER_METHODS)
+    # min_lengthscale and complex_posterior are saved for every family: states saved before the
+    # families were split (one class, all fields) load into each family class bit for bit.
     config_fields = {"method": METHOD, "min_lengthscale": METHOD, "complex_posterior": METHOD}
 
     def __init__(
@@ -122,71 +133,34 @@ class SketchedRBFKernel(ScaleMixtureSpectrum, ComplexPosteriorMixin, RandomFeatu
         input_dim: int | None = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
-        order: int | None = None,
-        radius: float | None = None,
-        alpha: float | None = None,
-        center=None,
-        min_lengthscale: float | None = None,
-        mode: str | None = None,
-        complex_posterior: bool = False,
         **kwargs,
     ) -> None:
-        check_choice(method, "method", (*FOURIER_METHODS, "maclaurin", *GAUSSIAN_SKETCH_METHODS))
-        self.method = method
-        input_dim = input_dim if input_dim is not None else kwargs.get("ard_num_dims")
-        taylor = {"order": order, "radius": radius, "alpha": alpha, "center": center,
-                  "min_lengthscale": min_lengthscale, "mode": mode}
-        self.min_lengthscale = None
-        given = [name for name, value in taylor.items() if value is not None]
-        if given and method not in GAUSSIAN_SKETCH_METHODS:
-            raise ValueError(f"{given} only apply to method='gaussian_sketch'/'gaussian_sketch_hd', got method={method!r}")
-        if method == "maclaurin":
-            from ..features import dot_product
-            from ..features.maclaurin import OptimizedMaclaurin
+        check_choice(method, "method", self.all_methods())
+        kwargs = refuse_other_family_options(self, method, kwargs)
+        feature_map = RandomFourierFeatures(
+            num_features, input_dim=_input_dim(input_dim, kwargs), spectral_density=GaussianSpectralDensity(),
+            sampler=FOURIER_METHODS[method], seed=seed, generator=generator,
+        )
+        self._setup_rbf(method, feature_map, kwargs)
 
-            options = {key: kwargs.pop(key) for key in MACLAURIN_OPTIONS if key in kwargs}
-            feature_map = OptimizedMaclaurin(
-                dot_product.gaussian(), num_features, input_dim=input_dim, seed=seed, generator=generator, **options
-            )
-        elif method in FOURIER_METHODS:
-            feature_map = RandomFourierFeatures(
-                num_features, input_dim=input_dim, spectral_density=GaussianSpectralDensity(),
-                sampler=FOURIER_METHODS[method], seed=seed, generator=generator,
-            )
-        else:
-            if radius is not None:
-                self.min_lengthscale = check_positive_float(
-                    math.log(2) if min_lengthscale is None else min_lengthscale, "min_lengthscale")
-                radius = check_positive_float(radius, "radius", allow_zero=True) / self.min_lengthscale
-            options = {"mode": mode} if mode is not None else {}
-            feature_map = GAUSSIAN_SKETCH_METHODS[method](
-                num_features, order=order, radius=radius, alpha=alpha, input_dim=input_dim,
-                seed=seed, generator=generator, **options,
-            )
+    def _setup_rbf(self, method: str, feature_map: FeatureMap, kwargs: dict, complex_posterior: bool = False,
+                   min_lengthscale: float | None = None) -> None:
+        """What every RBF family's ``__init__`` does once its map is built (families call it, not ``__init__``)."""
+        self.method = method
+        self.min_lengthscale = min_lengthscale
         weights = getattr(feature_map, "weights", "real")
         self.complex_posterior = check_complex_posterior(
             complex_posterior, getattr(feature_map, "is_complex", False), f"method={method!r}, weights={weights!r}"
         )
-        super().__init__(feature_map, **kwargs)
-        # a None buffer when absent: GPyTorch's batch expansion (__getitem__) walks every buffer
-        center = None if center is None else torch.as_tensor(center, dtype=torch.get_default_dtype()).reshape(-1)
-        self.register_buffer("input_center", center)
-
-    def scale_inputs(self, x: Tensor) -> Tensor:
-        """(x − c)/ℓ; for the Taylor sketches, refuses a lengthscale below the one s was chosen for."""
-        if self.min_lengthscale is not None and bool((self.lengthscale < self.min_lengthscale * (1 - 1e-6)).any()):
-            raise ValueError(
-                f"lengthscale {self.lengthscale.min().item():.4g} is below min_lengthscale={self.min_lengthscale:.4g} "
-                f"for which the truncation order s={self.feature_map.order} was chosen (radius/lengthscale grew, so "
-                "the truncation bound no longer holds): rebuild the kernel with a smaller min_lengthscale or "
-                "constrain it with lengthscale_constraint=gpytorch.constraints.GreaterThan(min_lengthscale)"
-            )
-        if self.input_center is not None:
-            x = x - self.input_center.to(x)
-        return super().scale_inputs(x)
+        RandomFeatureKernel.__init__(self, feature_map, **kwargs)
 
     def spectral_density(self) -> SpectralDensity:
         return GaussianSpectralDensity()
+
+
+def _input_dim(input_dim: int | None, kwargs: dict) -> int | None:
+    """``input_dim``, defaulting to ``ard_num_dims``."""
+    return input_dim if input_dim is not None else kwargs.get("ard_num_dims")
 
 
 class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
@@ -194,7 +168,28 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
 
     k(r) = 2^{1−ν}/Γ(ν)(√(2ν) r)^ν K_ν(√(2ν) r), r = ‖x − y‖/ℓ, as in
     ``gpytorch.kernels.MaternKernel``; frequencies are multivariate Student-t with 2ν
-    degrees of freedom.  Arguments as :class:`SketchedRBFKernel`, plus ``nu``.
+    degrees of freedom (Rasmussen & Williams 2006 Eq. 4.15).
+
+    Args:
+        num_features: output width F of the feature map (F = 2m for m frequencies).
+        nu: the smoothness ν, ``0.5``, ``1.5`` or ``2.5``.
+        method: ``"rff"``, ``"orf"`` or ``"sorf"`` (the frequency sampler, as :class:`SketchedRBFKernel`).
+        input_dim: input dimension (defaults to ``ard_num_dims``; otherwise set at the first call).
+        seed: seed of the frequencies.
+        generator: a ``torch.Generator`` for the frequencies, instead of ``seed``.
+        **kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
+            ``lengthscale_constraint`` as in ``gpytorch.kernels.MaternKernel``.
+
+    Raises:
+        ValueError: an unknown ``method`` or ``nu``.
+        TypeError: an unexpected keyword argument.
+
+    Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedMaternKernel
+        >>> kernel = SketchedMaternKernel(128, nu=1.5, method="orf", input_dim=2, seed=0)
+        >>> kernel(torch.rand(5, 2)).shape
+        torch.Size([5, 5])
     """
 
     config_fields = {"method": METHOD, "nu": METHOD}
@@ -213,7 +208,7 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         self.method = method
         feature_map = RandomFourierFeatures(
             num_features,
-            input_dim=input_dim if input_dim is not None else kwargs.get("ard_num_dims"),
+            input_dim=_input_dim(input_dim, kwargs),
             spectral_density=MaternSpectralDensity(nu),
             sampler=FOURIER_METHODS[method],
             seed=seed,

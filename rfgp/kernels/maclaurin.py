@@ -1,8 +1,7 @@
-"""GPyTorch kernels with Maclaurin features (paper 000 §5): the exponential kernel, the polynomial
-kernel's ``method="maclaurin" | "random_maclaurin"``, and refitting the allocation.
+"""GPyTorch kernels with Maclaurin features (paper 000 §5): the RBF and exponential kernels, the
+polynomial kernel's ``method="maclaurin" | "random_maclaurin"``, and refitting the allocation.
 
-``SketchedRBFKernel(method="maclaurin")`` (in :mod:`rfgp.kernels.fourier`) covers the Gaussian
-kernel.  All of them are trainable by the marginal likelihood with the draws fixed: the
+All of them are trainable by the marginal likelihood with the draws fixed: the
 lengthscale divides the inputs (and the Gaussian prefactor e^{−‖x/ℓ‖²/2} is differentiable),
 the polynomial offset ν enters through √aₙ = √C(p, n)ν^{(p−n)/2}.  The allocation (p*, Dₙ) is
 chosen for the hyperparameters at fitting time; after training call :func:`refit_allocation`
@@ -15,61 +14,247 @@ import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
-from ..features import dot_product
 from ..core.config_state import METHOD
 from ..core.validation import check_choice
+from ..features import dot_product
+from ..features.base import FeatureMap
 from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin
-from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
+from .families import MethodDispatch, refuse_other_family_options
+from .fourier import SketchedRBFKernel, _input_dim
+from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import RandomFeatureKernel
 
-MACLAURIN_METHODS = ("maclaurin", "random_maclaurin")
 
-
-@register_polynomial_method("maclaurin")
+@register_polynomial_method("maclaurin", options=("min_order", "sample_size", "bias_correction"))
 def _optimized(power, num_features, input_dim, seed, generator, **options):
     return OptimizedMaclaurin(dot_product.polynomial(power, 1.0), num_features, input_dim=input_dim,
                               max_order=power, seed=seed, generator=generator, **options)
 
 
-@register_polynomial_method("random_maclaurin")
+@register_polynomial_method("random_maclaurin", options=("bias_correction",))
 def _random(power, num_features, input_dim, seed, generator, **options):
     return RandomMaclaurin(dot_product.polynomial(power, 1.0), num_features, input_dim=input_dim,
                            max_order=power, seed=seed, generator=generator, **options)
 
 
-class SketchedExponentialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
-    r"""Exponential dot-product kernel k(x, y) = exp(xᵀy/ℓ²) with Maclaurin features (paper 000 Eq. 38).
+class MaclaurinRBFKernel(SketchedRBFKernel):
+    r"""RBF kernel exp(−‖x − y‖²/(2ℓ²)) with optimized Maclaurin features (paper 000 §5.4).
+
+    exp(−‖z − z'‖²/2) = e^{−‖z‖²/2} e^{−‖z'‖²/2} e^{zᵀz'} (z = x/ℓ): the dot-product factor
+    e^{zᵀz'} = Σₙ (zᵀz')ⁿ/n! is sketched degree by degree (:class:`~rfgp.features.OptimizedMaclaurin`,
+    widths Dₙ allocated to minimise the variance, paper 000 Eq. 38) and multiplied by the
+    Gaussian prefactors.  By default TensorSRHT with CtR weights: 2–3× lower Gram error than
+    Rademacher real weights and 3–4× lower than RFF (``benchmarks/results/maclaurin_defaults.md``).
+    The allocation is fitted on the first inputs the kernel sees; refit it after training with
+    :func:`refit_allocation`.  Also built by ``SketchedRBFKernel(F, method="maclaurin", ...)``.
 
     Args:
         num_features: real output width F (the constant column included).
-        method: ``"maclaurin"`` (:class:`~rfgp.features.OptimizedMaclaurin`) or
-            ``"random_maclaurin"`` (:class:`~rfgp.features.RandomMaclaurin`, degrees ≤ ``max_order``).
-        input_dim, seed, generator: as the other sketched kernels.
+        method: ``"maclaurin"`` (the only method of this family).
+        input_dim: input dimension (defaults to ``ard_num_dims``; otherwise set at the first call).
+        seed: seed of the sketches.
+        generator: a ``torch.Generator`` for the sketches, instead of ``seed``.
+        projection: the sketch of each degree, ``"srht"`` (TensorSRHT) or another projection of
+            :class:`~rfgp.features.OptimizedMaclaurin`.
+        weights: ``"ctr"``, ``"complex"``, ``"rademacher"``, ... (the random weights' distribution).
+        srht_blocks: ``"tiled"`` or another SRHT block layout of the map.
+        min_order, max_order: the degrees n the allocation may use, ``min_order ≤ n ≤ max_order``.
+        sample_size: number of inputs the allocation is fitted on.
+        bias_correction: add the expected truncation bias to the variance correction.
         complex_posterior: with ``weights="complex"``/``"ctr"``, the complex-feature GP of paper 000
             App. D (see :class:`~rfgp.kernels.SketchedPolynomialKernel`); ``ValueError`` for real weights.
-        kwargs: feature-map options (``projection``, ``weights``, ``max_order``,
-            ``bias_correction``, …; optimized Maclaurin defaults to TensorSRHT + CtR, Random
-            Maclaurin to Kar & Karnick's Rademacher real weights) and GPyTorch ``Kernel``
-            arguments (``ard_num_dims``, …).
+        **kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
+            ``lengthscale_constraint`` as in ``gpytorch.kernels.RBFKernel``.
+
+    Raises:
+        ValueError: an option of another RBF family (naming it and the class that takes it), or
+            an invalid option value (named by the feature map).
+
+    Example:
+        >>> import torch
+        >>> from rfgp.kernels import MaclaurinRBFKernel, SketchedRBFKernel
+        >>> kernel = MaclaurinRBFKernel(64, input_dim=2, seed=0, max_order=4)
+        >>> kernel(torch.rand(5, 2)).shape
+        torch.Size([5, 5])
+        >>> type(SketchedRBFKernel(64, method="maclaurin", input_dim=2, seed=0)).__name__
+        'MaclaurinRBFKernel'
     """
 
+    family_methods = ("maclaurin",)
+    legacy_type_names = ("SketchedRBFKernel",)
+
+    def __init__(
+        self,
+        num_features: int,
+        method: str = "maclaurin",
+        input_dim: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        projection: str = "srht",
+        weights: str = "ctr",
+        srht_blocks: str = "tiled",
+        min_order: int = 1,
+        max_order: int = 10,
+        sample_size: int = 500,
+        bias_correction: bool = True,
+        complex_posterior: bool = False,
+        **kwargs,
+    ) -> None:
+        check_choice(method, "method", self.family_methods)
+        kwargs = refuse_other_family_options(self, method, kwargs)
+        feature_map = OptimizedMaclaurin(
+            dot_product.gaussian(), num_features, input_dim=_input_dim(input_dim, kwargs), projection=projection,
+            weights=weights, srht_blocks=srht_blocks, min_order=min_order, max_order=max_order,
+            sample_size=sample_size, bias_correction=bias_correction, seed=seed, generator=generator,
+        )
+        self._setup_rbf(method, feature_map, kwargs, complex_posterior=complex_posterior)
+
+
+class SketchedExponentialKernel(MethodDispatch, ComplexPosteriorMixin, RandomFeatureKernel):
+    r"""Exponential dot-product kernel k(x, y) = exp(xᵀy/ℓ²) with optimized Maclaurin features (paper 000 Eq. 38).
+
+    exp(zᵀz') = Σₙ (zᵀz')ⁿ/n! (z = x/ℓ), each degree n sketched with width Dₙ, the widths allocated
+    to minimise the variance on the first inputs (:class:`~rfgp.features.OptimizedMaclaurin`;
+    refit with :func:`refit_allocation`).  ``method="random_maclaurin"`` returns a
+    :class:`RandomMaclaurinExponentialKernel` instead (``SketchedExponentialKernel.__new__``
+    picks the family class, see :mod:`rfgp.kernels.families`).
+
+    Args:
+        num_features: real output width F (the constant column included).
+        method: ``"maclaurin"``; or ``"random_maclaurin"`` for :class:`RandomMaclaurinExponentialKernel`.
+        input_dim: input dimension (defaults to ``ard_num_dims``; otherwise set at the first call).
+        seed: seed of the sketches.
+        generator: a ``torch.Generator`` for the sketches, instead of ``seed``.
+        projection: the sketch of each degree (default ``"srht"``, TensorSRHT).
+        weights: ``"ctr"`` (default), ``"complex"`` or ``"real"``.
+        srht_blocks: SRHT block layout, ``"tiled"`` or ``"independent"``.
+        min_order, max_order: the degrees n the allocation may use, ``min_order ≤ n ≤ max_order``.
+        sample_size: number of inputs the allocation is fitted on.
+        widths: a fixed allocation (D₁, …, D_p) instead of fitting one.
+        x_sample: inputs (in scaled units) to fit the allocation on at construction.
+        bias_correction: add the expected truncation bias to the variance correction.
+        complex_posterior: with ``weights="complex"``/``"ctr"``, the complex-feature GP of paper 000
+            App. D (see :class:`~rfgp.kernels.SketchedPolynomialKernel`); ``ValueError`` for real weights.
+        **kwargs: GPyTorch ``Kernel`` arguments (``ard_num_dims``, ``batch_shape``, ``active_dims``,
+            ``lengthscale_prior``, ``lengthscale_constraint``); with ``method="random_maclaurin"``,
+            that family's options.
+
+    Raises:
+        ValueError: an unknown ``method`` or an option of the other family (naming it and its class).
+        TypeError: any other unexpected keyword argument.
+
+    Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedExponentialKernel
+        >>> kernel = SketchedExponentialKernel(64, input_dim=2, seed=0, max_order=4)
+        >>> kernel(torch.rand(5, 2)).shape
+        torch.Size([5, 5])
+        >>> type(SketchedExponentialKernel(64, method="random_maclaurin", seed=0)).__name__
+        'RandomMaclaurinExponentialKernel'
+    """
+
+    family_methods = ("maclaurin",)
     config_fields = {"method": METHOD, "complex_posterior": METHOD}
 
-    def __init__(self, num_features: int, method: str = "maclaurin", input_dim: int | None = None,
-                 seed: int | None = None, generator: torch.Generator | None = None,
-                 complex_posterior: bool = False, **kwargs) -> None:
-        self.method = check_choice(method, "method", MACLAURIN_METHODS)
-        cls = OptimizedMaclaurin if method == "maclaurin" else RandomMaclaurin
-        names = cls.__init__.__code__.co_varnames[: cls.__init__.__code__.co_argcount]
-        options = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
-        input_dim = input_dim if input_dim is not None else kwargs.get("ard_num_dims")
-        feature_map = cls(dot_product.exponential(), num_features, input_dim=input_dim, seed=seed,
-                          generator=generator, **options)
+    def __init__(
+        self,
+        num_features: int,
+        method: str = "maclaurin",
+        input_dim: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        projection: str = "srht",
+        weights: str = "ctr",
+        srht_blocks: str = "tiled",
+        min_order: int = 1,
+        max_order: int = 10,
+        sample_size: int = 500,
+        widths: tuple[int, ...] | None = None,
+        x_sample: Tensor | None = None,
+        bias_correction: bool = True,
+        complex_posterior: bool = False,
+        **kwargs,
+    ) -> None:
+        check_choice(method, "method", self.all_methods() if self._is_root() else self.family_methods)
+        kwargs = refuse_other_family_options(self, method, kwargs)
+        feature_map = OptimizedMaclaurin(
+            dot_product.exponential(), num_features, input_dim=_input_dim(input_dim, kwargs), projection=projection,
+            weights=weights, srht_blocks=srht_blocks, min_order=min_order, max_order=max_order, widths=widths,
+            x_sample=x_sample, sample_size=sample_size, bias_correction=bias_correction, seed=seed,
+            generator=generator,
+        )
+        self._setup_exponential(method, feature_map, kwargs, complex_posterior)
+
+    def _setup_exponential(self, method: str, feature_map: FeatureMap, kwargs: dict, complex_posterior: bool) -> None:
+        """What both exponential families' ``__init__`` do once the map is built."""
+        self.method = method
         self.complex_posterior = check_complex_posterior(
             complex_posterior, feature_map.is_complex, f"weights={feature_map.weights!r}"
         )
-        super().__init__(feature_map, **kwargs)
+        RandomFeatureKernel.__init__(self, feature_map, **kwargs)
+
+
+class RandomMaclaurinExponentialKernel(SketchedExponentialKernel):
+    r"""k(x, y) = exp(xᵀy/ℓ²) with Random Maclaurin features (Kar & Karnick 2012; paper 000 §5.1).
+
+    Each feature draws a degree n with probability ∝ 2^{−(n+1)} (up to ``max_order``) and
+    sketches (zᵀz')ⁿ/n! with n random projections (:class:`~rfgp.features.RandomMaclaurin`).
+    Also built by ``SketchedExponentialKernel(F, method="random_maclaurin", ...)``.
+
+    Args:
+        num_features: real output width F.
+        method: ``"random_maclaurin"`` (the only method of this family).
+        input_dim, seed, generator: as :class:`SketchedExponentialKernel`.
+        projection: default ``"rademacher"`` (Kar & Karnick's real Rademacher weights).
+        weights: default ``"real"``; ``"complex"``/``"ctr"`` for complex weights.
+        srht_blocks: SRHT block layout, ``"tiled"`` or ``"independent"``.
+        max_order: the largest degree drawn, p (``None``: 10 for the exponential kernel).
+        bias_correction: add the expected truncation bias to the variance correction.
+        complex_posterior: as :class:`SketchedExponentialKernel`.
+        **kwargs: GPyTorch ``Kernel`` arguments.
+
+    Raises:
+        ValueError: an option of the optimized family (``min_order``, ``sample_size``, ``widths``,
+            ``x_sample``), naming it and :class:`SketchedExponentialKernel`.
+
+    Example:
+        >>> import torch
+        >>> from rfgp.kernels import RandomMaclaurinExponentialKernel
+        >>> kernel = RandomMaclaurinExponentialKernel(64, input_dim=2, seed=0, max_order=3)
+        >>> kernel(torch.rand(5, 2)).shape
+        torch.Size([5, 5])
+    """
+
+    family_methods = ("random_maclaurin",)
+    legacy_type_names = ("SketchedExponentialKernel",)
+
+    def __init__(
+        self,
+        num_features: int,
+        method: str = "random_maclaurin",
+        input_dim: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        projection: str = "rademacher",
+        weights: str = "real",
+        srht_blocks: str = "tiled",
+        max_order: int | None = None,
+        bias_correction: bool = True,
+        complex_posterior: bool = False,
+        **kwargs,
+    ) -> None:
+        check_choice(method, "method", self.family_methods)
+        kwargs = refuse_other_family_options(self, method, kwargs)
+        feature_map = RandomMaclaurin(
+            dot_product.exponential(), num_features, input_dim=_input_dim(input_dim, kwargs), projection=projection,
+            weights=weights, srht_blocks=srht_blocks, max_order=max_order, bias_correction=bias_correction,
+            seed=seed, generator=generator,
+        )
+        self._setup_exponential(method, feature_map, kwargs, complex_posterior)
 
 
 def refit_allocation(kernel: Kernel, x: Tensor) -> Kernel:
@@ -78,6 +263,29 @@ def refit_allocation(kernel: Kernel, x: Tensor) -> Kernel:
     Uses the kernel's current lengthscale (and polynomial offset); the sketches are redrawn for
     the new widths from the map's seed.  Call it after (or between rounds of) hyperparameter
     training, e.g. ``refit_allocation(model.covar_module, train_x)``.
+
+    Args:
+        kernel: a kernel with an :class:`~rfgp.features.OptimizedMaclaurin` map
+            (:class:`MaclaurinRBFKernel`, :class:`SketchedExponentialKernel`,
+            ``SketchedPolynomialKernel(method="maclaurin")``), or a ``ScaleKernel`` around one.
+        x: the inputs to fit on, shape ``(n, d)`` (before ``active_dims``).
+
+    Returns:
+        ``kernel`` itself, refitted in place.
+
+    Raises:
+        TypeError: the kernel has no optimized Maclaurin map.
+
+    Example:
+        >>> import torch
+        >>> from rfgp.kernels import MaclaurinRBFKernel, refit_allocation
+        >>> kernel = MaclaurinRBFKernel(64, input_dim=2, seed=0, max_order=4)
+        >>> x = torch.rand(20, 2, generator=torch.Generator().manual_seed(0))
+        >>> kernel.lengthscale = 0.3
+        >>> refit_allocation(kernel, x) is kernel
+        True
+        >>> sum(kernel.feature_map.widths) <= 64
+        True
     """
     base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
     feature_map = getattr(base, "feature_map", None)

@@ -25,15 +25,24 @@ from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` name -> builder(power, num_features, input_dim, seed, generator, **options) -> FeatureMap
 POLYNOMIAL_METHODS: dict[str, Callable[..., FeatureMap]] = {}
+#: ``method`` name -> the options its builder takes besides ``projection``, ``weights``, ``srht_blocks``
+POLYNOMIAL_METHOD_OPTIONS: dict[str, tuple[str, ...]] = {}
 
 INPUT_NORMALIZATIONS = (None, "check", "normalize")
 
 
-def register_polynomial_method(name: str) -> Callable:
-    """Register a feature-map builder for ``SketchedPolynomialKernel(method=name)``."""
+def register_polynomial_method(name: str, options: tuple[str, ...] = ()) -> Callable:
+    """Register a feature-map builder for ``SketchedPolynomialKernel(method=name)``.
+
+    Args:
+        name: the ``method`` name.
+        options: keyword options of this method only, passed from the kernel's keyword
+            arguments to the builder; given with another method they raise a ``ValueError``.
+    """
 
     def decorate(builder: Callable[..., FeatureMap]) -> Callable[..., FeatureMap]:
         POLYNOMIAL_METHODS[name] = builder
+        POLYNOMIAL_METHOD_OPTIONS[name] = tuple(options)
         return builder
 
     return decorate
@@ -44,6 +53,20 @@ def _polynomial_sketch(power, num_features, input_dim, seed, generator, **option
     return PolynomialSketch(power, num_features, input_dim=input_dim, offset=0.0, seed=seed, generator=generator, **options)
 
 
+def _method_options(method: str, kwargs: dict) -> dict:
+    """Pop the options of ``method`` from ``kwargs``; an option of another method raises (``None``/``False``: dropped)."""
+    taken = {name: kwargs.pop(name) for name in POLYNOMIAL_METHOD_OPTIONS[method] if name in kwargs}
+    for name in [name for name in kwargs if any(name in o for o in POLYNOMIAL_METHOD_OPTIONS.values())]:
+        value = kwargs.pop(name)
+        if value is not None and value is not False:
+            owners = [m for m, o in POLYNOMIAL_METHOD_OPTIONS.items() if name in o]
+            raise ValueError(
+                f"{name}={value!r} is an option of SketchedPolynomialKernel(method={'/'.join(map(repr, owners))}), "
+                f"not of method={method!r}"
+            )
+    return taken
+
+
 class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
     r"""(xᵀy/ℓ² + c)^p approximated by a random feature map (default: a polynomial sketch).
 
@@ -51,7 +74,10 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         power: p ≥ 1 (an integer).
         num_features: real output width F of the features.
         method: ``"sketch"`` (:class:`~rfgp.features.PolynomialSketch`); other families
-            register themselves with :func:`register_polynomial_method`.
+            register themselves with :func:`register_polynomial_method`: ``"maclaurin"``
+            (:class:`~rfgp.features.OptimizedMaclaurin`, options ``min_order``, ``sample_size``,
+            ``bias_correction``) and ``"random_maclaurin"`` (:class:`~rfgp.features.RandomMaclaurin`,
+            option ``bias_correction``), whose options raise a ``ValueError`` with another method.
         projection, weights, srht_blocks: passed to the sketch (defaults: ``"srht"``, ``"ctr"``
             — the lowest-variance combination on non-negative data, paper 001).
         lengthscale: whether the kernel has a lengthscale (``ard_num_dims`` for ARD);
@@ -100,9 +126,8 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         if kwargs.get("ard_num_dims") is not None and not lengthscale:
             raise ValueError("ard_num_dims needs lengthscale=True (the polynomial kernel has no lengthscale otherwise)")
         self.has_lengthscale = lengthscale  # read by gpytorch.kernels.Kernel.__init__
-        options = {"projection": projection, "weights": weights}
-        if projection == "srht":
-            options["srht_blocks"] = kwargs.pop("srht_blocks", "tiled")
+        options = {"projection": projection, "weights": weights, "srht_blocks": kwargs.pop("srht_blocks", "tiled"),
+                   **_method_options(method, kwargs)}
         feature_map = POLYNOMIAL_METHODS[method](
             self.power,
             num_features,

@@ -34,6 +34,7 @@ from ..inference.chunking import Featurizer, chunk_slices
 from ..core.config_state import ConfigState
 from ..core.memory import check_solve
 from .checked_call import CheckedCallMixin
+from .families import check_kernel_kwargs
 from ..features.base import FeatureMap
 from ..inference.operators import ChunkedFeatureCrossLinearOperator, ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from ..core.settings import resolve_chunk_size
@@ -152,7 +153,8 @@ class RandomFeatureKernel(FeatureKernel):
     Args:
         feature_map: the :class:`~rfgp.features.FeatureMap` (its draws are fixed buffers).
         kwargs: GPyTorch ``Kernel`` arguments (``ard_num_dims``, ``batch_shape``,
-            ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ...).
+            ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``); any other raises a
+            ``TypeError`` (GPyTorch's ``Kernel`` would silently drop it).
 
     Example:
         >>> from rfgp.features import RandomFourierFeatures
@@ -166,6 +168,7 @@ class RandomFeatureKernel(FeatureKernel):
     def __init__(self, feature_map: FeatureMap, **kwargs) -> None:
         if not isinstance(feature_map, FeatureMap):
             raise TypeError(f"feature_map must be a rfgp.features.FeatureMap, got {type(feature_map).__name__}")
+        check_kernel_kwargs(type(self).__name__, kwargs)
         ard = kwargs.get("ard_num_dims")
         if ard is not None and feature_map.input_dim is not None and ard != feature_map.input_dim:
             raise ValueError(

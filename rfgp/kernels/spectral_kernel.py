@@ -24,6 +24,7 @@ from torch import Tensor
 from ..core.validation import check_choice
 from ..core.config_state import METHOD
 from ..features.weighted_fourier import SpectralMeasure, WeightedFourierFeatures
+from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
 #: ``method`` names of the spectral-measure kernels
@@ -44,6 +45,7 @@ class SpectralFeatureKernel(FeatureKernel):
     def __init__(self, measure: SpectralMeasure, num_features: int, method: str = "rff", seed: int | None = None,
                  generator: torch.Generator | None = None, **kwargs) -> None:
         self.method = check_choice(method, "method", SPECTRAL_METHODS)
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.feature_map = WeightedFourierFeatures(measure, num_features, seed=seed, generator=generator)
 

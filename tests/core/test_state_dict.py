@@ -139,6 +139,7 @@ KERNELS = {
     "polynomial_maclaurin": (lambda s: SketchedPolynomialKernel(3, 21, method="maclaurin", weights="real",
                                                                 input_dim=3, seed=s), 3, False),
     "exponential": (lambda s: SketchedExponentialKernel(21, method="random_maclaurin", input_dim=3, seed=s), 3, False),
+    "exponential_maclaurin": (lambda s: SketchedExponentialKernel(21, input_dim=3, seed=s), 3, False),
     "spherical": (lambda s: SketchedSphericalPolynomialKernel(3, 16, input_dim=3, seed=s), 3, True),
     "random_feature": (lambda s: RandomFeatureKernel(RandomFourierFeatures(16, input_dim=3, seed=s)), 3, False),
     "sum": (_sum_kernel, 3, False),

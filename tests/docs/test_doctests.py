@@ -28,21 +28,13 @@ def _module_name(path: pathlib.Path) -> str:
 # Only modules whose source has an example are imported (rfgp.integrations.botorch imports BoTorch).
 MODULES = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if ">>>" in p.read_text(encoding="utf-8"))
 
-# Owned by another work stream (the per-family constructors of issue 18), which rewrites this
-# docstring: its example uses names it never defines.  strict: the test fails once it runs.
-PENDING = {"rfgp.kernels.conversion": "sketch()'s example uses ScaleKernel, RBFKernel, train_x, ... undefined"}
-
-
 def _examples(module_name):
     module = importlib.import_module(module_name)
     finder = doctest.DocTestFinder(exclude_empty=True)
     return [test for test in finder.find(module, module_name, extraglobs=NAMESPACE) if test.examples]
 
 
-@pytest.mark.parametrize(
-    "module_name",
-    [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=PENDING[m])) if m in PENDING else m for m in MODULES],
-)
+@pytest.mark.parametrize("module_name", MODULES)
 def test_docstring_examples_run(module_name):
     tests = _examples(module_name)
     assert tests, f"{module_name} has '>>>' in its source but no docstring example was found"
