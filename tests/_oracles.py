@@ -8,6 +8,7 @@ table of exact ORF/RFF variance ratios in the notes to four decimals (tested).
 from __future__ import annotations
 
 import math
+
 import torch
 
 

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..core.validation import check_finite, check_positive_float, check_positive_int, check_same_dtype, check_tensor_dtype
+from ..core.validation import (
+    check_finite,
+    check_positive_float,
+    check_positive_int,
+    check_same_dtype,
+    check_tensor_dtype,
+)
 from ..features.base import FeatureMap
 
 KernelFunction = Callable[[Tensor, Tensor], Tensor]

@@ -32,10 +32,10 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor, nn
 
+from ..core.settings import resolve_chunk_size
 from ..core.validation import check_positive_int
 from ..inference.chunking import chunk_slices
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
-from ..core.settings import resolve_chunk_size
 
 
 def _base_kernel(kernel):

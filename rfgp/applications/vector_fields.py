@@ -21,8 +21,8 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..core.validation import check_finite, check_positive_int, check_tensor_dtype
-from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
+from ..kernels.combinations import is_feature_kernel, kernel_features
 
 Field = Callable[[Tensor], Tensor]
 

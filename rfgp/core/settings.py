@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-
 #: Arrays of size N·F alive at once in an MLL backward pass: Φ (saved), ∂Φ and the feature
 #: map's autograd intermediates (projections and their gradient, half width each).  Measured
 #: peak for sin/cos features, N = 5·10⁴, F = 1024, float64: 3.3 N × F copies.

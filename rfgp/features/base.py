@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..core.validation import check_features_input, check_positive_int
 from ..core.config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
 from ..core.memory import check_draws
+from ..core.validation import check_features_input, check_positive_int
 
 _SEED_BOUND = 2**62
 

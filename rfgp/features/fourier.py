@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core.validation import check_choice
 from ..core.config_state import METHOD
+from ..core.validation import check_choice
 from . import random
 from .base import FeatureMap
 from .derivatives import sincos_derivatives

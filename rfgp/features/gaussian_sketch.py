@@ -32,8 +32,8 @@ import torch
 from scipy.special import gammainc
 from torch import Tensor
 
-from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from ..core.config_state import LAZY, METHOD
+from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from .base import FeatureMap
 from .degree_sketch import HierarchicalSketch
 

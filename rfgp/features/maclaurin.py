@@ -24,12 +24,12 @@ import math
 import torch
 from torch import Tensor
 
-from . import dot_product
-from ..core.validation import check_choice, check_features_input, check_positive_int
 from ..core.config_state import DRAW, METHOD
-from .dot_product import DotProductKernelSpec, degree_terms
+from ..core.validation import check_choice, check_features_input, check_positive_int
+from . import dot_product
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
+from .dot_product import DotProductKernelSpec, degree_terms
 from .maclaurin_allocation import AllocationObjective, extended_allocation, random_degrees, total_width
 from .polynomial import WEIGHTS
 

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from . import signed_log
-from .dot_product import DotProductKernelSpec
-from .variance import FOURTH_MOMENT, srht_pairs, gram_statistics
 from .degree_sketch import srht_padded_dim
+from .dot_product import DotProductKernelSpec
+from .variance import FOURTH_MOMENT, gram_statistics, srht_pairs
 
 
 class AllocationObjective:

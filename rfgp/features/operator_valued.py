@@ -38,8 +38,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..core.validation import check_features_input, check_positive_int
 from ..core.config_state import METHOD, ConfigState
+from ..core.validation import check_features_input, check_positive_int
 from .fourier import SAMPLERS, RandomFourierFeatures
 from .hadamard import next_power_of_two
 

@@ -27,8 +27,8 @@ import numbers
 import torch
 from torch import Tensor
 
-from ..core.validation import check_choice, check_positive_float, check_positive_int
 from ..core.config_state import METHOD
+from ..core.validation import check_choice, check_positive_float, check_positive_int
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS as DEGREE_PROJECTIONS
 from .degree_sketch import SRHT_BLOCKS, DegreeSketch, HierarchicalSketch

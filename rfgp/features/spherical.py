@@ -39,8 +39,8 @@ import os
 import torch
 from torch import Tensor
 
-from ..core.validation import check_choice, check_unit_rows, normalize_rows
 from ..core.config_state import DRAW, METHOD
+from ..core.validation import check_choice, check_unit_rows, normalize_rows
 from . import random
 from .base import FeatureMap
 from .hadamard import fwht, next_power_of_two, pad_to_power_of_two

@@ -39,8 +39,8 @@ from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from . import distributed
 from ..core.validation import check_targets
+from . import distributed
 from .linalg import feature_statistics, weighted_gram
 from .operators import (
     FeatureRootAddedDiagLinearOperator,

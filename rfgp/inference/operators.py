@@ -39,8 +39,8 @@ from linear_operator.operators import (
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from . import distributed
 from ..core.validation import check_noise, check_targets
+from . import distributed
 from .chunking import (
     Featurizer,
     backprop_chunks,

@@ -33,8 +33,8 @@ from linear_operator.operators import (
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from . import distributed
 from ..core.validation import check_noise, check_targets
+from . import distributed
 from .kernel_space import kernel_space_posterior_caches
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 

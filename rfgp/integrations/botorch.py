@@ -46,10 +46,10 @@ from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ..applications.sampling import check_path_kernel
+from ..inference.operators import noise_weights
 from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
-from ..inference.operators import noise_weights
-from ..applications.sampling import check_path_kernel
 
 
 class _Identity(TensorTransform):

@@ -22,6 +22,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor, nn
 
 from ..features.tensor_product import TensorProductSketch
+from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
 
@@ -107,6 +108,7 @@ class _CombinedFeatureKernel(FeatureKernel):
                 )
         if not self.combines_outputs:
             refuse_multi_output_factors(kernels, type(self).__name__)
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.kernels = nn.ModuleList(kernels)
 

@@ -29,8 +29,8 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
-from .tree_widths import TreeBuilder, leaf_width
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
+from .tree_widths import TreeBuilder, leaf_width
 
 _CONVERTERS: dict[type, Callable] = {}
 #: the ``method`` names each converter accepts (a callable for families that grow, e.g. polynomial)

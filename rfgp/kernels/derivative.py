@@ -31,9 +31,9 @@ import torch
 from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor
 
+from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.validation import check_choice
 from ..inference.operators import FeatureRootLinearOperator
-from ..core.settings import memory_budget, resolve_chunk_size
 from .fourier import FOURIER_METHODS, SketchedMaternKernel, SketchedRBFKernel
 from .polynomial import SketchedPolynomialKernel
 

@@ -23,8 +23,9 @@ from gpytorch.constraints import Interval
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from ..core.validation import check_positive_int
 from ..core.config_state import LAZY
+from ..core.validation import check_positive_int
+from .families import check_kernel_kwargs
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .random_feature_kernel import FeatureKernel
 
@@ -55,6 +56,7 @@ class LinearFeatureKernel(_ExactFeatureKernel):
 
     def __init__(self, ard_num_dims: int | None = None, input_dim: int | None = None,
                  variance_prior: Prior | None = None, variance_constraint: Interval | None = None, **kwargs) -> None:
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(ard_num_dims=ard_num_dims, **kwargs)
         input_dim = ard_num_dims if input_dim is None else input_dim
         self.input_dim = None if input_dim is None else check_positive_int(input_dim, "input_dim")
@@ -90,6 +92,7 @@ class ConstantFeatureKernel(_ExactFeatureKernel):
 
     def __init__(self, constant_prior: Prior | None = None, constant_constraint: Interval | None = None,
                  **kwargs) -> None:
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         register_positive_hyperparameter(self, "constant", (*self.batch_shape, 1), constant_prior, constant_constraint)
 
@@ -132,6 +135,7 @@ class CosineFeatureKernel(_ExactFeatureKernel):
 
     def __init__(self, period_length_prior: Prior | None = None, period_length_constraint: Interval | None = None,
                  **kwargs) -> None:
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         register_positive_hyperparameter(self, "period_length", (*self.batch_shape, 1, 1), period_length_prior,
                                          period_length_constraint)

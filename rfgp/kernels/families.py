@@ -23,8 +23,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar
 
+from gpytorch.kernels import Kernel
+
 #: the keyword arguments of ``gpytorch.kernels.Kernel.__init__`` (it silently drops any other)
-GPYTORCH_KERNEL_ARGS = ("ard_num_dims", "batch_shape", "active_dims", "lengthscale_prior", "lengthscale_constraint")
+GPYTORCH_KERNEL_ARGS = tuple(
+    name for name, parameter in inspect.signature(Kernel.__init__).parameters.items()
+    if name != "self" and parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+)
 
 
 class MethodDispatch:

@@ -50,6 +50,7 @@ from ..core.validation import check_positive_float
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..inference.chunking import chunk_slices
+from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
 #: first relative jitter per dtype; ×10 per failed Cholesky up to _MAX_JITTER
@@ -108,6 +109,7 @@ class NystromKernel(FeatureKernel):
                 f"base_kernel {type(base_kernel).__name__} has {outputs} outputs per input; Nyström features are "
                 "for scalar kernels: use SketchedDecomposableKernel(NystromKernel(data_kernel, ...), num_outputs=p)"
             )
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(batch_shape=base_kernel.batch_shape, **kwargs)
         self.base_kernel = base_kernel
         landmarks = landmarks.detach().clone()

@@ -28,8 +28,14 @@ import torch
 from gpytorch.kernels import Kernel, MultitaskKernel
 from torch import Tensor
 
-from ..core.validation import check_finite, check_hyperparameter, check_positive_int, check_same_dtype, check_tensor_dtype
 from ..core.config_state import METHOD, ConfigState
+from ..core.validation import (
+    check_finite,
+    check_hyperparameter,
+    check_positive_int,
+    check_same_dtype,
+    check_tensor_dtype,
+)
 from .checked_call import CheckedCallMixin
 
 

@@ -16,8 +16,8 @@ from gpytorch.constraints import Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from ..core.validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows, normalize_rows
 from ..core.config_state import METHOD
+from ..core.validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows, normalize_rows
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior

@@ -18,10 +18,12 @@ import math
 
 import torch
 from gpytorch.kernels import Kernel
+from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor
 
-from linear_operator.operators import MatmulLinearOperator
-
+from ..core.config_state import ConfigState
+from ..core.memory import check_solve
+from ..core.settings import resolve_chunk_size
 from ..core.validation import (
     NonFiniteError,
     check_finite,
@@ -30,15 +32,16 @@ from ..core.validation import (
     describe_bad_hyperparameters,
     module_dtype,
 )
+from ..features.base import FeatureMap
 from ..inference.chunking import Featurizer, chunk_slices
-from ..core.config_state import ConfigState
-from ..core.memory import check_solve
+from ..inference.operators import (
+    ChunkedFeatureCrossLinearOperator,
+    ChunkedFeatureRootLinearOperator,
+    FeatureRootLinearOperator,
+)
+from ..inference.prediction import FeatureSpacePredictionStrategy
 from .checked_call import CheckedCallMixin
 from .families import check_kernel_kwargs
-from ..features.base import FeatureMap
-from ..inference.operators import ChunkedFeatureCrossLinearOperator, ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
-from ..core.settings import resolve_chunk_size
-from ..inference.prediction import FeatureSpacePredictionStrategy
 
 
 class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):

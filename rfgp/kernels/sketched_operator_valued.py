@@ -23,10 +23,14 @@ import torch
 from gpytorch.kernels import IndexKernel, Kernel
 from torch import Tensor
 
-from ..core.validation import check_choice, check_positive_int
 from ..core.config_state import METHOD
-from ..features.operator_valued import OperatorValuedFourierFeatures, decomposable_features
+from ..core.validation import check_choice, check_positive_int
+from ..features.operator_valued import (
+    OperatorValuedFourierFeatures,
+    decomposable_features,
+)
 from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features
+from .families import check_kernel_kwargs
 from .fourier import FOURIER_METHODS
 from .operator_valued import check_vector_dim, check_vector_input
 from .random_feature_kernel import FeatureKernel
@@ -69,6 +73,7 @@ class _SketchedGaussianDerivativeKernel(_MultiOutputFeatureKernel):
         ard = kwargs.get("ard_num_dims")
         if ard is not None and ard != input_dim:
             raise ValueError(f"ard_num_dims must be None or input_dim={input_dim}, got {ard}")
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.method = method
         self.input_dim = input_dim
@@ -148,6 +153,7 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
                 f"base_kernel must be an rfgp feature kernel (optionally inside ScaleKernel), got "
                 f"{type(base_kernel).__name__}; use rfgp.sketch(kernel, num_features) to convert an exact one"
             )
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.num_outputs = check_positive_int(num_outputs, "num_outputs")
         self.rank = check_positive_int(rank, "rank")

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.validation import check_choice
 from ..core.config_state import METHOD
+from ..core.validation import check_choice
 from ..features.weighted_fourier import SpectralMeasure, WeightedFourierFeatures
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel

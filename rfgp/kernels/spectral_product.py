@@ -42,10 +42,11 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from ..core.validation import check_positive_int
 from ..core.config_state import DRAW, LAZY, METHOD
+from ..core.validation import check_positive_int
 from ..features.base import _new_seed
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
+from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
 SPECTRAL_PROTOCOL = ("spectral_draws", "spectral_frequencies", "spectral_amplitude")
@@ -97,6 +98,7 @@ class SpectralProductKernel(FeatureKernel):
             raise ValueError(f"num_features must be ≥ 2 (one sin/cos pair), got {num_features}")
         if seed is not None and generator is not None:
             raise ValueError("pass either seed or generator, not both")
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.kernels = nn.ModuleList(kernels)
         self.num_frequencies = num_features // 2

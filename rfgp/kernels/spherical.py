@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from ..core.validation import check_choice
 from ..core.config_state import METHOD
+from ..core.validation import check_choice
 from ..features.spherical import SphericalRandomFeatures
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel

@@ -32,6 +32,7 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
 from gpytorch.likelihoods.noise_models import FixedGaussianNoise
 from torch import Tensor
 
+from ..core.config_state import METHOD, ConfigState
 from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
 from ..inference.classification import (
     ChunkedClassNoiseFeatureLinearOperator,
@@ -39,7 +40,6 @@ from ..inference.classification import (
     LabelBlockPlan,
     TwoLevelNoise,
 )
-from ..core.config_state import METHOD, ConfigState
 from ..inference.operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .softmax import softmax_expectation_mc, softmax_expectation_mean_field
 

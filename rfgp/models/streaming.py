@@ -46,8 +46,8 @@ from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside noteb
 
 from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
 from ..inference.cholesky_update import cholesky_update
-from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 from ..inference.linalg import feature_statistics
+from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
 

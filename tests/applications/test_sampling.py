@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import rfgp
+from rfgp.applications.sampling import posterior_paths
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
-from rfgp.applications.sampling import posterior_paths
 from tests._feature_maps import ShrunkFourierFeatures
 
 NUM_PATHS = 4000

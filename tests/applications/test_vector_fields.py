@@ -5,9 +5,6 @@ import pytest
 import torch
 from gpytorch.likelihoods import MultitaskGaussianLikelihood
 
-from rfgp.datasets import helmholtz_field, igrf_field_at, igrf_magnetic_field
-from rfgp.kernels import CurlFreeRBFKernel, DivFreeRBFKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
-from rfgp.models.multioutput import MultiOutputGPModel
 from rfgp.applications.vector_fields import (
     curl,
     divergence,
@@ -16,6 +13,9 @@ from rfgp.applications.vector_fields import (
     posterior_mean_field,
     prior_field_samples,
 )
+from rfgp.datasets import helmholtz_field, igrf_field_at, igrf_magnetic_field
+from rfgp.kernels import CurlFreeRBFKernel, DivFreeRBFKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
+from rfgp.models.multioutput import MultiOutputGPModel
 
 F64 = torch.float64
 

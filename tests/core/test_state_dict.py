@@ -18,7 +18,6 @@ import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 import rfgp
-from rfgp.features import dot_product
 from rfgp import features, kernels
 from rfgp.core.config_state import CONFIG_PREFIX, decode, encode
 from rfgp.features import (
@@ -32,38 +31,37 @@ from rfgp.features import (
     RandomMaclaurin,
     RationalQuadraticSpectralDensity,
     SphericalRandomFeatures,
+    dot_product,
 )
 from rfgp.kernels import (
+    ConstantFeatureKernel,
+    CosineFeatureKernel,
     CurlFreeRBFKernel,
     DecomposableKernel,
     DivFreeRBFKernel,
     FeatureProductKernel,
     FeatureSumKernel,
+    LinearFeatureKernel,
     MultiOutputFeatureSumKernel,
+    NystromKernel,
     RandomFeatureKernel,
     SketchedCurlFreeKernel,
     SketchedDecomposableKernel,
     SketchedDivFreeKernel,
     SketchedExponentialKernel,
+    SketchedMatern52KernelGrad,
     SketchedMaternKernel,
+    SketchedPeriodicKernel,
     SketchedPolynomialKernel,
+    SketchedPolynomialKernelGrad,
     SketchedProductKernel,
     SketchedRBFKernel,
-    SketchedSphericalPolynomialKernel,
-    SpectralProductKernel,
-)
-from rfgp.kernels import (
-    ConstantFeatureKernel,
-    CosineFeatureKernel,
-    LinearFeatureKernel,
-    NystromKernel,
-    SketchedMatern52KernelGrad,
-    SketchedPolynomialKernelGrad,
     SketchedRBFKernelGrad,
     SketchedRBFKernelGradGrad,
-    SketchedPeriodicKernel,
     SketchedRQKernel,
     SketchedSpectralMixtureKernel,
+    SketchedSphericalPolynomialKernel,
+    SpectralProductKernel,
 )
 from rfgp.likelihoods import DirichletClassificationLikelihood
 

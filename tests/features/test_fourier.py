@@ -16,8 +16,8 @@ from rfgp.features import (
     RandomFourierFeatures,
     RationalQuadraticSpectralDensity,
 )
-from rfgp.features.hadamard import next_power_of_two
 from rfgp.features.fourier import MIN_STRUCTURED_DIM
+from rfgp.features.hadamard import next_power_of_two
 
 from .._oracles import mean_and_se, orf_prime_mean, orf_prime_mse, orf_variance, rff_variance, variance_and_se
 

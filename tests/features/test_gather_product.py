@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from rfgp.features.degree_sketch import DegreeSketch
 from rfgp.features import gather_product as module
+from rfgp.features.degree_sketch import DegreeSketch
 from rfgp.features.gather_product import gather_product
 
 

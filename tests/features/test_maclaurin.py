@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from rfgp.features import dot_product, variance
-from rfgp.features import OptimizedMaclaurin, RandomMaclaurin
+from rfgp.features import OptimizedMaclaurin, RandomMaclaurin, dot_product, variance
 from rfgp.features.degree_sketch import srht_padded_dim
 from rfgp.features.maclaurin_allocation import AllocationObjective, incremental_allocation
 from tests._oracles import mean_and_se, variance_and_se

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from rfgp.features import dot_product, signed_log, variance
-from rfgp.features import OptimizedMaclaurin
+from rfgp.features import OptimizedMaclaurin, dot_product, signed_log, variance
 from rfgp.features.maclaurin_allocation import AllocationObjective, extended_allocation
 
 CASES = [("rademacher", "real"), ("gaussian", "complex"), ("srht", "real"), ("srht", "ctr")]

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp.features import variance
-from rfgp.features import PolynomialSketch
+from rfgp.features import PolynomialSketch, variance
 from rfgp.features.degree_sketch import DegreeSketch
 
 PROJECTIONS = ("rademacher", "gaussian", "srht", "countsketch", "hierarchical")

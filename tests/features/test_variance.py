@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp.features import variance
-from rfgp.features import PolynomialSketch
+from rfgp.features import PolynomialSketch, variance
 
 # Paper 000 §5 pair (d = 4): G = 2/3, N = 1, S = 0.1155555556.
 X4 = torch.nn.functional.normalize(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64), dim=0)

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import rfgp
-from rfgp.kernels import FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel
-from rfgp.models import ExactGPModel
 from rfgp.inference.operators import (
     ChunkedFeatureCrossLinearOperator,
     ChunkedFeatureRootAddedDiagLinearOperator,
     ChunkedFeatureRootLinearOperator,
     FeatureRootLinearOperator,
 )
+from rfgp.kernels import FeatureSumKernel, SketchedMaternKernel, SketchedRBFKernel
+from rfgp.models import ExactGPModel
 
 NUM_TRAIN, DIM = 200, 3
 

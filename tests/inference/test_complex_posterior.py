@@ -4,10 +4,10 @@ import gpytorch
 import pytest
 import torch
 
-from rfgp.inference.complex_posterior import complex_feature_posterior
-from rfgp.kernels.complex_posterior_option import complex_kernel_posterior
 from rfgp.features import PolynomialSketch
+from rfgp.inference.complex_posterior import complex_feature_posterior
 from rfgp.kernels import SketchedPolynomialKernel
+from rfgp.kernels.complex_posterior_option import complex_kernel_posterior
 
 
 def _direct(phi_train, y, noise, phi_test):
@@ -69,7 +69,12 @@ def test_bad_shapes():
 
 
 # ---------------------------------------------------------------- GPyTorch path: complex_posterior=True
-from rfgp.kernels import FeatureSumKernel, SketchedExponentialKernel, SketchedRBFKernel, SketchedSphericalPolynomialKernel  # noqa: E402
+from rfgp.kernels import (  # noqa: E402
+    FeatureSumKernel,
+    SketchedExponentialKernel,
+    SketchedRBFKernel,
+    SketchedSphericalPolynomialKernel,
+)
 
 
 class _ExactGP(gpytorch.models.ExactGP):

@@ -8,10 +8,10 @@ import torch
 from linear_operator.operators import ConstantMulLinearOperator
 
 import rfgp
-from rfgp.kernels import SketchedRBFKernel
 from rfgp.inference.linalg import GRAM_BLOCK, feature_statistics, fold_constant, symmetric_gram
-from rfgp.models import ExactGPModel
 from rfgp.inference.operators import FeatureRootLinearOperator, noise_weights
+from rfgp.kernels import SketchedRBFKernel
+from rfgp.models import ExactGPModel
 
 F64 = torch.float64
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import rfgp
-from rfgp.kernels import SketchedRBFKernel
 from rfgp.inference.log_prob import has_feature_space_covariance
+from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
 
 SLOW_LOG_PROB = gpytorch.settings.fast_computations(covar_root_decomposition=False, log_prob=False, solves=False)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rfgp.features import RandomFourierFeatures
-from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
+from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
 from rfgp.models import ExactGPModel
 from tests._feature_maps import ShrunkFourierFeatures
 

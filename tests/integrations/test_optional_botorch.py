@@ -42,7 +42,8 @@ def test_botorch_imported_after_rfgp_gets_the_registration():
 
 def test_registration_in_this_process():
     pytest.importorskip("botorch")
-    import rfgp
     from botorch.sampling.pathwise.features.generators import GenKernelFeatures
+
+    import rfgp
 
     assert (rfgp.kernels.FeatureKernel,) in GenKernelFeatures.funcs

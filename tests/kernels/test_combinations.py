@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rfgp.features import RandomFourierFeatures
+from rfgp.inference.operators import FeatureRootLinearOperator
 from rfgp.kernels import (
     FeatureProductKernel,
     FeatureSumKernel,
@@ -15,8 +16,6 @@ from rfgp.kernels import (
     is_feature_kernel,
     kernel_features,
 )
-from rfgp.inference.operators import FeatureRootLinearOperator
-
 from tests._feature_maps import ShrunkFourierFeatures
 
 

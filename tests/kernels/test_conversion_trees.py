@@ -25,7 +25,6 @@ from gpytorch.kernels import (
 from gpytorch.priors import GammaPrior, LogNormalPrior
 
 import rfgp
-from rfgp.models import ExactGPModel
 from rfgp.kernels import (
     FeatureProductKernel,
     FeatureSumKernel,
@@ -35,6 +34,7 @@ from rfgp.kernels import (
     has_spectral_protocol,
     kernel_features,
 )
+from rfgp.models import ExactGPModel
 
 F64 = torch.float64
 

@@ -19,12 +19,12 @@ from gpytorch.kernels import (
 from gpytorch.priors import GammaPrior, NormalPrior
 
 import rfgp
-from rfgp.models import ExactGPModel
 from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from rfgp.kernels.periodic import SketchedPeriodicKernel
 from rfgp.kernels.rational_quadratic import SketchedRQKernel
 from rfgp.kernels.spectral_mixture import SketchedSpectralMixtureKernel
+from rfgp.models import ExactGPModel
 
 F64 = torch.float64
 BATCH = torch.Size([2])

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import rfgp
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from rfgp.kernels import (
     SketchedMatern52KernelGrad,
     SketchedPolynomialKernelGrad,
     SketchedRBFKernelGrad,
     SketchedRBFKernelGradGrad,
 )
-from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 
 
 def _exact(name):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
-from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
 from rfgp.inference.operators import FeatureRootLinearOperator
+from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
 
 METHODS = ["rff", "orf", "sorf"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
-from rfgp.kernels import SketchedSphericalPolynomialKernel
 from rfgp.inference.operators import FeatureRootLinearOperator
+from rfgp.kernels import SketchedSphericalPolynomialKernel
 from rfgp.models import ExactGPModel
 
 F64 = torch.float64

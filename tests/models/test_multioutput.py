@@ -6,7 +6,9 @@ import torch
 from gpytorch.likelihoods import MultitaskGaussianLikelihood
 
 import rfgp
+from rfgp.applications.vector_fields import posterior_component_fields
 from rfgp.datasets import helmholtz_field
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from rfgp.kernels import (
     CurlFreeRBFKernel,
     DecomposableKernel,
@@ -18,8 +20,6 @@ from rfgp.kernels import (
     SketchedRBFKernel,
 )
 from rfgp.models.multioutput import MultiOutputGPModel
-from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
-from rfgp.applications.vector_fields import posterior_component_fields
 
 F64 = torch.float64
 ScaleKernel = gpytorch.kernels.ScaleKernel

@@ -6,8 +6,7 @@ import torch
 from gpytorch.likelihoods import GaussianLikelihood, MultitaskGaussianLikelihood
 
 import rfgp
-from rfgp.features import dot_product
-from rfgp.features import OptimizedMaclaurin
+from rfgp.features import OptimizedMaclaurin, dot_product
 from rfgp.kernels import FeatureSumKernel, SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.likelihoods import DirichletClassificationLikelihood
 from rfgp.models import ExactGPModel

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from rfgp.models import streaming as streaming_module
 from rfgp.inference.cholesky_update import cholesky_update
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
+from rfgp.models import streaming as streaming_module
 from rfgp.models.streaming import StreamingFeatureGP, fit_from_batches, takes_rank_update
 
 DIM = 2

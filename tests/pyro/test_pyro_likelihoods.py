@@ -7,7 +7,15 @@ import pyro.distributions as dist
 import torch
 
 from rfgp.features import RandomFourierFeatures
-from rfgp.pyro import Categorical, HeteroscedasticGaussian, Poisson, RandomFeatureGP, fit_svi, posterior_predictive, weight_guide
+from rfgp.pyro import (
+    Categorical,
+    HeteroscedasticGaussian,
+    Poisson,
+    RandomFeatureGP,
+    fit_svi,
+    posterior_predictive,
+    weight_guide,
+)
 
 
 def three_sector_problem(n, generator):

@@ -21,15 +21,15 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 
 import rfgp
-from rfgp.applications import distances
 from rfgp import features, kernels, metrics
+from rfgp.applications import distances
 from rfgp.likelihoods import DirichletClassificationLikelihood
 
 from ._builders import (
-    D,
     FEATURE_MAPS,
     SCALAR_KERNELS,
     VECTOR_KERNELS,
+    D,
     data,
     dirichlet_model,
     mll_value,

@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rfgp
-from rfgp.applications import distances
 from rfgp import metrics
+from rfgp.applications import distances
 
 from ._builders import (
-    D,
     FEATURE_MAPS,
     SCALAR_KERNELS,
     VECTOR_KERNELS,
+    D,
     mll_value,
     multioutput_model,
     predict,
