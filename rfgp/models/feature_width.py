@@ -126,9 +126,9 @@ def _granularity(feature_map: nn.Module) -> int:
         return 2 * feature_map.factor_width
     if isinstance(feature_map, (RandomFourierFeatures, SphericalRandomFeatures)):
         return 2
-    if isinstance(feature_map, (PolynomialSketch, _MaclaurinFeatures)) and feature_map.is_complex:
-        return 2
-    return 1
+    if isinstance(feature_map, PolynomialSketch) and feature_map.is_complex:
+        return 2  # its constructor refuses odd widths for complex/CtR weights too
+    return 1  # Maclaurin widths are budgets, as in their constructors: an unusable odd column is dropped
 
 
 def _new_widths(maps: list[nn.Module], num_features: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""set_num_features on Nyström kernels: landmarks re-chosen by the same rule and seed, hyperparameters kept."""
+"""set_num_features on data-dependent maps: Nyström landmarks re-chosen by rule and seed; Maclaurin budgets."""
 
 import gpytorch
 import pytest
@@ -118,3 +118,24 @@ def test_a_tree_with_nystrom_and_random_features_keeps_its_proportions():
     gp = model(nystrom + fourier, x, y)
     rfgp.set_num_features(gp, 192)
     assert nystrom.num_features == 64 and fourier.base_kernel.num_features == 128
+
+
+@pytest.mark.parametrize("width", [64, 65])
+def test_maclaurin_widths_are_budgets_as_in_the_constructor(width):
+    """A CtR Maclaurin map with a constant column has odd real widths 1 + 2·D: a budget of 64 gives 63 columns
+    (the unusable one dropped), in set_num_features as in __init__."""
+    x, y = data()
+    gp = model(gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(32, method="maclaurin", seed=0)).double(),
+               x, y)
+    rfgp.set_num_features(gp, width)
+    fresh = rfgp.kernels.SketchedRBFKernel(width, method="maclaurin", seed=0)
+    expected = {64: 63, 65: 65}[width]
+    assert gp.covar_module.base_kernel.num_features == fresh.num_features == expected
+
+
+def test_complex_polynomial_sketch_widths_stay_even_as_in_the_constructor():
+    kernel = rfgp.kernels.SketchedPolynomialKernel(3, 12, weights="ctr", seed=0)
+    with pytest.raises(ValueError, match="multiple of 2"):
+        rfgp.set_num_features(kernel, 13)
+    with pytest.raises(ValueError, match="even"):
+        rfgp.kernels.SketchedPolynomialKernel(3, 13, weights="ctr", seed=0)
