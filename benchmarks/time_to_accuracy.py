@@ -84,16 +84,24 @@ from rfgp.models import ExactGPModel  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 DTYPE = torch.float32
-METHODS = ("recipe", "recipe_half", "adam", "nystrom", "sgpr512", "sgpr1024", "svgp", "rff", "exact")
-RECIPES = ("recipe", "recipe_half")
+METHODS = ("recipe", "recipe_half", "nystrom_recipe", "adam", "nystrom", "sgpr512", "sgpr1024", "svgp256", "svgp512",
+           "svgp1024", "rff", "exact")
+DEFAULT_METHODS = ("recipe", "recipe_half", "nystrom_recipe", "adam", "nystrom", "sgpr512", "sgpr1024", "svgp256",
+                   "rff", "exact")
+RECIPES = ("recipe", "recipe_half", "nystrom_recipe")
+#: contenders that did not converge in the normal budget (previous run): they get --long-budget
+LONG = ("nystrom", "sgpr1024", "exact")
 LABELS = {
-    "recipe": "rfgp recipe (L-BFGS at F, predict at 4F/8F)",
-    "recipe_half": "rfgp recipe (L-BFGS at F/2, predict at 2F/4F)",
+    "recipe": "rfgp RFF recipe (L-BFGS at F, predict at 4F/8F)",
+    "recipe_half": "rfgp RFF recipe (L-BFGS at F/2, predict at 2F/4F)",
+    "nystrom_recipe": "rfgp Nyström recipe (L-BFGS at M={nystrom_train}, predict at 4M/8M)",
     "adam": "rfgp RFF F={width}, Adam",
     "nystrom": "rfgp Nyström M={landmarks}, L-BFGS",
     "sgpr512": "GPyTorch SGPR M=512, {optimizer}",
     "sgpr1024": "GPyTorch SGPR M=1024, {optimizer}",
-    "svgp": "GPyTorch SVGP M={svgp_inducing}, NGD+Adam",
+    "svgp256": "GPyTorch SVGP M=256, NGD+Adam",
+    "svgp512": "GPyTorch SVGP M=512, NGD+Adam",
+    "svgp1024": "GPyTorch SVGP M=1024, NGD+Adam",
     "rff": "GPyTorch RFFKernel F={width}, Adam",
     "exact": "GPyTorch exact GP, {subset}-pt subset, L-BFGS",
 }
@@ -144,12 +152,16 @@ class Split:
     test_y: torch.Tensor
 
 
-def load(name: str, max_rows: int | None) -> Split:
+def load(name: str, max_rows: int | None, validation: bool = False) -> Split:
+    """The fixed 80/20 split; with ``validation`` the training part's own 80/20 split (for tuning, test rows unseen)."""
     loader, rows, description = DATASETS[name]
     x, y = loader()
     rows = min(r for r in (rows, max_rows, x.shape[0]) if r is not None)
     order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))[:rows]
     x, y = x[order], y[order]
+    if validation:
+        rows = int(0.8 * rows)
+        x, y, description = x[:rows], y[:rows], description + " — validation split of the training rows"
     split = int(0.8 * rows)
     mean, std = x[:split].mean(0), x[:split].std(0)
     x = (x - mean) / std
@@ -240,6 +252,7 @@ class Run:
     method: str
     points: list[dict] = field(default_factory=list)  # cpu_s, wall_s, steps, rmse, nlpd, stage
     note: str = ""
+    converged: bool = False  # fit_mll's convergence rule stopped it (not the budget); Adam/NGD loops never do
 
 
 def _metrics(mean, var, y) -> dict:
@@ -298,16 +311,22 @@ def _mll_loss(model):
     return lambda: -mll(model(*model.train_inputs), model.train_targets)
 
 
+def budget_of(method: str, config: dict) -> float:
+    return config["long_budget"] if method in LONG else config["budget"]
+
+
 def run_method(method: str, data: Split, config: dict) -> Run:
     x, y, d = data.train_x, data.train_y, data.train_x.shape[-1]
-    budget, width = config["budget"], config["width"] // (2 if method == "recipe_half" else 1)
+    budget = budget_of(method, config)
+    width = {"recipe_half": config["width"] // 2, "nystrom_recipe": config["nystrom_train"],
+             "nystrom": config["landmarks"]}.get(method, config["width"])
     run = Run(method)
     torch.manual_seed(0)
     start = Checkpoints(None)  # the clock starts before the model exists
 
     if method in (*RECIPES, "adam", "nystrom"):
-        if method == "nystrom":
-            covar = rfgp.sketch(rbf(d), config["landmarks"], method="nystrom", x_sample=x, seed=0)
+        if method in ("nystrom", "nystrom_recipe"):
+            covar = rfgp.sketch(rbf(d), width, method="nystrom", x_sample=x, seed=0)
         else:
             covar = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(width, ard_num_dims=d, seed=0))
         model = exact_model(x, y, covar)
@@ -321,7 +340,9 @@ def run_method(method: str, data: Split, config: dict) -> Run:
                                        progress=False)
         start.take()
         run.note = f"{history.num_iterations} iterations, {history.evaluations[-1]} loss evaluations, {history.stop_reason}"
-        replay(run, start, model, evaluate_exact, data, f"F={width}" if method != "nystrom" else f"M={config['landmarks']}")
+        run.converged = history.stop_reason.startswith("converged")
+        letter = "M" if method in ("nystrom", "nystrom_recipe") else "F"
+        replay(run, start, model, evaluate_exact, data, f"{letter}={width}")
         if method in RECIPES:
             # the prediction a user stopping training at each checkpoint would make at 4F (and, for the
             # final hyperparameters, at 8F): the re-draw and posterior rebuild are counted, evaluation is not
@@ -339,8 +360,8 @@ def run_method(method: str, data: Split, config: dict) -> Run:
                         model.likelihood(model(data.test_x[:2])).variance
                     rebuild_cpu, rebuild_wall = time.process_time() - cpu0, time.perf_counter() - wall0
                     run.points.append({"cpu_s": cpu + rebuild_cpu, "wall_s": wall + rebuild_wall, "steps": steps,
-                                       "stage": f"F={factor * width}", **evaluate_exact(model, data.test_x, data.test_y)})
-                    rfgp.set_num_features(model, width)  # back to the training width (re-drawn from the seed)
+                                       "stage": f"{letter}={factor * width}", **evaluate_exact(model, data.test_x, data.test_y)})
+                    rfgp.set_num_features(model, width)  # back to the training width (re-drawn)
         return run
 
     if method.startswith("sgpr") or method in ("rff", "exact"):
@@ -364,6 +385,7 @@ def run_method(method: str, data: Split, config: dict) -> Run:
                                        progress=False)
             start.take()
             run.note = f"{history.num_iterations} L-BFGS iterations, {history.evaluations[-1]} loss evaluations, {history.stop_reason}"
+            run.converged = history.stop_reason.startswith("converged")
         else:
             model.train()
             _adam_loop(list(model.parameters()), _mll_loss(model), start, budget, lr=0.05)
@@ -372,12 +394,12 @@ def run_method(method: str, data: Split, config: dict) -> Run:
         return run
 
     # SVGP: natural gradients on the variational distribution, Adam on the rest, minibatches
-    m, batch = config["svgp_inducing"], config["svgp_batch"]
+    m, batch = (config["svgp_inducing"] or int(method[4:])), config["svgp_batch"]
     bundle = SVGPBundle(SVGPModel(random_rows(x, m)), gpytorch.likelihoods.GaussianLikelihood()).to(DTYPE)
     start.model = bundle
     bundle.train()
     mll = gpytorch.mlls.VariationalELBO(bundle.likelihood, bundle.model, num_data=x.shape[0])
-    ngd = gpytorch.optim.NGD(bundle.model.variational_parameters(), num_data=x.shape[0], lr=0.1)
+    ngd = gpytorch.optim.NGD(bundle.model.variational_parameters(), num_data=x.shape[0], lr=config["ngd_lr"])
     hyper = [p for name, p in bundle.named_parameters() if "variational_distribution" not in name]
     generator = torch.Generator().manual_seed(0)
     order, position = torch.randperm(x.shape[0], generator=generator), 0
@@ -391,13 +413,17 @@ def run_method(method: str, data: Split, config: dict) -> Run:
         return -mll(bundle.model(x[rows]), y[rows])
 
     # the optimizer hook would fire twice per step (NGD and Adam): _adam_loop steps the clock itself
-    _adam_loop(hyper, minibatch_loss, start, budget, lr=0.01, extra_optimizer=ngd)
+    _adam_loop(hyper, minibatch_loss, start, budget, lr=config["svgp_lr"], extra_optimizer=ngd)
     run.note = f"{start.steps} NGD+Adam steps of {batch} points"
     replay(run, start, bundle, evaluate_svgp, data, "svgp")
     return run
 
 
 # -------------------------------------------------------------------------- report
+def recipe_name(method: str) -> str:
+    return "rfgp Nyström recipe" if method == "nystrom_recipe" else "rfgp RFF recipe"
+
+
 def time_to_reach(points: list[dict], target: float) -> float | None:
     reached = [p["cpu_s"] for p in points if p["nlpd"] <= target]
     return min(reached) if reached else None
@@ -458,30 +484,37 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
         "# Time to accuracy: rfgp vs SGPR, SVGP, RFF and exact GPs (issue 16 acceptance benchmark)",
         "",
         f"float32, {config['threads']} threads, CPU budget {config['budget']:g} s per contender (process CPU time, "
-        f"all threads), F = {config['width']} (recipe re-draws at {', '.join(f'{f}F' for f in config['factors'])}), "
-        f"Nyström M = {config['landmarks']}, exact GP on {config['subset']} points.  "
+        f"all threads), {config['long_budget']:g} s for the slow ones ({', '.join(LABELS[m] for m in LONG)}); a "
+        "contender's \"final\" NLPD is the one at its budget unless the table says it converged.  "
+        f"F = {config['width']} (RFF recipe re-draws at {', '.join(f'{f}F' for f in config['factors'])}), Nyström "
+        f"recipe trained at M = {config['nystrom_train']} (re-draws at {', '.join(f'{f}M' for f in config['factors'])}), "
+        f"Nyström M = {config['landmarks']}, exact GP on {config['subset']} points, SVGP batches of "
+        f"{config['svgp_batch']}, NGD step {config['ngd_lr']:g}, Adam lr {config['svgp_lr']:g}.  "
+        + ("**Validation split of the training rows (tuning run; test rows unseen).**  " if config["validation"] else "") +
         f"Load average (1, 5, 15 min) at start: {', '.join(f'{v:.2f}' for v in loads[0])}; at end: "
         f"{', '.join(f'{v:.2f}' for v in loads[1])} on {os.cpu_count()} logical CPUs.  "
-        "Evaluation (posterior, test predictions) is off the training clock except the recipe's re-draw at "
-        "4F/8F.  Produced by `benchmarks/time_to_accuracy.py`" + (" --quick" if config["quick"] else "") + ".",
+        "Evaluation (posterior, test predictions) is off the training clock except the recipes' re-draws.  Produced by `benchmarks/time_to_accuracy.py`" + (" --quick" if config["quick"] else "") + ".",
         "",
     ]
     for name, (data, runs) in results.items():
         lines += [f"## {name}: {data.description} (N = {data.train_x.shape[0]} train / {data.test_x.shape[0]} test, "
                   f"d = {data.train_x.shape[-1]})", "",
-                  "| method | train CPU [s] | train wall [s] | steps | test RMSE | test NLPD | best NLPD (at CPU s) | notes |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| method | CPU budget [s] | train CPU [s] | train wall [s] | steps | converged | test RMSE | test NLPD "
+                  "| best NLPD (at CPU s) | notes |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for method, run in runs.items():
             stages = list(dict.fromkeys(p["stage"] for p in run.points))
             last = {stage: [p for p in run.points if p["stage"] == stage][-1] for stage in stages}
             if method in RECIPES:
-                rows = [(f"rfgp recipe: L-BFGS at {stages[0]}", last[stages[0]])]
-                rows += [(f"rfgp recipe: … predict at {stage}", last[stage]) for stage in stages[1:]]
+                rows = [(f"{recipe_name(method)}: L-BFGS at {stages[0]}", last[stages[0]])]
+                rows += [(f"{recipe_name(method)}: … predict at {stage}", last[stage]) for stage in stages[1:]]
             else:
                 rows = [(LABELS[method], run.points[-1])]
             best = min(run.points, key=lambda p: p["nlpd"])
             for label, p in rows:
-                lines.append(f"| {label} | {p['cpu_s']:.1f} | {p['wall_s']:.1f} | {p['steps']} | {p['rmse']:.4f} | "
+                converged = "yes" if run.converged else "no (stopped by the budget)"
+                lines.append(f"| {label} | {budget_of(method, config):g} | {p['cpu_s']:.1f} | {p['wall_s']:.1f} | "
+                             f"{p['steps']} | {converged} | {p['rmse']:.4f} | "
                              f"{p['nlpd']:.4f} | {best['nlpd']:.4f} ({best['cpu_s']:.1f}) | {run.note} |")
         lines += ["", *verdicts(runs), ""]
     if failures:
@@ -504,12 +537,12 @@ def plot(results, path: str) -> None:
                 ax.plot([p["cpu_s"] for p in run.points], [p["nlpd"] for p in run.points], marker=".",
                         label=LABELS[method])
                 continue
-            color = "black" if method == "recipe" else "0.5"
+            color = {"recipe": "black", "recipe_half": "0.5", "nystrom_recipe": "darkred"}[method]
             stages = list(dict.fromkeys(p["stage"] for p in run.points))
             styles = [{"ls": "--", "lw": 1.2, "marker": "."}, {"lw": 2.5, "marker": "o"}, {"ls": "", "marker": "*", "ms": 14}]
             for stage, style in zip(stages, styles):
                 pts = [p for p in run.points if p["stage"] == stage]
-                label = f"rfgp recipe: L-BFGS at {stage}" if stage == stages[0] else f"rfgp recipe: … predict at {stage}"
+                label = f"{recipe_name(method)}: " + (f"L-BFGS at {stage}" if stage == stages[0] else f"… predict at {stage}")
                 ax.plot([p["cpu_s"] for p in pts], [p["nlpd"] for p in pts], color=color, label=label, **style)
         ax.set_xscale("log")
         ax.set_xlabel("training CPU time [s] (2 threads)")
@@ -524,12 +557,13 @@ def plot(results, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def warm_up(config: dict) -> None:
-    """One tiny run of every code path first, so that no contender pays the first call's import/allocation cost."""
+def warm_up(config: dict, methods: list[str]) -> None:
+    """One tiny run of every requested method first, so that no contender pays the first call's import/allocation cost."""
     x = torch.randn(300, 2, generator=torch.Generator().manual_seed(1)).to(DTYPE)
     tiny = Split("warm-up", "", x[:200], x[:200, 0].sin(), x[200:], x[200:, 0].sin())
-    small = {**config, "budget": 0.3, "width": 32, "landmarks": 16, "subset": 100, "svgp_inducing": 16, "svgp_batch": 64}
-    for method in ("recipe", "adam", "nystrom", "sgpr512", "svgp", "rff", "exact"):
+    small = {**config, "budget": 0.3, "long_budget": 0.3, "width": 32, "landmarks": 16, "nystrom_train": 16,
+             "subset": 100, "svgp_inducing": 16, "svgp_batch": 64}
+    for method in methods:
         run_method(method, tiny, small)
 
 
@@ -537,8 +571,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 000 rows, small widths, 4 s budgets")
     parser.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["elecdemand", "diamonds"])
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS))
     parser.add_argument("--budget", type=float, help="CPU seconds per contender (default 60, quick 4)")
+    parser.add_argument("--long-budget", type=float,
+                        help=f"CPU seconds for the slow contenders {', '.join(LONG)} (default 180, quick 8)")
+    parser.add_argument("--nystrom-train", type=int, help="M of the Nyström recipe's training (default 512, quick 64)")
+    parser.add_argument("--svgp-lr", type=float, default=0.01, help="Adam learning rate of SVGP (default 0.01)")
+    parser.add_argument("--ngd-lr", type=float, default=0.1, help="natural-gradient step of SVGP (default 0.1)")
+    parser.add_argument("--validation", action="store_true",
+                        help="evaluate on a validation split of the training rows (for tuning; test rows unseen)")
     parser.add_argument("--width", type=int, help="F of the rfgp and RFF models (default 1024, quick 128)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gpytorch-optimizer", choices=("adam", "lbfgs"), default="lbfgs",
@@ -550,22 +591,25 @@ def main() -> None:
     config = {
         "quick": quick, "threads": args.threads,
         "budget": args.budget or (4.0 if quick else 60.0),
+        "long_budget": args.long_budget or (8.0 if quick else 180.0),
+        "nystrom_train": args.nystrom_train or (64 if quick else 512),
+        "svgp_lr": args.svgp_lr, "ngd_lr": args.ngd_lr, "validation": args.validation,
         "width": args.width or (128 if quick else 1024),
         "factors": (4, 8),
         "min_redraw_cpu": 0.0 if quick else 4.0,
         "landmarks": 128 if quick else 1024,
         "subset": 1000 if quick else 5000,
-        "svgp_inducing": 128 if quick else 1024,
+        "svgp_inducing": 128 if quick else None,  # None: M from the method name
         "svgp_batch": 256 if quick else 1024,
         "optimizer": args.gpytorch_optimizer,
     }
     LABELS.update({method: label.format(**config) for method, label in LABELS.items()})
     tag = args.tag if args.tag is not None else ("_quick" if quick else "")
-    warm_up(config)
+    warm_up(config, args.methods)
     loads = [os.getloadavg()]
     results, failures = {}, []
     for name in args.datasets:
-        data = load(name, 3000 if quick else None)
+        data = load(name, 3000 if quick else None, args.validation)
         runs = {}
         for method in args.methods:
             if method == "sgpr1024" and quick:
