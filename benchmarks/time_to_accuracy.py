@@ -545,6 +545,9 @@ def plot(results, path: str) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
     for ax, (name, (data, runs)) in zip(axes[0], results.items()):
+        if not runs:  # every contender failed (listed under Failures)
+            ax.set_title(f"{name}: no contender finished")
+            continue
         for method, run in runs.items():
             if method not in RECIPES:
                 ax.plot([p["cpu_s"] for p in run.points], [p["nlpd"] for p in run.points], marker=".",
@@ -588,6 +591,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="CPU seconds per contender (default 60, quick 4)")
     parser.add_argument("--long-budget", type=float,
                         help=f"CPU seconds for the slow contenders {', '.join(LONG)} (default 180, quick 8)")
+    parser.add_argument("--landmarks", type=int, help="M of the Nyström contender (default 1024, quick 128)")
     parser.add_argument("--nystrom-train", type=int, help="M of the Nyström recipe's training (default 512, quick 64)")
     parser.add_argument("--svgp-lr", type=float, default=0.01, help="Adam learning rate of SVGP (default 0.01)")
     parser.add_argument("--ngd-lr", type=float, default=0.1, help="natural-gradient step of SVGP (default 0.1)")
@@ -610,7 +614,7 @@ def main() -> None:
         "width": args.width or (128 if quick else 1024),
         "factors": (4, 8),
         "min_redraw_cpu": 0.0 if quick else 4.0,
-        "landmarks": 128 if quick else 1024,
+        "landmarks": args.landmarks or (128 if quick else 1024),
         "subset": 1000 if quick else 5000,
         "svgp_inducing": 128 if quick else None,  # None: M from the method name
         "svgp_batch": 256 if quick else 1024,
