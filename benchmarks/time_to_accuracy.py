@@ -481,18 +481,30 @@ def verdicts(runs: dict[str, Run]) -> list[str]:
     return lines
 
 
+def read_runs(path: str) -> dict[str, dict[str, Run]]:
+    """dataset → method → Run from a CSV this script wrote (``--reuse``: add methods to a finished run)."""
+    runs: dict[str, dict[str, Run]] = {}
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            run = runs.setdefault(row["dataset"], {}).setdefault(
+                row["method"], Run(row["method"], note=row["note"], converged=row["converged"] == "1"))
+            run.points.append({"cpu_s": float(row["cpu_s"]), "wall_s": float(row["wall_s"]), "steps": int(row["steps"]),
+                               "stage": row["stage"], "rmse": float(row["rmse"]), "nlpd": float(row["nlpd"])})
+    return runs
+
+
 def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads: tuple, tag: str,
           failures: list[str]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"time_to_accuracy{tag}"
     with open(f"{stem}.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["dataset", "method", "stage", "cpu_s", "wall_s", "steps", "rmse", "nlpd"])
+        writer.writerow(["dataset", "method", "stage", "cpu_s", "wall_s", "steps", "rmse", "nlpd", "converged", "note"])
         for name, (_, runs) in results.items():
             for method, run in runs.items():
                 for p in run.points:
                     writer.writerow([name, method, p["stage"], f"{p['cpu_s']:.3f}", f"{p['wall_s']:.3f}", p["steps"],
-                                     f"{p['rmse']:.5f}", f"{p['nlpd']:.5f}"])
+                                     f"{p['rmse']:.5f}", f"{p['nlpd']:.5f}", int(run.converged), run.note])
     lines = [
         "# Time to accuracy: rfgp vs SGPR, SVGP, RFF and exact GPs (issue 16 acceptance benchmark)",
         "",
@@ -601,6 +613,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gpytorch-optimizer", choices=("adam", "lbfgs"), default="lbfgs",
                         help="training of SGPR (default lbfgs, the stronger in --quick checks)")
+    parser.add_argument("--reuse", metavar="CSV",
+                        help="take the other methods' runs from this CSV of an earlier run with the same settings")
     parser.add_argument("--tag", default=None, help="suffix of the output files (default '' or '_quick')")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -625,9 +639,10 @@ def main() -> None:
     warm_up(config, args.methods)
     loads = [os.getloadavg()]
     results, failures = {}, []
+    previous = read_runs(args.reuse) if args.reuse else {}
     for name in args.datasets:
         data = load(name, 3000 if quick else None, args.validation)
-        runs = {}
+        runs = {m: r for m, r in previous.get(name, {}).items() if m not in args.methods}
         for method in args.methods:
             if method == "sgpr1024" and quick:
                 continue
@@ -641,7 +656,7 @@ def main() -> None:
             last = runs[method].points[-1]
             print(f"    CPU {last['cpu_s']:.1f} s, NLPD {last['nlpd']:.4f}, RMSE {last['rmse']:.4f}  ({runs[method].note})",
                   flush=True)
-        results[name] = (data, runs)
+        results[name] = (data, dict(sorted(runs.items(), key=lambda item: METHODS.index(item[0]))))
         write(results, config, (loads[0], os.getloadavg()), tag, failures)  # partial results survive a crash
     loads.append(os.getloadavg())
     write(results, config, tuple(loads), tag, failures)
