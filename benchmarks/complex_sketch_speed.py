@@ -9,7 +9,7 @@ by D^{−1/2} and return [Re, Im].  rfgp: ``PolynomialSketch(n, F, projection=..
 Grid: d ∈ {64, 1024}, F ∈ {1024, 8192} real features (D = F/2 complex), degree n ∈ {1, 2, 4},
 float32 and float64, N = 256 inputs, 1 thread; median of 3 repeats.  Ratios > 1: rfgp slower.
 
-    python benchmarks/complex_sketch_speed.py [--quick] [--tag after]
+    python benchmarks/complex_sketch_speed.py [--quick] [--tag after] [--projection gaussian]
 """
 
 from __future__ import annotations
@@ -63,12 +63,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--projection", choices=("rademacher", "gaussian"), action="append",
+                        help="only these projections (default: both)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dims, widths, degrees = ((64, 1024), (1024, 8192), (1, 2, 4)) if not args.quick else ((64,), (1024,), (1, 3))
     repeats, n = (3, 256) if not args.quick else (2, 128)
     rows = []
-    for projection in ("rademacher", "gaussian"):
+    for projection in args.projection or ("rademacher", "gaussian"):
         for dtype in (torch.float32, torch.float64):
             for d in dims:
                 for F in widths:

@@ -115,6 +115,9 @@ class ConfigState:
     """
 
     config_fields: ClassVar[dict[str, str]] = {"type": METHOD}
+    #: fields added after states of the class were first saved: a state without them is not
+    #: missing anything (the module keeps its own values), a state with them loads as usual
+    optional_config_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -172,7 +175,7 @@ class ConfigState:
             key = prefix + CONFIG_PREFIX + name
             if key in state_dict:
                 saved[name] = decode(state_dict[key])
-            else:
+            elif name not in self.optional_config_fields:
                 missing_keys.append(key)
         return saved
 

@@ -11,7 +11,9 @@ with the same seed, i.i.d. draws at the new width extend the old ones.  When a t
 maps (sums, products, multi-output parts) the widths keep their proportions; each is rounded to
 its map's granularity (sin/cos pairs, complex features and operator-valued blocks come in
 multiples).  Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
-(paper 000 Algorithm 3) for the new budget on the training inputs as the map sees them.
+(paper 000 Algorithm 3) for the new budget on the training inputs as the map sees them, and a
+Nyström kernel chooses M' new landmarks among them by the rule and seed of its first choice
+(:meth:`~rfgp.kernels.NystromKernel.reselect_landmarks`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .features.operator_valued import OperatorValuedFourierFeatures
 from .features.polynomial import PolynomialSketch
 from .features.spherical import SphericalRandomFeatures
 from .kernels.maclaurin import refit_allocation
+from .kernels.nystrom import NystromKernel
 from .kernels.random_feature_kernel import RandomFeatureKernel
 from .streaming import StreamingFeatureGP
 
@@ -50,7 +53,7 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
         module: an ``ExactGP`` (e.g. a trained model), a kernel tree, or any module holding them.
         num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F).  With several
             maps each gets F·Fᵢ/ΣFⱼ rounded to its granularity (at least one unit).
-        x_sample: inputs for data-dependent maps (optimized Maclaurin); defaults to the model's
+        x_sample: inputs for data-dependent maps (optimized Maclaurin, Nyström landmarks); defaults to the model's
             ``train_inputs``.
 
     Returns:
@@ -90,7 +93,11 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
 
 def _feature_maps(module: nn.Module, x: Tensor | None, owner: Kernel | None,
                   owner_inputs: Tensor | None = None) -> Iterator[tuple]:
-    """(map, owning kernel, the inputs the owner receives) for every outermost feature map below ``module``."""
+    """(map, owning kernel, the inputs the owner receives) for every outermost feature map below ``module``.
+
+    A :class:`~rfgp.kernels.NystromKernel` is its own map (its landmarks are its width); its base
+    kernel is not searched.
+    """
     if isinstance(module, (FeatureMap, OperatorValuedFourierFeatures)):
         yield module, owner, owner_inputs
         return
@@ -98,6 +105,9 @@ def _feature_maps(module: nn.Module, x: Tensor | None, owner: Kernel | None,
         owner, owner_inputs = module, x
         if x is not None and module.active_dims is not None:
             x = x.index_select(-1, module.active_dims.to(x.device))
+        if isinstance(module, NystromKernel):
+            yield module, module, x
+            return
     for child in module.children():
         yield from _feature_maps(child, x, owner, owner_inputs)
 
@@ -126,7 +136,9 @@ def _new_widths(maps: list[nn.Module], num_features: int) -> list[int]:
 
 
 def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Tensor | None) -> None:
-    if isinstance(feature_map, OperatorValuedFourierFeatures):
+    if isinstance(feature_map, NystromKernel):
+        feature_map.reselect_landmarks(width, inputs)
+    elif isinstance(feature_map, OperatorValuedFourierFeatures):
         feature_map.num_features = width
         _redraw(feature_map.fourier, width // feature_map.factor_width, None, None)
     elif isinstance(feature_map, _MaclaurinFeatures):
@@ -139,7 +151,7 @@ def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Te
         raise TypeError(
             f"set_num_features has no width rule for {type(feature_map).__name__}; known maps: "
             "RandomFourierFeatures, SphericalRandomFeatures, PolynomialSketch, GaussianSketch(HD), "
-            "OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures"
+            "OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, NystromKernel"
         )
 
 

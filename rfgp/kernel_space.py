@@ -26,6 +26,8 @@ feature-space caches, without an F × F factorisation.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
@@ -63,11 +65,33 @@ def kernel_cholesky(features: Tensor, noise: Tensor, scale: Tensor | None = None
 
 
 def _factor(gram: Tensor, noise: Tensor, scale: Tensor | None) -> Tensor:
-    covar = gram if scale is None else gram * scale.unsqueeze(-1).unsqueeze(-1)
+    """chol(sG + D), forming sG + D in one fresh N × N buffer (one pass over G)."""
+    covar = gram.clone() if scale is None else gram * scale.unsqueeze(-1).unsqueeze(-1)
     batch = torch.broadcast_shapes(covar.shape[:-2], noise.shape[:-1])
-    covar = covar.expand(*batch, *covar.shape[-2:]).clone()
+    if covar.shape[:-2] != batch:
+        covar = covar.expand(*batch, *covar.shape[-2:]).clone()
     covar.diagonal(dim1=-2, dim2=-1).add_(noise)
     return psd_safe_cholesky(covar)
+
+
+def _covariance_gradient(chol: Tensor, solve: Tensor, grad_inv_quad: Tensor, grad_logdet: Tensor | None) -> Tensor:
+    """S = ḡ_l K⁻¹ − α diag(ḡ_q) αᵀ ``(..., N, N)`` (∂/∂K of ḡ_l·log|K| + ḡ_q·rᵀK⁻¹r), in one N × N buffer.
+
+    K⁻¹ from the factor (LAPACK potri), scaled and updated by the rank-t term in place
+    (batched ``baddbmm_``), so no further N × N temporaries are made.
+    """
+    weighted = solve * grad_inv_quad.unsqueeze(-2)
+    if grad_logdet is None:
+        return -(weighted @ solve.mT)
+    sym = torch.cholesky_inverse(chol).mul_(grad_logdet.unsqueeze(-1).unsqueeze(-1))
+    b, (n, t) = math.prod(sym.shape[:-2]), solve.shape[-2:]  # weighted and solve share sym's batch
+    sym.view(b, n, n).baddbmm_(weighted.reshape(b, n, t), solve.mT.reshape(b, t, n), alpha=-1)
+    return sym
+
+
+def _batched_dot(left: Tensor, right: Tensor) -> Tensor:
+    """Σᵢⱼ Lᵢⱼ Rᵢⱼ over the last two axes (broadcast batches), as a BLAS dot without an N × N product."""
+    return (left.flatten(-2).unsqueeze(-2) @ right.flatten(-2).unsqueeze(-1)).squeeze(-1).squeeze(-1)
 
 
 def _inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor, scale: Tensor, gram: Tensor):
@@ -99,19 +123,18 @@ class _KernelSpaceInvQuadLogdet(torch.autograd.Function):
                 inputs, ctx.needs_input_grad[:4], (grad_inv_quad, grad_logdet)), None)
         need_features, need_noise, need_rhs, need_scale = ctx.needs_input_grad[:4]
         # S = ḡ_l K⁻¹ − α diag(ḡ_q) αᵀ, the gradient with respect to K (symmetric)
-        sym = -(solve * grad_inv_quad.unsqueeze(-2)) @ solve.mT
-        if ctx.logdet:
-            sym = sym + torch.cholesky_inverse(chol) * grad_logdet.unsqueeze(-1).unsqueeze(-1)
+        sym = _covariance_gradient(chol, solve, grad_inv_quad, grad_logdet if ctx.logdet else None)
         grad_features = grad_noise = grad_rhs = grad_scale = None
-        if need_features:  # ∂Φ = 2sSΦ, S summed over the batch members that share Φ first
-            weighted = sym * (2.0 * scale).unsqueeze(-1).unsqueeze(-1)
-            grad_features = _sum_to_shape(weighted, (*features.shape[:-2], *sym.shape[-2:])) @ features
         if need_noise:
-            grad_noise = _sum_to_shape(torch.diagonal(sym, dim1=-2, dim2=-1), noise.shape)
+            grad_noise = _sum_to_shape(torch.diagonal(sym, dim1=-2, dim2=-1).clone(), noise.shape)
         if need_rhs:
             grad_rhs = _sum_to_shape(2.0 * solve * grad_inv_quad.unsqueeze(-2), rhs.shape)
         if need_scale:
-            grad_scale = _sum_to_shape((sym * gram).sum((-2, -1)), scale.shape)
+            grad_scale = _sum_to_shape(_batched_dot(sym, gram), scale.shape)
+        if need_features:  # ∂Φ = 2sSΦ (S scaled in place: the other gradients are taken), summed over
+            # the batch members that share Φ before the N²·F product
+            sym.mul_((2.0 * scale).unsqueeze(-1).unsqueeze(-1))
+            grad_features = _sum_to_shape(sym, (*features.shape[:-2], *sym.shape[-2:])) @ features
         return grad_features, grad_noise, grad_rhs, grad_scale, None
 
 

@@ -173,6 +173,60 @@ def test_kernel_cholesky_matches_dense():
     torch.testing.assert_close(chol @ chol.mT, dense, **TIGHT)
 
 
+def _dense_inv_quad_logdet(features, noise, rhs, scale):
+    covar = scale[..., None, None] * (features @ features.mT) + torch.diag_embed(noise)
+    inv_quad = None if rhs is None else (rhs * torch.linalg.solve(covar, rhs.expand(*covar.shape[:-1], -1))).sum(-2)
+    return inv_quad, torch.logdet(covar)
+
+
+@pytest.mark.parametrize("width", [None, 1, 3])
+@pytest.mark.parametrize("logdet", [True, False])
+@pytest.mark.parametrize("shapes", [((), (), ()), ((), (3,), (3,)), ((2,), (2,), ()), ((3,), (3,), (1,))],
+                         ids=["plain", "shared-features", "batched", "scale-broadcast"])
+def test_inv_quad_logdet_and_gradients_match_dense(width, logdet, shapes):
+    """Values and first derivatives (the lean backward) equal autograd through dense K = sΦΦᵀ + D."""
+    if width is None and not logdet:
+        pytest.skip("nothing asked")
+    (feature_batch, noise_batch, scale_batch), g = shapes, torch.Generator().manual_seed(1)
+    features = torch.randn(*feature_batch, 7, 11, generator=g, dtype=F64, requires_grad=True)
+    noise = (torch.rand(*noise_batch, 7, generator=g, dtype=F64) + 0.2).requires_grad_()
+    rhs = None if width is None else torch.randn(7, width, generator=g, dtype=F64, requires_grad=True)
+    scale = (torch.rand(scale_batch, generator=g, dtype=F64) + 0.5).requires_grad_()
+    inputs = [t for t in (features, noise, rhs, scale) if t is not None]
+    inv_quad, logdet_term = kernel_space.kernel_space_inv_quad_logdet(features, noise, rhs, logdet, scale)
+    dense_quad, dense_logdet = _dense_inv_quad_logdet(features, noise, rhs, scale)
+    outputs, expected = [], []
+    if width is not None:
+        torch.testing.assert_close(inv_quad, dense_quad, **TIGHT)
+        outputs.append(inv_quad.sum())
+        expected.append(dense_quad.sum())
+    if logdet:
+        torch.testing.assert_close(logdet_term, dense_logdet, **TIGHT)
+        outputs.append(0.7 * logdet_term.sum())
+        expected.append(0.7 * dense_logdet.sum())
+    grads = torch.autograd.grad(sum(outputs), inputs)
+    dense = torch.autograd.grad(sum(expected), inputs)
+    for got, want in zip(grads, dense):
+        torch.testing.assert_close(got, want, **TIGHT)
+
+
+def test_double_backward_matches_dense():
+    g = torch.Generator().manual_seed(2)
+    features = torch.randn(6, 9, generator=g, dtype=F64, requires_grad=True)
+    noise = (torch.rand(6, generator=g, dtype=F64) + 0.3).requires_grad_()
+    rhs = torch.randn(6, 1, generator=g, dtype=F64)
+    scale = torch.tensor(1.3, dtype=F64, requires_grad=True)
+    direction = torch.randn(6, 9, generator=g, dtype=F64)
+    results = []
+    for compute in (lambda: kernel_space.kernel_space_inv_quad_logdet(features, noise, rhs, True, scale),
+                    lambda: _dense_inv_quad_logdet(features, noise, rhs, scale)):
+        inv_quad, logdet_term = compute()
+        (grad_features,) = torch.autograd.grad((inv_quad + logdet_term).sum(), features, create_graph=True)
+        results.append(torch.autograd.grad((grad_features * direction).sum(), (features, noise, scale)))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, **TIGHT)
+
+
 def test_multi_output_mll_matches_feature_space(feature_space_only, monkeypatch):
     from gpytorch.likelihoods import MultitaskGaussianLikelihood
 

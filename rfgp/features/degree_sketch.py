@@ -72,12 +72,14 @@ _UNITS = torch.tensor([1, -1, 1j, -1j], dtype=torch.complex128)
 def _weight_pairs(projection: str, shape, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
     """Complex projection entries as (Re, Im) pairs, shape ``(*shape, 2)``: uniform on {±1, ±i}
     (paper 000 Example 4; exact in ``dtype``, so made in it directly) or CN(0, 1) with Re and Im
-    each N(0, ½), so that E|w|² = 1 (paper 001 check 6; float64, rfgp's precision for Gaussian draws)."""
+    each N(0, ½), so that E|w|² = 1 (paper 001 check 6).  The Gaussian pairs are drawn and scaled in
+    float32 (:func:`~rfgp.features.random.normal_single`), exact in float64: the same map in every
+    dtype, drawn as fast as dp-rfs's complex64 ``randn`` (a float64 draw cost 4–10× more)."""
     if projection == "rademacher":
         # a gather from a complex table viewed as pairs: as fast as dp-rfs's draw (a gather of pair rows is ~1.7× slower)
         units = _UNITS.to(torch.complex64 if dtype == torch.float32 else torch.complex128)
         return torch.view_as_real(units[torch.randint(0, 4, shape, generator=generator)])
-    return random.normal((*shape, 2), generator).mul_(math.sqrt(0.5))
+    return random.normal_single((*shape, 2), generator).mul_(math.sqrt(0.5))
 
 
 def _combine(parts: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -139,7 +141,8 @@ class DegreeSketch:
         A non-empty ``batch_shape`` draws that many independent sketches at once; :meth:`apply`
         then returns one output per draw (vectorised Monte Carlo, used by the tests).  ``dtype``:
         the floating dtype the complex {±1, ±i} weights are made in (exact in any dtype, so the
-        owning map passes its own and skips a float64 copy); every other draw is float64.
+        owning map passes its own and skips a float64 copy); complex Gaussian weights are float32
+        (exact in float64, see :func:`_weight_pairs`); every other draw is float64.
         """
         n, width, d, cplx = (self.degree, *batch_shape), self.width, self.input_dim, self.complex_weights
         if self.projection in ("rademacher", "gaussian") and cplx:

@@ -2,7 +2,7 @@
 
 ``torch.distributions`` samplers do not accept a generator, so the few non-Gaussian
 draws rfgp needs are built here from ``torch.randn``/``torch.rand`` with a generator.
-All draws are made on the CPU in float64 and moved by the caller.
+All draws are made on the CPU and moved by the caller: in float64, except :func:`normal_single`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,18 @@ _DTYPE = torch.float64
 
 def normal(shape, generator: torch.Generator) -> Tensor:
     return torch.randn(shape, generator=generator, dtype=_DTYPE)
+
+
+def normal_single(shape, generator: torch.Generator) -> Tensor:
+    """Standard normals drawn in float32, for draws where float64 generation is the bottleneck.
+
+    Every float32 value is exact in float64, so a map holding these draws is the same map, value
+    for value, in float32 and float64 (and the rounding of it in half precision): "same seed →
+    same map in every dtype" without float64 generation, which costs 4–7× torch's vectorised
+    float32 Box–Muller on the CPU.  Each value is a float32 rounding of a normal draw (relative
+    error ≤ 2⁻²⁴; the 24-bit uniforms bound |z| ≤ √(48 ln 2) ≈ 5.8, a tail of mass < 10⁻⁸).
+    """
+    return torch.randn(shape, generator=generator, dtype=torch.float32)
 
 
 def rademacher(shape, generator: torch.Generator) -> Tensor:

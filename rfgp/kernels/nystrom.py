@@ -46,8 +46,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .._validation import check_positive_float
 from ..chunking import chunk_slices
-from ..config_state import METHOD
-from ..features.landmarks import select_landmarks
+from ..config_state import DRAW, METHOD
+from ..features.base import _new_seed
+from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..settings import resolve_chunk_size
 from .random_feature_kernel import FeatureKernel
 
@@ -69,6 +70,10 @@ class NystromKernel(FeatureKernel):
         learn_landmarks: make Z an ``nn.Parameter`` (trained with the hyperparameters).
         jitter: first relative jitter (default 1e-8 for float64, 1e-6 for float32), see the
             module docstring.
+        landmark_method, selection_seed, regularization, pilot_size: how ``landmarks`` were
+            chosen among data points (set by :func:`nystrom_sketch`); with them
+            :meth:`reselect_landmarks` — hence :func:`rfgp.set_num_features` — can choose M' new
+            landmarks by the same rule.  ``None`` for landmarks given by hand.
 
     ``num_features`` is M.  Batch shapes of the base kernel give batched features
     ``(*batch_shape, n, M)`` over shared landmarks.
@@ -82,10 +87,14 @@ class NystromKernel(FeatureKernel):
         >>> kernel = rfgp.sketch(base, num_features=256, method="nystrom", x_sample=train_x, landmarks="rls")
     """
 
-    config_fields = {"learn_landmarks": METHOD, "jitter": METHOD}
+    config_fields = {"learn_landmarks": METHOD, "jitter": METHOD, "num_features": DRAW, "landmark_method": DRAW,
+                     "selection_seed": DRAW, "regularization": DRAW, "pilot_size": DRAW}
+    optional_config_fields = frozenset({"num_features", "landmark_method", "selection_seed", "regularization",
+                                        "pilot_size"})
 
     def __init__(self, base_kernel: Kernel, landmarks: Tensor, learn_landmarks: bool = False,
-                 jitter: float | None = None, **kwargs) -> None:
+                 jitter: float | None = None, landmark_method: str | None = None, selection_seed: int | None = None,
+                 regularization: float | None = None, pilot_size: int | None = None, **kwargs) -> None:
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
         landmarks = _check_points(landmarks, "landmarks")
@@ -106,11 +115,61 @@ class NystromKernel(FeatureKernel):
         else:
             self.register_buffer("landmarks", landmarks)
         self.jitter = None if jitter is None else check_positive_float(jitter, "jitter")
+        if landmark_method is not None and landmark_method not in LANDMARK_METHODS:
+            raise ValueError(f"landmark_method must be None or one of {LANDMARK_METHODS}, got {landmark_method!r}")
+        self.landmark_method = landmark_method
+        self.selection_seed = selection_seed
+        self.regularization = regularization
+        self.pilot_size = pilot_size
         self._warned_jitter = False
 
     @property
     def num_features(self) -> int:
         return self.landmarks.shape[-2]
+
+    @num_features.setter
+    def num_features(self, value: int) -> None:
+        """Adopted from a state dict: re-create Z with the saved number of rows (the values follow)."""
+        if value != self.num_features:
+            empty = self.landmarks.new_empty(value, self.landmarks.shape[-1])
+            if self.learn_landmarks:
+                self.landmarks = nn.Parameter(empty)
+            else:
+                self.landmarks = empty
+
+    def reselect_landmarks(self, num_landmarks: int, x_sample: Tensor | None) -> None:
+        """Choose ``num_landmarks`` new landmarks among ``x_sample`` by the rule and seed of the first choice.
+
+        The hyperparameters (the base kernel's) are kept; with the same seed, uniform selection
+        at a larger M extends the previous landmarks' draw order.
+
+        Raises:
+            TypeError: the landmarks were given by hand (no selection rule to repeat).
+            ValueError: trained landmarks (``learn_landmarks=True``: a re-selection would discard
+                their positions), or ``x_sample`` is missing or has fewer than ``num_landmarks`` rows.
+        """
+        if self.landmark_method is None:
+            raise TypeError(
+                "this NystromKernel was built from landmarks given by hand, so there is no selection rule to repeat at "
+                "a new width: build it with rfgp.sketch(kernel, M, method='nystrom', x_sample=X) or pass new landmarks"
+            )
+        if self.learn_landmarks:
+            raise ValueError(
+                "cannot re-select trained landmarks (learn_landmarks=True): new landmarks would discard their learned "
+                "positions; resize before training, or keep this width"
+            )
+        if x_sample is None:
+            raise ValueError(
+                "re-selecting Nyström landmarks needs the data they are chosen among: pass x_sample= (e.g. the "
+                "training inputs), or call set_num_features on the ExactGP model"
+            )
+        options = {name: value for name, value in (("regularization", self.regularization),
+                                                      ("pilot_size", self.pilot_size)) if value is not None}
+        with torch.no_grad():
+            points = select_landmarks(_check_points(x_sample, "x_sample").detach(), num_landmarks,
+                                      self.landmark_method, kernel=_dense(self.base_kernel), seed=self.selection_seed,
+                                      **options)
+        self.landmarks = points.to(self.landmarks)
 
     def landmark_cholesky(self, dtype: torch.dtype | None = None) -> Tensor:
         """L = chol(K(Z, Z) + εI), ``(*batch_shape, M, M)``, with the jitter schedule of the module docstring."""
@@ -218,11 +277,21 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     x_sample = _check_points(x_sample, "x_sample").detach()
     base = copy.deepcopy(kernel)
+    seed = seed if seed is not None else _new_seed(generator)  # stored: set_num_features repeats the choice
+    unknown = set(selection_options) - {"regularization", "pilot_size"}
+    if unknown:
+        raise TypeError(f"unknown landmark selection options {sorted(unknown)}; accepted: regularization, pilot_size")
+    with torch.no_grad():
+        points = select_landmarks(x_sample, num_features, landmarks, kernel=_dense(base), seed=seed,
+                                  **selection_options)
+    return NystromKernel(base, points, learn_landmarks=learn_landmarks, jitter=jitter, landmark_method=landmarks,
+                         selection_seed=seed, **selection_options)
+
+
+def _dense(kernel: Kernel):
+    """``kernel`` as a function (x1, x2, diag) → dense tensor, the form the landmark selectors take."""
 
     def dense_kernel(x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
-        return base(x1, x2, diag=True) if diag else base(x1, x2).to_dense()
+        return kernel(x1, x2, diag=True) if diag else kernel(x1, x2).to_dense()
 
-    with torch.no_grad():
-        points = select_landmarks(x_sample, num_features, landmarks, kernel=dense_kernel, seed=seed,
-                                  generator=generator, **selection_options)
-    return NystromKernel(base, points, learn_landmarks=learn_landmarks, jitter=jitter)
+    return dense_kernel

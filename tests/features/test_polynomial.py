@@ -200,6 +200,21 @@ def test_state_dict_round_trip(projection, weights):
     assert torch.equal(phi(x), other(x))
 
 
+@pytest.mark.parametrize("weights", ["complex", "ctr"])
+def test_gaussian_complex_weights_are_the_same_map_in_float32_and_float64(weights):
+    """Drawn in float32 (exact in float64): a seed gives identical buffers in either dtype, CN(0, 1) entries."""
+    single = PolynomialSketch(2, 4096, input_dim=8, projection="gaussian", weights=weights, seed=3)
+    double = PolynomialSketch(2, 4096, input_dim=8, projection="gaussian", weights=weights, seed=3).double()
+    double._materialize()  # re-draw with the float64 anchor
+    pairs = single.weight_pairs
+    assert pairs.dtype == torch.float32 and double.weight_pairs.dtype == torch.float64
+    assert torch.equal(pairs.double(), double.weight_pairs)
+    sq = pairs.double().square()  # Re² and Im² each have mean ½: E|w|² = 1
+    assert abs(sq.mean() - 0.5) <= 4 * sq.std() / math.sqrt(sq.numel())
+    x = torch.rand(5, 8, dtype=torch.float64)
+    assert torch.allclose(single.double()(x), double(x), rtol=0, atol=0)
+
+
 def test_lazy_input_dim_and_state_dict_into_fresh_map():
     x = torch.rand(4, 3)
     phi = PolynomialSketch(2, 8, projection="srht", seed=0)

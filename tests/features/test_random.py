@@ -83,3 +83,12 @@ def test_normal_is_standard():
     x = random.normal((100_000,), torch.Generator().manual_seed(0))
     assert within(*mean_and_se(x), 0.0)
     assert within(*mean_and_se(x**2), 1.0)
+
+
+def test_normal_single_is_standard_float32_and_exact_in_float64():
+    x = random.normal_single((100_000,), torch.Generator().manual_seed(0))
+    assert x.dtype == torch.float32
+    assert within(*mean_and_se(x.double()), 0.0)
+    assert within(*mean_and_se(x.double() ** 2), 1.0)
+    again = random.normal_single((100_000,), torch.Generator().manual_seed(0))
+    assert torch.equal(x, again)

@@ -1,0 +1,120 @@
+"""set_num_features on Nyström kernels: landmarks re-chosen by the same rule and seed, hyperparameters kept."""
+
+import gpytorch
+import pytest
+import torch
+
+import rfgp
+from rfgp.kernels import NystromKernel
+from rfgp.models import ExactGPModel
+
+
+def data(n=400, d=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=gen, dtype=torch.float64) * 4
+    y = torch.sin(2 * x).sum(-1) + 0.05 * torch.randn(n, generator=gen, dtype=torch.float64)
+    return x, y
+
+
+def rbf(lengthscale=0.7):
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+    kernel.base_kernel.lengthscale = lengthscale
+    return kernel.double()
+
+
+def model(kernel, x, y):
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = 0.01
+    return ExactGPModel(x, y, likelihood, kernel).double()
+
+
+@pytest.mark.parametrize("rule", ["uniform", "kmeans++", "rls"])
+def test_resized_landmarks_repeat_the_rule_and_keep_the_hyperparameters(rule):
+    x, y = data()
+    gp = model(rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, landmarks=rule, seed=5), x, y)
+    before = {name: value.clone() for name, value in gp.named_parameters()}
+    rfgp.set_num_features(gp, 64)
+    kernel = gp.covar_module
+    assert kernel.num_features == 64 and kernel.landmarks.shape == (64, 2)
+    fresh = rfgp.sketch(rbf(), 64, method="nystrom", x_sample=x, landmarks=rule, seed=5)
+    assert torch.equal(kernel.landmarks, fresh.landmarks)  # same rule, same seed, same data
+    for name, value in gp.named_parameters():
+        assert torch.equal(value, before[name]), name
+    rows = (kernel.landmarks.unsqueeze(1) == x.unsqueeze(0)).all(-1).any(-1)
+    assert rows.all()  # landmarks are data points
+
+
+def test_prediction_approaches_the_exact_gp_as_landmarks_grow():
+    x, y = data()
+    test_x = data(50, seed=1)[0]
+    exact = model(rbf(), x, y).eval()
+    with torch.no_grad():
+        target = exact(test_x).mean
+    gp = model(rfgp.sketch(rbf(), 8, method="nystrom", x_sample=x, seed=0), x, y)
+    errors = []
+    for width in (8, 32, 128):
+        rfgp.set_num_features(gp, width)
+        gp.eval()
+        with torch.no_grad():
+            errors.append((gp(test_x).mean - target).abs().max().item())
+    assert errors[2] < errors[1] < errors[0] and errors[2] < 1e-2
+
+
+def test_uniform_selection_at_a_larger_width_extends_the_smaller_one():
+    x, _ = data()
+    small = rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=2)
+    large = rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=2)
+    rfgp.set_num_features(large, 48, x_sample=x)
+    assert torch.equal(large.landmarks[:16], small.landmarks)
+
+
+def test_state_round_trip_at_the_new_width_into_a_kernel_built_at_the_old_one():
+    x, y = data()
+    gp = model(rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, landmarks="kmeans++", seed=1), x, y)
+    rfgp.set_num_features(gp, 40)
+    state = gp.state_dict()
+    other = model(rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=9), x, y)
+    other.load_state_dict(state)
+    assert torch.equal(other.covar_module.landmarks, gp.covar_module.landmarks)
+    assert other.covar_module.landmark_method == "kmeans++" and other.covar_module.selection_seed == 1
+    gp.eval(), other.eval()
+    with torch.no_grad():
+        assert torch.equal(gp(x[:7]).mean, other(x[:7]).mean)
+
+
+def test_states_without_the_selection_fields_still_load():
+    """Checkpoints saved before the selection rule was stored (no config_num_features etc.) load strictly."""
+    x, _ = data()
+    kernel = rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=1)
+    state = {key: value for key, value in kernel.state_dict().items()
+             if not key.endswith(("num_features", "landmark_method", "selection_seed", "regularization",
+                                  "pilot_size"))}
+    fresh = rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=4)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.landmarks, kernel.landmarks)
+
+
+def test_refusals_name_the_reason():
+    x, y = data()
+    by_hand = NystromKernel(rbf(), x[:10])
+    with pytest.raises(TypeError, match="given by hand"):
+        rfgp.set_num_features(model(by_hand, x, y), 20)
+    learned = rfgp.sketch(rbf(), 10, method="nystrom", x_sample=x, seed=0, learn_landmarks=True)
+    with pytest.raises(ValueError, match="learn_landmarks=True"):
+        rfgp.set_num_features(model(learned, x, y), 20)
+    bare = rfgp.sketch(rbf(), 10, method="nystrom", x_sample=x, seed=0)
+    with pytest.raises(ValueError, match="x_sample"):
+        rfgp.set_num_features(bare, 20)
+    with pytest.raises(ValueError):
+        rfgp.set_num_features(bare, 500, x_sample=x)  # more landmarks than data points
+    with pytest.raises(TypeError, match="pilot_sise"):
+        rfgp.sketch(rbf(), 10, method="nystrom", x_sample=x, landmarks="rls", pilot_sise=50)
+
+
+def test_a_tree_with_nystrom_and_random_features_keeps_its_proportions():
+    x, y = data()
+    nystrom = rfgp.sketch(rbf(), 32, method="nystrom", x_sample=x, seed=0)
+    fourier = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, seed=0)).double()
+    gp = model(nystrom + fourier, x, y)
+    rfgp.set_num_features(gp, 192)
+    assert nystrom.num_features == 64 and fourier.base_kernel.num_features == 128
