@@ -87,6 +87,8 @@ from pathlib import Path
 
 import gpytorch
 import torch
+from gpytorch.utils.errors import NanError
+from linear_operator.utils.errors import NotPSDError
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
@@ -266,6 +268,7 @@ class Run:
     points: list[dict] = field(default_factory=list)  # cpu_s, wall_s, steps, rmse, nlpd, stage
     note: str = ""
     converged: bool = False  # fit_mll's convergence rule stopped it (not the budget); Adam/NGD loops never do
+    failed: bool = False  # a numerical failure stopped its training (see fit)
 
 
 def _metrics(mean, var, y) -> dict:
@@ -324,6 +327,25 @@ def _mll_loss(model):
     return lambda: -mll(model(*model.train_inputs), model.train_targets)
 
 
+def fit(run: Run, start: Checkpoints, model, budget: float, **options) -> None:
+    """``rfgp.fit_mll`` to convergence or the budget.  A numerical failure (a covariance that is not positive
+    definite even with jitter, a non-finite loss) ends the contender's training at fit_mll's last accepted point,
+    as it would for a user: its checkpoints up to the failure are kept, and the failure is in its notes and the
+    ``converged`` column (never hidden, never a dropped contender)."""
+    try:
+        history = rfgp.fit_mll(model, num_iterations=10**6, time_budget=remaining(start, budget), clock="cpu",
+                               progress=False, **options)
+    except (NotPSDError, NanError, rfgp.NonFiniteLossError) as error:
+        start.take()
+        run.failed = True
+        run.note = (f"training FAILED after {start.steps} iterations, {start.elapsed()[0]:.0f} s CPU: "
+                    f"{type(error).__name__}: {str(error).splitlines()[0][:120]} — its last accepted point is its final")
+        return
+    start.take()
+    run.note = f"{history.num_iterations} iterations, {history.evaluations[-1]} loss evaluations, {history.stop_reason}"
+    run.converged = history.stop_reason.startswith("converged")
+
+
 def budget_of(method: str, config: dict) -> float:
     return config["long_budget"] if method in LONG else config["budget"]
 
@@ -346,14 +368,9 @@ def run_method(method: str, data: Split, config: dict) -> Run:
         start.model = model
         with _OptimizerHook(start):
             if method == "adam":
-                history = rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=10**6, ftol=0.0, gtol=0.0,
-                                       time_budget=remaining(start, budget), clock="cpu", progress=False)
+                fit(run, start, model, budget, optimizer="adam", lr=0.05, ftol=0.0, gtol=0.0)
             else:
-                history = rfgp.fit_mll(model, num_iterations=10**6, time_budget=remaining(start, budget), clock="cpu",
-                                       progress=False)
-        start.take()
-        run.note = f"{history.num_iterations} iterations, {history.evaluations[-1]} loss evaluations, {history.stop_reason}"
-        run.converged = history.stop_reason.startswith("converged")
+                fit(run, start, model, budget)
         letter = "M" if method in ("nystrom", "nystrom_recipe") else "F"
         replay(run, start, model, evaluate_exact, data, f"{letter}={width}")
         if method in RECIPES:
@@ -394,11 +411,7 @@ def run_method(method: str, data: Split, config: dict) -> Run:
         start.model = model
         if method == "exact" or config["optimizer"] == "lbfgs" and method != "rff":
             with _OptimizerHook(start), gpytorch.settings.max_cholesky_size(20000):
-                history = rfgp.fit_mll(model, num_iterations=10**6, time_budget=remaining(start, budget), clock="cpu",
-                                       progress=False)
-            start.take()
-            run.note = f"{history.num_iterations} L-BFGS iterations, {history.evaluations[-1]} loss evaluations, {history.stop_reason}"
-            run.converged = history.stop_reason.startswith("converged")
+                fit(run, start, model, budget)
         else:
             model.train()
             _adam_loop(list(model.parameters()), _mll_loss(model), start, budget, lr=0.05)
@@ -487,7 +500,8 @@ def read_runs(path: str) -> dict[str, dict[str, Run]]:
     with open(path, newline="") as handle:
         for row in csv.DictReader(handle):
             run = runs.setdefault(row["dataset"], {}).setdefault(
-                row["method"], Run(row["method"], note=row["note"], converged=row["converged"] == "1"))
+                row["method"], Run(row["method"], note=row["note"], converged=row["converged"] == "1",
+                                   failed=row.get("failed") == "1"))
             run.points.append({"cpu_s": float(row["cpu_s"]), "wall_s": float(row["wall_s"]), "steps": int(row["steps"]),
                                "stage": row["stage"], "rmse": float(row["rmse"]), "nlpd": float(row["nlpd"])})
     return runs
@@ -499,12 +513,12 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
     stem = RESULTS / f"time_to_accuracy{tag}"
     with open(f"{stem}.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["dataset", "method", "stage", "cpu_s", "wall_s", "steps", "rmse", "nlpd", "converged", "note"])
+        writer.writerow(["dataset", "method", "stage", "cpu_s", "wall_s", "steps", "rmse", "nlpd", "converged", "failed", "note"])
         for name, (_, runs) in results.items():
             for method, run in runs.items():
                 for p in run.points:
                     writer.writerow([name, method, p["stage"], f"{p['cpu_s']:.3f}", f"{p['wall_s']:.3f}", p["steps"],
-                                     f"{p['rmse']:.5f}", f"{p['nlpd']:.5f}", int(run.converged), run.note])
+                                     f"{p['rmse']:.5f}", f"{p['nlpd']:.5f}", int(run.converged), int(run.failed), run.note])
     lines = [
         "# Time to accuracy: rfgp vs SGPR, SVGP, RFF and exact GPs (issue 16 acceptance benchmark)",
         "",
@@ -537,7 +551,7 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
                 rows = [(LABELS[method], run.points[-1])]
             best = min(run.points, key=lambda p: p["nlpd"])
             for label, p in rows:
-                converged = "yes" if run.converged else "no (stopped by the budget)"
+                converged = "yes" if run.converged else "no (training failed)" if run.failed else "no (stopped by the budget)"
                 lines.append(f"| {label} | {budget_of(method, config):g} | {p['cpu_s']:.1f} | {p['wall_s']:.1f} | "
                              f"{p['steps']} | {converged} | {p['rmse']:.4f} | "
                              f"{p['nlpd']:.4f} | {best['nlpd']:.4f} ({best['cpu_s']:.1f}) | {run.note} |")
@@ -640,10 +654,11 @@ def main() -> None:
     loads = [os.getloadavg()]
     results, failures = {}, []
     previous = read_runs(args.reuse) if args.reuse else {}
-    for name in args.datasets:
+    for name in dict.fromkeys([*previous, *args.datasets]):  # a reused dataset not in --datasets is carried over
         data = load(name, 3000 if quick else None, args.validation)
-        runs = {m: r for m, r in previous.get(name, {}).items() if m not in args.methods}
-        for method in args.methods:
+        methods = args.methods if name in args.datasets else []
+        runs = {m: r for m, r in previous.get(name, {}).items() if m not in methods}
+        for method in methods:
             if method == "sgpr1024" and quick:
                 continue
             print(f"[{name}] {method} ...", flush=True)
