@@ -32,7 +32,7 @@ from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
 from .kernels.conversion import register_converter, sketch
 from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, set_num_features
-from .training import NonFiniteLossError, TrainingHistory, fit_mll
+from .training import NonFiniteLossError, TrainingHistory, TrainingRestart, fit_mll
 from . import _aliases
 
 _aliases.install()  # rfgp.operators, rfgp.streaming, rfgp.variance, ... as before the layer folders
@@ -52,6 +52,7 @@ __all__ = [
     "NonFiniteLossError",
     "StreamingFeatureGP",
     "TrainingHistory",
+    "TrainingRestart",
     "applications",
     "complex_posterior",
     "core",

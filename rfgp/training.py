@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import gpytorch
 import torch
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
+from gpytorch.utils.warnings import NumericalWarning
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from .core.validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
@@ -44,6 +46,23 @@ class NonFiniteLossError(FloatingPointError):
     """
 
 
+@dataclass(frozen=True)
+class TrainingRestart:
+    """One restart of :func:`fit_mll`'s optimiser after a failed loss evaluation.
+
+    Attributes:
+        iteration: the iteration whose evaluation failed (it was repeated from the last accepted point).
+        evaluation: the number of loss evaluations so far, the failed one included.
+        error: the error's type and first line, e.g. ``"NotPSDError: Matrix not positive definite ..."``.
+        lr: the step length (L-BFGS) or learning rate (Adam) the optimiser restarted with.
+    """
+
+    iteration: int
+    evaluation: int
+    error: str
+    lr: float
+
+
 @dataclass
 class TrainingHistory(Sequence):
     """What :func:`fit_mll` did.  Indexing and ``len`` address :attr:`losses`.
@@ -60,6 +79,7 @@ class TrainingHistory(Sequence):
         stop_reason: why training stopped (convergence rule, iteration or time budget).
         converged: whether a convergence rule (not a budget) stopped it.
         optimizer: ``"lbfgs"`` or ``"adam"``.
+        restarts: the :class:`TrainingRestart` of the optimiser after each failed evaluation, in order.
     """
 
     optimizer: str
@@ -70,6 +90,7 @@ class TrainingHistory(Sequence):
     gradient_norms: list[float] = field(default_factory=list)
     stop_reason: str = ""
     converged: bool = False
+    restarts: list[TrainingRestart] = field(default_factory=list)
 
     def __getitem__(self, index):
         return self.losses[index]
@@ -111,12 +132,15 @@ class _Objective:
         except NotPSDError as error:
             self.restore()
             error.add_note(self._advice("a covariance matrix that is not positive definite"))
+            self.evaluations += 1
             raise
         except InvalidValueError as error:
             if self.last_finite is None:  # the data or the starting point is invalid: nothing to restore
                 raise
             self.restore()  # training moved the model to a point rfgp's validation refuses (NaN mean, ...)
-            raise NonFiniteLossError(self._advice(f"an invalid value ({error})")) from error
+            advice = self._advice(f"an invalid value ({error})")
+            self.evaluations += 1
+            raise NonFiniteLossError(advice) from error
         self.evaluations += 1
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
         finite = torch.isfinite(loss) & torch.stack([torch.isfinite(g).all() for g in grads]).all()
@@ -139,8 +163,14 @@ class _Objective:
         return float(loss), grad_norm
 
     def restore(self) -> None:
-        if self.last_finite is not None:
-            torch.nn.utils.vector_to_parameters(self.last_finite[0], self.params)
+        """Copy the last accepted point into the parameters (in place: they must not alias the stored point)."""
+        if self.last_finite is None:
+            return
+        with torch.no_grad():
+            offset = 0
+            for p in self.params:
+                p.copy_(self.last_finite[0][offset: offset + p.numel()].view_as(p))
+                offset += p.numel()
 
     def _advice(self, what: str) -> str:
         kept = "" if self.last_finite is None else f" (loss {self.last_finite[1]:.6g})"
@@ -166,6 +196,7 @@ def fit_mll(
     time_budget: float | None = None,
     clock: str = "wall",
     history_size: int = 10,
+    max_restarts: int = 3,
 ) -> TrainingHistory:
     r"""Train ``model`` (and its likelihood) on its negative exact marginal log likelihood.
 
@@ -188,6 +219,16 @@ def fit_mll(
       this process).  An iteration is never interrupted, so the budget can be exceeded by at
       most one iteration.
 
+    Failed evaluations.  A line search may try a point where the covariance is not positive
+    definite even with jitter (``NotPSDError``), or where the loss or its gradient is NaN/Inf
+    (float32 at extreme hyperparameters), although the accepted points around it are sound.
+    Then the hyperparameters are restored to the last accepted point and the optimiser
+    restarts from there with half the step length (L-BFGS: a fresh curvature history and
+    initial step; Adam: fresh moments and half the learning rate), at most ``max_restarts``
+    times in a run.  Every restart is reported by a ``NumericalWarning`` and recorded in
+    :attr:`TrainingHistory.restarts`; a failure at the starting point, or one more failure
+    than ``max_restarts`` allows, raises (after the same restoration).
+
     L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above
     ``gpytorch.settings.max_cholesky_size`` (800 points) is evaluated by stochastic CG/Lanczos,
     for which use ``gpytorch.settings.max_cholesky_size(n)`` or ``optimizer="adam"``.
@@ -205,13 +246,16 @@ def fit_mll(
         time_budget: seconds of ``clock`` time; ``None`` for no limit.
         clock: ``"wall"`` or ``"cpu"``.
         history_size: L-BFGS curvature pairs kept.
+        max_restarts: restarts allowed after failed evaluations (0: raise at the first).
 
     Returns:
         A :class:`TrainingHistory` (a sequence of the losses, starting point first).
 
     Raises:
-        NonFiniteLossError: the loss or its gradient became NaN/Inf; the hyperparameters are
-            restored to the last finite point first.
+        NonFiniteLossError: the loss or its gradient became NaN/Inf at the starting point, or
+            more than ``max_restarts`` times; the hyperparameters are restored to the last
+            finite point first.
+        NotPSDError: likewise for a covariance that is not positive definite even with jitter.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -237,6 +281,7 @@ def fit_mll(
         time_budget = check_positive_float(time_budget, "time_budget")
     clock = check_choice(clock, "clock", CLOCKS)
     history_size = check_positive_int(history_size, "history_size")
+    max_restarts = check_positive_int(max_restarts, "max_restarts", allow_zero=True)
     if progress is None:
         progress = sys.stderr.isatty()
 
@@ -246,19 +291,7 @@ def fit_mll(
     if not params:
         raise ValueError("model has no trainable parameters (every parameter has requires_grad=False)")
     objective = _Objective(model, params, optimizer)
-    if optimizer == "lbfgs":
-        step_optimizer = torch.optim.LBFGS(
-            params, lr=lr, max_iter=1, max_eval=_LINE_SEARCH_EVALUATIONS + 1, tolerance_grad=0.0,
-            tolerance_change=0.0, history_size=history_size, line_search_fn="strong_wolfe",
-        )
-
-        def step():
-            step_optimizer.step(objective)
-
-    else:
-        step_optimizer = torch.optim.Adam(params, lr=lr)
-        step = step_optimizer.step  # the gradients of the accepted point are in .grad
-
+    step = _stepper(optimizer, params, objective, lr, history_size)
     history = TrainingHistory(optimizer)
     start_wall, start_cpu = time.perf_counter(), time.process_time()
 
@@ -275,8 +308,29 @@ def fit_mll(
     try:
         while not history.stop_reason:
             objective.iteration += 1
-            step()
-            record()
+            try:
+                step()
+                record()  # evaluates Adam's new point (L-BFGS's is remembered from its line search)
+            except (NotPSDError, NonFiniteLossError) as error:
+                if objective.last_finite is None or len(history.restarts) >= max_restarts:
+                    if history.restarts:
+                        error.add_note(f"fit_mll had restarted {len(history.restarts)} time(s) before "
+                                       f"(max_restarts={max_restarts}): {history.restarts}")
+                    raise
+                lr /= 2  # the objective has restored the last accepted point
+                history.restarts.append(TrainingRestart(objective.iteration, objective.evaluations,
+                                                _summary(error), lr))
+                warnings.warn(
+                    f"fit_mll: a loss evaluation in iteration {objective.iteration} failed "
+                    f"({history.restarts[-1].error}); restarted {optimizer} from the last accepted point "
+                    f"(loss {history.losses[-1]:.6g}) with lr={lr:g} (restart {len(history.restarts)} of at most "
+                    f"{max_restarts}; see TrainingHistory.restarts)",
+                    NumericalWarning, stacklevel=2,
+                )
+                objective.iteration -= 1
+                step = _stepper(optimizer, params, objective, lr, history_size)
+                objective()  # the accepted point's gradients back in .grad (from memory), for Adam's next step
+                continue
             bar.update()
             bar.set_postfix(loss=f"{history.losses[-1]:.4f}")
             history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget, clock)
@@ -285,6 +339,23 @@ def fit_mll(
         model.eval()
         model.likelihood.eval()
     return history
+
+
+def _summary(error: Exception, length: int = 160) -> str:
+    """``"Type: first line"`` of an error, the line cut at ``length`` characters."""
+    line = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {line if len(line) <= length else line[: length - 1] + '…'}"
+
+
+def _stepper(optimizer: str, params: list[Tensor], objective: _Objective, lr: float, history_size: int):
+    """One optimiser iteration as a function of no arguments, with a fresh optimiser state."""
+    if optimizer == "lbfgs":
+        lbfgs = torch.optim.LBFGS(
+            params, lr=lr, max_iter=1, max_eval=_LINE_SEARCH_EVALUATIONS + 1, tolerance_grad=0.0,
+            tolerance_change=0.0, history_size=history_size, line_search_fn="strong_wolfe",
+        )
+        return lambda: lbfgs.step(objective)
+    return torch.optim.Adam(params, lr=lr).step  # the gradients of the accepted point are in .grad
 
 
 def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: float,

@@ -2,11 +2,13 @@
 
 import itertools
 import math
+import warnings
 
 import gpytorch
 import pytest
 import torch
 from gpytorch.likelihoods import GaussianLikelihood, MultitaskGaussianLikelihood
+from linear_operator.utils.errors import NotPSDError
 
 import rfgp
 from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
@@ -94,10 +96,12 @@ def test_non_finite_loss_raises_and_restores_the_last_finite_point(optimizer, va
         # rfgp's validation names y − μ before the loss is formed; without it the loss is NaN
         reached = "an invalid value" if validate else "a loss of nan"
         with rfgp.settings.validate_inputs(validate), pytest.raises(
-                rfgp.NonFiniteLossError, match=rf"reached {reached}.* at iteration \d.*restored"):
-            rfgp.fit_mll(model, optimizer=optimizer)
+                rfgp.NonFiniteLossError, match=rf"reached {reached}.* at iteration \d.*restored"), pytest.warns(
+                gpytorch.utils.warnings.NumericalWarning) as restarts:
+            rfgp.fit_mll(model, optimizer=optimizer)  # the poison stays: 3 restarts, then the error
     finally:
         rfgp.training._Objective.accept = original
+    assert [f"restart {k} of at most 3" in str(w.message) for k, w in enumerate(restarts, 1)] == [True] * 3
     assert torch.equal(_parameters(model), snapshots[-1])
     assert bool(torch.isfinite(_parameters(model)).all())
 
@@ -157,3 +161,75 @@ def test_arguments_are_validated(kwargs, error, match):
 def test_model_must_be_an_exact_gp():
     with pytest.raises(TypeError, match="ExactGP"):
         rfgp.fit_mll(torch.nn.Linear(2, 1))
+
+
+class _FlakyMean(gpytorch.means.ConstantMean):
+    """A constant mean whose calls listed in ``fail_at`` fail (NotPSDError or NaN): a bad line-search trial point."""
+
+    def __init__(self, fail_at, how="notpsd"):
+        super().__init__()
+        self.calls, self.fail_at, self.how = 0, set(fail_at), how
+
+    def forward(self, x):
+        self.calls += 1
+        mean = super().forward(x)
+        if self.calls in self.fail_at or self.fail_at == {"always"} and self.calls > 1:
+            if self.how == "notpsd":
+                raise NotPSDError("Matrix not positive definite (simulated)")
+            return mean * float("nan")
+        return mean
+
+
+@pytest.mark.parametrize("how", ["notpsd", "nan"])
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_a_failed_evaluation_restarts_from_the_last_accepted_point_and_training_goes_on(optimizer, how):
+    iterations = 60 if optimizer == "adam" else 100
+    clean = rfgp.fit_mll(_regression(), optimizer=optimizer, num_iterations=iterations)
+    model = _regression(mean_module=_FlakyMean(fail_at={4, 9}, how=how))
+    with rfgp.settings.validate_inputs(False), pytest.warns(gpytorch.utils.warnings.NumericalWarning,
+                                                            match="restarted .* from the last accepted point"):
+        history = rfgp.fit_mll(model, optimizer=optimizer, num_iterations=iterations)
+    assert len(history.restarts) == 2, history.restarts
+    first = history.restarts[0]
+    assert first.error.startswith("NotPSDError" if how == "notpsd" else "NonFiniteLossError")
+    lr = rfgp.training.DEFAULT_LR[optimizer]
+    assert [r.lr for r in history.restarts] == [lr / 2, lr / 4]
+    assert 1 <= first.iteration <= 3 and first.evaluation == 4  # the 4th mean call failed
+    assert history.num_iterations == len(history.losses) - 1 and all(math.isfinite(v) for v in history)
+    if optimizer == "lbfgs":  # Wolfe steps from the restored points, to the clean run's optimum
+        assert all(b <= a + 1e-12 for a, b in itertools.pairwise(history.losses))
+        assert history.converged and history.losses[-1] <= clean.losses[-1] + 1e-6, (history.losses[-1], clean.losses[-1])
+    else:  # no silent no-op steps after a restart: Adam goes on descending at its halved rate
+        last = history.restarts[-1].iteration
+        assert history.stop_reason.startswith("iteration budget"), history.stop_reason
+        assert history.losses[-1] < history.losses[last - 1] - 0.1, (history.losses[last - 1], history.losses[-1])
+
+
+def test_failures_beyond_max_restarts_raise_with_the_restarts_named():
+    model = _regression(mean_module=_FlakyMean(fail_at={"always"}))
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning), pytest.raises(NotPSDError) as raised:
+        rfgp.fit_mll(model, max_restarts=2)
+    assert "restarted 2 time(s)" in "\n".join(raised.value.__notes__)
+    assert bool(torch.isfinite(_parameters(model)).all())
+
+
+def test_max_restarts_zero_raises_at_the_first_failure():
+    model = _regression(mean_module=_FlakyMean(fail_at={4}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(NotPSDError, match="simulated"):
+            rfgp.fit_mll(model, max_restarts=0)
+
+
+def test_a_failure_at_the_starting_point_is_not_restarted():
+    model = _regression(mean_module=_FlakyMean(fail_at={1}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(NotPSDError, match="simulated"):
+            rfgp.fit_mll(model)
+
+
+@pytest.mark.parametrize("value, error", [(-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_max_restarts_is_validated(value, error):
+    with pytest.raises(error, match="max_restarts must be a non-negative integer"):
+        rfgp.fit_mll(_regression(), max_restarts=value)

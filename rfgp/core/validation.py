@@ -42,12 +42,13 @@ class NonFiniteError(InvalidValueError):
     """A tensor that must be finite holds NaN or ±Inf entries."""
 
 
-def check_positive_int(value, name: str) -> int:
-    """Return ``value`` as an ``int`` after checking that it is an integer ≥ 1."""
+def check_positive_int(value, name: str, allow_zero: bool = False) -> int:
+    """Return ``value`` as an ``int`` after checking that it is an integer ≥ 1 (≥ 0 with ``allow_zero``)."""
+    kind = "a non-negative integer" if allow_zero else "a positive integer"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r} of type {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
+        raise TypeError(f"{name} must be {kind}, got {value!r} of type {type(value).__name__}")
+    if value < (0 if allow_zero else 1):
+        raise ValueError(f"{name} must be {kind}, got {value}")
     return int(value)
 
 
