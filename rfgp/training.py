@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import gpytorch
 import torch
+from gpytorch.utils.warnings import NumericalWarning
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
-from gpytorch.utils.warnings import NumericalWarning
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from .core.validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
