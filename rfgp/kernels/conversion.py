@@ -99,6 +99,12 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             decomposable kernel over the Nyström data kernel.
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
             that factors of a product are independent.
+        x_sample: optional points of the input space, ``(n, d)`` (the columns the kernel tree
+            receives; finite, floating).  Accepted whatever the method: Nyström landmarks and the
+            Gaussian sketch's centre and radius are taken from it, and a leaf whose width is the
+            input dimension (an exact ``LinearKernel``) gets d from it, so that ``num_features`` of
+            the converted tree is known before the first call.  A leaf whose ``active_dims`` or
+            ``ard_num_dims`` disagrees with x_sample's columns raises a ValueError naming both.
         **options: passed to the leaves whose converter declares them, and on to the family class
             of the leaf's method, which raises a ``ValueError`` for an option of another family
             (``max_order`` with ``method="rff"``, say).  ``method="gaussian_sketch" |
@@ -141,10 +147,13 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     """
     if method == "nystrom":
         return _nystrom(kernel, num_features, seed, options)
+    x_sample = options.pop("x_sample", None)
+    if x_sample is not None:
+        _active_columns(kernel, x_sample)  # validated once, for every leaf
     _check_option_names(options)
     leaves = list(_leaves(kernel))
     choose_method = _method_chooser(method, leaves)
-    plan = _Plan(num_features, choose_method, _SeedSequence(seed), options)
+    plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, x_sample)
     converted = _convert(kernel, plan)
     unused = sorted(set(options) - plan.used_options)
     if unused:
@@ -240,11 +249,13 @@ def _method_chooser(method, leaves: list[Kernel]) -> Callable[[Kernel], str | No
 class _Plan:
     """What every leaf conversion needs: width, method choice, seeds, and the options (with their use recorded)."""
 
-    def __init__(self, num_features: int, choose_method: Callable, seeds: _SeedSequence, options: dict) -> None:
+    def __init__(self, num_features: int, choose_method: Callable, seeds: _SeedSequence, options: dict,
+                 x_sample: Tensor | None = None) -> None:
         self.num_features = num_features
         self.choose_method = choose_method
         self.seeds = seeds
         self.options = options
+        self.x_sample = x_sample
         self.used_options: set[str] = set()
 
     def at_width(self, num_features, seeds: _SeedSequence | None = None) -> _Plan:
@@ -255,10 +266,19 @@ class _Plan:
             plan.seeds = seeds
         return plan
 
-    def options_for(self, kernel_type: type) -> dict:
-        declared = _OPTIONS.get(kernel_type)
+    def options_for(self, kernel: Kernel) -> dict:
+        """The options ``kernel``'s converter declares; ``x_sample`` (any leaf may use it, none must) to those that
+        take it, and the input dimension it gives to leaves whose width is d (``_WIDTH_IS_INPUT_DIM``)."""
+        declared = _OPTIONS.get(type(kernel))
         taken = self.options if declared is None else {k: v for k, v in self.options.items() if k in declared}
         self.used_options.update(taken)
+        if self.x_sample is None:
+            return taken
+        taken = dict(taken)
+        if declared is None or "x_sample" in declared:
+            taken["x_sample"] = self.x_sample
+        if type(kernel) in _WIDTH_IS_INPUT_DIM and "input_dim" not in taken:
+            taken["input_dim"] = _input_dim_from_sample(kernel, self.x_sample)
         return taken
 
 
@@ -297,7 +317,7 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
     if kernel_type in _CONVERTERS:
         converter = _CONVERTERS[kernel_type]
         return converter(kernel, leaf_width(plan.num_features, kernel), plan.choose_method(kernel), plan.seeds.take(),
-                         **plan.options_for(kernel_type))
+                         **plan.options_for(kernel))
     parents = [t.__name__ for t in kernel_type.__mro__[1:] if t in _CONVERTERS]
     if parents:
         raise TypeError(
@@ -360,6 +380,8 @@ def _convert_rbf(kernel, num_features, method, seed, **options):
 
     if method in GAUSSIAN_SKETCH_METHODS:
         options = taylor_sketch_options(kernel, method, **options)
+    else:  # the Fourier and Maclaurin maps need no data
+        options.pop("x_sample", None)
     sketched = SketchedRBFKernel(num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel))
     return copy_hyperparameters(kernel, sketched, "lengthscale")
 
@@ -430,9 +452,30 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
             "min_lengthscale": min_lengthscale, **options}
 
 
+def _input_dim_from_sample(kernel: Kernel, x_sample: Tensor) -> int:
+    """d of the columns ``kernel`` sees in ``x_sample``, checked against its ``active_dims`` and ``ard_num_dims``."""
+    _check_active_dims(kernel, x_sample)
+    input_dim = x_sample.shape[-1] if kernel.active_dims is None else len(kernel.active_dims)
+    if kernel.ard_num_dims is not None and kernel.ard_num_dims != input_dim:
+        raise ValueError(
+            f"{type(kernel).__name__} has ard_num_dims={kernel.ard_num_dims} but sees {input_dim} columns of x_sample "
+            f"(shape {tuple(x_sample.shape)}); pass points of the input space the kernel is used on"
+        )
+    return input_dim
+
+
+def _check_active_dims(kernel: Kernel, x_sample: Tensor) -> None:
+    if kernel.active_dims is not None and int(kernel.active_dims.max()) >= x_sample.shape[-1]:
+        raise ValueError(
+            f"{type(kernel).__name__} has active_dims={kernel.active_dims.tolist()} but x_sample has only "
+            f"{x_sample.shape[-1]} columns"
+        )
+
+
 def _active_columns(kernel: Kernel, x_sample) -> Tensor:
     if not torch.is_tensor(x_sample) or not x_sample.is_floating_point() or x_sample.dim() < 2:
         raise ValueError(f"x_sample must be a floating (n, d) tensor of input points, got {x_sample!r:.80}")
+    _check_active_dims(kernel, x_sample)
     if kernel.active_dims is not None:
         x_sample = x_sample.index_select(-1, kernel.active_dims.to(x_sample.device))
     x_sample = x_sample.detach().reshape(-1, x_sample.shape[-1]).double()
@@ -565,6 +608,10 @@ def _convert_spectral_mixture(kernel, num_features, method, seed):
     sketched = SketchedSpectralMixtureKernel(kernel.num_mixtures, num_features, ard_num_dims=kernel.ard_num_dims,
                                              **constraints, **_spectral_kwargs(kernel, method, seed))
     return copy_hyperparameters(kernel, sketched, *_MIXTURE_PARAMETERS)
+
+
+#: leaves whose feature width is the input dimension d: ``x_sample`` gives it at conversion
+_WIDTH_IS_INPUT_DIM = (gpytorch.kernels.LinearKernel,)
 
 
 @register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))

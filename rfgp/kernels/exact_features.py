@@ -69,7 +69,8 @@ class LinearFeatureKernel(_ExactFeatureKernel):
     def num_features(self) -> int:
         if self.input_dim is None:
             raise RuntimeError("LinearFeatureKernel has width d = input_dim, unknown before the first call: "
-                               "pass input_dim= (or ard_num_dims=)")
+                               "pass input_dim= (or ard_num_dims=), or x_sample= (points of the input space) to "
+                               "rfgp.sketch, or call the kernel once")
         return self.input_dim
 
     def featurize(self, x: Tensor) -> Tensor:

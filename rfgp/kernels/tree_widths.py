@@ -7,7 +7,7 @@
   those are often initial values that training then changes (so widths would depend on an
   arbitrary moment), and a part's need for features depends on its structure (a periodic part
   with many harmonics, a short lengthscale) as much as on its amplitude.  (A Linear part of
-  width d unknown at conversion — no ``ard_num_dims``, ``active_dims`` or ``input_dim=`` — is
+  width d unknown at conversion — no ``ard_num_dims``, ``active_dims``, ``input_dim=`` or ``x_sample=`` — is
   not reserved: the total is then ≤ F + d.)  Per-part widths are
   given as a list, ``num_features=[256, 512, 256]``, one entry per part of the
   ``AdditiveKernel`` (``ScaleKernel``s looked through); an entry may be a list for a nested sum.
@@ -140,7 +140,8 @@ class TreeBuilder:
         if unknown:
             raise ValueError(
                 f"the width of {unknown[0]} (its input dimension) is unknown at conversion, so this ProductKernel "
-                "cannot keep its width F: give the exact kernel ard_num_dims= or active_dims=, or pass input_dim="
+                "cannot keep its width F: give the exact kernel ard_num_dims= or active_dims=, or pass input_dim= or "
+                "x_sample= (points of the input space) to rfgp.sketch"
             )
         width_of_exact = math.prod(exact_width(p) for p in exact)
         if len(exact) == len(probes):

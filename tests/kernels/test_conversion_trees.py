@@ -323,3 +323,41 @@ def test_exact_linear_and_constant_parts_take_their_width_first():
     assert isinstance(product, FeatureProductKernel) and width(product.double(), x) == 64
     with pytest.raises(ValueError, match="width of LinearFeatureKernel .* is unknown at conversion"):
         rfgp.sketch(ProductKernel(LinearKernel(), RBFKernel()), num_features=64)
+
+
+@pytest.mark.parametrize("method, options", [
+    ("rff", {}), ("orf", {}), ("sorf", {}), ("maclaurin", {}), (None, {}),
+    ("gaussian_sketch", {"alpha": 1e-2}), ("nystrom", {}),
+])
+def test_x_sample_is_accepted_for_every_method_and_gives_the_linear_part_its_width(method, options):
+    x = torch.randn(80, 3, dtype=F64, generator=torch.Generator().manual_seed(0))
+    tree = ScaleKernel(RBFKernel()) + LinearKernel()
+    sketched = rfgp.sketch(tree, 64, method=method, seed=0, x_sample=x, **options).double()
+    assert sketched.num_features <= 64  # known before any call: the linear part reserved its d = 3
+    assert width(sketched, x) == sketched.num_features
+    if method != "nystrom":  # the linear part is exact: its block of the covariance is x·vxᵀ
+        linear = sketched.kernels[-1]
+        assert linear.num_features == 3
+        torch.testing.assert_close(linear(x).to_dense(), LinearKernel().double()(x).to_dense())
+
+
+def test_the_columns_of_x_sample_must_match_the_leaves():
+    x = torch.randn(20, 3, dtype=F64)
+    with pytest.raises(ValueError, match=r"ard_num_dims=2 but sees 3 columns of x_sample"):
+        rfgp.sketch(LinearKernel(ard_num_dims=2), 16, x_sample=x)
+    with pytest.raises(ValueError, match=r"active_dims=\[0, 5\] but x_sample has only 3 columns"):
+        rfgp.sketch(LinearKernel(active_dims=[0, 5]), 16, x_sample=x)
+    assert rfgp.sketch(LinearKernel(active_dims=[0, 2]), 16, x_sample=x).num_features == 2
+    with pytest.raises(ValueError, match="x_sample must be a floating"):
+        rfgp.sketch(LinearKernel(), 16, x_sample=x.numpy())
+    with pytest.raises(ValueError, match="x_sample contains NaN"):
+        rfgp.sketch(LinearKernel(), 16, x_sample=x.clone().fill_(float("nan")))
+
+
+def test_without_x_sample_the_linear_width_is_named_then_known_after_the_first_call():
+    sketched = rfgp.sketch(ScaleKernel(RBFKernel()) + LinearKernel(), 64, seed=0).double()
+    with pytest.raises(RuntimeError, match="x_sample= .* to rfgp.sketch"):
+        sketched.num_features
+    x = torch.randn(6, 3, dtype=F64)
+    sketched(x).to_dense()
+    assert sketched.num_features == 64 + 3  # the documented F + d when d is unknown at conversion

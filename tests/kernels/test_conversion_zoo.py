@@ -176,8 +176,9 @@ def test_unknown_and_unused_keyword_options_raise():
     with pytest.raises(TypeError, match="unexpected keyword argument.*'methd'; accepted: num_features, method, seed, "
                                         ".*x_sample"):
         rfgp.sketch(RBFKernel(), 64, methd="sorf")
-    with pytest.raises(TypeError, match="options not taken by any kernel in this tree: 'x_sample' \\(taken by RBFKernel\\)"):
-        rfgp.sketch(PeriodicKernel(), 64, x_sample=X)
+    with pytest.raises(TypeError, match="options not taken by any kernel in this tree: 'alpha' \\(taken by RBFKernel\\)"):
+        rfgp.sketch(PeriodicKernel(), 64, alpha=1e-2)
+    rfgp.sketch(PeriodicKernel(), 64, x_sample=X)  # points of the input space: any tree may be given them
 
 
 def test_non_positive_hyperparameters_refused_at_conversion():
