@@ -209,6 +209,28 @@ def test_jitter_grows_with_one_warning_and_failure_raises():
         NystromKernel(NotPositive(), x[:10]).featurize(x)
 
 
+def test_float32_landmark_factor_is_computed_in_float64():
+    """300 close landmarks: a float32 Cholesky needs jitter growth; the float64 factor rounded to float32 does not,
+    and the float32 features match the float64 ones to float32 accuracy (with the same first jitter)."""
+    g = torch.Generator().manual_seed(0)
+    landmarks = torch.rand(300, 1, generator=g, dtype=torch.float64)
+    x = torch.rand(50, 1, generator=g, dtype=torch.float64)
+    kernel = RBFKernel().double()
+    kernel.lengthscale = 0.5
+    gram = kernel(landmarks.float(), landmarks.float()).to_dense().detach().float()
+    eye = torch.eye(300)
+    assert int(torch.linalg.cholesky_ex(gram + 1e-6 * gram.diagonal().mean() * eye).info) != 0  # float32 would grow
+    reference = NystromKernel(kernel, landmarks, jitter=1e-6)
+    single = copy.deepcopy(reference).float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no jitter growth, no warning
+        features = single.featurize(x.float())
+    assert features.dtype == torch.float32 and single.landmark_cholesky().dtype == torch.float32
+    expected = reference.featurize(x)
+    gram_error = (features.double() @ features.double().mT - expected @ expected.mT).abs().max()
+    assert gram_error < 1e-3, gram_error
+
+
 def test_bad_arguments():
     x, _ = data()
     with pytest.raises(ValueError, match="x_sample="):
