@@ -286,6 +286,14 @@ class Run:
     note: str = ""
     converged: bool = False  # fit_mll's convergence rule stopped it (not the budget); Adam/NGD loops never do
     failed: bool = False  # a numerical failure stopped its training (see fit)
+    stalled: bool = False  # fit_mll stopped after L-BFGS made no step twice in a row
+
+    def status(self) -> str:
+        if self.converged:
+            return "yes"
+        if self.failed:
+            return "no (training failed)"
+        return "no (L-BFGS stalled)" if self.stalled else "no (stopped by the budget)"
 
 
 def _metrics(mean, var, y) -> dict:
@@ -363,7 +371,7 @@ def fit(run: Run, start: Checkpoints, model, budget: float, **options) -> None:
     restarts = "".join(f"; restart after iteration {r.iteration - 1} ({r.error[:60]}…)" for r in history.restarts)
     run.note = (f"{history.num_iterations} iterations, {history.evaluations[-1]} loss evaluations, "
                 f"{history.stop_reason}{restarts}")
-    run.converged = history.stop_reason.startswith("converged")
+    run.converged, run.stalled = history.converged, history.stop_reason.startswith("stalled")
 
 
 def train_in_stages(run: Run, start: Checkpoints, model, budget: float, widths: tuple[int, ...]) -> None:
@@ -376,7 +384,7 @@ def train_in_stages(run: Run, start: Checkpoints, model, budget: float, widths: 
         fit(run, start, model, budget)
         if len(widths) > 1:
             run.note = f"{notes}{'; ' if notes else ''}at {width}: {run.note}"
-        if run.failed or not run.converged:
+        if run.failed or not (run.converged or run.stalled):  # a stall: nothing more to gain at this width
             return
 
 
@@ -547,7 +555,7 @@ def read_runs(path: str) -> dict[str, dict[str, Run]]:
         for row in csv.DictReader(handle):
             run = runs.setdefault(row["dataset"], {}).setdefault(
                 row["method"], Run(row["method"], note=row["note"], converged=row["converged"] == "1",
-                                   failed=row.get("failed") == "1"))
+                                   failed=row.get("failed") == "1", stalled="stalled: L-BFGS" in row["note"]))
             run.points.append({"cpu_s": float(row["cpu_s"]), "wall_s": float(row["wall_s"]), "steps": int(row["steps"]),
                                "stage": row["stage"], "rmse": float(row["rmse"]), "nlpd": float(row["nlpd"])})
     return runs
@@ -599,9 +607,8 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
                 rows = [(LABELS[method], run.points[-1])]
             best = min(run.points, key=lambda p: p["nlpd"])
             for label, p in rows:
-                converged = "yes" if run.converged else "no (training failed)" if run.failed else "no (stopped by the budget)"
                 lines.append(f"| {label} | {budget_of(method, config):g} | {p['cpu_s']:.1f} | {p['wall_s']:.1f} | "
-                             f"{p['steps']} | {converged} | {p['rmse']:.4f} | "
+                             f"{p['steps']} | {run.status()} | {p['rmse']:.4f} | "
                              f"{p['nlpd']:.4f} | {best['nlpd']:.4f} ({best['cpu_s']:.1f}) | {run.note} |")
         lines += ["", *verdicts(runs), ""]
     if failures:

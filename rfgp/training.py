@@ -76,8 +76,10 @@ class TrainingHistory(Sequence):
             (``time.process_time``, all threads) seconds since the start, when each loss was known.
         evaluations: cumulative number of loss-and-gradient evaluations.
         gradient_norms: largest absolute gradient entry (∞-norm over the raw parameters) at each point.
-        stop_reason: why training stopped (convergence rule, iteration or time budget).
-        converged: whether a convergence rule (not a budget) stopped it.
+        stop_reason: why training stopped (convergence rule, iteration or time budget, L-BFGS stall).
+        converged: whether a convergence rule (not a budget or a stall) stopped it.
+        stalls: the iterations after which L-BFGS's curvature history was reset because the
+            iteration left the parameters unchanged (see :func:`fit_mll`).
         optimizer: ``"lbfgs"`` or ``"adam"``.
         restarts: the :class:`TrainingRestart` of the optimiser after each failed evaluation, in order.
     """
@@ -91,6 +93,7 @@ class TrainingHistory(Sequence):
     stop_reason: str = ""
     converged: bool = False
     restarts: list[TrainingRestart] = field(default_factory=list)
+    stalls: list[int] = field(default_factory=list)
 
     def __getitem__(self, index):
         return self.losses[index]
@@ -217,7 +220,14 @@ def fit_mll(
     * time budget: ``time_budget`` seconds of ``clock`` time elapsed (``"wall"``:
       ``time.perf_counter``; ``"cpu"``: ``time.process_time``, the CPU time of all threads of
       this process).  An iteration is never interrupted, so the budget can be exceeded by at
-      most one iteration.
+      most one iteration;
+    * stall (L-BFGS only): an iteration that leaves the parameters unchanged while the
+      gradient is above ``gtol`` — the line search found no decrease along the quasi-Newton
+      direction (torch's L-BFGS stops without a step when that direction is not a descent
+      direction).  The first such iteration restarts L-BFGS from the same point with a fresh
+      curvature history (steepest descent); a second one in a row stops training with
+      ``converged=False`` and a ``stop_reason`` starting with ``"stalled"``.  An unchanged
+      point is never reported as convergence by the loss-change rule.
 
     Failed evaluations.  A line search may try a point where the covariance is not positive
     definite even with jitter (``NotPSDError``), or where the loss or its gradient is NaN/Inf
@@ -308,6 +318,7 @@ def fit_mll(
     try:
         while not history.stop_reason:
             objective.iteration += 1
+            before = objective.point()
             try:
                 step()
                 record()  # evaluates Adam's new point (L-BFGS's is remembered from its line search)
@@ -333,7 +344,21 @@ def fit_mll(
                 continue
             bar.update()
             bar.set_postfix(loss=f"{history.losses[-1]:.4f}")
-            history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget, clock)
+            moved = optimizer != "lbfgs" or not torch.equal(before, objective.point())
+            if not moved and history.gradient_norms[-1] > gtol:
+                if history.stalls and history.stalls[-1] == objective.iteration - 1:
+                    history.stop_reason = (
+                        f"stalled: L-BFGS made no step in iterations {objective.iteration - 1} and "
+                        f"{objective.iteration} (the second with a fresh curvature history) although the largest "
+                        f"gradient entry is {history.gradient_norms[-1]:.3g} > gtol={gtol:g}: the loss is flat to "
+                        "its precision (float32 rounding: the point is as good as that precision allows), noisy (a "
+                        "stochastic exact-GP solve), or the optimum lies on a parameter constraint"
+                    )
+                    break
+                history.stalls.append(objective.iteration)
+                step = _stepper(optimizer, params, objective, lr, history_size)
+            history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget, clock,
+                                                           moved)
     finally:
         bar.close()
         model.eval()
@@ -359,11 +384,15 @@ def _stepper(optimizer: str, params: list[Tensor], objective: _Objective, lr: fl
 
 
 def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: float,
-          time_budget: float | None, clock: str) -> tuple[str, bool]:
-    """(reason, converged) after the latest iteration; ``("", False)`` to continue."""
+          time_budget: float | None, clock: str, moved: bool) -> tuple[str, bool]:
+    """(reason, converged) after the latest iteration; ``("", False)`` to continue.
+
+    The loss-change rule needs a step: an iteration that left the parameters where they were
+    (``moved=False``) changes nothing and proves nothing about convergence.
+    """
     previous, current = history.losses[-2], history.losses[-1]
     change = abs(current - previous) / max(abs(current), abs(previous), 1.0)
-    if change <= ftol:
+    if moved and change <= ftol:
         return f"converged: relative loss change {change:.3g} ≤ ftol={ftol:g}", True
     if history.gradient_norms[-1] <= gtol:
         return f"converged: largest gradient entry {history.gradient_norms[-1]:.3g} ≤ gtol={gtol:g}", True

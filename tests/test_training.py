@@ -233,3 +233,46 @@ def test_a_failure_at_the_starting_point_is_not_restarted():
 def test_max_restarts_is_validated(value, error):
     with pytest.raises(error, match="max_restarts must be a non-negative integer"):
         rfgp.fit_mll(_regression(), max_restarts=value)
+
+
+def _stepper_stalling_first(stalled_steppers: int, monkeypatch):
+    """Make the first ``stalled_steppers`` L-BFGS instances evaluate the loss but never step (a failed line search)."""
+    real, made = rfgp.training._stepper, []
+
+    def stepper(optimizer, params, objective, lr, history_size):
+        made.append(optimizer)
+        if len(made) <= stalled_steppers:
+            return objective
+        return real(optimizer, params, objective, lr, history_size)
+
+    monkeypatch.setattr(rfgp.training, "_stepper", stepper)
+    return made
+
+
+def test_an_lbfgs_iteration_without_a_step_is_not_convergence_and_resets_the_curvature_history(monkeypatch):
+    clean = rfgp.fit_mll(_regression())
+    made = _stepper_stalling_first(1, monkeypatch)
+    history = rfgp.fit_mll(_regression())
+    assert history.stalls == [1] and len(made) == 2, (history.stalls, made)
+    assert history.losses[1] == history.losses[0]  # the stalled iteration is recorded as it happened
+    assert history.converged and history.losses[-1] <= clean.losses[-1] + 1e-6, (history.stop_reason, history[-1])
+
+
+def test_two_stalled_iterations_in_a_row_stop_training_unconverged(monkeypatch):
+    _stepper_stalling_first(2, monkeypatch)
+    model = _regression()
+    start = _parameters(model)
+    history = rfgp.fit_mll(model)
+    assert not history.converged and history.stop_reason.startswith("stalled"), history.stop_reason
+    assert "gtol=1e-05" in history.stop_reason and history.stalls == [1] and history.num_iterations == 2
+    assert torch.equal(_parameters(model), start)
+
+
+def test_a_stall_at_a_point_with_a_small_gradient_is_convergence(monkeypatch):
+    model = _regression()
+    rfgp.fit_mll(model, gtol=0.0, ftol=0.0, num_iterations=200)  # trained to machine precision
+    _stepper_stalling_first(1, monkeypatch)
+    history = rfgp.fit_mll(model, gtol=1e-3)
+    assert history.converged, history.stop_reason
+    assert history.stop_reason.startswith("converged: largest gradient entry"), history.stop_reason
+    assert history.stalls == []
