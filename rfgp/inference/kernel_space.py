@@ -134,7 +134,7 @@ class _KernelSpaceInvQuadLogdet(torch.autograd.Function):
         if need_rhs:
             grad_rhs = _sum_to_shape(2.0 * solve * grad_inv_quad.unsqueeze(-2), rhs.shape)
         if need_scale:
-            # S is symmetric and column-major (LAPACK's inverse): its transpose is the contiguous view
+            # ⟨S, G⟩ = ⟨Sᵀ, G⟩ for symmetric S; Sᵀ is the contiguous view of LAPACK's column-major inverse
             grad_scale = _sum_to_shape(_batched_dot(sym.mT, gram), scale.shape)
         if need_features:  # ∂Φ = 2sSΦ (S scaled in place: the other gradients are taken), summed over
             # the batch members that share Φ before the N²·F product
