@@ -67,7 +67,9 @@ def test_state_saved_before_the_split_loads_bit_for_bit(name):
     kernel = NEW_SPELLINGS[name]().double()
     kernel.load_state_dict(LEGACY[name]["state"])  # strict
     assert torch.equal(kernel.raw_lengthscale.detach(), LEGACY[name]["state"]["raw_lengthscale"])
-    assert torch.equal(_features(kernel), LEGACY[name]["features"])
+    # the state is bit for bit; features recomputed from it agree to the last bits only, which depend on the CPU's
+    # BLAS kernels (AVX2 vs AVX-512 summation order: ≤ 1 ulp here; another draw would differ by O(0.1))
+    torch.testing.assert_close(_features(kernel), LEGACY[name]["features"], rtol=1e-14, atol=1e-15)
 
 
 OLD_AND_NEW = [
