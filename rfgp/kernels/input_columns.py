@@ -136,8 +136,8 @@ class TreeColumns:
             leaves = ", ".join(f"{type(node).__name__}(ard_num_dims={node.ard_num_dims})" for node in on_all)
             raise ValueError(
                 f"leaves that see the same input columns (all of them) have different ard_num_dims: {leaves}; "
-                "GPyTorch would raise at the first call. Give them the same ard_num_dims, or select their columns "
-                "with active_dims"
+                "they cannot all match the input, so the first call would fail. Give them the same ard_num_dims, "
+                "or select their columns with active_dims"
             )
         if widths:
             return widths[0], f"the input (d = {widths[0]}, the ard_num_dims of {type(on_all[0]).__name__})"
@@ -160,10 +160,10 @@ class TreeColumns:
         width = self.width(seen)
         if leaf.ard_num_dims is not None and width is not None and leaf.ard_num_dims != width:
             dims = "" if leaf.active_dims is None else f", active_dims={leaf.active_dims.tolist()}"
+            hint = "" if self.rows is None else " (or x_sample is not points of the input space the tree is used on)"
             raise ValueError(
                 f"{type(leaf).__name__}(ard_num_dims={leaf.ard_num_dims}{dims}) sees {width} columns "
-                f"({self.describe(seen)}); its ard_num_dims must be {width}, or pass points of the input space "
-                "the kernel is used on"
+                f"({self.describe(seen)}); its ard_num_dims must be {width}{hint}"
             )
 
 
