@@ -21,15 +21,15 @@ them, and an option no leaf of the tree takes raises.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import gpytorch
 import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
-from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
+from .input_columns import MULTITASK_TYPES, TreeColumns, check_tree, children
+from .operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
 from .tree_widths import TreeBuilder, leaf_width
 
 _CONVERTERS: dict[type, Callable] = {}
@@ -48,7 +48,8 @@ def register_converter(kernel_type: type, methods=None, options: tuple[str, ...]
         kernel_type: the kernel class (subclasses are not matched: register them separately).
         methods: the ``method`` names ``fn`` accepts (a tuple, or a callable returning one); ``fn``
             receives ``None`` for its default.  ``None``: undeclared, ``fn`` receives any name given.
-        options: the keyword options ``fn`` accepts; ``None``: undeclared, ``fn`` receives all.
+        options: the keyword options ``fn`` accepts; ``None``: undeclared, ``fn`` receives all.  ``x_sample``
+            reaches ``fn`` (if declared, or undeclared) as the rows of the columns its leaf sees.
 
     Returns:
         The decorator, which registers ``fn`` and returns it unchanged.
@@ -99,12 +100,17 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             decomposable kernel over the Nyström data kernel.
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
             that factors of a product are independent.
-        x_sample: optional points of the input space, ``(n, d)`` (the columns the kernel tree
-            receives; finite, floating).  Accepted whatever the method: Nyström landmarks and the
-            Gaussian sketch's centre and radius are taken from it, and a leaf whose width is the
-            input dimension (an exact ``LinearKernel``) gets d from it, so that ``num_features`` of
-            the converted tree is known before the first call.  A leaf whose ``active_dims`` or
-            ``ard_num_dims`` disagrees with x_sample's columns raises a ValueError naming both.
+        x_sample: optional points of the model's input space (all the columns the tree receives),
+            ``(n, d)`` or batched ``(..., n, d)`` (flattened to rows); finite, floating.  Accepted
+            whatever the method.  Every leaf gets the columns it sees, as GPyTorch evaluates the
+            tree (:mod:`rfgp.kernels.input_columns`): the ``active_dims`` of sum and product parts
+            select among their parent's columns (nested ones compose), a ``ScaleKernel``'s base and
+            a ``MultitaskKernel``'s data kernel see their parent's columns.  From them Nyström
+            chooses its landmarks, the Gaussian sketch its centre and radius, and an exact
+            ``LinearKernel`` (features of width d) its d, so that ``num_features`` is known before
+            the first call.  Without ``x_sample`` a ``LinearKernel``'s d is the number of its
+            ``active_dims``, or the ``ard_num_dims`` of a leaf that also sees all columns, else the
+            conversion raises.
         **options: passed to the leaves whose converter declares them, and on to the family class
             of the leaf's method, which raises a ``ValueError`` for an option of another family
             (``max_order`` with ``method="rff"``, say).  ``method="gaussian_sketch" |
@@ -118,7 +124,11 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             an unregistered subclass of one), or an unknown keyword option (the accepted ones listed).
         ValueError: a method name no leaf of the tree has, a ``method`` mapping naming an
             unknown kernel or a method that kernel does not have, or an option of another family
-            than the leaf's method.
+            than the leaf's method; a bad ``x_sample``; and, before any first call would, a tree
+            that contradicts itself or ``x_sample``: ``active_dims`` outside the columns a kernel is
+            given, a leaf's ``ard_num_dims`` other than the number of columns it sees, leaves that
+            see all columns with different ``ard_num_dims``, a ``LinearKernel`` of unknown d
+            (:func:`~rfgp.kernels.input_columns.check_tree`).
 
     Returns:
         The converted kernel tree: ``ScaleKernel`` kept, leaves replaced by their rfgp kernels
@@ -145,15 +155,13 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         >>> landmark.num_features
         32
     """
+    columns = check_tree(kernel, options.pop("x_sample", None))
     if method == "nystrom":
-        return _nystrom(kernel, num_features, seed, options)
-    x_sample = options.pop("x_sample", None)
-    if x_sample is not None:
-        _active_columns(kernel, x_sample)  # validated once, for every leaf
+        return _nystrom(kernel, num_features, seed, columns, options)
     _check_option_names(options)
     leaves = list(_leaves(kernel))
     choose_method = _method_chooser(method, leaves)
-    plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, x_sample)
+    plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, columns)
     converted = _convert(kernel, plan)
     unused = sorted(set(options) - plan.used_options)
     if unused:
@@ -165,14 +173,23 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     return converted
 
 
-def _nystrom(kernel: Kernel, num_features: int, seed: int | None, options: dict) -> Kernel:
-    """``method="nystrom"``: one Nyström map of the whole tree (of the data kernel of a multitask kernel)."""
+def _nystrom(kernel: Kernel, num_features: int, seed: int | None, columns: TreeColumns, options: dict) -> Kernel:
+    """``method="nystrom"``: one Nyström map of the whole tree (of the data kernel of a multitask kernel).
+
+    The tree's landmarks are points of its whole input (its ``active_dims`` apply to them as to the data); a
+    multitask kernel's data kernel runs on the multitask kernel's columns, its own ``active_dims`` unapplied
+    as in GPyTorch (:mod:`rfgp.kernels.input_columns`), so its landmarks are chosen among those columns.
+    """
     from .nystrom import nystrom_sketch
 
-    if type(kernel) in _MULTITASK_TYPES:
-        data_kernel = nystrom_sketch(kernel.data_covar_module, num_features, seed=seed, **options)
+    if type(kernel) in MULTITASK_TYPES:
+        data = kernel.data_covar_module
+        if data.active_dims is not None:
+            data = copy.deepcopy(data)
+            data.active_dims = None
+        data_kernel = nystrom_sketch(data, num_features, x_sample=columns.sample(columns.root), seed=seed, **options)
         return _convert_decomposable(kernel, data_kernel)
-    return nystrom_sketch(kernel, num_features, seed=seed, **options)
+    return nystrom_sketch(kernel, num_features, x_sample=columns.sample(None), seed=seed, **options)
 
 
 def _accepted_option_names() -> list[str]:
@@ -189,21 +206,11 @@ def _check_option_names(options: dict) -> None:
         )
 
 
-def _children(kernel: Kernel) -> list[Kernel]:
-    if isinstance(kernel, ScaleKernel):
-        return [kernel.base_kernel]
-    if isinstance(kernel, (AdditiveKernel, ProductKernel)):
-        return list(kernel.kernels)
-    if type(kernel) in _MULTITASK_TYPES:
-        return [kernel.data_covar_module]
-    return []
-
-
 def _leaves(kernel: Kernel):
-    children = _children(kernel)
-    if not children:
+    parts = children(kernel)
+    if not parts:
         yield kernel
-    for child in children:
+    for child, _ in parts:
         yield from _leaves(child)
 
 
@@ -247,15 +254,17 @@ def _method_chooser(method, leaves: list[Kernel]) -> Callable[[Kernel], str | No
 
 
 class _Plan:
-    """What every leaf conversion needs: width, method choice, seeds, and the options (with their use recorded)."""
+    """What every node conversion needs: width, method choice, seeds, options (with their use recorded), and the
+    input columns the node sees (``tree``: those of every node, :mod:`rfgp.kernels.input_columns`)."""
 
     def __init__(self, num_features: int, choose_method: Callable, seeds: _SeedSequence, options: dict,
-                 x_sample: Tensor | None = None) -> None:
+                 tree: TreeColumns) -> None:
         self.num_features = num_features
         self.choose_method = choose_method
         self.seeds = seeds
         self.options = options
-        self.x_sample = x_sample
+        self.tree = tree
+        self.columns = tree.root
         self.used_options: set[str] = set()
 
     def at_width(self, num_features, seeds: _SeedSequence | None = None) -> _Plan:
@@ -266,20 +275,40 @@ class _Plan:
             plan.seeds = seeds
         return plan
 
+    def below(self, parent: Kernel, child: Kernel) -> _Plan:
+        """This plan for ``child`` of ``parent`` (the columns it sees; option use stays shared)."""
+        plan = copy.copy(self)
+        plan.columns = self.tree.child_columns(parent, self.columns, child)
+        return plan
+
     def options_for(self, kernel: Kernel) -> dict:
-        """The options ``kernel``'s converter declares; ``x_sample`` (any leaf may use it, none must) to those that
-        take it, and the input dimension it gives to leaves whose width is d (``_WIDTH_IS_INPUT_DIM``)."""
+        """The options the leaf ``kernel``'s converter declares; the rows of ``x_sample`` in the leaf's columns (any
+        leaf may use them, none must) to those that take it, and the number of its columns as ``input_dim`` to
+        leaves whose width is d (``_WIDTH_IS_INPUT_DIM``)."""
         declared = _OPTIONS.get(type(kernel))
         taken = self.options if declared is None else {k: v for k, v in self.options.items() if k in declared}
         self.used_options.update(taken)
-        if self.x_sample is None:
-            return taken
         taken = dict(taken)
-        if declared is None or "x_sample" in declared:
-            taken["x_sample"] = self.x_sample
-        if type(kernel) in _WIDTH_IS_INPUT_DIM and "input_dim" not in taken:
-            taken["input_dim"] = _input_dim_from_sample(kernel, self.x_sample)
+        x_sample = self.tree.sample(self.columns)
+        if x_sample is not None and (declared is None or "x_sample" in declared):
+            taken["x_sample"] = x_sample
+        if type(kernel) in _WIDTH_IS_INPUT_DIM:
+            taken["input_dim"] = self._input_dim(kernel, taken.get("input_dim"))
         return taken
+
+    def _input_dim(self, kernel: Kernel, given: int | None) -> int:
+        """The width d of a leaf whose features are its inputs: its columns' number, else ``input_dim=``."""
+        width = self.tree.width(self.columns)
+        if given is not None and width is not None and given != width:
+            raise ValueError(f"input_dim={given} was passed, but {type(kernel).__name__} sees {width} columns "
+                             f"({self.tree.describe(self.columns)})")
+        if width is None and given is None:
+            raise ValueError(
+                f"{type(kernel).__name__} (features of width d, its input dimension) sees all input columns, whose "
+                "number is unknown at conversion: pass x_sample= (points of the input space) to rfgp.sketch, or "
+                f"give the {type(kernel).__name__} ard_num_dims= (or active_dims=)"
+            )
+        return given if width is None else width
 
 
 class _SeedSequence:
@@ -295,18 +324,21 @@ class _SeedSequence:
 
 def _convert(kernel, plan: _Plan):
     if isinstance(kernel, ScaleKernel):
-        base = _convert(kernel.base_kernel, plan)
-        return copy_hyperparameters(kernel, ScaleKernel(base, **_common_kwargs(kernel)), "outputscale")
+        base = _convert(kernel.base_kernel, plan.below(kernel, kernel.base_kernel))
+        scaled = ScaleKernel(base, **_common_kwargs(kernel))
+        scaled.active_dims = kernel.active_dims  # its own, as GPyTorch applies them (not the base's copied at init)
+        return copy_hyperparameters(kernel, scaled, "outputscale")
     if isinstance(kernel, (AdditiveKernel, ProductKernel)):
         builder = TreeBuilder(
-            convert=lambda part, width: _convert(part, plan.at_width(width)),
-            probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0))),
+            convert=lambda part, width: _convert(part, plan.at_width(width).below(kernel, part)),
+            probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0)).below(kernel, part)),
             take_seed=plan.seeds.take,
         )
         return builder.sum(kernel, plan.num_features) if isinstance(kernel, AdditiveKernel) else \
             builder.product(kernel, plan.num_features)
-    if type(kernel) in _MULTITASK_TYPES:
-        return _convert_decomposable(kernel, _convert(kernel.data_covar_module, plan))
+    if type(kernel) in MULTITASK_TYPES:
+        data = kernel.data_covar_module
+        return _convert_decomposable(kernel, _convert(data, plan.below(kernel, data)))
     return _convert_leaf(kernel, plan)
 
 
@@ -397,9 +429,10 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
     radius L = ‖x − c‖_∞/(√2 ℓ), resp. ξ e^{2R²} P(s, 2R²) ≤ α, ball radius R = ‖x − c‖₂/(√2 ℓ),
     ξ = 4).  So the conversion needs, besides ``alpha``:
 
-    * ``x_sample``: points of the input space (the columns the GP receives; the kernel's
-      ``active_dims`` are applied) — the centre c is their bounding-box centre and the radius
-      their largest ‖x − c‖_∞ (GaussianSketch) or ‖x − c‖₂ (HD), in input units; or
+    * ``x_sample``: points in the columns the kernel sees (``rfgp.sketch`` passes each leaf its
+      columns of its ``x_sample``, :mod:`rfgp.kernels.input_columns`) — the centre c is their
+      bounding-box centre and the radius their largest ‖x − c‖_∞ (GaussianSketch) or ‖x − c‖₂
+      (HD), in input units; or
     * ``radius`` (and optionally ``center``, default no shift) given directly; or
     * ``order`` = s directly (then neither radius nor alpha is needed).
 
@@ -408,10 +441,10 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
     entrywise at the carried-over hyperparameters; a lengthscale trained below it raises.
 
     Args:
-        kernel: the exact ``gpytorch.kernels.RBFKernel`` being converted (its lengthscale and
-            ``active_dims`` are read).
+        kernel: the exact ``gpytorch.kernels.RBFKernel`` being converted (its lengthscale is read).
         method: ``"gaussian_sketch"`` or ``"gaussian_sketch_hd"``.
-        x_sample: points to take the centre and radius from, shape ``(n, d)``.
+        x_sample: finite points to take the centre and radius from, shape ``(n, d)``, d the columns ``kernel``
+            sees (validated by :func:`~rfgp.kernels.input_columns.check_x_sample`).
         radius: a bound on ‖x − center‖ in input units, instead of ``x_sample``.
         alpha: the target additive error α.
         order: the truncation order s, instead of ``radius`` and ``alpha``.
@@ -430,7 +463,7 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
     if x_sample is not None:
         if radius is not None:
             raise ValueError(f"pass radius= or x_sample= for method={method!r}, not both (got radius={radius})")
-        x = _active_columns(kernel, x_sample)
+        x = x_sample.double()
         center = (x.min(-2).values + x.max(-2).values) / 2 if center is None else torch.as_tensor(center).to(x)
         offsets = x - center
         radius = float(offsets.abs().max() if method == "gaussian_sketch" else offsets.norm(dim=-1).max())
@@ -450,38 +483,6 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
         min_lengthscale = float(kernel.lengthscale.detach().min())
     return {"order": order, "radius": radius, "alpha": alpha, "center": center,
             "min_lengthscale": min_lengthscale, **options}
-
-
-def _input_dim_from_sample(kernel: Kernel, x_sample: Tensor) -> int:
-    """d of the columns ``kernel`` sees in ``x_sample``, checked against its ``active_dims`` and ``ard_num_dims``."""
-    _check_active_dims(kernel, x_sample)
-    input_dim = x_sample.shape[-1] if kernel.active_dims is None else len(kernel.active_dims)
-    if kernel.ard_num_dims is not None and kernel.ard_num_dims != input_dim:
-        raise ValueError(
-            f"{type(kernel).__name__} has ard_num_dims={kernel.ard_num_dims} but sees {input_dim} columns of x_sample "
-            f"(shape {tuple(x_sample.shape)}); pass points of the input space the kernel is used on"
-        )
-    return input_dim
-
-
-def _check_active_dims(kernel: Kernel, x_sample: Tensor) -> None:
-    if kernel.active_dims is not None and int(kernel.active_dims.max()) >= x_sample.shape[-1]:
-        raise ValueError(
-            f"{type(kernel).__name__} has active_dims={kernel.active_dims.tolist()} but x_sample has only "
-            f"{x_sample.shape[-1]} columns"
-        )
-
-
-def _active_columns(kernel: Kernel, x_sample) -> Tensor:
-    if not torch.is_tensor(x_sample) or not x_sample.is_floating_point() or x_sample.dim() < 2:
-        raise ValueError(f"x_sample must be a floating (n, d) tensor of input points, got {x_sample!r:.80}")
-    _check_active_dims(kernel, x_sample)
-    if kernel.active_dims is not None:
-        x_sample = x_sample.index_select(-1, kernel.active_dims.to(x_sample.device))
-    x_sample = x_sample.detach().reshape(-1, x_sample.shape[-1]).double()
-    if not bool(torch.isfinite(x_sample).all()):
-        raise ValueError("x_sample contains NaN or Inf entries")
-    return x_sample
 
 
 @register_converter(gpytorch.kernels.MaternKernel, methods=_FOURIER, options=("input_dim",))
@@ -540,20 +541,20 @@ def _convert_div_free(kernel, num_features, method, seed, **options):
     return _convert_derivative_kernel(SketchedDivFreeKernel, kernel, num_features, method, seed, **options)
 
 
-#: MultitaskKernel (and rfgp's DecomposableKernel, the same model) convert their data kernel like a container
-_MULTITASK_TYPES = (gpytorch.kernels.MultitaskKernel, DecomposableKernel)
-
-
 def _convert_decomposable(kernel, base: Kernel) -> Kernel:
     """MultitaskKernel / DecomposableKernel → SketchedDecomposableKernel over the converted data kernel.
 
     ``num_features`` is the width of the scalar sketch; the root has F·(rank + p) columns.  The
-    IndexKernel (A = LLᵀ + diag(v), its constraint and prior) carries over unchanged.
+    IndexKernel (A = LLᵀ + diag(v), its constraint and prior) carries over unchanged.  The
+    multitask kernel's ``active_dims`` select the columns; its data kernel runs on them without
+    selecting again, as GPyTorch's ``MultitaskKernel.forward`` does.
     """
     from .sketched_operator_valued import SketchedDecomposableKernel
 
     rank = kernel.task_covar_module.covar_factor.shape[-1]
-    sketched = SketchedDecomposableKernel(base, num_outputs=kernel.num_tasks, rank=rank)
+    base.active_dims = None
+    sketched = SketchedDecomposableKernel(base, num_outputs=kernel.num_tasks, rank=rank,
+                                          active_dims=kernel.active_dims)
     sketched.task_covar_module = copy.deepcopy(kernel.task_covar_module)
     return sketched
 
@@ -610,17 +611,16 @@ def _convert_spectral_mixture(kernel, num_features, method, seed):
     return copy_hyperparameters(kernel, sketched, *_MIXTURE_PARAMETERS)
 
 
-#: leaves whose feature width is the input dimension d: ``x_sample`` gives it at conversion
+#: leaves whose feature width is the input dimension d, known at conversion (:meth:`_Plan.options_for`)
 _WIDTH_IS_INPUT_DIM = (gpytorch.kernels.LinearKernel,)
 
 
 @register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))
-def _convert_linear(kernel, num_features, method, seed, input_dim=None):
-    """LinearKernel → LinearFeatureKernel: exact features x⊙√v, width d (``num_features`` does not apply)."""
+def _convert_linear(kernel, num_features, method, seed, input_dim):
+    """LinearKernel → LinearFeatureKernel: exact features x⊙√v, width d = ``input_dim`` (``num_features`` does not
+    apply)."""
     from .exact_features import LinearFeatureKernel
 
-    if input_dim is None and kernel.active_dims is not None:
-        input_dim = len(kernel.active_dims)
     sketched = LinearFeatureKernel(ard_num_dims=kernel.ard_num_dims, input_dim=input_dim,
                                    variance_constraint=kernel.raw_variance_constraint, **_common_kwargs(kernel))
     return copy_hyperparameters(kernel, sketched, "variance")
