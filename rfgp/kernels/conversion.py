@@ -109,8 +109,9 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             chooses its landmarks, the Gaussian sketch its centre and radius, and an exact
             ``LinearKernel`` (features of width d) its d, so that ``num_features`` is known before
             the first call.  Without ``x_sample`` a ``LinearKernel``'s d is the number of its
-            ``active_dims``, or the ``ard_num_dims`` of a leaf that also sees all columns, else the
-            conversion raises.
+            ``active_dims``, or the ``ard_num_dims`` of a leaf that also sees all columns; else it
+            is set at the first call, and a sum containing it is F + d wide (a product, which must
+            keep F, raises).
         **options: passed to the leaves whose converter declares them, and on to the family class
             of the leaf's method, which raises a ``ValueError`` for an option of another family
             (``max_order`` with ``method="rff"``, say).  ``method="gaussian_sketch" |
@@ -127,8 +128,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             than the leaf's method; a bad ``x_sample``; and, before any first call would, a tree
             that contradicts itself or ``x_sample``: ``active_dims`` outside the columns a kernel is
             given, a leaf's ``ard_num_dims`` other than the number of columns it sees, leaves that
-            see all columns with different ``ard_num_dims``, a ``LinearKernel`` of unknown d
-            (:func:`~rfgp.kernels.input_columns.check_tree`).
+            see all columns with different ``ard_num_dims``
+            (:func:`~rfgp.kernels.input_columns.check_tree`); a ``LinearKernel`` of unknown d in a product.
 
     Returns:
         The converted kernel tree: ``ScaleKernel`` kept, leaves replaced by their rfgp kernels
@@ -293,21 +294,18 @@ class _Plan:
         if x_sample is not None and (declared is None or "x_sample" in declared):
             taken["x_sample"] = x_sample
         if type(kernel) in _WIDTH_IS_INPUT_DIM:
-            taken["input_dim"] = self._input_dim(kernel, taken.get("input_dim"))
+            input_dim = self._input_dim(kernel, taken.get("input_dim"))
+            if input_dim is not None:
+                taken["input_dim"] = input_dim
         return taken
 
-    def _input_dim(self, kernel: Kernel, given: int | None) -> int:
-        """The width d of a leaf whose features are its inputs: its columns' number, else ``input_dim=``."""
+    def _input_dim(self, kernel: Kernel, given: int | None) -> int | None:
+        """The width d of a leaf whose features are its inputs: its columns' number, else ``input_dim=``; ``None``
+        when neither is known (the leaf then takes d at its first call, :mod:`rfgp.kernels.tree_widths`)."""
         width = self.tree.width(self.columns)
         if given is not None and width is not None and given != width:
             raise ValueError(f"input_dim={given} was passed, but {type(kernel).__name__} sees {width} columns "
                              f"({self.tree.describe(self.columns)})")
-        if width is None and given is None:
-            raise ValueError(
-                f"{type(kernel).__name__} (features of width d, its input dimension) sees all input columns, whose "
-                "number is unknown at conversion: pass x_sample= (points of the input space) to rfgp.sketch, or "
-                f"give the {type(kernel).__name__} ard_num_dims= (or active_dims=)"
-            )
         return given if width is None else width
 
 
@@ -616,9 +614,9 @@ _WIDTH_IS_INPUT_DIM = (gpytorch.kernels.LinearKernel,)
 
 
 @register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))
-def _convert_linear(kernel, num_features, method, seed, input_dim):
-    """LinearKernel → LinearFeatureKernel: exact features x⊙√v, width d = ``input_dim`` (``num_features`` does not
-    apply)."""
+def _convert_linear(kernel, num_features, method, seed, input_dim=None):
+    """LinearKernel → LinearFeatureKernel: exact features x⊙√v, width d = ``input_dim`` (the number of columns the
+    leaf sees; ``None`` when unknown at conversion: set at the first call); ``num_features`` does not apply."""
     from .exact_features import LinearFeatureKernel
 
     sketched = LinearFeatureKernel(ard_num_dims=kernel.ard_num_dims, input_dim=input_dim,

@@ -6,9 +6,9 @@
   the total is ≤ F.  Equal rather than proportional to the outputscales: at conversion time
   those are often initial values that training then changes (so widths would depend on an
   arbitrary moment), and a part's need for features depends on its structure (a periodic part
-  with many harmonics, a short lengthscale) as much as on its amplitude.  (A Linear part's
-  width d is always known at conversion: :func:`rfgp.sketch` takes it from the columns the part
-  sees, :mod:`rfgp.kernels.input_columns`, or refuses the tree.)  Per-part widths are
+  with many harmonics, a short lengthscale) as much as on its amplitude.  (A Linear part of
+  width d unknown at conversion — no ``ard_num_dims``, ``active_dims``, ``input_dim=`` or ``x_sample=`` — is
+  not reserved: the total is then ≤ F + d.)  Per-part widths are
   given as a list, ``num_features=[256, 512, 256]``, one entry per part of the
   ``AdditiveKernel`` (``ScaleKernel``s looked through); an entry may be a list for a nested sum.
 * **Products** keep F:
@@ -64,6 +64,19 @@ def is_kronecker_factor(kernel: Kernel) -> bool:
     return is_exact_feature_kernel(kernel) and not has_spectral_protocol(kernel)
 
 
+def exact_width(kernel: Kernel) -> int:
+    """The width of an exact part; 0 for a Linear kernel whose input dimension d is still unknown.
+
+    A Linear kernel's width d is known from ``ard_num_dims``, ``active_dims`` or the converter's
+    ``input_dim=`` option; without them it is set at the first call, so the sum cannot reserve it
+    and the converted tree is at most F + d wide (pass one of them to keep it within F).
+    """
+    try:
+        return kernel_num_features(kernel)
+    except RuntimeError:
+        return 0 if kernel.active_dims is None else len(kernel.active_dims)
+
+
 class TreeBuilder:
     """Builds the width-F feature kernels of ``AdditiveKernel``/``ProductKernel`` nodes (see module doc)."""
 
@@ -97,7 +110,7 @@ class TreeBuilder:
     def _split(self, parts, num_features: int) -> list[Kernel]:
         check_width(num_features, "num_features")
         probes = self._probes(parts, num_features)
-        reserved = sum(kernel_num_features(p) for p in probes if is_exact_feature_kernel(p))
+        reserved = sum(exact_width(p) for p in probes if is_exact_feature_kernel(p))
         num_random = sum(not is_exact_feature_kernel(p) for p in probes)
         remaining = num_features - reserved
         share = 2 * (remaining // (2 * num_random)) if num_random else 0
@@ -123,7 +136,14 @@ class TreeBuilder:
         num_features -= num_features % 2 if num_features > 1 else 0  # sin/cos maps come in pairs
         probes = self._probes(kernel.kernels, num_features)
         exact = [p for p in probes if is_kronecker_factor(p)]
-        width_of_exact = math.prod(kernel_num_features(p) for p in exact)
+        unknown = [type(p).__name__ for p in exact if exact_width(p) == 0]
+        if unknown:
+            raise ValueError(
+                f"the width of {unknown[0]} (its input dimension) is unknown at conversion, so this ProductKernel "
+                "cannot keep its width F: give the exact kernel ard_num_dims= or active_dims=, or pass input_dim= or "
+                "x_sample= (points of the input space) to rfgp.sketch"
+            )
+        width_of_exact = math.prod(exact_width(p) for p in exact)
         if len(exact) == len(probes):
             if width_of_exact <= num_features:
                 return FeatureProductKernel(*exact, active_dims=kernel.active_dims)

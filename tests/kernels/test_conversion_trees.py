@@ -321,8 +321,7 @@ def test_exact_linear_and_constant_parts_take_their_width_first():
     product = rfgp.sketch(ProductKernel(LinearKernel(active_dims=[0, 1]), RBFKernel()), num_features=64, seed=0)
     x = torch.randn(5, 2, dtype=F64)
     assert isinstance(product, FeatureProductKernel) and width(product.double(), x) == 64
-    with pytest.raises(ValueError, match=r"LinearKernel .* sees all input columns, whose number is unknown at "
-                                         "conversion: pass x_sample="):
+    with pytest.raises(ValueError, match="width of LinearFeatureKernel .* is unknown at conversion"):
         rfgp.sketch(ProductKernel(LinearKernel(), RBFKernel()), num_features=64)
 
 
@@ -355,8 +354,15 @@ def test_the_columns_of_x_sample_must_match_the_leaves():
         rfgp.sketch(LinearKernel(), 16, x_sample=x.clone().fill_(float("nan")))
 
 
-def test_without_x_sample_an_unknown_linear_width_is_refused_at_conversion():
-    with pytest.raises(ValueError, match=r"LinearKernel .* unknown at conversion: pass x_sample= .* ard_num_dims="):
-        rfgp.sketch(ScaleKernel(RBFKernel()) + LinearKernel(), 64, seed=0)
+def test_without_x_sample_the_linear_width_is_named_then_known_after_the_first_call():
+    sketched = rfgp.sketch(ScaleKernel(RBFKernel()) + LinearKernel(), 64, seed=0).double()
+    with pytest.raises(RuntimeError, match="x_sample= .* to rfgp.sketch"):
+        sketched.num_features
+    x = torch.randn(6, 3, dtype=F64)
+    sketched(x).to_dense()
+    assert sketched.num_features == 64 + 3  # the documented F + d when d is unknown at conversion
+
+
+def test_the_linear_width_comes_from_a_leaf_with_ard_num_dims_on_the_same_columns():
     sketched = rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=3)) + LinearKernel(), 64, seed=0)
     assert sketched.num_features == 60 + 3  # d = 3 from the RBF part on the same columns, reserved within F

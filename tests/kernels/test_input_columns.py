@@ -133,16 +133,16 @@ def test_active_dims_gpytorch_ignores_warn_and_are_ignored_by_the_converted_kern
 
 
 # ------------------------------------------------------------------------------------- widths of linear leaves
-def test_linear_width_comes_from_x_sample_then_from_a_leaf_on_the_same_columns_else_raises():
+def test_linear_width_comes_from_x_sample_then_from_a_leaf_on_the_same_columns_else_the_first_call():
     assert rfgp.sketch(ScaleKernel(RBFKernel()) + LinearKernel(), 64, seed=0, x_sample=X).kernels[1].num_features == 5
     inferred = rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=5)) + LinearKernel(), 64, seed=0)
     assert [k.num_features for k in (inferred.kernels[0].base_kernel, inferred.kernels[1])] == [58, 5]
     assert rfgp.sketch(ProductKernel(LinearKernel(), RBFKernel(ard_num_dims=5)), 64, seed=0).num_features == 60
-    for tree in (LinearKernel(), ScaleKernel(RBFKernel()) + LinearKernel(), ProductKernel(LinearKernel(), RBFKernel())):
-        with pytest.raises(ValueError, match=r"LinearKernel \(features of width d, its input dimension\) sees all "
-                                             r"input columns, whose number is unknown at conversion: pass x_sample= "
-                                             r".* or give the LinearKernel ard_num_dims="):
-            rfgp.sketch(tree, 64)
+    lazy = rfgp.sketch(ScaleKernel(RBFKernel()) + LinearKernel(), 64, seed=0).double()
+    lazy(X).to_dense()  # d unknown at conversion: set at the first call, the sum F + d wide
+    assert lazy.num_features == 64 + 5
+    with pytest.raises(ValueError, match="width of LinearFeatureKernel .* is unknown at conversion"):
+        rfgp.sketch(ProductKernel(LinearKernel(), RBFKernel()), 64)  # a product must keep F
     with pytest.raises(ValueError, match=r"input_dim=4 was passed, but LinearKernel sees 5 columns \(all columns of "
                                          r"x_sample \(60 rows × 5 columns\)\)"):
         rfgp.sketch(LinearKernel(), 64, x_sample=X, input_dim=4)
