@@ -115,6 +115,11 @@ class _CombinedFeatureKernel(FeatureKernel):
     #: whether parts with several outputs per input (derivative, operator-valued kernels) may be combined
     combines_outputs = False
 
+    def prepare(self, x: Tensor) -> None:
+        """Every part fits on the columns it sees of all of ``x`` (see :meth:`FeatureKernel.prepare`)."""
+        for kernel in self.kernels:
+            unwrap_scale(kernel)[0].prepare(select_active(kernel, x))
+
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
         outputs = sorted({kernel.num_outputs_per_input(x1, x2) for kernel in self.kernels})
         if len(outputs) > 1:

@@ -62,6 +62,10 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         """(k(x, x), E[k̂(x, x)]) per point, or ``None`` when the two agree exactly."""
         raise NotImplementedError
 
+    def prepare(self, x: Tensor) -> None:
+        """Fit what the kernel fits on its first input (the optimized Maclaurin allocation, draws of an unset
+        ``input_dim``) from all of ``x``; a no-op for kernels that fit nothing or have fitted already."""
+
     def variance_correction(self, x: Tensor) -> Tensor | None:
         """k(x, x) − E[k̂(x, x)] ≥ 0 per point, or ``None`` when the features are unbiased on the diagonal."""
         moments = self.diag_moments(x)
@@ -112,8 +116,10 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         return MatmulLinearOperator(z1, z2.mT)
 
     def featurizer(self, x: Tensor) -> Featurizer:
-        """:meth:`featurize` as a :class:`~rfgp.inference.chunking.Featurizer` (for chunked evaluation), probed on x's first row."""
+        """:meth:`featurize` as a :class:`~rfgp.inference.chunking.Featurizer` (for chunked evaluation), probed on x's
+        first row — after :meth:`prepare` on all of x, so that no data-dependent map is fitted to the probe."""
         with torch.no_grad():
+            self.prepare(x)
             probe = self.featurize(x[..., :1, :])
         params = [p for p in self.parameters() if p.requires_grad]
         return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2])
@@ -197,12 +203,10 @@ class RandomFeatureKernel(FeatureKernel):
         """Φ(x/ℓ) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller)."""
         return self.feature_map(self.scale_inputs(x))
 
-    def featurizer(self, x: Tensor):
+    def prepare(self, x: Tensor) -> None:
         if not self.feature_map.is_initialized:
-            # data-dependent maps (optimized Maclaurin) fit on the whole first input, not on the 1-row probe
             with torch.no_grad():
                 self.feature_map.prepare(self.scale_inputs(x))
-        return super().featurizer(x)
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
         if not self.feature_map.has_variance_bias:

@@ -29,7 +29,7 @@ from ..features.operator_valued import (
     OperatorValuedFourierFeatures,
     decomposable_features,
 )
-from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features
+from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features, select_active, unwrap_scale
 from .families import check_kernel_kwargs
 from .fourier import FOURIER_METHODS
 from .operator_valued import check_vector_dim, check_vector_input
@@ -174,6 +174,10 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
     @property
     def output_covariance(self) -> Tensor:
         return self.task_covar_module.covar_matrix.to_dense()
+
+    def prepare(self, x: Tensor) -> None:
+        """The scalar kernel fits on all of ``x`` (see :meth:`~rfgp.kernels.FeatureKernel.prepare`)."""
+        unwrap_scale(self.base_kernel)[0].prepare(select_active(self.base_kernel, x))
 
     def featurize(self, x: Tensor) -> Tensor:
         scalar = kernel_features(self.base_kernel, x)

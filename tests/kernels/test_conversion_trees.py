@@ -3,6 +3,7 @@ RBF×Matérn on same/disjoint dims, polynomial×RBF, the Hadamard multitask patt
 locally periodic trees, hyperparameters and priors carried, a trained exact
 tree predicting like its conversion, state_dict round trips."""
 
+import copy
 import math
 
 import gpytorch
@@ -29,6 +30,7 @@ from rfgp.kernels import (
     FeatureProductKernel,
     FeatureSumKernel,
     IndexFeatureKernel,
+    MaclaurinRBFKernel,
     SketchedProductKernel,
     SpectralProductKernel,
     has_spectral_protocol,
@@ -366,3 +368,20 @@ def test_without_x_sample_the_linear_width_is_named_then_known_after_the_first_c
 def test_the_linear_width_comes_from_a_leaf_with_ard_num_dims_on_the_same_columns():
     sketched = rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=3)) + LinearKernel(), 64, seed=0)
     assert sketched.num_features == 60 + 3  # d = 3 from the RBF part on the same columns, reserved within F
+
+
+@pytest.mark.parametrize("tree", [
+    lambda: ScaleKernel(RBFKernel()) + LinearKernel(),
+    lambda: (RBFKernel() + PeriodicKernel()) + ConstantKernel(),
+    lambda: gpytorch.kernels.MultitaskKernel(RBFKernel() + LinearKernel(), num_tasks=2),
+], ids=["sum", "nested sum", "multitask"])
+def test_an_optimized_maclaurin_part_fits_its_allocation_on_the_whole_first_input(tree):
+    """The 1-row probe that sizes a tree's features must not be what a data-dependent part fits on."""
+    x = torch.rand(40, 3, dtype=F64, generator=torch.Generator().manual_seed(0))
+    sketched = rfgp.sketch(tree(), 64, method={"RBFKernel": "maclaurin"}, seed=0).double()
+    part = next(m for m in sketched.modules() if isinstance(m, MaclaurinRBFKernel))
+    reference = copy.deepcopy(part.feature_map)
+    assert not part.feature_map.is_initialized
+    sketched(x).to_dense()
+    reference.fit(part.scale_inputs(x).detach())
+    assert part.feature_map.widths == reference.widths and len(reference.widths) > 1
