@@ -288,15 +288,20 @@ def refit_allocation(kernel: Kernel, x: Tensor) -> Kernel:
         True
     """
     base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
-    feature_map = getattr(base, "feature_map", None)
-    if not isinstance(feature_map, OptimizedMaclaurin):
-        raise TypeError(f"kernel has no OptimizedMaclaurin feature map to refit, got {type(base).__name__}")
     if base.active_dims is not None:
-        x = x.index_select(-1, base.active_dims)
-    with torch.no_grad():
-        scaled = base.scale_inputs(x)
-        spec = None
-        if isinstance(base, SketchedPolynomialKernel):
-            spec = dot_product.polynomial(base.power, float(base.offset.mean()))
-        feature_map.fit(scaled, kernel=spec)
+        x = x.index_select(-1, base.active_dims.to(x.device))
+    fit_allocation_on_columns(base, x)
     return kernel
+
+
+def fit_allocation_on_columns(kernel: Kernel, x: Tensor) -> None:
+    """:func:`refit_allocation` of a kernel (not a ``ScaleKernel``) on ``x`` already restricted to its columns."""
+    feature_map = getattr(kernel, "feature_map", None)
+    if not isinstance(feature_map, OptimizedMaclaurin):
+        raise TypeError(f"kernel has no OptimizedMaclaurin feature map to refit, got {type(kernel).__name__}")
+    with torch.no_grad():
+        scaled = kernel.scale_inputs(x)
+        spec = None
+        if isinstance(kernel, SketchedPolynomialKernel):
+            spec = dot_product.polynomial(kernel.power, float(kernel.offset.mean()))
+        feature_map.fit(scaled, kernel=spec)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import gpytorch
-from gpytorch.kernels import Kernel
+from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor, nn
 
 from ..core.validation import check_positive_int
@@ -33,7 +33,7 @@ from ..features.maclaurin_allocation import total_width
 from ..features.operator_valued import OperatorValuedFourierFeatures
 from ..features.polynomial import PolynomialSketch
 from ..features.spherical import SphericalRandomFeatures
-from ..kernels.maclaurin import refit_allocation
+from ..kernels.maclaurin import fit_allocation_on_columns
 from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import RandomFeatureKernel
 from .streaming import StreamingFeatureGP
@@ -101,24 +101,27 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
 
 
 def _feature_maps(module: nn.Module, x: Tensor | None, owner: Kernel | None,
-                  owner_inputs: Tensor | None = None) -> Iterator[tuple]:
-    """(map, owning kernel, the inputs the owner receives) for every outermost feature map below ``module``.
+                  owner_inputs: Tensor | None = None, called: bool = True) -> Iterator[tuple]:
+    """(map, owning kernel, the input columns the owner sees) for every outermost feature map below ``module``.
 
     A :class:`~rfgp.kernels.NystromKernel` is its own map (its landmarks are its width); its base
-    kernel is not searched.
+    kernel is not searched.  ``x`` follows the columns as the kernels evaluate them: a kernel's
+    ``active_dims`` select among its parent's columns, except below a ``ScaleKernel``, which
+    selects its own (copied from its base at construction) and runs its base's ``forward``
+    (:mod:`rfgp.kernels.input_columns`).
     """
     if isinstance(module, (FeatureMap, OperatorValuedFourierFeatures)):
         yield module, owner, owner_inputs
         return
     if isinstance(module, Kernel):
-        owner, owner_inputs = module, x
-        if x is not None and module.active_dims is not None:
+        if called and x is not None and module.active_dims is not None:
             x = x.index_select(-1, module.active_dims.to(x.device))
+        owner, owner_inputs = module, x
         if isinstance(module, NystromKernel):
             yield module, module, x
             return
     for child in module.children():
-        yield from _feature_maps(child, x, owner, owner_inputs)
+        yield from _feature_maps(child, x, owner, owner_inputs, called=not isinstance(module, ScaleKernel))
 
 
 def _granularity(feature_map: nn.Module) -> int:
@@ -179,7 +182,7 @@ def _redraw_maclaurin(feature_map: _MaclaurinFeatures, width: int, owner: Kernel
             )
         feature_map.total_width = budget
         feature_map.num_features = feature_map._output_width()
-        refit_allocation(owner, inputs)  # applies the owner's active_dims and lengthscale
+        fit_allocation_on_columns(owner, inputs)  # the owner's lengthscale (its columns are selected)
         return
     if not isinstance(feature_map, (OptimizedMaclaurin, RandomMaclaurin)):
         raise TypeError(f"set_num_features has no width rule for {type(feature_map).__name__}")

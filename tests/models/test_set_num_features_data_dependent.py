@@ -1,5 +1,7 @@
 """set_num_features on data-dependent maps: Nyström landmarks re-chosen by rule and seed; Maclaurin budgets."""
 
+import copy
+
 import gpytorch
 import pytest
 import torch
@@ -139,3 +141,25 @@ def test_complex_polynomial_sketch_widths_stay_even_as_in_the_constructor():
         rfgp.set_num_features(kernel, 13)
     with pytest.raises(ValueError, match="even"):
         rfgp.kernels.SketchedPolynomialKernel(3, 13, weights="ctr", seed=0)
+
+
+@pytest.mark.parametrize("tree", [
+    lambda: gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(active_dims=[0, 2])),
+    lambda: gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(active_dims=[0, 2]))
+    + gpytorch.kernels.LinearKernel(active_dims=[1]),
+], ids=["scaled", "sum"])
+def test_maclaurin_refits_on_the_columns_its_kernel_sees(tree):
+    """A ScaleKernel selects its (copied) active_dims and runs its base's forward: the base's own are not applied
+    again, so the refit sees columns [0, 2] once (selecting them twice raised an index error)."""
+    x, y = data(d=3)
+    gp = model(rfgp.sketch(tree(), 32, method="maclaurin", x_sample=x, seed=0).double(), x, y)
+    gp(x).covariance_matrix  # the allocation is fitted at the first evaluation
+    leaf = next(m for m in gp.modules() if isinstance(m, rfgp.kernels.MaclaurinRBFKernel))
+    leaf.lengthscale = 0.3  # training moved it: the refit must see x[:, [0, 2]] / 0.3
+    rfgp.set_num_features(gp, 64)
+    reference = copy.deepcopy(leaf.feature_map)
+    reference.fit(x[:, [0, 2]] / 0.3)
+    assert leaf.feature_map.widths == reference.widths and leaf.feature_map.num_features > 32
+    with torch.no_grad():
+        gp.train()
+        assert torch.isfinite(gp(x).covariance_matrix).all()
