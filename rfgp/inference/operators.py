@@ -49,6 +49,7 @@ from .chunking import (
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import feature_statistics, fold_constant, project
+from .triangular_statistics import TriangularFeatures
 
 
 class FeatureRootLinearOperator(LowRankRootLinearOperator):
@@ -71,16 +72,29 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
         self.root = root
         self.variance_correction = variance_correction
 
-    def scaled_features(self) -> tuple[Tensor, Tensor | None]:
-        """(Φ₀, c) with Φ = c·Φ₀; c (batch-shaped or scalar) is ``None`` when the root carries no constant."""
+    def scaled_root(self) -> tuple[LinearOperator, Tensor | None]:
+        """(Φ₀, c) with Φ = c·Φ₀, Φ₀ as an operator; c (batch-shaped or scalar) is ``None`` when the root carries
+        no constant."""
         if isinstance(self.root, ConstantMulLinearOperator):
-            return self.root.base_linear_op.to_dense(), self.root._constant
-        return self.root.to_dense(), None
+            return self.root.base_linear_op, self.root._constant
+        return self.root, None
+
+    def scaled_features(self) -> tuple[Tensor, Tensor | None]:
+        """(Φ₀, c) with Φ = c·Φ₀ and Φ₀ a tensor, see :meth:`scaled_root`."""
+        root, constant = self.scaled_root()
+        return root.to_dense(), constant
 
     def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``."""
-        features, constant = self.scaled_features()
-        return feature_statistics(features, *fold_constant(constant, weights, rhs))
+        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``.
+
+        A root Φ₀ = K·L⁻ᵀ (:class:`~rfgp.inference.triangular_statistics.TriangularFeatures`, Nyström) takes the
+        backward fused through its triangular solve.
+        """
+        root, constant = self.scaled_root()
+        weights, rhs = fold_constant(constant, weights, rhs)
+        if isinstance(root, TriangularFeatures):
+            return root.feature_statistics(weights, rhs)
+        return feature_statistics(root.to_dense(), weights, rhs)
 
     def features(self) -> Tensor:
         """Φ, ``(..., N, F)``."""
@@ -89,11 +103,11 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
     def _mul_constant(self, other):
         if not _is_positive(other):
             return super()._mul_constant(other)
-        features, constant = self.scaled_features()
-        root_constant = torch.as_tensor(other, dtype=features.dtype, device=features.device).sqrt()
+        base, constant = self.scaled_root()  # the base root stays an operator (a TriangularFeatures keeps K and L)
+        root_constant = torch.as_tensor(other, dtype=base.dtype, device=base.device).sqrt()
         if constant is not None:
             root_constant = constant * root_constant
-        root = ConstantMulLinearOperator(to_linear_operator(features), root_constant)
+        root = ConstantMulLinearOperator(base, root_constant)
         return self.__class__(root, _scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):

@@ -55,6 +55,7 @@ from ..core.validation import check_positive_float
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..inference.chunking import chunk_slices
+from ..inference.triangular_statistics import TriangularFeatures, triangular_features
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
@@ -222,9 +223,18 @@ class NystromKernel(FeatureKernel):
         features of each chunk in the backward pass) differentiates through it: O(M³) per
         chunk, small against the chunk's O(chunk·M²).
         """
+        return triangular_features(*self._factors(x))
+
+    def feature_root(self, x: Tensor) -> TriangularFeatures:
+        """Φ(x) with its factors K(x, Z) and L, whose feature statistics (the marginal likelihood's) take the
+        backward fused through the triangular solve (:mod:`rfgp.inference.triangular_statistics`)."""
+        cross, chol = self._factors(x)
+        return TriangularFeatures(triangular_features(cross, chol), cross, chol)
+
+    def _factors(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(K(x, Z), L)."""
         chol = self.landmark_cholesky(x.dtype)
-        cross = self.base_kernel(x, self.landmarks.to(x.dtype)).to_dense()
-        return torch.linalg.solve_triangular(chol, cross.mT, upper=False).mT
+        return self.base_kernel(x, self.landmarks.to(x.dtype)).to_dense(), chol
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(k(x, x), ‖Φ(x)‖²) per point; their difference is the FITC-style variance correction (≥ 0)."""
