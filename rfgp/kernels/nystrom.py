@@ -231,6 +231,11 @@ class NystromKernel(FeatureKernel):
         cross, chol = self._factors(x)
         return TriangularFeatures(triangular_features(cross, chol), cross, chol)
 
+    def feature_shape(self, x: Tensor) -> tuple[int, torch.Size]:
+        """(M, batch shape of x and the base kernel), without the probe evaluation (a second Cholesky of K(Z, Z) per
+        kernel call)."""
+        return self.num_features, torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
+
     def _factors(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(K(x, Z), L)."""
         chol = self.landmark_cholesky(x.dtype)
