@@ -8,7 +8,9 @@
   likelihood adds its noise.  ``inv_quad_logdet`` (the marginal-likelihood hot path)
   runs in O(N·F² + F³) time through the capacitance matrix A = I + ΦᵀD⁻¹Φ
   (Woodbury identity and the matrix determinant lemma), with the lean Gram backward
-  of :func:`rfgp.inference.linalg.feature_statistics`; when the N × N matrix is cheaper by flop count
+  of :func:`rfgp.inference.linalg.feature_statistics` (of
+  :func:`rfgp.inference.triangular_statistics.triangular_statistics` for a Nyström root Φ = K·L⁻ᵀ,
+  :class:`~rfgp.inference.triangular_statistics.TriangularFeatures`); when the N × N matrix is cheaper by flop count
   (always when N ≤ F) it runs in O(N²·F + N³) through :mod:`rfgp.inference.kernel_space` instead.
 * :class:`ChunkedFeatureRootLinearOperator` / :class:`ChunkedFeatureRootAddedDiagLinearOperator`
   — the same matrices when Φ does not fit :class:`rfgp.settings.memory_budget`: they

@@ -2,7 +2,7 @@ r"""Feature statistics of Φ = K·L⁻ᵀ (Nyström features) whose backward pas
 
 Nyström features are Φ = K L⁻ᵀ with K = K(X, Z) (N × M) and L the lower Cholesky factor of the
 landmark Gram matrix (M × M).  Autograd through Φ = solve(L, Kᵀ)ᵀ followed by the statistics
-G = ΦᵀWΦ and H = ΦᵀWR (:mod:`rfgp.inference.linalg`) costs ≈ 7·N·M² flops per gradient: the
+G = ΦᵀWΦ and H = ΦᵀWR (:mod:`rfgp.inference.linalg`) costs ≈ 7.25·N·M² flops per gradient: the
 triangular solve (N·M²), the symmetric Gram matrix (≈ 1.25·N·M² in blocks), ∂Φ = Φ̄ = W(2ΦS + RH̄ᵀ)
 (2·N·M², S = ½(Ḡ + Ḡᵀ)), the solve's backward K̄ = Φ̄L⁻¹ (N·M²) and its factor cotangent
 L̄ = −tril(L⁻ᵀΦ̄ᵀΦ) (2·N·M²).  The last product is not needed: Φ̄ᵀΦ = (2SΦᵀ + H̄Rᵀ)WΦ is made of the
@@ -15,14 +15,15 @@ an M × M computation, so a gradient costs ≈ 5.25·N·M².  The other cotangen
 
 Two cheaper forms of K̄ are exact in real arithmetic but not in float32, and are not used.
 K̄ = W(2KĜ + RĤᵀ) with Ĝ = L⁻ᵀSL⁻¹ (one N·M² product, no Φ̄) multiplies rounding errors by
-κ(L): at N = 14 016, M = 1024 (float32, relative jitter 10⁻⁶) its hyperparameter gradients were
-38 % off.  K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ) (one product, no solve with N rows) raised the float32
-gradient error against float64 from 2.8·10⁻⁴ to 1.3·10⁻³; the triangular solve of Φ̄ keeps it at the
-autograd path's.  Likewise the forward pass keeps the triangular solve: forming KᵀWK and solving on
-both sides would square the conditioning of L in the statistics themselves.  Uniform weights
-``(..., 1)`` take ∂w from the unit statistics as in :mod:`rfgp.inference.linalg`; second derivatives
-(``create_graph=True``) recompute the statistics with autograd
-(:func:`~rfgp.inference.linalg.differentiable_backward`).
+κ(L): at N = 14 016, M = 1024 (d = 4, float32, relative jitter 10⁻⁶) its lengthscale gradients were
+off by up to 2.2 times their value, one with the wrong sign.  K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ) (one
+product, no solve with N rows) raised the largest relative float32 hyperparameter-gradient error
+against float64 from 2.8·10⁻⁴ to 1.3·10⁻³ there; with the triangular solve of Φ̄ it stays at the
+autograd path's (``benchmarks/nystrom_statistics.py``).  Likewise the forward pass keeps the
+triangular solve: forming KᵀWK and solving on both sides would square the conditioning of L in the
+statistics themselves.  Uniform weights ``(..., 1)`` take ∂w from the unit statistics as in
+:mod:`rfgp.inference.linalg`; second derivatives (``create_graph=True``) recompute the statistics
+with autograd (:func:`~rfgp.inference.linalg.differentiable_backward`).
 
 :class:`TriangularFeatures` is the root ``LinearOperator`` through which
 :class:`~rfgp.kernels.NystromKernel` hands Φ, K and L to
