@@ -1,29 +1,33 @@
-r"""Feature statistics of Φ = K·L⁻ᵀ (Nyström features) whose backward pass skips one N·M² product.
+r"""Feature statistics of Φ = K·L⁻ᵀ (Nyström features) with a backward pass fused through the triangular solve.
 
 Nyström features are Φ = K L⁻ᵀ with K = K(X, Z) (N × M) and L the lower Cholesky factor of the
 landmark Gram matrix (M × M).  Autograd through Φ = solve(L, Kᵀ)ᵀ followed by the statistics
 G = ΦᵀWΦ and H = ΦᵀWR (:mod:`rfgp.inference.linalg`) costs ≈ 7.25·N·M² flops per gradient: the
-triangular solve (N·M²), the symmetric Gram matrix (≈ 1.25·N·M² in blocks), ∂Φ = Φ̄ = W(2ΦS + RH̄ᵀ)
-(2·N·M², S = ½(Ḡ + Ḡᵀ)), the solve's backward K̄ = Φ̄L⁻¹ (N·M²) and its factor cotangent
-L̄ = −tril(L⁻ᵀΦ̄ᵀΦ) (2·N·M²).  The last product is not needed: Φ̄ᵀΦ = (2SΦᵀ + H̄Rᵀ)WΦ is made of the
-forward outputs,
+triangular solve (N·M²), the symmetric Gram matrix (≈ 1.25·N·M² in blocks), Φ̄ = W(2ΦS + RH̄ᵀ)
+(2·N·M², S = ½(Ḡ + Ḡᵀ)), the solve's backward K̄ = Φ̄L⁻¹ (N·M²) and the factor's cotangent
+L̄ = −tril(L⁻ᵀΦ̄ᵀΦ) (2·N·M²).  Both cotangents have forms with one N·M² product in all:
 
-    L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)),
+    K̄ = Φ̄L⁻¹ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ),      L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)),
 
-an M × M computation, so a gradient costs ≈ 5.25·N·M².  The other cotangents are those of
-:func:`~rfgp.inference.linalg.statistics_backward` (Φ̄, per-point w̄, R̄) followed by K̄ = Φ̄L⁻¹.
+since Φ̄ᵀΦ = (2SΦᵀ + H̄Rᵀ)WΦ is made of the forward outputs: ≈ 4.25·N·M² per gradient (the
+forward solve, the Gram matrix, one backward product).  R̄ = WΦH̄; uniform weights ``(..., 1)`` take
+w̄ from the unit statistics as in :mod:`rfgp.inference.linalg`.  Per-point weights that need w̄
+(w̄ᵢ = φᵢᵀSφᵢ + φᵢᵀH̄rᵢ) need ΦS anyway: there Φ̄ is formed
+(:func:`~rfgp.inference.linalg.statistics_backward`) and K̄ = Φ̄L⁻¹ solved in its memory
+(≈ 5.25·N·M²).
 
-Two cheaper forms of K̄ are exact in real arithmetic but not in float32, and are not used.
-K̄ = W(2KĜ + RĤᵀ) with Ĝ = L⁻ᵀSL⁻¹ (one N·M² product, no Φ̄) multiplies rounding errors by
-κ(L): at N = 14 016, M = 1024 (d = 4, float32, relative jitter 10⁻⁶) its lengthscale gradients were
-off by up to 2.2 times their value, one with the wrong sign.  K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ) (one
-product, no solve with N rows) raised the largest relative float32 hyperparameter-gradient error
-against float64 from 2.8·10⁻⁴ to 1.3·10⁻³ there; with the triangular solve of Φ̄ it stays at the
-autograd path's (``benchmarks/nystrom_statistics.py``).  Likewise the forward pass keeps the
-triangular solve: forming KᵀWK and solving on both sides would square the conditioning of L in the
-statistics themselves.  Uniform weights ``(..., 1)`` take ∂w from the unit statistics as in
-:mod:`rfgp.inference.linalg`; second derivatives (``create_graph=True``) recompute the statistics
-with autograd (:func:`~rfgp.inference.linalg.differentiable_backward`).
+Precision.  The M × M factors SL⁻¹, L⁻ᵀH̄ and 2SG + H̄Hᵀ are formed in float64 for float32 inputs
+(:func:`factor_dtype`): their rounding is shared by all N rows, so it adds up instead of averaging
+out; in float32 it raised the largest relative error of float32 hyperparameter gradients against
+float64 from 2.8·10⁻⁴ (autograd's) to 1.3·10⁻³ at N = 14 016, M = 1024, d = 4; with float64 factors
+it is autograd's (``benchmarks/nystrom_statistics.py``).  Learned landmarks there have gradients
+below float32 rounding on either path; their rounding noise is ~25× autograd's with a float32
+2SG + H̄Hᵀ and ~5× with the float64 one (equal to autograd's at M = 128, where they are resolved).  The closed form K̄ = W(2KĜ + RĤᵀ),
+Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward, is not used: K·Ĝ multiplies rounding by κ(L), and at
+that size its float32 lengthscale gradients were off by up to 2.2 times their value.  Likewise the
+forward pass keeps the triangular solve: forming KᵀWK and solving on both sides would square the
+conditioning of L in the statistics themselves.  Second derivatives (``create_graph=True``)
+recompute the statistics with autograd (:func:`~rfgp.inference.linalg.differentiable_backward`).
 
 :class:`TriangularFeatures` is the root ``LinearOperator`` through which
 :class:`~rfgp.kernels.NystromKernel` hands Φ, K and L to
@@ -56,6 +60,16 @@ def triangular_features(cross: Tensor, chol: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(chol, cross.mT, upper=False).mT
 
 
+#: dtypes whose M × M factors are worked in float64 (and rounded back), where the device has float64
+_WIDENED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The working precision of M × M factors for ``dtype`` inputs: float64 for float32/half, except on devices
+    without float64 (Apple MPS), which keep ``dtype``."""
+    return torch.float64 if dtype in _WIDENED and device.type != "mps" else dtype
+
+
 def _solve_lower_transpose(chol: Tensor, matrix: Tensor, overwrite: bool = False) -> Tensor:
     """L⁻ᵀ·matrix, in the memory of ``matrix`` if ``overwrite``.
 
@@ -64,6 +78,13 @@ def _solve_lower_transpose(chol: Tensor, matrix: Tensor, overwrite: bool = False
     copy of the right-hand side, 13 ms there).
     """
     return torch.linalg.solve_triangular(chol.mT, matrix, upper=True, out=matrix if overwrite else None)
+
+
+def _right_factors(chol: Tensor, sym: Tensor, grad_projection: Tensor) -> tuple[Tensor, Tensor]:
+    """(SL⁻¹, (L⁻ᵀH̄)ᵀ) for the symmetric S, computed in :func:`factor_dtype` and rounded back."""
+    work = factor_dtype(chol.dtype, chol.device)
+    solved = _solve_lower_transpose(chol.to(work), torch.cat((sym, grad_projection), -1).to(work)).mT.to(sym.dtype)
+    return solved[..., : sym.shape[-1], :], solved[..., sym.shape[-1] :, :]
 
 
 class _TriangularStatistics(torch.autograd.Function):
@@ -82,27 +103,53 @@ class _TriangularStatistics(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_gram: Tensor, grad_projection: Tensor):
         features, cross, chol, weights, rhs, gram, projection, *unit = ctx.saved_tensors
-        needs = ctx.needs_input_grad
+        needs = ctx.needs_input_grad[1:]
         if torch.is_grad_enabled():  # create_graph=True
             grads = differentiable_backward(
                 lambda: plain_statistics(triangular_features(cross, chol), weights, rhs), (cross, chol, weights, rhs),
-                needs[1:], (grad_gram, grad_projection),
+                needs, (grad_gram, grad_projection),
             )
         else:
-            grad_features, grad_weights, grad_rhs = statistics_backward(
-                features, weights, rhs, grad_gram, grad_projection, (needs[1], needs[3], needs[4])
-            )
-            grad_cross = grad_chol = None
-            if needs[1]:  # K̄ = Φ̄L⁻¹, in the memory of Φ̄
-                grad_cross = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
-            if needs[2]:  # L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)), S = ½(Ḡ + Ḡᵀ)
-                grad_chol = _add_matmul((grad_gram + grad_gram.mT) @ gram, grad_projection, projection.mT)
-                grad_chol = _solve_lower_transpose(chol, grad_chol).tril_().neg_()
-            if needs[3] and unit:
-                grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection)
-            grads = (grad_cross, grad_chol, grad_weights, grad_rhs)
+            grads = _lean_backward(features, chol, weights, rhs, gram, projection, unit, grad_gram, grad_projection,
+                                   needs)
         return (None, *(None if g is None else _sum_to_shape(g, t.shape)
                         for g, t in zip(grads, (cross, chol, weights, rhs))))
+
+
+def _lean_backward(features, chol, weights, rhs, gram, projection, unit, grad_gram, grad_projection, needs):
+    """(K̄, L̄, w̄, R̄) without a graph; ``unit`` holds the unit statistics of uniform weights (else empty)."""
+    need_cross, need_chol, need_weights, need_rhs = needs
+    w = weights.unsqueeze(-1)
+    grad_cross = grad_chol = grad_weights = grad_rhs = None
+    if need_weights and not unit:  # per-point w̄ needs ΦS anyway: Φ̄ = W(2ΦS + RH̄ᵀ), then K̄ = Φ̄L⁻¹ by a solve
+        grad_features, grad_weights, grad_rhs = statistics_backward(
+            features, weights, rhs, grad_gram, grad_projection, (need_cross, True, need_rhs)
+        )
+        if need_cross:  # in the memory of Φ̄
+            grad_cross = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
+    else:
+        if need_cross:  # K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ): one product
+            hat_sym, hat_projection = _right_factors(chol, 0.5 * (grad_gram + grad_gram.mT), grad_projection)
+            if unit:  # the uniform weight scales the M × M factor, not the N × M product
+                grad_cross = _add_matmul(features @ (hat_sym * (2.0 * w)), rhs * w, hat_projection)
+            else:
+                grad_cross = _add_matmul((features @ hat_sym).mul_(2.0), rhs, hat_projection).mul_(w)
+        if need_rhs:
+            grad_rhs = (features @ grad_projection) * w
+        if need_weights:
+            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection)
+    if need_chol:  # L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)), S = ½(Ḡ + Ḡᵀ)
+        grad_chol = _factor_grad(chol, grad_gram, grad_projection, gram, projection)
+    return grad_cross, grad_chol, grad_weights, grad_rhs
+
+
+def _factor_grad(chol: Tensor, grad_gram: Tensor, grad_projection: Tensor, gram: Tensor, projection: Tensor) -> Tensor:
+    """L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)), the product formed in :func:`factor_dtype` (the solve's precision does not
+    matter, see the module docstring)."""
+    work = factor_dtype(chol.dtype, chol.device)
+    grad_gram, gram = grad_gram.to(work), gram.to(work)
+    product = _add_matmul((grad_gram + grad_gram.mT) @ gram, grad_projection.to(work), projection.mT.to(work))
+    return _solve_lower_transpose(chol, product.to(chol.dtype)).tril_().neg_()
 
 
 def triangular_statistics(features: Tensor, cross: Tensor, chol: Tensor, weights: Tensor,
