@@ -80,8 +80,9 @@ def _solve_lower_transpose(chol: Tensor, matrix: Tensor, overwrite: bool = False
     return torch.linalg.solve_triangular(chol.mT, matrix, upper=True, out=matrix if overwrite else None)
 
 
-def _right_factors(chol: Tensor, sym: Tensor, grad_projection: Tensor) -> tuple[Tensor, Tensor]:
-    """(SL⁻¹, (L⁻ᵀH̄)ᵀ) for the symmetric S, computed in :func:`factor_dtype` and rounded back."""
+def _right_factors(chol: Tensor, grad_gram: Tensor, grad_projection: Tensor) -> tuple[Tensor, Tensor]:
+    """(SL⁻¹, (L⁻ᵀH̄)ᵀ) with S = ½(Ḡ + Ḡᵀ), computed in :func:`factor_dtype` and rounded back."""
+    sym = 0.5 * (grad_gram + grad_gram.mT)
     work = factor_dtype(chol.dtype, chol.device)
     solved = _solve_lower_transpose(chol.to(work), torch.cat((sym, grad_projection), -1).to(work)).mT.to(sym.dtype)
     return solved[..., : sym.shape[-1], :], solved[..., sym.shape[-1] :, :]
@@ -119,28 +120,46 @@ class _TriangularStatistics(torch.autograd.Function):
 def _lean_backward(features, chol, weights, rhs, gram, projection, unit, grad_gram, grad_projection, needs):
     """(K̄, L̄, w̄, R̄) without a graph; ``unit`` holds the unit statistics of uniform weights (else empty)."""
     need_cross, need_chol, need_weights, need_rhs = needs
-    w = weights.unsqueeze(-1)
-    grad_cross = grad_chol = grad_weights = grad_rhs = None
-    if need_weights and not unit:  # per-point w̄ needs ΦS anyway: Φ̄ = W(2ΦS + RH̄ᵀ), then K̄ = Φ̄L⁻¹ by a solve
+    factors = _right_factors(chol, grad_gram, grad_projection) if _uses_factors(weights, needs) else None
+    grad_cross, grad_weights, grad_rhs = _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors,
+                                                    need_cross, need_weights, need_rhs)
+    if need_weights and unit:
+        grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection)
+    grad_chol = _factor_grad(chol, grad_gram, grad_projection, gram, projection) if need_chol else None
+    return grad_cross, grad_chol, grad_weights, grad_rhs
+
+
+def _uses_factors(weights: Tensor, needs) -> bool:
+    """Whether K̄ comes from :func:`_right_factors` (not from Φ̄, which per-point weights needing w̄ form anyway)."""
+    need_cross, _, need_weights, _ = needs
+    return need_cross and not (need_weights and not _is_uniform(weights))
+
+
+def _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors, need_cross, need_weights, need_rhs):
+    """(K̄, per-point w̄, R̄) of a block of rows (``weights`` theirs, or uniform).
+
+    Per-point weights that need w̄ = rowsum(Φ ⊙ ΦS) + rowsum(R ⊙ ΦH̄) form Φ̄ = W(2ΦS + RH̄ᵀ)
+    (:func:`~rfgp.inference.linalg.statistics_backward`) and solve K̄ = Φ̄L⁻¹ in its memory; otherwise
+    K̄ comes from the M × M ``factors`` by one product.
+    """
+    if need_weights and not _is_uniform(weights):
         grad_features, grad_weights, grad_rhs = statistics_backward(
             features, weights, rhs, grad_gram, grad_projection, (need_cross, True, need_rhs)
         )
-        if need_cross:  # in the memory of Φ̄
-            grad_cross = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
-    else:
-        if need_cross:  # K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ): one product
-            hat_sym, hat_projection = _right_factors(chol, 0.5 * (grad_gram + grad_gram.mT), grad_projection)
-            if unit:  # the uniform weight scales the M × M factor, not the N × M product
-                grad_cross = _add_matmul(features @ (hat_sym * (2.0 * w)), rhs * w, hat_projection)
-            else:
-                grad_cross = _add_matmul((features @ hat_sym).mul_(2.0), rhs, hat_projection).mul_(w)
-        if need_rhs:
-            grad_rhs = (features @ grad_projection) * w
-        if need_weights:
-            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection)
-    if need_chol:  # L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)), S = ½(Ḡ + Ḡᵀ)
-        grad_chol = _factor_grad(chol, grad_gram, grad_projection, gram, projection)
-    return grad_cross, grad_chol, grad_weights, grad_rhs
+        if need_cross:
+            grad_features = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
+        return grad_features, grad_weights, grad_rhs
+    grad_cross = _cross_grad(features, weights, rhs, *factors) if need_cross else None
+    grad_rhs = (features @ grad_projection) * weights.unsqueeze(-1) if need_rhs else None
+    return grad_cross, None, grad_rhs
+
+
+def _cross_grad(features: Tensor, weights: Tensor, rhs: Tensor, hat_sym: Tensor, hat_projection: Tensor) -> Tensor:
+    """K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ) from the factors of :func:`_right_factors`: one N·M² product."""
+    w = weights.unsqueeze(-1)
+    if _is_uniform(weights):  # the uniform weight scales the M × M factor, not the N × M product
+        return _add_matmul(features @ (hat_sym * (2.0 * w)), rhs * w, hat_projection)
+    return _add_matmul((features @ hat_sym).mul_(2.0), rhs, hat_projection).mul_(w)
 
 
 def _factor_grad(chol: Tensor, grad_gram: Tensor, grad_projection: Tensor, gram: Tensor, projection: Tensor) -> Tensor:
