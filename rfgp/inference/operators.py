@@ -51,7 +51,7 @@ from .chunking import (
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import feature_statistics, fold_constant, project
-from .triangular_statistics import TriangularFeatures
+from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
 class FeatureRootLinearOperator(LowRankRootLinearOperator):
@@ -258,7 +258,10 @@ class ChunkedFeatureRootLinearOperator(LinearOperator):
         return torch.cat([self.featurizer(self.inputs[..., rows, :]) for rows in self._chunks()], -2)
 
     def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients."""
+        """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients (fused through the triangular
+        solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`)."""
+        if isinstance(self.featurizer, TriangularFeaturizer):
+            return chunked_triangular_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
         return chunked_feature_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
 
     def _project(self, rhs: Tensor) -> Tensor:

