@@ -33,7 +33,10 @@ recompute the statistics with autograd (:func:`~rfgp.inference.linalg.differenti
 :class:`~rfgp.kernels.NystromKernel` hands Φ, K and L to
 :class:`~rfgp.inference.operators.FeatureRootLinearOperator`: it behaves as the dense Φ everywhere
 (products, indexing, posterior caches, the kernel-space path), and its feature statistics take this
-backward.  Chunked operators (Φ over the memory budget) recompute Φ per chunk with autograd as before.
+backward.  When Φ exceeds the memory budget, :class:`TriangularFeaturizer` keeps K(x, Z) and L apart
+for the chunked operators: :func:`chunked_triangular_statistics` factorises L once per pass (autograd
+through Φ recomputed per chunk factorises it in every chunk, forward and backward), forms the M × M
+factors once, recomputes K(x_c, Z) per chunk for K̄_c and back-propagates L̄ once.
 """
 
 from __future__ import annotations

@@ -223,9 +223,10 @@ class NystromKernel(FeatureKernel):
     def featurize(self, x: Tensor) -> Tensor:
         """Φ(x) = K(x, Z)·L⁻ᵀ, ``(*batch_shape, n, M)``.
 
-        L is recomputed at every call, so that chunked evaluation (which recomputes the
-        features of each chunk in the backward pass) differentiates through it: O(M³) per
-        chunk, small against the chunk's O(chunk·M²).
+        L is recomputed at every call, so that chunked evaluations that recompute the features
+        of each chunk under autograd differentiate through it: O(M³) per chunk, small against the
+        chunk's O(chunk·M²).  The chunked marginal likelihood does not: its featurizer hands K
+        and L apart (:meth:`featurizer`) and factorises L once.
         """
         return triangular_features(*self._factors(x))
 
