@@ -236,19 +236,18 @@ class NystromKernel(FeatureKernel):
         cross, chol = self._factors(x)
         return TriangularFeatures(triangular_features(cross, chol), cross, chol)
 
-    def feature_shape(self, x: Tensor) -> tuple[int, torch.Size]:
-        """(M, batch shape of x and the base kernel), without the probe evaluation (a second Cholesky of K(Z, Z) per
-        kernel call)."""
-        return self.num_features, torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
-
     def featurizer(self, x: Tensor) -> TriangularFeaturizer:
         """Φ = K(·, Z)·L⁻ᵀ with K and L apart, so that chunked statistics factorise L once per pass and take the fused
-        backward (:func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics`)."""
-        num_features, batch_shape = self.feature_shape(x)
+        backward (:func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics`).
+
+        Width M and the batch shape of x and the base kernel are known, so no probe row is featurised (FeatureKernel's
+        probe would factorise K(Z, Z) once more per kernel call).
+        """
         params = [p for p in self.parameters() if p.requires_grad]
         dtype = x.dtype
         return TriangularFeaturizer(lambda rows: self.base_kernel(rows, self.landmarks.to(dtype)).to_dense(),
-                                    lambda: self.landmark_cholesky(dtype), params, num_features, batch_shape)
+                                    lambda: self.landmark_cholesky(dtype), params, self.num_features,
+                                    torch.broadcast_shapes(x.shape[:-2], self.batch_shape))
 
     def _factors(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(K(x, Z), L)."""

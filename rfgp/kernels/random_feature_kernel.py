@@ -118,15 +118,10 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
 
     def featurizer(self, x: Tensor) -> Featurizer:
         """:meth:`featurize` as a :class:`~rfgp.inference.chunking.Featurizer` (for chunked evaluation), probed on x's first row."""
-        num_features, batch_shape = self.feature_shape(x)
-        params = [p for p in self.parameters() if p.requires_grad]
-        return Featurizer(self.featurize, params, num_features, batch_shape)
-
-    def feature_shape(self, x: Tensor) -> tuple[int, torch.Size]:
-        """(F, batch shape) of :meth:`featurize` (x), by default read off the features of x's first row."""
         with torch.no_grad():
             probe = self.featurize(x[..., :1, :])
-        return probe.shape[-1], probe.shape[:-2]
+        params = [p for p in self.parameters() if p.requires_grad]
+        return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2])
 
     def _nonfinite_error(self, error: NonFiniteError) -> NonFiniteError:
         """x1 and x2 are finite, the scaled inputs are not: name the hyperparameter (error path only)."""
