@@ -385,3 +385,25 @@ def test_chunked_batched_dirichlet_and_second_derivatives(chunked_calls, monkeyp
                                                                       materialize_grads=True)])
 
     torch.testing.assert_close(hessian_row(12), hessian_row(None), rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("size", [None, 16])
+def test_gradient_reaches_differentiable_inputs(size, fused_calls, chunked_calls, monkeypatch):
+    """x computed by a differentiable map (deep kernel learning): x̄ through K̄, unchunked and chunked."""
+    x, y = data(n=50)
+    warp = torch.tensor([[1.0, 0.3], [-0.2, 0.8]], dtype=DTYPE, requires_grad=True)
+    model = nystrom_model(x, y, "inside")
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+
+    def warp_grad():
+        with rfgp.settings.chunk_size(size):
+            inputs = x @ warp
+            model.set_train_data(inputs, y, strict=False)
+            return torch.autograd.grad(mll(model(inputs), y), warp)[0]
+
+    grad = warp_grad()
+    assert (fused_calls if size is None else chunked_calls)
+    monkeypatch.setattr(NystromKernel, "feature_root", NystromKernel.featurize)
+    monkeypatch.setattr(NystromKernel, "featurizer", FeatureKernelFeaturizer)
+    torch.testing.assert_close(grad, warp_grad(), rtol=1e-9, atol=1e-10)
