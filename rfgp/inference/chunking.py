@@ -22,6 +22,7 @@ unchunked path; only the features are computed twice.  Second derivatives
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,10 +73,12 @@ class Featurizer:
     def scaled(self, scale: Tensor | float) -> Featurizer:
         """The features of σ²k: √σ² Φ (``scale`` a positive number or a batch-shaped tensor)."""
         root = scale.sqrt() if torch.is_tensor(scale) else scale**0.5
-        constant = root if self.constant is None else self.constant * root
-        params = (*self.params, root) if torch.is_tensor(root) else self.params
-        batch = torch.broadcast_shapes(self.batch_shape, root.shape) if torch.is_tensor(root) else self.batch_shape
-        return Featurizer(self.function, params, self.num_features, batch, constant)
+        scaled = copy.copy(self)  # a subclass keeps its structure (TriangularFeaturizer: K and L)
+        scaled.constant = root if self.constant is None else self.constant * root
+        scaled.params = (*self.params, root) if torch.is_tensor(root) else self.params
+        if torch.is_tensor(root):
+            scaled.batch_shape = torch.broadcast_shapes(self.batch_shape, root.shape)
+        return scaled
 
     def concatenated(self, other: Featurizer) -> Featurizer:
         """The features of k₁ + k₂: [Φ₁, Φ₂]."""

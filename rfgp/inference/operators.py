@@ -8,7 +8,9 @@
   likelihood adds its noise.  ``inv_quad_logdet`` (the marginal-likelihood hot path)
   runs in O(N·F² + F³) time through the capacitance matrix A = I + ΦᵀD⁻¹Φ
   (Woodbury identity and the matrix determinant lemma), with the lean Gram backward
-  of :func:`rfgp.inference.linalg.feature_statistics`; when the N × N matrix is cheaper by flop count
+  of :func:`rfgp.inference.linalg.feature_statistics` (of
+  :func:`rfgp.inference.triangular_statistics.triangular_statistics` for a Nyström root Φ = K·L⁻ᵀ,
+  :class:`~rfgp.inference.triangular_statistics.TriangularFeatures`); when the N × N matrix is cheaper by flop count
   (always when N ≤ F) it runs in O(N²·F + N³) through :mod:`rfgp.inference.kernel_space` instead.
 * :class:`ChunkedFeatureRootLinearOperator` / :class:`ChunkedFeatureRootAddedDiagLinearOperator`
   — the same matrices when Φ does not fit :class:`rfgp.settings.memory_budget`: they
@@ -49,6 +51,7 @@ from .chunking import (
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import feature_statistics, fold_constant, project
+from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
 class FeatureRootLinearOperator(LowRankRootLinearOperator):
@@ -71,16 +74,29 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
         self.root = root
         self.variance_correction = variance_correction
 
-    def scaled_features(self) -> tuple[Tensor, Tensor | None]:
-        """(Φ₀, c) with Φ = c·Φ₀; c (batch-shaped or scalar) is ``None`` when the root carries no constant."""
+    def scaled_root(self) -> tuple[LinearOperator, Tensor | None]:
+        """(Φ₀, c) with Φ = c·Φ₀, Φ₀ as an operator; c (batch-shaped or scalar) is ``None`` when the root carries
+        no constant."""
         if isinstance(self.root, ConstantMulLinearOperator):
-            return self.root.base_linear_op.to_dense(), self.root._constant
-        return self.root.to_dense(), None
+            return self.root.base_linear_op, self.root._constant
+        return self.root, None
+
+    def scaled_features(self) -> tuple[Tensor, Tensor | None]:
+        """(Φ₀, c) with Φ = c·Φ₀ and Φ₀ a tensor, see :meth:`scaled_root`."""
+        root, constant = self.scaled_root()
+        return root.to_dense(), constant
 
     def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``."""
-        features, constant = self.scaled_features()
-        return feature_statistics(features, *fold_constant(constant, weights, rhs))
+        """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``.
+
+        A root Φ₀ = K·L⁻ᵀ (:class:`~rfgp.inference.triangular_statistics.TriangularFeatures`, Nyström) takes the
+        backward fused through its triangular solve.
+        """
+        root, constant = self.scaled_root()
+        weights, rhs = fold_constant(constant, weights, rhs)
+        if isinstance(root, TriangularFeatures):
+            return root.feature_statistics(weights, rhs)
+        return feature_statistics(root.to_dense(), weights, rhs)
 
     def features(self) -> Tensor:
         """Φ, ``(..., N, F)``."""
@@ -89,11 +105,11 @@ class FeatureRootLinearOperator(LowRankRootLinearOperator):
     def _mul_constant(self, other):
         if not _is_positive(other):
             return super()._mul_constant(other)
-        features, constant = self.scaled_features()
-        root_constant = torch.as_tensor(other, dtype=features.dtype, device=features.device).sqrt()
+        base, constant = self.scaled_root()  # the base root stays an operator (a TriangularFeatures keeps K and L)
+        root_constant = torch.as_tensor(other, dtype=base.dtype, device=base.device).sqrt()
         if constant is not None:
             root_constant = constant * root_constant
-        root = ConstantMulLinearOperator(to_linear_operator(features), root_constant)
+        root = ConstantMulLinearOperator(base, root_constant)
         return self.__class__(root, _scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):
@@ -242,7 +258,10 @@ class ChunkedFeatureRootLinearOperator(LinearOperator):
         return torch.cat([self.featurizer(self.inputs[..., rows, :]) for rows in self._chunks()], -2)
 
     def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients."""
+        """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients (fused through the triangular
+        solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`)."""
+        if isinstance(self.featurizer, TriangularFeaturizer):
+            return chunked_triangular_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
         return chunked_feature_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
 
     def _project(self, rhs: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ import math
 
 import torch
 from gpytorch.kernels import Kernel
-from linear_operator.operators import MatmulLinearOperator
+from linear_operator.operators import LinearOperator, MatmulLinearOperator
 from torch import Tensor
 
 from ..core.config_state import ConfigState
@@ -107,13 +107,18 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space
             # strategy never evaluates: stay lazy instead of featurising the N training points.
             return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, num_rows)
+        if same and not diag:
+            return FeatureRootLinearOperator(self.feature_root(x1), self.variance_correction(x1))
         z1 = self.featurize(x1)
         z2 = z1 if same else self.featurize(x2)
         if diag:
             return (z1 * z2).sum(-1)
-        if same:
-            return FeatureRootLinearOperator(z1, self.variance_correction(x1))
         return MatmulLinearOperator(z1, z2.mT)
+
+    def feature_root(self, x: Tensor) -> Tensor | LinearOperator:
+        """Φ(x) as the root of the training covariance ΦΦᵀ: :meth:`featurize`, or an operator that also carries
+        structure for the feature statistics (Nyström's K·L⁻ᵀ)."""
+        return self.featurize(x)
 
     def featurizer(self, x: Tensor) -> Featurizer:
         """:meth:`featurize` as a :class:`~rfgp.inference.chunking.Featurizer` (for chunked evaluation), probed on x's

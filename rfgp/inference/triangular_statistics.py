@@ -1,0 +1,341 @@
+r"""Feature statistics of Φ = K·L⁻ᵀ (Nyström features) with a backward pass fused through the triangular solve.
+
+Nyström features are Φ = K L⁻ᵀ with K = K(X, Z) (N × M) and L the lower Cholesky factor of the
+landmark Gram matrix (M × M).  Autograd through Φ = solve(L, Kᵀ)ᵀ followed by the statistics
+G = ΦᵀWΦ and H = ΦᵀWR (:mod:`rfgp.inference.linalg`) costs ≈ 7.25·N·M² flops per gradient: the
+triangular solve (N·M²), the symmetric Gram matrix (≈ 1.25·N·M² in blocks), Φ̄ = W(2ΦS + RH̄ᵀ)
+(2·N·M², S = ½(Ḡ + Ḡᵀ)), the solve's backward K̄ = Φ̄L⁻¹ (N·M²) and the factor's cotangent
+L̄ = −tril(L⁻ᵀΦ̄ᵀΦ) (2·N·M²).  Both cotangents have forms with one N·M² product in all:
+
+    K̄ = Φ̄L⁻¹ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ),      L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)),
+
+since Φ̄ᵀΦ = (2SΦᵀ + H̄Rᵀ)WΦ is made of the forward outputs: ≈ 4.25·N·M² per gradient (the
+forward solve, the Gram matrix, one backward product).  R̄ = WΦH̄; uniform weights ``(..., 1)`` take
+w̄ from the unit statistics as in :mod:`rfgp.inference.linalg`.  Per-point weights that need w̄
+(w̄ᵢ = φᵢᵀSφᵢ + φᵢᵀH̄rᵢ) need ΦS anyway: there Φ̄ is formed
+(:func:`~rfgp.inference.linalg.statistics_backward`) and K̄ = Φ̄L⁻¹ solved in its memory
+(≈ 5.25·N·M²).
+
+Precision.  The M × M factors SL⁻¹, L⁻ᵀH̄ and 2SG + H̄Hᵀ are formed in float64 for float32 inputs
+(:func:`factor_dtype`): their rounding is shared by all N rows, so it adds up instead of averaging
+out; in float32 it raised the largest relative error of float32 hyperparameter gradients against
+float64 from 2.8·10⁻⁴ (autograd's) to 1.3·10⁻³ at N = 14 016, M = 1024, d = 4; with float64 factors
+it is autograd's (``benchmarks/nystrom_statistics.py``).  Learned landmarks there have gradients
+below float32 rounding on either path; their rounding noise is ~25× autograd's with a float32
+2SG + H̄Hᵀ and ~5× with the float64 one (equal to autograd's at M = 128, where they are resolved).  The closed form K̄ = W(2KĜ + RĤᵀ),
+Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward, is not used: K·Ĝ multiplies rounding by κ(L), and at
+that size its float32 lengthscale gradients were off by up to 2.2 times their value.  Likewise the
+forward pass keeps the triangular solve: forming KᵀWK and solving on both sides would square the
+conditioning of L in the statistics themselves.  Second derivatives (``create_graph=True``)
+recompute the statistics with autograd (:func:`~rfgp.inference.linalg.differentiable_backward`).
+
+:class:`TriangularFeatures` is the root ``LinearOperator`` through which
+:class:`~rfgp.kernels.NystromKernel` hands Φ, K and L to
+:class:`~rfgp.inference.operators.FeatureRootLinearOperator`: it behaves as the dense Φ everywhere
+(products, indexing, posterior caches, the kernel-space path), and its feature statistics take this
+backward.  When Φ exceeds the memory budget, :class:`TriangularFeaturizer` keeps K(x, Z) and L apart
+for the chunked operators: :func:`chunked_triangular_statistics` factorises L once per pass (autograd
+through Φ recomputed per chunk factorises it in every chunk, forward and backward), forms the M × M
+factors once, recomputes K(x_c, Z) per chunk for K̄_c and back-propagates L̄ once.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import torch
+from linear_operator.operators import DenseLinearOperator, LinearOperator
+from torch import Tensor
+
+from .chunking import Featurizer, _add, backprop_chunks, chunk_slices
+from .linalg import (
+    _add_matmul,
+    _is_uniform,
+    _sum_to_shape,
+    differentiable_backward,
+    fold_constant,
+    plain_statistics,
+    statistics_backward,
+    uniform_weight_grad,
+    unit_statistics,
+    weighted_statistics,
+)
+
+
+def triangular_features(cross: Tensor, chol: Tensor) -> Tensor:
+    """Φ = K·L⁻ᵀ for K ``(..., N, M)`` and a lower-triangular L ``(..., M, M)`` (batch shapes broadcast)."""
+    return torch.linalg.solve_triangular(chol, cross.mT, upper=False).mT
+
+
+#: dtypes whose M × M factors are worked in float64 (and rounded back), where the device has float64
+_WIDENED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The working precision of M × M factors for ``dtype`` inputs: float64 for float32/half, except on devices
+    without float64 (Apple MPS), which keep ``dtype``."""
+    return torch.float64 if dtype in _WIDENED and device.type != "mps" else dtype
+
+
+def _solve_lower_transpose(chol: Tensor, matrix: Tensor, overwrite: bool = False) -> Tensor:
+    """L⁻ᵀ·matrix, in the memory of ``matrix`` if ``overwrite``.
+
+    For B·L⁻¹ pass ``matrix`` = Bᵀ of a row-major B: the column-major layout the solver works in
+    (a right-sided solve is ~1.8× slower on CPU at N = 14 016, M = 1024; overwriting saves the
+    copy of the right-hand side, 13 ms there).
+    """
+    return torch.linalg.solve_triangular(chol.mT, matrix, upper=True, out=matrix if overwrite else None)
+
+
+def _right_factors(chol: Tensor, grad_gram: Tensor, grad_projection: Tensor) -> tuple[Tensor, Tensor]:
+    """(SL⁻¹, (L⁻ᵀH̄)ᵀ) with S = ½(Ḡ + Ḡᵀ), computed in :func:`factor_dtype` and rounded back."""
+    sym = 0.5 * (grad_gram + grad_gram.mT)
+    work = factor_dtype(chol.dtype, chol.device)
+    solved = _solve_lower_transpose(chol.to(work), torch.cat((sym, grad_projection), -1).to(work)).mT.to(sym.dtype)
+    return solved[..., : sym.shape[-1], :], solved[..., sym.shape[-1] :, :]
+
+
+class _TriangularStatistics(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, features: Tensor, cross: Tensor, chol: Tensor, weights: Tensor, rhs: Tensor):
+        if _is_uniform(weights):
+            unit = unit_statistics(features, rhs)
+            w = weights.unsqueeze(-1)
+            gram, projection = unit[0] * w, unit[1] * w
+        else:
+            unit = ()
+            gram, projection = weighted_statistics(features, weights, rhs)
+        ctx.save_for_backward(features, cross, chol, weights, rhs, gram, projection, *unit)
+        return gram, projection
+
+    @staticmethod
+    def backward(ctx, grad_gram: Tensor, grad_projection: Tensor):
+        features, cross, chol, weights, rhs, gram, projection, *unit = ctx.saved_tensors
+        needs = ctx.needs_input_grad[1:]
+        if torch.is_grad_enabled():  # create_graph=True
+            grads = differentiable_backward(
+                lambda: plain_statistics(triangular_features(cross, chol), weights, rhs), (cross, chol, weights, rhs),
+                needs, (grad_gram, grad_projection),
+            )
+        else:
+            grads = _lean_backward(features, chol, weights, rhs, gram, projection, unit, grad_gram, grad_projection,
+                                   needs)
+        return (None, *(None if g is None else _sum_to_shape(g, t.shape)
+                        for g, t in zip(grads, (cross, chol, weights, rhs))))
+
+
+def _lean_backward(features, chol, weights, rhs, gram, projection, unit, grad_gram, grad_projection, needs):
+    """(K̄, L̄, w̄, R̄) without a graph; ``unit`` holds the unit statistics of uniform weights (else empty)."""
+    need_cross, need_chol, need_weights, need_rhs = needs
+    factors = _right_factors(chol, grad_gram, grad_projection) if _uses_factors(weights, needs) else None
+    grad_cross, grad_weights, grad_rhs = _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors,
+                                                    need_cross, need_weights, need_rhs)
+    if need_weights and unit:
+        grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection)
+    grad_chol = _factor_grad(chol, grad_gram, grad_projection, gram, projection) if need_chol else None
+    return grad_cross, grad_chol, grad_weights, grad_rhs
+
+
+def _uses_factors(weights: Tensor, needs) -> bool:
+    """Whether K̄ comes from :func:`_right_factors` (not from Φ̄, which per-point weights needing w̄ form anyway)."""
+    need_cross, _, need_weights, _ = needs
+    return need_cross and not (need_weights and not _is_uniform(weights))
+
+
+def _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors, need_cross, need_weights, need_rhs):
+    """(K̄, per-point w̄, R̄) of a block of rows (``weights`` theirs, or uniform).
+
+    Per-point weights that need w̄ = rowsum(Φ ⊙ ΦS) + rowsum(R ⊙ ΦH̄) form Φ̄ = W(2ΦS + RH̄ᵀ)
+    (:func:`~rfgp.inference.linalg.statistics_backward`) and solve K̄ = Φ̄L⁻¹ in its memory; otherwise
+    K̄ comes from the M × M ``factors`` by one product.
+    """
+    if need_weights and not _is_uniform(weights):
+        grad_features, grad_weights, grad_rhs = statistics_backward(
+            features, weights, rhs, grad_gram, grad_projection, (need_cross, True, need_rhs)
+        )
+        if need_cross:
+            grad_features = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
+        return grad_features, grad_weights, grad_rhs
+    grad_cross = _cross_grad(features, weights, rhs, *factors) if need_cross else None
+    grad_rhs = (features @ grad_projection) * weights.unsqueeze(-1) if need_rhs else None
+    return grad_cross, None, grad_rhs
+
+
+def _cross_grad(features: Tensor, weights: Tensor, rhs: Tensor, hat_sym: Tensor, hat_projection: Tensor) -> Tensor:
+    """K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ) from the factors of :func:`_right_factors`: one N·M² product."""
+    w = weights.unsqueeze(-1)
+    if _is_uniform(weights):  # the uniform weight scales the M × M factor, not the N × M product
+        return _add_matmul(features @ (hat_sym * (2.0 * w)), rhs * w, hat_projection)
+    return _add_matmul((features @ hat_sym).mul_(2.0), rhs, hat_projection).mul_(w)
+
+
+def _factor_grad(chol: Tensor, grad_gram: Tensor, grad_projection: Tensor, gram: Tensor, projection: Tensor) -> Tensor:
+    """L̄ = −tril(L⁻ᵀ(2SG + H̄Hᵀ)), the product formed in :func:`factor_dtype` (the solve's precision does not
+    matter, see the module docstring)."""
+    work = factor_dtype(chol.dtype, chol.device)
+    grad_gram, gram = grad_gram.to(work), gram.to(work)
+    product = _add_matmul((grad_gram + grad_gram.mT) @ gram, grad_projection.to(work), projection.mT.to(work))
+    return _solve_lower_transpose(chol, product.to(chol.dtype)).tril_().neg_()
+
+
+def triangular_statistics(features: Tensor, cross: Tensor, chol: Tensor, weights: Tensor,
+                          rhs: Tensor) -> tuple[Tensor, Tensor]:
+    """(ΦᵀWΦ, ΦᵀWR) for Φ = K·L⁻ᵀ, differentiable with respect to K, L, the weights and R.
+
+    Args:
+        features: Φ = :func:`triangular_features` (K, L), ``(..., N, M)``, already formed (by the
+            kernel); only its value is used: gradients flow through ``cross`` and ``chol``.
+        cross: K, ``(..., N, M)``.
+        chol: L, lower triangular, ``(..., M, M)``.
+        weights: diagonal of W, ``(..., N)``, or uniform ``(..., 1)``.
+        rhs: R, ``(..., N, t)``.
+    """
+    batch = torch.broadcast_shapes(features.shape[:-2], cross.shape[:-2], chol.shape[:-2], weights.shape[:-1],
+                                   rhs.shape[:-2])
+    return _TriangularStatistics.apply(
+        features.detach().expand(*batch, *features.shape[-2:]), cross, chol,
+        weights.expand(*batch, weights.shape[-1]), rhs.expand(*batch, *rhs.shape[-2:]),
+    )
+
+
+class TriangularFeaturizer(Featurizer):
+    """x ↦ Φ(x) = c·K(x)·L⁻ᵀ with K(x) = K(x, Z) and L as functions of the differentiable ``params``.
+
+    Chunked statistics of such features (:func:`chunked_triangular_statistics`) factorise L once per
+    pass instead of once per chunk and take the fused backward per chunk.
+
+    Args:
+        cross: maps rows ``(..., c, d)`` to K(x, Z) ``(*batch_shape, c, M)``.
+        chol: returns L ``(*batch_shape, M, M)``.
+        params, num_features, batch_shape, constant: as for :class:`~rfgp.inference.chunking.Featurizer`.
+    """
+
+    def __init__(self, cross: Callable[[Tensor], Tensor], chol: Callable[[], Tensor], params: Sequence[Tensor],
+                 num_features: int, batch_shape: torch.Size, constant: Tensor | float | None = None) -> None:
+        super().__init__(lambda x: triangular_features(cross(x), chol()), params, num_features, batch_shape, constant)
+        self.cross, self.chol = cross, chol
+
+
+class _ChunkedTriangularStatistics(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
+        chol = featurizer.chol()
+        uniform = _is_uniform(weights)
+        gram = projection = None
+        for rows in chunk_slices(inputs.shape[-2], chunk_size):
+            features = triangular_features(featurizer.cross(inputs[..., rows, :]), chol)
+            if uniform:
+                chunk = unit_statistics(features, rhs[..., rows, :])
+            else:
+                chunk = weighted_statistics(features, weights[..., rows], rhs[..., rows, :])
+            gram, projection = _add(gram, chunk[0]), _add(projection, chunk[1])
+        unit = ()
+        if uniform:
+            unit, w = (gram, projection), weights.unsqueeze(-1)
+            gram, projection = gram * w, projection * w
+        ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
+        ctx.save_for_backward(inputs, weights, rhs, chol, gram, projection, *unit)
+        return gram, projection
+
+    @staticmethod
+    def backward(ctx, grad_gram, grad_projection):
+        inputs, weights, rhs, chol, gram, projection, *unit = ctx.saved_tensors
+        featurizer, needs = ctx.featurizer, ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
+            grads = differentiable_backward(
+                lambda: plain_statistics(featurizer(inputs), weights, rhs), (inputs, weights, rhs, *featurizer.params),
+                needs[2:], (grad_gram, grad_projection),
+            )
+            return (None, None, *grads)
+        need_inputs, need_weights, need_rhs, params_need = needs[2], needs[3], needs[4], needs[5:]
+        need_cross = need_inputs or any(params_need)
+        factors = None
+        if _uses_factors(weights, (need_cross, False, need_weights, need_rhs)):
+            factors = _right_factors(chol, grad_gram, grad_projection)
+        weight_grads, rhs_grads = [], []
+
+        def chunk_grad(cross: Tensor, rows: slice) -> Tensor:
+            chunk_weights = weights if unit else weights[..., rows]
+            grad_cross, grad_weights, grad_rhs = _row_grads(
+                triangular_features(cross, chol), chol, chunk_weights, rhs[..., rows, :], grad_gram, grad_projection,
+                factors, True, need_weights, need_rhs,
+            )
+            weight_grads.append(grad_weights)
+            rhs_grads.append(grad_rhs)
+            return grad_cross
+
+        cross = Featurizer(featurizer.cross, featurizer.params, featurizer.num_features, featurizer.batch_shape)
+        input_grad, param_grads = backprop_chunks(cross, inputs, ctx.chunk_size, chunk_grad, need_inputs, params_need)
+        if any(params_need):  # L̄ once, through one factorisation with a graph
+            wanted = [p for p, need in zip(featurizer.params, params_need) if need]
+            with torch.enable_grad():
+                factor = featurizer.chol()
+            grad_chol = _sum_to_shape(_factor_grad(chol, grad_gram, grad_projection, gram, projection), factor.shape)
+            found = iter(torch.autograd.grad(factor, wanted, grad_chol, allow_unused=True))
+            param_grads = [_add(g, next(found)) if need else None for g, need in zip(param_grads, params_need)]
+        grad_weights = grad_rhs = None
+        if need_weights:
+            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection) if unit else torch.cat(weight_grads, -1)
+            grad_weights = _sum_to_shape(grad_weights, weights.shape)
+        if need_rhs:
+            grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape)
+        return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
+
+
+def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tensor, weights: Tensor, rhs: Tensor,
+                                  chunk_size: int) -> tuple[Tensor, Tensor]:
+    """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs) = c·K(x)L⁻ᵀ, accumulated over ``chunk_size`` rows at a time.
+
+    The chunked counterpart of :func:`triangular_statistics` (and the Nyström counterpart of
+    :func:`~rfgp.inference.chunking.chunked_feature_statistics`): the backward recomputes K(x_c) per
+    chunk under autograd, and L once.
+    """
+    unscaled = copy.copy(featurizer)
+    unscaled.constant = None
+    weights, rhs = fold_constant(featurizer.constant, weights, rhs)
+    return _ChunkedTriangularStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *featurizer.params)
+
+
+class TriangularFeatures(LinearOperator):
+    """The feature matrix Φ = K·L⁻ᵀ ``(..., N, M)`` together with its factors K and L.
+
+    Every operation sees the dense Φ (products, indexing, ``to_dense``; its autograd graph reaches K
+    and L as usual); :meth:`feature_statistics` takes the fused backward of :func:`triangular_statistics`.
+    K and L are expanded to Φ's batch shape (views), so that batch operations (indexing, permuting,
+    unsqueezing) transform all three alike.
+
+    Args:
+        features: Φ = :func:`triangular_features` (cross, chol).
+        cross: K, ``(..., N, M)``.
+        chol: L, ``(..., M, M)``.
+    """
+
+    def __init__(self, features: Tensor, cross: Tensor, chol: Tensor) -> None:
+        batch = features.shape[:-2]
+        cross = cross.expand(*batch, *cross.shape[-2:])
+        chol = chol.expand(*batch, *chol.shape[-2:])
+        super().__init__(features, cross, chol)
+        self.features, self.cross, self.chol = features, cross, chol
+
+    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+        """(ΦᵀWΦ, ΦᵀWR), see :func:`triangular_statistics`."""
+        return triangular_statistics(self.features, self.cross, self.chol, weights, rhs)
+
+    def _size(self) -> torch.Size:
+        return self.features.shape
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        return self.features @ rhs
+
+    def _transpose_nonbatch(self) -> LinearOperator:
+        return DenseLinearOperator(self.features.mT)
+
+    def _get_indices(self, row_index, col_index, *batch_indices) -> Tensor:
+        return DenseLinearOperator(self.features)._get_indices(row_index, col_index, *batch_indices)
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        return DenseLinearOperator(self.features)._getitem(row_index, col_index, *batch_indices)
+
+    def to_dense(self) -> Tensor:
+        return self.features
