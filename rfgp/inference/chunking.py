@@ -62,6 +62,8 @@ class Featurizer:
         self.num_features = num_features
         self.batch_shape = torch.Size(batch_shape)
         self.constant = constant
+        #: the tensors of ``params`` that enter only through ``constant`` (the √outputscales of :meth:`scaled`)
+        self.constant_params: tuple[Tensor, ...] = ()
 
     def __call__(self, x: Tensor) -> Tensor:
         features = self.function(x)
@@ -77,8 +79,18 @@ class Featurizer:
         scaled.constant = root if self.constant is None else self.constant * root
         scaled.params = (*self.params, root) if torch.is_tensor(root) else self.params
         if torch.is_tensor(root):
+            scaled.constant_params = (*self.constant_params, root)
             scaled.batch_shape = torch.broadcast_shapes(self.batch_shape, root.shape)
         return scaled
+
+    def unscaled(self) -> Featurizer:
+        """Φ₀ = Φ/c as a featurizer of the tensors its function uses: without the constant and the tensors that only
+        enter through it, which reach the statistics through :func:`~rfgp.inference.linalg.fold_constant`'s weights
+        instead (kept as inputs too, a create_graph backward would count their derivative twice)."""
+        unscaled = copy.copy(self)
+        unscaled.constant, unscaled.constant_params = None, ()
+        unscaled.params = tuple(p for p in self.params if all(p is not q for q in self.constant_params))
+        return unscaled
 
     def concatenated(self, other: Featurizer) -> Featurizer:
         """The features of k₁ + k₂: [Φ₁, Φ₂]."""
@@ -204,6 +216,6 @@ def chunked_feature_statistics(
         rhs: R of shape ``(..., N, t)``.
         chunk_size: rows per chunk.
     """
-    unscaled = Featurizer(featurizer.function, featurizer.params, featurizer.num_features, featurizer.batch_shape)
+    unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
-    return _ChunkedStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *featurizer.params)
+    return _ChunkedStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *unscaled.params)

@@ -41,7 +41,6 @@ factors once, recomputes K(x_c, Z) per chunk for K̄_c and back-propagates L̄ o
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 
 import torch
@@ -291,10 +290,9 @@ def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tens
     :func:`~rfgp.inference.chunking.chunked_feature_statistics`): the backward recomputes K(x_c) per
     chunk under autograd, and L once.
     """
-    unscaled = copy.copy(featurizer)
-    unscaled.constant = None
+    unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
-    return _ChunkedTriangularStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *featurizer.params)
+    return _ChunkedTriangularStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *unscaled.params)
 
 
 class TriangularFeatures(LinearOperator):

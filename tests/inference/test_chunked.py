@@ -180,3 +180,39 @@ def test_prediction_keeps_the_test_train_covariance_lazy():
         posterior = model(x_test)
         torch.testing.assert_close(mean, posterior.mean.detach())
         torch.testing.assert_close(variance, posterior.variance.detach())
+
+
+@pytest.mark.parametrize("kernel", [
+    lambda: gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0)),
+    lambda: gpytorch.kernels.ScaleKernel(gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0))),
+    lambda: gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0))
+    + gpytorch.kernels.ScaleKernel(SketchedMaternKernel(16, seed=1)),
+    lambda: gpytorch.kernels.ScaleKernel(rfgp.kernels.NystromKernel(gpytorch.kernels.RBFKernel(),
+                                                                    torch.linspace(0, 1, 8).view(4, 2))),
+], ids=["scaled", "scaled twice", "sum of scaled", "scaled nystrom"])
+def test_create_graph_gradients_and_hessian_match_unchunked(kernel):
+    """A ScaleKernel's √outputscale reaches the chunked statistics through their weights only: kept among the
+    featurizer's differentiable inputs as well, a create_graph backward counted its derivative twice."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1)
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel()).double().train()
+    for module in model.modules():
+        if isinstance(module, gpytorch.kernels.ScaleKernel):
+            module.outputscale = 1.3
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def gradient_and_hessian(chunk_size):
+        with rfgp.settings.chunk_size(chunk_size):
+            grads = torch.autograd.grad(mll(model(x), y), params, create_graph=True)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        rows = [torch.cat([h.reshape(-1) for h in torch.autograd.grad(entry, params, retain_graph=True,
+                                                                     allow_unused=True, materialize_grads=True)])
+                for entry in flat]
+        return flat.detach(), torch.stack(rows)
+
+    gradient, hessian = gradient_and_hessian(12)
+    expected_gradient, expected_hessian = gradient_and_hessian(None)
+    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(hessian, expected_hessian, rtol=1e-7, atol=1e-9)

@@ -379,7 +379,7 @@ def test_chunked_batched_dirichlet_and_second_derivatives(chunked_calls, monkeyp
     names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad])
     row = names.index("covar_module.base_kernel.base_kernel.raw_lengthscale")
 
-    def hessian_row(size):  # (rows of ScaleKernel's outputscale differ by a factor 2 on every chunked path, unrelated)
+    def hessian_row(size):  # the outputscale rows: tests/inference/test_chunked.py
         _, first = chunked_mll(model, x, targets, size, create_graph=True)
         return torch.cat([h.reshape(-1) for h in torch.autograd.grad(first[row].sum(), params, allow_unused=True,
                                                                       materialize_grads=True)])
