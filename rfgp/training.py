@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import gpytorch
 import torch
 from gpytorch.utils.warnings import NumericalWarning
-from linear_operator.utils.errors import NotPSDError
+from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
@@ -132,9 +132,11 @@ class _Objective:
         try:
             loss = -self.mll(self.model(*self.model.train_inputs), self.model.train_targets).sum()
             loss.backward()
-        except NotPSDError as error:
+        except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
             self.restore()
-            error.add_note(self._advice("a covariance matrix that is not positive definite"))
+            what = "NaN entries in a covariance matrix" if isinstance(error, NanError) else \
+                "a covariance matrix that is not positive definite"
+            error.add_note(self._advice(what))
             self.evaluations += 1
             raise
         except InvalidValueError as error:
@@ -230,8 +232,9 @@ def fit_mll(
       point is never reported as convergence by the loss-change rule.
 
     Failed evaluations.  A line search may try a point where the covariance is not positive
-    definite even with jitter (``NotPSDError``), or where the loss or its gradient is NaN/Inf
-    (float32 at extreme hyperparameters), although the accepted points around it are sound.
+    definite even with jitter (``NotPSDError``) or has NaN entries (``NanError``), or where the
+    loss or its gradient is NaN/Inf (float32 at extreme hyperparameters), although the accepted
+    points around it are sound.
     Then the hyperparameters are restored to the last accepted point and the optimiser
     restarts from there with half the step length (L-BFGS: a fresh curvature history and
     initial step; Adam: fresh moments and half the learning rate), at most ``max_restarts``
@@ -266,6 +269,7 @@ def fit_mll(
             more than ``max_restarts`` times; the hyperparameters are restored to the last
             finite point first.
         NotPSDError: likewise for a covariance that is not positive definite even with jitter.
+        NanError: likewise for a covariance with NaN entries (linear_operator's error).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -322,7 +326,7 @@ def fit_mll(
             try:
                 step()
                 record()  # evaluates Adam's new point (L-BFGS's is remembered from its line search)
-            except (NotPSDError, NonFiniteLossError) as error:
+            except (NotPSDError, NanError, NonFiniteLossError) as error:
                 if objective.last_finite is None or len(history.restarts) >= max_restarts:
                     if history.restarts:
                         error.add_note(f"fit_mll had restarted {len(history.restarts)} time(s) before "

@@ -8,7 +8,7 @@ import gpytorch
 import pytest
 import torch
 from gpytorch.likelihoods import GaussianLikelihood, MultitaskGaussianLikelihood
-from linear_operator.utils.errors import NotPSDError
+from linear_operator.utils.errors import NanError, NotPSDError
 
 import rfgp
 from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
@@ -176,11 +176,13 @@ class _FlakyMean(gpytorch.means.ConstantMean):
         if self.calls in self.fail_at or self.fail_at == {"always"} and self.calls > 1:
             if self.how == "notpsd":
                 raise NotPSDError("Matrix not positive definite (simulated)")
+            if self.how == "nanerror":
+                raise NanError("cholesky_cpu: 3 of 9 elements are NaN (simulated)")
             return mean * float("nan")
         return mean
 
 
-@pytest.mark.parametrize("how", ["notpsd", "nan"])
+@pytest.mark.parametrize("how", ["notpsd", "nanerror", "nan"])
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_a_failed_evaluation_restarts_from_the_last_accepted_point_and_training_goes_on(optimizer, how):
     iterations = 60 if optimizer == "adam" else 100
@@ -191,7 +193,7 @@ def test_a_failed_evaluation_restarts_from_the_last_accepted_point_and_training_
         history = rfgp.fit_mll(model, optimizer=optimizer, num_iterations=iterations)
     assert len(history.restarts) == 2, history.restarts
     first = history.restarts[0]
-    assert first.error.startswith("NotPSDError" if how == "notpsd" else "NonFiniteLossError")
+    assert first.error.startswith({"notpsd": "NotPSDError", "nanerror": "NanError", "nan": "NonFiniteLossError"}[how])
     lr = rfgp.training.DEFAULT_LR[optimizer]
     assert [r.lr for r in history.restarts] == [lr / 2, lr / 4]
     assert 1 <= first.iteration <= 3 and first.evaluation == 4  # the 4th mean call failed
