@@ -106,7 +106,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             tree (:mod:`rfgp.kernels.input_columns`): the ``active_dims`` of sum and product parts
             select among their parent's columns (nested ones compose), a ``ScaleKernel``'s base and
             a ``MultitaskKernel``'s data kernel see their parent's columns.  From them Nyström
-            chooses its landmarks, the Gaussian sketch its centre and radius, and an exact
+            chooses its landmarks, the Gaussian sketch its centre and radius, the optimized
+            Maclaurin map its allocation (else fitted on its first input), and an exact
             ``LinearKernel`` (features of width d) its d, so that ``num_features`` is known before
             the first call.  Without ``x_sample`` a ``LinearKernel``'s d is the number of its
             ``active_dims``, or the ``ard_num_dims`` of a leaf that also sees all columns; else it
@@ -404,16 +405,21 @@ _TAYLOR_OPTIONS = ("x_sample", "radius", "alpha", "order", "center", "min_length
                     options=(*_MACLAURIN_OPTIONS, *_TAYLOR_OPTIONS, "complex_posterior", "input_dim"))
 def _convert_rbf(kernel, num_features, method, seed, **options):
     """RBFKernel → the RBF family class of ``method`` (``SketchedRBFKernel(method=...)`` picks it);
-    ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`."""
+    ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`.  With ``x_sample`` the
+    optimized Maclaurin map fits its allocation on it at conversion (as it would on its first input)."""
     from .fourier import SketchedRBFKernel
     from .gaussian_sketch import GAUSSIAN_SKETCH_METHODS
 
+    x_sample = None
     if method in GAUSSIAN_SKETCH_METHODS:
         options = taylor_sketch_options(kernel, method, **options)
-    else:  # the Fourier and Maclaurin maps need no data
-        options.pop("x_sample", None)
+    else:  # the Fourier maps need no data; the Maclaurin allocation may take it
+        x_sample = options.pop("x_sample", None)
     sketched = SketchedRBFKernel(num_features, method=method or "rff", seed=seed, **options, **lengthscale_kwargs(kernel))
-    return copy_hyperparameters(kernel, sketched, "lengthscale")
+    sketched = copy_hyperparameters(kernel, sketched, "lengthscale")
+    if x_sample is not None and method == "maclaurin":
+        sketched.prepare(x_sample)
+    return sketched
 
 
 def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None = None, radius: float | None = None,

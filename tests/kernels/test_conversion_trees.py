@@ -385,3 +385,17 @@ def test_an_optimized_maclaurin_part_fits_its_allocation_on_the_whole_first_inpu
     sketched(x).to_dense()
     reference.fit(part.scale_inputs(x).detach())
     assert part.feature_map.widths == reference.widths and len(reference.widths) > 1
+
+
+def test_x_sample_fits_the_maclaurin_allocation_at_conversion_as_the_first_call_would():
+    x = torch.rand(60, 3, dtype=F64, generator=torch.Generator().manual_seed(1))
+    exact = ScaleKernel(RBFKernel(active_dims=[0, 2])) + LinearKernel(active_dims=[1])
+    exact.kernels[0].base_kernel.lengthscale = 0.4
+    eager = rfgp.sketch(exact, 64, method={"RBFKernel": "maclaurin"}, seed=0, x_sample=x).double()
+    lazy = rfgp.sketch(exact, 64, method={"RBFKernel": "maclaurin"}, seed=0).double()
+    eager_map, lazy_map = (next(m for m in k.modules() if isinstance(m, MaclaurinRBFKernel)).feature_map
+                           for k in (eager, lazy))
+    assert eager_map.widths is not None and lazy_map.widths is None  # fitted on the leaf's columns [0, 2] of x
+    lazy(x).to_dense()
+    assert eager_map.widths == lazy_map.widths
+    torch.testing.assert_close(eager(x).to_dense(), lazy(x).to_dense(), rtol=1e-12, atol=1e-12)
