@@ -152,6 +152,30 @@ def mll_and_grads(model, x, y, create_graph=False):
     return value, grads
 
 
+def assert_unfused_path_agrees(monkeypatch, model, x, y, value, grads):
+    """The MLL and its gradients of ``model`` through the unfused path equal ``value`` and ``grads``."""
+    unfused(monkeypatch)
+    expected_value, expected_grads = mll_and_grads(model, x, y)
+    torch.testing.assert_close(value, expected_value, rtol=1e-12, atol=1e-12)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-10)
+
+
+def dirichlet_nystrom_model(x):
+    """A batched Dirichlet classifier over Nyström features with learned landmarks and its transformed targets:
+    per-class hyperparameters (one Φ per class) and per-point (label) noise."""
+    labels = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=3, learn_additional_noise=True, dtype=DTYPE)
+    batch = torch.Size([3])
+    kernel = ScaleKernel(NystromKernel(RBFKernel(batch_shape=batch), x[:10] + 0.05, learn_landmarks=True),
+                         batch_shape=batch)
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel,
+                         gpytorch.means.ConstantMean(batch_shape=batch)).to(DTYPE)
+    with torch.no_grad():
+        kernel.base_kernel.base_kernel.lengthscale = torch.tensor([0.5, 1.0, 1.5], dtype=DTYPE).view(3, 1, 1)
+    return model, likelihood.transformed_targets
+
+
 def nystrom_model(x, y, form, likelihood=None, learn_landmarks=True):
     landmarks = x[:8] + 0.05
     if form == "scale":  # the outputscale outside: a constant-scaled TriangularFeatures root
@@ -212,32 +236,15 @@ def test_heteroscedastic_fixed_noise_takes_per_point_weights(fused_calls, monkey
     model = nystrom_model(x, y, "scale", likelihood)
     value, grads = mll_and_grads(model, x, y)
     assert fused_calls and fused_calls[-1][1] == (x.shape[0],)  # per-point weights
-    unfused(monkeypatch)
-    expected_value, expected_grads = mll_and_grads(model, x, y)
-    torch.testing.assert_close(value, expected_value, rtol=1e-12, atol=1e-12)
-    for g, e in zip(grads, expected_grads):
-        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-10)
+    assert_unfused_path_agrees(monkeypatch, model, x, y, value, grads)
 
 
 def test_batched_dirichlet_model_equals_the_unfused_path(fused_calls, monkeypatch):
     x, _ = data(n=80)
-    labels = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
-    likelihood = DirichletClassificationLikelihood(labels, num_classes=3, learn_additional_noise=True, dtype=DTYPE)
-    batch = torch.Size([3])  # per-class hyperparameters: one Φ per class, per-point (label) noise
-    kernel = ScaleKernel(NystromKernel(RBFKernel(batch_shape=batch), x[:10] + 0.05, learn_landmarks=True),
-                         batch_shape=batch)
-    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel,
-                         gpytorch.means.ConstantMean(batch_shape=batch)).to(DTYPE)
-    with torch.no_grad():
-        kernel.base_kernel.base_kernel.lengthscale = torch.tensor([0.5, 1.0, 1.5], dtype=DTYPE).view(3, 1, 1)
-    targets = likelihood.transformed_targets
+    model, targets = dirichlet_nystrom_model(x)
     value, grads = mll_and_grads(model, x, targets)
     assert fused_calls and fused_calls[-1][1] == (3, x.shape[0])  # one Φ and per-point weights per class
-    unfused(monkeypatch)
-    expected_value, expected_grads = mll_and_grads(model, x, targets)
-    torch.testing.assert_close(value, expected_value, rtol=1e-12, atol=1e-12)
-    for g, e in zip(grads, expected_grads):
-        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-10)
+    assert_unfused_path_agrees(monkeypatch, model, x, targets, value, grads)
 
 
 def test_batched_regression_model_equals_the_unfused_path(fused_calls, monkeypatch):
@@ -251,11 +258,7 @@ def test_batched_regression_model_equals_the_unfused_path(fused_calls, monkeypat
         kernel.base_kernel.base_kernel.lengthscale = torch.tensor([0.6, 1.2], dtype=DTYPE).view(2, 1, 1)
     value, grads = mll_and_grads(model, x, targets)
     assert fused_calls
-    unfused(monkeypatch)
-    expected_value, expected_grads = mll_and_grads(model, x, targets)
-    torch.testing.assert_close(value, expected_value, rtol=1e-12, atol=1e-12)
-    for g, e in zip(grads, expected_grads):
-        torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-10)
+    assert_unfused_path_agrees(monkeypatch, model, x, targets, value, grads)
 
 
 @pytest.mark.parametrize("form", ["scale", "inside"])
@@ -360,16 +363,7 @@ def FeatureKernelFeaturizer(kernel, x):
 
 def test_chunked_batched_dirichlet_and_second_derivatives(chunked_calls, monkeypatch):
     x, _ = data(n=50)
-    labels = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
-    likelihood = DirichletClassificationLikelihood(labels, num_classes=3, learn_additional_noise=True, dtype=DTYPE)
-    batch = torch.Size([3])
-    kernel = ScaleKernel(NystromKernel(RBFKernel(batch_shape=batch), x[:10] + 0.05, learn_landmarks=True),
-                         batch_shape=batch)
-    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel,
-                         gpytorch.means.ConstantMean(batch_shape=batch)).to(DTYPE)
-    with torch.no_grad():
-        kernel.base_kernel.base_kernel.lengthscale = torch.tensor([0.5, 1.0, 1.5], dtype=DTYPE).view(3, 1, 1)
-    targets = likelihood.transformed_targets
+    model, targets = dirichlet_nystrom_model(x)
     value, grads = chunked_mll(model, x, targets, 12)
     assert chunked_calls and chunked_calls[-1] == (3, x.shape[0])
     expected_value, expected_grads = mll_and_grads(model, x, targets)
