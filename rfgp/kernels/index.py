@@ -44,11 +44,14 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
                 f"IndexFeatureKernel takes one column of task indices, got {x.shape[-1]} columns "
                 "(set active_dims to the task column)"
             )
-        num_tasks = self.covar_factor.shape[-2]
-        root = torch.cat((self.covar_factor, torch.diag_embed(self.var.sqrt())), dim=-1)  # (*batch, T, r + T)
+        root = self.task_root()
         # one-hot rows select R[i] differentiably; one_hot raises for indices outside 0..T−1
-        onehot = torch.nn.functional.one_hot(x.squeeze(-1).long(), num_tasks).to(root.dtype)
+        onehot = torch.nn.functional.one_hot(x.squeeze(-1).long(), root.shape[-2]).to(root.dtype)
         return onehot @ root
+
+    def task_root(self) -> Tensor:
+        """R = [L, diag(√v)] ``(*batch_shape, T, r + T)`` with RRᵀ = B."""
+        return torch.cat((self.covar_factor, torch.diag_embed(self.var.sqrt())), dim=-1)
 
     def diag_moments(self, x: Tensor) -> None:
         return None
