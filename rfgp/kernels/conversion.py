@@ -639,11 +639,17 @@ def _convert_constant(kernel, num_features, method, seed):
     return copy_hyperparameters(kernel, sketched, "constant")
 
 
-@register_converter(gpytorch.kernels.CosineKernel, methods=("exact",), options=())
-def _convert_cosine(kernel, num_features, method, seed):
-    """CosineKernel → CosineFeatureKernel: exact features [cos, sin](πx/p), width 2 (1-D inputs only)."""
+@register_converter(gpytorch.kernels.CosineKernel, methods=("exact",), options=("x_sample",))
+def _convert_cosine(kernel, num_features, method, seed, x_sample=None):
+    """CosineKernel → CosineFeatureKernel: exact features [cos, sin](πx/p), width 2 (1-D inputs only: a leaf that
+    sees more columns — by its ``active_dims`` or in ``x_sample`` — raises here rather than at its first call)."""
     from .exact_features import CosineFeatureKernel
 
+    seen = x_sample.shape[-1] if x_sample is not None else None
+    if seen is None and kernel.active_dims is not None:
+        seen = len(kernel.active_dims)
+    if seen is not None:
+        CosineFeatureKernel._check_one_dimensional(seen)
     _check_positive_hyperparameters(kernel, "period_length")
     sketched = CosineFeatureKernel(period_length_constraint=kernel.raw_period_length_constraint,
                                    **_common_kwargs(kernel))

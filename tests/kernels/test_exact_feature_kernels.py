@@ -6,6 +6,7 @@ import gpytorch
 import pytest
 import torch
 
+import rfgp
 from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 
 F64 = torch.float64
@@ -53,6 +54,18 @@ def test_cosine_matches_gpytorch_in_one_dimension_and_refuses_more():
     assert torch.allclose(dense(kernel, X[:, :1], Y[:, :1]), dense(exact, X[:, :1], Y[:, :1]), atol=1e-14)
     with pytest.raises(ValueError, match="positive definite only on 1-D inputs, got input dimension 3"):
         dense(kernel, X, Y)
+
+
+def test_a_cosine_leaf_on_several_columns_is_refused_at_conversion():
+    match = "positive definite only on 1-D inputs, got input dimension 2"
+    with pytest.raises(ValueError, match=match):
+        rfgp.sketch(gpytorch.kernels.CosineKernel(active_dims=[0, 2]), 16)
+    tree = gpytorch.kernels.RBFKernel(active_dims=[0]) * gpytorch.kernels.CosineKernel(active_dims=[1, 2])
+    with pytest.raises(ValueError, match=match):
+        rfgp.sketch(tree, 16, x_sample=X)
+    with pytest.raises(ValueError, match="got input dimension 3"):
+        rfgp.sketch(gpytorch.kernels.CosineKernel(), 16, x_sample=X)  # all of x_sample's columns
+    assert rfgp.sketch(gpytorch.kernels.CosineKernel(active_dims=[1]), 16, x_sample=X).num_features == 2
 
 
 def test_gradients_match_gpytorch():
