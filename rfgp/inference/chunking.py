@@ -148,18 +148,41 @@ def _add(total: Tensor | None, value: Tensor | None) -> Tensor | None:
     return value if total is None else total + value
 
 
+def accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor, weights: Tensor, rhs: Tensor,
+                           chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Σ over chunks of rows of (Φ_cᵀW_cΦ_c, Φ_cᵀW_cR_c), Φ_c = featurize(x_c), without a graph; for uniform
+    weights ``(..., 1)`` the unit statistics (Φᵀ Φ, ΦᵀR), which the weight scales afterwards."""
+    uniform = _is_uniform(weights)
+    gram = cross = None
+    for rows in chunk_slices(inputs.shape[-2], chunk_size):
+        features, chunk_rhs = featurize(inputs[..., rows, :]), rhs[..., rows, :]
+        if uniform:
+            chunk_gram, chunk_cross = unit_statistics(features, chunk_rhs)
+        else:
+            chunk_gram, chunk_cross = weighted_statistics(features, weights[..., rows], chunk_rhs)
+        gram, cross = _add(gram, chunk_gram), _add(cross, chunk_cross)
+    return gram, cross
+
+
+def gathered_row_grads(unit: Sequence[Tensor], weights: Tensor, rhs: Tensor, weight_grads: list, rhs_grads: list,
+                       grad_gram: Tensor, grad_cross: Tensor, need_weights: bool,
+                       need_rhs: bool) -> tuple[Tensor | None, Tensor | None]:
+    """(w̄, R̄) of chunked statistics from the chunks' per-row gradients; uniform weights (``unit`` holds the unit
+    statistics) take w̄ from :func:`~rfgp.inference.linalg.uniform_weight_grad` instead."""
+    grad_weights = grad_rhs = None
+    if need_weights:
+        grad_weights = uniform_weight_grad(*unit, grad_gram, grad_cross) if unit else torch.cat(weight_grads, -1)
+        grad_weights = _sum_to_shape(grad_weights, weights.shape)
+    if need_rhs:
+        grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape)
+    return grad_weights, grad_rhs
+
+
 class _ChunkedStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
         uniform = _is_uniform(weights)
-        gram = cross = None
-        for rows in chunk_slices(inputs.shape[-2], chunk_size):
-            features, chunk_rhs = featurizer(inputs[..., rows, :]), rhs[..., rows, :]
-            if uniform:
-                chunk_gram, chunk_cross = unit_statistics(features, chunk_rhs)
-            else:
-                chunk_gram, chunk_cross = weighted_statistics(features, weights[..., rows], chunk_rhs)
-            gram, cross = _add(gram, chunk_gram), _add(cross, chunk_cross)
+        gram, cross = accumulated_statistics(featurizer, inputs, weights, rhs, chunk_size)
         ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
         if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
             ctx.save_for_backward(inputs, weights, rhs, gram, cross)
@@ -195,12 +218,8 @@ class _ChunkedStatistics(torch.autograd.Function):
         input_grad, param_grads = backprop_chunks(
             ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[5:]
         )
-        grad_weights = grad_rhs = None
-        if needs[3]:
-            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_cross) if uniform else torch.cat(weight_grads, -1)
-            grad_weights = _sum_to_shape(grad_weights, weights.shape)
-        if needs[4]:
-            grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape)
+        grad_weights, grad_rhs = gathered_row_grads(unit, weights, rhs, weight_grads, rhs_grads, grad_gram, grad_cross,
+                                                    needs[3], needs[4])
         return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
 
 

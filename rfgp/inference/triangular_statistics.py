@@ -22,9 +22,10 @@ out; in float32 it raised the largest relative error of float32 hyperparameter g
 float64 from 2.8·10⁻⁴ (autograd's) to 1.3·10⁻³ at N = 14 016, M = 1024, d = 4; with float64 factors
 it is autograd's (``benchmarks/nystrom_statistics.py``).  Learned landmarks there have gradients
 below float32 rounding on either path; their rounding noise is ~25× autograd's with a float32
-2SG + H̄Hᵀ and ~5× with the float64 one (equal to autograd's at M = 128, where they are resolved).  The closed form K̄ = W(2KĜ + RĤᵀ),
-Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward, is not used: K·Ĝ multiplies rounding by κ(L), and at
-that size its float32 lengthscale gradients were off by up to 2.2 times their value.  Likewise the
+2SG + H̄Hᵀ and ~5× with the float64 one (equal to autograd's at M = 128, where they are resolved).
+The closed form K̄ = W(2KĜ + RĤᵀ), Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward, is not used:
+K·Ĝ multiplies rounding by κ(L), and at that size its float32 lengthscale gradients were off by
+up to 2.2 times their value.  Likewise the
 forward pass keeps the triangular solve: forming KᵀWK and solving on both sides would square the
 conditioning of L in the statistics themselves.  Second derivatives (``create_graph=True``)
 recompute the statistics with autograd (:func:`~rfgp.inference.linalg.differentiable_backward`).
@@ -47,7 +48,7 @@ import torch
 from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
-from .chunking import Featurizer, _add, backprop_chunks, chunk_slices
+from .chunking import Featurizer, _add, accumulated_statistics, backprop_chunks, gathered_row_grads
 from .linalg import (
     _add_matmul,
     _is_uniform,
@@ -220,17 +221,10 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
         chol = featurizer.chol()
-        uniform = _is_uniform(weights)
-        gram = projection = None
-        for rows in chunk_slices(inputs.shape[-2], chunk_size):
-            features = triangular_features(featurizer.cross(inputs[..., rows, :]), chol)
-            if uniform:
-                chunk = unit_statistics(features, rhs[..., rows, :])
-            else:
-                chunk = weighted_statistics(features, weights[..., rows], rhs[..., rows, :])
-            gram, projection = _add(gram, chunk[0]), _add(projection, chunk[1])
+        gram, projection = accumulated_statistics(lambda rows: triangular_features(featurizer.cross(rows), chol),
+                                                  inputs, weights, rhs, chunk_size)
         unit = ()
-        if uniform:
+        if _is_uniform(weights):
             unit, w = (gram, projection), weights.unsqueeze(-1)
             gram, projection = gram * w, projection * w
         ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
@@ -273,12 +267,8 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
             grad_chol = _sum_to_shape(_factor_grad(chol, grad_gram, grad_projection, gram, projection), factor.shape)
             found = iter(torch.autograd.grad(factor, wanted, grad_chol, allow_unused=True))
             param_grads = [_add(g, next(found)) if need else None for g, need in zip(param_grads, params_need)]
-        grad_weights = grad_rhs = None
-        if need_weights:
-            grad_weights = uniform_weight_grad(*unit, grad_gram, grad_projection) if unit else torch.cat(weight_grads, -1)
-            grad_weights = _sum_to_shape(grad_weights, weights.shape)
-        if need_rhs:
-            grad_rhs = _sum_to_shape(torch.cat(rhs_grads, -2), rhs.shape)
+        grad_weights, grad_rhs = gathered_row_grads(unit, weights, rhs, weight_grads, rhs_grads, grad_gram,
+                                                    grad_projection, need_weights, need_rhs)
         return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
 
 
