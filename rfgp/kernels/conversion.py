@@ -286,7 +286,7 @@ class _Plan:
     def options_for(self, kernel: Kernel) -> dict:
         """The options the leaf ``kernel``'s converter declares; the rows of ``x_sample`` in the leaf's columns (any
         leaf may use them, none must) to those that take it, and the number of its columns as ``input_dim`` to
-        leaves whose width is d (``_WIDTH_IS_INPUT_DIM``)."""
+        leaves that need it at conversion (``_TAKES_INPUT_DIM``)."""
         declared = _OPTIONS.get(type(kernel))
         taken = self.options if declared is None else {k: v for k, v in self.options.items() if k in declared}
         self.used_options.update(taken)
@@ -294,15 +294,15 @@ class _Plan:
         x_sample = self.tree.sample(self.columns)
         if x_sample is not None and (declared is None or "x_sample" in declared):
             taken["x_sample"] = x_sample
-        if type(kernel) in _WIDTH_IS_INPUT_DIM:
+        if type(kernel) in _TAKES_INPUT_DIM:
             input_dim = self._input_dim(kernel, taken.get("input_dim"))
             if input_dim is not None:
                 taken["input_dim"] = input_dim
         return taken
 
     def _input_dim(self, kernel: Kernel, given: int | None) -> int | None:
-        """The width d of a leaf whose features are its inputs: its columns' number, else ``input_dim=``; ``None``
-        when neither is known (the leaf then takes d at its first call, :mod:`rfgp.kernels.tree_widths`)."""
+        """The number d of columns a leaf sees, else ``input_dim=``; ``None`` when neither is known (a Linear leaf
+        then takes d at its first call, :mod:`rfgp.kernels.tree_widths`)."""
         width = self.tree.width(self.columns)
         if given is not None and width is not None and given != width:
             raise ValueError(f"input_dim={given} was passed, but {type(kernel).__name__} sees {width} columns "
@@ -615,8 +615,9 @@ def _convert_spectral_mixture(kernel, num_features, method, seed):
     return copy_hyperparameters(kernel, sketched, *_MIXTURE_PARAMETERS)
 
 
-#: leaves whose feature width is the input dimension d, known at conversion (:meth:`_Plan.options_for`)
-_WIDTH_IS_INPUT_DIM = (gpytorch.kernels.LinearKernel,)
+#: leaves that receive the number d of columns they see as ``input_dim`` at conversion (:meth:`_Plan.options_for`):
+#: a LinearKernel's feature width is d; a CosineKernel is defined for d = 1 only
+_TAKES_INPUT_DIM = (gpytorch.kernels.LinearKernel, gpytorch.kernels.CosineKernel)
 
 
 @register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))
@@ -639,17 +640,14 @@ def _convert_constant(kernel, num_features, method, seed):
     return copy_hyperparameters(kernel, sketched, "constant")
 
 
-@register_converter(gpytorch.kernels.CosineKernel, methods=("exact",), options=("x_sample",))
-def _convert_cosine(kernel, num_features, method, seed, x_sample=None):
-    """CosineKernel → CosineFeatureKernel: exact features [cos, sin](πx/p), width 2 (1-D inputs only: a leaf that
-    sees more columns — by its ``active_dims`` or in ``x_sample`` — raises here rather than at its first call)."""
+@register_converter(gpytorch.kernels.CosineKernel, methods=("exact",), options=("input_dim",))
+def _convert_cosine(kernel, num_features, method, seed, input_dim=None):
+    """CosineKernel → CosineFeatureKernel: exact features [cos, sin](πx/p), width 2 (1-D inputs only: a leaf known
+    to see more columns, ``input_dim`` from :meth:`_Plan.options_for`, raises here rather than at its first call)."""
     from .exact_features import CosineFeatureKernel
 
-    seen = x_sample.shape[-1] if x_sample is not None else None
-    if seen is None and kernel.active_dims is not None:
-        seen = len(kernel.active_dims)
-    if seen is not None:
-        CosineFeatureKernel._check_one_dimensional(seen)
+    if input_dim is not None:
+        CosineFeatureKernel._check_one_dimensional(input_dim)
     _check_positive_hyperparameters(kernel, "period_length")
     sketched = CosineFeatureKernel(period_length_constraint=kernel.raw_period_length_constraint,
                                    **_common_kwargs(kernel))

@@ -65,6 +65,8 @@ def test_a_cosine_leaf_on_several_columns_is_refused_at_conversion():
         rfgp.sketch(tree, 16, x_sample=X)
     with pytest.raises(ValueError, match="got input dimension 3"):
         rfgp.sketch(gpytorch.kernels.CosineKernel(), 16, x_sample=X)  # all of x_sample's columns
+    with pytest.raises(ValueError, match="got input dimension 3"):  # d from the RBF leaf on the same columns
+        rfgp.sketch(gpytorch.kernels.RBFKernel(ard_num_dims=3) + gpytorch.kernels.CosineKernel(), 16)
     assert rfgp.sketch(gpytorch.kernels.CosineKernel(active_dims=[1]), 16, x_sample=X).num_features == 2
 
 
