@@ -46,6 +46,14 @@ def test_converted_task_kernel_is_exact_with_the_same_gradients(unit_scale):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
+def test_float32_task_kernel_matches_botorch():
+    exact = positive_index().float()
+    converted = rfgp.sketch(exact, 1)
+    assert converted.raw_covar_factor.dtype == torch.float32
+    tasks = TASKS.float()
+    torch.testing.assert_close(converted(tasks).to_dense(), exact(tasks).to_dense(), rtol=1e-6, atol=1e-6)
+
+
 def test_state_carries_the_target_task_and_refuses_another():
     converted = rfgp.sketch(positive_index(target=2), 1)
     state = converted.state_dict()
