@@ -54,7 +54,30 @@ from .linalg import feature_statistics, fold_constant, project
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
-class FeatureRootLinearOperator(LowRankRootLinearOperator):
+class _NoKroneckerFactors:
+    """A feature-root covariance asked for Kronecker factors (``linear_ops``) raises an error that says why.
+
+    Code written for GPyTorch's ``MultitaskKernel`` may take the training covariance K_XX ⊗ K_TT
+    apart (BoTorch's ``KroneckerMultiTaskGP.posterior`` reads ``train_full_covar.linear_ops[0]``).
+    A sketched multitask kernel gives the low-rank root (φ ⊗ B)(φ ⊗ B)ᵀ instead, which has no such
+    factors; without this property the caller would fail on a bare ``AttributeError``.  An
+    ``AttributeError`` still, so ``hasattr(op, "linear_ops")`` stays ``False``.
+    """
+
+    @property
+    def linear_ops(self):
+        raise AttributeError(
+            f"{type(self).__name__} (an rfgp feature-root covariance ΦΦᵀ) has no Kronecker factors (linear_ops): the "
+            "caller expects GPyTorch's MultitaskKernel covariance K_XX ⊗ K_TT, as BoTorch's KroneckerMultiTaskGP."
+            "posterior does, but a kernel converted by rfgp.sketch gives the low-rank root (φ ⊗ B)(φ ⊗ B)ᵀ. Use a "
+            "model whose posterior is GPyTorch's (BoTorch's MultiTaskGP with a task column, or a GPyTorch ExactGP "
+            "returning MultitaskMultivariateNormal), or keep the KroneckerMultiTaskGP and sketch only its data kernel, "
+            "model.covar_module.data_covar_module = rfgp.sketch(model.covar_module.data_covar_module, F) (BoTorch's "
+            "Kronecker eigendecompositions then stay O(N³))"
+        )
+
+
+class FeatureRootLinearOperator(_NoKroneckerFactors, LowRankRootLinearOperator):
     """ΦΦᵀ for a feature matrix Φ of shape ``(..., n, F)``.
 
     A positive constant s (``ScaleKernel``'s outputscale) is carried by the root as
@@ -216,7 +239,7 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
 
-class ChunkedFeatureRootLinearOperator(LinearOperator):
+class ChunkedFeatureRootLinearOperator(_NoKroneckerFactors, LinearOperator):
     """ΦΦᵀ with Φ = φ(x) recomputed chunk by chunk instead of stored: O(chunk·F) memory.
 
     Args:

@@ -189,3 +189,54 @@ def test_fixed_noise_from_train_yvar():
         latent, noisy = model.posterior(xs), model.posterior(xs, observation_noise=True)
     assert (noisy.variance > latent.variance).all()
     assert isinstance(model.outcome_transform, Standardize)
+
+
+def _dense_multitask_log_prob(model, x):
+    """log N(vec Y | vec μ, K + Σ) / (N·T) plus the priors, from the dense covariance of the model's own kernel."""
+    with torch.no_grad():
+        out = model(x)
+        covar = out.lazy_covariance_matrix.to_dense() + model.likelihood._shaped_noise_covar(x.shape).to_dense()
+        normal = torch.distributions.MultivariateNormal(out.mean.reshape(-1), covar)
+        targets = model.train_targets.reshape(-1)
+        priors = sum(prior.log_prob(closure(module)).sum() for _, module, prior, closure, _ in model.named_priors())
+        return (normal.log_prob(targets) + priors) / targets.numel()
+
+
+def test_kronecker_multitask_gp_with_a_sketched_multitask_kernel_trains_and_names_what_its_posterior_lacks():
+    x, y = data(40, num_outputs=2)
+    model = botorch.models.KroneckerMultiTaskGP(x, y).double()
+    model.covar_module = rfgp.sketch(model.covar_module, 64, seed=0)
+    model.train()
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    with torch.no_grad():
+        value = mll(model(x), model.train_targets)
+    torch.testing.assert_close(value, _dense_multitask_log_prob(model, x), rtol=1e-9, atol=1e-9)
+    model.eval()
+    # BoTorch's posterior takes K_XX ⊗ K_TT apart; the low-rank root has no factors, and the error says what to use
+    with pytest.raises(AttributeError, match="KroneckerMultiTaskGP.*data_covar_module"):
+        model.posterior(x[:3])
+
+
+def test_kronecker_multitask_gp_with_a_sketched_data_kernel_is_the_gp_of_that_kernel():
+    x, y = data(40, num_outputs=2)
+    model = botorch.models.KroneckerMultiTaskGP(x, y, outcome_transform=None).double()
+    model.covar_module.data_covar_module = rfgp.sketch(model.covar_module.data_covar_module, 64, seed=0)
+    model.train()
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    with torch.no_grad():
+        torch.testing.assert_close(mll(model(x), model.train_targets), _dense_multitask_log_prob(model, x),
+                                   rtol=1e-9, atol=1e-9)
+    model.eval()
+    xs = 2 * torch.rand(5, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        posterior = model.posterior(xs)
+        # the dense GP posterior of the same covariance (the model has no outcome transform)
+        train_x, noise = model.train_inputs[0], model.likelihood._shaped_noise_covar(x.shape).to_dense()
+        joint = model.covar_module(torch.cat([train_x, xs])).to_dense()
+        n = 2 * train_x.shape[0]
+        k_train, k_cross, k_test = joint[:n, :n] + noise, joint[n:, :n], joint[n:, n:]
+        residual = (model.train_targets - model.mean_module(train_x)).reshape(-1)
+        mean = model.mean_module(xs).reshape(-1) + k_cross @ torch.linalg.solve(k_train, residual)
+        variance = (k_test - k_cross @ torch.linalg.solve(k_train, k_cross.mT)).diagonal()
+    torch.testing.assert_close(posterior.mean, mean.reshape(5, 2), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(posterior.variance, variance.reshape(5, 2), rtol=1e-6, atol=1e-6)
