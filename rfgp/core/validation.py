@@ -158,6 +158,30 @@ def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> No
         )
 
 
+def check_task_indices(x: Tensor, name: str, num_tasks: int, values: bool = True) -> None:
+    """``x`` holds task indices 0..``num_tasks``−1: an integer tensor, or a float32/float64 one with integral values.
+
+    ``values=False`` checks the type only; the value check (one fused reduction, a host
+    synchronisation) is also skipped under ``rfgp.settings.validate_inputs(False)``.
+    """
+    if not torch.is_tensor(x):
+        raise TypeError(f"{name} must be a torch.Tensor of task indices, got {type(x).__name__}")
+    integer = not (x.is_floating_point() or x.is_complex()) and x.dtype != torch.bool
+    if not integer and x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must hold task indices as an integer tensor or as {_SUPPORTED}, got dtype {x.dtype}")
+    if not (values and settings.validate_inputs.on()) or x.numel() == 0:
+        return
+    valid = (x >= 0) & (x < num_tasks)
+    if not integer:
+        valid &= x == x.round()  # NaN compares unequal: refused too
+    if not bool(valid.all()):
+        first = tuple(int(i) for i in (~valid).nonzero()[0])
+        raise ValueError(
+            f"{name} must hold task indices 0..{num_tasks - 1} (integers, or floats with integral values), got "
+            f"{x[first].item()} at index {first}"
+        )
+
+
 def check_unit_rows(x: Tensor, name: str, hint: str) -> None:
     """Every row of ``x`` has norm 1 within √eps of its dtype (float32: 3.5e-4, float64: 1.5e-8)."""
     if not settings.validate_inputs.on() or x.numel() == 0:

@@ -16,5 +16,9 @@ class CheckedCallMixin:
 
     def __call__(self, x1: Tensor, x2: Tensor | None = None, diag: bool = False, last_dim_is_batch: bool = False,
                  **params):
-        check_kernel_inputs(x1, x1 if x2 is None else x2, module_dtype(self))
+        self.check_call_inputs(x1, x1 if x2 is None else x2)
         return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
+
+    def check_call_inputs(self, x1: Tensor, x2: Tensor) -> None:
+        """The free checks of a call (no host synchronisation); kernels whose inputs are not points override it."""
+        check_kernel_inputs(x1, x2, module_dtype(self))

@@ -14,6 +14,7 @@ import torch
 from gpytorch.kernels import IndexKernel
 from torch import Tensor
 
+from ..core.validation import check_task_indices
 from .random_feature_kernel import FeatureKernel
 
 
@@ -21,8 +22,10 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
     r"""``gpytorch.kernels.IndexKernel`` with features Φ(i) = [L[i], √v[i]·e_i] (width r + T, exact).
 
     Same parameters (``covar_factor``, ``raw_var`` and its constraint, ``IndexKernelPrior``) and
-    arguments as ``IndexKernel``; the input is one column of task indices 0..T−1 (floats holding
-    integers, as in GPyTorch's multitask examples).
+    arguments as ``IndexKernel``; the input is one column of task indices 0..T−1, as an integer
+    tensor (GPyTorch's Hadamard multitask tutorial) or floats holding integers (a task column of
+    BoTorch's ``MultiTaskGP``), whatever the kernel's float dtype.  A value that is not such an
+    index raises (GPyTorch's ``IndexKernel`` would truncate 0.5 to task 0).
 
     Example:
         >>> tasks = IndexFeatureKernel(num_tasks=3, rank=1)
@@ -38,6 +41,16 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
         num_tasks, rank = self.covar_factor.shape[-2:]
         return rank + num_tasks
 
+    def check_call_inputs(self, x1: Tensor, x2: Tensor) -> None:
+        self.check_inputs(x1, x2)
+
+    def check_inputs(self, x1: Tensor, x2: Tensor) -> None:
+        """Types only: the values are checked where they are read, in :meth:`featurize` (also as a part of a
+        product or sum, or of BoTorch's ``MultiTaskGP`` input)."""
+        num_tasks = self.covar_factor.shape[-2]
+        check_task_indices(x1, "x1", num_tasks, values=False)
+        check_task_indices(x2, "x2", num_tasks, values=False)
+
     def featurize(self, x: Tensor) -> Tensor:
         if x.shape[-1] != 1:
             raise ValueError(
@@ -45,7 +58,8 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
                 "(set active_dims to the task column)"
             )
         root = self.task_root()
-        # one-hot rows select R[i] differentiably; one_hot raises for indices outside 0..T−1
+        check_task_indices(x, "the task indices", root.shape[-2])
+        # one-hot rows select R[i] differentiably
         onehot = torch.nn.functional.one_hot(x.squeeze(-1).long(), root.shape[-2]).to(root.dtype)
         return onehot @ root
 

@@ -190,15 +190,20 @@ class HadamardGP(gpytorch.models.ExactGP):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), covar)
 
 
-def test_hadamard_multitask_model_with_a_converted_data_kernel_predicts_like_the_exact_one():
+@pytest.mark.parametrize("sketch_tasks", [False, True], ids=["data kernel", "data and task kernels"])
+def test_hadamard_multitask_model_with_a_converted_data_kernel_predicts_like_the_exact_one(sketch_tasks):
     torch.manual_seed(0)
     x = torch.rand(60, 1, dtype=F64)
-    i = torch.randint(0, 2, (60, 1))
+    i = torch.randint(0, 2, (60, 1))  # int64 task indices, as in GPyTorch's tutorial
     y = torch.sin(6 * x).squeeze(-1) + 0.5 * i.squeeze(-1) + 0.05 * torch.randn(60, dtype=F64)
     exact = HadamardGP(x, i, y, RBFKernel()).double()
     exact.covar_module.lengthscale = 0.3
     sketched = HadamardGP(x, i, y, rfgp.sketch(RBFKernel(), num_features=4096, seed=0)).double()
+    if sketch_tasks:
+        sketched.task_covar_module = rfgp.sketch(IndexKernel(num_tasks=2, rank=1), num_features=3).double()
     sketched.load_state_dict(exact.state_dict(), strict=False)
+    if sketch_tasks:
+        torch.testing.assert_close(sketched.task_covar_module(i).to_dense(), exact.task_covar_module(i).to_dense())
     x_test, i_test = torch.linspace(0, 1, 7, dtype=F64).unsqueeze(-1), torch.tensor([[0], [1]] * 3 + [[0]])
     means = []
     for model in (exact, sketched):
@@ -302,6 +307,32 @@ def test_mauna_loa_tree_converts_at_width_f_and_approximates_the_exact_gram():
     assert relative_error(sketched, exact, x) < 0.05
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, F64])
+def test_index_feature_kernel_takes_integer_and_integral_float_indices_of_any_dtype(dtype):
+    exact = IndexKernel(num_tasks=3, rank=1).double()
+    tasks = rfgp.sketch(exact, num_features=4).double()
+    indices = torch.tensor([[0], [2], [1], [2]]).to(dtype)
+    torch.testing.assert_close(tasks(indices).to_dense(), exact(indices).to_dense())
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.tensor([[0.5]]), "the task indices must hold task indices 0..2 .* got 0.5 at index \\(0, 0\\)"),
+    (torch.tensor([[0], [3]]), "got 3(\\.0)? at index \\(1, 0\\)"),
+    (torch.tensor([[-1.0]]), "got -1.0"),
+    (torch.tensor([[float("nan")]]), "got nan|contains NaN"),  # a product's input check finds it first
+])
+def test_index_feature_kernel_refuses_what_is_not_a_task_index(bad, match):
+    tasks = rfgp.sketch(IndexKernel(num_tasks=3, rank=1), num_features=4)
+    with pytest.raises(ValueError, match=match):
+        tasks(bad).to_dense()
+    product = rfgp.sketch(ProductKernel(RBFKernel(active_dims=[0]), IndexKernel(num_tasks=3, rank=1, active_dims=[1])),
+                          num_features=64)
+    with pytest.raises(ValueError, match=match):  # also as a part, reading a float column of the inputs
+        product(torch.cat([torch.zeros_like(bad, dtype=torch.float32), bad.float()], -1)).to_dense()
+    with pytest.raises(TypeError, match="x1 must hold task indices .* got dtype torch.bool"):
+        tasks(torch.tensor([[True]]))
+
+
 def test_index_feature_kernel_state_dict_round_trip():
     exact = IndexKernel(num_tasks=3, rank=1)
     source = rfgp.sketch(exact, num_features=8).double()
@@ -311,8 +342,6 @@ def test_index_feature_kernel_state_dict_round_trip():
     target = rfgp.sketch(IndexKernel(num_tasks=3, rank=1), num_features=8).double()
     target.load_state_dict(source.state_dict())
     assert torch.equal(target(i).to_dense(), source(i).to_dense())
-    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
-        source(torch.tensor([[3.0]], dtype=F64)).to_dense()
 
 
 def test_exact_linear_and_constant_parts_take_their_width_first():
