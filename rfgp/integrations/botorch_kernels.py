@@ -30,7 +30,7 @@ class PositiveIndexFeatureKernel(IndexFeatureKernel, PositiveIndexKernel):
 
     Example:
         >>> tasks = PositiveIndexFeatureKernel(num_tasks=3, rank=2, target_task_index=1)
-        >>> k = tasks(torch.tensor([[0.0], [1.0], [2.0]])).to_dense()
+        >>> k = tasks(torch.tensor([[0], [1], [2]])).to_dense().detach()  # task indices: integers or integral floats
         >>> bool(torch.allclose(k, tasks.covar_matrix)), round(float(k[1, 1]), 6)
         (True, 1.0)
     """
