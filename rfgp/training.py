@@ -106,11 +106,86 @@ class TrainingHistory(Sequence):
         return len(self.losses) - 1
 
 
+class _BoundedProxies:
+    """Unconstrained proxies for parameters whose constraint has no transform.
+
+    GPyTorch lets a constraint be enforced by its optimiser instead of a transform (``transform=None``:
+    the raw parameter *is* the value).  BoTorch's default noise (≥ 10⁻⁴) is such a constraint; its
+    ``fit_gpytorch_mll`` passes the bounds to L-BFGS-B.  ``torch.optim`` has no bounds, so each such
+    parameter θ is optimised through a proxy u instead: θ = a + softplus(u) (lower bound a),
+    b − softplus(u) (upper bound b), a + (b − a)·sigmoid(u) (both); the optimiser steps u and sees
+    ∂f/∂u = ∂f/∂θ · dθ/du.
+    """
+
+    def __init__(self, model: torch.nn.Module, params: list[Tensor]) -> None:
+        trainable = {id(p) for p in params}
+        self.pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (θ, u, lower, upper)
+        for _, param, constraint in model.named_parameters_and_constraints():
+            if id(param) not in trainable or constraint is None or constraint.enforced:
+                continue
+            lower, upper = (torch.as_tensor(b).to(param).expand_as(param) for b in
+                            (constraint.lower_bound, constraint.upper_bound))
+            if bool(torch.isinf(lower).all() & torch.isinf(upper).all()):
+                continue
+            self.pairs.append((param, self._coordinate(param.detach(), lower, upper).requires_grad_(True),
+                               lower, upper))
+
+    def optimised(self, params: list[Tensor]) -> list[Tensor]:
+        """``params`` with every bounded θ replaced by its proxy u (what the optimiser steps)."""
+        proxies = {id(theta): proxy for theta, proxy, _, _ in self.pairs}
+        return [proxies.get(id(p), p) for p in params]
+
+    def push(self) -> None:
+        """θ ← θ(u) for every proxy (before an evaluation, after a restore); clears θ's gradient."""
+        with torch.no_grad():
+            for theta, proxy, lower, upper in self.pairs:
+                theta.copy_(self._value(proxy, lower, upper))
+                theta.grad = None
+
+    def pull_gradients(self) -> None:
+        """u.grad = θ.grad · dθ/du (after the backward pass)."""
+        for theta, proxy, lower, upper in self.pairs:
+            if theta.grad is None:
+                proxy.grad = None
+                continue
+            with torch.enable_grad():
+                u = proxy.detach().requires_grad_(True)
+                (slope,) = torch.autograd.grad(self._value(u, lower, upper), u, torch.ones_like(u))
+            proxy.grad = theta.grad * slope
+
+    @staticmethod
+    def _value(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
+        finite_lower, finite_upper = torch.isfinite(lower), torch.isfinite(upper)
+        both = lower.nan_to_num(0.0) + (upper - lower).nan_to_num(0.0) * torch.sigmoid(u)
+        above = lower + torch.nn.functional.softplus(u)
+        below = upper - torch.nn.functional.softplus(u)
+        return torch.where(finite_lower & finite_upper, both,
+                           torch.where(finite_lower, above, torch.where(finite_upper, below, u)))
+
+    @staticmethod
+    def _coordinate(theta: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
+        """u(θ), with θ on or outside a bound taken just inside it."""
+        tiny = torch.finfo(theta.dtype).eps
+        finite_lower, finite_upper = torch.isfinite(lower), torch.isfinite(upper)
+        fraction = ((theta - lower) / (upper - lower)).clamp(tiny, 1 - tiny)
+        both = torch.log(fraction) - torch.log1p(-fraction)
+
+        def inverse_softplus(gap):
+            gap = gap.clamp_min(tiny)
+            return gap + torch.log(-torch.expm1(-gap))
+
+        return torch.where(finite_lower & finite_upper, both.nan_to_num(0.0),
+                           torch.where(finite_lower, inverse_softplus(theta - lower).nan_to_num(0.0),
+                                       torch.where(finite_upper, inverse_softplus(upper - theta).nan_to_num(0.0),
+                                                   theta)))
+
+
 class _Objective:
     """The closure: loss and gradients at the current parameters, with the iteration's evaluations remembered."""
 
     def __init__(self, model: gpytorch.models.ExactGP, params: list[Tensor], optimizer: str) -> None:
-        self.model, self.params, self.optimizer = model, params, optimizer
+        self.bounds = _BoundedProxies(model, params)
+        self.model, self.params, self.optimizer = model, self.bounds.optimised(params), optimizer
         self.mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
         self.evaluations = 0
         self.iteration = 0
@@ -122,6 +197,7 @@ class _Objective:
 
     def __call__(self) -> Tensor:
         point = self.point()
+        self.bounds.push()
         for seen, loss, grads in self.memory:
             if torch.equal(seen, point):
                 for p, g in zip(self.params, grads):
@@ -132,6 +208,7 @@ class _Objective:
         try:
             loss = -self.mll(self.model(*self.model.train_inputs), self.model.train_targets).sum()
             loss.backward()
+            self.bounds.pull_gradients()
         except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
             self.restore()
             what = "NaN entries in a covariance matrix" if isinstance(error, NanError) else \
@@ -176,6 +253,7 @@ class _Objective:
             for p in self.params:
                 p.copy_(self.last_finite[0][offset: offset + p.numel()].view_as(p))
                 offset += p.numel()
+        self.bounds.push()
 
     def _advice(self, what: str) -> str:
         kept = "" if self.last_finite is None else f" (loss {self.last_finite[1]:.6g})"
@@ -242,6 +320,13 @@ def fit_mll(
     :attr:`TrainingHistory.restarts`; a failure at the starting point, or one more failure
     than ``max_restarts`` allows, raises (after the same restoration).
 
+    Constraints.  Parameters whose constraint has a transform (GPyTorch's default) are optimised
+    in their raw, unconstrained form.  A constraint without one (``transform=None``: BoTorch's
+    noise ≥ 10⁻⁴, meant for an optimiser with bounds) is kept by optimising an unconstrained proxy
+    u of the value θ instead — θ = a + softplus(u) above a lower bound a, a + (b − a)·sigmoid(u)
+    within [a, b] — so training never leaves it (without this, BoTorch's ``SingleTaskGP`` stepped
+    its noise below zero).
+
     L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above
     ``gpytorch.settings.max_cholesky_size`` (800 points) is evaluated by stochastic CG/Lanczos,
     for which use ``gpytorch.settings.max_cholesky_size(n)`` or ``optimizer="adam"``.
@@ -305,6 +390,7 @@ def fit_mll(
     if not params:
         raise ValueError("model has no trainable parameters (every parameter has requires_grad=False)")
     objective = _Objective(model, params, optimizer)
+    params = objective.params  # bounded parameters without a transform: their proxies (see _BoundedProxies)
     step = _stepper(optimizer, params, objective, lr, history_size)
     history = TrainingHistory(optimizer)
     start_wall, start_cpu = time.perf_counter(), time.process_time()

@@ -278,3 +278,42 @@ def test_a_stall_at_a_point_with_a_small_gradient_is_convergence(monkeypatch):
     assert history.converged, history.stop_reason
     assert history.stop_reason.startswith("converged: largest gradient entry"), history.stop_reason
     assert history.stalls == []
+
+
+# ------------------------------------------------- constraints enforced by the optimiser (transform=None)
+def _bounded_noise_model(constraint, noise_level=1e-3):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(120, 2, generator=gen, dtype=torch.float64)
+    y = torch.sin(4 * x).sum(-1) + noise_level * torch.randn(120, generator=gen, dtype=torch.float64)
+    likelihood = GaussianLikelihood(noise_constraint=constraint)
+    likelihood.noise = 0.5
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(128, seed=0))
+    return ExactGPModel(x, y, likelihood, kernel).double()
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+@pytest.mark.parametrize("constraint", [gpytorch.constraints.GreaterThan(1e-2, transform=None),
+                                        gpytorch.constraints.Interval(1e-2, 1.0, transform=None)],
+                         ids=["lower bound", "interval"])
+def test_a_constraint_without_a_transform_holds_through_training(constraint, optimizer):
+    # BoTorch's default noise constraint has no transform (its optimiser takes bounds): the raw value is the value,
+    # and an unbounded step would leave the constraint (here the data want a noise far below 10⁻²)
+    model = _bounded_noise_model(constraint)
+    history = rfgp.fit_mll(model, num_iterations=200 if optimizer == "adam" else 100, optimizer=optimizer,
+                           progress=False)
+    noise = model.likelihood.noise_covar.raw_noise  # = the noise: no transform
+    assert not history.restarts
+    assert float(noise.min()) >= 1e-2 and float(noise.max()) <= (1.0 if "Interval" in repr(constraint) else math.inf)
+    # pressed against the bound, where the unconstrained optimum lies beyond it (Adam's fixed steps approach it slower)
+    assert float(noise) < (1.1e-2 if optimizer == "lbfgs" else 1.5e-2)
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    with torch.no_grad():  # the model holds the accepted point (θ from its proxy), the loss the history reports
+        assert math.isclose(float(-mll(model(*model.train_inputs), model.train_targets)), history.losses[-1],
+                            rel_tol=1e-12, abs_tol=1e-12)
+
+
+def test_a_bounded_parameter_is_stepped_like_any_other_when_its_optimum_is_inside():
+    model = _bounded_noise_model(gpytorch.constraints.GreaterThan(1e-6, transform=None), noise_level=0.1)
+    history = rfgp.fit_mll(model, progress=False)
+    assert history.converged and 1e-3 < model.likelihood.noise.item() < 0.1

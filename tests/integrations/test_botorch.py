@@ -240,3 +240,29 @@ def test_kronecker_multitask_gp_with_a_sketched_data_kernel_is_the_gp_of_that_ke
         variance = (k_test - k_cross @ torch.linalg.solve(k_train, k_cross.mT)).diagonal()
     torch.testing.assert_close(posterior.mean, mean.reshape(5, 2), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(posterior.variance, variance.reshape(5, 2), rtol=1e-6, atol=1e-6)
+
+
+def test_fit_scale_and_noise_on_a_fitted_single_task_gp_with_transforms_and_priors():
+    x, y = data(80)
+    model = fitted(x, y)  # Normalize inputs, Standardize outputs, LogNormal noise prior, no ScaleKernel
+    rfgp.set_num_features(model, 256)
+    fit = rfgp.fit_scale_and_noise(model)
+    assert fit.fitted == ("noise", "constant") and fit.loss_after <= fit.loss_before
+    model.train()
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    with torch.no_grad():
+        loss = -mll(model(*model.train_inputs), model.train_targets)
+    torch.testing.assert_close(torch.tensor(fit.loss_after, dtype=torch.float64), loss, rtol=1e-9, atol=1e-9)
+    assert not model.eval().training and model.posterior(x[:3]).mean.shape == (3, 1)
+
+
+def test_rfgp_fit_mll_trains_botorch_default_model_within_its_noise_bound():
+    # BoTorch's noise constraint (≥ 1e-4) has no transform; near-noiseless data push the noise against it
+    x = 2 * torch.rand(100, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1, keepdim=True)
+    model = SingleTaskGP(x, y, covar_module=rfgp.sketch(get_covar_module_with_dim_scaled_prior(ard_num_dims=D), 128,
+                                                         seed=0))
+    history = rfgp.fit_mll(model, progress=False)
+    lower = model.likelihood.noise_covar.raw_noise_constraint.lower_bound
+    assert not history.restarts and history.converged
+    assert float(model.likelihood.noise) >= float(lower)
