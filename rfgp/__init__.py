@@ -15,7 +15,7 @@ only from the layers above it in this list:
 * :mod:`rfgp.likelihoods` — Dirichlet classification and softmax expectations;
 * :mod:`rfgp.training` — :func:`fit_mll`;
 * :mod:`rfgp.models` — ready-made regression, classification, multi-output and streaming models,
-  and :func:`set_num_features` for trained models;
+  and :func:`set_num_features` and :func:`fit_scale_and_noise` for trained models;
 * :mod:`rfgp.applications` — posterior function draws, vector-field tools, kernel distances;
 * :mod:`rfgp.pyro` (Bayesian weight-space models) and :mod:`rfgp.integrations` (BoTorch) sit on top.
 
@@ -31,7 +31,7 @@ from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRoot
 from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
 from .kernels.conversion import register_converter, sketch
-from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, set_num_features
+from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, fit_scale_and_noise, set_num_features
 from .training import NonFiniteLossError, TrainingHistory, TrainingRestart, fit_mll
 from . import _aliases
 
@@ -62,6 +62,7 @@ __all__ = [
     "features",
     "fit_from_batches",
     "fit_mll",
+    "fit_scale_and_noise",
     "inference",
     "integrations",
     "kernels",

@@ -4,20 +4,24 @@
 * :class:`DirichletGPClassifier` — Dirichlet-based GP classification with a ``fit``/``predict`` API;
 * :class:`MultiOutputGPModel` — p outputs per input (vector fields) in feature space;
 * :class:`StreamingFeatureGP`, :func:`fit_from_batches` — online regression from data batches;
-* :func:`set_num_features` — re-draw a trained model's feature maps at a new width.
+* :func:`set_num_features` — re-draw a trained model's feature maps at a new width;
+* :func:`fit_scale_and_noise` — the outputscale, noise and constant mean for the current map, in closed form.
 """
 
 from .classifier import DirichletGPClassifier
 from .feature_width import set_num_features
 from .multioutput import MultiOutputGPModel
 from .regression import ExactGPModel
+from .scale_and_noise import ScaleNoiseFit, fit_scale_and_noise
 from .streaming import StreamingFeatureGP, fit_from_batches
 
 __all__ = [
     "DirichletGPClassifier",
     "ExactGPModel",
     "MultiOutputGPModel",
+    "ScaleNoiseFit",
     "StreamingFeatureGP",
     "fit_from_batches",
+    "fit_scale_and_noise",
     "set_num_features",
 ]
