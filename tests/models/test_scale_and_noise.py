@@ -73,6 +73,7 @@ MODELS = {
     "priors": with_priors,
     "batched": batched,
     "wider than the data": lambda x, y: rff_model(x[:30], y[:30], num_features=128),
+    "maclaurin": lambda x, y: GP(x, y, rfgp.sketch(ScaleKernel(RBFKernel()), 64, method="maclaurin", seed=0)).double(),
     "no outputscale": lambda x, y: GP(x, y, SketchedRBFKernel(64, seed=0)).double(),
     "linear mean": lambda x, y: GP(x, y, ScaleKernel(SketchedRBFKernel(64, seed=0)),
                                    mean=gpytorch.means.LinearMean(2)).double(),
@@ -89,8 +90,8 @@ def test_the_closed_form_loss_is_fit_mlls_and_its_optimum_zeroes_the_mll_gradien
     after = mll_loss(model)
     torch.testing.assert_close(torch.tensor(fit.loss_after, dtype=F64), after, rtol=1e-10, atol=1e-10)
     assert fit.loss_after < fit.loss_before
-    expected = {"rff": 3, "nystrom": 3, "priors": 3, "batched": 3, "wider than the data": 3, "no outputscale": 2,
-                "linear mean": 2}[name]
+    expected = {"rff": 3, "nystrom": 3, "priors": 3, "batched": 3, "wider than the data": 3, "maclaurin": 3,
+                "no outputscale": 2, "linear mean": 2}[name]
     assert len(fit.fitted) == expected
     fitted = {"outputscale": "raw_outputscale", "noise": "raw_noise", "constant": "raw_constant"}
     for param_name, param in model.named_parameters():
@@ -123,9 +124,10 @@ def test_a_wider_nystrom_map_gets_less_noise_and_a_better_fit():
     assert model.likelihood.noise.item() < noise and fit.loss_after < fit.loss_before
 
 
-def test_chunked_features_give_the_same_fit():
+@pytest.mark.parametrize("build", [rff_model, nystrom_model], ids=["rff", "nystrom"])
+def test_chunked_features_give_the_same_fit(build):
     x, y = data()
-    plain, chunked = rff_model(x, y), rff_model(x, y)
+    plain, chunked = build(x, y), build(x, y)
     rfgp.fit_scale_and_noise(plain)
     with rfgp.settings.memory_budget(64 * 8 * 10):  # 10 rows of Φ per chunk
         rfgp.fit_scale_and_noise(chunked)
