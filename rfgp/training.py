@@ -29,6 +29,7 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
+from .core.bounds import bounded_coordinate, bounded_value
 from .core.validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
 
 OPTIMIZERS = ("lbfgs", "adam")
@@ -112,8 +113,8 @@ class _BoundedProxies:
     GPyTorch lets a constraint be enforced by its optimiser instead of a transform (``transform=None``:
     the raw parameter *is* the value).  BoTorch's default noise (≥ 10⁻⁴) is such a constraint; its
     ``fit_gpytorch_mll`` passes the bounds to L-BFGS-B.  ``torch.optim`` has no bounds, so each such
-    parameter θ is optimised through a proxy u instead: θ = a + softplus(u) (lower bound a),
-    b − softplus(u) (upper bound b), a + (b − a)·sigmoid(u) (both); the optimiser steps u and sees
+    parameter θ is optimised through a proxy u instead (:func:`rfgp.core.bounds.bounded_value`:
+    softplus above a lower bound, sigmoid within an interval); the optimiser steps u and sees
     ∂f/∂u = ∂f/∂θ · dθ/du.
     """
 
@@ -127,7 +128,7 @@ class _BoundedProxies:
                             (constraint.lower_bound, constraint.upper_bound))
             if bool(torch.isinf(lower).all() & torch.isinf(upper).all()):
                 continue
-            self.pairs.append((param, self._coordinate(param.detach(), lower, upper).requires_grad_(True),
+            self.pairs.append((param, bounded_coordinate(param.detach(), lower, upper).requires_grad_(True),
                                lower, upper))
 
     def optimised(self, params: list[Tensor]) -> list[Tensor]:
@@ -139,7 +140,7 @@ class _BoundedProxies:
         """θ ← θ(u) for every proxy (before an evaluation, after a restore); clears θ's gradient."""
         with torch.no_grad():
             for theta, proxy, lower, upper in self.pairs:
-                theta.copy_(self._value(proxy, lower, upper))
+                theta.copy_(bounded_value(proxy, lower, upper))
                 theta.grad = None
 
     def pull_gradients(self) -> None:
@@ -150,34 +151,7 @@ class _BoundedProxies:
                 continue
             with torch.enable_grad():
                 u = proxy.detach().requires_grad_(True)
-                (slope,) = torch.autograd.grad(self._value(u, lower, upper), u, torch.ones_like(u))
-            proxy.grad = theta.grad * slope
-
-    @staticmethod
-    def _value(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
-        finite_lower, finite_upper = torch.isfinite(lower), torch.isfinite(upper)
-        both = lower.nan_to_num(0.0) + (upper - lower).nan_to_num(0.0) * torch.sigmoid(u)
-        above = lower + torch.nn.functional.softplus(u)
-        below = upper - torch.nn.functional.softplus(u)
-        return torch.where(finite_lower & finite_upper, both,
-                           torch.where(finite_lower, above, torch.where(finite_upper, below, u)))
-
-    @staticmethod
-    def _coordinate(theta: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
-        """u(θ), with θ on or outside a bound taken just inside it."""
-        tiny = torch.finfo(theta.dtype).eps
-        finite_lower, finite_upper = torch.isfinite(lower), torch.isfinite(upper)
-        fraction = ((theta - lower) / (upper - lower)).clamp(tiny, 1 - tiny)
-        both = torch.log(fraction) - torch.log1p(-fraction)
-
-        def inverse_softplus(gap):
-            gap = gap.clamp_min(tiny)
-            return gap + torch.log(-torch.expm1(-gap))
-
-        return torch.where(finite_lower & finite_upper, both.nan_to_num(0.0),
-                           torch.where(finite_lower, inverse_softplus(theta - lower).nan_to_num(0.0),
-                                       torch.where(finite_upper, inverse_softplus(upper - theta).nan_to_num(0.0),
-                                                   theta)))
+                (proxy.grad,) = torch.autograd.grad(bounded_value(u, lower, upper), u, theta.grad)
 
 
 class _Objective:

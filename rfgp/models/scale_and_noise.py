@@ -12,7 +12,7 @@ determinant lemma; Rasmussen & Williams 2006, Eq. 2.30 and A.9–A.10):
 with no division by λᵢ (a rank-deficient Φ is fine) and c, ‖·‖² quadratic in μ (from Φᵀ[r, 1],
 ‖r‖² and 1ᵀr).  One O(N·F² + F³) pass forms ΦᵀΦ and its eigendecomposition (float64); then
 L-BFGS minimises that O(F) function plus the parameters' log priors — :func:`rfgp.fit_mll`'s loss —
-over log/logit coordinates of the values within their constraints' bounds (so that constraints
+over unconstrained coordinates of the values within their constraints' bounds (so that constraints
 without a transform, as BoTorch's noise bound, hold too).
 
 Where it pays (``benchmarks/results/profiled_likelihood.md``).  After :func:`rfgp.set_num_features` on a
@@ -39,6 +39,7 @@ from gpytorch.likelihoods.noise_models import HomoskedasticNoise
 from gpytorch.means import ConstantMean
 from torch import Tensor
 
+from ..core.bounds import bounded_coordinate, bounded_value
 from ..core.validation import check_positive_int
 from ..inference.complex_posterior import ComplexFeatureRootLinearOperator
 from ..kernels.nystrom import NystromKernel
@@ -142,7 +143,7 @@ def _fit(model: gpytorch.models.ExactGP, max_iter: int) -> ScaleNoiseFit:
     if not math.isfinite(loss_before):
         raise FloatingPointError(f"the marginal likelihood is not finite at the model's hyperparameters (loss "
                                  f"{loss_before}); fit the model first or check its data")
-    # unconstrained coordinates of the values themselves (log or logit within the constraint's bounds), so that
+    # unconstrained coordinates of the values themselves (softplus or sigmoid within the constraint's bounds), so that
     # constraints without a transform (BoTorch's noise: bounds for its optimiser) hold as well
     coordinates = {name: h.coordinate(values[name]).requires_grad_(True) for name, h in fitted.items()}
     optimizer = torch.optim.LBFGS(list(coordinates.values()), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
@@ -171,14 +172,14 @@ def _fit(model: gpytorch.models.ExactGP, max_iter: int) -> ScaleNoiseFit:
 
 class _Hyperparameter:
     """A positive or free GPyTorch hyperparameter (``outputscale``, ``noise``, ``constant``) of ``module``: its value in
-    float64, its unconstrained coordinate within the constraint's bounds, and the setter."""
+    float64, its unconstrained coordinate within the constraint's bounds (:mod:`rfgp.core.bounds`), and the setter."""
 
     def __init__(self, module, name: str) -> None:
         self.module, self.name = module, name
         self.raw = getattr(module, f"raw_{name}")
         constraint = getattr(module, f"raw_{name}_constraint", None)
-        self.lower = float(constraint.lower_bound.min()) if constraint is not None else -math.inf
-        self.upper = float(constraint.upper_bound.max()) if constraint is not None else math.inf
+        bounds = (-math.inf, math.inf) if constraint is None else (constraint.lower_bound, constraint.upper_bound)
+        self.lower, self.upper = (torch.as_tensor(b, dtype=torch.float64).expand_as(self.raw) for b in bounds)
 
     def value(self) -> Tensor:
         return getattr(self.module, self.name).detach().double()
@@ -187,25 +188,10 @@ class _Hyperparameter:
         setattr(self.module, self.name, value.to(self.raw.dtype))
 
     def coordinate(self, value: Tensor) -> Tensor:
-        lower, upper = self.lower, self.upper
-        if math.isfinite(lower) and math.isfinite(upper):
-            fraction = ((value - lower) / (upper - lower)).clamp(1e-12, 1 - 1e-12)
-            return torch.logit(fraction)
-        if math.isfinite(lower):
-            return (value - lower).clamp_min(1e-300).log()
-        if math.isfinite(upper):
-            return (upper - value).clamp_min(1e-300).log()
-        return value.clone()
+        return bounded_coordinate(value.reshape(self.raw.shape), self.lower, self.upper)
 
     def from_coordinate(self, t: Tensor) -> Tensor:
-        lower, upper = self.lower, self.upper
-        if math.isfinite(lower) and math.isfinite(upper):
-            return lower + (upper - lower) * torch.sigmoid(t)
-        if math.isfinite(lower):
-            return lower + t.exp()
-        if math.isfinite(upper):
-            return upper - t.exp()
-        return t
+        return bounded_value(t, self.lower, self.upper)
 
 
 def _whole_covariance_scale(covar: Kernel) -> ScaleKernel | None:
