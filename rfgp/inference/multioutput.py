@@ -20,13 +20,14 @@ from __future__ import annotations
 import gpytorch
 import torch
 from gpytorch.utils.memoize import cached
-from linear_operator.operators import ConstantMulLinearOperator, RootLinearOperator, ZeroLinearOperator
+from linear_operator.operators import ConstantMulLinearOperator, ZeroLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..core.validation import check_noise, check_targets
 from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
+from .posterior_covariance import LowRankPosteriorCovariance
 from .prediction import FeatureSpacePredictionStrategy
 
 
@@ -87,7 +88,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         mean = (features @ weight_mean).squeeze(-1) + test_mean
         if gpytorch.settings.skip_posterior_variances.on():
             return mean, ZeroLinearOperator(*features.shape[:-1], features.shape[-2], dtype=mean.dtype, device=mean.device)
-        return mean, RootLinearOperator(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
+        return mean, LowRankPosteriorCovariance(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
 
 
 def kernel_num_outputs(kernel, x: Tensor) -> int:

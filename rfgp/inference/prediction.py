@@ -37,6 +37,7 @@ from ..core.validation import check_noise, check_targets
 from . import distributed
 from .kernel_space import kernel_space_posterior_caches
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
+from .posterior_covariance import LowRankPosteriorCovariance
 
 
 class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
@@ -59,7 +60,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
                                        *features.shape[-2:])
             covar = RootLinearOperator(features) - RootLinearOperator(features @ factor.mT)
         else:
-            covar = RootLinearOperator(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
+            covar = LowRankPosteriorCovariance(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
         if correction is not None:
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar

@@ -39,7 +39,7 @@ import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
-from linear_operator.operators import DiagLinearOperator, RootLinearOperator
+from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
@@ -47,6 +47,7 @@ from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside noteb
 from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
 from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import feature_statistics
+from ..inference.posterior_covariance import LowRankPosteriorCovariance
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
@@ -223,7 +224,7 @@ class StreamingFeatureGP(nn.Module):
         chol = self.cholesky()
         features = kernel_features(self.covar_module, x)
         mean = self.mean_module(x) + (features @ torch.cholesky_solve(self.cross, chol)).squeeze(-1)
-        covar = RootLinearOperator(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
+        covar = LowRankPosteriorCovariance(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
         moments = kernel_diag_moments(self.covar_module, x)
         if moments is not None:
             covar = covar + DiagLinearOperator((moments[0] - moments[1]).clamp_min(0.0))

@@ -266,3 +266,30 @@ def test_rfgp_fit_mll_trains_botorch_default_model_within_its_noise_bound():
     lower = model.likelihood.noise_covar.raw_noise_constraint.lower_bound
     assert not history.restarts and history.converged
     assert float(model.likelihood.noise) >= float(lower)
+
+
+@pytest.mark.parametrize("num_data", [100, 32, 20])  # N > F, N = F, N < F (F = 32)
+def test_cached_root_noisy_improvement_without_outcome_standardisation(num_data):
+    """qLogNEI caches a Cholesky factor of the baseline posterior (BoTorch's CachedCholeskyMCSamplerMixin).
+
+    Without Standardize the posterior covariance reaches BoTorch untransformed: its root decomposition must be
+    a square lower-triangular factor and its base samples n-dimensional, as for an exact GP.  Cached and
+    uncached values are the same expectation, estimated from differently arranged samples: they agree up to
+    Monte Carlo error (the improvement is a rare event here, so compared in EI, not log-EI, units).
+    """
+    x, y = data(num_data)
+    model = sketched_model(x, y, num_features=32, outcome_transform=None)
+    model.likelihood.noise = 0.01
+    model.eval()
+    with torch.no_grad(), gpytorch.settings.fast_computations(covar_root_decomposition=False):
+        factor = model.posterior(x).mvn.lazy_covariance_matrix.root_decomposition().root.to_dense()
+    assert factor.shape == (num_data, num_data)
+    torch.testing.assert_close(factor, factor.tril())
+    candidates = 2 * torch.rand(4, 2, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    values = [
+        qLogNoisyExpectedImprovement(model, X_baseline=x, prune_baseline=False, cache_root=cache_root,
+                                     sampler=SobolQMCNormalSampler(torch.Size([1024]), seed=1))(candidates)
+        for cache_root in (True, False)
+    ]
+    assert torch.isfinite(values[0]).all()
+    torch.testing.assert_close(values[0].exp(), values[1].exp(), atol=2e-3, rtol=0.0)

@@ -1,0 +1,87 @@
+"""LowRankPosteriorCovariance: Σ* = RRᵀ behaves as the dense matrix, samples through R, and has a square root."""
+
+import math
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.distributions import MultivariateNormal
+
+from rfgp.inference.posterior_covariance import LowRankPosteriorCovariance
+
+
+def _root(n, f, batch=(), seed=0):
+    return torch.randn(*batch, n, f, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("n, f", [(7, 3), (5, 5), (4, 9)])
+def test_dense_matrix_diagonal_and_products_equal_rrt(n, f):
+    root = _root(n, f, batch=(2,))
+    covar = LowRankPosteriorCovariance(root)
+    dense = root @ root.mT
+    rhs = torch.randn(2, n, 3, dtype=torch.float64)
+    torch.testing.assert_close(covar.to_dense(), dense)
+    torch.testing.assert_close(covar.diagonal(), dense.diagonal(dim1=-2, dim2=-1))
+    torch.testing.assert_close(covar @ rhs, dense @ rhs)
+    torch.testing.assert_close(covar[..., 1:3, :].to_dense(), dense[..., 1:3, :])
+    torch.testing.assert_close(covar.mT.to_dense(), dense)
+    torch.testing.assert_close(covar.expand(3, 2, n, n).to_dense(), dense.expand(3, 2, n, n))
+    torch.testing.assert_close(covar.detach().to(torch.float32).to_dense(), dense.float())
+
+
+@pytest.mark.parametrize("n, f", [(7, 3), (5, 5), (4, 9)])
+def test_root_decomposition_is_a_square_lower_triangular_factor(n, f):
+    """Code that reads the root as a Cholesky factor (BoTorch's cached-root qNEI) needs L of shape n × n."""
+    root = _root(n, f)
+    with gpytorch.settings.fast_computations(covar_root_decomposition=False):
+        factor = LowRankPosteriorCovariance(root).root_decomposition().root.to_dense()
+    assert factor.shape == (n, n)
+    torch.testing.assert_close(factor, factor.tril())
+    torch.testing.assert_close(factor @ factor.mT, root @ root.mT, atol=1e-6, rtol=1e-6)  # jitter when n > F
+
+
+def test_samples_go_through_the_low_rank_root_and_have_covariance_rrt():
+    n, f, num_samples = 6, 3, 40_000
+    root = _root(n, f)
+    normal = MultivariateNormal(torch.zeros(n, dtype=torch.float64), LowRankPosteriorCovariance(root))
+    assert normal.base_sample_shape == torch.Size([n])
+    torch.manual_seed(0)
+    samples = normal.rsample(torch.Size([num_samples]))
+    assert samples.shape == (num_samples, n)
+    # Samples lie in the column space of R (rank F): drawn as R·ε, not through a jittered n × n factor.
+    residual = samples.mT - root @ torch.linalg.lstsq(root, samples.mT).solution
+    assert residual.abs().max() < 1e-10
+    dense = root @ root.mT
+    empirical = samples.mT @ samples / num_samples
+    standard_error = (dense.diagonal().outer(dense.diagonal()) + dense.pow(2)).sqrt() / math.sqrt(num_samples)
+    assert ((empirical - dense).abs() < 5 * standard_error).all()
+
+
+def test_samples_from_base_samples_of_the_event_shape():
+    n, f = 6, 3
+    root = _root(n, f, batch=(2,))
+    normal = MultivariateNormal(torch.zeros(2, n, dtype=torch.float64), LowRankPosteriorCovariance(root))
+    base = torch.randn(4, 2, n, dtype=torch.float64)
+    samples = normal.rsample(torch.Size([4]), base_samples=base)
+    with gpytorch.settings.fast_computations(covar_root_decomposition=False):
+        factor = normal.lazy_covariance_matrix.root_decomposition().root.to_dense()
+    torch.testing.assert_close(samples, (factor @ base.unsqueeze(-1)).squeeze(-1))
+
+
+def test_log_prob_gradient_flows_to_the_root():
+    n, f = 4, 6
+    root = _root(n, f).requires_grad_(True)
+    target = torch.randn(n, dtype=torch.float64)
+    value = MultivariateNormal(torch.zeros(n, dtype=torch.float64), LowRankPosteriorCovariance(root)).log_prob(target)
+    (grad,) = torch.autograd.grad(value, root)
+    dense_root = root.detach().clone().requires_grad_(True)
+    expected = torch.distributions.MultivariateNormal(torch.zeros(n, dtype=torch.float64),
+                                                      dense_root @ dense_root.mT).log_prob(target)
+    (expected_grad,) = torch.autograd.grad(expected, dense_root)
+    torch.testing.assert_close(value, expected)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+def test_root_must_be_a_matrix():
+    with pytest.raises(ValueError, match="root must be a tensor of shape"):
+        LowRankPosteriorCovariance(torch.ones(3))
