@@ -26,10 +26,15 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import LinearOperator
 
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
+from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 #: noise-added covariances whose ``inv_quad_logdet`` works in feature space (their subclasses —
 #: classification and complex-posterior operators — included)
-FEATURE_SPACE_OPERATORS = (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator)
+FEATURE_SPACE_OPERATORS = (
+    FeatureRootAddedDiagLinearOperator,
+    ChunkedFeatureRootAddedDiagLinearOperator,
+    FeatureRootAddedTaskNoiseLinearOperator,
+)
 
 
 def has_feature_space_covariance(distribution: MultivariateNormal) -> bool:

@@ -4,7 +4,9 @@ A multi-output rfgp kernel returns the interleaved root R (N·p × F) of K̂ = R
 noise D of ``gpytorch.likelihoods.MultitaskGaussianLikelihood`` (rank 0: a diagonal
 ``KroneckerProductDiagLinearOperator``), K̂ + D is a
 :class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`, whose marginal likelihood runs
-through the F × F capacitance matrix A = I + RᵀD⁻¹R.  For prediction GPyTorch's multitask
+through the F × F capacitance matrix A = I + RᵀD⁻¹R; with correlated task noise (rank ≥ 1:
+D = I_N ⊗ Σ_T) it is a :class:`~rfgp.inference.task_noise.FeatureRootAddedTaskNoiseLinearOperator`,
+and R, y are whitened per point by Σ_T's Cholesky factor first (D becomes I).  For prediction GPyTorch's multitask
 path flattens the (N, p) targets and means, which the single-output
 ``LinearPredictionStrategy`` does not expect (GPyTorch #2659: multitask models otherwise end
 in ``DefaultPredictionStrategy``, i.e. dense N·p × N·p algebra);
@@ -29,6 +31,7 @@ from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import LowRankPosteriorCovariance
 from .prediction import FeatureSpacePredictionStrategy
+from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
 def scaled_root(covar) -> Tensor | None:
@@ -46,7 +49,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
     """Woodbury prediction for multi-output feature kernels with a diagonal (multitask) Gaussian noise.
 
     Works with ``MultitaskMultivariateNormal`` (interleaved, the default) and
-    ``MultitaskGaussianLikelihood(rank=0)`` or ``GaussianLikelihood``-style diagonal noise.
+    ``MultitaskGaussianLikelihood`` of any rank (rank ≥ 1 through the whitening of
+    :mod:`rfgp.inference.task_noise`) or ``GaussianLikelihood``-style diagonal noise.
     """
 
     def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
@@ -56,11 +60,12 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
                 "rfgp multi-output kernels use GPyTorch's interleaved layout; build the model output with "
                 "MultitaskMultivariateNormal(mean, covar, interleaved=True) (the default)"
             )
-        if not isinstance(self.lik_train_train_covar, FeatureRootAddedDiagLinearOperator):
+        if not isinstance(self.lik_train_train_covar, (FeatureRootAddedDiagLinearOperator,
+                                                        FeatureRootAddedTaskNoiseLinearOperator)):
             raise TypeError(
-                "feature-space multi-output prediction needs a likelihood with diagonal noise (e.g. "
-                "MultitaskGaussianLikelihood(num_tasks, rank=0)); got a noisy covariance of type "
-                f"{type(self.lik_train_train_covar).__name__}"
+                "feature-space multi-output prediction needs a likelihood with diagonal noise or GPyTorch's "
+                "interleaved multitask noise I_N ⊗ Σ_T (e.g. MultitaskGaussianLikelihood(num_tasks, rank)); got a "
+                f"noisy covariance of type {type(self.lik_train_train_covar).__name__}"
             )
 
     @property
@@ -69,12 +74,16 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R)."""
         check_targets(self.train_labels, "the training targets y")
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
-        noise = check_noise(self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
-        weights = noise.reciprocal()
+        residual = self.train_labels - self.train_prior_dist.loc  # both flattened in interleaved order
+        noisy = self.lik_train_train_covar
+        if isinstance(noisy, FeatureRootAddedTaskNoiseLinearOperator):  # whitened: Φ̃ = WΦ, r̃ = Wr, D = I
+            features, residual = noisy.whiten(features), noisy.whiten(residual.unsqueeze(-1)).squeeze(-1)
+            weights = torch.ones_like(residual[..., :1])
+        else:
+            weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
         capacitance = weighted_gram(features, weights)
         eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
         chol = psd_safe_cholesky(capacitance + eye)
-        residual = self.train_labels - self.train_prior_dist.loc  # both flattened in interleaved order
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
         return torch.cholesky_solve(rhs, chol), chol
 

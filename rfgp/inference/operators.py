@@ -136,8 +136,12 @@ class FeatureRootLinearOperator(_NoKroneckerFactors, LowRankRootLinearOperator):
         return self.__class__(root, _scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):
+        from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, is_interleaved_task_noise  # imports this
+
         if isinstance(other, DiagLinearOperator):
             return FeatureRootAddedDiagLinearOperator(self, other)
+        if is_interleaved_task_noise(other):
+            return FeatureRootAddedTaskNoiseLinearOperator(self, other)
         if isinstance(other, FeatureRootLinearOperator):
             left, right = self.root.to_dense(), other.root.to_dense()
             batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])

@@ -31,11 +31,11 @@ import torch
 from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor
 
-from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.validation import check_choice
 from ..inference.operators import FeatureRootLinearOperator
 from .fourier import FOURIER_METHODS, SketchedMaternKernel, SketchedRBFKernel
 from .polynomial import SketchedPolynomialKernel
+from .random_feature_kernel import check_unchunked_memory
 
 
 class _DerivativeRootMixin:
@@ -86,17 +86,9 @@ class _DerivativeRootMixin:
         return MatmulLinearOperator(z1, z2.mT)
 
     def _check_memory(self, x1: Tensor, x2: Tensor) -> None:
-        """Refuse (instead of silently exceeding) a memory budget that would ask for chunked statistics."""
-        outputs = self.num_outputs_per_input(x1, x2)
-        rows = max(x1.shape[-2], x2.shape[-2]) * outputs
         batch = math.prod(torch.broadcast_shapes(self.batch_shape, x1.shape[:-2]))
-        if resolve_chunk_size(rows, self.num_features, batch, x1.dtype) is not None:
-            raise ValueError(
-                f"{type(self).__name__}: the derivative root of {rows} rows (n = {rows // outputs} points × "
-                f"{outputs} outputs) and {self.num_features} features exceeds rfgp.settings.memory_budget "
-                f"({memory_budget.value()} bytes) or a forced rfgp.settings.chunk_size, and derivative kernels "
-                "have no chunked evaluation; raise the budget, e.g. `with rfgp.settings.memory_budget(8 * 2**30):`"
-            )
+        num_points = max(x1.shape[-2], x2.shape[-2])
+        check_unchunked_memory(self, num_points, self.num_outputs_per_input(x1, x2), self.num_features, batch, x1.dtype)
 
     def diag_moments(self, x: Tensor):
         # the supported feature maps (sin/cos, polynomial sketches) are unbiased on the whole joint diagonal

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..core.config_state import ConfigState
 from ..core.memory import check_solve
-from ..core.settings import resolve_chunk_size
+from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.validation import (
     NonFiniteError,
     check_finite,
@@ -100,10 +100,13 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         batch = math.prod(featurizer.batch_shape)
         if same and not diag:
             check_solve(num_rows, featurizer.num_features, batch, x1.dtype, x1.device)
+        outputs = self.num_outputs_per_input(x1, x2)
+        if outputs != 1:
+            check_unchunked_memory(self, num_rows, outputs, featurizer.num_features, batch, x1.dtype)
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
-        if not (same or diag or torch.is_grad_enabled()) and self.num_outputs_per_input(x1, x2) == 1:
+        if not (same or diag or torch.is_grad_enabled()) and outputs == 1:
             # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space
             # strategy never evaluates: stay lazy instead of featurising the N training points.
             return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, num_rows)
@@ -218,3 +221,21 @@ class RandomFeatureKernel(FeatureKernel):
             return None
         scaled = self.scale_inputs(x)
         return self.feature_map.target_diag(scaled), self.feature_map.expected_diag(scaled)
+
+
+def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_features: int, batch: int,
+                           dtype: torch.dtype) -> None:
+    """Refuse, instead of silently exceeding, a memory budget that would ask to chunk a multi-output root.
+
+    The chunked operators of :mod:`rfgp.inference.operators` count one row per input point; a kernel with
+    several outputs per input (derivatives, vector fields) has a root of ``num_points · outputs`` rows,
+    always materialised.
+    """
+    rows = num_points * outputs
+    if resolve_chunk_size(rows, num_features, batch, dtype) is not None:
+        raise ValueError(
+            f"{type(kernel).__name__}: the feature root of {rows} rows (n = {num_points} points × {outputs} outputs) "
+            f"and {num_features} features exceeds rfgp.settings.memory_budget ({memory_budget.value()} bytes) or a "
+            "forced rfgp.settings.chunk_size, and multi-output feature kernels have no chunked evaluation; raise "
+            "the budget, e.g. `with rfgp.settings.memory_budget(8 * 2**30):`"
+        )

@@ -25,7 +25,8 @@ class MultiOutputGPModel(gpytorch.models.ExactGP):
     Args:
         train_x: ``(n, d)`` inputs.
         train_y: ``(n, p)`` targets; p must equal the kernel's ``num_outputs_per_input``.
-        likelihood: e.g. ``gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=p, rank=0)``.
+        likelihood: e.g. ``gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=p, rank=0)`` (independent
+            task noises; rank ≥ 1 correlates them, see :mod:`rfgp.inference.task_noise`).
         covar_module: the matrix-valued kernel (optionally inside ``ScaleKernel``).
         mean_module: defaults to ``MultitaskMean(ZeroMean(), p)`` (vector fields are usually centred).
 

@@ -90,6 +90,50 @@ def test_feature_space_mll_and_posterior_match_the_dense_gp(make_kernel, d):
         torch.testing.assert_close(model(test_x).mean, mean_ref, atol=1e-8, rtol=1e-8)
 
 
+@pytest.mark.parametrize("num_features", [16, 512])  # N·T > F: feature space; N·T < F: kernel space
+@pytest.mark.parametrize("rank, global_noise", [(1, True), (2, True), (2, False)])
+def test_correlated_task_noise_mll_gradients_and_posterior_match_the_dense_gp(rank, global_noise, num_features):
+    """MultitaskGaussianLikelihood(rank ≥ 1) adds I_N ⊗ Σ_T: whitened per point, not a dense (N·T)³ path."""
+    x, y = _data(n=40)
+    test_x = torch.rand(7, 2, dtype=F64, generator=torch.Generator().manual_seed(2))
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=rank, has_global_noise=global_noise).to(F64)
+    with torch.no_grad():
+        likelihood.task_noise_covar_factor.copy_(torch.tensor([[0.2, 0.05], [-0.1, 0.15]], dtype=F64)[:, :rank])
+    kernel = SketchedDecomposableKernel(SketchedRBFKernel(num_features, seed=2), num_outputs=2, rank=1)
+    model = MultiOutputGPModel(x, y, likelihood, ScaleKernel(kernel)).to(F64)
+    if global_noise:
+        likelihood.noise = 0.01
+    mll_ref, mean_ref, covar_ref = _dense_reference(model, likelihood, x, y, test_x)
+    model.train()
+    noisy = likelihood(model(x)).lazy_covariance_matrix
+    assert isinstance(noisy, rfgp.inference.task_noise.FeatureRootAddedTaskNoiseLinearOperator)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    value = mll(model(x), y)
+    torch.testing.assert_close(value.detach(), mll_ref, atol=1e-8, rtol=1e-8)
+    parameters = [likelihood.task_noise_covar_factor, kernel.base_kernel.raw_lengthscale]
+    gradients = torch.autograd.grad(value, parameters)
+    dense = model.covar_module(x).to_dense() + likelihood._shaped_noise_covar(y.shape).to_dense()
+    dense_value = torch.distributions.MultivariateNormal(torch.zeros(y.numel(), dtype=F64), dense).log_prob(
+        y.reshape(-1) - model.mean_module(x).reshape(-1)) / y.numel()
+    for gradient, expected in zip(gradients, torch.autograd.grad(dense_value, parameters)):
+        torch.testing.assert_close(gradient, expected, atol=1e-8, rtol=1e-7)
+    model.eval()
+    with torch.no_grad():
+        posterior = model(test_x)
+    torch.testing.assert_close(posterior.mean, mean_ref, atol=1e-8, rtol=1e-8)
+    torch.testing.assert_close(posterior.covariance_matrix, covar_ref, atol=1e-8, rtol=1e-8)
+
+
+def test_singular_task_noise_is_refused_by_name():
+    x, y = _data(n=20)
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=1, has_global_noise=False).to(F64)
+    model = MultiOutputGPModel(x, y, likelihood, SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0),
+                                                                            num_outputs=2, rank=1)).to(F64)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with pytest.raises(ValueError, match="has_global_noise=True"):
+        mll(model(x), y)
+
+
 def test_mll_gradients_flow_and_training_reduces_the_loss():
     x, y = _data(n=80)
     model, likelihood = _model(x, y, SketchedCurlFreeKernel(64, 2, seed=0))
@@ -184,3 +228,14 @@ def test_bad_model_input():
         MultiOutputGPModel(x, y[:, 0], likelihood, CurlFreeRBFKernel(2))
     with pytest.raises(ValueError, match="same number of outputs"):
         MultiOutputFeatureSumKernel(SketchedCurlFreeKernel(32, 2), SketchedCurlFreeKernel(32, 3))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_multi_output_features_over_the_memory_budget_are_refused_by_name(rank):
+    """The chunked operators count one row per input; an N·p-row root is never chunked, the budget is named."""
+    x, y = _data(n=40)
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=rank).to(F64)
+    model = MultiOutputGPModel(x, y, likelihood, SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0),
+                                                                            num_outputs=2, rank=1)).to(F64)
+    with rfgp.settings.memory_budget(256), pytest.raises(ValueError, match=r"80 rows \(n = 40 points × 2 outputs"):
+        likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
