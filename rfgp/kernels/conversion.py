@@ -401,12 +401,18 @@ _MACLAURIN_OPTIONS = ("projection", "weights", "srht_blocks", "min_order", "max_
 _TAYLOR_OPTIONS = ("x_sample", "radius", "alpha", "order", "center", "min_lengthscale", "mode")
 
 
+@register_converter(gpytorch.kernels.RFFKernel, methods=_RBF_METHODS,
+                    options=(*_MACLAURIN_OPTIONS, *_TAYLOR_OPTIONS, "complex_posterior", "input_dim"))
 @register_converter(gpytorch.kernels.RBFKernel, methods=_RBF_METHODS,
                     options=(*_MACLAURIN_OPTIONS, *_TAYLOR_OPTIONS, "complex_posterior", "input_dim"))
 def _convert_rbf(kernel, num_features, method, seed, **options):
     """RBFKernel → the RBF family class of ``method`` (``SketchedRBFKernel(method=...)`` picks it);
     ``method="gaussian_sketch" | "gaussian_sketch_hd"`` see :func:`taylor_sketch_options`.  With ``x_sample`` the
-    optimized Maclaurin map fits its allocation on it at conversion (as it would on its first input)."""
+    optimized Maclaurin map fits its allocation on it at conversion (as it would on its first input).
+
+    GPyTorch's ``RFFKernel`` is random Fourier features of the same RBF kernel (its own draws, 2·num_samples
+    wide, dense N × N algebra): it converts the same way — same lengthscale, rfgp's draws at width
+    ``num_features``, feature-space inference."""
     from .fourier import SketchedRBFKernel
     from .gaussian_sketch import GAUSSIAN_SKETCH_METHODS
 
@@ -654,6 +660,31 @@ def _convert_cosine(kernel, num_features, method, seed, input_dim=None):
     return copy_hyperparameters(kernel, sketched, "period_length")
 
 
+refuse_conversion(
+    gpytorch.kernels.GridInterpolationKernel,
+    "it is itself a scalable approximation (SKI / KISS-GP) of its base_kernel, which random features replace "
+    "rather than approximate a second time; sketch the base kernel instead, e.g. "
+    "ScaleKernel(GridInterpolationKernel(RBFKernel(), grid_size, num_dims)) → "
+    "rfgp.sketch(ScaleKernel(RBFKernel()), num_features)",
+)
+refuse_conversion(
+    gpytorch.kernels.InducingPointKernel,
+    "it is SGPR's inducing-point approximation of its base_kernel (the inducing points are parameters, and "
+    "the model's training objective is not an exact GP's); sketch the base kernel and use it in an ExactGP: "
+    "rfgp.sketch(kernel.base_kernel, num_features)",
+)
+refuse_conversion(
+    gpytorch.kernels.AdditiveStructureKernel,
+    "Σᵢ base(xᵢ, yᵢ) over input columns, with one set of hyperparameters tied across the columns, has no "
+    "random-feature version in rfgp yet; AdditiveKernel(*(base with active_dims=[i] for each column i)) converts "
+    "(with per-column hyperparameters), and a GridInterpolationKernel base is refused in any case",
+)
+refuse_conversion(
+    gpytorch.kernels.ProductStructureKernel,
+    "Πᵢ base(xᵢ, yᵢ) over input columns, with hyperparameters tied across the columns, has no random-feature "
+    "version in rfgp yet; for an RBF base it equals RBFKernel() on all columns (a product of one-dimensional "
+    "RBFs with one lengthscale is the isotropic RBF), which converts",
+)
 refuse_conversion(
     gpytorch.kernels.PiecewisePolynomialKernel,
     "its compactly supported (Wendland-type) covariance has a spectral density that is a sum of "

@@ -137,6 +137,31 @@ def test_unregistered_subclasses_are_never_converted_as_their_parent(subclass):
         rfgp.sketch(ScaleKernel(kernel), num_features=16)
 
 
+def test_gpytorch_rff_kernel_converts_like_the_rbf_kernel_it_approximates():
+    exact = gpytorch.kernels.RFFKernel(num_samples=8, ard_num_dims=3, lengthscale_prior=GammaPrior(3.0, 6.0)).double()
+    exact.lengthscale = torch.tensor([[0.7, 1.3, 2.0]])
+    sketched = rfgp.sketch(exact, num_features=4096, method="orf", seed=0)
+    assert isinstance(sketched, SketchedRBFKernel) and sketched.num_features == 4096
+    assert torch.equal(sketched.lengthscale, exact.lengthscale)
+    assert {n for n, *_ in sketched.named_priors()} == {"lengthscale_prior"}
+    rbf = RBFKernel(ard_num_dims=3).double()
+    rbf.lengthscale = exact.lengthscale
+    target = rbf(X).to_dense().detach()
+    assert float((sketched(X).to_dense().detach() - target).norm() / target.norm()) < 0.05
+
+
+@pytest.mark.parametrize("kernel, reason", [
+    (lambda: gpytorch.kernels.GridInterpolationKernel(RBFKernel(), grid_size=10, num_dims=1), "SKI / KISS-GP"),
+    (lambda: gpytorch.kernels.InducingPointKernel(RBFKernel(), torch.rand(4, 1), gpytorch.likelihoods.GaussianLikelihood()),
+     "SGPR's inducing-point approximation"),
+    (lambda: gpytorch.kernels.AdditiveStructureKernel(RBFKernel(), num_dims=3), "tied across the columns"),
+    (lambda: gpytorch.kernels.ProductStructureKernel(RBFKernel(), num_dims=3), "isotropic RBF"),
+])
+def test_approximation_and_structure_wrappers_are_refused_with_what_to_sketch_instead(kernel, reason):
+    with pytest.raises(TypeError, match=f"does not convert .*{reason}"):
+        rfgp.sketch(ScaleKernel(kernel()), num_features=16)
+
+
 def test_piecewise_polynomial_is_refused_with_the_reason():
     with pytest.raises(TypeError, match="does not convert PiecewisePolynomialKernel: its compactly supported"):
         rfgp.sketch(gpytorch.kernels.PiecewisePolynomialKernel(), num_features=16)
@@ -176,7 +201,7 @@ def test_unknown_and_unused_keyword_options_raise():
     with pytest.raises(TypeError, match="unexpected keyword argument.*'methd'; accepted: num_features, method, seed, "
                                         ".*x_sample"):
         rfgp.sketch(RBFKernel(), 64, methd="sorf")
-    with pytest.raises(TypeError, match="options not taken by any kernel in this tree: 'alpha' \\(taken by RBFKernel\\)"):
+    with pytest.raises(TypeError, match="options not taken by any kernel in this tree: 'alpha' \\(taken by RBFKernel, RFFKernel\\)"):
         rfgp.sketch(PeriodicKernel(), 64, alpha=1e-2)
     rfgp.sketch(PeriodicKernel(), 64, x_sample=X)  # points of the input space: any tree may be given them
 
