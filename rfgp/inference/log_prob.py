@@ -26,14 +26,17 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import LinearOperator
 
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
+from .posterior_covariance import LowRankPosteriorAddedDiag
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 #: noise-added covariances whose ``inv_quad_logdet`` works in feature space (their subclasses —
-#: classification and complex-posterior operators — included)
+#: classification and complex-posterior operators — included), and posterior predictive covariances
+#: whose ``inv_quad_logdet`` picks the cheaper exact algebra
 FEATURE_SPACE_OPERATORS = (
     FeatureRootAddedDiagLinearOperator,
     ChunkedFeatureRootAddedDiagLinearOperator,
     FeatureRootAddedTaskNoiseLinearOperator,
+    LowRankPosteriorAddedDiag,
 )
 
 

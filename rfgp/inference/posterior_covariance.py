@@ -6,6 +6,12 @@ latent covariance at n test points as Σ* = Φ*A⁻¹Φ*ᵀ = RRᵀ with the n �
 variance is the row norms of R, and ``MultivariateNormal.rsample()`` draws R·ε with
 ε ~ N(0, I_F) in O(n·F) per sample (Thompson sampling over many candidates stays cheap).
 
+Adding a diagonal (observation noise, the bias correction of paper 000 §5.6) gives a
+:class:`LowRankPosteriorAddedDiag`, whose log-density (``gpytorch.metrics.negative_log_predictive_density``,
+a predictive ``log_prob``) is exact and takes the cheaper of the Woodbury form, O(n·F² + F³), and the dense
+Cholesky factor, O(n²·F + n³) — instead of linear_operator's iterative (CG/Lanczos) default beyond
+``max_cholesky_size`` (n = 4000 test points, F = 256: 5.2 s and a relative error of 1e-4).
+
 It is deliberately *not* a ``RootLinearOperator``, whose ``root_decomposition()`` returns the
 n × F factor itself: code that reads a root decomposition as a square Cholesky factor
 (BoTorch's cached-root qNEI/qLogNEI, ``CachedCholeskyMCSamplerMixin``, solves triangular systems
@@ -18,8 +24,18 @@ when n > F makes Σ* singular, up to ``max_cholesky_size``).
 from __future__ import annotations
 
 import torch
-from linear_operator.operators import DenseLinearOperator, LinearOperator, MatmulLinearOperator
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    LinearOperator,
+    LowRankRootAddedDiagLinearOperator,
+    LowRankRootLinearOperator,
+    MatmulLinearOperator,
+)
+from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
+
+from .kernel_space import prefers_kernel_space
 
 
 class LowRankPosteriorCovariance(MatmulLinearOperator):
@@ -58,3 +74,42 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
         root = self.low_rank_root
         noise = torch.randn(*self.batch_shape, root.shape[-1], num_samples, dtype=root.dtype, device=root.device)
         return (root @ noise).permute(-1, *range(self.dim() - 1)).contiguous()
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(self.low_rank_root), other)
+        return super().__add__(other)
+
+
+class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
+    """RRᵀ + D for a posterior root R ``(*batch, n, F)`` and a diagonal D (noise, variance correction).
+
+    ``inv_quad_logdet`` is exact by whichever algebra costs fewer flops (:func:`rfgp.inference.kernel_space.
+    prefers_kernel_space`): the capacitance matrix I + RᵀD⁻¹R (linear_operator's Woodbury form) or the Cholesky
+    factor of the n × n matrix; ``rsample()`` draws R·ε + √D·ε′ in O(n·F).  Like
+    :class:`LowRankPosteriorCovariance` it is not a ``RootLinearOperator`` (n-dimensional base samples).
+    """
+
+    def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        num_points, width = self._linear_op.root.shape[-2:]
+        if not prefers_kernel_space(num_points, width):
+            return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
+        chol = psd_safe_cholesky(self.to_dense())
+        inv_quad = logdet_term = None
+        if inv_quad_rhs is not None:
+            rhs = inv_quad_rhs.unsqueeze(-1) if inv_quad_rhs.dim() == self.dim() - 1 else inv_quad_rhs
+            inv_quad = torch.linalg.solve_triangular(chol, rhs, upper=False).pow(2).sum(-2)
+            if reduce_inv_quad:
+                inv_quad = inv_quad.sum(-1)
+        if logdet:
+            logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+        return inv_quad, logdet_term
+
+    def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
+        """R·ε + √D·ε′, ε ~ N(0, I_F), ε′ ~ N(0, I_n): ``(num_samples, *batch, n)`` samples in O(num_samples·n·F)."""
+        root = self._linear_op.root.to_dense()
+        noise = torch.randn(*self.batch_shape, root.shape[-1], num_samples, dtype=root.dtype, device=root.device)
+        diag = self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
+        samples = root @ noise + diag.sqrt().unsqueeze(-1) * torch.randn_like(diag.unsqueeze(-1).expand(
+            *diag.shape, num_samples))
+        return samples.permute(-1, *range(self.dim() - 1)).contiguous()

@@ -6,8 +6,9 @@ import gpytorch
 import pytest
 import torch
 from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DiagLinearOperator
 
-from rfgp.inference.posterior_covariance import LowRankPosteriorCovariance
+from rfgp.inference.posterior_covariance import LowRankPosteriorAddedDiag, LowRankPosteriorCovariance
 
 
 def _root(n, f, batch=(), seed=0):
@@ -85,3 +86,53 @@ def test_log_prob_gradient_flows_to_the_root():
 def test_root_must_be_a_matrix():
     with pytest.raises(ValueError, match="root must be a tensor of shape"):
         LowRankPosteriorCovariance(torch.ones(3))
+
+
+@pytest.mark.parametrize("n, f", [(40, 8), (6, 30)])  # Woodbury (n > F) and dense Cholesky (n < F)
+def test_added_diagonal_log_density_is_exact_by_the_cheaper_algebra(n, f):
+    root = _root(n, f, batch=(2,))
+    noise = 0.05 + torch.rand(2, n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    covar = LowRankPosteriorCovariance(root) + DiagLinearOperator(noise)
+    assert isinstance(covar, LowRankPosteriorAddedDiag)
+    covar = covar + DiagLinearOperator(torch.full((n,), 0.01, dtype=torch.float64))  # noise on a correction
+    assert isinstance(covar, LowRankPosteriorAddedDiag)
+    dense = root @ root.mT + torch.diag_embed(noise + 0.01)
+    target = torch.randn(2, n, dtype=torch.float64)
+    mean = torch.zeros(2, n, dtype=torch.float64)
+    expected = torch.distributions.MultivariateNormal(mean, dense).log_prob(target)
+    with gpytorch.settings.max_cholesky_size(0):  # no dense fallback inside linear_operator either
+        torch.testing.assert_close(MultivariateNormal(mean, covar).log_prob(target), expected)
+    torch.testing.assert_close(covar.to_dense(), dense)
+
+
+def test_added_diagonal_samples_have_covariance_rrt_plus_d():
+    n, f, num_samples = 5, 2, 40_000
+    root = _root(n, f)
+    noise = torch.linspace(0.1, 0.5, n, dtype=torch.float64)
+    normal = MultivariateNormal(torch.zeros(n, dtype=torch.float64), LowRankPosteriorCovariance(root)
+                                + DiagLinearOperator(noise))
+    torch.manual_seed(1)
+    samples = normal.rsample(torch.Size([num_samples]))
+    dense = root @ root.mT + torch.diag(noise)
+    empirical = samples.mT @ samples / num_samples
+    standard_error = (dense.diagonal().outer(dense.diagonal()) + dense.pow(2)).sqrt() / math.sqrt(num_samples)
+    assert ((empirical - dense).abs() < 5 * standard_error).all()
+
+
+def test_predictive_density_of_a_feature_gp_beyond_max_cholesky_size_is_exact():
+    """gpytorch.metrics on n* > max_cholesky_size test points: exact Woodbury, not CG (was 1e-4 off and slow)."""
+    import rfgp
+
+    g = torch.Generator().manual_seed(0)
+    x, test_x = torch.rand(300, 2, generator=g, dtype=torch.float64), torch.rand(900, 2, generator=g, dtype=torch.float64)
+    y, test_y = torch.sin(6 * x[:, 0]), torch.sin(6 * test_x[:, 0]) + 0.1
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, seed=0))
+    model = rfgp.models.ExactGPModel(x, y, likelihood, kernel).double().eval()
+    likelihood.noise = 0.01
+    with torch.no_grad():
+        predictive = likelihood(model(test_x))
+        assert isinstance(predictive.lazy_covariance_matrix, LowRankPosteriorAddedDiag)
+        value = gpytorch.metrics.negative_log_predictive_density(predictive, test_y)
+        dense = torch.distributions.MultivariateNormal(predictive.mean, predictive.covariance_matrix)
+        torch.testing.assert_close(value, -dense.log_prob(test_y) / test_y.numel(), rtol=1e-10, atol=1e-10)
