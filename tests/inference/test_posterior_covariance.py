@@ -124,7 +124,8 @@ def test_predictive_density_of_a_feature_gp_beyond_max_cholesky_size_is_exact():
     import rfgp
 
     g = torch.Generator().manual_seed(0)
-    x, test_x = torch.rand(300, 2, generator=g, dtype=torch.float64), torch.rand(900, 2, generator=g, dtype=torch.float64)
+    x = torch.rand(300, 2, generator=g, dtype=torch.float64)
+    test_x = torch.rand(900, 2, generator=g, dtype=torch.float64)
     y, test_y = torch.sin(6 * x[:, 0]), torch.sin(6 * test_x[:, 0]) + 0.1
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, seed=0))
