@@ -148,7 +148,10 @@ class RandomFourierFeatures(FeatureMap):
         return self.project(eye).mT
 
     def _features(self, x: Tensor) -> Tensor:
-        return _SinCosFeatures.apply(self.project(x), 1.0 / math.sqrt(self.num_frequencies))
+        projection, scale = self.project(x), 1.0 / math.sqrt(self.num_frequencies)
+        if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same values, plainly
+            return torch.cat((torch.cos(projection), torch.sin(projection)), -1) * scale
+        return _SinCosFeatures.apply(projection, scale)
 
     def input_derivatives(self, x: Tensor, second: bool = False) -> Tensor:
         """[Φ, ∂Φ/∂x₁, …, ∂Φ/∂x_d (, ∂²Φ/∂x₁², …)] of shape ``(..., n, 1 + d (+ d), F)``.

@@ -22,6 +22,11 @@ def gather_product(values: Tensor, index: Tensor) -> Tensor:
     (one per independent draw) broadcasts against ``values.shape[:-2]`` (the row axis −2 is
     shared).  Differentiable to any order in ``values`` (real or complex).
     """
+    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same products, plainly
+        out = _gather(values, index[0])
+        for i in range(1, index.shape[0]):
+            out = out * _gather(values, index[i])
+        return out
     return _GatherProduct.apply(values, index)
 
 

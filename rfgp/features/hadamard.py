@@ -42,7 +42,7 @@ def next_power_of_two(n: int) -> int:
 
 def pad_to_power_of_two(x: Tensor) -> Tensor:
     """Zero-pad the last axis of ``x`` to the next power of two (a no-op if it already is one)."""
-    d = x.shape[-1]
+    d = int(x.shape[-1])  # an int even under torch.jit.trace, where sizes are tensors
     return F.pad(x, (0, next_power_of_two(d) - d))
 
 
@@ -61,7 +61,7 @@ def fwht(x: Tensor, normalized: bool = False, pad: bool = False) -> Tensor:
     """
     if pad:
         x = pad_to_power_of_two(x)
-    d = x.shape[-1]
+    d = int(x.shape[-1])  # an int even under torch.jit.trace, where sizes are tensors
     if d & (d - 1) != 0 or d == 0:
         raise ValueError(f"fwht needs a power-of-two size along the last axis, got {d} (use pad=True)")
     scale = 1.0 / math.sqrt(d) if normalized else 1.0

@@ -108,7 +108,7 @@ class PeriodicSpectralMeasure(SpectralMeasure):
     def log_weights(self, draws: dict[str, Tensor], lengthscale: Tensor, **others: Tensor) -> Tensor:
         """log w = Σ_i log q_{k_i}(1/ℓ_i) − log r(k), shape ``(*batch, m)``."""
         harmonics = draws["harmonics"]
-        num_harmonics = draws["harmonic_orders"].shape[-1]
+        num_harmonics = int(draws["harmonic_orders"].shape[-1])  # an int under torch.jit.trace too
         # the Bessel table and the log-weights in float64 (the table is tiny): the tail check is exact
         # and log q_k stays finite in float32 too, where q_k(1/ℓ) of a high harmonic can underflow
         probabilities = harmonic_probabilities(lengthscale.to(torch.float64).reciprocal(), num_harmonics)

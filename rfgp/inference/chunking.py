@@ -164,6 +164,17 @@ def accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor
     return gram, cross
 
 
+def scaled_accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor, weights: Tensor, rhs: Tensor,
+                                  chunk_size: int) -> tuple[Tensor, Tensor]:
+    """The forward of the chunked statistics Functions as plain operations, for ``torch.jit.trace`` (which cannot
+    export a Python autograd.Function): :func:`accumulated_statistics`, scaled by a uniform weight."""
+    gram, cross = accumulated_statistics(featurize, inputs, weights, rhs, chunk_size)
+    if _is_uniform(weights):
+        w = weights.unsqueeze(-1)
+        return gram * w, cross * w
+    return gram, cross
+
+
 def gathered_row_grads(unit: Sequence[Tensor], weights: Tensor, rhs: Tensor, weight_grads: list, rhs_grads: list,
                        grad_gram: Tensor, grad_cross: Tensor, need_weights: bool,
                        need_rhs: bool) -> tuple[Tensor | None, Tensor | None]:
@@ -237,4 +248,6 @@ def chunked_feature_statistics(
     """
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
+    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
+        return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size)
     return _ChunkedStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *unscaled.params)

@@ -89,21 +89,10 @@ class _LabelStatistics(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan, featurizer, step_blocks, rhs, source, *params):
-        num_classes = plan.counts.shape[0]
-        membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(rhs.dtype).mT
-        num_features = source.shape[-1] if featurizer is None else featurizer.num_features
-        grams = rhs.new_zeros(num_classes, num_features * num_features)
-        projection = rhs.new_zeros(rhs.shape[-1], num_features)
-        for start, slots, pad, features in _block_steps(plan, featurizer, step_blocks, source):
-            blocks = features.view(-1, plan.block_size, num_features)
-            block_grams = torch.bmm(blocks.mT, blocks).view(blocks.shape[0], -1)
-            # sum the blocks into their classes (a small matmul; CPU index_add is far slower here)
-            grams.addmm_(membership[:, start : start + blocks.shape[0]], block_grams)
-            # VᵀΦ, not ΦᵀV: BLAS is an order of magnitude slower on (F × n)(n × k) with small k
-            projection.addmm_(_gather_rows(rhs, slots, pad).mT, features)
+        grams, projection = _label_statistics(plan, featurizer, step_blocks, rhs, source)
         ctx.plan, ctx.featurizer, ctx.step_blocks = plan, featurizer, step_blocks
         ctx.save_for_backward(rhs, source)
-        return grams.view(num_classes, num_features, num_features), projection
+        return grams, projection
 
     @staticmethod
     def backward(ctx, grad_grams, grad_projection):
@@ -154,6 +143,31 @@ class _LabelStatistics(torch.autograd.Function):
         return (None, None, None, grad_rhs, grad_source, *param_grads)
 
 
+def _label_statistics(plan, featurizer, step_blocks: int, rhs: Tensor, source: Tensor) -> tuple[Tensor, Tensor]:
+    """The forward of :class:`_LabelStatistics`: (G ``(C, F, F)``, VᵀΦ ``(k, F)``), step by step."""
+    num_classes = plan.counts.shape[0]
+    membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(rhs.dtype).mT
+    num_features = source.shape[-1] if featurizer is None else featurizer.num_features
+    grams = rhs.new_zeros(num_classes, num_features * num_features)
+    projection = rhs.new_zeros(rhs.shape[-1], num_features)
+    for start, slots, pad, features in _block_steps(plan, featurizer, step_blocks, source):
+        blocks = features.view(-1, plan.block_size, num_features)
+        block_grams = torch.bmm(blocks.mT, blocks).view(blocks.shape[0], -1)
+        # sum the blocks into their classes (a small matmul; CPU index_add is far slower here)
+        grams.addmm_(membership[:, start : start + blocks.shape[0]], block_grams)
+        # VᵀΦ, not ΦᵀV: BLAS is an order of magnitude slower on (F × n)(n × k) with small k
+        projection.addmm_(_gather_rows(rhs, slots, pad).mT, features)
+    return grams.view(num_classes, num_features, num_features), projection
+
+
+def _label_statistics_apply(plan, featurizer, step_blocks: int, rhs: Tensor, source: Tensor, *params):
+    """:class:`_LabelStatistics`, or its forward as plain operations under ``torch.jit.trace`` (which cannot export
+    a Python autograd.Function)."""
+    if torch.jit.is_tracing():
+        return _label_statistics(plan, featurizer, step_blocks, rhs, source)
+    return _LabelStatistics.apply(plan, featurizer, step_blocks, rhs, source, *params)
+
+
 def _gather_rows(values: Tensor, slots: Tensor, pad: Tensor) -> Tensor:
     """``values[slots]`` with the padding slots (index N) as zero rows."""
     return values.index_select(0, slots.clamp(max=values.shape[0] - 1)).masked_fill_(pad.unsqueeze(-1), 0.0)
@@ -190,13 +204,13 @@ def label_feature_statistics(features, plan: "LabelBlockPlan", rhs: Tensor, bloc
     num_classes = plan.counts.shape[0]
     if torch.is_tensor(features):
         step = blocks_per_step or 2 * num_classes
-        return _LabelStatistics.apply(plan, None, step, rhs, features)
+        return _label_statistics_apply(plan, None, step, rhs, features)
     featurizer = features.featurizer
     step = blocks_per_step or max(1, min(2 * num_classes, features.chunk_size // plan.block_size))
     inputs = features.inputs
     # x in block-slot order; padding slots repeat row 0 (their features are zeroed)
     slot_inputs = inputs[plan.index.clamp(max=inputs.shape[-2] - 1)]
-    return _LabelStatistics.apply(plan, featurizer, step, rhs, slot_inputs, *featurizer.params)
+    return _label_statistics_apply(plan, featurizer, step, rhs, slot_inputs, *featurizer.params)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,9 @@ def reduce_statistics(*tensors: Tensor) -> tuple[Tensor, ...]:
     """Sum ``tensors`` over the ranks of the active :class:`data_parallel` group (identity outside)."""
     if not _active_groups:
         return tensors
+    if torch.jit.is_tracing():  # a collective is no part of a deployable single-process model
+        raise RuntimeError("rfgp.inference.distributed.data_parallel statistics cannot be traced (torch.jit.trace): "
+                           "compute the posterior caches outside data_parallel before tracing")
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
     reduced = _AllReduceSum.apply(_active_groups[-1], *(t.to(dtype) for t in tensors))
     return tuple(r.to(t.dtype) for r, t in zip(reduced, tensors))

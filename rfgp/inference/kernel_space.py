@@ -157,7 +157,10 @@ def kernel_space_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | 
     """
     width_rhs = rhs if rhs is not None else features.new_zeros(*features.shape[:-2], features.shape[-2], 0)
     scale = torch.as_tensor(1.0 if scale is None else scale, dtype=features.dtype, device=features.device)
-    inv_quad, logdet_term = _KernelSpaceInvQuadLogdet.apply(features, noise, width_rhs, scale, logdet)
+    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
+        inv_quad, logdet_term = _inv_quad_logdet(features, noise, width_rhs, scale, kernel_gram(features))[:2]
+    else:
+        inv_quad, logdet_term = _KernelSpaceInvQuadLogdet.apply(features, noise, width_rhs, scale, logdet)
     return (inv_quad if rhs is not None else None), (logdet_term if logdet else None)
 
 

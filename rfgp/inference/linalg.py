@@ -181,6 +181,8 @@ def feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[
     """
     batch = torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1], rhs.shape[:-2])
     features = features.expand(*batch, *features.shape[-2:])
+    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same statistics, plainly
+        return plain_statistics(features, weights, rhs)
     return _FeatureStatistics.apply(features, weights.expand(*batch, weights.shape[-1]),
                                     rhs.expand(*batch, *rhs.shape[-2:]))
 

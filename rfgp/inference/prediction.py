@@ -15,6 +15,12 @@ training feature statistics (chunk by chunk when the training operator is chunke
 summed over processes inside :class:`rfgp.inference.distributed.data_parallel`), as in GPyTorch's
 ``LinearPredictionStrategy``, which this class extends with the correction and with
 ``gpytorch.settings.skip_posterior_variances``.
+
+TorchScript (GPyTorch's "TorchScript_Exact_Models" recipe): evaluate the model once, then
+``torch.jit.trace`` a wrapper returning ``(mean, variance)`` under ``fast_pred_var`` and ``trace_mode``.
+The caches computed by that first evaluation enter the trace as constants; the test features and
+the prediction above are traced, with every rfgp autograd Function replaced by its plain-torch
+forward (``torch.jit.is_tracing()``), so the module saves, loads and predicts at any test batch size.
 """
 
 from __future__ import annotations

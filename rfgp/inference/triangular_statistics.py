@@ -48,7 +48,14 @@ import torch
 from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
-from .chunking import Featurizer, _add, accumulated_statistics, backprop_chunks, gathered_row_grads
+from .chunking import (
+    Featurizer,
+    _add,
+    accumulated_statistics,
+    backprop_chunks,
+    gathered_row_grads,
+    scaled_accumulated_statistics,
+)
 from .linalg import (
     _add_matmul,
     _is_uniform,
@@ -193,6 +200,8 @@ def triangular_statistics(features: Tensor, cross: Tensor, chol: Tensor, weights
     """
     batch = torch.broadcast_shapes(features.shape[:-2], cross.shape[:-2], chol.shape[:-2], weights.shape[:-1],
                                    rhs.shape[:-2])
+    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same statistics, plainly
+        return plain_statistics(triangular_features(cross, chol), weights, rhs)
     return _TriangularStatistics.apply(
         features.detach().expand(*batch, *features.shape[-2:]), cross, chol,
         weights.expand(*batch, weights.shape[-1]), rhs.expand(*batch, *rhs.shape[-2:]),
@@ -282,6 +291,8 @@ def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tens
     """
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
+    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
+        return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size)
     return _ChunkedTriangularStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *unscaled.params)
 
 
