@@ -162,6 +162,7 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
     Width: F = F_s·(rank + p).
 
     Example:
+        >>> from rfgp.kernels import SketchedRBFKernel
         >>> kernel = SketchedDecomposableKernel(SketchedRBFKernel(64, seed=0), num_tasks=3, rank=1)
         >>> kernel(torch.randn(4, 2)).shape          # 4 points × 3 tasks, interleaved
         torch.Size([12, 12])
