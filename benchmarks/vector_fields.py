@@ -72,7 +72,7 @@ def make_kernel(method: str, family: str, d: int, num_features: int):
         features = num_features - num_features % (2 * width)
         return derivative[1](features, d, method=method[5:], seed=0), True
     scalar = SketchedRBFKernel(2 * round(num_features / (2 * (1 + d))), method="orf", seed=0)
-    kernel = SketchedDecomposableKernel(scalar, num_outputs=d, rank=1)
+    kernel = SketchedDecomposableKernel(scalar, num_tasks=d, rank=1)
     if method == "independent":
         kernel.task_covar_module.covar_factor.data.zero_()
         kernel.task_covar_module.covar_factor.requires_grad_(False)

@@ -557,14 +557,14 @@ def _convert_decomposable(kernel, base: Kernel) -> Kernel:
     ``num_features`` is the width of the scalar sketch; the root has F·(rank + p) columns.  The
     IndexKernel (A = LLᵀ + diag(v), its constraint and prior) carries over unchanged.  The
     multitask kernel's ``active_dims`` select the columns; its data kernel runs on them without
-    selecting again, as GPyTorch's ``MultitaskKernel.forward`` does.
+    selecting again, as GPyTorch's ``MultitaskKernel.forward`` does.  The result keeps MultitaskKernel's
+    module names (``data_covar_module``, ``task_covar_module``), so the exact kernel's ``state_dict`` loads into it.
     """
     from .sketched_operator_valued import SketchedDecomposableKernel
 
     rank = kernel.task_covar_module.covar_factor.shape[-1]
     base.active_dims = None
-    sketched = SketchedDecomposableKernel(base, num_outputs=kernel.num_tasks, rank=rank,
-                                          active_dims=kernel.active_dims)
+    sketched = SketchedDecomposableKernel(base, num_tasks=kernel.num_tasks, rank=rank, active_dims=kernel.active_dims)
     sketched.task_covar_module = copy.deepcopy(kernel.task_covar_module)
     return sketched
 

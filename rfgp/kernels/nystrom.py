@@ -121,7 +121,7 @@ class NystromKernel(FeatureKernel):
         if outputs != 1:
             raise TypeError(
                 f"base_kernel {type(base_kernel).__name__} has {outputs} outputs per input; Nyström features are "
-                "for scalar kernels: use SketchedDecomposableKernel(NystromKernel(data_kernel, ...), num_outputs=p)"
+                "for scalar kernels: use SketchedDecomposableKernel(NystromKernel(data_kernel, ...), num_tasks=p)"
             )
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(batch_shape=base_kernel.batch_shape, **kwargs)

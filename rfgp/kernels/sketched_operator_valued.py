@@ -19,6 +19,8 @@ divergence-free factor.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from gpytorch.kernels import IndexKernel, Kernel
 from torch import Tensor
@@ -29,7 +31,14 @@ from ..features.operator_valued import (
     OperatorValuedFourierFeatures,
     decomposable_features,
 )
-from .combinations import FeatureSumKernel, is_feature_kernel, kernel_features, select_active, unwrap_scale
+from .combinations import (
+    FeatureSumKernel,
+    is_feature_kernel,
+    kernel_features,
+    kernel_num_features,
+    select_active,
+    unwrap_scale,
+)
 from .families import check_kernel_kwargs
 from .fourier import FOURIER_METHODS
 from .operator_valued import check_vector_dim, check_vector_input
@@ -131,40 +140,94 @@ class SketchedDivFreeKernel(_SketchedGaussianDerivativeKernel):
 class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
     r"""ORFF of a decomposable kernel k̂(x, y)·A: root φ(x) ⊗ Bᵀ with A = BBᵀ = LLᵀ + diag(v).
 
-    The output covariance is parameterised exactly like ``gpytorch.kernels.IndexKernel`` (in
-    ``task_covar_module``), so it can be copied from a :class:`~rfgp.kernels.DecomposableKernel`
-    or ``MultitaskKernel``; B = [L, diag(√v)] is an exact factor, no SVD needed.
+    A drop-in for ``gpytorch.kernels.MultitaskKernel`` (what :func:`rfgp.sketch` converts it to): the same
+    constructor arguments and the same module names, the data kernel in ``data_covar_module`` and the
+    output covariance, parameterised exactly like ``gpytorch.kernels.IndexKernel``, in ``task_covar_module``.
+    So ``state_dict`` keys match (``data_covar_module.*``, ``task_covar_module.*``) and the trained
+    hyperparameters of a ``MultitaskKernel`` or :class:`~rfgp.kernels.DecomposableKernel` load with
+    ``load_state_dict(exact.state_dict(), strict=False)``; B = [L, diag(√v)] is an exact factor, no SVD needed.
 
     Args:
-        base_kernel: an rfgp scalar feature kernel (optionally inside ``ScaleKernel``), e.g.
+        data_covar_module: an rfgp scalar feature kernel (optionally inside ``ScaleKernel``), e.g.
             ``SketchedRBFKernel(512, method="orf")``.
-        num_outputs: p.
+        num_tasks: p (also readable as ``num_outputs``, rfgp's name for the outputs per input).
         rank: columns of L.
-        output_covar_prior: optional prior on A (``IndexKernel``'s ``prior``).
+        task_covar_prior: optional prior on A (``IndexKernel``'s ``prior``).
+
+    The operator-valued names of earlier versions remain: ``base_kernel`` (read-only alias of
+    ``data_covar_module``) and ``num_outputs`` (read-only alias of ``num_tasks``); the constructor keywords
+    ``base_kernel=``, ``num_outputs=`` and ``output_covar_prior=`` still work with a ``DeprecationWarning``, and a
+    state dict saved under ``base_kernel.*`` loads into ``data_covar_module``.
 
     Width: F = F_s·(rank + p).
+
+    Example:
+        >>> from rfgp.kernels import SketchedRBFKernel
+        >>> kernel = SketchedDecomposableKernel(SketchedRBFKernel(64, seed=0), num_tasks=3, rank=1)
+        >>> kernel(torch.randn(4, 2)).shape          # 4 points × 3 tasks, interleaved
+        torch.Size([12, 12])
     """
 
+    # ``num_outputs`` (= num_tasks) keeps its state key ``config_num_outputs`` so saved states still load
     config_fields = {"num_outputs": METHOD, "rank": METHOD}
+    _LEGACY_KEYWORDS = {"base_kernel": "data_covar_module", "num_outputs": "num_tasks",
+                        "output_covar_prior": "task_covar_prior"}
 
-    def __init__(self, base_kernel: Kernel, num_outputs: int, rank: int = 1, output_covar_prior=None, **kwargs):
-        if not is_feature_kernel(base_kernel):
+    def __init__(self, data_covar_module: Kernel | None = None, num_tasks: int | None = None, rank: int = 1,
+                 task_covar_prior=None, **kwargs):
+        given = {"data_covar_module": data_covar_module, "num_tasks": num_tasks, "task_covar_prior": task_covar_prior}
+        for old, new in self._LEGACY_KEYWORDS.items():
+            if old not in kwargs:
+                continue
+            if given[new] is not None:
+                raise TypeError(f"SketchedDecomposableKernel got both {new}= and its former name {old}=; pass {new}=")
+            warnings.warn(f"SketchedDecomposableKernel({old}=...) is deprecated; use {new}= (MultitaskKernel's name)",
+                          DeprecationWarning, stacklevel=2)
+            given[new] = kwargs.pop(old)
+        data_covar_module, num_tasks, task_covar_prior = given.values()
+        if num_tasks is None:
+            raise TypeError("SketchedDecomposableKernel needs num_tasks (the number of outputs p)")
+        if not is_feature_kernel(data_covar_module):
             raise TypeError(
-                f"base_kernel must be an rfgp feature kernel (optionally inside ScaleKernel), got "
-                f"{type(base_kernel).__name__}; use rfgp.sketch(kernel, num_features) to convert an exact one"
+                f"data_covar_module must be an rfgp feature kernel (optionally inside ScaleKernel), got "
+                f"{type(data_covar_module).__name__}; use rfgp.sketch(kernel, num_features) to convert an exact one"
             )
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
-        self.num_outputs = check_positive_int(num_outputs, "num_outputs")
+        self.num_tasks = check_positive_int(num_tasks, "num_tasks")
         self.rank = check_positive_int(rank, "rank")
-        self.base_kernel = base_kernel
-        self.task_covar_module = IndexKernel(num_tasks=self.num_outputs, rank=self.rank, prior=output_covar_prior)
+        self.data_covar_module = data_covar_module
+        self.task_covar_module = IndexKernel(num_tasks=self.num_tasks, rank=self.rank, prior=task_covar_prior)
+
+    @property
+    def num_outputs(self) -> int:
+        """p, the outputs per input (rfgp's name for ``num_tasks``)."""
+        return self.num_tasks
+
+    @property
+    def base_kernel(self) -> Kernel:
+        """Read-only alias of ``data_covar_module`` (the name of earlier versions; not a second submodule)."""
+        return self.data_covar_module
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "base_kernel":  # nn.Module would register a second copy of the data kernel under this name
+            raise AttributeError("SketchedDecomposableKernel.base_kernel is read-only: set data_covar_module")
+        super().__setattr__(name, value)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # states saved by earlier versions hold the data kernel under ``base_kernel.``: load it as data_covar_module
+        old, new = prefix + "base_kernel.", prefix + "data_covar_module."
+        if not any(key.startswith(new) for key in state_dict):
+            for key in [key for key in state_dict if key.startswith(old)]:
+                state_dict[new + key[len(old):]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @property
     def num_features(self) -> int:
-        """Root width F_s·(rank + p), F_s the base sketch's width."""
-        base = self.base_kernel.base_kernel if hasattr(self.base_kernel, "outputscale") else self.base_kernel
-        return base.num_features * (self.rank + self.num_outputs)
+        """Root width F_s·(rank + p), F_s the data kernel's sketch width."""
+        return kernel_num_features(self.data_covar_module) * (self.rank + self.num_tasks)
 
     def output_factor(self) -> Tensor:
         """B = [L, diag(√v)] of shape (p, rank + p), with BBᵀ = A."""
@@ -177,10 +240,10 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
 
     def prepare(self, x: Tensor) -> None:
         """The scalar kernel fits on all of ``x`` (see :meth:`~rfgp.kernels.FeatureKernel.prepare`)."""
-        unwrap_scale(self.base_kernel)[0].prepare(select_active(self.base_kernel, x))
+        unwrap_scale(self.data_covar_module)[0].prepare(select_active(self.data_covar_module, x))
 
     def featurize(self, x: Tensor) -> Tensor:
-        scalar = kernel_features(self.base_kernel, x)
+        scalar = kernel_features(self.data_covar_module, x)
         factor = self.output_factor().to(scalar.dtype)
         return decomposable_features(scalar, factor).flatten(-3, -2)
 

@@ -22,6 +22,9 @@
     row-wise Kronecker (:class:`~rfgp.kernels.FeatureProductKernel`) with the random part at the
     even width ≤ F/w (all-exact products: Kronecker when w ≤ F, else TensorSRHT to F).
 
+  Factors keep the exact tree's order unless several spectral ones are convolved into one, so
+  the exact tree's ``state_dict`` (``kernels.i.*``) loads into the converted product.
+
 The builder converts sub-trees through callables, so it does not depend on how leaves are
 converted: ``convert(part, width)`` (real seeds), ``probe(part, width)`` (throwaway seeds, to
 find the exact parts, which use no randomness) and ``take_seed()``.
@@ -158,7 +161,12 @@ class TreeBuilder:
         factors = [self.convert(part, random_width)
                    for part, probe in zip(kernel.kernels, probes) if not is_kronecker_factor(probe)]
         random = self._random_product(factors, random_width, {} if exact else {"active_dims": kernel.active_dims})
-        return FeatureProductKernel(random, *exact, active_dims=kernel.active_dims) if exact else random
+        if not exact:
+            return random
+        if len(factors) == 1:  # the exact tree's factor order, so that its state_dict keys (kernels.i.*) carry over
+            ordered = [probe if is_kronecker_factor(probe) else random for probe in probes]
+            return FeatureProductKernel(*ordered, active_dims=kernel.active_dims)
+        return FeatureProductKernel(random, *exact, active_dims=kernel.active_dims)
 
     def _random_product(self, factors: list[Kernel], num_features: int, outer: dict) -> Kernel:
         """Spectral factors convolved into one, the rest TensorSRHT-combined; ``outer`` (dims) on the result."""
@@ -169,8 +177,9 @@ class TreeBuilder:
         if len(factors) > 1:
             if len(spectral) > 1:
                 spectral = [SpectralProductKernel(*spectral, num_features=num_features, seed=self.take_seed())]
-            return SketchedProductKernel(*spectral, *others, num_features=num_features, seed=self.take_seed(),
-                                         **outer)
+                factors = [*spectral, *others]
+            # else in the exact tree's order, so that its state_dict keys (kernels.i.*) carry over
+            return SketchedProductKernel(*factors, num_features=num_features, seed=self.take_seed(), **outer)
         if not outer or outer["active_dims"] is None:
             return factors[0]
         return FeatureProductKernel(factors[0], **outer)  # a one-factor product under its own active_dims

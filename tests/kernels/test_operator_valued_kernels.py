@@ -205,7 +205,7 @@ def test_state_dict_round_trip_is_bit_exact():
     makers = [
         lambda seed: SketchedCurlFreeKernel(64, 3, method="orf", seed=seed),
         lambda seed: SketchedDivFreeKernel(64, 3, method="sorf", seed=seed),
-        lambda seed: SketchedDecomposableKernel(SketchedRBFKernel(32, seed=seed), num_outputs=2, rank=1),
+        lambda seed: SketchedDecomposableKernel(SketchedRBFKernel(32, seed=seed), num_tasks=2, rank=1),
     ]
     for make in makers:
         source = make(1).to(F64)
@@ -236,6 +236,91 @@ def test_converters_copy_hyperparameters():
     assert isinstance(rfgp.sketch(multitask, 64, seed=0), SketchedDecomposableKernel)
 
 
+def _trained_multitask():
+    """An exact MultitaskKernel with non-default hyperparameters (as after training)."""
+    exact = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2), num_tasks=3, rank=1).to(F64)
+    exact.data_covar_module.lengthscale = torch.tensor([0.6, 1.3], dtype=F64)
+    exact.task_covar_module.covar_factor.data = torch.tensor([[1.0], [0.5], [-0.7]], dtype=F64)
+    exact.task_covar_module.var = torch.tensor([0.3, 0.8, 1.5], dtype=F64)
+    return exact
+
+
+def test_multitask_state_dict_loads_into_its_sketch():
+    """A trained MultitaskKernel's state loads into a freshly sketched one (user code: build the sketched model,
+    copy the exact model's hyperparameters): every key is taken, every hyperparameter arrives, and the sketched
+    covariance then converges to the exact one."""
+    exact = _trained_multitask()
+    x = torch.rand(8, 2, dtype=F64) * 2
+    target = exact(x).to_dense().detach()
+    errors = {}
+    for size in (32, 2048):
+        trial = []
+        for seed in range(3):
+            untrained = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2), num_tasks=3)
+            sketched = rfgp.sketch(untrained.to(F64), size, seed=seed).to(F64)
+            result = sketched.load_state_dict(exact.state_dict(), strict=False)
+            assert result.unexpected_keys == []
+            # only what the exact kernel has not got: rfgp's configuration and the random draws
+            assert all(key.split(".")[-1].startswith("config_") or ".feature_map." in key
+                       for key in result.missing_keys), result.missing_keys
+            parameters = dict(sketched.named_parameters())
+            for name, value in exact.named_parameters():
+                assert torch.equal(parameters[name], value), name
+            torch.testing.assert_close(sketched.data_covar_module.lengthscale, exact.data_covar_module.lengthscale)
+            torch.testing.assert_close(sketched.output_covariance, exact.task_covar_module.covar_matrix.to_dense())
+            with torch.no_grad():
+                trial.append(rfgp.metrics.relative_frobenius_error(sketched(x).to_dense(), target).item())
+        errors[size] = sum(trial) / len(trial)
+    assert errors[2048] < 0.05 and errors[2048] < 0.4 * errors[32], errors
+
+
+def test_sketched_decomposable_kernel_has_multitask_kernel_names():
+    exact = _trained_multitask()
+    sketched = rfgp.sketch(exact, 64, seed=0)
+    assert isinstance(sketched.data_covar_module, SketchedRBFKernel)
+    assert sketched.num_tasks == sketched.num_outputs == 3 and sketched.rank == 1
+    assert sketched.base_kernel is sketched.data_covar_module  # the former name, an alias, not a second submodule
+    assert [name for name, _ in sketched.named_children()] == ["data_covar_module", "task_covar_module"]
+    keys = set(sketched.state_dict())
+    assert {key.split(".")[0] for key in keys} == {"data_covar_module", "task_covar_module", "config_type",
+                                                    "config_num_outputs", "config_rank"}
+    assert {k for k in exact.state_dict() if "constraint" not in k} <= keys
+    with pytest.raises(AttributeError):
+        sketched.num_outputs = 2
+    with pytest.raises(AttributeError, match="data_covar_module"):
+        sketched.base_kernel = SketchedRBFKernel(16)
+    # GPyTorch's constructor signature, positional and by keyword
+    prior = gpytorch.priors.LKJCovariancePrior(2, 1.0, gpytorch.priors.SmoothedBoxPrior(0.1, 2.0))
+    built = SketchedDecomposableKernel(data_covar_module=SketchedRBFKernel(16), num_tasks=2, rank=2,
+                                       task_covar_prior=prior)
+    assert built.num_tasks == 2 and built.task_covar_module.covar_factor.shape == (2, 2)
+    assert [entry[2] for entry in built.named_priors()] == [prior]
+    assert SketchedDecomposableKernel(SketchedRBFKernel(16), 4).num_tasks == 4
+
+
+def test_sketched_decomposable_kernel_accepts_its_former_keywords():
+    with pytest.warns(DeprecationWarning, match="num_tasks"):
+        kernel = SketchedDecomposableKernel(base_kernel=SketchedRBFKernel(16), num_outputs=2, output_covar_prior=None)
+    assert kernel.num_tasks == 2 and isinstance(kernel.data_covar_module, SketchedRBFKernel)
+    with pytest.raises(TypeError, match="num_tasks"):
+        SketchedDecomposableKernel(SketchedRBFKernel(16), num_tasks=2, num_outputs=2)
+
+
+def test_sketched_decomposable_state_round_trip_is_bit_exact_and_reads_former_keys():
+    torch.manual_seed(0)
+    x = torch.randn(6, 2, dtype=F64)
+    source = rfgp.sketch(_trained_multitask(), 64, seed=1).to(F64)
+    expected = source(x).to_dense()
+    state = source.state_dict()
+    former = {key.replace("data_covar_module.", "base_kernel.", 1): value for key, value in state.items()}
+    for saved in (state, former):  # a state saved by versions that named the data kernel base_kernel
+        target = rfgp.sketch(_trained_multitask(), 64, seed=2).to(F64)
+        assert not torch.equal(target(x).to_dense(), expected)
+        target.load_state_dict(saved)
+        assert torch.equal(target(x).to_dense(), expected)
+        assert set(target.state_dict()) == set(state)
+
+
 def test_bad_input_is_rejected_with_clear_messages():
     with pytest.raises(ValueError, match="input_dim must be ≥ 2"):
         CurlFreeRBFKernel(1)
@@ -251,8 +336,8 @@ def test_bad_input_is_rejected_with_clear_messages():
         SketchedCurlFreeKernel(64, 2, method="qmc")
     with pytest.raises(ValueError, match="ard_num_dims"):
         CurlFreeRBFKernel(3, ard_num_dims=2)
-    with pytest.raises(TypeError, match="rfgp feature kernel"):
-        SketchedDecomposableKernel(gpytorch.kernels.RBFKernel(), num_outputs=2)
+    with pytest.raises(TypeError, match="data_covar_module must be an rfgp feature kernel"):
+        SketchedDecomposableKernel(gpytorch.kernels.RBFKernel(), num_tasks=2)
     with pytest.raises(ValueError, match="num_outputs"):
         DecomposableKernel(gpytorch.kernels.RBFKernel(), num_outputs=0)
     with pytest.raises(ValueError, match="family must be one of"):

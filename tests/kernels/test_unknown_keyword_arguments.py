@@ -27,7 +27,7 @@ BUILDERS = {
     "SpectralProductKernel": lambda **kw: SpectralProductKernel(
         SketchedRBFKernel(16, seed=0), SketchedRBFKernel(16, seed=1), num_features=16, **kw),
     "SketchedCurlFreeKernel": lambda **kw: SketchedCurlFreeKernel(16, input_dim=2, **kw),
-    "SketchedDecomposableKernel": lambda **kw: SketchedDecomposableKernel(SketchedRBFKernel(16), num_outputs=2, **kw),
+    "SketchedDecomposableKernel": lambda **kw: SketchedDecomposableKernel(SketchedRBFKernel(16), num_tasks=2, **kw),
 }
 
 

@@ -65,7 +65,7 @@ def _dense_reference(model, likelihood, x, y, test_x):
     [
         (lambda: SketchedCurlFreeKernel(48, 2, seed=0), 2),
         (lambda: SketchedDivFreeKernel(48, 3, method="orf", seed=1), 3),
-        (lambda: SketchedDecomposableKernel(SketchedRBFKernel(16, seed=2), num_outputs=2, rank=1), 2),
+        (lambda: SketchedDecomposableKernel(SketchedRBFKernel(16, seed=2), num_tasks=2, rank=1), 2),
     ],
 )
 def test_feature_space_mll_and_posterior_match_the_dense_gp(make_kernel, d):

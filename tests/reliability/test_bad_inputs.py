@@ -248,7 +248,7 @@ case("random_feature_kernel/not_a_map", lambda: kernels.RandomFeatureKernel(torc
 case("sum_kernel/exact_part", lambda: kernels.FeatureSumKernel(gpytorch.kernels.RBFKernel()), Raises(TypeError, "kernels[0]"))
 case("curl_free/input_dim_float", lambda: kernels.SketchedCurlFreeKernel(32, input_dim=2.0), Raises(TypeError, "input_dim"))
 case("decomposable/exact_base", lambda: kernels.SketchedDecomposableKernel(gpytorch.kernels.RBFKernel(), 2),
-     Raises(TypeError, "base_kernel"))
+     Raises(TypeError, "data_covar_module"))
 case("sketch/num_features_float", lambda: rfgp.sketch(gpytorch.kernels.RBFKernel(), 64.5), Raises(TypeError, "num_features"))
 
 
