@@ -99,7 +99,7 @@ def test_correlated_task_noise_mll_gradients_and_posterior_match_the_dense_gp(ra
     likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=rank, has_global_noise=global_noise).to(F64)
     with torch.no_grad():
         likelihood.task_noise_covar_factor.copy_(torch.tensor([[0.2, 0.05], [-0.1, 0.15]], dtype=F64)[:, :rank])
-    kernel = SketchedDecomposableKernel(SketchedRBFKernel(num_features, seed=2), num_outputs=2, rank=1)
+    kernel = SketchedDecomposableKernel(SketchedRBFKernel(num_features, seed=2), num_tasks=2, rank=1)
     model = MultiOutputGPModel(x, y, likelihood, ScaleKernel(kernel)).to(F64)
     if global_noise:
         likelihood.noise = 0.01
@@ -128,7 +128,7 @@ def test_singular_task_noise_is_refused_by_name():
     x, y = _data(n=20)
     likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=1, has_global_noise=False).to(F64)
     model = MultiOutputGPModel(x, y, likelihood, SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0),
-                                                                            num_outputs=2, rank=1)).to(F64)
+                                                                            num_tasks=2, rank=1)).to(F64)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     with pytest.raises(ValueError, match="has_global_noise=True"):
         mll(model(x), y)
@@ -236,6 +236,6 @@ def test_multi_output_features_over_the_memory_budget_are_refused_by_name(rank):
     x, y = _data(n=40)
     likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=rank).to(F64)
     model = MultiOutputGPModel(x, y, likelihood, SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0),
-                                                                            num_outputs=2, rank=1)).to(F64)
+                                                                            num_tasks=2, rank=1)).to(F64)
     with rfgp.settings.memory_budget(256), pytest.raises(ValueError, match=r"80 rows \(n = 40 points × 2 outputs"):
         likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
