@@ -256,7 +256,9 @@ def check_targets(y: Tensor, name: str = RESIDUAL) -> None:
     if y.shape[-1 if y.dim() == 1 else -2] == 0:
         raise ValueError(f"{name} is empty (0 data points); the marginal likelihood and posterior need at least one")
     check_finite(y, name, "remove or impute the rows of train_y with NaN/Inf, or fix a mean module that returns "
-                          "them (a NaN target makes the marginal likelihood and every prediction NaN)")
+                          "them (a NaN target makes the marginal likelihood and every prediction NaN); to leave "
+                          "NaN targets out, train and predict inside "
+                          "gpytorch.settings.observation_nan_policy('mask') (or 'fill' for prediction)")
 
 
 def check_noise(noise: Tensor) -> Tensor:

@@ -24,10 +24,10 @@ from linear_operator.operators import ConstantMulLinearOperator, RootLinearOpera
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ..core.validation import check_noise, check_targets
+from ..core.validation import check_noise
 from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
-from .prediction import FeatureSpacePredictionStrategy
+from .prediction import FeatureSpacePredictionStrategy, observed_residual
 
 
 def scaled_root(covar) -> Tensor | None:
@@ -62,18 +62,22 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
                 f"{type(self.lik_train_train_covar).__name__}"
             )
 
-    @property
     @cached(name="mean_covar_cache")
-    def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
-        """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R)."""
-        check_targets(self.train_labels, "the training targets y")
+    def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
+        """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R).
+
+        Under ``observation_nan_policy("mask")``/``("fill")`` a NaN target (one task at one input, in
+        GPyTorch's interleaved order) gets weight 0: A and RᵀD⁻¹r are those of the observed entries.
+        """
+        residual, observed = observed_residual(self, nan_policy)  # both flattened in interleaved order
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
         noise = check_noise(self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
         weights = noise.reciprocal()
+        if observed is not None:
+            weights = weights * observed.to(weights.dtype)
         capacitance = weighted_gram(features, weights)
         eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
         chol = psd_safe_cholesky(capacitance + eye)
-        residual = self.train_labels - self.train_prior_dist.loc  # both flattened in interleaved order
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
         return torch.cholesky_solve(rhs, chol), chol
 
