@@ -69,7 +69,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         Under ``observation_nan_policy("mask")``/``("fill")`` a NaN target (one task at one input, in
         GPyTorch's interleaved order) gets weight 0: A and RᵀD⁻¹r are those of the observed entries.
         """
-        residual, observed = observed_residual(self, nan_policy)  # both flattened in interleaved order
+        # both flattened in interleaved order
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
         noise = check_noise(self.lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
         weights = noise.reciprocal()

@@ -93,7 +93,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
     @cached(name="kernel_space_cache")
     def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
-        residual, observed = observed_residual(self, nan_policy)
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)
         train_covar = self.lik_train_train_covar
         features = train_covar._linear_op.root.to_dense()
         noise = check_noise(train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
@@ -114,7 +114,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="mean_covar_cache")
     def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
-        residual, observed = observed_residual(self, nan_policy)
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)
         # Noise-added operators with extra structure (rfgp.inference.classification: shared Φ across
         # classes; rfgp.inference.complex_posterior) build the same caches themselves.
         structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)
@@ -162,11 +162,10 @@ def observed_points(train_labels: Tensor, nan_policy: str) -> Tensor | None:
     return None if bool(observed.all()) else observed
 
 
-def observed_residual(strategy, nan_policy: str) -> tuple[Tensor, Tensor | None]:
+def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str) -> tuple[Tensor, Tensor | None]:
     """(y − μ, :func:`observed_points`), y checked finite on the observed points, the others' residual set to 0."""
-    labels = strategy.train_labels
     observed = observed_points(labels, nan_policy)
-    residual = labels - strategy.train_prior_dist.mean
+    residual = labels - prior_mean
     if observed is None:
         check_targets(labels, "the training targets y")
         return residual, None
