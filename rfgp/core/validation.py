@@ -256,7 +256,9 @@ def check_targets(y: Tensor, name: str = RESIDUAL) -> None:
     if y.shape[-1 if y.dim() == 1 else -2] == 0:
         raise ValueError(f"{name} is empty (0 data points); the marginal likelihood and posterior need at least one")
     check_finite(y, name, "remove or impute the rows of train_y with NaN/Inf, or fix a mean module that returns "
-                          "them (a NaN target makes the marginal likelihood and every prediction NaN)")
+                          "them (a NaN target makes the marginal likelihood and every prediction NaN); to leave "
+                          "NaN targets out, train and predict inside "
+                          "gpytorch.settings.observation_nan_policy('mask') (or 'fill' for prediction)")
 
 
 def check_noise(noise: Tensor) -> Tensor:
@@ -271,8 +273,13 @@ def check_noise(noise: Tensor) -> Tensor:
     return noise
 
 
-def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1) -> None:
-    """train_x ``(..., n, d)`` and train_y with n along ``target_axis`` of an ExactGP: dtype, sizes, finiteness."""
+def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1,
+                        allow_nan_targets: bool = False) -> None:
+    """train_x ``(..., n, d)`` and train_y with n along ``target_axis`` of an ExactGP: dtype, sizes, finiteness.
+
+    ``allow_nan_targets``: NaN (not ±Inf) targets pass, for models built inside
+    ``gpytorch.settings.observation_nan_policy("mask")`` or ``("fill")``, which leave them out.
+    """
     check_tensor_dtype(train_x, "train_x")
     check_tensor_dtype(train_y, "train_y")
     check_same_dtype(train_y, "train_y", train_x.dtype, "train_x")
@@ -286,7 +293,11 @@ def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1)
             f"got shape {tuple(train_y.shape)}"
         )
     check_finite(train_x, "train_x")
-    check_finite(train_y, "train_y (the training targets)", "remove or impute those rows")
+    if allow_nan_targets:
+        train_y = torch.where(train_y.isnan(), torch.zeros((), dtype=train_y.dtype), train_y)
+    check_finite(train_y, "train_y (the training targets)",
+                 "remove or impute those rows, or (for NaN) build, train and predict with the model inside "
+                 "gpytorch.settings.observation_nan_policy('mask'), which leaves NaN targets out")
 
 
 def check_model_inputs(model, inputs) -> None:

@@ -47,6 +47,7 @@ from .operators import (
     FeatureRootLinearOperator,
     _as_matrix,
     _finish_inv_quad_logdet,
+    select_noise,
 )
 
 
@@ -163,6 +164,12 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         if isinstance(other, DiagLinearOperator):
             return self.__class__(self._linear_op, self._diag_tensor + other)
         return super().__add__(other)
+
+    def select_rows(self, observed: Tensor) -> "ComplexFeatureRootAddedDiagLinearOperator":
+        """The complex GP observed at the points where the boolean mask ``(N,)`` is ``True`` only (their real
+        targets and zero imaginary parts), as ``gpytorch.settings.observation_nan_policy("mask")`` asks."""
+        return ComplexFeatureRootAddedDiagLinearOperator(self._linear_op.select_rows(observed),
+                                                         select_noise(self._diag_tensor, observed))
 
     def uses_kernel_space(self, statistics_batch: int | None = None) -> bool:
         return False  # the complex-GP evidence has its own feature-space algebra, whatever N and F

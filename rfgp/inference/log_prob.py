@@ -15,6 +15,12 @@ when the evaluated covariance is an rfgp noise-added feature operator**
 that one call.  Every other covariance — and every rfgp covariance while the flag is already
 on — goes to GPyTorch's unchanged method, so no other model changes behaviour.  For rfgp
 operators both branches compute the same exact quantity; only the cost differs.
+
+Under ``gpytorch.settings.observation_nan_policy("mask")`` GPyTorch hands ``log_prob`` the covariance
+wrapped in a ``MaskedLinearOperator`` (NaN targets' rows and columns dropped), which has no
+feature-space algebra; the wrapper replaces it by the rfgp operator of the observed rows
+(:func:`rfgp.inference.operators.select_observed`), so the masked marginal likelihood is the exact
+one of the NaN-free subset at feature-space cost.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import gpytorch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import LinearOperator
 
-from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
 from .posterior_covariance import LowRankPosteriorAddedDiag
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
@@ -52,6 +58,9 @@ def has_feature_space_covariance(distribution: MultivariateNormal) -> bool:
 def _feature_space_log_prob(gpytorch_log_prob):
     @functools.wraps(gpytorch_log_prob)
     def log_prob(self, value):
+        observed = select_observed(self.lazy_covariance_matrix)
+        if observed is not None:  # observation_nan_policy("mask"): the feature operator of the observed rows
+            self = MultivariateNormal(self.loc, observed)
         if gpytorch.settings.fast_computations.log_prob.on() or not has_feature_space_covariance(self):
             return gpytorch_log_prob(self, value)
         with gpytorch.settings.fast_computations.log_prob(True):

@@ -26,12 +26,12 @@ from linear_operator.operators import ConstantMulLinearOperator, ZeroLinearOpera
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ..core.validation import check_noise, check_targets
+from ..core.validation import check_noise
 from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import LowRankPosteriorCovariance
-from .prediction import FeatureSpacePredictionStrategy
-from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
+from .prediction import FeatureSpacePredictionStrategy, observed_residual
+from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, masked_task_noise_error
 
 
 def scaled_root(covar) -> Tensor | None:
@@ -68,19 +68,26 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
                 f"noisy covariance of type {type(self.lik_train_train_covar).__name__}"
             )
 
-    @property
     @cached(name="mean_covar_cache")
-    def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
-        """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R)."""
-        check_targets(self.train_labels, "the training targets y")
+    def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
+        """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R).
+
+        Under ``observation_nan_policy("mask")``/``("fill")`` a NaN target (one task at one input, in
+        GPyTorch's interleaved order) gets weight 0: A and RᵀD⁻¹r are those of the observed entries.
+        """
+        # both flattened in interleaved order
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
-        residual = self.train_labels - self.train_prior_dist.loc  # both flattened in interleaved order
         noisy = self.lik_train_train_covar
         if isinstance(noisy, FeatureRootAddedTaskNoiseLinearOperator):  # whitened: Φ̃ = WΦ, r̃ = Wr, D = I
+            if observed is not None:
+                raise masked_task_noise_error()
             features, residual = noisy.whiten(features), noisy.whiten(residual.unsqueeze(-1)).squeeze(-1)
             weights = torch.ones_like(residual[..., :1])
         else:
             weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
+            if observed is not None:
+                weights = weights * observed.to(weights.dtype)
         capacitance = weighted_gram(features, weights)
         eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
         chol = psd_safe_cholesky(capacitance + eye)

@@ -37,6 +37,7 @@ from linear_operator.operators import (
     LinearOperator,
     LowRankRootAddedDiagLinearOperator,
     LowRankRootLinearOperator,
+    MaskedLinearOperator,
 )
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
@@ -125,6 +126,22 @@ class FeatureRootLinearOperator(_NoKroneckerFactors, LowRankRootLinearOperator):
         """Φ, ``(..., N, F)``."""
         return self.root.to_dense()
 
+    def select_rows(self, observed: Tensor) -> "FeatureRootLinearOperator":
+        """Φ[observed]Φ[observed]ᵀ for a boolean mask ``(N,)``: the covariance of the observed points only.
+
+        Used under ``gpytorch.settings.observation_nan_policy("mask")`` (:func:`select_observed`).  The
+        constant and a Nyström root's factors K and L stay factored (K loses the rows, L is kept).
+        """
+        root, constant = self.scaled_root()
+        if isinstance(root, TriangularFeatures):
+            root = TriangularFeatures(root.features[..., observed, :], root.cross[..., observed, :], root.chol)
+        else:
+            root = to_linear_operator(root.to_dense()[..., observed, :])
+        if constant is not None:
+            root = ConstantMulLinearOperator(root, constant)
+        correction = None if self.variance_correction is None else self.variance_correction[..., observed]
+        return self.__class__(root, correction)
+
     def _mul_constant(self, other):
         if not _is_positive(other):
             return super()._mul_constant(other)
@@ -157,6 +174,36 @@ def noise_weights(noise: DiagLinearOperator) -> Tensor:
     return check_noise(noise.diagonal(dim1=-1, dim2=-2)).reciprocal()
 
 
+def select_noise(noise: DiagLinearOperator, observed: Tensor) -> DiagLinearOperator:
+    """The noise diagonal restricted to the points where the boolean mask ``(N,)`` is ``True``."""
+    if isinstance(noise, ConstantDiagLinearOperator):
+        return ConstantDiagLinearOperator(noise.diag_values, diag_shape=int(observed.sum()))
+    return DiagLinearOperator(noise.diagonal(dim1=-1, dim2=-2)[..., observed])
+
+
+def select_observed(covar: LinearOperator) -> LinearOperator | None:
+    """An rfgp noise-added operator for GPyTorch's masked covariance, ``None`` if ``covar`` is not one.
+
+    Under ``gpytorch.settings.observation_nan_policy("mask")`` GPyTorch's ``ExactMarginalLogLikelihood``
+    (and ``GaussianLikelihood.log_marginal``) wrap the noise-added training covariance in a
+    ``MaskedLinearOperator`` that drops the rows and columns of NaN targets.  That wrapper has no
+    feature-space algebra: its log density would fall back to a dense N × N Cholesky factor or, above
+    ``max_cholesky_size`` with ``fast_computations`` on, to stochastic CG/Lanczos estimates.  The same
+    matrix is the noise-added feature operator of the observed rows (Φ and D with those rows removed),
+    whose ``inv_quad_logdet`` is exact and O(N·F² + F³) (or kernel-space) again.
+    """
+    if not isinstance(covar, MaskedLinearOperator) or not covar.row_eq_col_mask or covar.row_mask.dim() != 1:
+        return None
+    base = covar.base.evaluate_kernel()
+    from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, masked_task_noise_error  # imports this module
+
+    if isinstance(base, FeatureRootAddedTaskNoiseLinearOperator):
+        raise masked_task_noise_error()
+    if not isinstance(base, (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator)):
+        return None
+    return base.select_rows(covar.row_mask)
+
+
 def _add_optional(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     if a is None:
         return b
@@ -170,6 +217,15 @@ class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
         if isinstance(other, DiagLinearOperator):
             return self.__class__(self._linear_op, self._diag_tensor + other)
         return super().__add__(other)
+
+    def select_rows(self, observed: Tensor) -> "FeatureRootAddedDiagLinearOperator":
+        """Φ[o]Φ[o]ᵀ + D[o] for a boolean mask o ``(N,)`` (see :func:`select_observed`).
+
+        A plain noise-added operator: structure tied to all N rows (the Dirichlet classifier's label
+        blocks) is dropped, the generic feature-space algebra gives the same values.
+        """
+        return FeatureRootAddedDiagLinearOperator(self._linear_op.select_rows(observed),
+                                                  select_noise(self._diag_tensor, observed))
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         check_targets(inv_quad_rhs)
@@ -284,6 +340,11 @@ class ChunkedFeatureRootLinearOperator(_NoKroneckerFactors, LinearOperator):
         """Φ materialised, ``(..., N, F)`` (for small test sets)."""
         return torch.cat([self.featurizer(self.inputs[..., rows, :]) for rows in self._chunks()], -2)
 
+    def select_rows(self, observed: Tensor) -> "ChunkedFeatureRootLinearOperator":
+        """The same operator on the rows of x where the boolean mask ``(N,)`` is ``True``."""
+        correction = None if self.variance_correction is None else self.variance_correction[..., observed]
+        return self.from_featurizer(self.inputs[..., observed, :], self.featurizer, self.chunk_size, correction)
+
     def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
         """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients (fused through the triangular
         solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`)."""
@@ -358,6 +419,11 @@ class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
         if isinstance(other, DiagLinearOperator):
             return self.__class__(self._linear_op, self._diag_tensor + other)
         return super().__add__(other)
+
+    def select_rows(self, observed: Tensor) -> "ChunkedFeatureRootAddedDiagLinearOperator":
+        """Φ[o]Φ[o]ᵀ + D[o] for a boolean mask o ``(N,)``, still chunked (see :func:`select_observed`)."""
+        return ChunkedFeatureRootAddedDiagLinearOperator(self._linear_op.select_rows(observed),
+                                                         select_noise(self._diag_tensor, observed))
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         check_targets(inv_quad_rhs)

@@ -21,6 +21,14 @@ TorchScript (GPyTorch's "TorchScript_Exact_Models" recipe): evaluate the model o
 The caches computed by that first evaluation enter the trace as constants; the test features and
 the prediction above are traced, with every rfgp autograd Function replaced by its plain-torch
 forward (``torch.jit.is_tracing()``), so the module saves, loads and predicts at any test batch size.
+
+Missing targets: under ``gpytorch.settings.observation_nan_policy("mask")`` or ``("fill")`` the
+posterior (mean *and* covariance) is the one of the training set without the points whose target is
+NaN in any batch member (GPyTorch's ``_get_observed``): their noise weight D⁻¹ is 0 and their residual
+0 in the feature statistics, or their rows of Φ, D and y − μ are dropped in kernel space; the
+structured paths (complex posterior) use the operator of the observed rows.  GPyTorch's own
+strategy masks only the mean (its covariance still conditions on the NaN points' inputs); both
+policies give the same mean as GPyTorch's.  Under the default "ignore" a NaN target raises.
 """
 
 from __future__ import annotations
@@ -82,14 +90,22 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         return isinstance(train_covar, FeatureRootAddedDiagLinearOperator) and train_covar.uses_kernel_space()
 
     @property
-    @cached(name="kernel_space_cache")
     def kernel_space_cache(self) -> tuple[Tensor, Tensor]:
-        """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D)."""
-        check_targets(self.train_labels, "the training targets y")
+        """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D), over the observed points.
+
+        Cached per ``gpytorch.settings.observation_nan_policy`` (as GPyTorch's ``_mean_cache``), so a
+        strategy built under "mask" does not answer for NaN targets under "ignore".
+        """
+        return self._kernel_space_cache(gpytorch.settings.observation_nan_policy.value())
+
+    @cached(name="kernel_space_cache")
+    def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)
         train_covar = self.lik_train_train_covar
         features = train_covar._linear_op.root.to_dense()
         noise = check_noise(train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
-        residual = self.train_labels - self.train_prior_dist.mean
+        if observed is not None:  # the N_o × N_o system of the observed points: rows of Φ, D and y − μ dropped
+            features, noise, residual = features[..., observed, :], noise[..., observed], residual[..., observed]
         operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1])
         columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
         mean_cache, root = kernel_space_posterior_caches(features, noise, columns)
@@ -98,15 +114,22 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         return mean_cache, root
 
     @property
-    @cached(name="mean_covar_cache")
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
+        """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ over the observed points, cached per NaN policy."""
+        return self._mean_covar_cache(gpytorch.settings.observation_nan_policy.value())
+
+    @cached(name="mean_covar_cache")
+    def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
-        check_targets(self.train_labels, "the training targets y")
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)
         # Noise-added operators with extra structure (rfgp.inference.classification: shared Φ across
-        # classes) build the same caches themselves.
+        # classes; rfgp.inference.complex_posterior) build the same caches themselves.
         structured = getattr(self.lik_train_train_covar, "feature_space_caches", None)
         if structured is not None:
-            caches = structured(self.train_labels - self.train_prior_dist.mean)
+            if observed is not None:  # the operator of the observed rows (plain, unless its structure survives)
+                structured = getattr(self.lik_train_train_covar.select_rows(observed), "feature_space_caches", None)
+            caches = None if structured is None else structured(
+                residual if observed is None else residual[..., observed])
             if caches is not None:
                 return caches
         train_covar = self.train_prior_dist.lazy_covariance_matrix
@@ -115,7 +138,8 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             scale = train_covar.expanded_constant
             train_covar = train_covar.base_linear_op
         weights = noise_weights(self.lik_train_train_covar._diag_tensor)
-        residual = self.train_labels - self.train_prior_dist.mean
+        if observed is not None:  # weight 0 (D⁻¹ of an unobserved point): its row leaves ΦᵀD⁻¹Φ and ΦᵀD⁻¹r
+            weights = weights * observed.to(weights.dtype)
         operator_batch = torch.broadcast_shapes(train_covar.batch_shape, weights.shape[:-1])
         columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
         gram, cross = train_covar.feature_statistics(weights, columns)
@@ -129,6 +153,31 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if target_batch:
             mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
         return mean_cache, chol
+
+
+def observed_points(train_labels: Tensor, nan_policy: str) -> Tensor | None:
+    """The boolean mask ``(N,)`` of the training points a posterior conditions on, ``None`` for all of them.
+
+    ``gpytorch.settings.observation_nan_policy``: under "ignore" (GPyTorch's default) every point,
+    NaN targets included (the caches then refuse them with a ``NonFiniteError``); under "mask" and
+    "fill" the points whose target is NaN in no batch member (GPyTorch's ``_get_observed``, whose
+    mean caches both policies reduce to).
+    """
+    if nan_policy == "ignore":
+        return None
+    observed = gpytorch.settings.observation_nan_policy._get_observed(train_labels, train_labels.shape[-1:])
+    return None if bool(observed.all()) else observed
+
+
+def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str) -> tuple[Tensor, Tensor | None]:
+    """(y − μ, :func:`observed_points`), y checked finite on the observed points, the others' residual set to 0."""
+    observed = observed_points(labels, nan_policy)
+    residual = labels - prior_mean
+    if observed is None:
+        check_targets(labels, "the training targets y")
+        return residual, None
+    check_targets(labels[..., observed], "the training targets y at the points without NaN")
+    return torch.where(observed, residual, torch.zeros((), dtype=residual.dtype, device=residual.device)), observed
 
 
 def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tensor, torch.Size]:

@@ -42,6 +42,16 @@ def is_interleaved_task_noise(operator: LinearOperator) -> bool:
     )
 
 
+def masked_task_noise_error() -> ValueError:
+    """Missing targets (``observation_nan_policy("mask" | "fill")``) with correlated task noise: not supported."""
+    return ValueError(
+        "gpytorch.settings.observation_nan_policy('mask'/'fill') with correlated multitask noise "
+        "(MultitaskGaussianLikelihood with rank ≥ 1) is not supported: the noise of a point's observed tasks is a "
+        "sub-block of Σ_T that the per-point whitening does not form; accepted: rank=0 (independent task noises), "
+        "or training data without NaN targets"
+    )
+
+
 class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
     """ΦΦᵀ + D_N ⊗ Σ_T for an interleaved multi-output feature root Φ ``(..., N·T, F)``.
 

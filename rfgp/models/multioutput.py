@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..core.validation import check_model_inputs, check_training_data
 from ..inference.multioutput import kernel_num_outputs
+from .regression import _nan_policy_leaves_nan_out
 
 
 class MultiOutputGPModel(gpytorch.models.ExactGP):
@@ -46,7 +47,7 @@ class MultiOutputGPModel(gpytorch.models.ExactGP):
         if not torch.is_tensor(train_y) or train_y.dim() != 2:
             shape = tuple(train_y.shape) if torch.is_tensor(train_y) else type(train_y).__name__
             raise ValueError(f"train_y must be an (n, p) tensor of vector observations, got {shape}")
-        check_training_data(train_x, train_y, target_axis=-2)
+        check_training_data(train_x, train_y, target_axis=-2, allow_nan_targets=_nan_policy_leaves_nan_out())
         num_outputs = kernel_num_outputs(covar_module, train_x[..., :1, :])
         if train_y.shape[-1] != num_outputs:
             raise ValueError(

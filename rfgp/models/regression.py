@@ -9,6 +9,12 @@ from torch import Tensor
 from ..core.validation import check_model_inputs, check_training_data
 
 
+def _nan_policy_leaves_nan_out() -> bool:
+    """Whether ``gpytorch.settings.observation_nan_policy`` is "mask" or "fill": NaN targets are then left out of
+    the marginal likelihood and the posterior (:mod:`rfgp.inference.prediction`) rather than refused."""
+    return gpytorch.settings.observation_nan_policy.value() != "ignore"
+
+
 class ExactGPModel(gpytorch.models.ExactGP):
     """f ~ GP(m, k) with y = f + ε: the standard GPyTorch regression model, kernel supplied.
 
@@ -23,7 +29,7 @@ class ExactGPModel(gpytorch.models.ExactGP):
     """
 
     def __init__(self, train_x: Tensor, train_y: Tensor, likelihood, covar_module, mean_module=None) -> None:
-        check_training_data(train_x, train_y)
+        check_training_data(train_x, train_y, allow_nan_targets=_nan_policy_leaves_nan_out())
         super().__init__(train_x, train_y, likelihood)
         self.mean_module = mean_module if mean_module is not None else gpytorch.means.ConstantMean()
         self.covar_module = covar_module
@@ -31,7 +37,8 @@ class ExactGPModel(gpytorch.models.ExactGP):
     def set_train_data(self, inputs=None, targets=None, strict=True) -> None:
         new_x = inputs if inputs is None or torch.is_tensor(inputs) else inputs[0]
         check_training_data(self.train_inputs[0] if new_x is None else new_x,
-                            self.train_targets if targets is None else targets)
+                            self.train_targets if targets is None else targets,
+                            allow_nan_targets=_nan_policy_leaves_nan_out())
         super().set_train_data(inputs, targets, strict)
 
     def __call__(self, *inputs, **kwargs):

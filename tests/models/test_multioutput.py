@@ -239,3 +239,19 @@ def test_multi_output_features_over_the_memory_budget_are_refused_by_name(rank):
                                                                             num_tasks=2, rank=1)).to(F64)
     with rfgp.settings.memory_budget(256), pytest.raises(ValueError, match=r"80 rows \(n = 40 points × 2 outputs"):
         likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
+
+
+def test_missing_targets_with_correlated_task_noise_are_refused_by_name():
+    x, y = _data(n=30)
+    y = y.clone()
+    y[3, 1] = float("nan")
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=1).to(F64)
+    kernel = SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0), num_tasks=2, rank=1)
+    with gpytorch.settings.observation_nan_policy("mask"):
+        model = MultiOutputGPModel(x, y, likelihood, kernel).to(F64)
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+        with pytest.raises(ValueError, match="rank=0"):
+            mll(model(x), y)
+        model.eval()
+        with pytest.raises(ValueError, match="rank=0"):
+            model(x[:3])
