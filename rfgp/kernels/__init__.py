@@ -20,18 +20,19 @@ from .gaussian_sketch import GaussianSketchRBFKernel
 from .index import IndexFeatureKernel
 from .maclaurin import MaclaurinRBFKernel, RandomMaclaurinExponentialKernel, SketchedExponentialKernel, refit_allocation
 from .nystrom import NystromKernel
-from .periodic import SketchedPeriodicKernel
-from .rational_quadratic import SketchedRQKernel
-from .spectral_mixture import SketchedSpectralMixtureKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
+from .periodic import SketchedPeriodicKernel
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import FeatureKernel, RandomFeatureKernel
+from .rational_quadratic import SketchedRQKernel
 from .sketched_operator_valued import (
     MultiOutputFeatureSumKernel,
     SketchedCurlFreeKernel,
     SketchedDecomposableKernel,
     SketchedDivFreeKernel,
+    SketchedLCMKernel,
 )
+from .spectral_mixture import SketchedSpectralMixtureKernel
 from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
@@ -57,6 +58,7 @@ __all__ = [
     "RandomMaclaurinExponentialKernel",
     "SketchedCurlFreeKernel",
     "SketchedDecomposableKernel",
+    "SketchedLCMKernel",
     "SketchedDivFreeKernel",
     "SketchedExponentialKernel",
     "SketchedMatern52KernelGrad",

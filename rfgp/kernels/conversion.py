@@ -176,7 +176,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
 
 
 def _nystrom(kernel: Kernel, num_features: int, seed: int | None, columns: TreeColumns, options: dict) -> Kernel:
-    """``method="nystrom"``: one Nyström map of the whole tree (of the data kernel of a multitask kernel).
+    """``method="nystrom"``: one Nyström map of the whole tree (of the data kernel of a multitask kernel, of each
+    component's data kernel of an ``LCMKernel``).
 
     The tree's landmarks are points of its whole input (its ``active_dims`` apply to them as to the data); a
     multitask kernel's data kernel runs on the multitask kernel's columns, its own ``active_dims`` unapplied
@@ -184,6 +185,12 @@ def _nystrom(kernel: Kernel, num_features: int, seed: int | None, columns: TreeC
     """
     from .nystrom import nystrom_sketch
 
+    if type(kernel) is gpytorch.kernels.LCMKernel:  # one rank-M map per component's data kernel
+        from .sketched_operator_valued import SketchedLCMKernel
+
+        parts = [_nystrom(part, num_features, None if seed is None else seed + i, columns, dict(options))
+                 for i, part in enumerate(kernel.covar_module_list)]
+        return SketchedLCMKernel(*parts, active_dims=kernel.active_dims)
     if type(kernel) in MULTITASK_TYPES:
         data = kernel.data_covar_module
         if data.active_dims is not None:
@@ -338,6 +345,16 @@ def _convert(kernel, plan: _Plan):
     if type(kernel) in MULTITASK_TYPES:
         data = kernel.data_covar_module
         return _convert_decomposable(kernel, _convert(data, plan.below(kernel, data)))
+    if type(kernel) is gpytorch.kernels.LCMKernel:
+        from .sketched_operator_valued import SketchedLCMKernel
+
+        builder = TreeBuilder(
+            convert=lambda part, width: _convert(part, plan.at_width(width).below(kernel, part)),
+            probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0)).below(kernel, part)),
+            take_seed=plan.seeds.take,
+        )
+        return SketchedLCMKernel(*builder.sum_parts(kernel.covar_module_list, plan.num_features, "LCMKernel"),
+                                 active_dims=kernel.active_dims)
     return _convert_leaf(kernel, plan)
 
 

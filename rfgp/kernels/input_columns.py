@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 
 import torch
-from gpytorch.kernels import AdditiveKernel, Kernel, MultitaskKernel, ProductKernel, ScaleKernel
+from gpytorch.kernels import AdditiveKernel, Kernel, LCMKernel, MultitaskKernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
 from .operator_valued import DecomposableKernel
@@ -39,7 +39,7 @@ Columns = tuple[int, ...] | None
 
 
 def children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
-    """The sub-kernels of a ``ScaleKernel``/sum/product/multitask node as ``(child, called)``.
+    """The sub-kernels of a ``ScaleKernel``/sum/product/multitask/LCM node as ``(child, called)``.
 
     ``called``: the parent calls the child (its ``active_dims`` apply) rather than its ``forward``.
     """
@@ -49,6 +49,8 @@ def children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
         return [(part, True) for part in kernel.kernels]
     if type(kernel) in MULTITASK_TYPES:
         return [(kernel.data_covar_module, False)]
+    if type(kernel) is LCMKernel:  # its forward calls each MultitaskKernel's forward
+        return [(part, False) for part in kernel.covar_module_list]
     return []
 
 

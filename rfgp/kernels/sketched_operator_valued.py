@@ -23,7 +23,7 @@ import warnings
 
 import torch
 from gpytorch.kernels import IndexKernel, Kernel
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..core.config_state import METHOD
 from ..core.validation import check_choice, check_positive_int
@@ -278,3 +278,37 @@ class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
     def component_widths(self, x: Tensor) -> list[int]:
         """Root width of every component (the column blocks of the root)."""
         return [kernel_features(kernel, x[..., :1, :]).shape[-1] for kernel in self.kernels]
+
+
+class SketchedLCMKernel(MultiOutputFeatureSumKernel):
+    r"""K̂ = Σ_q k̂_q(x, y)·A_q, the linear model of coregionalisation as the sum of decomposable sketches.
+
+    A drop-in for ``gpytorch.kernels.LCMKernel`` (what :func:`rfgp.sketch` converts it to): its components
+    are :class:`SketchedDecomposableKernel` s kept, like LCMKernel's ``MultitaskKernel`` s, in
+    ``covar_module_list`` (so the exact kernel's ``state_dict`` loads), and ``num_tasks`` is p.  The root is
+    [R₁, …, R_Q] (width Σ_q F_q·(rank_q + p)), as for any :class:`MultiOutputFeatureSumKernel`.
+
+    Example:
+        >>> from rfgp.kernels import SketchedRBFKernel
+        >>> lcm = SketchedLCMKernel(SketchedDecomposableKernel(SketchedRBFKernel(32, seed=0), num_tasks=2),
+        ...                         SketchedDecomposableKernel(SketchedRBFKernel(32, seed=1), num_tasks=2))
+        >>> lcm(torch.randn(5, 3)).shape          # 5 points × 2 tasks, interleaved
+        torch.Size([10, 10])
+    """
+
+    def __init__(self, *kernels: Kernel, **kwargs) -> None:
+        for i, kernel in enumerate(kernels):
+            if not isinstance(kernel, SketchedDecomposableKernel):
+                raise TypeError(f"kernels[{i}] must be a SketchedDecomposableKernel (a sketched MultitaskKernel), "
+                                f"got {type(kernel).__name__}")
+        super().__init__(*kernels, **kwargs)
+        self.covar_module_list = self._modules.pop("kernels")  # LCMKernel's name for the components
+
+    @property
+    def kernels(self) -> nn.ModuleList:
+        """The components (``covar_module_list``), under the name the feature-sum machinery reads."""
+        return self.covar_module_list
+
+    @property
+    def num_tasks(self) -> int:
+        return self.num_outputs

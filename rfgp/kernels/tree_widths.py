@@ -11,6 +11,7 @@
   not reserved: the total is then ≤ F + d.)  Per-part widths are
   given as a list, ``num_features=[256, 512, 256]``, one entry per part of the
   ``AdditiveKernel`` (``ScaleKernel``s looked through); an entry may be a list for a nested sum.
+  An ``LCMKernel`` is a sum of ``MultitaskKernel`` s: its data kernels share F the same way.
 * **Products** keep F:
 
   - factors with the spectral protocol (RBF, Matérn, periodic, RQ, …) → one
@@ -95,20 +96,22 @@ class TreeBuilder:
 
     # --------------------------------------------------------------------- sums
     def sum(self, kernel: Kernel, num_features) -> FeatureSumKernel:
-        parts = kernel.kernels
+        return FeatureSumKernel(*self.sum_parts(kernel.kernels, num_features, "AdditiveKernel"),
+                                active_dims=kernel.active_dims)
+
+    def sum_parts(self, parts, num_features, owner: str) -> list[Kernel]:
+        """The converted parts of a sum (``owner`` names it in errors): widths as given per part, or F split."""
         if isinstance(num_features, (list, tuple)):
             if len(num_features) != len(parts):
                 raise ValueError(
-                    f"num_features={list(num_features)} has {len(num_features)} widths but the AdditiveKernel has "
+                    f"num_features={list(num_features)} has {len(num_features)} widths but the {owner} has "
                     f"{len(parts)} parts ({', '.join(type(p).__name__ for p in parts)})"
                 )
             for width in num_features:
                 if not isinstance(width, (list, tuple)):
                     check_width(width, f"num_features={list(num_features)}")
-            converted = [self.convert(part, width) for part, width in zip(parts, num_features)]
-        else:
-            converted = self._split(parts, num_features)
-        return FeatureSumKernel(*converted, active_dims=kernel.active_dims)
+            return [self.convert(part, width) for part, width in zip(parts, num_features)]
+        return self._split(parts, num_features)
 
     def _split(self, parts, num_features: int) -> list[Kernel]:
         check_width(num_features, "num_features")

@@ -274,6 +274,42 @@ def test_multitask_state_dict_loads_into_its_sketch():
     assert errors[2048] < 0.05 and errors[2048] < 0.4 * errors[32], errors
 
 
+def _lcm():
+    lcm = gpytorch.kernels.LCMKernel([gpytorch.kernels.RBFKernel(ard_num_dims=2), gpytorch.kernels.MaternKernel()],
+                                     num_tasks=3, rank=[1, 2]).to(F64)
+    with torch.no_grad():
+        lcm.covar_module_list[0].data_covar_module.lengthscale = torch.tensor([[0.6, 1.4]], dtype=F64)
+        lcm.covar_module_list[1].data_covar_module.lengthscale = 0.9
+        for part in lcm.covar_module_list:
+            part.task_covar_module.covar_factor.normal_(generator=torch.Generator().manual_seed(3))
+    return lcm
+
+
+@pytest.mark.parametrize("method", ["rff", "nystrom"])
+def test_lcm_kernel_converts_to_a_sum_of_decomposable_sketches_with_its_names(method):
+    exact = _lcm()
+    x = torch.rand(10, 2, dtype=F64, generator=torch.Generator().manual_seed(1)) * 2
+    target = exact(x).to_dense().detach()
+    options = {"x_sample": x} if method == "nystrom" else {}
+    widths = (16, 4096) if method == "rff" else (4, 10)
+    errors = []
+    for width in widths:
+        sketched = rfgp.sketch(exact, width, method=method, seed=0, **options)
+        assert isinstance(sketched, rfgp.kernels.SketchedLCMKernel) and sketched.num_tasks == 3
+        assert [part.rank for part in sketched.covar_module_list] == [1, 2]
+        with torch.no_grad():
+            errors.append(rfgp.metrics.relative_frobenius_error(sketched(x).to_dense(), target).item())
+    assert errors[1] < errors[0] / 4 and errors[1] < (0.05 if method == "rff" else 1e-6), errors
+    fresh = rfgp.sketch(gpytorch.kernels.LCMKernel([gpytorch.kernels.RBFKernel(ard_num_dims=2),
+                                                    gpytorch.kernels.MaternKernel()], num_tasks=3, rank=[1, 2]),
+                        64, seed=1).to(F64)
+    result = fresh.load_state_dict(exact.state_dict(), strict=False)
+    assert result.unexpected_keys == []
+    parameters = dict(fresh.named_parameters())
+    for name, value in exact.named_parameters():
+        assert torch.equal(parameters[name], value), name
+
+
 def test_sketched_decomposable_kernel_has_multitask_kernel_names():
     exact = _trained_multitask()
     sketched = rfgp.sketch(exact, 64, seed=0)

@@ -134,6 +134,24 @@ def test_singular_task_noise_is_refused_by_name():
         mll(model(x), y)
 
 
+def test_sketched_lcm_model_mll_and_posterior_match_the_dense_gp():
+    """GPyTorch's LCM multitask model (LCMKernel + MultitaskGaussianLikelihood) with rfgp.sketch: Woodbury = dense."""
+    x, y = _data(n=50)
+    test_x = torch.rand(6, 2, dtype=F64, generator=torch.Generator().manual_seed(2))
+    lcm = gpytorch.kernels.LCMKernel([gpytorch.kernels.RBFKernel(), gpytorch.kernels.MaternKernel()], num_tasks=2)
+    model, likelihood = _model(x, y, rfgp.sketch(lcm, 32, seed=0))
+    mll_ref, mean_ref, covar_ref = _dense_reference(model, likelihood, x, y, test_x)
+    model.train()
+    assert isinstance(likelihood(model(x)).lazy_covariance_matrix, rfgp.FeatureRootAddedDiagLinearOperator)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    torch.testing.assert_close(mll(model(x), y).detach(), mll_ref, atol=1e-8, rtol=1e-8)
+    model.eval()
+    with torch.no_grad():
+        posterior = model(test_x)
+    torch.testing.assert_close(posterior.mean, mean_ref, atol=1e-8, rtol=1e-8)
+    torch.testing.assert_close(posterior.covariance_matrix, covar_ref, atol=1e-8, rtol=1e-8)
+
+
 def test_mll_gradients_flow_and_training_reduces_the_loss():
     x, y = _data(n=80)
     model, likelihood = _model(x, y, SketchedCurlFreeKernel(64, 2, seed=0))
