@@ -385,8 +385,10 @@ def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
         raw = f"raw_{name}"
         # the target was built in torch's default dtype on the CPU: follow the source, copy at full precision
         target.to(getattr(source, raw))
-        getattr(target, raw).data.copy_(getattr(source, raw).data)
         target.register_constraint(raw, getattr(source, f"{raw}_constraint"))
+        # after the constraint: GPyTorch re-initialises a parameter whose constraint has an initial_value (BoTorch's
+        # lengthscale constraints do), which would overwrite a copied (e.g. fitted) value
+        getattr(target, raw).data.copy_(getattr(source, raw).data)
         prior_name = f"{name}_prior"
         if prior_name in source._priors:
             prior, closure, setting_closure = source._priors[prior_name]
