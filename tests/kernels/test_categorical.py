@@ -6,6 +6,7 @@ import gpytorch
 import pytest
 import torch
 
+import rfgp
 from rfgp.features.categorical import categorical_kernel
 from rfgp.kernels import SketchedCategoricalKernel
 
@@ -152,3 +153,11 @@ def test_in_an_exact_gp_with_a_scale_kernel():
     with torch.no_grad():
         prediction = likelihood(model(X[:3]))
     assert torch.isfinite(prediction.mean).all() and (prediction.variance > 0).all()
+
+
+def test_set_num_features_redraws_at_the_new_width():
+    module = kernel(num_features=64, seed=8)
+    module(X)
+    rfgp.set_num_features(module, 128)
+    assert module.num_features == 128 and module.feature_map.hash_lo.shape == (2, 128)
+    assert module.featurize(X).shape == (5, 128)
