@@ -7,6 +7,7 @@ from .rational_quadratic import RationalQuadraticSpectralMeasure
 from .spectral_mixture import SpectralMixtureSpectralMeasure
 from .weighted_fourier import SpectralMeasure, fourier_features
 from .degree_sketch import DegreeSketch, HierarchicalSketch
+from .categorical import CategoricalFeatures
 from .fourier import RandomFourierFeatures
 from .gaussian_sketch import GaussianSketch, GaussianSketchHD
 from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
@@ -41,6 +42,7 @@ __all__ = [
     "DegreeSketch",
     "HierarchicalSketch",
     "PolynomialSketch",
+    "CategoricalFeatures",
     "FeatureMap",
     "GaussianSketch",
     "GaussianSketchHD",

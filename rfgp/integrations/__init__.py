@@ -7,7 +7,8 @@ at once if it is already imported, otherwise through a one-shot ``sys.meta_path`
 only reacts to that one module name and removes itself once that module has been executed.
 
 * :mod:`rfgp.integrations.botorch` — pathwise (Matheron) sampling of rfgp kernels in BoTorch.
-* :mod:`rfgp.integrations.botorch_kernels` — BoTorch's own kernels (``PositiveIndexKernel``) for ``rfgp.sketch``.
+* :mod:`rfgp.integrations.botorch_kernels` — BoTorch's own kernels (``CategoricalKernel``, ``PositiveIndexKernel``) for
+  ``rfgp.sketch``.
 """
 
 from __future__ import annotations
@@ -70,8 +71,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
 def _register_botorch() -> None:
     importlib.import_module(f"{__name__}.botorch")
-    if importlib.util.find_spec("botorch.models.kernels.positive_index") is not None:  # not in every BoTorch
-        importlib.import_module(f"{__name__}.botorch_kernels")
+    importlib.import_module(f"{__name__}.botorch_kernels")
 
 
 when_imported("botorch", _register_botorch)

@@ -1,11 +1,18 @@
 """BoTorch's own kernels as rfgp feature kernels, so that ``rfgp.sketch`` converts BoTorch's default models.
 
 Registered with :func:`rfgp.register_converter` when BoTorch is imported (:mod:`rfgp.integrations`), for the
-kernels the installed BoTorch has.
+kernels the installed BoTorch has (``PositiveIndexKernel`` is not in every version).
 
+* ``botorch.models.kernels.CategoricalKernel`` — the categorical kernel of ``MixedSingleTaskGP``,
+  exp(−(1/d) Σᵢ 1[xᵢ ≠ yᵢ]/ℓᵢ): converted to :class:`~rfgp.kernels.SketchedCategoricalKernel` (hashed
+  Rademacher-product features, unbiased, width F) with the same lengthscale, constraint, prior, batch shape
+  and ``active_dims``.  ``MixedSingleTaskGP``'s kernel ScaleKernel(k_cont + k_cat) + ScaleKernel(k_cont·k_cat)
+  converts as a whole: the sums split F, the product keeps its share through a TensorSRHT of the two factors'
+  features (:class:`~rfgp.kernels.SketchedProductKernel`).
 * ``botorch.models.kernels.PositiveIndexKernel`` — the default task kernel of ``MultiTaskGP`` in
-  the BoTorch versions that have it (0.18 here; older ones use GPyTorch's ``IndexKernel``): B = (LLᵀ + diag(v))/c with L ≥ 0 elementwise (positive task correlations)
-  and c = (LLᵀ + diag(v))[t, t] for the target task t when ``unit_scale_for_target`` (else 1).
+  the BoTorch versions that have it (0.18 here; older ones use GPyTorch's ``IndexKernel``):
+  B = (LLᵀ + diag(v))/c with L ≥ 0 elementwise (positive task correlations) and c = (LLᵀ + diag(v))[t, t]
+  for the target task t when ``unit_scale_for_target`` (else 1).
   Its exact features are the rows of R/√c, R = [L, diag(√v)] (as for GPyTorch's ``IndexKernel``,
   :class:`~rfgp.kernels.IndexFeatureKernel`), so a ``MultiTaskGP``'s product kernel
   k_x(x, x')·B[i, i'] converts to a feature product like GPyTorch's multitask pattern.
@@ -13,50 +20,63 @@ kernels the installed BoTorch has.
 
 from __future__ import annotations
 
-from botorch.models.kernels.positive_index import PositiveIndexKernel
+import importlib.util
+
+from botorch.models.kernels.categorical import CategoricalKernel
 from torch import Tensor
 
 from ..core.config_state import METHOD
-from ..kernels.conversion import copy_hyperparameters, register_converter
+from ..kernels.categorical import SketchedCategoricalKernel
+from ..kernels.conversion import copy_hyperparameters, lengthscale_kwargs, register_converter
 from ..kernels.index import IndexFeatureKernel
 
+if importlib.util.find_spec("botorch.models.kernels.positive_index") is not None:  # not in every BoTorch
+    from botorch.models.kernels.positive_index import PositiveIndexKernel
 
-class PositiveIndexFeatureKernel(IndexFeatureKernel, PositiveIndexKernel):
-    r"""BoTorch's ``PositiveIndexKernel`` with exact features Φ(i) = R[i]/√c (width r + T).
+    class PositiveIndexFeatureKernel(IndexFeatureKernel, PositiveIndexKernel):
+        r"""BoTorch's ``PositiveIndexKernel`` with exact features Φ(i) = R[i]/√c (width r + T).
 
-    Same parameters (``raw_covar_factor`` ≥ 0, ``raw_var`` and its constraint, the task prior on the
-    correlations), arguments and covariance as ``PositiveIndexKernel``; ``target_task_index`` and
-    ``unit_scale_for_target`` are saved in ``state_dict``.
+        Same parameters (``raw_covar_factor`` ≥ 0, ``raw_var`` and its constraint, the task prior on the
+        correlations), arguments and covariance as ``PositiveIndexKernel``; ``target_task_index`` and
+        ``unit_scale_for_target`` are saved in ``state_dict``.
 
-    Example:
-        >>> tasks = PositiveIndexFeatureKernel(num_tasks=3, rank=2, target_task_index=1)
-        >>> k = tasks(torch.tensor([[0], [1], [2]])).to_dense().detach()  # task indices: integers or integral floats
-        >>> bool(torch.allclose(k, tasks.covar_matrix)), round(float(k[1, 1]), 6)
-        (True, 1.0)
-    """
+        Example:
+            >>> tasks = PositiveIndexFeatureKernel(num_tasks=3, rank=2, target_task_index=1)
+            >>> k = tasks(torch.tensor([[0], [1], [2]])).to_dense().detach()  # integers or integral floats
+            >>> bool(torch.allclose(k, tasks.covar_matrix)), round(float(k[1, 1]), 6)
+            (True, 1.0)
+        """
 
-    config_fields = {"target_task_index": METHOD, "unit_scale_for_target": METHOD}
+        config_fields = {"target_task_index": METHOD, "unit_scale_for_target": METHOD}
 
-    def task_root(self) -> Tensor:
-        """R/√c, whose Gram matrix is ``covar_matrix``: c = (RRᵀ)[t, t] for ``unit_scale_for_target``, else 1."""
-        root = super().task_root()
-        if not self.unit_scale_for_target:
-            return root
-        target = root[..., self.target_task_index, :]
-        return root / target.pow(2).sum(-1).sqrt().unsqueeze(-1).unsqueeze(-1)
+        def task_root(self) -> Tensor:
+            """R/√c, whose Gram matrix is ``covar_matrix``: c = (RRᵀ)[t, t] for ``unit_scale_for_target``, else 1."""
+            root = super().task_root()
+            if not self.unit_scale_for_target:
+                return root
+            target = root[..., self.target_task_index, :]
+            return root / target.pow(2).sum(-1).sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
-@register_converter(PositiveIndexKernel, methods=(), options=())
-def _convert_positive_index(kernel, num_features, method, seed):
-    """PositiveIndexKernel → :class:`PositiveIndexFeatureKernel`: same parameters, constraints and priors."""
-    num_tasks, rank = kernel.raw_covar_factor.shape[-2:]
-    converted = PositiveIndexFeatureKernel(
-        num_tasks, rank, target_task_index=kernel.target_task_index,
-        unit_scale_for_target=kernel.unit_scale_for_target, normalize_covar_matrix=kernel.normalize_covar_matrix,
-        var_constraint=kernel.raw_var_constraint, batch_shape=kernel.batch_shape, active_dims=kernel.active_dims,
-    )
-    converted.raw_covar_factor.data = kernel.raw_covar_factor.data.clone()
-    for name, (prior, closure, setting_closure) in kernel._priors.items():
-        converted.register_prior(name, prior, closure, setting_closure)
-    copy_hyperparameters(kernel, converted, "var")
-    return converted.to(kernel.raw_covar_factor)
+    @register_converter(PositiveIndexKernel, methods=(), options=())
+    def _convert_positive_index(kernel, num_features, method, seed):
+        """PositiveIndexKernel → :class:`PositiveIndexFeatureKernel`: same parameters, constraints and priors."""
+        num_tasks, rank = kernel.raw_covar_factor.shape[-2:]
+        converted = PositiveIndexFeatureKernel(
+            num_tasks, rank, target_task_index=kernel.target_task_index,
+            unit_scale_for_target=kernel.unit_scale_for_target, normalize_covar_matrix=kernel.normalize_covar_matrix,
+            var_constraint=kernel.raw_var_constraint, batch_shape=kernel.batch_shape, active_dims=kernel.active_dims,
+        )
+        converted.raw_covar_factor.data = kernel.raw_covar_factor.data.clone()
+        for name, (prior, closure, setting_closure) in kernel._priors.items():
+            converted.register_prior(name, prior, closure, setting_closure)
+        copy_hyperparameters(kernel, converted, "var")
+        return converted.to(kernel.raw_covar_factor)
+
+
+@register_converter(CategoricalKernel, methods=(), options=())
+def _convert_categorical(kernel, num_features, method, seed):
+    """CategoricalKernel → :class:`~rfgp.kernels.SketchedCategoricalKernel`: same lengthscale (ARD or shared),
+    constraint, prior, batch shape and ``active_dims``."""
+    converted = SketchedCategoricalKernel(num_features, seed=seed, **lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, converted, "lengthscale")

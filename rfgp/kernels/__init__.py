@@ -1,5 +1,6 @@
 """GPyTorch kernels backed by random features."""
 
+from .categorical import SketchedCategoricalKernel
 from .combinations import (
     FeatureProductKernel,
     FeatureSumKernel,
@@ -38,6 +39,7 @@ from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
     "SketchedSpectralMixtureKernel",
+    "SketchedCategoricalKernel",
     "SketchedRQKernel",
     "SketchedPeriodicKernel",
     "LinearFeatureKernel",

@@ -79,8 +79,10 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Args:
         kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.  Leaves: RBF, Matérn,
             polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
-            constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; inside
-            ``ScaleKernel``, ``AdditiveKernel``, ``ProductKernel``, ``MultitaskKernel``.
+            constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; ``IndexKernel``;
+            with BoTorch installed also its ``CategoricalKernel`` and ``PositiveIndexKernel``
+            (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``, ``AdditiveKernel``,
+            ``ProductKernel``, ``MultitaskKernel``.
         num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).
             A sum splits F equally among its parts after its exact finite parts (``IndexKernel``,
             Linear, Constant, Cosine) took their own widths, each random part an even share; a
@@ -402,8 +404,10 @@ def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
         raw = f"raw_{name}"
         # the target was built in torch's default dtype on the CPU: follow the source, copy at full precision
         target.to(getattr(source, raw))
-        getattr(target, raw).data.copy_(getattr(source, raw).data)
         target.register_constraint(raw, getattr(source, f"{raw}_constraint"))
+        # after the constraint: GPyTorch re-initialises a parameter whose constraint has an initial_value (BoTorch's
+        # lengthscale constraints do), which would overwrite a copied (e.g. fitted) value
+        getattr(target, raw).data.copy_(getattr(source, raw).data)
         prior_name = f"{name}_prior"
         if prior_name in source._priors:
             prior, closure, setting_closure = source._priors[prior_name]

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..core.validation import check_positive_int
 from ..features.base import FeatureMap
+from ..features.categorical import CategoricalFeatures
 from ..features.fourier import RandomFourierFeatures
 from ..features.gaussian_sketch import _TaylorSketchBase
 from ..features.maclaurin import OptimizedMaclaurin, RandomMaclaurin, _MaclaurinFeatures
@@ -39,7 +40,7 @@ from ..kernels.random_feature_kernel import RandomFeatureKernel
 from .streaming import StreamingFeatureGP
 
 #: maps whose draws depend only on (seed, input_dim, num_features): a new width is a redraw
-_REDRAWN = (RandomFourierFeatures, SphericalRandomFeatures, PolynomialSketch, _TaylorSketchBase)
+_REDRAWN = (RandomFourierFeatures, SphericalRandomFeatures, PolynomialSketch, _TaylorSketchBase, CategoricalFeatures)
 
 
 def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | None = None) -> nn.Module:
@@ -163,7 +164,7 @@ def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Te
         raise TypeError(
             f"set_num_features has no width rule for {type(feature_map).__name__}; known maps: "
             "RandomFourierFeatures, SphericalRandomFeatures, PolynomialSketch, GaussianSketch(HD), "
-            "OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, NystromKernel"
+            "OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, CategoricalFeatures, NystromKernel"
         )
 
 

@@ -161,6 +161,7 @@ KERNELS = {
     "rbf_gradgrad": (lambda s: SketchedRBFKernelGradGrad(16, method="orf", input_dim=3, seed=s), 3, False),
     "matern52_grad": (lambda s: SketchedMatern52KernelGrad(16, input_dim=3, seed=s), 3, False),
     "polynomial_grad": (lambda s: SketchedPolynomialKernelGrad(2, 16, input_dim=3, seed=s), 3, False),
+    "categorical": (lambda s: kernels.SketchedCategoricalKernel(16, ard_num_dims=3, seed=s), 3, False),
     "nystrom": (lambda s: NystromKernel(RBFKernel(), torch.randn(8, 3, generator=torch.Generator().manual_seed(s))),
                 3, False),
 }
@@ -184,7 +185,8 @@ def test_tables_cover_every_public_feature_map_and_kernel():
     map_types = {type(FEATURE_MAPS[name][0](0, 3 if name != "operator_valued" else 2)) for name in FEATURE_MAPS}
     public_maps = {cls for cls in map(features.__dict__.get, features.__all__)
                    if inspect.isclass(cls) and issubclass(cls, (features.FeatureMap, OperatorValuedFourierFeatures))}
-    assert public_maps - {features.FeatureMap} <= map_types
+    # CategoricalFeatures takes the constant shares besides x: its round trip is in tests/features/test_categorical.py
+    assert public_maps - {features.FeatureMap, features.CategoricalFeatures} <= map_types
     kernel_types = {type(build(0)) for build, _, _ in KERNELS.values()}
     public_kernels = {cls for cls in map(kernels.__dict__.get, kernels.__all__)
                       if inspect.isclass(cls) and issubclass(cls, gpytorch.kernels.Kernel)}

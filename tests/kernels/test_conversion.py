@@ -4,7 +4,7 @@ priors; the converted tree approximates the original; unsupported kernels raise 
 import gpytorch
 import pytest
 import torch
-from gpytorch.constraints import Interval
+from gpytorch.constraints import GreaterThan, Interval
 from gpytorch.kernels import AdditiveKernel, MaternKernel, ProductKernel, RBFKernel, ScaleKernel
 from gpytorch.priors import GammaPrior, LogNormalPrior
 
@@ -54,6 +54,17 @@ def test_rbf_converts_with_same_hyperparameters(method):
     for (_, m1, p1, c1, _), (_, m2, p2, c2, _) in zip(exact.named_priors(), sketched.named_priors()):
         torch.testing.assert_close(p1.log_prob(c1(m1)), p2.log_prob(c2(m2)))
     assert sketched(x).shape == (5, 5)
+
+
+def test_constraint_with_an_initial_value_keeps_the_copied_value():
+    """GPyTorch re-initialises a parameter when a constraint with ``initial_value`` is registered (BoTorch's
+    lengthscale constraints have one): a fitted lengthscale must survive the conversion."""
+    constraint = GreaterThan(2.5e-2, transform=None, initial_value=0.29)
+    exact = ScaleKernel(RBFKernel(ard_num_dims=2, lengthscale_constraint=constraint))
+    exact.base_kernel.lengthscale = torch.tensor([[6.3, 1.1]])
+    sketched = rfgp.sketch(exact, num_features=32, seed=0)
+    assert sketched.base_kernel.raw_lengthscale_constraint is constraint
+    assert torch.equal(sketched.base_kernel.lengthscale, exact.base_kernel.lengthscale)
 
 
 @pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
