@@ -148,6 +148,9 @@ KERNELS = {
     "div_free": (lambda s: SketchedDivFreeKernel(16, 2, method="orf", seed=s), 2, False),
     "decomposable": (lambda s: SketchedDecomposableKernel(SketchedRBFKernel(16, input_dim=2, seed=s), 2), 2, False),
     "helmholtz": (_helmholtz, 2, False),
+    "lcm": (lambda s: kernels.SketchedLCMKernel(
+        SketchedDecomposableKernel(SketchedRBFKernel(16, input_dim=2, seed=s), 2),
+        SketchedDecomposableKernel(SketchedRBFKernel(8, input_dim=2, seed=s + 1), 2, rank=2)), 2, False),
     "exact_curl_free": (lambda s: CurlFreeRBFKernel(2), 2, False),
     "exact_div_free": (lambda s: DivFreeRBFKernel(2), 2, False),
     "exact_decomposable": (lambda s: DecomposableKernel(RBFKernel(), num_outputs=2), 2, False),
