@@ -135,6 +135,12 @@ def nonfinite_message(x: Tensor, name: str, hint: str = "") -> str:
 def check_features_input(x: Tensor, name: str, input_dim: int | None) -> None:
     """Check a feature-map input: a real floating tensor of shape (..., n, d) with finite entries."""
     check_tensor_dtype(x, name)
+    check_input_shape(x, name, input_dim)
+    check_finite(x, name)
+
+
+def check_input_shape(x: Tensor, name: str, input_dim: int | None) -> None:
+    """A feature-map input has shape (..., n, d), with d = ``input_dim`` when the draws were made for one."""
     if x.dim() < 2:
         raise ValueError(f"{name} must have shape (..., n, d), got shape {tuple(x.shape)}")
     if input_dim is not None and x.shape[-1] != input_dim:
@@ -142,7 +148,6 @@ def check_features_input(x: Tensor, name: str, input_dim: int | None) -> None:
             f"{name} has {x.shape[-1]} input dimensions (last axis) but this feature map was built for "
             f"input_dim={input_dim}"
         )
-    check_finite(x, name)
 
 
 def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> None:

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..core import settings
-from ..core.validation import SUPPORTED_DTYPES, NonFiniteError, nonfinite_message
+from ..core.validation import SUPPORTED_DTYPES, NonFiniteError, check_input_shape, nonfinite_message
 from .base import FeatureMap
 
 _LOW_WORD = 0xFFFFFFFF
@@ -155,13 +155,7 @@ def check_category_input(x: Tensor, name: str, input_dim: int | None) -> None:
     integer = not (x.is_floating_point() or x.is_complex()) and x.dtype != torch.bool
     if not integer and x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} must hold categories as float32, float64 or an integer dtype, got {x.dtype}")
-    if x.dim() < 2:
-        raise ValueError(f"{name} must have shape (..., n, d), got shape {tuple(x.shape)}")
-    if input_dim is not None and x.shape[-1] != input_dim:
-        raise ValueError(
-            f"{name} has {x.shape[-1]} input dimensions (last axis) but this feature map was built for "
-            f"input_dim={input_dim}"
-        )
+    check_input_shape(x, name, input_dim)
     if not settings.validate_inputs.on() or x.numel() == 0:
         return
     if integer:
