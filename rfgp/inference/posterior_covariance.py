@@ -32,10 +32,9 @@ from linear_operator.operators import (
     LowRankRootLinearOperator,
     MatmulLinearOperator,
 )
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from .kernel_space import prefers_kernel_space
+from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 
 
 class LowRankPosteriorCovariance(MatmulLinearOperator):
@@ -71,9 +70,7 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """R·ε, ε ~ N(0, I_F): ``(num_samples, *batch, n)`` samples of N(0, RRᵀ) in O(num_samples·n·F)."""
-        root = self.low_rank_root
-        noise = torch.randn(*self.batch_shape, root.shape[-1], num_samples, dtype=root.dtype, device=root.device)
-        return (root @ noise).permute(-1, *range(self.dim() - 1)).contiguous()
+        return _low_rank_samples(self.low_rank_root, num_samples)
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
@@ -91,25 +88,31 @@ class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
     """
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        num_points, width = self._linear_op.root.shape[-2:]
-        if not prefers_kernel_space(num_points, width):
+        root = self._linear_op.root.to_dense()
+        if not prefers_kernel_space(*root.shape[-2:]):
             return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
-        chol = psd_safe_cholesky(self.to_dense())
-        inv_quad = logdet_term = None
-        if inv_quad_rhs is not None:
-            rhs = inv_quad_rhs.unsqueeze(-1) if inv_quad_rhs.dim() == self.dim() - 1 else inv_quad_rhs
-            inv_quad = torch.linalg.solve_triangular(chol, rhs, upper=False).pow(2).sum(-2)
-            if reduce_inv_quad:
-                inv_quad = inv_quad.sum(-1)
-        if logdet:
-            logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+        noise = self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
+        rhs = inv_quad_rhs
+        if rhs is not None and rhs.dim() == self.dim() - 1:
+            rhs = rhs.unsqueeze(-1)
+        inv_quad, logdet_term = kernel_space_inv_quad_logdet(root, noise, rhs, logdet)
+        if inv_quad is not None and reduce_inv_quad:
+            inv_quad = inv_quad.sum(-1)
         return inv_quad, logdet_term
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """R·ε + √D·ε′, ε ~ N(0, I_F), ε′ ~ N(0, I_n): ``(num_samples, *batch, n)`` samples in O(num_samples·n·F)."""
         root = self._linear_op.root.to_dense()
-        noise = torch.randn(*self.batch_shape, root.shape[-1], num_samples, dtype=root.dtype, device=root.device)
+        root = root.expand(*self.batch_shape, *root.shape[-2:])
         diag = self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
-        samples = root @ noise + diag.sqrt().unsqueeze(-1) * torch.randn_like(diag.unsqueeze(-1).expand(
-            *diag.shape, num_samples))
-        return samples.permute(-1, *range(self.dim() - 1)).contiguous()
+        return _low_rank_samples(root, num_samples, diag)
+
+
+def _low_rank_samples(root: Tensor, num_samples: int, diag: Tensor | None = None) -> Tensor:
+    """``(num_samples, *batch, n)`` draws of N(0, RRᵀ + diag(d)) as R·ε (+ √d·ε′), with no n × n matrix."""
+    batch, (num_points, width) = root.shape[:-2], root.shape[-2:]
+    samples = root @ torch.randn(*batch, width, num_samples, dtype=root.dtype, device=root.device)
+    if diag is not None:
+        independent = torch.randn(*batch, num_points, num_samples, dtype=root.dtype, device=root.device)
+        samples = samples + diag.sqrt().unsqueeze(-1) * independent
+    return samples.movedim(-1, 0).contiguous()

@@ -28,6 +28,7 @@ from linear_operator.operators import (
     LinearOperator,
     SumLinearOperator,
 )
+from linear_operator.utils.memoize import cached
 from torch import Tensor
 
 from .operators import FeatureRootLinearOperator
@@ -79,8 +80,10 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
     def task_noise(self) -> KroneckerProductLinearOperator:
         return self.linear_ops[1]
 
+    @cached(name="task_noise_factors")
     def _factors(self) -> tuple[Tensor, Tensor]:
-        """(d ``(..., N)``, C ``(..., T, T)``): the diagonal of D_N and the Cholesky factor of Σ_T."""
+        """(d ``(..., N)``, C ``(..., T, T)``): the diagonal of D_N and the Cholesky factor of Σ_T (once per operator:
+        the features, the targets and the log-determinant all use it)."""
         point_noise, task_covariance = self.task_noise.linear_ops
         covariance = task_covariance.to_dense()
         chol, info = torch.linalg.cholesky_ex(covariance)

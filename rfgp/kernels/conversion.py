@@ -337,11 +337,7 @@ def _convert(kernel, plan: _Plan):
         scaled.active_dims = kernel.active_dims  # its own, as GPyTorch applies them (not the base's copied at init)
         return copy_hyperparameters(kernel, scaled, "outputscale")
     if isinstance(kernel, (AdditiveKernel, ProductKernel)):
-        builder = TreeBuilder(
-            convert=lambda part, width: _convert(part, plan.at_width(width).below(kernel, part)),
-            probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0)).below(kernel, part)),
-            take_seed=plan.seeds.take,
-        )
+        builder = _tree_builder(kernel, plan)
         return builder.sum(kernel, plan.num_features) if isinstance(kernel, AdditiveKernel) else \
             builder.product(kernel, plan.num_features)
     if type(kernel) in MULTITASK_TYPES:
@@ -350,14 +346,18 @@ def _convert(kernel, plan: _Plan):
     if type(kernel) is gpytorch.kernels.LCMKernel:
         from .sketched_operator_valued import SketchedLCMKernel
 
-        builder = TreeBuilder(
-            convert=lambda part, width: _convert(part, plan.at_width(width).below(kernel, part)),
-            probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0)).below(kernel, part)),
-            take_seed=plan.seeds.take,
-        )
-        return SketchedLCMKernel(*builder.sum_parts(kernel.covar_module_list, plan.num_features, "LCMKernel"),
-                                 active_dims=kernel.active_dims)
+        parts = _tree_builder(kernel, plan).sum_parts(kernel.covar_module_list, plan.num_features, "LCMKernel")
+        return SketchedLCMKernel(*parts, active_dims=kernel.active_dims)
     return _convert_leaf(kernel, plan)
+
+
+def _tree_builder(kernel: Kernel, plan: _Plan) -> TreeBuilder:
+    """The width builder for the parts of ``kernel`` (a sum, product or LCM), converting them below it."""
+    return TreeBuilder(
+        convert=lambda part, width: _convert(part, plan.at_width(width).below(kernel, part)),
+        probe=lambda part, width: _convert(part, plan.at_width(width, _SeedSequence(0)).below(kernel, part)),
+        take_seed=plan.seeds.take,
+    )
 
 
 def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
