@@ -60,6 +60,14 @@ def _dense_reference(model, likelihood, x, y, test_x):
     return mll, mean.reshape(-1, y.shape[-1]), covar
 
 
+def _assert_posterior_equals(model, test_x, mean_ref, covar_ref):
+    model.eval()
+    with torch.no_grad():
+        posterior = model(test_x)
+    torch.testing.assert_close(posterior.mean, mean_ref, atol=1e-8, rtol=1e-8)
+    torch.testing.assert_close(posterior.covariance_matrix, covar_ref, atol=1e-8, rtol=1e-8)
+
+
 @pytest.mark.parametrize(
     "make_kernel, d",
     [
@@ -110,18 +118,14 @@ def test_correlated_task_noise_mll_gradients_and_posterior_match_the_dense_gp(ra
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     value = mll(model(x), y)
     torch.testing.assert_close(value.detach(), mll_ref, atol=1e-8, rtol=1e-8)
-    parameters = [likelihood.task_noise_covar_factor, kernel.base_kernel.raw_lengthscale]
+    parameters = [likelihood.task_noise_covar_factor, kernel.data_covar_module.raw_lengthscale]
     gradients = torch.autograd.grad(value, parameters)
     dense = model.covar_module(x).to_dense() + likelihood._shaped_noise_covar(y.shape).to_dense()
     dense_value = torch.distributions.MultivariateNormal(torch.zeros(y.numel(), dtype=F64), dense).log_prob(
         y.reshape(-1) - model.mean_module(x).reshape(-1)) / y.numel()
     for gradient, expected in zip(gradients, torch.autograd.grad(dense_value, parameters)):
         torch.testing.assert_close(gradient, expected, atol=1e-8, rtol=1e-7)
-    model.eval()
-    with torch.no_grad():
-        posterior = model(test_x)
-    torch.testing.assert_close(posterior.mean, mean_ref, atol=1e-8, rtol=1e-8)
-    torch.testing.assert_close(posterior.covariance_matrix, covar_ref, atol=1e-8, rtol=1e-8)
+    _assert_posterior_equals(model, test_x, mean_ref, covar_ref)
 
 
 def test_singular_task_noise_is_refused_by_name():
@@ -145,11 +149,7 @@ def test_sketched_lcm_model_mll_and_posterior_match_the_dense_gp():
     assert isinstance(likelihood(model(x)).lazy_covariance_matrix, rfgp.FeatureRootAddedDiagLinearOperator)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     torch.testing.assert_close(mll(model(x), y).detach(), mll_ref, atol=1e-8, rtol=1e-8)
-    model.eval()
-    with torch.no_grad():
-        posterior = model(test_x)
-    torch.testing.assert_close(posterior.mean, mean_ref, atol=1e-8, rtol=1e-8)
-    torch.testing.assert_close(posterior.covariance_matrix, covar_ref, atol=1e-8, rtol=1e-8)
+    _assert_posterior_equals(model, test_x, mean_ref, covar_ref)
 
 
 def test_mll_gradients_flow_and_training_reduces_the_loss():
