@@ -33,7 +33,7 @@ from linear_operator.operators import LinearOperator
 
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
 from .posterior_covariance import LowRankPosteriorAddedDiag
-from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
+from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, ObservedTaskNoiseLinearOperator
 
 #: noise-added covariances whose ``inv_quad_logdet`` works in feature space (their subclasses —
 #: classification and complex-posterior operators — included), and posterior predictive covariances
@@ -42,6 +42,7 @@ FEATURE_SPACE_OPERATORS = (
     FeatureRootAddedDiagLinearOperator,
     ChunkedFeatureRootAddedDiagLinearOperator,
     FeatureRootAddedTaskNoiseLinearOperator,
+    ObservedTaskNoiseLinearOperator,
     LowRankPosteriorAddedDiag,
 )
 

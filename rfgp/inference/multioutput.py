@@ -31,7 +31,7 @@ from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import LowRankPosteriorCovariance
 from .prediction import FeatureSpacePredictionStrategy, observed_residual
-from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, masked_task_noise_error
+from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
 def scaled_root(covar) -> Tensor | None:
@@ -80,9 +80,9 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
         noisy = self.lik_train_train_covar
         if isinstance(noisy, FeatureRootAddedTaskNoiseLinearOperator):  # whitened: Φ̃ = WΦ, r̃ = Wr, D = I
-            if observed is not None:
-                raise masked_task_noise_error()
-            features, residual = noisy.whiten(features), noisy.whiten(residual.unsqueeze(-1)).squeeze(-1)
+            # missing entries: zero rows, each point whitened by its observed block of Σ_T (task_noise docstring)
+            features = noisy.whiten(features, observed)
+            residual = noisy.whiten(residual.unsqueeze(-1), observed).squeeze(-1)
             weights = torch.ones_like(residual[..., :1])
         else:
             weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()

@@ -195,11 +195,10 @@ def select_observed(covar: LinearOperator) -> LinearOperator | None:
     if not isinstance(covar, MaskedLinearOperator) or not covar.row_eq_col_mask or covar.row_mask.dim() != 1:
         return None
     base = covar.base.evaluate_kernel()
-    from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, masked_task_noise_error  # imports this module
+    from .task_noise import FeatureRootAddedTaskNoiseLinearOperator  # imports this module
 
-    if isinstance(base, FeatureRootAddedTaskNoiseLinearOperator):
-        raise masked_task_noise_error()
-    if not isinstance(base, (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator)):
+    if not isinstance(base, (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator,
+                             FeatureRootAddedTaskNoiseLinearOperator)):
         return None
     return base.select_rows(covar.row_mask)
 

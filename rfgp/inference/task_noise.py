@@ -16,6 +16,14 @@ Whitening costs O(N·T²·F); the rest is the diagonal-noise path (feature or ke
 is cheaper), so the marginal likelihood and the posterior stay O(N·T·F² + F³) instead of GPyTorch's
 dense O((N·T)³).  The posterior of :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`
 uses the same whitened Φ̃ and r̃.
+
+Missing targets (``gpytorch.settings.observation_nan_policy("mask" | "fill")``): the noise of point i's
+observed tasks Oᵢ is dᵢ·Σ_T[Oᵢ, Oᵢ].  Its Cholesky factor is the Oᵢ block of Cᵢ = chol(Σ̃ᵢ) with
+Σ̃ᵢ = Σ_T ∘ oᵢoᵢᵀ + diag(1 − oᵢ) (oᵢ the 0/1 indicator of Oᵢ): Σ̃ᵢ couples no observed task to a missing
+one, so neither does Cᵢ, and its missing diagonal is 1.  Whitening point i's rows, zeroed at the missing
+tasks, by Cᵢ⁻¹ gives zero rows there, which add nothing to Φ̃ᵀΦ̃, r̃ or log|Φ̃Φ̃ᵀ + I|; so the whitened
+formulas above hold for the observed entries alone, with log|D_N ⊗ Σ_T| replaced by
+Σᵢ (|Oᵢ|·log dᵢ + 2·Σ log diag Cᵢ).  The N factors cost O(N·T³), the whitening O(N·T²·F) as before.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from linear_operator.operators import (
     DiagLinearOperator,
     KroneckerProductLinearOperator,
     LinearOperator,
+    MaskedLinearOperator,
     SumLinearOperator,
 )
 from linear_operator.utils.memoize import cached
@@ -40,16 +49,6 @@ def is_interleaved_task_noise(operator: LinearOperator) -> bool:
         isinstance(operator, KroneckerProductLinearOperator)
         and len(operator.linear_ops) == 2
         and isinstance(operator.linear_ops[0], DiagLinearOperator)
-    )
-
-
-def masked_task_noise_error() -> ValueError:
-    """Missing targets (``observation_nan_policy("mask" | "fill")``) with correlated task noise: not supported."""
-    return ValueError(
-        "gpytorch.settings.observation_nan_policy('mask'/'fill') with correlated multitask noise "
-        "(MultitaskGaussianLikelihood with rank ≥ 1) is not supported: the noise of a point's observed tasks is a "
-        "sub-block of Σ_T that the per-point whitening does not form; accepted: rank=0 (independent task noises), "
-        "or training data without NaN targets"
     )
 
 
@@ -95,27 +94,51 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
             )
         return point_noise.diagonal(dim1=-1, dim2=-2), chol
 
-    def whiten(self, matrix: Tensor) -> Tensor:
-        """W·M = (D_N^{-1/2} ⊗ C⁻¹)M for an interleaved ``(..., N·T, k)`` matrix M."""
+    def _point_factors(self, observed: Tensor) -> Tensor:
+        """Cᵢ = chol(Σ_T ∘ oᵢoᵢᵀ + diag(1 − oᵢ)) ``(..., N, T, T)`` for the interleaved mask ``(N·T,)``."""
+        _, chol = self._factors()
+        indicator = observed.unflatten(-1, (-1, chol.shape[-1])).to(chol.dtype)  # (N, T)
+        covariance = (chol @ chol.mT).unsqueeze(-3) * (indicator.unsqueeze(-1) * indicator.unsqueeze(-2))
+        covariance = covariance + torch.diag_embed(1.0 - indicator)
+        return torch.linalg.cholesky(covariance)  # positive definite: sub-blocks of Σ_T and ones
+
+    def whiten(self, matrix: Tensor, observed: Tensor | None = None) -> Tensor:
+        """W·M = (D_N^{-1/2} ⊗ C⁻¹)M for an interleaved ``(..., N·T, k)`` matrix M.
+
+        With the boolean mask ``observed`` ``(N·T,)`` of non-missing entries, the rows of missing entries
+        are zeroed and point i's rows are whitened by its own Cᵢ (module docstring): missing rows come out 0.
+        """
         point_noise, chol = self._factors()
         num_tasks = chol.shape[-1]
         blocks = matrix.unflatten(-2, (-1, num_tasks))  # (..., N, T, k)
-        batch = torch.broadcast_shapes(blocks.shape[:-3], chol.shape[:-2])
+        if observed is None:
+            factors = chol.unsqueeze(-3)
+        else:
+            blocks = blocks * observed.unflatten(-1, (-1, num_tasks)).unsqueeze(-1).to(blocks.dtype)
+            factors = self._point_factors(observed)
+        batch = torch.broadcast_shapes(blocks.shape[:-3], factors.shape[:-3])
         blocks = blocks.expand(*batch, *blocks.shape[-3:])
-        whitened = torch.linalg.solve_triangular(chol.unsqueeze(-3), blocks, upper=False)
+        whitened = torch.linalg.solve_triangular(factors, blocks, upper=False)
         whitened = whitened * point_noise.rsqrt().unsqueeze(-1).unsqueeze(-1)
         return whitened.flatten(-3, -2)
 
-    def noise_logdet(self) -> Tensor:
-        """log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ."""
+    def noise_logdet(self, observed: Tensor | None = None) -> Tensor:
+        """log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ; with a mask, Σᵢ (|Oᵢ|·log dᵢ + 2·Σ log diag Cᵢ)."""
         point_noise, chol = self._factors()
         num_points, num_tasks = point_noise.shape[-1], chol.shape[-1]
+        if observed is not None:
+            counts = observed.unflatten(-1, (-1, num_tasks)).sum(-1).to(point_noise.dtype)
+            factors_logdet = 2.0 * torch.diagonal(self._point_factors(observed), dim1=-2, dim2=-1).log().sum((-1, -2))
+            return (counts * point_noise.log()).sum(-1) + factors_logdet
         chol_logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
         return num_tasks * point_noise.log().sum(-1) + num_points * chol_logdet
 
-    def whitened_operator(self) -> LinearOperator:
-        """Φ̃Φ̃ᵀ + I, an rfgp noise-added feature operator with the fast marginal-likelihood path."""
-        features = self.whiten(self.feature_operator.root.to_dense())
+    def whitened_operator(self, observed: Tensor | None = None) -> LinearOperator:
+        """Φ̃Φ̃ᵀ + I, an rfgp noise-added feature operator with the fast marginal-likelihood path (observed rows only
+        under a mask)."""
+        features = self.whiten(self.feature_operator.root.to_dense(), observed)
+        if observed is not None:
+            features = features[..., observed, :]
         unit = torch.ones(*features.shape[:-2], 1, dtype=features.dtype, device=features.device)
         return FeatureRootLinearOperator(features) + ConstantDiagLinearOperator(unit, diag_shape=features.shape[-2])
 
@@ -126,4 +149,46 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
         inv_quad, logdet_term = self.whitened_operator().inv_quad_logdet(rhs, logdet, reduce_inv_quad)
         if logdet:
             logdet_term = logdet_term + self.noise_logdet()
+        return inv_quad, logdet_term
+
+    def select_rows(self, observed: Tensor) -> "ObservedTaskNoiseLinearOperator":
+        """The covariance of the entries where the interleaved boolean mask ``(N·T,)`` is ``True``."""
+        if observed.dtype != torch.bool or observed.shape != self.shape[-1:]:
+            raise ValueError(
+                f"observed must be a boolean mask of shape ({self.shape[-1]},) (one entry per point and task), got "
+                f"dtype {observed.dtype} and shape {tuple(observed.shape)}"
+            )
+        return ObservedTaskNoiseLinearOperator(self, observed, observed)
+
+
+class ObservedTaskNoiseLinearOperator(MaskedLinearOperator):
+    """(ΦΦᵀ + D_N ⊗ Σ_T)[o, o]: the observed entries of a :class:`FeatureRootAddedTaskNoiseLinearOperator`.
+
+    What ``gpytorch.settings.observation_nan_policy("mask")`` asks of the marginal likelihood.  Products and
+    dense forms are GPyTorch's masked ones; ``inv_quad_logdet`` whitens point by point with the factors of
+    the observed sub-blocks of Σ_T (module docstring), exactly and at feature-space cost.
+
+    Args:
+        base: the operator over all N·T entries.
+        row_mask, col_mask: the same boolean mask ``(N·T,)`` of observed entries, in GPyTorch's interleaved order.
+    """
+
+    def __init__(self, base: FeatureRootAddedTaskNoiseLinearOperator, row_mask: Tensor, col_mask: Tensor):
+        if not isinstance(base, FeatureRootAddedTaskNoiseLinearOperator):
+            raise TypeError(f"base must be a FeatureRootAddedTaskNoiseLinearOperator, got {type(base).__name__}")
+        if row_mask is not col_mask and not torch.equal(row_mask, col_mask):
+            raise ValueError("row_mask and col_mask must be the same mask of observed entries")
+        super().__init__(base, row_mask, col_mask)
+
+    def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        full, observed = self.base, self.row_mask
+        rhs = inv_quad_rhs
+        if rhs is not None:
+            rhs = rhs.unsqueeze(-1) if rhs.dim() == 1 else rhs
+            scattered = rhs.new_zeros(*rhs.shape[:-2], observed.shape[-1], rhs.shape[-1])
+            scattered[..., observed, :] = rhs
+            rhs = full.whiten(scattered, observed)[..., observed, :]
+        inv_quad, logdet_term = full.whitened_operator(observed).inv_quad_logdet(rhs, logdet, reduce_inv_quad)
+        if logdet:
+            logdet_term = logdet_term + full.noise_logdet(observed)
         return inv_quad, logdet_term

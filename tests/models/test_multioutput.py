@@ -259,17 +259,45 @@ def test_multi_output_features_over_the_memory_budget_are_refused_by_name(rank):
         likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
 
 
-def test_missing_targets_with_correlated_task_noise_are_refused_by_name():
+@pytest.mark.parametrize("num_features", [16, 512])  # N·T > F: feature space; N·T < F: kernel space
+@pytest.mark.parametrize("rank, global_noise", [(1, True), (2, False)])
+def test_missing_targets_with_correlated_task_noise_match_the_dense_gp_of_the_observed_entries(
+        rank, global_noise, num_features):
+    """observation_nan_policy("mask"): the MLL, its gradients and the posterior are the dense GP's on the observed
+    entries, whose noise is a sub-block of Σ_T per point (whole points missing, single tasks missing)."""
     x, y = _data(n=30)
+    test_x = torch.rand(5, 2, dtype=F64, generator=torch.Generator().manual_seed(3))
     y = y.clone()
-    y[3, 1] = float("nan")
-    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=1).to(F64)
-    kernel = SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0), num_tasks=2, rank=1)
+    y[3, 1] = y[7, 0] = y[11, 0] = float("nan")
+    y[20] = float("nan")
+    observed = ~torch.isnan(y.reshape(-1))
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=rank, has_global_noise=global_noise).to(F64)
+    with torch.no_grad():
+        likelihood.task_noise_covar_factor.copy_(torch.tensor([[0.2, 0.05], [-0.1, 0.15]], dtype=F64)[:, :rank])
+    kernel = SketchedDecomposableKernel(SketchedRBFKernel(num_features, seed=2), num_tasks=2, rank=1)
     with gpytorch.settings.observation_nan_policy("mask"):
-        model = MultiOutputGPModel(x, y, likelihood, kernel).to(F64)
-        mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
-        with pytest.raises(ValueError, match="rank=0"):
-            mll(model(x), y)
-        model.eval()
-        with pytest.raises(ValueError, match="rank=0"):
-            model(x[:3])
+        model = MultiOutputGPModel(x, y, likelihood, ScaleKernel(kernel)).to(F64)
+        if global_noise:
+            likelihood.noise = 0.01
+        value = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(x), y)
+        parameters = [likelihood.task_noise_covar_factor, kernel.data_covar_module.raw_lengthscale,
+                      model.covar_module.raw_outputscale]
+        gradients = torch.autograd.grad(value, parameters)
+
+        dense = model.covar_module(x).to_dense() + likelihood._shaped_noise_covar(y.shape).to_dense()
+        residual = (y - model.mean_module(x)).reshape(-1)[observed]
+        dense_value = torch.distributions.MultivariateNormal(
+            torch.zeros(residual.numel(), dtype=F64), dense[observed][:, observed]).log_prob(residual) / y.numel()
+        torch.testing.assert_close(value.detach(), dense_value.detach(), atol=1e-8, rtol=1e-8)
+        for gradient, expected in zip(gradients, torch.autograd.grad(dense_value, parameters)):
+            torch.testing.assert_close(gradient, expected, atol=1e-8, rtol=1e-7)
+
+        with torch.no_grad():
+            cross = model.covar_module(test_x, x).to_dense()[:, observed]
+            solve = torch.linalg.solve(dense[observed][:, observed],
+                                       torch.cat([residual.detach().unsqueeze(-1), cross.T], -1))
+            mean_ref = (model.mean_module(test_x).reshape(-1) + cross @ solve[:, 0]).reshape(-1, 2)
+            covar_ref = model.covar_module(test_x).to_dense() - cross @ solve[:, 1:]
+        _assert_posterior_equals(model, test_x, mean_ref, covar_ref)
+    with gpytorch.settings.observation_nan_policy("fill"):
+        _assert_posterior_equals(model, test_x, mean_ref, covar_ref)
