@@ -91,7 +91,9 @@ class NystromKernel(FeatureKernel):
             landmarks by the same rule.  ``None`` for landmarks given by hand.
 
     ``num_features`` is M.  Batch shapes of the base kernel give batched features
-    ``(*batch_shape, n, M)`` over shared landmarks.
+    ``(*batch_shape, n, M)`` over shared landmarks.  The ``state_dict`` of the exact tree (a trained
+    ``ScaleKernel(RBFKernel())``, say: keys at this level, no ``landmarks``) loads into ``base_kernel``
+    and keeps the landmarks, so ``load_state_dict(exact.state_dict(), strict=False)`` leaves no key over.
 
     Example:
         >>> from gpytorch.kernels import PeriodicKernel, ScaleKernel
@@ -140,6 +142,19 @@ class NystromKernel(FeatureKernel):
         self.regularization = regularization
         self.pilot_size = pilot_size
         self._warned_jitter = False
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # The state of the exact tree this kernel approximates (a trained ScaleKernel(RBFKernel()), say) has no
+        # landmarks and holds the tree's keys at this level: load them into base_kernel, keep the landmarks.
+        if prefix + "landmarks" not in state_dict:
+            inner = prefix + "base_kernel."
+            tree_keys = set(self.base_kernel.state_dict())
+            for key in [key for key in state_dict if key.startswith(prefix) and key[len(prefix):] in tree_keys]:
+                if inner + key[len(prefix):] not in state_dict:
+                    state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @property
     def num_features(self) -> int:

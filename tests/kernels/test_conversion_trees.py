@@ -473,3 +473,33 @@ def test_exact_state_dict_loads_into_the_converted_tree(make):
         for module_name, module in exact.named_modules():
             if hasattr(module, f"raw_{name}"):
                 torch.testing.assert_close(getattr(sketched.get_submodule(module_name), name), getattr(module, name))
+
+
+@pytest.mark.parametrize("name", ["scale", "sum_of_scaled", "multitask"])
+def test_exact_state_dict_loads_into_the_nystrom_tree(name):
+    """method="nystrom" keeps the exact tree under NystromKernel.base_kernel: an exact state (no landmarks) loads
+    there, every hyperparameter arrives, the landmarks stay; a Nyström state still loads as itself."""
+    make = _STATE_TREES[name]
+    exact = make().to(torch.float64)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in exact.parameters():
+            param.add_(0.3 + 0.2 * torch.rand(param.shape, generator=generator, dtype=param.dtype))
+    x = torch.rand(40, 2, generator=generator, dtype=torch.float64)
+    sketched = rfgp.sketch(make().to(torch.float64), 16, method="nystrom", x_sample=x, seed=0)
+    nystrom = sketched.data_covar_module if name == "multitask" else sketched
+    landmarks = nystrom.landmarks.clone()
+    result = sketched.load_state_dict(exact.state_dict(), strict=False)
+    assert result.unexpected_keys == []
+    tree = nystrom.base_kernel
+    converted = dict(sketched.named_parameters())
+    inner = "data_covar_module." if name == "multitask" else ""  # where the NystromKernel sits
+    for key, value in exact.named_parameters():
+        nested = inner + "base_kernel." + key.removeprefix(inner) if key.startswith(inner) else key
+        assert torch.equal(converted[nested], value), key
+    assert torch.equal(nystrom.landmarks, landmarks)
+    assert tree is nystrom.base_kernel
+    again = rfgp.sketch(make().to(torch.float64), 16, method="nystrom", x_sample=x, seed=3)
+    again.load_state_dict(sketched.state_dict())  # strict: a Nyström state is not remapped
+    for (key, value), (_, expected) in zip(again.state_dict().items(), sketched.state_dict().items()):
+        assert torch.equal(value, expected), key
