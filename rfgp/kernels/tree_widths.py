@@ -23,8 +23,11 @@
     row-wise Kronecker (:class:`~rfgp.kernels.FeatureProductKernel`) with the random part at the
     even width ≤ F/w (all-exact products: Kronecker when w ≤ F, else TensorSRHT to F).
 
-  Factors keep the exact tree's order unless several spectral ones are convolved into one, so
-  the exact tree's ``state_dict`` (``kernels.i.*``) loads into the converted product.
+  Factors keep the exact tree's order where they can, so the exact tree's ``state_dict``
+  (``kernels.i.*``) loads into the converted product.  Where several spectral factors are
+  convolved into one (``kernels.0.kernels.j``) or the random part moves before the exact factors,
+  the converted product records where each exact factor went (``exact_factor_paths``) and a
+  load-state-dict pre-hook (:func:`load_exact_factor_keys`) moves an exact state's keys there.
 
 The builder converts sub-trees through callables, so it does not depend on how leaves are
 converted: ``convert(part, width)`` (real seeds), ``probe(part, width)`` (throwaway seeds, to
@@ -33,6 +36,7 @@ find the exact parts, which use no randomness) and ``take_seed()``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -163,26 +167,67 @@ class TreeBuilder:
             )
         factors = [self.convert(part, random_width)
                    for part, probe in zip(kernel.kernels, probes) if not is_kronecker_factor(probe)]
-        random = self._random_product(factors, random_width, {} if exact else {"active_dims": kernel.active_dims})
+        random, random_paths = self._random_product(factors, random_width,
+                                                    {} if exact else {"active_dims": kernel.active_dims})
         if not exact:
-            return random
+            return _with_exact_factor_paths(random, random_paths)
         if len(factors) == 1:  # the exact tree's factor order, so that its state_dict keys (kernels.i.*) carry over
             ordered = [probe if is_kronecker_factor(probe) else random for probe in probes]
             return FeatureProductKernel(*ordered, active_dims=kernel.active_dims)
-        return FeatureProductKernel(random, *exact, active_dims=kernel.active_dims)
+        random_paths, exact_positions = iter(random_paths), iter(range(1, len(exact) + 1))
+        paths = [f"kernels.{next(exact_positions)}" if is_kronecker_factor(probe) else f"kernels.0.{next(random_paths)}"
+                 for probe in probes]
+        return _with_exact_factor_paths(FeatureProductKernel(random, *exact, active_dims=kernel.active_dims), paths)
 
-    def _random_product(self, factors: list[Kernel], num_features: int, outer: dict) -> Kernel:
-        """Spectral factors convolved into one, the rest TensorSRHT-combined; ``outer`` (dims) on the result."""
+    def _random_product(self, factors: list[Kernel], num_features: int, outer: dict) -> tuple[Kernel, list[str]]:
+        """Spectral factors convolved into one, the rest TensorSRHT-combined; ``outer`` (dims) on the result.
+
+        Returns the kernel and, for each factor in order, its module path in that kernel.
+        """
         spectral = [f for f in factors if has_spectral_protocol(f)]
         others = [f for f in factors if not has_spectral_protocol(f)]
+        in_order = [f"kernels.{i}" for i in range(len(factors))]
         if len(spectral) > 1 and not others:
-            return SpectralProductKernel(*spectral, num_features=num_features, seed=self.take_seed(), **outer)
+            return SpectralProductKernel(*spectral, num_features=num_features, seed=self.take_seed(), **outer), in_order
         if len(factors) > 1:
+            paths = in_order  # the exact tree's order, so that its state_dict keys (kernels.i.*) carry over
             if len(spectral) > 1:
+                group = iter(range(len(spectral)))
+                rest = iter(range(1, len(others) + 1))
+                paths = [f"kernels.0.kernels.{next(group)}" if has_spectral_protocol(f) else f"kernels.{next(rest)}"
+                         for f in factors]
                 spectral = [SpectralProductKernel(*spectral, num_features=num_features, seed=self.take_seed())]
                 factors = [*spectral, *others]
-            # else in the exact tree's order, so that its state_dict keys (kernels.i.*) carry over
-            return SketchedProductKernel(*factors, num_features=num_features, seed=self.take_seed(), **outer)
+            return SketchedProductKernel(*factors, num_features=num_features, seed=self.take_seed(), **outer), paths
         if not outer or outer["active_dims"] is None:
-            return factors[0]
-        return FeatureProductKernel(factors[0], **outer)  # a one-factor product under its own active_dims
+            return factors[0], [""]
+        return FeatureProductKernel(factors[0], **outer), ["kernels.0"]  # a one-factor product under its own dims
+
+
+def _with_exact_factor_paths(product: Kernel, paths: list[str]) -> Kernel:
+    """Record where the exact tree's factor i went (``paths[i]``) when the order changed, with the loading hook."""
+    if paths != [f"kernels.{i}" for i in range(len(paths))] and paths != [""]:
+        product.exact_factor_paths = tuple(paths)
+        product.register_load_state_dict_pre_hook(functools.partial(load_exact_factor_keys, tuple(paths)))
+    return product
+
+
+def load_exact_factor_keys(paths: tuple[str, ...], module: Kernel, state_dict: dict, prefix: str, *args) -> None:
+    """Move an exact product's keys ``kernels.i.*`` to ``paths[i].*`` when that is the layout they fit.
+
+    The state is the exact tree's when more of its keys under ``prefix`` are keys of the converted
+    product after the move than before it (a converted product's own state fits as it is).
+    """
+    own = {prefix + key for key in module.state_dict()}
+
+    def moved(key: str) -> str:
+        head, _, rest = key[len(prefix):].partition(".")
+        index, _, tail = rest.partition(".")
+        if head != "kernels" or not index.isdigit() or int(index) >= len(paths):
+            return key
+        return prefix + ".".join(part for part in (paths[int(index)], tail) if part)
+
+    keys = [key for key in state_dict if key.startswith(prefix)]
+    if sum(moved(key) in own for key in keys) > sum(key in own for key in keys):
+        for key in keys:
+            state_dict[moved(key)] = state_dict.pop(key)

@@ -445,12 +445,21 @@ _STATE_TREES = {
         ProductKernel(AdditiveKernel(RBFKernel(), LinearKernel(ard_num_dims=2)), RQKernel())),
     "multitask": lambda: gpytorch.kernels.MultitaskKernel(ScaleKernel(MaternKernel(nu=1.5)), num_tasks=2, rank=1),
     "spectral_mixture": lambda: gpytorch.kernels.SpectralMixtureKernel(num_mixtures=2, ard_num_dims=2),
-    "grouped_spectral_product_with_index": pytest.param(
-        lambda: ProductKernel(RBFKernel(active_dims=[0]), MaternKernel(nu=2.5, active_dims=[0]),
-                              IndexKernel(3, rank=1, active_dims=[1])),
-        marks=pytest.mark.xfail(strict=True, reason="the spectral factors are convolved into one SpectralProductKernel "
-                                "(kernels.0.kernels.i), a structure the exact tree does not have")),
+    # the spectral factors are convolved into one SpectralProductKernel (kernels.0.kernels.i)
+    "grouped_spectral_product_with_index": lambda: ProductKernel(
+        RBFKernel(active_dims=[0]), MaternKernel(nu=2.5, active_dims=[0]), IndexKernel(3, rank=1, active_dims=[1])),
+    "grouped_spectral_product_with_polynomial": lambda: ProductKernel(
+        RBFKernel(active_dims=[0]), PolynomialKernel(power=2, active_dims=[1]), MaternKernel(nu=1.5, active_dims=[1])),
 }
+
+
+def _converted_name(name: str, paths) -> str:
+    """Where an exact product's ``kernels.i.rest`` went in the converted one (``exact_factor_paths``)."""
+    head, _, rest = name.partition(".")
+    index, _, tail = rest.partition(".")
+    if paths is None or head != "kernels" or not index.isdigit():
+        return name
+    return ".".join(part for part in (paths[int(index)], tail) if part)
 
 
 @pytest.mark.parametrize("make", list(_STATE_TREES.values()), ids=list(_STATE_TREES))
@@ -466,13 +475,17 @@ def test_exact_state_dict_loads_into_the_converted_tree(make):
     result = sketched.load_state_dict(exact.state_dict(), strict=False)
     assert result.unexpected_keys == []
     converted = dict(sketched.named_parameters())
+    paths = getattr(sketched, "exact_factor_paths", None)
     for name, value in exact.named_parameters():
-        assert name in converted, name
-        assert torch.equal(converted[name], value), name
+        assert _converted_name(name, paths) in converted, name
+        assert torch.equal(converted[_converted_name(name, paths)], value), name
     for name in ("lengthscale", "outputscale", "variance", "alpha", "period_length"):
         for module_name, module in exact.named_modules():
             if hasattr(module, f"raw_{name}"):
-                torch.testing.assert_close(getattr(sketched.get_submodule(module_name), name), getattr(module, name))
+                torch.testing.assert_close(getattr(sketched.get_submodule(_converted_name(module_name, paths)), name),
+                                           getattr(module, name))
+    again = rfgp.sketch(make().to(torch.float64), 64, seed=0).to(torch.float64)
+    again.load_state_dict(sketched.state_dict())  # a converted state loads as it is, strictly
 
 
 @pytest.mark.parametrize("name", ["scale", "sum_of_scaled", "multitask"])
