@@ -7,9 +7,13 @@ find out which input was wrong.
 dtype policy: rfgp computes in float32 or float64.  Half precision (float16, bfloat16)
 is refused everywhere with a ``TypeError`` (random-feature sums over F terms lose about
 three digits in half precision, and some torch kernels silently upcast it while others do
-not); integer, boolean and complex inputs are refused too.  Tensors that meet in one
-computation (x1 and x2, data and model, streaming batches) must share a dtype: rfgp never
-converts one silently.
+not); integer, boolean and complex inputs are refused too.  Where float32 and float64 meet,
+rfgp follows torch type promotion as GPyTorch does: a kernel call computes in
+``torch.promote_types`` of x1's, x2's and the kernel's dtype and returns that dtype
+(:mod:`rfgp.core.dtypes`); inputs are never modified, and the module's draws and parameters are
+cast per call, never converted in place.  The few places that hold state in one dtype
+(streaming statistics, a trained rfgp model's data and posterior caches) refuse a different
+dtype with a ``TypeError`` that says why.
 
 Checks that read the data's values (finite entries, label ranges, unit norms) cost one
 fused reduction and one host sync per call; :class:`rfgp.settings.validate_inputs` turns
@@ -26,6 +30,7 @@ import torch
 from torch import Tensor
 
 from . import settings
+from .dtypes import cast_to, promoted_dtype
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _SUPPORTED = "float32 or float64"
@@ -95,12 +100,16 @@ def check_tensor_dtype(x, name: str) -> None:
         raise TypeError(f"{name} must be a floating-point tensor ({_SUPPORTED}), got dtype {x.dtype}{_half_hint(x.dtype)}")
 
 
-def check_same_dtype(x: Tensor, name: str, dtype: torch.dtype | None, other: str) -> None:
-    """``x`` has ``dtype`` (that of ``other``); rfgp never converts between them silently."""
+def check_same_dtype(x: Tensor, name: str, dtype: torch.dtype | None, other: str, reason: str = "") -> None:
+    """``x`` has ``dtype`` (that of ``other``), where a computation cannot follow type promotion (``reason`` says why).
+
+    Kernel calls promote (:func:`check_kernel_inputs`); this check guards the few places that hold state in one
+    dtype (streaming statistics, a trained model's posterior caches and its data).
+    """
     if dtype is not None and x.dtype != dtype:
         raise TypeError(
-            f"{name} has dtype {x.dtype} but {other} is {dtype}; convert one of them explicitly "
-            f"(e.g. {name}.to({dtype}) or model.to({x.dtype}))"
+            f"{name} has dtype {x.dtype} but {other} is {dtype}{': ' + reason if reason else ''}; convert one of "
+            f"them explicitly (e.g. {name}.to({dtype}) or model.to({x.dtype}))"
         )
 
 
@@ -150,17 +159,20 @@ def check_input_shape(x: Tensor, name: str, input_dim: int | None) -> None:
         )
 
 
-def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> None:
-    """Free checks of a kernel call: supported dtypes, x1/x2 and model dtypes agree, equal trailing dims."""
+def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """Free checks of a kernel call (supported dtypes, equal trailing dims); returns the dtype it computes in.
+
+    That is ``torch.promote_types`` of x1's, x2's and the kernel's ``dtype``, as for GPyTorch's kernels
+    (see :mod:`rfgp.core.dtypes`).
+    """
     check_tensor_dtype(x1, "x1")
     check_tensor_dtype(x2, "x2")
-    check_same_dtype(x2, "x2", x1.dtype, "x1")
-    check_same_dtype(x1, "x1", dtype, "the kernel's dtype")
     if x1.shape[-1] != x2.shape[-1]:
         raise ValueError(
             f"x2 has {x2.shape[-1]} input dimensions (last axis) but x1 has {x1.shape[-1]}; "
             "both must have the kernel's input dimension"
         )
+    return promoted_dtype(x1.dtype, x2.dtype, dtype)
 
 
 def check_task_indices(x: Tensor, name: str, num_tasks: int, values: bool = True) -> None:
@@ -203,6 +215,15 @@ def check_unit_rows(x: Tensor, name: str, hint: str) -> None:
             f"{name} must lie on the unit sphere (every row with norm 1 within {tolerance:.2g} for {x.dtype}); "
             f"row {worst} has norm {norm:.{max(digits, 3)}g} (|norm − 1| = {abs(norm - 1):.3g}). {hint}"
         )
+
+
+def promote_unit_rows(x: Tensor, name: str, dtype: torch.dtype, hint: str) -> Tensor:
+    """A unit-norm input in the call's ``dtype``: rows promoted from a lower precision are checked to *their*
+    precision (a float32 unit vector is unit only to float32's √eps) and projected back onto the sphere."""
+    if x.dtype == dtype:
+        return x
+    check_unit_rows(x, name, hint)
+    return normalize_rows(cast_to(x, dtype), name)
 
 
 def normalize_rows(x: Tensor, name: str) -> Tensor:
@@ -287,7 +308,8 @@ def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1,
     """
     check_tensor_dtype(train_x, "train_x")
     check_tensor_dtype(train_y, "train_y")
-    check_same_dtype(train_y, "train_y", train_x.dtype, "train_x")
+    check_same_dtype(train_y, "train_y", train_x.dtype, "train_x",
+                     "an rfgp model keeps its training data in one dtype, that of its posterior caches")
     if train_x.dim() < 2:
         raise ValueError(f"train_x must have shape (..., n, d), got {tuple(train_x.shape)}")
     if train_x.shape[-2] == 0:
@@ -316,7 +338,9 @@ def check_model_inputs(model, inputs) -> None:
 def check_prediction_inputs(x: Tensor, train_x: Tensor, name: str = "x") -> None:
     """Test inputs of a trained ExactGP: train_x's dtype and trailing dimension, finite."""
     check_tensor_dtype(x, name)
-    check_same_dtype(x, name, train_x.dtype, "train_x")
+    check_same_dtype(x, name, train_x.dtype, "train_x",
+                     "the posterior caches are computed in the training data's dtype, and test inputs meet them "
+                     "in products that do not promote")
     if x.dim() < 2 or x.shape[-1] != train_x.shape[-1]:
         raise ValueError(
             f"{name} must have shape (..., n, {train_x.shape[-1]}) like train_x (d = {train_x.shape[-1]} "

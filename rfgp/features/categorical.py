@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..core import settings
+from ..core.dtypes import promoted_dtype
 from ..core.validation import SUPPORTED_DTYPES, NonFiniteError, check_input_shape, nonfinite_message
 from .base import FeatureMap
 
@@ -106,7 +107,8 @@ class CategoricalFeatures(FeatureMap):
     def forward(self, x: Tensor, log_constant_share: Tensor) -> Tensor:
         self._prepare(x)
         log_share = self._check_log_share(log_constant_share, x)
-        dtype = x.dtype if x.is_floating_point() else log_share.dtype
+        # torch type promotion of the categories' and the shares' dtypes (integer categories: the shares')
+        dtype = promoted_dtype(x.dtype, log_share.dtype) if x.is_floating_point() else log_share.dtype
         log_share = log_share.to(dtype)
         root_constant = torch.exp(0.5 * log_share)  # √c, differentiable also where c underflows
         root_match = torch.sqrt(-torch.expm1(log_share))  # √(1 − c)
@@ -138,8 +140,6 @@ class CategoricalFeatures(FeatureMap):
                 f"log_constant_share must have shape (..., d) or (..., 1) for x with d = {x.shape[-1]} columns, "
                 f"got shape {tuple(log_share.shape)}"
             )
-        if x.is_floating_point() and log_share.dtype != x.dtype:
-            raise TypeError(f"log_constant_share has dtype {log_share.dtype} but x has {x.dtype}; convert one of them")
         bad = torch.isnan(log_share) | (log_share > 0)
         if settings.validate_inputs.on() and log_share.numel() and bool(bad.any()):
             raise ValueError(

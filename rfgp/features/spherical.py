@@ -49,6 +49,10 @@ from .radial_density import RadialDensity, check_sphere_polynomial, fit_radial_d
 DIRECTION_SAMPLERS = ("iid", "structured")
 
 
+UNIT_ROWS_HINT = ("Spherical random features need unit-norm inputs: normalise them "
+                  "(x / x.norm(dim=-1, keepdim=True)) or pass normalize_inputs=True")
+
+
 class SphericalRandomFeatures(FeatureMap):
     """SRF / SRF Orth. features of k(x, y) = (1 − ‖x − y‖²/a²)^p on the unit sphere.
 
@@ -128,8 +132,7 @@ class SphericalRandomFeatures(FeatureMap):
     def _checked_input(self, x: Tensor) -> Tensor:
         if self.normalize_inputs:
             return normalize_rows(x, "x")
-        check_unit_rows(x, "x", "Spherical random features need unit-norm inputs: normalise them "
-                                "(x / x.norm(dim=-1, keepdim=True)) or pass normalize_inputs=True")
+        check_unit_rows(x, "x", UNIT_ROWS_HINT)
         return x
 
     def project(self, x: Tensor) -> Tensor:

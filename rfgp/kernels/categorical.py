@@ -75,11 +75,12 @@ class SketchedCategoricalKernel(FeatureKernel):
         """log cᵢ = −1/(d·ℓᵢ), shape ``(*batch_shape, d or 1)``."""
         return -self.lengthscale.squeeze(-2).reciprocal() / num_columns
 
-    def check_inputs(self, x1: Tensor, x2: Tensor) -> None:
-        check_kernel_inputs(x1, x2, module_dtype(self))
+    def check_inputs(self, x1: Tensor, x2: Tensor) -> torch.dtype:
+        dtype = check_kernel_inputs(x1, x2, module_dtype(self))
         check_category_input(x1, "x1", self.input_dim)
         if x2 is not x1:
             check_category_input(x2, "x2", self.input_dim)
+        return dtype
 
     def featurize(self, x: Tensor) -> Tensor:
         return self.feature_map(x, self.log_constant_share(x.shape[-1]))

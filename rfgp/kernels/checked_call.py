@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..core.validation import check_kernel_inputs, module_dtype
 
 
 class CheckedCallMixin:
-    """``kernel(x1, x2)`` checks dtypes (supported, x1/x2 and model agree) and trailing dimensions first.
+    """``kernel(x1, x2)`` checks dtypes (supported) and trailing dimensions first.
 
     GPyTorch's ``Kernel.__call__`` would otherwise answer a dimension mismatch with its own
-    ``RuntimeError`` and let a dtype mix through to a silent promotion.
+    ``RuntimeError``.  Inputs of different float dtypes (x1, x2, the kernel's) are promoted by
+    ``forward``, as in GPyTorch (:mod:`rfgp.core.dtypes`), after ``active_dims`` are applied.
     """
 
     def __call__(self, x1: Tensor, x2: Tensor | None = None, diag: bool = False, last_dim_is_batch: bool = False,
@@ -19,6 +21,7 @@ class CheckedCallMixin:
         self.check_call_inputs(x1, x1 if x2 is None else x2)
         return super().__call__(x1, x2, diag=diag, last_dim_is_batch=last_dim_is_batch, **params)
 
-    def check_call_inputs(self, x1: Tensor, x2: Tensor) -> None:
-        """The free checks of a call (no host synchronisation); kernels whose inputs are not points override it."""
-        check_kernel_inputs(x1, x2, module_dtype(self))
+    def check_call_inputs(self, x1: Tensor, x2: Tensor) -> torch.dtype | None:
+        """The free checks of a call (no host synchronisation); returns the dtype the call computes in (``None``
+        for kernels whose inputs are not points, e.g. task indices)."""
+        return check_kernel_inputs(x1, x2, module_dtype(self))

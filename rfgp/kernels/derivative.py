@@ -74,7 +74,7 @@ class _DerivativeRootMixin:
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
-        self.check_inputs(x1, x2)
+        x1, x2 = self.promote_inputs(x1, x2, self.check_inputs(x1, x2))
         self._check_memory(x1, x2)
         same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
         z1 = self.featurize(x1)

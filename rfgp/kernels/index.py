@@ -42,14 +42,16 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
         return rank + num_tasks
 
     def check_call_inputs(self, x1: Tensor, x2: Tensor) -> None:
-        self.check_inputs(x1, x2)
+        return self.check_inputs(x1, x2)
 
     def check_inputs(self, x1: Tensor, x2: Tensor) -> None:
         """Types only: the values are checked where they are read, in :meth:`featurize` (also as a part of a
-        product or sum, or of BoTorch's ``MultiTaskGP`` input)."""
+        product or sum, or of BoTorch's ``MultiTaskGP`` input).  Task indices are not promoted (``None``):
+        the features are rows of the task factor, in its dtype."""
         num_tasks = self.covar_factor.shape[-2]
         check_task_indices(x1, "x1", num_tasks, values=False)
         check_task_indices(x2, "x2", num_tasks, values=False)
+        return None
 
     def featurize(self, x: Tensor) -> Tensor:
         if x.shape[-1] != 1:

@@ -29,11 +29,11 @@ from gpytorch.kernels import Kernel, MultitaskKernel
 from torch import Tensor
 
 from ..core.config_state import METHOD, ConfigState
+from ..core.dtypes import promote_pair, promoted_dtype
 from ..core.validation import (
     check_finite,
     check_hyperparameter,
     check_positive_int,
-    check_same_dtype,
     check_tensor_dtype,
 )
 from .checked_call import CheckedCallMixin
@@ -99,8 +99,7 @@ class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
             raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
         check_vector_input(x1, "x1", self.input_dim)
         check_vector_input(x2, "x2", self.input_dim)
-        check_same_dtype(x2, "x2", x1.dtype, "x1")
-        check_same_dtype(x1, "x1", self.lengthscale.dtype, "the kernel's lengthscale")
+        x1, x2 = promote_pair(x1, x2, promoted_dtype(x1.dtype, x2.dtype, self.lengthscale.dtype))
         lengthscale = self.lengthscale  # (*batch, 1, d or 1)
         inv_sq = lengthscale.pow(-2).expand(*lengthscale.shape[:-1], self.input_dim)
         if diag:

@@ -29,6 +29,7 @@ POLYNOMIAL_METHODS: dict[str, Callable[..., FeatureMap]] = {}
 POLYNOMIAL_METHOD_OPTIONS: dict[str, tuple[str, ...]] = {}
 
 INPUT_NORMALIZATIONS = (None, "check", "normalize")
+UNIT_ROWS_HINT = "Normalise the inputs or build the kernel with from_sphere(..., normalize_inputs=True)"
 
 
 def register_polynomial_method(name: str, options: tuple[str, ...] = ()) -> Callable:
@@ -201,8 +202,11 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         if self.input_normalization == "normalize":
             x = normalize_rows(x, "x")
         elif self.input_normalization == "check":
-            check_unit_rows(x, "x", "Normalise the inputs or build the kernel with from_sphere(..., normalize_inputs=True)")
+            check_unit_rows(x, "x", UNIT_ROWS_HINT)
         return super().scale_inputs(x)
+
+    def unit_rows_hint(self) -> str | None:
+        return UNIT_ROWS_HINT if self.input_normalization == "check" else None
 
     def featurize(self, x: Tensor) -> Tensor:
         return self.feature_map(self.scale_inputs(x), offset=self.offset)

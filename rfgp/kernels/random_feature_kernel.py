@@ -22,6 +22,7 @@ from linear_operator.operators import LinearOperator, MatmulLinearOperator
 from torch import Tensor
 
 from ..core.config_state import ConfigState
+from ..core.dtypes import promote_pair
 from ..core.memory import check_solve
 from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.validation import (
@@ -31,6 +32,7 @@ from ..core.validation import (
     check_kernel_inputs,
     describe_bad_hyperparameters,
     module_dtype,
+    promote_unit_rows,
 )
 from ..features.base import FeatureMap
 from ..inference.chunking import Featurizer, chunk_slices
@@ -74,15 +76,21 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
-        self.check_inputs(x1, x2)
+        dtype = self.check_inputs(x1, x2)
+        if dtype is not None:
+            x1, x2 = self.promote_inputs(x1, x2, dtype)
         try:
             return self._feature_forward(x1, x2, diag)
         except NonFiniteError as error:
             raise self._nonfinite_error(error) from None
 
-    def check_inputs(self, x1: Tensor, x2: Tensor) -> None:
-        """Checks of an evaluation: dtypes, input dimension and finite values (one reduction per distinct input)."""
-        check_kernel_inputs(x1, x2, module_dtype(self))
+    def check_inputs(self, x1: Tensor, x2: Tensor) -> torch.dtype | None:
+        """Checks of an evaluation: dtypes, input dimension and finite values (one reduction per distinct input).
+
+        Returns the dtype the evaluation computes in (:func:`~rfgp.core.validation.check_kernel_inputs`), or
+        ``None`` for kernels whose inputs are not points and stay as they are (task indices).
+        """
+        dtype = check_kernel_inputs(x1, x2, module_dtype(self))
         input_dim = getattr(self, "input_dim", None)  # the dimension the draws were made for, if fixed
         if input_dim is not None and x1.shape[-1] != input_dim:
             raise ValueError(
@@ -92,6 +100,24 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         check_finite(x1, "x1")
         if x2 is not x1:
             check_finite(x2, "x2")
+        return dtype
+
+    def promote_inputs(self, x1: Tensor, x2: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """x1 and x2 in the call's dtype (new tensors where promoted: the caller's are never modified).
+
+        Kernels defined on the unit sphere (:meth:`unit_rows_hint`) check a promoted input's unit norm to the
+        precision of the dtype it came in, then project it back onto the sphere in ``dtype``.
+        """
+        hint = self.unit_rows_hint()
+        if hint is None:
+            return promote_pair(x1, x2, dtype)
+        same = x2 is x1
+        x1 = promote_unit_rows(x1, "x1", dtype, hint)
+        return x1, x1 if same else promote_unit_rows(x2, "x2", dtype, hint)
+
+    def unit_rows_hint(self) -> str | None:
+        """For kernels that need unit-norm inputs, what the error says to do about others; ``None`` otherwise."""
+        return None
 
     def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool):
         same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..core.config_state import METHOD
+from ..core.dtypes import promoted_dtype
 from ..core.validation import check_choice
 from ..features.weighted_fourier import SpectralMeasure, WeightedFourierFeatures
 from .families import check_kernel_kwargs
@@ -97,8 +98,10 @@ class SpectralFeatureKernel(FeatureKernel):
         return self.measure.draw(num_frequencies, input_dim, generator)
 
     def _cast(self, draws: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The draws on the kernel's device, in the promoted dtype of theirs and the kernel's (never lowered)."""
         dtype, device = self._dtype(), self._device()
-        return {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device) for k, v in draws.items()}
+        return {k: v.to(device=device, dtype=promoted_dtype(dtype, v.dtype)) if v.is_floating_point() else v.to(device)
+                for k, v in draws.items()}
 
     def spectral_frequencies(self, draws: dict[str, Tensor]) -> Tensor:
         return self.measure.frequencies(self._cast(draws), **self.measure_hyperparameters())

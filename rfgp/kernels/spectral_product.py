@@ -43,6 +43,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
 from ..core.config_state import DRAW, LAZY, METHOD
+from ..core.dtypes import cast_to
 from ..core.validation import check_positive_int
 from ..features.base import _new_seed
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
@@ -145,7 +146,7 @@ class SpectralProductKernel(FeatureKernel):
         for i, (kernel, u) in enumerate(zip(self.kernels, inputs)):
             base, outputscale = unwrap_scale(kernel)
             draws = self._draws(i, u)
-            projection = projection + u @ base.spectral_frequencies(draws).mT
+            projection = projection + u @ cast_to(base.spectral_frequencies(draws), u.dtype).mT
             factor_amplitude = base.spectral_amplitude()
             amplitude = amplitude * (factor_amplitude if outputscale is None else factor_amplitude * outputscale)
             factor_weights = getattr(base, "spectral_weights", lambda _: None)(draws)

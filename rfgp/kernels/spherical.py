@@ -15,7 +15,7 @@ import torch
 
 from ..core.config_state import METHOD
 from ..core.validation import check_choice
-from ..features.spherical import SphericalRandomFeatures
+from ..features.spherical import UNIT_ROWS_HINT, SphericalRandomFeatures
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .random_feature_kernel import RandomFeatureKernel
 
@@ -85,6 +85,9 @@ class SketchedSphericalPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKern
             generator=generator,
         )
         super().__init__(feature_map, **kwargs)
+
+    def unit_rows_hint(self) -> str | None:
+        return None if self.feature_map.normalize_inputs else UNIT_ROWS_HINT
 
     # Without hyperparameters GPyTorch would report no device; the feature map's buffers
     # carry the kernel's dtype and device instead.

@@ -196,10 +196,16 @@ class StreamingFeatureGP(nn.Module):
     def _check_inputs(self, x) -> None:
         """x is a supported floating tensor in the dtype of the statistics (or, before any data, of the model)."""
         check_tensor_dtype(x, "x")
+        # Unlike a kernel call, streaming cannot follow type promotion: the statistics are sums kept in one
+        # dtype, so a float64 batch added to float32 sums would lose its precision (and earlier batches' lost
+        # digits cannot be restored by promoting the sums), and they are buffers in the model's dtype.
         if self.gram.numel():
-            check_same_dtype(x, "x", self.gram.dtype, "the statistics accumulated from earlier batches")
+            check_same_dtype(x, "x", self.gram.dtype, "the statistics accumulated from earlier batches",
+                             "streaming statistics are sums kept in one dtype (promoting them cannot restore the "
+                             "precision earlier batches were summed in)")
         else:
-            check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype")
+            check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype",
+                             "streaming statistics accumulate in the model's dtype, as buffers of the model")
 
     def cholesky(self) -> Tensor:
         """L = chol(I + ΦᵀWΦ), refactorised once after each update."""
