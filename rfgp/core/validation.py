@@ -27,6 +27,7 @@ import math
 import numbers
 
 import torch
+from linear_operator.utils.errors import NanError
 from torch import Tensor
 
 from . import settings
@@ -45,6 +46,16 @@ class InvalidValueError(ValueError):
 
 class NonFiniteError(InvalidValueError):
     """A tensor that must be finite holds NaN or ±Inf entries."""
+
+
+class NonFiniteHyperparameterError(NonFiniteError, NanError):
+    """Finite inputs, but hyperparameters (a lengthscale underflowed to 0, say) make the features NaN or ±Inf.
+
+    Also linear_operator's ``NanError`` — what a NaN covariance raises in GPyTorch's own Cholesky — so that
+    optimisers that probe trial points treat the point as a NaN loss and step back, as they do for exact
+    kernels: BoTorch's ``fit_gpytorch_mll`` (scipy L-BFGS-B) returns NaN for a ``NanError`` at a line-search
+    trial point instead of aborting the fit.  :func:`rfgp.fit_mll` restores the last finite point.
+    """
 
 
 def check_positive_int(value, name: str, allow_zero: bool = False) -> int:

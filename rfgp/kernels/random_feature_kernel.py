@@ -27,6 +27,7 @@ from ..core.memory import check_solve
 from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.validation import (
     NonFiniteError,
+    NonFiniteHyperparameterError,
     check_finite,
     check_hyperparameter,
     check_kernel_inputs,
@@ -162,7 +163,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         """x1 and x2 are finite, the scaled inputs are not: name the hyperparameter (error path only)."""
         bad = describe_bad_hyperparameters(self)
         if bad:
-            return NonFiniteError(
+            return NonFiniteHyperparameterError(
                 f"the kernel's hyperparameters {', '.join(bad)} are NaN, Inf or not positive, so the scaled inputs "
                 "its feature map sees are not finite (x1 and x2 are finite); reset them, e.g. kernel.lengthscale = 1.0"
             )

@@ -293,3 +293,32 @@ def test_cached_root_noisy_improvement_without_outcome_standardisation(num_data)
     ]
     assert torch.isfinite(values[0]).all()
     torch.testing.assert_close(values[0].exp(), values[1].exp(), atol=2e-3, rtol=0.0)
+
+
+def test_a_trial_point_with_a_zero_lengthscale_is_a_nan_loss_for_botorchs_fit():
+    """L-BFGS-B may probe a raw lengthscale whose softplus underflows to 0: the kernel raises a NonFiniteError
+    that is also linear_operator's NanError, which BoTorch's scipy closure turns into a NaN loss (the line search
+    steps back, as for an exact kernel) instead of aborting fit_gpytorch_mll."""
+    from botorch.optim.closures import ForwardBackwardClosure, NdarrayOptimizationClosure
+    from linear_operator.utils.errors import NanError
+
+    x, y = data(40)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64, ard_num_dims=D, seed=0))  # softplus constraint
+    model = SingleTaskGP(x, y, covar_module=kernel).double()
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    mll.train()
+    with torch.no_grad():
+        kernel.base_kernel.raw_lengthscale.fill_(-1000.0)  # softplus(-1000) == 0.0
+    with pytest.raises(NanError, match="lengthscale"):
+        mll(model(*model.train_inputs), model.train_targets)
+    with pytest.raises(rfgp.core.validation.NonFiniteError, match="lengthscale"):  # still rfgp's named error
+        mll(model(*model.train_inputs), model.train_targets)
+    parameters = dict(mll.named_parameters())
+    closure = NdarrayOptimizationClosure(
+        ForwardBackwardClosure(lambda: -mll(model(*model.train_inputs), model.train_targets), parameters), parameters)
+    value, grad = closure()
+    assert value != value and (grad != grad).all()  # NaN: the optimiser rejects the point
+    with torch.no_grad():
+        kernel.base_kernel.raw_lengthscale.fill_(0.0)
+    value, grad = closure()
+    assert value == value and (grad == grad).all()
