@@ -27,6 +27,7 @@ only from the layers above it in this list:
 from . import applications, core, datasets, features, inference, kernels, likelihoods, metrics, models, training
 from .core import settings
 from .inference import log_prob as _log_prob
+from .inference import elementwise_product as _elementwise_product
 from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
@@ -38,6 +39,8 @@ from . import _aliases
 _aliases.install()  # rfgp.operators, rfgp.streaming, rfgp.variance, ... as before the layer folders
 # BoTorch (and anyone) may switch GPyTorch's fast log-prob off globally: keep rfgp operators in feature space.
 _log_prob.install()
+# covar_module(x).mul(task_covar_module(i)) (GPyTorch's Hadamard multitask GP) keeps a feature root
+_elementwise_product.install()
 # last: registers BoTorch hooks now if BoTorch is already imported, else when it is
 from . import integrations  # noqa: E402
 

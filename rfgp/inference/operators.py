@@ -71,10 +71,11 @@ class _NoKroneckerFactors:
             f"{type(self).__name__} (an rfgp feature-root covariance ΦΦᵀ) has no Kronecker factors (linear_ops): the "
             "caller expects GPyTorch's MultitaskKernel covariance K_XX ⊗ K_TT, as BoTorch's KroneckerMultiTaskGP."
             "posterior does, but a kernel converted by rfgp.sketch gives the low-rank root (φ ⊗ B)(φ ⊗ B)ᵀ. Use a "
-            "model whose posterior is GPyTorch's (BoTorch's MultiTaskGP with a task column, or a GPyTorch ExactGP "
-            "returning MultitaskMultivariateNormal), or keep the KroneckerMultiTaskGP and sketch only its data kernel, "
-            "model.covar_module.data_covar_module = rfgp.sketch(model.covar_module.data_covar_module, F) (BoTorch's "
-            "Kronecker eigendecompositions then stay O(N³))"
+            "model whose posterior is GPyTorch's: BoTorch's MultiTaskGP (a task column), or a GPyTorch ExactGP "
+            "returning MultitaskMultivariateNormal with the converted MultitaskKernel (rfgp.models.MultiOutputGPModel "
+            "is one). Sketching only the KroneckerMultiTaskGP's data_covar_module is no way out: its posterior "
+            "eigendecomposes the N × N data covariance (O(N³) still), fails when that covariance has rank F < N, and "
+            "BoTorch's Monte-Carlo sampling of it fails even for F ≥ N (GPyTorch's own RFFKernel fails the same ways)"
         )
 
 
@@ -151,6 +152,12 @@ class FeatureRootLinearOperator(_NoKroneckerFactors, LowRankRootLinearOperator):
             root_constant = constant * root_constant
         root = ConstantMulLinearOperator(base, root_constant)
         return self.__class__(root, _scaled_correction(self.variance_correction, other))
+
+    def _mul_matrix(self, other):
+        """K̂ ∘ B, a feature root when B has a small exact root (:mod:`rfgp.inference.elementwise_product`)."""
+        from .elementwise_product import face_splitting_product  # imports this module
+
+        return face_splitting_product(self, other.evaluate_kernel())
 
     def __add__(self, other):
         from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, is_interleaved_task_noise  # imports this

@@ -1,0 +1,122 @@
+"""K̂ ∘ B: the elementwise product of a feature-root covariance with a matrix of small exact rank.
+
+GPyTorch's Hadamard multitask model (and code written like it) multiplies covariances elementwise,
+``covar_module(x).mul(task_covar_module(i))``, with ``IndexKernel`` giving B[iₙ, iₘ] for a T × T task
+matrix B.  Generic linear_operator turns that into a ``MulLinearOperator`` of Lanczos roots and
+solves it by conjugate gradients, so the feature-space algebra of an rfgp kernel is lost.  With a
+root R of B's rows (Rₙ = C[iₙ], C = chol(B), width T) the product keeps a feature root, by the
+face-splitting identity (ΦΦᵀ) ∘ (RRᵀ) = (Φ • R)(Φ • R)ᵀ, (Φ • R)ₙ = Φₙ ⊗ Rₙ (row-wise Kronecker
+product, width F·T): the same matrix, exactly, with the marginal likelihood and posterior of
+:class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator` (feature or kernel space,
+whichever is cheaper) at O(N·F·T) extra cost.  A per-point variance correction cₙ of the rfgp
+covariance becomes cₙ·Bᵢₙᵢₙ.
+
+Operands with such a root: an ``InterpolatedLinearOperator`` over a small base (``IndexKernel``,
+symmetric: the same indices on both sides) whose base has a Cholesky factor, another rfgp
+feature root without a variance correction (two sketched kernels: width F₁·F₂), or a
+``RootLinearOperator``.  Any other operand (a cross covariance with different task indices on the
+two sides, say) gets the dense product, as GPyTorch gives an exact kernel's dense matrix —
+linear_operator's generic ``MulLinearOperator`` multiplies root decompositions, which is only
+right for two symmetric positive semi-definite operands.  A symmetric product whose root would
+exceed :class:`rfgp.settings.memory_budget` keeps that generic product, with a warning naming the
+budget.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from gpytorch.lazy import LazyEvaluatedKernelTensor
+from linear_operator import to_linear_operator
+from linear_operator.operators import (
+    ConstantMulLinearOperator,
+    DenseLinearOperator,
+    InterpolatedLinearOperator,
+    LinearOperator,
+    MulLinearOperator,
+    RootLinearOperator,
+)
+from linear_operator.utils.interpolation import left_interp
+from torch import Tensor
+
+from ..core.settings import memory_budget, resolve_chunk_size
+
+#: largest base of an interpolated operator (T × T) factorised for its root
+MAX_INTERPOLATED_BASE = 1024
+
+
+def exact_root(operator: LinearOperator) -> Tensor | None:
+    """R with RRᵀ = ``operator`` exactly (an interpolated small base, a root operator), ``None`` if not cheap."""
+    from .operators import FeatureRootLinearOperator  # imports this module
+
+    if isinstance(operator, FeatureRootLinearOperator):
+        return operator.features() if operator.variance_correction is None else None
+    if isinstance(operator, RootLinearOperator):
+        return operator.root.to_dense()
+    if not isinstance(operator, InterpolatedLinearOperator):
+        return None
+    if operator.base_linear_op.shape[-1] > MAX_INTERPOLATED_BASE:
+        return None
+    left, right = operator.left_interp_indices, operator.right_interp_indices
+    same = left is right or (left.shape == right.shape and torch.equal(left, right))
+    values_same = operator.left_interp_values is operator.right_interp_values or torch.equal(
+        operator.left_interp_values, operator.right_interp_values)
+    if not (same and values_same):
+        return None
+    chol, info = torch.linalg.cholesky_ex(operator.base_linear_op.to_dense())
+    if bool((info != 0).any()):  # a singular task matrix: the generic product handles it
+        return None
+    return left_interp(left, operator.left_interp_values, chol)
+
+
+def face_splitting_product(features: LinearOperator, other: LinearOperator) -> LinearOperator:
+    """(ΦΦᵀ) ∘ ``other`` for an rfgp feature root and an evaluated operator (module docstring)."""
+    root = exact_root(other)
+    if root is None:
+        return DenseLinearOperator(features.to_dense() * other.to_dense())
+    base, constant = features.scaled_root()
+    phi = base.to_dense()
+    batch = torch.broadcast_shapes(phi.shape[:-2], root.shape[:-2])
+    width = phi.shape[-1] * root.shape[-1]
+    if resolve_chunk_size(phi.shape[-2], width, math.prod(batch), phi.dtype) is not None:
+        warnings.warn(
+            f"the elementwise product of an rfgp covariance (F = {phi.shape[-1]}) with a rank-{root.shape[-1]} "
+            f"matrix has a feature root of width {width}, over rfgp.settings.memory_budget "
+            f"({memory_budget.value()} bytes): linear_operator's generic product is used (as for exact kernels), "
+            "without rfgp's feature-space algebra; raise the budget to keep it",
+            stacklevel=4,
+        )
+        return MulLinearOperator(features, other)
+    product = (phi.unsqueeze(-1) * root.to(phi.dtype).unsqueeze(-2)).flatten(-2)  # (..., N, F·r)
+    split_root = product if constant is None else ConstantMulLinearOperator(to_linear_operator(product), constant)
+    correction = features.variance_correction
+    if correction is not None:
+        correction = correction * root.pow(2).sum(-1)
+    return type(features)(split_root, correction)
+
+
+def install() -> None:
+    """Route ``LazyEvaluatedKernelTensor.mul`` (``covar_module(x).mul(...)``) through :func:`face_splitting_product`.
+
+    linear_operator's ``_mul_matrix`` evaluates both kernels and builds a generic ``MulLinearOperator``
+    without asking the evaluated operators; idempotent.
+    """
+    current = LazyEvaluatedKernelTensor._mul_matrix
+    if getattr(current, "generic_mul_matrix", None) is not None:
+        return
+
+    def _mul_matrix(self, other):
+        from .operators import FeatureRootLinearOperator  # imports this module
+
+        if isinstance(other, LinearOperator):
+            left, right = self.evaluate_kernel(), other.evaluate_kernel()
+            if isinstance(left, FeatureRootLinearOperator):
+                return face_splitting_product(left, right)
+            if isinstance(right, FeatureRootLinearOperator):
+                return face_splitting_product(right, left)
+        return current(self, other)
+
+    _mul_matrix.generic_mul_matrix = current
+    LazyEvaluatedKernelTensor._mul_matrix = _mul_matrix

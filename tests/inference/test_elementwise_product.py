@@ -1,0 +1,154 @@
+"""K̂ ∘ B (GPyTorch's Hadamard multitask form ``covar_module(x).mul(task_covar_module(i))``) keeps a feature root:
+the same matrix, MLL, gradients and posterior as the dense product, in feature and kernel space."""
+
+import warnings
+
+import gpytorch
+import pytest
+import torch
+from linear_operator.operators import MulLinearOperator
+
+import rfgp
+from rfgp.inference.operators import FeatureRootLinearOperator
+from rfgp.kernels import NystromKernel, SketchedRBFKernel
+
+F64 = torch.float64
+NUM_TASKS = 3
+
+
+class HadamardGP(gpytorch.models.ExactGP):
+    """GPyTorch's Hadamard multitask tutorial model, data kernel swapped."""
+
+    def __init__(self, train_x, train_i, train_y, likelihood, kernel, task_first=False):
+        super().__init__((train_x, train_i), train_y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = kernel
+        self.task_covar_module = gpytorch.kernels.IndexKernel(num_tasks=NUM_TASKS, rank=1)
+        self.task_first = task_first
+
+    def forward(self, x, i):
+        covar_x, covar_i = self.covar_module(x), self.task_covar_module(i)
+        covar = covar_i.mul(covar_x) if self.task_first else covar_x.mul(covar_i)
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), covar)
+
+
+class _Dense(gpytorch.kernels.Kernel):
+    """The dense matrix of another kernel: GPyTorch's generic product and exact GP on the same covariance."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+    def forward(self, x1, x2, diag=False, **params):
+        covar = self.kernel(x1, x2).to_dense()
+        return covar.diagonal(dim1=-2, dim2=-1) if diag else covar
+
+
+def _data(points_per_task, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(points_per_task * NUM_TASKS, 1, generator=g, dtype=F64)
+    i = torch.arange(NUM_TASKS).repeat_interleave(points_per_task).unsqueeze(-1)
+    y = torch.sin(6 * x[:, 0] + i[:, 0]) + 0.1 * torch.randn(x.shape[0], generator=g, dtype=F64)
+    return x, i, y
+
+
+def _model(x, i, y, kernel, task_first=False):
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = HadamardGP(x, i, y, likelihood, kernel, task_first).to(F64)
+    with torch.no_grad():
+        likelihood.noise = 0.05
+        model.task_covar_module.covar_factor.copy_(torch.tensor([[0.9], [-0.4], [0.6]], dtype=F64))
+        model.task_covar_module.var = torch.tensor([0.3, 0.5, 0.2], dtype=F64)
+    return model, likelihood
+
+
+def _mll_and_grads(model, likelihood, x, i, y):
+    model.train()
+    model.zero_grad()
+    value = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(x, i), y)
+    value.backward()
+    return value.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("points_per_task, num_features", [(60, 16), (10, 64)], ids=["feature_space", "kernel_space"])
+@pytest.mark.parametrize("task_first", [False, True], ids=["data_kernel_first", "task_kernel_first"])
+def test_hadamard_model_keeps_a_feature_root_and_equals_the_dense_product(points_per_task, num_features, task_first):
+    x, i, y = _data(points_per_task)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(num_features, seed=0)).to(F64)
+    with torch.no_grad():
+        kernel.outputscale, kernel.base_kernel.lengthscale = 1.3, 0.3
+    model, likelihood = _model(x, i, y, kernel, task_first)
+    model.train()
+    covar = model(x, i).lazy_covariance_matrix
+    assert isinstance(covar, FeatureRootLinearOperator)
+    assert covar.root.shape[-1] == num_features * NUM_TASKS  # Φ • R, R the rows of chol(B)
+    dense_product = kernel(x).to_dense() * model.task_covar_module(i).to_dense()
+    torch.testing.assert_close(covar.to_dense(), dense_product, rtol=1e-12, atol=1e-12)
+    noisy = likelihood(model(x, i)).lazy_covariance_matrix
+    assert noisy.uses_kernel_space() == (num_features * NUM_TASKS > y.shape[0])
+
+    value, grads = _mll_and_grads(model, likelihood, x, i, y)
+    reference, reference_likelihood = _model(x, i, y, _Dense(kernel), task_first)
+    reference.load_state_dict(model.state_dict(), strict=False)
+    with gpytorch.settings.max_cholesky_size(10**6):
+        expected, expected_grads = _mll_and_grads(reference, reference_likelihood, x, i, y)
+    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10)
+    for name, grad in grads.items():
+        dense_name = "covar_module.kernel." + name.removeprefix("covar_module.") if name.startswith("covar_") else name
+        torch.testing.assert_close(grad, expected_grads[dense_name], rtol=1e-7, atol=1e-9, msg=name)
+
+    test_x, test_i = torch.rand(8, 1, dtype=F64), torch.arange(NUM_TASKS).repeat(3)[:8].unsqueeze(-1)
+    model.eval(), reference.eval()
+    with torch.no_grad(), gpytorch.settings.max_cholesky_size(10**6):
+        posterior, expected_posterior = model(test_x, test_i), reference(test_x, test_i)
+        torch.testing.assert_close(posterior.mean, expected_posterior.mean, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(posterior.covariance_matrix, expected_posterior.covariance_matrix,
+                                   rtol=1e-8, atol=1e-9)
+
+
+def test_variance_correction_is_scaled_by_the_task_diagonal():
+    """A Nyström data kernel's FITC diagonal k(x, x) − Φ(x)ᵀΦ(x) (eval mode) becomes (k − ΦᵀΦ)·Bᵢᵢ: the product's
+    own diagonal."""
+    x, i, _ = _data(20)
+    base = gpytorch.kernels.RBFKernel().to(F64)
+    kernel = NystromKernel(base, landmarks=x[::7]).eval()
+    task = gpytorch.kernels.IndexKernel(num_tasks=NUM_TASKS, rank=1).to(F64)
+    covar = kernel(x).mul(task(i))
+    assert isinstance(covar, FeatureRootLinearOperator) and covar.variance_correction is not None
+    task_diagonal = task(i).to_dense().diagonal()
+    torch.testing.assert_close(covar.variance_correction, kernel.variance_correction(x) * task_diagonal)
+    torch.testing.assert_close(covar.to_dense().diagonal() + covar.variance_correction,
+                               base(x, diag=True) * task_diagonal)
+
+
+def test_products_without_a_cheap_exact_root_are_the_dense_product():
+    x, i, _ = _data(10)
+    kernel = SketchedRBFKernel(16, seed=0).to(F64)
+    task = gpytorch.kernels.IndexKernel(num_tasks=NUM_TASKS, rank=1).to(F64)
+    other_i = i.flip(0)  # a cross covariance: different indices on the two sides
+    product = kernel(x).mul(task(i, other_i))
+    assert not isinstance(product, FeatureRootLinearOperator)
+    torch.testing.assert_close(product.to_dense(), kernel(x).to_dense() * task(i, other_i).to_dense())
+    exact = gpytorch.kernels.RBFKernel().to(F64)
+    assert not isinstance(exact(x).mul(task(i)), FeatureRootLinearOperator)  # nothing rfgp in it
+
+
+def test_a_root_over_the_memory_budget_warns_and_keeps_the_generic_product():
+    x, i, _ = _data(10)
+    kernel = SketchedRBFKernel(64, seed=0).to(F64)
+    task = gpytorch.kernels.IndexKernel(num_tasks=NUM_TASKS, rank=1).to(F64)
+    features_bytes = 4 * x.shape[0] * 64 * 8  # Φ fits (rfgp.core.settings counts 4 working copies), Φ • R does not
+    with rfgp.settings.memory_budget(2 * features_bytes), pytest.warns(UserWarning, match="memory_budget"):
+        product = kernel(x).mul(task(i))
+    assert isinstance(product, MulLinearOperator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(product.to_dense(), kernel(x).to_dense() * task(i).to_dense())
+
+
+def test_two_sketched_kernels_multiply_into_the_kronecker_of_their_features():
+    x = torch.rand(12, 2, dtype=F64, generator=torch.Generator().manual_seed(4))
+    left, right = SketchedRBFKernel(8, seed=0).to(F64), SketchedRBFKernel(6, seed=1).to(F64)
+    product = left(x).mul(right(x))
+    assert isinstance(product, FeatureRootLinearOperator) and product.root.shape[-1] == 48
+    torch.testing.assert_close(product.to_dense(), left(x).to_dense() * right(x).to_dense())
