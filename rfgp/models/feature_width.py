@@ -7,10 +7,19 @@ re-drawn at 4–8× the width with the *same* hyperparameters, paying O(N·F'²)
 posterior caches instead of at every optimiser step.
 
 Every map keeps its configuration (method, projection, weights, spectral density, seed, ...):
-with the same seed, i.i.d. draws at the new width extend the old ones.  When a tree holds several
-maps (sums, products, multi-output parts) the widths keep their proportions; each is rounded to
-its map's granularity (sin/cos pairs, complex features and operator-valued blocks come in
-multiples).  Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
+with the same seed, i.i.d. draws at the new width extend the old ones, and a map re-drawn at F' is
+the map a model built at F' with the same seed has.  When a tree holds several maps (sums,
+multi-output parts) the widths keep their proportions; each is rounded to its map's granularity
+(sin/cos pairs, complex features and operator-valued blocks come in multiples).  A product whose
+own Φ sets its width counts once, with that width, as in :func:`rfgp.sketch`: a TensorSRHT
+(:class:`~rfgp.kernels.SketchedProductKernel`) or spectral product re-draws its sketch at the new
+width and scales its factors' maps by the same ratio (so ``MixedSingleTaskGP``'s kernel resizes as
+``rfgp.sketch`` would build it at the new width); a Kronecker product
+(:class:`~rfgp.kernels.FeatureProductKernel`) scales its k random factors by the k-th root of the
+ratio and keeps its exact factors.  Exact parts (Linear, Constant, Cosine, ``IndexKernel`` features)
+keep their fixed widths and are not counted.
+
+Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
 (paper 000 Algorithm 3) for the new budget on the training inputs as the map sees them, and a
 Nyström kernel chooses M' new landmarks among them by the rule and seed of its first choice
 (:meth:`~rfgp.kernels.NystromKernel.reselect_landmarks`).
@@ -57,8 +66,9 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
 
     Args:
         module: an ``ExactGP`` (e.g. a trained model), a kernel tree, or any module holding them.
-        num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F).  With several
-            maps each gets F·Fᵢ/ΣFⱼ rounded to its granularity (at least one unit).
+        num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F; a product: the width
+            of its own Φ, see the module doc).  With several maps each gets F·Fᵢ/ΣFⱼ rounded to its
+            granularity (at least one unit).
         x_sample: inputs for data-dependent maps (optimized Maclaurin, Nyström landmarks); defaults to the model's
             ``train_inputs``.
 

@@ -10,6 +10,7 @@ the state saved at 4F loads strictly into a model built at 4F and predicts the s
 from __future__ import annotations
 
 import copy
+import math
 
 import gpytorch
 import pytest
@@ -132,8 +133,9 @@ class Case:
     (default: ``exact``, whose ``covar_module`` is converted).
     """
 
-    def __init__(self, exact, width, sketch=None, fresh_width=None, factor=4, target=None):
+    def __init__(self, exact, width, sketch=None, fresh_width=None, factor=4, target=None, map_factor=None):
         self.exact, self.width, self.factor = exact, width, factor
+        self.map_factor = map_factor or factor  # how much each map grows when the total grows by ``factor``
         self.target = target or exact  # the exact model the posterior means are compared with
         self.sketch = sketch or _sketch()
         self.fresh_width = fresh_width or (lambda f: f)
@@ -251,6 +253,23 @@ def _curl_free(cls):
     return build
 
 
+def _helmholtz():
+    curl, div = kernels.CurlFreeRBFKernel(D), kernels.DivFreeRBFKernel(D)
+    curl.lengthscale, div.lengthscale = 0.5, 0.7
+    return _multi_output_model(AdditiveKernel(ScaleKernel(curl), ScaleKernel(div)))
+
+
+def _two_random_factor_kronecker(kernel, f, seed):
+    """Φ₁ ⊙ Φ₂ of two random maps of width √F (not what rfgp.sketch builds: both factors scale by 2 at 4F)."""
+    width = 2 * round(math.sqrt(f) / 2)
+    factors = [kernels.SketchedRBFKernel(width, active_dims=[i], seed=seed + i) for i in range(2)]
+    for factor, exact in zip(factors, kernel.base_kernel.kernels):
+        factor.lengthscale = exact.lengthscale
+    product = ScaleKernel(kernels.FeatureProductKernel(*factors))
+    product.outputscale = kernel.outputscale
+    return product
+
+
 CASES = {
     "rff": Case(_exact_rbf(), 256),
     "orf": Case(_exact_rbf(), 256, _sketch(method="orf")),
@@ -290,6 +309,10 @@ CASES = {
     "tensor_product": Case(_tree(lambda: ScaleKernel(ProductKernel(PolynomialKernel(power=2), RBFKernel()))), 256),
     "kronecker_product": Case(_tree(lambda: ScaleKernel(ProductKernel(LinearKernel(active_dims=[0]),
                                                                       RBFKernel(active_dims=[1])))), 256),
+    "kronecker_of_random_factors": Case(_tree(lambda: ScaleKernel(ProductKernel(RBFKernel(active_dims=[0]),
+                                                                                RBFKernel(active_dims=[1])))),
+                                        256, _two_random_factor_kronecker, map_factor=2),
+    "polynomial_complex_posterior": Case(_polynomial_model, 256, _sketch(complex_posterior=True)),
     "nested_sum_of_products": Case(_tree(lambda: ScaleKernel(RBFKernel()) + ScaleKernel(
         ProductKernel(PolynomialKernel(power=1), MaternKernel(nu=2.5)))), 256),
     "rbf_grad": Case(_gradient(gpytorch.kernels.RBFKernelGrad), 256),
@@ -299,6 +322,7 @@ CASES = {
                                                     D + 1), 256),
     "curl_free": Case(_curl_free(kernels.CurlFreeRBFKernel), 256),
     "div_free": Case(_curl_free(kernels.DivFreeRBFKernel), 256),
+    "helmholtz_sum": Case(_helmholtz, 256),
     "decomposable": Case(lambda: _multi_output_model(_multitask()), 256),
     "lcm": Case(lambda: _multi_output_model(_lcm()), 256),
     "nystrom": Case(_exact_rbf(), 24, _sketch(method="nystrom", x_sample=_inputs(N, 0), landmarks="kmeans++"),
@@ -347,7 +371,7 @@ def _check_resize(case, model, x_test):
     widths_after = _units(model)
     assert widths_after.keys() == widths_before.keys()
     for key, width in widths_before.items():  # every map scaled by the same factor (up to its granularity)
-        assert abs(widths_after[key] - case.factor * width) <= max(2, 0.02 * case.factor * width), (key, width)
+        assert abs(widths_after[key] - case.map_factor * width) <= max(2, 0.02 * case.map_factor * width), (key, width)
     reference = case.build(big)[1]
     assert _units(reference) == widths_after
     _assert_same_predictions(model, reference, x_test)  # the same draws as a model built at 4F
