@@ -99,6 +99,16 @@ def _hadamard(x: Tensor) -> Tensor:
     return fwht(x)
 
 
+def _shuffle_keys(shape, generator: torch.Generator) -> Tensor:
+    """Uniform sort keys of random permutations, in float32 whatever torch's default dtype.
+
+    With the default dtype the same seed gave other permutations under ``torch.set_default_dtype(torch.float64)``
+    (so a map re-drawn by :func:`rfgp.set_num_features` differed from one built at that width); float32 keeps the
+    permutations drawn under the usual default.
+    """
+    return torch.rand(shape, generator=generator, dtype=torch.float32)
+
+
 class DegreeSketch:
     """The degree-n sketch ⊙ᵢ₌₁ⁿ (projection i of x) of width D, for x ∈ Rᵈ or Cᵈ.
 
@@ -165,12 +175,12 @@ class DegreeSketch:
             # One diagonal per degree; one shuffle of (1..d) tiled ⌈D/d⌉ times per degree (paper 001 §5.1).
             diagonals = _unit_weights((*n, 1, padded), self.complex_weights, generator)
             tiled = torch.arange(padded).repeat(num_blocks)
-            order = torch.argsort(torch.rand((*n, num_blocks * padded), generator=generator), dim=-1)
+            order = torch.argsort(_shuffle_keys((*n, num_blocks * padded), generator), dim=-1)
             index = tiled[order][..., :width]
         else:
             # A fresh diagonal and permutation per degree and block (paper 000 Algorithm 1).
             diagonals = _unit_weights((*n, num_blocks, padded), self.complex_weights, generator)
-            permutations = torch.argsort(torch.rand((*n, num_blocks, padded), generator=generator), dim=-1)
+            permutations = torch.argsort(_shuffle_keys((*n, num_blocks, padded), generator), dim=-1)
             offsets = torch.arange(num_blocks).unsqueeze(-1) * padded
             index = (permutations + offsets).flatten(-2)[..., :width]
         draws = _combine(diagonals, "diagonal")

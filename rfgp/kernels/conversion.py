@@ -124,7 +124,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             is missing.
 
     Raises:
-        TypeError: naming the first kernel in the tree that has no random-feature version (or is
+        TypeError: ``kernel`` is not a GPyTorch ``Kernel`` (a model: convert its ``covar_module``), or naming
+            the first kernel in the tree that has no random-feature version (or is
             an unregistered subclass of one), or an unknown keyword option (the accepted ones listed).
         ValueError: a method name no leaf of the tree has, a ``method`` mapping naming an
             unknown kernel or a method that kernel does not have, or an option of another family
@@ -159,6 +160,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         >>> landmark.num_features
         32
     """
+    _check_kernel_argument(kernel)
     columns = check_tree(kernel, options.pop("x_sample", None))
     if method == "nystrom":
         return _nystrom(kernel, num_features, seed, columns, options)
@@ -175,6 +177,19 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             + "; ".join(f"{name!r} (taken by {', '.join(takers[name])})" for name in unused)
         )
     return converted
+
+
+def _check_kernel_argument(kernel) -> None:
+    """A TypeError for anything but a GPyTorch kernel, pointing a model's owner at its ``covar_module``."""
+    if isinstance(kernel, Kernel):
+        return
+    message = f"kernel must be a gpytorch.kernels.Kernel (a kernel tree), got {type(kernel).__name__}"
+    if isinstance(getattr(kernel, "covar_module", None), Kernel):
+        message += (
+            "; this is a model: convert its kernel instead, "
+            "model.covar_module = rfgp.sketch(model.covar_module, num_features, ...)"
+        )
+    raise TypeError(message)
 
 
 def _nystrom(kernel: Kernel, num_features: int, seed: int | None, columns: TreeColumns, options: dict) -> Kernel:

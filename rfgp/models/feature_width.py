@@ -7,10 +7,19 @@ re-drawn at 4–8× the width with the *same* hyperparameters, paying O(N·F'²)
 posterior caches instead of at every optimiser step.
 
 Every map keeps its configuration (method, projection, weights, spectral density, seed, ...):
-with the same seed, i.i.d. draws at the new width extend the old ones.  When a tree holds several
-maps (sums, products, multi-output parts) the widths keep their proportions; each is rounded to
-its map's granularity (sin/cos pairs, complex features and operator-valued blocks come in
-multiples).  Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
+with the same seed, i.i.d. draws at the new width extend the old ones, and a map re-drawn at F' is
+the map a model built at F' with the same seed has.  When a tree holds several maps (sums,
+multi-output parts) the widths keep their proportions; each is rounded to its map's granularity
+(sin/cos pairs, complex features and operator-valued blocks come in multiples).  A product whose
+own Φ sets its width counts once, with that width, as in :func:`rfgp.sketch`: a TensorSRHT
+(:class:`~rfgp.kernels.SketchedProductKernel`) or spectral product re-draws its sketch at the new
+width and scales its factors' maps by the same ratio (so ``MixedSingleTaskGP``'s kernel resizes as
+``rfgp.sketch`` would build it at the new width); a Kronecker product
+(:class:`~rfgp.kernels.FeatureProductKernel`) scales its k random factors by the k-th root of the
+ratio and keeps its exact factors.  Exact parts (Linear, Constant, Cosine, ``IndexKernel`` features)
+keep their fixed widths and are not counted.
+
+Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
 (paper 000 Algorithm 3) for the new budget on the training inputs as the map sees them, and a
 Nyström kernel chooses M' new landmarks among them by the rule and seed of its first choice
 (:meth:`~rfgp.kernels.NystromKernel.reselect_landmarks`).
@@ -18,6 +27,7 @@ Nyström kernel chooses M' new landmarks among them by the rule and seed of its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import gpytorch
@@ -34,9 +44,13 @@ from ..features.maclaurin_allocation import total_width
 from ..features.operator_valued import OperatorValuedFourierFeatures
 from ..features.polynomial import PolynomialSketch
 from ..features.spherical import SphericalRandomFeatures
+from ..features.weighted_fourier import WeightedFourierFeatures
+from ..kernels.combinations import FeatureProductKernel, SketchedProductKernel, kernel_num_features
 from ..kernels.maclaurin import fit_allocation_on_columns
 from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import RandomFeatureKernel
+from ..kernels.spectral_kernel import SpectralFeatureKernel
+from ..kernels.spectral_product import SpectralProductKernel
 from .streaming import StreamingFeatureGP
 
 #: maps whose draws depend only on (seed, input_dim, num_features): a new width is a redraw
@@ -52,8 +66,9 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
 
     Args:
         module: an ``ExactGP`` (e.g. a trained model), a kernel tree, or any module holding them.
-        num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F).  With several
-            maps each gets F·Fᵢ/ΣFⱼ rounded to its granularity (at least one unit).
+        num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F; a product: the width
+            of its own Φ, see the module doc).  With several maps each gets F·Fᵢ/ΣFⱼ rounded to its
+            granularity (at least one unit).
         x_sample: inputs for data-dependent maps (optimized Maclaurin, Nyström landmarks); defaults to the model's
             ``train_inputs``.
 
@@ -89,27 +104,36 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
                 "set_num_features cannot resize a StreamingFeatureGP: its accumulated statistics ΦᵀΦ belong to "
                 "the old features; build a new one at the new width and update it from the data batches"
             )
-    maps = list(_feature_maps(module, x_sample, None))
-    if not maps:
+    units = list(_width_units(module, x_sample, None))
+    if not units:
         raise ValueError(f"{type(module).__name__} holds no rfgp feature map to resize")
-    widths = _new_widths([feature_map for feature_map, _, _ in maps], num_features)
-    for (feature_map, owner, inputs), width in zip(maps, widths):
-        _redraw(feature_map, width, owner, inputs)
+    if len(units) == 1 and num_features % _granularity(units[0][0]):
+        node = units[0][0]
+        raise ValueError(
+            f"num_features must be a multiple of {_granularity(node)} for {type(node).__name__} "
+            f"(its features come in groups of {_granularity(node)}), got {num_features}"
+        )
+    _resize_units(units, num_features)
     for node in module.modules():
         if isinstance(node, gpytorch.models.ExactGP):
             node.prediction_strategy = None
     return module
 
 
-def _feature_maps(module: nn.Module, x: Tensor | None, owner: Kernel | None,
-                  owner_inputs: Tensor | None = None, called: bool = True) -> Iterator[tuple]:
-    """(map, owning kernel, the input columns the owner sees) for every outermost feature map below ``module``.
+#: products whose own Φ is the width unit: their factors' maps are resized with them, not counted
+_PRODUCTS = (SketchedProductKernel, SpectralProductKernel, FeatureProductKernel)
 
-    A :class:`~rfgp.kernels.NystromKernel` is its own map (its landmarks are its width); its base
-    kernel is not searched.  ``x`` follows the columns as the kernels evaluate them: a kernel's
-    ``active_dims`` select among its parent's columns, except below a ``ScaleKernel``, which
-    selects its own (copied from its base at construction) and runs its base's ``forward``
-    (:mod:`rfgp.kernels.input_columns`).
+
+def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
+                 owner_inputs: Tensor | None = None, called: bool = True) -> Iterator[tuple]:
+    """(unit, owning kernel, the input columns the owner sees) for every outermost width unit below ``module``.
+
+    A unit is a feature map, a :class:`~rfgp.kernels.NystromKernel` (its landmarks are its width;
+    its base kernel is not searched) or a product kernel whose own Φ sets its width (TensorSRHT,
+    spectral or Kronecker product): its factors are resized with it (:func:`_resize_product`).
+    ``x`` follows the columns as the kernels evaluate them: a kernel's ``active_dims`` select among
+    its parent's columns, except below a ``ScaleKernel``, which selects its own (copied from its
+    base at construction) and runs its base's ``forward`` (:mod:`rfgp.kernels.input_columns`).
     """
     if isinstance(module, (FeatureMap, OperatorValuedFourierFeatures)):
         yield module, owner, owner_inputs
@@ -121,41 +145,98 @@ def _feature_maps(module: nn.Module, x: Tensor | None, owner: Kernel | None,
         if isinstance(module, NystromKernel):
             yield module, module, x
             return
+        if isinstance(module, _PRODUCTS):
+            if any(_factor_units(module, x)):
+                yield module, module, x
+            return  # a product of exact factors only has a fixed width
     for child in module.children():
-        yield from _feature_maps(child, x, owner, owner_inputs, called=not isinstance(module, ScaleKernel))
+        yield from _width_units(child, x, owner, owner_inputs, called=not isinstance(module, ScaleKernel))
 
 
-def _granularity(feature_map: nn.Module) -> int:
-    if isinstance(feature_map, OperatorValuedFourierFeatures):
-        return 2 * feature_map.factor_width
-    if isinstance(feature_map, (RandomFourierFeatures, SphericalRandomFeatures)):
+def _factor_units(product: Kernel, x: Tensor | None) -> list[list[tuple]]:
+    """The width units of every factor of a product kernel (empty for exact factors)."""
+    return [list(_width_units(factor, x, product)) for factor in product.kernels]
+
+
+def _width(unit: nn.Module) -> int:
+    return unit.num_features
+
+
+def _granularity(unit: nn.Module) -> int:
+    if isinstance(unit, OperatorValuedFourierFeatures):
+        return 2 * unit.factor_width
+    if isinstance(unit, (RandomFourierFeatures, SphericalRandomFeatures, WeightedFourierFeatures,
+                         SpectralProductKernel)):
         return 2
-    if isinstance(feature_map, PolynomialSketch) and feature_map.is_complex:
+    if isinstance(unit, PolynomialSketch) and unit.is_complex:
         return 2  # its constructor refuses odd widths for complex/CtR weights too
+    if isinstance(unit, SketchedProductKernel):  # its factors keep their width ratio to it: their groups count
+        return math.lcm(*(_granularity(u) for units in _factor_units(unit, None) for u, _, _ in units))
+    if isinstance(unit, FeatureProductKernel):  # one random factor times the fixed width of the exact ones
+        factors = _factor_units(unit, None)
+        resized = [units for units in factors if units]
+        if len(resized) == 1:
+            fixed = math.prod(kernel_num_features(k) for k, units in zip(unit.kernels, factors) if not units)
+            return fixed * math.lcm(*(_granularity(u) for u, _, _ in resized[0]))
     return 1  # Maclaurin widths are budgets, as in their constructors: an unusable odd column is dropped
 
 
-def _new_widths(maps: list[nn.Module], num_features: int) -> list[int]:
-    grains = [_granularity(m) for m in maps]
-    if len(maps) == 1:
-        if num_features % grains[0]:
-            raise ValueError(
-                f"num_features must be a multiple of {grains[0]} for {type(maps[0]).__name__} "
-                f"(its features come in groups of {grains[0]}), got {num_features}"
-            )
-        return [num_features]
-    total = sum(m.num_features for m in maps)
-    return [max(g, g * round(num_features * m.num_features / total / g)) for m, g in zip(maps, grains)]
+def _new_widths(units: list[nn.Module], num_features: int) -> list[int]:
+    grains = [_granularity(u) for u in units]
+    if len(units) == 1:
+        return [max(grains[0], grains[0] * round(num_features / grains[0]))]
+    total = sum(_width(u) for u in units)
+    return [max(g, g * round(num_features * _width(u) / total / g)) for u, g in zip(units, grains)]
+
+
+def _resize_units(units: list[tuple], num_features: int) -> None:
+    """Share ``num_features`` among ``units`` in proportion to their widths and redraw each."""
+    widths = _new_widths([unit for unit, _, _ in units], num_features)
+    for (unit, owner, inputs), width in zip(units, widths):
+        _redraw(unit, width, owner, inputs)
+
+
+def _resize_product(product: Kernel, width: int, inputs: Tensor | None) -> None:
+    """A product at width ``width``: its factors scaled by the same ratio, then its own draws.
+
+    A TensorSRHT or spectral product has width F and factors built at F by :func:`rfgp.sketch`, so
+    each factor is scaled by width/F; a Kronecker product's width is the product of its factors'
+    widths, so its k resized factors are each scaled by (width/F)^(1/k) (exact factors keep theirs).
+    """
+    factors = _factor_units(product, inputs)
+    ratio = width / product.num_features
+    if isinstance(product, FeatureProductKernel):
+        ratio **= 1 / sum(bool(units) for units in factors)
+    for units in factors:
+        if units:
+            _resize_units(units, round(ratio * sum(_width(u) for u, _, _ in units)))
+    if isinstance(product, SketchedProductKernel):
+        sketch = product.sketch
+        sketch.num_features = width
+        sketch.input_dim = max(kernel_num_features(kernel) for kernel in product.kernels)
+        sketch._materialize()
+    elif isinstance(product, SpectralProductKernel):
+        product.num_frequencies = width // 2
+        if product.input_dims is not None:
+            product._materialize(product.input_dims)
 
 
 def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Tensor | None) -> None:
     if isinstance(feature_map, NystromKernel):
         feature_map.reselect_landmarks(width, inputs)
+    elif isinstance(feature_map, _PRODUCTS):
+        _resize_product(feature_map, width, inputs)
     elif isinstance(feature_map, OperatorValuedFourierFeatures):
         feature_map.num_features = width
         _redraw(feature_map.fourier, width // feature_map.factor_width, None, None)
     elif isinstance(feature_map, _MaclaurinFeatures):
         _redraw_maclaurin(feature_map, width, owner, inputs)
+    elif isinstance(feature_map, WeightedFourierFeatures):
+        feature_map.num_features = width
+        if feature_map.input_dim is not None:
+            if isinstance(owner, SpectralFeatureKernel):
+                owner._centre_proposal()  # as a fresh kernel draws: proposal at the current hyperparameters
+            feature_map._materialize()
     elif isinstance(feature_map, _REDRAWN):
         feature_map.num_features = width
         if feature_map.input_dim is not None:
@@ -163,8 +244,10 @@ def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Te
     else:
         raise TypeError(
             f"set_num_features has no width rule for {type(feature_map).__name__}; known maps: "
-            "RandomFourierFeatures, SphericalRandomFeatures, PolynomialSketch, GaussianSketch(HD), "
-            "OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, CategoricalFeatures, NystromKernel"
+            "RandomFourierFeatures, WeightedFourierFeatures, SphericalRandomFeatures, PolynomialSketch, "
+            "GaussianSketch(HD), OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, "
+            "CategoricalFeatures, and the kernels NystromKernel, SketchedProductKernel, SpectralProductKernel, "
+            "FeatureProductKernel"
         )
 
 

@@ -113,3 +113,10 @@ def test_mixed_single_task_gp_converts_fits_and_predicts_like_the_exact_model():
     acquisition = qLogNoisyExpectedImprovement(model, X_baseline=train_x)
     values = acquisition(test_x[:4].unsqueeze(1))
     assert values.shape == (4,) and torch.isfinite(values).all()
+
+
+def test_sketching_the_model_instead_of_its_kernel_says_to_convert_covar_module():
+    train_x, train_y = mixed_data(10, torch.Generator().manual_seed(0))
+    model = MixedSingleTaskGP(train_x, train_y, cat_dims=[2])
+    with pytest.raises(TypeError, match=r"kernel must be .*got MixedSingleTaskGP.*model\.covar_module = rfgp\.sketch"):
+        rfgp.sketch(model, num_features=256)

@@ -135,6 +135,17 @@ def test_unsupported_kernels_raise_type_error_naming_them():
         rfgp.sketch(ScaleKernel(AdditiveKernel(RBFKernel(), _Unsupported())), num_features=8)
 
 
+def test_a_model_instead_of_a_kernel_is_refused_naming_its_covar_module():
+    x, y = torch.rand(5, 2), torch.rand(5)
+    model = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), ScaleKernel(RBFKernel()))
+    with pytest.raises(TypeError, match=r"kernel must be a gpytorch.kernels.Kernel.*got ExactGPModel.*"
+                                        r"model.covar_module = rfgp.sketch\(model.covar_module"):
+        rfgp.sketch(model, num_features=64)
+    for thing in (None, torch.rand(3, 3), "RBFKernel"):
+        with pytest.raises(TypeError, match=f"kernel must be .*got {type(thing).__name__}$"):
+            rfgp.sketch(thing, num_features=64)
+
+
 def test_bad_method_and_num_features_named():
     with pytest.raises(ValueError, match="method must be one of"):
         rfgp.sketch(RBFKernel(), num_features=8, method="magic")
