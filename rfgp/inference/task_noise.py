@@ -28,6 +28,8 @@ formulas above hold for the observed entries alone, with log|D_N ⊗ Σ_T| repla
 
 from __future__ import annotations
 
+import math
+
 import torch
 from linear_operator.operators import (
     ConstantDiagLinearOperator,
@@ -40,6 +42,8 @@ from linear_operator.operators import (
 from linear_operator.utils.memoize import cached
 from torch import Tensor
 
+from . import distributed
+from .kernel_space import prefers_kernel_space
 from .operators import FeatureRootLinearOperator
 
 
@@ -141,6 +145,18 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
             features = features[..., observed, :]
         unit = torch.ones(*features.shape[:-2], 1, dtype=features.dtype, device=features.device)
         return FeatureRootLinearOperator(features) + ConstantDiagLinearOperator(unit, diag_shape=features.shape[-2])
+
+    def uses_kernel_space(self) -> bool:
+        """Whether the whitened Φ̃Φ̃ᵀ + I is solved as an N·T × N·T matrix rather than through the F × F capacitance.
+
+        :meth:`FeatureRootAddedDiagLinearOperator.uses_kernel_space` of :meth:`whitened_operator`, from the shapes
+        alone (no whitening): Φ̃ has one member per batch member of this operator, and the unit noise is uniform.
+        """
+        if distributed.is_active():
+            return False
+        num_rows, num_features = self.feature_operator.root.shape[-2:]
+        batch = math.prod(self.batch_shape)
+        return prefers_kernel_space(num_rows, num_features, batch, batch, batch)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         rhs = inv_quad_rhs
