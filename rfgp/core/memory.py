@@ -93,7 +93,7 @@ def check_solve(num_rows: int, num_features: int, batch: int, dtype: torch.dtype
     num_bytes = 2 * batch * size * size * torch.empty((), dtype=dtype).element_size()  # matrix and its Cholesky
     check_allocation(
         num_bytes,
-        f"the feature-space solve with N={num_rows} points, num_features={num_features}, batch={batch} "
+        f"the feature-space solve with N={num_rows} training rows, num_features={num_features}, batch={batch} "
         f"({size} × {size} {dtype} matrix and its Cholesky factor)",
         device,
         "reduce num_features" if size == num_features else "reduce the number of training points (rows N)",
