@@ -14,10 +14,18 @@ in ``DefaultPredictionStrategy``, i.e. dense N·p × N·p algebra);
 
     θ | y ~ N(A⁻¹RᵀD⁻¹(y − μ), A⁻¹),     f(x*) = R(x*)θ,
 
-so the posterior mean costs O(N·p·F + F³) and the covariance is the root R(x*)L⁻ᵀ (LLᵀ = A).
+so the posterior mean costs O(N·p·F² + F³) and the covariance is the root R(x*)L⁻ᵀ (LLᵀ = A).  When the
+N·p × N·p matrix RRᵀ + D is cheaper (N·p ≲ F, the marginal likelihood's flop rule of
+:func:`~rfgp.inference.kernel_space.prefers_kernel_space`; ``uses_kernel_space`` says which), the same
+E[θ | y] = Rᵀ(RRᵀ + D)⁻¹(y − μ) and covariance R*R*ᵀ − (R*Wᵀ)(R*Wᵀ)ᵀ (W = L⁻¹R, LLᵀ = RRᵀ + D) come from
+its Cholesky factor in O((N·p)²F + (N·p)³), with no F × F matrix (whitened R̃, r̃ and D = I under correlated
+noise; missing entries' rows dropped).  Either square matrix is checked against the available memory first
+(:func:`rfgp.core.memory.check_solve`).
 """
 
 from __future__ import annotations
+
+import math
 
 import gpytorch
 import torch
@@ -26,11 +34,12 @@ from linear_operator.operators import ConstantMulLinearOperator, ZeroLinearOpera
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ..core.memory import check_solve
 from ..core.validation import check_noise
 from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
-from .posterior_covariance import LowRankPosteriorCovariance
-from .prediction import FeatureSpacePredictionStrategy, observed_residual
+from .posterior_covariance import feature_posterior_covariance
+from .prediction import FeatureSpacePredictionStrategy, kernel_space_caches, observed_residual
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
@@ -68,6 +77,30 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
                 f"noisy covariance of type {type(self.lik_train_train_covar).__name__}"
             )
 
+    @property
+    def uses_kernel_space(self) -> bool:
+        """Whether the posterior caches come from the N·T × N·T matrix ΦΦᵀ + D (whitened: Φ̃Φ̃ᵀ + I).
+
+        The marginal likelihood's choice (:func:`rfgp.inference.kernel_space.prefers_kernel_space` on the N·T
+        training rows and F features, batches counted): O((NT)²F + (NT)³) instead of O(NT·F² + F³).
+        """
+        return self.lik_train_train_covar.uses_kernel_space()
+
+    def _training_system(self, nan_policy: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """(R, the noise diagonal d ``(..., N·T)`` or ``(..., 1)``, y − μ, the observed mask), interleaved.
+
+        With correlated task noise R and y − μ are whitened (d = 1, module docstring); a missing entry's
+        whitened row is 0 (task_noise docstring).
+        """
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+        features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
+        noisy = self.lik_train_train_covar
+        if isinstance(noisy, FeatureRootAddedTaskNoiseLinearOperator):  # whitened: Φ̃ = WΦ, r̃ = Wr, D = I
+            features = noisy.whiten(features, observed)
+            residual = noisy.whiten(residual.unsqueeze(-1), observed).squeeze(-1)
+            return features, features.new_ones(*features.shape[:-2], 1), residual, observed
+        return features, check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)), residual, observed
+
     @cached(name="mean_covar_cache")
     def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
         """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R).
@@ -75,24 +108,23 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         Under ``observation_nan_policy("mask")``/``("fill")`` a NaN target (one task at one input, in
         GPyTorch's interleaved order) gets weight 0: A and RᵀD⁻¹r are those of the observed entries.
         """
-        # both flattened in interleaved order
-        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
-        features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
-        noisy = self.lik_train_train_covar
-        if isinstance(noisy, FeatureRootAddedTaskNoiseLinearOperator):  # whitened: Φ̃ = WΦ, r̃ = Wr, D = I
-            # missing entries: zero rows, each point whitened by its observed block of Σ_T (task_noise docstring)
-            features = noisy.whiten(features, observed)
-            residual = noisy.whiten(residual.unsqueeze(-1), observed).squeeze(-1)
-            weights = torch.ones_like(residual[..., :1])
-        else:
-            weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
-            if observed is not None:
-                weights = weights * observed.to(weights.dtype)
+        features, noise, residual, observed = self._training_system(nan_policy)
+        weights = noise.reciprocal()
+        if observed is not None and weights.shape[-1] != 1:
+            weights = weights * observed.to(weights.dtype)
+        num_rows, num_features = features.shape[-2:]
+        batch = math.prod(torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1]))
+        check_solve(num_rows, num_features, batch, features.dtype, features.device, size=num_features)
         capacitance = weighted_gram(features, weights)
         eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
         chol = psd_safe_cholesky(capacitance + eye)
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
         return torch.cholesky_solve(rhs, chol), chol
+
+    @cached(name="kernel_space_cache")
+    def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
+        """(E[θ | y] = Rᵀ(RRᵀ + D)⁻¹(y − μ) of shape (..., F, 1), W = L⁻¹R with LLᵀ = RRᵀ + D), observed rows only."""
+        return kernel_space_caches(*self._training_system(nan_policy))
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         features = scaled_root(test_test_covar)
@@ -100,11 +132,13 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             raise TypeError(
                 f"expected a low-rank feature operator for the test covariance, got {type(test_test_covar).__name__}"
             )
-        weight_mean, chol = self.mean_covar_cache
+        kernel_space = self.uses_kernel_space
+        weight_mean, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
         mean = (features @ weight_mean).squeeze(-1) + test_mean
         if gpytorch.settings.skip_posterior_variances.on():
-            return mean, ZeroLinearOperator(*features.shape[:-1], features.shape[-2], dtype=mean.dtype, device=mean.device)
-        return mean, LowRankPosteriorCovariance(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
+            shape = (*features.shape[:-1], features.shape[-2])
+            return mean, ZeroLinearOperator(*shape, dtype=mean.dtype, device=mean.device)
+        return mean, feature_posterior_covariance(features, factor, kernel_space)
 
 
 def kernel_num_outputs(kernel, x: Tensor) -> int:

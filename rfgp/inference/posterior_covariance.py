@@ -31,6 +31,7 @@ from linear_operator.operators import (
     LowRankRootAddedDiagLinearOperator,
     LowRankRootLinearOperator,
     MatmulLinearOperator,
+    RootLinearOperator,
 )
 from torch import Tensor
 
@@ -106,6 +107,20 @@ class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
         root = root.expand(*self.batch_shape, *root.shape[-2:])
         diag = self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
         return _low_rank_samples(root, num_samples, diag)
+
+
+def feature_posterior_covariance(features: Tensor, factor: Tensor, kernel_space: bool) -> LinearOperator:
+    """Σ* = Φ*A⁻¹Φ*ᵀ at test features Φ* ``(..., n, F)`` from a prediction strategy's factor.
+
+    Feature space (``factor`` = chol(A), F × F): the root Φ*L⁻ᵀ, a :class:`LowRankPosteriorCovariance`.
+    Kernel space (``factor`` = W = L⁻¹Φ, N × F with LLᵀ = ΦΦᵀ + D, :mod:`rfgp.inference.kernel_space`):
+    Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ, two roots of widths F and N, with no F × F matrix.
+    """
+    if kernel_space:
+        batch = torch.broadcast_shapes(features.shape[:-2], factor.shape[:-2])
+        features = features.expand(*batch, *features.shape[-2:])
+        return RootLinearOperator(features) - RootLinearOperator(features @ factor.mT)
+    return LowRankPosteriorCovariance(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
 
 
 def _low_rank_samples(root: Tensor, num_samples: int, diag: Tensor | None = None) -> Tensor:

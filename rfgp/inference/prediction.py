@@ -33,6 +33,8 @@ policies give the same mean as GPyTorch's.  Under the default "ignore" a NaN tar
 
 from __future__ import annotations
 
+import math
+
 import gpytorch
 import torch
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
@@ -41,17 +43,17 @@ from linear_operator.operators import (
     ConstantMulLinearOperator,
     DiagLinearOperator,
     MatmulLinearOperator,
-    RootLinearOperator,
     ZeroLinearOperator,
 )
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets
 from . import distributed
 from .kernel_space import kernel_space_posterior_caches
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
-from .posterior_covariance import LowRankPosteriorCovariance
+from .posterior_covariance import feature_posterior_covariance
 
 
 class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
@@ -69,12 +71,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         mean = (features @ mean_cache).squeeze(-1) + test_mean
         if gpytorch.settings.skip_posterior_variances.on():
             return mean, ZeroLinearOperator(*mean.shape, mean.shape[-1], dtype=mean.dtype, device=mean.device)
-        if kernel_space:  # Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ, W = L⁻¹Φ
-            features = features.expand(*torch.broadcast_shapes(features.shape[:-2], factor.shape[:-2]),
-                                       *features.shape[-2:])
-            covar = RootLinearOperator(features) - RootLinearOperator(features @ factor.mT)
-        else:
-            covar = LowRankPosteriorCovariance(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
+        covar = feature_posterior_covariance(features, factor, kernel_space)
         if correction is not None:
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar
@@ -104,14 +101,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         train_covar = self.lik_train_train_covar
         features = train_covar._linear_op.root.to_dense()
         noise = check_noise(train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
-        if observed is not None:  # the N_o × N_o system of the observed points: rows of Φ, D and y − μ dropped
-            features, noise, residual = features[..., observed, :], noise[..., observed], residual[..., observed]
-        operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1])
-        columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
-        mean_cache, root = kernel_space_posterior_caches(features, noise, columns)
-        if target_batch:
-            mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
-        return mean_cache, root
+        return kernel_space_caches(features, noise, residual, observed)
 
     @property
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
@@ -178,6 +168,29 @@ def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str) -> tu
         return residual, None
     check_targets(labels[..., observed], "the training targets y at the points without NaN")
     return torch.where(observed, residual, torch.zeros((), dtype=residual.dtype, device=residual.device)), observed
+
+
+def kernel_space_caches(features: Tensor, noise: Tensor, residual: Tensor,
+                        observed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(Φᵀ(ΦΦᵀ + D)⁻¹r, W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D) over the observed rows, the kernel-space prediction caches.
+
+    Args:
+        features: Φ ``(..., N, F)``.
+        noise: the diagonal of D, ``(..., N)``, or ``(..., 1)`` for a constant one.
+        residual: y − μ ``(*extra, ..., N)`` (target-only batch dimensions ``extra``, as for fantasies).
+        observed: optional boolean mask ``(N,)``: the N_o × N_o system of these rows (of Φ, D and r).
+    """
+    if observed is not None:
+        features, residual = features[..., observed, :], residual[..., observed]
+        noise = noise if noise.shape[-1] == 1 else noise[..., observed]
+    operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1])
+    num_rows, num_features = features.shape[-2:]
+    check_solve(num_rows, num_features, math.prod(operator_batch), features.dtype, features.device, size=num_rows)
+    columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
+    mean_cache, root = kernel_space_posterior_caches(features, noise, columns)
+    if target_batch:
+        mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
+    return mean_cache, root
 
 
 def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tensor, torch.Size]:

@@ -18,15 +18,17 @@ dense O((N·T)³).  The posterior of :class:`~rfgp.inference.multioutput.Multita
 uses the same whitened Φ̃ and r̃.
 
 Missing targets (``gpytorch.settings.observation_nan_policy("mask" | "fill")``): the noise of point i's
-observed tasks Oᵢ is dᵢ·Σ_T[Oᵢ, Oᵢ].  Its Cholesky factor is the Oᵢ block of Cᵢ = chol(Σ̃ᵢ) with
+observed tasks Oᵢ (#Oᵢ of them) is dᵢ·Σ_T[Oᵢ, Oᵢ].  Its Cholesky factor is the Oᵢ block of Cᵢ = chol(Σ̃ᵢ) with
 Σ̃ᵢ = Σ_T ∘ oᵢoᵢᵀ + diag(1 − oᵢ) (oᵢ the 0/1 indicator of Oᵢ): Σ̃ᵢ couples no observed task to a missing
 one, so neither does Cᵢ, and its missing diagonal is 1.  Whitening point i's rows, zeroed at the missing
 tasks, by Cᵢ⁻¹ gives zero rows there, which add nothing to Φ̃ᵀΦ̃, r̃ or log|Φ̃Φ̃ᵀ + I|; so the whitened
 formulas above hold for the observed entries alone, with log|D_N ⊗ Σ_T| replaced by
-Σᵢ (|Oᵢ|·log dᵢ + 2·Σ log diag Cᵢ).  The N factors cost O(N·T³), the whitening O(N·T²·F) as before.
+Σᵢ (#Oᵢ·log dᵢ + 2·Σ log diag Cᵢ).  The N factors cost O(N·T³), the whitening O(N·T²·F) as before.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from linear_operator.operators import (
@@ -40,6 +42,8 @@ from linear_operator.operators import (
 from linear_operator.utils.memoize import cached
 from torch import Tensor
 
+from . import distributed
+from .kernel_space import prefers_kernel_space
 from .operators import FeatureRootLinearOperator
 
 
@@ -123,7 +127,7 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
         return whitened.flatten(-3, -2)
 
     def noise_logdet(self, observed: Tensor | None = None) -> Tensor:
-        """log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ; with a mask, Σᵢ (|Oᵢ|·log dᵢ + 2·Σ log diag Cᵢ)."""
+        """log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ; with a mask, Σᵢ (#Oᵢ·log dᵢ + 2·Σ log diag Cᵢ)."""
         point_noise, chol = self._factors()
         num_points, num_tasks = point_noise.shape[-1], chol.shape[-1]
         if observed is not None:
@@ -141,6 +145,18 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
             features = features[..., observed, :]
         unit = torch.ones(*features.shape[:-2], 1, dtype=features.dtype, device=features.device)
         return FeatureRootLinearOperator(features) + ConstantDiagLinearOperator(unit, diag_shape=features.shape[-2])
+
+    def uses_kernel_space(self) -> bool:
+        """Whether the whitened Φ̃Φ̃ᵀ + I is solved as an N·T × N·T matrix rather than through the F × F capacitance.
+
+        :meth:`FeatureRootAddedDiagLinearOperator.uses_kernel_space` of :meth:`whitened_operator`, from the shapes
+        alone (no whitening): Φ̃ has one member per batch member of this operator, and the unit noise is uniform.
+        """
+        if distributed.is_active():
+            return False
+        num_rows, num_features = self.feature_operator.root.shape[-2:]
+        batch = math.prod(self.batch_shape)
+        return prefers_kernel_space(num_rows, num_features, batch, batch, batch)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         rhs = inv_quad_rhs
