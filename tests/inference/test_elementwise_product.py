@@ -12,6 +12,8 @@ import rfgp
 from rfgp.inference.operators import FeatureRootLinearOperator
 from rfgp.kernels import NystromKernel, SketchedRBFKernel
 
+from .._dense import DenseKernel
+
 F64 = torch.float64
 NUM_TASKS = 3
 
@@ -30,18 +32,6 @@ class HadamardGP(gpytorch.models.ExactGP):
         covar_x, covar_i = self.covar_module(x), self.task_covar_module(i)
         covar = covar_i.mul(covar_x) if self.task_first else covar_x.mul(covar_i)
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), covar)
-
-
-class _Dense(gpytorch.kernels.Kernel):
-    """The dense matrix of another kernel: GPyTorch's generic product and exact GP on the same covariance."""
-
-    def __init__(self, kernel):
-        super().__init__()
-        self.kernel = kernel
-
-    def forward(self, x1, x2, diag=False, **params):
-        covar = self.kernel(x1, x2).to_dense()
-        return covar.diagonal(dim1=-2, dim2=-1) if diag else covar
 
 
 def _data(points_per_task, seed=0):
@@ -88,7 +78,7 @@ def test_hadamard_model_keeps_a_feature_root_and_equals_the_dense_product(points
     assert noisy.uses_kernel_space() == (num_features * NUM_TASKS > y.shape[0])
 
     value, grads = _mll_and_grads(model, likelihood, x, i, y)
-    reference, reference_likelihood = _model(x, i, y, _Dense(kernel), task_first)
+    reference, reference_likelihood = _model(x, i, y, DenseKernel(kernel), task_first)
     reference.load_state_dict(model.state_dict(), strict=False)
     with gpytorch.settings.max_cholesky_size(10**6):
         expected, expected_grads = _mll_and_grads(reference, reference_likelihood, x, i, y)

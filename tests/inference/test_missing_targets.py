@@ -16,6 +16,8 @@ from rfgp.kernels import NystromKernel, SketchedCurlFreeKernel, SketchedPolynomi
 from rfgp.models.multioutput import MultiOutputGPModel
 from rfgp.models.regression import ExactGPModel
 
+from .._dense import DenseKernel
+
 F64 = torch.float64
 NUM_FEATURES = 64
 KERNEL_SPACE, FEATURE_SPACE = 40, 300  # N ≤ F: N × N algebra; N ≫ F: F × F capacitance
@@ -30,18 +32,6 @@ class _GP(gpytorch.models.ExactGP):
 
     def forward(self, x):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
-class _DenseKernel(gpytorch.kernels.Kernel):
-    """The dense ΦΦᵀ of an rfgp kernel: GPyTorch's exact GP (DefaultPredictionStrategy) on the same covariance."""
-
-    def __init__(self, kernel):
-        super().__init__()
-        self.kernel = kernel
-
-    def forward(self, x1, x2, diag=False, **params):
-        covar = self.kernel(x1, x2).to_dense()
-        return covar.diagonal(dim1=-2, dim2=-1) if diag else covar
 
 
 def _data(n, batch=(), seed=0):
@@ -120,7 +110,7 @@ def test_posterior_mean_is_gpytorchs_exact_one(num_data, policy):
     x, y, x_test = _data(num_data)
     y = _with_nan(y, [0, 3, 17])
     model, _ = _model(x, y)
-    exact, _ = _model(x, y, _DenseKernel(model.covar_module))
+    exact, _ = _model(x, y, DenseKernel(model.covar_module))
     torch.testing.assert_close(_posterior(model, x_test, policy)[0], _posterior(exact, x_test, policy)[0], **TOL)
 
 
@@ -142,7 +132,7 @@ def test_masked_mll_and_gradients_equal_the_subsets(num_data):
         assert ref_grads[name].abs().max() > 0, name
         torch.testing.assert_close(grads[name], ref_grads[name], **TOL, msg=name)
     # and the same as GPyTorch's exact GP with the dense ΦΦᵀ (dense Cholesky on the masked matrix)
-    exact, exact_likelihood = _model(x, _with_nan(y, missing), _DenseKernel(model.covar_module))
+    exact, exact_likelihood = _model(x, _with_nan(y, missing), DenseKernel(model.covar_module))
     exact_value, _ = _mll_and_grads(exact, exact_likelihood, x, _with_nan(y, missing), "mask")
     torch.testing.assert_close(exact_value, value, rtol=1e-9, atol=1e-9)
 
