@@ -76,6 +76,22 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar
 
+    def get_fantasy_strategy(self, inputs, targets, full_inputs, full_targets, full_output, **kwargs):
+        """The strategy of the training data with the fantasies appended (``get_fantasy_model``, BoTorch's
+        ``condition_on_observations`` and ``fantasize``).
+
+        Recomputed from the full data, as GPyTorch's ``LinearPredictionStrategy`` does, but without building
+        its F × F caches eagerly: the new strategy builds those of the cheaper algebra (:attr:`uses_kernel_space`)
+        at its first prediction — at N + m ≪ F, the (N + m) × (N + m) ones (qJointEntropySearch conditions on
+        a batch of optima: N = 40, F = 4096 took 8.4 s for the F × F Cholesky factors).
+        """
+        return self.__class__(
+            train_inputs=full_inputs,
+            train_prior_dist=self.train_prior_dist.__class__(full_output.mean, full_output.lazy_covariance_matrix),
+            train_labels=full_targets,
+            likelihood=self.likelihood.get_fantasy_likelihood(**kwargs),
+        )
+
     @property
     def uses_kernel_space(self) -> bool:
         """Whether the posterior caches come from the N × N matrix ΦΦᵀ + D (:mod:`rfgp.inference.kernel_space`).

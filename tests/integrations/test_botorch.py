@@ -22,6 +22,7 @@ from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood  # noqa: E402
 
 import rfgp  # noqa: E402
+from rfgp.inference.prediction import FeatureSpacePredictionStrategy  # noqa: E402
 from rfgp.kernels import SketchedRBFKernel  # noqa: E402
 
 D = 3
@@ -140,6 +141,32 @@ def test_condition_on_observations_equals_refit_with_the_same_hyperparameters():
         expected, actual = full.posterior(xs), conditioned.posterior(xs)
     torch.testing.assert_close(actual.mean, expected.mean, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(actual.variance, expected.variance, rtol=1e-8, atol=1e-10)
+
+
+def test_conditioning_a_small_model_with_wide_features_stays_in_kernel_space(monkeypatch):
+    """N + m ≪ F (qJointEntropySearch's conditioning on a batch of optima): the conditioned model builds only the
+    (N + m) × (N + m) caches, never GPyTorch's eager F × F ones, and predicts as the F × F caches do."""
+    x, y = data(30)
+    model = sketched_model(x[:24], y[:24], num_features=1024, outcome_transform=None).eval()
+    model.posterior(x[:1])
+    points = x[24:].unsqueeze(0).expand(3, 6, D)  # a batch of 3 conditionings, as JES makes
+    targets = y[24:].unsqueeze(0).expand(3, 6, 1) + torch.arange(3, dtype=torch.float64).view(3, 1, 1)
+    conditioned = model.condition_on_observations(points, targets)
+    xs = 2 * torch.rand(3, 5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        actual = conditioned.posterior(xs)
+    strategy = conditioned.prediction_strategy
+    def cached(name):  # GPyTorch's memoize keys: (name, args, kwargs)
+        return any(key[0] == name for key in strategy._memoize_cache)
+
+    assert strategy.uses_kernel_space and cached("kernel_space_cache") and not cached("mean_covar_cache")
+    strategy._memoize_cache.clear()
+    monkeypatch.setattr(FeatureSpacePredictionStrategy, "uses_kernel_space", property(lambda self: False))
+    with torch.no_grad():
+        expected = conditioned.posterior(xs)
+    assert cached("mean_covar_cache")
+    torch.testing.assert_close(actual.mean, expected.mean, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(actual.variance, expected.variance, rtol=1e-7, atol=1e-9)
 
 
 def test_fantasy_batches_equal_one_conditioning_per_fantasy():
