@@ -83,18 +83,20 @@ def check_draws(feature_map, input_dim: int, device) -> None:
 
 
 def check_solve(num_rows: int, num_features: int, batch: int, dtype: torch.dtype, device,
-                size: int | None = None) -> None:
+                size: int | None = None, advice: str | None = None) -> None:
     """Guard the square matrix of a feature-space solve (capacitance I + ΦᵀD⁻¹Φ or dense N × N) and its factor.
 
     ``size`` is the side of the matrix the solve forms: F for the capacitance, N for the kernel-space
-    matrix; by default min(N, F), the cheaper of the two.
+    matrix; by default min(N, F), the cheaper of the two.  ``advice`` replaces the default advice.
     """
     size = min(num_rows, num_features) if size is None else size
     num_bytes = 2 * batch * size * size * torch.empty((), dtype=dtype).element_size()  # matrix and its Cholesky
+    if advice is None:
+        advice = "reduce num_features" if size == num_features else "reduce the number of training points (rows N)"
     check_allocation(
         num_bytes,
         f"the feature-space solve with N={num_rows} training rows, num_features={num_features}, batch={batch} "
         f"({size} × {size} {dtype} matrix and its Cholesky factor)",
         device,
-        "reduce num_features" if size == num_features else "reduce the number of training points (rows N)",
+        advice,
     )

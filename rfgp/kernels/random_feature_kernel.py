@@ -132,6 +132,12 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             check_unchunked_memory(self, num_rows, outputs, featurizer.num_features, batch, x1.dtype)
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
+            if same and not diag and num_rows < featurizer.num_features:
+                # chunked statistics are F × F, never the N × N kernel space that N < F would take
+                check_solve(num_rows, featurizer.num_features, batch, x1.dtype, x1.device, size=featurizer.num_features,
+                            advice=f"with N < F the N × N kernel-space path needs Φ whole: raise "
+                                   f"rfgp.settings.memory_budget above {memory_budget.value()} bytes, or reduce "
+                                   "num_features")
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
         if not (same or diag or torch.is_grad_enabled()) and outputs == 1:
             # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space

@@ -216,3 +216,15 @@ def test_create_graph_gradients_and_hessian_match_unchunked(kernel):
     expected_gradient, expected_hessian = gradient_and_hessian(None)
     torch.testing.assert_close(gradient, expected_gradient, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(hessian, expected_hessian, rtol=1e-7, atol=1e-9)
+
+
+def test_chunking_with_fewer_points_than_features_refuses_an_f_by_f_solve_that_cannot_fit(monkeypatch):
+    """Chunked statistics are F × F; with N < F the unchunked kernel space would need only N × N: when the F × F
+    matrix cannot be allocated the error says to raise the budget (was torch's raw allocator error)."""
+    x = torch.rand(30, 2, dtype=torch.float64)
+    kernel = SketchedRBFKernel(4096, seed=0)
+    monkeypatch.setattr(rfgp.core.memory, "available_bytes", lambda device: 2**27)  # 128 MiB: F × F is 256 MiB
+    with rfgp.settings.memory_budget(2**20), pytest.raises(ValueError, match="raise rfgp.settings.memory_budget"):
+        kernel(x).evaluate_kernel()
+    with rfgp.settings.memory_budget(2**30):  # unchunked: the N × N kernel-space path
+        assert isinstance(kernel(x).evaluate_kernel(), FeatureRootLinearOperator)
