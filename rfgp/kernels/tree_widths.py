@@ -206,7 +206,7 @@ class TreeBuilder:
 
 def _with_exact_factor_paths(product: Kernel, paths: list[str]) -> Kernel:
     """Record where the exact tree's factor i went (``paths[i]``) when the order changed, with the loading hook."""
-    if paths != [f"kernels.{i}" for i in range(len(paths))] and paths != [""]:
+    if paths != [f"kernels.{i}" for i in range(len(paths))]:  # [""]: a one-factor product became its factor
         product.exact_factor_paths = tuple(paths)
         product.register_load_state_dict_pre_hook(functools.partial(load_exact_factor_keys, tuple(paths)))
     return product

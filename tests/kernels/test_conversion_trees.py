@@ -445,6 +445,7 @@ _STATE_TREES = {
         ProductKernel(AdditiveKernel(RBFKernel(), LinearKernel(ard_num_dims=2)), RQKernel())),
     "multitask": lambda: gpytorch.kernels.MultitaskKernel(ScaleKernel(MaternKernel(nu=1.5)), num_tasks=2, rank=1),
     "spectral_mixture": lambda: gpytorch.kernels.SpectralMixtureKernel(num_mixtures=2, ard_num_dims=2),
+    "one_factor_product": lambda: ProductKernel(ScaleKernel(RBFKernel(ard_num_dims=2))),  # becomes its factor
     # the spectral factors are convolved into one SpectralProductKernel (kernels.0.kernels.i)
     "grouped_spectral_product_with_index": lambda: ProductKernel(
         RBFKernel(active_dims=[0]), MaternKernel(nu=2.5, active_dims=[0]), IndexKernel(3, rank=1, active_dims=[1])),
