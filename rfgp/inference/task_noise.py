@@ -98,8 +98,10 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
             )
         return point_noise.diagonal(dim1=-1, dim2=-2), chol
 
+    @cached(name="task_noise_point_factors")
     def _point_factors(self, observed: Tensor) -> Tensor:
-        """Cᵢ = chol(Σ_T ∘ oᵢoᵢᵀ + diag(1 − oᵢ)) ``(..., N, T, T)`` for the interleaved mask ``(N·T,)``."""
+        """Cᵢ = chol(Σ_T ∘ oᵢoᵢᵀ + diag(1 − oᵢ)) ``(..., N, T, T)`` for the interleaved mask ``(N·T,)`` (once per
+        operator and mask: the features, the targets and the log-determinant all use them)."""
         _, chol = self._factors()
         indicator = observed.unflatten(-1, (-1, chol.shape[-1])).to(chol.dtype)  # (N, T)
         covariance = (chol @ chol.mT).unsqueeze(-3) * (indicator.unsqueeze(-1) * indicator.unsqueeze(-2))
@@ -160,11 +162,21 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         rhs = inv_quad_rhs
+        if rhs is not None and rhs.dim() == 1:
+            rhs = rhs.unsqueeze(-1)
+        return self.whitened_inv_quad_logdet(rhs, logdet, reduce_inv_quad)
+
+    def whitened_inv_quad_logdet(self, rhs: Tensor | None, logdet: bool, reduce_inv_quad: bool,
+                                 observed: Tensor | None = None):
+        """``inv_quad_logdet`` through Φ̃Φ̃ᵀ + I, for an interleaved ``(..., N·T, k)`` right-hand side; with the mask
+        ``observed``, that of the observed entries (``rhs`` is read there only)."""
         if rhs is not None:
-            rhs = self.whiten(rhs.unsqueeze(-1) if rhs.dim() == 1 else rhs)
-        inv_quad, logdet_term = self.whitened_operator().inv_quad_logdet(rhs, logdet, reduce_inv_quad)
+            rhs = self.whiten(rhs, observed)
+            if observed is not None:
+                rhs = rhs[..., observed, :]
+        inv_quad, logdet_term = self.whitened_operator(observed).inv_quad_logdet(rhs, logdet, reduce_inv_quad)
         if logdet:
-            logdet_term = logdet_term + self.noise_logdet()
+            logdet_term = logdet_term + self.noise_logdet(observed)
         return inv_quad, logdet_term
 
     def select_rows(self, observed: Tensor) -> "ObservedTaskNoiseLinearOperator":
@@ -197,14 +209,11 @@ class ObservedTaskNoiseLinearOperator(MaskedLinearOperator):
         super().__init__(base, row_mask, col_mask)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        full, observed = self.base, self.row_mask
+        observed = self.row_mask
         rhs = inv_quad_rhs
-        if rhs is not None:
+        if rhs is not None:  # the observed entries' values in the full interleaved layout
             rhs = rhs.unsqueeze(-1) if rhs.dim() == 1 else rhs
             scattered = rhs.new_zeros(*rhs.shape[:-2], observed.shape[-1], rhs.shape[-1])
             scattered[..., observed, :] = rhs
-            rhs = full.whiten(scattered, observed)[..., observed, :]
-        inv_quad, logdet_term = full.whitened_operator(observed).inv_quad_logdet(rhs, logdet, reduce_inv_quad)
-        if logdet:
-            logdet_term = logdet_term + full.noise_logdet(observed)
-        return inv_quad, logdet_term
+            rhs = scattered
+        return self.base.whitened_inv_quad_logdet(rhs, logdet, reduce_inv_quad, observed)
