@@ -6,14 +6,15 @@ Bayesian linear model f(x) = μ(x) + Φ(x)ᵀw, w ~ N(0, I), whose posterior is
     w | y ~ N(A⁻¹ΦᵀD⁻¹(y − μ), A⁻¹),        A = I + ΦᵀD⁻¹Φ = LLᵀ        (F × F)
 
 (paper 000 App. D, Eqs. 88–90; Wilson et al. 2020 §3 "weight-space" sampling is exact here,
-because the model's kernel *is* the finite feature map).  A draw w = m + L⁻ᵀz, z ~ N(0, I),
-is a whole function: :class:`PosteriorPaths` evaluates S of them at n points for one
-featurisation and an (n × F)(F × S) product, chunked under :class:`rfgp.settings.memory_budget`,
-so Thompson sampling over 10⁵–10⁶ candidates costs what one prediction costs — against an
-n × n root decomposition of the joint posterior covariance for sampling the posterior directly.
-m and L are the feature-space prediction caches (:class:`rfgp.FeatureSpacePredictionStrategy`,
-computed once from the training feature statistics, chunk by chunk when the training
-operator is chunked).
+because the model's kernel *is* the finite feature map).  A draw w ~ N(m, A⁻¹) is a whole function:
+:class:`PosteriorPaths` evaluates S of them at n points for one featurisation and an (n × F)(F × S)
+product, chunked under :class:`rfgp.settings.memory_budget`, so Thompson sampling over 10⁵–10⁶
+candidates costs what one prediction costs — against an n × n root decomposition of the joint
+posterior covariance for sampling the posterior directly.  The draws come from the model's
+prediction strategy (:meth:`rfgp.FeatureSpacePredictionStrategy.weight_samples`) in its cheaper
+algebra: w = m + L⁻ᵀz from the F × F caches (computed once from the training feature statistics,
+chunk by chunk when the training operator is chunked), or, when N ≲ F, Matheron's rule with the
+N × N factor of ΦΦᵀ + D, so a wide feature map over few points never forms an F × F matrix.
 
 **Bias-corrected variance.** For feature maps whose expected diagonal falls short of the kernel's
 (``has_variance_bias``: truncated Maclaurin, fitted SRF densities, truncated Taylor sketches) the
@@ -117,8 +118,8 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
             optionally inside ``ScaleKernel``), a Gaussian likelihood and its training data; its
             current hyperparameters are used.
         num_paths: S.
-        generator: source of the weight draws (and of the bias-correction noise); its device must be
-            the model's.  ``None``: torch's global generator.
+        generator: source of the weight draws (on any device) and of the bias-correction noise (on the
+            model's device).  ``None``: torch's global generator.
         variance_correction: add the bias correction c(x) as independent per-point noise (see the
             module docstring); ignored for maps without a variance bias.
 
@@ -148,29 +149,24 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
     check_path_kernel(getattr(model, "covar_module", None))
     if model.train_inputs is None:
         raise ValueError("model has no training data (model.train_inputs is None); posterior paths need it")
-    mean_cache, chol = _prediction_caches(model)
-    batch = mean_cache.shape[:-2]
-    noise = torch.randn(num_paths, *batch, mean_cache.shape[-2], 1, generator=generator,
-                        dtype=mean_cache.dtype, device=mean_cache.device)
-    # w = m + L⁻ᵀz has covariance L⁻ᵀL⁻¹ = A⁻¹; detached: paths are functions of x, not of the hyperparameters
-    weights = (mean_cache + torch.linalg.solve_triangular(chol.mT, noise, upper=True)).detach()
+    # detached: paths are functions of x, not of the hyperparameters
+    weights = _prediction_strategy(model).weight_samples(num_paths, generator).detach()
     num_outputs = int(model.covar_module.num_outputs_per_input(model.train_inputs[0], model.train_inputs[0]))
     return PosteriorPaths(model.mean_module, model.covar_module, weights.squeeze(-1), num_outputs,
                           variance_correction, generator)
 
 
-def _prediction_caches(model) -> tuple[Tensor, Tensor]:
-    """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) from the model's feature-space prediction strategy (built if needed)."""
+def _prediction_strategy(model):
+    """The model's eval-mode rfgp prediction strategy (built if needed), which draws the posterior weights."""
     if model.training:
         raise ValueError("call model.eval() first: posterior paths use the eval-mode prediction caches")
     if model.prediction_strategy is None:
         with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
             model(*(x[..., :1, :] for x in model.train_inputs))  # builds the prediction strategy
     strategy = model.prediction_strategy
-    caches = getattr(strategy, "mean_covar_cache", None)
-    if caches is None:
+    if not hasattr(strategy, "weight_samples"):
         raise TypeError(
             f"the model's prediction strategy {type(strategy).__name__} has no feature-space caches; "
             "posterior paths need rfgp's FeatureSpacePredictionStrategy (an rfgp covar_module)"
         )
-    return caches
+    return strategy

@@ -147,10 +147,11 @@ def prior_field_samples(
 def posterior_field_samples(model, num_samples: int, generator: torch.Generator | None = None) -> Field:
     """Draw ``num_samples`` posterior vector fields of a trained multi-output feature GP.
 
-    θ ~ N(E[θ | y], A⁻¹) from the model's :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`
-    cache (built on first use), f(x) = μ(x) + Φ(x)θ.  The model must be an ExactGP whose
-    ``covar_module`` is an rfgp multi-output feature kernel and whose ``forward`` returns
-    ``MultitaskMultivariateNormal(mean_module(x), covar_module(x))`` (e.g.
+    θ ~ N(E[θ | y], A⁻¹) drawn by the model's
+    :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy` in its cheaper algebra (F × F
+    caches, or Matheron's rule with the N·p × N·p factor when N·p ≲ F; built on first use), f(x) = μ(x) + Φ(x)θ.
+    The model must be an ExactGP whose ``covar_module`` is an rfgp multi-output feature kernel and whose
+    ``forward`` returns ``MultitaskMultivariateNormal(mean_module(x), covar_module(x))`` (e.g.
     :class:`~rfgp.models.multioutput.MultiOutputGPModel`).
     """
     num_samples = check_positive_int(num_samples, "num_samples")
@@ -166,10 +167,7 @@ def posterior_field_samples(model, num_samples: int, generator: torch.Generator 
         strategy = model.prediction_strategy
         if not isinstance(strategy, MultitaskFeatureSpacePredictionStrategy):
             raise TypeError(f"expected a MultitaskFeatureSpacePredictionStrategy, got {type(strategy).__name__}")
-        weight_mean, chol = strategy.mean_covar_cache
-        normal = torch.randn(chol.shape[-1], num_samples, generator=generator, dtype=chol.dtype).to(chol.device)
-        # θ = m + L⁻ᵀz has covariance (LLᵀ)⁻¹ = A⁻¹.
-        weights = (weight_mean + torch.linalg.solve_triangular(chol.mT, normal, upper=True)).mT
+        weights = strategy.weight_samples(num_samples, generator).squeeze(-1)  # (S, F), θ ~ N(E[θ | y], A⁻¹)
     num_outputs = kernel_num_outputs(model.covar_module, train_x)
     return _feature_field(model.covar_module, weights, num_outputs, offset=model.mean_module)
 
@@ -190,7 +188,7 @@ def posterior_component_fields(model) -> list[Field]:
     train_x = model.train_inputs[0]
     with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
         model(train_x[..., :1, :])
-        weight_mean = model.prediction_strategy.mean_covar_cache[0].squeeze(-1)
+        weight_mean = model.prediction_strategy.weight_mean.squeeze(-1)
     offsets = torch.tensor([0] + kernel.component_widths(train_x)).cumsum(0).tolist()
 
     def component_field(i: int) -> Field:

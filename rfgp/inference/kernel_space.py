@@ -32,6 +32,7 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ..core.draws import standard_normal
 from .linalg import _sum_to_shape, differentiable_backward, symmetric_gram
 
 
@@ -162,6 +163,34 @@ def kernel_space_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | 
     else:
         inv_quad, logdet_term = _KernelSpaceInvQuadLogdet.apply(features, noise, width_rhs, scale, logdet)
     return (inv_quad if rhs is not None else None), (logdet_term if logdet else None)
+
+
+def kernel_space_weight_samples(mean: Tensor, features: Tensor, noise: Tensor, num_samples: int,
+                                generator: torch.Generator | None = None) -> Tensor:
+    """``(num_samples, ..., F, 1)`` draws of w | y ~ N(m, A⁻¹), A = I + ΦᵀD⁻¹Φ, with no F × F matrix.
+
+    Matheron's rule (Wilson et al. 2020, §3) in weight space, for the Bayesian linear model
+    f = Φw, w ~ N(0, I): a prior draw z ~ N(0, I_F) and noise ε ~ N(0, I_N) give
+
+        w = m + z − Φᵀ(ΦΦᵀ + D)⁻¹(Φz + D^{1/2}ε),
+
+    whose covariance is I − ΦᵀK⁻¹Φ = A⁻¹ (push-through identity, K = ΦΦᵀ + D).  Cost O(N²·F + N³/3) for
+    the factor and O(N·F) per draw.
+
+    Args:
+        mean: m = E[w | y] ``(..., F, 1)`` (e.g. the mean cache of :func:`kernel_space_posterior_caches`).
+        features: Φ ``(..., N, F)`` of the conditioning points.
+        noise: the diagonal of D, ``(..., N)`` or ``(..., 1)``.
+        num_samples: S.
+        generator: source of z and ε (on any device).
+    """
+    chol = kernel_cholesky(features, noise)
+    batch = mean.shape[:-2]
+    prior = standard_normal((*batch, features.shape[-1], num_samples), mean, generator)
+    normal = standard_normal((*batch, features.shape[-2], num_samples), mean, generator)
+    observation = features @ prior + noise.sqrt().unsqueeze(-1) * normal  # a prior draw of Φw + noise
+    draws = mean + prior - features.mT @ torch.cholesky_solve(observation, chol)
+    return draws.movedim(-1, 0).unsqueeze(-1)
 
 
 def kernel_space_posterior_caches(features: Tensor, noise: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:

@@ -39,7 +39,7 @@ from ..core.validation import check_noise
 from .linalg import weighted_gram
 from .operators import FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
-from .prediction import FeatureSpacePredictionStrategy, kernel_space_caches, observed_residual
+from .prediction import FeatureSpacePredictionStrategy, observed_residual
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
@@ -120,11 +120,6 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         chol = psd_safe_cholesky(capacitance + eye)
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
         return torch.cholesky_solve(rhs, chol), chol
-
-    @cached(name="kernel_space_cache")
-    def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
-        """(E[θ | y] = Rᵀ(RRᵀ + D)⁻¹(y − μ) of shape (..., F, 1), W = L⁻¹R with LLᵀ = RRᵀ + D), observed rows only."""
-        return kernel_space_caches(*self._training_system(nan_policy))
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         features = scaled_root(test_test_covar)

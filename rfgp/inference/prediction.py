@@ -48,10 +48,11 @@ from linear_operator.operators import (
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ..core.draws import standard_normal
 from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets
 from . import distributed
-from .kernel_space import kernel_space_posterior_caches
+from .kernel_space import kernel_space_posterior_caches, kernel_space_weight_samples
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 from .posterior_covariance import feature_posterior_covariance
 
@@ -113,11 +114,37 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
     @cached(name="kernel_space_cache")
     def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
+        return kernel_space_caches(*self._training_system(nan_policy))
+
+    def _training_system(self, nan_policy: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """(Φ ``(..., N, F)``, the noise diagonal ``(..., N)``, y − μ, :func:`observed_points`) of K = ΦΦᵀ + D."""
         residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)
         train_covar = self.lik_train_train_covar
         features = train_covar._linear_op.root.to_dense()
         noise = check_noise(train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
-        return kernel_space_caches(features, noise, residual, observed)
+        return features, noise, residual, observed
+
+    @property
+    def weight_mean(self) -> Tensor:
+        """E[w | y] = A⁻¹ΦᵀD⁻¹(y − μ) ``(..., F, 1)`` from the cheaper algebra's cache (:attr:`uses_kernel_space`)."""
+        return (self.kernel_space_cache if self.uses_kernel_space else self.mean_covar_cache)[0]
+
+    def weight_samples(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """``(num_samples, ..., F, 1)`` draws of the posterior weights w | y ~ N(E[w | y], A⁻¹), A = I + ΦᵀD⁻¹Φ.
+
+        Feature space: w = m + L⁻ᵀz with LLᵀ = A (F × F).  Kernel space: Matheron's rule in weight space
+        (:func:`rfgp.inference.kernel_space.kernel_space_weight_samples`), with no F × F matrix — the draws of
+        the two algebras have the same distribution, not the same values for one generator state.
+        """
+        if self.uses_kernel_space:
+            features, noise, _, observed = self._training_system(gpytorch.settings.observation_nan_policy.value())
+            features, noise = observed_rows(features, noise, observed)
+            return kernel_space_weight_samples(self.kernel_space_cache[0], features, noise, num_samples, generator)
+        mean, chol = self.mean_covar_cache
+        # the draws as columns of one triangular solve (a batch of S solves would expand L to S × F × F)
+        normal = standard_normal((num_samples, *mean.shape[:-1]), mean, generator).movedim(0, -1)
+        draws = mean + torch.linalg.solve_triangular(chol.mT, normal, upper=True)  # covariance L⁻ᵀL⁻¹ = A⁻¹
+        return draws.movedim(-1, 0).unsqueeze(-1)
 
     @property
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
@@ -186,6 +213,14 @@ def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str) -> tu
     return torch.where(observed, residual, torch.zeros((), dtype=residual.dtype, device=residual.device)), observed
 
 
+def observed_rows(features: Tensor, noise: Tensor, observed: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The rows of Φ ``(..., N, F)`` and of the noise diagonal (``(..., N)``, or ``(..., 1)`` for a constant one)
+    at the observed points (boolean ``(N,)``; ``None``: all of them)."""
+    if observed is None:
+        return features, noise
+    return features[..., observed, :], noise if noise.shape[-1] == 1 else noise[..., observed]
+
+
 def kernel_space_caches(features: Tensor, noise: Tensor, residual: Tensor,
                         observed: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(Φᵀ(ΦΦᵀ + D)⁻¹r, W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D) over the observed rows, the kernel-space prediction caches.
@@ -196,9 +231,9 @@ def kernel_space_caches(features: Tensor, noise: Tensor, residual: Tensor,
         residual: y − μ ``(*extra, ..., N)`` (target-only batch dimensions ``extra``, as for fantasies).
         observed: optional boolean mask ``(N,)``: the N_o × N_o system of these rows (of Φ, D and r).
     """
+    features, noise = observed_rows(features, noise, observed)
     if observed is not None:
-        features, residual = features[..., observed, :], residual[..., observed]
-        noise = noise if noise.shape[-1] == 1 else noise[..., observed]
+        residual = residual[..., observed]
     operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1])
     num_rows, num_features = features.shape[-2:]
     check_solve(num_rows, num_features, math.prod(operator_batch), features.dtype, features.device, size=num_rows)

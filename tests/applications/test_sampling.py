@@ -7,6 +7,8 @@ import torch
 
 import rfgp
 from rfgp.applications.sampling import posterior_paths
+from rfgp.inference.kernel_space import kernel_space_weight_samples
+from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
 from tests._feature_maps import ShrunkFourierFeatures
@@ -53,14 +55,76 @@ def test_paths_match_posterior_mean_and_covariance(method):
     assert_matches_posterior(gp, xs, values)
 
 
-def test_batched_model_paths():
+@pytest.mark.parametrize("num_features, kernel_space", [(32, False), (256, True)])
+def test_batched_model_paths(num_features, kernel_space):
     batch = torch.Size([2])
-    gp = fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=1, batch_shape=batch), batch=batch)
+    gp = fitted(SketchedRBFKernel(num_features, ard_num_dims=2, seed=1, batch_shape=batch), batch=batch)
     xs = torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         values = posterior_paths(gp, NUM_PATHS, generator=torch.Generator().manual_seed(1))(xs)
+    assert gp.prediction_strategy.uses_kernel_space == kernel_space  # N = 60: F = 256 is cheaper in kernel space
     assert values.shape == (NUM_PATHS, 2, 5)
     assert_matches_posterior(gp, xs, values)
+
+
+def test_wide_features_over_few_points_draw_in_kernel_space_without_an_f_by_f_matrix(monkeypatch):
+    """N = 30, F = 2048: Matheron's rule with the 30 × 30 factor of ΦΦᵀ + D; the F × F caches are never built."""
+    gp = fitted(SketchedRBFKernel(2048, ard_num_dims=2, seed=4), n=30)
+
+    def refuse(self, nan_policy):
+        raise AssertionError("the F × F caches were built")
+
+    monkeypatch.setattr(FeatureSpacePredictionStrategy, "_mean_covar_cache", refuse)
+    xs = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) * 4 - 2
+    paths = posterior_paths(gp, 3000, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        values = paths(xs)
+    assert gp.prediction_strategy.uses_kernel_space and paths.weights.shape == (3000, 2048)
+    assert_matches_posterior(gp, xs, values)
+
+
+def test_many_paths_of_a_wide_feature_space_model_take_one_triangular_solve():
+    """S = 4000 draws at F = 1024 (N = 1500: feature space): the draws are the columns of one solve with L, not a
+    batch of S solves that would broadcast L to S × F × F (32 GiB)."""
+    gp = fitted(SketchedRBFKernel(1024, ard_num_dims=2, seed=6), n=1500)
+    paths = posterior_paths(gp, 4000, generator=torch.Generator().manual_seed(6))
+    strategy = gp.prediction_strategy
+    assert not strategy.uses_kernel_space and paths.weights.shape == (4000, 1024)
+    mean, chol = strategy.mean_covar_cache
+    normal = torch.randn(4000, 1024, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    expected = mean.squeeze(-1) + torch.linalg.solve_triangular(chol.mT, normal.mT, upper=True).mT
+    torch.testing.assert_close(paths.weights, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_kernel_space_weight_draws_have_the_posterior_weight_distribution():
+    """Matheron's rule in weight space: the draws' mean is E[w | y] and their covariance I − ΦᵀK⁻¹Φ = A⁻¹."""
+    gen = torch.Generator().manual_seed(8)
+    features = torch.randn(5, 12, generator=gen, dtype=torch.float64) / 2
+    noise = torch.rand(5, generator=gen, dtype=torch.float64) + 0.1
+    mean = torch.randn(12, 1, generator=gen, dtype=torch.float64)
+    draws = kernel_space_weight_samples(mean, features, noise, 20000, generator=gen).squeeze(-1)
+    capacitance = torch.eye(12, dtype=torch.float64) + features.mT @ (features / noise.unsqueeze(-1))
+    covar = torch.linalg.inv(capacitance)
+    variance = covar.diagonal()
+    assert draws.shape == (20000, 12)
+    assert ((draws.mean(0) - mean.squeeze(-1)).abs() <= 4 * (variance / 20000).sqrt()).all()
+    se = ((variance.unsqueeze(-1) * variance.unsqueeze(-2) + covar.pow(2)) / 20000).sqrt()
+    assert ((torch.cov(draws.mT) - covar).abs() <= 4 * se).all()
+
+
+def test_paths_of_a_model_with_missing_targets_condition_on_the_observed_points():
+    """Under observation_nan_policy("mask") the draws follow the posterior of the points whose target is observed,
+    in either algebra (N = 60: F = 32 feature space, F = 256 kernel space)."""
+    for num_features in (32, 256):
+        gp = fitted(SketchedRBFKernel(num_features, ard_num_dims=2, seed=5))
+        labels = gp.train_targets.clone()
+        labels[::4] = float("nan")
+        xs = torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(9)) * 4 - 2
+        with gpytorch.settings.observation_nan_policy("mask"), torch.no_grad():
+            gp.set_train_data(targets=labels, strict=False)
+            values = posterior_paths(gp, NUM_PATHS, generator=torch.Generator().manual_seed(5))(xs)
+            assert_matches_posterior(gp, xs, values)
+        assert torch.isfinite(values).all()
 
 
 def test_chunked_evaluation_and_chunked_training_operator_agree():

@@ -14,6 +14,7 @@ from rfgp.applications.vector_fields import (
     prior_field_samples,
 )
 from rfgp.datasets import helmholtz_field, igrf_field_at, igrf_magnetic_field
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from rfgp.kernels import CurlFreeRBFKernel, DivFreeRBFKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
 from rfgp.models.multioutput import MultiOutputGPModel
 
@@ -76,7 +77,10 @@ def test_exact_prior_samples_interpolate_and_have_the_kernel_covariance():
     assert ((empirical - target).abs() <= 4 * stderr).all()
 
 
-def test_posterior_samples_and_mean_field():
+@pytest.mark.parametrize("kernel_space", [True, False])
+def test_posterior_samples_and_mean_field(kernel_space, monkeypatch):
+    """In either algebra of the prediction strategy (N·p = 120 rows, F = 128: kernel space is the cheaper)."""
+    monkeypatch.setattr(MultitaskFeatureSpacePredictionStrategy, "uses_kernel_space", property(lambda _: kernel_space))
     data = helmholtz_field(60, input_dim=2, noise=0.02, seed=1)
     kernel = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(128, 2, seed=0))
     likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=0)
