@@ -13,8 +13,9 @@ pathwise Thompson sampling, ``optimize_posterior_samples``, …) work for any mo
 * ``gaussian_update`` for ``(ExactGP, GaussianLikelihood | FixedNoiseGaussianLikelihood)``
   computes Matheron's update f(·) + k̂(·, X)(K̂ + D)⁻¹(y − f(X) − ε) in weight space: with
   A = I + ΦᵀD⁻¹Φ (Woodbury), k̂(·, X)(K̂ + D)⁻¹r = Φ(·)ᵀA⁻¹ΦᵀD⁻¹r, an F × F solve from the
-  feature statistics (chunked when the kernel's operator is) instead of BoTorch's dense
-  N × N Cholesky of K̂ + D and its N-point kernel evaluations per call.  For every other
+  feature statistics (chunked when the kernel's operator is), or Φ(·)ᵀ·Φᵀ(ΦΦᵀ + D)⁻¹r from the
+  N × N factor when that is cheaper (N ≲ F), instead of BoTorch's dense Cholesky of K̂ + D and
+  its N-point kernel evaluations per call.  For every other
   kernel the entry raises ``MDNotImplementedError``, which makes BoTorch's dispatcher run its
   own ``(ExactGP, _GaussianLikelihoodBase)`` update unchanged.
 
@@ -47,7 +48,8 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..applications.sampling import check_path_kernel
-from ..inference.operators import noise_weights
+from ..inference.kernel_space import kernel_cholesky
+from ..inference.operators import FeatureRootAddedDiagLinearOperator, noise_weights
 from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
 
@@ -132,22 +134,36 @@ def _gaussian_update_feature_space(
     if not isinstance(noise_covariance, DiagLinearOperator):
         raise MDNotImplementedError  # a non-diagonal noise: BoTorch's dense update handles it
     with torch.no_grad():  # the update is a function of x only, like the prior draws
-        weight = _update_weights(kernel, points, target_values, sample_values, noise_weights(noise_covariance))
+        weight = _update_weights(kernel, points, target_values, sample_values, noise_covariance)
     feature_map = gen_kernel_features(kernel, num_inputs=points.shape[-1], num_outputs=weight.shape[-1])
     return GeneralizedLinearPath(feature_map=feature_map, weight=weight, input_transform=get_input_transform(model))
 
 
-def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tensor, weights: Tensor) -> Tensor:
-    """v = A⁻¹ΦᵀD⁻¹(y − f(X) − ε) with ε ~ N(0, D), shape ``sample_shape × batch × F``."""
+def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tensor,
+                    noise_covariance: DiagLinearOperator) -> Tensor:
+    """v = Φᵀ(ΦΦᵀ + D)⁻¹(y − f(X) − ε) with ε ~ N(0, D), shape ``sample_shape × batch × F``.
+
+    In the cheaper of the posterior's two algebras (:meth:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator.
+    uses_kernel_space`): A⁻¹ΦᵀD⁻¹r from the F × F feature statistics (chunked when the kernel's operator is), or,
+    when N ≲ F (a Bayesian-optimisation loop's few observations under a wide map), Φᵀ(ΦΦᵀ + D)⁻¹r from the N × N
+    Cholesky factor — the same vector (push-through identity) without an F × F matrix.
+    """
     operator = kernel(points).evaluate_kernel()
     if not hasattr(operator, "feature_statistics"):
         raise TypeError(f"expected an rfgp feature operator from {type(kernel).__name__}, got {type(operator).__name__}")
+    weights = noise_weights(noise_covariance)
     noise = torch.randn(sample_values.shape, dtype=sample_values.dtype, device=sample_values.device)
     residual = targets - sample_values - noise * weights.reciprocal().sqrt()
     sample_dims = residual.dim() - targets.dim()
     # sample dimensions become right-hand-side columns: (batch, N, S)
     rhs = residual.flatten(0, sample_dims - 1).movedim(0, -1) if sample_dims else residual.unsqueeze(-1)
-    gram, cross = operator.feature_statistics(weights, rhs)
-    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-    solved = torch.cholesky_solve(cross, psd_safe_cholesky(gram + eye))  # (batch, F, S)
+    noisy = operator + noise_covariance
+    if isinstance(noisy, FeatureRootAddedDiagLinearOperator) and noisy.uses_kernel_space():
+        features = operator.root.to_dense()  # the outputscale folded in
+        chol = kernel_cholesky(features, weights.reciprocal())
+        solved = features.mT @ torch.cholesky_solve(rhs.expand(*chol.shape[:-2], *rhs.shape[-2:]), chol)
+    else:
+        gram, cross = operator.feature_statistics(weights, rhs)
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        solved = torch.cholesky_solve(cross, psd_safe_cholesky(gram + eye))  # (batch, F, S)
     return solved.movedim(-1, 0).unflatten(0, residual.shape[:sample_dims]) if sample_dims else solved.squeeze(-1)

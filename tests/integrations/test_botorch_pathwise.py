@@ -1,5 +1,5 @@
-"""BoTorch pathwise (Matheron) sampling with rfgp kernels: the kernel's own Φ, a feature-space update
-(no N × N factorisation), draws matching model.posterior within Monte-Carlo standard errors."""
+"""BoTorch pathwise (Matheron) sampling with rfgp kernels: the kernel's own Φ, an update in the cheaper algebra
+(F × F at N > F, N × N at N ≲ F), draws matching model.posterior within Monte-Carlo standard errors."""
 
 import warnings
 
@@ -97,6 +97,19 @@ def test_update_factorises_nothing_larger_than_the_features(factorised):
         paths = draw_matheron_paths(model, sample_shape=torch.Size([16]))
         paths(torch.rand(10_000, 2, dtype=torch.float64))
     assert factorised and max(factorised) <= 32
+
+
+def test_update_over_few_points_with_wide_features_factorises_only_n_by_n(factorised):
+    """N = 20 observations under F = 4096 features (a BO loop's regime): the update is Φᵀ(ΦΦᵀ + D)⁻¹r from the
+    20 × 20 factor, never the 4096 × 4096 capacitance, and the paths still follow the posterior."""
+    model = single_task_gp(ScaleKernel(SketchedRBFKernel(4096, ard_num_dims=2, seed=0)), n=20)
+    xs = 2 * torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model.posterior(xs)  # prediction caches
+        factorised.clear()
+        values = draw_matheron_paths(model, sample_shape=torch.Size([NUM_PATHS]))(xs)
+    assert factorised and max(factorised) <= 20
+    assert_matches_posterior(model, xs, values)
 
 
 def test_path_model_batched_outputs_and_gradients():
