@@ -31,6 +31,7 @@ an error naming them.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -38,14 +39,17 @@ from botorch.exceptions.errors import UnsupportedError
 from botorch.sampling.pathwise.features.generators import GenKernelFeatures, gen_kernel_features
 from botorch.sampling.pathwise.features.maps import FeatureMap
 from botorch.sampling.pathwise.paths import GeneralizedLinearPath
+from botorch.sampling.pathwise.prior_samplers import DrawKernelFeaturePaths
 from botorch.sampling.pathwise.update_strategies import GaussianUpdate
 from botorch.sampling.pathwise.utils import TensorTransform, get_input_transform, get_train_inputs, get_train_targets
 from botorch.utils.dispatcher import MDNotImplementedError
+from botorch.utils.sampling import draw_sobol_normal_samples
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import ExactGP
 from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
+from torch.quasirandom import SobolEngine
 
 from ..applications.sampling import check_path_kernel
 from ..inference.kernel_space import kernel_cholesky
@@ -108,6 +112,34 @@ def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_out
             stacklevel=2,
         )
     return KernelFeatures(kernel, num_inputs)
+
+
+#: BoTorch's prior-path sampler for exact GPs, which :func:`_draw_kernel_feature_paths_rfgp` wraps
+_botorch_exact_gp_prior_paths = DrawKernelFeaturePaths.funcs[(ExactGP,)]
+
+
+@DrawKernelFeaturePaths.register(ExactGP)
+def _draw_kernel_feature_paths_rfgp(model: ExactGP, **kwargs) -> GeneralizedLinearPath:
+    """BoTorch's prior paths, with prior weights that exist at any feature width.
+
+    BoTorch draws the weights w ~ N(0, I_F) as scrambled Sobol normals, and ``SobolEngine`` stops at
+    21 201 dimensions: an rfgp map wider than that gets i.i.d. normal weights (exact draws, without the
+    quasi-Monte-Carlo stratification).  Up to that width, and for every other kernel, BoTorch's sampler runs
+    unchanged, with BoTorch's own draws.
+    """
+    if is_feature_kernel(getattr(model, "covar_module", None)) and "weight_generator" not in kwargs:
+        kwargs["weight_generator"] = _prior_weights(model.covar_module)
+    return _botorch_exact_gp_prior_paths(model, **kwargs)
+
+
+def _prior_weights(kernel):
+    def draw(shape: torch.Size) -> Tensor:
+        count, width = math.prod(shape[:-1]), shape[-1]
+        if width <= SobolEngine.MAXDIM:  # BoTorch's own call
+            return draw_sobol_normal_samples(n=count, d=width, device=kernel.device, dtype=kernel.dtype).reshape(shape)
+        return torch.randn(shape, device=kernel.device, dtype=kernel.dtype)
+
+    return draw
 
 
 @GaussianUpdate.register(ExactGP, (GaussianLikelihood, FixedNoiseGaussianLikelihood))

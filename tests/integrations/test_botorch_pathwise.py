@@ -112,6 +112,35 @@ def test_update_over_few_points_with_wide_features_factorises_only_n_by_n(factor
     assert_matches_posterior(model, xs, values)
 
 
+def test_prior_weights_beyond_sobols_dimension_limit():
+    """F = 22 000 > SobolEngine's 21 201 dimensions: i.i.d. normal prior weights (BoTorch's Sobol draw would raise);
+    the paths follow the posterior."""
+    model = single_task_gp(ScaleKernel(SketchedRBFKernel(22_000, ard_num_dims=2, seed=0)), n=10)
+    xs = 2 * torch.rand(3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        paths = draw_matheron_paths(model, sample_shape=torch.Size([800]))
+        values = paths(xs)
+    weight = paths["prior_paths"].weight
+    assert weight.shape == (800, 22_000)
+    assert abs(float(weight.var()) - 1.0) < 0.01  # N(0, 1) entries: SE of the variance √(2/1.76e7) ≈ 3e-4
+    with torch.no_grad():
+        posterior = model.posterior(xs)
+    mean, variance = posterior.mean.squeeze(-1), posterior.variance.squeeze(-1)
+    assert ((values.mean(0) - mean).abs() <= 4 * (variance / 800).sqrt()).all()
+    assert ((values.var(0) - variance).abs() <= 4 * variance * (2 / 800) ** 0.5).all()
+
+
+def test_prior_weights_within_sobols_limit_are_botorchs_own():
+    from botorch.sampling.pathwise.prior_samplers import _draw_kernel_feature_paths_ExactGP
+
+    model = single_task_gp(ScaleKernel(SketchedRBFKernel(64, ard_num_dims=2, seed=0)))
+    torch.manual_seed(5)
+    ours = draw_matheron_paths(model, sample_shape=torch.Size([4]))["prior_paths"].weight
+    torch.manual_seed(5)
+    botorchs = _draw_kernel_feature_paths_ExactGP(model, sample_shape=torch.Size([4])).weight
+    torch.testing.assert_close(ours, botorchs, rtol=0, atol=0)
+
+
 def test_path_model_batched_outputs_and_gradients():
     model = single_task_gp(ScaleKernel(SketchedRBFKernel(32, ard_num_dims=2, seed=0, batch_shape=torch.Size([2])),
                                        batch_shape=torch.Size([2])), num_outputs=2)
