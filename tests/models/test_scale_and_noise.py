@@ -128,11 +128,15 @@ def test_a_wider_nystrom_map_gets_less_noise_and_a_better_fit():
 def test_chunked_features_give_the_same_fit(build):
     x, y = data()
     plain, chunked = build(x, y), build(x, y)
-    rfgp.fit_scale_and_noise(plain)
+    fit = rfgp.fit_scale_and_noise(plain)
     with rfgp.settings.memory_budget(64 * 8 * 10):  # 10 rows of Φ per chunk
-        rfgp.fit_scale_and_noise(chunked)
+        chunked_fit = rfgp.fit_scale_and_noise(chunked)
+    # the same loss to rounding; the minimiser of a flat optimum moves by √(rounding / curvature), 1e-7 to 1e-6, between
+    # two summation orders, so the parameters agree to 1e-5 (as with L-BFGS above), not to the loss's precision
+    for before, after in ((fit.loss_before, chunked_fit.loss_before), (fit.loss_after, chunked_fit.loss_after)):
+        assert after == pytest.approx(before, rel=1e-12)
     for a, b in zip(plain.parameters(), chunked.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-10)
 
 
 def test_prediction_caches_are_rebuilt_and_the_mode_is_kept():
