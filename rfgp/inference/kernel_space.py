@@ -19,20 +19,21 @@ Cholesky would spend three N²·F products and a Cholesky backward.  When Φ is 
 batch, S is summed over the batch first, so the N²·F product runs once.
 
 Posterior (:func:`kernel_space_posterior_caches`): with the push-through identity
-A⁻¹ΦᵀD⁻¹ = Φᵀ(ΦΦᵀ + D)⁻¹, the mean weights are Φᵀα and the posterior covariance at test
-features Φ* is Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ with W = L⁻¹Φ (N × F) — the same quantities as the
-feature-space caches, without an F × F factorisation.
+A⁻¹ΦᵀD⁻¹ = Φᵀ(ΦΦᵀ + D)⁻¹, the mean weights are Φᵀα, and A⁻¹ = RRᵀ with R = I − WᵀQ
+(:class:`KernelSpaceFactor`, W = L⁻¹Φ and Q = (L + D^{1/2})⁻¹Φ, both N × F): the posterior
+covariance at test features Φ* has the n × F root Φ*R, as in feature space (where it is Φ*L_A⁻ᵀ),
+so products, variances and draws cost what they cost there — without an F × F factorisation.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ..core.draws import standard_normal
 from .linalg import _sum_to_shape, differentiable_backward, symmetric_gram
 
 
@@ -165,43 +166,42 @@ def kernel_space_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | 
     return (inv_quad if rhs is not None else None), (logdet_term if logdet else None)
 
 
-def kernel_space_weight_samples(mean: Tensor, features: Tensor, noise: Tensor, num_samples: int,
-                                generator: torch.Generator | None = None) -> Tensor:
-    """``(num_samples, ..., F, 1)`` draws of w | y ~ N(m, A⁻¹), A = I + ΦᵀD⁻¹Φ, with no F × F matrix.
+class KernelSpaceFactor(NamedTuple):
+    """R = I − WᵀQ (F × F, never formed), a square root of the posterior weight covariance: RRᵀ = A⁻¹.
 
-    Matheron's rule (Wilson et al. 2020, §3) in weight space, for the Bayesian linear model
-    f = Φw, w ~ N(0, I): a prior draw z ~ N(0, I_F) and noise ε ~ N(0, I_N) give
-
-        w = m + z − Φᵀ(ΦΦᵀ + D)⁻¹(Φz + D^{1/2}ε),
-
-    whose covariance is I − ΦᵀK⁻¹Φ = A⁻¹ (push-through identity, K = ΦΦᵀ + D).  Cost O(N²·F + N³/3) for
-    the factor and O(N·F) per draw.
-
-    Args:
-        mean: m = E[w | y] ``(..., F, 1)`` (e.g. the mean cache of :func:`kernel_space_posterior_caches`).
-        features: Φ ``(..., N, F)`` of the conditioning points.
-        noise: the diagonal of D, ``(..., N)`` or ``(..., 1)``.
-        num_samples: S.
-        generator: source of z and ε (on any device).
+    With LLᵀ = ΦΦᵀ + D, W = L⁻¹Φ and Q = (L + D^{1/2})⁻¹Φ (both N × F, from two triangular solves):
+    M = L⁻¹D^{1/2} gives WWᵀ = I − MMᵀ, and H = (I + M)⁻¹ = (L + D^{1/2})⁻¹L (so Q = HW) satisfies
+    HM = I − H, hence H + Hᵀ − H·WWᵀ·Hᵀ = I and RRᵀ = I − WᵀW = I − Φᵀ(ΦΦᵀ + D)⁻¹Φ = A⁻¹ (push-through
+    identity; derived here).  L + D^{1/2} is triangular with diagonal Lᵢᵢ + √dᵢ ≥ 2√dᵢ > 0 (a Cholesky
+    diagonal is a conditional standard deviation, ≥ √dᵢ), so Q costs one more N²·F solve.  At test
+    features Φ* the posterior covariance Φ*A⁻¹Φ*ᵀ = (Φ*R)(Φ*R)ᵀ then has the n × F root
+    Φ*R = Φ* − (Φ*Wᵀ)Q, positive semi-definite by construction, and a weight draw is m + Rz, z ~ N(0, I_F).
     """
-    chol = kernel_cholesky(features, noise)
-    batch = mean.shape[:-2]
-    prior = standard_normal((*batch, features.shape[-1], num_samples), mean, generator)
-    normal = standard_normal((*batch, features.shape[-2], num_samples), mean, generator)
-    observation = features @ prior + noise.sqrt().unsqueeze(-1) * normal  # a prior draw of Φw + noise
-    draws = mean + prior - features.mT @ torch.cholesky_solve(observation, chol)
-    return draws.movedim(-1, 0).unsqueeze(-1)
+
+    projection: Tensor  #: W = L⁻¹Φ ``(..., N, F)``
+    correction: Tensor  #: Q = (L + D^{1/2})⁻¹Φ ``(..., N, F)``
+
+    def posterior_root(self, features: Tensor) -> Tensor:
+        """Φ*R = Φ* − (Φ*Wᵀ)Q ``(..., n, F)`` for test features Φ* ``(..., n, F)``, in O(n·N·F)."""
+        return features - (features @ self.projection.mT) @ self.correction
+
+    def weight_root_product(self, vectors: Tensor) -> Tensor:
+        """Rz = z − Wᵀ(Qz) for columns z ``(..., F, S)``, in O(N·F·S)."""
+        return vectors - self.projection.mT @ (self.correction @ vectors)
 
 
-def kernel_space_posterior_caches(features: Tensor, noise: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-    """(Φᵀ(ΦΦᵀ + D)⁻¹r ``(..., F, 1)``, W = L⁻¹Φ ``(..., N, F)``) with LLᵀ = ΦΦᵀ + D.
+def kernel_space_posterior_caches(features: Tensor, noise: Tensor,
+                                  residual: Tensor) -> tuple[Tensor, KernelSpaceFactor]:
+    """(Φᵀ(ΦΦᵀ + D)⁻¹r ``(..., F, 1)``, the :class:`KernelSpaceFactor` of W = L⁻¹Φ and Q = (L + D^{1/2})⁻¹Φ).
 
-    The first equals the feature-space mean cache A⁻¹ΦᵀD⁻¹r; the posterior covariance at test
-    features Φ* is Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ (= Φ*A⁻¹Φ*ᵀ).
+    The first equals the feature-space mean cache A⁻¹ΦᵀD⁻¹r; the second gives the posterior covariance
+    root and weight draws without an F × F matrix.
     """
     chol = kernel_cholesky(features, noise)
     batch = chol.shape[:-2]
     solve = torch.cholesky_solve(residual.expand(*batch, *residual.shape[-2:]), chol)
     mean_cache = features.mT @ solve
-    root = torch.linalg.solve_triangular(chol, features.expand(*batch, *features.shape[-2:]), upper=False)
-    return mean_cache, root
+    features = features.expand(*batch, *features.shape[-2:])
+    projection = torch.linalg.solve_triangular(chol, features, upper=False)
+    shifted = chol + torch.diag_embed(noise.sqrt().expand(*batch, chol.shape[-1]))
+    return mean_cache, KernelSpaceFactor(projection, torch.linalg.solve_triangular(shifted, features, upper=False))

@@ -17,10 +17,10 @@ in ``DefaultPredictionStrategy``, i.e. dense N·p × N·p algebra);
 so the posterior mean costs O(N·p·F² + F³) and the covariance is the root R(x*)L⁻ᵀ (LLᵀ = A).  When the
 N·p × N·p matrix RRᵀ + D is cheaper (N·p ≲ F, the marginal likelihood's flop rule of
 :func:`~rfgp.inference.kernel_space.prefers_kernel_space`; ``uses_kernel_space`` says which), the same
-E[θ | y] = Rᵀ(RRᵀ + D)⁻¹(y − μ) and covariance R*R*ᵀ − (R*Wᵀ)(R*Wᵀ)ᵀ (W = L⁻¹R, LLᵀ = RRᵀ + D) come from
-its Cholesky factor in O((N·p)²F + (N·p)³), with no F × F matrix (whitened R̃, r̃ and D = I under correlated
-noise; missing entries' rows dropped).  Either square matrix is checked against the available memory first
-(:func:`rfgp.core.memory.check_solve`).
+E[θ | y] = Rᵀ(RRᵀ + D)⁻¹(y − μ) and covariance root R*(I − WᵀQ) (W = L⁻¹R, Q = (L + D^{1/2})⁻¹R, LLᵀ = RRᵀ + D;
+:class:`~rfgp.inference.kernel_space.KernelSpaceFactor`) come from its Cholesky factor in O((N·p)²F + (N·p)³),
+with no F × F matrix (whitened R̃, r̃ and D = I under correlated noise; missing entries' rows dropped).
+Either square matrix is checked against the available memory first (:func:`rfgp.core.memory.check_solve`).
 """
 
 from __future__ import annotations

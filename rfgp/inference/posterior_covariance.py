@@ -1,7 +1,8 @@
 """The posterior covariance Σ* = RRᵀ of a feature-space GP, low-rank for products and sampling.
 
 The weight-space posterior θ | y ~ N(m, A⁻¹) (A = I + ΦᵀD⁻¹Φ = LLᵀ, paper 000 §5.6) gives the
-latent covariance at n test points as Σ* = Φ*A⁻¹Φ*ᵀ = RRᵀ with the n × F root R = Φ*L⁻ᵀ.
+latent covariance at n test points as Σ* = Φ*A⁻¹Φ*ᵀ = RRᵀ with the n × F root R = Φ*L⁻ᵀ — or, when the
+posterior runs in kernel space (N ≲ F), R = Φ*(I − WᵀQ) (:class:`~rfgp.inference.kernel_space.KernelSpaceFactor`).
 :class:`LowRankPosteriorCovariance` keeps R: matrix products cost O(n·F) per column, the
 variance is the row norms of R, and ``MultivariateNormal.rsample()`` draws R·ε with
 ε ~ N(0, I_F) in O(n·F) per sample (Thompson sampling over many candidates stays cheap).
@@ -31,7 +32,6 @@ from linear_operator.operators import (
     LowRankRootAddedDiagLinearOperator,
     LowRankRootLinearOperator,
     MatmulLinearOperator,
-    RootLinearOperator,
 )
 from torch import Tensor
 
@@ -109,17 +109,16 @@ class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
         return _low_rank_samples(root, num_samples, diag)
 
 
-def feature_posterior_covariance(features: Tensor, factor: Tensor, kernel_space: bool) -> LinearOperator:
-    """Σ* = Φ*A⁻¹Φ*ᵀ at test features Φ* ``(..., n, F)`` from a prediction strategy's factor.
+def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -> LowRankPosteriorCovariance:
+    """Σ* = Φ*A⁻¹Φ*ᵀ at test features Φ* ``(..., n, F)`` from a prediction strategy's factor, as its n × F root.
 
-    Feature space (``factor`` = chol(A), F × F): the root Φ*L⁻ᵀ, a :class:`LowRankPosteriorCovariance`.
-    Kernel space (``factor`` = W = L⁻¹Φ, N × F with LLᵀ = ΦΦᵀ + D, :mod:`rfgp.inference.kernel_space`):
-    Φ*Φ*ᵀ − (Φ*Wᵀ)(Φ*Wᵀ)ᵀ, two roots of widths F and N, with no F × F matrix.
+    Feature space (``factor`` = chol(A) = L_A, F × F): the root Φ*L_A⁻ᵀ.  Kernel space (``factor`` a
+    :class:`~rfgp.inference.kernel_space.KernelSpaceFactor` of ΦΦᵀ + D): the root Φ*(I − WᵀQ), with no F × F
+    matrix.  Either way a :class:`LowRankPosteriorCovariance`: O(n·F) per product column and per draw.
     """
     if kernel_space:
-        batch = torch.broadcast_shapes(features.shape[:-2], factor.shape[:-2])
-        features = features.expand(*batch, *features.shape[-2:])
-        return RootLinearOperator(features) - RootLinearOperator(features @ factor.mT)
+        batch = torch.broadcast_shapes(features.shape[:-2], factor.projection.shape[:-2])
+        return LowRankPosteriorCovariance(factor.posterior_root(features.expand(*batch, *features.shape[-2:])))
     return LowRankPosteriorCovariance(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
 
 

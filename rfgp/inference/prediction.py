@@ -52,7 +52,7 @@ from ..core.draws import standard_normal
 from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets
 from . import distributed
-from .kernel_space import kernel_space_posterior_caches, kernel_space_weight_samples
+from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 from .posterior_covariance import feature_posterior_covariance
 
@@ -104,8 +104,9 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         return isinstance(train_covar, FeatureRootAddedDiagLinearOperator) and train_covar.uses_kernel_space()
 
     @property
-    def kernel_space_cache(self) -> tuple[Tensor, Tensor]:
-        """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D), over the observed points.
+    def kernel_space_cache(self) -> tuple[Tensor, KernelSpaceFactor]:
+        """(Φᵀ(ΦΦᵀ + D)⁻¹(y − μ) = A⁻¹ΦᵀD⁻¹(y − μ), the :class:`~rfgp.inference.kernel_space.KernelSpaceFactor` of
+        ΦΦᵀ + D), over the observed points.
 
         Cached per ``gpytorch.settings.observation_nan_policy`` (as GPyTorch's ``_mean_cache``), so a
         strategy built under "mask" does not answer for NaN targets under "ignore".
@@ -113,7 +114,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         return self._kernel_space_cache(gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="kernel_space_cache")
-    def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
+    def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, KernelSpaceFactor]:
         return kernel_space_caches(*self._training_system(nan_policy))
 
     def _training_system(self, nan_policy: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -132,18 +133,18 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     def weight_samples(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         """``(num_samples, ..., F, 1)`` draws of the posterior weights w | y ~ N(E[w | y], A⁻¹), A = I + ΦᵀD⁻¹Φ.
 
-        Feature space: w = m + L⁻ᵀz with LLᵀ = A (F × F).  Kernel space: Matheron's rule in weight space
-        (:func:`rfgp.inference.kernel_space.kernel_space_weight_samples`), with no F × F matrix — the draws of
-        the two algebras have the same distribution, not the same values for one generator state.
+        w = m + Rz, z ~ N(0, I_F), with a root RRᵀ = A⁻¹ of the cheaper algebra: L_A⁻ᵀ from the F × F
+        caches, or :class:`~rfgp.inference.kernel_space.KernelSpaceFactor`'s I − WᵀQ (no F × F matrix).  The
+        same z gives the same draw in both, up to the choice of root.
         """
-        if self.uses_kernel_space:
-            features, noise, _, observed = self._training_system(gpytorch.settings.observation_nan_policy.value())
-            features, noise = observed_rows(features, noise, observed)
-            return kernel_space_weight_samples(self.kernel_space_cache[0], features, noise, num_samples, generator)
-        mean, chol = self.mean_covar_cache
-        # the draws as columns of one triangular solve (a batch of S solves would expand L to S × F × F)
+        kernel_space = self.uses_kernel_space
+        mean, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
+        # the draws as columns (one solve, not a batch of S that would broadcast an F × F factor S times)
         normal = standard_normal((num_samples, *mean.shape[:-1]), mean, generator).movedim(0, -1)
-        draws = mean + torch.linalg.solve_triangular(chol.mT, normal, upper=True)  # covariance L⁻ᵀL⁻¹ = A⁻¹
+        if kernel_space:
+            draws = mean + factor.weight_root_product(normal)
+        else:
+            draws = mean + torch.linalg.solve_triangular(factor.mT, normal, upper=True)  # L_A⁻ᵀL_A⁻¹ = A⁻¹
         return draws.movedim(-1, 0).unsqueeze(-1)
 
     @property
@@ -222,8 +223,9 @@ def observed_rows(features: Tensor, noise: Tensor, observed: Tensor | None) -> t
 
 
 def kernel_space_caches(features: Tensor, noise: Tensor, residual: Tensor,
-                        observed: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(Φᵀ(ΦΦᵀ + D)⁻¹r, W = L⁻¹Φ with LLᵀ = ΦΦᵀ + D) over the observed rows, the kernel-space prediction caches.
+                        observed: Tensor | None = None) -> tuple[Tensor, KernelSpaceFactor]:
+    """(Φᵀ(ΦΦᵀ + D)⁻¹r, the :class:`~rfgp.inference.kernel_space.KernelSpaceFactor` of ΦΦᵀ + D) over the observed
+    rows, the kernel-space prediction caches.
 
     Args:
         features: Φ ``(..., N, F)``.
@@ -238,10 +240,10 @@ def kernel_space_caches(features: Tensor, noise: Tensor, residual: Tensor,
     num_rows, num_features = features.shape[-2:]
     check_solve(num_rows, num_features, math.prod(operator_batch), features.dtype, features.device, size=num_rows)
     columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
-    mean_cache, root = kernel_space_posterior_caches(features, noise, columns)
+    mean_cache, factor = kernel_space_posterior_caches(features, noise, columns)
     if target_batch:
         mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
-    return mean_cache, root
+    return mean_cache, factor
 
 
 def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tensor, torch.Size]:

@@ -7,7 +7,7 @@ import torch
 
 import rfgp
 from rfgp.applications.sampling import posterior_paths
-from rfgp.inference.kernel_space import kernel_space_weight_samples
+from rfgp.inference.kernel_space import kernel_space_posterior_caches
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
@@ -96,20 +96,21 @@ def test_many_paths_of_a_wide_feature_space_model_take_one_triangular_solve():
     torch.testing.assert_close(paths.weights, expected, rtol=1e-10, atol=1e-10)
 
 
-def test_kernel_space_weight_draws_have_the_posterior_weight_distribution():
-    """Matheron's rule in weight space: the draws' mean is E[w | y] and their covariance I − ΦᵀK⁻¹Φ = A⁻¹."""
+def test_kernel_space_factor_is_a_root_of_the_posterior_weight_covariance():
+    """R = I − WᵀQ (W = L⁻¹Φ, Q = (L + D^{1/2})⁻¹Φ) satisfies RRᵀ = A⁻¹ = (I + ΦᵀD⁻¹Φ)⁻¹, and its posterior root at
+    test features reproduces Φ*A⁻¹Φ*ᵀ — for heteroscedastic, tiny and batched noise."""
     gen = torch.Generator().manual_seed(8)
-    features = torch.randn(5, 12, generator=gen, dtype=torch.float64) / 2
-    noise = torch.rand(5, generator=gen, dtype=torch.float64) + 0.1
-    mean = torch.randn(12, 1, generator=gen, dtype=torch.float64)
-    draws = kernel_space_weight_samples(mean, features, noise, 20000, generator=gen).squeeze(-1)
-    capacitance = torch.eye(12, dtype=torch.float64) + features.mT @ (features / noise.unsqueeze(-1))
-    covar = torch.linalg.inv(capacitance)
-    variance = covar.diagonal()
-    assert draws.shape == (20000, 12)
-    assert ((draws.mean(0) - mean.squeeze(-1)).abs() <= 4 * (variance / 20000).sqrt()).all()
-    se = ((variance.unsqueeze(-1) * variance.unsqueeze(-2) + covar.pow(2)) / 20000).sqrt()
-    assert ((torch.cov(draws.mT) - covar).abs() <= 4 * se).all()
+    features = torch.randn(2, 5, 12, generator=gen, dtype=torch.float64) / 2
+    test = torch.randn(7, 12, generator=gen, dtype=torch.float64)
+    heteroscedastic = torch.rand(2, 5, generator=gen, dtype=torch.float64) + 0.1
+    for noise in (heteroscedastic, torch.full((2, 1), 1e-6, dtype=torch.float64)):
+        _, factor = kernel_space_posterior_caches(features, noise, torch.zeros(2, 5, 1, dtype=torch.float64))
+        weights = noise.expand(2, 5).reciprocal().unsqueeze(-1)
+        covar = torch.linalg.inv(torch.eye(12, dtype=torch.float64) + features.mT @ (features * weights))
+        root = factor.weight_root_product(torch.eye(12, dtype=torch.float64))
+        torch.testing.assert_close(root @ root.mT, covar, rtol=1e-9, atol=1e-9)
+        posterior_root = factor.posterior_root(test)
+        torch.testing.assert_close(posterior_root @ posterior_root.mT, test @ covar @ test.mT, rtol=1e-9, atol=1e-9)
 
 
 def test_paths_of_a_model_with_missing_targets_condition_on_the_observed_points():

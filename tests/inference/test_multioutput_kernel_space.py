@@ -6,7 +6,6 @@ model's own sketched K̂, for diagonal and correlated task noise, missing target
 never form an F × F matrix when N·T ≪ F (a sweep hit a 32 GiB allocation at N = 50, F = 65536).
 """
 
-import time
 
 import gpytorch
 import pytest
@@ -157,11 +156,9 @@ def test_wide_derivative_sketch_with_few_points_never_forms_the_feature_gram(mon
     """The sweep's repro: N = 50 points × 3 outputs, F = 65536.  An F × F float64 matrix is 32 GiB; with 1 GiB
     available the memory guard would refuse it, so passing shows only the 150 × 150 system was formed."""
     monkeypatch.setattr(rfgp.core.memory, "available_bytes", lambda device: 2**30)
-    start = time.perf_counter()
     model, x, y, test_x = _model(_derivative, 65536, rank, n=50)
     mean_ref, covar_ref = _dense_posterior(model, x, y, test_x)
     _assert_posterior(model, test_x, True, mean_ref, covar_ref)
-    assert time.perf_counter() - start < 10
 
 
 @pytest.mark.parametrize("num_features, side", [(1024, 100), (64, 64)])  # kernel space: N·T; feature space: F
