@@ -80,6 +80,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.  Leaves: RBF, Matérn,
             polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
             constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; ``IndexKernel``;
+            ``gpytorch.kernels.keops``' RBF, Matérn and periodic kernels as their namesakes;
             with BoTorch installed also its ``CategoricalKernel`` and ``PositiveIndexKernel``
             (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``, ``AdditiveKernel``,
             ``ProductKernel``, ``MultitaskKernel``.
@@ -94,7 +95,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others
             keep their default — a name no leaf of the tree has raises; or a mapping from
             kernel class or class name to method, ``{"RBFKernel": "orf", PolynomialKernel: "sketch"}``
-            (unlisted leaves keep their default; unknown kernels or methods raise).
+            (a name covers every class of that name, ``RBFKernel`` and ``keops.RBFKernel``; unlisted
+            leaves keep their default; unknown kernels or methods raise).
             ``method="nystrom"`` instead turns the whole tree (any scalar kernel) into one
             :class:`~rfgp.kernels.NystromKernel` with ``num_features`` landmarks chosen among
             ``x_sample=`` (required) by ``landmarks="uniform" | "kmeans++" | "rls"``, see
@@ -171,7 +173,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     converted = _convert(kernel, plan)
     unused = sorted(set(options) - plan.used_options)
     if unused:
-        takers = {name: sorted(t.__name__ for t, names in _OPTIONS.items() if name in names) for name in unused}
+        takers = {name: sorted({t.__name__ for t, names in _OPTIONS.items() if name in names}) for name in unused}
         raise TypeError(
             "options not taken by any kernel in this tree: "
             + "; ".join(f"{name!r} (taken by {', '.join(takers[name])})" for name in unused)
@@ -262,20 +264,22 @@ def _method_chooser(method, leaves: list[Kernel]) -> Callable[[Kernel], str | No
     if not isinstance(method, Mapping):
         raise TypeError(f"method must be None, a str or a mapping from kernel class to method, got {type(method).__name__}")
     by_type = {}
-    names = {t.__name__: t for t in _CONVERTERS}
+    names: dict[str, list[type]] = {}  # a name may stand for several classes (RBFKernel and its KeOps twin)
+    for t in _CONVERTERS:
+        names.setdefault(t.__name__, []).append(t)
     for key, value in method.items():
-        kernel_type = names.get(key) if isinstance(key, str) else key
-        if kernel_type not in _CONVERTERS:
+        kernel_types = names.get(key, []) if isinstance(key, str) else [key]
+        if not kernel_types or kernel_types[0] not in _CONVERTERS:
             raise ValueError(
                 f"method mapping names {getattr(key, '__name__', key)!r}, which rfgp.sketch does not convert; "
                 f"kernels: {', '.join(sorted(names))}"
             )
-        accepted = _methods_of(kernel_type)
-        if accepted is not None and value not in accepted:
-            raise ValueError(
-                f"method for {kernel_type.__name__} must be one of {', '.join(repr(a) for a in accepted)}; got {value!r}"
-            )
-        by_type[kernel_type] = value
+        for kernel_type in kernel_types:
+            accepted = _methods_of(kernel_type)
+            if accepted is not None and value not in accepted:
+                raise ValueError(f"method for {kernel_type.__name__} must be one of "
+                                 f"{', '.join(repr(a) for a in accepted)}; got {value!r}")
+            by_type[kernel_type] = value
     return lambda leaf: by_type.get(type(leaf))
 
 
@@ -391,7 +395,7 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
             f"so it is not converted as its parent: register a converter with "
             f"rfgp.register_converter({kernel_type.__name__})"
         )
-    supported = ", ".join(sorted(t.__name__ for t in _CONVERTERS))
+    supported = ", ".join(sorted({t.__name__ for t in _CONVERTERS}))
     raise TypeError(
         f"rfgp.sketch has no random-feature version of {kernel_type.__name__}; supported kernels: "
         f"{supported}, and ScaleKernel/AdditiveKernel/ProductKernel/MultitaskKernel around them"
@@ -694,6 +698,15 @@ def _convert_cosine(kernel, num_features, method, seed, input_dim=None):
     sketched = CosineFeatureKernel(period_length_constraint=kernel.raw_period_length_constraint,
                                    **_common_kwargs(kernel))
     return copy_hyperparameters(kernel, sketched, "period_length")
+
+
+# GPyTorch's KeOps kernels compute their namesakes' covariances with the same hyperparameters (KeOps only drives the
+# kernel-matrix products, and without pykeops they run the plain torch formula), so they convert as those do.
+for _keops_type, _plain_type in ((gpytorch.kernels.keops.RBFKernel, gpytorch.kernels.RBFKernel),
+                                 (gpytorch.kernels.keops.MaternKernel, gpytorch.kernels.MaternKernel),
+                                 (gpytorch.kernels.keops.PeriodicKernel, gpytorch.kernels.PeriodicKernel)):
+    register_converter(_keops_type, methods=_METHODS[_plain_type], options=_OPTIONS[_plain_type])(
+        _CONVERTERS[_plain_type])
 
 
 refuse_conversion(

@@ -150,6 +150,34 @@ def test_gpytorch_rff_kernel_converts_like_the_rbf_kernel_it_approximates():
     assert float((sketched(X).to_dense().detach() - target).norm() / target.norm()) < 0.05
 
 
+KEOPS_TWINS = {
+    "rbf": (lambda **kw: gpytorch.kernels.keops.RBFKernel(**kw), lambda **kw: RBFKernel(**kw)),
+    "matern": (lambda **kw: gpytorch.kernels.keops.MaternKernel(nu=1.5, **kw),
+               lambda **kw: gpytorch.kernels.MaternKernel(nu=1.5, **kw)),
+    "periodic": (lambda **kw: gpytorch.kernels.keops.PeriodicKernel(**kw), lambda **kw: PeriodicKernel(**kw)),
+}
+
+
+@pytest.mark.parametrize("family", KEOPS_TWINS)
+def test_keops_kernels_convert_as_their_namesakes(family):
+    keops_kernel, plain_kernel = (ScaleKernel(make(ard_num_dims=3, lengthscale_prior=GammaPrior(3.0, 6.0))).double()
+                                  for make in KEOPS_TWINS[family])
+    plain_kernel.base_kernel.lengthscale = keops_kernel.base_kernel.lengthscale = torch.tensor([[0.7, 1.3, 2.0]])
+    sketched = rfgp.sketch(keops_kernel, num_features=4096, seed=0)
+    twin = rfgp.sketch(plain_kernel, num_features=4096, seed=0)
+    assert type(sketched.base_kernel) is type(twin.base_kernel)
+    assert {n for n, *_ in sketched.named_priors()} == {n for n, *_ in twin.named_priors()}
+    assert torch.equal(sketched(X).to_dense(), twin(X).to_dense())
+    target = keops_kernel(X).to_dense().detach()  # ScaleKernel calls the KeOps kernel's forward: no KeOps warning
+    assert float((sketched(X).to_dense().detach() - target).norm() / target.norm()) < 0.1
+
+
+def test_method_mapping_by_name_applies_to_keops_twins():
+    tree = ScaleKernel(gpytorch.kernels.keops.RBFKernel()) + ScaleKernel(RBFKernel())
+    sketched = rfgp.sketch(tree, 64, method={"RBFKernel": "orf"})
+    assert [part.base_kernel.method for part in sketched.kernels] == ["orf", "orf"]
+
+
 @pytest.mark.parametrize("kernel, reason", [
     (lambda: gpytorch.kernels.GridInterpolationKernel(RBFKernel(), grid_size=10, num_dims=1), "SKI / KISS-GP"),
     (lambda: gpytorch.kernels.InducingPointKernel(RBFKernel(), torch.rand(4, 1), gpytorch.likelihoods.GaussianLikelihood()),
