@@ -25,3 +25,21 @@ class CheckedCallMixin:
         """The free checks of a call (no host synchronisation); returns the dtype the call computes in (``None``
         for kernels whose inputs are not points, e.g. task indices)."""
         return check_kernel_inputs(x1, x2, module_dtype(self))
+
+
+def refuse_last_dim_is_batch(kernel) -> None:
+    """The NotImplementedError for ``last_dim_is_batch=True``, naming the GPyTorch wrappers that ask for it.
+
+    With it GPyTorch evaluates k(xᵢ, yᵢ) on each input column i separately (inputs ``(..., d, n, 1)``):
+    ``AdditiveStructureKernel`` sums, ``ProductStructureKernel`` multiplies those, and ``GridKernel`` (inside
+    ``GridInterpolationKernel``) builds its per-dimension grid factors from them.  rfgp kernels are defined on
+    their whole input (random features drawn for all its columns; vector-field kernels couple the columns), so
+    they have no per-column evaluation, and answering with another covariance would be a silent change of model.
+    """
+    raise NotImplementedError(
+        f"{type(kernel).__name__} does not support last_dim_is_batch=True, which GPyTorch's AdditiveStructureKernel, "
+        "ProductStructureKernel, NewtonGirardAdditiveKernel and GridInterpolationKernel ask of their base kernel (to "
+        "evaluate it on each input column separately); rfgp kernels are defined on their whole input. For an "
+        "additive model use AdditiveKernel(*(kernel with active_dims=[i] for each column i)) and rfgp.sketch it; for "
+        "KISS-GP keep the exact base kernel (random features replace SKI, they do not go inside it)"
+    )

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..core.validation import check_choice
 from ..inference.operators import FeatureRootLinearOperator
+from .checked_call import refuse_last_dim_is_batch
 from .fourier import FOURIER_METHODS, SketchedMaternKernel, SketchedRBFKernel
 from .polynomial import SketchedPolynomialKernel
 from .random_feature_kernel import check_unchunked_memory
@@ -73,7 +74,7 @@ class _DerivativeRootMixin:
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
-            raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
+            refuse_last_dim_is_batch(self)
         x1, x2 = self.promote_inputs(x1, x2, self.check_inputs(x1, x2))
         self._check_memory(x1, x2)
         same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))

@@ -36,7 +36,7 @@ from ..core.validation import (
     check_positive_int,
     check_tensor_dtype,
 )
-from .checked_call import CheckedCallMixin
+from .checked_call import CheckedCallMixin, refuse_last_dim_is_batch
 
 
 def interleave(blocks: Tensor) -> Tensor:
@@ -96,7 +96,7 @@ class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
-            raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
+            refuse_last_dim_is_batch(self)
         check_vector_input(x1, "x1", self.input_dim)
         check_vector_input(x2, "x2", self.input_dim)
         x1, x2 = promote_pair(x1, x2, promoted_dtype(x1.dtype, x2.dtype, self.lengthscale.dtype))

@@ -43,7 +43,7 @@ from ..inference.operators import (
     FeatureRootLinearOperator,
 )
 from ..inference.prediction import FeatureSpacePredictionStrategy
-from .checked_call import CheckedCallMixin
+from .checked_call import CheckedCallMixin, refuse_last_dim_is_batch
 from .families import check_kernel_kwargs
 
 
@@ -76,7 +76,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
-            raise NotImplementedError(f"{type(self).__name__} does not support last_dim_is_batch")
+            refuse_last_dim_is_batch(self)
         dtype = self.check_inputs(x1, x2)
         if dtype is not None:
             x1, x2 = self.promote_inputs(x1, x2, dtype)

@@ -190,6 +190,26 @@ def test_approximation_and_structure_wrappers_are_refused_with_what_to_sketch_in
         rfgp.sketch(ScaleKernel(kernel()), num_features=16)
 
 
+PER_COLUMN_WRAPPERS = {
+    "additive": lambda base: gpytorch.kernels.AdditiveStructureKernel(base, num_dims=3),
+    "product": lambda base: gpytorch.kernels.ProductStructureKernel(base, num_dims=3),
+    "ski": lambda base: gpytorch.kernels.GridInterpolationKernel(base, grid_size=8, num_dims=3),
+}
+PER_COLUMN_BASES = {
+    "rbf": lambda: SketchedRBFKernel(64, seed=0),
+    "tree": lambda: rfgp.sketch(mixed_tree(), 64, seed=0),
+    "gradient": lambda: rfgp.sketch(gpytorch.kernels.RBFKernelGrad(), 64, seed=0),
+}
+
+
+@pytest.mark.parametrize("wrapper, base", [(w, b) for w in PER_COLUMN_WRAPPERS for b in PER_COLUMN_BASES
+                                           if w != "ski" or b == "rbf"])  # GridKernel refuses non-stationary bases
+def test_rfgp_kernels_inside_per_column_wrappers_are_refused_naming_them(wrapper, base):
+    with pytest.raises(NotImplementedError, match="last_dim_is_batch=True, which GPyTorch's AdditiveStructureKernel, "
+                                                  "ProductStructureKernel.*AdditiveKernel"):
+        PER_COLUMN_WRAPPERS[wrapper](ScaleKernel(PER_COLUMN_BASES[base]()).double())(X).to_dense()
+
+
 def test_piecewise_polynomial_is_refused_with_the_reason():
     with pytest.raises(TypeError, match="does not convert PiecewisePolynomialKernel: its compactly supported"):
         rfgp.sketch(gpytorch.kernels.PiecewisePolynomialKernel(), num_features=16)
