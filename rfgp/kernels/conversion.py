@@ -387,6 +387,12 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
         converter = _CONVERTERS[kernel_type]
         return converter(kernel, leaf_width(plan.num_features, kernel), plan.choose_method(kernel), plan.seeds.take(),
                          **plan.options_for(kernel))
+    if kernel_type.__module__.split(".")[0] == "rfgp":
+        raise TypeError(
+            f"rfgp.sketch converts exact GPyTorch kernels, and {kernel_type.__name__} is already an rfgp kernel; "
+            "pass the exact tree to rfgp.sketch, or re-draw an rfgp tree at another width with "
+            "rfgp.set_num_features(kernel_or_model, num_features)"
+        )
     parents = [t.__name__ for t in kernel_type.__mro__[1:] if t in _CONVERTERS]
     if parents:
         raise TypeError(

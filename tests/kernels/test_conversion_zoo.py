@@ -210,6 +210,13 @@ def test_rfgp_kernels_inside_per_column_wrappers_are_refused_naming_them(wrapper
         PER_COLUMN_WRAPPERS[wrapper](ScaleKernel(PER_COLUMN_BASES[base]()).double())(X).to_dense()
 
 
+@pytest.mark.parametrize("tree", [lambda: SketchedRBFKernel(64) + RBFKernel(), lambda: rfgp.sketch(mixed_tree(), 64),
+                                  lambda: rfgp.sketch(gpytorch.kernels.RBFKernelGrad(), 64)])
+def test_trees_holding_rfgp_kernels_are_refused_as_already_sketched(tree):
+    with pytest.raises(TypeError, match="is already an rfgp kernel; pass the exact tree.*rfgp.set_num_features"):
+        rfgp.sketch(ScaleKernel(tree()), num_features=16)
+
+
 def test_piecewise_polynomial_is_refused_with_the_reason():
     with pytest.raises(TypeError, match="does not convert PiecewisePolynomialKernel: its compactly supported"):
         rfgp.sketch(gpytorch.kernels.PiecewisePolynomialKernel(), num_features=16)
