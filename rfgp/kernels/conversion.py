@@ -361,6 +361,15 @@ def _convert(kernel, plan: _Plan):
             builder.product(kernel, plan.num_features)
     if type(kernel) in MULTITASK_TYPES:
         data = kernel.data_covar_module
+        sketched = [type(leaf).__name__ for leaf in _leaves(data) if _is_rfgp_kernel(leaf)]
+        if sketched:
+            raise TypeError(
+                f"rfgp.sketch converts exact GPyTorch kernels, and this {type(kernel).__name__}'s data_covar_module "
+                f"holds {sketched[0]}, already an rfgp kernel: use rfgp.kernels.SketchedDecomposableKernel("
+                "data_covar_module, num_tasks, rank) in place of the MultitaskKernel (a drop-in, same arguments and "
+                "state_dict keys), which keeps the feature algebra that GPyTorch's dense Kronecker product loses; or "
+                "pass the exact tree to rfgp.sketch"
+            )
         return _convert_decomposable(kernel, _convert(data, plan.below(kernel, data)))
     if type(kernel) is gpytorch.kernels.LCMKernel:
         from .sketched_operator_valued import SketchedLCMKernel
@@ -387,7 +396,7 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
         converter = _CONVERTERS[kernel_type]
         return converter(kernel, leaf_width(plan.num_features, kernel), plan.choose_method(kernel), plan.seeds.take(),
                          **plan.options_for(kernel))
-    if kernel_type.__module__.split(".")[0] == "rfgp":
+    if _is_rfgp_kernel(kernel):
         raise TypeError(
             f"rfgp.sketch converts exact GPyTorch kernels, and {kernel_type.__name__} is already an rfgp kernel; "
             "pass the exact tree to rfgp.sketch, or re-draw an rfgp tree at another width with "
@@ -406,6 +415,12 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
         f"rfgp.sketch has no random-feature version of {kernel_type.__name__}; supported kernels: "
         f"{supported}, and ScaleKernel/AdditiveKernel/ProductKernel/MultitaskKernel around them"
     )
+
+
+def _is_rfgp_kernel(kernel: Kernel) -> bool:
+    """Whether ``kernel`` is an rfgp kernel without a converter, i.e. already sketched (rfgp's exact CurlFreeRBFKernel
+    and DivFreeRBFKernel have converters)."""
+    return type(kernel).__module__.split(".")[0] == "rfgp" and type(kernel) not in _CONVERTERS
 
 
 def _common_kwargs(kernel: Kernel) -> dict:

@@ -217,6 +217,18 @@ def test_trees_holding_rfgp_kernels_are_refused_as_already_sketched(tree):
         rfgp.sketch(ScaleKernel(tree()), num_features=16)
 
 
+def test_multitask_kernel_around_an_rfgp_kernel_is_refused_naming_the_drop_in():
+    data = ScaleKernel(SketchedRBFKernel(64, seed=0)).double()
+    multitask = gpytorch.kernels.MultitaskKernel(data, num_tasks=3, rank=1).double()
+    multitask.task_covar_module.covar_factor.data.normal_(generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TypeError, match="data_covar_module holds SketchedRBFKernel, already an rfgp kernel: use "
+                                        "rfgp.kernels.SketchedDecomposableKernel"):
+        rfgp.sketch(multitask, num_features=64)
+    drop_in = rfgp.kernels.SketchedDecomposableKernel(data, num_tasks=3, rank=1).double()
+    drop_in.load_state_dict(multitask.state_dict(), strict=False)
+    assert torch.allclose(drop_in(X).to_dense(), multitask(X).to_dense(), atol=1e-12)
+
+
 def test_piecewise_polynomial_is_refused_with_the_reason():
     with pytest.raises(TypeError, match="does not convert PiecewisePolynomialKernel: its compactly supported"):
         rfgp.sketch(gpytorch.kernels.PiecewisePolynomialKernel(), num_features=16)
