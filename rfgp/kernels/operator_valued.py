@@ -175,7 +175,7 @@ class DecomposableKernel(MultitaskKernel):
     Args:
         base_kernel: the scalar kernel k (exact, or an rfgp feature kernel).
         num_outputs: p.
-        rank: columns of L.
+        rank: columns of L (0: independent outputs, A = diag(v)).
         output_covar_prior: optional prior on A (``task_covar_prior`` of ``MultitaskKernel``).
 
     Example:
@@ -188,7 +188,7 @@ class DecomposableKernel(MultitaskKernel):
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
         num_outputs = check_positive_int(num_outputs, "num_outputs")
-        rank = check_positive_int(rank, "rank")
+        rank = check_positive_int(rank, "rank", allow_zero=True)
         super().__init__(base_kernel, num_tasks=num_outputs, rank=rank, task_covar_prior=output_covar_prior, **kwargs)
         self.rank = rank
 

@@ -151,7 +151,7 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         data_covar_module: an rfgp scalar feature kernel (optionally inside ``ScaleKernel``), e.g.
             ``SketchedRBFKernel(512, method="orf")``.
         num_tasks: p (also readable as ``num_outputs``, rfgp's name for the outputs per input).
-        rank: columns of L.
+        rank: columns of L (0: independent outputs, A = diag(v), as ``MultitaskKernel(..., rank=0)``).
         task_covar_prior: optional prior on A (``IndexKernel``'s ``prior``).
 
     The operator-valued names of earlier versions remain: ``base_kernel`` (read-only alias of
@@ -195,7 +195,7 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.num_tasks = check_positive_int(num_tasks, "num_tasks")
-        self.rank = check_positive_int(rank, "rank")
+        self.rank = check_positive_int(rank, "rank", allow_zero=True)
         self.data_covar_module = data_covar_module
         self.task_covar_module = IndexKernel(num_tasks=self.num_tasks, rank=self.rank, prior=task_covar_prior)
 

@@ -274,6 +274,25 @@ def test_multitask_state_dict_loads_into_its_sketch():
     assert errors[2048] < 0.05 and errors[2048] < 0.4 * errors[32], errors
 
 
+def test_rank_zero_multitask_kernels_convert_as_independent_outputs():
+    """MultitaskKernel(..., rank=0) is GPyTorch's A = diag(v) (no covar_factor columns): its sketch has the root
+    φ(x) ⊗ diag(√v) of width F·p, also inside an LCMKernel, and DecomposableKernel takes rank=0 as MultitaskKernel."""
+    exact = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), num_tasks=3, rank=0).to(F64)
+    exact.task_covar_module.var = torch.tensor([0.5, 1.0, 2.0], dtype=F64)
+    lcm = gpytorch.kernels.LCMKernel([gpytorch.kernels.RBFKernel(), gpytorch.kernels.MaternKernel()], num_tasks=3,
+                                     rank=[0, 1]).to(F64)
+    x = torch.rand(10, 2, dtype=F64, generator=torch.Generator().manual_seed(2)) * 2
+    decomposable = DecomposableKernel(gpytorch.kernels.RBFKernel(), num_outputs=3, rank=0).to(F64)
+    # widths F_s·(rank + p): the LCM's parts share F = 4096 and have ranks 0 and 1
+    for kernel, width in ((exact, 4096 * 3), (lcm, 2048 * 3 + 2048 * 4), (decomposable, 4096 * 3)):
+        sketched = rfgp.sketch(kernel, 4096, seed=0)
+        assert sketched.num_features == width
+        with torch.no_grad():
+            target = kernel(x).to_dense()
+            assert rfgp.metrics.relative_frobenius_error(sketched(x).to_dense(), target).item() < 0.05
+    assert torch.equal(rfgp.sketch(exact, 64).output_covariance, torch.diag(exact.task_covar_module.var))
+
+
 def _lcm():
     lcm = gpytorch.kernels.LCMKernel([gpytorch.kernels.RBFKernel(ard_num_dims=2), gpytorch.kernels.MaternKernel()],
                                      num_tasks=3, rank=[1, 2]).to(F64)
