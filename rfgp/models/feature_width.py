@@ -61,11 +61,13 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
     """Re-draw the rfgp feature maps in ``module`` in place so that their widths sum to ``num_features``.
 
     Hyperparameters and every other setting are kept; prediction caches of GPyTorch models in
-    ``module`` are cleared, so the next posterior is rebuilt once at the new width (chunk by chunk
+    ``module`` are cleared (an ``ExactGP``'s posterior, a variational strategy's factor of K_ZZ, which
+    GPyTorch keeps in eval mode), so the next posterior is rebuilt once at the new width (chunk by chunk
     when its N × F features exceed :class:`rfgp.settings.memory_budget`).
 
     Args:
-        module: an ``ExactGP`` (e.g. a trained model), a kernel tree, or any module holding them.
+        module: an ``ExactGP`` (e.g. a trained model), an ``ApproximateGP`` or deep GP, a kernel tree, or any
+            module holding them.
         num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F; a product: the width
             of its own Φ, see the module doc).  With several maps each gets F·Fᵢ/ΣFⱼ rounded to its
             granularity (at least one unit).
@@ -117,6 +119,8 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
     for node in module.modules():
         if isinstance(node, gpytorch.models.ExactGP):
             node.prediction_strategy = None
+        elif isinstance(node, gpytorch.variational._VariationalStrategy):
+            node._clear_cache()  # the Cholesky factor of K_ZZ at the old width, memoised in eval mode
     return module
 
 

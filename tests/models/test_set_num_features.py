@@ -65,6 +65,45 @@ def test_resized_model_equals_a_model_built_at_the_new_width():
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
 
 
+class _SVGP(gpytorch.models.ApproximateGP):
+    def __init__(self, inducing_points, covar_module):
+        distribution = gpytorch.variational.CholeskyVariationalDistribution(inducing_points.shape[-2])
+        super().__init__(gpytorch.variational.VariationalStrategy(self, inducing_points, distribution))
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def _svgp(x, num_features):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(F64)  # draws made at construction in float64, as resized ones are
+    try:
+        model = _SVGP(x[:10].clone(), SketchedRBFKernel(num_features, seed=3, ard_num_dims=2))
+    finally:
+        torch.set_default_dtype(previous)
+    distribution = model.variational_strategy._variational_distribution
+    distribution.variational_mean.data = torch.sin(5 * x[:10, 0])
+    distribution.chol_variational_covar.data = 0.5 * torch.eye(10, dtype=F64)
+    model.variational_strategy.variational_params_initialized.fill_(1)
+    model.covar_module.lengthscale = 0.3
+    return model
+
+
+def test_resizing_a_variational_model_in_eval_mode_clears_its_inducing_point_factor():
+    """GPyTorch's VariationalStrategy memoises chol(K_ZZ) in eval mode: after a resize it belongs to the old
+    features, and predictions mixed it with the new K_xZ (mean off by 0.39 here) instead of being the model built
+    at the new width."""
+    x, _ = _data()
+    x_test = torch.rand(5, 2, dtype=F64, generator=torch.Generator().manual_seed(1))
+    model = _svgp(x, 32)
+    _predict(model, x_test)  # caches chol(K_ZZ) at F = 32
+    rfgp.set_num_features(model, 512)
+    for got, expected in zip(_predict(model, x_test), _predict(_svgp(x, 512), x_test)):
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
+
+
 def test_iid_draws_at_the_new_width_extend_the_old_ones():
     kernel = SketchedRBFKernel(64, seed=5, input_dim=3)
     old = kernel.feature_map.frequencies.clone()
