@@ -122,6 +122,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         return torch.cholesky_solve(rhs, chol), chol
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
+        self.check_draws()
         features = scaled_root(test_test_covar)
         if features is None:
             raise TypeError(

@@ -51,6 +51,7 @@ from torch import Tensor
 from ..core.draws import standard_normal
 from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets
+from ..features.base import FeatureMap
 from . import distributed
 from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
@@ -58,9 +59,32 @@ from .posterior_covariance import feature_posterior_covariance
 
 
 class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
-    """GPyTorch prediction strategy for kernels that return rfgp feature-root operators."""
+    """GPyTorch prediction strategy for kernels that return rfgp feature-root operators.
+
+    Its caches live in weight space (A⁻¹ΦᵀD⁻¹(y − μ) and a factor of A⁻¹ for the training features Φ), so they
+    answer only for test features of the same draws: a prediction after the kernel's maps were re-drawn
+    (``feature_map.resample()``, a state with other draws loaded into the kernel alone) raises instead of pairing the
+    new Φ(x*) with the old weights (:func:`draw_fingerprint`).
+    """
+
+    def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
+        # the kernel behind a lazily evaluated training covariance (None where it came evaluated: fantasies)
+        self.kernel = getattr(train_prior_dist.lazy_covariance_matrix, "kernel", None)
+        self.draws = draw_fingerprint(self.kernel)
+
+    def check_draws(self) -> None:
+        """Raise if the kernel's maps were re-drawn since the training features were cached."""
+        if self.kernel is not None and draw_fingerprint(self.kernel) != self.draws:
+            raise RuntimeError(
+                "the kernel's random features were re-drawn after this model cached its posterior "
+                "(feature_map.resample(), or a state dict with other draws loaded into the kernel), so the cached "
+                "weights belong to other features; call model.train() once before predicting again "
+                "(rfgp.set_num_features does this itself)"
+            )
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
+        self.check_draws()
         if hasattr(test_test_covar, "evaluate_kernel"):
             test_test_covar = test_test_covar.evaluate_kernel()
         features = _features(test_test_covar)
@@ -258,6 +282,16 @@ def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tens
     if not extra:
         return residual.unsqueeze(-1), extra
     return residual.flatten(0, len(extra) - 1).movedim(0, -1), extra
+
+
+def draw_fingerprint(kernel) -> tuple[tuple[str, int, int], ...] | None:
+    """(class, seed, width) of every feature map in ``kernel``, in module order (``None`` for no kernel).
+
+    ``seed`` changes exactly when a map's draws do (``resample``, a loaded state of other draws).
+    """
+    if kernel is None:
+        return None
+    return tuple((type(m).__name__, m.seed, m.num_features) for m in kernel.modules() if isinstance(m, FeatureMap))
 
 
 def _features(covar) -> Tensor | None:

@@ -162,3 +162,24 @@ def test_batched_model_posterior_equals_dense(device):
             var = (phis[b] ** 2).sum(-1) - (cross * torch.linalg.solve(k, cross.T).T).sum(-1)
             torch.testing.assert_close(pred.mean[b], mean, rtol=1e-8, atol=1e-8)
             torch.testing.assert_close(pred.variance[b], var, rtol=1e-7, atol=1e-8)
+
+
+def test_prediction_after_the_features_were_redrawn_raises_until_the_posterior_is_rebuilt(device):
+    """The caches are weights of the training features' draws: after ``resample()`` (or loading a state with
+    other draws into the kernel; the model's own load_state_dict clears its caches) in eval mode, the next
+    prediction would pair the new Φ(x*) with the old weights."""
+    x, y, xs = data(device)
+    model = build(SketchedRBFKernel(64, seed=0), x, y, device)
+    with torch.no_grad():
+        model(xs)
+        feature_map = model.covar_module.base_kernel.feature_map
+        feature_map.resample(generator=torch.Generator().manual_seed(1))
+        with pytest.raises(RuntimeError, match="re-drawn after this model cached its posterior.*model.train"):
+            model(xs)
+        model.train()
+        model.eval()
+        mean, _ = dense_posterior(model, x, y, xs)
+        torch.testing.assert_close(model(xs).mean, mean, rtol=1e-8, atol=1e-8)
+        model.covar_module.load_state_dict(build(SketchedRBFKernel(64, seed=2), x, y, device).covar_module.state_dict())
+        with pytest.raises(RuntimeError, match="re-drawn"):
+            model(xs)
