@@ -73,6 +73,10 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
         """R·ε, ε ~ N(0, I_F): ``(num_samples, *batch, n)`` samples of N(0, RRᵀ) in O(num_samples·n·F)."""
         return _low_rank_samples(self.low_rank_root, num_samples)
 
+    def rescaled(self, scale: Tensor) -> LowRankPosteriorCovariance:
+        """SΣ*S = (SR)(SR)ᵀ with S = diag(``scale``), ``scale`` of shape ``(..., n)``: the covariance of s ⊙ f."""
+        return LowRankPosteriorCovariance(scale.unsqueeze(-1) * self.low_rank_root)
+
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
             return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(self.low_rank_root), other)
@@ -107,6 +111,12 @@ class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
         root = root.expand(*self.batch_shape, *root.shape[-2:])
         diag = self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
         return _low_rank_samples(root, num_samples, diag)
+
+    def rescaled(self, scale: Tensor) -> LowRankPosteriorAddedDiag:
+        """S(RRᵀ + D)S = (SR)(SR)ᵀ + S²D with S = diag(``scale``), ``scale`` of shape ``(..., n)``."""
+        root = scale.unsqueeze(-1) * self._linear_op.root.to_dense()
+        diag = scale.pow(2) * self._diag_tensor.diagonal(dim1=-2, dim2=-1)
+        return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(root), DiagLinearOperator(diag))
 
 
 def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -> LowRankPosteriorCovariance:
