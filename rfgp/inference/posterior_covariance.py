@@ -6,6 +6,9 @@ posterior runs in kernel space (N ≲ F), R = Φ*(I − WᵀQ) (:class:`~rfgp.in
 :class:`LowRankPosteriorCovariance` keeps R: matrix products cost O(n·F) per column, the
 variance is the row norms of R, and ``MultivariateNormal.rsample()`` draws R·ε with
 ε ~ N(0, I_F) in O(n·F) per sample (Thompson sampling over many candidates stays cheap).
+Output scalings keep the root: c·RRᵀ = (√c·R)(√c·R)ᵀ for a constant c > 0 (``_mul_constant``) and
+SRRᵀS = (SR)(SR)ᵀ for a diagonal S (:meth:`LowRankPosteriorCovariance.rescaled`, which BoTorch's ``Standardize``
+reaches through :mod:`rfgp.integrations.botorch_transforms`).
 
 Adding a diagonal (observation noise, the bias correction of paper 000 §5.6) gives a
 :class:`LowRankPosteriorAddedDiag`, whose log-density (``gpytorch.metrics.negative_log_predictive_density``,
@@ -76,6 +79,14 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
     def rescaled(self, scale: Tensor) -> LowRankPosteriorCovariance:
         """SΣ*S = (SR)(SR)ᵀ with S = diag(``scale``), ``scale`` of shape ``(..., n)``: the covariance of s ⊙ f."""
         return LowRankPosteriorCovariance(scale.unsqueeze(-1) * self.low_rank_root)
+
+    def _mul_constant(self, other: Tensor) -> LinearOperator:
+        """c·RRᵀ = (√c·R)(√c·R)ᵀ for constants c > 0 (``other`` a scalar or one per batch member): the covariance
+        of √c·f, e.g. under BoTorch's ``ScalarizedPosteriorTransform`` of one output; linear_operator's generic
+        product otherwise (as for its ``RootLinearOperator``)."""
+        if (other > 0).all():
+            return LowRankPosteriorCovariance(other.sqrt().unsqueeze(-1).unsqueeze(-1) * self.low_rank_root)
+        return super()._mul_constant(other)
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):

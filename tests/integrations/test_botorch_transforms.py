@@ -1,11 +1,13 @@
-"""BoTorch's Standardize on rfgp posteriors: the rescaled covariance keeps its n × F root, so Thompson sampling
-over many candidates draws in O(n·F) instead of factorising an n × n matrix — with BoTorch's own values."""
+"""BoTorch's Standardize and ScalarizedPosteriorTransform on rfgp posteriors: the rescaled covariance keeps its n × F
+root, so Thompson sampling over many candidates draws in O(n·F) instead of factorising an n × n matrix — with
+BoTorch's own values."""
 
 import pytest
 import torch
 
 botorch = pytest.importorskip("botorch")
 
+from botorch.acquisition.objective import ScalarizedPosteriorTransform  # noqa: E402
 from botorch.generation import MaxPosteriorSampling  # noqa: E402
 from botorch.models import SingleTaskGP  # noqa: E402
 from botorch.models.transforms.outcome import ChainedOutcomeTransform, Standardize  # noqa: E402
@@ -44,15 +46,20 @@ def test_standardized_posterior_keeps_the_root_with_botorchs_values(observation_
     torch.testing.assert_close(covariance.to_dense(), expected.distribution.covariance_matrix, rtol=1e-10, atol=1e-12)
 
 
-def test_thompson_sampling_over_many_candidates_factorises_nothing(factorised):
+@pytest.mark.parametrize("weight", [None, -2.0])  # -2: minimise twice the output, c·Σ* with c = 4
+def test_thompson_sampling_over_many_candidates_factorises_nothing(factorised, weight):
     gp = model()
+    transform = None if weight is None else ScalarizedPosteriorTransform(torch.tensor([weight], dtype=torch.float64))
     xs = torch.rand(400, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     with torch.no_grad():
         gp.posterior(xs[:1])  # the prediction caches (an N × N factor at N ≤ F)
         factorised.clear()
-        candidates = MaxPosteriorSampling(gp, replacement=False)(xs, num_samples=3)
+        candidates = MaxPosteriorSampling(gp, posterior_transform=transform, replacement=False)(xs, num_samples=3)
         assert candidates.shape == (3, D) and not factorised
-        posterior = gp.posterior(xs[:4])
+        posterior = gp.posterior(xs[:4], posterior_transform=transform)
+        if weight is not None:
+            unscaled = gp.posterior(xs[:4]).distribution.covariance_matrix
+            torch.testing.assert_close(posterior.distribution.covariance_matrix, weight**2 * unscaled)
         samples = posterior.rsample(torch.Size([4000])).squeeze(-1)
     assert not factorised
     mean, covariance = posterior.mean.squeeze(-1), posterior.distribution.covariance_matrix
