@@ -28,6 +28,7 @@ import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
+from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
 from .input_columns import MULTITASK_TYPES, TreeColumns, check_tree, children
 from .operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
 from .tree_widths import TreeBuilder, leaf_width
@@ -128,7 +129,10 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Raises:
         TypeError: ``kernel`` is not a GPyTorch ``Kernel`` (a model: convert its ``covar_module``), or naming
             the first kernel in the tree that has no random-feature version (or is
-            an unregistered subclass of one), or an unknown keyword option (the accepted ones listed).
+            an unregistered subclass of one), or an unknown keyword option (the accepted ones listed), or a
+            prior of the tree that the converted tree would not have with the same log-density
+            (:mod:`rfgp.kernels.carried_hyperparameters`; parameters and priors registered on a kernel instance
+            beyond its class's, as BoTorch's ``add_saas_prior`` adds, are carried over).
         ValueError: a method name no leaf of the tree has, a ``method`` mapping naming an
             unknown kernel or a method that kernel does not have, or an option of another family
             than the leaf's method; a bad ``x_sample``; and, before any first call would, a tree
@@ -171,6 +175,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     choose_method = _method_chooser(method, leaves)
     plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, columns)
     converted = _convert(kernel, plan)
+    check_priors_kept(kernel, converted)
     unused = sorted(set(options) - plan.used_options)
     if unused:
         takers = {name: sorted({t.__name__ for t, names in _OPTIONS.items() if name in names}) for name in unused}
@@ -354,7 +359,7 @@ def _convert(kernel, plan: _Plan):
         base = _convert(kernel.base_kernel, plan.below(kernel, kernel.base_kernel))
         scaled = ScaleKernel(base, **_common_kwargs(kernel))
         scaled.active_dims = kernel.active_dims  # its own, as GPyTorch applies them (not the base's copied at init)
-        return copy_hyperparameters(kernel, scaled, "outputscale")
+        return carry_extra_hyperparameters(kernel, copy_hyperparameters(kernel, scaled, "outputscale"))
     if isinstance(kernel, (AdditiveKernel, ProductKernel)):
         builder = _tree_builder(kernel, plan)
         return builder.sum(kernel, plan.num_features) if isinstance(kernel, AdditiveKernel) else \
@@ -394,8 +399,9 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
         raise TypeError(f"rfgp.sketch does not convert {kernel_type.__name__}: {_REFUSALS[kernel_type]}")
     if kernel_type in _CONVERTERS:
         converter = _CONVERTERS[kernel_type]
-        return converter(kernel, leaf_width(plan.num_features, kernel), plan.choose_method(kernel), plan.seeds.take(),
-                         **plan.options_for(kernel))
+        converted = converter(kernel, leaf_width(plan.num_features, kernel), plan.choose_method(kernel),
+                              plan.seeds.take(), **plan.options_for(kernel))
+        return carry_extra_hyperparameters(kernel, converted)
     if _is_rfgp_kernel(kernel):
         raise TypeError(
             f"rfgp.sketch converts exact GPyTorch kernels, and {kernel_type.__name__} is already an rfgp kernel; "

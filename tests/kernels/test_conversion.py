@@ -135,6 +135,18 @@ def test_unsupported_kernels_raise_type_error_naming_them():
         rfgp.sketch(ScaleKernel(AdditiveKernel(RBFKernel(), _Unsupported())), num_features=8)
 
 
+def test_a_prior_that_cannot_carry_over_is_refused_naming_it():
+    """A prior registered on a kernel instance is carried with its closure; one that reads the kernel's covariance
+    (not a hyperparameter) would take another value on the sketch, changing the MAP objective: refused by name."""
+    points = torch.zeros(1, 1), torch.ones(1, 1)
+    exact = ScaleKernel(RBFKernel())
+    exact.base_kernel.register_prior("correlation_prior", gpytorch.priors.NormalPrior(0.6, 0.1),
+                                     lambda m: m(*points).to_dense())
+    with pytest.raises(TypeError, match="would change the model's priors.*base_kernel.correlation_prior "
+                                        r"\(log-density .* differs\)"):
+        rfgp.sketch(exact, num_features=64, seed=0)
+
+
 def test_a_model_instead_of_a_kernel_is_refused_naming_its_covar_module():
     x, y = torch.rand(5, 2), torch.rand(5)
     model = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), ScaleKernel(RBFKernel()))
