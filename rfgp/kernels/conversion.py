@@ -128,8 +128,9 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
 
     Raises:
         TypeError: ``kernel`` is not a GPyTorch ``Kernel`` (a model: convert its ``covar_module``), or naming
-            the first kernel in the tree that has no random-feature version (or is
-            an unregistered subclass of one), or an unknown keyword option (the accepted ones listed), or a
+            the first kernel in the tree that has no random-feature version (or is an unregistered subclass of
+            one, or of ``ScaleKernel``/``AdditiveKernel``/``ProductKernel`` overriding ``forward``), or an unknown
+            keyword option (the accepted ones listed), or a
             prior of the tree that the converted tree would not have with the same log-density
             (:mod:`rfgp.kernels.carried_hyperparameters`; parameters and priors registered on a kernel instance
             beyond its class's, as BoTorch's ``add_saas_prior`` adds, are carried over).
@@ -354,7 +355,14 @@ class _SeedSequence:
         return seed
 
 
+#: the composite kernels that _convert takes apart; a subclass is taken apart as its parent only if it computes as it
+_COMPOSITES = (ScaleKernel, AdditiveKernel, ProductKernel)
+_COVARIANCE_METHODS = ("forward", "__call__", "num_outputs_per_input")
+
+
 def _convert(kernel, plan: _Plan):
+    if isinstance(kernel, _COMPOSITES) and not _computes_as_composite(kernel):
+        return _convert_leaf(kernel, plan)  # a converter registered for its exact type, or an error naming it
     if isinstance(kernel, ScaleKernel):
         base = _convert(kernel.base_kernel, plan.below(kernel, kernel.base_kernel))
         scaled = ScaleKernel(base, **_common_kwargs(kernel))
@@ -384,6 +392,14 @@ def _convert(kernel, plan: _Plan):
     return _convert_leaf(kernel, plan)
 
 
+def _computes_as_composite(kernel: Kernel) -> bool:
+    """Whether ``kernel`` is a composite or a subclass of one that defines its covariance no differently (BoTorch's
+    ``CombinatorialCovarModule(ScaleKernel)`` only sets constructor defaults); one that overrides ``forward``
+    (say, a squared ``ScaleKernel``) is another covariance, which converting it as its parent would silently change."""
+    parent = next(base for base in _COMPOSITES if isinstance(kernel, base))
+    return all(getattr(type(kernel), name) is getattr(parent, name) for name in _COVARIANCE_METHODS)
+
+
 def _tree_builder(kernel: Kernel, plan: _Plan) -> TreeBuilder:
     """The width builder for the parts of ``kernel`` (a sum, product or LCM), converting them below it."""
     return TreeBuilder(
@@ -408,7 +424,7 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
             "pass the exact tree to rfgp.sketch, or re-draw an rfgp tree at another width with "
             "rfgp.set_num_features(kernel_or_model, num_features)"
         )
-    parents = [t.__name__ for t in kernel_type.__mro__[1:] if t in _CONVERTERS]
+    parents = [t.__name__ for t in kernel_type.__mro__[1:] if t in _CONVERTERS or t in _COMPOSITES]
     if parents:
         raise TypeError(
             f"rfgp.sketch has no random-feature version of {kernel_type.__name__}; it is a subclass of "

@@ -135,6 +135,23 @@ def test_unsupported_kernels_raise_type_error_naming_them():
         rfgp.sketch(ScaleKernel(AdditiveKernel(RBFKernel(), _Unsupported())), num_features=8)
 
 
+class _SquaredScale(ScaleKernel):
+    def forward(self, x1, x2, **params):
+        return super().forward(x1, x2, **params).to_dense() ** 2
+
+
+class _UnitScale(ScaleKernel):  # constructor defaults only, the covariance of a ScaleKernel
+    def __init__(self, base_kernel):
+        super().__init__(base_kernel, outputscale_constraint=Interval(0.5, 2.0))
+
+
+def test_a_composite_subclass_converts_as_its_parent_only_if_it_computes_as_it():
+    with pytest.raises(TypeError, match="_SquaredScale; it is a subclass of ScaleKernel.*not converted as its parent"):
+        rfgp.sketch(AdditiveKernel(RBFKernel(), _SquaredScale(MaternKernel())), num_features=64, seed=0)
+    sketched = rfgp.sketch(_UnitScale(RBFKernel()), num_features=64, seed=0)
+    assert type(sketched) is ScaleKernel and float(sketched.raw_outputscale_constraint.lower_bound) == 0.5
+
+
 def test_a_prior_that_cannot_carry_over_is_refused_naming_it():
     """A prior registered on a kernel instance is carried with its closure; one that reads the kernel's covariance
     (not a hyperparameter) would take another value on the sketch, changing the MAP objective: refused by name."""
