@@ -3,7 +3,6 @@ truncation order (paper 003 Lemmas 2.9/2.11); hyperparameters carry over; |K −
 
 import math
 
-import gpytorch
 import pytest
 import torch
 from gpytorch.constraints import Interval

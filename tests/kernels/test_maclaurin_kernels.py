@@ -1,6 +1,5 @@
 """Maclaurin kernels: GPyTorch contract, agreement with exact kernels, bias-corrected posterior, training."""
 
-import math
 import unittest
 
 import gpytorch
