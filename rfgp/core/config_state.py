@@ -200,3 +200,35 @@ class ConfigState:
                     "(the state was saved from a differently configured module)"
                 )
         return adopt
+
+
+class SavedDrawShapes:
+    """``nn.Module`` mixin (listed before :class:`ConfigState`): draws take the shapes a loaded state saved.
+
+    For draws whose shape depends on hyperparameters at draw time (the number of harmonics of a
+    periodic measure follows the lengthscale then), a module re-drawn at its own hyperparameters
+    while a state loads can hold buffers of another shape than the saved ones — a state saved after
+    training, or converted from a trained exact kernel, loaded into a freshly built module.  Such a
+    module calls :meth:`_adopt_saved_shapes` right after it (re-)registers its draws; during a load
+    the buffers the state dict holds with another shape are re-created with the saved shape, and
+    the saved values are then copied into them.  Outside a load it does nothing.
+    """
+
+    _saved_shapes: ClassVar[dict] = {}
+
+    def _adopt_saved_shapes(self) -> None:
+        for name, buffer in list(self.named_buffers(recurse=False)):
+            shape = self._saved_shapes.get(name)
+            if shape is not None and buffer.shape != shape:
+                self.register_buffer(name, buffer.new_empty(shape))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        self._saved_shapes = {
+            key[len(prefix):]: value.shape for key, value in state_dict.items()
+            if key.startswith(prefix) and "." not in key[len(prefix):] and torch.is_tensor(value)
+        }
+        try:
+            self._adopt_saved_shapes()
+            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        finally:
+            self._saved_shapes = {}

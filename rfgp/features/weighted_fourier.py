@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..core.config_state import METHOD
+from ..core.config_state import METHOD, SavedDrawShapes
 from .base import FeatureMap
 
 
@@ -73,7 +73,7 @@ def fourier_features(x: Tensor, frequencies: Tensor, log_weights: Tensor | None 
     return features * torch.cat([amplitude, amplitude], dim=-1)
 
 
-class WeightedFourierFeatures(FeatureMap):
+class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
     """Φ(x; θ) for a :class:`SpectralMeasure`: fixed draws ξ (buffers), hyperparameters θ at call time.
 
     Args:
@@ -117,30 +117,9 @@ class WeightedFourierFeatures(FeatureMap):
         frequencies = self.measure.frequencies(draws, **hyperparameters)
         return fourier_features(x, frequencies, self.measure.log_weights(draws, **hyperparameters))
 
-    # Draws whose shape depends on the proposal (e.g. the number of harmonics, chosen from the
-    # hyperparameters at draw time) take the saved shape when a state dict is loaded.
-    _saved_shapes: dict = {}
-
     def _materialize(self) -> None:
         super()._materialize()
-        self._adopt_saved_shapes()
-
-    def _adopt_saved_shapes(self) -> None:
-        for name, shape in self._saved_shapes.items():
-            if name in self._buffer_names and getattr(self, name).shape != shape:
-                old = getattr(self, name)
-                self.register_buffer(name, old.new_empty(shape))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        self._saved_shapes = {
-            key[len(prefix):]: value.shape for key, value in state_dict.items()
-            if key.startswith(prefix) and "." not in key[len(prefix):] and torch.is_tensor(value)
-        }
-        try:
-            self._adopt_saved_shapes()
-            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        finally:
-            self._saved_shapes = {}
+        self._adopt_saved_shapes()  # the number of harmonics follows the proposal's hyperparameters
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, measure={self.measure!r}"

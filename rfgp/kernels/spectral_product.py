@@ -42,7 +42,7 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from ..core.config_state import DRAW, LAZY, METHOD
+from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
 from ..core.dtypes import cast_to
 from ..core.validation import check_positive_int
 from ..features.base import _new_seed
@@ -59,7 +59,7 @@ def has_spectral_protocol(kernel: Kernel) -> bool:
     return all(callable(getattr(base, name, None)) for name in SPECTRAL_PROTOCOL)
 
 
-class SpectralProductKernel(FeatureKernel):
+class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
     r"""k̂ ≈ Πᵢ kᵢ for stationary factors, sin/cos features of ω = Σᵢωᵢ (width F = 2m, see module doc).
 
     Args:
@@ -121,6 +121,7 @@ class SpectralProductKernel(FeatureKernel):
                     value = value.to(device=anchor.device, dtype=anchor.dtype)
                 self.register_buffer(f"draws{i}_{name}", value)
         self.input_dims = tuple(input_dims)
+        self._adopt_saved_shapes()  # a periodic factor's number of harmonics follows its lengthscale at draw time
 
     def resample(self, generator: torch.Generator | None = None) -> SpectralProductKernel:
         """Redraw the joint frequencies (from ``generator`` if given, else torch's global RNG)."""

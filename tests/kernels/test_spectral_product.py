@@ -13,6 +13,7 @@ from rfgp.features import random
 from rfgp.features.tensor_product import TensorProductSketch
 from rfgp.kernels import (
     SketchedMaternKernel,
+    SketchedPeriodicKernel,
     SketchedPolynomialKernel,
     SketchedProductKernel,
     SketchedRBFKernel,
@@ -188,4 +189,26 @@ def test_state_dict_round_trip_reproduces_the_gram(kind):
     expected = original(x).to_dense().detach()
     fresh = build(10)  # other seeds, draws not made yet
     fresh.load_state_dict(original.state_dict())
+    torch.testing.assert_close(fresh(x).to_dense().detach(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("called", [False, True], ids=["fresh", "already-called"])
+def test_state_of_a_periodic_factor_drawn_at_another_lengthscale_loads(called):
+    """A periodic factor draws K harmonics, K from its lengthscale at draw time (ℓ = 0.05: K = 208,
+    the default ℓ = 0.69: K = 55); the state of a product drawn after training (or converted from a
+    trained exact tree) must load into one built afresh, whose own draws have the other K."""
+    def build(lengthscale=None):
+        periodic = SketchedPeriodicKernel(8, seed=0)
+        if lengthscale is not None:
+            periodic.lengthscale = lengthscale
+        return SpectralProductKernel(periodic, SketchedRBFKernel(8, seed=1), num_features=16, seed=2).double()
+
+    x = torch.rand(6, 1, dtype=F64)
+    trained = build(0.05)
+    expected = trained(x).to_dense().detach()
+    fresh = build()
+    if called:
+        fresh(x)
+    fresh.load_state_dict(trained.state_dict())
+    assert fresh.draws0_harmonic_orders.shape == trained.draws0_harmonic_orders.shape == (208,)
     torch.testing.assert_close(fresh(x).to_dense().detach(), expected, rtol=0, atol=0)
