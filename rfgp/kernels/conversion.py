@@ -29,6 +29,7 @@ from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 
 from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
+from .hyperparameters import prior_closures
 from .input_columns import MULTITASK_TYPES, TreeColumns, check_tree, children
 from .operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
 from .tree_widths import TreeBuilder, leaf_width
@@ -472,9 +473,9 @@ def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
         getattr(target, raw).data.copy_(getattr(source, raw).data)
         prior_name = f"{name}_prior"
         if prior_name in source._priors:
-            prior, closure, setting_closure = source._priors[prior_name]
-            target._priors[prior_name] = (prior, closure, setting_closure)
-            target.add_module(prior_name, prior)
+            # the target's own closures: the source's call its class's private setters (PeriodicKernel's
+            # _set_period_length), which the rfgp kernel has not, or are bound to the source kernel
+            target.register_prior(prior_name, source._priors[prior_name][0], *prior_closures(name))
     return target
 
 

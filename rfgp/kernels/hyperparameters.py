@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from gpytorch.constraints import Interval, Positive
 from gpytorch.kernels import Kernel
@@ -23,8 +25,25 @@ def register_positive_hyperparameter(kernel: Kernel, name: str, shape, prior: Pr
     if prior is not None:
         if not isinstance(prior, Prior):
             raise TypeError(f"{name}_prior must be a gpytorch.priors.Prior, got {type(prior).__name__}")
-        kernel.register_prior(f"{name}_prior", prior, lambda m: positive_value(m, name),
-                              lambda m, v: set_positive_value(m, name, v))
+        kernel.register_prior(f"{name}_prior", prior, *prior_closures(name))
+
+
+def prior_closures(name: str) -> tuple[partial, partial]:
+    """(closure, setting_closure) of ``<name>_prior`` for ``register_prior``: read and set ``module.<name>``.
+
+    GPyTorch calls them on the module that holds the prior (``pyro_sample_from_prior``,
+    ``pyro_load_from_samples``, ``sample_from_prior``), so they go through the module's own (validated)
+    setter; partials of module functions, not lambdas, so that a kernel with priors pickles.
+    """
+    return partial(_get_hyperparameter, name=name), partial(_set_hyperparameter, name=name)
+
+
+def _get_hyperparameter(module, *, name: str):
+    return getattr(module, name)
+
+
+def _set_hyperparameter(module, value, *, name: str) -> None:
+    setattr(module, name, value)
 
 
 def positive_value(kernel: Kernel, name: str) -> Tensor:

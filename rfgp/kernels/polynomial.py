@@ -21,6 +21,7 @@ from ..core.validation import check_choice, check_hyperparameter, check_positive
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
+from .hyperparameters import prior_closures
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` name -> builder(power, num_features, input_dim, seed, generator, **options) -> FeatureMap
@@ -148,7 +149,7 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         if offset_prior is not None:
             if not isinstance(offset_prior, Prior):
                 raise TypeError(f"offset_prior must be a gpytorch.priors.Prior, got {type(offset_prior).__name__}")
-            self.register_prior("offset_prior", offset_prior, lambda m: m.offset, lambda m, v: m._set_offset(v))
+            self.register_prior("offset_prior", offset_prior, *prior_closures("offset"))
 
     @classmethod
     def from_sphere(cls, a: float, power: int, num_features: int, normalize_inputs: bool = False, **kwargs):

@@ -1,6 +1,8 @@
 """rfgp.sketch: GPyTorch kernel trees convert with identical hyperparameters, constraints and
 priors; the converted tree approximates the original; unsupported kernels raise TypeError."""
 
+import pickle
+
 import gpytorch
 import pytest
 import torch
@@ -206,3 +208,33 @@ def test_register_converter_extends_sketch():
         from rfgp.kernels import conversion
 
         conversion._CONVERTERS.pop(Other)
+
+
+@pytest.mark.parametrize("exact", [
+    gpytorch.kernels.PeriodicKernel(lengthscale_prior=GammaPrior(2.0, 2.0), period_length_prior=GammaPrior(2.0, 2.0)),
+    gpytorch.kernels.CosineKernel(period_length_prior=GammaPrior(2.0, 2.0)),
+    gpytorch.kernels.LinearKernel(variance_prior=GammaPrior(2.0, 2.0)),
+    gpytorch.kernels.ConstantKernel(constant_prior=GammaPrior(2.0, 2.0)),
+    ScaleKernel(gpytorch.kernels.PolynomialKernel(power=2, offset_prior=GammaPrior(2.0, 2.0)),
+                outputscale_prior=GammaPrior(2.0, 2.0)),
+], ids=["periodic", "cosine", "linear", "constant", "scale-polynomial"])
+def test_carried_priors_sample_set_and_pickle(exact):
+    """GPyTorch's prior API on the converted kernel: ``sample_from_prior`` and Pyro's ``pyro_sample_from_prior``
+    set the hyperparameter through its setting closure, which GPyTorch's kernels write as a call of their private
+    setter (``PeriodicKernel._set_period_length``): copied as they were, they raised AttributeError on the rfgp
+    kernel; the rfgp kernel pickles (its closures are no lambdas)."""
+    sketched = rfgp.sketch(exact, 8, seed=0)
+    names = sorted(name for name, *_ in exact.named_priors())
+    assert sorted(name for name, *_ in sketched.named_priors()) == names
+    torch.manual_seed(0)
+    for name, module, prior, closure, _ in sketched.named_priors():
+        before = closure(module).detach().clone()
+        module.sample_from_prior(name.rsplit(".", 1)[-1])
+        assert not torch.equal(closure(module), before)
+        assert torch.isfinite(prior.log_prob(closure(module))).all()
+    sampled = sketched.pyro_sample_from_prior()
+    assert sorted(name for name, *_ in sampled.named_priors()) == names
+    clone = pickle.loads(pickle.dumps(sketched))
+    for (_, module, _, closure, _), (_, copied, _, copied_closure, _) in zip(sketched.named_priors(),
+                                                                          clone.named_priors()):
+        torch.testing.assert_close(copied_closure(copied), closure(module), rtol=0, atol=0)
