@@ -128,6 +128,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             raise TypeError(
                 f"expected a low-rank feature operator for the test covariance, got {type(test_test_covar).__name__}"
             )
+        self.check_features(features)
         kernel_space = self.uses_kernel_space
         weight_mean, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
         mean = (features @ weight_mean).squeeze(-1) + test_mean

@@ -83,6 +83,22 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
                 "(rfgp.set_num_features does this itself)"
             )
 
+    def check_features(self, features: Tensor) -> None:
+        """Raise if the test features are not in the dtype and on the device of the training covariance.
+
+        GPyTorch's ``ExactGP`` converts its training data in ``model.float()``/``.double()``/``.to(...)``
+        but keeps its prediction strategy, whose caches were computed in the old dtype (or on the old
+        device) from the old hyperparameters.  (The training covariance, not the mean: a float32 kernel
+        computes float64 data in float64, and its test features too.)
+        """
+        cached = self.train_prior_dist.lazy_covariance_matrix
+        if (features.dtype, features.device) != (cached.dtype, cached.device):
+            raise RuntimeError(
+                f"this model cached its posterior in {cached.dtype} on {cached.device}, but its test features are "
+                f"{features.dtype} on {features.device}: the model was converted (model.float(), .double(), "
+                ".to(...)) after it predicted; call model.train() once before predicting again"
+            )
+
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         self.check_draws()
         if hasattr(test_test_covar, "evaluate_kernel"):
@@ -90,6 +106,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         features = _features(test_test_covar)
         if features is None:
             return super().exact_prediction(test_mean, test_test_covar, test_train_covar)
+        self.check_features(features)
         correction = _variance_correction(test_test_covar)
         kernel_space = self.uses_kernel_space
         mean_cache, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache

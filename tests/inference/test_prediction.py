@@ -183,3 +183,28 @@ def test_prediction_after_the_features_were_redrawn_raises_until_the_posterior_i
         model.covar_module.load_state_dict(build(SketchedRBFKernel(64, seed=2), x, y, device).covar_module.state_dict())
         with pytest.raises(RuntimeError, match="re-drawn"):
             model(xs)
+
+
+@pytest.mark.parametrize("num_features", [8, 64], ids=["feature-space", "kernel-space"])
+def test_prediction_after_a_dtype_conversion_raises_until_the_posterior_is_rebuilt(num_features):
+    """``model.float()``/``.double()`` in eval mode converts GPyTorch's training data but keeps the prediction
+    strategy, whose caches are in the old dtype: the next prediction names the conversion (it was a bare
+    "expected m1 and m2 to have the same dtype"), and after train()/eval() predicts in the new dtype."""
+    x, y, xs = data("cpu")
+    model = build(SketchedRBFKernel(num_features, seed=0), x, y, "cpu")
+    with torch.no_grad():
+        model(xs)
+        for convert, dtype, tol in ((model.float, torch.float32, 1e-4), (model.double, torch.float64, 1e-8)):
+            convert()
+            with pytest.raises(RuntimeError, match=f"cached its posterior in torch.float.. on cpu, but its test "
+                                                   f"features are {dtype} on cpu.*model.train"):
+                model(xs.to(dtype))
+            model.train()
+            model.eval()
+            pred = model(xs.to(dtype))
+            assert pred.mean.dtype == dtype
+            model.double()  # the reference in float64, from the (once rounded) training data the model holds
+            mean, covar = dense_posterior(model, model.train_inputs[0], model.train_targets, xs)
+            model.to(dtype)
+            torch.testing.assert_close(pred.mean.double(), mean, rtol=tol, atol=tol)
+            torch.testing.assert_close(pred.covariance_matrix.double(), covar, rtol=tol, atol=tol)
