@@ -170,12 +170,31 @@ def check_input_shape(x: Tensor, name: str, input_dim: int | None) -> None:
         )
 
 
+def refuse_functorch_transforms() -> None:
+    """The NotImplementedError for a kernel call under ``torch.func.vmap``, ``grad``, ``jacrev``, ``jvp``, ….
+
+    rfgp's feature maps and inference run custom autograd Functions (fused sin/cos features, TensorSRHT
+    gathers, feature statistics) and value checks that functorch cannot batch or transform; without this
+    check PyTorch answers with errors about ``setup_context`` or data-dependent control flow.
+    """
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(
+            "rfgp kernels do not run under torch.func transforms (vmap, grad, jacrev, jvp, ...): their feature "
+            "maps and marginal likelihood use custom autograd Functions and value checks that functorch cannot "
+            "batch. For an ensemble of models with different hyperparameters build the kernel (and mean, "
+            "likelihood) with batch_shape=torch.Size([B]), one member per model sharing the random draws; take "
+            "derivatives with torch.autograd; torch.func.functional_call alone works"
+        )
+
+
 def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> torch.dtype:
     """Free checks of a kernel call (supported dtypes, equal trailing dims); returns the dtype it computes in.
 
     That is ``torch.promote_types`` of x1's, x2's and the kernel's ``dtype``, as for GPyTorch's kernels
-    (see :mod:`rfgp.core.dtypes`).
+    (see :mod:`rfgp.core.dtypes`).  Under a ``torch.func`` transform a kernel call raises (see
+    :func:`refuse_functorch_transforms`).
     """
+    refuse_functorch_transforms()
     check_tensor_dtype(x1, "x1")
     check_tensor_dtype(x2, "x2")
     if x1.shape[-1] != x2.shape[-1]:
