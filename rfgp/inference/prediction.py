@@ -88,15 +88,17 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
         GPyTorch's ``ExactGP`` converts its training data in ``model.float()``/``.double()``/``.to(...)``
         but keeps its prediction strategy, whose caches were computed in the old dtype (or on the old
-        device) from the old hyperparameters.  (The training covariance, not the mean: a float32 kernel
-        computes float64 data in float64, and its test features too.)
+        device) from the old hyperparameters; and float64 test inputs of a float32 model (training data)
+        give float64 test features, which the float32 caches do not multiply.  (The training covariance,
+        not the mean: a float32 kernel computes float64 data in float64, and its test features too.)
         """
         cached = self.train_prior_dist.lazy_covariance_matrix
         if (features.dtype, features.device) != (cached.dtype, cached.device):
             raise RuntimeError(
                 f"this model cached its posterior in {cached.dtype} on {cached.device}, but its test features are "
-                f"{features.dtype} on {features.device}: the model was converted (model.float(), .double(), "
-                ".to(...)) after it predicted; call model.train() once before predicting again"
+                f"{features.dtype} on {features.device}: pass test inputs in the dtype and on the device of the "
+                "training data, and if the model was converted (model.float(), .double(), .to(...)) after it "
+                "predicted, call model.train() once before predicting again"
             )
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):

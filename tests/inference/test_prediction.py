@@ -208,3 +208,23 @@ def test_prediction_after_a_dtype_conversion_raises_until_the_posterior_is_rebui
             model.to(dtype)
             torch.testing.assert_close(pred.mean.double(), mean, rtol=tol, atol=tol)
             torch.testing.assert_close(pred.covariance_matrix.double(), covar, rtol=tol, atol=tol)
+
+
+def test_float64_test_inputs_of_a_float32_user_model_are_named():
+    """GPyTorch's ExactGP concatenates float64 test inputs with float32 training data: float64 test features,
+    which the float32 caches do not multiply (rfgp's own models refuse such inputs first)."""
+
+    class UserGP(gpytorch.models.ExactGP):
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    x, y, xs = data("cpu")
+    model = UserGP(x.float(), y.float(), gpytorch.likelihoods.GaussianLikelihood())
+    model.mean_module = gpytorch.means.ConstantMean()
+    model.covar_module = SketchedRBFKernel(16, seed=0)
+    model.eval()
+    with torch.no_grad():
+        assert model(xs.float()).mean.dtype == torch.float32
+        with pytest.raises(RuntimeError, match="in torch.float32 on cpu, but its test features are torch.float64 on "
+                                               "cpu: pass test inputs in the dtype and on the device of the training"):
+            model(xs)
