@@ -72,6 +72,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         # the kernel behind a lazily evaluated training covariance (None where it came evaluated: fantasies)
         self.kernel = getattr(train_prior_dist.lazy_covariance_matrix, "kernel", None)
         self.draws = draw_fingerprint(self.kernel)
+        self.kernel_placement = _placement(self.kernel)
 
     def check_draws(self) -> None:
         """Raise if the kernel's maps were re-drawn since the training features were cached."""
@@ -84,7 +85,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             )
 
     def check_features(self, features: Tensor) -> None:
-        """Raise if the test features are not in the dtype and on the device of the training covariance.
+        """Raise if the kernel or the test features are not in the dtype and on the device the posterior was cached in.
 
         GPyTorch's ``ExactGP`` converts its training data in ``model.float()``/``.double()``/``.to(...)``
         but keeps its prediction strategy, whose caches were computed in the old dtype (or on the old
@@ -93,12 +94,14 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         not the mean: a float32 kernel computes float64 data in float64, and its test features too.)
         """
         cached = self.train_prior_dist.lazy_covariance_matrix
-        if (features.dtype, features.device) != (cached.dtype, cached.device):
+        kernel = _placement(self.kernel)
+        if kernel != self.kernel_placement or (features.dtype, features.device) != (cached.dtype, cached.device):
             raise RuntimeError(
-                f"this model cached its posterior in {cached.dtype} on {cached.device}, but its test features are "
-                f"{features.dtype} on {features.device}: pass test inputs in the dtype and on the device of the "
-                "training data, and if the model was converted (model.float(), .double(), .to(...)) after it "
-                "predicted, call model.train() once before predicting again"
+                f"this model cached its posterior in {cached.dtype} on {cached.device} (kernel: "
+                f"{_describe(self.kernel_placement)}), but predicts with test features in {features.dtype} on "
+                f"{features.device} (kernel: {_describe(kernel)}): pass test inputs in the dtype and on the device "
+                "of the training data, and if the model was converted (model.float(), .double(), .to(...)) after "
+                "it predicted, call model.train() once before predicting again"
             )
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
@@ -301,6 +304,16 @@ def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tens
     if not extra:
         return residual.unsqueeze(-1), extra
     return residual.flatten(0, len(extra) - 1).movedim(0, -1), extra
+
+
+def _placement(module) -> tuple[torch.dtype, torch.device] | None:
+    """(dtype, device) of a module's first floating parameter or buffer (``None`` for no module or none)."""
+    tensors = () if module is None else (*module.parameters(), *module.buffers())
+    return next(((t.dtype, t.device) for t in tensors if t.is_floating_point()), None)
+
+
+def _describe(placement: tuple[torch.dtype, torch.device] | None) -> str:
+    return "no parameters" if placement is None else f"{placement[0]} on {placement[1]}"
 
 
 def draw_fingerprint(kernel) -> tuple[tuple[str, int, int], ...] | None:

@@ -196,8 +196,9 @@ def test_prediction_after_a_dtype_conversion_raises_until_the_posterior_is_rebui
         model(xs)
         for convert, dtype, tol in ((model.float, torch.float32, 1e-4), (model.double, torch.float64, 1e-8)):
             convert()
-            with pytest.raises(RuntimeError, match=f"cached its posterior in torch.float.. on cpu, but its test "
-                                                   f"features are {dtype} on cpu.*model.train"):
+            with pytest.raises(RuntimeError, match=f"cached its posterior in torch.float.. on cpu .kernel: torch.float"
+                                                   f".. on cpu., but predicts with test features in {dtype} on cpu "
+                                                   f".kernel: {dtype} on cpu.*model.train"):
                 model(xs.to(dtype))
             model.train()
             model.eval()
@@ -212,7 +213,9 @@ def test_prediction_after_a_dtype_conversion_raises_until_the_posterior_is_rebui
 
 def test_float64_test_inputs_of_a_float32_user_model_are_named():
     """GPyTorch's ExactGP concatenates float64 test inputs with float32 training data: float64 test features,
-    which the float32 caches do not multiply (rfgp's own models refuse such inputs first)."""
+    which the float32 caches do not multiply (rfgp's own models refuse such inputs first); and after
+    ``model.float()`` of a model that predicted in float64, float64 test inputs met the float64 caches of the
+    model before the conversion, silently."""
 
     class UserGP(gpytorch.models.ExactGP):
         def forward(self, x):
@@ -225,6 +228,15 @@ def test_float64_test_inputs_of_a_float32_user_model_are_named():
     model.eval()
     with torch.no_grad():
         assert model(xs.float()).mean.dtype == torch.float32
-        with pytest.raises(RuntimeError, match="in torch.float32 on cpu, but its test features are torch.float64 on "
-                                               "cpu: pass test inputs in the dtype and on the device of the training"):
+        with pytest.raises(RuntimeError, match="in torch.float32 on cpu .kernel: torch.float32 on cpu., but predicts "
+                                               "with test features in torch.float64 on cpu .kernel: torch.float32 on "
+                                               "cpu.: pass test inputs in the dtype and on the device of the training"):
+            model(xs)
+        model.double()
+        model.train()
+        model.eval()
+        model(xs)
+        model.float()
+        with pytest.raises(RuntimeError, match="in torch.float64 on cpu .kernel: torch.float64 on cpu., but predicts "
+                                               "with test features in torch.float64 on cpu .kernel: torch.float32"):
             model(xs)
