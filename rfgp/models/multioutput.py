@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..core.validation import check_model_inputs, check_training_data
 from ..inference.multioutput import kernel_num_outputs
-from .regression import _nan_policy_leaves_nan_out
+from .regression import _nan_policy_leaves_nan_out, lazy_kernels_when_predicting
 
 
 class MultiOutputGPModel(gpytorch.models.ExactGP):
@@ -68,7 +68,8 @@ class MultiOutputGPModel(gpytorch.models.ExactGP):
 
     def __call__(self, *inputs, **kwargs):
         check_model_inputs(self, inputs)
-        return super().__call__(*inputs, **kwargs)
+        with lazy_kernels_when_predicting(self):
+            return super().__call__(*inputs, **kwargs)
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultitaskMultivariateNormal:
         return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))

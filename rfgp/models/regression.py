@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import gpytorch
 import torch
 from torch import Tensor
@@ -13,6 +15,18 @@ def _nan_policy_leaves_nan_out() -> bool:
     """Whether ``gpytorch.settings.observation_nan_policy`` is "mask" or "fill": NaN targets are then left out of
     the marginal likelihood and the posterior (:mod:`rfgp.inference.prediction`) rather than refused."""
     return gpytorch.settings.observation_nan_policy.value() != "ignore"
+
+
+def lazy_kernels_when_predicting(model: gpytorch.models.ExactGP):
+    """``gpytorch.settings.lazily_evaluate_kernels(True)`` for a model in eval mode, else no change.
+
+    GPyTorch's ``ExactGP`` asks the kernel for its prediction strategy only when the training covariance is
+    lazily evaluated; under ``lazily_evaluate_kernels(False)`` it predicts through its generic
+    ``DefaultPredictionStrategy``, without rfgp's bias-corrected variance (Maclaurin, spherical maps) and
+    stale-cache checks.  Predictions evaluate the covariances inside the call either way; training-mode
+    outputs keep the user's setting (a lazy covariance would be evaluated after ``functional_call`` returns).
+    """
+    return contextlib.nullcontext() if model.training else gpytorch.settings.lazily_evaluate_kernels(True)
 
 
 class ExactGPModel(gpytorch.models.ExactGP):
@@ -44,7 +58,8 @@ class ExactGPModel(gpytorch.models.ExactGP):
     def __call__(self, *inputs, **kwargs):
         """The prior (train mode) or posterior (eval mode) at ``inputs``, checked against the training inputs."""
         check_model_inputs(self, inputs)
-        return super().__call__(*inputs, **kwargs)
+        with lazy_kernels_when_predicting(self):
+            return super().__call__(*inputs, **kwargs)
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultivariateNormal:
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))

@@ -129,6 +129,24 @@ def test_variance_correction_added_and_scaled_by_outputscale(num_features, devic
         torch.testing.assert_close(pred.variance - uncorrected(xs).variance, correction)
 
 
+@pytest.mark.parametrize("num_features", [8, 64])
+def test_rfgp_models_keep_the_variance_correction_with_eagerly_evaluated_kernels(num_features):
+    """Under ``gpytorch.settings.lazily_evaluate_kernels(False)`` GPyTorch's ExactGP chose its generic
+    DefaultPredictionStrategy (it asks the kernel only for a lazily evaluated covariance): rfgp's own models
+    lost the variance correction of biased maps, (1 − shrink)·s = 1.0 here, silently."""
+    x, y, xs = data("cpu")
+    model = build(RandomFeatureKernel(ShrunkFourierFeatures(num_features, 0.6, seed=0)), x, y, "cpu", outputscale=2.5)
+    with torch.no_grad():
+        expected = model(xs)
+        model.train()
+        model.eval()
+        with gpytorch.settings.lazily_evaluate_kernels(False):
+            pred = model(xs)
+    assert isinstance(model.prediction_strategy, FeatureSpacePredictionStrategy)
+    torch.testing.assert_close(pred.mean, expected.mean, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(pred.covariance_matrix, expected.covariance_matrix, rtol=1e-10, atol=1e-12)
+
+
 def test_unbiased_maps_carry_no_correction(device):
     x, _, _ = data(device)
     kernel = RandomFeatureKernel(RandomFourierFeatures(16, seed=0)).double().to(device)

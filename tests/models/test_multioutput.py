@@ -301,3 +301,21 @@ def test_missing_targets_with_correlated_task_noise_match_the_dense_gp_of_the_ob
         _assert_posterior_equals(model, test_x, mean_ref, covar_ref)
     with gpytorch.settings.observation_nan_policy("fill"):
         _assert_posterior_equals(model, test_x, mean_ref, covar_ref)
+
+
+def test_posterior_with_eagerly_evaluated_kernels_keeps_the_feature_space_strategy():
+    """Under ``gpytorch.settings.lazily_evaluate_kernels(False)`` GPyTorch's ExactGP predicted through its generic
+    DefaultPredictionStrategy (it asks the kernel only for a lazily evaluated covariance)."""
+    x, y = _data()
+    test_x = torch.rand(9, 2, dtype=F64, generator=torch.Generator().manual_seed(2))
+    model, _ = _model(x, y, SketchedCurlFreeKernel(32, input_dim=2, seed=0))
+    model.eval()
+    with torch.no_grad():
+        expected = model(test_x)
+        model.train()
+        model.eval()
+        with gpytorch.settings.lazily_evaluate_kernels(False):
+            posterior = model(test_x)
+    assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
+    torch.testing.assert_close(posterior.mean, expected.mean, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(posterior.covariance_matrix, expected.covariance_matrix, atol=1e-10, rtol=1e-10)
