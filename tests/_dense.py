@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gpytorch
+import torch
 
 
 class DenseKernel(gpytorch.kernels.Kernel):
@@ -16,3 +17,20 @@ class DenseKernel(gpytorch.kernels.Kernel):
     def forward(self, x1, x2, diag=False, **params):
         covar = self.kernel(x1, x2).to_dense()
         return covar.diagonal(dim1=-2, dim2=-1) if diag else covar
+
+
+def assert_eager_kernels_keep_the_strategy(model, test_x, strategy_type, tolerance: float) -> None:
+    """Under ``gpytorch.settings.lazily_evaluate_kernels(False)`` an rfgp model (eval mode) still predicts through
+    its own ``strategy_type`` and gives the posterior it gives with lazy kernels: GPyTorch's ExactGP asks the kernel
+    for a strategy only for a lazily evaluated covariance, and otherwise takes its generic DefaultPredictionStrategy
+    (dense algebra, without rfgp's variance correction and cache checks)."""
+    with torch.no_grad():
+        expected = model(test_x)
+        model.train()
+        model.eval()
+        with gpytorch.settings.lazily_evaluate_kernels(False):
+            posterior = model(test_x)
+    assert isinstance(model.prediction_strategy, strategy_type)
+    torch.testing.assert_close(posterior.mean, expected.mean, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(posterior.covariance_matrix, expected.covariance_matrix, rtol=tolerance,
+                               atol=tolerance)

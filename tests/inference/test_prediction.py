@@ -9,6 +9,7 @@ from rfgp.features import RandomFourierFeatures
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
 from rfgp.models import ExactGPModel
+from tests._dense import assert_eager_kernels_keep_the_strategy
 from tests._feature_maps import ShrunkFourierFeatures
 
 
@@ -136,15 +137,7 @@ def test_rfgp_models_keep_the_variance_correction_with_eagerly_evaluated_kernels
     lost the variance correction of biased maps, (1 − shrink)·s = 1.0 here, silently."""
     x, y, xs = data("cpu")
     model = build(RandomFeatureKernel(ShrunkFourierFeatures(num_features, 0.6, seed=0)), x, y, "cpu", outputscale=2.5)
-    with torch.no_grad():
-        expected = model(xs)
-        model.train()
-        model.eval()
-        with gpytorch.settings.lazily_evaluate_kernels(False):
-            pred = model(xs)
-    assert isinstance(model.prediction_strategy, FeatureSpacePredictionStrategy)
-    torch.testing.assert_close(pred.mean, expected.mean, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(pred.covariance_matrix, expected.covariance_matrix, rtol=1e-10, atol=1e-12)
+    assert_eager_kernels_keep_the_strategy(model, xs, FeatureSpacePredictionStrategy, tolerance=1e-10)
 
 
 def test_unbiased_maps_carry_no_correction(device):
