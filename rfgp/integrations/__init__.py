@@ -10,6 +10,7 @@ only reacts to that one module name and removes itself once that module has been
 * :mod:`rfgp.integrations.botorch_kernels` — BoTorch's own kernels (``CategoricalKernel``, ``PositiveIndexKernel``) for
   ``rfgp.sketch``.
 * :mod:`rfgp.integrations.botorch_transforms` — BoTorch's ``Standardize`` keeps an rfgp posterior's low-rank root.
+* :mod:`rfgp.integrations.botorch_models` — ``rfgp.set_num_features`` rebuilds ``PairwiseGP``'s Laplace approximation.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def _register_botorch() -> None:
     importlib.import_module(f"{__name__}.botorch")
     importlib.import_module(f"{__name__}.botorch_kernels")
     importlib.import_module(f"{__name__}.botorch_transforms")
+    importlib.import_module(f"{__name__}.botorch_models")
 
 
 when_imported("botorch", _register_botorch)

@@ -28,7 +28,7 @@ Nyström kernel chooses M' new landmarks among them by the rule and seed of its 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import gpytorch
 from gpytorch.kernels import Kernel, ScaleKernel
@@ -63,7 +63,9 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
     Hyperparameters and every other setting are kept; prediction caches of GPyTorch models in
     ``module`` are cleared (an ``ExactGP``'s posterior, a variational strategy's factor of K_ZZ, which
     GPyTorch keeps in eval mode), so the next posterior is rebuilt once at the new width (chunk by chunk
-    when its N × F features exceed :class:`rfgp.settings.memory_budget`).
+    when its N × F features exceed :class:`rfgp.settings.memory_budget`); so are those of the model types
+    registered with :func:`register_cache_clearer` (BoTorch's ``PairwiseGP`` re-solves its Laplace
+    approximation).
 
     Args:
         module: an ``ExactGP`` (e.g. a trained model), an ``ApproximateGP`` or deep GP, a kernel tree, or any
@@ -121,7 +123,28 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
             node.prediction_strategy = None
         elif isinstance(node, gpytorch.variational._VariationalStrategy):
             node._clear_cache()  # the Cholesky factor of K_ZZ at the old width, memoised in eval mode
+        for model_type, clear in _CACHE_CLEARERS.items():
+            if isinstance(node, model_type):
+                clear(node)
     return module
+
+
+#: model types (other libraries' GPs) whose caches depend on the features, and how to rebuild them
+_CACHE_CLEARERS: dict[type, Callable[[nn.Module], None]] = {}
+
+
+def register_cache_clearer(model_type: type, clear: Callable[[nn.Module], None]) -> None:
+    """Make :func:`set_num_features` call ``clear(model)`` on every instance of ``model_type`` it resizes.
+
+    For models that keep quantities computed from the old features outside GPyTorch's prediction
+    strategies (e.g. a Laplace approximation), so that they predict at the new width instead of mixing
+    caches of the old features with covariances of the new ones.
+
+    Args:
+        model_type: the model class (subclasses match too).
+        clear: rebuilds or drops the caches of one model, in place.
+    """
+    _CACHE_CLEARERS[model_type] = clear
 
 
 #: products whose own Φ is the width unit: their factors' maps are resized with them, not counted
