@@ -7,12 +7,14 @@ Registered with :func:`rfgp.models.feature_width.register_cache_clearer` when Bo
   of K and the likelihood Hessian) from its last fit or construction and predicts from it in eval mode;
   after a resize it would combine that K of the old features with cross-covariances of the new ones.
   It is re-solved on the current data, as BoTorch's own ``PairwiseGP.load_state_dict`` does after new
-  hyperparameters.
+  hyperparameters.  Its (transformed) ``datapoints`` are the default ``x_sample`` of data-dependent maps
+  (optimized Maclaurin, Nyström landmarks), as an ``ExactGP``'s ``train_inputs`` are.
 """
 
 from __future__ import annotations
 
 from botorch.models.pairwise_gp import PairwiseGP
+from torch import Tensor
 
 from ..models.feature_width import register_cache_clearer
 
@@ -22,4 +24,8 @@ def _resolve_laplace(model: PairwiseGP) -> None:
         model._update(model.transform_inputs(model.datapoints))
 
 
-register_cache_clearer(PairwiseGP, _resolve_laplace)
+def _datapoints(model: PairwiseGP) -> Tensor | None:
+    return None if model.datapoints is None else model.transform_inputs(model.datapoints)
+
+
+register_cache_clearer(PairwiseGP, _resolve_laplace, train_inputs=_datapoints)

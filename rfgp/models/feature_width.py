@@ -74,7 +74,7 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
             of its own Φ, see the module doc).  With several maps each gets F·Fᵢ/ΣFⱼ rounded to its
             granularity (at least one unit).
         x_sample: inputs for data-dependent maps (optimized Maclaurin, Nyström landmarks); defaults to the model's
-            ``train_inputs``.
+            ``train_inputs`` (for model types registered with :func:`register_cache_clearer`, the inputs it names).
 
     Returns:
         ``module``.
@@ -102,6 +102,9 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
     num_features = check_positive_int(num_features, "num_features")
     if x_sample is None and isinstance(module, gpytorch.models.ExactGP) and module.train_inputs is not None:
         x_sample = module.train_inputs[0]
+    for model_type, train_inputs in _TRAIN_INPUTS.items():
+        if x_sample is None and isinstance(module, model_type):
+            x_sample = train_inputs(module)
     for node in module.modules():
         if isinstance(node, StreamingFeatureGP):
             raise TypeError(
@@ -131,9 +134,12 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
 
 #: model types (other libraries' GPs) whose caches depend on the features, and how to rebuild them
 _CACHE_CLEARERS: dict[type, Callable[[nn.Module], None]] = {}
+#: the same model types' training inputs as their kernels see them (the default ``x_sample``)
+_TRAIN_INPUTS: dict[type, Callable[[nn.Module], Tensor]] = {}
 
 
-def register_cache_clearer(model_type: type, clear: Callable[[nn.Module], None]) -> None:
+def register_cache_clearer(model_type: type, clear: Callable[[nn.Module], None],
+                           train_inputs: Callable[[nn.Module], Tensor] | None = None) -> None:
     """Make :func:`set_num_features` call ``clear(model)`` on every instance of ``model_type`` it resizes.
 
     For models that keep quantities computed from the old features outside GPyTorch's prediction
@@ -143,8 +149,13 @@ def register_cache_clearer(model_type: type, clear: Callable[[nn.Module], None])
     Args:
         model_type: the model class (subclasses match too).
         clear: rebuilds or drops the caches of one model, in place.
+        train_inputs: returns one model's training inputs as its kernel sees them; :func:`set_num_features`
+            called on such a model refits data-dependent maps on them when no ``x_sample`` is given (as it
+            does with an ``ExactGP``'s ``train_inputs``).
     """
     _CACHE_CLEARERS[model_type] = clear
+    if train_inputs is not None:
+        _TRAIN_INPUTS[model_type] = train_inputs
 
 
 #: products whose own Φ is the width unit: their factors' maps are resized with them, not counted
@@ -289,7 +300,8 @@ def _redraw_maclaurin(feature_map: _MaclaurinFeatures, width: int, owner: Kernel
         if inputs is None or not isinstance(owner, RandomFeatureKernel):
             raise ValueError(
                 "set_num_features needs x_sample (the training inputs) to refit the optimized Maclaurin "
-                "allocation for the new width; pass x_sample= or call it on the ExactGP model"
+                "allocation for the new width; pass x_sample= or call it on the model (an ExactGP, or a model type "
+                "registered with register_cache_clearer, such as BoTorch's PairwiseGP)"
             )
         feature_map.total_width = budget
         feature_map.num_features = feature_map._output_width()
