@@ -1,0 +1,114 @@
+"""Sampling multi-output BoTorch posteriors of rfgp models: ``posterior(X).rsample`` over many candidates.
+
+BoTorch joins the outputs of a ``ModelListGP`` and of a batched multi-output ``SingleTaskGP`` with GPyTorch's
+``MultitaskMultivariateNormal.from_independent_mvns``.  Measured here, for N training points, F features and
+n candidates: the time and peak memory (``tracemalloc`` of the Python heap is useless for torch; the peak resident
+set is read from ``resource``, so each case runs in a fresh process) of ``posterior(X).rsample(S)`` for
+
+* ``single``  — one single-output ``SingleTaskGP`` (the reference),
+* ``list``    — a ``ModelListGP`` of ``m`` such models,
+* ``batched`` — one ``SingleTaskGP`` with ``m`` output columns,
+
+each without and with BoTorch's ``Standardize``, in float64 and float32.
+
+    python benchmarks/multioutput_sampling.py --tag after            # writes results/multioutput_sampling_after.md
+    python benchmarks/multioutput_sampling.py --candidates 3000 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def _case(kind: str, dtype_name: str, standardize: bool, n: int, num_train: int, num_outputs: int,
+          num_features: int, num_samples: int, repeats: int) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import torch
+    from botorch.models import ModelListGP, SingleTaskGP
+    from botorch.models.transforms import Standardize
+
+    import rfgp
+
+    torch.set_num_threads(1)
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(0)
+    d = 3
+    x = torch.rand(num_train, d, generator=gen, dtype=dtype)
+    y = torch.stack([torch.sin(3 * x).sum(-1) * (k + 1) for k in range(num_outputs)], -1)
+    y = y + 0.1 * torch.randn(y.shape, generator=gen, dtype=dtype)
+    candidates = torch.rand(n, d, generator=gen, dtype=dtype)
+
+    def model(targets):
+        batch = torch.Size([targets.shape[-1]]) if targets.shape[-1] > 1 else torch.Size()
+        kernel = rfgp.kernels.SketchedRBFKernel(num_features=num_features, method="orf", seed=0, ard_num_dims=d,
+                                                batch_shape=batch)
+        transform = Standardize(targets.shape[-1]) if standardize else None
+        return SingleTaskGP(x, targets, covar_module=kernel, outcome_transform=transform).to(dtype).eval()
+
+    if kind == "single":
+        gp = model(y[:, :1])
+    elif kind == "list":
+        gp = ModelListGP(*[model(y[:, k : k + 1]) for k in range(num_outputs)]).eval()
+    else:
+        gp = model(y)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            samples = gp.posterior(candidates).rsample(torch.Size([num_samples]))
+            times.append(time.perf_counter() - start)
+    assert torch.isfinite(samples).all()
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"model": kind, "dtype": dtype_name, "standardize": standardize, "n": n, "outputs": samples.shape[-1],
+            "seconds": min(times), "peak_rss_mib": round(peak_mib), "shape": list(samples.shape)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--candidates", type=int, nargs="+", default=[3000, 6000])
+    parser.add_argument("--train", type=int, default=200)
+    parser.add_argument("--outputs", type=int, default=2)
+    parser.add_argument("--features", type=int, default=1024)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"])
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(_case(**json.loads(args.case))))
+        return
+    rows = []
+    for n in args.candidates:
+        for dtype in args.dtypes:
+            for standardize in (False, True):
+                for kind in ("single", "list", "batched"):
+                    case = dict(kind=kind, dtype_name=dtype, standardize=standardize, n=n, num_train=args.train,
+                                num_outputs=args.outputs, num_features=args.features, num_samples=args.samples,
+                                repeats=args.repeats)
+                    out = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], check=True,
+                                         capture_output=True, text=True).stdout
+                    rows.append(json.loads(out.strip().splitlines()[-1]))
+                    print(rows[-1], flush=True)
+    header = (f"N = {args.train}, d = 3, F = {args.features}, {args.outputs} outputs, {args.samples} samples, "
+              f"1 thread, load {os.getloadavg()[0]:.1f}\n\n"
+              "| n | dtype | Standardize | model | rsample s | peak RSS MiB |\n|---|---|---|---|---|---|\n")
+    table = header + "".join(f"| {r['n']} | {r['dtype']} | {r['standardize']} | {r['model']} | {r['seconds']:.3f} | "
+                             f"{r['peak_rss_mib']} |\n" for r in rows)
+    print(table)
+    if args.tag:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"multioutput_sampling_{args.tag}.md").write_text(table)
+
+
+if __name__ == "__main__":
+    main()
