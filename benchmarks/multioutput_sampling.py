@@ -2,8 +2,8 @@
 
 BoTorch joins the outputs of a ``ModelListGP`` and of a batched multi-output ``SingleTaskGP`` with GPyTorch's
 ``MultitaskMultivariateNormal.from_independent_mvns``.  Measured here, for N training points, F features and
-n candidates: the time and peak memory (``tracemalloc`` of the Python heap is useless for torch; the peak resident
-set is read from ``resource``, so each case runs in a fresh process) of ``posterior(X).rsample(S)`` for
+n candidates: the time of ``posterior(X)`` and of its ``rsample(S)`` (apart, the best of ``--repeats``, one thread)
+and the peak resident memory of the process (each case runs in a fresh one) for
 
 * ``single``  — one single-output ``SingleTaskGP`` (the reference),
 * ``list``    — a ``ModelListGP`` of ``m`` such models,
@@ -60,16 +60,20 @@ def _case(kind: str, dtype_name: str, standardize: bool, n: int, num_train: int,
         gp = ModelListGP(*[model(y[:, k : k + 1]) for k in range(num_outputs)]).eval()
     else:
         gp = model(y)
-    times = []
+    posterior_times, sample_times = [], []
     with torch.no_grad():
         for _ in range(repeats):
             start = time.perf_counter()
-            samples = gp.posterior(candidates).rsample(torch.Size([num_samples]))
-            times.append(time.perf_counter() - start)
+            posterior = gp.posterior(candidates)
+            middle = time.perf_counter()
+            samples = posterior.rsample(torch.Size([num_samples]))
+            sample_times.append(time.perf_counter() - middle)
+            posterior_times.append(middle - start)
     assert torch.isfinite(samples).all()
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"model": kind, "dtype": dtype_name, "standardize": standardize, "n": n, "outputs": samples.shape[-1],
-            "seconds": min(times), "peak_rss_mib": round(peak_mib), "shape": list(samples.shape)}
+            "posterior_s": min(posterior_times), "rsample_s": min(sample_times), "peak_rss_mib": round(peak_mib),
+            "shape": list(samples.shape)}
 
 
 def main() -> None:
@@ -101,9 +105,10 @@ def main() -> None:
                     print(rows[-1], flush=True)
     header = (f"N = {args.train}, d = 3, F = {args.features}, {args.outputs} outputs, {args.samples} samples, "
               f"1 thread, load {os.getloadavg()[0]:.1f}\n\n"
-              "| n | dtype | Standardize | model | rsample s | peak RSS MiB |\n|---|---|---|---|---|---|\n")
-    table = header + "".join(f"| {r['n']} | {r['dtype']} | {r['standardize']} | {r['model']} | {r['seconds']:.3f} | "
-                             f"{r['peak_rss_mib']} |\n" for r in rows)
+              "| n | dtype | Standardize | model | posterior() s | rsample s | peak RSS MiB |\n"
+              "|---|---|---|---|---|---|---|\n")
+    table = header + "".join(f"| {r['n']} | {r['dtype']} | {r['standardize']} | {r['model']} | "
+                             f"{r['posterior_s']:.3f} | {r['rsample_s']:.3f} | {r['peak_rss_mib']} |\n" for r in rows)
     print(table)
     if args.tag:
         RESULTS.mkdir(exist_ok=True)

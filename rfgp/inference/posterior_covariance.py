@@ -36,6 +36,7 @@ from linear_operator.operators import (
     LowRankRootLinearOperator,
     MatmulLinearOperator,
 )
+from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
@@ -65,6 +66,13 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
     def _transpose_nonbatch(self) -> LowRankPosteriorCovariance:
         return self
 
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """Batch members and principal slices Σ*[I, I] = R[I]R[I]ᵀ keep the root (BoTorch takes a batched
+        multi-output posterior apart with ``covar[..., t, :, :]``); other indices as linear_operator."""
+        if _is_principal(row_index, col_index, batch_indices):
+            return self.__class__(self.low_rank_root[(*batch_indices, row_index, _noop_index)])
+        return super()._getitem(row_index, col_index, *batch_indices)
+
     # The product rule through R by autograd, over this operator's one argument (MatmulLinearOperator's
     # version returns one gradient per factor, i.e. two).
     _bilinear_derivative = LinearOperator._bilinear_derivative
@@ -74,7 +82,7 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """R·ε, ε ~ N(0, I_F): ``(num_samples, *batch, n)`` samples of N(0, RRᵀ) in O(num_samples·n·F)."""
-        return _low_rank_samples(self.low_rank_root, num_samples)
+        return _low_rank_samples(self.low_rank_root, None, num_samples)
 
     def rescaled(self, scale: Tensor) -> LowRankPosteriorCovariance:
         """SΣ*S = (SR)(SR)ᵀ with S = diag(``scale``), ``scale`` of shape ``(..., n)``: the covariance of s ⊙ f."""
@@ -92,6 +100,15 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
         if isinstance(other, DiagLinearOperator):
             return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(self.low_rank_root), other)
         return super().__add__(other)
+
+
+def _is_principal(row_index, col_index, batch_indices) -> bool:
+    """Whether ``[*batch_indices, row_index, col_index]`` selects batch members and a principal submatrix, by
+    integers and slices only (tensor indices follow linear_operator's broadcasting rules and stay with it)."""
+    if not all(isinstance(index, (int, slice)) for index in batch_indices):
+        return False
+    return _is_noop_index(row_index) and _is_noop_index(col_index) or (
+        isinstance(row_index, slice) and row_index == col_index)
 
 
 class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
@@ -118,10 +135,21 @@ class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """R·ε + √D·ε′, ε ~ N(0, I_F), ε′ ~ N(0, I_n): ``(num_samples, *batch, n)`` samples in O(num_samples·n·F)."""
+        return _low_rank_samples(*self._expanded_root_and_diag(), num_samples)
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """Batch members and principal slices keep the root and the diagonal, as for
+        :class:`LowRankPosteriorCovariance`."""
+        if _is_principal(row_index, col_index, batch_indices):
+            root, diag = self._expanded_root_and_diag()
+            return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(root[(*batch_indices, row_index, _noop_index)]),
+                                             DiagLinearOperator(diag[(*batch_indices, row_index)]))
+        return super()._getitem(row_index, col_index, *batch_indices)
+
+    def _expanded_root_and_diag(self) -> tuple[Tensor, Tensor]:
         root = self._linear_op.root.to_dense()
         root = root.expand(*self.batch_shape, *root.shape[-2:])
-        diag = self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
-        return _low_rank_samples(root, num_samples, diag)
+        return root, self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
 
     def rescaled(self, scale: Tensor) -> LowRankPosteriorAddedDiag:
         """S(RRᵀ + D)S = (SR)(SR)ᵀ + S²D with S = diag(``scale``), ``scale`` of shape ``(..., n)``."""
@@ -143,7 +171,7 @@ def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -
     return LowRankPosteriorCovariance(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
 
 
-def _low_rank_samples(root: Tensor, num_samples: int, diag: Tensor | None = None) -> Tensor:
+def _low_rank_samples(root: Tensor, diag: Tensor | None, num_samples: int) -> Tensor:
     """``(num_samples, *batch, n)`` draws of N(0, RRᵀ + diag(d)) as R·ε (+ √d·ε′), with no n × n matrix."""
     batch, (num_points, width) = root.shape[:-2], root.shape[-2:]
     samples = root @ torch.randn(*batch, width, num_samples, dtype=root.dtype, device=root.device)
@@ -151,3 +179,27 @@ def _low_rank_samples(root: Tensor, num_samples: int, diag: Tensor | None = None
         independent = torch.randn(*batch, num_points, num_samples, dtype=root.dtype, device=root.device)
         samples = samples + diag.sqrt().unsqueeze(-1) * independent
     return samples.movedim(-1, 0).contiguous()
+
+
+def stack_independent(covariances, batch_shape: torch.Size) -> LinearOperator | None:
+    """The covariances Σ₁ … Σ_m of m independent outputs at the same n points as one ``(*batch, m, n, n)`` operator
+    that keeps their roots, or ``None`` unless all are :class:`LowRankPosteriorCovariance` (or all
+    :class:`LowRankPosteriorAddedDiag`).
+
+    Roots of different widths F₁ … F_m are zero-padded to the widest, which changes no RRᵀ (nor the Woodbury
+    algebra of an added diagonal).  ``BlockDiagLinearOperator(stack_independent(...), block_dim=-3)`` is then the
+    joint covariance of the outputs, drawn as one batched R·ε in O(n·max F·m) per sample.
+    """
+    if all(isinstance(c, LowRankPosteriorCovariance) for c in covariances):
+        roots, diags = [c.low_rank_root for c in covariances], None
+    elif all(isinstance(c, LowRankPosteriorAddedDiag) for c in covariances):
+        roots, diags = zip(*(c._expanded_root_and_diag() for c in covariances))
+    else:
+        return None
+    width = max(root.shape[-1] for root in roots)
+    roots = [torch.nn.functional.pad(root, (0, width - root.shape[-1])) for root in roots]
+    root = torch.stack([r.expand(*batch_shape, *r.shape[-2:]) for r in roots], dim=-3)
+    if diags is None:
+        return LowRankPosteriorCovariance(root)
+    diag = torch.stack([d.expand(*batch_shape, d.shape[-1]) for d in diags], dim=-2)
+    return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(root), DiagLinearOperator(diag))

@@ -6,9 +6,13 @@ import gpytorch
 import pytest
 import torch
 from gpytorch.distributions import MultivariateNormal
-from linear_operator.operators import DiagLinearOperator
+from linear_operator.operators import DiagLinearOperator, LowRankRootLinearOperator
 
-from rfgp.inference.posterior_covariance import LowRankPosteriorAddedDiag, LowRankPosteriorCovariance
+from rfgp.inference.posterior_covariance import (
+    LowRankPosteriorAddedDiag,
+    LowRankPosteriorCovariance,
+    stack_independent,
+)
 
 
 def _root(n, f, batch=(), seed=0):
@@ -148,3 +152,32 @@ def test_posterior_of_a_feature_gp_beyond_max_cholesky_size_is_exact(num_data, n
     variance = covar.diagonal()
     se = ((variance.unsqueeze(-1) * variance.unsqueeze(-2) + covar.pow(2)) / 4000).sqrt()
     assert ((torch.cov(samples.mT) - covar).abs() <= 4 * se).all()
+
+
+def test_batch_members_and_principal_slices_keep_the_root():
+    """BoTorch takes a batched multi-output posterior apart with ``covar[..., t, :, :]``: each output keeps R."""
+    root = _root(5, 3, batch=(2,))
+    noise = torch.rand(2, 5, dtype=torch.float64)
+    dense = root @ root.mT
+    for covar, full in ((LowRankPosteriorCovariance(root), dense),
+                        (LowRankPosteriorAddedDiag(LowRankRootLinearOperator(root), DiagLinearOperator(noise)),
+                         dense + torch.diag_embed(noise))):
+        for index in ((1,), (0, slice(1, 4), slice(1, 4)), (slice(None), slice(None, 2), slice(None, 2))):
+            part = covar[index]
+            assert type(part) is type(covar)
+            torch.testing.assert_close(part.to_dense(), full[index])
+        torch.testing.assert_close(covar[0, 1:3, 0:2].to_dense(), full[0, 1:3, 0:2])  # not principal: linear_operator
+
+
+def test_stack_independent_pads_roots_of_different_widths():
+    roots = [_root(5, 3, seed=0), _root(5, 7, seed=1)]
+    stacked = stack_independent([LowRankPosteriorCovariance(r) for r in roots], torch.Size([4]))
+    assert isinstance(stacked, LowRankPosteriorCovariance) and stacked.low_rank_root.shape == (4, 2, 5, 7)
+    expected = torch.stack([r @ r.mT for r in roots]).expand(4, 2, 5, 5)
+    torch.testing.assert_close(stacked.to_dense(), expected)
+    noisy = [LowRankPosteriorAddedDiag(LowRankRootLinearOperator(r), DiagLinearOperator(torch.rand(5, dtype=r.dtype)))
+             for r in roots]
+    stacked = stack_independent(noisy, torch.Size())
+    assert isinstance(stacked, LowRankPosteriorAddedDiag)
+    torch.testing.assert_close(stacked.to_dense(), torch.stack([n.to_dense() for n in noisy]))
+    assert stack_independent([LowRankPosteriorCovariance(roots[0]), noisy[1]], torch.Size()) is None  # mixed kinds
