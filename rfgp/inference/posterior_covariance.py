@@ -88,6 +88,12 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
         """SΣ*S = (SR)(SR)ᵀ with S = diag(``scale``), ``scale`` of shape ``(..., n)``: the covariance of s ⊙ f."""
         return LowRankPosteriorCovariance(scale.unsqueeze(-1) * self.low_rank_root)
 
+    def output_sum(self, weights: Tensor) -> LowRankPosteriorCovariance:
+        """Σₖ wₖ²RₖRₖᵀ = [w₁R₁ … w_mR_m][w₁R₁ … w_mR_m]ᵀ, the covariance of Σₖ wₖfₖ for independent outputs
+        f₁ … f_m stacked in batch dimension -3 (roots ``(*batch, m, n, F)``, ``weights`` of shape ``(m,)``): a root
+        of width m·F."""
+        return LowRankPosteriorCovariance(_weighted_roots(self.low_rank_root, weights))
+
     def _mul_constant(self, other: Tensor) -> LinearOperator:
         """c·RRᵀ = (√c·R)(√c·R)ᵀ for constants c > 0 (``other`` a scalar or one per batch member): the covariance
         of √c·f, e.g. under BoTorch's ``ScalarizedPosteriorTransform`` of one output; linear_operator's generic
@@ -151,6 +157,12 @@ class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
         root = root.expand(*self.batch_shape, *root.shape[-2:])
         return root, self._diag_tensor.diagonal(dim1=-2, dim2=-1).expand(*self.batch_shape, root.shape[-2])
 
+    def output_sum(self, weights: Tensor) -> LowRankPosteriorAddedDiag:
+        """Σₖ wₖ²(RₖRₖᵀ + Dₖ) for outputs in batch dimension -3, as :meth:`LowRankPosteriorCovariance.output_sum`."""
+        root, diag = self._expanded_root_and_diag()
+        return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(_weighted_roots(root, weights)),
+                                         DiagLinearOperator((weights.pow(2).unsqueeze(-1) * diag).sum(-2)))
+
     def rescaled(self, scale: Tensor) -> LowRankPosteriorAddedDiag:
         """S(RRᵀ + D)S = (SR)(SR)ᵀ + S²D with S = diag(``scale``), ``scale`` of shape ``(..., n)``."""
         root = scale.unsqueeze(-1) * self._linear_op.root.to_dense()
@@ -169,6 +181,12 @@ def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -
         batch = torch.broadcast_shapes(features.shape[:-2], factor.projection.shape[:-2])
         return LowRankPosteriorCovariance(factor.posterior_root(features.expand(*batch, *features.shape[-2:])))
     return LowRankPosteriorCovariance(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
+
+
+def _weighted_roots(root: Tensor, weights: Tensor) -> Tensor:
+    """``(*batch, m, n, F)`` roots -> ``(*batch, n, m·F)``: [w₁R₁ … w_mR_m]."""
+    weighted = weights.to(root).unsqueeze(-1).unsqueeze(-1) * root
+    return weighted.movedim(-3, -2).flatten(-2)
 
 
 def _low_rank_samples(root: Tensor, diag: Tensor | None, num_samples: int) -> Tensor:

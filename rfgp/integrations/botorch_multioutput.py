@@ -20,16 +20,23 @@ same ``BlockDiagLinearOperator``.  The joint covariance has the same values and 
 Cholesky factor that BoTorch's cached-root acquisition functions (qLogNEI, qLogNEHVI with
 ``extract_batch_covar``) solve with.  Any other list of distributions — exact GPs, mixed lists of rfgp and other
 models — keeps GPyTorch's result.
+
+BoTorch's ``ScalarizedPosteriorTransform`` (``scalarize_posterior_gpytorch``) turns the joint of independent
+outputs into Σₖ wₖ²Σₖ, a ``SumLinearOperator`` that linear_operator again samples through a dense n × n Cholesky
+factor.  It is wrapped the same way (BoTorch's function first, its mean kept): for q > 1 points of m > 1 outputs
+whose blocks are one stacked rfgp operator, the covariance becomes the rfgp operator with root [w₁R₁ … w_mR_m]
+(n × m·F; plus Σₖ wₖ²Dₖ with a diagonal), so ``MaxPosteriorSampling`` with a scalarization stays O(n·m·F) per draw.
 """
 
 from __future__ import annotations
 
 import functools
 
+import botorch.posteriors.gpytorch as botorch_posteriors
 from gpytorch.distributions import MultitaskMultivariateNormal
-from linear_operator.operators import BlockDiagLinearOperator
+from linear_operator.operators import BlockDiagLinearOperator, BlockInterleavedLinearOperator
 
-from ..inference.posterior_covariance import stack_independent
+from ..inference.posterior_covariance import LowRankPosteriorAddedDiag, LowRankPosteriorCovariance, stack_independent
 
 #: GPyTorch's function (the classmethod's ``__func__``), which :func:`_from_independent_mvns` runs first
 _gpytorch_from_independent_mvns = MultitaskMultivariateNormal.__dict__["from_independent_mvns"].__func__
@@ -47,3 +54,24 @@ def _from_independent_mvns(cls, mvns):
 
 
 MultitaskMultivariateNormal.from_independent_mvns = classmethod(_from_independent_mvns)
+
+
+#: BoTorch's function, which :func:`_scalarize_posterior_gpytorch` runs first
+_botorch_scalarize_posterior_gpytorch = botorch_posteriors.scalarize_posterior_gpytorch
+
+
+@functools.wraps(_botorch_scalarize_posterior_gpytorch)
+def _scalarize_posterior_gpytorch(posterior, weights, offset=0.0):
+    mean, covariance = _botorch_scalarize_posterior_gpytorch(posterior, weights, offset)
+    distribution = posterior.distribution
+    if not posterior._is_mt or not distribution.islazy or mean.shape[-1] == 1 or weights.shape[-1] == 1:
+        return mean, covariance  # one point (BoTorch's 1 × 1 covariance) or one output (its w²·Σ)
+    joint = distribution.lazy_covariance_matrix
+    if type(joint) not in (BlockDiagLinearOperator, BlockInterleavedLinearOperator) or not isinstance(
+        joint.base_linear_op, (LowRankPosteriorCovariance, LowRankPosteriorAddedDiag)
+    ):
+        return mean, covariance
+    return mean, joint.base_linear_op.output_sum(weights)
+
+
+botorch_posteriors.scalarize_posterior_gpytorch = _scalarize_posterior_gpytorch

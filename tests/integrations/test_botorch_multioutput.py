@@ -9,6 +9,7 @@ import torch
 botorch = pytest.importorskip("botorch")
 
 from botorch.acquisition.multi_objective.logei import qLogNoisyExpectedHypervolumeImprovement  # noqa: E402
+from botorch.acquisition.objective import ScalarizedPosteriorTransform  # noqa: E402
 from botorch.models import ModelListGP, SingleTaskGP  # noqa: E402
 from botorch.models.transforms.outcome import Standardize  # noqa: E402
 from botorch.posteriors import GPyTorchPosterior  # noqa: E402
@@ -19,7 +20,10 @@ from linear_operator.operators import BlockDiagLinearOperator, BlockInterleavedL
 
 import rfgp  # noqa: E402
 from rfgp.inference.posterior_covariance import LowRankPosteriorAddedDiag, LowRankPosteriorCovariance  # noqa: E402
-from rfgp.integrations.botorch_multioutput import _gpytorch_from_independent_mvns  # noqa: E402
+from rfgp.integrations.botorch_multioutput import (  # noqa: E402
+    _botorch_scalarize_posterior_gpytorch,
+    _gpytorch_from_independent_mvns,
+)
 
 D = 3
 WIDTHS = (16, 8)  # different F per output: the narrower root is zero-padded
@@ -217,3 +221,26 @@ def test_qlognehvi_on_a_model_list_uses_the_stacked_roots_with_the_dense_value(m
     dense = values()
     assert torch.isfinite(low_rank).all()
     torch.testing.assert_close(low_rank, dense, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("observation_noise", [False, True])
+@pytest.mark.parametrize("kind", ["list", "batched"])
+def test_scalarized_multi_output_posterior_is_one_root_of_all_outputs_with_botorchs_values(
+    factorised, kind, observation_noise
+):
+    """ScalarizedPosteriorTransform: Σₖ wₖ²Σₖ with root [w₁R₁ … w_mR_m] instead of BoTorch's SumLinearOperator."""
+    x, y = data()
+    gp = model_list() if kind == "list" else rfgp_model(x, y)
+    weights = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    xs = candidates(40)
+    with torch.no_grad():
+        joint = gp.posterior(xs, observation_noise=observation_noise)
+        posterior = ScalarizedPosteriorTransform(weights, offset=2.0)(joint)
+        expected_mean, expected = _botorch_scalarize_posterior_gpytorch(joint, weights, 2.0)
+        factorised.clear()
+        samples = posterior.rsample(torch.Size([5]))
+    covariance = posterior.distribution.lazy_covariance_matrix
+    assert isinstance(covariance, LowRankPosteriorAddedDiag if observation_noise else LowRankPosteriorCovariance)
+    assert samples.shape == (5, 40, 1) and not factorised
+    torch.testing.assert_close(posterior.mean.squeeze(-1), expected_mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(covariance.to_dense(), expected.to_dense(), rtol=1e-10, atol=1e-12)
