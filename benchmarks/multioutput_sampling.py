@@ -103,8 +103,9 @@ def main() -> None:
                                          capture_output=True, text=True).stdout
                     rows.append(json.loads(out.strip().splitlines()[-1]))
                     print(rows[-1], flush=True)
-    header = (f"N = {args.train}, d = 3, F = {args.features}, {args.outputs} outputs, {args.samples} samples, "
-              f"1 thread, load {os.getloadavg()[0]:.1f}\n\n"
+    title = "# Multi-output sampling: posterior(X).rsample of rfgp BoTorch models" + (f" — {args.tag}" * bool(args.tag))
+    header = (f"{title}\n\nN = {args.train}, d = 3, F = {args.features}, {args.outputs} outputs, "
+              f"{args.samples} samples, 1 thread, load {os.getloadavg()[0]:.1f}\n\n"
               "| n | dtype | Standardize | model | posterior() s | rsample s | peak RSS MiB |\n"
               "|---|---|---|---|---|---|---|\n")
     table = header + "".join(f"| {r['n']} | {r['dtype']} | {r['standardize']} | {r['model']} | "
