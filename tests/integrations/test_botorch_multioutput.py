@@ -207,6 +207,9 @@ def test_qlognehvi_on_a_model_list_uses_the_stacked_roots_with_the_dense_value(m
         acquisition = qLogNoisyExpectedHypervolumeImprovement(
             gp, ref_point=y.min(0).values.tolist(), X_baseline=x, prune_baseline=False,
             sampler=SobolQMCNormalSampler(torch.Size([128]), seed=0))
+        # cached root: per output the square lower-triangular factor at the 30 baseline points, as for exact GPs
+        assert acquisition._cache_root and acquisition._baseline_L.shape == (2, 30, 30)
+        torch.testing.assert_close(acquisition._baseline_L, acquisition._baseline_L.tril())
         with torch.no_grad():
             return acquisition(acquisition_points)
 
