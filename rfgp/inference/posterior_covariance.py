@@ -8,7 +8,10 @@ variance is the row norms of R, and ``MultivariateNormal.rsample()`` draws R·ε
 ε ~ N(0, I_F) in O(n·F) per sample (Thompson sampling over many candidates stays cheap).
 Output scalings keep the root: c·RRᵀ = (√c·R)(√c·R)ᵀ for a constant c > 0 (``_mul_constant``) and
 SRRᵀS = (SR)(SR)ᵀ for a diagonal S (:meth:`LowRankPosteriorCovariance.rescaled`, which BoTorch's ``Standardize``
-reaches through :mod:`rfgp.integrations.botorch_transforms`).
+reaches through :mod:`rfgp.integrations.botorch_transforms`).  Batch members and principal slices keep the root
+too; independent outputs (a BoTorch ``ModelListGP``, a batched multi-output model) are one stacked operator
+(:func:`stack_independent`, roots zero-padded to the widest F) whose weighted sum Σₖ wₖ²RₖRₖᵀ has the root
+[w₁R₁ … w_mR_m] (``output_sum``; :mod:`rfgp.integrations.botorch_multioutput`).
 
 Adding a diagonal (observation noise, the bias correction of paper 000 §5.6) gives a
 :class:`LowRankPosteriorAddedDiag`, whose log-density (``gpytorch.metrics.negative_log_predictive_density``,
