@@ -40,7 +40,10 @@ class DirichletGPClassifier:
         learn_additional_noise: learn an extra per-class noise on top of σ²_{c,i}.
         validation_fraction: share of the data held out to choose α_ε (then refit on all data).
         probability_method, num_samples: class probabilities by ``"mc"`` (seeded) or ``"mean_field"``.
-        standardize: centre and scale every input column with the training statistics.
+        standardize: centre and scale every input column with the training statistics; a column that is
+            constant in the training data (up to the rounding of its variance) is centred but not scaled
+            (scale 1, as scikit-learn's ``StandardScaler``), so that a value it takes only at prediction
+            (a category absent from the training data) stays on the data's scale.
         dtype, device: of the model; inputs are converted.
         seed: seeds the random features, the validation split and the Monte-Carlo draws.
         progress: tqdm progress bar during training (``None``: only on a terminal).
@@ -114,7 +117,7 @@ class DirichletGPClassifier:
         labels = torch.as_tensor(encoded, dtype=torch.long, device=self.device)
         if self.standardize:
             self.input_mean_ = x.mean(0)
-            self.input_scale_ = x.std(0).clamp_min(1e-12) if x.shape[0] > 1 else torch.ones_like(x[0])
+            self.input_scale_ = _column_scales(x, self.input_mean_)
             x = (x - self.input_mean_) / self.input_scale_
         self.validation_mnll_ = {}
         if len(self.alpha_candidates) > 1:
@@ -217,6 +220,21 @@ class DirichletGPClassifier:
     def _check_fitted(self) -> None:
         if not hasattr(self, "model_"):
             raise RuntimeError("this DirichletGPClassifier is not fitted yet; call fit(X, y) first")
+
+
+def _column_scales(x: Tensor, mean: Tensor) -> Tensor:
+    """Standard deviations of the columns of ``x``, 1 for columns constant up to rounding (and for one row).
+
+    A column is constant when its computed variance is within the rounding error of a variance
+    computation, n·ε·var + (n·|mean|·ε)² (scikit-learn's test): dividing by such a standard deviation
+    (rounding noise, or 0) would blow up any other value the column takes at prediction.
+    """
+    if x.shape[0] < 2:
+        return torch.ones_like(x[0])
+    n, eps = x.shape[0], torch.finfo(x.dtype).eps
+    var = x.var(0)
+    constant = var <= n * eps * var + (n * eps * mean).square()
+    return torch.where(constant, torch.ones_like(var), var.sqrt())
 
 
 def _check_alphas(alpha_epsilon) -> tuple[float, ...]:

@@ -57,3 +57,19 @@ def test_classifier_arguments_validated():
         DirichletGPClassifier(num_iterations=0).fit(x, y[:-1])
     with pytest.raises(ValueError, match="at least two classes"):
         DirichletGPClassifier(num_iterations=0).fit(x, np.zeros(len(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_constant_training_column_is_not_scaled(dtype):
+    # a one-hot column of a category absent from the training data: 0 in training, 1 at some test points. Its
+    # standard deviation (0, or rounding noise for a constant 2000.1) used to be clamped to 1e-12, so a test
+    # value of 1 became 1e12 standardised units and the prediction went to nonsense (wine: accuracy 1.0 -> 0.44)
+    x, y = _blobs()
+    train_x = np.c_[x, np.zeros(len(y)), np.full(len(y), 2000.1)]
+    clf = DirichletGPClassifier(num_features=256, num_iterations=10, dtype=dtype, progress=False).fit(train_x, y)
+    torch.testing.assert_close(clf.input_scale_[-2:], torch.ones(2, dtype=dtype))
+    assert float(clf.input_scale_[0]) > 0.5
+    test_x = np.c_[x[:30], np.ones(30), np.full(30, 2000.1)]
+    shifted = clf.predict_proba(test_x)  # one standardised unit off in one column: still confident
+    assert shifted[np.arange(30), np.searchsorted(clf.classes_, y[:30])].min() > 0.6  # 1e12 units: ≈ 1/3
+    assert (clf.predict(test_x) == y[:30]).mean() > 0.95
