@@ -344,3 +344,24 @@ def test_dirichlet_classifier_with_a_nystrom_kernel():
     torch.testing.assert_close(proba.sum(-1), torch.ones(50, dtype=DTYPE))
     assert float((clf.predict(x[100:]) == labels[100:].numpy()).mean()) > 0.8
     assert isinstance(clf.model_.covar_module, NystromKernel)
+
+
+def test_float32_features_far_from_the_landmarks_have_no_subnormal_numbers():
+    """K(x, Z) of points far from every landmark underflows below float32's smallest normal number; the solve and the
+    Gram matrix on subnormal numbers ran 7x slower per marginal likelihood and gradient (standardised one-hot
+    diamonds, N = 1200, M = 512: 0.83 s against 0.12 s). Negligible entries of K, L and Φ are zero instead."""
+    tiny = torch.finfo(torch.float32).tiny
+    kernel = ScaleKernel(RBFKernel()).double()
+    kernel.base_kernel.lengthscale = 0.1
+    landmarks = torch.linspace(0, 3, 40, dtype=DTYPE)[:, None]
+    x = torch.cat([torch.linspace(0, 3, 30, dtype=DTYPE), torch.linspace(4.25, 4.45, 30, dtype=DTYPE)])[:, None]
+    single = NystromKernel(kernel, landmarks).float()
+    with torch.no_grad():
+        cross = single.base_kernel(x.float(), landmarks.float()).to_dense()
+        assert int(((cross != 0) & (cross.abs() < tiny)).sum()) > 0  # the trigger is there
+        features = single.featurize(x.float())
+        expected = NystromKernel(kernel, landmarks, jitter=1e-6).featurize(x)
+    assert features.dtype == torch.float32
+    assert int(((features != 0) & (features.abs() < tiny)).sum()) == 0
+    torch.testing.assert_close(features.double() @ features.double().mT, expected @ expected.mT, atol=1e-4, rtol=0)
+
