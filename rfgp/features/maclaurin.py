@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..core.config_state import DRAW, METHOD
-from ..core.validation import check_choice, check_features_input, check_positive_int
+from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from . import dot_product
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
@@ -243,6 +243,10 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             (``min_order``, ``max_order`` and ``sample_size`` are saved and checked on load; the
             fitted ``widths`` and ``objective`` are adopted.)
         bias_correction: report k(x, x) − E k̂(x, x) to the kernels' posterior variance (§5.6).
+        min_share: :meth:`fit` raises a ``ValueError`` when the fitted map carries less than this share
+            E k̂(x, x)/k(x, x) of the kernel at the median sample point (0, the default, never raises;
+            :class:`~rfgp.kernels.MaclaurinRBFKernel` sets float32's ε: a map whose features are numerically
+            zero cannot be trained).
         seed, generator: randomness of the sketches (and of the subsample).
 
     Attributes:
@@ -276,7 +280,9 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         bias_correction: bool = True,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        min_share: float = 0.0,
     ) -> None:
+        self.min_share = check_positive_float(min_share, "min_share", allow_zero=True)
         self.min_order = check_positive_int(min_order, "min_order")
         self.max_order = check_positive_int(max_order, "max_order")
         if self.max_order < self.min_order:
@@ -327,9 +333,40 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         objective = AllocationObjective(self.kernel, x, self.max_order, self.projection, self.weights,
                                         self.srht_blocks)
         result = extended_allocation(objective, self.min_order, self.max_order, self.total_width)
+        widths = tuple(result.widths[: result.order])
+        if self.min_share > 0:
+            self._check_share(x, widths)  # before the map changes: a refused refit leaves it as it was
         self.objective = result.objective
         self.input_dim = x.shape[-1]
-        return self.set_widths(result.widths[: result.order])
+        return self.set_widths(widths)
+
+    def _check_share(self, x: Tensor, widths: tuple[int, ...]) -> None:
+        """Raise when E k̂(x, x)/k(x, x) at the median point of the (float64, CPU) sample is below ``min_share``.
+
+        For the Gaussian kernel the share is the Poisson probability P(n ≤ p) at mean ‖x‖²/ℓ²: on 26
+        standardised columns at GPyTorch's initial lengthscale (‖x‖²/ℓ² ≈ 45) order 10 carries 4·10⁻¹⁰ of the
+        kernel, the marginal likelihood is flat in the lengthscale, and fit_mll "converged" at the mean
+        prediction (diamonds: test RMSE 1.02 against 0.19 for the exact GP).
+        """
+        target = self.target_diag(x)
+        positive = target > 0
+        if not bool(positive.any()):
+            return
+        kept, self.widths = self.widths, widths  # expected_diag reads the widths only
+        try:
+            share = float((self.expected_diag(x)[positive] / target[positive]).median())
+        finally:
+            self.widths = kept
+        if share < self.min_share:
+            norm = float(x.pow(2).sum(-1).median())
+            raise ValueError(
+                f"the optimized Maclaurin map (order {len(widths)} ≤ max_order={self.max_order}, "
+                f"{self.num_features} features) carries a share {share:.2g} of k(x, x) at the median sample point "
+                f"(‖x‖²/ℓ² = {norm:.3g} there), below min_share={self.min_share:.2g}: its features are numerically "
+                "zero and the marginal likelihood is flat in the lengthscale. Start from a larger lengthscale "
+                "(‖x‖²/ℓ² of a few units; standardise the inputs), raise max_order, or use method='rff', 'orf' or "
+                "'sorf'"
+            )
 
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         return self._draw_sketches(generator)

@@ -26,6 +26,11 @@ from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import RandomFeatureKernel
 
 
+#: the least share E k̂(x, x)/k(x, x) of the RBF kernel a fitted Maclaurin map may carry (float32's ε; see
+#: OptimizedMaclaurin's min_share)
+_MIN_SHARE = float(torch.finfo(torch.float32).eps)
+
+
 @register_polynomial_method("maclaurin", options=("min_order", "sample_size", "bias_correction"))
 def _optimized(power, num_features, input_dim, seed, generator, **options):
     return OptimizedMaclaurin(dot_product.polynomial(power, 1.0), num_features, input_dim=input_dim,
@@ -108,6 +113,7 @@ class MaclaurinRBFKernel(SketchedRBFKernel):
             dot_product.gaussian(), num_features, input_dim=_input_dim(input_dim, kwargs), projection=projection,
             weights=weights, srht_blocks=srht_blocks, min_order=min_order, max_order=max_order,
             sample_size=sample_size, bias_correction=bias_correction, seed=seed, generator=generator,
+            min_share=_MIN_SHARE,
         )
         self._setup_rbf(method, feature_map, kwargs, complex_posterior=complex_posterior)
 

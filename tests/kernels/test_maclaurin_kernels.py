@@ -8,7 +8,13 @@ import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 import rfgp
-from rfgp.kernels import SketchedExponentialKernel, SketchedPolynomialKernel, SketchedRBFKernel, refit_allocation
+from rfgp.kernels import (
+    MaclaurinRBFKernel,
+    SketchedExponentialKernel,
+    SketchedPolynomialKernel,
+    SketchedRBFKernel,
+    refit_allocation,
+)
 
 
 class TestMaclaurinRBFContract(BaseKernelTestCase, unittest.TestCase):
@@ -150,3 +156,27 @@ def test_bad_input():
         refit_allocation(SketchedRBFKernel(16), torch.randn(5, 2))
     with pytest.raises(ValueError, match="projection must be one of"):
         SketchedRBFKernel(16, method="maclaurin", projection="hierarchical")
+
+
+def test_rbf_map_that_carries_no_share_of_the_kernel_is_refused():
+    """26 standardised columns at GPyTorch's initial lengthscale (‖x‖²/ℓ² ≈ 54): order ≤ 10 carries ~1e-10 of
+    k(x, x), the features are numerically zero, and fit_mll "converged" at the mean prediction (diamonds: test RMSE
+    1.02 against 0.19 exact). Every allocation fit refuses such a map; a refused refit leaves the map as it was."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 26, generator=g, dtype=torch.float64)
+    exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=26)).double()
+    with pytest.raises(ValueError, match=r"carries a share .* of k\(x, x\) .*below min_share"):
+        rfgp.sketch(exact, 512, method="maclaurin", x_sample=x)
+    with pytest.raises(ValueError, match="carries a share"):
+        MaclaurinRBFKernel(512, ard_num_dims=26, seed=0).double()(x).to_dense()  # fitted at the first call
+    kernel = MaclaurinRBFKernel(512, ard_num_dims=26, seed=0).double()
+    kernel.lengthscale = 6.0
+    features = kernel.featurize(x)
+    assert float(features.pow(2).sum(-1).median()) > 0.5
+    widths = kernel.feature_map.widths
+    kernel.lengthscale = 0.69
+    with pytest.raises(ValueError, match="carries a share"):
+        refit_allocation(kernel, x)
+    assert kernel.feature_map.widths == widths
+    kernel.lengthscale = 6.0
+    torch.testing.assert_close(kernel.featurize(x), features)
