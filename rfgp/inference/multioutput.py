@@ -37,6 +37,7 @@ from torch import Tensor
 from ..core.memory import check_solve
 from ..core.validation import check_noise
 from .linalg import weighted_gram
+from .multioutput_chunking import ChunkedMultiOutputFeatureOperator, ChunkedPosteriorCovariance
 from .operators import FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
 from .prediction import FeatureSpacePredictionStrategy, observed_residual
@@ -123,6 +124,10 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         self.check_draws()
+        if hasattr(test_test_covar, "evaluate_kernel"):
+            test_test_covar = test_test_covar.evaluate_kernel()
+        if isinstance(test_test_covar, ChunkedMultiOutputFeatureOperator):
+            return self._chunked_prediction(test_mean, test_test_covar)
         features = scaled_root(test_test_covar)
         if features is None:
             raise TypeError(
@@ -136,6 +141,30 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             shape = (*features.shape[:-1], features.shape[-2])
             return mean, ZeroLinearOperator(*shape, dtype=mean.dtype, device=mean.device)
         return mean, feature_posterior_covariance(features, factor, kernel_space)
+
+
+    def _chunked_prediction(self, test_mean: Tensor, test_test_covar: ChunkedMultiOutputFeatureOperator):
+        """Mean and covariance of a test root over :class:`~rfgp.settings.memory_budget`, a block of points at a time.
+
+        The mean is Φ*_c E[θ | y] per block; the covariance a
+        :class:`~rfgp.inference.multioutput_chunking.ChunkedPosteriorCovariance` whose root rows Φ*_cL⁻ᵀ (or the
+        kernel-space root) are recomputed per block for variances, joint samples and products.
+        """
+        kernel_space = self.uses_kernel_space
+        weight_mean, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
+        blocks = []
+        for _, features in test_test_covar.feature_chunks():
+            self.check_features(features)
+            blocks.append((features @ weight_mean).squeeze(-1))
+        mean = torch.cat(blocks, -1) + test_mean
+        if gpytorch.settings.skip_posterior_variances.on():
+            shape = (*mean.shape, mean.shape[-1])
+            return mean, ZeroLinearOperator(*shape, dtype=mean.dtype, device=mean.device)
+
+        def root(features: Tensor) -> Tensor:
+            return feature_posterior_covariance(features, factor, kernel_space).low_rank_root
+
+        return mean, ChunkedPosteriorCovariance(test_test_covar, root=root)
 
 
 def kernel_num_outputs(kernel, x: Tensor) -> int:

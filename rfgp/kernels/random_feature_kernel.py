@@ -37,6 +37,7 @@ from ..core.validation import (
 )
 from ..features.base import FeatureMap
 from ..inference.chunking import Featurizer, chunk_slices
+from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator
 from ..inference.operators import (
     ChunkedFeatureCrossLinearOperator,
     ChunkedFeatureRootLinearOperator,
@@ -129,7 +130,9 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             check_solve(num_rows, featurizer.num_features, batch, x1.dtype, x1.device)
         outputs = self.num_outputs_per_input(x1, x2)
         if outputs != 1:
-            check_unchunked_memory(self, num_rows, outputs, featurizer.num_features, batch, x1.dtype)
+            lazy = self._multi_output_prediction_forward(x1, x2, same, diag, featurizer, num_rows, outputs, batch)
+            if lazy is not None:
+                return lazy
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
             if same and not diag and num_rows < featurizer.num_features:
@@ -189,6 +192,27 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                 x1, featurizer, chunk_size, self.variance_correction(x1)
             )
         return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, chunk_size)
+
+    def _multi_output_prediction_forward(self, x1: Tensor, x2: Tensor, same: bool, diag: bool,
+                                         featurizer: Featurizer, num_rows: int, outputs: int, batch: int):
+        """The lazy operator of a multi-output root's prediction-time covariance, ``None`` to materialise it.
+
+        Prediction (eval mode, or no gradient recorded) never materialises the test–train covariance (the
+        feature-space strategy does not read it), and evaluates a test–test covariance whose n·p × F root
+        exceeds :class:`~rfgp.settings.memory_budget` block by block
+        (:mod:`rfgp.inference.multioutput_chunking`); a training covariance over budget raises.
+        """
+        chunk_rows = resolve_chunk_size(num_rows * outputs, featurizer.num_features, batch, x1.dtype)
+        predicting = not (self.training and torch.is_grad_enabled())
+        if chunk_rows is not None and not (predicting and not diag):
+            check_unchunked_memory(self, num_rows, outputs, featurizer.num_features, batch, x1.dtype,
+                                   "multi-output feature kernels evaluate block by block only for prediction (eval "
+                                   "mode, or under torch.no_grad()), not for training or a diagonal")
+        if diag or not predicting or (same and chunk_rows is None):
+            return None
+        chunk_points = num_rows if chunk_rows is None else max(1, chunk_rows // outputs)
+        return ChunkedMultiOutputFeatureOperator.from_featurizer(x1, x1 if same else x2, featurizer, chunk_points,
+                                                                 outputs)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         return FeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
@@ -257,7 +281,8 @@ class RandomFeatureKernel(FeatureKernel):
 
 
 def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_features: int, batch: int,
-                           dtype: torch.dtype) -> None:
+                           dtype: torch.dtype,
+                           limitation: str = "multi-output feature kernels have no chunked evaluation") -> None:
     """Refuse, instead of silently exceeding, a memory budget that would ask to chunk a multi-output root.
 
     The chunked operators of :mod:`rfgp.inference.operators` count one row per input point; a kernel with
@@ -269,6 +294,6 @@ def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_fe
         raise ValueError(
             f"{type(kernel).__name__}: the feature root of {rows} rows (n = {num_points} points × {outputs} outputs) "
             f"and {num_features} features exceeds rfgp.settings.memory_budget ({memory_budget.value()} bytes) or a "
-            "forced rfgp.settings.chunk_size, and multi-output feature kernels have no chunked evaluation; raise "
-            "the budget, e.g. `with rfgp.settings.memory_budget(8 * 2**30):`"
+            f"forced rfgp.settings.chunk_size, and {limitation}: raise the budget, e.g. "
+            "`with rfgp.settings.memory_budget(8 * 2**30):`"
         )

@@ -1,0 +1,212 @@
+"""Chunked prediction of multi-output feature GPs: test roots of n·p rows evaluated a block of points at a time.
+
+A multi-output feature kernel (curl-/divergence-free, decomposable, their sums) has an interleaved root of
+n·p rows for n points (row i·p + t = output t of point i).  At prediction on a large grid GPyTorch asks the
+kernel for the test–test covariance R*R*ᵀ (n·p × n·p) and the test–train covariance; materialising R* and the
+posterior root R*L⁻ᵀ costs O(n·p·F) memory several times over (n = 10⁵, p = 3, F = 512, float64: 4.7 GiB).
+When the n·p × F root exceeds :class:`rfgp.settings.memory_budget` and no gradient is recorded (or the kernel is
+in eval mode), the kernel returns :class:`ChunkedMultiOutputFeatureOperator` instead, which keeps the points and
+the feature function; :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy` then computes
+the posterior mean block by block and returns :class:`ChunkedPosteriorCovariance`, whose variance (the diagonal),
+joint samples R*ε (one ε ~ N(0, I_F) shared by all blocks, so samples are jointly correct) and products are
+computed block by block too: peak memory O(chunk·p·F + F²), the same numbers as the unchunked path to rounding.
+A dense ``covariance_matrix`` (n·p × n·p) is still available on request.
+
+The training covariance of a multi-output kernel is never chunked (its marginal likelihood needs the whole
+root): such an operator with noise added raises, naming the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from linear_operator.operators import DiagLinearOperator, LinearOperator
+from torch import Tensor
+
+from ..core.draws import standard_normal
+from ..core.settings import memory_budget
+from .chunking import Featurizer, chunk_slices
+
+
+def _point_rows(points: slice, num_outputs: int) -> slice:
+    return slice(points.start * num_outputs, points.stop * num_outputs)
+
+
+class ChunkedMultiOutputFeatureOperator(LinearOperator):
+    """R(x₁)R(x₂)ᵀ for an interleaved multi-output root R (n·p rows), evaluated ``chunk_size`` points at a time.
+
+    Args:
+        inputs1, inputs2: ``(..., n₁, d)``, ``(..., n₂, d)``; pass the same tensor for the symmetric R(x)R(x)ᵀ.
+        params: the featurizer's differentiable tensors.
+        featurizer: x ``(..., c, d)`` ↦ R ``(*batch, c·p, F)``.
+        chunk_size: points per block.
+        num_outputs: p.
+    """
+
+    def __init__(self, inputs1: Tensor, inputs2: Tensor, *params: Tensor, featurizer: Featurizer, chunk_size: int,
+                 num_outputs: int) -> None:
+        super().__init__(inputs1, inputs2, *params, featurizer=featurizer, chunk_size=chunk_size,
+                         num_outputs=num_outputs)
+        self.inputs1, self.inputs2 = inputs1, inputs2
+        self.featurizer = featurizer
+        self.chunk_size = chunk_size
+        self.num_outputs = num_outputs
+
+    @classmethod
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs):
+        return cls(inputs1, inputs2, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size,
+                   num_outputs=num_outputs)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.inputs2 is self.inputs1
+
+    def _size(self) -> torch.Size:
+        batch = torch.broadcast_shapes(self.featurizer.batch_shape, self.inputs1.shape[:-2], self.inputs2.shape[:-2])
+        p = self.num_outputs
+        return torch.Size((*batch, self.inputs1.shape[-2] * p, self.inputs2.shape[-2] * p))
+
+    def _transpose_nonbatch(self):
+        if self.symmetric:
+            return self
+        return self.from_featurizer(self.inputs2, self.inputs1, self.featurizer, self.chunk_size, self.num_outputs)
+
+    def feature_chunks(self, inputs: Tensor | None = None) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, R_c) for every block of ``chunk_size`` points of ``inputs`` (default x₁); rows index the n·p rows."""
+        inputs = self.inputs1 if inputs is None else inputs
+        for points in chunk_slices(inputs.shape[-2], self.chunk_size):
+            yield _point_rows(points, self.num_outputs), self.featurizer(inputs[..., points, :])
+
+    def features(self) -> Tensor:
+        """R(x₁) materialised, ``(..., n·p, F)`` (for small inputs)."""
+        return torch.cat([features for _, features in self.feature_chunks()], -2)
+
+    def _project(self, inputs: Tensor, rhs: Tensor) -> Tensor:
+        return sum((rhs[..., rows, :].mT @ features).mT for rows, features in self.feature_chunks(inputs))
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        projected = self._project(self.inputs2, rhs)
+        return torch.cat([features @ projected for _, features in self.feature_chunks()], -2)
+
+    def _diagonal(self) -> Tensor:
+        if not self.symmetric:
+            return super()._diagonal()
+        return torch.cat([features.pow(2).sum(-1) for _, features in self.feature_chunks()], -1)
+
+    def to_dense(self) -> Tensor:
+        left = self.features()
+        right = left if self.symmetric else torch.cat(
+            [features for _, features in self.feature_chunks(self.inputs2)], -2)
+        return left @ right.mT
+
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
+        raise NotImplementedError(
+            "gradients through a chunked multi-output covariance are not supported (it is built for prediction); "
+            f"raise rfgp.settings.memory_budget above {memory_budget.value()} bytes so that the root is materialised"
+        )
+
+    def _mul_constant(self, other):
+        if not bool((other > 0).all()) if torch.is_tensor(other) else not other > 0:
+            return super()._mul_constant(other)
+        return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
+                                    self.num_outputs)
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            raise ValueError(
+                f"the multi-output feature root of {self.shape[-2]} rows exceeds rfgp.settings.memory_budget "
+                f"({memory_budget.value()} bytes), so it was chunked, but the marginal likelihood and the training "
+                "covariance of a multi-output model need the whole root: raise the budget, e.g. "
+                "`with rfgp.settings.memory_budget(8 * 2**30):`, or train on fewer points"
+            )
+        return super().__add__(other)
+
+
+class ChunkedPosteriorCovariance(LinearOperator):
+    """Σ* = RRᵀ (+ diag(d)) with the posterior root R computed ``chunk_size`` points at a time, never whole.
+
+    Args:
+        prior: the chunked test covariance (:class:`ChunkedMultiOutputFeatureOperator`, symmetric).
+        root: Φ*_c ↦ R_c, the posterior root rows of a block of test features (e.g. Φ*_cL⁻ᵀ).
+        params: tensors ``root`` reads (the posterior factor), for the operator's representation.
+        noise: optional diagonal ``(..., n·p)`` added to Σ* (observation noise), ``None`` for none.
+    """
+
+    def __init__(self, prior: ChunkedMultiOutputFeatureOperator, *params: Tensor, root: Callable[[Tensor], Tensor],
+                 noise: Tensor | None = None) -> None:
+        super().__init__(prior, *params, root=root, noise=noise)
+        self.prior, self.params, self.root, self.noise = prior, params, root, noise
+
+    def _size(self) -> torch.Size:
+        return self.prior.shape
+
+    def _transpose_nonbatch(self):
+        return self
+
+    def root_chunks(self) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, R_c) for every block of test points, R_c ``(..., c·p, F)``, broadcast to the operator's batch."""
+        for rows, features in self.prior.feature_chunks():
+            root = self.root(features)
+            yield rows, root.expand(*self.batch_shape, *root.shape[-2:])
+
+    def _noise(self, rows: slice) -> Tensor | None:
+        return None if self.noise is None else self.noise[..., rows].expand(*self.batch_shape, rows.stop - rows.start)
+
+    def _diagonal(self) -> Tensor:
+        blocks = []
+        for rows, root in self.root_chunks():
+            block = root.pow(2).sum(-1)
+            noise = self._noise(rows)
+            blocks.append(block if noise is None else block + noise)
+        return torch.cat(blocks, -1)
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        projected = sum((rhs[..., rows, :].mT @ root).mT for rows, root in self.root_chunks())
+        blocks = []
+        for rows, root in self.root_chunks():
+            block = root @ projected
+            noise = self._noise(rows)
+            blocks.append(block if noise is None else block + noise.unsqueeze(-1) * rhs[..., rows, :])
+        return torch.cat(blocks, -2)
+
+    def to_dense(self) -> Tensor:
+        root = torch.cat([root for _, root in self.root_chunks()], -2)
+        dense = root @ root.mT
+        return dense if self.noise is None else dense + torch.diag_embed(self.noise.expand(dense.shape[:-1]))
+
+    def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
+        """R·ε (+ √d·ε′), ε ~ N(0, I_F) shared by every block: ``(num_samples, *batch, n·p)`` joint samples."""
+        first_rows, first = next(self.root_chunks())
+        width = first.shape[-1]
+        normal = standard_normal((*self.batch_shape, width, num_samples), first, None)
+        blocks = []
+        for rows, root in self.root_chunks():
+            block = root @ normal
+            noise = self._noise(rows)
+            if noise is not None:
+                independent = torch.randn(*block.shape, dtype=block.dtype, device=block.device)
+                block = block + noise.sqrt().unsqueeze(-1) * independent
+            blocks.append(block)
+        return torch.cat(blocks, -2).movedim(-1, 0).contiguous()
+
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
+        raise NotImplementedError(
+            "gradients through a chunked posterior covariance are not supported; predict under torch.no_grad(), "
+            f"or raise rfgp.settings.memory_budget above {memory_budget.value()} bytes"
+        )
+
+    def _mul_constant(self, other):
+        if torch.is_tensor(other) and not bool((other > 0).all()) or not torch.is_tensor(other) and not other > 0:
+            return super()._mul_constant(other)
+        scale = other.sqrt().unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(other) else other**0.5
+        noise = None if self.noise is None else self.noise * (other.unsqueeze(-1) if torch.is_tensor(other) else other)
+        root = self.root
+        return ChunkedPosteriorCovariance(self.prior, *self.params, root=lambda f: root(f) * scale, noise=noise)
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            diag = other.diagonal(dim1=-2, dim2=-1)
+            noise = diag if self.noise is None else self.noise + diag
+            return ChunkedPosteriorCovariance(self.prior, *self.params, root=self.root, noise=noise)
+        return super().__add__(other)
