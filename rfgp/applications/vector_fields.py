@@ -13,6 +13,7 @@ fields too, so their divergence and curl can be checked with autograd:
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import gpytorch
@@ -20,7 +21,9 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ..core.settings import resolve_chunk_size
 from ..core.validation import check_finite, check_positive_int, check_tensor_dtype
+from ..inference.chunking import chunk_slices
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
 from ..kernels.combinations import is_feature_kernel, kernel_features
 
@@ -84,16 +87,30 @@ def _check_square(jac: Tensor) -> None:
 
 
 def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | None = None) -> Field:
-    """x ↦ (Φ(x)θₛ) reshaped to (S, n, p) for weight samples θ of shape (S, F)."""
+    """x ↦ (Φ(x)θₛ) reshaped to (S, n, p) for weight samples θ of shape (S, F).
 
-    def field(x: Tensor) -> Tensor:
-        features = kernel_features(kernel, x).to(weights.dtype)  # (..., n·p, F)
+    The points are featurised in blocks whose n·p × F root fits :class:`rfgp.settings.memory_budget` (the whole
+    root of a 10⁵-point grid in 3-D at F = 1024 is 2.3 GiB in float64), so peak memory is bounded when no
+    gradient is recorded; under autograd (:func:`jacobian`) the blocks' graphs are kept, as for any computation.
+    """
+
+    def block(x: Tensor) -> Tensor:
+        features = kernel_features(kernel, x).to(weights.dtype)  # (..., c·p, F)
         if features.dim() == 2:
             values = (features @ weights.mT).mT
         else:
             values = (features @ weights.unsqueeze(-1)).squeeze(-1)
         values = values.reshape(*values.shape[:-1], -1, num_outputs)
         return values if offset is None else values + offset(x)
+
+    def field(x: Tensor) -> Tensor:
+        num_points = x.shape[-2]
+        chunk_rows = resolve_chunk_size(num_points * num_outputs, weights.shape[-1], math.prod(x.shape[:-2]),
+                                        weights.dtype)
+        if chunk_rows is None:
+            return block(x)
+        points = max(1, chunk_rows // num_outputs)
+        return torch.cat([block(x[..., rows, :]) for rows in chunk_slices(num_points, points)], -2)
 
     return field
 
