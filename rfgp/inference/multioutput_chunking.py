@@ -27,6 +27,8 @@ from torch import Tensor
 from ..core.draws import standard_normal
 from ..core.settings import memory_budget
 from .chunking import Featurizer, chunk_slices
+from .posterior_covariance import PosteriorAddedTaskNoise
+from .task_noise import is_interleaved_task_noise
 
 
 def _point_rows(points: slice, num_outputs: int) -> slice:
@@ -113,7 +115,7 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
                                     self.num_outputs)
 
     def __add__(self, other):
-        if isinstance(other, DiagLinearOperator):
+        if isinstance(other, DiagLinearOperator) or is_interleaved_task_noise(other):  # the noisy training covariance
             raise ValueError(
                 f"the multi-output feature root of {self.shape[-2]} rows exceeds rfgp.settings.memory_budget "
                 f"({memory_budget.value()} bytes), so it was chunked, but the marginal likelihood and the training "
@@ -209,4 +211,6 @@ class ChunkedPosteriorCovariance(LinearOperator):
             diag = other.diagonal(dim1=-2, dim2=-1)
             noise = diag if self.noise is None else self.noise + diag
             return ChunkedPosteriorCovariance(self.prior, *self.params, root=self.root, noise=noise)
+        if is_interleaved_task_noise(other):
+            return PosteriorAddedTaskNoise(self, other)
         return super().__add__(other)

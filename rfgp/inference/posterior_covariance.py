@@ -38,11 +38,13 @@ from linear_operator.operators import (
     LowRankRootAddedDiagLinearOperator,
     LowRankRootLinearOperator,
     MatmulLinearOperator,
+    SumLinearOperator,
 )
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
+from .task_noise import is_interleaved_task_noise
 
 
 class LowRankPosteriorCovariance(MatmulLinearOperator):
@@ -108,6 +110,8 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
             return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(self.low_rank_root), other)
+        if is_interleaved_task_noise(other):
+            return PosteriorAddedTaskNoise(self, other)
         return super().__add__(other)
 
 
@@ -118,6 +122,38 @@ def _is_principal(row_index, col_index, batch_indices) -> bool:
         return False
     return _is_noop_index(row_index) and _is_noop_index(col_index) or (
         isinstance(row_index, slice) and row_index == col_index)
+
+
+class PosteriorAddedTaskNoise(SumLinearOperator):
+    """Σ* + D_n ⊗ Σ_T: a low-rank posterior covariance plus correlated (interleaved multitask) observation noise.
+
+    ``MultitaskGaussianLikelihood(num_tasks=T, rank ≥ 1)`` adds I_n ⊗ Σ_T to the posterior; as a plain sum, a draw
+    from it (``likelihood(posterior).rsample()``) took the dense Cholesky factor of the n·T × n·T matrix (3000 points,
+    T = 2: 5.3 s; 10⁵ points: out of reach).  Here a draw is the posterior's own low-rank (or blockwise) draw plus
+    √dᵢ·S_T ε′ᵢ per point, S_T S_Tᵀ = Σ_T (a T × T eigendecomposition, exact also for a singular Σ_T): O(n·T²) more.
+    Products, the diagonal and dense forms are the sum's.
+
+    Args:
+        posterior: the posterior covariance (any operator with ``zero_mean_mvn_samples``).
+        task_noise: D_n ⊗ Σ_T, a ``KroneckerProductLinearOperator`` with a diagonal first factor.
+    """
+
+    def __init__(self, posterior: LinearOperator, task_noise: LinearOperator):
+        super().__init__(posterior, task_noise)
+
+    def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
+        posterior, task_noise = self.linear_ops
+        samples = posterior.zero_mean_mvn_samples(num_samples)  # (S, *batch, n·T)
+        point_noise, task_covariance = task_noise.linear_ops
+        covariance = task_covariance.to_dense()
+        values, vectors = torch.linalg.eigh(covariance)
+        root = vectors * values.clamp_min(0.0).sqrt().unsqueeze(-2)  # S_T, S_T S_Tᵀ = Σ_T
+        scale = point_noise.diagonal(dim1=-2, dim2=-1).sqrt()  # (..., n)
+        num_points, num_tasks = scale.shape[-1], root.shape[-1]
+        batch = samples.shape[1:-1]
+        normal = torch.randn(num_samples, *batch, num_points, num_tasks, dtype=samples.dtype, device=samples.device)
+        noise = (normal @ root.mT) * scale.unsqueeze(-1)
+        return samples + noise.expand(num_samples, *batch, num_points, num_tasks).flatten(-2)
 
 
 class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
