@@ -31,12 +31,11 @@ import gpytorch
 import torch
 from gpytorch.utils.memoize import cached
 from linear_operator.operators import ConstantMulLinearOperator, ZeroLinearOperator
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..core.memory import check_solve
 from ..core.validation import check_noise
-from .linalg import weighted_gram
+from .linalg import capacitance_solve, weighted_gram
 from .multioutput_chunking import ChunkedMultiOutputFeatureOperator, ChunkedPosteriorCovariance
 from .operators import FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
@@ -116,11 +115,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         num_rows, num_features = features.shape[-2:]
         batch = math.prod(torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1]))
         check_solve(num_rows, num_features, batch, features.dtype, features.device, size=num_features)
-        capacitance = weighted_gram(features, weights)
-        eye = torch.eye(capacitance.shape[-1], dtype=capacitance.dtype, device=capacitance.device)
-        chol = psd_safe_cholesky(capacitance + eye)
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
-        return torch.cholesky_solve(rhs, chol), chol
+        return capacitance_solve(weighted_gram(features, weights), rhs)
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         self.check_draws()

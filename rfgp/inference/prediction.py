@@ -45,7 +45,6 @@ from linear_operator.operators import (
     MatmulLinearOperator,
     ZeroLinearOperator,
 )
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..core.draws import standard_normal
@@ -54,6 +53,7 @@ from ..core.validation import check_noise, check_targets
 from ..features.base import FeatureMap
 from . import distributed
 from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches
+from .linalg import capacitance_solve
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 from .posterior_covariance import feature_posterior_covariance
 
@@ -227,9 +227,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             gram = gram * scale.unsqueeze(-1).unsqueeze(-1)
             cross = cross * scale.sqrt().unsqueeze(-1).unsqueeze(-1)
         gram, cross = distributed.reduce_statistics(gram, cross)
-        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-        chol = psd_safe_cholesky(gram + eye, upper=False)
-        mean_cache = torch.cholesky_solve(cross, chol, upper=False)  # (*batch, F, prod(extra) or 1)
+        mean_cache, chol = capacitance_solve(gram, cross)  # (*batch, F, prod(extra) or 1)
         if target_batch:
             mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
         return mean_cache, chol

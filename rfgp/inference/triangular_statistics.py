@@ -61,6 +61,7 @@ from .linalg import (
     _is_uniform,
     _sum_to_shape,
     differentiable_backward,
+    factor_dtype,
     fold_constant,
     plain_statistics,
     statistics_backward,
@@ -105,16 +106,6 @@ def kernel_scale(chol: Tensor) -> Tensor:
 def flush_negligible(values: Tensor, threshold: Tensor) -> Tensor:
     """``values`` with the entries of magnitude below ``threshold`` (broadcast) set to zero (NaN stays NaN)."""
     return torch.where(values.abs() < threshold, torch.zeros((), dtype=values.dtype, device=values.device), values)
-
-
-#: dtypes whose M × M factors are worked in float64 (and rounded back), where the device has float64
-_WIDENED = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The working precision of M × M factors for ``dtype`` inputs: float64 for float32/half, except on devices
-    without float64 (Apple MPS), which keep ``dtype``."""
-    return torch.float64 if dtype in _WIDENED and device.type != "mps" else dtype
 
 
 def _solve_lower_transpose(chol: Tensor, matrix: Tensor, overwrite: bool = False) -> Tensor:
