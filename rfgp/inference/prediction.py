@@ -157,7 +157,8 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         Cached per ``gpytorch.settings.observation_nan_policy`` (as GPyTorch's ``_mean_cache``), so a
         strategy built under "mask" does not answer for NaN targets under "ignore".
         """
-        return self._kernel_space_cache(gpytorch.settings.observation_nan_policy.value())
+        with _cache_grad_mode():
+            return self._kernel_space_cache(gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="kernel_space_cache")
     def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, KernelSpaceFactor]:
@@ -196,7 +197,8 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @property
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ over the observed points, cached per NaN policy."""
-        return self._mean_covar_cache(gpytorch.settings.observation_nan_policy.value())
+        with _cache_grad_mode():
+            return self._mean_covar_cache(gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="mean_covar_cache")
     def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
@@ -231,6 +233,14 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if target_batch:
             mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
         return mean_cache, chol
+
+
+def _cache_grad_mode() -> torch.autograd.grad_mode.set_grad_enabled:
+    """Build the posterior caches without a graph under ``gpytorch.settings.detach_test_caches`` (on by default), as
+    GPyTorch's own strategies detach theirs: a cache built while a gradient was recorded (a first prediction
+    differentiated w.r.t. the test inputs) otherwise kept the training graph, freed by the first ``backward()``, so
+    a second differentiated prediction raised 'Trying to backward through the graph a second time'."""
+    return torch.set_grad_enabled(torch.is_grad_enabled() and not gpytorch.settings.detach_test_caches.on())
 
 
 def observed_points(train_labels: Tensor, nan_policy: str) -> Tensor | None:

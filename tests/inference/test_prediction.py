@@ -251,3 +251,24 @@ def test_float64_test_inputs_of_a_float32_user_model_are_named():
         with pytest.raises(RuntimeError, match="in torch.float64 on cpu .kernel: torch.float64 on cpu., but predicts "
                                                "with test features in torch.float64 on cpu .kernel: torch.float32"):
             model(xs)
+
+
+@pytest.mark.parametrize("num_features", [32, 256])  # N > F: feature-space caches; N < F: kernel-space caches
+def test_predictions_differentiated_twice_wrt_the_test_inputs(num_features):
+    """Before: a first prediction under autograd built the posterior caches with the training graph, which its
+    backward() freed, so the second differentiated prediction raised 'Trying to backward through the graph a second
+    time' (GPyTorch's exact GP detaches its caches under gpytorch.settings.detach_test_caches). Now the caches are
+    built without a graph under that setting, the input gradients match finite differences."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(80, 2, generator=g, dtype=torch.float64), torch.randn(80, generator=g, dtype=torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(num_features, seed=0))
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().eval()
+    test_x = torch.rand(5, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        (grad,) = torch.autograd.grad(model(test_x).variance.sum() + model(test_x).mean.sum(), test_x)
+    step = torch.zeros_like(test_x)
+    step[2, 1] = 1e-6
+    with torch.no_grad():
+        value = lambda z: (model(z).variance.sum() + model(z).mean.sum()).item()  # noqa: E731
+        finite_difference = (value(test_x + step) - value(test_x - step)) / 2e-6
+    assert abs(grad[2, 1].item() - finite_difference) <= 1e-5 * max(1.0, abs(finite_difference))
