@@ -27,8 +27,13 @@ from torch import Tensor
 from ..core.draws import standard_normal
 from ..core.settings import memory_budget
 from .chunking import Featurizer, chunk_slices
+from .linalg import capacitance_solve
 from .posterior_covariance import PosteriorAddedTaskNoise
 from .task_noise import is_interleaved_task_noise
+
+
+def _accumulate(total: Tensor | None, value: Tensor) -> Tensor:
+    return value if total is None else total + value
 
 
 def _point_rows(points: slice, num_outputs: int) -> slice:
@@ -191,6 +196,39 @@ class ChunkedPosteriorCovariance(LinearOperator):
                 block = block + noise.sqrt().unsqueeze(-1) * independent
             blocks.append(block)
         return torch.cat(blocks, -2).movedim(-1, 0).contiguous()
+
+    def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        """rᵀ(RRᵀ + D)⁻¹r and log|RRᵀ + D| (a predictive ``log_prob``, NLPD) from F × F statistics over the blocks.
+
+        Woodbury and the determinant lemma with A = I + RᵀD⁻¹R = LLᵀ, accumulated block by block:
+        rᵀD⁻¹r − bᵀA⁻¹b (b = RᵀD⁻¹r) and 2Σ log Lᵢᵢ + Σ log dᵢ, exact in O(n·p·F²), instead of linear_operator's
+        iterative estimate (1500 points: 12 s and a relative error of 1e-3).  Without noise (RRᵀ alone, singular
+        for n·p > F) linear_operator's default answers.
+        """
+        if self.noise is None:
+            return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
+        rhs = inv_quad_rhs.unsqueeze(-1) if inv_quad_rhs is not None and inv_quad_rhs.dim() == 1 else inv_quad_rhs
+        gram = cross = weighted_square = None
+        noise_logdet = 0.0
+        for rows, root in self.root_chunks():
+            weights = self._noise(rows).reciprocal()
+            weighted_root = root * weights.unsqueeze(-1)
+            gram = _accumulate(gram, weighted_root.mT @ root)
+            noise_logdet = noise_logdet - weights.log().sum(-1)
+            if rhs is not None:
+                chunk_rhs = rhs[..., rows, :]
+                cross = _accumulate(cross, weighted_root.mT @ chunk_rhs)
+                weighted_square = _accumulate(weighted_square, (chunk_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2))
+        solution, chol = capacitance_solve(gram, cross if rhs is not None else gram.new_zeros(*gram.shape[:-1], 0))
+        inv_quad = logdet_term = None
+        if rhs is not None:
+            inv_quad = weighted_square - (cross * solution).sum(-2)
+            if reduce_inv_quad:
+                inv_quad = inv_quad.sum(-1)
+        if logdet:
+            logdet_term = 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
+        empty = gram.new_zeros(0)
+        return (empty if inv_quad is None else inv_quad), (empty if logdet_term is None else logdet_term)
 
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
         raise NotImplementedError(
