@@ -155,10 +155,10 @@ def test_maclaurin_refits_on_the_columns_its_kernel_sees(tree):
     gp = model(rfgp.sketch(tree(), 32, method="maclaurin", x_sample=x, seed=0).double(), x, y)
     gp(x).covariance_matrix  # the allocation is fitted at the first evaluation
     leaf = next(m for m in gp.modules() if isinstance(m, rfgp.kernels.MaclaurinRBFKernel))
-    leaf.lengthscale = 0.3  # training moved it: the refit must see x[:, [0, 2]] / 0.3
+    leaf.lengthscale = 1.5  # training moved it: the refit must see x[:, [0, 2]] / 1.5
     rfgp.set_num_features(gp, 64)
     reference = copy.deepcopy(leaf.feature_map)
-    reference.fit(x[:, [0, 2]] / 0.3)
+    reference.fit(x[:, [0, 2]] / 1.5)
     assert leaf.feature_map.widths == reference.widths and leaf.feature_map.num_features > 32
     with torch.no_grad():
         gp.train()
