@@ -229,5 +229,7 @@ def load_exact_factor_keys(paths: tuple[str, ...], module: Kernel, state_dict: d
 
     keys = [key for key in state_dict if key.startswith(prefix)]
     if sum(moved(key) in own for key in keys) > sum(key in own for key in keys):
-        for key in keys:
-            state_dict[moved(key)] = state_dict.pop(key)
+        # all at once: a factor's destination can be another factor's source (kernels.0 -> kernels.1 while
+        # kernels.1 -> kernels.0.kernels.0), which moving key by key would overwrite before it is moved
+        values = {moved(key): state_dict.pop(key) for key in keys}
+        state_dict.update(values)

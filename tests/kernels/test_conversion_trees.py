@@ -451,6 +451,10 @@ _STATE_TREES = {
         RBFKernel(active_dims=[0]), MaternKernel(nu=2.5, active_dims=[0]), IndexKernel(3, rank=1, active_dims=[1])),
     "grouped_spectral_product_with_polynomial": lambda: ProductKernel(
         RBFKernel(active_dims=[0]), PolynomialKernel(power=2, active_dims=[1]), MaternKernel(nu=1.5, active_dims=[1])),
+    # the exact factor moves behind the random ones (kernels.0 -> kernels.1) while the scaled RBF moves from kernels.1
+    # to kernels.0.kernels.0: both have raw_outputscale, so moving keys one by one overwrote the RBF's with the Linear's
+    "exact_factor_first_with_scaled_random_factors": lambda: ProductKernel(
+        ScaleKernel(LinearKernel(ard_num_dims=2)), ScaleKernel(RBFKernel()), PolynomialKernel(power=2)),
 }
 
 
