@@ -471,6 +471,8 @@ def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
         # after the constraint: GPyTorch re-initialises a parameter whose constraint has an initial_value (BoTorch's
         # lengthscale constraints do), which would overwrite a copied (e.g. fitted) value
         getattr(target, raw).data.copy_(getattr(source, raw).data)
+        # a hyperparameter the user fixed (raw_*.requires_grad_(False)) stays fixed: training must not move it
+        getattr(target, raw).requires_grad_(getattr(source, raw).requires_grad)
         prior_name = f"{name}_prior"
         if prior_name in source._priors:
             # the target's own closures: the source's call its class's private setters (PeriodicKernel's
@@ -834,6 +836,7 @@ def _convert_index(kernel, num_features, method, seed):
     num_tasks, rank = kernel.covar_factor.shape[-2:]
     converted = IndexFeatureKernel(num_tasks, rank, **_common_kwargs(kernel))
     converted.covar_factor.data = kernel.covar_factor.data.clone()
+    converted.covar_factor.requires_grad_(kernel.covar_factor.requires_grad)
     for name, (prior, closure, setting_closure) in kernel._priors.items():
         converted.register_prior(name, prior, closure, setting_closure)
     copy_hyperparameters(kernel, converted, "var")

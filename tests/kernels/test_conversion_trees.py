@@ -239,6 +239,21 @@ def test_hyperparameters_constraints_and_priors_carry_over():
 
 
 
+def test_fixed_hyperparameters_stay_fixed():
+    """A hyperparameter the user fixed with requires_grad_(False) is not trained after conversion either (it came
+    back trainable, so an optimiser over model.parameters() silently moved it)."""
+    exact = (ScaleKernel(RBFKernel(ard_num_dims=2)) + ScaleKernel(PeriodicKernel() * RQKernel())
+             + LinearKernel(ard_num_dims=2) + gpytorch.kernels.SpectralMixtureKernel(num_mixtures=2, ard_num_dims=2)
+             + ProductKernel(RBFKernel(active_dims=[0]), IndexKernel(3, rank=1, active_dims=[1])))
+    fixed = {name for i, (name, parameter) in enumerate(exact.named_parameters()) if i % 2 == 0}
+    for name, parameter in exact.named_parameters():
+        parameter.requires_grad_(name not in fixed)
+    sketched = rfgp.sketch(exact, num_features=256, seed=0)
+    trainable = {name for name, parameter in sketched.named_parameters() if parameter.requires_grad}
+    assert dict(sketched.named_parameters()).keys() == dict(exact.named_parameters()).keys()
+    assert trainable == {name for name, _ in exact.named_parameters()} - fixed
+
+
 def test_trained_exact_tree_converted_predicts_like_the_exact_model():
     torch.manual_seed(0)
     x = torch.rand(80, 1, dtype=F64)
