@@ -146,7 +146,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Returns:
         The converted kernel tree: ``ScaleKernel`` kept, leaves replaced by their rfgp kernels
         (an RBF leaf by the class of its family, e.g. :class:`~rfgp.kernels.MaclaurinRBFKernel`
-        for ``method="maclaurin"``), hyperparameters copied.
+        for ``method="maclaurin"``), hyperparameters copied (``requires_grad`` included); a module the tree
+        holds more than once is converted once per occurrence (independent draws) with its hyperparameters shared.
 
     Example:
         >>> import torch, rfgp
@@ -177,6 +178,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     choose_method = _method_chooser(method, leaves)
     plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, columns)
     converted = _convert(kernel, plan)
+    _tie_shared_modules(converted, plan.conversions)
     check_priors_kept(kernel, converted)
     unused = sorted(set(options) - plan.used_options)
     if unused:
@@ -303,6 +305,8 @@ class _Plan:
         self.tree = tree
         self.columns = tree.root
         self.used_options: set[str] = set()
+        #: (exact node, its conversion) for every node converted, probes included (shared by all derived plans)
+        self.conversions: list[tuple[Kernel, Kernel]] = []
 
     def at_width(self, num_features, seeds: _SeedSequence | None = None) -> _Plan:
         """This plan for a sub-tree of another width (and, for probes, other seeds); option use stays shared."""
@@ -362,6 +366,41 @@ _COVARIANCE_METHODS = ("forward", "__call__", "num_outputs_per_input")
 
 
 def _convert(kernel, plan: _Plan):
+    converted = _convert_node(kernel, plan)
+    plan.conversions.append((kernel, converted))
+    return converted
+
+
+def _tie_shared_modules(converted: Kernel, conversions: list[tuple[Kernel, Kernel]]) -> None:
+    """Share the hyperparameters of the conversions of a module that the exact tree holds more than once.
+
+    ``AdditiveKernel(rbf, ProductKernel(rbf, periodic))`` with one ``rbf`` has one lengthscale; each occurrence is
+    converted on its own (a product needs draws independent of the sum's), so the conversions get the first one's
+    ``Parameter`` objects, else training would fit the occurrences apart, a different model.  Priors stay on every
+    occurrence, as GPyTorch's ``named_priors`` counts them in the exact tree.
+    """
+    in_tree = {id(module) for module in converted.modules()}
+    first: dict[int, Kernel] = {}
+    for exact, result in conversions:
+        if id(result) not in in_tree:  # a probe's conversion, thrown away
+            continue
+        original = first.setdefault(id(exact), result)
+        if original is result:
+            continue
+        shared = dict(original.named_parameters(remove_duplicate=False))
+        own = dict(result.named_parameters(remove_duplicate=False))
+        if shared.keys() != own.keys() or any(shared[n].shape != p.shape for n, p in own.items()):
+            raise TypeError(
+                f"rfgp.sketch cannot keep the hyperparameters of {type(exact).__name__} tied: the same module appears "
+                f"more than once in the tree and its conversions have different parameters ({sorted(own)} vs "
+                f"{sorted(shared)}); use separate kernel instances, or tie them after conversion"
+            )
+        for name in own:
+            owner, _, leaf = name.rpartition(".")
+            result.get_submodule(owner)._parameters[leaf] = shared[name]
+
+
+def _convert_node(kernel, plan: _Plan):
     if isinstance(kernel, _COMPOSITES) and not _computes_as_composite(kernel):
         return _convert_leaf(kernel, plan)  # a converter registered for its exact type, or an error naming it
     if isinstance(kernel, ScaleKernel):

@@ -254,6 +254,30 @@ def test_fixed_hyperparameters_stay_fixed():
     assert trainable == {name for name, _ in exact.named_parameters()} - fixed
 
 
+def test_a_module_used_twice_keeps_one_set_of_hyperparameters():
+    """One RBF in a sum and in a product, one scaled Matérn alone and inside another ScaleKernel: the exact tree has
+    one lengthscale each (6 parameters), and so has the converted one (it had 9, trained apart)."""
+    rbf, scaled = RBFKernel(lengthscale_prior=GammaPrior(3.0, 6.0)), ScaleKernel(MaternKernel(nu=2.5))
+    exact = AdditiveKernel(rbf, ProductKernel(rbf, PeriodicKernel()), scaled, ScaleKernel(scaled))
+    sketched = rfgp.sketch(exact, num_features=512, seed=0)
+    assert dict(sketched.named_parameters()).keys() == dict(exact.named_parameters()).keys()
+    assert len(list(sketched.parameters())) == len(list(exact.parameters())) == 6
+    with torch.no_grad():
+        sketched.kernels[0].lengthscale = 0.3
+        scaled.base_kernel.lengthscale = 0.7  # the exact module, not the conversions
+    lengthscales = [float(m.lengthscale.detach()) for m in sketched.modules() if type(m).__name__ == "SketchedRBFKernel"]
+    assert lengthscales == pytest.approx([0.3, 0.3])
+    assert sketched.kernels[3].base_kernel.base_kernel.raw_lengthscale is sketched.kernels[2].base_kernel.raw_lengthscale
+    assert len(list(sketched.named_priors())) == len(list(exact.named_priors())) == 2  # GPyTorch counts it twice
+    x = torch.rand(8, 1, generator=torch.Generator().manual_seed(0))
+    rbf.lengthscale = 0.3
+    sketched.load_state_dict(exact.state_dict(), strict=False)  # both occurrences carry the same value
+    copy_ = copy.deepcopy(sketched)
+    assert copy_.kernels[1].kernels[0].raw_lengthscale is copy_.kernels[0].raw_lengthscale
+    error = (sketched(x).to_dense() - exact(x).to_dense()).norm() / exact(x).to_dense().norm()
+    assert error < 0.2
+
+
 def test_trained_exact_tree_converted_predicts_like_the_exact_model():
     torch.manual_seed(0)
     x = torch.rand(80, 1, dtype=F64)
