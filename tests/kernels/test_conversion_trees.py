@@ -265,9 +265,11 @@ def test_a_module_used_twice_keeps_one_set_of_hyperparameters():
     with torch.no_grad():
         sketched.kernels[0].lengthscale = 0.3
         scaled.base_kernel.lengthscale = 0.7  # the exact module, not the conversions
-    lengthscales = [float(m.lengthscale.detach()) for m in sketched.modules() if type(m).__name__ == "SketchedRBFKernel"]
+    rbfs = [m for m in sketched.modules() if type(m).__name__ == "SketchedRBFKernel"]
+    lengthscales = [float(m.lengthscale.detach()) for m in rbfs]
     assert lengthscales == pytest.approx([0.3, 0.3])
-    assert sketched.kernels[3].base_kernel.base_kernel.raw_lengthscale is sketched.kernels[2].base_kernel.raw_lengthscale
+    matern = sketched.kernels[2].base_kernel
+    assert sketched.kernels[3].base_kernel.base_kernel.raw_lengthscale is matern.raw_lengthscale
     assert len(list(sketched.named_priors())) == len(list(exact.named_priors())) == 2  # GPyTorch counts it twice
     x = torch.rand(8, 1, generator=torch.Generator().manual_seed(0))
     rbf.lengthscale = 0.3
