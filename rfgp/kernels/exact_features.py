@@ -158,11 +158,14 @@ class CosineFeatureKernel(_ExactFeatureKernel):
 
     # -------------------------------------------------------------- spectral
     def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """Random signs: the measure is the point pair ±π/p, and a product needs its symmetric draws — with ω = +π/p
+        always, two cosine factors gave cos((π/p₁ + π/p₂)τ) instead of cos(πτ/p₁)·cos(πτ/p₂)."""
         self._check_one_dimensional(input_dim)
-        return {"shape": torch.ones(num_frequencies, 1, dtype=torch.float64)}
+        signs = torch.randint(0, 2, (num_frequencies, 1), generator=generator, dtype=torch.int64)
+        return {"shape": (2 * signs - 1).to(torch.float64)}
 
     def spectral_frequencies(self, draws: dict[str, Tensor]) -> Tensor:
-        """ω = π/p for every frequency (the measure is the point pair ±π/p; cos is even)."""
+        """ω = ±π/p, a random sign per frequency (the measure is the point pair ±π/p; cos is even)."""
         return draws["shape"].to(self.raw_period_length) * (math.pi / self.period_length)
 
     def spectral_weights(self, draws: dict[str, Tensor]) -> None:
