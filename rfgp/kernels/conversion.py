@@ -410,8 +410,15 @@ def _convert_node(kernel, plan: _Plan):
         return carry_extra_hyperparameters(kernel, copy_hyperparameters(kernel, scaled, "outputscale"))
     if isinstance(kernel, (AdditiveKernel, ProductKernel)):
         builder = _tree_builder(kernel, plan)
-        return builder.sum(kernel, plan.num_features) if isinstance(kernel, AdditiveKernel) else \
-            builder.product(kernel, plan.num_features)
+        if isinstance(kernel, AdditiveKernel):
+            return carry_extra_hyperparameters(kernel, builder.sum(kernel, plan.num_features))  # parts kept in order
+        product = builder.product(kernel, plan.num_features)
+        parts = getattr(product, "kernels", None)
+        if parts is not None and len(parts) == len(kernel.kernels) and not hasattr(product, "exact_factor_paths"):
+            # factors kept in order, so a prior's closure (m.kernels[i]...) reads the same factor; a restructured
+            # product does not take the composite's own priors, and check_priors_kept names them
+            carry_extra_hyperparameters(kernel, product)
+        return product
     if type(kernel) in MULTITASK_TYPES:
         data = kernel.data_covar_module
         sketched = [type(leaf).__name__ for leaf in _leaves(data) if _is_rfgp_kernel(leaf)]

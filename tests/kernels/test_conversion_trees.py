@@ -239,6 +239,26 @@ def test_hyperparameters_constraints_and_priors_carry_over():
 
 
 
+def test_priors_registered_on_a_sum_or_product_carry_over():
+    """A prior on an AdditiveKernel or an order-keeping ProductKernel (its closure reads m.kernels[i]) is carried with
+    the same log-density (it was refused as lost); a product that reorders its factors still refuses it by name."""
+    total = ScaleKernel(RBFKernel()) + ScaleKernel(MaternKernel())
+    total.register_prior("total_prior", LogNormalPrior(0.0, 1.0),
+                         lambda m: m.kernels[0].outputscale + m.kernels[1].outputscale)
+    product = ProductKernel(RBFKernel(), PeriodicKernel())
+    product.register_prior("product_prior", GammaPrior(2.0, 1.0), lambda m: m.kernels[1].period_length)
+    for exact in (total, product, AdditiveKernel(product, LinearKernel(ard_num_dims=1))):
+        sketched = rfgp.sketch(exact, num_features=256, seed=0)
+        terms = {name: prior.log_prob(closure(module)) for name, module, prior, closure, _ in exact.named_priors()}
+        for name, module, prior, closure, _ in sketched.named_priors():
+            torch.testing.assert_close(prior.log_prob(closure(module)), terms.pop(name))
+        assert terms == {}
+    reordered = ProductKernel(LinearKernel(ard_num_dims=1), RBFKernel(), PolynomialKernel(power=2))
+    reordered.register_prior("product_prior", GammaPrior(2.0, 1.0), lambda m: m.kernels[1].lengthscale)
+    with pytest.raises(TypeError, match="product_prior"):
+        rfgp.sketch(reordered, num_features=256, seed=0)
+
+
 def test_fixed_hyperparameters_stay_fixed():
     """A hyperparameter the user fixed with requires_grad_(False) is not trained after conversion either (it came
     back trainable, so an optimiser over model.parameters() silently moved it)."""
