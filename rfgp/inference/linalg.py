@@ -21,7 +21,7 @@ through the same statistics, differentiable again.  Used by :class:`rfgp.inferen
 from __future__ import annotations
 
 import torch
-from linear_operator.utils.cholesky import psd_safe_cholesky
+from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
 #: dtypes whose F × F / M × M factors are worked in float64 (and rounded back), where the device has float64
@@ -34,20 +34,71 @@ def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return torch.float64 if dtype in _WIDENED and device.type != "mps" else dtype
 
 
-def capacitance_solve(gram: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-    """(A⁻¹·rhs, L) for the capacitance A = I + ``gram`` = LLᵀ of a posterior's weight space.
+class CapacitanceNotPSDError(NotPSDError):
+    """The capacitance I + ΦᵀD⁻¹Φ failed to factorise even in :func:`factor_dtype`: its statistics, rounded in the
+    model's dtype, are not positive definite.  A ``NotPSDError``, so that handlers of
+    linear_operator's error (:func:`rfgp.fit_mll`'s restarts) treat it alike."""
 
-    At a high signal-to-noise ratio A's condition number reaches 1/eps of float32 (a 3-D curl-free IGRF fit:
-    ‖ΦᵀD⁻¹Φ‖ ≈ 2.7·10⁷), where a float32 Cholesky factorisation breaks down (``NotPSDError`` even with jitter)
-    although the rounded A is positive definite (smallest eigenvalue 0.46).  The factorisation and the solve run
-    in :func:`factor_dtype` (float64 for float32 input) and are rounded back: L has the square root of A's
-    condition number, which float32 triangular solves with test features handle.
+
+def capacitance_cholesky(gram: Tensor, noise: Tensor | None = None) -> Tensor:
+    """L = chol(I + ``gram``) in :func:`factor_dtype` (float64 for float32/half input), differentiable.
+
+    A = I + ΦᵀD⁻¹Φ has eigenvalues ≥ 1 in exact arithmetic, but at a high signal-to-noise ratio its condition
+    number reaches 1/eps of float32 (a 3-D curl-free IGRF fit: ‖ΦᵀD⁻¹Φ‖ ≈ 2.7·10⁷), where a float32 Cholesky
+    factorisation breaks down (``NotPSDError`` even with jitter) although the rounded A is positive definite
+    (smallest eigenvalue 0.46).  Factorised in float64, the F³/3 flops (and the Cholesky backward) cost little
+    beside the N·F² statistics, which stay in the input dtype.  No jitter is added: it would have to reach the
+    rounding of ΦᵀD⁻¹Φ (≈ eps·‖ΦᵀD⁻¹Φ‖, far above 1) to help, and would change the model; a failure raises
+    :class:`CapacitanceNotPSDError` saying what to do instead (``NanError`` for non-finite entries).
+
+    Args:
+        gram: ΦᵀD⁻¹Φ ``(..., F, F)``.
+        noise: optional noise variances (any shape), named in the error message.
     """
     work = factor_dtype(gram.dtype, gram.device)
     capacitance = gram.to(work) + torch.eye(gram.shape[-1], dtype=work, device=gram.device)
-    chol = psd_safe_cholesky(capacitance, upper=False)
-    solution = torch.cholesky_solve(rhs.to(work), chol, upper=False)
+    chol, info = torch.linalg.cholesky_ex(capacitance)
+    if torch.any(info):
+        capacitance = capacitance.detach()
+        if not torch.isfinite(capacitance).all():  # linear_operator's error for NaN entries, as psd_safe_cholesky's
+            raise NanError(
+                f"the {capacitance.shape[-1]} × {capacitance.shape[-1]} capacitance I + ΦᵀD⁻¹Φ has NaN or infinite "
+                "entries: the features, hyperparameters or noise are not finite"
+            )
+        raise CapacitanceNotPSDError(_capacitance_failure(capacitance, gram.dtype, noise))
+    return chol
+
+
+def _capacitance_failure(capacitance: Tensor, dtype: torch.dtype, noise: Tensor | None) -> str:
+    """What failed and what to do, for :class:`CapacitanceNotPSDError`."""
+    size = capacitance.shape[-1]
+    what = f"the {size} × {size} capacitance I + ΦᵀD⁻¹Φ of a {dtype} model"
+    # λ_min(A) ≥ 1 in exact arithmetic; the largest diagonal entry (≤ λ_max) sets the scale of the rounding
+    largest = capacitance.diagonal(dim1=-2, dim2=-1).abs().max().item()
+    eps = torch.finfo(dtype).eps
+    noise_text = "" if noise is None else f", smallest noise variance {noise.detach().min().item():.3g}"
+    widened = "" if capacitance.dtype == dtype else f" even factorised in {capacitance.dtype}"
+    advice = "Raise" if dtype == torch.float64 else "Train in float64 (model.double() with float64 data) or raise"
+    return (
+        f"{what} is not positive definite{widened} (largest eigenvalue ≥ {largest:.3g}{noise_text}): its "
+        f"statistics ΦᵀD⁻¹Φ, computed in {dtype}, carry rounding errors of about eps·{largest:.3g} = "
+        f"{eps * largest:.2g}, against a smallest eigenvalue of 1 in exact arithmetic. {advice} the noise lower "
+        "bound (the rounding scales with 1/noise; e.g. GaussianLikelihood(noise_constraint=gpytorch.constraints."
+        "GreaterThan(...)))"
+    )
+
+
+def capacitance_solve(gram: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    """(A⁻¹·rhs, L) for the capacitance A = I + ``gram`` = LLᵀ of a posterior's weight space.
+
+    The factorisation and the solve run in :func:`factor_dtype` (float64 for float32 input,
+    :func:`capacitance_cholesky`) and are rounded back: L has the square root of A's condition number, which
+    float32 triangular solves with test features handle.
+    """
+    chol = capacitance_cholesky(gram)
+    solution = torch.cholesky_solve(rhs.to(chol.dtype), chol, upper=False)
     return solution.to(gram.dtype), chol.to(gram.dtype)
+
 
 #: column-block width of :func:`symmetric_gram`; narrower blocks skip more of the lower
 #: triangle but make smaller, less efficient matrix products (measured on CPU: F = 1024

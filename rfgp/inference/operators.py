@@ -39,7 +39,6 @@ from linear_operator.operators import (
     LowRankRootLinearOperator,
     MaskedLinearOperator,
 )
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..core.validation import check_noise, check_targets
@@ -51,7 +50,7 @@ from .chunking import (
     chunked_feature_statistics,
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import feature_statistics, fold_constant, project
+from .linalg import capacitance_cholesky, feature_statistics, fold_constant, project
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
@@ -280,7 +279,9 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     """rᵀ(ΦΦᵀ + D)⁻¹r and log|ΦΦᵀ + D| from the feature statistics of ``operator._linear_op``.
 
     Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
-    rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  Every
+    rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  The N·F² statistics are
+    formed in the input dtype, L and everything after it (forward and backward) in
+    :func:`~rfgp.inference.linalg.factor_dtype` (float64 for float32), rounded back.  Every
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.inference.distributed.data_parallel` is active.
     """
@@ -294,14 +295,17 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
         gram, cross, weighted_square, noise_logdet
     )
-    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-    chol = psd_safe_cholesky(gram + eye)
+    # The F × F algebra (and its backward) in float64 for float32 statistics (capacitance_cholesky), rounded back;
+    # the difference rᵀD⁻¹r − ‖L⁻¹B‖² cancels at a high signal-to-noise ratio, so it is taken there too.
+    chol = capacitance_cholesky(gram, weights.reciprocal())
+    work = chol.dtype
     inv_quad = logdet_term = None
     if rhs is not None:
-        projected = torch.linalg.solve_triangular(chol, cross, upper=False)
-        inv_quad = weighted_square - projected.pow(2).sum(-2)
+        projected = torch.linalg.solve_triangular(chol, cross.to(work), upper=False)
+        inv_quad = (weighted_square.to(work) - projected.pow(2).sum(-2)).to(gram.dtype)
     if logdet:
-        logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
+        logdet_term = (2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet.to(work))
+        logdet_term = logdet_term.to(gram.dtype)
     return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
 
