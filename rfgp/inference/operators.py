@@ -50,7 +50,7 @@ from .chunking import (
     chunked_feature_statistics,
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import capacitance_cholesky, feature_statistics, fold_constant, project
+from .linalg import capacitance_inv_quad_logdet, feature_statistics, fold_constant, project
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
@@ -295,17 +295,15 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
         gram, cross, weighted_square, noise_logdet
     )
-    # The F × F algebra (and its backward) in float64 for float32 statistics (capacitance_cholesky), rounded back;
-    # the difference rᵀD⁻¹r − ‖L⁻¹B‖² cancels at a high signal-to-noise ratio, so it is taken there too.
-    chol = capacitance_cholesky(gram, weights.reciprocal())
-    work = chol.dtype
+    # The F × F algebra (and its backward) in float64 for float32 statistics (capacitance_inv_quad_logdet), rounded
+    # back; the difference rᵀD⁻¹r − ‖L⁻¹B‖² cancels at a high signal-to-noise ratio, so it is taken there too.
+    quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, cross, logdet, weights.detach().reciprocal())
+    work = quad.dtype
     inv_quad = logdet_term = None
     if rhs is not None:
-        projected = torch.linalg.solve_triangular(chol, cross.to(work), upper=False)
-        inv_quad = (weighted_square.to(work) - projected.pow(2).sum(-2)).to(gram.dtype)
+        inv_quad = (weighted_square.to(work) - quad).to(gram.dtype)
     if logdet:
-        logdet_term = (2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet.to(work))
-        logdet_term = logdet_term.to(gram.dtype)
+        logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(gram.dtype)
     return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
 
