@@ -14,6 +14,7 @@ from linear_operator.utils.errors import NotPSDError
 
 import rfgp
 from rfgp.datasets import igrf_magnetic_field
+from rfgp.inference.kernel_space import KernelSpaceNotPSDError
 from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet
 from rfgp.inference.operators import FeatureRootLinearOperator, noise_weights
 from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
@@ -155,3 +156,20 @@ def test_float32_capacitance_terms_are_float64_with_float32_gradients():
     reference = torch.eye(6, dtype=F64) + gram.detach().double()
     expected = torch.linalg.inv(reference) - (sol := torch.linalg.solve(reference, cross.detach().double())) @ sol.mT
     torch.testing.assert_close(gram.grad.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_float32_kernel_space_mll_that_cannot_be_factorised_says_what_to_do():
+    """N = 200 ≤ F = 256 (the N × N kernel-space path), outputscale 300 at noise 10⁻⁴: the float32 rounding of sΦΦᵀ
+    (trace 6·10⁴, eps·trace ≈ 7·10⁻³) exceeds the noise.  Before: linear_operator's bare 'not positive definite after
+    repeatedly adding jitter up to 1e-4'; now the dtype, the scales and the two ways out (that factor stays float32:
+    a float64 one costs +21 % per iteration at N = 1000, F = 2048 and fails at the same signal-to-noise ratios)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 3, generator=gen, dtype=F64) * 2 - 1
+    y = torch.sin(3 * x[:, 0]) + x[:, 1] * torch.cos(2 * x[:, 2])
+    kernel = ScaleKernel(SketchedRBFKernel(256, seed=0))
+    model = ExactGPModel(x.float(), y.float(), GaussianLikelihood(), kernel).train()
+    kernel.base_kernel.lengthscale, kernel.outputscale, model.likelihood.noise = 0.5, 300.0, 1e-4
+    with pytest.raises(KernelSpaceNotPSDError, match=r"(?s)200 × 200 covariance.*torch\.float32 model.*kernel-space"
+                       r".*smallest noise variance of 0\.0001\b.*Train in float64.*raise the noise lower bound"), \
+            pytest.warns(gpytorch.utils.warnings.NumericalWarning):  # linear_operator's jitter, tried first
+        loss_and_grads(model)
