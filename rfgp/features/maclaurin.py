@@ -245,8 +245,10 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         bias_correction: report k(x, x) − E k̂(x, x) to the kernels' posterior variance (§5.6).
         min_share: :meth:`fit` raises a ``ValueError`` when the fitted map carries less than this share
             E k̂(x, x)/k(x, x) of the kernel at the median sample point (0, the default, never raises;
-            :class:`~rfgp.kernels.MaclaurinRBFKernel` sets float32's ε: a map whose features are numerically
-            zero cannot be trained).
+            :class:`~rfgp.kernels.MaclaurinRBFKernel`, :class:`~rfgp.kernels.SketchedExponentialKernel` and
+            ``SketchedPolynomialKernel(method="maclaurin")`` set float32's ε: an RBF map whose features are
+            numerically zero cannot be trained, and an exponential or polynomial map that leaves out nearly all of
+            k(x, x) trains another kernel).
         seed, generator: randomness of the sketches (and of the subsample).
 
     Attributes:
@@ -343,7 +345,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
     def _check_share(self, x: Tensor, widths: tuple[int, ...]) -> None:
         """Raise when E k̂(x, x)/k(x, x) at the median point of the (float64, CPU) sample is below ``min_share``.
 
-        For the Gaussian kernel the share is the Poisson probability P(n ≤ p) at mean ‖x‖²/ℓ²: on 26
+        For the Gaussian and exponential kernels the share is the Poisson probability P(n ≤ p) at mean ‖x‖²/ℓ²: on 26
         standardised columns at GPyTorch's initial lengthscale (‖x‖²/ℓ² ≈ 45) order 10 carries 4·10⁻¹⁰ of the
         kernel, the marginal likelihood is flat in the lengthscale, and fit_mll "converged" at the mean
         prediction (diamonds: test RMSE 1.02 against 0.19 for the exact GP).
@@ -360,13 +362,26 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         if share < self.min_share:
             norm = float(x.pow(2).sum(-1).median())
             raise ValueError(
-                f"the optimized Maclaurin map (order {len(widths)} ≤ max_order={self.max_order}, "
-                f"{self.num_features} features) carries a share {share:.2g} of k(x, x) at the median sample point "
-                f"(‖x‖²/ℓ² = {norm:.3g} there), below min_share={self.min_share:.2g}: its features are numerically "
-                "zero and the marginal likelihood is flat in the lengthscale. Start from a larger lengthscale "
-                "(‖x‖²/ℓ² of a few units; standardise the inputs), raise max_order, or use method='rff', 'orf' or "
-                "'sorf'"
+                f"the optimized Maclaurin map of the {self.kernel.name} kernel (order {len(widths)} ≤ "
+                f"max_order={self.max_order}, {self.num_features} features) carries a share {share:.2g} of k(x, x) "
+                f"at the median sample point (‖x‖²/ℓ² = {norm:.3g} there), below min_share={self.min_share:.2g}: "
+                f"{self._share_advice()}"
             )
+
+    def _share_advice(self) -> str:
+        """What a map that carries almost nothing of k(x, x) means for this kernel family, and what to do."""
+        if self.kernel.name == "gaussian":
+            return ("its features are numerically zero and the marginal likelihood is flat in the lengthscale. Start "
+                    "from a larger lengthscale (‖x‖²/ℓ² of a few units; standardise the inputs), raise max_order, or "
+                    "use method='rff', 'orf' or 'sorf'")
+        dropped = ("the degrees it leaves out hold the rest, so it trains a different kernel, and the bias-corrected "
+                   "posterior variance adds them back as prior variance that no data informs")
+        power = getattr(self.kernel, "power", None)
+        if power is not None:
+            return (f"{dropped}. Pass min_order={power} (every degree ≤ {power} sketched: the exact expansion), use a "
+                    "larger lengthscale or offset (standardise the inputs), or method='sketch'")
+        return (f"{dropped}. Start from a larger lengthscale (‖x‖²/ℓ² of a few units; standardise the inputs) or "
+                "raise max_order")
 
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         return self._draw_sketches(generator)

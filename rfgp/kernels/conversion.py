@@ -646,8 +646,11 @@ def _polynomial_methods() -> tuple[str, ...]:
 @register_converter(gpytorch.kernels.PolynomialKernel, methods=_polynomial_methods,
                     options=("projection", "weights", "srht_blocks", "lengthscale", "input_normalization",
                              "complex_posterior", "input_dim", "min_order", "sample_size",
-                             "bias_correction"))
-def _convert_polynomial(kernel, num_features, method, seed, **options):
+                             "bias_correction", "x_sample"))
+def _convert_polynomial(kernel, num_features, method, seed, x_sample=None, **options):
+    """PolynomialKernel → :class:`~rfgp.kernels.SketchedPolynomialKernel`, offset carried over; with ``x_sample``
+    ``method="maclaurin"`` fits its allocation on it at the converted offset (as the RBF conversion does)."""
+    from .maclaurin import fit_allocation_on_columns
     from .polynomial import SketchedPolynomialKernel
 
     sketched = SketchedPolynomialKernel(
@@ -659,7 +662,10 @@ def _convert_polynomial(kernel, num_features, method, seed, **options):
         **options,
         **_common_kwargs(kernel),
     )
-    return copy_hyperparameters(kernel, sketched, "offset")
+    sketched = copy_hyperparameters(kernel, sketched, "offset")
+    if x_sample is not None and method == "maclaurin":
+        fit_allocation_on_columns(sketched, x_sample)
+    return sketched
 
 
 def _convert_derivative_kernel(sketched_type, kernel, num_features, method, seed, **options):

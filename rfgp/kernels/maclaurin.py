@@ -26,15 +26,15 @@ from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import RandomFeatureKernel
 
 
-#: the least share E k̂(x, x)/k(x, x) of the RBF kernel a fitted Maclaurin map may carry (float32's ε; see
-#: OptimizedMaclaurin's min_share)
+#: the least share E k̂(x, x)/k(x, x) a fitted optimized Maclaurin map of an rfgp kernel (RBF, exponential,
+#: polynomial) may carry at the median sample point (float32's ε; see OptimizedMaclaurin's min_share)
 _MIN_SHARE = float(torch.finfo(torch.float32).eps)
 
 
 @register_polynomial_method("maclaurin", options=("min_order", "sample_size", "bias_correction"))
 def _optimized(power, num_features, input_dim, seed, generator, **options):
     return OptimizedMaclaurin(dot_product.polynomial(power, 1.0), num_features, input_dim=input_dim,
-                              max_order=power, seed=seed, generator=generator, **options)
+                              max_order=power, seed=seed, generator=generator, min_share=_MIN_SHARE, **options)
 
 
 @register_polynomial_method("random_maclaurin", options=("bias_correction",))
@@ -190,7 +190,7 @@ class SketchedExponentialKernel(MethodDispatch, ComplexPosteriorMixin, RandomFea
             dot_product.exponential(), num_features, input_dim=_input_dim(input_dim, kwargs), projection=projection,
             weights=weights, srht_blocks=srht_blocks, min_order=min_order, max_order=max_order, widths=widths,
             x_sample=x_sample, sample_size=sample_size, bias_correction=bias_correction, seed=seed,
-            generator=generator,
+            generator=generator, min_share=_MIN_SHARE,
         )
         self._setup_exponential(method, feature_map, kwargs, complex_posterior)
 

@@ -180,3 +180,22 @@ def test_rbf_map_that_carries_no_share_of_the_kernel_is_refused():
     assert kernel.feature_map.widths == widths
     kernel.lengthscale = 6.0
     torch.testing.assert_close(kernel.featurize(x), features)
+
+
+def test_exponential_and_polynomial_maps_that_carry_no_share_of_the_kernel_are_refused():
+    """exp(xᵀy/ℓ²) on 26 standardised columns at GPyTorch's initial lengthscale: order ≤ 10 carries 1e-13 of
+    k(x, x) = e^{‖x‖²/ℓ²}. The polynomial allocation may pick an order below the power: (xᵀy + 1)^20 on 26 columns of
+    scale 3 kept degrees ≤ 15, 1e-9 of k(x, x). Both trained another kernel, and the bias-corrected variance added
+    the rest back as uninformed prior variance; both are refused, and min_order=power gives the exact expansion."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 26, generator=g, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"exponential kernel .*carries a share .*raise max_order"):
+        SketchedExponentialKernel(512, ard_num_dims=26, seed=0).double()(x).to_dense()
+    exact = gpytorch.kernels.PolynomialKernel(20).double()
+    with pytest.raises(ValueError, match=r"polynomial\(p=20.*carries a share .*min_order=20"):
+        rfgp.sketch(exact, 512, method="maclaurin", x_sample=3 * x)
+    with pytest.raises(ValueError, match="carries a share"):
+        SketchedPolynomialKernel(20, 512, method="maclaurin", seed=0).double()(3 * x).to_dense()
+    kernel = SketchedPolynomialKernel(20, 512, method="maclaurin", min_order=20, seed=0).double()
+    kernel.featurize(3 * x)
+    assert kernel.feature_map.order == 20
