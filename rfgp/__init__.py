@@ -33,7 +33,7 @@ from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
 from .kernels.conversion import register_converter, sketch
 from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, fit_scale_and_noise, set_num_features
-from .training import NonFiniteLossError, TrainingHistory, TrainingRestart, fit_mll
+from .training import AllocationRefit, NonFiniteLossError, TrainingHistory, TrainingRestart, TruncationWarning, fit_mll
 from . import _aliases
 
 _aliases.install()  # rfgp.operators, rfgp.streaming, rfgp.variance, ... as before the layer folders
@@ -53,9 +53,11 @@ __all__ = [
     "MultiOutputGPModel",
     "MultitaskFeatureSpacePredictionStrategy",
     "NonFiniteLossError",
+    "AllocationRefit",
     "StreamingFeatureGP",
     "TrainingHistory",
     "TrainingRestart",
+    "TruncationWarning",
     "applications",
     "complex_posterior",
     "core",

@@ -47,6 +47,32 @@ class NonFiniteLossError(FloatingPointError):
     """
 
 
+class TruncationWarning(UserWarning):
+    """:func:`fit_mll` trained a truncated (optimized Maclaurin) map into hyperparameters where it carries little
+    of the kernel it approximates; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class AllocationRefit:
+    """One refit of an optimized Maclaurin allocation by :func:`fit_mll` after training moved its hyperparameters.
+
+    Attributes:
+        iteration: the iteration after which it was refitted (training went on from there).
+        kernel: the class name of the kernel that owns the map.
+        widths_before, widths_after: the allocation (D₁, …, D_p) before and after.
+        missing_before, missing_after: mean over the training inputs of 1 − E k̂(x, x)/k(x, x).
+        loss: the loss before the refit (the next entry of the losses is the refitted map's, trained).
+    """
+
+    iteration: int
+    kernel: str
+    widths_before: tuple[int, ...]
+    widths_after: tuple[int, ...]
+    missing_before: float
+    missing_after: float
+    loss: float
+
+
 @dataclass(frozen=True)
 class TrainingRestart:
     """One restart of :func:`fit_mll`'s optimiser after a failed loss evaluation.
@@ -83,6 +109,7 @@ class TrainingHistory(Sequence):
             iteration left the parameters unchanged (see :func:`fit_mll`).
         optimizer: ``"lbfgs"`` or ``"adam"``.
         restarts: the :class:`TrainingRestart` of the optimiser after each failed evaluation, in order.
+        refits: the :class:`AllocationRefit` of each optimized Maclaurin allocation refitted during training.
     """
 
     optimizer: str
@@ -95,6 +122,21 @@ class TrainingHistory(Sequence):
     converged: bool = False
     restarts: list[TrainingRestart] = field(default_factory=list)
     stalls: list[int] = field(default_factory=list)
+    refits: list[AllocationRefit] = field(default_factory=list)
+
+    def extend(self, more: TrainingHistory, refits: list[AllocationRefit], offsets: tuple[float, float]) -> None:
+        """Append the run ``more`` that trained on after ``refits`` (its starting point is the refitted map's)."""
+        iterations, evaluations = self.num_iterations, self.evaluations[-1]
+        self.refits.extend(refits)
+        self.losses.extend(more.losses[1:])
+        self.gradient_norms.extend(more.gradient_norms[1:])
+        self.wall_seconds.extend(offsets[0] + t for t in more.wall_seconds[1:])
+        self.cpu_seconds.extend(offsets[1] + t for t in more.cpu_seconds[1:])
+        self.evaluations.extend(evaluations + e for e in more.evaluations[1:])
+        self.restarts.extend(TrainingRestart(r.iteration + iterations, r.evaluation + evaluations, r.error, r.lr)
+                             for r in more.restarts)
+        self.stalls.extend(i + iterations for i in more.stalls)
+        self.stop_reason, self.converged = more.stop_reason, more.converged
 
     def __getitem__(self, index):
         return self.losses[index]
@@ -254,6 +296,7 @@ def fit_mll(
     clock: str = "wall",
     history_size: int = 10,
     max_restarts: int = 3,
+    refit_allocation: bool = True,
 ) -> TrainingHistory:
     r"""Train ``model`` (and its likelihood) on its negative exact marginal log likelihood.
 
@@ -301,6 +344,20 @@ def fit_mll(
     within [a, b] — so training never leaves it (without this, BoTorch's ``SingleTaskGP`` stepped
     its noise below zero).
 
+    Optimized Maclaurin maps (data-dependent: their truncation order and widths are fitted at the initial
+    hyperparameters) are checked when training stops with iterations left.  Where the allocation Algorithm 3
+    chooses at the trained hyperparameters leaves out less than half of what the current one leaves out of
+    k(x, x) on the training inputs (mean over them of 1 − E k̂(x, x)/k(x, x), when that is above 1 %), the
+    allocation is refitted (:func:`~rfgp.kernels.refit_allocation`, a redraw; the widths are state, so
+    ``state_dict`` round trips stay exact) and training goes on with the iterations left, at most
+    three times; each refit is recorded in :attr:`TrainingHistory.refits`.  A map initialised at ℓ = 10 on
+    5 standardised columns kept degrees ≤ 2 and was trained into a quadratic kernel (test RMSE 0.62, NLPD 1.13);
+    with the refit 0.108 and −0.89, as RFF (0.112, −0.89).  A map that still leaves out more than 10 % of
+    k(x, x) after that gets a :class:`TruncationWarning` saying what to do (the allocation's objective weighs
+    only pairs of distinct points, so at large ‖x‖²/ℓ² no refit within ``max_order`` carries the diagonal, and
+    the bias-corrected posterior variance adds the missing part as uninformed prior variance).
+    ``refit_allocation=False`` keeps the allocation fixed (the warning stays).
+
     L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above
     ``gpytorch.settings.max_cholesky_size`` (800 points) is evaluated by stochastic CG/Lanczos,
     for which use ``gpytorch.settings.max_cholesky_size(n)`` or ``optimizer="adam"``.
@@ -319,9 +376,11 @@ def fit_mll(
         clock: ``"wall"`` or ``"cpu"``.
         history_size: L-BFGS curvature pairs kept.
         max_restarts: restarts allowed after failed evaluations (0: raise at the first).
+        refit_allocation: refit stale optimized Maclaurin allocations and train on (see above).
 
     Returns:
-        A :class:`TrainingHistory` (a sequence of the losses, starting point first).
+        A :class:`TrainingHistory` (a sequence of the losses, starting point first; after a refit the losses
+        continue from the refitted map's).
 
     Raises:
         NonFiniteLossError: the loss or its gradient became NaN/Inf at the starting point, or
@@ -343,6 +402,74 @@ def fit_mll(
         >>> history = rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=20)
         >>> history = rfgp.fit_mll(model, time_budget=30.0, clock="cpu")  # at most ~30 s of CPU time
     """
+    refit_allocation = _check_bool(refit_allocation, "refit_allocation")
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
+    arguments = dict(lr=lr, progress=progress, description=description, optimizer=optimizer, ftol=ftol, gtol=gtol,
+                     clock=clock, history_size=history_size, max_restarts=max_restarts)
+    history = _fit_mll(model, num_iterations, time_budget=time_budget, **arguments)
+    while refit_allocation and len(history.refits) < _MAX_REFITS and history.num_iterations < num_iterations:
+        elapsed = (time.perf_counter() - start_wall) if clock == "wall" else (time.process_time() - start_cpu)
+        if time_budget is not None and elapsed >= time_budget:
+            break
+        refits = _refit_stale_allocations(model, history.num_iterations, history.losses[-1])
+        if not refits:
+            break
+        offsets = (time.perf_counter() - start_wall, time.process_time() - start_cpu)
+        more = _fit_mll(model, num_iterations - history.num_iterations,
+                        time_budget=None if time_budget is None else time_budget - elapsed, **arguments)
+        history.extend(more, refits, offsets)
+    _warn_truncated_maclaurin(model)
+    return history
+
+
+def _check_bool(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+#: refits of stale optimized Maclaurin allocations per fit_mll call
+_MAX_REFITS = 3
+#: refit when the missing share of k(x, x) is above this ...
+_REFIT_MISSING = 0.01
+
+
+def _refit_stale_allocations(model: gpytorch.models.ExactGP, iteration: int, loss: float) -> list:
+    """Refit every optimized Maclaurin map whose refit would at least halve the missing share of k(x, x)."""
+    from .kernels.maclaurin import fit_allocation_on_columns, truncation_shares
+    from .models.feature_width import optimized_maclaurin_units
+
+    train_inputs = getattr(model, "train_inputs", None)
+    if not train_inputs:
+        return []
+    refits = []
+    for feature_map, kernel, x in list(optimized_maclaurin_units(model, train_inputs[0])):
+        share, refit = truncation_shares(kernel, x)
+        missing, missing_refit = float((1 - share).mean()), float((1 - refit).mean())
+        if missing > _REFIT_MISSING and missing_refit <= missing / 2:
+            widths = feature_map.widths
+            fit_allocation_on_columns(kernel, x)
+            refits.append(AllocationRefit(iteration, type(kernel).__name__, widths, feature_map.widths, missing,
+                                          missing_refit, loss))
+    return refits
+
+
+def _fit_mll(
+    model: gpytorch.models.ExactGP,
+    num_iterations: int = 100,
+    lr: float | None = None,
+    progress: bool | None = None,
+    description: str = "training",
+    *,
+    optimizer: str = "lbfgs",
+    ftol: float = 1e-6,
+    gtol: float = 1e-5,
+    time_budget: float | None = None,
+    clock: str = "wall",
+    history_size: int = 10,
+    max_restarts: int = 3,
+) -> TrainingHistory:
+    """One run of :func:`fit_mll`'s optimiser (no allocation refits)."""
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
     num_iterations = check_positive_int(num_iterations, "num_iterations")
@@ -428,6 +555,51 @@ def fit_mll(
         model.eval()
         model.likelihood.eval()
     return history
+
+
+#: fit_mll warns when an optimized Maclaurin map leaves out more than this share of k(x, x) on average
+_WARN_MISSING = 0.1
+
+
+def _warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
+    """Warn for each optimized Maclaurin map that leaves out much of k(x, x) at the trained hyperparameters.
+
+    The marginal likelihood sees only Φ, so training can move ℓ to where the truncation carries a small share of
+    k(x, x) while the outputscale grows to match the data with what it does carry; the bias-corrected posterior
+    variance then adds the outputscale times the missing part as prior variance no data informs (diamonds, 18
+    standardised columns: share 0.035, test NLPD 4.2 against −0.04 for RFF; 1.7 after max_order=30 and a refit,
+    0.25 with bias_correction=False).
+    """
+    from .kernels.maclaurin import truncation_shares
+    from .models.feature_width import optimized_maclaurin_units
+
+    train_inputs = getattr(model, "train_inputs", None)
+    if not train_inputs:
+        return
+    for feature_map, kernel, x in optimized_maclaurin_units(model, train_inputs[0]):
+        share, refit = truncation_shares(kernel, x)
+        missing, missing_refit = float((1 - share).mean()), float((1 - refit).mean())
+        if missing <= _WARN_MISSING:
+            continue
+        scale = float(kernel.scale_inputs(x).detach().pow(2).sum(-1).median())
+        if missing_refit <= missing / 2:
+            advice = (f"Call refit_allocation(model.covar_module, train_x) to refit it at the trained hyperparameters "
+                      f"(leaving out {missing_refit:.2g}) and train on (fit_mll does both while iterations are left, "
+                      "unless refit_allocation=False)")
+        else:
+            advice = (f"A refit at max_order={feature_map.max_order} would still leave out {missing_refit:.2g}: build "
+                      "the kernel with a larger max_order, refit_allocation(model.covar_module, train_x) and train on")
+        if feature_map.bias_correction:
+            advice += ", or build it with bias_correction=False (the posterior of the truncated kernel)"
+        warnings.warn(
+            f"fit_mll: at the trained hyperparameters the optimized Maclaurin map of {type(kernel).__name__} "
+            f"({feature_map.kernel.name}, order {feature_map.order} ≤ max_order={feature_map.max_order}) leaves out "
+            f"{missing:.2g} of k(x, x) on average over the training inputs (median share {float(share.median()):.3g}, "
+            f"median ‖x‖²/ℓ² {scale:.3g}): the model was trained on the truncated kernel, and the bias-corrected "
+            "posterior variance adds the outputscale times the rest, k(x, x) − E k̂(x, x), as prior variance that no "
+            f"data informs. {advice}; or use method='rff'.",
+            TruncationWarning, stacklevel=3,
+        )
 
 
 def _summary(error: Exception, length: int = 160) -> str:

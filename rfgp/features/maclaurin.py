@@ -326,6 +326,16 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             if not isinstance(kernel, DotProductKernelSpec):
                 raise TypeError(f"kernel must be a DotProductKernelSpec, got {type(kernel).__name__}")
             self.kernel = kernel
+        x, result = self._allocate(x_sample)
+        widths = tuple(result.widths[: result.order])
+        if self.min_share > 0:
+            self._check_share(x, widths)  # before the map changes: a refused refit leaves it as it was
+        self.objective = result.objective
+        self.input_dim = x.shape[-1]
+        return self.set_widths(widths)
+
+    def _allocate(self, x_sample: Tensor):
+        """(the float64 CPU subsample, Algorithm 3's result) for ``x_sample``; the map is not changed."""
         x = x_sample.detach().reshape(-1, x_sample.shape[-1]).to("cpu", torch.float64)
         if self.input_dim is not None and x.shape[-1] != self.input_dim:
             raise ValueError(f"x_sample has {x.shape[-1]} columns, the map has input_dim={self.input_dim}")
@@ -334,13 +344,28 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             x = x[torch.randperm(x.shape[0], generator=generator)[: self.sample_size]]
         objective = AllocationObjective(self.kernel, x, self.max_order, self.projection, self.weights,
                                         self.srht_blocks)
-        result = extended_allocation(objective, self.min_order, self.max_order, self.total_width)
-        widths = tuple(result.widths[: result.order])
-        if self.min_share > 0:
-            self._check_share(x, widths)  # before the map changes: a refused refit leaves it as it was
-        self.objective = result.objective
-        self.input_dim = x.shape[-1]
-        return self.set_widths(widths)
+        return x, extended_allocation(objective, self.min_order, self.max_order, self.total_width)
+
+    def carried_share(self, x: Tensor, refit: bool = False, kernel: DotProductKernelSpec | None = None) -> Tensor:
+        """E k̂(x, x)/k(x, x) per row of ``x`` (as the map sees it, divided by ℓ; 1 where k(x, x) = 0), in float64.
+
+        ``refit``: the share of the allocation :meth:`fit` would choose on ``x`` instead of the current one;
+        ``kernel``: another target (a polynomial spec with the current offset).  The map is not changed.
+        """
+        if self.widths is None and not refit:
+            raise RuntimeError("the Maclaurin allocation is not fitted yet: call the map on data first")
+        x = x.detach().reshape(-1, x.shape[-1]).to("cpu", torch.float64)
+        kept = self.kernel, self.widths
+        try:
+            self.kernel = kernel if kernel is not None else self.kernel
+            if refit:
+                result = self._allocate(x)[1]
+                self.widths = tuple(result.widths[: result.order])
+            target = self.target_diag(x)
+            share = self.expected_diag(x) / target
+        finally:
+            self.kernel, self.widths = kept
+        return torch.where(target > 0, share, torch.ones_like(share)).nan_to_num(0.0)
 
     def _check_share(self, x: Tensor, widths: tuple[int, ...]) -> None:
         """Raise when E k̂(x, x)/k(x, x) at the median point of the (float64, CPU) sample is below ``min_share``.

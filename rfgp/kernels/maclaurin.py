@@ -306,8 +306,23 @@ def fit_allocation_on_columns(kernel: Kernel, x: Tensor) -> None:
     if not isinstance(feature_map, OptimizedMaclaurin):
         raise TypeError(f"kernel has no OptimizedMaclaurin feature map to refit, got {type(kernel).__name__}")
     with torch.no_grad():
-        scaled = kernel.scale_inputs(x)
-        spec = None
-        if isinstance(kernel, SketchedPolynomialKernel):
-            spec = dot_product.polynomial(kernel.power, float(kernel.offset.mean()))
-        feature_map.fit(scaled, kernel=spec)
+        feature_map.fit(kernel.scale_inputs(x), kernel=_current_spec(kernel))
+
+
+def _current_spec(kernel: Kernel):
+    """The target at the kernel's current hyperparameters: a polynomial spec with its offset, else the map's own."""
+    if isinstance(kernel, SketchedPolynomialKernel):
+        return dot_product.polynomial(kernel.power, float(kernel.offset.mean()))
+    return None
+
+
+def truncation_shares(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(E k̂(x, x)/k(x, x) of the current allocation, the same for the allocation a refit would choose) per input.
+
+    ``kernel`` (not a ``ScaleKernel``) owns an :class:`~rfgp.features.OptimizedMaclaurin` map and ``x`` is already
+    restricted to its columns; both at the kernel's current hyperparameters, nothing is changed.
+    """
+    feature_map = kernel.feature_map
+    with torch.no_grad():
+        scaled, spec = kernel.scale_inputs(x), _current_spec(kernel)
+        return feature_map.carried_share(scaled, kernel=spec), feature_map.carried_share(scaled, True, spec)

@@ -314,3 +314,20 @@ def _redraw_maclaurin(feature_map: _MaclaurinFeatures, width: int, owner: Kernel
     if feature_map.input_dim is not None and (isinstance(feature_map, RandomMaclaurin) or feature_map.widths):
         feature_map._materialize()
 
+
+
+
+def optimized_maclaurin_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple]:
+    """(map, owning kernel, the input columns it sees) for every fitted optimized Maclaurin map in ``module``,
+    factors of product kernels included (:func:`_width_units` stops at a product)."""
+    yield from _maclaurin_in(_width_units(module, x, None))
+
+
+def _maclaurin_in(units) -> Iterator[tuple]:
+    for unit, owner, inputs in units:
+        if isinstance(unit, OptimizedMaclaurin):
+            if unit.widths is not None and inputs is not None and isinstance(owner, RandomFeatureKernel):
+                yield unit, owner, inputs
+        elif isinstance(unit, _PRODUCTS):
+            for factor in _factor_units(unit, inputs):
+                yield from _maclaurin_in(factor)
