@@ -4,8 +4,9 @@ polynomial kernel's ``method="maclaurin" | "random_maclaurin"``, and refitting t
 All of them are trainable by the marginal likelihood with the draws fixed: the
 lengthscale divides the inputs (and the Gaussian prefactor e^{−‖x/ℓ‖²/2} is differentiable),
 the polynomial offset ν enters through √aₙ = √C(p, n)ν^{(p−n)/2}.  The allocation (p*, Dₙ) is
-chosen for the hyperparameters at fitting time; after training call :func:`refit_allocation`
-on the training inputs (it redraws the sketches for the new widths).
+chosen for the hyperparameters at fitting time; :func:`rfgp.fit_mll` refits it when training made it
+stale and trains on (``TrainingHistory.refits``); with another training loop call :func:`refit_allocation` on
+the training inputs after training (it redraws the sketches for the new widths) and train on.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class MaclaurinRBFKernel(SketchedRBFKernel):
     widths Dₙ allocated to minimise the variance, paper 000 Eq. 38) and multiplied by the
     Gaussian prefactors.  By default TensorSRHT with CtR weights: 2–3× lower Gram error than
     Rademacher real weights and 3–4× lower than RFF (``benchmarks/results/maclaurin_defaults.md``).
-    The allocation is fitted on the first inputs the kernel sees; refit it after training with
-    :func:`refit_allocation`.  Also built by ``SketchedRBFKernel(F, method="maclaurin", ...)``.
+    The allocation is fitted on the first inputs the kernel sees; :func:`rfgp.fit_mll` refits it when training
+    made it stale (with another training loop, call :func:`refit_allocation` after training and train on).
+    Also built by ``SketchedRBFKernel(F, method="maclaurin", ...)``.
 
     Args:
         num_features: real output width F (the constant column included).
