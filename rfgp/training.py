@@ -411,47 +411,48 @@ def fit_mll(
         elapsed = (time.perf_counter() - start_wall) if clock == "wall" else (time.process_time() - start_cpu)
         if time_budget is not None and elapsed >= time_budget:
             break
-        refits = _refit_stale_allocations(model, history.num_iterations, history.losses[-1])
+        refits = _refit_stale_maps(model, history.num_iterations, history.losses[-1])
         if not refits:
             break
         offsets = (time.perf_counter() - start_wall, time.process_time() - start_cpu)
         more = _fit_mll(model, num_iterations - history.num_iterations,
                         time_budget=None if time_budget is None else time_budget - elapsed, **arguments)
         history.extend(more, refits, offsets)
-    _warn_truncated_maclaurin(model)
+    _check_trained_maps(model)
     return history
+
+
+#: at most this many refits (by the registered handlers) per fit_mll call
+_MAX_REFITS = 3
+#: (refit, check) pairs registered by the layers that know the data-dependent maps (register_stale_map_handlers)
+_STALE_MAP_HANDLERS: list[tuple] = []
+
+
+def register_stale_map_handlers(refit, check) -> None:
+    """Register how :func:`fit_mll` treats data-dependent feature maps that training made stale.
+
+    ``refit(model, iteration, loss)`` refits every map of ``model`` whose refit pays and returns one
+    :class:`AllocationRefit` per refit (empty: nothing to do); :func:`fit_mll` trains on after a non-empty list.
+    ``check(model)`` runs once after training (e.g. warns with :class:`TruncationWarning`).  The models layer
+    registers the optimized Maclaurin handlers (:mod:`rfgp.models.maclaurin_refit`): the walk over a model's kernel
+    tree lives there, above this layer.
+    """
+    _STALE_MAP_HANDLERS.append((refit, check))
+
+
+def _refit_stale_maps(model: gpytorch.models.ExactGP, iteration: int, loss: float) -> list[AllocationRefit]:
+    return [entry for refit, _ in _STALE_MAP_HANDLERS for entry in refit(model, iteration, loss)]
+
+
+def _check_trained_maps(model: gpytorch.models.ExactGP) -> None:
+    for _, check in _STALE_MAP_HANDLERS:
+        check(model)
 
 
 def _check_bool(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
-
-
-#: refits of stale optimized Maclaurin allocations per fit_mll call
-_MAX_REFITS = 3
-#: refit when the missing share of k(x, x) is above this ...
-_REFIT_MISSING = 0.01
-
-
-def _refit_stale_allocations(model: gpytorch.models.ExactGP, iteration: int, loss: float) -> list:
-    """Refit every optimized Maclaurin map whose refit would at least halve the missing share of k(x, x)."""
-    from .kernels.maclaurin import fit_allocation_on_columns, truncation_shares
-    from .models.feature_width import optimized_maclaurin_units
-
-    train_inputs = getattr(model, "train_inputs", None)
-    if not train_inputs:
-        return []
-    refits = []
-    for feature_map, kernel, x in list(optimized_maclaurin_units(model, train_inputs[0])):
-        share, refit = truncation_shares(kernel, x)
-        missing, missing_refit = float((1 - share).mean()), float((1 - refit).mean())
-        if missing > _REFIT_MISSING and missing_refit <= missing / 2:
-            widths = feature_map.widths
-            fit_allocation_on_columns(kernel, x)
-            refits.append(AllocationRefit(iteration, type(kernel).__name__, widths, feature_map.widths, missing,
-                                          missing_refit, loss))
-    return refits
 
 
 def _fit_mll(
@@ -555,51 +556,6 @@ def _fit_mll(
         model.eval()
         model.likelihood.eval()
     return history
-
-
-#: fit_mll warns when an optimized Maclaurin map leaves out more than this share of k(x, x) on average
-_WARN_MISSING = 0.1
-
-
-def _warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
-    """Warn for each optimized Maclaurin map that leaves out much of k(x, x) at the trained hyperparameters.
-
-    The marginal likelihood sees only Φ, so training can move ℓ to where the truncation carries a small share of
-    k(x, x) while the outputscale grows to match the data with what it does carry; the bias-corrected posterior
-    variance then adds the outputscale times the missing part as prior variance no data informs (diamonds, 18
-    standardised columns: share 0.035, test NLPD 4.2 against −0.04 for RFF; 1.7 after max_order=30 and a refit,
-    0.25 with bias_correction=False).
-    """
-    from .kernels.maclaurin import truncation_shares
-    from .models.feature_width import optimized_maclaurin_units
-
-    train_inputs = getattr(model, "train_inputs", None)
-    if not train_inputs:
-        return
-    for feature_map, kernel, x in optimized_maclaurin_units(model, train_inputs[0]):
-        share, refit = truncation_shares(kernel, x)
-        missing, missing_refit = float((1 - share).mean()), float((1 - refit).mean())
-        if missing <= _WARN_MISSING:
-            continue
-        scale = float(kernel.scale_inputs(x).detach().pow(2).sum(-1).median())
-        if missing_refit <= missing / 2:
-            advice = (f"Call refit_allocation(model.covar_module, train_x) to refit it at the trained hyperparameters "
-                      f"(leaving out {missing_refit:.2g}) and train on (fit_mll does both while iterations are left, "
-                      "unless refit_allocation=False)")
-        else:
-            advice = (f"A refit at max_order={feature_map.max_order} would still leave out {missing_refit:.2g}: build "
-                      "the kernel with a larger max_order, refit_allocation(model.covar_module, train_x) and train on")
-        if feature_map.bias_correction:
-            advice += ", or build it with bias_correction=False (the posterior of the truncated kernel)"
-        warnings.warn(
-            f"fit_mll: at the trained hyperparameters the optimized Maclaurin map of {type(kernel).__name__} "
-            f"({feature_map.kernel.name}, order {feature_map.order} ≤ max_order={feature_map.max_order}) leaves out "
-            f"{missing:.2g} of k(x, x) on average over the training inputs (median share {float(share.median()):.3g}, "
-            f"median ‖x‖²/ℓ² {scale:.3g}): the model was trained on the truncated kernel, and the bias-corrected "
-            "posterior variance adds the outputscale times the rest, k(x, x) − E k̂(x, x), as prior variance that no "
-            f"data informs. {advice}; or use method='rff'.",
-            TruncationWarning, stacklevel=3,
-        )
 
 
 def _summary(error: Exception, length: int = 160) -> str:
