@@ -159,8 +159,10 @@ def test_float32_capacitance_terms_are_float64_with_float32_gradients():
 
 
 def test_float32_kernel_space_mll_that_cannot_be_factorised_says_what_to_do():
-    """N = 200 ≤ F = 256 (the N × N kernel-space path), outputscale 300 at noise 10⁻⁴: the float32 rounding of sΦΦᵀ
-    (trace 6·10⁴, eps·trace ≈ 7·10⁻³) exceeds the noise.  Before: linear_operator's bare 'not positive definite after
+    """N = 200 ≤ F = 256 (the N × N kernel-space path), outputscale 10⁵ at noise 10⁻⁴: the float32 rounding of sΦΦᵀ
+    (trace 2·10⁷, eps·trace ≈ 2) exceeds the noise by four orders, so the factorisation fails whatever the BLAS's
+    summation order (at outputscale 300, eps·trace ≈ 7·10⁻³, it failed or not by the order of a full-suite run).
+    Before: linear_operator's bare 'not positive definite after
     repeatedly adding jitter up to 1e-4'; now the dtype, the scales and the two ways out (that factor stays float32:
     a float64 one costs +21 % per iteration at N = 1000, F = 2048 and fails at the same signal-to-noise ratios)."""
     gen = torch.Generator().manual_seed(0)
@@ -168,7 +170,7 @@ def test_float32_kernel_space_mll_that_cannot_be_factorised_says_what_to_do():
     y = torch.sin(3 * x[:, 0]) + x[:, 1] * torch.cos(2 * x[:, 2])
     kernel = ScaleKernel(SketchedRBFKernel(256, seed=0))
     model = ExactGPModel(x.float(), y.float(), GaussianLikelihood(), kernel).train()
-    kernel.base_kernel.lengthscale, kernel.outputscale, model.likelihood.noise = 0.5, 300.0, 1e-4
+    kernel.base_kernel.lengthscale, kernel.outputscale, model.likelihood.noise = 0.5, 1e5, 1e-4
     with pytest.raises(KernelSpaceNotPSDError, match=r"(?s)200 × 200 covariance.*torch\.float32 model.*kernel-space"
                        r".*smallest noise variance of 0\.0001\b.*Train in float64.*raise the noise lower bound"), \
             pytest.warns(gpytorch.utils.warnings.NumericalWarning):  # linear_operator's jitter, tried first
