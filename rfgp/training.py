@@ -402,13 +402,28 @@ def fit_mll(
         >>> history = rfgp.fit_mll(model, optimizer="adam", lr=0.05, num_iterations=20)
         >>> history = rfgp.fit_mll(model, time_budget=30.0, clock="cpu")  # at most ~30 s of CPU time
     """
+    if not isinstance(model, gpytorch.models.ExactGP):
+        raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
+    num_iterations = check_positive_int(num_iterations, "num_iterations")
+    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
+    if time_budget is not None:
+        time_budget = check_positive_float(time_budget, "time_budget")
+    options = _RunOptions(
+        optimizer=optimizer,
+        lr=DEFAULT_LR[optimizer] if lr is None else check_positive_float(lr, "lr"),
+        progress=sys.stderr.isatty() if progress is None else progress,
+        description=description,
+        ftol=check_positive_float(ftol, "ftol", allow_zero=True),
+        gtol=check_positive_float(gtol, "gtol", allow_zero=True),
+        clock=check_choice(clock, "clock", CLOCKS),
+        history_size=check_positive_int(history_size, "history_size"),
+        max_restarts=check_positive_int(max_restarts, "max_restarts", allow_zero=True),
+    )
     refit_allocation = _check_bool(refit_allocation, "refit_allocation")
     start_wall, start_cpu = time.perf_counter(), time.process_time()
-    arguments = dict(lr=lr, progress=progress, description=description, optimizer=optimizer, ftol=ftol, gtol=gtol,
-                     clock=clock, history_size=history_size, max_restarts=max_restarts)
-    history = _fit_mll(model, num_iterations, time_budget=time_budget, **arguments)
+    history = _fit_mll(model, num_iterations, time_budget, options)
     while refit_allocation and len(history.refits) < _MAX_REFITS and history.num_iterations < num_iterations:
-        elapsed = (time.perf_counter() - start_wall) if clock == "wall" else (time.process_time() - start_cpu)
+        elapsed = (time.perf_counter() - start_wall) if options.clock == "wall" else (time.process_time() - start_cpu)
         if time_budget is not None and elapsed >= time_budget:
             break
         refits = _refit_stale_maps(model, history.num_iterations, history.losses[-1])
@@ -416,7 +431,7 @@ def fit_mll(
             break
         offsets = (time.perf_counter() - start_wall, time.process_time() - start_cpu)
         more = _fit_mll(model, num_iterations - history.num_iterations,
-                        time_budget=None if time_budget is None else time_budget - elapsed, **arguments)
+                        None if time_budget is None else time_budget - elapsed, options)
         history.extend(more, refits, offsets)
     _check_trained_maps(model)
     return history
@@ -455,37 +470,26 @@ def _check_bool(value, name: str) -> bool:
     return value
 
 
-def _fit_mll(
-    model: gpytorch.models.ExactGP,
-    num_iterations: int = 100,
-    lr: float | None = None,
-    progress: bool | None = None,
-    description: str = "training",
-    *,
-    optimizer: str = "lbfgs",
-    ftol: float = 1e-6,
-    gtol: float = 1e-5,
-    time_budget: float | None = None,
-    clock: str = "wall",
-    history_size: int = 10,
-    max_restarts: int = 3,
-) -> TrainingHistory:
-    """One run of :func:`fit_mll`'s optimiser (no allocation refits)."""
-    if not isinstance(model, gpytorch.models.ExactGP):
-        raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
-    num_iterations = check_positive_int(num_iterations, "num_iterations")
-    optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
-    lr = DEFAULT_LR[optimizer] if lr is None else check_positive_float(lr, "lr")
-    ftol = check_positive_float(ftol, "ftol", allow_zero=True)
-    gtol = check_positive_float(gtol, "gtol", allow_zero=True)
-    if time_budget is not None:
-        time_budget = check_positive_float(time_budget, "time_budget")
-    clock = check_choice(clock, "clock", CLOCKS)
-    history_size = check_positive_int(history_size, "history_size")
-    max_restarts = check_positive_int(max_restarts, "max_restarts", allow_zero=True)
-    if progress is None:
-        progress = sys.stderr.isatty()
+@dataclass(frozen=True)
+class _RunOptions:
+    """:func:`fit_mll`'s validated optimiser settings, shared by its runs (before and after allocation refits)."""
 
+    optimizer: str
+    lr: float
+    progress: bool
+    description: str
+    ftol: float
+    gtol: float
+    clock: str
+    history_size: int
+    max_restarts: int
+
+
+def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: float | None,
+             options: _RunOptions) -> TrainingHistory:
+    """One run of :func:`fit_mll`'s optimiser (no allocation refits)."""
+    optimizer, lr, ftol, gtol = options.optimizer, options.lr, options.ftol, options.gtol
+    history_size, max_restarts = options.history_size, options.max_restarts
     model.train()
     model.likelihood.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -506,7 +510,7 @@ def _fit_mll(
         history.evaluations.append(objective.evaluations)
 
     record()
-    bar = tqdm(total=num_iterations, desc=description, disable=not progress, leave=False)
+    bar = tqdm(total=num_iterations, desc=options.description, disable=not options.progress, leave=False)
     try:
         while not history.stop_reason:
             objective.iteration += 1
@@ -549,8 +553,8 @@ def _fit_mll(
                     break
                 history.stalls.append(objective.iteration)
                 step = _stepper(optimizer, params, objective, lr, history_size)
-            history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget, clock,
-                                                           moved)
+            history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget,
+                                                           options.clock, moved)
     finally:
         bar.close()
         model.eval()
