@@ -9,7 +9,8 @@ label c, σ²_{c,off} otherwise.  With β = 1/σ² the capacitance matrix of cla
 
 Φ_c holding the rows labelled c.  The per-label Gram matrices G_k = Φ_kᵀΦ_k partition the
 rows, so all of them (and ΦᵀΦ = Σ_k G_k) cost O(N·F²) together — independent of C — and
-the C factorisations are one batched (C, F, F) Cholesky.  The right-hand sides enter only
+the C factorisations are one batched (C, F, F) Cholesky (in float64 for float32 statistics, like the
+regression MLL's: :func:`rfgp.inference.linalg.capacitance_inv_quad_logdet`).  The right-hand sides enter only
 through ΦᵀD_c⁻¹r_c for all c, one product of Φ with an (N × C) matrix.  The marginal likelihood
 (Woodbury identity and the matrix determinant lemma) and the posterior caches (Searle
 identity, paper 000 Eqs. 88–90) then need only batched F-dimensional work.
@@ -28,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from .chunking import backprop_chunks
+from .linalg import capacitance_inv_quad_logdet, capacitance_solve
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 
 
@@ -249,7 +250,11 @@ class _ClassNoiseSolve:
         raise NotImplementedError
 
     def _solve_statistics(self, source, rhs: Tensor | None):
-        """(chol A_c ``(C, F, F)``, ΦᵀD_c⁻¹r_c ``(C, F, t)``, r_cᵀD_c⁻¹r_c ``(C, t)``) for r ``(C, N, t)``."""
+        """(ΦᵀD_c⁻¹Φ ``(C, F, F)``, ΦᵀD_c⁻¹r_c ``(C, F, t)``, r_cᵀD_c⁻¹r_c ``(C, t)``) for r ``(C, N, t)``.
+
+        The capacitances A_c = I + ΦᵀD_c⁻¹Φ are factorised by the callers through
+        :mod:`rfgp.inference.linalg`'s capacitance helpers, in float64 for float32 statistics.
+        """
         structure = self.structure
         w_on, w_off = structure.on.reciprocal(), structure.off.reciprocal()
         num_classes, num_data = w_on.shape[0], structure.labels.shape[0]
@@ -265,11 +270,13 @@ class _ClassNoiseSolve:
         grams, projection = label_feature_statistics(source, structure.plan, weighted)
         num_features = grams.shape[-1]
         projection = projection.view(num_classes, width, num_features).mT
-        # A_c = I + β_off ΦᵀΦ + (β_on − β_off) G_c, one batched Cholesky over the classes
-        capacitance = grams * (w_on - w_off).view(-1, 1, 1) + w_off.view(-1, 1, 1) * grams.sum(0)
-        capacitance.diagonal(dim1=-2, dim2=-1).add_(1.0)
-        chol = psd_safe_cholesky(capacitance)
-        return chol, projection, weighted_square
+        # A_c − I = β_off ΦᵀΦ + (β_on − β_off) G_c; the callers factorise A_c in one batched Cholesky over the classes
+        gram = grams * (w_on - w_off).view(-1, 1, 1) + w_off.view(-1, 1, 1) * grams.sum(0)
+        return gram, projection, weighted_square
+
+    def _noise_variances(self) -> Tensor:
+        """The C·2 noise variances, named when a capacitance cannot be factorised."""
+        return torch.cat((self.structure.on, self.structure.off)).detach()
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         source = self._feature_source()
@@ -281,18 +288,22 @@ class _ClassNoiseSolve:
         if inv_quad_rhs is not None:
             rhs = inv_quad_rhs.unsqueeze(-1) if inv_quad_rhs.dim() == 1 else inv_quad_rhs
             rhs = rhs.expand(num_classes, *rhs.shape[-2:])
-        chol, projection, weighted_square = self._solve_statistics(source, rhs)
-        inv_quad = logdet_term = torch.zeros(0, dtype=chol.dtype, device=chol.device)
+        gram, projection, weighted_square = self._solve_statistics(source, rhs)
+        # Woodbury and the determinant lemma with A_c = I + ΦᵀD_c⁻¹Φ factorised (forward and backward) in float64 for
+        # float32 statistics, and the differences r_cᵀD_c⁻¹r_c − ‖L⁻¹B_c‖², which cancel at a high signal-to-noise
+        # ratio, taken there too (capacitance_inv_quad_logdet); rounded back
+        quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, projection, logdet, self._noise_variances())
+        work = quad.dtype
+        inv_quad = logdet_term = torch.zeros(0, dtype=gram.dtype, device=gram.device)
         if rhs is not None:
-            projected = torch.linalg.solve_triangular(chol, projection, upper=False)
-            inv_quad = weighted_square - projected.pow(2).sum(-2)
+            inv_quad = (weighted_square.to(work) - quad).to(gram.dtype)
             if reduce_inv_quad:
                 inv_quad = inv_quad.sum(-1)
         if logdet:
-            counts = structure.plan.counts.to(chol.dtype)
+            counts = structure.plan.counts.to(gram.dtype)
             num_data = structure.labels.shape[0]
             noise_logdet = counts * structure.on.log() + (num_data - counts) * structure.off.log()
-            logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
+            logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(gram.dtype)
         return inv_quad, logdet_term
 
     def feature_space_caches(self, residual: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -306,8 +317,8 @@ class _ClassNoiseSolve:
             return None
         num_classes = self.structure.on.shape[0]
         residual = residual.expand(num_classes, residual.shape[-1]).unsqueeze(-1)
-        chol, projection, _ = self._solve_statistics(source, residual)
-        return torch.cholesky_solve(projection, chol, upper=False), chol
+        gram, projection, _ = self._solve_statistics(source, residual)
+        return capacitance_solve(gram, projection, self._noise_variances())  # factorised in float64 for float32
 
 
 class ClassNoiseFeatureLinearOperator(_ClassNoiseSolve, FeatureRootAddedDiagLinearOperator):

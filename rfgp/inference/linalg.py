@@ -88,14 +88,14 @@ def _capacitance_failure(capacitance: Tensor, dtype: torch.dtype, noise: Tensor 
     )
 
 
-def capacitance_solve(gram: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+def capacitance_solve(gram: Tensor, rhs: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(A⁻¹·rhs, L) for the capacitance A = I + ``gram`` = LLᵀ of a posterior's weight space.
 
     The factorisation and the solve run in :func:`factor_dtype` (float64 for float32 input,
     :func:`capacitance_cholesky`) and are rounded back: L has the square root of A's condition number, which
-    float32 triangular solves with test features handle.
+    float32 triangular solves with test features handle.  ``noise`` (optional) is named in the error message.
     """
-    chol = capacitance_cholesky(gram)
+    chol = capacitance_cholesky(gram, noise)
     solution = torch.cholesky_solve(rhs.to(chol.dtype), chol, upper=False)
     return solution.to(gram.dtype), chol.to(gram.dtype)
 
