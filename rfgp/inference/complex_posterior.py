@@ -14,7 +14,8 @@ It is *not* the real GP on Re K̂ (which [Re Φ, Im Φ] features give).  Writing
 
 i.e. a real Bayesian linear model, weights v ~ N(0, I), whose 2N observations are the targets y
 (features Ψ) *and* a zero "imaginary part" for every training point (features Ψ°), each with
-noise Σ.  Cost O(N m²) to build A and O(m³) for its Cholesky factor; no complex tensors and no
+noise Σ.  Cost O(N m²) to build A and O(m³) for its Cholesky factor (in float64 for float32 input, as the
+real GP's: :mod:`rfgp.inference.linalg`); no complex tensors and no
 N × N matrices.
 
 That real model is exactly the proper complex GP f ~ CGP(0, 2K̂), ε ~ CN(0, 2Σ) observed at the
@@ -36,12 +37,11 @@ import math
 
 import torch
 from linear_operator.operators import DiagLinearOperator
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..core.validation import check_targets
 from . import distributed
-from .linalg import feature_statistics, weighted_gram
+from .linalg import capacitance_inv_quad_logdet, capacitance_solve, feature_statistics, weighted_gram
 from .operators import (
     FeatureRootAddedDiagLinearOperator,
     FeatureRootLinearOperator,
@@ -64,11 +64,6 @@ def complex_feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -
     """
     gram, cross = feature_statistics(features, weights, rhs)
     return gram + weighted_gram(rotate(features), weights), cross
-
-
-def capacitance_cholesky(gram: Tensor) -> Tensor:
-    """Lower Cholesky factor of A = I + ``gram`` (jittered if A is numerically singular)."""
-    return psd_safe_cholesky(gram + torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device), upper=False)
 
 
 def _check_complex_width(width: int, name: str) -> None:
@@ -107,8 +102,7 @@ def complex_feature_posterior(
     noise = torch.as_tensor(noise, dtype=train_features.dtype, device=train_features.device)
     precision = noise.reciprocal().expand(train_targets.shape)
     gram, cross = complex_feature_statistics(train_features, precision, train_targets.unsqueeze(-1))
-    chol = capacitance_cholesky(gram)
-    weights = torch.cholesky_solve(cross, chol)
+    weights, chol = capacitance_solve(gram, cross, noise)  # A factorised in float64 for float32 input, rounded back
     mean = (test_features @ weights).squeeze(-1)
     half = torch.linalg.solve_triangular(chol, test_features.mT, upper=False)  # L⁻¹ψ*
     if full_covariance:
@@ -182,7 +176,7 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
             gram, cross, weighted_square, noise.log().sum(-1)
         )
-        return capacitance_cholesky(gram), cross, weighted_square, noise_logdet
+        return gram, cross, weighted_square, noise_logdet
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         """[r; 0]ᵀM⁻¹[r; 0] and log|M| + N log 2π for the 2N × 2N covariance M of (Re y, Im y).
@@ -194,16 +188,21 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
         rhs = _as_matrix(inv_quad_rhs)
         stats_rhs = rhs if rhs is not None else noise.new_zeros(*noise.shape, 0)
-        chol, cross, weighted_square, noise_logdet = self._capacitance(stats_rhs)
+        gram, cross, weighted_square, noise_logdet = self._capacitance(stats_rhs)
+        # A factorised (forward and backward) in float64 for float32 statistics, the cancelling difference
+        # rᵀΣ⁻¹r − ‖L⁻¹b‖² taken there too, rounded back (as the real GP's MLL)
+        quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, cross, logdet, noise.detach())
+        work = quad.dtype
         inv_quad = logdet_term = None
         if rhs is not None:
-            inv_quad = weighted_square - torch.linalg.solve_triangular(chol, cross, upper=False).pow(2).sum(-2)
+            inv_quad = (weighted_square.to(work) - quad).to(gram.dtype)
         if logdet:
-            chol_logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
-            logdet_term = chol_logdet + 2.0 * noise_logdet + noise.shape[-1] * math.log(2 * math.pi)
-        return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, chol)
+            logdet_term = capacitance_logdet + 2.0 * noise_logdet.to(work) + noise.shape[-1] * math.log(2 * math.pi)
+            logdet_term = logdet_term.to(gram.dtype)
+        return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
     def feature_space_caches(self, residual: Tensor) -> tuple[Tensor, Tensor]:
-        """(A⁻¹ΨᵀΣ⁻¹r, chol A) with A = I + ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ° (paper 000 Eqs. 88–90, real form)."""
-        chol, cross, _, _ = self._capacitance(residual.unsqueeze(-1))
-        return torch.cholesky_solve(cross, chol, upper=False), chol
+        """(A⁻¹ΨᵀΣ⁻¹r, chol A) with A = I + ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ° (paper 000 Eqs. 88–90, real form), factorised in
+        float64 for float32 input and rounded back (:func:`~rfgp.inference.linalg.capacitance_solve`)."""
+        gram, cross, _, _ = self._capacitance(residual.unsqueeze(-1))
+        return capacitance_solve(gram, cross, self._diag_tensor.diagonal(dim1=-1, dim2=-2).detach())
