@@ -7,7 +7,7 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
 
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
 and memory O(F²), whatever the number of points seen.  The posterior needs
-L = chol(I + G).  Once L exists, a small batch updates it in O(k·F²) by the rank-k update
+L = chol(I + G) (kept in float64 for float32 statistics, :meth:`StreamingFeatureGP.cholesky`).  Once L exists, a small batch updates it in O(k·F²) by the rank-k update
 LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.inference.cholesky_update.cholesky_update`, see
 :func:`takes_rank_update` for when); otherwise it is dropped and refactorised (O(F³)) the
 first time it is needed:
@@ -40,13 +40,12 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from linear_operator.operators import DiagLinearOperator
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
 from ..inference.cholesky_update import cholesky_update
-from ..inference.linalg import feature_statistics
+from ..inference.linalg import capacitance_cholesky, feature_statistics
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 
@@ -188,7 +187,8 @@ class StreamingFeatureGP(nn.Module):
         if self._hyperparameters is None:  # after the first featurisation: lazily drawn features exist now
             self._hyperparameters = {name: t.clone() for name, t in self._hyperparameter_state().items()}
         if self._chol is not None and takes_rank_update(x.shape[-2], features.shape[-1], self.rank_update):
-            self._chol = cholesky_update(self._chol, (features * weights.sqrt().unsqueeze(-1)).mT)
+            vectors = (features * weights.sqrt().unsqueeze(-1)).mT
+            self._chol = cholesky_update(self._chol, vectors.to(self._chol.dtype))
         else:
             self._chol = None
         return self
@@ -208,29 +208,44 @@ class StreamingFeatureGP(nn.Module):
                              "streaming statistics accumulate in the model's dtype, as buffers of the model")
 
     def cholesky(self) -> Tensor:
-        """L = chol(I + ΦᵀWΦ), refactorised once after each update."""
+        """L = chol(I + ΦᵀWΦ), refactorised once after each update (or rank-updated).
+
+        L is kept in :func:`~rfgp.inference.linalg.factor_dtype` — float64 for float32 statistics — as the
+        training MLL's capacitance is (:func:`~rfgp.inference.linalg.capacitance_cholesky`): at a high
+        signal-to-noise ratio a float32 factorisation breaks down although the rounded I + ΦᵀWΦ is positive
+        definite.  A failure raises :class:`~rfgp.inference.linalg.CapacitanceNotPSDError`.
+        """
         if self.num_data == 0:
             raise RuntimeError("StreamingFeatureGP has no data yet: call update(x, y) or fit_from_batches first")
         self._check_hyperparameters()
         if self._chol is None:
-            eye = torch.eye(self.gram.shape[-1], dtype=self.gram.dtype, device=self.gram.device)
-            self._chol = psd_safe_cholesky(self.gram + eye)
+            self._chol = capacitance_cholesky(self.gram, self.likelihood.noise.detach())
         return self._chol
 
     def log_marginal_likelihood(self) -> Tensor:
-        """log p(y) of all absorbed data (a sum over points, not a per-point average)."""
+        """log p(y) of all absorbed data (a sum over points, not a per-point average), in the statistics' dtype.
+
+        Formed in the factor's precision (float64 for float32 statistics): q − ‖L⁻¹B‖² cancels at a high
+        signal-to-noise ratio.
+        """
         chol = self.cholesky()
-        projected = torch.linalg.solve_triangular(chol, self.cross, upper=False).pow(2).sum((-2, -1))
-        logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + self.noise_logdet
-        return -0.5 * (self.weighted_square - projected + logdet + self.count * math.log(2 * math.pi))
+        work = chol.dtype
+        projected = torch.linalg.solve_triangular(chol, self.cross.to(work), upper=False).pow(2).sum((-2, -1))
+        logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + self.noise_logdet.to(work)
+        value = self.weighted_square.to(work) - projected + logdet + self.count.to(work) * math.log(2 * math.pi)
+        return (-0.5 * value).to(self.gram.dtype)
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         """Posterior of the latent f at ``x`` (apply ``self.likelihood`` for y)."""
         self._check_inputs(x)
         chol = self.cholesky()
         features = kernel_features(self.covar_module, x)
-        mean = self.mean_module(x) + (features @ torch.cholesky_solve(self.cross, chol)).squeeze(-1)
-        covar = LowRankPosteriorCovariance(torch.linalg.solve_triangular(chol, features.mT, upper=False).mT)
+        # A⁻¹B in the factor's precision, rounded back; test features meet the rounded L, as in
+        # FeatureSpacePredictionStrategy (L has the square root of A's condition number)
+        weights = torch.cholesky_solve(self.cross.to(chol.dtype), chol).to(features.dtype)
+        mean = self.mean_module(x) + (features @ weights).squeeze(-1)
+        half = torch.linalg.solve_triangular(chol.to(features.dtype), features.mT, upper=False)
+        covar = LowRankPosteriorCovariance(half.mT)
         moments = kernel_diag_moments(self.covar_module, x)
         if moments is not None:
             covar = covar + DiagLinearOperator((moments[0] - moments[1]).clamp_min(0.0))
