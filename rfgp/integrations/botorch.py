@@ -47,12 +47,12 @@ from botorch.utils.sampling import draw_sobol_normal_samples
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import ExactGP
 from linear_operator.operators import DiagLinearOperator
-from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
 from ..applications.sampling import check_path_kernel
 from ..inference.kernel_space import kernel_cholesky
+from ..inference.linalg import capacitance_solve
 from ..inference.operators import FeatureRootAddedDiagLinearOperator, noise_weights
 from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
@@ -176,7 +176,8 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
     """v = Φᵀ(ΦΦᵀ + D)⁻¹(y − f(X) − ε) with ε ~ N(0, D), shape ``sample_shape × batch × F``.
 
     In the cheaper of the posterior's two algebras (:meth:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator.
-    uses_kernel_space`): A⁻¹ΦᵀD⁻¹r from the F × F feature statistics (chunked when the kernel's operator is), or,
+    uses_kernel_space`): A⁻¹ΦᵀD⁻¹r from the F × F feature statistics (chunked when the kernel's operator is; A is
+    factorised in float64 for float32 statistics), or,
     when N ≲ F (a Bayesian-optimisation loop's few observations under a wide map), Φᵀ(ΦΦᵀ + D)⁻¹r from the N × N
     Cholesky factor — the same vector (push-through identity) without an F × F matrix.
     """
@@ -196,6 +197,6 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
         solved = features.mT @ torch.cholesky_solve(rhs.expand(*chol.shape[:-2], *rhs.shape[-2:]), chol)
     else:
         gram, cross = operator.feature_statistics(weights, rhs)
-        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-        solved = torch.cholesky_solve(cross, psd_safe_cholesky(gram + eye))  # (batch, F, S)
+        # A = I + ΦᵀD⁻¹Φ factorised in float64 for float32 statistics, as the training MLL's (capacitance_solve)
+        solved = capacitance_solve(gram, cross, weights.reciprocal())[0]  # (batch, F, S)
     return solved.movedim(-1, 0).unflatten(0, residual.shape[:sample_dims]) if sample_dims else solved.squeeze(-1)

@@ -180,3 +180,32 @@ def test_unsupported_kernels_are_refused():
     complex_kernel = SketchedPolynomialKernel(2, 32, weights="complex", complex_posterior=True, seed=0)
     with pytest.raises(ValueError, match="complex_posterior"):
         botorch.sampling.pathwise.gen_kernel_features(complex_kernel, num_inputs=2, num_outputs=32)
+
+
+def test_float32_update_at_a_high_signal_to_noise_ratio_matches_float64(monkeypatch):
+    """The IGRF fit of tests/inference/test_float32_training.py (N = 1500, F = 512, outputscale 84, noise 4.4e-4;
+    ‖ΦᵀD⁻¹Φ‖ ≈ 10⁷).  Before: the float32 factor of I + ΦᵀD⁻¹Φ in the Matheron update broke down (linear_operator's
+    'not positive definite after repeatedly adding jitter up to 1e-1').  Now it is factorised in float64
+    (capacitance_solve); the updated paths match float64's to 6e-4 relative (same noise draw ε in both dtypes)."""
+    from botorch.sampling.pathwise.update_strategies import gaussian_update
+
+    from tests.inference.test_float32_training import igrf_model
+
+    randn = torch.randn
+
+    def same_draws(*args, **kwargs):  # the update's ε ~ N(0, D), drawn alike for both dtypes
+        if "generator" in kwargs:
+            return randn(*args, **kwargs)
+        return randn(args[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(kwargs["dtype"])
+
+    values = []
+    for dtype in (torch.float32, torch.float64):
+        model = igrf_model(dtype, False, 512).eval()
+        x, y = model.train_inputs[0], model.train_targets
+        with torch.no_grad(), monkeypatch.context() as patch:
+            patch.setattr(torch, "randn", same_draws)
+            path = gaussian_update(model, torch.zeros(4, len(x), dtype=dtype), model.likelihood,
+                                   target_values=y, points=x)
+            values.append(path(x[:50] * 1.01))
+    assert values[0].dtype == torch.float32
+    assert (values[0].double() - values[1]).norm() <= 5e-3 * values[1].norm()
