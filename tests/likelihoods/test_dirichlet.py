@@ -357,3 +357,26 @@ def test_float32_structured_solve_at_a_high_signal_to_noise_ratio_matches_float6
     assert len(calls) == 4, "the structured solve was not used"
     for value, reference, tol in zip(*results, (1e-2, 0.1, 1e-2, 1e-2)):
         assert (value.double() - reference).norm() <= tol * reference.norm()
+
+
+def test_float64_structured_solve_is_the_plain_cholesky_algebra_bit_for_bit():
+    """Widening is a no-op in float64: the structured MLL terms and posterior caches are the plain Cholesky algebra
+    on the same statistics, equal bit for bit."""
+    dtype = torch.float64
+    x, labels, num_classes = _problem(dtype)
+    model, likelihood, kernel = _model(x, labels, num_classes, dtype)
+    operator = likelihood(model(x)).lazy_covariance_matrix
+    rhs = likelihood.transformed_targets.unsqueeze(-1)
+    with torch.no_grad():
+        inv_quad, logdet = operator.inv_quad_logdet(rhs, logdet=True, reduce_inv_quad=False)
+        mean_cache, chol = operator.feature_space_caches(likelihood.transformed_targets)
+        gram, projection, weighted_square = operator._solve_statistics(operator._feature_source(), rhs)
+        expected_chol = torch.linalg.cholesky(gram + torch.eye(gram.shape[-1], dtype=dtype))
+        projected = torch.linalg.solve_triangular(expected_chol, projection, upper=False)
+        structure = operator.structure
+        counts = structure.plan.counts.to(dtype)
+        noise_logdet = counts * structure.on.log() + (len(labels) - counts) * structure.off.log()
+    assert torch.equal(inv_quad, weighted_square - projected.pow(2).sum(-2))
+    assert torch.equal(logdet, 2.0 * torch.diagonal(expected_chol, dim1=-2, dim2=-1).log().sum(-1) + noise_logdet)
+    assert torch.equal(chol, expected_chol)
+    assert torch.equal(mean_cache, torch.cholesky_solve(projection, expected_chol, upper=False))
