@@ -83,8 +83,8 @@ def _capacitance_failure(capacitance: Tensor, dtype: torch.dtype, noise: Tensor 
         f"{what} is not positive definite{widened} (largest eigenvalue ≥ {largest:.3g}{noise_text}): its "
         f"statistics ΦᵀD⁻¹Φ, computed in {dtype}, carry rounding errors of about eps·{largest:.3g} = "
         f"{eps * largest:.2g}, against a smallest eigenvalue of 1 in exact arithmetic. {advice} the noise lower "
-        "bound (the rounding scales with 1/noise; e.g. GaussianLikelihood(noise_constraint=gpytorch.constraints."
-        "GreaterThan(...)))"
+        "bound (the rounding scales with 1/noise): a GaussianLikelihood's noise_constraint=gpytorch.constraints."
+        "GreaterThan(...), or a larger alpha_epsilon for Dirichlet classification"
     )
 
 
