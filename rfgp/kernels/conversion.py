@@ -653,6 +653,12 @@ def _convert_polynomial(kernel, num_features, method, seed, x_sample=None, **opt
     from .maclaurin import fit_allocation_on_columns
     from .polynomial import SketchedPolynomialKernel
 
+    if kernel.power < 1:
+        raise ValueError(
+            f"rfgp.sketch: PolynomialKernel(power={kernel.power}) is the constant kernel (xᵀy + c)⁰ = 1, which has no "
+            "polynomial sketch; accepted: power ≥ 1, or gpytorch.kernels.ConstantKernel for a constant (converted "
+            "exactly)"
+        )
     sketched = SketchedPolynomialKernel(
         kernel.power,
         num_features,

@@ -238,3 +238,10 @@ def test_carried_priors_sample_set_and_pickle(exact):
     for (_, module, _, closure, _), (_, copied, _, copied_closure, _) in zip(sketched.named_priors(),
                                                                           clone.named_priors()):
         torch.testing.assert_close(copied_closure(copied), closure(module), rtol=0, atol=0)
+
+
+def test_a_degree_zero_polynomial_kernel_is_refused_naming_the_kernel_and_the_constant_kernel():
+    """PolynomialKernel(power=0) is the constant 1: the refusal names the kernel and ConstantKernel (before: the
+    feature map's bare 'power must be a positive integer, got 0', naming neither)."""
+    with pytest.raises(ValueError, match=r"PolynomialKernel\(power=0\) is the constant kernel.*ConstantKernel"):
+        rfgp.sketch(gpytorch.kernels.PolynomialKernel(power=0), 64)
