@@ -4,8 +4,9 @@ The Nyström approximation K ≈ K_{xZ} K_{ZZ}⁻¹ K_{Zx} is as good as its lan
 spanning the data in the kernel's feature space.  Three selectors, all returning M rows of
 the sample x (so that K_{ZZ} is a principal submatrix of the data Gram matrix):
 
-* :func:`uniform_landmarks` — M rows drawn uniformly without replacement (Williams &
-  Seeger 2001).  Cheapest; poor when the data are very unevenly spread.
+* :func:`uniform_landmarks` — M distinct points drawn uniformly among the rows without
+  replacement (Williams & Seeger 2001), a row equal to one already chosen skipped.  Cheapest;
+  poor when the data are very unevenly spread.
 * :func:`kmeanspp_landmarks` — k-means++ seeding (Arthur & Vassilvitskii 2007): each new
   landmark is drawn with probability ∝ D²(x), the squared distance to the nearest landmark
   chosen so far.  With a ``kernel`` the distance is the feature-space one,
@@ -70,11 +71,24 @@ def select_landmarks(x: Tensor, num_landmarks: int, method: str = "uniform", ker
 
 def uniform_landmarks(x: Tensor, num_landmarks: int, seed: int | None = None,
                       generator: torch.Generator | None = None) -> Tensor:
-    """M distinct rows of x drawn uniformly without replacement, ``(M, d)``."""
+    """M distinct points of x drawn uniformly among its rows without replacement, ``(M, d)``.
+
+    The rows are put in a uniformly random order and the first M *distinct* ones are kept: a row equal
+    to one already chosen is skipped, so a point repeated r times in x is r times as likely to be drawn
+    first as a single one (it holds r times the data), yet never twice.  Without repeated rows this is
+    the first M rows of one uniform permutation, and the same seed at a larger M extends the draw.
+
+    Raises:
+        ValueError: when x has fewer than ``num_landmarks`` distinct rows.
+    """
     num_landmarks = _check_sample(x, num_landmarks)
+    groups, count = _distinct_rows(x)
+    _check_distinct(count, num_landmarks, "distinct rows")
     generator = _generator(seed, generator)
-    order = torch.randperm(x.shape[0], generator=generator, device=_draw_device(generator, x))
-    return x.index_select(0, order[:num_landmarks].to(x.device))
+    order = torch.randperm(x.shape[0], generator=generator, device=_draw_device(generator, x)).to(x.device)
+    if count < x.shape[0]:  # keep each point's first row in the order; the chosen rows stay in drawing order
+        order = order.index_select(0, _first_positions(groups.index_select(0, order), count))
+    return x.index_select(0, order[:num_landmarks])
 
 
 def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | None = None, seed: int | None = None,
@@ -195,6 +209,28 @@ def _check_sample(x: Tensor, num_landmarks: int) -> int:
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x contains NaN or Inf entries; landmarks must be finite points")
     return num_landmarks
+
+
+def _distinct_rows(x: Tensor) -> tuple[Tensor, int]:
+    """The group of every row of x (equal rows share one, ``(n,)``) and the number of distinct rows (one sync)."""
+    _, groups = torch.unique(x, dim=0, return_inverse=True)
+    return groups, int(groups.max()) + 1
+
+
+def _first_positions(groups: Tensor, count: int) -> Tensor:
+    """Sorted positions of the first occurrence of each of the ``count`` groups in the sequence ``groups``."""
+    positions = torch.arange(groups.shape[0], device=groups.device)
+    first = torch.full((count,), groups.shape[0], dtype=positions.dtype, device=groups.device)
+    return first.scatter_reduce(0, groups, positions, "amin").sort().values
+
+
+def _check_distinct(count: int, num_landmarks: int, what: str) -> None:
+    if count < num_landmarks:
+        raise ValueError(
+            f"x has only {count} {what}, fewer than num_landmarks={num_landmarks} (num_features of a Nyström map): "
+            f"landmarks are distinct points, a repeated one adds nothing to the Nyström span and makes K(Z, Z) "
+            f"singular; use at most {count} landmarks, or choose them among more distinct points"
+        )
 
 
 def _generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator | None:

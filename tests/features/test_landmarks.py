@@ -117,6 +117,27 @@ def test_kmeanspp_raises_instead_of_repeating_points():
         kmeanspp_landmarks(x, 5, seed=0)
 
 
+def duplicated(distinct=32, copies=4, dtype=torch.float64):
+    """``distinct`` points, each repeated ``copies`` times, rows shuffled (as mtcars with every row 4×)."""
+    x = data(distinct, d=3).repeat(copies, 1).to(dtype)
+    return x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(1))]
+
+
+def test_uniform_draws_distinct_points_of_repeated_rows():
+    """Before: uniform drew rows, so M = 32 among 32 points × 4 gave 20–25 distinct landmarks and M = 48 no error."""
+    x = duplicated()
+    for seed in range(5):
+        z = uniform_landmarks(x, 32, seed=seed)
+        assert z.unique(dim=0).shape[0] == 32
+        assert torch.equal(z[:12], uniform_landmarks(x, 12, seed=seed))  # still nested in M
+    with pytest.raises(ValueError, match=r"only 32 distinct rows, fewer than num_landmarks=48 .*at most 32"):
+        uniform_landmarks(x, 48, seed=0)
+    # without repeated rows: the first M rows of one uniform permutation, as before
+    y = data()
+    order = torch.randperm(200, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(uniform_landmarks(y, 30, seed=5), y[order[:30]])
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
