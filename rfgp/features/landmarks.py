@@ -93,36 +93,45 @@ def uniform_landmarks(x: Tensor, num_landmarks: int, seed: int | None = None,
 
 def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | None = None, seed: int | None = None,
                        generator: torch.Generator | None = None) -> Tensor:
-    """k-means++ seeding (Arthur & Vassilvitskii 2007), ``(M, d)`` rows of x.
+    """k-means++ seeding (Arthur & Vassilvitskii 2007), ``(M, d)`` distinct rows of x.
 
     The first landmark is uniform; each next one is drawn with probability ∝ D²(x), the
     squared distance to the nearest landmark so far: Euclidean without ``kernel``, the
     kernel feature-space distance k(x, x) + k(z, z) − 2k(x, z) with one (Oglic & Gärtner
-    2017).  Chosen points have D² = 0, so no row is picked twice.  O(n·M) distance
-    evaluations, a loop over the M landmarks (not over the data).
+    2017).  O(n·M) distance evaluations, a loop over the M landmarks (not over the data).
+
+    A chosen point and every copy of it (an equal row) have D² = 0 exactly, so no point is picked
+    twice: the rounding of k(x, x) + k(z, z) − 2k(x, z) at equal rows (up to 5·10⁻⁶ of the kernel's
+    scale in float32 through GPyTorch's RBF on standardised data, 10⁻¹⁴ in float64) would give copies
+    a positive probability.  Distinct rows that the kernel cannot tell apart (shifts by a period of a
+    periodic kernel) keep their rounding-level D² and come last.  Distances are computed in float64
+    for float32 input, so the draw depends on the values of x, not on its dtype.
 
     Raises:
-        ValueError: when fewer than ``num_landmarks`` rows are distinct under the distance.
+        ValueError: when fewer than ``num_landmarks`` rows are distinct (or at a positive distance).
     """
     num_landmarks = _check_sample(x, num_landmarks)
+    groups, count = _distinct_rows(x)
+    _check_distinct(count, num_landmarks, "distinct rows")
     generator = _generator(seed, generator)
-    diag = _batch_mean(kernel(x, x, diag=True), 1) if kernel is not None else None
+    points = x.to(_work_dtype(x))
+    diag = _batch_mean(kernel(points, points, diag=True), 1).to(points.dtype) if kernel is not None else None
 
     def squared_distance(index: Tensor) -> Tensor:
-        z = x.index_select(0, index)
+        z = points.index_select(0, index)
         if kernel is None:
-            return (x - z).pow(2).sum(-1)
-        return (diag + diag.index_select(0, index) - 2 * _batch_mean(kernel(x, z), 2).squeeze(-1)).clamp_min(0)
+            distance = (points - z).pow(2).sum(-1)
+        else:
+            cross = _batch_mean(kernel(points, z), 2).squeeze(-1).to(points.dtype)
+            distance = (diag + diag.index_select(0, index) - 2 * cross).clamp_min(0)
+        return distance.masked_fill(groups == groups.index_select(0, index), 0)
 
     first = torch.randint(x.shape[0], (1,), generator=generator, device=_draw_device(generator, x)).to(x.device)
     chosen = [first]
     nearest = squared_distance(first)
     for count in range(1, num_landmarks):
         if not bool(nearest.sum() > 0):
-            raise ValueError(
-                f"x has only {count} distinct rows under the k-means++ distance, fewer than "
-                f"num_landmarks={num_landmarks}; use fewer landmarks or remove duplicate points"
-            )
+            _check_distinct(count, num_landmarks, "distinct rows under the k-means++ distance")
         index = _draw(nearest, 1, generator)
         chosen.append(index)
         nearest = torch.minimum(nearest, squared_distance(index))
@@ -209,6 +218,11 @@ def _check_sample(x: Tensor, num_landmarks: int) -> int:
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x contains NaN or Inf entries; landmarks must be finite points")
     return num_landmarks
+
+
+def _work_dtype(x: Tensor) -> torch.dtype:
+    """float64 for float32 (and half) input, as :func:`rfgp.inference.linalg.factor_dtype` (not on Apple MPS)."""
+    return torch.float64 if x.dtype != torch.float64 and x.device.type != "mps" else x.dtype
 
 
 def _distinct_rows(x: Tensor) -> tuple[Tensor, int]:

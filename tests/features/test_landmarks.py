@@ -138,6 +138,28 @@ def test_uniform_draws_distinct_points_of_repeated_rows():
     assert torch.equal(uniform_landmarks(y, 30, seed=5), y[order[:30]])
 
 
+def expanded_rbf(lengthscale=1.0, scale=1.0):
+    """RBF through ‖x‖² + ‖z‖² − 2xᵀz in the input dtype, as GPyTorch computes distances: equal rows are at a
+    rounding distance > 0 (up to ≈ eps·‖x‖²/ℓ²)."""
+    def kernel(x1, x2, diag=False):
+        if diag:
+            return torch.full(x1.shape[:-1], scale, dtype=x1.dtype)
+        x1, x2 = x1 / lengthscale, x2 / lengthscale
+        squared = x1.pow(2).sum(-1, keepdim=True) + x2.pow(2).sum(-1).unsqueeze(-2) - 2 * x1 @ x2.mT
+        return scale * torch.exp(-0.5 * squared.clamp_min(0))
+
+    return kernel
+
+
+def test_kmeanspp_never_draws_a_copy_of_a_chosen_point():
+    """float32 points near 100 repeated 20×: the rounding of k(x, x) + k(z, z) − 2k(x, z) left copies of chosen points
+    a positive D² (up to ≈ 1e-3 here), and 5 of 10 seeds drew a copy (14-15 distinct landmarks of 16)."""
+    x = (100 + 0.5 * torch.randn(16, 2, generator=torch.Generator().manual_seed(0))).repeat(20, 1)
+    for seed in range(10):
+        assert kmeanspp_landmarks(x, 16, kernel=expanded_rbf(), seed=seed).unique(dim=0).shape[0] == 16
+    with pytest.raises(ValueError, match=r"only 16 distinct rows, fewer than num_landmarks=17"):
+        kmeanspp_landmarks(x, 17, kernel=expanded_rbf(), seed=0)
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
