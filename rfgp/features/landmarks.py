@@ -12,7 +12,7 @@ the sample x (so that K_{ZZ} is a principal submatrix of the data Gram matrix):
   chosen so far.  With a ``kernel`` the distance is the feature-space one,
   D²(x, z) = k(x, x) + k(z, z) − 2k(x, z) (kernel k-means++ landmarks, Oglic & Gärtner 2017),
   which honours lengthscales, periodicity and any other structure of the kernel.
-* :func:`ridge_leverage_landmarks` — M rows drawn without replacement with probability ∝
+* :func:`ridge_leverage_landmarks` — M distinct rows drawn without replacement with probability ∝
   approximate λ-ridge leverage scores τᵢ(λ) = [K(K + λI)⁻¹]ᵢᵢ (Alaoui & Mahoney 2015),
   estimated from a uniform pilot sample S of s points as in Musco & Musco 2017 (§3):
 
@@ -26,9 +26,18 @@ the sample x (so that K_{ZZ} is a principal submatrix of the data Gram matrix):
   order of M, the regime in which M landmarks suffice.  In a GP the noise variance σ² is
   the natural λ (pass ``regularization=``).
 
-:func:`approximate_ridge_leverage_scores` exposes the scores.  Rows are drawn without
-replacement, so duplicated *points* in x can still give duplicated landmarks (k-means++ excepted);
-:class:`rfgp.kernels.NystromKernel` then grows its jitter and warns.
+:func:`approximate_ridge_leverage_scores` exposes the scores.
+
+Landmarks are distinct points.  A repeated point adds nothing to span{φ(z)} and makes K_{ZZ}
+singular (the jitter would absorb it and silently waste part of the width M), so every selector
+skips rows equal to a chosen one (rows are grouped with ``torch.unique`` on x's device, one
+synchronisation at selection time) and raises a ``ValueError`` naming ``num_landmarks`` when x has
+fewer than M distinct rows: pass fewer landmarks, or a sample with more distinct points.  A point
+repeated r times weighs as its r rows together (r times as likely to come first under uniform
+selection; its rows' leverage scores pooled under "rls").  Data without repeated rows give the same
+landmarks as without this rule.  k-means++ distances and leverage scores are worked in float64 for
+float32 input (as the Nyström factor is, :func:`rfgp.inference.linalg.factor_dtype`): the selection
+then depends on the values of x, not on its dtype.
 
 Sampling without replacement and without reweighting is what Nyström needs: the
 approximation K_{xZ}K_{ZZ}⁻¹K_{Zx} is the projection onto span{φ(z)}, which column
@@ -141,11 +150,11 @@ def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | N
 def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction, regularization: float | None = None,
                              pilot_size: int | None = None, seed: int | None = None,
                              generator: torch.Generator | None = None) -> Tensor:
-    """M rows of x drawn without replacement ∝ approximate λ-ridge leverage scores, ``(M, d)``.
+    """M distinct rows of x drawn without replacement ∝ approximate λ-ridge leverage scores, ``(M, d)``.
 
     Args:
         x: sample of inputs ``(n, d)``.
-        num_landmarks: M ≤ n.
+        num_landmarks: M ≤ the number of distinct rows of x.
         kernel: ``kernel(x1, x2, diag=False)`` → dense cross-covariance (or diagonal).
         regularization: λ > 0; default from the pilot's spectrum (see the module docstring).
         pilot_size: s, the size of the uniform pilot sample the scores are estimated from
@@ -153,27 +162,39 @@ def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFuncti
         seed, generator: the randomness of the pilot and of the final draw.
 
     The scores are the Musco & Musco (2017) estimates
-    τ̃ᵢ = (k(xᵢ, xᵢ) − k_{iS}(K_{SS} + λI)⁻¹k_{Si}) / λ (see the module docstring).
+    τ̃ᵢ = (k(xᵢ, xᵢ) − k_{iS}(K_{SS} + λI)⁻¹k_{Si}) / λ (see the module docstring), computed in
+    float64 for float32 input (as the Nyström factor is): in float32 the residuals of the points
+    the pilot explains, of the order of λ, are lost in the rounding of k(xᵢ, xᵢ), so which and how
+    many points had a positive score depended on the dtype.  Rows equal to one already drawn are
+    skipped: each point is drawn with the total score of its rows, at most once.
 
     Raises:
-        ValueError: on a bad argument, or when fewer than M rows have a positive score
-            (duplicated data).
+        ValueError: on a bad argument, or when fewer than M distinct rows have a positive score.
     """
     num_landmarks = _check_sample(x, num_landmarks)
+    groups, count = _distinct_rows(x)
+    _check_distinct(count, num_landmarks, "distinct rows")
     num_points = x.shape[0]
-    pilot_size = min(num_points, num_landmarks) if pilot_size is None else check_positive_int(pilot_size, "pilot_size")
-    if pilot_size > num_points:
-        raise ValueError(f"pilot_size={pilot_size} exceeds the number of rows of x ({num_points})")
+    pilot_size = min(count, num_landmarks) if pilot_size is None else check_positive_int(pilot_size, "pilot_size")
+    if pilot_size > count:
+        raise ValueError(f"pilot_size={pilot_size} exceeds the number of distinct rows of x ({count} of {num_points})")
     generator = _generator(seed, generator)
-    pilot = uniform_landmarks(x, pilot_size, generator=generator)
+    points = x.to(_work_dtype(x))
+    pilot = uniform_landmarks(points, pilot_size, generator=generator)
     if regularization is None:
-        regularization = _spectral_regularization(x, kernel, pilot)
-    scores = approximate_ridge_leverage_scores(x, kernel, regularization, pilot)
+        regularization = _spectral_regularization(points, kernel, pilot)
+    scores = approximate_ridge_leverage_scores(points, kernel, regularization, pilot)
+    if count < num_points:  # a point's rows pool their scores on its first row
+        totals = scores.new_zeros(count).index_add_(0, groups, scores)
+        rows = torch.arange(num_points, device=groups.device)
+        first = torch.full((count,), num_points, dtype=rows.dtype, device=rows.device).scatter_reduce(
+            0, groups, rows, "amin")
+        scores = scores.new_zeros(num_points).index_copy_(0, first, totals)
     positive = int((scores > 0).sum())
     if positive < num_landmarks:
         raise ValueError(
-            f"only {positive} rows of x have a positive ridge leverage score, fewer than num_landmarks={num_landmarks}; "
-            "use fewer landmarks or remove duplicate points"
+            f"only {positive} distinct rows of x have a positive ridge leverage score, fewer than "
+            f"num_landmarks={num_landmarks}; use fewer landmarks or choose them among more distinct points"
         )
     return x.index_select(0, _draw(scores, num_landmarks, generator))
 
@@ -183,24 +204,29 @@ def approximate_ridge_leverage_scores(x: Tensor, kernel: KernelFunction, regular
     """τ̃ᵢ(λ) = (k(xᵢ, xᵢ) − k_{iS}(K_{SS} + λI)⁻¹k_{Si}) / λ for the rows of x, ``(n,)`` (Musco & Musco 2017).
 
     An over-estimate of the λ-ridge leverage score τᵢ(λ) = [K(K + λI)⁻¹]ᵢᵢ for every pilot
-    set S, equal to it when S = x (then K − K(K + λI)⁻¹K = λK(K + λI)⁻¹).
+    set S, equal to it when S = x (then K − K(K + λI)⁻¹K = λK(K + λI)⁻¹).  Computed in float64
+    for float32 input and returned in x's dtype.
     """
     if not torch.is_tensor(regularization):
         regularization = check_positive_float(regularization, "regularization")
-    diag = _batch_mean(kernel(x, x, diag=True), 1)
-    cross = _batch_mean(kernel(x, pilot), 2)  # (n, s)
-    pilot_gram = _batch_mean(kernel(pilot, pilot), 2)
-    eye = torch.eye(pilot.shape[0], dtype=pilot_gram.dtype, device=pilot_gram.device)
+    work = _work_dtype(x)
+    points, pilot = x.to(work), pilot.to(work)
+    if torch.is_tensor(regularization):
+        regularization = regularization.to(work)
+    diag = _batch_mean(kernel(points, points, diag=True), 1).to(work)
+    cross = _batch_mean(kernel(points, pilot), 2).to(work)  # (n, s)
+    pilot_gram = _batch_mean(kernel(pilot, pilot), 2).to(work)
+    eye = torch.eye(pilot.shape[0], dtype=work, device=pilot_gram.device)
     chol = torch.linalg.cholesky(pilot_gram + regularization * eye)
     explained = torch.linalg.solve_triangular(chol, cross.mT, upper=False).pow(2).sum(-2)
-    return ((diag - explained) / regularization).clamp_min(0)
+    return ((diag - explained) / regularization).clamp_min(0).to(x.dtype)
 
 
 def _spectral_regularization(x: Tensor, kernel: KernelFunction, pilot: Tensor) -> Tensor:
     """The ⌈s/2⌉-th largest eigenvalue of (n/s)·K_SS, at least 10⁻⁶·mean k(x, x)."""
     num_points, pilot_size = x.shape[0], pilot.shape[0]
-    spectrum = torch.linalg.eigvalsh(_batch_mean(kernel(pilot, pilot), 2)) * (num_points / pilot_size)
-    floor = 1e-6 * _batch_mean(kernel(x, x, diag=True), 1).mean()
+    spectrum = torch.linalg.eigvalsh(_batch_mean(kernel(pilot, pilot), 2).to(x.dtype)) * (num_points / pilot_size)
+    floor = 1e-6 * _batch_mean(kernel(x, x, diag=True), 1).to(x.dtype).mean()
     return torch.maximum(spectrum[pilot_size - (pilot_size + 1) // 2], floor)
 
 

@@ -160,6 +160,36 @@ def test_kmeanspp_never_draws_a_copy_of_a_chosen_point():
     with pytest.raises(ValueError, match=r"only 16 distinct rows, fewer than num_landmarks=17"):
         kmeanspp_landmarks(x, 17, kernel=expanded_rbf(), seed=0)
 
+
+@pytest.mark.parametrize("method", ["kmeans++", "rls"])
+def test_selection_does_not_depend_on_the_dtype(method):
+    """32 points repeated 4×, scale 0.7: rls's default λ is the floor 1e-6·mean k, so the residuals λ·τ of the
+    points the pilot explains (≈ 2e-7) were float32 rounding noise: 100-128 of 128 rows had a positive score in
+    float32, all 128 in float64, and the draws differed.  Scores and distances are now worked in float64."""
+    x = duplicated(dtype=torch.float32)
+    kernel = expanded_rbf(scale=0.7)
+    for seed in range(5):
+        z32 = select_landmarks(x, 24, method, kernel=kernel, seed=seed)
+        assert z32.dtype == torch.float32 and z32.unique(dim=0).shape[0] == 24
+        assert torch.equal(z32, select_landmarks(x.double(), 24, method, kernel=kernel, seed=seed).float())
+    pilot = uniform_landmarks(x, 30, seed=0)
+    scores = approximate_ridge_leverage_scores(x, kernel, 7e-7, pilot)
+    assert scores.dtype == torch.float32 and bool((scores > 0).all())
+    wide = approximate_ridge_leverage_scores(x.double(), kernel, 7e-7, pilot.double())
+    torch.testing.assert_close(scores.double(), wide, rtol=1e-6, atol=0)
+
+
+def test_rls_draws_distinct_points_with_their_rows_pooled():
+    """Before: rls drew rows, so M = 16 among 32 points × 4 gave 10-15 distinct landmarks and M = 48 no error."""
+    x = duplicated()
+    for seed in range(5):
+        assert ridge_leverage_landmarks(x, 32, rbf(), seed=seed).unique(dim=0).shape[0] == 32
+    with pytest.raises(ValueError, match=r"only 32 distinct rows, fewer than num_landmarks=48"):
+        ridge_leverage_landmarks(x, 48, rbf(), seed=0)
+    with pytest.raises(ValueError, match=r"pilot_size=40 exceeds the number of distinct rows of x \(32 of 128\)"):
+        ridge_leverage_landmarks(x, 8, rbf(), pilot_size=40, seed=0)
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
