@@ -339,9 +339,10 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
 
     Args:
         kernel: any scalar GPyTorch kernel (tree).
-        num_features: M, the number of landmarks.
-        x_sample: ``(n, d)`` input points (n ≥ M) to choose the landmarks among, e.g. the
-            training inputs (required).
+        num_features: M, the number of landmarks: M distinct points of ``x_sample`` (rows equal
+            to a chosen one are skipped; a ``ValueError`` when it has fewer than M distinct rows).
+        x_sample: ``(n, d)`` input points (at least M distinct rows) to choose the landmarks among,
+            e.g. the training inputs (required).
         landmarks: ``"uniform"``, ``"kmeans++"`` (in the kernel's feature-space distance) or
             ``"rls"`` (approximate ridge leverage scores), see :mod:`rfgp.features.landmarks`.
         seed, generator: randomness of the selection.

@@ -173,6 +173,31 @@ def test_state_dict_round_trip_is_bit_exact():
     assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
 
 
+@pytest.mark.parametrize("landmarks", ["uniform", "kmeans++", "rls"])
+def test_repeated_rows_give_distinct_landmarks_or_an_error(landmarks):
+    """A sample of 32 points each repeated 4× (mtcars-like): M ≤ 32 distinct landmarks, seeded and the same for a
+    float32 kernel and sample as for their float64 copies; M = 48 raises naming num_landmarks instead of spending 16
+    of the width on copies; the landmarks survive a state_dict round trip bit for bit."""
+    x, y = data(32)
+    order = torch.randperm(128, generator=torch.Generator().manual_seed(0))
+    x, y = x.repeat(4, 1)[order], y.repeat(4)[order]
+    k32 = exact_kernel().float()
+    sketch = rfgp.sketch(k32, 32, method="nystrom", x_sample=x.float(), landmarks=landmarks, seed=3)
+    assert sketch.landmarks.dtype == torch.float32 and sketch.landmarks.unique(dim=0).shape[0] == 32
+    assert torch.equal(sketch.landmarks, rfgp.sketch(k32, 32, method="nystrom", x_sample=x.float(),
+                                                     landmarks=landmarks, seed=3).landmarks)
+    wide = rfgp.sketch(k32.double(), 32, method="nystrom", x_sample=x, landmarks=landmarks, seed=3)
+    assert torch.equal(sketch.landmarks, wide.landmarks.float())
+    with pytest.raises(ValueError, match=r"only 32 distinct rows, fewer than num_landmarks=48 \(num_features"):
+        rfgp.sketch(k32, 48, method="nystrom", x_sample=x.float(), landmarks=landmarks, seed=3)
+    model, _ = fitted(rfgp.sketch(exact_kernel(), 24, method="nystrom", x_sample=x, landmarks=landmarks, seed=3), x, y)
+    other, _ = fitted(rfgp.sketch(exact_kernel(), 24, method="nystrom", x_sample=x, landmarks=landmarks, seed=4), x, y)
+    other.load_state_dict(model.state_dict())
+    assert torch.equal(other.covar_module.landmarks, model.covar_module.landmarks)
+    with pytest.raises(ValueError, match=r"only 32 distinct rows, fewer than num_landmarks=40"):
+        rfgp.set_num_features(model, 40)
+
+
 def test_sketch_converts_the_whole_tree_into_a_copy():
     x, _ = data()
     tree = (ScaleKernel(RBFKernel(lengthscale_prior=gpytorch.priors.GammaPrior(2.0, 3.0)))
