@@ -26,7 +26,6 @@ from .fourier import SketchedRBFKernel, _input_dim
 from .polynomial import SketchedPolynomialKernel, register_polynomial_method
 from .random_feature_kernel import RandomFeatureKernel
 
-
 #: the least share E k̂(x, x)/k(x, x) a fitted optimized Maclaurin map of an rfgp kernel (RBF, exponential,
 #: polynomial) may carry at the median sample point (float32's ε; see OptimizedMaclaurin's min_share)
 _MIN_SHARE = float(torch.finfo(torch.float32).eps)
@@ -318,13 +317,13 @@ def _current_spec(kernel: Kernel):
     return None
 
 
-def truncation_shares(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor]:
-    """(E k̂(x, x)/k(x, x) of the current allocation, the same for the allocation a refit would choose) per input.
+def truncation_share(kernel: Kernel, x: Tensor, refit: bool = False) -> Tensor:
+    """E k̂(x, x)/k(x, x) per input of the current allocation, or (``refit``) of the one a refit would choose.
 
     ``kernel`` (not a ``ScaleKernel``) owns an :class:`~rfgp.features.OptimizedMaclaurin` map and ``x`` is already
-    restricted to its columns; both at the kernel's current hyperparameters, nothing is changed.
+    restricted to its columns; both at the kernel's current hyperparameters, nothing is changed.  The current share
+    costs one pass over ``x``; the refit share runs the allocation (Algorithm 3: seconds), so ask for it only when
+    the current one is low.
     """
-    feature_map = kernel.feature_map
     with torch.no_grad():
-        scaled, spec = kernel.scale_inputs(x), _current_spec(kernel)
-        return feature_map.carried_share(scaled, kernel=spec), feature_map.carried_share(scaled, True, spec)
+        return kernel.feature_map.carried_share(kernel.scale_inputs(x), refit, _current_spec(kernel))

@@ -315,8 +315,6 @@ def _redraw_maclaurin(feature_map: _MaclaurinFeatures, width: int, owner: Kernel
         feature_map._materialize()
 
 
-
-
 def optimized_maclaurin_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple]:
     """(map, owning kernel, the input columns it sees) for every fitted optimized Maclaurin map in ``module``,
     factors of product kernels included (:func:`_width_units` stops at a product)."""

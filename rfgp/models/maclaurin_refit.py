@@ -16,10 +16,17 @@ from __future__ import annotations
 import warnings
 
 import gpytorch
+from torch import Tensor
 
-from ..kernels.maclaurin import fit_allocation_on_columns, truncation_shares
+from ..kernels.maclaurin import fit_allocation_on_columns, truncation_share
 from ..training import AllocationRefit, TruncationWarning, register_stale_map_handlers
 from .feature_width import optimized_maclaurin_units
+
+
+def _missing(share: Tensor) -> float:
+    """The mean share of k(x, x) a map leaves out, from its per-input carried shares."""
+    return float((1 - share).mean())
+
 
 #: refit a map that leaves out more than this share of k(x, x) (and whose refit at least halves it)
 _REFIT_MISSING = 0.01
@@ -32,9 +39,11 @@ def refit_stale_allocations(model: gpytorch.models.ExactGP, iteration: int, loss
         return []
     refits = []
     for feature_map, kernel, x in list(optimized_maclaurin_units(model, train_inputs[0])):
-        share, refit = truncation_shares(kernel, x)
-        missing, missing_refit = float((1 - share).mean()), float((1 - refit).mean())
-        if missing > _REFIT_MISSING and missing_refit <= missing / 2:
+        missing = _missing(truncation_share(kernel, x))
+        if missing <= _REFIT_MISSING:
+            continue  # the refit's share (an allocation run) is only needed for a map that leaves out enough
+        missing_refit = _missing(truncation_share(kernel, x, refit=True))
+        if missing_refit <= missing / 2:
             widths = feature_map.widths
             fit_allocation_on_columns(kernel, x)
             refits.append(AllocationRefit(iteration, type(kernel).__name__, widths, feature_map.widths, missing,
@@ -59,10 +68,11 @@ def warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
     if not train_inputs:
         return
     for feature_map, kernel, x in optimized_maclaurin_units(model, train_inputs[0]):
-        share, refit = truncation_shares(kernel, x)
-        missing, missing_refit = float((1 - share).mean()), float((1 - refit).mean())
+        share = truncation_share(kernel, x)
+        missing = _missing(share)
         if missing <= _WARN_MISSING:
             continue
+        missing_refit = _missing(truncation_share(kernel, x, refit=True))
         scale = float(kernel.scale_inputs(x).detach().pow(2).sum(-1).median())
         if missing_refit <= missing / 2:
             advice = (f"Call refit_allocation(model.covar_module, train_x) to refit it at the trained hyperparameters "
