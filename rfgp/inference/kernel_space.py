@@ -35,7 +35,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
-from .linalg import _sum_to_shape, differentiable_backward, symmetric_gram
+from .linalg import _sum_to_shape, differentiable_backward, rounding_advice, symmetric_gram
 
 
 def prefers_kernel_space(num_data: int, num_features: int, feature_batch: int = 1, solve_batch: int = 1,
@@ -95,13 +95,11 @@ def _kernel_space_failure(covar: Tensor, noise: Tensor, cause: str) -> str:
     """What failed and what to do, for :class:`KernelSpaceNotPSDError`."""
     size, dtype = covar.shape[-1], covar.dtype
     trace = covar.diagonal(dim1=-2, dim2=-1).abs().sum(-1).max().item()  # ≥ the largest eigenvalue
-    advice = "Train in float64 (model.double() with float64 data) or raise" if dtype != torch.float64 else "Raise"
     return (
         f"the {size} × {size} covariance sΦΦᵀ + D of a {dtype} model (rfgp's kernel-space path, taken when N ≤ F) is "
         f"not positive definite ({cause.rstrip('.')}): its trace is {trace:.3g}, so rounding in {dtype} can move its "
         f"eigenvalues by up to about eps·{trace:.3g} = {torch.finfo(dtype).eps * trace:.2g}, against a smallest noise "
-        f"variance of {noise.min().item():.3g}. {advice} the noise lower bound (e.g. GaussianLikelihood("
-        "noise_constraint=gpytorch.constraints.GreaterThan(...)))"
+        f"variance of {noise.min().item():.3g}. {rounding_advice(dtype)}"
     )
 
 

@@ -78,14 +78,20 @@ def _capacitance_failure(capacitance: Tensor, dtype: torch.dtype, noise: Tensor 
     eps = torch.finfo(dtype).eps
     noise_text = "" if noise is None else f", smallest noise variance {noise.detach().min().item():.3g}"
     widened = "" if capacitance.dtype == dtype else f" even factorised in {capacitance.dtype}"
-    advice = "Raise" if dtype == torch.float64 else "Train in float64 (model.double() with float64 data) or raise"
     return (
         f"{what} is not positive definite{widened} (largest eigenvalue ≥ {largest:.3g}{noise_text}): its "
         f"statistics ΦᵀD⁻¹Φ, computed in {dtype}, carry rounding errors of about eps·{largest:.3g} = "
-        f"{eps * largest:.2g}, against a smallest eigenvalue of 1 in exact arithmetic. {advice} the noise lower "
-        "bound (the rounding scales with 1/noise): a GaussianLikelihood's noise_constraint=gpytorch.constraints."
-        "GreaterThan(...), or a larger alpha_epsilon for Dirichlet classification"
+        f"{eps * largest:.2g}, against a smallest eigenvalue of 1 in exact arithmetic. {rounding_advice(dtype)}"
     )
+
+
+def rounding_advice(dtype: torch.dtype) -> str:
+    """What to do when a factorisation fails because rounding in ``dtype`` exceeds the noise (the capacitance's
+    :class:`CapacitanceNotPSDError`, the kernel-space path's ``KernelSpaceNotPSDError``)."""
+    start = "Raise" if dtype == torch.float64 else "Train in float64 (model.double() with float64 data) or raise"
+    return (f"{start} the noise lower bound (the rounding scales with 1/noise): a GaussianLikelihood's "
+            "noise_constraint=gpytorch.constraints.GreaterThan(...), or a larger alpha_epsilon for Dirichlet "
+            "classification")
 
 
 def capacitance_solve(gram: Tensor, rhs: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
