@@ -21,10 +21,10 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ..core.settings import resolve_chunk_size
 from ..core.validation import check_finite, check_positive_int, check_tensor_dtype
 from ..inference.chunking import chunk_slices
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
+from ..inference.multioutput_chunking import points_per_block
 from ..kernels.combinations import is_feature_kernel, kernel_features
 
 Field = Callable[[Tensor], Tensor]
@@ -105,11 +105,9 @@ def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | No
 
     def field(x: Tensor) -> Tensor:
         num_points = x.shape[-2]
-        chunk_rows = resolve_chunk_size(num_points * num_outputs, weights.shape[-1], math.prod(x.shape[:-2]),
-                                        weights.dtype)
-        if chunk_rows is None:
+        points = points_per_block(num_points, num_outputs, weights.shape[-1], math.prod(x.shape[:-2]), weights.dtype)
+        if points is None:
             return block(x)
-        points = max(1, chunk_rows // num_outputs)
         return torch.cat([block(x[..., rows, :]) for rows in chunk_slices(num_points, points)], -2)
 
     return field

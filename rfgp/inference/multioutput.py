@@ -138,7 +138,6 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             return mean, ZeroLinearOperator(*shape, dtype=mean.dtype, device=mean.device)
         return mean, feature_posterior_covariance(features, factor, kernel_space)
 
-
     def _chunked_prediction(self, test_mean: Tensor, test_test_covar: ChunkedMultiOutputFeatureOperator):
         """Mean and covariance of a test root over :class:`~rfgp.settings.memory_budget`, a block of points at a time.
 

@@ -25,7 +25,7 @@ from linear_operator.operators import DiagLinearOperator, LinearOperator
 from torch import Tensor
 
 from ..core.draws import standard_normal
-from ..core.settings import memory_budget
+from ..core.settings import memory_budget, resolve_chunk_size
 from .chunking import Featurizer, chunk_slices
 from .linalg import capacitance_solve
 from .posterior_covariance import PosteriorAddedTaskNoise
@@ -34,6 +34,14 @@ from .task_noise import is_interleaved_task_noise
 
 def _accumulate(total: Tensor | None, value: Tensor) -> Tensor:
     return value if total is None else total + value
+
+
+def points_per_block(num_points: int, num_outputs: int, num_features: int, batch: int,
+                     dtype: torch.dtype) -> int | None:
+    """Points per block of an interleaved n·p × F root under :class:`rfgp.settings.memory_budget` (a point's p rows
+    stay together), ``None`` when the whole root fits (:func:`~rfgp.core.settings.resolve_chunk_size` on its rows)."""
+    rows = resolve_chunk_size(num_points * num_outputs, num_features, batch, dtype)
+    return None if rows is None else max(1, rows // num_outputs)
 
 
 def _point_rows(points: slice, num_outputs: int) -> slice:

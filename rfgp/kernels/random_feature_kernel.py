@@ -37,7 +37,7 @@ from ..core.validation import (
 )
 from ..features.base import FeatureMap
 from ..inference.chunking import Featurizer, chunk_slices
-from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator
+from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import (
     ChunkedFeatureCrossLinearOperator,
     ChunkedFeatureRootLinearOperator,
@@ -202,17 +202,16 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         exceeds :class:`~rfgp.settings.memory_budget` block by block
         (:mod:`rfgp.inference.multioutput_chunking`); a training covariance over budget raises.
         """
-        chunk_rows = resolve_chunk_size(num_rows * outputs, featurizer.num_features, batch, x1.dtype)
+        chunk_points = points_per_block(num_rows, outputs, featurizer.num_features, batch, x1.dtype)
         predicting = not (self.training and torch.is_grad_enabled())
-        if chunk_rows is not None and not (predicting and not diag):
+        if chunk_points is not None and not (predicting and not diag):
             check_unchunked_memory(self, num_rows, outputs, featurizer.num_features, batch, x1.dtype,
                                    "multi-output feature kernels evaluate block by block only for prediction (eval "
                                    "mode, or under torch.no_grad()), not for training or a diagonal")
-        if diag or not predicting or (same and chunk_rows is None):
+        if diag or not predicting or (same and chunk_points is None):
             return None
-        chunk_points = num_rows if chunk_rows is None else max(1, chunk_rows // outputs)
-        return ChunkedMultiOutputFeatureOperator.from_featurizer(x1, x1 if same else x2, featurizer, chunk_points,
-                                                                 outputs)
+        return ChunkedMultiOutputFeatureOperator.from_featurizer(x1, x1 if same else x2, featurizer,
+                                                                 chunk_points or num_rows, outputs)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         return FeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
