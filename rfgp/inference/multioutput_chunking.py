@@ -27,7 +27,7 @@ from torch import Tensor
 from ..core.draws import standard_normal
 from ..core.settings import memory_budget, resolve_chunk_size
 from .chunking import Featurizer, chunk_slices
-from .linalg import capacitance_solve
+from .linalg import capacitance_inv_quad_logdet
 from .posterior_covariance import PosteriorAddedTaskNoise
 from .task_noise import is_interleaved_task_noise
 
@@ -227,14 +227,17 @@ class ChunkedPosteriorCovariance(LinearOperator):
                 chunk_rhs = rhs[..., rows, :]
                 cross = _accumulate(cross, weighted_root.mT @ chunk_rhs)
                 weighted_square = _accumulate(weighted_square, (chunk_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2))
-        solution, chol = capacitance_solve(gram, cross if rhs is not None else gram.new_zeros(*gram.shape[:-1], 0))
+        # the F × F algebra in float64 for float32 statistics, as the training marginal likelihood's
+        quad, capacitance_logdet = capacitance_inv_quad_logdet(
+            gram, cross if rhs is not None else gram.new_zeros(*gram.shape[:-1], 0), logdet)
+        work, dtype = quad.dtype, gram.dtype
         inv_quad = logdet_term = None
         if rhs is not None:
-            inv_quad = weighted_square - (cross * solution).sum(-2)
+            inv_quad = (weighted_square.to(work) - quad).to(dtype)
             if reduce_inv_quad:
                 inv_quad = inv_quad.sum(-1)
         if logdet:
-            logdet_term = 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + noise_logdet
+            logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(dtype)
         empty = gram.new_zeros(0)
         return (empty if inv_quad is None else inv_quad), (empty if logdet_term is None else logdet_term)
 
