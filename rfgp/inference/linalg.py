@@ -106,6 +106,12 @@ def capacitance_solve(gram: Tensor, rhs: Tensor, noise: Tensor | None = None) ->
     return solution.to(gram.dtype), chol.to(gram.dtype)
 
 
+def is_positive(value: Tensor | float) -> bool:
+    """Whether a constant (a number, or one per batch member) is > 0 everywhere: operators scale their roots by √c
+    only then (one host read for a tensor)."""
+    return bool((value > 0).all()) if torch.is_tensor(value) else value > 0
+
+
 #: column-block width of :func:`symmetric_gram`; narrower blocks skip more of the lower
 #: triangle but make smaller, less efficient matrix products (measured on CPU: F = 1024
 #: in 4 blocks is 20–25 % faster than one product).

@@ -27,7 +27,7 @@ from torch import Tensor
 from ..core.draws import standard_normal
 from ..core.settings import memory_budget, resolve_chunk_size
 from .chunking import Featurizer, chunk_slices
-from .linalg import capacitance_inv_quad_logdet
+from .linalg import capacitance_inv_quad_logdet, is_positive
 from .posterior_covariance import PosteriorAddedTaskNoise
 from .task_noise import is_interleaved_task_noise
 
@@ -122,7 +122,7 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
         )
 
     def _mul_constant(self, other):
-        if not bool((other > 0).all()) if torch.is_tensor(other) else not other > 0:
+        if not is_positive(other):
             return super()._mul_constant(other)
         return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
                                     self.num_outputs)
@@ -248,7 +248,7 @@ class ChunkedPosteriorCovariance(LinearOperator):
         )
 
     def _mul_constant(self, other):
-        if torch.is_tensor(other) and not bool((other > 0).all()) or not torch.is_tensor(other) and not other > 0:
+        if not is_positive(other):
             return super()._mul_constant(other)
         scale = other.sqrt().unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(other) else other**0.5
         noise = None if self.noise is None else self.noise * (other.unsqueeze(-1) if torch.is_tensor(other) else other)

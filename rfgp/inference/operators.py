@@ -50,7 +50,7 @@ from .chunking import (
     chunked_feature_statistics,
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import capacitance_inv_quad_logdet, feature_statistics, fold_constant, project
+from .linalg import capacitance_inv_quad_logdet, feature_statistics, fold_constant, is_positive, project
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
@@ -143,7 +143,7 @@ class FeatureRootLinearOperator(_NoKroneckerFactors, LowRankRootLinearOperator):
         return self.__class__(root, correction)
 
     def _mul_constant(self, other):
-        if not _is_positive(other):
+        if not is_positive(other):
             return super()._mul_constant(other)
         base, constant = self.scaled_root()  # the base root stays an operator (a TriangularFeatures keeps K and L)
         root_constant = torch.as_tensor(other, dtype=base.dtype, device=base.device).sqrt()
@@ -392,7 +392,7 @@ class ChunkedFeatureRootLinearOperator(_NoKroneckerFactors, LinearOperator):
         return features @ features.mT
 
     def _mul_constant(self, other):
-        if not _is_positive(other):
+        if not is_positive(other):
             return super()._mul_constant(other)
         correction = _scaled_correction(self.variance_correction, other)
         return self.from_featurizer(self.inputs, self.featurizer.scaled(other), self.chunk_size, correction)
@@ -407,10 +407,6 @@ class ChunkedFeatureRootLinearOperator(_NoKroneckerFactors, LinearOperator):
                 _add_optional(self.variance_correction, other.variance_correction),
             )
         return super().__add__(other)
-
-
-def _is_positive(value) -> bool:
-    return bool((value > 0).all()) if torch.is_tensor(value) else value > 0
 
 
 def _scaled_correction(correction: Tensor | None, constant) -> Tensor | None:
@@ -485,6 +481,6 @@ class ChunkedFeatureCrossLinearOperator(LinearOperator):
                           for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)], -1)
 
     def _mul_constant(self, other):
-        if not _is_positive(other):
+        if not is_positive(other):
             return super()._mul_constant(other)
         return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size)

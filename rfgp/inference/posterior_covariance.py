@@ -44,6 +44,7 @@ from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
+from .linalg import is_positive
 from .task_noise import is_interleaved_task_noise
 
 
@@ -103,7 +104,7 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
         """c·RRᵀ = (√c·R)(√c·R)ᵀ for constants c > 0 (``other`` a scalar or one per batch member): the covariance
         of √c·f, e.g. under BoTorch's ``ScalarizedPosteriorTransform`` of one output; linear_operator's generic
         product otherwise (as for its ``RootLinearOperator``)."""
-        if (other > 0).all():
+        if is_positive(other):
             return LowRankPosteriorCovariance(other.sqrt().unsqueeze(-1).unsqueeze(-1) * self.low_rank_root)
         return super()._mul_constant(other)
 
