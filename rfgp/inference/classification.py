@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from .chunking import backprop_chunks
-from .linalg import capacitance_inv_quad_logdet, capacitance_solve
+from .linalg import capacitance_solve, woodbury_inv_quad_logdet
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 
 
@@ -289,22 +289,18 @@ class _ClassNoiseSolve:
             rhs = inv_quad_rhs.unsqueeze(-1) if inv_quad_rhs.dim() == 1 else inv_quad_rhs
             rhs = rhs.expand(num_classes, *rhs.shape[-2:])
         gram, projection, weighted_square = self._solve_statistics(source, rhs)
-        # Woodbury and the determinant lemma with A_c = I + ΦᵀD_c⁻¹Φ factorised (forward and backward) in float64 for
-        # float32 statistics, and the differences r_cᵀD_c⁻¹r_c − ‖L⁻¹B_c‖², which cancel at a high signal-to-noise
-        # ratio, taken there too (capacitance_inv_quad_logdet); rounded back
-        quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, projection, logdet, self._noise_variances())
-        work = quad.dtype
-        inv_quad = logdet_term = torch.zeros(0, dtype=gram.dtype, device=gram.device)
-        if rhs is not None:
-            inv_quad = (weighted_square.to(work) - quad).to(gram.dtype)
-            if reduce_inv_quad:
-                inv_quad = inv_quad.sum(-1)
+        noise_logdet = None
         if logdet:
             counts = structure.plan.counts.to(gram.dtype)
             num_data = structure.labels.shape[0]
             noise_logdet = counts * structure.on.log() + (num_data - counts) * structure.off.log()
-            logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(gram.dtype)
-        return inv_quad, logdet_term
+        # Woodbury and the determinant lemma per class, A_c factorised in float64 for float32 statistics
+        inv_quad, logdet_term = woodbury_inv_quad_logdet(gram, projection, weighted_square, noise_logdet, logdet,
+                                                         self._noise_variances())
+        empty = torch.zeros(0, dtype=gram.dtype, device=gram.device)
+        if inv_quad is not None and reduce_inv_quad:
+            inv_quad = inv_quad.sum(-1)
+        return (empty if inv_quad is None else inv_quad), (empty if logdet_term is None else logdet_term)
 
     def feature_space_caches(self, residual: Tensor) -> tuple[Tensor, Tensor] | None:
         """(A_c⁻¹ΦᵀD_c⁻¹(ỹ_c − μ_c), chol A_c) — the caches of GPyTorch's ``LinearPredictionStrategy``.

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ..core.validation import check_targets
 from . import distributed
-from .linalg import capacitance_inv_quad_logdet, capacitance_solve, feature_statistics, weighted_gram
+from .linalg import capacitance_solve, feature_statistics, weighted_gram, woodbury_inv_quad_logdet
 from .operators import (
     FeatureRootAddedDiagLinearOperator,
     FeatureRootLinearOperator,
@@ -189,16 +189,10 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         rhs = _as_matrix(inv_quad_rhs)
         stats_rhs = rhs if rhs is not None else noise.new_zeros(*noise.shape, 0)
         gram, cross, weighted_square, noise_logdet = self._capacitance(stats_rhs)
-        # A factorised (forward and backward) in float64 for float32 statistics, the cancelling difference
-        # rᵀΣ⁻¹r − ‖L⁻¹b‖² taken there too, rounded back (as the real GP's MLL)
-        quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, cross, logdet, noise.detach())
-        work = quad.dtype
-        inv_quad = logdet_term = None
-        if rhs is not None:
-            inv_quad = (weighted_square.to(work) - quad).to(gram.dtype)
-        if logdet:
-            logdet_term = capacitance_logdet + 2.0 * noise_logdet.to(work) + noise.shape[-1] * math.log(2 * math.pi)
-            logdet_term = logdet_term.to(gram.dtype)
+        # log|M| = log|A| + 2 log|Σ| + N log 2π (A factorised in float64 for float32 statistics, as the real GP's)
+        inv_quad, logdet_term = woodbury_inv_quad_logdet(
+            gram, cross, weighted_square if rhs is not None else None,
+            2.0 * noise_logdet + noise.shape[-1] * math.log(2 * math.pi), logdet, noise.detach())
         return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
     def feature_space_caches(self, residual: Tensor) -> tuple[Tensor, Tensor]:

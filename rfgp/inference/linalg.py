@@ -345,3 +345,21 @@ def capacitance_inv_quad_logdet(gram: Tensor, cross: Tensor, logdet: bool,
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same terms, plainly
         return _capacitance_terms(gram, cross, noise)[:2]
     return _CapacitanceInvQuadLogdet.apply(gram, cross, noise, logdet)
+
+
+def woodbury_inv_quad_logdet(gram: Tensor, cross: Tensor, weighted_square: Tensor | None, noise_logdet: Tensor | None,
+                             logdet: bool, noise: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+    """(rᵀ(ΦΦᵀ + D)⁻¹r per column, log|ΦΦᵀ + D|) from the F × F statistics ΦᵀD⁻¹Φ = ``gram``, B = ΦᵀD⁻¹r =
+    ``cross``, rᵀD⁻¹r = ``weighted_square`` and log|D| = ``noise_logdet``.
+
+    Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ = LLᵀ: rᵀD⁻¹r − ‖L⁻¹B‖² (``None`` for
+    ``weighted_square=None``, no right-hand side) and 2Σ log Lᵢᵢ + log|D| (``None`` unless ``logdet``;
+    ``noise_logdet`` is read only then).  The capacitance terms (:func:`capacitance_inv_quad_logdet`, forward and
+    backward) and the sums with them — rᵀD⁻¹r − ‖L⁻¹B‖² cancels at a high signal-to-noise ratio — are taken in
+    :func:`factor_dtype` and rounded back to ``gram``'s dtype.  ``noise`` (optional) is named in the error message.
+    """
+    quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, cross, logdet, noise)
+    work, dtype = quad.dtype, gram.dtype
+    inv_quad = None if weighted_square is None else (weighted_square.to(work) - quad).to(dtype)
+    logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(dtype) if logdet else None
+    return inv_quad, logdet_term

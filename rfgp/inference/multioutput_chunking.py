@@ -27,7 +27,7 @@ from torch import Tensor
 from ..core.draws import standard_normal
 from ..core.settings import memory_budget, resolve_chunk_size
 from .chunking import Featurizer, chunk_slices
-from .linalg import capacitance_inv_quad_logdet, is_positive
+from .linalg import is_positive, woodbury_inv_quad_logdet
 from .posterior_covariance import PosteriorAddedTaskNoise
 from .task_noise import is_interleaved_task_noise
 
@@ -228,16 +228,11 @@ class ChunkedPosteriorCovariance(LinearOperator):
                 cross = _accumulate(cross, weighted_root.mT @ chunk_rhs)
                 weighted_square = _accumulate(weighted_square, (chunk_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2))
         # the F × F algebra in float64 for float32 statistics, as the training marginal likelihood's
-        quad, capacitance_logdet = capacitance_inv_quad_logdet(
-            gram, cross if rhs is not None else gram.new_zeros(*gram.shape[:-1], 0), logdet)
-        work, dtype = quad.dtype, gram.dtype
-        inv_quad = logdet_term = None
-        if rhs is not None:
-            inv_quad = (weighted_square.to(work) - quad).to(dtype)
-            if reduce_inv_quad:
-                inv_quad = inv_quad.sum(-1)
-        if logdet:
-            logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(dtype)
+        inv_quad, logdet_term = woodbury_inv_quad_logdet(
+            gram, cross if rhs is not None else gram.new_zeros(*gram.shape[:-1], 0), weighted_square, noise_logdet,
+            logdet)
+        if inv_quad is not None and reduce_inv_quad:
+            inv_quad = inv_quad.sum(-1)
         empty = gram.new_zeros(0)
         return (empty if inv_quad is None else inv_quad), (empty if logdet_term is None else logdet_term)
 

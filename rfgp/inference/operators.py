@@ -50,7 +50,7 @@ from .chunking import (
     chunked_feature_statistics,
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import capacitance_inv_quad_logdet, feature_statistics, fold_constant, is_positive, project
+from .linalg import feature_statistics, fold_constant, is_positive, project, woodbury_inv_quad_logdet
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
@@ -295,15 +295,8 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
         gram, cross, weighted_square, noise_logdet
     )
-    # The F × F algebra (and its backward) in float64 for float32 statistics (capacitance_inv_quad_logdet), rounded
-    # back; the difference rᵀD⁻¹r − ‖L⁻¹B‖² cancels at a high signal-to-noise ratio, so it is taken there too.
-    quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, cross, logdet, weights.detach().reciprocal())
-    work = quad.dtype
-    inv_quad = logdet_term = None
-    if rhs is not None:
-        inv_quad = (weighted_square.to(work) - quad).to(gram.dtype)
-    if logdet:
-        logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(gram.dtype)
+    inv_quad, logdet_term = woodbury_inv_quad_logdet(gram, cross, weighted_square if rhs is not None else None,
+                                                     noise_logdet, logdet, weights.detach().reciprocal())
     return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
 
