@@ -15,6 +15,14 @@ import torch
 from torch import Tensor
 
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
+#: dtypes whose F × F / M × M factors are worked in float64 (and rounded back), where the device has float64
+_WIDENED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The working precision of F × F / M × M factors (and landmark selection) for ``dtype`` inputs: float64 for
+    float32/half, except on devices without float64 (Apple MPS), which keep ``dtype``."""
+    return torch.float64 if dtype in _WIDENED and device.type != "mps" else dtype
 
 
 def promoted_dtype(*dtypes: torch.dtype | None) -> torch.dtype:

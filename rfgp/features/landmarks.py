@@ -36,7 +36,7 @@ fewer than M distinct rows: pass fewer landmarks, or a sample with more distinct
 repeated r times weighs as its r rows together (r times as likely to come first under uniform
 selection; its rows' leverage scores pooled under "rls").  Data without repeated rows give the same
 landmarks as without this rule.  k-means++ distances and leverage scores are worked in float64 for
-float32 input (as the Nyström factor is, :func:`rfgp.inference.linalg.factor_dtype`): the selection
+float32 input (as the Nyström factor is, :func:`rfgp.core.dtypes.factor_dtype`): the selection
 then depends on the values of x, not on its dtype.
 
 Sampling without replacement and without reweighting is what Nyström needs: the
@@ -57,6 +57,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..core.dtypes import factor_dtype
 from ..core.validation import check_positive_float, check_positive_int
 
 KernelFunction = Callable[..., Tensor]
@@ -123,7 +124,7 @@ def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | N
     groups, count = _distinct_rows(x)
     _check_distinct(count, num_landmarks, "distinct rows")
     generator = _generator(seed, generator)
-    points = x.to(_work_dtype(x))
+    points = x.to(factor_dtype(x.dtype, x.device))
     diag = _batch_mean(kernel(points, points, diag=True), 1).to(points.dtype) if kernel is not None else None
 
     def squared_distance(index: Tensor) -> Tensor:
@@ -179,7 +180,7 @@ def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFuncti
     if pilot_size > count:
         raise ValueError(f"pilot_size={pilot_size} exceeds the number of distinct rows of x ({count} of {num_points})")
     generator = _generator(seed, generator)
-    points = x.to(_work_dtype(x))
+    points = x.to(factor_dtype(x.dtype, x.device))
     pilot = uniform_landmarks(points, pilot_size, generator=generator)
     if regularization is None:
         regularization = _spectral_regularization(points, kernel, pilot)
@@ -209,7 +210,7 @@ def approximate_ridge_leverage_scores(x: Tensor, kernel: KernelFunction, regular
     """
     if not torch.is_tensor(regularization):
         regularization = check_positive_float(regularization, "regularization")
-    work = _work_dtype(x)
+    work = factor_dtype(x.dtype, x.device)
     points, pilot = x.to(work), pilot.to(work)
     if torch.is_tensor(regularization):
         regularization = regularization.to(work)
@@ -244,11 +245,6 @@ def _check_sample(x: Tensor, num_landmarks: int) -> int:
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x contains NaN or Inf entries; landmarks must be finite points")
     return num_landmarks
-
-
-def _work_dtype(x: Tensor) -> torch.dtype:
-    """float64 for float32 (and half) input, as :func:`rfgp.inference.linalg.factor_dtype` (not on Apple MPS)."""
-    return torch.float64 if x.dtype != torch.float64 and x.device.type != "mps" else x.dtype
 
 
 def _distinct_rows(x: Tensor) -> tuple[Tensor, int]:

@@ -24,14 +24,7 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
-#: dtypes whose F × F / M × M factors are worked in float64 (and rounded back), where the device has float64
-_WIDENED = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The working precision of M × M factors for ``dtype`` inputs: float64 for float32/half, except on devices
-    without float64 (Apple MPS), which keep ``dtype``."""
-    return torch.float64 if dtype in _WIDENED and device.type != "mps" else dtype
+from ..core.dtypes import factor_dtype
 
 
 class CapacitanceNotPSDError(NotPSDError):

@@ -281,7 +281,7 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
     rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  The N·F² statistics are
     formed in the input dtype, L and everything after it (forward and backward) in
-    :func:`~rfgp.inference.linalg.factor_dtype` (float64 for float32), rounded back.  Every
+    :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back.  Every
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.inference.distributed.data_parallel` is active.
     """

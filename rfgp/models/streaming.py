@@ -210,7 +210,7 @@ class StreamingFeatureGP(nn.Module):
     def cholesky(self) -> Tensor:
         """L = chol(I + ΦᵀWΦ), refactorised once after each update (or rank-updated).
 
-        L is kept in :func:`~rfgp.inference.linalg.factor_dtype` — float64 for float32 statistics — as the
+        L is kept in :func:`~rfgp.core.dtypes.factor_dtype` — float64 for float32 statistics — as the
         training MLL's capacitance is (:func:`~rfgp.inference.linalg.capacitance_cholesky`): at a high
         signal-to-noise ratio a float32 factorisation breaks down although the rounded I + ΦᵀWΦ is positive
         definite.  A failure raises :class:`~rfgp.inference.linalg.CapacitanceNotPSDError`.
