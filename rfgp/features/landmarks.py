@@ -187,10 +187,7 @@ def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFuncti
     scores = approximate_ridge_leverage_scores(points, kernel, regularization, pilot)
     if count < num_points:  # a point's rows pool their scores on its first row
         totals = scores.new_zeros(count).index_add_(0, groups, scores)
-        rows = torch.arange(num_points, device=groups.device)
-        first = torch.full((count,), num_points, dtype=rows.dtype, device=rows.device).scatter_reduce(
-            0, groups, rows, "amin")
-        scores = scores.new_zeros(num_points).index_copy_(0, first, totals)
+        scores = scores.new_zeros(num_points).index_copy_(0, _first_rows(groups, count), totals)
     positive = int((scores > 0).sum())
     if positive < num_landmarks:
         raise ValueError(
@@ -253,11 +250,16 @@ def _distinct_rows(x: Tensor) -> tuple[Tensor, int]:
     return groups, int(groups.max()) + 1
 
 
-def _first_positions(groups: Tensor, count: int) -> Tensor:
-    """Sorted positions of the first occurrence of each of the ``count`` groups in the sequence ``groups``."""
+def _first_rows(groups: Tensor, count: int) -> Tensor:
+    """The position of the first occurrence of each of the ``count`` groups in the sequence ``groups``, by group."""
     positions = torch.arange(groups.shape[0], device=groups.device)
     first = torch.full((count,), groups.shape[0], dtype=positions.dtype, device=groups.device)
-    return first.scatter_reduce(0, groups, positions, "amin").sort().values
+    return first.scatter_reduce(0, groups, positions, "amin")
+
+
+def _first_positions(groups: Tensor, count: int) -> Tensor:
+    """Sorted positions of the first occurrence of each of the ``count`` groups in the sequence ``groups``."""
+    return _first_rows(groups, count).sort().values
 
 
 def _check_distinct(count: int, num_landmarks: int, what: str) -> None:
