@@ -27,6 +27,7 @@ import gpytorch
 import torch
 from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
+from torch.nn import Module
 
 from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
 from .hyperparameters import prior_closures
@@ -179,6 +180,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, columns)
     converted = _convert(kernel, plan)
     _tie_shared_modules(converted, plan.conversions)
+    _count_priors_as_gpytorch(converted, plan.conversions)
     check_priors_kept(kernel, converted)
     unused = sorted(set(options) - plan.used_options)
     if unused:
@@ -376,8 +378,8 @@ def _tie_shared_modules(converted: Kernel, conversions: list[tuple[Kernel, Kerne
 
     ``AdditiveKernel(rbf, ProductKernel(rbf, periodic))`` with one ``rbf`` has one lengthscale; each occurrence is
     converted on its own (a product needs draws independent of the sum's), so the conversions get the first one's
-    ``Parameter`` objects, else training would fit the occurrences apart, a different model.  Priors stay on every
-    occurrence, as GPyTorch's ``named_priors`` counts them in the exact tree.
+    ``Parameter`` objects, else training would fit the occurrences apart, a different model.  Priors stay on the
+    occurrences that GPyTorch's ``named_priors`` counts in the exact tree (:func:`_count_priors_as_gpytorch`).
     """
     in_tree = {id(module) for module in converted.modules()}
     first: dict[int, Kernel] = {}
@@ -398,6 +400,34 @@ def _tie_shared_modules(converted: Kernel, conversions: list[tuple[Kernel, Kerne
         for name in own:
             owner, _, leaf = name.rpartition(".")
             result.get_submodule(owner)._parameters[leaf] = shared[name]
+
+
+def _count_priors_as_gpytorch(converted: Kernel, conversions: list[tuple[Kernel, Kernel]]) -> None:
+    """Remove the priors of a converted occurrence that GPyTorch's ``named_priors`` skips in the exact tree.
+
+    ``named_priors`` walks ``named_children``, which lists a child held twice by the same parent once: the exact
+    ``k * k`` or ``k + k`` counts k's priors once, while its conversion holds two occurrences (independent draws,
+    tied hyperparameters, :func:`_tie_shared_modules`), whose second would double the log prior.  An occurrence
+    whose exact module is an earlier sibling's (children of the same converted node, in order) loses its priors
+    and those of its submodules; the same module under another parent keeps them, as GPyTorch counts it there.
+    """
+    in_tree = {id(module) for module in converted.modules()}
+    exact_of = {id(result): exact for exact, result in conversions if id(result) in in_tree}
+
+    def walk(module: Module, removed: bool, siblings: set[int]) -> None:
+        exact = exact_of.get(id(module))
+        if exact is not None:
+            removed = removed or id(exact) in siblings
+            siblings.add(id(exact))
+            siblings = set()  # the scope of this node's own children
+        if removed:
+            for name in list(getattr(module, "_priors", {})):
+                del module._priors[name]
+                del module._modules[name]
+        for child in module.children():
+            walk(child, removed, siblings)
+
+    walk(converted, False, set())
 
 
 def _convert_node(kernel, plan: _Plan):

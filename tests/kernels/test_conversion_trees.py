@@ -300,6 +300,31 @@ def test_a_module_used_twice_keeps_one_set_of_hyperparameters():
     assert error < 0.2
 
 
+@pytest.mark.parametrize("build", [lambda k: k * k, lambda k: k + k, lambda k: (k * k) + ScaleKernel(k * k),
+                                   lambda k: ScaleKernel(k * k * MaternKernel(nu=2.5)) + k])
+def test_a_module_held_twice_by_one_parent_carries_its_prior_as_often_as_gpytorch_counts_it(build):
+    """GPyTorch's named_priors lists a child held twice by the same parent once (k * k has one prior term): the
+    conversion, two occurrences with independent draws and one lengthscale, keeps the prior on the first of them
+    (it was refused as a prior that "cannot carry over"); under two parents the prior counts twice, as in GPyTorch."""
+    rbf = RBFKernel(lengthscale_prior=GammaPrior(3.0, 6.0))
+    exact = build(rbf)
+    sketched = rfgp.sketch(exact, num_features=256, seed=0)
+    names = [name for name, *_ in exact.named_priors()]
+    assert [name for name, *_ in sketched.named_priors()] == names
+    occurrences = [m for m in sketched.modules() if type(m).__name__ == "SketchedRBFKernel"]
+    assert len(occurrences) > len(names) and all(m.raw_lengthscale is occurrences[0].raw_lengthscale
+                                                  for m in occurrences)
+    with torch.no_grad():
+        rbf.lengthscale = 0.4
+        occurrences[0].lengthscale = 0.4
+    log_prior = [sum(prior.log_prob(closure(module)).sum() for _, module, prior, closure, _ in tree.named_priors())
+                 for tree in (exact, sketched)]
+    assert float(log_prior[1]) == pytest.approx(float(log_prior[0]), rel=1e-12)
+    restored = rfgp.sketch(exact, num_features=256, seed=0)
+    restored.load_state_dict(sketched.state_dict())
+    assert [name for name, *_ in restored.named_priors()] == names
+
+
 def test_trained_exact_tree_converted_predicts_like_the_exact_model():
     torch.manual_seed(0)
     x = torch.rand(80, 1, dtype=F64)
