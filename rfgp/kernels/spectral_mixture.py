@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from gpytorch.constraints import Interval
+from gpytorch.kernels import SpectralMixtureKernel
 from gpytorch.priors import Prior
 from torch import Tensor
 
@@ -59,6 +60,22 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
     mixture_means = PositiveHyperparameter()
 
     mixture_scales = PositiveHyperparameter()
+
+    def initialize_from_data(self, train_x: Tensor, train_y: Tensor, **kwargs) -> None:
+        """GPyTorch's ``SpectralMixtureKernel.initialize_from_data``: scales 1/|N(0, max_dist²)|, means
+        U(0, 0.5/min_dist) per input column, weights std(y)/Q.
+
+        The kernel has GPyTorch's parameter names, shapes, constraints and ``active_dims``, so GPyTorch's routine runs
+        on it unchanged and draws exactly what it draws for the exact kernel from the same torch random state; the
+        features are reparameterised in these hyperparameters (fixed draws), so no re-draw is needed afterwards.
+        """
+        SpectralMixtureKernel.initialize_from_data(self, train_x, train_y, **kwargs)
+
+    def initialize_from_data_empspect(self, train_x: Tensor, train_y: Tensor) -> None:
+        """GPyTorch's ``SpectralMixtureKernel.initialize_from_data_empspect`` (a Gaussian mixture fitted to the
+        empirical spectrum of evenly spaced data, with NumPy's global random state as GPyTorch uses it), run on this
+        kernel's hyperparameters as :meth:`initialize_from_data` is."""
+        SpectralMixtureKernel.initialize_from_data_empspect(self, train_x, train_y)
 
     def measure_hyperparameters(self) -> dict[str, Tensor]:
         return {"means": self.mixture_means, "scales": self.mixture_scales, "weights": self.mixture_weights}

@@ -163,3 +163,30 @@ class TestSketchedPeriodicKernelHarness(_Harness, unittest.TestCase):
 
 class TestSketchedRQKernelHarness(_Harness, unittest.TestCase):
     kernel_type = SketchedRQKernel
+
+
+@pytest.mark.parametrize("initializer", ["initialize_from_data", "initialize_from_data_empspect"])
+def test_spectral_mixture_initializes_from_data_as_gpytorch(initializer):
+    """GPyTorch's spectral mixture recipe calls ``covar_module.initialize_from_data(train_x, train_y)`` (or the
+    empirical-spectrum variant) on the kernel it built: on a sketched kernel, before or after ``rfgp.sketch``, it sets
+    the same hyperparameters from the same random state, and the sketch then has the same Gram as one converted from
+    the initialized exact kernel."""
+    import numpy as np
+
+    import rfgp
+
+    evenly = initializer.endswith("empspect")
+    train_x = (torch.linspace(0, 4, 40, dtype=F64) if evenly else torch.rand(40, 2, generator=GEN, dtype=F64))
+    train_x = train_x.unsqueeze(-1).expand(-1, 2) if evenly else train_x
+    train_y = torch.sin(6 * train_x[:, 0]) + train_x[:, 1]
+    options = {} if evenly else {"batch_shape": BATCH}
+    exact = gpytorch.kernels.SpectralMixtureKernel(num_mixtures=3, ard_num_dims=2, **options).double()
+    sketched = rfgp.sketch(exact, 64, seed=0)
+    for kernel in (exact, sketched):
+        torch.manual_seed(3)
+        np.random.seed(3)
+        getattr(kernel, initializer)(train_x, train_y)
+    for name in ("mixture_weights", "mixture_means", "mixture_scales"):
+        torch.testing.assert_close(getattr(sketched, name), getattr(exact, name), rtol=1e-12, atol=0)
+    converted = rfgp.sketch(exact, 64, seed=0)
+    torch.testing.assert_close(sketched(train_x).to_dense(), converted(train_x).to_dense(), rtol=1e-12, atol=1e-12)
