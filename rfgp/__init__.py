@@ -28,6 +28,7 @@ from . import applications, core, datasets, features, inference, kernels, likeli
 from .core import settings
 from .inference import log_prob as _log_prob
 from .inference import elementwise_product as _elementwise_product
+from .inference import prior_samples as _prior_samples
 from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
@@ -41,6 +42,8 @@ _aliases.install()  # rfgp.operators, rfgp.streaming, rfgp.variance, ... as befo
 _log_prob.install()
 # covar_module(x).mul(task_covar_module(i)) (GPyTorch's Hadamard multitask GP) keeps a feature root
 _elementwise_product.install()
+# MultivariateNormal(mean, covar_module(x)).rsample() (prior samples) draws Φε, not a truncated Lanczos root
+_prior_samples.install()
 # last: registers BoTorch hooks now if BoTorch is already imported, else when it is
 from . import integrations  # noqa: E402
 
