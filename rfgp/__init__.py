@@ -29,6 +29,7 @@ from .core import settings
 from .inference import log_prob as _log_prob
 from .inference import elementwise_product as _elementwise_product
 from .inference import prior_samples as _prior_samples
+from .kernels import independent_outputs as _independent_outputs
 from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
@@ -44,6 +45,8 @@ _log_prob.install()
 _elementwise_product.install()
 # MultivariateNormal(mean, covar_module(x)).rsample() (prior samples) draws Φε, not a truncated Lanczos root
 _prior_samples.install()
+# GPyTorch's batch-independent multi-output GP (from_batch_mvn) keeps one interleaved feature root
+_independent_outputs.install()
 # last: registers BoTorch hooks now if BoTorch is already imported, else when it is
 from . import integrations  # noqa: E402
 
