@@ -857,6 +857,12 @@ refuse_conversion(
     "rfgp.sketch(kernel.base_kernel, num_features)",
 )
 refuse_conversion(
+    gpytorch.kernels.MultiDeviceKernel,
+    "it splits the evaluation of its base_kernel's dense N × N covariance across GPUs (GPyTorch's multi-GPU exact "
+    "GP), which the random-feature model never forms (N × F features and F × F statistics fit one device); "
+    "sketch the base kernel instead and keep the model on one device: rfgp.sketch(kernel.base_kernel, num_features)",
+)
+refuse_conversion(
     gpytorch.kernels.AdditiveStructureKernel,
     "Σᵢ base(xᵢ, yᵢ) over input columns, with one set of hyperparameters tied across the columns, has no "
     "random-feature version in rfgp yet; AdditiveKernel(*(base with active_dims=[i] for each column i)) converts "
