@@ -41,6 +41,7 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from ..core.draws import standard_normal
 from ..core.validation import check_noise, check_targets
 from . import distributed
 from .chunking import (
@@ -340,6 +341,17 @@ class ChunkedFeatureRootLinearOperator(_NoKroneckerFactors, LinearOperator):
     def features(self) -> Tensor:
         """Φ materialised, ``(..., N, F)`` (for small test sets)."""
         return torch.cat([self.featurizer(self.inputs[..., rows, :]) for rows in self._chunks()], -2)
+
+    def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
+        """Φε, one ε ~ N(0, I_F) for every chunk: ``(num_samples, *batch, N)`` samples of N(0, ΦΦᵀ), exact, in
+        O(chunk·F) memory besides them (linear_operator's default takes a Lanczos root of at most 100 columns)."""
+        normal, blocks = None, []
+        for rows in self._chunks():
+            features = self.featurizer(self.inputs[..., rows, :])
+            if normal is None:
+                normal = standard_normal((*self.batch_shape, features.shape[-1], num_samples), features)
+            blocks.append(features @ normal)
+        return torch.cat(blocks, -2).movedim(-1, 0)
 
     def select_rows(self, observed: Tensor) -> "ChunkedFeatureRootLinearOperator":
         """The same operator on the rows of x where the boolean mask ``(N,)`` is ``True``."""

@@ -6,7 +6,8 @@ linear_operator answers with the lazy tensor's own ``root_decomposition()``: a d
 ``max_cholesky_size`` (800) points (O(N³), with jitter where ΦΦᵀ of rank F < N is singular) and beyond it a
 Lanczos root of at most ``max_root_decomposition_size`` (100) columns, which truncates a covariance of rank F > 100
 (at ℓ = 0.05, N = 1500, F = 256 the samples had 45 % of the prior variance).  The evaluated rfgp covariance is
-ΦΦᵀ with its root Φ at hand, so its samples Φε, ε ~ N(0, I_F), are exact and cost O(N·F) each.
+ΦΦᵀ with its root Φ at hand, so its samples Φε, ε ~ N(0, I_F), are exact and cost O(N·F) each (computed chunk by
+chunk, with one ε, where Φ exceeds :class:`rfgp.settings.memory_budget`).
 ``root_decomposition()`` itself keeps linear_operator's policy (code such as BoTorch's cached-root acquisition
 functions reads it as a square factor), as :mod:`rfgp.inference.posterior_covariance` does for the posterior.
 """
@@ -25,10 +26,10 @@ def install() -> None:
         return
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
-        from .operators import FeatureRootLinearOperator
+        from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 
         evaluated = self.evaluate_kernel()
-        if isinstance(evaluated, FeatureRootLinearOperator):
+        if isinstance(evaluated, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator)):
             return evaluated.zero_mean_mvn_samples(num_samples)
         return current(self, num_samples)
 

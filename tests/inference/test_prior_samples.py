@@ -29,16 +29,18 @@ def short_lengthscale_sketch(num_features):
     return rfgp.sketch(exact, num_features, seed=0).double()
 
 
-@pytest.mark.parametrize("num_points", [300, 1000])  # dense Cholesky below max_cholesky_size = 800, Lanczos above
-def test_prior_samples_are_the_feature_root_times_normal_draws(num_points):
+@pytest.mark.parametrize("num_points, budget", [(300, None), (1000, None), (1000, 2**20)])
+def test_prior_samples_are_the_feature_root_times_normal_draws(num_points, budget):
     """Below 800 points linear_operator factorised the singular N × N matrix ΦΦᵀ (F < N) with jitter, above it took
-    a Lanczos root of 100 columns, which kept 45 % of the prior variance of this rank-256 covariance."""
+    a Lanczos root of 100 columns, which kept 45 % of the prior variance of this rank-256 covariance; a root over
+    the memory budget (1 MiB: chunks of Φ) is sampled chunk by chunk with one ε."""
     kernel = short_lengthscale_sketch(256)
     x = torch.rand(num_points, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
     model = PriorGP(x[:10], torch.zeros(2, 10, dtype=F64), kernel).eval()
     features = kernel(x).evaluate_kernel().root.to_dense()  # √s·Φ, (2, N, F)
-    with torch.no_grad(), gpytorch.settings.prior_mode(True):
+    with torch.no_grad(), gpytorch.settings.prior_mode(True), rfgp.settings.memory_budget(budget or 2**40):
         prior = model(x)
+        assert type(prior.lazy_covariance_matrix.evaluate_kernel()).__name__.startswith("Chunked") == bool(budget)
         torch.manual_seed(2)
         samples = prior.rsample(torch.Size([5]))
     torch.manual_seed(2)
