@@ -108,6 +108,12 @@ def chunk_slices(num_rows: int, chunk_size: int):
     return (slice(start, min(start + chunk_size, num_rows)) for start in range(0, num_rows, chunk_size))
 
 
+def output_rows(points: slice, outputs: int) -> slice:
+    """The rows of a block of input points in a root with ``outputs`` interleaved rows per point (row i·p + t =
+    output t of point i: multi-output kernels, GPyTorch's multitask order); the block itself for one output."""
+    return points if outputs == 1 else slice(points.start * outputs, points.stop * outputs)
+
+
 def backprop_chunks(
     featurizer: Featurizer,
     inputs: Tensor,
@@ -115,19 +121,21 @@ def backprop_chunks(
     chunk_grad: Callable[[Tensor, slice], Tensor],
     input_needs_grad: bool,
     params_need_grad: Sequence[bool],
+    outputs: int = 1,
 ) -> tuple[Tensor | None, list[Tensor | None]]:
     """Σ over chunks of the vector-Jacobian product ⟨chunk_grad(Φ_c, rows), ∂Φ_c⟩ w.r.t. x and the params.
 
-    ``chunk_grad(features, rows)`` receives the detached Φ_c and returns ∂loss/∂Φ_c.
+    ``chunk_grad(features, rows)`` receives the detached Φ_c and the slice of its rows in Φ (``outputs`` rows per
+    input point, :func:`output_rows`) and returns ∂loss/∂Φ_c.
     """
     wanted = [p for p, needed in zip(featurizer.params, params_need_grad) if needed]
     param_grads = [None] * len(wanted)
     input_grads = []
-    for rows in chunk_slices(inputs.shape[-2], chunk_size):
-        chunk = inputs[..., rows, :].detach().requires_grad_(input_needs_grad)
+    for points in chunk_slices(inputs.shape[-2], chunk_size):
+        chunk = inputs[..., points, :].detach().requires_grad_(input_needs_grad)
         with torch.enable_grad():
             features = featurizer(chunk)
-        grad_features = _sum_to_shape(chunk_grad(features.detach(), rows), features.shape)
+        grad_features = _sum_to_shape(chunk_grad(features.detach(), output_rows(points, outputs)), features.shape)
         targets = ([chunk] if input_needs_grad else []) + wanted
         if not targets:
             continue
@@ -149,13 +157,15 @@ def _add(total: Tensor | None, value: Tensor | None) -> Tensor | None:
 
 
 def accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor, weights: Tensor, rhs: Tensor,
-                           chunk_size: int) -> tuple[Tensor, Tensor]:
+                           chunk_size: int, outputs: int = 1) -> tuple[Tensor, Tensor]:
     """Σ over chunks of rows of (Φ_cᵀW_cΦ_c, Φ_cᵀW_cR_c), Φ_c = featurize(x_c), without a graph; for uniform
-    weights ``(..., 1)`` the unit statistics (Φᵀ Φ, ΦᵀR), which the weight scales afterwards."""
+    weights ``(..., 1)`` the unit statistics (Φᵀ Φ, ΦᵀR), which the weight scales afterwards.  ``chunk_size``
+    counts input points, each with ``outputs`` rows of Φ, W and R (:func:`output_rows`)."""
     uniform = _is_uniform(weights)
     gram = cross = None
-    for rows in chunk_slices(inputs.shape[-2], chunk_size):
-        features, chunk_rhs = featurize(inputs[..., rows, :]), rhs[..., rows, :]
+    for points in chunk_slices(inputs.shape[-2], chunk_size):
+        rows = output_rows(points, outputs)
+        features, chunk_rhs = featurize(inputs[..., points, :]), rhs[..., rows, :]
         if uniform:
             chunk_gram, chunk_cross = unit_statistics(features, chunk_rhs)
         else:
@@ -165,10 +175,10 @@ def accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor
 
 
 def scaled_accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor, weights: Tensor, rhs: Tensor,
-                                  chunk_size: int) -> tuple[Tensor, Tensor]:
+                                  chunk_size: int, outputs: int = 1) -> tuple[Tensor, Tensor]:
     """The forward of the chunked statistics Functions as plain operations, for ``torch.jit.trace`` (which cannot
     export a Python autograd.Function): :func:`accumulated_statistics`, scaled by a uniform weight."""
-    gram, cross = accumulated_statistics(featurize, inputs, weights, rhs, chunk_size)
+    gram, cross = accumulated_statistics(featurize, inputs, weights, rhs, chunk_size, outputs)
     if _is_uniform(weights):
         w = weights.unsqueeze(-1)
         return gram * w, cross * w
@@ -191,10 +201,11 @@ def gathered_row_grads(unit: Sequence[Tensor], weights: Tensor, rhs: Tensor, wei
 
 class _ChunkedStatistics(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
+    def forward(ctx, featurizer, blocks, inputs, weights, rhs, *params):
+        chunk_size, outputs = blocks  # input points per chunk, rows of Φ per input point
         uniform = _is_uniform(weights)
-        gram, cross = accumulated_statistics(featurizer, inputs, weights, rhs, chunk_size)
-        ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
+        gram, cross = accumulated_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs)
+        ctx.featurizer, ctx.chunk_size, ctx.outputs = featurizer, chunk_size, outputs
         if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
             ctx.save_for_backward(inputs, weights, rhs, gram, cross)
             w = weights.unsqueeze(-1)
@@ -227,7 +238,7 @@ class _ChunkedStatistics(torch.autograd.Function):
             return grad_features
 
         input_grad, param_grads = backprop_chunks(
-            ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[5:]
+            ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[5:], ctx.outputs
         )
         grad_weights, grad_rhs = gathered_row_grads(unit, weights, rhs, weight_grads, rhs_grads, grad_gram, grad_cross,
                                                     needs[3], needs[4])
@@ -235,19 +246,20 @@ class _ChunkedStatistics(torch.autograd.Function):
 
 
 def chunked_feature_statistics(
-    featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int
+    featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int = 1
 ) -> tuple[Tensor, Tensor]:
-    """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs), accumulated over ``chunk_size`` rows at a time.
+    """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs), accumulated over ``chunk_size`` input points at a time.
 
     Args:
         featurizer: the feature function and its differentiable tensors.
         inputs: x of shape ``(..., N, d)``.
-        weights: diagonal of W, ``(..., N)``.
-        rhs: R of shape ``(..., N, t)``.
-        chunk_size: rows per chunk.
+        weights: diagonal of W, ``(..., N·p)``, or uniform ``(..., 1)``.
+        rhs: R of shape ``(..., N·p, t)``.
+        chunk_size: input points per chunk.
+        outputs: p, the rows of Φ per input point (a multi-output root's interleaved rows, :func:`output_rows`).
     """
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
-        return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size)
-    return _ChunkedStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *unscaled.params)
+        return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size, outputs)
+    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs), inputs, weights, rhs, *unscaled.params)

@@ -36,8 +36,12 @@ from torch import Tensor
 from ..core.memory import check_solve
 from ..core.validation import check_noise
 from .linalg import capacitance_solve, weighted_gram
-from .multioutput_chunking import ChunkedMultiOutputFeatureOperator, ChunkedPosteriorCovariance
-from .operators import FeatureRootAddedDiagLinearOperator
+from .multioutput_chunking import (
+    ChunkedMultiOutputFeatureOperator,
+    ChunkedPosteriorCovariance,
+    chunked_training_statistics,
+)
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
 from .prediction import FeatureSpacePredictionStrategy, observed_residual
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
@@ -70,6 +74,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
                 "MultitaskMultivariateNormal(mean, covar, interleaved=True) (the default)"
             )
         if not isinstance(self.lik_train_train_covar, (FeatureRootAddedDiagLinearOperator,
+                                                        ChunkedFeatureRootAddedDiagLinearOperator,
                                                         FeatureRootAddedTaskNoiseLinearOperator)):
             raise TypeError(
                 "feature-space multi-output prediction needs a likelihood with diagonal noise or GPyTorch's "
@@ -82,9 +87,11 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         """Whether the posterior caches come from the N·T × N·T matrix ΦΦᵀ + D (whitened: Φ̃Φ̃ᵀ + I).
 
         The marginal likelihood's choice (:func:`rfgp.inference.kernel_space.prefers_kernel_space` on the N·T
-        training rows and F features, batches counted): O((NT)²F + (NT)³) instead of O(NT·F² + F³).
+        training rows and F features, batches counted): O((NT)²F + (NT)³) instead of O(NT·F² + F³).  A training
+        root over the memory budget (chunked) stays in feature space.
         """
-        return self.lik_train_train_covar.uses_kernel_space()
+        noisy = self.lik_train_train_covar
+        return not isinstance(noisy, ChunkedFeatureRootAddedDiagLinearOperator) and noisy.uses_kernel_space()
 
     def _training_system(self, nan_policy: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """(R, the noise diagonal d ``(..., N·T)`` or ``(..., 1)``, y − μ, the observed mask), interleaved.
@@ -106,8 +113,14 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R).
 
         Under ``observation_nan_policy("mask")``/``("fill")`` a NaN target (one task at one input, in
-        GPyTorch's interleaved order) gets weight 0: A and RᵀD⁻¹r are those of the observed entries.
+        GPyTorch's interleaved order) gets weight 0: A and RᵀD⁻¹r are those of the observed entries.  A training
+        root over the memory budget gives its statistics block by block
+        (:func:`~rfgp.inference.multioutput_chunking.chunked_training_statistics`).
         """
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+        chunked = chunked_training_statistics(self.lik_train_train_covar, residual, observed)
+        if chunked is not None:
+            return capacitance_solve(*chunked)
         features, noise, residual, observed = self._training_system(nan_policy)
         weights = noise.reciprocal()
         if observed is not None and weights.shape[-1] != 1:

@@ -21,15 +21,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
-from linear_operator.operators import DiagLinearOperator, LinearOperator
+from linear_operator.operators import (
+    ConstantDiagLinearOperator,
+    DiagLinearOperator,
+    LinearOperator,
+    MaskedLinearOperator,
+)
 from torch import Tensor
 
 from ..core.draws import standard_normal
 from ..core.settings import memory_budget, resolve_chunk_size
-from .chunking import Featurizer, chunk_slices
+from ..core.validation import check_noise
+from .chunking import Featurizer, chunk_slices, chunked_feature_statistics, output_rows
 from .linalg import is_positive, woodbury_inv_quad_logdet
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator
 from .posterior_covariance import PosteriorAddedTaskNoise
-from .task_noise import is_interleaved_task_noise
+from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, is_interleaved_task_noise, whiten_points
 
 
 def _accumulate(total: Tensor | None, value: Tensor) -> Tensor:
@@ -42,10 +49,6 @@ def points_per_block(num_points: int, num_outputs: int, num_features: int, batch
     stay together), ``None`` when the whole root fits (:func:`~rfgp.core.settings.resolve_chunk_size` on its rows)."""
     rows = resolve_chunk_size(num_points * num_outputs, num_features, batch, dtype)
     return None if rows is None else max(1, rows // num_outputs)
-
-
-def _point_rows(points: slice, num_outputs: int) -> slice:
-    return slice(points.start * num_outputs, points.stop * num_outputs)
 
 
 class ChunkedMultiOutputFeatureOperator(LinearOperator):
@@ -91,7 +94,7 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
         """(rows, R_c) for every block of ``chunk_size`` points of ``inputs`` (default x₁); rows index the n·p rows."""
         inputs = self.inputs1 if inputs is None else inputs
         for points in chunk_slices(inputs.shape[-2], self.chunk_size):
-            yield _point_rows(points, self.num_outputs), self.featurizer(inputs[..., points, :])
+            yield output_rows(points, self.num_outputs), self.featurizer(inputs[..., points, :])
 
     def features(self) -> Tensor:
         """R(x₁) materialised, ``(..., n·p, F)`` (for small inputs)."""
@@ -115,10 +118,54 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
             [features for _, features in self.feature_chunks(self.inputs2)], -2)
         return left @ right.mT
 
+    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+        """(RᵀWR, RᵀWY) over the n·p interleaved rows (weights ``(..., n·p)`` or uniform ``(..., 1)``, Y
+        ``(..., n·p, t)``), accumulated ``chunk_size`` points at a time; the backward recomputes each block's rows
+        (:func:`~rfgp.inference.chunking.chunked_feature_statistics`).  Of the symmetric operator R(x)R(x)ᵀ only."""
+        if not self.symmetric:
+            raise ValueError("feature statistics RᵀWR belong to a symmetric covariance R(x)R(x)ᵀ, not R(x₁)R(x₂)ᵀ")
+        return chunked_feature_statistics(self.featurizer, self.inputs1, weights, rhs, self.chunk_size,
+                                          self.num_outputs)
+
+    def select_rows(self, observed: Tensor) -> ObservedMultiOutputRows:
+        """R[o]R[o]ᵀ for the interleaved boolean mask o ``(n·p,)`` of observed entries (``observation_nan_policy``
+        "mask"), still block by block."""
+        return ObservedMultiOutputRows(self, observed, observed)
+
+    def whitened(self, point_noise: Tensor, factors: Tensor,
+                 indicator: Tensor | None) -> ChunkedMultiOutputFeatureOperator:
+        """(WR)(WR)ᵀ for the per-point whitening W = D_N^{-1/2} ⊗ Cᵢ⁻¹ of correlated task noise
+        (:func:`~rfgp.inference.task_noise.whiten_points`: d ``(..., n)``, Cᵢ ``(..., n or 1, p, p)``, optional 0/1
+        indicator ``(n, p)`` of observed entries), still evaluated a block of points at a time.
+
+        A block's rows need its own points' dᵢ, Cᵢ and indicator: they ride along as extra input columns
+        [x, d, vec(C), o], so that the chunked statistics slice them with the points, and the gradient the backward
+        returns for those columns reaches the noise parameters (Σ_T) through ordinary autograd.
+        """
+        x, p, base = self.inputs1, self.num_outputs, self.featurizer
+        num_points, dim = x.shape[-2:]
+        if indicator is None:
+            indicator = x.new_ones(num_points, p)
+        factors = factors.expand(*factors.shape[:-3], num_points, p, p)
+        columns = (x, point_noise.unsqueeze(-1), factors.flatten(-2), indicator.to(x.dtype))
+        batch = torch.broadcast_shapes(*(column.shape[:-2] for column in columns))
+        inputs = torch.cat([column.expand(*batch, *column.shape[-2:]) for column in columns], -1)
+        function = base.function
+
+        def whitened_features(augmented: Tensor) -> Tensor:
+            x, noise, factor, observed = augmented.split((dim, 1, p * p, p), -1)
+            return whiten_points(function(x), noise.squeeze(-1), factor.unflatten(-1, (p, p)), observed)
+
+        featurizer = Featurizer(whitened_features, base.params, base.num_features,
+                                torch.broadcast_shapes(base.batch_shape, batch), base.constant)
+        featurizer.constant_params = base.constant_params  # W is linear: the constant c of cΦ₀ stays apart
+        return self.from_featurizer(inputs, inputs, featurizer, self.chunk_size, p)
+
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
         raise NotImplementedError(
-            "gradients through a chunked multi-output covariance are not supported (it is built for prediction); "
-            f"raise rfgp.settings.memory_budget above {memory_budget.value()} bytes so that the root is materialised"
+            "gradients through products with a chunked multi-output covariance are not supported (its marginal "
+            "likelihood differentiates the feature statistics instead); raise rfgp.settings.memory_budget above "
+            f"{memory_budget.value()} bytes so that the root is materialised"
         )
 
     def _mul_constant(self, other):
@@ -128,14 +175,76 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
                                     self.num_outputs)
 
     def __add__(self, other):
-        if isinstance(other, DiagLinearOperator) or is_interleaved_task_noise(other):  # the noisy training covariance
-            raise ValueError(
-                f"the multi-output feature root of {self.shape[-2]} rows exceeds rfgp.settings.memory_budget "
-                f"({memory_budget.value()} bytes), so it was chunked, but the marginal likelihood and the training "
-                "covariance of a multi-output model need the whole root: raise the budget, e.g. "
-                "`with rfgp.settings.memory_budget(8 * 2**30):`, or train on fewer points"
-            )
+        if self.symmetric and isinstance(other, DiagLinearOperator):  # the noisy training covariance
+            return ChunkedFeatureRootAddedDiagLinearOperator(self, other)
+        if self.symmetric and is_interleaved_task_noise(other):
+            return ChunkedAddedTaskNoiseLinearOperator(self, other)
         return super().__add__(other)
+
+
+class ObservedMultiOutputRows(MaskedLinearOperator):
+    """R[o]R[o]ᵀ: the observed entries o (interleaved boolean mask ``(n·p,)``) of a chunked multi-output R(x)R(x)ᵀ.
+
+    A block of points has rows of observed and of missing entries, so the missing rows are not dropped: the feature
+    statistics give them weight 0 (and a right-hand side of 0), the same sums as over the observed rows alone.
+    """
+
+    def __init__(self, base: ChunkedMultiOutputFeatureOperator, row_mask: Tensor, col_mask: Tensor) -> None:
+        if row_mask is not col_mask and not torch.equal(row_mask, col_mask):
+            raise ValueError("row_mask and col_mask must be the same mask of observed entries")
+        super().__init__(base, row_mask, col_mask)
+
+    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+        """(R[o]ᵀWR[o], R[o]ᵀWY) for weights ``(..., #o)`` or uniform ``(..., 1)`` and Y ``(..., #o, t)``."""
+        observed = self.row_mask
+        full_weights = weights.new_zeros(*weights.shape[:-1], observed.shape[-1])
+        full_weights[..., observed] = weights
+        full_rhs = rhs.new_zeros(*rhs.shape[:-2], observed.shape[-1], rhs.shape[-1])
+        full_rhs[..., observed, :] = rhs
+        return self.base.feature_statistics(full_weights, full_rhs)
+
+
+class ChunkedAddedTaskNoiseLinearOperator(FeatureRootAddedTaskNoiseLinearOperator):
+    """RRᵀ + D_N ⊗ Σ_T for a chunked multi-output root (``MultitaskGaussianLikelihood(rank ≥ 1)`` over the budget).
+
+    The marginal likelihood runs on the whitened Φ̃Φ̃ᵀ + I of :mod:`rfgp.inference.task_noise`, with Φ̃ = WR
+    evaluated block by block (:meth:`ChunkedMultiOutputFeatureOperator.whitened`), always through the F × F
+    capacitance.  Under a mask the rows of missing entries, whitened to 0, are kept: they add nothing.
+    """
+
+    def whitened_rows(self, matrix: Tensor, observed: Tensor | None = None) -> Tensor:
+        return self.whiten(matrix, observed)
+
+    def whitened_operator(self, observed: Tensor | None = None) -> LinearOperator:
+        whitened = self.feature_operator.whitened(*self.whitening_factors(observed))
+        unit = torch.ones(*whitened.batch_shape, 1, dtype=whitened.dtype, device=whitened.device)
+        return whitened + ConstantDiagLinearOperator(unit, diag_shape=whitened.shape[-1])
+
+    def uses_kernel_space(self) -> bool:
+        return False
+
+
+def chunked_training_statistics(noisy: LinearOperator, residual: Tensor,
+                                observed: Tensor | None) -> tuple[Tensor, Tensor] | None:
+    """(RᵀD⁻¹R, RᵀD⁻¹r) ``(..., F, F)``, ``(..., F, 1)`` of a chunked noise-added multi-output training covariance
+    over the observed entries (whitened R̃ and r̃, D = I, for correlated task noise), ``None`` for other operators.
+
+    Args:
+        noisy: the likelihood's training covariance.
+        residual: y − μ ``(..., n·p)``, 0 at missing entries.
+        observed: the interleaved boolean mask ``(n·p,)`` of observed entries, ``None`` for all.
+    """
+    if isinstance(noisy, ChunkedAddedTaskNoiseLinearOperator):
+        whitened = noisy.whitened_operator(observed)._linear_op
+        unit = residual.new_ones(*residual.shape[:-1], 1)
+        return whitened.feature_statistics(unit, noisy.whitened_rows(residual.unsqueeze(-1), observed))
+    if isinstance(noisy, ChunkedFeatureRootAddedDiagLinearOperator) and isinstance(
+            noisy._linear_op, ChunkedMultiOutputFeatureOperator):
+        weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
+        if observed is not None:  # weight 0: a missing entry's row leaves RᵀD⁻¹R and RᵀD⁻¹r
+            weights = weights * observed.to(weights.dtype)
+        return noisy._linear_op.feature_statistics(weights, residual.unsqueeze(-1))
+    return None
 
 
 class ChunkedPosteriorCovariance(LinearOperator):

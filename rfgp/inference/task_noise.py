@@ -56,6 +56,26 @@ def is_interleaved_task_noise(operator: LinearOperator) -> bool:
     )
 
 
+def whiten_points(matrix: Tensor, point_noise: Tensor, factors: Tensor, indicator: Tensor | None = None) -> Tensor:
+    """(D_N^{-1/2} ⊗ C⁻¹)M for an interleaved ``(..., N·T, k)`` matrix M, point i's T rows by its factor Cᵢ.
+
+    Args:
+        matrix: M, ``(..., N·T, k)``.
+        point_noise: the diagonal d of D_N, ``(..., N)``.
+        factors: lower Cholesky factors Cᵢ, ``(..., N, T, T)``, or one shared ``(..., 1, T, T)``.
+        indicator: optional 0/1 ``(N, T)``, zero at missing entries, whose rows are zeroed first (module docstring).
+    """
+    num_tasks = factors.shape[-1]
+    blocks = matrix.unflatten(-2, (-1, num_tasks))  # (..., N, T, k)
+    if indicator is not None:
+        blocks = blocks * indicator.unsqueeze(-1).to(blocks.dtype)
+    batch = torch.broadcast_shapes(blocks.shape[:-3], factors.shape[:-3])
+    blocks = blocks.expand(*batch, *blocks.shape[-3:])
+    whitened = torch.linalg.solve_triangular(factors, blocks, upper=False)
+    whitened = whitened * point_noise.rsqrt().unsqueeze(-1).unsqueeze(-1)
+    return whitened.flatten(-3, -2)
+
+
 class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
     """ΦΦᵀ + D_N ⊗ Σ_T for an interleaved multi-output feature root Φ ``(..., N·T, F)``.
 
@@ -114,19 +134,17 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
         With the boolean mask ``observed`` ``(N·T,)`` of non-missing entries, the rows of missing entries
         are zeroed and point i's rows are whitened by its own Cᵢ (module docstring): missing rows come out 0.
         """
+        point_noise, factors, indicator = self.whitening_factors(observed)
+        return whiten_points(matrix, point_noise, factors, indicator)
+
+    def whitening_factors(self, observed: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(d ``(..., N)``, the factors ``(..., N or 1, T, T)``, the 0/1 indicator of observed entries ``(N, T)`` or
+        ``None``) that :meth:`whiten` applies (:func:`whiten_points`)."""
         point_noise, chol = self._factors()
-        num_tasks = chol.shape[-1]
-        blocks = matrix.unflatten(-2, (-1, num_tasks))  # (..., N, T, k)
         if observed is None:
-            factors = chol.unsqueeze(-3)
-        else:
-            blocks = blocks * observed.unflatten(-1, (-1, num_tasks)).unsqueeze(-1).to(blocks.dtype)
-            factors = self._point_factors(observed)
-        batch = torch.broadcast_shapes(blocks.shape[:-3], factors.shape[:-3])
-        blocks = blocks.expand(*batch, *blocks.shape[-3:])
-        whitened = torch.linalg.solve_triangular(factors, blocks, upper=False)
-        whitened = whitened * point_noise.rsqrt().unsqueeze(-1).unsqueeze(-1)
-        return whitened.flatten(-3, -2)
+            return point_noise, chol.unsqueeze(-3), None
+        indicator = observed.unflatten(-1, (-1, chol.shape[-1])).to(chol.dtype)
+        return point_noise, self._point_factors(observed), indicator
 
     def noise_logdet(self, observed: Tensor | None = None) -> Tensor:
         """log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ; with a mask, Σᵢ (#Oᵢ·log dᵢ + 2·Σ log diag Cᵢ)."""
@@ -139,12 +157,16 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
         chol_logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
         return num_tasks * point_noise.log().sum(-1) + num_points * chol_logdet
 
+    def whitened_rows(self, matrix: Tensor, observed: Tensor | None = None) -> Tensor:
+        """W·M at the rows of :meth:`whitened_operator`: the observed entries' under a mask (a missing entry's
+        whitened row is 0)."""
+        whitened = self.whiten(matrix, observed)
+        return whitened if observed is None else whitened[..., observed, :]
+
     def whitened_operator(self, observed: Tensor | None = None) -> LinearOperator:
         """Φ̃Φ̃ᵀ + I, an rfgp noise-added feature operator with the fast marginal-likelihood path (observed rows only
         under a mask)."""
-        features = self.whiten(self.feature_operator.root.to_dense(), observed)
-        if observed is not None:
-            features = features[..., observed, :]
+        features = self.whitened_rows(self.feature_operator.root.to_dense(), observed)
         unit = torch.ones(*features.shape[:-2], 1, dtype=features.dtype, device=features.device)
         return FeatureRootLinearOperator(features) + ConstantDiagLinearOperator(unit, diag_shape=features.shape[-2])
 
@@ -171,9 +193,7 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
         """``inv_quad_logdet`` through Φ̃Φ̃ᵀ + I, for an interleaved ``(..., N·T, k)`` right-hand side; with the mask
         ``observed``, that of the observed entries (``rhs`` is read there only)."""
         if rhs is not None:
-            rhs = self.whiten(rhs, observed)
-            if observed is not None:
-                rhs = rhs[..., observed, :]
+            rhs = self.whitened_rows(rhs, observed)
         inv_quad, logdet_term = self.whitened_operator(observed).inv_quad_logdet(rhs, logdet, reduce_inv_quad)
         if logdet:
             logdet_term = logdet_term + self.noise_logdet(observed)

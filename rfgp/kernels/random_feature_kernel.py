@@ -135,12 +135,8 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                 return lazy
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
-            if same and not diag and num_rows < featurizer.num_features:
-                # chunked statistics are F × F, never the N × N kernel space that N < F would take
-                check_solve(num_rows, featurizer.num_features, batch, x1.dtype, x1.device, size=featurizer.num_features,
-                            advice=f"with N < F the N × N kernel-space path needs Φ whole: raise "
-                                   f"rfgp.settings.memory_budget above {memory_budget.value()} bytes, or reduce "
-                                   "num_features")
+            if same and not diag:
+                _check_chunked_solve(num_rows, featurizer, batch, x1)
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
         if not (same or diag or torch.is_grad_enabled()) and outputs == 1:
             # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space
@@ -195,21 +191,26 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
 
     def _multi_output_prediction_forward(self, x1: Tensor, x2: Tensor, same: bool, diag: bool,
                                          featurizer: Featurizer, num_rows: int, outputs: int, batch: int):
-        """The lazy operator of a multi-output root's prediction-time covariance, ``None`` to materialise it.
+        """The lazy operator of a multi-output root's covariance, ``None`` to materialise it.
 
         Prediction (eval mode, or no gradient recorded) never materialises the test–train covariance (the
-        feature-space strategy does not read it), and evaluates a test–test covariance whose n·p × F root
-        exceeds :class:`~rfgp.settings.memory_budget` block by block
-        (:mod:`rfgp.inference.multioutput_chunking`); a training covariance over budget raises.
+        feature-space strategy does not read it).  A covariance R(x)R(x)ᵀ whose n·p × F root exceeds
+        :class:`~rfgp.settings.memory_budget` — a training covariance (marginal likelihood and gradients, posterior
+        caches) or a test–test one — is evaluated block by block (:mod:`rfgp.inference.multioutput_chunking`); a
+        diagonal, or a cross-covariance with a gradient recorded, over the budget raises.
         """
         chunk_points = points_per_block(num_rows, outputs, featurizer.num_features, batch, x1.dtype)
         predicting = not (self.training and torch.is_grad_enabled())
-        if chunk_points is not None and not (predicting and not diag):
+        if chunk_points is None:
+            if diag or same or not predicting:
+                return None
+        elif diag or not (same or predicting):
             check_unchunked_memory(self, num_rows, outputs, featurizer.num_features, batch, x1.dtype,
-                                   "multi-output feature kernels evaluate block by block only for prediction (eval "
-                                   "mode, or under torch.no_grad()), not for training or a diagonal")
-        if diag or not predicting or (same and chunk_points is None):
-            return None
+                                   "multi-output feature kernels evaluate block by block only a covariance R(x)R(x)ᵀ "
+                                   "or, for prediction (eval mode, or under torch.no_grad()), R(x₁)R(x₂)ᵀ, not a "
+                                   "diagonal or a cross-covariance with a gradient recorded")
+        elif same:
+            _check_chunked_solve(num_rows * outputs, featurizer, batch, x1)
         return ChunkedMultiOutputFeatureOperator.from_featurizer(x1, x1 if same else x2, featurizer,
                                                                  chunk_points or num_rows, outputs)
 
@@ -277,6 +278,16 @@ class RandomFeatureKernel(FeatureKernel):
             return None
         scaled = self.scale_inputs(x)
         return self.feature_map.target_diag(scaled), self.feature_map.expected_diag(scaled)
+
+
+def _check_chunked_solve(num_rows: int, featurizer: Featurizer, batch: int, x: Tensor) -> None:
+    """Chunked statistics are F × F, never the N × N kernel space that N < F rows would take: refuse an F × F
+    solve that cannot fit, naming the budget."""
+    num_features = featurizer.num_features
+    if num_rows < num_features:
+        check_solve(num_rows, num_features, batch, x.dtype, x.device, size=num_features,
+                    advice=f"with N < F the N × N kernel-space path needs Φ whole: raise rfgp.settings.memory_budget "
+                           f"above {memory_budget.value()} bytes, or reduce num_features")
 
 
 def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_features: int, batch: int,

@@ -249,17 +249,6 @@ def test_bad_model_input():
         MultiOutputFeatureSumKernel(SketchedCurlFreeKernel(32, 2), SketchedCurlFreeKernel(32, 3))
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_multi_output_features_over_the_memory_budget_are_refused_by_name(rank):
-    """The chunked operators count one row per input; an N·p-row root is never chunked, the budget is named."""
-    x, y = _data(n=40)
-    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=rank).to(F64)
-    model = MultiOutputGPModel(x, y, likelihood, SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0),
-                                                                            num_tasks=2, rank=1)).to(F64)
-    with rfgp.settings.memory_budget(256), pytest.raises(ValueError, match=r"80 rows \(n = 40 points × 2 outputs"):
-        likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
-
-
 @pytest.mark.parametrize("num_features", [16, 512])  # N·T > F: feature space; N·T < F: kernel space
 @pytest.mark.parametrize("rank, global_noise", [(1, True), (2, False)])
 def test_missing_targets_with_correlated_task_noise_match_the_dense_gp_of_the_observed_entries(

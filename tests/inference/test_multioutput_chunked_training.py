@@ -1,0 +1,156 @@
+"""Training multi-output feature GPs whose n·p × F root exceeds the memory budget: block by block, the same numbers.
+
+Before, a training root over ``rfgp.settings.memory_budget`` raised ("multi-output feature kernels evaluate block by
+block only for prediction", or "the marginal likelihood and the training covariance of a multi-output model need the
+whole root"); now the marginal likelihood, its gradients and the posterior caches are accumulated a block of points
+at a time (:mod:`rfgp.inference.multioutput_chunking`) and equal the unchunked path to rounding.
+"""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.likelihoods import MultitaskGaussianLikelihood
+
+import rfgp
+from rfgp.inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator
+from rfgp.kernels import (
+    MultiOutputFeatureSumKernel,
+    SketchedCurlFreeKernel,
+    SketchedDecomposableKernel,
+    SketchedDivFreeKernel,
+    SketchedRBFKernel,
+)
+from rfgp.models.multioutput import MultiOutputGPModel
+
+F64 = torch.float64
+ScaleKernel = gpytorch.kernels.ScaleKernel
+CHUNK_ROWS = 12  # rfgp.settings.chunk_size counts root rows: 6 points × 2 outputs per block
+TOL = dict(rtol=1e-9, atol=1e-11)
+
+
+def _kernel(kind, width, d=2):
+    if kind == "curl_free":
+        return ScaleKernel(SketchedCurlFreeKernel(width, input_dim=d, seed=0))
+    if kind == "helmholtz":
+        return MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(width, d, seed=0)),
+                                           ScaleKernel(SketchedDivFreeKernel(width * (d - 1), d, seed=1)))
+    return SketchedDecomposableKernel(SketchedRBFKernel(width, seed=0), num_tasks=d, rank=1)
+
+
+def _model(kind, rank, width=16, n=40, missing=False, global_noise=True):
+    torch.manual_seed(0)  # the decomposable kernel's task factor and the likelihood's are drawn by torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 2, generator=g, dtype=F64) * 2 - 1
+    y = torch.cat([torch.sin(3 * x[:, :1]), torch.cos(2 * x[:, 1:])], -1) + 0.05 * torch.randn(n, 2, generator=g,
+                                                                                                  dtype=F64)
+    if missing:  # single tasks and a whole point
+        y[3, 1] = y[7, 0] = y[11, 0] = float("nan")
+        y[20] = float("nan")
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=rank, has_global_noise=global_noise).to(F64)
+    if rank:
+        with torch.no_grad():
+            likelihood.task_noise_covar_factor.copy_(torch.tensor([[0.2, 0.05], [-0.1, 0.15]], dtype=F64)[:, :rank])
+    mean = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=2)
+    with gpytorch.settings.observation_nan_policy("mask" if missing else "ignore"):
+        model = MultiOutputGPModel(x, y, likelihood, _kernel(kind, width), mean).to(F64)
+    with torch.no_grad():
+        for constant in model.mean_module.parameters():
+            constant.fill_(0.1)
+    return model, likelihood, x, y
+
+
+def _record_featurized_points(model):
+    """Wrap every leaf feature kernel's featurize to record how many points it is called on."""
+    sizes = []
+    for kernel in model.covar_module.modules():
+        if hasattr(kernel, "featurize") and not hasattr(kernel, "kernels"):
+            original = kernel.featurize
+            kernel.featurize = lambda x, original=original: sizes.append(x.shape[-2]) or original(x)
+    return sizes
+
+
+def _train_and_predict(model, likelihood, x, y, test_x, chunk_rows, missing=False):
+    """(MLL, its gradients w.r.t. every parameter, posterior mean, variance, joint covariance, and the training
+    covariance's operator), with ``chunk_rows`` root rows per block (``None``: unchunked)."""
+    policy = "mask" if missing else "ignore"
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    with gpytorch.settings.observation_nan_policy(policy), rfgp.settings.chunk_size(chunk_rows):
+        output = model(x)
+        operator = output.lazy_covariance_matrix.evaluate_kernel()
+        value = mll(output, y)
+        gradients = torch.autograd.grad(value, parameters)
+        model.eval()
+        with torch.no_grad():
+            posterior = model(test_x)
+            results = (value.detach(), *gradients, posterior.mean, posterior.variance, posterior.covariance_matrix)
+    return results, operator
+
+
+def _assert_all_close(expected, actual):
+    for index, (a, b) in enumerate(zip(expected, actual)):
+        torch.testing.assert_close(b, a, **TOL, msg=lambda text, index=index: f"result {index}: {text}")
+
+
+@pytest.mark.parametrize("kind", ["curl_free", "helmholtz", "decomposable"])
+@pytest.mark.parametrize("rank", [0, 1])  # independent task noises; correlated task noise, whitened per point
+def test_chunked_mll_gradients_and_posterior_equal_the_unchunked_ones(kind, rank):
+    model, likelihood, x, y = _model(kind, rank)
+    test_x = torch.rand(9, 2, generator=torch.Generator().manual_seed(5), dtype=F64)
+    expected, whole = _train_and_predict(model, likelihood, x, y, test_x, None)
+    sizes = _record_featurized_points(model)
+    actual, chunked = _train_and_predict(model, likelihood, x, y, test_x, CHUNK_ROWS)
+    assert isinstance(chunked, ChunkedMultiOutputFeatureOperator) and not isinstance(
+        whole, ChunkedMultiOutputFeatureOperator)
+    assert max(sizes) <= CHUNK_ROWS // 2  # training, backward and posterior caches: never more than a block
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in actual[1:-3])  # every parameter is trained
+    _assert_all_close(expected, actual)
+
+
+@pytest.mark.parametrize("rank, global_noise", [(0, True), (1, True), (2, False)])
+def test_missing_task_values_under_the_mask_policy_equal_the_unchunked_ones(rank, global_noise):
+    model, likelihood, x, y = _model("curl_free", rank, missing=True, global_noise=global_noise)
+    test_x = torch.rand(9, 2, generator=torch.Generator().manual_seed(5), dtype=F64)
+    expected, _ = _train_and_predict(model, likelihood, x, y, test_x, None, missing=True)
+    actual, chunked = _train_and_predict(model, likelihood, x, y, test_x, CHUNK_ROWS, missing=True)
+    assert isinstance(chunked, ChunkedMultiOutputFeatureOperator)
+    _assert_all_close(expected, actual)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_fewer_rows_than_features_train_chunked_through_the_capacitance(rank):
+    """N·p = 80 < F = 256: unchunked, the N·p × N·p kernel-space path; chunked, the F × F capacitance (the same
+    model: the kernel-space path needs the whole root)."""
+    model, likelihood, x, y = _model("curl_free", rank, width=256)
+    test_x = torch.rand(9, 2, generator=torch.Generator().manual_seed(5), dtype=F64)
+    expected, _ = _train_and_predict(model, likelihood, x, y, test_x, None)
+    assert model.prediction_strategy.uses_kernel_space
+    actual, _ = _train_and_predict(model, likelihood, x, y, test_x, CHUNK_ROWS)
+    assert not model.prediction_strategy.uses_kernel_space
+    _assert_all_close(expected, actual)
+
+
+def test_the_memory_budget_chunks_training_and_fit_mll_trains_the_same_model():
+    """Without a forced chunk size: a budget below the root's working set chunks it; rfgp.fit_mll takes the same
+    steps and ends at the same hyperparameters and posterior as unchunked."""
+    test_x = torch.rand(9, 2, generator=torch.Generator().manual_seed(5), dtype=F64)
+    results = []
+    for budget in (2**30, 8 * 2**10):  # 8 KiB: 4 copies × 32 features × 8 bytes = 1 KiB per row, 4 points
+        model, likelihood, x, y = _model("helmholtz", 1)
+        with rfgp.settings.memory_budget(budget):
+            assert isinstance(model.covar_module(x).evaluate_kernel(),
+                              ChunkedMultiOutputFeatureOperator) == (budget < 2**30)
+            history = rfgp.fit_mll(model, num_iterations=4)
+            model.eval()
+            with torch.no_grad():
+                posterior = model(test_x)
+        results.append((torch.tensor(history.losses, dtype=F64), *[p.detach() for p in model.parameters()],
+                        posterior.mean, posterior.variance))
+    _assert_all_close(*results)
+
+
+def test_a_diagonal_over_the_budget_with_a_gradient_is_still_refused_by_name():
+    model, _, x, _ = _model("curl_free", 0)
+    with rfgp.settings.chunk_size(CHUNK_ROWS), pytest.raises(ValueError, match=r"80 rows \(n = 40 points × 2 "):
+        model.covar_module(x, diag=True)
