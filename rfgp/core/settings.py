@@ -5,8 +5,9 @@
   N × F working set of a kernel call exceeds it, rfgp kernels return operators that
   compute their feature statistics ΦᵀD⁻¹Φ and ΦᵀD⁻¹r chunk by chunk, so that peak
   memory is O(chunk·F + F²) instead of O(N·F), with the same results to rounding.
-  Multi-output (vector-field) kernels chunk their test roots at prediction (eval mode or
-  ``torch.no_grad()``), not their training roots (:mod:`rfgp.inference.multioutput_chunking`).
+  Multi-output (vector-field) kernels chunk their n·p-row roots a block of points at a time, for
+  training (marginal likelihood, gradients, posterior caches) and prediction
+  (:mod:`rfgp.inference.multioutput_chunking`).
 * :class:`chunk_size` — force a number of rows per chunk (``None``: derive it from
   the budget).
 * :class:`validate_inputs` — ``False`` skips the checks that read the data's values (NaN/Inf

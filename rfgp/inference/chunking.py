@@ -130,7 +130,7 @@ def backprop_chunks(
     """
     wanted = [p for p, needed in zip(featurizer.params, params_need_grad) if needed]
     param_grads = [None] * len(wanted)
-    input_grads = []
+    input_grad = torch.zeros_like(inputs) if input_needs_grad else None
     for points in chunk_slices(inputs.shape[-2], chunk_size):
         chunk = inputs[..., points, :].detach().requires_grad_(input_needs_grad)
         with torch.enable_grad():
@@ -141,12 +141,11 @@ def backprop_chunks(
             continue
         grads = torch.autograd.grad(features, targets, grad_features, allow_unused=True)
         if input_needs_grad:
-            input_grads.append(grads[0])
+            input_grad[..., points, :] = grads[0]
             grads = grads[1:]
         param_grads = [_add(total, g) for total, g in zip(param_grads, grads)]
     it = iter(param_grads)
     all_param_grads = [next(it) if needed else None for needed in params_need_grad]
-    input_grad = torch.cat(input_grads, dim=-2) if input_needs_grad else None
     return input_grad, all_param_grads
 
 

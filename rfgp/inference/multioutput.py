@@ -40,6 +40,7 @@ from .multioutput_chunking import (
     ChunkedMultiOutputFeatureOperator,
     ChunkedPosteriorCovariance,
     chunked_training_statistics,
+    is_chunked_training_covariance,
 )
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
@@ -91,7 +92,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         root over the memory budget (chunked) stays in feature space.
         """
         noisy = self.lik_train_train_covar
-        return not isinstance(noisy, ChunkedFeatureRootAddedDiagLinearOperator) and noisy.uses_kernel_space()
+        return not is_chunked_training_covariance(noisy) and noisy.uses_kernel_space()
 
     def _training_system(self, nan_policy: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """(R, the noise diagonal d ``(..., N·T)`` or ``(..., 1)``, y − μ, the observed mask), interleaved.
@@ -117,10 +118,9 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         root over the memory budget gives its statistics block by block
         (:func:`~rfgp.inference.multioutput_chunking.chunked_training_statistics`).
         """
-        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
-        chunked = chunked_training_statistics(self.lik_train_train_covar, residual, observed)
-        if chunked is not None:
-            return capacitance_solve(*chunked)
+        if is_chunked_training_covariance(self.lik_train_train_covar):
+            residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+            return capacitance_solve(*chunked_training_statistics(self.lik_train_train_covar, residual, observed))
         features, noise, residual, observed = self._training_system(nan_policy)
         weights = noise.reciprocal()
         if observed is not None and weights.shape[-1] != 1:

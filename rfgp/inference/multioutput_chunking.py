@@ -1,19 +1,38 @@
-"""Chunked prediction of multi-output feature GPs: test roots of n·p rows evaluated a block of points at a time.
+"""Chunked training and prediction of multi-output feature GPs: n·p-row roots evaluated a block of points at a time.
 
 A multi-output feature kernel (curl-/divergence-free, decomposable, their sums) has an interleaved root of
-n·p rows for n points (row i·p + t = output t of point i).  At prediction on a large grid GPyTorch asks the
-kernel for the test–test covariance R*R*ᵀ (n·p × n·p) and the test–train covariance; materialising R* and the
-posterior root R*L⁻ᵀ costs O(n·p·F) memory several times over (n = 10⁵, p = 3, F = 512, float64: 4.7 GiB).
-When the n·p × F root exceeds :class:`rfgp.settings.memory_budget` and no gradient is recorded (or the kernel is
-in eval mode), the kernel returns :class:`ChunkedMultiOutputFeatureOperator` instead, which keeps the points and
-the feature function; :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy` then computes
-the posterior mean block by block and returns :class:`ChunkedPosteriorCovariance`, whose variance (the diagonal),
-joint samples R*ε (one ε ~ N(0, I_F) shared by all blocks, so samples are jointly correct) and products are
-computed block by block too: peak memory O(chunk·p·F + F²), the same numbers as the unchunked path to rounding.
-A dense ``covariance_matrix`` (n·p × n·p) is still available on request.
+n·p rows for n points (row i·p + t = output t of point i).  When the n·p × F root of a covariance R(x)R(x)ᵀ exceeds
+:class:`rfgp.settings.memory_budget` (or a :class:`rfgp.settings.chunk_size` is forced), and for a test–train
+covariance at prediction, the kernel returns :class:`ChunkedMultiOutputFeatureOperator`, which keeps the points and
+the feature function instead of R (n = 10⁵, p = 3, F = 512, float64: R alone is 1.1 GiB).
 
-The training covariance of a multi-output kernel is never chunked (its marginal likelihood needs the whole
-root): such an operator with noise added raises, naming the budget.
+Training.  The likelihood's noise turns it into
+
+* RRᵀ + D (``MultitaskGaussianLikelihood(rank=0)``, diagonal): a
+  :class:`~rfgp.inference.operators.ChunkedFeatureRootAddedDiagLinearOperator`, whose marginal likelihood takes the
+  F × F statistics RᵀD⁻¹R, RᵀD⁻¹r (:meth:`ChunkedMultiOutputFeatureOperator.feature_statistics`) from
+  :func:`~rfgp.inference.chunking.chunked_feature_statistics` with p rows per input point: accumulated block by block,
+  and differentiated by recomputing each block's rows in the backward pass;
+* RRᵀ + I_N ⊗ Σ_T (rank ≥ 1, correlated task noise): :class:`ChunkedAddedTaskNoiseLinearOperator`, the whitened
+  R̃R̃ᵀ + I of :mod:`rfgp.inference.task_noise` with R̃ = WR formed per block (each block's whitening factors travel
+  with its points as extra input columns, so the gradient reaches Σ_T);
+* missing task values under ``gpytorch.settings.observation_nan_policy("mask")``: the same statistics with weight 0
+  (or a whitened row of 0) for a missing entry (:class:`ObservedMultiOutputRows`), which a block of points cannot
+  drop.
+
+The marginal likelihood (GPyTorch's ``ExactMarginalLogLikelihood``, unchanged) and its gradients w.r.t. the kernel,
+the task noise and the mean then need O(chunk·p·F + F²) memory and equal the unchunked path to rounding; the
+posterior caches of :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy` come from the same
+statistics (:func:`chunked_training_statistics`).  A chunked training covariance always takes the F × F capacitance:
+the N·p × N·p kernel-space path (N·p ≲ F) needs the whole root.  Second derivatives (``create_graph=True``)
+recompute all rows at once (O(n·p·F), as in :mod:`rfgp.inference.chunking`).  A diagonal, or a cross-covariance with
+a gradient recorded, over the budget is refused by the kernel, naming the budget.
+
+Prediction.  :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy` computes the posterior
+mean of a chunked test root block by block and returns :class:`ChunkedPosteriorCovariance`, whose variance (the
+diagonal), joint samples R*ε (one ε ~ N(0, I_F) shared by all blocks, so samples are jointly correct) and products
+are computed block by block too: peak memory O(chunk·p·F + F²), the same numbers as the unchunked path to rounding.
+A dense ``covariance_matrix`` (n·p × n·p) is still available on request.
 """
 
 from __future__ import annotations
@@ -224,10 +243,19 @@ class ChunkedAddedTaskNoiseLinearOperator(FeatureRootAddedTaskNoiseLinearOperato
         return False
 
 
+def is_chunked_training_covariance(noisy: LinearOperator) -> bool:
+    """Whether a noise-added multi-output training covariance has a chunked root R (block by block statistics)."""
+    if isinstance(noisy, FeatureRootAddedTaskNoiseLinearOperator):
+        return isinstance(noisy.feature_operator, ChunkedMultiOutputFeatureOperator)
+    return isinstance(noisy, ChunkedFeatureRootAddedDiagLinearOperator) and isinstance(
+        noisy._linear_op, ChunkedMultiOutputFeatureOperator)
+
+
 def chunked_training_statistics(noisy: LinearOperator, residual: Tensor,
-                                observed: Tensor | None) -> tuple[Tensor, Tensor] | None:
+                                observed: Tensor | None) -> tuple[Tensor, Tensor]:
     """(RᵀD⁻¹R, RᵀD⁻¹r) ``(..., F, F)``, ``(..., F, 1)`` of a chunked noise-added multi-output training covariance
-    over the observed entries (whitened R̃ and r̃, D = I, for correlated task noise), ``None`` for other operators.
+    (:func:`is_chunked_training_covariance`) over the observed entries (whitened R̃ and r̃, D = I, for correlated
+    task noise).
 
     Args:
         noisy: the likelihood's training covariance.
@@ -238,13 +266,10 @@ def chunked_training_statistics(noisy: LinearOperator, residual: Tensor,
         whitened = noisy.whitened_operator(observed)._linear_op
         unit = residual.new_ones(*residual.shape[:-1], 1)
         return whitened.feature_statistics(unit, noisy.whitened_rows(residual.unsqueeze(-1), observed))
-    if isinstance(noisy, ChunkedFeatureRootAddedDiagLinearOperator) and isinstance(
-            noisy._linear_op, ChunkedMultiOutputFeatureOperator):
-        weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
-        if observed is not None:  # weight 0: a missing entry's row leaves RᵀD⁻¹R and RᵀD⁻¹r
-            weights = weights * observed.to(weights.dtype)
-        return noisy._linear_op.feature_statistics(weights, residual.unsqueeze(-1))
-    return None
+    weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
+    if observed is not None:  # weight 0: a missing entry's row leaves RᵀD⁻¹R and RᵀD⁻¹r
+        weights = weights * observed.to(weights.dtype)
+    return noisy._linear_op.feature_statistics(weights, residual.unsqueeze(-1))
 
 
 class ChunkedPosteriorCovariance(LinearOperator):

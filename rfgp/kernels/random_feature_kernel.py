@@ -296,8 +296,8 @@ def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_fe
     """Refuse, instead of silently exceeding, a memory budget that would ask to chunk a multi-output root.
 
     The chunked operators of :mod:`rfgp.inference.operators` count one row per input point; a kernel with
-    several outputs per input (derivatives, vector fields) has a root of ``num_points · outputs`` rows,
-    always materialised.
+    several outputs per input has a root of ``num_points · outputs`` rows, which derivative kernels always
+    materialise and vector-field kernels chunk only where :mod:`rfgp.inference.multioutput_chunking` can.
     """
     rows = num_points * outputs
     if resolve_chunk_size(rows, num_features, batch, dtype) is not None:

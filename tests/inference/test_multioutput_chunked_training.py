@@ -150,6 +150,20 @@ def test_the_memory_budget_chunks_training_and_fit_mll_trains_the_same_model():
     _assert_all_close(*results)
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_second_derivatives_equal_the_unchunked_ones(rank):
+    """create_graph=True (Hessians of the MLL w.r.t. hyperparameters) recomputes all rows with autograd."""
+    hessian_rows = []
+    for chunk_rows in (None, CHUNK_ROWS):
+        model, likelihood, x, y = _model("curl_free", rank)
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        with rfgp.settings.chunk_size(chunk_rows):
+            value = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(x), y)
+            gradients = torch.autograd.grad(value, parameters, create_graph=True)
+            hessian_rows.append(torch.autograd.grad(sum(g.sum() for g in gradients), parameters))
+    _assert_all_close(*hessian_rows)
+
+
 def test_a_diagonal_over_the_budget_with_a_gradient_is_still_refused_by_name():
     model, _, x, _ = _model("curl_free", 0)
     with rfgp.settings.chunk_size(CHUNK_ROWS), pytest.raises(ValueError, match=r"80 rows \(n = 40 points × 2 "):
