@@ -4,7 +4,8 @@ A 3-D curl-free GP (p = 3 outputs per point, F features, float64) with ``Multita
 (independent task noises) or rank 1 (correlated task noise, whitened per point); one marginal likelihood and its
 gradient w.r.t. every hyperparameter (kernel, task noise, mean) per repeat.  Each case runs in a fresh process
 under a ``rfgp.settings.memory_budget``: the default 1 GiB materialises the root at n = 20 000 (its working set,
-4 copies of the n·p × F root, is 0.98 GiB), smaller budgets chunk it (points per block = budget / (4·p·F·8 bytes)).
+4 copies of the n·p × F root, is 0.98 GiB) and chunks it at n = 40 000 (two blocks; refused before), smaller
+budgets chunk it (points per block = budget / (4·p·F·8 bytes)).
 Reported: the median time of ``--repeats`` evaluations after one warm-up, the process's peak resident memory
 (``getrusage`` maxrss) and its growth over the resident memory before the first evaluation (data, model, torch),
 with glibc's default allocator (whose heap keeps blocks freed between chunks: the growth rises slowly with n) and
@@ -113,7 +114,9 @@ def main() -> None:
     title = "# Chunked training of a multi-output GP: MLL + gradient" + (f" — {args.tag}" * bool(args.tag))
     header = (f"{title}\n\n3-D curl-free ORFF, n points × p = 3 outputs, F = {args.features}, float64, "
               f"{args.device}, {args.threads} thread(s), median of {args.repeats} after a warm-up, load "
-              f"{os.getloadavg()[0]:.1f}\n\n"
+              f"{os.getloadavg()[0]:.1f}. RSS growth: over the resident memory before the first evaluation; "
+              "mapped: the same with MALLOC_MMAP_THRESHOLD_=65536 (the live working set; glibc's default heap keeps "
+              "blocks freed between chunks)\n\n"
               "| n | task noise rank | budget MiB | chunked (points per block) | MLL + grad s | loss | peak RSS MiB "
               "| RSS growth MiB | growth, mapped MiB "
               f"|{' peak CUDA MiB |' * cuda}\n|---|---|---|---|---|---|---|---|---|{'---|' * cuda}\n")

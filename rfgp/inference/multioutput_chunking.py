@@ -157,23 +157,23 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
         (:func:`~rfgp.inference.task_noise.whiten_points`: d ``(..., n)``, Cᵢ ``(..., n or 1, p, p)``, optional 0/1
         indicator ``(n, p)`` of observed entries), still evaluated a block of points at a time.
 
-        A block's rows need its own points' dᵢ, Cᵢ and indicator: they ride along as extra input columns
-        [x, d, vec(C), o], so that the chunked statistics slice them with the points, and the gradient the backward
-        returns for those columns reaches the noise parameters (Σ_T) through ordinary autograd.
+        A block's rows need its own points' factors √dᵢ·Cᵢ (dᵢ folded in: one copy of the block's rows less) and
+        indicator: they ride along as extra input columns [x, vec(√d·C), o], so that the chunked statistics slice
+        them with the points, and the gradient the backward returns for those columns reaches the noise parameters
+        (Σ_T) through ordinary autograd.  Without a mask no indicator (and no multiplication by it) is carried.
         """
         x, p, base = self.inputs1, self.num_outputs, self.featurizer
-        num_points, dim = x.shape[-2:]
-        if indicator is None:
-            indicator = x.new_ones(num_points, p)
-        factors = factors.expand(*factors.shape[:-3], num_points, p, p)
-        columns = (x, point_noise.unsqueeze(-1), factors.flatten(-2), indicator.to(x.dtype))
+        dim = x.shape[-1]
+        factors = factors * point_noise.sqrt().unsqueeze(-1).unsqueeze(-1)  # (..., n, p, p)
+        columns = (x, factors.flatten(-2)) + (() if indicator is None else (indicator.to(x.dtype),))
         batch = torch.broadcast_shapes(*(column.shape[:-2] for column in columns))
         inputs = torch.cat([column.expand(*batch, *column.shape[-2:]) for column in columns], -1)
+        widths = (dim, p * p) + (() if indicator is None else (p,))
         function = base.function
 
         def whitened_features(augmented: Tensor) -> Tensor:
-            x, noise, factor, observed = augmented.split((dim, 1, p * p, p), -1)
-            return whiten_points(function(x), noise.squeeze(-1), factor.unflatten(-1, (p, p)), observed)
+            x, factor, *observed = augmented.split(widths, -1)
+            return whiten_points(function(x), None, factor.unflatten(-1, (p, p)), observed[0] if observed else None)
 
         featurizer = Featurizer(whitened_features, base.params, base.num_features,
                                 torch.broadcast_shapes(base.batch_shape, batch), base.constant)
@@ -198,6 +198,11 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
             return ChunkedFeatureRootAddedDiagLinearOperator(self, other)
         if self.symmetric and is_interleaved_task_noise(other):
             return ChunkedAddedTaskNoiseLinearOperator(self, other)
+        if (isinstance(other, ChunkedMultiOutputFeatureOperator) and other.inputs1 is self.inputs1
+                and other.inputs2 is self.inputs2 and other.num_outputs == self.num_outputs):
+            # R₁R₁ᵀ + R₂R₂ᵀ = [R₁, R₂][R₁, R₂]ᵀ (GPyTorch's AdditiveKernel), as materialised roots concatenate
+            return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.concatenated(other.featurizer),
+                                        min(self.chunk_size, other.chunk_size), self.num_outputs)
         return super().__add__(other)
 
 

@@ -56,12 +56,13 @@ def is_interleaved_task_noise(operator: LinearOperator) -> bool:
     )
 
 
-def whiten_points(matrix: Tensor, point_noise: Tensor, factors: Tensor, indicator: Tensor | None = None) -> Tensor:
+def whiten_points(matrix: Tensor, point_noise: Tensor | None, factors: Tensor,
+                  indicator: Tensor | None = None) -> Tensor:
     """(D_N^{-1/2} ⊗ C⁻¹)M for an interleaved ``(..., N·T, k)`` matrix M, point i's T rows by its factor Cᵢ.
 
     Args:
         matrix: M, ``(..., N·T, k)``.
-        point_noise: the diagonal d of D_N, ``(..., N)``.
+        point_noise: the diagonal d of D_N, ``(..., N)``; ``None`` for D_N = I (or √dᵢ already in the factors).
         factors: lower Cholesky factors Cᵢ, ``(..., N, T, T)``, or one shared ``(..., 1, T, T)``.
         indicator: optional 0/1 ``(N, T)``, zero at missing entries, whose rows are zeroed first (module docstring).
     """
@@ -72,7 +73,8 @@ def whiten_points(matrix: Tensor, point_noise: Tensor, factors: Tensor, indicato
     batch = torch.broadcast_shapes(blocks.shape[:-3], factors.shape[:-3])
     blocks = blocks.expand(*batch, *blocks.shape[-3:])
     whitened = torch.linalg.solve_triangular(factors, blocks, upper=False)
-    whitened = whitened * point_noise.rsqrt().unsqueeze(-1).unsqueeze(-1)
+    if point_noise is not None:
+        whitened = whitened * point_noise.rsqrt().unsqueeze(-1).unsqueeze(-1)
     return whitened.flatten(-3, -2)
 
 

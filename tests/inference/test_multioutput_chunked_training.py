@@ -150,6 +150,18 @@ def test_the_memory_budget_chunks_training_and_fit_mll_trains_the_same_model():
     _assert_all_close(*results)
 
 
+def test_a_gpytorch_sum_of_multi_output_kernels_concatenates_its_chunked_roots():
+    """k₁ + k₂ (GPyTorch's AdditiveKernel) evaluates two chunked covariances: their sum is the chunked root [R₁, R₂]
+    (as the unchunked roots concatenate), not a generic sum whose noisy form GPyTorch would solve densely."""
+    model, likelihood, x, y = _model("curl_free", 1)
+    model.covar_module = model.covar_module + ScaleKernel(SketchedDivFreeKernel(16, 2, seed=1)).to(F64)
+    test_x = torch.rand(9, 2, generator=torch.Generator().manual_seed(5), dtype=F64)
+    expected, _ = _train_and_predict(model, likelihood, x, y, test_x, None)
+    actual, chunked = _train_and_predict(model, likelihood, x, y, test_x, CHUNK_ROWS)
+    assert isinstance(chunked, ChunkedMultiOutputFeatureOperator) and chunked.featurizer.num_features == 32
+    _assert_all_close(expected, actual)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_second_derivatives_equal_the_unchunked_ones(rank):
     """create_graph=True (Hessians of the MLL w.r.t. hyperparameters) recomputes all rows with autograd."""
