@@ -15,7 +15,8 @@ output t of point i, value first), so ``MultitaskMultivariateNormal``,
 ``ExactMarginalLogLikelihood`` work unchanged.  Training and prediction then cost
 O(n·K·F² + F³) through the F × F capacitance matrix
 (:class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`) instead of GPyTorch's
-O((n·K)³).
+O((n·K)³); a root over :class:`rfgp.settings.memory_budget` is evaluated a block of points at a time, as a
+vector field's (:mod:`rfgp.inference.multioutput_chunking`).
 
 The input derivatives of the features are analytic (:mod:`rfgp.features.derivatives`):
 for sin/cos features a swap of Φ's halves times the frequencies; for polynomial sketches
@@ -25,18 +26,12 @@ the product rule over the sketched factors.  The lengthscale enters by the chain
 
 from __future__ import annotations
 
-import math
-
 import torch
-from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor
 
 from ..core.validation import check_choice
-from ..inference.operators import FeatureRootLinearOperator
-from .checked_call import refuse_last_dim_is_batch
 from .fourier import FOURIER_METHODS, SketchedMaternKernel, SketchedRBFKernel
 from .polynomial import SketchedPolynomialKernel
-from .random_feature_kernel import check_unchunked_memory
 
 
 class _DerivativeRootMixin:
@@ -71,25 +66,6 @@ class _DerivativeRootMixin:
         if self.second_derivatives:
             powers.append(inverse.square())
         return torch.cat(powers, dim=-1).unsqueeze(-1)
-
-    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
-        if last_dim_is_batch:
-            refuse_last_dim_is_batch(self)
-        x1, x2 = self.promote_inputs(x1, x2, self.check_inputs(x1, x2))
-        self._check_memory(x1, x2)
-        same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
-        z1 = self.featurize(x1)
-        z2 = z1 if same else self.featurize(x2)
-        if diag:
-            return (z1 * z2).sum(-1)
-        if same:
-            return FeatureRootLinearOperator(z1)
-        return MatmulLinearOperator(z1, z2.mT)
-
-    def _check_memory(self, x1: Tensor, x2: Tensor) -> None:
-        batch = math.prod(torch.broadcast_shapes(self.batch_shape, x1.shape[:-2]))
-        num_points = max(x1.shape[-2], x2.shape[-2])
-        check_unchunked_memory(self, num_points, self.num_outputs_per_input(x1, x2), self.num_features, batch, x1.dtype)
 
     def diag_moments(self, x: Tensor):
         # the supported feature maps (sin/cos, polynomial sketches) are unbiased on the whole joint diagonal

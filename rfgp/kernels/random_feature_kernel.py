@@ -291,13 +291,12 @@ def _check_chunked_solve(num_rows: int, featurizer: Featurizer, batch: int, x: T
 
 
 def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_features: int, batch: int,
-                           dtype: torch.dtype,
-                           limitation: str = "multi-output feature kernels have no chunked evaluation") -> None:
+                           dtype: torch.dtype, limitation: str) -> None:
     """Refuse, instead of silently exceeding, a memory budget that would ask to chunk a multi-output root.
 
-    The chunked operators of :mod:`rfgp.inference.operators` count one row per input point; a kernel with
-    several outputs per input has a root of ``num_points · outputs`` rows, which derivative kernels always
-    materialise and vector-field kernels chunk only where :mod:`rfgp.inference.multioutput_chunking` can.
+    A kernel with several outputs per input (vector fields, derivatives) has a root of ``num_points · outputs``
+    rows, evaluated block by block where :mod:`rfgp.inference.multioutput_chunking` can (``limitation`` says where
+    it cannot).
     """
     rows = num_points * outputs
     if resolve_chunk_size(rows, num_features, batch, dtype) is not None:
