@@ -21,6 +21,8 @@ E[θ | y] = Rᵀ(RRᵀ + D)⁻¹(y − μ) and covariance root R*(I − WᵀQ) (
 :class:`~rfgp.inference.kernel_space.KernelSpaceFactor`) come from its Cholesky factor in O((N·p)²F + (N·p)³),
 with no F × F matrix (whitened R̃, r̃ and D = I under correlated noise; missing entries' rows dropped).
 Either square matrix is checked against the available memory first (:func:`rfgp.core.memory.check_solve`).
+Training and test roots over :class:`rfgp.settings.memory_budget` are evaluated a block of points at a time
+(:mod:`rfgp.inference.multioutput_chunking`; a chunked training root always takes the F × F capacitance).
 """
 
 from __future__ import annotations
