@@ -183,6 +183,55 @@ def test_fantasy_batches_equal_one_conditioning_per_fantasy():
             torch.testing.assert_close(means[k], single.posterior(xs).mean, rtol=1e-8, atol=1e-10)
 
 
+def _fixed_noise_refit(model, x, y, noise):
+    """The model's kernel and mean refitted on (x, y) with the given per-point noise variances (no transforms)."""
+    refit = sketched_model(x, y, num_features=model.covar_module.num_features, outcome_transform=None,
+                           train_Yvar=noise)
+    refit.covar_module.load_state_dict(model.covar_module.state_dict())
+    refit.mean_module.load_state_dict(model.mean_module.state_dict())
+    refit.input_transform.load_state_dict(model.input_transform.state_dict())
+    return refit.eval()
+
+
+@pytest.mark.parametrize("num_features", [64, 1024])  # feature space; kernel space (N + m ≪ F)
+def test_conditioning_with_noise_is_a_fixed_noise_refit(num_features):
+    """condition_on_observations(X, Y, noise) (qJointEntropySearch's near-noiseless optima) conditions the new points
+    on that noise, in the mean and the covariance, as a model fitted with that fixed noise does; before, the
+    homoscedastic likelihood's noise was used instead, silently."""
+    x, y = data(60)
+    model = fitted(x[:50], y[:50], num_features=num_features, outcome_transform=None)
+    model.posterior(x[:1])
+    noise = torch.tensor([1e-4, 0.5, 2.0, 1e-3, 0.1, 1e-4, 0.3, 1.0, 1e-2, 1e-4], dtype=torch.float64).unsqueeze(-1)
+    conditioned = model.condition_on_observations(x[50:], y[50:], noise=noise)
+    all_noise = torch.cat([model.likelihood.noise.expand(50, 1), noise])
+    refit = _fixed_noise_refit(model, x, y, all_noise)
+    xs = 2 * torch.rand(6, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected, actual = refit.posterior(xs), conditioned.posterior(xs)
+        homoscedastic = model.condition_on_observations(x[50:], y[50:]).posterior(xs)
+    assert (actual.variance - homoscedastic.variance).abs().max() > 1e-3  # the noise matters here
+    torch.testing.assert_close(actual.mean, expected.mean, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(actual.variance, expected.variance, rtol=1e-7, atol=1e-9)
+
+
+def test_fantasies_with_observation_noise_condition_on_that_noise():
+    """fantasize(X, sampler, observation_noise) with a homoscedastic model: each fantasy is the fixed-noise refit."""
+    x, y = data(60)
+    model = fitted(x, y, outcome_transform=None)
+    points = 2 * torch.rand(2, D, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    noise = torch.tensor([[0.5]], dtype=torch.float64)
+    fantasy = model.fantasize(points, SobolQMCNormalSampler(torch.Size([3])), observation_noise=noise)
+    xs = 2 * torch.rand(4, D, dtype=torch.float64)
+    all_noise = torch.cat([model.likelihood.noise.expand(60, 1), noise.expand(2, 1)])
+    with torch.no_grad():
+        posterior = fantasy.posterior(xs)
+        for k in range(3):
+            targets = torch.cat([y, fantasy.train_targets[k, -2:].unsqueeze(-1)])
+            expected = _fixed_noise_refit(model, torch.cat([x, points]), targets, all_noise).posterior(xs)
+            torch.testing.assert_close(posterior.mean[k], expected.mean, rtol=1e-7, atol=1e-9)
+            torch.testing.assert_close(posterior.variance[k], expected.variance, rtol=1e-7, atol=1e-9)
+
+
 def test_model_list_with_sum_mll():
     x, y = data(60, num_outputs=2)
     models = [sketched_model(x, y[:, k : k + 1]) for k in range(2)]
