@@ -288,6 +288,26 @@ def weighted_gram(features: Tensor, weights: Tensor) -> Tensor:
     return feature_statistics(features, weights, features.new_zeros(*features.shape[:-1], 0))[0]
 
 
+def rows_times_inverse_cholesky_transpose(rows: Tensor, chol: Tensor) -> Tensor:
+    """X·L⁻ᵀ for rows X ``(*lead, *batch, n, F)`` and a lower Cholesky factor L ``(*batch, F, F)``.
+
+    ``torch.linalg.solve_triangular`` broadcasts L over the batch dimensions that only X has: one copy of the
+    F × F factor and one single-column solve per member — a t-batch of b candidate sets at the posterior's
+    L_A (BoTorch's acquisition optimisation, 8 restarts × q = 1 points, N = 3000, F = 1024) spent 0.31 s per
+    evaluation there, more than the rest of the posterior.  The same solve with those dimensions folded into
+    the n rows is one triangular solve with b·n right-hand sides, without the copies.
+    """
+    lead = rows.dim() - chol.dim()
+    if lead <= 0:
+        return torch.linalg.solve_triangular(chol, rows.mT, upper=False).mT
+    batch = torch.broadcast_shapes(rows.shape[lead:-2], chol.shape[:-2])
+    rows = rows.expand(*rows.shape[:lead], *batch, *rows.shape[-2:])
+    lead_dims, moved = tuple(range(lead)), tuple(range(len(batch), len(batch) + lead))
+    folded = rows.movedim(lead_dims, moved).reshape(*batch, -1, rows.shape[-1])
+    solved = torch.linalg.solve_triangular(chol, folded.mT, upper=False).mT
+    return solved.reshape(*batch, *rows.shape[:lead], *rows.shape[-2:]).movedim(moved, lead_dims)
+
+
 def _capacitance_terms(gram: Tensor, cross: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(BᵀA⁻¹B per column, log|A|, L, L⁻¹B) for A = I + ``gram`` = LLᵀ and B = ``cross``, in :func:`factor_dtype`."""
     chol = capacitance_cholesky(gram, noise)

@@ -44,7 +44,7 @@ from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import is_positive
+from .linalg import is_positive, rows_times_inverse_cholesky_transpose
 from .task_noise import is_interleaved_task_noise
 
 
@@ -220,7 +220,7 @@ def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -
     if kernel_space:
         batch = torch.broadcast_shapes(features.shape[:-2], factor.projection.shape[:-2])
         return LowRankPosteriorCovariance(factor.posterior_root(features.expand(*batch, *features.shape[-2:])))
-    return LowRankPosteriorCovariance(torch.linalg.solve_triangular(factor, features.mT, upper=False).mT)
+    return LowRankPosteriorCovariance(rows_times_inverse_cholesky_transpose(features, factor))
 
 
 def _weighted_roots(root: Tensor, weights: Tensor) -> Tensor:

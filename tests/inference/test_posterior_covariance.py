@@ -181,3 +181,46 @@ def test_stack_independent_pads_roots_of_different_widths():
     assert isinstance(stacked, LowRankPosteriorAddedDiag)
     torch.testing.assert_close(stacked.to_dense(), torch.stack([n.to_dense() for n in noisy]))
     assert stack_independent([LowRankPosteriorCovariance(roots[0]), noisy[1]], torch.Size()) is None  # mixed kinds
+
+
+def test_t_batched_test_points_solve_with_one_factor(monkeypatch):
+    """b sets of q test points (BoTorch's t-batches: ``(b, q, d)`` against an unbatched model) are solved against the
+    one F × F factor L_A as b·q right-hand sides, not with L_A broadcast to b copies and b solves (0.31 s per
+    acquisition evaluation at N = 3000, F = 1024, b = 8), with the values and test-input gradients of each set's
+    own posterior and of the dense algebra of the same kernel."""
+    import rfgp
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(300, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * x[:, 0])
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(32, seed=0))
+    model = rfgp.models.ExactGPModel(x, y, likelihood, kernel).double().eval()
+    likelihood.noise = 0.01
+    test_x = torch.rand(6, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    broadcast = []
+    solve = torch.linalg.solve_triangular
+
+    def spy(matrix, rhs, *args, **kwargs):
+        if matrix.shape[-1] == 32:
+            broadcast.append(torch.broadcast_shapes(matrix.shape[:-2], rhs.shape[:-2]).numel())
+        return solve(matrix, rhs, *args, **kwargs)
+
+    model(x[:1])  # the caches
+    monkeypatch.setattr(torch.linalg, "solve_triangular", spy)
+    batched = model(test_x)
+    assert broadcast == [1]
+    monkeypatch.setattr(torch.linalg, "solve_triangular", solve)
+    (batched.mean.sum() + batched.covariance_matrix.sum()).backward()
+    gradient, test_x.grad = test_x.grad.clone(), None
+    with torch.no_grad():
+        train = kernel(x).to_dense() + 0.01 * torch.eye(300, dtype=torch.float64)
+    for i in range(6):
+        single = model(test_x[i])
+        torch.testing.assert_close(batched.mean[i], single.mean, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(batched.covariance_matrix[i], single.covariance_matrix, rtol=1e-10, atol=1e-12)
+        cross, prior = kernel(test_x[i], x).to_dense(), kernel(test_x[i]).to_dense()
+        dense = prior - cross @ torch.linalg.solve(train, cross.mT)
+        torch.testing.assert_close(batched.covariance_matrix[i], dense, rtol=1e-7, atol=1e-9)
+        (single.mean.sum() + single.covariance_matrix.sum()).backward()
+    torch.testing.assert_close(gradient, test_x.grad, rtol=1e-10, atol=1e-12)
