@@ -442,7 +442,8 @@ class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
 class ChunkedFeatureCrossLinearOperator(LinearOperator):
     """Φ(x₁)Φ(x₂)ᵀ evaluated chunk by chunk (a test–train covariance that never stores Φ(x₂)).
 
-    Gradients through it are not supported (training uses ΦΦᵀ + D); its products are exact.
+    Its products are exact, and differentiable in x₁, x₂ and the featurizer's tensors (:meth:`_bilinear_derivative`),
+    also chunk by chunk.
     """
 
     def __init__(self, inputs1: Tensor, inputs2: Tensor, *params: Tensor, featurizer: Featurizer,
@@ -473,11 +474,34 @@ class ChunkedFeatureCrossLinearOperator(LinearOperator):
              for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size)], -2
         )
 
-    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor):
-        raise NotImplementedError(
-            "gradients through a chunked cross-covariance Φ(x₁)Φ(x₂)ᵀ are not supported; raise "
-            "rfgp.settings.memory_budget so that the features are materialised"
-        )
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
+        """∂ tr(UᵀΦ₁Φ₂ᵀV) w.r.t. x₁, x₂ and the featurizer's tensors (this operator's representation, in order).
+
+        linear_operator's generic derivative rebuilds the operator from detached copies of the representation, which
+        the featurizer's closure does not read (it uses the kernel's own parameters): its gradients would be zero.
+        Here the product rule with the other factor's projection held fixed — P = Φ₂ᵀV, Q = Φ₁ᵀU, then
+        ∂⟨Φ₁, UPᵀ⟩ + ∂⟨Φ₂, VQᵀ⟩ — is differentiated through the very tensors the featurizer uses, one chunk of rows
+        at a time (O(chunk·F) memory, as the products).
+        """
+        args = (self.inputs1, self.inputs2, *self.featurizer.params)
+        wanted = [i for i, arg in enumerate(args) if arg.requires_grad]
+        grads: list[Tensor | None] = [None] * len(args)
+        if not wanted:
+            return tuple(grads)
+        with torch.no_grad():
+            fixed2 = sum(project(self.featurizer(self.inputs2[..., rows, :]), right_vecs[..., rows, :])
+                         for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size))
+            fixed1 = sum(project(self.featurizer(self.inputs1[..., rows, :]), left_vecs[..., rows, :])
+                         for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size))
+        for inputs, vecs, fixed in ((self.inputs1, left_vecs, fixed2), (self.inputs2, right_vecs, fixed1)):
+            for rows in chunk_slices(inputs.shape[-2], self.chunk_size):
+                with torch.enable_grad():
+                    part = (self.featurizer(inputs[..., rows, :]) * (vecs[..., rows, :] @ fixed.mT)).sum()
+                    chunk_grads = torch.autograd.grad(part, [args[i] for i in wanted], allow_unused=True)
+                for i, grad in zip(wanted, chunk_grads):
+                    if grad is not None:
+                        grads[i] = grad if grads[i] is None else grads[i] + grad
+        return tuple(grads)
 
     def to_dense(self) -> Tensor:
         left = torch.cat([self.featurizer(self.inputs1[..., rows, :])

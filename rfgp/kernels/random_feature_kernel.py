@@ -138,9 +138,11 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             if same and not diag:
                 _check_chunked_solve(num_rows, featurizer, batch, x1)
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
-        if not (same or diag or torch.is_grad_enabled()) and outputs == 1:
+        if not (same or diag) and outputs == 1:
             # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space
-            # strategy never evaluates: stay lazy instead of featurising the N training points.
+            # strategy never evaluates: stay lazy instead of featurising the N training points — also
+            # under autograd (BoTorch's acquisition optimisation: GPyTorch evaluates it for every t-batch,
+            # with the training points expanded to the batch), the lazy operator being differentiable.
             return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, num_rows)
         if same and not diag:
             return FeatureRootLinearOperator(self.feature_root(x1), self.variance_correction(x1))

@@ -6,6 +6,7 @@ import functools
 import gpytorch
 import pytest
 import torch
+from linear_operator.operators import ConstantMulLinearOperator
 
 import rfgp
 from rfgp.inference.operators import (
@@ -161,8 +162,8 @@ def test_input_gradients_match():
 
 
 def test_prediction_keeps_the_test_train_covariance_lazy():
-    """Under no_grad the cross covariance Φ(x*)Φ(x)ᵀ is a lazy operator (the N training points are not
-    featurised for it), with the same values and the same posterior as the eager one."""
+    """The cross covariance Φ(x*)Φ(x)ᵀ is a lazy operator (the N training points are not featurised for it), with
+    the same values and the same posterior as the eager one."""
     x, y, x_test = _data(torch.float64)
     kernel = SketchedRBFKernel(64, ard_num_dims=DIM, seed=0).double()
     eager = kernel(x_test, x).to_dense()
@@ -180,6 +181,36 @@ def test_prediction_keeps_the_test_train_covariance_lazy():
         posterior = model(x_test)
         torch.testing.assert_close(mean, posterior.mean.detach())
         torch.testing.assert_close(variance, posterior.variance.detach())
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_lazy_cross_covariance_is_differentiable_like_the_eager_product(chunk):
+    """Under autograd too (BoTorch optimises acquisition functions with gradients, and GPyTorch evaluates the test–train
+    covariance of every t-batch: 0.60 s → 0.16 s per qLogEI evaluation at N = 3000, F = 1024), the cross covariance
+    stays lazy, and products with it have the gradients of Φ(x₁)Φ(x₂)ᵀ in x₁, x₂, the lengthscale and the outputscale,
+    whole or chunk by chunk."""
+    x, _, x_test = _data(torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64, ard_num_dims=DIM, seed=0)).double()
+    kernel.outputscale = 1.7
+    rhs = torch.randn(NUM_TRAIN, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    left = torch.randn(11, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    grads = []
+    for lazy in (True, False):
+        x1, x2 = x_test.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        if lazy:
+            with rfgp.settings.chunk_size(chunk):
+                covar = kernel(x1, x2).evaluate_kernel()
+                inner = covar.base_linear_op if isinstance(covar, ConstantMulLinearOperator) else covar
+                assert isinstance(inner, ChunkedFeatureCrossLinearOperator)
+                value = (left * (covar @ rhs)).sum() + (rhs * (covar.mT @ left)).sum()
+        else:
+            dense = kernel(x1, x2).to_dense()
+            value = 2 * (left * (dense @ rhs)).sum()
+        params = (x1, x2, kernel.raw_outputscale, kernel.base_kernel.raw_lengthscale)
+        grads.append(torch.autograd.grad(value, params))
+    for lazy_grad, eager_grad in zip(*grads):
+        assert eager_grad.abs().max() > 0
+        torch.testing.assert_close(lazy_grad, eager_grad, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize("kernel", [
