@@ -16,6 +16,10 @@ kernels the installed BoTorch has (``PositiveIndexKernel`` is not in every versi
   Its exact features are the rows of R/√c, R = [L, diag(√v)] (as for GPyTorch's ``IndexKernel``,
   :class:`~rfgp.kernels.IndexFeatureKernel`), so a ``MultiTaskGP``'s product kernel
   k_x(x, x')·B[i, i'] converts to a feature product like GPyTorch's multitask pattern.
+
+The kernels of BoTorch's multi-fidelity models (``SingleTaskMultiFidelityGP``: ``LinearTruncatedFidelityKernel``,
+``DownsamplingKernel``, ``ExponentialDecayKernel``) have no random-feature version here; ``rfgp.sketch`` refuses them
+by name and points to ``method="nystrom"``, which converts the whole multi-fidelity tree into landmark features.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from __future__ import annotations
 import importlib.util
 
 from botorch.models.kernels.categorical import CategoricalKernel
+from botorch.models.kernels.downsampling import DownsamplingKernel
+from botorch.models.kernels.exponential_decay import ExponentialDecayKernel
+from botorch.models.kernels.linear_truncated_fidelity import LinearTruncatedFidelityKernel
 from torch import Tensor
 
 from ..core.config_state import METHOD
 from ..kernels.categorical import SketchedCategoricalKernel
-from ..kernels.conversion import copy_hyperparameters, lengthscale_kwargs, register_converter
+from ..kernels.conversion import copy_hyperparameters, lengthscale_kwargs, refuse_conversion, register_converter
 from ..kernels.index import IndexFeatureKernel
 
 if importlib.util.find_spec("botorch.models.kernels.positive_index") is not None:  # not in every BoTorch
@@ -80,3 +87,12 @@ def _convert_categorical(kernel, num_features, method, seed):
     constraint, prior, batch shape and ``active_dims``."""
     converted = SketchedCategoricalKernel(num_features, seed=seed, **lengthscale_kwargs(kernel))
     return copy_hyperparameters(kernel, converted, "lengthscale")
+
+
+for _fidelity_kernel in (LinearTruncatedFidelityKernel, DownsamplingKernel, ExponentialDecayKernel):
+    refuse_conversion(
+        _fidelity_kernel,
+        "BoTorch's multi-fidelity kernels (SingleTaskMultiFidelityGP) have no random features in rfgp; convert the "
+        "whole tree to rank-M landmark features instead, model.covar_module = rfgp.sketch(model.covar_module, M, "
+        "method='nystrom', x_sample=model.transform_inputs(train_X)), or keep the exact kernel",
+    )

@@ -43,6 +43,13 @@ _OPTIONS: dict[type, tuple[str, ...]] = {}
 #: kernels rfgp deliberately does not convert, with the reason
 _REFUSALS: dict[type, str] = {}
 
+#: what an error tells a user whose tree holds a kernel without random features
+NYSTROM_ALTERNATIVE = (
+    "Any scalar kernel tree converts to rank-M landmark features with method='nystrom': "
+    "rfgp.sketch(kernel, M, method='nystrom', x_sample=X), X the inputs as the kernel sees them (after input "
+    "transforms)"
+)
+
 
 def register_converter(kernel_type: type, methods=None, options: tuple[str, ...] | None = None) -> Callable:
     """Decorator registering ``fn(kernel, num_features, method, seed, **options) -> Kernel`` for exactly ``kernel_type``.
@@ -512,7 +519,8 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
     supported = ", ".join(sorted({t.__name__ for t in _CONVERTERS}))
     raise TypeError(
         f"rfgp.sketch has no random-feature version of {kernel_type.__name__}; supported kernels: "
-        f"{supported}, and ScaleKernel/AdditiveKernel/ProductKernel/MultitaskKernel around them"
+        f"{supported}, and ScaleKernel/AdditiveKernel/ProductKernel/MultitaskKernel around them. "
+        f"{NYSTROM_ALTERNATIVE}"
     )
 
 
