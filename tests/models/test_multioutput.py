@@ -301,3 +301,15 @@ def test_posterior_with_eagerly_evaluated_kernels_keeps_the_feature_space_strate
     model, _ = _model(x, y, SketchedCurlFreeKernel(32, input_dim=2, seed=0))
     model.eval()
     assert_eager_kernels_keep_the_strategy(model, test_x, MultitaskFeatureSpacePredictionStrategy, tolerance=1e-10)
+
+
+def test_conditioning_with_a_per_point_noise_is_refused_for_a_multitask_likelihood():
+    """get_fantasy_model(x, y, noise=...) cannot give a MultitaskGaussianLikelihood per-point noise of the new points;
+    it raises instead of conditioning them on the likelihood's task noise (single-output models take it exactly)."""
+    x, y = _data(n=20)
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2).to(F64)
+    model = MultiOutputGPModel(x, y, likelihood, SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0),
+                                                                            num_tasks=2, rank=1)).to(F64).eval()
+    model(x[:2])
+    with pytest.raises(NotImplementedError, match="noise= is supported for GaussianLikelihood.*MultitaskGaussianLik"):
+        model.get_fantasy_model(x[:3] + 0.1, y[:3], noise=torch.full((3, 2), 0.1, dtype=F64))
