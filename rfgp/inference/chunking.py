@@ -105,6 +105,10 @@ class Featurizer:
 
 
 def chunk_slices(num_rows: int, chunk_size: int):
+    """Slices of ``chunk_size`` rows covering ``num_rows``; one empty slice for no rows, so that the sums and
+    concatenations over chunks have a term (a cross-covariance with an empty side is an empty matrix)."""
+    if num_rows == 0:
+        return iter((slice(0, 0),))
     return (slice(start, min(start + chunk_size, num_rows)) for start in range(0, num_rows, chunk_size))
 
 
