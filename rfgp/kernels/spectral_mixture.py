@@ -62,7 +62,7 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
     mixture_scales = PositiveHyperparameter()
 
     def initialize_from_data(self, train_x: Tensor, train_y: Tensor, **kwargs) -> None:
-        """GPyTorch's ``SpectralMixtureKernel.initialize_from_data``: scales 1/|N(0, max_dist²)|, means
+        """GPyTorch's ``SpectralMixtureKernel.initialize_from_data``: scales 1/abs(N(0, max_dist²)), means
         U(0, 0.5/min_dist) per input column, weights std(y)/Q.
 
         The kernel has GPyTorch's parameter names, shapes, constraints and ``active_dims``, so GPyTorch's routine runs
