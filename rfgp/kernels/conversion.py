@@ -779,7 +779,7 @@ def _convert_periodic(kernel, num_features, method, seed):
 
 @register_converter(gpytorch.kernels.RQKernel, methods=("rff",), options=())
 def _convert_rq(kernel, num_features, method, seed):
-    """RQKernel → SketchedRQKernel (importance-weighted Student-t frequencies, :mod:`rfgp.features.rational_quadratic`)."""
+    """RQKernel → SketchedRQKernel (importance-weighted frequencies, :mod:`rfgp.features.rational_quadratic`)."""
     from .rational_quadratic import SketchedRQKernel
 
     _check_positive_hyperparameters(kernel, "lengthscale", "alpha")

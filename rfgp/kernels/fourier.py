@@ -170,6 +170,11 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     ``gpytorch.kernels.MaternKernel``; frequencies are multivariate Student-t with 2ν
     degrees of freedom (Rasmussen & Williams 2006 Eq. 4.15).
 
+    The lengthscale derivative of a feature, (ωᵀx/ℓ²)·sin(ωᵀx/ℓ) up to sign, needs E‖ω‖ < ∞ to
+    estimate ∂k/∂ℓ and E‖ω‖² < ∞ for a variance: ν = 3/2 and 5/2 have both, but ν = ½ (Cauchy
+    frequencies) has neither, so its marginal likelihood's lengthscale gradient — exact for this
+    kernel — does not approach the exact Matérn-½ model's as F grows (see the README).
+
     Args:
         num_features: output width F of the feature map (F = 2m for m frequencies).
         nu: the smoothness ν, ``0.5``, ``1.5`` or ``2.5``.

@@ -1,4 +1,4 @@
-r"""Sketched rational quadratic kernel: GPyTorch's ``RQKernel`` with importance-weighted Student-t features.
+r"""Sketched rational quadratic kernel: GPyTorch's ``RQKernel`` with importance-weighted Gamma-mixture features.
 
 k(x, y) = (1 + (x − y)ᵀΘ⁻²(x − y)/(2α))^{−α}; frequencies ω = g√τ/ℓ with τ from a fixed
 Gamma-mixture proposal and weights Gamma(τ; α, α)/r(τ), see
