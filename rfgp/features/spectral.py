@@ -79,6 +79,33 @@ class MaternSpectralDensity(SpectralDensity):
         u = 2.0 * random.gamma((num,), self.nu, generator)  # χ²_{2ν}
         return torch.sqrt(2.0 * self.nu / u)
 
+    def lengthscale_log_weights(self, unit_frequencies: Tensor, ratio: Tensor) -> Tensor:
+        r"""log p_ℓ(ω)/p_ℓ₀(ω) at the frequencies ω = ξ/ℓ₀ drawn at an anchor lengthscale ℓ₀, ``ratio`` = ℓ/ℓ₀.
+
+        ω = ξ/ℓ with ξ multivariate Student-t (2ν degrees of freedom) has the density
+        p_ℓ(ω) = Πᵢℓᵢ·t(ℓ⊙ω), t(z) ∝ (1 + ‖z‖²/(2ν))^{−(ν + d/2)}, so at ℓ⊙ω = ρ⊙ξ, ρ = ℓ/ℓ₀,
+
+            log r = Σᵢ log ρᵢ + (ν + d/2)·[log1p(‖ξ‖²/(2ν)) − log1p(‖ρ⊙ξ‖²/(2ν))],
+
+        (ν = ½: r = Πᵢρᵢ·[(1 + ‖ξ‖²)/(1 + ‖ρ⊙ξ‖²)]^{(d+1)/2}).  Weighting the features of the fixed ω by √r
+        gives E[r·cos(ωᵀτ)] = k_ℓ(τ) for every ℓ, and log r = 0 exactly at ρ = 1.  r is bounded uniformly in ξ
+        (isotropic: r ≤ ρ^{−2ν} for ρ ≤ 1, r ≤ ρ^d for ρ ≥ 1), and so is ∂log r/∂ρ (by (2ν + d)/ρ), so the
+        lengthscale gradient of the weighted features has finite variance whatever the tails of ξ.
+
+        Args:
+            unit_frequencies: ξ, ``(m, d)`` (the frequencies at unit lengthscale).
+            ratio: ρ = ℓ/ℓ₀, ``(*batch, 1, d or 1)``.
+
+        Returns:
+            log r, ``(*batch, m)``.
+        """
+        d = unit_frequencies.shape[-1]
+        log_jacobian = ratio.log().expand(*ratio.shape[:-1], d).sum(-1)  # (*batch, 1)
+        dof = 2.0 * self.nu
+        scaled = (unit_frequencies * ratio).pow(2).sum(-1)
+        unit = unit_frequencies.pow(2).sum(-1)
+        return log_jacobian + (self.nu + 0.5 * d) * (torch.log1p(unit / dof) - torch.log1p(scaled / dof))
+
     def correlation(self, r: Tensor) -> Tensor:
         s = math.sqrt(2.0 * self.nu) * r
         if self.nu == 0.5:

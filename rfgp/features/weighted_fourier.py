@@ -69,8 +69,17 @@ def fourier_features(x: Tensor, frequencies: Tensor, log_weights: Tensor | None 
     m = frequencies.shape[-2]
     if log_weights is None:
         return features / math.sqrt(m)
-    amplitude = torch.exp(0.5 * (log_weights - math.log(m))).unsqueeze(-2)
-    return features * torch.cat([amplitude, amplitude], dim=-1)
+    return scale_sincos_pairs(features, torch.exp(0.5 * (log_weights - math.log(m))))
+
+
+def scale_sincos_pairs(features: Tensor, amplitudes: Tensor) -> Tensor:
+    """sin/cos features ``(..., n, 2m)`` (cos block, then sin block) with pair j times ``amplitudes[..., j]``.
+
+    ``amplitudes`` ``(*batch, m)`` are the square roots √wⱼ of per-frequency weights, so that
+    Φ(x)ᵀΦ(y) = Σⱼ wⱼ·(cos·cos + sin·sin)ⱼ.
+    """
+    amplitudes = amplitudes.unsqueeze(-2)
+    return features * torch.cat([amplitudes, amplitudes], dim=-1)
 
 
 class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):

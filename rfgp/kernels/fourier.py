@@ -25,6 +25,7 @@ from ..features.spectral import (
     MaternSpectralDensity,
     SpectralDensity,
 )
+from ..features.weighted_fourier import scale_sincos_pairs
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .families import MethodDispatch, refuse_other_family_options
 from .random_feature_kernel import RandomFeatureKernel
@@ -42,7 +43,9 @@ class ScaleMixtureSpectrum:
 
     * ``spectral_draws(m, d, generator)``: the hyperparameter-free draws g (and s), float64 CPU;
     * ``spectral_frequencies(draws)``: ω = s·g/ℓ, shape ``(*batch, m, d)``, differentiable in ℓ;
-    * ``spectral_weights(draws)``: ``None`` (the draws follow the spectral measure exactly);
+      Matérn-½ divides by its anchor ℓ₀ instead (see :class:`SketchedMaternKernel`);
+    * ``spectral_weights(draws)``: ``None`` (the draws follow the spectral measure exactly), or
+      Matérn-½'s importance weights r(ℓ);
     * ``spectral_amplitude()``: k(x, x) = 1, batch-shaped.
 
     Products draw these i.i.d. even when the kernel's own map is ORF/SORF (the convolution
@@ -61,13 +64,14 @@ class ScaleMixtureSpectrum:
         return draws
 
     def spectral_frequencies(self, draws: dict[str, Tensor]) -> Tensor:
-        frequencies = draws["normal"]
-        if "scale" in draws:
-            frequencies = frequencies * draws["scale"].unsqueeze(-1)
-        return frequencies / self.lengthscale  # (*batch, 1, d or 1) broadcasts over the m rows
+        return unit_frequencies(draws) / self.frequency_lengthscale()  # (*batch, 1, d or 1) broadcasts over m rows
 
     def spectral_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
         return None
+
+    def frequency_lengthscale(self) -> Tensor:
+        """The lengthscale the frequencies are divided by: the kernel's (reparameterised frequencies)."""
+        return self.lengthscale
 
     def spectral_amplitude(self) -> Tensor:
         return torch.ones(self.batch_shape, dtype=self.lengthscale.dtype, device=self.lengthscale.device)
@@ -158,6 +162,12 @@ class SketchedRBFKernel(MethodDispatch, ScaleMixtureSpectrum, ComplexPosteriorMi
         return GaussianSpectralDensity()
 
 
+def unit_frequencies(draws: dict[str, Tensor]) -> Tensor:
+    """ξ = s·g, the ``(m, d)`` frequencies at unit lengthscale of a scale mixture's draws."""
+    frequencies = draws["normal"]
+    return frequencies * draws["scale"].unsqueeze(-1) if "scale" in draws else frequencies
+
+
 def _input_dim(input_dim: int | None, kwargs: dict) -> int | None:
     """``input_dim``, defaulting to ``ard_num_dims``."""
     return input_dim if input_dim is not None else kwargs.get("ard_num_dims")
@@ -170,10 +180,23 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     ``gpytorch.kernels.MaternKernel``; frequencies are multivariate Student-t with 2ν
     degrees of freedom (Rasmussen & Williams 2006 Eq. 4.15).
 
-    The lengthscale derivative of a feature, (ωᵀx/ℓ²)·sin(ωᵀx/ℓ) up to sign, needs E‖ω‖ < ∞ to
-    estimate ∂k/∂ℓ and E‖ω‖² < ∞ for a variance: ν = 3/2 and 5/2 have both, but ν = ½ (Cauchy
-    frequencies) has neither, so its marginal likelihood's lengthscale gradient — exact for this
-    kernel — does not approach the exact Matérn-½ model's as F grows (see the README).
+    The lengthscale derivative of a feature of ω = ξ/ℓ, (ξᵀx/ℓ²)·sin(ξᵀx/ℓ) up to sign, needs
+    E‖ξ‖ < ∞ to estimate ∂k/∂ℓ and E‖ξ‖² < ∞ for a variance: ν = 3/2 and 5/2 have both, but ν = ½
+    (multivariate Cauchy ξ) has neither.  So for ν = ½ the lengthscale enters through *anchored
+    importance weights* instead: the frequencies are fixed at ω = ξ/ℓ₀ for an anchor ℓ₀ (the
+    buffer ``lengthscale_anchor``) and feature pair f is scaled by √r_f,
+
+        r_f = p_ℓ(ω_f)/p_ℓ₀(ω_f) = Πᵢ(ℓᵢ/ℓ₀ᵢ)·[(1 + ‖ℓ₀⊙ω_f‖²)/(1 + ‖ℓ⊙ω_f‖²)]^{(d+1)/2}
+
+    (:meth:`~rfgp.features.MaternSpectralDensity.lengthscale_log_weights`), so E[k̂] = k for every ℓ,
+    r and ∂r/∂ℓ are bounded for ℓ/ℓ₀ in a compact range, and the lengthscale gradient converges
+    like 1/√F.  r = 1 exactly at ℓ = ℓ₀, where Φ equals the reparameterised features bit for bit.
+    ℓ₀ is set to the lengthscale (detached) at the first evaluation after the frequencies are drawn
+    or redrawn (first call, ``feature_map.resample()``, :func:`rfgp.set_num_features`, a spectral
+    product's draws), or when ``state_dict()`` is taken before that evaluation; a state saved
+    without the anchor (before rfgp had it) loads with ℓ₀ = the loaded lengthscale, which
+    reproduces that state's kernel.  Far from ℓ₀ the weights' variance grows (see the README):
+    :func:`rfgp.set_num_features` re-anchors.
 
     Args:
         num_features: output width F of the feature map (F = 2m for m frequencies).
@@ -221,6 +244,81 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         )
         self.nu = feature_map.spectral_density.nu
         super().__init__(feature_map, **kwargs)
+        if self.is_anchored:
+            self.register_buffer("lengthscale_anchor", self.lengthscale.detach().clone())
+            self._anchored_draws = None  # (seed, width) of the feature map's draws ℓ₀ was set for
+            self.register_state_dict_pre_hook(_anchor_before_saving)
+            self.register_load_state_dict_post_hook(_anchored_after_loading)
+
+    @property
+    def is_anchored(self) -> bool:
+        """Whether ℓ enters through anchored importance weights (ν = ½) rather than the frequencies."""
+        return self.nu == 0.5
 
     def spectral_density(self) -> SpectralDensity:
         return MaternSpectralDensity(self.nu)
+
+    # ------------------------------------------------------------ ν = ½: anchored weights
+    def anchor_lengthscale(self) -> None:
+        """ℓ₀ ← ℓ (detached), for the feature map's current draws."""
+        self.lengthscale_anchor = self.lengthscale.detach().clone()
+        self._anchored_draws = self._draw_key()
+
+    def _draw_key(self) -> tuple[int, int]:
+        return self.feature_map.seed, self.feature_map.num_features
+
+    def _anchor_if_redrawn(self) -> None:
+        if self._anchored_draws != self._draw_key():
+            self.anchor_lengthscale()
+
+    def frequency_lengthscale(self) -> Tensor:
+        return self.lengthscale_anchor if self.is_anchored else self.lengthscale
+
+    def scale_inputs(self, x: Tensor) -> Tensor:
+        """x/ℓ, or x/ℓ₀ for ν = ½ (ℓ then enters :meth:`featurize` through the weights)."""
+        if not self.is_anchored:
+            return super().scale_inputs(x)
+        self._anchor_if_redrawn()
+        return x.div(self.lengthscale_anchor)
+
+    def featurize(self, x: Tensor) -> Tensor:
+        features = super().featurize(x)
+        if not self.is_anchored:
+            return features
+        xi = self.feature_map.frequency_matrix().to(features)
+        return scale_sincos_pairs(features, (0.5 * self._log_weights(xi)).exp().to(features.dtype))
+
+    def _log_weights(self, unit_frequencies: Tensor) -> Tensor:
+        """log r of the frequencies ξ/ℓ₀, ``(*batch, m)``."""
+        ratio = self.lengthscale / self.lengthscale_anchor.to(self.lengthscale)
+        return self.spectral_density().lengthscale_log_weights(unit_frequencies, ratio)
+
+    def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+        if self.is_anchored:
+            self.anchor_lengthscale()  # a product's draws: its frequencies ξ/ℓ₀ are fixed from here on
+        return super().spectral_draws(num_frequencies, input_dim, generator)
+
+    def spectral_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
+        if not self.is_anchored:
+            return None
+        return self._log_weights(unit_frequencies(draws).to(self.lengthscale)).exp()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        key = prefix + "lengthscale_anchor"
+        if self.is_anchored and key in missing_keys:
+            # saved before the anchor existed: its features were those of ℓ₀ = ℓ (r ≡ 1), ℓ just loaded
+            missing_keys.remove(key)
+            self.lengthscale_anchor = self.lengthscale.detach().clone()
+
+
+def _anchor_before_saving(module: SketchedMaternKernel, prefix: str, keep_vars: bool) -> None:
+    """A state saved between a redraw and the next evaluation holds the anchor that evaluation would set."""
+    module._anchor_if_redrawn()
+
+
+def _anchored_after_loading(module: SketchedMaternKernel, incompatible_keys) -> None:
+    """The loaded anchor belongs to the loaded draws (the feature map, a child, has adopted their seed by now)."""
+    module._anchored_draws = module._draw_key()

@@ -46,6 +46,7 @@ from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
 from ..core.dtypes import cast_to
 from ..core.validation import check_positive_int
 from ..features.base import _new_seed
+from ..features.weighted_fourier import scale_sincos_pairs
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
@@ -155,10 +156,7 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
                 weights = factor_weights if weights is None else weights * factor_weights
         scale = (amplitude / self.num_frequencies).sqrt().unsqueeze(-1).unsqueeze(-1)
         features = torch.cat((projection.cos(), projection.sin()), dim=-1) * scale
-        if weights is not None:
-            root = weights.sqrt()
-            features = features * torch.cat((root, root), dim=-1).unsqueeze(-2)
-        return features
+        return features if weights is None else scale_sincos_pairs(features, weights.sqrt())
 
     def diag_moments(self, x: Tensor) -> None:
         # Φ(x)ᵀΦ(x) = a·mean(w), whose expectation is a = k(x, x): unbiased on the diagonal.
