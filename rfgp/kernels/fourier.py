@@ -192,11 +192,12 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     r and ∂r/∂ℓ are bounded for ℓ/ℓ₀ in a compact range, and the lengthscale gradient converges
     like 1/√F.  r = 1 exactly at ℓ = ℓ₀, where Φ equals the reparameterised features bit for bit.
     ℓ₀ is set to the lengthscale (detached) at the first evaluation after the frequencies are drawn
-    or redrawn (first call, ``feature_map.resample()``, :func:`rfgp.set_num_features`, a spectral
-    product's draws), or when ``state_dict()`` is taken before that evaluation; a state saved
-    without the anchor (before rfgp had it) loads with ℓ₀ = the loaded lengthscale, which
-    reproduces that state's kernel.  Far from ℓ₀ the weights' variance grows (see the README):
-    :func:`rfgp.set_num_features` re-anchors.
+    or redrawn (the first call, ``feature_map.resample()``; also when ``state_dict()`` is taken
+    before that evaluation), when a spectral product draws this factor's frequencies, and by
+    :func:`rfgp.set_num_features` (at any width).  A state saved without the anchor (before rfgp had
+    it) loads with ℓ₀ = the loaded lengthscale, which reproduces that state's kernel.  Far from ℓ₀
+    the weights' variance grows (E[r²] = 2.7 at ℓ/ℓ₀ = 3, d = 2; see the README): after training
+    far from the initial lengthscale, :func:`rfgp.set_num_features` re-anchors at the trained one.
 
     Args:
         num_features: output width F of the feature map (F = 2m for m frequencies).

@@ -46,6 +46,7 @@ from ..features.polynomial import PolynomialSketch
 from ..features.spherical import SphericalRandomFeatures
 from ..features.weighted_fourier import WeightedFourierFeatures
 from ..kernels.combinations import FeatureProductKernel, SketchedProductKernel, kernel_num_features
+from ..kernels.fourier import SketchedMaternKernel
 from ..kernels.maclaurin import fit_allocation_on_columns
 from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import RandomFeatureKernel
@@ -279,6 +280,8 @@ def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Te
         feature_map.num_features = width
         if feature_map.input_dim is not None:
             feature_map._materialize()
+        if isinstance(owner, SketchedMaternKernel) and owner.is_anchored:
+            owner.anchor_lengthscale()  # Matérn-½ weights: ℓ₀ = the current (trained) lengthscale, at any width
     else:
         raise TypeError(
             f"set_num_features has no width rule for {type(feature_map).__name__}; known maps: "

@@ -207,10 +207,16 @@ def test_the_anchor_follows_redraws_and_round_trips_through_state_dict():
     copy.load_state_dict(kernel.state_dict())
     assert torch.equal(copy.lengthscale_anchor, kernel.lengthscale_anchor)
     assert torch.equal(copy.featurize(x), kernel.featurize(x))
-    rfgp.set_num_features(kernel, 64)  # re-anchors: new draws, ℓ₀ = ℓ
-    saved = kernel.state_dict()  # taken before the next call: holds the anchor that call would set
-    assert torch.equal(saved["lengthscale_anchor"], kernel.lengthscale.detach())
+    rfgp.set_num_features(kernel, 32)  # re-anchors at the trained ℓ, also at the same width
+    assert torch.equal(kernel.lengthscale_anchor, kernel.lengthscale.detach())
+    kernel.lengthscale = 0.6
+    rfgp.set_num_features(kernel, 64)
+    assert torch.equal(kernel.lengthscale_anchor, kernel.lengthscale.detach())
     kernel.feature_map.resample(torch.Generator().manual_seed(1))
+    kernel.lengthscale = 0.5
+    saved = kernel.state_dict()  # taken after a redraw, before the next call: holds the anchor that call would set
+    assert torch.equal(saved["lengthscale_anchor"], kernel.lengthscale.detach())
+    kernel.feature_map.resample(torch.Generator().manual_seed(2))
     kernel.lengthscale = 0.7
     kernel(x).to_dense()
     assert torch.equal(kernel.lengthscale_anchor, kernel.lengthscale.detach())
