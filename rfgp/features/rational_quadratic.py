@@ -4,8 +4,9 @@ GPyTorch's ``RQKernel`` is k(r) = (1 + r²/(2α))^{−α}, r² = (x − y)ᵀΘ�
 Gamma scale mixture of squared-exponential kernels (Rasmussen & Williams 2006, Eq. 4.20):
 with τ ~ Gamma(α, rate α), E[exp(−τr²/2)] = (1 + r²/(2α))^{−α}, so the frequencies are
 ω = g·√τ/ℓ with g ~ N(0, I_d) — a variance-gamma (symmetric generalised Laplace) law with
-exponential tails, so every moment of ω is finite (Student-t frequencies, whose heavy tails leave
-Matérn-½'s ∂Φ/∂ℓ without a mean, are the Matérn kernel's, where 1/τ is Gamma distributed).
+exponential tails, so every moment of ω is finite (Student-t frequencies, whose heavy tails would
+leave a reparameterised Matérn-½ ∂Φ/∂ℓ without a mean, are the Matérn kernel's, where 1/τ is Gamma
+distributed; Matérn-½ carries ℓ in importance weights instead, see ``SketchedMaternKernel``).
 
 Sampler — importance weights against a fixed proposal.  Reparameterising τ by its inverse
 CDF would need the derivative of the inverse regularised incomplete gamma function in α (and
