@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..core.config_state import METHOD
-from ..core.validation import check_choice
+from ..core.validation import check_choice, check_finite
 from ..features import random
 from ..features.base import FeatureMap
 from ..features.fourier import RandomFourierFeatures
@@ -290,9 +290,15 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         return scale_sincos_pairs(features, (0.5 * self._log_weights(xi)).exp().to(features.dtype))
 
     def _log_weights(self, unit_frequencies: Tensor) -> Tensor:
-        """log r of the frequencies ξ/ℓ₀, ``(*batch, m)``."""
+        """log r of the frequencies ξ/ℓ₀, ``(*batch, m)``; finite exactly when ℓ is finite and positive.
+
+        x/ℓ₀ stays finite whatever ℓ is, so this check stands in for the feature map's check of x/ℓ: a NaN,
+        infinite or zero ℓ raises (the kernel's call names the hyperparameter) instead of NaN or zero features.
+        """
         ratio = self.lengthscale / self.lengthscale_anchor.to(self.lengthscale)
-        return self.spectral_density().lengthscale_log_weights(unit_frequencies, ratio)
+        log_weights = self.spectral_density().lengthscale_log_weights(unit_frequencies, ratio)
+        check_finite(log_weights, "the Matérn-½ importance weights log r(ℓ/ℓ₀)")
+        return log_weights
 
     def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         if self.is_anchored:

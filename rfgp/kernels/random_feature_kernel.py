@@ -167,12 +167,14 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2])
 
     def _nonfinite_error(self, error: NonFiniteError) -> NonFiniteError:
-        """x1 and x2 are finite, the scaled inputs are not: name the hyperparameter (error path only)."""
+        """x1 and x2 are finite, the scaled inputs (or feature weights) are not: name the hyperparameter (error path
+        only)."""
         bad = describe_bad_hyperparameters(self)
         if bad:
             return NonFiniteHyperparameterError(
                 f"the kernel's hyperparameters {', '.join(bad)} are NaN, Inf or not positive, so the scaled inputs "
-                "its feature map sees are not finite (x1 and x2 are finite); reset them, e.g. kernel.lengthscale = 1.0"
+                "or feature weights its feature map sees are not finite (x1 and x2 are finite); reset them, e.g. "
+                "kernel.lengthscale = 1.0"
             )
         return error
 

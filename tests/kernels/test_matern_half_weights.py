@@ -20,6 +20,7 @@ import torch
 from gpytorch.kernels import MaternKernel, PeriodicKernel, ScaleKernel
 
 import rfgp
+from rfgp.core.validation import NonFiniteHyperparameterError
 from rfgp.features import MaternSpectralDensity, RandomFourierFeatures
 from rfgp.kernels import SketchedMaternKernel, SpectralProductKernel
 from rfgp.kernels.random_feature_kernel import RandomFeatureKernel
@@ -250,3 +251,23 @@ def test_a_converted_tree_saved_before_the_anchor_existed_loads_with_its_own_cov
     with torch.no_grad():
         covariance = kernel(X).to_dense()
     torch.testing.assert_close(covariance, LEGACY["tree"]["covariance"], rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("raw", [float("nan"), float("inf"), -1e30], ids=["nan", "inf", "zero"])
+@pytest.mark.parametrize("where", ["leaf", "product factor"])
+def test_a_nan_infinite_or_zero_lengthscale_raises_naming_it(raw, where):
+    """x/ℓ₀ stays finite whatever ℓ is: the weights' check names ℓ (was NaN or all-zero features, silently; a product
+    factor's NaN ℓ gave NaN before the weights too)."""
+    x = torch.rand(10, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    if where == "leaf":
+        kernel = SketchedMaternKernel(32, nu=0.5, seed=0).double()
+        leaf = kernel
+    else:
+        kernel = rfgp.sketch(PeriodicKernel() * MaternKernel(nu=0.5), 32, seed=0).double()
+        leaf = kernel.kernels[1]
+    kernel(x).to_dense()
+    with torch.no_grad():
+        leaf.raw_lengthscale.fill_(raw)
+    with pytest.raises(NonFiniteHyperparameterError, match="lengthscale = (nan|inf|0.0)"):
+        kernel(x).to_dense()
+
