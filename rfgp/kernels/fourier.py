@@ -315,9 +315,11 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         key = prefix + "lengthscale_anchor"
-        if self.is_anchored and key in missing_keys:
-            # saved before the anchor existed: its features were those of ℓ₀ = ℓ (r ≡ 1), ℓ just loaded
-            missing_keys.remove(key)
+        if self.is_anchored and key not in state_dict:
+            # saved before the anchor existed (or GPyTorch's MaternKernel, strict=False): its features were those of
+            # ℓ₀ = ℓ (r ≡ 1), ℓ just loaded
+            if key in missing_keys:
+                missing_keys.remove(key)
             self.lengthscale_anchor = self.lengthscale.detach().clone()
 
 

@@ -240,6 +240,18 @@ def test_a_state_saved_before_the_anchor_existed_loads_with_its_own_features(nam
     torch.testing.assert_close(kernel.featurize(X).detach(), LEGACY[name]["features"], rtol=1e-14, atol=1e-15)
 
 
+def test_gpytorch_hyperparameters_loaded_with_strict_false_set_the_anchor():
+    """``strict=False`` does not report missing keys: the anchor still follows the loaded lengthscale."""
+    x = torch.rand(10, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    kernel = SketchedMaternKernel(32, nu=0.5, seed=0).double()
+    kernel(x).to_dense()  # anchored at the initial ℓ
+    exact = MaternKernel(nu=0.5).double()
+    exact.lengthscale = 2.5
+    kernel.load_state_dict(exact.state_dict(), strict=False)
+    assert torch.equal(kernel.lengthscale_anchor, exact.lengthscale.detach())
+    assert torch.equal(kernel.featurize(x), kernel.feature_map(x / exact.lengthscale.detach()))
+
+
 def test_a_converted_tree_saved_before_the_anchor_existed_loads_with_its_own_covariance():
     """A Matérn-½ leaf and a spectral product's Matérn-½ factor: each anchor is set to its loaded lengthscale."""
     kernel = rfgp.sketch(_tree(), 32, seed=4).double()
