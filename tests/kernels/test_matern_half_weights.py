@@ -145,8 +145,9 @@ def _mll_lengthscale_gradient(kernel, x, y):
 
 def test_lengthscale_gradient_error_falls_with_the_width_where_the_reparameterised_one_did_not():
     """RMS error of the MLL's raw-lengthscale gradient over 6 seeds against GPyTorch's exact MaternKernel(nu=0.5)
-    (N = 200, d = 2, noise 1, ℓ = 0.3): the weighted map's falls ≥ 4× from F = 256 to 16 384 (measured 0.021 →
-    0.00054, 39×); the reparameterised map's stayed (0.019 → 0.016)."""
+    (N = 200, d = 2, noise 1, ℓ = 0.3, gradient 0.073): the weighted map's falls ≥ 4× from F = 256 to 16 384
+    (measured 0.021 → 0.00054, 39×; 14–21× for three other seed sets); the reparameterised map's stayed (0.019 →
+    0.016)."""
     g = torch.Generator().manual_seed(0)
     x = torch.rand(200, 2, generator=g, dtype=torch.float64)
     y = torch.sin(4 * x).sum(-1) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
@@ -165,8 +166,10 @@ def test_lengthscale_gradient_error_falls_with_the_width_where_the_reparameteris
     weighted = [rms(lambda f, s: SketchedMaternKernel(f, nu=0.5, seed=s).double(), f) for f in (256, 16384)]
     reparameterised = [rms(_reparameterised, f) for f in (256, 16384)]
     assert weighted[0] / weighted[1] >= 4, weighted
-    assert reparameterised[0] / reparameterised[1] < 2, reparameterised  # the failure this fixes
-    assert weighted[1] < reparameterised[1] / 10, (weighted, reparameterised)
+    # the failure this fixes: at F = 16 384 the reparameterised error was still > 10 % of the gradient (0.073; other
+    # seed sets: 0.012–0.018, its F = 256 error 0.02–0.2 from the Cauchy tails), the weighted one is ≤ 1.5 %
+    assert reparameterised[1] > 0.1 * abs(exact), reparameterised
+    assert weighted[1] < 0.03 * abs(exact), weighted
 
 
 @pytest.mark.parametrize("path", ["feature space", "kernel space", "chunked"])
