@@ -16,6 +16,8 @@ import torch
 import rfgp
 from rfgp import kernels as K
 
+from ._models import UserGP
+
 F32, F64 = torch.float32, torch.float64
 D = 2
 
@@ -206,16 +208,6 @@ def _train_step_and_predict(model, x, y, x_test):
     return loss.detach(), prediction.mean, prediction.variance
 
 
-class _UserGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, kernel):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 @pytest.mark.parametrize("own", [True, False], ids=["rfgp_model", "user_exact_gp"])
 @pytest.mark.parametrize("method", ["rff", "maclaurin"])
 def test_exact_gp_with_float32_modules_and_float64_data(own, method):
@@ -226,7 +218,7 @@ def test_exact_gp_with_float32_modules_and_float64_data(own, method):
     if own:
         model = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel)
     else:
-        model = _UserGP(x, y, kernel)
+        model = UserGP(x, y, kernel)
     reference = copy.deepcopy(model).double()
     results = _train_step_and_predict(model, x, y, x_test)
     expected = _train_step_and_predict(reference, x, y, x_test)

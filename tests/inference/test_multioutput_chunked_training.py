@@ -14,28 +14,17 @@ from gpytorch.likelihoods import MultitaskGaussianLikelihood
 import rfgp
 from rfgp.inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator
 from rfgp.kernels import (
-    MultiOutputFeatureSumKernel,
-    SketchedCurlFreeKernel,
-    SketchedDecomposableKernel,
     SketchedDivFreeKernel,
-    SketchedRBFKernel,
     SketchedRBFKernelGrad,
 )
 from rfgp.models.multioutput import MultiOutputGPModel
+
+from .._models import vector_field_kernel
 
 F64 = torch.float64
 ScaleKernel = gpytorch.kernels.ScaleKernel
 CHUNK_ROWS = 12  # rfgp.settings.chunk_size counts root rows: 6 points × 2 outputs per block
 TOL = dict(rtol=1e-9, atol=1e-11)
-
-
-def _kernel(kind, width, d=2):
-    if kind == "curl_free":
-        return ScaleKernel(SketchedCurlFreeKernel(width, input_dim=d, seed=0))
-    if kind == "helmholtz":
-        return MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(width, d, seed=0)),
-                                           ScaleKernel(SketchedDivFreeKernel(width * (d - 1), d, seed=1)))
-    return SketchedDecomposableKernel(SketchedRBFKernel(width, seed=0), num_tasks=d, rank=1)
 
 
 def _model(kind, rank, width=16, n=40, missing=False, global_noise=True):
@@ -53,7 +42,7 @@ def _model(kind, rank, width=16, n=40, missing=False, global_noise=True):
             likelihood.task_noise_covar_factor.copy_(torch.tensor([[0.2, 0.05], [-0.1, 0.15]], dtype=F64)[:, :rank])
     mean = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=2)
     with gpytorch.settings.observation_nan_policy("mask" if missing else "ignore"):
-        model = MultiOutputGPModel(x, y, likelihood, _kernel(kind, width), mean).to(F64)
+        model = MultiOutputGPModel(x, y, likelihood, vector_field_kernel(kind, width), mean).to(F64)
     with torch.no_grad():
         for constant in model.mean_module.parameters():
             constant.fill_(0.1)

@@ -10,25 +10,15 @@ import rfgp
 from rfgp.datasets import igrf_magnetic_field
 from rfgp.inference.multioutput_chunking import ChunkedPosteriorCovariance
 from rfgp.kernels import (
-    MultiOutputFeatureSumKernel,
     SketchedCurlFreeKernel,
-    SketchedDecomposableKernel,
-    SketchedDivFreeKernel,
     SketchedRBFKernel,
 )
 from rfgp.models.multioutput import MultiOutputGPModel
 
+from .._models import vector_field_kernel
+
 F64 = torch.float64
 ScaleKernel = gpytorch.kernels.ScaleKernel
-
-
-def _kernel(kind, width, d):
-    if kind == "curl_free":
-        return ScaleKernel(SketchedCurlFreeKernel(width, input_dim=d, seed=0))
-    if kind == "helmholtz":
-        return MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(width, d, seed=0)),
-                                           ScaleKernel(SketchedDivFreeKernel(width * (d - 1), d, seed=1)))
-    return SketchedDecomposableKernel(SketchedRBFKernel(width, seed=0), num_tasks=d, rank=1)
 
 
 def _model(kind, width, d=2, n=40):
@@ -38,7 +28,7 @@ def _model(kind, width, d=2, n=40):
                                                                                                   dtype=F64)
     likelihood = MultitaskGaussianLikelihood(num_tasks=d, rank=0).to(F64)
     likelihood.noise = 0.01
-    return MultiOutputGPModel(x, y, likelihood, _kernel(kind, width, d)).to(F64).eval(), likelihood
+    return MultiOutputGPModel(x, y, likelihood, vector_field_kernel(kind, width, d)).to(F64).eval(), likelihood
 
 
 def _predict(model, likelihood, test_x):

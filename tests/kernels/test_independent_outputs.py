@@ -10,6 +10,7 @@ import rfgp
 from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 
 from .._dense import DenseKernel
+from .._models import UserGP
 
 F64 = torch.float64
 TASKS = torch.Size([2])
@@ -27,16 +28,6 @@ class BatchIndependentGP(gpytorch.models.ExactGP):
     def forward(self, x):
         return gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
             gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x)))
-
-
-class SingleGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, kernel):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 class TaskKernel(gpytorch.kernels.Kernel):
@@ -101,7 +92,7 @@ def test_batch_independent_outputs_are_the_separate_gps(missing):
     expected_loss, expected_gradient = 0.0, []
     for task in range(2):
         seen = ~y[:, task].isnan()
-        single = SingleGP(x[seen], y[seen, task], TaskKernel(kernel, task)).double()
+        single = UserGP(x[seen], y[seen, task], TaskKernel(kernel, task)).double()
         single.likelihood.noise = likelihood.noise + likelihood.task_noises[task]
         single.mean_module.constant = model.mean_module.constant[task].detach()
         with gpytorch.settings.max_cholesky_size(10 ** 6):
