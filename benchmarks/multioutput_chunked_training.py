@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from fresh_process import add_case_option, answer_case, run_case  # benchmarks/, the script's folder
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -94,10 +94,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tag", default="")
-    parser.add_argument("--case", help=argparse.SUPPRESS)
+    add_case_option(parser)
     args = parser.parse_args()
-    if args.case:
-        print(json.dumps(_case(**json.loads(args.case))))
+    if answer_case(args, _case):
         return
     rows = []
     for points, rank, budget in itertools.product(args.points, args.ranks, args.budgets_mib):
@@ -105,9 +104,7 @@ def main() -> None:
                     repeats=args.repeats, threads=args.threads, device=args.device)
         runs = []
         for env in ({}, {"MALLOC_MMAP_THRESHOLD_": "65536"}):
-            out = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], check=True,
-                                 capture_output=True, text=True, env={**os.environ, **env}).stdout
-            runs.append(json.loads(out.strip().splitlines()[-1]))
+            runs.append(run_case(__file__, case, env))
         rows.append({**runs[0], "mapped_growth_mib": runs[1]["growth_mib"]})
         print(rows[-1], flush=True)
     cuda = args.device == "cuda"

@@ -18,13 +18,13 @@ each without and with BoTorch's ``Standardize``, in float64 and float32.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from fresh_process import add_case_option, answer_case, run_case  # benchmarks/, the script's folder
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -86,10 +86,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"])
     parser.add_argument("--tag", default="")
-    parser.add_argument("--case", help=argparse.SUPPRESS)
+    add_case_option(parser)
     args = parser.parse_args()
-    if args.case:
-        print(json.dumps(_case(**json.loads(args.case))))
+    if answer_case(args, _case):
         return
     rows = []
     for n in args.candidates:
@@ -99,9 +98,7 @@ def main() -> None:
                     case = dict(kind=kind, dtype_name=dtype, standardize=standardize, n=n, num_train=args.train,
                                 num_outputs=args.outputs, num_features=args.features, num_samples=args.samples,
                                 repeats=args.repeats)
-                    out = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], check=True,
-                                         capture_output=True, text=True).stdout
-                    rows.append(json.loads(out.strip().splitlines()[-1]))
+                    rows.append(run_case(__file__, case))
                     print(rows[-1], flush=True)
     title = "# Multi-output sampling: posterior(X).rsample of rfgp BoTorch models" + (f" — {args.tag}" * bool(args.tag))
     header = (f"{title}\n\nN = {args.train}, d = 3, F = {args.features}, {args.outputs} outputs, "
