@@ -1,0 +1,35 @@
+"""Models and kernels that several test modules build the same way."""
+
+import gpytorch
+from gpytorch.kernels import ScaleKernel
+
+from rfgp.kernels import (
+    MultiOutputFeatureSumKernel,
+    SketchedCurlFreeKernel,
+    SketchedDecomposableKernel,
+    SketchedDivFreeKernel,
+    SketchedRBFKernel,
+)
+
+
+class UserGP(gpytorch.models.ExactGP):
+    """The ExactGP a GPyTorch user writes: Gaussian likelihood, constant mean, the given kernel."""
+
+    def __init__(self, x, y, kernel):
+        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def vector_field_kernel(kind: str, width: int, d: int = 2):
+    """A multi-output feature kernel on d inputs with d outputs: ``"curl_free"``, ``"helmholtz"`` (curl- plus
+    divergence-free) or, otherwise, decomposable (RBF ⊗ rank-1 task covariance)."""
+    if kind == "curl_free":
+        return ScaleKernel(SketchedCurlFreeKernel(width, input_dim=d, seed=0))
+    if kind == "helmholtz":
+        return MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(width, d, seed=0)),
+                                           ScaleKernel(SketchedDivFreeKernel(width * (d - 1), d, seed=1)))
+    return SketchedDecomposableKernel(SketchedRBFKernel(width, seed=0), num_tasks=d, rank=1)
