@@ -20,6 +20,7 @@ rfgp kernel (unbatched inputs); any other batch MVN keeps GPyTorch's operator.
 from __future__ import annotations
 
 import functools
+import math
 
 import gpytorch
 import torch
@@ -30,8 +31,11 @@ from linear_operator import to_linear_operator
 from linear_operator.operators import BlockInterleavedLinearOperator
 from torch import Tensor
 
+from ..core.settings import memory_budget
+from ..inference.chunking import Featurizer
 from ..inference.multioutput import scaled_root
-from ..inference.operators import FeatureRootLinearOperator
+from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
+from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from .random_feature_kernel import FeatureKernel
 
 
@@ -72,11 +76,16 @@ class IndependentOutputsKernel(Kernel):
         return self.num_tasks
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params):
-        covar = self.batch_kernel(x1, x2, diag=diag, **params)
         source = self.task_dim - len(self.batch_kernel.batch_shape)  # the task dimension, counted from the batch's end
         if diag:
+            covar = self.batch_kernel(x1, x2, diag=True, **params)
             return covar.movedim(source - 1, -1).flatten(-2)  # (..., T, n) → (..., n·T), interleaved
-        covar = covar.evaluate_kernel() if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
+        # the block root is T times the batch of T roots: the batch kernel chunks under 1/T of the budget
+        with memory_budget(max(1, memory_budget.value() // self.num_tasks)):
+            covar = self.batch_kernel(x1, x2, **params)
+            covar = covar.evaluate_kernel() if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
+        if isinstance(covar, ChunkedFeatureRootLinearOperator):
+            return self._chunked_block_root(covar, source)
         if source != -1:
             dims = list(range(covar.dim() - 2))
             dims.append(dims.pop(source))
@@ -89,10 +98,34 @@ class IndependentOutputsKernel(Kernel):
             correction = correction.movedim(-2, -1).flatten(-2)
         return FeatureRootLinearOperator(block_root(root), correction)
 
+    def _chunked_block_root(self, covar: ChunkedFeatureRootLinearOperator, source: int):
+        """The block root over the budget: its rows evaluated a block of points at a time
+        (:class:`~rfgp.inference.multioutput_chunking.ChunkedMultiOutputFeatureOperator`, which also trains)."""
+        if covar.variance_correction is not None:
+            raise NotImplementedError(
+                f"{type(self.batch_kernel).__name__}'s features are biased on the diagonal (a bias-corrected map), and "
+                "the independent outputs of such a kernel over rfgp.settings.memory_budget "
+                f"({memory_budget.value()} bytes) have no chunked evaluation: raise the budget, or use an unbiased map "
+                "(random Fourier features)"
+            )
+        base, tasks = covar.featurizer, self.num_tasks
+
+        def block_features(x: Tensor) -> Tensor:
+            return block_root(base(x).movedim(source - 2, -3))
+
+        batch = list(base.batch_shape)
+        batch.pop(len(batch) + source)
+        featurizer = Featurizer(block_features, base.params, tasks * base.num_features, torch.Size(batch))
+        num_points = covar.inputs.shape[-2]
+        points = points_per_block(num_points, tasks, featurizer.num_features, math.prod(batch), covar.inputs.dtype)
+        return ChunkedMultiOutputFeatureOperator.from_featurizer(covar.inputs, covar.inputs, featurizer,
+                                                                 points or num_points, tasks)
+
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 
-        if isinstance(train_prior_dist.lazy_covariance_matrix.evaluate_kernel(), FeatureRootLinearOperator):
+        if isinstance(train_prior_dist.lazy_covariance_matrix.evaluate_kernel(),
+                      (FeatureRootLinearOperator, ChunkedMultiOutputFeatureOperator)):
             return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
         return gpytorch.models.exact_prediction_strategies.DefaultPredictionStrategy(
             train_inputs, train_prior_dist, train_labels, likelihood)

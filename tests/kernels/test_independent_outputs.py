@@ -132,3 +132,24 @@ def test_batch_independent_outputs_with_correlated_task_noise_match_the_dense_mo
         results.append((loss.detach(), gradient, predictive.mean, predictive.variance))
     for value, expected in zip(*results):
         torch.testing.assert_close(value, expected, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_batch_independent_outputs_over_the_memory_budget_train_and_predict_block_by_block(rank):
+    """A block root (N·T × T·F) over ``rfgp.settings.memory_budget`` is evaluated a block of points at a time: loss,
+    gradient and predictions equal the unchunked ones (it fell back to GPyTorch's generic operator)."""
+    x, y, test_x = data()
+    results = []
+    for budget in (2**30, 2**17):  # the whole root is 900 × 128 float64 = 0.9 MiB
+        torch.manual_seed(1)
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=rank).double()
+        model = BatchIndependentGP(x, y, sketched_batch_kernel(), likelihood)
+        with rfgp.settings.memory_budget(budget):
+            model.train()
+            covariance = model(x).lazy_covariance_matrix.evaluate_kernel()
+            results.append((*fit_and_predict(model, x, y, test_x), type(covariance).__name__))
+            assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
+    (*whole, whole_type), (*chunked, chunked_type) = results
+    assert (whole_type, chunked_type) == ("FeatureRootLinearOperator", "ChunkedMultiOutputFeatureOperator")
+    for value, expected in zip(chunked, whole):
+        torch.testing.assert_close(value, expected, rtol=1e-9, atol=1e-11)
