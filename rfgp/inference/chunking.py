@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..core.memory import check_solve
+from ..core.settings import memory_budget
 from .linalg import (
     _is_uniform,
     _sum_to_shape,
@@ -248,6 +250,23 @@ class _ChunkedStatistics(torch.autograd.Function):
         return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
 
 
+def check_chunked_solve(featurizer: Featurizer, inputs: Tensor, weights: Tensor, outputs: int = 1) -> None:
+    """Refuse, naming the budget, chunked F × F statistics (and the capacitance solve they are for) that cannot fit.
+
+    Checked where the statistics are accumulated — a marginal likelihood or posterior caches — not where a chunked
+    covariance is built: a prior covariance, its products and samples need no F × F matrix (N = 1000 points at
+    F = 65 536 raised this error for ``kernel(x)`` before).  With N < F the unchunked N × N kernel-space path would
+    need only N × N, but Φ whole, hence the advice.
+    """
+    num_rows, num_features = inputs.shape[-2] * outputs, featurizer.num_features
+    batch = torch.broadcast_shapes(featurizer.batch_shape, inputs.shape[:-2], weights.shape[:-1]).numel()
+    advice = None
+    if num_rows < num_features:
+        advice = (f"with N < F the N × N kernel-space path needs Φ whole: raise rfgp.settings.memory_budget above "
+                  f"{memory_budget.value()} bytes, or reduce num_features")
+    check_solve(num_rows, num_features, batch, inputs.dtype, inputs.device, size=num_features, advice=advice)
+
+
 def chunked_feature_statistics(
     featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int = 1
 ) -> tuple[Tensor, Tensor]:
@@ -261,6 +280,7 @@ def chunked_feature_statistics(
         chunk_size: input points per chunk.
         outputs: p, the rows of Φ per input point (a multi-output root's interleaved rows, :func:`output_rows`).
     """
+    check_chunked_solve(featurizer, inputs, weights, outputs)
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly

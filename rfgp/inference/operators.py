@@ -26,6 +26,7 @@ Inside :class:`rfgp.inference.distributed.data_parallel` the statistics are summ
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from linear_operator import to_linear_operator
@@ -42,7 +43,7 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from ..core.draws import standard_normal
-from ..core.validation import check_noise, check_targets
+from ..core.validation import check_finite, check_noise, check_targets
 from . import distributed
 from .chunking import (
     Featurizer,
@@ -443,36 +444,49 @@ class ChunkedFeatureCrossLinearOperator(LinearOperator):
     """Φ(x₁)Φ(x₂)ᵀ evaluated chunk by chunk (a test–train covariance that never stores Φ(x₂)).
 
     Its products are exact, and differentiable in x₁, x₂ and the featurizer's tensors (:meth:`_bilinear_derivative`),
-    also chunk by chunk.
+    also chunk by chunk.  ``unchecked`` — names of x₁ and x₂ for the error message — makes the operator check every
+    block of rows it featurises for NaN/Inf instead of the kernel checking x₁ and x₂ whole when it builds the
+    operator: a prediction never reads its test–train covariance, so the N training rows (sliced by GPyTorch from
+    the joint inputs, expanded to every t-batch, at every call) are not scanned for it.
     """
 
     def __init__(self, inputs1: Tensor, inputs2: Tensor, *params: Tensor, featurizer: Featurizer,
-                 chunk_size: int) -> None:
-        super().__init__(inputs1, inputs2, *params, featurizer=featurizer, chunk_size=chunk_size)
+                 chunk_size: int, unchecked: tuple[str, str] | None = None) -> None:
+        super().__init__(inputs1, inputs2, *params, featurizer=featurizer, chunk_size=chunk_size, unchecked=unchecked)
         self.inputs1, self.inputs2 = inputs1, inputs2
         self.featurizer = featurizer
         self.chunk_size = chunk_size
+        self.unchecked = unchecked
 
     @classmethod
-    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size):
-        return cls(inputs1, inputs2, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size)
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, unchecked=None):
+        return cls(inputs1, inputs2, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size,
+                   unchecked=unchecked)
 
     def _size(self) -> torch.Size:
         batch = torch.broadcast_shapes(self.featurizer.batch_shape, self.inputs1.shape[:-2], self.inputs2.shape[:-2])
         return torch.Size((*batch, self.inputs1.shape[-2], self.inputs2.shape[-2]))
 
     def _transpose_nonbatch(self):
-        return self.from_featurizer(self.inputs2, self.inputs1, self.featurizer, self.chunk_size)
+        unchecked = None if self.unchecked is None else self.unchecked[::-1]
+        return self.from_featurizer(self.inputs2, self.inputs1, self.featurizer, self.chunk_size, unchecked)
+
+    def _row_blocks(self, side: int) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, x[rows]) of x₁ (``side`` 0) or x₂ (1) by chunks, each checked finite if :attr:`unchecked`."""
+        inputs = self.inputs2 if side else self.inputs1
+        for rows in chunk_slices(inputs.shape[-2], self.chunk_size):
+            block = inputs[..., rows, :]
+            if self.unchecked is not None:
+                check_finite(block, self.unchecked[side])
+            yield rows, block
+
+    def _features(self, side: int) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, Φ(x[rows])) of x₁ (``side`` 0) or x₂ (1) by chunks."""
+        return ((rows, self.featurizer(block)) for rows, block in self._row_blocks(side))
 
     def _matmul(self, rhs: Tensor) -> Tensor:
-        projected = sum(
-            project(self.featurizer(self.inputs2[..., rows, :]), rhs[..., rows, :])
-            for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)
-        )
-        return torch.cat(
-            [self.featurizer(self.inputs1[..., rows, :]) @ projected
-             for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size)], -2
-        )
+        projected = sum(project(features, rhs[..., rows, :]) for rows, features in self._features(1))
+        return torch.cat([features @ projected for _, features in self._features(0)], -2)
 
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
         """∂ tr(UᵀΦ₁Φ₂ᵀV) w.r.t. x₁, x₂ and the featurizer's tensors (this operator's representation, in order).
@@ -489,14 +503,14 @@ class ChunkedFeatureCrossLinearOperator(LinearOperator):
         if not wanted:
             return tuple(grads)
         with torch.no_grad():
-            fixed2 = sum(project(self.featurizer(self.inputs2[..., rows, :]), right_vecs[..., rows, :])
-                         for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size))
-            fixed1 = sum(project(self.featurizer(self.inputs1[..., rows, :]), left_vecs[..., rows, :])
-                         for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size))
-        for inputs, vecs, fixed in ((self.inputs1, left_vecs, fixed2), (self.inputs2, right_vecs, fixed1)):
-            for rows in chunk_slices(inputs.shape[-2], self.chunk_size):
+            fixed2 = sum(project(features, right_vecs[..., rows, :]) for rows, features in self._features(1))
+            fixed1 = sum(project(features, left_vecs[..., rows, :]) for rows, features in self._features(0))
+        for side, vecs, fixed in ((0, left_vecs, fixed2), (1, right_vecs, fixed1)):
+            with torch.enable_grad():  # the blocks are sliced from x in the graph
+                blocks = list(self._row_blocks(side))
+            for rows, block in blocks:
                 with torch.enable_grad():
-                    part = (self.featurizer(inputs[..., rows, :]) * (vecs[..., rows, :] @ fixed.mT)).sum()
+                    part = (self.featurizer(block) * (vecs[..., rows, :] @ fixed.mT)).sum()
                     chunk_grads = torch.autograd.grad(part, [args[i] for i in wanted], allow_unused=True)
                 for i, grad in zip(wanted, chunk_grads):
                     if grad is not None:
@@ -504,12 +518,11 @@ class ChunkedFeatureCrossLinearOperator(LinearOperator):
         return tuple(grads)
 
     def to_dense(self) -> Tensor:
-        left = torch.cat([self.featurizer(self.inputs1[..., rows, :])
-                          for rows in chunk_slices(self.inputs1.shape[-2], self.chunk_size)], -2)
-        return torch.cat([left @ self.featurizer(self.inputs2[..., rows, :]).mT
-                          for rows in chunk_slices(self.inputs2.shape[-2], self.chunk_size)], -1)
+        left = torch.cat([features for _, features in self._features(0)], -2)
+        return torch.cat([left @ features.mT for _, features in self._features(1)], -1)
 
     def _mul_constant(self, other):
         if not is_positive(other):
             return super()._mul_constant(other)
-        return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size)
+        return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
+                                    self.unchecked)

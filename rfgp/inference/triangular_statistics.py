@@ -53,6 +53,7 @@ from .chunking import (
     _add,
     accumulated_statistics,
     backprop_chunks,
+    check_chunked_solve,
     gathered_row_grads,
     scaled_accumulated_statistics,
 )
@@ -312,6 +313,7 @@ def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tens
     :func:`~rfgp.inference.chunking.chunked_feature_statistics`): the backward recomputes K(x_c) per
     chunk under autograd, and L once.
     """
+    check_chunked_solve(featurizer, inputs, weights)
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly

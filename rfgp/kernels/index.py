@@ -44,9 +44,9 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
     def check_call_inputs(self, x1: Tensor, x2: Tensor) -> None:
         return self.check_inputs(x1, x2)
 
-    def check_inputs(self, x1: Tensor, x2: Tensor) -> None:
-        """Types only: the values are checked where they are read, in :meth:`featurize` (also as a part of a
-        product or sum, or of BoTorch's ``MultiTaskGP`` input).  Task indices are not promoted (``None``):
+    def check_inputs(self, x1: Tensor, x2: Tensor, finite: bool = True) -> None:
+        """Types only, whatever ``finite``: the values are checked where they are read, in :meth:`featurize` (also as
+        a part of a product or sum, or of BoTorch's ``MultiTaskGP`` input).  Task indices are not promoted (``None``):
         the features are rows of the task factor, in its dtype."""
         num_tasks = self.covar_factor.shape[-2]
         check_task_indices(x1, "x1", num_tasks, values=False)

@@ -78,16 +78,22 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             refuse_last_dim_is_batch(self)
-        dtype = self.check_inputs(x1, x2)
+        same = same_inputs(x1, x2)
+        # A cross-covariance of one output per input is a lazy operator that checks the rows it featurises (a
+        # posterior never reads its test–train covariance, whose N training rows GPyTorch slices from the joint
+        # inputs anew at every call: checking them here cost more than the prediction at b = 256 t-batches).
+        lazy_cross = not (same or diag) and self.num_outputs_per_input(x1, x2) == 1
+        dtype = self.check_inputs(x1, x2, finite=not lazy_cross)
         if dtype is not None:
             x1, x2 = self.promote_inputs(x1, x2, dtype)
         try:
-            return self._feature_forward(x1, x2, diag)
+            return self._feature_forward(x1, x2, diag, same)
         except NonFiniteError as error:
             raise self._nonfinite_error(error) from None
 
-    def check_inputs(self, x1: Tensor, x2: Tensor) -> torch.dtype | None:
-        """Checks of an evaluation: dtypes, input dimension and finite values (one reduction per distinct input).
+    def check_inputs(self, x1: Tensor, x2: Tensor, finite: bool = True) -> torch.dtype | None:
+        """Checks of an evaluation: dtypes, input dimension and, if ``finite``, finite values (one reduction per
+        distinct input; ``finite=False`` for lazy cross-covariances, which check each block of rows they featurise).
 
         Returns the dtype the evaluation computes in (:func:`~rfgp.core.validation.check_kernel_inputs`), or
         ``None`` for kernels whose inputs are not points and stay as they are (task indices).
@@ -99,9 +105,10 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                 f"x1 has {x1.shape[-1]} input dimensions (last axis, after active_dims) but this kernel was built "
                 f"for input_dim={input_dim}"
             )
-        check_finite(x1, "x1")
-        if x2 is not x1:
-            check_finite(x2, "x2")
+        if finite:
+            check_finite(x1, "x1")
+            if x2 is not x1:
+                check_finite(x2, "x2")
         return dtype
 
     def promote_inputs(self, x1: Tensor, x2: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -121,8 +128,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         """For kernels that need unit-norm inputs, what the error says to do about others; ``None`` otherwise."""
         return None
 
-    def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool):
-        same = x1 is x2 or (x1.shape == x2.shape and bool((x1 == x2).all()))
+    def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool, same: bool):
         featurizer = self.featurizer(x1)
         num_rows = max(x1.shape[-2], x2.shape[-2])
         batch = math.prod(featurizer.batch_shape)
@@ -135,15 +141,14 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                 return lazy
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
-            if same and not diag:
-                _check_chunked_solve(num_rows, featurizer, batch, x1)
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
         if not (same or diag) and outputs == 1:
             # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space
             # strategy never evaluates: stay lazy instead of featurising the N training points — also
             # under autograd (BoTorch's acquisition optimisation: GPyTorch evaluates it for every t-batch,
             # with the training points expanded to the batch), the lazy operator being differentiable.
-            return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, num_rows)
+            return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, num_rows,
+                                                                     unchecked=("x1", "x2"))
         if same and not diag:
             return FeatureRootLinearOperator(self.feature_root(x1), self.variance_correction(x1))
         z1 = self.featurize(x1)
@@ -191,7 +196,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             return ChunkedFeatureRootLinearOperator.from_featurizer(
                 x1, featurizer, chunk_size, self.variance_correction(x1)
             )
-        return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, chunk_size)
+        return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, chunk_size, unchecked=("x1", "x2"))
 
     def _multi_output_prediction_forward(self, x1: Tensor, x2: Tensor, same: bool, diag: bool,
                                          featurizer: Featurizer, num_rows: int, outputs: int, batch: int):
@@ -213,8 +218,6 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                                    "multi-output feature kernels evaluate block by block only a covariance R(x)R(x)ᵀ "
                                    "or, for prediction (eval mode, or under torch.no_grad()), R(x₁)R(x₂)ᵀ, not a "
                                    "diagonal or a cross-covariance with a gradient recorded")
-        elif same:
-            _check_chunked_solve(num_rows * outputs, featurizer, batch, x1)
         return ChunkedMultiOutputFeatureOperator.from_featurizer(x1, x1 if same else x2, featurizer,
                                                                  chunk_points or num_rows, outputs)
 
@@ -284,14 +287,20 @@ class RandomFeatureKernel(FeatureKernel):
         return self.feature_map.target_diag(scaled), self.feature_map.expected_diag(scaled)
 
 
-def _check_chunked_solve(num_rows: int, featurizer: Featurizer, batch: int, x: Tensor) -> None:
-    """Chunked statistics are F × F, never the N × N kernel space that N < F rows would take: refuse an F × F
-    solve that cannot fit, naming the budget."""
-    num_features = featurizer.num_features
-    if num_rows < num_features:
-        check_solve(num_rows, num_features, batch, x.dtype, x.device, size=num_features,
-                    advice=f"with N < F the N × N kernel-space path needs Φ whole: raise rfgp.settings.memory_budget "
-                           f"above {memory_budget.value()} bytes, or reduce num_features")
+def same_inputs(x1: Tensor, x2: Tensor) -> bool:
+    """Whether x1 and x2 hold the same points, so that k(x1, x2) is the symmetric ΦΦᵀ of one feature root.
+
+    The same tensor, or a view of the same memory (GPyTorch's test–test covariance slices x1 and x2 separately from
+    its joint inputs), is answered without reading values; other tensors of one shape are compared entrywise (a
+    host synchronisation).
+    """
+    if x1 is x2:
+        return True
+    if x1.shape != x2.shape:
+        return False
+    if (x1.data_ptr(), x1.stride(), x1.dtype, x1.device) == (x2.data_ptr(), x2.stride(), x2.dtype, x2.device):
+        return True
+    return bool((x1 == x2).all())
 
 
 def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_features: int, batch: int,

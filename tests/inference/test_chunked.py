@@ -251,11 +251,26 @@ def test_create_graph_gradients_and_hessian_match_unchunked(kernel):
 
 def test_chunking_with_fewer_points_than_features_refuses_an_f_by_f_solve_that_cannot_fit(monkeypatch):
     """Chunked statistics are F × F; with N < F the unchunked kernel space would need only N × N: when the F × F
-    matrix cannot be allocated the error says to raise the budget (was torch's raw allocator error)."""
+    matrix cannot be allocated the error says to raise the budget (was torch's raw allocator error).  Only the solve
+    is refused: the prior covariance, which needs no F × F matrix, evaluates chunk by chunk (before, ``kernel(x)``
+    itself raised the solve's error: 1000 points at F = 65 536 under the default budget)."""
     x = torch.rand(30, 2, dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1)
     kernel = SketchedRBFKernel(4096, seed=0)
+    with rfgp.settings.memory_budget(2**30):
+        dense = kernel(x).to_dense()
+        diag = kernel(x, diag=True)
     monkeypatch.setattr(rfgp.core.memory, "available_bytes", lambda device: 2**27)  # 128 MiB: F × F is 256 MiB
-    with rfgp.settings.memory_budget(2**20), pytest.raises(ValueError, match="raise rfgp.settings.memory_budget"):
-        kernel(x).evaluate_kernel()
+    with rfgp.settings.memory_budget(2**20):
+        prior = kernel(x).evaluate_kernel()
+        assert isinstance(prior, ChunkedFeatureRootLinearOperator)
+        torch.testing.assert_close(prior.to_dense(), dense, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(kernel(x, diag=True), diag, rtol=1e-12, atol=1e-12)
+        assert gpytorch.distributions.MultivariateNormal(torch.zeros(30, dtype=torch.float64), prior).rsample().shape \
+            == (30,)
+        model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().train()
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        with pytest.raises(ValueError, match="raise rfgp.settings.memory_budget"):
+            mll(model(x), y)
     with rfgp.settings.memory_budget(2**30):  # unchunked: the N × N kernel-space path
         assert isinstance(kernel(x).evaluate_kernel(), FeatureRootLinearOperator)
