@@ -414,7 +414,8 @@ def test_acquisition_evaluation_featurises_and_checks_only_the_candidates(monkey
     candidates = 2 * torch.rand(5, 2, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
     def value_and_grad(m):
-        acquisition = qLogExpectedImprovement(m, best_f=y.max(), sampler=SobolQMCNormalSampler(torch.Size([64]), seed=0))
+        sampler = SobolQMCNormalSampler(torch.Size([64]), seed=0)
+        acquisition = qLogExpectedImprovement(m, best_f=y.max(), sampler=sampler)
         points = candidates.clone().requires_grad_(True)
         value = acquisition(points)
         return value.detach(), torch.autograd.grad(value.sum(), points)[0]
