@@ -63,6 +63,11 @@ class LowRankPosteriorCovariance(MatmulLinearOperator):
         self.left_linear_op = DenseLinearOperator(root)
         self.right_linear_op = DenseLinearOperator(root.mT)
 
+    def _size(self) -> torch.Size:
+        """``(*batch, n, n)`` from R's shape (``MatmulLinearOperator`` broadcasts its two factors' shapes at every
+        ``shape`` query, dozens of times per BoTorch acquisition evaluation)."""
+        return self.low_rank_root.shape[:-1] + self.low_rank_root.shape[-2:-1]
+
     def _expand_batch(self, batch_shape) -> LowRankPosteriorCovariance:
         return self.__class__(self.low_rank_root.expand(*batch_shape, *self.low_rank_root.shape[-2:]))
 

@@ -107,7 +107,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             )
         if finite:
             check_finite(x1, "x1")
-            if x2 is not x1:
+            if not same_memory(x1, x2):
                 check_finite(x2, "x2")
         return dtype
 
@@ -294,13 +294,15 @@ def same_inputs(x1: Tensor, x2: Tensor) -> bool:
     its joint inputs), is answered without reading values; other tensors of one shape are compared entrywise (a
     host synchronisation).
     """
-    if x1 is x2:
+    if same_memory(x1, x2):
         return True
-    if x1.shape != x2.shape:
-        return False
-    if (x1.data_ptr(), x1.stride(), x1.dtype, x1.device) == (x2.data_ptr(), x2.stride(), x2.dtype, x2.device):
-        return True
-    return bool((x1 == x2).all())
+    return x1.shape == x2.shape and bool((x1 == x2).all())
+
+
+def same_memory(x1: Tensor, x2: Tensor) -> bool:
+    """Whether x1 and x2 are the same tensor or views of the same memory with one shape, stride and dtype."""
+    return x1 is x2 or (x1.shape, x1.stride(), x1.dtype, x1.device, x1.data_ptr()) == (
+        x2.shape, x2.stride(), x2.dtype, x2.device, x2.data_ptr())
 
 
 def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_features: int, batch: int,

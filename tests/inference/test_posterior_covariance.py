@@ -6,7 +6,7 @@ import gpytorch
 import pytest
 import torch
 from gpytorch.distributions import MultivariateNormal
-from linear_operator.operators import DiagLinearOperator, LowRankRootLinearOperator
+from linear_operator.operators import DiagLinearOperator, LowRankRootLinearOperator, MatmulLinearOperator
 
 from rfgp.inference.posterior_covariance import (
     LowRankPosteriorAddedDiag,
@@ -224,3 +224,12 @@ def test_t_batched_test_points_solve_with_one_factor(monkeypatch):
         torch.testing.assert_close(batched.covariance_matrix[i], dense, rtol=1e-7, atol=1e-9)
         (single.mean.sum() + single.covariance_matrix.sum()).backward()
     torch.testing.assert_close(gradient, test_x.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (7, 5), (3, 4, 5, 7), (1, 5, 2)])
+def test_shape_comes_from_the_root_as_for_the_matmul_operator(shape):
+    """``shape`` (read dozens of times per BoTorch acquisition evaluation) from R alone, equal to the product's."""
+    root = torch.randn(*shape, dtype=torch.float64)
+    covariance = LowRankPosteriorCovariance(root)
+    assert covariance.shape == MatmulLinearOperator(root, root.mT).shape == (root @ root.mT).shape
+    assert covariance[..., 1:3, 1:3].shape == (root[..., 1:3, :] @ root[..., 1:3, :].mT).shape

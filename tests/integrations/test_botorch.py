@@ -452,7 +452,10 @@ def test_a_lazy_cross_covariance_checks_the_rows_it_reads():
             read()
     with pytest.raises(ValueError, match="x1 contains NaN"):
         kernel(bad, bad.clone()).to_dense()
-    from rfgp.kernels.random_feature_kernel import same_inputs
+    from rfgp.kernels.random_feature_kernel import same_inputs, same_memory
     joint = torch.cat([x, bad])
     assert same_inputs(joint[..., 20:, :], joint[..., 20:, :])  # NaN ≠ NaN: answered without comparing values
     assert not same_inputs(bad, bad.clone()) and same_inputs(x, x.clone())
+    assert not same_memory(x, x.clone()) and not same_memory(joint[:20], joint[20:]) and not same_memory(x[:3], x[:4])
+    with pytest.raises(ValueError, match="x1 contains NaN"):  # the test–test covariance: one check of one memory
+        kernel(joint[..., 20:, :], joint[..., 20:, :]).to_dense()
