@@ -39,6 +39,11 @@ def softmax_expectation_mc(
 ) -> tuple[Tensor, Tensor]:
     """Monte-Carlo E[softmax(f)] over the last axis, with its standard error.
 
+    Every point uses the same S standard-normal draws ε_s ∈ R^C (common random numbers,
+    f_s = μ + σ ⊙ ε_s): a point's estimate depends on its own mean and variance and the
+    generator only, not on which other points, in which order or how many, share the call
+    (the same point gets the same probabilities in a batch, alone or in another chunk).
+
     Args:
         mean, variance: ``(..., C)`` latent means and variances.
         num_samples: number of samples S.
@@ -56,7 +61,8 @@ def softmax_expectation_mc(
     remaining = num_samples
     while remaining > 0:
         size = min(chunk_size, remaining)
-        noise = torch.randn((size, *mean.shape), generator=generator, dtype=mean.dtype, device=mean.device)
+        shape = (size, *[1] * (mean.dim() - 1), mean.shape[-1])  # one ε_s per sample, shared by all points
+        noise = torch.randn(shape, generator=generator, dtype=mean.dtype, device=mean.device)
         probs = torch.softmax(mean + std * noise, dim=-1)
         total = total + probs.sum(0)
         total_sq = total_sq + probs.pow(2).sum(0)
