@@ -1,4 +1,4 @@
-"""A scikit-learn-like Dirichlet GP classifier on top of the GPyTorch pieces.
+"""A scikit-learn estimator: Dirichlet GP classification on top of the GPyTorch pieces.
 
 ``DirichletGPClassifier().fit(X, y).predict_proba(X_test)`` builds C Dirichlet-transformed
 regressions (Milios et al. 2018; paper 000 App. D.4) sharing one random-feature kernel,
@@ -10,8 +10,12 @@ when the kernel is an rfgp feature kernel (see :mod:`rfgp.inference.classificati
 from __future__ import annotations
 
 import copy
+import inspect
 import numbers
+import sys
+import warnings
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import gpytorch
 import numpy as np
@@ -48,8 +52,14 @@ class DirichletGPClassifier:
         seed: seeds the random features, the validation split and the Monte-Carlo draws.
         progress: tqdm progress bar during training (``None``: only on a terminal).
 
+    It follows scikit-learn's estimator contract without depending on scikit-learn: ``get_params``/``set_params``
+    (so ``clone``, ``Pipeline``, ``GridSearchCV`` and ``cross_val_score`` with stratified folds work), ``score``
+    (accuracy), arguments stored as given and checked by ``fit``, prediction before ``fit`` raises a
+    ``NotFittedError``, a float target with fractional values is refused as continuous.
+
     Attributes (after ``fit``):
-        ``classes_``: the sorted class labels; ``model_``/``likelihood_``: the fitted GPyTorch objects;
+        ``classes_``: the sorted class labels; ``n_features_in_``; ``feature_names_in_`` (a DataFrame's string
+        column names, checked at prediction); ``model_``/``likelihood_``: the fitted GPyTorch objects;
         ``alpha_epsilon_``: the α_ε used; ``validation_mnll_``: {α_ε: MNLL} when several were tried;
         ``losses_``: training losses.
 
@@ -80,104 +90,173 @@ class DirichletGPClassifier:
         seed: int = 0,
         progress: bool | None = None,
     ) -> None:
-        if kernel is not None and not isinstance(kernel, gpytorch.kernels.Kernel):
-            raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(kernel).__name__}")
+        # scikit-learn's estimator contract: the arguments are stored as given (``clone`` and
+        # ``get_params`` hand back these very objects) and checked by ``fit``, which also sees
+        # values changed by ``set_params``.
         self.kernel = kernel
-        self.num_features = check_positive_int(num_features, "num_features")
-        self.method = check_choice(method, "method", tuple(FOURIER_METHODS))
-        self.alpha_candidates = _check_alphas(alpha_epsilon)
-        if isinstance(num_iterations, bool) or not isinstance(num_iterations, numbers.Integral) or num_iterations < 0:
-            raise ValueError(f"num_iterations must be an integer ≥ 0, got {num_iterations!r}")
-        self.num_iterations = int(num_iterations)
-        self.lr = check_positive_float(lr, "lr")
-        self.learn_additional_noise = bool(learn_additional_noise)
-        self.validation_fraction = check_positive_float(validation_fraction, "validation_fraction")
-        if self.validation_fraction >= 1:
-            raise ValueError(f"validation_fraction must lie in (0, 1), got {validation_fraction}")
-        self.probability_method = check_choice(probability_method, "probability_method", PROBABILITY_METHODS)
-        self.num_samples = check_positive_int(num_samples, "num_samples")
-        self.standardize = bool(standardize)
-        self.dtype = check_dtype_argument(dtype)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
-        self.seed = int(seed)
+        self.num_features = num_features
+        self.method = method
+        self.alpha_epsilon = alpha_epsilon
+        self.num_iterations = num_iterations
+        self.lr = lr
+        self.learn_additional_noise = learn_additional_noise
+        self.validation_fraction = validation_fraction
+        self.probability_method = probability_method
+        self.num_samples = num_samples
+        self.standardize = standardize
+        self.dtype = dtype
+        self.device = device
+        self.seed = seed
         self.progress = progress
+
+    # ----- scikit-learn estimator protocol ------------------------------------------------
+    _estimator_type = "classifier"  # scikit-learn < 1.6 reads this; newer versions read __sklearn_tags__
+
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor arguments as stored (scikit-learn's ``get_params``; ``clone`` rebuilds from them)."""
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params) -> "DirichletGPClassifier":
+        """Set constructor arguments (checked at the next ``fit``), as scikit-learn's ``set_params``."""
+        valid = self._get_param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"invalid parameter {name!r} for DirichletGPClassifier; accepted: {', '.join(valid)}")
+            setattr(self, name, value)
+        return self
+
+    def __sklearn_tags__(self):
+        # only scikit-learn calls this, so scikit-learn is installed; rfgp itself does not depend on it
+        from sklearn.utils import ClassifierTags, Tags, TargetTags
+
+        return Tags(
+            estimator_type="classifier", target_tags=TargetTags(required=True), classifier_tags=ClassifierTags()
+        )
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Mean accuracy of ``predict(X)`` against ``y`` (scikit-learn's classifier score), weighted if given."""
+        correct = np.asarray(self.predict(X) == np.asarray(y), dtype=np.float64)
+        return float(np.average(correct, weights=sample_weight))
+
+    def __repr__(self) -> str:
+        defaults = {name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()}
+        changed = [f"{k}={v!r}" for k, v in self.get_params().items() if not _same(v, defaults.get(k))]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    def _check_params(self) -> SimpleNamespace:
+        """The constructor arguments, checked: they drive this fit and the predictions after it (``_fit_params``)."""
+        if self.kernel is not None and not isinstance(self.kernel, gpytorch.kernels.Kernel):
+            raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(self.kernel).__name__}")
+        check_positive_int(self.num_features, "num_features")
+        check_choice(self.method, "method", tuple(FOURIER_METHODS))
+        iterations = self.num_iterations
+        if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) or iterations < 0:
+            raise ValueError(f"num_iterations must be an integer ≥ 0, got {iterations!r}")
+        check_positive_float(self.lr, "lr")
+        if check_positive_float(self.validation_fraction, "validation_fraction") >= 1:
+            raise ValueError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction}")
+        check_choice(self.probability_method, "probability_method", PROBABILITY_METHODS)
+        check_positive_int(self.num_samples, "num_samples")
+        dtype = check_dtype_argument(self.dtype)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise TypeError(f"seed must be an integer, got {self.seed!r}")
+        return SimpleNamespace(
+            kernel=self.kernel, num_features=int(self.num_features), method=self.method,
+            alpha_candidates=_check_alphas(self.alpha_epsilon), num_iterations=int(iterations), lr=float(self.lr),
+            learn_additional_noise=bool(self.learn_additional_noise),
+            validation_fraction=float(self.validation_fraction),
+            probability_method=self.probability_method, num_samples=int(self.num_samples),
+            standardize=bool(self.standardize), dtype=dtype,
+            device=torch.device(self.device) if self.device is not None else torch.device("cpu"),
+            seed=int(self.seed), progress=self.progress,
+        )
 
     # ----- fitting ------------------------------------------------------------------------
     def fit(self, X, y) -> "DirichletGPClassifier":
-        """Fit on inputs ``X`` (N, d) and class labels ``y`` (N,) (any sortable label values)."""
+        """Fit on inputs ``X`` (N, d) and class labels ``y`` (N,) (any sortable label values).
+
+        A pandas DataFrame's string column names are kept as ``feature_names_in_`` and checked at prediction.
+        """
+        self._fit_params = p = self._check_params()
+        self.n_features_in_ = None  # a new fit forgets the previous one's columns before reading X
+        self.feature_names_in_ = None
+        names = _feature_names(X)
         x = self._as_inputs(X, "X")
-        labels_np = np.asarray(y.cpu() if torch.is_tensor(y) else y)
-        if labels_np.ndim != 1 or labels_np.shape[0] != x.shape[0]:
-            raise ValueError(f"y must be 1-D with {x.shape[0]} labels (one per row of X), got shape {labels_np.shape}")
+        self.n_features_in_ = x.shape[-1]
+        self.feature_names_in_ = names
+        if self.feature_names_in_ is None:
+            del self.feature_names_in_
+        labels_np = _check_labels(y, x.shape[0])
         self.classes_, encoded = np.unique(labels_np, return_inverse=True)
         if len(self.classes_) < 2:
-            raise ValueError(f"y must contain at least two classes, got {self.classes_.tolist()}")
-        labels = torch.as_tensor(encoded, dtype=torch.long, device=self.device)
-        if self.standardize:
+            raise ValueError(f"y must contain at least two classes, got 1 class: {self.classes_.tolist()}")
+        labels = torch.as_tensor(encoded.reshape(-1), dtype=torch.long, device=p.device)
+        if p.standardize:
             self.input_mean_ = x.mean(0)
             self.input_scale_ = _column_scales(x, self.input_mean_)
             x = (x - self.input_mean_) / self.input_scale_
         self.validation_mnll_ = {}
-        if len(self.alpha_candidates) > 1:
+        if len(p.alpha_candidates) > 1:
             self.validation_mnll_ = self._validate_alphas(x, labels)
             self.alpha_epsilon_ = min(self.validation_mnll_, key=self.validation_mnll_.get)
         else:
-            self.alpha_epsilon_ = self.alpha_candidates[0]
+            self.alpha_epsilon_ = p.alpha_candidates[0]
         self.model_, self.losses_ = self._fit_model(x, labels, self.alpha_epsilon_)
         self.likelihood_ = self.model_.likelihood
         return self
 
     def _validate_alphas(self, x: Tensor, labels: Tensor) -> dict[float, float]:
-        gen = torch.Generator().manual_seed(self.seed)
-        order = torch.randperm(x.shape[0], generator=gen).to(self.device)
-        num_val = max(1, int(round(self.validation_fraction * x.shape[0])))
+        p = self._fit_params
+        gen = torch.Generator().manual_seed(p.seed)
+        order = torch.randperm(x.shape[0], generator=gen).to(p.device)
+        num_val = max(1, int(round(p.validation_fraction * x.shape[0])))
         val, train = order[:num_val], order[num_val:]
         scores = {}
-        for alpha in self.alpha_candidates:
+        for alpha in p.alpha_candidates:
             model, _ = self._fit_model(x[train], labels[train], alpha)
             probs = self._probabilities(model, x[val])
             scores[alpha] = mean_negative_log_likelihood(probs, labels[val]).item()
         return scores
 
     def _fit_model(self, x: Tensor, labels: Tensor, alpha: float):
+        p = self._fit_params
         num_classes = len(self.classes_)
         likelihood = DirichletClassificationLikelihood(
             labels, num_classes=num_classes, alpha_epsilon=alpha,
-            learn_additional_noise=self.learn_additional_noise, dtype=self.dtype,
+            learn_additional_noise=p.learn_additional_noise, dtype=p.dtype,
         )
-        targets = likelihood.transformed_targets.to(self.device)
+        targets = likelihood.transformed_targets.to(p.device)
         mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([num_classes]))
         kernel = self._new_kernel(x, targets)
-        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=self.device, dtype=self.dtype)
+        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
         with torch.no_grad():
             mean.constant.copy_(targets.mean(-1))
         losses = []
-        if self.num_iterations > 0:
-            losses = fit_mll(model, self.num_iterations, self.lr, self.progress, description="Dirichlet GP",
-                              optimizer="adam")
+        if p.num_iterations > 0:
+            losses = fit_mll(model, p.num_iterations, p.lr, p.progress, description="Dirichlet GP", optimizer="adam")
         model.eval()
         likelihood.eval()
         return model, losses
 
     def _new_kernel(self, x: Tensor, targets: Tensor) -> gpytorch.kernels.Kernel:
-        if self.kernel is not None:
-            return copy.deepcopy(self.kernel)
-        base = SketchedRBFKernel(self.num_features, method=self.method, input_dim=x.shape[-1], seed=self.seed)
-        kernel = gpytorch.kernels.ScaleKernel(base).to(device=self.device, dtype=self.dtype)
+        p = self._fit_params
+        if p.kernel is not None:
+            return copy.deepcopy(p.kernel)
+        base = SketchedRBFKernel(p.num_features, method=p.method, input_dim=x.shape[-1], seed=p.seed)
+        kernel = gpytorch.kernels.ScaleKernel(base).to(device=p.device, dtype=p.dtype)
         with torch.no_grad():
-            base.lengthscale = _median_distance(x, self.seed)
+            base.lengthscale = _median_distance(x, p.seed)
             kernel.outputscale = (targets - targets.mean(-1, keepdim=True)).var().clamp_min(1e-3)
         return kernel
 
     # ----- prediction ---------------------------------------------------------------------
     def predict_proba(self, X, batch_size: int = 4096):
         """Class probabilities ``(M, C)`` in the order of ``classes_`` (a tensor for tensor input)."""
-        self._check_fitted()
-        x = self._as_inputs(X, "X")
-        if self.standardize:
-            x = (x - self.input_mean_) / self.input_scale_
+        x = self._test_inputs(X)
         batch_size = check_positive_int(batch_size, "batch_size")
         probs = torch.cat([self._probabilities(self.model_, chunk) for chunk in x.split(batch_size)])
         return probs if torch.is_tensor(X) else probs.cpu().numpy()
@@ -192,34 +271,134 @@ class DirichletGPClassifier:
 
     def latent_posterior(self, X) -> gpytorch.distributions.MultivariateNormal:
         """The C latent posteriors f_c at ``X`` (batch ``(C,)``): what the probabilities integrate over."""
-        self._check_fitted()
-        x = self._as_inputs(X, "X")
-        if self.standardize:
-            x = (x - self.input_mean_) / self.input_scale_
-        with torch.no_grad():
+        x = self._test_inputs(X)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
             return self.model_(x)
 
     def _probabilities(self, model, x: Tensor) -> Tensor:
-        with torch.no_grad():
+        p = self._fit_params
+        # GPyTorch warns when eval-mode inputs equal the training inputs ("did you forget model.train()?");
+        # predicting at the training points (training accuracy) is deliberate here
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
             posterior = model(x)
             return model.likelihood.predict_proba(
-                posterior, method=self.probability_method, num_samples=self.num_samples, seed=self.seed
+                posterior, method=p.probability_method, num_samples=p.num_samples, seed=p.seed
             )
 
+    def _test_inputs(self, X) -> Tensor:
+        """Checked, standardised prediction inputs: fitted, same columns (and column names) as in ``fit``."""
+        self._check_fitted()
+        names = _feature_names(X)
+        fitted_names = getattr(self, "feature_names_in_", None)
+        if fitted_names is not None and names is not None and not np.array_equal(names, fitted_names):
+            raise ValueError(
+                f"X has the columns {names.tolist()}, but the classifier was fitted on {fitted_names.tolist()}"
+                " (same names in the same order are required)"
+            )
+        if (fitted_names is None) != (names is None):
+            warnings.warn(
+                f"X {'has' if names is not None else 'does not have'} feature names, but the classifier was fitted "
+                f"{'without' if fitted_names is None else 'with'} them: columns are matched by position",
+                UserWarning, stacklevel=3,
+            )
+        x = self._as_inputs(X, "X")
+        if self._fit_params.standardize:
+            x = (x - self.input_mean_) / self.input_scale_
+        return x
+
     def _as_inputs(self, X, name: str) -> Tensor:
-        x = X.detach() if torch.is_tensor(X) else torch.as_tensor(np.asarray(X, dtype=np.float64))
+        p = self._fit_params
+        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
+            raise TypeError(f"{name} is a sparse matrix; sparse input is not supported: pass {name}.toarray()")
+        if torch.is_tensor(X):
+            x = X.detach()
+        else:
+            # a copy: DataFrames give read-only or negatively strided views, which torch refuses
+            array = np.array(X, copy=True)
+            if np.iscomplexobj(array):  # float64 conversion would silently drop the imaginary part
+                raise ValueError(f"Complex data not supported: {name} has {array.dtype} values; real inputs required")
+            x = torch.as_tensor(array.astype(np.float64))
+        if x.is_complex():
+            raise ValueError(f"Complex data not supported: {name} has {x.dtype} values; real inputs required")
         if x.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D array (n_samples, n_features), got shape {tuple(x.shape)}")
-        x = x.to(device=self.device, dtype=self.dtype)
+            raise ValueError(
+                f"{name} must be a 2-D array (n_samples, n_features), got shape {tuple(x.shape)}. Reshape your data"
+                f" with {name}.reshape(-1, 1) for a single feature or {name}.reshape(1, -1) for a single sample"
+            )
+        for axis, what in enumerate(("sample", "feature")):
+            if x.shape[axis] == 0:
+                raise ValueError(f"{name} has 0 {what}(s) (shape={tuple(x.shape)}) while a minimum of 1 is required.")
+        x = x.to(device=p.device, dtype=p.dtype)
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} contains NaN or Inf entries")
-        if hasattr(self, "input_mean_") and x.shape[-1] != self.input_mean_.shape[-1]:
-            raise ValueError(f"{name} has {x.shape[-1]} columns; the classifier was fitted on {self.input_mean_.shape[-1]}")
+        if self.n_features_in_ is not None and x.shape[-1] != self.n_features_in_:
+            raise ValueError(
+                f"{name} has {x.shape[-1]} features, but DirichletGPClassifier is expecting {self.n_features_in_}"
+                " features as input (the number of columns it was fitted on)"
+            )
         return x
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "model_"):
-            raise RuntimeError("this DirichletGPClassifier is not fitted yet; call fit(X, y) first")
+            raise _not_fitted_error()("this DirichletGPClassifier is not fitted yet; call fit(X, y) first")
+
+
+class NotFittedError(ValueError, AttributeError):
+    """Prediction before ``fit``: a ``ValueError`` and an ``AttributeError``, as scikit-learn's NotFittedError."""
+
+
+def _not_fitted_error() -> type:
+    """scikit-learn's ``NotFittedError`` when scikit-learn is in use (already imported), else rfgp's twin.
+
+    Both are ``ValueError`` and ``AttributeError`` subclasses; scikit-learn's own code (``check_is_fitted``
+    users, meta-estimators, its estimator checks) catches its class by name, and rfgp does not import
+    scikit-learn itself.
+    """
+    sklearn_exceptions = sys.modules.get("sklearn.exceptions")
+    return sklearn_exceptions.NotFittedError if sklearn_exceptions is not None else NotFittedError
+
+
+def _check_labels(y, num_rows: int) -> np.ndarray:
+    """Class labels ``y`` as a 1-D array, one per row of X; real values that are not integers are refused.
+
+    Any sortable values are labels (strings, integers, integral floats such as 1.0 and 3.0), but a float
+    target with fractional values is a regression target ("continuous", scikit-learn's word): taking
+    each distinct value as a class would silently fit N classes.
+    """
+    if y is None:
+        raise ValueError("DirichletGPClassifier requires y to be passed, but the target y is None")
+    labels = np.asarray(y.cpu() if torch.is_tensor(y) else y)
+    if labels.ndim != 1 or labels.shape[0] != num_rows:
+        raise ValueError(
+            f"y should be a 1d array with {num_rows} labels (one per row of X), got shape {labels.shape}"
+            + ("; pass y.ravel() for a column vector" if labels.shape == (num_rows, 1) else "")
+        )
+    if np.iscomplexobj(labels):
+        raise ValueError(f"Unknown label type: y has complex values ({labels.dtype})")
+    if labels.dtype.kind == "f" and not bool(np.all(np.isfinite(labels) & (labels == np.round(labels)))):
+        raise ValueError(
+            "Unknown label type: continuous. y has non-integer (or non-finite) float values, which are a regression"
+            " target, not class labels; pass integer or string labels"
+        )
+    return labels
+
+
+def _feature_names(X) -> np.ndarray | None:
+    """A DataFrame's column names when they are all strings (scikit-learn's rule), else ``None``."""
+    columns = getattr(X, "columns", None)
+    if columns is None or torch.is_tensor(X):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    return names if len(names) and all(isinstance(n, str) for n in names) else None
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _column_scales(x: Tensor, mean: Tensor) -> Tensor:
@@ -238,7 +417,8 @@ def _column_scales(x: Tensor, mean: Tensor) -> Tensor:
 
 
 def _check_alphas(alpha_epsilon) -> tuple[float, ...]:
-    values = alpha_epsilon if isinstance(alpha_epsilon, Sequence) and not isinstance(alpha_epsilon, str) else [alpha_epsilon]
+    several = isinstance(alpha_epsilon, Sequence) and not isinstance(alpha_epsilon, str)
+    values = alpha_epsilon if several else [alpha_epsilon]
     if len(values) == 0:
         raise ValueError("alpha_epsilon must be a positive number or a non-empty sequence of them, got []")
     return tuple(check_positive_float(v, "alpha_epsilon") for v in values)

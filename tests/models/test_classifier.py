@@ -46,13 +46,16 @@ def test_alpha_chosen_by_validation_mnll_and_mean_field_probabilities():
 
 
 def test_classifier_arguments_validated():
-    with pytest.raises(ValueError, match="method"):
-        DirichletGPClassifier(method="fft")
-    with pytest.raises(ValueError, match="alpha_epsilon"):
-        DirichletGPClassifier(alpha_epsilon=[0.1, -1.0])
-    with pytest.raises(RuntimeError, match="not fitted"):
-        DirichletGPClassifier().predict(np.zeros((2, 2)))
     x, y = _blobs(10)
+    # scikit-learn's contract: the constructor stores its arguments, fit checks them (also those set_params set)
+    with pytest.raises(ValueError, match="method"):
+        DirichletGPClassifier(method="fft").fit(x, y)
+    with pytest.raises(ValueError, match="alpha_epsilon"):
+        DirichletGPClassifier(num_iterations=0).set_params(alpha_epsilon=[0.1, -1.0]).fit(x, y)
+    with pytest.raises(ValueError, match="invalid parameter 'num_feature'"):
+        DirichletGPClassifier().set_params(num_feature=3)
+    with pytest.raises((ValueError, AttributeError), match="not fitted"):
+        DirichletGPClassifier().predict(np.zeros((2, 2)))
     with pytest.raises(ValueError, match="one per row"):
         DirichletGPClassifier(num_iterations=0).fit(x, y[:-1])
     with pytest.raises(ValueError, match="at least two classes"):
@@ -73,3 +76,83 @@ def test_constant_training_column_is_not_scaled(dtype):
     shifted = clf.predict_proba(test_x)  # one standardised unit off in one column: still confident
     assert shifted[np.arange(30), np.searchsorted(clf.classes_, y[:30])].min() > 0.6  # 1e12 units: ≈ 1/3
     assert (clf.predict(test_x) == y[:30]).mean() > 0.95
+
+
+def _iris():
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    return sklearn_datasets.load_iris(return_X_y=True, as_frame=True)
+
+
+def test_scikit_learn_estimator_contract():
+    # DirichletGPClassifier had no get_params/set_params/score and no classifier tag: clone, Pipeline.score,
+    # cross_val_score and GridSearchCV all raised ("does not seem to be a scikit-learn estimator")
+    import pickle
+
+    from sklearn.base import clone, is_classifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = _iris()
+    clf = DirichletGPClassifier(num_features=64, num_iterations=5, alpha_epsilon=[0.01, 0.1], progress=False)
+    params = clf.get_params()
+    copy = clone(clf)
+    assert copy.get_params() == params and copy is not clf and is_classifier(clf)
+    expected = "DirichletGPClassifier(num_features=64, alpha_epsilon=[0.01, 0.1], num_iterations=5, progress=False)"
+    assert repr(copy) == expected
+    scores = cross_val_score(make_pipeline(StandardScaler(), clf), X, y, cv=3)
+    reference = cross_val_score(make_pipeline(StandardScaler(), LogisticRegression()), X, y, cv=3)
+    assert scores.shape == reference.shape and scores.min() > 0.85  # stratified folds, as for sklearn's own
+    search = GridSearchCV(clf.set_params(alpha_epsilon=0.01), {"num_features": [16, 64]}, cv=3).fit(X, y)
+    assert search.best_estimator_.num_features in (16, 64) and search.best_score_ > 0.85
+    fitted = clone(clf).fit(X, y)
+    assert not hasattr(clf, "model_")  # clone copies the arguments, not the fit
+    restored = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(restored.predict_proba(X), fitted.predict_proba(X))
+    assert fitted.score(X, y) == (fitted.predict(X) == y.to_numpy()).mean() > 0.9
+
+
+def test_feature_names_and_counts_follow_scikit_learn():
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = _iris()
+    clf = DirichletGPClassifier(num_features=32, num_iterations=2, progress=False).fit(X, y)
+    reference = LogisticRegression(max_iter=1000).fit(X, y)
+    assert clf.n_features_in_ == reference.n_features_in_ == 4
+    np.testing.assert_array_equal(clf.feature_names_in_, reference.feature_names_in_)
+    # reordered columns raised "negative strides" from torch (or, once copied, were matched by position)
+    with pytest.raises(ValueError, match="fitted on"):
+        clf.predict(X[X.columns[::-1]])
+    with pytest.warns(UserWarning, match="does not have feature names"):
+        np.testing.assert_array_equal(clf.predict_proba(X.to_numpy(np.float32)), clf.predict_proba(X))
+    with pytest.raises(ValueError, match="expecting 4 features"):
+        clf.predict(X.to_numpy()[:, :3])
+    assert not hasattr(DirichletGPClassifier(num_iterations=0).fit(X.to_numpy(), y), "feature_names_in_")
+
+
+def test_continuous_and_malformed_inputs_raise():
+    x, y = _blobs(10)
+    clf = DirichletGPClassifier(num_iterations=0, num_features=16)
+    # a regression target used to be fitted as one class per distinct value (here 30 classes)
+    with pytest.raises(ValueError, match="continuous"):
+        clf.fit(x, np.linspace(0.0, 1.0, len(x)))
+    assert list(clf.fit(x, (y == "a").astype(float)).classes_) == [0.0, 1.0]  # integral floats are labels
+    with pytest.raises(ValueError, match="Complex data"):  # the imaginary part used to be dropped
+        clf.fit(x + 1j, y)
+    with pytest.raises(TypeError, match="sparse"):
+        clf.fit(pytest.importorskip("scipy.sparse").csr_matrix(x), y)
+    with pytest.raises(ValueError, match="y is None"):
+        clf.fit(x, None)
+
+
+def test_scikit_learn_estimator_checks():
+    # the checks that still fail are deliberate: y of shape (N, 1) is refused with a message (scikit-learn
+    # ravels it with a warning), and dtype's default is a torch dtype; float64, as float32's rounding makes
+    # predict_proba differ by 1e-7 with the row order of X (the checks' tolerance)
+    from sklearn.utils.estimator_checks import check_estimator
+
+    clf = DirichletGPClassifier(num_features=32, num_iterations=3, num_samples=200, progress=False, dtype=torch.float64)
+    results = check_estimator(clf, on_fail=None)
+    failed = {r["check_name"] for r in results if r["status"] == "failed"}
+    assert failed == {"check_supervised_y_2d", "check_parameters_default_constructible"}

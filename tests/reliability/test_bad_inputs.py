@@ -559,9 +559,12 @@ case("classifier/nan_X", _classifier(nan_at(data(12)), torch.arange(12) % 3), Ra
 case("classifier/one_class", _classifier(data(12), torch.zeros(12)), Raises(ValueError, "y", "two classes"))
 case("classifier/y_rows", _classifier(data(12), torch.arange(10) % 3), Raises(ValueError, "y", "12"))
 case("classifier/X_1d", _classifier(torch.ones(12, dtype=torch.float64), torch.arange(12) % 3), Raises(ValueError, "X"))
-case("classifier/validation_fraction", lambda: rfgp.models.DirichletGPClassifier(validation_fraction=1.5), Raises(ValueError, "validation_fraction"))
-case("classifier/dtype_half", lambda: rfgp.models.DirichletGPClassifier(dtype=torch.float16), Raises(TypeError, "dtype", "float16"))
-case("classifier/alpha_empty", lambda: rfgp.models.DirichletGPClassifier(alpha_epsilon=[]), Raises(ValueError, "alpha_epsilon"))
+# the arguments are checked by fit (scikit-learn's contract: the constructor and set_params only store them)
+_labels12 = torch.arange(12) % 3
+case("classifier/validation_fraction", _classifier(data(12), _labels12, validation_fraction=1.5), Raises(ValueError, "validation_fraction"))
+case("classifier/dtype_half", _classifier(data(12), _labels12, dtype=torch.float16), Raises(TypeError, "dtype", "float16"))
+case("classifier/alpha_empty", _classifier(data(12), _labels12, alpha_epsilon=[]), Raises(ValueError, "alpha_epsilon"))
+case("classifier/continuous_y", _classifier(data(12), torch.linspace(0, 1, 12)), Raises(ValueError, "y", "continuous"))
 
 
 # --------------------------------------------------------------------------- distances
