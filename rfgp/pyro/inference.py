@@ -5,7 +5,7 @@
   hyperparameters that have priors point-estimated (``"map"``, ``AutoDelta``), given
   their own mean-field Gaussian (``"mean_field"``) or included in the weight guide
   (``"joint"``, which also correlates them with w in the full-rank family).
-* :func:`fit_svi` — maximise the ELBO with Adam.
+* :func:`fit_svi` — maximise the ELBO with Adam, on the full data or on minibatches (``batch_size``).
 * :func:`run_nuts` — exact (asymptotically) posterior samples for small problems.
 * :func:`posterior_predictive` — ``pyro.infer.Predictive`` over a guide or NUTS samples,
   vectorised over samples.
@@ -14,9 +14,11 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 import pyro
 import pyro.infer.autoguide as autoguide
+import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS, SVI, Predictive, Trace_ELBO
 from torch import Tensor
@@ -94,18 +96,34 @@ def fit_svi(
     num_data: int | None = None,
     final_lr_fraction: float = 1.0,
     progress: bool | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
 ) -> list[float]:
     """Maximise the ELBO with (clipped) Adam; returns the loss (−ELBO) per step.
 
     ``num_particles`` > 1 averages that many vectorised Monte-Carlo samples per step;
     the learning rate decays geometrically from ``lr`` to ``final_lr_fraction · lr``
     (a decay removes most of the stochastic-gradient jitter around the optimum).
+
+    ``batch_size`` trains on minibatches of x and y: every epoch visits the rows once in a random order
+    (``seed`` seeds it), each step takes the next ``batch_size`` rows (the last of an epoch may be fewer) and
+    scales their log likelihood by N/batch (``num_data`` = N), so the loss of a step is an unbiased estimate of
+    the full-data −ELBO and one optimiser (its Adam state and learning-rate decay) runs through all steps.
+    ``num_data`` is for callers that pass one minibatch themselves; it cannot be combined with ``batch_size``.
     """
     _check_model(model)
     num_steps = check_positive_int(num_steps, "num_steps")
     num_particles = check_positive_int(num_particles, "num_particles")
     lr = check_positive_float(lr, "lr")
     final_lr_fraction = check_positive_float(final_lr_fraction, "final_lr_fraction")
+    batches = None
+    if batch_size is not None:
+        if num_data is not None:
+            raise ValueError(
+                f"num_data={num_data!r} and batch_size={batch_size!r} were both given: with batch_size, x and y are "
+                "the full data set and num_data is their number of rows; pass num_data only for a minibatch of your own"
+            )
+        batches = _minibatches(x.shape[0], check_positive_int(batch_size, "batch_size"), seed, x.device)
     if progress is None:
         progress = sys.stderr.isatty()
     elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
@@ -113,9 +131,26 @@ def fit_svi(
     losses = []
     bar = tqdm(range(num_steps), desc="SVI", disable=not progress, leave=False)
     for _ in bar:
-        losses.append(svi.step(x, y, num_data=num_data))
+        if batches is None:
+            losses.append(svi.step(x, y, num_data=num_data))
+        else:
+            rows = next(batches)
+            losses.append(svi.step(x[rows], y[rows], num_data=x.shape[0]))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     return losses
+
+
+def _minibatches(num_rows: int, batch_size: int, seed: int | None, device) -> Iterator[Tensor]:
+    """Row indices of successive minibatches, epoch after epoch, each epoch a fresh permutation of all rows."""
+    if batch_size > num_rows:
+        raise ValueError(f"batch_size must be at most the number of rows of x ({num_rows}), got {batch_size}")
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    while True:
+        yield from torch.randperm(num_rows, generator=generator).to(device).split(batch_size)
 
 
 def run_nuts(

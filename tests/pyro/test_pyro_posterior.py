@@ -83,3 +83,45 @@ def test_mean_field_guide_underestimates_correlated_posterior_variance():
     # Sample variance of N(μ, v): SE = v·√(2/S); the guide's own optimisation error is ≪ that.
     variance_se = conditional_variance * math.sqrt(2.0 / num_samples)
     assert ((samples.var(0) - conditional_variance).abs() <= 4 * variance_se).all()
+
+
+def test_minibatch_svi_matches_closed_form_posterior_and_visits_every_row_each_epoch():
+    """``batch_size``: each step sees ``batch_size`` rows (the last of an epoch fewer), scaled to the N rows, every
+    epoch is a permutation of them, and one optimiser runs through the epochs to the closed-form posterior."""
+    model, x, y = make_problem(n=40)
+    mean, covariance = closed_form_posterior(model, x, y)
+    seen = []
+    forward = model.forward
+
+    def recording_forward(x_batch, y_batch=None, num_data=None):
+        if y_batch is not None:
+            seen.append((x_batch.detach().clone(), num_data))
+        return forward(x_batch, y_batch, num_data=num_data)
+
+    model.forward = recording_forward
+    guide = weight_guide(model, family="full_rank", init_scale=0.5)
+    fit_svi(model, guide, x, y, num_steps=1200, lr=0.05, num_particles=32, final_lr_fraction=0.02, batch_size=16,
+            seed=0)
+    model.forward = forward
+    assert len(seen) == 1 + 1200  # the autoguide traces the model once (on the first batch) to set itself up
+    model_calls = seen[1:]
+    assert [batch.shape[0] for batch, _ in model_calls[:3]] == [16, 16, 8]
+    assert all(num_data == 40 for _, num_data in model_calls)
+    epoch = torch.cat([batch for batch, _ in model_calls[:3]])
+    assert torch.equal(epoch.sort(0).values, x.sort(0).values)
+    num_samples = 2000
+    samples = posterior_predictive(model, x, guide, num_samples=num_samples, return_sites=("w",))["w"][:, 0]
+    assert_moments_match(samples, mean, covariance, torch.full_like(mean, num_samples))
+
+
+def test_minibatch_svi_refuses_num_data_with_batch_size_and_a_batch_larger_than_the_data():
+    model, x, y = make_problem()
+    guide = weight_guide(model)
+    for kwargs, needle in (({"batch_size": 8, "num_data": 100}, "num_data=100 and batch_size=8"),
+                           ({"batch_size": 21}, "batch_size must be at most the number of rows of x (20)")):
+        try:
+            fit_svi(model, guide, x, y, num_steps=1, **kwargs)
+        except ValueError as error:
+            assert needle in str(error)
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
