@@ -35,7 +35,7 @@ import torch
 #: Arrays of size N·F alive at once in an MLL backward pass: Φ (saved), ∂Φ and the feature
 #: map's autograd intermediates (projections and their gradient, half width each).  Measured
 #: peak for sin/cos features, N = 5·10⁴, F = 1024, float64: 3.3 N × F copies.
-_WORKING_COPIES = 4
+WORKING_COPIES = 4
 
 
 class _ValueSetting:
@@ -135,7 +135,7 @@ def resolve_chunk_size(num_rows: int, num_features: int, batch_numel: int, dtype
     if forced is not None:
         return forced if forced < num_rows else None
     # element_size, not finfo: invalid (complex, integer) inputs must reach the feature map's own check.
-    row_bytes = _WORKING_COPIES * num_features * batch_numel * torch.empty((), dtype=dtype).element_size()
+    row_bytes = WORKING_COPIES * num_features * batch_numel * torch.empty((), dtype=dtype).element_size()
     if row_bytes * num_rows <= memory_budget.value():
         return None
     return max(1, memory_budget.value() // row_bytes)
