@@ -278,7 +278,7 @@ def chunked_training_statistics(noisy: LinearOperator, residual: Tensor,
         observed: the interleaved boolean mask ``(n·p,)`` of observed entries, ``None`` for all.
     """
     if isinstance(noisy, ChunkedAddedTaskNoiseLinearOperator):
-        whitened = noisy.whitened_operator(observed)._linear_op
+        whitened = noisy.feature_operator.whitened(*noisy.whitening_factors(observed))
         unit = residual.new_ones(*residual.shape[:-1], 1)
         return whitened.feature_statistics(unit, noisy.whitened_rows(residual.unsqueeze(-1), observed))
     weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
