@@ -17,6 +17,8 @@ from __future__ import annotations
 from gpytorch.lazy import LazyEvaluatedKernelTensor
 from torch import Tensor
 
+from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
+
 
 def install() -> None:
     """Route ``LazyEvaluatedKernelTensor.zero_mean_mvn_samples`` of rfgp kernels to the evaluated feature root
@@ -26,8 +28,6 @@ def install() -> None:
         return
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
-        from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
-
         evaluated = self.evaluate_kernel()
         if isinstance(evaluated, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator)):
             return evaluated.zero_mean_mvn_samples(num_samples)

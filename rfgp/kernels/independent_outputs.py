@@ -12,7 +12,8 @@ The T independent outputs of feature roots Φ_t (N × F each) are one feature ro
 interleaved layout, R[n·T + t, s·F + f] = δ_ts Φ_t(x_n)_f, RRᵀ = the block-interleaved matrix exactly.
 :class:`IndependentOutputsKernel` returns it, so ``MultitaskGaussianLikelihood`` (any rank), the marginal likelihood,
 ``observation_nan_policy("mask")`` and prediction run through :mod:`rfgp.inference.multioutput` in
-O(N·T·(T·F)²) — T times the flops of T separate GPs, which the interleaved layout (and correlated task noise) share.
+O(N·T·(T·F)² + (T·F)³) — T² times the flops of T separate GPs (the root's zero blocks are multiplied and
+factorised too), which the interleaved layout (and correlated task noise) share.
 :func:`install` makes ``from_batch_mvn`` return it for a lazily evaluated covariance of a kernel tree that holds an
 rfgp kernel (unbatched inputs); any other batch MVN keeps GPyTorch's operator.
 """
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from ..core.settings import memory_budget
 from ..inference.chunking import Featurizer
-from ..inference.multioutput import scaled_root
+from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, scaled_root
 from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from .random_feature_kernel import FeatureKernel
@@ -122,8 +123,6 @@ class IndependentOutputsKernel(Kernel):
                                                                  points or num_points, tasks)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
-
         if isinstance(train_prior_dist.lazy_covariance_matrix.evaluate_kernel(),
                       (FeatureRootLinearOperator, ChunkedMultiOutputFeatureOperator)):
             return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
