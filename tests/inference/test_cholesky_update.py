@@ -27,7 +27,7 @@ def test_update_equals_refactorisation(size, rank, block_size, dtype, device):
     original = chol.clone()
     updated = cholesky_update(chol, vectors, block_size=block_size)
     expected = torch.linalg.cholesky(chol.double() @ chol.double().mT + vectors.double() @ vectors.double().mT)
-    assert updated.dtype == dtype and updated.device == device
+    assert updated.dtype == dtype and updated.device == chol.device
     assert torch.equal(updated, torch.tril(updated)) and (torch.diagonal(updated) > 0).all()
     assert _relative_error(updated.double(), expected) < TOLERANCE[dtype]
     assert torch.equal(chol, original)  # the input factor is left untouched

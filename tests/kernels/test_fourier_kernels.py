@@ -153,7 +153,7 @@ def test_hyperparameters_named_and_constrained_like_gpytorch(kernel_cls):
 @pytest.mark.parametrize("method", METHODS)
 def test_ard_lengthscale_divides_inputs(method, device):
     kernel = SketchedRBFKernel(64, method=method, ard_num_dims=2, seed=0).double().to(device)
-    kernel.lengthscale = torch.tensor([[0.5, 4.0]], dtype=torch.float64)
+    kernel.lengthscale = torch.tensor([[0.5, 4.0]], dtype=torch.float64, device=device)
     plain = SketchedRBFKernel(64, method=method, input_dim=2, seed=0).double().to(device)
     plain.lengthscale = 1.0
     x = torch.randn(10, 2, dtype=torch.float64, device=device)
@@ -224,7 +224,7 @@ def test_to_dtype_and_double(method, device):
 
 def test_batch_shape_shares_draws(device):
     kernel = SketchedRBFKernel(32, method="orf", seed=0, batch_shape=torch.Size([3])).double().to(device)
-    kernel.lengthscale = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64).view(3, 1, 1)
+    kernel.lengthscale = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, device=device).view(3, 1, 1)
     x = torch.randn(10, 2, dtype=torch.float64, device=device)
     batched = kernel(x).to_dense()
     assert batched.shape == (3, 10, 10)
