@@ -11,6 +11,8 @@ parameters are never converted in place, so ``state_dict()`` is unchanged by any
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+
 import torch
 from torch import Tensor
 
@@ -58,3 +60,21 @@ def promote_pair(x1: Tensor, x2: Tensor, dtype: torch.dtype) -> tuple[Tensor, Te
     x1 = cast_to(x1, dtype)
     return x1, x1 if same else cast_to(x2, dtype)
 
+
+
+def device_constant(owner: object, key: Hashable, build: Callable[[], Tensor], like: Tensor) -> Tensor:
+    """``build()``, a constant made on the CPU from Python numbers, in ``like``'s dtype and on its device, converted
+    once per (key, dtype, device) and kept on ``owner``.
+
+    A forward pass then copies nothing from the host: on CUDA every copy of a fresh CPU tensor to the device waits
+    for the stream (a host synchronisation), which ``torch.cuda.set_sync_debug_mode`` reports.  The entry is made
+    outside inference mode, so that a constant first needed under ``torch.inference_mode()`` can still be saved for
+    backward later.  ``key`` must name everything the constant depends on.
+    """
+    cache = owner.__dict__.setdefault("_device_constants", {})
+    index = (key, like.dtype, like.device)
+    constant = cache.get(index)
+    if constant is None:
+        with torch.inference_mode(False):
+            constant = cache[index] = build().to(dtype=like.dtype, device=like.device)
+    return constant

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..core.dtypes import device_constant
 from ..core.validation import check_positive_float, check_positive_int
 
 
@@ -129,7 +130,7 @@ def degree_terms(spec: DotProductKernelSpec, t: Tensor, max_degree: int, log_sca
     ``log_scale`` (log c, broadcast to t; e.g. the log prefactors s(x)s(y)) is added in log
     space so that large norms and high degrees neither overflow nor underflow.
     """
-    log_a = spec.log_coefficients(max_degree).to(dtype=t.dtype, device=t.device)
+    log_a = device_constant(spec, ("log_coefficients", max_degree), lambda: spec.log_coefficients(max_degree), t)
     degrees = torch.arange(max_degree + 1, dtype=t.dtype, device=t.device)
     t = t.unsqueeze(-1)
     log_abs = torch.where(degrees == 0, 0.0, degrees * t.abs().log())  # t⁰ = 1 even at t = 0

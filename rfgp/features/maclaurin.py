@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..core.config_state import DRAW, METHOD
+from ..core.dtypes import device_constant
 from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from . import dot_product
 from .base import FeatureMap
@@ -124,13 +125,15 @@ class _MaclaurinFeatures(FeatureMap):
         """√aₙ for n = 0..p, shape ``(p + 1,)`` or ``(*offset.shape[:-1], p + 1)`` for a tensor offset ν."""
         order = len(self.widths)
         if offset is None:
-            return (0.5 * self.kernel.log_coefficients(order)).exp().to(like)
+            return device_constant(self, ("sqrt_coefficients", order),
+                                   lambda: (0.5 * self.kernel.log_coefficients(order)).exp(), like)
         # polynomial kernel with a learnable offset: √aₙ = √C(p, n)·ν^{(p−n)/2} (Eq. 37), differentiable in ν
         power = getattr(self.kernel, "power", None)
         if power is None:
             raise ValueError(f"offset is only accepted for the polynomial kernel, this map targets {self.kernel.name}")
         n = torch.arange(order + 1, dtype=like.dtype, device=like.device)
-        binomial = torch.tensor([math.comb(power, k) if k <= power else 0 for k in range(order + 1)]).to(like)
+        binomial = device_constant(self, ("binomial", power, order), lambda: torch.tensor(
+            [math.comb(power, k) if k <= power else 0 for k in range(order + 1)], dtype=torch.float64), like)
         exponent = ((power - n) / 2).clamp_min(0)
         return binomial.sqrt() * offset.to(like).pow(exponent)
 
@@ -141,7 +144,7 @@ class _MaclaurinFeatures(FeatureMap):
 
     def _features(self, x: Tensor, offset: Tensor | None = None) -> Tensor:
         roots = self._sqrt_coefficients(x, offset)
-        scales = self._block_scales().to(x)
+        scales = device_constant(self, ("block_scales", self.widths, self.total_width), self._block_scales, x)
         get = lambda name: self._buffer(name, like=x)  # noqa: E731
         parts = []
         if self.has_constant:
@@ -173,7 +176,7 @@ class _MaclaurinFeatures(FeatureMap):
         t = x.pow(2).sum(-1)
         if self.kernel.name == "gaussian":
             missing = [n for n, width in enumerate(self.widths, start=1) if width == 0]
-            value = torch.special.gammaincc(torch.tensor(order + 1.0, dtype=t.dtype, device=t.device), t)
+            value = torch.special.gammaincc(t.new_full((), order + 1.0), t)
             if missing:
                 value = value - degree_terms(self.kernel, t, order, log_scale=-t)[..., missing].sum(-1)
             return value

@@ -67,8 +67,7 @@ def divergence_free_factor(frequencies: Tensor) -> Tensor:
     unit = frequencies / norm.clamp_min(torch.finfo(frequencies.dtype).tiny)
     d = frequencies.shape[-1]
     sign = torch.where(unit[..., :1] >= 0, 1.0, -1.0).to(unit.dtype)
-    e1 = torch.zeros(d, dtype=unit.dtype, device=unit.device)
-    e1[0] = 1.0
+    e1 = (torch.arange(d, device=unit.device) == 0).to(unit.dtype)  # made on the device: no host copy
     v = unit + sign * e1
     eye = torch.eye(d, dtype=unit.dtype, device=unit.device)
     householder = eye - 2.0 * v.unsqueeze(-1) * v.unsqueeze(-2) / (v * v).sum(-1, keepdim=True).unsqueeze(-1)

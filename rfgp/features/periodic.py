@@ -55,8 +55,7 @@ RECURRENCE_MARGIN = 40
 def harmonic_probabilities(z: Tensor, num_harmonics: int) -> Tensor:
     """q_k(z) = (2 − δ_{k0}) I_k(z)e^{−z} for k = 0, …, K − 1, shape ``(*z.shape, K)``."""
     bessel = scaled_bessel_i(z, num_harmonics, start=num_harmonics + RECURRENCE_MARGIN)
-    doubling = torch.full((num_harmonics,), 2.0, dtype=z.dtype, device=z.device)
-    doubling[0] = 1.0
+    doubling = torch.where(torch.arange(num_harmonics, device=z.device) == 0, 1.0, 2.0).to(z.dtype)
     return bessel * doubling
 
 

@@ -190,7 +190,10 @@ def kernel_space_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | 
             kept out of Φ so that it costs no N × F pass.
     """
     width_rhs = rhs if rhs is not None else features.new_zeros(*features.shape[:-2], features.shape[-2], 0)
-    scale = torch.as_tensor(1.0 if scale is None else scale, dtype=features.dtype, device=features.device)
+    if torch.is_tensor(scale):
+        scale = scale.to(features)
+    else:  # made on the device (torch.as_tensor of a number would copy it from the host)
+        scale = features.new_full((), 1.0 if scale is None else float(scale))
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         inv_quad, logdet_term = _inv_quad_logdet(features, noise, width_rhs, scale, kernel_gram(features))[:2]
     else:
