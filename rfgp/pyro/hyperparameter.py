@@ -52,6 +52,22 @@ def _support_is_positive(prior: dist.Distribution) -> bool:
     return lower is not None and bool(torch.all(torch.as_tensor(lower) >= 0))
 
 
+def prior_median(prior: dist.Distribution, num_draws: int = 4096) -> Tensor:
+    """The median of ``prior`` per event entry, from ``num_draws`` draws under a fixed seed (reproducible).
+
+    Sampled rather than taken from ``icdf``, which most positive priors (Gamma) lack; the caller's random
+    state is left untouched.  The median exists for every prior (HalfCauchy has no mean).
+    """
+    # A prior on a GPU means CUDA is initialised; seeding CUDA before that would be queued for its initialisation.
+    cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else ()
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(0)
+        if cuda:
+            torch.cuda.manual_seed_all(0)
+        draws = prior.sample((num_draws,))
+    return draws.median(0).values
+
+
 def hyperparameter_value(module: PyroModule, name: str, like: Tensor) -> Tensor:
     """The hyperparameter (sampled from its prior when it has one) in the dtype/device of ``like``."""
     return getattr(module, name).to(dtype=like.dtype, device=like.device)
