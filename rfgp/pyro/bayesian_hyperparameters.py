@@ -57,7 +57,9 @@ def sample_hyperparameters(
     violate a hyperparameter's GPyTorch constraint (a prior with more support than the
     constraint) are rejected, i.e. the prior is truncated to the constraint.  Afterwards
     ``model`` (in eval mode) is a batch of ``num_samples`` GPs; predict with
-    :func:`batched_predictive`.
+    :func:`batched_predictive`.  State that rfgp kernels fix at their first evaluation (a Matérn-½
+    lengthscale anchor, a spectral product's draws) is fixed at the current hyperparameters before
+    sampling, if it is not already: run :func:`rfgp.fit_mll` first to anchor near the posterior mode.
 
     Args:
         model: an ``ExactGP`` with training data and priors on its hyperparameters.
@@ -74,9 +76,17 @@ def sample_hyperparameters(
     if progress is None:
         progress = sys.stderr.isatty()
 
+    model.train()
+    x, y = model.train_inputs[0], model.train_targets
+    # rfgp kernels fix some state at their first evaluation after a draw: a Matérn-½ kernel's lengthscale anchor ℓ₀
+    # (its frequencies ξ/ℓ₀), a spectral product's draws.  Evaluate once here, at the model's current
+    # hyperparameters, so that NUTS samples the posterior of this model and the samples load into it: otherwise the
+    # copy below fixed that state at NUTS' random initial point (an anchor of 4.7 where ℓ was 0.69, which moved
+    # E[log ℓ | y] from 0.70 to 0.30; exact 0.82), and the loaded model at each sample (r ≡ 1, other features).
+    with torch.no_grad():
+        model.likelihood(model(x)).log_prob(y)
     # GPyTorch's pyro_sample_from_prior() deep-copies the model at every potential evaluation
     # (most of NUTS' time on small problems); copy it once and overwrite its hyperparameters.
-    model.train()
     random_model = model.to_pyro_random_module()
     priors = list(random_model.named_priors())
 
@@ -97,7 +107,7 @@ def sample_hyperparameters(
 
     kernel = NUTS(pyro_model, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"))
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress)
-    mcmc.run(model.train_inputs[0], model.train_targets)
+    mcmc.run(x, y)
     samples = mcmc.get_samples()
     model.pyro_load_from_samples(samples)
     model.eval()

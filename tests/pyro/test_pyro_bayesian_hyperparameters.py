@@ -7,9 +7,10 @@ import pyro
 import pytest
 import torch
 from gpytorch.priors import LogNormalPrior
+from pyro.ops.stats import effective_sample_size
 
 from rfgp.inference import operators
-from rfgp.kernels import SketchedRBFKernel
+from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
 from rfgp.models.regression import ExactGPModel
 from rfgp.pyro import batched_predictive, mixture_moments, sample_hyperparameters
 from rfgp.training import fit_mll
@@ -90,3 +91,62 @@ def test_errors():
     samples = {"covar_module.base_kernel.lengthscale_prior": torch.ones(3, 1, 1, dtype=DTYPE)}
     with pytest.raises(ValueError, match="sample_hyperparameters"):
         batched_predictive(make_model(x, y), samples, x)
+
+
+def test_nuts_samples_the_matern_half_model_anchored_at_its_current_lengthscale(monkeypatch):
+    """A Matérn-½ kernel fixes its anchor ℓ₀ at its first evaluation.  sample_hyperparameters made that evaluation
+    inside its copy of the model at NUTS' random initial point (ℓ₀ = 4.7 here, where ℓ = 0.69) and the loaded model
+    at its first prediction, at every sample (r ≡ 1: other features than NUTS sampled under).  Now ℓ₀ = the model's
+    ℓ before sampling, NUTS' E[log ℓ] is the model's (a grid over ℓ of its MLL × prior: 0.38; NUTS 0.40 ± 0.07,
+    before −0.15, 7 SE off), and component s of the predictive is the model at sample s."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(100, 2, generator=generator, dtype=DTYPE)
+    y = torch.sin(4 * x).sum(-1) + 0.1 * torch.randn(100, generator=generator, dtype=DTYPE)
+
+    def make(kernel):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        likelihood.noise = 0.3
+        likelihood.raw_noise.requires_grad_(False)
+        return ExactGPModel(x, y, likelihood, kernel, mean_module=gpytorch.means.ZeroMean()).to(DTYPE)
+
+    prior = LogNormalPrior(0.0, 1.0)
+    kernel = SketchedMaternKernel(256, nu=0.5, seed=0, lengthscale_prior=prior)
+    model = make(kernel)
+    initial = kernel.lengthscale.detach().clone()
+    anchored_at = []
+    anchor = SketchedMaternKernel.anchor_lengthscale
+    monkeypatch.setattr(SketchedMaternKernel, "anchor_lengthscale",
+                        lambda self: anchored_at.append(self.lengthscale.detach().clone()) or anchor(self))
+    pyro.set_rng_seed(0)
+    samples = sample_hyperparameters(model, num_samples=150, warmup_steps=100, max_tree_depth=4)
+    assert len(anchored_at) == 1 and torch.equal(anchored_at[0], initial)
+    assert torch.equal(kernel.lengthscale_anchor, initial)
+
+    # the model's posterior of log ℓ on a grid: its MLL (anchored at the initial ℓ) × the prior
+    grid = torch.linspace(math.log(0.05), math.log(8.0), 300, dtype=DTYPE)
+    reference = make(SketchedMaternKernel(256, nu=0.5, seed=0)).train()
+    reference.covar_module.lengthscale = initial
+    reference.covar_module.anchor_lengthscale()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(reference.likelihood, reference)
+    log_posterior = []
+    with torch.no_grad():
+        for value in grid:
+            reference.covar_module.lengthscale = value.exp()
+            log_posterior.append(mll(reference(x), y) * len(y) + prior.log_prob(value.exp()) + value)
+    assert torch.equal(reference.covar_module.lengthscale_anchor, initial)
+    weights = torch.stack(log_posterior).softmax(0)
+    expected = (weights * grid).sum()
+    log_lengthscale = samples["covar_module.lengthscale_prior"].flatten().log()
+    ess = effective_sample_size(log_lengthscale.reshape(1, -1, 1)).item()
+    se = log_lengthscale.std() / math.sqrt(ess)
+    assert abs(log_lengthscale.mean() - expected) <= 4 * se, (log_lengthscale.mean(), expected, se)
+
+    x_test = torch.rand(5, 2, generator=generator, dtype=DTYPE)
+    output = batched_predictive(model, samples, x_test)
+    assert torch.equal(kernel.lengthscale_anchor, initial)
+    reference.covar_module.lengthscale = samples["covar_module.lengthscale_prior"][7]
+    reference.eval()
+    with torch.no_grad():
+        single = reference(x_test)
+    torch.testing.assert_close(output.mean[7], single.mean, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(output.variance[7], single.variance, rtol=1e-6, atol=1e-8)
