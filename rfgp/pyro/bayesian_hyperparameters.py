@@ -59,7 +59,8 @@ def sample_hyperparameters(
     ``model`` (in eval mode) is a batch of ``num_samples`` GPs; predict with
     :func:`batched_predictive`.  State that rfgp kernels fix at their first evaluation (a Matérn-½
     lengthscale anchor, a spectral product's draws) is fixed at the current hyperparameters before
-    sampling, if it is not already: run :func:`rfgp.fit_mll` first to anchor near the posterior mode.
+    sampling, if it is not already; to anchor near the posterior mode, fit first (:func:`rfgp.fit_mll`)
+    and re-anchor at the fitted lengthscale with ``rfgp.set_num_features(model, F)`` (same width, same draws).
 
     Args:
         model: an ``ExactGP`` with training data and priors on its hyperparameters.
