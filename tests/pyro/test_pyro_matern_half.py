@@ -19,7 +19,7 @@ from pyro import poutine
 from rfgp.core.validation import NonFiniteError
 from rfgp.features import MaternSpectralDensity, RandomFourierFeatures
 from rfgp.models import ExactGPModel
-from rfgp.pyro import Gaussian, RandomFeatureGP, posterior_predictive
+from rfgp.pyro import Gaussian, RandomFeatureGP, fit_svi, posterior_predictive, weight_guide
 
 
 def _matern_half(num_features, seed, input_dim=2):
@@ -155,3 +155,18 @@ def test_only_a_matern_half_map_with_a_lengthscale_prior_is_anchored():
     for bad in (float("nan"), 0.0, float("inf")):
         with pytest.raises(NonFiniteError, match="Matérn-½ importance weights.*the lengthscale ℓ is NaN, 0 or ∞"):
             model.features(x, torch.tensor([bad], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("hyperparameters", ["map", "mean_field", "joint"])
+def test_svi_with_vectorised_particles_runs_on_the_weighted_features(hyperparameters):
+    """Guides sample ℓ with the particles left of the data plate ((P, 1, d)): one set of features, P weights."""
+    pyro.set_rng_seed(0)
+    x = torch.rand(12, 2, dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1)
+    model = RandomFeatureGP(_matern_half(16, 0), Gaussian(0.1),
+                            lengthscale=dist.Gamma(3.0, 6.0).expand([2]).to_event(1)).double()
+    guide = weight_guide(model, family="mean_field", hyperparameters=hyperparameters)
+    losses = fit_svi(model, guide, x, y, num_steps=5, num_particles=3)
+    assert all(math.isfinite(loss) for loss in losses)
+    samples = posterior_predictive(model, x, guide, num_samples=4, return_sites=("f", "lengthscale"))
+    assert samples["f"].shape == (4, 12, 1) and samples["lengthscale"].shape == (4, 2)
