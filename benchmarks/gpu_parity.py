@@ -330,6 +330,10 @@ def to_device(tree, device):
     return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in tree.items()}
 
 
+#: the last frames of the first synchronisation seen at each site (written next to the report)
+SYNC_STACKS: dict[str, str] = {}
+
+
 @contextlib.contextmanager
 def count_syncs(device, counter):
     """Counts host synchronisations (CUDA only) by the innermost rfgp frame that caused them."""
@@ -341,9 +345,12 @@ def count_syncs(device, counter):
 
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            stack = [f for f in traceback.extract_stack() if "/rfgp/" in f.filename]
-            frames.append(f"{os.path.relpath(stack[-1].filename)}:{stack[-1].lineno} {stack[-1].name}"
-                          if stack else f"outside rfgp: {os.path.basename(filename)}:{lineno}")
+            full = traceback.extract_stack()[:-1]
+            stack = [f for f in full if "/rfgp/" in f.filename]
+            site = (f"{os.path.relpath(stack[-1].filename)}:{stack[-1].lineno} {stack[-1].name}"
+                    if stack else f"outside rfgp: {os.path.basename(filename)}:{lineno}")
+            frames.append(site)
+            SYNC_STACKS.setdefault(site, "".join(traceback.format_list(full[-12:])))
         else:
             original(message, category, filename, lineno, file, line)
 
@@ -553,6 +560,9 @@ def main():
     out.append(f"\nFailed or to check: {', '.join(failures) if failures else 'none'}.")
     with open(args.out, "w") as handle:
         handle.write("\n".join(out) + "\n")
+    if SYNC_STACKS:
+        with open(os.path.splitext(args.out)[0] + "_sync_stacks.txt", "w") as handle:
+            handle.write("\n\n".join(f"== {site}\n{stack}" for site, stack in SYNC_STACKS.items()))
     print("\n".join(out))
     return 0 if not failures else 1
 
