@@ -648,8 +648,10 @@ def write(results: dict[str, tuple[Split, dict[str, Run]]], config: dict, loads:
         setting = (f"float32, {config['threads']} threads, CPU budget {config['budget']:g} s per contender "
                    "(process CPU time, all threads)")
     else:
+        precision = torch.get_float32_matmul_precision()
         setting = (f"float32 on {config['device_name']} (torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                   f"float32 matmul precision \"{torch.get_float32_matmul_precision()}\" — \"highest\": no TF32), "
+                   f"float32 matmul precision \"{precision}\": "
+                   f"{'no TF32' if precision == 'highest' else 'TF32 allowed'}), "
                    f"{config['threads']} CPU threads, wall-clock budget {config['budget']:g} s per contender "
                    "(wall time, `torch.cuda.synchronize()` before every recorded clock reading)")
     with open(f"{stem}.csv", "w", newline="") as handle:
@@ -752,14 +754,22 @@ def plot(results, config: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def warm_up(config: dict, methods: list[str]) -> None:
-    """One tiny run of every requested method first, so that no contender pays the first call's import/allocation cost."""
+def warm_up(config: dict, methods: list[str]) -> list[str]:
+    """One tiny run of every requested method first, so that no contender pays the first call's import/allocation
+    cost (on a GPU also the CUDA context and the cuBLAS/cuSOLVER handles).  A method that fails here is reported (the
+    returned lines, printed) and still run on the data, where it fails or not in its own right."""
+    failures = []
     x = torch.randn(300, 2, generator=torch.Generator().manual_seed(1)).to(config["device"], DTYPE)
     tiny = Split("warm-up", "", x[:200], x[:200, 0].sin(), x[200:], x[200:, 0].sin())
     small = {**config, "budget": 0.3, "long_budget": 0.3, "width": 32, "landmarks": 16, "nystrom_train": (16,), "nystrom_staged": (16, 24),
              "subset": 100, "svgp_inducing": 16, "svgp_batch": 64}
     for method in methods:
-        run_method(method, tiny, small)
+        try:
+            run_method(method, tiny, small)
+        except Exception as error:  # reported like a contender's failure; the real runs go on
+            failures.append(f"warm-up: {LABELS[method]} failed: {type(error).__name__}: {str(error)[:200]}")
+            print("    " + failures[-1], flush=True)
+    return failures
 
 
 def main() -> None:
@@ -848,9 +858,9 @@ def main() -> None:
         config[f"{key}_label"] = "→".join(str(m) for m in config[key])
     LABELS.update({method: label.format(**config) for method, label in LABELS.items()})
     tag = (args.tag if args.tag is not None else ("_quick" if quick else "")) + ("" if cpu else f"_{device.type}")
-    warm_up(config, args.methods)
+    failures = warm_up(config, args.methods)
     loads = [os.getloadavg()]
-    results, failures = {}, []
+    results = {}
     previous = read_runs(args.reuse) if args.reuse else {}
     for name in dict.fromkeys([*previous, *args.datasets]):  # a reused dataset not in --datasets is carried over
         data = load(name, 3000 if quick else None, args.validation, device, args.data_cache)
