@@ -1,7 +1,8 @@
 """CUDA parity: every user workflow of rfgp run on the CPU and on a GPU from the same model, compared number by number.
 
-Each case builds its model on the CPU with fixed seeds and evaluates it once there (so that every lazily drawn or
-anchored quantity exists), then deep-copies it to each device and runs the same work there: negative marginal log
+Each case builds its model on the CPU with fixed seeds, calls it once there (a lazily evaluated kernel still draws
+at its first evaluation, on the device, from a seeded CPU generator: the same draws on both), then deep-copies it
+to each device and runs the same work there: negative marginal log
 likelihood and its gradients, a few ``rfgp.fit_mll`` L-BFGS steps, predictive means and variances, and the
 workflow's own calls (BoTorch acquisition values and gradients, streaming updates, a classifier's probabilities, ...).
 The GPU's results are compared with the CPU's (float64: relative error of each output against its scale); cases
@@ -59,7 +60,7 @@ def data(n, d, seed=0, outputs=None, test=64):
 
 
 def materialise(model, x):
-    """One training-mode evaluation on the CPU: lazy draws, anchors and allocations exist before the copy."""
+    """One training-mode call on the CPU (GPyTorch keeps the covariance lazy: draws may still be made on the device)."""
     model.train()
     with torch.no_grad():
         model(x)

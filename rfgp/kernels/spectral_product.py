@@ -118,8 +118,9 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         for i, (kernel, dim) in enumerate(zip(self.kernels, input_dims)):
             draws = unwrap_scale(kernel)[0].spectral_draws(self.num_frequencies, dim, generator)
             for name, value in draws.items():
-                if anchor is not None and value.is_floating_point():
-                    value = value.to(device=anchor.device, dtype=anchor.dtype)
+                if anchor is not None:  # integer draws too: a CPU buffer would be copied to the device at every call
+                    value = value.to(device=anchor.device,
+                                     dtype=anchor.dtype if value.is_floating_point() else value.dtype)
                 self.register_buffer(f"draws{i}_{name}", value)
         self.input_dims = tuple(input_dims)
         self._adopt_saved_shapes()  # a periodic factor's number of harmonics follows its lengthscale at draw time

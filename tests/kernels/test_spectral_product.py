@@ -231,3 +231,16 @@ def test_state_of_a_periodic_factor_drawn_at_another_lengthscale_loads(called):
     fresh.load_state_dict(trained.state_dict())
     assert fresh.draws0_harmonic_orders.shape == trained.draws0_harmonic_orders.shape == (208,)
     torch.testing.assert_close(fresh(x).to_dense().detach(), expected, rtol=0, atol=0)
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_draws_made_at_the_first_call_follow_the_module_device():
+    # Draws are made lazily with a CPU generator; the integer ones (a periodic factor's harmonic indices) stayed on
+    # the CPU of a module already moved to the GPU and were copied to it at every call (a host synchronisation).
+    kernel = SpectralProductKernel(SketchedPeriodicKernel(num_features=16, seed=0), SketchedRBFKernel(16, seed=1),
+                                   num_features=16, seed=0).cuda()
+    kernel(torch.randn(5, 1, device="cuda"), torch.randn(5, 1, device="cuda")).to_dense()
+    kinds = {name: (buffer.device.type, buffer.dtype) for name, buffer in kernel.named_buffers(recurse=False)}
+    assert any(not dtype.is_floating_point for _, dtype in kinds.values()), kinds
+    assert all(device == "cuda" for device, _ in kinds.values()), kinds
