@@ -34,12 +34,14 @@ from linear_operator.operators import (
     AddedDiagLinearOperator,
     ConstantDiagLinearOperator,
     ConstantMulLinearOperator,
+    DenseLinearOperator,
     DiagLinearOperator,
     LinearOperator,
     LowRankRootAddedDiagLinearOperator,
     LowRankRootLinearOperator,
     MaskedLinearOperator,
 )
+from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from ..core.draws import standard_normal
@@ -359,6 +361,23 @@ class ChunkedFeatureRootLinearOperator(_NoKroneckerFactors, LinearOperator):
         correction = None if self.variance_correction is None else self.variance_correction[..., observed]
         return self.from_featurizer(self.inputs[..., observed, :], self.featurizer, self.chunk_size, correction)
 
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """Rows and columns of ΦΦᵀ are rows of x: Φ(x[I])Φ(x[J])ᵀ, still chunked (the same operator on x[I] with its
+        correction for a principal block I = J, else a :class:`ChunkedFeatureCrossLinearOperator`); see
+        :func:`_dense_getitem` for batch indices."""
+        if not _only_rows_and_columns(batch_indices):
+            return _dense_getitem(self, row_index, col_index, batch_indices)
+        if _is_noop_index(row_index) and _is_noop_index(col_index):
+            return self
+        if isinstance(row_index, slice) and row_index == col_index:
+            correction = None if self.variance_correction is None else self.variance_correction[..., row_index]
+            return self.from_featurizer(self.inputs[..., row_index, :], self.featurizer, self.chunk_size, correction)
+        return ChunkedFeatureCrossLinearOperator.from_featurizer(
+            self.inputs[..., row_index, :], self.inputs[..., col_index, :], self.featurizer, self.chunk_size)
+
+    def _get_indices(self, row_index, col_index, *batch_indices) -> Tensor:
+        return _dense_get_indices(self, row_index, col_index, batch_indices)
+
     def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
         """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients (fused through the triangular
         solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`)."""
@@ -521,8 +540,49 @@ class ChunkedFeatureCrossLinearOperator(LinearOperator):
         left = torch.cat([features for _, features in self._features(0)], -2)
         return torch.cat([left @ features.mT for _, features in self._features(1)], -1)
 
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """Rows select rows of x₁, columns rows of x₂: Φ(x₁[I])Φ(x₂[J])ᵀ, still chunked and differentiable.
+
+        linear_operator's generic version wraps the operator in an ``InterpolatedLinearOperator``, whose ``.to(device)``
+        (which ``CatLinearOperator`` indexing calls: BoTorch's ``HigherOrderGP.posterior`` slices the joint train/test
+        covariance) raised an ``AttributeError``, and whose batch indexing rebuilt this operator from indexed copies
+        of the featurizer's tensors, which the featurizer does not read (a ``RuntimeError`` on the shapes).  Batch
+        indices give the dense entries (see :func:`_dense_getitem`).
+        """
+        if not _only_rows_and_columns(batch_indices):
+            return _dense_getitem(self, row_index, col_index, batch_indices)
+        return self.from_featurizer(self.inputs1[..., row_index, :], self.inputs2[..., col_index, :], self.featurizer,
+                                    self.chunk_size, self.unchecked)
+
+    def _get_indices(self, row_index, col_index, *batch_indices) -> Tensor:
+        return _dense_get_indices(self, row_index, col_index, batch_indices)
+
     def _mul_constant(self, other):
         if not is_positive(other):
             return super()._mul_constant(other)
         return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
                                     self.unchecked)
+
+
+def _only_rows_and_columns(batch_indices) -> bool:
+    """Whether an index of a chunked operator leaves its batch dimensions whole (rows and columns are rows of x)."""
+    return all(_is_noop_index(index) for index in batch_indices)
+
+
+def _dense_getitem(operator: LinearOperator, row_index, col_index, batch_indices) -> LinearOperator:
+    """``operator[*batch_indices, row_index, col_index]`` from its dense entries.
+
+    A chunked operator's featurizer is a closure over the kernel's batch of hyperparameters and cannot be indexed by
+    batch, so batch members are taken from the dense matrix (differentiable, the size an exact kernel's covariance
+    has); its rows and columns (the common case) are selected first, on x, so only the selected block is formed.
+    """
+    rows, cols = (index if isinstance(index, slice) else _noop_index for index in (row_index, col_index))
+    block = operator._getitem(rows, cols)  # Φ(x₁[rows])Φ(x₂[cols])ᵀ, batch whole
+    rest = (_noop_index if isinstance(index, slice) else index for index in (row_index, col_index))
+    return DenseLinearOperator(block.to_dense())._getitem(*rest, *batch_indices)
+
+
+def _dense_get_indices(operator: LinearOperator, row_index: Tensor, col_index: Tensor, batch_indices) -> Tensor:
+    """Entries ``operator[*batch_indices, row_index, col_index]`` (broadcast tensor indices) from the dense matrix,
+    for the reason of :func:`_dense_getitem`."""
+    return DenseLinearOperator(operator.to_dense())._get_indices(row_index, col_index, *batch_indices)

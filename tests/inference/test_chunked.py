@@ -274,3 +274,45 @@ def test_chunking_with_fewer_points_than_features_refuses_an_f_by_f_solve_that_c
             mll(model(x), y)
     with rfgp.settings.memory_budget(2**30):  # unchunked: the N × N kernel-space path
         assert isinstance(kernel(x).evaluate_kernel(), FeatureRootLinearOperator)
+
+
+INDICES = {
+    "rows": (Ellipsis, slice(1, 5), slice(None)),
+    "columns by tensor": (Ellipsis, slice(None), torch.tensor([6, 0, 3])),
+    "rows by tensor and columns": (Ellipsis, torch.tensor([2, 0]), slice(2, 7)),
+    "batch member": (1,),
+    "batch member, rows and columns": (0, slice(1, None), slice(None, 4)),
+    "batch tensor": (torch.tensor([1, 0, 1]), slice(None), slice(2, 3)),
+    "entries": (torch.tensor([1, 0]), torch.tensor([2, 0]), torch.tensor([5, 1])),
+}
+
+
+@pytest.mark.parametrize("index", INDICES.values(), ids=INDICES.keys())
+@pytest.mark.parametrize("which", ["cross", "root"])
+def test_indexing_lazy_operators_gives_the_dense_entries_with_gradients(which, index):
+    """Test–train covariances (and chunked training ones) indexed by rows, columns and batch members are the dense
+    entries, differentiable in the hyperparameters.  linear_operator's generic indexing wrapped them in an
+    InterpolatedLinearOperator whose .to(device) raised (CatLinearOperator indexing: BoTorch's HigherOrderGP.posterior)
+    and rebuilt them from batch-indexed copies of tensors the featurizer does not read (RuntimeError)."""
+    gen = torch.Generator().manual_seed(4)
+    batch = torch.Size([2])
+    kernel = rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch), batch_shape=batch),
+                         32, seed=0).double()
+    x1, x2 = torch.rand(2, 6, 2, generator=gen, dtype=torch.float64), torch.rand(2, 7, 2, generator=gen,
+                                                                                  dtype=torch.float64)
+    with rfgp.settings.chunk_size(3):
+        operator = (kernel(x1, x2) if which == "cross" else kernel(x2)).evaluate_kernel()
+    assert isinstance(operator, ChunkedFeatureCrossLinearOperator if which == "cross"
+                      else ChunkedFeatureRootLinearOperator)
+    indexed = operator[index]
+    indexed = indexed.to_dense() if hasattr(indexed, "to_dense") else indexed
+    expected = operator.to_dense()[index]
+    torch.testing.assert_close(indexed, expected, rtol=1e-13, atol=1e-13)
+    lengthscale = kernel.base_kernel.raw_lengthscale
+    (grad,) = torch.autograd.grad(indexed.sum(), lengthscale)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), lengthscale)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)
+    # a CatLinearOperator of them (a joint train/test covariance) reads blocks through .to(device)
+    if which == "root":
+        joint = operator[..., :4, :4].cat_rows(operator[..., 4:, :4], operator[..., 4:, 4:])
+        torch.testing.assert_close(joint[..., 4:, :4].to_dense(), operator.to_dense()[..., 4:, :4])
