@@ -12,7 +12,8 @@ only reacts to that one module name and removes itself once that module has been
 * :mod:`rfgp.integrations.botorch_transforms` — BoTorch's ``Standardize`` keeps an rfgp posterior's low-rank root.
 * :mod:`rfgp.integrations.botorch_multioutput` — ``ModelListGP`` and batched multi-output posteriors keep their
   low-rank roots.
-* :mod:`rfgp.integrations.botorch_models` — ``rfgp.set_num_features`` rebuilds ``PairwiseGP``'s Laplace approximation.
+* :mod:`rfgp.integrations.botorch_models` — ``rfgp.set_num_features`` rebuilds ``PairwiseGP``'s Laplace approximation;
+  ``LatentKroneckerGP``'s dense pathwise sampler refuses rfgp kernels by name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""BoTorch models that cache quantities of the features outside GPyTorch's prediction strategies.
+"""BoTorch models that cache quantities of the features outside GPyTorch's prediction strategies, or that read a
+kernel's covariance as a dense tensor.
 
 Registered with :func:`rfgp.models.feature_width.register_cache_clearer` when BoTorch is imported
 (:mod:`rfgp.integrations`), so that :func:`rfgp.set_num_features` rebuilds them at the new width:
@@ -9,13 +10,26 @@ Registered with :func:`rfgp.models.feature_width.register_cache_clearer` when Bo
   It is re-solved on the current data, as BoTorch's own ``PairwiseGP.load_state_dict`` does after new
   hyperparameters.  Its (transformed) ``datapoints`` are the default ``x_sample`` of data-dependent maps
   (optimized Maclaurin, Nyström landmarks), as an ``ExactGP``'s ``train_inputs`` are.
+
+``botorch.models.LatentKroneckerGP`` (where the installed BoTorch has it) trains and predicts its posterior mean and
+variance with rfgp kernels as ``covar_module_X``/``covar_module_T`` (GPyTorch's algebra on the same covariance), but
+its pathwise sampler (``posterior(X, T).rsample``, hence every Monte-Carlo acquisition function) reads the evaluated
+kernels' dense ``.tensor`` and Cholesky-factorises K_X and the conditional test covariance, which for a rank-F
+covariance ΦΦᵀ is singular once F < n.  It failed with ``AttributeError: 'ChunkedFeatureCrossLinearOperator' object
+has no attribute 'tensor'``; it now raises an ``UnsupportedError`` that names the models whose sampling takes rfgp
+kernels.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
+from botorch.exceptions.errors import UnsupportedError
 from botorch.models.pairwise_gp import PairwiseGP
 from torch import Tensor
 
+from ..kernels.random_feature_kernel import FeatureKernel
 from ..models.feature_width import register_cache_clearer
 
 
@@ -29,3 +43,28 @@ def _datapoints(model: PairwiseGP) -> Tensor | None:
 
 
 register_cache_clearer(PairwiseGP, _resolve_laplace, train_inputs=_datapoints)
+
+
+if importlib.util.find_spec("botorch.models.latent_kronecker_gp") is not None:  # not in every BoTorch
+    from botorch.models.latent_kronecker_gp import LatentKroneckerGP
+
+    #: BoTorch's pathwise sampler, which :func:`_rsample_from_base_samples` runs for other kernels
+    _botorch_latent_kronecker_rsample = LatentKroneckerGP._rsample_from_base_samples
+
+    @functools.wraps(_botorch_latent_kronecker_rsample)
+    def _rsample_from_base_samples(self, *args, **kwargs):
+        sketched = [name for name in ("covar_module_X", "covar_module_T")
+                    if any(isinstance(module, FeatureKernel) for module in getattr(self, name).modules())]
+        if sketched:
+            raise UnsupportedError(
+                "LatentKroneckerGP samples its posterior (posterior(X, T).rsample, Monte-Carlo acquisition functions) "
+                f"by Cholesky factors of the dense covariances of {' and '.join(sketched)}, an rfgp kernel: its "
+                "covariance ΦΦᵀ has rank F (singular for F < n) and no dense tensor. Its posterior mean and variance "
+                "are exact for the rfgp kernel. To sample, fit the same GP as a SingleTaskGP on the observed (x, t) "
+                "rows with covar_module=rfgp.sketch(k_X * k_T, F) (the factors on the x and t columns by active_dims; "
+                "missing entries are absent rows), use HigherOrderGP with an rfgp data kernel (covar_modules[0], "
+                "complete grids), or keep the exact kernels here"
+            )
+        return _botorch_latent_kronecker_rsample(self, *args, **kwargs)
+
+    LatentKroneckerGP._rsample_from_base_samples = _rsample_from_base_samples

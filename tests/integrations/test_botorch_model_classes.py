@@ -52,3 +52,31 @@ def test_higher_order_gp_with_a_sketched_data_kernel_is_the_gp_of_that_kernel(nu
         torch.manual_seed(1)
         samples = posterior.rsample(torch.Size([2000])).reshape(2000, -1)  # BoTorch's Matheron sampler
     assert float(((samples.mean(0) - mean) / (variance / 2000).sqrt()).abs().max()) < 4.5
+
+
+def test_latent_kronecker_gp_predicts_with_a_sketched_kernel_and_refuses_its_dense_pathwise_sampler():
+    """LatentKroneckerGP's mean and variance are GPyTorch's for the sketched covariance K_X ⊗ K_T (missing entries
+    dropped); its pathwise sampler reads the kernel's dense ``.tensor`` (an AttributeError before) and is refused."""
+    latent_kronecker = pytest.importorskip("botorch.models.latent_kronecker_gp")
+    from botorch.exceptions.errors import UnsupportedError
+
+    gen = torch.Generator().manual_seed(0)
+    x, times = torch.rand(15, 2, generator=gen, dtype=F64), torch.linspace(0, 1, 4, dtype=F64)[:, None]
+    y = torch.sin(5 * x[:, :1] + 2 * times.mT) + 0.05 * torch.randn(15, 4, generator=gen, dtype=F64)
+    y[2, 3] = float("nan")  # a missing entry
+    model = latent_kronecker.LatentKroneckerGP(x, times, y, outcome_transform=None)
+    model.covar_module_X = rfgp.sketch(model.covar_module_X, 64, seed=1)
+    model.eval()
+    xs = torch.rand(3, 2, generator=gen, dtype=F64)
+    with torch.no_grad():
+        posterior = model.posterior(xs, times)
+        joint = torch.kron(model.covar_module_X(torch.cat([x, xs])).to_dense(), model.covar_module_T(times).to_dense())
+        observed = ~torch.isnan(y.reshape(-1))
+        train = joint[:60, :60][observed][:, observed] + model.likelihood.noise * torch.eye(59, dtype=F64)
+        cross = joint[60:, :60][:, observed]
+        mean = cross @ torch.linalg.solve(train, y.reshape(-1)[observed])  # zero prior means
+        variance = (joint[60:, 60:] - cross @ torch.linalg.solve(train, cross.mT)).diagonal()
+    torch.testing.assert_close(posterior.distribution.mean, mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(posterior.distribution.variance, variance, rtol=1e-10, atol=1e-10)
+    with pytest.raises(UnsupportedError, match="covar_module_X, an rfgp kernel.*SingleTaskGP.*HigherOrderGP"):
+        posterior.rsample(torch.Size([2]))
