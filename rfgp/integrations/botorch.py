@@ -26,7 +26,8 @@ k(x, x) − E[k̂(x, x)] (paper 000 §5.6); a function draw cannot carry an unco
 so BoTorch paths of such kernels sample the k̂ posterior without it and a warning says so
 (:func:`rfgp.applications.sampling.posterior_paths` can add it as per-point noise).  Kernels with several
 outputs per input (operator-valued) and ``complex_posterior=True`` kernels are refused with
-an error naming them.
+an error naming them, as are BoTorch's multi-task models (``MultiTaskGP``: no pathwise support in BoTorch for
+its exact kernel either), whose error points to ``posterior(X).rsample``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import warnings
 
 import torch
 from botorch.exceptions.errors import UnsupportedError
+from botorch.models.gpytorch import MultiTaskGPyTorchModel
 from botorch.sampling.pathwise.features.generators import GenKernelFeatures, gen_kernel_features
 from botorch.sampling.pathwise.features.maps import FeatureMap
 from botorch.sampling.pathwise.paths import GeneralizedLinearPath
@@ -120,14 +122,23 @@ _botorch_exact_gp_prior_paths = DrawKernelFeaturePaths.funcs[(ExactGP,)]
 
 @DrawKernelFeaturePaths.register(ExactGP)
 def _draw_kernel_feature_paths_rfgp(model: ExactGP, **kwargs) -> GeneralizedLinearPath:
-    """BoTorch's prior paths, with prior weights that exist at any feature width.
+    """BoTorch's prior paths, with prior weights that exist at any feature width (multi-task models refused).
 
     BoTorch draws the weights w ~ N(0, I_F) as scrambled Sobol normals, and ``SobolEngine`` stops at
     21 201 dimensions: an rfgp map wider than that gets i.i.d. normal weights (exact draws, without the
     quasi-Monte-Carlo stratification).  Up to that width, and for every other kernel, BoTorch's sampler runs
     unchanged, with BoTorch's own draws.
     """
-    if is_feature_kernel(getattr(model, "covar_module", None)) and "weight_generator" not in kwargs:
+    sketched = is_feature_kernel(getattr(model, "covar_module", None))
+    if sketched and isinstance(model, MultiTaskGPyTorchModel):
+        raise UnsupportedError(
+            f"BoTorch's pathwise sampling has no {type(model).__name__} support (with its exact kernel it raises "
+            "NotImplementedError): its ExactGP path adds model.mean_module(x), here a MultitaskMean of one column per "
+            "task, and conditions on one noise level, not the per-task noise of HadamardGaussianLikelihood. Sample "
+            "with model.posterior(X).rsample() (e.g. MaxPosteriorSampling for Thompson sampling over candidates), or "
+            "draw paths from one SingleTaskGP per task (a ModelListGP)"
+        )
+    if sketched and "weight_generator" not in kwargs:
         kwargs["weight_generator"] = _prior_weights(model.covar_module)
     return _botorch_exact_gp_prior_paths(model, **kwargs)
 

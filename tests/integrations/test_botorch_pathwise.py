@@ -209,3 +209,25 @@ def test_float32_update_at_a_high_signal_to_noise_ratio_matches_float64(monkeypa
             values.append(path(x[:50] * 1.01))
     assert values[0].dtype == torch.float32
     assert (values[0].double() - values[1]).norm() <= 5e-3 * values[1].norm()
+
+
+def test_multi_task_gp_paths_are_refused_and_its_posterior_samples_are_the_sketched_posterior():
+    """BoTorch has no pathwise MultiTaskGP (its exact kernel: NotImplementedError); with a sketched kernel the prior path
+    added the MultitaskMean's (n, tasks) output to (S, n) draws and failed on a shape mismatch.  It is refused by name,
+    and the sampling it points to, posterior(X).rsample, has the posterior's moments."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(30, 2, generator=gen, dtype=torch.float64)
+    tasks = torch.arange(30, dtype=torch.float64).remainder(2).unsqueeze(-1)
+    y = torch.sin(4 * x[:, :1]) + 0.3 * tasks + 0.05 * torch.randn(30, 1, generator=gen, dtype=torch.float64)
+    inputs = torch.cat([x, tasks], -1)
+    model = botorch.models.MultiTaskGP(inputs, y, task_feature=-1)
+    model.covar_module = rfgp.sketch(model.covar_module, 256, seed=1, x_sample=inputs)
+    model.eval()
+    with pytest.raises(UnsupportedError, match="no MultiTaskGP support.*posterior\\(X\\).rsample"):
+        draw_matheron_paths(model, sample_shape=torch.Size([2]))
+    xs = torch.cat([torch.rand(4, 2, generator=gen, dtype=torch.float64), torch.tensor([[0.0], [1.0], [0.0], [1.0]],
+                                                                                       dtype=torch.float64)], -1)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        values = model.posterior(xs).rsample(torch.Size([NUM_PATHS])).squeeze(-1)
+    assert_matches_posterior(model, xs, values)
