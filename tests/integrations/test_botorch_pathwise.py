@@ -212,9 +212,9 @@ def test_float32_update_at_a_high_signal_to_noise_ratio_matches_float64(monkeypa
 
 
 def test_multi_task_gp_paths_are_refused_and_its_posterior_samples_are_the_sketched_posterior():
-    """BoTorch has no pathwise MultiTaskGP (its exact kernel: NotImplementedError); with a sketched kernel the prior path
-    added the MultitaskMean's (n, tasks) output to (S, n) draws and failed on a shape mismatch.  It is refused by name,
-    and the sampling it points to, posterior(X).rsample, has the posterior's moments."""
+    """BoTorch has no pathwise MultiTaskGP (its exact kernel: NotImplementedError); with a sketched kernel the prior
+    path added the MultitaskMean's (n, tasks) output to (S, n) draws and failed on a shape mismatch.  It is refused by
+    name, and the sampling it points to, posterior(X).rsample, has the posterior's moments."""
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(30, 2, generator=gen, dtype=torch.float64)
     tasks = torch.arange(30, dtype=torch.float64).remainder(2).unsqueeze(-1)
