@@ -583,6 +583,12 @@ def _dense_getitem(operator: LinearOperator, row_index, col_index, batch_indices
 
 
 def _dense_get_indices(operator: LinearOperator, row_index: Tensor, col_index: Tensor, batch_indices) -> Tensor:
-    """Entries ``operator[*batch_indices, row_index, col_index]`` (broadcast tensor indices) from the dense matrix,
-    for the reason of :func:`_dense_getitem`."""
-    return DenseLinearOperator(operator.to_dense())._get_indices(row_index, col_index, *batch_indices)
+    """Entries ``operator[*batch_indices, row_index, col_index]`` for k broadcast tensor indices: the diagonal of the
+    k × k block Φ(x₁[row_index])Φ(x₂[col_index])ᵀ at the k batch members (not the whole dense matrix; batch members
+    cannot be taken from the featurizer, see :func:`_dense_getitem`)."""
+    shape = torch.broadcast_shapes(row_index.shape, col_index.shape, *(index.shape for index in batch_indices))
+    rows, cols = row_index.expand(shape).reshape(-1), col_index.expand(shape).reshape(-1)
+    block = operator._getitem(rows, cols).to_dense()  # (*batch, k, k)
+    entries = torch.arange(rows.numel(), device=rows.device)
+    batch = tuple(index.expand(shape).reshape(-1) for index in batch_indices)
+    return block[(*batch, entries, entries)].reshape(shape)

@@ -284,6 +284,7 @@ INDICES = {
     "batch member, rows and columns": (0, slice(1, None), slice(None, 4)),
     "batch tensor": (torch.tensor([1, 0, 1]), slice(None), slice(2, 3)),
     "entries": (torch.tensor([1, 0]), torch.tensor([2, 0]), torch.tensor([5, 1])),
+    "broadcast entries": (torch.tensor([[1], [0]]), torch.tensor([[2, 0, 0]]), torch.tensor([5, 1, 5])),
 }
 
 
