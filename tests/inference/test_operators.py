@@ -149,3 +149,30 @@ def test_mul_non_positive_constant_falls_back_but_stays_correct(device):
         scaled = op * c
         assert not isinstance(scaled, FeatureRootLinearOperator)  # no real root for c ≤ 0
         torch.testing.assert_close(scaled.to_dense(), c * op.to_dense())
+
+
+@pytest.mark.parametrize("batch, n, f, columns", [((), 6, 64, 40), ((2,), 6, 64, 40), ((), 6, 64, 1), ((), 50, 8, 40)])
+def test_matmul_takes_the_cheaper_order_with_the_same_values_and_gradients(batch, n, f, columns, monkeypatch, device):
+    """ΦΦᵀR: with N ≪ F and a wide R the N × N Gram first (N²(F + k) flops), never Φ(ΦᵀR) (2NFk: a Kronecker
+    product's dense form in BoTorch's HigherOrderGP training took 19× the exact kernel's time); otherwise Φ(ΦᵀR)."""
+    from linear_operator.operators import RootLinearOperator
+
+    widths = []
+    original = RootLinearOperator._matmul
+
+    def spy(self, rhs):
+        widths.append(rhs.shape[-1])
+        return original(self, rhs)
+
+    monkeypatch.setattr(RootLinearOperator, "_matmul", spy)
+    gen = torch.Generator().manual_seed(n + f)
+    features = torch.randn(*batch, n, f, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+    rhs = torch.randn(*batch, n, columns, generator=gen, dtype=torch.float64).to(device)
+    product = FeatureRootLinearOperator(features).matmul(rhs)
+    gram_first = n * n * (f + columns) < 2 * n * f * columns
+    assert widths == ([] if gram_first else [columns])
+    expected = features @ (features.mT @ rhs)
+    torch.testing.assert_close(product, expected, rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad((product * rhs).sum(), features)
+    (expected_grad,) = torch.autograd.grad((expected * rhs).sum(), features)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)

@@ -52,6 +52,16 @@ def test_higher_order_gp_with_a_sketched_data_kernel_is_the_gp_of_that_kernel(nu
         torch.manual_seed(1)
         samples = posterior.rsample(torch.Size([2000])).reshape(2000, -1)  # BoTorch's Matheron sampler
     assert float(((samples.mean(0) - mean) / (variance / 2000).sqrt()).abs().max()) < 4.5
+    # the training gradient (GPyTorch's dense log-prob under BoTorch's settings) is the dense GP's
+    model.train()
+    lengthscale = model.covar_modules[0].raw_lengthscale
+    (grad,) = torch.autograd.grad(ExactMarginalLogLikelihood(model.likelihood, model)(model(x), model.train_targets),
+                                  lengthscale)
+    train = covariance(x, x) + 0.01 * torch.eye(y.numel(), dtype=F64)  # now with the graph to the lengthscale
+    normal = torch.distributions.MultivariateNormal(torch.zeros(y.numel(), dtype=F64), train)
+    log_prior = sum(prior.log_prob(closure(module)).sum() for _, module, prior, closure, _ in model.named_priors())
+    (expected_grad,) = torch.autograd.grad((normal.log_prob(y.reshape(-1)) + log_prior) / y.numel(), lengthscale)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-9)
 
 
 def test_latent_kronecker_gp_predicts_with_a_sketched_kernel_and_refuses_its_dense_pathwise_sampler():
