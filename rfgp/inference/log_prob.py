@@ -31,6 +31,7 @@ import gpytorch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import LinearOperator
 
+from .independent_tasks import IndependentTasksAddedDiagLinearOperator, ObservedIndependentTasks
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
 from .posterior_covariance import LowRankPosteriorAddedDiag
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, ObservedTaskNoiseLinearOperator
@@ -43,6 +44,8 @@ FEATURE_SPACE_OPERATORS = (
     ChunkedFeatureRootAddedDiagLinearOperator,
     FeatureRootAddedTaskNoiseLinearOperator,
     ObservedTaskNoiseLinearOperator,
+    IndependentTasksAddedDiagLinearOperator,
+    ObservedIndependentTasks,
     LowRankPosteriorAddedDiag,
 )
 

@@ -32,11 +32,12 @@ import math
 import gpytorch
 import torch
 from gpytorch.utils.memoize import cached
-from linear_operator.operators import ConstantMulLinearOperator, ZeroLinearOperator
+from linear_operator.operators import BlockInterleavedLinearOperator, ConstantMulLinearOperator, ZeroLinearOperator
 from torch import Tensor
 
 from ..core.memory import check_solve
 from ..core.validation import check_noise
+from .independent_tasks import IndependentTasksAddedDiagLinearOperator, join_tasks, split_tasks
 from .linalg import capacitance_solve, weighted_gram
 from .multioutput_chunking import (
     ChunkedMultiOutputFeatureOperator,
@@ -46,7 +47,7 @@ from .multioutput_chunking import (
 )
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
-from .prediction import FeatureSpacePredictionStrategy, observed_residual
+from .prediction import FeatureSpacePredictionStrategy, cache_grad_mode, observed_residual
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
@@ -78,7 +79,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             )
         if not isinstance(self.lik_train_train_covar, (FeatureRootAddedDiagLinearOperator,
                                                         ChunkedFeatureRootAddedDiagLinearOperator,
-                                                        FeatureRootAddedTaskNoiseLinearOperator)):
+                                                        FeatureRootAddedTaskNoiseLinearOperator,
+                                                        IndependentTasksAddedDiagLinearOperator)):
             raise TypeError(
                 "feature-space multi-output prediction needs a likelihood with diagonal noise or GPyTorch's "
                 "interleaved multitask noise I_N ⊗ Σ_T (e.g. MultitaskGaussianLikelihood(num_tasks, rank)); got a "
@@ -86,13 +88,70 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             )
 
     @property
+    def independent_tasks(self) -> bool:
+        """Whether the outputs are independent (:mod:`rfgp.inference.independent_tasks`: a batch-independent kernel
+        with diagonal noise), so that the posterior is the T outputs' single-output posteriors
+        (:attr:`task_strategy`)."""
+        return isinstance(self.lik_train_train_covar, IndependentTasksAddedDiagLinearOperator)
+
+    @property
+    def task_strategy(self) -> FeatureSpacePredictionStrategy:
+        """The single-output strategy of the T independent outputs' batch of systems Φ_tΦ_tᵀ + D_t (missing entries
+        decoupled, :meth:`~rfgp.inference.independent_tasks.IndependentTasksAddedDiagLinearOperator.task_system`),
+        per ``observation_nan_policy``."""
+        with cache_grad_mode():
+            return self._task_strategy(gpytorch.settings.observation_nan_policy.value())
+
+    @cached(name="task_strategy")
+    def _task_strategy(self, nan_policy: str) -> FeatureSpacePredictionStrategy:
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+        noisy = self.lik_train_train_covar
+        system, tasks = noisy.task_system(observed), noisy.num_tasks
+        mean = split_tasks(self.train_prior_dist.loc, tasks)
+        noise = system._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        prior = gpytorch.distributions.MultivariateNormal(mean, system._linear_op)
+        likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise)
+        return FeatureSpacePredictionStrategy(self.train_inputs, prior, split_tasks(residual, tasks) + mean,
+                                              likelihood)
+
+    def _task_prediction(self, test_mean: Tensor, test_test_covar):
+        """Mean and covariance of independent outputs: the T single-output posteriors, joined (cross-output
+        covariances 0: GPyTorch's ``BlockInterleavedLinearOperator`` of the T covariances)."""
+        tasks = getattr(test_test_covar, "tasks", None)
+        if tasks is None:
+            raise TypeError("the test covariance of independent outputs must come from the same batch-independent "
+                            f"kernel as the training covariance, got {type(test_test_covar).__name__}")
+        self.check_features(tasks)
+        mean, covar = self.task_strategy.exact_prediction(split_tasks(test_mean, tasks.shape[-3]), tasks, None)
+        mean = join_tasks(mean)
+        if gpytorch.settings.skip_posterior_variances.on():
+            return mean, ZeroLinearOperator(*mean.shape, mean.shape[-1], dtype=mean.dtype, device=mean.device)
+        return mean, BlockInterleavedLinearOperator(covar)
+
+    @property
+    def weight_mean(self) -> Tensor:
+        """E[θ | y] ``(..., F, 1)``; for independent outputs the T outputs' weights stacked (θ of the interleaved
+        root's columns s·F + f)."""
+        if self.independent_tasks:
+            return self.task_strategy.weight_mean.flatten(-3, -2)
+        return super().weight_mean
+
+    def weight_samples(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        if self.independent_tasks:
+            return self.task_strategy.weight_samples(num_samples, generator).flatten(-3, -2)
+        return super().weight_samples(num_samples, generator)
+
+    @property
     def uses_kernel_space(self) -> bool:
         """Whether the posterior caches come from the N·T × N·T matrix ΦΦᵀ + D (whitened: Φ̃Φ̃ᵀ + I).
 
         The marginal likelihood's choice (:func:`rfgp.inference.kernel_space.prefers_kernel_space` on the N·T
         training rows and F features, batches counted): O((NT)²F + (NT)³) instead of O(NT·F² + F³).  A training
-        root over the memory budget (chunked) stays in feature space.
+        root over the memory budget (chunked) stays in feature space.  Independent outputs: whether their T systems
+        run in kernel space (N × N each).
         """
+        if self.independent_tasks:
+            return self.task_strategy.uses_kernel_space
         noisy = self.lik_train_train_covar
         return not is_chunked_training_covariance(noisy) and noisy.uses_kernel_space()
 
@@ -137,6 +196,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         self.check_draws()
         if hasattr(test_test_covar, "evaluate_kernel"):
             test_test_covar = test_test_covar.evaluate_kernel()
+        if self.independent_tasks:
+            return self._task_prediction(test_mean, test_test_covar)
         if isinstance(test_test_covar, ChunkedMultiOutputFeatureOperator):
             return self._chunked_prediction(test_mean, test_test_covar)
         features = scaled_root(test_test_covar)

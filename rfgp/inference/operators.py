@@ -220,10 +220,11 @@ def select_observed(covar: LinearOperator) -> LinearOperator | None:
     if not isinstance(covar, MaskedLinearOperator) or not covar.row_eq_col_mask or covar.row_mask.dim() != 1:
         return None
     base = covar.base.evaluate_kernel()
+    from .independent_tasks import IndependentTasksAddedDiagLinearOperator  # imports this module
     from .task_noise import FeatureRootAddedTaskNoiseLinearOperator  # imports this module
 
     if not isinstance(base, (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator,
-                             FeatureRootAddedTaskNoiseLinearOperator)):
+                             FeatureRootAddedTaskNoiseLinearOperator, IndependentTasksAddedDiagLinearOperator)):
         return None
     return base.select_rows(covar.row_mask)
 

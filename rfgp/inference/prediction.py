@@ -163,7 +163,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         Cached per ``gpytorch.settings.observation_nan_policy`` (as GPyTorch's ``_mean_cache``), so a
         strategy built under "mask" does not answer for NaN targets under "ignore".
         """
-        with _cache_grad_mode():
+        with cache_grad_mode():
             return self._kernel_space_cache(gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="kernel_space_cache")
@@ -203,7 +203,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @property
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ over the observed points, cached per NaN policy."""
-        with _cache_grad_mode():
+        with cache_grad_mode():
             return self._mean_covar_cache(gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="mean_covar_cache")
@@ -269,7 +269,7 @@ def fantasy_noise_likelihood(likelihood, lik_train_train_covar, **kwargs):
     return FixedNoiseGaussianLikelihood(train_noise).get_fantasy_likelihood(noise=kwargs["noise"])
 
 
-def _cache_grad_mode() -> torch.autograd.grad_mode.set_grad_enabled:
+def cache_grad_mode() -> torch.autograd.grad_mode.set_grad_enabled:
     """Build the posterior caches without a graph under ``gpytorch.settings.detach_test_caches`` (on by default), as
     GPyTorch's own strategies detach theirs: a cache built while a gradient was recorded (a first prediction
     differentiated w.r.t. the test inputs) otherwise kept the training graph, freed by the first ``backward()``, so

@@ -34,18 +34,11 @@ from torch import Tensor
 
 from ..core.settings import memory_budget
 from ..inference.chunking import Featurizer
-from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, scaled_root
+from ..inference.independent_tasks import ChunkedIndependentTasksOperator, IndependentTasksLinearOperator
+from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from .random_feature_kernel import FeatureKernel
-
-
-def block_root(root: Tensor) -> Tensor:
-    """``(..., T, n, F)`` roots Φ_t → the ``(..., n·T, T·F)`` interleaved root R[n·T + t, s·F + f] = δ_ts Φ_t[n, f]."""
-    num_tasks, num_points, width = root.shape[-3:]
-    eye = torch.eye(num_tasks, dtype=root.dtype, device=root.device)
-    blocks = root.movedim(-3, -2).unsqueeze(-2) * eye.unsqueeze(-1)  # (..., n, T, T, F)
-    return blocks.reshape(*root.shape[:-3], num_points * num_tasks, num_tasks * width)
 
 
 class IndependentOutputsKernel(Kernel):
@@ -91,17 +84,13 @@ class IndependentOutputsKernel(Kernel):
             dims = list(range(covar.dim() - 2))
             dims.append(dims.pop(source))
             covar = covar.permute(*dims, -2, -1)
-        root = scaled_root(covar) if isinstance(covar, FeatureRootLinearOperator) else None
-        if root is None:  # a cross covariance, or a tree without one feature root: GPyTorch's operator
+        if not isinstance(covar, FeatureRootLinearOperator):  # a cross covariance, or a tree without one feature root
             return BlockInterleavedLinearOperator(covar)
-        correction = covar.variance_correction
-        if correction is not None:
-            correction = correction.movedim(-2, -1).flatten(-2)
-        return FeatureRootLinearOperator(block_root(root), correction)
+        return IndependentTasksLinearOperator(covar)
 
     def _chunked_block_root(self, covar: ChunkedFeatureRootLinearOperator, source: int):
-        """The block root over the budget: its rows evaluated a block of points at a time
-        (:class:`~rfgp.inference.multioutput_chunking.ChunkedMultiOutputFeatureOperator`, which also trains)."""
+        """The outputs over the budget: the interleaved root's rows evaluated a block of points at a time
+        (:class:`~rfgp.inference.independent_tasks.ChunkedIndependentTasksOperator`, which also trains)."""
         if covar.variance_correction is not None:
             raise NotImplementedError(
                 f"{type(self.batch_kernel).__name__}'s features are biased on the diagonal (a bias-corrected map), and "
@@ -109,18 +98,21 @@ class IndependentOutputsKernel(Kernel):
                 f"({memory_budget.value()} bytes) have no chunked evaluation: raise the budget, or use an unbiased map "
                 "(random Fourier features)"
             )
-        base, tasks = covar.featurizer, self.num_tasks
+        tasks = covar
+        if source != -1:  # the outputs' dimension last
+            base = covar.featurizer
+            batch = list(base.batch_shape)
+            batch.append(batch.pop(len(batch) + source))
 
-        def block_features(x: Tensor) -> Tensor:
-            return block_root(base(x).movedim(source - 2, -3))
+            def task_features(x: Tensor) -> Tensor:
+                return base(x).movedim(source - 2, -3)
 
-        batch = list(base.batch_shape)
-        batch.pop(len(batch) + source)
-        featurizer = Featurizer(block_features, base.params, tasks * base.num_features, torch.Size(batch))
-        num_points = covar.inputs.shape[-2]
-        points = points_per_block(num_points, tasks, featurizer.num_features, math.prod(batch), covar.inputs.dtype)
-        return ChunkedMultiOutputFeatureOperator.from_featurizer(covar.inputs, covar.inputs, featurizer,
-                                                                 points or num_points, tasks)
+            featurizer = Featurizer(task_features, base.params, base.num_features, torch.Size(batch))
+            tasks = ChunkedFeatureRootLinearOperator.from_featurizer(covar.inputs, featurizer, covar.chunk_size)
+        num_points, base = covar.inputs.shape[-2], tasks.featurizer
+        points = points_per_block(num_points, self.num_tasks, self.num_tasks * base.num_features,
+                                  math.prod(base.batch_shape[:-1]), covar.inputs.dtype)
+        return ChunkedIndependentTasksOperator.from_tasks(tasks, points or num_points)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         if isinstance(train_prior_dist.lazy_covariance_matrix.evaluate_kernel(),

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import rfgp
+from rfgp.inference.independent_tasks import IndependentTasksLinearOperator
 from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
+from rfgp.kernels.independent_outputs import IndependentOutputsKernel
 
 from .._dense import DenseKernel
 from .._models import UserGP
@@ -134,22 +136,108 @@ def test_batch_independent_outputs_with_correlated_task_noise_match_the_dense_mo
         torch.testing.assert_close(value, expected, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_batch_independent_outputs_over_the_memory_budget_train_and_predict_block_by_block(rank):
+@pytest.mark.parametrize("rank, missing", [(0, False), (0, True), (1, False)])
+def test_batch_independent_outputs_over_the_memory_budget_train_and_predict_block_by_block(rank, missing):
     """A block root (N·T × T·F) over ``rfgp.settings.memory_budget`` is evaluated a block of points at a time: loss,
-    gradient and predictions equal the unchunked ones (it fell back to GPyTorch's generic operator)."""
+    gradient and predictions equal the unchunked ones (it fell back to GPyTorch's generic operator); with diagonal
+    noise the T outputs' chunked roots, NaN targets' rows zeroed block by block."""
     x, y, test_x = data()
+    if missing:
+        y[::5, 0] = float("nan")
+        y[1::7, 1] = float("nan")
     results = []
     for budget in (2**30, 2**17):  # the whole root is 900 × 128 float64 = 0.9 MiB
         torch.manual_seed(1)
         likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=rank).double()
         model = BatchIndependentGP(x, y, sketched_batch_kernel(), likelihood)
-        with rfgp.settings.memory_budget(budget):
+        with rfgp.settings.memory_budget(budget), gpytorch.settings.observation_nan_policy("mask"):
             model.train()
             covariance = model(x).lazy_covariance_matrix.evaluate_kernel()
             results.append((*fit_and_predict(model, x, y, test_x), type(covariance).__name__))
             assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
     (*whole, whole_type), (*chunked, chunked_type) = results
-    assert (whole_type, chunked_type) == ("FeatureRootLinearOperator", "ChunkedMultiOutputFeatureOperator")
+    assert (whole_type, chunked_type) == ("IndependentTasksLinearOperator", "ChunkedIndependentTasksOperator")
     for value, expected in zip(chunked, whole):
         torch.testing.assert_close(value, expected, rtol=1e-9, atol=1e-11)
+
+
+def _likelihood(options):
+    torch.manual_seed(2)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, **options).double()
+    if likelihood.has_global_noise:
+        likelihood.noise = 0.01
+    if likelihood.has_task_noise:
+        likelihood.task_noises = torch.tensor([0.02, 0.05])
+    return likelihood
+
+
+def _loss_gradients_posterior(model, x, y, test_x):
+    """(loss, gradient of every parameter, predictive mean and covariance)."""
+    model.train()
+    loss = -gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(x), y)
+    parameters = [p for _, p in sorted(model.named_parameters()) if p.requires_grad]
+    gradients = torch.autograd.grad(loss, parameters)
+    model.eval()
+    with torch.no_grad():
+        predictive = model.likelihood(model(test_x))
+    return loss.detach(), *gradients, predictive.mean, predictive.covariance_matrix
+
+
+class InterleavedKernel(IndependentOutputsKernel):
+    """The outputs as one interleaved root R of width T·F (the multi-output algebra of correlated outputs)."""
+
+    def forward(self, x1, x2, diag=False, **params):
+        covar = super().forward(x1, x2, diag=diag, **params)
+        return covar.interleaved() if isinstance(covar, IndependentTasksLinearOperator) else covar
+
+
+class InterleavedGP(BatchIndependentGP):
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(
+            self.mean_module(x).mT, InterleavedKernel(self.covar_module, 0)(x))
+
+
+@pytest.mark.parametrize("options", [{}, {"has_global_noise": False}, {"has_task_noise": False}])
+@pytest.mark.parametrize("missing", [False, True])
+def test_independent_outputs_with_diagonal_noise_factorise_one_f_by_f_matrix_per_output(options, missing, factorised):
+    """Diagonal task noise (``rank=0``, with or without the global or per-task noise): the T outputs are T single-output
+    systems, so nothing larger than F × F is factorised (the interleaved root R factorised (T·F)², T² times the flops),
+    and loss, the gradient of every parameter, the predictive mean and covariance (cross-output blocks 0) and a fantasy
+    model's posterior equal those of R and, for the loss and gradients, GPyTorch's dense algebra on the same covariance
+    (NaN targets under "mask" too); without NaN targets also GPyTorch's dense posterior (its multitask fantasy fails:
+    the reference is the dense model of the training and fantasy points)."""
+    x, y, test_x = data()
+    if missing:
+        y[::5, 0] = float("nan")
+        y[1::7, 1] = float("nan")
+    new_x, new_y = test_x[:5], y[:5] + 0.3
+    kernel = sketched_batch_kernel()
+    results = []
+    with gpytorch.settings.observation_nan_policy("mask" if missing else "ignore"):
+        for model_type in (BatchIndependentGP, InterleavedGP):
+            model = model_type(x, y, kernel, _likelihood(options))
+            factorised.clear()
+            with gpytorch.settings.max_cholesky_size(800):  # N·T = 900 above it: rfgp's algebra at any setting
+                values = _loss_gradients_posterior(model, x, y, test_x)
+                with torch.no_grad():
+                    fantasy = model.get_fantasy_model(new_x, new_y)(test_x[5:])
+            results.append((*values, fantasy.mean, fantasy.covariance_matrix))
+            independent = model_type is BatchIndependentGP
+            assert factorised and max(factorised) == (64 if independent else 128), factorised  # F, not T·F
+            assert model.prediction_strategy.independent_tasks is independent
+        dense = BatchIndependentGP(x, y, DenseKernel(kernel), _likelihood(options))
+        with gpytorch.settings.max_cholesky_size(10 ** 6):
+            expected = _loss_gradients_posterior(dense, x, y, test_x)
+            dense.set_train_data(torch.cat((x, new_x)), torch.cat((y, new_y)), strict=False)
+            with torch.no_grad():
+                expected_fantasy = dense(test_x[5:])
+    expected = (*expected, expected_fantasy.mean, expected_fantasy.covariance_matrix)
+    if missing:  # GPyTorch's dense posterior keeps NaN targets' points in its covariance
+        expected = expected[:-4]
+    for value, interleaved, reference in zip(*results, expected):
+        torch.testing.assert_close(value, reference, rtol=1e-8, atol=1e-10)
+    for value, interleaved in zip(*results):
+        torch.testing.assert_close(value, interleaved, rtol=1e-10, atol=1e-10)
+    test_points = test_x.shape[0]
+    cross = results[0][-3].reshape(test_points, 2, test_points, 2)[:, 0, :, 1]  # interleaved: output 0 against 1
+    assert torch.equal(cross, torch.zeros_like(cross))
