@@ -274,3 +274,22 @@ def test_independent_outputs_of_a_bias_corrected_map_keep_the_variance_correctio
     assert correction.max() > 0.5
     torch.testing.assert_close(predictive.mean, expected.mean.mT, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(predictive.variance, expected.variance.mT, rtol=1e-10, atol=1e-10)
+
+
+def test_independent_outputs_weight_posterior_is_the_interleaved_roots():
+    """E[θ | y] and posterior weight draws of independent outputs, stacked output by output, are those of the
+    interleaved root's columns s·F + f (its capacitance is block diagonal: its Cholesky factor is the T factors)."""
+    x, y, test_x = data()
+    kernel = sketched_batch_kernel()
+    strategies = []
+    for model_type in (BatchIndependentGP, InterleavedGP):
+        model = model_type(x, y, kernel, _likelihood({}))
+        model.eval()
+        with torch.no_grad():
+            model(test_x)
+        strategies.append(model.prediction_strategy)
+    independent, interleaved = strategies
+    assert independent.independent_tasks and not interleaved.independent_tasks
+    torch.testing.assert_close(independent.weight_mean, interleaved.weight_mean, rtol=1e-10, atol=1e-12)
+    draws = [strategy.weight_samples(3, torch.Generator().manual_seed(5)) for strategy in strategies]
+    torch.testing.assert_close(draws[0], draws[1], rtol=1e-9, atol=1e-11)
