@@ -34,8 +34,10 @@ import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import (
     AddedDiagLinearOperator,
+    ConstantDiagLinearOperator,
     ConstantMulLinearOperator,
     DiagLinearOperator,
+    KroneckerProductDiagLinearOperator,
     LinearOperator,
     MaskedLinearOperator,
 )
@@ -254,12 +256,12 @@ class IndependentTasksAddedDiagLinearOperator(AddedDiagLinearOperator):
         noise 1 (module docstring).
         """
         tasks = self._linear_op.tasks
+        if observed is None:
+            return tasks + _task_noise(self._diag_tensor, self.num_tasks, tasks.shape[-1])
         noise = split_tasks(self._diag_tensor.diagonal(dim1=-1, dim2=-2), self.num_tasks)
-        if observed is not None:
-            keep = split_tasks(observed, self.num_tasks)
-            tasks = zero_rows(tasks, keep)
-            noise = torch.where(keep, noise, torch.ones((), dtype=noise.dtype, device=noise.device))
-        return tasks + DiagLinearOperator(noise)
+        keep = split_tasks(observed, self.num_tasks)
+        noise = torch.where(keep, noise, torch.ones((), dtype=noise.dtype, device=noise.device))
+        return zero_rows(tasks, keep) + DiagLinearOperator(noise)
 
     def uses_kernel_space(self) -> bool:
         """Whether the T systems run in kernel space (N × N each), the choice of :meth:`task_system`."""
@@ -289,6 +291,21 @@ class IndependentTasksAddedDiagLinearOperator(AddedDiagLinearOperator):
         if logdet:
             logdet_term = logdet_term.sum(-1)
         return inv_quad, logdet_term
+
+
+def _task_noise(noise: DiagLinearOperator, num_tasks: int, num_points: int) -> DiagLinearOperator:
+    """The interleaved noise diagonal ``(..., N·T)`` as T diagonals ``(..., T, N)``; constant per output (one value
+    ``(..., T, 1)``, so that the statistics need no N × F pass) for GPyTorch's I_N ⊗ D_T
+    (``MultitaskGaussianLikelihood`` rank 0) and a constant σ²I."""
+    if isinstance(noise, ConstantDiagLinearOperator):
+        values = noise.diag_values.unsqueeze(-2).expand(*noise.diag_values.shape[:-1], num_tasks, 1)
+        return ConstantDiagLinearOperator(values, diag_shape=num_points)
+    if (isinstance(noise, KroneckerProductDiagLinearOperator) and len(noise.linear_ops) == 2
+            and isinstance(noise.linear_ops[0], ConstantDiagLinearOperator)):
+        points, tasks = noise.linear_ops
+        values = points.diag_values * tasks.diagonal(dim1=-1, dim2=-2)  # c·d_t, (..., T)
+        return ConstantDiagLinearOperator(values.unsqueeze(-1), diag_shape=num_points)
+    return DiagLinearOperator(split_tasks(noise.diagonal(dim1=-1, dim2=-2), num_tasks))
 
 
 class ObservedIndependentTasks(MaskedLinearOperator):
