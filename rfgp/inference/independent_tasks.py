@@ -186,14 +186,15 @@ class IndependentTasksLinearOperator(FeatureRootLinearOperator):
 
 class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
     """:class:`IndependentTasksLinearOperator` over the memory budget: the interleaved R(x)R(x)ᵀ evaluated a block of
-    points at a time (correlated task noise), with the T outputs' chunked covariances ``tasks`` for a diagonal one.
+    points at a time (correlated task noise), with the T outputs' covariances ``tasks`` for a diagonal one (materialised
+    where the T roots fit the budget, chunked otherwise).
 
     Operators derived from it (``from_featurizer``: whitened, transposed) are plain
     :class:`~rfgp.inference.multioutput_chunking.ChunkedMultiOutputFeatureOperator` s.
     """
 
     def __init__(self, inputs1: Tensor, inputs2: Tensor, *params: Tensor, featurizer: Featurizer, chunk_size: int,
-                 num_outputs: int, tasks: ChunkedFeatureRootLinearOperator) -> None:
+                 num_outputs: int, tasks: LinearOperator) -> None:
         LinearOperator.__init__(self, inputs1, inputs2, *params, featurizer=featurizer, chunk_size=chunk_size,
                                 num_outputs=num_outputs, tasks=tasks)
         self.inputs1, self.inputs2 = inputs1, inputs2
@@ -211,25 +212,30 @@ class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
         return ChunkedMultiOutputFeatureOperator.from_featurizer(inputs1, inputs2, featurizer, chunk_size, num_outputs)
 
     @classmethod
-    def from_tasks(cls, tasks: ChunkedFeatureRootLinearOperator, chunk_size: int) -> ChunkedIndependentTasksOperator:
-        """From the T outputs' chunked covariances (outputs in the last batch dimension), ``chunk_size`` points per
-        block of the interleaved root."""
-        base = tasks.featurizer
+    def from_tasks(cls, interleaved: ChunkedFeatureRootLinearOperator, chunk_size: int,
+                   tasks: LinearOperator | None = None) -> ChunkedIndependentTasksOperator:
+        """From the T outputs' chunked covariances ``interleaved`` (outputs in the last batch dimension), whose
+        features give the interleaved root's rows ``chunk_size`` points at a time, and ``tasks``, the same T
+        covariances for a diagonal noise (default ``interleaved``; materialised when the T roots fit the budget)."""
+        base = interleaved.featurizer
         num_tasks = base.batch_shape[-1]
 
         def block_features(x: Tensor) -> Tensor:
             return block_root(base(x))
 
         featurizer = Featurizer(block_features, base.params, num_tasks * base.num_features, base.batch_shape[:-1])
-        return cls(tasks.inputs, tasks.inputs, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size,
-                   num_outputs=num_tasks, tasks=tasks)
+        return cls(interleaved.inputs, interleaved.inputs, *featurizer.params, featurizer=featurizer,
+                   chunk_size=chunk_size, num_outputs=num_tasks, tasks=interleaved if tasks is None else tasks)
 
     def _mul_constant(self, other):
         if not is_positive(other):
             return super()._mul_constant(other)
+        scaled = super()._mul_constant(other)  # the interleaved rows' featurizer scaled
         if torch.is_tensor(other) and other.dim() > 0:
             other = other.unsqueeze(-1)
-        return self.from_tasks(self.tasks._mul_constant(other), self.chunk_size)
+        return self.__class__(scaled.inputs1, scaled.inputs2, *scaled.featurizer.params, featurizer=scaled.featurizer,
+                              chunk_size=self.chunk_size, num_outputs=self.num_outputs,
+                              tasks=self.tasks._mul_constant(other))
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):

@@ -197,6 +197,8 @@ def _add_matmul(out: Tensor, left: Tensor, right: Tensor) -> Tensor:
         return out
     if out.dim() == 2 and left.dim() == 2 and right.dim() == 2:
         return out.addmm_(left, right)
+    if out.dim() == left.dim() == right.dim() == 3 and out.shape[0] == left.shape[0] == right.shape[0]:
+        return out.baddbmm_(left, right)  # a batch of T outputs' statistics (rfgp.inference.independent_tasks)
     return out.add_(left @ right)
 
 

@@ -32,7 +32,12 @@ import math
 import gpytorch
 import torch
 from gpytorch.utils.memoize import cached
-from linear_operator.operators import BlockInterleavedLinearOperator, ConstantMulLinearOperator, ZeroLinearOperator
+from linear_operator.operators import (
+    BlockInterleavedLinearOperator,
+    ConstantMulLinearOperator,
+    LinearOperator,
+    ZeroLinearOperator,
+)
 from torch import Tensor
 
 from ..core.memory import check_solve
@@ -60,6 +65,23 @@ def scaled_root(covar) -> Tensor | None:
         return None if inner is None else inner * covar.expanded_constant.sqrt().unsqueeze(-1).unsqueeze(-1)
     root = getattr(covar, "root", None)
     return None if root is None else root.to_dense()
+
+
+class SystemNoise(gpytorch.likelihoods.Likelihood):
+    """y = f + ε, ε ~ N(0, D) for a given diagonal noise operator D: the likelihood of the T systems Φ_tΦ_tᵀ + D_t of
+    independent outputs (:meth:`~rfgp.inference.independent_tasks.IndependentTasksAddedDiagLinearOperator.task_system`),
+    whose marginal adds D itself (one value per output where GPyTorch's noise is: no N × F weighting pass)."""
+
+    def __init__(self, noise: LinearOperator) -> None:
+        super().__init__()
+        self.noise_operator = noise
+
+    def forward(self, function_samples: Tensor, *args, **kwargs):
+        noise = self.noise_operator.diagonal(dim1=-1, dim2=-2)
+        return gpytorch.distributions.base_distributions.Normal(function_samples, noise.sqrt())
+
+    def marginal(self, function_dist, *args, **kwargs):
+        return function_dist.__class__(function_dist.mean, function_dist.lazy_covariance_matrix + self.noise_operator)
 
 
 class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
@@ -108,11 +130,9 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         noisy = self.lik_train_train_covar
         system, tasks = noisy.task_system(observed), noisy.num_tasks
         mean = split_tasks(self.train_prior_dist.loc, tasks)
-        noise = system._diag_tensor.diagonal(dim1=-1, dim2=-2)
         prior = gpytorch.distributions.MultivariateNormal(mean, system._linear_op)
-        likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise)
         return FeatureSpacePredictionStrategy(self.train_inputs, prior, split_tasks(residual, tasks) + mean,
-                                              likelihood)
+                                              SystemNoise(system._diag_tensor))
 
     def _task_prediction(self, test_mean: Tensor, test_test_covar):
         """Mean and covariance of independent outputs: the T single-output posteriors, joined (cross-output

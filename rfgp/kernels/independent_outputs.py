@@ -74,32 +74,27 @@ class IndependentOutputsKernel(Kernel):
         if diag:
             covar = self.batch_kernel(x1, x2, diag=True, **params)
             return covar.movedim(source - 1, -1).flatten(-2)  # (..., T, n) → (..., n·T), interleaved
-        # the block root is T times the batch of T roots: the batch kernel chunks under 1/T of the budget
-        with memory_budget(max(1, memory_budget.value() // self.num_tasks)):
-            covar = self.batch_kernel(x1, x2, **params)
-            covar = covar.evaluate_kernel() if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
+        # the interleaved root is T times the batch of T roots: it is chunked when the batch is over 1/T of the budget
+        budget = memory_budget.value()
+        covar = self._task_covariance(x1, x2, max(1, budget // self.num_tasks), source, **params)
         if isinstance(covar, ChunkedFeatureRootLinearOperator):
-            return self._chunked_block_root(covar, source)
-        if source != -1:
-            dims = list(range(covar.dim() - 2))
-            dims.append(dims.pop(source))
-            covar = covar.permute(*dims, -2, -1)
+            # the T roots alone (diagonal noise) may still fit the whole budget
+            return self._chunked_block_root(covar, self._task_covariance(x1, x2, budget, source, **params))
         if not isinstance(covar, FeatureRootLinearOperator):  # a cross covariance, or a tree without one feature root
             return BlockInterleavedLinearOperator(covar)
         return IndependentTasksLinearOperator(covar)
 
-    def _chunked_block_root(self, covar: ChunkedFeatureRootLinearOperator, source: int):
-        """The outputs over the budget: the interleaved root's rows evaluated a block of points at a time
-        (:class:`~rfgp.inference.independent_tasks.ChunkedIndependentTasksOperator`, which also trains)."""
-        if covar.variance_correction is not None:
-            raise NotImplementedError(
-                f"{type(self.batch_kernel).__name__}'s features are biased on the diagonal (a bias-corrected map), and "
-                "the independent outputs of such a kernel over rfgp.settings.memory_budget "
-                f"({memory_budget.value()} bytes) have no chunked evaluation: raise the budget, or use an unbiased map "
-                "(random Fourier features)"
-            )
-        tasks = covar
-        if source != -1:  # the outputs' dimension last
+    def _task_covariance(self, x1: Tensor, x2: Tensor, budget: int, source: int, **params):
+        """The batch kernel's covariance under a memory budget, the outputs in its last batch dimension."""
+        with memory_budget(budget):
+            covar = self.batch_kernel(x1, x2, **params)
+            covar = covar.evaluate_kernel() if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
+        if source == -1:
+            return covar
+        correction = getattr(covar, "variance_correction", None)
+        if correction is not None:
+            correction = correction.movedim(source - 1, -2)  # (..., n): the outputs' batch dimension last
+        if isinstance(covar, ChunkedFeatureRootLinearOperator):  # permuted in its features
             base = covar.featurizer
             batch = list(base.batch_shape)
             batch.append(batch.pop(len(batch) + source))
@@ -108,11 +103,30 @@ class IndependentOutputsKernel(Kernel):
                 return base(x).movedim(source - 2, -3)
 
             featurizer = Featurizer(task_features, base.params, base.num_features, torch.Size(batch))
-            tasks = ChunkedFeatureRootLinearOperator.from_featurizer(covar.inputs, featurizer, covar.chunk_size)
-        num_points, base = covar.inputs.shape[-2], tasks.featurizer
+            return ChunkedFeatureRootLinearOperator.from_featurizer(covar.inputs, featurizer, covar.chunk_size,
+                                                                    correction)
+        dims = list(range(covar.dim() - 2))
+        dims.append(dims.pop(source))
+        covar = covar.permute(*dims, -2, -1)
+        if isinstance(covar, FeatureRootLinearOperator):  # a permutation keeps the correction's order
+            covar = FeatureRootLinearOperator(covar.root, correction)
+        return covar
+
+    def _chunked_block_root(self, covar: ChunkedFeatureRootLinearOperator, tasks):
+        """The outputs over the budget: the interleaved root's rows evaluated a block of points at a time
+        (:class:`~rfgp.inference.independent_tasks.ChunkedIndependentTasksOperator`, which also trains), with the
+        T roots ``tasks`` (materialised if they fit the budget) for diagonal noise."""
+        if covar.variance_correction is not None:
+            raise NotImplementedError(
+                f"{type(self.batch_kernel).__name__}'s features are biased on the diagonal (a bias-corrected map), and "
+                "the independent outputs of such a kernel over rfgp.settings.memory_budget "
+                f"({memory_budget.value()} bytes) have no chunked evaluation: raise the budget, or use an unbiased map "
+                "(random Fourier features)"
+            )
+        num_points, base = covar.inputs.shape[-2], covar.featurizer
         points = points_per_block(num_points, self.num_tasks, self.num_tasks * base.num_features,
                                   math.prod(base.batch_shape[:-1]), covar.inputs.dtype)
-        return ChunkedIndependentTasksOperator.from_tasks(tasks, points or num_points)
+        return ChunkedIndependentTasksOperator.from_tasks(covar, points or num_points, tasks)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         if isinstance(train_prior_dist.lazy_covariance_matrix.evaluate_kernel(),

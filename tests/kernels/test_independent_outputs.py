@@ -136,29 +136,35 @@ def test_batch_independent_outputs_with_correlated_task_noise_match_the_dense_mo
         torch.testing.assert_close(value, expected, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("rank, missing", [(0, False), (0, True), (1, False)])
+@pytest.mark.parametrize("rank, missing", [(0, False), (0, True), (1, False), (1, True)])
 def test_batch_independent_outputs_over_the_memory_budget_train_and_predict_block_by_block(rank, missing):
     """A block root (N·T × T·F) over ``rfgp.settings.memory_budget`` is evaluated a block of points at a time: loss,
     gradient and predictions equal the unchunked ones (it fell back to GPyTorch's generic operator); with diagonal
-    noise the T outputs' chunked roots, NaN targets' rows zeroed block by block."""
+    noise the T outputs' roots (N × F each) serve, materialised where they fit the budget (2 MiB), chunked otherwise
+    (128 KiB; NaN targets' rows zeroed block by block)."""
     x, y, test_x = data()
     if missing:
         y[::5, 0] = float("nan")
         y[1::7, 1] = float("nan")
     results = []
-    for budget in (2**30, 2**17):  # the whole root is 900 × 128 float64 = 0.9 MiB
+    for budget in (2**30, 2**21, 2**17):  # the whole root is 900 × 128 float64 = 0.9 MiB, the T roots half of it
         torch.manual_seed(1)
         likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=rank).double()
         model = BatchIndependentGP(x, y, sketched_batch_kernel(), likelihood)
         with rfgp.settings.memory_budget(budget), gpytorch.settings.observation_nan_policy("mask"):
             model.train()
             covariance = model(x).lazy_covariance_matrix.evaluate_kernel()
-            results.append((*fit_and_predict(model, x, y, test_x), type(covariance).__name__))
-            assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
-    (*whole, whole_type), (*chunked, chunked_type) = results
-    assert (whole_type, chunked_type) == ("IndependentTasksLinearOperator", "ChunkedIndependentTasksOperator")
-    for value, expected in zip(chunked, whole):
-        torch.testing.assert_close(value, expected, rtol=1e-9, atol=1e-11)
+            kinds = type(covariance).__name__, type(getattr(covariance, "tasks", None)).__name__
+            results.append((*fit_and_predict(model, x, y, test_x), kinds))
+            assert model.prediction_strategy.independent_tasks is (rank == 0)
+    (*whole, whole_kinds), *chunked = results
+    assert [whole_kinds] + [kinds for *_, kinds in chunked] == [
+        ("IndependentTasksLinearOperator", "FeatureRootLinearOperator"),
+        ("ChunkedIndependentTasksOperator", "FeatureRootLinearOperator"),
+        ("ChunkedIndependentTasksOperator", "ChunkedFeatureRootLinearOperator")]
+    for *values, _ in chunked:
+        for value, expected in zip(values, whole):
+            torch.testing.assert_close(value, expected, rtol=1e-9, atol=1e-11)
 
 
 def _likelihood(options):
