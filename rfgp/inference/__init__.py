@@ -14,6 +14,8 @@ The kernels hand over Φ (N × F) instead of an N × N matrix; this layer keeps 
 * :mod:`~rfgp.inference.prediction`, :mod:`~rfgp.inference.multioutput` — weight-space prediction
   strategies (single- and multi-output) that GPyTorch's ``ExactGP`` uses for the posterior;
 * :mod:`~rfgp.inference.task_noise` — ΦΦᵀ + I_N ⊗ Σ_T (correlated multitask noise), whitened per point;
+* :mod:`~rfgp.inference.independent_tasks` — T independent outputs (GPyTorch's batch-independent GP) as T
+  single-output systems Φ_tΦ_tᵀ + D_t under diagonal noise;
 * :mod:`~rfgp.inference.posterior_covariance` — the posterior covariance Φ*A⁻¹Φ*ᵀ kept as its n × F root
   for products and sampling, with a square Cholesky root decomposition for BoTorch's cached-root samplers;
 * :mod:`~rfgp.inference.classification` — C regressions sharing Φ (Dirichlet classification);

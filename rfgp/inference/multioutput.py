@@ -23,6 +23,9 @@ with no F × F matrix (whitened R̃, r̃ and D = I under correlated noise; missi
 Either square matrix is checked against the available memory first (:func:`rfgp.core.memory.check_solve`).
 Training and test roots over :class:`rfgp.settings.memory_budget` are evaluated a block of points at a time
 (:mod:`rfgp.inference.multioutput_chunking`; a chunked training root always takes the F × F capacitance).
+Independent outputs under diagonal noise (GPyTorch's batch-independent GP, :mod:`rfgp.inference.independent_tasks`)
+predict through the single-output strategy of their T systems instead
+(:attr:`MultitaskFeatureSpacePredictionStrategy.task_strategy`), with cross-output covariances 0.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GPyTorch's batch-independent multi-output GP with an rfgp kernel: one interleaved feature root for all outputs.
+"""GPyTorch's batch-independent multi-output GP with an rfgp kernel: T feature roots, T systems under diagonal noise.
 
 GPyTorch's "Batch Independent Multioutput GP" gives each of T outputs its own hyperparameters through a kernel with
 ``batch_shape=torch.Size([T])`` and joins them with ``MultitaskMultivariateNormal.from_batch_mvn``, whose covariance
@@ -10,10 +10,14 @@ dense Cholesky of the N·T × N·T matrix otherwise (N = 3000: 44 s for one loss
 
 The T independent outputs of feature roots Φ_t (N × F each) are one feature root R of width T·F in GPyTorch's
 interleaved layout, R[n·T + t, s·F + f] = δ_ts Φ_t(x_n)_f, RRᵀ = the block-interleaved matrix exactly.
-:class:`IndependentOutputsKernel` returns it, so ``MultitaskGaussianLikelihood`` (any rank), the marginal likelihood,
-``observation_nan_policy("mask")`` and prediction run through :mod:`rfgp.inference.multioutput` in
-O(N·T·(T·F)² + (T·F)³) — T² times the flops of T separate GPs (the root's zero blocks are multiplied and
-factorised too), which the interleaved layout (and correlated task noise) share.
+:class:`IndependentOutputsKernel` returns the T roots as
+:class:`~rfgp.inference.independent_tasks.IndependentTasksLinearOperator` (over the memory budget
+``ChunkedIndependentTasksOperator``), which is R where R is needed, so
+``MultitaskGaussianLikelihood`` (any rank), the marginal likelihood, ``observation_nan_policy("mask")`` and
+prediction run in feature space.  With diagonal task noise (rank 0, the tutorial's) the outputs are T single-output
+systems (:mod:`rfgp.inference.independent_tasks`): O(N·T·F² + T·F³), the flops of T separate GPs.  Correlated task
+noise (rank ≥ 1) couples them and takes R through :mod:`rfgp.inference.multioutput`: O(N·T·(T·F)² + (T·F)³), T²
+times the flops of T separate GPs (the root's zero blocks are multiplied and factorised too).
 :func:`install` makes ``from_batch_mvn`` return it for a lazily evaluated covariance of a kernel tree that holds an
 rfgp kernel (unbatched inputs); any other batch MVN keeps GPyTorch's operator.
 """
