@@ -143,11 +143,19 @@ def run(args) -> None:
 
 
 def table() -> None:
-    rows = list(csv.DictReader(CSV.open()))
+    order = {"before": 0, "after": 1, "separate": 2, "gpytorch": 3}
+    rows = sorted(csv.DictReader(CSV.open()), key=lambda r: (
+        r["threads"], r["dtype"], int(r["N"]), int(r["F"] or 0), order.get(r["code"], 1), r["method"] == "separate"))
     lines = ["# Batch-independent outputs: loss + gradient and prediction (seconds, median)", "",
              f"T = {TASKS} outputs, 1000 test points, CPU (2 shared cores); `before` = the interleaved T·F-wide root "
              "(main), `after` = T per-output systems, `separate` = T single-output rfgp GPs, `exact` = GPyTorch's "
              "tutorial model with the exact kernel (default settings: CG/Lanczos).  load = 1-minute load average.", "",
+             "Measured 2026-11-26 on a machine shared with other jobs (load 3–9 on 2 cores: single timings vary by 2×, "
+             "the two-thread float64 runs were oversubscribed); `before` ran main (1f236c9–110c249, the same "
+             "interleaved path).  At N = 20 000, F = 1024 the T roots (4 × 20 000 × 1024, float64) exceed the "
+             "working set of `rfgp.settings.memory_budget` (1 GiB) and are "
+             "chunked, while each separate GP's root fits it.  Not run for lack of time: `before` at N = 20 000, "
+             "F = 1024, two threads, float64; `exact` beyond one thread, float64.", "",
              "| threads | dtype | N | F | method | code | loss + grad (s) | predict (s) | load |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
