@@ -519,7 +519,9 @@ def main():
                    f"{gpytorch.__version__}; float64; TF32 matmul allowed: {torch.backends.cuda.matmul.allow_tf32}.\n")
     out.append("Relative error: max |GPU − CPU| / max |CPU| over the outputs of a case (loss, every parameter "
                "gradient, trained parameters after `fit_mll` steps, predictive mean and variance, the case's own "
-               "outputs); *after re-draw*: outputs after `set_num_features`, whose draws are made on the device. "
+               "outputs); *after re-draw*: outputs whose random draws are made on the device (after "
+               "`set_num_features`, a classifier fitted there, Pyro SVI), so they differ by Monte-Carlo error, not "
+               "round-off. "
                "Syncs: host synchronisations counted by `torch.cuda.set_sync_debug_mode` in one no-grad prediction "
                "(caches built) and in one MLL forward + backward.\n")
     out.append("| case | status | rel. error | after re-draw | outputs on device | syncs: predict | syncs: MLL + grad "
