@@ -24,11 +24,15 @@ import csv
 import os
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import gpytorch
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from _models import UserGP  # noqa: E402  (the single-output ExactGP a GPyTorch user writes)
 
 import rfgp
 
@@ -60,16 +64,6 @@ class BatchIndependentGP(gpytorch.models.ExactGP):
             gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x)))
 
 
-class SingleOutputGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, kernel):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def batch_kernel():
     batch = torch.Size([TASKS])
     return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch), batch_shape=batch)
@@ -80,7 +74,7 @@ def models(method: str, x, y, num_features: int, dtype):
         return [BatchIndependentGP(x, y, rfgp.sketch(batch_kernel(), num_features, seed=0)).to(dtype)]
     if method == "exact":
         return [BatchIndependentGP(x, y, batch_kernel()).to(dtype)]
-    return [SingleOutputGP(x, y[:, t], rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()),
+    return [UserGP(x, y[:, t], rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()),
                                                    num_features, seed=t)).to(dtype) for t in range(TASKS)]
 
 
