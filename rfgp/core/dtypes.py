@@ -11,6 +11,9 @@ parameters are never converted in place, so ``state_dict()`` is unchanged by any
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from collections.abc import Callable, Hashable
 
 import torch
@@ -19,6 +22,94 @@ from torch import Tensor
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 #: dtypes whose F × F / M × M factors are worked in float64 (and rounded back), where the device has float64
 _WIDENED = (torch.float32, torch.float16, torch.bfloat16)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+#: device types whose autocast state rfgp reads (each has its own thread-local autocast flag)
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def autocast_devices() -> tuple[str, ...]:
+    """The device types on which an enclosing ``torch.autocast`` is active (free: thread-local flags only)."""
+    return tuple(device for device in _AUTOCAST_DEVICES if torch.is_autocast_enabled(device))
+
+
+#: device types whose autocast :func:`full_precision` has switched off around the current rfgp computation
+_SWITCHED_OFF: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("rfgp_autocast_switched_off",
+                                                                               default=())
+
+
+@contextlib.contextmanager
+def full_precision():
+    """Switch off every enclosing ``torch.autocast`` for rfgp's own computations.
+
+    Autocast runs the ops on its lower-precision list (``matmul``, ``mm``, ``bmm``, ``linear``, ``linalg_vecdot``,
+    ``baddbmm``, …) in bfloat16/float16 whatever their inputs' dtype: the projections XΩᵀ, the statistics ΦᵀΦ and ΦᵀY,
+    the Gram ΦΦᵀ would keep 2–3 digits (a float32 model at N = 2000, F = 512 then fails its F × F factorisation), a
+    silently different model.  rfgp computes in its inputs' float32/float64 instead; outputs are returned in that dtype,
+    and autocast goes on applying to the user's code around the call.  (float64 tensors are never lowered by autocast,
+    so this changes nothing for them.)  Inside, :func:`lowered_by_autocast` still knows which devices had autocast on.
+    """
+    devices = autocast_devices()
+    if not devices:
+        yield
+        return
+    token = _SWITCHED_OFF.set(_SWITCHED_OFF.get() + devices)
+    try:
+        with contextlib.ExitStack() as stack:
+            for device in devices:
+                stack.enter_context(torch.autocast(device_type=device, enabled=False))
+            yield
+    finally:
+        _SWITCHED_OFF.reset(token)
+
+
+def lowered_by_autocast(x) -> bool:
+    """``x`` is float16/bfloat16 while ``torch.autocast`` is on for its device (or was, until :func:`full_precision`
+    switched it off for rfgp): the output of an op that autocast lowered, e.g. a network in front of the GP.
+
+    rfgp kernels take such inputs by type promotion with their float32/float64 parameters (as GPyTorch's kernels do):
+    they compute in float32 (or float64) from the half-precision values, never in half precision.  Outside autocast a
+    half-precision input stays refused (:func:`rfgp.core.validation.check_tensor_dtype`).
+    """
+    if not torch.is_tensor(x):
+        return False
+    device = x.device.type
+    return x.dtype in _HALF and (torch.is_autocast_enabled(device) or device in _SWITCHED_OFF.get())
+
+
+def in_full_precision(function: Callable) -> Callable:
+    """``function`` run under :func:`full_precision` (a decorator for rfgp's forward and inference entry points)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if not autocast_devices():
+            return function(*args, **kwargs)
+        with full_precision():
+            return function(*args, **kwargs)
+
+    wrapper.in_full_precision = True
+    return wrapper
+
+
+class FullPrecisionOperator:
+    """Mixin for rfgp's linear operators: their products, diagonals, solves and factors run :func:`in_full_precision`,
+    in the class that takes the mixin and in every subclass, inherited or overridden.
+
+    GPyTorch and users evaluate a covariance lazily, after the kernel call (``covariance_matrix``, ``variance``,
+    ``rsample``, ``log_prob``), maybe under an autocast that the kernel's forward no longer covers.
+    """
+
+    #: linear_operator's evaluation entry points (the private ones are what its public methods call)
+    full_precision_methods = ("to_dense", "_matmul", "_t_matmul", "_diagonal", "_bilinear_derivative", "_solve",
+                              "inv_quad_logdet", "root_decomposition", "_get_indices", "zero_mean_mvn_samples")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in cls.full_precision_methods:
+            method = cls.__dict__.get(name, getattr(cls, name, None))
+            if callable(method) and not getattr(method, "in_full_precision", False):
+                setattr(cls, name, in_full_precision(method))
 
 
 def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:

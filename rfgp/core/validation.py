@@ -31,7 +31,7 @@ from linear_operator.utils.errors import NanError
 from torch import Tensor
 
 from . import settings
-from .dtypes import cast_to, promoted_dtype
+from .dtypes import cast_to, lowered_by_autocast, promoted_dtype
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _SUPPORTED = "float32 or float64"
@@ -97,7 +97,8 @@ def check_dtype_argument(dtype, name: str = "dtype") -> torch.dtype:
 
 def _half_hint(dtype) -> str:
     if dtype in (torch.float16, torch.bfloat16):
-        return " (half precision is not supported: random-feature sums lose about three digits in it)"
+        return (" (half precision is not supported: random-feature sums lose about three digits in it; under "
+                "torch.autocast a kernel takes autocast's half-precision outputs and computes in float32)")
     return ""
 
 
@@ -191,18 +192,23 @@ def check_kernel_inputs(x1: Tensor, x2: Tensor, dtype: torch.dtype | None) -> to
     """Free checks of a kernel call (supported dtypes, equal trailing dims); returns the dtype it computes in.
 
     That is ``torch.promote_types`` of x1's, x2's and the kernel's ``dtype``, as for GPyTorch's kernels
-    (see :mod:`rfgp.core.dtypes`).  Under a ``torch.func`` transform a kernel call raises (see
-    :func:`refuse_functorch_transforms`).
+    (see :mod:`rfgp.core.dtypes`), and at least float32: half-precision inputs are accepted only as the output of an
+    enclosing ``torch.autocast`` (:func:`rfgp.core.dtypes.lowered_by_autocast`), refused otherwise.  Under a
+    ``torch.func`` transform a kernel call raises (see :func:`refuse_functorch_transforms`).
     """
     refuse_functorch_transforms()
-    check_tensor_dtype(x1, "x1")
-    check_tensor_dtype(x2, "x2")
+    lowered = False
+    for x, name in ((x1, "x1"), (x2, "x2")):
+        if lowered_by_autocast(x):
+            lowered = True  # autocast's half-precision output: computed in float32 (or float64) from its values
+        else:
+            check_tensor_dtype(x, name)
     if x1.shape[-1] != x2.shape[-1]:
         raise ValueError(
             f"x2 has {x2.shape[-1]} input dimensions (last axis) but x1 has {x1.shape[-1]}; "
             "both must have the kernel's input dimension"
         )
-    return promoted_dtype(x1.dtype, x2.dtype, dtype)
+    return promoted_dtype(x1.dtype, x2.dtype, dtype, torch.float32 if lowered else None)
 
 
 def check_task_indices(x: Tensor, name: str, num_tasks: int, values: bool = True) -> None:

@@ -43,6 +43,7 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from ..core.dtypes import in_full_precision
 from ..core.memory import check_solve
 from ..core.validation import check_noise
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, join_tasks, split_tasks
@@ -194,6 +195,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         return features, check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)), residual, observed
 
     @cached(name="mean_covar_cache")
+    @in_full_precision
     def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
         """(E[θ | y] of shape (..., F, 1), Cholesky factor L of A = I + RᵀD⁻¹R).
 
@@ -215,6 +217,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
         return capacitance_solve(weighted_gram(features, weights), rhs)
 
+    @in_full_precision
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         self.check_draws()
         if hasattr(test_test_covar, "evaluate_kernel"):

@@ -49,6 +49,7 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from ..core.draws import standard_normal
+from ..core.dtypes import FullPrecisionOperator
 from ..core.settings import WORKING_COPIES, memory_budget, resolve_chunk_size
 from ..core.settings import chunk_size as forced_chunk_size
 from ..core.validation import check_noise
@@ -71,7 +72,7 @@ def points_per_block(num_points: int, num_outputs: int, num_features: int, batch
     return None if rows is None else max(1, rows // num_outputs)
 
 
-class ChunkedMultiOutputFeatureOperator(LinearOperator):
+class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, LinearOperator):
     """R(x₁)R(x₂)ᵀ for an interleaved multi-output root R (n·p rows), evaluated ``chunk_size`` points at a time.
 
     Args:
@@ -216,7 +217,7 @@ class ChunkedMultiOutputFeatureOperator(LinearOperator):
         return super().__add__(other)
 
 
-class ObservedMultiOutputRows(MaskedLinearOperator):
+class ObservedMultiOutputRows(FullPrecisionOperator, MaskedLinearOperator):
     """R[o]R[o]ᵀ: the observed entries o (interleaved boolean mask ``(n·p,)``) of a chunked multi-output R(x)R(x)ᵀ.
 
     A block of points has rows of observed and of missing entries, so the missing rows are not dropped: the feature
@@ -287,7 +288,7 @@ def chunked_training_statistics(noisy: LinearOperator, residual: Tensor,
     return noisy._linear_op.feature_statistics(weights, residual.unsqueeze(-1))
 
 
-class ChunkedPosteriorCovariance(LinearOperator):
+class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):
     """Σ* = RRᵀ (+ diag(d)) with the posterior root R computed ``chunk_size`` points at a time, never whole.
 
     Args:

@@ -45,6 +45,7 @@ from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from ..core.draws import standard_normal
+from ..core.dtypes import FullPrecisionOperator
 from ..core.validation import check_finite, check_noise, check_targets
 from . import distributed
 from .chunking import (
@@ -82,7 +83,7 @@ class _NoKroneckerFactors:
         )
 
 
-class FeatureRootLinearOperator(_NoKroneckerFactors, LowRankRootLinearOperator):
+class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowRankRootLinearOperator):
     """ΦΦᵀ for a feature matrix Φ of shape ``(..., n, F)``.
 
     A positive constant s (``ScaleKernel``'s outputscale) is carried by the root as
@@ -235,7 +236,7 @@ def _add_optional(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return a if b is None else a + b
 
 
-class FeatureRootAddedDiagLinearOperator(LowRankRootAddedDiagLinearOperator):
+class FeatureRootAddedDiagLinearOperator(FullPrecisionOperator, LowRankRootAddedDiagLinearOperator):
     """ΦΦᵀ + D with a feature-space marginal-likelihood path."""
 
     def __add__(self, other):
@@ -320,7 +321,7 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
 
 
-class ChunkedFeatureRootLinearOperator(_NoKroneckerFactors, LinearOperator):
+class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LinearOperator):
     """ΦΦᵀ with Φ = φ(x) recomputed chunk by chunk instead of stored: O(chunk·F) memory.
 
     Args:
@@ -457,7 +458,7 @@ def _scaled_correction(correction: Tensor | None, constant) -> Tensor | None:
     return correction * (constant.unsqueeze(-1) if torch.is_tensor(constant) else constant)
 
 
-class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
+class ChunkedFeatureRootAddedDiagLinearOperator(FullPrecisionOperator, AddedDiagLinearOperator):
     """ΦΦᵀ + D with Φ never materialised: MLL terms from chunked feature statistics."""
 
     def __add__(self, other):
@@ -475,7 +476,7 @@ class ChunkedFeatureRootAddedDiagLinearOperator(AddedDiagLinearOperator):
         return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
 
 
-class ChunkedFeatureCrossLinearOperator(LinearOperator):
+class ChunkedFeatureCrossLinearOperator(FullPrecisionOperator, LinearOperator):
     """Φ(x₁)Φ(x₂)ᵀ evaluated chunk by chunk (a test–train covariance that never stores Φ(x₂)).
 
     Its products are exact, and differentiable in x₁, x₂ and the featurizer's tensors (:meth:`_bilinear_derivative`),

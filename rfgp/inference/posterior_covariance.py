@@ -43,12 +43,13 @@ from linear_operator.operators import (
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
+from ..core.dtypes import FullPrecisionOperator
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import is_positive, rows_times_inverse_cholesky_transpose
 from .task_noise import is_interleaved_task_noise
 
 
-class LowRankPosteriorCovariance(MatmulLinearOperator):
+class LowRankPosteriorCovariance(FullPrecisionOperator, MatmulLinearOperator):
     """Σ* = RRᵀ for a root R of shape ``(*batch, n, F)``; any F, including F > n.
 
     Args:
@@ -130,7 +131,7 @@ def _is_principal(row_index, col_index, batch_indices) -> bool:
         isinstance(row_index, slice) and row_index == col_index)
 
 
-class PosteriorAddedTaskNoise(SumLinearOperator):
+class PosteriorAddedTaskNoise(FullPrecisionOperator, SumLinearOperator):
     """Σ* + D_n ⊗ Σ_T: a low-rank posterior covariance plus correlated (interleaved multitask) observation noise.
 
     ``MultitaskGaussianLikelihood(num_tasks=T, rank ≥ 1)`` adds I_n ⊗ Σ_T to the posterior; as a plain sum, a draw
@@ -162,7 +163,7 @@ class PosteriorAddedTaskNoise(SumLinearOperator):
         return samples + noise.expand(num_samples, *batch, num_points, num_tasks).flatten(-2)
 
 
-class LowRankPosteriorAddedDiag(LowRankRootAddedDiagLinearOperator):
+class LowRankPosteriorAddedDiag(FullPrecisionOperator, LowRankRootAddedDiagLinearOperator):
     """RRᵀ + D for a posterior root R ``(*batch, n, F)`` and a diagonal D (noise, variance correction).
 
     ``inv_quad_logdet`` is exact by whichever algebra costs fewer flops (:func:`rfgp.inference.kernel_space.

@@ -49,6 +49,7 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from ..core.draws import standard_normal
+from ..core.dtypes import in_full_precision
 from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets
 from ..features.base import FeatureMap
@@ -105,6 +106,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
                 "it predicted, call model.train() once before predicting again"
             )
 
+    @in_full_precision
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         self.check_draws()
         if hasattr(test_test_covar, "evaluate_kernel"):
@@ -124,6 +126,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar
 
+    @in_full_precision
     def get_fantasy_strategy(self, inputs, targets, full_inputs, full_targets, full_output, **kwargs):
         """The strategy of the training data with the fantasies appended (``get_fantasy_model``, BoTorch's
         ``condition_on_observations`` and ``fantasize``).
@@ -167,6 +170,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             return self._kernel_space_cache(gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="kernel_space_cache")
+    @in_full_precision
     def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, KernelSpaceFactor]:
         return kernel_space_caches(*self._training_system(nan_policy))
 
@@ -183,6 +187,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         """E[w | y] = A⁻¹ΦᵀD⁻¹(y − μ) ``(..., F, 1)`` from the cheaper algebra's cache (:attr:`uses_kernel_space`)."""
         return (self.kernel_space_cache if self.uses_kernel_space else self.mean_covar_cache)[0]
 
+    @in_full_precision
     def weight_samples(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         """``(num_samples, ..., F, 1)`` draws of the posterior weights w | y ~ N(E[w | y], A⁻¹), A = I + ΦᵀD⁻¹Φ.
 
@@ -207,6 +212,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             return self._mean_covar_cache(gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="mean_covar_cache")
+    @in_full_precision
     def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ, from the training feature statistics."""
         residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)

@@ -42,6 +42,7 @@ from linear_operator.operators import (
 from linear_operator.utils.memoize import cached
 from torch import Tensor
 
+from ..core.dtypes import FullPrecisionOperator
 from . import distributed
 from .kernel_space import prefers_kernel_space
 from .operators import FeatureRootLinearOperator
@@ -78,7 +79,7 @@ def whiten_points(matrix: Tensor, point_noise: Tensor | None, factors: Tensor,
     return whitened.flatten(-3, -2)
 
 
-class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
+class FeatureRootAddedTaskNoiseLinearOperator(FullPrecisionOperator, SumLinearOperator):
     """ΦΦᵀ + D_N ⊗ Σ_T for an interleaved multi-output feature root Φ ``(..., N·T, F)``.
 
     Products, diagonals and dense forms are those of the sum; ``inv_quad_logdet`` (the marginal
@@ -211,7 +212,7 @@ class FeatureRootAddedTaskNoiseLinearOperator(SumLinearOperator):
         return ObservedTaskNoiseLinearOperator(self, observed, observed)
 
 
-class ObservedTaskNoiseLinearOperator(MaskedLinearOperator):
+class ObservedTaskNoiseLinearOperator(FullPrecisionOperator, MaskedLinearOperator):
     """(ΦΦᵀ + D_N ⊗ Σ_T)[o, o]: the observed entries of a :class:`FeatureRootAddedTaskNoiseLinearOperator`.
 
     What ``gpytorch.settings.observation_nan_policy("mask")`` asks of the marginal likelihood.  Products and

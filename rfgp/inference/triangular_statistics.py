@@ -48,6 +48,7 @@ import torch
 from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
+from ..core.dtypes import FullPrecisionOperator
 from .chunking import (
     Featurizer,
     _add,
@@ -321,7 +322,7 @@ def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tens
     return _ChunkedTriangularStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *unscaled.params)
 
 
-class TriangularFeatures(LinearOperator):
+class TriangularFeatures(FullPrecisionOperator, LinearOperator):
     """The feature matrix Φ = K·L⁻ᵀ ``(..., N, M)`` together with its factors K and L.
 
     Every operation sees the dense Φ (products, indexing, ``to_dense``; its autograd graph reaches K

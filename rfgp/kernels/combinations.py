@@ -21,6 +21,7 @@ import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor, nn
 
+from ..core.dtypes import in_full_precision
 from ..features.tensor_product import TensorProductSketch
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
@@ -57,6 +58,7 @@ def kernel_num_features(kernel: Kernel) -> int:
     return unwrap_scale(kernel)[0].num_features
 
 
+@in_full_precision
 def kernel_features(kernel: Kernel, x: Tensor) -> Tensor:
     """Φ(x) of a feature kernel or a ``ScaleKernel`` around one, honouring ``active_dims``.
 

@@ -38,6 +38,7 @@ from linear_operator import to_linear_operator
 from linear_operator.operators import BlockInterleavedLinearOperator
 from torch import Tensor
 
+from ..core.dtypes import in_full_precision
 from ..core.settings import memory_budget
 from ..inference.chunking import Featurizer
 from ..inference.independent_tasks import ChunkedIndependentTasksOperator, IndependentTasksLinearOperator
@@ -75,6 +76,7 @@ class IndependentOutputsKernel(Kernel):
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
         return self.num_tasks
 
+    @in_full_precision
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params):
         source = self.task_dim - len(self.batch_kernel.batch_shape)  # the task dimension, counted from the batch's end
         if diag:

@@ -29,7 +29,7 @@ from gpytorch.kernels import Kernel, MultitaskKernel
 from torch import Tensor
 
 from ..core.config_state import METHOD, ConfigState
-from ..core.dtypes import promote_pair, promoted_dtype
+from ..core.dtypes import in_full_precision, lowered_by_autocast, promote_pair, promoted_dtype
 from ..core.validation import (
     check_finite,
     check_hyperparameter,
@@ -46,8 +46,10 @@ def interleave(blocks: Tensor) -> Tensor:
 
 
 def check_vector_input(x: Tensor, name: str, input_dim: int) -> None:
-    """Inputs of a vector-field kernel must have exactly ``input_dim`` columns."""
-    check_tensor_dtype(x, name)
+    """Inputs of a vector-field kernel must have exactly ``input_dim`` columns (float32/float64, or autocast's half
+    precision output, promoted to the kernel's dtype: :func:`~rfgp.core.dtypes.lowered_by_autocast`)."""
+    if not lowered_by_autocast(x):
+        check_tensor_dtype(x, name)
     if x.dim() < 2 or x.shape[-1] != input_dim:
         raise ValueError(
             f"{name} must have shape (..., n, {input_dim}) for this kernel with input_dim={input_dim} "
@@ -94,6 +96,7 @@ class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
         """diag M(v), shape (..., d)."""
         raise NotImplementedError
 
+    @in_full_precision
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             refuse_last_dim_is_batch(self)

@@ -22,7 +22,7 @@ from linear_operator.operators import LinearOperator, MatmulLinearOperator
 from torch import Tensor
 
 from ..core.config_state import ConfigState
-from ..core.dtypes import promote_pair
+from ..core.dtypes import in_full_precision, promote_pair
 from ..core.memory import check_solve
 from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.validation import (
@@ -75,6 +75,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         moments = self.diag_moments(x)
         return None if moments is None else (moments[0] - moments[1]).clamp_min(0.0)
 
+    @in_full_precision
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             refuse_last_dim_is_batch(self)

@@ -1,0 +1,174 @@
+"""rfgp under mixed precision: an enclosing ``torch.autocast`` changes none of rfgp's numbers.
+
+CPU autocast (bfloat16) lowers the same ops as CUDA autocast (matmul, mm, bmm, linear, linalg_vecdot, baddbmm); before
+rfgp switched it off around its own computations, a float32 model's marginal likelihood, gradients and predictions
+were computed from bfloat16 products (N = 500, F = 2048 curl-free field: loss 5e-4, gradients 4e-3 relative error) or
+failed (dtype mismatches, a capacitance that is not positive definite), and GPyTorch's exact GP under the same autocast
+gave a loss of 3010 instead of −0.73.  The references are the same models without autocast.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKernel
+
+import rfgp
+from rfgp.kernels import MaclaurinRBFKernel, SketchedCurlFreeKernel
+from rfgp.models import ExactGPModel, MultiOutputGPModel
+
+N_FEATURE_SPACE, N_KERNEL_SPACE, F = 300, 80, 256  # N > F: the F × F capacitance; N < F: the N × N kernel-space path
+
+
+def _bf16():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def _no_autocast():
+    return torch.autocast("cpu", enabled=False)
+
+
+def _data(n: int, d: int, outputs: int | None):
+    generator = torch.Generator().manual_seed(n)
+    x = torch.rand(n, d, generator=generator) * 4 - 2
+    if outputs is None:
+        return x, torch.sin(2 * x).sum(-1) + 0.1 * torch.randn(n, generator=generator)
+    return x, torch.cos(2 * x[:, :outputs]) + 0.1 * torch.randn(n, outputs, generator=generator)
+
+
+KERNELS = {
+    "rbf-orf": (lambda x: ScaleKernel(rfgp.sketch(RBFKernel(ard_num_dims=3), F, method="orf", seed=0)), None),
+    "maclaurin": (lambda x: ScaleKernel(MaclaurinRBFKernel(F, ard_num_dims=3, seed=0)), None),
+    "tree": (lambda x: rfgp.sketch(ScaleKernel(RBFKernel()) + ScaleKernel(PeriodicKernel() * RBFKernel()), F, seed=0),
+             None),
+    "nystrom": (lambda x: ScaleKernel(rfgp.sketch(MaternKernel(nu=2.5), min(F, x.shape[0]), method="nystrom",
+                                                  x_sample=x, seed=0)), None),
+    "curl-free": (lambda x: ScaleKernel(SketchedCurlFreeKernel(F, input_dim=2, method="orf", seed=0)), 2),
+}
+
+
+def _fit_and_predict(name: str, n: int, autocast: bool):
+    make, outputs = KERNELS[name]
+    x, y = _data(n, 3 if outputs is None else outputs, outputs)
+    x_test = _data(40, x.shape[-1], None)[0] * 0.9
+    if outputs is None:
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        model = ExactGPModel(x, y, likelihood, make(x))
+    else:
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=outputs, rank=0)
+        model = MultiOutputGPModel(x, y, likelihood, make(x))
+    likelihood.noise = 1e-2
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncation warnings of the Maclaurin map: the same with and without
+        with _bf16() if autocast else _no_autocast():
+            loss = -mll(model(x), y)
+        loss.backward()  # outside autocast, as torch.autocast's recipe says
+        model.eval()
+        with torch.no_grad(), _bf16() if autocast else _no_autocast():
+            predictive = likelihood(model(x_test))
+            result = {"loss": loss.detach(), "mean": predictive.mean, "variance": predictive.variance,
+                      "covariance": predictive.covariance_matrix}
+    result["gradient"] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    uses_kernel_space = model.prediction_strategy.uses_kernel_space
+    return result, uses_kernel_space
+
+
+@pytest.mark.parametrize("n", [N_FEATURE_SPACE, N_KERNEL_SPACE], ids=["feature-space", "kernel-space"])
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_autocast_changes_no_number(name, n):
+    reference, kernel_space = _fit_and_predict(name, n, autocast=False)
+    assert kernel_space == (n == N_KERNEL_SPACE)
+    mixed, _ = _fit_and_predict(name, n, autocast=True)
+    for key, value in reference.items():
+        assert mixed[key].dtype == torch.float32, key
+        torch.testing.assert_close(mixed[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def test_half_precision_network_output_is_computed_in_float32():
+    """Deep kernel learning: under autocast the network in front of the GP returns bfloat16; the kernel computes in
+    float32 from those values (type promotion with its float32 parameters), exactly as from ``h.float()``."""
+    torch.manual_seed(0)
+    net, kernel = _Net(), ScaleKernel(rfgp.sketch(RBFKernel(), F, method="orf", seed=0))
+    x, _ = _data(50, 3, None)
+    with _bf16():
+        h = net(x)
+        assert h.dtype == torch.bfloat16
+        covariance = kernel(h).to_dense()
+        diagonal = kernel(h, diag=True)
+    reference = kernel(h.detach().float()).to_dense()
+    assert covariance.dtype == diagonal.dtype == torch.float32
+    torch.testing.assert_close(covariance, reference, rtol=0, atol=0)
+    torch.testing.assert_close(diagonal, reference.diagonal(), rtol=1e-6, atol=1e-6)
+    covariance.sum().backward()
+    assert net.linear.weight.grad is not None and torch.isfinite(net.linear.weight.grad).all()
+
+
+def test_half_precision_network_output_in_a_model():
+    """The same inside a GPyTorch model's marginal likelihood (the kernel evaluated lazily, after its call)."""
+
+    class DeepKernelGP(gpytorch.models.ExactGP):
+        def __init__(self, x, y, likelihood):
+            super().__init__(x, y, likelihood)
+            self.net, self.mean_module = _Net(), gpytorch.means.ConstantMean()
+            self.covar_module = ScaleKernel(rfgp.sketch(RBFKernel(), F, method="orf", seed=0))
+
+        def forward(self, x):
+            h = self.net(x)
+            if h.dtype != torch.float32:  # the reference: the same bfloat16 values, no autocast
+                h = h.float()
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(h), self.covar_module(h))
+
+    torch.manual_seed(0)
+    x, y = _data(N_FEATURE_SPACE, 3, None)
+    model = DeepKernelGP(x, y, gpytorch.likelihoods.GaussianLikelihood())
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    with _bf16():
+        mixed = -mll(model(x), y)
+    net_in_bf16 = model.net.linear.weight.bfloat16(), model.net.linear.bias.bfloat16()
+    with torch.no_grad():
+        model.net.linear.weight.copy_(net_in_bf16[0].float())
+        model.net.linear.bias.copy_(net_in_bf16[1].float())
+    model.net.forward = lambda z: torch.nn.functional.linear(z.bfloat16(), *net_in_bf16)  # the same bfloat16 matmul
+    reference = -mll(model(x), y)
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_half_precision_input_outside_autocast_is_still_refused():
+    kernel = rfgp.sketch(RBFKernel(), F, seed=0)
+    with pytest.raises(TypeError, match="bfloat16.*under torch.autocast"):
+        kernel(_data(5, 3, None)[0].bfloat16()).to_dense()
+
+
+def test_botorch_posterior_and_paths_under_autocast():
+    botorch = pytest.importorskip("botorch")
+    from botorch.sampling.pathwise import draw_matheron_paths
+
+    x, y = _data(N_FEATURE_SPACE, 3, None)
+    x, x_test = (x + 2) / 4, torch.rand(30, 3, generator=torch.Generator().manual_seed(1))
+    results = []
+    for context in (_no_autocast, _bf16):
+        model = botorch.models.SingleTaskGP(x, y.unsqueeze(-1), covar_module=rfgp.sketch(
+            ScaleKernel(RBFKernel(ard_num_dims=3)), F, method="orf", seed=0))
+        model.eval()
+        with context():
+            posterior = model.posterior(x_test)
+            torch.manual_seed(5)
+            paths = draw_matheron_paths(model, torch.Size([4]))
+            results.append((posterior.mean, posterior.variance, paths(x_test)))
+    for mixed, reference in zip(results[1], results[0]):
+        assert mixed.dtype == torch.float32
+        torch.testing.assert_close(mixed, reference, rtol=1e-5, atol=1e-6)
