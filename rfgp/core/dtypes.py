@@ -92,6 +92,30 @@ def in_full_precision(function: Callable) -> Callable:
     return wrapper
 
 
+def refuse_autocast_backward(backward: Callable) -> Callable:
+    """A custom autograd Function's ``backward`` that raises when it runs under ``torch.autocast``.
+
+    That happens only for a backward pass started inside an autocast block on the CPU: autograd runs CPU backward on
+    the calling thread, where autocast then lowers the built-in ops' derivatives (matmul, mm, …) to bfloat16/float16
+    too — gradients about 3e-3 off (N = 1000, F = 256), out of rfgp's reach.  CUDA backward runs on autograd's device
+    threads, outside autocast, and PyTorch's autocast recipe calls ``backward`` after the block anyway.
+    """
+
+    @functools.wraps(backward)
+    def wrapper(*args):
+        devices = autocast_devices()
+        if devices:
+            raise RuntimeError(
+                f"backward() was called inside torch.autocast (enabled for {', '.join(devices)}): autograd then runs "
+                "the backward of built-in ops on this thread with autocast's lower precision (gradients of an rfgp "
+                "model about 3e-3 off). Call loss.backward() after leaving the autocast block, as PyTorch's "
+                "mixed-precision recipe does"
+            )
+        return backward(*args)
+
+    return wrapper
+
+
 class FullPrecisionOperator:
     """Mixin for rfgp's linear operators: their products, diagonals, solves and factors run :func:`in_full_precision`,
     in the class that takes the mixin and in every subclass, inherited or overridden.

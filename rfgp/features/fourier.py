@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.config_state import METHOD
+from ..core.dtypes import refuse_autocast_backward
 from ..core.validation import check_choice
 from . import random
 from .base import FeatureMap
@@ -198,6 +199,7 @@ class _SinCosFeatures(torch.autograd.Function):
         return features
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad: Tensor):
         (features,) = ctx.saved_tensors
         m = features.shape[-1] // 2

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..core.dtypes import refuse_autocast_backward
+
 
 def gather_product(values: Tensor, index: Tensor) -> Tensor:
     """out[..., l] = Π_{i<k} values[..., index[i, ..., l]] for ``values`` ``(..., M)`` and ``index`` ``(k, *draws, D)``.
@@ -77,6 +79,7 @@ class _GatherProduct(torch.autograd.Function):
         return out
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad: Tensor):
         # ∂out/∂values at index_i is Π_{j≠i} gathered_j (conjugated: PyTorch's complex convention);
         # suffix products of the upstream gradient and prefix products of the gathers give all

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..core.dtypes import refuse_autocast_backward
 from ..core.memory import check_solve
 from ..core.settings import memory_budget
 from .linalg import (
@@ -219,6 +220,7 @@ class _ChunkedStatistics(torch.autograd.Function):
         return gram, cross
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad_gram, grad_cross):
         inputs, weights, rhs, *unit = ctx.saved_tensors
         needs = ctx.needs_input_grad

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..core.dtypes import refuse_autocast_backward
 from .chunking import backprop_chunks
 from .linalg import capacitance_solve, woodbury_inv_quad_logdet
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
@@ -96,6 +97,7 @@ class _LabelStatistics(torch.autograd.Function):
         return grams, projection
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad_grams, grad_projection):
         if torch.is_grad_enabled():
             # the backward below works in place and through per-step autograd calls: its result

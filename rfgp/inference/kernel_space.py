@@ -35,6 +35,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
+from ..core.dtypes import refuse_autocast_backward
 from .linalg import _sum_to_shape, differentiable_backward, rounding_advice, symmetric_gram
 
 
@@ -152,6 +153,7 @@ class _KernelSpaceInvQuadLogdet(torch.autograd.Function):
         return inv_quad, logdet_term
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad_inv_quad: Tensor, grad_logdet: Tensor):
         features, noise, rhs, scale, gram, chol, solve = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: the lean backward below has no graph

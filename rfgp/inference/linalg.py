@@ -24,7 +24,7 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
-from ..core.dtypes import factor_dtype
+from ..core.dtypes import factor_dtype, refuse_autocast_backward
 
 
 class CapacitanceNotPSDError(NotPSDError):
@@ -234,6 +234,7 @@ class _FeatureStatistics(torch.autograd.Function):
         return weighted_statistics(features, weights, rhs)
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad_gram: Tensor, grad_cross: Tensor):
         features, weights, rhs, *unit = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True
@@ -326,6 +327,7 @@ class _CapacitanceInvQuadLogdet(torch.autograd.Function):
         return quad, logdet_term
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad_quad: Tensor, grad_logdet: Tensor):
         gram, cross, chol, projected = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: plain autograd through the same terms, differentiable again

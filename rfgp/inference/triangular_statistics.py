@@ -48,7 +48,7 @@ import torch
 from linear_operator.operators import DenseLinearOperator, LinearOperator
 from torch import Tensor
 
-from ..core.dtypes import FullPrecisionOperator
+from ..core.dtypes import FullPrecisionOperator, refuse_autocast_backward
 from .chunking import (
     Featurizer,
     _add,
@@ -142,6 +142,7 @@ class _TriangularStatistics(torch.autograd.Function):
         return gram, projection
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad_gram: Tensor, grad_projection: Tensor):
         features, cross, chol, weights, rhs, gram, projection, *unit = ctx.saved_tensors
         needs = ctx.needs_input_grad[1:]
@@ -266,6 +267,7 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
         return gram, projection
 
     @staticmethod
+    @refuse_autocast_backward
     def backward(ctx, grad_gram, grad_projection):
         inputs, weights, rhs, chol, gram, projection, *unit = ctx.saved_tensors
         featurizer, needs = ctx.featurizer, ctx.needs_input_grad
