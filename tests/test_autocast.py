@@ -184,3 +184,34 @@ def test_backward_inside_cpu_autocast_raises(n):
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     with _bf16(), pytest.raises(RuntimeError, match="after leaving the autocast block"):
         (-mll(model(x), y)).backward()
+
+
+def test_posterior_paths_under_autocast():
+    """``rfgp.sampling.posterior_paths``: Φ(x)W was a bfloat16 matmul under autocast (2e-3 relative error)."""
+    x, y = _data(N_FEATURE_SPACE, 3, None)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, y, likelihood, KERNELS["rbf-orf"][0](x))
+    model.eval()
+    values = []
+    for context in (_no_autocast, _bf16):
+        with context(), torch.no_grad():
+            paths = rfgp.sampling.posterior_paths(model, 8, generator=torch.Generator().manual_seed(0))
+            values.append(paths(x[:50]))
+    assert values[1].dtype == torch.float32
+    torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=1e-6)
+
+
+def test_vector_field_samples_under_autocast():
+    from rfgp.applications.vector_fields import posterior_field_samples
+
+    x, y = _data(N_FEATURE_SPACE, 2, 2)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0)
+    model = MultiOutputGPModel(x, y, likelihood, KERNELS["curl-free"][0](x))
+    model.eval()
+    values = []
+    for context in (_no_autocast, _bf16):
+        with context(), torch.no_grad():
+            field = posterior_field_samples(model, 4, generator=torch.Generator().manual_seed(0))
+            values.append(field(x[:50]))
+    assert values[1].dtype == torch.float32
+    torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=1e-6)

@@ -33,6 +33,7 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor, nn
 
+from ..core.dtypes import in_full_precision
 from ..core.settings import resolve_chunk_size
 from ..core.validation import check_positive_int
 from ..inference.chunking import chunk_slices
@@ -82,6 +83,7 @@ class PosteriorPaths(nn.Module):
     def num_paths(self) -> int:
         return self.weights.shape[0]
 
+    @in_full_precision  # Φ(x)W is a matmul that an enclosing autocast would run in half precision
     def forward(self, x: Tensor) -> Tensor:
         weights = self.weights.movedim(0, -1)  # (*batch, F, S)
         num_features = weights.shape[-2]

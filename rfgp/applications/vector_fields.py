@@ -21,6 +21,7 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from ..core.dtypes import in_full_precision
 from ..core.validation import check_finite, check_positive_int, check_tensor_dtype
 from ..inference.chunking import chunk_slices
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
@@ -103,6 +104,7 @@ def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | No
         values = values.reshape(*values.shape[:-1], -1, num_outputs)
         return values if offset is None else values + offset(x)
 
+    @in_full_precision  # Φ(x)θ is a matmul that an enclosing autocast would run in half precision
     def field(x: Tensor) -> Tensor:
         num_points = x.shape[-2]
         points = points_per_block(num_points, num_outputs, weights.shape[-1], math.prod(x.shape[:-2]), weights.dtype)
