@@ -215,3 +215,23 @@ def test_vector_field_samples_under_autocast():
             values.append(field(x[:50]))
     assert values[1].dtype == torch.float32
     torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=1e-6)
+
+
+def test_streaming_model_under_autocast():
+    """``StreamingFeatureGP.update`` accumulated its statistics ΦᵀWΦ in bfloat16 under autocast (kept as buffers)."""
+    from rfgp.models import StreamingFeatureGP
+
+    x, y = _data(N_FEATURE_SPACE, 3, None)
+    results = []
+    for context in (_no_autocast, _bf16):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        likelihood.noise = 1e-2
+        model = StreamingFeatureGP(KERNELS["rbf-orf"][0](x), likelihood)
+        with context(), torch.no_grad():
+            for rows in (slice(0, 100), slice(100, None)):
+                model.update(x[rows], y[rows])
+            predictive = model(x[:40])
+            results.append((model.gram, model.log_marginal_likelihood(), predictive.mean, predictive.variance))
+    for mixed, reference in zip(results[1], results[0]):
+        assert mixed.dtype == torch.float32
+        torch.testing.assert_close(mixed, reference, rtol=1e-5, atol=1e-6)

@@ -43,6 +43,7 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
+from ..core.dtypes import in_full_precision
 from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
 from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import capacitance_cholesky, feature_statistics
@@ -153,6 +154,7 @@ class StreamingFeatureGP(nn.Module):
             )
 
     @torch.no_grad()
+    @in_full_precision
     def update(self, x: Tensor, y: Tensor) -> StreamingFeatureGP:
         """Absorb a batch: inputs ``(k, d)`` and targets ``(k,)``; O(k·F²) time, no old data needed.
 
@@ -207,6 +209,7 @@ class StreamingFeatureGP(nn.Module):
             check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype",
                              "streaming statistics accumulate in the model's dtype, as buffers of the model")
 
+    @in_full_precision
     def cholesky(self) -> Tensor:
         """L = chol(I + ΦᵀWΦ), refactorised once after each update (or rank-updated).
 
@@ -222,6 +225,7 @@ class StreamingFeatureGP(nn.Module):
             self._chol = capacitance_cholesky(self.gram, self.likelihood.noise.detach())
         return self._chol
 
+    @in_full_precision
     def log_marginal_likelihood(self) -> Tensor:
         """log p(y) of all absorbed data (a sum over points, not a per-point average), in the statistics' dtype.
 
@@ -235,6 +239,7 @@ class StreamingFeatureGP(nn.Module):
         value = self.weighted_square.to(work) - projected + logdet + self.count.to(work) * math.log(2 * math.pi)
         return (-0.5 * value).to(self.gram.dtype)
 
+    @in_full_precision
     def forward(self, x: Tensor) -> MultivariateNormal:
         """Posterior of the latent f at ``x`` (apply ``self.likelihood`` for y)."""
         self._check_inputs(x)
