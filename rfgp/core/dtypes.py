@@ -116,9 +116,23 @@ def refuse_autocast_backward(backward: Callable) -> Callable:
     return wrapper
 
 
-class FullPrecisionOperator:
-    """Mixin for rfgp's linear operators: their products, diagonals, solves and factors run :func:`in_full_precision`,
-    in the class that takes the mixin and in every subclass, inherited or overridden.
+class FullPrecisionMethods:
+    """Mixin: the methods named in ``full_precision_methods`` run :func:`in_full_precision`, in the class that takes
+    the mixin and in every subclass, inherited or overridden (a subclass's own ``forward`` too)."""
+
+    full_precision_methods: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in cls.full_precision_methods:
+            method = cls.__dict__.get(name, getattr(cls, name, None))
+            if callable(method) and not getattr(method, "in_full_precision", False):
+                setattr(cls, name, in_full_precision(method))
+
+
+class FullPrecisionOperator(FullPrecisionMethods):
+    """Mixin for rfgp's linear operators: their products, diagonals, solves, factors and samples run
+    :func:`in_full_precision`.
 
     GPyTorch and users evaluate a covariance lazily, after the kernel call (``covariance_matrix``, ``variance``,
     ``rsample``, ``log_prob``), maybe under an autocast that the kernel's forward no longer covers.
@@ -127,13 +141,6 @@ class FullPrecisionOperator:
     #: linear_operator's evaluation entry points (the private ones are what its public methods call)
     full_precision_methods = ("to_dense", "_matmul", "_t_matmul", "_diagonal", "_bilinear_derivative", "_solve",
                               "inv_quad_logdet", "root_decomposition", "_get_indices", "zero_mean_mvn_samples")
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        for name in cls.full_precision_methods:
-            method = cls.__dict__.get(name, getattr(cls, name, None))
-            if callable(method) and not getattr(method, "in_full_precision", False):
-                setattr(cls, name, in_full_precision(method))
 
 
 def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:

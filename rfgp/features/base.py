@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
+from ..core.dtypes import FullPrecisionMethods
 from ..core.memory import check_draws
 from ..core.validation import check_features_input, check_positive_int
 
@@ -32,7 +33,7 @@ def _new_seed(generator: torch.Generator | None) -> int:
     return int(torch.randint(_SEED_BOUND, (1,), generator=generator).item())
 
 
-class FeatureMap(ConfigState, nn.Module):
+class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
     """Base class of all random feature maps.
 
     Subclasses implement :meth:`_draw` (the random quantities, as a dict of tensors) and
@@ -52,6 +53,9 @@ class FeatureMap(ConfigState, nn.Module):
 
     #: whether E[Φ(x)ᵀΦ(x)] can differ from k(x, x) and needs a variance correction
     has_variance_bias: bool = False
+
+    #: Φ(x) of every map, its own ``forward`` included, in its input's dtype under an enclosing ``torch.autocast``
+    full_precision_methods = ("forward",)
 
     #: configuration saved in ``state_dict`` (subclasses add theirs; see :mod:`rfgp.core.config_state`)
     config_fields = {"num_features": METHOD, "input_dim": LAZY, "seed": DRAW}

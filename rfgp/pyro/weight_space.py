@@ -27,6 +27,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
+from ..core.dtypes import in_full_precision
 from ..core.validation import check_features_input, check_finite
 from ..features.base import FeatureMap
 from ..features.fourier import RandomFourierFeatures
@@ -172,6 +173,7 @@ class RandomFeatureGP(PyroModule):
         check_finite(log_weights, "the Matérn-½ importance weights log r(ℓ/ℓ₀)", "the lengthscale ℓ is NaN, 0 or ∞")
         return scale_sincos_pairs(features, (0.5 * log_weights).exp())
 
+    @in_full_precision
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """The generative model.  ``num_data`` > n rescales a minibatch's likelihood to the full data."""
         check_features_input(x, "x", self.feature_map.input_dim)
