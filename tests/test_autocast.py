@@ -250,3 +250,25 @@ def test_feature_maps_called_directly_under_autocast(make):
         mixed = feature_map(x)
     assert mixed.dtype == torch.float32
     torch.testing.assert_close(mixed, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_flags_before_torch_2_4(monkeypatch):
+    """torch < 2.4 (rfgp accepts torch ≥ 2.1) has no device argument to ``torch.is_autocast_enabled``."""
+    from rfgp.core import dtypes
+
+    current = torch.is_autocast_enabled
+
+    def legacy(*args):
+        if args:
+            raise TypeError("is_autocast_enabled() takes 0 positional arguments but 1 was given")
+        return current("cuda")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "is_autocast_enabled", legacy)
+        flags = dtypes._autocast_flags()
+    assert set(flags) == {"cpu", "cuda"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.is_autocast_cpu_enabled is deprecated in new torch
+        assert not flags["cpu"]() and not flags["cuda"]()
+        with _bf16():
+            assert flags["cpu"]() and not flags["cuda"]()

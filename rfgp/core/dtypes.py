@@ -25,13 +25,23 @@ _WIDENED = (torch.float32, torch.float16, torch.bfloat16)
 _HALF = (torch.float16, torch.bfloat16)
 
 
-#: device types whose autocast state rfgp reads (each has its own thread-local autocast flag)
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+def _autocast_flags() -> dict[str, Callable[[], bool]]:
+    """Per device type, the thread-local flag of ``torch.autocast``: ``torch.is_autocast_enabled(device)`` from
+    torch 2.4 on; before, only the CPU and CUDA flags had functions (and autocast only those devices)."""
+    try:
+        torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return {"cpu": torch.is_autocast_cpu_enabled, "cuda": torch.is_autocast_enabled}
+    return {device: functools.partial(torch.is_autocast_enabled, device)
+            for device in ("cpu", "cuda", "xpu", "mps", "hpu")}
+
+
+_AUTOCAST_FLAGS = _autocast_flags()
 
 
 def autocast_devices() -> tuple[str, ...]:
     """The device types on which an enclosing ``torch.autocast`` is active (free: thread-local flags only)."""
-    return tuple(device for device in _AUTOCAST_DEVICES if torch.is_autocast_enabled(device))
+    return tuple(device for device, enabled in _AUTOCAST_FLAGS.items() if enabled())
 
 
 #: device types whose autocast :func:`full_precision` has switched off around the current rfgp computation
@@ -75,7 +85,8 @@ def lowered_by_autocast(x) -> bool:
     if not torch.is_tensor(x):
         return False
     device = x.device.type
-    return x.dtype in _HALF and (torch.is_autocast_enabled(device) or device in _SWITCHED_OFF.get())
+    enabled = _AUTOCAST_FLAGS.get(device)
+    return x.dtype in _HALF and (enabled is not None and enabled() or device in _SWITCHED_OFF.get())
 
 
 def in_full_precision(function: Callable) -> Callable:
