@@ -7,7 +7,10 @@ find out which input was wrong.
 dtype policy: rfgp computes in float32 or float64.  Half precision (float16, bfloat16)
 is refused everywhere with a ``TypeError`` (random-feature sums over F terms lose about
 three digits in half precision, and some torch kernels silently upcast it while others do
-not); integer, boolean and complex inputs are refused too.  Where float32 and float64 meet,
+not), except a kernel input that an enclosing ``torch.autocast`` produced, which is promoted
+to the kernel's float32/float64 (:func:`rfgp.core.dtypes.lowered_by_autocast`; rfgp switches
+autocast itself off, :func:`rfgp.core.dtypes.full_precision`); integer, boolean and complex
+inputs are refused too.  Where float32 and float64 meet,
 rfgp follows torch type promotion as GPyTorch does: a kernel call computes in
 ``torch.promote_types`` of x1's, x2's and the kernel's dtype and returns that dtype
 (:mod:`rfgp.core.dtypes`); inputs are never modified, and the module's draws and parameters are
