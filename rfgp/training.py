@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from .core.bounds import bounded_coordinate, bounded_value
+from .core.dtypes import in_full_precision
 from .core.validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
 
 OPTIMIZERS = ("lbfgs", "adam")
@@ -282,6 +283,7 @@ class _Objective:
         )
 
 
+@in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
 def fit_mll(
     model: gpytorch.models.ExactGP,
     num_iterations: int = 100,

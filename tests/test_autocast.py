@@ -272,3 +272,17 @@ def test_autocast_flags_before_torch_2_4(monkeypatch):
         assert not flags["cpu"]() and not flags["cuda"]()
         with _bf16():
             assert flags["cpu"]() and not flags["cuda"]()
+
+
+def test_fit_mll_under_autocast():
+    """``rfgp.fit_mll`` runs its own backward passes: inside an autocast block they raised (CPU) or, before, ran
+    through bfloat16 statistics; now training under autocast gives the same hyperparameters."""
+    x, y = _data(N_FEATURE_SPACE, 3, None)
+    trained = []
+    for context in (_no_autocast, _bf16):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        model = ExactGPModel(x, y, likelihood, KERNELS["rbf-orf"][0](x))
+        with context():
+            rfgp.fit_mll(model, num_iterations=3, progress=False)
+        trained.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(trained[1], trained[0], rtol=1e-5, atol=1e-6)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.dtypes import in_full_precision
 from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
@@ -176,6 +177,7 @@ class DirichletGPClassifier:
         )
 
     # ----- fitting ------------------------------------------------------------------------
+    @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
     def fit(self, X, y) -> "DirichletGPClassifier":
         """Fit on inputs ``X`` (N, d) and class labels ``y`` (N,) (any sortable label values).
 

@@ -40,6 +40,7 @@ from gpytorch.means import ConstantMean
 from torch import Tensor
 
 from ..core.bounds import bounded_coordinate, bounded_value
+from ..core.dtypes import in_full_precision
 from ..core.validation import check_positive_int
 from ..inference.complex_posterior import ComplexFeatureRootLinearOperator
 from ..kernels.nystrom import NystromKernel
@@ -62,6 +63,7 @@ class ScaleNoiseFit:
     iterations: int
 
 
+@in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
 def fit_scale_and_noise(model: gpytorch.models.ExactGP, max_iter: int = 100) -> ScaleNoiseFit:
     r"""Set the outputscale, Gaussian noise and constant mean to their marginal-likelihood optimum, in closed form.
 

@@ -25,6 +25,7 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from pyro.infer import MCMC, NUTS
 from torch import Tensor
 
+from ..core.dtypes import in_full_precision
 from ..core.validation import InvalidValueError, check_positive_int
 
 
@@ -44,6 +45,7 @@ def _check_exact_gp(model) -> None:
             raise ValueError(f"prior {name!r} has no setting closure, so Pyro cannot set its hyperparameter")
 
 
+@in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
 def sample_hyperparameters(
     model: gpytorch.models.ExactGP,
     num_samples: int = 200,

@@ -24,6 +24,7 @@ from pyro.infer import MCMC, NUTS, SVI, Predictive, Trace_ELBO
 from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
+from ..core.dtypes import in_full_precision
 from ..core.validation import check_choice, check_positive_float, check_positive_int
 from .weight_space import RandomFeatureGP
 
@@ -85,6 +86,7 @@ def weight_guide(
     return guide
 
 
+@in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
 def fit_svi(
     model: RandomFeatureGP,
     guide,
@@ -153,6 +155,7 @@ def _minibatches(num_rows: int, batch_size: int, seed: int | None, device) -> It
         yield from torch.randperm(num_rows, generator=generator).to(device).split(batch_size)
 
 
+@in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
 def run_nuts(
     model: RandomFeatureGP,
     x: Tensor,
