@@ -42,7 +42,7 @@ from gpytorch.kernels import (
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from _models import UserGP, vector_field_kernel  # noqa: E402
+from _models import BatchIndependentGP, UserGP, vector_field_kernel  # noqa: E402
 
 import rfgp  # noqa: E402
 
@@ -158,20 +158,12 @@ def vector_field_case(kind, rank=0):
 
 
 def batch_independent_case():
-    class BatchGP(gpytorch.models.ExactGP):
-        def __init__(self, x, y):
-            super().__init__(x, y, gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2))
-            self.mean_module = gpytorch.means.ConstantMean(batch_shape=torch.Size([2]))
-            exact = ScaleKernel(RBFKernel(batch_shape=torch.Size([2])), batch_shape=torch.Size([2]))
-            self.covar_module = rfgp.sketch(exact, 256, seed=0)
-
-        def forward(self, x):
-            return gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
-                gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x)))
-
     def build():
         x, y, xs = data(400, 2, outputs=2)
-        return BatchGP(x, y).to(DTYPE), x, {"xs": xs}
+        batch = torch.Size([2])
+        kernel = rfgp.sketch(ScaleKernel(RBFKernel(batch_shape=batch), batch_shape=batch), 256, seed=0)
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2)
+        return BatchIndependentGP(x, y, kernel, likelihood).to(DTYPE), x, {"xs": xs}
 
     def work(model, extra, device):
         return gp_work(model, extra["xs"].to(device), fit_steps=2)

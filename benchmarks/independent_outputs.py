@@ -32,7 +32,7 @@ import gpytorch
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from _models import UserGP  # noqa: E402  (the single-output ExactGP a GPyTorch user writes)
+from _models import BatchIndependentGP, UserGP  # noqa: E402  (the models a GPyTorch user writes)
 
 import rfgp
 
@@ -53,27 +53,20 @@ def data(num_points: int, dtype: torch.dtype):
     return x.to(dtype), y.to(dtype), test_x.to(dtype)
 
 
-class BatchIndependentGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, kernel):
-        super().__init__(x, y, gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=TASKS))
-        self.mean_module = gpytorch.means.ConstantMean(batch_shape=torch.Size([TASKS]))
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
-            gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x)))
-
-
 def batch_kernel():
     batch = torch.Size([TASKS])
     return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch), batch_shape=batch)
 
 
+def tutorial_model(x, y, kernel):
+    return BatchIndependentGP(x, y, kernel, gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=TASKS))
+
+
 def models(method: str, x, y, num_features: int, dtype):
     if method == "independent":
-        return [BatchIndependentGP(x, y, rfgp.sketch(batch_kernel(), num_features, seed=0)).to(dtype)]
+        return [tutorial_model(x, y, rfgp.sketch(batch_kernel(), num_features, seed=0)).to(dtype)]
     if method == "exact":
-        return [BatchIndependentGP(x, y, batch_kernel()).to(dtype)]
+        return [tutorial_model(x, y, batch_kernel()).to(dtype)]
     return [UserGP(x, y[:, t], rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()),
                                                    num_features, seed=t)).to(dtype) for t in range(TASKS)]
 

@@ -1,6 +1,7 @@
 """Models and kernels that several test modules build the same way."""
 
 import gpytorch
+import torch
 from gpytorch.kernels import ScaleKernel
 
 from rfgp.kernels import (
@@ -22,6 +23,20 @@ class UserGP(gpytorch.models.ExactGP):
 
     def forward(self, x):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+class BatchIndependentGP(gpytorch.models.ExactGP):
+    """GPyTorch's "Batch Independent Multioutput GP": T = ``likelihood.num_tasks`` constant means and the batch kernel's
+    T covariances, joined by ``MultitaskMultivariateNormal.from_batch_mvn``."""
+
+    def __init__(self, x, y, kernel, likelihood):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=torch.Size([likelihood.num_tasks]))
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
+            gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x)))
 
 
 def vector_field_kernel(kind: str, width: int, d: int = 2):

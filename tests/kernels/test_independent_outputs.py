@@ -12,24 +12,11 @@ from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from rfgp.kernels.independent_outputs import IndependentOutputsKernel
 
 from .._dense import DenseKernel
-from .._models import UserGP
+from .._models import BatchIndependentGP, UserGP
 
 F64 = torch.float64
 TASKS = torch.Size([2])
 N = 450  # N·T = 900 > max_cholesky_size: linear_operator's generic path was CG and stochastic Lanczos
-
-
-class BatchIndependentGP(gpytorch.models.ExactGP):
-    """GPyTorch's tutorial model, kernel swapped."""
-
-    def __init__(self, x, y, kernel, likelihood):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ConstantMean(batch_shape=TASKS)
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
-            gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x)))
 
 
 class TaskKernel(gpytorch.kernels.Kernel):
