@@ -90,6 +90,8 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         try:
             return self._feature_forward(x1, x2, diag, same)
         except NonFiniteError as error:
+            if lazy_cross:  # building the operator (the featurizer's probe row) met inputs its blocks check by name
+                self.check_inputs(x1, x2)
             raise self._nonfinite_error(error) from None
 
     def check_inputs(self, x1: Tensor, x2: Tensor, finite: bool = True) -> torch.dtype | None:
