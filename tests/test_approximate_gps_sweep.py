@@ -14,6 +14,8 @@ import pytest
 import torch
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.models import ApproximateGP
+from gpytorch.models.deep_gps import DeepGP, DeepGPLayer
+from gpytorch.models.deep_gps.dspp import DSPP, DSPPLayer
 from gpytorch.variational import (
     CholeskyVariationalDistribution,
     VariationalStrategy,
@@ -347,3 +349,217 @@ def test_maclaurin_svgp_on_centred_inputs_approaches_the_exact_kernel():
     # measured: 0.0088, 0.084, 0.31, 0.25 at F = 256 and 3.5e-4, 0.012, 0.0075, 0.036 at 4096 (the variance keeps
     # the truncation's share of k(x, x) longest)
     assert_approaches(errors, 0.05)
+
+
+HIDDEN = 2
+
+
+class HiddenLayer(DeepGPLayer):
+    """The layer of GPyTorch's deep GP tutorial (linear mean, learnt inducing points), given its kernel."""
+
+    def __init__(self, convert, input_dims, output_dims, gen):
+        batch_shape = torch.Size([]) if output_dims is None else torch.Size([output_dims])
+        inducing_points = torch.rand(*batch_shape, M, input_dims, generator=gen, dtype=F64)
+        q_u = CholeskyVariationalDistribution(M, batch_shape=batch_shape)
+        super().__init__(VariationalStrategy(self, inducing_points, q_u, learn_inducing_locations=True),
+                         input_dims, output_dims)
+        set_variational(self.variational_strategy, seed=int(torch.randint(100, (), generator=gen)))
+        self.mean_module = gpytorch.means.LinearMean(input_dims, batch_shape=batch_shape)
+        self.covar_module = convert(exact_kernel(batch_shape))
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+class ThreeLayerDeepGP(DeepGP):
+    """Two hidden layers of HIDDEN outputs each (batch kernels) and a last layer, Gaussian likelihood."""
+
+    def __init__(self, convert):
+        super().__init__()
+        torch.manual_seed(0)  # LinearMean's initial weights
+        gen = torch.Generator().manual_seed(2)
+        self.first = HiddenLayer(convert, D, HIDDEN, gen)
+        self.second = HiddenLayer(convert, HIDDEN, HIDDEN, gen)
+        self.last = HiddenLayer(convert, HIDDEN, None, gen)
+        self.likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        self.double()
+
+    def forward(self, x):
+        return self.last(self.second(self.first(x)))
+
+
+def test_deep_gp_with_two_hidden_layers_approaches_the_exact_kernels():
+    """GPyTorch's deep GP tutorial with two hidden layers: DeepApproximateMLL over VariationalELBO with sampled hidden
+    inputs (the marginals N(μ, σ²) of each layer, sampled from the same seed in both models), the first layer's
+    lengthscale gradient through both sampled layers, and the predictive mixture in eval mode."""
+    x, f, xs, _ = data()
+
+    def outputs(convert):
+        model = ThreeLayerDeepGP(convert)
+        mll = gpytorch.mlls.DeepApproximateMLL(gpytorch.mlls.VariationalELBO(model.likelihood, model, num_data=N))
+        with gpytorch.settings.num_likelihood_samples(8):
+            torch.manual_seed(11)
+            elbo = mll(model(x), f)
+            (grad,) = torch.autograd.grad(elbo, raw_lengthscale(model.first.covar_module))
+            model.eval()
+            torch.manual_seed(12)
+            with torch.no_grad(), gpytorch.settings.fast_pred_var():
+                predictive = model.likelihood(model(xs))
+        assert predictive.mean.shape == (8, len(xs))
+        return elbo.detach(), grad, predictive.mean.mean(0), predictive.variance.mean(0)
+    errors = errors_by_width(outputs, widths=(256, 16384))
+    # measured: ELBO, gradient, predictive mean and variance 0.0098, 0.15, 0.067, 0.04 at F = 256 and 5.8e-4, 0.03,
+    # 0.0074, 0.0016 at 16 384
+    assert_approaches(errors, 0.05)
+
+
+class QuadratureLayer(DSPPLayer):
+    """The layer of GPyTorch's DSPP tutorial (constant mean), given its kernel."""
+
+    def __init__(self, convert, input_dims, output_dims, gen, num_quad_sites):
+        batch_shape = torch.Size([]) if output_dims is None else torch.Size([output_dims])
+        inducing_points = torch.rand(*batch_shape, M, input_dims, generator=gen, dtype=F64)
+        q_u = CholeskyVariationalDistribution(M, batch_shape=batch_shape)
+        super().__init__(VariationalStrategy(self, inducing_points, q_u, learn_inducing_locations=True),
+                         input_dims, output_dims, num_quad_sites=num_quad_sites)
+        set_variational(self.variational_strategy, seed=int(torch.randint(100, (), generator=gen)))
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch_shape)
+        self.covar_module = convert(exact_kernel(batch_shape))
+
+    def forward(self, x, mean_input=None, **kwargs):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def test_dspp_approaches_the_exact_kernels():
+    """GPyTorch's DSPP: a hidden and an output DSPPLayer with 8 quadrature sites, DeepPredictiveLogLikelihood."""
+    x, f, xs, _ = data()
+    sites = 8
+
+    class TwoLayerDSPP(DSPP):
+        def __init__(self, convert):
+            torch.manual_seed(0)  # the initial quadrature weights and sites
+            super().__init__(sites)
+            gen = torch.Generator().manual_seed(2)
+            self.hidden = QuadratureLayer(convert, D, HIDDEN, gen, sites)
+            self.last = QuadratureLayer(convert, HIDDEN, None, gen, sites)
+            self.likelihood = gpytorch.likelihoods.GaussianLikelihood()
+            self.double()
+
+        def forward(self, x, **kwargs):
+            return self.last(self.hidden(x, **kwargs), **kwargs)
+
+    def outputs(convert):
+        model = TwoLayerDSPP(convert)
+        objective = gpytorch.mlls.DeepPredictiveLogLikelihood(model.likelihood, model, num_data=N, beta=0.05)(
+            model(x), f)
+        kernel_params = [p for name, p in model.named_parameters() if "covar_module" in name]
+        grad = torch.cat([g.flatten() for g in torch.autograd.grad(objective, kernel_params)])
+        model.eval()
+        with torch.no_grad(), gpytorch.settings.fast_pred_var():
+            predictive = model.likelihood(model(xs, mean_input=xs))
+        assert predictive.mean.shape == (sites, len(xs))
+        return objective.detach(), grad, predictive.mean, predictive.variance
+    errors = errors_by_width(outputs, widths=(256, 16384))
+    # measured: objective, gradient of all kernel hyperparameters, predictive mean and variance 0.0015, 0.27, 0.28,
+    # 0.11 at F = 256 and 7.3e-4, 0.081, 0.034, 0.016 at 16 384; the objective's error is already small at F = 256
+    # (4e-5 at F = 262 144, where the gradient's is 0.007)
+    assert max(errors[0][0], errors[1][0]) < 0.003, errors
+    assert_approaches([narrow[1:] for narrow in errors], 0.1)
+
+
+def test_the_strategy_uses_the_rfgp_kernels_blocks():
+    """K(Z, Z), K(Z, x*) and k(x*, x*) inside the whitened strategy are the rfgp kernel's low-rank values: the
+    memoised factor L is chol(Φ(Z)Φ(Z)ᵀ + jitter·I) and the prediction is the whitened SVGP's formula on the
+    rfgp Gram blocks (μ + K̂*ᶻL⁻ᵀm, k̂** + jitter − ‖L⁻¹K̂ᶻ*‖² + ‖CᵀL⁻¹K̂ᶻ*‖²), not the exact kernel's."""
+    from rfgp.inference.operators import ChunkedFeatureCrossLinearOperator, FeatureRootLinearOperator
+
+    x, _, xs, _ = data()
+    model = SVGP(rfgp.sketch(exact_kernel(), 64, method="orf", seed=0), x[:M].clone()).double()
+    set_variational(model.variational_strategy)
+    model.eval()
+    with torch.no_grad():
+        latent = model(xs)
+    strategy = model.variational_strategy
+    z = strategy.inducing_points.detach()
+    kernel = model.covar_module
+    joint = kernel(torch.cat([z, xs]))
+    assert isinstance(joint.evaluate_kernel(), FeatureRootLinearOperator)  # outputscale folded into Φ
+    assert isinstance(joint[..., :M, M:].evaluate_kernel(), ChunkedFeatureCrossLinearOperator)
+    with torch.no_grad():
+        k_zz, k_zs = kernel(z).to_dense(), kernel(z, xs).to_dense()
+        k_ss = kernel(xs, diag=True)
+        exact_zz = exact_kernel()(z).to_dense()
+    chol = strategy._memoize_cache["cholesky_factor"].to_dense()
+    torch.testing.assert_close(chol @ chol.mT, k_zz + strategy.jitter_val * torch.eye(M, dtype=F64), rtol=0,
+                               atol=1e-12)
+    assert float((k_zz - exact_zz).abs().max()) > 1e-2  # a 64-feature Gram, not the exact one
+    distribution = strategy._variational_distribution
+    interp = torch.linalg.solve_triangular(chol, k_zs, upper=False)
+    mean = model.mean_module.constant + interp.mT @ distribution.variational_mean
+    covar_root = distribution.chol_variational_covar.tril().mT @ interp
+    variance = k_ss + strategy.jitter_val - interp.pow(2).sum(-2) + covar_root.pow(2).sum(-2)
+    torch.testing.assert_close(latent.mean, mean.detach(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(latent.variance, variance.detach(), rtol=1e-8, atol=1e-8)
+
+
+CONVERSIONS = {
+    "orf": lambda kernel, x: rfgp.sketch(kernel, 128, method="orf"),
+    "sorf": lambda kernel, x: rfgp.sketch(kernel, 128, method="sorf"),
+    "matern_half": lambda kernel, x: rfgp.sketch(ScaleKernel(MaternKernel(nu=0.5, ard_num_dims=D)), 128),
+    "maclaurin": lambda kernel, x: rfgp.sketch(kernel, 128, method="maclaurin"),
+    "nystrom": lambda kernel, x: rfgp.sketch(kernel, 30, method="nystrom", x_sample=x),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", CONVERSIONS)
+def test_state_dict_of_a_trained_variational_model_reproduces_its_predictions_bit_for_bit(name, dtype):
+    """Draws from torch's global RNG (no seed), 5 Adam steps, then a fresh model — other draws, other landmarks —
+    loads the state: the same tensors under the same keys, and the same predictions to the bit; float32 predicts in
+    float32 what float64 predicts, to float32's precision."""
+    x, f, xs, _ = data()
+
+    def build():
+        kernel = CONVERSIONS[name](exact_kernel(), x[torch.randperm(N)])
+        return SVGP(kernel, x[:M].clone()).to(dtype), gpytorch.likelihoods.GaussianLikelihood().to(dtype)
+
+    def predict(model, likelihood):
+        model.eval()
+        likelihood.eval()
+        with torch.no_grad(), gpytorch.settings.fast_pred_var():
+            predictive = likelihood(model(xs.to(dtype)))
+        return predictive.mean, predictive.variance
+
+    torch.manual_seed(0)
+    model, likelihood = build()
+    optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.05)
+    elbo = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=N)
+    for _ in range(5):
+        optimizer.zero_grad()
+        (-elbo(model(x.to(dtype)), f.to(dtype))).backward()
+        optimizer.step()
+    prediction = predict(model, likelihood)
+    state = {key: value.clone() for key, value in model.state_dict().items()}
+    assert all(torch.is_tensor(value) for value in state.values())
+
+    torch.manual_seed(1)
+    fresh, fresh_likelihood = build()
+    assert not torch.equal(predict(fresh, fresh_likelihood)[0], prediction[0])
+    fresh.load_state_dict(state)
+    fresh_likelihood.load_state_dict(likelihood.state_dict())
+    reloaded = predict(fresh, fresh_likelihood)
+    assert fresh.state_dict().keys() == state.keys()
+    assert all(torch.equal(fresh.state_dict()[key], value) for key, value in state.items())
+    assert all(torch.equal(a, b) for a, b in zip(reloaded, prediction))
+    assert all(p.dtype == dtype and torch.isfinite(p).all() for p in prediction)
+    if dtype == torch.float32:
+        # GPyTorch's K_ZZ jitter is 1e-4 in float32 and 1e-6 in float64, which moves the exact kernel's model by
+        # 0.0056 here; at the same jitter float32 predicts the float64 model to 1e-5
+        fresh.train()  # its eval-mode cache (chol K_ZZ) keeps its dtype through .double(), whatever the kernel
+        fresh.variational_strategy.jitter_val = 1e-6
+        single = predict(fresh, fresh_likelihood)
+        fresh.train()
+        # (Nyström's own landmark jitter is 1e-6·mean diag K_ZZ in float32, 1e-8 in float64: 1.4e-3 here)
+        tolerance = 5e-3 if name == "nystrom" else 1e-3
+        for narrow, wide in zip(single, predict(fresh.double(), fresh_likelihood.double())):
+            torch.testing.assert_close(narrow.double(), wide, rtol=tolerance, atol=tolerance / 10)
