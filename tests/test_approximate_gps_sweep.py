@@ -600,3 +600,44 @@ def test_natural_gradient_training_reaches_the_exact_kernels_quality():
     rmse, nlpd = trained(lambda kernel: rfgp.sketch(kernel, 256, method="orf", seed=0))
     # measured: exact RMSE 0.129, NLPD −0.529; F = 256: 0.130, −0.534 (noise sd 0.1: NLPD −0.88 at best)
     assert rmse < 1.2 * exact_rmse and nlpd < exact_nlpd + 0.15, (rmse, nlpd, exact_rmse, exact_nlpd)
+
+
+def test_nystrom_landmarks_at_the_inducing_points_give_the_exact_mean_and_a_smaller_variance():
+    """README: with Z as the landmarks K_ZZ and K_Zx are exact, so the predictive mean is the exact model's, but
+    k̂(x*, x*) = Q** ≤ k(x*, x*): the variance is smaller (no FITC-style correction in a variational model)."""
+    x, _, xs, _ = data()
+    z = x[:M].clone()
+
+    def predict(kernel):
+        model = SVGP(kernel, z, learn_inducing_locations=False).double()
+        set_variational(model.variational_strategy)
+        model.eval()
+        with torch.no_grad():
+            latent = model(xs)
+        return latent.mean, latent.variance
+    exact_mean, exact_variance = predict(exact_kernel())
+    mean, variance = predict(rfgp.sketch(exact_kernel(), M, method="nystrom", x_sample=z, seed=0))
+    torch.testing.assert_close(mean, exact_mean, rtol=1e-5, atol=1e-5)  # measured 1e-6 (landmark jitter)
+    assert (variance < exact_variance).all()
+    assert float((exact_variance - variance).max() / exact_variance.max()) > 0.3  # measured 0.79
+
+
+def test_redrawn_features_predict_as_a_fresh_model_after_train():
+    """README: the eval-mode factor chol(K_ZZ) is GPyTorch's memo; after feature_map.resample(), model.train() once
+    and the model predicts as one built with the new draws."""
+    x, _, xs, _ = data()
+    model = SVGP(rfgp.sketch(exact_kernel(), 64, seed=0), x[:M].clone()).double()
+    set_variational(model.variational_strategy)
+    model.eval()
+    with torch.no_grad():
+        before = model(xs).mean
+    model.covar_module.base_kernel.feature_map.resample(torch.Generator().manual_seed(1))
+    model.train()
+    model.eval()
+    fresh = SVGP(rfgp.sketch(exact_kernel(), 64, seed=3), x[:M].clone()).double()
+    fresh.load_state_dict(model.state_dict())
+    fresh.eval()
+    with torch.no_grad():
+        after, expected = model(xs).mean, fresh(xs).mean
+    assert not torch.equal(after, before)
+    assert torch.equal(after, expected)
