@@ -16,10 +16,7 @@ from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.models import ApproximateGP
 from gpytorch.models.deep_gps import DeepGP, DeepGPLayer
 from gpytorch.models.deep_gps.dspp import DSPP, DSPPLayer
-from gpytorch.variational import (
-    CholeskyVariationalDistribution,
-    VariationalStrategy,
-)
+from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 
 import rfgp
 from rfgp.core.validation import NonFiniteError
@@ -124,18 +121,17 @@ def assert_approaches(errors, bound):
 
 
 def svgp_outputs(likelihood, target, distribution=CholeskyVariationalDistribution, strategy=VariationalStrategy,
-                 objective=gpytorch.mlls.VariationalELBO, batch_shape=torch.Size([]), nu=None,
-                 learn_inducing_locations=True, seed=0, **objective_options):
-    """(objective, ∂objective/∂raw lengthscale, predictive mean, predictive variance) of an SVGP built around
-    ``convert(exact kernel)``, with q(u) from :func:`set_variational`; predictions in eval mode under
-    ``fast_pred_var`` (latent f where the likelihood's predictive is not Gaussian-like, else y)."""
-    x, f, xs, _ = data(seed)
+                 objective=gpytorch.mlls.VariationalELBO, nu=None, learn_inducing_locations=True, **objective_options):
+    """``outputs(convert)`` for :func:`errors_by_width`: the objective, its gradient in the raw lengthscale, the latent
+    mean and variance and the likelihood's predictive mean at test points of an SVGP around ``convert(exact
+    kernel)``, with q(u) from :func:`set_variational`; predictions in eval mode under ``fast_pred_var``."""
+    x, f, xs, _ = data()
 
     def outputs(convert):
-        torch.manual_seed(5)  # the likelihood's own initial values (SoftmaxLikelihood's mixing weights)
+        torch.manual_seed(5)  # a likelihood's random initial values, if it has any
         lik = likelihood().double()
-        model = SVGP(convert(exact_kernel(batch_shape, nu)), x[:M].clone(), distribution, strategy, batch_shape,
-                     learn_inducing_locations).double()
+        model = SVGP(convert(exact_kernel(nu=nu)), x[:M].clone(), distribution, strategy,
+                     learn_inducing_locations=learn_inducing_locations).double()
         set_variational(model.variational_strategy)
         with gpytorch.settings.num_likelihood_samples(512):
             torch.manual_seed(7)  # the same standard normals in both models' Monte-Carlo terms
