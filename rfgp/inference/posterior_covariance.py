@@ -185,6 +185,12 @@ class LowRankPosteriorAddedDiag(FullPrecisionOperator, LowRankRootAddedDiagLinea
             inv_quad = inv_quad.sum(-1)
         return inv_quad, logdet_term
 
+    def evaluate_kernel(self) -> LowRankPosteriorAddedDiag:
+        """Itself: both parts are evaluated.  linear_operator's ``AddedDiagLinearOperator.evaluate_kernel`` returns
+        ``root + diag``, a plain ``LowRankRootAddedDiagLinearOperator``, and GPyTorch's ``log_prob`` calls it first:
+        log-densities of n* ≪ F test points then factorised the F × F capacitance (n* = 6, F = 16 384: 59 s)."""
+        return self
+
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """R·ε + √D·ε′, ε ~ N(0, I_F), ε′ ~ N(0, I_n): ``(num_samples, *batch, n)`` samples in O(num_samples·n·F)."""
         return _low_rank_samples(*self._expanded_root_and_diag(), num_samples)
