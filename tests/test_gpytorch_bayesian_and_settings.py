@@ -2,6 +2,7 @@
 NUTS, ``pyro_load_from_samples`` and a batch of S models), GPyTorch's global settings, and the distribution API of
 ``likelihood(model(x))``, each against the same model with the exact kernel or the same model without the setting."""
 
+import contextlib
 import copy
 
 import gpytorch
@@ -14,6 +15,7 @@ from gpytorch.kernels import (
     PeriodicKernel,
     PolynomialKernel,
     RBFKernel,
+    RBFKernelGrad,
     RQKernel,
     ScaleKernel,
     SpectralMixtureKernel,
@@ -189,3 +191,165 @@ def test_tutorial_nuts_log_joint_equals_the_exact_models_and_its_samples_load():
     _, single_predictive = _log_likelihood_and_predictive(single, test_x.unsqueeze(0))
     torch.testing.assert_close(predictive.mean[2], single_predictive.mean[0], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(predictive.variance[2], single_predictive.variance[0], rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------ 3. GPyTorch settings
+SAME_MODEL_SETTINGS = {
+    "fast_pred_var": lambda: gpytorch.settings.fast_pred_var(),
+    "fast_pred_samples": lambda: gpytorch.settings.fast_pred_samples(),
+    "max_cholesky_size(0)": lambda: gpytorch.settings.max_cholesky_size(0),
+    "max_cholesky_size(1e6)": lambda: gpytorch.settings.max_cholesky_size(10**6),
+    "cholesky_jitter(1e-2)": lambda: gpytorch.settings.cholesky_jitter(1e-2, 1e-2),
+    "cholesky_max_tries(0)": lambda: gpytorch.settings.cholesky_max_tries(0),
+    "max_root_decomposition_size(3)": lambda: gpytorch.settings.max_root_decomposition_size(3),
+    "use_toeplitz(False)": lambda: gpytorch.settings.use_toeplitz(False),
+    "detach_test_caches(False)": lambda: gpytorch.settings.detach_test_caches(False),
+    "trace_mode": lambda: gpytorch.settings.trace_mode(),
+    "debug(False)": lambda: gpytorch.settings.debug(False),
+    "num_trace_samples(2)": lambda: gpytorch.settings.num_trace_samples(2),
+    "deterministic_probes": lambda: gpytorch.settings.deterministic_probes(),
+    "fast_computations(False)": lambda: gpytorch.settings.fast_computations(False, False, False),
+    "max_cg_iterations(2)": lambda: gpytorch.settings.max_cg_iterations(2),
+    "lazily_evaluate_kernels(False)": lambda: gpytorch.settings.lazily_evaluate_kernels(False),
+}
+
+
+def _loss_gradients_and_posterior(model, x, y, test_x):
+    model.train()
+    model.zero_grad()
+    loss = -gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(x), y)
+    loss.backward()
+    gradients = torch.cat([p.grad.flatten() for p in model.parameters()])
+    model.eval()
+    with torch.no_grad():
+        predictive = model.likelihood(model(test_x))
+        return loss.detach(), gradients, predictive.mean, predictive.covariance_matrix
+
+
+@pytest.mark.parametrize("num_data, num_features", [(120, 32), (20, 128)])  # feature space, kernel space
+@pytest.mark.parametrize("setting", SAME_MODEL_SETTINGS)
+def test_gpytorch_settings_leave_the_model_and_its_cost_unchanged(setting, num_data, num_features, monkeypatch):
+    """Under each GPyTorch setting a user's ExactGP with an rfgp kernel has the same marginal likelihood, gradients and
+    posterior as without it (to rounding), and factorises nothing larger than min(N, F) — never the N × N matrix of
+    an N ≫ F problem (max_cholesky_size, CG iteration counts and jitter settings do not reach its algebra)."""
+    x, y, test_x, _ = data(num_data=num_data, num_test=5)
+
+    def build():
+        return user_model(x, y, rfgp.sketch(exact_kernel(), num_features, method="orf", seed=0))
+
+    expected = _loss_gradients_and_posterior(build(), x, y, test_x)
+    sizes = []
+    cholesky = torch.linalg.cholesky_ex
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", lambda a, **kw: sizes.append(a.shape[-1]) or cholesky(a, **kw))
+    with SAME_MODEL_SETTINGS[setting]():
+        result = _loss_gradients_and_posterior(build(), x, y, test_x)
+    assert max(sizes, default=0) <= max(min(num_data, num_features), 5), sizes
+    for value, reference in zip(result, expected):
+        torch.testing.assert_close(value, reference, rtol=1e-9, atol=1e-10)
+
+
+def test_skip_posterior_variances_keeps_the_mean_and_zeroes_the_variance_as_gpytorch_does():
+    """The latent variance is a zero operator, read back as MultivariateNormal's floor (1e-10 in float64; GPyTorch's
+    exact strategy makes its zero operator float32 in a float64 model, so its floor is float32's 1e-6)."""
+    x, y, test_x, _ = data()
+    results = []
+    for kernel in (exact_kernel(), rfgp.sketch(exact_kernel(), 2048, method="orf", seed=0)):
+        model = user_model(x, y, kernel).eval()
+        with torch.no_grad():
+            mean = model(test_x).mean
+            with gpytorch.settings.skip_posterior_variances():
+                skipped = model(test_x)
+        torch.testing.assert_close(skipped.mean, mean, rtol=1e-12, atol=1e-12)
+        assert skipped.variance.max() <= 1e-6
+        results.append(mean)
+    assert torch.equal(skipped.variance, torch.full_like(mean, 1e-10))  # rfgp's: float64
+    assert (results[1] - results[0]).abs().max() < 0.05  # F = 2048 features of the exact model
+
+
+@pytest.mark.parametrize("method", ["orf", "maclaurin"])
+def test_predictions_without_detached_caches_differentiate_like_finite_differences(method):
+    """``gpytorch.settings.detach_test_caches(False)``: the predictive mean and variance are differentiable in the
+    hyperparameters (through the posterior caches) and in the test inputs; both gradients match central finite
+    differences (step 1e-6, float64: truncation and rounding errors ≈ 1e-9)."""
+    x, y, test_x, _ = data(num_data=50, num_test=4)
+    model = user_model(x, y, rfgp.sketch(exact_kernel(), 64, method=method, seed=0))
+    model.covar_module(x).to_dense()  # fixes the Maclaurin allocation before the finite differences move ℓ
+    raw_lengthscale, raw_noise = model.covar_module.base_kernel.raw_lengthscale, model.likelihood.raw_noise
+
+    def summary(test_inputs):
+        with gpytorch.settings.detach_test_caches(False):
+            model.train()  # drops the caches, so that they are rebuilt at the current hyperparameters
+            model.eval()
+            predictive = model(test_inputs)
+            return predictive.mean.sum() + predictive.variance.sum()
+
+    inputs = test_x.clone().requires_grad_(True)
+    gradients = torch.autograd.grad(summary(inputs), [inputs, raw_lengthscale, raw_noise])
+    eps = 1e-6
+    with torch.no_grad():
+        for tensor, gradient in zip((test_x, raw_lengthscale, raw_noise), gradients):
+            finite = torch.zeros_like(tensor)
+            for i in range(tensor.numel()):
+                tensor.view(-1)[i] += eps
+                plus = summary(test_x)
+                tensor.view(-1)[i] -= 2 * eps
+                minus = summary(test_x)
+                tensor.view(-1)[i] += eps
+                finite.view(-1)[i] = (plus - minus) / (2 * eps)
+            assert gradient.abs().max() > 1e-3
+            torch.testing.assert_close(gradient, finite, rtol=1e-6, atol=1e-7)
+
+
+class DerivativeGP(gpytorch.models.ExactGP):
+    """GPyTorch's "GP regression with derivative information" model: f and ∇f observed, interleaved."""
+
+    def __init__(self, x, y, kernel):
+        super().__init__(x, y, gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=y.shape[-1]))
+        self.mean_module = gpytorch.means.ConstantMeanGrad()
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def _eager_and_lazy_model(name):
+    x, y, test_x, _ = data(num_data=30, num_test=5)
+    if name == "derivatives":
+        targets = torch.cat((y.unsqueeze(-1), 4 * torch.cos(4 * x)), -1)
+        kernel = ScaleKernel(RBFKernelGrad(ard_num_dims=2)).to(DTYPE)
+        model = DerivativeGP(x, targets, rfgp.sketch(kernel, 64, seed=0)).to(DTYPE)
+        model.likelihood.noise = 0.01
+        return model, test_x
+    if name == "nystrom":
+        return user_model(x, y, rfgp.sketch(exact_kernel(), 12, method="nystrom", x_sample=x, seed=0)), test_x
+    width = {"maclaurin": 64, "orf_kernel_space": 256, "orf_chunked": 16}[name]
+    method = "maclaurin" if name == "maclaurin" else "orf"
+    return user_model(x, y, rfgp.sketch(exact_kernel(), width, method=method, seed=0)), test_x
+
+
+@pytest.mark.parametrize("name", ["maclaurin", "nystrom", "orf_kernel_space", "orf_chunked", "derivatives"])
+def test_eagerly_evaluated_kernels_predict_with_rfgp_strategy(name, monkeypatch):
+    """Under ``gpytorch.settings.lazily_evaluate_kernels(False)`` a user's ExactGP got GPyTorch's generic
+    ``DefaultPredictionStrategy``: without the Maclaurin map's variance correction (0.05 instead of 0.60 at a test point
+    away from N = 3000 points; here 1.5e-3 to 0.035 less, of 0.08 to 0.11), without Nyström's FITC variance k(x, x) −
+    ‖Φ(x)‖² (1.7e-3 off), and through the F × F capacitance at N = 30 ≤ F = 256.  Now the same strategy, posterior
+    and factorisations as with lazily evaluated kernels, single- and multi-output (derivative observations, chunked
+    rows)."""
+    model, test_x = _eager_and_lazy_model(name)
+    budget = rfgp.settings.memory_budget(2**14) if name == "orf_chunked" else contextlib.nullcontext()
+    model.eval()
+    with torch.no_grad(), budget:
+        lazy = model.likelihood(model(test_x))
+        strategy = type(model.prediction_strategy)
+        model.train()
+        model.eval()
+        sizes = []
+        cholesky = torch.linalg.cholesky_ex
+        monkeypatch.setattr(torch.linalg, "cholesky_ex", lambda a, **kw: sizes.append(a.shape[-1]) or cholesky(a, **kw))
+        with gpytorch.settings.lazily_evaluate_kernels(False):
+            eager = model.likelihood(model(test_x))
+    assert type(model.prediction_strategy) is strategy
+    kernel = model.covar_module if hasattr(model.covar_module, "num_features") else model.covar_module.base_kernel
+    assert max(sizes) <= min(model.train_targets.numel(), kernel.num_features), sizes
+    torch.testing.assert_close(eager.mean, lazy.mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(eager.covariance_matrix, lazy.covariance_matrix, rtol=1e-10, atol=1e-10)

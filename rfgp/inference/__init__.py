@@ -13,6 +13,8 @@ The kernels hand over Φ (N × F) instead of an N × N matrix; this layer keeps 
 * :mod:`~rfgp.inference.log_prob` — GPyTorch's Gaussian log-density routed to those operators;
 * :mod:`~rfgp.inference.prediction`, :mod:`~rfgp.inference.multioutput` — weight-space prediction
   strategies (single- and multi-output) that GPyTorch's ``ExactGP`` uses for the posterior;
+* :mod:`~rfgp.inference.eager_covariances` — those strategies for eagerly evaluated covariances
+  (``gpytorch.settings.lazily_evaluate_kernels(False)``);
 * :mod:`~rfgp.inference.task_noise` — ΦΦᵀ + I_N ⊗ Σ_T (correlated multitask noise), whitened per point;
 * :mod:`~rfgp.inference.independent_tasks` — T independent outputs (GPyTorch's batch-independent GP) as T
   single-output systems Φ_tΦ_tᵀ + D_t under diagonal noise;

@@ -147,6 +147,19 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         correction = None if self.variance_correction is None else self.variance_correction[..., observed]
         return self.__class__(root, correction)
 
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """A principal block Φ[I]Φ[I]ᵀ keeps the correction of its rows; other blocks are linear_operator's.
+
+        linear_operator's ``RootLinearOperator._getitem`` rebuilt the block without it, and ``ExactGP`` takes its
+        test covariance as the block ``[n:, n:]`` of the joint one when the kernels are evaluated eagerly
+        (``gpytorch.settings.lazily_evaluate_kernels(False)``): a biased map's posterior variance lost its correction.
+        """
+        block = super()._getitem(row_index, col_index, *batch_indices)
+        if self.variance_correction is None or not isinstance(block, FeatureRootLinearOperator):
+            return block
+        correction = self.variance_correction.expand(*self.batch_shape, self.shape[-1])
+        return self.__class__(block.root, correction[(*batch_indices, row_index)])
+
     def _matmul(self, rhs: Tensor) -> Tensor:
         """ΦΦᵀR in the cheaper of its two exact orders: Φ(ΦᵀR) costs 2·N·F·k flops, (ΦΦᵀ)R costs N²·(F + k).
 

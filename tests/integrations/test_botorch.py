@@ -25,6 +25,8 @@ import rfgp  # noqa: E402
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy  # noqa: E402
 from rfgp.kernels import SketchedRBFKernel  # noqa: E402
 
+from .._dense import DenseKernel  # noqa: E402
+
 D = 3
 BOUNDS = torch.tensor([[0.0] * D, [2.0] * D], dtype=torch.float64)
 FIT_OPTIONS = {"optimizer_kwargs": {"options": {"maxiter": 30}}}
@@ -405,12 +407,13 @@ def test_acquisition_evaluation_featurises_and_checks_only_the_candidates(monkey
     test–train covariance of every t-batch (the training points expanded to the batch, sliced from its joint inputs),
     which rfgp's posterior never multiplies; checking its N rows for NaN/Inf at every call cost more than the
     prediction (N = 3000, F = 1024, 256 t-batches: 31 of 54 ms per posterior).  Values and gradients are those of
-    GPyTorch's generic exact prediction with the same kernel (``lazily_evaluate_kernels(False)``: its N × N algebra)."""
+    GPyTorch's generic exact prediction with the same covariance (its dense N × N algebra on ΦΦᵀ)."""
     num_train = 300
     x, y = data(num_train)
     model = sketched_model(x, y).eval()
     reference = sketched_model(x, y).eval()
     reference.load_state_dict(model.state_dict())
+    reference.covar_module = DenseKernel(reference.covar_module)
     candidates = 2 * torch.rand(5, 2, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
     def value_and_grad(m):
@@ -432,8 +435,7 @@ def test_acquisition_evaluation_featurises_and_checks_only_the_candidates(monkey
     assert featurised and max(featurised) <= candidates.shape[-2]
     assert checked and max(checked) <= candidates.shape[-2]
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
-    with gpytorch.settings.lazily_evaluate_kernels(False):
-        generic = value_and_grad(reference)
+    generic = value_and_grad(reference)
     assert not isinstance(reference.prediction_strategy, FeatureSpacePredictionStrategy)
     torch.testing.assert_close(actual, generic, rtol=1e-6, atol=1e-8)
 
