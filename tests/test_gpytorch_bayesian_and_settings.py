@@ -20,7 +20,7 @@ from gpytorch.kernels import (
     ScaleKernel,
     SpectralMixtureKernel,
 )
-from gpytorch.priors import LogNormalPrior, NormalPrior
+from gpytorch.priors import GammaPrior, LogNormalPrior, NormalPrior
 
 import rfgp
 from rfgp.inference import posterior_covariance
@@ -420,3 +420,43 @@ def test_predictive_samples_have_gpytorchs_shapes_and_the_predictive_moments():
         assert ((samples.mean(0) - mean).abs() <= 5 * (variance / 4000).sqrt()).all()
         se = ((variance.outer(variance) + covariance.pow(2)) / 4000).sqrt()
         assert ((torch.cov(samples.mT) - covariance).abs() <= 5 * se).all()
+
+
+# ------------------------------------------------------------------ 2. priors
+@pytest.mark.parametrize("method", ["nystrom", "maclaurin", "orf"])
+def test_priors_enter_the_marginal_likelihood_as_in_the_exact_model(method):
+    """Priors carried by ``rfgp.sketch`` (lengthscale, outputscale) and registered on the model (mean, noise):
+    ``named_priors()`` holds the exact model's priors on the same values, ``ExactMarginalLogLikelihood`` adds the same
+    prior log-densities to the evidence (to rounding), and the whole objective is the exact model's where the kernel is
+    exact (Nyström on all points; its jitter: < 1e-6)."""
+    x, y, _, _ = data(num_data=40)
+
+    def prior_kernel():
+        kernel = ScaleKernel(RBFKernel(ard_num_dims=2, lengthscale_prior=GammaPrior(3.0, 6.0)),
+                             outputscale_prior=LogNormalPrior(0.0, 1.0)).to(DTYPE)
+        kernel.base_kernel.lengthscale = torch.tensor([[0.4, 0.7]], dtype=DTYPE)
+        return kernel
+
+    options = {"nystrom": dict(x_sample=x), "maclaurin": {}, "orf": {}}[method]
+    width = {"nystrom": 40, "maclaurin": 512, "orf": 4096}[method]
+    models = [user_model(x, y, kernel) for kernel in
+              (prior_kernel(), rfgp.sketch(prior_kernel(), width, method=method, seed=0, **options))]
+    objectives, prior_terms, added = [], [], []
+    for model in models:
+        model.mean_module.register_prior("mean_prior", NormalPrior(0.0, 1.0), "constant")
+        model.likelihood.register_prior("noise_prior", LogNormalPrior(-2.0, 1.0), "noise")
+        model.train()
+        priors = sorted((name.split(".")[-1], prior.log_prob(closure(module)).sum())
+                        for name, module, prior, closure, _ in model.named_priors())
+        prior_terms.append(torch.stack([value for _, value in priors]))
+        assert [name for name, _ in priors] == ["lengthscale_prior", "mean_prior", "noise_prior", "outputscale_prior"]
+        with torch.no_grad(), gpytorch.settings.max_cholesky_size(10**4):
+            objective = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(x), y)
+            evidence = model.likelihood(model(x)).log_prob(y)
+        objectives.append(objective)
+        added.append(objective * len(y) - evidence)  # (log p(y | θ) + Σ log p(θ)) / N, less log p(y | θ)
+    torch.testing.assert_close(prior_terms[1], prior_terms[0], rtol=0, atol=0)
+    for terms, total in zip(prior_terms, added):
+        torch.testing.assert_close(total, terms.sum(), rtol=1e-12, atol=1e-10)
+    if method == "nystrom":
+        torch.testing.assert_close(objectives[1], objectives[0], rtol=0, atol=1e-6)
