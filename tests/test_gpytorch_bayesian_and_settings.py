@@ -460,3 +460,44 @@ def test_priors_enter_the_marginal_likelihood_as_in_the_exact_model(method):
         torch.testing.assert_close(total, terms.sum(), rtol=1e-12, atol=1e-10)
     if method == "nystrom":
         torch.testing.assert_close(objectives[1], objectives[0], rtol=0, atol=1e-6)
+
+
+FIRST_EVALUATION_KERNELS = {  # kernels that fix state at their first evaluation's hyperparameters, and that state
+    "matern_half": (lambda x: rfgp.sketch(ScaleKernel(MaternKernel(nu=0.5)), 64, seed=0), "anchor"),
+    "periodic": (lambda x: rfgp.sketch(ScaleKernel(PeriodicKernel()), 64, seed=0), "proposal"),
+    "periodic_x_rbf": (lambda x: rfgp.sketch(ScaleKernel(PeriodicKernel() * RBFKernel()), 64, seed=0), "draws"),
+    "maclaurin": (lambda x: rfgp.sketch(ScaleKernel(RBFKernel()), 64, method="maclaurin", seed=0), "Maclaurin"),
+}
+
+
+@pytest.mark.parametrize("name", FIRST_EVALUATION_KERNELS)
+def test_tutorial_pyro_model_of_a_never_evaluated_model_is_refused_and_runs_once_evaluated(name):
+    """GPyTorch's ``pyro_sample_from_prior()`` deep-copies the model at every NUTS step.  Of a model never evaluated,
+    each copy fixed the kernel's first-evaluation state (Matérn-½ anchor, periodic proposal, spectral product draws,
+    Maclaurin allocation) at its own proposal, so NUTS sampled a model whose features moved with θ — not the model
+    the samples load into, which fixed it at its first batched prediction (periodic: 0.17 off in the predictive mean
+    of a sample; log p(y | θ) at a prior draw 0.13-0.38 off the evaluated model's).  Now the copy raises, naming the
+    state and the fix; evaluated once, the tutorial's Pyro model at a proposal has the log-likelihood of the evaluated
+    model at those hyperparameters (the same fixed state)."""
+    x, y, _, _ = data(num_data=20, num_test=4)
+    build, state = FIRST_EVALUATION_KERNELS[name]
+    model = _with_priors(user_model(x, y, build(x)))
+    pyro.set_rng_seed(0)
+    trace = pyro.poutine.trace(_tutorial_pyro_model(model)).get_trace(x, y)
+    with pytest.raises((RuntimeError, ValueError), match=f"pyro_sample_from_prior.*{state}.*Evaluate the model once"):
+        trace.log_prob_sum()
+
+    model.train()
+    with torch.no_grad():
+        model.likelihood(model(x)).log_prob(y)
+    samples = _hand_made_samples(model, 1)
+    conditioned = pyro.poutine.condition(_tutorial_pyro_model(model), data={k: v[0] for k, v in samples.items()})
+    trace = pyro.poutine.trace(conditioned).get_trace(x, y)
+    trace.compute_log_prob()
+    evaluated = copy.deepcopy(model)
+    for prior_name, module, _, _, setting in evaluated.named_priors():
+        setting(module, samples[prior_name][0])
+    with torch.no_grad():
+        expected = evaluated.likelihood(evaluated(x)).log_prob(y)
+    # rounding of the fast_computations(False) path (1e-9); the state fixed at the proposal moved it by 0.13-0.38
+    torch.testing.assert_close(trace.nodes["obs"]["log_prob"], expected, rtol=1e-8, atol=0.0)

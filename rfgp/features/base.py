@@ -109,6 +109,12 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
     def is_initialized(self) -> bool:
         return bool(self._buffer_names)
 
+    @property
+    def fits_on_first_input(self) -> bool:
+        """Whether the next call fits part of the map to the values of its inputs, not only to their dimension
+        (the optimized Maclaurin allocation): state fixed by the first inputs the map sees."""
+        return False
+
     def resample(self, generator: torch.Generator | None = None) -> FeatureMap:
         """Redraw all random quantities (from ``generator`` if given, else torch's global RNG)."""
         self.seed = _new_seed(generator)

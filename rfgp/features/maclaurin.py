@@ -419,6 +419,10 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         return self._draw_sketches(generator)
 
+    @property
+    def fits_on_first_input(self) -> bool:
+        return self.widths is None
+
     def _prepare(self, x: Tensor) -> None:
         super()._prepare(x)
         if self.widths is None:

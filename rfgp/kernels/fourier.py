@@ -268,6 +268,11 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     def _draw_key(self) -> tuple[int, int]:
         return self.feature_map.seed, self.feature_map.num_features
 
+    def state_fixed_at_first_evaluation(self) -> str | None:
+        if self.is_anchored and self._anchored_draws != self._draw_key():
+            return "its lengthscale anchor ℓ₀"
+        return super().state_fixed_at_first_evaluation()
+
     def _anchor_if_redrawn(self) -> None:
         if self._anchored_draws != self._draw_key():
             self.anchor_lengthscale()

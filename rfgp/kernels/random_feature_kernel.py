@@ -46,6 +46,7 @@ from ..inference.operators import (
 from ..inference.prediction import FeatureSpacePredictionStrategy
 from .checked_call import CheckedCallMixin, refuse_last_dim_is_batch
 from .families import check_kernel_kwargs
+from .first_evaluation import refuse_in_pyro_copy
 
 
 class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
@@ -70,6 +71,11 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         """Fit what the kernel fits on its first input (the optimized Maclaurin allocation, draws of an unset
         ``input_dim``) from all of ``x``; a no-op for kernels that fit nothing or have fitted already."""
 
+    def state_fixed_at_first_evaluation(self) -> str | None:
+        """What this kernel (not its parts) would fix at its next evaluation's hyperparameters, ``None`` for nothing
+        (:mod:`rfgp.kernels.first_evaluation`)."""
+        return None
+
     def variance_correction(self, x: Tensor) -> Tensor | None:
         """k(x, x) − E[k̂(x, x)] ≥ 0 per point, or ``None`` when the features are unbiased on the diagonal."""
         moments = self.diag_moments(x)
@@ -79,6 +85,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             refuse_last_dim_is_batch(self)
+        refuse_in_pyro_copy(self)
         same = same_inputs(x1, x2)
         # A cross-covariance of one output per input is a lazy operator that checks the rows it featurises (a
         # posterior never reads its test–train covariance, whose N training rows GPyTorch slices from the joint
@@ -282,6 +289,11 @@ class RandomFeatureKernel(FeatureKernel):
         if not self.feature_map.is_initialized:
             with torch.no_grad():
                 self.feature_map.prepare(self.scale_inputs(x))
+
+    def state_fixed_at_first_evaluation(self) -> str | None:
+        if self.feature_map.fits_on_first_input:
+            return f"the fit of its {type(self.feature_map).__name__} map to its first inputs"
+        return None
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
         if not self.feature_map.has_variance_bias:

@@ -83,6 +83,11 @@ class SpectralFeatureKernel(FeatureKernel):
         self.feature_map.resample(generator)
         return self
 
+    def state_fixed_at_first_evaluation(self) -> str | None:
+        if not self.feature_map.is_initialized:
+            return "the proposal its frequencies are drawn from, centred on its hyperparameters"
+        return None
+
     def featurize(self, x: Tensor) -> Tensor:
         """Φ(x) of the normalised measure (subclasses with A ≠ 1 multiply by √A)."""
         if not self.feature_map.is_initialized:

@@ -141,6 +141,14 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         }
 
     # ---------------------------------------------------------------- features
+    #: the factors' own feature maps are never evaluated (:mod:`rfgp.kernels.first_evaluation`)
+    draws_for_its_factors = True
+
+    def state_fixed_at_first_evaluation(self) -> str | None:
+        if self.input_dims is None:
+            return "its factors' frequency draws, centred on their hyperparameters"
+        return None
+
     def featurize(self, x: Tensor) -> Tensor:
         inputs = [select_active(kernel, x) for kernel in self.kernels]
         if self.input_dims is None:
