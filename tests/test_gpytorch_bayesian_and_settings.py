@@ -427,8 +427,8 @@ def test_predictive_samples_have_gpytorchs_shapes_and_the_predictive_moments():
 def test_priors_enter_the_marginal_likelihood_as_in_the_exact_model(method):
     """Priors carried by ``rfgp.sketch`` (lengthscale, outputscale) and registered on the model (mean, noise):
     ``named_priors()`` holds the exact model's priors on the same values, ``ExactMarginalLogLikelihood`` adds the same
-    prior log-densities to the evidence (to rounding), and the whole objective is the exact model's where the kernel is
-    exact (Nyström on all points; its jitter: < 1e-6)."""
+    prior log-densities to the evidence (to rounding), the whole objective is the exact model's where the kernel is
+    exact (Nyström on all points; its jitter: < 1e-6), and ``sample_from_prior`` sets the same values."""
     x, y, _, _ = data(num_data=40)
 
     def prior_kernel():
@@ -460,6 +460,16 @@ def test_priors_enter_the_marginal_likelihood_as_in_the_exact_model(method):
         torch.testing.assert_close(total, terms.sum(), rtol=1e-12, atol=1e-10)
     if method == "nystrom":
         torch.testing.assert_close(objectives[1], objectives[0], rtol=0, atol=1e-6)
+    sampled = []  # sample_from_prior: the same draws set the same hyperparameters in both models
+    for model in models:
+        torch.manual_seed(0)
+        values = {}
+        for name, module, _, closure, _ in sorted(model.named_priors(), key=lambda item: item[0].split(".")[-1]):
+            module.sample_from_prior(name.split(".")[-1])
+            values[name.split(".")[-1]] = closure(module).detach()
+        sampled.append(values)
+    for name, value in sampled[0].items():
+        torch.testing.assert_close(sampled[1][name], value, rtol=1e-12, atol=0.0)
 
 
 FIRST_EVALUATION_KERNELS = {  # kernels that fix state at their first evaluation's hyperparameters, and that state
