@@ -511,3 +511,29 @@ def test_tutorial_pyro_model_of_a_never_evaluated_model_is_refused_and_runs_once
         expected = evaluated.likelihood(evaluated(x)).log_prob(y)
     # rounding of the fast_computations(False) path (1e-9); the state fixed at the proposal moved it by 0.13-0.38
     torch.testing.assert_close(trace.nodes["obs"]["log_prob"], expected, rtol=1e-8, atol=0.0)
+
+
+@pytest.mark.parametrize("policy", ["mask", "fill"])
+@pytest.mark.parametrize("method, width", [("orf", 256), ("maclaurin", 64)])
+def test_missing_targets_with_eagerly_evaluated_kernels_give_the_nan_free_subsets_posterior(method, width, policy):
+    """``observation_nan_policy`` together with ``lazily_evaluate_kernels(False)`` (the eager route to rfgp's
+    strategy): the posterior is the model's on the training points without NaN targets, in kernel space (N ≤ F) and
+    with a bias-corrected map.  (``"fill"`` has no marginal likelihood: GPyTorch's ExactMarginalLogLikelihood refuses
+    it for its exact models too.)"""
+    x, y, test_x, _ = data(num_data=40)
+    missing = y.clone()
+    missing[::7] = float("nan")
+    observed = ~missing.isnan()
+
+    def predict(inputs, targets):
+        model = user_model(inputs, targets, rfgp.sketch(exact_kernel(), width, method=method, seed=0))
+        model.covar_module(x).to_dense()  # the same Maclaurin allocation (fitted on all x) in both models
+        model.eval()
+        with torch.no_grad(), gpytorch.settings.lazily_evaluate_kernels(False):
+            return model.likelihood(model(test_x))
+
+    subset = predict(x[observed], y[observed])
+    with gpytorch.settings.observation_nan_policy(policy):
+        predictive = predict(x, missing)
+    torch.testing.assert_close(predictive.mean, subset.mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(predictive.covariance_matrix, subset.covariance_matrix, rtol=1e-10, atol=1e-10)
