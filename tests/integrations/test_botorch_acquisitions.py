@@ -36,10 +36,30 @@ from botorch.acquisition.max_value_entropy_search import (  # noqa: E402
 from botorch.acquisition.multi_objective.parego import qLogNParEGO  # noqa: E402
 from botorch.acquisition.objective import GenericMCObjective  # noqa: E402
 from botorch.acquisition.predictive_entropy_search import qPredictiveEntropySearch  # noqa: E402
+from botorch.acquisition.risk_measures import CVaR, Expectation  # noqa: E402
 from botorch.acquisition.utils import get_optimal_samples  # noqa: E402
+from botorch.fit import fit_gpytorch_mll  # noqa: E402
 from botorch.models import ModelListGP, SingleTaskGP  # noqa: E402
+from botorch.models.transforms.input import (  # noqa: E402
+    AppendFeatures,
+    ChainedInputTransform,
+    FilterFeatures,
+    InputPerturbation,
+    Normalize,
+    Warp,
+)
+from botorch.models.transforms.outcome import (  # noqa: E402
+    Bilog,
+    ChainedOutcomeTransform,
+    Log,
+    Power,
+    Standardize,
+    StratifiedStandardize,
+)
 from botorch.optim import optimize_acqf  # noqa: E402
 from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
+from gpytorch.mlls import ExactMarginalLogLikelihood  # noqa: E402
+from gpytorch.priors import LogNormalPrior  # noqa: E402
 
 import rfgp  # noqa: E402
 
@@ -69,7 +89,7 @@ def exact_model(x, y, **options):
 def landmark_copy(model, *points):
     """The model with its kernel converted to a Nyström map whose landmarks are ``points`` (the kernel's coordinates):
     the exact kernel on and against them."""
-    landmarks = torch.cat([p.reshape(-1, p.shape[-1]) for p in points])
+    landmarks = torch.cat([p.reshape(-1, p.shape[-1]) for p in points]).unique(dim=0)  # Nyström needs distinct rows
     converted = copy.deepcopy(model)
     converted.covar_module = rfgp.sketch(model.covar_module, landmarks.shape[0], method="nystrom", x_sample=landmarks)
     return converted.eval()
@@ -291,3 +311,133 @@ def test_model_list_acquisition_is_the_exact_models_and_optimises_with_random_fe
     _, sketched = _objective_and_constraint_models(lambda m: sketched_copy(m, 64))
     candidates, value = optimize_acqf(build(sketched, x), BOUNDS, q=2, **ACQF_OPTIONS)
     assert candidates.shape == (2, D) and torch.isfinite(value)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# input and outcome transforms
+
+
+def _warp(indices=(0, 1)):
+    warp = Warp(d=D, indices=list(indices), concentration1_prior=LogNormalPrior(0.0, 0.75**0.5),
+                concentration0_prior=LogNormalPrior(0.0, 0.75**0.5))
+    warp._set_concentration(1, torch.tensor([2.0, 0.7][: len(indices)]))  # not the identity warp (1, 1)
+    warp._set_concentration(0, torch.tensor([0.5, 1.5][: len(indices)]))
+    return warp
+
+
+PERTURBATIONS = 0.05 * torch.tensor([[0.0, 0.0], [1.0, -0.5], [-0.6, 0.4]], dtype=torch.float64)
+
+INPUT_TRANSFORMS = {  # name: (training inputs from x, test inputs from xs, transform)
+    "Warp": (lambda x: x, lambda xs: xs, _warp),
+    "InputPerturbation": (lambda x: x, lambda xs: xs, lambda: InputPerturbation(PERTURBATIONS)),
+    "AppendFeatures": (lambda x: torch.cat([x, x[:, :1]], -1), lambda xs: xs,
+                       lambda: AppendFeatures(feature_set=torch.tensor([[0.2], [0.7]], dtype=torch.float64))),
+    "ChainedInputTransform": (lambda x: 3 * x, lambda xs: 3 * xs,
+                              lambda: ChainedInputTransform(normalize=Normalize(D), warp=_warp([0]))),
+    "FilterFeatures": (lambda x: torch.cat([x, x[:, :1] ** 2], -1), lambda xs: torch.cat([xs, xs[:, :1] ** 2], -1),
+                       lambda: FilterFeatures(feature_indices=torch.tensor([0, 1]))),
+}
+
+
+@pytest.mark.parametrize("name", list(INPUT_TRANSFORMS))
+def test_input_transformed_posterior_is_the_exact_models(name):
+    """The kernel sees the transformed inputs (n → n·P for InputPerturbation, n → n·k for AppendFeatures): with those
+    as landmarks the posterior — mean and covariance, observation noise included — is the exact model's."""
+    train, test, transform = INPUT_TRANSFORMS[name]
+    x, y = data(15)
+    xs = uniform(4, seed=11)
+    model = exact_model(train(x), y, input_transform=transform())
+    converted = landmark_copy(model, model.train_inputs[0], model.transform_inputs(test(xs)))
+    for observation_noise in (False, True):
+        with torch.no_grad():
+            expected = model.posterior(test(xs), observation_noise=observation_noise)
+            actual = converted.posterior(test(xs), observation_noise=observation_noise)
+        assert actual.mean.shape == expected.mean.shape
+        torch.testing.assert_close(actual.mean, expected.mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(actual.distribution.covariance_matrix, expected.distribution.covariance_matrix,
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["Expectation", "CVaR"])
+def test_robust_acquisition_over_input_perturbations_is_the_exact_models(objective):
+    """Robust BO: InputPerturbation expands each candidate to P perturbed points, a risk measure reduces them."""
+    x, y = data(15)
+    model = exact_model(x, y, input_transform=InputPerturbation(PERTURBATIONS))
+    X = uniform(3, 2, seed=7)
+    risk = Expectation(n_w=3) if objective == "Expectation" else CVaR(alpha=0.5, n_w=3)
+
+    def build(m):
+        return qLogNoisyExpectedImprovement(m, X_baseline=x, sampler=_sampler(), objective=risk)
+
+    expected = value_and_grad(build(model), X)
+    # InputPerturbation acts at evaluation only: the kernel sees the data x, the perturbed baseline and candidates;
+    # the 45 perturbed baseline points' posterior covariance, whose Cholesky factor qLogNEI caches, has eigenvalues
+    # down to 1e-10, which amplifies the map's round-off (3e-5 in one gradient entry)
+    converted = landmark_copy(model, model.train_inputs[0], model.transform_inputs(x), model.transform_inputs(X))
+    assert_same_value_and_grad(value_and_grad(build(converted), X), expected, atol=1e-4)
+
+
+def test_learned_warping_trains_jointly_with_random_features():
+    """Warp's concentrations train with the kernel: the marginal likelihood and its gradient with respect to them are
+    those of GPyTorch's generic computation with the same k̂, and a fit moves them as the exact model's fit does."""
+    x = uniform(40, seed=0)
+    y = torch.sin(6 * x[:, :1] ** 3) + 0.05 * torch.randn(40, 1, generator=torch.Generator().manual_seed(1),
+                                                          dtype=torch.float64)
+    model = sketched_copy(exact_model(x, y, input_transform=_warp()), 128).train()
+    reference = copy.deepcopy(model)
+
+    def loss_and_grad(m):
+        mll = ExactMarginalLogLikelihood(m.likelihood, m)
+        loss = -mll(m(*m.train_inputs), m.train_targets)
+        warp = m.input_transform
+        return loss.detach(), torch.autograd.grad(loss, [warp.concentration0, warp.concentration1])
+
+    expected = loss_and_grad(reference)
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        generic = loss_and_grad(reference)
+    actual = loss_and_grad(model)
+    assert expected[1][0].abs().max() > 0.1
+    torch.testing.assert_close(actual, generic, rtol=1e-9, atol=1e-10)
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model),
+                     optimizer_kwargs={"options": {"maxiter": 50}})
+    assert loss_and_grad(model.train())[0] < actual[0] - 0.1
+    assert model.input_transform.concentration1[0] > 1.5  # the steep first input (sin(6x³)) stays warped
+
+
+OUTCOME_TRANSFORMS = {  # name: (targets from y, transform)
+    "Log": (torch.exp, lambda: Log()),
+    "Power": (lambda y: y + 3.0, lambda: Power(0.5)),
+    "Bilog": (lambda y: 3 * y, lambda: Bilog()),
+    "Log+Standardize": (torch.exp, lambda: ChainedOutcomeTransform(log=Log(), standardize=Standardize(1))),
+    "StratifiedStandardize": (lambda y: y, lambda: StratifiedStandardize(
+        stratification_idx=D, all_task_values=torch.tensor([0, 1]))),
+}
+
+
+@pytest.mark.parametrize("name", list(OUTCOME_TRANSFORMS))
+def test_outcome_transformed_posterior_is_the_exact_models(name):
+    """Log, Power, Bilog and chains give a TransformedPosterior (samples of the transformed Gaussian), Standardize and
+    StratifiedStandardize a rescaled Gaussian: the same samples from the same base samples, the same moments where
+    BoTorch has them, and the same qLogEI."""
+    targets, transform = OUTCOME_TRANSFORMS[name]
+    x, y = data(16)
+    xs = uniform(5, seed=11)
+    if name == "StratifiedStandardize":
+        strata = (torch.arange(16) % 2).to(x).unsqueeze(-1)
+        x, y, xs = torch.cat([x, strata], -1), y + 3 * strata, torch.cat([xs, strata[:5]], -1)
+    model = exact_model(x, targets(y), outcome_transform=transform())
+    converted = landmark_copy(model, x, xs)
+    with torch.no_grad():
+        expected, actual = model.posterior(xs), converted.posterior(xs)
+        samples = [_sampler()(p) for p in (expected, actual)]
+    assert type(actual) is type(expected)
+    torch.testing.assert_close(samples[1], samples[0], rtol=1e-5, atol=1e-6)
+    if name in ("Log", "Log+Standardize", "StratifiedStandardize"):
+        torch.testing.assert_close(actual.mean, expected.mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(actual.variance, expected.variance, rtol=1e-5, atol=1e-6)
+    X = xs.unsqueeze(-2)
+
+    def build(m):
+        return qLogExpectedImprovement(m, best_f=targets(y).max(), sampler=_sampler())
+
+    assert_same_value_and_grad(value_and_grad(build(converted), X), value_and_grad(build(model), X), atol=1e-5)
