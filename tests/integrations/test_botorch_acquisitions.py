@@ -56,7 +56,8 @@ from botorch.models.transforms.outcome import (  # noqa: E402
     Standardize,
     StratifiedStandardize,
 )
-from botorch.optim import optimize_acqf  # noqa: E402
+from botorch.optim import optimize_acqf, optimize_acqf_discrete, optimize_acqf_mixed  # noqa: E402
+from botorch.optim.initializers import gen_batch_initial_conditions  # noqa: E402
 from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
 from gpytorch.mlls import ExactMarginalLogLikelihood  # noqa: E402
 from gpytorch.priors import LogNormalPrior  # noqa: E402
@@ -441,3 +442,53 @@ def test_outcome_transformed_posterior_is_the_exact_models(name):
         return qLogExpectedImprovement(m, best_f=targets(y).max(), sampler=_sampler())
 
     assert_same_value_and_grad(value_and_grad(build(converted), X), value_and_grad(build(model), X), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# optimisers
+
+
+def test_discrete_optimisation_picks_the_exact_models_choices():
+    x, y = data(20)
+    model = exact_model(x, y)
+    choices = uniform(30, seed=4)
+    converted = landmark_copy(model, x, choices)
+    for build, q in ((lambda m: UpperConfidenceBound(m, beta=0.5), 1),
+                     (lambda m: qLogNoisyExpectedImprovement(m, X_baseline=x, sampler=_sampler()), 2)):
+        expected = optimize_acqf_discrete(build(model), q=q, choices=choices)
+        actual = optimize_acqf_discrete(build(converted), q=q, choices=choices)
+        torch.testing.assert_close(actual[0], expected[0], rtol=0, atol=0)  # the same choices, in the same order
+        torch.testing.assert_close(actual[1], expected[1], rtol=1e-4, atol=1e-6)
+
+
+def test_mixed_and_constrained_optimisation_with_random_features():
+    x, y = data(20)
+    model = sketched_copy(exact_model(x, y), 64)
+    acquisition = qLogNoisyExpectedImprovement(model, X_baseline=x, sampler=_sampler())
+    fixed = [{1: 0.0}, {1: 0.5}]
+    candidates, value = optimize_acqf_mixed(acquisition, BOUNDS, q=2, fixed_features_list=fixed, **ACQF_OPTIONS)
+    assert candidates.shape == (2, D) and torch.isfinite(value)
+    assert all(float(c[1]) in (0.0, 0.5) for c in candidates)
+    below_diagonal = [(torch.tensor([0, 1]), torch.tensor([-1.0, -1.0], dtype=torch.float64), -0.8)]  # x₀ + x₁ ≤ 0.8
+    candidates, value = optimize_acqf(acquisition, BOUNDS, q=2, inequality_constraints=below_diagonal,
+                                      **ACQF_OPTIONS)
+    assert torch.isfinite(value) and (candidates.sum(-1) <= 0.8 + 1e-6).all()
+
+
+@pytest.mark.parametrize("name", ["UpperConfidenceBound", "qLogExpectedImprovement", "qNegIntegratedPosteriorVariance",
+                                  "qMaxValueEntropy"])
+def test_initial_conditions_over_many_raw_samples_factorise_nothing_larger_than_the_features(name, factorised):
+    """gen_batch_initial_conditions evaluates the acquisition at raw_samples t-batches of q points: with
+    N = 300 > F = 32 nothing larger than F × F (the posterior caches, once) or q × q (the joint of a t-batch) is
+    factorised — also for qNegIntegratedPosteriorVariance, which fantasises N + q training points per t-batch."""
+    x, y = data(300)
+    model = sketched_copy(exact_model(x, y), 32)
+    build, q = {
+        "UpperConfidenceBound": (lambda: UpperConfidenceBound(model, beta=0.5), 1),
+        "qLogExpectedImprovement": (lambda: qLogExpectedImprovement(model, best_f=y.max()), 2),
+        "qNegIntegratedPosteriorVariance": (lambda: qNegIntegratedPosteriorVariance(model, uniform(64, seed=3)), 2),
+        "qMaxValueEntropy": (lambda: qMaxValueEntropy(model, candidate_set=uniform(500, seed=3)), 1),
+    }[name]
+    initial = gen_batch_initial_conditions(build(), BOUNDS, q=q, num_restarts=4, raw_samples=512)
+    assert initial.shape == (4, q, D)
+    assert factorised and max(factorised) <= 32
