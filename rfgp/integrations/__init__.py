@@ -14,6 +14,8 @@ only reacts to that one module name and removes itself once that module has been
   low-rank roots.
 * :mod:`rfgp.integrations.botorch_models` — ``rfgp.set_num_features`` rebuilds ``PairwiseGP``'s Laplace approximation;
   ``LatentKroneckerGP``'s dense pathwise sampler refuses rfgp kernels by name.
+* :mod:`rfgp.integrations.botorch_pruning` — BoTorch's ``X_baseline`` pruning (qLogNEI, …) samples rfgp posteriors
+  through their n × F root.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def _register_botorch() -> None:
     importlib.import_module(f"{__name__}.botorch_transforms")
     importlib.import_module(f"{__name__}.botorch_multioutput")
     importlib.import_module(f"{__name__}.botorch_models")
+    importlib.import_module(f"{__name__}.botorch_pruning")
 
 
 when_imported("botorch", _register_botorch)

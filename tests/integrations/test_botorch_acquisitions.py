@@ -492,3 +492,66 @@ def test_initial_conditions_over_many_raw_samples_factorise_nothing_larger_than_
     initial = gen_batch_initial_conditions(build(), BOUNDS, q=q, num_restarts=4, raw_samples=512)
     assert initial.shape == (4, q, D)
     assert factorised and max(factorised) <= 32
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# pruning X_baseline
+
+
+def test_baseline_pruning_samples_through_the_root_without_factorising(factorised):
+    """qLogNEI prunes X_baseline (all N = 300 training points, F = 32) from 2048 joint posterior samples; BoTorch's
+    Sobol sampler took them through the dense 300 × 300 Cholesky factor (with jitter, rank 32), now R·ε.  Only the
+    F × F caches and the pruned baseline's cached root are factorised."""
+    x, y = data(300)
+    model = sketched_copy(exact_model(x, y), 32)
+    with torch.no_grad():
+        mean = model.posterior(x).mean.squeeze(-1)
+    factorised.clear()
+    torch.manual_seed(0)
+    acquisition = qLogNoisyExpectedImprovement(model, X_baseline=x)
+    kept = acquisition.X_baseline
+    assert factorised and max(factorised) <= 32 and max(factorised) >= kept.shape[0]
+    assert 1 <= kept.shape[0] <= 20 and (kept == x[mean.argmax()]).all(-1).any()  # the best mean survives
+
+
+def test_pruning_samples_have_the_distribution_of_botorchs_samples():
+    """The probability of each baseline point being the best, estimated from the root's i.i.d. draws and from
+    BoTorch's Sobol draws through the dense Cholesky factor, agree within 4 standard errors."""
+    from rfgp.integrations.botorch_pruning import _botorch_get_sampler, _get_sampler, samples_through_its_root
+
+    x, y = data(100)
+    model = sketched_copy(exact_model(x, y), 32)
+    with torch.no_grad():
+        posterior = model.posterior(x)
+        shape = torch.Size([8192])
+        torch.manual_seed(1)
+        ours = _get_sampler(posterior=posterior, sample_shape=shape)(posterior).squeeze(-1)
+        botorchs = _botorch_get_sampler(posterior=posterior, sample_shape=shape)(posterior).squeeze(-1)
+    assert samples_through_its_root(posterior) and isinstance(_get_sampler(posterior, shape),
+                                                              botorch.sampling.StochasticSampler)
+    counts = [torch.bincount(s.argmax(-1), minlength=100).to(torch.float64) / 8192 for s in (ours, botorchs)]
+    assert counts[1].max() > 0.1
+    se = ((counts[0] * (1 - counts[0]) + counts[1] * (1 - counts[1])) / 8192).sqrt().clamp_min(1e-3)
+    assert ((counts[0] - counts[1]).abs() <= 4 * se).all()
+
+
+def test_pruning_keeps_botorchs_sampler_elsewhere():
+    """Exact models, rfgp posteriors whose root is as wide as the points (n ≤ F), and explicit options keep BoTorch's
+    sampler; a ModelListGP of rfgp models (multi-objective pruning) samples through its stacked roots."""
+    from botorch.acquisition.multi_objective.utils import prune_inferior_points_multi_objective
+
+    from rfgp.integrations.botorch_pruning import _get_sampler, samples_through_its_root
+
+    x, y = data(60)
+    exact = exact_model(x, y)
+    with torch.no_grad():
+        assert not samples_through_its_root(exact.posterior(x))
+        assert not samples_through_its_root(sketched_copy(exact, 64).posterior(x))  # 60 points, root 64 wide
+        posterior = sketched_copy(exact, 16).posterior(x)
+    assert samples_through_its_root(posterior)
+    assert isinstance(_get_sampler(posterior, torch.Size([4]), seed=3), SobolQMCNormalSampler)
+    models = ModelListGP(sketched_copy(exact, 16), sketched_copy(exact_model(x, -y), 16, seed=1))
+    with torch.no_grad():
+        assert samples_through_its_root(models.posterior(x))
+    kept = prune_inferior_points_multi_objective(models, x, ref_point=torch.tensor([-3.0, -3.0], dtype=torch.float64))
+    assert 1 <= kept.shape[0] < 60
