@@ -28,18 +28,22 @@ from botorch.acquisition import (  # noqa: E402
 )
 from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance  # noqa: E402
 from botorch.acquisition.analytic import LogProbabilityOfImprovement  # noqa: E402
+from botorch.acquisition.cost_aware import InverseCostWeightedUtility  # noqa: E402
 from botorch.acquisition.joint_entropy_search import qJointEntropySearch  # noqa: E402
 from botorch.acquisition.max_value_entropy_search import (  # noqa: E402
     qLowerBoundMaxValueEntropy,
     qMaxValueEntropy,
+    qMultiFidelityMaxValueEntropy,
 )
 from botorch.acquisition.multi_objective.parego import qLogNParEGO  # noqa: E402
 from botorch.acquisition.objective import GenericMCObjective  # noqa: E402
 from botorch.acquisition.predictive_entropy_search import qPredictiveEntropySearch  # noqa: E402
+from botorch.acquisition.preference import qExpectedUtilityOfBestOption  # noqa: E402
 from botorch.acquisition.risk_measures import CVaR, Expectation  # noqa: E402
-from botorch.acquisition.utils import get_optimal_samples  # noqa: E402
+from botorch.acquisition.utils import get_optimal_samples, project_to_target_fidelity  # noqa: E402
 from botorch.fit import fit_gpytorch_mll  # noqa: E402
-from botorch.models import ModelListGP, SingleTaskGP  # noqa: E402
+from botorch.models import ModelListGP, PairwiseGP, SingleTaskGP  # noqa: E402
+from botorch.models.cost import AffineFidelityCostModel  # noqa: E402
 from botorch.models.transforms.input import (  # noqa: E402
     AppendFeatures,
     ChainedInputTransform,
@@ -223,6 +227,31 @@ def test_entropy_search_optimises_on_pathwise_optima_of_the_random_feature_model
     assert candidates.shape == (1, D) and torch.isfinite(value)
 
 
+def test_multi_fidelity_max_value_entropy_is_the_exact_models():
+    """qMultiFidelityMaxValueEntropy on a GP over (x, fidelity) with an ordinary kernel (BoTorch's fidelity kernels have
+    no random features, see test_botorch_multi_fidelity.py), cost-aware and projected to the target fidelity."""
+    x, y = data(16)
+    fidelity = torch.rand(16, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    inputs = torch.cat([x, fidelity], -1)
+    model = exact_model(inputs, y - 0.5 * (1 - fidelity))
+    candidates = torch.rand(40, D + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    X = torch.rand(5, 1, D + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+    def project(points):
+        return project_to_target_fidelity(points, {D: 1.0}, D + 1)
+
+    def evaluate(m):
+        torch.manual_seed(0)
+        cost = InverseCostWeightedUtility(AffineFidelityCostModel({D: 1.0}, fixed_cost=0.5))
+        return value_and_grad(qMultiFidelityMaxValueEntropy(m, candidate_set=candidates, num_mv_samples=8,
+                                                            cost_aware_utility=cost, project=project), X)
+
+    expected = evaluate(model)
+    assert expected[0].max() > 0.01
+    converted = landmark_copy(model, inputs, candidates, project(candidates), X, project(X))
+    assert_same_value_and_grad(evaluate(converted), expected, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # active learning and the other acquisition families
 
@@ -312,6 +341,27 @@ def test_model_list_acquisition_is_the_exact_models_and_optimises_with_random_fe
     _, sketched = _objective_and_constraint_models(lambda m: sketched_copy(m, 64))
     candidates, value = optimize_acqf(build(sketched, x), BOUNDS, q=2, **ACQF_OPTIONS)
     assert candidates.shape == (2, D) and torch.isfinite(value)
+
+
+def test_expected_utility_of_best_option_of_a_preference_model_is_the_exact_models():
+    """qExpectedUtilityOfBestOption on PairwiseGP (its Laplace approximation reads the dense covariance of the
+    datapoints, which the Nyström map reproduces; PairwiseGP requires its ScaleKernel: the base kernel is converted)."""
+    x, _ = data(16)
+    utility = torch.sin(6 * x).sum(-1)
+    pairs = torch.randint(0, 16, (30, 2), generator=torch.Generator().manual_seed(0))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    comparisons = torch.where((utility[pairs[:, 0]] > utility[pairs[:, 1]]).unsqueeze(-1), pairs, pairs.flip(-1))
+    exact = PairwiseGP(x, comparisons).double().eval()
+    X = uniform(4, 2, seed=7)
+    kernel = copy.deepcopy(exact.covar_module)
+    points = torch.cat([x, X.reshape(-1, D)])
+    kernel.base_kernel = rfgp.sketch(kernel.base_kernel, points.shape[0], method="nystrom", x_sample=points)
+    converted = PairwiseGP(x, comparisons, covar_module=kernel).double().eval()
+
+    def evaluate(m):
+        return value_and_grad(qExpectedUtilityOfBestOption(m, sampler=_sampler()), X)
+
+    assert_same_value_and_grad(evaluate(converted), evaluate(exact))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
