@@ -6,8 +6,9 @@ qLogNEI, qNEI, qLogNParEGO and the multi-objective noisy acquisitions prune ``X_
 keep the points that are best in some sample.  BoTorch's default sampler (``get_sampler``: scrambled Sobol base
 samples, n-dimensional) reparameterises them with a square root of the n × n posterior covariance, a dense Cholesky
 factor, which for an rfgp posterior Σ = RRᵀ of rank F < n needs jitter too: O(n³) time, O(n²) memory and an n × n
-by n × 2048 product (n = 3000, F = 256: 2.8 s of a 2.9 s construction; n = 6000: 10 s, where the exact GP's
-construction took 8.4 s at n = 3000), although the pruned set that remains is a handful of points.
+by n × 2048 product, although the pruned set that remains is a handful of points.  qLogNEI's construction with
+F = 256 (``benchmarks/botorch_acquisitions.py``, one thread): n = 3000: 2.4 s → 0.32 s (the exact GP: 8.6 s);
+n = 6000: 10.8 s → 0.76 s.
 
 Registered when BoTorch is imported (:mod:`rfgp.integrations`), ``get_sampler`` as the pruning functions of
 ``botorch.acquisition.utils`` look it up is wrapped: for a ``GPyTorchPosterior`` whose covariance is an rfgp low-rank

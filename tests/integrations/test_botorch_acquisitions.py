@@ -3,9 +3,11 @@
 The reference is the exact-kernel BoTorch model at the same hyperparameters.  A Nyström map whose landmarks are every
 point the kernel sees (training inputs, candidates, optima, the evaluated X — in the kernel's coordinates, after the
 input transform) reproduces k exactly on those points, and k̂(x, z) = k(x, z) for every x when z is a landmark, so
-values *and* gradients with respect to X equal the exact model's (up to the Nyström factor's round-off, 1e-8 here);
-random features are checked to approach the exact values as F grows and to agree with GPyTorch's generic prediction
-of the same k̂ (``lazily_evaluate_kernels(False)``, its N × N algebra).
+values *and* gradients with respect to X equal the exact model's (up to the Nyström factor's round-off, 1e-8 here).
+Random features are checked to approach the exact values as F grows (MES, GIBBON), to train as GPyTorch's generic
+computation with the same k̂ does (``lazily_evaluate_kernels(False)``, its N × N algebra; Warp), to have the finite
+difference's gradient (qNIPV), to optimise, and to factorise nothing larger than F × F over many raw samples and
+while pruning qLogNEI's baseline (:mod:`rfgp.integrations.botorch_pruning`).
 """
 
 import copy
