@@ -93,8 +93,11 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
 
     Works with ``MultitaskMultivariateNormal`` (interleaved, the default) and
     ``MultitaskGaussianLikelihood`` of any rank (rank ≥ 1 through the whitening of
-    :mod:`rfgp.inference.task_noise`) or ``GaussianLikelihood``-style diagonal noise.
+    :mod:`rfgp.inference.task_noise`) or ``GaussianLikelihood``-style diagonal noise.  Fantasies recompute from
+    all points (its caches are not the single-output F × F ones that the rank-q update extends).
     """
+
+    updates_fantasies = False
 
     def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
         super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)

@@ -38,6 +38,7 @@ import math
 import gpytorch
 import torch
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.likelihoods.noise_models import HomoskedasticNoise
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
 from gpytorch.utils.memoize import cached
 from linear_operator.operators import (
@@ -54,7 +55,8 @@ from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets
 from ..features.base import FeatureMap
 from . import distributed
-from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches
+from .fantasy_update import updated_capacitance_caches
+from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches, prefers_kernel_space
 from .linalg import capacitance_solve
 from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
 from .posterior_covariance import feature_posterior_covariance
@@ -76,6 +78,30 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         self.draws = draw_fingerprint(self.kernel)
         self.kernel_placement = _placement(self.kernel)
 
+    #: whether :meth:`get_fantasy_strategy` may update this strategy's F × F caches by the new rows
+    #: (:class:`RankUpdatedFantasyStrategy`); strategies with other caches (several outputs) set it to ``False``.
+    updates_fantasies = True
+
+    @property
+    def cache_placement(self) -> tuple[torch.dtype, torch.device]:
+        """(dtype, device) of the training covariance, which the caches are computed in."""
+        covar = self.train_prior_dist.lazy_covariance_matrix
+        return covar.dtype, covar.device
+
+    @property
+    def operator_batch(self) -> torch.Size:
+        """The batch shape of the noise-added training covariance."""
+        return self.lik_train_train_covar.batch_shape
+
+    def updatable_caches(self) -> bool:
+        """Whether the posterior caches are the plain F × F ones (A⁻¹ΦᵀD⁻¹(y − μ), chol A) of materialised training
+        features, which :class:`RankUpdatedFantasyStrategy` can update: not kernel space, not a chunked training
+        operator, no structured caches (classification, complex posterior), no distributed statistics."""
+        train_covar = self.lik_train_train_covar
+        return (self.updates_fantasies and not distributed.is_active()
+                and type(train_covar) is FeatureRootAddedDiagLinearOperator
+                and getattr(train_covar, "feature_space_caches", None) is None and not self.uses_kernel_space)
+
     def check_draws(self) -> None:
         """Raise if the kernel's maps were re-drawn since the training features were cached."""
         if self.kernel is not None and draw_fingerprint(self.kernel) != self.draws:
@@ -95,11 +121,11 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         give float64 test features, which the float32 caches do not multiply.  (The training covariance,
         not the mean: a float32 kernel computes float64 data in float64, and its test features too.)
         """
-        cached = self.train_prior_dist.lazy_covariance_matrix
+        dtype, device = self.cache_placement
         kernel = _placement(self.kernel)
-        if kernel != self.kernel_placement or (features.dtype, features.device) != (cached.dtype, cached.device):
+        if kernel != self.kernel_placement or (features.dtype, features.device) != (dtype, device):
             raise RuntimeError(
-                f"this model cached its posterior in {cached.dtype} on {cached.device} (kernel: "
+                f"this model cached its posterior in {dtype} on {device} (kernel: "
                 f"{_describe(self.kernel_placement)}), but predicts with test features in {features.dtype} on "
                 f"{features.device} (kernel: {_describe(kernel)}): pass test inputs in the dtype and on the device "
                 "of the training data, and if the model was converted (model.float(), .double(), .to(...)) after "
@@ -131,21 +157,29 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         """The strategy of the training data with the fantasies appended (``get_fantasy_model``, BoTorch's
         ``condition_on_observations`` and ``fantasize``).
 
-        Recomputed from the full data, as GPyTorch's ``LinearPredictionStrategy`` does, but without building
-        its F × F caches eagerly: the new strategy builds those of the cheaper algebra (:attr:`uses_kernel_space`)
-        at its first prediction — at N + m ≪ F, the (N + m) × (N + m) ones (qJointEntropySearch conditions on
-        a batch of optima: N = 40, F = 4096 took 8.4 s for the F × F Cholesky factors).
+        Where this strategy's caches are the plain F × F ones (:meth:`updatable_caches`), the new kernel and
+        likelihood allow it and N + m points stay in feature space, a :class:`RankUpdatedFantasyStrategy`: its caches
+        are this strategy's updated by the m new rows, with the kernel evaluated at the m new inputs only.
+        Otherwise recomputed from the full data, as GPyTorch's ``LinearPredictionStrategy`` does, but without
+        building its F × F caches eagerly: the new strategy builds those of the cheaper algebra
+        (:attr:`uses_kernel_space`) at its first prediction — at N + m ≪ F, the (N + m) × (N + m) ones
+        (qJointEntropySearch conditions on a batch of optima: N = 40, F = 4096 took 8.4 s for the F × F Cholesky
+        factors).  Both give the same posterior, to rounding.
 
         A ``noise=`` variance of the m new observations (BoTorch's ``condition_on_observations(X, Y, noise)``,
         ``fantasize(X, sampler, observation_noise)``, qJointEntropySearch's near-noiseless optima) enters both the
         mean and the covariance caches: D = diag(noise of the N training points, noise), see
         :func:`fantasy_noise_likelihood`.
         """
+        likelihood = fantasy_noise_likelihood(self.likelihood, lambda: self.lik_train_train_covar, **kwargs)
+        updated = RankUpdatedFantasyStrategy.of(self, full_inputs, full_targets, full_output, likelihood)
+        if updated is not None:
+            return updated
         return self.__class__(
             train_inputs=full_inputs,
             train_prior_dist=self.train_prior_dist.__class__(full_output.mean, full_output.lazy_covariance_matrix),
             train_labels=full_targets,
-            likelihood=fantasy_noise_likelihood(self.likelihood, self.lik_train_train_covar, **kwargs),
+            likelihood=likelihood,
         )
 
     @property
@@ -247,6 +281,121 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         return mean_cache, chol
 
 
+class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
+    """The fantasy strategy of a :class:`FeatureSpacePredictionStrategy` whose caches update its parent's by the q new
+    rows (:func:`rfgp.inference.fantasy_update.updated_capacitance_caches`: O(max(q, 32)·F²) per fantasy, against
+    (N + q)·F² + F³/3 and the features of all N + q points for a recomputation).
+
+    BoTorch's ``fantasize`` over a batch of new inputs (512 raw samples of qNegIntegratedPosteriorVariance, N = 6000,
+    F = 256) re-featurised and re-factorised all N + q points for every batch member.  This strategy evaluates the
+    kernel at the q new inputs only; GPyTorch's attributes of the full data (``train_prior_dist``,
+    ``lik_train_train_covar``: the kernel at all N + q inputs) come from the recomputed strategy, built at their
+    first use.  The caches are recomputed from all N + q points (same values, to rounding) instead of updated
+
+    * where they are built with an autograd graph (``propagate_grads``/``detach_test_caches(False)`` while a gradient
+      is recorded, as BoTorch's acquisition gradients w.r.t. X): the parent's caches hold no graph of the training
+      points' statistics, which the gradients w.r.t. hyperparameters and training data need;
+    * where a target is NaN under ``observation_nan_policy("mask")``/``("fill")`` (the posterior drops that point).
+
+    Kernel-space posteriors (N + q ≲ F), chunked training operators, structured caches (classification, complex
+    posterior), distributed statistics and multi-output strategies are not updated (:meth:`updatable_caches`), nor are
+    likelihoods other than ``GaussianLikelihood`` and ``FixedNoiseGaussianLikelihood``: :meth:`of` returns ``None``.
+    """
+
+    def __init__(self, parent: FeatureSpacePredictionStrategy, full_inputs, full_targets, full_output, likelihood,
+                 features: Tensor, weights: Tensor, batch: torch.Size):
+        # not DefaultPredictionStrategy.__init__: it evaluates the kernel at all N + q inputs
+        self._train_shape = full_output.event_shape
+        self.train_inputs, self.train_labels, self.likelihood = full_inputs, full_targets, likelihood
+        self._last_test_train_covar = None
+        self.kernel = getattr(full_output.lazy_covariance_matrix, "kernel", None)
+        self.draws = draw_fingerprint(self.kernel)
+        self.kernel_placement = _placement(self.kernel)
+        self.parent, self.full_output = parent, full_output
+        self.features, self.weights, self.batch = features, weights, batch
+        self._full_strategy = None
+
+    @classmethod
+    def of(cls, parent, full_inputs, full_targets, full_output, likelihood) -> RankUpdatedFantasyStrategy | None:
+        """The updated strategy of ``parent`` with the points appended (GPyTorch's ``get_fantasy_strategy``
+        arguments, ``likelihood`` that of the N + q points), ``None`` where the update does not apply."""
+        if not parent.updatable_caches():
+            return None
+        num_train = parent.train_labels.shape[-1]
+        num_new = full_targets.shape[-1] - num_train
+        noise = _new_noise(likelihood, num_train + num_new, num_new)
+        covar = full_output.lazy_covariance_matrix[..., num_train:, num_train:]
+        if hasattr(covar, "evaluate_kernel"):
+            covar = covar.evaluate_kernel()
+        features = _features(covar)
+        if noise is None or features is None or num_new < 1:
+            return None
+        if (features.dtype, features.device) != parent.cache_placement:
+            return None  # check_features' error (or the recomputation's promotion) applies
+        batch = torch.broadcast_shapes(parent.operator_batch, features.shape[:-2], noise.shape[:-1])
+        if prefers_kernel_space(num_train + num_new, features.shape[-1], *(math.prod(batch),) * 3):
+            return None
+        weights = check_noise(noise).reciprocal()
+        return cls(parent, full_inputs, full_targets, full_output, likelihood, features, weights, batch)
+
+    @property
+    def full_strategy(self) -> FeatureSpacePredictionStrategy:
+        """The strategy recomputed from all N + q points (the kernel evaluated there), built at its first use."""
+        if self._full_strategy is None:
+            output = self.full_output
+            self._full_strategy = FeatureSpacePredictionStrategy(
+                self.train_inputs, output.__class__(output.mean, output.lazy_covariance_matrix), self.train_labels,
+                self.likelihood)
+        return self._full_strategy
+
+    @property
+    def train_prior_dist(self):
+        return self.full_strategy.train_prior_dist
+
+    @property
+    def lik_train_train_covar(self):
+        return self.full_strategy.lik_train_train_covar
+
+    @property
+    def cache_placement(self) -> tuple[torch.dtype, torch.device]:
+        return self.features.dtype, self.features.device
+
+    @property
+    def operator_batch(self) -> torch.Size:
+        return self.batch
+
+    @property
+    def uses_kernel_space(self) -> bool:
+        return False  # :meth:`of` checked that N + q points stay in feature space
+
+    def updatable_caches(self) -> bool:
+        return True  # its parent's were, and its own are the same F × F ones
+
+    @cached(name="mean_covar_cache")
+    @in_full_precision
+    def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
+        """The parent's caches updated by the new rows; recomputed with a graph or with NaN targets dropped."""
+        if torch.is_grad_enabled() or observed_points(self.train_labels, nan_policy) is not None:
+            return self.full_strategy._mean_covar_cache(nan_policy)
+        num_new = self.features.shape[-2]
+        targets = self.train_labels[..., -num_new:]
+        check_targets(targets, "the training targets y")
+        mean_cache, chol = self.parent.mean_covar_cache
+        residual = targets - self.full_output.mean[..., -num_new:]
+        return updated_capacitance_caches(mean_cache, chol, self.features, self.weights, residual)
+
+
+def _new_noise(likelihood, num_points: int, num_new: int) -> Tensor | None:
+    """The noise variances ``(..., q)`` (``(..., 1)`` if homoscedastic) of the last ``num_new`` of ``num_points``
+    points under a fantasy strategy's likelihood, ``None`` for likelihoods with other noise models."""
+    if isinstance(likelihood, FixedNoiseGaussianLikelihood):
+        noise = likelihood.noise
+        return noise[..., -num_new:] if noise.shape[-1] == num_points else None
+    if type(likelihood) is GaussianLikelihood and isinstance(likelihood.noise_covar, HomoskedasticNoise):
+        return likelihood.noise
+    return None
+
+
 def fantasy_noise_likelihood(likelihood, lik_train_train_covar, **kwargs):
     """The likelihood of a fantasy strategy's N + m training points, with the m new points' ``noise`` if given.
 
@@ -255,12 +404,13 @@ def fantasy_noise_likelihood(likelihood, lik_train_train_covar, **kwargs):
     the noise asked for, silently: BoTorch's ``condition_on_observations(X, Y, noise)`` (qJointEntropySearch
     conditions on its sampled optima with noise 1e-4) and ``fantasize(X, sampler, observation_noise)``.
     With ``noise``, the strategy's likelihood is GPyTorch's ``FixedNoiseGaussianLikelihood`` with the training
-    points' noise diagonal (``lik_train_train_covar``'s D) followed by ``noise``, as a fixed-noise model's
-    ``get_fantasy_likelihood`` concatenates, so that mean and covariance are those of a model fitted with that
-    noise; the model's own likelihood (``get_fantasy_model`` sets it, for observation noise at test points) is
-    unchanged.  (GPyTorch's ``DefaultPredictionStrategy`` uses the given noise in its covariance cache but not
-    in its mean, whose cache it recomputes from the homoscedastic likelihood.)  Other likelihoods (multitask:
-    several outputs per point) cannot take a per-point ``noise`` this way and raise.
+    points' noise diagonal (the D of the noise-added training operator that ``lik_train_train_covar()`` returns,
+    called only then) followed by ``noise``, as a fixed-noise model's ``get_fantasy_likelihood`` concatenates, so
+    that mean and covariance are those of a model fitted with that noise; the model's own likelihood
+    (``get_fantasy_model`` sets it, for observation noise at test points) is unchanged. (GPyTorch's
+    ``DefaultPredictionStrategy`` uses the given noise in its covariance cache but not in its mean, whose cache it
+    recomputes from the homoscedastic likelihood.) Other likelihoods (multitask: several outputs per point) cannot
+    take a per-point ``noise`` this way and raise.
     """
     fantasy = likelihood.get_fantasy_likelihood(**kwargs)
     if kwargs.get("noise") is None or isinstance(fantasy, FixedNoiseGaussianLikelihood):
@@ -271,7 +421,7 @@ def fantasy_noise_likelihood(likelihood, lik_train_train_covar, **kwargs):
             f"FixedNoiseGaussianLikelihood, got {type(likelihood).__name__}: condition without noise= (the "
             "likelihood's own noise), or use a fixed-noise likelihood"
         )
-    train_noise = lik_train_train_covar._diag_tensor.diagonal(dim1=-1, dim2=-2)  # (..., N), also for a constant D
+    train_noise = lik_train_train_covar()._diag_tensor.diagonal(dim1=-1, dim2=-2)  # (..., N), also for constant D
     return FixedNoiseGaussianLikelihood(train_noise).get_fantasy_likelihood(noise=kwargs["noise"])
 
 

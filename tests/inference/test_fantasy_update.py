@@ -1,0 +1,153 @@
+"""Fantasy strategies update their parent's F × F caches by the q new rows (RankUpdatedFantasyStrategy): the same
+posterior as recomputing from all N + q points, without featurising or factorising the N training points again."""
+
+import gpytorch
+import pytest
+import torch
+
+from rfgp.features.base import FeatureMap
+from rfgp.inference import prediction
+from rfgp.inference.prediction import FeatureSpacePredictionStrategy, RankUpdatedFantasyStrategy
+from rfgp.kernels import SketchedRBFKernel
+from rfgp.models import ExactGPModel
+
+N, D, F = 120, 2, 48  # N > F: the feature-space caches
+
+
+def model_of(train_noise=None, n=N, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(n, D, generator=gen, dtype=torch.float64) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+    if train_noise is None:
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        likelihood.noise = 0.05
+    else:
+        likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(train_noise)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(F, method="orf", seed=0))
+    model = ExactGPModel(x, y, likelihood, kernel).double()
+    model.covar_module.outputscale = 1.7
+    model.covar_module.base_kernel.lengthscale = 0.6
+    model.mean_module.constant.data.fill_(0.3)
+    model = model.to(dtype).eval()
+    with torch.no_grad():
+        model(x[:2].to(dtype))  # the parent's caches
+    return model
+
+
+def new_points(*batch, q=3, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(*batch, q, D, generator=gen, dtype=torch.float64) * 4 - 2
+
+
+def predict(model, xs):
+    with torch.no_grad():
+        output = model(xs)
+        return output.mean, output.covariance_matrix
+
+
+def recomputed(monkeypatch, model, inputs, targets, **kwargs):
+    """The fantasy model of the full recomputation (the strategy before the update)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(RankUpdatedFantasyStrategy, "of", classmethod(lambda cls, *args: None))
+        return model.get_fantasy_model(inputs, targets, **kwargs)
+
+
+XS = torch.linspace(-2.5, 2.5, 7, dtype=torch.float64).unsqueeze(-1).expand(7, D).contiguous()
+
+
+@pytest.mark.parametrize("case", ["single", "input batch", "fantasy samples", "noise", "fixed training noise"])
+def test_updated_fantasy_equals_recomputation(case, monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    train_noise = 0.02 + 0.1 * torch.rand(N, generator=gen, dtype=torch.float64) if case.startswith("fixed") else None
+    model = model_of(train_noise)
+    inputs = new_points(5) if case in ("input batch", "fantasy samples") else new_points()
+    targets = torch.randn(*((4,) if case == "fantasy samples" else ()), *inputs.shape[:-1], generator=gen,
+                          dtype=torch.float64)
+    kwargs = {}
+    if case == "noise":
+        kwargs["noise"] = torch.tensor([0.3, 1e-4, 0.01], dtype=torch.float64)
+    if case == "fixed training noise":
+        kwargs["noise"] = torch.full((3,), 0.07, dtype=torch.float64)
+    fantasy = model.get_fantasy_model(inputs, targets, **kwargs)
+    expected = predict(recomputed(monkeypatch, model, inputs, targets, **kwargs), XS)
+    actual = predict(fantasy, XS)
+    assert type(fantasy.prediction_strategy) is RankUpdatedFantasyStrategy
+    assert fantasy.prediction_strategy._full_strategy is None  # answered without the kernel at all N + q points
+    assert actual[0].shape == expected[0].shape and actual[1].shape == expected[1].shape
+    torch.testing.assert_close(actual[0], expected[0], rtol=0, atol=1e-10)
+    torch.testing.assert_close(actual[1], expected[1], rtol=0, atol=1e-10)
+
+
+def test_fantasy_of_a_fantasy_and_float32(monkeypatch):
+    """A fantasy of an updated fantasy updates again; float32 caches update in float64, to float32 rounding."""
+    model = model_of()
+    first, second = (new_points(seed=3), torch.randn(3, dtype=torch.float64)), (new_points(seed=4), torch.randn(3))
+    chained = model.get_fantasy_model(*first)
+    predict(chained, XS)
+    chained = chained.get_fantasy_model(second[0], second[1].double())
+    expected = recomputed(monkeypatch, model, torch.cat([first[0], second[0]]),
+                          torch.cat([first[1], second[1].double()]))
+    assert type(chained.prediction_strategy.parent) is RankUpdatedFantasyStrategy
+    for a, b in zip(predict(chained, XS), predict(expected, XS), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    single = model_of(dtype=torch.float32)
+    fantasy = single.get_fantasy_model(first[0].float(), first[1].float())
+    reference = recomputed(monkeypatch, single, first[0].float(), first[1].float())
+    for a, b in zip(predict(fantasy, XS.float()), predict(reference, XS.float()), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+
+
+def test_updated_fantasy_featurises_only_the_new_points(monkeypatch):
+    """No features of the N training points and no factorisation: only the q new rows, then the test points."""
+    model = model_of()
+    rows, factorised = [], []
+    forward = FeatureMap.__call__
+
+    def spy(self, x, *args, **kwargs):
+        rows.append(x.shape[-2])
+        return forward(self, x, *args, **kwargs)
+
+    cholesky_ex = torch.linalg.cholesky_ex
+    monkeypatch.setattr(FeatureMap, "__call__", spy)
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", lambda a, *args, **kw: factorised.append(a.shape) or
+                        cholesky_ex(a, *args, **kw))
+    fantasy = model.get_fantasy_model(new_points(5), torch.randn(5, 3, dtype=torch.float64))
+    predict(fantasy, XS)
+    assert rows and max(rows) <= len(XS) and factorised == []
+
+
+def test_recomputes_with_a_graph_and_for_masked_targets(monkeypatch):
+    """Caches built while a gradient is recorded (BoTorch's propagate_grads) or with NaN targets under the "mask"
+    policy come from the full recomputation: the gradient w.r.t. the new inputs is the recomputation's."""
+    model = model_of()
+    inputs = new_points()
+
+    def variance_and_grad(update):
+        x = inputs.clone().requires_grad_(True)
+        with monkeypatch.context() as patch:
+            if not update:
+                patch.setattr(RankUpdatedFantasyStrategy, "of", classmethod(lambda cls, *args: None))
+            fantasy = model.get_fantasy_model(x, torch.zeros(3, dtype=torch.float64))
+        with gpytorch.settings.detach_test_caches(False):
+            variance = fantasy(XS).variance.sum()
+        return variance.detach(), torch.autograd.grad(variance, x)[0]
+
+    expected, actual = variance_and_grad(False), variance_and_grad(True)
+    assert expected[1].abs().max() > 1e-3
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+    targets = torch.tensor([0.1, float("nan"), -0.2], dtype=torch.float64)
+    with gpytorch.settings.observation_nan_policy("mask"):
+        fantasy = model.get_fantasy_model(inputs, targets)
+        expected = predict(model.get_fantasy_model(inputs[[0, 2]], targets[[0, 2]]), XS)
+        actual = predict(fantasy, XS)
+    assert fantasy.prediction_strategy._full_strategy is not None
+    for a, b in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_kernel_space_parents_recompute():
+    """N + q ≲ F: the (N + q) × (N + q) algebra is cheaper, the strategy is the recomputed one."""
+    model = model_of(n=20)
+    fantasy = model.get_fantasy_model(new_points(), torch.zeros(3, dtype=torch.float64))
+    assert type(fantasy.prediction_strategy) is FeatureSpacePredictionStrategy
+    assert prediction.RankUpdatedFantasyStrategy.of(model.prediction_strategy, None, None, None, None) is None
