@@ -9,7 +9,10 @@ prediction caches are built inside the timing, as in a BO iteration):
   :mod:`rfgp.integrations.botorch_pruning` (``rfgp, BoTorch's pruning sampler``: the dense n × n square root);
 * ``ics(qLogNEI)``   — ``gen_batch_initial_conditions`` (q = 2, 512 raw samples) of that acquisition;
 * ``ics(UCB)``, ``ics(qNIPV)`` — the same for UpperConfidenceBound (q = 1) and qNegIntegratedPosteriorVariance
-  (q = 2, 64 MC points; it fantasises N + q points per raw sample; the exact GP at N ≤ 300 only).
+  (q = 2, 64 MC points; it fantasises N + q points per raw sample; the exact GP at N ≤ 300 only);
+* ``qKG(X)``         — qKnowledgeGradient (16 fantasies) evaluated at 32 one-shot candidates (q = 1), no gradient;
+  ``ics(qNIPV)`` and ``qKG(X)`` also with ``rfgp, fantasies recomputed`` (the fantasy strategy built from all
+  N + q points instead of :class:`rfgp.inference.prediction.RankUpdatedFantasyStrategy`'s rank-q cache update).
 
 The largest matrix handed to a Cholesky factorisation is recorded for each case.
 
@@ -37,16 +40,17 @@ def _timed(function, repeats):
     return best, value
 
 
-def run(num_train: int, num_features: int, repeats: int, exact: bool) -> list[dict]:
+def run(num_train: int, num_features: int, repeats: int, exact: bool, only: list[str] | None = None) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import botorch.acquisition.utils as acquisition_utils
     import torch
-    from botorch.acquisition import UpperConfidenceBound, qLogNoisyExpectedImprovement
+    from botorch.acquisition import UpperConfidenceBound, qKnowledgeGradient, qLogNoisyExpectedImprovement
     from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
     from botorch.models import SingleTaskGP
     from botorch.optim.initializers import gen_batch_initial_conditions
 
     import rfgp
+    from rfgp.inference.prediction import RankUpdatedFantasyStrategy
     from rfgp.integrations import botorch_pruning
 
     torch.set_num_threads(1)
@@ -61,6 +65,11 @@ def run(num_train: int, num_features: int, repeats: int, exact: bool) -> list[di
     sketched_model = copy.deepcopy(exact_model)
     sketched_model.covar_module = rfgp.sketch(exact_model.covar_module, num_features, method="orf", seed=0)
     mc_points = torch.rand(64, d, generator=gen, dtype=torch.float64)
+    one_shot = torch.rand(32, 1 + 16, d, generator=gen, dtype=torch.float64)
+
+    def knowledge_gradient(m):
+        with torch.no_grad():
+            return qKnowledgeGradient(m, num_fantasies=16)(one_shot)
 
     sizes = []
     cholesky_ex = torch.linalg.cholesky_ex
@@ -73,7 +82,8 @@ def run(num_train: int, num_features: int, repeats: int, exact: bool) -> list[di
         qLogNoisyExpectedImprovement(copy.deepcopy(model).eval(), X_baseline=x[:20])
     torch.linalg.cholesky_ex = spy
     contenders = [("rfgp", sketched_model, botorch_pruning._get_sampler),
-                  ("rfgp, BoTorch's pruning sampler", sketched_model, botorch_pruning._botorch_get_sampler)]
+                  ("rfgp, BoTorch's pruning sampler", sketched_model, botorch_pruning._botorch_get_sampler),
+                  ("rfgp, fantasies recomputed", sketched_model, botorch_pruning._get_sampler)]
     if exact:
         contenders.append(("exact GP", exact_model, botorch_pruning._botorch_get_sampler))
     rows = []
@@ -89,14 +99,26 @@ def run(num_train: int, num_features: int, repeats: int, exact: bool) -> list[di
                 "ics(qNIPV)": lambda m: gen_batch_initial_conditions(
                     qNegIntegratedPosteriorVariance(m, mc_points=mc_points), bounds, q=2, num_restarts=4,
                     raw_samples=512),
+                "qKG(X)": knowledge_gradient,
             }
             for case, build in cases.items():
-                if name.startswith("rfgp, ") and case not in ("qLogNEI()", "ics(qLogNEI)"):
+                if only is not None and case not in only:
+                    continue
+                fantasies = case in ("ics(qNIPV)", "qKG(X)")
+                if name == "rfgp, BoTorch's pruning sampler" and case not in ("qLogNEI()", "ics(qLogNEI)"):
                     continue  # the pruning sampler only matters where X_baseline is pruned
-                if name == "exact GP" and case == "ics(qNIPV)" and num_train > 300:
+                if name == "rfgp, fantasies recomputed" and not fantasies:
+                    continue
+                if name == "exact GP" and fantasies and num_train > 300:
                     continue  # an N × N fantasy update per raw sample: minutes
                 sizes.clear()
-                seconds, _ = _timed(lambda: build(copy.deepcopy(model).eval()), repeats)
+                update = RankUpdatedFantasyStrategy.__dict__["of"]
+                if name == "rfgp, fantasies recomputed":
+                    RankUpdatedFantasyStrategy.of = classmethod(lambda cls, *args: None)
+                try:
+                    seconds, _ = _timed(lambda: build(copy.deepcopy(model).eval()), repeats)
+                finally:
+                    RankUpdatedFantasyStrategy.of = update
                 rows.append({"N": num_train, "F": num_features, "model": name, "case": case,
                              "seconds": seconds, "largest factorised": max(sizes, default=0)})
                 print(rows[-1], flush=True)
@@ -112,11 +134,12 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--exact-up-to", type=int, default=3000, help="largest N the exact GP runs at")
+    parser.add_argument("--cases", nargs="+", default=None, help="run only these cases (default: all)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     rows = []
     for num_train in args.num_train:
-        rows += run(num_train, args.features, args.repeats, exact=num_train <= args.exact_up_to)
+        rows += run(num_train, args.features, args.repeats, exact=num_train <= args.exact_up_to, only=args.cases)
     lines = ["| N | F | model | case | seconds | largest factorised |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['N']} | {r['F']} | {r['model']} | {r['case']} | {r['seconds']:.3f} | {r['largest factorised']} |"
               for r in rows]

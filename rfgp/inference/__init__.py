@@ -23,7 +23,9 @@ The kernels hand over Φ (N × F) instead of an N × N matrix; this layer keeps 
 * :mod:`~rfgp.inference.classification` — C regressions sharing Φ (Dirichlet classification);
 * :mod:`~rfgp.inference.complex_posterior` — the complex-feature GP of paper 000 App. D;
 * :mod:`~rfgp.inference.cholesky_update`, :mod:`~rfgp.inference.distributed` — rank-k updates of
-  the capacitance factor (streaming) and statistics summed over ``torch.distributed`` ranks.
+  the capacitance factor (streaming) and statistics summed over ``torch.distributed`` ranks;
+* :mod:`~rfgp.inference.fantasy_update` — fantasy (BoTorch ``fantasize``) caches as a rank-q update of the
+  parent's F × F caches.
 
 It imports :mod:`rfgp.core` and :mod:`rfgp.features` only; the kernels, likelihoods and models
 above it import from here.
