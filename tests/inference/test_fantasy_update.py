@@ -5,6 +5,7 @@ import gpytorch
 import pytest
 import torch
 
+import rfgp
 from rfgp.features.base import FeatureMap
 from rfgp.inference import prediction
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy, RankUpdatedFantasyStrategy
@@ -143,6 +144,25 @@ def test_recomputes_with_a_graph_and_for_masked_targets(monkeypatch):
     assert fantasy.prediction_strategy._full_strategy is not None
     for a, b in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_eager_kernels_update_and_chunked_parents_recompute(monkeypatch):
+    """Under lazily_evaluate_kernels(False) the new rows come from the evaluated covariance; a training operator
+    chunked under a memory budget has no materialised Φ to update from: the fantasy recomputes (same values)."""
+    inputs, targets = new_points(5), torch.randn(5, 3, dtype=torch.float64)
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        model = model_of()
+        fantasy = model.get_fantasy_model(inputs, targets)
+        expected = predict(recomputed(monkeypatch, model, inputs, targets), XS)
+        actual = predict(fantasy, XS)
+    assert type(fantasy.prediction_strategy) is RankUpdatedFantasyStrategy
+    for a, b in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    with rfgp.settings.memory_budget(8 * F * 16):
+        model = model_of()
+        assert not model.prediction_strategy.updatable_caches()
+        fantasy = model.get_fantasy_model(inputs, targets)
+        assert type(fantasy.prediction_strategy) is FeatureSpacePredictionStrategy
 
 
 def test_kernel_space_parents_recompute():
