@@ -136,6 +136,10 @@ def test_recomputes_with_a_graph_and_for_masked_targets(monkeypatch):
     expected, actual = variance_and_grad(False), variance_and_grad(True)
     assert expected[1].abs().max() > 1e-3
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # the same inputs, caches by the update: the value the gradient belongs to
+        updated = model.get_fantasy_model(inputs, torch.zeros(3, dtype=torch.float64))
+        torch.testing.assert_close(updated(XS).variance.sum(), expected[0], rtol=1e-12, atol=1e-12)
+    assert updated.prediction_strategy._full_strategy is None
     targets = torch.tensor([0.1, float("nan"), -0.2], dtype=torch.float64)
     with gpytorch.settings.observation_nan_policy("mask"):
         fantasy = model.get_fantasy_model(inputs, targets)
