@@ -22,7 +22,7 @@ from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood  # noqa: E402
 
 import rfgp  # noqa: E402
-from rfgp.inference.prediction import FeatureSpacePredictionStrategy  # noqa: E402
+from rfgp.inference.prediction import FeatureSpacePredictionStrategy, RankUpdatedFantasyStrategy  # noqa: E402
 from rfgp.kernels import SketchedRBFKernel  # noqa: E402
 
 from .._dense import DenseKernel  # noqa: E402
@@ -183,6 +183,32 @@ def test_fantasy_batches_equal_one_conditioning_per_fantasy():
         for k in range(3):
             single = model.condition_on_observations(points, fantasy.train_targets[k, -2:].unsqueeze(-1))
             torch.testing.assert_close(means[k], single.posterior(xs).mean, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_batched_fantasies_update_the_caches_with_the_recomputed_values(fixed_noise, monkeypatch):
+    """A two-output SingleTaskGP (batch kernel), 4 fantasies over 7 raw-sample batches of 3 points, with a fixed
+    training noise and observation_noise=: the rank-q update gives the recomputation's posterior."""
+    x, y = data(120, num_outputs=2)
+    noise = 0.01 + 0.02 * torch.rand(120, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    model = sketched_model(x, y, outcome_transform=None, **({"train_Yvar": noise} if fixed_noise else {})).eval()
+    points = 2 * torch.rand(7, 3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    xs = 2 * torch.rand(5, D, dtype=torch.float64)
+    kwargs = {"observation_noise": torch.full((3, 2), 0.05, dtype=torch.float64)} if fixed_noise else {}
+
+    def posterior():
+        with torch.no_grad():
+            model.posterior(xs)
+            fantasy = model.fantasize(points, SobolQMCNormalSampler(torch.Size([4]), seed=0), **kwargs)
+            return fantasy.posterior(xs), type(fantasy.prediction_strategy)
+
+    actual, strategy = posterior()
+    with monkeypatch.context() as patch:
+        patch.setattr(RankUpdatedFantasyStrategy, "of", classmethod(lambda cls, *args: None))
+        expected, _ = posterior()
+    assert strategy is RankUpdatedFantasyStrategy and actual.mean.shape == (4, 7, 5, 2)
+    torch.testing.assert_close(actual.mean, expected.mean, rtol=0, atol=1e-10)
+    torch.testing.assert_close(actual.variance, expected.variance, rtol=0, atol=1e-12)
 
 
 def _fixed_noise_refit(model, x, y, noise):
