@@ -31,7 +31,13 @@ from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside noteb
 
 from .core.bounds import bounded_coordinate, bounded_value
 from .core.dtypes import in_full_precision
-from .core.validation import InvalidValueError, check_choice, check_positive_float, check_positive_int
+from .core.validation import (
+    DrawCoverageError,
+    InvalidValueError,
+    check_choice,
+    check_positive_float,
+    check_positive_int,
+)
 
 OPTIMIZERS = ("lbfgs", "adam")
 CLOCKS = ("wall", "cpu")
@@ -231,6 +237,15 @@ class _Objective:
             what = "NaN entries in a covariance matrix" if isinstance(error, NanError) else \
                 "a covariance matrix that is not positive definite"
             error.add_note(self._advice(what))
+            self.evaluations += 1
+            raise
+        except DrawCoverageError as error:
+            # a trial point beyond what the fixed draws cover (periodic ℓ, RQ α): the exact kernel is fine there,
+            # the estimator is not; step back as for a failed factorisation
+            if self.last_finite is None:
+                raise
+            self.restore()
+            error.add_note(self._advice("hyperparameters outside the range the random draws cover"))
             self.evaluations += 1
             raise
         except InvalidValueError as error:
@@ -520,7 +535,7 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
             try:
                 step()
                 record()  # evaluates Adam's new point (L-BFGS's is remembered from its line search)
-            except (NotPSDError, NanError, NonFiniteLossError) as error:
+            except (NotPSDError, NanError, NonFiniteLossError, DrawCoverageError) as error:
                 if objective.last_finite is None or len(history.restarts) >= max_restarts:
                     if history.restarts:
                         error.add_note(f"fit_mll had restarted {len(history.restarts)} time(s) before "

@@ -61,6 +61,17 @@ class NonFiniteHyperparameterError(NonFiniteError, NanError):
     """
 
 
+class DrawCoverageError(ValueError):
+    """Hyperparameters moved outside the range that a map's fixed random draws were made for.
+
+    Importance-weighted draws (periodic harmonics, rational-quadratic precisions) come from a proposal centred at the
+    hyperparameters of draw time; far from them the weights stop being an unbiased estimator with finite variance,
+    and the map refuses to evaluate.  ``resample()`` of the kernel re-centres the proposal at the current values.
+    Not an :class:`InvalidValueError`: the point is valid for the kernel, so a sampler must not reject it as zero
+    density.  :func:`rfgp.fit_mll` treats it as a failed line-search trial point (restore, restart).
+    """
+
+
 def check_positive_int(value, name: str, allow_zero: bool = False) -> int:
     """Return ``value`` as an ``int`` after checking that it is an integer ≥ 1 (≥ 0 with ``allow_zero``)."""
     kind = "a non-negative integer" if allow_zero else "a positive integer"

@@ -37,6 +37,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..core.validation import DrawCoverageError
 from . import random
 from .bessel import scaled_bessel_i
 from .weighted_fourier import SpectralMeasure
@@ -113,7 +114,7 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         probabilities = harmonic_probabilities(lengthscale.to(torch.float64).reciprocal(), num_harmonics)
         missing = (1.0 - probabilities.sum(-1)).max()
         if bool(missing > TAIL_TOLERANCE):
-            raise ValueError(
+            raise DrawCoverageError(
                 f"lengthscale {float(lengthscale.min()):.4g} is too small for the drawn harmonics (the periodic "
                 f"measure puts {float(missing):.2e} of its mass beyond the {num_harmonics} harmonics the proposal "
                 "covers): call resample() on the kernel to re-centre the proposal at the current lengthscale"

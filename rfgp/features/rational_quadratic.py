@@ -31,6 +31,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..core.validation import DrawCoverageError
 from . import random
 from .weighted_fourier import SpectralMeasure
 
@@ -79,7 +80,7 @@ class RationalQuadraticSpectralMeasure(SpectralMeasure):
         """log Gamma(τ; α, α) − log r(τ), shape ``(*batch, m)`` for ``alpha`` ``(*batch, 1)``."""
         bound = draws["reference_alpha"] * MIN_ALPHA_RATIO
         if bool((alpha <= bound).any()):
-            raise ValueError(
+            raise DrawCoverageError(
                 f"alpha {float(alpha.min()):.4g} is at or below {float(bound):.4g} = alpha_at_draw_time/8, where "
                 "the importance weights of the drawn precisions have infinite variance: call resample() on the "
                 "kernel to re-centre the proposal at the current alpha"
