@@ -80,3 +80,51 @@ def test_draw_coverage_error_is_not_an_invalid_value():
 
     assert not issubclass(DrawCoverageError, InvalidValueError)
     assert issubclass(DrawCoverageError, ValueError)
+
+
+def _digits(n: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits: integer pixels 0..16, several columns constant (all zero)."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    x, y = datasets.load_digits(return_X_y=True)
+    return x[:n], y[:n]
+
+
+def test_nystrom_x_sample_of_integer_pixels_says_how_to_convert():
+    x, _ = _digits()
+    pixels = torch.from_numpy(x.astype(np.int64))
+    kernel = ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=64))
+    with pytest.raises(ValueError, match=r"torch\.int64 tensor .*x_sample\.to\(torch\.float64\)"):
+        rfgp.sketch(kernel, 64, method="nystrom", x_sample=pixels)
+    with pytest.raises(ValueError, match=r"got a ndarray: pass a tensor, e\.g\. torch\.as_tensor"):
+        rfgp.sketch(kernel, 64, method="nystrom", x_sample=x)
+    converted = rfgp.sketch(kernel, 64, method="nystrom", x_sample=pixels.to(torch.float64))
+    assert converted.num_features == 64
+
+
+@pytest.mark.parametrize("landmarks", ["uniform", "kmeans++", "rls"])
+def test_nystrom_on_duplicated_rows_with_constant_columns(landmarks):
+    # digits rows repeated 4 times (50 distinct, constant columns): landmarks are distinct rows; asking for more
+    # landmarks than distinct rows is refused with the number that works
+    x, _ = _digits(50)
+    rows = torch.from_numpy(np.concatenate([x] * 4)).to(torch.float64)
+    kernel = ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=64))
+    kernel.base_kernel.lengthscale = 10.0
+    sketched = rfgp.sketch(kernel, 50, method="nystrom", x_sample=rows, landmarks=landmarks)
+    assert torch.unique(sketched.landmarks.detach(), dim=0).shape[0] == 50
+    with pytest.raises(ValueError, match="only 50 distinct rows.*use at most 50 landmarks"):
+        rfgp.sketch(kernel, 60, method="nystrom", x_sample=rows, landmarks=landmarks)
+
+
+def test_integer_inputs_are_refused_with_the_conversion_that_works():
+    # torch.from_numpy of integer pixels gives int64.  rfgp refuses integer inputs (float32 would round integers
+    # beyond 2**24, e.g. timestamps) and names the conversion; the converted pixels give the exact kernel's values
+    x, _ = _digits(120)
+    pixels = torch.from_numpy(x.astype(np.int64))
+    kernel = rfgp.sketch(ScaleKernel(gpytorch.kernels.RBFKernel()), 4096, seed=0).double()
+    with pytest.raises(TypeError, match=r"int64 \(integer inputs are not promoted: convert them, e\.g\. x\.to"):
+        kernel(pixels).to_dense()
+    exact = ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+    exact.base_kernel.lengthscale = kernel.base_kernel.lengthscale = 30.0
+    converted = pixels.to(torch.float64)
+    error = kernel(converted).to_dense() - exact(converted).to_dense()
+    assert error.abs().max() < 6 * math.sqrt(2 / 4096)  # |k̂ − k| ≤ 6 SE of a sin/cos pair average

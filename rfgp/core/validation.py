@@ -113,6 +113,11 @@ def _half_hint(dtype) -> str:
     if dtype in (torch.float16, torch.bfloat16):
         return (" (half precision is not supported: random-feature sums lose about three digits in it; under "
                 "torch.autocast a kernel takes autocast's half-precision outputs and computes in float32)")
+    if dtype == torch.bool or not (dtype.is_floating_point or dtype.is_complex):
+        # integer-coded columns (counts, categories, pixels, torch.from_numpy of an int array): the conversion is
+        # the user's, since float32 rounds integers beyond 2**24 (timestamps in seconds or nanoseconds)
+        return (" (integer inputs are not promoted: convert them, e.g. x.to(torch.float64), and pass the same "
+                "tensor for training and prediction; float32 represents integers exactly only up to 2**24)")
     return ""
 
 

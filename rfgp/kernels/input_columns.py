@@ -59,8 +59,15 @@ def check_x_sample(x_sample) -> Tensor:
     if not torch.is_tensor(x_sample) or not x_sample.is_floating_point() or x_sample.dim() < 2:
         given = (f"a {x_sample.dtype} tensor of shape {tuple(x_sample.shape)}" if torch.is_tensor(x_sample)
                  else f"a {type(x_sample).__name__}")
+        hint = ""
+        if torch.is_tensor(x_sample) and not x_sample.is_floating_point() and not x_sample.is_complex():
+            # integer-coded columns (counts, categories, pixels) train as the model's floating dtype
+            hint = ": pass the training inputs in the model's floating dtype, e.g. x_sample.to(torch.float64)"
+        elif not torch.is_tensor(x_sample) and hasattr(x_sample, "shape"):  # NumPy array, pandas DataFrame
+            hint = ": pass a tensor, e.g. torch.as_tensor(numpy.asarray(x_sample), dtype=torch.float64)"
         raise ValueError(
             f"x_sample must be a floating tensor of input points, shape (n, d) or batched (..., n, d); got {given}"
+            f"{hint}"
         )
     if x_sample.shape[-1] == 0 or x_sample.numel() == 0:
         raise ValueError(f"x_sample must hold at least one point with at least one column; got shape "
