@@ -36,7 +36,15 @@ from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
 from .kernels.conversion import register_converter, sketch
 from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, fit_scale_and_noise, set_num_features
-from .training import AllocationRefit, NonFiniteLossError, TrainingHistory, TrainingRestart, TruncationWarning, fit_mll
+from .training import (
+    AllocationRefit,
+    DataScaleWarning,
+    NonFiniteLossError,
+    TrainingHistory,
+    TrainingRestart,
+    TruncationWarning,
+    fit_mll,
+)
 from . import _aliases
 
 _aliases.install()  # rfgp.operators, rfgp.streaming, rfgp.variance, ... as before the layer folders
@@ -63,6 +71,7 @@ __all__ = [
     "MultitaskFeatureSpacePredictionStrategy",
     "NonFiniteLossError",
     "AllocationRefit",
+    "DataScaleWarning",
     "StreamingFeatureGP",
     "TrainingHistory",
     "TrainingRestart",

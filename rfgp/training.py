@@ -54,6 +54,12 @@ class NonFiniteLossError(FloatingPointError):
     """
 
 
+class DataScaleWarning(UserWarning):
+    """:func:`fit_mll` starts from a lengthscale far below the spacing of the training inputs (raw, unstandardised
+    columns at GPyTorch's initial ℓ = 0.69), where random features estimate a kernel that is ≈ 0 between all points
+    by Monte-Carlo noise; the message says what to do."""
+
+
 class TruncationWarning(UserWarning):
     """:func:`fit_mll` trained a truncated (optimized Maclaurin) map into hyperparameters where it carries little
     of the kernel it approximates; the message says what to do."""
@@ -375,6 +381,11 @@ def fit_mll(
     the bias-corrected posterior variance adds the missing part as uninformed prior variance).
     ``refit_allocation=False`` keeps the allocation fixed (the warning stays).
 
+    Before the first step, a random Fourier kernel whose training inputs lie a median of more than 50 lengthscales
+    apart (raw columns at GPyTorch's initial ℓ = 0.69) gets a :class:`DataScaleWarning`: the kernel is ≈ 0 between
+    the points, and training follows the features' Monte-Carlo noise (:mod:`rfgp.models.data_scale`).  A trial point
+    beyond the range a periodic or RQ map's draws cover (``DrawCoverageError``) is a failed evaluation as above.
+
     L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above
     ``gpytorch.settings.max_cholesky_size`` (800 points) is evaluated by stochastic CG/Lanczos,
     for which use ``gpytorch.settings.max_cholesky_size(n)`` or ``optimizer="adam"``.
@@ -437,6 +448,8 @@ def fit_mll(
         max_restarts=check_positive_int(max_restarts, "max_restarts", allow_zero=True),
     )
     refit_allocation = _check_bool(refit_allocation, "refit_allocation")
+    for check in _START_CHECKS:
+        check(model)
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     history = _fit_mll(model, num_iterations, time_budget, options)
     while refit_allocation and len(history.refits) < _MAX_REFITS and history.num_iterations < num_iterations:
@@ -470,6 +483,19 @@ def register_stale_map_handlers(refit, check) -> None:
     tree lives there, above this layer.
     """
     _STALE_MAP_HANDLERS.append((refit, check))
+
+
+#: checks of a model before training, registered by the layers that know its feature maps (register_start_check)
+_START_CHECKS: list = []
+
+
+def register_start_check(check) -> None:
+    """Register ``check(model)``, run by :func:`fit_mll` before its first step (it may warn, never changes the model).
+
+    The models layer registers the check of Fourier lengthscales against the spacing of the training inputs
+    (:mod:`rfgp.models.data_scale`).
+    """
+    _START_CHECKS.append(check)
 
 
 def _refit_stale_maps(model: gpytorch.models.ExactGP, iteration: int, loss: float) -> list[AllocationRefit]:

@@ -7,6 +7,7 @@ Data sets shipped in installed packages (statsmodels, scikit-learn), subsampled 
 from __future__ import annotations
 
 import math
+import warnings
 
 import gpytorch
 import numpy as np
@@ -128,3 +129,43 @@ def test_integer_inputs_are_refused_with_the_conversion_that_works():
     converted = pixels.to(torch.float64)
     error = kernel(converted).to_dense() - exact(converted).to_dense()
     assert error.abs().max() < 6 * math.sqrt(2 / 4096)  # |k̂ − k| ≤ 6 SE of a sin/cos pair average
+
+
+def _diabetes(n: int = 200, standardise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's diabetes as shipped (``scaled=False``: age in years, sex 1/2, serum levels in mg/dl)."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    data = datasets.load_diabetes(scaled=False)
+    x, y = torch.tensor(data.data[:n]), torch.tensor(data.target[:n])
+    if standardise:
+        x, y = (x - x.mean(0)) / x.std(0), (y - y.mean()) / y.std()
+    return x, y
+
+
+def _rbf_model(x, y, num_features: int = 256) -> _GP:
+    kernel = ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[-1]))
+    return _GP(x, y, rfgp.sketch(kernel, num_features, seed=0)).double()
+
+
+def test_fit_mll_warns_when_raw_inputs_lie_hundreds_of_lengthscales_apart():
+    # raw diabetes at GPyTorch's initial lengthscale 0.69: a median 83 lengthscales between training points. From
+    # there fit_mll followed the features' Monte-Carlo noise (lengthscales to 0) and reported convergence at a loss
+    # of 2202 per point, where the exact GP ends at 5.8 (benchmarks/raw_data_sweep.py); now it says so first
+    x, y = _diabetes()
+    with pytest.warns(rfgp.DataScaleWarning, match=r"median 8\d\.\d lengthscales apart.*Standardise the inputs"):
+        rfgp.fit_mll(_rbf_model(x, y), num_iterations=1, progress=False)
+
+
+@pytest.mark.parametrize("case", ["standardised diabetes", "raw co2 years", "lengthscale at the columns' spread"])
+def test_fit_mll_does_not_warn_on_inputs_on_the_lengthscale_scale(case):
+    if case == "raw co2 years":  # weekly co2 against calendar years: ≈ 19 lengthscales apart, trains as the exact GP
+        co2 = sm.datasets.co2.load_pandas().data.dropna().iloc[::20]
+        years = co2.index.year + (co2.index.day_of_year - 1) / 365.25
+        x, y = torch.tensor(np.asarray(years, dtype=np.float64))[:, None], torch.tensor(co2["co2"].to_numpy())
+    else:
+        x, y = _diabetes(standardise=case == "standardised diabetes")
+    model = _rbf_model(x, y)
+    if case == "lengthscale at the columns' spread":
+        model.covar_module.base_kernel.lengthscale = x.std(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.DataScaleWarning)
+        rfgp.fit_mll(model, num_iterations=1, progress=False)

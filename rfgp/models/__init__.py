@@ -8,7 +8,8 @@
 * :func:`fit_scale_and_noise` — the outputscale, noise and constant mean for the current map, in closed form.
 """
 
-from . import maclaurin_refit  # noqa: F401  (registers fit_mll's handlers of stale Maclaurin allocations)
+# registered with fit_mll: the check of lengthscales against the inputs' spacing, the handlers of stale allocations
+from . import data_scale, maclaurin_refit  # noqa: F401
 from .classifier import DirichletGPClassifier
 from .feature_width import set_num_features
 from .multioutput import MultiOutputGPModel

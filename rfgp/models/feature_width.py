@@ -324,6 +324,14 @@ def optimized_maclaurin_units(module: nn.Module, x: Tensor | None) -> Iterator[t
     yield from _maclaurin_in(_width_units(module, x, None))
 
 
+def fourier_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple]:
+    """(map, owning kernel, the input columns it sees) for every random Fourier map (RFF/ORF/SORF of the RBF and
+    Matérn kernels) in ``module`` whose owner has a lengthscale; factors of product kernels are not searched."""
+    for unit, owner, inputs in _width_units(module, x, None):
+        if isinstance(unit, RandomFourierFeatures) and inputs is not None and getattr(owner, "has_lengthscale", False):
+            yield unit, owner, inputs
+
+
 def _maclaurin_in(units) -> Iterator[tuple]:
     for unit, owner, inputs in units:
         if isinstance(unit, OptimizedMaclaurin):
