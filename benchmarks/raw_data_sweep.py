@@ -149,6 +149,11 @@ def _evaluate(model, x, y, y_scale: float) -> tuple[float, float]:
     return rmse, nlpd
 
 
+def _warning_texts(caught) -> str:
+    """The distinct warnings recorded, as "Category: message" joined by " / "."""
+    return " / ".join(dict.fromkeys(f"{w.category.__name__}: {_short(w.message)}" for w in caught))
+
+
 def _short(text: str, n: int = 160) -> str:
     text = " ".join(str(text).split()).replace("|", "/")
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -166,13 +171,8 @@ def _run(make_model, trainer, x_test, y_test, y_scale) -> dict:
         except Exception as exc:  # recorded in the table: finding these is the point of the sweep
             loss = rmse = nlpd = float("nan")
             error = f"{type(exc).__name__}: {_short(exc)}"
-    seen = []
-    for w in caught:
-        text = f"{w.category.__name__}: {_short(w.message)}"
-        if text not in seen:
-            seen.append(text)
     return {"loss": loss, "rmse": rmse, "nlpd": nlpd, "time": time.perf_counter() - start, "error": error,
-            "warnings": " / ".join(seen)}
+            "warnings": _warning_texts(caught)}
 
 
 def regression_sweep(args) -> list[dict]:
@@ -244,14 +244,9 @@ def classification_sweep(args) -> list[dict]:
                     except Exception as exc:
                         err = mnll = float("nan")
                         error = f"{type(exc).__name__}: {_short(exc)}"
-                seen = []
-                for w in caught:
-                    text = f"{w.category.__name__}: {_short(w.message)}"
-                    if text not in seen:
-                        seen.append(text)
                 row = {"dataset": name, "n_train": len(train), "d": x_np.shape[1], "dtype": str(dtype)[6:],
                        "standardize": standardize, "error_rate": err, "mnll": mnll,
-                       "time": time.perf_counter() - start, "error": error, "warnings": " / ".join(seen)}
+                       "time": time.perf_counter() - start, "error": error, "warnings": _warning_texts(caught)}
                 rows.append(row)
                 print(row, flush=True)
     return rows

@@ -18,6 +18,8 @@ from gpytorch.kernels import PeriodicKernel, ScaleKernel
 import rfgp
 from rfgp.core.validation import DrawCoverageError
 
+from ._models import UserGP
+
 sm = pytest.importorskip("statsmodels.api")
 
 
@@ -31,21 +33,11 @@ def _elnino(n: int = 120) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (y - y.mean()) / y.std()
 
 
-class _GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, kernel):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
-def _periodic_model(x, y) -> _GP:
+def _periodic_model(x, y) -> UserGP:
     """A sketched periodic GP whose lengthscale prior pulls ℓ far below the draws' proposal (centred at ℓ₀ = 0.69)."""
     periodic = PeriodicKernel(lengthscale_prior=gpytorch.priors.LogNormalPrior(math.log(1e-3), 0.1))
     periodic.period_length = 1.0
-    return _GP(x, y, rfgp.sketch(ScaleKernel(periodic), 64, seed=0)).double()
+    return UserGP(x, y, rfgp.sketch(ScaleKernel(periodic), 64, seed=0)).double()
 
 
 def test_fit_mll_steps_back_from_a_trial_point_beyond_the_periodic_draws():
@@ -141,9 +133,9 @@ def _diabetes(n: int = 200, standardise: bool = False) -> tuple[torch.Tensor, to
     return x, y
 
 
-def _rbf_model(x, y, num_features: int = 256) -> _GP:
+def _rbf_model(x, y, num_features: int = 256) -> UserGP:
     kernel = ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[-1]))
-    return _GP(x, y, rfgp.sketch(kernel, num_features, seed=0)).double()
+    return UserGP(x, y, rfgp.sketch(kernel, num_features, seed=0)).double()
 
 
 def test_fit_mll_warns_when_raw_inputs_lie_hundreds_of_lengthscales_apart():
