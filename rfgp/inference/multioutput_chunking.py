@@ -111,6 +111,12 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, LinearOperator):
             return self
         return self.from_featurizer(self.inputs2, self.inputs1, self.featurizer, self.chunk_size, self.num_outputs)
 
+    def _expand_batch(self, batch_shape) -> "ChunkedMultiOutputFeatureOperator":
+        """The same operator over ``batch_shape``: x₁ and x₂ expanded without copying (one tensor if symmetric)."""
+        inputs1 = self.inputs1.expand(*batch_shape, *self.inputs1.shape[-2:])
+        inputs2 = inputs1 if self.symmetric else self.inputs2.expand(*batch_shape, *self.inputs2.shape[-2:])
+        return self.from_featurizer(inputs1, inputs2, self.featurizer, self.chunk_size, self.num_outputs)
+
     def feature_chunks(self, inputs: Tensor | None = None) -> Iterator[tuple[slice, Tensor]]:
         """(rows, R_c) for every block of ``chunk_size`` points of ``inputs`` (default x₁); rows index the n·p rows."""
         inputs = self.inputs1 if inputs is None else inputs

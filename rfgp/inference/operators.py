@@ -42,8 +42,10 @@ from linear_operator.operators import (
     MaskedLinearOperator,
 )
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
+from linear_operator.utils.memoize import cached
 from torch import Tensor
 
+from ..core.batch_copies import narrow_broadcast
 from ..core.draws import standard_normal
 from ..core.dtypes import FullPrecisionOperator
 from ..core.validation import check_finite, check_noise, check_targets
@@ -159,6 +161,24 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
             return block
         correction = self.variance_correction.expand(*self.batch_shape, self.shape[-1])
         return self.__class__(block.root, correction[(*batch_indices, row_index)])
+
+    def _expand_batch(self, batch_shape) -> "FeatureRootLinearOperator":
+        """The same operator over ``batch_shape``: Φ and the correction expanded without copying (linear_operator's
+        version rebuilt the operator from the root alone, dropping the variance correction)."""
+        correction = self.variance_correction
+        if correction is not None:
+            correction = correction.expand(*batch_shape, correction.shape[-1])
+        return self.__class__(self.root._expand_batch(batch_shape), correction)
+
+    @cached
+    def to_dense(self) -> Tensor:
+        """ΦΦᵀ, the Gram of each distinct batch member once: the members of an expanded Φ (stride 0, see
+        :mod:`rfgp.core.batch_copies`) share one, expanded to the batch."""
+        base, constant = self.scaled_root()
+        features = narrow_broadcast(base.to_dense(), base.dim() - 2)
+        if constant is not None:
+            features = features * narrow_broadcast(constant, constant.dim())[..., None, None]
+        return (features @ features.mT).expand(self.shape)
 
     def _matmul(self, rhs: Tensor) -> Tensor:
         """ΦΦᵀR in the cheaper of its two exact orders: Φ(ΦᵀR) costs 2·N·F·k flops, (ΦΦᵀ)R costs N²·(F + k).
@@ -443,8 +463,18 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
         return torch.cat([self.featurizer(self.inputs[..., rows, :]).pow(2).sum(-1) for rows in self._chunks()], -1)
 
     def to_dense(self) -> Tensor:
-        features = self.features()
-        return features @ features.mT
+        """ΦΦᵀ, featurising each distinct batch member of x once (stride-0 members share one Gram, expanded)."""
+        inputs = narrow_broadcast(self.inputs, self.inputs.dim() - 2)
+        features = torch.cat([self.featurizer(inputs[..., rows, :]) for rows in self._chunks()], -2)
+        return (features @ features.mT).expand(self.shape)
+
+    def _expand_batch(self, batch_shape) -> "ChunkedFeatureRootLinearOperator":
+        """The same operator over ``batch_shape``: x and the correction expanded without copying."""
+        correction = self.variance_correction
+        if correction is not None:
+            correction = correction.expand(*batch_shape, correction.shape[-1])
+        return self.from_featurizer(self.inputs.expand(*batch_shape, *self.inputs.shape[-2:]), self.featurizer,
+                                    self.chunk_size, correction)
 
     def _mul_constant(self, other):
         if not is_positive(other):

@@ -366,3 +366,7 @@ class TriangularFeatures(FullPrecisionOperator, LinearOperator):
 
     def to_dense(self) -> Tensor:
         return self.features
+
+    def _expand_batch(self, batch_shape) -> "TriangularFeatures":
+        """Φ, K and L expanded to ``batch_shape`` without copying (linear_operator's version repeats the operator)."""
+        return self.__class__(self.features.expand(*batch_shape, *self.features.shape[-2:]), self.cross, self.chol)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.dtypes import in_full_precision
 from ..inference.complex_posterior import ComplexFeatureRootLinearOperator, complex_feature_posterior
 from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from .combinations import kernel_features
@@ -47,9 +46,8 @@ class ComplexPosteriorMixin:
         padded = torch.cat((features, features.new_zeros(*features.shape[:-1], 1)), dim=-1)
         return padded.index_select(-1, layout)
 
-    @in_full_precision
-    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params):
-        output = super().forward(x1, x2, diag=diag, **params)
+    def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool, same: bool):
+        output = super()._feature_forward(x1, x2, diag, same)
         if not self.complex_posterior or diag:
             return output
         if isinstance(output, ChunkedFeatureRootLinearOperator):

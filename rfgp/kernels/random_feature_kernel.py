@@ -21,6 +21,7 @@ from gpytorch.kernels import Kernel
 from linear_operator.operators import LinearOperator, MatmulLinearOperator
 from torch import Tensor
 
+from ..core.batch_copies import copied_batch_dims, expand_batch, narrow_copies
 from ..core.config_state import ConfigState
 from ..core.dtypes import in_full_precision, promote_pair
 from ..core.memory import check_solve
@@ -92,14 +93,36 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         # inputs anew at every call: checking them here cost more than the prediction at b = 256 t-batches).
         lazy_cross = not (same or diag) and self.num_outputs_per_input(x1, x2) == 1
         dtype = self.check_inputs(x1, x2, finite=not lazy_cross)
+        batch_shape = None
+        if same or diag:
+            x1, x2, batch_shape = self.without_copies(x1, x2, same)
         if dtype is not None:
             x1, x2 = self.promote_inputs(x1, x2, dtype)
         try:
-            return self._feature_forward(x1, x2, diag, same)
+            output = self._feature_forward(x1, x2, diag, same)
         except NonFiniteError as error:
             if lazy_cross:  # building the operator (the featurizer's probe row) met inputs its blocks check by name
                 self.check_inputs(x1, x2)
             raise self._nonfinite_error(error) from None
+        return output if batch_shape is None else expand_batch(output, batch_shape)
+
+    def without_copies(self, x1: Tensor, x2: Tensor, same: bool) -> tuple[Tensor, Tensor, torch.Size | None]:
+        """x1 and x2 without the batch members that copy their first (:mod:`rfgp.core.batch_copies`), and the batch
+        shape of the inputs as given, to expand the output to (``None`` when there are no copies).
+
+        GPyTorch's likelihood sampling evaluates K(x, x) on ``num_likelihood_samples`` copies of x: the features and
+        the dense Gram are then computed once instead of once per copy.  A data-dependent map is fitted
+        (:meth:`prepare`) on the inputs as given, as without copies.
+        """
+        dims1 = copied_batch_dims(x1, self.batch_shape)
+        dims2 = dims1 if same else copied_batch_dims(x2, self.batch_shape)
+        if not (dims1 or dims2):
+            return x1, x2, None
+        with torch.no_grad():
+            self.prepare(x1)
+        compact1 = narrow_copies(x1, dims1)
+        return compact1, compact1 if same else narrow_copies(x2, dims2), torch.broadcast_shapes(x1.shape[:-2],
+                                                                                               x2.shape[:-2])
 
     def check_inputs(self, x1: Tensor, x2: Tensor, finite: bool = True) -> torch.dtype | None:
         """Checks of an evaluation: dtypes, input dimension and, if ``finite``, finite values (one reduction per

@@ -1,0 +1,88 @@
+"""Inputs whose batch members are copies of one another: evaluate once, expand the result.
+
+GPyTorch evaluates a kernel on copies of one input in a leading batch.  ``likelihood(model(x))`` of a likelihood
+without an analytic marginal (Beta, Poisson, Student-t, softmax, ...) draws ``num_likelihood_samples`` S samples
+inside a ``pyro.plate``, which expands the predictive ``MultivariateNormal`` to a batch of S; its lazily evaluated
+covariance K(x, x) expands through ``LazyEvaluatedKernelTensor.repeat``, i.e. ``torch.Tensor.repeat``, so the
+kernel receives S real copies of x (``(S, 1, n, d)``, contiguous).  An ``expand``ed input (stride 0) is the other
+form copies take.  A feature kernel then computes Φ(x) — and, where the covariance is evaluated densely, the n × n
+Gram ΦΦᵀ — once on one copy and returns it expanded (stride 0), with the same values.
+
+A batch dimension holds copies when
+
+* it has stride 0 (an ``expand``ed view): seen from the tensor's metadata, no data read; not taken for a leaf
+  tensor that requires grad, whose own ``.grad`` would otherwise gather the copies' gradients in the first member;
+* or every member is bitwise equal to the first: real copies leave no trace in the tensor (``repeat`` under
+  ``torch.no_grad`` has no ``grad_fn``), so their values are compared — one fused comparison of the input's
+  entries and one host synchronisation (the kernel call already synchronises on the same input for its
+  NaN/Inf check).  Asked only of inputs that do not require grad: equal values computed from different tensors
+  need their own gradients, which one shared copy would not give.
+
+Only dimensions where the kernel's own batch has size 1 are candidates: elsewhere the features differ per member
+anyway (one lengthscale per member) and nothing is saved.
+"""
+
+from __future__ import annotations
+
+import torch
+from linear_operator.operators import LinearOperator
+from torch import Tensor
+
+#: integer dtypes of the same width, for bitwise comparison of floating-point entries
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def copied_batch_dims(x: Tensor, kernel_batch_shape: torch.Size) -> tuple[int, ...]:
+    """The batch dimensions of ``x`` ``(..., n, d)`` (negative indices) along which every member is a copy of the
+    first, among those of size > 1 where ``kernel_batch_shape`` (aligned to the right with x's batch) has size 1.
+
+    Stride-0 dimensions are free to see; others are compared entrywise (one host synchronisation) if ``x`` does not
+    require grad (module docstring).
+    """
+    candidates = [dim for dim in range(-x.dim(), -2) if x.shape[dim] > 1 and _kernel_size(kernel_batch_shape, dim) == 1]
+    if not candidates:
+        return ()
+    free = () if x.requires_grad and x.is_leaf else tuple(dim for dim in candidates if x.stride(dim) == 0)
+    rest = [dim for dim in candidates if dim not in free]
+    if not rest or x.requires_grad:
+        return free
+    bits = _as_bits(narrow_copies(x, free))
+    equal = torch.stack([(bits == bits.narrow(dim, 0, 1)).all() for dim in rest]).tolist()
+    return free + tuple(dim for dim, flag in zip(rest, equal) if flag)
+
+
+def narrow_copies(x: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """``x`` with each of ``dims`` narrowed to its first member (a view)."""
+    for dim in dims:
+        x = x.narrow(dim, 0, 1)
+    return x
+
+
+def narrow_broadcast(x: Tensor, num_batch_dims: int) -> Tensor:
+    """``x`` with every stride-0 dimension among its first ``num_batch_dims`` narrowed to size 1 (a view of the
+    same memory): the distinct members of an expanded tensor, which broadcast back to ``x``'s shape."""
+    return narrow_copies(x, tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0))
+
+
+def expand_batch(output: Tensor | LinearOperator, input_batch_shape: torch.Size) -> Tensor | LinearOperator:
+    """A kernel's output on inputs without their copies — a diagonal ``(..., n)`` or a covariance operator
+    ``(..., n, m)`` — expanded to its batch shape broadcast with the inputs' as given, without copying (stride-0
+    tensors; an rfgp operator keeps its class)."""
+    if isinstance(output, Tensor):
+        return output.expand(*torch.broadcast_shapes(output.shape[:-1], input_batch_shape), output.shape[-1])
+    batch_shape = torch.broadcast_shapes(output.batch_shape, input_batch_shape)
+    if output.batch_shape == batch_shape:
+        return output
+    return output.expand(*batch_shape, *output.matrix_shape)
+
+
+def _kernel_size(kernel_batch_shape: torch.Size, dim: int) -> int:
+    """The kernel batch's size at input dimension ``dim`` (negative; the last two are n and d), 1 where it has none."""
+    index = len(kernel_batch_shape) + dim + 2
+    return kernel_batch_shape[index] if index >= 0 else 1
+
+
+def _as_bits(x: Tensor) -> Tensor:
+    """Floating-point entries as integers of the same width (bitwise equality: 0.0 and −0.0 differ, equal NaNs
+    agree); other dtypes as they are."""
+    return x.view(_BITS[x.element_size()]) if x.is_floating_point() else x

@@ -1,0 +1,184 @@
+"""Kernels on inputs whose batch members are copies (rfgp.core.batch_copies) compute the features once.
+
+GPyTorch's ``likelihood(model(x))`` for a sampled likelihood evaluates K(x, x) on ``num_likelihood_samples`` real
+copies of x (``LazyEvaluatedKernelTensor.repeat``); an ``expand``ed input has stride-0 copies.  Either way the
+features and the dense Gram are computed on one copy and returned expanded: the same values as the kernel on x
+alone, the same hyperparameter gradients as evaluating every copy, and a feature map that sees n rows, not S·n.
+"""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.models import ApproximateGP
+from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
+from linear_operator.operators import DenseLinearOperator
+
+import rfgp
+from rfgp.core.batch_copies import copied_batch_dims
+from rfgp.core.settings import WORKING_COPIES
+from rfgp.inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
+
+F64 = torch.float64
+N, D, S = 12, 2, 5
+
+
+def points(n=N, seed=0):
+    return torch.rand(n, D, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def scaled_kernel(method="orf", num_features=128):
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=D)).double()
+    kernel.base_kernel.lengthscale = torch.tensor([[0.3, 0.5]], dtype=F64)
+    kernel.outputscale = 1.7
+    return rfgp.sketch(kernel, num_features, method=method, seed=0)
+
+
+class RowCounter:
+    """Counts the rows (batch members × points) a feature map is asked to featurise."""
+
+    def __init__(self, feature_map):
+        self.rows = 0
+        self.forward = feature_map.forward
+        feature_map.forward = self
+
+    def __call__(self, x):
+        self.rows += x.shape[:-1].numel()
+        return self.forward(x)
+
+
+def copies(x):
+    """(expanded, repeated) copies of x in a leading batch of S and a singleton batch, as GPyTorch makes them."""
+    return x.expand(S, 1, *x.shape), x.repeat(S, 1, 1, 1)
+
+
+@pytest.mark.parametrize("form", ["expand", "repeat"])
+def test_copies_give_the_kernel_on_one_copy_expanded_and_featurise_it_once(form):
+    x = points()
+    kernel = scaled_kernel()
+    counter = RowCounter(kernel.base_kernel.feature_map)
+    single = kernel(x).to_dense()
+    rows_single = counter.rows
+    counter.rows = 0
+    batch = copies(x)[form == "repeat"]
+    covariance = kernel(batch).evaluate_kernel()
+    dense = covariance.to_dense()
+    assert counter.rows == rows_single  # n rows and a probe row: before, S times as many
+    assert torch.equal(dense, single.expand(S, 1, N, N))
+    assert isinstance(covariance, FeatureRootLinearOperator)  # still the feature root, stride-0 batch
+    assert covariance.scaled_features()[0].stride(0) == 0
+    assert torch.equal(kernel(batch, diag=True), kernel(x, diag=True).expand(S, 1, N))
+    assert torch.equal(kernel(batch, batch[:, :, :4]).to_dense(), kernel(x, x[:4]).to_dense().expand(S, 1, N, 4))
+
+
+def test_gradients_through_copies_equal_those_of_every_copy_evaluated():
+    """The hyperparameter gradient of Σ_s ⟨K(x_s, x_s), W_s⟩ sums over the copies; a stride-0 input's base tensor gets
+    the sum of the members' input gradients."""
+    x = points()
+    weights = torch.randn(S, 1, N, N, generator=torch.Generator().manual_seed(1), dtype=F64)
+    kernel = scaled_kernel()
+    base = x.clone().requires_grad_(True)
+    value = (kernel(base.expand(S, 1, N, D)).to_dense() * weights).sum()
+    grads = torch.autograd.grad(value, [base, *kernel.parameters()])
+    base_ref = x.clone().requires_grad_(True)
+    reference = sum((kernel(base_ref).to_dense() * weights[s, 0]).sum() for s in range(S))
+    expected = torch.autograd.grad(reference, [base_ref, *kernel.parameters()])
+    for grad, want in zip(grads, expected):
+        torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_inputs_that_need_their_own_gradients_are_evaluated_per_member():
+    """Equal members of a tensor that requires grad (a leaf expanded with stride 0, or real copies of values computed
+    from different tensors) each keep their own gradient: no copies are taken out."""
+    x = points()
+    kernel = scaled_kernel()
+    counter = RowCounter(kernel.base_kernel.feature_map)
+    leaf = x.expand(S, N, D).requires_grad_(True)
+    weights = torch.randn(S, N, N, generator=torch.Generator().manual_seed(2), dtype=F64)
+    (kernel(leaf).to_dense() * weights).sum().backward()
+    assert counter.rows == S * (N + 1)
+    for s in range(S):
+        member = x.clone().requires_grad_(True)
+        (kernel(member).to_dense() * weights[s]).sum().backward()
+        torch.testing.assert_close(leaf.grad[s], member.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_which_dimensions_hold_copies():
+    x = points().unsqueeze(0)  # (1, n, d)
+    assert copied_batch_dims(x.expand(S, N, D), torch.Size([])) == (-3,)
+    assert copied_batch_dims(x.repeat(S, 1, 1), torch.Size([])) == (-3,)
+    assert copied_batch_dims(x.repeat(S, 1, 1), torch.Size([S])) == ()  # one lengthscale per member: not copies
+    assert copied_batch_dims(x.repeat(S, 1, 1).requires_grad_(True), torch.Size([])) == ()
+    assert copied_batch_dims(x.expand(S, N, D).requires_grad_(True), torch.Size([])) == ()  # a leaf's own .grad
+    assert copied_batch_dims(x.clone().requires_grad_(True).expand(S, N, D), torch.Size([])) == (-3,)
+    distinct = torch.rand(S, N, D, dtype=F64)
+    assert copied_batch_dims(distinct, torch.Size([])) == ()
+    signed_zero = torch.zeros(2, 1, 1, dtype=F64)
+    signed_zero[1] = -0.0
+    assert copied_batch_dims(signed_zero, torch.Size([])) == ()  # bitwise copies only
+    both = x.unsqueeze(0).repeat(3, S, 1, 1)
+    assert copied_batch_dims(both, torch.Size([])) == (-4, -3)
+    mixed = torch.cat([both, both[:, :1] + 1], 1)  # copies along -4 only
+    assert copied_batch_dims(mixed, torch.Size([])) == (-4,)
+
+
+def test_expanding_a_feature_root_keeps_its_variance_correction():
+    """linear_operator rebuilt an expanded root operator from the root alone: the correction was dropped."""
+    root, correction = torch.rand(N, 4, dtype=F64), torch.rand(N, dtype=F64)
+    expanded = FeatureRootLinearOperator(root, correction).expand(S, N, N)
+    assert isinstance(expanded, FeatureRootLinearOperator)
+    assert torch.equal(expanded.variance_correction, correction.expand(S, N))
+    assert torch.equal(expanded.to_dense(), (root @ root.T).expand(S, N, N))
+
+
+def test_chunked_kernel_on_copies_chunks_one_copy():
+    """At a memory budget that the S copies exceed but one copy fits, the kernel no longer chunks (before: the
+    budget counted every copy and split the rows); a forced chunk size keeps a chunked operator, expanded."""
+    x = points()
+    kernel = scaled_kernel(num_features=256)
+    batch = x.repeat(S, 1, 1, 1)
+    single = kernel(x).to_dense()
+    budget = 2 * WORKING_COPIES * N * 256 * 8  # bytes: one copy's Φ fits twice, S copies' not
+    with rfgp.settings.memory_budget(budget):
+        covariance = kernel(batch).evaluate_kernel()
+        assert isinstance(covariance, FeatureRootLinearOperator)
+        assert torch.equal(covariance.to_dense(), single.expand(S, 1, N, N))
+    with rfgp.settings.chunk_size(5):
+        covariance = kernel(batch).evaluate_kernel()
+        assert isinstance(covariance, ChunkedFeatureRootLinearOperator)
+        torch.testing.assert_close(covariance.to_dense(), single.expand(S, 1, N, N), rtol=1e-13, atol=1e-13)
+
+
+class SVGP(ApproximateGP):
+    def __init__(self, covar_module, inducing_points):
+        q_u = CholeskyVariationalDistribution(inducing_points.shape[-2]).double()
+        super().__init__(VariationalStrategy(self, inducing_points, q_u, learn_inducing_locations=True))
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def test_sampled_likelihood_featurises_the_test_points_once_whatever_the_number_of_samples():
+    """``likelihood(model(x))`` of a Beta likelihood in eval mode: GPyTorch repeats x for each of the S samples; the
+    rows featurised no longer grow with S, and the samples are those of the dense predictive covariance."""
+    x, z = points(20, seed=3), points(6, seed=4)
+    model = SVGP(scaled_kernel(), z).double().eval()
+    likelihood = gpytorch.likelihoods.BetaLikelihood().double().eval()
+    with torch.no_grad():
+        model(x)  # eval mode caches K(Z, Z)'s factor at the first call
+    counter = RowCounter(model.covar_module.base_kernel.feature_map)
+    rows = {}
+    for samples in (1, 16):
+        counter.rows = 0
+        with torch.no_grad(), gpytorch.settings.num_likelihood_samples(samples):
+            latent = model(x)
+            torch.manual_seed(0)
+            predictive = likelihood(latent)
+            rows[samples] = counter.rows
+            covariance = DenseLinearOperator(latent.covariance_matrix)
+            dense = gpytorch.distributions.MultivariateNormal(latent.mean, covariance)
+            torch.manual_seed(0)
+            reference = likelihood(dense)
+        torch.testing.assert_close(predictive.mean, reference.mean, rtol=1e-12, atol=1e-12)
+    assert rows[16] == rows[1]
