@@ -182,3 +182,27 @@ def test_sampled_likelihood_featurises_the_test_points_once_whatever_the_number_
             reference = likelihood(dense)
         torch.testing.assert_close(predictive.mean, reference.mean, rtol=1e-12, atol=1e-12)
     assert rows[16] == rows[1]
+
+
+FAMILIES = {
+    # name: kernel factory; each covariance keeps its operator class and its variance correction on copies
+    "maclaurin (bias-corrected)": lambda: rfgp.kernels.MaclaurinRBFKernel(128, seed=0, ard_num_dims=D),
+    "nystrom": lambda: rfgp.sketch(gpytorch.kernels.RBFKernel(), 8, method="nystrom", x_sample=points(30, 5), seed=0),
+    "curl-free (2 outputs per point)": lambda: rfgp.kernels.SketchedCurlFreeKernel(64, input_dim=D, seed=0),
+    "complex posterior": lambda: rfgp.kernels.SketchedPolynomialKernel(2, 64, weights="complex", seed=0,
+                                                                       complex_posterior=True),
+}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_on_copies_is_its_covariance_on_one_copy_expanded(name):
+    kernel = FAMILIES[name]().double()
+    x = points().unsqueeze(0)  # one copy (a batch of 1: Nyström's batched triangular solve rounds otherwise)
+    single = kernel(x).evaluate_kernel()
+    covariance = kernel(x.repeat(S, 1, 1)).evaluate_kernel()
+    assert type(covariance) is type(single)
+    assert torch.equal(covariance.to_dense(), single.to_dense().expand(S, -1, -1))
+    if single.variance_correction is not None:
+        assert torch.equal(covariance.variance_correction, single.variance_correction.expand(S, -1))
+    torch.testing.assert_close(covariance.to_dense(), kernel(x[0]).to_dense().expand(S, -1, -1), rtol=1e-14,
+                               atol=1e-14)
