@@ -1,17 +1,19 @@
 """Sampled likelihoods of a variational GP: ``likelihood(model(x))`` in eval mode, exact kernel against rfgp.
 
 A likelihood without an analytic marginal (here Beta) draws ``num_likelihood_samples`` S samples of f(x) inside a
-``pyro.plate``; GPyTorch expands the predictive covariance to S copies (``LazyEvaluatedKernelTensor.repeat``: the
-kernel receives S real copies of x) and factorises each.  rfgp kernels recognise the copies
-(:mod:`rfgp.core.batch_copies`) and compute Φ(x) and the dense Gram once; before, they featurised every copy and,
-where S·n·F exceeded the memory budget, split the work into chunks.
+``pyro.plate``; GPyTorch expands the predictive covariance to S copies and factorises each (for the exact kernel,
+``LazyEvaluatedKernelTensor.repeat`` hands it S real copies of x).  An rfgp kernel receives them as stride-0 views
+(:mod:`rfgp.kernels.batch_expansion`), recognises them from their strides (:mod:`rfgp.core.batch_copies`) and
+computes Φ(x) and the dense Gram once; before, it featurised every copy and, where S·n·F exceeded the memory
+budget, split the work into chunks.
 
 Model: GPyTorch's SVGP (``VariationalStrategy``, ``CholeskyVariationalDistribution``, M = 32 inducing points,
 d = 2), ``ScaleKernel(RBFKernel(ard_num_dims=2))`` exact or ``rfgp.sketch``-ed (ORF), float64, eval mode under
 ``torch.no_grad()``.  Timed: ``likelihood(model(x)).mean`` (the variational caches warmed by one call first), the
 median of ``--repeats`` interleaved repeats.  A last row times K(x, x) on 256 distinct t-batches of 4 points (no
-copies to find: the cost of looking).  The table records ``os.getloadavg()`` (the host is shared) and the thread
-count.
+copies to find: the cost of looking, now a look at the strides).  The table records ``os.getloadavg()`` (the host
+is shared) and the thread count.
+
 
     python benchmarks/sampled_likelihood.py --label after     # writes results/sampled_likelihood_after.{md,csv}
 

@@ -30,6 +30,7 @@ from .inference import log_prob as _log_prob
 from .inference import elementwise_product as _elementwise_product
 from .inference import eager_covariances as _eager_covariances
 from .inference import prior_samples as _prior_samples
+from .kernels import batch_expansion as _batch_expansion
 from .kernels import independent_outputs as _independent_outputs
 from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
@@ -56,6 +57,8 @@ _elementwise_product.install()
 _prior_samples.install()
 # GPyTorch's batch-independent multi-output GP (from_batch_mvn) keeps one interleaved feature root
 _independent_outputs.install()
+# the sampled likelihoods' copies of x reach rfgp kernels as stride-0 views, featurised once
+_batch_expansion.install()
 # ExactGP under lazily_evaluate_kernels(False) predicts with rfgp's strategy, as with lazy kernels
 _eager_covariances.install()
 # last: registers BoTorch hooks now if BoTorch is already imported, else when it is

@@ -3,20 +3,16 @@
 GPyTorch evaluates a kernel on copies of one input in a leading batch.  ``likelihood(model(x))`` of a likelihood
 without an analytic marginal (Beta, Poisson, Student-t, softmax, ...) draws ``num_likelihood_samples`` S samples
 inside a ``pyro.plate``, which expands the predictive ``MultivariateNormal`` to a batch of S; its lazily evaluated
-covariance K(x, x) expands through ``LazyEvaluatedKernelTensor.repeat``, i.e. ``torch.Tensor.repeat``, so the
-kernel receives S real copies of x (``(S, 1, n, d)``, contiguous).  An ``expand``ed input (stride 0) is the other
-form copies take.  A feature kernel then computes Φ(x) — and, where the covariance is evaluated densely, the n × n
-Gram ΦΦᵀ — once on one copy and returns it expanded (stride 0), with the same values.
+covariance K(x, x) of an rfgp kernel expands x by ``Tensor.expand`` (:mod:`rfgp.kernels.batch_expansion`), so the
+kernel receives S stride-0 copies of x (``(S, 1, n, d)``).  A feature kernel then computes Φ(x) — and, where the
+covariance is evaluated densely, the n × n Gram ΦΦᵀ — once on one copy and returns it expanded (stride 0), with the
+same values.
 
-A batch dimension holds copies when
-
-* it has stride 0 (an ``expand``ed view): seen from the tensor's metadata, no data read; not taken for a leaf
-  tensor that requires grad, whose own ``.grad`` would otherwise gather the copies' gradients in the first member;
-* or every member is bitwise equal to the first: real copies leave no trace in the tensor (``repeat`` under
-  ``torch.no_grad`` has no ``grad_fn``), so their values are compared — one fused comparison of the input's
-  entries and one host synchronisation (the kernel call already synchronises on the same input for its
-  NaN/Inf check).  Asked only of inputs that do not require grad: equal values computed from different tensors
-  need their own gradients, which one shared copy would not give.
+A batch dimension holds copies when it has stride 0 (an ``expand``ed view): seen from the tensor's metadata, no
+data read, no host synchronisation.  Not taken for a leaf tensor that requires grad, whose own ``.grad`` would
+otherwise gather the copies' gradients in the first member.  Real copies (``Tensor.repeat``) are not looked for:
+telling them from distinct members needs their values on the host; the kernel computes each member, with the same
+values, at S times the cost.
 
 Only dimensions where the kernel's own batch has size 1 are candidates: elsewhere the features differ per member
 anyway (one lengthscale per member) and nothing is saved.
@@ -28,27 +24,15 @@ import torch
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-#: integer dtypes of the same width, for bitwise comparison of floating-point entries
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 def copied_batch_dims(x: Tensor, kernel_batch_shape: torch.Size) -> tuple[int, ...]:
-    """The batch dimensions of ``x`` ``(..., n, d)`` (negative indices) along which every member is a copy of the
-    first, among those of size > 1 where ``kernel_batch_shape`` (aligned to the right with x's batch) has size 1.
-
-    Stride-0 dimensions are free to see; others are compared entrywise (one host synchronisation) if ``x`` does not
-    require grad (module docstring).
-    """
-    candidates = [dim for dim in range(-x.dim(), -2) if x.shape[dim] > 1 and _kernel_size(kernel_batch_shape, dim) == 1]
-    if not candidates:
+    """The stride-0 batch dimensions of ``x`` ``(..., n, d)`` (negative indices) of size > 1 where
+    ``kernel_batch_shape`` (aligned to the right with x's batch) has size 1; none for a leaf that requires grad
+    (module docstring)."""
+    if x.requires_grad and x.is_leaf:
         return ()
-    free = () if x.requires_grad and x.is_leaf else tuple(dim for dim in candidates if x.stride(dim) == 0)
-    rest = [dim for dim in candidates if dim not in free]
-    if not rest or x.requires_grad:
-        return free
-    bits = _as_bits(narrow_copies(x, free))
-    equal = torch.stack([(bits == bits.narrow(dim, 0, 1)).all() for dim in rest]).tolist()
-    return free + tuple(dim for dim, flag in zip(rest, equal) if flag)
+    return tuple(dim for dim in range(-x.dim(), -2)
+                 if x.shape[dim] > 1 and x.stride(dim) == 0 and _kernel_size(kernel_batch_shape, dim) == 1)
 
 
 def narrow_copies(x: Tensor, dims: tuple[int, ...]) -> Tensor:
@@ -81,8 +65,3 @@ def _kernel_size(kernel_batch_shape: torch.Size, dim: int) -> int:
     index = len(kernel_batch_shape) + dim + 2
     return kernel_batch_shape[index] if index >= 0 else 1
 
-
-def _as_bits(x: Tensor) -> Tensor:
-    """Floating-point entries as integers of the same width (bitwise equality: 0.0 and −0.0 differ, equal NaNs
-    agree); other dtypes as they are."""
-    return x.view(_BITS[x.element_size()]) if x.is_floating_point() else x

@@ -1,9 +1,10 @@
 """Kernels on inputs whose batch members are copies (rfgp.core.batch_copies) compute the features once.
 
-GPyTorch's ``likelihood(model(x))`` for a sampled likelihood evaluates K(x, x) on ``num_likelihood_samples`` real
-copies of x (``LazyEvaluatedKernelTensor.repeat``); an ``expand``ed input has stride-0 copies.  Either way the
-features and the dense Gram are computed on one copy and returned expanded: the same values as the kernel on x
-alone, the same hyperparameter gradients as evaluating every copy, and a feature map that sees n rows, not S·n.
+GPyTorch's ``likelihood(model(x))`` for a sampled likelihood evaluates K(x, x) on ``num_likelihood_samples`` copies
+of x, which reach an rfgp kernel as stride-0 views (rfgp.kernels.batch_expansion; GPyTorch's own expansion repeats
+x).  The features and the dense Gram are computed on one copy and returned expanded: the same values as the kernel
+on x alone, the same hyperparameter gradients as evaluating every copy, and a feature map that sees n rows, not S·n.
+Real copies made by the caller (``repeat``) are computed per member, with the same values.
 """
 
 import gpytorch
@@ -46,20 +47,14 @@ class RowCounter:
         return self.forward(x)
 
 
-def copies(x):
-    """(expanded, repeated) copies of x in a leading batch of S and a singleton batch, as GPyTorch makes them."""
-    return x.expand(S, 1, *x.shape), x.repeat(S, 1, 1, 1)
-
-
-@pytest.mark.parametrize("form", ["expand", "repeat"])
-def test_copies_give_the_kernel_on_one_copy_expanded_and_featurise_it_once(form):
+def test_copies_give_the_kernel_on_one_copy_expanded_and_featurise_it_once():
     x = points()
     kernel = scaled_kernel()
     counter = RowCounter(kernel.base_kernel.feature_map)
     single = kernel(x).to_dense()
     rows_single = counter.rows
     counter.rows = 0
-    batch = copies(x)[form == "repeat"]
+    batch = x.expand(S, 1, N, D)
     covariance = kernel(batch).evaluate_kernel()
     dense = covariance.to_dense()
     assert counter.rows == rows_single  # n rows and a probe row: before, S times as many
@@ -68,6 +63,20 @@ def test_copies_give_the_kernel_on_one_copy_expanded_and_featurise_it_once(form)
     assert covariance.scaled_features()[0].stride(0) == 0
     assert torch.equal(kernel(batch, diag=True), kernel(x, diag=True).expand(S, 1, N))
     assert torch.equal(kernel(batch, batch[:, :, :4]).to_dense(), kernel(x, x[:4]).to_dense().expand(S, 1, N, 4))
+
+
+def test_real_copies_made_by_the_caller_are_computed_per_member_with_the_same_values():
+    """A repeated input holds real copies, which only their values would reveal: every member is featurised (no host
+    synchronisation to compare them), and the covariance is the kernel's on each member."""
+    x = points()
+    kernel = scaled_kernel()
+    counter = RowCounter(kernel.base_kernel.feature_map)
+    single = kernel(x).to_dense()
+    rows_single = counter.rows
+    counter.rows = 0
+    dense = kernel(x.repeat(S, 1, 1, 1)).to_dense()
+    assert counter.rows == S * rows_single
+    torch.testing.assert_close(dense, single.expand(S, 1, N, N), rtol=1e-13, atol=1e-13)
 
 
 def test_gradients_through_copies_equal_those_of_every_copy_evaluated():
@@ -87,8 +96,8 @@ def test_gradients_through_copies_equal_those_of_every_copy_evaluated():
 
 
 def test_inputs_that_need_their_own_gradients_are_evaluated_per_member():
-    """Equal members of a tensor that requires grad (a leaf expanded with stride 0, or real copies of values computed
-    from different tensors) each keep their own gradient: no copies are taken out."""
+    """The members of a leaf that requires grad, expanded with stride 0, each keep their own gradient: no copies are
+    taken out."""
     x = points()
     kernel = scaled_kernel()
     counter = RowCounter(kernel.base_kernel.feature_map)
@@ -105,19 +114,14 @@ def test_inputs_that_need_their_own_gradients_are_evaluated_per_member():
 def test_which_dimensions_hold_copies():
     x = points().unsqueeze(0)  # (1, n, d)
     assert copied_batch_dims(x.expand(S, N, D), torch.Size([])) == (-3,)
-    assert copied_batch_dims(x.repeat(S, 1, 1), torch.Size([])) == (-3,)
-    assert copied_batch_dims(x.repeat(S, 1, 1), torch.Size([S])) == ()  # one lengthscale per member: not copies
-    assert copied_batch_dims(x.repeat(S, 1, 1).requires_grad_(True), torch.Size([])) == ()
+    assert copied_batch_dims(x.expand(S, N, D), torch.Size([S])) == ()  # one lengthscale per member: not copies
+    assert copied_batch_dims(x.repeat(S, 1, 1), torch.Size([])) == ()  # real copies: not compared by value
     assert copied_batch_dims(x.expand(S, N, D).requires_grad_(True), torch.Size([])) == ()  # a leaf's own .grad
     assert copied_batch_dims(x.clone().requires_grad_(True).expand(S, N, D), torch.Size([])) == (-3,)
-    distinct = torch.rand(S, N, D, dtype=F64)
-    assert copied_batch_dims(distinct, torch.Size([])) == ()
-    signed_zero = torch.zeros(2, 1, 1, dtype=F64)
-    signed_zero[1] = -0.0
-    assert copied_batch_dims(signed_zero, torch.Size([])) == ()  # bitwise copies only
-    both = x.unsqueeze(0).repeat(3, S, 1, 1)
+    both = x.unsqueeze(0).expand(3, S, N, D)
     assert copied_batch_dims(both, torch.Size([])) == (-4, -3)
-    mixed = torch.cat([both, both[:, :1] + 1], 1)  # copies along -4 only
+    assert copied_batch_dims(both, torch.Size([3, 1])) == (-3,)  # the kernel batch differs along -4
+    mixed = x.unsqueeze(0).repeat(1, S, 1, 1).expand(3, S, N, D)  # copies along -4 only
     assert copied_batch_dims(mixed, torch.Size([])) == (-4,)
 
 
@@ -135,7 +139,7 @@ def test_chunked_kernel_on_copies_chunks_one_copy():
     budget counted every copy and split the rows); a forced chunk size keeps a chunked operator, expanded."""
     x = points()
     kernel = scaled_kernel(num_features=256)
-    batch = x.repeat(S, 1, 1, 1)
+    batch = x.expand(S, 1, N, D)
     single = kernel(x).to_dense()
     budget = 2 * WORKING_COPIES * N * 256 * 8  # bytes: one copy's Φ fits twice, S copies' not
     with rfgp.settings.memory_budget(budget):
@@ -160,7 +164,7 @@ class SVGP(ApproximateGP):
 
 
 def test_sampled_likelihood_featurises_the_test_points_once_whatever_the_number_of_samples():
-    """``likelihood(model(x))`` of a Beta likelihood in eval mode: GPyTorch repeats x for each of the S samples; the
+    """``likelihood(model(x))`` of a Beta likelihood in eval mode: GPyTorch expands x for each of the S samples; the
     rows featurised no longer grow with S, and the samples are those of the dense predictive covariance."""
     x, z = points(20, seed=3), points(6, seed=4)
     model = SVGP(scaled_kernel(), z).double().eval()
@@ -184,6 +188,44 @@ def test_sampled_likelihood_featurises_the_test_points_once_whatever_the_number_
     assert rows[16] == rows[1]
 
 
+def test_sampled_likelihood_hands_the_kernel_stride_0_copies():
+    """pyro.plate expands the predictive distribution; its lazily evaluated rfgp covariance (inside the SVGP's sum)
+    expands x by ``Tensor.expand`` (before: ``repeat``, S contiguous copies), so the feature kernel sees stride 0."""
+    x, z = points(20, seed=3), points(6, seed=4)
+    model = SVGP(scaled_kernel(), z).double().eval()
+    likelihood = gpytorch.likelihoods.BetaLikelihood().double().eval()
+    base = model.covar_module.base_kernel
+    seen = []
+
+    def forward(x1, x2, **kwargs):
+        seen.append((x1.shape, x1.stride(), x2.stride()))
+        return type(base).forward(base, x1, x2, **kwargs)
+
+    base.forward = forward
+    with torch.no_grad(), gpytorch.settings.num_likelihood_samples(16):
+        likelihood(model(x))
+    copies = [(shape, strides1, strides2) for shape, strides1, strides2 in seen if shape[:-2] == (16, 1)]
+    assert copies and all(strides1[0] == 0 and strides2[0] == 0 for _, strides1, strides2 in copies)
+
+
+def test_expanding_a_lazy_rfgp_covariance_expands_its_inputs_and_keeps_the_rest():
+    """Batch (3,) kernel on x (n, d) expanded to (S, 3): x becomes an (S, 1, n, d) view (what ``repeat`` made, as a
+    copy); same class, kernel and values.  An exact kernel keeps linear_operator's repeat."""
+    x = points()
+    kernel = rfgp.sketch(gpytorch.kernels.RBFKernel(batch_shape=torch.Size([3])), 64, seed=0).double()
+    kernel.lengthscale = torch.tensor([[[0.3]], [[0.5]], [[0.8]]], dtype=F64)
+    lazy = kernel(x, x[:5])
+    expanded = lazy.expand(S, 3, N, 5)
+    assert type(expanded) is type(lazy) and expanded.kernel is kernel
+    assert expanded.x1.shape == (S, 1, N, D) and expanded.x1.stride(0) == 0 and expanded.x1.data_ptr() == x.data_ptr()
+    assert expanded.x2.shape == (S, 1, 5, D) and expanded.x2.stride(0) == 0
+    assert torch.equal(expanded.to_dense(), lazy.to_dense().expand(S, 3, N, 5))
+    symmetric = kernel(x).expand(S, 3, N, N)
+    assert symmetric.x2 is symmetric.x1
+    exact = gpytorch.kernels.RBFKernel()(x).expand(S, N, N)
+    assert exact.x1.stride(0) != 0  # GPyTorch's own repeat, untouched
+
+
 FAMILIES = {
     # name: kernel factory; each covariance keeps its operator class and its variance correction on copies
     "maclaurin (bias-corrected)": lambda: rfgp.kernels.MaclaurinRBFKernel(128, seed=0, ard_num_dims=D),
@@ -199,7 +241,7 @@ def test_every_family_on_copies_is_its_covariance_on_one_copy_expanded(name):
     kernel = FAMILIES[name]().double()
     x = points().unsqueeze(0)  # one copy (a batch of 1: Nyström's batched triangular solve rounds otherwise)
     single = kernel(x).evaluate_kernel()
-    covariance = kernel(x.repeat(S, 1, 1)).evaluate_kernel()
+    covariance = kernel(x.expand(S, -1, -1)).evaluate_kernel()
     assert type(covariance) is type(single)
     assert torch.equal(covariance.to_dense(), single.to_dense().expand(S, -1, -1))
     if single.variance_correction is not None:
