@@ -10,6 +10,7 @@ Real copies made by the caller (``repeat``) are computed per member, with the sa
 import gpytorch
 import pytest
 import torch
+from gpytorch.lazy import LazyEvaluatedKernelTensor
 from gpytorch.models import ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 from linear_operator.operators import DenseLinearOperator
@@ -206,6 +207,31 @@ def test_sampled_likelihood_hands_the_kernel_stride_0_copies():
         likelihood(model(x))
     copies = [(shape, strides1, strides2) for shape, strides1, strides2 in seen if shape[:-2] == (16, 1)]
     assert copies and all(strides1[0] == 0 and strides2[0] == 0 for _, strides1, strides2 in copies)
+
+
+def test_sampled_likelihood_values_and_gradients_equal_those_of_real_copies():
+    """Student-t samples of an SVGP at inputs that require grad: the stride-0 copies give the samples and the gradients
+    (inputs and every parameter) of GPyTorch's own repeat, which featurises each copy."""
+    def sample_and_gradients():
+        x = points(20, seed=3).requires_grad_(True)
+        model = SVGP(scaled_kernel(), points(6, seed=4)).double().eval()
+        likelihood = gpytorch.likelihoods.StudentTLikelihood().double().eval()
+        with gpytorch.settings.num_likelihood_samples(8):
+            torch.manual_seed(0)
+            value = likelihood(model(x)).rsample().sum()
+        return value, torch.autograd.grad(value, [x, *model.parameters()], allow_unused=True)
+
+    value, gradients = sample_and_gradients()
+    routed = LazyEvaluatedKernelTensor._expand_batch
+    LazyEvaluatedKernelTensor._expand_batch = routed.generic_expand_batch
+    try:
+        reference, expected = sample_and_gradients()
+    finally:
+        LazyEvaluatedKernelTensor._expand_batch = routed
+    torch.testing.assert_close(value, reference, rtol=1e-12, atol=1e-12)
+    for gradient, want in zip(gradients, expected):
+        if want is not None:
+            torch.testing.assert_close(gradient, want, rtol=1e-10, atol=1e-10)
 
 
 def test_expanding_a_lazy_rfgp_covariance_expands_its_inputs_and_keeps_the_rest():
