@@ -7,8 +7,8 @@ keep the points that are best in some sample.  BoTorch's default sampler (``get_
 samples, n-dimensional) reparameterises them with a square root of the n × n posterior covariance, a dense Cholesky
 factor, which for an rfgp posterior Σ = RRᵀ of rank F < n needs jitter too: O(n³) time, O(n²) memory and an n × n
 by n × 2048 product, although the pruned set that remains is a handful of points.  qLogNEI's construction with
-F = 256 (``benchmarks/botorch_acquisitions.py``, one thread): n = 3000: 2.4 s → 0.32 s (the exact GP: 8.6 s);
-n = 6000: 10.8 s → 0.76 s.
+F = 256 (``benchmarks/botorch_acquisitions.py``, one thread, shared machine): n = 3000: 4.0 s → 0.54 s (the exact GP:
+10.0 s); n = 6000: 12.7 s → 0.75 s.
 
 Registered when BoTorch is imported (:mod:`rfgp.integrations`), ``get_sampler`` as the pruning functions of
 ``botorch.acquisition.utils`` look it up is wrapped: for a ``GPyTorchPosterior`` whose covariance is an rfgp low-rank
