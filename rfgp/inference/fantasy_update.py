@@ -12,6 +12,11 @@ O(max(q, 32)·F²), backward stable) and m' = A'⁻¹b' two triangular solves wi
 the features of all N + q points, their (N + q)·F² statistics and an F³/3 factorisation
 (cf. the rank-one updates of recursive least squares / the Kalman filter in weight space, and GPyTorch's
 ``DefaultPredictionStrategy.get_fantasy_strategy``, which updates its N × N caches by a Schur complement).
+
+Where a gradient is recorded through the new rows (V, Dₙ, rₙ: BoTorch differentiates an acquisition value w.r.t. the
+new inputs X), the blocked update (a Householder QR) has no derivative; L' = chol(LLᵀ + VVᵀ) is then factorised
+directly with ``torch.linalg.cholesky`` (differentiable, F³/3 per fantasy, still independent of N), and m' through
+the same solves, with the parent's (m, L) the constants they are as functions of X.
 """
 
 from __future__ import annotations
@@ -23,14 +28,13 @@ from ..core.dtypes import factor_dtype
 from .cholesky_update import cholesky_update
 
 
-@torch.no_grad()
 def updated_capacitance_caches(mean_cache: Tensor, chol: Tensor, features: Tensor, weights: Tensor,
                                residual: Tensor) -> tuple[Tensor, Tensor]:
     """(m', L') of the posterior with q more observations, from its caches (m, L) and the new rows.
 
-    Runs without autograd (the fantasy strategy recomputes from all N + q points where a graph is recorded) and in
-    :func:`rfgp.core.dtypes.factor_dtype` (float64 for float32 caches), rounded back, as
-    :func:`rfgp.inference.linalg.capacitance_solve`.
+    Differentiable in every argument where a gradient is recorded through one of them (then L' = chol(LLᵀ + VVᵀ),
+    F³/3 instead of the blocked update's O(max(q, 32)·F²)). Runs in :func:`rfgp.core.dtypes.factor_dtype` (float64
+    for float32 caches), rounded back, as :func:`rfgp.inference.linalg.capacitance_solve`.
 
     Args:
         mean_cache: m = A⁻¹ΦᵀD⁻¹r ``(*extra, *batch, F, 1)`` (``extra``: target-only batch dimensions).
@@ -44,7 +48,11 @@ def updated_capacitance_caches(mean_cache: Tensor, chol: Tensor, features: Tenso
     """
     dtype, work = chol.dtype, factor_dtype(chol.dtype, chol.device)
     chol, features, weights = chol.to(work), features.to(work), weights.to(work)
-    updated = cholesky_update(chol, (features * weights.sqrt().unsqueeze(-1)).mT)
+    root = (features * weights.sqrt().unsqueeze(-1)).mT
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (mean_cache, chol, root, residual)):
+        updated = torch.linalg.cholesky(chol @ chol.mT + root @ root.mT)  # A' ⪰ I: raises, never silently, if not
+    else:
+        updated = cholesky_update(chol, root)
     rhs = chol @ (chol.mT @ mean_cache.to(work)) + features.mT @ (weights * residual.to(work)).unsqueeze(-1)
     # target-only batch dimensions as columns: one solve per factor, not an F × F factor broadcast per fantasy
     extra = rhs.shape[: rhs.dim() - updated.dim()]

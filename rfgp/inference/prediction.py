@@ -292,14 +292,21 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     ``lik_train_train_covar``: the kernel at all N + q inputs) come from the recomputed strategy, built at their
     first use.  The caches are recomputed from all N + q points (same values, to rounding) instead of updated
 
-    * where they are built with an autograd graph (``propagate_grads``/``detach_test_caches(False)`` while a gradient
-      is recorded, as BoTorch's acquisition gradients w.r.t. X): the parent's caches hold no graph of the training
-      points' statistics, which the gradients w.r.t. hyperparameters and training data need;
+    * where they are built with the training points' autograd graph (``detach_test_caches(False)`` while a gradient
+      is recorded, as under BoTorch's ``propagate_grads(True)``, which qKnowledgeGradient and
+      qNegIntegratedPosteriorVariance set around their fantasy posteriors): the parent's caches hold no graph of the
+      training points' statistics, which the gradients w.r.t. hyperparameters and training data need;
     * where a target is NaN under ``observation_nan_policy("mask")``/``("fill")`` (the posterior drops that point).
 
     Kernel-space posteriors (N + q ≲ F), chunked training operators, structured caches (classification, complex
     posterior), distributed statistics and multi-output strategies are not updated (:meth:`updatable_caches`), nor are
     likelihoods other than ``GaussianLikelihood`` and ``FixedNoiseGaussianLikelihood``: :meth:`of` returns ``None``.
+
+    While a gradient is recorded under ``detach_test_caches`` (GPyTorch's default), the caches are the update with the
+    graph of the q new rows (:meth:`mean_covar_cache`): the gradient w.r.t. the new inputs and targets is the
+    recomputation's (the training points' statistics do not depend on them), without the training graph that the
+    setting detaches.  (The caches of a recomputation under that setting held no graph at all: the gradient of a
+    fantasy posterior w.r.t. its new inputs was silently zero.)
     """
 
     def __init__(self, parent: FeatureSpacePredictionStrategy, full_inputs, full_targets, full_output, likelihood,
@@ -371,16 +378,34 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     def updatable_caches(self) -> bool:
         return True  # its parent's were, and its own are the same F × F ones
 
+    @property
+    def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
+        """(m', L'); while a gradient is recorded under ``detach_test_caches`` (on by default), the update with the
+        graph of the q new rows only (their inputs X, targets, noise, prior mean), built at every call (a graph
+        is not cached: a second ``backward()`` through it would fail)."""
+        nan_policy = gpytorch.settings.observation_nan_policy.value()
+        if (torch.is_grad_enabled() and gpytorch.settings.detach_test_caches.on()
+                and observed_points(self.train_labels, nan_policy) is None):
+            return self._updated_caches()
+        return super().mean_covar_cache
+
     @cached(name="mean_covar_cache")
     @in_full_precision
     def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
         """The parent's caches updated by the new rows; recomputed with a graph or with NaN targets dropped."""
         if torch.is_grad_enabled() or observed_points(self.train_labels, nan_policy) is not None:
             return self.full_strategy._mean_covar_cache(nan_policy)
+        return self._updated_caches()
+
+    @in_full_precision
+    def _updated_caches(self) -> tuple[Tensor, Tensor]:
+        """:func:`updated_capacitance_caches` of the parent's caches (built without a graph: constants in X) by the
+        new rows, differentiable in the new rows where a gradient is recorded."""
         num_new = self.features.shape[-2]
         targets = self.train_labels[..., -num_new:]
         check_targets(targets, "the training targets y")
-        mean_cache, chol = self.parent.mean_covar_cache
+        with torch.no_grad():
+            mean_cache, chol = self.parent.mean_covar_cache
         residual = targets - self.full_output.mean[..., -num_new:]
         return updated_capacitance_caches(mean_cache, chol, self.features, self.weights, residual)
 

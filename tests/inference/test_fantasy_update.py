@@ -150,6 +150,47 @@ def test_recomputes_with_a_graph_and_for_masked_targets(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("batch", [(), (4, 5)])
+def test_graph_mode_update_gives_the_recomputations_gradient(batch, monkeypatch):
+    """Under detach_test_caches (the default) a gradient through a fantasy posterior reaches the new inputs X and
+    targets by the update differentiated in the new rows only (before: the caches held no graph, gradient zero), equal
+    to the full recomputation's gradient under detach_test_caches(False) and to central differences; the N training
+    points are neither featurised nor factorised again."""
+    model = model_of()
+    inputs = new_points(*batch[1:])
+    targets = torch.sin(3 * torch.arange(3, dtype=torch.float64)).expand(*batch, 3).contiguous()
+
+    def value(x, y, update=True, detach=True):
+        with monkeypatch.context() as patch:
+            if not update:
+                patch.setattr(RankUpdatedFantasyStrategy, "of", classmethod(lambda cls, *args: None))
+            fantasy = model.get_fantasy_model(x, y)
+            with gpytorch.settings.detach_test_caches(detach):
+                output = fantasy(XS)
+        return (output.variance + output.mean ** 2).sum(), fantasy
+
+    x, y = inputs.clone().requires_grad_(True), targets.clone().requires_grad_(True)
+    expected = torch.autograd.grad(value(x, y, update=False, detach=False)[0], (x, y))
+    rows, factorised = [], []
+    forward, cholesky_ex = FeatureMap.__call__, torch.linalg.cholesky_ex
+    with monkeypatch.context() as patch:
+        patch.setattr(FeatureMap, "__call__", lambda self, z, *a, **kw: rows.append(z.shape[-2]) or
+                      forward(self, z, *a, **kw))
+        patch.setattr(torch.linalg, "cholesky_ex", lambda a, *args, **kw: factorised.append(a.shape) or
+                      cholesky_ex(a, *args, **kw))
+        actual, fantasy = value(x, y)
+    assert rows and max(rows) <= len(XS) and all(shape[-1] == F for shape in factorised)
+    assert fantasy.prediction_strategy._full_strategy is None
+    gradients = torch.autograd.grad(actual, (x, y))
+    assert expected[0].abs().max() > 1e-2 and expected[1].abs().max() > 1e-2
+    for a, b in zip(gradients, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-8)
+    step, direction = 1e-5, torch.randn(inputs.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        plus, minus = (value(inputs + sign * step * direction, targets)[0] for sign in (1, -1))
+    torch.testing.assert_close((plus - minus) / (2 * step), (gradients[0] * direction).sum(), rtol=1e-6, atol=1e-8)
+
+
 def test_eager_kernels_update_and_chunked_parents_recompute(monkeypatch):
     """Under lazily_evaluate_kernels(False) the new rows come from the evaluated covariance; a training operator
     chunked under a memory budget has no materialised Φ to update from: the fantasy recomputes (same values)."""
