@@ -37,6 +37,7 @@ import math
 
 import gpytorch
 import torch
+from gpytorch.distributions import MultivariateNormal
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.likelihoods.noise_models import HomoskedasticNoise
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
@@ -380,34 +381,72 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
 
     @property
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
-        """(m', L'); while a gradient is recorded under ``detach_test_caches`` (on by default), the update with the
-        graph of the q new rows only (their inputs X, targets, noise, prior mean), built at every call (a graph
-        is not cached: a second ``backward()`` through it would fail)."""
+        """(m', L'); while a gradient is recorded, the update differentiated in the new rows, built at every call (a
+        graph is not cached: a second ``backward()`` through it would fail), from the parent's caches
+
+        * under ``detach_test_caches`` (on by default): built without a graph, constants (as the setting detaches the
+          training points' graph): the gradient w.r.t. the new inputs and targets is the recomputation's;
+        * under ``detach_test_caches(False)`` (BoTorch's ``propagate_grads(True)``): rebuilt with the graph of the
+          kernel's hyperparameters, the noise, the prior mean and the training inputs
+          (:meth:`_training_caches_with_graph`), once for all fantasies, not per fantasy from all N + q points: every
+          gradient is the recomputation's.
+        """
         nan_policy = gpytorch.settings.observation_nan_policy.value()
-        if (torch.is_grad_enabled() and gpytorch.settings.detach_test_caches.on()
-                and observed_points(self.train_labels, nan_policy) is None):
-            return self._updated_caches()
+        if torch.is_grad_enabled() and observed_points(self.train_labels, nan_policy) is None:
+            if gpytorch.settings.detach_test_caches.on():
+                with torch.no_grad():
+                    parent = self.parent.mean_covar_cache
+                return self._updated_caches(*parent)
+            training = self._training_caches_with_graph(nan_policy)
+            if training is not None:
+                return self._updated_caches(*training)
         return super().mean_covar_cache
 
     @cached(name="mean_covar_cache")
     @in_full_precision
     def _mean_covar_cache(self, nan_policy: str) -> tuple[Tensor, Tensor]:
-        """The parent's caches updated by the new rows; recomputed with a graph or with NaN targets dropped."""
+        """The parent's caches updated by the new rows; recomputed with NaN targets dropped (or, with a graph, where
+        :meth:`mean_covar_cache` cannot rebuild the training caches with theirs)."""
         if torch.is_grad_enabled() or observed_points(self.train_labels, nan_policy) is not None:
             return self.full_strategy._mean_covar_cache(nan_policy)
-        return self._updated_caches()
+        return self._updated_caches(*self.parent.mean_covar_cache)
+
+    def _training_caches_with_graph(self, nan_policy: str) -> tuple[Tensor, Tensor] | None:
+        """The parent's (m, L) with the graph of the N training points, as the recomputation has it: the kernel called
+        again at the parent's training inputs (its cached operator may hold no graph), the prior mean and the noise of
+        the N + q points' output and likelihood at the first N.  Those are the same in every member of the batch of
+        new inputs (GPyTorch expands the training inputs), so the first member's carry the graph: the training points
+        are featurised and factorised once, not per member.  ``None`` (recompute) without a kernel (eager kernels),
+        for a likelihood with learned noise on top of a fixed one, or where these caches are not the plain
+        feature-space ones."""
+        likelihood = self.likelihood
+        if self.kernel is None or getattr(likelihood, "second_noise_covar", None) is not None:
+            return None
+        parent, num_train = self.parent, self.parent.train_labels.shape[-1]
+        batch_dims = parent.train_prior_dist.mean.dim() - 1
+        mean = _first_member(self.full_output.mean[..., :num_train], batch_dims)
+        if isinstance(likelihood, FixedNoiseGaussianLikelihood):
+            likelihood = FixedNoiseGaussianLikelihood(_first_member(likelihood.noise[..., :num_train], batch_dims))
+        prior = MultivariateNormal(mean, self.kernel(*parent.train_inputs))
+        training = FeatureSpacePredictionStrategy(parent.train_inputs, prior, parent.train_labels, likelihood)
+        if not training.updatable_caches() or training.uses_kernel_space:
+            return None
+        return training._mean_covar_cache(nan_policy)
 
     @in_full_precision
-    def _updated_caches(self) -> tuple[Tensor, Tensor]:
-        """:func:`updated_capacitance_caches` of the parent's caches (built without a graph: constants in X) by the
-        new rows, differentiable in the new rows where a gradient is recorded."""
+    def _updated_caches(self, mean_cache: Tensor, chol: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`updated_capacitance_caches` of the training caches (m, L) by the new rows, differentiable in both
+        where a gradient is recorded."""
         num_new = self.features.shape[-2]
         targets = self.train_labels[..., -num_new:]
         check_targets(targets, "the training targets y")
-        with torch.no_grad():
-            mean_cache, chol = self.parent.mean_covar_cache
         residual = targets - self.full_output.mean[..., -num_new:]
         return updated_capacitance_caches(mean_cache, chol, self.features, self.weights, residual)
+
+
+def _first_member(values: Tensor, batch_dims: int) -> Tensor:
+    """``values`` ``(*new, *batch, n)`` at the first index of the leading dimensions beyond ``batch_dims``."""
+    return values[(0,) * max(values.dim() - 1 - batch_dims, 0)]
 
 
 def _new_noise(likelihood, num_points: int, num_new: int) -> Tensor | None:

@@ -32,6 +32,7 @@ from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance 
 from botorch.acquisition.analytic import LogProbabilityOfImprovement  # noqa: E402
 from botorch.acquisition.cost_aware import InverseCostWeightedUtility  # noqa: E402
 from botorch.acquisition.joint_entropy_search import qJointEntropySearch  # noqa: E402
+from botorch.acquisition.knowledge_gradient import qKnowledgeGradient  # noqa: E402
 from botorch.acquisition.max_value_entropy_search import (  # noqa: E402
     qLowerBoundMaxValueEntropy,
     qMaxValueEntropy,
@@ -285,6 +286,39 @@ def test_integrated_posterior_variance_has_the_finite_difference_gradient():
     converted = landmark_copy(model, x, X, mc_points)
     assert_same_value_and_grad(value_and_grad(qNegIntegratedPosteriorVariance(converted, mc_points=mc_points), X),
                                expected, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["qKnowledgeGradient", "qNegIntegratedPosteriorVariance"])
+def test_fantasy_gradients_update_the_training_caches_featurised_once(name, monkeypatch):
+    """Inside BoTorch's ``propagate_grads(True)`` (``detach_test_caches(False)``) the fantasy caches are the training
+    caches, rebuilt once with their graph, updated by the new rows: the value and the gradient w.r.t. X equal the
+    recomputation's from all N + q points per fantasy (1e-8) and the central difference, and the training inputs are
+    featurised once, without the t-batch (before: (3, N + q) rows, N + q points per t-batch)."""
+    from rfgp.features.base import FeatureMap
+    from rfgp.inference.prediction import RankUpdatedFantasyStrategy
+
+    x, y = data(60)  # N > F: the feature-space caches
+    model = sketched_copy(exact_model(x, y), 32)
+    if name == "qKnowledgeGradient":
+        acquisition, X = qKnowledgeGradient(model, num_fantasies=4), uniform(3, 1 + 4, seed=7)
+    else:
+        acquisition, X = qNegIntegratedPosteriorVariance(model, mc_points=uniform(16, seed=5)), uniform(3, 2, seed=7)
+    with monkeypatch.context() as patch:
+        patch.setattr(RankUpdatedFantasyStrategy, "of", classmethod(lambda cls, *args: None))
+        expected = value_and_grad(acquisition, X)
+    shapes, forward = [], FeatureMap.__call__
+    with monkeypatch.context() as patch:
+        patch.setattr(FeatureMap, "__call__", lambda self, z, *a, **kw: shapes.append(tuple(z.shape)) or
+                      forward(self, z, *a, **kw))
+        actual = value_and_grad(acquisition, X)
+    assert [shape for shape in shapes if shape[-2] >= len(x)] == [(len(x), D)]
+    assert expected[1].abs().max() > 1e-3
+    torch.testing.assert_close(actual[0], expected[0], rtol=0, atol=1e-8)
+    torch.testing.assert_close(actual[1], expected[1], rtol=0, atol=1e-8)
+    step, direction = 1e-6, uniform(*X.shape[:-1], seed=11) - 0.5
+    with torch.no_grad():
+        difference = (acquisition(X + step * direction) - acquisition(X - step * direction)).sum() / (2 * step)
+    torch.testing.assert_close(difference, (actual[1] * direction).sum(), rtol=1e-5, atol=1e-8)
 
 
 def _sampler():
