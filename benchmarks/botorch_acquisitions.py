@@ -11,7 +11,11 @@ prediction caches are built inside the timing, as in a BO iteration):
 * ``ics(UCB)``, ``ics(qNIPV)`` — the same for UpperConfidenceBound (q = 1) and qNegIntegratedPosteriorVariance
   (q = 2, 64 MC points; it fantasises N + q points per raw sample; the exact GP at N ≤ 300 only);
 * ``qKG(X)``         — qKnowledgeGradient (16 fantasies) evaluated at 32 one-shot candidates (q = 1), no gradient;
-  ``ics(qNIPV)`` and ``qKG(X)`` also with ``rfgp, fantasies recomputed`` (the fantasy strategy built from all
+* ``opt(qKG)``, ``opt(qNIPV)`` — ``optimize_acqf`` of qKnowledgeGradient (8 fantasies, q = 1) and of
+  qNegIntegratedPosteriorVariance (q = 2), 2 restarts from 16 raw samples, 10 L-BFGS-B iterations: its gradient
+  steps differentiate the fantasy posterior w.r.t. X under BoTorch's ``propagate_grads(True)``;
+* ``grad(qKG)``, ``grad(qNIPV)`` — those gradient steps alone: 10 values and gradients w.r.t. X at 4 candidates;
+  the fantasy cases also with ``rfgp, fantasies recomputed`` (the fantasy strategy built from all
   N + q points instead of :class:`rfgp.inference.prediction.RankUpdatedFantasyStrategy`'s rank-q cache update).
 
 The largest matrix handed to a Cholesky factorisation is recorded for each case.
@@ -47,6 +51,7 @@ def run(num_train: int, num_features: int, repeats: int, exact: bool, only: list
     from botorch.acquisition import UpperConfidenceBound, qKnowledgeGradient, qLogNoisyExpectedImprovement
     from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
     from botorch.models import SingleTaskGP
+    from botorch.optim import optimize_acqf
     from botorch.optim.initializers import gen_batch_initial_conditions
 
     import rfgp
@@ -71,6 +76,18 @@ def run(num_train: int, num_features: int, repeats: int, exact: bool, only: list
         with torch.no_grad():
             return qKnowledgeGradient(m, num_fantasies=16)(one_shot)
 
+    def optimised(acquisition, q):
+        torch.manual_seed(0)  # the same raw samples for every contender
+        return optimize_acqf(acquisition, bounds, q=q, num_restarts=2, raw_samples=16, options={"maxiter": 10})
+
+    def gradient_steps(acquisition, X, steps=10):
+        for _ in range(steps):
+            X = X.detach().requires_grad_(True)
+            acquisition(X).sum().backward()
+        return X.grad
+
+    kg_candidates = torch.rand(4, 1 + 8, d, generator=gen, dtype=torch.float64)
+    nipv_candidates = torch.rand(4, 2, d, generator=gen, dtype=torch.float64)
     sizes = []
     cholesky_ex = torch.linalg.cholesky_ex
 
@@ -100,11 +117,16 @@ def run(num_train: int, num_features: int, repeats: int, exact: bool, only: list
                     qNegIntegratedPosteriorVariance(m, mc_points=mc_points), bounds, q=2, num_restarts=4,
                     raw_samples=512),
                 "qKG(X)": knowledge_gradient,
+                "opt(qKG)": lambda m: optimised(qKnowledgeGradient(m, num_fantasies=8), 1),
+                "opt(qNIPV)": lambda m: optimised(qNegIntegratedPosteriorVariance(m, mc_points=mc_points), 2),
+                "grad(qKG)": lambda m: gradient_steps(qKnowledgeGradient(m, num_fantasies=8), kg_candidates),
+                "grad(qNIPV)": lambda m: gradient_steps(qNegIntegratedPosteriorVariance(m, mc_points=mc_points),
+                                                        nipv_candidates),
             }
             for case, build in cases.items():
                 if only is not None and case not in only:
                     continue
-                fantasies = case in ("ics(qNIPV)", "qKG(X)")
+                fantasies = case in ("ics(qNIPV)", "qKG(X)", "opt(qKG)", "opt(qNIPV)", "grad(qKG)", "grad(qNIPV)")
                 if name == "rfgp, BoTorch's pruning sampler" and case not in ("qLogNEI()", "ics(qLogNEI)"):
                     continue  # the pruning sampler only matters where X_baseline is pruned
                 if name == "rfgp, fantasies recomputed" and not fantasies:

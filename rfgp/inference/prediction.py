@@ -291,23 +291,22 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     F = 256) re-featurised and re-factorised all N + q points for every batch member.  This strategy evaluates the
     kernel at the q new inputs only; GPyTorch's attributes of the full data (``train_prior_dist``,
     ``lik_train_train_covar``: the kernel at all N + q inputs) come from the recomputed strategy, built at their
-    first use.  The caches are recomputed from all N + q points (same values, to rounding) instead of updated
-
-    * where they are built with the training points' autograd graph (``detach_test_caches(False)`` while a gradient
-      is recorded, as under BoTorch's ``propagate_grads(True)``, which qKnowledgeGradient and
-      qNegIntegratedPosteriorVariance set around their fantasy posteriors): the parent's caches hold no graph of the
-      training points' statistics, which the gradients w.r.t. hyperparameters and training data need;
-    * where a target is NaN under ``observation_nan_policy("mask")``/``("fill")`` (the posterior drops that point).
+    first use.  The caches are recomputed from all N + q points (same values, to rounding) instead of updated where a
+    target is NaN under ``observation_nan_policy("mask")``/``("fill")`` (the posterior drops that point) and, while a
+    gradient is recorded, for eagerly evaluated kernels or learned noise on top of a fixed one
+    (:meth:`_training_caches_with_graph`).
 
     Kernel-space posteriors (N + q ≲ F), chunked training operators, structured caches (classification, complex
     posterior), distributed statistics and multi-output strategies are not updated (:meth:`updatable_caches`), nor are
     likelihoods other than ``GaussianLikelihood`` and ``FixedNoiseGaussianLikelihood``: :meth:`of` returns ``None``.
 
-    While a gradient is recorded under ``detach_test_caches`` (GPyTorch's default), the caches are the update with the
-    graph of the q new rows (:meth:`mean_covar_cache`): the gradient w.r.t. the new inputs and targets is the
-    recomputation's (the training points' statistics do not depend on them), without the training graph that the
-    setting detaches.  (The caches of a recomputation under that setting held no graph at all: the gradient of a
-    fantasy posterior w.r.t. its new inputs was silently zero.)
+    While a gradient is recorded the caches are the update differentiated in the q new rows (:meth:`mean_covar_cache`),
+    from the training caches rebuilt once with their graph under ``detach_test_caches(False)`` (BoTorch's
+    ``propagate_grads(True)``, set by qKnowledgeGradient and qNegIntegratedPosteriorVariance around their fantasy
+    posteriors: every gradient is the recomputation's), from the parent's constant caches under
+    ``detach_test_caches`` (GPyTorch's default: the gradient w.r.t. the new inputs and targets is the recomputation's,
+    the training points' statistics do not depend on them).  (The caches of a recomputation under that setting held no
+    graph at all: the gradient of a fantasy posterior w.r.t. its new inputs was silently zero.)
     """
 
     def __init__(self, parent: FeatureSpacePredictionStrategy, full_inputs, full_targets, full_output, likelihood,

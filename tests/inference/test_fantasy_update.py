@@ -117,7 +117,7 @@ def test_updated_fantasy_featurises_only_the_new_points(monkeypatch):
     assert rows and max(rows) <= len(XS) and factorised == []
 
 
-def test_recomputes_with_a_graph_and_for_masked_targets(monkeypatch):
+def test_gradient_with_a_graph_and_masked_targets_recompute(monkeypatch):
     """Caches built while a gradient is recorded (BoTorch's propagate_grads) give the recomputation's gradient w.r.t.
     the new inputs; with NaN targets under the "mask" policy they come from the full recomputation."""
     model = model_of()
