@@ -56,7 +56,7 @@ from .multioutput_chunking import (
 )
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
-from .prediction import FeatureSpacePredictionStrategy, cache_grad_mode, observed_residual
+from .prediction import FeatureSpacePredictionStrategy, observed_residual
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
@@ -128,8 +128,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         """The single-output strategy of the T independent outputs' batch of systems Φ_tΦ_tᵀ + D_t (missing entries
         decoupled, :meth:`~rfgp.inference.independent_tasks.IndependentTasksAddedDiagLinearOperator.task_system`),
         per ``observation_nan_policy``."""
-        with cache_grad_mode():
-            return self._task_strategy(gpytorch.settings.observation_nan_policy.value())
+        return self.cache(type(self)._task_strategy, gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="task_strategy")
     def _task_strategy(self, nan_policy: str) -> FeatureSpacePredictionStrategy:
@@ -138,8 +137,10 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         system, tasks = noisy.task_system(observed), noisy.num_tasks
         mean = split_tasks(self.train_prior_dist.loc, tasks)
         prior = gpytorch.distributions.MultivariateNormal(mean, system._linear_op)
-        return FeatureSpacePredictionStrategy(self.train_inputs, prior, split_tasks(residual, tasks) + mean,
-                                              SystemNoise(system._diag_tensor))
+        strategy = FeatureSpacePredictionStrategy(self.train_inputs, prior, split_tasks(residual, tasks) + mean,
+                                                  SystemNoise(system._diag_tensor))
+        strategy.caches_follow_new_data = self.caches_follow_new_data
+        return strategy
 
     def _task_prediction(self, test_mean: Tensor, test_test_covar):
         """Mean and covariance of independent outputs: the T single-output posteriors, joined (cross-output

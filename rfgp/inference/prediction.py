@@ -79,6 +79,10 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         self.draws = draw_fingerprint(self.kernel)
         self.kernel_placement = _placement(self.kernel)
 
+    #: whether the caches depend on data that may carry a graph of their own: a recomputed fantasy's new inputs and
+    #: targets (:meth:`get_fantasy_strategy`), which BoTorch differentiates acquisition values through (:meth:`cache`)
+    caches_follow_new_data = False
+
     #: whether :meth:`get_fantasy_strategy` may update this strategy's F × F caches by the new rows
     #: (:class:`RankUpdatedFantasyStrategy`); strategies with other caches (several outputs) set it to ``False``.
     updates_fantasies = True
@@ -176,12 +180,26 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         updated = RankUpdatedFantasyStrategy.of(self, full_inputs, full_targets, full_output, likelihood)
         if updated is not None:
             return updated
-        return self.__class__(
+        recomputed = self.__class__(
             train_inputs=full_inputs,
             train_prior_dist=self.train_prior_dist.__class__(full_output.mean, full_output.lazy_covariance_matrix),
             train_labels=full_targets,
             likelihood=likelihood,
         )
+        recomputed.caches_follow_new_data = True
+        return recomputed
+
+    def cache(self, method, nan_policy: str):
+        """``method(self, nan_policy)``, a ``@cached`` cache builder, under :func:`cache_grad_mode` — except for a
+        recomputed fantasy's caches while a gradient is recorded under ``detach_test_caches`` (GPyTorch's default):
+        they depend on the new inputs and targets, so they are built with their graph at every call and not cached
+        (a cached graph would be freed by the first ``backward()``; a cache built without one made the gradient of a
+        fantasy posterior w.r.t. its new inputs silently zero).  GPyTorch's exact fantasy strategy keeps the graph of
+        its mean cache too, under that setting."""
+        if self.caches_follow_new_data and torch.is_grad_enabled() and gpytorch.settings.detach_test_caches.on():
+            return method.__wrapped__(self, nan_policy)
+        with cache_grad_mode():
+            return method(self, nan_policy)
 
     @property
     def uses_kernel_space(self) -> bool:
@@ -201,8 +219,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         Cached per ``gpytorch.settings.observation_nan_policy`` (as GPyTorch's ``_mean_cache``), so a
         strategy built under "mask" does not answer for NaN targets under "ignore".
         """
-        with cache_grad_mode():
-            return self._kernel_space_cache(gpytorch.settings.observation_nan_policy.value())
+        return self.cache(type(self)._kernel_space_cache, gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="kernel_space_cache")
     @in_full_precision
@@ -243,8 +260,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @property
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΦᵀD⁻¹(y − μ), chol(A)) with A = I + ΦᵀD⁻¹Φ over the observed points, cached per NaN policy."""
-        with cache_grad_mode():
-            return self._mean_covar_cache(gpytorch.settings.observation_nan_policy.value())
+        return self.cache(type(self)._mean_covar_cache, gpytorch.settings.observation_nan_policy.value())
 
     @cached(name="mean_covar_cache")
     @in_full_precision
@@ -308,6 +324,9 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     the training points' statistics do not depend on them).  (The caches of a recomputation under that setting held no
     graph at all: the gradient of a fantasy posterior w.r.t. its new inputs was silently zero.)
     """
+
+    #: where these caches are recomputed (NaN targets, an eager kernel), they depend on the new data too
+    caches_follow_new_data = True
 
     def __init__(self, parent: FeatureSpacePredictionStrategy, full_inputs, full_targets, full_output, likelihood,
                  features: Tensor, weights: Tensor, batch: torch.Size):

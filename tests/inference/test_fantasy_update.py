@@ -225,3 +225,35 @@ def test_kernel_space_parents_recompute():
     fantasy = model.get_fantasy_model(new_points(), torch.zeros(3, dtype=torch.float64))
     assert type(fantasy.prediction_strategy) is FeatureSpacePredictionStrategy
     assert prediction.RankUpdatedFantasyStrategy.of(model.prediction_strategy, None, None, None, None) is None
+
+
+def _central_difference(function, x, eps=1e-6):
+    grad = torch.zeros_like(x)
+    with torch.no_grad():
+        for index in range(x.numel()):
+            step = torch.zeros_like(x).view(-1)
+            step[index] = eps
+            step = step.view_as(x)
+            grad.view(-1)[index] = (function(x + step) - function(x - step)) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("kind", ["kernel space", "masked targets"])
+def test_recomputed_fantasy_differentiates_in_its_new_inputs_under_detached_test_caches(kind):
+    """A fantasy that is recomputed, not updated (N + q ≲ F: kernel space; NaN targets under "mask"), under
+    GPyTorch's default detach_test_caches: the gradient of its posterior mean and variance w.r.t. the new inputs is
+    the central difference's (before, its caches were built without a graph: exactly 0, silently)."""
+    model = model_of(n=20) if kind == "kernel space" else model_of()
+    targets = torch.tensor([0.3, -0.2, float("nan") if kind == "masked targets" else 0.1], dtype=torch.float64)
+
+    def objective(x):
+        with gpytorch.settings.observation_nan_policy("mask"):
+            fantasy = model.get_fantasy_model(x, targets)
+            output = fantasy(XS)
+            return output.mean.sum() + output.variance.sum()
+
+    x = new_points().requires_grad_(True)
+    (grad,) = torch.autograd.grad(objective(x), x)
+    expected = _central_difference(objective, new_points())
+    assert expected.abs().max() > 1e-2
+    torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
