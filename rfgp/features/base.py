@@ -158,6 +158,15 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         """E[Φ(x)ᵀΦ(x)] over the random draws, shape ``(..., n)``."""
         raise NotImplementedError
 
+    def squared_norm(self, x: Tensor) -> Tensor | None:
+        """‖Φ(x)‖² = Φ(x)ᵀΦ(x) of these draws, shape ``(..., n)``, where a closed form gives it without the
+        features' values (sin/cos maps: cos² + sin² = 1); ``None`` where only the features give it.
+
+        The diagonal k̂(x, x) of a kernel call with ``diag=True`` (an SVGP step's k̂(x, x) next to K(Z, x)) then
+        costs O(n) instead of a second featurisation of x.  Inputs are validated by the caller (:meth:`prepare`).
+        """
+        return None
+
     # ------------------------------------------------------------- state dict
     def _adopt_config(self, values: dict) -> None:
         """Adopt the saved seed (and input_dim, ...), then re-create the buffers with the saved shapes."""

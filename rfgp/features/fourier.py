@@ -168,7 +168,10 @@ class RandomFourierFeatures(FeatureMap):
         return torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
 
     def expected_diag(self, x: Tensor) -> Tensor:
-        # cos² + sin² = 1 for every frequency: Φ(x)ᵀΦ(x) = 1 exactly.
+        return self.squared_norm(x)
+
+    def squared_norm(self, x: Tensor) -> Tensor:
+        # Φ = m^{-1/2}[cos P, sin P] and cos² + sin² = 1 for each of the m frequencies: Φ(x)ᵀΦ(x) = 1 exactly.
         return torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
 
     def extra_repr(self) -> str:

@@ -68,6 +68,16 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         """(k(x, x), E[k̂(x, x)]) per point, or ``None`` when the two agree exactly."""
         raise NotImplementedError
 
+    def feature_squared_norm(self, x: Tensor) -> Tensor | None:
+        """‖Φ(x)‖² per point, shape ``(*batch, n)``, from a closed form that does not featurise x, or ``None``
+        (the default) where only the features give it.
+
+        An SVGP step evaluates K(Z, x) and, by a separate call with ``diag=True``, k̂(x, x): with a closed form
+        the diagonal costs O(n) instead of a second featurisation of x.  It must equal (Φ(x)·Φ(x)).sum(-1) as a
+        function of the hyperparameters, gradients included, and validate what the featurisation would.
+        """
+        return None
+
     def prepare(self, x: Tensor) -> None:
         """Fit what the kernel fits on its first input (the optimized Maclaurin allocation, draws of an unset
         ``input_dim``) from all of ``x``; a no-op for kernels that fit nothing or have fitted already."""
@@ -162,6 +172,10 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         return None
 
     def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool, same: bool):
+        if diag and same and self.num_outputs_per_input(x1, x2) == 1:
+            norms = self.feature_squared_norm(x1)
+            if norms is not None:
+                return norms
         featurizer = self.featurizer(x1)
         num_rows = max(x1.shape[-2], x2.shape[-2])
         batch = math.prod(featurizer.batch_shape)
@@ -312,6 +326,19 @@ class RandomFeatureKernel(FeatureKernel):
         if not self.feature_map.is_initialized:
             with torch.no_grad():
                 self.feature_map.prepare(self.scale_inputs(x))
+
+    def feature_squared_norm(self, x: Tensor) -> Tensor | None:
+        """The map's closed-form ‖Φ(x/ℓ)‖² (:meth:`~rfgp.features.FeatureMap.squared_norm`), after the map's
+        checks of x/ℓ; ``None`` for a subclass that overrides :meth:`featurize` (it provides its own)."""
+        if type(self).featurize is not RandomFeatureKernel.featurize:
+            return None
+        return self.map_squared_norm(x)
+
+    def map_squared_norm(self, x: Tensor) -> Tensor | None:
+        """The feature map's closed-form ‖Φ(x/ℓ)‖² (or ``None``), after its checks of x/ℓ (and its draws)."""
+        scaled = self.scale_inputs(x)
+        self.feature_map.prepare(scaled)
+        return self.feature_map.squared_norm(scaled)
 
     def state_fixed_at_first_evaluation(self) -> str | None:
         if self.feature_map.fits_on_first_input:
