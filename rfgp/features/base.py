@@ -54,6 +54,9 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
     #: whether E[Φ(x)ᵀΦ(x)] can differ from k(x, x) and needs a variance correction
     has_variance_bias: bool = False
 
+    #: whether :meth:`squared_norm` gives ‖Φ(x)‖² in closed form, without the features
+    has_closed_form_squared_norm: bool = False
+
     #: Φ(x) of every map, its own ``forward`` included, in its input's dtype under an enclosing ``torch.autocast``
     full_precision_methods = ("forward",)
 
@@ -158,14 +161,14 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         """E[Φ(x)ᵀΦ(x)] over the random draws, shape ``(..., n)``."""
         raise NotImplementedError
 
-    def squared_norm(self, x: Tensor) -> Tensor | None:
-        """‖Φ(x)‖² = Φ(x)ᵀΦ(x) of these draws, shape ``(..., n)``, where a closed form gives it without the
-        features' values (sin/cos maps: cos² + sin² = 1); ``None`` where only the features give it.
+    def squared_norm(self, x: Tensor) -> Tensor:
+        """‖Φ(x)‖² = Φ(x)ᵀΦ(x) of these draws, shape ``(..., n)``, from a closed form that does not need the
+        features' values (sin/cos maps: cos² + sin² = 1); maps that have one set ``has_closed_form_squared_norm``.
 
         The diagonal k̂(x, x) of a kernel call with ``diag=True`` (an SVGP step's k̂(x, x) next to K(Z, x)) then
         costs O(n) instead of a second featurisation of x.  Inputs are validated by the caller (:meth:`prepare`).
         """
-        return None
+        raise NotImplementedError
 
     # ------------------------------------------------------------- state dict
     def _adopt_config(self, values: dict) -> None:

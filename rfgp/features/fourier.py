@@ -67,6 +67,7 @@ class RandomFourierFeatures(FeatureMap):
     """
 
     config_fields = {"sampler": METHOD, "spectral_density": METHOD, "spectral_parameter": METHOD}
+    has_closed_form_squared_norm = True
 
     def __init__(
         self,

@@ -298,7 +298,7 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         """‖Φ(x)‖² without featurising x: 1 for ν = 3/2, 5/2 (cos² + sin² = 1); for ν = ½, whose pair f is
         √r_f·m^{−1/2}[cos, sin], (1/m)·Σ_f r_f(ℓ), the same for every x and differentiable in ℓ like the features."""
         norms = self.map_squared_norm(x)
-        if not self.is_anchored:
+        if norms is None or not self.is_anchored:
             return norms
         xi = self.feature_map.frequency_matrix().to(norms)
         return norms * self._log_weights(xi).exp().to(norms.dtype).mean(-1, keepdim=True)

@@ -329,13 +329,17 @@ class RandomFeatureKernel(FeatureKernel):
 
     def feature_squared_norm(self, x: Tensor) -> Tensor | None:
         """The map's closed-form ‖Φ(x/ℓ)‖² (:meth:`~rfgp.features.FeatureMap.squared_norm`), after the map's
-        checks of x/ℓ; ``None`` for a subclass that overrides :meth:`featurize` (it provides its own)."""
+        checks of x/ℓ; ``None`` for a map without one, or for a subclass that overrides :meth:`featurize` (it
+        provides its own)."""
         if type(self).featurize is not RandomFeatureKernel.featurize:
             return None
         return self.map_squared_norm(x)
 
     def map_squared_norm(self, x: Tensor) -> Tensor | None:
-        """The feature map's closed-form ‖Φ(x/ℓ)‖² (or ``None``), after its checks of x/ℓ (and its draws)."""
+        """The feature map's closed-form ‖Φ(x/ℓ)‖² (``None`` for a map without one), after its checks of x/ℓ (and
+        its draws)."""
+        if not self.feature_map.has_closed_form_squared_norm:
+            return None
         scaled = self.scale_inputs(x)
         self.feature_map.prepare(scaled)
         return self.feature_map.squared_norm(scaled)

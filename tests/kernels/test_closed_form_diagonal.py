@@ -97,3 +97,12 @@ def test_svgp_elbo_step_featurises_the_minibatch_once(base):
     rows = feature_map_rows(covar)
     (-mll(model(x), y)).backward()
     assert sorted(rows) == [1, 1, m, m, n]  # K(Z, x): probe, Z, x; K(Z, Z): probe, Z
+
+
+def test_maps_without_a_closed_form_still_featurise_the_diagonal():
+    kernel = SketchedRBFKernel(32, method="maclaurin", input_dim=3, seed=0).double()
+    x = torch.rand(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    rows = feature_map_rows(kernel)
+    diagonal = kernel(x, diag=True)
+    assert 7 in rows
+    torch.testing.assert_close(diagonal, kernel.featurize(x).pow(2).sum(-1), rtol=0, atol=1e-12)
