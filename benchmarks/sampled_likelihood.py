@@ -33,28 +33,18 @@ from pathlib import Path
 
 import gpytorch
 import torch
-from gpytorch.models import ApproximateGP
-from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
 
 import rfgp  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from _models import UserSVGP  # noqa: E402  (GPyTorch's SVGP tutorial model)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPE = torch.float64
 #: (test points n, samples S, widths F; 0 is the exact kernel)
 CASES = [(200, 100, (0, 1024, 4096)), (20, 512, (0, 65536))]
-
-
-class SVGP(ApproximateGP):
-    def __init__(self, covar_module, inducing_points):
-        q_u = CholeskyVariationalDistribution(inducing_points.shape[-2])
-        super().__init__(VariationalStrategy(self, inducing_points, q_u, learn_inducing_locations=True))
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = covar_module
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def exact_kernel():
@@ -63,12 +53,12 @@ def exact_kernel():
     return kernel
 
 
-def build(width: int) -> SVGP:
+def build(width: int) -> UserSVGP:
     kernel = exact_kernel()
     if width:
         kernel = rfgp.sketch(kernel, width, method="orf", seed=0)
     inducing = torch.rand(32, 2, generator=torch.Generator().manual_seed(0))
-    return SVGP(kernel, inducing).to(DTYPE).eval()
+    return UserSVGP(kernel, inducing).to(DTYPE).eval()
 
 
 def sampled_prediction(model, likelihood, x, samples: int) -> float:

@@ -26,30 +26,20 @@ from pathlib import Path
 
 import gpytorch
 import torch
-from gpytorch.models import ApproximateGP
-from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
 
 import rfgp  # noqa: E402
 
-
-class SVGP(ApproximateGP):
-    def __init__(self, covar_module, inducing_points):
-        q_u = CholeskyVariationalDistribution(inducing_points.shape[-2])
-        super().__init__(VariationalStrategy(self, inducing_points, q_u, learn_inducing_locations=True))
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = covar_module
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from _models import UserSVGP  # noqa: E402  (GPyTorch's SVGP tutorial model)
 
 
 def step_times(x, y, num_inducing, num_features, repeats):
     covar = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[-1]))
     if num_features:
         covar = rfgp.sketch(covar, num_features=num_features, seed=0)
-    model = SVGP(covar, x[:num_inducing].clone()).to(x.dtype)
+    model = UserSVGP(covar, x[:num_inducing].clone()).to(x.dtype)
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x.dtype)
     mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=x.shape[0])
     model.train()

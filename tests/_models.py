@@ -25,6 +25,21 @@ class UserGP(gpytorch.models.ExactGP):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
+class UserSVGP(gpytorch.models.ApproximateGP):
+    """GPyTorch's SVGP tutorial model: Cholesky variational distribution, whitened strategy with learned inducing
+    points, constant mean, the given kernel."""
+
+    def __init__(self, covar_module, inducing_points):
+        distribution = gpytorch.variational.CholeskyVariationalDistribution(inducing_points.shape[-2])
+        super().__init__(gpytorch.variational.VariationalStrategy(self, inducing_points, distribution,
+                                                                 learn_inducing_locations=True))
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
 class BatchIndependentGP(gpytorch.models.ExactGP):
     """GPyTorch's "Batch Independent Multioutput GP": T = ``likelihood.num_tasks`` constant means and the batch kernel's
     T covariances, joined by ``MultitaskMultivariateNormal.from_batch_mvn``."""

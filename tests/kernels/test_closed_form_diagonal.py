@@ -9,13 +9,13 @@ import gpytorch
 import pytest
 import torch
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
-from gpytorch.models import ApproximateGP
-from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 
 import rfgp
 from rfgp.core.validation import NonFiniteHyperparameterError
 from rfgp.features.base import FeatureMap
 from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
+
+from .._models import UserSVGP
 
 CLOSED_FORM = {
     "rff": lambda: SketchedRBFKernel(32, method="rff", ard_num_dims=3, seed=0),
@@ -70,17 +70,6 @@ def test_closed_form_diagonal_names_a_non_finite_lengthscale(name):
         kernel(x, diag=True)
 
 
-class SVGP(ApproximateGP):
-    def __init__(self, covar_module, inducing_points):
-        q_u = CholeskyVariationalDistribution(inducing_points.shape[-2])
-        super().__init__(VariationalStrategy(self, inducing_points, q_u, learn_inducing_locations=True))
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = covar_module
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 @pytest.mark.parametrize("base", [RBFKernel, lambda: MaternKernel(nu=0.5)], ids=["rbf", "matern_half"])
 def test_svgp_elbo_step_featurises_the_minibatch_once(base):
     """K(Z, x) featurises x; the diagonal k̂(x, x) reads the closed form (before: a probe row and x once more)."""
@@ -88,7 +77,7 @@ def test_svgp_elbo_step_featurises_the_minibatch_once(base):
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(n, 2, dtype=torch.float64, generator=gen), torch.randn(n, dtype=torch.float64, generator=gen)
     covar = rfgp.sketch(ScaleKernel(base()), num_features=64, seed=0).double()
-    model = SVGP(covar, x[:m].clone()).double()
+    model = UserSVGP(covar, x[:m].clone()).double()
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=n)
     model.train()
