@@ -296,6 +296,18 @@ def test_softmax_likelihood_over_independent_latents_approaches_the_exact_kernel
     assert_approaches(errors, 0.03)
 
 
+def gaussian_svgp_outputs(model, x, f, xs):
+    """(ELBO, its gradient in the raw lengthscale, latent mean and variance at ``xs`` in eval mode under
+    ``fast_pred_var``) of ``model`` with a Gaussian likelihood."""
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    elbo = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=N)(model(x), f)
+    (grad,) = torch.autograd.grad(elbo, raw_lengthscale(model.covar_module))
+    model.eval()
+    with torch.no_grad(), gpytorch.settings.fast_pred_var():
+        latent = model(xs)
+    return elbo.detach(), grad, latent.mean, latent.variance
+
+
 def test_orthogonally_decoupled_strategy_approaches_the_exact_kernels():
     """OrthogonallyDecoupledVariationalStrategy: 2M mean inducing points (DeltaVariationalDistribution) around an
     M-point covariance strategy, as in GPyTorch's example; both Gram blocks come from the same rfgp kernel."""
@@ -311,13 +323,7 @@ def test_orthogonally_decoupled_strategy_approaches_the_exact_kernels():
         model = DecoupledSVGP(convert(exact_kernel())).double()
         set_variational(model.variational_strategy.base_variational_strategy)
         set_variational(model.variational_strategy, seed=4)
-        likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-        elbo = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=N)(model(x), f)
-        (grad,) = torch.autograd.grad(elbo, raw_lengthscale(model.covar_module))
-        model.eval()
-        with torch.no_grad(), gpytorch.settings.fast_pred_var():
-            latent = model(xs)
-        return elbo.detach(), grad, latent.mean, latent.variance
+        return gaussian_svgp_outputs(model, x, f, xs)
     # measured: 0.0097, 0.16, 0.29, 0.11 at F = 256 and 1.4e-4, 0.0041, 0.012, 0.0056 at 65 536
     assert_approaches(errors_by_width(outputs), 0.03)
 
@@ -334,13 +340,7 @@ def test_maclaurin_svgp_on_centred_inputs_approaches_the_exact_kernel():
         kernel.base_kernel.lengthscale = 0.5
         model = SVGP(convert(kernel), x[:M].clone()).double()
         set_variational(model.variational_strategy)
-        likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-        elbo = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=N)(model(x), f)
-        (grad,) = torch.autograd.grad(elbo, raw_lengthscale(model.covar_module))
-        model.eval()
-        with torch.no_grad(), gpytorch.settings.fast_pred_var():
-            latent = model(xs)
-        return elbo.detach(), grad, latent.mean, latent.variance
+        return gaussian_svgp_outputs(model, x, f, xs)
     errors = errors_by_width(outputs, widths=(256, 4096), method="maclaurin")
     # measured: 0.0088, 0.084, 0.31, 0.25 at F = 256 and 3.5e-4, 0.012, 0.0075, 0.036 at 4096 (the variance keeps
     # the truncation's share of k(x, x) longest)
