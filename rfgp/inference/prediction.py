@@ -372,6 +372,7 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
             self._full_strategy = FeatureSpacePredictionStrategy(
                 self.train_inputs, output.__class__(output.mean, output.lazy_covariance_matrix), self.train_labels,
                 self.likelihood)
+            self._full_strategy.caches_follow_new_data = True  # a recomputed fantasy
         return self._full_strategy
 
     @property
@@ -426,7 +427,8 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         """The parent's caches updated by the new rows; recomputed with NaN targets dropped (or, with a graph, where
         :meth:`mean_covar_cache` cannot rebuild the training caches with theirs)."""
         if torch.is_grad_enabled() or observed_points(self.train_labels, nan_policy) is not None:
-            return self.full_strategy._mean_covar_cache(nan_policy)
+            full = self.full_strategy
+            return full.cache(type(full)._mean_covar_cache, nan_policy)
         return self._updated_caches(*self.parent.mean_covar_cache)
 
     def _training_caches_with_graph(self, nan_policy: str) -> tuple[Tensor, Tensor] | None:
