@@ -239,20 +239,15 @@ class _Objective:
             loss.backward()
             self.bounds.pull_gradients()
         except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
-            self.restore()
-            what = "NaN entries in a covariance matrix" if isinstance(error, NanError) else \
-                "a covariance matrix that is not positive definite"
-            error.add_note(self._advice(what))
-            self.evaluations += 1
+            self._failed(error, "NaN entries in a covariance matrix" if isinstance(error, NanError) else
+                         "a covariance matrix that is not positive definite")
             raise
         except DrawCoverageError as error:
             # a trial point beyond what the fixed draws cover (periodic ℓ, RQ α): the exact kernel is fine there,
             # the estimator is not; step back as for a failed factorisation
             if self.last_finite is None:
                 raise
-            self.restore()
-            error.add_note(self._advice("hyperparameters outside the range the random draws cover"))
-            self.evaluations += 1
+            self._failed(error, "hyperparameters outside the range the random draws cover")
             raise
         except InvalidValueError as error:
             if self.last_finite is None:  # the data or the starting point is invalid: nothing to restore
@@ -292,6 +287,12 @@ class _Objective:
                 p.copy_(self.last_finite[0][offset: offset + p.numel()].view_as(p))
                 offset += p.numel()
         self.bounds.push()
+
+    def _failed(self, error: Exception, what: str) -> None:
+        """Restore the last accepted point after a failed evaluation that reached ``what``, and say so on ``error``."""
+        self.restore()
+        error.add_note(self._advice(what))
+        self.evaluations += 1
 
     def _advice(self, what: str) -> str:
         kept = "" if self.last_finite is None else f" (loss {self.last_finite[1]:.6g})"
