@@ -85,6 +85,11 @@ class _NoKroneckerFactors:
         )
 
 
+def _expanded_correction(correction: Tensor | None, batch_shape) -> Tensor | None:
+    """A variance correction ``(..., n)`` expanded to ``batch_shape`` without copying (``None`` stays ``None``)."""
+    return None if correction is None else correction.expand(*batch_shape, correction.shape[-1])
+
+
 class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowRankRootLinearOperator):
     """ΦΦᵀ for a feature matrix Φ of shape ``(..., n, F)``.
 
@@ -165,10 +170,8 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
     def _expand_batch(self, batch_shape) -> "FeatureRootLinearOperator":
         """The same operator over ``batch_shape``: Φ and the correction expanded without copying (linear_operator's
         version rebuilt the operator from the root alone, dropping the variance correction)."""
-        correction = self.variance_correction
-        if correction is not None:
-            correction = correction.expand(*batch_shape, correction.shape[-1])
-        return self.__class__(self.root._expand_batch(batch_shape), correction)
+        return self.__class__(self.root._expand_batch(batch_shape),
+                              _expanded_correction(self.variance_correction, batch_shape))
 
     @cached
     def to_dense(self) -> Tensor:
@@ -470,11 +473,8 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
 
     def _expand_batch(self, batch_shape) -> "ChunkedFeatureRootLinearOperator":
         """The same operator over ``batch_shape``: x and the correction expanded without copying."""
-        correction = self.variance_correction
-        if correction is not None:
-            correction = correction.expand(*batch_shape, correction.shape[-1])
         return self.from_featurizer(self.inputs.expand(*batch_shape, *self.inputs.shape[-2:]), self.featurizer,
-                                    self.chunk_size, correction)
+                                    self.chunk_size, _expanded_correction(self.variance_correction, batch_shape))
 
     def _mul_constant(self, other):
         if not is_positive(other):
