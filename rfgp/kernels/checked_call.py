@@ -39,7 +39,8 @@ def refuse_last_dim_is_batch(kernel) -> None:
     raise NotImplementedError(
         f"{type(kernel).__name__} does not support last_dim_is_batch=True, which GPyTorch's AdditiveStructureKernel, "
         "ProductStructureKernel, NewtonGirardAdditiveKernel and GridInterpolationKernel ask of their base kernel (to "
-        "evaluate it on each input column separately); rfgp kernels are defined on their whole input. For an "
-        "additive model use AdditiveKernel(*(kernel with active_dims=[i] for each column i)) and rfgp.sketch it; for "
-        "KISS-GP keep the exact base kernel (random features replace SKI, they do not go inside it)"
+        "evaluate it on each input column separately); rfgp kernels are defined on their whole input. Put the exact "
+        "base kernel in AdditiveStructureKernel/ProductStructureKernel and rfgp.sketch the structure kernel "
+        "(per-column features, hyperparameters tied), or use AdditiveKernel(*(kernel with active_dims=[i] for each "
+        "column i)); for KISS-GP keep the exact base kernel (random features replace SKI, they do not go inside it)"
     )

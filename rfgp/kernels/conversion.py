@@ -8,7 +8,8 @@ parts share the width F) and ``ProductKernel`` a width-F product
 (:class:`~rfgp.kernels.SpectralProductKernel` for stationary factors,
 :class:`~rfgp.kernels.SketchedProductKernel` otherwise, a Kronecker product with exact
 factors such as ``IndexKernel``; see :mod:`rfgp.kernels.tree_widths`), so the whole tree
-stays low-rank and at most F wide.  Modules of other families register their converters
+stays low-rank and at most F wide.  ``AdditiveStructureKernel``/``ProductStructureKernel`` become the
+sum/product of their base kernel on each column, its hyperparameters tied (:mod:`rfgp.kernels.structure`).  Modules of other families register their converters
 with :func:`register_converter`.
 
 Dispatch is on the exact type: a subclass of a supported kernel (``RBFKernelGrad`` is an
@@ -30,8 +31,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
+from .combinations import FeatureProductKernel, FeatureSumKernel
 from .hyperparameters import prior_closures
-from .input_columns import MULTITASK_TYPES, TreeColumns, check_tree, children
+from .input_columns import MULTITASK_TYPES, STRUCTURE_TYPES, TreeColumns, check_tree, children
 from .operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
 from .tree_widths import TreeBuilder, leaf_width
 
@@ -93,11 +95,12 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             ``gpytorch.kernels.keops``' RBF, Matérn and periodic kernels as their namesakes;
             with BoTorch installed also its ``CategoricalKernel`` and ``PositiveIndexKernel``
             (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``, ``AdditiveKernel``,
-            ``ProductKernel``, ``MultitaskKernel``.
+            ``ProductKernel``, ``MultitaskKernel``, ``AdditiveStructureKernel`` and ``ProductStructureKernel``
+            (per-column features with one tied set of hyperparameters, :mod:`rfgp.kernels.structure`).
         num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).
             A sum splits F equally among its parts after its exact finite parts (``IndexKernel``,
-            Linear, Constant, Cosine) took their own widths, each random part an even share; a
-            product keeps F.  A list gives the widths of the parts of the tree's (outermost,
+            Linear, Constant, Cosine) took their own widths, each random part an even share (the d
+            columns of an ``AdditiveStructureKernel`` are its parts); a product keeps F.  A list gives the widths of the parts of the tree's (outermost,
             ScaleKernels looked through) ``AdditiveKernel`` explicitly, e.g. ``[256, 512, 256]``; an
             entry may itself be a list for a nested sum.  Non-positive or non-integer widths, or a
             list whose length is not the number of parts, raise ValueError.
@@ -221,7 +224,9 @@ def _nystrom(kernel: Kernel, num_features: int, seed: int | None, columns: TreeC
     as in GPyTorch (:mod:`rfgp.kernels.input_columns`), so its landmarks are chosen among those columns.
     """
     from .nystrom import nystrom_sketch
+    from .structure import check_nystrom
 
+    check_nystrom(kernel)
     if type(kernel) is gpytorch.kernels.LCMKernel:  # one rank-M map per component's data kernel
         from .sketched_operator_valued import SketchedLCMKernel
 
@@ -468,12 +473,47 @@ def _convert_node(kernel, plan: _Plan):
                 "pass the exact tree to rfgp.sketch"
             )
         return _convert_decomposable(kernel, _convert(data, plan.below(kernel, data)))
+    if type(kernel) in STRUCTURE_TYPES:
+        return carry_extra_hyperparameters(kernel, _convert_structure(kernel, plan))
     if type(kernel) is gpytorch.kernels.LCMKernel:
         from .sketched_operator_valued import SketchedLCMKernel
 
         parts = _tree_builder(kernel, plan).sum_parts(kernel.covar_module_list, plan.num_features, "LCMKernel")
         return SketchedLCMKernel(*parts, active_dims=kernel.active_dims)
     return _convert_leaf(kernel, plan)
+
+
+def _convert_structure(kernel: Kernel, plan: _Plan) -> Kernel:
+    """``AdditiveStructureKernel``/``ProductStructureKernel`` → the conversion of the sum/product of per-column
+    copies of the base kernel, their hyperparameters tied to one set (:mod:`rfgp.kernels.structure`); a product
+    over an ``RBFKernel`` → that RBF kernel on all the columns (the same covariance and hyperparameter)."""
+    from .structure import check_convertible, column_copies, column_positions, is_rbf_product
+
+    check_convertible(kernel)
+    base = kernel.base_kernel
+    if is_rbf_product(kernel):
+        rbf = _convert(base, plan.below(kernel, base))
+        return rbf if kernel.active_dims is None else FeatureProductKernel(rbf, active_dims=kernel.active_dims)
+    copies = column_copies(kernel, column_positions(kernel, plan.tree.width(plan.columns)))
+    sums = type(kernel) is gpytorch.kernels.AdditiveStructureKernel
+    equivalent = (AdditiveKernel if sums else ProductKernel)(*copies)
+    equivalent.active_dims = kernel.active_dims  # the structure kernel's (plan.columns has applied them already)
+    builder = _tree_builder(equivalent, plan)
+    if sums:
+        converted = FeatureSumKernel(*builder.sum_parts(copies, plan.num_features, type(kernel).__name__),
+                                     active_dims=kernel.active_dims)
+    else:
+        converted = builder.product(equivalent, plan.num_features)
+    if kernel.active_dims is None and base.active_dims is None:  # else its columns are selected, known in number
+        if len(copies) == 1 and type(kernel) is gpytorch.kernels.ProductStructureKernel:
+            converted = FeatureProductKernel(converted)  # a product of one factor is its conversion, input_dim its own
+        converted.input_dim = len(copies)  # inputs of another width raise (FeatureKernel.check_inputs)
+    in_tree = {id(module) for module in converted.modules()}
+    copy_ids = {id(part) for part in copies}
+    for exact, result in list(plan.conversions):  # the copies' conversions are occurrences of the one base module
+        if id(exact) in copy_ids and id(result) in in_tree:
+            plan.conversions.append((base, result))
+    return converted
 
 
 def _computes_as_composite(kernel: Kernel) -> bool:
@@ -869,18 +909,6 @@ refuse_conversion(
     "it splits the evaluation of its base_kernel's dense N × N covariance across GPUs (GPyTorch's multi-GPU exact "
     "GP), which the random-feature model never forms (N × F features and F × F statistics fit one device); "
     "sketch the base kernel instead and keep the model on one device: rfgp.sketch(kernel.base_kernel, num_features)",
-)
-refuse_conversion(
-    gpytorch.kernels.AdditiveStructureKernel,
-    "Σᵢ base(xᵢ, yᵢ) over input columns, with one set of hyperparameters tied across the columns, has no "
-    "random-feature version in rfgp yet; AdditiveKernel(*(base with active_dims=[i] for each column i)) converts "
-    "(with per-column hyperparameters), and a GridInterpolationKernel base is refused in any case",
-)
-refuse_conversion(
-    gpytorch.kernels.ProductStructureKernel,
-    "Πᵢ base(xᵢ, yᵢ) over input columns, with hyperparameters tied across the columns, has no random-feature "
-    "version in rfgp yet; for an RBF base it equals RBFKernel() on all columns (a product of one-dimensional "
-    "RBFs with one lengthscale is the isotropic RBF), which converts",
 )
 refuse_conversion(
     gpytorch.kernels.PiecewisePolynomialKernel,

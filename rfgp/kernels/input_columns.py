@@ -6,6 +6,9 @@ GPyTorch selects a kernel's ``active_dims`` in ``Kernel.__call__``, before ``for
 * the root (called by the model) and the parts of ``AdditiveKernel``/``ProductKernel`` are
   *called*: a node with ``active_dims`` a, handed the columns c by its parent, sees c[a], so
   nested ``active_dims`` compose;
+* the base kernel of ``AdditiveStructureKernel``/``ProductStructureKernel`` is *called* too (with
+  ``last_dim_is_batch=True``: it selects its own ``active_dims`` and is then evaluated on each of
+  the columns it sees);
 * ``ScaleKernel`` and ``MultitaskKernel`` (rfgp's ``DecomposableKernel`` too) run their child's
   ``forward`` directly: the child sees exactly its parent's columns and its own ``active_dims``
   are not applied.  ``ScaleKernel`` copies its base's ``active_dims`` to itself at construction,
@@ -27,7 +30,16 @@ from __future__ import annotations
 import warnings
 
 import torch
-from gpytorch.kernels import AdditiveKernel, Kernel, LCMKernel, MultitaskKernel, ProductKernel, ScaleKernel
+from gpytorch.kernels import (
+    AdditiveKernel,
+    AdditiveStructureKernel,
+    Kernel,
+    LCMKernel,
+    MultitaskKernel,
+    ProductKernel,
+    ProductStructureKernel,
+    ScaleKernel,
+)
 from torch import Tensor
 
 from .operator_valued import DecomposableKernel
@@ -35,11 +47,14 @@ from .operator_valued import DecomposableKernel
 #: multitask kernels whose data kernel ``rfgp.sketch`` converts (exact types: subclasses may compute otherwise)
 MULTITASK_TYPES = (MultitaskKernel, DecomposableKernel)
 
+#: GPyTorch's per-column wrappers, Σᵢ or Πᵢ base(xᵢ, yᵢ) (exact types, converted by :mod:`rfgp.kernels.structure`)
+STRUCTURE_TYPES = (AdditiveStructureKernel, ProductStructureKernel)
+
 Columns = tuple[int, ...] | None
 
 
 def children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
-    """The sub-kernels of a ``ScaleKernel``/sum/product/multitask/LCM node as ``(child, called)``.
+    """The sub-kernels of a ``ScaleKernel``/sum/product/structure/multitask/LCM node as ``(child, called)``.
 
     ``called``: the parent calls the child (its ``active_dims`` apply) rather than its ``forward``.
     """
@@ -49,6 +64,8 @@ def children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
         return [(part, True) for part in kernel.kernels]
     if type(kernel) in MULTITASK_TYPES:
         return [(kernel.data_covar_module, False)]
+    if type(kernel) in STRUCTURE_TYPES:
+        return [(kernel.base_kernel, True)]
     if type(kernel) is LCMKernel:  # its forward calls each MultitaskKernel's forward
         return [(part, False) for part in kernel.covar_module_list]
     return []

@@ -11,8 +11,10 @@
   not reserved: the total is then ≤ F + d.)  Per-part widths are
   given as a list, ``num_features=[256, 512, 256]``, one entry per part of the
   ``AdditiveKernel`` (``ScaleKernel``s looked through); an entry may be a list for a nested sum.
-  An ``LCMKernel`` is a sum of ``MultitaskKernel`` s: its data kernels share F the same way.
-* **Products** keep F:
+  An ``LCMKernel`` is a sum of ``MultitaskKernel`` s: its data kernels share F the same way, and an
+  ``AdditiveStructureKernel`` the sum of its base kernel on each of its d columns
+  (:mod:`rfgp.kernels.structure`): each column gets an even share of F (a list gives one width per column).
+* **Products** keep F (a ``ProductStructureKernel`` is the product of its base kernel on each column):
 
   - factors with the spectral protocol (RBF, Matérn, periodic, RQ, …) → one
     :class:`~rfgp.kernels.SpectralProductKernel` (ω = Σωᵢ; one joint frequency vector across
@@ -115,9 +117,9 @@ class TreeBuilder:
                 if not isinstance(width, (list, tuple)):
                     check_width(width, f"num_features={list(num_features)}")
             return [self.convert(part, width) for part, width in zip(parts, num_features)]
-        return self._split(parts, num_features)
+        return self._split(parts, num_features, owner)
 
-    def _split(self, parts, num_features: int) -> list[Kernel]:
+    def _split(self, parts, num_features: int, owner: str) -> list[Kernel]:
         check_width(num_features, "num_features")
         probes = self._probes(parts, num_features)
         reserved = sum(exact_width(p) for p in probes if is_exact_feature_kernel(p))
@@ -126,7 +128,7 @@ class TreeBuilder:
         share = 2 * (remaining // (2 * num_random)) if num_random else 0
         if num_random and share < 2:
             raise ValueError(
-                f"num_features={num_features} is too small for this AdditiveKernel: its exact parts take "
+                f"num_features={num_features} is too small for this {owner}: its exact parts take "
                 f"{reserved} features and its {num_random} random parts need at least 2 each"
             )
         pairs_left = (remaining - share * num_random) // 2  # one more pair each for the first random parts

@@ -182,12 +182,10 @@ def test_method_mapping_by_name_applies_to_keops_twins():
     (lambda: gpytorch.kernels.GridInterpolationKernel(RBFKernel(), grid_size=10, num_dims=1), "SKI / KISS-GP"),
     (lambda: gpytorch.kernels.InducingPointKernel(RBFKernel(), torch.rand(4, 1), gpytorch.likelihoods.GaussianLikelihood()),
      "SGPR's inducing-point approximation"),
-    (lambda: gpytorch.kernels.AdditiveStructureKernel(RBFKernel(), num_dims=3), "tied across the columns"),
-    (lambda: gpytorch.kernels.ProductStructureKernel(RBFKernel(), num_dims=3), "isotropic RBF"),
     (lambda: gpytorch.kernels.MultiDeviceKernel(RBFKernel(), device_ids=[], output_device=torch.device("cpu")),
      "across GPUs"),
 ])
-def test_approximation_and_structure_wrappers_are_refused_with_what_to_sketch_instead(kernel, reason):
+def test_approximation_wrappers_are_refused_with_what_to_sketch_instead(kernel, reason):
     with pytest.raises(TypeError, match=f"does not convert .*{reason}"):
         rfgp.sketch(ScaleKernel(kernel()), num_features=16)
 
