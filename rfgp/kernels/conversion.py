@@ -9,8 +9,8 @@ parts share the width F) and ``ProductKernel`` a width-F product
 :class:`~rfgp.kernels.SketchedProductKernel` otherwise, a Kronecker product with exact
 factors such as ``IndexKernel``; see :mod:`rfgp.kernels.tree_widths`), so the whole tree
 stays low-rank and at most F wide.  ``AdditiveStructureKernel``/``ProductStructureKernel`` become the
-sum/product of their base kernel on each column, its hyperparameters tied (:mod:`rfgp.kernels.structure`).  Modules of other families register their converters
-with :func:`register_converter`.
+sum/product of their base kernel on each column, its hyperparameters tied (:mod:`rfgp.kernels.structure`).
+Modules of other families register their converters with :func:`register_converter`.
 
 Dispatch is on the exact type: a subclass of a supported kernel (``RBFKernelGrad`` is an
 ``RBFKernel``) may compute a different covariance, so it raises a ``TypeError`` unless it
@@ -100,9 +100,10 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).
             A sum splits F equally among its parts after its exact finite parts (``IndexKernel``,
             Linear, Constant, Cosine) took their own widths, each random part an even share (the d
-            columns of an ``AdditiveStructureKernel`` are its parts); a product keeps F.  A list gives the widths of the parts of the tree's (outermost,
-            ScaleKernels looked through) ``AdditiveKernel`` explicitly, e.g. ``[256, 512, 256]``; an
-            entry may itself be a list for a nested sum.  Non-positive or non-integer widths, or a
+            columns of an ``AdditiveStructureKernel`` are its parts); a product keeps F.  A list gives
+            the widths of the parts of the tree's (outermost, ScaleKernels looked through)
+            ``AdditiveKernel`` (or columns of its ``AdditiveStructureKernel``) explicitly, e.g.
+            ``[256, 512, 256]``; an entry may itself be a list for a nested sum.  Non-positive or non-integer widths, or a
             list whose length is not the number of parts, raise ValueError.
         method: the sketch of each leaf: ``None`` (every family's default, e.g. ``"rff"`` for
             RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others

@@ -29,7 +29,8 @@ Refused, with what converts instead: an ARD base other than that RBF (GPyTorch d
 own lengthscale before splitting the columns, so the copies' hyperparameters are not tied), a
 ``LinearKernel`` inside ``ProductStructureKernel`` (GPyTorch's value is not Πᵢ v xᵢ yᵢ: linear_operator's
 product of the per-column low-rank root operators is wrong), a
-``GridInterpolationKernel`` base (KISS-GP per column, an approximation random features replace); and
+``GridInterpolationKernel`` base (KISS-GP per column, an approximation random features replace), a base with
+several outputs per input (derivative, multitask: GPyTorch cannot evaluate those per column); and
 ``method="nystrom"`` of a tree holding a ``ProductStructureKernel``, whose diagonal GPyTorch cannot evaluate
 (``kernel(x, diag=True)`` raises in GPyTorch itself), which Nyström needs.
 """
@@ -59,6 +60,14 @@ def check_convertible(kernel: Kernel) -> None:
             "an approximation of its base kernel that random features replace rather than approximate a second "
             f"time; convert the structure kernel over the grid's base kernel instead, e.g. {name}(RBFKernel(), "
             "num_dims)"
+        )
+    probe = torch.zeros(1, 1)
+    outputs = kernel.base_kernel.num_outputs_per_input(probe, probe)
+    if outputs > 1:
+        raise TypeError(
+            f"rfgp.sketch does not convert {name} over {type(kernel.base_kernel).__name__}, a kernel with {outputs} "
+            "outputs per input (derivative or multitask): GPyTorch cannot evaluate it per column either (its exact "
+            f"{name} over RBFKernelGrad raises at evaluation); convert the base kernel without the structure wrapper"
         )
     ard = [k for k in kernels if k.ard_num_dims is not None and k.ard_num_dims > 1]
     if ard and not is_rbf_product(kernel):

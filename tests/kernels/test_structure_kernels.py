@@ -17,6 +17,7 @@ from gpytorch.kernels import (
     PolynomialKernel,
     ProductStructureKernel,
     RBFKernel,
+    RBFKernelGrad,
     RQKernel,
     ScaleKernel,
 )
@@ -242,10 +243,13 @@ def test_single_task_gp_with_the_converted_structure_kernel_predicts_like_the_ex
      r"AdditiveStructureKernel over RBFKernel\(ard_num_dims=3\): GPyTorch divides each column .* ScaleKernel\("
      r"AdditiveKernel"),
     (lambda: ProductStructureKernel(PeriodicKernel(ard_num_dims=3), 3), r"over PeriodicKernel\(ard_num_dims=3\)"),
+    (lambda: AdditiveStructureKernel(RBFKernelGrad(), 3),
+     r"AdditiveStructureKernel over RBFKernelGrad, a kernel with 2 outputs per input .* without the structure wrapper"),
     (lambda: ProductStructureKernel(LinearKernel(), 3),
      r"ProductStructureKernel over a LinearKernel: GPyTorch's value .* ProductKernel\(\*\(LinearKernel"),
 ])
 def test_structure_kernels_without_a_tied_conversion_are_refused_naming_the_alternative(exact, message):
+    # ScaleKernel around them: the refusal of a structure kernel inside a tree names it
     with pytest.raises(TypeError, match=message):
         rfgp.sketch(ScaleKernel(exact()), num_features=64)
 
@@ -265,3 +269,29 @@ def test_spectral_bases_multiply_as_one_spectral_product():
     sketched = rfgp.sketch(STRUCTURES["product-scaled-rq"]().double(), num_features=64, seed=0)
     assert isinstance(sketched, SpectralProductKernel) and len(sketched.kernels) == 3
     assert kernel_num_features(sketched) == 64
+
+
+def test_exact_structure_kernel_over_a_derivative_kernel_fails_in_gpytorch_too():
+    with pytest.raises(RuntimeError, match="expand"):
+        AdditiveStructureKernel(RBFKernelGrad(), 3).double()(X).to_dense()
+
+
+@pytest.mark.parametrize("method", ["orf", "sorf", "maclaurin"])
+def test_batched_bases_and_other_methods_convert(method):
+    base = scaled(RBFKernel(batch_shape=torch.Size([2])), torch.tensor([1.0, 2.0])).double()
+    base.base_kernel.lengthscale = torch.tensor([[[0.5]], [[1.5]]])
+    exact = AdditiveStructureKernel(base, 3)
+    sketched = rfgp.sketch(exact, num_features=1536, method=method, x_sample=X, seed=0)
+    target = exact_gram(exact)
+    assert sketched(X).to_dense().shape == target.shape == (2, 6, 6)
+    assert float((sketched(X).to_dense().detach() - target).norm() / target.norm()) < 0.05
+
+
+def test_a_base_module_used_elsewhere_in_the_tree_stays_one_set_of_hyperparameters():
+    rbf = RBFKernel(lengthscale_prior=GammaPrior(3.0, 6.0)).double()
+    exact = AdditiveStructureKernel(rbf, 3) + rbf
+    sketched = rfgp.sketch(exact, num_features=4096, seed=0)
+    assert len(list(sketched.parameters())) == 1
+    assert len(list(sketched.named_priors())) == len(list(exact.named_priors())) == 2  # GPyTorch: once per parent
+    target = exact_gram(exact)
+    assert float((sketched(X).to_dense().detach() - target).norm() / target.norm()) < 0.03
