@@ -22,6 +22,7 @@ them, and an option no leaf of the tree takes raises.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Mapping
 
 import gpytorch
@@ -103,8 +104,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             columns of an ``AdditiveStructureKernel`` are its parts); a product keeps F.  A list gives
             the widths of the parts of the tree's (outermost, ScaleKernels looked through)
             ``AdditiveKernel`` (or columns of its ``AdditiveStructureKernel``) explicitly, e.g.
-            ``[256, 512, 256]``; an entry may itself be a list for a nested sum.  Non-positive or non-integer widths, or a
-            list whose length is not the number of parts, raise ValueError.
+            ``[256, 512, 256]``; an entry may itself be a list for a nested sum.  Non-positive or
+            non-integer widths, or a list whose length is not the number of parts, raise ValueError.
         method: the sketch of each leaf: ``None`` (every family's default, e.g. ``"rff"`` for
             RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others
             keep their default — a name no leaf of the tree has raises; or a mapping from
@@ -487,15 +488,32 @@ def _convert_node(kernel, plan: _Plan):
 def _convert_structure(kernel: Kernel, plan: _Plan) -> Kernel:
     """``AdditiveStructureKernel``/``ProductStructureKernel`` → the conversion of the sum/product of per-column
     copies of the base kernel, their hyperparameters tied to one set (:mod:`rfgp.kernels.structure`); a product
-    over an ``RBFKernel`` → that RBF kernel on all the columns (the same covariance and hyperparameter)."""
-    from .structure import check_convertible, column_copies, column_positions, is_rbf_product
+    over an ``RBFKernel`` → that RBF kernel on all the columns (the same covariance and hyperparameter).  The
+    exact kernel's ``state_dict`` (``base_kernel.*``) loads into every column's conversion."""
+    from .structure import check_convertible, column_copies, column_positions, is_rbf_product, load_base_kernel_keys
 
     check_convertible(kernel)
     base = kernel.base_kernel
     if is_rbf_product(kernel):
         rbf = _convert(base, plan.below(kernel, base))
-        return rbf if kernel.active_dims is None else FeatureProductKernel(rbf, active_dims=kernel.active_dims)
-    copies = column_copies(kernel, column_positions(kernel, plan.tree.width(plan.columns)))
+        converted = rbf if kernel.active_dims is None else FeatureProductKernel(rbf, active_dims=kernel.active_dims)
+        occurrences = [rbf]
+    else:
+        copies = column_copies(kernel, column_positions(kernel, plan.tree.width(plan.columns)))
+        converted = _convert_columns(kernel, copies, plan)
+        in_tree = {id(module) for module in converted.modules()}
+        copy_ids = {id(part) for part in copies}
+        occurrences = [result for exact, result in plan.conversions if id(exact) in copy_ids and id(result) in in_tree]
+        # the copies' conversions are occurrences of the one base module: _tie_shared_modules ties them
+        plan.conversions.extend((base, result) for result in occurrences)
+    names = {id(module): name for name, module in converted.named_modules(remove_duplicate=False)}
+    paths = tuple(names[id(result)] for result in occurrences)
+    converted.register_load_state_dict_pre_hook(functools.partial(load_base_kernel_keys, paths))
+    return converted
+
+
+def _convert_columns(kernel: Kernel, copies: list[Kernel], plan: _Plan) -> Kernel:
+    """The sum (width F split among the columns) or product (width F) of the converted per-column ``copies``."""
     sums = type(kernel) is gpytorch.kernels.AdditiveStructureKernel
     equivalent = (AdditiveKernel if sums else ProductKernel)(*copies)
     equivalent.active_dims = kernel.active_dims  # the structure kernel's (plan.columns has applied them already)
@@ -505,15 +523,10 @@ def _convert_structure(kernel: Kernel, plan: _Plan) -> Kernel:
                                      active_dims=kernel.active_dims)
     else:
         converted = builder.product(equivalent, plan.num_features)
-    if kernel.active_dims is None and base.active_dims is None:  # else its columns are selected, known in number
-        if len(copies) == 1 and type(kernel) is gpytorch.kernels.ProductStructureKernel:
+    if kernel.active_dims is None and kernel.base_kernel.active_dims is None:  # else the columns are known in number
+        if len(copies) == 1 and not sums:
             converted = FeatureProductKernel(converted)  # a product of one factor is its conversion, input_dim its own
         converted.input_dim = len(copies)  # inputs of another width raise (FeatureKernel.check_inputs)
-    in_tree = {id(module) for module in converted.modules()}
-    copy_ids = {id(part) for part in copies}
-    for exact, result in list(plan.conversions):  # the copies' conversions are occurrences of the one base module
-        if id(exact) in copy_ids and id(result) in in_tree:
-            plan.conversions.append((base, result))
     return converted
 
 

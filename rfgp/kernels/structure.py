@@ -131,3 +131,26 @@ def check_nystrom(kernel: Kernel) -> None:
             "(its __call__ turns the diagonal vector into a linear operator, a GPyTorch bug); convert it to random "
             "features instead (rfgp.sketch without method='nystrom')"
         )
+
+
+def load_base_kernel_keys(paths: tuple[str, ...], module: Kernel, state_dict: dict, prefix: str, *args) -> None:
+    """Load-state-dict pre-hook of a converted structure kernel: the exact kernel's keys ``base_kernel.*`` go to
+    every column's conversion, ``paths[i].*`` (their hyperparameters are tied: the same values).
+
+    A key goes to the columns whose conversion has it (a prior's buffers: the first column's, which counts the
+    prior); the base kernel's own ``active_dims`` are dropped, the column each conversion selects taking their
+    place.  A converted state (no
+    ``base_kernel.*`` keys) loads as it is.
+    """
+    head = prefix + "base_kernel."
+    own = {prefix + key for key in module.state_dict()}
+    for key in [key for key in state_dict if key.startswith(head)]:
+        rest = key[len(head):]
+        targets = [prefix + ".".join(part for part in (path, rest) if part) for path in paths]
+        targets = [target for target in targets if target in own]  # a prior's buffers: on the first column only
+        if rest == "active_dims":
+            del state_dict[key]
+        elif targets:
+            value = state_dict.pop(key)
+            for target in targets:
+                state_dict[target] = value

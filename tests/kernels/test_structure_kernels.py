@@ -295,3 +295,21 @@ def test_a_base_module_used_elsewhere_in_the_tree_stays_one_set_of_hyperparamete
     assert len(list(sketched.named_priors())) == len(list(exact.named_priors())) == 2  # GPyTorch: once per parent
     target = exact_gram(exact)
     assert float((sketched(X).to_dense().detach() - target).norm() / target.norm()) < 0.03
+
+
+@pytest.mark.parametrize("name", [*STRUCTURES, "product-rbf"])
+def test_exact_state_dict_loads_into_the_converted_structure_kernel(name):
+    """A trained exact structure kernel's state (base_kernel.*) loads into every column's conversion (strict=False
+    leaves no key over), which then has the exact hyperparameters; a converted state still loads strictly."""
+    make = STRUCTURES.get(name, lambda: ProductStructureKernel(RBFKernel(active_dims=[0, 2]), 2))
+    exact = make().double()
+    with torch.no_grad():
+        for param in exact.parameters():
+            param.add_(0.3 + 0.2 * torch.rand(param.shape, generator=torch.Generator().manual_seed(1), dtype=F64))
+    sketched = rfgp.sketch(make().double(), num_features=4096, seed=0)
+    assert sketched.load_state_dict(exact.state_dict(), strict=False).unexpected_keys == []
+    values = [torch.cat([p.detach().flatten() for p in kernel.parameters()]) for kernel in (exact, sketched)]
+    assert torch.equal(values[1].sort().values, values[0].sort().values)
+    target = exact_gram(exact)
+    assert float((sketched(X).to_dense().detach() - target).norm() / target.norm()) < 0.1
+    rfgp.sketch(make().double(), num_features=4096, seed=0).load_state_dict(sketched.state_dict())
