@@ -23,14 +23,14 @@ width at its call (``input_dim``), rather than silently leaving columns out.
 
 ``ProductStructureKernel`` over an ``RBFKernel`` is the RBF kernel of all its columns (Πᵢ exp(−(xᵢ − yᵢ)²/2ℓᵢ²)
 = exp(−Σᵢ (xᵢ − yᵢ)²/2ℓᵢ²), ℓᵢ = ℓ when the base is not ARD): the same covariance with the same
-hyperparameter, so it converts as that RBF kernel, at width F and without a product's extra variance.
+hyperparameter, so it converts as that RBF kernel (every RBF method applies: ``"orf"``, ``"maclaurin"``, …).
 
 Refused, with what converts instead: an ARD base other than that RBF (GPyTorch divides each column by its
 own lengthscale before splitting the columns, so the copies' hyperparameters are not tied), a
 ``LinearKernel`` inside ``ProductStructureKernel`` (GPyTorch's value is not Πᵢ v xᵢ yᵢ: linear_operator's
-product of the per-column low-rank root operators is wrong), a
-``GridInterpolationKernel`` base (KISS-GP per column, an approximation random features replace), a base with
-several outputs per input (derivative, multitask: GPyTorch cannot evaluate those per column); and
+product of the per-column low-rank root operators is wrong), a ``GridInterpolationKernel`` base (KISS-GP per
+column, an approximation random features replace), a base with several outputs per input (derivative,
+multitask: GPyTorch cannot evaluate those per column); and
 ``method="nystrom"`` of a tree holding a ``ProductStructureKernel``, whose diagonal GPyTorch cannot evaluate
 (``kernel(x, diag=True)`` raises in GPyTorch itself), which Nyström needs.
 """
