@@ -375,13 +375,13 @@ def test_multi_objective_loop_with_random_features(kind, factorised):
             model = SingleTaskGP(X, Y)
             model.covar_module = rfgp.sketch(model.covar_module, 16, seed=iteration)
             mll = ExactMarginalLogLikelihood(model.likelihood, model)
-        fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 20}})
+        fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 10}})
         torch.manual_seed(iteration)
         acquisition = qLogNoisyExpectedHypervolumeImprovement(model, ref_point=REF_POINT, X_baseline=X,
                                                               sampler=SobolQMCNormalSampler(torch.Size([32]), seed=0))
         kept.append(acquisition.X_baseline.shape[0])
-        batch, _ = optimize_acqf(acquisition, bounds, q=2, num_restarts=2, raw_samples=32, sequential=True,
-                                 options={"maxiter": 10})
+        batch, _ = optimize_acqf(acquisition, bounds, q=2, num_restarts=2, raw_samples=16, sequential=True,
+                                 options={"maxiter": 5})
         assert batch.shape == (2, 2) and ((batch >= 0) & (batch <= 1)).all()
         X, Y = torch.cat([X, batch]), torch.cat([Y, two_objectives(batch)])
         volumes.append(Hypervolume(ref).compute(Y[is_non_dominated(Y)]))
@@ -408,12 +408,12 @@ def fitted_hyperparameters(model):
 
 @pytest.mark.parametrize("optimizer", ["torch", "scipy with options"])
 def test_fit_alternatives_follow_the_exact_models_path(optimizer):
-    """fit_gpytorch_mll(..., optimizer=fit_gpytorch_mll_torch, optimizer_kwargs={"step_limit": 30}) (Adam) and the
+    """fit_gpytorch_mll(..., optimizer=fit_gpytorch_mll_torch, optimizer_kwargs={"step_limit": 20}) (Adam) and the
     default L-BFGS-B with optimizer_kwargs={"options": {"maxiter": 15}}: with the training points as landmarks the
     marginal likelihood and its gradient are the exact model's at every step, so both fits end at the exact model's
     hyperparameters."""
     X, Y = regression_data()
-    kwargs = ({"optimizer": fit_gpytorch_mll_torch, "optimizer_kwargs": {"step_limit": 30}} if optimizer == "torch"
+    kwargs = ({"optimizer": fit_gpytorch_mll_torch, "optimizer_kwargs": {"step_limit": 20}} if optimizer == "torch"
               else {"optimizer_kwargs": {"options": {"maxiter": 15}}})
     fitted = []
     for convert in (False, True):
