@@ -238,8 +238,12 @@ def test_constrained_thompson_sampling_is_the_exact_models_and_low_rank(factoris
     exact = fixed_turbo_model(X, Y)
     many = turbo_candidates(exact, X, Y, 1.0, 1500, seed=3)
     factorised.clear()
-    batch = choices(sketched_copy(exact, 16), constraint_models(X, lambda m: sketched_copy(m, 16, seed=1)), 3, many)
-    assert batch.shape == (3, 3) and factorised and max(factorised) <= 16
+    torch.manual_seed(0)
+    with torch.no_grad():  # replacement=False, as in the SCBO tutorial
+        batch = ConstrainedMaxPosteriorSampling(sketched_copy(exact, 16), constraint_models(
+            X, lambda m: sketched_copy(m, 16, seed=1)), replacement=False)(many, num_samples=3)
+    assert batch.shape == (3, 3) and batch.unique(dim=0).shape[0] == 3
+    assert factorised and max(factorised) <= 16
 
 
 @pytest.mark.parametrize("name", ["UpperConfidenceBound", "qLogExpectedImprovement"])
@@ -439,7 +443,8 @@ def test_torch_optimizer_fit_factorises_nothing_larger_than_the_features(factori
     assert len(loss) == 20 and loss[-1] < loss[0]
 
 
-def test_fold_batched_cross_validation_is_the_exact_models():
+@pytest.mark.parametrize("observation_noise", [False, True])
+def test_fold_batched_cross_validation_is_the_exact_models(observation_noise):
     """batch_cross_validation over gen_loo_cv_folds fits one model with a fold batch shape (n folds of n − 1 points):
     a Nyström map of the batched default kernel, all points as landmarks, gives the exact model's fit and held-out
     posteriors; random features under the fold batch give each fold the GP of its own sketched kernel."""
@@ -449,6 +454,7 @@ def test_fold_batched_cross_validation_is_the_exact_models():
 
     def cross_validation(covar_module):
         return batch_cross_validation(SingleTaskGP, ExactMarginalLogLikelihood, folds, fit_args=fit,
+                                      observation_noise=observation_noise,
                                       model_init_kwargs={"covar_module": covar_module})
 
     def batched_kernel():
@@ -474,6 +480,8 @@ def test_fold_batched_cross_validation_is_the_exact_models():
         mean = mean + model.mean_module.constant.unsqueeze(-1).unsqueeze(-1)
         variance = model.covar_module(folds.test_X, diag=True) - (cross @ torch.linalg.solve(train, cross.mT)).squeeze(
             -1).squeeze(-1).unsqueeze(-1)
+        if observation_noise:
+            variance = variance + model.likelihood.noise
         stdvs, means = model.outcome_transform.stdvs, model.outcome_transform.means
     torch.testing.assert_close(sketched.posterior.mean, means + stdvs * mean, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(sketched.posterior.variance.squeeze(-1), stdvs.squeeze(-1) ** 2 * variance,
