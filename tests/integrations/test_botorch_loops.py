@@ -535,6 +535,32 @@ def test_map_saas_ensemble_is_the_exact_models_and_fits_with_random_features():
     assert posterior.mixture_mean.shape == (6, 1) and torch.isfinite(posterior.mixture_variance).all()
 
 
+
+@pytest.mark.parametrize("tau", [None, 0.1])
+def test_saas_prior_added_to_a_sketched_kernel_is_the_converted_saas_kernel(tau):
+    """add_saas_prior on an rfgp kernel (the user sketches first) registers the same τ, constraint and priors as on
+    the exact kernel converted afterwards (test_botorch_priors.py): both fit to the same hyperparameters."""
+    from botorch.models.map_saas import add_saas_prior
+
+    X, Y = regression_data(30)
+    fitted = []
+    for sketch_first in (True, False):
+        base = MaternKernel(nu=2.5, ard_num_dims=2)
+        if sketch_first:
+            base = rfgp.sketch(base, 64, seed=0)
+        add_saas_prior(base, tau=tau)
+        if not sketch_first:
+            base = rfgp.sketch(base, 64, seed=0)
+        model = SingleTaskGP(X, Y, covar_module=ScaleKernel(base))
+        assert isinstance(model.covar_module.base_kernel, rfgp.kernels.SketchedMaternKernel)
+        priors = sorted(name for name, *_ in model.named_priors())
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model),
+                         optimizer_kwargs={"options": {"maxiter": 20}})
+        fitted.append((priors, fitted_hyperparameters(model)))
+    assert fitted[0][0] == fitted[1][0] and any("tau" in name for name in fitted[0][0]) == (tau is None)
+    torch.testing.assert_close(fitted[0][1], fitted[1][1], rtol=1e-6, atol=1e-8)
+
+
 def test_ensemble_baseline_pruning_samples_through_the_root(factorised):
     """qLogNEI on an EnsembleMapSaasSingleTaskGP prunes X_baseline from samples of its GaussianMixturePosterior (3
     members, averaged over them): at N = 200 > F = 16 these are drawn as R_k·ε from the members' roots with one ε for
