@@ -38,6 +38,7 @@ import math
 import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.lazy import LazyEvaluatedKernelTensor
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.likelihoods.noise_models import HomoskedasticNoise
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
@@ -74,8 +75,10 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
     def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
         super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
-        # the kernel behind a lazily evaluated training covariance (None where it came evaluated: fantasies)
-        self.kernel = getattr(train_prior_dist.lazy_covariance_matrix, "kernel", None)
+        # the lazily evaluated training covariance and its kernel (None where it came evaluated)
+        covar = train_prior_dist.lazy_covariance_matrix
+        self.lazy_train_covar = covar if isinstance(covar, LazyEvaluatedKernelTensor) else None
+        self.kernel = getattr(covar, "kernel", None)
         self.draws = draw_fingerprint(self.kernel)
         self.kernel_placement = _placement(self.kernel)
 
@@ -194,12 +197,30 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         recomputed fantasy's caches while a gradient is recorded under ``detach_test_caches`` (GPyTorch's default):
         they depend on the new inputs and targets, so they are built with their graph at every call and not cached
         (a cached graph would be freed by the first ``backward()``; a cache built without one made the gradient of a
-        fantasy posterior w.r.t. its new inputs silently zero).  GPyTorch's exact fantasy strategy keeps the graph of
-        its mean cache too, under that setting."""
+        fantasy posterior w.r.t. its new inputs silently zero), from the kernel evaluated anew at the training inputs
+        (:meth:`reevaluated`).  GPyTorch's exact fantasy strategy keeps the graph of its mean cache, under that
+        setting."""
         if self.caches_follow_new_data and torch.is_grad_enabled() and gpytorch.settings.detach_test_caches.on():
-            return method.__wrapped__(self, nan_policy)
+            return method.__wrapped__(self.reevaluated(), nan_policy)
         with cache_grad_mode():
             return method(self, nan_policy)
+
+    def reevaluated(self) -> FeatureSpacePredictionStrategy:
+        """This strategy with its lazily evaluated training covariance evaluated again, in the current grad mode.
+
+        GPyTorch's ``LinearPredictionStrategy`` evaluates the kernel at the training inputs once, at construction
+        (``LazyEvaluatedKernelTensor.evaluate_kernel`` is cached): for a fantasy at new inputs that require grad,
+        that evaluation holds the graph of the new inputs, which the first ``backward()`` frees — a second
+        differentiated prediction raised 'Trying to backward through the graph a second time'.  Itself where the
+        covariance came evaluated (``lazily_evaluate_kernels(False)``; strategies built within one call)."""
+        covar = self.lazy_train_covar
+        if covar is None:
+            return self
+        prior = self.train_prior_dist.__class__(self.train_prior_dist.mean, covar.__class__(*covar._args,
+                                                                                             **covar._kwargs))
+        strategy = type(self)(self.train_inputs, prior, self.train_labels, self.likelihood)
+        strategy.caches_follow_new_data = self.caches_follow_new_data
+        return strategy
 
     @property
     def uses_kernel_space(self) -> bool:
@@ -335,6 +356,7 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         self.train_inputs, self.train_labels, self.likelihood = full_inputs, full_targets, likelihood
         self._last_test_train_covar = None
         self.kernel = getattr(full_output.lazy_covariance_matrix, "kernel", None)
+        self.lazy_train_covar = None  # recomputed caches come from full_strategy, which evaluates its kernel again
         self.draws = draw_fingerprint(self.kernel)
         self.kernel_placement = _placement(self.kernel)
         self.parent, self.full_output = parent, full_output
@@ -461,7 +483,17 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         targets = self.train_labels[..., -num_new:]
         check_targets(targets, "the training targets y")
         residual = targets - self.full_output.mean[..., -num_new:]
-        return updated_capacitance_caches(mean_cache, chol, self.features, self.weights, residual)
+        return updated_capacitance_caches(mean_cache, chol, self.new_features(), self.weights, residual)
+
+    def new_features(self) -> Tensor:
+        """Φₙ of the q new inputs; while a gradient is recorded, from the kernel evaluated again there (the features
+        :meth:`of` evaluated hold the graph of the new inputs at ``get_fantasy_model``, which the first
+        ``backward()`` frees), where the covariance is lazily evaluated."""
+        covar = self.full_output.lazy_covariance_matrix
+        if not torch.is_grad_enabled() or not isinstance(covar, LazyEvaluatedKernelTensor):
+            return self.features
+        num_train = covar.shape[-1] - self.features.shape[-2]
+        return _features(covar[..., num_train:, num_train:].evaluate_kernel())  # a new slice: evaluated anew
 
 
 def _first_member(values: Tensor, batch_dims: int) -> Tensor:

@@ -238,22 +238,28 @@ def _central_difference(function, x, eps=1e-6):
     return grad
 
 
-@pytest.mark.parametrize("kind", ["kernel space", "masked targets"])
-def test_recomputed_fantasy_differentiates_in_its_new_inputs_under_detached_test_caches(kind):
-    """A fantasy that is recomputed, not updated (N + q ≲ F: kernel space; NaN targets under "mask"), under
-    GPyTorch's default detach_test_caches: the gradient of its posterior mean and variance w.r.t. the new inputs is
-    the central difference's (before, its caches were built without a graph: exactly 0, silently)."""
+@pytest.mark.parametrize("kind", ["kernel space", "masked targets", "updated"])
+def test_fantasy_differentiates_in_its_new_inputs_under_detached_test_caches(kind):
+    """A fantasy under GPyTorch's default detach_test_caches, recomputed (N + q ≲ F: kernel space; NaN targets under
+    "mask") or updated: the gradient of its posterior mean and variance w.r.t. the new inputs is the central
+    difference's, at every differentiated prediction of the same fantasy model (before: a recomputed fantasy's caches
+    were built without a graph: exactly 0, silently; then the first was right and the second raised 'Trying to
+    backward through the graph a second time', the kernel at the new inputs evaluated once with its graph)."""
     model = model_of(n=20) if kind == "kernel space" else model_of()
     targets = torch.tensor([0.3, -0.2, float("nan") if kind == "masked targets" else 0.1], dtype=torch.float64)
-
-    def objective(x):
-        with gpytorch.settings.observation_nan_policy("mask"):
-            fantasy = model.get_fantasy_model(x, targets)
-            output = fantasy(XS)
-            return output.mean.sum() + output.variance.sum()
-
     x = new_points().requires_grad_(True)
-    (grad,) = torch.autograd.grad(objective(x), x)
-    expected = _central_difference(objective, new_points())
-    assert expected.abs().max() > 1e-2
-    torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
+    with gpytorch.settings.observation_nan_policy("mask"):
+        fantasy = model.get_fantasy_model(x, targets)
+    expected_type = RankUpdatedFantasyStrategy if kind != "kernel space" else FeatureSpacePredictionStrategy
+    assert type(fantasy.prediction_strategy) is expected_type
+    for test_inputs in (XS, XS[::2] + 0.3, XS[1:4] - 0.2):
+
+        def objective(inputs, test_inputs=test_inputs):
+            with gpytorch.settings.observation_nan_policy("mask"):
+                output = (fantasy if inputs is x else model.get_fantasy_model(inputs, targets))(test_inputs)
+                return output.mean.sum() + output.variance.sum()
+
+        (grad,) = torch.autograd.grad(objective(x), x)
+        expected = _central_difference(objective, new_points())
+        assert expected.abs().max() > 1e-2
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
