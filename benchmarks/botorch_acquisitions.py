@@ -14,7 +14,8 @@ prediction caches are built inside the timing, as in a BO iteration):
 * ``opt(qKG)``, ``opt(qNIPV)`` — ``optimize_acqf`` of qKnowledgeGradient (8 fantasies, q = 1) and of
   qNegIntegratedPosteriorVariance (q = 2), 2 restarts from 16 raw samples, 10 L-BFGS-B iterations: its gradient
   steps differentiate the fantasy posterior w.r.t. X under BoTorch's ``propagate_grads(True)``;
-* ``grad(qKG)``, ``grad(qNIPV)`` — those gradient steps alone: 10 values and gradients w.r.t. X at 4 candidates;
+* ``grad(qKG)``, ``grad(qNIPV)`` — those gradient steps alone: 10 values and gradients w.r.t. X at 4 candidates
+  (``torch.autograd.grad(value, X)``, as ``gen_candidates_scipy``);
   the fantasy cases also with ``rfgp, fantasies recomputed`` (the fantasy strategy built from all
   N + q points instead of :class:`rfgp.inference.prediction.RankUpdatedFantasyStrategy`'s rank-q cache update).
 
@@ -81,10 +82,10 @@ def run(num_train: int, num_features: int, repeats: int, exact: bool, only: list
         return optimize_acqf(acquisition, bounds, q=q, num_restarts=2, raw_samples=16, options={"maxiter": 10})
 
     def gradient_steps(acquisition, X, steps=10):
-        for _ in range(steps):
+        for _ in range(steps):  # the gradient w.r.t. X alone, as gen_candidates_scipy takes it
             X = X.detach().requires_grad_(True)
-            acquisition(X).sum().backward()
-        return X.grad
+            (grad,) = torch.autograd.grad(acquisition(X).sum(), X)
+        return grad
 
     kg_candidates = torch.rand(4, 1 + 8, d, generator=gen, dtype=torch.float64)
     nipv_candidates = torch.rand(4, 2, d, generator=gen, dtype=torch.float64)

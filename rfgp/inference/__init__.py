@@ -25,7 +25,9 @@ The kernels hand over Φ (N × F) instead of an N × N matrix; this layer keeps 
 * :mod:`~rfgp.inference.cholesky_update`, :mod:`~rfgp.inference.distributed` — rank-k updates of
   the capacitance factor (streaming) and statistics summed over ``torch.distributed`` ranks;
 * :mod:`~rfgp.inference.fantasy_update` — fantasy (BoTorch ``fantasize``) caches as a rank-q update of the
-  parent's F × F caches.
+  parent's F × F caches;
+* :mod:`~rfgp.inference.deferred_graph` — values computed without a graph whose backward pass rebuilds them with
+  one, only where a gradient through them is asked for (a fantasy's training caches under ``propagate_grads``).
 
 It imports :mod:`rfgp.core` and :mod:`rfgp.features` only; the kernels, likelihoods and models
 above it import from here.

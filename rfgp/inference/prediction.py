@@ -57,6 +57,7 @@ from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets
 from ..features.base import FeatureMap
 from . import distributed
+from .deferred_graph import deferred_graph
 from .fantasy_update import updated_capacitance_caches
 from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches, prefers_kernel_space
 from .linalg import capacitance_solve
@@ -194,13 +195,13 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
     def cache(self, method, nan_policy: str):
         """``method(self, nan_policy)``, a ``@cached`` cache builder, under :func:`cache_grad_mode` — except for a
-        recomputed fantasy's caches while a gradient is recorded under ``detach_test_caches`` (GPyTorch's default):
-        they depend on the new inputs and targets, so they are built with their graph at every call and not cached
-        (a cached graph would be freed by the first ``backward()``; a cache built without one made the gradient of a
-        fantasy posterior w.r.t. its new inputs silently zero), from the kernel evaluated anew at the training inputs
-        (:meth:`reevaluated`).  GPyTorch's exact fantasy strategy keeps the graph of its mean cache, under that
-        setting."""
-        if self.caches_follow_new_data and torch.is_grad_enabled() and gpytorch.settings.detach_test_caches.on():
+        recomputed fantasy's caches while a gradient is recorded: they depend on the new inputs and targets, so they
+        are built with their graph at every call and not cached (a cached graph would be freed by the first
+        ``backward()``; a cache built without one under ``detach_test_caches`` made the gradient of a fantasy
+        posterior w.r.t. its new inputs silently zero), from the kernel evaluated anew at the training inputs
+        (:meth:`reevaluated`).  GPyTorch's exact fantasy strategy keeps the graph of its mean cache, under
+        ``detach_test_caches``."""
+        if self.caches_follow_new_data and torch.is_grad_enabled():
             return method.__wrapped__(self.reevaluated(), nan_policy)
         with cache_grad_mode():
             return method(self, nan_policy)
@@ -331,7 +332,7 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     first use.  The caches are recomputed from all N + q points (same values, to rounding) instead of updated where a
     target is NaN under ``observation_nan_policy("mask")``/``("fill")`` (the posterior drops that point) and, while a
     gradient is recorded, for eagerly evaluated kernels or learned noise on top of a fixed one
-    (:meth:`_training_caches_with_graph`).
+    (:meth:`_training_graph_inputs`).
 
     Kernel-space posteriors (N + q ≲ F), chunked training operators, structured caches (classification, complex
     posterior), distributed statistics and multi-output strategies are not updated (:meth:`updatable_caches`), nor are
@@ -423,24 +424,27 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     @property
     def mean_covar_cache(self) -> tuple[Tensor, Tensor]:
         """(m', L'); while a gradient is recorded, the update differentiated in the new rows, built at every call (a
-        graph is not cached: a second ``backward()`` through it would fail), from the parent's caches
+        graph is not cached: a second ``backward()`` through it would fail), from the parent's caches (m, L)
 
-        * under ``detach_test_caches`` (on by default): built without a graph, constants (as the setting detaches the
-          training points' graph): the gradient w.r.t. the new inputs and targets is the recomputation's;
-        * under ``detach_test_caches(False)`` (BoTorch's ``propagate_grads(True)``): rebuilt with the graph of the
-          kernel's hyperparameters, the noise, the prior mean and the training inputs
-          (:meth:`_training_caches_with_graph`), once for all fantasies, not per fantasy from all N + q points: every
-          gradient is the recomputation's.
+        * under ``detach_test_caches`` (on by default): constants (as the setting detaches the training points'
+          graph): the gradient w.r.t. the new inputs and targets is the recomputation's;
+        * under ``detach_test_caches(False)`` (BoTorch's ``propagate_grads(True)``): differentiable in the kernel's
+          hyperparameters, the noise, the prior mean and the training data through a deferred graph
+          (:func:`~rfgp.inference.deferred_graph.deferred_graph` of :meth:`_training_caches_with_graph`): the
+          training points are featurised and factorised again, once for all fantasies, only in a backward pass that
+          asks for one of those gradients (``loss.backward()``), not for BoTorch's ``torch.autograd.grad(loss, X)``;
+          every gradient is the recomputation's.
         """
         nan_policy = gpytorch.settings.observation_nan_policy.value()
         if torch.is_grad_enabled() and observed_points(self.train_labels, nan_policy) is None:
-            if gpytorch.settings.detach_test_caches.on():
+            prior = None if gpytorch.settings.detach_test_caches.on() else self._training_prior()
+            if prior is None or prior[0] is not None:
                 with torch.no_grad():
                     parent = self.parent.mean_covar_cache
+                if prior is not None:
+                    parent = deferred_graph(parent, lambda: self._training_caches_with_graph(nan_policy, *prior),
+                                            self._training_graph_inputs(*prior))
                 return self._updated_caches(*parent)
-            training = self._training_caches_with_graph(nan_policy)
-            if training is not None:
-                return self._updated_caches(*training)
         return super().mean_covar_cache
 
     @cached(name="mean_covar_cache")
@@ -453,26 +457,41 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
             return full.cache(type(full)._mean_covar_cache, nan_policy)
         return self._updated_caches(*self.parent.mean_covar_cache)
 
-    def _training_caches_with_graph(self, nan_policy: str) -> tuple[Tensor, Tensor] | None:
-        """The parent's (m, L) with the graph of the N training points, as the recomputation has it: the kernel called
-        again at the parent's training inputs (its cached operator may hold no graph), the prior mean and the noise of
-        the N + q points' output and likelihood at the first N.  Those are the same in every member of the batch of
-        new inputs (GPyTorch expands the training inputs), so the first member's carry the graph: the training points
-        are featurised and factorised once, not per member.  ``None`` (recompute) without a kernel (eager kernels),
-        for a likelihood with learned noise on top of a fixed one, or where these caches are not the plain
-        feature-space ones."""
-        likelihood = self.likelihood
-        if self.kernel is None or getattr(likelihood, "second_noise_covar", None) is not None:
-            return None
-        parent, num_train = self.parent, self.parent.train_labels.shape[-1]
-        batch_dims = parent.train_prior_dist.mean.dim() - 1
+    def _training_graph_inputs(self, mean: Tensor, noise: Tensor | None) -> tuple[Tensor, ...]:
+        """The tensors the parent's caches (m, L) are a function of (:meth:`_training_caches_with_graph`): the
+        kernel's and the likelihood's parameters, the prior mean and the fixed noise at the N training points, the
+        training inputs and targets."""
+        return (*self.kernel.parameters(), *self.likelihood.parameters(), mean, *(() if noise is None else (noise,)),
+                *self.parent.train_inputs, self.parent.train_labels)
+
+    def _training_prior(self) -> tuple[Tensor | None, Tensor | None]:
+        """The prior mean and the fixed noise (``None`` for a Gaussian likelihood) of the N + q points' output and
+        likelihood at the first N: the same in every member of the batch of new inputs (GPyTorch expands the
+        training inputs), so the first member's, with its graph.  ``(None, None)`` (recompute) without a kernel
+        (eager kernels) or for a likelihood with learned noise on top of a fixed one."""
+        if self.kernel is None or getattr(self.likelihood, "second_noise_covar", None) is not None:
+            return None, None
+        num_train = self.parent.train_labels.shape[-1]
+        batch_dims = self.parent.train_prior_dist.mean.dim() - 1
         mean = _first_member(self.full_output.mean[..., :num_train], batch_dims)
-        if isinstance(likelihood, FixedNoiseGaussianLikelihood):
-            likelihood = FixedNoiseGaussianLikelihood(_first_member(likelihood.noise[..., :num_train], batch_dims))
+        if not isinstance(self.likelihood, FixedNoiseGaussianLikelihood):
+            return mean, None
+        return mean, _first_member(self.likelihood.noise[..., :num_train], batch_dims)
+
+    def _training_caches_with_graph(self, nan_policy: str, mean: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The parent's (m, L) with the graph of :meth:`_training_graph_inputs`, as the recomputation has it: the
+        kernel called again at the parent's training inputs (its cached operator may hold no graph), the prior mean
+        and the noise of :meth:`_training_prior`: the training points are featurised and factorised once, not per
+        member of the batch of new inputs."""
+        parent = self.parent
+        likelihood = self.likelihood if noise is None else FixedNoiseGaussianLikelihood(noise)
         prior = MultivariateNormal(mean, self.kernel(*parent.train_inputs))
         training = FeatureSpacePredictionStrategy(parent.train_inputs, prior, parent.train_labels, likelihood)
         if not training.updatable_caches() or training.uses_kernel_space:
-            return None
+            raise RuntimeError(
+                "the training caches of a fantasy rebuilt with their graph are not the plain feature-space ones its "
+                f"parent's are ({type(training.lik_train_train_covar).__name__}): this is a bug in rfgp, please report "
+                "it; build the fantasy under detach_test_caches() meanwhile")
         return training._mean_covar_cache(nan_policy)
 
     @in_full_precision
@@ -483,17 +502,21 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         targets = self.train_labels[..., -num_new:]
         check_targets(targets, "the training targets y")
         residual = targets - self.full_output.mean[..., -num_new:]
-        return updated_capacitance_caches(mean_cache, chol, self.new_features(), self.weights, residual)
+        features, weights = self.new_rows()
+        return updated_capacitance_caches(mean_cache, chol, features, weights, residual)
 
-    def new_features(self) -> Tensor:
-        """Φₙ of the q new inputs; while a gradient is recorded, from the kernel evaluated again there (the features
-        :meth:`of` evaluated hold the graph of the new inputs at ``get_fantasy_model``, which the first
-        ``backward()`` frees), where the covariance is lazily evaluated."""
-        covar = self.full_output.lazy_covariance_matrix
-        if not torch.is_grad_enabled() or not isinstance(covar, LazyEvaluatedKernelTensor):
-            return self.features
-        num_train = covar.shape[-1] - self.features.shape[-2]
-        return _features(covar[..., num_train:, num_train:].evaluate_kernel())  # a new slice: evaluated anew
+    def new_rows(self) -> tuple[Tensor, Tensor]:
+        """(Φₙ, Dₙ⁻¹) of the q new points; while a gradient is recorded, evaluated again (those :meth:`of` evaluated
+        hold the graph of the new inputs and of the noise at ``get_fantasy_model``, which the first ``backward()``
+        frees): the features where the kernel is lazily evaluated, the noise from the likelihood."""
+        if not torch.is_grad_enabled():
+            return self.features, self.weights
+        covar, num_new = self.full_output.lazy_covariance_matrix, self.features.shape[-2]
+        features = self.features
+        if isinstance(covar, LazyEvaluatedKernelTensor):
+            num_train = covar.shape[-1] - num_new
+            features = _features(covar[..., num_train:, num_train:].evaluate_kernel())  # a new slice: evaluated anew
+        return features, check_noise(_new_noise(self.likelihood, self.train_labels.shape[-1], num_new)).reciprocal()
 
 
 def _first_member(values: Tensor, batch_dims: int) -> Tensor:

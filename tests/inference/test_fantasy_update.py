@@ -158,8 +158,11 @@ def test_graph_mode_update_gives_the_recomputations_gradient(batch, detach, monk
 
     * under detach_test_caches (the default) w.r.t. the new inputs X and targets, the parent's caches constant, the
       N training points neither featurised nor factorised (before: the caches held no graph, gradient zero);
-    * under detach_test_caches(False) (BoTorch's propagate_grads(True)) also w.r.t. every hyperparameter, the
-      training caches rebuilt with their graph once, without the batch of the new inputs and targets."""
+    * under detach_test_caches(False) (BoTorch's propagate_grads(True)) also w.r.t. every hyperparameter, through the
+      parent's caches with a deferred graph: the N training points are featurised and factorised once, without the
+      batch of the new inputs and targets, in the backward pass that asks for the hyperparameters' gradient only (a
+      gradient w.r.t. X alone, as BoTorch's gen_candidates_scipy takes, rebuilds nothing; before, every forward pass
+      rebuilt them)."""
     model = model_of()
     inputs = new_points(*batch[1:])
     targets = torch.sin(3 * torch.arange(3, dtype=torch.float64)).expand(*batch, 3).contiguous()
@@ -178,22 +181,31 @@ def test_graph_mode_update_gives_the_recomputations_gradient(batch, detach, monk
     expected = torch.autograd.grad(value(x, y, update=False)[0], wrt, allow_unused=True)
     shapes, factorised = [], []
     forward, cholesky_ex = FeatureMap.__call__, torch.linalg.cholesky_ex
+
+    def training_work():
+        work = [shape for shape in shapes if shape[-2] >= N], [tuple(shape) for shape in factorised]
+        shapes.clear()
+        factorised.clear()
+        return work
+
     with monkeypatch.context() as patch:
         patch.setattr(FeatureMap, "__call__", lambda self, z, *a, **kw: shapes.append(tuple(z.shape)) or
                       forward(self, z, *a, **kw))
         patch.setattr(torch.linalg, "cholesky_ex", lambda a, *args, **kw: factorised.append(a.shape) or
                       cholesky_ex(a, *args, **kw))
         actual, fantasy = value(x, y)
-    training = [shape for shape in shapes if shape[-2] >= N]
-    assert training == ([] if detach else [(N, D)])
-    assert [tuple(shape) for shape in factorised] == ([] if detach else [(F, F)])
+        assert training_work() == ([], [])
+        gradients = torch.autograd.grad(actual, wrt, allow_unused=True, retain_graph=True)
+        assert training_work() == (([], []) if detach else ([(N, D)], [(F, F)]))
+        inputs_only = torch.autograd.grad(actual, x)[0]
+        assert training_work() == ([], [])
     assert fantasy.prediction_strategy._full_strategy is None
-    gradients = torch.autograd.grad(actual, wrt, allow_unused=True)
     assert all(b.abs().max() > 1e-2 for b in expected if b is not None) and (detach or len(expected) > 4)
     for a, b in zip(gradients, expected, strict=True):
         assert (a is None) == (b is None)
         if b is not None:
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-8)
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    torch.testing.assert_close(inputs_only, expected[0], rtol=0, atol=1e-10)
     step, direction = 1e-5, torch.randn(inputs.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     with torch.no_grad():
         plus, minus = (value(inputs + sign * step * direction, targets)[0] for sign in (1, -1))
@@ -238,15 +250,20 @@ def _central_difference(function, x, eps=1e-6):
     return grad
 
 
+@pytest.mark.parametrize("detach", [True, False])
 @pytest.mark.parametrize("kind", ["kernel space", "masked targets", "updated"])
-def test_fantasy_differentiates_in_its_new_inputs_under_detached_test_caches(kind):
-    """A fantasy under GPyTorch's default detach_test_caches, recomputed (N + q ≲ F: kernel space; NaN targets under
-    "mask") or updated: the gradient of its posterior mean and variance w.r.t. the new inputs is the central
-    difference's, at every differentiated prediction of the same fantasy model (before: a recomputed fantasy's caches
-    were built without a graph: exactly 0, silently; then the first was right and the second raised 'Trying to
-    backward through the graph a second time', the kernel at the new inputs evaluated once with its graph)."""
+def test_fantasy_differentiates_in_its_new_inputs_at_every_prediction(kind, detach):
+    """A fantasy, recomputed (N + q ≲ F: kernel space; NaN targets under "mask") or updated: the gradient of its
+    posterior mean and variance w.r.t. the new inputs is the central difference's, at every differentiated prediction
+    of the same fantasy model, each a backward pass over every leaf (hyperparameters included), under GPyTorch's
+    default detach_test_caches and under detach_test_caches(False). Before: a recomputed fantasy's caches were built
+    without a graph under detach_test_caches (gradient exactly 0, silently); then the first gradient was right and
+    the second raised 'Trying to backward through the graph a second time' (the kernel at the new inputs and the new
+    points' noise weights evaluated once, at get_fantasy_model, with their graph; a recomputed fantasy's caches cached
+    with theirs under detach_test_caches(False))."""
     model = model_of(n=20) if kind == "kernel space" else model_of()
     targets = torch.tensor([0.3, -0.2, float("nan") if kind == "masked targets" else 0.1], dtype=torch.float64)
+    parameters = [p for p in model.parameters() if p.requires_grad]
     x = new_points().requires_grad_(True)
     with gpytorch.settings.observation_nan_policy("mask"):
         fantasy = model.get_fantasy_model(x, targets)
@@ -255,11 +272,11 @@ def test_fantasy_differentiates_in_its_new_inputs_under_detached_test_caches(kin
     for test_inputs in (XS, XS[::2] + 0.3, XS[1:4] - 0.2):
 
         def objective(inputs, test_inputs=test_inputs):
-            with gpytorch.settings.observation_nan_policy("mask"):
+            with gpytorch.settings.observation_nan_policy("mask"), gpytorch.settings.detach_test_caches(detach):
                 output = (fantasy if inputs is x else model.get_fantasy_model(inputs, targets))(test_inputs)
                 return output.mean.sum() + output.variance.sum()
 
-        (grad,) = torch.autograd.grad(objective(x), x)
+        grad = torch.autograd.grad(objective(x), [x, *parameters], allow_unused=True)[0]
         expected = _central_difference(objective, new_points())
         assert expected.abs().max() > 1e-2
         torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)

@@ -291,9 +291,11 @@ def test_integrated_posterior_variance_has_the_finite_difference_gradient():
 @pytest.mark.parametrize("name", ["qKnowledgeGradient", "qNegIntegratedPosteriorVariance"])
 def test_fantasy_gradients_update_the_training_caches_featurised_once(name, monkeypatch):
     """Inside BoTorch's ``propagate_grads(True)`` (``detach_test_caches(False)``) the fantasy caches are the training
-    caches, rebuilt once with their graph, updated by the new rows: the value and the gradient w.r.t. X equal the
-    recomputation's from all N + q points per fantasy (1e-8) and the central difference, and the training inputs are
-    featurised once, without the t-batch (before: (3, N + q) rows, N + q points per t-batch)."""
+    caches updated by the new rows: the value and the gradient w.r.t. X equal the recomputation's from all N + q
+    points per fantasy (1e-8) and the central difference, without featurising the training points (the gradient w.r.t.
+    X, as gen_candidates_scipy takes it, does not need their caches' graph; before: (3, N + q) rows per t-batch, then
+    N rows once per step); a gradient w.r.t. the hyperparameters too featurises them once, without the t-batch, and
+    equals the recomputation's."""
     from rfgp.features.base import FeatureMap
     from rfgp.inference.prediction import RankUpdatedFantasyStrategy
 
@@ -303,18 +305,30 @@ def test_fantasy_gradients_update_the_training_caches_featurised_once(name, monk
         acquisition, X = qKnowledgeGradient(model, num_fantasies=4), uniform(3, 1 + 4, seed=7)
     else:
         acquisition, X = qNegIntegratedPosteriorVariance(model, mc_points=uniform(16, seed=5)), uniform(3, 2, seed=7)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+
+    def all_gradients():
+        inputs = X.clone().requires_grad_(True)
+        return torch.autograd.grad(acquisition(inputs).sum(), [inputs, *parameters], allow_unused=True)
+
     with monkeypatch.context() as patch:
         patch.setattr(RankUpdatedFantasyStrategy, "of", classmethod(lambda cls, *args: None))
-        expected = value_and_grad(acquisition, X)
+        expected, expected_all = value_and_grad(acquisition, X), all_gradients()
     shapes, forward = [], FeatureMap.__call__
     with monkeypatch.context() as patch:
         patch.setattr(FeatureMap, "__call__", lambda self, z, *a, **kw: shapes.append(tuple(z.shape)) or
                       forward(self, z, *a, **kw))
         actual = value_and_grad(acquisition, X)
-    assert [shape for shape in shapes if shape[-2] >= len(x)] == [(len(x), D)]
+        assert [shape for shape in shapes if shape[-2] >= len(x)] == []
+        actual_all = all_gradients()
+        assert [shape for shape in shapes if shape[-2] >= len(x)] == [(len(x), D)]
     assert expected[1].abs().max() > 1e-3
     torch.testing.assert_close(actual[0], expected[0], rtol=0, atol=1e-8)
     torch.testing.assert_close(actual[1], expected[1], rtol=0, atol=1e-8)
+    assert any(g is not None and g.abs().max() > 1e-3 for g in expected_all[1:])
+    for a, b, parameter in zip(actual_all, expected_all, [X, *parameters], strict=True):  # None: no path, 0
+        zero = torch.zeros_like(parameter)
+        torch.testing.assert_close(zero if a is None else a, zero if b is None else b, rtol=0, atol=1e-10)
     step, direction = 1e-6, uniform(*X.shape[:-1], seed=11) - 0.5
     with torch.no_grad():
         difference = (acquisition(X + step * direction) - acquisition(X - step * direction)).sum() / (2 * step)

@@ -1,0 +1,77 @@
+"""Values computed without a graph, differentiated by recomputing them with one only where a backward pass needs it.
+
+A fantasy posterior's training caches (m, L) (:class:`rfgp.inference.prediction.RankUpdatedFantasyStrategy`) are
+functions of the hyperparameters, the noise, the prior mean and the training data, not of the new inputs X. Under
+BoTorch's ``propagate_grads(True)`` the gradient w.r.t. those must be available, but BoTorch's gradient steps
+(``gen_candidates_scipy``: ``torch.autograd.grad(loss, X)``) never ask for it, and a graph built in the forward pass
+costs the featurisation of all N training points and their N·F² statistics at every step.
+
+:func:`deferred_graph` returns the values, computed without a graph, as the outputs of an autograd node whose backward
+recomputes them with their graph (the same function of the same tensors: the same derivative) and differentiates
+that. Autograd runs a node's backward only where a gradient w.r.t. one of its inputs is asked for: ``loss.backward()``
+over parameters that require grad rebuilds once, ``torch.autograd.grad(loss, X)`` never does. A backward with
+``create_graph=True`` differentiates the rebuilt graph with a graph of its own (second derivatives are exact too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+
+def deferred_graph(values: Sequence[Tensor], rebuild: Callable[[], Sequence[Tensor]],
+                   inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """``values`` (computed without a graph) as differentiable functions of ``inputs``, through ``rebuild()``.
+
+    Args:
+        values: the tensors, without a graph.
+        rebuild: recomputes ``values`` from ``inputs`` with their graph; called in a backward pass that needs them.
+        inputs: the tensors ``rebuild`` differentiates in (those that do not require grad are dropped); a backward
+            pass whose rebuilt graph reaches another tensor that requires grad raises instead of dropping its gradient.
+
+    Returns:
+        ``values`` unchanged where no gradient is recorded or no input requires grad, else copies with the node.
+    """
+    inputs = tuple(t for t in inputs if t.requires_grad)
+    if not torch.is_grad_enabled() or not inputs:
+        return tuple(values)
+    return _DeferredGraph.apply(rebuild, len(values), *values, *inputs)
+
+
+class _DeferredGraph(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rebuild, num_values: int, *tensors: Tensor):
+        ctx.rebuild, ctx.num_values, ctx.inputs = rebuild, num_values, tensors[num_values:]
+        return tuple(value.clone() for value in tensors[:num_values])
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor):
+        with torch.enable_grad():
+            rebuilt = tuple(ctx.rebuild())
+        _check_inputs(rebuilt, ctx.inputs)
+        pairs = [(value, grad) for value, grad in zip(rebuilt, grads, strict=True)
+                 if grad is not None and value.requires_grad]
+        input_grads = torch.autograd.grad([value for value, _ in pairs], ctx.inputs, [grad for _, grad in pairs],
+                                          allow_unused=True, create_graph=torch.is_grad_enabled()) if pairs else (
+            (None,) * len(ctx.inputs))
+        return (None, None, *(None,) * ctx.num_values, *input_grads)
+
+
+def _check_inputs(outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> None:
+    """Raise if the graph of ``outputs`` reaches a leaf that requires grad other than through ``inputs``."""
+    stops = {t.grad_fn for t in inputs if t.grad_fn is not None}
+    leaves = {id(t) for t in inputs if t.grad_fn is None}
+    seen, pending = set(), [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while pending:
+        node = pending.pop()
+        if node in seen or node in stops:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if variable is not None and id(variable) not in leaves:
+            raise RuntimeError(
+                f"a deferred graph reached a tensor that requires grad (shape {tuple(variable.shape)}) outside the "
+                "inputs it was given, so its gradient would be lost: pass that tensor among deferred_graph's inputs")
+        pending.extend(child for child, _ in node.next_functions if child is not None)
