@@ -400,7 +400,11 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
 
     @property
     def train_prior_dist(self):
-        return self.full_strategy.train_prior_dist
+        """The prior of the N + q points, its covariance lazily evaluated: GPyTorch's ``get_fantasy_model`` reads it
+        (to tell a multitask prior), which through :attr:`full_strategy` featurised all N + q points for every fantasy
+        of a fantasy."""
+        output = self.full_output
+        return output.__class__(output.mean, output.lazy_covariance_matrix)
 
     @property
     def lik_train_train_covar(self):
@@ -427,7 +431,9 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         graph is not cached: a second ``backward()`` through it would fail), from the parent's caches (m, L)
 
         * under ``detach_test_caches`` (on by default): constants (as the setting detaches the training points'
-          graph): the gradient w.r.t. the new inputs and targets is the recomputation's;
+          graph) — except those of a fantasy parent, differentiated in its own new rows (a fantasy of a fantasy: before,
+          its gradient w.r.t. the first fantasy's inputs and targets was silently 0): the gradient w.r.t. the new
+          inputs and targets is the recomputation's;
         * under ``detach_test_caches(False)`` (BoTorch's ``propagate_grads(True)``): differentiable in the kernel's
           hyperparameters, the noise, the prior mean and the training data through a deferred graph
           (:func:`~rfgp.inference.deferred_graph.deferred_graph` of :meth:`_training_caches_with_graph`): the
@@ -437,13 +443,14 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         """
         nan_policy = gpytorch.settings.observation_nan_policy.value()
         if torch.is_grad_enabled() and observed_points(self.train_labels, nan_policy) is None:
-            prior = None if gpytorch.settings.detach_test_caches.on() else self._training_prior()
-            if prior is None or prior[0] is not None:
+            if gpytorch.settings.detach_test_caches.on():  # a fantasy parent's with the graph of its own new rows
+                return self._updated_caches(*self.parent.mean_covar_cache)
+            prior = self._training_prior()
+            if prior[0] is not None:
                 with torch.no_grad():
                     parent = self.parent.mean_covar_cache
-                if prior is not None:
-                    parent = deferred_graph(parent, lambda: self._training_caches_with_graph(nan_policy, *prior),
-                                            self._training_graph_inputs(*prior))
+                parent = deferred_graph(parent, lambda: self._training_caches_with_graph(nan_policy, *prior),
+                                        self._training_graph_inputs(*prior))
                 return self._updated_caches(*parent)
         return super().mean_covar_cache
 

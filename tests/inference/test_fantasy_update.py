@@ -280,3 +280,56 @@ def test_fantasy_differentiates_in_its_new_inputs_at_every_prediction(kind, deta
         expected = _central_difference(objective, new_points())
         assert expected.abs().max() > 1e-2
         torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_fantasy_of_a_fantasy_differentiates_as_the_recomputation(detach, monkeypatch):
+    """A fantasy of an updated fantasy, differentiated: the value and the gradients w.r.t. both fantasies' inputs and
+    targets equal the recomputation's from all N + q₁ + q₂ points (1e-10), under detach_test_caches (before: those of
+    the first fantasy were silently 0, its caches taken as constants) and detach_test_caches(False) (and then every
+    hyperparameter's too). Neither building it nor its value nor its gradient w.r.t. its new inputs featurises the
+    N + q₁ training points (before: get_fantasy_model read the parent's train_prior_dist, which featurised them, and
+    every differentiated call under detach_test_caches(False) again); only a gradient w.r.t. the hyperparameters
+    rebuilds the parent's caches from them, once (its graph must reach the fantasy model's own copies of the modules,
+    as the recomputation's does, not the parent's)."""
+    model = model_of()
+    rows, forward = [], FeatureMap.__call__
+
+    def training_rows():
+        found = [shape for shape in rows if shape[-2] >= N]
+        rows.clear()
+        return found
+
+    def gradients(update):
+        first, second = new_points(seed=3).requires_grad_(True), new_points(seed=4).requires_grad_(True)
+        targets = [torch.randn(3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+                   .requires_grad_(True) for seed in (1, 2)]
+        with monkeypatch.context() as patch:
+            if not update:
+                patch.setattr(RankUpdatedFantasyStrategy, "of", classmethod(lambda cls, *args: None))
+            patch.setattr(FeatureMap, "__call__", lambda self, z, *a, **kw: rows.append(tuple(z.shape)) or
+                          forward(self, z, *a, **kw))
+            parent = model.get_fantasy_model(first, targets[0])
+            predict(parent, XS)
+            training_rows()
+            fantasy = parent.get_fantasy_model(second, targets[1])
+            with gpytorch.settings.detach_test_caches(detach):
+                output = fantasy(XS)
+                value = (output.mean ** 2 + output.variance).sum()
+            built = training_rows()
+            (new_inputs,) = torch.autograd.grad(value, second, retain_graph=True)
+            assert training_rows() == []
+            parameters = [] if detach else [p for p in parent.parameters() if p.requires_grad]
+            result = torch.autograd.grad(value, [first, second, *targets, *parameters], allow_unused=True)
+            rebuilt = training_rows()
+        if update:
+            assert type(fantasy.prediction_strategy.parent) is RankUpdatedFantasyStrategy
+            assert built == [] and rebuilt == ([] if detach else [(N + 3, D)])
+        torch.testing.assert_close(new_inputs, result[1], rtol=0, atol=1e-12)
+        return value.detach(), result
+
+    (value, actual), (expected_value, expected) = gradients(True), gradients(False)
+    torch.testing.assert_close(value, expected_value, rtol=0, atol=1e-10)
+    assert min(g.abs().max() for g in expected[:4]) > 1e-2 and len(expected) == (4 if detach else 8)
+    for a, b in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
