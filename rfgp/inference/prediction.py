@@ -494,12 +494,12 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         likelihood = self.likelihood if noise is None else FixedNoiseGaussianLikelihood(noise)
         prior = MultivariateNormal(mean, self.kernel(*parent.train_inputs))
         training = FeatureSpacePredictionStrategy(parent.train_inputs, prior, parent.train_labels, likelihood)
-        if not training.updatable_caches() or training.uses_kernel_space:
+        if getattr(training.lik_train_train_covar, "feature_space_caches", None) is not None:
             raise RuntimeError(
-                "the training caches of a fantasy rebuilt with their graph are not the plain feature-space ones its "
-                f"parent's are ({type(training.lik_train_train_covar).__name__}): this is a bug in rfgp, please report "
-                "it; build the fantasy under detach_test_caches() meanwhile")
-        return training._mean_covar_cache(nan_policy)
+                "the training caches of a fantasy rebuilt with their graph are structured "
+                f"({type(training.lik_train_train_covar).__name__}), unlike its parent's plain F x F ones: this is a "
+                "bug in rfgp, please report it; build the fantasy under detach_test_caches() meanwhile")
+        return training._mean_covar_cache(nan_policy)  # F x F from the (possibly chunked) feature statistics
 
     @in_full_precision
     def _updated_caches(self, mean_cache: Tensor, chol: Tensor) -> tuple[Tensor, Tensor]:
