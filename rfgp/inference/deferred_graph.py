@@ -44,10 +44,12 @@ class _DeferredGraph(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rebuild, num_values: int, *tensors: Tensor):
         ctx.rebuild, ctx.num_values, ctx.inputs = rebuild, num_values, tensors[num_values:]
+        ctx.versions = [t._version for t in ctx.inputs]
         return tuple(value.clone() for value in tensors[:num_values])
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
+        _check_unmodified(ctx.inputs, ctx.versions)
         with torch.enable_grad():
             rebuilt = tuple(ctx.rebuild())
         _check_inputs(rebuilt, ctx.inputs)
@@ -57,6 +59,18 @@ class _DeferredGraph(torch.autograd.Function):
                                           allow_unused=True, create_graph=torch.is_grad_enabled()) if pairs else (
             (None,) * len(ctx.inputs))
         return (None, None, *(None,) * ctx.num_values, *input_grads)
+
+
+def _check_unmodified(inputs: Sequence[Tensor], versions: Sequence[int]) -> None:
+    """Raise if an input was modified in place since the forward pass, as autograd does for a saved tensor: the
+    rebuild would differentiate at the new values, not at those the forward pass used."""
+    for position, (tensor, version) in enumerate(zip(inputs, versions, strict=True)):
+        if tensor._version != version:
+            raise RuntimeError(
+                f"deferred_graph input {position} (shape {tuple(tensor.shape)}) was modified in place after the "
+                f"forward pass (version {version} → {tensor._version}; an optimizer step before backward()?), so "
+                "its gradient cannot be computed at the values the forward pass used; call backward() before "
+                "changing the parameters")
 
 
 def _check_inputs(outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> None:

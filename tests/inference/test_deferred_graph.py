@@ -59,3 +59,14 @@ def test_a_leaf_outside_the_inputs_raises_instead_of_losing_its_gradient():
     with pytest.raises(RuntimeError, match="outside the inputs"):
         sum(v.sum() for v in deferred).backward()
     assert deferred_graph(values, lambda: _function(a, b), (a.detach(),))[0] is values[0]  # nothing to differentiate
+
+
+def test_an_input_modified_in_place_before_backward_raises():
+    a, b, _ = _setup()
+    with torch.no_grad():
+        values = _function(a, b)
+    deferred = deferred_graph(values, lambda: _function(a, b), (a, b))
+    with torch.no_grad():
+        a.add_(1.0)  # e.g. an optimizer step between the forward and the backward pass
+    with pytest.raises(RuntimeError, match="modified in place after the forward pass"):
+        sum(v.sum() for v in deferred).backward()
