@@ -75,6 +75,7 @@ class SphericalRandomFeatures(FeatureMap):
     """
 
     has_variance_bias = True
+    has_closed_form_squared_norm = True
     #: the fitted radial density is saved with the draws (``density_*``), so a load needs no refit
     config_fields = {"power": METHOD, "a": METHOD, "direction_sampler": METHOD, "normalize_inputs": METHOD,
                      "density_dim": DRAW, "density_spacing": DRAW, "density_weights": DRAW,
@@ -187,6 +188,11 @@ class SphericalRandomFeatures(FeatureMap):
     def expected_diag(self, x: Tensor) -> Tensor:
         # cos² + sin² = 1 for every frequency: Φ(x)ᵀΦ(x) = c = K̂(0) exactly.
         return torch.full(x.shape[:-1], self._fitted_density().mass, dtype=x.dtype, device=x.device)
+
+    def squared_norm(self, x: Tensor) -> Tensor:
+        """Φ = √(c/m)[cos, sin]: ‖Φ(x)‖² = c for every x on the sphere (whose rows are checked as by the features)."""
+        x = self._checked_input(x)
+        return self.expected_diag(x)
 
     # ------------------------------------------------------------- state dict
     _DENSITY_FIELDS = {"density_dim": "dim", "density_spacing": "spacing", "density_weights": "weights",

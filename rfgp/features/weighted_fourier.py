@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..core.config_state import METHOD, SavedDrawShapes
+from ..core.validation import check_finite
 from .base import FeatureMap
 
 
@@ -94,6 +95,7 @@ class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
     """
 
     config_fields = {"measure": METHOD}
+    has_closed_form_squared_norm = True
 
     def __init__(self, measure: SpectralMeasure, num_features: int, input_dim: int | None = None,
                  seed: int | None = None, generator: torch.Generator | None = None) -> None:
@@ -120,11 +122,38 @@ class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
         """The drawn buffers, floating ones in the dtype and on the device of ``like``."""
         return {name: self._buffer(name, like) for name in self._buffer_names}
 
-    def forward(self, x: Tensor, **hyperparameters: Tensor) -> Tensor:
-        self._prepare(x)
+    def spectrum(self, x: Tensor, **hyperparameters: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(ω, log w) of the draws at θ = ``hyperparameters``, with the draws in x's dtype and on its device.
+
+        Raises :class:`~rfgp.core.validation.NonFiniteError` where θ makes them NaN or ±Inf (a NaN period or
+        mixture weight), which the kernel turns into an error naming the hyperparameter: Φ would be NaN silently.
+        """
         draws = self.draws(x)
         frequencies = self.measure.frequencies(draws, **hyperparameters)
-        return fourier_features(x, frequencies, self.measure.log_weights(draws, **hyperparameters))
+        log_weights = self.measure.log_weights(draws, **hyperparameters)
+        check_finite(frequencies, "the spectral measure's frequencies")
+        if log_weights is not None:
+            check_finite(log_weights, "the spectral measure's log-weights")
+        return frequencies, log_weights
+
+    def forward(self, x: Tensor, **hyperparameters: Tensor) -> Tensor:
+        self._prepare(x)
+        return fourier_features(x, *self.spectrum(x, **hyperparameters))
+
+    def squared_norm(self, x: Tensor, **hyperparameters: Tensor) -> Tensor:
+        """‖Φ(x)‖² = (1/m)Σⱼ wⱼ(cos² + sin²)(ωⱼᵀx) = mean(w), the same for every x; 1 for uniform weights.
+
+        A function of θ through the weights only (a mixture weight, a periodic lengthscale, an RQ shape α), with
+        the features' gradient; the frequencies are checked as :meth:`forward` checks them.
+        """
+        frequencies, log_weights = self.spectrum(x, **hyperparameters)
+        rows = (*x.shape[:-1],)
+        if log_weights is None:
+            shape = torch.broadcast_shapes(rows, (*frequencies.shape[:-2], 1))
+            return torch.ones(shape, dtype=torch.promote_types(x.dtype, frequencies.dtype), device=x.device)
+        mean = log_weights.exp().mean(-1, keepdim=True)  # (*batch, 1)
+        shape = torch.broadcast_shapes(rows, (*frequencies.shape[:-2], 1), mean.shape)
+        return mean.to(torch.promote_types(x.dtype, mean.dtype)).expand(shape)
 
     def _materialize(self) -> None:
         super()._materialize()

@@ -73,6 +73,16 @@ def kernel_features(kernel: Kernel, x: Tensor) -> Tensor:
     return features if outputscale is None else features * outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
+def kernel_squared_norm(kernel: Kernel, x: Tensor) -> Tensor | None:
+    """‖Φ(x)‖² of a feature kernel or a ``ScaleKernel`` around one from its closed form
+    (:meth:`~rfgp.kernels.FeatureKernel.feature_squared_norm`), honouring ``active_dims``; ``None`` without one."""
+    base, outputscale = unwrap_scale(kernel)
+    norms = base.feature_squared_norm(select_active(kernel, x))
+    if norms is None or outputscale is None:
+        return norms
+    return norms * outputscale.unsqueeze(-1)
+
+
 def kernel_diag_moments(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor] | None:
     """(k(x, x), E[k̂(x, x)]) of a feature kernel tree, ``None`` where they agree exactly."""
     base, outputscale = unwrap_scale(kernel)
@@ -180,6 +190,13 @@ class FeatureSumKernel(_CombinedFeatureKernel):
         batch = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
         return torch.cat([p.expand(*batch, *p.shape[-2:]) for p in parts], dim=-1)
 
+    def feature_squared_norm(self, x: Tensor) -> Tensor | None:
+        """‖[Φ₁, …, Φₖ]‖² = Σᵢ‖Φᵢ‖² from the parts' closed forms; ``None`` when a part has none (or for a subclass
+        with its own :meth:`featurize`)."""
+        if type(self).featurize is not FeatureSumKernel.featurize:
+            return None
+        return _combined_squared_norm(self.kernels, x, torch.add)
+
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
         moments = [kernel_diag_moments(kernel, x) for kernel in self.kernels]
         if all(m is None for m in moments):
@@ -217,8 +234,24 @@ class FeatureProductKernel(_CombinedFeatureKernel):
                 result = (result.unsqueeze(-1) * part.unsqueeze(-2)).flatten(-2)
         return result
 
+    def feature_squared_norm(self, x: Tensor) -> Tensor | None:
+        """‖Φ₁ ⊙ Φ₂ ⊙ …‖² = Πᵢ‖Φᵢ‖² (the squared norm of a Kronecker product) from the factors' closed forms;
+        ``None`` when a factor has none."""
+        return _combined_squared_norm(self.kernels, x, torch.mul)
+
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
         return _product_moments(self.kernels, x)
+
+
+def _combined_squared_norm(kernels, x: Tensor, combine) -> Tensor | None:
+    """``combine`` (sum or product) of the parts' closed-form ‖Φᵢ(x)‖²; ``None`` as soon as one part has none."""
+    result = None
+    for kernel in kernels:
+        norms = kernel_squared_norm(kernel, x)
+        if norms is None:
+            return None
+        result = norms if result is None else combine(result, norms)
+    return result
 
 
 def _product_moments(kernels, x: Tensor) -> tuple[Tensor, Tensor] | None:

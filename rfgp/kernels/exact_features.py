@@ -24,7 +24,7 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from ..core.config_state import LAZY
-from ..core.validation import check_positive_int
+from ..core.validation import check_finite, check_positive_int
 from .families import check_kernel_kwargs
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .random_feature_kernel import FeatureKernel
@@ -74,11 +74,19 @@ class LinearFeatureKernel(_ExactFeatureKernel):
         return self.input_dim
 
     def featurize(self, x: Tensor) -> Tensor:
+        self._check_input_dim(x)
+        return x * self.variance.sqrt()
+
+    def feature_squared_norm(self, x: Tensor) -> Tensor:
+        """‖x ⊙ √v‖² = Σᵢ vᵢxᵢ² (as cheap as the features: sums and products with a linear part keep a closed form)."""
+        self._check_input_dim(x)
+        return (x.pow(2) * self.variance).sum(-1)
+
+    def _check_input_dim(self, x: Tensor) -> None:
         if self.input_dim is None:
             self.input_dim = x.shape[-1]
         elif x.shape[-1] != self.input_dim:
             raise ValueError(f"x has {x.shape[-1]} input dimensions but LinearFeatureKernel has input_dim={self.input_dim}")
-        return x * self.variance.sqrt()
 
 
 class ConstantFeatureKernel(_ExactFeatureKernel):
@@ -102,6 +110,11 @@ class ConstantFeatureKernel(_ExactFeatureKernel):
     def featurize(self, x: Tensor) -> Tensor:
         root = self.constant.sqrt().unsqueeze(-2)  # (*batch, 1, 1)
         return root.expand(*torch.broadcast_shapes(root.shape[:-2], x.shape[:-2]), x.shape[-2], 1)
+
+    def feature_squared_norm(self, x: Tensor) -> Tensor:
+        """‖√c‖² = c at every point."""
+        constant = self.constant  # (*batch, 1)
+        return constant.expand(*torch.broadcast_shapes(constant.shape[:-1], x.shape[:-2]), x.shape[-2])
 
     # -------------------------------------------------------------- spectral
     def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
@@ -152,9 +165,21 @@ class CosineFeatureKernel(_ExactFeatureKernel):
             )
 
     def featurize(self, x: Tensor) -> Tensor:
-        self._check_one_dimensional(x.shape[-1])
-        phase = x * (math.pi / self.period_length)
+        phase = x * self._frequency(x)
         return torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1)
+
+    def feature_squared_norm(self, x: Tensor) -> Tensor:
+        """cos² + sin² = 1 at every point (the period enters only the phase), with the checks of :meth:`featurize`."""
+        frequency = self._frequency(x)
+        shape = torch.broadcast_shapes(x.shape[:-1], frequency.shape[:-1])
+        return torch.ones(shape, dtype=torch.promote_types(x.dtype, frequency.dtype), device=x.device)
+
+    def _frequency(self, x: Tensor) -> Tensor:
+        """π/p, ``(*batch, 1, 1)``, for 1-D inputs x; a NaN or infinite one raises (the features would be NaN)."""
+        self._check_one_dimensional(x.shape[-1])
+        frequency = math.pi / self.period_length
+        check_finite(frequency, "π/period_length")
+        return frequency
 
     # -------------------------------------------------------------- spectral
     def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:

@@ -94,6 +94,21 @@ class SpectralFeatureKernel(FeatureKernel):
             self._centre_proposal()
         return self.feature_map(x, **self.measure_hyperparameters())
 
+    def feature_squared_norm(self, x: Tensor) -> Tensor | None:
+        """‖Φ(x)‖² = mean(w) without featurising x (:meth:`~rfgp.features.WeightedFourierFeatures.squared_norm`);
+        ``None`` for a subclass that overrides :meth:`featurize` (it provides its own)."""
+        if type(self).featurize is not SpectralFeatureKernel.featurize:
+            return None
+        return self.measure_squared_norm(x)
+
+    def measure_squared_norm(self, x: Tensor) -> Tensor:
+        """‖Φ(x)‖² of the normalised measure's features, after the checks of x and θ that :meth:`featurize` makes
+        (and its draws)."""
+        if not self.feature_map.is_initialized:
+            self._centre_proposal()
+        self.feature_map.prepare(x)
+        return self.feature_map.squared_norm(x, **self.measure_hyperparameters())
+
     def diag_moments(self, x: Tensor) -> None:
         return None  # E[w] = 1: unbiased on the diagonal too
 

@@ -85,9 +85,18 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         return self.mixture_weights.sum(-1).pow(self.ard_num_dims)
 
     def featurize(self, x: Tensor) -> Tensor:
+        self._check_input_dim(x)
+        return super().featurize(x) * self.spectral_amplitude().sqrt().unsqueeze(-1).unsqueeze(-1)
+
+    def feature_squared_norm(self, x: Tensor) -> Tensor:
+        """‖Φ(x)‖² = A·mean(w), A = (Σ_q w_q)^d, without featurising x: differentiable in the mixture weights (the
+        amplitude and the importance weights), and with the checks of :meth:`featurize`."""
+        self._check_input_dim(x)
+        return self.measure_squared_norm(x) * self.spectral_amplitude().unsqueeze(-1)
+
+    def _check_input_dim(self, x: Tensor) -> None:
         if x.shape[-1] != self.ard_num_dims:
             raise ValueError(
                 f"SketchedSpectralMixtureKernel expects inputs with ard_num_dims={self.ard_num_dims} dimensions "
                 f"(as GPyTorch's SpectralMixtureKernel), got {x.shape[-1]}"
             )
-        return super().featurize(x) * self.spectral_amplitude().sqrt().unsqueeze(-1).unsqueeze(-1)

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
 from ..core.dtypes import cast_to
-from ..core.validation import check_positive_int
+from ..core.validation import check_finite, check_positive_int
 from ..features.base import _new_seed
 from ..features.weighted_fourier import scale_sincos_pairs
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
@@ -149,23 +149,46 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
             return "its factors' frequency draws, centred on their hyperparameters"
         return None
 
-    def featurize(self, x: Tensor) -> Tensor:
+    def spectrum(self, x: Tensor) -> tuple[list[tuple[Tensor, Tensor]], Tensor, Tensor | None]:
+        """The factors' inputs and frequencies [(uᵢ, ωᵢ)], the amplitude a = Πᵢaᵢ (outputscales included) and the
+        weights Πᵢwᵢ (``None``: all 1), each checked finite (a NaN hyperparameter would make Φ NaN silently)."""
         inputs = [select_active(kernel, x) for kernel in self.kernels]
         if self.input_dims is None:
             self._materialize(tuple(u.shape[-1] for u in inputs))
-        projection, amplitude, weights = 0.0, 1.0, None
+        terms, amplitude, weights = [], 1.0, None
         for i, (kernel, u) in enumerate(zip(self.kernels, inputs)):
             base, outputscale = unwrap_scale(kernel)
             draws = self._draws(i, u)
-            projection = projection + u @ cast_to(base.spectral_frequencies(draws), u.dtype).mT
+            frequencies = cast_to(base.spectral_frequencies(draws), u.dtype)
+            check_finite(frequencies, f"the frequencies of kernels[{i}]")
+            terms.append((u, frequencies))
             factor_amplitude = base.spectral_amplitude()
             amplitude = amplitude * (factor_amplitude if outputscale is None else factor_amplitude * outputscale)
             factor_weights = getattr(base, "spectral_weights", lambda _: None)(draws)
             if factor_weights is not None:
+                check_finite(factor_weights, f"the spectral weights of kernels[{i}]")
                 weights = factor_weights if weights is None else weights * factor_weights
+        check_finite(amplitude, "the amplitude (the factors' k(x, x) and outputscales)")
+        return terms, amplitude, weights
+
+    def featurize(self, x: Tensor) -> Tensor:
+        terms, amplitude, weights = self.spectrum(x)
+        projection = 0.0
+        for u, frequencies in terms:
+            projection = projection + u @ frequencies.mT
         scale = (amplitude / self.num_frequencies).sqrt().unsqueeze(-1).unsqueeze(-1)
         features = torch.cat((projection.cos(), projection.sin()), dim=-1) * scale
         return features if weights is None else scale_sincos_pairs(features, weights.sqrt())
+
+    def feature_squared_norm(self, x: Tensor) -> Tensor:
+        """‖Φ(x)‖² = (a/m)Σⱼ wⱼ(cos² + sin²) = a·mean(w) without featurising x: the same for every x, differentiable
+        in the amplitudes, outputscales and importance weights (Matérn-½'s r(ℓ), a periodic factor's q(1/ℓ))."""
+        terms, amplitude, weights = self.spectrum(x)
+        norms = amplitude if weights is None else amplitude * weights.mean(-1)
+        rows = torch.broadcast_shapes(*((*u.shape[:-1],) for u, _ in terms),
+                                      *((*frequencies.shape[:-2], 1) for _, frequencies in terms))
+        norms = norms.unsqueeze(-1)
+        return norms.to(torch.promote_types(x.dtype, norms.dtype)).expand(torch.broadcast_shapes(rows, norms.shape))
 
     def diag_moments(self, x: Tensor) -> None:
         # Φ(x)ᵀΦ(x) = a·mean(w), whose expectation is a = k(x, x): unbiased on the diagonal.

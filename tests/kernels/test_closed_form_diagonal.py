@@ -13,7 +13,23 @@ from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 import rfgp
 from rfgp.core.validation import NonFiniteHyperparameterError
 from rfgp.features.base import FeatureMap
-from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
+from rfgp.kernels import (
+    ConstantFeatureKernel,
+    CosineFeatureKernel,
+    FeatureProductKernel,
+    FeatureSumKernel,
+    LinearFeatureKernel,
+    SketchedCategoricalKernel,
+    SketchedMaternKernel,
+    SketchedPeriodicKernel,
+    SketchedProductKernel,
+    SketchedRBFKernel,
+    SketchedRQKernel,
+    SketchedSpectralMixtureKernel,
+    SketchedSphericalPolynomialKernel,
+    SpectralProductKernel,
+)
+from rfgp.kernels.random_feature_kernel import FeatureKernel
 
 from .._models import UserSVGP
 
@@ -95,3 +111,147 @@ def test_maps_without_a_closed_form_still_featurise_the_diagonal():
     diagonal = kernel(x, diag=True)
     assert 7 in rows
     torch.testing.assert_close(diagonal, kernel.featurize(x).pow(2).sum(-1), rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------- other sin/cos families and feature-kernel trees
+def _spherical_kernel():
+    return SketchedSphericalPolynomialKernel(2, 32, input_dim=3, seed=6)
+
+
+FAMILIES = {
+    "spectral_mixture": lambda: SketchedSpectralMixtureKernel(3, 32, ard_num_dims=3, seed=0),
+    "spectral_mixture_batch": lambda: SketchedSpectralMixtureKernel(2, 32, ard_num_dims=3, seed=1,
+                                                                     batch_shape=torch.Size([2])),
+    "periodic": lambda: SketchedPeriodicKernel(32, ard_num_dims=3, seed=2),
+    "rational_quadratic": lambda: SketchedRQKernel(32, ard_num_dims=3, seed=3),
+    "spectral_product": lambda: SpectralProductKernel(
+        ScaleKernel(SketchedRBFKernel(2, active_dims=[0])), SketchedMaternKernel(2, nu=0.5, active_dims=[1, 2]),
+        SketchedPeriodicKernel(2, active_dims=[2]), num_features=32, seed=4),
+    "spherical": _spherical_kernel,
+    "sum": lambda: FeatureSumKernel(
+        ScaleKernel(SketchedMaternKernel(16, nu=0.5, ard_num_dims=3, seed=5)),
+        SketchedSpectralMixtureKernel(2, 16, ard_num_dims=3, seed=6), LinearFeatureKernel(input_dim=3),
+        ConstantFeatureKernel()),
+    "product": lambda: FeatureProductKernel(
+        ScaleKernel(SketchedRQKernel(8, ard_num_dims=2, active_dims=[0, 1], seed=7)),
+        CosineFeatureKernel(active_dims=[2])),
+}
+
+#: hyperparameters the closed form must depend on (its gradient in them is checked to be non-zero)
+WEIGHTED = {
+    "spectral_mixture": "raw_mixture_weights", "spectral_mixture_batch": "raw_mixture_weights",
+    "periodic": "raw_lengthscale", "rational_quadratic": "raw_alpha", "spectral_product": "raw_lengthscale",
+    "sum": "raw_mixture_weights", "product": "raw_alpha",
+}
+
+
+def featurize_rows(kernel):
+    """Like :func:`feature_map_rows`, for every feature kernel's ``featurize`` under ``kernel`` (maps or not)."""
+    rows = []
+    for module in kernel.modules():
+        if isinstance(module, FeatureKernel):
+            def spy(x, _featurize=module.featurize):
+                rows.append(x.shape[-2])
+                return _featurize(x)
+            module.featurize = spy
+    return rows
+
+
+def _perturbed(kernel):
+    """The kernel after its first evaluation, with every raw hyperparameter moved off its default (weights ≠ 1)."""
+    gen = torch.Generator().manual_seed(0)
+    first = torch.nn.functional.normalize(torch.rand(2, 3, dtype=torch.float64, generator=gen), dim=-1)
+    kernel(first).to_dense()  # draws (proposals at the defaults); unit rows for the spherical kernel
+    with torch.no_grad():
+        for parameter in kernel.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, dtype=parameter.dtype, generator=gen))
+    return kernel
+
+
+def _grads(output, parameters, weights):
+    grads = torch.autograd.grad((weights * output).sum(), parameters, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(parameters, grads)]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_closed_form_squared_norm_of_every_sincos_family_and_tree(name):
+    """‖Φ(x)‖² in closed form equals the explicit features' to 1e-12 in value and in the gradient of every
+    hyperparameter (mixture weights, periodic ℓ, RQ α, Matérn-½'s anchored ℓ, outputscales), featurising nothing."""
+    kernel = _perturbed(FAMILIES[name]().double())
+    x = torch.nn.functional.normalize(torch.rand(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2)),
+                                      dim=-1)
+    rows = featurize_rows(kernel)
+    diagonal = kernel(x, diag=True)
+    assert rows == []
+    reference = kernel.featurize(x).pow(2).sum(-1)
+    assert set(rows) == {7}  # the spy sees the explicit featurisation (of the tree and its parts)
+    assert diagonal.shape == reference.shape == (*kernel.batch_shape, 7)
+    torch.testing.assert_close(diagonal, reference, rtol=0, atol=1e-12)
+    if name == "spherical":  # no hyperparameters: ‖Φ‖² = c, the fitted density's mass
+        return
+    names, parameters = zip(*kernel.named_parameters())
+    weights = torch.rand(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    expected = _grads(reference, parameters, weights)
+    got = _grads(diagonal, parameters, weights) if diagonal.requires_grad else [torch.zeros_like(p) for p in parameters]
+    for parameter_name, g, e in zip(names, got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12, msg=lambda m, n=parameter_name: f"{n}: {m}")
+    if name in WEIGHTED:
+        dependence = max(e.abs().max() for n, e in zip(names, expected) if n.endswith(WEIGHTED[name]))
+        assert dependence > 1e-3
+
+
+NO_CLOSED_FORM = {
+    "tensor_srht_product": lambda: SketchedProductKernel(
+        SketchedRBFKernel(16, ard_num_dims=3, seed=0), SketchedPeriodicKernel(16, seed=1), num_features=16, seed=2),
+    "sum_with_maclaurin": lambda: FeatureSumKernel(SketchedRBFKernel(16, method="maclaurin", input_dim=3, seed=3),
+                                                   SketchedRQKernel(16, seed=4)),
+    "categorical": lambda: SketchedCategoricalKernel(16, ard_num_dims=3, seed=5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_CLOSED_FORM))
+def test_kernels_without_a_closed_form_norm_featurise_the_diagonal(name):
+    """A TensorSRHT product (‖S(Φ₁ ⊗ Φ₂)‖² is random), a sum with a Maclaurin part, categorical features
+    (‖Φ‖² depends on the hashes of x): the diagonal still comes from the features."""
+    kernel = NO_CLOSED_FORM[name]().double()
+    x = torch.rand(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    if name == "categorical":
+        x = x.mul(3).floor()
+    kernel(x[:2]).to_dense()
+    rows = featurize_rows(kernel)
+    diagonal = kernel(x, diag=True)
+    assert 7 in rows
+    torch.testing.assert_close(diagonal, kernel.featurize(x).pow(2).sum(-1), rtol=0, atol=1e-12)
+
+
+NON_FINITE = {
+    "periodic": (lambda: SketchedPeriodicKernel(16, seed=0), "raw_period_length", "period_length"),
+    "spectral_mixture": (lambda: SketchedSpectralMixtureKernel(2, 16, ard_num_dims=3, seed=0), "raw_mixture_weights",
+                         "mixture_weights"),
+    "rational_quadratic": (lambda: SketchedRQKernel(16, seed=0), "raw_alpha", "alpha"),
+    "spectral_product": (lambda: SpectralProductKernel(SketchedRBFKernel(2), SketchedPeriodicKernel(2),
+                                                       num_features=16, seed=0), "kernels.1.raw_period_length",
+                         "period_length"),
+    "cosine": (lambda: FeatureProductKernel(SketchedRBFKernel(16, seed=0), CosineFeatureKernel(active_dims=[0])),
+               "kernels.1.raw_period_length", "period_length"),
+}
+
+
+@pytest.mark.parametrize("diag", [True, False], ids=["diag", "full"])
+@pytest.mark.parametrize("name", sorted(NON_FINITE))
+def test_a_non_finite_spectral_hyperparameter_is_named(name, diag):
+    """Before, a NaN period, mixture weight or α gave NaN features silently (and the closed-form diagonal of a
+    periodic kernel, which does not read the period, would have given a finite one)."""
+    build, raw, shown = NON_FINITE[name]
+    kernel = build().double()
+    x = torch.rand(5, 3, dtype=torch.float64)
+    kernel(x).to_dense()
+    kernel.get_parameter(raw).data.fill_(float("nan"))
+    with pytest.raises(NonFiniteHyperparameterError, match=shown):
+        kernel(x, diag=True) if diag else kernel(x).to_dense()
+
+
+def test_spherical_closed_form_checks_unit_rows_as_the_features_do():
+    kernel = _spherical_kernel().double()
+    with pytest.raises(ValueError, match="unit"):
+        kernel(torch.full((4, 3), 0.9, dtype=torch.float64), diag=True)
