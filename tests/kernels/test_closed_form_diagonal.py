@@ -8,7 +8,7 @@ featurised twice per step (13–45 % of an ELBO and gradient at F = 1024).  The 
 import gpytorch
 import pytest
 import torch
-from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKernel, SpectralMixtureKernel
 
 import rfgp
 from rfgp.core.validation import NonFiniteHyperparameterError
@@ -86,7 +86,10 @@ def test_closed_form_diagonal_names_a_non_finite_lengthscale(name):
         kernel(x, diag=True)
 
 
-@pytest.mark.parametrize("base", [RBFKernel, lambda: MaternKernel(nu=0.5)], ids=["rbf", "matern_half"])
+@pytest.mark.parametrize("base", [
+    RBFKernel, lambda: MaternKernel(nu=0.5), lambda: SpectralMixtureKernel(num_mixtures=2, ard_num_dims=2),
+    lambda: RBFKernel(active_dims=[0]) * PeriodicKernel(active_dims=[1]),
+], ids=["rbf", "matern_half", "spectral_mixture", "spectral_product"])
 def test_svgp_elbo_step_featurises_the_minibatch_once(base):
     """K(Z, x) featurises x; the diagonal k̂(x, x) reads the closed form (before: a probe row and x once more)."""
     n, m = 40, 6
@@ -99,7 +102,7 @@ def test_svgp_elbo_step_featurises_the_minibatch_once(base):
     model.train()
     likelihood.train()
     mll(model(x), y)  # first evaluation
-    rows = feature_map_rows(covar)
+    rows = featurize_rows(covar)
     (-mll(model(x), y)).backward()
     assert sorted(rows) == [1, 1, m, m, n]  # K(Z, x): probe, Z, x; K(Z, Z): probe, Z
 
