@@ -238,6 +238,8 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                          chunk_size: int):
         if diag:
             rows = chunk_slices(x1.shape[-2], chunk_size)
+            if same:  # ‖Φ(x)‖² from one featurisation of each chunk
+                return torch.cat([featurizer(x1[..., r, :]).pow(2).sum(-1) for r in rows], -1)
             return torch.cat([(featurizer(x1[..., r, :]) * featurizer(x2[..., r, :])).sum(-1) for r in rows], -1)
         if same:
             return ChunkedFeatureRootLinearOperator.from_featurizer(

@@ -107,6 +107,18 @@ def test_svgp_elbo_step_featurises_the_minibatch_once(base):
     assert sorted(rows) == [1, 1, m, m, n]  # K(Z, x): probe, Z, x; K(Z, Z): probe, Z
 
 
+def test_a_chunked_diagonal_without_a_closed_form_featurises_each_chunk_once():
+    """Before, each chunk of k̂(x, x) was featurised twice (once as x1, once as x2: the same rows)."""
+    kernel = SketchedRBFKernel(32, method="maclaurin", input_dim=3, seed=0).double()
+    x = torch.rand(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    kernel(x[:2]).to_dense()
+    rows = feature_map_rows(kernel)
+    with rfgp.settings.chunk_size(3):
+        diagonal = kernel(x, diag=True)
+    assert sorted(rows) == [1, 1, 3, 3]  # the probe row, then the chunks of 3, 3 and 1 rows
+    torch.testing.assert_close(diagonal, kernel.featurize(x).pow(2).sum(-1), rtol=0, atol=1e-12)
+
+
 def test_maps_without_a_closed_form_still_featurise_the_diagonal():
     kernel = SketchedRBFKernel(32, method="maclaurin", input_dim=3, seed=0).double()
     x = torch.rand(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
