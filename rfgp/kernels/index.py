@@ -54,16 +54,24 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
         return None
 
     def featurize(self, x: Tensor) -> Tensor:
+        root = self.task_root()
+        return self._task_rows(x, root) @ root
+
+    def feature_squared_norm(self, x: Tensor) -> Tensor:
+        """‖R[i]‖² = B[i, i] = Σ_r L[i, r]² + v[i], read for each index without forming the rows R[i] (so that a
+        product with data features, GPyTorch's Hadamard multitask pattern, keeps a closed-form diagonal)."""
+        root = self.task_root()
+        return (self._task_rows(x, root) @ root.pow(2).sum(-1, keepdim=True)).squeeze(-1)
+
+    def _task_rows(self, x: Tensor, root: Tensor) -> Tensor:
+        """One-hot rows of the task indices x ``(..., n, 1)``, in R's dtype: they select R[i] differentiably."""
         if x.shape[-1] != 1:
             raise ValueError(
                 f"IndexFeatureKernel takes one column of task indices, got {x.shape[-1]} columns "
                 "(set active_dims to the task column)"
             )
-        root = self.task_root()
         check_task_indices(x, "the task indices", root.shape[-2])
-        # one-hot rows select R[i] differentiably
-        onehot = torch.nn.functional.one_hot(x.squeeze(-1).long(), root.shape[-2]).to(root.dtype)
-        return onehot @ root
+        return torch.nn.functional.one_hot(x.squeeze(-1).long(), root.shape[-2]).to(root.dtype)
 
     def task_root(self) -> Tensor:
         """R = [L, diag(√v)] ``(*batch_shape, T, r + T)`` with RRᵀ = B."""

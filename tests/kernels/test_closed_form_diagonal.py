@@ -18,6 +18,7 @@ from rfgp.kernels import (
     CosineFeatureKernel,
     FeatureProductKernel,
     FeatureSumKernel,
+    IndexFeatureKernel,
     LinearFeatureKernel,
     SketchedCategoricalKernel,
     SketchedMaternKernel,
@@ -147,6 +148,9 @@ FAMILIES = {
         ScaleKernel(SketchedMaternKernel(16, nu=0.5, ard_num_dims=3, seed=5)),
         SketchedSpectralMixtureKernel(2, 16, ard_num_dims=3, seed=6), LinearFeatureKernel(input_dim=3),
         ConstantFeatureKernel()),
+    "multitask_product": lambda: FeatureProductKernel(  # GPyTorch's Hadamard multitask pattern
+        ScaleKernel(SketchedRBFKernel(8, ard_num_dims=2, active_dims=[0, 1], seed=8)),
+        IndexFeatureKernel(num_tasks=3, rank=2, active_dims=[2])),
     "product": lambda: FeatureProductKernel(
         ScaleKernel(SketchedRQKernel(8, ard_num_dims=2, active_dims=[0, 1], seed=7)),
         CosineFeatureKernel(active_dims=[2])),
@@ -156,7 +160,7 @@ FAMILIES = {
 WEIGHTED = {
     "spectral_mixture": "raw_mixture_weights", "spectral_mixture_batch": "raw_mixture_weights",
     "periodic": "raw_lengthscale", "rational_quadratic": "raw_alpha", "spectral_product": "raw_lengthscale",
-    "sum": "raw_mixture_weights", "product": "raw_alpha",
+    "sum": "raw_mixture_weights", "product": "raw_alpha", "multitask_product": "covar_factor",
 }
 
 
@@ -172,11 +176,11 @@ def featurize_rows(kernel):
     return rows
 
 
-def _perturbed(kernel):
-    """The kernel after its first evaluation, with every raw hyperparameter moved off its default (weights ≠ 1)."""
+def _perturbed(kernel, first):
+    """The kernel after its first evaluation (on ``first``), with every raw hyperparameter moved off its default
+    (weights ≠ 1)."""
     gen = torch.Generator().manual_seed(0)
-    first = torch.nn.functional.normalize(torch.rand(2, 3, dtype=torch.float64, generator=gen), dim=-1)
-    kernel(first).to_dense()  # draws (proposals at the defaults); unit rows for the spherical kernel
+    kernel(first).to_dense()  # draws (proposals at the defaults)
     with torch.no_grad():
         for parameter in kernel.parameters():
             parameter.add_(0.3 * torch.randn(parameter.shape, dtype=parameter.dtype, generator=gen))
@@ -192,9 +196,11 @@ def _grads(output, parameters, weights):
 def test_closed_form_squared_norm_of_every_sincos_family_and_tree(name):
     """‖Φ(x)‖² in closed form equals the explicit features' to 1e-12 in value and in the gradient of every
     hyperparameter (mixture weights, periodic ℓ, RQ α, Matérn-½'s anchored ℓ, outputscales), featurising nothing."""
-    kernel = _perturbed(FAMILIES[name]().double())
     x = torch.nn.functional.normalize(torch.rand(7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2)),
-                                      dim=-1)
+                                      dim=-1)  # unit rows for the spherical kernel
+    if name == "multitask_product":
+        x[:, 2] = torch.tensor([0.0, 1, 2, 2, 1, 0, 1])  # the task column
+    kernel = _perturbed(FAMILIES[name]().double(), x[:2])
     rows = featurize_rows(kernel)
     diagonal = kernel(x, diag=True)
     assert rows == []
