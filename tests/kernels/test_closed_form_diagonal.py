@@ -276,3 +276,16 @@ def test_spherical_closed_form_checks_unit_rows_as_the_features_do():
     kernel = _spherical_kernel().double()
     with pytest.raises(ValueError, match="unit"):
         kernel(torch.full((4, 3), 0.9, dtype=torch.float64), diag=True)
+
+
+@pytest.mark.parametrize("combination", [gpytorch.kernels.AdditiveKernel, gpytorch.kernels.ProductKernel])
+def test_gpytorch_combinations_of_rfgp_kernels_use_their_closed_forms(combination):
+    """GPyTorch's AdditiveKernel/ProductKernel evaluate a diagonal from their children's diagonals: no featurisation."""
+    kernel = combination(SketchedRBFKernel(16, active_dims=[0], seed=0),
+                         SketchedSpectralMixtureKernel(2, 16, ard_num_dims=1, active_dims=[1], seed=1)).double()
+    x = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    dense = kernel(x).to_dense()
+    rows = featurize_rows(kernel)
+    diagonal = kernel(x, diag=True)
+    assert rows == []
+    torch.testing.assert_close(diagonal, dense.diagonal(), rtol=0, atol=1e-12)
