@@ -258,6 +258,8 @@ class _Objective:
             raise NonFiniteLossError(advice) from error
         self.evaluations += 1
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
+        for p, g in zip(self.params, grads):
+            p.grad = g  # a parameter the loss does not reach (an unused network head) has gradient 0, as from memory
         finite = torch.isfinite(loss) & torch.stack([torch.isfinite(g).all() for g in grads]).all()
         if not bool(finite):  # host sync: the training loop, not a forward path
             value = loss.item()

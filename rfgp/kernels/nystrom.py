@@ -285,6 +285,13 @@ class NystromKernel(FeatureKernel):
     def _cross(self, x: Tensor) -> Tensor:
         """K(x, Z) with its negligible entries, below tiny^¼ of the largest kernel value at the landmarks (see
         :func:`~rfgp.inference.triangular_statistics.negligible_threshold`), set to zero."""
+        if x.shape[-1] != self.landmarks.shape[-1]:
+            raise ValueError(
+                f"NystromKernel got inputs with {x.shape[-1]} columns, but its landmarks have "
+                f"{self.landmarks.shape[-1]}: landmarks are points of the space the kernel is evaluated on (a deep "
+                "kernel's network outputs, after input transforms), so choose them there, e.g. "
+                "rfgp.sketch(kernel, M, method='nystrom', x_sample=<the kernel's inputs>)"
+            )
         landmarks = self.landmarks.to(x.dtype)
         cross = self.base_kernel(x, landmarks).to_dense()
         scale = self.base_kernel(landmarks, diag=True).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]

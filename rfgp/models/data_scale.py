@@ -21,6 +21,7 @@ import torch
 
 from ..training import DataScaleWarning, register_start_check
 from .feature_width import fourier_units
+from .kernel_inputs import covar_module_inputs
 
 #: warn when the median distance between training points exceeds this many lengthscales
 MEDIAN_SCALED_DISTANCE = 50.0
@@ -41,11 +42,12 @@ def median_scaled_distance(x: torch.Tensor, lengthscale: torch.Tensor) -> float:
 
 def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
     """Warn (:class:`~rfgp.training.DataScaleWarning`) for each random Fourier kernel whose training inputs lie a median
-    of more than ``MEDIAN_SCALED_DISTANCE`` lengthscales apart."""
+    of more than ``MEDIAN_SCALED_DISTANCE`` lengthscales apart (its inputs as ``model.forward`` passes them on, e.g.
+    a deep kernel's network outputs: :func:`~rfgp.models.kernel_inputs.covar_module_inputs`)."""
     train_inputs = getattr(model, "train_inputs", None)
     if not train_inputs or not torch.is_tensor(train_inputs[0]) or not train_inputs[0].is_floating_point():
         return
-    for _, kernel, x in fourier_units(model, train_inputs[0]):
+    for _, kernel, x in fourier_units(model, covar_module_inputs(model, train_inputs[0])):
         distance = median_scaled_distance(x, kernel.lengthscale)
         if distance > MEDIAN_SCALED_DISTANCE:
             values = kernel.lengthscale.detach().flatten().tolist()

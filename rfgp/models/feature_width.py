@@ -52,6 +52,7 @@ from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import RandomFeatureKernel
 from ..kernels.spectral_kernel import SpectralFeatureKernel
 from ..kernels.spectral_product import SpectralProductKernel
+from .kernel_inputs import covar_module_inputs
 from .streaming import StreamingFeatureGP
 
 #: maps whose draws depend only on (seed, input_dim, num_features): a new width is a redraw
@@ -74,8 +75,10 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
         num_features: the new total width Σᵢ Fᵢ of the maps (a single map: its F; a product: the width
             of its own Φ, see the module doc).  With several maps each gets F·Fᵢ/ΣFⱼ rounded to its
             granularity (at least one unit).
-        x_sample: inputs for data-dependent maps (optimized Maclaurin, Nyström landmarks); defaults to the model's
-            ``train_inputs`` (for model types registered with :func:`register_cache_clearer`, the inputs it names).
+        x_sample: inputs for data-dependent maps (optimized Maclaurin, Nyström landmarks), as the kernel sees them;
+            defaults to the model's ``train_inputs`` as its ``forward`` passes them to its ``covar_module`` (a deep
+            kernel's network outputs, :func:`~rfgp.models.kernel_inputs.covar_module_inputs`; for model types
+            registered with :func:`register_cache_clearer`, the inputs it names).
 
     Returns:
         ``module``.
@@ -102,7 +105,7 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
     """
     num_features = check_positive_int(num_features, "num_features")
     if x_sample is None and isinstance(module, gpytorch.models.ExactGP) and module.train_inputs is not None:
-        x_sample = module.train_inputs[0]
+        x_sample = covar_module_inputs(module, module.train_inputs[0])
     for model_type, train_inputs in _TRAIN_INPUTS.items():
         if x_sample is None and isinstance(module, model_type):
             x_sample = train_inputs(module)

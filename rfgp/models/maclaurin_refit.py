@@ -21,6 +21,7 @@ from torch import Tensor
 from ..kernels.maclaurin import fit_allocation_on_columns, truncation_share
 from ..training import AllocationRefit, TruncationWarning, register_stale_map_handlers
 from .feature_width import optimized_maclaurin_units
+from .kernel_inputs import covar_module_inputs
 
 
 def _missing(share: Tensor) -> float:
@@ -38,7 +39,7 @@ def refit_stale_allocations(model: gpytorch.models.ExactGP, iteration: int, loss
     if not train_inputs:
         return []
     refits = []
-    for feature_map, kernel, x in list(optimized_maclaurin_units(model, train_inputs[0])):
+    for feature_map, kernel, x in list(optimized_maclaurin_units(model, covar_module_inputs(model, train_inputs[0]))):
         missing = _missing(truncation_share(kernel, x))
         if missing <= _REFIT_MISSING:
             continue  # the refit's share (an allocation run) is only needed for a map that leaves out enough
@@ -67,7 +68,7 @@ def warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
     train_inputs = getattr(model, "train_inputs", None)
     if not train_inputs:
         return
-    for feature_map, kernel, x in optimized_maclaurin_units(model, train_inputs[0]):
+    for feature_map, kernel, x in optimized_maclaurin_units(model, covar_module_inputs(model, train_inputs[0])):
         share = truncation_share(kernel, x)
         missing = _missing(share)
         if missing <= _WARN_MISSING:

@@ -1,0 +1,281 @@
+"""GPyTorch's neural-network and latent-variable tutorial patterns with rfgp kernels, against the exact kernel.
+
+Deep kernel learning (an MLP d → 2, ``ScaleToBounds(-1, 1)``, ``ScaleKernel(RBF)``; GPyTorch's tutorial puts a
+``GridInterpolationKernel`` on top, which ``rfgp.sketch`` refuses, so the user drops it), SV-DKL (the network under a
+batch of variational GPs with inducing points in the network's output space and a ``SoftmaxLikelihood``), Bayesian
+GPLVMs (variational, MAP and point latent variables: the latent X reach the kernel as its inputs) and GPyTorch's
+distributional-input kernels.  Random-feature errors shrink like 1/√F: a 16× wider map has 4× smaller errors on
+average, so the tests ask for the RMS error over seeds at 16F to be below half of that at F; a Nyström kernel with
+every point as a landmark agrees with the exact model to its jitter.
+"""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.kernels import RBFKernel, ScaleKernel
+
+import rfgp
+from rfgp.models.kernel_inputs import covar_module_inputs
+
+F64 = torch.float64
+N, D_IN = 40, 3
+
+
+def regression_data(seed=0, n=N, d=D_IN):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=gen, dtype=F64)
+    y = torch.sin(3 * x.sum(-1)) + 0.1 * torch.randn(n, generator=gen, dtype=F64)
+    return x, y
+
+
+def exact_kernel(lengthscale=None):
+    kernel = ScaleKernel(RBFKernel(ard_num_dims=2)).double()
+    if lengthscale is not None:
+        kernel.base_kernel.lengthscale = lengthscale
+    return kernel
+
+
+class DKLModel(gpytorch.models.ExactGP):
+    """GPyTorch's DKL tutorial model without the grid: z = ScaleToBounds(MLP(x)), a GP on z."""
+
+    def __init__(self, x, y, kernel, hidden=16, out=2, extra=()):
+        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
+        gen = torch.random.fork_rng()
+        with gen:
+            torch.manual_seed(1)
+            self.feature_extractor = torch.nn.Sequential(torch.nn.Linear(x.shape[-1], hidden), *extra,
+                                                         torch.nn.ReLU(), torch.nn.Linear(hidden, out))
+        self.scale_to_bounds = gpytorch.utils.grid.ScaleToBounds(-1.0, 1.0)
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = kernel
+        self.double()
+
+    def forward(self, x):
+        z = self.scale_to_bounds(self.feature_extractor(x))
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(z), self.covar_module(z))
+
+
+def mll_and_weight_gradient(model, x, y):
+    model.train()
+    model.zero_grad()
+    value = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(x), y)
+    value.backward()
+    return value.detach(), model.feature_extractor[0].weight.grad.clone()
+
+
+def network_outputs(model, x):
+    """z = the kernel's inputs at the current weights (ScaleToBounds in training mode: bounds from x)."""
+    return covar_module_inputs(model, x)
+
+
+# ---------------------------------------------------------------- deep kernel learning (exact GP)
+def test_dkl_nystrom_with_all_points_is_the_exact_model_and_its_nn_gradient():
+    """Landmarks are points of the kernel's input space, the network's outputs z: with every training z as a landmark
+    the marginal likelihood and its gradient w.r.t. the network weights are the exact model's."""
+    x, y = regression_data()
+    exact = DKLModel(x, y, exact_kernel())
+    z = network_outputs(exact, x)
+    nystrom = DKLModel(x, y, rfgp.sketch(exact_kernel(), N, method="nystrom", x_sample=z))
+    value, grad = mll_and_weight_gradient(nystrom, x, y)
+    value_exact, grad_exact = mll_and_weight_gradient(exact, x, y)
+    assert abs(value - value_exact) < 1e-7
+    torch.testing.assert_close(grad, grad_exact, rtol=1e-5, atol=1e-7)
+
+
+def test_dkl_nystrom_landmarks_stay_put_as_the_network_trains_and_set_num_features_reselects_them():
+    """Landmarks are fixed points of z-space (buffers): after a training step moves the network, the Nyström model is
+    the kernel of those landmarks, no longer the exact one; ``rfgp.set_num_features(model, N)`` re-chooses them among
+    the current network outputs of the training inputs (before, it chose among the raw 3-column x and failed), and
+    the posterior (mean and FITC-corrected variance) is the exact model's again."""
+    x, y = regression_data()
+    exact = DKLModel(x, y, exact_kernel(0.1))  # short: 40 landmarks in the plane do not span the kernel everywhere
+    nystrom = DKLModel(x, y, rfgp.sketch(exact_kernel(0.1), N, method="nystrom", x_sample=network_outputs(exact, x)))
+    for model in (exact, nystrom):
+        value, _ = mll_and_weight_gradient(model, x, y)
+        torch.optim.SGD(model.parameters(), lr=0.5).step()
+    moved = abs(mll_and_weight_gradient(nystrom, x, y)[0] - mll_and_weight_gradient(exact, x, y)[0])
+    assert moved > 1e-4
+    rfgp.set_num_features(nystrom, N)
+    value, grad = mll_and_weight_gradient(nystrom, x, y)
+    value_exact, grad_exact = mll_and_weight_gradient(exact, x, y)
+    assert abs(value - value_exact) < 1e-7
+    torch.testing.assert_close(grad, grad_exact, rtol=1e-5, atol=1e-7)
+    x_test = torch.rand(7, D_IN, generator=torch.Generator().manual_seed(5), dtype=F64)
+    exact.eval()
+    nystrom.eval()
+    with torch.no_grad():
+        p, q = nystrom(x_test), exact(x_test)
+    torch.testing.assert_close(p.mean, q.mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(p.variance, q.variance, rtol=1e-5, atol=1e-6)
+
+
+def test_dkl_nystrom_landmarks_of_the_raw_inputs_are_refused():
+    """Landmarks chosen among the raw x (3 columns) for a kernel on the network's 2 outputs: a ValueError saying where
+    landmarks live (before, GPyTorch's 'x1_ and x2_ must have the same number of dimensions!')."""
+    x, y = regression_data()
+    model = DKLModel(x, y, rfgp.sketch(ScaleKernel(RBFKernel()).double(), 16, method="nystrom", x_sample=x))
+    with pytest.raises(ValueError, match="landmarks have 3.*network outputs"):
+        mll_and_weight_gradient(model, x, y)
+
+
+def test_dkl_random_features_approach_the_exact_mll_and_nn_gradient():
+    x, y = regression_data()
+    value_exact, grad_exact = mll_and_weight_gradient(DKLModel(x, y, exact_kernel()), x, y)
+
+    def rms_errors(width):
+        errors = []
+        for seed in range(6):
+            model = DKLModel(x, y, rfgp.sketch(exact_kernel(), width, seed=seed))
+            value, grad = mll_and_weight_gradient(model, x, y)
+            errors.append(torch.stack([(value - value_exact).abs(), (grad - grad_exact).norm() / grad_exact.norm()]))
+        return torch.stack(errors).pow(2).mean(0).sqrt()
+
+    narrow, wide = rms_errors(256), rms_errors(4096)
+    assert (wide < narrow / 2).all(), (narrow, wide)
+    assert wide[0] < 0.005 and wide[1] < 0.15  # measured 0.0010 and 0.080
+
+
+def test_dkl_nn_weight_gradient_matches_central_differences():
+    x, y = regression_data()
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 128, seed=0))
+    _, grad = mll_and_weight_gradient(model, x, y)
+    weight = model.feature_extractor[0].weight
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    step = 1e-6
+    for i, j in [(0, 0), (3, 1), (7, 2), (15, 0)]:
+        values = []
+        for sign in (1, -1):
+            with torch.no_grad():
+                weight[i, j] += sign * step
+                values.append(mll(model(x), y))
+                weight[i, j] -= sign * step
+        assert abs((values[0] - values[1]) / (2 * step) - grad[i, j]) < 1e-6 * (1 + abs(grad[i, j]))
+
+
+def test_fit_mll_trains_a_deep_kernel_model():
+    """rfgp.fit_mll trains the network weights with the hyperparameters (before: its data-scale check read the raw
+    3-column x as the kernel's inputs and failed with a shape error)."""
+    x, y = regression_data()
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 256, seed=0))
+    weights = model.feature_extractor[0].weight.detach().clone()
+    history = rfgp.fit_mll(model, num_iterations=30)
+    assert history.losses[-1] < history.losses[0] - 0.1
+    assert not torch.equal(model.feature_extractor[0].weight, weights)
+
+
+def test_fit_mll_checks_the_data_scale_of_the_network_outputs():
+    """The data-scale check (DataScaleWarning) looks at the kernel's inputs: raw x in thousands fed through a network
+    and ScaleToBounds reach the kernel within [-1, 1], so there is nothing to warn about (before, the check read the
+    raw x — of the kernel's width here — and warned that they lie ~1000 lengthscales apart)."""
+    x, y = regression_data(d=2)
+    model = DKLModel(1000 * x, y, rfgp.sketch(exact_kernel(), 256, seed=0))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.DataScaleWarning)
+        rfgp.fit_mll(model, num_iterations=2)
+    plain = DKLModel(1000 * x, y, rfgp.sketch(exact_kernel(), 256, seed=0))
+    plain.forward = lambda x: gpytorch.distributions.MultivariateNormal(plain.mean_module(x), plain.covar_module(x))
+    with pytest.warns(rfgp.DataScaleWarning, match="lengthscales apart"):
+        rfgp.fit_mll(plain, num_iterations=1)
+
+
+def test_covar_module_inputs_leave_no_trace():
+    """Capturing the kernel's inputs runs the network once: batch-norm statistics, ScaleToBounds' bounds and the
+    global random state (dropout) are as before, and the result is what training feeds the kernel."""
+    x, y = regression_data()
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 64, seed=0),
+                     extra=(torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.2)))
+    before = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    state = torch.random.get_rng_state()
+    z = covar_module_inputs(model, x)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, before[name]), name
+    assert z.shape == (N, 2) and not z.requires_grad
+    model.eval()  # no dropout, running statistics: deterministic network
+    with torch.no_grad():
+        expected = model.scale_to_bounds(model.feature_extractor(x))
+    torch.testing.assert_close(covar_module_inputs(model, x), expected)
+    plain = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(),
+                                     rfgp.sketch(ScaleKernel(RBFKernel()), 64, seed=0))
+    assert covar_module_inputs(plain, x) is x
+
+
+def adam_steps(model, x, y, steps):
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    for _ in range(steps):
+        model.train()
+        optimizer.zero_grad()
+        (-mll(model(x), y)).backward()
+        optimizer.step()
+
+
+def test_dkl_eval_predictions_after_training_steps_and_state_dict_round_trip():
+    """Each model.eval() after a training step predicts with the new network (GPyTorch drops the prediction strategy
+    in train()): equal to a fresh model loaded from the state_dict, bit for bit, at every step; after training the
+    posterior is close to the exact model's at the same weights and hyperparameters."""
+    x, y = regression_data()
+    x_test = torch.rand(9, D_IN, generator=torch.Generator().manual_seed(3), dtype=F64)
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 4096, seed=0))
+    previous = None
+    for _ in range(3):
+        adam_steps(model, x, y, 2)
+        model.eval()
+        with torch.no_grad():
+            p = model(x_test)
+        fresh = DKLModel(x, y, rfgp.sketch(exact_kernel(), 4096, seed=7))
+        fresh.load_state_dict(model.state_dict())
+        fresh.eval()
+        with torch.no_grad():
+            q = fresh(x_test)
+        assert torch.equal(p.mean, q.mean) and torch.equal(p.variance, q.variance)
+        assert previous is None or not torch.equal(previous, p.mean)
+        previous = p.mean
+    exact = DKLModel(x, y, exact_kernel())
+    exact.load_state_dict(model.state_dict(), strict=False)  # rfgp's draws are the only extra keys
+    exact.eval()
+    with torch.no_grad():
+        e = exact(x_test)
+    assert (p.mean - e.mean).abs().max() < 0.05
+    assert (p.variance - e.variance).abs().max() < 0.05
+
+
+def test_dkl_weights_changed_in_eval_mode_keep_the_cache_as_gpytorch_does():
+    """Changing network weights in place in eval mode keeps the training caches of the old weights, in GPyTorch's
+    exact model as in rfgp's (GPyTorch rebuilds them after model.train()): the same stale behaviour, not an rfgp one;
+    after train()/eval() both follow the new weights."""
+    x, y = regression_data()
+    x_test = torch.rand(5, D_IN, generator=torch.Generator().manual_seed(3), dtype=F64)
+    for kernel in (exact_kernel(), rfgp.sketch(exact_kernel(), 512, seed=0)):
+        model = DKLModel(x, y, kernel)
+        model.eval()
+        with torch.no_grad():
+            model(x_test)
+            model.feature_extractor[2].weight.mul_(1.5)
+            stale = model(x_test).mean
+        model.train()
+        model.eval()
+        with torch.no_grad():
+            rebuilt = model(x_test).mean
+        fresh = DKLModel(x, y, kernel)
+        fresh.load_state_dict(model.state_dict())
+        fresh.eval()
+        with torch.no_grad():
+            expected = fresh(x_test).mean
+        assert (stale - rebuilt).abs().max() > 1e-3
+        assert torch.equal(rebuilt, expected)
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_fit_mll_with_a_parameter_the_loss_does_not_reach(optimizer):
+    """A network head the forward does not use has no gradient; fit_mll treats it as 0 and leaves it as it is (before:
+    AttributeError on its None gradient at the first accepted point)."""
+    x, y = regression_data()
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 128, seed=0))
+    model.unused_head = torch.nn.Linear(2, 1).double()
+    head = model.unused_head.weight.detach().clone()
+    history = rfgp.fit_mll(model, optimizer=optimizer, num_iterations=5)
+    assert history.losses[-1] < history.losses[0]
+    assert torch.equal(model.unused_head.weight, head)
