@@ -279,3 +279,45 @@ def test_fit_mll_with_a_parameter_the_loss_does_not_reach(optimizer):
     history = rfgp.fit_mll(model, optimizer=optimizer, num_iterations=5)
     assert history.losses[-1] < history.losses[0]
     assert torch.equal(model.unused_head.weight, head)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_dkl_fantasy_posterior_with_propagated_gradients_is_the_model_with_the_points_appended(d):
+    """get_fantasy_model under detach_test_caches(False) (BoTorch's propagate_grads, qKG): the rank-updated strategy
+    rebuilds the training caches with their graph from the kernel's inputs at the training points, the network's
+    outputs (before: from model.train_inputs, the raw x — a shape error for 3 columns, and for 2 a posterior mean off
+    by 1.18 and a wrong gradient).  Reference: the same model with the points appended to its training data."""
+    x, y = regression_data(d=d)
+    x_test = torch.rand(5, d, dtype=F64, generator=torch.Generator().manual_seed(1))
+    x_new = torch.rand(3, d, dtype=F64, generator=torch.Generator().manual_seed(2))
+    y_new = torch.tensor([0.3, -0.2, 0.1], dtype=F64)
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 16, seed=0))  # N + q = 43 > F: the rank update
+    mll_and_weight_gradient(model, x, y)  # ScaleToBounds' bounds of the training step
+    model.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        model(x_test)
+    reference = DKLModel(x, y, rfgp.sketch(exact_kernel(), 16, seed=0))
+    reference.load_state_dict(model.state_dict())
+    results = []
+    for appended in (False, True):
+        new = x_new.clone().requires_grad_(True)
+        with gpytorch.settings.detach_test_caches(False):
+            if appended:
+                reference.set_train_data(torch.cat([x, new]), torch.cat([y, y_new]), strict=False)
+                reference.eval()
+                mean = reference(x_test).mean
+            else:
+                fantasy = model.get_fantasy_model(new, y_new)
+                assert type(fantasy.prediction_strategy).__name__ == "RankUpdatedFantasyStrategy"
+                mean = fantasy(x_test).mean
+        mean.sum().backward()
+        results.append((mean.detach(), new.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-8, atol=1e-9)
+    assert results[1][1].abs().max() > 1e-2
+    # the network weights: the parent's caches reach them through the kernel's inputs, the new rows through the
+    # fantasy model's copy; together the reference's gradient
+    weight_grads = [m.feature_extractor[0].weight.grad for m in (model, fantasy, reference)]
+    combined = sum(g for g in weight_grads[:2] if g is not None)
+    torch.testing.assert_close(combined, weight_grads[2], rtol=1e-8, atol=1e-9)
