@@ -321,3 +321,15 @@ def test_dkl_fantasy_posterior_with_propagated_gradients_is_the_model_with_the_p
     weight_grads = [m.feature_extractor[0].weight.grad for m in (model, fantasy, reference)]
     combined = sum(g for g in weight_grads[:2] if g is not None)
     torch.testing.assert_close(combined, weight_grads[2], rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_posterior_paths_of_a_deep_kernel_model_are_refused(d):
+    """Weight-space paths evaluate covar_module on x itself; a DKL model's kernel sees the network's outputs, so paths
+    would skip the network (before: paths were drawn, and evaluating them failed with a shape error for 3 input
+    columns, and for 2 gave, silently, draws of another function)."""
+    x, y = regression_data(d=d)
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 64, seed=0))
+    model.eval()
+    with pytest.raises(ValueError, match="DKLModel.forward passes its inputs to covar_module transformed"):
+        rfgp.sampling.posterior_paths(model, 4)

@@ -38,6 +38,7 @@ from ..core.settings import resolve_chunk_size
 from ..core.validation import check_positive_int
 from ..inference.chunking import chunk_slices
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
+from ..models.kernel_inputs import covar_module_inputs
 
 
 def _base_kernel(kernel):
@@ -130,6 +131,10 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
         space: BoTorch input/outcome transforms are not applied — for BoTorch models use
         ``botorch.sampling.pathwise.draw_matheron_paths``, which rfgp registers (:mod:`rfgp.integrations.botorch`).
 
+    Raises:
+        ValueError: the model's ``forward`` transforms its inputs before ``covar_module`` sees them (deep kernel
+            learning; :func:`~rfgp.models.kernel_inputs.covar_module_inputs`): paths of x would skip the network.
+
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
@@ -151,6 +156,13 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
     check_path_kernel(getattr(model, "covar_module", None))
     if model.train_inputs is None:
         raise ValueError("model has no training data (model.train_inputs is None); posterior paths need it")
+    if covar_module_inputs(model, model.train_inputs[0]) is not model.train_inputs[0]:
+        raise ValueError(
+            f"{type(model).__name__}.forward passes its inputs to covar_module transformed (a deep kernel's network, "
+            "an input warping): posterior paths evaluate mean_module and covar_module on x itself, so they would "
+            "skip that transformation; sample the posterior at the candidates instead, "
+            "model(x).rsample(torch.Size([S])), or build an ExactGP on the transformed inputs"
+        )
     # detached: paths are functions of x, not of the hyperparameters
     weights = _prediction_strategy(model).weight_samples(num_paths, generator).detach()
     num_outputs = int(model.covar_module.num_outputs_per_input(model.train_inputs[0], model.train_inputs[0]))
