@@ -333,3 +333,237 @@ def test_posterior_paths_of_a_deep_kernel_model_are_refused(d):
     model.eval()
     with pytest.raises(ValueError, match="DKLModel.forward passes its inputs to covar_module transformed"):
         rfgp.sampling.posterior_paths(model, 4)
+
+
+# ---------------------------------------------------------------- SV-DKL (classification)
+NUM_LATENT, NUM_CLASSES = 2, 3
+
+
+class SVDKLGPLayer(gpytorch.models.ApproximateGP):
+    """GPyTorch's SV-DKL GP layer with a plain VariationalStrategy (inducing points in the network's output space,
+    one set per latent GP) instead of the grid: a batch of NUM_LATENT GPs under
+    IndependentMultitaskVariationalStrategy."""
+
+    def __init__(self, kernel, num_inducing=8):
+        batch = torch.Size([NUM_LATENT])
+        gen = torch.Generator().manual_seed(2)
+        inducing = torch.rand(NUM_LATENT, num_inducing, 2, generator=gen, dtype=F64) * 2 - 1
+        distribution = gpytorch.variational.CholeskyVariationalDistribution(num_inducing, batch_shape=batch)
+        strategy = gpytorch.variational.IndependentMultitaskVariationalStrategy(
+            gpytorch.variational.VariationalStrategy(self, inducing, distribution, learn_inducing_locations=True),
+            num_tasks=NUM_LATENT)
+        super().__init__(strategy)
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch)
+        self.covar_module = kernel
+        distribution.variational_mean.data = 0.5 * torch.randn(NUM_LATENT, num_inducing, generator=gen, dtype=F64)
+        strategy.base_variational_strategy.variational_params_initialized.fill_(1)  # no random re-initialisation
+
+    def forward(self, z):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(z), self.covar_module(z))
+
+
+class SVDKL(gpytorch.Module):
+    def __init__(self, kernel):
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(1)
+            self.feature_extractor = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(),
+                                                         torch.nn.Linear(16, 2)).double()
+        self.scale_to_bounds = gpytorch.utils.grid.ScaleToBounds(-1.0, 1.0)
+        self.gp_layer = SVDKLGPLayer(kernel)
+        self.double()
+
+    def forward(self, x):
+        return self.gp_layer(self.scale_to_bounds(self.feature_extractor(x)))
+
+
+def batch_kernel():
+    batch = torch.Size([NUM_LATENT])
+    kernel = ScaleKernel(RBFKernel(batch_shape=batch), batch_shape=batch).double()
+    kernel.base_kernel.lengthscale = torch.tensor([0.3, 0.4], dtype=F64).reshape(NUM_LATENT, 1, 1)
+    return kernel
+
+
+def classification_data(n=60):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=gen, dtype=F64)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+
+
+def svdkl_elbo_and_weight_gradient(kernel):
+    x, labels = classification_data()
+    model = SVDKL(kernel)
+    likelihood = gpytorch.likelihoods.SoftmaxLikelihood(num_features=NUM_LATENT, num_classes=NUM_CLASSES).double()
+    likelihood.mixing_weights.data = torch.randn(NUM_CLASSES, NUM_LATENT, generator=torch.Generator().manual_seed(3),
+                                                 dtype=F64)
+    elbo = gpytorch.mlls.VariationalELBO(likelihood, model.gp_layer, num_data=x.shape[0])
+    with torch.random.fork_rng(), gpytorch.settings.num_likelihood_samples(32):
+        torch.manual_seed(5)  # the same standard normals in every model
+        value = elbo(model(x), labels)
+    value.backward()
+    return value.detach(), model.feature_extractor[0].weight.grad.clone(), model, likelihood
+
+
+def test_svdkl_elbo_and_network_gradient_approach_the_exact_kernel():
+    value_exact, grad_exact, _, _ = svdkl_elbo_and_weight_gradient(batch_kernel())
+
+    def rms_errors(width):
+        errors = []
+        for seed in range(4):
+            value, grad, _, _ = svdkl_elbo_and_weight_gradient(rfgp.sketch(batch_kernel(), width, seed=seed))
+            errors.append(torch.stack([(value - value_exact).abs(), (grad - grad_exact).norm() / grad_exact.norm()]))
+        return torch.stack(errors).pow(2).mean(0).sqrt()
+
+    narrow, wide = rms_errors(128), rms_errors(2048)
+    assert (wide < narrow / 2).all(), (narrow, wide)
+    assert wide[0] < 0.01 and wide[1] < 0.4, wide  # measured 0.0033 and 0.18 (F = 32 768: 0.0005, 0.052)
+
+
+def test_svdkl_predictions_and_state_dict_round_trip():
+    x, _ = classification_data()
+    _, _, model, likelihood = svdkl_elbo_and_weight_gradient(rfgp.sketch(batch_kernel(), 8192, seed=0))
+    _, _, exact, _ = svdkl_elbo_and_weight_gradient(batch_kernel())
+    fresh = SVDKL(rfgp.sketch(batch_kernel(), 8192, seed=9))
+    fresh.load_state_dict(model.state_dict())
+    outputs = []
+    for m in (model, fresh, exact):
+        m.eval()
+        with torch.no_grad():
+            outputs.append(m(x[:8]))
+    assert torch.equal(outputs[0].mean, outputs[1].mean) and torch.equal(outputs[0].variance, outputs[1].variance)
+    assert (outputs[0].mean - outputs[2].mean).abs().max() < 0.06  # F = 2048: 0.044, F = 32 768: 0.008
+    assert (outputs[0].variance - outputs[2].variance).abs().max() < 0.06
+
+
+# ---------------------------------------------------------------- Bayesian GPLVM
+GPLVM_N, GPLVM_D, GPLVM_Q, GPLVM_M = 30, 4, 2, 10
+
+
+def gplvm_data():
+    gen = torch.Generator().manual_seed(0)
+    t = torch.rand(GPLVM_N, 1, generator=gen, dtype=F64) * 4
+    loadings = torch.randn(2, GPLVM_D, generator=gen, dtype=F64)
+    signal = torch.cat([torch.sin(t), torch.cos(t)], -1) @ loadings
+    return signal + 0.05 * torch.randn(GPLVM_N, GPLVM_D, generator=gen, dtype=F64)
+
+
+class GPLVM(gpytorch.models.gplvm.BayesianGPLVM):
+    """GPyTorch's Bayesian GPLVM tutorial model: D independent output GPs (batch), latent X of width Q."""
+
+    def __init__(self, kernel, latent):
+        from gpytorch.models.gplvm import MAPLatentVariable, PointLatentVariable, VariationalLatentVariable
+        from gpytorch.priors import NormalPrior
+
+        gen = torch.Generator().manual_seed(1)
+        x_init = torch.nn.Parameter(torch.randn(GPLVM_N, GPLVM_Q, generator=gen, dtype=F64))
+        prior = NormalPrior(torch.zeros(GPLVM_N, GPLVM_Q, dtype=F64), torch.ones(GPLVM_N, GPLVM_Q, dtype=F64))
+        if latent == "variational":
+            with torch.random.fork_rng():  # its log-σ are drawn from the global generator
+                torch.manual_seed(1)
+                x = VariationalLatentVariable(GPLVM_N, GPLVM_D, GPLVM_Q, x_init, prior).double()
+        elif latent == "map":
+            x = MAPLatentVariable(GPLVM_N, GPLVM_Q, x_init, prior)
+        else:
+            x = PointLatentVariable(GPLVM_N, GPLVM_Q, x_init)
+        inducing = torch.randn(GPLVM_D, GPLVM_M, GPLVM_Q, generator=gen, dtype=F64)
+        batch = torch.Size([GPLVM_D])
+        distribution = gpytorch.variational.CholeskyVariationalDistribution(GPLVM_M, batch_shape=batch)
+        strategy = gpytorch.variational.VariationalStrategy(self, inducing, distribution, learn_inducing_locations=True)
+        super().__init__(x, strategy)
+        self.mean_module = gpytorch.means.ZeroMean(batch_shape=batch)
+        self.covar_module = kernel
+        distribution.variational_mean.data = 0.5 * torch.randn(GPLVM_D, GPLVM_M, generator=gen, dtype=F64)
+        strategy.variational_params_initialized.fill_(1)  # GPyTorch would re-draw it at the first call
+        self.likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch)
+        self.double()
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    def latent_parameter(self):
+        return self.X.q_mu if hasattr(self.X, "q_mu") else self.X.X
+
+
+def gplvm_kernel():
+    """Lengthscales at which K(Z, Z) of the 10 inducing points is well conditioned (smallest eigenvalue ≥ 0.005):
+    the whitened strategy multiplies kernel errors by chol(K_ZZ)⁻¹."""
+    kernel = ScaleKernel(RBFKernel(ard_num_dims=GPLVM_Q)).double()
+    kernel.base_kernel.lengthscale = torch.tensor([0.5, 0.6], dtype=F64)
+    return kernel
+
+
+def gplvm_loss(model, y):
+    """The tutorial's loss: −ELBO summed over the D outputs, at one draw of the latent X (same seed in every model)."""
+    elbo = gpytorch.mlls.VariationalELBO(model.likelihood, model, num_data=GPLVM_N)
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        sample = model.sample_latent_variable()
+    return -elbo(model(sample), y.T).sum()
+
+
+def gplvm_loss_and_latent_gradient(kernel, latent):
+    y = gplvm_data()
+    model = GPLVM(kernel, latent)
+    model.train()
+    loss = gplvm_loss(model, y)
+    loss.backward()
+    return loss.detach(), model.latent_parameter().grad.clone()
+
+
+@pytest.mark.parametrize("latent", ["variational", "map", "point"])
+def test_gplvm_elbo_and_latent_gradient_approach_the_exact_kernel(latent):
+    """The latent X reach the kernel as its inputs: the ELBO and its gradient w.r.t. X (the kernel's part: the point
+    latent variable has no prior term) approach the exact kernel's as F grows."""
+    loss_exact, grad_exact = gplvm_loss_and_latent_gradient(gplvm_kernel(), latent)
+
+    def rms_errors(width):
+        errors = []
+        for seed in range(6):
+            loss, grad = gplvm_loss_and_latent_gradient(rfgp.sketch(gplvm_kernel(), width, seed=seed), latent)
+            errors.append(torch.stack([(loss - loss_exact).abs() / loss_exact.abs(),
+                                       (grad - grad_exact).norm() / grad_exact.norm()]))
+        return torch.stack(errors).pow(2).mean(0).sqrt()
+
+    narrow, wide = rms_errors(256), rms_errors(4096)
+    assert (wide < narrow / 2).all(), (narrow, wide)
+    assert wide[0] < 4e-3 and wide[1] < 0.15, wide  # measured ≤ 1.7e-3 and ≤ 0.086
+
+
+def test_gplvm_latent_gradient_matches_central_differences():
+    y = gplvm_data()
+    model = GPLVM(rfgp.sketch(gplvm_kernel(), 64, seed=0), "point")
+    model.train()
+    gplvm_loss(model, y).backward()
+    latent = model.latent_parameter()
+    grad = latent.grad.clone()
+    step = 1e-6
+    for i, j in [(0, 0), (7, 1), (19, 0), (29, 1)]:
+        values = []
+        for sign in (1, -1):
+            with torch.no_grad():
+                latent[i, j] += sign * step
+                values.append(gplvm_loss(model, y))
+                latent[i, j] -= sign * step
+        assert abs((values[0] - values[1]) / (2 * step) - grad[i, j]) < 1e-6 * (1 + abs(grad[i, j]))
+
+
+def test_gplvm_training_steps_follow_the_exact_kernel():
+    """Ten Adam steps of the tutorial's loop (variational latent X, inducing points, hyperparameters): the loss falls
+    as the exact model's does.  (Adam's steps are ≈ lr·sign(gradient) for the many latent coordinates whose gradient
+    is near 0, so individual latent means are no fair comparison.)"""
+    y = gplvm_data()
+    losses = []
+    for kernel in (gplvm_kernel(), rfgp.sketch(gplvm_kernel(), 4096, seed=0)):
+        model = GPLVM(kernel, "variational")
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+        trace = []
+        for _ in range(10):
+            optimizer.zero_grad()
+            loss = gplvm_loss(model, y)
+            loss.backward()
+            optimizer.step()
+            trace.append(loss.detach())
+        losses.append(torch.stack(trace))
+    assert losses[1][-1] < losses[1][0]
+    torch.testing.assert_close(losses[1], losses[0], rtol=5e-3, atol=0)  # RMS relative error at F = 4096: 1.6e-3
