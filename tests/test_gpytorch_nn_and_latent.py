@@ -567,3 +567,46 @@ def test_gplvm_training_steps_follow_the_exact_kernel():
         losses.append(torch.stack(trace))
     assert losses[1][-1] < losses[1][0]
     torch.testing.assert_close(losses[1], losses[0], rtol=5e-3, atol=0)  # RMS relative error at F = 4096: 1.6e-3
+
+
+# ---------------------------------------------------------------- distributional inputs
+def symmetrized_kl_rows(n=30):
+    gen = torch.Generator().manual_seed(0)
+    return torch.cat([torch.randn(n, 2, generator=gen, dtype=F64),
+                      0.5 * torch.randn(n, 2, generator=gen, dtype=F64) - 1], -1)  # (means, log variances)
+
+
+def squared_mean_distance(x1, x2):
+    return (x1[..., :, None, :2] - x2[..., None, :, :2]).pow(2).sum(-1)
+
+
+DISTRIBUTIONAL = {
+    "symmetrized_kl": lambda: gpytorch.kernels.GaussianSymmetrizedKLKernel().double(),
+    "distance_function": lambda: gpytorch.kernels.DistributionalInputKernel(squared_mean_distance).double(),
+}
+
+
+@pytest.mark.parametrize("name", DISTRIBUTIONAL)
+def test_distributional_input_kernels_are_refused_with_the_reason_and_convert_by_nystrom(name):
+    """rfgp.sketch refuses GaussianSymmetrizedKLKernel and DistributionalInputKernel by name and says why (no spectral
+    measure of their inputs); the Nyström route it names is the exact kernel with every point as a landmark, in the
+    Gram matrix and in an ExactGP's marginal likelihood and its gradient w.r.t. the input means."""
+    kernel = ScaleKernel(DISTRIBUTIONAL[name]()).double()
+    what = {"symmetrized_kl": "GaussianSymmetrizedKLKernel: its inputs are Gaussian distributions",
+            "distance_function": "DistributionalInputKernel: it is exp"}[name]
+    with pytest.raises(TypeError, match=f"does not convert {what}.*method='nystrom'"):
+        rfgp.sketch(kernel, 64)
+    x = symmetrized_kl_rows()
+    y = torch.sin(2 * x[:, 0]) + x[:, 1]
+    nystrom = rfgp.sketch(kernel, x.shape[0], method="nystrom", x_sample=x)
+    torch.testing.assert_close(nystrom(x).to_dense(), kernel(x).to_dense(), rtol=0, atol=1e-6)
+    results = []
+    for k in (kernel, nystrom):
+        inputs = x.clone().requires_grad_(True)
+        model = rfgp.models.ExactGPModel(inputs, y, gpytorch.likelihoods.GaussianLikelihood(), k).double()
+        model.train()
+        value = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(inputs), y)
+        value.backward()
+        results.append((value.detach(), inputs.grad))
+    assert abs(results[0][0] - results[1][0]) < 1e-6
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)

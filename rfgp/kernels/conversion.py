@@ -925,6 +925,21 @@ refuse_conversion(
     "sketch the base kernel instead and keep the model on one device: rfgp.sketch(kernel.base_kernel, num_features)",
 )
 refuse_conversion(
+    gpytorch.kernels.GaussianSymmetrizedKLKernel,
+    "its inputs are Gaussian distributions (each row: d means, then d log variances) and exp(−symmetrised KL/ℓ) is "
+    "not a function of the difference of two rows, so it has no spectral measure to draw random Fourier features "
+    "from, and rfgp has no other random-feature construction for it. Its landmark features work on the same rows: "
+    "rfgp.sketch(kernel, M, method='nystrom', x_sample=X), X the (mean, log variance) rows (exact with every point "
+    "as a landmark; a Cholesky error names landmarks at which the kernel, not positive definite in general, is not)",
+)
+refuse_conversion(
+    gpytorch.kernels.DistributionalInputKernel,
+    "it is exp(−distance_function(x, y)/ℓ) for a distance given as a Python callable, whose spectral measure (if the "
+    "kernel is positive definite at all) rfgp cannot know. Its landmark features work with any distance_function: "
+    "rfgp.sketch(kernel, M, method='nystrom', x_sample=X), X rows as the kernel receives them (exact with every "
+    "point as a landmark)",
+)
+refuse_conversion(
     gpytorch.kernels.PiecewisePolynomialKernel,
     "its compactly supported (Wendland-type) covariance has a spectral density that is a sum of "
     "Bessel/hypergeometric terms with power-law tails and no closed-form sampler, and rfgp's radial "
