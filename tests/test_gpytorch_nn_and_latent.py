@@ -610,3 +610,45 @@ def test_distributional_input_kernels_are_refused_with_the_reason_and_convert_by
         results.append((value.detach(), inputs.grad))
     assert abs(results[0][0] - results[1][0]) < 1e-6
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------- GPyTorch's "Simple Batch Mode" regression
+def test_simple_batch_mode_independent_regressions_approach_the_exact_kernel():
+    """GPyTorch's batch-mode tutorial: B = 3 independent GPs on their own inputs (B, n, 1), a batch kernel and
+    likelihood, loss = −mll.sum(); the summed marginal likelihood, its lengthscale gradients (one per member) and the
+    batch of predictions approach the exact ones as F grows."""
+    batch = torch.Size([3])
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 25, 1, generator=gen, dtype=F64)
+    y = torch.stack([torch.sin(6 * x[0, :, 0]), torch.cos(4 * x[1, :, 0]), x[2, :, 0] ** 2])
+    y = y + 0.05 * torch.randn(y.shape, generator=gen, dtype=F64)
+    x_test = torch.rand(3, 7, 1, generator=gen, dtype=F64)
+
+    def kernel():
+        k = ScaleKernel(RBFKernel(batch_shape=batch), batch_shape=batch).double()
+        k.base_kernel.lengthscale = torch.tensor([0.1, 0.2, 0.4], dtype=F64).reshape(3, 1, 1)
+        return k
+
+    def run(k):
+        model = gpytorch.models.ExactGP(x, y, gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch))
+        model.mean_module = gpytorch.means.ConstantMean(batch_shape=batch)
+        model.covar_module = k
+        model.forward = lambda z: gpytorch.distributions.MultivariateNormal(model.mean_module(z), model.covar_module(z))
+        model.double().train()
+        value = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(x), y).sum()
+        value.backward()
+        grad = k.base_kernel.raw_lengthscale.grad.flatten().clone()
+        model.eval()
+        with torch.no_grad():
+            mean = model(x_test).mean
+        return torch.cat([value.detach().reshape(1), grad, mean.flatten()])
+
+    exact = run(kernel())
+
+    def rms_errors(width):  # of the summed MLL, the three lengthscale gradients, the 21 predictive means
+        squared = torch.stack([run(rfgp.sketch(kernel(), width, seed=s)) - exact for s in range(4)]).pow(2)
+        return torch.stack([squared[:, 0].mean(), squared[:, 1:4].mean(), squared[:, 4:].mean()]).sqrt()
+
+    narrow, wide = rms_errors(256), rms_errors(4096)
+    assert (wide < narrow / 2).all(), (narrow, wide)
+    assert (wide < 0.02).all(), wide
