@@ -163,6 +163,21 @@ def test_fit_mll_trains_a_deep_kernel_model():
     assert not torch.equal(model.feature_extractor[0].weight, weights)
 
 
+def test_fit_mll_and_set_num_features_fit_a_maclaurin_allocation_to_the_network_outputs():
+    """The optimized Maclaurin map's allocation (fitted to its inputs) is checked and refitted by fit_mll, and refitted
+    by set_num_features, on the network's outputs (before: on the raw 3-column x, a shape error)."""
+    x, y = regression_data()
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 128, method="maclaurin", seed=0))
+    history = rfgp.fit_mll(model, num_iterations=3)
+    assert history.losses[-1] < history.losses[0] - 0.05
+    rfgp.set_num_features(model, 256)
+    feature_map = model.covar_module.base_kernel.feature_map
+    widths = list(feature_map.widths)
+    assert 128 < model.covar_module.base_kernel.num_features <= 256
+    rfgp.kernels.refit_allocation(model.covar_module, network_outputs(model, x))  # the same allocation again
+    assert list(feature_map.widths) == widths
+
+
 def test_fit_mll_checks_the_data_scale_of_the_network_outputs():
     """The data-scale check (DataScaleWarning) looks at the kernel's inputs: raw x in thousands fed through a network
     and ScaleToBounds reach the kernel within [-1, 1], so there is nothing to warn about (before, the check read the
