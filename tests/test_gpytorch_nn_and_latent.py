@@ -195,6 +195,26 @@ def test_fit_mll_checks_the_data_scale_of_the_network_outputs():
         rfgp.fit_mll(plain, num_iterations=1)
 
 
+def test_fit_mll_checks_the_data_scale_of_botorch_inputs_after_their_input_transform():
+    """BoTorch applies input transforms in forward (in training mode its train_inputs are the raw X): the data-scale
+    check looks at the normalised inputs the kernel sees (before: X in the thousands, normalised to [0, 1] by
+    Normalize, drew a DataScaleWarning saying they lie 695 lengthscales apart)."""
+    pytest.importorskip("botorch")
+    import warnings
+
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms import Normalize, Standardize
+
+    x, _ = regression_data(n=50, d=2)
+    y = torch.sin(5 * x[:, :1])
+    kernel = rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=2)), 256, seed=0)
+    model = SingleTaskGP(1000 * x, y, covar_module=kernel, input_transform=Normalize(d=2),
+                         outcome_transform=Standardize(m=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.DataScaleWarning)
+        rfgp.fit_mll(model, num_iterations=2)
+
+
 def test_covar_module_inputs_leave_no_trace():
     """Capturing the kernel's inputs runs the network once: batch-norm statistics, ScaleToBounds' bounds and the
     global random state (dropout) are as before, and the result is what training feeds the kernel."""
