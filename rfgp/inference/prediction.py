@@ -465,22 +465,23 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         return self._updated_caches(*self.parent.mean_covar_cache)
 
     def _training_graph_inputs(self, mean: Tensor, noise: Tensor | None,
-                               kernel_inputs: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+                               kernel_inputs: tuple[Tensor, Tensor] | None) -> tuple[Tensor, ...]:
         """The tensors the parent's caches (m, L) are a function of (:meth:`_training_caches_with_graph`): the
         kernel's and the likelihood's parameters, the prior mean and the fixed noise at the N training points, the
-        kernel's inputs there (a deep kernel's network outputs, through which the network's weights are reached) and
-        the training targets."""
+        training inputs (or, where the model's ``forward`` transforms them, the kernel's inputs there, through which
+        a deep kernel's network weights are reached) and the training targets."""
+        inputs = self.parent.train_inputs if kernel_inputs is None else dict.fromkeys(kernel_inputs)  # x₂ may be x₁
         return (*self.kernel.parameters(), *self.likelihood.parameters(), mean, *(() if noise is None else (noise,)),
-                *dict.fromkeys(kernel_inputs), self.parent.train_labels)  # x₂ is x₁ for the training covariance
+                *inputs, self.parent.train_labels)
 
     def _training_prior(self) -> tuple[Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None]:
         """The prior mean, the fixed noise (``None`` for a Gaussian likelihood) and the kernel's inputs (x₁, x₂) of the
         N + q points' output and likelihood at the first N: the same in every member of the batch of new inputs
         (GPyTorch expands the training inputs), so the first member's, with their graph.  The kernel's inputs are
-        those its lazily evaluated covariance received, not the parent's ``train_inputs``: those are the model's
-        inputs, which its ``forward`` may transform (a deep kernel's network).  ``(None, None, None)`` (recompute)
-        without a lazily evaluated kernel (eager kernels) or for a likelihood with learned noise on top of a fixed
-        one."""
+        ``None`` where the kernel received the model's inputs themselves (the parent's ``train_inputs`` are then its
+        training inputs, and carry no graph of the new points), else the first N of those it received: the model's
+        ``forward`` transformed them (a deep kernel's network).  ``(None, None, None)`` (recompute) without a lazily
+        evaluated kernel (eager kernels) or for a likelihood with learned noise on top of a fixed one."""
         covariance = self.full_output.lazy_covariance_matrix
         if (self.kernel is None or not isinstance(covariance, LazyEvaluatedKernelTensor)
                 or getattr(self.likelihood, "second_noise_covar", None) is not None):
@@ -488,25 +489,30 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         num_train = self.parent.train_labels.shape[-1]
         batch_dims = self.parent.train_prior_dist.mean.dim() - 1
         mean = _first_member(self.full_output.mean[..., :num_train], batch_dims)
-        first = (0,) * max(covariance.x1.dim() - 2 - batch_dims, 0)
-        x1 = covariance.x1[first][..., :num_train, :]
-        kernel_inputs = (x1, x1 if covariance.x2 is covariance.x1 else covariance.x2[first][..., :num_train, :])
+        kernel_inputs = None
+        if covariance.x1 is not self.train_inputs[0]:
+            first = (0,) * max(covariance.x1.dim() - 2 - batch_dims, 0)
+            x1 = covariance.x1[first][..., :num_train, :]
+            kernel_inputs = (x1, x1 if covariance.x2 is covariance.x1 else covariance.x2[first][..., :num_train, :])
         if not isinstance(self.likelihood, FixedNoiseGaussianLikelihood):
             return mean, None, kernel_inputs
         return mean, _first_member(self.likelihood.noise[..., :num_train], batch_dims), kernel_inputs
 
     def _training_caches_with_graph(self, nan_policy: str, mean: Tensor, noise: Tensor | None,
-                                    kernel_inputs: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+                                    kernel_inputs: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         """The parent's (m, L) with the graph of :meth:`_training_graph_inputs`, as the recomputation has it: the
-        kernel called again at its inputs at the training points (its cached operator may hold no graph), the prior
-        mean and the noise of :meth:`_training_prior`: the training points are featurised and factorised once, not
-        per member of the batch of new inputs."""
+        kernel called again at the parent's training inputs, or at its own inputs there (see :meth:`_training_prior`;
+        its cached operator may hold no graph), the prior mean and the noise of :meth:`_training_prior`: the training
+        points are featurised and factorised once, not per member of the batch of new inputs."""
         parent = self.parent
         likelihood = self.likelihood if noise is None else FixedNoiseGaussianLikelihood(noise)
-        covariance = self.full_output.lazy_covariance_matrix
-        prior = MultivariateNormal(mean, LazyEvaluatedKernelTensor(*kernel_inputs, kernel=self.kernel,
-                                                                   last_dim_is_batch=covariance.last_dim_is_batch,
-                                                                   **covariance.params))
+        if kernel_inputs is None:
+            covariance = self.kernel(*parent.train_inputs)
+        else:
+            lazy = self.full_output.lazy_covariance_matrix
+            covariance = LazyEvaluatedKernelTensor(*kernel_inputs, kernel=self.kernel,
+                                                   last_dim_is_batch=lazy.last_dim_is_batch, **lazy.params)
+        prior = MultivariateNormal(mean, covariance)
         training = FeatureSpacePredictionStrategy(parent.train_inputs, prior, parent.train_labels, likelihood)
         if getattr(training.lik_train_train_covar, "feature_space_caches", None) is not None:
             raise RuntimeError(
