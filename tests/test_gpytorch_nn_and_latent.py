@@ -320,8 +320,9 @@ def test_fit_mll_with_a_parameter_the_loss_does_not_reach(optimizer):
 def test_dkl_fantasy_posterior_with_propagated_gradients_is_the_model_with_the_points_appended(d):
     """get_fantasy_model under detach_test_caches(False) (BoTorch's propagate_grads, qKG): the rank-updated strategy
     rebuilds the training caches with their graph from the kernel's inputs at the training points, the network's
-    outputs (before: from model.train_inputs, the raw x — a shape error for 3 columns, and for 2 a posterior mean off
-    by up to 0.58 and a wrong gradient).  Reference: the same model with the points appended to its training data."""
+    outputs (before: from model.train_inputs, the raw x — a shape error for 3 columns, and for 2 a silently wrong
+    network-weight gradient; before the deferred graph also a posterior mean off by up to 0.58).  Reference: the same
+    model with the points appended to its training data."""
     x, y = regression_data(d=d)
     x_test = torch.rand(5, d, dtype=F64, generator=torch.Generator().manual_seed(1))
     x_new = torch.rand(3, d, dtype=F64, generator=torch.Generator().manual_seed(2))
