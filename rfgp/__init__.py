@@ -27,6 +27,7 @@ only from the layers above it in this list:
 from . import applications, core, datasets, features, inference, kernels, likelihoods, metrics, models, training
 from .core import settings
 from .inference import log_prob as _log_prob
+from .inference import leave_one_out_likelihood as _leave_one_out_likelihood
 from .inference import elementwise_product as _elementwise_product
 from .inference import eager_covariances as _eager_covariances
 from .inference import prior_samples as _prior_samples
@@ -51,6 +52,8 @@ from . import _aliases
 _aliases.install()  # rfgp.operators, rfgp.streaming, rfgp.variance, ... as before the layer folders
 # BoTorch (and anyone) may switch GPyTorch's fast log-prob off globally: keep rfgp operators in feature space.
 _log_prob.install()
+# GPyTorch's LeaveOneOutPseudoLikelihood takes diag(K⁻¹) of an rfgp covariance through the F × F capacitance
+_leave_one_out_likelihood.install()
 # covar_module(x).mul(task_covar_module(i)) (GPyTorch's Hadamard multitask GP) keeps a feature root
 _elementwise_product.install()
 # MultivariateNormal(mean, covar_module(x)).rsample() (prior samples) draws Φε, not a truncated Lanczos root

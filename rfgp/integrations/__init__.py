@@ -16,6 +16,8 @@ only reacts to that one module name and removes itself once that module has been
   ``LatentKroneckerGP``'s dense pathwise sampler refuses rfgp kernels by name.
 * :mod:`rfgp.integrations.botorch_pruning` — BoTorch's ``X_baseline`` pruning (qLogNEI, …) samples rfgp posteriors
   through their n × F root.
+* :mod:`rfgp.integrations.botorch_cross_validation` — ``loo_cv``'s leave-one-out predictions of rfgp models through
+  the F × F capacitance.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def _register_botorch() -> None:
     importlib.import_module(f"{__name__}.botorch_multioutput")
     importlib.import_module(f"{__name__}.botorch_models")
     importlib.import_module(f"{__name__}.botorch_pruning")
+    importlib.import_module(f"{__name__}.botorch_cross_validation")
 
 
 when_imported("botorch", _register_botorch)

@@ -1,0 +1,106 @@
+"""Leave-one-out predictions of a noise-added feature covariance K = ΦΦᵀ + D in O(N·F² + F³).
+
+With α = K⁻¹r (r = y − μ the residual) the Gaussian process fitted to all points but the i-th predicts y_i with
+
+    μ₋ᵢ = y_i − αᵢ / [K⁻¹]ᵢᵢ,    σ²₋ᵢ = 1 / [K⁻¹]ᵢᵢ
+
+(Rasmussen & Williams 2006, §5.4.2, Eqs. 5.12–5.13).  GPyTorch's ``LeaveOneOutPseudoLikelihood`` and BoTorch's
+``loo_cv`` take diag(K⁻¹) from a dense N × N Cholesky factor (O(N³) time, O(N²) memory).  For K = ΦΦᵀ + D, D
+diagonal with W = D⁻¹, Woodbury with the capacitance A = I + ΦᵀWΦ = LLᵀ and V = ΦL⁻ᵀ (N × F) gives
+
+    [K⁻¹]ᵢᵢ = wᵢ − wᵢ²‖vᵢ‖²,    K⁻¹r = Wr − WV(L⁻¹ΦᵀWr),
+
+so the cost is that of the marginal likelihood: the statistics ΦᵀWΦ and ΦᵀWr
+(:meth:`~rfgp.inference.operators.FeatureRootLinearOperator.feature_statistics`), the F × F factor
+(:func:`~rfgp.inference.linalg.capacitance_cholesky`, in :func:`~rfgp.core.dtypes.factor_dtype`) and one N × F
+triangular solve.  The per-point differences wᵢ − wᵢ²‖vᵢ‖², which cancel at a high signal-to-noise ratio, are taken
+in the factor's dtype and rounded back.  When the N × N matrix is cheaper (always when N ≤ F,
+:meth:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator.uses_kernel_space`) K is factorised as it is
+(:func:`~rfgp.inference.kernel_space.kernel_cholesky`).  Chunked operators (:class:`rfgp.settings.memory_budget`)
+form V chunk by chunk; under autograd the chunks' solves are kept for the backward pass (O(N·F) memory, never
+O(N²)).  D is the likelihood's noise only: the training covariance carries no variance correction (that is added to
+predictive variances at test points), as in the dense path.  Everything is differentiable by autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+from linear_operator.operators import LinearOperator
+from torch import Tensor
+
+from ..core.validation import check_noise, check_targets
+from . import distributed
+from .kernel_space import kernel_cholesky
+from .linalg import capacitance_cholesky
+from .operators import (
+    ChunkedFeatureRootAddedDiagLinearOperator,
+    ChunkedFeatureRootLinearOperator,
+    FeatureRootAddedDiagLinearOperator,
+    noise_weights,
+)
+
+#: noise-added covariances whose leave-one-out terms are formed here (exact types: subclasses such as the complex
+#: GP's operator define a different covariance for their marginal likelihood)
+LEAVE_ONE_OUT_OPERATORS = (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator)
+
+
+def feature_covariance(covar) -> LinearOperator | None:
+    """``covar`` with its kernels evaluated if it is one of :data:`LEAVE_ONE_OUT_OPERATORS` (and no
+    :class:`~rfgp.inference.distributed.data_parallel` sum is active, whose points are spread over processes), else
+    ``None``."""
+    if not isinstance(covar, LinearOperator) or distributed.is_active():
+        return None
+    covar = covar.evaluate_kernel()
+    return covar if type(covar) in LEAVE_ONE_OUT_OPERATORS else None
+
+
+def leave_one_out_terms(covar: LinearOperator, residual: Tensor) -> tuple[Tensor, Tensor]:
+    """(K⁻¹r, diag K⁻¹), both ``(*batch, N)``, for a covariance K accepted by :func:`feature_covariance` and a
+    residual r ``(*batch, N)`` (broadcast against K's batch).  Non-finite residuals raise a ``ValueError``
+    (:func:`~rfgp.core.validation.check_targets`), non-positive noise an ``InvalidValueError``."""
+    check_targets(residual)
+    if type(covar) is FeatureRootAddedDiagLinearOperator and covar.uses_kernel_space():
+        return _kernel_space_terms(covar, residual)
+    weights = noise_weights(covar._diag_tensor)  # (..., N), or (..., 1) for homoscedastic noise
+    gram, cross = covar._linear_op.feature_statistics(weights, residual.unsqueeze(-1))
+    chol = capacitance_cholesky(gram, weights.detach().reciprocal())
+    work = chol.dtype
+    projected = torch.linalg.solve_triangular(chol, cross.to(work), upper=False)  # L⁻¹ΦᵀWr, (..., F, 1)
+    square_norms, correction = _root_terms(covar._linear_op, chol, projected)  # ‖vᵢ‖², V·L⁻¹ΦᵀWr
+    weights = weights.to(work)
+    inv_diag = weights - weights.pow(2) * square_norms
+    inv_residual = weights * (residual.to(work) - correction)
+    return inv_residual.to(residual.dtype), inv_diag.to(residual.dtype)
+
+
+def _root_terms(root_operator, chol: Tensor, projected: Tensor) -> tuple[Tensor, Tensor]:
+    """(‖vᵢ‖², V·``projected``) for V = ΦL⁻ᵀ, over all rows at once or chunk by chunk."""
+    if isinstance(root_operator, ChunkedFeatureRootLinearOperator):
+        chunks = [root_operator.featurizer(root_operator.inputs[..., rows, :]) for rows in root_operator._chunks()]
+    else:
+        chunks = [root_operator.features()]
+    norms, products = [], []
+    for features in chunks:
+        rows = torch.linalg.solve_triangular(chol, features.to(chol.dtype).mT, upper=False).mT  # (..., n, F)
+        norms.append(rows.pow(2).sum(-1))
+        products.append((rows @ projected).squeeze(-1))
+    return torch.cat(norms, -1), torch.cat(products, -1)
+
+
+def _kernel_space_terms(covar: FeatureRootAddedDiagLinearOperator, residual: Tensor) -> tuple[Tensor, Tensor]:
+    """(K⁻¹r, diag K⁻¹) from the N × N factor of K = sΦ₀Φ₀ᵀ + D (N ≲ F, the cheaper factorisation)."""
+    features, constant = covar._linear_op.scaled_features()
+    noise = check_noise(covar._diag_tensor.diagonal(dim1=-1, dim2=-2))
+    chol = kernel_cholesky(features, noise, None if constant is None else constant**2)
+    inverse = torch.cholesky_inverse(chol)
+    batch = torch.broadcast_shapes(residual.shape[:-1], chol.shape[:-2])
+    inv_residual = (inverse @ residual.expand(*batch, residual.shape[-1]).unsqueeze(-1)).squeeze(-1)
+    return inv_residual, inverse.diagonal(dim1=-2, dim2=-1).expand(*batch, residual.shape[-1])
+
+
+def leave_one_out_predictions(covar: LinearOperator, targets: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
+    """(μ₋ᵢ, σ²₋ᵢ), ``(*batch, N)``: each point's predictive mean and variance (noise included) given all others,
+    for the prior mean ``mean`` and covariance ``covar`` (noise added; see :func:`feature_covariance`)."""
+    inv_residual, inv_diag = leave_one_out_terms(covar, targets - mean)
+    variance = inv_diag.reciprocal()
+    return targets - inv_residual * variance, variance

@@ -1,0 +1,156 @@
+"""Leave-one-out predictions and GPyTorch's LeaveOneOutPseudoLikelihood through the F × F capacitance.
+
+The reference is GPyTorch's own method (``forward.gpytorch_forward``, the dense N × N Cholesky path) on the same
+model: both compute the same exact quantity, so values and gradients agree to rounding (1e-10 in float64).  A Nyström
+map with every training point as a landmark is the exact kernel, so its pseudo-likelihood is the exact GP's.
+"""
+
+import copy
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.mlls import LeaveOneOutPseudoLikelihood
+
+import rfgp
+from rfgp.inference.leave_one_out import feature_covariance, leave_one_out_predictions
+from rfgp.kernels import SketchedRBFKernel
+from tests._models import UserGP
+
+F64 = torch.float64
+
+
+def data(n, seed=0, batch=()):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(*batch, n, 2, generator=g, dtype=F64)
+    y = torch.sin(4 * x).sum(-1) + 0.1 * torch.randn(*batch, n, generator=g, dtype=F64)
+    return x, y
+
+
+def sketched_model(n, num_features, batch=(), seed=0):
+    x, y = data(n, seed, batch)
+    kernel = ScaleKernel(SketchedRBFKernel(num_features, method="orf", seed=0, batch_shape=torch.Size(batch)),
+                         batch_shape=torch.Size(batch))
+    model = UserGP(x, y, kernel).double()
+    if batch:
+        model.likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size(batch)).double()
+        model.mean_module = gpytorch.means.ConstantMean(batch_shape=torch.Size(batch)).double()
+    model.covar_module.outputscale = 1.5
+    model.covar_module.base_kernel.lengthscale = 0.4
+    model.likelihood.noise = 0.02
+    model.mean_module.constant.data.fill_(0.3)
+    return model, x, y
+
+
+def loo_value_and_grads(model, x, y, forward=None):
+    model.train()
+    mll = LeaveOneOutPseudoLikelihood(model.likelihood, model)
+    output = model(x)
+    value = (forward or LeaveOneOutPseudoLikelihood.forward)(mll, output, y)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(value.sum(), parameters)
+    return value.detach(), grads
+
+
+def dense_loo_value_and_grads(model, x, y):
+    return loo_value_and_grads(model, x, y, LeaveOneOutPseudoLikelihood.forward.gpytorch_forward)
+
+
+def assert_same(actual, expected, tolerance=1e-10):
+    torch.testing.assert_close(actual[0], expected[0], rtol=tolerance, atol=tolerance)
+    for a, e in zip(actual[1], expected[1]):
+        torch.testing.assert_close(a, e, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize(("n", "num_features"), [(60, 16), (12, 32)], ids=["feature_space", "kernel_space"])
+def test_pseudo_likelihood_is_the_dense_paths(n, num_features, factorised):
+    """Value and hyperparameter gradients equal GPyTorch's dense path to 1e-10; with N > F nothing larger than
+    F × F is factorised (GPyTorch's method factorises the N × N covariance)."""
+    model, x, y = sketched_model(n, num_features)
+    model.covar_module.base_kernel.register_prior("lengthscale_prior", gpytorch.priors.GammaPrior(3.0, 6.0),
+                                                  "lengthscale")
+    actual = loo_value_and_grads(model, x, y)
+    sizes = list(factorised)
+    assert max(sizes) <= max(num_features, n if n <= num_features else 0)
+    assert_same(actual, dense_loo_value_and_grads(model, x, y))
+    assert max(factorised) == n  # the reference did factorise N × N
+
+
+def test_batch_model_is_the_dense_paths():
+    model, x, y = sketched_model(40, 8, batch=(3,))
+    model.likelihood.noise = torch.tensor([[0.01], [0.05], [0.2]], dtype=F64)
+    actual = loo_value_and_grads(model, x, y)
+    assert actual[0].shape == (3,)
+    assert_same(actual, dense_loo_value_and_grads(model, x, y))
+
+
+def test_heteroscedastic_noise_is_the_dense_paths():
+    """FixedNoiseGaussianLikelihood: D is each point's own noise."""
+    x, y = data(50)
+    noise = torch.linspace(0.01, 0.3, 50, dtype=F64)
+    model = UserGP(x, y, ScaleKernel(SketchedRBFKernel(16, method="orf", seed=0))).double()
+    model.likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise, learn_additional_noise=True).double()
+    assert_same(loo_value_and_grads(model, x, y), dense_loo_value_and_grads(model, x, y))
+
+
+def test_chunked_kernel_is_the_unchunked(factorised):
+    """Under a memory budget smaller than Φ the kernel hands a chunked operator; V = ΦL⁻ᵀ is formed per chunk."""
+    model, x, y = sketched_model(80, 16)
+    expected = loo_value_and_grads(model, x, y)
+    with rfgp.settings.memory_budget(16 * 8 * 20):  # 20 rows of float64 features per chunk
+        covar = model.likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
+        assert type(covar).__name__ == "ChunkedFeatureRootAddedDiagLinearOperator"
+        factorised.clear()
+        actual = loo_value_and_grads(model, x, y)
+    assert max(factorised) <= 16
+    assert_same(actual, expected)
+
+
+def test_nystrom_with_every_point_is_the_exact_gps():
+    """All training points as landmarks: the exact kernel, so the exact GP's pseudo-likelihood and gradients
+    (up to the Nyström factor's jittered round-off, ≈ 1e-8 of K amplified by 1/noise)."""
+    x, y = data(30)
+    exact = UserGP(x, y, ScaleKernel(RBFKernel())).double()
+    exact.covar_module.base_kernel.lengthscale = 0.4
+    exact.likelihood.noise = 0.05
+    landmark = copy.deepcopy(exact)
+    landmark.covar_module = rfgp.sketch(exact.covar_module, 30, method="nystrom", x_sample=x)
+    expected, actual = loo_value_and_grads(exact, x, y), loo_value_and_grads(landmark, x, y)
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-6, atol=1e-7)
+    for a, e in zip(actual[1], expected[1]):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_other_models_run_gpytorchs_method():
+    x, y = data(20)
+    exact = UserGP(x, y, ScaleKernel(RBFKernel())).double()
+    assert_same(loo_value_and_grads(exact, x, y), dense_loo_value_and_grads(exact, x, y), tolerance=0)
+
+
+def test_non_finite_targets_are_refused():
+    model, x, y = sketched_model(30, 8)
+    y = y.clone()
+    y[3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        loo_value_and_grads(model, x, y)
+
+
+def test_predictions_are_the_closed_form_in_float32():
+    """float32: the capacitance is factorised in float64 and the cancelling differences wᵢ − wᵢ²‖vᵢ‖² taken there;
+    the result matches a float64 evaluation of the same float32 features to float32 rounding."""
+    model, x, y = sketched_model(200, 32)
+    model = model.float()
+    model.likelihood.noise = 1e-3
+    model.eval()
+    with torch.no_grad(), gpytorch.settings.prior_mode(True):
+        covar = feature_covariance(model.likelihood(model(x.float())).lazy_covariance_matrix)
+        mean, variance = leave_one_out_predictions(covar, y.float(), torch.full_like(y, 0.3).float())
+        features = covar._linear_op.features().double()
+    dense = features @ features.mT + 1e-3 * torch.eye(200, dtype=F64)
+    inverse = torch.linalg.inv(dense)
+    expected_variance = inverse.diagonal().reciprocal()
+    expected_mean = y - (inverse @ (y - 0.3)) * expected_variance
+    assert mean.dtype == variance.dtype == torch.float32
+    torch.testing.assert_close(variance.double(), expected_variance, rtol=1e-4, atol=0)
+    torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-4, atol=1e-4)
