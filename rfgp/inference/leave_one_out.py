@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..core.validation import check_noise, check_targets
 from . import distributed
+from .classification import ChunkedClassNoiseFeatureLinearOperator, ClassNoiseFeatureLinearOperator
 from .kernel_space import kernel_cholesky
 from .linalg import capacitance_cholesky
 from .operators import (
@@ -39,9 +40,11 @@ from .operators import (
     noise_weights,
 )
 
-#: noise-added covariances whose leave-one-out terms are formed here (exact types: subclasses such as the complex
-#: GP's operator define a different covariance for their marginal likelihood)
-LEAVE_ONE_OUT_OPERATORS = (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator)
+#: noise-added covariances ΦΦᵀ + D whose leave-one-out terms are formed here — exact types: the Dirichlet
+#: classifier's class-noise operators are the same matrices (their label structure only speeds up the marginal
+#: likelihood), while the complex GP's operator defines a different covariance for its marginal likelihood
+LEAVE_ONE_OUT_OPERATORS = (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRootAddedDiagLinearOperator,
+                           ClassNoiseFeatureLinearOperator, ChunkedClassNoiseFeatureLinearOperator)
 
 
 def feature_covariance(covar) -> LinearOperator | None:
@@ -59,7 +62,7 @@ def leave_one_out_terms(covar: LinearOperator, residual: Tensor) -> tuple[Tensor
     residual r ``(*batch, N)`` (broadcast against K's batch).  Non-finite residuals raise a ``ValueError``
     (:func:`~rfgp.core.validation.check_targets`), non-positive noise an ``InvalidValueError``."""
     check_targets(residual)
-    if type(covar) is FeatureRootAddedDiagLinearOperator and covar.uses_kernel_space():
+    if isinstance(covar, FeatureRootAddedDiagLinearOperator) and covar.uses_kernel_space():
         return _kernel_space_terms(covar, residual)
     weights = noise_weights(covar._diag_tensor)  # (..., N), or (..., 1) for homoscedastic noise
     gram, cross = covar._linear_op.feature_statistics(weights, residual.unsqueeze(-1))

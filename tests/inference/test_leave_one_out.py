@@ -14,8 +14,11 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.mlls import LeaveOneOutPseudoLikelihood
 
 import rfgp
+from rfgp.inference.classification import ClassNoiseFeatureLinearOperator
 from rfgp.inference.leave_one_out import feature_covariance, leave_one_out_predictions
 from rfgp.kernels import SketchedRBFKernel
+from rfgp.likelihoods import DirichletClassificationLikelihood
+from rfgp.models import ExactGPModel
 from tests._models import UserGP
 
 F64 = torch.float64
@@ -154,3 +157,22 @@ def test_predictions_are_the_closed_form_in_float32():
     assert mean.dtype == variance.dtype == torch.float32
     torch.testing.assert_close(variance.double(), expected_variance, rtol=1e-4, atol=0)
     torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-4, atol=1e-4)
+
+
+def test_dirichlet_classifier_is_the_dense_paths(factorised):
+    """The Dirichlet classifier's class-noise operator (C regressions sharing Φ, per-class noise) is ΦΦᵀ + D_c."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 2, generator=g, dtype=F64)
+    labels = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=3, dtype=F64, learn_additional_noise=True)
+    kernel = ScaleKernel(SketchedRBFKernel(16, seed=0))
+    mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([3]))
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean).double()
+    with torch.no_grad():
+        likelihood.second_noise_covar.noise = torch.tensor([[0.05], [0.1], [0.3]], dtype=F64)
+    covar = likelihood(model(x)).lazy_covariance_matrix
+    assert isinstance(covar, ClassNoiseFeatureLinearOperator)
+    targets = likelihood.transformed_targets
+    actual = loo_value_and_grads(model, x, targets)
+    assert max(factorised) <= 16
+    assert_same(actual, dense_loo_value_and_grads(model, x, targets))
