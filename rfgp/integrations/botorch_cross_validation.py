@@ -13,6 +13,8 @@ F × F capacitance, or the N × N factor when N ≤ F where that is cheaper), an
 (``observation_noise=False`` subtracts the noise with BoTorch's ``_subtract_observation_noise``, the posterior, the
 outcome untransform).  Every other model — including those BoTorch refuses (auxiliary inputs, forward methods that
 do not return a ``MultivariateNormal``) — goes to BoTorch's unchanged helper, which raises its own errors.
+``loo_cv`` of a ``SingleTaskGP`` with F = 256 (float64, 2 shared cores, ``benchmarks/leave_one_out.py``): N = 5000
+9.9 s → 0.17 s, N = 10 000 58 s → 0.62 s (the exact GP: 9.6 s and 36 s).
 """
 
 from __future__ import annotations
