@@ -105,3 +105,11 @@ def test_non_finite_targets_are_refused():
     model.train_targets[4] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         loo_cv(model)
+
+
+def test_batched_outputs_in_kernel_space_are_the_dense_paths():
+    """Two outputs (a batch of two N × N factors, N ≤ F) with their own noise levels."""
+    X, Y = regression_data(20, outputs=2)
+    model = sketched(SingleTaskGP(X, Y), 64)
+    model.likelihood.noise = torch.tensor([[0.01], [0.1]], dtype=F64)
+    assert_same_results(loo_cv(model, observation_noise=False), dense_loo_cv(model, observation_noise=False))
