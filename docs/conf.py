@@ -5,9 +5,12 @@ Build: ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` (the R
 * API reference: autodoc + napoleon (rfgp's docstrings are Google style), one page per public
   namespace, each listing what that namespace exports (``__all__`` where it has one).
 * Landing page: the README, included by ``index.md``.  Its relative links
-  (``tutorials/*.ipynb``, ``benchmarks/results/*.md``) resolve because the build first copies
-  the README, the committed notebooks and the benchmark results into ``docs/`` (git-ignored;
-  see :func:`copy_pages`); its two links to folders go to a generated benchmarks page.
+  (``tutorials/*.ipynb``, ``benchmarks/results/*.md``, ``guide/*.md``) resolve because the build
+  first copies the README, the user guide, the committed notebooks and the benchmark results into
+  ``docs/`` (git-ignored; see :func:`copy_pages`); its two links to folders go to a generated
+  benchmarks page.
+* User guide: the repository's ``guide/*.md`` pages (the README's detail), whose links are
+  written relative to ``guide/`` (``../benchmarks/results/*.md``) and so resolve in ``docs/guide/``.
 * Tutorials: the committed notebooks rendered by myst-nb with their stored outputs; nothing is
   executed (``nb_execution_mode = "off"``).  myst-nb rather than nbsphinx: nbsphinx needs the
   pandoc binary, which pip cannot install.
@@ -23,9 +26,11 @@ sys.path.insert(0, str(ROOT))  # document this checkout's rfgp, not another inst
 import rfgp  # noqa: E402
 
 DOCS = ROOT / "docs"
-PAGES = {"tutorials": ("*.ipynb",), "benchmarks/results": ("*.md", "*.png")}
+PAGES = {"tutorials": ("*.ipynb",), "benchmarks/results": ("*.md", "*.png"), "guide": ("*.md",)}
 # The README links to two folders, which are no pages: both go to the generated benchmarks page.
 FOLDER_LINKS = {"](benchmarks/)": "](benchmarks/index.md)", "](benchmarks/results/)": "](benchmarks/index.md)"}
+# The guide pages link back to the README, which the site shows as its landing page.
+GUIDE_LINKS = {"](../README.md)": "](../index.md)"}
 BENCHMARKS_INDEX = """# Benchmark results
 
 Each page is the Markdown report that a script in the repository's `benchmarks/` folder wrote
@@ -57,7 +62,7 @@ def _titled(source):
 
 
 def copy_pages():
-    """Copy the README, the committed notebooks and the benchmark results into the source tree.
+    """Copy the README, the user guide, the committed notebooks and the benchmark results into the source tree.
 
     The copies are git-ignored; they keep the README's relative links valid inside the site.
     """
@@ -69,7 +74,11 @@ def copy_pages():
     for folder, patterns in PAGES.items():
         for pattern in patterns:
             for source in sorted((ROOT / folder).glob(pattern)):
-                _write_if_changed(DOCS / folder / source.name, _titled(source))
+                data = _titled(source)
+                if folder == "guide":
+                    for link, page in GUIDE_LINKS.items():
+                        data = data.replace(link.encode(), page.encode())
+                _write_if_changed(DOCS / folder / source.name, data)
 
 
 copy_pages()
@@ -90,10 +99,11 @@ extensions = [
 
 root_doc = "index"
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
-# Only these are pages: the API reference, the landing page, the notebooks and the benchmark
-# results (the benchmark folder also holds scripts, CSVs and figures, which are not pages).
+# Only these are pages: the API reference, the landing page, the user guide, the notebooks and the
+# benchmark results (the benchmark folder also holds scripts, CSVs and figures, which are not pages).
 include_patterns = [
     "index.md",
+    "guide/*.md",
     "api/*.rst",
     "tutorials/*.ipynb",
     "benchmarks/index.md",

@@ -331,7 +331,7 @@ def test_orthogonally_decoupled_strategy_approaches_the_exact_kernels():
 def test_maclaurin_svgp_on_centred_inputs_approaches_the_exact_kernel():
     """Optimized Maclaurin features where they fit: inputs centred, ‖x‖²/ℓ² ≤ 2.  (On [0, 1]² with ℓ = 0.3 the
     truncated map leaves out part of k(x, x) at any width — Gram error 0.29 at F = 16 384 — and a variational model
-    has no bias-corrected variance: it is the SVGP of the truncated kernel; see README.)"""
+    has no bias-corrected variance: it is the SVGP of the truncated kernel; see guide/gpytorch.md.)"""
     x, f, xs, _ = data()
     x, xs = x - 0.5, xs - 0.5
 
@@ -599,7 +599,7 @@ def test_natural_gradient_training_reaches_the_exact_kernels_quality():
 
 
 def test_nystrom_landmarks_at_the_inducing_points_give_the_exact_mean_and_a_smaller_variance():
-    """README: with Z as the landmarks K_ZZ and K_Zx are exact, so the predictive mean is the exact model's, but
+    """Guide: with Z as the landmarks K_ZZ and K_Zx are exact, so the predictive mean is the exact model's, but
     k̂(x*, x*) = Q** ≤ k(x*, x*): the variance is smaller (no FITC-style correction in a variational model)."""
     x, _, xs, _ = data()
     z = x[:M].clone()
@@ -619,7 +619,7 @@ def test_nystrom_landmarks_at_the_inducing_points_give_the_exact_mean_and_a_smal
 
 
 def test_redrawn_features_predict_as_a_fresh_model_after_train():
-    """README: the eval-mode factor chol(K_ZZ) is GPyTorch's memo; after feature_map.resample(), model.train() once
+    """Guide: the eval-mode factor chol(K_ZZ) is GPyTorch's memo; after feature_map.resample(), model.train() once
     and the model predicts as one built with the new draws."""
     x, _, xs, _ = data()
     model = SVGP(rfgp.sketch(exact_kernel(), 64, seed=0), x[:M].clone()).double()

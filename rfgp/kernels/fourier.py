@@ -196,7 +196,7 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     before that evaluation), when a spectral product draws this factor's frequencies, and by
     :func:`rfgp.set_num_features` (at any width).  A state saved without the anchor (before rfgp had
     it) loads with ℓ₀ = the loaded lengthscale, which reproduces that state's kernel.  Far from ℓ₀
-    the weights' variance grows (E[r²] = 2.7 at ℓ/ℓ₀ = 3, d = 2; see the README): after training
+    the weights' variance grows (E[r²] = 2.7 at ℓ/ℓ₀ = 3, d = 2; see guide/gpytorch.md): after training
     far from the initial lengthscale, :func:`rfgp.set_num_features` re-anchors at the trained one.
 
     Args:

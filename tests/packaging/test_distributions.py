@@ -62,10 +62,11 @@ def test_sdist_holds_sources_tests_docs_and_tutorials(dist):
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     expected = _package_files() | {"README.md", "pyproject.toml", "docs/conf.py", "docs/index.md",
                                    "tests/docs/test_doctests.py", "tutorials/01_swap_your_kernel.ipynb",
-                                   "benchmarks/results/time_to_accuracy.md"}
+                                   "benchmarks/results/time_to_accuracy.md", "guide/gpytorch.md", "guide/botorch.md"}
     missing = expected - names
     assert not missing, f"missing from the sdist: {sorted(missing)}"
-    assert not any(name.startswith(("docs/_build/", "docs/tutorials/", ".ci/")) or "__pycache__" in name for name in names)
+    built = ("docs/_build/", "docs/tutorials/", "docs/guide/", ".ci/")
+    assert not any(name.startswith(built) or "__pycache__" in name for name in names)
 
 
 def test_demo_and_datasets_run_from_the_unpacked_wheel(dist, tmp_path):
