@@ -106,6 +106,13 @@ def _log_likelihood_and_predictive(model, test_x):
         return log_likelihood, model.likelihood(model(test_x))
 
 
+def _evaluate_once(model, x, y):
+    """The evaluation that fixes a kernel's first-evaluation state at the model's hyperparameters (README)."""
+    model.train()
+    with torch.no_grad():
+        model.likelihood(model(x)).log_prob(y)
+
+
 SAMPLED_KERNELS = {
     "orf": lambda x: rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=2)), 64, method="orf", seed=0),
     "sorf": lambda x: rfgp.sketch(ScaleKernel(RBFKernel()), 64, method="sorf", seed=0),
@@ -497,9 +504,7 @@ def test_tutorial_pyro_model_of_a_never_evaluated_model_is_refused_and_runs_once
     with pytest.raises((RuntimeError, ValueError), match=f"pyro_sample_from_prior.*{state}.*Evaluate the model once"):
         trace.log_prob_sum()
 
-    model.train()
-    with torch.no_grad():
-        model.likelihood(model(x)).log_prob(y)
+    _evaluate_once(model, x, y)
     samples = _hand_made_samples(model, 1)
     conditioned = pyro.poutine.condition(_tutorial_pyro_model(model), data={k: v[0] for k, v in samples.items()})
     trace = pyro.poutine.trace(conditioned).get_trace(x, y)
@@ -511,6 +516,45 @@ def test_tutorial_pyro_model_of_a_never_evaluated_model_is_refused_and_runs_once
         expected = evaluated.likelihood(evaluated(x)).log_prob(y)
     # rounding of the fast_computations(False) path (1e-9); the state fixed at the proposal moved it by 0.13-0.38
     torch.testing.assert_close(trace.nodes["obs"]["log_prob"], expected, rtol=1e-8, atol=0.0)
+
+
+@pytest.mark.parametrize("name", FIRST_EVALUATION_KERNELS)
+def test_samples_loaded_into_a_never_evaluated_model_are_refused_and_load_once_its_state_is_given(name):
+    """Samples drawn with an evaluated model (its first-evaluation state fixed at θ₀), loaded into a fresh copy that was
+    never evaluated: its first evaluation fixed that state at the loaded batch of samples instead (each sample with
+    an anchor, proposal, draws or allocation of its own), and predicted silently with a different model — predictive
+    means 0.20-1.04 off the sampled model's.  Now that evaluation (and, for the Matérn-½ anchor, ``state_dict()``,
+    which anchors) raises, naming the state and the fix; given the state before loading — the sampled model's
+    ``state_dict()`` saved before sampling, or one evaluation at θ₀ — the fresh model predicts as the sampled one."""
+    x, y, test_x, _ = data(num_data=20, num_test=4)
+    build, state = FIRST_EVALUATION_KERNELS[name]
+    sampled = _with_priors(user_model(x, y, build(x)))
+    fresh = [copy.deepcopy(sampled) for _ in range(3)]
+    _evaluate_once(sampled, x, y)  # fixes the state at θ₀
+    saved = copy.deepcopy(sampled.state_dict())
+    samples = _hand_made_samples(sampled, 3)
+    sampled.pyro_load_from_samples(samples)
+    batch_x = test_x.unsqueeze(0).repeat(3, 1, 1)
+    expected = _log_likelihood_and_predictive(sampled, batch_x)
+
+    fresh[0].pyro_load_from_samples(samples)
+    with pytest.raises(RuntimeError, match=f"pyro_load_from_samples.*never evaluated.*{state}.*state_dict"):
+        _log_likelihood_and_predictive(fresh[0], batch_x)
+    if name == "matern_half":  # saving anchors; so does the first evaluation after a redraw of the loaded model
+        with pytest.raises(RuntimeError, match="pyro_load_from_samples.*anchor"):
+            fresh[0].state_dict()
+        redrawn = copy.deepcopy(sampled)
+        redrawn.covar_module.base_kernel.feature_map.resample(torch.Generator().manual_seed(1))
+        with pytest.raises(RuntimeError, match="pyro_load_from_samples.*redrawn.*anchor"):
+            _log_likelihood_and_predictive(redrawn, batch_x)
+    fresh[1].load_state_dict(saved)
+    _evaluate_once(fresh[2], x, y)  # the same θ₀: the same state
+    for model in fresh[1:]:
+        model.pyro_load_from_samples(samples)
+        log_likelihood, predictive = _log_likelihood_and_predictive(model, batch_x)
+        torch.testing.assert_close(log_likelihood, expected[0], rtol=1e-12, atol=0.0)
+        torch.testing.assert_close(predictive.mean, expected[1].mean, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(predictive.variance, expected[1].variance, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("policy", ["mask", "fill"])

@@ -28,6 +28,7 @@ from ..features.spectral import (
 from ..features.weighted_fourier import scale_sincos_pairs
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .families import MethodDispatch, refuse_other_family_options
+from .first_evaluation import refuse_unfixed_state
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` names of the Fourier kernels and the frequency sampler each uses.
@@ -338,7 +339,9 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
 
 
 def _anchor_before_saving(module: SketchedMaternKernel, prefix: str, keep_vars: bool) -> None:
-    """A state saved between a redraw and the next evaluation holds the anchor that evaluation would set."""
+    """A state saved between a redraw and the next evaluation holds the anchor that evaluation would set (refused,
+    as that evaluation is, in a copy or a holder of loaded samples: :mod:`rfgp.kernels.first_evaluation`)."""
+    refuse_unfixed_state(module)
     module._anchor_if_redrawn()
 
 

@@ -47,7 +47,7 @@ from ..inference.operators import (
 from ..inference.prediction import FeatureSpacePredictionStrategy
 from .checked_call import CheckedCallMixin, refuse_last_dim_is_batch
 from .families import check_kernel_kwargs
-from .first_evaluation import refuse_in_pyro_copy
+from .first_evaluation import mark_loaded_samples, refuse_unfixed_state
 
 
 class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
@@ -87,6 +87,12 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         (:mod:`rfgp.kernels.first_evaluation`)."""
         return None
 
+    def local_load_samples(self, samples_dict, memo, prefix) -> None:
+        """GPyTorch's ``pyro_load_from_samples`` step for this kernel: load its samples, and mark it so that an
+        evaluation that would fix first-evaluation state at them raises (:mod:`rfgp.kernels.first_evaluation`)."""
+        super().local_load_samples(samples_dict, memo, prefix)
+        mark_loaded_samples(self)
+
     def variance_correction(self, x: Tensor) -> Tensor | None:
         """k(x, x) − E[k̂(x, x)] ≥ 0 per point, or ``None`` when the features are unbiased on the diagonal."""
         moments = self.diag_moments(x)
@@ -96,7 +102,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             refuse_last_dim_is_batch(self)
-        refuse_in_pyro_copy(self)
+        refuse_unfixed_state(self)
         same = same_inputs(x1, x2)
         # A cross-covariance of one output per input is a lazy operator that checks the rows it featurises (a
         # posterior never reads its test–train covariance, whose N training rows GPyTorch slices from the joint
