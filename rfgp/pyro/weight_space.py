@@ -97,6 +97,23 @@ class RandomFeatureGP(PyroModule):
                     f"got {tuple(self.lengthscale_anchor.shape)}"
                 )
 
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+        """Refuse, with ``strict=False`` too and before loading anything of this model, a state without the anchor of
+        an anchored model (see :meth:`features`): one saved before rfgp had anchors, whose model computed Φ(x/ℓ) — a
+        different model, whose guide or samples do not carry over, where this one would keep its default ℓ₀."""
+        key = prefix + "lengthscale_anchor"
+        if self.is_anchored and key not in state_dict:
+            raise RuntimeError(
+                f"{key!r} is missing from the state_dict. This RandomFeatureGP (a Matérn-½ map with a lengthscale "
+                "prior) computes its features at an anchor ℓ₀ — frequencies ξ/ℓ₀, pairs weighted by "
+                "√(p_ℓ(ω)/p_ℓ₀(ω)) — and a state without one was saved by an rfgp version before the anchor, whose "
+                "model computed Φ(x/ℓ) (frequencies ξ/ℓ, lengthscale gradients that did not converge as F grows): a "
+                "different model, whose guide or NUTS samples do not carry over. Fit them again with this model; to "
+                f"load the old draws into it anyway, add the anchor to the state first: state_dict[{key!r}] = "
+                "model.lengthscale_anchor (the prior's median, the default) or the ℓ₀ of your choice"
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     @property
     def is_anchored(self) -> bool:
         """Whether ℓ enters through anchored importance weights (Matérn-½ map, ℓ with a prior)."""

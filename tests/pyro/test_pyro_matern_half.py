@@ -134,6 +134,32 @@ def test_the_anchor_is_the_prior_median_and_round_trips_through_state():
         torch.testing.assert_close(f[s], _latent(model, x, one))
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_state_saved_before_the_anchor_is_refused_by_name_and_loads_with_one(strict):
+    """A state of an anchored model without ``lengthscale_anchor`` (saved by rfgp before the anchor, whose model
+    computed Φ(x/ℓ): not recoverable, a different model) was refused by torch's bare "Missing key(s)" with
+    ``strict=True`` and, with ``strict=False``, loaded silently with the default anchor (the prior's median 0.45
+    instead of the saving model's 0.8).  Now both raise, naming the key and the fix, before anything is loaded;
+    with the anchor added the draws load and the model equals the saving one."""
+    saving = RandomFeatureGP(_matern_half(64, 0), Gaussian(0.1), lengthscale=dist.Gamma(3.0, 6.0),
+                             lengthscale_anchor=0.8).double()
+    old = saving.state_dict()
+    del old["lengthscale_anchor"]
+    model = RandomFeatureGP(_matern_half(64, 3), Gaussian(0.1), lengthscale=dist.Gamma(3.0, 6.0)).double()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match="'lengthscale_anchor' is missing from the state_dict.*before the anchor.*"
+                                           r"state_dict\['lengthscale_anchor'\] = model.lengthscale_anchor"):
+        model.load_state_dict(old, strict=strict)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+    old["lengthscale_anchor"] = saving.lengthscale_anchor.clone()  # 0.8 (in float32, as the constructor stored it)
+    model.load_state_dict(old, strict=strict)
+    x = torch.rand(5, 2, dtype=torch.float64)
+    sites = {"w": torch.randn(1, 64, dtype=torch.float64), "lengthscale": torch.tensor(0.3, dtype=torch.float64)}
+    assert torch.equal(_latent(model, x, sites), _latent(saving, x, sites))
+
+
 def test_only_a_matern_half_map_with_a_lengthscale_prior_is_anchored():
     fixed = RandomFeatureGP(_matern_half(16, 0), Gaussian(0.1), lengthscale=0.5)
     smooth = RandomFeatureGP(RandomFourierFeatures(16, input_dim=2, spectral_density=MaternSpectralDensity(1.5)),
