@@ -281,6 +281,41 @@ def test_a_stall_at_a_point_with_a_small_gradient_is_convergence(monkeypatch):
     assert history.stalls == []
 
 
+def test_a_loss_change_below_ftol_at_a_large_gradient_is_a_stall_not_convergence(monkeypatch):
+    """Steps too short to change the loss (here 1e-9 along the gradient; in practice a loss that is the features'
+    Monte-Carlo noise on raw inputs, where L-BFGS stopped at gradients of 65-3400 and losses 23-74 times the exact
+    GP's) change it by less than ftol while it still slopes: fit_mll reported that as convergence after one
+    iteration at the starting gradient 0.3; now it is a stall, with a warning."""
+    def creeping(optimizer, params, objective, lr, history_size):
+        def step():
+            objective()
+            with torch.no_grad():
+                for p in params:
+                    p -= 1e-9 * p.grad
+        return step
+
+    monkeypatch.setattr(rfgp.training, "_stepper", creeping)
+    match = (r"fit_mll: stalled: relative loss change .* ≤ ftol=1e-06, but the largest gradient entry 0\.\d+ > "
+             r"gtol=1e-05 and > 0\.01 = .*converged is False")
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match=match):
+        history = rfgp.fit_mll(_regression())
+    assert not history.converged and history.stop_reason.startswith("stalled"), history.stop_reason
+    assert history.num_iterations == 1 and history.gradient_norms[-1] > 0.1
+
+
+@pytest.mark.parametrize("gradient, converged", [(0.0099, True), (0.0101, False), (1e-6, True)])
+def test_the_loss_change_rule_holds_for_gradients_up_to_its_curvature_bound(gradient, converged):
+    """At s = max(|f|, 1) = 1 and ftol = 1e-6 the bound √(2·50·ftol·s) is 0.01: below it the loss-change rule is
+    convergence, above it a stall (unless the gradient is within gtol)."""
+    history = rfgp.TrainingHistory("lbfgs", losses=[0.5, 0.5 - 5e-7], gradient_norms=[0.3, gradient],
+                                   wall_seconds=[0.0, 0.1], cpu_seconds=[0.0, 0.1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reason, done = rfgp.training._stop(history, 100, 1e-6, 1e-5, None, "wall", True)
+    assert done is converged and reason.startswith("converged: relative loss change" if converged else "stalled")
+    assert len(caught) == (0 if converged else 1)
+
+
 # ------------------------------------------------- constraints enforced by the optimiser (transform=None)
 def _bounded_noise_model(constraint, noise_level=1e-3):
     gen = torch.Generator().manual_seed(0)
