@@ -346,7 +346,7 @@ def fit_mll(
       float32 rounding; Adam circling at a fixed learning rate) change it by less than ftol at a large gradient.
       Under a local quadratic model with curvature at most κ per unit of a raw parameter, a gradient entry g
       leaves at least g²/(2κ) to gain along its coordinate, more than the ftol·s that the rule says is left
-      unless |g| ≤ √(2κ·ftol·s).  κ = 50 bounds the curvature of −log p(y | θ)/N in the raw (log-like)
+      unless ``|g| ≤ √(2κ·ftol·s)``.  κ = 50 bounds the curvature of −log p(y | θ)/N in the raw (log-like)
       coordinates of GP hyperparameters: ½ for the log noise and log outputscale (their Fisher information per
       point), 1ᵀ(K + σ²I)⁻¹1/N ≤ 1/σ² for a constant mean (≤ 50 for a noise σ² ≥ 0.02 of standardised
       targets).  Measured: fits that converged (test suite, float32 and float64, L-BFGS and Adam) stopped by this
