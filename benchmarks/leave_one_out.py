@@ -19,11 +19,12 @@ Run: ``python benchmarks/leave_one_out.py`` (≈ 15 min on 2 shared cores; the d
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from pathlib import Path
 
 import botorch.cross_validation as cross_validation
-import gpytorch
 import torch
 from botorch.cross_validation import loo_cv
 from botorch.models import SingleTaskGP
@@ -33,6 +34,9 @@ from gpytorch.mlls import LeaveOneOutPseudoLikelihood
 import rfgp  # noqa: F401  (installs the leave-one-out hooks)
 from rfgp.integrations import botorch_cross_validation
 from rfgp.kernels import SketchedRBFKernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from _models import UserGP  # noqa: E402  (the ExactGP a GPyTorch user writes)
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 F64 = torch.float64
@@ -51,16 +55,6 @@ def kernel(exact: bool, num_features: int, d: int = 4):
     return ScaleKernel(base)
 
 
-class GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, covar_module):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = covar_module
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def best_time(function, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -72,7 +66,7 @@ def best_time(function, repeats: int) -> float:
 
 def pseudo_likelihood_step(n: int, variant: str, num_features: int, repeats: int) -> float:
     x, y = data(n)
-    model = GP(x, y, kernel(variant == "exact", num_features)).double().train()
+    model = UserGP(x, y, kernel(variant == "exact", num_features)).double().train()
     mll = LeaveOneOutPseudoLikelihood(model.likelihood, model)
     forward = LeaveOneOutPseudoLikelihood.forward
     if variant == "rfgp, dense":

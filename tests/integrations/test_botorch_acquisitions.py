@@ -71,6 +71,8 @@ from gpytorch.priors import LogNormalPrior  # noqa: E402
 
 import rfgp  # noqa: E402
 
+from ._converted_models import landmark_copy, sketched_copy  # noqa: E402
+
 D = 2
 BOUNDS = torch.tensor([[0.0] * D, [1.0] * D], dtype=torch.float64)
 ACQF_OPTIONS = {"num_restarts": 2, "raw_samples": 16, "options": {"maxiter": 5}}
@@ -92,21 +94,6 @@ def exact_model(x, y, **options):
     model.covar_module.lengthscale = 0.3
     model.likelihood.noise = 1e-2
     return model.eval()
-
-
-def landmark_copy(model, *points):
-    """The model with its kernel converted to a Nyström map whose landmarks are ``points`` (the kernel's coordinates):
-    the exact kernel on and against them."""
-    landmarks = torch.cat([p.reshape(-1, p.shape[-1]) for p in points]).unique(dim=0)  # Nyström needs distinct rows
-    converted = copy.deepcopy(model)
-    converted.covar_module = rfgp.sketch(model.covar_module, landmarks.shape[0], method="nystrom", x_sample=landmarks)
-    return converted.eval()
-
-
-def sketched_copy(model, num_features, seed=0):
-    converted = copy.deepcopy(model)
-    converted.covar_module = rfgp.sketch(model.covar_module, num_features, method="orf", seed=seed)
-    return converted.eval()
 
 
 def value_and_grad(acquisition, X):

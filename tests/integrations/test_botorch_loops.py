@@ -10,7 +10,6 @@ choices (Thompson sampling) by their frequencies within 4 standard errors.  Rand
 exact values as F grows and to factorise nothing larger than F × F where the exact model factorises N × N or n × n.
 """
 
-import copy
 
 import pytest
 import torch
@@ -48,29 +47,13 @@ from torch.quasirandom import SobolEngine  # noqa: E402
 
 import rfgp  # noqa: E402
 
+from ._converted_models import landmark_copy, nystrom, sketched_copy  # noqa: E402
+
 F64 = torch.float64
 
 
 def uniform(*shape, d, seed):
     return torch.rand(*shape, d, generator=torch.Generator().manual_seed(seed), dtype=F64)
-
-
-def nystrom(kernel, *points):
-    """``kernel`` as a Nyström map whose landmarks are ``points``: the exact kernel on and against them."""
-    landmarks = torch.cat([p.reshape(-1, p.shape[-1]) for p in points]).unique(dim=0)
-    return rfgp.sketch(kernel, landmarks.shape[0], method="nystrom", x_sample=landmarks)
-
-
-def landmark_copy(model, *points):
-    converted = copy.deepcopy(model)
-    converted.covar_module = nystrom(model.covar_module, *points)
-    return converted.eval()
-
-
-def sketched_copy(model, num_features, seed=0):
-    converted = copy.deepcopy(model)
-    converted.covar_module = rfgp.sketch(model.covar_module, num_features, method="orf", seed=seed)
-    return converted.eval()
 
 
 def frequencies(choices, candidates):
