@@ -206,5 +206,14 @@ class _SinCosFeatures(torch.autograd.Function):
     @refuse_autocast_backward
     def backward(ctx, grad: Tensor):
         (features,) = ctx.saved_tensors
-        m = features.shape[-1] // 2
-        return torch.addcmul(grad[..., m:] * features[..., :m], grad[..., :m], features[..., m:], value=-1.0), None
+        return sincos_projection_grad(grad, features), None
+
+
+def sincos_projection_grad(grad: Tensor, features: Tensor) -> Tensor:
+    """∂L/∂P for features Φ = [a·cos P, a·sin P] (any per-pair amplitude a) from Φ itself and ∂L/∂Φ.
+
+    ∂(a cos P)/∂P = −a sin P and ∂(a sin P)/∂P = a cos P are the other half of Φ, so
+    ∂L/∂P = g_sin·Φ_cos − g_cos·Φ_sin: differentiable operations on Φ (double backward through Φ).
+    """
+    m = features.shape[-1] // 2
+    return torch.addcmul(grad[..., m:] * features[..., :m], grad[..., :m], features[..., m:], value=-1.0)
