@@ -60,21 +60,27 @@ class SpectralMeasure:
         return self.name
 
 
-def fourier_features(x: Tensor, frequencies: Tensor, log_weights: Tensor | None = None) -> Tensor:
-    """Φ(x) = m^{−1/2}[√w cos(xWᵀ), √w sin(xWᵀ)], shape ``(*batch, n, 2m)``.
+def fourier_features(x: Tensor, frequencies: Tensor, log_weights: Tensor | None = None,
+                     log_amplitude: Tensor | None = None) -> Tensor:
+    """Φ(x) = √(A/m)[√w cos(xWᵀ), √w sin(xWᵀ)], shape ``(*batch, n, 2m)``.
 
-    ``frequencies`` W is ``(*batch, m, d)`` and broadcasts with ``x`` ``(..., n, d)``.  sin, cos and the
-    per-pair amplitudes √(w/m) are one custom autograd Function (:class:`_WeightedSinCosFeatures`) whose
-    backward reuses Φ; it is built of differentiable operations, so Φ stays twice differentiable in x and
-    in the hyperparameters W and w depend on.
+    ``frequencies`` W is ``(*batch, m, d)`` and broadcasts with ``x`` ``(..., n, d)``; ``log_weights`` log w is
+    ``(*batch, m)`` (``None``: w = 1) and ``log_amplitude`` log A ``(*batch)`` (``None``: A = 1, a normalised
+    measure; a kernel with k(0) = A ≠ 1 passes it here rather than multiplying Φ by √A afterwards, a pass over
+    Φ each way).  sin, cos and the per-pair amplitudes √(Aw/m) are one custom autograd Function
+    (:class:`_WeightedSinCosFeatures`) whose backward reuses Φ; it is built of differentiable operations, so
+    Φ stays twice differentiable in x and in the hyperparameters W, w and A depend on.
     """
     projection = x @ frequencies.mT
     m = frequencies.shape[-2]
-    if log_weights is None:
+    if log_weights is None and log_amplitude is None:
         if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same values, plainly
             return torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1) / math.sqrt(m)
         return _SinCosFeatures.apply(projection, 1.0 / math.sqrt(m))
-    log_amplitudes = 0.5 * (log_weights - math.log(m))
+    log_amplitudes = (projection.new_zeros(m) if log_weights is None else log_weights) - math.log(m)
+    if log_amplitude is not None:
+        log_amplitudes = log_amplitudes + log_amplitude.unsqueeze(-1)
+    log_amplitudes = 0.5 * log_amplitudes
     if torch.jit.is_tracing():
         return scale_sincos_pairs(torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1),
                                   torch.exp(log_amplitudes))
@@ -157,7 +163,8 @@ class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
         num_features: F = 2m (even).
         input_dim, seed, generator: see :class:`~rfgp.features.FeatureMap`.
 
-    ``forward(x, **hyperparameters)`` passes θ to the measure; x is in raw input units.
+    ``forward(x, log_amplitude=None, **hyperparameters)`` passes θ to the measure; x is in raw input units;
+    ``log_amplitude`` log A ``(*batch)`` scales Φ by √A (see :func:`fourier_features`).
     """
 
     config_fields = {"measure": METHOD}
@@ -202,9 +209,9 @@ class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
             check_finite(log_weights, "the spectral measure's log-weights")
         return frequencies, log_weights
 
-    def forward(self, x: Tensor, **hyperparameters: Tensor) -> Tensor:
+    def forward(self, x: Tensor, log_amplitude: Tensor | None = None, **hyperparameters: Tensor) -> Tensor:
         self._prepare(x)
-        return fourier_features(x, *self.spectrum(x, **hyperparameters))
+        return fourier_features(x, *self.spectrum(x, **hyperparameters), log_amplitude)
 
     def squared_norm(self, x: Tensor, **hyperparameters: Tensor) -> Tensor:
         """‖Φ(x)‖² = (1/m)Σⱼ wⱼ(cos² + sin²)(ωⱼᵀx) = mean(w), the same for every x; 1 for uniform weights.

@@ -89,10 +89,15 @@ class SpectralFeatureKernel(FeatureKernel):
         return None
 
     def featurize(self, x: Tensor) -> Tensor:
-        """Φ(x) of the normalised measure (subclasses with A ≠ 1 multiply by √A)."""
+        """Φ(x) of the normalised measure (subclasses with A ≠ 1 call :meth:`measure_features` with log A)."""
+        return self.measure_features(x)
+
+    def measure_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√A·Φ(x) of the normalised measure, the amplitude folded into the features' pair scales (no extra pass
+        over Φ); ``log_amplitude`` log A ``(*batch)``, ``None`` for A = 1."""
         if not self.feature_map.is_initialized:
             self._centre_proposal()
-        return self.feature_map(x, **self.measure_hyperparameters())
+        return self.feature_map(x, log_amplitude, **self.measure_hyperparameters())
 
     def feature_squared_norm(self, x: Tensor) -> Tensor | None:
         """‖Φ(x)‖² = mean(w) without featurising x (:meth:`~rfgp.features.WeightedFourierFeatures.squared_norm`);

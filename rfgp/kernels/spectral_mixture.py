@@ -86,7 +86,7 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
 
     def featurize(self, x: Tensor) -> Tensor:
         self._check_input_dim(x)
-        return super().featurize(x) * self.spectral_amplitude().sqrt().unsqueeze(-1).unsqueeze(-1)
+        return self.measure_features(x, self.spectral_amplitude().log())
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = A·mean(w), A = (Σ_q w_q)^d, without featurising x: differentiable in the mixture weights (the

@@ -65,3 +65,24 @@ def test_components_are_stratified_per_dimension():
 def test_fewer_frequencies_than_components_raises_naming_num_features():
     with pytest.raises(ValueError, match="num_features"):
         features(4, 0)
+
+
+def test_kernel_features_fold_the_amplitude_and_match_sqrt_a_times_the_normalised_features():
+    """SketchedSpectralMixtureKernel passes log A to the map (no extra pass over Φ): √A·Φ, to rounding, with the
+    same gradients in every hyperparameter."""
+    import gpytorch
+
+    import rfgp
+
+    x = torch.rand(9, 2, dtype=torch.float64)
+    kernel = rfgp.sketch(gpytorch.kernels.SpectralMixtureKernel(num_mixtures=3, ard_num_dims=2), 64, seed=0).double()
+    kernel(x[:2]).to_dense()
+    params = [kernel.raw_mixture_weights, kernel.raw_mixture_means, kernel.raw_mixture_scales]
+    out = kernel.featurize(x)
+    ref = kernel.measure_features(x) * kernel.spectral_amplitude().sqrt()
+    assert type(out.grad_fn).__name__ == "_WeightedSinCosFeaturesBackward"
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
+    probe = torch.randn(out.shape, dtype=torch.float64)
+    for got, want in zip(torch.autograd.grad((out * probe).sum(), params),
+                         torch.autograd.grad((ref * probe).sum(), params)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

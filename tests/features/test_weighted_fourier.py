@@ -98,3 +98,26 @@ def test_no_rows_give_empty_features_and_zero_weight_gradients():
     assert out.shape == (0, 6)
     (grad,) = torch.autograd.grad(out.sum(), log_weights)
     assert torch.equal(grad, torch.zeros(3, dtype=torch.float64))
+
+
+def test_the_amplitude_folded_into_the_pair_scales_is_sqrt_a_times_the_features():
+    """log A passed to fourier_features: √A·Φ (values, first and second derivatives in A, w and x), unbatched A with
+    batched weights and a batched A with unbatched weights."""
+    gen = torch.Generator().manual_seed(3)
+    for a_shape, lw_shape in (((), (2, 5)), ((2,), (5,)), ((2,), None)):
+        x = torch.randn(7, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+        frequencies = torch.randn(5, 2, generator=gen, dtype=torch.float64)
+        log_weights = None if lw_shape is None else torch.randn(lw_shape, generator=gen, dtype=torch.float64,
+                                                                   requires_grad=True)
+        amplitude = torch.rand(a_shape, generator=gen, dtype=torch.float64).add(0.5).requires_grad_()
+        out = fourier_features(x, frequencies, log_weights, amplitude.log())
+        ref = plain(x, frequencies, log_weights) * amplitude.sqrt().unsqueeze(-1).unsqueeze(-1)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
+        leaves = [t for t in (x, log_weights, amplitude) if t is not None]
+        probe = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+        pairs = []
+        for value in (out, ref):
+            grads = torch.autograd.grad((value * probe).sum(), leaves, create_graph=True)
+            pairs.append((*grads, *torch.autograd.grad(sum((g * g).sum() for g in grads), leaves)))
+        for got, want in zip(*pairs):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
