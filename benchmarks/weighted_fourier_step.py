@@ -1,0 +1,146 @@
+"""Weighted-Fourier features (periodic, spectral mixture, RQ with trainable α) through one custom autograd Function,
+against the plain cat/mul/exp formula, paired in one process; the RBF's plain RFF map as the yardstick.
+
+Two steps, each ELBO/MLL and ``backward`` after one untimed step, one thread, float64, d = 2, F = 1024:
+
+* SVGP (GPyTorch's ``VariationalELBO``, M = 64 learnt inducing points), N = 20 000, as ``svgp_step.py``;
+* ExactGP (GPyTorch's ``ExactMarginalLogLikelihood``, the loss ``rfgp.fit_mll`` minimises), N = 5 000.
+
+``plain`` swaps :func:`rfgp.features.weighted_fourier.fourier_features` for the formula it replaced (below, the
+baseline, with the spectral mixture's √A multiplied afterwards as before); ``function`` is the module's own (√A
+folded into the pair scales).  The two are timed alternately, ``--repeats`` times each, so a shared
+host's load hits both alike; the table records ``os.getloadavg()`` and the medians' ratio.
+
+    python benchmarks/weighted_fourier_step.py   # writes results/weighted_fourier_step.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import gpytorch
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
+
+import rfgp  # noqa: E402
+from rfgp.features import weighted_fourier  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from _models import UserGP, UserSVGP  # noqa: E402
+
+K = gpytorch.kernels
+KERNELS = {
+    "rbf": lambda d: K.ScaleKernel(K.RBFKernel(ard_num_dims=d)),
+    "periodic": lambda d: K.ScaleKernel(K.PeriodicKernel(ard_num_dims=d)),
+    "spectral_mixture": lambda d: K.SpectralMixtureKernel(num_mixtures=3, ard_num_dims=d),
+    "rq": lambda d: K.ScaleKernel(K.RQKernel(ard_num_dims=d)),
+}
+
+
+def plain_fourier_features(x, frequencies, log_weights=None, log_amplitude=None):
+    """The formula before the custom Function (the baseline): autograd through cat, exp and mul, and the spectral
+    mixture's amplitude as it was applied, a multiplication of Φ by √A afterwards."""
+    projection = x @ frequencies.mT
+    features = torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1)
+    m = frequencies.shape[-2]
+    if log_weights is None:
+        features = features / math.sqrt(m)
+    else:
+        amplitudes = torch.exp(0.5 * (log_weights - math.log(m))).unsqueeze(-2)
+        features = features * torch.cat([amplitudes, amplitudes], dim=-1)
+    if log_amplitude is None:
+        return features
+    return features * log_amplitude.exp().sqrt().unsqueeze(-1).unsqueeze(-1)
+
+
+IMPLEMENTATIONS = {"plain": plain_fourier_features, "function": weighted_fourier.fourier_features}
+
+
+def svgp_loss(kernel, x, y, num_inducing=64):
+    model = UserSVGP(kernel, x[:num_inducing].clone()).to(x.dtype)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x.dtype)
+    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=x.shape[0])
+    model.train()
+    likelihood.train()
+    return model, lambda: -mll(model(x), y)
+
+
+def exact_loss(kernel, x, y):
+    model = UserGP(x, y, kernel).to(x.dtype)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    model.train()
+    return model, lambda: -mll(model(x), y)
+
+
+def paired_times(make_loss, repeats):
+    """{implementation: [seconds]} of zero_grad + loss + backward, the implementations alternating."""
+    model, loss = make_loss()
+
+    def step(name):
+        weighted_fourier.fourier_features = IMPLEMENTATIONS[name]
+        model.zero_grad()
+        start = time.perf_counter()
+        loss().backward()
+        return time.perf_counter() - start
+
+    times = {name: [] for name in IMPLEMENTATIONS}
+    for name in IMPLEMENTATIONS:
+        step(name)
+    for _ in range(repeats):
+        for name in IMPLEMENTATIONS:
+            times[name].append(step(name))
+    weighted_fourier.fourier_features = IMPLEMENTATIONS["function"]
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="weighted_fourier_step")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--num-features", type=int, default=1024)
+    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    parser.add_argument("--steps", nargs="+", default=["svgp", "exact"], choices=["svgp", "exact"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    sizes = {"svgp": 20000, "exact": 5000}
+    rows = []
+    for step in args.steps:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.rand(sizes[step], 2, generator=gen, dtype=torch.float64)
+        y = torch.randn(sizes[step], generator=gen, dtype=torch.float64)
+        for name in args.kernels:
+            kernel = rfgp.sketch(KERNELS[name](2), num_features=args.num_features, seed=0)
+            make = (lambda: svgp_loss(kernel, x, y)) if step == "svgp" else (lambda: exact_loss(kernel, x, y))
+            times = paired_times(make, args.repeats)
+            plain, function = (statistics.median(times[k]) for k in IMPLEMENTATIONS)
+            load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+            rows.append(f"| {step} | {sizes[step]} | {name} | {plain:.3f} | {min(times['plain']):.3f} | "
+                        f"{function:.3f} | {min(times['function']):.3f} | {plain / function:.2f} | {load} |")
+            print(rows[-1], flush=True)
+    text = "\n".join([
+        "# Weighted-Fourier features: custom Function against the plain formula, paired",
+        "",
+        f"d = 2, F = {args.num_features}, float64, one thread, {args.repeats} repeats each, alternating. "
+        "'plain' is the cat/exp/mul autograd formula before the custom Function; the RBF row uses neither "
+        "(its RFF map has had its own Function all along), so its ratio is the noise floor.",
+        "",
+        "| step | N | kernel | plain median s | plain min s | function median s | function min s "
+        "| plain / function | load average |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ])
+    out = Path(__file__).resolve().parent / "results" / f"{args.label}.md"
+    out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
