@@ -1,13 +1,15 @@
-"""Weighted-Fourier features (periodic, spectral mixture, RQ with trainable α) through one custom autograd Function,
-against the plain cat/mul/exp formula, paired in one process; the RBF's plain RFF map as the yardstick.
+"""Weighted-Fourier features (periodic, spectral mixture, RQ with trainable α, spectral products) through one custom
+autograd Function, against the plain cat/mul/exp formula, paired in one process; the RBF's plain RFF map as the
+yardstick.
 
 Two steps, each ELBO/MLL and ``backward`` after one untimed step, one thread, float64, d = 2, F = 1024:
 
 * SVGP (GPyTorch's ``VariationalELBO``, M = 64 learnt inducing points), N = 20 000, as ``svgp_step.py``;
 * ExactGP (GPyTorch's ``ExactMarginalLogLikelihood``, the loss ``rfgp.fit_mll`` minimises), N = 5 000.
 
-``plain`` swaps :func:`rfgp.features.weighted_fourier.fourier_features` for the formula it replaced (below, the
-baseline, with the spectral mixture's √A multiplied afterwards as before); ``function`` is the module's own (√A
+``plain`` swaps :func:`rfgp.features.weighted_fourier.fourier_features` and ``SpectralProductKernel.featurize``
+(periodic × RBF) for the formulas they replaced (below, the baseline, with the spectral mixture's √A multiplied
+afterwards as before); ``function`` is the module's own (√A
 folded into the pair scales).  The two are timed alternately, ``--repeats`` times each, so a shared
 host's load hits both alike; the table records ``os.getloadavg()`` and the medians' ratio.
 
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's r
 
 import rfgp  # noqa: E402
 from rfgp.features import weighted_fourier  # noqa: E402
+from rfgp.kernels import SpectralProductKernel  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from _models import UserGP, UserSVGP  # noqa: E402
@@ -41,6 +44,7 @@ KERNELS = {
     "periodic": lambda d: K.ScaleKernel(K.PeriodicKernel(ard_num_dims=d)),
     "spectral_mixture": lambda d: K.SpectralMixtureKernel(num_mixtures=3, ard_num_dims=d),
     "rq": lambda d: K.ScaleKernel(K.RQKernel(ard_num_dims=d)),
+    "periodic_x_rbf": lambda d: K.ScaleKernel(K.PeriodicKernel(active_dims=[0]) * K.RBFKernel(active_dims=[1])),
 }
 
 
@@ -60,7 +64,21 @@ def plain_fourier_features(x, frequencies, log_weights=None, log_amplitude=None)
     return features * log_amplitude.exp().sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
-IMPLEMENTATIONS = {"plain": plain_fourier_features, "function": weighted_fourier.fourier_features}
+def plain_product_featurize(self, x):
+    """SpectralProductKernel.featurize before the custom Function (the baseline)."""
+    terms, amplitude, weights = self.spectrum(x)
+    projection = sum(u @ frequencies.mT for u, frequencies in terms)
+    scale = (amplitude / self.num_frequencies).sqrt()[..., None, None]
+    features = torch.cat((projection.cos(), projection.sin()), -1) * scale
+    return features if weights is None else weighted_fourier.scale_sincos_pairs(features, weights.sqrt())
+
+
+IMPLEMENTATIONS = {"plain": (plain_fourier_features, plain_product_featurize),
+                   "function": (weighted_fourier.fourier_features, SpectralProductKernel.featurize)}
+
+
+def use(name):
+    weighted_fourier.fourier_features, SpectralProductKernel.featurize = IMPLEMENTATIONS[name]
 
 
 def svgp_loss(kernel, x, y, num_inducing=64):
@@ -84,7 +102,7 @@ def paired_times(make_loss, repeats):
     model, loss = make_loss()
 
     def step(name):
-        weighted_fourier.fourier_features = IMPLEMENTATIONS[name]
+        use(name)
         model.zero_grad()
         start = time.perf_counter()
         loss().backward()
@@ -96,7 +114,7 @@ def paired_times(make_loss, repeats):
     for _ in range(repeats):
         for name in IMPLEMENTATIONS:
             times[name].append(step(name))
-    weighted_fourier.fourier_features = IMPLEMENTATIONS["function"]
+    use("function")
     return times
 
 

@@ -80,12 +80,20 @@ def fourier_features(x: Tensor, frequencies: Tensor, log_weights: Tensor | None 
     log_amplitudes = (projection.new_zeros(m) if log_weights is None else log_weights) - math.log(m)
     if log_amplitude is not None:
         log_amplitudes = log_amplitudes + log_amplitude.unsqueeze(-1)
-    log_amplitudes = 0.5 * log_amplitudes
-    if torch.jit.is_tracing():
+    return scaled_sincos_features(projection, 0.5 * log_amplitudes)
+
+
+def scaled_sincos_features(projection: Tensor, log_amplitudes: Tensor) -> Tensor:
+    """e^s·[cos P, sin P] per pair j, shape ``(..., n, 2m)``, for projections P ``(..., n, m)`` and log pair scales
+    s ``(*batch, m)`` (s = ½ log(A·w/m) for Φ = √(A/m)[√w cos, √w sin]), broadcast against P's rows.
+
+    One custom autograd Function (:class:`_WeightedSinCosFeatures`), twice differentiable in P and s.
+    """
+    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same values, plainly
         return scale_sincos_pairs(torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1),
                                   torch.exp(log_amplitudes))
     dtype = torch.promote_types(projection.dtype, log_amplitudes.dtype)
-    rows = torch.broadcast_shapes(projection.shape, (*log_amplitudes.shape[:-1], 1, m))
+    rows = torch.broadcast_shapes(projection.shape, (*log_amplitudes.shape[:-1], 1, projection.shape[-1]))
     return _WeightedSinCosFeatures.apply(projection.to(dtype).expand(rows), log_amplitudes.to(dtype))
 
 

@@ -46,7 +46,7 @@ from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
 from ..core.dtypes import cast_to
 from ..core.validation import check_finite, check_positive_int
 from ..features.base import _new_seed
-from ..features.weighted_fourier import scale_sincos_pairs
+from ..features.weighted_fourier import scaled_sincos_features
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
@@ -176,9 +176,10 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         projection = 0.0
         for u, frequencies in terms:
             projection = projection + u @ frequencies.mT
-        scale = (amplitude / self.num_frequencies).sqrt().unsqueeze(-1).unsqueeze(-1)
-        features = torch.cat((projection.cos(), projection.sin()), dim=-1) * scale
-        return features if weights is None else scale_sincos_pairs(features, weights.sqrt())
+        log_scales = (amplitude / self.num_frequencies).log().unsqueeze(-1)  # pair j: √(a·wⱼ/m)
+        if weights is not None:
+            log_scales = log_scales + weights.log()
+        return scaled_sincos_features(projection, 0.5 * log_scales.expand(*log_scales.shape[:-1], projection.shape[-1]))
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = (a/m)Σⱼ wⱼ(cos² + sin²) = a·mean(w) without featurising x: the same for every x, differentiable

@@ -244,3 +244,32 @@ def test_draws_made_at_the_first_call_follow_the_module_device():
     kinds = {name: (buffer.device.type, buffer.dtype) for name, buffer in kernel.named_buffers(recurse=False)}
     assert any(not dtype.is_floating_point for _, dtype in kinds.values()), kinds
     assert all(device == "cuda" for device, _ in kinds.values()), kinds
+
+
+def test_features_are_the_plain_formula_with_its_first_and_second_derivatives():
+    """SpectralProductKernel's features through the custom sin/cos Function equal √(a/m)[√w cos P, √w sin P] built
+    plainly from its spectrum, with the same gradients and second derivatives in x and every hyperparameter (a
+    periodic factor gives importance weights, a ScaleKernel an outputscale)."""
+    periodic = ScaleKernel(SketchedPeriodicKernel(2, active_dims=[0], seed=3)).double()
+    periodic.outputscale = 1.7
+    kernel = SpectralProductKernel(SketchedRBFKernel(2, seed=0).double(), periodic, num_features=16, seed=0).double()
+    x = torch.randn(6, 1, dtype=F64, requires_grad=True)
+    kernel(x[:2].detach()).to_dense()
+
+    def plain(x):
+        terms, amplitude, weights = kernel.spectrum(x)
+        projection = sum(u @ w.mT for u, w in terms)
+        features = torch.cat((projection.cos(), projection.sin()), -1) * (amplitude / 8).sqrt()
+        return features * torch.cat((weights.sqrt(), weights.sqrt()), -1)
+
+    leaves = [x, *kernel.parameters()]
+    out, ref = kernel.featurize(x), plain(x)
+    assert type(out.grad_fn).__name__ == "_WeightedSinCosFeaturesBackward"
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
+    probe = torch.randn(out.shape, dtype=F64)
+    pairs = []
+    for value in (out, ref):
+        grads = torch.autograd.grad((value * probe).sum(), leaves, create_graph=True)
+        pairs.append((*grads, *torch.autograd.grad(sum((g * g).sum() for g in grads), leaves)))
+    for got, want in zip(*pairs):
+        torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
