@@ -312,14 +312,15 @@ def check_hyperparameter(value, name: str, constraint=None, allow_bound: bool = 
 
 
 def describe_bad_hyperparameters(module) -> list[str]:
-    """``name = value`` of every constrained hyperparameter of ``module`` that is non-finite or on/out of its bound."""
+    """``name = value`` of every hyperparameter of ``module`` that is non-finite or, if constrained, on/out of its
+    lower bound (unconstrained ones such as an ``IndexKernel``'s ``covar_factor`` are checked finite)."""
     bad = []
     for raw_name, raw, constraint in module.named_parameters_and_constraints():
-        if constraint is None:
-            continue
-        value = constraint.transform(raw.detach())
-        lower = constraint.lower_bound.to(value)
-        if not bool((torch.isfinite(value) & (value > lower)).all()):
+        value = raw.detach() if constraint is None else constraint.transform(raw.detach())
+        valid = torch.isfinite(value)
+        if constraint is not None:
+            valid = valid & (value > constraint.lower_bound.to(value))
+        if not bool(valid.all()):
             name = raw_name.replace("raw_", "")
             shown = value.item() if value.numel() == 1 else value.tolist()
             bad.append(f"{name} = {shown}")

@@ -75,12 +75,18 @@ class LinearFeatureKernel(_ExactFeatureKernel):
 
     def featurize(self, x: Tensor) -> Tensor:
         self._check_input_dim(x)
-        return x * self.variance.sqrt()
+        return x * self._checked_variance().sqrt()
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖x ⊙ √v‖² = Σᵢ vᵢxᵢ² (as cheap as the features: sums and products with a linear part keep a closed form)."""
         self._check_input_dim(x)
-        return (x.pow(2) * self.variance).sum(-1)
+        return (x.pow(2) * self._checked_variance()).sum(-1)
+
+    def _checked_variance(self) -> Tensor:
+        """v, checked finite (one reduction over its d entries): a NaN or infinite v would make Φ and k NaN."""
+        variance = self.variance
+        check_finite(variance, "variance")
+        return variance
 
     def _check_input_dim(self, x: Tensor) -> None:
         if self.input_dim is None:
@@ -108,13 +114,19 @@ class ConstantFeatureKernel(_ExactFeatureKernel):
     constant = PositiveHyperparameter()
 
     def featurize(self, x: Tensor) -> Tensor:
-        root = self.constant.sqrt().unsqueeze(-2)  # (*batch, 1, 1)
+        root = self._checked_constant().sqrt().unsqueeze(-2)  # (*batch, 1, 1)
         return root.expand(*torch.broadcast_shapes(root.shape[:-2], x.shape[:-2]), x.shape[-2], 1)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖√c‖² = c at every point."""
-        constant = self.constant  # (*batch, 1)
+        constant = self._checked_constant()  # (*batch, 1)
         return constant.expand(*torch.broadcast_shapes(constant.shape[:-1], x.shape[:-2]), x.shape[-2])
+
+    def _checked_constant(self) -> Tensor:
+        """c, checked finite: a NaN or infinite c would make Φ and k NaN or Inf at every point."""
+        constant = self.constant
+        check_finite(constant, "constant")
+        return constant
 
     # -------------------------------------------------------------- spectral
     def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:

@@ -14,7 +14,7 @@ import torch
 from gpytorch.kernels import IndexKernel
 from torch import Tensor
 
-from ..core.validation import check_task_indices
+from ..core.validation import check_finite, check_task_indices
 from .random_feature_kernel import FeatureKernel
 
 
@@ -54,13 +54,13 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
         return None
 
     def featurize(self, x: Tensor) -> Tensor:
-        root = self.task_root()
+        root = self.checked_root()
         return self._task_rows(x, root) @ root
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖R[i]‖² = B[i, i] = Σ_r L[i, r]² + v[i], read for each index without forming the rows R[i] (so that a
         product with data features, GPyTorch's Hadamard multitask pattern, keeps a closed-form diagonal)."""
-        root = self.task_root()
+        root = self.checked_root()
         return (self._task_rows(x, root) @ root.pow(2).sum(-1, keepdim=True)).squeeze(-1)
 
     def _task_rows(self, x: Tensor, root: Tensor) -> Tensor:
@@ -72,6 +72,13 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
             )
         check_task_indices(x, "the task indices", root.shape[-2])
         return torch.nn.functional.one_hot(x.squeeze(-1).long(), root.shape[-2]).to(root.dtype)
+
+    def checked_root(self) -> Tensor:
+        """:meth:`task_root`, checked finite (one reduction over its T·(r + T) entries): a NaN or infinite
+        ``covar_factor`` or ``var`` would make Φ and k NaN silently."""
+        root = self.task_root()
+        check_finite(root, "the task covariance root R = [covar_factor, diag(√var)]")
+        return root
 
     def task_root(self) -> Tensor:
         """R = [L, diag(√v)] ``(*batch_shape, T, r + T)`` with RRᵀ = B."""

@@ -230,9 +230,9 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         bad = describe_bad_hyperparameters(self)
         if bad:
             return NonFiniteHyperparameterError(
-                f"the kernel's hyperparameters {', '.join(bad)} are NaN, Inf or not positive, so the scaled inputs "
-                "or feature weights its feature map sees are not finite (x1 and x2 are finite); reset them, e.g. "
-                "kernel.lengthscale = 1.0"
+                f"the kernel's hyperparameters {', '.join(bad)} are NaN, Inf or not positive, so the scaled inputs, "
+                "feature weights or exact feature roots its features are built from are not finite (x1 and x2 are "
+                "finite); reset them to finite values inside their constraints, e.g. kernel.lengthscale = 1.0"
             )
         return error
 

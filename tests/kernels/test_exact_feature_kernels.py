@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import rfgp
+from rfgp.core.validation import NonFiniteHyperparameterError
 from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 
 F64 = torch.float64
@@ -84,6 +85,42 @@ def test_gradients_match_gpytorch():
 def test_non_positive_hyperparameters_raise_naming_them(name, make):
     with pytest.raises(ValueError, match=f"{name} must be finite and > 0"):
         setattr(make(), name, -0.5)
+
+
+TASKS = torch.tensor([[0.0], [2.0], [1.0], [2.0], [0.0], [1.0]], dtype=F64)
+NON_FINITE = {  # kernel, its inputs, the raw parameter set to a non-finite value, the name the error shows
+    "linear": (lambda: LinearFeatureKernel(ard_num_dims=3), X, "raw_variance", "variance"),
+    "constant": (ConstantFeatureKernel, X, "raw_constant", "constant"),
+    "sketched_linear": (lambda: rfgp.sketch(gpytorch.kernels.LinearKernel(ard_num_dims=3), 8), X, "raw_variance",
+                        "variance"),
+    "sketched_constant": (lambda: rfgp.sketch(gpytorch.kernels.ConstantKernel(), 8), X, "raw_constant", "constant"),
+    "rbf_times_linear": (lambda: rfgp.sketch(gpytorch.kernels.RBFKernel()
+                                             * gpytorch.kernels.LinearKernel(ard_num_dims=3), 16, seed=0), X,
+                         "kernels.1.raw_variance", "kernels.1.variance"),
+    "index_var": (lambda: rfgp.kernels.IndexFeatureKernel(num_tasks=3, rank=1), TASKS, "raw_var", "var"),
+    "index_covar_factor": (lambda: rfgp.kernels.IndexFeatureKernel(num_tasks=3, rank=1), TASKS, "covar_factor",
+                           "covar_factor"),
+    "hadamard_multitask": (lambda: rfgp.sketch(gpytorch.kernels.RBFKernel(active_dims=[0])
+                                               * gpytorch.kernels.IndexKernel(num_tasks=3, active_dims=[1]), 16,
+                                               seed=0),
+                           torch.cat((X[:, :1], TASKS), -1), "kernels.1.covar_factor", "kernels.1.covar_factor"),
+}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("call", ["full", "diag", "cross"])
+@pytest.mark.parametrize("name", sorted(NON_FINITE))
+def test_a_non_finite_exact_feature_hyperparameter_is_named(name, call, value):
+    """Before, a NaN or infinite linear variance, constant or task covariance gave NaN/Inf covariances and closed-form
+    ‖Φ‖² silently (GPyTorch's exact kernels too); now the call raises naming it, as for the spectral kernels."""
+    build, x, raw, shown = NON_FINITE[name]
+    kernel = build().double()
+    kernel(x).to_dense()
+    kernel.get_parameter(raw).data.view(-1)[0] = value
+    evaluate = {"full": lambda: kernel(x).to_dense(), "diag": lambda: kernel(x, diag=True),
+                "cross": lambda: kernel(x, x[:3].flip(0)).to_dense()}[call]
+    with pytest.raises(NonFiniteHyperparameterError, match=f"hyperparameters {shown} = "):
+        evaluate()
 
 
 def test_cosine_and_constant_spectral_protocol():
