@@ -258,3 +258,55 @@ def test_paths_through_learned_and_filtering_input_transforms_match_posterior(tr
     with torch.no_grad():
         values = paths(xs)
     assert_matches_posterior(model, xs, values)
+
+
+class DeepKernelGP(SingleTaskGP):
+    """A SingleTaskGP whose forward passes x through a network before mean_module and covar_module (DKL)."""
+
+    def __init__(self, x, y, kernel):
+        super().__init__(x, y, covar_module=kernel)
+        self.net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh())
+        with torch.no_grad():
+            self.net[0].weight.copy_(torch.tensor([[1.5, -2.0], [0.5, 2.5]]))
+
+    def forward(self, x):
+        z = self.net(x)
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(z), self.covar_module(z))
+
+
+def test_paths_of_a_model_whose_forward_transforms_its_inputs_are_refused():
+    """Before, draw_matheron_paths of a deep-kernel SingleTaskGP with an rfgp kernel drew paths of the GP on x, skipping
+    the network (path means 5.6-43 posterior standard deviations off the posterior's at N = 40; BoTorch's paths of
+    the exact kernel skip it the same way, upstream).  Now the prior sampler and the update refuse it by name."""
+    from botorch.sampling.pathwise.update_strategies import gaussian_update
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 2, generator=gen, dtype=torch.float64)
+    model = DeepKernelGP(x, torch.sin(4 * x[:, :1]) + x[:, 1:], SketchedRBFKernel(64, ard_num_dims=2, seed=0)).double()
+    model.eval()
+    with pytest.raises(UnsupportedError, match="DeepKernelGP.forward passes its inputs to covar_module transformed"):
+        draw_matheron_paths(model, torch.Size([4]))
+    with pytest.raises(UnsupportedError, match="DeepKernelGP.forward"):
+        get_matheron_path_model(model)
+    with pytest.raises(UnsupportedError, match="DeepKernelGP.forward"):
+        gaussian_update(model, torch.zeros(4, 40, dtype=torch.float64), model.likelihood)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_input_transforms_are_not_taken_for_a_transforming_forward(mode):
+    """A BoTorch input transform (Normalize with learned bounds, applied by forward in train mode only) is what the
+    paths apply themselves: drawn in either mode, matching the posterior in eval mode."""
+    from botorch.models.transforms.input import Normalize
+
+    x = 3 * torch.rand(50, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.sin(2 * x[:, :1]) + x[:, 1:2]
+    model = SingleTaskGP(x, y, covar_module=SketchedRBFKernel(64, ard_num_dims=2, seed=0),
+                         input_transform=Normalize(2, learn_bounds=True)).double()
+    model.likelihood.noise = 0.01
+    model.train(mode == "train")
+    torch.manual_seed(0)
+    paths = draw_matheron_paths(model, torch.Size([NUM_PATHS]))
+    if mode == "eval":
+        xs = 3 * torch.rand(5, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        with torch.no_grad():
+            assert_matches_posterior(model, xs, paths(xs))
