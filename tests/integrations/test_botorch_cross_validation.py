@@ -99,6 +99,29 @@ def test_other_models_are_botorchs():
     assert_same_results(loo_cv(model), dense_loo_cv(model))
 
 
+def test_a_model_without_rfgp_kernels_is_evaluated_only_by_botorch(monkeypatch):
+    """Before, the wrapper ran model.forward and the likelihood (its kernel evaluated: O(N²·d)) before handing a
+    model without rfgp kernels to BoTorch, which evaluated them again: twice per loo_cv call instead of once."""
+    from gpytorch.kernels import RBFKernel
+
+    calls = []
+    forward = RBFKernel.forward
+
+    def spy(self, x1, x2, **kwargs):
+        calls.append(x1.shape)
+        return forward(self, x1, x2, **kwargs)
+
+    monkeypatch.setattr(RBFKernel, "forward", spy)
+    X, Y = regression_data(20)
+    model = SingleTaskGP(X, Y).eval()  # BoTorch's default kernel, an RBF
+    expected = dense_loo_cv(model)
+    without_rfgp = len(calls)
+    assert without_rfgp >= 1
+    calls.clear()
+    assert_same_results(loo_cv(model), expected)
+    assert len(calls) == without_rfgp
+
+
 def test_non_finite_targets_are_refused():
     X, Y = regression_data(20)
     model = sketched(SingleTaskGP(X, Y), 8)
