@@ -282,6 +282,66 @@ def test_fantasy_differentiates_in_its_new_inputs_at_every_prediction(kind, deta
         torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
 
 
+SHIFT = torch.tensor([0.1, -0.05], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+@pytest.mark.parametrize("kind", ["kernel space", "updated"])
+def test_fantasy_of_inputs_with_their_own_graph_differentiates_at_every_prediction(kind, detach):
+    """The new inputs are a function of the differentiated x, as where BoTorch's condition_on_observations applies
+    an input transform to the fantasy points (qKG's X through Normalize, Warp, InputPerturbation): each
+    differentiated prediction of the same fantasy gives the central difference's gradient w.r.t. x.  Here the
+    inputs' own graph (z = x + s) saves no tensors, so it can be traversed twice, and rfgp rebuilds its graph at each
+    prediction; GPyTorch's exact fantasy raises 'backward through the graph a second time' at the second one under
+    detach_test_caches(False) (BoTorch's propagate_grads), its caches holding a graph of the new inputs."""
+    model = model_of(n=20) if kind == "kernel space" else model_of()
+    targets = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64)
+    x = new_points().requires_grad_(True)
+    fantasy = model.get_fantasy_model(x + SHIFT, targets)
+    expected_type = RankUpdatedFantasyStrategy if kind == "updated" else FeatureSpacePredictionStrategy
+    assert type(fantasy.prediction_strategy) is expected_type
+    for test_inputs in (XS, XS[::2] + 0.3):
+
+        def objective(inputs, test_inputs=test_inputs):
+            with gpytorch.settings.detach_test_caches(detach):
+                output = (fantasy if inputs is x else model.get_fantasy_model(inputs + SHIFT, targets))(test_inputs)
+                return output.mean.sum() + output.variance.sum()
+
+        (grad,) = torch.autograd.grad(objective(x), x)
+        expected = _central_difference(objective, new_points())
+        assert expected.abs().max() > 1e-2
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_fantasy_inputs_whose_graph_saved_tensors_raise_at_a_second_backward_as_gpytorchs():
+    """Where the new inputs' own graph saves tensors (z = x·a, as Normalize's division or Warp's CDF), the first
+    backward frees them: a second differentiated prediction raises torch's 'backward through the graph a second time'
+    — not a silent or stale gradient — for rfgp's fantasy as for GPyTorch's exact one (the graph was recorded once,
+    before either sees the inputs: rebuild the fantasy per backward, as qKG does at each evaluation, or pass
+    retain_graph=True to the first); with retain_graph=True both gradients are the central difference's."""
+    scale = torch.tensor([1.1, 0.9], dtype=torch.float64)
+    targets = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64)
+    exact = model_of().train()
+    exact.covar_module.base_kernel = gpytorch.kernels.RBFKernel().double()
+    exact.covar_module.base_kernel.lengthscale = 0.6
+    with torch.no_grad():
+        exact.eval()(XS[:2])
+    for model in (model_of(), exact):
+        x = new_points().requires_grad_(True)
+        fantasy = model.get_fantasy_model(x * scale, targets)
+        torch.autograd.grad(fantasy(XS).mean.sum(), x)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            torch.autograd.grad(fantasy(XS).mean.sum(), x)
+    model = model_of()
+    x = new_points().requires_grad_(True)
+    fantasy = model.get_fantasy_model(x * scale, targets)
+    expected = _central_difference(lambda inputs: model.get_fantasy_model(inputs * scale, targets)(XS).mean.sum(),
+                                   new_points())
+    for retain in (True, False):
+        (grad,) = torch.autograd.grad(fantasy(XS).mean.sum(), x, retain_graph=retain)
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("detach", [True, False])
 def test_fantasy_of_a_fantasy_differentiates_as_the_recomputation(detach, monkeypatch):
     """A fantasy of an updated fantasy, differentiated: the value and the gradients w.r.t. both fantasies' inputs and
