@@ -157,8 +157,8 @@ def cox_points():
 
 
 def test_cox_process_elbo_gradients_and_intensity_approach_the_exact_kernels():
-    """Measured relative errors (ELBO, lengthscale gradient, mean, variance of q(f)): 7e-3, 0.09, 0.11, 0.05 at
-    F = 256; 3e-4, 2e-3, 0.01, 5e-3 at F = 65 536."""
+    """Measured relative errors (ELBO, lengthscale gradient, mean, variance of q(f)): 8.4e-3, 0.098, 0.11, 0.052 at
+    F = 256; 3.3e-4, 6.7e-3, 0.010, 4.9e-3 at F = 65 536."""
     data = cox_data()
     assert_approaches(lambda convert: pyro_outputs(cox_model(convert), *data), 0.03)
 
@@ -454,6 +454,8 @@ def test_model_list_with_nystrom_landmarks_at_every_point_is_the_exact_model():
 
 
 def test_model_list_approaches_the_exact_kernels():
+    """Measured relative errors (−Σ MLL, lengthscale gradients, joint mean, variance): 4.0e-3, 0.077, 0.044, 0.028 at
+    F = 256; 2.7e-4, 7.1e-3, 3.1e-3, 8.9e-4 at F = 65 536."""
     assert_approaches(model_list_outputs, 0.01)
 
 
