@@ -536,3 +536,35 @@ def test_high_level_pyro_gp_with_nystrom_landmarks_at_every_point_is_the_exact_m
     assert max(errors) < 1e-6, errors
     losses = svi_losses(high_level_model(exact, likelihood), *data)
     torch.testing.assert_close(svi_losses(high_level_model(convert, likelihood), *data), losses, rtol=1e-6, atol=0)
+
+
+def fantasy_inputs():
+    gen = torch.Generator().manual_seed(5)
+    return ([torch.rand(4, 2, generator=gen, dtype=F64) for _ in range(2)],
+            [torch.randn(4, generator=gen, dtype=F64) for _ in range(2)])
+
+
+def test_model_list_fantasy_model_with_nystrom_landmarks_at_every_point_is_the_exact_models():
+    """``IndependentModelList.get_fantasy_model`` (each model's fantasy update of its cached posterior) gives the exact
+    models' fantasy posteriors; an ORF model's ``state_dict`` restores its fantasy predictions bit for bit."""
+    new_x, new_y = fantasy_inputs()
+
+    def fantasy(convert, state=None):
+        model, likelihood, test_x = model_list(60, convert)
+        if state is not None:
+            model.load_state_dict(state)
+        model.eval()
+        with torch.no_grad():
+            model(test_x, test_x)  # the caches a fantasy update starts from
+            posteriors = model.get_fantasy_model(new_x, new_y)(test_x, test_x)
+        return model, [p.mean for p in posteriors] + [p.variance for p in posteriors]
+
+    model, reference = fantasy(exact)
+    points = torch.cat([*(x for (x,) in model.train_inputs), *new_x, model_list(60, exact)[2]])
+    errors = relative_errors(fantasy(nystrom(points))[1], reference)
+    assert max(errors) < 1e-6, errors
+    trained, expected = fantasy(orf(64))
+    assert max(relative_errors(expected, reference)) < 0.5
+    for restored, wanted in zip(fantasy(lambda kernel: rfgp.sketch(kernel, 64, method="orf", seed=1),
+                                        trained.state_dict())[1], expected):
+        assert torch.equal(restored, wanted)
