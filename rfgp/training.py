@@ -236,7 +236,10 @@ class _Objective:
         for p in self.params:
             p.grad = None
         try:
-            loss = -self.mll(self.model(*self.model.train_inputs), self.model.train_targets).sum()
+            # the inputs go to the likelihood too, as in GPyTorch's heteroskedastic recipe and BoTorch's fit: a
+            # HeteroskedasticNoise evaluates its noise GP at them (others take only the shape, the same)
+            inputs = self.model.train_inputs
+            loss = -self.mll(self.model(*inputs), self.model.train_targets, *inputs).sum()
             loss.backward()
             self.bounds.pull_gradients()
         except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
@@ -331,7 +334,10 @@ def fit_mll(
     hyperparameters of a GP it reaches a tighter optimum than Adam in far fewer loss
     evaluations (no learning rate to tune).  Works for any ``ExactGP``: regression,
     Dirichlet classification and other batched models (the loss is summed over the batch),
-    multi-output models, and chunked kernels (:class:`rfgp.settings.memory_budget`).
+    multi-output models, and chunked kernels (:class:`rfgp.settings.memory_budget`).  The loss is
+    ``−mll(model(x), y, x)``: the likelihood receives the training inputs, as in BoTorch's
+    ``fit_gpytorch_mll`` and GPyTorch's heteroskedastic recipe (a ``HeteroskedasticNoise`` whose noise
+    model is a GP evaluates it there; other noise models take only their shape from them).
 
     Stopping (checked after every iteration; the first rule that holds stops training):
 

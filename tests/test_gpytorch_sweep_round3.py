@@ -568,3 +568,19 @@ def test_model_list_fantasy_model_with_nystrom_landmarks_at_every_point_is_the_e
     for restored, wanted in zip(fantasy(lambda kernel: rfgp.sketch(kernel, 64, method="orf", seed=1),
                                         trained.state_dict())[1], expected):
         assert torch.equal(restored, wanted)
+
+
+def test_fit_mll_passes_the_training_inputs_to_a_likelihood_that_takes_them():
+    """GPyTorch's heteroskedastic recipe evaluates ``mll(model(x), y, x)``: HeteroskedasticNoise needs x for its noise
+    GP, as BoTorch's fit_gpytorch_mll passes it.  ``rfgp.fit_mll`` called ``mll(model(x), y)``, and the noise GP, asked
+    for its posterior at no inputs, failed with "zip() argument 2 is shorter than argument 1" — rfgp kernel or exact.
+    Now both train, with the loss fit_mll reports equal to the heteroskedastic model's −MLL at the trained point."""
+    x, y, _, _ = noise_data()
+    for convert in (exact, orf(64)):
+        likelihood = heteroskedastic_likelihood(convert)
+        model = RegressionGP(x, y, convert(main_kernel()), likelihood).double()
+        history = rfgp.fit_mll(model, num_iterations=5)
+        model.train()  # fit_mll returns the model in eval mode
+        loss = -gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(x), y, x)
+        assert history.losses[-1] == pytest.approx(loss.item(), rel=1e-10, abs=0)
+        assert history.losses[-1] < history.losses[0]
