@@ -56,11 +56,17 @@ class Featurizer:
         constant: optional positive constant c (a number or a batch-shaped tensor, one of
             ``params`` if it needs gradients) kept apart from Φ₀ so that the feature
             statistics can fold it into their weights instead of scaling every chunk.
+        amplitude_function: optional (x, log A) ↦ √A·Φ₀(x) for a batch-shaped log A, the amplitude folded into the
+            features' own evaluation (:meth:`rfgp.kernels.FeatureKernel.amplitude_features`); where given, a tensor
+            ``constant`` c is passed to it as log A = 2 log c rather than multiplied into Φ₀ afterwards, a pass over
+            the features each way and a product the size of Φ for c's gradient saved.
     """
 
     def __init__(self, function: Callable[[Tensor], Tensor], params: Sequence[Tensor], num_features: int,
-                 batch_shape: torch.Size, constant: Tensor | float | None = None) -> None:
+                 batch_shape: torch.Size, constant: Tensor | float | None = None,
+                 amplitude_function: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
         self.function = function
+        self.amplitude_function = amplitude_function
         self.params = tuple(params)
         self.num_features = num_features
         self.batch_shape = torch.Size(batch_shape)
@@ -69,10 +75,12 @@ class Featurizer:
         self.constant_params: tuple[Tensor, ...] = ()
 
     def __call__(self, x: Tensor) -> Tensor:
-        features = self.function(x)
-        if self.constant is None:
-            return features
         constant = self.constant
+        if constant is None:
+            return self.function(x)
+        if self.amplitude_function is not None and torch.is_tensor(constant):
+            return self.amplitude_function(x, 2.0 * constant.log())
+        features = self.function(x)
         return features * (constant.unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(constant) else constant)
 
     def scaled(self, scale: Tensor | float) -> Featurizer:

@@ -295,6 +295,18 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         xi = self.feature_map.frequency_matrix().to(features)
         return scale_sincos_pairs(features, (0.5 * self._log_weights(xi)).exp().to(features.dtype))
 
+    def folds_amplitude(self) -> bool:
+        return isinstance(self.feature_map, RandomFourierFeatures)
+
+    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
+        """√A·Φ(x), for ν = ½ with the importance weights r(ℓ) folded into the same pair scales √(A·r_f/m)."""
+        scaled = self.scale_inputs(x)
+        if not self.is_anchored:
+            return self.sincos_amplitude_features(scaled, log_amplitude)
+        self.feature_map.prepare(scaled)  # the draws, before the weights of their frequencies
+        log_weights = self._log_weights(self.feature_map.frequency_matrix().to(scaled))
+        return self.sincos_amplitude_features(scaled, log_amplitude, log_weights)
+
     def feature_squared_norm(self, x: Tensor) -> Tensor | None:
         """‖Φ(x)‖² without featurising x: 1 for ν = 3/2, 5/2 (cos² + sin² = 1); for ν = ½, whose pair f is
         √r_f·m^{−1/2}[cos, sin], (1/m)·Σ_f r_f(ℓ), the same for every x and differentiable in ℓ like the features."""

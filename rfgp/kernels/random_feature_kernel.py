@@ -37,6 +37,8 @@ from ..core.validation import (
     promote_unit_rows,
 )
 from ..features.base import FeatureMap
+from ..features.fourier import RandomFourierFeatures
+from ..features.weighted_fourier import scaled_sincos_features
 from ..inference.chunking import Featurizer, chunk_slices
 from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import (
@@ -77,6 +79,20 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         function of the hyperparameters, gradients included, and validate what the featurisation would.
         """
         return None
+
+    def folds_amplitude(self) -> bool:
+        """Whether :meth:`amplitude_features` folds an amplitude into the features' own evaluation (opt-in; ``False``
+        here: a ``ScaleKernel``'s √outputscale then multiplies Φ afterwards)."""
+        return False
+
+    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
+        """√A·Φ(x) for log A of shape ``(*batch)`` (a ``ScaleKernel``'s log outputscale), equal to
+        ``featurize(x) * A.sqrt()`` as a function of x and every hyperparameter, with A folded into the sin/cos
+        Function's pair scales e^{½(log A − log m) + …}
+        (:func:`~rfgp.features.weighted_fourier.scaled_sincos_features`): no pass over Φ each way for the product,
+        and A's gradient from the Function's saved output.  Only for kernels whose :meth:`folds_amplitude` is
+        ``True``."""
+        raise NotImplementedError(f"{type(self).__name__} does not fold an amplitude into its features")
 
     def prepare(self, x: Tensor) -> None:
         """Fit what the kernel fits on its first input (the optimized Maclaurin allocation, draws of an unset
@@ -222,7 +238,8 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             self.prepare(x)
             probe = self.featurize(x[..., :1, :])
         params = [p for p in self.parameters() if p.requires_grad]
-        return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2])
+        return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2],
+                          amplitude_function=self.amplitude_features if self.folds_amplitude() else None)
 
     def _nonfinite_error(self, error: NonFiniteError) -> NonFiniteError:
         """x1 and x2 are finite, the scaled inputs (or feature weights) are not: name the hyperparameter (error path
@@ -329,6 +346,29 @@ class RandomFeatureKernel(FeatureKernel):
     def featurize(self, x: Tensor) -> Tensor:
         """Φ(x/ℓ) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller)."""
         return self.feature_map(self.scale_inputs(x))
+
+    def folds_amplitude(self) -> bool:
+        """``True`` for a sin/cos map (:class:`~rfgp.features.RandomFourierFeatures`: RFF, ORF, SORF) behind this
+        class's :meth:`featurize` (a subclass that changes it folds only where it says so)."""
+        sincos = isinstance(self.feature_map, RandomFourierFeatures)
+        return sincos and type(self).featurize is RandomFeatureKernel.featurize
+
+    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
+        return self.sincos_amplitude_features(self.scale_inputs(x), log_amplitude)
+
+    def sincos_amplitude_features(self, scaled: Tensor, log_amplitude: Tensor,
+                                  log_weights: Tensor | None = None) -> Tensor:
+        """√(A/m)·[√w cos(W u), √w sin(W u)] of the sin/cos map for scaled inputs u, log A ``(*batch)`` and optional
+        per-frequency log-weights log w ``(*batch, m)``: one
+        :func:`~rfgp.features.weighted_fourier.scaled_sincos_features` call, after the map's checks of u (and its
+        draws)."""
+        self.feature_map.prepare(scaled)
+        projection = self.feature_map.project(scaled)
+        m = projection.shape[-1]
+        log_scales = log_amplitude.unsqueeze(-1) - math.log(m)
+        if log_weights is not None:
+            log_scales = log_scales + log_weights
+        return scaled_sincos_features(projection, 0.5 * log_scales.expand(*log_scales.shape[:-1], m))
 
     def prepare(self, x: Tensor) -> None:
         if not self.feature_map.is_initialized:

@@ -92,6 +92,13 @@ class SpectralFeatureKernel(FeatureKernel):
         """Φ(x) of the normalised measure (subclasses with A ≠ 1 call :meth:`measure_features` with log A)."""
         return self.measure_features(x)
 
+    def folds_amplitude(self) -> bool:
+        """``True`` where :meth:`featurize` is this class's (a subclass that changes it folds where it says so)."""
+        return type(self).featurize is SpectralFeatureKernel.featurize
+
+    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
+        return self.measure_features(x, log_amplitude)
+
     def measure_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
         """√A·Φ(x) of the normalised measure, the amplitude folded into the features' pair scales (no extra pass
         over Φ); ``log_amplitude`` log A ``(*batch)``, ``None`` for A = 1."""

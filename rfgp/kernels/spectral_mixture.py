@@ -88,6 +88,14 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         self._check_input_dim(x)
         return self.measure_features(x, self.spectral_amplitude().log())
 
+    def folds_amplitude(self) -> bool:
+        return True
+
+    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
+        """√(s·A)·Φ(x): an outputscale s and the mixture's A = (Σ_q w_q)^d in the same pair scales."""
+        self._check_input_dim(x)
+        return self.measure_features(x, self.spectral_amplitude().log() + log_amplitude)
+
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = A·mean(w), A = (Σ_q w_q)^d, without featurising x: differentiable in the mixture weights (the
         amplitude and the importance weights), and with the checks of :meth:`featurize`."""

@@ -172,11 +172,23 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         return terms, amplitude, weights
 
     def featurize(self, x: Tensor) -> Tensor:
+        return self._features(x)
+
+    def folds_amplitude(self) -> bool:
+        return True
+
+    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
+        """√s·Φ(x) for log s (an outputscale around the product), folded into the pair scales √(s·a·wⱼ/m)."""
+        return self._features(x, log_amplitude)
+
+    def _features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
         terms, amplitude, weights = self.spectrum(x)
         projection = 0.0
         for u, frequencies in terms:
             projection = projection + u @ frequencies.mT
         log_scales = (amplitude / self.num_frequencies).log().unsqueeze(-1)  # pair j: √(a·wⱼ/m)
+        if log_amplitude is not None:
+            log_scales = log_scales + log_amplitude.unsqueeze(-1)
         if weights is not None:
             log_scales = log_scales + weights.log()
         return scaled_sincos_features(projection, 0.5 * log_scales.expand(*log_scales.shape[:-1], projection.shape[-1]))

@@ -165,14 +165,19 @@ WEIGHTED = {
 
 
 def featurize_rows(kernel):
-    """Like :func:`feature_map_rows`, for every feature kernel's ``featurize`` under ``kernel`` (maps or not)."""
+    """Like :func:`feature_map_rows`, for every feature kernel's ``featurize`` under ``kernel`` (maps or not), and its
+    ``amplitude_features`` (the featurisation with a ScaleKernel's outputscale folded in)."""
     rows = []
     for module in kernel.modules():
         if isinstance(module, FeatureKernel):
             def spy(x, _featurize=module.featurize):
                 rows.append(x.shape[-2])
                 return _featurize(x)
-            module.featurize = spy
+
+            def amplitude_spy(x, log_amplitude, _features=module.amplitude_features):
+                rows.append(x.shape[-2])
+                return _features(x, log_amplitude)
+            module.featurize, module.amplitude_features = spy, amplitude_spy
     return rows
 
 
