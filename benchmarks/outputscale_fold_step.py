@@ -1,9 +1,9 @@
 """A ScaleKernel's outputscale folded into the sin/cos Functions' pair scales, against multiplying Φ by √s, paired in
 one process.
 
-``multiply``: every feature kernel's ``folds_amplitude`` returns ``False``, so the chunked operators' featurizer (and
-``kernel_features``) multiply Φ by √s after the feature map, as before: a pass over the N × F features forward, one
-backward, and an N × F product for the outputscale's gradient.  ``fold``: the kernels' own protocol, log s passed to
+``multiply``: every feature kernel's ``folds_amplitude`` returns ``False``, so the chunked operators' featurizer
+multiplies Φ by √s after the feature map, as before: a pass over the N × F features forward, one backward, and an
+N × F product for the outputscale's gradient.  ``fold``: the kernels' own protocol, log s passed to
 the Function (:meth:`rfgp.kernels.FeatureKernel.amplitude_features`).  Steps as in ``weighted_fourier_step.py``
 (one thread, d = 2, F = 1024, ``zero_grad`` + loss + ``backward`` after one untimed step, the two alternating):
 

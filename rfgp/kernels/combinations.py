@@ -63,16 +63,12 @@ def kernel_features(kernel: Kernel, x: Tensor) -> Tensor:
     """Φ(x) of a feature kernel or a ``ScaleKernel`` around one, honouring ``active_dims``.
 
     As in GPyTorch, a ``ScaleKernel`` selects its own ``active_dims`` (copied from its base at
-    construction) and hands them to its base's ``forward`` without selecting again.  A base that folds an amplitude
-    (:meth:`~rfgp.kernels.FeatureKernel.folds_amplitude`) receives the outputscale s as log s at featurisation;
-    others' Φ is multiplied by √s.
+    construction) and hands them to its base's ``forward`` without selecting again.
     """
     x = select_active(kernel, x)
     base, outputscale = unwrap_scale(kernel)
     if not isinstance(base, FeatureKernel):
         raise TypeError(f"{type(base).__name__} is not a feature kernel")
-    if outputscale is not None and base.folds_amplitude():
-        return base.amplitude_features(x, outputscale.log())
     features = base.featurize(x)
     return features if outputscale is None else features * outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
 

@@ -296,7 +296,8 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         return scale_sincos_pairs(features, (0.5 * self._log_weights(xi)).exp().to(features.dtype))
 
     def folds_amplitude(self) -> bool:
-        return isinstance(self.feature_map, RandomFourierFeatures)
+        sincos = isinstance(self.feature_map, RandomFourierFeatures)
+        return sincos and type(self).featurize is SketchedMaternKernel.featurize
 
     def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
         """√A·Φ(x), for ν = ½ with the importance weights r(ℓ) folded into the same pair scales √(A·r_f/m)."""

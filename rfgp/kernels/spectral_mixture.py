@@ -89,7 +89,7 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         return self.measure_features(x, self.spectral_amplitude().log())
 
     def folds_amplitude(self) -> bool:
-        return True
+        return type(self).featurize is SketchedSpectralMixtureKernel.featurize
 
     def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
         """√(s·A)·Φ(x): an outputscale s and the mixture's A = (Σ_q w_q)^d in the same pair scales."""

@@ -175,7 +175,7 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         return self._features(x)
 
     def folds_amplitude(self) -> bool:
-        return True
+        return type(self).featurize is SpectralProductKernel.featurize
 
     def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
         """√s·Φ(x) for log s (an outputscale around the product), folded into the pair scales √(s·a·wⱼ/m)."""

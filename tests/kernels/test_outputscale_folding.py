@@ -1,4 +1,5 @@
-"""A ScaleKernel's outputscale folded into the sin/cos Functions' pair scales (FeatureKernel.amplitude_features).
+"""A ScaleKernel's outputscale folded into the sin/cos Functions' pair scales (FeatureKernel.amplitude_features), as
+the chunked operators' Featurizer does for K(Z, x).
 
 The folded features must equal the multiply path ``featurize(x)·√s`` as functions of x and every hyperparameter:
 values to 1e-13 (float64), first and second derivatives to 1e-10 relative.
@@ -9,8 +10,10 @@ import torch
 from gpytorch.kernels import ScaleKernel
 
 from rfgp.kernels import (
+    SketchedMatern52KernelGrad,
     SketchedMaternKernel,
     SketchedPeriodicKernel,
+    SketchedPolynomialKernel,
     SketchedRBFKernel,
     SketchedRQKernel,
     SketchedSpectralMixtureKernel,
@@ -49,6 +52,11 @@ def _multiplied(kernel, x):
     return kernel.base_kernel.featurize(x) * kernel.outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
 
 
+def _folded(kernel, x):
+    """√s folded into the features: amplitude_features(x, log s)."""
+    return kernel.base_kernel.amplitude_features(x, kernel.outputscale.log())
+
+
 @pytest.mark.parametrize("batch", [torch.Size(), BATCH], ids=["plain", "batched"])
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_folded_features_equal_the_multiplied_ones(name, batch):
@@ -58,7 +66,7 @@ def test_folded_features_equal_the_multiplied_ones(name, batch):
     params = [x, *kernel.parameters()]
     kernel_features(kernel, x)  # the draws (a periodic kernel's proposal fixed at its first call)
 
-    folded, multiplied = kernel_features(kernel, x), _multiplied(kernel, x)
+    folded, multiplied = _folded(kernel, x), _multiplied(kernel, x)
     assert folded.shape == multiplied.shape == (*batch, 7, 16)
     torch.testing.assert_close(folded, multiplied, rtol=0, atol=1e-13)
 
@@ -106,10 +114,13 @@ def test_squared_norm_unaffected():
                                rtol=1e-12, atol=0)
 
 
-def test_kernels_that_do_not_fold_keep_the_multiply():
-    from rfgp.kernels import SketchedPolynomialKernel
-
-    kernel = ScaleKernel(SketchedPolynomialKernel(power=2, num_features=16, seed=0)).double()
+@pytest.mark.parametrize("make", [
+    lambda: SketchedPolynomialKernel(power=2, num_features=16, seed=0),
+    lambda: SketchedMatern52KernelGrad(16, seed=0),  # a Matérn subclass whose featurize gives derivative rows
+], ids=["polynomial", "matern52_grad"])
+def test_kernels_that_do_not_fold_keep_the_multiply(make):
+    kernel = ScaleKernel(make()).double()
     x = torch.rand(4, 2, dtype=torch.float64)
     assert not kernel.base_kernel.folds_amplitude()
+    assert kernel.base_kernel.featurizer(x).amplitude_function is None
     torch.testing.assert_close(kernel_features(kernel, x), _multiplied(kernel, x), rtol=0, atol=0)
