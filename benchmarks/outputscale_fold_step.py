@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import gpytorch
@@ -30,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's r
 import rfgp  # noqa: E402
 from rfgp.kernels import FeatureKernel  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from _models import UserGP, UserSVGP  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from _paired_steps import exact_loss, paired_times, svgp_loss  # noqa: E402
 
 K = gpytorch.kernels
 KERNELS = {
@@ -58,50 +57,6 @@ def use(name):
         cls.folds_amplitude = folds if name == "fold" else (lambda self: False)
 
 
-def svgp_loss(kernel, x, y, num_inducing=64):
-    model = UserSVGP(kernel, x[:num_inducing].clone()).to(x.dtype)
-    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x.dtype)
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=x.shape[0])
-    model.train()
-    likelihood.train()
-    return model, lambda: -mll(model(x), y)
-
-
-def exact_loss(kernel, x, y):
-    model = UserGP(x, y, kernel).to(x.dtype)
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
-    model.train()
-    return model, lambda: -mll(model(x), y)
-
-
-def paired_times(make_loss, repeats):
-    """{implementation: [seconds]} of zero_grad + loss + backward, the implementations alternating; and the largest
-    difference of the two implementations' losses and gradients (relative)."""
-    model, loss = make_loss()
-    results = {}
-
-    def step(name):
-        use(name)
-        model.zero_grad()
-        start = time.perf_counter()
-        value = loss()
-        value.backward()
-        elapsed = time.perf_counter() - start
-        results[name] = [value.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
-        return elapsed
-
-    times = {name: [] for name in IMPLEMENTATIONS}
-    for name in IMPLEMENTATIONS:
-        step(name)
-    difference = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-                     for a, b in zip(results["multiply"], results["fold"]))
-    for _ in range(repeats):
-        for name in IMPLEMENTATIONS:
-            times[name].append(step(name))
-    use("fold")
-    return times, difference
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="outputscale_fold_step")
@@ -119,7 +74,9 @@ def main() -> None:
         for name in args.kernels:
             kernel = rfgp.sketch(KERNELS[name](2), num_features=args.num_features, seed=0)
             make = (lambda: svgp_loss(kernel, x, y)) if step == "svgp" else (lambda: exact_loss(kernel, x, y))
-            times, difference = paired_times(make, args.repeats)
+            times, outputs = paired_times(make, args.repeats, use, IMPLEMENTATIONS, "fold")
+            difference = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+                             for a, b in zip(outputs["multiply"], outputs["fold"], strict=True))
             multiply, fold = (statistics.median(times[k]) for k in IMPLEMENTATIONS)
             load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
             rows.append(f"| {step} | {n} | {str(dtype)[6:]} | {name} | {multiply:.3f} | {min(times['multiply']):.3f} | "

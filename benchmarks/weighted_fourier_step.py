@@ -23,7 +23,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import gpytorch
@@ -35,8 +34,8 @@ import rfgp  # noqa: E402
 from rfgp.features import weighted_fourier  # noqa: E402
 from rfgp.kernels import SpectralProductKernel  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from _models import UserGP, UserSVGP  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from _paired_steps import exact_loss, paired_times, svgp_loss  # noqa: E402
 
 K = gpytorch.kernels
 KERNELS = {
@@ -81,43 +80,6 @@ def use(name):
     weighted_fourier.fourier_features, SpectralProductKernel.featurize = IMPLEMENTATIONS[name]
 
 
-def svgp_loss(kernel, x, y, num_inducing=64):
-    model = UserSVGP(kernel, x[:num_inducing].clone()).to(x.dtype)
-    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(x.dtype)
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=x.shape[0])
-    model.train()
-    likelihood.train()
-    return model, lambda: -mll(model(x), y)
-
-
-def exact_loss(kernel, x, y):
-    model = UserGP(x, y, kernel).to(x.dtype)
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
-    model.train()
-    return model, lambda: -mll(model(x), y)
-
-
-def paired_times(make_loss, repeats):
-    """{implementation: [seconds]} of zero_grad + loss + backward, the implementations alternating."""
-    model, loss = make_loss()
-
-    def step(name):
-        use(name)
-        model.zero_grad()
-        start = time.perf_counter()
-        loss().backward()
-        return time.perf_counter() - start
-
-    times = {name: [] for name in IMPLEMENTATIONS}
-    for name in IMPLEMENTATIONS:
-        step(name)
-    for _ in range(repeats):
-        for name in IMPLEMENTATIONS:
-            times[name].append(step(name))
-    use("function")
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="weighted_fourier_step")
@@ -136,7 +98,7 @@ def main() -> None:
         for name in args.kernels:
             kernel = rfgp.sketch(KERNELS[name](2), num_features=args.num_features, seed=0)
             make = (lambda: svgp_loss(kernel, x, y)) if step == "svgp" else (lambda: exact_loss(kernel, x, y))
-            times = paired_times(make, args.repeats)
+            times, _ = paired_times(make, args.repeats, use, IMPLEMENTATIONS, "function")
             plain, function = (statistics.median(times[k]) for k in IMPLEMENTATIONS)
             load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
             rows.append(f"| {step} | {sizes[step]} | {name} | {plain:.3f} | {min(times['plain']):.3f} | "
