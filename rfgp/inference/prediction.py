@@ -391,10 +391,8 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     def full_strategy(self) -> FeatureSpacePredictionStrategy:
         """The strategy recomputed from all N + q points (the kernel evaluated there), built at its first use."""
         if self._full_strategy is None:
-            output = self.full_output
             self._full_strategy = FeatureSpacePredictionStrategy(
-                self.train_inputs, output.__class__(output.mean, output.lazy_covariance_matrix), self.train_labels,
-                self.likelihood)
+                self.train_inputs, self.train_prior_dist, self.train_labels, self.likelihood)
             self._full_strategy.caches_follow_new_data = True  # a recomputed fantasy
         return self._full_strategy
 
