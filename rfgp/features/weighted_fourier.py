@@ -71,8 +71,14 @@ def fourier_features(x: Tensor, frequencies: Tensor, log_weights: Tensor | None 
     (:class:`_WeightedSinCosFeatures`) whose backward reuses Φ; it is built of differentiable operations, so
     Φ stays twice differentiable in x and in the hyperparameters W, w and A depend on.
     """
-    projection = x @ frequencies.mT
-    m = frequencies.shape[-2]
+    return projection_features(x @ frequencies.mT, log_weights, log_amplitude)
+
+
+def projection_features(projection: Tensor, log_weights: Tensor | None = None,
+                        log_amplitude: Tensor | None = None) -> Tensor:
+    """:func:`fourier_features` from the projections P = xWᵀ ``(..., n, m)`` (a map that projects its own way,
+    e.g. SORF's structured blocks): √(A/m)[√w cos P, √w sin P]."""
+    m = projection.shape[-1]
     if log_weights is None and log_amplitude is None:
         if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same values, plainly
             return torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1) / math.sqrt(m)

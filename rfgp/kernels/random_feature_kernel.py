@@ -38,7 +38,7 @@ from ..core.validation import (
 )
 from ..features.base import FeatureMap
 from ..features.fourier import RandomFourierFeatures
-from ..features.weighted_fourier import scaled_sincos_features
+from ..features.weighted_fourier import projection_features
 from ..inference.chunking import Featurizer, chunk_slices
 from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import (
@@ -360,15 +360,10 @@ class RandomFeatureKernel(FeatureKernel):
                                   log_weights: Tensor | None = None) -> Tensor:
         """√(A/m)·[√w cos(W u), √w sin(W u)] of the sin/cos map for scaled inputs u, log A ``(*batch)`` and optional
         per-frequency log-weights log w ``(*batch, m)``: one
-        :func:`~rfgp.features.weighted_fourier.scaled_sincos_features` call, after the map's checks of u (and its
+        :func:`~rfgp.features.weighted_fourier.projection_features` call, after the map's checks of u (and its
         draws)."""
         self.feature_map.prepare(scaled)
-        projection = self.feature_map.project(scaled)
-        m = projection.shape[-1]
-        log_scales = log_amplitude.unsqueeze(-1) - math.log(m)
-        if log_weights is not None:
-            log_scales = log_scales + log_weights
-        return scaled_sincos_features(projection, 0.5 * log_scales.expand(*log_scales.shape[:-1], m))
+        return projection_features(self.feature_map.project(scaled), log_weights, log_amplitude)
 
     def prepare(self, x: Tensor) -> None:
         if not self.feature_map.is_initialized:

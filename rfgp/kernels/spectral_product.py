@@ -46,7 +46,7 @@ from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
 from ..core.dtypes import cast_to
 from ..core.validation import check_finite, check_positive_int
 from ..features.base import _new_seed
-from ..features.weighted_fourier import scaled_sincos_features
+from ..features.weighted_fourier import projection_features
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
@@ -186,12 +186,8 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         projection = 0.0
         for u, frequencies in terms:
             projection = projection + u @ frequencies.mT
-        log_scales = (amplitude / self.num_frequencies).log().unsqueeze(-1)  # pair j: √(a·wⱼ/m)
-        if log_amplitude is not None:
-            log_scales = log_scales + log_amplitude.unsqueeze(-1)
-        if weights is not None:
-            log_scales = log_scales + weights.log()
-        return scaled_sincos_features(projection, 0.5 * log_scales.expand(*log_scales.shape[:-1], projection.shape[-1]))
+        log_total = amplitude.log() if log_amplitude is None else amplitude.log() + log_amplitude
+        return projection_features(projection, None if weights is None else weights.log(), log_total)  # √(a·wⱼ/m)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = (a/m)Σⱼ wⱼ(cos² + sin²) = a·mean(w) without featurising x: the same for every x, differentiable
