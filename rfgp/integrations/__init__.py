@@ -9,6 +9,7 @@ only reacts to that one module name and removes itself once that module has been
 * :mod:`rfgp.integrations.botorch` — pathwise (Matheron) sampling of rfgp kernels in BoTorch.
 * :mod:`rfgp.integrations.botorch_kernels` — BoTorch's own kernels (``CategoricalKernel``, ``PositiveIndexKernel``) for
   ``rfgp.sketch``.
+* :mod:`rfgp.integrations.botorch_oak` — BoTorch's ``OrthogonalAdditiveKernel`` for ``rfgp.sketch``.
 * :mod:`rfgp.integrations.botorch_transforms` — BoTorch's ``Standardize`` keeps an rfgp posterior's low-rank root.
 * :mod:`rfgp.integrations.botorch_multioutput` — ``ModelListGP`` and batched multi-output posteriors keep their
   low-rank roots.
@@ -81,6 +82,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 def _register_botorch() -> None:
     importlib.import_module(f"{__name__}.botorch")
     importlib.import_module(f"{__name__}.botorch_kernels")
+    importlib.import_module(f"{__name__}.botorch_oak")
     importlib.import_module(f"{__name__}.botorch_transforms")
     importlib.import_module(f"{__name__}.botorch_multioutput")
     importlib.import_module(f"{__name__}.botorch_models")
