@@ -8,42 +8,20 @@ exponential tails, so every moment of ω is finite (Student-t frequencies, whose
 leave a reparameterised Matérn-½ ∂Φ/∂ℓ without a mean, are the Matérn kernel's, where 1/τ is Gamma
 distributed; Matérn-½ carries ℓ in importance weights instead, see ``SketchedMaternKernel``).
 
-Sampler — importance weights against a fixed proposal.  Reparameterising τ by its inverse
-CDF would need the derivative of the inverse regularised incomplete gamma function in α (and
-its second derivative for Hessians), which torch does not provide.  Instead τ is drawn once
-from the defensive mixture r(τ) = ½Gamma(τ; α₀, α₀) + ½Gamma(τ; α₀/4, α₀/4) at the reference
-shape α₀ (α at draw time), and each frequency carries the weight
-
-    w(τ) = Gamma(τ; α, α)/r(τ),   log Gamma(τ; a, a) = a log a − log Γ(a) + (a − 1) log τ − aτ,
-
-so E_r[w cos ωᵀτ] = k for every α (unbiased), w is smooth in α to every order (autograd
-agrees with finite differences, Hessians exist), w ≤ 2 at α = α₀, and E_r[w²] < ∞ for every
-α > α₀/8 (the tails of the Gamma(α₀/4) component).  Below that bound the weights have infinite
-variance, so a smaller α raises; far above α₀ the target concentrates near τ = 1 and the
-variance grows (roughly like √(α/α₀)).  ``resample()`` of the kernel re-centres the proposal.
-The lengthscale enters only through ω = g√τ/ℓ.
+Sampler — importance weights against a fixed proposal (:mod:`rfgp.features.gamma_proposal`): τ drawn once from
+a defensive Gamma mixture at the reference shape α₀ (α at draw time), each frequency weighted by
+Gamma(τ; α, α)/r(τ): unbiased for every α, smooth in α to every order, finite variance for α > α₀/8 (a smaller α
+raises).  ``resample()`` of the kernel re-centres the proposal.  The lengthscale enters only through ω = g√τ/ℓ.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from ..core.validation import DrawCoverageError
 from . import random
+from .gamma_proposal import draw_gamma_proposal, gamma_log_weights
 from .weighted_fourier import SpectralMeasure
-
-#: the proposal is the equal mixture of Gamma(f·α₀, rate f·α₀) over these factors f
-PROPOSAL_FACTORS = (1.0, 0.25)
-#: the weights have finite variance for α > α₀·MIN_ALPHA_RATIO
-MIN_ALPHA_RATIO = 0.125
-
-
-def log_gamma_density(tau: Tensor, shape: Tensor) -> Tensor:
-    """log of the Gamma(shape, rate = shape) density at τ (mean 1)."""
-    return shape * torch.log(shape) - torch.lgamma(shape) + (shape - 1) * torch.log(tau) - shape * tau
 
 
 class RationalQuadraticSpectralMeasure(SpectralMeasure):
@@ -59,12 +37,7 @@ class RationalQuadraticSpectralMeasure(SpectralMeasure):
         if alpha is None:
             raise RuntimeError("RationalQuadraticSpectralMeasure needs reference['alpha'] before drawing")
         alpha_ref = float(alpha.detach().min())
-        shapes = [alpha_ref * factor for factor in PROPOSAL_FACTORS]
-        candidates = torch.stack([random.gamma((num_frequencies,), a, generator) / a for a in shapes])
-        component = torch.randint(len(shapes), (num_frequencies,), generator=generator)
-        tau = candidates.gather(0, component.unsqueeze(0)).squeeze(0)
-        shape_tensor = torch.tensor(shapes, dtype=torch.float64).unsqueeze(-1)
-        log_proposal = torch.logsumexp(log_gamma_density(tau, shape_tensor), dim=0) - math.log(len(shapes))
+        tau, log_proposal = draw_gamma_proposal(num_frequencies, alpha_ref, generator)
         return {
             "directions": random.normal((num_frequencies, input_dim), generator),
             "precisions": tau,
@@ -78,11 +51,4 @@ class RationalQuadraticSpectralMeasure(SpectralMeasure):
 
     def log_weights(self, draws: dict[str, Tensor], alpha: Tensor, **others: Tensor) -> Tensor:
         """log Gamma(τ; α, α) − log r(τ), shape ``(*batch, m)`` for ``alpha`` ``(*batch, 1)``."""
-        bound = draws["reference_alpha"] * MIN_ALPHA_RATIO
-        if bool((alpha <= bound).any()):
-            raise DrawCoverageError(
-                f"alpha {float(alpha.min()):.4g} is at or below {float(bound):.4g} = alpha_at_draw_time/8, where "
-                "the importance weights of the drawn precisions have infinite variance: call resample() on the "
-                "kernel to re-centre the proposal at the current alpha"
-            )
-        return log_gamma_density(draws["precisions"], alpha) - draws["log_proposal"]
+        return gamma_log_weights(draws["precisions"], draws["log_proposal"], alpha, draws["reference_alpha"], "alpha")

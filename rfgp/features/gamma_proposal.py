@@ -1,0 +1,59 @@
+r"""Importance sampling of a Gamma(a, rate a) mixing variable whose shape a is a trainable hyperparameter.
+
+Kernels that are Gamma scale mixtures — the rational quadratic (1 + r²/(2α))^{−α} = E[exp(−τr²/2)] and the
+inverse multiquadric (1 + r/α)^{−β} = E[exp(−τβr/α)], τ ~ Gamma(a, rate a) with a = α resp. β — need τ draws that
+stay fixed while a trains.  Reparameterising τ by its inverse CDF would need the derivative of the inverse
+regularised incomplete gamma function in a, which torch does not provide.  Instead τ is drawn once from the
+defensive mixture r(τ) = ½Gamma(τ; a₀, a₀) + ½Gamma(τ; a₀/4, a₀/4) at the reference shape a₀ (a at draw time), and
+each draw carries the weight
+
+    w(τ) = Gamma(τ; a, a)/r(τ),   log Gamma(τ; a, a) = a log a − log Γ(a) + (a − 1) log τ − aτ,
+
+so E_r[w g(τ)] = E_a[g(τ)] for every a (unbiased), w is smooth in a to every order, w ≤ 2 at a = a₀, and
+E_r[w²] < ∞ for every a > a₀/8 (the tails of the Gamma(a₀/4) component).  Below that bound the weights have infinite
+variance, so a smaller a raises (:class:`~rfgp.core.validation.DrawCoverageError`); far above a₀ the target
+concentrates near τ = 1 and the variance grows (roughly like √(a/a₀)).  Redrawing re-centres the proposal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..core.validation import DrawCoverageError
+from . import random
+
+#: the proposal is the equal mixture of Gamma(f·a₀, rate f·a₀) over these factors f
+PROPOSAL_FACTORS = (1.0, 0.25)
+#: the weights have finite variance for a > a₀·MIN_SHAPE_RATIO
+MIN_SHAPE_RATIO = 0.125
+
+
+def log_gamma_density(tau: Tensor, shape: Tensor) -> Tensor:
+    """log of the Gamma(shape, rate = shape) density at τ (mean 1)."""
+    return shape * torch.log(shape) - torch.lgamma(shape) + (shape - 1) * torch.log(tau) - shape * tau
+
+
+def draw_gamma_proposal(num_draws: int, reference_shape: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(τ, log r(τ)): ``num_draws`` draws from the proposal r at a₀ = ``reference_shape``, float64."""
+    shapes = [reference_shape * factor for factor in PROPOSAL_FACTORS]
+    candidates = torch.stack([random.gamma((num_draws,), a, generator) / a for a in shapes])
+    component = torch.randint(len(shapes), (num_draws,), generator=generator)
+    tau = candidates.gather(0, component.unsqueeze(0)).squeeze(0)
+    shape_tensor = torch.tensor(shapes, dtype=torch.float64).unsqueeze(-1)
+    return tau, torch.logsumexp(log_gamma_density(tau, shape_tensor), dim=0) - math.log(len(shapes))
+
+
+def gamma_log_weights(tau: Tensor, log_proposal: Tensor, shape: Tensor, reference_shape: Tensor, name: str) -> Tensor:
+    """log w(τ) = log Gamma(τ; a, a) − log r(τ) of :func:`draw_gamma_proposal`'s draws, shape ``(*batch, m)`` for a =
+    ``shape`` ``(*batch, 1)``; a ≤ a₀/8 (a₀ = ``reference_shape``) raises, naming the hyperparameter ``name``."""
+    bound = reference_shape * MIN_SHAPE_RATIO
+    if bool((shape <= bound).any()):
+        raise DrawCoverageError(
+            f"{name} {float(shape.detach().min()):.4g} is at or below {float(bound):.4g} = {name}_at_draw_time/8, "
+            "where the importance weights of the drawn precisions have infinite variance: call resample() on the "
+            f"kernel to re-centre the proposal at the current {name}"
+        )
+    return log_gamma_density(tau, shape) - log_proposal
