@@ -74,10 +74,12 @@ class CategoricalFeatures(FeatureMap):
 
     Unbiased with Var[k̂(x, y)] = (Πᵢ mᵢ − k²)/F (see the module docstring for the derivation).
 
-    ``forward(x, log_constant_share)``: x ``(..., n, d)`` holds categories — float32/float64 (any finite
-    value; equal values are the same category, −0.0 = 0.0) or integers, the same value hashing alike in
-    every dtype; ``log_constant_share`` is log cᵢ ≤ 0, shape ``(*batch, d)`` or ``(*batch, 1)`` (shared),
-    ``batch`` broadcasting with x's batch dimensions ``x.shape[:-2]``.  It is a log so
+    ``forward(x, log_constant_share, per_feature=False)``: x ``(..., n, d)`` holds categories — float32/float64
+    (any finite value; equal values are the same category, −0.0 = 0.0) or integers, the same value hashing alike
+    in every dtype; ``log_constant_share`` is log cᵢ ≤ 0, shape ``(*batch, d)`` or ``(*batch, 1)`` (shared),
+    ``batch`` broadcasting with x's batch dimensions ``x.shape[:-2]``; with ``per_feature=True`` it is log c_{f,i},
+    shape ``(*batch, d or 1, F or 1)``: feature f then estimates Πᵢ (c_{f,i} + (1 − c_{f,i})·1[xᵢ = yᵢ]), its own
+    kernel (a mixture over f, as :class:`~rfgp.features.hamming_imq.HammingIMQFeatures` draws it).  It is a log so
     that 1 − cᵢ = −expm1(log cᵢ) keeps its precision as cᵢ → 1 (long lengthscales); for BoTorch's
     kernel log cᵢ = −1/(d·ℓᵢ).  Φ has x's dtype for float x, log_constant_share's for integer x.
 
@@ -104,9 +106,11 @@ class CategoricalFeatures(FeatureMap):
             "hash_offset": random_int64(shape, generator),  # b
         }
 
-    def forward(self, x: Tensor, log_constant_share: Tensor) -> Tensor:
+    def forward(self, x: Tensor, log_constant_share: Tensor, per_feature: bool = False) -> Tensor:
         self._prepare(x)
-        log_share = self._check_log_share(log_constant_share, x)
+        log_share = self._check_log_share(log_constant_share, x, per_feature)
+        if not per_feature:
+            log_share = log_share.unsqueeze(-1)  # (..., d or 1, 1): one share for every feature
         # torch type promotion of the categories' and the shares' dtypes (integer categories: the shares')
         dtype = promoted_dtype(x.dtype, log_share.dtype) if x.is_floating_point() else log_share.dtype
         log_share = log_share.to(dtype)
@@ -117,11 +121,11 @@ class CategoricalFeatures(FeatureMap):
         lo, hi = category_words(x.detach())
         features = None
         for i in range(x.shape[-1]):
-            index = min(i, log_share.shape[-1] - 1)  # a shared c has one entry
+            index = min(i, log_share.shape[-2] - 1)  # a shared c has one entry
             words = lo[..., i, None] * a_lo[i] + hi[..., i, None] * a_hi[i] + offset[i]  # int64, wraps mod 2⁶⁴
             hashes = (words >= 0).to(dtype).mul_(2).sub_(1)  # the top bit of v as a sign
-            share = root_constant[..., index, None, None]  # (..., 1, 1) against (..., n, F)
-            factor = share * signs[i] + root_match[..., index, None, None] * hashes
+            share = root_constant[..., index, None, :]  # (..., 1, 1 or F) against (..., n, F)
+            factor = share * signs[i] + root_match[..., index, None, :] * hashes
             features = factor if features is None else features * factor
         return features / math.sqrt(self.num_features)
 
@@ -131,13 +135,19 @@ class CategoricalFeatures(FeatureMap):
             self.input_dim = x.shape[-1]
             self._materialize()
 
-    def _check_log_share(self, log_share: Tensor, x: Tensor) -> Tensor:
+    def _check_log_share(self, log_share: Tensor, x: Tensor, per_feature: bool) -> Tensor:
         if not torch.is_tensor(log_share) or log_share.dtype not in SUPPORTED_DTYPES:
             kind = log_share.dtype if torch.is_tensor(log_share) else type(log_share).__name__
             raise TypeError(f"log_constant_share must be a float32 or float64 tensor, got {kind}")
-        if log_share.dim() == 0 or log_share.shape[-1] not in (1, x.shape[-1]):
+        bad = log_share.dim() < (2 if per_feature else 1)
+        if not bad:
+            columns = log_share.shape[-2] if per_feature else log_share.shape[-1]
+            bad = columns not in (1, x.shape[-1]) or (per_feature and log_share.shape[-1] not in (1, self.num_features))
+        if bad:
+            expected = (f"(..., d or 1, F or 1) with F = {self.num_features} (per_feature=True)" if per_feature
+                        else "(..., d) or (..., 1)")
             raise ValueError(
-                f"log_constant_share must have shape (..., d) or (..., 1) for x with d = {x.shape[-1]} columns, "
+                f"log_constant_share must have shape {expected} for x with d = {x.shape[-1]} columns, "
                 f"got shape {tuple(log_share.shape)}"
             )
         bad = torch.isnan(log_share) | (log_share > 0)

@@ -857,6 +857,20 @@ def _convert_spectral_mixture(kernel, num_features, method, seed):
     return copy_hyperparameters(kernel, sketched, *_MIXTURE_PARAMETERS)
 
 
+@register_converter(gpytorch.kernels.HammingIMQKernel, methods=(), options=())
+def _convert_hamming_imq(kernel, num_features, method, seed):
+    """HammingIMQKernel → :class:`~rfgp.kernels.hamming_imq.SketchedHammingIMQKernel` (Gamma-mixture categorical
+    features, drawn around the current β), α and β with their constraints and priors."""
+    from .hamming_imq import SketchedHammingIMQKernel
+
+    _check_positive_hyperparameters(kernel, "alpha", "beta")
+    sketched = SketchedHammingIMQKernel(kernel.vocab_size, num_features, seed=seed,
+                                        alpha_constraint=kernel.raw_alpha_constraint,
+                                        beta_constraint=kernel.raw_beta_constraint,
+                                        reference_beta=float(kernel.beta.detach().min()), **_common_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "alpha", "beta")
+
+
 #: leaves that receive the number d of columns they see as ``input_dim`` at conversion (:meth:`_Plan.options_for`):
 #: a LinearKernel's feature width is d; a CosineKernel is defined for d = 1 only
 _TAKES_INPUT_DIM = (gpytorch.kernels.LinearKernel, gpytorch.kernels.CosineKernel)
