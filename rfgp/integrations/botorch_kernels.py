@@ -17,6 +17,24 @@ kernels the installed BoTorch has (``PositiveIndexKernel`` is not in every versi
   :class:`~rfgp.kernels.IndexFeatureKernel`), so a ``MultiTaskGP``'s product kernel
   k_x(x, x')·B[i, i'] converts to a feature product like GPyTorch's multitask pattern.
 
+Refused by name, each with the reason and the route that works for it, ``method="nystrom"`` (landmark features of
+the whole tree, exact with every training point a landmark):
+
+* ``InfiniteWidthBNNKernel`` (the NNGP of a deep ReLU network, Cho & Saul 2009; Lee et al. 2018): its recursion
+  Kˡ = σ_b² + σ_w²·E[relu(u)relu(v)], (u, v) ~ N(0, Kˡ⁻¹), maps each layer's kernel through the arc-cosine function,
+  so the features of a finite random ReLU network are unbiased for one hidden layer only (``depth=1``, an arc-cosine
+  kernel rfgp has no features for either): deeper, each layer averages over the previous layer's random kernel
+  instead of its expectation, a bias of order 1/width per layer that no number of seeds removes.
+* ``LCEAKernel`` (contextual BO with context embeddings, Feng et al. 2020): Σᵢⱼ Cᵢⱼ k(x₍ᵢ₎, y₍ⱼ₎) couples every pair
+  of context blocks through a context covariance C built from trainable embeddings (cached in eval mode); features
+  would need a root of C per evaluation and the embeddings' state — not done here.
+* ``SACKernel`` (structural additive contextual kernel): Σ_c s_c·k(x₍c₎, y₍c₎), one RBF module k shared by the
+  contexts' ``ScaleKernel`` wrappers — covariance for covariance the tree ``AdditiveKernel(*(ScaleKernel(k, active_dims=
+  columns_c) for each context c))``, which rfgp converts (one tied lengthscale).  But GPyTorch's ``named_priors``
+  finds k's lengthscale prior under ``base_kernel`` and again under each context's ``ScaleKernel``, so BoTorch's
+  MAP objective counts it C + 1 times for C contexts, the equivalent tree C times: converting SACKernel as that
+  tree would change the fitted model, so it is refused, naming both routes (that tree, or Nyström).
+
 The kernels of BoTorch's multi-fidelity models (``SingleTaskMultiFidelityGP``: ``LinearTruncatedFidelityKernel``,
 ``DownsamplingKernel``, ``ExponentialDecayKernel``) have no random-feature version here; ``rfgp.sketch`` refuses them
 by name and points to ``method="nystrom"``, which converts the whole multi-fidelity tree into landmark features.
@@ -27,8 +45,11 @@ from __future__ import annotations
 import importlib.util
 
 from botorch.models.kernels.categorical import CategoricalKernel
+from botorch.models.kernels.contextual_lcea import LCEAKernel
+from botorch.models.kernels.contextual_sac import SACKernel
 from botorch.models.kernels.downsampling import DownsamplingKernel
 from botorch.models.kernels.exponential_decay import ExponentialDecayKernel
+from botorch.models.kernels.infinite_width_bnn import InfiniteWidthBNNKernel
 from botorch.models.kernels.linear_truncated_fidelity import LinearTruncatedFidelityKernel
 from torch import Tensor
 
@@ -96,3 +117,31 @@ for _fidelity_kernel in (LinearTruncatedFidelityKernel, DownsamplingKernel, Expo
         "whole tree to rank-M landmark features instead, model.covar_module = rfgp.sketch(model.covar_module, M, "
         "method='nystrom', x_sample=model.transform_inputs(train_X)), or keep the exact kernel",
     )
+
+
+refuse_conversion(
+    InfiniteWidthBNNKernel,
+    "it is the infinite-width limit of a deep ReLU network (the NNGP recursion K_l = bias + weight·E[relu(u)relu(v)], "
+    "(u, v) ~ N(0, K_(l-1))), and the features of a finite random ReLU network are unbiased for one hidden layer only "
+    "(depth=1, an arc-cosine kernel rfgp has no features for either): deeper, each layer averages over the previous "
+    "layer's random kernel, a bias that no number of seeds removes. Its "
+    "landmark features target it exactly at the landmarks: model.covar_module = rfgp.sketch(model.covar_module, M, "
+    "method='nystrom', x_sample=model.transform_inputs(train_X))",
+)
+refuse_conversion(
+    LCEAKernel,
+    "it sums k(x_(i), y_(j)) over every pair of context blocks weighted by a context covariance built from trainable "
+    "context embeddings, which rfgp has no features for. Its landmark features work on the whole input: "
+    "model.covar_module = rfgp.sketch(model.covar_module, M, method='nystrom', "
+    "x_sample=model.transform_inputs(train_X))",
+)
+refuse_conversion(
+    SACKernel,
+    "it is the sum over contexts of ScaleKernel(k) on each context's columns with one RBF k shared, whose "
+    "lengthscale prior BoTorch's MAP objective counts C + 1 times for C contexts (under base_kernel and under each "
+    "context's ScaleKernel); the same covariance as AdditiveKernel(*(ScaleKernel(kernel.base_kernel, active_dims=c, "
+    "outputscale_prior=GammaPrior(2.0, 15.0)) for c in kernel._indexers.values())), outputscales copied, which "
+    "rfgp.sketch converts but whose objective counts the prior C times. Build and fit that tree to use random "
+    "features, or keep SACKernel with landmark features: rfgp.sketch(model.covar_module, M, method='nystrom', "
+    "x_sample=model.transform_inputs(train_X))",
+)

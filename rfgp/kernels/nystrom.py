@@ -364,7 +364,7 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     x_sample = _check_points(x_sample, "x_sample").detach()
-    base = copy.deepcopy(kernel)
+    base = _copy_tree(kernel)
     seed = seed if seed is not None else _new_seed(generator)  # stored: set_num_features repeats the choice
     unknown = set(selection_options) - {"regularization", "pilot_size"}
     if unknown:
@@ -374,6 +374,15 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
                                   **selection_options)
     return NystromKernel(base, points, learn_landmarks=learn_landmarks, jitter=jitter, landmark_method=landmarks,
                          selection_seed=seed, **selection_options)
+
+
+def _copy_tree(kernel: Kernel) -> Kernel:
+    """``copy.deepcopy(kernel)``, buffers that are results of a computation (not graph leaves) copied as detached
+    values: deepcopy refuses those, and BoTorch's ``LCEAKernel`` caches its context covariance so in eval mode (a
+    model's kernel after ``model.eval()``); it recomputes it at its next ``train()``/``eval()`` switch."""
+    memo = {id(buffer): buffer.detach().clone() for module in kernel.modules() for buffer in module.buffers(False)
+            if buffer.grad_fn is not None}
+    return copy.deepcopy(kernel, memo)
 
 
 def _dense(kernel: Kernel):
