@@ -8,6 +8,7 @@ from .spectral_mixture import SpectralMixtureSpectralMeasure
 from .weighted_fourier import SpectralMeasure, fourier_features
 from .degree_sketch import DegreeSketch, HierarchicalSketch
 from .categorical import CategoricalFeatures
+from .hamming_imq import HammingIMQFeatures
 from .fourier import RandomFourierFeatures
 from .gaussian_sketch import GaussianSketch, GaussianSketchHD
 from .hadamard import fwht, hadamard_matrix, next_power_of_two, pad_to_power_of_two
@@ -43,6 +44,7 @@ __all__ = [
     "HierarchicalSketch",
     "PolynomialSketch",
     "CategoricalFeatures",
+    "HammingIMQFeatures",
     "FeatureMap",
     "GaussianSketch",
     "GaussianSketchHD",

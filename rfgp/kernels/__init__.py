@@ -18,6 +18,7 @@ from .derivative import (
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .gaussian_sketch import GaussianSketchRBFKernel
+from .hamming_imq import SketchedHammingIMQKernel
 from .index import IndexFeatureKernel
 from .maclaurin import MaclaurinRBFKernel, RandomMaclaurinExponentialKernel, SketchedExponentialKernel, refit_allocation
 from .nystrom import NystromKernel
@@ -40,6 +41,7 @@ from .spherical import SketchedSphericalPolynomialKernel
 __all__ = [
     "SketchedSpectralMixtureKernel",
     "SketchedCategoricalKernel",
+    "SketchedHammingIMQKernel",
     "SketchedRQKernel",
     "SketchedPeriodicKernel",
     "LinearFeatureKernel",

@@ -91,11 +91,12 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
 
     Args:
         kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.  Leaves: RBF, Matérn,
-            polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
+            polynomial, periodic, RQ, spectral mixture, Hamming IMQ (random features, width F); linear,
             constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; ``IndexKernel``;
             ``gpytorch.kernels.keops``' RBF, Matérn and periodic kernels as their namesakes;
             with BoTorch installed also its ``CategoricalKernel`` and ``PositiveIndexKernel``
-            (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``, ``AdditiveKernel``,
+            (:mod:`rfgp.integrations.botorch_kernels`) and ``OrthogonalAdditiveKernel``
+            (:mod:`rfgp.integrations.botorch_oak`); inside ``ScaleKernel``, ``AdditiveKernel``,
             ``ProductKernel``, ``MultitaskKernel``, ``AdditiveStructureKernel`` and ``ProductStructureKernel``
             (per-column features with one tied set of hyperparameters, :mod:`rfgp.kernels.structure`).
         num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).

@@ -309,3 +309,18 @@ def test_converted_periodic_tree_predicts_like_the_exact_gp():
         exact_mean = exact(x_test).mean
         sketched_mean = sketched(x_test).mean
     assert float((sketched_mean - exact_mean).norm() / exact_mean.norm()) < 0.05
+
+
+def test_hamming_imq_converts_inside_a_tree_and_approximates_the_exact_gram():
+    """One-hot sequences (3 positions over 4 tokens) next to a continuous column: Hamming IMQ + RBF."""
+    generator = torch.Generator().manual_seed(4)
+    tokens = torch.nn.functional.one_hot(torch.randint(0, 4, (30, 3), generator=generator), 4).flatten(-2).to(F64)
+    x = torch.cat([tokens, X[:, :1]], -1)
+    imq = gpytorch.kernels.HammingIMQKernel(vocab_size=4).double()  # takes no active_dims: its ScaleKernel selects
+    imq.alpha, imq.beta = 0.5, 2.0
+    tree = ScaleKernel(imq, active_dims=list(range(12))) + ScaleKernel(RBFKernel(active_dims=[12])).double()
+    target = tree(x).to_dense().detach()
+    errors = [float((rfgp.sketch(tree, f, seed=1)(x).to_dense().detach() - target).norm() / target.norm())
+              for f in (64, 8192)]
+    assert errors[1] < errors[0] / 4 and errors[1] < 0.1, errors
+    assert type(rfgp.sketch(tree, 64).kernels[0].base_kernel).__name__ == "SketchedHammingIMQKernel"
