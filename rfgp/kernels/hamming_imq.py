@@ -69,9 +69,13 @@ class SketchedHammingIMQKernel(FeatureKernel):
 
     def resample(self, generator: torch.Generator | None = None) -> SketchedHammingIMQKernel:
         """Redraw the features, the Gamma draws centred at the current β."""
-        self.feature_map.reference = float(self.beta.detach().min())
+        self.centre_proposal()
         self.feature_map.resample(generator)
         return self
+
+    def centre_proposal(self) -> None:
+        """Make the next draws' Gamma proposal centred at the current β (its smallest entry)."""
+        self.feature_map.reference = float(self.beta.detach().min())
 
     def check_inputs(self, x1: Tensor, x2: Tensor, finite: bool = True) -> torch.dtype:
         """One-hot rows (T blocks of V entries: 0s and one 1) whatever ``finite``, as GPyTorch's kernel needs."""

@@ -16,7 +16,9 @@ own Φ sets its width counts once, with that width, as in :func:`rfgp.sketch`: a
 width and scales its factors' maps by the same ratio (so ``MixedSingleTaskGP``'s kernel resizes as
 ``rfgp.sketch`` would build it at the new width); a Kronecker product
 (:class:`~rfgp.kernels.FeatureProductKernel`) scales its k random factors by the k-th root of the
-ratio and keeps its exact factors.  Exact parts (Linear, Constant, Cosine, ``IndexKernel`` features)
+ratio and keeps its exact factors.  A kernel that sets the widths of its own parts (BoTorch's orthogonal additive
+kernel, :mod:`rfgp.integrations.botorch_oak`) is one unit too, resized by its ``resize_features(num_features)``.
+Exact parts (Linear, Constant, Cosine, ``IndexKernel`` features)
 keep their fixed widths and are not counted.
 
 Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
@@ -47,6 +49,7 @@ from ..features.spherical import SphericalRandomFeatures
 from ..features.weighted_fourier import WeightedFourierFeatures
 from ..kernels.combinations import FeatureProductKernel, SketchedProductKernel, kernel_num_features
 from ..kernels.fourier import SketchedMaternKernel
+from ..kernels.hamming_imq import SketchedHammingIMQKernel
 from ..kernels.maclaurin import fit_allocation_on_columns
 from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import RandomFeatureKernel
@@ -184,7 +187,7 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
         if called and x is not None and module.active_dims is not None:
             x = x.index_select(-1, module.active_dims.to(x.device))
         owner, owner_inputs = module, x
-        if isinstance(module, NystromKernel):
+        if isinstance(module, NystromKernel) or callable(getattr(module, "resize_features", None)):
             yield module, module, x
             return
         if isinstance(module, _PRODUCTS):
@@ -266,6 +269,8 @@ def _resize_product(product: Kernel, width: int, inputs: Tensor | None) -> None:
 def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Tensor | None) -> None:
     if isinstance(feature_map, NystromKernel):
         feature_map.reselect_landmarks(width, inputs)
+    elif callable(getattr(feature_map, "resize_features", None)):
+        feature_map.resize_features(width)
     elif isinstance(feature_map, _PRODUCTS):
         _resize_product(feature_map, width, inputs)
     elif isinstance(feature_map, OperatorValuedFourierFeatures):
@@ -281,6 +286,8 @@ def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Te
             feature_map._materialize()
     elif isinstance(feature_map, _REDRAWN):
         feature_map.num_features = width
+        if isinstance(owner, SketchedHammingIMQKernel):
+            owner.centre_proposal()  # as a fresh kernel draws: the Gamma proposal at the current β
         if feature_map.input_dim is not None:
             feature_map._materialize()
         if isinstance(owner, SketchedMaternKernel) and owner.is_anchored:

@@ -159,3 +159,20 @@ def test_single_task_gp_with_a_converted_oak_fits_and_optimises_qlogei():
     candidate, value = optimize_acqf(acquisition, bounds, q=2, num_restarts=2, raw_samples=32,
                                      options={"maxiter": 20})
     assert candidate.shape == (2, 3) and torch.isfinite(value) and ((candidate >= 0) & (candidate <= 1)).all()
+
+
+def test_set_num_features_redraws_every_component_at_the_new_share():
+    exact = oak()
+    train_x = X
+    model = SingleTaskGP(train_x, torch.sin(3 * train_x).sum(-1, keepdim=True),
+                         covar_module=rfgp.sketch(exact, 1 + 6 * 16, seed=0)).eval()
+    with torch.no_grad():
+        model.posterior(X[:2])
+    rfgp.set_num_features(model, 1 + 6 * 2048 + 5)  # rounded down to an even share per component
+    kernel = model.covar_module
+    assert kernel.num_features == 1 + 6 * 2048 and kernel.pair_sketch.num_features == 2048
+    assert all(k.num_features == 2048 for k in (kernel.base_kernel, *kernel.column_kernels))
+    truth = exact(X).to_dense().detach()
+    assert float((kernel(X).to_dense().detach() - truth).norm() / truth.norm()) < 0.02
+    with torch.no_grad():
+        assert torch.isfinite(model.posterior(X[:2]).mean).all()

@@ -105,3 +105,11 @@ def test_inputs_that_are_not_one_hot_and_betas_beyond_the_draws_are_refused():
         converted(X).to_dense()
     converted.resample()  # re-centred at β = 0.1
     assert torch.isfinite(converted(X).to_dense()).all()
+
+
+def test_set_num_features_recentres_the_gamma_draws_at_the_trained_beta():
+    converted = rfgp.sketch(hamming_imq(), 64, seed=0)
+    converted.beta = 0.1  # trained far below the conversion's β₀ = 1.3
+    rfgp.set_num_features(converted, 20000)
+    assert converted.num_features == 20000
+    assert_within_4_standard_errors(feature_terms(converted).detach(), hamming_imq(beta=0.1)(X).to_dense().detach())
