@@ -22,9 +22,10 @@ E_u[cos ωu] = sin ω/ω of sin/cos features) is used so that the features targe
 BoTorch's own ∫k(a, u)du is off by 10⁻³ (ℓ = 0.03) to 87 % (ℓ = 0.01); see ``guide/botorch.md``.
 
 The ratio mᵢmᵢᵀ/‖mᵢ‖² makes k̂ consistent but not unbiased: E[k̂] − k = O(1/G), below the Monte-Carlo error of
-400 draws already at G = 16 (d = 3 with second order, ℓ = 0.2–1: the largest of 144 entries 2.3 SE off).  Second-order terms are the TensorSRHT
-(:class:`~rfgp.features.tensor_product.TensorProductSketch`, unbiased given its factors) of ψᵢ and ψⱼ, whose draws
-are independent (one conversion of the base kernel per column, hyperparameters tied), so E[ψ-product] factorises.
+400 draws already at G = 16 (d = 3 with second order, ℓ = 0.2–1: the largest of 144 entries 2.3 SE off).
+Second-order terms are the TensorSRHT (:class:`~rfgp.features.tensor_product.TensorProductSketch`, unbiased given its
+factors) of ψᵢ and ψⱼ, whose draws are independent (one conversion of the base kernel per column, hyperparameters
+tied), so E[ψ-product] factorises.
 
 Φ(x) = [√c₀, √c₁ᵢ ψᵢ(xᵢ) for each i, √c₂ᵢⱼ S(ψᵢ(xᵢ), ψⱼ(xⱼ)) for each i < j]: width 1 + G·(d + d(d − 1)/2).
 """
@@ -34,10 +35,13 @@ from __future__ import annotations
 import torch
 from botorch.models.kernels.orthogonal_additive_kernel import OrthogonalAdditiveKernel
 from gpytorch.kernels import AdditiveKernel, Kernel
+from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor, nn
 
 from ..core import settings
 from ..features.tensor_product import TensorProductSketch
+from ..inference.operators import FeatureRootLinearOperator
+from ..kernels.checked_call import refuse_last_dim_is_batch
 from ..kernels.combinations import kernel_features
 from ..kernels.conversion import register_converter, sketch
 from ..kernels.random_feature_kernel import FeatureKernel
@@ -158,6 +162,27 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
             parts.append(_flatten_components(self.coeff_constraint.transform(self.raw_coeffs_2), pairs))
         batch = torch.broadcast_shapes(*(part.shape[:-2] for part in parts))
         return torch.cat([part.expand(*batch, *part.shape[-2:]) for part in parts], -1)
+
+    def _non_reduced_forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False):
+        """BoTorch's per-component covariances (``OrthogonalAdditiveGP.posterior(..., infer_all_components=True)``),
+        the offset c₀ first: Φₖ(x1)Φₖ(x2)ᵀ with Φₖ = Φ restricted to component k's columns (the others zeroed), shape
+        ``(*batch, 1 + components, n1, n2)`` as a low-rank operator, so that the feature-space posterior of each
+        component is that of f = Σₖ Φₖw given y (the slice of the weights' posterior); ``(..., 1 + components, n1)``
+        with ``diag``."""
+        if last_dim_is_batch:
+            refuse_last_dim_is_batch(self)
+        self.check_inputs(x1, x2)
+        same = x2 is x1
+        features1 = self.featurize(x1)
+        features2 = features1 if same else self.featurize(x2)
+        sizes = [1] + [self.component_width] * (self.num_components - 1)  # BoTorch's order: offset, 1st, 2nd
+        masks = torch.block_diag(*(torch.ones(1, size, dtype=features1.dtype, device=x1.device) for size in sizes))
+        if diag:
+            return ((features1 * features2) @ masks.mT).transpose(-1, -2)
+        embedded1 = features1.unsqueeze(-3) * masks.unsqueeze(-2)  # (..., components, n, F)
+        if same:
+            return FeatureRootLinearOperator(embedded1)
+        return MatmulLinearOperator(embedded1, (features2.unsqueeze(-3) * masks.unsqueeze(-2)).mT)
 
     def diag_moments(self, x: Tensor) -> None:
         """``None``: no closed form of E[ψᵢ(x)ᵀψᵢ(x)] (the projection's O(1/G) bias is not corrected)."""

@@ -9,6 +9,7 @@ botorch = pytest.importorskip("botorch")
 from botorch.acquisition.logei import qLogExpectedImprovement  # noqa: E402
 from botorch.fit import fit_gpytorch_mll  # noqa: E402
 from botorch.models import SingleTaskGP  # noqa: E402
+from botorch.models.additive_gp import OrthogonalAdditiveGP  # noqa: E402
 from botorch.models.kernels.orthogonal_additive_kernel import OrthogonalAdditiveKernel  # noqa: E402
 from botorch.optim import optimize_acqf  # noqa: E402
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel  # noqa: E402
@@ -176,3 +177,29 @@ def test_set_num_features_redraws_every_component_at_the_new_share():
     assert float((kernel(X).to_dense().detach() - truth).norm() / truth.norm()) < 0.02
     with torch.no_grad():
         assert torch.isfinite(model.posterior(X[:2]).mean).all()
+
+
+def test_component_posteriors_of_orthogonal_additive_gp_match_botorchs():
+    """OrthogonalAdditiveGP.posterior(..., infer_all_components=True): each component's posterior from its own
+    columns of Φ (the slice of the weights' posterior), against BoTorch's exact component posteriors."""
+    generator = torch.Generator().manual_seed(0)
+    train_x = torch.rand(50, 3, generator=generator, dtype=F64)
+    train_y = torch.sin(5 * train_x[:, :1]) + train_x[:, 1:2] * train_x[:, 2:]
+    exact = OrthogonalAdditiveGP(train_x, train_y, covar_module=oak())
+    converted = OrthogonalAdditiveGP(train_x, train_y, covar_module=rfgp.sketch(oak(), 1 + 6 * 4096, seed=0))
+    for model in (exact, converted):
+        model.likelihood.noise = 1e-2
+        model.eval()
+    test_x = torch.rand(5, 3, generator=generator, dtype=F64)
+    covariances = [model.covar_module._non_reduced_forward(test_x, train_x).to_dense().detach()
+                   for model in (exact, converted)]
+    assert covariances[1].shape == (7, 5, 50)
+    assert float((covariances[1] - covariances[0]).abs().max()) < 0.05  # G = 4096: Monte-Carlo error ≈ 0.02
+    diagonals = [model.covar_module._non_reduced_forward(test_x, test_x, diag=True).detach()
+                 for model in (exact, converted)]
+    assert float((diagonals[1] - diagonals[0]).abs().max()) < 0.05
+    with torch.no_grad():
+        expected, actual = (model.posterior(test_x, infer_all_components=True) for model in (exact, converted))
+    assert actual.mean.shape == expected.mean.shape == (7, 5, 1)
+    assert float((actual.mean - expected.mean).abs().max()) < 0.02
+    assert float((actual.variance - expected.variance).abs().max()) < 1e-3
