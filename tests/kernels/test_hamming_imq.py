@@ -1,6 +1,7 @@
 """GPyTorch's HammingIMQKernel in rfgp.sketch: Gamma-mixture categorical features, unbiased against GPyTorch's kernel
 and its gradients for α and β away from the draws' reference, hyperparameters and state carried, one-hot inputs."""
 
+import gpytorch
 import pytest
 import torch
 from gpytorch.constraints import Interval
@@ -11,6 +12,7 @@ from torch.nn.functional import one_hot
 import rfgp
 from rfgp.core.validation import DrawCoverageError
 from rfgp.kernels.hamming_imq import SketchedHammingIMQKernel
+from rfgp.models import ExactGPModel
 
 F64 = torch.float64
 VOCAB = 4
@@ -113,3 +115,26 @@ def test_set_num_features_recentres_the_gamma_draws_at_the_trained_beta():
     rfgp.set_num_features(converted, 20000)
     assert converted.num_features == 20000
     assert_within_4_standard_errors(feature_terms(converted).detach(), hamming_imq(beta=0.1)(X).to_dense().detach())
+
+
+def test_gp_on_sequences_trains_alpha_and_beta_and_predicts_like_the_exact_gp():
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (120, 6), generator=generator)
+    x = one_hot(tokens, VOCAB).flatten(-2).to(F64)
+    distance = (tokens != tokens[0]).sum(-1).to(F64)  # a function of the Hamming distance to one sequence
+    y = 3 * (1 + distance / 0.7) ** -1.5 + 0.1 * torch.randn(120, generator=generator, dtype=F64)
+    train, test = slice(0, 100), slice(100, 120)
+    kernel = gpytorch.kernels.ScaleKernel(hamming_imq())
+    exact = ExactGPModel(x[train], y[train], gpytorch.likelihoods.GaussianLikelihood(), kernel).double()
+    model = ExactGPModel(x[train], y[train], gpytorch.likelihoods.GaussianLikelihood(),
+                         rfgp.sketch(kernel, 4096, seed=0)).double()
+    rfgp.fit_mll(model, num_iterations=30)
+    base = model.covar_module.base_kernel
+    assert not torch.equal(base.beta.detach(), kernel.base_kernel.beta.detach())
+    exact.load_state_dict(model.state_dict(), strict=False)  # the trained hyperparameters into the exact GP
+    for gp in (model, exact):
+        gp.eval()
+    with torch.no_grad():
+        sketched_mean, exact_mean = model(x[test]).mean, exact(x[test]).mean
+    assert float((sketched_mean - exact_mean).abs().max()) < 0.1 * float(exact_mean.abs().max())
+    assert float((exact_mean - y[test]).pow(2).mean().sqrt()) < 0.5 * float(y[test].std())
