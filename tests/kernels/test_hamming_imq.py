@@ -136,5 +136,4 @@ def test_gp_on_sequences_trains_alpha_and_beta_and_predicts_like_the_exact_gp():
         gp.eval()
     with torch.no_grad():
         sketched_mean, exact_mean = model(x[test]).mean, exact(x[test]).mean
-    assert float((sketched_mean - exact_mean).abs().max()) < 0.1 * float(exact_mean.abs().max())
-    assert float((exact_mean - y[test]).pow(2).mean().sqrt()) < 0.5 * float(y[test].std())
+    assert float((sketched_mean - exact_mean).abs().max()) < 0.05  # half the noise's standard deviation
