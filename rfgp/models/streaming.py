@@ -170,8 +170,8 @@ class StreamingFeatureGP(nn.Module):
         (the float32 IGRF fit of the tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) they measured 1.7 in
         spectral norm, and the smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04, depending
         on rounding-level changes of Φ — the float64 factorisation then failed or not by chance.  The float64
-        products cost time (an update of 2000 float32 points at F = 1024 took 1.7× as long on one CPU thread) and a
-        k × F float64 copy of Φₖ.
+        products cost time (float32 updates took 1.6–2.5× as long at F = 512–1024, batches of 64–2000, on one CPU
+        thread: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy of Φₖ.
         """
         self._check_inputs(x)
         check_tensor_dtype(y, "y")
