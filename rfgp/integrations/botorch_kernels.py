@@ -35,6 +35,7 @@ from torch import Tensor
 from ..core.config_state import METHOD
 from ..kernels.categorical import SketchedCategoricalKernel
 from ..kernels.conversion import copy_hyperparameters, lengthscale_kwargs, refuse_conversion, register_converter
+from ..kernels.fidelity import DownsamplingFeatureKernel, ExponentialDecayFeatureKernel
 from ..kernels.index import IndexFeatureKernel
 
 if importlib.util.find_spec("botorch.models.kernels.positive_index") is not None:  # not in every BoTorch
@@ -89,10 +90,32 @@ def _convert_categorical(kernel, num_features, method, seed):
     return copy_hyperparameters(kernel, converted, "lengthscale")
 
 
-for _fidelity_kernel in (LinearTruncatedFidelityKernel, DownsamplingKernel, ExponentialDecayKernel):
-    refuse_conversion(
-        _fidelity_kernel,
-        "BoTorch's multi-fidelity kernels (SingleTaskMultiFidelityGP) have no random features in rfgp; convert the "
-        "whole tree to rank-M landmark features instead, model.covar_module = rfgp.sketch(model.covar_module, M, "
-        "method='nystrom', x_sample=model.transform_inputs(train_X)), or keep the exact kernel",
-    )
+@register_converter(DownsamplingKernel, methods=(), options=("x_sample",))
+def _convert_downsampling(kernel, num_features, method, seed, x_sample=None):
+    """DownsamplingKernel → :class:`~rfgp.kernels.DownsamplingFeatureKernel` (exact features, width 1 + d): same
+    power and offset, constraints, priors, batch shape and ``active_dims``; d from them or ``x_sample``."""
+    input_dim = None if x_sample is None else x_sample.shape[-1]
+    converted = DownsamplingFeatureKernel(input_dim=input_dim, batch_shape=kernel.batch_shape,
+                                          active_dims=kernel.active_dims)
+    return copy_hyperparameters(kernel, converted, "power", "offset")
+
+
+@register_converter(ExponentialDecayKernel, methods=(), options=())
+def _convert_exponential_decay(kernel, num_features, method, seed):
+    """ExponentialDecayKernel → :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (75 quadrature features
+    whatever ``num_features``): same lengthscale, power and offset with their constraints and priors (BoTorch
+    registers ``power_constraint`` nowhere and the offset's constraint on the power: whatever the kernel holds is
+    copied), batch shape and ``active_dims``."""
+    converted = ExponentialDecayFeatureKernel(**lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, converted, "lengthscale", "power", "offset")
+
+
+refuse_conversion(
+    LinearTruncatedFidelityKernel,
+    "its fidelity factor (1 + f·f')^p has a trainable real power p (BoTorch's Gamma(3, 3) prior), so it is a "
+    "polynomial kernel with finite exact features only at integer p; for other p its Maclaurin coefficients "
+    "binom(p, k) change sign past k = p + 1, so no finite (or series) positive feature expansion exists. Build the "
+    "model with linear_truncated=False (RBF × DownsamplingKernel/ExponentialDecayKernel, which convert), or convert "
+    "the whole tree to rank-M landmark features, model.covar_module = rfgp.sketch(model.covar_module, M, "
+    "method='nystrom', x_sample=model.transform_inputs(train_X)), or keep the exact kernel",
+)

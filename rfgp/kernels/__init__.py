@@ -16,6 +16,7 @@ from .derivative import (
     SketchedRBFKernelGradGrad,
 )
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
+from .fidelity import DownsamplingFeatureKernel, ExponentialDecayFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .gaussian_sketch import GaussianSketchRBFKernel
 from .index import IndexFeatureKernel
@@ -49,6 +50,8 @@ __all__ = [
     "CurlFreeRBFKernel",
     "DecomposableKernel",
     "DivFreeRBFKernel",
+    "DownsamplingFeatureKernel",
+    "ExponentialDecayFeatureKernel",
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",
