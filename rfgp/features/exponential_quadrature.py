@@ -44,7 +44,7 @@ def log_nodes(dtype: torch.dtype = torch.float64, device: torch.device | None = 
 
 
 def log_weights(alpha: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
-    """(log wₖ, log c₀) of the rule for shape parameters ``alpha`` (any shape ``S``), nodes ``u`` from :func:`log_nodes`.
+    """(log wₖ, log c₀) of the rule for shape parameters ``alpha`` (any shape ``S``) at the nodes u = :func:`log_nodes`.
 
     Returns tensors of shapes ``(*S, NUM_NODES)`` and ``S``.
     """

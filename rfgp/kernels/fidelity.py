@@ -42,7 +42,7 @@ def _check_bound(x: Tensor, bad: Tensor, name: str, requirement: str, why: str) 
 
 
 class DownsamplingFeatureKernel(_ExactFeatureKernel):
-    r"""k(x, x') = c + Σⱼ (1 − xⱼ)^{1+δ}(1 − x'ⱼ)^{1+δ} (BoTorch's ``DownsamplingKernel``), exact features of width 1 + d.
+    r"""k(x, x') = c + Σⱼ (1 − xⱼ)^{1+δ}(1 − x'ⱼ)^{1+δ} (BoTorch's ``DownsamplingKernel``): exact features, width 1 + d.
 
     Φ(x) = [√c, (1 − x₁)^{1+δ}, …, (1 − x_d)^{1+δ}] with offset c > 0 and power δ > 0.  Inputs must be ≤ 1 (the data
     fidelity, 1 the full data): (1 − x)^{1+δ} of x > 1 is NaN, which BoTorch's kernel returns and this one refuses.

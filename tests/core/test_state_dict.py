@@ -193,8 +193,10 @@ def test_tables_cover_every_public_feature_map_and_kernel():
     kernel_types = {type(build(0)) for build, _, _ in KERNELS.values()}
     public_kernels = {cls for cls in map(kernels.__dict__.get, kernels.__all__)
                       if inspect.isclass(cls) and issubclass(cls, gpytorch.kernels.Kernel)}
-    # IndexFeatureKernel takes integer task indices: its round trip is in tests/test_conversion_trees.py
-    assert public_kernels - {kernels.FeatureKernel, kernels.IndexFeatureKernel} <= kernel_types
+    # IndexFeatureKernel takes integer task indices: its round trip is in tests/test_conversion_trees.py; the
+    # fidelity kernels take fidelities (≤ 1, ≥ 0): theirs are in tests/integrations/test_botorch_fidelity_kernels.py
+    fidelity = {kernels.DownsamplingFeatureKernel, kernels.ExponentialDecayFeatureKernel}
+    assert public_kernels - {kernels.FeatureKernel, kernels.IndexFeatureKernel, *fidelity} <= kernel_types
 
 
 # ----------------------------------------------------------------------------- encoding
