@@ -17,9 +17,16 @@ kernels the installed BoTorch has (``PositiveIndexKernel`` is not in every versi
   :class:`~rfgp.kernels.IndexFeatureKernel`), so a ``MultiTaskGP``'s product kernel
   k_x(x, x')·B[i, i'] converts to a feature product like GPyTorch's multitask pattern.
 
-The kernels of BoTorch's multi-fidelity models (``SingleTaskMultiFidelityGP``: ``LinearTruncatedFidelityKernel``,
-``DownsamplingKernel``, ``ExponentialDecayKernel``) have no random-feature version here; ``rfgp.sketch`` refuses them
-by name and points to ``method="nystrom"``, which converts the whole multi-fidelity tree into landmark features.
+* ``botorch.models.kernels.DownsamplingKernel`` and ``ExponentialDecayKernel`` — the fidelity kernels of
+  ``SingleTaskMultiFidelityGP(linear_truncated=False)``: converted to :class:`~rfgp.kernels.DownsamplingFeatureKernel`
+  (exact features [√c, (1 − x)^{1+δ}]) and :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (75 deterministic
+  quadrature features, relative error ≤ 6.4·10⁻⁸), same hyperparameters, constraints, priors, batch shape and
+  ``active_dims`` (:mod:`rfgp.kernels.fidelity`).  The model's RBF × decay × downsampling product stays F wide: the
+  downsampling features as a Kronecker factor, the decay features in a TensorSRHT with the RBF features.
+
+``LinearTruncatedFidelityKernel`` (the default ``linear_truncated=True``) is refused by name: its fidelity factor
+(1 + f·f')^p has a real trainable power, with no finite exact features; the error points to ``linear_truncated=False``
+and to ``method="nystrom"``, which converts the whole multi-fidelity tree into landmark features.
 """
 
 from __future__ import annotations
@@ -112,9 +119,10 @@ def _convert_exponential_decay(kernel, num_features, method, seed):
 
 refuse_conversion(
     LinearTruncatedFidelityKernel,
-    "its fidelity factor (1 + f·f')^p has a trainable real power p (BoTorch's Gamma(3, 3) prior), so it is a "
-    "polynomial kernel with finite exact features only at integer p; for other p its Maclaurin coefficients "
-    "binom(p, k) change sign past k = p + 1, so no finite (or series) positive feature expansion exists. Build the "
+    "its fidelity factor (1 + f·f')^p has a trainable real power p (BoTorch's Gamma(3, 3) prior), a polynomial "
+    "kernel with finite exact features only at integer p; for other p its Maclaurin series in f·f' is infinite with "
+    "coefficients binom(p, k) that change sign past k = p + 1, so truncating it gives indefinite features, and rfgp "
+    "has no random-feature construction for it. Build the "
     "model with linear_truncated=False (RBF × DownsamplingKernel/ExponentialDecayKernel, which convert), or convert "
     "the whole tree to rank-M landmark features, model.covar_module = rfgp.sketch(model.covar_module, M, "
     "method='nystrom', x_sample=model.transform_inputs(train_X)), or keep the exact kernel",

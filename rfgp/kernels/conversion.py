@@ -94,10 +94,11 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
             constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; ``IndexKernel``;
             ``gpytorch.kernels.keops``' RBF, Matérn and periodic kernels as their namesakes;
-            with BoTorch installed also its ``CategoricalKernel`` and ``PositiveIndexKernel``
-            (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``, ``AdditiveKernel``,
-            ``ProductKernel``, ``MultitaskKernel``, ``AdditiveStructureKernel`` and ``ProductStructureKernel``
-            (per-column features with one tied set of hyperparameters, :mod:`rfgp.kernels.structure`).
+            with BoTorch installed also its ``CategoricalKernel``, ``PositiveIndexKernel``, ``DownsamplingKernel``
+            and ``ExponentialDecayKernel`` (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``,
+            ``AdditiveKernel``, ``ProductKernel``, ``MultitaskKernel``, ``AdditiveStructureKernel`` and
+            ``ProductStructureKernel`` (per-column features with one tied set of hyperparameters,
+            :mod:`rfgp.kernels.structure`).
         num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).
             A sum splits F equally among its parts after its exact finite parts (``IndexKernel``,
             Linear, Constant, Cosine) took their own widths, each random part an even share (the d
