@@ -16,6 +16,7 @@ from botorch.acquisition.utils import project_to_target_fidelity  # noqa: E402
 from botorch.fit import fit_gpytorch_mll  # noqa: E402
 from botorch.models import SingleTaskMultiFidelityGP  # noqa: E402
 from botorch.models.cost import AffineFidelityCostModel  # noqa: E402
+from botorch.models.kernels.linear_truncated_fidelity import LinearTruncatedFidelityKernel  # noqa: E402
 from botorch.optim import optimize_acqf  # noqa: E402
 from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
 from gpytorch.mlls import ExactMarginalLogLikelihood  # noqa: E402
@@ -61,10 +62,23 @@ def _covar_state(model):
 
 def test_linear_truncated_fidelity_kernel_is_refused_with_the_reason_and_the_nystrom_route():
     model, _ = _model(data_fidelities=[2])
-    message = ("does not convert LinearTruncatedFidelityKernel: its fidelity factor .* real power p.*"
+    message = ("does not convert LinearTruncatedFidelityKernel: its covariance is not positive semi-definite.*"
                "linear_truncated=False.*method='nystrom'")
     with pytest.raises(TypeError, match=message):
         rfgp.sketch(model.covar_module, 64)
+
+
+def test_the_refusal_reason_holds_botorchs_linear_truncated_kernel_is_indefinite_at_its_default_power():
+    """No real features Φ can give ΦΦᵀ = K when K has a negative eigenvalue (the number the refusal quotes)."""
+    kernel = LinearTruncatedFidelityKernel(fidelity_dims=[1], dimension=2).double()
+    fidelities = torch.linspace(0, 1, 100, dtype=F64)
+    x = torch.stack([torch.full_like(fidelities, 0.3), fidelities], -1)
+    with torch.no_grad():
+        smallest = torch.linalg.eigvalsh(kernel(x).to_dense())[0]
+    assert smallest < -2e-3, smallest  # −0.0029 at power softplus(0) = 0.69
+    kernel.power = 2.0  # an integer power is a polynomial kernel: positive semi-definite
+    with torch.no_grad():
+        assert torch.linalg.eigvalsh(kernel(x).to_dense())[0] > -1e-10
 
 
 @pytest.mark.parametrize("fidelity", [{"data_fidelities": [2], "linear_truncated": False},
