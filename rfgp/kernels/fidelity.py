@@ -32,12 +32,12 @@ from .hyperparameters import PositiveHyperparameter, register_positive_hyperpara
 
 
 def _check_bound(x: Tensor, bad: Tensor, name: str, requirement: str, why: str) -> None:
-    """A ValueError naming the entries of x where ``bad`` holds (count, first index, worst value)."""
+    """A ValueError naming the entries of x where ``bad`` holds (their count, the first index and its value)."""
     if settings.validate_inputs.on() and bad.numel() and bool(bad.any()):
         first = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError(
             f"{name} must be {requirement}, got {int(bad.sum())} entries that are not (the first at index {first}: "
-            f"{float(x[first].detach()):.6g}); {why}"
+            f"{float(x[first].detach())!r}); {why}"
         )
 
 
