@@ -61,7 +61,7 @@ def log_weights(alpha: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def max_relative_error(alpha: Tensor, decay: Tensor) -> Tensor:
-    """max over ``decay`` s of abs(rule − (1 + s)^−α)/(1 + s)^−α for each α (float64 measurement, not a forward path)."""
+    """max over ``decay`` s of abs(rule − (1 + s)^−α)/(1 + s)^−α per α (a float64 measurement, not a forward path)."""
     alpha, decay = alpha.double(), decay.double()
     nodes = log_nodes()
     log_w, log_tail = log_weights(alpha, nodes)
