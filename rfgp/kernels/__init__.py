@@ -34,12 +34,14 @@ from .sketched_operator_valued import (
     SketchedDivFreeKernel,
     SketchedLCMKernel,
 )
+from .spectral_delta import SpectralDeltaFeatureKernel
 from .spectral_mixture import SketchedSpectralMixtureKernel
 from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
     "SketchedSpectralMixtureKernel",
+    "SpectralDeltaFeatureKernel",
     "SketchedCategoricalKernel",
     "SketchedRQKernel",
     "SketchedPeriodicKernel",

@@ -897,6 +897,19 @@ def _convert_cosine(kernel, num_features, method, seed, input_dim=None):
     return copy_hyperparameters(kernel, sketched, "period_length")
 
 
+@register_converter(gpytorch.kernels.SpectralDeltaKernel, methods=("exact",), options=())
+def _convert_spectral_delta(kernel, num_features, method, seed):
+    """SpectralDeltaKernel → :class:`~rfgp.kernels.SpectralDeltaFeatureKernel`: its exact features of width
+    2·num_deltas, the same ``Z`` and lengthscale; a width ``num_features`` below 2·num_deltas raises, naming it."""
+    from .spectral_delta import SpectralDeltaFeatureKernel, check_exact_width
+
+    num_deltas = kernel.raw_Z.shape[-2]
+    check_exact_width(num_features, num_deltas, "num_features", at_least=True)
+    sketched = SpectralDeltaFeatureKernel(kernel.num_dims, num_deltas, Z_constraint=kernel.raw_Z_constraint,
+                                          **lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "lengthscale", "Z")
+
+
 # GPyTorch's KeOps kernels compute their namesakes' covariances with the same hyperparameters (KeOps only drives the
 # kernel-matrix products, and without pykeops they run the plain torch formula), so they convert as those do.
 for _keops_type, _plain_type in ((gpytorch.kernels.keops.RBFKernel, gpytorch.kernels.RBFKernel),

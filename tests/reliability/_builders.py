@@ -46,6 +46,7 @@ SCALAR_KERNELS = {
     "rbf_grad": (lambda: kernels.SketchedRBFKernelGrad(32, input_dim=D, seed=0), False),
     "linear_features": (lambda: kernels.LinearFeatureKernel(input_dim=D), False),
     "cosine_features": (lambda: kernels.CosineFeatureKernel(active_dims=torch.tensor([0])), False),
+    "spectral_delta": (lambda: kernels.SpectralDeltaFeatureKernel(D, 8, seed=0), False),
 }
 
 #: name -> builder of a float64 multi-output (vector-field) kernel with p = D outputs
