@@ -1,5 +1,6 @@
 """GPyTorch kernels backed by random features."""
 
+from .arc import SketchedArcKernel
 from .categorical import SketchedCategoricalKernel
 from .combinations import (
     FeatureProductKernel,
@@ -40,6 +41,7 @@ from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
+    "SketchedArcKernel",
     "SketchedSpectralMixtureKernel",
     "SpectralDeltaFeatureKernel",
     "SketchedCategoricalKernel",

@@ -92,7 +92,9 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Args:
         kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.  Leaves: RBF, Matérn,
             polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
-            constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; ``IndexKernel``;
+            constant, cosine, spectral delta (exact features of width d, 1, 2, 2·num_deltas;
+            :mod:`rfgp.kernels.spectral_delta`); arc (its converted base on the arc embedding,
+            :mod:`rfgp.kernels.arc`); curl-/divergence-free; ``IndexKernel``;
             ``gpytorch.kernels.keops``' RBF, Matérn and periodic kernels as their namesakes;
             with BoTorch installed also its ``CategoricalKernel``, ``PositiveIndexKernel``, ``DownsamplingKernel``
             and ``ExponentialDecayKernel`` (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``,
@@ -261,11 +263,17 @@ def _check_option_names(options: dict) -> None:
 
 
 def _leaves(kernel: Kernel):
-    parts = children(kernel)
+    parts = children(kernel) or _embedded_children(kernel)
     if not parts:
         yield kernel
     for child, _ in parts:
         yield from _leaves(child)
+
+
+def _embedded_children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
+    """The base kernel of a kernel that evaluates it on an embedding of its inputs (``ArcKernel``), whose leaves take
+    ``method`` and options as the tree's own do (its columns are the embedding's, :meth:`_Plan.embedded`)."""
+    return [(kernel.base_kernel, True)] if type(kernel) is gpytorch.kernels.ArcKernel else []
 
 
 def _methods_of(kernel_type: type) -> tuple[str, ...] | None:
@@ -337,6 +345,18 @@ class _Plan:
         """This plan for ``child`` of ``parent`` (the columns it sees; option use stays shared)."""
         plan = copy.copy(self)
         plan.columns = self.tree.child_columns(parent, self.columns, child)
+        return plan
+
+    def embedded(self, kernel: Kernel, embed: Callable[[Tensor], Tensor]) -> _Plan:
+        """This plan for the base kernel of ``kernel``, which evaluates it on ``embed(x)`` (``ArcKernel``): the base
+        sees the embedding's columns, and ``x_sample``'s rows (as ``kernel`` sees them) embedded."""
+        plan = copy.copy(self)
+        rows = self.tree.sample(self.columns)
+        if rows is not None:
+            with torch.no_grad():
+                rows = embed(rows)
+        plan.tree = check_tree(kernel.base_kernel, rows)
+        plan.columns = plan.tree.root
         return plan
 
     def options_for(self, kernel: Kernel) -> dict:
@@ -478,6 +498,8 @@ def _convert_node(kernel, plan: _Plan):
         return _convert_decomposable(kernel, _convert(data, plan.below(kernel, data)))
     if type(kernel) in STRUCTURE_TYPES:
         return carry_extra_hyperparameters(kernel, _convert_structure(kernel, plan))
+    if type(kernel) is gpytorch.kernels.ArcKernel:
+        return carry_extra_hyperparameters(kernel, _convert_arc(kernel, plan))
     if type(kernel) is gpytorch.kernels.LCMKernel:
         from .sketched_operator_valued import SketchedLCMKernel
 
@@ -529,6 +551,20 @@ def _convert_columns(kernel: Kernel, copies: list[Kernel], plan: _Plan) -> Kerne
             converted = FeatureProductKernel(converted)  # a product of one factor is its conversion, input_dim its own
         converted.input_dim = len(copies)  # inputs of another width raise (FeatureKernel.check_inputs)
     return converted
+
+
+def _convert_arc(kernel: Kernel, plan: _Plan) -> Kernel:
+    """``ArcKernel`` → :class:`~rfgp.kernels.SketchedArcKernel`: the converted base kernel (at the width F, its
+    leaves taking ``method`` and options as the tree's) on the same embedding, whose angle, radius and lengthscale
+    (values, constraints, priors) carry over; a custom ``delta_func`` is kept (:mod:`rfgp.kernels.arc`)."""
+    from .arc import SketchedArcKernel
+
+    base = _convert(kernel.base_kernel, plan.embedded(kernel, kernel.embedding))
+    default = getattr(kernel.delta_func, "__func__", None) is gpytorch.kernels.ArcKernel.default_delta_func
+    sketched = SketchedArcKernel(base, delta_func=None if default else kernel.delta_func,
+                                 angle_constraint=kernel.raw_angle_constraint,
+                                 radius_constraint=kernel.raw_radius_constraint, **lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "lengthscale", "angle", "radius")
 
 
 def _computes_as_composite(kernel: Kernel) -> bool:

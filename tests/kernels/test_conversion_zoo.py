@@ -6,6 +6,7 @@ import torch
 from gpytorch.constraints import GreaterThan, Interval
 from gpytorch.kernels import (
     AdditiveKernel,
+    ArcKernel,
     ConstantKernel,
     CosineKernel,
     LinearKernel,
@@ -20,7 +21,7 @@ from gpytorch.kernels import (
 from gpytorch.priors import GammaPrior, NormalPrior
 
 import rfgp
-from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
+from rfgp.kernels import SketchedArcKernel, SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from rfgp.kernels.periodic import SketchedPeriodicKernel
 from rfgp.kernels.rational_quadratic import SketchedRQKernel
@@ -83,6 +84,15 @@ def spectral_delta():
     return kernel
 
 
+def arc():
+    kernel = ArcKernel(gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=BATCH), ard_num_dims=2, batch_shape=BATCH,
+                       active_dims=(0, 2), angle_prior=GammaPrior(2.0, 4.0),
+                       lengthscale_prior=GammaPrior(2.0, 2.0)).double()
+    kernel.angle = torch.tensor([[[0.3, 0.6]], [[0.8, 0.2]]])
+    kernel.radius = torch.tensor([[[0.7, 1.6]], [[1.2, 0.4]]])
+    return kernel
+
+
 CASES = {
     "periodic": (periodic, SketchedPeriodicKernel, ("lengthscale", "period_length")),
     "rq": (rq, SketchedRQKernel, ("lengthscale", "alpha")),
@@ -92,6 +102,7 @@ CASES = {
     "constant": (constant, ConstantFeatureKernel, ("constant",)),
     "cosine": (cosine, CosineFeatureKernel, ("period_length",)),
     "spectral_delta": (spectral_delta, SpectralDeltaFeatureKernel, ("lengthscale", "Z")),
+    "arc": (arc, SketchedArcKernel, ("lengthscale", "angle", "radius")),
 }
 
 
@@ -115,7 +126,7 @@ def test_conversion_carries_hyperparameters_constraints_priors_batch_and_active_
     assert torch.equal(again(X).to_dense(), sketched(X).to_dense())
 
 
-@pytest.mark.parametrize("family", ["periodic", "rq", "spectral_mixture"])
+@pytest.mark.parametrize("family", ["periodic", "rq", "spectral_mixture", "arc"])
 def test_converted_random_kernels_approximate_the_exact_gram(family):
     exact = CASES[family][0]()
     target = exact(X).to_dense().detach()

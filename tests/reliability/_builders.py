@@ -47,6 +47,7 @@ SCALAR_KERNELS = {
     "linear_features": (lambda: kernels.LinearFeatureKernel(input_dim=D), False),
     "cosine_features": (lambda: kernels.CosineFeatureKernel(active_dims=torch.tensor([0])), False),
     "spectral_delta": (lambda: kernels.SpectralDeltaFeatureKernel(D, 8, seed=0), False),
+    "arc": (lambda: kernels.SketchedArcKernel(kernels.SketchedMaternKernel(32, input_dim=2 * D, seed=0)), False),
 }
 
 #: name -> builder of a float64 multi-output (vector-field) kernel with p = D outputs
