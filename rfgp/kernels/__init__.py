@@ -22,6 +22,7 @@ from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .gaussian_sketch import GaussianSketchRBFKernel
 from .index import IndexFeatureKernel
 from .maclaurin import MaclaurinRBFKernel, RandomMaclaurinExponentialKernel, SketchedExponentialKernel, refit_allocation
+from .newton_girard import SketchedNewtonGirardAdditiveKernel
 from .nystrom import NystromKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .periodic import SketchedPeriodicKernel
@@ -41,6 +42,7 @@ from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
+    "SketchedNewtonGirardAdditiveKernel",
     "SketchedArcKernel",
     "SketchedSpectralMixtureKernel",
     "SpectralDeltaFeatureKernel",

@@ -94,7 +94,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             polynomial, periodic, RQ, spectral mixture (random features, width F); linear,
             constant, cosine, spectral delta (exact features of width d, 1, 2, 2·num_deltas;
             :mod:`rfgp.kernels.spectral_delta`); arc (its converted base on the arc embedding,
-            :mod:`rfgp.kernels.arc`); curl-/divergence-free; ``IndexKernel``;
+            :mod:`rfgp.kernels.arc`); ``NewtonGirardAdditiveKernel`` (every interaction order, F split equally
+            among the orders, :mod:`rfgp.kernels.newton_girard`); curl-/divergence-free; ``IndexKernel``;
             ``gpytorch.kernels.keops``' RBF, Matérn and periodic kernels as their namesakes;
             with BoTorch installed also its ``CategoricalKernel``, ``PositiveIndexKernel``, ``DownsamplingKernel``
             and ``ExponentialDecayKernel`` (:mod:`rfgp.integrations.botorch_kernels`); inside ``ScaleKernel``,
@@ -895,8 +896,10 @@ def _convert_spectral_mixture(kernel, num_features, method, seed):
 
 
 #: leaves that receive the number d of columns they see as ``input_dim`` at conversion (:meth:`_Plan.options_for`):
-#: a LinearKernel's feature width is d; a CosineKernel is defined for d = 1 only
-_TAKES_INPUT_DIM = (gpytorch.kernels.LinearKernel, gpytorch.kernels.CosineKernel)
+#: a LinearKernel's feature width is d; a CosineKernel is defined for d = 1 only; a NewtonGirardAdditiveKernel draws
+#: for its num_dims columns
+_TAKES_INPUT_DIM = (gpytorch.kernels.LinearKernel, gpytorch.kernels.CosineKernel,
+                    gpytorch.kernels.NewtonGirardAdditiveKernel)
 
 
 @register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))
@@ -944,6 +947,25 @@ def _convert_spectral_delta(kernel, num_features, method, seed):
     sketched = SpectralDeltaFeatureKernel(kernel.num_dims, num_deltas, Z_constraint=kernel.raw_Z_constraint,
                                           **lengthscale_kwargs(kernel))
     return copy_hyperparameters(kernel, sketched, "lengthscale", "Z")
+
+
+@register_converter(gpytorch.kernels.NewtonGirardAdditiveKernel, methods=("rff",), options=("input_dim",))
+def _convert_newton_girard(kernel, num_features, method, seed, input_dim=None):
+    """NewtonGirardAdditiveKernel → :class:`~rfgp.kernels.SketchedNewtonGirardAdditiveKernel` (random features of
+    every order, width F), holding a copy of the exact base kernel (its lengthscale, constraint, prior) and the
+    order outputscales; the columns it sees (``input_dim``, when known) must number ``num_dims``."""
+    from .newton_girard import SketchedNewtonGirardAdditiveKernel
+
+    if input_dim is not None and input_dim != kernel.num_dims:
+        raise ValueError(
+            f"NewtonGirardAdditiveKernel(num_dims={kernel.num_dims}) sees {input_dim} columns: GPyTorch evaluates its "
+            "base kernel on every column it is given (num_dims only caps max_degree), and the conversion draws for "
+            f"num_dims columns; set num_dims={input_dim}, or select {kernel.num_dims} columns with active_dims"
+        )
+    sketched = SketchedNewtonGirardAdditiveKernel(
+        copy.deepcopy(kernel.base_kernel), kernel.num_dims, num_features, max_degree=kernel.max_degree, seed=seed,
+        outputscale_constraint=kernel.raw_outputscale_constraint, **_common_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "outputscale")
 
 
 # GPyTorch's KeOps kernels compute their namesakes' covariances with the same hyperparameters (KeOps only drives the

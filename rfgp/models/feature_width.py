@@ -17,7 +17,8 @@ width and scales its factors' maps by the same ratio (so ``MixedSingleTaskGP``'s
 ``rfgp.sketch`` would build it at the new width); a Kronecker product
 (:class:`~rfgp.kernels.FeatureProductKernel`) scales its k random factors by the k-th root of the
 ratio and keeps its exact factors.  Exact parts (Linear, Constant, Cosine, ``IndexKernel`` features)
-keep their fixed widths and are not counted.
+keep their fixed widths and are not counted; a :class:`~rfgp.kernels.SketchedNewtonGirardAdditiveKernel` re-draws
+its orders' frequencies at the new width (split equally among the orders, as at construction).
 
 Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
 (paper 000 Algorithm 3) for the new budget on the training inputs as the map sees them, and a
@@ -48,6 +49,7 @@ from ..features.weighted_fourier import WeightedFourierFeatures
 from ..kernels.combinations import FeatureProductKernel, SketchedProductKernel, kernel_num_features
 from ..kernels.fourier import SketchedMaternKernel
 from ..kernels.maclaurin import fit_allocation_on_columns
+from ..kernels.newton_girard import SketchedNewtonGirardAdditiveKernel
 from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import RandomFeatureKernel
 from ..kernels.spectral_kernel import SpectralFeatureKernel
@@ -184,7 +186,7 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
         if called and x is not None and module.active_dims is not None:
             x = x.index_select(-1, module.active_dims.to(x.device))
         owner, owner_inputs = module, x
-        if isinstance(module, NystromKernel):
+        if isinstance(module, (NystromKernel, SketchedNewtonGirardAdditiveKernel)):  # its own draws are its width
             yield module, module, x
             return
         if isinstance(module, _PRODUCTS):
@@ -208,7 +210,7 @@ def _granularity(unit: nn.Module) -> int:
     if isinstance(unit, OperatorValuedFourierFeatures):
         return 2 * unit.factor_width
     if isinstance(unit, (RandomFourierFeatures, SphericalRandomFeatures, WeightedFourierFeatures,
-                         SpectralProductKernel)):
+                         SpectralProductKernel, SketchedNewtonGirardAdditiveKernel)):
         return 2
     if isinstance(unit, PolynomialSketch) and unit.is_complex:
         return 2  # its constructor refuses odd widths for complex/CtR weights too
@@ -266,6 +268,8 @@ def _resize_product(product: Kernel, width: int, inputs: Tensor | None) -> None:
 def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Tensor | None) -> None:
     if isinstance(feature_map, NystromKernel):
         feature_map.reselect_landmarks(width, inputs)
+    elif isinstance(feature_map, SketchedNewtonGirardAdditiveKernel):
+        feature_map.set_width(width)
     elif isinstance(feature_map, _PRODUCTS):
         _resize_product(feature_map, width, inputs)
     elif isinstance(feature_map, OperatorValuedFourierFeatures):
@@ -291,7 +295,7 @@ def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Te
             "RandomFourierFeatures, WeightedFourierFeatures, SphericalRandomFeatures, PolynomialSketch, "
             "GaussianSketch(HD), OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, "
             "CategoricalFeatures, and the kernels NystromKernel, SketchedProductKernel, SpectralProductKernel, "
-            "FeatureProductKernel"
+            "FeatureProductKernel, SketchedNewtonGirardAdditiveKernel"
         )
 
 

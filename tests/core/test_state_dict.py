@@ -163,6 +163,8 @@ KERNELS = {
     "spectral_delta": (lambda s: kernels.SpectralDeltaFeatureKernel(3, 8, ard_num_dims=3, seed=s), 3, False),
     "arc": (lambda s: kernels.SketchedArcKernel(SketchedMaternKernel(16, nu=2.5, input_dim=6, seed=s), ard_num_dims=3),
             3, False),
+    "newton_girard": (lambda s: kernels.SketchedNewtonGirardAdditiveKernel(RBFKernel(ard_num_dims=3), 3, 16, seed=s),
+                      3, False),
     "rbf_grad": (lambda s: SketchedRBFKernelGrad(16, input_dim=3, seed=s), 3, False),
     "rbf_gradgrad": (lambda s: SketchedRBFKernelGradGrad(16, method="orf", input_dim=3, seed=s), 3, False),
     "matern52_grad": (lambda s: SketchedMatern52KernelGrad(16, input_dim=3, seed=s), 3, False),

@@ -10,6 +10,7 @@ from gpytorch.kernels import (
     ConstantKernel,
     CosineKernel,
     LinearKernel,
+    NewtonGirardAdditiveKernel,
     PeriodicKernel,
     PolynomialKernel,
     RBFKernel,
@@ -21,7 +22,12 @@ from gpytorch.kernels import (
 from gpytorch.priors import GammaPrior, NormalPrior
 
 import rfgp
-from rfgp.kernels import SketchedArcKernel, SketchedPolynomialKernel, SketchedRBFKernel
+from rfgp.kernels import (
+    SketchedArcKernel,
+    SketchedNewtonGirardAdditiveKernel,
+    SketchedPolynomialKernel,
+    SketchedRBFKernel,
+)
 from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from rfgp.kernels.periodic import SketchedPeriodicKernel
 from rfgp.kernels.rational_quadratic import SketchedRQKernel
@@ -93,6 +99,14 @@ def arc():
     return kernel
 
 
+def newton_girard():
+    kernel = NewtonGirardAdditiveKernel(RBFKernel(ard_num_dims=2, lengthscale_prior=GammaPrior(2.0, 2.0)), num_dims=2,
+                                        batch_shape=BATCH, active_dims=(0, 2)).double()
+    kernel.base_kernel.lengthscale = torch.tensor([[0.6, 1.3]])
+    kernel.outputscale = torch.tensor([[0.7, 0.2], [0.4, 0.9]])
+    return kernel
+
+
 CASES = {
     "periodic": (periodic, SketchedPeriodicKernel, ("lengthscale", "period_length")),
     "rq": (rq, SketchedRQKernel, ("lengthscale", "alpha")),
@@ -103,6 +117,7 @@ CASES = {
     "cosine": (cosine, CosineFeatureKernel, ("period_length",)),
     "spectral_delta": (spectral_delta, SpectralDeltaFeatureKernel, ("lengthscale", "Z")),
     "arc": (arc, SketchedArcKernel, ("lengthscale", "angle", "radius")),
+    "newton_girard": (newton_girard, SketchedNewtonGirardAdditiveKernel, ("outputscale",)),
 }
 
 
@@ -126,7 +141,7 @@ def test_conversion_carries_hyperparameters_constraints_priors_batch_and_active_
     assert torch.equal(again(X).to_dense(), sketched(X).to_dense())
 
 
-@pytest.mark.parametrize("family", ["periodic", "rq", "spectral_mixture", "arc"])
+@pytest.mark.parametrize("family", ["periodic", "rq", "spectral_mixture", "arc", "newton_girard"])
 def test_converted_random_kernels_approximate_the_exact_gram(family):
     exact = CASES[family][0]()
     target = exact(X).to_dense().detach()

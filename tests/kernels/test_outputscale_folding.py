@@ -9,7 +9,7 @@ values to 1e-13 (float64), first and second derivatives to 1e-10 relative.
 import gpytorch
 import pytest
 import torch
-from gpytorch.kernels import ScaleKernel
+from gpytorch.kernels import RBFKernel, ScaleKernel
 
 import rfgp
 from rfgp.kernels import (
@@ -20,7 +20,9 @@ from rfgp.kernels import (
     SketchedPolynomialKernel,
     SketchedRBFKernel,
     SketchedRQKernel,
+    SketchedNewtonGirardAdditiveKernel,
     SketchedSpectralMixtureKernel,
+    SpectralDeltaFeatureKernel,
     SpectralProductKernel,
 )
 from rfgp.kernels.combinations import kernel_features, kernel_squared_norm
@@ -39,6 +41,9 @@ KERNELS = {
     "product": lambda b: SpectralProductKernel(SketchedPeriodicKernel(8, batch_shape=b, seed=0),
                                                ScaleKernel(SketchedRBFKernel(8, batch_shape=b, seed=1), batch_shape=b),
                                                num_features=16, seed=2),
+    "spectral_delta": lambda b: SpectralDeltaFeatureKernel(2, 8, ard_num_dims=2, batch_shape=b, seed=0),
+    "newton_girard": lambda b: SketchedNewtonGirardAdditiveKernel(RBFKernel(ard_num_dims=2, batch_shape=b), 2, 16,
+                                                                  batch_shape=b, seed=0),
 }
 
 
