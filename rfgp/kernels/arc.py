@@ -115,7 +115,7 @@ class SketchedArcKernel(FeatureKernel):
     def embedding(self, x: Tensor) -> Tensor:
         """g(x) = [r⊙sin(πρ⊙x/ℓ)⊙δ(x), r⊙cos(πρ⊙x/ℓ)⊙δ(x)], ``(..., n, 2d)``; checked finite (a NaN ρ, r or ℓ would
         make every feature NaN)."""
-        phase = cast_to(math.pi * self.angle / self.lengthscale, x.dtype) * x
+        phase = math.pi * cast_to(self.angle, x.dtype) / cast_to(self.lengthscale, x.dtype) * x
         radius = cast_to(self.radius, x.dtype)
         sine, cosine = radius * torch.sin(phase), radius * torch.cos(phase)
         if self.delta_func is not None:

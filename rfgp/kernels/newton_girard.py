@@ -225,10 +225,11 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
         check_finite(frequencies, "the frequencies (unit draws / base_kernel.lengthscale)")
         return frequencies
 
-    def log_scales(self, log_amplitude: Tensor | None = None) -> Tensor:
+    def log_scales(self, log_amplitude: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
         """log c_j = log σ²_{d(j)} + log(C(n, d)/m_d) for sampled subsets, log σ²_{d(j)} − log r_S for enumerated ones,
-        ``(*batch, m)``; plus log A if given.  log C(n, d) = lgamma(n + 1) − lgamma(d + 1) − lgamma(n − d + 1)."""
-        log_outputscale = self.outputscale.log()
+        ``(*batch, m)``, in ``dtype`` (default the kernel's); plus log A if given.  log C(n, d) = lgamma(n + 1) −
+        lgamma(d + 1) − lgamma(n − d + 1)."""
+        log_outputscale = cast_to(self.outputscale, self.raw_outputscale.dtype if dtype is None else dtype).log()
         check_finite(log_outputscale, "log outputscale")
         degree = (self.orders + 1).to(log_outputscale)
         n = torch.tensor(self.num_dims + 1.0, dtype=degree.dtype, device=degree.device)
@@ -249,12 +250,13 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
 
     def _features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
         projection = x @ self.frequencies(x.dtype).mT
-        return scaled_sincos_features(projection, 0.5 * cast_to(self.log_scales(log_amplitude), x.dtype))
+        log_amplitude = None if log_amplitude is None else cast_to(log_amplitude, x.dtype)
+        return scaled_sincos_features(projection, 0.5 * self.log_scales(log_amplitude, x.dtype))
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = Σ_j c_j = Σ_d σ_d² C(n, d) = k(x, x) at every point, after the checks of :meth:`featurize`."""
         self.frequencies(x.dtype)
-        norms = self.log_scales().exp().sum(-1, keepdim=True)
+        norms = self.log_scales(dtype=x.dtype).exp().sum(-1, keepdim=True)
         shape = torch.broadcast_shapes(x.shape[:-1], norms.shape)
         return norms.to(torch.promote_types(x.dtype, norms.dtype)).expand(shape)
 

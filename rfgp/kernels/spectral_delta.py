@@ -113,9 +113,11 @@ class SpectralDeltaFeatureKernel(FeatureKernel):
         """d: inputs with another number of columns raise (:meth:`FeatureKernel.check_inputs`)."""
         return self.num_dims
 
-    def scaled_frequencies(self) -> Tensor:
-        """2πZ/ℓ ``(*batch, s, d)``, in units of the raw inputs; checked finite (a NaN Z or ℓ would make Φ NaN)."""
-        frequencies = (2 * math.pi) * self.Z / self.lengthscale
+    def scaled_frequencies(self, dtype: torch.dtype | None = None) -> Tensor:
+        """2πZ/ℓ ``(*batch, s, d)`` in ``dtype`` (default the kernel's), in units of the raw inputs; checked finite (a
+        NaN Z or ℓ would make Φ NaN)."""
+        dtype = self.raw_Z.dtype if dtype is None else dtype
+        frequencies = (2 * math.pi) * cast_to(self.Z, dtype) / cast_to(self.lengthscale, dtype)
         check_finite(frequencies, "2π·Z/lengthscale")
         return frequencies
 
@@ -130,11 +132,11 @@ class SpectralDeltaFeatureKernel(FeatureKernel):
         return self._features(x, log_amplitude)
 
     def _features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
-        return projection_features(x @ cast_to(self.scaled_frequencies(), x.dtype).mT, None, log_amplitude)
+        return projection_features(x @ self.scaled_frequencies(x.dtype).mT, None, log_amplitude)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = (1/s)Σⱼ(cos² + sin²) = 1 at every point, after the checks :meth:`featurize` makes."""
-        frequencies = self.scaled_frequencies()
+        frequencies = self.scaled_frequencies(x.dtype)
         shape = torch.broadcast_shapes(x.shape[:-1], (*frequencies.shape[:-2], 1))
         return torch.ones(shape, dtype=torch.promote_types(x.dtype, frequencies.dtype), device=x.device)
 
