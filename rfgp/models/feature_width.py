@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable, Iterator
 
 import gpytorch
+import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor, nn
 
@@ -46,6 +47,7 @@ from ..features.operator_valued import OperatorValuedFourierFeatures
 from ..features.polynomial import PolynomialSketch
 from ..features.spherical import SphericalRandomFeatures
 from ..features.weighted_fourier import WeightedFourierFeatures
+from ..kernels.arc import SketchedArcKernel
 from ..kernels.combinations import FeatureProductKernel, SketchedProductKernel, kernel_num_features
 from ..kernels.fourier import SketchedMaternKernel
 from ..kernels.maclaurin import fit_allocation_on_columns
@@ -177,7 +179,8 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
     spectral or Kronecker product): its factors are resized with it (:func:`_resize_product`).
     ``x`` follows the columns as the kernels evaluate them: a kernel's ``active_dims`` select among
     its parent's columns, except below a ``ScaleKernel``, which selects its own (copied from its
-    base at construction) and runs its base's ``forward`` (:mod:`rfgp.kernels.input_columns`).
+    base at construction) and runs its base's ``forward`` (:mod:`rfgp.kernels.input_columns`); an arc kernel's base
+    sees the arc embedding of its columns.
     """
     if isinstance(module, (FeatureMap, OperatorValuedFourierFeatures)):
         yield module, owner, owner_inputs
@@ -193,6 +196,9 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
             if any(_factor_units(module, x)):
                 yield module, module, x
             return  # a product of exact factors only has a fixed width
+        if isinstance(module, SketchedArcKernel) and x is not None:
+            with torch.no_grad():
+                x = module.embedding(x)  # what its base kernel sees
     for child in module.children():
         yield from _width_units(child, x, owner, owner_inputs, called=not isinstance(module, ScaleKernel))
 

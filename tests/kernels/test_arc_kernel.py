@@ -129,3 +129,12 @@ def test_exact_gp_with_the_converted_arc_kernel_trains_its_angle_and_radius():
     history = rfgp.fit_mll(model, num_iterations=10)
     assert history.losses[-1] < history.losses[0]
     assert not torch.equal(covar.base_kernel.angle, before[0]) and not torch.equal(covar.base_kernel.radius, before[1])
+
+
+def test_set_num_features_refits_a_data_dependent_base_on_the_embedding():
+    exact = ArcKernel(RBFKernel(), ard_num_dims=3).double()
+    resized = rfgp.sketch(exact, 64, method="maclaurin", x_sample=X, seed=0)
+    rfgp.set_num_features(resized, 128, x_sample=X)
+    built = rfgp.sketch(exact, 128, method="maclaurin", x_sample=X, seed=0)  # fitted on the embedded x_sample
+    assert resized.base_kernel.feature_map.widths == built.base_kernel.feature_map.widths
+    assert torch.equal(resized(X).to_dense(), built(X).to_dense())
