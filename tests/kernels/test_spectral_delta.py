@@ -87,7 +87,7 @@ def test_sum_is_exact_and_product_with_rbf_is_unbiased():
     assert torch.allclose(sketched(X).to_dense() - rbf_gram, exact_delta, rtol=0, atol=1e-12)
     product = ScaleKernel(delta * rbf).double()
     assert_unbiased(lambda seed: rfgp.sketch(product, 256, seed=seed)(X).to_dense(), product(X).to_dense().detach(),
-                    num_seeds=40)
+                    num_seeds=40, num_se=4.0)
 
 
 def test_exact_gp_with_the_converted_kernel_has_gpytorchs_likelihood_and_trains():
