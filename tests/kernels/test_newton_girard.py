@@ -173,3 +173,9 @@ def test_trees_training_and_set_num_features():
     rfgp.set_num_features(model, 1024)
     assert [rfgp.kernels.kernel_num_features(part) for part in covar.kernels] == [512, 512]
     assert torch.equal(covar.kernels[0].base_kernel.outputscale, trained)
+
+
+def test_product_with_another_kernel_is_unbiased():
+    product = (ScaleKernel(exact_kernel(max_degree=2)) * RBFKernel(active_dims=[3])).double()
+    assert_unbiased(lambda seed: rfgp.sketch(product, 128, seed=seed)(X).to_dense(), product(X).to_dense().detach(),
+                    num_seeds=60, num_se=4.0)

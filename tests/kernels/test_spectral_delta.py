@@ -122,3 +122,11 @@ def test_gpytorch_initialisation_from_data_runs_on_the_converted_kernel(routine)
         getattr(kernel, routine)(x, y)
         results.append(kernel(x).to_dense().detach())
     assert torch.allclose(results[1], results[0], rtol=0, atol=1e-12)
+
+
+def test_set_num_features_keeps_the_exact_width_and_resizes_the_random_parts():
+    tree = (ScaleKernel(exact_kernel(batch_shape=torch.Size([]))) + ScaleKernel(RBFKernel())).double()
+    sketched = rfgp.set_num_features(rfgp.sketch(tree, 64, seed=0), 200)
+    assert [rfgp.kernels.kernel_num_features(part) for part in sketched.kernels] == [20, 200]
+    with pytest.raises(ValueError, match="holds no rfgp feature map to resize"):
+        rfgp.set_num_features(rfgp.sketch(exact_kernel(), 20), 40)
