@@ -3,7 +3,7 @@ r"""GPyTorch's ``NewtonGirardAdditiveKernel`` with unbiased random features of e
 The additive GP of Duvenaud, Nickisch & Rasmussen (2011, *Additive Gaussian Processes*, NeurIPS, Eq. 2-4) sums,
 over the orders d = 1…D, all d-way products of one-dimensional base kernels kᵢ(xᵢ, yᵢ) on the n input columns:
 
-    k(x, y) = Σ_{d=1}^{D} σ_d² e_d(k₁, …, k_n),      e_d = Σ_{|S| = d} Π_{i∈S} kᵢ(xᵢ, yᵢ),
+    k(x, y) = Σ_{d=1}^{D} σ_d² e_d(k₁, …, k_n),      e_d = Σ_{S ⊆ {1…n}, #S = d} Π_{i∈S} kᵢ(xᵢ, yᵢ),
 
 e_d the elementary symmetric polynomials, which GPyTorch (``gpytorch/kernels/newton_girard_additive_kernel.py``)
 evaluates with the Newton-Girard formulae from the base kernel called with ``last_dim_is_batch=True`` — column i
