@@ -8,9 +8,15 @@ the Function (:meth:`rfgp.kernels.FeatureKernel.amplitude_features`).  Steps as 
 (one thread, d = 2, F = 1024, ``zero_grad`` + loss + ``backward`` after one untimed step, the two alternating):
 
 * SVGP (GPyTorch's ``VariationalELBO``, M = 64 learnt inducing points), N = 20 000, float32 and float64;
-* ExactGP (GPyTorch's ``ExactMarginalLogLikelihood``), N = 5 000, float64.
+* ExactGP (GPyTorch's ``ExactMarginalLogLikelihood``), N = 5 000, float64 (``--exact-dtypes`` for others).
+
+Kernels: ``rbf``/``periodic`` inside one ``ScaleKernel`` (the chunked operators' featurizer folds s), and ``sum``, the
+co2-style ScaleKernel(RBF) + ScaleKernel(Periodic), a ``FeatureSumKernel`` of F/2 features each whose parts' s are
+folded by :func:`rfgp.kernels.kernel_features`.
 
     python benchmarks/outputscale_fold_step.py   # writes results/outputscale_fold_step.md
+    python benchmarks/outputscale_fold_step.py --label outputscale_fold_sums --kernels sum \
+        --exact-dtypes float32 float64
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ K = gpytorch.kernels
 KERNELS = {
     "rbf": lambda d: K.ScaleKernel(K.RBFKernel(ard_num_dims=d)),
     "periodic": lambda d: K.ScaleKernel(K.PeriodicKernel(ard_num_dims=d)),
+    "sum": lambda d: K.ScaleKernel(K.RBFKernel(ard_num_dims=d)) + K.ScaleKernel(K.PeriodicKernel(ard_num_dims=d)),
 }
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 IMPLEMENTATIONS = ("multiply", "fold")
 
 
@@ -62,10 +70,12 @@ def main() -> None:
     parser.add_argument("--label", default="outputscale_fold_step")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-features", type=int, default=1024)
-    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    parser.add_argument("--kernels", nargs="+", default=["rbf", "periodic"], choices=list(KERNELS))
+    parser.add_argument("--exact-dtypes", nargs="+", default=["float64"], choices=list(DTYPES))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cases = [("svgp", 20000, torch.float32), ("svgp", 20000, torch.float64), ("exact", 5000, torch.float64)]
+    cases = [("svgp", 20000, torch.float32), ("svgp", 20000, torch.float64),
+             *(("exact", 5000, DTYPES[name]) for name in args.exact_dtypes)]
     rows = []
     for step, n, dtype in cases:
         gen = torch.Generator().manual_seed(0)

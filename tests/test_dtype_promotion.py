@@ -61,6 +61,11 @@ BUILDERS = {
     "sketch_product_polynomial": (lambda: rfgp.sketch(gpytorch.kernels.ScaleKernel(
         gpytorch.kernels.RBFKernel() * gpytorch.kernels.PolynomialKernel(2)), num_features=32, seed=0), "points"),
     "scaled_rff": (lambda: gpytorch.kernels.ScaleKernel(K.SketchedRBFKernel(32, input_dim=D, seed=0)), "points"),
+    "spectral_delta": (lambda: K.SpectralDeltaFeatureKernel(D, 16, ard_num_dims=D, seed=0), "points"),
+    "arc": (lambda: K.SketchedArcKernel(K.SketchedMaternKernel(32, nu=2.5, input_dim=2 * D, seed=0),
+                                        ard_num_dims=D), "points"),
+    "newton_girard": (lambda: K.SketchedNewtonGirardAdditiveKernel(gpytorch.kernels.RBFKernel(ard_num_dims=D), D, 32,
+                                                                   seed=0), "points"),
 }
 
 

@@ -44,6 +44,19 @@ from .linalg import (
 )
 
 
+def scaled_features(x: Tensor, function: Callable[[Tensor], Tensor], constant: Tensor | float | None,
+                    amplitude_function: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
+    """c·Φ₀(x) for Φ₀ = ``function`` and a positive constant c (``None`` for 1, a number or a batch-shaped tensor):
+    ``amplitude_function(x, 2 log c)`` where one is given and c is a tensor — the amplitude c² folded into the
+    features' own evaluation (:meth:`rfgp.kernels.FeatureKernel.amplitude_features`) —, Φ₀(x)·c otherwise."""
+    if constant is None:
+        return function(x)
+    if amplitude_function is not None and torch.is_tensor(constant):
+        return amplitude_function(x, 2.0 * constant.log())
+    features = function(x)
+    return features * (constant.unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(constant) else constant)
+
+
 class Featurizer:
     """x ↦ Φ(x) = c·Φ₀(x), a function of explicit differentiable tensors, so that it can be recomputed per chunk.
 
@@ -75,13 +88,7 @@ class Featurizer:
         self.constant_params: tuple[Tensor, ...] = ()
 
     def __call__(self, x: Tensor) -> Tensor:
-        constant = self.constant
-        if constant is None:
-            return self.function(x)
-        if self.amplitude_function is not None and torch.is_tensor(constant):
-            return self.amplitude_function(x, 2.0 * constant.log())
-        features = self.function(x)
-        return features * (constant.unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(constant) else constant)
+        return scaled_features(x, self.function, self.constant, self.amplitude_function)
 
     def scaled(self, scale: Tensor | float) -> Featurizer:
         """The features of σ²k: √σ² Φ (``scale`` a positive number or a batch-shaped tensor)."""

@@ -7,8 +7,8 @@ at once if it is already imported, otherwise through a one-shot ``sys.meta_path`
 only reacts to that one module name and removes itself once that module has been executed.
 
 * :mod:`rfgp.integrations.botorch` — pathwise (Matheron) sampling of rfgp kernels in BoTorch.
-* :mod:`rfgp.integrations.botorch_kernels` — BoTorch's own kernels (``CategoricalKernel``, ``PositiveIndexKernel``) for
-  ``rfgp.sketch``.
+* :mod:`rfgp.integrations.botorch_kernels` — BoTorch's own kernels (``CategoricalKernel``, ``PositiveIndexKernel``,
+  the fidelity kernels ``DownsamplingKernel`` and ``ExponentialDecayKernel``) for ``rfgp.sketch``.
 * :mod:`rfgp.integrations.botorch_oak` — BoTorch's ``OrthogonalAdditiveKernel`` for ``rfgp.sketch``.
 * :mod:`rfgp.integrations.botorch_transforms` — BoTorch's ``Standardize`` keeps an rfgp posterior's low-rank root.
 * :mod:`rfgp.integrations.botorch_multioutput` — ``ModelListGP`` and batched multi-output posteriors keep their

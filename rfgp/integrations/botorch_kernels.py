@@ -17,6 +17,18 @@ kernels the installed BoTorch has (``PositiveIndexKernel`` is not in every versi
   :class:`~rfgp.kernels.IndexFeatureKernel`), so a ``MultiTaskGP``'s product kernel
   k_x(x, x')·B[i, i'] converts to a feature product like GPyTorch's multitask pattern.
 
+* ``botorch.models.kernels.DownsamplingKernel`` and ``ExponentialDecayKernel`` — the fidelity kernels of
+  ``SingleTaskMultiFidelityGP(linear_truncated=False)``: converted to :class:`~rfgp.kernels.DownsamplingFeatureKernel`
+  (exact features [√c, (1 − x)^{1+δ}]) and :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (75 deterministic
+  quadrature features, relative error ≤ 6.4·10⁻⁸), same hyperparameters, constraints, priors, batch shape and
+  ``active_dims`` (:mod:`rfgp.kernels.fidelity`).  The model's RBF × decay × downsampling product stays F wide: the
+  downsampling features as a Kronecker factor, the decay features in a TensorSRHT with the RBF features.
+
+``LinearTruncatedFidelityKernel`` (the default ``linear_truncated=True``) is refused by name: with its real trainable
+power p its covariance is not positive semi-definite (the factor (1 + f·f')^p is indefinite for non-integer p), so
+no real feature map reproduces it; the error points to ``linear_truncated=False`` and to ``method="nystrom"``, which
+converts the whole multi-fidelity tree into landmark features.
+
 Refused by name, each with the reason and the route that works for it, ``method="nystrom"`` (landmark features of
 the whole tree, exact with every training point a landmark):
 
@@ -34,10 +46,6 @@ the whole tree, exact with every training point a landmark):
   finds k's lengthscale prior under ``base_kernel`` and again under each context's ``ScaleKernel``, so BoTorch's
   MAP objective counts it C + 1 times for C contexts, the equivalent tree C times: converting SACKernel as that
   tree would change the fitted model, so it is refused, naming both routes (that tree, or Nyström).
-
-The kernels of BoTorch's multi-fidelity models (``SingleTaskMultiFidelityGP``: ``LinearTruncatedFidelityKernel``,
-``DownsamplingKernel``, ``ExponentialDecayKernel``) have no random-feature version here; ``rfgp.sketch`` refuses them
-by name and points to ``method="nystrom"``, which converts the whole multi-fidelity tree into landmark features.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from torch import Tensor
 from ..core.config_state import METHOD
 from ..kernels.categorical import SketchedCategoricalKernel
 from ..kernels.conversion import copy_hyperparameters, lengthscale_kwargs, refuse_conversion, register_converter
+from ..kernels.fidelity import DownsamplingFeatureKernel, ExponentialDecayFeatureKernel
 from ..kernels.index import IndexFeatureKernel
 
 if importlib.util.find_spec("botorch.models.kernels.positive_index") is not None:  # not in every BoTorch
@@ -110,13 +119,36 @@ def _convert_categorical(kernel, num_features, method, seed):
     return copy_hyperparameters(kernel, converted, "lengthscale")
 
 
-for _fidelity_kernel in (LinearTruncatedFidelityKernel, DownsamplingKernel, ExponentialDecayKernel):
-    refuse_conversion(
-        _fidelity_kernel,
-        "BoTorch's multi-fidelity kernels (SingleTaskMultiFidelityGP) have no random features in rfgp; convert the "
-        "whole tree to rank-M landmark features instead, model.covar_module = rfgp.sketch(model.covar_module, M, "
-        "method='nystrom', x_sample=model.transform_inputs(train_X)), or keep the exact kernel",
-    )
+@register_converter(DownsamplingKernel, methods=(), options=("x_sample",))
+def _convert_downsampling(kernel, num_features, method, seed, x_sample=None):
+    """DownsamplingKernel → :class:`~rfgp.kernels.DownsamplingFeatureKernel` (exact features, width 1 + d): same
+    power and offset, constraints, priors, batch shape and ``active_dims``; d from them or ``x_sample``."""
+    input_dim = None if x_sample is None else x_sample.shape[-1]
+    converted = DownsamplingFeatureKernel(input_dim=input_dim, batch_shape=kernel.batch_shape,
+                                          active_dims=kernel.active_dims)
+    return copy_hyperparameters(kernel, converted, "power", "offset")
+
+
+@register_converter(ExponentialDecayKernel, methods=(), options=())
+def _convert_exponential_decay(kernel, num_features, method, seed):
+    """ExponentialDecayKernel → :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (75 quadrature features
+    whatever ``num_features``): same lengthscale, power and offset with their constraints and priors (BoTorch
+    registers ``power_constraint`` nowhere and the offset's constraint on the power: whatever the kernel holds is
+    copied), batch shape and ``active_dims``."""
+    converted = ExponentialDecayFeatureKernel(**lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, converted, "lengthscale", "power", "offset")
+
+
+refuse_conversion(
+    LinearTruncatedFidelityKernel,
+    "its covariance is not positive semi-definite for a non-integer power p (trainable, BoTorch's default "
+    "softplus(0) = 0.69): the fidelity factor (1 + f·f')^p has Maclaurin coefficients binom(p, k) that change sign "
+    "past k = p + 1, and at p = 0.69 BoTorch's own kernel matrix on 100 fidelities in [0, 1] has eigenvalue −0.0029, "
+    "so no real feature map Φ has ΦΦᵀ equal to it (finite exact features exist only at integer p). Build the "
+    "model with linear_truncated=False (RBF × DownsamplingKernel/ExponentialDecayKernel, which convert), or convert "
+    "the whole tree to rank-M landmark features, model.covar_module = rfgp.sketch(model.covar_module, M, "
+    "method='nystrom', x_sample=model.transform_inputs(train_X)), or keep the exact kernel",
+)
 
 
 refuse_conversion(
@@ -143,5 +175,5 @@ refuse_conversion(
     "outputscale_prior=GammaPrior(2.0, 15.0)) for c in kernel._indexers.values())), outputscales copied, which "
     "rfgp.sketch converts but whose objective counts the prior C times. Build and fit that tree to use random "
     "features, or keep SACKernel with landmark features: rfgp.sketch(model.covar_module, M, method='nystrom', "
-    "x_sample=model.transform_inputs(train_X))",
+    "x_sample=model.transform_inputs(train_X))"
 )

@@ -1,5 +1,6 @@
 """GPyTorch kernels backed by random features."""
 
+from .arc import SketchedArcKernel
 from .categorical import SketchedCategoricalKernel
 from .combinations import (
     FeatureProductKernel,
@@ -16,11 +17,13 @@ from .derivative import (
     SketchedRBFKernelGradGrad,
 )
 from .exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
+from .fidelity import DownsamplingFeatureKernel, ExponentialDecayFeatureKernel
 from .fourier import SketchedMaternKernel, SketchedRBFKernel
 from .gaussian_sketch import GaussianSketchRBFKernel
 from .hamming_imq import SketchedHammingIMQKernel
 from .index import IndexFeatureKernel
 from .maclaurin import MaclaurinRBFKernel, RandomMaclaurinExponentialKernel, SketchedExponentialKernel, refit_allocation
+from .newton_girard import SketchedNewtonGirardAdditiveKernel
 from .nystrom import NystromKernel
 from .operator_valued import CurlFreeRBFKernel, DecomposableKernel, DivFreeRBFKernel
 from .periodic import SketchedPeriodicKernel
@@ -34,12 +37,16 @@ from .sketched_operator_valued import (
     SketchedDivFreeKernel,
     SketchedLCMKernel,
 )
+from .spectral_delta import SpectralDeltaFeatureKernel
 from .spectral_mixture import SketchedSpectralMixtureKernel
 from .spectral_product import SpectralProductKernel, has_spectral_protocol
 from .spherical import SketchedSphericalPolynomialKernel
 
 __all__ = [
+    "SketchedNewtonGirardAdditiveKernel",
+    "SketchedArcKernel",
     "SketchedSpectralMixtureKernel",
+    "SpectralDeltaFeatureKernel",
     "SketchedCategoricalKernel",
     "SketchedHammingIMQKernel",
     "SketchedRQKernel",
@@ -51,6 +58,8 @@ __all__ = [
     "CurlFreeRBFKernel",
     "DecomposableKernel",
     "DivFreeRBFKernel",
+    "DownsamplingFeatureKernel",
+    "ExponentialDecayFeatureKernel",
     "FeatureKernel",
     "FeatureProductKernel",
     "FeatureSumKernel",

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..core.dtypes import in_full_precision
 from ..features.tensor_product import TensorProductSketch
+from ..inference.chunking import scaled_features
 from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
@@ -63,14 +64,17 @@ def kernel_features(kernel: Kernel, x: Tensor) -> Tensor:
     """Φ(x) of a feature kernel or a ``ScaleKernel`` around one, honouring ``active_dims``.
 
     As in GPyTorch, a ``ScaleKernel`` selects its own ``active_dims`` (copied from its base at
-    construction) and hands them to its base's ``forward`` without selecting again.
+    construction) and hands them to its base's ``forward`` without selecting again.  The outputscale s enters as
+    the chunked operators' does (:func:`~rfgp.inference.chunking.scaled_features`): folded into the features' own
+    evaluation (log s in the sin/cos Function's pair scales) where the base
+    :meth:`~rfgp.kernels.FeatureKernel.folds_amplitude`, Φ(x)·√s otherwise.
     """
     x = select_active(kernel, x)
     base, outputscale = unwrap_scale(kernel)
     if not isinstance(base, FeatureKernel):
         raise TypeError(f"{type(base).__name__} is not a feature kernel")
-    features = base.featurize(x)
-    return features if outputscale is None else features * outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
+    root = None if outputscale is None else outputscale.sqrt()
+    return scaled_features(x, base.featurize, root, base.amplitude_function())
 
 
 def kernel_squared_norm(kernel: Kernel, x: Tensor) -> Tensor | None:

@@ -92,13 +92,17 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Args:
         kernel: e.g. ``ScaleKernel(RBFKernel(ard_num_dims=d))``.  Leaves: RBF, Matérn,
             polynomial, periodic, RQ, spectral mixture, Hamming IMQ (random features, width F); linear,
-            constant, cosine (exact features of width d, 1, 2); curl-/divergence-free; ``IndexKernel``;
+            constant, cosine, spectral delta (exact features of width d, 1, 2, 2·num_deltas;
+            :mod:`rfgp.kernels.spectral_delta`); arc (its converted base on the arc embedding,
+            :mod:`rfgp.kernels.arc`); ``NewtonGirardAdditiveKernel`` (every interaction order, F split equally
+            among the orders, :mod:`rfgp.kernels.newton_girard`); curl-/divergence-free; ``IndexKernel``;
             ``gpytorch.kernels.keops``' RBF, Matérn and periodic kernels as their namesakes;
-            with BoTorch installed also its ``CategoricalKernel`` and ``PositiveIndexKernel``
-            (:mod:`rfgp.integrations.botorch_kernels`) and ``OrthogonalAdditiveKernel``
-            (:mod:`rfgp.integrations.botorch_oak`); inside ``ScaleKernel``, ``AdditiveKernel``,
-            ``ProductKernel``, ``MultitaskKernel``, ``AdditiveStructureKernel`` and ``ProductStructureKernel``
-            (per-column features with one tied set of hyperparameters, :mod:`rfgp.kernels.structure`).
+            with BoTorch installed also its ``CategoricalKernel``, ``PositiveIndexKernel``, ``DownsamplingKernel``
+            and ``ExponentialDecayKernel`` (:mod:`rfgp.integrations.botorch_kernels`) and
+            ``OrthogonalAdditiveKernel`` (:mod:`rfgp.integrations.botorch_oak`); inside ``ScaleKernel``,
+            ``AdditiveKernel``, ``ProductKernel``, ``MultitaskKernel``, ``AdditiveStructureKernel`` and
+            ``ProductStructureKernel`` (per-column features with one tied set of hyperparameters,
+            :mod:`rfgp.kernels.structure`).
         num_features: the total width F of the converted tree's Φ (its ``num_features`` is ≤ F).
             A sum splits F equally among its parts after its exact finite parts (``IndexKernel``,
             Linear, Constant, Cosine) took their own widths, each random part an even share (the d
@@ -261,11 +265,17 @@ def _check_option_names(options: dict) -> None:
 
 
 def _leaves(kernel: Kernel):
-    parts = children(kernel)
+    parts = children(kernel) or _embedded_children(kernel)
     if not parts:
         yield kernel
     for child, _ in parts:
         yield from _leaves(child)
+
+
+def _embedded_children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
+    """The base kernel of a kernel that evaluates it on an embedding of its inputs (``ArcKernel``), whose leaves take
+    ``method`` and options as the tree's own do (its columns are the embedding's, :meth:`_Plan.embedded`)."""
+    return [(kernel.base_kernel, True)] if type(kernel) is gpytorch.kernels.ArcKernel else []
 
 
 def _methods_of(kernel_type: type) -> tuple[str, ...] | None:
@@ -337,6 +347,18 @@ class _Plan:
         """This plan for ``child`` of ``parent`` (the columns it sees; option use stays shared)."""
         plan = copy.copy(self)
         plan.columns = self.tree.child_columns(parent, self.columns, child)
+        return plan
+
+    def embedded(self, kernel: Kernel, embed: Callable[[Tensor], Tensor]) -> _Plan:
+        """This plan for the base kernel of ``kernel``, which evaluates it on ``embed(x)`` (``ArcKernel``): the base
+        sees the embedding's columns, and ``x_sample``'s rows (as ``kernel`` sees them) embedded."""
+        plan = copy.copy(self)
+        rows = self.tree.sample(self.columns)
+        if rows is not None:
+            with torch.no_grad():
+                rows = embed(rows)
+        plan.tree = check_tree(kernel.base_kernel, rows)
+        plan.columns = plan.tree.root
         return plan
 
     def options_for(self, kernel: Kernel) -> dict:
@@ -478,6 +500,8 @@ def _convert_node(kernel, plan: _Plan):
         return _convert_decomposable(kernel, _convert(data, plan.below(kernel, data)))
     if type(kernel) in STRUCTURE_TYPES:
         return carry_extra_hyperparameters(kernel, _convert_structure(kernel, plan))
+    if type(kernel) is gpytorch.kernels.ArcKernel:
+        return carry_extra_hyperparameters(kernel, _convert_arc(kernel, plan))
     if type(kernel) is gpytorch.kernels.LCMKernel:
         from .sketched_operator_valued import SketchedLCMKernel
 
@@ -529,6 +553,20 @@ def _convert_columns(kernel: Kernel, copies: list[Kernel], plan: _Plan) -> Kerne
             converted = FeatureProductKernel(converted)  # a product of one factor is its conversion, input_dim its own
         converted.input_dim = len(copies)  # inputs of another width raise (FeatureKernel.check_inputs)
     return converted
+
+
+def _convert_arc(kernel: Kernel, plan: _Plan) -> Kernel:
+    """``ArcKernel`` → :class:`~rfgp.kernels.SketchedArcKernel`: the converted base kernel (at the width F, its
+    leaves taking ``method`` and options as the tree's) on the same embedding, whose angle, radius and lengthscale
+    (values, constraints, priors) carry over; a custom ``delta_func`` is kept (:mod:`rfgp.kernels.arc`)."""
+    from .arc import SketchedArcKernel
+
+    base = _convert(kernel.base_kernel, plan.embedded(kernel, kernel.embedding))
+    default = getattr(kernel.delta_func, "__func__", None) is gpytorch.kernels.ArcKernel.default_delta_func
+    sketched = SketchedArcKernel(base, delta_func=None if default else kernel.delta_func,
+                                 angle_constraint=kernel.raw_angle_constraint,
+                                 radius_constraint=kernel.raw_radius_constraint, **lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "lengthscale", "angle", "radius")
 
 
 def _computes_as_composite(kernel: Kernel) -> bool:
@@ -873,8 +911,10 @@ def _convert_hamming_imq(kernel, num_features, method, seed):
 
 
 #: leaves that receive the number d of columns they see as ``input_dim`` at conversion (:meth:`_Plan.options_for`):
-#: a LinearKernel's feature width is d; a CosineKernel is defined for d = 1 only
-_TAKES_INPUT_DIM = (gpytorch.kernels.LinearKernel, gpytorch.kernels.CosineKernel)
+#: a LinearKernel's feature width is d; a CosineKernel is defined for d = 1 only; a NewtonGirardAdditiveKernel draws
+#: for its num_dims columns
+_TAKES_INPUT_DIM = (gpytorch.kernels.LinearKernel, gpytorch.kernels.CosineKernel,
+                    gpytorch.kernels.NewtonGirardAdditiveKernel)
 
 
 @register_converter(gpytorch.kernels.LinearKernel, methods=("exact",), options=("input_dim",))
@@ -909,6 +949,38 @@ def _convert_cosine(kernel, num_features, method, seed, input_dim=None):
     sketched = CosineFeatureKernel(period_length_constraint=kernel.raw_period_length_constraint,
                                    **_common_kwargs(kernel))
     return copy_hyperparameters(kernel, sketched, "period_length")
+
+
+@register_converter(gpytorch.kernels.SpectralDeltaKernel, methods=("exact",), options=())
+def _convert_spectral_delta(kernel, num_features, method, seed):
+    """SpectralDeltaKernel → :class:`~rfgp.kernels.SpectralDeltaFeatureKernel`: its exact features of width
+    2·num_deltas, the same ``Z`` and lengthscale; a width ``num_features`` below 2·num_deltas raises, naming it."""
+    from .spectral_delta import SpectralDeltaFeatureKernel, check_exact_width
+
+    num_deltas = kernel.raw_Z.shape[-2]
+    check_exact_width(num_features, num_deltas, "num_features", at_least=True)
+    sketched = SpectralDeltaFeatureKernel(kernel.num_dims, num_deltas, Z_constraint=kernel.raw_Z_constraint,
+                                          **lengthscale_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "lengthscale", "Z")
+
+
+@register_converter(gpytorch.kernels.NewtonGirardAdditiveKernel, methods=("rff",), options=("input_dim",))
+def _convert_newton_girard(kernel, num_features, method, seed, input_dim=None):
+    """NewtonGirardAdditiveKernel → :class:`~rfgp.kernels.SketchedNewtonGirardAdditiveKernel` (random features of
+    every order, width F), holding a copy of the exact base kernel (its lengthscale, constraint, prior) and the
+    order outputscales; the columns it sees (``input_dim``, when known) must number ``num_dims``."""
+    from .newton_girard import SketchedNewtonGirardAdditiveKernel
+
+    if input_dim is not None and input_dim != kernel.num_dims:
+        raise ValueError(
+            f"NewtonGirardAdditiveKernel(num_dims={kernel.num_dims}) sees {input_dim} columns: GPyTorch evaluates its "
+            "base kernel on every column it is given (num_dims only caps max_degree), and the conversion draws for "
+            f"num_dims columns; set num_dims={input_dim}, or select {kernel.num_dims} columns with active_dims"
+        )
+    sketched = SketchedNewtonGirardAdditiveKernel(
+        copy.deepcopy(kernel.base_kernel), kernel.num_dims, num_features, max_degree=kernel.max_degree, seed=seed,
+        outputscale_constraint=kernel.raw_outputscale_constraint, **_common_kwargs(kernel))
+    return copy_hyperparameters(kernel, sketched, "outputscale")
 
 
 # GPyTorch's KeOps kernels compute their namesakes' covariances with the same hyperparameters (KeOps only drives the

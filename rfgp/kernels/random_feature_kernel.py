@@ -15,6 +15,7 @@ operators that hold x and the feature function instead of Φ (see
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from gpytorch.kernels import Kernel
@@ -93,6 +94,12 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         and A's gradient from the Function's saved output.  Only for kernels whose :meth:`folds_amplitude` is
         ``True``."""
         raise NotImplementedError(f"{type(self).__name__} does not fold an amplitude into its features")
+
+    def amplitude_function(self) -> Callable[[Tensor, Tensor], Tensor] | None:
+        """:meth:`amplitude_features` where :meth:`folds_amplitude`, else ``None``: the ``amplitude_function`` of
+        :func:`~rfgp.inference.chunking.scaled_features` (the chunked operators' :meth:`featurizer` and
+        :func:`~rfgp.kernels.kernel_features` scale Φ by √outputscale through it)."""
+        return self.amplitude_features if self.folds_amplitude() else None
 
     def prepare(self, x: Tensor) -> None:
         """Fit what the kernel fits on its first input (the optimized Maclaurin allocation, draws of an unset
@@ -239,7 +246,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             probe = self.featurize(x[..., :1, :])
         params = [p for p in self.parameters() if p.requires_grad]
         return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2],
-                          amplitude_function=self.amplitude_features if self.folds_amplitude() else None)
+                          amplitude_function=self.amplitude_function())
 
     def _nonfinite_error(self, error: NonFiniteError) -> NonFiniteError:
         """x1 and x2 are finite, the scaled inputs (or feature weights) are not: name the hyperparameter (error path

@@ -29,8 +29,9 @@ Refused, with what converts instead: an ARD base other than that RBF (GPyTorch d
 own lengthscale before splitting the columns, so the copies' hyperparameters are not tied), a
 ``LinearKernel`` inside ``ProductStructureKernel`` (GPyTorch's value is not Πᵢ v xᵢ yᵢ: linear_operator's
 product of the per-column low-rank root operators is wrong), a ``GridInterpolationKernel`` base (KISS-GP per
-column, an approximation random features replace), a base with several outputs per input (derivative,
-multitask: GPyTorch cannot evaluate those per column); and
+column, an approximation random features replace), an ``ArcKernel`` in the base (GPyTorch's ``ArcKernel`` drops
+``last_dim_is_batch``, so GPyTorch's structure kernel over it does not evaluate), a base with several outputs
+per input (derivative, multitask: GPyTorch cannot evaluate those per column); and
 ``method="nystrom"`` of a tree holding a ``ProductStructureKernel``, whose diagonal GPyTorch cannot evaluate
 (``kernel(x, diag=True)`` raises in GPyTorch itself), which Nyström needs.
 """
@@ -60,6 +61,14 @@ def check_convertible(kernel: Kernel) -> None:
             "an approximation of its base kernel that random features replace rather than approximate a second "
             f"time; convert the structure kernel over the grid's base kernel instead, e.g. {name}(RBFKernel(), "
             "num_dims)"
+        )
+    arcs = [k for k in kernels if type(k) is gpytorch.kernels.ArcKernel]
+    if arcs:
+        raise TypeError(
+            f"rfgp.sketch does not convert {name} over an ArcKernel: GPyTorch's ArcKernel.forward drops "
+            f"last_dim_is_batch, so GPyTorch's own {name} over it does not evaluate (a ValueError in 1.15) and there "
+            "is no covariance to convert to; the per-column product (or sum) of arc kernels is "
+            "ProductKernel(*(ArcKernel(base, active_dims=[i]) for i in range(d))), which converts"
         )
     probe = torch.zeros(1, 1)
     outputs = kernel.base_kernel.num_outputs_per_input(probe, probe)

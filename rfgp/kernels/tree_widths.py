@@ -21,9 +21,11 @@
     ``active_dims``; a ``ScaleKernel`` factor folds into the amplitude);
   - other random factors (polynomial, …) → a :class:`~rfgp.kernels.SketchedProductKernel`
     (TensorSRHT of the factors' features, with the spectral group as one factor);
-  - exact factors without a spectral form (``IndexKernel``, Linear) of total width w →
-    row-wise Kronecker (:class:`~rfgp.kernels.FeatureProductKernel`) with the random part at the
-    even width ≤ F/w (all-exact products: Kronecker when w ≤ F, else TensorSRHT to F).
+  - exact factors without a spectral form (``IndexKernel``, Linear, BoTorch's ``DownsamplingKernel``) of total
+    width w → row-wise Kronecker (:class:`~rfgp.kernels.FeatureProductKernel`) with the random part at the
+    even width ≤ F/w (all-exact products: Kronecker when w ≤ F, else TensorSRHT to F); an exact factor whose
+    class sets ``kronecker_factor = False`` (the 75 quadrature features of BoTorch's ``ExponentialDecayKernel``)
+    joins the random factors' TensorSRHT instead.
 
   Factors keep the exact tree's order where they can, so the exact tree's ``state_dict``
   (``kernels.i.*``) loads into the converted product.  Where several spectral factors are
@@ -50,6 +52,7 @@ from .combinations import (
     SketchedProductKernel,
     is_exact_feature_kernel,
     kernel_num_features,
+    unwrap_scale,
 )
 from .spectral_product import SpectralProductKernel, has_spectral_protocol
 
@@ -70,8 +73,11 @@ def check_width(width, name: str) -> None:
 
 
 def is_kronecker_factor(kernel: Kernel) -> bool:
-    """An exact factor with no spectral form to convolve instead (IndexKernel, Linear)."""
-    return is_exact_feature_kernel(kernel) and not has_spectral_protocol(kernel)
+    """An exact factor with no spectral form to convolve instead (IndexKernel, Linear), unless its class says that its
+    width is too large to multiply a product's by (``kronecker_factor = False``: it joins the TensorSRHT instead)."""
+    base = unwrap_scale(kernel)[0]
+    return is_exact_feature_kernel(kernel) and not has_spectral_protocol(kernel) and getattr(base, "kronecker_factor",
+                                                                                             True)
 
 
 def exact_width(kernel: Kernel) -> int:

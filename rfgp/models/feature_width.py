@@ -16,10 +16,11 @@ own Φ sets its width counts once, with that width, as in :func:`rfgp.sketch`: a
 width and scales its factors' maps by the same ratio (so ``MixedSingleTaskGP``'s kernel resizes as
 ``rfgp.sketch`` would build it at the new width); a Kronecker product
 (:class:`~rfgp.kernels.FeatureProductKernel`) scales its k random factors by the k-th root of the
-ratio and keeps its exact factors.  A kernel that sets the widths of its own parts (BoTorch's orthogonal additive
-kernel, :mod:`rfgp.integrations.botorch_oak`) is one unit too, resized by its ``resize_features(num_features)``.
-Exact parts (Linear, Constant, Cosine, ``IndexKernel`` features)
-keep their fixed widths and are not counted.
+ratio and keeps its exact factors.  Exact parts (Linear, Constant, Cosine, ``IndexKernel`` features)
+keep their fixed widths and are not counted; a :class:`~rfgp.kernels.SketchedNewtonGirardAdditiveKernel` re-draws
+its orders' frequencies at the new width (split equally among the orders, as at construction).  A kernel that sets
+the widths of its own parts otherwise (BoTorch's orthogonal additive kernel, :mod:`rfgp.integrations.botorch_oak`) is
+one unit too, resized by its ``resize_features(num_features)``.
 
 Data-dependent maps refit on the data: optimized Maclaurin re-runs its allocation
 (paper 000 Algorithm 3) for the new budget on the training inputs as the map sees them, and a
@@ -33,6 +34,7 @@ import math
 from collections.abc import Callable, Iterator
 
 import gpytorch
+import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor, nn
 
@@ -47,10 +49,12 @@ from ..features.operator_valued import OperatorValuedFourierFeatures
 from ..features.polynomial import PolynomialSketch
 from ..features.spherical import SphericalRandomFeatures
 from ..features.weighted_fourier import WeightedFourierFeatures
+from ..kernels.arc import SketchedArcKernel
 from ..kernels.combinations import FeatureProductKernel, SketchedProductKernel, kernel_num_features
 from ..kernels.fourier import SketchedMaternKernel
 from ..kernels.hamming_imq import SketchedHammingIMQKernel
 from ..kernels.maclaurin import fit_allocation_on_columns
+from ..kernels.newton_girard import SketchedNewtonGirardAdditiveKernel
 from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import RandomFeatureKernel
 from ..kernels.spectral_kernel import SpectralFeatureKernel
@@ -178,7 +182,8 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
     spectral or Kronecker product): its factors are resized with it (:func:`_resize_product`).
     ``x`` follows the columns as the kernels evaluate them: a kernel's ``active_dims`` select among
     its parent's columns, except below a ``ScaleKernel``, which selects its own (copied from its
-    base at construction) and runs its base's ``forward`` (:mod:`rfgp.kernels.input_columns`).
+    base at construction) and runs its base's ``forward`` (:mod:`rfgp.kernels.input_columns`); an arc kernel's base
+    sees the arc embedding of its columns.
     """
     if isinstance(module, (FeatureMap, OperatorValuedFourierFeatures)):
         yield module, owner, owner_inputs
@@ -187,13 +192,17 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
         if called and x is not None and module.active_dims is not None:
             x = x.index_select(-1, module.active_dims.to(x.device))
         owner, owner_inputs = module, x
-        if isinstance(module, NystromKernel) or callable(getattr(module, "resize_features", None)):
+        if isinstance(module, (NystromKernel, SketchedNewtonGirardAdditiveKernel)) or callable(
+                getattr(module, "resize_features", None)):  # its own draws are its width
             yield module, module, x
             return
         if isinstance(module, _PRODUCTS):
             if any(_factor_units(module, x)):
                 yield module, module, x
             return  # a product of exact factors only has a fixed width
+        if isinstance(module, SketchedArcKernel) and x is not None:
+            with torch.no_grad():
+                x = module.embedding(x)  # what its base kernel sees
     for child in module.children():
         yield from _width_units(child, x, owner, owner_inputs, called=not isinstance(module, ScaleKernel))
 
@@ -211,7 +220,7 @@ def _granularity(unit: nn.Module) -> int:
     if isinstance(unit, OperatorValuedFourierFeatures):
         return 2 * unit.factor_width
     if isinstance(unit, (RandomFourierFeatures, SphericalRandomFeatures, WeightedFourierFeatures,
-                         SpectralProductKernel)):
+                         SpectralProductKernel, SketchedNewtonGirardAdditiveKernel)):
         return 2
     if isinstance(unit, PolynomialSketch) and unit.is_complex:
         return 2  # its constructor refuses odd widths for complex/CtR weights too
@@ -269,6 +278,8 @@ def _resize_product(product: Kernel, width: int, inputs: Tensor | None) -> None:
 def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Tensor | None) -> None:
     if isinstance(feature_map, NystromKernel):
         feature_map.reselect_landmarks(width, inputs)
+    elif isinstance(feature_map, SketchedNewtonGirardAdditiveKernel):
+        feature_map.set_width(width)
     elif callable(getattr(feature_map, "resize_features", None)):
         feature_map.resize_features(width)
     elif isinstance(feature_map, _PRODUCTS):
@@ -298,7 +309,7 @@ def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Te
             "RandomFourierFeatures, WeightedFourierFeatures, SphericalRandomFeatures, PolynomialSketch, "
             "GaussianSketch(HD), OptimizedMaclaurin, RandomMaclaurin, OperatorValuedFourierFeatures, "
             "CategoricalFeatures, and the kernels NystromKernel, SketchedProductKernel, SpectralProductKernel, "
-            "FeatureProductKernel"
+            "FeatureProductKernel, SketchedNewtonGirardAdditiveKernel"
         )
 
 

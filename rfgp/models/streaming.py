@@ -6,9 +6,11 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
     G = ΦᵀWΦ (F × F),  B = ΦᵀWr (F),  q = rᵀWr,  ℓ = Σ log σ²,  n,
 
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
-and memory O(F²), whatever the number of points seen.  The posterior needs
-L = chol(I + G) (kept in float64 for float32 statistics, :meth:`StreamingFeatureGP.cholesky`).  Once L exists, a small batch updates it in O(k·F²) by the rank-k update
-LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.inference.cholesky_update.cholesky_update`, see
+and memory O(F²), whatever the number of points seen.  G and B are formed and summed in the factor's
+precision (float64 for float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`; q, ℓ and n stay in the
+inputs' dtype): see :meth:`StreamingFeatureGP.update`.  The posterior needs
+L = chol(I + G) (:meth:`StreamingFeatureGP.cholesky`).  Once L exists, a small batch updates it
+in O(k·F²) by the rank-k update LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.inference.cholesky_update.cholesky_update`, see
 :func:`takes_rank_update` for when); otherwise it is dropped and refactorised (O(F³)) the
 first time it is needed:
 
@@ -43,7 +45,7 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
-from ..core.dtypes import in_full_precision
+from ..core.dtypes import factor_dtype, in_full_precision
 from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
 from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import capacitance_cholesky, feature_statistics
@@ -160,6 +162,16 @@ class StreamingFeatureGP(nn.Module):
 
         The Cholesky factor, if already computed, is updated by a rank-k update when
         :func:`takes_rank_update` says so, and dropped (refactorised when next needed) otherwise.
+
+        The features Φₖ are evaluated in the inputs' dtype; G = ΣΦₖᵀWΦₖ and B = ΣΦₖᵀWrₖ are formed and summed in
+        :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 inputs).  I + G has eigenvalues ≥ 1 in exact
+        arithmetic, and the Gram matrix of the rounded float32 features, summed in float64, keeps them ≥ 1 up to
+        eps₆₄·‖G‖.  Summed in float32, G carries errors of about eps₃₂·‖G‖: at a high signal-to-noise ratio
+        (the float32 IGRF fit of the tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) they measured 1.7 in
+        spectral norm, and the smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04, depending
+        on rounding-level changes of Φ — the float64 factorisation then failed or not by chance.  The float64
+        products cost time (float32 updates took 1.6–2.5× as long at F = 512–1024, batches of 64–2000, on one CPU
+        thread: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy of Φₖ.
         """
         self._check_inputs(x)
         check_tensor_dtype(y, "y")
@@ -175,7 +187,8 @@ class StreamingFeatureGP(nn.Module):
         noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
         residual = (y - self.mean_module(x)).unsqueeze(-1)
         weights = noise.reciprocal()
-        gram, cross = feature_statistics(features, weights, residual)
+        work = factor_dtype(features.dtype, features.device)
+        gram, cross = feature_statistics(features.to(work), weights.to(work), residual.to(work))
         batch = (
             gram,
             cross,
@@ -201,8 +214,8 @@ class StreamingFeatureGP(nn.Module):
         # Unlike a kernel call, streaming cannot follow type promotion: the statistics are sums kept in one
         # dtype, so a float64 batch added to float32 sums would lose its precision (and earlier batches' lost
         # digits cannot be restored by promoting the sums), and they are buffers in the model's dtype.
-        if self.gram.numel():
-            check_same_dtype(x, "x", self.gram.dtype, "the statistics accumulated from earlier batches",
+        if self.count.numel():  # n, q and ℓ are kept in the inputs' dtype (G and B in the factor's)
+            check_same_dtype(x, "x", self.count.dtype, "the statistics accumulated from earlier batches",
                              "streaming statistics are sums kept in one dtype (promoting them cannot restore the "
                              "precision earlier batches were summed in)")
         else:
@@ -213,10 +226,11 @@ class StreamingFeatureGP(nn.Module):
     def cholesky(self) -> Tensor:
         """L = chol(I + ΦᵀWΦ), refactorised once after each update (or rank-updated).
 
-        L is kept in :func:`~rfgp.core.dtypes.factor_dtype` — float64 for float32 statistics — as the
-        training MLL's capacitance is (:func:`~rfgp.inference.linalg.capacitance_cholesky`): at a high
-        signal-to-noise ratio a float32 factorisation breaks down although the rounded I + ΦᵀWΦ is positive
-        definite.  A failure raises :class:`~rfgp.inference.linalg.CapacitanceNotPSDError`.
+        L is kept in :func:`~rfgp.core.dtypes.factor_dtype` — float64 for float32 inputs — as G is (see
+        :meth:`update`) and as the training MLL's capacitance is
+        (:func:`~rfgp.inference.linalg.capacitance_cholesky`): at a high signal-to-noise ratio a float32
+        factorisation breaks down although I + ΦᵀWΦ is positive definite.  A failure raises
+        :class:`~rfgp.inference.linalg.CapacitanceNotPSDError`.
         """
         if self.num_data == 0:
             raise RuntimeError("StreamingFeatureGP has no data yet: call update(x, y) or fit_from_batches first")
@@ -227,9 +241,9 @@ class StreamingFeatureGP(nn.Module):
 
     @in_full_precision
     def log_marginal_likelihood(self) -> Tensor:
-        """log p(y) of all absorbed data (a sum over points, not a per-point average), in the statistics' dtype.
+        """log p(y) of all absorbed data (a sum over points, not a per-point average), in the inputs' dtype.
 
-        Formed in the factor's precision (float64 for float32 statistics): q − ‖L⁻¹B‖² cancels at a high
+        Formed in the factor's precision (float64 for float32 inputs): q − ‖L⁻¹B‖² cancels at a high
         signal-to-noise ratio.
         """
         chol = self.cholesky()
@@ -237,7 +251,7 @@ class StreamingFeatureGP(nn.Module):
         projected = torch.linalg.solve_triangular(chol, self.cross.to(work), upper=False).pow(2).sum((-2, -1))
         logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + self.noise_logdet.to(work)
         value = self.weighted_square.to(work) - projected + logdet + self.count.to(work) * math.log(2 * math.pi)
-        return (-0.5 * value).to(self.gram.dtype)
+        return (-0.5 * value).to(self.count.dtype)
 
     @in_full_precision
     def forward(self, x: Tensor) -> MultivariateNormal:

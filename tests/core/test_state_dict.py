@@ -160,6 +160,11 @@ KERNELS = {
     "linear": (lambda s: LinearFeatureKernel(ard_num_dims=3), 3, False),
     "constant": (lambda s: ConstantFeatureKernel(), 3, False),
     "cosine": (lambda s: CosineFeatureKernel(), 1, False),
+    "spectral_delta": (lambda s: kernels.SpectralDeltaFeatureKernel(3, 8, ard_num_dims=3, seed=s), 3, False),
+    "arc": (lambda s: kernels.SketchedArcKernel(SketchedMaternKernel(16, nu=2.5, input_dim=6, seed=s), ard_num_dims=3),
+            3, False),
+    "newton_girard": (lambda s: kernels.SketchedNewtonGirardAdditiveKernel(RBFKernel(ard_num_dims=3), 3, 16, seed=s),
+                      3, False),
     "rbf_grad": (lambda s: SketchedRBFKernelGrad(16, input_dim=3, seed=s), 3, False),
     "rbf_gradgrad": (lambda s: SketchedRBFKernelGradGrad(16, method="orf", input_dim=3, seed=s), 3, False),
     "matern52_grad": (lambda s: SketchedMatern52KernelGrad(16, input_dim=3, seed=s), 3, False),
@@ -188,13 +193,18 @@ def test_tables_cover_every_public_feature_map_and_kernel():
     map_types = {type(FEATURE_MAPS[name][0](0, 3 if name != "operator_valued" else 2)) for name in FEATURE_MAPS}
     public_maps = {cls for cls in map(features.__dict__.get, features.__all__)
                    if inspect.isclass(cls) and issubclass(cls, (features.FeatureMap, OperatorValuedFourierFeatures))}
-    # CategoricalFeatures takes the constant shares besides x: its round trip is in tests/features/test_categorical.py
-    assert public_maps - {features.FeatureMap, features.CategoricalFeatures} <= map_types
+    # CategoricalFeatures takes the constant shares besides x (round trip: tests/features/test_categorical.py);
+    # HammingIMQFeatures takes α and β besides x, its kernel one-hot rows: theirs is in tests/kernels/test_hamming_imq.py
+    exempt_maps = {features.FeatureMap, features.CategoricalFeatures, features.HammingIMQFeatures}
+    assert public_maps - exempt_maps <= map_types
     kernel_types = {type(build(0)) for build, _, _ in KERNELS.values()}
     public_kernels = {cls for cls in map(kernels.__dict__.get, kernels.__all__)
                       if inspect.isclass(cls) and issubclass(cls, gpytorch.kernels.Kernel)}
-    # IndexFeatureKernel takes integer task indices: its round trip is in tests/test_conversion_trees.py
-    assert public_kernels - {kernels.FeatureKernel, kernels.IndexFeatureKernel} <= kernel_types
+    # IndexFeatureKernel takes integer task indices: its round trip is in tests/test_conversion_trees.py; the
+    # fidelity kernels take fidelities (≤ 1, ≥ 0): theirs are in tests/integrations/test_botorch_fidelity_kernels.py
+    fidelity = {kernels.DownsamplingFeatureKernel, kernels.ExponentialDecayFeatureKernel}
+    one_hot = {kernels.SketchedHammingIMQKernel}
+    assert public_kernels - {kernels.FeatureKernel, kernels.IndexFeatureKernel, *fidelity, *one_hot} <= kernel_types
 
 
 # ----------------------------------------------------------------------------- encoding

@@ -6,23 +6,32 @@ import torch
 from gpytorch.constraints import GreaterThan, Interval
 from gpytorch.kernels import (
     AdditiveKernel,
+    ArcKernel,
     ConstantKernel,
     CosineKernel,
     LinearKernel,
+    NewtonGirardAdditiveKernel,
     PeriodicKernel,
     PolynomialKernel,
     RBFKernel,
     RQKernel,
     ScaleKernel,
+    SpectralDeltaKernel,
     SpectralMixtureKernel,
 )
 from gpytorch.priors import GammaPrior, NormalPrior
 
 import rfgp
-from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
+from rfgp.kernels import (
+    SketchedArcKernel,
+    SketchedNewtonGirardAdditiveKernel,
+    SketchedPolynomialKernel,
+    SketchedRBFKernel,
+)
 from rfgp.kernels.exact_features import ConstantFeatureKernel, CosineFeatureKernel, LinearFeatureKernel
 from rfgp.kernels.periodic import SketchedPeriodicKernel
 from rfgp.kernels.rational_quadratic import SketchedRQKernel
+from rfgp.kernels.spectral_delta import SpectralDeltaFeatureKernel
 from rfgp.kernels.spectral_mixture import SketchedSpectralMixtureKernel
 from rfgp.models import ExactGPModel
 
@@ -74,6 +83,30 @@ def cosine():
     return kernel
 
 
+def spectral_delta():
+    kernel = SpectralDeltaKernel(num_dims=3, num_deltas=6, ard_num_dims=3, batch_shape=BATCH,
+                                 lengthscale_prior=GammaPrior(2.0, 2.0), Z_constraint=Interval(0.0, 2.0)).double()
+    kernel.Z = torch.rand(2, 6, 3, generator=torch.Generator().manual_seed(3), dtype=F64) + 0.1
+    return kernel
+
+
+def arc():
+    kernel = ArcKernel(gpytorch.kernels.MaternKernel(nu=1.5, batch_shape=BATCH), ard_num_dims=2, batch_shape=BATCH,
+                       active_dims=(0, 2), angle_prior=GammaPrior(2.0, 4.0),
+                       lengthscale_prior=GammaPrior(2.0, 2.0)).double()
+    kernel.angle = torch.tensor([[[0.3, 0.6]], [[0.8, 0.2]]])
+    kernel.radius = torch.tensor([[[0.7, 1.6]], [[1.2, 0.4]]])
+    return kernel
+
+
+def newton_girard():
+    kernel = NewtonGirardAdditiveKernel(RBFKernel(ard_num_dims=2, lengthscale_prior=GammaPrior(2.0, 2.0)), num_dims=2,
+                                        batch_shape=BATCH, active_dims=(0, 2)).double()
+    kernel.base_kernel.lengthscale = torch.tensor([[0.6, 1.3]])
+    kernel.outputscale = torch.tensor([[0.7, 0.2], [0.4, 0.9]])
+    return kernel
+
+
 CASES = {
     "periodic": (periodic, SketchedPeriodicKernel, ("lengthscale", "period_length")),
     "rq": (rq, SketchedRQKernel, ("lengthscale", "alpha")),
@@ -82,6 +115,9 @@ CASES = {
     "linear": (linear, LinearFeatureKernel, ("variance",)),
     "constant": (constant, ConstantFeatureKernel, ("constant",)),
     "cosine": (cosine, CosineFeatureKernel, ("period_length",)),
+    "spectral_delta": (spectral_delta, SpectralDeltaFeatureKernel, ("lengthscale", "Z")),
+    "arc": (arc, SketchedArcKernel, ("lengthscale", "angle", "radius")),
+    "newton_girard": (newton_girard, SketchedNewtonGirardAdditiveKernel, ("outputscale",)),
 }
 
 
@@ -105,7 +141,7 @@ def test_conversion_carries_hyperparameters_constraints_priors_batch_and_active_
     assert torch.equal(again(X).to_dense(), sketched(X).to_dense())
 
 
-@pytest.mark.parametrize("family", ["periodic", "rq", "spectral_mixture"])
+@pytest.mark.parametrize("family", ["periodic", "rq", "spectral_mixture", "arc", "newton_girard"])
 def test_converted_random_kernels_approximate_the_exact_gram(family):
     exact = CASES[family][0]()
     target = exact(X).to_dense().detach()
@@ -114,12 +150,12 @@ def test_converted_random_kernels_approximate_the_exact_gram(family):
     assert errors[1] < errors[0] / 4 and errors[1] < 0.1, errors
 
 
-@pytest.mark.parametrize("family", ["linear", "constant", "cosine"])
+@pytest.mark.parametrize("family", ["linear", "constant", "cosine", "spectral_delta"])
 def test_exact_families_convert_exactly_with_their_own_width(family):
     exact = CASES[family][0]()
     sketched = rfgp.sketch(exact, num_features=512)
     assert torch.allclose(sketched(X).to_dense(), exact(X).to_dense(), atol=1e-13)
-    assert sketched.num_features == {"linear": 3, "constant": 1, "cosine": 2}[family]
+    assert sketched.num_features == {"linear": 3, "constant": 1, "cosine": 2, "spectral_delta": 12}[family]
 
 
 def test_every_converted_leaf_exposes_num_features():

@@ -1,22 +1,28 @@
 """A ScaleKernel's outputscale folded into the sin/cos Functions' pair scales (FeatureKernel.amplitude_features), as
-the chunked operators' Featurizer does for K(Z, x).
+the chunked operators' Featurizer does for K(Z, x) and kernel_features does for sums of scaled kernels, streaming and
+sampling.
 
 The folded features must equal the multiply path ``featurize(x)·√s`` as functions of x and every hyperparameter:
 values to 1e-13 (float64), first and second derivatives to 1e-10 relative.
 """
 
+import gpytorch
 import pytest
 import torch
-from gpytorch.kernels import ScaleKernel
+from gpytorch.kernels import RBFKernel, ScaleKernel
 
+import rfgp
 from rfgp.kernels import (
+    FeatureSumKernel,
     SketchedMatern52KernelGrad,
     SketchedMaternKernel,
+    SketchedNewtonGirardAdditiveKernel,
     SketchedPeriodicKernel,
     SketchedPolynomialKernel,
     SketchedRBFKernel,
     SketchedRQKernel,
     SketchedSpectralMixtureKernel,
+    SpectralDeltaFeatureKernel,
     SpectralProductKernel,
 )
 from rfgp.kernels.combinations import kernel_features, kernel_squared_norm
@@ -35,6 +41,9 @@ KERNELS = {
     "product": lambda b: SpectralProductKernel(SketchedPeriodicKernel(8, batch_shape=b, seed=0),
                                                ScaleKernel(SketchedRBFKernel(8, batch_shape=b, seed=1), batch_shape=b),
                                                num_features=16, seed=2),
+    "spectral_delta": lambda b: SpectralDeltaFeatureKernel(2, 8, ard_num_dims=2, batch_shape=b, seed=0),
+    "newton_girard": lambda b: SketchedNewtonGirardAdditiveKernel(RBFKernel(ard_num_dims=2, batch_shape=b), 2, 16,
+                                                                  batch_shape=b, seed=0),
 }
 
 
@@ -68,9 +77,13 @@ def test_folded_features_equal_the_multiplied_ones(name, batch):
 
     folded, multiplied = _folded(kernel, x), _multiplied(kernel, x)
     assert folded.shape == multiplied.shape == (*batch, 7, 16)
-    torch.testing.assert_close(folded, multiplied, rtol=0, atol=1e-13)
+    _assert_same_function(folded, multiplied, params)
 
-    # first derivatives through a generic loss, then second derivatives of a first derivative's norm
+
+def _assert_same_function(folded, multiplied, params):
+    """Values to 1e-13, then first derivatives through a generic loss and second derivatives of a first
+    derivative's norm to 1e-10."""
+    torch.testing.assert_close(folded, multiplied, rtol=0, atol=1e-13)
     weights = torch.randn_like(folded)
     grads = [torch.autograd.grad((f * weights).sum(), params, create_graph=True) for f in (folded, multiplied)]
     for a, b in zip(*grads):
@@ -83,6 +96,60 @@ def test_folded_features_equal_the_multiplied_ones(name, batch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
 
 
+def _count_folds(monkeypatch, kernel_class):
+    """The inputs of every amplitude_features call of ``kernel_class`` (still computing the folded features)."""
+    folded, calls = kernel_class.amplitude_features, []
+    monkeypatch.setattr(kernel_class, "amplitude_features", lambda self, u, a: calls.append(u) or folded(self, u, a))
+    return calls
+
+
+@pytest.mark.parametrize("batch", [torch.Size(), BATCH], ids=["plain", "batched"])
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_kernel_features_fold_the_outputscale(name, batch, monkeypatch):
+    """kernel_features (sums of scaled kernels, streaming, sampling, BoTorch's pathwise features) scales Φ by √s as
+    the chunked operators do: folded through amplitude_features, the same function of x and the hyperparameters."""
+    kernel = _scaled(name, batch)
+    x = torch.rand(7, 2, dtype=torch.float64, requires_grad=True)
+    kernel_features(kernel, x)  # draws
+    calls = _count_folds(monkeypatch, type(kernel.base_kernel))
+    features = kernel_features(kernel, x)
+    assert len(calls) == 1
+    _assert_same_function(features, _multiplied(kernel, x), [x, *kernel.parameters()])
+
+
+def test_nested_scale_kernels_fold_the_product_of_their_outputscales(monkeypatch):
+    inner = _scaled("rff", BATCH)
+    kernel = ScaleKernel(inner, batch_shape=BATCH).double()
+    kernel.outputscale = torch.tensor([0.3, 2.0, 7.0], dtype=torch.float64)
+    x = torch.rand(5, 2, dtype=torch.float64, requires_grad=True)
+    kernel_features(kernel, x)
+    calls = _count_folds(monkeypatch, SketchedRBFKernel)
+    features = kernel_features(kernel, x)
+    assert len(calls) == 1
+    expected = _multiplied(inner, x) * kernel.outputscale.sqrt().unsqueeze(-1).unsqueeze(-1)
+    _assert_same_function(features, expected, [x, *kernel.parameters()])
+
+
+def test_sum_of_scaled_kernels_folds_every_outputscale(monkeypatch):
+    """A co2-style sum ScaleKernel(RBF) + ScaleKernel(Periodic) converted by rfgp.sketch: a FeatureSumKernel whose
+    features [√s₁Φ₁, √s₂Φ₂] (its training root, K(Z, x), samples) fold both outputscales."""
+    tree = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)) + gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.PeriodicKernel(ard_num_dims=2))
+    kernel = rfgp.sketch(tree, num_features=32, seed=0).double()
+    assert isinstance(kernel, FeatureSumKernel)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in kernel.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    x = torch.rand(6, 2, dtype=torch.float64, requires_grad=True)
+    kernel.featurize(x)  # draws
+    calls = [_count_folds(monkeypatch, type(part.base_kernel)) for part in kernel.kernels]
+    features = kernel.featurize(x)
+    assert [len(c) for c in calls] == [1, 1]
+    expected = torch.cat([_multiplied(part, x) for part in kernel.kernels], -1)
+    _assert_same_function(features, expected, [x, *kernel.parameters()])
+
+
 @pytest.mark.parametrize("name", ["rff", "periodic", "product"])
 def test_cross_covariance_folds_the_outputscale(name, monkeypatch):
     """The chunked cross-covariance K(Z, x) of an SVGP step: the Featurizer folds √s instead of multiplying Φ, and its
@@ -92,10 +159,7 @@ def test_cross_covariance_folds_the_outputscale(name, monkeypatch):
     x = torch.rand(9, 2, dtype=torch.float64, requires_grad=True)
     kernel(z, x).to_dense()  # draws
     expected = _multiplied(kernel, z) @ _multiplied(kernel, x).mT
-    base = kernel.base_kernel
-    folded = type(base).amplitude_features
-    calls = []
-    monkeypatch.setattr(type(base), "amplitude_features", lambda self, u, a: calls.append(u) or folded(self, u, a))
+    calls = _count_folds(monkeypatch, type(kernel.base_kernel))
     covariance = kernel(z, x).to_dense()
     assert len(calls) == 2  # Φ(Z), Φ(x) with √s folded, not featurised then multiplied
     torch.testing.assert_close(covariance, expected, rtol=0, atol=1e-13)

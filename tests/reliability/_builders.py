@@ -46,6 +46,10 @@ SCALAR_KERNELS = {
     "rbf_grad": (lambda: kernels.SketchedRBFKernelGrad(32, input_dim=D, seed=0), False),
     "linear_features": (lambda: kernels.LinearFeatureKernel(input_dim=D), False),
     "cosine_features": (lambda: kernels.CosineFeatureKernel(active_dims=torch.tensor([0])), False),
+    "spectral_delta": (lambda: kernels.SpectralDeltaFeatureKernel(D, 8, seed=0), False),
+    "arc": (lambda: kernels.SketchedArcKernel(kernels.SketchedMaternKernel(32, input_dim=2 * D, seed=0)), False),
+    "newton_girard": (lambda: kernels.SketchedNewtonGirardAdditiveKernel(
+        gpytorch.kernels.RBFKernel(ard_num_dims=D), D, 32, seed=0), False),
 }
 
 #: name -> builder of a float64 multi-output (vector-field) kernel with p = D outputs
