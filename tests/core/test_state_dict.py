@@ -194,7 +194,7 @@ def test_tables_cover_every_public_feature_map_and_kernel():
     public_maps = {cls for cls in map(features.__dict__.get, features.__all__)
                    if inspect.isclass(cls) and issubclass(cls, (features.FeatureMap, OperatorValuedFourierFeatures))}
     # CategoricalFeatures takes the constant shares besides x (round trip: tests/features/test_categorical.py);
-    # HammingIMQFeatures takes α and β besides x, its kernel one-hot rows: theirs is in tests/kernels/test_hamming_imq.py
+    # HammingIMQFeatures takes α and β besides x, its kernel one-hot rows (tests/kernels/test_hamming_imq.py)
     exempt_maps = {features.FeatureMap, features.CategoricalFeatures, features.HammingIMQFeatures}
     assert public_maps - exempt_maps <= map_types
     kernel_types = {type(build(0)) for build, _, _ in KERNELS.values()}
