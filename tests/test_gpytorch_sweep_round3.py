@@ -24,11 +24,11 @@ from gpytorch.likelihoods import (
     _GaussianLikelihoodBase,
 )
 from gpytorch.likelihoods.noise_models import HeteroskedasticNoise
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import rfgp
 from rfgp.core.validation import NonFiniteError
 
+from ._cost import LargestTensor
 from ._models import UserSVGP
 
 F64 = torch.float64
@@ -457,21 +457,6 @@ def test_model_list_approaches_the_exact_kernels():
     """Measured relative errors (−Σ MLL, lengthscale gradients, joint mean, variance): 4.0e-3, 0.077, 0.044, 0.028 at
     F = 256; 2.7e-4, 7.1e-3, 3.1e-3, 8.9e-4 at F = 65 536."""
     assert_approaches(model_list_outputs, 0.01)
-
-
-class LargestTensor(TorchDispatchMode):
-    """The largest number of elements of any tensor an ATen operation returns inside the context."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(tensor, torch.Tensor):
-                self.numel = max(self.numel, tensor.numel())
-        return out
 
 
 def test_model_list_trains_and_predicts_jointly_without_an_n_by_n_tensor():
