@@ -6,7 +6,6 @@ so its values and gradients are the exact model's; ORF features approach them as
 the cost checks count the largest tensor: N × F where the exact model builds N × N.
 """
 
-
 import copy
 
 import pytest
@@ -295,25 +294,23 @@ def test_eubo_on_an_outcome_model_is_the_exact_models_with_every_point_a_landmar
     """Preference exploration (BOPE): the preference model's utility is over the outcomes Y = f(X) of an outcome
     model, here one fixed posterior draw μ(X) + σ(X)·w of a two-output SingleTaskGP (``FixedSingleSampleModel``):
     both models converted, each with the points it sees as landmarks."""
-    x, y = uniform(12, seed=3), None
-    outcome = SingleTaskGP(x, _objectives(x)).double()
-    outcome.covar_module.lengthscale = 0.3
-    outcome.likelihood.noise = 1e-2
-    outcome.eval()
+    x = uniform(12, seed=3)
+    outcome = _at_fixed_hyperparameters(SingleTaskGP(x, _objectives(x)).double())
     X = uniform(4, 2, seed=7)
     w = torch.tensor([0.7, -0.4], dtype=F64)
     with torch.no_grad():
         outcomes = FixedSingleSampleModel(outcome, w=w)(X)
         y = outcome.posterior(uniform(16, seed=0)).mean  # the outcomes the decision maker compared
     comparisons = _comparisons(y.sum(-1) - (y ** 2).sum(-1))
-    options = {"sampler": SobolQMCNormalSampler(torch.Size([64]), seed=0)} if acquisition is not (
-        AnalyticExpectedUtilityOfBestOption) else {}
+    analytic = acquisition is AnalyticExpectedUtilityOfBestOption
+    options = {} if analytic else {"sampler": SobolQMCNormalSampler(torch.Size([64]), seed=0)}
 
     def evaluate(outcome_model, preference):
         return value_and_grad(acquisition(preference, outcome_model=FixedSingleSampleModel(outcome_model, w=w),
                                           **options), X)
 
     expected = evaluate(outcome, preference_model(y, comparisons))
+    assert expected[1].abs().max() > 0.1  # the options' outcomes move the value
     actual = evaluate(landmark_copy(outcome, x, X),
                       preference_model(y, comparisons, lambda kernel: _landmarks_under_the_scale(kernel, y, outcomes)))
     assert_same_value_and_grad(actual, expected, rtol=1e-5, atol=1e-5)
