@@ -215,6 +215,23 @@ def _multi_fidelity_hvkg(model, num_pareto=NUM_PARETO):
         project=lambda X: project_to_target_fidelity(X=X, target_fidelities={2: 1.0}, d=3))
 
 
+def test_multi_fidelity_hvkg_is_the_exact_models_with_every_point_a_landmark():
+    """The whole fidelity tree as one Nyström map (the route that also takes LinearTruncatedFidelityKernel), its
+    landmarks the training points, the one-shot points and their projections to the target fidelity."""
+    X = torch.rand(3, 1 + NUM_FANTASIES * NUM_PARETO, 3, generator=torch.Generator().manual_seed(2), dtype=F64)
+    exact, converted = multi_fidelity_model(20), multi_fidelity_model(20)
+    x = exact.models[0].train_inputs[0]
+    projected = project_to_target_fidelity(X=X, target_fidelities={2: 1.0}, d=3)
+    for model in converted.models:
+        model.covar_module = nystrom(model.covar_module, x, X, projected)
+    for model in (exact, converted):
+        model.posterior(x)
+    with gpytorch.settings.detach_test_caches(False):
+        expected = value_and_grad(_multi_fidelity_hvkg(exact), X)
+    assert expected[1].abs().max() > 1
+    assert_same_value_and_grad(value_and_grad(_multi_fidelity_hvkg(converted), X), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_multi_fidelity_hvkg_of_converted_models_approaches_the_exact_one_as_f_grows():
     """Measured (mean over 4 seeds of the largest error on 3 one-shot points, values 11–18: divided by the cost
     0.1 + fidelity): 0.49 at F = 64, 0.10 at F = 16 384 (the posterior mean's largest error: 0.65, 0.037)."""
