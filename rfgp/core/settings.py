@@ -10,6 +10,9 @@
   (:mod:`rfgp.inference.multioutput_chunking`).
 * :class:`chunk_size` — force a number of rows per chunk (``None``: derive it from
   the budget).
+* :class:`float32_statistics_tolerance` — the largest estimated rounding error u·tr(ΦᵀWΦ) at which float32
+  features form their statistics ΦᵀWΦ, ΦᵀWr in float32; above it, in float64
+  (:mod:`rfgp.inference.statistics_precision`).
 * :class:`validate_inputs` — ``False`` skips the checks that read the data's values (NaN/Inf
   in inputs and targets, label ranges, unit norms): one fused reduction and one host sync per
   call each.  For data you have validated yourself; shape and dtype checks always run.
@@ -29,6 +32,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -116,6 +121,35 @@ class validate_inputs(_ValueSetting):
     @classmethod
     def on(cls) -> bool:
         return cls._global_value
+
+
+class float32_statistics_tolerance(_ValueSetting):
+    """Largest estimated rounding error of float32 feature statistics that rfgp accepts (default 10⁻²).
+
+    float32 features form G = ΦᵀWΦ and B = ΦᵀWr in float32 while u·tr(G) ≤ this value (u = 2⁻²⁴, the unit roundoff),
+    in float64 otherwise: the float32 statistics' rounding is about u·tr(G) or less, against the eigenvalue 1 of
+    I + G (:mod:`rfgp.inference.statistics_precision`, which derives and measures it).  The precision changes the
+    accuracy of the same model, never the model.  ``0`` always forms them in float64, ``math.inf`` always in float32;
+    neither reads the data, so neither costs the decision's host synchronisation.  float64 models are unaffected.
+
+    Example:
+        >>> with rfgp.settings.float32_statistics_tolerance(0.0):   # float64 statistics for float32 data
+        ...     pass
+    """
+
+    #: chosen from benchmarks/results/float32_statistics_threshold.md (see rfgp.inference.statistics_precision)
+    DEFAULT = 1e-2
+    _global_value = DEFAULT
+    _name = "float32_statistics_tolerance"
+
+    @classmethod
+    def _check(cls, value):
+        accepted = "a number ≥ 0 (math.inf: always float32 statistics, 0: always float64)"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"float32_statistics_tolerance must be {accepted}, got {type(value).__name__} {value!r}")
+        if math.isnan(value) or value < 0:
+            raise ValueError(f"float32_statistics_tolerance must be {accepted}, got {value!r}")
+        return float(value)
 
 
 class chunk_size(_ValueSetting):

@@ -3,6 +3,8 @@
 The kernels hand over Φ (N × F) instead of an N × N matrix; this layer keeps it factored:
 
 * :mod:`~rfgp.inference.linalg` — the statistics ΦᵀWΦ and ΦᵀWR with a lean backward pass;
+* :mod:`~rfgp.inference.statistics_precision` — float32 or float64 statistics for float32 features, chosen by an
+  a-priori bound of their float32 rounding;
 * :mod:`~rfgp.inference.triangular_statistics` — the same for Nyström features Φ = K·L⁻ᵀ, with a backward
   fused through the triangular solve;
 * :mod:`~rfgp.inference.chunking` — the same statistics over chunks of rows, recomputed in the

@@ -365,7 +365,8 @@ def capacitance_inv_quad_logdet(gram: Tensor, cross: Tensor, logdet: bool,
 
 
 def woodbury_inv_quad_logdet(gram: Tensor, cross: Tensor, weighted_square: Tensor | None, noise_logdet: Tensor | None,
-                             logdet: bool, noise: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+                             logdet: bool, noise: Tensor | None = None,
+                             dtype: torch.dtype | None = None) -> tuple[Tensor | None, Tensor | None]:
     """(rᵀ(ΦΦᵀ + D)⁻¹r per column, log|ΦΦᵀ + D|) from the F × F statistics ΦᵀD⁻¹Φ = ``gram``, B = ΦᵀD⁻¹r =
     ``cross``, rᵀD⁻¹r = ``weighted_square`` and log|D| = ``noise_logdet``.
 
@@ -373,10 +374,12 @@ def woodbury_inv_quad_logdet(gram: Tensor, cross: Tensor, weighted_square: Tenso
     ``weighted_square=None``, no right-hand side) and 2Σ log Lᵢᵢ + log|D| (``None`` unless ``logdet``;
     ``noise_logdet`` is read only then).  The capacitance terms (:func:`capacitance_inv_quad_logdet`, forward and
     backward) and the sums with them — rᵀD⁻¹r − ‖L⁻¹B‖² cancels at a high signal-to-noise ratio — are taken in
-    :func:`factor_dtype` and rounded back to ``gram``'s dtype.  ``noise`` (optional) is named in the error message.
+    :func:`factor_dtype` and rounded back to ``dtype`` (default ``gram``'s; the model's where float32 features formed
+    float64 statistics, :mod:`rfgp.inference.statistics_precision`).  ``noise`` (optional) is named in the error
+    message.
     """
     quad, capacitance_logdet = capacitance_inv_quad_logdet(gram, cross, logdet, noise)
-    work, dtype = quad.dtype, gram.dtype
+    work, dtype = quad.dtype, gram.dtype if dtype is None else dtype
     inv_quad = None if weighted_square is None else (weighted_square.to(work) - quad).to(dtype)
     logdet_term = (capacitance_logdet + noise_logdet.to(work)).to(dtype) if logdet else None
     return inv_quad, logdet_term

@@ -58,6 +58,7 @@ from .chunking import (
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import feature_statistics, fold_constant, is_positive, project, woodbury_inv_quad_logdet
+from .statistics_precision import statistics_dtype, weighted_square_norm
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
 
@@ -122,17 +123,32 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         root, constant = self.scaled_root()
         return root.to_dense(), constant
 
-    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    def feature_statistics(self, weights: Tensor, rhs: Tensor,
+                           adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
         """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``.
 
         A root Φ₀ = K·L⁻ᵀ (:class:`~rfgp.inference.triangular_statistics.TriangularFeatures`, Nyström) takes the
-        backward fused through its triangular solve.
+        backward fused through its triangular solve.  ``adaptive_precision``: float32 features form the statistics in
+        float64 (and return them so) where their float32 rounding would not be negligible
+        (:func:`~rfgp.inference.statistics_precision.statistics_dtype`; the casts are differentiable, gradients
+        reach Φ in its own dtype); Nyström roots keep their dtype.
         """
         root, constant = self.scaled_root()
         weights, rhs = fold_constant(constant, weights, rhs)
         if isinstance(root, TriangularFeatures):
             return root.feature_statistics(weights, rhs)
-        return feature_statistics(root.to_dense(), weights, rhs)
+        features = root.to_dense()
+        if adaptive_precision:
+            work = statistics_dtype(torch.promote_types(features.dtype, weights.dtype), features.device,
+                                    lambda: distributed.reduce_statistics(weighted_square_norm(features, weights))[0])
+            features, weights, rhs = features.to(work), weights.to(work), rhs.to(work)
+        return feature_statistics(features, weights, rhs)
+
+    def statistics_dtype(self, weights: Tensor) -> torch.dtype:
+        """The dtype of :meth:`feature_statistics` without ``adaptive_precision``: Φ's, √c's and the weights'."""
+        root, constant = self.scaled_root()
+        dtype = torch.promote_types(root.dtype, weights.dtype)
+        return torch.promote_types(dtype, constant.dtype) if torch.is_tensor(constant) else dtype
 
     def features(self) -> Tensor:
         """Φ, ``(..., N, F)``."""
@@ -337,8 +353,10 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
 
     Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
     rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  The N·F² statistics are
-    formed in the input dtype, L and everything after it (forward and backward) in
-    :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back.  Every
+    formed in the input dtype — for a materialised float32 Φ, in float64 where the a-priori bound of their float32
+    rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`; chunked and
+    Nyström roots keep float32) — L and everything after it (forward and backward) in
+    :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back to the model's dtype.  Every
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.inference.distributed.data_parallel` is active.
     """
@@ -346,15 +364,22 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     num_data = operator.shape[-1]
     rhs = _as_matrix(inv_quad_rhs)
     stats_rhs = rhs if rhs is not None else weights.new_zeros(*operator.shape[:-1], 0)
-    gram, cross = operator._linear_op.feature_statistics(weights, stats_rhs)
+    linear_op, dtype = operator._linear_op, None
+    if isinstance(linear_op, FeatureRootLinearOperator):  # Φ materialised: float32 or float64 statistics
+        gram, cross = linear_op.feature_statistics(weights, stats_rhs, adaptive_precision=True)
+        dtype = linear_op.statistics_dtype(weights)
+    else:
+        gram, cross = linear_op.feature_statistics(weights, stats_rhs)
     weighted_square = (stats_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
     noise_logdet = -weights.log().sum(-1) * (num_data // weights.shape[-1])
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
         gram, cross, weighted_square, noise_logdet
     )
     inv_quad, logdet_term = woodbury_inv_quad_logdet(gram, cross, weighted_square if rhs is not None else None,
-                                                     noise_logdet, logdet, weights.detach().reciprocal())
-    return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram)
+                                                     noise_logdet, logdet, weights.detach().reciprocal(),
+                                                     dtype=dtype)
+    like = gram if dtype is None else gram.new_empty(0, dtype=dtype)
+    return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, like)
 
 
 class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LinearOperator):

@@ -6,9 +6,10 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
     G = ΦᵀWΦ (F × F),  B = ΦᵀWr (F),  q = rᵀWr,  ℓ = Σ log σ²,  n,
 
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
-and memory O(F²), whatever the number of points seen.  G and B are formed and summed in the factor's
-precision (float64 for float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`; q, ℓ and n stay in the
-inputs' dtype): see :meth:`StreamingFeatureGP.update`.  The posterior needs
+and memory O(F²), whatever the number of points seen.  G and B are summed in the factor's precision (float64 for
+float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`; q, ℓ and n stay in the inputs' dtype); a float32 batch's
+ΦₖᵀWΦₖ is formed in float32 while the stream's float32 rounding stays negligible, in float64 otherwise
+(:mod:`rfgp.inference.statistics_precision`): see :meth:`StreamingFeatureGP.update`.  The posterior needs
 L = chol(I + G) (:meth:`StreamingFeatureGP.cholesky`).  Once L exists, a small batch updates it
 in O(k·F²) by the rank-k update LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.inference.cholesky_update.cholesky_update`, see
 :func:`takes_rank_update` for when); otherwise it is dropped and refactorised (O(F³)) the
@@ -50,6 +51,7 @@ from ..core.validation import check_choice, check_finite, check_same_dtype, chec
 from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import capacitance_cholesky, feature_statistics
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
+from ..inference.statistics_precision import statistics_dtype, weighted_square_norm
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
@@ -163,15 +165,20 @@ class StreamingFeatureGP(nn.Module):
         The Cholesky factor, if already computed, is updated by a rank-k update when
         :func:`takes_rank_update` says so, and dropped (refactorised when next needed) otherwise.
 
-        The features Φₖ are evaluated in the inputs' dtype; G = ΣΦₖᵀWΦₖ and B = ΣΦₖᵀWrₖ are formed and summed in
+        The features Φₖ are evaluated in the inputs' dtype; G = ΣΦₖᵀWΦₖ and B = ΣΦₖᵀWrₖ are summed in
         :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 inputs).  I + G has eigenvalues ≥ 1 in exact
-        arithmetic, and the Gram matrix of the rounded float32 features, summed in float64, keeps them ≥ 1 up to
-        eps₆₄·‖G‖.  Summed in float32, G carries errors of about eps₃₂·‖G‖: at a high signal-to-noise ratio
-        (the float32 IGRF fit of the tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) they measured 1.7 in
-        spectral norm, and the smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04, depending
-        on rounding-level changes of Φ — the float64 factorisation then failed or not by chance.  The float64
-        products cost time (float32 updates took 1.6–2.5× as long at F = 512–1024, batches of 64–2000, on one CPU
-        thread: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy of Φₖ.
+        arithmetic, and the Gram matrix of the rounded float32 features, formed and summed in float64, keeps them ≥ 1
+        up to eps₆₄·‖G‖.  Formed in float32, ΦₖᵀWΦₖ carries errors of up to about u₃₂·tr(ΦₖᵀWΦₖ) (u₃₂ = 2⁻²⁴;
+        measured 0.06–0.1 times that in spectral norm): at a high signal-to-noise ratio (the float32 IGRF fit of the
+        tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) float32 sums erred by 1.7 in spectral norm, and the
+        smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04 — the float64 factorisation then failed or
+        not by chance.  So a float32 batch is formed in float32 only while u₃₂·tr(G) of the whole stream, this batch
+        included, is within :class:`rfgp.settings.float32_statistics_tolerance` (10⁻²: the float32 batches' errors
+        then add up to at most 10⁻³ beside the 1 of I, :mod:`rfgp.inference.statistics_precision`), and in float64
+        from then on (one host read per batch decides).  Only the accuracy depends on the choice, never the model.
+        float64 products cost time (float32 updates took 1.6–2.5× as long at F = 512–1024, batches of 64–2000, on one
+        CPU thread: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy of Φₖ; a benign
+        stream (u₃₂·tr(G) ≤ 10⁻², e.g. N ≲ 1.7·10⁵ points at noise ≈ outputscale) keeps the float32 speed.
         """
         self._check_inputs(x)
         check_tensor_dtype(y, "y")
@@ -187,8 +194,11 @@ class StreamingFeatureGP(nn.Module):
         noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
         residual = (y - self.mean_module(x)).unsqueeze(-1)
         weights = noise.reciprocal()
-        work = factor_dtype(features.dtype, features.device)
+        storage = factor_dtype(features.dtype, features.device)
+        work = statistics_dtype(features.dtype, features.device,
+                                lambda: weighted_square_norm(features, weights) + self._gram_trace())
         gram, cross = feature_statistics(features.to(work), weights.to(work), residual.to(work))
+        gram, cross = gram.to(storage), cross.to(storage)
         batch = (
             gram,
             cross,
@@ -207,6 +217,10 @@ class StreamingFeatureGP(nn.Module):
         else:
             self._chol = None
         return self
+
+    def _gram_trace(self) -> Tensor | float:
+        """tr(G) of the data absorbed so far (0 before any)."""
+        return self.gram.diagonal(dim1=-2, dim2=-1).sum(-1) if self.gram.numel() else 0.0
 
     def _check_inputs(self, x) -> None:
         """x is a supported floating tensor in the dtype of the statistics (or, before any data, of the model)."""

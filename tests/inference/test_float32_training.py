@@ -4,6 +4,9 @@ IGRF positions (3-D, Earth radii) with the hyperparameters of a float32 curl-fre
 4.4·10⁻⁴): ‖ΦᵀD⁻¹Φ‖ ≈ 10⁷, about 1/eps of float32.
 """
 
+import math
+from contextlib import nullcontext
+
 import gpytorch
 import pytest
 import torch
@@ -17,6 +20,7 @@ from rfgp.datasets import igrf_magnetic_field
 from rfgp.inference.kernel_space import KernelSpaceNotPSDError
 from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet
 from rfgp.inference.operators import FeatureRootLinearOperator, noise_weights
+from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel, MultiOutputGPModel
 
@@ -67,18 +71,58 @@ def test_float32_mll_that_cannot_be_factorised_says_what_to_do():
     """Outputscale 10⁴ at noise 10⁻⁴ (‖ΦᵀD⁻¹Φ‖ ≈ 10⁹): the rounding of the float32 ΦᵀD⁻¹Φ (≈ 100) exceeds the
     smallest eigenvalue 1 of I + ΦᵀD⁻¹Φ, which is indefinite even in float64.  Before: linear_operator's 'not positive
     definite after repeatedly adding jitter up to 1e-4'.  Now the error names the dtype, the scale of the rounding,
-    the noise and the two ways out, and is a NotPSDError (rfgp.fit_mll restarts on it); float64 trains there."""
+    the noise and the two ways out, and is a NotPSDError (rfgp.fit_mll restarts on it); float64 trains there.  By
+    default the statistics of such a model are formed in float64 (u·tr(ΦᵀD⁻¹Φ) ≈ 10³ ≫ 10⁻²), which factorises: the
+    error needs float32 statistics forced (tolerance ∞), as chunked and Nyström roots keep them."""
     models = {}
     for dtype in (torch.float32, F64):
         models[dtype] = igrf_model(dtype, False, 256)
         models[dtype].covar_module.outputscale, models[dtype].likelihood.noise = 1e4, 1e-4
     with pytest.raises(CapacitanceNotPSDError, match=r"(?s)torch\.float32 model.*even factorised in torch\.float64"
                        r".*smallest noise variance 0\.0001\b.*rounding errors of about eps.*Train in float64.*"
-                       r"raise the noise lower bound") as error:
+                       r"raise the noise lower bound") as error, rfgp.settings.float32_statistics_tolerance(math.inf):
         loss_and_grads(models[torch.float32])
     assert isinstance(error.value, NotPSDError)
     loss, grads = loss_and_grads(models[F64])
     assert torch.isfinite(loss) and torch.isfinite(grads).all()
+    with recorded_statistics_dtypes() as dtypes:
+        loss32, grads32 = loss_and_grads(models[torch.float32])
+    assert dtypes == [F64] and torch.isfinite(loss32) and torch.isfinite(grads32).all()
+
+
+@pytest.mark.parametrize("multi_output", [False, True])
+def test_float32_mll_at_a_high_signal_to_noise_ratio_forms_float64_statistics(multi_output):
+    """The IGRF fits above, unchunked: u·tr(ΦᵀD⁻¹Φ) = 32 (single output) and 40 (curl-free, p = 3), far above the
+    tolerance 10⁻², so the float32 features' statistics are formed in float64 (rfgp.inference.statistics_precision).
+    Before: float32 statistics, loss 4.5·10⁻³ and 2.6·10⁻³, gradient 5.3·10⁻² and 7.3·10⁻² (relative) from float64.
+    Now what remains is the float32 features' own rounding (δ ≈ 1.6·10⁻⁶): measured loss 7·10⁻⁷ and 2·10⁻⁵, gradient
+    5·10⁻⁵ and 3·10⁻⁵.  The tolerances are five times those (at least 10·δ)."""
+    loss64, grads64 = loss_and_grads(igrf_model(F64, multi_output, 512))
+    with recorded_statistics_dtypes() as dtypes:
+        loss32, grads32 = loss_and_grads(igrf_model(torch.float32, multi_output, 512))
+    assert dtypes == [F64]
+    assert abs(loss32 - loss64) <= 1e-4 * abs(loss64)
+    assert (grads32 - grads64).norm() <= 3e-4 * grads64.norm()
+
+
+def test_float32_mll_at_a_moderate_signal_to_noise_ratio_keeps_float32_statistics():
+    """N = 2000, outputscale 1, noise 0.1: u·tr(ΦᵀD⁻¹Φ) = u·N/σ² = 1.2·10⁻³ ≤ 10⁻², so the statistics stay float32
+    (the speed of float32), the same computation as with the tolerance ∞, bit for bit; with the tolerance 0 they are
+    float64 and the loss moves by no more than the float32 features' rounding."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(2000, 3, generator=gen)
+    y = torch.sin(3 * x[:, 0]) + 0.3 * torch.randn(2000, generator=gen)
+    kernel = ScaleKernel(SketchedRBFKernel(256, seed=0))
+    model = ExactGPModel(x, y, GaussianLikelihood(), kernel).train()
+    kernel.base_kernel.lengthscale, kernel.outputscale, model.likelihood.noise = 0.5, 1.0, 0.1
+    results = {}
+    for tolerance in (None, math.inf, 0.0):
+        setting = rfgp.settings.float32_statistics_tolerance(tolerance) if tolerance is not None else nullcontext()
+        with setting, recorded_statistics_dtypes() as dtypes:
+            results[tolerance] = loss_and_grads(model)
+        assert dtypes == [F64 if tolerance == 0 else torch.float32]
+    assert all(torch.equal(a, b) for a, b in zip(results[None], results[math.inf]))
+    assert abs(results[0.0][0] - results[None][0]) <= 1e-5 * abs(results[None][0])
 
 
 def test_float64_inv_quad_logdet_is_the_plain_cholesky_algebra_bit_for_bit():
@@ -98,10 +142,11 @@ def test_float64_inv_quad_logdet_is_the_plain_cholesky_algebra_bit_for_bit():
     assert torch.equal(inv_quad, expected_inv_quad) and torch.equal(logdet, expected_logdet)
 
 
+@pytest.mark.parametrize("tolerance", [math.inf, 0.0], ids=["float32-statistics", "float64-statistics"])
 @pytest.mark.parametrize("num_points", [100, 400])  # kernel space (N ≤ F) and feature space (N > F)
-def test_float32_mll_gradient_matches_finite_differences(num_points):
-    """The float32 gradient (through the float64 factor and its rounding back) equals central differences of the
-    float64 MLL at a moderate condition number."""
+def test_float32_mll_gradient_matches_finite_differences(num_points, tolerance):
+    """The float32 gradient (through the float64 factor and its rounding back, and through the casts of float32
+    features to float64 statistics) equals central differences of the float64 MLL at a moderate condition number."""
     gen = torch.Generator().manual_seed(1)
     x = torch.rand(num_points, 3, generator=gen, dtype=F64)
     y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(num_points, generator=gen, dtype=F64)
@@ -113,7 +158,8 @@ def test_float32_mll_gradient_matches_finite_differences(num_points):
         kernel.base_kernel.lengthscale, kernel.outputscale, likelihood.noise = 0.5, 2.0, 0.01
         return gp
 
-    _, grads32 = loss_and_grads(model(torch.float32))
+    with rfgp.settings.float32_statistics_tolerance(tolerance):
+        _, grads32 = loss_and_grads(model(torch.float32))
     reference = model(F64)
     params = [reference.covar_module.base_kernel.raw_lengthscale, reference.covar_module.raw_outputscale,
               reference.likelihood.raw_noise]

@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+import rfgp
 from rfgp.inference.cholesky_update import cholesky_update
+from rfgp.inference.statistics_precision import recorded_statistics_dtypes, unit_roundoff, weighted_square_norm
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
 from rfgp.models import streaming as streaming_module
@@ -228,9 +230,11 @@ def test_float32_streaming_at_a_high_signal_to_noise_ratio_matches_float64(rank_
         model = igrf_model(dtype, False, 512)
         x, y = model.train_inputs[0], model.train_targets
         streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update=rank_update)
-        streaming.update(x[:1400], y[:1400]).cholesky()
-        for start in range(1400, 1500, 25):  # absorbed by rank-25 updates of the factor, or refactorised
-            streaming.update(x[start:start + 25], y[start:start + 25])
+        with recorded_statistics_dtypes() as dtypes:
+            streaming.update(x[:1400], y[:1400]).cholesky()
+            for start in range(1400, 1500, 25):  # absorbed by rank-25 updates of the factor, or refactorised
+                streaming.update(x[start:start + 25], y[start:start + 25])
+        assert dtypes == ([torch.float64] * 5 if dtype == torch.float32 else [])  # u·tr(G) = 30 from the start
         assert streaming.cholesky().dtype == streaming.gram.dtype == torch.float64
         eye = torch.eye(streaming.gram.shape[-1], dtype=torch.float64)
         assert torch.linalg.eigvalsh(eye + streaming.gram)[0] >= 1 - 1e-7
@@ -240,3 +244,29 @@ def test_float32_streaming_at_a_high_signal_to_noise_ratio_matches_float64(rank_
     for value, reference, tol in zip(*results, (3e-4, 2e-5, 5e-5)):
         assert value.dtype == torch.float32
         assert (value.double() - reference).norm() <= tol * reference.norm()
+
+
+def test_float32_stream_forms_batches_in_float32_until_its_rounding_estimate_exceeds_the_tolerance():
+    """Each batch's ΦₖᵀWΦₖ is formed in float32 while u·tr(G) of the whole stream, this batch included, stays within
+    rfgp.settings.float32_statistics_tolerance (here 10⁻⁴: u·tr(G) grows by 3·10⁻⁵ per batch of 20 points), in float64
+    from then on; G is stored in float64 either way, and the stream equals the float64 one to float32 rounding."""
+    x, y = _data()
+    batches = [(x[i:i + 20], y[i:i + 20]) for i in range(0, len(y), 20)]
+    model = _model(x, y)
+    weights = model.likelihood.noise.detach().reciprocal().expand(20)
+    traces = torch.stack([weighted_square_norm(streaming_module.kernel_features(model.covar_module, xb), weights)
+                          for xb, _ in batches]).cumsum(0)
+    expected = [torch.float32 if bound <= 1e-4 else torch.float64 for bound in traces * unit_roundoff(torch.float32)]
+    assert expected[0] == torch.float32 and expected[-1] == torch.float64  # the stream crosses the tolerance
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        model = _model(x, y).to(dtype)
+        streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
+        with rfgp.settings.float32_statistics_tolerance(1e-4), recorded_statistics_dtypes() as dtypes:
+            for xb, yb in batches:
+                streaming.update(xb.to(dtype), yb.to(dtype))
+        assert dtypes == (expected if dtype == torch.float32 else [])
+        assert streaming.gram.dtype == streaming.cross.dtype == torch.float64
+        results.append((streaming.gram, streaming.cross, streaming.log_marginal_likelihood().double()))
+    for value, reference in zip(*results):
+        torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-4)

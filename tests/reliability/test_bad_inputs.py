@@ -704,6 +704,12 @@ case("datasets/helmholtz_dtype", lambda: rfgp.datasets.helmholtz_field(5, dtype=
 case("settings/memory_budget_zero", lambda: rfgp.settings.memory_budget(0), Raises(ValueError, "memory_budget"))
 case("settings/chunk_size_float", lambda: rfgp.settings.chunk_size(2.5), Raises(TypeError, "chunk_size"))
 case("settings/validate_inputs_string", lambda: rfgp.settings.validate_inputs("no"), Raises(TypeError, "validate_inputs"))
+case("settings/float32_statistics_tolerance_negative", lambda: rfgp.settings.float32_statistics_tolerance(-1e-3),
+     Raises(ValueError, "float32_statistics_tolerance"))
+case("settings/float32_statistics_tolerance_nan", lambda: rfgp.settings.float32_statistics_tolerance(math.nan),
+     Raises(ValueError, "float32_statistics_tolerance"))
+case("settings/float32_statistics_tolerance_string", lambda: rfgp.settings.float32_statistics_tolerance("auto"),
+     Raises(TypeError, "float32_statistics_tolerance"))
 
 
 def _opt_out():

@@ -1,0 +1,126 @@
+"""The precision of the feature statistics G = ΦᵀWΦ and B = ΦᵀWr for float32 features, chosen by an a-priori bound.
+
+A feature-space GP factorises A = I + G, whose eigenvalues are ≥ 1 in exact arithmetic; the factor is float64 for
+float32 models (:func:`~rfgp.inference.linalg.capacitance_cholesky`), but the N·F² statistics are formed before it.
+Formed in float32, G carries a rounding error ΔG; beside the identity it changes log|A|, BᵀA⁻¹B and their gradients by
+relative amounts of order ‖A⁻¹ΔG‖₂ ≤ ‖ΔG‖₂, and makes A indefinite once ‖ΔG‖₂ approaches 1.  (The rounding of the
+float32 features themselves is different: the Gram matrix of rounded features is positive semi-definite, the model of
+slightly perturbed features.)
+
+Bound.  A product of inner dimension n formed in floating point satisfies |fl(XᵀY) − XᵀY| ≤ γₙ|X|ᵀ|Y| elementwise,
+γₙ = nu/(1 − nu) with u the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., 2002,
+§3.5, eq. (3.13)); forming WΦ first adds one rounding.  For G = (WΦ)ᵀΦ over N rows, with ‖|M|‖₂ ≤ ‖M‖_F:
+
+    |ΔG| ≤ γ_{N+1}·|Φ|ᵀW|Φ|,    ‖ΔG‖₂ ≤ γ_{N+1}·‖W^½|Φ|‖_F² = γ_{N+1}·Σᵢ wᵢ‖φᵢ‖² = γ_{N+1}·tr(G).
+
+γ_{N+1} ≈ N·u is the worst case; modelling the rounding errors as independent with mean zero gives ≈ √N·u with high
+probability (Higham & Mary, *A New Approach to Probabilistic Rounding Error Analysis*, SIAM J. Sci. Comput. 41(5),
+2019), and BLAS kernels sum in short blocks with their own accumulators, which lowers it further.  rfgp therefore
+uses the estimate
+
+    ε̂ = u·tr(G) = u·Σᵢ wᵢ‖φᵢ‖²                (O(N·F): one pass over Φ, no F × F product)
+
+and forms the statistics in float32 while ε̂ ≤ τ (:class:`rfgp.settings.float32_statistics_tolerance`, default
+10⁻²), in float64 (:func:`~rfgp.core.dtypes.factor_dtype`) otherwise.  Measured
+(``benchmarks/results/float32_statistics_threshold.md``: float32 ExactGP, F = 512, N = 1 500–20 000, MKL on one CPU
+thread): ‖ΔG‖₂ = 0.06–0.10·ε̂ at every N (no growth with N), and, against the float64 model,
+
+=========  ========================  ==========================  =================
+ε̂          loss per point, f32 / f64  gradient (relative), f32/f64  λ_min(I + G₃₂)
+=========  ========================  ==========================  =================
+10⁻³       1–2·10⁻⁷ / ≤ 4·10⁻⁷        0.4–2·10⁻⁶ / ≤ 1.2·10⁻⁶      1.000
+10⁻²       0.2–2·10⁻⁶ / ≤ 1.4·10⁻⁶    0.4–2·10⁻⁵ / ≤ 1·10⁻⁵        0.999
+10⁻¹       1.6–4·10⁻⁵ / ≤ 5.4·10⁻⁵    0.8–3·10⁻⁴ / ≤ 7·10⁻⁵        0.99
+1          2–3·10⁻³ / ≤ 1·10⁻⁴        0.8–1.3·10⁻² / ≤ 9·10⁻⁴      0.90–0.95
+10         0.24–0.29 / ≤ 2·10⁻³       1.2–1.5 / ≤ 3·10⁻³           0.15–0.42
+10²        indefinite                 —                             −5 to −8
+=========  ========================  ==========================  =================
+
+("f32": statistics in float32; "f64": the same float32 features, statistics in float64 — the features' own
+rounding.)  Up to ε̂ = 10⁻² the float32 statistics' error is of the order of the features' (loss) or within 2·10⁻⁵
+(gradient); from ε̂ ≈ 0.1 it dominates (loss and gradient 10–100× the features' share at N = 20 000) and grows
+quadratically, reaching 1 % of the gradient at ε̂ = 1.  τ = 10⁻² keeps a margin of 10 below where it dominates, 100
+below the 1 % gradient error and 10⁴ below indefiniteness.  At the default noise of a ``GaussianLikelihood``
+(σ² ≈ outputscale) ε̂ ≈ u·N: float32 statistics up to N ≈ 1.7·10⁵.  (GPU BLAS libraries sum in other orders; the
+estimate bounds them by the same argument, the constants were measured on CPU only.)
+
+tr(G) is the quantity a stream accumulates too: the float32 errors of the batches a ``StreamingFeatureGP`` formed in
+float32 add up to at most u·Σₖ tr(Gₖ) ≤ u·tr(G_total), so the stream compares u·tr(G_total) (earlier batches
+included) with τ, and every later batch is formed in float64 once it is exceeded.
+
+The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
+decide without the data.  :func:`recorded_statistics_dtypes` reports the decisions (a diagnostic and testing hook).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from ..core import settings
+from ..core.dtypes import factor_dtype
+
+_RECORDS: list[list[torch.dtype]] = []
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u = eps/2 of ``dtype`` (2⁻²⁴ for float32)."""
+    return torch.finfo(dtype).eps / 2
+
+
+def weighted_square_norm(features: Tensor, weights: Tensor) -> Tensor:
+    """tr(ΦᵀWΦ) = Σᵢ wᵢ‖φᵢ‖² per batch member, for Φ ``(..., N, F)`` and weights ``(..., N)`` or uniform ``(..., 1)``;
+    without a graph."""
+    with torch.no_grad():
+        norms = torch.linalg.vector_norm(features, dim=-1).square()
+        if weights.shape[-1] == 1:
+            return norms.sum(-1) * weights[..., 0]
+        return (norms * weights).sum(-1)
+
+
+def statistics_dtype(dtype: torch.dtype, device: torch.device, trace: Callable[[], Tensor]) -> torch.dtype:
+    """The dtype to form the statistics G, B of ``dtype`` features in: ``dtype``, or :func:`factor_dtype` (float64)
+    where u·tr(G) exceeds :class:`rfgp.settings.float32_statistics_tolerance`.
+
+    ``trace`` returns tr(G) (one per batch member: the largest decides); it is called only where the two dtypes differ
+    and the tolerance is neither 0 nor ∞.  The comparison reads one number from the device (a host synchronisation).
+    """
+    wide = factor_dtype(dtype, device)
+    tolerance = settings.float32_statistics_tolerance.value()
+    if wide == dtype:
+        return dtype
+    if tolerance == math.inf:
+        chosen = dtype
+    elif tolerance == 0:
+        chosen = wide
+    else:
+        estimate = trace().max() * unit_roundoff(dtype)
+        chosen = dtype if bool(estimate <= tolerance) else wide
+    for record in _RECORDS:
+        record.append(chosen)
+    return chosen
+
+
+@contextlib.contextmanager
+def recorded_statistics_dtypes() -> Iterator[list[torch.dtype]]:
+    """A list that collects the dtype chosen by every :func:`statistics_dtype` decision made inside the block.
+
+    A diagnostic hook (which path did my float32 model take?) and the tests' way to check the decision; decisions of
+    float64 models, which have nothing to decide, are not recorded.
+
+    Example:
+        >>> with recorded_statistics_dtypes() as dtypes:
+        ...     pass  # an MLL evaluation or a StreamingFeatureGP.update of a float32 model
+        >>> dtypes
+        []
+    """
+    record: list[torch.dtype] = []
+    _RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        _RECORDS.remove(record)
