@@ -87,16 +87,19 @@ def rounding_advice(dtype: torch.dtype) -> str:
             "classification")
 
 
-def capacitance_solve(gram: Tensor, rhs: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def capacitance_solve(gram: Tensor, rhs: Tensor, noise: Tensor | None = None,
+                      dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     """(A⁻¹·rhs, L) for the capacitance A = I + ``gram`` = LLᵀ of a posterior's weight space.
 
     The factorisation and the solve run in :func:`factor_dtype` (float64 for float32 input,
-    :func:`capacitance_cholesky`) and are rounded back: L has the square root of A's condition number, which
-    float32 triangular solves with test features handle.  ``noise`` (optional) is named in the error message.
+    :func:`capacitance_cholesky`) and are rounded back to ``dtype`` (default ``gram``'s; the model's where float32
+    features formed float64 statistics): L has the square root of A's condition number, which float32 triangular
+    solves with test features handle.  ``noise`` (optional) is named in the error message.
     """
+    dtype = gram.dtype if dtype is None else dtype
     chol = capacitance_cholesky(gram, noise)
     solution = torch.cholesky_solve(rhs.to(chol.dtype), chol, upper=False)
-    return solution.to(gram.dtype), chol.to(gram.dtype)
+    return solution.to(dtype), chol.to(dtype)
 
 
 def is_positive(value: Tensor | float) -> bool:

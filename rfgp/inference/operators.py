@@ -348,6 +348,16 @@ def _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, like: Tensor
     return inv_quad, logdet_term
 
 
+def adaptive_feature_statistics(linear_op, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor, torch.dtype | None]:
+    """(ΦᵀWΦ, ΦᵀWR, dtype) of a feature-root operator, with float32 features' statistics formed in float64 where their
+    float32 rounding would not be negligible (:mod:`rfgp.inference.statistics_precision`) if Φ is materialised
+    (:class:`FeatureRootLinearOperator`; chunked and Nyström roots keep their dtype).  ``dtype``: the dtype the
+    statistics would have had, to round the results derived from them back to (``None`` where nothing changed)."""
+    if not isinstance(linear_op, FeatureRootLinearOperator):
+        return (*linear_op.feature_statistics(weights, rhs), None)
+    return (*linear_op.feature_statistics(weights, rhs, adaptive_precision=True), linear_op.statistics_dtype(weights))
+
+
 def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv_quad: bool):
     """rᵀ(ΦΦᵀ + D)⁻¹r and log|ΦΦᵀ + D| from the feature statistics of ``operator._linear_op``.
 
@@ -364,12 +374,7 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     num_data = operator.shape[-1]
     rhs = _as_matrix(inv_quad_rhs)
     stats_rhs = rhs if rhs is not None else weights.new_zeros(*operator.shape[:-1], 0)
-    linear_op, dtype = operator._linear_op, None
-    if isinstance(linear_op, FeatureRootLinearOperator):  # Φ materialised: float32 or float64 statistics
-        gram, cross = linear_op.feature_statistics(weights, stats_rhs, adaptive_precision=True)
-        dtype = linear_op.statistics_dtype(weights)
-    else:
-        gram, cross = linear_op.feature_statistics(weights, stats_rhs)
+    gram, cross, dtype = adaptive_feature_statistics(operator._linear_op, weights, stats_rhs)
     weighted_square = (stats_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
     noise_logdet = -weights.log().sum(-1) * (num_data // weights.shape[-1])
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(

@@ -61,7 +61,7 @@ from .deferred_graph import deferred_graph
 from .fantasy_update import updated_capacitance_caches
 from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches, prefers_kernel_space
 from .linalg import capacitance_solve
-from .operators import FeatureRootAddedDiagLinearOperator, noise_weights
+from .operators import FeatureRootAddedDiagLinearOperator, adaptive_feature_statistics, noise_weights
 from .posterior_covariance import feature_posterior_covariance
 
 
@@ -309,12 +309,15 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             weights = weights * observed.to(weights.dtype)
         operator_batch = torch.broadcast_shapes(train_covar.batch_shape, weights.shape[:-1])
         columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
-        gram, cross = train_covar.feature_statistics(weights, columns)
-        if torch.is_tensor(scale):
+        if torch.is_tensor(scale):  # the base's statistics, scaled after (a precision chosen without s would be wrong)
+            gram, cross = train_covar.feature_statistics(weights, columns)
             gram = gram * scale.unsqueeze(-1).unsqueeze(-1)
             cross = cross * scale.sqrt().unsqueeze(-1).unsqueeze(-1)
+            dtype = None
+        else:  # float32 features' statistics in float64 where their rounding matters, as the MLL's
+            gram, cross, dtype = adaptive_feature_statistics(train_covar, weights, columns)
         gram, cross = distributed.reduce_statistics(gram, cross)
-        mean_cache, chol = capacitance_solve(gram, cross)  # (*batch, F, prod(extra) or 1)
+        mean_cache, chol = capacitance_solve(gram, cross, dtype=dtype)  # (*batch, F, prod(extra) or 1)
         if target_batch:
             mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
         return mean_cache, chol

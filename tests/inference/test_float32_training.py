@@ -105,6 +105,22 @@ def test_float32_mll_at_a_high_signal_to_noise_ratio_forms_float64_statistics(mu
     assert (grads32 - grads64).norm() <= 3e-4 * grads64.norm()
 
 
+def test_float32_posterior_at_a_high_signal_to_noise_ratio_forms_float64_statistics():
+    """The posterior caches of the single-output IGRF fit take the same rule as its MLL (u·tr(ΦᵀD⁻¹Φ) = 32).  Before:
+    float32 statistics, posterior mean 5.7·10⁻⁴ and variance 9·10⁻³ (relative) from float64; now 6·10⁻⁷ and 4·10⁻⁶
+    (the features' rounding).  Tolerances ten times those."""
+    results = []
+    for dtype in (F64, torch.float32):
+        model = igrf_model(dtype, False, 512).eval()
+        with torch.no_grad(), recorded_statistics_dtypes() as dtypes:
+            posterior = model(model.train_inputs[0][:50] * 1.01)
+        assert dtypes == ([] if dtype == F64 else [F64])
+        assert posterior.mean.dtype == dtype
+        results.append((posterior.mean.double(), posterior.variance.double()))
+    for value, reference, tol in zip(results[1], results[0], (1e-5, 5e-5)):
+        assert (value - reference).norm() <= tol * reference.norm()
+
+
 def test_float32_mll_at_a_moderate_signal_to_noise_ratio_keeps_float32_statistics():
     """N = 2000, outputscale 1, noise 0.1: u·tr(ΦᵀD⁻¹Φ) = u·N/σ² = 1.2·10⁻³ ≤ 10⁻², so the statistics stay float32
     (the speed of float32), the same computation as with the tolerance ∞, bit for bit; with the tolerance 0 they are
