@@ -31,6 +31,7 @@ from torch import Tensor
 from ..core.dtypes import refuse_autocast_backward
 from ..core.memory import check_solve
 from ..core.settings import memory_budget
+from . import distributed
 from .linalg import (
     _is_uniform,
     _sum_to_shape,
@@ -42,6 +43,7 @@ from .linalg import (
     unit_statistics,
     weighted_statistics,
 )
+from .statistics_precision import statistics_dtype
 
 
 def scaled_features(x: Tensor, function: Callable[[Tensor], Tensor], constant: Tensor | float | None,
@@ -220,16 +222,34 @@ def gathered_row_grads(unit: Sequence[Tensor], weights: Tensor, rhs: Tensor, wei
     return grad_weights, grad_rhs
 
 
+def _widened_statistics(featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int,
+                        gram: Tensor, cross: Tensor) -> tuple[Tensor, Tensor]:
+    """(``gram``, ``cross``) as accumulated, or recomputed from Φ_c cast to float64 where the float32 rounding of
+    ``gram`` is not negligible (:func:`~rfgp.inference.statistics_precision.statistics_dtype`, decided from tr(G) of
+    the float32 result — exact to its rounding — summed over processes: a benign model pays no extra pass)."""
+    def trace() -> Tensor:
+        unit = gram.diagonal(dim1=-2, dim2=-1).sum(-1)  # tr(ΦᵀWΦ), or tr(ΦᵀΦ) of uniform weights
+        return distributed.reduce_statistics(unit * weights[..., 0] if _is_uniform(weights) else unit)[0]
+
+    work = statistics_dtype(torch.promote_types(gram.dtype, weights.dtype), gram.device, trace)
+    if work == gram.dtype:
+        return gram, cross
+    return accumulated_statistics(lambda x: featurizer(x).to(work), inputs, weights.to(work), rhs.to(work),
+                                  chunk_size, outputs)
+
+
 class _ChunkedStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, featurizer, blocks, inputs, weights, rhs, *params):
-        chunk_size, outputs = blocks  # input points per chunk, rows of Φ per input point
+        chunk_size, outputs, adaptive = blocks  # points per chunk, rows of Φ per point, adaptive precision
         uniform = _is_uniform(weights)
         gram, cross = accumulated_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs)
-        ctx.featurizer, ctx.chunk_size, ctx.outputs = featurizer, chunk_size, outputs
+        if adaptive:
+            gram, cross = _widened_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs, gram, cross)
+        ctx.featurizer, ctx.chunk_size, ctx.outputs, ctx.work = featurizer, chunk_size, outputs, gram.dtype
         if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
             ctx.save_for_backward(inputs, weights, rhs, gram, cross)
-            w = weights.unsqueeze(-1)
+            w = weights.unsqueeze(-1).to(gram.dtype)
             return gram * w, cross * w
         ctx.save_for_backward(inputs, weights, rhs)
         return gram, cross
@@ -238,12 +258,12 @@ class _ChunkedStatistics(torch.autograd.Function):
     @refuse_autocast_backward
     def backward(ctx, grad_gram, grad_cross):
         inputs, weights, rhs, *unit = ctx.saved_tensors
-        needs = ctx.needs_input_grad
+        needs, work = ctx.needs_input_grad, ctx.work  # work: the statistics' dtype (float64 where widened)
         if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
             params = ctx.featurizer.params
             grads = differentiable_backward(
-                lambda: plain_statistics(ctx.featurizer(inputs), weights, rhs), (inputs, weights, rhs, *params),
-                needs[2:], (grad_gram, grad_cross),
+                lambda: plain_statistics(ctx.featurizer(inputs).to(work), weights.to(work), rhs.to(work)),
+                (inputs, weights, rhs, *params), needs[2:], (grad_gram, grad_cross),
             )
             return (None, None, *grads)
         uniform = _is_uniform(weights)
@@ -252,18 +272,20 @@ class _ChunkedStatistics(torch.autograd.Function):
         def chunk_grad(features: Tensor, rows: slice) -> Tensor:
             chunk_weights = weights if uniform else weights[..., rows]
             grad_features, grad_weights, grad_rhs = statistics_backward(
-                features, chunk_weights, rhs[..., rows, :], grad_gram, grad_cross,
+                features.to(work), chunk_weights.to(work), rhs[..., rows, :].to(work), grad_gram, grad_cross,
                 (True, needs[3], needs[4]),
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)
-            return grad_features
+            return grad_features.to(features.dtype)
 
         input_grad, param_grads = backprop_chunks(
             ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[5:], ctx.outputs
         )
         grad_weights, grad_rhs = gathered_row_grads(unit, weights, rhs, weight_grads, rhs_grads, grad_gram, grad_cross,
                                                     needs[3], needs[4])
+        grad_weights = None if grad_weights is None else grad_weights.to(weights.dtype)
+        grad_rhs = None if grad_rhs is None else grad_rhs.to(rhs.dtype)
         return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
 
 
@@ -285,7 +307,8 @@ def check_chunked_solve(featurizer: Featurizer, inputs: Tensor, weights: Tensor,
 
 
 def chunked_feature_statistics(
-    featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int = 1
+    featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int = 1,
+    adaptive_precision: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs), accumulated over ``chunk_size`` input points at a time.
 
@@ -296,10 +319,15 @@ def chunked_feature_statistics(
         rhs: R of shape ``(..., N·p, t)``.
         chunk_size: input points per chunk.
         outputs: p, the rows of Φ per input point (a multi-output root's interleaved rows, :func:`output_rows`).
+        adaptive_precision: float32 features' statistics are recomputed in float64 (and returned so, gradients in
+            the inputs' dtypes) where their float32 rounding, u·tr(G) of the float32 result, exceeds
+            :class:`rfgp.settings.float32_statistics_tolerance` (:mod:`rfgp.inference.statistics_precision`): a
+            second forward pass at a high signal-to-noise ratio, none otherwise.
     """
     check_chunked_solve(featurizer, inputs, weights, outputs)
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size, outputs)
-    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs), inputs, weights, rhs, *unscaled.params)
+    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision), inputs, weights, rhs,
+                                    *unscaled.params)

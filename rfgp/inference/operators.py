@@ -350,10 +350,11 @@ def _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, like: Tensor
 
 def adaptive_feature_statistics(linear_op, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor, torch.dtype | None]:
     """(ΦᵀWΦ, ΦᵀWR, dtype) of a feature-root operator, with float32 features' statistics formed in float64 where their
-    float32 rounding would not be negligible (:mod:`rfgp.inference.statistics_precision`) if Φ is materialised
-    (:class:`FeatureRootLinearOperator`; chunked and Nyström roots keep their dtype).  ``dtype``: the dtype the
-    statistics would have had, to round the results derived from them back to (``None`` where nothing changed)."""
-    if not isinstance(linear_op, FeatureRootLinearOperator):
+    float32 rounding would not be negligible (:mod:`rfgp.inference.statistics_precision`): a materialised or chunked
+    Φ (:class:`FeatureRootLinearOperator`, :class:`ChunkedFeatureRootLinearOperator`; Nyström roots keep their
+    dtype).  ``dtype``: the dtype the statistics would have had, to round the results derived from them back to
+    (``None`` where nothing changed)."""
+    if not isinstance(linear_op, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator)):
         return (*linear_op.feature_statistics(weights, rhs), None)
     return (*linear_op.feature_statistics(weights, rhs, adaptive_precision=True), linear_op.statistics_dtype(weights))
 
@@ -363,9 +364,9 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
 
     Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
     rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  The N·F² statistics are
-    formed in the input dtype — for a materialised float32 Φ, in float64 where the a-priori bound of their float32
-    rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`; chunked and
-    Nyström roots keep float32) — L and everything after it (forward and backward) in
+    formed in the input dtype — for a materialised or chunked float32 Φ, in float64 where the a-priori bound of their
+    float32 rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`; Nyström
+    roots keep float32) — L and everything after it (forward and backward) in
     :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back to the model's dtype.  Every
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.inference.distributed.data_parallel` is active.
@@ -461,12 +462,23 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
     def _get_indices(self, row_index, col_index, *batch_indices) -> Tensor:
         return _dense_get_indices(self, row_index, col_index, batch_indices)
 
-    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    def feature_statistics(self, weights: Tensor, rhs: Tensor,
+                           adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
         """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients (fused through the triangular
-        solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`)."""
+        solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`, which keep
+        their dtype).  ``adaptive_precision``: as :meth:`FeatureRootLinearOperator.feature_statistics`
+        (:func:`~rfgp.inference.chunking.chunked_feature_statistics`)."""
         if isinstance(self.featurizer, TriangularFeaturizer):
             return chunked_triangular_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
-        return chunked_feature_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
+        return chunked_feature_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size,
+                                          adaptive_precision=adaptive_precision)
+
+    def statistics_dtype(self, weights: Tensor) -> torch.dtype:
+        """The dtype of :meth:`feature_statistics` without ``adaptive_precision``: x's (the kernel's compute dtype),
+        the constant's and the weights'."""
+        constant = self.featurizer.constant
+        dtype = torch.promote_types(self.inputs.dtype, weights.dtype)
+        return torch.promote_types(dtype, constant.dtype) if torch.is_tensor(constant) else dtype
 
     def _project(self, rhs: Tensor) -> Tensor:
         """ΦᵀR accumulated over chunks."""

@@ -317,3 +317,37 @@ def test_indexing_lazy_operators_gives_the_dense_entries_with_gradients(which, i
     if which == "root":
         joint = operator[..., :4, :4].cat_rows(operator[..., 4:, :4], operator[..., 4:, 4:])
         torch.testing.assert_close(joint[..., 4:, :4].to_dense(), operator.to_dense()[..., 4:, :4])
+
+
+@pytest.mark.parametrize("heteroscedastic", [False, True], ids=["uniform-noise", "per-point-noise"])
+def test_float32_chunked_statistics_widened_to_float64_match_unchunked(heteroscedastic):
+    """Adaptive precision (rfgp.inference.statistics_precision) in the chunked path: a float32 model whose statistics
+    are formed in float64 (tolerance 0) gives the unchunked float64-statistics loss, gradients and Hessian-vector
+    products, through the recomputed float64 forward, the per-chunk float64 backward and its casts back to float32."""
+    from rfgp.inference.statistics_precision import recorded_statistics_dtypes
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(120, 2, generator=g)
+    y = torch.sin(3 * x).sum(-1)
+    noise = 0.01 + 0.05 * torch.rand(120, generator=g)
+    likelihood = (gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise, learn_additional_noise=True)
+                  if heteroscedastic else gpytorch.likelihoods.GaussianLikelihood())
+    model = ExactGPModel(x, y, likelihood, gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, seed=0))).train()
+    model.covar_module.outputscale, model.covar_module.base_kernel.lengthscale = 1.3, 0.4
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def derivatives(chunk_size):
+        with rfgp.settings.chunk_size(chunk_size), rfgp.settings.float32_statistics_tolerance(0.0), \
+                recorded_statistics_dtypes() as dtypes:
+            loss = mll(model(x), y)
+            grads = torch.autograd.grad(loss, params, create_graph=True)
+            flat = torch.cat([gr.reshape(-1) for gr in grads])
+            hvp = torch.autograd.grad(flat.sum(), params, allow_unused=True, materialize_grads=True)
+        assert dtypes == [torch.float64]
+        return loss.detach(), flat.detach(), torch.cat([h.reshape(-1) for h in hvp])
+
+    chunked, unchunked = derivatives(16), derivatives(None)
+    for value, reference in zip(chunked, unchunked):
+        assert value.dtype == torch.float32
+        torch.testing.assert_close(value, reference, rtol=1e-4, atol=1e-5)
