@@ -7,16 +7,16 @@ relative amounts of order ‖A⁻¹ΔG‖₂ ≤ ‖ΔG‖₂, and makes A indef
 float32 features themselves is different: the Gram matrix of rounded features is positive semi-definite, the model of
 slightly perturbed features.)
 
-Bound.  A product of inner dimension n formed in floating point satisfies |fl(XᵀY) − XᵀY| ≤ γₙ|X|ᵀ|Y| elementwise,
-γₙ = nu/(1 − nu) with u the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., 2002,
-§3.5, eq. (3.13)); forming WΦ first adds one rounding.  For G = (WΦ)ᵀΦ over N rows, with ‖|M|‖₂ ≤ ‖M‖_F:
+Bound.  A product of inner dimension n formed in floating point satisfies ``|fl(XᵀY) − XᵀY| ≤ γₙ|X|ᵀ|Y|``
+elementwise, γₙ = nu/(1 − nu) with u the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*,
+2nd ed., 2002, §3.5, eq. (3.13)); forming WΦ first adds one rounding.  For G = (WΦ)ᵀΦ over N rows, with ``‖|M|‖₂ ≤ ‖M‖_F``::
 
     |ΔG| ≤ γ_{N+1}·|Φ|ᵀW|Φ|,    ‖ΔG‖₂ ≤ γ_{N+1}·‖W^½|Φ|‖_F² = γ_{N+1}·Σᵢ wᵢ‖φᵢ‖² = γ_{N+1}·tr(G).
 
 γ_{N+1} ≈ N·u is the worst case; modelling the rounding errors as independent with mean zero gives ≈ √N·u with high
 probability (Higham & Mary, *A New Approach to Probabilistic Rounding Error Analysis*, SIAM J. Sci. Comput. 41(5),
 2019), and BLAS kernels sum in short blocks with their own accumulators, which lowers it further.  rfgp therefore
-uses the estimate
+uses the estimate::
 
     ε̂ = u·tr(G) = u·Σᵢ wᵢ‖φᵢ‖²                (O(N·F): one pass over Φ, no F × F product)
 
@@ -25,28 +25,36 @@ and forms the statistics in float32 while ε̂ ≤ τ (:class:`rfgp.settings.flo
 (``benchmarks/results/float32_statistics_threshold.md``: float32 ExactGP, F = 512, N = 1 500–20 000, MKL on one CPU
 thread): ‖ΔG‖₂ = 0.06–0.10·ε̂ at every N (no growth with N), and, against the float64 model,
 
-=========  ========================  ==========================  =================
-ε̂          loss per point, f32 / f64  gradient (relative), f32/f64  λ_min(I + G₃₂)
-=========  ========================  ==========================  =================
-10⁻³       1–2·10⁻⁷ / ≤ 4·10⁻⁷        0.4–2·10⁻⁶ / ≤ 1.2·10⁻⁶      1.000
-10⁻²       0.2–2·10⁻⁶ / ≤ 1.4·10⁻⁶    0.4–2·10⁻⁵ / ≤ 1·10⁻⁵        0.999
-10⁻¹       1.6–4·10⁻⁵ / ≤ 5.4·10⁻⁵    0.8–3·10⁻⁴ / ≤ 7·10⁻⁵        0.99
-1          2–3·10⁻³ / ≤ 1·10⁻⁴        0.8–1.3·10⁻² / ≤ 9·10⁻⁴      0.90–0.95
-10         0.24–0.29 / ≤ 2·10⁻³       1.2–1.5 / ≤ 3·10⁻³           0.15–0.42
-10²        indefinite                 —                             −5 to −8
-=========  ========================  ==========================  =================
+=========  ===========================  ================================  ================
+u·tr(G)    loss per point, f32 / f64    gradient (relative), f32 / f64    λ_min(I + G₃₂)
+=========  ===========================  ================================  ================
+10⁻³       1–2·10⁻⁷ / ≤ 4·10⁻⁷          0.4–2·10⁻⁶ / ≤ 1.2·10⁻⁶           1.000
+10⁻²       0.2–2·10⁻⁶ / ≤ 1.4·10⁻⁶      0.4–2·10⁻⁵ / ≤ 1·10⁻⁵             0.999
+10⁻¹       1.6–4·10⁻⁵ / ≤ 5.4·10⁻⁵      0.8–3·10⁻⁴ / ≤ 7·10⁻⁵             0.99
+1          2–3·10⁻³ / ≤ 1·10⁻⁴          0.8–1.3·10⁻² / ≤ 9·10⁻⁴           0.90–0.95
+10         0.24–0.29 / ≤ 2·10⁻³         1.2–1.5 / ≤ 3·10⁻³                0.15–0.42
+10²        indefinite                   —                                 −5 to −8
+=========  ===========================  ================================  ================
 
 ("f32": statistics in float32; "f64": the same float32 features, statistics in float64 — the features' own
 rounding.)  Up to ε̂ = 10⁻² the float32 statistics' error is of the order of the features' (loss) or within 2·10⁻⁵
 (gradient); from ε̂ ≈ 0.1 it dominates (loss and gradient 10–100× the features' share at N = 20 000) and grows
 quadratically, reaching 1 % of the gradient at ε̂ = 1.  τ = 10⁻² keeps a margin of 10 below where it dominates, 100
 below the 1 % gradient error and 10⁴ below indefiniteness.  At the default noise of a ``GaussianLikelihood``
-(σ² ≈ outputscale) ε̂ ≈ u·N: float32 statistics up to N ≈ 1.7·10⁵.  (GPU BLAS libraries sum in other orders; the
-estimate bounds them by the same argument, the constants were measured on CPU only.)
+(σ² ≈ outputscale) ε̂ ≈ u·N: float32 statistics up to N ≈ 1.7·10⁵.  (GPU BLAS libraries sum in other orders: the
+deterministic bound holds for any order, the constant 0.06–0.1 was measured on CPU only.)
 
 tr(G) is the quantity a stream accumulates too: the float32 errors of the batches a ``StreamingFeatureGP`` formed in
 float32 add up to at most u·Σₖ tr(Gₖ) ≤ u·tr(G_total), so the stream compares u·tr(G_total) (earlier batches
 included) with τ, and every later batch is formed in float64 once it is exceeded.
+
+Where it applies: the marginal likelihood (forward and backward) and the posterior caches of a feature-root model
+with a materialised Φ (:meth:`~rfgp.inference.operators.FeatureRootLinearOperator.feature_statistics`) or a chunked one
+(:func:`~rfgp.inference.chunking.chunked_feature_statistics`: tr(G) is read off the float32 result, which is then
+recomputed in float64 if needed — no extra pass for a benign model), and ``StreamingFeatureGP.update``.  Paths with
+statistics of their own (Nyström roots, chunked multi-output roots, independent tasks, correlated task noise,
+Dirichlet classification, complex features) keep the statistics in the features' dtype.  The choice changes the
+accuracy of the same model, never the model.
 
 The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
 decide without the data.  :func:`recorded_statistics_dtypes` reports the decisions (a diagnostic and testing hook).

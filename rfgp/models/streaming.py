@@ -176,9 +176,10 @@ class StreamingFeatureGP(nn.Module):
         included, is within :class:`rfgp.settings.float32_statistics_tolerance` (10⁻²: the float32 batches' errors
         then add up to at most 10⁻³ beside the 1 of I, :mod:`rfgp.inference.statistics_precision`), and in float64
         from then on (one host read per batch decides).  Only the accuracy depends on the choice, never the model.
-        float64 products cost time (float32 updates took 1.6–2.5× as long at F = 512–1024, batches of 64–2000, on one
-        CPU thread: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy of Φₖ; a benign
-        stream (u₃₂·tr(G) ≤ 10⁻², e.g. N ≲ 1.7·10⁵ points at noise ≈ outputscale) keeps the float32 speed.
+        float64 products cost time (1.1–2.0× a float32 update at F = 512–1024, batches of 64–2000, one CPU thread;
+        1.6–2.5× in an earlier run: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy
+        of Φₖ; a benign stream (u₃₂·tr(G) ≤ 10⁻², e.g. N ≲ 1.7·10⁵ points at noise ≈ outputscale) keeps float32
+        products, and the decision costs 2–5 % of an update (0.1–0.8 ms there).
         """
         self._check_inputs(x)
         check_tensor_dtype(y, "y")
