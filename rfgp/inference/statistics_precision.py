@@ -9,7 +9,8 @@ slightly perturbed features.)
 
 Bound.  A product of inner dimension n formed in floating point satisfies ``|fl(XᵀY) − XᵀY| ≤ γₙ|X|ᵀ|Y|``
 elementwise, γₙ = nu/(1 − nu) with u the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*,
-2nd ed., 2002, §3.5, eq. (3.13)); forming WΦ first adds one rounding.  For G = (WΦ)ᵀΦ over N rows, with ``‖|M|‖₂ ≤ ‖M‖_F``::
+2nd ed., 2002, §3.5, eq. (3.13)); forming WΦ first adds one rounding.  For G = (WΦ)ᵀΦ over N rows, with
+``‖|M|‖₂ ≤ ‖M‖_F``::
 
     |ΔG| ≤ γ_{N+1}·|Φ|ᵀW|Φ|,    ‖ΔG‖₂ ≤ γ_{N+1}·‖W^½|Φ|‖_F² = γ_{N+1}·Σᵢ wᵢ‖φᵢ‖² = γ_{N+1}·tr(G).
 
