@@ -22,7 +22,7 @@ uses the estimate::
     ε̂ = u·tr(G) = u·Σᵢ wᵢ‖φᵢ‖²                (O(N·F): one pass over Φ, no F × F product)
 
 and forms the statistics in float32 while ε̂ ≤ τ (:class:`rfgp.settings.float32_statistics_tolerance`, default
-10⁻²), in float64 (:func:`~rfgp.core.dtypes.factor_dtype`) otherwise.  Measured
+10⁻¹), in float64 (:func:`~rfgp.core.dtypes.factor_dtype`) otherwise.  Measured
 (``benchmarks/results/float32_statistics_threshold.md``: float32 ExactGP, F = 512, N = 1 500–20 000, MKL on one CPU
 thread): ‖ΔG‖₂ = 0.06–0.10·ε̂ at every N (no growth with N), and, against the float64 model,
 
@@ -39,10 +39,13 @@ u·tr(G)    loss per point, f32 / f64    gradient (relative), f32 / f64    λ_mi
 
 ("f32": statistics in float32; "f64": the same float32 features, statistics in float64 — the features' own
 rounding.)  Up to ε̂ = 10⁻² the float32 statistics' error is of the order of the features' (loss) or within 2·10⁻⁵
-(gradient); from ε̂ ≈ 0.1 it dominates (loss and gradient 10–100× the features' share at N = 20 000) and grows
-quadratically, reaching 1 % of the gradient at ε̂ = 1.  τ = 10⁻² keeps a margin of 10 below where it dominates, 100
-below the 1 % gradient error and 10⁴ below indefiniteness.  At the default noise of a ``GaussianLikelihood``
-(σ² ≈ outputscale) ε̂ ≈ u·N: float32 statistics up to N ≈ 1.7·10⁵.  (GPU BLAS libraries sum in other orders: the
+(gradient); at ε̂ = 0.1 it is at most 4·10⁻⁵ per point in the loss and 3·10⁻⁴ relative in the gradient (more than the
+features' share at N = 20 000, within float32 training's own accuracy), and beyond it grows quadratically, reaching
+1 % of the gradient at ε̂ = 1.  τ = 10⁻¹ keeps the statistics in float32 — whose float64 products cost 1.8–1.9× per
+training step on CPU, ``benchmarks/results/float32_statistics_training.md`` — for as many models as that accuracy
+allows: a margin of 30 below the 1 % gradient error and 10³ below indefiniteness.  At the default noise of a
+``GaussianLikelihood`` (σ² ≈ outputscale) ε̂ ≈ u·N: float32 statistics up to N ≈ 1.7·10⁶; at a trained
+outputscale/noise ratio ρ, up to N ≈ 1.7·10⁶/ρ.  (GPU BLAS libraries sum in other orders: the
 deterministic bound holds for any order, the constant 0.06–0.1 was measured on CPU only.)
 
 tr(G) is the quantity a stream accumulates too: the float32 errors of the batches a ``StreamingFeatureGP`` formed in

@@ -173,12 +173,12 @@ class StreamingFeatureGP(nn.Module):
         tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) float32 sums erred by 1.7 in spectral norm, and the
         smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04 — the float64 factorisation then failed or
         not by chance.  So a float32 batch is formed in float32 only while u₃₂·tr(G) of the whole stream, this batch
-        included, is within :class:`rfgp.settings.float32_statistics_tolerance` (10⁻²: the float32 batches' errors
-        then add up to at most 10⁻³ beside the 1 of I, :mod:`rfgp.inference.statistics_precision`), and in float64
+        included, is within :class:`rfgp.settings.float32_statistics_tolerance` (10⁻¹: the float32 batches' errors
+        then add up to at most 10⁻² beside the 1 of I, :mod:`rfgp.inference.statistics_precision`), and in float64
         from then on (one host read per batch decides).  Only the accuracy depends on the choice, never the model.
         float64 products cost time (1.1–2.0× a float32 update at F = 512–1024, batches of 64–2000, one CPU thread;
         1.6–2.5× in an earlier run: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy
-        of Φₖ; a benign stream (u₃₂·tr(G) ≤ 10⁻², e.g. N ≲ 1.7·10⁵ points at noise ≈ outputscale) keeps float32
+        of Φₖ; a benign stream (u₃₂·tr(G) ≤ 10⁻¹, e.g. N ≲ 1.7·10⁶ points at noise ≈ outputscale) keeps float32
         products, and the decision costs 2–5 % of an update (0.1–0.8 ms there).
         """
         self._check_inputs(x)

@@ -72,7 +72,7 @@ def test_float32_mll_that_cannot_be_factorised_says_what_to_do():
     smallest eigenvalue 1 of I + ΦᵀD⁻¹Φ, which is indefinite even in float64.  Before: linear_operator's 'not positive
     definite after repeatedly adding jitter up to 1e-4'.  Now the error names the dtype, the scale of the rounding,
     the noise and the two ways out, and is a NotPSDError (rfgp.fit_mll restarts on it); float64 trains there.  By
-    default the statistics of such a model are formed in float64 (u·tr(ΦᵀD⁻¹Φ) ≈ 10³ ≫ 10⁻²), which factorises: the
+    default the statistics of such a model are formed in float64 (u·tr(ΦᵀD⁻¹Φ) ≈ 10³ ≫ 10⁻¹), which factorises: the
     error needs float32 statistics forced (tolerance ∞), as chunked and Nyström roots keep them."""
     models = {}
     for dtype in (torch.float32, F64):
@@ -93,7 +93,7 @@ def test_float32_mll_that_cannot_be_factorised_says_what_to_do():
 @pytest.mark.parametrize("multi_output, chunked", [(False, False), (True, False), (False, True)])
 def test_float32_mll_at_a_high_signal_to_noise_ratio_forms_float64_statistics(multi_output, chunked):
     """The IGRF fits above: u·tr(ΦᵀD⁻¹Φ) = 32 (single output) and 40 (curl-free, p = 3), far above the tolerance
-    10⁻², so the float32 features' statistics are formed in float64 (rfgp.inference.statistics_precision; chunked:
+    10⁻¹, so the float32 features' statistics are formed in float64 (rfgp.inference.statistics_precision; chunked:
     recomputed in float64 after the float32 pass that measured tr(ΦᵀD⁻¹Φ)).  Before: float32 statistics, loss
     4.5·10⁻³, 2.6·10⁻³ and 1.5·10⁻³, gradient 5.3·10⁻², 7.3·10⁻² and 1.2·10⁻² (relative) from float64.  Now what
     remains is the float32 features' own rounding (δ ≈ 1.6·10⁻⁶): measured loss 7·10⁻⁷, 2·10⁻⁵ and 7·10⁻⁷, gradient
@@ -127,7 +127,7 @@ def test_float32_posterior_at_a_high_signal_to_noise_ratio_forms_float64_statist
 
 
 def test_float32_mll_at_a_moderate_signal_to_noise_ratio_keeps_float32_statistics():
-    """N = 2000, outputscale 1, noise 0.1: u·tr(ΦᵀD⁻¹Φ) = u·N/σ² = 1.2·10⁻³ ≤ 10⁻², so the statistics stay float32
+    """N = 2000, outputscale 1, noise 0.1: u·tr(ΦᵀD⁻¹Φ) = u·N/σ² = 1.2·10⁻³ ≤ 10⁻¹, so the statistics stay float32
     (the speed of float32), the same computation as with the tolerance ∞, bit for bit; with the tolerance 0 they are
     float64 and the loss moves by no more than the float32 features' rounding."""
     gen = torch.Generator().manual_seed(4)
