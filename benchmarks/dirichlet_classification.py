@@ -72,7 +72,7 @@ def run_rfgp(data, method, num_features, iterations):
 
     x_tr, x_te, y_tr, y_te = data
     t0 = time.perf_counter()
-    clf = DirichletGPClassifier(num_features=num_features, method=method, num_iterations=iterations,
+    clf = DirichletGPClassifier(num_features=num_features, method=method, num_iterations=iterations, optimizer="adam",
                                 standardize=False, seed=SEED, progress=False).fit(x_tr, y_tr)
     t1 = time.perf_counter()
     probs = clf.predict_proba(x_te)
@@ -95,7 +95,7 @@ def run_rfgp_kernel(data, base_kernel, num_features, iterations):
     with torch.no_grad():
         base_kernel.lengthscale = _median_distance(x, SEED)
         kernel.outputscale = (targets - targets.mean(-1, keepdim=True)).var().clamp_min(1e-3)
-    clf = DirichletGPClassifier(kernel=kernel, num_features=num_features, num_iterations=iterations,
+    clf = DirichletGPClassifier(kernel=kernel, num_features=num_features, num_iterations=iterations, optimizer="adam",
                                 standardize=False, seed=SEED, progress=False).fit(x_tr, y_tr)
     t1 = time.perf_counter()
     probs = clf.predict_proba(x_te)
