@@ -46,8 +46,8 @@ class DirichletGPClassifier:
             L-BFGS (``"lbfgs"``, the default, stopped by fit_mll's convergence rule) or Adam (``"adam"``);
             ``lr`` is the optimizer's step (``None``: fit_mll's default, 1.0 for L-BFGS, 0.05 for Adam).  L-BFGS is
             the default because it reaches a lower test NLL sooner: on ggplot2::diamonds (cut, 10 000 rows,
-            F = 1024, one thread) 50 Adam steps took 73 s of CPU to a test NLL of 0.724, L-BFGS 0.704 after 31 s
-            (``benchmarks/results/time_to_accuracy_classification.md``).
+            F = 1024, one thread) 50 Adam steps took 72 s of CPU to a test NLL of 0.724, L-BFGS converged after 18
+            iterations and 39 s at 0.710 (``benchmarks/results/time_to_accuracy_classification_after.md``).
         learn_additional_noise: learn an extra per-class noise on top of σ²_{c,i}.
         validation_fraction: share of the data held out to choose α_ε (then refit on all data).
         probability_method, num_samples: class probabilities by ``"mc"`` (seeded) or ``"mean_field"``.
