@@ -25,6 +25,7 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
+from ..kernels.nystrom import NystromKernel
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood
 from ..training import OPTIMIZERS, fit_mll
@@ -38,7 +39,9 @@ class DirichletGPClassifier:
         kernel: a GPyTorch kernel shared by all classes (not batched, so that Φ is shared);
             default ``ScaleKernel(SketchedRBFKernel(num_features, method))`` with a median-heuristic
             lengthscale and the outputscale set to the variance of the transformed targets
-            (paper 000's settings).  Deep-copied at every fit.
+            (paper 000's settings).  Deep-copied at every fit; with ``standardize`` its Nyström landmarks
+            (``rfgp.sketch(kernel, M, method="nystrom", x_sample=X)``) are re-selected by their rule and seed among
+            the standardised training inputs, the inputs the model sees.
         num_features, method: F and the Fourier method of the default kernel.
         alpha_epsilon: α_ε, or a sequence of candidates chosen by validation MNLL.
         num_iterations, lr, optimizer: training of the hyperparameters on the negative MLL by
@@ -259,7 +262,10 @@ class DirichletGPClassifier:
     def _new_kernel(self, x: Tensor, targets: Tensor) -> gpytorch.kernels.Kernel:
         p = self._fit_params
         if p.kernel is not None:
-            return copy.deepcopy(p.kernel)
+            kernel = copy.deepcopy(p.kernel)
+            if p.standardize:
+                _landmarks_among(kernel, x)
+            return kernel
         base = SketchedRBFKernel(p.num_features, method=p.method, input_dim=x.shape[-1], seed=p.seed)
         kernel = gpytorch.kernels.ScaleKernel(base).to(device=p.device, dtype=p.dtype)
         with torch.no_grad():
@@ -436,6 +442,27 @@ def _check_alphas(alpha_epsilon) -> tuple[float, ...]:
     if len(values) == 0:
         raise ValueError("alpha_epsilon must be a positive number or a non-empty sequence of them, got []")
     return tuple(check_positive_float(v, "alpha_epsilon") for v in values)
+
+
+def _landmarks_among(kernel: gpytorch.kernels.Kernel, x: Tensor) -> None:
+    """Re-select the Nyström landmarks of ``kernel`` among the standardised training inputs ``x``, in place.
+
+    ``rfgp.sketch(kernel, M, method="nystrom", x_sample=X)`` chose them among the user's inputs ``X``, but the model
+    sees the standardised ``x``: landmarks in raw units gave a silently wrong model (ggplot2::diamonds, 2 400 rows,
+    M = 256: test error 0.61 instead of 0.22).  The same rule and seed choose them among ``x`` (uniform selection picks
+    the same rows).  Landmarks given by hand or learned (no rule to repeat) are refused: their units are unknown.
+    """
+    for module in kernel.modules():
+        if not isinstance(module, NystromKernel):
+            continue
+        if module.landmark_method is None or module.learn_landmarks:
+            raise ValueError(
+                "kernel holds a NystromKernel with landmarks given by hand or learned (learn_landmarks=True), and "
+                "standardize=True rescales the inputs those landmarks live among; build it with rfgp.sketch(kernel, "
+                "M, method='nystrom', x_sample=X) so that fit re-selects them among the standardised inputs, or pass "
+                "standardize=False with inputs and landmarks on the same scale"
+            )
+        module.reselect_landmarks(module.num_features, x)
 
 
 def _median_distance(x: Tensor, seed: int, max_points: int = 1000) -> Tensor:

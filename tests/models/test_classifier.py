@@ -2,6 +2,7 @@
 
 import copy
 
+import gpytorch
 import numpy as np
 import pytest
 import torch
@@ -174,3 +175,25 @@ def test_default_training_reaches_the_marginal_likelihood_optimum():
     assert adam.losses_[-1] - optimum > 1e-3  # the test can fail: Adam's 50 steps stop short of it
     with pytest.raises(ValueError, match="optimizer"):
         DirichletGPClassifier(optimizer="sgd").fit(x, y)
+
+
+def test_nystrom_landmarks_follow_the_standardised_inputs():
+    # landmarks chosen among the raw inputs while the model saw standardised ones: a silently wrong model
+    # (ggplot2::diamonds, M = 256: test error 0.61 instead of 0.22); fit re-selects them among the standardised inputs
+    x, y = _blobs(40)
+    raw = x * np.array([1000.0, 0.01]) + np.array([5000.0, -3.0])  # columns on very different scales
+    sketch = rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)), 30,
+                         method="nystrom", x_sample=torch.as_tensor(raw), seed=0)
+    clf = DirichletGPClassifier(kernel=sketch, num_iterations=0, dtype=torch.float64, progress=False).fit(raw, y)
+    standardised = (torch.as_tensor(raw) - clf.input_mean_) / clf.input_scale_
+    landmarks = clf.model_.covar_module.landmarks
+    assert bool((landmarks[:, None, :] == standardised[None]).all(-1).any(-1).all())  # every landmark is a model input
+    reference = DirichletGPClassifier(num_iterations=0, dtype=torch.float64, progress=False,
+                                      kernel=rfgp.sketch(gpytorch.kernels.ScaleKernel(
+                                          gpytorch.kernels.RBFKernel(ard_num_dims=2)), 30, method="nystrom",
+                                          x_sample=standardised, seed=0)).fit(raw, y)
+    torch.testing.assert_close(landmarks, reference.model_.covar_module.landmarks)  # same rule, seed and rows
+    assert (clf.predict(raw) == y).mean() > 0.95
+    by_hand = rfgp.kernels.NystromKernel(gpytorch.kernels.RBFKernel(), landmarks=torch.as_tensor(raw[:10]))
+    with pytest.raises(ValueError, match="standardize=False"):
+        DirichletGPClassifier(kernel=by_hand, num_iterations=0).fit(raw, y)
