@@ -25,10 +25,12 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
+from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
 from ..kernels.nystrom import NystromKernel
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood
 from ..training import OPTIMIZERS, fit_mll
+from .feature_width import refit_data_fitted_maps
 from .regression import ExactGPModel
 
 
@@ -39,9 +41,11 @@ class DirichletGPClassifier:
         kernel: a GPyTorch kernel shared by all classes (not batched, so that Φ is shared);
             default ``ScaleKernel(SketchedRBFKernel(num_features, method))`` with a median-heuristic
             lengthscale and the outputscale set to the variance of the transformed targets
-            (paper 000's settings).  Deep-copied at every fit; with ``standardize`` its Nyström landmarks
-            (``rfgp.sketch(kernel, M, method="nystrom", x_sample=X)``) are re-selected by their rule and seed among
-            the standardised training inputs, the inputs the model sees.
+            (paper 000's settings).  Deep-copied at every fit; with ``standardize`` the maps fitted to a data
+            sample are refitted on the standardised training inputs, the inputs the model sees: Nyström landmarks
+            (``rfgp.sketch(kernel, M, method="nystrom", x_sample=X)``) re-selected by their rule and seed, optimized
+            Maclaurin allocations (``method="maclaurin"``) refitted; hand-given or learned landmarks and a
+            GaussianSketch centre or radius (in raw units) are refused.
         num_features, method: F and the Fourier method of the default kernel.
         alpha_epsilon: α_ε, or a sequence of candidates chosen by validation MNLL.
         num_iterations, lr, optimizer: training of the hyperparameters on the negative MLL by
@@ -264,7 +268,7 @@ class DirichletGPClassifier:
         if p.kernel is not None:
             kernel = copy.deepcopy(p.kernel)
             if p.standardize:
-                _landmarks_among(kernel, x)
+                _refit_among(kernel, x)
             return kernel
         base = SketchedRBFKernel(p.num_features, method=p.method, input_dim=x.shape[-1], seed=p.seed)
         kernel = gpytorch.kernels.ScaleKernel(base).to(device=p.device, dtype=p.dtype)
@@ -444,25 +448,35 @@ def _check_alphas(alpha_epsilon) -> tuple[float, ...]:
     return tuple(check_positive_float(v, "alpha_epsilon") for v in values)
 
 
-def _landmarks_among(kernel: gpytorch.kernels.Kernel, x: Tensor) -> None:
-    """Re-select the Nyström landmarks of ``kernel`` among the standardised training inputs ``x``, in place.
+def _refit_among(kernel: gpytorch.kernels.Kernel, x: Tensor) -> None:
+    """Refit the data-fitted maps of ``kernel`` on the standardised training inputs ``x``, in place.
 
-    ``rfgp.sketch(kernel, M, method="nystrom", x_sample=X)`` chose them among the user's inputs ``X``, but the model
-    sees the standardised ``x``: landmarks in raw units gave a silently wrong model (ggplot2::diamonds, 2 400 rows,
-    M = 256: test error 0.61 instead of 0.22).  The same rule and seed choose them among ``x`` (uniform selection picks
-    the same rows).  Landmarks given by hand or learned (no rule to repeat) are refused: their units are unknown.
+    ``rfgp.sketch(kernel, M, method=..., x_sample=X)`` fitted them to the user's inputs ``X``, but the model sees the
+    standardised ``x``: Nyström landmarks in raw units gave a silently wrong model (ggplot2::diamonds, 2 400 rows,
+    M = 256: test error 0.61 instead of 0.22), and an optimized Maclaurin allocation fitted on ``X`` is another model
+    than the one fitted on ``x``.  Landmarks are re-chosen among ``x`` by the same rule and seed (uniform selection
+    picks the same rows) and allocations refitted (:func:`~rfgp.models.feature_width.refit_data_fitted_maps`).
+    Landmarks given by hand or learned, and a GaussianSketch centre or radius (in the raw units; its truncation order
+    was chosen for them), have no rule to repeat and are refused.
     """
     for module in kernel.modules():
-        if not isinstance(module, NystromKernel):
-            continue
-        if module.landmark_method is None or module.learn_landmarks:
+        if isinstance(module, NystromKernel) and (module.landmark_method is None or module.learn_landmarks):
             raise ValueError(
                 "kernel holds a NystromKernel with landmarks given by hand or learned (learn_landmarks=True), and "
                 "standardize=True rescales the inputs those landmarks live among; build it with rfgp.sketch(kernel, "
                 "M, method='nystrom', x_sample=X) so that fit re-selects them among the standardised inputs, or pass "
                 "standardize=False with inputs and landmarks on the same scale"
             )
-        module.reselect_landmarks(module.num_features, x)
+        if isinstance(module, GaussianSketchRBFKernel) and (
+                module.input_center is not None or module.min_lengthscale is not None):
+            raise ValueError(
+                "kernel holds a GaussianSketchRBFKernel with a centre or radius (from x_sample=, center= or radius=) "
+                "in the units of the raw inputs, and standardize=True rescales the inputs: its truncation order "
+                "holds only within that radius of that centre. Build it with order= alone (the Taylor expansion is "
+                "then around the origin, the standardised inputs' mean), or pass standardize=False with the inputs "
+                "in the units of the centre and radius"
+            )
+    refit_data_fitted_maps(kernel, x)
 
 
 def _median_distance(x: Tensor, seed: int, max_points: int = 1000) -> Tensor:

@@ -143,6 +143,34 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
     return module
 
 
+
+def refit_data_fitted_maps(module: nn.Module, x_sample: Tensor) -> nn.Module:
+    """Refit, at their current widths, the maps in ``module`` that were fitted to a data sample, on ``x_sample``.
+
+    For a model whose kernel sees transformed inputs (standardised, normalised) while the maps were fitted to the
+    user's raw sample: Nyström landmarks are re-chosen among ``x_sample`` by the rule and seed of their first choice
+    (:meth:`~rfgp.kernels.NystromKernel.reselect_landmarks`; uniform selection picks the same rows), and fitted
+    optimized Maclaurin allocations (paper 000 Algorithm 3) are refitted on it at the kernel's current
+    hyperparameters, as :func:`set_num_features` does at a new width.  Maps that draw without data are not touched.
+
+    Args:
+        module: a kernel tree (or a module holding one).
+        x_sample: the inputs as the tree sees them, shape ``(n, d)`` (before ``active_dims``).
+
+    Returns:
+        ``module``.
+
+    Raises:
+        ValueError: a Nyström kernel with landmarks given by hand or learned (no rule to repeat), or too few rows.
+    """
+    for unit, _, inputs in _width_units(module, x_sample, None):
+        if isinstance(unit, NystromKernel):
+            unit.reselect_landmarks(unit.num_features, inputs)
+    for _, owner, inputs in list(optimized_maclaurin_units(module, x_sample)):
+        fit_allocation_on_columns(owner, inputs)
+    return module
+
+
 #: model types (other libraries' GPs) whose caches depend on the features, and how to rebuild them
 _CACHE_CLEARERS: dict[type, Callable[[nn.Module], None]] = {}
 #: the same model types' training inputs as their kernels see them (the default ``x_sample``)

@@ -197,3 +197,37 @@ def test_nystrom_landmarks_follow_the_standardised_inputs():
     by_hand = rfgp.kernels.NystromKernel(gpytorch.kernels.RBFKernel(), landmarks=torch.as_tensor(raw[:10]))
     with pytest.raises(ValueError, match="standardize=False"):
         DirichletGPClassifier(kernel=by_hand, num_iterations=0).fit(raw, y)
+
+
+def test_maclaurin_allocation_follows_the_standardised_inputs():
+    # an optimized Maclaurin allocation fitted on the raw sample (rfgp.sketch(..., x_sample=X)) was kept while the
+    # model saw standardised inputs: another model (widths (2, 2, 2, 2, 3, 3, ...) for ‖x‖²/ℓ² of the raw rows against
+    # (2, 8, 9, 10, ...)); fit refits it on the standardised inputs, as a kernel built on them has it
+    x, y = _blobs(40)
+    raw = x * np.array([2.0, 0.5]) + np.array([3.0, -1.0])
+
+    def kernel(sample):
+        return rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)), 128,
+                           method="maclaurin", x_sample=sample, max_order=12, seed=0)
+
+    sketch = kernel(torch.as_tensor(raw))
+    clf = DirichletGPClassifier(kernel=sketch, num_iterations=0, dtype=torch.float64, progress=False).fit(raw, y)
+    standardised = (torch.as_tensor(raw) - clf.input_mean_) / clf.input_scale_
+    expected = kernel(standardised).base_kernel.feature_map.widths
+    assert sketch.base_kernel.feature_map.widths != expected  # the test can fail: the raw sample's allocation differs
+    assert clf.model_.covar_module.base_kernel.feature_map.widths == expected
+    assert sketch.base_kernel.feature_map.widths != expected  # the user's kernel is left as it was (deep copy)
+
+
+def test_taylor_centre_in_raw_units_is_refused_with_standardize():
+    # GaussianSketch's centre and radius (from x_sample, or given) are in the raw units; the standardised inputs lie
+    # far from that centre, where the truncation order chosen for the raw radius does not hold
+    x, y = _blobs(40)
+    raw = x + np.array([3.0, -1.0])
+    sketch = rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()), 256, method="gaussian_sketch_hd",
+                         x_sample=torch.as_tensor(raw), alpha=10.0, min_lengthscale=1.0, seed=0)
+    with pytest.raises(ValueError, match="standardize=False"):
+        DirichletGPClassifier(kernel=sketch, num_iterations=0, dtype=torch.float64, progress=False).fit(raw, y)
+    by_order = rfgp.kernels.GaussianSketchRBFKernel(256, method="gaussian_sketch_hd", order=6, seed=0)
+    DirichletGPClassifier(kernel=gpytorch.kernels.ScaleKernel(by_order), num_iterations=0, dtype=torch.float64,
+                          progress=False).fit(raw, y)  # no centre or radius: unit-free, accepted
