@@ -346,6 +346,27 @@ def test_kronecker_multitask_gp_with_a_sketched_data_kernel_is_the_gp_of_that_ke
     torch.testing.assert_close(posterior.variance, variance.reshape(5, 2), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("transform", ["normalize", "warp"])
+def test_set_num_features_reselects_nystrom_landmarks_among_the_input_transformed_inputs(transform, training):
+    """BoTorch keeps raw train_inputs in training mode and transformed ones in eval mode; either way the landmarks are
+    re-chosen among the inputs the kernel sees (Normalize, or a Warp of its bounds), never among the raw x."""
+    from botorch.models.transforms.input import Warp
+
+    x, y = data(40)
+    x = 10 * x + 5
+    bounds = torch.stack([x.min(0).values, x.max(0).values])
+    make = {"normalize": lambda: Normalize(D), "warp": lambda: Warp(d=D, indices=list(range(D)), bounds=bounds)}
+    transform = make[transform]()
+    seen = SingleTaskGP(x, y, input_transform=transform).transform_inputs(x)
+    exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=D))
+    kernel = rfgp.sketch(exact, 20, method="nystrom", x_sample=seen, seed=0)
+    model = SingleTaskGP(x, y, covar_module=kernel, input_transform=transform).double().train(training)
+    rfgp.set_num_features(model, 30)
+    landmarks = model.covar_module.landmarks
+    assert landmarks.shape == (30, D) and bool((landmarks[:, None] == seen[None]).all(-1).any(-1).all())
+
+
 def test_fit_scale_and_noise_on_a_fitted_single_task_gp_with_transforms_and_priors():
     x, y = data(80)
     model = fitted(x, y)  # Normalize inputs, Standardize outputs, LogNormal noise prior, no ScaleKernel
