@@ -367,6 +367,19 @@ def test_set_num_features_reselects_nystrom_landmarks_among_the_input_transforme
     assert landmarks.shape == (30, D) and bool((landmarks[:, None] == seen[None]).all(-1).any(-1).all())
 
 
+def test_maclaurin_allocation_fitted_at_the_first_call_sees_the_normalized_inputs():
+    """An optimized Maclaurin map built without x_sample fits its allocation on its first inputs; in a SingleTaskGP
+    with Normalize those are the normalised training inputs (on the raw 10x + 5 it is refused)."""
+    x, y = data(40)
+    x = 10 * x + 5
+    exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=D))
+    model = SingleTaskGP(x, y, covar_module=rfgp.sketch(exact, 64, method="maclaurin", seed=0),
+                         input_transform=Normalize(D)).double()
+    model(*model.train_inputs).covariance_matrix  # the first kernel evaluation, in training mode
+    expected = rfgp.sketch(exact, 64, method="maclaurin", seed=0, x_sample=model.transform_inputs(x))
+    assert model.covar_module.base_kernel.feature_map.widths == expected.base_kernel.feature_map.widths
+
+
 def test_fit_scale_and_noise_on_a_fitted_single_task_gp_with_transforms_and_priors():
     x, y = data(80)
     model = fitted(x, y)  # Normalize inputs, Standardize outputs, LogNormal noise prior, no ScaleKernel
