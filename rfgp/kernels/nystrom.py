@@ -294,7 +294,7 @@ class NystromKernel(FeatureKernel):
             )
         landmarks = self.landmarks.to(x.dtype)
         cross = self.base_kernel(x, landmarks).to_dense()
-        scale = self.base_kernel(landmarks, diag=True).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]
+        scale = kernel_diagonal(self.base_kernel, landmarks).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]
         return flush_negligible(cross, negligible_threshold(scale, cross.dtype, 0.25, 2))
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -309,7 +309,7 @@ class NystromKernel(FeatureKernel):
                 if torch.is_grad_enabled() else self._squared_norms(x[..., rows, :])
                 for rows in chunk_slices(x.shape[-2], chunk_size)
             ], -1)
-        target = self.base_kernel(x, diag=True)
+        target = kernel_diagonal(self.base_kernel, x)
         return target.expand(norms.shape), norms
 
     def _squared_norms(self, x: Tensor) -> Tensor:
@@ -389,6 +389,19 @@ def _dense(kernel: Kernel):
     """``kernel`` as a function (x1, x2, diag) → dense tensor, the form the landmark selectors take."""
 
     def dense_kernel(x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
-        return kernel(x1, x2, diag=True) if diag else kernel(x1, x2).to_dense()
+        return kernel_diagonal(kernel, x1) if diag else kernel(x1, x2).to_dense()
 
     return dense_kernel
+
+
+def kernel_diagonal(kernel: Kernel, x: Tensor) -> Tensor:
+    """k(x, x) per point, ``(*batch, n)``, evaluated at x expanded to the kernel's batch shape.
+
+    GPyTorch's ``Kernel.__call__(x, diag=True)`` takes the diagonal of a kernel whose ``forward`` ignores ``diag``
+    (``IndexKernel``) only when the output has as many dimensions as the inputs (GPyTorch 1.15.2): a batched
+    ``IndexKernel`` on unbatched inputs returns its whole ``(S, n, n)`` matrix, which a product kernel cannot multiply
+    with its other factors' ``(S, n)`` diagonals (BoTorch's ``SaasFullyBayesianMultiTaskGP`` after fitting: a batch
+    of MCMC samples of Matérn × IndexKernel).
+    """
+    batch = torch.broadcast_shapes(x.shape[:-2], kernel.batch_shape)
+    return kernel(x.expand(*batch, *x.shape[-2:]), diag=True)

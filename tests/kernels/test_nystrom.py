@@ -102,6 +102,30 @@ def test_batch_shapes_of_the_base_kernel():
         torch.testing.assert_close(features[b], NystromKernel(single, x[:10]).featurize(x))
 
 
+def test_batched_kernel_whose_diagonal_ignores_diag_on_unbatched_inputs():
+    """A batched IndexKernel returns its whole (S, n, n) matrix for ``diag=True`` on unbatched (n, d) inputs (GPyTorch
+    1.15.2 takes the diagonal only when the output has the inputs' dimension), so a product with it could not be
+    multiplied with its factor's (S, n) diagonal; BoTorch's SaasFullyBayesianMultiTaskGP has this kernel after
+    fitting.  Nyström evaluates diagonals at inputs expanded to the kernel's batch shape: exact at the landmarks."""
+    from gpytorch.kernels import IndexKernel
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(12, 2, generator=gen, dtype=DTYPE), (torch.arange(12) % 3).to(DTYPE)[:, None]], -1)
+    data_kernel = ScaleKernel(RBFKernel(ard_num_dims=2, batch_shape=torch.Size([2]), active_dims=[0, 1]),
+                              batch_shape=torch.Size([2]))
+    task_kernel = IndexKernel(num_tasks=3, rank=2, batch_shape=torch.Size([2]), active_dims=[2])
+    kernel = (data_kernel * task_kernel).to(DTYPE)
+    with torch.no_grad():
+        task_kernel.covar_factor.copy_(torch.randn(2, 3, 2, generator=gen, dtype=DTYPE))
+        data_kernel.base_kernel.lengthscale = torch.tensor([[[0.3, 0.6]], [[0.8, 0.4]]], dtype=DTYPE)
+    nystrom = rfgp.sketch(kernel, 12, method="nystrom", x_sample=x)
+    with torch.no_grad():
+        # the default jitter on K(Z, Z), 1e-8 of its mean diagonal: seen 2e-8
+        torch.testing.assert_close(nystrom(x).to_dense(), kernel(x).to_dense(), rtol=0, atol=1e-7)
+        moments = nystrom.diag_moments(x)
+    torch.testing.assert_close(moments[0], kernel(x).to_dense().diagonal(dim1=-2, dim2=-1).detach())
+
+
 def fitted(kernel, x, y, noise=0.05):
     likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DTYPE)
     likelihood.noise = noise
