@@ -294,7 +294,7 @@ class NystromKernel(FeatureKernel):
             )
         landmarks = self.landmarks.to(x.dtype)
         cross = self.base_kernel(x, landmarks).to_dense()
-        scale = kernel_diagonal(self.base_kernel, landmarks).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]
+        scale = _kernel_diagonal(self.base_kernel, landmarks).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]
         return flush_negligible(cross, negligible_threshold(scale, cross.dtype, 0.25, 2))
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -309,7 +309,7 @@ class NystromKernel(FeatureKernel):
                 if torch.is_grad_enabled() else self._squared_norms(x[..., rows, :])
                 for rows in chunk_slices(x.shape[-2], chunk_size)
             ], -1)
-        target = kernel_diagonal(self.base_kernel, x)
+        target = _kernel_diagonal(self.base_kernel, x)
         return target.expand(norms.shape), norms
 
     def _squared_norms(self, x: Tensor) -> Tensor:
@@ -389,12 +389,12 @@ def _dense(kernel: Kernel):
     """``kernel`` as a function (x1, x2, diag) → dense tensor, the form the landmark selectors take."""
 
     def dense_kernel(x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
-        return kernel_diagonal(kernel, x1) if diag else kernel(x1, x2).to_dense()
+        return _kernel_diagonal(kernel, x1) if diag else kernel(x1, x2).to_dense()
 
     return dense_kernel
 
 
-def kernel_diagonal(kernel: Kernel, x: Tensor) -> Tensor:
+def _kernel_diagonal(kernel: Kernel, x: Tensor) -> Tensor:
     """k(x, x) per point, ``(*batch, n)``, evaluated at x expanded to the kernel's batch shape.
 
     GPyTorch's ``Kernel.__call__(x, diag=True)`` takes the diagonal of a kernel whose ``forward`` ignores ``diag``
