@@ -6,11 +6,12 @@ BoTorch 0.18 runs their NUTS in NumPyro on its own exact Matérn-5/2 kernel in J
 MCMC sample.  ``rfgp.sketch`` converts the batch at once.  As in ``test_botorch_acquisitions.py``, a Nyström map whose
 landmarks are every point the kernel sees is the exact model up to its factor's round-off; ORF features approach it as
 F grows.  One real NUTS run (tiny: 32 warm-up steps, 16 samples thinned to S = 4, tree depth 3); the multi-task model's
-NUTS is 7× slower than the single-task one's (42 s against 6 s on one core), so its samples are loaded as BoTorch's fit
-loads them (``load_mcmc_samples``).
+NUTS took twice as long as the single-task one's (42 s against 22 s on a shared core, each the first in its process),
+so its samples are loaded as BoTorch's fit loads them (``load_mcmc_samples``).
 """
 
 import copy
+import os
 
 import pytest
 import torch
@@ -55,9 +56,15 @@ def nuts(model):
 
 @pytest.fixture(scope="module")
 def fitted():
-    """(X, the SAAS model after NUTS) — tests copy the model, never change it."""
+    """(X, the SAAS model after NUTS) — tests copy the model, never change it.
+
+    The NUTS run's time is mostly XLA compiling NumPyro's sampler (23 s of wall time at the default optimisation level,
+    13 s without backend optimisation, on one shared core): the flag is read when JAX starts its CPU backend, here."""
     x = uniform(20, seed=0)
-    return x, nuts(SaasFullyBayesianSingleTaskGP(x, targets(x, 1)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XLA_FLAGS", " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
+                                                         "--xla_backend_optimization_level=0"])))
+        return x, nuts(SaasFullyBayesianSingleTaskGP(x, targets(x, 1)))
 
 
 def mixture_moments(model, x):
