@@ -354,7 +354,8 @@ def test_analytic_eubo_approaches_the_exact_one_and_a_fitted_preference_model_op
 # qBayesianActiveLearningByDisagreement: BoTorch's fully Bayesian models (SaasFullyBayesianSingleTaskGP) require JAX
 # and NumPyro at construction (their NUTS runs in NumPyro on a JAX Matérn kernel); BALD refuses every model that is not
 # marked ``_is_fully_bayesian``, BoTorch's MAP ensemble included.  The ensemble marked fully Bayesian is the batch of
-# hyperparameter samples BALD's mixture entropy is defined on.
+# hyperparameter samples BALD's mixture entropy is defined on (BALD on a converted SaasFullyBayesianSingleTaskGP after a
+# real NUTS fit: test_botorch_fully_bayesian.py).
 
 
 class FullyBayesianEnsemble(EnsembleMapSaasSingleTaskGP):
