@@ -11,7 +11,6 @@ so its samples are loaded as BoTorch's fit loads them (``load_mcmc_samples``).
 """
 
 import copy
-import os
 
 import pytest
 import torch
@@ -56,15 +55,10 @@ def nuts(model):
 
 @pytest.fixture(scope="module")
 def fitted():
-    """(X, the SAAS model after NUTS) — tests copy the model, never change it.
-
-    The NUTS run's time is mostly XLA compiling NumPyro's sampler (23 s of wall time at the default optimisation level,
-    13 s without backend optimisation, on one shared core): the flag is read when JAX starts its CPU backend, here."""
+    """(X, the SAAS model after NUTS) — tests copy the model, never change it.  The run costs 18–23 s of CPU time,
+    mostly XLA compiling NumPyro's sampler."""
     x = uniform(20, seed=0)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XLA_FLAGS", " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
-                                                         "--xla_backend_optimization_level=0"])))
-        return x, nuts(SaasFullyBayesianSingleTaskGP(x, targets(x, 1)))
+    return x, nuts(SaasFullyBayesianSingleTaskGP(x, targets(x, 1)))
 
 
 def mixture_moments(model, x):
@@ -76,8 +70,8 @@ def mixture_moments(model, x):
 def test_fitted_saas_model_converts_every_mcmc_sample_at_once(fitted):
     """The fitted model's ScaleKernel(Matérn-5/2) has batch shape (S,): its conversion keeps the batch and every
     sample's lengthscales and outputscale, BoTorch's accessors read it, and the posterior — S Gaussians and their
-    mixture — is the exact one with landmarks (seen 2e-6) and approaches it as F grows (ORF, largest error of the
-    mixture mean, mean over 3 seeds: 0.28 at F = 16, 0.025 at F = 4096)."""
+    mixture — is the exact one with landmarks (seen 2e-7) and approaches it as F grows (ORF, largest error of the
+    mixture mean, mean over 3 seeds: 0.32 at F = 16, 0.027 at F = 4096)."""
     x, exact = fitted
     assert exact.covar_module.batch_shape == (S,) and isinstance(exact.covar_module.base_kernel, MaternKernel)
     lengthscale = exact.covar_module.base_kernel.lengthscale
@@ -98,14 +92,14 @@ def test_fitted_saas_model_converts_every_mcmc_sample_at_once(fitted):
         torch.testing.assert_close(actual, wanted, rtol=1e-5, atol=1e-5)
     errors = {width: torch.stack([(mixture_moments(sketched_copy(exact, width, seed), xs)[2] - expected[2]).abs().max()
                                   for seed in range(3)]).mean() for width in (16, 4096)}
-    assert errors[4096] < 0.06 and errors[4096] < 0.25 * errors[16], errors
+    assert errors[4096] < 0.1 and errors[4096] < 0.25 * errors[16], errors
 
 
 def test_acquisitions_on_the_converted_model_are_the_exact_ones(fitted):
     """qLogNEI (its mixture of S samples' improvements) and BALD, which accepts only models marked
     ``_is_fully_bayesian`` (as the SAAS model is), give the exact values and gradients with landmarks (seen: values
     within 1e-6, gradients of up to 12 within 3e-5) and approach them with ORF features (largest value error, mean
-    over 3 seeds — qLogNEI: 2.0 at F = 16, 0.25 at F = 2048; BALD: 0.043 and 0.005)."""
+    over 3 seeds — qLogNEI: 2.0 at F = 16, 0.25 at F = 2048; BALD: 0.33 and 0.015)."""
     x, exact = fitted
 
     def nei(model):
@@ -116,11 +110,12 @@ def test_acquisitions_on_the_converted_model_are_the_exact_ones(fitted):
         return qBayesianActiveLearningByDisagreement(model, sampler=SobolQMCNormalSampler(torch.Size([64]), seed=0))
 
     pairs = uniform(64, 2, seed=3)
-    with torch.no_grad():  # the 4 best pairs: log EI near -2.5 (far from the incumbent, below -40: all noise)
+    # the 4 best pairs: log EI near -2.5 (far from the incumbent, below -40: all noise); BALD 0.016–0.067
+    with torch.no_grad():
         X = pairs[nei(exact)(pairs).topk(4).indices]
     for acquisition in (nei, bald):
         expected = value_and_grad(acquisition(exact), X)
-        assert torch.isfinite(expected[0]).all() and expected[0].abs().min() > 1e-2
+        assert torch.isfinite(expected[0]).all() and expected[0].abs().min() > 5e-3
         assert_same_value_and_grad(value_and_grad(acquisition(landmark_copy(exact, x, X)), X), expected,
                                    rtol=1e-3, atol=1e-4)
         with torch.no_grad():
