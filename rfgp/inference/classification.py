@@ -32,9 +32,10 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import refuse_autocast_backward
-from .chunking import backprop_chunks
+from .chunking import Featurizer, backprop_chunks
 from .linalg import capacitance_solve, woodbury_inv_quad_logdet
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
+from .statistics_precision import statistics_dtype
 
 
 @dataclass(frozen=True)
@@ -189,11 +190,13 @@ def _block_steps(plan, featurizer, step_blocks: int, source: Tensor):
         yield start, slots, pad, features
 
 
-def label_feature_statistics(features, plan: "LabelBlockPlan", rhs: Tensor, blocks_per_step: int | None = None):
+def label_feature_statistics(features, plan: "LabelBlockPlan", rhs: Tensor, blocks_per_step: int | None = None,
+                             dtype: torch.dtype | None = None):
     """(G, VᵀΦ): the per-label Grams G_k = Φ_kᵀΦ_k ``(C, F, F)`` and the projection ``(k, F)`` of V ``(N, k)``.
 
     O(N·F²) total work whatever C, exact gradients with respect to Φ (or the feature map's
-    parameters) and V.
+    parameters) and V.  ``dtype`` (default V's): the dtype they are formed in, Φ's rows and V cast to it
+    (differentiably) step by step.
 
     Args:
         features: Φ ``(N, F)``, or a :class:`~rfgp.inference.operators.ChunkedFeatureRootLinearOperator`
@@ -205,15 +208,26 @@ def label_feature_statistics(features, plan: "LabelBlockPlan", rhs: Tensor, bloc
             bounding the transient memory to ``blocks_per_step·(block_size·F + F²)``.
     """
     num_classes = plan.counts.shape[0]
+    rhs = rhs if dtype is None else rhs.to(dtype)
     if torch.is_tensor(features):
         step = blocks_per_step or 2 * num_classes
-        return _label_statistics_apply(plan, None, step, rhs, features)
+        return _label_statistics_apply(plan, None, step, rhs, features.to(rhs.dtype))
     featurizer = features.featurizer
+    if features.dtype != rhs.dtype:
+        cast = featurizer
+        featurizer = Featurizer(lambda x: cast(x).to(rhs.dtype), cast.params, cast.num_features, cast.batch_shape)
     step = blocks_per_step or max(1, min(2 * num_classes, features.chunk_size // plan.block_size))
     inputs = features.inputs
     # x in block-slot order; padding slots repeat row 0 (their features are zeroed)
     slot_inputs = inputs[plan.index.clamp(max=inputs.shape[-2] - 1)]
     return _label_statistics_apply(plan, featurizer, step, rhs, slot_inputs, *featurizer.params)
+
+
+def label_square_norms(features: Tensor, structure: "TwoLevelNoise") -> Tensor:
+    """tr(Φ_kᵀΦ_k) = Σ_{label_i = k} ‖φᵢ‖² for every label k ``(C,)``, without a graph (O(N·F))."""
+    with torch.no_grad():
+        norms = torch.linalg.vector_norm(features, dim=-1).square()
+        return norms.new_zeros(structure.on.shape[-1]).index_add_(0, structure.labels, norms)
 
 
 @dataclass(frozen=True)
@@ -252,9 +266,13 @@ class _ClassNoiseSolve:
         raise NotImplementedError
 
     def _solve_statistics(self, source, rhs: Tensor | None):
-        """(ΦᵀD_c⁻¹Φ ``(C, F, F)``, ΦᵀD_c⁻¹r_c ``(C, F, t)``, r_cᵀD_c⁻¹r_c ``(C, t)``) for r ``(C, N, t)``.
+        """(ΦᵀD_c⁻¹Φ ``(C, F, F)``, ΦᵀD_c⁻¹r_c ``(C, F, t)``, r_cᵀD_c⁻¹r_c ``(C, t)``, dtype) for r ``(C, N, t)``.
 
-        The capacitances A_c = I + ΦᵀD_c⁻¹Φ are factorised by the callers through
+        float32 features form the statistics in float64 where u·max_c tr(ΦᵀD_c⁻¹Φ) exceeds the tolerance
+        (:func:`~rfgp.inference.statistics_precision.statistics_dtype`; tr(ΦᵀD_c⁻¹Φ) = β_{c,on}t_c + β_{c,off}(Σ_k t_k −
+        t_c) from the label traces t_k = tr(Φ_kᵀΦ_k): one O(N·F) pass over a materialised Φ before the products, read
+        off the float32 Grams of a chunked one, which are then recomputed); ``dtype``: the model's, to round the
+        results back to.  The capacitances A_c = I + ΦᵀD_c⁻¹Φ are factorised by the callers through
         :mod:`rfgp.inference.linalg`'s capacitance helpers, in float64 for float32 statistics.
         """
         structure = self.structure
@@ -269,12 +287,26 @@ class _ClassNoiseSolve:
             weighted_rhs = rhs * weights
             weighted_square = (rhs * weighted_rhs).sum(-2)
             weighted = weighted_rhs.permute(1, 0, 2).reshape(num_data, num_classes * width)
-        grams, projection = label_feature_statistics(source, structure.plan, weighted)
+        dtype = torch.promote_types(source.dtype, weighted.dtype)
+
+        def class_traces(label_traces: Tensor) -> Tensor:
+            return w_on * label_traces + w_off * (label_traces.sum() - label_traces)
+
+        if torch.is_tensor(source):
+            work = statistics_dtype(dtype, source.device, lambda: class_traces(label_square_norms(source, structure)))
+            grams, projection = label_feature_statistics(source, structure.plan, weighted, dtype=work)
+        else:
+            grams, projection = label_feature_statistics(source, structure.plan, weighted)
+            work = statistics_dtype(dtype, grams.device,
+                                    lambda: class_traces(grams.detach().diagonal(dim1=-2, dim2=-1).sum(-1)))
+            if work != dtype:
+                grams, projection = label_feature_statistics(source, structure.plan, weighted, dtype=work)
+        w_on, w_off = w_on.to(work), w_off.to(work)
         num_features = grams.shape[-1]
         projection = projection.view(num_classes, width, num_features).mT
         # A_c − I = β_off ΦᵀΦ + (β_on − β_off) G_c; the callers factorise A_c in one batched Cholesky over the classes
         gram = grams * (w_on - w_off).view(-1, 1, 1) + w_off.view(-1, 1, 1) * grams.sum(0)
-        return gram, projection, weighted_square
+        return gram, projection, weighted_square, dtype
 
     def _noise_variances(self) -> Tensor:
         """The C·2 noise variances, named when a capacitance cannot be factorised."""
@@ -290,16 +322,16 @@ class _ClassNoiseSolve:
         if inv_quad_rhs is not None:
             rhs = inv_quad_rhs.unsqueeze(-1) if inv_quad_rhs.dim() == 1 else inv_quad_rhs
             rhs = rhs.expand(num_classes, *rhs.shape[-2:])
-        gram, projection, weighted_square = self._solve_statistics(source, rhs)
+        gram, projection, weighted_square, dtype = self._solve_statistics(source, rhs)
         noise_logdet = None
         if logdet:
-            counts = structure.plan.counts.to(gram.dtype)
+            counts = structure.plan.counts.to(dtype)
             num_data = structure.labels.shape[0]
             noise_logdet = counts * structure.on.log() + (num_data - counts) * structure.off.log()
         # Woodbury and the determinant lemma per class, A_c factorised in float64 for float32 statistics
         inv_quad, logdet_term = woodbury_inv_quad_logdet(gram, projection, weighted_square, noise_logdet, logdet,
-                                                         self._noise_variances())
-        empty = torch.zeros(0, dtype=gram.dtype, device=gram.device)
+                                                         self._noise_variances(), dtype)
+        empty = torch.zeros(0, dtype=dtype, device=gram.device)
         if inv_quad is not None and reduce_inv_quad:
             inv_quad = inv_quad.sum(-1)
         return (empty if inv_quad is None else inv_quad), (empty if logdet_term is None else logdet_term)
@@ -315,8 +347,8 @@ class _ClassNoiseSolve:
             return None
         num_classes = self.structure.on.shape[0]
         residual = residual.expand(num_classes, residual.shape[-1]).unsqueeze(-1)
-        gram, projection, _ = self._solve_statistics(source, residual)
-        return capacitance_solve(gram, projection, self._noise_variances())  # factorised in float64 for float32
+        gram, projection, _, dtype = self._solve_statistics(source, residual)
+        return capacitance_solve(gram, projection, self._noise_variances(), dtype)  # factorised in float64 for float32
 
 
 class ClassNoiseFeatureLinearOperator(_ClassNoiseSolve, FeatureRootAddedDiagLinearOperator):

@@ -1,6 +1,7 @@
 """DirichletClassificationLikelihood: transform, validation, structured batched solve, fantasies, state."""
 
 import math
+from contextlib import nullcontext
 
 import gpytorch
 import pytest
@@ -24,7 +25,7 @@ def _record_label_statistics(patch) -> list:
     """Spy on the shared-Φ structured solve: the list of feature sources it is called with."""
     calls = []
     patch.setattr(classification, "label_feature_statistics",
-                  lambda *a: calls.append(a[0]) or label_feature_statistics(*a))
+                  lambda *a, **k: calls.append(a[0]) or label_feature_statistics(*a, **k))
     return calls
 
 
@@ -329,34 +330,62 @@ def test_chunked_structured_solve_equals_materialised(dtype, chunk_size, monkeyp
     torch.testing.assert_close(variance, ref_variance, rtol=tol, atol=tol)
 
 
-def test_float32_structured_solve_at_a_high_signal_to_noise_ratio_matches_float64(monkeypatch):
-    """N = 1500, F = 512, outputscale 10⁵ over the Dirichlet noise (0.69 / 4.6): ‖ΦᵀD_c⁻¹Φ‖ ≈ 10⁸.  Before: the float32
-    Cholesky factor of the class capacitances A_c broke down (linear_operator's 'not positive definite after
-    repeatedly adding jitter up to 1e-4').  Now A_c is factorised in float64 (the shared capacitance helpers);
-    measured against float64: MLL 1e-3, gradient 5e-2, posterior mean 5e-4 and variance 1.5e-3 relative, the
-    rounding of the float32 statistics.  (Outputscale 10⁴, where float32 factorised: gradient 9e-3 → 2e-4.)"""
-    calls = _record_label_statistics(monkeypatch)
+def _high_snr_results(outputscale: float, chunked: bool, tolerance: float | None = None):
+    """(loss, gradient, posterior mean, variance) of a float32 and a float64 Dirichlet model, N = 1500, F = 512,
+    lengthscale 0.3, and the statistics dtypes the float32 one chose."""
+    import rfgp
+    from rfgp.inference.statistics_precision import recorded_statistics_dtypes
+
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(1500, 2, generator=gen, dtype=torch.float64)
     labels = (x[:, 0] > 0.5).long() + (x[:, 1] > 0.5).long()
     x_test = torch.rand(20, 2, generator=gen, dtype=torch.float64)
-    results = []
+    results, chosen = [], []
+    setting = rfgp.settings.float32_statistics_tolerance(tolerance) if tolerance is not None else nullcontext()
     for dtype in (torch.float32, torch.float64):
         likelihood = DirichletClassificationLikelihood(labels, num_classes=3, dtype=dtype)
         kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(512, seed=0))
         mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([3]))
         model = ExactGPModel(x.to(dtype), likelihood.transformed_targets, likelihood, kernel, mean).to(dtype)
-        kernel.base_kernel.lengthscale, kernel.outputscale = 0.3, torch.tensor(1e5, dtype=torch.float64)
+        kernel.base_kernel.lengthscale, kernel.outputscale = 0.3, torch.tensor(outputscale, dtype=torch.float64)
         mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
-        loss = -mll(model(x.to(dtype)), likelihood.transformed_targets).sum()
-        grads = torch.autograd.grad(loss, [kernel.raw_outputscale, kernel.base_kernel.raw_lengthscale])
-        model.eval()
-        with torch.no_grad():
-            posterior = model(x_test.to(dtype))
+        with setting, rfgp.settings.chunk_size(200 if chunked else None), recorded_statistics_dtypes() as dtypes:
+            loss = -mll(model(x.to(dtype)), likelihood.transformed_targets).sum()
+            grads = torch.autograd.grad(loss, [kernel.raw_outputscale, kernel.base_kernel.raw_lengthscale])
+            model.eval()
+            with torch.no_grad():
+                posterior = model(x_test.to(dtype))
+        chosen.append(dtypes)
         results.append([loss.detach(), torch.cat([g.reshape(-1) for g in grads]), posterior.mean, posterior.variance])
-    assert len(calls) == 4, "the structured solve was not used"
-    for value, reference, tol in zip(*results, (1e-2, 0.1, 1e-2, 1e-2)):
+    return results, chosen[0]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_float32_structured_solve_at_a_high_signal_to_noise_ratio_matches_float64(monkeypatch, chunked):
+    """Outputscale 10⁵ over the Dirichlet noise (0.69 / 4.6): u·max_c tr(ΦᵀD_c⁻¹Φ) = 5.6 > 10⁻¹, so the per-label
+    Grams are formed in float64 (rfgp.inference.statistics_precision; chunked: recomputed after the float32 pass that
+    measured their traces), for the MLL and the posterior caches alike.  First (float32 Cholesky): 'not
+    positive definite after repeatedly adding jitter up to 1e-4'; then, A_c factorised in float64 from float32
+    statistics: MLL 1e-3, gradient 5e-2, posterior mean 5e-4 and variance 1.5e-3 from float64 (relative).  Now the
+    float32 features' own rounding: MLL 1.8e-7, gradient 5e-5 (chunked 1.3e-4), mean 8e-6, variance 6e-6; with
+    float32 statistics (tolerance ∞) 1e-3, 5e-2 (chunked 0.1), 5e-4, 1.7e-3.  Tolerances about eight times those."""
+    calls = _record_label_statistics(monkeypatch)
+    results, dtypes = _high_snr_results(1e5, chunked)
+    assert len(calls) >= 4, "the structured solve was not used"
+    assert dtypes == [torch.float64, torch.float64]
+    assert results[0][2].dtype == results[0][3].dtype == torch.float32
+    for value, reference, tol in zip(*results, (2e-6, 1e-3, 6e-5, 5e-5)):
         assert (value.double() - reference).norm() <= tol * reference.norm()
+
+
+def test_float32_structured_solve_at_a_moderate_signal_to_noise_ratio_keeps_float32_statistics():
+    """Outputscale 10 (the classifier's usual initial value): u·max_c tr(ΦᵀD_c⁻¹Φ) = 5.6·10⁻⁴ ≤ 10⁻¹, so the
+    statistics stay float32 — the same computation as with the tolerance ∞, bit for bit."""
+    default, dtypes = _high_snr_results(10.0, False)
+    always_float32, _ = _high_snr_results(10.0, False, math.inf)
+    assert dtypes == [torch.float32, torch.float32]
+    for value, reference in zip(default[0], always_float32[0]):
+        assert torch.equal(value, reference)
 
 
 def test_float64_structured_solve_is_the_plain_cholesky_algebra_bit_for_bit():
@@ -370,7 +399,7 @@ def test_float64_structured_solve_is_the_plain_cholesky_algebra_bit_for_bit():
     with torch.no_grad():
         inv_quad, logdet = operator.inv_quad_logdet(rhs, logdet=True, reduce_inv_quad=False)
         mean_cache, chol = operator.feature_space_caches(likelihood.transformed_targets)
-        gram, projection, weighted_square = operator._solve_statistics(operator._feature_source(), rhs)
+        gram, projection, weighted_square, _ = operator._solve_statistics(operator._feature_source(), rhs)
         expected_chol = torch.linalg.cholesky(gram + torch.eye(gram.shape[-1], dtype=dtype))
         projected = torch.linalg.solve_triangular(expected_chol, projection, upper=False)
         structure = operator.structure
