@@ -25,6 +25,7 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
 from ..core.dtypes import factor_dtype, refuse_autocast_backward
+from .statistics_precision import unit_roundoff
 
 
 class CapacitanceNotPSDError(NotPSDError):
@@ -66,15 +67,18 @@ def _capacitance_failure(capacitance: Tensor, dtype: torch.dtype, noise: Tensor 
     """What failed and what to do, for :class:`CapacitanceNotPSDError`."""
     size = capacitance.shape[-1]
     what = f"the {size} × {size} capacitance I + ΦᵀD⁻¹Φ of a {dtype} model"
-    # λ_min(A) ≥ 1 in exact arithmetic; the largest diagonal entry (≤ λ_max) sets the scale of the rounding
-    largest = capacitance.diagonal(dim1=-2, dim2=-1).abs().max().item()
-    eps = torch.finfo(dtype).eps
+    # λ_min(A) ≥ 1 in exact arithmetic; the largest diagonal entry is a lower bound of λ_max, and u·tr(ΦᵀD⁻¹Φ) the
+    # a-priori estimate of the statistics' rounding (rfgp.inference.statistics_precision; the largest batch member's)
+    diagonal = capacitance.diagonal(dim1=-2, dim2=-1)
+    largest = diagonal.abs().max().item()
+    estimate = unit_roundoff(dtype) * (diagonal.sum(-1) - size).max().item()
     noise_text = "" if noise is None else f", smallest noise variance {noise.detach().min().item():.3g}"
     widened = "" if capacitance.dtype == dtype else f" even factorised in {capacitance.dtype}"
     return (
         f"{what} is not positive definite{widened} (largest eigenvalue ≥ {largest:.3g}{noise_text}): its "
-        f"statistics ΦᵀD⁻¹Φ, computed in {dtype}, carry rounding errors of about eps·{largest:.3g} = "
-        f"{eps * largest:.2g}, against a smallest eigenvalue of 1 in exact arithmetic. {rounding_advice(dtype)}"
+        f"statistics ΦᵀD⁻¹Φ, computed in {dtype}, carry rounding errors of up to about u·tr(ΦᵀD⁻¹Φ) = "
+        f"{estimate:.3g} (u = {unit_roundoff(dtype):.2g}), against a smallest eigenvalue of 1 in exact arithmetic. "
+        f"{rounding_advice(dtype)}"
     )
 
 

@@ -5,6 +5,7 @@ IGRF positions (3-D, Earth radii) with the hyperparameters of a float32 curl-fre
 """
 
 import math
+import re
 from contextlib import nullcontext
 
 import gpytorch
@@ -20,7 +21,7 @@ from rfgp.datasets import igrf_magnetic_field
 from rfgp.inference.kernel_space import KernelSpaceNotPSDError
 from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet
 from rfgp.inference.operators import FeatureRootLinearOperator, noise_weights
-from rfgp.inference.statistics_precision import recorded_statistics_dtypes
+from rfgp.inference.statistics_precision import recorded_statistics_dtypes, unit_roundoff
 from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel, MultiOutputGPModel
 
@@ -79,10 +80,17 @@ def test_float32_mll_that_cannot_be_factorised_says_what_to_do():
         models[dtype] = igrf_model(dtype, False, 256)
         models[dtype].covar_module.outputscale, models[dtype].likelihood.noise = 1e4, 1e-4
     with pytest.raises(CapacitanceNotPSDError, match=r"(?s)torch\.float32 model.*even factorised in torch\.float64"
-                       r".*smallest noise variance 0\.0001\b.*rounding errors of about eps.*Train in float64.*"
-                       r"raise the noise lower bound") as error, rfgp.settings.float32_statistics_tolerance(math.inf):
+                       r".*smallest noise variance 0\.0001\b.*rounding errors of up to about u·tr\(ΦᵀD⁻¹Φ\) = "
+                       r".*Train in float64.*raise the noise lower bound") as error, \
+            rfgp.settings.float32_statistics_tolerance(math.inf):
         loss_and_grads(models[torch.float32])
     assert isinstance(error.value, NotPSDError)
+    # the estimate is the statistics_precision rule's u·tr(ΦᵀD⁻¹Φ) (before: eps·(largest diagonal entry), 20 times
+    # smaller than the rounding it stood for, which made A indefinite)
+    features = models[F64].covar_module(models[F64].train_inputs[0]).evaluate_kernel().features()
+    estimate = unit_roundoff(torch.float32) * features.square().sum() / 1e-4
+    stated = float(re.search(r"u·tr\(ΦᵀD⁻¹Φ\) = ([0-9.e+]+)", str(error.value)).group(1))
+    assert abs(stated - estimate) <= 0.01 * estimate
     loss, grads = loss_and_grads(models[F64])
     assert torch.isfinite(loss) and torch.isfinite(grads).all()
     with recorded_statistics_dtypes() as dtypes:
