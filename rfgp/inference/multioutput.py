@@ -57,6 +57,7 @@ from .multioutput_chunking import (
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
 from .prediction import FeatureSpacePredictionStrategy, observed_residual
+from .statistics_precision import statistics_dtype, weighted_square_norm
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
@@ -210,7 +211,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         """
         if is_chunked_training_covariance(self.lik_train_train_covar):
             residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
-            return capacitance_solve(*chunked_training_statistics(self.lik_train_train_covar, residual, observed))
+            statistics = chunked_training_statistics(self.lik_train_train_covar, residual, observed)
+            return capacitance_solve(*statistics, dtype=residual.dtype)
         features, noise, residual, observed = self._training_system(nan_policy)
         weights = noise.reciprocal()
         if observed is not None and weights.shape[-1] != 1:
@@ -218,8 +220,11 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         num_rows, num_features = features.shape[-2:]
         batch = math.prod(torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1]))
         check_solve(num_rows, num_features, batch, features.dtype, features.device, size=num_features)
+        dtype = features.dtype  # float32 statistics where their rounding is negligible (statistics_precision)
+        work = statistics_dtype(dtype, features.device, lambda: weighted_square_norm(features, weights))
+        features, weights, residual = features.to(work), weights.to(work), residual.to(work)
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
-        return capacitance_solve(weighted_gram(features, weights), rhs)
+        return capacitance_solve(weighted_gram(features, weights), rhs, dtype=dtype)
 
     @in_full_precision
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):

@@ -145,14 +145,24 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, LinearOperator):
             [features for _, features in self.feature_chunks(self.inputs2)], -2)
         return left @ right.mT
 
-    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    def feature_statistics(self, weights: Tensor, rhs: Tensor,
+                           adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
         """(RᵀWR, RᵀWY) over the n·p interleaved rows (weights ``(..., n·p)`` or uniform ``(..., 1)``, Y
         ``(..., n·p, t)``), accumulated ``chunk_size`` points at a time; the backward recomputes each block's rows
-        (:func:`~rfgp.inference.chunking.chunked_feature_statistics`).  Of the symmetric operator R(x)R(x)ᵀ only."""
+        (:func:`~rfgp.inference.chunking.chunked_feature_statistics`, whose ``adaptive_precision`` forms float32
+        rows' statistics in float64 where their float32 rounding would not be negligible).  Of the symmetric
+        operator R(x)R(x)ᵀ only."""
         if not self.symmetric:
             raise ValueError("feature statistics RᵀWR belong to a symmetric covariance R(x)R(x)ᵀ, not R(x₁)R(x₂)ᵀ")
         return chunked_feature_statistics(self.featurizer, self.inputs1, weights, rhs, self.chunk_size,
-                                          self.num_outputs)
+                                          self.num_outputs, adaptive_precision=adaptive_precision)
+
+    def statistics_dtype(self, weights: Tensor) -> torch.dtype:
+        """The dtype of :meth:`feature_statistics` without ``adaptive_precision``: x's, the constant's and the
+        weights'."""
+        constant = self.featurizer.constant
+        dtype = torch.promote_types(self.inputs1.dtype, weights.dtype)
+        return torch.promote_types(dtype, constant.dtype) if torch.is_tensor(constant) else dtype
 
     def select_rows(self, observed: Tensor) -> ObservedMultiOutputRows:
         """R[o]R[o]ᵀ for the interleaved boolean mask o ``(n·p,)`` of observed entries (``observation_nan_policy``
@@ -235,14 +245,19 @@ class ObservedMultiOutputRows(FullPrecisionOperator, MaskedLinearOperator):
             raise ValueError("row_mask and col_mask must be the same mask of observed entries")
         super().__init__(base, row_mask, col_mask)
 
-    def feature_statistics(self, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+    def feature_statistics(self, weights: Tensor, rhs: Tensor,
+                           adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
         """(R[o]ᵀWR[o], R[o]ᵀWY) for weights ``(..., #o)`` or uniform ``(..., 1)`` and Y ``(..., #o, t)``."""
         observed = self.row_mask
         full_weights = weights.new_zeros(*weights.shape[:-1], observed.shape[-1])
         full_weights[..., observed] = weights
         full_rhs = rhs.new_zeros(*rhs.shape[:-2], observed.shape[-1], rhs.shape[-1])
         full_rhs[..., observed, :] = rhs
-        return self.base.feature_statistics(full_weights, full_rhs)
+        return self.base.feature_statistics(full_weights, full_rhs, adaptive_precision)
+
+    def statistics_dtype(self, weights: Tensor) -> torch.dtype:
+        """:meth:`ChunkedMultiOutputFeatureOperator.statistics_dtype` of the base."""
+        return self.base.statistics_dtype(weights)
 
 
 class ChunkedAddedTaskNoiseLinearOperator(FeatureRootAddedTaskNoiseLinearOperator):
@@ -277,7 +292,8 @@ def chunked_training_statistics(noisy: LinearOperator, residual: Tensor,
                                 observed: Tensor | None) -> tuple[Tensor, Tensor]:
     """(RᵀD⁻¹R, RᵀD⁻¹r) ``(..., F, F)``, ``(..., F, 1)`` of a chunked noise-added multi-output training covariance
     (:func:`is_chunked_training_covariance`) over the observed entries (whitened R̃ and r̃, D = I, for correlated
-    task noise).
+    task noise); float32 rows form them in float64 where their float32 rounding would not be negligible
+    (:mod:`rfgp.inference.statistics_precision`).
 
     Args:
         noisy: the likelihood's training covariance.
@@ -287,11 +303,11 @@ def chunked_training_statistics(noisy: LinearOperator, residual: Tensor,
     if isinstance(noisy, ChunkedAddedTaskNoiseLinearOperator):
         whitened = noisy.feature_operator.whitened(*noisy.whitening_factors(observed))
         unit = residual.new_ones(*residual.shape[:-1], 1)
-        return whitened.feature_statistics(unit, noisy.whitened_rows(residual.unsqueeze(-1), observed))
+        return whitened.feature_statistics(unit, noisy.whitened_rows(residual.unsqueeze(-1), observed), True)
     weights = check_noise(noisy._diag_tensor.diagonal(dim1=-1, dim2=-2)).reciprocal()
     if observed is not None:  # weight 0: a missing entry's row leaves RᵀD⁻¹R and RᵀD⁻¹r
         weights = weights * observed.to(weights.dtype)
-    return noisy._linear_op.feature_statistics(weights, residual.unsqueeze(-1))
+    return noisy._linear_op.feature_statistics(weights, residual.unsqueeze(-1), True)
 
 
 class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):

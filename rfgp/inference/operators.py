@@ -351,10 +351,11 @@ def _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, like: Tensor
 def adaptive_feature_statistics(linear_op, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor, torch.dtype | None]:
     """(ΦᵀWΦ, ΦᵀWR, dtype) of a feature-root operator, with float32 features' statistics formed in float64 where their
     float32 rounding would not be negligible (:mod:`rfgp.inference.statistics_precision`): a materialised or chunked
-    Φ (:class:`FeatureRootLinearOperator`, :class:`ChunkedFeatureRootLinearOperator`; Nyström roots keep their
-    dtype).  ``dtype``: the dtype the statistics would have had, to round the results derived from them back to
+    Φ (:class:`FeatureRootLinearOperator`, :class:`ChunkedFeatureRootLinearOperator`, the chunked multi-output roots
+    of :mod:`rfgp.inference.multioutput_chunking`: the operators with a ``statistics_dtype``; Nyström roots keep
+    their dtype).  ``dtype``: the dtype the statistics would have had, to round the results derived from them back to
     (``None`` where nothing changed)."""
-    if not isinstance(linear_op, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator)):
+    if not hasattr(linear_op, "statistics_dtype"):  # the chunked multi-output roots have it too
         return (*linear_op.feature_statistics(weights, rhs), None)
     return (*linear_op.feature_statistics(weights, rhs, adaptive_precision=True), linear_op.statistics_dtype(weights))
 

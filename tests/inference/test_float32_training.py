@@ -98,14 +98,16 @@ def test_float32_mll_that_cannot_be_factorised_says_what_to_do():
     assert dtypes == [F64] and torch.isfinite(loss32) and torch.isfinite(grads32).all()
 
 
-@pytest.mark.parametrize("multi_output, chunked", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("multi_output, chunked", [(False, False), (True, False), (False, True), (True, True)])
 def test_float32_mll_at_a_high_signal_to_noise_ratio_forms_float64_statistics(multi_output, chunked):
     """The IGRF fits above: u·tr(ΦᵀD⁻¹Φ) = 32 (single output) and 40 (curl-free, p = 3), far above the tolerance
     10⁻¹, so the float32 features' statistics are formed in float64 (rfgp.inference.statistics_precision; chunked:
     recomputed in float64 after the float32 pass that measured tr(ΦᵀD⁻¹Φ)).  Before: float32 statistics, loss
     4.5·10⁻³, 2.6·10⁻³ and 1.5·10⁻³, gradient 5.3·10⁻², 7.3·10⁻² and 1.2·10⁻² (relative) from float64.  Now what
     remains is the float32 features' own rounding (δ ≈ 1.6·10⁻⁶): measured loss 7·10⁻⁷, 2·10⁻⁵ and 7·10⁻⁷, gradient
-    5·10⁻⁵, 3·10⁻⁵ and 5·10⁻⁵.  The tolerances are five times those (at least 10·δ)."""
+    5·10⁻⁵, 3·10⁻⁵ and 5·10⁻⁵.  The chunked curl-free fit (ChunkedMultiOutputFeatureOperator) kept float32
+    statistics until the rule reached it: I + ΦᵀD⁻¹Φ indefinite (CapacitanceNotPSDError) by default; now 2·10⁻⁵ and
+    3·10⁻⁵, as unchunked.  The tolerances are five times those (at least 10·δ)."""
     budget = 2**18 if chunked else 2**40  # 2**18 bytes: chunks of 64 rows
     with rfgp.settings.memory_budget(budget):
         loss64, grads64 = loss_and_grads(igrf_model(F64, multi_output, 512))
@@ -116,14 +118,16 @@ def test_float32_mll_at_a_high_signal_to_noise_ratio_forms_float64_statistics(mu
     assert (grads32 - grads64).norm() <= 3e-4 * grads64.norm()
 
 
-@pytest.mark.parametrize("chunked", [False, True])
-def test_float32_posterior_at_a_high_signal_to_noise_ratio_forms_float64_statistics(chunked):
-    """The posterior caches of the single-output IGRF fit take the same rule as its MLL (u·tr(ΦᵀD⁻¹Φ) = 32).  Before:
-    float32 statistics, posterior mean 5.7·10⁻⁴ and variance 9·10⁻³ (relative) from float64; now 6·10⁻⁷ and 4–6·10⁻⁶
-    (the features' rounding).  Tolerances ten times those."""
+@pytest.mark.parametrize("multi_output, chunked", [(False, False), (False, True), (True, False), (True, True)])
+def test_float32_posterior_at_a_high_signal_to_noise_ratio_forms_float64_statistics(multi_output, chunked):
+    """The posterior caches of the IGRF fits take the same rule as their MLL (u·tr(ΦᵀD⁻¹Φ) = 32 and 40).  Before:
+    float32 statistics, single output: posterior mean 5.7·10⁻⁴ and variance 9·10⁻³ (relative) from float64;
+    curl-free: 9·10⁻⁴ and 6.4·10⁻³ (multi-output caches, materialised), CapacitanceNotPSDError (chunked).  Now
+    6·10⁻⁷ and 4–6·10⁻⁶ (single output), 1.4·10⁻⁶ and 6.5·10⁻⁶ (curl-free): the features' rounding.  Tolerances
+    ten times those."""
     results = []
     for dtype in (F64, torch.float32):
-        model = igrf_model(dtype, False, 512).eval()
+        model = igrf_model(dtype, multi_output, 512).eval()
         with torch.no_grad(), recorded_statistics_dtypes() as dtypes, \
                 rfgp.settings.memory_budget(2**18 if chunked else 2**40):
             posterior = model(model.train_inputs[0][:50] * 1.01)
@@ -250,3 +254,40 @@ def test_float32_kernel_space_mll_that_cannot_be_factorised_says_what_to_do():
                        r".*smallest noise variance of 0\.0001\b.*Train in float64.*raise the noise lower bound"), \
             pytest.warns(gpytorch.utils.warnings.NumericalWarning):  # linear_operator's jitter, tried first
         loss_and_grads(model)
+
+
+def igrf_task_noise_model(dtype):
+    """The curl-free IGRF fit with correlated task noise Σ_T = σ²I + vvᵀ (rank 1), whitened before the statistics."""
+    x, field = igrf_magnetic_field(1500, altitude_km=(0.0, 1000.0), seed=0)
+    kernel = ScaleKernel(SketchedCurlFreeKernel(512, input_dim=3, seed=0))
+    likelihood = MultitaskGaussianLikelihood(num_tasks=3, rank=1)
+    model = MultiOutputGPModel(x.to(dtype), (field / 30).to(dtype), likelihood, kernel).to(dtype).train()
+    kernel.base_kernel.lengthscale, kernel.outputscale, likelihood.noise = 0.43, 15.6, 4.4e-4
+    with torch.no_grad():
+        likelihood.task_noise_covar_factor.copy_(torch.tensor([[0.02], [0.006], [-0.004]], dtype=dtype))
+    return model
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_float32_correlated_task_noise_at_a_high_signal_to_noise_ratio_forms_float64_statistics(chunked):
+    """Correlated task noise whitens the rows (Φ̃ = WΦ, D = I) and takes the same rule on tr(Φ̃ᵀΦ̃): u·tr ≫ 10⁻¹ here.
+    Before, chunked: the whitened ChunkedMultiOutputFeatureOperator kept float32 statistics, and I + Φ̃ᵀΦ̃ was
+    indefinite (CapacitanceNotPSDError); unchunked it already took the rule (float32 statistics: loss 1.5·10⁻³, gradient
+    3·10⁻³).  Now both match float64: loss 5·10⁻⁶ and 2·10⁻⁶, gradient 3·10⁻⁶ and 9·10⁻⁶ (relative, unchunked and
+    chunked); tolerances about five times those."""
+    budget = 2**18 if chunked else 2**40
+    with rfgp.settings.memory_budget(budget):
+        loss64, grads64 = task_loss_and_grads(igrf_task_noise_model(F64))
+    with recorded_statistics_dtypes() as dtypes, rfgp.settings.memory_budget(budget):
+        loss32, grads32 = task_loss_and_grads(igrf_task_noise_model(torch.float32))
+    assert dtypes == [F64]
+    assert abs(loss32 - loss64) <= 3e-5 * abs(loss64)
+    assert (grads32 - grads64).norm() <= 5e-5 * grads64.norm()
+
+
+def task_loss_and_grads(model):
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    loss = -mll(model(*model.train_inputs), model.train_targets)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params)
+    return loss.double(), torch.cat([g.double().reshape(-1) for g in grads])
