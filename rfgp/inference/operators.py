@@ -131,17 +131,19 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         backward fused through its triangular solve.  ``adaptive_precision``: float32 features form the statistics in
         float64 (and return them so) where their float32 rounding would not be negligible
         (:func:`~rfgp.inference.statistics_precision.statistics_dtype`; the casts are differentiable, gradients
-        reach Φ in its own dtype); Nyström roots keep their dtype.
+        reach Φ — or a Nyström root's K and L — in its own dtype).
         """
         root, constant = self.scaled_root()
         weights, rhs = fold_constant(constant, weights, rhs)
-        if isinstance(root, TriangularFeatures):
-            return root.feature_statistics(weights, rhs)
-        features = root.to_dense()
+        features = root.features if isinstance(root, TriangularFeatures) else root.to_dense()
         if adaptive_precision:
             work = statistics_dtype(torch.promote_types(features.dtype, weights.dtype), features.device,
                                     lambda: distributed.reduce_statistics(weighted_square_norm(features, weights))[0])
             features, weights, rhs = features.to(work), weights.to(work), rhs.to(work)
+            if isinstance(root, TriangularFeatures):
+                root = TriangularFeatures(features, root.cross.to(work), root.chol.to(work))
+        if isinstance(root, TriangularFeatures):
+            return root.feature_statistics(weights, rhs)
         return feature_statistics(features, weights, rhs)
 
     def statistics_dtype(self, weights: Tensor) -> torch.dtype:
@@ -352,9 +354,9 @@ def adaptive_feature_statistics(linear_op, weights: Tensor, rhs: Tensor) -> tupl
     """(ΦᵀWΦ, ΦᵀWR, dtype) of a feature-root operator, with float32 features' statistics formed in float64 where their
     float32 rounding would not be negligible (:mod:`rfgp.inference.statistics_precision`): a materialised or chunked
     Φ (:class:`FeatureRootLinearOperator`, :class:`ChunkedFeatureRootLinearOperator`, the chunked multi-output roots
-    of :mod:`rfgp.inference.multioutput_chunking`: the operators with a ``statistics_dtype``; Nyström roots keep
-    their dtype).  ``dtype``: the dtype the statistics would have had, to round the results derived from them back to
-    (``None`` where nothing changed)."""
+    of :mod:`rfgp.inference.multioutput_chunking`: the operators with a ``statistics_dtype``; chunked Nyström roots
+    keep their dtype).  ``dtype``: the dtype the statistics would have had, to round the results derived from them
+    back to (``None`` where nothing changed)."""
     if not hasattr(linear_op, "statistics_dtype"):  # the chunked multi-output roots have it too
         return (*linear_op.feature_statistics(weights, rhs), None)
     return (*linear_op.feature_statistics(weights, rhs, adaptive_precision=True), linear_op.statistics_dtype(weights))
@@ -366,8 +368,8 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
     rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  The N·F² statistics are
     formed in the input dtype — for a materialised or chunked float32 Φ, in float64 where the a-priori bound of their
-    float32 rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`; Nyström
-    roots keep float32) — L and everything after it (forward and backward) in
+    float32 rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`; chunked
+    Nyström roots keep float32) — L and everything after it (forward and backward) in
     :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back to the model's dtype.  Every
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.inference.distributed.data_parallel` is active.

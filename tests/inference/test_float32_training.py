@@ -22,7 +22,7 @@ from rfgp.inference.kernel_space import KernelSpaceNotPSDError
 from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet
 from rfgp.inference.operators import FeatureRootLinearOperator, noise_weights
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes, unit_roundoff
-from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
+from rfgp.kernels import NystromKernel, SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel, MultiOutputGPModel
 
 F64 = torch.float64
@@ -74,7 +74,7 @@ def test_float32_mll_that_cannot_be_factorised_says_what_to_do():
     definite after repeatedly adding jitter up to 1e-4'.  Now the error names the dtype, the scale of the rounding,
     the noise and the two ways out, and is a NotPSDError (rfgp.fit_mll restarts on it); float64 trains there.  By
     default the statistics of such a model are formed in float64 (u·tr(ΦᵀD⁻¹Φ) ≈ 10³ ≫ 10⁻¹), which factorises: the
-    error needs float32 statistics forced (tolerance ∞), as chunked and Nyström roots keep them."""
+    error needs float32 statistics forced (tolerance ∞), as chunked Nyström roots keep them."""
     models = {}
     for dtype in (torch.float32, F64):
         models[dtype] = igrf_model(dtype, False, 256)
@@ -291,3 +291,37 @@ def task_loss_and_grads(model):
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, params)
     return loss.double(), torch.cat([g.double().reshape(-1) for g in grads])
+
+
+def nystrom_model(dtype, noise):
+    """An ExactGP with Nyström features at 50 landmarks (Φ = K·L⁻ᵀ), N = 1500 in 3-D."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(1500, 3, generator=gen, dtype=F64)
+    kernel = ScaleKernel(NystromKernel(gpytorch.kernels.RBFKernel(), x[:50].clone()))
+    likelihood = GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-9))
+    model = ExactGPModel(x.to(dtype), torch.sin(4 * x[:, 0]).to(dtype), likelihood, kernel).to(dtype).train()
+    kernel.base_kernel.base_kernel.lengthscale, kernel.outputscale, likelihood.noise = 0.3, 1.0, noise
+    return model
+
+
+def test_float32_nystrom_statistics_at_a_high_signal_to_noise_ratio_are_formed_in_float64():
+    """Nyström roots (materialised Φ = K·L⁻ᵀ, statistics with the backward fused through L) take the rule too:
+    noise 10⁻⁶, u·tr(ΦᵀD⁻¹Φ) ≈ 90.  Before: float32 statistics, gradient 8.5·10⁻⁵ from float64 (relative); now
+    4·10⁻⁶ (loss 2.2·10⁻⁵ → 1.1·10⁻⁵); the posterior caches decide alike."""
+    def loss_and_all_grads(model):
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        loss = -mll(model(*model.train_inputs), model.train_targets)
+        params = [model.covar_module.base_kernel.base_kernel.raw_lengthscale, model.covar_module.raw_outputscale,
+                  model.likelihood.raw_noise]
+        return loss.double(), torch.cat([g.double().reshape(-1) for g in torch.autograd.grad(loss, params)])
+
+    loss64, grads64 = loss_and_all_grads(nystrom_model(F64, 1e-6))
+    model = nystrom_model(torch.float32, 1e-6)
+    with recorded_statistics_dtypes() as dtypes:
+        loss32, grads32 = loss_and_all_grads(model)
+        model.eval()
+        with torch.no_grad():
+            model(model.train_inputs[0][:10] * 1.01)
+    assert dtypes == [F64, F64]
+    assert abs(loss32 - loss64) <= 5e-5 * abs(loss64)
+    assert (grads32 - grads64).norm() <= 2e-5 * grads64.norm()
