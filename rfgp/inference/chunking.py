@@ -222,16 +222,22 @@ def gathered_row_grads(unit: Sequence[Tensor], weights: Tensor, rhs: Tensor, wei
     return grad_weights, grad_rhs
 
 
+def accumulated_statistics_dtype(gram: Tensor, weights: Tensor) -> torch.dtype:
+    """The dtype to form chunked statistics in (:func:`~rfgp.inference.statistics_precision.statistics_dtype`),
+    decided from tr(G) of ``gram`` as accumulated in the features' dtype — exact to its rounding — summed over
+    processes: a benign model pays no extra pass.  ``gram``: ΦᵀWΦ, or ΦᵀΦ for uniform weights ``(..., 1)``."""
+    def trace() -> Tensor:
+        unit = gram.detach().diagonal(dim1=-2, dim2=-1).sum(-1)
+        return distributed.reduce_statistics(unit * weights[..., 0] if _is_uniform(weights) else unit)[0]
+
+    return statistics_dtype(torch.promote_types(gram.dtype, weights.dtype), gram.device, trace)
+
+
 def _widened_statistics(featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int,
                         gram: Tensor, cross: Tensor) -> tuple[Tensor, Tensor]:
     """(``gram``, ``cross``) as accumulated, or recomputed from Φ_c cast to float64 where the float32 rounding of
-    ``gram`` is not negligible (:func:`~rfgp.inference.statistics_precision.statistics_dtype`, decided from tr(G) of
-    the float32 result — exact to its rounding — summed over processes: a benign model pays no extra pass)."""
-    def trace() -> Tensor:
-        unit = gram.diagonal(dim1=-2, dim2=-1).sum(-1)  # tr(ΦᵀWΦ), or tr(ΦᵀΦ) of uniform weights
-        return distributed.reduce_statistics(unit * weights[..., 0] if _is_uniform(weights) else unit)[0]
-
-    work = statistics_dtype(torch.promote_types(gram.dtype, weights.dtype), gram.device, trace)
+    ``gram`` is not negligible (:func:`accumulated_statistics_dtype`)."""
+    work = accumulated_statistics_dtype(gram, weights)
     if work == gram.dtype:
         return gram, cross
     return accumulated_statistics(lambda x: featurizer(x).to(work), inputs, weights.to(work), rhs.to(work),

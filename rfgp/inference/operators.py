@@ -354,8 +354,8 @@ def adaptive_feature_statistics(linear_op, weights: Tensor, rhs: Tensor) -> tupl
     """(ΦᵀWΦ, ΦᵀWR, dtype) of a feature-root operator, with float32 features' statistics formed in float64 where their
     float32 rounding would not be negligible (:mod:`rfgp.inference.statistics_precision`): a materialised or chunked
     Φ (:class:`FeatureRootLinearOperator`, :class:`ChunkedFeatureRootLinearOperator`, the chunked multi-output roots
-    of :mod:`rfgp.inference.multioutput_chunking`: the operators with a ``statistics_dtype``; chunked Nyström roots
-    keep their dtype).  ``dtype``: the dtype the statistics would have had, to round the results derived from them
+    of :mod:`rfgp.inference.multioutput_chunking`: the operators with a ``statistics_dtype``, Nyström roots
+    included).  ``dtype``: the dtype the statistics would have had, to round the results derived from them
     back to (``None`` where nothing changed)."""
     if not hasattr(linear_op, "statistics_dtype"):  # the chunked multi-output roots have it too
         return (*linear_op.feature_statistics(weights, rhs), None)
@@ -368,8 +368,8 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     Woodbury and the determinant lemma with A = I + ΦᵀD⁻¹Φ, B = ΦᵀD⁻¹r and L = chol(A):
     rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − ‖L⁻¹B‖² and log|ΦΦᵀ + D| = 2Σ log Lᵢᵢ + Σ log dᵢ.  The N·F² statistics are
     formed in the input dtype — for a materialised or chunked float32 Φ, in float64 where the a-priori bound of their
-    float32 rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`; chunked
-    Nyström roots keep float32) — L and everything after it (forward and backward) in
+    float32 rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`) — L and
+    everything after it (forward and backward) in
     :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back to the model's dtype.  Every
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.inference.distributed.data_parallel` is active.
@@ -468,11 +468,13 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
     def feature_statistics(self, weights: Tensor, rhs: Tensor,
                            adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
         """(ΦᵀWΦ, ΦᵀWR), accumulated over chunks, with chunk-recomputing gradients (fused through the triangular
-        solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`, which keep
-        their dtype).  ``adaptive_precision``: as :meth:`FeatureRootLinearOperator.feature_statistics`
-        (:func:`~rfgp.inference.chunking.chunked_feature_statistics`)."""
+        solve for Nyström features, :class:`~rfgp.inference.triangular_statistics.TriangularFeaturizer`).
+        ``adaptive_precision``: as :meth:`FeatureRootLinearOperator.feature_statistics`
+        (:func:`~rfgp.inference.chunking.chunked_feature_statistics`,
+        :func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics`)."""
         if isinstance(self.featurizer, TriangularFeaturizer):
-            return chunked_triangular_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size)
+            return chunked_triangular_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size,
+                                                 adaptive_precision)
         return chunked_feature_statistics(self.featurizer, self.inputs, weights, rhs, self.chunk_size,
                                           adaptive_precision=adaptive_precision)
 

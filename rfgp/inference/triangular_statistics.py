@@ -53,6 +53,7 @@ from .chunking import (
     Featurizer,
     _add,
     accumulated_statistics,
+    accumulated_statistics_dtype,
     backprop_chunks,
     check_chunked_solve,
     gathered_row_grads,
@@ -254,15 +255,22 @@ class TriangularFeaturizer(Featurizer):
 
 class _ChunkedTriangularStatistics(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, featurizer, chunk_size, inputs, weights, rhs, *params):
+    def forward(ctx, featurizer, blocks, inputs, weights, rhs, *params):
+        chunk_size, adaptive = blocks  # points per chunk, adaptive precision
         chol = featurizer.chol()
         gram, projection = accumulated_statistics(lambda rows: triangular_features(featurizer.cross(rows), chol),
                                                   inputs, weights, rhs, chunk_size)
+        work = accumulated_statistics_dtype(gram, weights) if adaptive else gram.dtype
+        if work != gram.dtype:  # float32 rounding not negligible: again from K(x_c, Z) and L cast to float64
+            chol = chol.to(work)
+            gram, projection = accumulated_statistics(
+                lambda rows: triangular_features(featurizer.cross(rows).to(work), chol), inputs, weights.to(work),
+                rhs.to(work), chunk_size)
         unit = ()
         if _is_uniform(weights):
-            unit, w = (gram, projection), weights.unsqueeze(-1)
+            unit, w = (gram, projection), weights.unsqueeze(-1).to(work)
             gram, projection = gram * w, projection * w
-        ctx.featurizer, ctx.chunk_size = featurizer, chunk_size
+        ctx.featurizer, ctx.chunk_size, ctx.work = featurizer, chunk_size, work
         ctx.save_for_backward(inputs, weights, rhs, chol, gram, projection, *unit)
         return gram, projection
 
@@ -270,11 +278,11 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
     @refuse_autocast_backward
     def backward(ctx, grad_gram, grad_projection):
         inputs, weights, rhs, chol, gram, projection, *unit = ctx.saved_tensors
-        featurizer, needs = ctx.featurizer, ctx.needs_input_grad
+        featurizer, needs, work = ctx.featurizer, ctx.needs_input_grad, ctx.work  # work: float64 where widened
         if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
             grads = differentiable_backward(
-                lambda: plain_statistics(featurizer(inputs), weights, rhs), (inputs, weights, rhs, *featurizer.params),
-                needs[2:], (grad_gram, grad_projection),
+                lambda: plain_statistics(featurizer(inputs).to(work), weights.to(work), rhs.to(work)),
+                (inputs, weights, rhs, *featurizer.params), needs[2:], (grad_gram, grad_projection),
             )
             return (None, None, *grads)
         need_inputs, need_weights, need_rhs, params_need = needs[2], needs[3], needs[4], needs[5:]
@@ -287,12 +295,12 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
         def chunk_grad(cross: Tensor, rows: slice) -> Tensor:
             chunk_weights = weights if unit else weights[..., rows]
             grad_cross, grad_weights, grad_rhs = _row_grads(
-                triangular_features(cross, chol), chol, chunk_weights, rhs[..., rows, :], grad_gram, grad_projection,
-                factors, True, need_weights, need_rhs,
+                triangular_features(cross.to(work), chol), chol, chunk_weights.to(work), rhs[..., rows, :].to(work),
+                grad_gram, grad_projection, factors, True, need_weights, need_rhs,
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)
-            return grad_cross
+            return grad_cross.to(cross.dtype)
 
         cross = Featurizer(featurizer.cross, featurizer.params, featurizer.num_features, featurizer.batch_shape)
         input_grad, param_grads = backprop_chunks(cross, inputs, ctx.chunk_size, chunk_grad, need_inputs, params_need)
@@ -301,27 +309,32 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
             with torch.enable_grad():
                 factor = featurizer.chol()
             grad_chol = _sum_to_shape(_factor_grad(chol, grad_gram, grad_projection, gram, projection), factor.shape)
-            found = iter(torch.autograd.grad(factor, wanted, grad_chol, allow_unused=True))
+            found = iter(torch.autograd.grad(factor, wanted, grad_chol.to(factor.dtype), allow_unused=True))
             param_grads = [_add(g, next(found)) if need else None for g, need in zip(param_grads, params_need)]
         grad_weights, grad_rhs = gathered_row_grads(unit, weights, rhs, weight_grads, rhs_grads, grad_gram,
                                                     grad_projection, need_weights, need_rhs)
+        grad_weights = None if grad_weights is None else grad_weights.to(weights.dtype)
+        grad_rhs = None if grad_rhs is None else grad_rhs.to(rhs.dtype)
         return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
 
 
 def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tensor, weights: Tensor, rhs: Tensor,
-                                  chunk_size: int) -> tuple[Tensor, Tensor]:
+                                  chunk_size: int, adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
     """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs) = c·K(x)L⁻ᵀ, accumulated over ``chunk_size`` rows at a time.
 
     The chunked counterpart of :func:`triangular_statistics` (and the Nyström counterpart of
     :func:`~rfgp.inference.chunking.chunked_feature_statistics`): the backward recomputes K(x_c) per
-    chunk under autograd, and L once.
+    chunk under autograd, and L once.  ``adaptive_precision``: float32 features whose float32 statistics would not be
+    accurate (:func:`~rfgp.inference.chunking.accumulated_statistics_dtype`, from tr(G) of the float32 pass) form
+    them again from K(x_c, Z) and L cast to float64, forward and backward, and return them so.
     """
     check_chunked_solve(featurizer, inputs, weights)
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size)
-    return _ChunkedTriangularStatistics.apply(unscaled, chunk_size, inputs, weights, rhs, *unscaled.params)
+    return _ChunkedTriangularStatistics.apply(unscaled, (chunk_size, adaptive_precision), inputs, weights, rhs,
+                                              *unscaled.params)
 
 
 class TriangularFeatures(FullPrecisionOperator, LinearOperator):

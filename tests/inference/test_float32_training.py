@@ -20,7 +20,7 @@ import rfgp
 from rfgp.datasets import igrf_magnetic_field
 from rfgp.inference.kernel_space import KernelSpaceNotPSDError
 from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet
-from rfgp.inference.operators import FeatureRootLinearOperator, noise_weights
+from rfgp.inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator, noise_weights
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes, unit_roundoff
 from rfgp.kernels import NystromKernel, SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel, MultiOutputGPModel
@@ -304,10 +304,12 @@ def nystrom_model(dtype, noise):
     return model
 
 
-def test_float32_nystrom_statistics_at_a_high_signal_to_noise_ratio_are_formed_in_float64():
+@pytest.mark.parametrize("chunked", [False, True])
+def test_float32_nystrom_statistics_at_a_high_signal_to_noise_ratio_are_formed_in_float64(chunked):
     """Nyström roots (materialised Φ = K·L⁻ᵀ, statistics with the backward fused through L) take the rule too:
     noise 10⁻⁶, u·tr(ΦᵀD⁻¹Φ) ≈ 90.  Before: float32 statistics, gradient 8.5·10⁻⁵ from float64 (relative); now
-    4·10⁻⁶ (loss 2.2·10⁻⁵ → 1.1·10⁻⁵); the posterior caches decide alike."""
+    4·10⁻⁶ (loss 2.2·10⁻⁵ → 1.1·10⁻⁵); the posterior caches decide alike.  Chunked (K(x_c, Z) per chunk, L once:
+    chunked_triangular_statistics) the same, decided from tr(G) of the float32 pass."""
     def loss_and_all_grads(model):
         mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
         loss = -mll(model(*model.train_inputs), model.train_targets)
@@ -315,9 +317,14 @@ def test_float32_nystrom_statistics_at_a_high_signal_to_noise_ratio_are_formed_i
                   model.likelihood.raw_noise]
         return loss.double(), torch.cat([g.double().reshape(-1) for g in torch.autograd.grad(loss, params)])
 
-    loss64, grads64 = loss_and_all_grads(nystrom_model(F64, 1e-6))
+    budget = 2**18 if chunked else 2**40  # 2**18 bytes: chunks of 64 rows
+    with rfgp.settings.memory_budget(budget):
+        loss64, grads64 = loss_and_all_grads(nystrom_model(F64, 1e-6))
     model = nystrom_model(torch.float32, 1e-6)
-    with recorded_statistics_dtypes() as dtypes:
+    with rfgp.settings.memory_budget(budget):
+        covariance = model.covar_module(model.train_inputs[0]).evaluate_kernel()
+    assert isinstance(covariance, ChunkedFeatureRootLinearOperator if chunked else FeatureRootLinearOperator)
+    with recorded_statistics_dtypes() as dtypes, rfgp.settings.memory_budget(budget):
         loss32, grads32 = loss_and_all_grads(model)
         model.eval()
         with torch.no_grad():
