@@ -52,19 +52,18 @@ tr(G) is the quantity a stream accumulates too: the float32 errors of the batche
 float32 add up to at most u·Σₖ tr(Gₖ) ≤ u·tr(G_total), so the stream compares u·tr(G_total) (earlier batches
 included) with τ, and every later batch is formed in float64 once it is exceeded.
 
-Where it applies: the marginal likelihood (forward and backward) and the posterior caches of a feature-root model
-with a materialised Φ (:meth:`~rfgp.inference.operators.FeatureRootLinearOperator.feature_statistics`, Nyström roots
-Φ = K·L⁻ᵀ included: K and L are cast with Φ) or a chunked one
-(:func:`~rfgp.inference.chunking.chunked_feature_statistics`, and
+Where it applies: the marginal likelihood (forward and backward) and the posterior caches of a feature-root model with a
+materialised Φ (:meth:`~rfgp.inference.operators.FeatureRootLinearOperator.feature_statistics`, Nyström roots Φ = K·L⁻ᵀ
+included: K and L are cast with Φ) or a chunked one (:func:`~rfgp.inference.chunking.chunked_feature_statistics`, and
 :func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics` for Nyström: tr(G) is read off the float32
-result, which is then recomputed in float64 if needed — no extra pass for a benign model); multi-output roots, materialised or chunked
-(:mod:`~rfgp.inference.multioutput_chunking`), with independent tasks (a batch of task systems: the largest
-member's trace decides) or correlated task noise (the whitened rows WΦ, D = I); Dirichlet classification
-(:mod:`~rfgp.inference.classification`: tr(ΦᵀD_c⁻¹Φ) = β_{c,on}t_c + β_{c,off}(Σ_k t_k − t_c) from the per-label
-traces t_k = tr(Φ_kᵀΦ_k), the largest class decides; one O(N·F) pass over a materialised Φ, read off the float32
-per-label Grams of a chunked one); and ``StreamingFeatureGP.update``.  Complex features
-(:mod:`~rfgp.inference.complex_posterior`) and the kernel-space path (N ≤ F, an N × N factor) keep the statistics
-in the features' dtype.  The choice changes the accuracy of the same model, never the model.
+result, which is then recomputed in float64 if needed — no extra pass for a benign model); multi-output roots,
+materialised or chunked (:mod:`~rfgp.inference.multioutput_chunking`), with independent tasks (a batch of task systems:
+the largest member's trace decides) or correlated task noise (the whitened rows WΦ, D = I); Dirichlet classification
+(:mod:`~rfgp.inference.classification`: tr(ΦᵀD_c⁻¹Φ) = β_{c,on}t_c + β_{c,off}(Σ_k t_k − t_c) from the per-label traces
+t_k = tr(Φ_kᵀΦ_k), the largest class decides; one O(N·F) pass over a materialised Φ, read off the float32 per-label
+Grams of a chunked one); complex features (:mod:`~rfgp.inference.complex_posterior`: tr(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°) =
+2·Σᵢ‖ψᵢ‖²/σᵢ²); and ``StreamingFeatureGP.update``. The kernel-space path (N ≤ F, whose N × N factor is formed and
+factorised in the features' dtype) is not concerned. The choice changes the accuracy of the same model, never the model.
 
 The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
 decide without the data.  :func:`recorded_statistics_dtypes` reports the decisions (a diagnostic and testing hook).

@@ -311,3 +311,39 @@ def test_float32_complex_gp_at_a_high_signal_to_noise_ratio_matches_float64():
     for value, reference in zip(values, references):
         assert (value.double() - reference).norm() <= 1e-2 * reference.norm()
     assert torch.isfinite(grad32) and (grad32.double() - grad64).abs() <= 0.5
+
+
+def _complex_high_snr_model(dtype):
+    """N = 1500 points, complex polynomial features (F = 256), noise 10⁻⁵: u·tr(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°) ≫ 10⁻¹."""
+    x, y, _ = _data(n=1500, d=4)
+    kernel = SketchedPolynomialKernel(2, 256, weights="complex", complex_posterior=True, seed=0)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-9))
+    model = _ExactGP(x.to(dtype), y.to(dtype), gpytorch.kernels.ScaleKernel(kernel), likelihood).to(dtype)
+    likelihood.noise = torch.tensor(1e-5, dtype=torch.float64)
+    kernel.offset = 1.0
+    return model.train(), likelihood
+
+
+def test_float32_complex_posterior_at_a_high_signal_to_noise_ratio_forms_float64_statistics():
+    """The complex-GP evidence and posterior caches take the adaptive precision of rfgp.inference.statistics_precision
+    on 2·Σᵢ‖ψᵢ‖²/σᵢ² = tr(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°) (u·tr = 78).  Before: float32 statistics, I + ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°
+    indefinite (CapacitanceNotPSDError); now float64 ones: loss, gradient and posterior mean 1·10⁻⁷, 5·10⁻⁸ and
+    1.4·10⁻⁷ from float64 (relative); tolerances about ten times those."""
+    from rfgp.inference.statistics_precision import recorded_statistics_dtypes
+
+    results = []
+    for dtype in (torch.float64, torch.float32):
+        model, likelihood = _complex_high_snr_model(dtype)
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+        with recorded_statistics_dtypes() as dtypes:
+            loss = -mll(model(*model.train_inputs), model.train_targets)
+            grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+            model.eval()
+            with torch.no_grad():
+                mean = model(model.train_inputs[0][:20] * 1.01).mean
+        assert dtypes == ([] if dtype == torch.float64 else [torch.float64, torch.float64])
+        results.append((loss.double(), torch.cat([g.double().reshape(-1) for g in grads]), mean.double()))
+    (loss64, grads64, mean64), (loss32, grads32, mean32) = results
+    assert abs(loss32 - loss64) <= 1e-6 * abs(loss64)
+    assert (grads32 - grads64).norm() <= 1e-6 * grads64.norm()
+    assert (mean32 - mean64).norm() <= 1.5e-6 * mean64.norm()
