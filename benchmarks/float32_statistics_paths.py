@@ -1,16 +1,18 @@
 """The adaptive statistics precision on the paths that formed their own statistics: paired CPU times.
 
-Dirichlet classification (per-label Grams, rfgp.inference.classification) and the multi-output posterior caches
-(rfgp.inference.multioutput) now decide the precision of float32 statistics by u·tr(ΦᵀD⁻¹Φ) ≤
-``rfgp.settings.float32_statistics_tolerance`` (rfgp.inference.statistics_precision).  Each row alternates, in one
-process on one thread, the default (``adaptive``) with the tolerance ∞ (``float32``: no decision, the path before),
-then with 0 (``float64``): two paired runs, A B B A, after one untimed evaluation each; medians of the repeats,
-CPU time.
+Dirichlet classification (per-label Grams, rfgp.inference.classification), Nyström roots, complex-feature GPs and
+the multi-output posterior caches (rfgp.inference.multioutput) now decide the precision of float32 statistics by
+u·tr(ΦᵀD⁻¹Φ) ≤ ``rfgp.settings.float32_statistics_tolerance`` (rfgp.inference.statistics_precision). Each row
+alternates, in one process on one thread, the default (``adaptive``) with the tolerance ∞ (``float32``: no decision,
+the path before), then with 0 (``float64``): two paired runs, A B B A, after one untimed evaluation each; medians of
+the repeats, CPU time.
 
 * Dirichlet: a float32 3-class ``ExactGPModel`` with ``DirichletClassificationLikelihood`` and
   ``ScaleKernel(SketchedRBFKernel(F))`` on 2-D inputs, one MLL + gradient; benign at outputscale 10 (u·max_c tr ≈
   10⁻³), high signal-to-noise at outputscale 10⁵ (u·max_c tr ≈ 25–50: float32 statistics make I + ΦᵀD_c⁻¹Φ
   indefinite, "—"); materialised Φ and chunked (``rfgp.settings.chunk_size(1000)``).
+* Nyström (512 landmarks, materialised and chunked) and complex polynomial features (F = 512): a benign float32
+  ``ExactGPModel`` (noise 0.1), one MLL + gradient.
 * Multi-output posterior: a float32 curl-free ``MultiOutputGPModel`` (p = 3) at noise 0.1 (benign), the posterior
   mean and variance at 200 points from a fresh cache.
 
@@ -32,7 +34,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
 
 import rfgp  # noqa: E402
-from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel  # noqa: E402
+from rfgp.kernels import (  # noqa: E402
+    NystromKernel,
+    SketchedCurlFreeKernel,
+    SketchedPolynomialKernel,
+    SketchedRBFKernel,
+)
 from rfgp.likelihoods import DirichletClassificationLikelihood  # noqa: E402
 from rfgp.models import ExactGPModel, MultiOutputGPModel  # noqa: E402
 
@@ -56,6 +63,26 @@ def dirichlet_step(model) -> None:
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     loss = -mll(model(*model.train_inputs), model.train_targets).sum()
     loss.backward()
+
+
+def regression_model(kind: str, num_points: int, num_features: int):
+    """A benign float32 ExactGP (noise 0.1, u·tr ≈ 10⁻³): Nyström features at ``num_features`` landmarks, or complex
+    polynomial features of degree 2 (``complex_posterior=True``)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(num_points, 3, generator=gen)
+    if kind == "nystrom":
+        base = NystromKernel(gpytorch.kernels.RBFKernel(), x[:num_features].clone())
+    else:
+        base = SketchedPolynomialKernel(2, num_features, weights="complex", complex_posterior=True, seed=0)
+    kernel = gpytorch.kernels.ScaleKernel(base)
+    model = ExactGPModel(x, torch.sin(4 * x[:, 0]), gpytorch.likelihoods.GaussianLikelihood(), kernel).train()
+    model.likelihood.noise = 0.1
+    return model
+
+
+def regression_step(model) -> None:
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    mll(model(*model.train_inputs), model.train_targets).backward()
 
 
 def multioutput_model(num_points: int, num_features: int):
@@ -121,13 +148,18 @@ def main() -> None:
                 lines.append(row(path, num_points, num_features, case,
                                  timings(dirichlet_step, model, case == "benign", chunk)))
                 print(lines[-1], flush=True)
+    for kind, chunk in (("nystrom", None), ("nystrom", 1000), ("complex", None)):
+        path = {"nystrom": "Nyström MLL + grad", "complex": "complex-feature MLL + grad"}[kind]
+        lines.append(row(path + (" (chunked)" if chunk else ""), 5000, 512, "benign",
+                         timings(regression_step, regression_model(kind, 5000, 512), True, chunk)))
+        print(lines[-1], flush=True)
     for num_points, num_features in ((2000, 512), (5000, 1024)):
         state = multioutput_model(num_points, num_features)
         lines.append(row("multi-output posterior caches", f"{num_points}×3", num_features, "benign",
                          timings(posterior_step, state, True)))
         print(lines[-1], flush=True)
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    text = ("# Adaptive statistics precision on the Dirichlet and multi-output paths\n\n"
+    text = ("# Adaptive statistics precision on the Dirichlet, Nyström, complex-feature and multi-output paths\n\n"
             f"Generated by `benchmarks/float32_statistics_paths.py` (one thread, CPU time, medians of {REPEATS} "
             f"repeats per pair, A B B A; load average at the end: {load}; torch {torch.__version__}).\n\n"
             + "\n".join(lines) + "\n")
