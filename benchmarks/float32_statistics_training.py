@@ -1,7 +1,8 @@
 """float32 ExactGP MLL + gradient with adaptive-precision feature statistics, paired against fixed precisions.
 
 The feature-space MLL forms ΦᵀD⁻¹Φ of float32 features in float32 while u·tr(ΦᵀD⁻¹Φ) ≤
-``rfgp.settings.float32_statistics_tolerance`` (default 10⁻¹; 10⁻² when the results were measured), in float64 otherwise (rfgp.inference.statistics_precision); the
+``rfgp.settings.float32_statistics_tolerance`` (default 10⁻¹; 10⁻² when the results were measured), in
+float64 otherwise (rfgp.inference.statistics_precision); the
 decision costs one O(N·F) pass over Φ and one host read per evaluation.  Rows: a float32 ``ExactGPModel`` with
 ``ScaleKernel(SketchedRBFKernel(1024))``, d = 3, lengthscale 0.5, outputscale 1, one MLL + gradient (lengthscale,
 outputscale, noise), one thread, CPU time, modes alternating, medians of the repeats after one untimed evaluation

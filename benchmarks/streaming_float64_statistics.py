@@ -1,15 +1,15 @@
 """Streaming float32 data: the statistics G = ΦᵀWΦ and B = ΦᵀWr formed in float32 or float64, paired in one process.
 
-Float32 sums carry errors of up to about u·tr(G) (rfgp.inference.statistics_precision), which at a high
-signal-to-noise ratio exceed the 1 that I adds to G and make I + G indefinite by chance
-(tests/models/test_streaming.py); the float64 products cost time.  ``StreamingFeatureGP.update`` forms a float32
-batch in float32 while u·tr(G) of the stream is within ``rfgp.settings.float32_statistics_tolerance`` (default 10⁻¹; 10⁻² when the results were measured), in
-float64 otherwise.  Three modes, paired: ``float32`` (tolerance ∞: always float32 products), ``adaptive`` (the default
-10⁻²) and ``float64`` (tolerance 0: always float64, what update did before the adaptive rule).  G and B are summed in
-float64 in every mode.  Each row streams N = 20 000 float32 points of d = 2 into ``ScaleKernel(SketchedRBFKernel(F))``
-(outputscale ≈ 0.69) in batches of k (``rank_update="never"``: statistics only), one thread, CPU time, the modes
-alternating, after one untimed pass each, at the default noise ≈ 0.69 (u·tr(G) ≈ 1.2·10⁻³ at the end: benign) and at
-noise 10⁻⁴ (u·tr(G) ≈ 8: float64 from the first batch).
+Float32 sums carry errors of up to about u·tr(G) (rfgp.inference.statistics_precision), which at a high signal-to-
+noise ratio exceed the 1 that I adds to G and make I + G indefinite by chance (tests/models/test_streaming.py); the
+float64 products cost time. ``StreamingFeatureGP.update`` forms a float32 batch in float32 while u·tr(G) of the stream
+is within ``rfgp.settings.float32_statistics_tolerance`` (default 10⁻¹), in float64 otherwise. Three modes, paired:
+``float32`` (tolerance ∞: always float32 products), ``adaptive`` (the default tolerance; 10⁻² when the recorded
+results were measured) and ``float64`` (tolerance 0: always float64, what update did before the adaptive rule). G and
+B are summed in float64 in every mode. Each row streams N = 20 000 float32 points of d = 2 into
+``ScaleKernel(SketchedRBFKernel(F))`` (outputscale ≈ 0.69) in batches of k (``rank_update="never"``: statistics only),
+one thread, CPU time, the modes alternating, after one untimed pass each, at the default noise ≈ 0.69 (u·tr(G) ≈
+1.2·10⁻³ at the end: benign) and at noise 10⁻⁴ (u·tr(G) ≈ 8: float64 from the first batch).
 
     python benchmarks/streaming_float64_statistics.py   # writes results/streaming_float64_statistics.md
 """
