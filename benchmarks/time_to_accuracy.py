@@ -576,49 +576,61 @@ def recipe_name(method: str) -> str:
         method, "rfgp RFF recipe")
 
 
-def time_to_reach(points: list[dict], target: float, key: str = "cpu_s") -> float | None:
-    """The first clock time (``key``: ``"cpu_s"`` or ``"wall_s"``) at which ``points`` reach NLPD ≤ ``target``."""
-    reached = [p[key] for p in points if p["nlpd"] <= target]
+def time_to_reach(points: list[dict], target: float, key: str = "cpu_s", metric: str = "nlpd") -> float | None:
+    """The first clock time (``key``: ``"cpu_s"`` or ``"wall_s"``) at which ``points`` reach ``metric`` ≤ ``target``."""
+    reached = [p[key] for p in points if p[metric] <= target]
     return min(reached) if reached else None
 
 
+def half_time_met(points: list[dict], contender: Run, target: float, key: str, metric: str) -> tuple[bool, float]:
+    """(whether ``points`` reach ``target`` in at most half the contender's time to reach it, that time)."""
+    contender_time = time_to_reach(contender.points, target, key, metric)
+    recipe_time = time_to_reach(points, target, key, metric)
+    return recipe_time is not None and recipe_time <= 0.5 * contender_time, contender_time
+
+
+def target_lines(recipe_label: str, points: list[dict], others: dict[str, Run], label_of, *, metric: str = "nlpd",
+                 metric_name: str = "NLPD", key: str = "cpu_s", word: str = "CPU",
+                 best_name: str = "contender") -> list[str]:
+    """One recipe against every contender (its final ``metric``, its time to reach it, the recipe's, the ratio), then
+    the target: the best contender's final value in at most half its time.  ``label_of`` names a contender."""
+    finals = {m: r.points[-1][metric] for m, r in others.items()}
+    best = min(finals, key=finals.get)
+    lines = [f"**{recipe_label}** against each contender:", "",
+             f"| contender | its final {metric_name} | its {word} s to reach it | recipe's {word} s to reach it "
+             "| ratio (target ≤ 0.5) |",
+             "|---|---|---|---|---|"]
+    for m in sorted(others, key=finals.get):
+        contender_time = time_to_reach(others[m].points, finals[m], key, metric)
+        recipe_time = time_to_reach(points, finals[m], key, metric)
+        ratio = "never reached" if recipe_time is None else f"{recipe_time / contender_time:.2f}"
+        reached = "–" if recipe_time is None else f"{recipe_time:.1f}"
+        lines.append(f"| {label_of(m)}{' (best)' if m == best else ''} | {finals[m]:.4f} | {contender_time:.1f} | "
+                     f"{reached} | {ratio} |")
+    met, contender_time = half_time_met(points, others[best], finals[best], key, metric)
+    lines += ["", f"Target for {recipe_label} (reach the best {best_name}'s final {metric_name} {finals[best]:.4f} in "
+                  f"≤ ½ of its {contender_time:.1f} s {word}; this recipe's best {metric_name} is "
+                  f"{min(p[metric] for p in points):.4f}): **{'met' if met else 'NOT met'}**."]
+    return lines
+
+
 def verdicts(runs: dict[str, Run], clock: str = "cpu") -> list[str]:
-    """Per recipe: one row per contender (its final NLPD, its ``clock`` time to reach it, the recipe's), then the
-    target."""
+    """Per recipe: :func:`target_lines` against every contender, and against the best GPyTorch contender alone
+    where a non-GPyTorch contender is best."""
     key, word = TIME_KEYS[clock], CLOCK_WORDS[clock]
     recipes = [m for m in RECIPES if m in runs]
     others = {m: r for m, r in runs.items() if m not in RECIPES}
     if not recipes or not others:
         return ["(a recipe and at least one contender are needed for the target)"]
     finals = {m: r.points[-1]["nlpd"] for m, r in others.items()}
-    best = min(finals, key=finals.get)
+    gpytorch_finals = {m: v for m, v in finals.items() if m not in ("adam", "nystrom")}
     lines = []
     for recipe in recipes:
         points = runs[recipe].points
-        lines += [f"**{LABELS[recipe]}** against each contender:", "",
-                  f"| contender | its final NLPD | its {word} s to reach it | recipe's {word} s to reach it "
-                  "| ratio (target ≤ 0.5) |",
-                  "|---|---|---|---|---|"]
-        for m in sorted(others, key=finals.get):
-            contender_time = time_to_reach(others[m].points, finals[m], key)
-            recipe_time = time_to_reach(points, finals[m], key)
-            ratio = "never reached" if recipe_time is None else f"{recipe_time / contender_time:.2f}"
-            reached = "–" if recipe_time is None else f"{recipe_time:.1f}"
-            lines.append(f"| {LABELS[m]}{' (best)' if m == best else ''} | {finals[m]:.4f} | {contender_time:.1f} | "
-                         f"{reached} | {ratio} |")
-        recipe_time = time_to_reach(points, finals[best], key)
-        contender_time = time_to_reach(others[best].points, finals[best], key)
-        met = recipe_time is not None and recipe_time <= 0.5 * contender_time
-        lines += ["", f"Target for {LABELS[recipe]} (reach the best contender's final NLPD {finals[best]:.4f} in ≤ ½ of "
-                      f"its {contender_time:.1f} s {word}; this recipe's best NLPD is "
-                      f"{min(p['nlpd'] for p in points):.4f}): "
-                      f"**{'met' if met else 'NOT met'}**."]
-        gpytorch_finals = {m: v for m, v in finals.items() if m not in ("adam", "nystrom")}
-        if gpytorch_finals and best not in gpytorch_finals:
+        lines += target_lines(LABELS[recipe], points, others, LABELS.get, key=key, word=word)
+        if gpytorch_finals and min(finals, key=finals.get) not in gpytorch_finals:
             rival = min(gpytorch_finals, key=gpytorch_finals.get)
-            recipe_time = time_to_reach(points, finals[rival], key)
-            contender_time = time_to_reach(others[rival].points, finals[rival], key)
-            met = recipe_time is not None and recipe_time <= 0.5 * contender_time
+            met, contender_time = half_time_met(points, others[rival], finals[rival], key, "nlpd")
             lines.append(f"Against the best GPyTorch contender only ({LABELS[rival]}, final NLPD {finals[rival]:.4f} "
                          f"after {contender_time:.1f} s {word}): **{'met' if met else 'NOT met'}**.")
         lines.append("")

@@ -305,35 +305,17 @@ def run_method(method: str, data: Split, config: dict) -> tta.Run:
 
 
 # -------------------------------------------------------------------------- report
-def time_to_reach(points: list[dict], target: float) -> float | None:
-    reached = [p["cpu_s"] for p in points if p["nll"] <= target]
-    return min(reached) if reached else None
-
-
 def verdicts(runs: dict[str, tta.Run], config: dict) -> list[str]:
+    """Per rfgp classifier: :func:`time_to_accuracy.target_lines` against every GPyTorch contender, by test NLL."""
     recipes = [m for m in runs if m.startswith("rfgp")]
     others = {m: r for m, r in runs.items() if m in GPYTORCH}
     if not recipes or not others:
         return ["(an rfgp classifier and at least one GPyTorch contender are needed for the target)"]
-    finals = {m: r.points[-1]["nll"] for m, r in others.items()}
-    best = min(finals, key=finals.get)
     lines = []
     for recipe in recipes:
-        points = runs[recipe].points
-        lines += [f"**{label(recipe, config)}** against each contender:", "",
-                  "| contender | its final NLL | its CPU s to reach it | recipe's CPU s to reach it "
-                  "| ratio (target ≤ 0.5) |",
-                  "|---|---|---|---|---|"]
-        for m in sorted(others, key=finals.get):
-            theirs, ours = time_to_reach(others[m].points, finals[m]), time_to_reach(points, finals[m])
-            ratio = "never reached" if ours is None else f"{ours / theirs:.2f}"
-            lines.append(f"| {label(m, config)}{' (best)' if m == best else ''} | {finals[m]:.4f} | {theirs:.1f} | "
-                         f"{'–' if ours is None else f'{ours:.1f}'} | {ratio} |")
-        theirs, ours = time_to_reach(others[best].points, finals[best]), time_to_reach(points, finals[best])
-        met = ours is not None and ours <= 0.5 * theirs
-        lines += ["", f"Target (reach the best GPyTorch contender's final NLL {finals[best]:.4f} in ≤ ½ of its "
-                      f"{theirs:.1f} s CPU; this recipe's best NLL is {min(p['nll'] for p in points):.4f}): "
-                      f"**{'met' if met else 'NOT met'}**.", ""]
+        lines += tta.target_lines(label(recipe, config), runs[recipe].points, others, lambda m: label(m, config),
+                                  metric="nll", metric_name="NLL", best_name="GPyTorch contender")
+        lines.append("")
     return lines
 
 
