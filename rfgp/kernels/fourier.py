@@ -288,22 +288,16 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         self._anchor_if_redrawn()
         return x.div(self.lengthscale_anchor)
 
-    def featurize(self, x: Tensor) -> Tensor:
-        features = super().featurize(x)
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√A·Φ(x) (``None``: Φ(x)); for ν = ½ Φ's pair f times √r_f, and √A folded with the importance weights
+        r(ℓ) into the same pair scales √(A·r_f/m)."""
         if not self.is_anchored:
-            return features
-        xi = self.feature_map.frequency_matrix().to(features)
-        return scale_sincos_pairs(features, (0.5 * self._log_weights(xi)).exp().to(features.dtype))
-
-    def folds_amplitude(self) -> bool:
-        sincos = isinstance(self.feature_map, RandomFourierFeatures)
-        return sincos and type(self).featurize is SketchedMaternKernel.featurize
-
-    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        """√A·Φ(x), for ν = ½ with the importance weights r(ℓ) folded into the same pair scales √(A·r_f/m)."""
+            return super().folded_features(x, log_amplitude)
         scaled = self.scale_inputs(x)
-        if not self.is_anchored:
-            return self.sincos_amplitude_features(scaled, log_amplitude)
+        if log_amplitude is None:
+            features = self.feature_map(scaled)
+            xi = self.feature_map.frequency_matrix().to(features)
+            return scale_sincos_pairs(features, (0.5 * self._log_weights(xi)).exp().to(features.dtype))
         self.feature_map.prepare(scaled)  # the draws, before the weights of their frequencies
         log_weights = self._log_weights(self.feature_map.frequency_matrix().to(scaled))
         return self.sincos_amplitude_features(scaled, log_amplitude, log_weights)

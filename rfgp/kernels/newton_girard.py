@@ -238,17 +238,8 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
         scales = log_outputscale.index_select(-1, self.orders) + pair
         return scales if log_amplitude is None else scales + log_amplitude.unsqueeze(-1)
 
-    def featurize(self, x: Tensor) -> Tensor:
-        return self._features(x)
-
-    def folds_amplitude(self) -> bool:
-        return type(self).featurize is SketchedNewtonGirardAdditiveKernel.featurize
-
-    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        """√A·Φ(x), A (an outputscale around it) folded into the pair scales."""
-        return self._features(x, log_amplitude)
-
-    def _features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√A·Φ(x), A (an outputscale around it; ``None``: A = 1) in the pair scales (:meth:`log_scales`)."""
         projection = x @ self.frequencies(x.dtype).mT
         log_amplitude = None if log_amplitude is None else cast_to(log_amplitude, x.dtype)
         return scaled_sincos_features(projection, 0.5 * self.log_scales(log_amplitude, x.dtype))

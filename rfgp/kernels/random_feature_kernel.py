@@ -56,7 +56,8 @@ from .first_evaluation import mark_loaded_samples, refuse_unfixed_state
 class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     """Base of every kernel that is an explicit inner product of features, k̂(x, y) = Φ(x)ᵀΦ(y).
 
-    Subclasses implement :meth:`featurize` and :meth:`diag_moments`; this class turns them
+    Subclasses implement :meth:`featurize` — or :meth:`folded_features`, which gives :meth:`featurize` and folds a
+    ``ScaleKernel``'s outputscale into the features — and :meth:`diag_moments`; this class turns them
     into GPyTorch's kernel contract with low-rank outputs and the feature-space
     prediction strategy.  Options that change the kernel (``method``, ``nu``, ...) are declared
     in ``config_fields`` and saved in ``state_dict`` (:mod:`rfgp.core.config_state`); the feature
@@ -64,8 +65,25 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
     """
 
     def featurize(self, x: Tensor) -> Tensor:
-        """Φ(x) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller)."""
-        raise NotImplementedError
+        """Φ(x) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller); here
+        :meth:`folded_features` ``(x)``, for kernels that implement that instead."""
+        return self.folded_features(x)
+
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√A·Φ(x) for log A of shape ``(*batch)`` (``None``: A = 1, Φ(x) itself), the amplitude folded into the
+        features' own evaluation — the one method of the amplitude-folding protocol.
+
+        A kernel that implements this instead of :meth:`featurize` gets ``featurize(x) = folded_features(x)``,
+        :meth:`folds_amplitude` and :meth:`amplitude_features`: a ``ScaleKernel``'s outputscale s then enters as
+        log A = log s (:func:`~rfgp.inference.chunking.scaled_features`) instead of multiplying Φ afterwards.  For
+        sin/cos features Φ = e^{σ}·[cos P, sin P] with log pair scales σⱼ = ½(log A + log wⱼ − log m)
+        (:func:`~rfgp.features.weighted_fourier.scaled_sincos_features`): the product Φ(x)·√A is made inside the
+        Function, which saves its output Φ̃ = √A·Φ(x) and returns A's gradient from it,
+        ∂L/∂log A = ½ Σ G ⊙ Φ̃ — no pass over the N × F features each way for the multiplication, no N × F product
+        kept for its gradient.  It must equal ``featurize(x) * A.sqrt()`` as a function of x and every
+        hyperparameter (values, first and second derivatives), and make :meth:`featurize`'s checks.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements neither featurize nor folded_features")
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
         """(k(x, x), E[k̂(x, x)]) per point, or ``None`` when the two agree exactly."""
@@ -82,24 +100,30 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         return None
 
     def folds_amplitude(self) -> bool:
-        """Whether :meth:`amplitude_features` folds an amplitude into the features' own evaluation (opt-in; ``False``
-        here: a ``ScaleKernel``'s √outputscale then multiplies Φ afterwards)."""
-        return False
+        """Whether :meth:`amplitude_features` folds an amplitude into the features' own evaluation: where the kernel
+        implements :meth:`folded_features` and keeps this class's :meth:`featurize`.  A subclass that overrides
+        :meth:`featurize` (derivative rows, a user's change to Φ) does not fold — its Φ is never bypassed by the
+        :meth:`folded_features` it inherits — and a ``ScaleKernel``'s √outputscale multiplies its Φ afterwards."""
+        return type(self).featurize is FeatureKernel.featurize
 
     def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        """√A·Φ(x) for log A of shape ``(*batch)`` (a ``ScaleKernel``'s log outputscale), equal to
-        ``featurize(x) * A.sqrt()`` as a function of x and every hyperparameter, with A folded into the sin/cos
-        Function's pair scales e^{½(log A − log m) + …}
-        (:func:`~rfgp.features.weighted_fourier.scaled_sincos_features`): no pass over Φ each way for the product,
-        and A's gradient from the Function's saved output.  Only for kernels whose :meth:`folds_amplitude` is
-        ``True``."""
-        raise NotImplementedError(f"{type(self).__name__} does not fold an amplitude into its features")
+        """√A·Φ(x) for log A of shape ``(*batch)`` (a ``ScaleKernel``'s log outputscale): :meth:`folded_features`,
+        for kernels whose :meth:`folds_amplitude` is ``True`` (others raise)."""
+        if not self.folds_amplitude():
+            raise NotImplementedError(f"{type(self).__name__} does not fold an amplitude into its features (its "
+                                      "featurize is its own, not folded_features(x)): multiply featurize(x) by √A")
+        return self.folded_features(x, log_amplitude)
 
     def amplitude_function(self) -> Callable[[Tensor, Tensor], Tensor] | None:
         """:meth:`amplitude_features` where :meth:`folds_amplitude`, else ``None``: the ``amplitude_function`` of
         :func:`~rfgp.inference.chunking.scaled_features` (the chunked operators' :meth:`featurizer` and
         :func:`~rfgp.kernels.kernel_features` scale Φ by √outputscale through it)."""
         return self.amplitude_features if self.folds_amplitude() else None
+
+    def keeps_features_of(self, cls: type[FeatureKernel]) -> bool:
+        """Whether this kernel's Φ is ``cls``'s: neither :meth:`featurize` nor :meth:`folded_features` overridden
+        below ``cls`` (so that a closed form of ``cls``'s features, e.g. its ‖Φ(x)‖², holds for it)."""
+        return type(self).featurize is cls.featurize and type(self).folded_features is cls.folded_features
 
     def prepare(self, x: Tensor) -> None:
         """Fit what the kernel fits on its first input (the optimized Maclaurin allocation, draws of an unset
@@ -350,25 +374,27 @@ class RandomFeatureKernel(FeatureKernel):
         """What the feature map sees: x/ℓ (subclasses with other hyperparameters override this)."""
         return x.div(self.lengthscale) if self.has_lengthscale else x
 
-    def featurize(self, x: Tensor) -> Tensor:
-        """Φ(x/ℓ) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller)."""
-        return self.feature_map(self.scale_inputs(x))
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """Φ(x/ℓ) of shape ``(*batch_shape, n, F)`` (``active_dims`` already applied by the caller), and for a sin/cos
+        map √A·Φ(x/ℓ) (:meth:`sincos_amplitude_features`)."""
+        if log_amplitude is None:
+            return self.feature_map(self.scale_inputs(x))
+        return self.sincos_amplitude_features(self.scale_inputs(x), log_amplitude)
 
     def folds_amplitude(self) -> bool:
-        """``True`` for a sin/cos map (:class:`~rfgp.features.RandomFourierFeatures`: RFF, ORF, SORF) behind this
-        class's :meth:`featurize` (a subclass that changes it folds only where it says so)."""
-        sincos = isinstance(self.feature_map, RandomFourierFeatures)
-        return sincos and type(self).featurize is RandomFeatureKernel.featurize
-
-    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        return self.sincos_amplitude_features(self.scale_inputs(x), log_amplitude)
+        """Only for a sin/cos map (:class:`~rfgp.features.RandomFourierFeatures`: RFF, ORF, SORF); other maps keep
+        the multiplication."""
+        return isinstance(self.feature_map, RandomFourierFeatures) and super().folds_amplitude()
 
     def sincos_amplitude_features(self, scaled: Tensor, log_amplitude: Tensor,
                                   log_weights: Tensor | None = None) -> Tensor:
         """√(A/m)·[√w cos(W u), √w sin(W u)] of the sin/cos map for scaled inputs u, log A ``(*batch)`` and optional
         per-frequency log-weights log w ``(*batch, m)``: one
         :func:`~rfgp.features.weighted_fourier.projection_features` call, after the map's checks of u (and its
-        draws)."""
+        draws); other maps raise."""
+        if not isinstance(self.feature_map, RandomFourierFeatures):
+            raise NotImplementedError(f"{type(self).__name__}'s {type(self.feature_map).__name__} map does not fold an "
+                                      "amplitude into its features (only sin/cos maps do): multiply featurize(x) by √A")
         self.feature_map.prepare(scaled)
         return projection_features(self.feature_map.project(scaled), log_weights, log_amplitude)
 
@@ -379,9 +405,9 @@ class RandomFeatureKernel(FeatureKernel):
 
     def feature_squared_norm(self, x: Tensor) -> Tensor | None:
         """The map's closed-form ‖Φ(x/ℓ)‖² (:meth:`~rfgp.features.FeatureMap.squared_norm`), after the map's
-        checks of x/ℓ; ``None`` for a map without one, or for a subclass that overrides :meth:`featurize` (it
-        provides its own)."""
-        if type(self).featurize is not RandomFeatureKernel.featurize:
+        checks of x/ℓ; ``None`` for a map without one, or for a subclass that changes the features (it provides its
+        own)."""
+        if not self.keeps_features_of(RandomFeatureKernel):
             return None
         return self.map_squared_norm(x)
 

@@ -121,17 +121,8 @@ class SpectralDeltaFeatureKernel(FeatureKernel):
         check_finite(frequencies, "2π·Z/lengthscale")
         return frequencies
 
-    def featurize(self, x: Tensor) -> Tensor:
-        return self._features(x)
-
-    def folds_amplitude(self) -> bool:
-        return type(self).featurize is SpectralDeltaFeatureKernel.featurize
-
-    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        """√A·Φ(x), A (an outputscale around it) folded into the sin/cos pair scales √(A/s)."""
-        return self._features(x, log_amplitude)
-
-    def _features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√A·Φ(x), A (an outputscale around it; ``None``: A = 1) in the sin/cos pair scales √(A/s)."""
         return projection_features(x @ self.scaled_frequencies(x.dtype).mT, None, log_amplitude)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:

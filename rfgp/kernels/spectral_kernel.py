@@ -88,28 +88,17 @@ class SpectralFeatureKernel(FeatureKernel):
             return "the proposal its frequencies are drawn from, centred on its hyperparameters"
         return None
 
-    def featurize(self, x: Tensor) -> Tensor:
-        """Φ(x) of the normalised measure (subclasses with A ≠ 1 call :meth:`measure_features` with log A)."""
-        return self.measure_features(x)
-
-    def folds_amplitude(self) -> bool:
-        """``True`` where :meth:`featurize` is this class's (a subclass that changes it folds where it says so)."""
-        return type(self).featurize is SpectralFeatureKernel.featurize
-
-    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        return self.measure_features(x, log_amplitude)
-
-    def measure_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
-        """√A·Φ(x) of the normalised measure, the amplitude folded into the features' pair scales (no extra pass
-        over Φ); ``log_amplitude`` log A ``(*batch)``, ``None`` for A = 1."""
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√A·Φ(x) of the normalised measure, the amplitude in the features' pair scales; ``log_amplitude`` log A
+        ``(*batch)``, ``None`` for A = 1 (subclasses with k(x, x) ≠ 1 add its log)."""
         if not self.feature_map.is_initialized:
             self._centre_proposal()
         return self.feature_map(x, log_amplitude, **self.measure_hyperparameters())
 
     def feature_squared_norm(self, x: Tensor) -> Tensor | None:
         """‖Φ(x)‖² = mean(w) without featurising x (:meth:`~rfgp.features.WeightedFourierFeatures.squared_norm`);
-        ``None`` for a subclass that overrides :meth:`featurize` (it provides its own)."""
-        if type(self).featurize is not SpectralFeatureKernel.featurize:
+        ``None`` for a subclass that changes the features (it provides its own)."""
+        if not self.keeps_features_of(SpectralFeatureKernel):
             return None
         return self.measure_squared_norm(x)
 

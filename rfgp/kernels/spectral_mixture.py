@@ -84,17 +84,12 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         """k(x, x) = (Σ_q w_q)^d."""
         return self.mixture_weights.sum(-1).pow(self.ard_num_dims)
 
-    def featurize(self, x: Tensor) -> Tensor:
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√(s·A)·Φ(x): an outputscale s (log s = ``log_amplitude``, ``None``: s = 1) and the mixture's
+        A = (Σ_q w_q)^d in the same pair scales."""
         self._check_input_dim(x)
-        return self.measure_features(x, self.spectral_amplitude().log())
-
-    def folds_amplitude(self) -> bool:
-        return type(self).featurize is SketchedSpectralMixtureKernel.featurize
-
-    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        """√(s·A)·Φ(x): an outputscale s and the mixture's A = (Σ_q w_q)^d in the same pair scales."""
-        self._check_input_dim(x)
-        return self.measure_features(x, self.spectral_amplitude().log() + log_amplitude)
+        log_total = self.spectral_amplitude().log()
+        return super().folded_features(x, log_total if log_amplitude is None else log_total + log_amplitude)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = A·mean(w), A = (Σ_q w_q)^d, without featurising x: differentiable in the mixture weights (the

@@ -171,17 +171,8 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         check_finite(amplitude, "the amplitude (the factors' k(x, x) and outputscales)")
         return terms, amplitude, weights
 
-    def featurize(self, x: Tensor) -> Tensor:
-        return self._features(x)
-
-    def folds_amplitude(self) -> bool:
-        return type(self).featurize is SpectralProductKernel.featurize
-
-    def amplitude_features(self, x: Tensor, log_amplitude: Tensor) -> Tensor:
-        """√s·Φ(x) for log s (an outputscale around the product), folded into the pair scales √(s·a·wⱼ/m)."""
-        return self._features(x, log_amplitude)
-
-    def _features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+    def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
+        """√s·Φ(x) for log s (an outputscale around the product; ``None``: s = 1), with the pair scales √(s·a·wⱼ/m)."""
         terms, amplitude, weights = self.spectrum(x)
         projection = 0.0
         for u, frequencies in terms:

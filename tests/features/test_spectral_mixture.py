@@ -73,13 +73,14 @@ def test_kernel_features_fold_the_amplitude_and_match_sqrt_a_times_the_normalise
     import gpytorch
 
     import rfgp
+    from rfgp.kernels.spectral_kernel import SpectralFeatureKernel
 
     x = torch.rand(9, 2, dtype=torch.float64)
     kernel = rfgp.sketch(gpytorch.kernels.SpectralMixtureKernel(num_mixtures=3, ard_num_dims=2), 64, seed=0).double()
     kernel(x[:2]).to_dense()
     params = [kernel.raw_mixture_weights, kernel.raw_mixture_means, kernel.raw_mixture_scales]
     out = kernel.featurize(x)
-    ref = kernel.measure_features(x) * kernel.spectral_amplitude().sqrt()
+    ref = SpectralFeatureKernel.folded_features(kernel, x) * kernel.spectral_amplitude().sqrt()  # normalised Φ·√A
     assert type(out.grad_fn).__name__ == "_WeightedSinCosFeaturesBackward"
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
     probe = torch.randn(out.shape, dtype=torch.float64)
