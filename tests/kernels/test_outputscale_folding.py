@@ -12,7 +12,9 @@ import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 import rfgp
+from rfgp.features.weighted_fourier import projection_features
 from rfgp.kernels import (
+    FeatureKernel,
     FeatureSumKernel,
     SketchedMatern52KernelGrad,
     SketchedMaternKernel,
@@ -22,6 +24,7 @@ from rfgp.kernels import (
     SketchedRBFKernel,
     SketchedRQKernel,
     SketchedSpectralMixtureKernel,
+    SketchedSphericalPolynomialKernel,
     SpectralDeltaFeatureKernel,
     SpectralProductKernel,
 )
@@ -188,3 +191,86 @@ def test_kernels_that_do_not_fold_keep_the_multiply(make):
     assert not kernel.base_kernel.folds_amplitude()
     assert kernel.base_kernel.featurizer(x).amplitude_function is None
     torch.testing.assert_close(kernel_features(kernel, x), _multiplied(kernel, x), rtol=0, atol=0)
+
+
+class _FoldedFeaturesOnly(FeatureKernel):
+    """sin/cos features √(A/m)[cos ωx, sin ωx] of m = 4 frequencies ω = W·e^r, batch shape ``BATCH``, implementing only
+    ``folded_features``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("frequencies", torch.randn(4, 2, generator=torch.Generator().manual_seed(0)))
+        # a hyperparameter per batch member: ω = W·e^r
+        self.register_parameter("raw_scale", torch.nn.Parameter(torch.linspace(-0.5, 0.5, BATCH[0]).unsqueeze(-1)))
+
+    def folded_features(self, x, log_amplitude=None):
+        frequencies = self.frequencies.to(x.dtype) * self.raw_scale.exp().unsqueeze(-1)
+        return projection_features(x @ frequencies.mT, None, log_amplitude)
+
+    def diag_moments(self, x):
+        return None
+
+
+def test_a_kernel_implementing_only_folded_features_folds_the_outputscale(monkeypatch):
+    """The shared protocol (FeatureKernel.folded_features): featurize, folds_amplitude and amplitude_features come
+    from the one method, and a ScaleKernel's outputscale is folded through it — kernel_features and the chunked
+    cross-covariance — as the same function of x and the hyperparameters as the multiply path."""
+    kernel = ScaleKernel(_FoldedFeaturesOnly(batch_shape=BATCH), batch_shape=BATCH).double()
+    kernel.outputscale = torch.tensor([0.3, 2.0, 7.0], dtype=torch.float64)
+    x = torch.rand(6, 2, dtype=torch.float64, requires_grad=True)
+    z = torch.rand(5, 2, dtype=torch.float64)
+    base = kernel.base_kernel
+    assert base.folds_amplitude()
+    torch.testing.assert_close(base.featurize(x), base.folded_features(x), rtol=0, atol=0)
+    calls = _count_folds(monkeypatch, _FoldedFeaturesOnly)
+    features = kernel_features(kernel, x)
+    assert len(calls) == 1
+    _assert_same_function(features, _multiplied(kernel, x), [x, *kernel.parameters()])
+    covariance = kernel(z, x).to_dense()
+    assert len(calls) == 3  # Φ(Z) and Φ(x), each folded
+    torch.testing.assert_close(covariance, _multiplied(kernel, z) @ _multiplied(kernel, x).mT, rtol=0, atol=1e-13)
+
+
+def _doubled(kernel):
+    """``kernel`` as an instance of a user subclass whose featurize returns 2·Φ(x)."""
+    cls = type(kernel)
+    kernel.__class__ = type(f"Doubled{cls.__name__}", (cls,), {"featurize": lambda self, x: 2 * cls.featurize(self, x)})
+    return kernel
+
+
+@pytest.mark.parametrize("name", ["rff", "matern12", "periodic", "spectral_mixture", "product", "spectral_delta",
+                                  "newton_girard", "folded_features_only"])
+def test_a_subclass_that_overrides_featurize_is_not_folded(name):
+    """A user subclass that changes featurize is never bypassed by the folded_features it inherits: it does not fold,
+    amplitude_features refuses, and a ScaleKernel's √s multiplies its Φ (kernel_features, the chunked
+    cross-covariance)."""
+    kernel = ScaleKernel(_FoldedFeaturesOnly(batch_shape=BATCH), batch_shape=BATCH).double() \
+        if name == "folded_features_only" else _scaled(name, BATCH)
+    x = torch.rand(6, 2, dtype=torch.float64)
+    z = torch.rand(5, 2, dtype=torch.float64)
+    kernel_features(kernel, x)  # draws
+    folded = kernel.base_kernel.folded_features(x)
+    base = _doubled(kernel.base_kernel)
+    assert not base.folds_amplitude()
+    assert base.amplitude_function() is None
+    with pytest.raises(NotImplementedError, match="does not fold an amplitude"):
+        base.amplitude_features(x, kernel.outputscale.log())
+    expected = 2 * folded * kernel.outputscale.sqrt()[..., None, None]
+    torch.testing.assert_close(kernel_features(kernel, x), expected, rtol=0, atol=1e-13)
+    covariance = kernel(z, x).to_dense()
+    torch.testing.assert_close(covariance, _multiplied(kernel, z) @ expected.mT, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FeatureKernel(),
+    lambda: SketchedSphericalPolynomialKernel(power=3, num_features=16, input_dim=2, seed=0),  # projects, not sin/cos
+], ids=["neither_method", "spherical"])
+def test_kernels_without_folded_features_refuse_an_amplitude(make):
+    """A kernel that implements neither featurize nor folded_features says so; a random-feature kernel whose map is
+    not sin/cos refuses to fold an amplitude instead of returning sin/cos features of its projections."""
+    kernel = make().double()
+    x = torch.nn.functional.normalize(torch.rand(4, 2, dtype=torch.float64), dim=-1)
+    log_amplitude = torch.tensor(0.3, dtype=torch.float64)
+    for call in (lambda: kernel.amplitude_features(x, log_amplitude), lambda: kernel.folded_features(x, log_amplitude)):
+        with pytest.raises(NotImplementedError, match="neither featurize nor folded_features|does not fold"):
+            call()
