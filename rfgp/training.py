@@ -242,16 +242,16 @@ class _Objective:
             loss = -self.mll(self.model(*inputs), self.model.train_targets, *inputs).sum()
             loss.backward()
             self.bounds.pull_gradients()
-        except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
-            self._failed(error, "NaN entries in a covariance matrix" if isinstance(error, NanError) else
-                         "a covariance matrix that is not positive definite")
-            raise
-        except DrawCoverageError as error:
-            # a trial point beyond what the fixed draws cover (periodic ℓ, RQ α): the exact kernel is fine there,
-            # the estimator is not; step back as for a failed factorisation
+        except DrawCoverageError as error:  # before NanError, which it also is (for BoTorch's optimiser)
+            # a trial point beyond what the fixed draws cover (periodic ℓ, RQ α, the decay quadrature's α): the exact
+            # kernel is fine there, the estimator is not; step back as for a failed factorisation
             if self.last_finite is None:
                 raise
             self._failed(error, "hyperparameters outside the range the random draws cover")
+            raise
+        except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
+            self._failed(error, "NaN entries in a covariance matrix" if isinstance(error, NanError) else
+                         "a covariance matrix that is not positive definite")
             raise
         except InvalidValueError as error:
             if self.last_finite is None:  # the data or the starting point is invalid: nothing to restore

@@ -61,14 +61,17 @@ class NonFiniteHyperparameterError(NonFiniteError, NanError):
     """
 
 
-class DrawCoverageError(ValueError):
-    """Hyperparameters moved outside the range that a map's fixed random draws were made for.
+class DrawCoverageError(ValueError, NanError):
+    """Hyperparameters moved outside the range that a map's fixed random draws (or quadrature nodes) were made for.
 
     Importance-weighted draws (periodic harmonics, rational-quadratic precisions) come from a proposal centred at the
     hyperparameters of draw time; far from them the weights stop being an unbiased estimator with finite variance,
     and the map refuses to evaluate.  ``resample()`` of the kernel re-centres the proposal at the current values.
-    Not an :class:`InvalidValueError`: the point is valid for the kernel, so a sampler must not reject it as zero
-    density.  :func:`rfgp.fit_mll` treats it as a failed line-search trial point (restore, restart).
+    A fixed quadrature (BoTorch's ``ExponentialDecayKernel``) refuses powers and decays beyond its measured error
+    bound.  Not an :class:`InvalidValueError`: the point is valid for the kernel, so a sampler must not reject it as
+    zero density.  :func:`rfgp.fit_mll` treats it as a failed line-search trial point (restore, restart); it is also
+    linear_operator's ``NanError`` (as :class:`NonFiniteHyperparameterError`), so BoTorch's ``fit_gpytorch_mll``
+    takes such a trial point as a NaN loss and steps back instead of aborting the fit.
     """
 
 

@@ -19,8 +19,8 @@ kernels the installed BoTorch has (``PositiveIndexKernel`` is not in every versi
 
 * ``botorch.models.kernels.DownsamplingKernel`` and ``ExponentialDecayKernel`` — the fidelity kernels of
   ``SingleTaskMultiFidelityGP(linear_truncated=False)``: converted to :class:`~rfgp.kernels.DownsamplingFeatureKernel`
-  (exact features [√c, (1 − x)^{1+δ}]) and :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (75 deterministic
-  quadrature features, relative error ≤ 6.4·10⁻⁸), same hyperparameters, constraints, priors, batch shape and
+  (exact features [√c, (1 − x)^{1+δ}]) and :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (106 deterministic
+  quadrature features, relative error ≤ 6.8·10⁻⁸ for α ≤ 12), same hyperparameters, constraints, priors, batch shape and
   ``active_dims`` (:mod:`rfgp.kernels.fidelity`).  The model's RBF × decay × downsampling product stays F wide: the
   downsampling features as a Kronecker factor, the decay features in a TensorSRHT with the RBF features.
 
@@ -131,7 +131,7 @@ def _convert_downsampling(kernel, num_features, method, seed, x_sample=None):
 
 @register_converter(ExponentialDecayKernel, methods=(), options=())
 def _convert_exponential_decay(kernel, num_features, method, seed):
-    """ExponentialDecayKernel → :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (75 quadrature features
+    """ExponentialDecayKernel → :class:`~rfgp.kernels.ExponentialDecayFeatureKernel` (106 quadrature features
     whatever ``num_features``): same lengthscale, power and offset with their constraints and priors (BoTorch
     registers ``power_constraint`` nowhere and the offset's constraint on the power: whatever the kernel holds is
     copied), batch shape and ``active_dims``."""

@@ -5,13 +5,13 @@ r"""BoTorch's fidelity kernels (``SingleTaskMultiFidelityGP``, Wu et al., arXiv:
   data-fidelity column, multiplied).
 * ``ExponentialDecayKernel``  k(x, x') = w + (1 + (x + x')/β)^−α = w + E_{t∼Gamma(α, 1)}[e^{−tx/β} e^{−tx'/β}]:
   deterministic quadrature features (not random) Φ(x) = [√(w + c₀), √w₁ e^{−t₁x/β}, …] from the fixed
-  trapezoidal rule of :mod:`rfgp.features.exponential_quadrature` (75 features, relative error ≤ 6.4·10⁻⁸ for
-  α ≤ 5 and (x + x')/β ≤ 10⁴, differentiable in α and β, positive weights: PSD).
+  trapezoidal rule of :mod:`rfgp.features.exponential_quadrature` (106 features, relative error ≤ 6.8·10⁻⁸ for
+  α ≤ 12 and (x + x')/β ≤ 10⁴, differentiable in α and β, positive weights: PSD).
 
 Same parameter names, shapes, constraints and priors as BoTorch's kernels (``raw_power``, ``raw_offset``, and
 the lengthscale β of the exponential decay), so the exact kernels' ``state_dict`` loads into these.  Both
 are ``is_exact`` (sums reserve their fixed widths before splitting F); in a product the downsampling features
-multiply as a row-wise Kronecker factor (width 2), the 75 decay features through the TensorSRHT of the product's
+multiply as a row-wise Kronecker factor (width 2), the 106 decay features through the TensorSRHT of the product's
 random factors (:attr:`ExponentialDecayFeatureKernel.kronecker_factor` is ``False``), which keeps the product F wide.
 """
 
@@ -23,19 +23,20 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from ..core import settings
-from ..core.config_state import LAZY
-from ..core.validation import check_finite, check_positive_int
+from ..core.config_state import LAZY, METHOD
+from ..core.validation import DrawCoverageError, check_finite, check_positive_int
 from ..features import exponential_quadrature as quadrature
 from .exact_features import _ExactFeatureKernel
 from .families import check_kernel_kwargs
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 
 
-def _check_bound(x: Tensor, bad: Tensor, name: str, requirement: str, why: str) -> None:
-    """A ValueError naming the entries of x where ``bad`` holds (their count, the first index and its value)."""
+def _check_bound(x: Tensor, bad: Tensor, name: str, requirement: str, why: str,
+                 error: type[ValueError] = ValueError) -> None:
+    """An ``error`` naming the entries of x where ``bad`` holds (their count, the first index and its value)."""
     if settings.validate_inputs.on() and bad.numel() and bool(bad.any()):
         first = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(
+        raise error(
             f"{name} must be {requirement}, got {int(bad.sum())} entries that are not (the first at index {first}: "
             f"{float(x[first].detach())!r}); {why}"
         )
@@ -102,15 +103,19 @@ class ExponentialDecayFeatureKernel(_ExactFeatureKernel):
     r"""k(x, x') = w + (1 + (x + x')/β)^−α (BoTorch's ``ExponentialDecayKernel``) by deterministic quadrature features.
 
     (1 + s)^−α = E_{t∼Gamma(α, 1)}[e^{−ts}] with s = (x + x')/β, so
-    Φ(x) = [√(w + c₀(α)), √w₁(α) e^{−t₁x/β}, …, √w_K(α) e^{−t_Kx/β}] (K = 74 fixed nodes tₖ, positive weights
+    Φ(x) = [√(w + c₀(α)), √w₁(α) e^{−t₁x/β}, …, √w_K(α) e^{−t_Kx/β}] (K = 105 fixed nodes tₖ, positive weights
     differentiable in α; :mod:`rfgp.features.exponential_quadrature`) has Φ(x)ᵀΦ(x') = k(x, x') to a relative
-    error ≤ 6.4·10⁻⁸ (measured in float64) while α ≤ 5 and x/β ≤ 5·10³.  No random draws: ``num_features`` is
-    75 whatever width a conversion asks for.
+    error ≤ 6.8·10⁻⁸ (measured in float64) while α ≤ 12 and x/β ≤ 5·10³.  No random draws: ``num_features`` is
+    106 whatever width a conversion asks for; the rule is saved in ``state_dict`` (``config_quadrature_rule``), a
+    state of another rule is refused by name, and a state without it (saved before it was recorded) loads.
 
     Inputs: one column (the iteration fidelity, BoTorch's ``active_dims=[i]``) with x ≥ 0.  BoTorch computes
     ‖x + x'‖/β: for one column and x, x' ≥ 0 that is (x + x')/β, the form that has these features (for several
     columns or negative x it is not a function of x plus a function of x', so no product-form features exist).
-    Values outside the measured range (α > 5, x/β > 5·10³) raise rather than lose accuracy silently.
+    Values outside the measured range (α > 12, x/β > 5·10³) raise
+    :class:`~rfgp.core.validation.DrawCoverageError` rather than lose accuracy silently: a line-search trial point
+    there (BoTorch's fits try α up to 10⁴ and β → 0 on the way) is a failed trial that :func:`rfgp.fit_mll` and
+    BoTorch's ``fit_gpytorch_mll`` step back from (a ``NanError`` to the latter).
 
     Args:
         power_prior, offset_prior, power_constraint, offset_constraint: as in BoTorch (default ``Positive()``).
@@ -120,12 +125,15 @@ class ExponentialDecayFeatureKernel(_ExactFeatureKernel):
         >>> kernel = ExponentialDecayFeatureKernel().double()
         >>> x = torch.tensor([[0.0], [0.5]], dtype=torch.float64)
         >>> kernel.featurize(x).shape
-        torch.Size([2, 75])
+        torch.Size([2, 106])
     """
 
+    config_fields = {"quadrature_rule": METHOD}
+    optional_config_fields = frozenset({"quadrature_rule"})
+    quadrature_rule = quadrature.RULE
     has_lengthscale = True
     num_features = quadrature.NUM_NODES + 1
-    #: 75 columns: multiplying a product's width by them would leave its random factors almost no features
+    #: 106 columns: multiplying a product's width by them would leave its random factors almost no features
     kronecker_factor = False
 
     def __init__(self, power_prior: Prior | None = None, offset_prior: Prior | None = None,
@@ -155,10 +163,13 @@ class ExponentialDecayFeatureKernel(_ExactFeatureKernel):
         for value, name in ((power, "power"), (offset, "offset"), (lengthscale, "lengthscale")):
             check_finite(value, name)
         _check_bound(power, power > quadrature.MAX_POWER, "ExponentialDecayKernel's power α",
-                     f"≤ {quadrature.MAX_POWER:g}", "the quadrature's measured error bound covers α ≤ 5")
+                     f"≤ {quadrature.MAX_POWER:g}",
+                     f"the quadrature's measured error bound covers α ≤ {quadrature.MAX_POWER:g}", DrawCoverageError)
         decay = x / lengthscale  # (*b, n, 1)
         _check_bound(decay, decay > quadrature.MAX_DECAY / 2, "the decay x/lengthscale of ExponentialDecayKernel",
-                     f"≤ {quadrature.MAX_DECAY / 2:g}", "the quadrature's measured error bound covers (x + x')/β ≤ 1e4")
+                     f"≤ {quadrature.MAX_DECAY / 2:g}",
+                     f"the quadrature's measured error bound covers (x + x')/β ≤ {quadrature.MAX_DECAY:g}",
+                     DrawCoverageError)
         nodes = quadrature.log_nodes(decay.dtype, decay.device)
         log_w, log_tail = quadrature.log_weights(power, nodes)  # (*b, 1, K), (*b, 1)
         exponentials = (0.5 * log_w - decay * nodes.exp()).exp()  # (*b, n, K)

@@ -24,7 +24,7 @@
   - exact factors without a spectral form (``IndexKernel``, Linear, BoTorch's ``DownsamplingKernel``) of total
     width w → row-wise Kronecker (:class:`~rfgp.kernels.FeatureProductKernel`) with the random part at the
     even width ≤ F/w (all-exact products: Kronecker when w ≤ F, else TensorSRHT to F); an exact factor whose
-    class sets ``kronecker_factor = False`` (the 75 quadrature features of BoTorch's ``ExponentialDecayKernel``)
+    class sets ``kronecker_factor = False`` (the 106 quadrature features of BoTorch's ``ExponentialDecayKernel``)
     joins the random factors' TensorSRHT instead.
 
   Factors keep the exact tree's order where they can, so the exact tree's ``state_dict``

@@ -26,7 +26,7 @@ from pyro.infer import MCMC, NUTS
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
-from ..core.validation import InvalidValueError, check_positive_int
+from ..core.validation import DrawCoverageError, InvalidValueError, check_positive_int
 
 
 def _check_exact_gp(model) -> None:
@@ -101,6 +101,8 @@ def sample_hyperparameters(
                 setting_closure(module, value)
             # Fast log_prob stays on: it routes to the kernel's own inv_quad_logdet (O(N·F²) for rfgp).
             log_likelihood = random_model.likelihood(random_model(x)).log_prob(y)
+        except DrawCoverageError:  # a NanError too, but a valid point: never a zero density
+            raise
         except (NanError, NotPSDError, InvalidValueError):
             # A proposal outside a hyperparameter's constraint (e.g. noise below GaussianLikelihood's
             # 1e-4 floor) makes the setting closure produce NaN, or rfgp's checks refuse it: reject it

@@ -2,6 +2,7 @@
 values, gradients of every hyperparameter, constraints/priors/batch/dims carried by rfgp.sketch, state_dict, dtypes,
 and the inputs each refuses."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,10 +10,15 @@ botorch = pytest.importorskip("botorch")
 
 from botorch.models.kernels.downsampling import DownsamplingKernel  # noqa: E402
 from botorch.models.kernels.exponential_decay import ExponentialDecayKernel  # noqa: E402
+from botorch.optim.utils.common import _handle_numerical_errors  # noqa: E402
 from gpytorch.constraints import Interval  # noqa: E402
 from gpytorch.priors import GammaPrior  # noqa: E402
+from linear_operator.utils.errors import NanError  # noqa: E402
 
 import rfgp  # noqa: E402
+from rfgp.core.config_state import decode, encode  # noqa: E402
+from rfgp.core.validation import DrawCoverageError  # noqa: E402
+from rfgp.features import exponential_quadrature as quadrature  # noqa: E402
 from rfgp.kernels import DownsamplingFeatureKernel, ExponentialDecayFeatureKernel  # noqa: E402
 
 F64 = torch.float64
@@ -68,7 +74,7 @@ def test_downsampling_features_are_botorchs_matrix_exactly_with_its_gradients(d)
 def test_exponential_decay_features_match_botorch_to_1e_7_with_gradients():
     exact = _decay()
     converted = rfgp.sketch(exact, 64)
-    assert isinstance(converted, ExponentialDecayFeatureKernel) and converted.num_features == 75
+    assert isinstance(converted, ExponentialDecayFeatureKernel) and converted.num_features == 106
     x1, x2 = _fidelities(9), _fidelities(4, seed=1)
     for args in ((x1, x1), (x1, x2)):
         expected, actual = exact(*args).to_dense(), converted(*args).to_dense()
@@ -142,8 +148,52 @@ def test_exponential_decay_refuses_what_its_features_do_not_cover():
         kernel(torch.rand(4, 2, dtype=F64)).to_dense()
     with pytest.raises(ValueError, match=r"inputs of ExponentialDecayKernel must be ≥ 0.*-0.5"):
         kernel(torch.tensor([[0.2], [-0.5]], dtype=F64)).to_dense()
-    with pytest.raises(ValueError, match=r"decay x/lengthscale .* must be ≤ 5000"):
+    with pytest.raises(DrawCoverageError, match=r"decay x/lengthscale .* must be ≤ 5000"):
         kernel(torch.tensor([[0.2], [500.0]], dtype=F64)).to_dense()
-    kernel.power = torch.tensor([[0.5], [6.0]])
-    with pytest.raises(ValueError, match=r"power α must be ≤ 5, got 1 entries .*: 6"):
+    kernel.power = torch.tensor([[0.5], [13.0]])
+    with pytest.raises(DrawCoverageError, match=r"power α must be ≤ 12, got 1 entries .*: 13.*covers α ≤ 12"):
         kernel(torch.tensor([[0.2]], dtype=F64)).to_dense()
+
+
+def test_out_of_range_trial_points_are_a_nan_error_for_botorchs_optimiser():
+    """BoTorch's scipy closure turns linear_operator's NanError into a NaN loss (a failed line-search trial)."""
+    assert issubclass(DrawCoverageError, NanError) and issubclass(DrawCoverageError, ValueError)
+    kernel = rfgp.sketch(_decay(), 64)
+    kernel.power = torch.tensor([[0.5], [1e4]])
+    try:
+        kernel(torch.tensor([[0.2]], dtype=F64)).to_dense()
+    except RuntimeError as error:
+        value, grad = _handle_numerical_errors(error, x=np.zeros(3))
+    assert np.isnan(value) and np.isnan(grad).all()
+
+
+def test_powers_up_to_12_match_botorch_to_1e_7_with_gradients():
+    exact = _decay()
+    exact.power = torch.tensor([[6.5], [11.9]])
+    converted = rfgp.sketch(exact, 64)
+    x = _fidelities(9)
+    x[0, 2:, 0] = torch.linspace(0, 400 * 0.08, 7, dtype=F64)  # (x + x')/β up to 800
+    expected, actual = exact(x).to_dense(), converted(x).to_dense()
+    torch.testing.assert_close(actual, expected, rtol=1e-7, atol=0)
+    names = ("raw_lengthscale", "raw_power", "raw_offset")
+    grads = torch.autograd.grad(actual.sum(), [getattr(converted, n) for n in names])
+    expected_grads = torch.autograd.grad(expected.sum(), [getattr(exact, n) for n in names])
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-9)
+
+
+def test_the_quadrature_rule_is_saved_a_different_one_refused_and_a_state_without_it_loads():
+    converted = rfgp.sketch(_decay(), 64)
+    state = converted.state_dict()
+    rule = "trapezoid in log t: h=0.25, u0=-22.0, umax=4.0"
+    assert decode(state["config_quadrature_rule"]) == quadrature.RULE == rule
+    fresh = rfgp.sketch(_decay(), 64)
+    fresh.load_state_dict(state)  # strict
+    other = dict(state, config_quadrature_rule=encode("trapezoid in log t: h=0.35, u0=-22.0, umax=3.5"))
+    with pytest.raises(ValueError, match=r"quadrature_rule is 'trapezoid in log t: h=0.35.*' in the state dict but "
+                                         r"'trapezoid in log t: h=0.25"):
+        fresh.load_state_dict(other)
+    older = {key: value for key, value in state.items() if key != "config_quadrature_rule"}
+    fresh.load_state_dict(older)  # strict: saved before the rule was recorded (its hyperparameters mean the same)
+    x = _fidelities()
+    assert torch.equal(fresh.featurize(x), converted.featurize(x))
