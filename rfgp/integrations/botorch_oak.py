@@ -142,11 +142,37 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
             return features.expand(*features.shape[:-3], self.dim, *features.shape[-2:])
         return torch.stack([kernel_features(kernel, columns)[..., i, :, :] for i, kernel in enumerate(kernels)], -3)
 
+    def quadrature_means(self, like: Tensor) -> Tensor:
+        """mᵢ = Σ_q w_q φᵢ(z_q) under BoTorch's Gauss–Legendre rule, shape ``(*batch, d, 1, G)``, dtype/device of
+        ``like``."""
+        nodes = self.quadrature_nodes.to(like).unsqueeze(-1).expand(-1, self.dim)
+        return (self.quadrature_weights.to(like).unsqueeze(-1) * self.column_features(nodes)).sum(-2, keepdim=True)
+
+    def k(self, x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
+        """BoTorch's ``k``: the base kernel on each column, kᵢ(x1ᵢ, x2ᵢ) ≈ φᵢ(x1ᵢ)ᵀφᵢ(x2ᵢ) with the features (column
+        i's own draws) that Φ is built from; shape ``(*batch, d, n1, n2)``, or ``(*batch, d, n1)`` with ``diag``."""
+        features1 = self.column_features(x1)
+        features2 = features1 if x2 is x1 else self.column_features(x2)
+        return (features1 * features2).sum(-1) if diag else features1 @ features2.mT
+
+    def normalizer(self, eps: float = NORMALIZER_EPS) -> Tensor:
+        """BoTorch's ``normalizer``: Nᵢ = max(Σ_{q,r} w_q kᵢ(z_q, z_r) w_r, eps) with :meth:`k`'s kᵢ, i.e. max(‖mᵢ‖²,
+        eps); shape ``(*batch, d, 1, 1)``.  Computed at each call (BoTorch caches it in eval mode; here it is
+        O(d·q·G))."""
+        return self.quadrature_means(self.quadrature_weights).pow(2).sum(-1, keepdim=True).clamp(eps)
+
+    def _orthogonal_base_kernels(self, x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
+        """BoTorch's orthogonalised base kernels k̃ᵢ(x1ᵢ, x2ᵢ) = kᵢ − sᵢ(x1ᵢ)sᵢ(x2ᵢ)/Nᵢ with :meth:`k` and
+        :meth:`normalizer`, which is ψᵢ(x1ᵢ)ᵀψᵢ(x2ᵢ); shape ``(*batch, d, n1, n2)`` (``(*batch, d, n1)`` with
+        ``diag``)."""
+        self.check_inputs(x1, x2)
+        psi1 = self.orthogonal_features(x1)
+        psi2 = psi1 if x2 is x1 else self.orthogonal_features(x2)
+        return (psi1 * psi2).sum(-1) if diag else psi1 @ psi2.mT
+
     def orthogonal_features(self, x: Tensor) -> Tensor:
         """ψᵢ = Pᵢφᵢ (BoTorch's clamp of Nᵢ at 10⁻⁶ included), shape ``(*batch, d, n, G)``."""
-        nodes = self.quadrature_nodes.to(x).unsqueeze(-1).expand(-1, self.dim)
-        features, at_nodes = self.column_features(x), self.column_features(nodes)
-        mean = (self.quadrature_weights.to(x).unsqueeze(-1) * at_nodes).sum(-2, keepdim=True)  # mᵢ (..., d, 1, G)
+        features, mean = self.column_features(x), self.quadrature_means(x)  # mᵢ (..., d, 1, G)
         norm = mean.pow(2).sum(-1, keepdim=True)
         clamped = norm < NORMALIZER_EPS
         # 1 where ‖m‖² ≥ eps (a projection); where clamped, the shrink whose Gram is I − mmᵀ/eps (double where:

@@ -140,6 +140,44 @@ def test_botorchs_normalizer_clamp_is_reproduced():
     assert torch.isfinite(torch.autograd.grad(gram.sum(), converted.base_kernel.raw_outputscale)[0]).all()
 
 
+def test_k_normalizer_and_orthogonal_base_kernels_are_botorchs_methods_of_the_features_used():
+    """BoTorch's k(x1, x2) (per-column base kernel) and normalizer() (wᵀk(z, z)w, clamped) exist with BoTorch's shapes;
+    they are those of column i's own features (second order: its own draws), so BoTorch's orthogonalisation formula
+    applied to them is ψᵢψᵢᵀ, the first-order components of the converted K."""
+    exact = oak()
+    converted = rfgp.sketch(exact, 1 + 6 * 16, seed=0)
+    x2 = X[:4]
+    gram, cross, diag = converted.k(X, X), converted.k(X, x2), converted.k(X, X, diag=True)
+    assert gram.shape == exact.k(X, X).shape == (3, 10, 10) and cross.shape == (3, 10, 4) and diag.shape == (3, 10)
+    torch.testing.assert_close(diag, torch.diagonal(gram, dim1=-2, dim2=-1), rtol=1e-12, atol=0)
+    nodes, weights = converted.quadrature_nodes, converted.quadrature_weights
+    z = nodes.unsqueeze(-1).expand(-1, 3)
+    normalizer = converted.normalizer()
+    assert normalizer.shape == exact.normalizer().shape == (3, 1, 1)
+    torch.testing.assert_close(normalizer.squeeze(), torch.einsum("q,dqr,r->d", weights, converted.k(z, z), weights),
+                               rtol=1e-12, atol=0)
+    s1, s2 = converted.k(X, z) @ weights, converted.k(x2, z) @ weights  # BoTorch's _orthogonal_base_kernels
+    botorch_formula = cross - s1.unsqueeze(-1) * s2.unsqueeze(-2) / normalizer
+    orthogonal = converted._orthogonal_base_kernels(X, x2)
+    torch.testing.assert_close(orthogonal, botorch_formula, rtol=1e-10, atol=1e-12)
+    components = converted._non_reduced_forward(X, x2).to_dense()  # offset, 3 first-order, 3 second-order
+    torch.testing.assert_close(components[1:4], converted.coeffs_1[:, None, None] * orthogonal, rtol=1e-10, atol=1e-12)
+
+
+def test_k_and_normalizer_approach_botorchs_as_the_width_grows():
+    exact = oak()
+    errors = {}
+    for width in (64, 4096):
+        converted = rfgp.sketch(exact, 1 + 6 * width, seed=0)
+        with torch.no_grad():
+            errors[width] = (float((converted.k(X, X) - exact.k(X, X)).abs().max()),
+                             float(((converted.normalizer() - exact.normalizer()) / exact.normalizer()).abs().max()),
+                             float((converted._orthogonal_base_kernels(X, X)
+                                    - exact._orthogonal_base_kernels(X, X)).abs().max()))
+    for large, small in zip(errors[4096], errors[64]):
+        assert large < 0.04 and large < small / 2, errors
+
+
 def test_single_task_gp_with_a_converted_oak_fits_and_optimises_qlogei():
     generator = torch.Generator().manual_seed(0)
     train_x = torch.rand(60, 3, generator=generator, dtype=F64)
