@@ -28,6 +28,12 @@ factors) of ψᵢ and ψⱼ, whose draws are independent (one conversion of the 
 tied), so E[ψ-product] factorises.
 
 Φ(x) = [√c₀, √c₁ᵢ ψᵢ(xᵢ) for each i, √c₂ᵢⱼ S(ψᵢ(xᵢ), ψⱼ(xⱼ)) for each i < j]: width 1 + G·(d + d(d − 1)/2).
+
+BoTorch's methods keep their meaning for these features: ``k`` is φᵢᵀφᵢ per column, ``normalizer`` max(‖mᵢ‖², 10⁻⁶),
+so BoTorch's ``_orthogonal_base_kernels`` formula gives ψᵢᵀψᵢ.  The exact diagonal k(x, x) has a closed form for RBF
+and Matérn base kernels (:meth:`SketchedOrthogonalAdditiveKernel.exact_diagonal`); the FITC-style variance correction
+k(x, x) − ‖Φ(x)‖² built from it is opt-in (``fitc_variance``), because near the data it adds a deficit that the data
+explain.
 """
 
 from __future__ import annotations
