@@ -24,7 +24,7 @@ u₀; 1.7·10⁻⁸ at α = 12, 3.9·10⁻⁸ at 13, 8.4·10⁻⁸ at 14; 8.2·1
 of 75 (1.4× the exponentials; a TensorSRHT pads both to 128 columns).  :data:`MAX_POWER` and :data:`MAX_DECAY` are the
 limits the kernels using it enforce: BoTorch's ``SingleTaskMultiFidelityGP`` puts a Gamma(3, 6) prior on α (mean
 0.5; P(α > 12) ≈ 10⁻²⁸, log density 63 nats below its mode), and its fits end at α ≤ 2.5 (measured), while their
-line searches try points far beyond any bound (α up to 1.7·10⁴, x/β up to ∞): those trial points raise
+line searches try points far beyond any bound (α up to 10¹¹, x/β up to ∞): those trial points raise
 :class:`~rfgp.core.validation.DrawCoverageError`, which optimisers treat as a failed trial point and step back from.
 """
 

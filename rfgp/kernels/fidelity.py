@@ -114,7 +114,7 @@ class ExponentialDecayFeatureKernel(_ExactFeatureKernel):
     columns or negative x it is not a function of x plus a function of x', so no product-form features exist).
     Values outside the measured range (α > 12, x/β > 5·10³) raise
     :class:`~rfgp.core.validation.DrawCoverageError` rather than lose accuracy silently: a line-search trial point
-    there (BoTorch's fits try α up to 10⁴ and β → 0 on the way) is a failed trial that :func:`rfgp.fit_mll` and
+    there (BoTorch's fits try α of 10³ to 10¹¹ and β → 0 on the way) is a failed trial that :func:`rfgp.fit_mll` and
     BoTorch's ``fit_gpytorch_mll`` step back from (a ``NanError`` to the latter).
 
     Args:
