@@ -45,11 +45,10 @@ from linear_operator.operators import MatmulLinearOperator
 from torch import Tensor, nn
 
 from ..core import settings
-from ..core.config_state import METHOD
 from ..features.tensor_product import TensorProductSketch
 from ..inference.operators import FeatureRootLinearOperator
 from ..kernels.checked_call import refuse_last_dim_is_batch
-from ..kernels.combinations import kernel_features, unwrap_scale
+from ..kernels.combinations import kernel_features
 from ..kernels.conversion import register_converter, sketch
 from ..kernels.random_feature_kernel import FeatureKernel
 from ..models.feature_width import set_num_features
@@ -72,11 +71,6 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
         method: the method of the base kernel's conversion (``None``: its default).
         seed: the seeds of the base kernels' and the pair sketch's draws derive from it at random, so that they are
             independent of the leaves ``rfgp.sketch`` seeds with seed + 1, seed + 2, … next to this kernel.
-        fitc_variance: add the FITC-style correction k(x, x) − ‖Φ(x)‖² ≥ 0 (BoTorch's exact diagonal,
-            :meth:`exact_diagonal`) to the predictive variance (``rfgp.sketch(oak, F, fitc_variance=True)``).  Off by
-            default: it restores the prior variance far from the data but adds the draw's whole diagonal deficit
-            near it too, where the data explain it (measured in ``guide/botorch.md``).  Needs a base kernel with a
-            closed form (RBF, Matérn).
 
     Example:
         >>> from botorch.models.kernels.orthogonal_additive_kernel import OrthogonalAdditiveKernel
@@ -86,14 +80,8 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
         1201
     """
 
-    config_fields = {"fitc_variance": METHOD}
-    #: states saved before the option existed load (they had no correction)
-    optional_config_fields = frozenset({"fitc_variance"})
-
     def __init__(self, exact: OrthogonalAdditiveKernel, num_features: int, method: str | None = None,
-                 seed: int | None = None, fitc_variance: bool = False) -> None:
-        if not isinstance(fitc_variance, bool):
-            raise TypeError(f"fitc_variance must be True or False, got {fitc_variance!r}")
+                 seed: int | None = None) -> None:
         dim = exact.dim
         second_order = exact.raw_coeffs_2 is not None
         width = component_width(num_features, dim, second_order)
@@ -120,10 +108,6 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
         del self.z, self.w
         self.component_width = width
         self.pair_sketch = TensorProductSketch(2, width, input_dim=width, seed=seeds[1]) if second_order else None
-        self.fitc_variance = fitc_variance
-        if fitc_variance and not self.has_exact_diagonal:
-            raise ValueError(f"fitc_variance=True needs BoTorch's exact diagonal in closed form, which this "
-                             f"{type(exact.base_kernel).__name__} base kernel has not (RBF and Matérn have)")
 
     @property
     def num_features(self) -> int:
@@ -234,59 +218,9 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
             return FeatureRootLinearOperator(embedded1)
         return MatmulLinearOperator(embedded1, (features2.unsqueeze(-3) * masks.unsqueeze(-2)).mT)
 
-    @property
-    def has_exact_diagonal(self) -> bool:
-        """Whether the base kernel has a spectral family with a closed form (RBF, Matérn): :meth:`exact_diagonal`."""
-        return callable(getattr(unwrap_scale(self.base_kernel)[0], "spectral_density", None))
-
-    def exact_column_kernel(self, x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor | None:
-        """The exact base kernel on every column, kᵢ(x1ᵢ, x2ᵢ) = a·κ(|x1ᵢ − x2ᵢ|/ℓᵢ), from the closed form κ of its
-        spectral family (:meth:`~rfgp.features.spectral.SpectralDensity.correlation`: RBF, Matérn) and the
-        ``ScaleKernel`` amplitude a; ``(*batch, d, n1, n2)`` (``(*batch, d, n1)`` with ``diag``, x1 and x2 of one
-        length), or ``None`` for a base kernel without a spectral family."""
-        if not self.has_exact_diagonal:
-            return None
-        base, outputscale = unwrap_scale(self.base_kernel)
-        columns1 = base.scale_inputs(x1.transpose(-1, -2).unsqueeze(-1))  # (..., d, n1, 1)
-        columns2 = base.scale_inputs(x2.transpose(-1, -2).unsqueeze(-1))
-        distance = (columns1 - columns2).squeeze(-1) if diag else columns1 - columns2.mT
-        values = base.spectral_density().correlation(distance.abs())
-        if outputscale is None:
-            return values
-        return values * outputscale[(...,) + (None,) * (1 if diag else 2)]
-
-    def exact_diagonal(self, x: Tensor) -> Tensor | None:
-        """BoTorch's k(x, x) = c₀ + Σᵢc₁ᵢk̃ᵢ + Σᵢ<ⱼc₂ᵢⱼk̃ᵢk̃ⱼ, k̃ᵢ(a, a) = kᵢ(a, a) − sᵢ(a)²/Nᵢ with the exact base
-        kernel (:meth:`exact_column_kernel`) on BoTorch's quadrature (sᵢ(a) = Σ_q w_q kᵢ(a, z_q),
-        Nᵢ = max(wᵀKᵢ(z, z)w, 10⁻⁶)): O(n·d·q), shape ``(*batch, n)``; ``None`` without a closed form."""
-        nodes = self.quadrature_nodes.to(x).unsqueeze(-1).expand(-1, self.dim)
-        weights = self.quadrature_weights.to(x)
-        at_nodes = self.exact_column_kernel(x, nodes)  # (..., d, n, q)
-        if at_nodes is None:
-            return None
-        normalizer = (self.exact_column_kernel(nodes, nodes) @ weights @ weights).clamp(NORMALIZER_EPS)  # (..., d)
-        orthogonal = self.exact_column_kernel(x, x, diag=True) - (at_nodes @ weights).pow(2) / normalizer[..., None]
-        diagonal = self.offset[..., None] + (self.coeffs_1[..., None] * orthogonal).sum(-2)
-        if self.raw_coeffs_2 is not None:
-            pairs = torch.triu(self.coeffs_2, diagonal=1)
-            diagonal = diagonal + torch.einsum("...ij,...in,...jn->...n", pairs, orthogonal, orthogonal)
-        return diagonal
-
-    def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
-        """With ``fitc_variance``, (BoTorch's exact k(x, x), ‖Φ(x)‖²) per point, whose difference is the FITC-style
-        variance correction (as :class:`~rfgp.kernels.NystromKernel`'s); otherwise ``None``: E[‖Φ(x)‖²] − k(x, x),
-        the projection's O(1/G) bias, has no closed form, and the draw's own deficit is no bias correction."""
-        if not self.fitc_variance:
-            return None
-        target = self.exact_diagonal(x)
-        norms = self.featurize(x).pow(2).sum(-1)
-        return target.expand(norms.shape), norms
-
-    def variance_correction(self, x: Tensor) -> Tensor | None:
-        """k(x, x) − ‖Φ(x)‖² ≥ 0, in eval mode only: no training quantity reads it, predictions do."""
-        if self.training:
-            return None
-        return super().variance_correction(x)
+    def diag_moments(self, x: Tensor) -> None:
+        """``None``: no closed form of E[ψᵢ(x)ᵀψᵢ(x)] (the projection's O(1/G) bias is not corrected)."""
+        return None
 
 
 def component_width(num_features: int, dim: int, second_order: bool) -> int:
@@ -310,9 +244,7 @@ def _flatten_components(coefficients: Tensor, features: Tensor) -> Tensor:
     return scaled.transpose(-3, -2).flatten(-2)
 
 
-@register_converter(OrthogonalAdditiveKernel, methods=("rff", "orf", "sorf"), options=("fitc_variance",))
-def _convert_orthogonal_additive(kernel: Kernel, num_features: int, method: str | None, seed: int | None,
-                                 fitc_variance: bool = False):
+@register_converter(OrthogonalAdditiveKernel, methods=("rff", "orf", "sorf"), options=())
+def _convert_orthogonal_additive(kernel: Kernel, num_features: int, method: str | None, seed: int | None):
     """OrthogonalAdditiveKernel → :class:`SketchedOrthogonalAdditiveKernel` (same parameters, priors, quadrature)."""
-    return SketchedOrthogonalAdditiveKernel(kernel, num_features, method=method, seed=seed,
-                                            fitc_variance=fitc_variance)
+    return SketchedOrthogonalAdditiveKernel(kernel, num_features, method=method, seed=seed)

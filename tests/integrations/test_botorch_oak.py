@@ -12,12 +12,11 @@ from botorch.models import SingleTaskGP  # noqa: E402
 from botorch.models.additive_gp import OrthogonalAdditiveGP  # noqa: E402
 from botorch.models.kernels.orthogonal_additive_kernel import OrthogonalAdditiveKernel  # noqa: E402
 from botorch.optim import optimize_acqf  # noqa: E402
-from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKernel  # noqa: E402
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel  # noqa: E402
 from gpytorch.mlls import ExactMarginalLogLikelihood  # noqa: E402
 from gpytorch.priors import GammaPrior  # noqa: E402
 
 import rfgp  # noqa: E402
-from rfgp.core.config_state import decode  # noqa: E402
 from rfgp.integrations.botorch_oak import SketchedOrthogonalAdditiveKernel  # noqa: E402
 
 F64 = torch.float64
@@ -177,77 +176,6 @@ def test_k_and_normalizer_approach_botorchs_as_the_width_grows():
                                     - exact._orthogonal_base_kernels(X, X)).abs().max()))
     for large, small in zip(errors[4096], errors[64]):
         assert large < 0.04 and large < small / 2, errors
-
-
-@pytest.mark.parametrize("second_order, base", [(True, None), (False, "matern"), (True, "scaled")])
-def test_exact_diagonal_is_botorchs_diagonal_in_closed_form(second_order, base):
-    batch = torch.Size([3])
-    if base == "scaled":  # an amplitude of 1e-7 on column 0: BoTorch's clamp of N at 1e-6 applies there
-        base_kernel = ScaleKernel(RBFKernel(batch_shape=batch), batch_shape=batch).double()
-        base_kernel.outputscale = torch.tensor([1e-7, 2.0, 0.5], dtype=F64)
-        exact = OrthogonalAdditiveKernel(dim=3, base_kernel=base_kernel, second_order=second_order, dtype=F64)
-        exact.coeffs_2 = torch.tensor([[0.0, 0.7, 0.2], [0.0, 0.0, 1.5], [0.0, 0.0, 0.0]], dtype=F64)
-    else:
-        exact = oak(second_order, MaternKernel(nu=2.5, batch_shape=batch) if base == "matern" else None)
-    converted = rfgp.sketch(exact, 1 + 6 * 8, seed=0)
-    assert converted.has_exact_diagonal
-    diagonal = converted.exact_diagonal(X)
-    torch.testing.assert_close(diagonal, exact(X, diag=True).detach(), rtol=1e-12, atol=1e-14)
-    (grad,) = torch.autograd.grad(diagonal.sum(), converted.raw_coeffs_1)  # differentiable in the hyperparameters
-    (expected,) = torch.autograd.grad(exact(X, diag=True).sum(), exact.raw_coeffs_1)
-    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-14)
-
-
-def test_a_base_kernel_without_closed_form_has_no_exact_diagonal_and_refuses_the_fitc_option():
-    exact = OrthogonalAdditiveKernel(dim=3, base_kernel=PeriodicKernel(batch_shape=torch.Size([3])), dtype=F64)
-    converted = rfgp.sketch(exact, 1 + 3 * 16, seed=0)
-    assert not converted.has_exact_diagonal and converted.exact_diagonal(X) is None
-    with pytest.raises(ValueError, match="fitc_variance=True needs BoTorch's exact diagonal .* PeriodicKernel"):
-        rfgp.sketch(exact, 1 + 3 * 16, seed=0, fitc_variance=True)
-    with pytest.raises(TypeError, match="fitc_variance must be True or False, got 1"):
-        rfgp.sketch(oak(), 1 + 6 * 16, fitc_variance=1)
-
-
-def _variance_errors(width, fitc_variance, seed=0):
-    """Mean |Var − exact Var| of a SingleTaskGP near its data ([0, 0.5]³) and away from it."""
-    generator = torch.Generator().manual_seed(0)
-    train_x = torch.rand(50, 3, generator=generator, dtype=F64) * 0.5
-    train_y = torch.sin(5 * train_x[:, :1]) + train_x[:, 1:2] * train_x[:, 2:]
-    test_x = torch.rand(200, 3, generator=generator, dtype=F64)
-    far = (test_x > 0.5).any(-1)
-    variances = []
-    for kernel in (oak(), rfgp.sketch(oak(), 1 + 6 * width, seed=seed, fitc_variance=fitc_variance)):
-        model = SingleTaskGP(train_x, train_y, covar_module=kernel, outcome_transform=None)
-        model.likelihood.noise = 1e-2
-        with torch.no_grad():
-            variances.append(model.eval().posterior(test_x).variance.squeeze(-1))
-    error = (variances[1] - variances[0]).abs()
-    return float(error[~far].mean()), float(error[far].mean())
-
-
-def test_fitc_variance_option_adds_the_draws_diagonal_deficit_and_converges_to_the_exact_variance():
-    converted = rfgp.sketch(oak(), 1 + 6 * 16, seed=0)
-    fitc = rfgp.sketch(oak(), 1 + 6 * 16, seed=0, fitc_variance=True)
-    for kernel in (converted, fitc):
-        kernel.eval()
-    assert converted.variance_correction(X) is None  # the default: no correction
-    deficit = fitc.exact_diagonal(X) - fitc.featurize(X).pow(2).sum(-1)
-    torch.testing.assert_close(fitc.variance_correction(X), deficit.clamp_min(0), rtol=0, atol=0)
-    assert fitc.train().variance_correction(X) is None  # training reads no correction
-    near_16, _ = _variance_errors(16, True)
-    near_1024, _ = _variance_errors(1024, True)
-    assert near_1024 < near_16 / 10, (near_16, near_1024)  # measured 0.20 → 0.007 (three seeds)
-    assert _variance_errors(64, False)[0] < _variance_errors(64, True)[0] / 10  # why it is off by default
-
-
-def test_fitc_option_is_saved_a_different_one_refused_and_a_state_without_it_loads():
-    fitc = rfgp.sketch(oak(), 1 + 6 * 16, seed=0, fitc_variance=True)
-    state = fitc.state_dict()
-    assert decode(state["config_fitc_variance"]) is True
-    with pytest.raises(ValueError, match="fitc_variance is True in the state dict but False in this module"):
-        rfgp.sketch(oak(), 1 + 6 * 16, seed=0).load_state_dict(state)
-    older = {key: value for key, value in state.items() if key != "config_fitc_variance"}
-    rfgp.sketch(oak(), 1 + 6 * 16, seed=0).load_state_dict(older)  # strict: saved before the option existed
 
 
 def test_single_task_gp_with_a_converted_oak_fits_and_optimises_qlogei():
