@@ -30,10 +30,11 @@ tied), so E[ψ-product] factorises.
 Φ(x) = [√c₀, √c₁ᵢ ψᵢ(xᵢ) for each i, √c₂ᵢⱼ S(ψᵢ(xᵢ), ψⱼ(xⱼ)) for each i < j]: width 1 + G·(d + d(d − 1)/2).
 
 BoTorch's methods keep their meaning for these features: ``k`` is φᵢᵀφᵢ per column, ``normalizer`` max(‖mᵢ‖², 10⁻⁶),
-so BoTorch's ``_orthogonal_base_kernels`` formula gives ψᵢᵀψᵢ.  The exact diagonal k(x, x) has a closed form for RBF
-and Matérn base kernels (:meth:`SketchedOrthogonalAdditiveKernel.exact_diagonal`); the FITC-style variance correction
-k(x, x) − ‖Φ(x)‖² built from it is opt-in (``fitc_variance``), because near the data it adds a deficit that the data
-explain.
+so BoTorch's ``_orthogonal_base_kernels`` formula gives ψᵢᵀψᵢ.  The predictive variance has no bias correction:
+the features' mean error E[‖Φ(x)‖²] − k(x, x) has no closed form, and the draw-based k(x, x) − ‖Φ(x)‖² (measured
+against the exact GP's variance, mean absolute error near / away from the data, 3 seeds: G = 16 0.204 / 0.219 with it,
+0.0016 / 0.215 without; G = 1024 0.0073 / 0.023 with, 0.0004 / 0.024 without) hurts near the data and does not help
+away from it.
 """
 
 from __future__ import annotations
