@@ -23,6 +23,29 @@ A⁻¹ΦᵀD⁻¹ = Φᵀ(ΦΦᵀ + D)⁻¹, the mean weights are Φᵀα, and A
 (:class:`KernelSpaceFactor`, W = L⁻¹Φ and Q = (L + D^{1/2})⁻¹Φ, both N × F): the posterior
 covariance at test features Φ* has the n × F root Φ*R, as in feature space (where it is Φ*L_A⁻ᵀ),
 so products, variances and draws cost what they cost there — without an F × F factorisation.
+
+Precision (:func:`covariance_dtype`): float32 features form and factorise K in float32 or float64 by the rule of
+:mod:`rfgp.inference.statistics_precision`, on the same estimate ε̂ = u·tr(sΦᵀD⁻¹Φ) = u·Σᵢ s‖φᵢ‖²/dᵢ as the feature
+path of the same model.  Derivation: the entries of sΦΦᵀ are inner products of length F, so formed in floating point
+``|ΔK| ≤ γ_{F+1}·s|Φ||Φ|ᵀ`` elementwise (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., 2002,
+§3.5, eq. (3.13); the product with s adds one rounding).  K ⪰ D, so log|K|, rᵀK⁻¹r, their gradients and the
+Cholesky factor change by relative amounts of order ``‖K^{-1/2}ΔK K^{-1/2}‖₂ ≤ ‖D^{-1/2}ΔK D^{-1/2}‖₂`` and K
+becomes indefinite once that approaches 1 (the smallest eigenvalue of D^{-1/2}KD^{-1/2} = I + sD^{-1/2}ΦΦᵀD^{-1/2},
+whose other eigenvalues are those of I + sΦᵀD⁻¹Φ); with ``‖|M|‖₂ ≤ ‖M‖_F``::
+
+    ‖D^{-1/2}ΔK D^{-1/2}‖₂ ≤ γ_{F+1}·s·‖D^{-1/2}|Φ|‖_F² = γ_{F+1}·Σᵢ s‖φᵢ‖²/dᵢ = γ_{F+1}·tr(sΦᵀD⁻¹Φ),
+
+the feature path's bound with the inner dimension F for N (the same estimate u·tr, which drops the worst-case factor
+as there).  A float32 Cholesky factorisation of the rounded K adds a backward error ``|ΔK| ≤ γ_{N+1}|L||L|ᵀ``
+(Higham, Theorem 10.3) with ``‖D^{-1/2}|L||L|ᵀD^{-1/2}‖₂ ≤ Σᵢ kᵢᵢ/dᵢ = N + tr(sΦᵀD⁻¹Φ)``: of the same order once
+the trace dominates, so the factor is not widened alone (a float64 factor of the float32 K failed at the same
+signal-to-noise ratios, :class:`KernelSpaceNotPSDError`).  Where ε̂ exceeds the tolerance Φ, D, r and s are cast to
+float64 (differentiably) and the Gram, the Cholesky factor, the solves and the backward products (S, SΦ, ⟨S, ΦΦᵀ⟩)
+run in float64; the terms are rounded back, and the gradients reach the float32 inputs in float32.  The posterior
+caches do the same and keep the factor's W and Q in float64 (:meth:`KernelSpaceFactor.posterior_root` casts the test
+features; the root Φ*R = Φ* − (Φ*Wᵀ)Q cancels at a high signal-to-noise ratio, rounded W and Q cost 20–100 times
+the variance error); the mean weights are rounded back.  Measured (``benchmarks/results/kernel_space_precision.md``):
+see :func:`covariance_dtype`.
 """
 
 from __future__ import annotations
@@ -37,6 +60,7 @@ from torch import Tensor
 
 from ..core.dtypes import refuse_autocast_backward
 from .linalg import _sum_to_shape, differentiable_backward, rounding_advice, symmetric_gram
+from .statistics_precision import statistics_dtype, unit_roundoff, weighted_square_norm
 
 
 def prefers_kernel_space(num_data: int, num_features: int, feature_batch: int = 1, solve_batch: int = 1,
@@ -63,9 +87,30 @@ def kernel_gram(features: Tensor) -> Tensor:
     return symmetric_gram(features.mT, features.mT)
 
 
+def covariance_dtype(features: Tensor, noise: Tensor, scale: Tensor | None = None) -> torch.dtype:
+    """The dtype to form and factorise K = sΦΦᵀ + D in: Φ's and D's, or float64 for float32 ones where the a-priori
+    estimate of K's float32 rounding beside its noise floor D, ε̂ = u·tr(sΦᵀD⁻¹Φ) = u·Σᵢ s‖φᵢ‖²/dᵢ, exceeds
+    :class:`rfgp.settings.float32_statistics_tolerance` (:func:`rfgp.inference.statistics_precision.statistics_dtype`;
+    the derivation is in this module's docstring).
+
+    Args:
+        features: Φ ``(..., N, F)``.
+        noise: the diagonal of D, ``(..., N)`` or ``(..., 1)`` for a constant one.
+        scale: optional positive s, batch-shaped.
+    """
+    def trace() -> Tensor:
+        trace = weighted_square_norm(features, noise.reciprocal())
+        return trace if scale is None else trace * scale.detach()
+
+    return statistics_dtype(torch.promote_types(features.dtype, noise.dtype), features.device, trace)
+
+
 def kernel_cholesky(features: Tensor, noise: Tensor, scale: Tensor | None = None) -> Tensor:
-    """chol(sΦΦᵀ + D) for Φ ``(..., N, F)``, the noise diagonal ``(..., N)`` and an optional batch-shaped s."""
-    return _factor(kernel_gram(features), noise, scale)
+    """chol(sΦΦᵀ + D) for Φ ``(..., N, F)``, the noise diagonal ``(..., N)`` and an optional batch-shaped s, formed
+    and factorised in :func:`covariance_dtype` (float64 for float32 features at a high signal-to-noise ratio): solve
+    with it in its dtype."""
+    work = covariance_dtype(features, noise, scale)
+    return _factor(kernel_gram(features.to(work)), noise.to(work), None if scale is None else scale.to(work))
 
 
 def _factor(gram: Tensor, noise: Tensor, scale: Tensor | None) -> Tensor:
@@ -84,23 +129,27 @@ def _factor(gram: Tensor, noise: Tensor, scale: Tensor | None) -> Tensor:
 class KernelSpaceNotPSDError(NotPSDError):
     """The N × N covariance sΦΦᵀ + D of the kernel-space path failed to factorise even with linear_operator's jitter.
 
-    Its Cholesky factorisation stays in the input dtype: in float64 it costs +21 % per float32 MLL and gradient at
-    N = 1000, F = 2048 (one thread; 0.152 s against 0.185 s), and gains nothing, since the rounding of sΦΦᵀ formed in
-    float32 (≈ eps·s·‖ΦΦᵀ‖) is what exceeds the noise there (float32 against float64 MLL and gradient errors alike
-    with either factor, failures at the same signal-to-noise ratios).  A ``NotPSDError``, so that
-    :func:`rfgp.fit_mll`'s restarts treat it as linear_operator's.
+    The rounding of sΦΦᵀ beside the noise is what fails: ≈ u·tr(sΦᵀD⁻¹Φ) (this module's docstring), so float32
+    features form *and* factorise K in float64 where that estimate exceeds
+    :class:`rfgp.settings.float32_statistics_tolerance` (a float64 factor of the float32 K alone gained nothing:
+    float32 against float64 errors alike, failures at the same signal-to-noise ratios).  In float32 the error is left
+    where the rule kept float32 (the tolerance raised, or ∞); in float64, where even float64's rounding exceeds the
+    noise.  A ``NotPSDError``, so that :func:`rfgp.fit_mll`'s restarts treat it as linear_operator's.
     """
 
 
 def _kernel_space_failure(covar: Tensor, noise: Tensor, cause: str) -> str:
-    """What failed and what to do, for :class:`KernelSpaceNotPSDError`."""
+    """What failed and what to do, for :class:`KernelSpaceNotPSDError`: the rounding estimate u·tr(sΦᵀD⁻¹Φ) of the
+    dtype K was formed in, tr(sΦᵀD⁻¹Φ) = Σᵢ (kᵢᵢ − dᵢ)/dᵢ read off K's diagonal (the largest batch member's)."""
     size, dtype = covar.shape[-1], covar.dtype
-    trace = covar.diagonal(dim1=-2, dim2=-1).abs().sum(-1).max().item()  # ≥ the largest eigenvalue
+    trace = ((covar.diagonal(dim1=-2, dim2=-1) - noise) / noise).sum(-1).max().item()
+    estimate = unit_roundoff(dtype) * trace
     return (
-        f"the {size} × {size} covariance sΦΦᵀ + D of a {dtype} model (rfgp's kernel-space path, taken when N ≤ F) is "
-        f"not positive definite ({cause.rstrip('.')}): its trace is {trace:.3g}, so rounding in {dtype} can move its "
-        f"eigenvalues by up to about eps·{trace:.3g} = {torch.finfo(dtype).eps * trace:.2g}, against a smallest noise "
-        f"variance of {noise.min().item():.3g}. {rounding_advice(dtype)}"
+        f"the {size} × {size} covariance sΦΦᵀ + D of rfgp's kernel-space path (taken when N ≤ F), formed in {dtype}, "
+        f"is not positive definite ({cause.rstrip('.')}): its rounding beside the noise is about "
+        f"u·tr(sΦᵀD⁻¹Φ) = {estimate:.3g} (u = {unit_roundoff(dtype):.2g}), against a smallest eigenvalue of 1 of "
+        f"D^(-1/2)·K·D^(-1/2) in exact arithmetic; smallest noise variance of {noise.min().item():.3g}. "
+        f"{rounding_advice(dtype)}"
     )
 
 
@@ -192,15 +241,18 @@ def kernel_space_inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor | 
             kept out of Φ so that it costs no N × F pass.
     """
     width_rhs = rhs if rhs is not None else features.new_zeros(*features.shape[:-2], features.shape[-2], 0)
-    if torch.is_tensor(scale):
-        scale = scale.to(features)
-    else:  # made on the device (torch.as_tensor of a number would copy it from the host)
-        scale = features.new_full((), 1.0 if scale is None else float(scale))
+    if not torch.is_tensor(scale):  # made on the device (torch.as_tensor of a number would copy it from the host)
+        scale = None if scale is None else features.new_full((), float(scale))
+    dtype = torch.promote_types(torch.promote_types(features.dtype, noise.dtype), width_rhs.dtype)
+    work = covariance_dtype(features, noise, scale)
+    # the casts are differentiable: float64 forward and backward, gradients rounded back to each input's dtype
+    features, noise, width_rhs = features.to(work), noise.to(work), width_rhs.to(work)
+    scale = features.new_ones(()) if scale is None else scale.to(work)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         inv_quad, logdet_term = _inv_quad_logdet(features, noise, width_rhs, scale, kernel_gram(features))[:2]
     else:
         inv_quad, logdet_term = _KernelSpaceInvQuadLogdet.apply(features, noise, width_rhs, scale, logdet)
-    return (inv_quad if rhs is not None else None), (logdet_term if logdet else None)
+    return (inv_quad.to(dtype) if rhs is not None else None), (logdet_term.to(dtype) if logdet else None)
 
 
 class KernelSpaceFactor(NamedTuple):
@@ -220,11 +272,13 @@ class KernelSpaceFactor(NamedTuple):
 
     def posterior_root(self, features: Tensor) -> Tensor:
         """Φ*R = Φ* − (Φ*Wᵀ)Q ``(..., n, F)`` for test features Φ* ``(..., n, F)``, in O(n·N·F)."""
-        return features - (features @ self.projection.mT) @ self.correction
+        work = features.to(self.projection.dtype)
+        return (work - (work @ self.projection.mT) @ self.correction).to(features.dtype)
 
     def weight_root_product(self, vectors: Tensor) -> Tensor:
         """Rz = z − Wᵀ(Qz) for columns z ``(..., F, S)``, in O(N·F·S)."""
-        return vectors - self.projection.mT @ (self.correction @ vectors)
+        work = vectors.to(self.projection.dtype)
+        return (work - self.projection.mT @ (self.correction @ work)).to(vectors.dtype)
 
 
 def kernel_space_posterior_caches(features: Tensor, noise: Tensor,
@@ -234,11 +288,14 @@ def kernel_space_posterior_caches(features: Tensor, noise: Tensor,
     The first equals the feature-space mean cache A⁻¹ΦᵀD⁻¹r; the second gives the posterior covariance
     root and weight draws without an F × F matrix.
     """
+    dtype = torch.promote_types(torch.promote_types(features.dtype, noise.dtype), residual.dtype)
     chol = kernel_cholesky(features, noise)
+    features, noise, residual = features.to(chol.dtype), noise.to(chol.dtype), residual.to(chol.dtype)
     batch = chol.shape[:-2]
     solve = torch.cholesky_solve(residual.expand(*batch, *residual.shape[-2:]), chol)
     mean_cache = features.mT @ solve
     features = features.expand(*batch, *features.shape[-2:])
     projection = torch.linalg.solve_triangular(chol, features, upper=False)
     shifted = chol + torch.diag_embed(noise.sqrt().expand(*batch, chol.shape[-1]))
-    return mean_cache, KernelSpaceFactor(projection, torch.linalg.solve_triangular(shifted, features, upper=False))
+    correction = torch.linalg.solve_triangular(shifted, features, upper=False)
+    return mean_cache.to(dtype), KernelSpaceFactor(projection, correction)

@@ -16,10 +16,12 @@ so the cost is that of the marginal likelihood: the statistics ΦᵀWΦ and Φ�
 triangular solve.  The per-point differences wᵢ − wᵢ²‖vᵢ‖², which cancel at a high signal-to-noise ratio, are taken
 in the factor's dtype and rounded back.  When the N × N matrix is cheaper (always when N ≤ F,
 :meth:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator.uses_kernel_space`) K is factorised as it is
-(:func:`~rfgp.inference.kernel_space.kernel_cholesky`).  Chunked operators (:class:`rfgp.settings.memory_budget`)
-form V chunk by chunk; under autograd the chunks' solves are kept for the backward pass (O(N·F) memory, never
-O(N²)).  D is the likelihood's noise only: the training covariance carries no variance correction (that is added to
-predictive variances at test points), as in the dense path.  Everything is differentiable by autograd.
+(:func:`~rfgp.inference.kernel_space.kernel_cholesky`: in float64 for float32 features where the rule of
+:mod:`~rfgp.inference.statistics_precision` says so, the results rounded back).  Chunked operators
+(:class:`rfgp.settings.memory_budget`) form V chunk by chunk; under autograd the chunks' solves are kept for the
+backward pass (O(N·F) memory, never O(N²)).  D is the likelihood's noise only: the training covariance carries no
+variance correction (that is added to predictive variances at test points), as in the dense path.  Everything is
+differentiable by autograd.
 """
 
 from __future__ import annotations
@@ -97,8 +99,9 @@ def _kernel_space_terms(covar: FeatureRootAddedDiagLinearOperator, residual: Ten
     chol = kernel_cholesky(features, noise, None if constant is None else constant**2)
     inverse = torch.cholesky_inverse(chol)
     batch = torch.broadcast_shapes(residual.shape[:-1], chol.shape[:-2])
-    inv_residual = (inverse @ residual.expand(*batch, residual.shape[-1]).unsqueeze(-1)).squeeze(-1)
-    return inv_residual, inverse.diagonal(dim1=-2, dim2=-1).expand(*batch, residual.shape[-1])
+    inv_residual = (inverse @ residual.to(chol.dtype).expand(*batch, residual.shape[-1]).unsqueeze(-1)).squeeze(-1)
+    inv_diag = inverse.diagonal(dim1=-2, dim2=-1).expand(*batch, residual.shape[-1])
+    return inv_residual.to(residual.dtype), inv_diag.to(residual.dtype)
 
 
 def leave_one_out_predictions(covar: LinearOperator, targets: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:

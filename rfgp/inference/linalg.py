@@ -85,7 +85,10 @@ def _capacitance_failure(capacitance: Tensor, dtype: torch.dtype, noise: Tensor 
 def rounding_advice(dtype: torch.dtype) -> str:
     """What to do when a factorisation fails because rounding in ``dtype`` exceeds the noise (the capacitance's
     :class:`CapacitanceNotPSDError`, the kernel-space path's ``KernelSpaceNotPSDError``)."""
-    start = "Raise" if dtype == torch.float64 else "Train in float64 (model.double() with float64 data) or raise"
+    start = "Raise" if dtype == torch.float64 else (
+        "Train in float64 (model.double() with float64 data), form float32 features' statistics in float64 "
+        "(rfgp.settings.float32_statistics_tolerance(0); the default tolerance chooses float64 by u·tr(ΦᵀD⁻¹Φ)) "
+        "or raise")
     return (f"{start} the noise lower bound (the rounding scales with 1/noise): a GaussianLikelihood's "
             "noise_constraint=gpytorch.constraints.GreaterThan(...), or a larger alpha_epsilon for Dirichlet "
             "classification")

@@ -62,8 +62,14 @@ the largest member's trace decides) or correlated task noise (the whitened rows 
 (:mod:`~rfgp.inference.classification`: tr(ΦᵀD_c⁻¹Φ) = β_{c,on}t_c + β_{c,off}(Σ_k t_k − t_c) from the per-label traces
 t_k = tr(Φ_kᵀΦ_k), the largest class decides; one O(N·F) pass over a materialised Φ, read off the float32 per-label
 Grams of a chunked one); complex features (:mod:`~rfgp.inference.complex_posterior`: tr(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°) =
-2·Σᵢ‖ψᵢ‖²/σᵢ²); and ``StreamingFeatureGP.update``. The kernel-space path (N ≤ F, whose N × N factor is formed and
-factorised in the features' dtype) is not concerned. The choice changes the accuracy of the same model, never the model.
+2·Σᵢ‖ψᵢ‖²/σᵢ²); ``StreamingFeatureGP.update``; and the kernel-space path (N ≤ F,
+:func:`~rfgp.inference.kernel_space.covariance_dtype`), which forms and factorises the N × N matrix K = sΦΦᵀ + D
+instead: its rounding beside the noise floor D is bounded by the same trace, ‖D^{-1/2}ΔK D^{-1/2}‖₂ ≤
+γ_{F+1}·tr(sΦᵀD⁻¹Φ) (inner dimension F; derived in :mod:`rfgp.inference.kernel_space`), so K, its Cholesky factor,
+the solves, the backward products and the posterior factor are float64 where u·tr(sΦᵀD⁻¹Φ) exceeds τ — the same
+decision as the feature path of the same model (the marginal likelihood and gradient of the MLL, the posterior
+caches, leave-one-out terms, pathwise posterior samples and the log-density of test points under the posterior).
+The choice changes the accuracy of the same model, never the model.
 
 The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
 decide without the data.  :func:`recorded_statistics_dtypes` reports the decisions (a diagnostic and testing hook).

@@ -251,8 +251,9 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
     noisy = operator + noise_covariance
     if isinstance(noisy, FeatureRootAddedDiagLinearOperator) and noisy.uses_kernel_space():
         features = operator.root.to_dense()  # the outputscale folded in
-        chol = kernel_cholesky(features, weights.reciprocal())
-        solved = features.mT @ torch.cholesky_solve(rhs.expand(*chol.shape[:-2], *rhs.shape[-2:]), chol)
+        chol = kernel_cholesky(features, weights.reciprocal())  # float64 for float32 features at a high SNR
+        work = rhs.to(chol.dtype).expand(*chol.shape[:-2], *rhs.shape[-2:])
+        solved = (features.to(chol.dtype).mT @ torch.cholesky_solve(work, chol)).to(rhs.dtype)
     else:
         gram, cross = operator.feature_statistics(weights, rhs)
         # A = I + ΦᵀD⁻¹Φ factorised in float64 for float32 statistics, as the training MLL's (capacitance_solve)

@@ -18,11 +18,12 @@ from linear_operator.utils.errors import NotPSDError
 
 import rfgp
 from rfgp.datasets import igrf_magnetic_field
-from rfgp.inference.kernel_space import KernelSpaceNotPSDError
+from rfgp.inference.kernel_space import KernelSpaceNotPSDError, kernel_space_inv_quad_logdet
 from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet
 from rfgp.inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator, noise_weights
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes, unit_roundoff
 from rfgp.kernels import NystromKernel, SketchedCurlFreeKernel, SketchedRBFKernel
+from rfgp.kernels.combinations import kernel_features
 from rfgp.models import ExactGPModel, MultiOutputGPModel
 
 F64 = torch.float64
@@ -237,23 +238,116 @@ def test_float32_capacitance_terms_are_float64_with_float32_gradients():
     torch.testing.assert_close(gram.grad.double(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_float32_kernel_space_mll_that_cannot_be_factorised_says_what_to_do():
-    """N = 200 ≤ F = 256 (the N × N kernel-space path), outputscale 10⁵ at noise 10⁻⁴: the float32 rounding of sΦΦᵀ
-    (trace 2·10⁷, eps·trace ≈ 2) exceeds the noise by four orders, so the factorisation fails whatever the BLAS's
-    summation order (at outputscale 300, eps·trace ≈ 7·10⁻³, it failed or not by the order of a full-suite run).
-    Before: linear_operator's bare 'not positive definite after
-    repeatedly adding jitter up to 1e-4'; now the dtype, the scales and the two ways out (that factor stays float32:
-    a float64 one costs +21 % per iteration at N = 1000, F = 2048 and fails at the same signal-to-noise ratios)."""
+def kernel_space_model(dtype, outputscale: float, noise: float, num_points: int = 1000, num_features: int = 2048):
+    """A float32 or float64 ExactGP with N ≤ F (the N × N kernel-space path), 3-D inputs, lengthscale 0.5."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.rand(200, 3, generator=gen, dtype=F64) * 2 - 1
+    x = torch.rand(num_points, 3, generator=gen, dtype=F64) * 2 - 1
     y = torch.sin(3 * x[:, 0]) + x[:, 1] * torch.cos(2 * x[:, 2])
-    kernel = ScaleKernel(SketchedRBFKernel(256, seed=0))
-    model = ExactGPModel(x.float(), y.float(), GaussianLikelihood(), kernel).train()
-    kernel.base_kernel.lengthscale, kernel.outputscale, model.likelihood.noise = 0.5, 1e5, 1e-4
-    with pytest.raises(KernelSpaceNotPSDError, match=r"(?s)200 × 200 covariance.*torch\.float32 model.*kernel-space"
-                       r".*smallest noise variance of 0\.0001\b.*Train in float64.*raise the noise lower bound"), \
+    kernel = ScaleKernel(SketchedRBFKernel(num_features, seed=0))
+    likelihood = GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-9))
+    model = ExactGPModel(x.to(dtype), y.to(dtype), likelihood, kernel).to(dtype).train()
+    kernel.base_kernel.lengthscale, kernel.outputscale, likelihood.noise = 0.5, outputscale, noise
+    return model
+
+
+def test_float32_kernel_space_terms_at_a_high_signal_to_noise_ratio_are_float64_terms_of_the_same_features():
+    """The N × N terms rᵀK⁻¹r and log|K| of K = sΦΦᵀ + D and their gradients (Φ, D, r, s) for float32 RBF features
+    (N = 600, F = 1024) at s/σ² ≈ 7·10⁴: u·tr(sΦᵀD⁻¹Φ) = 2.5 > 10⁻¹, so K is formed, factorised and differentiated in
+    float64 (rfgp.inference.kernel_space.covariance_dtype), and the terms and gradients are those of the float64
+    computation on Φ.double() rounded to float32 (measured: 3·10⁻⁸ relative).  Before: all in float32, rᵀK⁻¹r off by
+    0.7–2·10⁻² relative, log|K| by 1.5·10⁻⁴, the gradients by 4·10⁻² (s) to 0.16 (Φ)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(600, 3, generator=gen) * 2 - 1
+    base = SketchedRBFKernel(1024, seed=0)
+    base.lengthscale = 0.5
+    with torch.no_grad():
+        features = kernel_features(base, x)
+    noise = 1e-4 * (1 + torch.rand(600, generator=gen))
+    rhs = (torch.sin(3 * x[:, :1]) + 0.1 * torch.randn(600, 1, generator=gen))
+    scale = torch.tensor(10.0)
+
+    def terms(*inputs):
+        inputs = [value.clone().requires_grad_() for value in inputs]
+        inv_quad, logdet = kernel_space_inv_quad_logdet(inputs[0], inputs[1], inputs[2], True, inputs[3])
+        grads = torch.autograd.grad(inv_quad.sum() + logdet, inputs)
+        return (inv_quad, logdet), grads
+
+    with recorded_statistics_dtypes() as dtypes:
+        values32, grads32 = terms(features, noise, rhs, scale)
+    values64, grads64 = terms(*(value.double() for value in (features, noise, rhs, scale)))
+    assert dtypes == [F64]
+    assert all(value.dtype == torch.float32 for value in (*values32, *grads32))
+    for value, reference in zip((*values32, *grads32), (*values64, *grads64)):
+        torch.testing.assert_close(value.double(), reference, rtol=2 * unit_roundoff(torch.float32),
+                                   atol=2 * unit_roundoff(torch.float32) * reference.abs().max().item())
+
+
+def test_float32_kernel_space_model_at_a_high_signal_to_noise_ratio_forms_float64_covariances():
+    """N = 1000 ≤ F = 2048 (kernel space), outputscale 10 at noise 10⁻⁴: u·tr(sΦᵀD⁻¹Φ) = 6 > 10⁻¹.  Before: K formed
+    and factorised in float32, MLL 1.6·10⁻⁴, gradient 1.3·10⁻² (relative), posterior mean 4.7·10⁻⁵ and variance
+    1.8·10⁻² from the float64 model (with float64 features); now the MLL, its gradient and the posterior caches
+    decide float64 (the factor's W and Q kept in float64): measured 10⁻⁹, 1.7·10⁻⁷, 10⁻⁷ and 1.2·10⁻⁶, the float32
+    features' own rounding.  Tolerances about ten times those."""
+    results = []
+    for dtype in (torch.float32, F64):
+        model = kernel_space_model(dtype, 10.0, 1e-4)
+        with recorded_statistics_dtypes() as dtypes:
+            loss, grads = loss_and_grads(model)
+            model.eval()
+            with torch.no_grad():
+                posterior = model(model.train_inputs[0][:50] * 1.01)
+                mean, variance = posterior.mean, posterior.variance
+        assert model.prediction_strategy.uses_kernel_space
+        assert dtypes == ([F64, F64] if dtype == torch.float32 else [])
+        assert mean.dtype == variance.dtype == dtype
+        results.append((loss, grads, mean.double(), variance.double()))
+    (loss32, grads32, mean32, var32), (loss64, grads64, mean64, var64) = results
+    assert abs(loss32 - loss64) <= 1e-6 * abs(loss64)
+    assert (grads32 - grads64).norm() <= 2e-6 * grads64.norm()
+    assert (mean32 - mean64).norm() <= 1e-6 * mean64.norm()
+    assert (var32 - var64).norm() <= 1e-5 * var64.norm()
+
+
+def test_float32_kernel_space_model_keeps_float32_at_a_moderate_signal_to_noise_ratio():
+    """GPyTorch's default hyperparameters (σ² ≈ s): u·tr(sΦᵀD⁻¹Φ) ≈ u·N = 3·10⁻⁵, so K stays float32 — the same
+    computation as with the tolerance ∞, bit for bit; with the tolerance 0 it is float64 and the loss moves by no more
+    than float32's rounding."""
+    model = kernel_space_model(torch.float32, 0.6931, 0.6932, num_points=500, num_features=1024)
+    results = {}
+    for tolerance in (None, math.inf, 0.0):
+        setting = rfgp.settings.float32_statistics_tolerance(tolerance) if tolerance is not None else nullcontext()
+        with setting, recorded_statistics_dtypes() as dtypes:
+            results[tolerance] = loss_and_grads(model)
+        assert dtypes == [F64 if tolerance == 0 else torch.float32]
+    assert all(torch.equal(a, b) for a, b in zip(results[None], results[math.inf]))
+    assert abs(results[0.0][0] - results[None][0]) <= 1e-6 * abs(results[None][0])
+
+
+def test_float32_kernel_space_mll_that_cannot_be_factorised_says_what_to_do():
+    """N = 200 ≤ F = 256 (the N × N kernel-space path), outputscale 10⁵ at noise 10⁻⁴: u·tr(sΦᵀD⁻¹Φ) ≈ 1.2·10⁷, so
+    K formed in float32 (the tolerance ∞) fails whatever the BLAS's summation order.  Before (no rule): the default
+    failed so, first with linear_operator's bare 'not positive definite after repeatedly adding jitter up to 1e-4',
+    then with this error.  Now the default forms and factorises K in float64 and trains; forced float32 names the
+    dtype, the rule's estimate, the noise and the ways out."""
+    models = {dtype: kernel_space_model(dtype, 1e5, 1e-4, num_points=200, num_features=256)
+              for dtype in (torch.float32, F64)}
+    with pytest.raises(KernelSpaceNotPSDError, match=r"(?s)200 × 200 covariance.*kernel-space.*formed in "
+                       r"torch\.float32.*u·tr\(sΦᵀD⁻¹Φ\) = .*smallest noise variance of 0\.0001\b.*Train in "
+                       r"float64.*float32_statistics_tolerance\(0\).*raise the noise lower bound") as error, \
+            rfgp.settings.float32_statistics_tolerance(math.inf), \
             pytest.warns(gpytorch.utils.warnings.NumericalWarning):  # linear_operator's jitter, tried first
-        loss_and_grads(model)
+        loss_and_grads(models[torch.float32])
+    assert isinstance(error.value, NotPSDError)
+    features = models[F64].covar_module.base_kernel(models[F64].train_inputs[0]).evaluate_kernel().features()
+    estimate = unit_roundoff(torch.float32) * 1e5 * features.square().sum() / 1e-4
+    stated = float(re.search(r"u·tr\(sΦᵀD⁻¹Φ\) = ([0-9.e+]+)", str(error.value)).group(1))
+    assert abs(stated - estimate) <= 0.01 * estimate
+    loss64, grads64 = loss_and_grads(models[F64])
+    with recorded_statistics_dtypes() as dtypes:
+        loss32, grads32 = loss_and_grads(models[torch.float32])
+    assert dtypes == [F64]
+    assert abs(loss32 - loss64) <= 1e-6 * abs(loss64)
+    assert (grads32 - grads64).norm() <= 1e-5 * grads64.norm()
 
 
 def igrf_task_noise_model(dtype):

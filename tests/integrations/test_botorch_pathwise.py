@@ -182,11 +182,14 @@ def test_unsupported_kernels_are_refused():
         botorch.sampling.pathwise.gen_kernel_features(complex_kernel, num_inputs=2, num_outputs=32)
 
 
-def test_float32_update_at_a_high_signal_to_noise_ratio_matches_float64(monkeypatch):
+@pytest.mark.parametrize("num_features, num_points", [(512, 1500), (2048, 600)], ids=["feature", "kernel_space"])
+def test_float32_update_at_a_high_signal_to_noise_ratio_matches_float64(monkeypatch, num_features, num_points):
     """The IGRF fit of tests/inference/test_float32_training.py (N = 1500, F = 512, outputscale 84, noise 4.4e-4;
     ‖ΦᵀD⁻¹Φ‖ ≈ 10⁷).  Before: the float32 factor of I + ΦᵀD⁻¹Φ in the Matheron update broke down (linear_operator's
     'not positive definite after repeatedly adding jitter up to 1e-1').  Now it is factorised in float64
-    (capacitance_solve); the updated paths match float64's to 6e-4 relative (same noise draw ε in both dtypes)."""
+    (capacitance_solve); the updated paths match float64's to 6e-4 relative (same noise draw ε in both dtypes).
+    N = 600 ≤ F = 2048 takes the N × N update Φᵀ(ΦΦᵀ + D)⁻¹r: u·tr(ΦᵀD⁻¹Φ) ≈ 7 > 10⁻¹, so K is formed and factorised in
+    float64 (rfgp.inference.kernel_space.kernel_cholesky): 7·10⁻⁷ from float64's paths (before, in float32: 8·10⁻³)."""
     from botorch.sampling.pathwise.update_strategies import gaussian_update
 
     from tests.inference.test_float32_training import igrf_model
@@ -200,7 +203,7 @@ def test_float32_update_at_a_high_signal_to_noise_ratio_matches_float64(monkeypa
 
     values = []
     for dtype in (torch.float32, torch.float64):
-        model = igrf_model(dtype, False, 512).eval()
+        model = igrf_model(dtype, False, num_features, num_points).eval()
         x, y = model.train_inputs[0], model.train_targets
         with torch.no_grad(), monkeypatch.context() as patch:
             patch.setattr(torch, "randn", same_draws)
