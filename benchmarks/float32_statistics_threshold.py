@@ -38,8 +38,8 @@ U = unit_roundoff(torch.float32)
 ESTIMATES = (1e-4, 1e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0, 10.0, 100.0)
 
 
-def make_model(x, y, dtype, noise):
-    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(512, seed=0))
+def make_model(x, y, dtype, noise, num_features: int = 512):
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(num_features, seed=0))
     likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-12))
     model = ExactGPModel(x.to(dtype), y.to(dtype), likelihood, kernel).to(dtype).train()
     kernel.base_kernel.lengthscale, kernel.outputscale, likelihood.noise = 0.3, 1.0, noise

@@ -26,26 +26,49 @@ so products, variances and draws cost what they cost there — without an F × F
 
 Precision (:func:`covariance_dtype`): float32 features form and factorise K in float32 or float64 by the rule of
 :mod:`rfgp.inference.statistics_precision`, on the same estimate ε̂ = u·tr(sΦᵀD⁻¹Φ) = u·Σᵢ s‖φᵢ‖²/dᵢ as the feature
-path of the same model.  Derivation: the entries of sΦΦᵀ are inner products of length F, so formed in floating point
-``|ΔK| ≤ γ_{F+1}·s|Φ||Φ|ᵀ`` elementwise (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., 2002,
-§3.5, eq. (3.13); the product with s adds one rounding).  K ⪰ D, so log|K|, rᵀK⁻¹r, their gradients and the
-Cholesky factor change by relative amounts of order ``‖K^{-1/2}ΔK K^{-1/2}‖₂ ≤ ‖D^{-1/2}ΔK D^{-1/2}‖₂`` and K
-becomes indefinite once that approaches 1 (the smallest eigenvalue of D^{-1/2}KD^{-1/2} = I + sD^{-1/2}ΦΦᵀD^{-1/2},
-whose other eigenvalues are those of I + sΦᵀD⁻¹Φ); with ``‖|M|‖₂ ≤ ‖M‖_F``::
+path of the same model (so a model's precision does not change where N crosses F).  Derivation: the entries of sΦΦᵀ
+are inner products of length F, so formed in floating point ``|ΔK| ≤ γ_{F+1}·s|Φ||Φ|ᵀ`` elementwise (Higham,
+*Accuracy and Stability of Numerical Algorithms*, 2nd ed., 2002, §3.5, eq. (3.13); the product with s adds one
+rounding).  K ⪰ D, so log|K|, rᵀK⁻¹r, their gradients and the Cholesky factor change by relative amounts of order
+``‖K^{-1/2}ΔK K^{-1/2}‖₂ ≤ ‖D^{-1/2}ΔK D^{-1/2}‖₂``, and K becomes indefinite once that approaches 1, the smallest
+eigenvalue of D^{-1/2}KD^{-1/2} = I + sD^{-1/2}ΦΦᵀD^{-1/2} in exact arithmetic (its eigenvalues above 1 are those of
+I + sΦᵀD⁻¹Φ).  With ``‖|M|‖₂ ≤ ‖M‖_F``::
 
     ‖D^{-1/2}ΔK D^{-1/2}‖₂ ≤ γ_{F+1}·s·‖D^{-1/2}|Φ|‖_F² = γ_{F+1}·Σᵢ s‖φᵢ‖²/dᵢ = γ_{F+1}·tr(sΦᵀD⁻¹Φ),
 
-the feature path's bound with the inner dimension F for N (the same estimate u·tr, which drops the worst-case factor
-as there).  A float32 Cholesky factorisation of the rounded K adds a backward error ``|ΔK| ≤ γ_{N+1}|L||L|ᵀ``
-(Higham, Theorem 10.3) with ``‖D^{-1/2}|L||L|ᵀD^{-1/2}‖₂ ≤ Σᵢ kᵢᵢ/dᵢ = N + tr(sΦᵀD⁻¹Φ)``: of the same order once
-the trace dominates, so the factor is not widened alone (a float64 factor of the float32 K failed at the same
-signal-to-noise ratios, :class:`KernelSpaceNotPSDError`).  Where ε̂ exceeds the tolerance Φ, D, r and s are cast to
-float64 (differentiably) and the Gram, the Cholesky factor, the solves and the backward products (S, SΦ, ⟨S, ΦΦᵀ⟩)
-run in float64; the terms are rounded back, and the gradients reach the float32 inputs in float32.  The posterior
-caches do the same and keep the factor's W and Q in float64 (:meth:`KernelSpaceFactor.posterior_root` casts the test
-features; the root Φ*R = Φ* − (Φ*Wᵀ)Q cancels at a high signal-to-noise ratio, rounded W and Q cost 20–100 times
-the variance error); the mean weights are rounded back.  Measured (``benchmarks/results/kernel_space_precision.md``):
-see :func:`covariance_dtype`.
+the feature path's bound with the inner dimension F for N; the estimate u·tr drops the worst-case factor as there.
+A float32 Cholesky factorisation of the rounded K adds a backward error ``|ΔK| ≤ γ_{N+1}|L||L|ᵀ`` (Higham,
+Theorem 10.3) with ``‖D^{-1/2}|L||L|ᵀD^{-1/2}‖₂ ≤ Σᵢ kᵢᵢ/dᵢ = N + tr(sΦᵀD⁻¹Φ)``, of the same order once the trace
+dominates: so the factor is not widened alone (a float64 factor of the float32 K failed at the same
+signal-to-noise ratios, :class:`KernelSpaceNotPSDError`).  Where ε̂ exceeds the tolerance, Φ, D, r and s are cast
+to float64 (differentiably) and the Gram, the Cholesky factor, the solves and the backward products (S, SΦ,
+⟨S, ΦΦᵀ⟩) run in float64; the terms are rounded back, and the gradients reach the float32 inputs in float32.  The
+posterior caches do the same and keep the factor's W and Q in float64 (:meth:`KernelSpaceFactor.posterior_root`
+casts the test features): the root Φ*R = Φ* − (Φ*Wᵀ)Q cancels at a high signal-to-noise ratio, and W and Q rounded
+to float32 made the posterior variance 20–100 times less accurate (2·10⁻⁵ to 2·10⁻³ relative at outputscale/noise
+10⁴–10⁸, N = 500–1000, F = 2048, against 5·10⁻⁷ to 2·10⁻⁵); the mean weights are rounded back.
+
+Measured (``benchmarks/results/kernel_space_precision.md``: float32 ExactGP, F = 2048, N = 500–2000, one CPU
+thread): ‖D^{-1/2}ΔK D^{-1/2}‖₂ = 0.03–0.07·ε̂, and against the float64 model, with K formed in float32 ("f32") or
+float64 ("f64", the float32 features' own rounding):
+
+=========  ===========================  ==========================  ============================  ==================
+u·tr       loss per point, f32 / f64    gradient (rel.), f32 / f64  variance (rel.), f32 / f64    λ_min(D^-½K₃₂D^-½)
+=========  ===========================  ==========================  ============================  ==================
+10⁻³       3–7·10⁻⁷ / ≤ 5·10⁻⁸          0.5–1.6·10⁻⁶ / ≤ 1.1·10⁻⁷   1.5–4·10⁻⁶ / ≤ 4.4·10⁻⁷       1.000
+10⁻²       3–9·10⁻⁶ / ≤ 3·10⁻⁷          0.4–1.6·10⁻⁵ / ≤ 2.1·10⁻⁷   1.5–4·10⁻⁵ / ≤ 7.3·10⁻⁷       0.999–1.000
+10⁻¹       0.8–1.3·10⁻⁴ / ≤ 5.3·10⁻⁷    1.3–1.8·10⁻⁴ / ≤ 1.4·10⁻⁷   1.7–3.9·10⁻⁴ / ≤ 1.3·10⁻⁶     0.995–0.997
+1          0.7–1.3·10⁻³ / ≤ 2.4·10⁻⁷    0.5–1.1·10⁻³ / ≤ 3·10⁻⁷     2–3.6·10⁻³ / ≤ 1.8·10⁻⁶       0.95–0.97
+10         0.03–0.06 / ≤ 5.5·10⁻⁷       0.02–0.15 / ≤ 3.5·10⁻⁷      0.1–0.14 / 0.1–0.14 (*)       0.46–0.69
+10²        0.9–1.1 (jitter) / ≤ 4·10⁻⁷  0.3–0.5 / ≤ 9·10⁻⁷          2.5–3.6 / 2.5–3.3 (*)         −4.4 to −2.1
+=========  ===========================  ==========================  ============================  ==================
+
+(*) the float32 test features' own rounding: the feature path with float64 statistics errs alike.  At the default
+tolerance 10⁻¹ a float32 K errs by at most 1.3·10⁻⁴ per point in the loss (the feature path: 4·10⁻⁵) and 2·10⁻⁴ in
+the gradient (3·10⁻⁴); beyond, the errors grow as there, and at ε̂ = 100 the float32 K is indefinite (factorised
+only by linear_operator's jitter, a different model).  Cost at N = 1000, F = 2048 (``float32_statistics_paths.py``'s
+pairs): the decision is 0.7 ms beside 0.09–0.1 s for an MLL + gradient (< 1 %); float64 costs 2.2× the float32
+time per MLL + gradient and per posterior.
 """
 
 from __future__ import annotations

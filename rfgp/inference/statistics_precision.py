@@ -65,11 +65,11 @@ Grams of a chunked one); complex features (:mod:`~rfgp.inference.complex_posteri
 2·Σᵢ‖ψᵢ‖²/σᵢ²); ``StreamingFeatureGP.update``; and the kernel-space path (N ≤ F,
 :func:`~rfgp.inference.kernel_space.covariance_dtype`), which forms and factorises the N × N matrix K = sΦΦᵀ + D
 instead: its rounding beside the noise floor D is bounded by the same trace, ‖D^{-1/2}ΔK D^{-1/2}‖₂ ≤
-γ_{F+1}·tr(sΦᵀD⁻¹Φ) (inner dimension F; derived in :mod:`rfgp.inference.kernel_space`), so K, its Cholesky factor,
-the solves, the backward products and the posterior factor are float64 where u·tr(sΦᵀD⁻¹Φ) exceeds τ — the same
-decision as the feature path of the same model (the marginal likelihood and gradient of the MLL, the posterior
-caches, leave-one-out terms, pathwise posterior samples and the log-density of test points under the posterior).
-The choice changes the accuracy of the same model, never the model.
+γ_{F+1}·tr(sΦᵀD⁻¹Φ) (inner dimension F; derived and measured in :mod:`rfgp.inference.kernel_space`), so K, its
+Cholesky factor, the solves, the backward products and the posterior factor are float64 where u·tr(sΦᵀD⁻¹Φ)
+exceeds τ — the decision the feature path takes for the same model — in the marginal likelihood and its gradient,
+the posterior caches, leave-one-out terms, BoTorch's pathwise update and log-densities under the posterior.  The
+choice changes the accuracy of the same model, never the model.
 
 The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
 decide without the data.  :func:`recorded_statistics_dtypes` reports the decisions (a diagnostic and testing hook).
