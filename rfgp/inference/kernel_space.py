@@ -122,8 +122,9 @@ def covariance_dtype(features: Tensor, noise: Tensor, scale: Tensor | None = Non
         scale: optional positive s, batch-shaped.
     """
     def trace() -> Tensor:
-        trace = weighted_square_norm(features, noise.reciprocal())
-        return trace if scale is None else trace * scale.detach()
+        with torch.no_grad():
+            trace = weighted_square_norm(features, noise.reciprocal())
+            return trace if scale is None else trace * scale
 
     return statistics_dtype(torch.promote_types(features.dtype, noise.dtype), features.device, trace)
 
@@ -288,6 +289,8 @@ class KernelSpaceFactor(NamedTuple):
     diagonal is a conditional standard deviation, ≥ √dᵢ), so Q costs one more N²·F solve.  At test
     features Φ* the posterior covariance Φ*A⁻¹Φ*ᵀ = (Φ*R)(Φ*R)ᵀ then has the n × F root
     Φ*R = Φ* − (Φ*Wᵀ)Q, positive semi-definite by construction, and a weight draw is m + Rz, z ~ N(0, I_F).
+    W and Q are float64 for float32 features where :func:`covariance_dtype` chose float64; the products are then
+    formed in float64 and rounded back to their argument's dtype.
     """
 
     projection: Tensor  #: W = L⁻¹Φ ``(..., N, F)``

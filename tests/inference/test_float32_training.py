@@ -297,9 +297,10 @@ def test_float32_kernel_space_model_at_a_high_signal_to_noise_ratio_forms_float6
             with torch.no_grad():
                 posterior = model(model.train_inputs[0][:50] * 1.01)
                 mean, variance = posterior.mean, posterior.variance
-        assert model.prediction_strategy.uses_kernel_space
+        strategy = model.prediction_strategy
+        assert strategy.uses_kernel_space and strategy.kernel_space_cache[1].projection.dtype == F64
         assert dtypes == ([F64, F64] if dtype == torch.float32 else [])
-        assert mean.dtype == variance.dtype == dtype
+        assert mean.dtype == variance.dtype == strategy.weight_samples(3).dtype == dtype
         results.append((loss, grads, mean.double(), variance.double()))
     (loss32, grads32, mean32, var32), (loss64, grads64, mean64, var64) = results
     assert abs(loss32 - loss64) <= 1e-6 * abs(loss64)
