@@ -66,10 +66,11 @@ class _NoKroneckerFactors:
     """A feature-root covariance asked for Kronecker factors (``linear_ops``) raises an error that says why.
 
     Code written for GPyTorch's ``MultitaskKernel`` may take the training covariance K_XX ⊗ K_TT
-    apart (BoTorch's ``KroneckerMultiTaskGP.posterior`` reads ``train_full_covar.linear_ops[0]``).
-    A sketched multitask kernel gives the low-rank root (φ ⊗ B)(φ ⊗ B)ᵀ instead, which has no such
-    factors; without this property the caller would fail on a bare ``AttributeError``.  An
-    ``AttributeError`` still, so ``hasattr(op, "linear_ops")`` stays ``False``.
+    apart (BoTorch's ``KroneckerMultiTaskGP.posterior`` reads ``train_full_covar.linear_ops[0]``).  The training
+    covariance of a sketched ``MultitaskKernel`` has them
+    (:class:`~rfgp.inference.kronecker_tasks.KroneckerFeatureRootLinearOperator`); other feature roots do not, and
+    without this property the caller would fail on a bare ``AttributeError``.  An ``AttributeError`` still, so
+    ``hasattr(op, "linear_ops")`` stays ``False``.
     """
 
     @property
@@ -77,12 +78,11 @@ class _NoKroneckerFactors:
         raise AttributeError(
             f"{type(self).__name__} (an rfgp feature-root covariance ΦΦᵀ) has no Kronecker factors (linear_ops): the "
             "caller expects GPyTorch's MultitaskKernel covariance K_XX ⊗ K_TT, as BoTorch's KroneckerMultiTaskGP."
-            "posterior does, but a kernel converted by rfgp.sketch gives the low-rank root (φ ⊗ B)(φ ⊗ B)ᵀ. Use a "
-            "model whose posterior is GPyTorch's: BoTorch's MultiTaskGP (a task column), or a GPyTorch ExactGP "
-            "returning MultitaskMultivariateNormal with the converted MultitaskKernel (rfgp.models.MultiOutputGPModel "
-            "is one). Sketching only the KroneckerMultiTaskGP's data_covar_module is no way out: its posterior "
-            "eigendecomposes the N × N data covariance (O(N³) still), fails when that covariance has rank F < N, and "
-            "BoTorch's Monte-Carlo sampling of it fails even for F ≥ N (GPyTorch's own RFFKernel fails the same ways)"
+            "posterior does. rfgp hands them over for the training covariance of a sketched MultitaskKernel "
+            "(rfgp.sketch of it, or rfgp.kernels.SketchedDecomposableKernel) whose features are materialised; this "
+            "covariance is not one (another kernel, features chunked under rfgp.settings.memory_budget, or an "
+            "operator derived from one). Use a model whose posterior is GPyTorch's: BoTorch's MultiTaskGP (a task "
+            "column), or a GPyTorch ExactGP returning MultitaskMultivariateNormal (rfgp.models.MultiOutputGPModel)"
         )
 
 

@@ -31,6 +31,8 @@ from ..features.operator_valued import (
     OperatorValuedFourierFeatures,
     decomposable_features,
 )
+from ..inference.kronecker_tasks import KroneckerFeatureRootLinearOperator
+from ..inference.operators import FeatureRootLinearOperator
 from .combinations import (
     FeatureSumKernel,
     is_feature_kernel,
@@ -246,6 +248,17 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         scalar = kernel_features(self.data_covar_module, x)
         factor = self.output_factor().to(scalar.dtype)
         return decomposable_features(scalar, factor).flatten(-3, -2)
+
+    def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool, same: bool):
+        """The training covariance with its Kronecker factors φφᵀ ⊗ BBᵀ
+        (:class:`~rfgp.inference.kronecker_tasks.KroneckerFeatureRootLinearOperator`), which BoTorch's
+        ``KroneckerMultiTaskGP.posterior`` takes apart; other outputs as for every feature kernel."""
+        output = super()._feature_forward(x1, x2, diag, same)
+        if type(output) is not FeatureRootLinearOperator:  # chunked, lazy, cross or diagonal: no factors
+            return output
+        scalar = kernel_features(self.data_covar_module, x1)
+        return KroneckerFeatureRootLinearOperator(output.root, output.variance_correction, scalar,
+                                                  self.output_factor().to(scalar.dtype))
 
 
 def _num_outputs(kernel: Kernel) -> int:

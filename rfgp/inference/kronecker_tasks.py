@@ -1,0 +1,276 @@
+r"""The sketched multitask covariance (φ ⊗ Bᵀ)(φ ⊗ Bᵀ)ᵀ = φφᵀ ⊗ A with its Kronecker factors.
+
+A sketched ``MultitaskKernel`` (:class:`~rfgp.kernels.SketchedDecomposableKernel`) returns the low-rank root
+R = φ ⊗ Bᵀ of its training covariance (interleaved rows, GPyTorch's order), which the marginal likelihood and
+rfgp's prediction strategies keep factored.  Code written for GPyTorch's ``KroneckerProductLinearOperator``
+K_XX ⊗ K_TT takes that covariance apart instead: BoTorch's ``KroneckerMultiTaskGP.posterior`` reads
+``train_full_covar.linear_ops[0]``, eigendecomposes it (``diagonalization``), appends the test rows to it
+(``cat_rows(..., method="diagonalization")``) and samples with Matheron's rule from the root of the joint
+train/test covariance (Maddox et al. 2021, "Bayesian optimization with high-dimensional outputs", §3).
+
+* :class:`KroneckerFeatureRootLinearOperator` — RRᵀ as before (same root, same algebra), whose ``linear_ops``
+  are the factors (φφᵀ, A);
+* :class:`DataFeatureRootLinearOperator` — the data factor φφᵀ (N × N, rank ≤ F), whose eigendecomposition
+  comes from the thin SVD φ = USVᵀ, φφᵀ = U·S²·Uᵀ, in O(N·F·min(N, F)) instead of O(N³), and whose
+  ``cat_rows`` returns the feature root [φ; φ*] of the joint covariance.
+
+The eigenpairs are the min(N, F) of the range of φ, a partial diagonalization as linear_operator's Lanczos
+gives (evecs ``(N, min(N, F))``): the eigenvalue 0 of the complement is exact, and BoTorch pads those
+eigenvectors with zero columns — exact for its use, the products K(x*, X)·Q of cross-covariances whose rows
+φ(x*)φᵀ lie in the range of φ, so orthogonal to the complement (the noise it adds to the zero eigenvalues
+then meets zero weights).
+"""
+
+from __future__ import annotations
+
+import torch
+from linear_operator import to_linear_operator
+from linear_operator.operators import (
+    ConstantDiagLinearOperator,
+    DenseLinearOperator,
+    KroneckerProductLinearOperator,
+    LinearOperator,
+    RootLinearOperator,
+)
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from linear_operator.utils.memoize import cached
+from torch import Tensor
+
+from ..core.dtypes import factor_dtype
+from ..core.settings import validate_inputs
+from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
+from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
+
+
+def _square_root(root: Tensor) -> Tensor:
+    """A root of root·rootᵀ with at most as many columns as rows: the root itself, or, when it is wider than tall, the
+    Cholesky factor of its Gram (in :func:`~rfgp.core.dtypes.factor_dtype`; linear_operator's ``psd_safe_cholesky``,
+    which adds jitter, and warns, where rows repeat — as the test points BoTorch's qLogNEI appends to the training
+    points — and the Gram is singular).
+
+    BoTorch's Matheron sampler draws one base sample per row of the joint covariance and uses the first
+    root-width of them, so a root wider than tall (F > N + n*) must be narrowed.  The Cholesky factor, unlike an
+    SVD's U·S, keeps a finite gradient in the new rows where singular values repeat.
+    """
+    if root.shape[-1] <= root.shape[-2]:
+        return root
+    work = root.to(factor_dtype(root.dtype, root.device))
+    return psd_safe_cholesky(work @ work.mT).to(root.dtype)
+
+
+class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
+    r"""φφᵀ, the data factor of a sketched multitask covariance, with an O(N·F·min(N, F)) eigendecomposition.
+
+    Args:
+        root: φ, ``(..., N, F)``.
+    """
+
+    @cached(name="range_eigenpairs")
+    def range_eigenpairs(self) -> tuple[Tensor, Tensor]:
+        """(S², U) of the thin SVD φ = USVᵀ in :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 φ),
+        without a graph: ``(..., min(N, F))`` and ``(..., N, min(N, F))``."""
+        features = self.features().detach()
+        features = features.to(factor_dtype(features.dtype, features.device))
+        left, singular, _ = torch.linalg.svd(features, full_matrices=False)
+        return singular.square(), left
+
+    def diagonalization(self, method: str | None = None) -> tuple[Tensor, LinearOperator]:
+        """(S², U) of the thin SVD φ = USVᵀ in φ's dtype: the min(N, F) eigenpairs of φφᵀ on the range of φ,
+        every other eigenvalue being 0 (see the module docstring).  ``method`` ("symeig", "lanczos") is accepted
+        and ignored: both ask for the same pairs, which this computes exactly.  Without gradients (BoTorch
+        detaches its training caches); a φ that requires a gradient is refused."""
+        if torch.is_grad_enabled() and self.root.requires_grad:
+            raise RuntimeError(
+                f"{type(self).__name__}.diagonalization computes its eigenpairs without a graph, but φ requires a "
+                "gradient: call it under torch.no_grad() or on a detached operator (BoTorch's KroneckerMultiTaskGP "
+                "does so under gpytorch.settings.detach_test_caches(), its default)"
+            )
+        evals, evecs = self.range_eigenpairs()
+        return evals.to(self.dtype), DenseLinearOperator(evecs.to(self.dtype))
+
+    def cat_rows(self, cross_mat, new_mat, generate_roots: bool = True, generate_inv_roots: bool = True,
+                 **root_decomp_kwargs) -> LinearOperator:
+        r"""[[φφᵀ, φφ*ᵀ], [φ*φᵀ, φ*φ*ᵀ]] as the feature root [φ; φ*] (narrowed to at most N + n* columns).
+
+        φ* is the root of ``new_mat`` (the data kernel at the new rows, an rfgp feature covariance), and
+        ``cross_mat`` must be φ*φᵀ: the rows appended are those of the same feature map.  Its shape is checked,
+        and its values on one product with a fixed probe vector (relative error ≤ √eps; a host synchronisation,
+        skipped under ``rfgp.settings.validate_inputs(False)``).  ``generate_roots``/``generate_inv_roots`` and the
+        decomposition keywords are accepted and ignored: the root is exact, and no inverse root is formed.
+        """
+        new = to_linear_operator(new_mat).evaluate_kernel()
+        if not isinstance(new, FeatureRootLinearOperator) or new.shape[-2] != new.root.shape[-2]:
+            raise TypeError(
+                f"new_mat must be an rfgp feature covariance φ*φ*ᵀ (the data kernel at the new rows), got "
+                f"{type(new).__name__}: {type(self).__name__}.cat_rows appends the rows of the same feature map"
+            )
+        features, new_features = self.features(), new.features()
+        if new_features.shape[-1] != features.shape[-1]:
+            raise ValueError(
+                f"new_mat has {new_features.shape[-1]} features per row, this data covariance {features.shape[-1]}: "
+                "cat_rows appends the rows of the same feature map"
+            )
+        batch = torch.broadcast_shapes(features.shape[:-2], new_features.shape[:-2])
+        cross = to_linear_operator(cross_mat)
+        if cross.shape[-2:] != torch.Size((new_features.shape[-2], features.shape[-2])):
+            raise ValueError(
+                f"cross_mat has shape {tuple(cross.shape)}, expected (..., {new_features.shape[-2]}, "
+                f"{features.shape[-2]}) (new rows × the {features.shape[-2]} rows of this data covariance). A "
+                "KroneckerMultiTaskGP returned by condition_on_observations or fantasize keeps BoTorch's cached "
+                "training covariance (train_full_covar) of the data before conditioning: call .train() on the "
+                "conditioned model before .posterior, which clears that cache"
+            )
+        if validate_inputs.on():
+            _check_cross(cross, new_features, features)
+        root = torch.cat((features.expand(*batch, *features.shape[-2:]),
+                          new_features.expand(*batch, *new_features.shape[-2:])), -2)
+        return FeatureRootLinearOperator(_square_root(root))
+
+
+def _check_cross(cross: LinearOperator, new_features: Tensor, features: Tensor) -> None:
+    """Raises if ``cross`` ≠ φ*φᵀ, compared on one fixed probe vector w: ‖Cw − φ*(φᵀw)‖ ≤ √eps·‖φ*‖‖φᵀw‖."""
+    with torch.no_grad():
+        probe = torch.linspace(-1.0, 1.0, features.shape[-2], dtype=features.dtype, device=features.device)
+        projected = features.mT @ probe.unsqueeze(-1)
+        expected = new_features @ projected
+        error = (cross.matmul(probe.unsqueeze(-1)) - expected).norm()
+        scale = new_features.norm() * projected.norm()
+        tolerance = torch.finfo(features.dtype).eps ** 0.5 * scale
+        if bool(error > tolerance):
+            raise ValueError(
+                f"cross_mat is not φ*φᵀ for the features of new_mat and of this data covariance (relative "
+                f"difference {float(error / scale):.3g} on a probe vector): cat_rows appends the rows of the same "
+                "feature map"
+            )
+
+
+class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):
+    r"""RRᵀ with R = φ ⊗ Bᵀ interleaved (``(..., N·p, F_s·r)``), whose Kronecker factors are ``linear_ops``.
+
+    The operator is the :class:`~rfgp.inference.operators.FeatureRootLinearOperator` of R (marginal likelihood,
+    solves and rfgp's multi-output prediction unchanged); ``linear_ops`` = (φφᵀ, BBᵀ) as
+    (:class:`DataFeatureRootLinearOperator`, ``RootLinearOperator``), the factors of
+    GPyTorch's K_XX ⊗ K_TT.  Operators derived from it (expanded, indexed, scaled) are plain feature roots.
+
+    Args:
+        root: R, ``(..., N·p, F_s·r)``.
+        variance_correction: as for :class:`~rfgp.inference.operators.FeatureRootLinearOperator`.
+        data_features: φ, ``(..., N, F_s)``.
+        task_factor: B, ``(..., p, r)``, A = BBᵀ.
+    """
+
+    def __init__(self, root, variance_correction: Tensor | None = None, data_features: Tensor | None = None,
+                 task_factor: Tensor | None = None) -> None:
+        root = to_linear_operator(root)
+        LinearOperator.__init__(self, root, variance_correction=variance_correction, data_features=data_features,
+                                task_factor=task_factor)
+        self.root = root
+        self.variance_correction = variance_correction
+        self.data_features = data_features
+        self.task_factor = task_factor
+
+    @property
+    def linear_ops(self) -> tuple[LinearOperator, LinearOperator]:
+        """(φφᵀ, BBᵀ): K_XX ⊗ K_TT's factors, the data factor cached with its eigendecomposition."""
+        if self.data_features is None or self.task_factor is None:
+            return super().linear_ops  # raises, saying why
+        return self._factors()
+
+    @cached(name="kronecker_factors")
+    def _factors(self) -> tuple[LinearOperator, LinearOperator]:
+        return DataFeatureRootLinearOperator(self.data_features), RootLinearOperator(self.task_factor)
+
+    def __add__(self, other):
+        """RRᵀ + noise as rfgp adds it (:class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`,
+        :class:`~rfgp.inference.task_noise.FeatureRootAddedTaskNoiseLinearOperator`), whose ``solve`` goes through
+        the factors' eigendecompositions where the noise is c·I_N ⊗ Σ_T (:class:`_KroneckerSolve`)."""
+        total = super().__add__(other)
+        if self.data_features is None or self.task_factor is None:
+            return total
+        if type(total) is FeatureRootAddedDiagLinearOperator:
+            return KroneckerFeatureRootAddedDiagLinearOperator(total._linear_op, total._diag_tensor)
+        if type(total) is FeatureRootAddedTaskNoiseLinearOperator:
+            return KroneckerFeatureRootAddedTaskNoiseLinearOperator(*total.linear_ops)
+        return total
+
+
+def point_task_noise(noise: LinearOperator, num_tasks: int) -> Tensor | None:
+    """Σ_T ``(..., p, p)`` of a noise c·I_N ⊗ Σ_T in GPyTorch's interleaved layout (``MultitaskGaussianLikelihood``
+    of any rank: σ²I, c·I_N ⊗ diag(t) or c·I_N ⊗ (LLᵀ + σ²I)); ``None`` for any other noise (per-point noise)."""
+    if isinstance(noise, ConstantDiagLinearOperator):
+        eye = torch.eye(num_tasks, dtype=noise.dtype, device=noise.device)
+        return noise.diag_values.unsqueeze(-1) * eye
+    if (isinstance(noise, KroneckerProductLinearOperator) and len(noise.linear_ops) == 2
+            and isinstance(noise.linear_ops[0], ConstantDiagLinearOperator)
+            and noise.linear_ops[1].shape[-1] == num_tasks):
+        return noise.linear_ops[0].diag_values.unsqueeze(-1) * noise.linear_ops[1].to_dense()
+    return None
+
+
+class _KroneckerSolve:
+    r"""``solve`` of φφᵀ ⊗ A + I_N ⊗ Σ through the factors' eigendecompositions (Saatçi 2012, §5.3, with Σ whitened).
+
+    With C = chol(Σ), C⁻¹AC⁻ᵀ = WΛWᵀ and T = C⁻ᵀW (so TᵀΣT = I, TᵀAT = Λ), and φφᵀ = U·S²·Uᵀ (thin SVD, cached
+    on the data factor):  (φφᵀ ⊗ A + I ⊗ Σ)⁻¹ = (I ⊗ T)(I − (U ⊗ I)·diag(s²λ/(1 + s²λ))·(U ⊗ I)ᵀ)(I ⊗ Tᵀ), the
+    complement of U (eigenvalue 0) contributing the identity.  In the interleaved layout a right-hand side is
+    an N × p matrix Y per column: Z = YT, Z ← Z − U(D ∘ UᵀZ), X = ZTᵀ — O(N·p·(min(N, F) + p)) per column after the
+    O(N·F·min(N, F)) SVD and O(p³) task factors, where Woodbury on the interleaved root costs O(N·p·F²·(rank + p)²)
+    per operator (BoTorch's sampler builds a new one per call).  Differentiable in the right-hand side; where the
+    operator's own tensors require a gradient (or the noise is not c·I_N ⊗ Σ) the rfgp solve it extends runs.
+    """
+
+    def _kronecker_parts(self) -> tuple[KroneckerFeatureRootLinearOperator, LinearOperator]:
+        raise NotImplementedError
+
+    def solve(self, right_tensor: Tensor, left_tensor: Tensor | None = None) -> Tensor:
+        covariance, noise = self._kronecker_parts()
+        data, task = covariance.linear_ops
+        task_noise = point_task_noise(noise, task.shape[-1])
+        tensors = (covariance.data_features, covariance.task_factor, *(() if task_noise is None else (task_noise,)))
+        if task_noise is None or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            return super().solve(right_tensor, left_tensor)
+        evals, evecs = data.range_eigenpairs()
+        work = evals.dtype
+        chol = torch.linalg.cholesky(task_noise.to(work))
+        task_covar = covariance.task_factor.to(work)
+        task_covar = task_covar @ task_covar.mT
+        whitened = torch.linalg.solve_triangular(chol, task_covar, upper=False)
+        whitened = torch.linalg.solve_triangular(chol, whitened.mT, upper=False)
+        task_evals, task_evecs = torch.linalg.eigh(whitened)
+        transform = torch.linalg.solve_triangular(chol.mT, task_evecs, upper=True)  # T = C⁻ᵀW
+        scaled = evals.unsqueeze(-1) * task_evals.clamp(min=0).unsqueeze(-2)  # (..., r, p)
+        shrink = scaled / (1 + scaled)
+        vector = right_tensor.dim() == 1
+        rhs = right_tensor.unsqueeze(-1) if vector else right_tensor
+        blocks = rhs.to(work).unflatten(-2, (-1, task.shape[-1]))  # (..., N, p, k)
+        rotated = torch.einsum("...npk,...pq->...nqk", blocks, transform)
+        projected = torch.einsum("...nr,...nqk->...rqk", evecs, rotated)
+        rotated = rotated - torch.einsum("...nr,...rqk->...nqk", evecs, shrink.unsqueeze(-1) * projected)
+        result = torch.einsum("...nqk,...pq->...npk", rotated, transform).flatten(-3, -2).to(self.dtype)
+        result = result.squeeze(-1) if vector else result
+        return result if left_tensor is None else left_tensor @ result
+
+
+class KroneckerFeatureRootAddedDiagLinearOperator(_KroneckerSolve, FeatureRootAddedDiagLinearOperator):
+    """RRᵀ + D of a :class:`KroneckerFeatureRootLinearOperator` (diagonal noise), solved as :class:`_KroneckerSolve`
+    where D = c·I_N ⊗ diag(t)."""
+
+    def _kronecker_parts(self):
+        return self._linear_op, self._diag_tensor
+
+
+class KroneckerFeatureRootAddedTaskNoiseLinearOperator(_KroneckerSolve, FeatureRootAddedTaskNoiseLinearOperator):
+    """RRᵀ + I_N ⊗ Σ_T of a :class:`KroneckerFeatureRootLinearOperator` (correlated task noise), solved as
+    :class:`_KroneckerSolve`."""
+
+    def _kronecker_parts(self):
+        return self.feature_operator, self.task_noise
+
+
+__all__ = [
+    "DataFeatureRootLinearOperator",
+    "KroneckerFeatureRootAddedDiagLinearOperator",
+    "KroneckerFeatureRootAddedTaskNoiseLinearOperator",
+    "KroneckerFeatureRootLinearOperator",
+    "point_task_noise",
+]
