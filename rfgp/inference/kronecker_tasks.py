@@ -227,7 +227,9 @@ class _KroneckerSolve:
         data, task = covariance.linear_ops
         task_noise = point_task_noise(noise, task.shape[-1])
         tensors = (covariance.data_features, covariance.task_factor, *(() if task_noise is None else (task_noise,)))
-        if task_noise is None or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        rows = right_tensor.shape[-1 if right_tensor.dim() == 1 else -2]
+        if (task_noise is None or rows != self.shape[-1]  # the solve it extends names a wrong shape
+                or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return super().solve(right_tensor, left_tensor)
         evals, evecs = data.range_eigenpairs()
         work = evals.dtype

@@ -138,3 +138,14 @@ def test_other_feature_roots_name_why_they_have_no_kronecker_factors():
     with pytest.raises(AttributeError, match="no Kronecker factors.*sketched MultitaskKernel.*materialised"):
         covariance.linear_ops
     assert not hasattr(covariance, "linear_ops")
+
+
+def test_a_right_hand_side_of_the_wrong_length_is_refused():
+    """A batch of vectors (b, N·p) is not a matrix with N·p rows: the eigendecomposition solve read (p, N·p) as one
+    point with N·p right-hand sides (BoTorch's batched KroneckerMultiTaskGP passes one, and its mean took the wrong
+    shape instead of failing)."""
+    x = torch.rand(20, 2, generator=torch.Generator().manual_seed(0), dtype=F64)
+    with torch.no_grad():
+        total = _kernel(8)(x).evaluate_kernel() + _noises(3)["task"].double()._shaped_noise_covar(x.shape)
+        with pytest.raises(RuntimeError):
+            total.solve(torch.randn(3, 60, dtype=F64))
