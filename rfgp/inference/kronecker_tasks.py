@@ -12,7 +12,13 @@ train/test covariance (Maddox et al. 2021, "Bayesian optimization with high-dime
   are the factors (φφᵀ, A);
 * :class:`DataFeatureRootLinearOperator` — the data factor φφᵀ (N × N, rank ≤ F), whose eigendecomposition
   comes from the thin SVD φ = USVᵀ, φφᵀ = U·S²·Uᵀ, in O(N·F·min(N, F)) instead of O(N³), and whose
-  ``cat_rows`` returns the feature root [φ; φ*] of the joint covariance.
+  ``cat_rows`` returns the feature root [φ; φ*] of the joint covariance;
+* :class:`KroneckerFeatureRootAddedDiagLinearOperator`, :class:`KroneckerFeatureRootAddedTaskNoiseLinearOperator` —
+  RRᵀ plus a likelihood's noise, whose ``solve`` (BoTorch's mean cache and every Matheron sample) goes through
+  both factors' eigendecompositions where the noise is c·I_N ⊗ Σ_T (:class:`_KroneckerSolve`).
+
+Its eigenpairs are computed without a graph, so under ``gpytorch.settings.detach_test_caches(False)`` (BoTorch then
+keeps the training covariance's graph) the posterior is refused by name, outside ``torch.no_grad()``.
 
 The eigenpairs are the min(N, F) of the range of φ, a partial diagonalization as linear_operator's Lanczos
 gives (evecs ``(N, min(N, F))``): the eigenvalue 0 of the complement is exact, and BoTorch pads those

@@ -253,3 +253,17 @@ def test_a_conditioned_model_predicts_after_train_and_its_stale_cache_is_named()
         posterior = conditioned.posterior(xs)
         mean, covariance = _dense_posterior(conditioned, torch.cat([x, new_x]), torch.cat([y, new_y]), xs)
     torch.testing.assert_close(posterior.mean.reshape(-1), mean, rtol=1e-8, atol=1e-8)
+
+
+def test_a_posterior_differentiated_through_the_training_caches_is_refused_by_name():
+    """Under detach_test_caches(False) BoTorch keeps the graph of the training covariance; its eigenpairs (an SVD,
+    whose gradient is NaN where singular values repeat) are computed without one, so the call is refused."""
+    import gpytorch
+
+    x, y = _data(20)
+    model = _model(x, y, "task", 8)
+    with gpytorch.settings.detach_test_caches(False):
+        with pytest.raises(RuntimeError, match="requires a gradient.*detach_test_caches"):
+            model.posterior(x[:2])
+        with torch.no_grad():
+            assert model.posterior(x[:2]).mean.shape == (2, NUM_TASKS)
