@@ -48,22 +48,6 @@ from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOper
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
-def _square_root(root: Tensor) -> Tensor:
-    """A root of root·rootᵀ with at most as many columns as rows: the root itself, or, when it is wider than tall, the
-    Cholesky factor of its Gram (in :func:`~rfgp.core.dtypes.factor_dtype`; linear_operator's ``psd_safe_cholesky``,
-    which adds jitter, and warns, where rows repeat — as the test points BoTorch's qLogNEI appends to the training
-    points — and the Gram is singular).
-
-    BoTorch's Matheron sampler draws one base sample per row of the joint covariance and uses the first
-    root-width of them, so a root wider than tall (F > N + n*) must be narrowed.  The Cholesky factor, unlike an
-    SVD's U·S, keeps a finite gradient in the new rows where singular values repeat.
-    """
-    if root.shape[-1] <= root.shape[-2]:
-        return root
-    work = root.to(factor_dtype(root.dtype, root.device))
-    return psd_safe_cholesky(work @ work.mT).to(root.dtype)
-
-
 class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
     r"""φφᵀ, the data factor of a sketched multitask covariance, with an O(N·F·min(N, F)) eigendecomposition.
 
@@ -71,13 +55,16 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
         root: φ, ``(..., N, F)``.
     """
 
-    @cached(name="range_eigenpairs")
-    def range_eigenpairs(self) -> tuple[Tensor, Tensor]:
-        """(S², U) of the thin SVD φ = USVᵀ in :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 φ),
-        without a graph: ``(..., min(N, F))`` and ``(..., N, min(N, F))``."""
+    @cached(name="thin_svd")
+    def thin_svd(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(U, S, Vᵀ) of the thin SVD φ = USVᵀ in :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 φ),
+        without a graph: ``(..., N, r)``, ``(..., r)``, ``(..., r, F)`` with r = min(N, F)."""
         features = self.features().detach()
-        features = features.to(factor_dtype(features.dtype, features.device))
-        left, singular, _ = torch.linalg.svd(features, full_matrices=False)
+        return torch.linalg.svd(features.to(factor_dtype(features.dtype, features.device)), full_matrices=False)
+
+    def range_eigenpairs(self) -> tuple[Tensor, Tensor]:
+        """(S², U): the eigenpairs of φφᵀ on the range of φ, from :meth:`thin_svd`."""
+        left, singular, _ = self.thin_svd()
         return singular.square(), left
 
     def diagonalization(self, method: str | None = None) -> tuple[Tensor, LinearOperator]:
@@ -96,7 +83,8 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
 
     def cat_rows(self, cross_mat, new_mat, generate_roots: bool = True, generate_inv_roots: bool = True,
                  **root_decomp_kwargs) -> LinearOperator:
-        r"""[[φφᵀ, φφ*ᵀ], [φ*φᵀ, φ*φ*ᵀ]] as the feature root [φ; φ*] (narrowed to at most N + n* columns).
+        r"""[[φφᵀ, φφ*ᵀ], [φ*φᵀ, φ*φ*ᵀ]] as the feature root [φ; φ*] (narrowed to N + n* columns where F is wider,
+        :meth:`_narrow_joint_root`).
 
         φ* is the root of ``new_mat`` (the data kernel at the new rows, an rfgp feature covariance), and
         ``cross_mat`` must be φ*φᵀ: the rows appended are those of the same feature map.  Its shape is checked,
@@ -128,9 +116,35 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
             )
         if validate_inputs.on():
             _check_cross(cross, new_features, features)
-        root = torch.cat((features.expand(*batch, *features.shape[-2:]),
-                          new_features.expand(*batch, *new_features.shape[-2:])), -2)
-        return FeatureRootLinearOperator(_square_root(root))
+        num_rows = features.shape[-2] + new_features.shape[-2]
+        if features.shape[-1] <= num_rows:
+            root = torch.cat((features.expand(*batch, *features.shape[-2:]),
+                              new_features.expand(*batch, *new_features.shape[-2:])), -2)
+            return FeatureRootLinearOperator(root)
+        return FeatureRootLinearOperator(self._narrow_joint_root(new_features, batch))
+
+    def _narrow_joint_root(self, new_features: Tensor, batch: torch.Size) -> Tensor:
+        r"""A root of [φ; φ*][φ; φ*]ᵀ with N + n* columns where F > N + n*: [[U·S, 0], [φ*V, C]], C = chol(BBᵀ) of
+        the part B = φ* − φ*VVᵀ of the new rows outside φ's row space (φ = USVᵀ, so φ*Vᵀ·(US)ᵀ = φ*φᵀ and
+        φ*VVᵀφ*ᵀ + BBᵀ = φ*φ*ᵀ).
+
+        BoTorch's Matheron sampler draws one base sample per row of the joint covariance and uses the first
+        root-width of them, so a root wider than tall must be narrowed.  Only the n* × n* block is factorised (in
+        :func:`~rfgp.core.dtypes.factor_dtype`; linear_operator's ``psd_safe_cholesky``, which adds jitter, and
+        warns, where BBᵀ is singular: new rows that repeat training rows, as qLogNEI's baseline); the training
+        block is the SVD's, exact however ill-conditioned φφᵀ is, and the gradient in φ* stays finite (an SVD of
+        the whole root has NaN gradients where singular values repeat).
+        """
+        left, singular, right = self.thin_svd()
+        work = new_features.to(singular.dtype)
+        inside = work @ right.mT  # φ*V, (..., n*, N)
+        outside = work - inside @ right  # B
+        schur_root = psd_safe_cholesky(outside @ outside.mT)
+        top = left * singular.unsqueeze(-2)
+        top = torch.cat((top, top.new_zeros(*top.shape[:-1], work.shape[-2])), -1)
+        bottom = torch.cat((inside, schur_root), -1)
+        root = torch.cat((top.expand(*batch, *top.shape[-2:]), bottom.expand(*batch, *bottom.shape[-2:])), -2)
+        return root.to(new_features.dtype)
 
 
 def _check_cross(cross: LinearOperator, new_features: Tensor, features: Tensor) -> None:

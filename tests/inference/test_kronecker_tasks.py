@@ -149,3 +149,30 @@ def test_a_right_hand_side_of_the_wrong_length_is_refused():
         total = _kernel(8)(x).evaluate_kernel() + _noises(3)["task"].double()._shaped_noise_covar(x.shape)
         with pytest.raises(RuntimeError):
             total.solve(torch.randn(3, 60, dtype=F64))
+
+
+def test_the_narrowed_joint_root_keeps_finite_gradients_where_new_rows_repeat_training_rows():
+    """qLogNEI appends its baseline (training points) to the candidates, whose part outside φ's row space is zero (an
+    SVD of the whole root [φ; φ*] has NaN gradients there): the block root's gradients in the candidates are the
+    central differences."""
+    gen = torch.Generator().manual_seed(0)
+    x, candidates = torch.rand(10, 2, generator=gen, dtype=F64), torch.rand(2, 2, generator=gen, dtype=F64)
+    kernel = _kernel(64)
+    scalar = kernel.data_covar_module
+    with torch.no_grad():
+        data = kernel(x).evaluate_kernel().linear_ops[0]
+    base = torch.randn(15, 3, generator=gen, dtype=F64)
+
+    def sample(points):
+        new = torch.cat((x[:3], points))
+        root = data.cat_rows(cross_mat=scalar(new, x), new_mat=scalar(new)).root_decomposition().root.to_dense()
+        assert root.shape == (15, 15)
+        return (root @ base)[10:].square().sum()
+
+    point = candidates.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(sample(point), point)
+    step = 1e-6
+    shifts = torch.eye(4, dtype=F64).reshape(4, 2, 2) * step
+    with torch.no_grad():
+        expected = torch.stack([(sample(candidates + s) - sample(candidates - s)) / (2 * step) for s in shifts])
+    torch.testing.assert_close(grad.reshape(-1), expected, rtol=1e-5, atol=1e-7)
