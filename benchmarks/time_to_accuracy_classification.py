@@ -38,6 +38,14 @@ Contenders (``--methods``), each on its own CPU-time budget (process CPU seconds
   probabilities by the same Monte Carlo over its latent marginals.
 * ``logreg``: scikit-learn ``LogisticRegression`` (multinomial, lbfgs): the floor a GP has to beat; one point.
 
+``--widths rff:256:256 rff:256:1024 ...`` measures instead the classifier's (train width, predict width) choices, each
+``DirichletGPClassifier(num_features=train).fit`` as a user runs it (default training to its own stop), then
+``rfgp.set_num_features`` to the predict width when it differs, and the posterior caches built; fit CPU time counts
+all three.  ``nystrom:M:M'`` is the Nyström recipe (``kernel=rfgp.sketch(..., M, method="nystrom", x_sample=X)``) at
+M landmarks, predicted at M'.  The configurations alternate in one process, ``--repeats`` rounds (every other round
+in reverse order), so that a shared host's load falls on all of them alike; ``digits`` (scikit-learn's 8 × 8 digits,
+1 797 rows, 10 classes) is a small sanity set.
+
 Clock and checkpoints as in ``time_to_accuracy.py``: the clock starts before the model is built, hyperparameters
 are snapshot on a geometric grid of CPU times, and every snapshot is evaluated after training, off the clock
 (except the recipes' re-draws).  Metrics on the test rows: error rate, NLL = mean −log p(y | x), ECE (10 bins).
@@ -47,8 +55,10 @@ half the CPU time that contender needed to first reach it.
     python benchmarks/time_to_accuracy_classification.py              # default, ≤ 10 min on 2 idle cores
     python benchmarks/time_to_accuracy_classification.py --quick      # ≤ 60 s
     python benchmarks/time_to_accuracy_classification.py --threads 1 --tag _1thread
+    python benchmarks/time_to_accuracy_classification.py --threads 1 --datasets diamonds storms digits \
+        --widths rff:256:256 rff:256:1024 rff:512:2048 rff:1024:1024 --repeats 2 --tag _widths
 
-Outputs: ``benchmarks/results/time_to_accuracy_classification{_tag}.{csv,md,png}``.
+Outputs: ``benchmarks/results/time_to_accuracy_classification{_tag}.{csv,md,png}`` (``--widths``: csv and md).
 """
 
 from __future__ import annotations
@@ -126,14 +136,26 @@ class Split:
     test_y: torch.Tensor
 
 
+def _digits():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return torch.tensor(digits.data), torch.tensor(digits.target), [str(c) for c in range(10)]
+
+
 def load(name: str, max_rows: int | None) -> Split:
-    package, item, inputs, target, rows = DATASETS[name]
-    x, y, classes = _frame(package, item, inputs, target)
+    if name == "digits":
+        (x, y, classes), rows = _digits(), None
+        package, item, target, inputs = "sklearn", "load_digits", "digit", ["64 pixels"]
+    else:
+        package, item, inputs, target, rows = DATASETS[name]
+        x, y, classes = _frame(package, item, inputs, target)
     rows = min(r for r in (rows, max_rows, x.shape[0]) if r is not None)
     order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))[:rows]
     x, y = x[order], y[order]
     split = int(0.8 * rows)
-    x = (x - x[:split].mean(0)) / x[:split].std(0)
+    scale = x[:split].std(0)
+    x = (x - x[:split].mean(0)) / scale.where(scale > 0, torch.ones_like(scale))  # digits: constant border pixels
     description = f"{package}::{item}, {target} ({len(classes)} classes) ~ {', '.join(inputs)}"
     return Split(name, description, classes, x[:split].to(DTYPE), y[:split], x[split:].to(DTYPE), y[split:])
 
@@ -304,6 +326,125 @@ def run_method(method: str, data: Split, config: dict) -> tta.Run:
     return run
 
 
+# ------------------------------------------------------------- (train, predict) widths
+def width_spec(text: str) -> tuple[str, int, int]:
+    """``--widths`` entry ``kind:train:predict`` (kind ``rff`` or ``nystrom``), or ``default``: the classifier as is."""
+    if text == "default":
+        return "default", 0, 0
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in ("rff", "nystrom") or not all(v.isdigit() and int(v) > 0 for v in parts[1:]):
+        raise argparse.ArgumentTypeError(f"--widths takes kind:train:predict (kind rff or nystrom, widths positive "
+                                         f"integers) or 'default', got {text!r}")
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def width_name(spec: tuple[str, int, int]) -> str:
+    return "DirichletGPClassifier()" if spec[0] == "default" else f"{spec[0]} train {spec[1]} → predict {spec[2]}"
+
+
+def fit_at_widths(spec: tuple[str, int, int], data: Split) -> dict:
+    """One classifier trained at ``spec``'s training width and predicted at its prediction width; fit CPU time counts
+    the fit, the re-draw (``rfgp.set_num_features``) and the posterior caches, prediction CPU time the test rows."""
+    kind, train, predict = spec
+    x, y = data.train_x, data.train_y
+    torch.manual_seed(0)
+    cpu0, wall0 = tta.readings(x.device)
+    if kind == "default":
+        classifier = DirichletGPClassifier(progress=False).fit(x, y)
+    else:
+        kernel = None if kind == "rff" else rfgp.sketch(
+            gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[-1])), train,
+            method="nystrom", x_sample=x, seed=0)
+        classifier = DirichletGPClassifier(kernel=kernel, num_features=train, progress=False, seed=0).fit(x, y)
+        if predict != train:
+            rfgp.set_num_features(classifier.model_, predict)
+    classifier.latent_posterior(data.test_x[:2])  # builds the posterior caches at the prediction width
+    cpu1, wall1 = tta.readings(x.device)
+    probs = classifier.predict_proba(data.test_x)
+    cpu2, _ = tta.readings(x.device)
+    point_nll = -probs.to(torch.float64).gather(-1, data.test_y[:, None]).squeeze(-1).log()
+    return {"fit_cpu_s": cpu1 - cpu0, "fit_wall_s": wall1 - wall0, "predict_cpu_s": cpu2 - cpu1,
+            "iterations": len(classifier.losses_), "point_nll": point_nll, **scores(probs, data.test_y)}
+
+
+def run_widths(datasets: list[str], specs: list, repeats: int, max_rows: int | None) -> list[dict]:
+    """Every spec on every dataset, ``repeats`` rounds alternating the specs (odd rounds in reverse order)."""
+    rows = []
+    for name in datasets:
+        data = load(name, max_rows)
+        warm = Split(name, data.description, data.classes, data.train_x[:200], data.train_y[:200], data.test_x[:50],
+                     data.test_y[:50])
+        fit_at_widths(specs[0], warm)  # first-call costs (imports, allocator) fall outside the rounds
+        # landmarks are training rows: a Nyström width above their number is no model (digits: 1 437 rows)
+        usable = [s for s in specs if s[0] != "nystrom" or max(s[1:]) <= data.train_x.shape[0]]
+        for spec in specs:
+            if spec not in usable:
+                print(f"{name}: {width_name(spec)} skipped, more landmarks than the {data.train_x.shape[0]} "
+                      "training rows", flush=True)
+        for round_ in range(repeats):
+            for spec in (usable if round_ % 2 == 0 else usable[::-1]):
+                load1 = os.getloadavg()[0]
+                row = {"dataset": name, "description": data.description, "n_train": data.train_x.shape[0],
+                       "n_test": data.test_x.shape[0], "config": width_name(spec), "round": round_ + 1,
+                       "load1": load1, **fit_at_widths(spec, data)}
+                rows.append(row)
+                print(f"{name} round {row['round']} {row['config']}: fit {row['fit_cpu_s']:.1f} s CPU "
+                      f"({row['iterations']} it.), NLL {row['nll']:.4f}, error {row['error']:.4f}, "
+                      f"ECE {row['ece']:.4f} (load {load1:.2f})", flush=True)
+    return rows
+
+
+def paired_difference(rows: list[dict], reference: list[dict]) -> str:
+    """Mean test NLL minus the reference configuration's (first rounds), ± the standard error of the mean of the
+    per-point differences (both scored on the same test rows), and the fit CPU ratio to it round by round."""
+    difference = rows[0]["point_nll"] - reference[0]["point_nll"]
+    error = difference.std() / difference.numel() ** 0.5
+    ratios = " / ".join(f"{r['fit_cpu_s'] / q['fit_cpu_s']:.2f}" for r, q in zip(rows, reference))
+    return f"{difference.mean():+.4f} ± {error:.4f} | {ratios}"
+
+
+def write_widths(rows: list[dict], config: dict, loads: tuple, tag: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"time_to_accuracy_classification{tag}"
+    keys = ["dataset", "config", "round", "load1", "fit_cpu_s", "fit_wall_s", "predict_cpu_s", "iterations",
+            "error", "nll", "ece"]
+    with open(f"{stem}.csv", "w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(keys)
+        for row in rows:
+            out.writerow([f"{row[k]:.5f}" if isinstance(row[k], float) else row[k] for k in keys])
+    lines = [
+        "# The classifier's (train width, predict width): time to a trained classifier and its test scores", "",
+        f"float32, {config['threads']} thread(s), {config['repeats']} rounds alternating the configurations in one "
+        "process (every other round reversed).  Fit CPU: `DirichletGPClassifier.fit` (its default L-BFGS to its own "
+        "stop) + `rfgp.set_num_features` to the predict width + the posterior caches; process CPU seconds.  "
+        f"Load average (1, 5, 15 min) at start: {', '.join(f'{v:.2f}' for v in loads[0])}; at end: "
+        f"{', '.join(f'{v:.2f}' for v in loads[1])} on {os.cpu_count()} logical CPUs (1-min load before each fit in "
+        "the CSV).  Produced by `benchmarks/time_to_accuracy_classification.py --widths`.", ""]
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        mine = [r for r in rows if r["dataset"] == name]
+        first = mine[0]
+        reference = [r for r in mine if r["config"] == width_name(config["reference"])]
+        lines += [f"## {name}: {first['description']} (N = {first['n_train']} train / {first['n_test']} test)", "",
+                  "| configuration | fit CPU [s] per round | iterations | test NLL | test error | test ECE "
+                  f"| predict CPU [s] | loads | NLL − {width_name(config['reference'])}'s ± SE (paired) "
+                  "| fit CPU ratio to it |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for label_ in dict.fromkeys(r["config"] for r in mine):
+            runs = [r for r in mine if r["config"] == label_]
+            same = all(r[k] == runs[0][k] for r in runs for k in ("nll", "error", "ece"))
+            joined = {k: " / ".join(f"{r[k]:{spec}}" for r in runs)
+                      for k, spec in (("fit_cpu_s", ".1f"), ("iterations", "d"), ("predict_cpu_s", ".2f"),
+                                      ("load1", ".1f"), ("nll", ".4f"), ("error", ".4f"), ("ece", ".4f"))}
+            same = all(r[k] == runs[0][k] for r in runs for k in ("nll", "error", "ece"))
+            scores_ = " | ".join(f"{runs[0][k]:.4f}" if same else joined[k] for k in ("nll", "error", "ece"))
+            versus = paired_difference(runs, reference) if reference else "– | –"
+            lines.append(f"| {label_} | {joined['fit_cpu_s']} | {joined['iterations']} | {scores_} | "
+                         f"{joined['predict_cpu_s']} | {joined['load1']} | {versus} |")
+        lines.append("")
+    Path(f"{stem}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 # -------------------------------------------------------------------------- report
 def verdicts(runs: dict[str, tta.Run], config: dict) -> list[str]:
     """Per rfgp classifier: :func:`time_to_accuracy.target_lines` against every GPyTorch contender, by test NLL."""
@@ -386,7 +527,7 @@ def plot(results, config: dict, path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data and budgets (≤ 60 s)")
-    parser.add_argument("--datasets", nargs="+", default=["diamonds"], choices=list(DATASETS))
+    parser.add_argument("--datasets", nargs="+", default=["diamonds"], choices=[*DATASETS, "digits"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--budget", type=float, default=30.0, help="CPU seconds per contender")
     parser.add_argument("--threads", type=int, default=2)
@@ -398,6 +539,11 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=None)
     parser.add_argument("--min-redraw", type=float, default=2.0)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--widths", nargs="+", type=width_spec, default=None,
+                        help="measure (train, predict) widths instead: kind:train:predict entries or 'default'")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds of the --widths configurations")
+    parser.add_argument("--reference", type=width_spec, default="rff:1024:1024",
+                        help="--widths: the configuration NLL differences and CPU ratios are taken against")
     args = parser.parse_args()
     if args.quick:
         args.budget, args.max_rows, args.width, args.landmarks = 3.0, 2500, 256, 128
@@ -406,6 +552,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     config = {**vars(args), "first_checkpoint": 0.25}
     loads = [os.getloadavg()]
+    if args.widths:
+        rows = run_widths(args.datasets, args.widths, args.repeats, args.max_rows)
+        write_widths(rows, config, (loads[0], os.getloadavg()), args.tag or "_widths")
+        return
     results = {}
     for name in args.datasets:
         data = load(name, args.max_rows)
