@@ -10,6 +10,18 @@ lengthscales towards 0 and stops at a loss far above the exact GP's (scikit-lear
 standard deviations both reach 5.5, RMSE 56).  Standardised data rarely come close: 10 standard-normal columns are
 ≈ 6.5 lengthscales apart at ℓ = 0.69; raw co2 or elnino time in years ≈ 20–30, where rfgp trained as the exact GP
 (``benchmarks/raw_data_sweep.py``).
+
+A median over all pairs misses many standardised columns: 30 standardised columns of modeldata's ``deliveries``
+(hour, distance, weekday and 27 item counts) lie a median of 10.8 lengthscales apart at ℓ = 0.69, but each row's
+nearest distinct neighbour a median of 4.5 (k ≈ 3·10⁻⁵ there, far below the estimate's Monte-Carlo error 1/√F), so
+the kernel is ≈ 0 between every point and all others.  From there ORF (F = 1024, 2 000 rows) reported convergence at
+a loss of 1.40 per point (the white-noise model: test RMSE 6.9 minutes, the targets' spread), where the exact GP
+reached 0.35 (RMSE 2.2) and ORF started at ℓ = √d reached 0.25 (RMSE 2.0); a Nyström map (M = 512) from ℓ = 0.69
+stopped at the white-noise model too (1.42) (``benchmarks/results/fresh_data_pass.md``).  So
+a median nearest-neighbour distance above ``MEDIAN_NEIGHBOUR_DISTANCE`` lengthscales warns too: at 3 the RBF kernel
+is e^{−4.5} ≈ 0.011, below 1/√F for every F up to 8 000; standardised diabetes (10 columns, 200 rows: 2.2) and the
+time series stay below it, standardised star98 (20 columns, 120 rows: 3.3), where ORF ended at a loss of 1.22
+against the exact GP's 0.74, lies above.
 """
 
 from __future__ import annotations
@@ -25,33 +37,63 @@ from .kernel_inputs import covar_module_inputs
 
 #: warn when the median distance between training points exceeds this many lengthscales
 MEDIAN_SCALED_DISTANCE = 50.0
+#: warn when a training row's nearest distinct training row lies a median of more than this many lengthscales away
+MEDIAN_NEIGHBOUR_DISTANCE = 3.0
 #: the median is taken over the pairs of at most this many training rows (evenly spaced)
 _SAMPLE_ROWS = 256
+#: nearest neighbours are searched among at most this many training rows (evenly spaced)
+_NEIGHBOUR_ROWS = 8192
+
+
+def _evenly_spaced_rows(x: torch.Tensor, count: int) -> torch.Tensor:
+    rows = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
+    return rows[torch.linspace(0, rows.shape[0] - 1, min(rows.shape[0], count)).round().long().unique()]
+
+
+def _largest_lengthscale(lengthscale: torch.Tensor) -> torch.Tensor:
+    return lengthscale.detach().to(torch.float64).reshape(-1, lengthscale.shape[-1]).amax(0)
 
 
 def median_scaled_distance(x: torch.Tensor, lengthscale: torch.Tensor) -> float:
     """The median of ‖(xᵢ − xⱼ)/ℓ‖ over pairs of rows of ``x`` (at most ``_SAMPLE_ROWS`` of them, evenly spaced);
     ``lengthscale`` of shape ``(..., 1, d or 1)``, the largest over a batch (the mildest case) is used."""
-    rows = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
-    rows = rows[torch.linspace(0, rows.shape[0] - 1, min(rows.shape[0], _SAMPLE_ROWS)).round().long().unique()]
-    ell = lengthscale.detach().to(torch.float64).reshape(-1, lengthscale.shape[-1]).amax(0)
+    rows = _evenly_spaced_rows(x, _SAMPLE_ROWS)
     if rows.shape[0] < 2:
         return 0.0
-    return float(torch.pdist(rows / ell).median())
+    return float(torch.pdist(rows / _largest_lengthscale(lengthscale)).median())
+
+
+def median_neighbour_distance(x: torch.Tensor, lengthscale: torch.Tensor) -> float:
+    """The median over rows of ``x`` (at most ``_SAMPLE_ROWS``, evenly spaced) of ‖(xᵢ − xⱼ)/ℓ‖ to the nearest row
+    xⱼ ≠ xᵢ among at most ``_NEIGHBOUR_ROWS`` (evenly spaced; duplicates of xᵢ are no neighbours: they carry no
+    information about ℓ); ``lengthscale`` as for :func:`median_scaled_distance`.  0 when no row has a distinct one."""
+    ell = _largest_lengthscale(lengthscale)
+    reference = _evenly_spaced_rows(x, _NEIGHBOUR_ROWS) / ell
+    # without matrix products: a row's distance to itself must come out exactly 0 to be skipped
+    distances = torch.cdist(_evenly_spaced_rows(x, _SAMPLE_ROWS) / ell, reference,
+                            compute_mode="donot_use_mm_for_euclid_dist")
+    nearest = distances.masked_fill(distances == 0, float("inf")).amin(-1)
+    nearest = nearest[torch.isfinite(nearest)]
+    return float(nearest.median()) if nearest.numel() else 0.0
+
+
+def _shown_lengthscales(kernel) -> str:
+    values = kernel.lengthscale.detach().flatten().tolist()
+    return ", ".join(f"{v:.3g}" for v in values[:4]) + (", …" if len(values) > 4 else "")
 
 
 def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
     """Warn (:class:`~rfgp.training.DataScaleWarning`) for each random Fourier kernel whose training inputs lie a median
-    of more than ``MEDIAN_SCALED_DISTANCE`` lengthscales apart (its inputs as ``model.forward`` passes them on, e.g.
-    a deep kernel's network outputs: :func:`~rfgp.models.kernel_inputs.covar_module_inputs`)."""
+    of more than ``MEDIAN_SCALED_DISTANCE`` lengthscales apart, or else a median of more than
+    ``MEDIAN_NEIGHBOUR_DISTANCE`` lengthscales from their nearest neighbours (its inputs as ``model.forward`` passes
+    them on, e.g. a deep kernel's network outputs: :func:`~rfgp.models.kernel_inputs.covar_module_inputs`)."""
     train_inputs = getattr(model, "train_inputs", None)
     if not train_inputs or not torch.is_tensor(train_inputs[0]) or not train_inputs[0].is_floating_point():
         return
     for _, kernel, x in fourier_units(model, covar_module_inputs(model, train_inputs[0])):
         distance = median_scaled_distance(x, kernel.lengthscale)
         if distance > MEDIAN_SCALED_DISTANCE:
-            values = kernel.lengthscale.detach().flatten().tolist()
-            shown = ", ".join(f"{v:.3g}" for v in values[:4]) + (", …" if len(values) > 4 else "")
+            shown = _shown_lengthscales(kernel)
             warnings.warn(
                 f"fit_mll: the training inputs of {type(kernel).__name__} lie a median {distance:.3g} "
                 f"lengthscales apart (lengthscale {shown}; more than "
@@ -60,6 +102,20 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
                 "grows with the squared distance, so training follows the noise (raw diabetes, F = 256: loss 2202 "
                 "per point against the exact GP's 5.8). Standardise the inputs, or start from a lengthscale on the "
                 "data's scale, e.g. kernel.lengthscale = train_x.std(0)",
+                DataScaleWarning, stacklevel=4,
+            )
+            continue
+        neighbour = median_neighbour_distance(x, kernel.lengthscale)
+        if neighbour > MEDIAN_NEIGHBOUR_DISTANCE:
+            shown = _shown_lengthscales(kernel)
+            warnings.warn(
+                f"fit_mll: each training input of {type(kernel).__name__} lies a median {neighbour:.3g} lengthscales "
+                f"from its nearest neighbour (lengthscale {shown}; more than {MEDIAN_NEIGHBOUR_DISTANCE:g}), as many "
+                "standardised columns put them: the kernel is ≈ 0 between every point and all others, below the "
+                "random-feature estimate's Monte-Carlo error, so training follows that noise to the white-noise "
+                "model (30 standardised columns, F = 1024: loss 1.40 per point against the exact GP's 0.35). Start "
+                "from a lengthscale that reaches the neighbours, e.g. kernel.lengthscale = "
+                "math.sqrt(train_x.shape[-1]) * train_x.std(0) (BoTorch's dimension-scaled prior does the same)",
                 DataScaleWarning, stacklevel=4,
             )
 
