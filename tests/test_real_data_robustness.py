@@ -162,7 +162,7 @@ def test_fit_mll_warns_when_standardised_inputs_lie_lengthscales_from_their_near
     # nearest neighbour, where k ≈ 10⁻⁶; ORF (F = 1024, 2000 rows) reported convergence at the white-noise model
     # (loss 1.40 per point, the exact GP 0.35) without a word (benchmarks/results/fresh_data_pass.md)
     x, y = _deliveries()
-    with pytest.warns(rfgp.DataScaleWarning, match=r"median 5\.\d+ lengthscales from its nearest neighbour.*math\.sqrt"):
+    with pytest.warns(rfgp.DataScaleWarning, match=r"median 5\.\d+ lengthscales from its nearest neighbour.*sqrt"):
         rfgp.fit_mll(_rbf_model(x, y), num_iterations=1, progress=False)
     model = _rbf_model(x, y)
     model.covar_module.base_kernel.lengthscale = math.sqrt(x.shape[-1])  # the advice: no warning

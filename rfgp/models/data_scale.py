@@ -46,8 +46,9 @@ _NEIGHBOUR_ROWS = 8192
 
 
 def _evenly_spaced_rows(x: torch.Tensor, count: int) -> torch.Tensor:
-    rows = x.detach().reshape(-1, x.shape[-1]).to(torch.float64)
-    return rows[torch.linspace(0, rows.shape[0] - 1, min(rows.shape[0], count)).round().long().unique()]
+    rows = x.detach().reshape(-1, x.shape[-1])
+    index = torch.linspace(0, rows.shape[0] - 1, min(rows.shape[0], count)).round().long().unique()
+    return rows[index.to(rows.device)].to(torch.float64)  # select first: no float64 copy of all N rows
 
 
 def _largest_lengthscale(lengthscale: torch.Tensor) -> torch.Tensor:
