@@ -11,6 +11,7 @@
 # registered with fit_mll: the check of lengthscales against the inputs' spacing, the handlers of stale allocations
 from . import data_scale, maclaurin_refit  # noqa: F401
 from .classifier import DirichletGPClassifier
+from .classifier_check import DegenerateFitWarning
 from .feature_width import set_num_features
 from .multioutput import MultiOutputGPModel
 from .regression import ExactGPModel
@@ -18,6 +19,7 @@ from .scale_and_noise import ScaleNoiseFit, fit_scale_and_noise
 from .streaming import StreamingFeatureGP, fit_from_batches
 
 __all__ = [
+    "DegenerateFitWarning",
     "DirichletGPClassifier",
     "ExactGPModel",
     "MultiOutputGPModel",

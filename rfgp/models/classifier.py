@@ -30,6 +30,7 @@ from ..kernels.nystrom import NystromKernel
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood
 from ..training import OPTIMIZERS, fit_mll
+from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
 from .feature_width import refit_data_fitted_maps, set_num_features
 from .regression import ExactGPModel
 
@@ -73,7 +74,15 @@ class DirichletGPClassifier:
             the default because it reaches a lower test NLL sooner: on ggplot2::diamonds (cut, 10 000 rows,
             F = 1024, one thread) 50 Adam steps took 72 s of CPU to a test NLL of 0.724, L-BFGS converged after 18
             iterations and 39 s at 0.710 (``benchmarks/results/time_to_accuracy_classification_after.md``).
-        learn_additional_noise: learn an extra per-class noise on top of σ²_{c,i}.
+        learn_additional_noise: learn an extra per-class noise on top of σ²_{c,i} (``True``), or not (``False``).
+            ``None`` (the default): without it, and once more with it when the first fit predicts its training labels
+            (leave one out) no better than the class prior, keeping the better of the two by that measure and warning
+            (:class:`~rfgp.models.DegenerateFitWarning`; ``learn_additional_noise_`` records the choice).  Without it
+            the fixed σ²_{c,i} cannot hold the spread of the targets where classes overlap, and the marginal
+            likelihood — GPyTorch's exact one too — may prefer a kernel that is white noise (ℓ → 0), where the
+            random-feature fit predicted worse than the class prior; with it, some fits that were good without it
+            stop at a small lengthscale instead (``benchmarks/results/classifier_degenerate_optimum.md``,
+            :mod:`rfgp.models.classifier_check`).  ``α_ε`` validation fits go without it unless it is ``True``.
         validation_fraction: share of the data held out to choose α_ε (then refit on all data).
         probability_method, num_samples: class probabilities by ``"mc"`` (seeded) or ``"mean_field"``.
         standardize: centre and scale every input column with the training statistics; a column that is
@@ -95,7 +104,11 @@ class DirichletGPClassifier:
         ``alpha_epsilon_``: the α_ε used; ``validation_mnll_``: {α_ε: MNLL} when several were tried;
         ``train_num_features_``, ``num_features_``: the default kernel's training and prediction widths (``None``
         with a given kernel);
-        ``losses_``: training losses.
+        ``losses_``: training losses;
+        ``leave_one_out_nll_``, ``class_prior_nll_``: the kept fit's mean leave-one-out negative log likelihood of
+        the training labels (at the training width; ``None`` for a kernel without a feature root, which is not
+        checked) and that of the class frequencies; ``learn_additional_noise_``: whether the kept fit has the extra
+        noise.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -116,7 +129,7 @@ class DirichletGPClassifier:
         num_iterations: int = 50,
         lr: float | None = None,
         optimizer: str = "lbfgs",
-        learn_additional_noise: bool = False,
+        learn_additional_noise: bool | None = None,
         validation_fraction: float = 0.2,
         probability_method: str = "mc",
         num_samples: int = 1000,
@@ -208,7 +221,7 @@ class DirichletGPClassifier:
             kernel=self.kernel, train_num_features=train_width, num_features=predict_width, method=self.method,
             alpha_candidates=_check_alphas(self.alpha_epsilon), num_iterations=int(iterations),
             lr=None if self.lr is None else float(self.lr), optimizer=self.optimizer,
-            learn_additional_noise=bool(self.learn_additional_noise),
+            learn_additional_noise=_check_optional_bool(self.learn_additional_noise, "learn_additional_noise"),
             validation_fraction=float(self.validation_fraction),
             probability_method=self.probability_method, num_samples=int(self.num_samples),
             standardize=bool(self.standardize), dtype=dtype,
@@ -266,7 +279,7 @@ class DirichletGPClassifier:
             self.alpha_epsilon_ = min(self.validation_mnll_, key=self.validation_mnll_.get)
         else:
             self.alpha_epsilon_ = p.alpha_candidates[0]
-        self.model_, self.losses_ = self._fit_model(x, labels, self.alpha_epsilon_)
+        self.model_, self.losses_ = self._fit_checked(x, labels)
         self.likelihood_ = self.model_.likelihood
         self.train_num_features_, self.num_features_ = p.train_num_features, p.num_features
         return self
@@ -279,17 +292,43 @@ class DirichletGPClassifier:
         val, train = order[:num_val], order[num_val:]
         scores = {}
         for alpha in p.alpha_candidates:
-            model, _ = self._fit_model(x[train], labels[train], alpha)
+            model, _, _ = self._fit_model(x[train], labels[train], alpha, bool(p.learn_additional_noise))
             probs = self._probabilities(model, x[val])
             scores[alpha] = mean_negative_log_likelihood(probs, labels[val]).item()
         return scores
 
-    def _fit_model(self, x: Tensor, labels: Tensor, alpha: float):
+    def _fit_checked(self, x: Tensor, labels: Tensor):
+        """The final fit, checked by its leave-one-out NLL against the class prior's (:mod:`.classifier_check`).
+
+        ``learn_additional_noise=None``: without the extra noise, and once more with it when that fit is no better
+        than the class prior; the fit with the lower leave-one-out NLL is kept, and ``fit`` warns either way.
+        """
+        p = self._fit_params
+        self.class_prior_nll_ = float(class_prior_nll(labels, len(self.classes_)))
+        extra = bool(p.learn_additional_noise)
+        model, losses, loo = self._fit_model(x, labels, self.alpha_epsilon_, extra)
+        first_loo, first_lengthscales = loo, _lengthscales(model)
+        trained = p.num_iterations > 0
+        degenerate = trained and loo is not None and loo >= self.class_prior_nll_
+        other = None  # (leave-one-out NLL, lengthscales) of the fit with the extra noise, when the default made one
+        if degenerate and p.learn_additional_noise is None:
+            refit, refit_losses, refit_loo = self._fit_model(x, labels, self.alpha_epsilon_, True)
+            other = (refit_loo, _lengthscales(refit))
+            if refit_loo < loo:
+                model, losses, loo, extra = refit, refit_losses, refit_loo, True
+        self.learn_additional_noise_, self.leave_one_out_nll_ = extra, loo
+        if degenerate:
+            warn_degenerate_fit(first_loo, self.class_prior_nll_, first_lengthscales, other,
+                                bool(p.learn_additional_noise))
+        return model, losses
+
+    def _fit_model(self, x: Tensor, labels: Tensor, alpha: float, extra_noise: bool):
+        """(model, losses, leave-one-out NLL at the training width or ``None``), the model re-drawn for prediction."""
         p = self._fit_params
         num_classes = len(self.classes_)
         likelihood = DirichletClassificationLikelihood(
             labels, num_classes=num_classes, alpha_epsilon=alpha,
-            learn_additional_noise=p.learn_additional_noise, dtype=p.dtype,
+            learn_additional_noise=extra_noise, dtype=p.dtype,
         )
         targets = likelihood.transformed_targets.to(p.device)
         mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([num_classes]))
@@ -301,11 +340,12 @@ class DirichletGPClassifier:
         if p.num_iterations > 0:
             losses = fit_mll(model, p.num_iterations, p.lr, p.progress, description="Dirichlet GP",
                              optimizer=p.optimizer)
+        loo = leave_one_out_nll(model)
         if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
             set_num_features(model, p.num_features)
         model.eval()
         likelihood.eval()
-        return model, losses
+        return model, losses, None if loo is None else float(loo)
 
     def _new_kernel(self, x: Tensor, targets: Tensor) -> gpytorch.kernels.Kernel:
         p = self._fit_params
@@ -482,6 +522,21 @@ def _column_scales(x: Tensor, mean: Tensor) -> Tensor:
     var = x.var(0)
     constant = var <= n * eps * var + (n * eps * mean).square()
     return torch.where(constant, torch.ones_like(var), var.sqrt())
+
+
+def _check_optional_bool(value, name: str) -> bool | None:
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True, False or None, got {value!r}")
+    return None if value is None else bool(value)
+
+
+def _lengthscales(model: ExactGPModel) -> str:
+    """The first lengthscale module's values (at most 4), for messages."""
+    for module in model.covar_module.modules():
+        if getattr(module, "has_lengthscale", False):
+            values = module.lengthscale.detach().flatten().tolist()
+            return ", ".join(f"{v:.3g}" for v in values[:4]) + (", …" if len(values) > 4 else "")
+    return "none"
 
 
 def _check_alphas(alpha_epsilon) -> tuple[float, ...]:

@@ -1,0 +1,99 @@
+"""Is a trained Dirichlet GP classifier better than ignoring its inputs?  Its leave-one-out NLL says.
+
+The Dirichlet-transformed regressions (Milios et al. 2018) give every point a fixed noise σ²_{c,i} = log(1/α_{c,i} + 1)
+that does not grow with the overlap of the classes.  Where the classes overlap, a smooth latent f_c cannot come near
+the bimodal targets ỹ_{c,i} (≈ −0.35 on the point's class, ≈ −6.9 off it at α_ε = 0.01) within that noise, and the
+marginal likelihood prefers a kernel that is white noise: ℓ → 0.  On 5 overlapping classes in 2-D (N = 704) GPyTorch's
+exact Dirichlet GP trained by L-BFGS or Adam ends at ℓ = 4·10⁻⁵ or 0.02 with a loss of 12.56 against 15.2 at the
+data's lengthscale, and predicts the class prior; a random-feature kernel (F = 256, rank F < N) cannot be white
+noise and stops near ℓ = 0.1, where it predicts worse than the prior (test NLL 2.04 against 1.61;
+``benchmarks/results/classifier_degenerate_optimum.md``).  A learned extra noise (``learn_additional_noise=True``,
+GPyTorch's tutorial recipe) holds that white noise itself, and the kernel keeps the data's lengthscale.
+
+:func:`leave_one_out_nll` measures the fit on the training data without a held-out split: each class's regression
+predicts ỹ_{c,i} from all other points with mean μ₋ᵢ and variance σ²₋ᵢ (Rasmussen & Williams 2006, Eqs. 5.12–5.13;
+:func:`~rfgp.inference.leave_one_out.leave_one_out_predictions`, O(N·F²) for a feature covariance), whose latent part
+σ²₋ᵢ − σ²_{c,i} the mean-field softmax (:func:`~rfgp.likelihoods.softmax.softmax_expectation_mean_field`) turns into
+class probabilities; their mean negative log probability of the held-out label is compared with that of the class
+prior π_c = n_c/N (:func:`class_prior_nll`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from ..inference.leave_one_out import feature_covariance, leave_one_out_predictions
+from ..likelihoods.softmax import softmax_expectation_mean_field
+
+
+class DegenerateFitWarning(UserWarning):
+    """A trained classifier predicts its own training labels (leave one out) no better than the class prior."""
+
+
+def leave_one_out_nll(model: gpytorch.models.ExactGP) -> Tensor | None:
+    """Mean leave-one-out negative log probability of the training labels under a Dirichlet GP ``model``.
+
+    ``model`` holds a :class:`~rfgp.likelihoods.DirichletClassificationLikelihood` and C latent GPs (batch ``(C,)``)
+    trained on its transformed targets.  ``None`` when the noise-added covariance has no feature root (an exact
+    GPyTorch kernel: its leave-one-out terms would cost O(N³)).
+    """
+    likelihood = model.likelihood
+    inputs = model.train_inputs
+    was_training = model.training
+    model.train()
+    try:
+        with torch.no_grad():
+            output = likelihood(model(*inputs), *inputs)
+            covar = feature_covariance(output.lazy_covariance_matrix)
+            if covar is None:
+                return None
+            mean, variance = leave_one_out_predictions(covar, model.train_targets, output.mean)
+            latent = (variance - likelihood.noise).clamp_min(0)  # ≥ 0 up to rounding: K ⪰ D
+            probs = softmax_expectation_mean_field(mean.transpose(-1, -2), latent.transpose(-1, -2))
+            labels = likelihood.targets
+            return -probs.gather(-1, labels.unsqueeze(-1)).clamp_min(torch.finfo(probs.dtype).tiny).log().mean()
+    finally:
+        model.train(was_training)
+
+
+def class_prior_nll(labels: Tensor, num_classes: int) -> Tensor:
+    """−(1/N) Σᵢ log π_{yᵢ} with π_c = n_c/N: the training NLL of the classifier that ignores the inputs."""
+    counts = torch.bincount(labels, minlength=num_classes).to(torch.float64)
+    return -(counts[labels] / labels.numel()).log().mean()
+
+
+def warn_degenerate_fit(loo_nll: float, prior_nll: float, lengthscale: str, refit: tuple[float, str] | None,
+                        extra_noise: bool) -> None:
+    """:class:`DegenerateFitWarning` for a fit whose leave-one-out NLL ``loo_nll`` is no better than ``prior_nll``.
+
+    ``refit``: (leave-one-out NLL, lengthscales) of the second fit, with the extra noise, that
+    ``DirichletGPClassifier(learn_additional_noise=None)`` made after it (``None``: none was made); ``extra_noise``:
+    whether the first fit had the extra noise.  The message names the symptom, what was done and the fixes.
+    """
+    symptom = (
+        f"DirichletGPClassifier: the trained model (lengthscale {lengthscale}) predicts its training labels, each left "
+        f"out in turn, with a mean negative log likelihood of {loo_nll:.4g}, no better than the class prior's "
+        f"{prior_nll:.4g}: the marginal likelihood's optimum explains the labels as noise, not by the inputs (heavily "
+        "overlapping classes: the fixed Dirichlet noise cannot hold their spread, and the likelihood prefers a kernel "
+        "that is white noise, ℓ → 0)"
+    )
+    others = "a larger alpha_epsilon (or several, chosen by validation), or more training data"
+    if refit is None:
+        advice = (f"; try {others}" if extra_noise else
+                  f"; try learn_additional_noise=None (the default) or True, {others}")
+    elif refit[0] < loo_nll:
+        still = "" if refit[0] < prior_nll else ", still no better than the prior"
+        advice = (
+            f"; refitted with learn_additional_noise=True (a learned noise holds what the kernel cannot explain): "
+            f"leave-one-out NLL {refit[0]:.4g}, lengthscale {refit[1]}{still}. The classifier keeps that fit "
+            "(learn_additional_noise_ is True); pass learn_additional_noise=False or True to choose the model yourself"
+        )
+    else:
+        advice = (f"; a refit with learn_additional_noise=True was no better (leave-one-out NLL {refit[0]:.4g}) and "
+                  f"the first fit is kept; try {others}")
+    warnings.warn(symptom + advice + " (leave_one_out_nll_ and class_prior_nll_ hold the kept fit's numbers)",
+                  DegenerateFitWarning, stacklevel=5)  # fit's caller
