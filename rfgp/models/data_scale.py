@@ -16,8 +16,8 @@ A median over all pairs misses many standardised columns: 30 standardised column
 nearest distinct neighbour a median of 4.5 (k ≈ 3·10⁻⁵ there, far below the estimate's Monte-Carlo error 1/√F), so
 the kernel is ≈ 0 between every point and all others.  From there ORF (F = 1024, 2 000 rows) reported convergence at
 a loss of 1.40 per point (the white-noise model: test RMSE 6.9 minutes, the targets' spread), where the exact GP
-reached 0.35 (RMSE 2.2) and ORF started at ℓ = √d reached 0.24–0.27 (RMSE 1.9–2.2); a Nyström map (M = 512) from ℓ = 0.69
-stopped at the white-noise model too (1.42) (``benchmarks/results/fresh_data_pass.md``).  So
+reached 0.35 (RMSE 2.2) and ORF started at ℓ = √d reached 0.24–0.27 (RMSE 1.9–2.2); a Nyström map (M = 512) from
+ℓ = 0.69 stopped at the white-noise model too (1.42) (``benchmarks/results/fresh_data_pass.md``).  So
 a median nearest-neighbour distance above ``MEDIAN_NEIGHBOUR_DISTANCE`` lengthscales warns too: at 3 the RBF kernel
 is e^{−4.5} ≈ 0.011, below 1/√F for every F up to 8 000; standardised diabetes (10 columns, 200 rows: 2.2) and the
 time series stay below it, standardised star98 (20 columns, 120 rows: 3.3), where ORF ended at a loss of 1.22
