@@ -14,7 +14,8 @@ trained by ``rfgp.fit_mll`` (raw and standardised, float64 and float32), "train 
 ``rfgp.set_num_features``, the Nyström recipe; BoTorch's ``SingleTaskGP`` (``Normalize``, default
 ``Standardize``) with its default kernel converted, ``fit_gpytorch_mll`` and one qLogNEI ``optimize_acqf`` step;
 the ``DirichletGPClassifier`` (default RFF and the Nyström recipe) against GPyTorch's exact Dirichlet GP; SGPR
-(GPyTorch's ``InducingPointKernel``, at most 100 Adam steps or ``SGPR_CPU_SECONDS``) where N is large.  RMSE and NLPD per test point, in the target's units
+(GPyTorch's ``InducingPointKernel``, at most 100 Adam steps or ``SGPR_CPU_SECONDS``) where N is large.  RMSE and NLPD
+per test point, in the target's units
 (minutes, MPa); the exact GP with Cholesky (``max_cholesky_size``) so that L-BFGS sees a deterministic loss.
 One thread; CPU seconds of training (and prediction where stated).
 
@@ -40,23 +41,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import rfgp  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from raw_data_sweep import UserGP  # noqa: E402  (README's model: ConstantMean and the kernel given)
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 ROWS: list[dict] = []
 #: CPU seconds SGPR may train for (GPyTorch's SGPR at N = 8 000, d = 30 did not finish 100 Adam steps in 20 minutes)
 SGPR_CPU_SECONDS = 120.0
-
-
-class UserGP(gpytorch.models.ExactGP):
-    """README's model: ConstantMean and the kernel given."""
-
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def _rbf(d: int) -> gpytorch.kernels.Kernel:
