@@ -31,6 +31,7 @@ from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassification
 from ..metrics import mean_negative_log_likelihood
 from ..training import OPTIMIZERS, fit_mll
 from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
+from .data_scale import shown_lengthscales
 from .feature_width import refit_data_fitted_maps, set_num_features
 from .regression import ExactGPModel
 
@@ -534,8 +535,7 @@ def _lengthscales(model: ExactGPModel) -> str:
     """The first lengthscale module's values (at most 4), for messages."""
     for module in model.covar_module.modules():
         if getattr(module, "has_lengthscale", False):
-            values = module.lengthscale.detach().flatten().tolist()
-            return ", ".join(f"{v:.3g}" for v in values[:4]) + (", …" if len(values) > 4 else "")
+            return shown_lengthscales(module)
     return "none"
 
 

@@ -78,7 +78,8 @@ def median_neighbour_distance(x: torch.Tensor, lengthscale: torch.Tensor) -> flo
     return float(nearest.median()) if nearest.numel() else 0.0
 
 
-def _shown_lengthscales(kernel) -> str:
+def shown_lengthscales(kernel) -> str:
+    """A kernel's lengthscales for messages: at most 4, then '…'."""
     values = kernel.lengthscale.detach().flatten().tolist()
     return ", ".join(f"{v:.3g}" for v in values[:4]) + (", …" if len(values) > 4 else "")
 
@@ -94,7 +95,7 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
     for _, kernel, x in fourier_units(model, covar_module_inputs(model, train_inputs[0])):
         distance = median_scaled_distance(x, kernel.lengthscale)
         if distance > MEDIAN_SCALED_DISTANCE:
-            shown = _shown_lengthscales(kernel)
+            shown = shown_lengthscales(kernel)
             warnings.warn(
                 f"fit_mll: the training inputs of {type(kernel).__name__} lie a median {distance:.3g} "
                 f"lengthscales apart (lengthscale {shown}; more than "
@@ -108,7 +109,7 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
             continue
         neighbour = median_neighbour_distance(x, kernel.lengthscale)
         if neighbour > MEDIAN_NEIGHBOUR_DISTANCE:
-            shown = _shown_lengthscales(kernel)
+            shown = shown_lengthscales(kernel)
             warnings.warn(
                 f"fit_mll: each training input of {type(kernel).__name__} lies a median {neighbour:.3g} lengthscales "
                 f"from its nearest neighbour (lengthscale {shown}; more than {MEDIAN_NEIGHBOUR_DISTANCE:g}), as many "
