@@ -250,12 +250,18 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             return ChunkedFeatureCrossLinearOperator.from_featurizer(x1, x2, featurizer, num_rows,
                                                                      unchecked=("x1", "x2"))
         if same and not diag:
-            return FeatureRootLinearOperator(self.feature_root(x1), self.variance_correction(x1))
+            return self.training_covariance(x1)
         z1 = self.featurize(x1)
         z2 = z1 if same else self.featurize(x2)
         if diag:
             return (z1 * z2).sum(-1)
         return MatmulLinearOperator(z1, z2.mT)
+
+    def training_covariance(self, x: Tensor) -> FeatureRootLinearOperator:
+        """K(x, x) with materialised features: Φ(x)Φ(x)ᵀ (:meth:`feature_root`) plus the :meth:`variance_correction`
+        diagonal; kernels whose covariance has structure that callers take apart (a multitask covariance's Kronecker
+        factors) return a subclass that carries it."""
+        return FeatureRootLinearOperator(self.feature_root(x), self.variance_correction(x))
 
     def feature_root(self, x: Tensor) -> Tensor | LinearOperator:
         """Φ(x) as the root of the training covariance ΦΦᵀ: :meth:`featurize`, or an operator that also carries

@@ -32,7 +32,6 @@ from ..features.operator_valued import (
     decomposable_features,
 )
 from ..inference.kronecker_tasks import KroneckerFeatureRootLinearOperator
-from ..inference.operators import FeatureRootLinearOperator
 from .combinations import (
     FeatureSumKernel,
     is_feature_kernel,
@@ -245,20 +244,20 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         unwrap_scale(self.data_covar_module)[0].prepare(select_active(self.data_covar_module, x))
 
     def featurize(self, x: Tensor) -> Tensor:
+        return self._decomposable_features(x)[0]
+
+    def training_covariance(self, x: Tensor) -> KroneckerFeatureRootLinearOperator:
+        """K(x, x) with its Kronecker factors φφᵀ ⊗ BBᵀ
+        (:class:`~rfgp.inference.kronecker_tasks.KroneckerFeatureRootLinearOperator`), which BoTorch's
+        ``KroneckerMultiTaskGP.posterior`` takes apart, from one featurisation of the data kernel."""
+        root, scalar, factor = self._decomposable_features(x)
+        return KroneckerFeatureRootLinearOperator(root, self.variance_correction(x), scalar, factor)
+
+    def _decomposable_features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(Φ(x) = φ(x) ⊗ Bᵀ with interleaved rows, φ(x), B)."""
         scalar = kernel_features(self.data_covar_module, x)
         factor = self.output_factor().to(scalar.dtype)
-        return decomposable_features(scalar, factor).flatten(-3, -2)
-
-    def _feature_forward(self, x1: Tensor, x2: Tensor, diag: bool, same: bool):
-        """The training covariance with its Kronecker factors φφᵀ ⊗ BBᵀ
-        (:class:`~rfgp.inference.kronecker_tasks.KroneckerFeatureRootLinearOperator`), which BoTorch's
-        ``KroneckerMultiTaskGP.posterior`` takes apart; other outputs as for every feature kernel."""
-        output = super()._feature_forward(x1, x2, diag, same)
-        if type(output) is not FeatureRootLinearOperator:  # chunked, lazy, cross or diagonal: no factors
-            return output
-        scalar = kernel_features(self.data_covar_module, x1)
-        return KroneckerFeatureRootLinearOperator(output.root, output.variance_correction, scalar,
-                                                  self.output_factor().to(scalar.dtype))
+        return decomposable_features(scalar, factor).flatten(-3, -2), scalar, factor
 
 
 def _num_outputs(kernel: Kernel) -> int:
