@@ -293,7 +293,8 @@ class DirichletGPClassifier:
         val, train = order[:num_val], order[num_val:]
         scores = {}
         for alpha in p.alpha_candidates:
-            model, _, _ = self._fit_model(x[train], labels[train], alpha, bool(p.learn_additional_noise))
+            model, _, _ = self._fit_model(x[train], labels[train], alpha, bool(p.learn_additional_noise),
+                                          check=False)
             probs = self._probabilities(model, x[val])
             scores[alpha] = mean_negative_log_likelihood(probs, labels[val]).item()
         return scores
@@ -323,8 +324,9 @@ class DirichletGPClassifier:
                                 bool(p.learn_additional_noise))
         return model, losses
 
-    def _fit_model(self, x: Tensor, labels: Tensor, alpha: float, extra_noise: bool):
-        """(model, losses, leave-one-out NLL at the training width or ``None``), the model re-drawn for prediction."""
+    def _fit_model(self, x: Tensor, labels: Tensor, alpha: float, extra_noise: bool, check: bool = True):
+        """(model, losses, leave-one-out NLL at the training width, or ``None`` where not ``check``ed or not
+        available), the model re-drawn for prediction."""
         p = self._fit_params
         num_classes = len(self.classes_)
         likelihood = DirichletClassificationLikelihood(
@@ -341,7 +343,7 @@ class DirichletGPClassifier:
         if p.num_iterations > 0:
             losses = fit_mll(model, p.num_iterations, p.lr, p.progress, description="Dirichlet GP",
                              optimizer=p.optimizer)
-        loo = leave_one_out_nll(model)
+        loo = leave_one_out_nll(model) if check else None
         if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
             set_num_features(model, p.num_features)
         model.eval()
