@@ -55,7 +55,7 @@ import math
 import warnings
 
 import torch
-from gpytorch.kernels import Kernel
+from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.utils.warnings import NumericalWarning
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor, nn
@@ -63,7 +63,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..core.config_state import DRAW, METHOD
 from ..core.settings import resolve_chunk_size
-from ..core.validation import check_positive_float
+from ..core.validation import check_hyperparameter, check_positive_float
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..inference.chunking import chunk_slices
@@ -182,11 +182,67 @@ class NystromKernel(FeatureKernel):
             else:
                 self.landmarks = empty
 
-    def reselect_landmarks(self, num_landmarks: int, x_sample: Tensor | None) -> None:
+    @property
+    def has_lengthscale(self) -> bool:
+        """Whether the base kernel (the top of its tree) has a lengthscale, which this kernel then exposes."""
+        base = self._modules.get("base_kernel")  # None while GPyTorch's Kernel.__init__ asks
+        return base is not None and bool(base.has_lengthscale)
+
+    @property
+    def is_stationary(self) -> bool:
+        """``False``: k̂(x, y) depends on x and y through the landmarks, not on x − y alone."""
+        return False
+
+    @property
+    def lengthscale(self) -> Tensor | None:
+        """The base kernel's lengthscale (``None`` where it has none, as GPyTorch's kernels answer): code written for
+        the exact tree reads and sets it here, e.g. ``covar_module.base_kernel.lengthscale`` of
+        ``rfgp.sketch(ScaleKernel(RBFKernel()), M, method="nystrom", ...)`` = ScaleKernel(NystromKernel(RBFKernel()));
+        setting it changes K(x, Z) and K(Z, Z) at the next evaluation."""
+        return self.base_kernel.lengthscale if self.has_lengthscale else None
+
+    @lengthscale.setter
+    def lengthscale(self, value) -> None:
+        self._set_lengthscale(value)
+
+    @property
+    def raw_lengthscale(self) -> Tensor:
+        """The base kernel's ``raw_lengthscale`` (one parameter, registered on the base kernel)."""
+        return self._base_with_lengthscale().raw_lengthscale
+
+    @raw_lengthscale.setter
+    def raw_lengthscale(self, value) -> None:
+        self._base_with_lengthscale().initialize(raw_lengthscale=value)
+
+    @property
+    def raw_lengthscale_constraint(self):
+        """The base kernel's lengthscale constraint."""
+        return self._base_with_lengthscale().raw_lengthscale_constraint
+
+    def _set_lengthscale(self, value) -> None:
+        if not self.has_lengthscale:  # GPyTorch's error type for a kernel without one
+            raise RuntimeError(self._no_lengthscale())
+        check_hyperparameter(value, "lengthscale", self.base_kernel.raw_lengthscale_constraint)
+        self.base_kernel.lengthscale = value
+
+    def _base_with_lengthscale(self) -> Kernel:
+        if not self.has_lengthscale:  # an AttributeError, so that hasattr(kernel, "raw_lengthscale") is False
+            raise AttributeError(self._no_lengthscale())
+        return self.base_kernel
+
+    def _no_lengthscale(self) -> str:
+        return (f"NystromKernel has no lengthscale: its base kernel {type(self.base_kernel).__name__} has none (a "
+                "Nyström kernel exposes the lengthscale of the top of its base tree); set it on the kernel inside, "
+                "e.g. kernel.base_kernel.base_kernel.lengthscale for a base ScaleKernel(RBFKernel())")
+
+    def reselect_landmarks(self, num_landmarks: int, x_sample: Tensor | None,
+                           outputscale: Tensor | None = None) -> None:
         """Choose ``num_landmarks`` new landmarks among ``x_sample`` by the rule and seed of the first choice.
 
         The hyperparameters (the base kernel's) are kept; with the same seed, uniform selection
-        at a larger M extends the previous landmarks' draw order.
+        at a larger M extends the previous landmarks' draw order.  ``outputscale``: that of the ``ScaleKernel``
+        around this kernel (:func:`nystrom_sketch` of ``ScaleKernel(k)``), which ``"rls"`` selection scores the
+        kernel with, as at the first choice (a ``regularization`` given then is on that scale).
 
         Raises:
             TypeError: the landmarks were given by hand (no selection rule to repeat).
@@ -212,7 +268,8 @@ class NystromKernel(FeatureKernel):
                                                       ("pilot_size", self.pilot_size)) if value is not None}
         with torch.no_grad():
             points = select_landmarks(_check_points(x_sample, "x_sample").detach(), num_landmarks,
-                                      self.landmark_method, kernel=_dense(self.base_kernel), seed=self.selection_seed,
+                                      self.landmark_method, kernel=_dense(self.base_kernel, outputscale),
+                                      seed=self.selection_seed,
                                       **options)
         self.landmarks = points.to(self.landmarks)
 
@@ -334,7 +391,7 @@ def _check_points(points, name: str) -> Tensor:
 
 def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = None, landmarks: str = "uniform",
                    seed: int | None = None, generator: torch.Generator | None = None, learn_landmarks: bool = False,
-                   jitter: float | None = None, **selection_options) -> NystromKernel:
+                   jitter: float | None = None, **selection_options) -> Kernel:
     """``rfgp.sketch(kernel, M, method="nystrom", x_sample=X, ...)``: one NystromKernel over a deep copy of the tree.
 
     The whole tree becomes one Nyström map: the projection of the sum/product kernel onto its
@@ -344,6 +401,18 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
     carry over, and training the converted kernel leaves the user's exact kernel unchanged
     (as every ``rfgp.sketch`` conversion does).
 
+    A ``ScaleKernel`` at the top of the tree stays on top: ``ScaleKernel(k)`` becomes
+    ``ScaleKernel(NystromKernel(k))``, the same kernel, since the Nyström map of s·k is √s times k's,
+    K(x, Z)(sK(Z, Z) + sεI)⁻¹K(Z, y)·s = s·K(x, Z)(K(Z, Z) + εI)⁻¹K(Z, y) (the jitter ε is relative to
+    the mean of diag K(Z, Z), so it scales with s too), and the FITC-style variance correction
+    s·k(x, x) − s·‖Φ(x)‖² with it.  So code written for the exact tree reads and sets its hyperparameters at
+    the same paths: ``.outputscale``, ``.base_kernel.lengthscale`` (the NystromKernel exposes the
+    lengthscale of its base kernel), and BoTorch's outputscale handling sees a ``ScaleKernel`` as for random
+    features.  The ScaleKernel's ``active_dims`` select the landmarks' columns (it calls the Nyström
+    kernel's ``forward``, as it called k's), and the NystromKernel takes k's ``active_dims`` (k's copy inside
+    has none), so the exact tree's ``state_dict`` loads key for key.  One ScaleKernel is factored out; a
+    ScaleKernel directly below it stays in the base tree.
+
     Args:
         kernel: any scalar GPyTorch kernel (tree).
         num_features: M, the number of landmarks: M distinct points of ``x_sample`` (rows equal
@@ -351,10 +420,14 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
         x_sample: ``(n, d)`` input points (at least M distinct rows) to choose the landmarks among,
             e.g. the training inputs (required).
         landmarks: ``"uniform"``, ``"kmeans++"`` (in the kernel's feature-space distance) or
-            ``"rls"`` (approximate ridge leverage scores), see :mod:`rfgp.features.landmarks`.
+            ``"rls"`` (approximate ridge leverage scores of the whole kernel, outputscale included),
+            see :mod:`rfgp.features.landmarks`.
         seed, generator: randomness of the selection.
         learn_landmarks, jitter: see :class:`NystromKernel`.
         selection_options: passed to the selector (``regularization``, ``pilot_size`` for ``"rls"``).
+
+    Returns:
+        the ``NystromKernel``, or for a tree with a ``ScaleKernel`` on top that ``ScaleKernel`` around it.
     """
     if x_sample is None:
         raise ValueError(
@@ -364,16 +437,42 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     x_sample = _check_points(x_sample, "x_sample").detach()
-    base = _copy_tree(kernel)
+    tree = _copy_tree(kernel)
     seed = seed if seed is not None else _new_seed(generator)  # stored: set_num_features repeats the choice
     unknown = set(selection_options) - {"regularization", "pilot_size"}
     if unknown:
         raise TypeError(f"unknown landmark selection options {sorted(unknown)}; accepted: regularization, pilot_size")
+    scale = tree if type(tree) is ScaleKernel else None
+    base, active_dims = tree, None
+    if scale is not None:  # it calls base.forward on its own columns: base's active_dims move to the Nyström kernel
+        base, active_dims = scale.base_kernel, scale.base_kernel.active_dims
+        base.active_dims = None
+        if scale.active_dims is not None:
+            x_sample = x_sample.index_select(-1, scale.active_dims.to(x_sample.device))
     with torch.no_grad():
-        points = select_landmarks(x_sample, num_features, landmarks, kernel=_dense(base), seed=seed,
+        outputscale = None if scale is None else scale.outputscale
+        points = select_landmarks(x_sample, num_features, landmarks, kernel=_dense(base, outputscale), seed=seed,
                                   **selection_options)
-    return NystromKernel(base, points, learn_landmarks=learn_landmarks, jitter=jitter, landmark_method=landmarks,
-                         selection_seed=seed, **selection_options)
+    nystrom = NystromKernel(base, points, learn_landmarks=learn_landmarks, jitter=jitter, landmark_method=landmarks,
+                            selection_seed=seed, active_dims=active_dims, **selection_options)
+    if scale is None:
+        return nystrom
+    scale.base_kernel = nystrom
+    scale.register_load_state_dict_pre_hook(_refuse_whole_tree_state)
+    return scale
+
+
+def _refuse_whole_tree_state(module: ScaleKernel, state_dict: dict, prefix: str, *args) -> None:
+    """Load-state-dict pre-hook of :func:`nystrom_sketch`'s ``ScaleKernel(NystromKernel(k))``: a state saved from the
+    earlier layout ``NystromKernel(ScaleKernel(k))`` (landmarks at this level) raises instead of loading in part."""
+    if prefix + "landmarks" in state_dict:
+        raise ValueError(
+            f"cannot load state: it holds a NystromKernel at {prefix[:-1] or 'the top'!r} over the whole tree "
+            f"NystromKernel(ScaleKernel(k)) (its landmarks are {prefix + 'landmarks'!r}), as "
+            "rfgp.sketch(ScaleKernel(k), method='nystrom') built it before it became ScaleKernel(NystromKernel(k)), this module's layout. Convert "
+            "the exact tree anew and set the old state's landmarks and hyperparameters at their new paths: "
+            "base_kernel.landmarks, outputscale, base_kernel.base_kernel.*"
+        )
 
 
 def _copy_tree(kernel: Kernel) -> Kernel:
@@ -385,11 +484,15 @@ def _copy_tree(kernel: Kernel) -> Kernel:
     return copy.deepcopy(kernel, memo)
 
 
-def _dense(kernel: Kernel):
-    """``kernel`` as a function (x1, x2, diag) → dense tensor, the form the landmark selectors take."""
+def _dense(kernel: Kernel, outputscale: Tensor | None = None):
+    """``kernel`` (times ``outputscale``, ``(*batch)``, if given) as a function (x1, x2, diag) → dense tensor, the
+    form the landmark selectors take."""
 
     def dense_kernel(x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
-        return _kernel_diagonal(kernel, x1) if diag else kernel(x1, x2).to_dense()
+        value = _kernel_diagonal(kernel, x1) if diag else kernel(x1, x2).to_dense()
+        if outputscale is None:
+            return value
+        return value * (outputscale[..., None] if diag else outputscale[..., None, None])
 
     return dense_kernel
 

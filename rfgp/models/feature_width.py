@@ -163,9 +163,9 @@ def refit_data_fitted_maps(module: nn.Module, x_sample: Tensor) -> nn.Module:
     Raises:
         ValueError: a Nyström kernel with landmarks given by hand or learned (no rule to repeat), or too few rows.
     """
-    for unit, _, inputs in _width_units(module, x_sample, None):
+    for unit, owner, inputs in _width_units(module, x_sample, None):
         if isinstance(unit, NystromKernel):
-            unit.reselect_landmarks(unit.num_features, inputs)
+            unit.reselect_landmarks(unit.num_features, inputs, _outputscale(owner))
     for _, owner, inputs in list(optimized_maclaurin_units(module, x_sample)):
         fit_allocation_on_columns(owner, inputs)
     return module
@@ -206,7 +206,8 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
     """(unit, owning kernel, the input columns the owner sees) for every outermost width unit below ``module``.
 
     A unit is a feature map, a :class:`~rfgp.kernels.NystromKernel` (its landmarks are its width;
-    its base kernel is not searched) or a product kernel whose own Φ sets its width (TensorSRHT,
+    its base kernel is not searched; its owner is the kernel around it, e.g. the ``ScaleKernel`` of
+    ``rfgp.sketch(ScaleKernel(k), M, method="nystrom")``) or a product kernel whose own Φ sets its width (TensorSRHT,
     spectral or Kronecker product): its factors are resized with it (:func:`_resize_product`).
     ``x`` follows the columns as the kernels evaluate them: a kernel's ``active_dims`` select among
     its parent's columns, except below a ``ScaleKernel``, which selects its own (copied from its
@@ -219,8 +220,11 @@ def _width_units(module: nn.Module, x: Tensor | None, owner: Kernel | None,
     if isinstance(module, Kernel):
         if called and x is not None and module.active_dims is not None:
             x = x.index_select(-1, module.active_dims.to(x.device))
-        owner, owner_inputs = module, x
-        if isinstance(module, (NystromKernel, SketchedNewtonGirardAdditiveKernel)) or callable(
+        parent, owner, owner_inputs = owner, module, x
+        if isinstance(module, NystromKernel):  # owned by the kernel around it, whose outputscale "rls" scores with
+            yield module, parent, x
+            return
+        if isinstance(module, SketchedNewtonGirardAdditiveKernel) or callable(
                 getattr(module, "resize_features", None)):  # its own draws are its width
             yield module, module, x
             return
@@ -303,9 +307,14 @@ def _resize_product(product: Kernel, width: int, inputs: Tensor | None) -> None:
             product._materialize(product.input_dims)
 
 
+def _outputscale(owner: Kernel | None) -> Tensor | None:
+    """The outputscale of a Nyström kernel's owner that is a ``ScaleKernel`` (its landmarks were scored with it)."""
+    return owner.outputscale.detach() if isinstance(owner, ScaleKernel) else None
+
+
 def _redraw(feature_map: nn.Module, width: int, owner: Kernel | None, inputs: Tensor | None) -> None:
     if isinstance(feature_map, NystromKernel):
-        feature_map.reselect_landmarks(width, inputs)
+        feature_map.reselect_landmarks(width, inputs, _outputscale(owner))
     elif isinstance(feature_map, SketchedNewtonGirardAdditiveKernel):
         feature_map.set_width(width)
     elif callable(getattr(feature_map, "resize_features", None)):

@@ -172,12 +172,12 @@ def test_training_moves_hyperparameters_and_learnable_landmarks_with_kmeanspp():
     x, y = data()
     kernel = rfgp.sketch(exact_kernel(), 15, method="nystrom", x_sample=x, landmarks="kmeans++", seed=0,
                          learn_landmarks=True)
-    start = kernel.landmarks.detach().clone()
+    start = kernel.base_kernel.landmarks.detach().clone()
     model, likelihood = fitted(kernel, x, y)
     model.train(), likelihood.train()
     losses = rfgp.fit_mll(model, 30, lr=0.05, progress=False)
     assert losses[-1] < losses[0]
-    assert not torch.equal(kernel.landmarks.detach(), start)
+    assert not torch.equal(kernel.base_kernel.landmarks.detach(), start)
 
 
 def test_state_dict_round_trip_is_bit_exact():
@@ -206,18 +206,18 @@ def test_repeated_rows_give_distinct_landmarks_or_an_error(landmarks):
     order = torch.randperm(128, generator=torch.Generator().manual_seed(0))
     x, y = x.repeat(4, 1)[order], y.repeat(4)[order]
     k32 = exact_kernel().float()
-    sketch = rfgp.sketch(k32, 32, method="nystrom", x_sample=x.float(), landmarks=landmarks, seed=3)
+    sketch = rfgp.sketch(k32, 32, method="nystrom", x_sample=x.float(), landmarks=landmarks, seed=3).base_kernel
     assert sketch.landmarks.dtype == torch.float32 and sketch.landmarks.unique(dim=0).shape[0] == 32
     assert torch.equal(sketch.landmarks, rfgp.sketch(k32, 32, method="nystrom", x_sample=x.float(),
-                                                     landmarks=landmarks, seed=3).landmarks)
-    wide = rfgp.sketch(k32.double(), 32, method="nystrom", x_sample=x, landmarks=landmarks, seed=3)
+                                                     landmarks=landmarks, seed=3).base_kernel.landmarks)
+    wide = rfgp.sketch(k32.double(), 32, method="nystrom", x_sample=x, landmarks=landmarks, seed=3).base_kernel
     assert torch.equal(sketch.landmarks, wide.landmarks.float())
     with pytest.raises(ValueError, match=r"only 32 distinct rows, fewer than num_landmarks=48 \(num_features"):
         rfgp.sketch(k32, 48, method="nystrom", x_sample=x.float(), landmarks=landmarks, seed=3)
     model, _ = fitted(rfgp.sketch(exact_kernel(), 24, method="nystrom", x_sample=x, landmarks=landmarks, seed=3), x, y)
     other, _ = fitted(rfgp.sketch(exact_kernel(), 24, method="nystrom", x_sample=x, landmarks=landmarks, seed=4), x, y)
     other.load_state_dict(model.state_dict())
-    assert torch.equal(other.covar_module.landmarks, model.covar_module.landmarks)
+    assert torch.equal(other.covar_module.base_kernel.landmarks, model.covar_module.base_kernel.landmarks)
     with pytest.raises(ValueError, match=r"only 32 distinct rows, fewer than num_landmarks=40"):
         rfgp.set_num_features(model, 40)
 
@@ -357,7 +357,7 @@ def test_streaming_equals_batch_posterior_and_guards_hyperparameters():
     torch.testing.assert_close(out.mean, mean)
     torch.testing.assert_close(out.variance, variance)
     with torch.no_grad():
-        kernel.landmarks.add_(0.1)
+        kernel.base_kernel.landmarks.add_(0.1)
     with pytest.raises(RuntimeError, match="landmarks changed"):
         stream.update(x[:5], y[:5])
 
@@ -367,7 +367,7 @@ def test_multi_output_over_a_nystrom_data_kernel():
     y = torch.stack((torch.sin(2 * x[:, 0]), torch.cos(x[:, 1]) + torch.sin(2 * x[:, 0])), -1)
     exact = gpytorch.kernels.MultitaskKernel(exact_kernel(), num_tasks=2, rank=1).to(DTYPE)
     sketched = rfgp.sketch(exact, 60, method="nystrom", x_sample=x, seed=0, jitter=1e-12)
-    assert isinstance(sketched.base_kernel, NystromKernel)
+    assert isinstance(sketched.base_kernel.base_kernel, NystromKernel)  # ScaleKernel(NystromKernel(RBF))
     test, _ = data(10, seed=5)
     means = []
     for kernel in (exact, sketched):
@@ -392,7 +392,7 @@ def test_dirichlet_classifier_with_a_nystrom_kernel():
     assert proba.shape == (50, 3)
     torch.testing.assert_close(proba.sum(-1), torch.ones(50, dtype=DTYPE))
     assert float((clf.predict(x[100:]) == labels[100:].numpy()).mean()) > 0.8
-    assert isinstance(clf.model_.covar_module, NystromKernel)
+    assert isinstance(clf.model_.covar_module.base_kernel, NystromKernel)
 
 
 def test_float32_features_far_from_the_landmarks_have_no_subnormal_numbers():
@@ -414,3 +414,105 @@ def test_float32_features_far_from_the_landmarks_have_no_subnormal_numbers():
     assert int(((features != 0) & (features.abs() < tiny)).sum()) == 0
     torch.testing.assert_close(features.double() @ features.double().mT, expected @ expected.mT, atol=1e-4, rtol=0)
 
+
+
+def whole_tree_nystrom(exact, converted):
+    """The conversion of before the ScaleKernel was factored out: one NystromKernel over the whole exact tree, at the
+    converted kernel's landmarks."""
+    return NystromKernel(copy.deepcopy(exact), converted.base_kernel.landmarks)
+
+
+@pytest.mark.parametrize("leaf", [lambda: RBFKernel(ard_num_dims=3), lambda: MaternKernel(nu=1.5, ard_num_dims=3)],
+                         ids=["rbf_ard", "matern"])
+def test_scale_kernel_stays_on_top_with_the_exact_tree_paths_and_values(leaf):
+    """ScaleKernel(k) converts to ScaleKernel(NystromKernel(k)): .outputscale and .base_kernel.lengthscale read and
+    set the hyperparameters as on the exact tree, and the covariance, its FITC correction and their gradients equal
+    the whole-tree Nyström map's (K and the relative jitter scale with s)."""
+    x, _ = data(80, d=3)
+    test, _ = data(20, d=3, seed=1)
+    exact = ScaleKernel(leaf()).to(DTYPE)
+    exact.outputscale, exact.base_kernel.lengthscale = 2.5, torch.tensor([0.6, 0.9, 1.4], dtype=DTYPE)
+    converted = rfgp.sketch(exact, 30, method="nystrom", x_sample=x, seed=0)
+    assert type(converted) is ScaleKernel and isinstance(converted.base_kernel, NystromKernel)
+    torch.testing.assert_close(converted.outputscale, exact.outputscale, rtol=0, atol=0)
+    torch.testing.assert_close(converted.base_kernel.lengthscale, exact.base_kernel.lengthscale, rtol=0, atol=0)
+    assert converted.base_kernel.has_lengthscale and not converted.base_kernel.is_stationary
+    converted.outputscale, converted.base_kernel.lengthscale = 1.7, torch.tensor([0.8, 1.1, 0.5], dtype=DTYPE)
+    torch.testing.assert_close(converted.base_kernel.base_kernel.lengthscale,
+                               torch.tensor([[0.8, 1.1, 0.5]], dtype=DTYPE), rtol=0, atol=1e-15)
+    exact.outputscale, exact.base_kernel.lengthscale = 1.7, torch.tensor([0.8, 1.1, 0.5], dtype=DTYPE)
+    old = whole_tree_nystrom(exact, converted)
+    for mode in ("train", "eval"):
+        getattr(converted, mode)(), getattr(old, mode)()
+        for a, b in ((x, x), (test, test), (test, x)):
+            torch.testing.assert_close(converted(a, b).to_dense(), old(a, b).to_dense(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(converted(test, diag=True), old(test, diag=True), rtol=1e-12, atol=1e-12)
+    correction = converted(test).evaluate_kernel().variance_correction  # eval mode: s·(k(x, x) − ‖Φ(x)‖²)
+    torch.testing.assert_close(correction, old(test).evaluate_kernel().variance_correction, rtol=1e-12, atol=1e-14)
+    weights = torch.randn(len(test), len(x), dtype=DTYPE, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for kernel, scale, inner in ((converted, converted, converted.base_kernel.base_kernel),
+                                 (old, old.base_kernel, old.base_kernel.base_kernel)):
+        value = (kernel(test, x).to_dense() * weights).sum() + kernel(test).evaluate_kernel().variance_correction.sum()
+        grads.append(torch.autograd.grad(value, (scale.raw_outputscale, inner.raw_lengthscale)))
+    for new, before in zip(*grads):
+        torch.testing.assert_close(new, before, rtol=1e-10, atol=1e-12)
+
+
+def test_lengthscale_set_on_a_trained_model_reaches_its_next_prediction():
+    """GPyTorch's cache rule: model.train(); set the lengthscale; model.eval() predicts with the new one — no stale
+    posterior cache and no stale landmark factor L = chol(K(Z, Z) + εI)."""
+    x, y = data(60, d=3)
+    test, _ = data(10, d=3, seed=1)
+    exact = ScaleKernel(RBFKernel(ard_num_dims=3)).to(DTYPE)
+    model, _ = fitted(rfgp.sketch(exact, 25, method="nystrom", x_sample=x, seed=0), x, y)
+    with torch.no_grad():
+        before = model(test).mean
+    model.train()
+    model.covar_module.base_kernel.lengthscale = 0.4
+    model.eval()
+    with torch.no_grad():
+        after = model(test).mean
+    exact.base_kernel.lengthscale = 0.4
+    fresh, _ = fitted(whole_tree_nystrom(exact, model.covar_module), x, y)
+    with torch.no_grad():
+        torch.testing.assert_close(after, fresh(test).mean, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(before, after)
+
+
+def test_nystrom_of_a_tree_without_a_scale_kernel_exposes_its_top_lengthscale():
+    x, _ = data(50)
+    converted = rfgp.sketch(RBFKernel().to(DTYPE), 20, method="nystrom", x_sample=x, seed=0)
+    assert isinstance(converted, NystromKernel)
+    converted.lengthscale = 0.3
+    torch.testing.assert_close(converted.base_kernel.lengthscale, torch.tensor([[0.3]], dtype=DTYPE))
+    torch.testing.assert_close(converted.raw_lengthscale, converted.base_kernel.raw_lengthscale, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="lengthscale"):
+        converted.lengthscale = -1.0
+    assert [name for name, _ in converted.named_parameters()] == ["base_kernel.raw_lengthscale"]
+    summed = rfgp.sketch((RBFKernel() + PeriodicKernel()).to(DTYPE), 20, method="nystrom", x_sample=x, seed=0)
+    assert not summed.has_lengthscale and summed.lengthscale is None and not hasattr(summed, "raw_lengthscale")
+    with pytest.raises(RuntimeError, match="NystromKernel has no lengthscale: its base kernel AdditiveKernel"):
+        summed.lengthscale = 1.0
+
+
+def test_state_dicts_of_the_exact_tree_load_and_of_the_whole_tree_conversion_refuse():
+    """The exact tree's state loads with no key over (active_dims of the ScaleKernel and of its base included); a state
+    saved from the whole-tree NystromKernel(ScaleKernel(k)) layout raises instead of loading partly."""
+    x, _ = data(60, d=3)
+    exact = ScaleKernel(RBFKernel(ard_num_dims=2, active_dims=[0, 2])).to(DTYPE)
+    converted = rfgp.sketch(exact, 20, method="nystrom", x_sample=x, seed=0)
+    assert converted.base_kernel.landmarks.shape == (20, 2)
+    on_columns = copy.deepcopy(exact)
+    on_columns.active_dims = on_columns.base_kernel.active_dims = None
+    torch.testing.assert_close(converted(x).to_dense(), whole_tree_nystrom(on_columns, converted)(x[:, [0, 2]])
+                               .to_dense(), rtol=1e-12, atol=1e-12)
+    exact.outputscale, exact.base_kernel.lengthscale = 3.0, torch.tensor([0.5, 2.0], dtype=DTYPE)
+    result = converted.load_state_dict(exact.state_dict(), strict=False)
+    assert result.unexpected_keys == [] and "base_kernel.landmarks" in result.missing_keys
+    torch.testing.assert_close(converted.base_kernel.lengthscale, exact.base_kernel.lengthscale, rtol=0, atol=0)
+    torch.testing.assert_close(converted.outputscale, exact.outputscale, rtol=0, atol=0)
+    old_layout = NystromKernel(ScaleKernel(RBFKernel(ard_num_dims=2)).to(DTYPE), x[:20, [0, 2]])
+    for strict in (True, False):
+        with pytest.raises(ValueError, match="before it became ScaleKernel\\(NystromKernel\\(k\\)\\)"):
+            converted.load_state_dict(old_layout.state_dict(), strict=strict)
