@@ -469,9 +469,9 @@ def _refuse_whole_tree_state(module: ScaleKernel, state_dict: dict, prefix: str,
         raise ValueError(
             f"cannot load state: it holds a NystromKernel at {prefix[:-1] or 'the top'!r} over the whole tree "
             f"NystromKernel(ScaleKernel(k)) (its landmarks are {prefix + 'landmarks'!r}), as "
-            "rfgp.sketch(ScaleKernel(k), method='nystrom') built it before it became ScaleKernel(NystromKernel(k)), this module's layout. Convert "
-            "the exact tree anew and set the old state's landmarks and hyperparameters at their new paths: "
-            "base_kernel.landmarks, outputscale, base_kernel.base_kernel.*"
+            "rfgp.sketch(ScaleKernel(k), method='nystrom') built it before it became ScaleKernel(NystromKernel(k)), "
+            "this module's layout. Convert the exact tree anew and set the old state's landmarks and hyperparameters "
+            "at their new paths: base_kernel.landmarks, outputscale, base_kernel.base_kernel.*"
         )
 
 
