@@ -92,7 +92,7 @@ def test_nystrom_x_sample_of_integer_pixels_says_how_to_convert():
     with pytest.raises(ValueError, match=r"got a ndarray: pass a tensor, e\.g\. torch\.as_tensor"):
         rfgp.sketch(kernel, 64, method="nystrom", x_sample=x)
     converted = rfgp.sketch(kernel, 64, method="nystrom", x_sample=pixels.to(torch.float64))
-    assert converted.num_features == 64
+    assert converted.base_kernel.num_features == 64
 
 
 @pytest.mark.parametrize("landmarks", ["uniform", "kmeans++", "rls"])
@@ -104,7 +104,7 @@ def test_nystrom_on_duplicated_rows_with_constant_columns(landmarks):
     kernel = ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=64))
     kernel.base_kernel.lengthscale = 10.0
     sketched = rfgp.sketch(kernel, 50, method="nystrom", x_sample=rows, landmarks=landmarks)
-    assert torch.unique(sketched.landmarks.detach(), dim=0).shape[0] == 50
+    assert torch.unique(sketched.base_kernel.landmarks.detach(), dim=0).shape[0] == 50
     with pytest.raises(ValueError, match="only 50 distinct rows.*use at most 50 landmarks"):
         rfgp.sketch(kernel, 60, method="nystrom", x_sample=rows, landmarks=landmarks)
 

@@ -183,57 +183,30 @@ class NystromKernel(FeatureKernel):
                 self.landmarks = empty
 
     @property
-    def has_lengthscale(self) -> bool:
-        """Whether the base kernel (the top of its tree) has a lengthscale, which this kernel then exposes."""
-        base = self._modules.get("base_kernel")  # None while GPyTorch's Kernel.__init__ asks
-        return base is not None and bool(base.has_lengthscale)
-
-    @property
-    def is_stationary(self) -> bool:
-        """``False``: k̂(x, y) depends on x and y through the landmarks, not on x − y alone."""
-        return False
-
-    @property
     def lengthscale(self) -> Tensor | None:
-        """The base kernel's lengthscale (``None`` where it has none, as GPyTorch's kernels answer): code written for
-        the exact tree reads and sets it here, e.g. ``covar_module.base_kernel.lengthscale`` of
-        ``rfgp.sketch(ScaleKernel(RBFKernel()), M, method="nystrom", ...)`` = ScaleKernel(NystromKernel(RBFKernel()));
-        setting it changes K(x, Z) and K(Z, Z) at the next evaluation."""
-        return self.base_kernel.lengthscale if self.has_lengthscale else None
+        """The lengthscale of the base kernel (the top of its tree; ``None`` where it has none, as GPyTorch's kernels
+        answer), read and set here as on the exact tree: ``covar_module.base_kernel.lengthscale`` of
+        ``rfgp.sketch(ScaleKernel(RBFKernel()), M, method="nystrom", ...)`` = ScaleKernel(NystromKernel(RBFKernel())).
+        Setting it changes K(x, Z) and K(Z, Z) at the next evaluation.
+
+        The parameter stays the base kernel's own: this kernel's ``has_lengthscale`` is ``False`` and it has no
+        ``raw_lengthscale``, so code that walks a model's modules for lengthscale owners (to register priors,
+        constraints or bounds) finds it once, on the base kernel."""
+        return self.base_kernel.lengthscale if self.base_kernel.has_lengthscale else None
 
     @lengthscale.setter
     def lengthscale(self, value) -> None:
         self._set_lengthscale(value)
 
-    @property
-    def raw_lengthscale(self) -> Tensor:
-        """The base kernel's ``raw_lengthscale`` (one parameter, registered on the base kernel)."""
-        return self._base_with_lengthscale().raw_lengthscale
-
-    @raw_lengthscale.setter
-    def raw_lengthscale(self, value) -> None:
-        self._base_with_lengthscale().initialize(raw_lengthscale=value)
-
-    @property
-    def raw_lengthscale_constraint(self):
-        """The base kernel's lengthscale constraint."""
-        return self._base_with_lengthscale().raw_lengthscale_constraint
-
     def _set_lengthscale(self, value) -> None:
-        if not self.has_lengthscale:  # GPyTorch's error type for a kernel without one
-            raise RuntimeError(self._no_lengthscale())
+        if not self.base_kernel.has_lengthscale:  # GPyTorch's error type for a kernel without one
+            raise RuntimeError(
+                f"NystromKernel has no lengthscale: its base kernel {type(self.base_kernel).__name__} has none (a "
+                "Nyström kernel exposes the lengthscale of the top of its base tree); set it on the kernel inside, "
+                "e.g. kernel.base_kernel.base_kernel.lengthscale for a base ScaleKernel(RBFKernel())"
+            )
         check_hyperparameter(value, "lengthscale", self.base_kernel.raw_lengthscale_constraint)
         self.base_kernel.lengthscale = value
-
-    def _base_with_lengthscale(self) -> Kernel:
-        if not self.has_lengthscale:  # an AttributeError, so that hasattr(kernel, "raw_lengthscale") is False
-            raise AttributeError(self._no_lengthscale())
-        return self.base_kernel
-
-    def _no_lengthscale(self) -> str:
-        return (f"NystromKernel has no lengthscale: its base kernel {type(self.base_kernel).__name__} has none (a "
-                "Nyström kernel exposes the lengthscale of the top of its base tree); set it on the kernel inside, "
-                "e.g. kernel.base_kernel.base_kernel.lengthscale for a base ScaleKernel(RBFKernel())")
 
     def reselect_landmarks(self, num_landmarks: int, x_sample: Tensor | None,
                            outputscale: Tensor | None = None) -> None:

@@ -364,7 +364,7 @@ def test_set_num_features_reselects_nystrom_landmarks_among_the_input_transforme
     kernel = rfgp.sketch(exact, 20, method="nystrom", x_sample=seen, seed=0)
     model = SingleTaskGP(x, y, covar_module=kernel, input_transform=transform).double().train(training)
     rfgp.set_num_features(model, 30)
-    landmarks = model.covar_module.landmarks
+    landmarks = model.covar_module.base_kernel.landmarks
     assert landmarks.shape == (30, D) and bool((landmarks[:, None] == seen[None]).all(-1).any(-1).all())
 
 

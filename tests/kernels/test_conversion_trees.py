@@ -581,8 +581,9 @@ def test_exact_state_dict_loads_into_the_converted_tree(make):
 
 @pytest.mark.parametrize("name", ["scale", "sum_of_scaled", "multitask"])
 def test_exact_state_dict_loads_into_the_nystrom_tree(name):
-    """method="nystrom" keeps the exact tree under NystromKernel.base_kernel: an exact state (no landmarks) loads
-    there, every hyperparameter arrives, the landmarks stay; a Nyström state still loads as itself."""
+    """method="nystrom" keeps the exact tree under NystromKernel.base_kernel (a ScaleKernel on top stays above it): an
+    exact state (no landmarks) loads there, every hyperparameter arrives, the landmarks stay; a Nyström state still
+    loads as itself."""
     make = _STATE_TREES[name]
     exact = make().to(torch.float64)
     generator = torch.Generator().manual_seed(1)
@@ -591,13 +592,15 @@ def test_exact_state_dict_loads_into_the_nystrom_tree(name):
             param.add_(0.3 + 0.2 * torch.rand(param.shape, generator=generator, dtype=param.dtype))
     x = torch.rand(40, 2, generator=generator, dtype=torch.float64)
     sketched = rfgp.sketch(make().to(torch.float64), 16, method="nystrom", x_sample=x, seed=0)
-    nystrom = sketched.data_covar_module if name == "multitask" else sketched
+    inner, nystrom = next((path, module) for path, module in sketched.named_modules()
+                          if isinstance(module, rfgp.kernels.NystromKernel))
+    inner = inner and inner + "."  # where the NystromKernel sits: the exact tree's node it approximates sat there
+    assert inner == {"scale": "base_kernel.", "sum_of_scaled": "", "multitask": "data_covar_module.base_kernel."}[name]
     landmarks = nystrom.landmarks.clone()
     result = sketched.load_state_dict(exact.state_dict(), strict=False)
     assert result.unexpected_keys == []
     tree = nystrom.base_kernel
     converted = dict(sketched.named_parameters())
-    inner = "data_covar_module." if name == "multitask" else ""  # where the NystromKernel sits
     for key, value in exact.named_parameters():
         nested = inner + "base_kernel." + key.removeprefix(inner) if key.startswith(inner) else key
         assert torch.equal(converted[nested], value), key

@@ -436,7 +436,7 @@ def test_scale_kernel_stays_on_top_with_the_exact_tree_paths_and_values(leaf):
     assert type(converted) is ScaleKernel and isinstance(converted.base_kernel, NystromKernel)
     torch.testing.assert_close(converted.outputscale, exact.outputscale, rtol=0, atol=0)
     torch.testing.assert_close(converted.base_kernel.lengthscale, exact.base_kernel.lengthscale, rtol=0, atol=0)
-    assert converted.base_kernel.has_lengthscale and not converted.base_kernel.is_stationary
+    assert not converted.base_kernel.has_lengthscale and not hasattr(converted.base_kernel, "raw_lengthscale")
     converted.outputscale, converted.base_kernel.lengthscale = 1.7, torch.tensor([0.8, 1.1, 0.5], dtype=DTYPE)
     torch.testing.assert_close(converted.base_kernel.base_kernel.lengthscale,
                                torch.tensor([[0.8, 1.1, 0.5]], dtype=DTYPE), rtol=0, atol=1e-15)
@@ -486,12 +486,17 @@ def test_nystrom_of_a_tree_without_a_scale_kernel_exposes_its_top_lengthscale():
     assert isinstance(converted, NystromKernel)
     converted.lengthscale = 0.3
     torch.testing.assert_close(converted.base_kernel.lengthscale, torch.tensor([[0.3]], dtype=DTYPE))
-    torch.testing.assert_close(converted.raw_lengthscale, converted.base_kernel.raw_lengthscale, rtol=0, atol=0)
     with pytest.raises(ValueError, match="lengthscale"):
         converted.lengthscale = -1.0
+    # the parameter has one owner, found once by code that walks the modules for lengthscales (priors, bounds)
     assert [name for name, _ in converted.named_parameters()] == ["base_kernel.raw_lengthscale"]
+    assert [m for m in converted.modules() if getattr(m, "has_lengthscale", False) or hasattr(m, "raw_lengthscale")
+            ] == [converted.base_kernel]
+    converted.register_prior("lengthscale_prior", gpytorch.priors.GammaPrior(2.0, 4.0), "lengthscale")
+    prior_value = next(closure(module) for _, module, _, closure, _ in converted.named_priors())
+    torch.testing.assert_close(prior_value, converted.base_kernel.lengthscale, rtol=0, atol=0)
     summed = rfgp.sketch((RBFKernel() + PeriodicKernel()).to(DTYPE), 20, method="nystrom", x_sample=x, seed=0)
-    assert not summed.has_lengthscale and summed.lengthscale is None and not hasattr(summed, "raw_lengthscale")
+    assert summed.lengthscale is None
     with pytest.raises(RuntimeError, match="NystromKernel has no lengthscale: its base kernel AdditiveKernel"):
         summed.lengthscale = 1.0
 

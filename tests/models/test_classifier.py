@@ -306,13 +306,13 @@ def test_nystrom_landmarks_follow_the_standardised_inputs():
                          method="nystrom", x_sample=torch.as_tensor(raw), seed=0)
     clf = DirichletGPClassifier(kernel=sketch, num_iterations=0, dtype=torch.float64, progress=False).fit(raw, y)
     standardised = (torch.as_tensor(raw) - clf.input_mean_) / clf.input_scale_
-    landmarks = clf.model_.covar_module.landmarks
+    landmarks = clf.model_.covar_module.base_kernel.landmarks
     assert bool((landmarks[:, None, :] == standardised[None]).all(-1).any(-1).all())  # every landmark is a model input
     reference = DirichletGPClassifier(num_iterations=0, dtype=torch.float64, progress=False,
                                       kernel=rfgp.sketch(gpytorch.kernels.ScaleKernel(
                                           gpytorch.kernels.RBFKernel(ard_num_dims=2)), 30, method="nystrom",
                                           x_sample=standardised, seed=0)).fit(raw, y)
-    torch.testing.assert_close(landmarks, reference.model_.covar_module.landmarks)  # same rule, seed and rows
+    torch.testing.assert_close(landmarks, reference.model_.covar_module.base_kernel.landmarks)  # same rule, seed and rows
     assert (clf.predict(raw) == y).mean() > 0.95
     by_hand = rfgp.kernels.NystromKernel(gpytorch.kernels.RBFKernel(), landmarks=torch.as_tensor(raw[:10]))
     with pytest.raises(ValueError, match="standardize=False"):

@@ -30,15 +30,18 @@ def model(kernel, x, y):
     return ExactGPModel(x, y, likelihood, kernel).double()
 
 
-@pytest.mark.parametrize("rule", ["uniform", "kmeans++", "rls"])
-def test_resized_landmarks_repeat_the_rule_and_keep_the_hyperparameters(rule):
+@pytest.mark.parametrize("rule, options", [("uniform", {}), ("kmeans++", {}), ("rls", {}),
+                                           ("rls", {"regularization": 0.05})])
+def test_resized_landmarks_repeat_the_rule_and_keep_the_hyperparameters(rule, options):
+    """Also where the rule's regularization λ is on the scale of the whole kernel s·k: ScaleKernel(NystromKernel(k))
+    re-scores with the outputscale around it, as the first choice did."""
     x, y = data()
-    gp = model(rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, landmarks=rule, seed=5), x, y)
+    gp = model(rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, landmarks=rule, seed=5, **options), x, y)
     before = {name: value.clone() for name, value in gp.named_parameters()}
     rfgp.set_num_features(gp, 64)
-    kernel = gp.covar_module
+    kernel = gp.covar_module.base_kernel
     assert kernel.num_features == 64 and kernel.landmarks.shape == (64, 2)
-    fresh = rfgp.sketch(rbf(), 64, method="nystrom", x_sample=x, landmarks=rule, seed=5)
+    fresh = rfgp.sketch(rbf(), 64, method="nystrom", x_sample=x, landmarks=rule, seed=5, **options).base_kernel
     assert torch.equal(kernel.landmarks, fresh.landmarks)  # same rule, same seed, same data
     for name, value in gp.named_parameters():
         assert torch.equal(value, before[name]), name
@@ -67,7 +70,7 @@ def test_uniform_selection_at_a_larger_width_extends_the_smaller_one():
     small = rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=2)
     large = rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=2)
     rfgp.set_num_features(large, 48, x_sample=x)
-    assert torch.equal(large.landmarks[:16], small.landmarks)
+    assert torch.equal(large.base_kernel.landmarks[:16], small.base_kernel.landmarks)
 
 
 def test_state_round_trip_at_the_new_width_into_a_kernel_built_at_the_old_one():
@@ -77,8 +80,9 @@ def test_state_round_trip_at_the_new_width_into_a_kernel_built_at_the_old_one():
     state = gp.state_dict()
     other = model(rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=9), x, y)
     other.load_state_dict(state)
-    assert torch.equal(other.covar_module.landmarks, gp.covar_module.landmarks)
-    assert other.covar_module.landmark_method == "kmeans++" and other.covar_module.selection_seed == 1
+    assert torch.equal(other.covar_module.base_kernel.landmarks, gp.covar_module.base_kernel.landmarks)
+    assert other.covar_module.base_kernel.landmark_method == "kmeans++"
+    assert other.covar_module.base_kernel.selection_seed == 1
     gp.eval(), other.eval()
     with torch.no_grad():
         assert torch.equal(gp(x[:7]).mean, other(x[:7]).mean)
@@ -93,7 +97,7 @@ def test_states_without_the_selection_fields_still_load():
                                   "pilot_size"))}
     fresh = rfgp.sketch(rbf(), 16, method="nystrom", x_sample=x, seed=4)
     fresh.load_state_dict(state)
-    assert torch.equal(fresh.landmarks, kernel.landmarks)
+    assert torch.equal(fresh.base_kernel.landmarks, kernel.base_kernel.landmarks)
 
 
 def test_refusals_name_the_reason():
@@ -119,7 +123,7 @@ def test_a_tree_with_nystrom_and_random_features_keeps_its_proportions():
     fourier = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, seed=0)).double()
     gp = model(nystrom + fourier, x, y)
     rfgp.set_num_features(gp, 192)
-    assert nystrom.num_features == 64 and fourier.base_kernel.num_features == 128
+    assert nystrom.base_kernel.num_features == 64 and fourier.base_kernel.num_features == 128
 
 
 @pytest.mark.parametrize("width", [64, 65])
