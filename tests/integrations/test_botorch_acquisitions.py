@@ -69,9 +69,8 @@ from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
 from gpytorch.mlls import ExactMarginalLogLikelihood  # noqa: E402
 from gpytorch.priors import LogNormalPrior  # noqa: E402
 
-import rfgp  # noqa: E402
 
-from ._converted_models import landmark_copy, sketched_copy  # noqa: E402
+from ._converted_models import landmark_copy, nystrom, sketched_copy  # noqa: E402
 
 D = 2
 BOUNDS = torch.tensor([[0.0] * D, [1.0] * D], dtype=torch.float64)
@@ -382,7 +381,8 @@ def test_model_list_acquisition_is_the_exact_models_and_optimises_with_random_fe
 
 def test_expected_utility_of_best_option_of_a_preference_model_is_the_exact_models():
     """qExpectedUtilityOfBestOption on PairwiseGP (its Laplace approximation reads the dense covariance of the
-    datapoints, which the Nyström map reproduces; PairwiseGP requires its ScaleKernel: the base kernel is converted)."""
+    datapoints, which the Nyström map reproduces; PairwiseGP requires a ScaleKernel on top, which the conversion of
+    the whole tree keeps: ScaleKernel(NystromKernel(k)))."""
     x, _ = data(16)
     utility = torch.sin(6 * x).sum(-1)
     pairs = torch.randint(0, 16, (30, 2), generator=torch.Generator().manual_seed(0))
@@ -390,10 +390,7 @@ def test_expected_utility_of_best_option_of_a_preference_model_is_the_exact_mode
     comparisons = torch.where((utility[pairs[:, 0]] > utility[pairs[:, 1]]).unsqueeze(-1), pairs, pairs.flip(-1))
     exact = PairwiseGP(x, comparisons).double().eval()
     X = uniform(4, 2, seed=7)
-    kernel = copy.deepcopy(exact.covar_module)
-    points = torch.cat([x, X.reshape(-1, D)])
-    kernel.base_kernel = rfgp.sketch(kernel.base_kernel, points.shape[0], method="nystrom", x_sample=points)
-    converted = PairwiseGP(x, comparisons, covar_module=kernel).double().eval()
+    converted = PairwiseGP(x, comparisons, covar_module=nystrom(exact.covar_module, x, X)).double().eval()
 
     def evaluate(m):
         return value_and_grad(qExpectedUtilityOfBestOption(m, sampler=_sampler()), X)

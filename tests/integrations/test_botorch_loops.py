@@ -134,6 +134,31 @@ def test_turbo_kernel_converts_with_its_constraints():
         base.lengthscale = 5.0
 
 
+def test_turbo_trust_region_reads_and_sets_the_lengthscales_of_a_nystrom_model():
+    """rfgp.sketch(..., method="nystrom") of the tutorial's ScaleKernel(Matérn) is ScaleKernel(NystromKernel(Matérn)):
+    the trust region reads model.covar_module.base_kernel.lengthscale as on the exact model (it read the whole
+    tree's ScaleKernel, which has none), and lengthscales and outputscale set at the exact model's paths (after
+    model.train(), GPyTorch's cache rule) reach the next posterior as on the exact model."""
+    X, Y = turbo_data(20)
+    exact = fixed_turbo_model(X, Y)
+    candidates = turbo_candidates(exact, X, Y, 0.8, 100, seed=1)
+    converted = landmark_copy(exact, X, candidates)
+    torch.testing.assert_close(turbo_candidates(converted, X, Y, 0.8, 100, seed=1), candidates, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"lengthscale must be .* in \(0.005, 4\)"):
+        converted.covar_module.base_kernel.lengthscale = 5.0
+    for model in (exact, converted):
+        with torch.no_grad():
+            model.posterior(candidates)  # caches of the old hyperparameters
+        model.train()
+        model.covar_module.base_kernel.lengthscale = torch.tensor([0.6, 0.2, 0.4], dtype=F64)
+        model.covar_module.outputscale = 0.8
+        model.eval()
+    with torch.no_grad():
+        expected, actual = exact.posterior(candidates), converted.posterior(candidates)
+    torch.testing.assert_close(actual.mean, expected.mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(actual.variance, expected.variance, rtol=1e-6, atol=1e-6)
+
+
 def test_turbo_thompson_choices_have_the_exact_models_distribution():
     """MaxPosteriorSampling over the trust-region candidates: with the candidates and training points as landmarks,
     the posterior over the candidates is the exact one and each candidate is chosen as often (8192 draws)."""

@@ -6,7 +6,6 @@ so its values and gradients are the exact model's; ORF features approach them as
 the cost checks count the largest tensor: N × F where the exact model builds N × N.
 """
 
-import copy
 
 import pytest
 import torch
@@ -271,14 +270,6 @@ def preference_model(points, comparisons, convert=None):
     return PairwiseGP(points, comparisons, covar_module=convert(exact.covar_module)).double().eval()
 
 
-def _landmarks_under_the_scale(kernel, *points):
-    """PairwiseGP requires a ScaleKernel on top, which random features keep and a Nyström map of the whole tree
-    absorbs: the Nyström map replaces its base kernel."""
-    kernel = copy.deepcopy(kernel)
-    kernel.base_kernel = nystrom(kernel.base_kernel, *points)
-    return kernel
-
-
 def _comparisons(utility, seed=0):
     pairs = torch.randint(0, utility.shape[0], (30, 2), generator=torch.Generator().manual_seed(seed))
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
@@ -302,7 +293,7 @@ def test_analytic_eubo_of_a_preference_model_is_the_exact_models_with_every_poin
 
     expected = evaluate(preference_model(x, comparisons))
     points = [x, X] + ([winner] if previous_winner else [])
-    actual = evaluate(preference_model(x, comparisons, lambda kernel: _landmarks_under_the_scale(kernel, *points)))
+    actual = evaluate(preference_model(x, comparisons, lambda kernel: nystrom(kernel, *points)))
     assert_same_value_and_grad(actual, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -329,7 +320,7 @@ def test_eubo_on_an_outcome_model_is_the_exact_models_with_every_point_a_landmar
     expected = evaluate(outcome, preference_model(y, comparisons))
     assert expected[1].abs().max() > 0.1  # the options' outcomes move the value
     actual = evaluate(landmark_copy(outcome, x, X),
-                      preference_model(y, comparisons, lambda kernel: _landmarks_under_the_scale(kernel, y, outcomes)))
+                      preference_model(y, comparisons, lambda kernel: nystrom(kernel, y, outcomes)))
     assert_same_value_and_grad(actual, expected, rtol=1e-5, atol=1e-5)
 
 
