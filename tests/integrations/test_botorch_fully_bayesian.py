@@ -144,8 +144,8 @@ def test_converted_model_restores_from_its_state_dict(fitted, method):
     its exact kernel from placeholder samples and loads the state into it), convert again, then load the state strictly
     (``torch.nn.Module.load_state_dict``, past BoTorch's override): the same hyperparameters and draws, the same
     posterior bit for bit.  Converting again with the same seed alone restores random features (their hyperparameter
-    keys are the exact kernel's), not a Nyström map: its keys (the tree under ``base_kernel``) are not the exact
-    kernel's, BoTorch's ``load_state_dict`` neither raises nor returns unmatched keys, and the placeholder
+    keys are the exact kernel's), not a Nyström map: its base kernel's keys (under ``base_kernel.base_kernel``) are
+    not the exact kernel's, BoTorch's ``load_state_dict`` neither raises nor returns unmatched keys, and the placeholder
     lengthscales (1) stay."""
     x, exact = fitted
     xs = uniform(6, seed=2)
