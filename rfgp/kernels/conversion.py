@@ -120,7 +120,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             ``method="nystrom"`` instead turns the whole tree (any scalar kernel) into one
             :class:`~rfgp.kernels.NystromKernel` with ``num_features`` landmarks chosen among
             ``x_sample=`` (required) by ``landmarks="uniform" | "kmeans++" | "rls"``, see
-            :func:`~rfgp.kernels.nystrom.nystrom_sketch`; a ``MultitaskKernel`` becomes a
+            :func:`~rfgp.kernels.nystrom.nystrom_sketch` (a ``ScaleKernel`` on top stays on top:
+            ``ScaleKernel(NystromKernel(k))``, the same kernel); a ``MultitaskKernel`` becomes a
             decomposable kernel over the Nyström data kernel.
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
             that factors of a product are independent.
