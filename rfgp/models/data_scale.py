@@ -22,6 +22,14 @@ a median nearest-neighbour distance above ``MEDIAN_NEIGHBOUR_DISTANCE`` lengthsc
 is e^{−4.5} ≈ 0.011, below 1/√F for every F up to 8 000; standardised diabetes (10 columns, 200 rows: 2.2) and the
 time series stay below it, standardised star98 (20 columns, 120 rows: 3.3), where ORF ended at a loss of 1.22
 against the exact GP's 0.74, lies above.
+
+Nyström maps (:class:`~rfgp.kernels.NystromKernel`) have no Monte-Carlo noise, but the same start leaves them
+useless: K(x, Z) ≈ 0 between every point and every landmark but itself, so Φ(x) = K(x, Z)L⁻ᵀ vanishes away from the
+landmarks, the marginal likelihood is flat in the lengthscale and training stays at the white-noise model (the
+``deliveries`` pass above).  Both checks therefore also run on each RBF or Matérn kernel in a Nyström kernel's base
+tree (through ``ScaleKernel``, sums and products, on the columns it sees), whose correlation at 3 lengthscales is
+0.011 (RBF) to 0.05 (Matérn-1/2).  Not on rational-quadratic kernels, whose polynomial tails (1 + r²/2α)^−α keep
+0.18 at 3 lengthscales for α = 1, nor on periodic ones, whose lengthscale scales sin(π|x − x'|/p), not the distance.
 """
 
 from __future__ import annotations
@@ -31,14 +39,32 @@ import warnings
 import gpytorch
 import torch
 
+from ..kernels.input_columns import children
 from ..training import DataScaleWarning, register_start_check
-from .feature_width import fourier_units
+from .feature_width import fourier_units, nystrom_units
 from .kernel_inputs import covar_module_inputs
 
 #: warn when the median distance between training points exceeds this many lengthscales
 MEDIAN_SCALED_DISTANCE = 50.0
 #: warn when a training row's nearest distinct training row lies a median of more than this many lengthscales away
 MEDIAN_NEIGHBOUR_DISTANCE = 3.0
+#: the lengthscale kernels of a Nyström base tree that are ≈ 0 beyond a few lengthscales (see the module docstring)
+_DECAYING = (gpytorch.kernels.RBFKernel, gpytorch.kernels.MaternKernel, gpytorch.kernels.keops.RBFKernel,
+             gpytorch.kernels.keops.MaternKernel)
+#: why a kernel ≈ 0 between the training points leaves each kind of map useless: (apart, from each neighbour)
+_CONSEQUENCES = {
+    "fourier": ("where its marginal likelihood is flat and the random-feature estimate is Monte-Carlo noise whose "
+                "lengthscale gradient grows with the squared distance, so training follows the noise (raw diabetes, "
+                "F = 256: loss 2202 per point against the exact GP's 5.8)",
+                "below the random-feature estimate's Monte-Carlo error, so training follows that noise to the "
+                "white-noise model (30 standardised columns, F = 1024: loss 1.40 per point against the exact GP's "
+                "0.35)"),
+    "nystrom": ("landmarks included, so the Nyström features K(x, Z)L⁻ᵀ vanish away from the landmarks, the marginal "
+                "likelihood is flat in the lengthscale and training stays at the white-noise model",
+                "landmarks included, so the Nyström features K(x, Z)L⁻ᵀ vanish away from the landmarks, the marginal "
+                "likelihood is flat in the lengthscale and training stays at the white-noise model (30 standardised "
+                "columns, M = 512: loss 1.42 per point against the exact GP's 0.35)"),
+}
 #: the median is taken over the pairs of at most this many training rows (evenly spaced)
 _SAMPLE_ROWS = 256
 #: nearest neighbours are searched among at most this many training rows (evenly spaced)
@@ -84,26 +110,46 @@ def shown_lengthscales(kernel) -> str:
     return ", ".join(f"{v:.3g}" for v in values[:4]) + (", …" if len(values) > 4 else "")
 
 
+def nystrom_lengthscale_kernels(module, x: torch.Tensor) -> list[tuple[gpytorch.kernels.Kernel, torch.Tensor]]:
+    """(kernel, the input columns it sees) for each RBF or Matérn kernel in the base tree of each Nyström kernel in
+    ``module``, through ``ScaleKernel``, sums and products (their ``active_dims`` applied as GPyTorch evaluates them;
+    the Nyström kernel calls its base kernel)."""
+    found = []
+    for nystrom, inputs in nystrom_units(module, x):
+        stack = [(nystrom.base_kernel, inputs, True)]
+        while stack:
+            kernel, columns, called = stack.pop()
+            if called and kernel.active_dims is not None:
+                columns = columns.index_select(-1, kernel.active_dims.to(columns.device))
+            if isinstance(kernel, _DECAYING):
+                found.append((kernel, columns))
+            stack.extend((child, columns, child_called) for child, child_called in children(kernel))
+    return found
+
+
 def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
-    """Warn (:class:`~rfgp.training.DataScaleWarning`) for each random Fourier kernel whose training inputs lie a median
-    of more than ``MEDIAN_SCALED_DISTANCE`` lengthscales apart, or else a median of more than
-    ``MEDIAN_NEIGHBOUR_DISTANCE`` lengthscales from their nearest neighbours (its inputs as ``model.forward`` passes
-    them on, e.g. a deep kernel's network outputs: :func:`~rfgp.models.kernel_inputs.covar_module_inputs`)."""
+    """Warn (:class:`~rfgp.training.DataScaleWarning`) for each random Fourier kernel, and each RBF or Matérn kernel
+    inside a Nyström kernel, whose training inputs lie a median of more than ``MEDIAN_SCALED_DISTANCE`` lengthscales
+    apart, or else a median of more than ``MEDIAN_NEIGHBOUR_DISTANCE`` lengthscales from their nearest neighbours (its
+    inputs as ``model.forward`` passes them on, e.g. a deep kernel's network outputs:
+    :func:`~rfgp.models.kernel_inputs.covar_module_inputs`)."""
     train_inputs = getattr(model, "train_inputs", None)
     if not train_inputs or not torch.is_tensor(train_inputs[0]) or not train_inputs[0].is_floating_point():
         return
-    for _, kernel, x in fourier_units(model, covar_module_inputs(model, train_inputs[0])):
+    inputs = covar_module_inputs(model, train_inputs[0])
+    checked = [(owner, x, "fourier") for _, owner, x in fourier_units(model, inputs)]
+    checked += [(kernel, x, "nystrom") for kernel, x in nystrom_lengthscale_kernels(model, inputs)]
+    for kernel, x, kind in checked:
+        name = type(kernel).__name__ + (" (in a NystromKernel)" if kind == "nystrom" else "")
+        apart, from_neighbours = _CONSEQUENCES[kind]
         distance = median_scaled_distance(x, kernel.lengthscale)
         if distance > MEDIAN_SCALED_DISTANCE:
             shown = shown_lengthscales(kernel)
             warnings.warn(
-                f"fit_mll: the training inputs of {type(kernel).__name__} lie a median {distance:.3g} "
-                f"lengthscales apart (lengthscale {shown}; more than "
-                f"{MEDIAN_SCALED_DISTANCE:g}): the kernel is ≈ 0 between almost all of them, where its marginal "
-                "likelihood is flat and the random-feature estimate is Monte-Carlo noise whose lengthscale gradient "
-                "grows with the squared distance, so training follows the noise (raw diabetes, F = 256: loss 2202 "
-                "per point against the exact GP's 5.8). Standardise the inputs, or start from a lengthscale on the "
-                "data's scale, e.g. kernel.lengthscale = train_x.std(0)",
+                f"fit_mll: the training inputs of {name} lie a median {distance:.3g} lengthscales apart (lengthscale "
+                f"{shown}; more than {MEDIAN_SCALED_DISTANCE:g}): the kernel is ≈ 0 between almost all of them, "
+                f"{apart}. Standardise the inputs, or start from a lengthscale on the data's scale, e.g. "
+                "kernel.lengthscale = train_x.std(0)",
                 DataScaleWarning, stacklevel=4,
             )
             continue
@@ -111,11 +157,9 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
         if neighbour > MEDIAN_NEIGHBOUR_DISTANCE:
             shown = shown_lengthscales(kernel)
             warnings.warn(
-                f"fit_mll: each training input of {type(kernel).__name__} lies a median {neighbour:.3g} lengthscales "
-                f"from its nearest neighbour (lengthscale {shown}; more than {MEDIAN_NEIGHBOUR_DISTANCE:g}), as many "
-                "standardised columns put them: the kernel is ≈ 0 between every point and all others, below the "
-                "random-feature estimate's Monte-Carlo error, so training follows that noise to the white-noise "
-                "model (30 standardised columns, F = 1024: loss 1.40 per point against the exact GP's 0.35). Start "
+                f"fit_mll: each training input of {name} lies a median {neighbour:.3g} lengthscales from its nearest "
+                f"neighbour (lengthscale {shown}; more than {MEDIAN_NEIGHBOUR_DISTANCE:g}), as many standardised "
+                f"columns put them: the kernel is ≈ 0 between every point and all others, {from_neighbours}. Start "
                 "from a lengthscale that reaches the neighbours, e.g. kernel.lengthscale = "
                 "math.sqrt(train_x.shape[-1]) * train_x.std(0) (BoTorch's dimension-scaled prior does the same)",
                 DataScaleWarning, stacklevel=4,

@@ -390,6 +390,14 @@ def fourier_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple]:
             yield unit, owner, inputs
 
 
+def nystrom_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple[NystromKernel, Tensor]]:
+    """(Nyström kernel, the input columns its ``forward`` sees) for every :class:`~rfgp.kernels.NystromKernel` in
+    ``module`` (a ``ScaleKernel`` around one selects them, as for ``rfgp.sketch(ScaleKernel(k), method="nystrom")``)."""
+    for unit, _, inputs in _width_units(module, x, None):
+        if isinstance(unit, NystromKernel) and inputs is not None:
+            yield unit, inputs
+
+
 def _maclaurin_in(units) -> Iterator[tuple]:
     for unit, owner, inputs in units:
         if isinstance(unit, OptimizedMaclaurin):
