@@ -57,7 +57,7 @@ class NonFiniteLossError(FloatingPointError):
 class DataScaleWarning(UserWarning):
     """:func:`fit_mll` starts from a lengthscale far below the spacing of the training inputs (raw, unstandardised
     columns at GPyTorch's initial ℓ = 0.69), where random features estimate a kernel that is ≈ 0 between all points
-    by Monte-Carlo noise; the message says what to do."""
+    by Monte-Carlo noise, and Nyström features vanish away from the landmarks; the message says what to do."""
 
 
 class TruncationWarning(UserWarning):
@@ -406,9 +406,11 @@ def fit_mll(
     the bias-corrected posterior variance adds the missing part as uninformed prior variance).
     ``refit_allocation=False`` keeps the allocation fixed (the warning stays).
 
-    Before the first step, a random Fourier kernel whose training inputs lie a median of more than 50 lengthscales
-    apart (raw columns at GPyTorch's initial ℓ = 0.69) gets a :class:`DataScaleWarning`: the kernel is ≈ 0 between
-    the points, and training follows the features' Monte-Carlo noise (:mod:`rfgp.models.data_scale`).  A trial point
+    Before the first step, a random Fourier kernel, or an RBF or Matérn kernel inside a Nyström map, whose training
+    inputs lie a median of more than 50 lengthscales apart (raw columns at GPyTorch's initial ℓ = 0.69), or more than
+    3 from their nearest neighbours, gets a :class:`DataScaleWarning`: the kernel is ≈ 0 between the points, and
+    training follows the features' Monte-Carlo noise, or (Nyström) stays at the white-noise model
+    (:mod:`rfgp.models.data_scale`).  A trial point
     beyond the range a periodic or RQ map's draws cover (``DrawCoverageError``) is a failed evaluation as above.
 
     L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above
