@@ -481,7 +481,7 @@ def run_method(method: str, data: Split, config: dict) -> Run:
                 train_in_stages(run, start, model, budget, stages)
         letter = "M" if method == "nystrom" or method in NYSTROM_RECIPES else "F"
         replay(run, start, model, evaluate_exact, data,
-               (lambda state: f"M={state['covar_module.landmarks'].shape[-2]}") if letter == "M" else f"F={width}")
+               (lambda state: f"M={state['covar_module.base_kernel.landmarks'].shape[-2]}") if letter == "M" else f"F={width}")
         width = stages[-1]  # the recipes predict at multiples of their last training width
         if method in RECIPES:
             # the prediction a user stopping training at each checkpoint would make at 4F (and, for the
