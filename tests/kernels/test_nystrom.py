@@ -2,6 +2,7 @@
 
 import copy
 import io
+import pickle
 import warnings
 
 import gpytorch
@@ -521,3 +522,22 @@ def test_state_dicts_of_the_exact_tree_load_and_of_the_whole_tree_conversion_ref
     for strict in (True, False):
         with pytest.raises(ValueError, match="before it became ScaleKernel\\(NystromKernel\\(k\\)\\)"):
             converted.load_state_dict(old_layout.state_dict(), strict=strict)
+
+
+def test_batched_scale_kernel_conversion_pickles_with_its_state_guard():
+    """A batch of outputscales and lengthscales (one GP per output): ScaleKernel(NystromKernel(k)) equals the
+    whole-tree map per batch member, and a pickled copy keeps its values and its refusal of old-layout states."""
+    x, _ = data(50)
+    batch = torch.Size([3])
+    exact = ScaleKernel(RBFKernel(ard_num_dims=2, batch_shape=batch), batch_shape=batch).to(DTYPE)
+    exact.outputscale = torch.tensor([0.5, 1.0, 2.0], dtype=DTYPE)
+    exact.base_kernel.lengthscale = torch.tensor([[[0.5, 1.0]], [[0.8, 0.3]], [[1.2, 2.0]]], dtype=DTYPE)
+    converted = rfgp.sketch(exact, 20, method="nystrom", x_sample=x, seed=0)
+    assert converted.base_kernel.lengthscale.shape == (3, 1, 2)
+    dense = converted(x).to_dense()
+    assert dense.shape == (3, 50, 50)
+    torch.testing.assert_close(dense, whole_tree_nystrom(exact, converted)(x).to_dense(), rtol=1e-12, atol=1e-12)
+    copied = pickle.loads(pickle.dumps(converted))
+    assert torch.equal(copied(x).to_dense(), dense)
+    with pytest.raises(ValueError, match="cannot load state"):
+        copied.load_state_dict(whole_tree_nystrom(exact, converted).state_dict(), strict=False)
