@@ -114,7 +114,7 @@ class NystromKernel(FeatureKernel):
         >>> kernel = NystromKernel(base, landmarks=train_x[:64])
         >>> kernel(train_x).shape          # a rank-64 feature-root operator
         torch.Size([2000, 2000])
-        >>> # or, choosing the landmarks and deep-copying the tree:
+        >>> # or, choosing the landmarks and deep-copying the tree: ScaleKernel(NystromKernel(PeriodicKernel()))
         >>> kernel = rfgp.sketch(base, num_features=64, method="nystrom", x_sample=train_x, landmarks="rls", seed=0)
     """
 

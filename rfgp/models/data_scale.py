@@ -51,6 +51,8 @@ MEDIAN_NEIGHBOUR_DISTANCE = 3.0
 #: the lengthscale kernels of a Nyström base tree that are ≈ 0 beyond a few lengthscales (see the module docstring)
 _DECAYING = (gpytorch.kernels.RBFKernel, gpytorch.kernels.MaternKernel, gpytorch.kernels.keops.RBFKernel,
              gpytorch.kernels.keops.MaternKernel)
+_VANISHING_NYSTROM = ("landmarks included, so the Nyström features K(x, Z)L⁻ᵀ vanish away from the landmarks, the "
+                      "marginal likelihood is flat in the lengthscale and training stays at the white-noise model")
 #: why a kernel ≈ 0 between the training points leaves each kind of map useless: (apart, from each neighbour)
 _CONSEQUENCES = {
     "fourier": ("where its marginal likelihood is flat and the random-feature estimate is Monte-Carlo noise whose "
@@ -59,11 +61,8 @@ _CONSEQUENCES = {
                 "below the random-feature estimate's Monte-Carlo error, so training follows that noise to the "
                 "white-noise model (30 standardised columns, F = 1024: loss 1.40 per point against the exact GP's "
                 "0.35)"),
-    "nystrom": ("landmarks included, so the Nyström features K(x, Z)L⁻ᵀ vanish away from the landmarks, the marginal "
-                "likelihood is flat in the lengthscale and training stays at the white-noise model",
-                "landmarks included, so the Nyström features K(x, Z)L⁻ᵀ vanish away from the landmarks, the marginal "
-                "likelihood is flat in the lengthscale and training stays at the white-noise model (30 standardised "
-                "columns, M = 512: loss 1.42 per point against the exact GP's 0.35)"),
+    "nystrom": (_VANISHING_NYSTROM, _VANISHING_NYSTROM + " (30 standardised columns, M = 512: loss 1.42 per point "
+                "against the exact GP's 0.35)"),
 }
 #: the median is taken over the pairs of at most this many training rows (evenly spaced)
 _SAMPLE_ROWS = 256
