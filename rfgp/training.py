@@ -371,7 +371,11 @@ def fit_mll(
       direction (torch's L-BFGS stops without a step when that direction is not a descent
       direction).  The first such iteration restarts L-BFGS from the same point with a fresh
       curvature history (steepest descent); a second one in a row stops training with
-      ``converged=False`` and a ``stop_reason`` starting with ``"stalled"``.  An unchanged
+      ``converged=False`` and a ``stop_reason`` starting with ``"stalled"``, and with a ``NumericalWarning``
+      where the gradient exceeds ``√(2κ·max(ftol, u)·s)`` (u the parameters' unit roundoff; no stationary point
+      by the loss-change rule's bound: raw
+      float32 co2 with a Nyström map stalled so at a gradient of 8.6e6 and 90 times the loss of the float64 fit;
+      a float32 fit that stalls at its optimum, flat to its rounding, stays quiet).  An unchanged
       point is never reported as convergence by the loss-change rule.
 
     Failed evaluations.  A line search may try a point where the covariance is not positive
@@ -617,9 +621,18 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                         f"stalled: L-BFGS made no step in iterations {objective.iteration - 1} and "
                         f"{objective.iteration} (the second with a fresh curvature history) although the largest "
                         f"gradient entry is {history.gradient_norms[-1]:.3g} > gtol={gtol:g}: the loss is flat to "
-                        "its precision (float32 rounding: the point is as good as that precision allows), noisy (a "
+                        "its precision (float32 rounding), noisy (a "
                         "stochastic exact-GP solve), or the optimum lies on a parameter constraint"
                     )
+                    # flat to ftol·s, or to the rounding u·s where ftol is below it (ftol=0)
+                    scale, flat = max(abs(history.losses[-1]), 1.0), max(ftol, _unit_roundoff(params))
+                    if history.gradient_norms[-1] > _stationary_gradient(flat, scale):
+                        warnings.warn(
+                            f"fit_mll: {history.stop_reason}; the gradient is above "
+                            f"{_stationary_gradient(flat, scale):.3g} = √(2·{_MAX_CURVATURE:g}·{flat:.3g}·"
+                            f"{scale:.3g}), so this is no stationary point (TrainingHistory.converged is False)",
+                            NumericalWarning, stacklevel=3,
+                        )
                     break
                 history.stalls.append(objective.iteration)
                 step = _stepper(optimizer, params, objective, lr, history_size)
@@ -654,6 +667,17 @@ def _stepper(optimizer: str, params: list[Tensor], objective: _Objective, lr: fl
 _MAX_CURVATURE = 50.0
 
 
+def _stationary_gradient(ftol: float, scale: float) -> float:
+    """√(2κ·ftol·s): the largest gradient entry at which a loss flat to ``ftol·s`` may be a stationary point
+    (:func:`fit_mll`: stopping)."""
+    return math.sqrt(2 * _MAX_CURVATURE * ftol * scale)
+
+
+def _unit_roundoff(params: list[Tensor]) -> float:
+    """The unit roundoff u of the coarsest parameter dtype (float32: 6e-8)."""
+    return max(torch.finfo(p.dtype).eps / 2 for p in params)
+
+
 def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: float,
           time_budget: float | None, clock: str, moved: bool) -> tuple[str, bool]:
     """(reason, converged) after the latest iteration; ``("", False)`` to continue.
@@ -667,7 +691,7 @@ def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: floa
     change = abs(current - previous) / scale
     gradient = history.gradient_norms[-1]
     if moved and change <= ftol:
-        bound = math.sqrt(2 * _MAX_CURVATURE * ftol * scale)
+        bound = _stationary_gradient(ftol, scale)
         if gradient <= max(gtol, bound):
             return f"converged: relative loss change {change:.3g} ≤ ftol={ftol:g}", True
         reason = (

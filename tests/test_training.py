@@ -262,10 +262,13 @@ def test_an_lbfgs_iteration_without_a_step_is_not_convergence_and_resets_the_cur
 
 
 def test_two_stalled_iterations_in_a_row_stop_training_unconverged(monkeypatch):
+    """At the starting point's gradient: a warning says so (before, only ``stop_reason`` did)."""
     _stepper_stalling_first(2, monkeypatch)
     model = _regression()
     start = _parameters(model)
-    history = rfgp.fit_mll(model)
+    match = r"fit_mll: stalled: L-BFGS made no step .*no stationary point \(TrainingHistory.converged is False\)"
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match=match):
+        history = rfgp.fit_mll(model)
     assert not history.converged and history.stop_reason.startswith("stalled"), history.stop_reason
     assert "gtol=1e-05" in history.stop_reason and history.stalls == [1] and history.num_iterations == 2
     assert torch.equal(_parameters(model), start)
@@ -279,6 +282,18 @@ def test_a_stall_at_a_point_with_a_small_gradient_is_convergence(monkeypatch):
     assert history.converged, history.stop_reason
     assert history.stop_reason.startswith("converged: largest gradient entry"), history.stop_reason
     assert history.stalls == []
+
+
+def test_two_stalls_at_a_stationary_point_stop_without_a_warning(monkeypatch):
+    """A fit that stalls at its optimum (gradient above gtol, below √(2κ·ftol·s), as float32 rounding leaves it) is
+    reported in ``stop_reason`` only."""
+    model = _regression()
+    rfgp.fit_mll(model, gtol=0.0, ftol=0.0, num_iterations=200)
+    _stepper_stalling_first(2, monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpytorch.utils.warnings.NumericalWarning)
+        history = rfgp.fit_mll(model, gtol=1e-12)
+    assert not history.converged and history.stop_reason.startswith("stalled"), history.stop_reason
 
 
 def test_a_loss_change_below_ftol_at_a_large_gradient_is_a_stall_not_convergence(monkeypatch):
