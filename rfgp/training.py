@@ -374,7 +374,7 @@ def fit_mll(
       ``converged=False`` and a ``stop_reason`` starting with ``"stalled"``, and with a ``NumericalWarning``
       where the gradient exceeds ``√(2κ·max(ftol, u)·s)`` (u the parameters' unit roundoff; no stationary point
       by the loss-change rule's bound: raw
-      float32 co2 with a Nyström map stalled so at a gradient of 8.6e6 and 90 times the loss of the float64 fit;
+      float32 co2 with a Nyström map stalled so at a gradient of 8.6e6 and 130 times the loss of the float64 fit;
       a float32 fit that stalls at its optimum, flat to its rounding, stays quiet).  An unchanged
       point is never reported as convergence by the loss-change rule.
 
