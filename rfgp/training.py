@@ -34,6 +34,7 @@ from .core.dtypes import in_full_precision
 from .core.validation import (
     DrawCoverageError,
     InvalidValueError,
+    NonFiniteHyperparameterError,
     check_choice,
     check_positive_float,
     check_positive_int,
@@ -248,6 +249,12 @@ class _Objective:
             if self.last_finite is None:
                 raise
             self._failed(error, "hyperparameters outside the range the random draws cover")
+            raise
+        except NonFiniteHyperparameterError as error:  # before NanError, which it also is
+            if self.last_finite is None:  # the starting point: the user's values
+                raise
+            self._failed(error, "a trial point with hyperparameters that are not finite (the optimiser's step "
+                         "overflowed: a gradient too large for the precision, as unstandardised data give)")
             raise
         except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
             self._failed(error, "NaN entries in a covariance matrix" if isinstance(error, NanError) else

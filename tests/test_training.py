@@ -11,6 +11,7 @@ from gpytorch.likelihoods import GaussianLikelihood, MultitaskGaussianLikelihood
 from linear_operator.utils.errors import NanError, NotPSDError
 
 import rfgp
+from rfgp.core.validation import NonFiniteHyperparameterError
 from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.likelihoods import DirichletClassificationLikelihood
 from rfgp.models import ExactGPModel
@@ -282,6 +283,24 @@ def test_a_stall_at_a_point_with_a_small_gradient_is_convergence(monkeypatch):
     assert history.converged, history.stop_reason
     assert history.stop_reason.startswith("converged: largest gradient entry"), history.stop_reason
     assert history.stalls == []
+
+
+def test_an_optimiser_step_to_non_finite_hyperparameters_is_named_as_such():
+    """Raw longley-like data in float32 (inputs up to 6·10⁵, targets ≈ 6·10⁴): gradients of order 10¹³ overflow the
+    float32 line search of L-BFGS into NaN hyperparameters at every restart.  The error said it reached "NaN entries
+    in a covariance matrix"; it names the optimiser's step, and the model keeps its last finite point."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(16, 6, generator=g) * torch.tensor([100.0, 5e5, 3e5, 3e3, 1.3e5, 12.0])
+    y = 6e4 + 5e3 * torch.randn(16, generator=g)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(256, seed=0, ard_num_dims=6))
+    model = ExactGPModel(x, y, GaussianLikelihood(), kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NonFiniteHyperparameterError) as caught:
+            rfgp.fit_mll(model, progress=False)
+    notes = " ".join(caught.value.__notes__)
+    assert "a trial point with hyperparameters that are not finite (the optimiser's step overflowed" in notes, notes
+    assert torch.isfinite(_parameters(model)).all()
 
 
 def test_two_stalls_at_a_stationary_point_stop_without_a_warning(monkeypatch):
