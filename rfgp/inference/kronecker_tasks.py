@@ -32,9 +32,7 @@ from __future__ import annotations
 import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import (
-    ConstantDiagLinearOperator,
     DenseLinearOperator,
-    KroneckerProductLinearOperator,
     LinearOperator,
     RootLinearOperator,
 )
@@ -44,7 +42,23 @@ from torch import Tensor
 
 from ..core.dtypes import factor_dtype
 from ..core.settings import validate_inputs
-from .operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
+from ..core.validation import check_noise, check_targets
+from . import distributed
+from .kronecker_statistics import (
+    diagonal_task_cholesky,
+    kronecker_noise,
+    kronecker_noise_logdet,
+    kronecker_statistics,
+    prefers_kernel_space_kronecker,
+    statistics_batches,
+)
+from .linalg import woodbury_inv_quad_logdet
+from .operators import (
+    FeatureRootAddedDiagLinearOperator,
+    FeatureRootLinearOperator,
+    _as_matrix,
+    _finish_inv_quad_logdet,
+)
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
 
@@ -217,14 +231,10 @@ class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):
 def point_task_noise(noise: LinearOperator, num_tasks: int) -> Tensor | None:
     """Σ_T ``(..., p, p)`` of a noise c·I_N ⊗ Σ_T in GPyTorch's interleaved layout (``MultitaskGaussianLikelihood``
     of any rank: σ²I, c·I_N ⊗ diag(t) or c·I_N ⊗ (LLᵀ + σ²I)); ``None`` for any other noise (per-point noise)."""
-    if isinstance(noise, ConstantDiagLinearOperator):
-        eye = torch.eye(num_tasks, dtype=noise.dtype, device=noise.device)
-        return noise.diag_values.unsqueeze(-1) * eye
-    if (isinstance(noise, KroneckerProductLinearOperator) and len(noise.linear_ops) == 2
-            and isinstance(noise.linear_ops[0], ConstantDiagLinearOperator)
-            and noise.linear_ops[1].shape[-1] == num_tasks):
-        return noise.linear_ops[0].diag_values.unsqueeze(-1) * noise.linear_ops[1].to_dense()
-    return None
+    parts = kronecker_noise(noise, num_tasks)
+    if parts is None or parts[0].shape[-1] != 1:
+        return None
+    return parts[0].unsqueeze(-1) * parts[1]
 
 
 class _KroneckerSolve:
@@ -273,20 +283,83 @@ class _KroneckerSolve:
         return result if left_tensor is None else left_tensor @ result
 
 
-class KroneckerFeatureRootAddedDiagLinearOperator(_KroneckerSolve, FeatureRootAddedDiagLinearOperator):
+class _KroneckerStatistics(_KroneckerSolve):
+    r"""The marginal likelihood and the posterior's capacitance statistics of (φ ⊗ B)(φ ⊗ B)ᵀ + D_N ⊗ Σ_T from the
+    factors (:mod:`rfgp.inference.kronecker_statistics`): O(N·F² + F²·m²) instead of O(N·T·F²·m²).  Other noises,
+    and the kernel-space path where it is cheaper, take the algebra of the operator it extends."""
+
+    def _task_cholesky(self, task_noise: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _kronecker_noise(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """(φ, d, B, Σ_T) where the covariance carries its factors and the noise is D_N ⊗ Σ_T, else ``None``."""
+        covariance, noise = self._kronecker_parts()
+        if covariance.data_features is None or covariance.task_factor is None:
+            return None
+        parts = kronecker_noise(noise, covariance.task_factor.shape[-2])
+        return None if parts is None else (covariance.data_features, parts[0], covariance.task_factor, parts[1])
+
+    def uses_kernel_space(self, *args) -> bool:
+        """Whether the N·T × N·T path is cheaper than the capacitance with Kronecker statistics
+        (:func:`~rfgp.inference.kronecker_statistics.prefers_kernel_space_kronecker`), where they apply."""
+        parts = self._kronecker_noise()
+        if parts is None or distributed.is_active():
+            return super().uses_kernel_space(*args)
+        data, point_noise, task, _ = parts
+        batches = statistics_batches(data, point_noise, task, self.batch_shape)
+        return prefers_kernel_space_kronecker(data.shape[-2], task.shape[-2], data.shape[-1], task.shape[-1], *batches)
+
+    def kronecker_statistics(self, rhs: Tensor) -> tuple[Tensor, Tensor, Tensor, torch.dtype] | None:
+        """(Φ̃ᵀΦ̃, Φ̃ᵀr̃, r̃ᵀr̃, dtype) for interleaved residuals ``(..., N·T, k)`` from the factors
+        (:func:`~rfgp.inference.kronecker_statistics.kronecker_statistics`), ``None`` where they do not apply (noise
+        not D_N ⊗ Σ_T, no factors, or the kernel-space path is cheaper)."""
+        parts = self._kronecker_noise()
+        if parts is None or self.uses_kernel_space():
+            return None
+        data, point_noise, task, task_noise = parts
+        return kronecker_statistics(data, check_noise(point_noise).reciprocal(), task, self._task_cholesky(task_noise),
+                                    rhs)
+
+    def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
+        check_targets(inv_quad_rhs)
+        rhs = _as_matrix(inv_quad_rhs)
+        parts = self._kronecker_noise()
+        rows = self.shape[-1]
+        if parts is None or self.uses_kernel_space() or (rhs is not None and rhs.shape[-2] != rows):
+            return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
+        data, point_noise, task, task_noise = parts
+        point_noise, chol = check_noise(point_noise), self._task_cholesky(task_noise)
+        stats_rhs = rhs if rhs is not None else data.new_zeros(*self.batch_shape, rows, 0)
+        gram, cross, weighted_square, dtype = kronecker_statistics(data, point_noise.reciprocal(), task, chol,
+                                                                   stats_rhs)
+        noise_logdet = kronecker_noise_logdet(point_noise, chol, data.shape[-2]) if logdet else None
+        inv_quad, logdet_term = woodbury_inv_quad_logdet(gram, cross, None if rhs is None else weighted_square,
+                                                         noise_logdet, logdet, point_noise.detach(), dtype=dtype)
+        return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram.new_empty(0, dtype=dtype))
+
+
+class KroneckerFeatureRootAddedDiagLinearOperator(_KroneckerStatistics, FeatureRootAddedDiagLinearOperator):
     """RRᵀ + D of a :class:`KroneckerFeatureRootLinearOperator` (diagonal noise), solved as :class:`_KroneckerSolve`
-    where D = c·I_N ⊗ diag(t)."""
+    where D = c·I_N ⊗ diag(t), its marginal likelihood and capacitance statistics from the factors where
+    D = D_N ⊗ diag(t) (:class:`_KroneckerStatistics`)."""
 
     def _kronecker_parts(self):
         return self._linear_op, self._diag_tensor
 
+    def _task_cholesky(self, task_noise: Tensor) -> Tensor:
+        return diagonal_task_cholesky(task_noise)
 
-class KroneckerFeatureRootAddedTaskNoiseLinearOperator(_KroneckerSolve, FeatureRootAddedTaskNoiseLinearOperator):
-    """RRᵀ + I_N ⊗ Σ_T of a :class:`KroneckerFeatureRootLinearOperator` (correlated task noise), solved as
-    :class:`_KroneckerSolve`."""
+
+class KroneckerFeatureRootAddedTaskNoiseLinearOperator(_KroneckerStatistics, FeatureRootAddedTaskNoiseLinearOperator):
+    """RRᵀ + D_N ⊗ Σ_T of a :class:`KroneckerFeatureRootLinearOperator` (correlated task noise), solved as
+    :class:`_KroneckerSolve`, its marginal likelihood and capacitance statistics from the factors
+    (:class:`_KroneckerStatistics`)."""
 
     def _kronecker_parts(self):
         return self.feature_operator, self.task_noise
+
+    def _task_cholesky(self, task_noise: Tensor) -> Tensor:
+        return self._factors()[1]  # cached; a singular Σ_T is refused by name
 
 
 __all__ = [

@@ -1,0 +1,128 @@
+r"""The feature statistics of a sketched multitask covariance under Kronecker noise, from the Kronecker factors.
+
+A sketched ``MultitaskKernel`` (:class:`~rfgp.kernels.SketchedDecomposableKernel`) has the interleaved root
+Φ = φ ⊗ B (N·T × F·m: row i·T + t, column f·m + k, entry φ_f(xᵢ)·B[t, k]; φ the N × F data features, A = BBᵀ the task
+covariance, m = rank + T).  Under a noise D_N ⊗ Σ_T (D_N diagonal — constant for every GPyTorch
+``MultitaskGaussianLikelihood`` — and Σ_T = CCᵀ of any rank, :mod:`rfgp.inference.task_noise`) the whitening
+W = D_N^{-1/2} ⊗ C⁻¹ keeps the structure, WΦ = φ̃ ⊗ B̃ with φ̃ = D_N^{-1/2}φ and B̃ = C⁻¹B, so the statistics of the
+capacitance path (:func:`~rfgp.inference.linalg.woodbury_inv_quad_logdet`) are
+
+    Φ̃ᵀΦ̃ = (φᵀD_N⁻¹φ) ⊗ (B̃ᵀB̃)                               O(N·F² + F²·m²),
+    Φ̃ᵀr̃ = vec(φᵀD_N⁻¹ R̃ B̃)   (row-major: entry f·m + k)       O(N·T·(T + m·k) + N·F·m·k),
+    r̃ᵀr̃ = Σᵢ r̃ᵢᵀr̃ᵢ/dᵢ,   log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ,
+
+for the residuals R (N × T per right-hand side, interleaved) whitened per point, R̃ = RC⁻ᵀ (the Kronecker
+mixed-product rule (X ⊗ Y)ᵀ(U ⊗ V) = XᵀU ⊗ YᵀV, and (X ⊗ Y)ᵀvec_r(R) = vec_r(XᵀRY) for row-major vec; Van Loan,
+"The ubiquitous Kronecker product", J. Comput. Appl. Math. 123, 2000, §2).  Forming Φ̃ᵀΦ̃ from the whitened root costs
+O(N·T·F²·m²) instead.  The F·m × F·m capacitance I + Φ̃ᵀΦ̃ is still factorised by Cholesky: an eigendecomposition of
+the task factor would give NaN gradients at repeated eigenvalues (GPyTorch's ``IndexKernel`` starts with equal
+variances).  The float32 statistics rule (:mod:`rfgp.inference.statistics_precision`) reads the same estimate,
+u·tr(Φ̃ᵀΦ̃) = u·tr(φᵀD_N⁻¹φ)·‖B̃‖_F².
+
+The same model's algebra, chosen where it applies: noise that is not D_N ⊗ Σ_T (per-entry noise), missing targets
+under ``observation_nan_policy`` "mask"/"fill" (per-point masks break the Kronecker structure), sums of decomposable
+terms (LCM) and the curl-/divergence-free kernels keep the whitened-root statistics; so do chunked training roots and
+models for which the N·T × N·T kernel-space path is cheaper (:func:`prefers_kernel_space_kronecker`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from linear_operator.operators import ConstantDiagLinearOperator, DiagLinearOperator, KroneckerProductLinearOperator
+from torch import Tensor
+
+from ..core.validation import check_noise
+from . import distributed
+from .linalg import feature_statistics
+from .statistics_precision import statistics_dtype, weighted_square_norm
+
+
+def kronecker_noise(noise, num_tasks: int) -> tuple[Tensor, Tensor] | None:
+    """(d ``(..., N)`` or ``(..., 1)`` for a constant D_N, Σ_T ``(..., T, T)``) of a noise D_N ⊗ Σ_T in GPyTorch's
+    interleaved layout (σ²I; GPyTorch's ``MultitaskGaussianLikelihood`` noise c·I_N ⊗ Σ_T of any rank; a diagonal
+    D_N ⊗ Σ_T); ``None`` for any other noise."""
+    if isinstance(noise, ConstantDiagLinearOperator):
+        eye = torch.eye(num_tasks, dtype=noise.dtype, device=noise.device)
+        return noise.diag_values, eye.expand(*noise.batch_shape, num_tasks, num_tasks)
+    if not (isinstance(noise, KroneckerProductLinearOperator) and len(noise.linear_ops) == 2
+            and isinstance(noise.linear_ops[0], DiagLinearOperator) and noise.linear_ops[1].shape[-1] == num_tasks):
+        return None
+    points, tasks = noise.linear_ops
+    point_noise = points.diag_values if isinstance(points, ConstantDiagLinearOperator) else points.diagonal(-1, -2)
+    return point_noise, tasks.to_dense()
+
+
+def kronecker_statistics(data: Tensor, weights: Tensor, task: Tensor, chol: Tensor,
+                         rhs: Tensor) -> tuple[Tensor, Tensor, Tensor, torch.dtype]:
+    """(Φ̃ᵀΦ̃ ``(..., F·m, F·m)``, Φ̃ᵀr̃ ``(..., F·m, k)``, r̃ᵀr̃ ``(..., k)``, the model's dtype) from the factors
+    (module docstring), summed over processes inside :class:`rfgp.inference.distributed.data_parallel`.
+
+    float32 factors form the data statistics in float64 where u·tr(Φ̃ᵀΦ̃) exceeds the tolerance
+    (:func:`~rfgp.inference.statistics_precision.statistics_dtype`); the results are then float64, and the returned
+    dtype is the model's, to round the results derived from them back to.
+
+    Args:
+        data: φ ``(..., N, F)``.
+        weights: 1/dᵢ ``(..., N)``, or ``(..., 1)`` for a constant D_N.
+        task: B ``(..., T, m)``.
+        chol: C ``(..., T, T)``, lower, Σ_T = CCᵀ.
+        rhs: the interleaved residuals r ``(..., N·T, k)`` (k may be 0).
+    """
+    num_tasks, width = task.shape[-2:]
+    dtype = torch.promote_types(torch.promote_types(data.dtype, weights.dtype), task.dtype)
+    whitened_task = torch.linalg.solve_triangular(chol.to(dtype), task.to(dtype), upper=False)  # B̃ = C⁻¹B
+    blocks = rhs.to(dtype).unflatten(-2, (-1, num_tasks))  # (..., N, T, k)
+    whitened = torch.linalg.solve_triangular(chol.to(dtype).unsqueeze(-3), blocks, upper=False)  # R̃ per point
+
+    def trace() -> Tensor:  # tr(Φ̃ᵀΦ̃) = tr(φᵀD_N⁻¹φ)·‖B̃‖_F²
+        with torch.no_grad():
+            return weighted_square_norm(data, weights) * whitened_task.square().sum((-2, -1))
+
+    work = statistics_dtype(dtype, data.device, trace)
+    whitened_task, whitened, weights = whitened_task.to(work), whitened.to(work), weights.to(work)
+    projected = torch.einsum("...tm,...ntk->...nmk", whitened_task, whitened)  # B̃ᵀr̃ᵢ
+    data_gram, data_cross = feature_statistics(data.to(work), weights, projected.flatten(-2))
+    weighted_square = (whitened.square().sum(-2) * weights.unsqueeze(-1)).sum(-2)
+    data_gram, data_cross, weighted_square = distributed.reduce_statistics(data_gram, data_cross, weighted_square)
+    task_gram = whitened_task.mT @ whitened_task
+    gram = (data_gram[..., :, None, :, None] * task_gram[..., None, :, None, :]).flatten(-2).flatten(-3, -2)
+    cross = data_cross.unflatten(-1, (width, -1)).flatten(-3, -2)
+    return gram, cross, weighted_square, dtype
+
+
+def kronecker_noise_logdet(point_noise: Tensor, chol: Tensor, num_points: int) -> Tensor:
+    """log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ (d ``(..., N)``, or ``(..., 1)`` for a constant D_N), summed over
+    processes inside :class:`rfgp.inference.distributed.data_parallel`."""
+    num_tasks = chol.shape[-1]
+    point_logdet = point_noise.log().sum(-1) * (num_points // point_noise.shape[-1])
+    chol_logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
+    (logdet,) = distributed.reduce_statistics(num_tasks * point_logdet + num_points * chol_logdet)
+    return logdet
+
+
+def diagonal_task_cholesky(task_noise: Tensor) -> Tensor:
+    """C = diag(√σₜ²) of a diagonal Σ_T (a rank-0 ``MultitaskGaussianLikelihood``), its variances checked > 0."""
+    return torch.diag_embed(check_noise(task_noise.diagonal(dim1=-2, dim2=-1)).sqrt())
+
+
+def prefers_kernel_space_kronecker(num_points: int, num_tasks: int, data_width: int, task_width: int,
+                                   feature_batch: int = 1, solve_batch: int = 1, statistics_batch: int = 1) -> bool:
+    """Whether the N·T × N·T kernel-space path, (N·T)²·F·m + (N·T)³/3, costs no more than the capacitance path with
+    Kronecker statistics, N·F² (the data Gram) + F²·m² (its product with B̃ᵀB̃) + (F·m)³/3, batches counted as in
+    :func:`rfgp.inference.kernel_space.prefers_kernel_space` (``statistics_batch``: data Grams φᵀD_N⁻¹φ formed)."""
+    rows, width, data = float(num_points * num_tasks), float(data_width * task_width), float(data_width)
+    kernel = feature_batch * rows * rows * width + solve_batch * rows**3 / 3
+    feature = statistics_batch * num_points * data * data + solve_batch * (width * width + width**3 / 3)
+    return kernel <= feature
+
+
+def statistics_batches(data: Tensor, point_noise: Tensor, task: Tensor, batch_shape) -> tuple[int, int, int]:
+    """(distinct roots, factorisations, data Grams) for :func:`prefers_kernel_space_kronecker`: one Gram per φ under
+    a constant D_N (its weight scales the Gram afterwards), else one per batch member of φ and D_N."""
+    roots = math.prod(torch.broadcast_shapes(data.shape[:-2], task.shape[:-2]))
+    grams = math.prod(data.shape[:-2])
+    if point_noise.shape[-1] != 1:
+        grams = math.prod(torch.broadcast_shapes(data.shape[:-2], point_noise.shape[:-1]))
+    return roots, math.prod(batch_shape), grams
