@@ -1,0 +1,199 @@
+"""The multitask marginal likelihood and posterior statistics of a sketched MultitaskKernel from its Kronecker factors
+(rfgp.inference.kronecker_statistics), against the whitened-root path of the same operator."""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.likelihoods import MultitaskGaussianLikelihood
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    KroneckerProductDiagLinearOperator,
+    KroneckerProductLinearOperator,
+)
+
+import rfgp
+from rfgp.inference import kronecker_statistics
+from rfgp.inference.kronecker_tasks import KroneckerFeatureRootLinearOperator
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
+from rfgp.inference.operators import FeatureRootLinearOperator
+from rfgp.inference.statistics_precision import recorded_statistics_dtypes
+from rfgp.kernels import SketchedDecomposableKernel, SketchedRBFKernel
+from tests._cost import LargestTensor
+
+F64 = torch.float64
+
+
+def _kernel(num_tasks, rank, num_features=16, batch_shape=torch.Size(), dtype=F64):
+    data = SketchedRBFKernel(num_features, seed=0, batch_shape=batch_shape)
+    kernel = SketchedDecomposableKernel(data, num_tasks=num_tasks, rank=rank).to(dtype)
+    with torch.no_grad():
+        task = kernel.task_covar_module
+        task.covar_factor.copy_(torch.randn(num_tasks, rank, generator=torch.Generator().manual_seed(1)))
+        task.var = torch.linspace(0.3, 0.9, num_tasks, dtype=dtype)
+        data.lengthscale = 0.4
+    return kernel
+
+
+def _likelihood(num_tasks, noise_rank, global_noise=True, dtype=F64):
+    likelihood = MultitaskGaussianLikelihood(num_tasks, rank=noise_rank, has_global_noise=global_noise).to(dtype)
+    with torch.no_grad():
+        if noise_rank:
+            factor = torch.randn(num_tasks, noise_rank, generator=torch.Generator().manual_seed(2))
+            likelihood.task_noise_covar_factor.copy_(0.3 * factor)
+        else:
+            likelihood.task_noises = torch.linspace(0.05, 0.2, num_tasks)
+    return likelihood
+
+
+def _noise(likelihood, num_points, num_tasks, point_noise=None):
+    """The likelihood's D_N ⊗ Σ_T, or diag(``point_noise``) ⊗ Σ_T (FixedNoise-style D_N)."""
+    noise = likelihood._shaped_noise_covar(torch.Size([num_points, num_tasks]))
+    if point_noise is None:
+        return noise
+    task = noise.linear_ops[1]
+    if isinstance(noise, KroneckerProductDiagLinearOperator):
+        return KroneckerProductDiagLinearOperator(DiagLinearOperator(point_noise), task)
+    return KroneckerProductLinearOperator(DiagLinearOperator(point_noise), DenseLinearOperator(task.to_dense()))
+
+
+def _loss_and_grads(total, targets, params):
+    inv_quad, logdet = total.inv_quad_logdet(targets, logdet=True)
+    loss = (inv_quad + logdet).sum()
+    return loss, torch.autograd.grad(loss, params, allow_unused=True)
+
+
+def _assert_same_mll(kernel, likelihood, x, targets, point_noise=None, rtol=1e-10):
+    """The Kronecker path's loss and gradients equal those of the same root as a plain feature root (the whitened-root
+    statistics), and it never forms an (N·T) × (F·m) matrix."""
+    num_points, num_tasks = x.shape[-2], kernel.num_tasks
+    params = [p for p in (*kernel.parameters(), *likelihood.parameters()) if p.requires_grad]
+    covariance = kernel(x).evaluate_kernel()
+    assert isinstance(covariance, KroneckerFeatureRootLinearOperator)
+    total = covariance + _noise(likelihood, num_points, num_tasks, point_noise)
+    assert not total.uses_kernel_space()
+    with LargestTensor() as largest:
+        loss, grads = _loss_and_grads(total, targets, params)
+    if covariance.root.shape[-2:].numel() > covariance.data_features.shape[-2:].numel():  # not T = m = 1
+        assert largest.numel < covariance.root.numel()  # no (N·T) × (F·m) matrix
+    covariance = kernel(x).evaluate_kernel()
+    plain = FeatureRootLinearOperator(covariance.root) + _noise(likelihood, num_points, num_tasks, point_noise)
+    expected_loss, expected_grads = _loss_and_grads(plain, targets, params)
+    torch.testing.assert_close(loss, expected_loss, rtol=rtol, atol=rtol)
+    for grad, expected in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("num_tasks,rank,noise_rank", [
+    (tasks, rank, noise_rank) for tasks in (1, 2, 3, 4) for rank in (0, 1, 2) for noise_rank in (0, 1, 2)
+    if rank <= tasks and noise_rank <= tasks and tasks * (rank + tasks) > 1  # IndexKernel's rank ≤ T; Φ ≠ φ
+])
+def test_marginal_likelihood_and_gradients_from_the_factors_equal_the_whitened_root_path(num_tasks, rank, noise_rank):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 2, generator=gen, dtype=F64)
+    targets = torch.randn(40 * num_tasks, generator=gen, dtype=F64)
+    _assert_same_mll(_kernel(num_tasks, rank), _likelihood(num_tasks, noise_rank), x, targets)
+
+
+@pytest.mark.parametrize("noise_rank", [0, 2])
+def test_task_noise_without_global_noise(noise_rank):
+    gen = torch.Generator().manual_seed(0)
+    x, targets = torch.rand(40, 2, generator=gen, dtype=F64), torch.randn(80, generator=gen, dtype=F64)
+    _assert_same_mll(_kernel(2, 1), _likelihood(2, noise_rank, global_noise=False), x, targets)
+
+
+@pytest.mark.parametrize("noise_rank", [0, 1])
+def test_a_non_constant_point_noise_and_a_batch_of_kernels_and_targets(noise_rank):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 40, 2, generator=gen, dtype=F64)
+    targets = torch.randn(2, 120, 3, generator=gen, dtype=F64)  # a batch of 3 right-hand sides
+    point_noise = torch.linspace(0.5, 2.0, 40, dtype=F64).requires_grad_(True)
+    kernel = _kernel(3, 1, batch_shape=torch.Size([2]))
+    _assert_same_mll(kernel, _likelihood(3, noise_rank), x, targets, point_noise)
+
+
+def test_the_kernel_space_choice_compares_the_kronecker_cost():
+    """N·T = 120 rows and F·m = 128 columns: the whitened-root statistics (N·T·F²·m²) cost more than the kernel-space
+    path, the Kronecker ones (N·F² + F²·m²) less."""
+    gen = torch.Generator().manual_seed(0)
+    x, targets = torch.rand(60, 2, generator=gen, dtype=F64), torch.randn(120, generator=gen, dtype=F64)
+    kernel, likelihood = _kernel(2, 0, num_features=64), _likelihood(2, 0)
+    covariance = kernel(x).evaluate_kernel()
+    assert (FeatureRootLinearOperator(covariance.root) + _noise(likelihood, 60, 2)).uses_kernel_space()
+    total = covariance + _noise(likelihood, 60, 2)
+    assert not total.uses_kernel_space()
+    inv_quad, logdet = total.inv_quad_logdet(targets, logdet=True)
+    dense = total.to_dense()
+    torch.testing.assert_close(inv_quad, targets @ torch.linalg.solve(dense, targets), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(logdet, torch.logdet(dense), rtol=1e-10, atol=1e-10)
+
+
+def test_float32_statistics_decide_by_the_trace_of_the_whitened_gram(monkeypatch):
+    """The float32 rule's estimate u·tr(Φ̃ᵀΦ̃) is read off the factors, and the float32 model at a high
+    signal-to-noise ratio (statistics in float64) matches the float64 model."""
+    traces = []
+    decide = kronecker_statistics.statistics_dtype
+
+    def recording(dtype, device, trace):
+        traces.append(trace())
+        return decide(dtype, device, trace)
+
+    monkeypatch.setattr(kronecker_statistics, "statistics_dtype", recording)
+    gen = torch.Generator().manual_seed(0)
+    x, targets = torch.rand(200, 2, generator=gen, dtype=F64), torch.randn(600, generator=gen, dtype=F64)
+    results = {}
+    for dtype in (torch.float32, F64):
+        kernel, likelihood = _kernel(3, 1, dtype=dtype), _likelihood(3, 1, dtype=dtype)
+        with torch.no_grad():
+            likelihood.noise = 2e-3
+            likelihood.task_noise_covar_factor.mul_(1e-2)
+        params = [p for p in (*kernel.parameters(), *likelihood.parameters()) if p.requires_grad]
+        total = kernel(x.to(dtype)).evaluate_kernel() + _noise(likelihood, 200, 3)
+        with recorded_statistics_dtypes() as chosen, rfgp.settings.float32_statistics_tolerance(1e-3):
+            results[dtype] = _loss_and_grads(total, targets.to(dtype), params)
+        if dtype == torch.float32:
+            assert chosen == [F64]  # u·tr(Φ̃ᵀΦ̃) far above the tolerance
+            whitened = total.whiten(total.feature_operator.root.to_dense().to(F64))
+            torch.testing.assert_close(traces[0].to(F64), whitened.to(F64).square().sum(), rtol=1e-5, atol=0)
+            assert float(traces[0]) * 2.0**-24 > 1e-3
+    (loss32, grads32), (loss64, grads64) = results[torch.float32], results[F64]
+    assert abs(float(loss32.detach()) - float(loss64)) <= 1e-5 * abs(float(loss64))
+    for grad32, grad64 in zip(grads32, grads64):
+        torch.testing.assert_close(grad32.to(F64), grad64, rtol=1e-3, atol=1e-3 * float(grad64.abs().max()))
+
+
+class _MultitaskGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood, kernel):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=kernel.num_tasks)
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+@pytest.mark.parametrize("num_tasks,rank,noise_rank", [(2, 1, 0), (3, 2, 1), (4, 1, 2)])
+def test_posterior_caches_from_the_factors_equal_the_whitened_root_path(monkeypatch, num_tasks, rank, noise_rank):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(60, 2, generator=gen, dtype=F64)
+    y = torch.randn(60, num_tasks, generator=gen, dtype=F64)
+    test_x = torch.rand(7, 2, generator=gen, dtype=F64)
+    model = _MultitaskGP(x, y, _likelihood(num_tasks, noise_rank), _kernel(num_tasks, rank)).eval()
+    with torch.no_grad():
+        model(test_x)  # builds the prediction strategy
+        strategy = model.prediction_strategy
+        assert not strategy.uses_kernel_space
+        with LargestTensor() as largest:
+            weight_mean, factor = strategy.mean_covar_cache
+        assert largest.numel < y.numel() * model.covar_module.num_features  # no (N·T) × (F·m) matrix
+        prediction = model.likelihood(model(test_x))
+        mean, variance = prediction.mean, prediction.variance
+    monkeypatch.setattr(MultitaskFeatureSpacePredictionStrategy, "_kronecker_statistics", lambda self, policy: None)
+    model.train().eval()
+    with torch.no_grad():
+        prediction = model.likelihood(model(test_x))
+        expected_mean, expected_factor = model.prediction_strategy.mean_covar_cache
+    torch.testing.assert_close(weight_mean, expected_mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(factor, expected_factor, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(mean, prediction.mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(variance, prediction.variance, rtol=1e-10, atol=1e-10)
