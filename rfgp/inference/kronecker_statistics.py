@@ -50,7 +50,8 @@ def kronecker_noise(noise, num_tasks: int) -> tuple[Tensor, Tensor] | None:
             and isinstance(noise.linear_ops[0], DiagLinearOperator) and noise.linear_ops[1].shape[-1] == num_tasks):
         return None
     points, tasks = noise.linear_ops
-    point_noise = points.diag_values if isinstance(points, ConstantDiagLinearOperator) else points.diagonal(dim1=-1, dim2=-2)
+    constant = isinstance(points, ConstantDiagLinearOperator)
+    point_noise = points.diag_values if constant else points.diagonal(dim1=-1, dim2=-2)
     return point_noise, tasks.to_dense()
 
 

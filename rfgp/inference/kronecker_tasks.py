@@ -321,12 +321,12 @@ class _KroneckerStatistics(_KroneckerSolve):
                                     rhs)
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        check_targets(inv_quad_rhs)
         rhs = _as_matrix(inv_quad_rhs)
         parts = self._kronecker_noise()
         rows = self.shape[-1]
         if parts is None or self.uses_kernel_space() or (rhs is not None and rhs.shape[-2] != rows):
             return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
+        check_targets(inv_quad_rhs)
         data, point_noise, task, task_noise = parts
         point_noise, chol = check_noise(point_noise), self._task_cholesky(task_noise)
         stats_rhs = rhs if rhs is not None else data.new_zeros(*self.batch_shape, rows, 0)

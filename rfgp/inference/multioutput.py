@@ -6,8 +6,10 @@ noise D of ``gpytorch.likelihoods.MultitaskGaussianLikelihood`` (rank 0: a diago
 :class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`, whose marginal likelihood runs
 through the F × F capacitance matrix A = I + RᵀD⁻¹R; with correlated task noise (rank ≥ 1:
 D = I_N ⊗ Σ_T) it is a :class:`~rfgp.inference.task_noise.FeatureRootAddedTaskNoiseLinearOperator`,
-and R, y are whitened per point by Σ_T's Cholesky factor first (D becomes I).  For prediction GPyTorch's multitask
-path flattens the (N, p) targets and means, which the single-output
+and R, y are whitened per point by Σ_T's Cholesky factor first (D becomes I).  A sketched ``MultitaskKernel``
+(R = φ ⊗ B) under a noise D_N ⊗ Σ_T forms RᵀD⁻¹R and RᵀD⁻¹y from the Kronecker factors instead, in O(N·F² + F²·m²)
+(:mod:`rfgp.inference.kronecker_statistics`), for the marginal likelihood and the posterior caches.  For
+prediction GPyTorch's multitask path flattens the (N, p) targets and means, which the single-output
 ``LinearPredictionStrategy`` does not expect (GPyTorch #2659: multitask models otherwise end
 in ``DefaultPredictionStrategy``, i.e. dense N·p × N·p algebra);
 :class:`MultitaskFeatureSpacePredictionStrategy` keeps the weight-space form

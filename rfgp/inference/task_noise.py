@@ -15,7 +15,8 @@ apply again:
 Whitening costs O(N·T²·F); the rest is the diagonal-noise path (feature or kernel space, whichever
 is cheaper), so the marginal likelihood and the posterior stay O(N·T·F² + F³) instead of GPyTorch's
 dense O((N·T)³).  The posterior of :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`
-uses the same whitened Φ̃ and r̃.
+uses the same whitened Φ̃ and r̃.  Where Φ = φ ⊗ B (a sketched ``MultitaskKernel``), Φ̃ = φ̃ ⊗ C⁻¹B keeps that
+structure, and Φ̃ᵀΦ̃, Φ̃ᵀr̃ come from the factors without forming Φ̃ (:mod:`rfgp.inference.kronecker_statistics`).
 
 Missing targets (``gpytorch.settings.observation_nan_policy("mask" | "fill")``): the noise of point i's
 observed tasks Oᵢ (#Oᵢ of them) is dᵢ·Σ_T[Oᵢ, Oᵢ].  Its Cholesky factor is the Oᵢ block of Cᵢ = chol(Σ̃ᵢ) with

@@ -1,0 +1,195 @@
+"""Multitask MLL and posterior of a sketched ``MultitaskKernel``: statistics from the Kronecker factors (new) against
+the whitened interleaved root (old), timed alternately in one process on one thread, with the exact GPyTorch model.
+
+Models, as a GPyTorch user writes them: ``MultitaskMean(ConstantMean)``, ``MultitaskKernel(RBFKernel(), T, rank=1)``
+converted with ``rfgp.sketch(kernel, F)`` (F data features, root width F·(1 + T)), and
+
+* "tutorial": GPyTorch's multitask tutorial likelihood ``MultitaskGaussianLikelihood(T)`` (per-task noise, diagonal);
+* "correlated": ``MultitaskGaussianLikelihood(T, rank=1)`` (Σ_T = LLᵀ + σ²I).
+
+Per model and repeat, old and new alternate (one untimed warm-up each): one MLL + gradient
+(``ExactMarginalLogLikelihood``, loss + backward), and one cold posterior (``train()``/``eval()``, then mean and
+variance at 1000 test points under ``torch.no_grad()``).  "old" is the same model with the Kronecker-factor path
+switched off (the whitened-root statistics, and the kernel-space rule of the whitened root).  The exact model (the
+GPyTorch ``MultitaskKernel``) is timed once per configuration in float64 where ``--exact`` allows.  Writes
+``benchmarks/results/kronecker_gram.md`` with the machine load (``os.getloadavg()``).
+
+BoTorch's ``KroneckerMultiTaskGP`` (its defaults: full-rank task covariance, per-task noise; root width F·2p) is timed
+for one MLL + gradient, old against new, as built in ``botorch_kronecker_posterior.py``.
+
+``--quick``: N ≤ 500, one repeat, float64 only (under a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from unittest import mock
+
+import gpytorch
+import torch
+
+import rfgp
+from rfgp.inference.kronecker_tasks import _KroneckerStatistics
+
+WIDTH, NUM_TEST = 256, 1000
+
+
+class MultitaskGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood, kernel):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def build(x, y, noise_rank, width):
+    torch.manual_seed(0)
+    num_tasks = y.shape[-1]
+    kernel = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), num_tasks=num_tasks, rank=1)
+    kernel.data_covar_module.lengthscale = 0.3
+    if width is not None:
+        kernel = rfgp.sketch(kernel, width)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks, rank=noise_rank)
+    return MultitaskGP(x, y, likelihood, kernel).to(x.dtype)
+
+
+def phases(model, x, y, test):
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+
+    def step():
+        model.train()
+        model.zero_grad()
+        (-mll(model(x), y)).backward()
+
+    def posterior():
+        model.train()
+        model.eval()
+        with torch.no_grad():
+            prediction = model.likelihood(model(test))
+            prediction.mean, prediction.variance
+
+    return {"MLL + gradient": step, "posterior (1000 points)": posterior}
+
+
+def timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def switched(path: str):
+    """The Kronecker-factor path as built (``new``) or switched off (``old``)."""
+    if path == "new":
+        return contextlib.nullcontext()
+    return mock.patch.object(_KroneckerStatistics, "_kronecker_noise", lambda self: None)
+
+
+def data(num_points, num_tasks, dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(num_points, 1, generator=gen, dtype=torch.float64)
+    phase = torch.linspace(0, 1, num_tasks, dtype=torch.float64)
+    y = torch.sin(6 * x + phase) + 0.1 * torch.randn(num_points, num_tasks, generator=gen, dtype=torch.float64)
+    test = torch.rand(NUM_TEST, 1, generator=gen, dtype=torch.float64)
+    return x.to(dtype), y.to(dtype), test.to(dtype)
+
+
+def paired(function, repeats) -> tuple[float, float]:
+    """Median seconds of ``function`` on the (old, new) path, alternated after one untimed run each."""
+    times = {"old": [], "new": []}
+    for path in times:
+        with switched(path):
+            function()
+    for _ in range(repeats):
+        for path in times:
+            with switched(path):
+                times[path].append(timed(function))
+    return statistics.median(times["old"]), statistics.median(times["new"])
+
+
+def run(configs, dtypes, repeats, exact_limit):
+    rows = []
+    for name, num_points, num_tasks, noise_rank in configs:
+        for dtype in dtypes:
+            x, y, test = data(num_points, num_tasks, dtype)
+            steps = phases(build(x, y, noise_rank, WIDTH), x, y, test)
+            for phase, function in steps.items():
+                old, new = paired(function, repeats)
+                exact = None
+                if num_points * num_tasks <= exact_limit and dtype == torch.float64:
+                    exact = timed(phases(build(x, y, noise_rank, None), x, y, test)[phase])
+                rows.append((name, num_points, num_tasks, str(dtype).removeprefix("torch."), phase, old, new, exact))
+                print(rows[-1], os.getloadavg(), flush=True)
+    return rows
+
+
+def run_botorch(task_counts, repeats):
+    """One MLL + gradient of BoTorch's ``KroneckerMultiTaskGP`` (its defaults, N = 2000, d = 3, float64) sketched as in
+    ``botorch_kronecker_posterior.py`` (whose exact timings stand: this change does not touch them)."""
+    import botorch_kronecker_posterior as reference
+
+    rows = []
+    for num_tasks in task_counts:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.rand(reference.NUM_DATA, reference.DIM, generator=generator, dtype=torch.float64)
+        y = torch.stack([torch.sin((t + 2) * x[:, t % reference.DIM]) for t in range(num_tasks)], -1)
+        y = y + 0.1 * torch.randn(reference.NUM_DATA, num_tasks, generator=generator, dtype=torch.float64)
+        model = reference.build(x, y, WIDTH)
+        step = reference.phases(model, x, x[:8])["MLL + gradient"]
+        old, new = paired(step, repeats)
+        rows.append(("BoTorch KroneckerMultiTaskGP", reference.NUM_DATA, num_tasks, "float64", "MLL + gradient", old,
+                     new, None))
+        print(rows[-1], os.getloadavg(), flush=True)
+    return rows
+
+
+def markdown(rows, repeats, load) -> str:
+    lines = [
+        "# Multitask MLL and posterior: Kronecker-factor statistics vs the whitened interleaved root",
+        "",
+        f"`benchmarks/kronecker_gram.py`: GPyTorch ExactGP, `MultitaskKernel(RBFKernel(), T, rank=1)` converted with "
+        f"`rfgp.sketch(kernel, {WIDTH})` (root width {WIDTH}·(1 + T)); \"tutorial\": `MultitaskGaussianLikelihood(T)` "
+        "(GPyTorch's multitask tutorial), \"correlated\": `MultitaskGaussianLikelihood(T, rank=1)`. One CPU thread, "
+        f"median of {repeats} alternated runs after one untimed each; posterior: cold caches, mean and variance at "
+        f"{NUM_TEST} test points. Exact: the GPyTorch model, float64, one run. Load average (1, 5, 15 min) at the end: "
+        f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (2 shared cores). BoTorch rows: `KroneckerMultiTaskGP` with its "
+        "defaults (full-rank task covariance, per-task noise; root width 256·2T), N = 2000, d = 3, MLL only (its "
+        "posterior is BoTorch's algebra; exact timings in `botorch_kronecker_posterior.md`).",
+        "",
+        "| model | N | T | dtype | phase | old (s) | new (s) | old/new | exact (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, num_points, num_tasks, dtype, phase, old, new, exact in rows:
+        exact_text = "—" if exact is None else f"{exact:.3f}"
+        lines.append(f"| {name} | {num_points} | {num_tasks} | {dtype} | {phase} | {old:.3f} | {new:.3f} | "
+                     f"{old / new:.1f}× | {exact_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat, float64 (under a minute)")
+    parser.add_argument("--exact", type=int, default=8000, help="largest N·T timed with the exact model")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.quick:
+        configs = [("correlated", 500, 2, 1), ("tutorial", 500, 2, 0)]
+        rows = run(configs, (torch.float64,), 1, 0)
+        print(markdown(rows, 1, os.getloadavg()))
+        return
+    configs = [("correlated", 2000, 2, 1), ("correlated", 2000, 4, 1), ("tutorial", 4000, 2, 0)]
+    rows = run(configs, (torch.float64, torch.float32), 3, args.exact) + run_botorch((2, 4), 3)
+    text = markdown(rows, 3, os.getloadavg())
+    path = os.path.join(os.path.dirname(__file__), "results", "kronecker_gram.md")
+    with open(path, "w") as handle:
+        handle.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
