@@ -35,7 +35,7 @@ import torch
 import rfgp
 from rfgp.inference.kronecker_tasks import _KroneckerStatistics
 
-WIDTH, NUM_TEST = 256, 1000
+WIDTH, NUM_TEST, REPEATS = 256, 1000, 5
 
 
 class MultitaskGP(gpytorch.models.ExactGP):
@@ -183,8 +183,8 @@ def main() -> None:
         print(markdown(rows, 1, os.getloadavg()))
         return
     configs = [("correlated", 2000, 2, 1), ("correlated", 2000, 4, 1), ("tutorial", 4000, 2, 0)]
-    rows = run(configs, (torch.float64, torch.float32), 3, args.exact) + run_botorch((2, 4), 3)
-    text = markdown(rows, 3, os.getloadavg())
+    rows = run(configs, (torch.float64, torch.float32), REPEATS, args.exact) + run_botorch((2, 4), REPEATS)
+    text = markdown(rows, REPEATS, os.getloadavg())
     path = os.path.join(os.path.dirname(__file__), "results", "kronecker_gram.md")
     with open(path, "w") as handle:
         handle.write(text)

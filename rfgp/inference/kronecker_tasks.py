@@ -214,6 +214,17 @@ class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):
     def _factors(self) -> tuple[LinearOperator, LinearOperator]:
         return DataFeatureRootLinearOperator(self.data_features), RootLinearOperator(self.task_factor)
 
+    def _mul_constant(self, other):
+        """c·RRᵀ = (√c·φ ⊗ B)(√c·φ ⊗ B)ᵀ for c > 0 (``ScaleKernel`` around the multitask kernel): the root carries √c
+        as for any feature root, and the factors stay, the data factor √c·φ."""
+        scaled = super()._mul_constant(other)
+        if type(scaled) is not type(self) or self.data_features is None or self.task_factor is None:
+            return scaled
+        features = self.data_features
+        root_constant = torch.as_tensor(other, dtype=features.dtype, device=features.device).sqrt()
+        root_constant = root_constant.unsqueeze(-1).unsqueeze(-1) if root_constant.dim() else root_constant
+        return type(self)(scaled.root, scaled.variance_correction, features * root_constant, self.task_factor)
+
     def __add__(self, other):
         """RRᵀ + noise as rfgp adds it (:class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`,
         :class:`~rfgp.inference.task_noise.FeatureRootAddedTaskNoiseLinearOperator`), whose ``solve`` goes through

@@ -66,10 +66,10 @@ def _loss_and_grads(total, targets, params):
 def _assert_same_mll(kernel, likelihood, x, targets, point_noise=None, rtol=1e-10):
     """The Kronecker path's loss and gradients equal those of the same root as a plain feature root (the whitened-root
     statistics), and it never forms an (N·T) × (F·m) matrix."""
-    num_points, num_tasks = x.shape[-2], kernel.num_tasks
     params = [p for p in (*kernel.parameters(), *likelihood.parameters()) if p.requires_grad]
     covariance = kernel(x).evaluate_kernel()
     assert isinstance(covariance, KroneckerFeatureRootLinearOperator)
+    num_points, num_tasks = x.shape[-2], covariance.task_factor.shape[-2]
     total = covariance + _noise(likelihood, num_points, num_tasks, point_noise)
     assert not total.uses_kernel_space()
     with LargestTensor() as largest:
@@ -110,6 +110,20 @@ def test_a_non_constant_point_noise_and_a_batch_of_kernels_and_targets(noise_ran
     point_noise = torch.linspace(0.5, 2.0, 40, dtype=F64).requires_grad_(True)
     kernel = _kernel(3, 1, batch_shape=torch.Size([2]))
     _assert_same_mll(kernel, _likelihood(3, noise_rank), x, targets, point_noise)
+
+
+def test_a_scale_kernel_around_the_multitask_kernel_keeps_the_factors():
+    """ScaleKernel(MultitaskKernel) converted: c·(φφᵀ ⊗ A), whose data factor is √c·φ (BoTorch's linear_ops too)."""
+    gen = torch.Generator().manual_seed(0)
+    x, targets = torch.rand(40, 2, generator=gen, dtype=F64), torch.randn(120, generator=gen, dtype=F64)
+    kernel = gpytorch.kernels.ScaleKernel(_kernel(3, 1)).double()
+    with torch.no_grad():
+        kernel.outputscale = 2.5
+        covariance = kernel(x).evaluate_kernel()
+        data, task = covariance.linear_ops
+        torch.testing.assert_close(torch.kron(data.to_dense(), task.to_dense()), covariance.to_dense())
+        torch.testing.assert_close(data.to_dense(), 2.5 * kernel.base_kernel.data_covar_module(x).to_dense())
+    _assert_same_mll(kernel, _likelihood(3, 1), x, targets)
 
 
 def test_the_kernel_space_choice_compares_the_kronecker_cost():
