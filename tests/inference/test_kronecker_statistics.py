@@ -128,7 +128,7 @@ def test_a_scale_kernel_around_the_multitask_kernel_keeps_the_factors():
 
 def test_the_kernel_space_choice_compares_the_kronecker_cost():
     """N·T = 120 rows and F·m = 128 columns: the whitened-root statistics (N·T·F²·m²) cost more than the kernel-space
-    path, the Kronecker ones (N·F² + F²·m²) less."""
+    path, the Kronecker ones (N·F² + F²·m²) less; values and gradients are those of the dense log density."""
     gen = torch.Generator().manual_seed(0)
     x, targets = torch.rand(60, 2, generator=gen, dtype=F64), torch.randn(120, generator=gen, dtype=F64)
     kernel, likelihood = _kernel(2, 0, num_features=64), _likelihood(2, 0)
@@ -136,10 +136,16 @@ def test_the_kernel_space_choice_compares_the_kronecker_cost():
     assert (FeatureRootLinearOperator(covariance.root) + _noise(likelihood, 60, 2)).uses_kernel_space()
     total = covariance + _noise(likelihood, 60, 2)
     assert not total.uses_kernel_space()
+    params = [p for p in (*kernel.parameters(), *likelihood.parameters()) if p.requires_grad]
     inv_quad, logdet = total.inv_quad_logdet(targets, logdet=True)
-    dense = total.to_dense()
-    torch.testing.assert_close(inv_quad, targets @ torch.linalg.solve(dense, targets), rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(logdet, torch.logdet(dense), rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(inv_quad + logdet, params)
+    dense = kernel(x).to_dense() + _noise(likelihood, 60, 2).to_dense()  # the exact formula, autograd
+    expected_inv_quad, expected_logdet = targets @ torch.linalg.solve(dense, targets), torch.logdet(dense)
+    expected_grads = torch.autograd.grad(expected_inv_quad + expected_logdet, params)
+    torch.testing.assert_close(inv_quad, expected_inv_quad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(logdet, expected_logdet, rtol=1e-10, atol=1e-10)
+    for grad, expected in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected, rtol=1e-9, atol=1e-9)
 
 
 def test_float32_statistics_decide_by_the_trace_of_the_whitened_gram(monkeypatch):
