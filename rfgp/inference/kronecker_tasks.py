@@ -43,6 +43,7 @@ from torch import Tensor
 from ..core.dtypes import factor_dtype
 from ..core.settings import validate_inputs
 from ..core.validation import check_noise, check_targets
+from ..features.operator_valued import decomposable_features
 from . import distributed
 from .kronecker_statistics import (
     diagonal_task_cholesky,
@@ -176,6 +177,59 @@ def _check_cross(cross: LinearOperator, new_features: Tensor, features: Tensor) 
                 f"difference {float(error / scale):.3g} on a probe vector): cat_rows appends the rows of the same "
                 "feature map"
             )
+
+
+class KroneckerRootLinearOperator(LinearOperator):
+    r"""The interleaved root R = φ ⊗ B ``(..., N·p, F_s·r)`` (row i·p + t, column f·r + k: φ_f(xᵢ)·B[t, k]), formed only
+    when asked (``to_dense``, cached).
+
+    The marginal likelihood and the posterior caches of a sketched multitask covariance read its factors
+    (:class:`_KroneckerStatistics`), so an MLL step under a noise D_N ⊗ Σ_T never forms the N·p × F_s·r matrix;
+    every other use (products, rows, the other noises' whitened statistics) takes the dense root.
+
+    Args:
+        data_features: φ, ``(..., N, F_s)``.
+        task_factor: B, ``(..., p, r)``.
+    """
+
+    def __init__(self, data_features: Tensor, task_factor: Tensor) -> None:
+        super().__init__(data_features, task_factor)
+        self.data_features, self.task_factor = data_features, task_factor
+
+    def _size(self) -> torch.Size:
+        batch = torch.broadcast_shapes(self.data_features.shape[:-2], self.task_factor.shape[:-2])
+        (points, width), (tasks, task_width) = self.data_features.shape[-2:], self.task_factor.shape[-2:]
+        return torch.Size((*batch, points * tasks, width * task_width))
+
+    def to_dense(self) -> Tensor:
+        return self._root(torch.is_grad_enabled())
+
+    @cached(name="kronecker_root")
+    def _root(self, grad_enabled: bool) -> Tensor:
+        """R, once per grad mode: one formed under ``torch.no_grad()`` has no graph to differentiate later."""
+        return decomposable_features(self.data_features, self.task_factor).flatten(-3, -2)
+
+    def _dense(self) -> DenseLinearOperator:
+        return DenseLinearOperator(self.to_dense())
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        return self.to_dense() @ rhs
+
+    def _t_matmul(self, rhs: Tensor) -> Tensor:
+        return self.to_dense().mT @ rhs
+
+    def _transpose_nonbatch(self) -> LinearOperator:
+        return DenseLinearOperator(self.to_dense().mT)
+
+    def _expand_batch(self, batch_shape) -> "KroneckerRootLinearOperator":
+        return self.__class__(self.data_features.expand(*batch_shape, *self.data_features.shape[-2:]),
+                              self.task_factor.expand(*batch_shape, *self.task_factor.shape[-2:]))
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        return self._dense()._getitem(row_index, col_index, *batch_indices)
+
+    def _get_indices(self, row_index, col_index, *batch_indices) -> Tensor:
+        return self._dense()._get_indices(row_index, col_index, *batch_indices)
 
 
 class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):

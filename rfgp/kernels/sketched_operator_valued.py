@@ -31,7 +31,7 @@ from ..features.operator_valued import (
     OperatorValuedFourierFeatures,
     decomposable_features,
 )
-from ..inference.kronecker_tasks import KroneckerFeatureRootLinearOperator
+from ..inference.kronecker_tasks import KroneckerFeatureRootLinearOperator, KroneckerRootLinearOperator
 from .combinations import (
     FeatureSumKernel,
     is_feature_kernel,
@@ -250,7 +250,9 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         """K(x, x) with its Kronecker factors φφᵀ ⊗ BBᵀ
         (:class:`~rfgp.inference.kronecker_tasks.KroneckerFeatureRootLinearOperator`), which BoTorch's
         ``KroneckerMultiTaskGP.posterior`` takes apart, from one featurisation of the data kernel."""
-        root, scalar, factor = self._decomposable_features(x)
+        scalar = kernel_features(self.data_covar_module, x)
+        factor = self.output_factor().to(scalar.dtype)
+        root = KroneckerRootLinearOperator(scalar, factor)  # formed only where a path needs it
         return KroneckerFeatureRootLinearOperator(root, self.variance_correction(x), scalar, factor)
 
     def _decomposable_features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

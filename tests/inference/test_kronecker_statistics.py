@@ -1,6 +1,8 @@
 """The multitask marginal likelihood and posterior statistics of a sketched MultitaskKernel from its Kronecker factors
 (rfgp.inference.kronecker_statistics), against the whitened-root path of the same operator."""
 
+import math
+
 import gpytorch
 import pytest
 import torch
@@ -217,3 +219,30 @@ def test_posterior_caches_from_the_factors_equal_the_whitened_root_path(monkeypa
     torch.testing.assert_close(factor, expected_factor, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(mean, prediction.mean, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(variance, prediction.variance, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("noise_rank", [0, 1])
+def test_a_training_step_never_forms_the_interleaved_root(noise_rank):
+    """One MLL + gradient of GPyTorch's multitask model with a sketched MultitaskKernel: the kernel hands over φ and B,
+    the root φ ⊗ B ((N·T) × (F·m)) is never formed, and the loss and gradients are those of the formed root."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(200, 2, generator=gen, dtype=F64), torch.randn(200, 3, generator=gen, dtype=F64)
+    model = _MultitaskGP(x, y, _likelihood(3, noise_rank), _kernel(3, 1))
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    with LargestTensor() as largest:
+        loss = -mll(model(x), y)
+        grads = torch.autograd.grad(loss, params)
+    assert largest.numel < y.numel() * model.covar_module.num_features
+    with torch.no_grad():
+        assert model.covar_module(x).evaluate_kernel().root.to_dense().shape == (600, 64)
+    covariance = model.covar_module(x).evaluate_kernel()
+    plain = FeatureRootLinearOperator(covariance.root.to_dense()) + _noise(model.likelihood, 200, 3)
+    residual = (y - model.mean_module(x)).reshape(-1)
+    inv_quad, logdet = plain.inv_quad_logdet(residual, logdet=True)
+    expected_loss = 0.5 * (inv_quad + logdet + 600 * math.log(2 * math.pi)) / 600
+    expected_grads = torch.autograd.grad(expected_loss, params, allow_unused=True)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-10, atol=1e-10)
+    for grad, expected in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, torch.zeros_like(grad) if expected is None else expected, rtol=1e-9,
+                                   atol=1e-9)
