@@ -9,13 +9,15 @@ K_XX ⊗ K_TT takes that covariance apart instead: BoTorch's ``KroneckerMultiTas
 train/test covariance (Maddox et al. 2021, "Bayesian optimization with high-dimensional outputs", §3).
 
 * :class:`KroneckerFeatureRootLinearOperator` — RRᵀ as before (same root, same algebra), whose ``linear_ops``
-  are the factors (φφᵀ, A);
+  are the factors (φφᵀ, A), its root a :class:`KroneckerRootLinearOperator` formed only where a path needs it;
 * :class:`DataFeatureRootLinearOperator` — the data factor φφᵀ (N × N, rank ≤ F), whose eigendecomposition
   comes from the thin SVD φ = USVᵀ, φφᵀ = U·S²·Uᵀ, in O(N·F·min(N, F)) instead of O(N³), and whose
   ``cat_rows`` returns the feature root [φ; φ*] of the joint covariance;
 * :class:`KroneckerFeatureRootAddedDiagLinearOperator`, :class:`KroneckerFeatureRootAddedTaskNoiseLinearOperator` —
   RRᵀ plus a likelihood's noise, whose ``solve`` (BoTorch's mean cache and every Matheron sample) goes through
-  both factors' eigendecompositions where the noise is c·I_N ⊗ Σ_T (:class:`_KroneckerSolve`).
+  both factors' eigendecompositions where the noise is c·I_N ⊗ Σ_T (:class:`_KroneckerSolve`), and whose marginal
+  likelihood and posterior statistics come from the factors where the noise is D_N ⊗ Σ_T (:class:`_KroneckerStatistics`,
+  :mod:`rfgp.inference.kronecker_statistics`): an MLL step then never forms the root.
 
 Its eigenpairs are computed without a graph, so under ``gpytorch.settings.detach_test_caches(False)`` (BoTorch then
 keeps the training covariance's graph) the posterior is refused by name, outside ``torch.no_grad()``.
@@ -432,5 +434,6 @@ __all__ = [
     "KroneckerFeatureRootAddedDiagLinearOperator",
     "KroneckerFeatureRootAddedTaskNoiseLinearOperator",
     "KroneckerFeatureRootLinearOperator",
+    "KroneckerRootLinearOperator",
     "point_task_noise",
 ]
