@@ -42,7 +42,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from linear_operator.utils.memoize import cached
 from torch import Tensor
 
-from ..core.dtypes import factor_dtype
+from ..core.dtypes import FullPrecisionOperator, factor_dtype
 from ..core.settings import validate_inputs
 from ..core.validation import check_noise, check_targets
 from ..features.operator_valued import decomposable_features
@@ -181,7 +181,7 @@ def _check_cross(cross: LinearOperator, new_features: Tensor, features: Tensor) 
             )
 
 
-class KroneckerRootLinearOperator(LinearOperator):
+class KroneckerRootLinearOperator(FullPrecisionOperator, LinearOperator):
     r"""The interleaved root R = φ ⊗ B ``(..., N·p, F_s·r)`` (row i·p + t, column f·r + k: φ_f(xᵢ)·B[t, k]), formed only
     when asked (``to_dense``, cached).
 
