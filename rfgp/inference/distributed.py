@@ -33,6 +33,7 @@ import math
 import gpytorch
 import torch
 import torch.distributed as dist
+from linear_operator.operators import MaskedLinearOperator
 from torch import Tensor, nn
 
 _active_groups: list = []
@@ -122,14 +123,25 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
                 f"function_dist must be a MultivariateNormal, got {type(function_dist).__name__}"
             )
         output = self.likelihood(function_dist, *params, **kwargs)
-        local_count = output.event_shape.numel()
+        policy = gpytorch.settings.observation_nan_policy.value()
+        if policy == "fill":
+            raise ValueError("observation_nan_policy('fill') is not supported by DistributedExactMarginalLogLikelihood "
+                             "(nor by GPyTorch's ExactMarginalLogLikelihood); accepted: 'ignore' or 'mask'")
+        if policy == "mask":  # GPyTorch's ExactMarginalLogLikelihood: the observed entries' marginal
+            observed = gpytorch.settings.observation_nan_policy._get_observed(target, output.event_shape)
+            output = gpytorch.distributions.MultivariateNormal(
+                output.mean[..., observed],
+                MaskedLinearOperator(output.lazy_covariance_matrix, observed.reshape(-1), observed.reshape(-1)))
+            target = target[..., observed]
         with data_parallel(self.group):
             res = output.log_prob(target)
-        count = torch.tensor(float(local_count), dtype=torch.float64, device=res.device)
-        dist.all_reduce(count, group=self.group)
-        total = int(count.item())
-        # log_prob's constant used the local N; the statistics inside it are global.
-        res = res - 0.5 * (total - local_count) * math.log(2 * math.pi)
+        # GPyTorch divides by the number of all targets (missing ones included); log_prob's constant counts the
+        # observed ones of this rank, the statistics inside it are global.
+        local = (function_dist.event_shape.numel(), output.event_shape.numel())
+        counts = torch.tensor(local, dtype=torch.float64, device=res.device)
+        dist.all_reduce(counts, group=self.group)
+        total, observed_total = (int(c) for c in counts.tolist())
+        res = res - 0.5 * (observed_total - local[1]) * math.log(2 * math.pi)
         other = self._add_other_terms(torch.zeros_like(res), params)
         world = dist.get_world_size(self.group)
         # Exact value on every rank, 1/world of its gradient per rank: summed once by sync_gradients.

@@ -77,19 +77,22 @@ def kronecker_statistics(data: Tensor, weights: Tensor, task: Tensor, chol: Tens
     blocks = rhs.to(dtype).unflatten(-2, (-1, num_tasks))  # (..., N, T, k)
     whitened = torch.linalg.solve_triangular(chol.to(dtype).unsqueeze(-3), blocks, upper=False)  # R̃ per point
 
-    def trace() -> Tensor:  # tr(Φ̃ᵀΦ̃) = tr(φᵀD_N⁻¹φ)·‖B̃‖_F²
+    def trace() -> Tensor:  # tr(Φ̃ᵀΦ̃) = tr(φᵀD_N⁻¹φ)·‖B̃‖_F², summed over processes (one dtype on every rank)
         with torch.no_grad():
-            return weighted_square_norm(data, weights) * whitened_task.square().sum((-2, -1))
+            return distributed.reduce_statistics(weighted_square_norm(data, weights))[0] * whitened_task.square().sum(
+                (-2, -1))
 
     work = statistics_dtype(dtype, data.device, trace)
     whitened_task, whitened, weights = whitened_task.to(work), whitened.to(work), weights.to(work)
     projected = torch.einsum("...tm,...ntk->...nmk", whitened_task, whitened)  # B̃ᵀr̃ᵢ
     data_gram, data_cross = feature_statistics(data.to(work), weights, projected.flatten(-2))
     weighted_square = (whitened.square().sum(-2) * weights.unsqueeze(-1)).sum(-2)
-    data_gram, data_cross, weighted_square = distributed.reduce_statistics(data_gram, data_cross, weighted_square)
     task_gram = whitened_task.mT @ whitened_task
     gram = (data_gram[..., :, None, :, None] * task_gram[..., None, :, None, :]).flatten(-2).flatten(-3, -2)
     cross = data_cross.unflatten(-1, (width, -1)).flatten(-3, -2)
+    # Reduced after the product with B̃ᵀB̃: every parameter then enters each rank's summand only, so the gradients
+    # that sync_gradients sums count B and Σ_T once (a reduced φᵀD_N⁻¹φ times a local B̃ᵀB̃ counted them per rank).
+    gram, cross, weighted_square = distributed.reduce_statistics(gram, cross, weighted_square)
     return gram, cross, weighted_square, dtype
 
 

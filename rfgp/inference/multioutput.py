@@ -48,6 +48,7 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.memory import check_solve
 from ..core.validation import check_noise
+from . import distributed
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, join_tasks, split_tasks
 from .linalg import capacitance_solve, weighted_gram
 from .multioutput_chunking import (
@@ -214,7 +215,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         if is_chunked_training_covariance(self.lik_train_train_covar):
             residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
             statistics = chunked_training_statistics(self.lik_train_train_covar, residual, observed)
-            return capacitance_solve(*statistics, dtype=residual.dtype)
+            return capacitance_solve(*distributed.reduce_statistics(*statistics), dtype=residual.dtype)
         kronecker = self._kronecker_statistics(nan_policy)
         if kronecker is not None:
             return kronecker
@@ -226,10 +227,11 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         batch = math.prod(torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1]))
         check_solve(num_rows, num_features, batch, features.dtype, features.device, size=num_features)
         dtype = features.dtype  # float32 statistics where their rounding is negligible (statistics_precision)
-        work = statistics_dtype(dtype, features.device, lambda: weighted_square_norm(features, weights))
+        work = statistics_dtype(dtype, features.device,
+                                lambda: distributed.reduce_statistics(weighted_square_norm(features, weights))[0])
         features, weights, residual = features.to(work), weights.to(work), residual.to(work)
         rhs = features.mT @ (residual * weights).unsqueeze(-1)
-        return capacitance_solve(weighted_gram(features, weights), rhs, dtype=dtype)
+        return capacitance_solve(*distributed.reduce_statistics(weighted_gram(features, weights), rhs), dtype=dtype)
 
     def _kronecker_statistics(self, nan_policy: str) -> tuple[Tensor, Tensor] | None:
         """:meth:`_mean_covar_cache` from the Kronecker factors of a sketched ``MultitaskKernel`` under a noise

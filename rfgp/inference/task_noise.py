@@ -199,8 +199,8 @@ class FeatureRootAddedTaskNoiseLinearOperator(FullPrecisionOperator, SumLinearOp
         if rhs is not None:
             rhs = self.whitened_rows(rhs, observed)
         inv_quad, logdet_term = self.whitened_operator(observed).inv_quad_logdet(rhs, logdet, reduce_inv_quad)
-        if logdet:
-            logdet_term = logdet_term + self.noise_logdet(observed)
+        if logdet:  # the whitened operator sums its statistics over processes; log|D_N ⊗ Σ_T| is a sum over points too
+            logdet_term = logdet_term + distributed.reduce_statistics(self.noise_logdet(observed))[0]
         return inv_quad, logdet_term
 
     def select_rows(self, observed: Tensor) -> "ObservedTaskNoiseLinearOperator":
