@@ -166,8 +166,9 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         return False  # the complex-GP evidence has its own feature-space algebra, whatever N and F
 
     def _capacitance(self, rhs: Tensor):
-        """(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°, ΨᵀΣ⁻¹R, RᵀΣ⁻¹R, log|Σ|, dtype): float32 features form the statistics in float64 where
-        u·tr(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°) = 2u·Σᵢ‖ψᵢ‖²/σᵢ² (Ψ° has Ψ's row norms) exceeds the tolerance
+        """(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°, ΨᵀΣ⁻¹R, RᵀΣ⁻¹R, log|Σ|, N, dtype), sums over the points of every process inside
+        :class:`rfgp.inference.distributed.data_parallel` (N a tensor); float32 features form the statistics in
+        float64 where u·tr(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°) = 2u·Σᵢ‖ψᵢ‖²/σᵢ² (Ψ° has Ψ's row norms) exceeds the tolerance
         (:func:`~rfgp.inference.statistics_precision.statistics_dtype`); ``dtype``: the model's, to round back to."""
         noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
         weights = noise.reciprocal()
@@ -177,10 +178,11 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
             weighted_square_norm(features, weights))[0])
         gram, cross = complex_feature_statistics(features.to(work), weights.to(work), rhs.to(work))
         weighted_square = (rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
-        gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
-            gram, cross, weighted_square, noise.log().sum(-1)
+        num_points = noise.new_tensor(float(noise.shape[-1]))
+        gram, cross, weighted_square, noise_logdet, num_points = distributed.reduce_statistics(
+            gram, cross, weighted_square, noise.log().sum(-1), num_points
         )
-        return gram, cross, weighted_square, noise_logdet, dtype
+        return gram, cross, weighted_square, noise_logdet, num_points, dtype
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         """[r; 0]ᵀM⁻¹[r; 0] and log|M| + N log 2π for the 2N × 2N covariance M of (Re y, Im y).
@@ -192,15 +194,15 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
         rhs = _as_matrix(inv_quad_rhs)
         stats_rhs = rhs if rhs is not None else noise.new_zeros(*noise.shape, 0)
-        gram, cross, weighted_square, noise_logdet, dtype = self._capacitance(stats_rhs)
+        gram, cross, weighted_square, noise_logdet, num_points, dtype = self._capacitance(stats_rhs)
         # log|M| = log|A| + 2 log|Σ| + N log 2π (A factorised in float64 for float32 statistics, as the real GP's)
         inv_quad, logdet_term = woodbury_inv_quad_logdet(
             gram, cross, weighted_square if rhs is not None else None,
-            2.0 * noise_logdet + noise.shape[-1] * math.log(2 * math.pi), logdet, noise.detach(), dtype)
+            2.0 * noise_logdet + num_points * math.log(2 * math.pi), logdet, noise.detach(), dtype)
         return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram.new_empty(0, dtype=dtype))
 
     def feature_space_caches(self, residual: Tensor) -> tuple[Tensor, Tensor]:
         """(A⁻¹ΨᵀΣ⁻¹r, chol A) with A = I + ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ° (paper 000 Eqs. 88–90, real form), factorised in
         float64 for float32 input and rounded back (:func:`~rfgp.inference.linalg.capacitance_solve`)."""
-        gram, cross, _, _, dtype = self._capacitance(residual.unsqueeze(-1))
+        gram, cross, _, _, _, dtype = self._capacitance(residual.unsqueeze(-1))
         return capacitance_solve(gram, cross, self._diag_tensor.diagonal(dim1=-1, dim2=-2).detach(), dtype)

@@ -9,8 +9,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import rfgp
-from rfgp.kernels import SketchedRBFKernel
+from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
+
+from .._models import BatchIndependentGP, vector_field_kernel
 
 WORLD_SIZE, NUM_TRAIN, DIM = 2, 150, 2
 
@@ -33,15 +35,15 @@ def _model(x, y):
     return model
 
 
-def _mll_grads_prediction(model, x, y, x_test, mll):
-    loss = -mll(model(x), y)
+def _mll_grads_prediction(model, x, y, x_test, mll, latent=False):
+    loss = -mll(model(x), y).sum()  # a batch of GPs (Dirichlet classification): the sum of their losses
     loss.backward()
     if dist.is_initialized():
         rfgp.inference.distributed.sync_gradients(model)
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.eval()
     with torch.no_grad():
-        prediction = model.likelihood(model(x_test))
+        prediction = model(x_test) if latent else model.likelihood(model(x_test))
     return {"loss": loss.detach(), "grads": grads, "mean": prediction.mean, "var": prediction.variance}
 
 
@@ -86,72 +88,118 @@ def test_two_gloo_processes_match_one(tmp_path):
             torch.testing.assert_close(result["var"], reference["var"], rtol=1e-9, atol=1e-12)
     
 
-NUM_TASKS, NUM_MT_TRAIN = 3, 40
-# (likelihood rank, chunk size, NaN targets): the Kronecker statistics under rank-0 and rank-1 noise, and the whitened
-# root of a chunked root and of missing targets (rfgp.inference.task_noise)
-MULTITASK_KINDS = {"rank0": (0, None, False), "rank1": (1, None, False), "rank1-chunked": (1, 8, False),
-                   "rank1-masked": (1, None, True)}
+NUM_CASE_TRAIN = 40
+# kind: (model, likelihood rank, chunk size, NaN targets).  A sketched MultitaskKernel's Kronecker statistics under
+# rank-0 and rank-1 noise; the whitened root (rfgp.inference.task_noise) of a chunked root, of missing targets and of a
+# curl-free field and of an LCM sum; batch-independent outputs; Dirichlet classification (batched per-point noise); fixed per-point noise;
+# N < F, where one process takes the kernel-space path and data_parallel the F × F capacitance; complex features
+MODEL_KINDS = {
+    "multitask-rank0": ("multitask", 0, None, False),
+    "multitask-rank1": ("multitask", 1, None, False),
+    "multitask-rank1-chunked": ("multitask", 1, 8, False),
+    "multitask-rank1-masked": ("multitask", 1, None, True),
+    "lcm-rank1": ("lcm", 1, None, False),
+    "curl-free-rank0": ("curl_free", 0, None, False),
+    "curl-free-rank1": ("curl_free", 1, None, False),
+    "independent-rank0": ("independent", 0, None, False),
+    "independent-rank1-masked": ("independent", 1, None, True),
+    "dirichlet": ("dirichlet", None, None, False),
+    "fixed-noise": ("fixed_noise", None, None, False),
+    "kernel-space": ("kernel_space", None, None, False),
+    "complex-posterior": ("complex_posterior", None, None, False),
+}
 
 
 class _MultitaskGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood):
+    def __init__(self, x, y, likelihood, kernel):
         super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=NUM_TASKS)
-        kernel = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), num_tasks=NUM_TASKS, rank=1)
-        self.covar_module = rfgp.sketch(kernel, 8, seed=0)
+        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
+        self.covar_module = kernel
 
     def forward(self, x):
         return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
-def _multitask_data(masked):
+def _case_data(num_outputs, masked):
     gen = torch.Generator().manual_seed(6)
-    x = torch.randn(NUM_MT_TRAIN, DIM, generator=gen, dtype=torch.float64)
-    y = torch.stack([torch.sin(x[:, 0] + t) for t in range(NUM_TASKS)], -1)
-    y = y + 0.1 * torch.randn(NUM_MT_TRAIN, NUM_TASKS, generator=gen, dtype=torch.float64)
+    x = torch.randn(NUM_CASE_TRAIN, DIM, generator=gen, dtype=torch.float64)
+    y = torch.stack([torch.sin(x[:, 0] + t) for t in range(num_outputs)], -1)
+    y = y + 0.1 * torch.randn(NUM_CASE_TRAIN, num_outputs, generator=gen, dtype=torch.float64)
     if masked:  # missing task values on both ranks' shards
-        y[torch.rand(NUM_MT_TRAIN, NUM_TASKS, generator=gen) < 0.2] = float("nan")
+        y[torch.rand(NUM_CASE_TRAIN, num_outputs, generator=gen) < 0.2] = float("nan")
     return x, y, torch.randn(5, DIM, generator=gen, dtype=torch.float64)
 
 
-def _multitask_model(x, y, likelihood_rank):
-    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=NUM_TASKS, rank=likelihood_rank)
-    gen = torch.Generator().manual_seed(7)  # the same parameters on every rank (IndexKernel draws its factor)
-    model = _MultitaskGP(x, y, likelihood).double()
+def _case_model(kind, x, y):
+    """The model of ``kind`` on (x, y), its parameters the same on every rank (IndexKernel draws its factor)."""
+    name, likelihood_rank, _, _ = MODEL_KINDS[kind]
+    if name in ("multitask", "lcm", "curl_free", "independent"):
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=y.shape[-1], rank=likelihood_rank)
+    if name == "multitask":
+        kernel = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), num_tasks=y.shape[-1], rank=1)
+        model = _MultitaskGP(x, y, likelihood, rfgp.sketch(kernel, 8, seed=0))
+    elif name == "lcm":
+        bases = [gpytorch.kernels.RBFKernel(), gpytorch.kernels.MaternKernel()]
+        kernel = rfgp.sketch(gpytorch.kernels.LCMKernel(bases, num_tasks=y.shape[-1], rank=1), 8, seed=0)
+        model = _MultitaskGP(x, y, likelihood, kernel)
+    elif name == "curl_free":
+        model = _MultitaskGP(x, y, likelihood, vector_field_kernel("curl_free", 8, DIM))
+    elif name == "independent":
+        tasks = torch.Size([y.shape[-1]])
+        exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=tasks), batch_shape=tasks)
+        model = BatchIndependentGP(x, y, rfgp.sketch(exact, 8, seed=0), likelihood)
+    elif name == "dirichlet":
+        labels = (y[:, 0] > 0).long() + (y[:, 1] > 0).long()
+        likelihood = rfgp.likelihoods.DirichletClassificationLikelihood(labels, num_classes=3, dtype=torch.float64)
+        mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([3]))
+        kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0, batch_shape=torch.Size([3])),
+                                              batch_shape=torch.Size([3]))
+        model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean)
+    elif name == "complex_posterior":
+        kernel = SketchedPolynomialKernel(3, 12, weights="complex", complex_posterior=True, seed=3)
+        model = ExactGPModel(x, y[:, 0], gpytorch.likelihoods.GaussianLikelihood(), gpytorch.kernels.ScaleKernel(kernel))
+    else:
+        kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64 if name == "kernel_space" else 16, seed=0))
+        likelihood = (gpytorch.likelihoods.FixedNoiseGaussianLikelihood(0.01 + y[:, 1].abs())
+                      if name == "fixed_noise" else gpytorch.likelihoods.GaussianLikelihood())
+        model = ExactGPModel(x, y[:, 0], likelihood, kernel)
+    model = model.double()
+    gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(0.2 + 0.3 * torch.rand(p.shape, generator=gen, dtype=p.dtype))
     return model
 
 
-def _multitask_result(kind, shard=slice(None), distributed=False):
-    likelihood_rank, chunk_size, masked = MULTITASK_KINDS[kind]
-    x, y, x_test = _multitask_data(masked)
-    model = _multitask_model(x[shard], y[shard], likelihood_rank)
+def _case_result(kind, shard=slice(None), distributed=False):
+    name, _, chunk_size, masked = MODEL_KINDS[kind]
+    x, y, x_test = _case_data(3 if name in ("multitask", "lcm") else DIM, masked)
+    model = _case_model(kind, x[shard], y[shard])
     mll_class = (rfgp.inference.distributed.DistributedExactMarginalLogLikelihood if distributed
                  else gpytorch.mlls.ExactMarginalLogLikelihood)
+    mll = mll_class(model.likelihood, model)
     with rfgp.settings.chunk_size(chunk_size), gpytorch.settings.observation_nan_policy("mask" if masked else "ignore"):
-        return _mll_grads_prediction(model, x[shard], y[shard], x_test, mll_class(model.likelihood, model))
+        return _mll_grads_prediction(model, x[shard], model.train_targets, x_test, mll,
+                                     latent=name in ("dirichlet", "fixed_noise"))
 
 
-def _multitask_worker(rank, port, path):
+def _case_worker(rank, port, path):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
-        shard = slice(rank * NUM_MT_TRAIN // WORLD_SIZE, (rank + 1) * NUM_MT_TRAIN // WORLD_SIZE)
-        for kind in MULTITASK_KINDS:
+        shard = slice(rank * NUM_CASE_TRAIN // WORLD_SIZE, (rank + 1) * NUM_CASE_TRAIN // WORLD_SIZE)
+        for kind in MODEL_KINDS:
             with rfgp.inference.distributed.data_parallel():
-                torch.save(_multitask_result(kind, shard, distributed=True), f"{path}/rank{rank}-{kind}.pt")
+                torch.save(_case_result(kind, shard, distributed=True), f"{path}/rank{rank}-{kind}.pt")
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
-def test_two_gloo_processes_match_one_multitask(tmp_path):
-    """Sketched MultitaskKernel with rank-0 and rank-1 MultitaskGaussianLikelihood (Kronecker statistics), chunked
-    and with missing targets (whitened root): the loss, the summed gradients and the posterior of one process."""
-    mp.spawn(_multitask_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
-    for kind in MULTITASK_KINDS:
-        reference = _multitask_result(kind)
+def test_two_gloo_processes_match_one_per_model_kind(tmp_path):
+    """Every model kind of :data:`MODEL_KINDS`: the loss, the summed gradients and the posterior of one process."""
+    mp.spawn(_case_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    for kind in MODEL_KINDS:
+        reference = _case_result(kind)
         for rank in range(WORLD_SIZE):
             result = torch.load(tmp_path / f"rank{rank}-{kind}.pt")
             torch.testing.assert_close(result["loss"], reference["loss"], rtol=1e-10, atol=1e-12, msg=kind)
