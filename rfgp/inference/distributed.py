@@ -67,6 +67,26 @@ def is_active() -> bool:
     return bool(_active_groups)
 
 
+#: what data_parallel supports, named in every refusal (:func:`refuse`)
+SUPPORTED = (
+    "DistributedExactMarginalLogLikelihood (loss and, after sync_gradients, gradients) and the posterior mean and "
+    "covariance (model(x_test), likelihood(model(x_test))) of an ExactGP with an rfgp feature kernel: single-output "
+    "(Gaussian, fixed-noise, Dirichlet classification, complex posterior, chunked), multi-output "
+    "(MultitaskGaussianLikelihood of any rank, missing targets under observation_nan_policy('mask'))"
+)
+
+
+def refuse(what: str) -> None:
+    """Raise ``NotImplementedError`` naming ``what`` if a :class:`data_parallel` sum is active: an operation over all
+    N points that is no sum over each process's points (a solve, leave-one-out terms, fantasies)."""
+    if is_active():
+        raise NotImplementedError(
+            f"rfgp.inference.distributed.data_parallel does not support {what}: each process holds only its shard "
+            f"of the training points; supported: {SUPPORTED}. Run it outside data_parallel on one process that "
+            "holds all the data"
+        )
+
+
 class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, group, *tensors):
@@ -123,6 +143,14 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
                 f"function_dist must be a MultivariateNormal, got {type(function_dist).__name__}"
             )
         output = self.likelihood(function_dist, *params, **kwargs)
+        from .log_prob import has_feature_space_covariance  # at call time: log_prob's operators import this module
+
+        if not has_feature_space_covariance(output):
+            raise NotImplementedError(
+                "rfgp.inference.distributed.data_parallel does not support a noise-added covariance of type "
+                f"{type(output.lazy_covariance_matrix.evaluate_kernel()).__name__} (no rfgp feature-space statistics "
+                f"to sum over processes); supported: {SUPPORTED}"
+            )
         policy = gpytorch.settings.observation_nan_policy.value()
         if policy == "fill":
             raise ValueError("observation_nan_policy('fill') is not supported by DistributedExactMarginalLogLikelihood "

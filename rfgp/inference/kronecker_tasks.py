@@ -320,6 +320,8 @@ class _KroneckerSolve:
         raise NotImplementedError
 
     def solve(self, right_tensor: Tensor, left_tensor: Tensor | None = None) -> Tensor:
+        distributed.refuse("solves with the N·T × N·T training covariance (BoTorch's KroneckerMultiTaskGP posterior, "
+                           "Matheron samples)")
         covariance, noise = self._kronecker_parts()
         data, task = covariance.linear_ops
         task_noise = point_task_noise(noise, task.shape[-1])

@@ -50,10 +50,12 @@ LEAVE_ONE_OUT_OPERATORS = (FeatureRootAddedDiagLinearOperator, ChunkedFeatureRoo
 
 
 def feature_covariance(covar) -> LinearOperator | None:
-    """``covar`` with its kernels evaluated if it is one of :data:`LEAVE_ONE_OUT_OPERATORS` (and no
-    :class:`~rfgp.inference.distributed.data_parallel` sum is active, whose points are spread over processes), else
-    ``None``."""
-    if not isinstance(covar, LinearOperator) or distributed.is_active():
+    """``covar`` with its kernels evaluated if it is one of :data:`LEAVE_ONE_OUT_OPERATORS`, else ``None``.
+
+    Refused inside :class:`~rfgp.inference.distributed.data_parallel`: leave-one-out terms need (K⁻¹)ᵢᵢ over all
+    points, which no process holds (GPyTorch's dense fallback would use its own shard only)."""
+    distributed.refuse("leave-one-out terms (LeaveOneOutPseudoLikelihood, cross-validation, the classifier check)")
+    if not isinstance(covar, LinearOperator):
         return None
     covar = covar.evaluate_kernel()
     return covar if type(covar) in LEAVE_ONE_OUT_OPERATORS else None

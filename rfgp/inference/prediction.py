@@ -180,6 +180,8 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         mean and the covariance caches: D = diag(noise of the N training points, noise), see
         :func:`fantasy_noise_likelihood`.
         """
+        distributed.refuse("fantasies (get_fantasy_model, condition_on_observations, fantasize; every process would "
+                           "add the new points to its shard)")
         likelihood = fantasy_noise_likelihood(self.likelihood, lambda: self.lik_train_train_covar, **kwargs)
         updated = RankUpdatedFantasyStrategy.of(self, full_inputs, full_targets, full_output, likelihood)
         if updated is not None:

@@ -1,5 +1,6 @@
 """Two gloo processes on localhost give the single-process MLL, gradients and predictions."""
 
+import re
 import socket
 
 import gpytorch
@@ -90,9 +91,10 @@ def test_two_gloo_processes_match_one(tmp_path):
 
 NUM_CASE_TRAIN = 40
 # kind: (model, likelihood rank, chunk size, NaN targets).  A sketched MultitaskKernel's Kronecker statistics under
-# rank-0 and rank-1 noise; the whitened root (rfgp.inference.task_noise) of a chunked root, of missing targets and of a
-# curl-free field and of an LCM sum; batch-independent outputs; Dirichlet classification (batched per-point noise); fixed per-point noise;
-# N < F, where one process takes the kernel-space path and data_parallel the F × F capacitance; complex features
+# rank-0 and rank-1 noise; the whitened root (rfgp.inference.task_noise) of a chunked root, of missing targets, of a
+# curl-free field and of an LCM sum; batch-independent outputs; Dirichlet classification (batched per-point noise);
+# fixed per-point noise; N < F, where one process takes the kernel-space path and data_parallel the F × F capacitance;
+# complex features (rfgp.inference.complex_posterior)
 MODEL_KINDS = {
     "multitask-rank0": ("multitask", 0, None, False),
     "multitask-rank1": ("multitask", 1, None, False),
@@ -157,7 +159,8 @@ def _case_model(kind, x, y):
         model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean)
     elif name == "complex_posterior":
         kernel = SketchedPolynomialKernel(3, 12, weights="complex", complex_posterior=True, seed=3)
-        model = ExactGPModel(x, y[:, 0], gpytorch.likelihoods.GaussianLikelihood(), gpytorch.kernels.ScaleKernel(kernel))
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        model = ExactGPModel(x, y[:, 0], likelihood, gpytorch.kernels.ScaleKernel(kernel))
     else:
         kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64 if name == "kernel_space" else 16, seed=0))
         likelihood = (gpytorch.likelihoods.FixedNoiseGaussianLikelihood(0.01 + y[:, 1].abs())
@@ -208,6 +211,46 @@ def test_two_gloo_processes_match_one_per_model_kind(tmp_path):
                 torch.testing.assert_close(result["grads"][name], grad, rtol=1e-9, atol=1e-12, msg=f"{kind} {name}")
             torch.testing.assert_close(result["mean"], reference["mean"], rtol=1e-9, atol=1e-12, msg=kind)
             torch.testing.assert_close(result["var"], reference["var"], rtol=1e-9, atol=1e-12, msg=kind)
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    """A gloo group of this process alone: enough for data_parallel to be active."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _refusal_operation(kind):
+    x, y, x_test = _case_data(3, False)
+    if kind == "exact kernel":
+        model = ExactGPModel(x, y[:, 0], gpytorch.likelihoods.GaussianLikelihood(), gpytorch.kernels.RBFKernel())
+        mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model.double())
+        return lambda: mll(model(x), y[:, 0])
+    if kind == "Kronecker solve":
+        model = _case_model("multitask-rank1", x, y)
+        covar = model.likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
+        return lambda: covar.solve(y.reshape(-1, 1))
+    model = _case_model("fixed-noise" if kind == "fantasy" else "kernel-space", x, y)
+    if kind == "leave-one-out":
+        mll = gpytorch.mlls.LeaveOneOutPseudoLikelihood(model.likelihood, model)
+        return lambda: mll(model(x), y[:, 0])
+    model.eval()
+    model(x_test)  # the caches a fantasy model starts from
+    return lambda: model.get_fantasy_model(x_test[:2], y[:2, 0], noise=torch.full((2,), 0.1, dtype=torch.float64))
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+@pytest.mark.parametrize("kind, named", [("exact kernel", "covariance of type AddedDiagLinearOperator"),
+                                         ("Kronecker solve", "solves"), ("leave-one-out", "leave-one-out"),
+                                         ("fantasy", "fantasies")])
+def test_data_parallel_refuses_what_it_cannot_shard(one_process_group, kind, named):
+    """Operations over all N points that are no sums over each process's points are refused by name."""
+    operation = _refusal_operation(kind)
+    with rfgp.inference.distributed.data_parallel():
+        with pytest.raises(NotImplementedError, match="data_parallel does not support") as info:
+            operation()
+    assert re.search(named, str(info.value)) and "supported:" in str(info.value)
 
 
 def test_data_parallel_needs_a_process_group():
