@@ -10,8 +10,15 @@ sums over points (paper-independent Woodbury algebra, see :mod:`rfgp.inference.c
 Each process holds a shard of the data; inside :class:`data_parallel` rfgp's operators
 all-reduce (sum) these statistics, so every rank computes the same global MLL and
 posterior.  The all-reduce passes gradients through unchanged, so each rank
-backpropagates its own shard's contribution; :func:`sync_gradients` then sums the
-parameter gradients over ranks, giving exactly the single-process gradient.
+backpropagates its own shard's contribution; :func:`sync_gradients` then sums the parameter gradients over ranks,
+giving exactly the single-process gradient.  For that, every parameter must reach the loss only through the reduced
+sums (otherwise each rank adds its gradient once more): statistics are reduced after their products with parameters
+(a multitask model's task Gram B̃ᵀB̃ multiplies each rank's φᵀD_N⁻¹φ before the sum,
+:mod:`rfgp.inference.kronecker_statistics`), and so are the noise log-determinants and point counts.  Multi-output
+models (correlated task noise, missing targets, chunked roots) reduce the same statistics; the N × N kernel-space
+path is never taken under :class:`data_parallel`.  What is no sum over each process's points — leave-one-out
+terms, fantasies, the Kronecker eigen-solve, a covariance without rfgp statistics — is refused by name
+(:func:`refuse`).
 
 Launch with ``torchrun --nproc_per_node=2 train.py``; in the script::
 
