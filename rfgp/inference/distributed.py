@@ -131,13 +131,38 @@ def sync_gradients(module: nn.Module, group=None) -> None:
         p.grad.copy_(part.view_as(p.grad))
 
 
+def check_same_parameters(module: nn.Module, group=None) -> None:
+    """Raise ``ValueError`` naming the first parameter of ``module`` whose value differs between ranks.
+
+    Sharding is exact only for one model on every rank: a rank with other parameters (a ``MultitaskKernel``'s
+    ``IndexKernel`` draws its factor from torch's global generator, so unseeded ranks differ) would silently sum the
+    statistics of different models.  Compares each parameter's sum and sum of squares (float64) by one max-reduction.
+    """
+    named = list(module.named_parameters())
+    if not named:
+        return
+    with torch.no_grad():
+        stats = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()]) for _, p in named])
+        extremes = torch.cat([stats, -stats])  # max and −min in one collective
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+        differ = (extremes[: len(named)] != -extremes[len(named):]).any(-1).tolist()
+    if any(differ):
+        name = named[differ.index(True)][0]
+        raise ValueError(
+            f"parameter {name} differs between ranks; DistributedExactMarginalLogLikelihood needs the same model "
+            "on every rank: build it with the same seed (torch.manual_seed before construction — GPyTorch's "
+            "IndexKernel draws its covar_factor at random) or broadcast the parameters from rank 0"
+        )
+
+
 class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikelihood):
     """GPyTorch's exact MLL per data point over data sharded across processes.
 
     Returns the same value on every rank, equal to the single-process
     ``ExactMarginalLogLikelihood`` on the concatenated data; after ``backward()`` and
     :func:`sync_gradients` the gradients match too.  Prior and added-loss terms enter
-    once (their gradient is split evenly over ranks).  Needs an rfgp feature kernel.
+    once (their gradient is split evenly over ranks).  Needs an rfgp feature kernel, and the same parameters on
+    every rank (:func:`check_same_parameters`, one small collective per call).
     """
 
     def __init__(self, likelihood, model, group=None) -> None:
@@ -149,6 +174,7 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
             raise TypeError(
                 f"function_dist must be a MultivariateNormal, got {type(function_dist).__name__}"
             )
+        check_same_parameters(self, self.group)
         output = self.likelihood(function_dist, *params, **kwargs)
         from .log_prob import has_feature_space_covariance  # at call time: log_prob's operators import this module
 

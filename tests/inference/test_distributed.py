@@ -193,6 +193,17 @@ def _case_worker(rank, port, path):
         for kind in MODEL_KINDS:
             with rfgp.inference.distributed.data_parallel():
                 torch.save(_case_result(kind, shard, distributed=True), f"{path}/rank{rank}-{kind}.pt")
+        x, y, _ = _case_data(3, False)
+        torch.manual_seed(rank)  # unseeded ranks: GPyTorch's IndexKernel draws another task factor on each
+        model = _MultitaskGP(x[shard], y[shard], gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3),
+                             rfgp.sketch(gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), 3, rank=1), 8))
+        mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
+        try:
+            mll(model(x[shard]), y[shard])
+            refusal = None
+        except ValueError as error:
+            refusal = str(error)
+        torch.save(refusal, f"{path}/rank{rank}-different-parameters.pt")
     finally:
         dist.destroy_process_group()
 
@@ -211,6 +222,9 @@ def test_two_gloo_processes_match_one_per_model_kind(tmp_path):
                 torch.testing.assert_close(result["grads"][name], grad, rtol=1e-9, atol=1e-12, msg=f"{kind} {name}")
             torch.testing.assert_close(result["mean"], reference["mean"], rtol=1e-9, atol=1e-12, msg=kind)
             torch.testing.assert_close(result["var"], reference["var"], rtol=1e-9, atol=1e-12, msg=kind)
+    for rank in range(WORLD_SIZE):  # ranks that built different models are told so, not summed
+        refusal = torch.load(tmp_path / f"rank{rank}-different-parameters.pt")
+        assert refusal is not None and "covar_module.task_covar_module.covar_factor differs between ranks" in refusal
 
 
 @pytest.fixture
