@@ -132,27 +132,41 @@ def sync_gradients(module: nn.Module, group=None) -> None:
 
 
 def check_same_parameters(module: nn.Module, group=None) -> None:
-    """Raise ``ValueError`` naming the first parameter of ``module`` whose value differs between ranks.
+    """Raise ``ValueError`` naming the first parameter or buffer (outside the likelihoods, whose buffers may be data)
+    of ``module`` whose value differs between ranks.
 
     Sharding is exact only for one model on every rank: a rank with other parameters (a ``MultitaskKernel``'s
-    ``IndexKernel`` draws its factor from torch's global generator, so unseeded ranks differ) would silently sum the
-    statistics of different models.  Compares each parameter's sum and sum of squares (float64) by one max-reduction.
+    ``IndexKernel`` draws its factor from torch's global generator, so unseeded ranks differ) or other buffers (the
+    random draws of an unseeded ``rfgp.sketch``, Nyström landmarks chosen from each rank's own shard) would silently
+    sum the statistics of different models.  Compares each tensor's sum and sum of squares (float64) by one
+    max-reduction.
     """
-    named = list(module.named_parameters())
+    named = [(f"parameter {name}", p) for name, p in module.named_parameters()]
+    named += [(f"buffer {name}", b) for name, b in _model_buffers(module)]
     if not named:
         return
     with torch.no_grad():
-        stats = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()]) for _, p in named])
+        device = named[0][1].device
+        stats = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]).to(device) for _, t in named])
         extremes = torch.cat([stats, -stats])  # max and −min in one collective
         dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
         differ = (extremes[: len(named)] != -extremes[len(named):]).any(-1).tolist()
     if any(differ):
         name = named[differ.index(True)][0]
         raise ValueError(
-            f"parameter {name} differs between ranks; DistributedExactMarginalLogLikelihood needs the same model "
-            "on every rank: build it with the same seed (torch.manual_seed before construction — GPyTorch's "
-            "IndexKernel draws its covar_factor at random) or broadcast the parameters from rank 0"
+            f"{name} differs between ranks; DistributedExactMarginalLogLikelihood needs the same model on every "
+            "rank: build it with the same seeds (rfgp.sketch(..., seed=s) for the random draws, torch.manual_seed "
+            "before construction — GPyTorch's IndexKernel draws its covar_factor at random; Nyström landmarks chosen "
+            "on the full data or given by hand) or broadcast the parameters and buffers from rank 0"
         )
+
+
+def _model_buffers(module: nn.Module) -> list[tuple[str, Tensor]]:
+    """The buffers of ``module`` outside its likelihoods, whose buffers may hold each rank's own data (a Dirichlet
+    likelihood's targets, a fixed-noise likelihood's noise)."""
+    data_owners = [name + "." for name, sub in module.named_modules()
+                   if isinstance(sub, gpytorch.likelihoods.Likelihood)]
+    return [(name, b) for name, b in module.named_buffers() if not any(name.startswith(o) for o in data_owners)]
 
 
 class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikelihood):

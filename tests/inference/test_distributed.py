@@ -204,6 +204,17 @@ def _case_worker(rank, port, path):
         except ValueError as error:
             refusal = str(error)
         torch.save(refusal, f"{path}/rank{rank}-different-parameters.pt")
+        torch.manual_seed(0)  # the same parameters, but each rank's own random features
+        x, y, _ = _data()
+        model = _model(x[shard], y[shard])
+        model.covar_module.base_kernel = SketchedRBFKernel(32, ard_num_dims=DIM, seed=rank).double()
+        mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
+        try:
+            mll(model(x[shard]), y[shard])
+            refusal = None
+        except ValueError as error:
+            refusal = str(error)
+        torch.save(refusal, f"{path}/rank{rank}-different-draws.pt")
     finally:
         dist.destroy_process_group()
 
@@ -225,6 +236,9 @@ def test_two_gloo_processes_match_one_per_model_kind(tmp_path):
     for rank in range(WORLD_SIZE):  # ranks that built different models are told so, not summed
         refusal = torch.load(tmp_path / f"rank{rank}-different-parameters.pt")
         assert refusal is not None and "covar_module.task_covar_module.covar_factor differs between ranks" in refusal
+        refusal = torch.load(tmp_path / f"rank{rank}-different-draws.pt")  # buffers too: the random draws
+        assert refusal is not None and refusal.startswith("buffer model.covar_module.base_kernel."), refusal
+        assert "differs between ranks" in refusal and "seed" in refusal, refusal
 
 
 @pytest.fixture
