@@ -232,31 +232,76 @@ def differentiable_backward(compute, inputs, needs, grads) -> tuple[Tensor | Non
     return tuple(next(found) if need else None for need in needs)
 
 
+#: Elements of Φ cast at a time where float32 features form float64 statistics (32 MiB of float64 per block), unless
+#: F rows are more (:func:`cast_row_blocks`)
+CAST_BLOCK_ELEMENTS = 2**22
+
+
+def cast_row_blocks(features: Tensor, dtype: torch.dtype) -> list[slice]:
+    """Row blocks of Φ ``(..., N, F)`` to cast to ``dtype`` one at a time: the whole Φ where it already has that
+    dtype, else blocks of max(F, :data:`CAST_BLOCK_ELEMENTS`/F) rows, so that float64 statistics of float32 features
+    hold one float64 block beside Φ (at most the F × F statistics' own size, or 32 MiB) instead of an N × F float64
+    copy, twice Φ's memory.  At least F rows per block: each block adds F × F work (the accumulated Gram, the
+    symmetrised gradient) beside its F·F·rows product, which fewer rows would no longer amortise."""
+    if features.dtype == dtype:
+        return [slice(None)]
+    num_features = max(features.shape[-1], 1)
+    rows = max(num_features, CAST_BLOCK_ELEMENTS // num_features)
+    return [slice(start, start + rows) for start in range(0, max(features.shape[-2], 1), rows)]
+
+
 class _FeatureStatistics(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-        if _is_uniform(weights):
-            unit = unit_statistics(features, rhs)
-            ctx.save_for_backward(features, weights, rhs, *unit)
+    def forward(ctx, features: Tensor, weights: Tensor, rhs: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        ctx.dtype = dtype
+        uniform = _is_uniform(weights)
+        gram = cross = None
+        for rows in cast_row_blocks(features, dtype):
+            block, block_rhs = features[..., rows, :].to(dtype), rhs[..., rows, :]
+            if uniform:
+                block_gram, block_cross = unit_statistics(block, block_rhs)
+            else:
+                block_gram, block_cross = weighted_statistics(block, weights[..., rows], block_rhs)
+            gram = block_gram if gram is None else gram.add_(block_gram)
+            cross = block_cross if cross is None else cross.add_(block_cross)
+        if uniform:
+            ctx.save_for_backward(features, weights, rhs, gram, cross)
             w = weights.unsqueeze(-1)
-            return unit[0] * w, unit[1] * w
+            return gram * w, cross * w
         ctx.save_for_backward(features, weights, rhs)
-        return weighted_statistics(features, weights, rhs)
+        return gram, cross
 
     @staticmethod
     @refuse_autocast_backward
     def backward(ctx, grad_gram: Tensor, grad_cross: Tensor):
         features, weights, rhs, *unit = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True
-            return differentiable_backward(lambda: plain_statistics(features, weights, rhs), (features, weights, rhs),
-                                           ctx.needs_input_grad, (grad_gram, grad_cross))
-        grad_features, grad_weights, grad_rhs = statistics_backward(
-            features, weights, rhs, grad_gram, grad_cross, ctx.needs_input_grad[:3]
-        )
+            return (*differentiable_backward(lambda: plain_statistics(features.to(ctx.dtype), weights, rhs),
+                                             (features, weights, rhs), ctx.needs_input_grad[:3],
+                                             (grad_gram, grad_cross)), None)
+        blocks = cast_row_blocks(features, ctx.dtype)
+        if len(blocks) == 1:
+            grad_features, grad_weights, grad_rhs = statistics_backward(
+                features.to(ctx.dtype), weights, rhs, grad_gram, grad_cross, ctx.needs_input_grad[:3])
+            grad_features = None if grad_features is None else grad_features.to(features.dtype)
+        else:  # Φ's gradient written block by block in Φ's dtype; w̄ and R̄ are O(N·t)
+            grad_features = torch.empty_like(features) if ctx.needs_input_grad[0] else None
+            weight_parts, rhs_parts = [], []
+            for rows in blocks:
+                block_weights = weights if unit else weights[..., rows]
+                block = statistics_backward(features[..., rows, :].to(ctx.dtype), block_weights, rhs[..., rows, :],
+                                            grad_gram, grad_cross, ctx.needs_input_grad[:3])
+                if grad_features is not None:
+                    grad_features[..., rows, :] = block[0]
+                weight_parts.append(block[1])
+                rhs_parts.append(block[2])
+            grad_weights = None if weight_parts[0] is None else torch.cat(weight_parts, -1)
+            grad_rhs = None if rhs_parts[0] is None else torch.cat(rhs_parts, -2)
         if unit and ctx.needs_input_grad[1]:
             grad_weights = uniform_weight_grad(*unit, grad_gram, grad_cross)
         grads = (grad_features, grad_weights, grad_rhs)
-        return tuple(None if g is None else _sum_to_shape(g, t.shape) for g, t in zip(grads, (features, weights, rhs)))
+        return (*(None if g is None else _sum_to_shape(g, t.shape) for g, t in zip(grads, (features, weights, rhs))),
+                None)
 
 
 def _sum_to_shape(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -269,17 +314,21 @@ def _sum_to_shape(grad: Tensor, shape: torch.Size) -> Tensor:
     return grad.sum(dim=axes, keepdim=True) if axes else grad
 
 
-def feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
+def feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor,
+                       dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     """(ΦᵀWΦ, ΦᵀWR) for Φ ``(..., N, F)``, weights ``(..., N)`` or uniform ``(..., 1)``, and R ``(..., N, t)``.
 
+    ``dtype``: form them in this dtype (the weights' and R's; default Φ's), casting Φ one row block at a time
+    (:func:`cast_row_blocks`); the gradient reaches Φ in its own dtype.
     The chunked counterpart is :func:`rfgp.inference.chunking.chunked_feature_statistics`.
     """
+    dtype = features.dtype if dtype is None else dtype
     batch = torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1], rhs.shape[:-2])
     features = features.expand(*batch, *features.shape[-2:])
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same statistics, plainly
-        return plain_statistics(features, weights, rhs)
+        return plain_statistics(features.to(dtype), weights, rhs)
     return _FeatureStatistics.apply(features, weights.expand(*batch, weights.shape[-1]),
-                                    rhs.expand(*batch, *rhs.shape[-2:]))
+                                    rhs.expand(*batch, *rhs.shape[-2:]), dtype)
 
 
 def fold_constant(constant: Tensor | float | None, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:

@@ -139,9 +139,11 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         if adaptive_precision:
             work = statistics_dtype(torch.promote_types(features.dtype, weights.dtype), features.device,
                                     lambda: distributed.reduce_statistics(weighted_square_norm(features, weights))[0])
-            features, weights, rhs = features.to(work), weights.to(work), rhs.to(work)
+            weights, rhs = weights.to(work), rhs.to(work)
             if isinstance(root, TriangularFeatures):
-                root = TriangularFeatures(features, root.cross.to(work), root.chol.to(work))
+                root = TriangularFeatures(features.to(work), root.cross.to(work), root.chol.to(work))
+            else:  # Φ is cast one row block at a time, not copied whole
+                return feature_statistics(features, weights, rhs, dtype=work)
         if isinstance(root, TriangularFeatures):
             return root.feature_statistics(weights, rhs)
         return feature_statistics(features, weights, rhs)
