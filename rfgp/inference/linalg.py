@@ -166,6 +166,12 @@ def weighted_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple
     return symmetric_gram(features * w, features), project(features, rhs * w)
 
 
+def gram_gradient(grad_gram: Tensor, weights: Tensor) -> Tensor:
+    """The F × F factor of ∂Φ in :func:`statistics_backward`: S = ½(Ḡ + Ḡᵀ), or 2w·S for uniform weights ``(..., 1)``."""
+    sym = 0.5 * (grad_gram + grad_gram.mT)
+    return sym * (2.0 * weights.unsqueeze(-1)) if _is_uniform(weights) else sym
+
+
 def statistics_backward(
     features: Tensor,
     weights: Tensor,
@@ -173,20 +179,22 @@ def statistics_backward(
     grad_gram: Tensor,
     grad_cross: Tensor,
     needs: tuple[bool, bool, bool],
+    factor: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Gradients of (ΦᵀWΦ, ΦᵀWR) with respect to (Φ, w, R), before un-broadcasting.
 
     For uniform weights ``(..., 1)`` ∂w is not computed here: it is an F × F contraction of
     the whole data's unit statistics (:func:`uniform_weight_grad`), so ``needs[1]`` is ignored.
+    ``factor``: :func:`gram_gradient` of ``grad_gram``, where a caller that splits Φ into row blocks forms it once.
     """
-    sym = 0.5 * (grad_gram + grad_gram.mT)
+    sym = gram_gradient(grad_gram, weights) if factor is None else factor
     w = weights.unsqueeze(-1)
     grad_features = grad_weights = grad_rhs = None
     if needs[2]:
         grad_rhs = (features @ grad_cross) * w
     if _is_uniform(weights):
         if needs[0]:
-            grad_features = _add_matmul(features @ (sym * (2.0 * w)), rhs * w, grad_cross.mT)
+            grad_features = _add_matmul(features @ sym, rhs * w, grad_cross.mT)
         return grad_features, grad_weights, grad_rhs
     projected = features @ sym  # the one N·F² product of the backward pass
     if needs[1]:
@@ -287,10 +295,11 @@ class _FeatureStatistics(torch.autograd.Function):
         else:  # Φ's gradient written block by block in Φ's dtype; w̄ and R̄ are O(N·t)
             grad_features = torch.empty_like(features) if ctx.needs_input_grad[0] else None
             weight_parts, rhs_parts = [], []
+            factor = gram_gradient(grad_gram, weights)  # once, not per block
             for rows in blocks:
                 block_weights = weights if unit else weights[..., rows]
                 block = statistics_backward(features[..., rows, :].to(ctx.dtype), block_weights, rhs[..., rows, :],
-                                            grad_gram, grad_cross, ctx.needs_input_grad[:3])
+                                            grad_gram, grad_cross, ctx.needs_input_grad[:3], factor)
                 if grad_features is not None:
                     grad_features[..., rows, :] = block[0]
                 weight_parts.append(block[1])
