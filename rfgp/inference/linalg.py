@@ -167,7 +167,8 @@ def weighted_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple
 
 
 def gram_gradient(grad_gram: Tensor, weights: Tensor) -> Tensor:
-    """The F × F factor of ∂Φ in :func:`statistics_backward`: S = ½(Ḡ + Ḡᵀ), or 2w·S for uniform weights ``(..., 1)``."""
+    """The F × F factor of ∂Φ in :func:`statistics_backward`: S = ½(Ḡ + Ḡᵀ), or 2w·S for uniform weights
+    ``(..., 1)``."""
     sym = 0.5 * (grad_gram + grad_gram.mT)
     return sym * (2.0 * weights.unsqueeze(-1)) if _is_uniform(weights) else sym
 
