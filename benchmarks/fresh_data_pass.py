@@ -324,18 +324,20 @@ def main() -> None:
         run(args.quick)
     load_end = os.getloadavg()[0]
     name = "fresh_data_pass_quick.md" if args.quick else "fresh_data_pass.md"
-    lines = [
-        "# A new user's pass on data sets rfgp had not seen",
-        "",
+    write_table(name, "# A new user's pass on data sets rfgp had not seen", [
         f"`python benchmarks/fresh_data_pass.py{' --quick' if args.quick else ''}`; torch {torch.__version__}, "
         f"gpytorch {gpytorch.__version__}, one thread, load average (1 min) {load_start:.2f} at start, "
         f"{load_end:.2f} at end, {time.perf_counter() - begin:.0f} s in all. Seconds: CPU time of training "
         "(classifiers: fit + predict; re-draws: re-draw + posterior). RMSE/NLPD in the target's units "
         "(concrete: MPa, deliveries: minutes).",
-        "",
-        "| data set | N | d | recipe | test metrics | s | outcome | warnings |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    ])
+
+
+def write_table(name: str, title: str, preamble: list[str]) -> None:
+    """Write :data:`ROWS` as a Markdown table to ``benchmarks/results/<name>`` under ``title`` and ``preamble``."""
+    lines = [title, "", *preamble, "",
+             "| data set | N | d | recipe | test metrics | s | outcome | warnings |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in ROWS:
         lines.append(f"| {row['data']} | {row['n']} | {row['d']} | {row['recipe']} | {row['metrics']} | "
                      f"{row['seconds']:.1f} | {row['outcome']} | {row['warned']} |")

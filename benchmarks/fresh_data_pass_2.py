@@ -45,7 +45,6 @@ import fresh_data_pass as first  # noqa: E402  (helpers and the table of the fir
 
 import rfgp  # noqa: E402  (the worktree's, put on the path by fresh_data_pass)
 
-RESULTS = first.RESULTS
 
 
 def _peak_mb() -> float:
@@ -366,24 +365,13 @@ def main() -> None:
             run(args.quick)
     load_end = os.getloadavg()[0]
     name = "fresh_data_pass_2_quick.md" if args.quick else "fresh_data_pass_2_table.md"
-    lines = [
-        "# A second new user's pass: the table",
-        "",
+    first.write_table(name, "# A second new user's pass: the table", [
         f"`python benchmarks/fresh_data_pass_2.py{' --quick' if args.quick else ''}`; torch {torch.__version__}, "
         f"gpytorch {gpytorch.__version__}, one thread, load average (1 min) {load_start:.2f} at start, "
         f"{load_end:.2f} at end, {time.perf_counter() - begin:.0f} s in all. Seconds: CPU time of training "
         "(re-draws: re-draw + posterior). RMSE/NLPD in the target's units (AirPassengers: log passengers; Chicago: "
         "thousands of riders; flights: minutes; penguins: grams).",
-        "",
-        "| data set | N | d | recipe | test metrics | s | outcome | warnings |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in first.ROWS:
-        lines.append(f"| {row['data']} | {row['n']} | {row['d']} | {row['recipe']} | {row['metrics']} | "
-                     f"{row['seconds']:.1f} | {row['outcome']} | {row['warned']} |")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / name).write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / name}")
+    ])
 
 
 if __name__ == "__main__":

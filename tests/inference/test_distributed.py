@@ -186,6 +186,16 @@ def _case_result(kind, shard=slice(None), distributed=False):
                                      latent=name in ("dirichlet", "fixed_noise"))
 
 
+def _refusal(model, x, y) -> str | None:
+    """The message of the ``ValueError`` that the distributed MLL raises on this rank, ``None`` if it evaluates."""
+    mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
+    try:
+        mll(model(x), y)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def _case_worker(rank, port, path):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
@@ -197,24 +207,12 @@ def _case_worker(rank, port, path):
         torch.manual_seed(rank)  # unseeded ranks: GPyTorch's IndexKernel draws another task factor on each
         model = _MultitaskGP(x[shard], y[shard], gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3),
                              rfgp.sketch(gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), 3, rank=1), 8))
-        mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
-        try:
-            mll(model(x[shard]), y[shard])
-            refusal = None
-        except ValueError as error:
-            refusal = str(error)
-        torch.save(refusal, f"{path}/rank{rank}-different-parameters.pt")
+        torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-parameters.pt")
         torch.manual_seed(0)  # the same parameters, but each rank's own random features
         x, y, _ = _data()
         model = _model(x[shard], y[shard])
         model.covar_module.base_kernel = SketchedRBFKernel(32, ard_num_dims=DIM, seed=rank).double()
-        mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
-        try:
-            mll(model(x[shard]), y[shard])
-            refusal = None
-        except ValueError as error:
-            refusal = str(error)
-        torch.save(refusal, f"{path}/rank{rank}-different-draws.pt")
+        torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-draws.pt")
     finally:
         dist.destroy_process_group()
 
