@@ -185,8 +185,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         >>> rfgp.sketch(tree, num_features=[64, 192], seed=0).num_features  # the product keeps its 192
         256
         >>> landmark = rfgp.sketch(exact, 32, method="nystrom", x_sample=train_x, landmarks="kmeans++", seed=0)
-        >>> landmark.num_features
-        32
+        >>> type(landmark).__name__, landmark.base_kernel.num_features  # the ScaleKernel stays on top
+        ('ScaleKernel', 32)
     """
     _check_kernel_argument(kernel)
     columns = check_tree(kernel, options.pop("x_sample", None))

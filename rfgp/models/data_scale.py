@@ -29,7 +29,7 @@ landmarks, the marginal likelihood is flat in the lengthscale and training stays
 ``deliveries`` pass above).  Both checks therefore also run on each RBF or Matérn kernel in a Nyström kernel's base
 tree (through ``ScaleKernel``, sums and products, on the columns it sees), whose correlation at 3 lengthscales is
 0.011 (RBF) to 0.05 (Matérn-1/2).  Not on rational-quadratic kernels, whose polynomial tails (1 + r²/2α)^−α keep
-0.18 at 3 lengthscales for α = 1, nor on periodic ones, whose lengthscale scales sin(π|x − x'|/p), not the distance.
+0.18 at 3 lengthscales for α = 1, nor on periodic ones, whose lengthscale scales sin(π·(x − x')/p), not the distance.
 """
 
 from __future__ import annotations
