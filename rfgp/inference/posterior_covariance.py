@@ -30,6 +30,8 @@ when n > F makes Σ* singular, up to ``max_cholesky_size``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from linear_operator.operators import (
     DenseLinearOperator,
@@ -44,7 +46,7 @@ from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from ..core.dtypes import FullPrecisionOperator
-from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
+from .kernel_space import KernelSpaceFactor, kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import is_positive, rows_times_inverse_cholesky_transpose
 from .task_noise import is_interleaved_task_noise
 
@@ -120,6 +122,77 @@ class LowRankPosteriorCovariance(FullPrecisionOperator, MatmulLinearOperator):
         if is_interleaved_task_noise(other):
             return PosteriorAddedTaskNoise(self, other)
         return super().__add__(other)
+
+
+class KernelSpacePosteriorCovariance(LowRankPosteriorCovariance):
+    """Σ* = SΦ*A⁻¹Φ*ᵀS of a kernel-space posterior (N ≲ F), whose n × F root SΦ*R is formed at its first use, and
+    whose blocks of rows Σ*[r, :] = S_rΦ_rA⁻¹Φ*ᵀS never form it.
+
+    The root Φ*R = Φ* − (Φ*Wᵀ)Q (:class:`~rfgp.inference.kernel_space.KernelSpaceFactor`) costs 2·n·N·F.  BoTorch's
+    cached-root qLogNEI/qNEI (``botorch.utils.low_rank.sample_cached_cholesky``) asks the joint posterior at the
+    pruned baseline and the q candidates, n = n_b + q per t-batch, only for its q bottom rows Σ*[-q:, :] at every
+    evaluation: through :meth:`KernelSpaceFactor.rows_times_weight_covariance` they cost O(q·N·F + q·n·F) instead of
+    the whole root's O(n·N·F), forward and backward (N = 1000, F = 1024, n_b = 62, q = 2:
+    ``benchmarks/results/small_n_botorch.md``).  S = diag(``scale``) is the row scaling of BoTorch's ``Standardize``
+    (:meth:`rescaled`).  Everything else — variances, samples, principal slices, batch operations — reads the root.
+
+    Args:
+        features: test features Φ* ``(*batch, n, F)``, already broadcast to the factor's batch.
+        projection: W = L⁻¹Φ ``(..., N, F)``.
+        correction: Q = (L + D^{1/2})⁻¹Φ ``(..., N, F)``.
+        scale: the diagonal of S, ``(*batch, n)``.
+    """
+
+    def __init__(self, features: Tensor, projection: Tensor, correction: Tensor, scale: Tensor):
+        # all four are arguments, so that linear_operator's autograd (representation) reaches W and Q's graph
+        LinearOperator.__init__(self, features, projection, correction, scale)
+        self.features, self.scale = features, scale
+        self.factor = KernelSpaceFactor(projection, correction)
+
+    @functools.cached_property
+    def low_rank_root(self) -> Tensor:
+        return self.scale.unsqueeze(-1) * self.factor.posterior_root(self.features)
+
+    @property
+    def left_linear_op(self) -> DenseLinearOperator:
+        return DenseLinearOperator(self.low_rank_root)
+
+    @property
+    def right_linear_op(self) -> DenseLinearOperator:
+        return DenseLinearOperator(self.low_rank_root.mT)
+
+    def _size(self) -> torch.Size:
+        return self.features.shape[:-1] + self.features.shape[-2:-1]
+
+    def _with_root(self) -> LowRankPosteriorCovariance:
+        return LowRankPosteriorCovariance(self.low_rank_root)
+
+    def _expand_batch(self, batch_shape) -> LowRankPosteriorCovariance:
+        return self._with_root()._expand_batch(batch_shape)
+
+    def _permute_batch(self, *dims: int) -> LowRankPosteriorCovariance:
+        return self._with_root()._permute_batch(*dims)
+
+    def _unsqueeze_batch(self, dim: int) -> LinearOperator:
+        return self._with_root()._unsqueeze_batch(dim)
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """Rows Σ*[r, :] (a slice of rows, all columns and batch members) without the root; else the root's."""
+        if isinstance(row_index, slice) and _is_noop_index(col_index) and all(map(_is_noop_index, batch_indices)):
+            rows = self.factor.rows_times_weight_covariance(self.features[..., row_index, :])
+            block = (self.scale[..., row_index].unsqueeze(-1) * rows) @ (self.scale.unsqueeze(-1) * self.features).mT
+            return DenseLinearOperator(block)
+        return self._with_root()._getitem(row_index, col_index, *batch_indices)
+
+    def rescaled(self, scale: Tensor) -> KernelSpacePosteriorCovariance:
+        scale = scale * self.scale
+        features = self.features.expand(*scale.shape, self.features.shape[-1])
+        return KernelSpacePosteriorCovariance(features, *self.factor, scale)
+
+    def _mul_constant(self, other: Tensor) -> LinearOperator:
+        if is_positive(other):
+            return self.rescaled(other.sqrt().unsqueeze(-1).expand(self.scale.shape))
+        return super()._mul_constant(other)
 
 
 def _is_principal(row_index, col_index, batch_indices) -> bool:
@@ -231,7 +304,8 @@ def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -
     """
     if kernel_space:
         batch = torch.broadcast_shapes(features.shape[:-2], factor.projection.shape[:-2])
-        return LowRankPosteriorCovariance(factor.posterior_root(features.expand(*batch, *features.shape[-2:])))
+        features = features.expand(*batch, *features.shape[-2:])
+        return KernelSpacePosteriorCovariance(features, *factor, features.new_ones(features.shape[:-1]))
     return LowRankPosteriorCovariance(rows_times_inverse_cholesky_transpose(features, factor))
 
 

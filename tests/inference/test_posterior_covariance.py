@@ -8,9 +8,12 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DiagLinearOperator, LowRankRootLinearOperator, MatmulLinearOperator
 
+from rfgp.inference.kernel_space import kernel_space_posterior_caches
 from rfgp.inference.posterior_covariance import (
+    KernelSpacePosteriorCovariance,
     LowRankPosteriorAddedDiag,
     LowRankPosteriorCovariance,
+    feature_posterior_covariance,
     stack_independent,
 )
 
@@ -233,3 +236,29 @@ def test_shape_comes_from_the_root_as_for_the_matmul_operator(shape):
     covariance = LowRankPosteriorCovariance(root)
     assert covariance.shape == MatmulLinearOperator(root, root.mT).shape == (root @ root.mT).shape
     assert covariance[..., 1:3, 1:3].shape == (root[..., 1:3, :] @ root[..., 1:3, :].mT).shape
+
+
+def test_kernel_space_covariance_rows_rescaling_and_slices_equal_the_whole_root():
+    """A kernel-space posterior's rows Σ*[r, :] (BoTorch's cached-root qLogNEI reads the q bottom rows) come
+    without the n × F root, and equal the root's — through ``rescaled`` (``Standardize``) and constants too;
+    principal slices, batch operations, the diagonal and the dense matrix read the root."""
+    gen = torch.Generator().manual_seed(0)
+    train = torch.randn(30, 50, generator=gen, dtype=torch.float64)
+    _, factor = kernel_space_posterior_caches(train, torch.full((30,), 0.1, dtype=torch.float64),
+                                              torch.randn(30, 1, generator=gen, dtype=torch.float64))
+    features = torch.randn(3, 7, 50, generator=gen, dtype=torch.float64, requires_grad=True)
+    scale = torch.rand(3, 7, generator=gen, dtype=torch.float64) + 0.5
+    covariance = feature_posterior_covariance(features, factor, kernel_space=True).rescaled(scale) * 2.0
+    assert isinstance(covariance, KernelSpacePosteriorCovariance)
+    root = math.sqrt(2.0) * scale.unsqueeze(-1) * factor.posterior_root(features)
+    dense = root @ root.mT
+    rows = covariance[..., -2:, :]
+    assert "low_rank_root" not in vars(covariance)  # the rows did not form the root
+    torch.testing.assert_close(rows.to_dense(), dense[..., -2:, :], rtol=1e-12, atol=1e-12)
+    (gradient,) = torch.autograd.grad(rows.to_dense().sum(), features)
+    (expected,) = torch.autograd.grad(dense[..., -2:, :].sum(), features)
+    torch.testing.assert_close(gradient, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(covariance[1, 2:5, 2:5].to_dense(), dense[1, 2:5, 2:5], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(covariance.diagonal(dim1=-2, dim2=-1), dense.diagonal(dim1=-2, dim2=-1))
+    torch.testing.assert_close(covariance.to_dense(), dense)
+    torch.testing.assert_close(covariance.unsqueeze(0).expand(2, 3, 7, 7).to_dense(), dense.expand(2, 3, 7, 7))
