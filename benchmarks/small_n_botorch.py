@@ -94,11 +94,12 @@ def qlognei(n: int, repeats: int, rows: list[str]) -> None:
                                                acquisition.X_baseline.shape[0]))
     _variant("rfgp new")
     gap = (values["rfgp old"] - values["rfgp new"]).abs().max().item()
+    notes = {"rfgp new": f"max |old − new| value {gap:.1e}"}
     for name in per_eval:
         step = sorted(steps[name])[len(steps[name]) // 2]
         rows.append(f"| qLogNEI, N = {n}, d = {d}, F = {width} | {name} | "
                     f"{1e3 * statistics.median(per_eval[name]):.1f} ms | {step[0]:.2f} s (value {step[1]:.3f}, "
-                    f"pruned baseline {step[2]}) | {'max |old − new| value ' + format(gap, '.1e') if name == 'rfgp new' else ''} |")
+                    f"pruned baseline {step[2]}) | {notes.get(name, '')} |")
 
 
 def mixed(repeats: int, fit: bool, rows: list[str]) -> None:

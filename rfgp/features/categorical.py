@@ -123,9 +123,11 @@ class CategoricalFeatures(FeatureMap):
         for i in range(x.shape[-1]):
             index = min(i, log_share.shape[-2] - 1)  # a shared c has one entry
             words = lo[..., i, None] * a_lo[i] + hi[..., i, None] * a_hi[i] + offset[i]  # int64, wraps mod 2⁶⁴
-            hashes = (words >= 0).to(dtype).mul_(2).sub_(1)  # the top bit of v as a sign
-            share = root_constant[..., index, None, :]  # (..., 1, 1 or F) against (..., n, F)
-            factor = share * signs[i] + root_match[..., index, None, :] * hashes
+            # √c·ε + √(1 − c)·h with h = ±1 the top bit of v as a sign: a choice between the two (..., 1, 1 or F)
+            # rows √c·ε ± √(1 − c) (the same values) instead of forming h and two (..., n, F) products
+            constant = root_constant[..., index, None, :] * signs[i]
+            match = root_match[..., index, None, :]
+            factor = torch.where(words >= 0, constant + match, constant - match)
             features = factor if features is None else features * factor
         return features / math.sqrt(self.num_features)
 

@@ -8,6 +8,8 @@ import torch
 from rfgp.features import CategoricalFeatures
 from rfgp.features.categorical import categorical_kernel, categorical_variance, category_words
 
+from .._cost import TensorsOfSize
+
 F64 = torch.float64
 
 # equal and unequal entries, integral and fractional floats, −0.0 vs 0.0, a large value
@@ -46,6 +48,20 @@ def test_mean_and_variance_match_the_closed_forms():
     # the closed form is not trivially satisfied: unequal pairs have a different variance than equal ones
     assert variance[0, 0] > 2 * variance[0, 3] > 0
     torch.testing.assert_close(truth[0], truth[1], rtol=0, atol=0)  # −0.0 is 0.0
+
+
+def test_each_column_makes_two_n_by_f_float_passes():
+    """Per categorical column the factor √c·ε + √(1 − c)·h is a choice between two rows (one n × F pass) and the
+    product with the running features another; forming h = ±1 as floats and the two products took six
+    (``MixedSingleTaskGP``'s converted tree evaluates the map twice per marginal-likelihood step)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.stack([torch.randint(0, k, (50,), generator=gen) for k in (3, 3, 2)], -1).double()
+    features = CategoricalFeatures(64, seed=0)
+    for per_feature, share in ((False, torch.rand(3, dtype=torch.float64)),
+                               (True, torch.rand(3, 64, dtype=torch.float64))):
+        with TensorsOfSize(50 * 64, torch.float64) as counter:
+            features(x, share.log(), per_feature=per_feature)
+        assert counter.count <= 2 * 3 + 1  # + the final division by √F
 
 
 def test_shared_constant_share_is_the_ard_one_repeated():
