@@ -304,12 +304,14 @@ class KernelSpaceFactor(NamedTuple):
     def rows_times_weight_covariance(self, features: Tensor) -> Tensor:
         """Φ_rA⁻¹ = (Φ_rR)Rᵀ ``(..., r, F)`` for feature rows Φ_r ``(..., r, F)``, in O(r·N·F): with
         Φ_rR = Φ_r − (Φ_rWᵀ)Q, then (Φ_rR)Rᵀ = Φ_rR − ((Φ_rR)Qᵀ)W — the two root products of :meth:`posterior_root`,
-        so a covariance block Φ_rA⁻¹Φ*ᵀ = (Φ_rR)(Φ*R)ᵀ costs O(r·N·F + r·n·F) instead of the n × F root."""
+        so a covariance block Φ_rA⁻¹Φ*ᵀ = (Φ_rR)(Φ*R)ᵀ costs O(r·N·F + r·n·F) instead of the n × F root.  In W's dtype
+        (float64 where :func:`covariance_dtype` chose it for float32 features), for that block's product."""
         shape = features.shape
         if self.projection.dim() == 2:  # one factor for every batch member: fold them into the rows (one product)
             features = features.reshape(-1, shape[-1])
-        root = self.posterior_root(features).to(self.projection.dtype)
-        return (root - (root @ self.correction.mT) @ self.projection).to(features.dtype).reshape(shape)
+        work = features.to(self.projection.dtype)  # Φ_rR kept in W's precision, not rounded between the products
+        root = work - (work @ self.projection.mT) @ self.correction
+        return (root - (root @ self.correction.mT) @ self.projection).reshape(shape)
 
     def weight_root_product(self, vectors: Tensor) -> Tensor:
         """Rz = z − Wᵀ(Qz) for columns z ``(..., F, S)``, in O(N·F·S)."""

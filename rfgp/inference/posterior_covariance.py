@@ -182,8 +182,9 @@ class KernelSpacePosteriorCovariance(LowRankPosteriorCovariance):
         """Rows Σ*[r, :] (a slice of rows, all columns and batch members) without the root; else the root's."""
         if isinstance(row_index, slice) and _is_noop_index(col_index) and all(map(_is_noop_index, batch_indices)):
             rows = self.factor.rows_times_weight_covariance(self.features[..., row_index, :])
-            block = (self.scale[..., row_index].unsqueeze(-1) * rows) @ (self.scale.unsqueeze(-1) * self.features).mT
-            return DenseLinearOperator(block)
+            columns = (self.scale.unsqueeze(-1) * self.features).to(rows.dtype)
+            block = (self.scale[..., row_index].unsqueeze(-1).to(rows.dtype) * rows) @ columns.mT
+            return DenseLinearOperator(block.to(self.features.dtype))
         return self._with_root()._getitem(row_index, col_index, *batch_indices)
 
     def rescaled(self, scale: Tensor) -> KernelSpacePosteriorCovariance:
