@@ -213,7 +213,8 @@ def sincos_projection_grad(grad: Tensor, features: Tensor) -> Tensor:
     """∂L/∂P for features Φ = [a·cos P, a·sin P] (any per-pair amplitude a) from Φ itself and ∂L/∂Φ.
 
     ∂(a cos P)/∂P = −a sin P and ∂(a sin P)/∂P = a cos P are the other half of Φ, so
-    ∂L/∂P = g_sin·Φ_cos − g_cos·Φ_sin: differentiable operations on Φ (double backward through Φ).
+    ∂L/∂P = g_sin·Φ_cos − g_cos·Φ_sin: differentiable operations on Φ (double backward through Φ), the second
+    term subtracted in place (the product is a fresh tensor that no backward saves), so one N × m buffer is made.
     """
     m = features.shape[-1] // 2
-    return torch.addcmul(grad[..., m:] * features[..., :m], grad[..., :m], features[..., m:], value=-1.0)
+    return (grad[..., m:] * features[..., :m]).addcmul_(grad[..., :m], features[..., m:], value=-1.0)

@@ -82,7 +82,7 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from ..core.dtypes import refuse_autocast_backward
-from .linalg import _sum_to_shape, differentiable_backward, rounding_advice, symmetric_gram
+from .linalg import _sum_to_shape, cholesky_solve, differentiable_backward, rounding_advice, symmetric_gram
 from .statistics_precision import statistics_dtype, unit_roundoff, weighted_square_norm
 
 
@@ -210,7 +210,7 @@ def _inv_quad_logdet(features: Tensor, noise: Tensor, rhs: Tensor, scale: Tensor
     """(rᵀK⁻¹r per column, log|K|, chol(K), K⁻¹r) for K = sΦΦᵀ + D with ΦΦᵀ = ``gram``."""
     chol = _factor(gram, noise, scale)
     batch = chol.shape[:-2]
-    solve = torch.cholesky_solve(rhs.expand(*batch, *rhs.shape[-2:]), chol)
+    solve = cholesky_solve(rhs.expand(*batch, *rhs.shape[-2:]), chol)
     inv_quad = (rhs * solve).sum(-2)
     logdet_term = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
     return inv_quad, logdet_term, chol, solve
