@@ -210,6 +210,24 @@ def test_inv_quad_logdet_and_gradients_match_dense(width, logdet, shapes):
         torch.testing.assert_close(got, want, **TIGHT)
 
 
+def test_mll_solves_without_copying_the_factor(monkeypatch):
+    """α = K⁻¹r runs as two triangular solves on the factor (linalg.cholesky_solve), not through torch.cholesky_solve,
+    which copies the N × N factor to column-major and, on CPU, runs LAPACK's threaded potrs (7 ms against 0.3 ms at
+    N = 1000 on two threads)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.cholesky_solve called")
+
+    monkeypatch.setattr(torch, "cholesky_solve", refuse)
+    g = torch.Generator().manual_seed(3)
+    features = torch.randn(8, 12, generator=g, dtype=F64, requires_grad=True)
+    noise, rhs = torch.rand(8, generator=g, dtype=F64) + 0.2, torch.randn(8, 1, generator=g, dtype=F64)
+    inv_quad, logdet_term = kernel_space.kernel_space_inv_quad_logdet(features, noise, rhs, True, 1.5)
+    (inv_quad.sum() + logdet_term.sum()).backward()
+    dense_quad, dense_logdet = _dense_inv_quad_logdet(features, noise, rhs, torch.tensor(1.5, dtype=F64))
+    torch.testing.assert_close(inv_quad, dense_quad, **TIGHT)
+    torch.testing.assert_close(logdet_term, dense_logdet, **TIGHT)
+
+
 def test_double_backward_matches_dense():
     g = torch.Generator().manual_seed(2)
     features = torch.randn(6, 9, generator=g, dtype=F64, requires_grad=True)

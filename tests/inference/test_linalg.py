@@ -35,6 +35,18 @@ def _naive_statistics(features, weights, rhs):
     return (features * w).mT @ features, features.mT @ (rhs * w)
 
 
+@pytest.mark.parametrize(("factor_batch", "rhs_batch"), [((), ()), ((3,), ()), ((), (2,)), ((2, 1), (4,))])
+def test_cholesky_solve_by_triangular_solves_equals_torch(factor_batch, rhs_batch, device):
+    """linalg.cholesky_solve (two triangular solves, no copy of the factor) gives torch.cholesky_solve's solution,
+    batches broadcast alike."""
+    g = torch.Generator().manual_seed(4)
+    root = torch.randn(*factor_batch, 30, 45, generator=g, dtype=F64).to(device)
+    chol = torch.linalg.cholesky(root @ root.mT + 0.1 * torch.eye(30, dtype=F64, device=device))
+    rhs = torch.randn(*rhs_batch, 30, 3, generator=g, dtype=F64).to(device)
+    torch.testing.assert_close(linalg.cholesky_solve(rhs, chol), torch.cholesky_solve(rhs, chol),
+                               rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("uniform", [False, True])
 @pytest.mark.parametrize("columns", [0, 1, 3])
 @pytest.mark.parametrize("feature_batch, weight_batch", [((), ()), ((), (3,)), ((2,), (2,))])
