@@ -156,13 +156,30 @@ def concrete(quick: bool) -> None:
                     widen=(distinct, distinct + 1))
 
 
-def concrete_botorch(quick: bool) -> None:
+def botorch_step(model, xtr, xte, yte, bounds) -> tuple[float, float, float, float, float]:
+    """The BoTorch user's loop on ``model``: ``fit_gpytorch_mll`` (CPU s), test RMSE and NLPD of the posterior with
+    observation noise, one ``optimize_acqf(qLogNoisyExpectedImprovement, q=2)`` step (CPU s) and its value."""
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
     from botorch.fit import fit_gpytorch_mll
-    from botorch.models import SingleTaskGP
-    from botorch.models.transforms import Normalize
     from botorch.optim import optimize_acqf
     from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    start = time.process_time()
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    fit_seconds = time.process_time() - start
+    model.eval()
+    with torch.no_grad():
+        post = model.posterior(xte, observation_noise=True)
+        rmse, nlpd = _scores(post.mean.squeeze(-1), post.variance.squeeze(-1), yte)
+    start = time.process_time()
+    _, value = optimize_acqf(qLogNoisyExpectedImprovement(model, X_baseline=xtr), bounds=bounds, q=2,
+                             num_restarts=4, raw_samples=64)
+    return fit_seconds, rmse, nlpd, time.process_time() - start, float(value)
+
+
+def concrete_botorch(quick: bool) -> None:
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms import Normalize
 
     frame = _frame("concrete")
     x = frame.drop(columns=["rownames", "compressive_strength"]).to_numpy(np.float64)
@@ -177,17 +194,7 @@ def concrete_botorch(quick: bool) -> None:
             if "sketch" in name:
                 options = {"method": "orf"} if "orf" in name else {}
                 model.covar_module = rfgp.sketch(model.covar_module, 1024, **options)
-            start = time.process_time()
-            fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-            fit_seconds = time.process_time() - start
-            model.eval()
-            with torch.no_grad():
-                post = model.posterior(xte, observation_noise=True)
-                rmse, nlpd = _scores(post.mean.squeeze(-1), post.variance.squeeze(-1), yte)
-            start = time.process_time()
-            _, value = optimize_acqf(qLogNoisyExpectedImprovement(model, X_baseline=xtr), bounds=bounds, q=2,
-                                     num_restarts=4, raw_samples=64)
-            acq_seconds = time.process_time() - start
+            fit_seconds, rmse, nlpd, acq_seconds, value = botorch_step(model, xtr, xte, yte, bounds)
         _record("concrete BO", n, x.shape[1], f"SingleTaskGP {name}", f"RMSE {rmse:.3f}, NLPD {nlpd:.3f}",
                 fit_seconds, f"qLogNEI step {acq_seconds:.1f}s, value {float(value):.2f}", _warnings_text(caught))
 

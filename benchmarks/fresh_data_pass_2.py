@@ -46,7 +46,6 @@ import fresh_data_pass as first  # noqa: E402  (helpers and the table of the fir
 import rfgp  # noqa: E402  (the worktree's, put on the path by fresh_data_pass)
 
 
-
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -233,12 +232,8 @@ def chicago(quick: bool) -> None:
 
 
 def chicago_botorch(quick: bool) -> None:
-    from botorch.acquisition.logei import qLogNoisyExpectedImprovement
-    from botorch.fit import fit_gpytorch_mll
     from botorch.models import SingleTaskGP
     from botorch.models.transforms import Normalize, Standardize
-    from botorch.optim import optimize_acqf
-    from gpytorch.mlls import ExactMarginalLogLikelihood
 
     x, y = _chicago()
     for d, n in ([(12, 300)] if quick else [(12, 1000), (48, 1000)]):
@@ -251,18 +246,9 @@ def chicago_botorch(quick: bool) -> None:
                                      outcome_transform=Standardize(1))
                 if "sketch" in name:
                     model.covar_module = rfgp.sketch(model.covar_module, 1024, method="orf", seed=0)
-                start = time.process_time()
-                fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-                fit_seconds = time.process_time() - start
-                model.eval()
+                fit_seconds, rmse, nlpd, acq_seconds, value = first.botorch_step(model, xtr, xte, yte, bounds)
                 with torch.no_grad():
-                    post = model.posterior(xte, observation_noise=True)
-                    rmse, nlpd = first._scores(post.mean.squeeze(-1), post.variance.squeeze(-1), yte)
                     shapes = [tuple(model.posterior(z).mean.shape) for z in (xte[:7], xte[:6].reshape(2, 3, d))]
-                start = time.process_time()
-                _, value = optimize_acqf(qLogNoisyExpectedImprovement(model, X_baseline=xtr), bounds=bounds, q=2,
-                                         num_restarts=4, raw_samples=64)
-                acq_seconds = time.process_time() - start
             first._record("Chicago BO", n, d, f"SingleTaskGP {name}", f"RMSE {rmse:.3f}, NLPD {nlpd:.3f}",
                           fit_seconds, f"qLogNEI q=2 step {acq_seconds:.1f}s, value {float(value):.2f}; "
                           f"posterior means {shapes[0]}, {shapes[1]}", first._warnings_text(caught))
