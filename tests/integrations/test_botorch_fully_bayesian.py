@@ -224,3 +224,16 @@ def test_multitask_saas_model_converts_to_a_feature_product_with_exact_task_feat
     errors = {width: torch.stack([(mixture_moments(sketched_copy(exact, width, seed), xs)[2] - expected[2]).abs().max()
                                   for seed in range(3)]).mean() for width in (64, 16384)}
     assert errors[16384] < 0.1 and errors[16384] < 0.25 * errors[64], errors
+
+
+def test_nystrom_conversion_keeps_median_lengthscale():
+    """The whole-tree Nyström map keeps the ScaleKernel on top, so BoTorch's ``median_lengthscale`` (read off
+    ``covar_module.base_kernel``) is the exact model's; it raised an ``AttributeError`` when the map wrapped the tree."""
+    x = uniform(20, seed=0)
+    model = SaasFullyBayesianSingleTaskGP(x, targets(x, seed=1))
+    samples = {"mean": torch.zeros(4, dtype=torch.float64), "outputscale": torch.ones(4, dtype=torch.float64),
+               "noise": torch.full((4,), 0.1, dtype=torch.float64), "lengthscale": 0.5 + uniform(4, seed=2)}
+    model.load_mcmc_samples(samples)
+    exact = model.median_lengthscale
+    model.covar_module = rfgp.sketch(model.covar_module, 20, method="nystrom", x_sample=x, seed=0)
+    torch.testing.assert_close(model.median_lengthscale, exact, rtol=0, atol=0)
