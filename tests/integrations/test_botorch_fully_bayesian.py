@@ -228,7 +228,7 @@ def test_multitask_saas_model_converts_to_a_feature_product_with_exact_task_feat
 
 def test_nystrom_conversion_keeps_median_lengthscale():
     """The whole-tree Nyström map keeps the ScaleKernel on top, so BoTorch's ``median_lengthscale`` (read off
-    ``covar_module.base_kernel``) is the exact model's; it raised an ``AttributeError`` when the map wrapped the tree."""
+    ``covar_module.base_kernel``) is the exact model's; it raised ``AttributeError`` when the map wrapped the tree."""
     x = uniform(20, seed=0)
     model = SaasFullyBayesianSingleTaskGP(x, targets(x, seed=1))
     samples = {"mean": torch.zeros(4, dtype=torch.float64), "outputscale": torch.ones(4, dtype=torch.float64),
