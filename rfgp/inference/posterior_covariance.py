@@ -46,7 +46,7 @@ from linear_operator.operators import (
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
-from ..core.dtypes import FullPrecisionOperator
+from ..core.dtypes import FullPrecisionOperator, in_full_precision
 from .kernel_space import KernelSpaceFactor, kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import is_positive, rows_times_inverse_cholesky_transpose
 from .task_noise import is_interleaved_task_noise
@@ -152,6 +152,7 @@ class KernelSpacePosteriorCovariance(LowRankPosteriorCovariance):
         self.factor = KernelSpaceFactor(projection, correction)
 
     @functools.cached_property
+    @in_full_precision  # formed where it is first read, maybe under the caller's autocast (a likelihood's noise sum)
     def low_rank_root(self) -> Tensor:
         return self.scale.unsqueeze(-1) * self.factor.posterior_root(self.features)
 
@@ -178,6 +179,7 @@ class KernelSpacePosteriorCovariance(LowRankPosteriorCovariance):
     def _unsqueeze_batch(self, dim: int) -> LinearOperator:
         return self._with_root()._unsqueeze_batch(dim)
 
+    @in_full_precision
     def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
         """Rows Σ*[r, :] (a slice of rows, all columns and batch members) without the root; else the root's."""
         if isinstance(row_index, slice) and _is_noop_index(col_index) and all(map(_is_noop_index, batch_indices)):
