@@ -139,6 +139,19 @@ def test_float32_posterior_at_a_high_signal_to_noise_ratio_forms_float64_statist
         assert (value - reference).norm() <= tol * reference.norm()
 
 
+def assert_float32_kept(model, loss_rtol: float) -> None:
+    """The default tolerance keeps float32 statistics — the computation of the tolerance ∞, bit for bit — and the
+    tolerance 0 forms float64 ones, moving the loss by at most ``loss_rtol`` (relative)."""
+    results = {}
+    for tolerance in (None, math.inf, 0.0):
+        setting = rfgp.settings.float32_statistics_tolerance(tolerance) if tolerance is not None else nullcontext()
+        with setting, recorded_statistics_dtypes() as dtypes:
+            results[tolerance] = loss_and_grads(model)
+        assert dtypes == [F64 if tolerance == 0 else torch.float32]
+    assert all(torch.equal(a, b) for a, b in zip(results[None], results[math.inf]))
+    assert abs(results[0.0][0] - results[None][0]) <= loss_rtol * abs(results[None][0])
+
+
 def test_float32_mll_at_a_moderate_signal_to_noise_ratio_keeps_float32_statistics():
     """N = 2000, outputscale 1, noise 0.1: u·tr(ΦᵀD⁻¹Φ) = u·N/σ² = 1.2·10⁻³ ≤ 10⁻¹, so the statistics stay float32
     (the speed of float32), the same computation as with the tolerance ∞, bit for bit; with the tolerance 0 they are
@@ -149,14 +162,7 @@ def test_float32_mll_at_a_moderate_signal_to_noise_ratio_keeps_float32_statistic
     kernel = ScaleKernel(SketchedRBFKernel(256, seed=0))
     model = ExactGPModel(x, y, GaussianLikelihood(), kernel).train()
     kernel.base_kernel.lengthscale, kernel.outputscale, model.likelihood.noise = 0.5, 1.0, 0.1
-    results = {}
-    for tolerance in (None, math.inf, 0.0):
-        setting = rfgp.settings.float32_statistics_tolerance(tolerance) if tolerance is not None else nullcontext()
-        with setting, recorded_statistics_dtypes() as dtypes:
-            results[tolerance] = loss_and_grads(model)
-        assert dtypes == [F64 if tolerance == 0 else torch.float32]
-    assert all(torch.equal(a, b) for a, b in zip(results[None], results[math.inf]))
-    assert abs(results[0.0][0] - results[None][0]) <= 1e-5 * abs(results[None][0])
+    assert_float32_kept(model, loss_rtol=1e-5)
 
 
 def test_float64_inv_quad_logdet_is_the_plain_cholesky_algebra_bit_for_bit():
@@ -314,14 +320,7 @@ def test_float32_kernel_space_model_keeps_float32_at_a_moderate_signal_to_noise_
     computation as with the tolerance ∞, bit for bit; with the tolerance 0 it is float64 and the loss moves by no more
     than float32's rounding."""
     model = kernel_space_model(torch.float32, 0.6931, 0.6932, num_points=500, num_features=1024)
-    results = {}
-    for tolerance in (None, math.inf, 0.0):
-        setting = rfgp.settings.float32_statistics_tolerance(tolerance) if tolerance is not None else nullcontext()
-        with setting, recorded_statistics_dtypes() as dtypes:
-            results[tolerance] = loss_and_grads(model)
-        assert dtypes == [F64 if tolerance == 0 else torch.float32]
-    assert all(torch.equal(a, b) for a, b in zip(results[None], results[math.inf]))
-    assert abs(results[0.0][0] - results[None][0]) <= 1e-6 * abs(results[None][0])
+    assert_float32_kept(model, loss_rtol=1e-6)
 
 
 def test_float32_kernel_space_mll_that_cannot_be_factorised_says_what_to_do():
