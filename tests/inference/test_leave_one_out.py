@@ -139,6 +139,14 @@ def test_non_finite_targets_are_refused():
         loo_value_and_grads(model, x, y)
 
 
+def dense_loo_predictions(features, noise: float, y, prior_mean: float):
+    """Leave-one-out means and variances of K = ΦΦᵀ + σ²I in closed form (R&W 2006, Eq. 5.12):
+    σᵢ² = 1/[K⁻¹]ᵢᵢ, μᵢ = yᵢ − [K⁻¹(y − m)]ᵢ·σᵢ²."""
+    inverse = torch.linalg.inv(features @ features.mT + noise * torch.eye(features.shape[-2], dtype=features.dtype))
+    variance = inverse.diagonal().reciprocal()
+    return y - (inverse @ (y - prior_mean)) * variance, variance
+
+
 def test_predictions_are_the_closed_form_in_float32():
     """float32: the capacitance is factorised in float64 and the cancelling differences wᵢ − wᵢ²‖vᵢ‖² taken there;
     the result matches a float64 evaluation of the same float32 features to float32 rounding."""
@@ -150,10 +158,7 @@ def test_predictions_are_the_closed_form_in_float32():
         covar = feature_covariance(model.likelihood(model(x.float())).lazy_covariance_matrix)
         mean, variance = leave_one_out_predictions(covar, y.float(), torch.full_like(y, 0.3).float())
         features = covar._linear_op.features().double()
-    dense = features @ features.mT + 1e-3 * torch.eye(200, dtype=F64)
-    inverse = torch.linalg.inv(dense)
-    expected_variance = inverse.diagonal().reciprocal()
-    expected_mean = y - (inverse @ (y - 0.3)) * expected_variance
+    expected_mean, expected_variance = dense_loo_predictions(features, 1e-3, y, 0.3)
     assert mean.dtype == variance.dtype == torch.float32
     torch.testing.assert_close(variance.double(), expected_variance, rtol=1e-4, atol=0)
     torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-4, atol=1e-4)
@@ -173,10 +178,7 @@ def test_kernel_space_predictions_at_a_high_signal_to_noise_ratio_are_float64_on
         assert covar.uses_kernel_space()
         mean, variance = leave_one_out_predictions(covar, y.float(), torch.full_like(y, 0.3).float())
         features = covar._linear_op.features().double()
-    dense = features @ features.mT + 1e-4 * torch.eye(200, dtype=F64)
-    inverse = torch.linalg.inv(dense)
-    expected_variance = inverse.diagonal().reciprocal()
-    expected_mean = y - (inverse @ (y - 0.3)) * expected_variance
+    expected_mean, expected_variance = dense_loo_predictions(features, 1e-4, y, 0.3)
     assert mean.dtype == variance.dtype == torch.float32
     torch.testing.assert_close(variance.double(), expected_variance, rtol=1e-5, atol=0)
     torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-5, atol=1e-5)
