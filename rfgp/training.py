@@ -243,22 +243,10 @@ class _Objective:
             loss = -self.mll(self.model(*inputs), self.model.train_targets, *inputs).sum()
             loss.backward()
             self.bounds.pull_gradients()
-        except DrawCoverageError as error:  # before NanError, which it also is (for BoTorch's optimiser)
-            # a trial point beyond what the fixed draws cover (periodic ℓ, RQ α, the decay quadrature's α): the exact
-            # kernel is fine there, the estimator is not; step back as for a failed factorisation
-            if self.last_finite is None:
-                raise
-            self._failed(error, "hyperparameters outside the range the random draws cover")
-            raise
-        except NonFiniteHyperparameterError as error:  # before NanError, which it also is
-            if self.last_finite is None:  # the starting point: the user's values
-                raise
-            self._failed(error, "a trial point with hyperparameters that are not finite (the optimiser's step "
-                         "overflowed: a gradient too large for the precision, as unstandardised data give)")
-            raise
-        except (NotPSDError, NanError) as error:  # NanError: NaN entries in a matrix to factorise
-            self._failed(error, "NaN entries in a covariance matrix" if isinstance(error, NanError) else
-                         "a covariance matrix that is not positive definite")
+        except (NotPSDError, NanError) as error:  # NanError: also DrawCoverageError, NonFiniteHyperparameterError
+            if isinstance(error, _TRIAL_POINT_ERRORS) and self.last_finite is None:
+                raise  # at the starting point: the user's values, nothing to restore
+            self._failed(error, _failure_cause(error))
             raise
         except InvalidValueError as error:
             if self.last_finite is None:  # the data or the starting point is invalid: nothing to restore
@@ -316,6 +304,24 @@ class _Objective:
             "initial hyperparameters (a lengthscale, outputscale or noise far from the data's scale), the "
             "precision (float32: use float64 or raise the noise constraint's lower bound), or pass a smaller lr."
         )
+
+
+#: failures that a trial point's hyperparameters cause (the user's starting values raise them unchanged)
+_TRIAL_POINT_ERRORS = (DrawCoverageError, NonFiniteHyperparameterError)
+
+
+def _failure_cause(error: Exception) -> str:
+    """What a failed loss evaluation reached, for :meth:`_Objective._advice`."""
+    if isinstance(error, DrawCoverageError):
+        # a trial point beyond what the fixed draws cover (periodic ℓ, RQ α, the decay quadrature's α): the exact
+        # kernel is fine there, the estimator is not; step back as for a failed factorisation
+        return "hyperparameters outside the range the random draws cover"
+    if isinstance(error, NonFiniteHyperparameterError):
+        return ("a trial point with hyperparameters that are not finite (the optimiser's step overflowed: a gradient "
+                "too large for the precision, as unstandardised data give)")
+    if isinstance(error, NanError):
+        return "NaN entries in a covariance matrix"
+    return "a covariance matrix that is not positive definite"
 
 
 @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
