@@ -39,6 +39,7 @@ from .core.validation import (
     check_positive_float,
     check_positive_int,
 )
+from .inference.statistics_precision import unit_roundoff
 
 OPTIMIZERS = ("lbfgs", "adam")
 CLOCKS = ("wall", "cpu")
@@ -638,11 +639,13 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                         "stochastic exact-GP solve), or the optimum lies on a parameter constraint"
                     )
                     # flat to ftol·s, or to the rounding u·s where ftol is below it (ftol=0)
-                    scale, flat = max(abs(history.losses[-1]), 1.0), max(ftol, _unit_roundoff(params))
-                    if history.gradient_norms[-1] > _stationary_gradient(flat, scale):
+                    scale = max(abs(history.losses[-1]), 1.0)
+                    flat = max(ftol, *(unit_roundoff(p.dtype) for p in params))  # the coarsest parameter dtype's u
+                    bound = _stationary_gradient(flat, scale)
+                    if history.gradient_norms[-1] > bound:
                         warnings.warn(
                             f"fit_mll: {history.stop_reason}; the gradient is above "
-                            f"{_stationary_gradient(flat, scale):.3g} = √(2·{_MAX_CURVATURE:g}·{flat:.3g}·"
+                            f"{bound:.3g} = √(2·{_MAX_CURVATURE:g}·{flat:.3g}·"
                             f"{scale:.3g}), so this is no stationary point (TrainingHistory.converged is False)",
                             NumericalWarning, stacklevel=3,
                         )
@@ -684,11 +687,6 @@ def _stationary_gradient(ftol: float, scale: float) -> float:
     """√(2κ·ftol·s): the largest gradient entry at which a loss flat to ``ftol·s`` may be a stationary point
     (:func:`fit_mll`: stopping)."""
     return math.sqrt(2 * _MAX_CURVATURE * ftol * scale)
-
-
-def _unit_roundoff(params: list[Tensor]) -> float:
-    """The unit roundoff u of the coarsest parameter dtype (float32: 6e-8)."""
-    return max(torch.finfo(p.dtype).eps / 2 for p in params)
 
 
 def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: float,
