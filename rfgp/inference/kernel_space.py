@@ -334,7 +334,7 @@ def kernel_space_posterior_caches(features: Tensor, noise: Tensor,
     chol = kernel_cholesky(features, noise)
     features, noise, residual = features.to(chol.dtype), noise.to(chol.dtype), residual.to(chol.dtype)
     batch = chol.shape[:-2]
-    solve = torch.cholesky_solve(residual.expand(*batch, *residual.shape[-2:]), chol)
+    solve = cholesky_solve(residual.expand(*batch, *residual.shape[-2:]), chol)
     mean_cache = features.mT @ solve
     features = features.expand(*batch, *features.shape[-2:])
     projection = torch.linalg.solve_triangular(chol, features, upper=False)
