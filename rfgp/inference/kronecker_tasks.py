@@ -371,19 +371,27 @@ class _KroneckerStatistics(_KroneckerSolve):
     def uses_kernel_space(self, *args) -> bool:
         """Whether the N·T × N·T path is cheaper than the capacitance with Kronecker statistics
         (:func:`~rfgp.inference.kronecker_statistics.prefers_kernel_space_kronecker`), where they apply."""
-        parts = self._kronecker_noise()
+        return self._kernel_space_given(self._kronecker_noise(), *args)
+
+    def _kernel_space_given(self, parts, *args) -> bool:
+        """:meth:`uses_kernel_space` for the factors ``parts`` of :meth:`_kronecker_noise`."""
         if parts is None or distributed.is_active():
             return super().uses_kernel_space(*args)
         data, point_noise, task, _ = parts
         batches = statistics_batches(data, point_noise, task, self.batch_shape)
         return prefers_kernel_space_kronecker(data.shape[-2], task.shape[-2], data.shape[-1], task.shape[-1], *batches)
 
+    def _statistics_parts(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """:meth:`_kronecker_noise`'s (φ, d, B, Σ_T) where the factors' statistics apply (not the kernel-space path)."""
+        parts = self._kronecker_noise()
+        return None if parts is None or self._kernel_space_given(parts) else parts
+
     def kronecker_statistics(self, rhs: Tensor) -> tuple[Tensor, Tensor, Tensor, torch.dtype] | None:
         """(Φ̃ᵀΦ̃, Φ̃ᵀr̃, r̃ᵀr̃, dtype) for interleaved residuals ``(..., N·T, k)`` from the factors
         (:func:`~rfgp.inference.kronecker_statistics.kronecker_statistics`), ``None`` where they do not apply (noise
         not D_N ⊗ Σ_T, no factors, or the kernel-space path is cheaper)."""
-        parts = self._kronecker_noise()
-        if parts is None or self.uses_kernel_space():
+        parts = self._statistics_parts()
+        if parts is None:
             return None
         data, point_noise, task, task_noise = parts
         return kronecker_statistics(data, check_noise(point_noise).reciprocal(), task, self._task_cholesky(task_noise),
@@ -391,9 +399,9 @@ class _KroneckerStatistics(_KroneckerSolve):
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
         rhs = _as_matrix(inv_quad_rhs)
-        parts = self._kronecker_noise()
         rows = self.shape[-1]
-        if parts is None or self.uses_kernel_space() or (rhs is not None and rhs.shape[-2] != rows):
+        parts = None if rhs is not None and rhs.shape[-2] != rows else self._statistics_parts()
+        if parts is None:
             return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
         check_targets(inv_quad_rhs)
         data, point_noise, task, task_noise = parts
