@@ -150,7 +150,8 @@ def prior_field_samples(
         gram = kernel(anchors).to_dense()
         chol = psd_safe_cholesky(gram + jitter * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device))
         normal = torch.randn(gram.shape[-1], num_samples, generator=generator, dtype=gram.dtype).to(gram.device)
-        coefficients = torch.cholesky_solve(chol @ normal, chol).mT  # (S, N·p): K⁻¹f(X)
+        # K⁻¹f(X) for f(X) = Lε: (LLᵀ)⁻¹Lε = L⁻ᵀε, one triangular solve
+        coefficients = torch.linalg.solve_triangular(chol.mT, normal, upper=True).mT  # (S, N·p)
     num_outputs = kernel_num_outputs(kernel, anchors)
 
     def field(x: Tensor) -> Tensor:

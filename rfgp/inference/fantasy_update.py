@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..core.dtypes import factor_dtype
 from .cholesky_update import cholesky_update
+from .linalg import cholesky_solve
 
 
 def updated_capacitance_caches(mean_cache: Tensor, chol: Tensor, features: Tensor, weights: Tensor,
@@ -58,7 +59,7 @@ def updated_capacitance_caches(mean_cache: Tensor, chol: Tensor, features: Tenso
     extra = rhs.shape[: rhs.dim() - updated.dim()]
     if extra:
         columns = rhs.squeeze(-1).flatten(0, len(extra) - 1).movedim(0, -1)
-        mean = torch.cholesky_solve(columns, updated).movedim(-1, 0).unflatten(0, extra).unsqueeze(-1)
+        mean = cholesky_solve(columns, updated).movedim(-1, 0).unflatten(0, extra).unsqueeze(-1)
     else:
-        mean = torch.cholesky_solve(rhs, updated)
+        mean = cholesky_solve(rhs, updated)
     return mean.to(dtype), updated.to(dtype)

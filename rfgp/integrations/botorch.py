@@ -56,7 +56,7 @@ from torch.quasirandom import SobolEngine
 from ..applications.sampling import check_path_kernel
 from ..core.dtypes import in_full_precision
 from ..inference.kernel_space import kernel_cholesky
-from ..inference.linalg import capacitance_solve
+from ..inference.linalg import capacitance_solve, cholesky_solve
 from ..inference.operators import FeatureRootAddedDiagLinearOperator, noise_weights
 from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
@@ -253,7 +253,7 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
         features = operator.root.to_dense()  # the outputscale folded in
         chol = kernel_cholesky(features, weights.reciprocal())  # float64 for float32 features at a high SNR
         work = rhs.to(chol.dtype).expand(*chol.shape[:-2], *rhs.shape[-2:])
-        solved = (features.to(chol.dtype).mT @ torch.cholesky_solve(work, chol)).to(rhs.dtype)
+        solved = (features.to(chol.dtype).mT @ cholesky_solve(work, chol)).to(rhs.dtype)
     else:
         gram, cross = operator.feature_statistics(weights, rhs)
         # A = I + ΦᵀD⁻¹Φ factorised in float64 for float32 statistics, as the training MLL's (capacitance_solve)

@@ -49,7 +49,7 @@ from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside noteb
 from ..core.dtypes import factor_dtype, in_full_precision
 from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
 from ..inference.cholesky_update import cholesky_update
-from ..inference.linalg import capacitance_cholesky, feature_statistics
+from ..inference.linalg import capacitance_cholesky, cholesky_solve, feature_statistics
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
 from ..inference.statistics_precision import statistics_dtype, weighted_square_norm
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
@@ -276,7 +276,7 @@ class StreamingFeatureGP(nn.Module):
         features = kernel_features(self.covar_module, x)
         # A⁻¹B in the factor's precision, rounded back; test features meet the rounded L, as in
         # FeatureSpacePredictionStrategy (L has the square root of A's condition number)
-        weights = torch.cholesky_solve(self.cross.to(chol.dtype), chol).to(features.dtype)
+        weights = cholesky_solve(self.cross.to(chol.dtype), chol).to(features.dtype)
         mean = self.mean_module(x) + (features @ weights).squeeze(-1)
         half = torch.linalg.solve_triangular(chol.to(features.dtype), features.mT, upper=False)
         covar = LowRankPosteriorCovariance(half.mT)
