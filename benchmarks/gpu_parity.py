@@ -268,6 +268,116 @@ def pyro_case():
     return build, work
 
 
+def multitask_kronecker_case(noise_rank):
+    """GPyTorch's multitask tutorial model: statistics from the Kronecker factors (stop 35)."""
+    def build():
+        x, y, xs = data(1000, 2, outputs=3)
+        kernel = rfgp.sketch(gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=3, rank=1), 512, seed=0)
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3, rank=noise_rank)
+        return MultitaskGP(x, y, likelihood, kernel).to(DTYPE), x, {"xs": xs}
+
+    def work(model, extra, device):
+        return gp_work(model, extra["xs"].to(device), fit_steps=2)
+
+    return build, work
+
+
+class MultitaskGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood, kernel):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def botorch_kronecker_case():
+    """Built on the device, as BoTorch users do: GPyTorch's ``LKJCholeskyFactorPrior`` (the task covariance prior)
+    keeps its concentration as a plain tensor attribute that ``Module.to`` does not move, so a ``KroneckerMultiTaskGP``
+    built on the CPU and moved fails in its prior on a GPU, exact or sketched (cornellius-gp/gpytorch#1985)."""
+    from botorch.models import KroneckerMultiTaskGP
+
+    def build():
+        x, y, xs = data(400, 3, outputs=2)
+        return None, None, {"x": x, "y": y, "xs": xs}
+
+    def work(_, extra, device):
+        torch.manual_seed(0)
+        model = KroneckerMultiTaskGP(extra["x"], extra["y"])
+        model.covar_module = rfgp.sketch(model.covar_module, 512, seed=0)
+        out = loss_and_grads(model)
+        model.eval()
+        post = model.posterior(extra["xs"])
+        return {**out, "post_mean": post.mean, "post_var": post.variance}
+
+    return build, work
+
+
+def botorch_qlognei_case():
+    """qLogNEI's cached-root joint posterior: kernel-space row blocks at N < F (stop 35)."""
+    from botorch.acquisition.logei import qLogNoisyExpectedImprovement
+    from botorch.models import SingleTaskGP
+    from botorch.sampling import SobolQMCNormalSampler
+
+    def build():
+        x, y, xs = data(300, 3)
+        model = SingleTaskGP(x, y.unsqueeze(-1))
+        model.covar_module = rfgp.sketch(model.covar_module, 1024, method="orf", seed=0)
+        return model, x, {"xs": xs, "x": x}
+
+    def work(model, extra, device):
+        out = loss_and_grads(model)
+        model.eval()
+        acq = qLogNoisyExpectedImprovement(model, X_baseline=extra["x"][:48], prune_baseline=False,
+                                           sampler=SobolQMCNormalSampler(torch.Size([64]), seed=0))
+        X = extra["xs"].to(device)[:8].reshape(4, 2, 3).clone().requires_grad_(True)
+        value = acq(X)
+        value.sum().backward()
+        return {**out, "acq": value.detach(), "acq_grad": X.grad}
+
+    return build, work
+
+
+def botorch_mixed_case():
+    """MixedSingleTaskGP: categorical features (one torch.where per column) times continuous ones."""
+    from botorch.models import MixedSingleTaskGP
+
+    def build():
+        x, y, xs = data(233, 3)
+        gen = torch.Generator().manual_seed(1)
+        codes = torch.stack([torch.randint(0, k, (x.shape[0] + xs.shape[0],), generator=gen) for k in (3, 2)], -1)
+        x = torch.cat([x, codes[: x.shape[0]].to(DTYPE)], -1)
+        xs = torch.cat([xs, codes[x.shape[0]:].to(DTYPE)], -1)
+        model = MixedSingleTaskGP(x, (y + x[:, 3]).unsqueeze(-1), cat_dims=[3, 4])
+        model.covar_module = rfgp.sketch(model.covar_module, 1024, seed=0)
+        return model, x, {"xs": xs}
+
+    def work(model, extra, device):
+        out = loss_and_grads(model)
+        model.eval()
+        post = model.posterior(extra["xs"].to(device))
+        return {**out, "post_mean": post.mean, "post_var": post.variance}
+
+    return build, work
+
+
+def nystrom_scale_case():
+    """Nyström under a kept top ScaleKernel (stop 35): the exact tree's attribute paths, FITC correction."""
+    def build():
+        x, y, xs = data(1500, 3)
+        kernel = rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=3)), 256, method="nystrom", x_sample=x,
+                             landmarks="rls", seed=0)
+        assert kernel.base_kernel.lengthscale is not None
+        return UserGP(x, y, kernel).to(DTYPE), x, {"xs": xs}
+
+    def work(model, extra, device):
+        out = gp_work(model, extra["xs"].to(device), fit_steps=2)
+        return {**out, "lengthscale": model.covar_module.base_kernel.lengthscale.detach()}
+
+    return build, work
+
+
 CASES = {
     "RBF ARD, ORF, N = 400 < F (kernel space)": regression_case(
         lambda d: ScaleKernel(RBFKernel(ard_num_dims=d)), 400, method="orf"),
@@ -296,6 +406,12 @@ CASES = {
     "BoTorch SingleTaskGP + qLogEI": botorch_case(),
     "DirichletGPClassifier (draws on the device)": classifier_case(),
     "Pyro RandomFeatureGP, SVI (draws on the device)": pyro_case(),
+    "multitask tutorial model, Kronecker factors, diagonal task noise": multitask_kronecker_case(0),
+    "multitask tutorial model, Kronecker factors, rank-1 task noise": multitask_kronecker_case(1),
+    "BoTorch KroneckerMultiTaskGP": botorch_kronecker_case(),
+    "BoTorch SingleTaskGP + qLogNEI (kernel-space row blocks)": botorch_qlognei_case(),
+    "BoTorch MixedSingleTaskGP (categorical features)": botorch_mixed_case(),
+    "Nyström (ridge leverage) under a kept ScaleKernel": nystrom_scale_case(),
 }
 
 
@@ -498,11 +614,57 @@ def timing(device, out):
     out.extend(rows)
 
 
+def timing_structured(device, out):
+    """Multitask MLL + gradient (Kronecker factors) and one qLogNEI value + gradient: rfgp against the exact GP."""
+    from botorch.acquisition.logei import qLogNoisyExpectedImprovement
+    from botorch.models import SingleTaskGP
+
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for kind in ("rfgp", "exact"):
+        x = torch.rand(4000, 1, generator=gen, dtype=DTYPE)
+        y = torch.sin(6 * x + torch.tensor([0.0, 1.0], dtype=DTYPE)) + 0.1 * torch.randn(4000, 2, generator=gen,
+                                                                                             dtype=DTYPE)
+        kernel = gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=2, rank=1)
+        kernel = rfgp.sketch(kernel, 256, seed=0) if kind == "rfgp" else kernel
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(2, rank=1)
+        model = MultitaskGP(x.to(device), y.to(device), likelihood, kernel).to(device=device, dtype=DTYPE)
+        step = [timed(device, loss_and_grads, model) for _ in range(3)]
+        rows.append(f"| multitask tutorial model, N = 4000, T = 2, rank-1 task noise, F = 256 | {kind} | MLL + "
+                    f"gradient | {min(step[1:]):.4f} |")
+        print(rows[-1], flush=True)
+    x = torch.rand(1000, 12, generator=gen, dtype=DTYPE)
+    y = (torch.sin(3 * x[:, :4]).sum(-1) + 0.3 * torch.randn(1000, generator=gen, dtype=DTYPE))[:, None]
+    candidates = torch.rand(4, 2, 12, generator=gen, dtype=DTYPE).to(device)
+    for kind in ("rfgp", "exact"):
+        model = SingleTaskGP(x.to(device), y.to(device))
+        model.covar_module.lengthscale = torch.tensor([0.3] * 4 + [3.0] * 8)
+        if kind == "rfgp":
+            model.covar_module = rfgp.sketch(model.covar_module, 1024, method="orf", seed=0)
+        model = model.to(device).eval()
+        acquisition = qLogNoisyExpectedImprovement(model, X_baseline=x[:64].to(device), prune_baseline=False)
+
+        def evaluate():
+            X = candidates.clone().requires_grad_(True)
+            torch.autograd.grad(acquisition(X).sum(), X)
+
+        times = [timed(device, evaluate) for _ in range(6)]
+        rows.append(f"| qLogNEI, N = 1000, d = 12, 64 baseline, 4 × 2 candidates, F = 1024 | {kind} | value + "
+                    f"gradient | {min(times[1:]):.4f} |")
+        print(rows[-1], flush=True)
+    out.append("\n## Timing: structured workflows on the device (seconds, best after a warm-up)\n")
+    out.append("| workflow | model | step | seconds |")
+    out.append("|---|---|---|---|")
+    out.extend(rows)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gpu_parity.md"))
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--cases", default="", help="run only the cases whose name contains one of these "
+                        "comma-separated substrings (default: all)")
     args = parser.parse_args()
     device = torch.device(args.device)
     out = ["# CUDA parity of rfgp's workflows\n", f"Load average (1, 5, 15 min) before: {os.getloadavg()}.\n"]
@@ -521,7 +683,10 @@ def main():
     out.append("|---|---|---|---|---|---|---|")
     sync_sites = Counter()
     failures = []
+    wanted = [part for part in args.cases.split(",") if part]
     for name, case in CASES.items():
+        if wanted and not any(part in name for part in wanted):
+            continue
         start = time.perf_counter()
         try:
             _, reference = run(*case, torch.device("cpu"))
@@ -550,6 +715,7 @@ def main():
         out.extend(f"| `{site}` | {count} |" for site, count in sync_sites.most_common(40))
     float32_check(device, out)
     if not args.no_timing:
+        timing_structured(device, out)
         timing(device, out)
     out.append(f"\nLoad average after: {os.getloadavg()}.")
     out.append(f"\nFailed or to check: {', '.join(failures) if failures else 'none'}.")
