@@ -222,22 +222,24 @@ def gathered_row_grads(unit: Sequence[Tensor], weights: Tensor, rhs: Tensor, wei
     return grad_weights, grad_rhs
 
 
-def accumulated_statistics_dtype(gram: Tensor, weights: Tensor) -> torch.dtype:
+def accumulated_statistics_dtype(gram: Tensor, weights: Tensor, trace_scale: Tensor | float = 1.0) -> torch.dtype:
     """The dtype to form chunked statistics in (:func:`~rfgp.inference.statistics_precision.statistics_dtype`),
     decided from tr(G) of ``gram`` as accumulated in the features' dtype — exact to its rounding — summed over
-    processes: a benign model pays no extra pass.  ``gram``: ΦᵀWΦ, or ΦᵀΦ for uniform weights ``(..., 1)``."""
+    processes: a benign model pays no extra pass.  ``gram``: ΦᵀWΦ, or ΦᵀΦ for uniform weights ``(..., 1)``;
+    ``trace_scale`` multiplies tr(G) where the statistics enter a wider product (‖B̃‖_F² for the data Gram of a
+    Kronecker root φ ⊗ B, :mod:`rfgp.inference.kronecker_statistics`)."""
     def trace() -> Tensor:
         unit = gram.detach().diagonal(dim1=-2, dim2=-1).sum(-1)
-        return distributed.reduce_statistics(unit * weights[..., 0] if _is_uniform(weights) else unit)[0]
+        return distributed.reduce_statistics(unit * weights[..., 0] if _is_uniform(weights) else unit)[0] * trace_scale
 
     return statistics_dtype(torch.promote_types(gram.dtype, weights.dtype), gram.device, trace)
 
 
 def _widened_statistics(featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int,
-                        gram: Tensor, cross: Tensor) -> tuple[Tensor, Tensor]:
+                        gram: Tensor, cross: Tensor, trace_scale: Tensor | float) -> tuple[Tensor, Tensor]:
     """(``gram``, ``cross``) as accumulated, or recomputed from Φ_c cast to float64 where the float32 rounding of
-    ``gram`` is not negligible (:func:`accumulated_statistics_dtype`)."""
-    work = accumulated_statistics_dtype(gram, weights)
+    ``gram`` (its trace times ``trace_scale``) is not negligible (:func:`accumulated_statistics_dtype`)."""
+    work = accumulated_statistics_dtype(gram, weights, trace_scale)
     if work == gram.dtype:
         return gram, cross
     return accumulated_statistics(lambda x: featurizer(x).to(work), inputs, weights.to(work), rhs.to(work),
@@ -247,11 +249,13 @@ def _widened_statistics(featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor
 class _ChunkedStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, featurizer, blocks, inputs, weights, rhs, *params):
-        chunk_size, outputs, adaptive = blocks  # points per chunk, rows of Φ per point, adaptive precision
+        # points per chunk, rows of Φ per point, adaptive precision, its trace's scale
+        chunk_size, outputs, adaptive, trace_scale = blocks
         uniform = _is_uniform(weights)
         gram, cross = accumulated_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs)
         if adaptive:
-            gram, cross = _widened_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs, gram, cross)
+            gram, cross = _widened_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs, gram, cross,
+                                              trace_scale)
         ctx.featurizer, ctx.chunk_size, ctx.outputs, ctx.work = featurizer, chunk_size, outputs, gram.dtype
         if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
             ctx.save_for_backward(inputs, weights, rhs, gram, cross)
@@ -314,7 +318,7 @@ def check_chunked_solve(featurizer: Featurizer, inputs: Tensor, weights: Tensor,
 
 def chunked_feature_statistics(
     featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int = 1,
-    adaptive_precision: bool = False,
+    adaptive_precision: bool = False, trace_scale: Tensor | float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs), accumulated over ``chunk_size`` input points at a time.
 
@@ -329,11 +333,13 @@ def chunked_feature_statistics(
             the inputs' dtypes) where their float32 rounding, u·tr(G) of the float32 result, exceeds
             :class:`rfgp.settings.float32_statistics_tolerance` (:mod:`rfgp.inference.statistics_precision`): a
             second forward pass at a high signal-to-noise ratio, none otherwise.
+        trace_scale: a factor (no gradient) on that estimate's tr(G), where G enters a wider product: ‖B̃‖_F² for
+            the data Gram of a Kronecker root (:mod:`rfgp.inference.kronecker_statistics`).
     """
     check_chunked_solve(featurizer, inputs, weights, outputs)
     unscaled = featurizer.unscaled()
     weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size, outputs)
-    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision), inputs, weights, rhs,
-                                    *unscaled.params)
+    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision, trace_scale), inputs, weights,
+                                    rhs, *unscaled.params)

@@ -28,6 +28,7 @@ models for which the N·T × N·T kernel-space path is cheaper (:func:`prefers_k
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from linear_operator.operators import ConstantDiagLinearOperator, DiagLinearOperator, KroneckerProductLinearOperator
@@ -35,6 +36,7 @@ from torch import Tensor
 
 from ..core.validation import check_noise
 from . import distributed
+from .chunking import Featurizer, chunked_feature_statistics
 from .linalg import feature_statistics
 from .statistics_precision import statistics_dtype, weighted_square_norm
 
@@ -55,7 +57,16 @@ def kronecker_noise(noise, num_tasks: int) -> tuple[Tensor, Tensor] | None:
     return point_noise, tasks.to_dense()
 
 
-def kronecker_statistics(data: Tensor, weights: Tensor, task: Tensor, chol: Tensor,
+class ChunkedDataFeatures(NamedTuple):
+    """φ = featurizer(x) of a Kronecker root φ ⊗ B over :class:`rfgp.settings.memory_budget`, evaluated
+    ``chunk_size`` points at a time (:func:`kronecker_statistics` accumulates φ_cᵀD_c⁻¹φ_c and φ_cᵀD_c⁻¹R̃_cB̃)."""
+
+    featurizer: Featurizer
+    inputs: Tensor
+    chunk_size: int
+
+
+def kronecker_statistics(data: Tensor | ChunkedDataFeatures, weights: Tensor, task: Tensor, chol: Tensor,
                          rhs: Tensor) -> tuple[Tensor, Tensor, Tensor, torch.dtype]:
     """(Φ̃ᵀΦ̃ ``(..., F·m, F·m)``, Φ̃ᵀr̃ ``(..., F·m, k)``, r̃ᵀr̃ ``(..., k)``, the model's dtype) from the factors
     (module docstring), summed over processes inside :class:`rfgp.inference.distributed.data_parallel`.
@@ -64,28 +75,42 @@ def kronecker_statistics(data: Tensor, weights: Tensor, task: Tensor, chol: Tens
     (:func:`~rfgp.inference.statistics_precision.statistics_dtype`); the results are then float64, and the returned
     dtype is the model's, to round the results derived from them back to.
 
+    A chunked φ (:class:`ChunkedDataFeatures`) has its data statistics accumulated over row blocks with the
+    backward recomputing each block (:func:`~rfgp.inference.chunking.chunked_feature_statistics`, O(chunk·F + F²)
+    memory); its precision is decided from the float32 sums' tr(φᵀD_N⁻¹φ)·‖B̃‖_F² (a second pass in float64 where
+    needed), the residual projections B̃ᵀr̃ᵢ formed in the model's dtype.
+
     Args:
-        data: φ ``(..., N, F)``.
+        data: φ ``(..., N, F)``, or its :class:`ChunkedDataFeatures`.
         weights: 1/dᵢ ``(..., N)``, or ``(..., 1)`` for a constant D_N.
         task: B ``(..., T, m)``.
         chol: C ``(..., T, T)``, lower, Σ_T = CCᵀ.
         rhs: the interleaved residuals r ``(..., N·T, k)`` (k may be 0).
     """
     num_tasks, width = task.shape[-2:]
-    dtype = torch.promote_types(torch.promote_types(data.dtype, weights.dtype), task.dtype)
+    chunked = isinstance(data, ChunkedDataFeatures)
+    data_dtype = data.inputs.dtype if chunked else data.dtype
+    dtype = torch.promote_types(torch.promote_types(data_dtype, weights.dtype), task.dtype)
     whitened_task = torch.linalg.solve_triangular(chol.to(dtype), task.to(dtype), upper=False)  # B̃ = C⁻¹B
     blocks = rhs.to(dtype).unflatten(-2, (-1, num_tasks))  # (..., N, T, k)
     whitened = torch.linalg.solve_triangular(chol.to(dtype).unsqueeze(-3), blocks, upper=False)  # R̃ per point
 
-    def trace() -> Tensor:  # tr(Φ̃ᵀΦ̃) = tr(φᵀD_N⁻¹φ)·‖B̃‖_F², summed over processes (one dtype on every rank)
-        with torch.no_grad():
-            return distributed.reduce_statistics(weighted_square_norm(data, weights))[0] * whitened_task.square().sum(
-                (-2, -1))
+    if chunked:
+        projected = torch.einsum("...tm,...ntk->...nmk", whitened_task, whitened)  # B̃ᵀr̃ᵢ
+        data_gram, data_cross = chunked_feature_statistics(
+            data.featurizer, data.inputs, weights, projected.flatten(-2), data.chunk_size, adaptive_precision=True,
+            trace_scale=whitened_task.detach().square().sum((-2, -1)))
+        work = data_gram.dtype
+    else:
+        def trace() -> Tensor:  # tr(Φ̃ᵀΦ̃) = tr(φᵀD_N⁻¹φ)·‖B̃‖_F², summed over processes (one dtype on every rank)
+            with torch.no_grad():
+                return distributed.reduce_statistics(weighted_square_norm(data, weights))[0] * whitened_task.square(
+                ).sum((-2, -1))
 
-    work = statistics_dtype(dtype, data.device, trace)
+        work = statistics_dtype(dtype, data.device, trace)
+        projected = torch.einsum("...tm,...ntk->...nmk", whitened_task.to(work), whitened.to(work))
+        data_gram, data_cross = feature_statistics(data.to(work), weights.to(work), projected.flatten(-2))
     whitened_task, whitened, weights = whitened_task.to(work), whitened.to(work), weights.to(work)
-    projected = torch.einsum("...tm,...ntk->...nmk", whitened_task, whitened)  # B̃ᵀr̃ᵢ
-    data_gram, data_cross = feature_statistics(data.to(work), weights, projected.flatten(-2))
     weighted_square = (whitened.square().sum(-2) * weights.unsqueeze(-1)).sum(-2)
     task_gram = whitened_task.mT @ whitened_task
     gram = (data_gram[..., :, None, :, None] * task_gram[..., None, :, None, :]).flatten(-2).flatten(-3, -2)

@@ -16,7 +16,7 @@ train/test covariance (Maddox et al. 2021, "Bayesian optimization with high-dime
 * :class:`KroneckerFeatureRootAddedDiagLinearOperator`, :class:`KroneckerFeatureRootAddedTaskNoiseLinearOperator` —
   RRᵀ plus a likelihood's noise, whose ``solve`` (BoTorch's mean cache and every Matheron sample) goes through
   both factors' eigendecompositions where the noise is c·I_N ⊗ Σ_T (:class:`_KroneckerSolve`), and whose marginal
-  likelihood and posterior statistics come from the factors where the noise is D_N ⊗ Σ_T (:class:`_KroneckerStatistics`,
+  likelihood and posterior statistics come from the factors where the noise is D_N ⊗ Σ_T (:class:`KroneckerStatistics`,
   :mod:`rfgp.inference.kronecker_statistics`): an MLL step then never forms the root.
 
 Its eigenpairs are computed without a graph, so under ``gpytorch.settings.detach_test_caches(False)`` (BoTorch then
@@ -186,7 +186,7 @@ class KroneckerRootLinearOperator(FullPrecisionOperator, LinearOperator):
     when asked (``to_dense``, cached).
 
     The marginal likelihood and the posterior caches of a sketched multitask covariance read its factors
-    (:class:`_KroneckerStatistics`), so an MLL step under a noise D_N ⊗ Σ_T never forms the N·p × F_s·r matrix;
+    (:class:`KroneckerStatistics`), so an MLL step under a noise D_N ⊗ Σ_T never forms the N·p × F_s·r matrix;
     every other use (products, rows, the other noises' whitened statistics) takes the dense root.
 
     Args:
@@ -352,21 +352,34 @@ class _KroneckerSolve:
         return result if left_tensor is None else left_tensor @ result
 
 
-class _KroneckerStatistics(_KroneckerSolve):
+class KroneckerStatistics:
     r"""The marginal likelihood and the posterior's capacitance statistics of (φ ⊗ B)(φ ⊗ B)ᵀ + D_N ⊗ Σ_T from the
     factors (:mod:`rfgp.inference.kronecker_statistics`): O(N·F² + F²·m²) instead of O(N·T·F²·m²).  Other noises,
-    and the kernel-space path where it is cheaper, take the algebra of the operator it extends."""
+    and the kernel-space path where it is cheaper, take the algebra of the operator it extends.
+
+    A mixin: the operator gives :meth:`_kronecker_parts` (the covariance, whose ``data_features`` φ — a tensor or
+    :class:`~rfgp.inference.kronecker_statistics.ChunkedDataFeatures` — and ``task_factor`` B it reads, and the
+    noise) and :meth:`_task_cholesky`."""
+
+    def _kronecker_parts(self) -> tuple[LinearOperator, LinearOperator]:
+        raise NotImplementedError
 
     def _task_cholesky(self, task_noise: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def capacitance_width(self) -> int:
+        """F·m, the side of the capacitance I + Φ̃ᵀΦ̃: the columns of the root."""
+        return self._kronecker_parts()[0].root.shape[-1]
+
     def _kronecker_noise(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """(φ, d, B, Σ_T) where the covariance carries its factors and the noise is D_N ⊗ Σ_T, else ``None``."""
         covariance, noise = self._kronecker_parts()
-        if covariance.data_features is None or covariance.task_factor is None:
+        if covariance.task_factor is None:
             return None
         parts = kronecker_noise(noise, covariance.task_factor.shape[-2])
-        return None if parts is None else (covariance.data_features, parts[0], covariance.task_factor, parts[1])
+        if parts is None or covariance.data_features is None:  # the noise first: a chunked φ is formed on request
+            return None
+        return covariance.data_features, parts[0], covariance.task_factor, parts[1]
 
     def uses_kernel_space(self, *args) -> bool:
         """Whether the N·T × N·T path is cheaper than the capacitance with Kronecker statistics
@@ -406,19 +419,20 @@ class _KroneckerStatistics(_KroneckerSolve):
         check_targets(inv_quad_rhs)
         data, point_noise, task, task_noise = parts
         point_noise, chol = check_noise(point_noise), self._task_cholesky(task_noise)
-        stats_rhs = rhs if rhs is not None else data.new_zeros(*self.batch_shape, rows, 0)
+        stats_rhs = rhs if rhs is not None else task.new_zeros(*self.batch_shape, rows, 0)
         gram, cross, weighted_square, dtype = kronecker_statistics(data, point_noise.reciprocal(), task, chol,
                                                                    stats_rhs)
-        noise_logdet = kronecker_noise_logdet(point_noise, chol, data.shape[-2]) if logdet else None
+        noise_logdet = kronecker_noise_logdet(point_noise, chol, rows // task.shape[-2]) if logdet else None
         inv_quad, logdet_term = woodbury_inv_quad_logdet(gram, cross, None if rhs is None else weighted_square,
                                                          noise_logdet, logdet, point_noise.detach(), dtype=dtype)
         return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram.new_empty(0, dtype=dtype))
 
 
-class KroneckerFeatureRootAddedDiagLinearOperator(_KroneckerStatistics, FeatureRootAddedDiagLinearOperator):
+class KroneckerFeatureRootAddedDiagLinearOperator(KroneckerStatistics, _KroneckerSolve,
+                                                  FeatureRootAddedDiagLinearOperator):
     """RRᵀ + D of a :class:`KroneckerFeatureRootLinearOperator` (diagonal noise), solved as :class:`_KroneckerSolve`
     where D = c·I_N ⊗ diag(t), its marginal likelihood and capacitance statistics from the factors where
-    D = D_N ⊗ diag(t) (:class:`_KroneckerStatistics`)."""
+    D = D_N ⊗ diag(t) (:class:`KroneckerStatistics`)."""
 
     def _kronecker_parts(self):
         return self._linear_op, self._diag_tensor
@@ -427,10 +441,11 @@ class KroneckerFeatureRootAddedDiagLinearOperator(_KroneckerStatistics, FeatureR
         return diagonal_task_cholesky(task_noise)
 
 
-class KroneckerFeatureRootAddedTaskNoiseLinearOperator(_KroneckerStatistics, FeatureRootAddedTaskNoiseLinearOperator):
+class KroneckerFeatureRootAddedTaskNoiseLinearOperator(KroneckerStatistics, _KroneckerSolve,
+                                                       FeatureRootAddedTaskNoiseLinearOperator):
     """RRᵀ + D_N ⊗ Σ_T of a :class:`KroneckerFeatureRootLinearOperator` (correlated task noise), solved as
     :class:`_KroneckerSolve`, its marginal likelihood and capacitance statistics from the factors
-    (:class:`_KroneckerStatistics`)."""
+    (:class:`KroneckerStatistics`)."""
 
     def _kronecker_parts(self):
         return self.feature_operator, self.task_noise

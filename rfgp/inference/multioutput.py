@@ -210,15 +210,17 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         Under ``observation_nan_policy("mask")``/``("fill")`` a NaN target (one task at one input, in
         GPyTorch's interleaved order) gets weight 0: A and RᵀD⁻¹r are those of the observed entries.  A training
         root over the memory budget gives its statistics block by block
-        (:func:`~rfgp.inference.multioutput_chunking.chunked_training_statistics`).
+        (:func:`~rfgp.inference.multioutput_chunking.chunked_training_statistics`), except a sketched
+        ``MultitaskKernel`` under a noise D_N ⊗ Σ_T, whose statistics come from its Kronecker factors, chunked or
+        not (:mod:`rfgp.inference.chunked_kronecker`).
         """
+        kronecker = self._kronecker_statistics(nan_policy)
+        if kronecker is not None:
+            return kronecker
         if is_chunked_training_covariance(self.lik_train_train_covar):
             residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
             statistics = chunked_training_statistics(self.lik_train_train_covar, residual, observed)
             return capacitance_solve(*distributed.reduce_statistics(*statistics), dtype=residual.dtype)
-        kronecker = self._kronecker_statistics(nan_policy)
-        if kronecker is not None:
-            return kronecker
         features, noise, residual, observed = self._training_system(nan_policy)
         weights = noise.reciprocal()
         if observed is not None and weights.shape[-1] != 1:
@@ -245,7 +247,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             return None
         if noisy.uses_kernel_space():
             return None
-        num_features = noisy._kronecker_parts()[0].root.shape[-1]
+        num_features = noisy.capacitance_width()
         batch = math.prod(torch.broadcast_shapes(noisy.batch_shape, residual.shape[:-1]))
         check_solve(noisy.shape[-1], num_features, batch, residual.dtype, residual.device, size=num_features)
         statistics = noisy.kronecker_statistics(residual.unsqueeze(-1))

@@ -19,6 +19,8 @@ divergence-free factor.
 
 from __future__ import annotations
 
+import functools
+import math
 import warnings
 
 import torch
@@ -26,12 +28,16 @@ from gpytorch.kernels import IndexKernel, Kernel
 from torch import Tensor, nn
 
 from ..core.config_state import METHOD
+from ..core.settings import resolve_chunk_size
 from ..core.validation import check_choice, check_positive_int
 from ..features.operator_valued import (
     OperatorValuedFourierFeatures,
     decomposable_features,
 )
+from ..inference.chunked_kronecker import ChunkedKroneckerFeatureOperator
+from ..inference.chunking import Featurizer
 from ..inference.kronecker_tasks import KroneckerFeatureRootLinearOperator, KroneckerRootLinearOperator
+from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator
 from .combinations import (
     FeatureSumKernel,
     is_feature_kernel,
@@ -254,6 +260,30 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         factor = self.output_factor().to(scalar.dtype)
         root = KroneckerRootLinearOperator(scalar, factor)  # formed only where a path needs it
         return KroneckerFeatureRootLinearOperator(root, self.variance_correction(x), scalar, factor)
+
+    def _multi_output_prediction_forward(self, x1: Tensor, x2: Tensor, same: bool, diag: bool,
+                                         featurizer: Featurizer, num_rows: int, outputs: int, batch: int):
+        """A covariance R(x)R(x)ᵀ over the budget keeps its Kronecker factors
+        (:class:`~rfgp.inference.chunked_kronecker.ChunkedKroneckerFeatureOperator`): under a noise D_N ⊗ Σ_T its
+        statistics need φ (N × F_s) — whole where φ's working set fits the budget, else in row blocks — not the
+        N·p × F_s·(rank + p) root."""
+        lazy = super()._multi_output_prediction_forward(x1, x2, same, diag, featurizer, num_rows, outputs, batch)
+        if diag or not isinstance(lazy, ChunkedMultiOutputFeatureOperator) or not lazy.symmetric:
+            return lazy
+        data = self.data_featurizer(x1)
+        data_chunk = resolve_chunk_size(x1.shape[-2], data.num_features, math.prod(data.batch_shape), x1.dtype)
+        factor = self.output_factor().to(x1.dtype)
+        return ChunkedKroneckerFeatureOperator.from_root(lazy, data, factor, data_chunk)
+
+    def data_featurizer(self, x: Tensor) -> Featurizer:
+        """φ, the data kernel's features (``kernel_features`` of ``data_covar_module``, its outputscale and
+        ``active_dims`` included), as a :class:`~rfgp.inference.chunking.Featurizer` for block-by-block evaluation;
+        the data kernel already prepared on all of x (:meth:`prepare`)."""
+        kernel = self.data_covar_module
+        with torch.no_grad():
+            probe = kernel_features(kernel, x[..., :1, :])
+        params = [p for p in kernel.parameters() if p.requires_grad]
+        return Featurizer(functools.partial(kernel_features, kernel), params, probe.shape[-1], probe.shape[:-2])
 
     def _decomposable_features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(Φ(x) = φ(x) ⊗ Bᵀ with interleaved rows, φ(x), B)."""

@@ -1,0 +1,145 @@
+r"""A sketched multitask covariance over the memory budget: Kronecker statistics from φ, block by block if need be.
+
+The interleaved root R = φ ⊗ B of a sketched ``MultitaskKernel`` (:class:`~rfgp.kernels.SketchedDecomposableKernel`;
+N·T × F·m, m = rank + T) is T·m times the size of its data features φ (N × F).  Under a noise D_N ⊗ Σ_T its marginal
+likelihood and posterior caches need only φ and F·m × F·m statistics (:mod:`rfgp.inference.kronecker_statistics`),
+so the kernel sizes them by φ: where R exceeds :class:`rfgp.settings.memory_budget` it returns
+:class:`ChunkedKroneckerFeatureOperator`, a chunked multi-output root
+(:class:`~rfgp.inference.multioutput_chunking.ChunkedMultiOutputFeatureOperator`) that also keeps the data
+featurizer and B.  With a noise D_N ⊗ Σ_T (GPyTorch's ``MultitaskGaussianLikelihood`` of any rank) the noise-added
+operators take the Kronecker statistics (:class:`~rfgp.inference.kronecker_tasks.KroneckerStatistics`):
+
+* from φ whole where φ's working set fits the budget (:func:`~rfgp.core.settings.resolve_chunk_size` on its N rows
+  and F columns): the same computation as a materialised root's, never forming R;
+* else from φ in row blocks (:class:`~rfgp.inference.kronecker_statistics.ChunkedDataFeatures`): φ_cᵀD_c⁻¹φ_c and
+  φ_cᵀD_c⁻¹R̃_cB̃ summed over blocks, the backward recomputing each block
+  (:func:`~rfgp.inference.chunking.chunked_feature_statistics`), O(chunk·F + F²·m²) memory.
+
+Both equal the unchunked path to rounding, in value and gradient.  Every other case keeps the chunked whitened-root
+path of :mod:`rfgp.inference.multioutput_chunking` (R block by block, O(N·T·F²·m²)): other noises (per-entry), missing
+targets (``observation_nan_policy`` "mask"/"fill": the masked operators are the plain chunked ones), and operators
+derived from the covariance (expanded, indexed) — as for a materialised root, whose derived operators are plain
+feature roots.  A chunked covariance never takes the N·T × N·T kernel-space path.
+"""
+
+from __future__ import annotations
+
+import torch
+from linear_operator.operators import DiagLinearOperator, LinearOperator
+from linear_operator.utils.memoize import cached
+from torch import Tensor
+
+from .chunking import Featurizer
+from .kronecker_statistics import ChunkedDataFeatures, diagonal_task_cholesky
+from .kronecker_tasks import KroneckerStatistics
+from .linalg import is_positive
+from .multioutput_chunking import ChunkedAddedTaskNoiseLinearOperator, ChunkedMultiOutputFeatureOperator
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator
+from .task_noise import is_interleaved_task_noise
+
+
+class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
+    """R(x)R(x)ᵀ for R = φ ⊗ B over the budget: a chunked multi-output root that keeps its Kronecker factors.
+
+    Args:
+        inputs: x ``(..., N, d)``.
+        params: the root featurizer's differentiable tensors.
+        featurizer: x ↦ R ``(*batch, c·T, F·m)`` (the chunked whitened-root path's).
+        chunk_size: points per block of R.
+        num_outputs: T.
+        data_featurizer: x ↦ φ ``(*batch, c, F)``.
+        task_factor: B ``(..., T, m)``.
+        data_chunk_size: points per block of φ, ``None`` where φ fits the budget whole.
+    """
+
+    def __init__(self, inputs: Tensor, *params: Tensor, featurizer: Featurizer, chunk_size: int, num_outputs: int,
+                 data_featurizer: Featurizer, task_factor: Tensor, data_chunk_size: int | None) -> None:
+        LinearOperator.__init__(self, inputs, *params, featurizer=featurizer, chunk_size=chunk_size,
+                                num_outputs=num_outputs, data_featurizer=data_featurizer, task_factor=task_factor,
+                                data_chunk_size=data_chunk_size)
+        self.inputs1 = self.inputs2 = inputs
+        self.featurizer, self.chunk_size, self.num_outputs = featurizer, chunk_size, num_outputs
+        self.data_featurizer, self.task_factor, self.data_chunk_size = data_featurizer, task_factor, data_chunk_size
+
+    @classmethod
+    def from_root(cls, root: ChunkedMultiOutputFeatureOperator, data_featurizer: Featurizer, task_factor: Tensor,
+                  data_chunk_size: int | None) -> ChunkedKroneckerFeatureOperator:
+        """The symmetric chunked root ``root`` with its factors φ (``data_featurizer``) and B."""
+        return cls(root.inputs1, *root.featurizer.params, featurizer=root.featurizer, chunk_size=root.chunk_size,
+                   num_outputs=root.num_outputs, data_featurizer=data_featurizer, task_factor=task_factor,
+                   data_chunk_size=data_chunk_size)
+
+    @classmethod
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs):
+        """Derived operators (expanded, transposed, whitened, summed) are plain chunked roots."""
+        return ChunkedMultiOutputFeatureOperator.from_featurizer(inputs1, inputs2, featurizer, chunk_size,
+                                                                 num_outputs)
+
+    @property
+    def data_features(self) -> Tensor | ChunkedDataFeatures:
+        """φ(x) whole where it fits the budget (once per grad mode), else its :class:`ChunkedDataFeatures`."""
+        if self.data_chunk_size is None:
+            return self._data_features(torch.is_grad_enabled())
+        return ChunkedDataFeatures(self.data_featurizer, self.inputs1, self.data_chunk_size)
+
+    @cached(name="data_features")
+    def _data_features(self, grad_enabled: bool) -> Tensor:
+        return self.data_featurizer(self.inputs1)
+
+    def _mul_constant(self, other):
+        """c·RRᵀ = (√c·φ ⊗ B)(√c·φ ⊗ B)ᵀ for c > 0 (``ScaleKernel`` around the multitask kernel): both featurizers
+        scaled, the factors kept."""
+        if not is_positive(other):
+            return super()._mul_constant(other)
+        return ChunkedKroneckerFeatureOperator(
+            self.inputs1, *self.featurizer.scaled(other).params, featurizer=self.featurizer.scaled(other),
+            chunk_size=self.chunk_size, num_outputs=self.num_outputs,
+            data_featurizer=self.data_featurizer.scaled(other), task_factor=self.task_factor,
+            data_chunk_size=self.data_chunk_size)
+
+    def __add__(self, other):
+        if isinstance(other, DiagLinearOperator):
+            return ChunkedKroneckerAddedDiagLinearOperator(self, other)
+        if is_interleaved_task_noise(other):
+            return ChunkedKroneckerAddedTaskNoiseLinearOperator(self, other)
+        return super().__add__(other)
+
+
+class _ChunkedKroneckerStatistics(KroneckerStatistics):
+    """:class:`~rfgp.inference.kronecker_tasks.KroneckerStatistics` of a chunked covariance: always the F·m × F·m
+    capacitance (the kernel-space path needs the whole root)."""
+
+    def _kernel_space_given(self, parts, *args) -> bool:
+        return False
+
+    def capacitance_width(self) -> int:
+        return self._kronecker_parts()[0].featurizer.num_features
+
+
+class ChunkedKroneckerAddedDiagLinearOperator(_ChunkedKroneckerStatistics, ChunkedFeatureRootAddedDiagLinearOperator):
+    """RRᵀ + D of a :class:`ChunkedKroneckerFeatureOperator`: Kronecker statistics where D = D_N ⊗ diag(t), the
+    chunked root's statistics otherwise (and under a mask: :meth:`select_rows` gives the plain chunked operator)."""
+
+    def _kronecker_parts(self):
+        return self._linear_op, self._diag_tensor
+
+    def _task_cholesky(self, task_noise: Tensor) -> Tensor:
+        return diagonal_task_cholesky(task_noise)
+
+
+class ChunkedKroneckerAddedTaskNoiseLinearOperator(_ChunkedKroneckerStatistics, ChunkedAddedTaskNoiseLinearOperator):
+    """RRᵀ + D_N ⊗ Σ_T of a :class:`ChunkedKroneckerFeatureOperator`: Kronecker statistics (the chunked whitened
+    root's under a mask)."""
+
+    def _kronecker_parts(self):
+        return self.feature_operator, self.task_noise
+
+    def _task_cholesky(self, task_noise: Tensor) -> Tensor:
+        return self._factors()[1]  # cached; a singular Σ_T is refused by name
+
+
+__all__ = [
+    "ChunkedKroneckerAddedDiagLinearOperator",
+    "ChunkedKroneckerAddedTaskNoiseLinearOperator",
+    "ChunkedKroneckerFeatureOperator",
+]
