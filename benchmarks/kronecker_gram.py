@@ -17,6 +17,13 @@ GPyTorch ``MultitaskKernel``) is timed once per configuration in float64 where `
 BoTorch's ``KroneckerMultiTaskGP`` (its defaults: full-rank task covariance, per-task noise; root width F·2p) is timed
 for one MLL + gradient, old against new, as built in ``botorch_kronecker_posterior.py``.
 
+Under ``rfgp.settings.memory_budget`` (``--budget`` rows): GPyTorch's multitask tutorial model at N = 20 000, T = 3,
+F = 512 (root 60 000 × 2 048, 3.9 GiB of working set; φ 20 000 × 512, 0.33 GiB), float64, at the default budget
+(1 GiB: the root is chunked, φ fits) and at 64 MiB (φ in row blocks).  "old" sizes the chunking by the whole root and
+takes the chunked whitened root's statistics; "new" sizes it by φ and keeps the Kronecker statistics
+(:mod:`rfgp.inference.chunked_kronecker`).  MLL + gradient and the cold posterior, paired as above, and the peak RSS
+of one MLL + gradient above the built model, each path in a fresh process.
+
 ``--quick``: N ≤ 500, one repeat, float64 only (under a minute).
 """
 
@@ -24,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import os
+import resource
 import statistics
 import time
 from unittest import mock
@@ -33,9 +42,13 @@ import gpytorch
 import torch
 
 import rfgp
-from rfgp.inference.kronecker_tasks import _KroneckerStatistics
+from rfgp.inference.kronecker_tasks import KroneckerStatistics
+from rfgp.kernels import SketchedDecomposableKernel
+from rfgp.kernels.random_feature_kernel import FeatureKernel
 
 WIDTH, NUM_TEST, REPEATS = 256, 1000, 5
+BUDGET_POINTS, BUDGET_TASKS, BUDGET_WIDTH, BUDGET_REPEATS = 20_000, 3, 512, 3
+BUDGETS = {"1 GiB (default)": 2**30, "64 MiB": 64 * 2**20}
 
 
 class MultitaskGP(gpytorch.models.ExactGP):
@@ -87,7 +100,16 @@ def switched(path: str):
     """The Kronecker-factor path as built (``new``) or switched off (``old``)."""
     if path == "new":
         return contextlib.nullcontext()
-    return mock.patch.object(_KroneckerStatistics, "_kronecker_noise", lambda self: None)
+    return mock.patch.object(KroneckerStatistics, "_kronecker_noise", lambda self: None)
+
+
+def budget_sized(path: str):
+    """The chunking of a sketched ``MultitaskKernel`` over the budget sized by φ (``new``) or by the whole root, with
+    the chunked whitened root's statistics (``old``)."""
+    if path == "new":
+        return contextlib.nullcontext()
+    return mock.patch.object(SketchedDecomposableKernel, "_multi_output_prediction_forward",
+                             FeatureKernel._multi_output_prediction_forward)
 
 
 def data(num_points, num_tasks, dtype):
@@ -99,17 +121,82 @@ def data(num_points, num_tasks, dtype):
     return x.to(dtype), y.to(dtype), test.to(dtype)
 
 
-def paired(function, repeats) -> tuple[float, float]:
+def paired(function, repeats, switch=switched) -> tuple[float, float]:
     """Median seconds of ``function`` on the (old, new) path, alternated after one untimed run each."""
     times = {"old": [], "new": []}
     for path in times:
-        with switched(path):
+        with switch(path):
             function()
     for _ in range(repeats):
         for path in times:
-            with switched(path):
+            with switch(path):
                 times[path].append(timed(function))
     return statistics.median(times["old"]), statistics.median(times["new"])
+
+
+def _budget_model(num_points, width):
+    x, y, test = data(num_points, BUDGET_TASKS, torch.float64)
+    return build(x, y, 0, width), x, y, test
+
+
+def _peak_worker(num_points, width, budget, path, queue):
+    torch.set_num_threads(1)
+    model, x, y, test = _budget_model(num_points, width)
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with rfgp.settings.memory_budget(budget), budget_sized(path):
+        phases(model, x, y, test)["MLL + gradient"]()
+    queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) / 1024)
+
+
+def peak_megabytes(num_points, width, budget, path) -> float:
+    """Peak RSS (MB) of one MLL + gradient above the built model, in a fresh process."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_peak_worker, args=(num_points, width, budget, path, queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    return result
+
+
+def run_budget(num_points, width, budgets, repeats):
+    """The tutorial model over the budget: old (sized by the root) against new (sized by φ)."""
+    rows = []
+    model, x, y, test = _budget_model(num_points, width)
+    steps = phases(model, x, y, test)
+    for label, budget in budgets.items():
+        peaks = {path: peak_megabytes(num_points, width, budget, path) for path in ("old", "new")}
+        for phase, function in steps.items():
+            with rfgp.settings.memory_budget(budget):
+                old, new = paired(function, repeats, budget_sized)
+            peak = (peaks["old"], peaks["new"]) if phase == "MLL + gradient" else (None, None)
+            rows.append((label, num_points, BUDGET_TASKS, width, phase, old, new, *peak))
+            print(rows[-1], os.getloadavg(), flush=True)
+    return rows
+
+
+def budget_markdown(rows, repeats, load) -> str:
+    lines = [
+        "",
+        "## Under the memory budget: sized by φ and Kronecker statistics (new) vs sized by the root, chunked whitened "
+        "root (old)",
+        "",
+        f"GPyTorch's multitask tutorial model (`MultitaskGaussianLikelihood(T)`), `MultitaskKernel(RBFKernel(), T, "
+        f"rank=1)` sketched at F data features (root width F·(1 + T)), float64, one CPU thread, median of {repeats} "
+        "alternated runs after one untimed each; peak: RSS above the built model during one MLL + gradient, each "
+        f"path in a fresh process. Load average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, "
+        f"{load[2]:.2f} (2 shared cores). At 1 GiB the root (N·T × F·m, 4 working copies: 3.9 GiB at N = 20 000, "
+        "F = 512) is chunked while φ (0.33 GiB) fits: new takes the Kronecker statistics from φ whole; at 64 MiB φ is "
+        "accumulated in row blocks.",
+        "",
+        "| budget | N | T | F | phase | old (s) | new (s) | old/new | old peak (MB) | new peak (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, num_points, num_tasks, width, phase, old, new, old_peak, new_peak in rows:
+        peaks = "— | —" if old_peak is None else f"{old_peak:.0f} | {new_peak:.0f}"
+        lines.append(f"| {label} | {num_points} | {num_tasks} | {width} | {phase} | {old:.3f} | {new:.3f} | "
+                     f"{old / new:.1f}× | {peaks} |")
+    return "\n".join(lines) + "\n"
 
 
 def run(configs, dtypes, repeats, exact_limit):
@@ -175,20 +262,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat, float64 (under a minute)")
     parser.add_argument("--exact", type=int, default=8000, help="largest N·T timed with the exact model")
+    parser.add_argument("--budget", action="store_true",
+                        help="only the memory-budget rows, appended to (or replacing) that section of the results")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.quick:
         configs = [("correlated", 500, 2, 1), ("tutorial", 500, 2, 0)]
         rows = run(configs, (torch.float64,), 1, 0)
-        print(markdown(rows, 1, os.getloadavg()))
+        budget_rows = run_budget(500, 32, {"16 KiB": 16 * 2**10}, 1)
+        print(markdown(rows, 1, os.getloadavg()) + budget_markdown(budget_rows, 1, os.getloadavg()))
         return
-    configs = [("correlated", 2000, 2, 1), ("correlated", 2000, 4, 1), ("tutorial", 4000, 2, 0)]
-    rows = run(configs, (torch.float64, torch.float32), REPEATS, args.exact) + run_botorch((2, 4), REPEATS)
-    text = markdown(rows, REPEATS, os.getloadavg())
     path = os.path.join(os.path.dirname(__file__), "results", "kronecker_gram.md")
+    budget_rows = run_budget(BUDGET_POINTS, BUDGET_WIDTH, BUDGETS, BUDGET_REPEATS)
+    budget_text = budget_markdown(budget_rows, BUDGET_REPEATS, os.getloadavg())
+    if args.budget:
+        with open(path) as handle:
+            text = handle.read().split("\n## Under the memory budget")[0].rstrip("\n") + "\n"
+    else:
+        configs = [("correlated", 2000, 2, 1), ("correlated", 2000, 4, 1), ("tutorial", 4000, 2, 0)]
+        rows = run(configs, (torch.float64, torch.float32), REPEATS, args.exact) + run_botorch((2, 4), REPEATS)
+        text = markdown(rows, REPEATS, os.getloadavg())
     with open(path, "w") as handle:
-        handle.write(text)
-    print(text)
+        handle.write(text + budget_text)
+    print(text + budget_text)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
   memory is O(chunk·F + F²) instead of O(N·F), with the same results to rounding.
   Multi-output (vector-field) kernels chunk their n·p-row roots a block of points at a time, for
   training (marginal likelihood, gradients, posterior caches) and prediction
-  (:mod:`rfgp.inference.multioutput_chunking`).
+  (:mod:`rfgp.inference.multioutput_chunking`); a sketched ``MultitaskKernel`` (root φ ⊗ B) is sized by
+  its data features φ and keeps its Kronecker statistics, from φ whole or in row blocks
+  (:mod:`rfgp.inference.chunked_kronecker`).
 * :class:`chunk_size` — force a number of rows per chunk (``None``: derive it from
   the budget).
 * :class:`float32_statistics_tolerance` — the largest estimated rounding error u·tr(ΦᵀWΦ) at which float32

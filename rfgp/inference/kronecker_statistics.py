@@ -21,8 +21,10 @@ u·tr(Φ̃ᵀΦ̃) = u·tr(φᵀD_N⁻¹φ)·‖B̃‖_F².
 
 The same model's algebra, chosen where it applies: noise that is not D_N ⊗ Σ_T (per-entry noise), missing targets
 under ``observation_nan_policy`` "mask"/"fill" (per-point masks break the Kronecker structure), sums of decomposable
-terms (LCM) and the curl-/divergence-free kernels keep the whitened-root statistics; so do chunked training roots and
-models for which the N·T × N·T kernel-space path is cheaper (:func:`prefers_kernel_space_kronecker`).
+terms (LCM) and the curl-/divergence-free kernels keep the whitened-root statistics; so do models for which the
+N·T × N·T kernel-space path is cheaper (:func:`prefers_kernel_space_kronecker`).  A root over
+:class:`rfgp.settings.memory_budget` keeps these statistics, from φ whole where φ fits the budget or from row blocks of
+φ (:class:`ChunkedDataFeatures`, :mod:`rfgp.inference.chunked_kronecker`).
 """
 
 from __future__ import annotations

@@ -460,5 +460,6 @@ __all__ = [
     "KroneckerFeatureRootAddedTaskNoiseLinearOperator",
     "KroneckerFeatureRootLinearOperator",
     "KroneckerRootLinearOperator",
+    "KroneckerStatistics",
     "point_task_noise",
 ]

@@ -24,7 +24,8 @@ E[θ | y] = Rᵀ(RRᵀ + D)⁻¹(y − μ) and covariance root R*(I − WᵀQ) (
 with no F × F matrix (whitened R̃, r̃ and D = I under correlated noise; missing entries' rows dropped).
 Either square matrix is checked against the available memory first (:func:`rfgp.core.memory.check_solve`).
 Training and test roots over :class:`rfgp.settings.memory_budget` are evaluated a block of points at a time
-(:mod:`rfgp.inference.multioutput_chunking`; a chunked training root always takes the F × F capacitance).
+(:mod:`rfgp.inference.multioutput_chunking`; a chunked training root always takes the F × F capacitance; a sketched
+``MultitaskKernel`` keeps its Kronecker statistics, :mod:`rfgp.inference.chunked_kronecker`).
 Independent outputs under diagonal noise (GPyTorch's batch-independent GP, :mod:`rfgp.inference.independent_tasks`)
 predict through the single-output strategy of their T systems instead
 (:attr:`MultitaskFeatureSpacePredictionStrategy.task_strategy`), with cross-output covariances 0.

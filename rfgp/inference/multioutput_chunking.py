@@ -20,6 +20,10 @@ Training.  The likelihood's noise turns it into
   (or a whitened row of 0) for a missing entry (:class:`ObservedMultiOutputRows`), which a block of points cannot
   drop.
 
+A sketched ``MultitaskKernel`` (root φ ⊗ B) is sized by its data features φ instead, and under a noise D_N ⊗ Σ_T
+keeps its Kronecker statistics (:mod:`rfgp.inference.chunked_kronecker`); the cases above remain for its other noises
+and masks.
+
 The marginal likelihood (GPyTorch's ``ExactMarginalLogLikelihood``, unchanged) and its gradients w.r.t. the kernel,
 the task noise and the mean then need O(chunk·p·F + F²) memory and equal the unchunked path to rounding; the
 posterior caches of :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy` come from the same

@@ -92,9 +92,10 @@ def test_two_gloo_processes_match_one(tmp_path):
 NUM_CASE_TRAIN = 40
 # kind: (model, likelihood rank, chunk size, NaN targets).  A sketched MultitaskKernel's Kronecker statistics under
 # rank-0 and rank-1 noise, also chunked (rows of φ in blocks, rfgp.inference.chunked_kronecker); the whitened root
-# (rfgp.inference.task_noise) of missing targets (also chunked), of a curl-free field and of an LCM sum; batch-independent outputs; Dirichlet classification (batched per-point noise);
-# fixed per-point noise; N < F, where one process takes the kernel-space path and data_parallel the F × F capacitance;
-# complex features (rfgp.inference.complex_posterior)
+# (rfgp.inference.task_noise) of missing targets (also chunked), of a curl-free field and of an LCM sum;
+# batch-independent outputs; Dirichlet classification (batched per-point noise); fixed per-point noise; N < F, where
+# one process takes the kernel-space path and data_parallel the F × F capacitance; complex features
+# (rfgp.inference.complex_posterior)
 MODEL_KINDS = {
     "multitask-rank0": ("multitask", 0, None, False),
     "multitask-rank1": ("multitask", 1, None, False),
