@@ -139,13 +139,24 @@ def _budget_model(num_points, width):
     return build(x, y, 0, width), x, y, test
 
 
+def _peak_rss_megabytes() -> float:
+    """This process's peak RSS: Linux's VmHWM (the getrusage maximum survives exec, so a spawned child would start
+    from its parent's RSS), ru_maxrss elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _peak_worker(num_points, width, budget, path, queue):
     torch.set_num_threads(1)
     model, x, y, test = _budget_model(num_points, width)
-    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = _peak_rss_megabytes()
     with rfgp.settings.memory_budget(budget), budget_sized(path):
         phases(model, x, y, test)["MLL + gradient"]()
-    queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) / 1024)
+    queue.put(_peak_rss_megabytes() - start)
 
 
 def peak_megabytes(num_points, width, budget, path) -> float:
@@ -162,14 +173,15 @@ def peak_megabytes(num_points, width, budget, path) -> float:
 def run_budget(num_points, width, budgets, repeats):
     """The tutorial model over the budget: old (sized by the root) against new (sized by φ)."""
     rows = []
+    peaks = {label: {path: peak_megabytes(num_points, width, budget, path) for path in ("old", "new")}
+             for label, budget in budgets.items()}
     model, x, y, test = _budget_model(num_points, width)
     steps = phases(model, x, y, test)
     for label, budget in budgets.items():
-        peaks = {path: peak_megabytes(num_points, width, budget, path) for path in ("old", "new")}
         for phase, function in steps.items():
             with rfgp.settings.memory_budget(budget):
                 old, new = paired(function, repeats, budget_sized)
-            peak = (peaks["old"], peaks["new"]) if phase == "MLL + gradient" else (None, None)
+            peak = (peaks[label]["old"], peaks[label]["new"]) if phase == "MLL + gradient" else (None, None)
             rows.append((label, num_points, BUDGET_TASKS, width, phase, old, new, *peak))
             print(rows[-1], os.getloadavg(), flush=True)
     return rows
