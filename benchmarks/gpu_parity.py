@@ -268,8 +268,9 @@ def pyro_case():
     return build, work
 
 
-def multitask_kronecker_case(noise_rank):
-    """GPyTorch's multitask tutorial model: statistics from the Kronecker factors (stop 35)."""
+def multitask_kronecker_case(noise_rank, budget=None):
+    """GPyTorch's multitask tutorial model: statistics from the Kronecker factors, φ whole or, under a ``budget`` (in
+    bytes) it exceeds, in row blocks."""
     def build():
         x, y, xs = data(1000, 2, outputs=3)
         kernel = rfgp.sketch(gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=3, rank=1), 512, seed=0)
@@ -277,7 +278,8 @@ def multitask_kronecker_case(noise_rank):
         return MultitaskGP(x, y, likelihood, kernel).to(DTYPE), x, {"xs": xs}
 
     def work(model, extra, device):
-        return gp_work(model, extra["xs"].to(device), fit_steps=2)
+        with rfgp.settings.memory_budget(budget) if budget else contextlib.nullcontext():
+            return gp_work(model, extra["xs"].to(device), fit_steps=2)
 
     return build, work
 
@@ -408,6 +410,8 @@ CASES = {
     "Pyro RandomFeatureGP, SVI (draws on the device)": pyro_case(),
     "multitask tutorial model, Kronecker factors, diagonal task noise": multitask_kronecker_case(0),
     "multitask tutorial model, Kronecker factors, rank-1 task noise": multitask_kronecker_case(1),
+    "multitask tutorial model, Kronecker factors from φ in row blocks (1 MiB budget)": multitask_kronecker_case(
+        1, budget=2**20),
     "BoTorch KroneckerMultiTaskGP": botorch_kronecker_case(),
     "BoTorch SingleTaskGP + qLogNEI (kernel-space row blocks)": botorch_qlognei_case(),
     "BoTorch MixedSingleTaskGP (categorical features)": botorch_mixed_case(),
