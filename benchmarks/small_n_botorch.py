@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import rfgp  # noqa: E402
-from rfgp.inference import posterior_covariance, prediction  # noqa: E402
+from rfgp.inference import linalg, posterior_covariance, prediction  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -40,8 +40,8 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 def _whole_root(features, factor, kernel_space):
     """The posterior covariance as before: the whole n × F root, formed at every posterior."""
     if not kernel_space:
-        return posterior_covariance.LowRankPosteriorCovariance(
-            posterior_covariance.rows_times_inverse_cholesky_transpose(features, factor))
+        root = linalg.CapacitanceFactor(factor).posterior_root(features)
+        return posterior_covariance.LowRankPosteriorCovariance(root)
     batch = torch.broadcast_shapes(features.shape[:-2], factor.projection.shape[:-2])
     return posterior_covariance.LowRankPosteriorCovariance(
         factor.posterior_root(features.expand(*batch, *features.shape[-2:])))

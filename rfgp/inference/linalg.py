@@ -20,6 +20,8 @@ through the same statistics, differentiable again.  Used by :class:`rfgp.inferen
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
@@ -378,15 +380,45 @@ def rows_times_inverse_cholesky_transpose(rows: Tensor, chol: Tensor) -> Tensor:
     evaluation there, more than the rest of the posterior.  The same solve with those dimensions folded into
     the n rows is one triangular solve with b·n right-hand sides, without the copies.
     """
+    return _folded_rows(rows, chol, lambda columns: torch.linalg.solve_triangular(chol, columns, upper=False))
+
+
+def rows_times_inverse_capacitance(rows: Tensor, chol: Tensor) -> Tensor:
+    """X·A⁻¹ = (X·L⁻ᵀ)·L⁻¹ for rows X ``(*lead, *batch, n, F)`` and A = LLᵀ, L ``(*batch, F, F)`` lower: two
+    triangular solves with the n rows as right-hand sides (2·n·F² flops), batch dimensions folded into the rows as in
+    :func:`rows_times_inverse_cholesky_transpose`."""
+    return _folded_rows(rows, chol, lambda columns: cholesky_solve(columns, chol))
+
+
+def _folded_rows(rows: Tensor, chol: Tensor, solve) -> Tensor:
+    """``solve(Xᵀ)ᵀ`` for rows X ``(*lead, *batch, n, F)``, ``solve`` taking columns ``(*batch, F, k)`` against the
+    factor ``chol`` ``(*batch, F, F)``, with X's leading dimensions folded into its rows (one solve of b·n columns)."""
     lead = rows.dim() - chol.dim()
     if lead <= 0:
-        return torch.linalg.solve_triangular(chol, rows.mT, upper=False).mT
+        return solve(rows.mT).mT
     batch = torch.broadcast_shapes(rows.shape[lead:-2], chol.shape[:-2])
     rows = rows.expand(*rows.shape[:lead], *batch, *rows.shape[-2:])
     lead_dims, moved = tuple(range(lead)), tuple(range(len(batch), len(batch) + lead))
     folded = rows.movedim(lead_dims, moved).reshape(*batch, -1, rows.shape[-1])
-    solved = torch.linalg.solve_triangular(chol, folded.mT, upper=False).mT
+    solved = solve(folded.mT).mT
     return solved.reshape(*batch, *rows.shape[:lead], *rows.shape[-2:]).movedim(moved, lead_dims)
+
+
+class CapacitanceFactor(NamedTuple):
+    """L = chol(A), A = I + ΦᵀD⁻¹Φ (F × F, paper 000 §5.6): the feature-space counterpart of
+    :class:`~rfgp.inference.kernel_space.KernelSpaceFactor`, whose root L⁻ᵀ of A⁻¹ = L⁻ᵀL⁻¹ gives the posterior
+    covariance Φ*A⁻¹Φ*ᵀ at test features Φ* the n × F root Φ*L⁻ᵀ."""
+
+    cholesky: Tensor  #: L ``(..., F, F)``, lower triangular
+
+    def posterior_root(self, features: Tensor) -> Tensor:
+        """Φ*L⁻ᵀ ``(..., n, F)`` for test features Φ* ``(..., n, F)``, in n·F² flops."""
+        return rows_times_inverse_cholesky_transpose(features, self.cholesky)
+
+    def rows_times_weight_covariance(self, features: Tensor) -> Tensor:
+        """Φ_rA⁻¹ = (Φ_rL⁻ᵀ)L⁻¹ ``(..., r, F)`` for feature rows Φ_r ``(..., r, F)``, in 2·r·F² flops: a covariance
+        block Φ_rA⁻¹Φ*ᵀ then costs 2·r·F² + r·n·F instead of the n × F root's n·F²."""
+        return rows_times_inverse_capacitance(features, self.cholesky)
 
 
 def _capacitance_terms(gram: Tensor, cross: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:

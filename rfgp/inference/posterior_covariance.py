@@ -48,7 +48,7 @@ from torch import Tensor
 
 from ..core.dtypes import FullPrecisionOperator, in_full_precision
 from .kernel_space import KernelSpaceFactor, kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import is_positive, rows_times_inverse_cholesky_transpose
+from .linalg import CapacitanceFactor, is_positive
 from .task_noise import is_interleaved_task_noise
 
 
@@ -125,31 +125,31 @@ class LowRankPosteriorCovariance(FullPrecisionOperator, MatmulLinearOperator):
         return super().__add__(other)
 
 
-class KernelSpacePosteriorCovariance(LowRankPosteriorCovariance):
-    """Σ* = SΦ*A⁻¹Φ*ᵀS of a kernel-space posterior (N ≲ F), whose n × F root SΦ*R is formed at its first use, and
-    whose blocks of rows Σ*[r, :] = S_rΦ_rA⁻¹Φ*ᵀS never form it.
+class LazyRootPosteriorCovariance(LowRankPosteriorCovariance):
+    """Σ* = SΦ*A⁻¹Φ*ᵀS from a factor of the posterior weight covariance A⁻¹, whose n × F root SΦ*R (RRᵀ = A⁻¹) is
+    formed at its first use, and whose blocks of rows Σ*[r, :] = S_r(Φ_rA⁻¹)Φ*ᵀS never form it.
 
-    The root Φ*R = Φ* − (Φ*Wᵀ)Q (:class:`~rfgp.inference.kernel_space.KernelSpaceFactor`) costs 2·n·N·F.  BoTorch's
-    cached-root qLogNEI/qNEI (``botorch.utils.low_rank.sample_cached_cholesky``) asks the joint posterior at the
-    pruned baseline and the q candidates, n = n_b + q per t-batch, only for its q bottom rows Σ*[-q:, :] at every
-    evaluation: through :meth:`~rfgp.inference.kernel_space.KernelSpaceFactor.rows_times_weight_covariance` they
-    cost O(q·N·F + q·n·F) instead of the whole root's O(n·N·F), forward and backward (N = 1000, F = 1024, 64
-    baseline points, 4 × 2 candidates: 46.5 → 17.2 ms per value + gradient,
-    ``benchmarks/results/small_n_botorch.md``).  S = diag(``scale``) is the row scaling of BoTorch's ``Standardize``
-    (:meth:`rescaled`).  Everything else — variances, samples, principal slices, batch operations — reads the root.
+    BoTorch's cached-root qLogNEI/qNEI (``botorch.utils.low_rank.sample_cached_cholesky``) asks the joint posterior at
+    the pruned baseline and the q candidates, n = n_b + q per t-batch, only for its q bottom rows Σ*[-q:, :] at every
+    evaluation: through the factor's ``rows_times_weight_covariance`` (Φ_rA⁻¹) they cost what q rows of the root cost,
+    plus q·n·F for the product with Φ*ᵀ, instead of the whole root, forward and backward.  S = diag(``scale``) is the
+    row scaling of BoTorch's ``Standardize`` (:meth:`rescaled`).  Everything else — variances, samples, principal
+    slices, batch operations — reads the root.  The algebra of A⁻¹ is the subclass's ``factor_type``.
 
     Args:
         features: test features Φ* ``(*batch, n, F)``, already broadcast to the factor's batch.
-        projection: W = L⁻¹Φ ``(..., N, F)``.
-        correction: Q = (L + D^{1/2})⁻¹Φ ``(..., N, F)``.
         scale: the diagonal of S, ``(*batch, n)``.
+        factor: the tensors of a ``factor_type`` (a named tuple with ``posterior_root`` and
+            ``rows_times_weight_covariance``).
     """
 
-    def __init__(self, features: Tensor, projection: Tensor, correction: Tensor, scale: Tensor):
-        # all four are arguments, so that linear_operator's autograd (representation) reaches W and Q's graph
-        LinearOperator.__init__(self, features, projection, correction, scale)
+    factor_type: type
+
+    def __init__(self, features: Tensor, scale: Tensor, *factor: Tensor):
+        # all are arguments, so that linear_operator's autograd (representation) reaches the factor's graph
+        LinearOperator.__init__(self, features, scale, *factor)
         self.features, self.scale = features, scale
-        self.factor = KernelSpaceFactor(projection, correction)
+        self.factor = self.factor_type(*factor)
 
     @functools.cached_property
     @in_full_precision  # formed where it is first read, maybe under the caller's autocast (a likelihood's noise sum)
@@ -189,15 +189,40 @@ class KernelSpacePosteriorCovariance(LowRankPosteriorCovariance):
             return DenseLinearOperator(block.to(self.features.dtype))
         return self._with_root()._getitem(row_index, col_index, *batch_indices)
 
-    def rescaled(self, scale: Tensor) -> KernelSpacePosteriorCovariance:
+    def rescaled(self, scale: Tensor) -> LazyRootPosteriorCovariance:
         scale = scale * self.scale
         features = self.features.expand(*scale.shape, self.features.shape[-1])
-        return KernelSpacePosteriorCovariance(features, *self.factor, scale)
+        return self.__class__(features, scale, *self.factor)
 
     def _mul_constant(self, other: Tensor) -> LinearOperator:
         if is_positive(other):
             return self.rescaled(other.sqrt().unsqueeze(-1).expand(self.scale.shape))
         return super()._mul_constant(other)
+
+
+class KernelSpacePosteriorCovariance(LazyRootPosteriorCovariance):
+    """:class:`LazyRootPosteriorCovariance` of a kernel-space posterior (N ≲ F), factor
+    :class:`~rfgp.inference.kernel_space.KernelSpaceFactor` (W = L⁻¹Φ, Q = (L + D^{1/2})⁻¹Φ, both N × F).
+
+    The root Φ*R = Φ* − (Φ*Wᵀ)Q costs 2·n·N·F; rows Φ_rA⁻¹ = (Φ_rR)Rᵀ cost 4·q·N·F
+    (:meth:`~rfgp.inference.kernel_space.KernelSpaceFactor.rows_times_weight_covariance`): O(q·N·F + q·n·F) per
+    t-batch of qLogNEI instead of O(n·N·F) (N = 1000, F = 1024, 64 baseline points, 4 × 2 candidates: 46.5 → 17.2 ms
+    per value + gradient, ``benchmarks/results/small_n_botorch.md``).
+    """
+
+    factor_type = KernelSpaceFactor
+
+
+class FeatureSpacePosteriorCovariance(LazyRootPosteriorCovariance):
+    """:class:`LazyRootPosteriorCovariance` of a feature-space posterior (N > F), factor
+    :class:`~rfgp.inference.linalg.CapacitanceFactor` (L_A = chol(A), F × F).
+
+    The root Φ*L_A⁻ᵀ costs n·F² (one triangular solve of the n rows); rows Φ_rA⁻¹ = (Φ_rL_A⁻ᵀ)L_A⁻¹ cost 2·q·F²
+    (:meth:`~rfgp.inference.linalg.CapacitanceFactor.rows_times_weight_covariance`): O(q·F² + q·n·F) per t-batch of
+    qLogNEI instead of O(n·F²).
+    """
+
+    factor_type = CapacitanceFactor
 
 
 def _is_principal(row_index, col_index, batch_indices) -> bool:
@@ -300,18 +325,20 @@ class LowRankPosteriorAddedDiag(FullPrecisionOperator, LowRankRootAddedDiagLinea
         return LowRankPosteriorAddedDiag(LowRankRootLinearOperator(root), DiagLinearOperator(diag))
 
 
-def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -> LowRankPosteriorCovariance:
-    """Σ* = Φ*A⁻¹Φ*ᵀ at test features Φ* ``(..., n, F)`` from a prediction strategy's factor, as its n × F root.
+def feature_posterior_covariance(features: Tensor, factor, kernel_space: bool) -> LazyRootPosteriorCovariance:
+    """Σ* = Φ*A⁻¹Φ*ᵀ at test features Φ* ``(..., n, F)`` from a prediction strategy's factor, its n × F root formed
+    where it is read.
 
-    Feature space (``factor`` = chol(A) = L_A, F × F): the root Φ*L_A⁻ᵀ.  Kernel space (``factor`` a
-    :class:`~rfgp.inference.kernel_space.KernelSpaceFactor` of ΦΦᵀ + D): the root Φ*(I − WᵀQ), with no F × F
-    matrix.  Either way a :class:`LowRankPosteriorCovariance`: O(n·F) per product column and per draw.
+    Feature space (``factor`` = chol(A) = L_A, F × F): the root Φ*L_A⁻ᵀ, a :class:`FeatureSpacePosteriorCovariance`.
+    Kernel space (``factor`` a :class:`~rfgp.inference.kernel_space.KernelSpaceFactor` of ΦΦᵀ + D): the root
+    Φ*(I − WᵀQ), with no F × F matrix, a :class:`KernelSpacePosteriorCovariance`.  Either way O(n·F) per product
+    column and per draw once the root is formed, and blocks of rows without it.
     """
-    if kernel_space:
-        batch = torch.broadcast_shapes(features.shape[:-2], factor.projection.shape[:-2])
-        features = features.expand(*batch, *features.shape[-2:])
-        return KernelSpacePosteriorCovariance(features, *factor, features.new_ones(features.shape[:-1]))
-    return LowRankPosteriorCovariance(rows_times_inverse_cholesky_transpose(features, factor))
+    operator = KernelSpacePosteriorCovariance if kernel_space else FeatureSpacePosteriorCovariance
+    factor = factor if kernel_space else CapacitanceFactor(factor)
+    batch = torch.broadcast_shapes(features.shape[:-2], factor[0].shape[:-2])
+    features = features.expand(*batch, *features.shape[-2:])
+    return operator(features, features.new_ones(features.shape[:-1]), *factor)
 
 
 def _weighted_roots(root: Tensor, weights: Tensor) -> Tensor:

@@ -9,7 +9,9 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DiagLinearOperator, LowRankRootLinearOperator, MatmulLinearOperator
 
 from rfgp.inference.kernel_space import kernel_space_posterior_caches
+from rfgp.inference.linalg import capacitance_cholesky
 from rfgp.inference.posterior_covariance import (
+    FeatureSpacePosteriorCovariance,
     KernelSpacePosteriorCovariance,
     LowRankPosteriorAddedDiag,
     LowRankPosteriorCovariance,
@@ -188,9 +190,9 @@ def test_stack_independent_pads_roots_of_different_widths():
 
 def test_t_batched_test_points_solve_with_one_factor(monkeypatch):
     """b sets of q test points (BoTorch's t-batches: ``(b, q, d)`` against an unbatched model) are solved against the
-    one F × F factor L_A as b·q right-hand sides, not with L_A broadcast to b copies and b solves (0.31 s per
-    acquisition evaluation at N = 3000, F = 1024, b = 8), with the values and test-input gradients of each set's
-    own posterior and of the dense algebra of the same kernel."""
+    one F × F factor L_A as b·q right-hand sides (the root and blocks of rows alike), not with L_A broadcast to b
+    copies and b solves (0.31 s per acquisition evaluation at N = 3000, F = 1024, b = 8), with the values and
+    test-input gradients of each set's own posterior and of the dense algebra of the same kernel."""
     import rfgp
 
     g = torch.Generator().manual_seed(0)
@@ -212,7 +214,9 @@ def test_t_batched_test_points_solve_with_one_factor(monkeypatch):
     model(x[:1])  # the caches
     monkeypatch.setattr(torch.linalg, "solve_triangular", spy)
     batched = model(test_x)
-    assert broadcast == [1]
+    batched.lazy_covariance_matrix[..., -2:, :].to_dense()  # rows Φ_rA⁻¹ without the root: two solves
+    batched.lazy_covariance_matrix.low_rank_root  # formed where it is read
+    assert broadcast == [1, 1, 1]
     monkeypatch.setattr(torch.linalg, "solve_triangular", solve)
     (batched.mean.sum() + batched.covariance_matrix.sum()).backward()
     gradient, test_x.grad = test_x.grad.clone(), None
@@ -238,27 +242,72 @@ def test_shape_comes_from_the_root_as_for_the_matmul_operator(shape):
     assert covariance[..., 1:3, 1:3].shape == (root[..., 1:3, :] @ root[..., 1:3, :].mT).shape
 
 
-def test_kernel_space_covariance_rows_rescaling_and_slices_equal_the_whole_root():
-    """A kernel-space posterior's rows Σ*[r, :] (BoTorch's cached-root qLogNEI reads the q bottom rows) come
-    without the n × F root, and equal the root's — through ``rescaled`` (``Standardize``) and constants too;
-    principal slices, batch operations, the diagonal and the dense matrix read the root."""
+def _posterior_factor(kernel_space: bool, batch: tuple, dtype=torch.float64):
+    """(a prediction strategy's factor, the training features Φ, requiring a gradient, and the dense A⁻¹ =
+    (I + ΦᵀD⁻¹Φ)⁻¹ in float64) at F = 50 features: N = 30 < F (kernel space) or N = 80 > F (feature space),
+    D = 0.1·I."""
     gen = torch.Generator().manual_seed(0)
-    train = torch.randn(30, 50, generator=gen, dtype=torch.float64)
-    _, factor = kernel_space_posterior_caches(train, torch.full((30,), 0.1, dtype=torch.float64),
-                                              torch.randn(30, 1, generator=gen, dtype=torch.float64))
-    features = torch.randn(3, 7, 50, generator=gen, dtype=torch.float64, requires_grad=True)
-    scale = torch.rand(3, 7, generator=gen, dtype=torch.float64) + 0.5
-    covariance = feature_posterior_covariance(features, factor, kernel_space=True).rescaled(scale) * 2.0
-    assert isinstance(covariance, KernelSpacePosteriorCovariance)
-    root = math.sqrt(2.0) * scale.unsqueeze(-1) * factor.posterior_root(features)
-    dense = root @ root.mT
+    train = torch.randn(*batch, 30 if kernel_space else 80, 50, generator=gen, dtype=torch.float64)
+    train = train.to(dtype).requires_grad_(True)
+    noise = torch.full(train.shape[:-1], 0.1, dtype=dtype)
+    if kernel_space:
+        _, factor = kernel_space_posterior_caches(train, noise, torch.zeros(train.shape[-2], 1, dtype=dtype))
+    else:  # chol(A) in float64, rounded to the model's dtype, as the prediction strategy's cache
+        factor = capacitance_cholesky(train.mT @ (train / noise.unsqueeze(-1))).to(dtype)
+    wide = train.double()
+    weight_covariance = torch.linalg.inv(torch.eye(50, dtype=torch.float64) + wide.mT @ wide / 0.1)
+    return factor, train, weight_covariance
+
+
+@pytest.mark.parametrize("factor_batch, features_batch", [((), (3,)), ((), (2, 3)), ((3,), (2, 3))])
+@pytest.mark.parametrize("kernel_space", [True, False], ids=["kernel-space", "feature-space"])
+def test_lazy_root_covariance_rows_rescaling_and_slices_equal_the_whole_root(kernel_space, factor_batch,
+                                                                            features_batch):
+    """A posterior's rows Σ*[r, :] (BoTorch's cached-root qLogNEI reads the q bottom rows of t-batches of
+    candidates) come without the n × F root, in kernel space as (Φ_rR)Rᵀ and in feature space as (Φ_rL_A⁻ᵀ)L_A⁻¹,
+    and equal Φ*A⁻¹Φ*ᵀ with the dense A⁻¹ — through ``rescaled`` (``Standardize``) and constants too, with the
+    gradients of the test and the training features; principal slices, batch operations, the diagonal and the
+    dense matrix read the root."""
+    factor, train, weight_covariance = _posterior_factor(kernel_space, factor_batch)
+    gen = torch.Generator().manual_seed(1)
+    features = torch.randn(*features_batch, 7, 50, generator=gen, dtype=torch.float64, requires_grad=True)
+    scale = torch.rand(*features_batch, 7, generator=gen, dtype=torch.float64) + 0.5
+    covariance = feature_posterior_covariance(features, factor, kernel_space).rescaled(scale) * 2.0
+    assert type(covariance) is (KernelSpacePosteriorCovariance if kernel_space else FeatureSpacePosteriorCovariance)
+    scaled = math.sqrt(2.0) * scale.unsqueeze(-1) * features
+    dense = scaled @ weight_covariance @ scaled.mT
     rows = covariance[..., -2:, :]
     assert "low_rank_root" not in vars(covariance)  # the rows did not form the root
-    torch.testing.assert_close(rows.to_dense(), dense[..., -2:, :], rtol=1e-12, atol=1e-12)
-    (gradient,) = torch.autograd.grad(rows.to_dense().sum(), features)
-    (expected,) = torch.autograd.grad(dense[..., -2:, :].sum(), features)
-    torch.testing.assert_close(gradient, expected, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(covariance[1, 2:5, 2:5].to_dense(), dense[1, 2:5, 2:5], rtol=1e-12, atol=1e-12)
+    assert rows.shape == dense[..., -2:, :].shape
+    torch.testing.assert_close(rows.to_dense(), dense[..., -2:, :], rtol=1e-10, atol=1e-12)
+    gradients = torch.autograd.grad(rows.to_dense().sum(), (features, train))
+    expected = torch.autograd.grad(dense[..., -2:, :].sum(), (features, train))
+    for gradient, reference in zip(gradients, expected):
+        torch.testing.assert_close(gradient, reference, rtol=1e-9, atol=1e-10)
+    index = (1,) * len(features_batch)
+    torch.testing.assert_close(covariance[(*index, slice(2, 5), slice(2, 5))].to_dense(), dense[index][2:5, 2:5],
+                               rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(covariance.diagonal(dim1=-2, dim2=-1), dense.diagonal(dim1=-2, dim2=-1))
     torch.testing.assert_close(covariance.to_dense(), dense)
-    torch.testing.assert_close(covariance.unsqueeze(0).expand(2, 3, 7, 7).to_dense(), dense.expand(2, 3, 7, 7))
+    shape = (2, *dense.shape)
+    torch.testing.assert_close(covariance.unsqueeze(0).expand(shape).to_dense(), dense.expand(shape))
+
+
+@pytest.mark.parametrize("kernel_space", [True, False], ids=["kernel-space", "feature-space"])
+def test_float32_rows_are_as_accurate_as_the_whole_roots_also_under_autocast(kernel_space):
+    """Float32 rows Σ*[r, :] are float32, as close to the float64 posterior as the float32 whole root's products,
+    and bit for bit the same under a bfloat16 autocast (formed in full precision)."""
+    factor, _, weight_covariance = _posterior_factor(kernel_space, (), dtype=torch.float32)
+    factor = factor.detach() if torch.is_tensor(factor) else type(factor)(*(part.detach() for part in factor))
+    features = torch.randn(3, 7, 50, generator=torch.Generator().manual_seed(1))
+    dense = (features.double() @ weight_covariance.detach() @ features.double().mT)[..., -2:, :]
+    covariance = feature_posterior_covariance(features, factor, kernel_space)
+    rows = covariance[..., -2:, :].to_dense()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = covariance[..., -2:, :].to_dense()
+    root = covariance.low_rank_root
+    whole = (root @ root.mT)[..., -2:, :]
+    assert rows.dtype == mixed.dtype == root.dtype == torch.float32
+    error, whole_error = (rows.double() - dense).abs().max(), (whole.double() - dense).abs().max()
+    assert error <= 2 * whole_error
+    torch.testing.assert_close(mixed, rows, rtol=0, atol=0)

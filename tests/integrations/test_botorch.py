@@ -435,47 +435,52 @@ def test_cached_root_noisy_improvement_without_outcome_standardisation(num_data)
 
 
 def _cached_root_qlognei_value_gradient_flops(model, baseline, candidates):
+    """One qLogNEI value + gradient, and its matmul and triangular-solve flops."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from .._cost import TriangularSolveFlops
 
     acquisition = qLogNoisyExpectedImprovement(model, X_baseline=baseline, prune_baseline=False,
                                                sampler=SobolQMCNormalSampler(torch.Size([64]), seed=1))
     candidates = candidates.clone().requires_grad_(True)
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter, TriangularSolveFlops() as solves:
         value = acquisition(candidates)
         value.sum().backward()  # (FlopCounterMode's module hooks refuse torch.autograd.grad)
-    return value.detach(), candidates.grad, counter.get_total_flops()
+    return value.detach(), candidates.grad, counter.get_total_flops() + solves.flops
 
 
-def test_cached_root_qlognei_reads_only_the_candidates_rows_of_a_kernel_space_posterior(monkeypatch):
+@pytest.mark.parametrize("num_train, num_features", [(300, 512), (1000, 256)], ids=["kernel-space", "feature-space"])
+def test_cached_root_qlognei_reads_only_the_candidates_rows_of_the_posterior(monkeypatch, num_train, num_features):
     """qLogNEI with its cached baseline root asks every evaluation for the joint posterior at the n_b baseline
-    points and the q candidates, and reads only its q bottom rows (``sample_cached_cholesky``).  At N ≲ F
-    (kernel space) the whole n × F root cost 2·n·N·F per t-batch, forward and again backward; the rows cost
-    O(q·N·F).  Same values and gradients as from the whole root (float64, 1e-10), under ``Standardize``."""
+    points and the q candidates, and reads only its q bottom rows (``sample_cached_cholesky``).  The whole n × F
+    root cost, per t-batch and again backward, 2·n·N·F at N ≲ F (kernel space, Φ* − (Φ*Wᵀ)Q) and n·F² at N > F
+    (feature space, the triangular solve Φ*L_A⁻ᵀ); the rows cost O(q·N·F) or O(q·F²), plus q·n·F.  Same values and
+    gradients as from the whole root (float64, 1e-10), under ``Standardize``."""
     from rfgp.inference import posterior_covariance, prediction
 
-    x, y = data(300)
-    model = sketched_model(x, y, num_features=512, outcome_transform=Standardize(1))
+    x, y = data(num_train)
+    model = sketched_model(x, y, num_features=num_features, outcome_transform=Standardize(1))
     model.likelihood.noise = 0.01
     model.eval()
     baseline = x[:40]
     candidates = 2 * torch.rand(3, 2, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     value, gradient, flops = _cached_root_qlognei_value_gradient_flops(model, baseline, candidates)
-    assert model.prediction_strategy.uses_kernel_space
+    kernel_space = num_train < num_features
+    assert model.prediction_strategy.uses_kernel_space == kernel_space
 
     def whole_root(features, factor, kernel_space):
-        batch = torch.broadcast_shapes(features.shape[:-2], factor.projection.shape[:-2])
-        return posterior_covariance.LowRankPosteriorCovariance(
-            factor.posterior_root(features.expand(*batch, *features.shape[-2:])))
+        lazy = posterior_covariance.feature_posterior_covariance(features, factor, kernel_space)
+        return posterior_covariance.LowRankPosteriorCovariance(lazy.low_rank_root)
 
     monkeypatch.setattr(prediction, "feature_posterior_covariance", whole_root)
     expected_value, expected_gradient, whole_root_flops = _cached_root_qlognei_value_gradient_flops(
         model, baseline, candidates)
     torch.testing.assert_close(value, expected_value, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(gradient, expected_gradient, rtol=1e-10, atol=1e-10)
-    num_points, num_features = x.shape[0], 512
-    one_root_product = 2 * candidates.shape[0] * (baseline.shape[0] + candidates.shape[1]) * num_points * num_features
-    assert whole_root_flops > 2 * one_root_product  # the whole root, forward and backward
-    assert flops < one_root_product / 2
+    num_rows = candidates.shape[0] * (baseline.shape[0] + candidates.shape[1])
+    one_root = 2 * num_rows * num_train * num_features if kernel_space else num_rows * num_features**2
+    assert whole_root_flops > 2 * one_root  # the whole root, forward and backward
+    assert flops < one_root / 2
 
 
 def test_a_trial_point_with_a_zero_lengthscale_is_a_nan_loss_for_botorchs_fit():
