@@ -1,20 +1,23 @@
-"""BoTorch at N ≲ F: a qLogNEI step of a ``SingleTaskGP`` and a ``MixedSingleTaskGP`` fit, rfgp against the exact GP.
+"""BoTorch on either side of N = F: qLogNEI of a ``SingleTaskGP`` and a ``MixedSingleTaskGP`` fit, rfgp against the
+exact GP.
 
-Two paired measurements, one thread, CPU seconds (``time.process_time``), the variants alternated in one process:
+Paired measurements, one thread, CPU seconds (``time.process_time``), the variants alternated in one process:
 
-* qLogNEI (cached baseline root, BoTorch's default) on ``SingleTaskGP(Normalize, Standardize)``, N = 1000, d = 12,
-  the default kernel converted with ``rfgp.sketch(kernel, 1024, method="orf")`` (kernel space: N < F), at the same
-  hyperparameters as the exact model: one value + gradient of ``qLogNoisyExpectedImprovement(X_baseline=64 training
-  points, prune_baseline=False)`` at 4 t-batches of q = 2 candidates (per evaluation), and one whole
-  ``optimize_acqf(q=2, num_restarts=4, raw_samples=64)`` step with BoTorch's baseline pruning ("old": the posterior's
-  whole n × F root per evaluation, as before ``KernelSpacePosteriorCovariance``; "new": the q rows only);
+* qLogNEI (cached baseline root, BoTorch's default) on ``SingleTaskGP(Normalize, Standardize)``, d = 12, the default
+  kernel converted with ``rfgp.sketch(kernel, 1024, method="orf")``, at the same hyperparameters as the exact model:
+  one value + gradient of ``qLogNoisyExpectedImprovement(X_baseline=n_b training points, prune_baseline=False)`` at
+  4 t-batches of q = 2 candidates (per evaluation) — at N = 1000 (kernel space: N < F) with n_b = 64, and at
+  N = 5000 (feature space: N > F) with n_b = 256 — and, at N = 1000 only, one whole
+  ``optimize_acqf(q=2, num_restarts=4, raw_samples=64)`` step with BoTorch's baseline pruning (at N = 5000 the exact
+  GP's pruning and ≈ 200 evaluations would take many minutes).  "old": the posterior's whole n × F root per
+  evaluation, as before ``rfgp.inference.posterior_covariance.LazyRootPosteriorCovariance``; "new": the q rows only;
 * ``MixedSingleTaskGP`` (N = 233, 3 continuous and 3 categorical columns, as palmerpenguins) with
   ``rfgp.sketch(covar_module, 1024)``: one marginal-likelihood value + gradient, and a whole ``fit_gpytorch_mll``
   (with its number of model evaluations).
 
 Synthetic data of the shapes of ``fresh_data_pass_2.py``'s Chicago and penguins rows.  Run
-``python benchmarks/small_n_botorch.py`` (≈ 5 min, writes ``benchmarks/results/small_n_botorch_table.md``) or
-``--quick`` (N = 500, fewer repeats, ≤ 1 min, ``small_n_botorch_quick.md``).
+``python benchmarks/small_n_botorch.py`` (≈ 7 min, writes ``benchmarks/results/small_n_botorch_table.md``) or
+``--quick`` (N = 500 and N = 2000 with n_b = 64, one repeat, ≤ 1 min, ``small_n_botorch_quick.md``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ def _variant(name: str) -> None:
         _whole_root if name == "rfgp old" else posterior_covariance.feature_posterior_covariance)
 
 
-def qlognei(n: int, repeats: int, rows: list[str]) -> None:
+def qlognei(n: int, num_baseline: int, repeats: int, evaluations: int, step: bool, rows: list[str]) -> None:
+    """qLogNEI on ``SingleTaskGP(Normalize, Standardize)`` at N = ``n``, d = 12, F = 1024 (orf): per value + gradient
+    (``evaluations`` of them per repeat, ``num_baseline`` baseline points) and, if ``step``, one ``optimize_acqf``."""
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
     from botorch.models import SingleTaskGP
     from botorch.models.transforms import Normalize, Standardize
@@ -78,14 +83,16 @@ def qlognei(n: int, repeats: int, rows: list[str]) -> None:
             _variant(name)
             model = models[name.split()[0]]
             torch.manual_seed(0)
-            acquisition = qLogNoisyExpectedImprovement(model, X_baseline=x[:64], prune_baseline=False)
+            acquisition = qLogNoisyExpectedImprovement(model, X_baseline=x[:num_baseline], prune_baseline=False)
             X = candidates.clone().requires_grad_(True)
             start = time.process_time()
-            for _ in range(10):
+            for _ in range(evaluations):
                 value = acquisition(X)
                 torch.autograd.grad(value.sum(), X)
-            per_eval.setdefault(name, []).append((time.process_time() - start) / 10)
+            per_eval.setdefault(name, []).append((time.process_time() - start) / evaluations)
             values[name] = value.detach()
+            if not step:
+                continue
             torch.manual_seed(1)
             start = time.process_time()
             acquisition = qLogNoisyExpectedImprovement(model, X_baseline=x)
@@ -102,11 +109,14 @@ def qlognei(n: int, repeats: int, rows: list[str]) -> None:
     _variant("rfgp new")
     gap = (values["rfgp old"] - values["rfgp new"]).abs().max().item()
     notes = {"rfgp new": f"max |old − new| value {gap:.1e}"}
+    space = "kernel space" if models["rfgp"].prediction_strategy.uses_kernel_space else "feature space"
     for name in per_eval:
-        step = sorted(steps[name])[len(steps[name]) // 2]
-        rows.append(f"| qLogNEI, N = {n}, d = {d}, F = {width} | {name} | "
-                    f"{1e3 * statistics.median(per_eval[name]):.1f} ms | {step[0]:.2f} s (value {step[1]:.3f}, "
-                    f"pruned baseline {step[2]}, {step[3]} evaluations) | {notes.get(name, '')} |")
+        whole = "not run"
+        if step:
+            seconds, best, pruned, calls = sorted(steps[name])[len(steps[name]) // 2]
+            whole = f"{seconds:.2f} s (value {best:.3f}, pruned baseline {pruned}, {calls} evaluations)"
+        rows.append(f"| qLogNEI, N = {n}, d = {d}, F = {width} ({space}), {num_baseline} baseline points | {name} | "
+                    f"{1e3 * statistics.median(per_eval[name]):.1f} ms | {whole} | {notes.get(name, '')} |")
 
 
 def mixed(repeats: int, fit: bool, rows: list[str]) -> None:
@@ -162,13 +172,14 @@ def mixed(repeats: int, fit: bool, rows: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 500, one repeat, no fit (≤ 1 min)")
+    parser.add_argument("--quick", action="store_true", help="N = 500 and 2000, one repeat, no fit (≤ 1 min)")
     quick = parser.parse_args().quick
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     rows = ["| problem | model | per evaluation | whole step / fit | note |", "|---|---|---|---|---|"]
     load_before = os.getloadavg()
-    qlognei(500 if quick else 1000, 1 if quick else 3, rows)
+    qlognei(500 if quick else 1000, 64, 1 if quick else 3, 10, True, rows)
+    qlognei(2000 if quick else 5000, 64 if quick else 256, 1 if quick else 3, 3, False, rows)
     mixed(1 if quick else 3, not quick, rows)
     load_after = os.getloadavg()
     text = "\n".join([

@@ -6,10 +6,15 @@ posterior runs in kernel space (N ≲ F), R = Φ*(I − WᵀQ) (:class:`~rfgp.in
 :class:`LowRankPosteriorCovariance` keeps R: matrix products cost O(n·F) per column, the
 variance is the row norms of R, and ``MultivariateNormal.rsample()`` draws R·ε with
 ε ~ N(0, I_F) in O(n·F) per sample (Thompson sampling over many candidates stays cheap).
-A kernel-space posterior (:class:`KernelSpacePosteriorCovariance`) forms R only where it is read, and blocks of
-rows without it.  Output scalings keep the root: c·RRᵀ = (√c·R)(√c·R)ᵀ for a constant c > 0 (``_mul_constant``) and
-SRRᵀS = (SR)(SR)ᵀ for a diagonal S (:meth:`LowRankPosteriorCovariance.rescaled`, which BoTorch's ``Standardize``
-reaches through :mod:`rfgp.integrations.botorch_transforms`).  Batch members and principal slices keep the root
+A prediction's posterior (:class:`LazyRootPosteriorCovariance`: :class:`FeatureSpacePosteriorCovariance` from
+L_A, :class:`KernelSpacePosteriorCovariance` from the kernel-space factor) forms R only where it is read, and blocks
+of rows Σ*[r, :] = Φ_rA⁻¹Φ*ᵀ without it: Φ_rA⁻¹ from two triangular solves of the r rows with L_A (2·r·F²) or four
+r × N × F products in kernel space, then one r × F × n product — what BoTorch's cached-root qLogNEI/qNEI reads at
+every evaluation (the q candidates' rows of the joint posterior with the baseline), instead of the whole root's
+n·F² solve or 2·n·N·F products, forward and backward.  Output scalings keep the root: c·RRᵀ = (√c·R)(√c·R)ᵀ
+for a constant c > 0 (``_mul_constant``) and SRRᵀS = (SR)(SR)ᵀ for a diagonal S
+(:meth:`LowRankPosteriorCovariance.rescaled`, which BoTorch's ``Standardize`` reaches through
+:mod:`rfgp.integrations.botorch_transforms`).  Batch members and principal slices keep the root
 too; independent outputs (a BoTorch ``ModelListGP``, a batched multi-output model) are one stacked operator
 (:func:`stack_independent`, roots zero-padded to the widest F) whose weighted sum Σₖ wₖ²RₖRₖᵀ has the root
 [w₁R₁ … w_mR_m] (``output_sum``; :mod:`rfgp.integrations.botorch_multioutput`).
@@ -148,13 +153,14 @@ class LazyRootPosteriorCovariance(LowRankPosteriorCovariance):
     def __init__(self, features: Tensor, scale: Tensor, *factor: Tensor):
         # all are arguments, so that linear_operator's autograd (representation) reaches the factor's graph
         LinearOperator.__init__(self, features, scale, *factor)
-        self.features, self.scale = features, scale
+        # (not ``features``: rfgp's prediction reads ``features()`` as the method of a feature operator)
+        self.test_features, self.scale = features, scale
         self.factor = self.factor_type(*factor)
 
     @functools.cached_property
     @in_full_precision  # formed where it is first read, maybe under the caller's autocast (a likelihood's noise sum)
     def low_rank_root(self) -> Tensor:
-        return self.scale.unsqueeze(-1) * self.factor.posterior_root(self.features)
+        return self.scale.unsqueeze(-1) * self.factor.posterior_root(self.test_features)
 
     @property
     def left_linear_op(self) -> DenseLinearOperator:
@@ -165,7 +171,7 @@ class LazyRootPosteriorCovariance(LowRankPosteriorCovariance):
         return DenseLinearOperator(self.low_rank_root.mT)
 
     def _size(self) -> torch.Size:
-        return self.features.shape[:-1] + self.features.shape[-2:-1]
+        return self.test_features.shape[:-1] + self.test_features.shape[-2:-1]
 
     def _with_root(self) -> LowRankPosteriorCovariance:
         return LowRankPosteriorCovariance(self.low_rank_root)
@@ -183,15 +189,16 @@ class LazyRootPosteriorCovariance(LowRankPosteriorCovariance):
     def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
         """Rows Σ*[r, :] (a slice of rows, all columns and batch members) without the root; else the root's."""
         if isinstance(row_index, slice) and _is_noop_index(col_index) and all(map(_is_noop_index, batch_indices)):
-            rows = self.factor.rows_times_weight_covariance(self.features[..., row_index, :])
-            columns = (self.scale.unsqueeze(-1) * self.features).to(rows.dtype)
-            block = (self.scale[..., row_index].unsqueeze(-1).to(rows.dtype) * rows) @ columns.mT
-            return DenseLinearOperator(block.to(self.features.dtype))
+            rows = self.factor.rows_times_weight_covariance(self.test_features[..., row_index, :])
+            block = rows @ self.test_features.to(rows.dtype).mT  # S on the r × n block, not on the n × F features
+            scale = self.scale.to(rows.dtype)
+            block = scale[..., row_index].unsqueeze(-1) * block * scale.unsqueeze(-2)
+            return DenseLinearOperator(block.to(self.test_features.dtype))
         return self._with_root()._getitem(row_index, col_index, *batch_indices)
 
     def rescaled(self, scale: Tensor) -> LazyRootPosteriorCovariance:
         scale = scale * self.scale
-        features = self.features.expand(*scale.shape, self.features.shape[-1])
+        features = self.test_features.expand(*scale.shape, self.test_features.shape[-1])
         return self.__class__(features, scale, *self.factor)
 
     def _mul_constant(self, other: Tensor) -> LinearOperator:
