@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import rfgp  # noqa: E402
+from tests._models import MultitaskGP  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPE = torch.float64
@@ -52,22 +53,12 @@ def data(n: int, seed: int):
     return x, f + noise, f
 
 
-class MultitaskModel(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=NUM_TASKS)
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def build(method: str, x, y):
     kernel = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), num_tasks=NUM_TASKS, rank=1)
     if method != "exact":
         kernel = rfgp.sketch(kernel, int(method.split("F")[-1]), seed=0)
     likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=NUM_TASKS, rank=1)
-    return MultitaskModel(x, y, likelihood, kernel).to(DTYPE)
+    return MultitaskGP(x, y, likelihood, kernel).to(DTYPE)
 
 
 def run(method: str, n: int, iterations: int, seed: int) -> dict:

@@ -42,7 +42,7 @@ from gpytorch.kernels import (
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from _models import BatchIndependentGP, UserGP, vector_field_kernel  # noqa: E402
+from _models import BatchIndependentGP, MultitaskGP, UserGP, vector_field_kernel  # noqa: E402
 
 import rfgp  # noqa: E402
 
@@ -282,16 +282,6 @@ def multitask_kronecker_case(noise_rank, budget=None):
             return gp_work(model, extra["xs"].to(device), fit_steps=2)
 
     return build, work
-
-
-class MultitaskGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def botorch_kronecker_case():

@@ -35,30 +35,24 @@ import multiprocessing
 import os
 import resource
 import statistics
+import sys
 import time
 from unittest import mock
 
 import gpytorch
 import torch
 
-import rfgp
-from rfgp.inference.kronecker_tasks import KroneckerStatistics
-from rfgp.kernels import SketchedDecomposableKernel
-from rfgp.kernels.random_feature_kernel import FeatureKernel
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import rfgp  # noqa: E402
+from rfgp.inference.kronecker_tasks import KroneckerStatistics  # noqa: E402
+from rfgp.kernels import SketchedDecomposableKernel  # noqa: E402
+from rfgp.kernels.random_feature_kernel import FeatureKernel  # noqa: E402
+from tests._models import MultitaskGP  # noqa: E402
 
 WIDTH, NUM_TEST, REPEATS = 256, 1000, 5
 BUDGET_POINTS, BUDGET_TASKS, BUDGET_WIDTH, BUDGET_REPEATS = 20_000, 3, 512, 3
 BUDGETS = {"1 GiB (default)": 2**30, "64 MiB": 64 * 2**20}
-
-
-class MultitaskGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def build(x, y, noise_rank, width):

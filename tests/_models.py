@@ -40,6 +40,19 @@ class UserSVGP(gpytorch.models.ApproximateGP):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
+class MultitaskGP(gpytorch.models.ExactGP):
+    """GPyTorch's multitask tutorial model: T = ``y.shape[-1]`` constant means (``MultitaskMean``), the given
+    multitask kernel and likelihood, a ``MultitaskMultivariateNormal`` over the interleaved outputs."""
+
+    def __init__(self, x, y, likelihood, kernel):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
 class BatchIndependentGP(gpytorch.models.ExactGP):
     """GPyTorch's "Batch Independent Multioutput GP": T = ``likelihood.num_tasks`` constant means and the batch kernel's
     T covariances, joined by ``MultitaskMultivariateNormal.from_batch_mvn``."""

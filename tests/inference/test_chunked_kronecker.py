@@ -20,6 +20,7 @@ from rfgp.inference.multioutput_chunking import ChunkedMultiOutputFeatureOperato
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import SketchedDecomposableKernel, SketchedRBFKernel
 from tests._cost import LargestTensor
+from tests._models import MultitaskGP
 
 F64 = torch.float64
 N, T, WIDTH, RANK = 400, 3, 16, 1  # root (N·T) × (F·m) = 1200 × 64; φ 400 × 16; statistics 64 × 64
@@ -28,16 +29,6 @@ WHOLE = 2**30
 DATA_FITS = N * DATA_ROW * 2  # φ fits, the root (T·(rank + T) = 12 times φ) does not
 DATA_CHUNKED = 50 * DATA_ROW  # φ in blocks of 50 points
 BUDGETS = {"whole": WHOLE, "data fits": DATA_FITS, "data chunked": DATA_CHUNKED}
-
-
-class _MultitaskGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def _model(noise_rank, dtype=F64, scaled=False, missing=False, num_points=N):
@@ -52,7 +43,7 @@ def _model(noise_rank, dtype=F64, scaled=False, missing=False, num_points=N):
         kernel = gpytorch.kernels.ScaleKernel(kernel)
     likelihood = MultitaskGaussianLikelihood(T, rank=noise_rank)
     with gpytorch.settings.observation_nan_policy("mask" if missing else "ignore"):
-        model = _MultitaskGP(x, y, likelihood, kernel).to(dtype)
+        model = MultitaskGP(x, y, likelihood, kernel).to(dtype)
     pgen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():

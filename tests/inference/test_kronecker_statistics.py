@@ -22,6 +22,7 @@ from rfgp.inference.operators import FeatureRootLinearOperator
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import SketchedDecomposableKernel, SketchedRBFKernel
 from tests._cost import LargestTensor
+from tests._models import MultitaskGP
 
 F64 = torch.float64
 
@@ -184,23 +185,13 @@ def test_float32_statistics_decide_by_the_trace_of_the_whitened_gram(monkeypatch
         torch.testing.assert_close(grad32.to(F64), grad64, rtol=1e-3, atol=1e-3 * float(grad64.abs().max()))
 
 
-class _MultitaskGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=kernel.num_tasks)
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 @pytest.mark.parametrize("num_tasks,rank,noise_rank", [(2, 1, 0), (3, 2, 1), (4, 1, 2)])
 def test_posterior_caches_from_the_factors_equal_the_whitened_root_path(monkeypatch, num_tasks, rank, noise_rank):
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(60, 2, generator=gen, dtype=F64)
     y = torch.randn(60, num_tasks, generator=gen, dtype=F64)
     test_x = torch.rand(7, 2, generator=gen, dtype=F64)
-    model = _MultitaskGP(x, y, _likelihood(num_tasks, noise_rank), _kernel(num_tasks, rank)).eval()
+    model = MultitaskGP(x, y, _likelihood(num_tasks, noise_rank), _kernel(num_tasks, rank)).eval()
     with torch.no_grad():
         model(test_x)  # builds the prediction strategy
         strategy = model.prediction_strategy
@@ -227,7 +218,7 @@ def test_a_training_step_never_forms_the_interleaved_root(noise_rank):
     the root φ ⊗ B ((N·T) × (F·m)) is never formed, and the loss and gradients are those of the formed root."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(200, 2, generator=gen, dtype=F64), torch.randn(200, 3, generator=gen, dtype=F64)
-    model = _MultitaskGP(x, y, _likelihood(3, noise_rank), _kernel(3, 1))
+    model = MultitaskGP(x, y, _likelihood(3, noise_rank), _kernel(3, 1))
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     params = [p for p in model.parameters() if p.requires_grad]
     with LargestTensor() as largest:
