@@ -22,11 +22,13 @@ train/test covariance (Maddox et al. 2021, "Bayesian optimization with high-dime
 Its eigenpairs are computed without a graph, so under ``gpytorch.settings.detach_test_caches(False)`` (BoTorch then
 keeps the training covariance's graph) the posterior is refused by name, outside ``torch.no_grad()``.
 
-The eigenpairs are the min(N, F) of the range of φ, a partial diagonalization as linear_operator's Lanczos
-gives (evecs ``(N, min(N, F))``): the eigenvalue 0 of the complement is exact, and BoTorch pads those
-eigenvectors with zero columns — exact for its use, the products K(x*, X)·Q of cross-covariances whose rows
-φ(x*)φᵀ lie in the range of φ, so orthogonal to the complement (the noise it adds to the zero eigenvalues
-then meets zero weights).
+The eigenpairs are the r = min(N, F) of the range of φ, returned square as BoTorch's posterior uses a partial
+diagonalization (linear_operator's Lanczos): eigenvalues S² followed by N − r zeros, and N × N "eigenvectors"
+[U, 0] (:class:`ZeroPaddedColumnsLinearOperator`) whose N − r zero columns are implicit — exact for its use, the
+products K(x*, X)·Q of cross-covariances whose rows φ(x*)φᵀ lie in the range of φ, so orthogonal to the complement
+(the noise BoTorch adds to the zero eigenvalues then meets zero weights).  Given an (N, r) matrix BoTorch pads it
+itself, a dense N × (N − r) zero tensor concatenated to it; its product with the test–train covariance still forms
+the N × N matrix (linear_operator's ``MatmulLinearOperator.to_dense`` densifies both factors), once instead of twice.
 """
 
 from __future__ import annotations
@@ -85,10 +87,11 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
         return singular.square(), left
 
     def diagonalization(self, method: str | None = None) -> tuple[Tensor, LinearOperator]:
-        """(S², U) of the thin SVD φ = USVᵀ in φ's dtype: the min(N, F) eigenpairs of φφᵀ on the range of φ,
-        every other eigenvalue being 0 (see the module docstring).  ``method`` ("symeig", "lanczos") is accepted
-        and ignored: both ask for the same pairs, which this computes exactly.  Without gradients (BoTorch
-        detaches its training caches); a φ that requires a gradient is refused."""
+        """(S² then N − r zeros ``(..., N)``, [U, 0] ``(..., N, N)``) from the thin SVD φ = USVᵀ in φ's dtype: the
+        r = min(N, F) eigenpairs of φφᵀ on the range of φ, every other eigenvalue being 0, with zero columns in
+        place of the complement's eigenvectors (:class:`ZeroPaddedColumnsLinearOperator`; see the module docstring).
+        ``method`` ("symeig", "lanczos") is accepted and ignored: both ask for the same pairs, which this computes
+        exactly.  Without gradients (BoTorch detaches its training caches); a φ that requires a gradient is refused."""
         if torch.is_grad_enabled() and self.root.requires_grad:
             raise RuntimeError(
                 f"{type(self).__name__}.diagonalization computes its eigenpairs without a graph, but φ requires a "
@@ -96,7 +99,9 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
                 "does so under gpytorch.settings.detach_test_caches(), its default)"
             )
         evals, evecs = self.range_eigenpairs()
-        return evals.to(self.dtype), DenseLinearOperator(evecs.to(self.dtype))
+        num_points = evecs.shape[-2]
+        evals = torch.nn.functional.pad(evals, (0, num_points - evals.shape[-1]))
+        return evals.to(self.dtype), ZeroPaddedColumnsLinearOperator(evecs.to(self.dtype), num_points)
 
     def cat_rows(self, cross_mat, new_mat, generate_roots: bool = True, generate_inv_roots: bool = True,
                  **root_decomp_kwargs) -> LinearOperator:
@@ -162,6 +167,45 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
         bottom = torch.cat((inside, schur_root), -1)
         root = torch.cat((top.expand(*batch, *top.shape[-2:]), bottom.expand(*batch, *bottom.shape[-2:])), -2)
         return root.to(new_features.dtype)
+
+
+class ZeroPaddedColumnsLinearOperator(LinearOperator):
+    r"""[U, 0] ``(..., N, M)``: the columns U ``(..., N, r)`` followed by M − r implicit zero columns.
+
+    The eigenvectors of φφᵀ (:meth:`DataFeatureRootLinearOperator.diagonalization`) padded to a square matrix as
+    BoTorch's ``KroneckerMultiTaskGP.posterior`` pads a partial diagonalization, without the zeros: [U, 0]·M = U·M₁
+    (M₁ the first r rows of M) and [U, 0]ᵀ·M = [UᵀM; 0] cost O(N·r) per column; ``to_dense`` forms the N × M
+    matrix (one allocation).
+
+    Args:
+        columns: U, ``(..., N, r)``.
+        num_columns: M ≥ r.
+    """
+
+    def __init__(self, columns: Tensor, num_columns: int) -> None:
+        if num_columns < columns.shape[-1]:
+            raise ValueError(f"num_columns must be at least the {columns.shape[-1]} columns given, got {num_columns}")
+        super().__init__(columns, num_columns=num_columns)
+        self.columns, self.num_columns = columns, num_columns
+
+    def _size(self) -> torch.Size:
+        return torch.Size((*self.columns.shape[:-1], self.num_columns))
+
+    def to_dense(self) -> Tensor:
+        return torch.nn.functional.pad(self.columns, (0, self.num_columns - self.columns.shape[-1]))
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        return self.columns @ rhs[..., : self.columns.shape[-1], :]
+
+    def _t_matmul(self, rhs: Tensor) -> Tensor:
+        product = self.columns.mT @ rhs
+        return torch.nn.functional.pad(product, (0, 0, 0, self.num_columns - self.columns.shape[-1]))
+
+    def _transpose_nonbatch(self) -> LinearOperator:
+        return DenseLinearOperator(self.to_dense().mT)
+
+    def _expand_batch(self, batch_shape) -> "ZeroPaddedColumnsLinearOperator":
+        return self.__class__(self.columns.expand(*batch_shape, *self.columns.shape[-2:]), self.num_columns)
 
 
 def _check_cross(cross: LinearOperator, new_features: Tensor, features: Tensor) -> None:
@@ -461,5 +505,6 @@ __all__ = [
     "KroneckerFeatureRootLinearOperator",
     "KroneckerRootLinearOperator",
     "KroneckerStatistics",
+    "ZeroPaddedColumnsLinearOperator",
     "point_task_noise",
 ]

@@ -10,10 +10,12 @@ import rfgp
 from rfgp.inference.kronecker_tasks import (
     DataFeatureRootLinearOperator,
     KroneckerFeatureRootLinearOperator,
+    ZeroPaddedColumnsLinearOperator,
     point_task_noise,
 )
 from rfgp.inference.operators import FeatureRootLinearOperator
 from rfgp.kernels import SketchedDecomposableKernel, SketchedRBFKernel
+from tests._cost import LargestTensor
 
 F64 = torch.float64
 
@@ -43,10 +45,30 @@ def test_the_training_covariance_has_its_kronecker_factors_and_the_data_factor_i
         torch.testing.assert_close(covariance.to_dense(), torch.kron(expected_data, task.to_dense()))
         evals, evecs = data.diagonalization()
         rank = min(20, 2 * (num_features // 2))
-        assert evals.shape == (rank,) and evecs.shape == (20, rank)
+        # square, as BoTorch pads a partial diagonalization: the complement's eigenvalues 0, its columns zero
+        assert evals.shape == (20,) and evecs.shape == (20, 20) and isinstance(evecs, ZeroPaddedColumnsLinearOperator)
+        assert torch.equal(evals[rank:], torch.zeros(20 - rank, dtype=F64))
         evecs = evecs.to_dense()
-        torch.testing.assert_close(evecs.mT @ evecs, torch.eye(rank, dtype=F64))
-        torch.testing.assert_close((evecs * evals) @ evecs.mT, expected_data)  # the complement: eigenvalue 0
+        assert torch.equal(evecs[:, rank:], torch.zeros(20, 20 - rank, dtype=F64))
+        torch.testing.assert_close(evecs[:, :rank].mT @ evecs[:, :rank], torch.eye(rank, dtype=F64))
+        torch.testing.assert_close((evecs * evals) @ evecs.mT, expected_data)
+
+
+def test_zero_padded_columns_multiply_as_the_dense_matrix_without_forming_it():
+    gen = torch.Generator().manual_seed(0)
+    columns, rhs = torch.randn(2, 7, 3, generator=gen, dtype=F64), torch.randn(2, 7, 4, generator=gen, dtype=F64)
+    operator = ZeroPaddedColumnsLinearOperator(columns, 7)
+    dense = torch.cat((columns, torch.zeros(2, 7, 4, dtype=F64)), -1)
+    assert operator.shape == (2, 7, 7) and torch.equal(operator.to_dense(), dense)
+    with LargestTensor() as cost:
+        product, transposed = operator.matmul(rhs), operator._t_matmul(rhs)
+    assert cost.numel < 2 * 7 * 7  # products touch U only
+    torch.testing.assert_close(product, dense @ rhs)
+    torch.testing.assert_close(transposed, dense.mT @ rhs)
+    torch.testing.assert_close(operator.mT.to_dense(), dense.mT)
+    torch.testing.assert_close(operator.expand(3, 2, 7, 7).matmul(rhs), (dense @ rhs).expand(3, 2, 7, 4))
+    with pytest.raises(ValueError, match="num_columns must be at least the 3 columns given, got 2"):
+        ZeroPaddedColumnsLinearOperator(columns, 2)
 
 
 def test_diagonalization_refuses_a_root_with_a_graph():

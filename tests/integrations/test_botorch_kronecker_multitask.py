@@ -156,6 +156,44 @@ def test_the_posterior_builds_no_n_cubed_factorisation_and_nothing_beyond_botorc
     assert sizes[16][1] <= 300 * 300 < sizes[None][1]
 
 
+
+def test_botorchs_posterior_pads_no_eigenvectors_and_forms_one_n_by_n_matrix(monkeypatch):
+    """The data factor's eigenvectors come square with implicit zero columns, so BoTorch's posterior no longer pads
+    them (before: an N × (N − F) zero tensor and its N × N concatenation); its product with the test–train covariance
+    still forms one N × N matrix (linear_operator's MatmulLinearOperator.to_dense).  Mean, variance and Matheron
+    samples are those of the (N, F) eigenvectors that BoTorch pads itself, to rounding."""
+    from linear_operator.operators import DenseLinearOperator
+
+    from rfgp.inference.kronecker_tasks import DataFeatureRootLinearOperator
+    from tests._cost import TensorsOfSize
+
+    num_data, num_features = 300, 16
+    x, y = _data(num_data)
+    xs = torch.rand(3, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
+
+    def unpadded_diagonalization(self, method=None):
+        evals, evecs = self.range_eigenpairs()
+        return evals.to(self.dtype), DenseLinearOperator(evecs.to(self.dtype))
+
+    def statistics(model):
+        with torch.no_grad():
+            posterior = model.posterior(xs)
+            return posterior.mean, posterior.variance, *_sample_covariance(posterior)
+
+    for noise in ("shared", "task"):  # the posterior's diagonal-noise branch
+        model = _model(x, y, noise, num_features)
+        with torch.no_grad(), TensorsOfSize(num_data * (num_data - num_features), F64) as cost:
+            model.posterior(xs).variance
+        assert cost.count == 1
+        padded = statistics(model)
+        with monkeypatch.context() as patch:  # the (N, r) eigenvectors, padded by BoTorch
+            patch.setattr(DataFeatureRootLinearOperator, "diagonalization", unpadded_diagonalization)
+            model.train()
+            unpadded = statistics(model.eval())
+        for new, old in zip(padded, unpadded):
+            torch.testing.assert_close(new, old, rtol=1e-10, atol=1e-12)
+
+
 def _fitted_model(num_features=64, seed=0):
     from botorch.fit import fit_gpytorch_mll
     from gpytorch.mlls import ExactMarginalLogLikelihood
