@@ -1,16 +1,30 @@
 """BoTorch's KroneckerMultiTaskGP: exact vs its MultitaskKernel converted by ``rfgp.sketch`` (F data features), timed
-alternately in one process on one thread.
+alternately in one process on one thread; and the sketched model's posterior at N up to 20 000, old rfgp vs new.
 
-Per model and repeat: ``posterior`` with cold caches (after ``train()``/``eval()``: BoTorch eigendecomposes the
-training covariance's factors and solves for the mean cache), then a warm ``posterior`` of q = 8 points with 64
-Matheron samples (an acquisition step's model work), then one marginal-likelihood step (loss + backward).
-Writes ``benchmarks/results/botorch_kronecker_posterior.md`` with the machine load (``os.getloadavg()``).
+Exact vs rfgp (the default run), per model and repeat: ``posterior`` with cold caches (after ``train()``/``eval()``:
+BoTorch eigendecomposes the training covariance's factors and solves for the mean cache), then a warm ``posterior`` of
+q = 8 points with 64 Matheron samples (an acquisition step's model work), then one marginal-likelihood step (loss +
+backward).
+
+Posterior at scale (``--scale``, with ``--baseline DIR``: an rfgp checkout of the code to compare against, e.g.
+``git worktree add /tmp/old <commit>``): per N, task noise (BoTorch's per-task diagonal noise, or
+``likelihood_rank=1``) and implementation, a fresh process (``fresh_process``; the implementations alternate) builds the
+sketched model (p = 2 tasks, F = 256, BoTorch's defaults), then times ``posterior`` of 1000 points (mean and variance)
+and one ``rsample(64)``, and reads its peak resident memory (``VmHWM``) over the resident memory before the posterior;
+the two implementations' means, variances and samples (same seed) are compared.  ``--quick``: N = 2000 only, one
+repeat, printed, not written (under a minute).
+
+Writes ``benchmarks/results/botorch_kronecker_posterior.md`` (its section for the part run) with the machine load
+(``os.getloadavg()``).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import sys
+import tempfile
 import time
 
 import torch
@@ -19,7 +33,12 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 
 import rfgp
 
+sys.path.insert(0, os.path.dirname(__file__))
+from fresh_process import add_case_option, answer_case, run_case  # noqa: E402  (benchmarks/, the script's folder)
+
 NUM_DATA, DIM, WIDTH, REPEATS = 2000, 3, 256, 3
+RESULTS = os.path.join(os.path.dirname(__file__), "results", "botorch_kronecker_posterior.md")
+SCALE_HEADING = "## The sketched model's posterior at scale: old vs new rfgp"
 
 
 def timed(function) -> float:
@@ -62,8 +81,7 @@ def build(x, y, width):
     return model.eval()
 
 
-def main():
-    torch.set_num_threads(1)
+def exact_vs_rfgp() -> list[str]:
     rows = []
     for num_tasks in (2, 4):
         generator = torch.Generator().manual_seed(0)
@@ -97,9 +115,123 @@ def main():
         *[f"| {p} | {phase} | {e:.3f} | {r:.3f} | {s:.1f}× |" for p, phase, e, r, s in rows],
         "",
     ]
-    path = os.path.join(os.path.dirname(__file__), "results", "botorch_kronecker_posterior.md")
-    with open(path, "w") as handle:
-        handle.write("\n".join(lines))
+    return lines
+
+
+def resident_mib() -> float:
+    """This process's peak resident memory (``VmHWM``, MiB): torch's allocations included, which tracemalloc misses."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM"))
+
+
+def measure_scale(num_data: int, noise: str, output: str) -> dict:
+    """One case of the scale section, in this (fresh) process: times, peak memory, and the results saved to
+    ``output`` for the comparison of the implementations."""
+    from gpytorch.likelihoods import MultitaskGaussianLikelihood
+
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(num_data, DIM, generator=generator, dtype=torch.float64)
+    y = torch.stack([torch.sin(3 * x[:, 0]), torch.cos(2 * x[:, 1])], -1)
+    y = y + 0.1 * torch.randn(num_data, 2, generator=generator, dtype=torch.float64)
+    test = torch.rand(1000, DIM, generator=generator, dtype=torch.float64)
+    torch.manual_seed(0)
+    likelihood = None if noise == "diagonal" else MultitaskGaussianLikelihood(2, rank=1).double()
+    model = KroneckerMultiTaskGP(x, y, likelihood=likelihood)
+    model.covar_module = rfgp.sketch(model.covar_module, WIDTH, seed=0)
+    model.eval()
+    before = resident_mib()
+    with torch.no_grad():
+        start = time.perf_counter()
+        posterior = model.posterior(test)
+        mean, variance = posterior.mean, posterior.variance
+        posterior_seconds = time.perf_counter() - start
+        torch.manual_seed(1)
+        start = time.perf_counter()
+        samples = posterior.rsample(torch.Size([64]))
+        sample_seconds = time.perf_counter() - start
+    torch.save({"mean": mean, "variance": variance, "samples": samples}, output)
+    return {"posterior_s": posterior_seconds, "rsample_s": sample_seconds, "peak_mib": resident_mib() - before,
+            "finite": bool(torch.isfinite(variance).all()), "rfgp": os.path.dirname(os.path.dirname(rfgp.__file__))}
+
+
+def scale(baseline: str, sizes: list[int], repeats: int) -> list[str]:
+    """The scale section's lines: old (``baseline``) and new (this checkout) alternated in fresh processes."""
+    implementations = {"old": baseline, "new": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for num_data in sizes:
+            for noise in ("diagonal", "rank 1"):
+                runs = {name: [] for name in implementations}
+                for repeat in range(repeats):
+                    for name, checkout in implementations.items():
+                        case = {"num_data": num_data, "noise": noise, "output": os.path.join(folder, f"{name}.pt")}
+                        runs[name].append(run_case(__file__, case, {"PYTHONPATH": checkout}))
+                        assert runs[name][-1]["rfgp"] == checkout, runs[name][-1]["rfgp"]
+                old, new = (torch.load(os.path.join(folder, f"{name}.pt")) for name in implementations)
+                difference = {key: float((old[key] - new[key]).abs().max()) for key in old}
+                medians = {name: {key: statistics.median(run[key] for run in rs) for key in ("posterior_s", "rsample_s",
+                                                                                              "peak_mib")}
+                           for name, rs in runs.items()}
+                rows.append((num_data, noise, medians, difference, runs["new"][-1]["finite"]))
+                print(rows[-1], os.getloadavg(), flush=True)
+    load = os.getloadavg()
+    return [
+        SCALE_HEADING,
+        "",
+        f"p = 2 tasks, d = {DIM}, F = {WIDTH} data features, BoTorch's defaults (full-rank task covariance, "
+        "Standardize) with its per-task diagonal noise or a rank-1 task noise (`MultitaskGaussianLikelihood(2, "
+        "rank=1)`), float64, one thread. Posterior of 1000 points (mean and variance), then one `rsample(64)`; peak "
+        "resident memory (`VmHWM`) over the resident memory before the posterior, each run in a fresh process, old "
+        f"and new alternated, median of {repeats}. Old: the (N, F) data eigenvectors that BoTorch pads with an "
+        "N × (N − F) zero tensor; new: square eigenvectors with implicit zero columns. Largest |old − new| over "
+        "the means, variances and samples (same seed). Load average at the end: "
+        f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (2 shared cores).",
+        "",
+        "| N | task noise | posterior old → new (s) | rsample(64) old → new (s) | peak memory old → new (MiB) | "
+        "largest difference | variance finite |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {n} | {noise} | {m['old']['posterior_s']:.2f} → {m['new']['posterior_s']:.2f} | "
+          f"{m['old']['rsample_s']:.2f} → {m['new']['rsample_s']:.2f} | {m['old']['peak_mib']:.0f} → "
+          f"{m['new']['peak_mib']:.0f} | {max(d.values()):.1e} | {'yes' if finite else '**no**'} |"
+          for n, noise, m, d, finite in rows],
+        "",
+    ]
+
+
+def write_section(lines: list[str], heading: str | None) -> None:
+    """Writes ``lines`` into the results file: the part before the scale section (``heading`` None) or that section."""
+    text = open(RESULTS).read() if os.path.exists(RESULTS) else ""
+    before, _, section = text.partition(SCALE_HEADING)
+    section = SCALE_HEADING + section if section else ""
+    text = "\n".join(lines) + section if heading is None else before.rstrip("\n") + "\n\n" + "\n".join(lines)
+    with open(RESULTS, "w") as handle:
+        handle.write(text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_case_option(parser)
+    parser.add_argument("--scale", action="store_true", help="the posterior at scale, old (--baseline) vs new")
+    parser.add_argument("--baseline", help="an rfgp checkout of the old code (for --scale)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 8000, 20000])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="--scale at N = 2000, one repeat, printed only")
+    args = parser.parse_args()
+    if answer_case(args, measure_scale):
+        return
+    torch.set_num_threads(1)
+    if not (args.scale or args.quick):
+        write_section(exact_vs_rfgp(), None)
+        return
+    if args.baseline is None:
+        parser.error("--scale and --quick compare against --baseline DIR (an rfgp checkout of the old code)")
+    sizes, repeats = ([2000], 1) if args.quick else (args.sizes, args.repeats)
+    lines = scale(os.path.abspath(args.baseline), sizes, repeats)
+    if args.quick:
+        print("\n".join(lines))
+    else:
+        write_section(lines, SCALE_HEADING)
 
 
 if __name__ == "__main__":
