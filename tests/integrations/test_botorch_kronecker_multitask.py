@@ -130,8 +130,9 @@ def test_the_posterior_approaches_the_exact_kronecker_multitask_gp_as_the_width_
 
 def test_the_posterior_builds_no_n_cubed_factorisation_and_nothing_beyond_botorchs_padded_eigenvectors():
     """Factorisations (eigh, SVD, Cholesky, QR, solves) see no matrix whose smaller side exceeds F, where the exact
-    model eigendecomposes N × N and its sampler factorises the (N·p) × (N·p) covariance; the largest tensor is BoTorch's
-    own N × N matrix of zero-padded eigenvectors (its Lanczos padding), the exact model's (N·p)²."""
+    model eigendecomposes N × N and its sampler factorises the (N·p) × (N·p) covariance; the largest tensor is the N × N
+    matrix of zero-padded eigenvectors that BoTorch's product with the test–train covariance densifies, the exact
+    model's (N·p)²."""
     x, y = _data(300)
     xs = torch.rand(3, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
     factorisations = ("eigh", "svd", "cholesky", "qr", "linalg_solve", "lu")
