@@ -14,6 +14,9 @@ and one ``rsample(64)``, and reads its peak resident memory (``VmHWM``) over the
 the two implementations' means, variances and samples (same seed) are compared.  ``--quick``: N = 2000 only, one
 repeat, printed, not written (under a minute).
 
+A rank-1 task noise above BoTorch's ``max_cholesky_size`` (``--rank-one N``): the exact and sketched models' posterior
+variance with BoTorch's defaults (Lanczos) and under ``gpytorch.settings.max_cholesky_size(N + 1)`` (dense).
+
 Writes ``benchmarks/results/botorch_kronecker_posterior.md`` (its section for the part run) with the machine load
 (``os.getloadavg()``).
 """
@@ -39,6 +42,7 @@ from fresh_process import add_case_option, answer_case, run_case  # noqa: E402  
 NUM_DATA, DIM, WIDTH, REPEATS = 2000, 3, 256, 3
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "botorch_kronecker_posterior.md")
 SCALE_HEADING = "## The sketched model's posterior at scale: old vs new rfgp"
+RANK_ONE_HEADING = "## A rank-1 task noise above BoTorch's max_cholesky_size: the posterior variance"
 SCALE_BUDGET = 8 * 2**30  # rfgp.settings.memory_budget for the scale section (bytes)
 
 
@@ -125,22 +129,29 @@ def resident_mib() -> float:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM"))
 
 
-def measure_scale(num_data: int, noise: str, output: str) -> dict:
-    """One case of the scale section, in this (fresh) process: times, peak memory, and the results saved to
-    ``output`` for the comparison of the implementations."""
+def scale_model(num_data: int, noise: str, sketched: bool, num_test: int) -> tuple[KroneckerMultiTaskGP, torch.Tensor]:
+    """(model in eval mode, test points) of the scale sections: p = 2 tasks, BoTorch's defaults, its per-task
+    ``"diagonal"`` noise or a ``"rank 1"`` task noise; the MultitaskKernel sketched at F = WIDTH or exact."""
     from gpytorch.likelihoods import MultitaskGaussianLikelihood
 
-    torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
     x = torch.rand(num_data, DIM, generator=generator, dtype=torch.float64)
     y = torch.stack([torch.sin(3 * x[:, 0]), torch.cos(2 * x[:, 1])], -1)
     y = y + 0.1 * torch.randn(num_data, 2, generator=generator, dtype=torch.float64)
-    test = torch.rand(1000, DIM, generator=generator, dtype=torch.float64)
+    test = torch.rand(num_test, DIM, generator=generator, dtype=torch.float64)
     torch.manual_seed(0)
     likelihood = None if noise == "diagonal" else MultitaskGaussianLikelihood(2, rank=1).double()
     model = KroneckerMultiTaskGP(x, y, likelihood=likelihood)
-    model.covar_module = rfgp.sketch(model.covar_module, WIDTH, seed=0)
-    model.eval()
+    if sketched:
+        model.covar_module = rfgp.sketch(model.covar_module, WIDTH, seed=0)
+    return model.eval(), test
+
+
+def measure_scale(num_data: int, noise: str, output: str) -> dict:
+    """One case of the scale section, in this (fresh) process: times, peak memory, and the results saved to
+    ``output`` for the comparison of the implementations."""
+    torch.set_num_threads(1)
+    model, test = scale_model(num_data, noise, sketched=True, num_test=1000)
     before = resident_mib()
     # at N = 20 000 the training root (N·p × F·2p) exceeds the default budget, and its chunked covariance has no
     # Kronecker factors for BoTorch's posterior
@@ -203,19 +214,63 @@ def scale(baseline: str, sizes: list[int], repeats: int) -> list[str]:
         "",
         "Above N = 4096 (BoTorch's `max_cholesky_size`) the rank-1 rows' variances are BoTorch's Lanczos path, wrong "
         "for the exact model as for the sketched one (guide/botorch.md): linear_operator's diagonalization of the "
-        "likelihood's constant data noise stops Lanczos after a step or two, so the whitening has rank 1–2.",
+        "likelihood's constant data noise stops Lanczos after a step or two, so the whitening root has a couple of "
+        "columns (next section).",
+        "",
+    ]
+
+
+def rank_one_variance(num_data: int) -> list[str]:
+    """The rank-1 section's lines: the posterior variance of 20 points under BoTorch's defaults and under
+    ``gpytorch.settings.max_cholesky_size(N + 1)`` (dense eigendecompositions), exact and sketched models."""
+    import gpytorch
+
+    rows = []
+    for name, sketched in (("exact", False), ("rfgp.sketch", True)):
+        model, test = scale_model(num_data, "rank 1", sketched, num_test=20)
+        with torch.no_grad(), rfgp.settings.memory_budget(SCALE_BUDGET):
+            torch.manual_seed(0)  # Lanczos's initial vectors
+            default = model.posterior(test).variance
+            data_noise = model.likelihood._shaped_noise_covar(model.train_inputs[0].shape).linear_ops[0]
+            whitening_rank = data_noise.root_inv_decomposition(method="diagonalization").root.shape[-1]
+            model.train()
+            model.eval()
+            with gpytorch.settings.max_cholesky_size(num_data + 1):
+                dense = model.posterior(test).variance
+        rows.append((name, float(default.nanmean()), int(default.isnan().sum()), float(dense.mean()),
+                     whitening_rank))
+        print(rows[-1], os.getloadavg(), flush=True)
+    load = os.getloadavg()
+    return [
+        RANK_ONE_HEADING,
+        "",
+        f"N = {num_data} (above BoTorch's `max_cholesky_size` 4096), p = 2 tasks, `MultitaskGaussianLikelihood(2, "
+        f"rank=1)`, F = {WIDTH}, float64, one thread: BoTorch's posterior variance of 20 points with its defaults "
+        "(Lanczos) and under `gpytorch.settings.max_cholesky_size(N + 1)` (dense eigendecompositions, O(N³)), and "
+        "the number of columns of the data noise's inverse root that BoTorch whitens with "
+        "(`root_inv_decomposition(method=\"diagonalization\")` of the likelihood's `ConstantDiagLinearOperator`; N "
+        f"if exact). Load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (2 shared cores).",
+        "",
+        "| model | average variance, defaults (NaN excluded) | NaN of 40 | average variance, dense | "
+        "columns of the whitening root |",
+        "|---|---|---|---|---|",
+        *[f"| {name} | {default:.3g} | {nans} | {dense:.3g} | {rank} |" for name, default, nans, dense, rank in rows],
         "",
     ]
 
 
 def write_section(lines: list[str], heading: str | None) -> None:
-    """Writes ``lines`` into the results file: the part before the scale section (``heading`` None) or that section."""
+    """Writes ``lines`` into the results file: its first part (``heading`` None) or the section ``heading`` (``## ``
+    headings), the others kept."""
     text = open(RESULTS).read() if os.path.exists(RESULTS) else ""
-    before, _, section = text.partition(SCALE_HEADING)
-    section = SCALE_HEADING + section if section else ""
-    text = "\n".join(lines) + section if heading is None else before.rstrip("\n") + "\n\n" + "\n".join(lines)
+    first, *sections = text.split("\n## ")
+    sections = {"## " + section.split("\n", 1)[0]: "## " + section.rstrip("\n") for section in sections}
+    if heading is None:
+        first = "\n".join(lines)
+    else:
+        sections[heading] = "\n".join(lines).rstrip("\n")
     with open(RESULTS, "w") as handle:
-        handle.write(text)
+        handle.write("\n\n".join([first.rstrip("\n"), *sections.values()]) + "\n")
 
 
 def main():
@@ -226,10 +281,14 @@ def main():
     parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 8000, 20000])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="--scale at N = 2000, one repeat, printed only")
+    parser.add_argument("--rank-one", type=int, metavar="N", help="the rank-1 task noise's variance at N points")
     args = parser.parse_args()
     if answer_case(args, measure_scale):
         return
     torch.set_num_threads(1)
+    if args.rank_one:
+        write_section(rank_one_variance(args.rank_one), RANK_ONE_HEADING)
+        return
     if not (args.scale or args.quick):
         write_section(exact_vs_rfgp(), None)
         return
