@@ -19,19 +19,21 @@ Both equal the unchunked path to rounding, in value and gradient.  Every other c
 path of :mod:`rfgp.inference.multioutput_chunking` (R block by block, O(N·T·F²·m²)): other noises (per-entry), missing
 targets (``observation_nan_policy`` "mask"/"fill": the masked operators are the plain chunked ones), and operators
 derived from the covariance (expanded, indexed) — as for a materialised root, whose derived operators are plain
-feature roots.  A chunked covariance never takes the N·T × N·T kernel-space path.
+feature roots.  A chunked covariance never takes the N·T × N·T kernel-space path.  Where φ fits, it also hands its
+Kronecker factors (φφᵀ, BBᵀ) to code that takes K_XX ⊗ K_TT apart (BoTorch's ``KroneckerMultiTaskGP.posterior``:
+``linear_ops``), as an unchunked root does.
 """
 
 from __future__ import annotations
 
 import torch
-from linear_operator.operators import DiagLinearOperator, LinearOperator
+from linear_operator.operators import DiagLinearOperator, LinearOperator, RootLinearOperator
 from linear_operator.utils.memoize import cached
 from torch import Tensor
 
 from .chunking import Featurizer
 from .kronecker_statistics import ChunkedDataFeatures, diagonal_task_cholesky
-from .kronecker_tasks import KroneckerStatistics
+from .kronecker_tasks import DataFeatureRootLinearOperator, KroneckerStatistics
 from .linalg import is_positive
 from .multioutput_chunking import ChunkedAddedTaskNoiseLinearOperator, ChunkedMultiOutputFeatureOperator
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator
@@ -60,6 +62,9 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         self.inputs1 = self.inputs2 = inputs
         self.featurizer, self.chunk_size, self.num_outputs = featurizer, chunk_size, num_outputs
         self.data_featurizer, self.task_factor, self.data_chunk_size = data_featurizer, task_factor, data_chunk_size
+        #: whether :meth:`detach` made this copy: its Kronecker factors then carry no graph (the featurizer, a
+        #: function of the live kernel, cannot be detached itself)
+        self.factors_detached = False
 
     @classmethod
     def from_root(cls, root: ChunkedMultiOutputFeatureOperator, data_featurizer: Featurizer, task_factor: Tensor,
@@ -85,6 +90,28 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
     @cached(name="data_features")
     def _data_features(self, grad_enabled: bool) -> Tensor:
         return self.data_featurizer(self.inputs1)
+
+    @property
+    def linear_ops(self) -> tuple[LinearOperator, LinearOperator]:
+        """(φφᵀ, BBᵀ), K_XX ⊗ K_TT's factors as
+        :class:`~rfgp.inference.kronecker_tasks.KroneckerFeatureRootLinearOperator` gives them (BoTorch's
+        ``KroneckerMultiTaskGP.posterior`` reads them), where φ fits the budget whole; a φ chunked too is refused by
+        name (its eigendecomposition would need the whole N × F matrix)."""
+        if self.data_chunk_size is not None:
+            return super().linear_ops  # raises, saying why
+        return self._factors()
+
+    @cached(name="kronecker_factors")
+    def _factors(self) -> tuple[LinearOperator, LinearOperator]:
+        data = self.data_features.detach() if self.factors_detached else self.data_features
+        return DataFeatureRootLinearOperator(data), RootLinearOperator(self.task_factor)
+
+    def detach(self) -> ChunkedKroneckerFeatureOperator:
+        """A copy without a graph, as ``LinearOperator.detach`` makes it (BoTorch detaches its training covariance
+        under ``gpytorch.settings.detach_test_caches()``), whose Kronecker factors are detached too."""
+        detached = super().detach()
+        detached.factors_detached = True
+        return detached
 
     def _mul_constant(self, other):
         """c·RRᵀ = (√c·φ ⊗ B)(√c·φ ⊗ B)ᵀ for c > 0 (``ScaleKernel`` around the multitask kernel): both featurizers

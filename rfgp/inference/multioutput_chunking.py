@@ -59,7 +59,7 @@ from ..core.settings import chunk_size as forced_chunk_size
 from ..core.validation import check_noise
 from .chunking import Featurizer, chunk_slices, chunked_feature_statistics, output_rows
 from .linalg import is_positive, woodbury_inv_quad_logdet
-from .operators import ChunkedFeatureRootAddedDiagLinearOperator
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator, _NoKroneckerFactors
 from .posterior_covariance import PosteriorAddedTaskNoise
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, is_interleaved_task_noise, whiten_points
 
@@ -76,7 +76,7 @@ def points_per_block(num_points: int, num_outputs: int, num_features: int, batch
     return None if rows is None else max(1, rows // num_outputs)
 
 
-class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, LinearOperator):
+class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, _NoKroneckerFactors, LinearOperator):
     """R(x₁)R(x₂)ᵀ for an interleaved multi-output root R (n·p rows), evaluated ``chunk_size`` points at a time.
 
     Args:

@@ -10,6 +10,7 @@ from botorch.models import KroneckerMultiTaskGP  # noqa: E402
 from gpytorch.likelihoods import MultitaskGaussianLikelihood  # noqa: E402
 
 import rfgp  # noqa: E402
+from rfgp.inference.chunked_kronecker import ChunkedKroneckerFeatureOperator  # noqa: E402
 from tests._cost import LargestTensor  # noqa: E402
 
 F64 = torch.float64
@@ -193,6 +194,31 @@ def test_botorchs_posterior_pads_no_eigenvectors_and_forms_one_n_by_n_matrix(mon
             unpadded = statistics(model.eval())
         for new, old in zip(padded, unpadded):
             torch.testing.assert_close(new, old, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("noise", ["task", "correlated"])
+def test_a_root_over_the_memory_budget_keeps_its_kronecker_factors_for_botorchs_posterior(noise):
+    """Before: with the N·p × F·2p training root over ``rfgp.settings.memory_budget`` (N = 20 000, F = 256 at the
+    default 1 GiB) the covariance was a chunked root and BoTorch's posterior failed on a bare ``AttributeError``
+    (``linear_ops``).  Where φ (N × F) fits the budget the chunked covariance hands over the same factors, detached as
+    BoTorch detaches its training covariance: the posterior equals the unchunked one; a φ over the budget too is
+    refused by name."""
+    x, y = _data(200)
+    xs = torch.rand(4, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
+    reference = _model(x, y, noise, 64).posterior(xs)
+    with rfgp.settings.memory_budget(2**20):  # the root (600 × 384) is over it, φ (200 × 64) is not
+        model = _model(x, y, noise, 64)
+        covariance = model.covar_module(x).evaluate_kernel()
+        assert isinstance(covariance, ChunkedKroneckerFeatureOperator) and covariance.data_chunk_size is None
+        posterior = model.posterior(xs)
+        with torch.no_grad():
+            torch.testing.assert_close(posterior.mean, reference.mean, rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(posterior.variance, reference.variance, rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(_sample_covariance(posterior)[0], _sample_covariance(reference)[0],
+                                       rtol=1e-8, atol=1e-8)
+    with rfgp.settings.memory_budget(2**14):  # φ is over it too
+        with pytest.raises(AttributeError, match="no Kronecker factors.*memory_budget"):
+            _model(x, y, noise, 64).posterior(xs)
 
 
 def _fitted_model(num_features=64, seed=0):
