@@ -32,8 +32,13 @@ from linear_operator.utils.memoize import cached
 from torch import Tensor
 
 from .chunking import Featurizer
-from .kronecker_statistics import ChunkedDataFeatures, diagonal_task_cholesky
-from .kronecker_tasks import DataFeatureRootLinearOperator, KroneckerStatistics
+from .kronecker_statistics import ChunkedDataFeatures
+from .kronecker_tasks import (
+    DataFeatureRootLinearOperator,
+    DiagonalNoiseKroneckerStatistics,
+    KroneckerStatistics,
+    TaskNoiseKroneckerStatistics,
+)
 from .linalg import is_positive
 from .multioutput_chunking import ChunkedAddedTaskNoiseLinearOperator, ChunkedMultiOutputFeatureOperator
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator
@@ -143,26 +148,16 @@ class _ChunkedKroneckerStatistics(KroneckerStatistics):
         return self._kronecker_parts()[0].featurizer.num_features
 
 
-class ChunkedKroneckerAddedDiagLinearOperator(_ChunkedKroneckerStatistics, ChunkedFeatureRootAddedDiagLinearOperator):
+class ChunkedKroneckerAddedDiagLinearOperator(_ChunkedKroneckerStatistics, DiagonalNoiseKroneckerStatistics,
+                                              ChunkedFeatureRootAddedDiagLinearOperator):
     """RRᵀ + D of a :class:`ChunkedKroneckerFeatureOperator`: Kronecker statistics where D = D_N ⊗ diag(t), the
     chunked root's statistics otherwise (and under a mask: :meth:`select_rows` gives the plain chunked operator)."""
 
-    def _kronecker_parts(self):
-        return self._linear_op, self._diag_tensor
 
-    def _task_cholesky(self, task_noise: Tensor) -> Tensor:
-        return diagonal_task_cholesky(task_noise)
-
-
-class ChunkedKroneckerAddedTaskNoiseLinearOperator(_ChunkedKroneckerStatistics, ChunkedAddedTaskNoiseLinearOperator):
+class ChunkedKroneckerAddedTaskNoiseLinearOperator(_ChunkedKroneckerStatistics, TaskNoiseKroneckerStatistics,
+                                                   ChunkedAddedTaskNoiseLinearOperator):
     """RRᵀ + D_N ⊗ Σ_T of a :class:`ChunkedKroneckerFeatureOperator`: Kronecker statistics (the chunked whitened
     root's under a mask)."""
-
-    def _kronecker_parts(self):
-        return self.feature_operator, self.task_noise
-
-    def _task_cholesky(self, task_noise: Tensor) -> Tensor:
-        return self._factors()[1]  # cached; a singular Σ_T is refused by name
 
 
 __all__ = [

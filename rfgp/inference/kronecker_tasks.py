@@ -472,11 +472,9 @@ class KroneckerStatistics:
         return _finish_inv_quad_logdet(inv_quad, logdet_term, reduce_inv_quad, gram.new_empty(0, dtype=dtype))
 
 
-class KroneckerFeatureRootAddedDiagLinearOperator(KroneckerStatistics, _KroneckerSolve,
-                                                  FeatureRootAddedDiagLinearOperator):
-    """RRᵀ + D of a :class:`KroneckerFeatureRootLinearOperator` (diagonal noise), solved as :class:`_KroneckerSolve`
-    where D = c·I_N ⊗ diag(t), its marginal likelihood and capacitance statistics from the factors where
-    D = D_N ⊗ diag(t) (:class:`KroneckerStatistics`)."""
+class DiagonalNoiseKroneckerStatistics(KroneckerStatistics):
+    """:class:`KroneckerStatistics` of a covariance plus a diagonal noise (``_linear_op`` + ``_diag_tensor``, rfgp's
+    feature roots plus a ``DiagLinearOperator``): Σ_T = diag(t), its Cholesky factor the square roots."""
 
     def _kronecker_parts(self):
         return self._linear_op, self._diag_tensor
@@ -485,26 +483,41 @@ class KroneckerFeatureRootAddedDiagLinearOperator(KroneckerStatistics, _Kronecke
         return diagonal_task_cholesky(task_noise)
 
 
-class KroneckerFeatureRootAddedTaskNoiseLinearOperator(KroneckerStatistics, _KroneckerSolve,
-                                                       FeatureRootAddedTaskNoiseLinearOperator):
-    """RRᵀ + D_N ⊗ Σ_T of a :class:`KroneckerFeatureRootLinearOperator` (correlated task noise), solved as
-    :class:`_KroneckerSolve`, its marginal likelihood and capacitance statistics from the factors
-    (:class:`KroneckerStatistics`)."""
+class TaskNoiseKroneckerStatistics(KroneckerStatistics):
+    """:class:`KroneckerStatistics` of a covariance plus a task noise D_N ⊗ Σ_T (``feature_operator`` +
+    ``task_noise``, :class:`~rfgp.inference.task_noise.FeatureRootAddedTaskNoiseLinearOperator` and its chunked
+    counterpart), Σ_T's Cholesky factor the operator's cached one (a singular Σ_T is refused by name)."""
 
     def _kronecker_parts(self):
         return self.feature_operator, self.task_noise
 
     def _task_cholesky(self, task_noise: Tensor) -> Tensor:
-        return self._factors()[1]  # cached; a singular Σ_T is refused by name
+        return self._factors()[1]
+
+
+class KroneckerFeatureRootAddedDiagLinearOperator(DiagonalNoiseKroneckerStatistics, _KroneckerSolve,
+                                                  FeatureRootAddedDiagLinearOperator):
+    """RRᵀ + D of a :class:`KroneckerFeatureRootLinearOperator` (diagonal noise), solved as :class:`_KroneckerSolve`
+    where D = c·I_N ⊗ diag(t), its marginal likelihood and capacitance statistics from the factors where
+    D = D_N ⊗ diag(t) (:class:`KroneckerStatistics`)."""
+
+
+class KroneckerFeatureRootAddedTaskNoiseLinearOperator(TaskNoiseKroneckerStatistics, _KroneckerSolve,
+                                                       FeatureRootAddedTaskNoiseLinearOperator):
+    """RRᵀ + D_N ⊗ Σ_T of a :class:`KroneckerFeatureRootLinearOperator` (correlated task noise), solved as
+    :class:`_KroneckerSolve`, its marginal likelihood and capacitance statistics from the factors
+    (:class:`KroneckerStatistics`)."""
 
 
 __all__ = [
     "DataFeatureRootLinearOperator",
+    "DiagonalNoiseKroneckerStatistics",
     "KroneckerFeatureRootAddedDiagLinearOperator",
     "KroneckerFeatureRootAddedTaskNoiseLinearOperator",
     "KroneckerFeatureRootLinearOperator",
     "KroneckerRootLinearOperator",
     "KroneckerStatistics",
+    "TaskNoiseKroneckerStatistics",
     "ZeroPaddedColumnsLinearOperator",
     "point_task_noise",
 ]
