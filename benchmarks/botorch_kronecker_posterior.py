@@ -199,9 +199,9 @@ def scale(baseline: str, sizes: list[int], repeats: int) -> list[str]:
         "resident memory (`VmHWM`) over the resident memory before the posterior, each run in a fresh process, old "
         f"and new alternated, median of {repeats}. Old: the (N, F) data eigenvectors that BoTorch pads with an "
         "N × (N − F) zero tensor; new: square eigenvectors with implicit zero columns. Largest |old − new| over "
-        "the means, variances and samples (same seed). Under `rfgp.settings.memory_budget(8 GiB)`: with the default "
-        "1 GiB, the N = 20 000 training root is chunked and BoTorch's posterior fails (its covariance has no Kronecker "
-        "factors). Load average at the end: "
+        "the means, variances and samples (same seed). Under `rfgp.settings.memory_budget(8 GiB)`, so that old and new "
+        "run the same path: with the default 1 GiB the N = 20 000 training root is chunked, whose covariance gave "
+        "BoTorch no Kronecker factors before fc61331 (it now does while φ fits the budget). Load average at the end: "
         f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (2 shared cores).",
         "",
         "| N | task noise | posterior old → new (s) | rsample(64) old → new (s) | peak memory old → new (MiB) | "
