@@ -284,7 +284,7 @@ def multitask_kronecker_case(noise_rank, budget=None):
     return build, work
 
 
-def botorch_kronecker_case():
+def botorch_kronecker_case(budget=None):
     """Built on the device, as BoTorch users do: GPyTorch's ``LKJCholeskyFactorPrior`` (the task covariance prior)
     keeps its concentration as a plain tensor attribute that ``Module.to`` does not move, so a ``KroneckerMultiTaskGP``
     built on the CPU and moved fails in its prior on a GPU, exact or sketched (cornellius-gp/gpytorch#1985)."""
@@ -298,10 +298,11 @@ def botorch_kronecker_case():
         torch.manual_seed(0)
         model = KroneckerMultiTaskGP(extra["x"], extra["y"])
         model.covar_module = rfgp.sketch(model.covar_module, 512, seed=0)
-        out = loss_and_grads(model)
-        model.eval()
-        post = model.posterior(extra["xs"])
-        return {**out, "post_mean": post.mean, "post_var": post.variance}
+        with rfgp.settings.memory_budget(budget) if budget else contextlib.nullcontext():
+            out = loss_and_grads(model)
+            model.eval()
+            post = model.posterior(extra["xs"])
+            return {**out, "post_mean": post.mean, "post_var": post.variance}
 
     return build, work
 
@@ -404,6 +405,7 @@ CASES = {
     "multitask tutorial model, Kronecker factors from φ in row blocks (1 MiB budget)": multitask_kronecker_case(
         1, budget=2**20),
     "BoTorch KroneckerMultiTaskGP": botorch_kronecker_case(),
+    "BoTorch KroneckerMultiTaskGP, root over a 8 MiB budget (chunked, factors from φ)": botorch_kronecker_case(2**23),
     "BoTorch SingleTaskGP + qLogNEI, N < F (kernel-space row blocks)": botorch_qlognei_case(),
     "BoTorch SingleTaskGP + qLogNEI, N > F (feature-space row blocks)": botorch_qlognei_case(2000, 256),
     "BoTorch MixedSingleTaskGP (categorical features)": botorch_mixed_case(),
