@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import refuse_autocast_backward
+from . import distributed
 from .chunking import Featurizer, backprop_chunks
 from .linalg import capacitance_solve, woodbury_inv_quad_logdet
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
@@ -291,7 +292,8 @@ class _ClassNoiseSolve:
             weighted = weighted_rhs.permute(1, 0, 2).reshape(num_data, num_classes * width)
         dtype = torch.promote_types(source.dtype, weighted.dtype)
 
-        def class_traces(label_traces: Tensor) -> Tensor:
+        def class_traces(label_traces: Tensor) -> Tensor:  # of all processes' points under data_parallel
+            label_traces = distributed.reduce_statistics(label_traces)[0]
             return w_on * label_traces + w_off * (label_traces.sum() - label_traces)
 
         if torch.is_tensor(source):
@@ -308,6 +310,11 @@ class _ClassNoiseSolve:
         projection = projection.view(num_classes, width, num_features).mT
         # A_c − I = β_off ΦᵀΦ + (β_on − β_off) G_c; the callers factorise A_c in one batched Cholesky over the classes
         gram = grams * (w_on - w_off).view(-1, 1, 1) + w_off.view(-1, 1, 1) * grams.sum(0)
+        # summed over processes after the products with the noise parameters (rfgp.inference.distributed)
+        if weighted_square is None:
+            gram, projection = distributed.reduce_statistics(gram, projection)
+        else:
+            gram, projection, weighted_square = distributed.reduce_statistics(gram, projection, weighted_square)
         return gram, projection, weighted_square, dtype
 
     def _noise_variances(self) -> Tensor:
@@ -330,6 +337,7 @@ class _ClassNoiseSolve:
             counts = structure.plan.counts.to(dtype)
             num_data = structure.labels.shape[0]
             noise_logdet = counts * structure.on.log() + (num_data - counts) * structure.off.log()
+            noise_logdet = distributed.reduce_statistics(noise_logdet)[0]
         # Woodbury and the determinant lemma per class, A_c factorised in float64 for float32 statistics
         inv_quad, logdet_term = woodbury_inv_quad_logdet(gram, projection, weighted_square, noise_logdet, logdet,
                                                          self._noise_variances(), dtype)
