@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 import rfgp
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes
-from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
+from rfgp.kernels import NystromKernel, SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
 
 from .._models import BatchIndependentGP, vector_field_kernel
@@ -128,7 +128,8 @@ NUM_CASE_TRAIN = 40
 # (rfgp.inference.task_noise) of missing targets (also chunked), of a curl-free field and of an LCM sum;
 # batch-independent outputs; Dirichlet classification (batched per-point noise; a kernel shared by the classes:
 # per-label statistics, rfgp.inference.classification, also chunked); fixed per-point noise; N < F, where one process
-# takes the kernel-space path and data_parallel the F × F capacitance; complex features
+# takes the kernel-space path and data_parallel the F × F capacitance; Nyström roots K(x, Z)L⁻ᵀ at landmarks given
+# by hand (rfgp.inference.triangular_statistics, also chunked); complex features
 # (rfgp.inference.complex_posterior)
 MODEL_KINDS = {
     "multitask-rank0": ("multitask", 0, None, False),
@@ -146,6 +147,8 @@ MODEL_KINDS = {
     "dirichlet-shared-chunked": ("dirichlet_shared", None, 8, False),
     "fixed-noise": ("fixed_noise", None, None, False),
     "kernel-space": ("kernel_space", None, None, False),
+    "nystrom": ("nystrom", None, None, False),
+    "nystrom-chunked": ("nystrom", None, 8, False),
     "complex-posterior": ("complex_posterior", None, None, False),
 }
 
@@ -195,6 +198,10 @@ def _case_model(kind, x, y):
         classes = torch.Size([3] if name == "dirichlet" else [])
         kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0, batch_shape=classes), batch_shape=classes)
         model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean)
+    elif name == "nystrom":  # landmarks given by hand: the same on every rank
+        landmarks = torch.randn(8, DIM, generator=torch.Generator().manual_seed(8), dtype=torch.float64).to(x.dtype)
+        kernel = NystromKernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()), landmarks=landmarks)
+        model = ExactGPModel(x, y[:, 0], gpytorch.likelihoods.GaussianLikelihood(), kernel)
     elif name == "complex_posterior":
         kernel = SketchedPolynomialKernel(3, 12, weights="complex", complex_posterior=True, seed=3)
         likelihood = gpytorch.likelihoods.GaussianLikelihood()
@@ -221,7 +228,8 @@ FLIP_TOLERANCES = {
     "multitask-rank1-masked": 4.2e-6, "multitask-rank1-chunked-masked": 4.2e-6, "lcm-rank1": 1.05e-5,
     "curl-free-rank0": 3.7e-6, "curl-free-rank1": 6.6e-6, "independent-rank0": 9.5e-7,
     "independent-rank1-masked": 2.3e-6, "dirichlet": 1.3e-6, "dirichlet-shared": 1.3e-6,
-    "dirichlet-shared-chunked": 1.3e-6, "fixed-noise": 6.3e-6, "kernel-space": 2e-6, "complex-posterior": 1.2e-4,
+    "dirichlet-shared-chunked": 1.3e-6, "fixed-noise": 6.3e-6, "kernel-space": 2e-6, "nystrom": 1.6e-6,
+    "nystrom-chunked": 1.6e-6, "complex-posterior": 1.2e-4,
 }
 #: (kind, dtype, float32 tolerance or None for the default): every kind in float64, in float32, and flipped
 CASE_RUNS = [(kind, dtype, None) for dtype in (torch.float64, torch.float32) for kind in MODEL_KINDS]
@@ -255,6 +263,7 @@ def _refusal(model, x, y) -> str | None:
 def _worker(rank, port, path):
     """Every distributed run of this file on one rank (a single spawn): the single-output model, every case of
     :data:`CASE_RUNS`, the differing-rank refusals; with the flip cases' shard-alone decisions beside."""
+    torch.set_num_threads(1)  # two ranks' thread pools would oversubscribe the cores and delay every collective (3×)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
         shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
