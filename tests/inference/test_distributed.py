@@ -55,18 +55,26 @@ def _mll_grads_prediction(model, x, y, x_test, mll, latent=False):
             "dtypes": list(dtypes)}
 
 
-# (dtype, chunk size) of the single-output model: materialised and chunked features on each rank; in float32 at a
-# signal-to-noise ratio where the precision rule flips between a rank's shard and all points (_model's high_snr)
-SINGLE_OUTPUT_RUNS = [(dtype, chunk_size) for dtype in (torch.float64, torch.float32) for chunk_size in (None, 32)]
+# (dtype, chunk size, rows per float64 cast) of the single-output model: materialised and chunked features on each
+# rank; in float32 at a signal-to-noise ratio where the precision rule flips between a rank's shard and all points
+# (_model's high_snr), also with Φ cast to float64 in blocks of 32 rows (rfgp.inference.linalg.cast_row_blocks)
+SINGLE_OUTPUT_RUNS = [(torch.float64, None, None), (torch.float64, 32, None), (torch.float32, None, None),
+                      (torch.float32, 32, None), (torch.float32, None, 32)]
 
 
-def _single_output_result(dtype, chunk_size, shard=slice(None), distributed=False):
+def _single_output_result(dtype, chunk_size, cast_rows, shard=slice(None), distributed=False):
     x, y, x_test = (t.to(dtype) for t in _data())
     model = _model(x[shard], y[shard], high_snr=dtype == torch.float32)
     mll_class = (rfgp.inference.distributed.DistributedExactMarginalLogLikelihood if distributed
                  else gpytorch.mlls.ExactMarginalLogLikelihood)
-    with rfgp.settings.chunk_size(chunk_size):
-        return _mll_grads_prediction(model, x[shard], y[shard], x_test, mll_class(model.likelihood, model))
+    default_block = rfgp.inference.linalg.CAST_BLOCK_ELEMENTS
+    if cast_rows is not None:  # max(F, elements/F) rows per block
+        rfgp.inference.linalg.CAST_BLOCK_ELEMENTS = cast_rows * model.covar_module.base_kernel.num_features
+    try:
+        with rfgp.settings.chunk_size(chunk_size):
+            return _mll_grads_prediction(model, x[shard], y[shard], x_test, mll_class(model.likelihood, model))
+    finally:
+        rfgp.inference.linalg.CAST_BLOCK_ELEMENTS = default_block
 
 
 def _free_port():
@@ -110,15 +118,15 @@ def test_two_gloo_processes_match_one(spawned):
     """A single-output model, materialised and chunked, in float64 and in float32 at a high signal-to-noise ratio:
     its float32 statistics are float64 on both ranks (u·tr(ΦᵀD⁻¹Φ) of all points is above the tolerance), as on one
     process, although each rank's shard alone would keep float32."""
-    for dtype, chunk_size in SINGLE_OUTPUT_RUNS:
-        reference = _single_output_result(dtype, chunk_size)
-        if dtype == torch.float32:
+    for run in SINGLE_OUTPUT_RUNS:
+        reference = _single_output_result(*run)
+        if run[0] == torch.float32:
             assert set(reference["dtypes"]) == {torch.float64}, reference["dtypes"]
         for rank in range(WORLD_SIZE):
-            result = torch.load(spawned / f"rank{rank}-single-{dtype}-chunk{chunk_size}.pt")
-            _assert_matches(result, reference, (dtype, chunk_size, rank))
-            if dtype == torch.float32:
-                shard_alone = torch.load(spawned / f"rank{rank}-single-{dtype}-chunk{chunk_size}-shard.pt")
+            result = torch.load(spawned / f"rank{rank}-single-{run}.pt")
+            _assert_matches(result, reference, (run, rank))
+            if run[0] == torch.float32:
+                shard_alone = torch.load(spawned / f"rank{rank}-single-{run}-shard.pt")
                 assert set(shard_alone) == {torch.float32}, shard_alone
 
 
@@ -267,13 +275,12 @@ def _worker(rank, port, path):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
         shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
-        for dtype, chunk_size in SINGLE_OUTPUT_RUNS:
+        for run in SINGLE_OUTPUT_RUNS:
             with rfgp.inference.distributed.data_parallel():
-                result = _single_output_result(dtype, chunk_size, shard, distributed=True)
-            torch.save(result, f"{path}/rank{rank}-single-{dtype}-chunk{chunk_size}.pt")
-            if dtype == torch.float32:
-                shard_alone = _single_output_result(dtype, chunk_size, shard)["dtypes"]
-                torch.save(shard_alone, f"{path}/rank{rank}-single-{dtype}-chunk{chunk_size}-shard.pt")
+                torch.save(_single_output_result(*run, shard, distributed=True), f"{path}/rank{rank}-single-{run}.pt")
+            if run[0] == torch.float32:
+                shard_alone = _single_output_result(*run, shard)["dtypes"]
+                torch.save(shard_alone, f"{path}/rank{rank}-single-{run}-shard.pt")
         shard = slice(rank * NUM_CASE_TRAIN // WORLD_SIZE, (rank + 1) * NUM_CASE_TRAIN // WORLD_SIZE)
         for kind, dtype, tolerance in CASE_RUNS:
             with rfgp.inference.distributed.data_parallel():
