@@ -12,7 +12,9 @@ rows, so all of them (and ΦᵀΦ = Σ_k G_k) cost O(N·F²) together — indepe
 the C factorisations are one batched (C, F, F) Cholesky (in float64 for float32 statistics, like the
 regression MLL's: :func:`rfgp.inference.linalg.capacitance_inv_quad_logdet`).  float32 features form the
 statistics in float64 where u·max_c tr(ΦᵀD_c⁻¹Φ) exceeds ``rfgp.settings.float32_statistics_tolerance``
-(:mod:`rfgp.inference.statistics_precision`).  The right-hand sides enter only
+(:mod:`rfgp.inference.statistics_precision`).  Under :class:`rfgp.inference.distributed.data_parallel` the class
+statistics (after their products with the noise levels), the noise log-determinants and the per-label traces of that
+decision are summed over processes.  The right-hand sides enter only
 through ΦᵀD_c⁻¹r_c for all c, one product of Φ with an (N × C) matrix.  The marginal likelihood
 (Woodbury identity and the matrix determinant lemma) and the posterior caches (Searle
 identity, paper 000 Eqs. 88–90) then need only batched F-dimensional work.

@@ -71,7 +71,9 @@ exceeds τ — the decision the feature path takes for the same model — in the
 the posterior caches, leave-one-out terms, BoTorch's pathwise update and log-densities under the posterior.  The
 choice changes the accuracy of the same model, never the model.
 
-The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
+Under :class:`rfgp.inference.distributed.data_parallel` every path sums tr(G) over the processes before comparing
+(each rank holds only its shard of the N points), so all ranks choose the precision that one process holding all the
+data would choose.  The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
 decide without the data.  :func:`recorded_statistics_dtypes` reports the decisions (a diagnostic and testing hook).
 """
 
