@@ -73,7 +73,9 @@ choice changes the accuracy of the same model, never the model.
 
 Under :class:`rfgp.inference.distributed.data_parallel` every path sums tr(G) over the processes before comparing
 (each rank holds only its shard of the N points), so all ranks choose the precision that one process holding all the
-data would choose.  The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
+data would choose.
+
+The decision reads one number from the device (a host synchronisation) per evaluation; ``τ = 0`` and ``τ = math.inf``
 decide without the data.  :func:`recorded_statistics_dtypes` reports the decisions (a diagnostic and testing hook).
 """
 

@@ -86,7 +86,7 @@ def _free_port():
 #: relative tolerances (loss, gradient, posterior mean and variance) of two processes against one.  float64:
 #: elementwise, the same sums in another order.  float32: normwise (relative to the largest entry), the same float32
 #: statistics summed in another order (each rank's half, then the all-reduce) — the model's own rounding, measured up
-#: to 1.8·10⁻⁵ (loss of the high signal-to-noise single-output model, whose rᵀD⁻¹r ≈ 10³ nats per point cancels
+#: to 1.8·10⁻⁵ (loss of the high signal-to-noise single-output model, whose rᵀD⁻¹r ≈ 2.6·10³ per point cancels
 #: against BᵀA⁻¹B down to a loss of 5.7), 2.7·10⁻⁵ (gradients), 4·10⁻⁶ (posterior mean; the N × N path of one process
 #: against the F × F one of two for "kernel-space"); about 5× that.  Whether the two formed their statistics in the
 #: same precision is compared exactly, on the recorded dtypes.
