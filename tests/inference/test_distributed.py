@@ -14,7 +14,7 @@ from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import NystromKernel, SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
 
-from .._models import BatchIndependentGP, vector_field_kernel
+from .._models import BatchIndependentGP, MultitaskGP, vector_field_kernel
 
 WORLD_SIZE, NUM_TRAIN, DIM = 2, 150, 2
 
@@ -161,16 +161,6 @@ MODEL_KINDS = {
 }
 
 
-class _MultitaskGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=y.shape[-1])
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def _case_data(num_outputs, masked, dtype=torch.float64):
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(NUM_CASE_TRAIN, DIM, generator=gen, dtype=torch.float64)
@@ -188,13 +178,13 @@ def _case_model(kind, x, y):
         likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=y.shape[-1], rank=likelihood_rank)
     if name == "multitask":
         kernel = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), num_tasks=y.shape[-1], rank=1)
-        model = _MultitaskGP(x, y, likelihood, rfgp.sketch(kernel, 8, seed=0))
+        model = MultitaskGP(x, y, likelihood, rfgp.sketch(kernel, 8, seed=0))
     elif name == "lcm":
         bases = [gpytorch.kernels.RBFKernel(), gpytorch.kernels.MaternKernel()]
         kernel = rfgp.sketch(gpytorch.kernels.LCMKernel(bases, num_tasks=y.shape[-1], rank=1), 8, seed=0)
-        model = _MultitaskGP(x, y, likelihood, kernel)
+        model = MultitaskGP(x, y, likelihood, kernel)
     elif name == "curl_free":
-        model = _MultitaskGP(x, y, likelihood, vector_field_kernel("curl_free", 8, DIM))
+        model = MultitaskGP(x, y, likelihood, vector_field_kernel("curl_free", 8, DIM))
     elif name == "independent":
         tasks = torch.Size([y.shape[-1]])
         exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=tasks), batch_shape=tasks)
@@ -291,7 +281,7 @@ def _worker(rank, port, path):
                            f"{path}/rank{rank}-{kind}-{dtype}-{tolerance}-shard.pt")
         x, y, _ = _case_data(3, False)
         torch.manual_seed(rank)  # unseeded ranks: GPyTorch's IndexKernel draws another task factor on each
-        model = _MultitaskGP(x[shard], y[shard], gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3),
+        model = MultitaskGP(x[shard], y[shard], gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3),
                              rfgp.sketch(gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), 3, rank=1), 8))
         torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-parameters.pt")
         torch.manual_seed(0)  # the same parameters, but each rank's own random features
