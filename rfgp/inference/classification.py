@@ -286,12 +286,9 @@ class _ClassNoiseSolve:
         width = 0 if rhs is None else rhs.shape[-1]
         if rhs is None:
             weighted = w_on.new_zeros(num_data, 0)
-            weighted_square = None
         else:
             weights = structure.per_point().reciprocal().unsqueeze(-1)
-            weighted_rhs = rhs * weights
-            weighted_square = (rhs * weighted_rhs).sum(-2)
-            weighted = weighted_rhs.permute(1, 0, 2).reshape(num_data, num_classes * width)
+            weighted = (rhs * weights).permute(1, 0, 2).reshape(num_data, num_classes * width)
         dtype = torch.promote_types(source.dtype, weighted.dtype)
 
         def class_traces(label_traces: Tensor) -> Tensor:  # of all processes' points under data_parallel
@@ -308,6 +305,8 @@ class _ClassNoiseSolve:
             if work != dtype:
                 grams, projection = label_feature_statistics(source, structure.plan, weighted, dtype=work)
         w_on, w_off = w_on.to(work), w_off.to(work)
+        # r_cᵀD_c⁻¹r_c in the statistics' precision: it cancels against the projections' quadratic form
+        weighted_square = None if rhs is None else (rhs.to(work).pow(2) * weights.to(work)).sum(-2)
         num_features = grams.shape[-1]
         projection = projection.view(num_classes, width, num_features).mT
         # A_c − I = β_off ΦᵀΦ + (β_on − β_off) G_c; the callers factorise A_c in one batched Cholesky over the classes

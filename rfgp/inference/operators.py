@@ -381,7 +381,8 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     rhs = _as_matrix(inv_quad_rhs)
     stats_rhs = rhs if rhs is not None else weights.new_zeros(*operator.shape[:-1], 0)
     gram, cross, dtype = adaptive_feature_statistics(operator._linear_op, weights, stats_rhs)
-    weighted_square = (stats_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
+    # rᵀD⁻¹r in the statistics' precision: it cancels against ‖L⁻¹B‖² (float64 B where G was promoted)
+    weighted_square = (stats_rhs.to(gram.dtype).pow(2) * weights.to(gram.dtype).unsqueeze(-1)).sum(-2)
     noise_logdet = -weights.log().sum(-1) * (num_data // weights.shape[-1])
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
         gram, cross, weighted_square, noise_logdet
