@@ -9,6 +9,7 @@ when the kernel is an rfgp feature kernel (see :mod:`rfgp.inference.classificati
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import numbers
@@ -38,6 +39,27 @@ from .regression import ExactGPModel
 #: the default kernel's training width when neither width is given, and its prediction width's multiple of it
 DEFAULT_TRAIN_NUM_FEATURES = 256
 PREDICT_WIDTH_RATIO = 4
+
+
+@contextlib.contextmanager
+def _held_warnings():
+    """The warnings raised inside the block, held back (a list of ``warnings.WarningMessage``) for :func:`_replay`;
+    replayed at once if the block raises, so that they still explain the error."""
+    caught = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    except BaseException:
+        _replay(caught)
+        raise
+
+
+def _replay(caught) -> None:
+    """Issues held warnings again, under the caller's filters, with their original category and location."""
+    for message in caught:
+        warnings.warn_explicit(message.message, message.category, message.filename, message.lineno,
+                               source=message.source)
 
 
 class DirichletGPClassifier:
@@ -308,16 +330,20 @@ class DirichletGPClassifier:
         p = self._fit_params
         self.class_prior_nll_ = float(class_prior_nll(labels, len(self.classes_)))
         extra = bool(p.learn_additional_noise)
-        model, losses, loo = self._fit_model(x, labels, self.alpha_epsilon_, extra)
+        with _held_warnings() as kept_warnings:  # shown for the fit that is kept, not for one discarded
+            model, losses, loo = self._fit_model(x, labels, self.alpha_epsilon_, extra)
         first_loo, first_lengthscales = loo, _lengthscales(model)
         trained = p.num_iterations > 0
         degenerate = trained and loo is not None and loo >= self.class_prior_nll_
         other = None  # (leave-one-out NLL, lengthscales) of the fit with the extra noise, when the default made one
         if degenerate and p.learn_additional_noise is None:
-            refit, refit_losses, refit_loo = self._fit_model(x, labels, self.alpha_epsilon_, True)
+            with _held_warnings() as refit_warnings:
+                refit, refit_losses, refit_loo = self._fit_model(x, labels, self.alpha_epsilon_, True)
             other = (refit_loo, _lengthscales(refit))
             if refit_loo < loo:
                 model, losses, loo, extra = refit, refit_losses, refit_loo, True
+                kept_warnings = refit_warnings
+        _replay(kept_warnings)
         self.learn_additional_noise_, self.leave_one_out_nll_ = extra, loo
         if degenerate:
             warn_degenerate_fit(first_loo, self.class_prior_nll_, first_lengthscales, other,

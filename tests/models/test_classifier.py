@@ -363,6 +363,27 @@ def _overlapping(seed, num_test=1000):
     return x[:n], y[:n], x[n:], y[n:]
 
 
+def test_only_the_kept_fits_warnings_are_shown(monkeypatch):
+    """Before: the default fit's warnings (an L-BFGS stall, say) were shown also when that fit was discarded for the
+    refit with the extra noise.  Now each fit's warnings are held and only the kept fit's are issued."""
+    original = DirichletGPClassifier._fit_model
+
+    def fit_model(self, x, labels, alpha, extra_noise, check=True):
+        warnings.warn(f"a fit of {x.shape[0]} points with extra noise {extra_noise}", UserWarning)
+        return original(self, x, labels, alpha, extra_noise, check)
+
+    monkeypatch.setattr(DirichletGPClassifier, "_fit_model", fit_model)
+    train_x, train_y, _, _ = _overlapping(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clf = DirichletGPClassifier(seed=5, dtype=torch.float64, progress=False).fit(train_x, train_y)
+    messages = [str(w.message) for w in caught]
+    assert clf.learn_additional_noise_  # the refit is kept
+    assert f"a fit of {len(train_y)} points with extra noise True" in messages
+    assert f"a fit of {len(train_y)} points with extra noise False" not in messages
+    assert any(issubclass(w.category, DegenerateFitWarning) for w in caught)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("seed", [5, 17])
 def test_overlapping_classes_fit_better_than_the_class_prior(seed, dtype):
