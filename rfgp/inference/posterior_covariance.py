@@ -36,8 +36,6 @@ when n > F makes Σ* singular, up to ``max_cholesky_size``).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from linear_operator.operators import (
     DenseLinearOperator,
@@ -49,6 +47,7 @@ from linear_operator.operators import (
     SumLinearOperator,
 )
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
+from linear_operator.utils.memoize import cached
 from torch import Tensor
 
 from ..core.dtypes import FullPrecisionOperator, in_full_precision
@@ -157,9 +156,15 @@ class LazyRootPosteriorCovariance(LowRankPosteriorCovariance):
         self.test_features, self.scale = features, scale
         self.factor = self.factor_type(*factor)
 
-    @functools.cached_property
-    @in_full_precision  # formed where it is first read, maybe under the caller's autocast (a likelihood's noise sum)
+    @property
     def low_rank_root(self) -> Tensor:
+        """The n × F root SΦ*R, formed at its first read in each grad mode: a root first read under
+        ``torch.no_grad()`` has no graph, so a later read with gradients forms its own rather than return that one."""
+        return self._root(torch.is_grad_enabled())
+
+    @cached(name="lazy_posterior_root")
+    @in_full_precision  # formed where it is first read, maybe under the caller's autocast (a likelihood's noise sum)
+    def _root(self, grad_enabled: bool) -> Tensor:
         return self.scale.unsqueeze(-1) * self.factor.posterior_root(self.test_features)
 
     @property

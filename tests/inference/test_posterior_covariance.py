@@ -7,6 +7,7 @@ import pytest
 import torch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import DiagLinearOperator, LowRankRootLinearOperator, MatmulLinearOperator
+from linear_operator.utils.memoize import _is_in_cache_ignore_args
 
 from rfgp.inference.kernel_space import kernel_space_posterior_caches
 from rfgp.inference.linalg import capacitance_cholesky
@@ -277,7 +278,7 @@ def test_lazy_root_covariance_rows_rescaling_and_slices_equal_the_whole_root(ker
     scaled = math.sqrt(2.0) * scale.unsqueeze(-1) * features
     dense = scaled @ weight_covariance @ scaled.mT
     rows = covariance[..., -2:, :]
-    assert "low_rank_root" not in vars(covariance)  # the rows did not form the root
+    assert not _is_in_cache_ignore_args(covariance, "lazy_posterior_root")  # the rows did not form the root
     assert rows.shape == dense[..., -2:, :].shape
     torch.testing.assert_close(rows.to_dense(), dense[..., -2:, :], rtol=1e-10, atol=1e-12)
     gradients = torch.autograd.grad(rows.to_dense().sum(), (features, train))
@@ -311,3 +312,23 @@ def test_float32_rows_are_as_accurate_as_the_whole_roots_also_under_autocast(ker
     error, whole_error = (rows.double() - dense).abs().max(), (whole.double() - dense).abs().max()
     assert error <= 2 * whole_error
     torch.testing.assert_close(mixed, rows, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kernel_space", [True, False], ids=["kernel-space", "feature-space"])
+def test_a_root_first_read_without_gradients_is_formed_again_with_them(kernel_space):
+    """Before: the lazily formed root was cached whatever the grad mode, so a posterior whose variance was first read
+    under ``torch.no_grad()`` (a diagnostic print, say) gave a later sample or variance no graph — gradients w.r.t.
+    the test points silently missing the covariance's part.  Now the root is formed once per grad mode."""
+    factor, _, _ = _posterior_factor(kernel_space, ())
+    features = torch.randn(7, 50, generator=torch.Generator().manual_seed(1), dtype=torch.float64,
+                           requires_grad=True)
+    fresh = feature_posterior_covariance(features, factor, kernel_space)
+    (expected,) = torch.autograd.grad(fresh.diagonal(dim1=-2, dim2=-1).sum(), features)
+    covariance = feature_posterior_covariance(features, factor, kernel_space)
+    with torch.no_grad():
+        without = covariance.diagonal(dim1=-2, dim2=-1)
+    variance = covariance.diagonal(dim1=-2, dim2=-1)
+    assert variance.requires_grad
+    (gradient,) = torch.autograd.grad(variance.sum(), features)
+    torch.testing.assert_close(gradient, expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(without, variance.detach(), rtol=0, atol=0)
