@@ -193,10 +193,15 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         return self.__class__(self.root._expand_batch(batch_shape),
                               _expanded_correction(self.variance_correction, batch_shape))
 
-    @cached
     def to_dense(self) -> Tensor:
         """ΦΦᵀ, the Gram of each distinct batch member once: the members of an expanded Φ (stride 0, see
-        :mod:`rfgp.core.batch_copies`) share one, expanded to the batch."""
+        :mod:`rfgp.core.batch_copies`) share one, expanded to the batch.  Cached once per grad mode: a Gram first
+        formed under ``torch.no_grad()`` has no graph, so a later read with gradients forms its own (linear_operator's
+        ``RootLinearOperator`` caches one for both)."""
+        return self._dense(torch.is_grad_enabled())
+
+    @cached(name="dense")
+    def _dense(self, grad_enabled: bool) -> Tensor:
         base, constant = self.scaled_root()
         features = narrow_broadcast(base.to_dense(), base.dim() - 2)
         if constant is not None:

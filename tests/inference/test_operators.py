@@ -176,3 +176,18 @@ def test_matmul_takes_the_cheaper_order_with_the_same_values_and_gradients(batch
     (grad,) = torch.autograd.grad((product * rhs).sum(), features)
     (expected_grad,) = torch.autograd.grad((expected * rhs).sum(), features)
     torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_gram_first_formed_without_gradients_is_formed_again_with_them():
+    """Before: ``to_dense`` was cached whatever the grad mode (as linear_operator's ``RootLinearOperator``), so a
+    ΦΦᵀ first formed under ``torch.no_grad()`` was returned to a later read with gradients: no graph, the gradient
+    w.r.t. Φ silently missing.  Now one Gram per grad mode."""
+    features = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    operator = FeatureRootLinearOperator(features)
+    with torch.no_grad():
+        without = operator.to_dense()
+    dense = operator.to_dense()
+    assert dense.requires_grad and not without.requires_grad
+    (gradient,) = torch.autograd.grad(dense.sum(), features)
+    torch.testing.assert_close(gradient, 2 * features.detach().sum(0, keepdim=True).expand(5, 3).clone())
+    assert operator.to_dense() is dense  # cached within a grad mode
