@@ -104,10 +104,10 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         name (its eigendecomposition would need the whole N × F matrix)."""
         if self.data_chunk_size is not None:
             return super().linear_ops  # raises, saying why
-        return self._factors()
+        return self._factors(torch.is_grad_enabled())
 
     @cached(name="kronecker_factors")
-    def _factors(self) -> tuple[LinearOperator, LinearOperator]:
+    def _factors(self, grad_enabled: bool) -> tuple[LinearOperator, LinearOperator]:  # φ's graph per grad mode
         data = self.data_features.detach() if self.factors_detached else self.data_features
         return DataFeatureRootLinearOperator(data), RootLinearOperator(self.task_factor)
 
