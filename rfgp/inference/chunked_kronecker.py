@@ -26,11 +26,10 @@ Kronecker factors (φφᵀ, BBᵀ) to code that takes K_XX ⊗ K_TT apart (BoTor
 
 from __future__ import annotations
 
-import torch
 from linear_operator.operators import DiagLinearOperator, LinearOperator, RootLinearOperator
-from linear_operator.utils.memoize import cached
 from torch import Tensor
 
+from ..core.grad_mode_cache import cached_per_grad_mode
 from .chunking import Featurizer
 from .kronecker_statistics import ChunkedDataFeatures
 from .kronecker_tasks import (
@@ -89,11 +88,11 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
     def data_features(self) -> Tensor | ChunkedDataFeatures:
         """φ(x) whole where it fits the budget (once per grad mode), else its :class:`ChunkedDataFeatures`."""
         if self.data_chunk_size is None:
-            return self._data_features(torch.is_grad_enabled())
+            return self._whole_data_features()
         return ChunkedDataFeatures(self.data_featurizer, self.inputs1, self.data_chunk_size)
 
-    @cached(name="data_features")
-    def _data_features(self, grad_enabled: bool) -> Tensor:
+    @cached_per_grad_mode("data_features")
+    def _whole_data_features(self) -> Tensor:
         return self.data_featurizer(self.inputs1)
 
     @property
@@ -104,10 +103,10 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         name (its eigendecomposition would need the whole N × F matrix)."""
         if self.data_chunk_size is not None:
             return super().linear_ops  # raises, saying why
-        return self._factors(torch.is_grad_enabled())
+        return self._factors()
 
-    @cached(name="kronecker_factors")
-    def _factors(self, grad_enabled: bool) -> tuple[LinearOperator, LinearOperator]:  # φ's graph per grad mode
+    @cached_per_grad_mode("kronecker_factors")  # φ's graph per grad mode
+    def _factors(self) -> tuple[LinearOperator, LinearOperator]:
         data = self.data_features.detach() if self.factors_detached else self.data_features
         return DataFeatureRootLinearOperator(data), RootLinearOperator(self.task_factor)
 

@@ -45,6 +45,7 @@ from linear_operator.utils.memoize import cached
 from torch import Tensor
 
 from ..core.dtypes import FullPrecisionOperator, factor_dtype
+from ..core.grad_mode_cache import cached_per_grad_mode
 from ..core.settings import validate_inputs
 from ..core.validation import check_noise, check_targets
 from ..features.operator_valued import decomposable_features
@@ -247,12 +248,9 @@ class KroneckerRootLinearOperator(FullPrecisionOperator, LinearOperator):
         (points, width), (tasks, task_width) = self.data_features.shape[-2:], self.task_factor.shape[-2:]
         return torch.Size((*batch, points * tasks, width * task_width))
 
+    @cached_per_grad_mode("kronecker_root")
     def to_dense(self) -> Tensor:
-        return self._root(torch.is_grad_enabled())
-
-    @cached(name="kronecker_root")
-    def _root(self, grad_enabled: bool) -> Tensor:
-        """R, once per grad mode: one formed under ``torch.no_grad()`` has no graph to differentiate later."""
+        """R, once per grad mode (:mod:`rfgp.core.grad_mode_cache`)."""
         return decomposable_features(self.data_features, self.task_factor).flatten(-3, -2)
 
     def _dense(self) -> DenseLinearOperator:

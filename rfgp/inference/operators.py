@@ -42,12 +42,12 @@ from linear_operator.operators import (
     MaskedLinearOperator,
 )
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
-from linear_operator.utils.memoize import cached
 from torch import Tensor
 
 from ..core.batch_copies import narrow_broadcast
 from ..core.draws import standard_normal
 from ..core.dtypes import FullPrecisionOperator
+from ..core.grad_mode_cache import cached_per_grad_mode
 from ..core.validation import check_finite, check_noise, check_targets
 from . import distributed
 from .chunking import (
@@ -193,15 +193,11 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         return self.__class__(self.root._expand_batch(batch_shape),
                               _expanded_correction(self.variance_correction, batch_shape))
 
+    @cached_per_grad_mode("dense")
     def to_dense(self) -> Tensor:
         """ΦΦᵀ, the Gram of each distinct batch member once: the members of an expanded Φ (stride 0, see
-        :mod:`rfgp.core.batch_copies`) share one, expanded to the batch.  Cached once per grad mode: a Gram first
-        formed under ``torch.no_grad()`` has no graph, so a later read with gradients forms its own (linear_operator's
-        ``RootLinearOperator`` caches one for both)."""
-        return self._dense(torch.is_grad_enabled())
-
-    @cached(name="dense")
-    def _dense(self, grad_enabled: bool) -> Tensor:
+        :mod:`rfgp.core.batch_copies`) share one, expanded to the batch.  Cached once per grad mode
+        (:mod:`rfgp.core.grad_mode_cache`; linear_operator's ``RootLinearOperator`` caches one for both)."""
         base, constant = self.scaled_root()
         features = narrow_broadcast(base.to_dense(), base.dim() - 2)
         if constant is not None:

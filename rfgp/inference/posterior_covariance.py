@@ -47,10 +47,10 @@ from linear_operator.operators import (
     SumLinearOperator,
 )
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
-from linear_operator.utils.memoize import cached
 from torch import Tensor
 
 from ..core.dtypes import FullPrecisionOperator, in_full_precision
+from ..core.grad_mode_cache import cached_per_grad_mode
 from .kernel_space import KernelSpaceFactor, kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import CapacitanceFactor, is_positive
 from .task_noise import is_interleaved_task_noise
@@ -157,14 +157,10 @@ class LazyRootPosteriorCovariance(LowRankPosteriorCovariance):
         self.factor = self.factor_type(*factor)
 
     @property
-    def low_rank_root(self) -> Tensor:
-        """The n × F root SΦ*R, formed at its first read in each grad mode: a root first read under
-        ``torch.no_grad()`` has no graph, so a later read with gradients forms its own rather than return that one."""
-        return self._root(torch.is_grad_enabled())
-
-    @cached(name="lazy_posterior_root")
+    @cached_per_grad_mode("lazy_posterior_root")
     @in_full_precision  # formed where it is first read, maybe under the caller's autocast (a likelihood's noise sum)
-    def _root(self, grad_enabled: bool) -> Tensor:
+    def low_rank_root(self) -> Tensor:
+        """The n × F root SΦ*R, formed at its first read in each grad mode (:mod:`rfgp.core.grad_mode_cache`)."""
         return self.scale.unsqueeze(-1) * self.factor.posterior_root(self.test_features)
 
     @property
