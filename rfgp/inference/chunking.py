@@ -112,6 +112,25 @@ class Featurizer:
         unscaled.params = tuple(p for p in self.params if all(p is not q for q in self.constant_params))
         return unscaled
 
+    def detach(self) -> Featurizer:
+        """These features without a graph, as ``LinearOperator.detach`` leaves an operator's tensors (it calls this on
+        a chunked operator's featurizer): the function reads the live kernel, so the copy evaluates it under
+        ``torch.no_grad()``, with its ``params`` and ``constant`` detached — the same values, no gradient to the
+        kernel's parameters, none kept for them."""
+        return copy.copy(self).detach_()
+
+    def detach_(self) -> Featurizer:
+        """:meth:`detach` in place (``LinearOperator.detach_``)."""
+        detached = {id(p): p.detach() for p in self.params}
+        self.params = tuple(detached[id(p)] for p in self.params)
+        self.constant_params = tuple(detached.get(id(p), p.detach()) for p in self.constant_params)
+        if torch.is_tensor(self.constant):
+            self.constant = self.constant.detach()
+        self.function = without_graph(self.function)
+        if self.amplitude_function is not None:
+            self.amplitude_function = without_graph(self.amplitude_function)
+        return self
+
     def concatenated(self, other: Featurizer) -> Featurizer:
         """The features of k₁ + k₂: [Φ₁, Φ₂]."""
         batch = torch.broadcast_shapes(self.batch_shape, other.batch_shape)
@@ -122,6 +141,15 @@ class Featurizer:
 
         params = self.params + tuple(p for p in other.params if all(p is not q for q in self.params))
         return Featurizer(function, params, self.num_features + other.num_features, batch)
+
+
+def without_graph(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``function`` evaluated under ``torch.no_grad()``."""
+    def detached(*args: Tensor) -> Tensor:
+        with torch.no_grad():
+            return function(*args)
+
+    return detached
 
 
 def chunk_slices(num_rows: int, chunk_size: int):

@@ -58,6 +58,7 @@ from .chunking import (
     check_chunked_solve,
     gathered_row_grads,
     scaled_accumulated_statistics,
+    without_graph,
 )
 from .linalg import (
     _add_matmul,
@@ -251,6 +252,11 @@ class TriangularFeaturizer(Featurizer):
                  num_features: int, batch_shape: torch.Size, constant: Tensor | float | None = None) -> None:
         super().__init__(lambda x: triangular_features(cross(x), chol()), params, num_features, batch_shape, constant)
         self.cross, self.chol = cross, chol
+
+    def detach_(self) -> TriangularFeaturizer:
+        """:meth:`~rfgp.inference.chunking.Featurizer.detach_`, K(x, Z) and L included."""
+        self.cross, self.chol = without_graph(self.cross), without_graph(self.chol)
+        return super().detach_()
 
 
 class _ChunkedTriangularStatistics(torch.autograd.Function):

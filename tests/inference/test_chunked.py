@@ -6,7 +6,7 @@ import functools
 import gpytorch
 import pytest
 import torch
-from linear_operator.operators import ConstantMulLinearOperator
+from linear_operator.operators import ConstantMulLinearOperator, DiagLinearOperator
 
 import rfgp
 from rfgp.inference.operators import (
@@ -351,3 +351,31 @@ def test_float32_chunked_statistics_widened_to_float64_match_unchunked(heterosce
     for value, reference in zip(chunked, unchunked):
         assert value.dtype == torch.float32
         torch.testing.assert_close(value, reference, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", [
+    lambda: gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, ard_num_dims=DIM, seed=0)),
+    lambda: gpytorch.kernels.ScaleKernel(rfgp.kernels.NystromKernel(gpytorch.kernels.RBFKernel(),
+                                                                    torch.randn(12, DIM, dtype=torch.float64))),
+    lambda: rfgp.sketch(gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), 2, rank=1), 16, seed=0),
+], ids=["rff", "nystrom", "multitask"])
+def test_detached_chunked_operators_carry_no_graph(kernel):
+    """``LinearOperator.detach()`` (BoTorch detaches its training covariances) detaches a chunked operator's featurizer
+    too: products, dense blocks and noise-added solves of the copy have no graph to the kernel's parameters, with
+    the same values as the live operator's."""
+    kernel = kernel().double()
+    x, x2 = torch.randn(30, DIM, dtype=torch.float64), torch.randn(7, DIM, dtype=torch.float64)
+    with rfgp.settings.chunk_size(8):
+        live = kernel(x).evaluate_kernel()
+        noisy = live + DiagLinearOperator(torch.full((live.shape[-1],), 0.1, dtype=torch.float64))
+        operators = [live, noisy]
+        if live.shape[-1] == len(x):  # multi-output cross-covariances are chunked for prediction only
+            operators.append(kernel(x2, x).evaluate_kernel())
+        assert all("Chunked" in type(operator).__name__ for operator in operators)
+        rhs = torch.randn(live.shape[-1], 2, dtype=torch.float64)
+        for operator in operators:
+            detached = operator.detach()
+            for value, reference in ((detached @ rhs, operator @ rhs), (detached.to_dense(), operator.to_dense())):
+                assert reference.requires_grad and not value.requires_grad
+                torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=1e-12)
+        assert not noisy.detach().solve(rhs).requires_grad
