@@ -208,6 +208,35 @@ class NystromKernel(FeatureKernel):
         check_hyperparameter(value, "lengthscale", self.base_kernel.raw_lengthscale_constraint)
         self.base_kernel.lengthscale = value
 
+    def _base_accessor(self, name: str) -> bool:
+        """Whether ``name`` is a settable property of the base kernel's class that this kernel lacks: a hyperparameter
+        accessor such as ``PeriodicKernel.period_length``, ``RQKernel.alpha``, ``SpectralMixtureKernel.mixture_*``,
+        ``PolynomialKernel.offset`` or a custom kernel's (GPyTorch's "Implementing a custom kernel" ``length``)."""
+        base = self.__dict__.get("_modules", {}).get("base_kernel")
+        accessor = getattr(type(base), name, None)
+        return (base is not None and isinstance(accessor, property) and accessor.fset is not None
+                and not hasattr(type(self), name))
+
+    def __getattr__(self, name: str):
+        """Reads of the base kernel's hyperparameter accessors (:meth:`_base_accessor`), as on the exact tree:
+        ``covar_module.base_kernel.period_length`` of ``ScaleKernel(NystromKernel(PeriodicKernel()))``.  Its raw
+        parameters and other attributes are not forwarded (their owner stays the base kernel, as the lengthscale's)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if self._base_accessor(name):
+                return getattr(self.base_kernel, name)
+            raise
+
+    def __setattr__(self, name: str, value) -> None:
+        """Writes of the base kernel's hyperparameter accessors go to the base kernel, as ``lengthscale`` does: before,
+        ``covar_module.base_kernel.period_length = 0.5`` (code written for the exact tree) set a plain attribute of
+        this kernel and left the covariance unchanged, without a word."""
+        if name not in self.__dict__ and self._base_accessor(name):
+            setattr(self.base_kernel, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def reselect_landmarks(self, num_landmarks: int, x_sample: Tensor | None,
                            outputscale: Tensor | None = None) -> None:
         """Choose ``num_landmarks`` new landmarks among ``x_sample`` by the rule and seed of the first choice.

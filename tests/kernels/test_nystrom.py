@@ -460,6 +460,57 @@ def test_scale_kernel_stays_on_top_with_the_exact_tree_paths_and_values(leaf):
         torch.testing.assert_close(new, before, rtol=1e-10, atol=1e-12)
 
 
+class SincKernel(gpytorch.kernels.Kernel):
+    """GPyTorch's "Implementing a custom kernel" example: sin(‖x − y‖/l)/(‖x − y‖/l), l = ``length`` (a property)."""
+
+    is_stationary = True
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.register_parameter("raw_length", torch.nn.Parameter(torch.zeros(*self.batch_shape, 1, 1)))
+        self.register_constraint("raw_length", gpytorch.constraints.Positive())
+
+    @property
+    def length(self):
+        return self.raw_length_constraint.transform(self.raw_length)
+
+    @length.setter
+    def length(self, value):
+        self.initialize(raw_length=self.raw_length_constraint.inverse_transform(torch.as_tensor(value).to(self.raw_length)))
+
+    def forward(self, x1, x2, **params):
+        diff = self.covar_dist(x1.div(self.length), x2.div(self.length), **params)
+        diff = diff.where(diff != 0, torch.as_tensor(1e-20, dtype=diff.dtype))
+        return torch.sin(diff).div(diff)
+
+
+@pytest.mark.parametrize("leaf, name, value", [
+    (PeriodicKernel, "period_length", 0.4),
+    (gpytorch.kernels.RQKernel, "alpha", 3.0),
+    (lambda: gpytorch.kernels.PolynomialKernel(power=2), "offset", 2.0),
+    (SincKernel, "length", 0.3),
+], ids=["periodic", "rq", "polynomial", "custom"])
+def test_hyperparameter_accessors_of_the_base_kernel_read_and_set_as_on_the_exact_tree(leaf, name, value):
+    """``covar_module.base_kernel.<name> = v`` on ScaleKernel(NystromKernel(k)) sets k's hyperparameter, as on the
+    exact ScaleKernel(k), directly or by GPyTorch's ``initialize``; before, it set a plain attribute of the Nyström
+    kernel and left the covariance unchanged without a word (reads raised AttributeError)."""
+    x, _ = data(60)
+    exact = ScaleKernel(leaf()).to(DTYPE)
+    converted = rfgp.sketch(exact, 60, method="nystrom", x_sample=x, seed=0)
+    torch.testing.assert_close(getattr(converted.base_kernel, name), getattr(exact.base_kernel, name), rtol=0, atol=0)
+    setattr(exact.base_kernel, name, value)
+    setattr(converted.base_kernel, name, value)
+    assert name not in vars(converted.base_kernel)
+    torch.testing.assert_close(getattr(converted.base_kernel.base_kernel, name), getattr(exact.base_kernel, name))
+    torch.testing.assert_close(converted(x).to_dense(), exact(x).to_dense(), rtol=1e-6, atol=1e-6)
+    setattr(exact.base_kernel, name, 2 * value)
+    converted.initialize(**{f"base_kernel.{name}": torch.tensor(2 * value, dtype=DTYPE)})
+    torch.testing.assert_close(converted(x).to_dense(), exact(x).to_dense(), rtol=1e-6, atol=1e-6)
+    assert not hasattr(converted.base_kernel, "raw_" + name)  # the parameter keeps one owner, the base kernel
+    with pytest.raises(AttributeError):
+        converted.base_kernel.no_such_hyperparameter
+
+
 def test_lengthscale_set_on_a_trained_model_reaches_its_next_prediction():
     """GPyTorch's cache rule: model.train(); set the lengthscale; model.eval() predicts with the new one — no stale
     posterior cache and no stale landmark factor L = chol(K(Z, Z) + εI)."""
