@@ -58,6 +58,7 @@ from ..core.validation import check_noise, check_targets
 from ..features.base import FeatureMap
 from . import distributed
 from .deferred_graph import deferred_graph
+from .dense_noise import appended_noise, dense_noise_posterior_caches, dense_training_noise, with_dense_noise
 from .fantasy_update import updated_capacitance_caches
 from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches, prefers_kernel_space
 from .linalg import capacitance_solve
@@ -182,6 +183,10 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         """
         distributed.refuse("fantasies (get_fantasy_model, condition_on_observations, fantasize; every process would "
                            "add the new points to its shard)")
+        training_noise = self.dense_noise
+        if training_noise is not None:
+            return self._dense_noise_fantasy(training_noise, inputs, targets, full_inputs, full_targets, full_output,
+                                             **kwargs)
         likelihood = fantasy_noise_likelihood(self.likelihood, lambda: self.lik_train_train_covar, **kwargs)
         updated = RankUpdatedFantasyStrategy.of(self, full_inputs, full_targets, full_output, likelihood)
         if updated is not None:
@@ -194,6 +199,36 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         )
         recomputed.caches_follow_new_data = True
         return recomputed
+
+    def _dense_noise_fantasy(self, training_noise, inputs, targets, full_inputs, full_targets, full_output, **kwargs):
+        """The fantasy strategy of a training covariance K + S with a dense noise S (:mod:`rfgp.inference.dense_noise`,
+        GPyTorch's online variational conditioning): K + blockdiag(S, diag(d)) at the N + m points, d the new points'
+        noise (``noise=`` if given, else the fantasy likelihood's).  GPyTorch's likelihood of all N + m points would
+        put σ² on the N old ones in place of S."""
+        likelihood = self.likelihood.get_fantasy_likelihood(**kwargs)
+        new_noise = kwargs.get("noise")
+        if new_noise is None:
+            if not hasattr(likelihood, "_shaped_noise_covar"):
+                raise NotImplementedError(
+                    f"conditioning an exact GP whose training noise is a dense covariance (GPyTorch's online "
+                    f"variational conditioning) needs a Gaussian likelihood, got {type(likelihood).__name__}")
+            new_noise = likelihood._shaped_noise_covar(targets.shape, *inputs).diagonal(dim1=-1, dim2=-2)
+        recomputed = self.__class__(
+            train_inputs=full_inputs,
+            train_prior_dist=self.train_prior_dist.__class__(full_output.mean, full_output.lazy_covariance_matrix),
+            train_labels=full_targets,
+            likelihood=likelihood,
+        )
+        recomputed.lik_train_train_covar = with_dense_noise(recomputed.train_prior_dist.lazy_covariance_matrix,
+                                                            appended_noise(training_noise, new_noise))
+        recomputed.caches_follow_new_data = True
+        return recomputed
+
+    @property
+    def dense_noise(self) -> Tensor | None:
+        """S ``(..., N, N)`` where the noise-added training covariance is K + S with a dense S that replaced the
+        likelihood's noise (:mod:`rfgp.inference.dense_noise`), else ``None``."""
+        return dense_training_noise(self.lik_train_train_covar, self.train_prior_dist.lazy_covariance_matrix)
 
     def cache(self, method, nan_policy: str):
         """``method(self, nan_policy)``, a ``@cached`` cache builder, under :func:`cache_grad_mode` — except for a
@@ -223,6 +258,9 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
                                                                                              **covar._kwargs))
         strategy = type(self)(self.train_inputs, prior, self.train_labels, self.likelihood)
         strategy.caches_follow_new_data = self.caches_follow_new_data
+        noise = self.dense_noise
+        if noise is not None:  # the dense noise replaced the likelihood's: keep it (with_dense_noise's structure)
+            strategy.lik_train_train_covar = with_dense_noise(strategy.train_prior_dist.lazy_covariance_matrix, noise)
         return strategy
 
     @property
@@ -230,8 +268,11 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         """Whether the posterior caches come from the N × N matrix ΦΦᵀ + D (:mod:`rfgp.inference.kernel_space`).
 
         The same choice as the marginal likelihood's: materialised training features and
-        N²·F + N³/3 ≤ N·F² + F³/3 (batches counted).  Chunked training operators stay in feature space.
+        N²·F + N³/3 ≤ N·F² + F³/3 (batches counted).  Chunked training operators stay in feature space.  Always
+        for a dense training noise S (:attr:`dense_noise`), which only the N × N matrix ΦΦᵀ + S takes.
         """
+        if self.dense_noise is not None:
+            return True
         train_covar = self.lik_train_train_covar
         return isinstance(train_covar, FeatureRootAddedDiagLinearOperator) and train_covar.uses_kernel_space()
 
@@ -248,7 +289,31 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     @cached(name="kernel_space_cache")
     @in_full_precision
     def _kernel_space_cache(self, nan_policy: str) -> tuple[Tensor, KernelSpaceFactor]:
+        noise = self.dense_noise
+        if noise is not None:
+            return self._dense_noise_cache(noise, nan_policy)
         return kernel_space_caches(*self._training_system(nan_policy))
+
+    def _dense_noise_cache(self, noise: Tensor, nan_policy: str) -> tuple[Tensor, KernelSpaceFactor]:
+        """The kernel-space caches of ΦΦᵀ + S with a dense noise S (:func:`dense_noise_posterior_caches`), over the
+        observed points."""
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)
+        prior = self.train_prior_dist.lazy_covariance_matrix
+        features = _features(prior.evaluate_kernel() if hasattr(prior, "evaluate_kernel") else prior)
+        if features is None:
+            raise NotImplementedError(
+                f"a training covariance with a dense noise covariance (GPyTorch's online variational conditioning) "
+                f"needs the training features whole, got {type(prior).__name__} (chunked under "
+                "rfgp.settings.memory_budget?): raise the budget for these few points")
+        if observed is not None:
+            features, noise, residual = features[..., observed, :], noise[..., observed, :][..., observed], \
+                residual[..., observed]
+        operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-2])
+        columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
+        mean_cache, factor = dense_noise_posterior_caches(features, noise, columns)
+        if target_batch:
+            mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
+        return mean_cache, factor
 
     def _training_system(self, nan_policy: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """(Φ ``(..., N, F)``, the noise diagonal ``(..., N)``, y − μ, :func:`observed_points`) of K = ΦΦᵀ + D."""
@@ -412,6 +477,12 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
     @property
     def lik_train_train_covar(self):
         return self.full_strategy.lik_train_train_covar
+
+    @property
+    def dense_noise(self) -> None:
+        """``None``: an updated strategy's noise is its likelihood's diagonal (asked without building
+        :attr:`full_strategy`, which featurises all N + q points)."""
+        return None
 
     @property
     def cache_placement(self) -> tuple[torch.dtype, torch.device]:
