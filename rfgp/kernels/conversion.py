@@ -1001,6 +1001,12 @@ refuse_conversion(
     "rfgp.sketch(ScaleKernel(RBFKernel()), num_features)",
 )
 refuse_conversion(
+    gpytorch.kernels.GridKernel,
+    "it is its base_kernel evaluated with the Kronecker structure of inputs on a grid (GPyTorch's grid GP "
+    "regression), an exact speed-up that the F-wide features of the base kernel replace at any inputs; sketch the "
+    "base kernel instead: rfgp.sketch(kernel.base_kernel, num_features)",
+)
+refuse_conversion(
     gpytorch.kernels.InducingPointKernel,
     "it is SGPR's inducing-point approximation of its base_kernel (the inducing points are parameters, and "
     "the model's training objective is not an exact GP's); sketch the base kernel and use it in an ExactGP: "

@@ -220,6 +220,8 @@ def test_method_mapping_by_name_applies_to_keops_twins():
      "SGPR's inducing-point approximation"),
     (lambda: gpytorch.kernels.MultiDeviceKernel(RBFKernel(), device_ids=[], output_device=torch.device("cpu")),
      "across GPUs"),
+    (lambda: gpytorch.kernels.GridKernel(RBFKernel(), grid=torch.linspace(0, 1, 5).unsqueeze(-1)),
+     r"Kronecker structure .* rfgp.sketch\(kernel.base_kernel, num_features\)"),  # GPyTorch's Grid_GP_Regression
 ])
 def test_approximation_wrappers_are_refused_with_what_to_sketch_instead(kernel, reason):
     with pytest.raises(TypeError, match=f"does not convert .*{reason}"):
