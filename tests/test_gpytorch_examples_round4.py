@@ -498,3 +498,51 @@ def test_notebook_recipe_trains_and_predicts_as_the_exact_model(name):
             assert sketched_losses[-1] < sketched_losses[0], sketched_losses
             errors.append(largest_error(outputs, reference))
         assert errors[1] < errors[0] / 2 and errors[1] < (0.2 if name == "classification_labels" else 0.05), errors
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.parametrize("convert", [orf(256), nystrom], ids=["orf", "nystrom"])
+def test_torchscript_variational_notebook_traces_saves_and_loads(convert, tmp_path):
+    """08 TorchScript_Variational_Models: an SVGP wrapped to return (mean, variance), traced under ``trace_mode``
+    after one evaluation, saved and loaded, predicts as the model at other test points."""
+    torch.manual_seed(0)
+    train_x, train_y, test_x = torch.randn(100, 4), torch.randn(100), torch.randn(48, 4)
+    points = torch.randn(12, 4)
+
+    class GPModel(gpytorch.models.ApproximateGP):
+        def __init__(self):
+            distribution = gpytorch.variational.CholeskyVariationalDistribution(len(points))
+            super().__init__(gpytorch.variational.VariationalStrategy(self, points, distribution,
+                                                                      learn_inducing_locations=True))
+            self.mean_module = gpytorch.means.ConstantMean()
+            self.covar_module = convert(ScaleKernel(RBFKernel(ard_num_dims=4)), torch.cat([points, test_x]))
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    class MeanVarModelWrapper(torch.nn.Module):
+        def __init__(self, gp):
+            super().__init__()
+            self.gp = gp
+
+        def forward(self, x):
+            output = self.gp(x)
+            return output.mean, output.variance
+
+    model, likelihood = GPModel(), gpytorch.likelihoods.GaussianLikelihood()
+    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=len(train_y))
+    optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.05)
+    for _ in range(3):
+        optimizer.zero_grad()
+        (-mll(model(train_x), train_y)).backward()
+        optimizer.step()
+    model.eval()
+    wrapped = MeanVarModelWrapper(model)
+    with torch.no_grad(), gpytorch.settings.trace_mode():
+        wrapped(test_x[:16])  # computes the caches
+        traced = torch.jit.trace(wrapped, test_x[:16])
+    traced.save(str(tmp_path / "traced.pt"))
+    loaded = torch.jit.load(str(tmp_path / "traced.pt"))
+    with torch.no_grad():
+        for actual, expected in zip(loaded(test_x[16:]), wrapped(test_x[16:])):
+            torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
