@@ -51,6 +51,7 @@ from ..core.memory import check_solve
 from ..core.validation import check_noise
 from . import distributed
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, join_tasks, split_tasks
+from .kronecker_posterior import kronecker_mean, kronecker_posterior_covariance
 from .linalg import capacitance_solve, weighted_gram
 from .multioutput_chunking import (
     ChunkedMultiOutputFeatureOperator,
@@ -266,19 +267,28 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             return self._task_prediction(test_mean, test_test_covar)
         if isinstance(test_test_covar, ChunkedMultiOutputFeatureOperator):
             return self._chunked_prediction(test_mean, test_test_covar)
-        features = scaled_root(test_test_covar)
-        if features is None:
+        factors = kronecker_test_factors(test_test_covar)
+        features = scaled_root(test_test_covar) if factors is None else None
+        if factors is None and features is None:
             raise TypeError(
                 f"expected a low-rank feature operator for the test covariance, got {type(test_test_covar).__name__}"
             )
-        self.check_features(features)
+        self.check_features(features if factors is None else factors[0])
         kernel_space = self.uses_kernel_space
         weight_mean, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
-        mean = (features @ weight_mean).squeeze(-1) + test_mean
+        if factors is None:
+            mean = (features @ weight_mean).squeeze(-1) + test_mean
+        else:  # φ*·W·Bᵀ, never the n*·T × F·m root (rfgp.inference.kronecker_posterior)
+            mean = kronecker_mean(*factors, weight_mean) + test_mean
         if gpytorch.settings.skip_posterior_variances.on():
-            shape = (*features.shape[:-1], features.shape[-2])
+            shape = (*mean.shape, mean.shape[-1])
             return mean, ZeroLinearOperator(*shape, dtype=mean.dtype, device=mean.device)
-        return mean, feature_posterior_covariance(features, factor, kernel_space)
+        if factors is None:
+            return mean, feature_posterior_covariance(features, factor, kernel_space)
+        features = scaled_root(test_test_covar)
+        if kernel_space:
+            return mean, feature_posterior_covariance(features, factor, kernel_space)
+        return mean, kronecker_posterior_covariance(features, factor, *factors)
 
     def _chunked_prediction(self, test_mean: Tensor, test_test_covar: ChunkedMultiOutputFeatureOperator):
         """Mean and covariance of a test root over :class:`~rfgp.settings.memory_budget`, a block of points at a time.
@@ -302,6 +312,14 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             return feature_posterior_covariance(features, factor, kernel_space).low_rank_root
 
         return mean, ChunkedPosteriorCovariance(test_test_covar, root=root)
+
+
+def kronecker_test_factors(covar) -> tuple[Tensor, Tensor] | None:
+    """(φ*, B) of a sketched ``MultitaskKernel``'s test covariance (φ* ⊗ B)(φ* ⊗ B)ᵀ that carries its Kronecker
+    factors (:class:`~rfgp.inference.kronecker_tasks.KroneckerFeatureRootLinearOperator`, ``ScaleKernel`` folded
+    into φ*), ``None`` for any other test covariance."""
+    data, task = getattr(covar, "data_features", None), getattr(covar, "task_factor", None)
+    return (data, task) if torch.is_tensor(data) and torch.is_tensor(task) else None
 
 
 def kernel_num_outputs(kernel, x: Tensor) -> int:

@@ -1,0 +1,120 @@
+"""The test side of a sketched multitask posterior from the factors φ* and B of its test root
+(rfgp.inference.kronecker_posterior), against the root path Φ*L⁻ᵀ of the same model.
+
+Before, the predictive mean was Φ*·w and the variance the row norms of Φ*L⁻ᵀ, n*·T·(F·m)² flops of triangular
+solves; now the mean is φ*·W·Bᵀ and the variance contracts C = A⁻¹ with φ* and B where that is cheaper.
+"""
+
+import gpytorch
+import pytest
+import torch
+
+from rfgp.inference import kronecker_posterior, multioutput
+from rfgp.inference.kronecker_posterior import KroneckerFeatureSpacePosteriorCovariance, prefers_kronecker_variance
+from tests._cost import LargestTensor, TriangularSolveFlops
+from tests._models import MultitaskGP
+from tests.inference.test_kronecker_statistics import _kernel, _likelihood
+
+F64 = torch.float64
+
+
+def _model(num_tasks, rank, noise_rank, batch_shape=torch.Size(), num_features=16, scaled=False):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(*batch_shape, 60, 2, generator=gen, dtype=F64)
+    y = torch.randn(*batch_shape, 60, num_tasks, generator=gen, dtype=F64)
+    kernel = _kernel(num_tasks, rank, num_features=num_features, batch_shape=batch_shape)
+    if scaled:
+        kernel = gpytorch.kernels.ScaleKernel(kernel, batch_shape=batch_shape).double()
+        with torch.no_grad():
+            kernel.outputscale = 1.7
+    model = MultitaskGP(x, y, _likelihood(num_tasks, noise_rank), kernel)
+    if batch_shape:
+        model.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(batch_shape=batch_shape),
+                                                         num_tasks=num_tasks).double()
+    return model.eval()
+
+
+def _predict(model, test_x, fast=False, flops=None):
+    """(latent mean, latent variance, predictive variance, latent covariance), and the gradients of the first three's
+    sum w.r.t. the test inputs and every parameter (through the posterior caches: ``detach_test_caches(False)``),
+    their triangular-solve flops counted in ``flops``."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    test_x = test_x.clone().requires_grad_(True)
+    model.train().eval()
+    with gpytorch.settings.detach_test_caches(False), gpytorch.settings.fast_pred_var(fast):
+        with flops or TriangularSolveFlops():
+            latent = model(test_x)
+            values = (latent.mean, latent.variance, model.likelihood(latent).variance)
+            grads = torch.autograd.grad(sum(v.sum() for v in values), [test_x, *params], allow_unused=True)
+        values = (*values, latent.covariance_matrix)
+    return values, grads, latent.lazy_covariance_matrix
+
+
+def _root_path(monkeypatch):
+    monkeypatch.setattr(multioutput, "kronecker_test_factors", lambda covar: None)
+
+
+def _assert_same(actual, expected):
+    (values, grads, _), (expected_values, expected_grads, _) = actual, expected
+    for value, expected_value in zip(values, expected_values):
+        torch.testing.assert_close(value, expected_value, rtol=1e-10, atol=1e-12)
+    for grad, expected_grad in zip(grads, expected_grads):
+        assert (grad is None) == (expected_grad is None)
+        if grad is not None:
+            torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_tasks,rank,noise_rank,scaled,fast", [
+    (2, 1, 0, False, False), (3, 2, 1, True, False), (4, 1, 2, False, True), (3, 0, 0, True, True),
+])
+def test_mean_and_variance_from_the_factors_equal_the_root_path(monkeypatch, num_tasks, rank, noise_rank, scaled,
+                                                                 fast):
+    """n* = 80 test points, T·(rank + T) columns per feature: the variance contracts C = A⁻¹ with φ* and B, in fewer
+    triangular-solve flops than the root Φ*L⁻ᵀ, and the values and gradients (mean, variances, covariance) are the
+    root path's."""
+    model = _model(num_tasks, rank, noise_rank, scaled=scaled)
+    test_x = torch.rand(80, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    width = 16 * (rank + num_tasks)
+    assert prefers_kronecker_variance(80, num_tasks, 16, rank + num_tasks)
+    new = _predict(model, test_x, fast, flops := TriangularSolveFlops())
+    assert isinstance(new[2], KroneckerFeatureSpacePosteriorCovariance)
+    _root_path(monkeypatch)
+    old = _predict(model, test_x, fast, root_flops := TriangularSolveFlops())
+    assert not isinstance(old[2], KroneckerFeatureSpacePosteriorCovariance)
+    _assert_same(new, old)
+    assert root_flops.flops >= 80 * num_tasks * width**2  # the root Φ*L⁻ᵀ
+    assert flops.flops < 80 * num_tasks * width**2
+
+
+def test_few_test_points_keep_the_root_and_a_batch_of_models_contracts_per_member(monkeypatch):
+    """n* = 2 points: the root costs fewer flops than C = A⁻¹ and is kept (the covariance's diagonal reads it); a
+    batch of two kernels and training sets gives the batch's predictions either way."""
+    calls = []
+    contract = kronecker_posterior.kronecker_variance
+    monkeypatch.setattr(kronecker_posterior, "kronecker_variance", lambda *a: calls.append(1) or contract(*a))
+    gen = torch.Generator().manual_seed(3)
+    model, few_x = _model(3, 1, 1), torch.rand(2, 2, generator=gen, dtype=F64)
+    assert not prefers_kronecker_variance(2, 3, 16, 4)
+    few = _predict(model, few_x)
+    assert calls == []
+    batched = _model(3, 1, 0, batch_shape=torch.Size([2]))
+    test_x = torch.rand(2, 40, 2, generator=gen, dtype=F64)
+    batch = _predict(batched, test_x)
+    assert len(calls) == 2  # latent and predictive variance
+    _root_path(monkeypatch)
+    _assert_same(few, _predict(model, few_x))
+    _assert_same(batch, _predict(batched, test_x))
+    assert len(calls) == 2
+
+
+def test_skipped_variances_never_form_the_test_root():
+    """Under ``skip_posterior_variances`` the mean φ*·W·Bᵀ needs no n*·T × F·m matrix."""
+    model = _model(3, 1, 1)
+    test_x = torch.rand(500, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    with torch.no_grad():
+        model(test_x[:2])
+        expected = model(test_x).mean
+        with gpytorch.settings.skip_posterior_variances(), LargestTensor() as largest:
+            mean = model(test_x).mean
+    torch.testing.assert_close(mean, expected, rtol=1e-10, atol=1e-12)
+    assert largest.numel < 500 * 3 * model.covar_module.num_features
