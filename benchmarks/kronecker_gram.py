@@ -24,6 +24,10 @@ takes the chunked whitened root's statistics; "new" sizes it by φ and keeps the
 (:mod:`rfgp.inference.chunked_kronecker`).  MLL + gradient and the cold posterior, paired as above, and the peak RSS
 of one MLL + gradient above the built model, each path in a fresh process.
 
+Test side (``--test-side`` rows): the same models' predictions with warm caches, mean and variance at n* test points
+(and their gradient w.r.t. the test inputs), "new" contracting the factors φ* and B of the test root
+(:mod:`rfgp.inference.kronecker_posterior`), "old" pushing the test root φ* ⊗ B through the F·m-wide posterior.
+
 ``--quick``: N ≤ 500, one repeat, float64 only (under a minute).
 """
 
@@ -45,6 +49,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import rfgp  # noqa: E402
+from rfgp.inference import multioutput  # noqa: E402
 from rfgp.inference.kronecker_tasks import KroneckerStatistics  # noqa: E402
 from rfgp.kernels import SketchedDecomposableKernel  # noqa: E402
 from rfgp.kernels.random_feature_kernel import FeatureKernel  # noqa: E402
@@ -53,6 +58,7 @@ from tests._models import MultitaskGP  # noqa: E402
 WIDTH, NUM_TEST, REPEATS = 256, 1000, 5
 BUDGET_POINTS, BUDGET_TASKS, BUDGET_WIDTH, BUDGET_REPEATS = 20_000, 3, 512, 3
 BUDGETS = {"1 GiB (default)": 2**30, "64 MiB": 64 * 2**20}
+TEST_SIDE_COUNTS, TEST_SIDE_REPEATS = (10, 100, 1000), 3
 
 
 def build(x, y, noise_rank, width):
@@ -126,6 +132,66 @@ def paired(function, repeats, switch=switched) -> tuple[float, float]:
             with switch(path):
                 times[path].append(timed(function))
     return statistics.median(times["old"]), statistics.median(times["new"])
+
+
+def test_sided(path: str):
+    """The test side contracted from the factors φ* and B (``new``) or through the test root φ* ⊗ B (``old``)."""
+    if path == "new":
+        return contextlib.nullcontext()
+    return mock.patch.object(multioutput, "kronecker_test_factors", lambda covar: None)
+
+
+def test_side_phases(model, test):
+    def predict():
+        with torch.no_grad():
+            prediction = model.likelihood(model(test))
+            prediction.mean, prediction.variance
+
+    def gradient():
+        inputs = test.clone().requires_grad_(True)
+        prediction = model.likelihood(model(inputs))
+        torch.autograd.grad((prediction.mean + prediction.variance).sum(), inputs)
+
+    return {"mean + variance": predict, "mean + variance, gradient w.r.t. x*": gradient}
+
+
+def run_test_side(configs, test_counts, repeats):
+    """Warm-cache predictions, old (test root) against new (factors), per model and number of test points."""
+    rows = []
+    for name, num_points, num_tasks, noise_rank in configs:
+        x, y, _ = data(num_points, num_tasks, torch.float64)
+        model = build(x, y, noise_rank, WIDTH)
+        model.eval()
+        with torch.no_grad():
+            model(x[:2])  # the caches, once
+        for num_test in test_counts:
+            test = torch.rand(num_test, 1, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+            for phase, function in test_side_phases(model, test).items():
+                old, new = paired(function, repeats, test_sided)
+                rows.append((name, num_points, num_tasks, num_test, phase, old, new))
+                print(rows[-1], os.getloadavg(), flush=True)
+    return rows
+
+
+def test_side_markdown(rows, repeats, load) -> str:
+    lines = [
+        "",
+        "## Test side: factors φ* and B (new) vs the test root φ* ⊗ B (old)",
+        "",
+        f"The models above (`rfgp.sketch(kernel, {WIDTH})`, root width F·m = {WIDTH}·(1 + T)), float64, warm posterior "
+        "caches, one CPU thread, median of "
+        f"{repeats} alternated runs after one untimed each. Load average (1, 5, 15 min) at the end: {load[0]:.2f}, "
+        f"{load[1]:.2f}, {load[2]:.2f} (2 shared cores). Old: mean Φ*w and variance ‖Φ*L⁻ᵀ‖² per row "
+        "(n*·T·(F·m)² flops); new (`rfgp.inference.kronecker_posterior`): mean φ*·W·Bᵀ, variance B_t·Mᵢ·B_tᵀ from "
+        "C = A⁻¹ ((F·m)³ + n*·(F·m)² flops) where that is fewer, `likelihood(model(x*))` as in GPyTorch's tutorial.",
+        "",
+        "| model | N | T | n* | phase | old (s) | new (s) | old/new |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, num_points, num_tasks, num_test, phase, old, new in rows:
+        lines.append(f"| {name} | {num_points} | {num_tasks} | {num_test} | {phase} | {old:.3f} | {new:.3f} | "
+                     f"{old / new:.1f}× |")
+    return "\n".join(lines) + "\n"
 
 
 def _budget_model(num_points, width):
@@ -270,28 +336,49 @@ def main() -> None:
     parser.add_argument("--exact", type=int, default=8000, help="largest N·T timed with the exact model")
     parser.add_argument("--budget", action="store_true",
                         help="only the memory-budget rows, appended to (or replacing) that section of the results")
+    parser.add_argument("--test-side", action="store_true",
+                        help="only the test-side rows, appended to (or replacing) that section of the results")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.quick:
         configs = [("correlated", 500, 2, 1), ("tutorial", 500, 2, 0)]
         rows = run(configs, (torch.float64,), 1, 0)
         budget_rows = run_budget(500, 32, {"16 KiB": 16 * 2**10}, 1)
-        print(markdown(rows, 1, os.getloadavg()) + budget_markdown(budget_rows, 1, os.getloadavg()))
+        test_rows = run_test_side(configs, (1000,), 1)
+        print(markdown(rows, 1, os.getloadavg()) + budget_markdown(budget_rows, 1, os.getloadavg())
+              + test_side_markdown(test_rows, 1, os.getloadavg()))
         return
     path = os.path.join(os.path.dirname(__file__), "results", "kronecker_gram.md")
-    budget_rows = run_budget(BUDGET_POINTS, BUDGET_WIDTH, BUDGETS, BUDGET_REPEATS)
-    budget_text = budget_markdown(budget_rows, BUDGET_REPEATS, os.getloadavg())
-    if args.budget:
-        with open(path) as handle:
-            text = handle.read().split("\n## Under the memory budget")[0].rstrip("\n") + "\n"
+    sections = read_sections(path)
+    if args.test_side:
+        configs = [("tutorial", 4000, 2, 0), ("correlated", 2000, 4, 1)]
+        rows = run_test_side(configs, TEST_SIDE_COUNTS, TEST_SIDE_REPEATS)
+        sections[2] = test_side_markdown(rows, TEST_SIDE_REPEATS, os.getloadavg())
     else:
+        budget_rows = run_budget(BUDGET_POINTS, BUDGET_WIDTH, BUDGETS, BUDGET_REPEATS)
+        sections[1] = budget_markdown(budget_rows, BUDGET_REPEATS, os.getloadavg())
+    if not (args.budget or args.test_side):
         configs = [("correlated", 2000, 2, 1), ("correlated", 2000, 4, 1), ("tutorial", 4000, 2, 0)]
         rows = run(configs, (torch.float64, torch.float32), REPEATS, args.exact) + run_botorch((2, 4), REPEATS)
-        text = markdown(rows, REPEATS, os.getloadavg())
+        sections[0] = markdown(rows, REPEATS, os.getloadavg())
     with open(path, "w") as handle:
-        handle.write(text + budget_text)
-    print(text + budget_text)
+        handle.write("".join(sections))
+    print("".join(sections))
 
+
+def read_sections(path) -> list[str]:
+    """The results file as [main table, memory-budget section, test-side section] ("" for a missing one), so that a
+    run of one part replaces only its own section."""
+    sections = ["", "", ""]
+    if os.path.exists(path):
+        with open(path) as handle:
+            text = handle.read()
+        for index, heading in ((2, "\n## Test side"), (1, "\n## Under the memory budget")):
+            if heading in text:
+                text, section = text.split(heading, 1)
+                sections[index] = heading + section
+        sections[0] = text.rstrip("\n") + "\n"
+    return sections
 
 if __name__ == "__main__":
     main()

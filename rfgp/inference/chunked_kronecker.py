@@ -143,9 +143,6 @@ class _ChunkedKroneckerStatistics(KroneckerStatistics):
     def _kernel_space_given(self, parts, *args) -> bool:
         return False
 
-    def capacitance_width(self) -> int:
-        return self._kronecker_parts()[0].featurizer.num_features
-
 
 class ChunkedKroneckerAddedDiagLinearOperator(_ChunkedKroneckerStatistics, DiagonalNoiseKroneckerStatistics,
                                               ChunkedFeatureRootAddedDiagLinearOperator):

@@ -12,13 +12,15 @@ J. Comput. Appl. Math. 123, 2000, §2):
     Mᵢ[k, l]   = Σ_{f,g} φ*_{if}·C[(f, k), (g, l)]·φ*_{ig}   (C = A⁻¹ as F × m × F × m)  O(n*·(F·m)² + n*·F·m²),
 
 where the root path costs n*·T·(F·m)² (the triangular solve Φ*L⁻ᵀ, L = chol(A)), plus (F·m)³ once for C = L⁻ᵀL⁻¹.
-The variance takes the contraction where its flops, (F·m)³ + n*·(F·m)² + n*·F·m² + n*·T·m², are fewer than the
-root's n*·T·(F·m)² (:func:`prefers_kronecker_variance`: about n*·(T − 1) > F·m), the points in blocks whose
-n*_b × m × F·m intermediate is no larger than C; the mean always (it costs no more than the root's product
-Φ*w, n*·T·F·m).  Both are the same numbers to rounding, with the same gradients w.r.t. the test inputs and the
-hyperparameters (plain autograd through both orders).  The covariance keeps the lazy root Φ*L⁻ᵀ for everything else
-(products, joint samples, rows, log-densities); an added diagonal noise (``MultitaskGaussianLikelihood`` of rank 0)
-keeps the contraction for the variance and forms the root only where it is read (:class:`DeferredPosteriorRoot`).
+The variance takes the contraction where its flops, (F·m)³ + n*·(F·m)² + n*·F·m² + n*·T·m² (the products weighted
+by their measured cost per flop), are fewer than the root's n*·T·(F·m)² (:func:`prefers_kronecker_variance`: about
+n*·(T − 1.5) > F·m), the points in blocks whose n*_b × m × F·m intermediate is no larger than C; the mean always (it
+costs no more than the root's product Φ*w, n*·T·F·m).  Both are the same numbers to rounding, with the same
+gradients w.r.t. the test inputs and the hyperparameters (plain autograd through both orders).  The covariance keeps
+the lazy root Φ*L⁻ᵀ for everything else (products, joint samples, rows, log-densities); an added diagonal noise
+(``MultitaskGaussianLikelihood`` of rank 0) keeps the contraction for the variance and forms the root only where it is
+read (:class:`DeferredPosteriorRoot`).  The kernel-space posterior (N·T ≲ F·m) takes the mean from the factors and
+keeps its root for the variance.
 """
 
 from __future__ import annotations
@@ -37,12 +39,18 @@ def kronecker_mean(data_features: Tensor, task_factor: Tensor, weights: Tensor) 
     return ((data_features @ matrix) @ task_factor.mT).flatten(-2)
 
 
+#: the cost of the contraction's n*·(F·m)² products relative to a triangular solve's flop, measured (one thread,
+#: F·m = 768 and 1 280, n* = 100–3 000: 1.1–1.9; ``benchmarks/results/kronecker_gram.md``); C = A⁻¹ costs as a solve
+CONTRACTION_WEIGHT = 1.5
+
+
 def prefers_kronecker_variance(num_points: int, num_tasks: int, data_width: int, task_width: int) -> bool:
-    """Whether the contraction (module docstring) costs fewer flops than the root Φ*L⁻ᵀ for the variances of
-    ``num_points`` test points: (F·m)³ (C = A⁻¹) + n*·(F·m)² + n*·F·m² + n*·T·m² < n*·T·(F·m)²."""
+    """Whether the contraction (module docstring) costs less than the root Φ*L⁻ᵀ for the variances of ``num_points``
+    test points: (F·m)³ (C = A⁻¹) + w·(n*·(F·m)² + n*·F·m² + n*·T·m²) < n*·T·(F·m)², its products weighted by the
+    measured :data:`CONTRACTION_WEIGHT` w against the root's triangular-solve flops (about n*·(T − 1.5) > F·m)."""
     width = data_width * task_width
-    kronecker = width**3 + num_points * (width * width + data_width * task_width**2 + num_tasks * task_width**2)
-    return kronecker < num_points * num_tasks * width * width
+    products = num_points * (width * width + data_width * task_width**2 + num_tasks * task_width**2)
+    return width**3 + CONTRACTION_WEIGHT * products < num_points * num_tasks * width * width
 
 
 def kronecker_variance(data_features: Tensor, task_factor: Tensor, weight_covariance: Tensor) -> Tensor:
@@ -56,8 +64,9 @@ def kronecker_variance(data_features: Tensor, task_factor: Tensor, weight_covari
     for start in range(0, data_features.shape[-2], block):
         points = data_features[..., start:start + block, :]
         projected = (points @ covariance).unflatten(-1, (task_width, num_features, task_width))  # (..., b, m, F, m)
-        inner = torch.einsum("...ikgl,...ig->...ikl", projected, points)  # Mᵢ
-        variances.append(torch.einsum("...tk,...ikl,...tl->...it", task_factor, inner, task_factor))
+        # Mᵢ as a batch of (1 × F)·(F × m) products over P's contiguous blocks (an einsum permuted P: 5–8× slower)
+        inner = (points.unsqueeze(-2).unsqueeze(-3) @ projected).squeeze(-2)  # (..., b, m, m)
+        variances.append(((task_factor.unsqueeze(-3) @ inner) * task_factor.unsqueeze(-3)).sum(-1))  # B_t·Mᵢ·B_tᵀ
     return torch.cat(variances, -2).flatten(-2)
 
 

@@ -36,6 +36,7 @@ import torch
 from linear_operator.operators import ConstantDiagLinearOperator, DiagLinearOperator, KroneckerProductLinearOperator
 from torch import Tensor
 
+from ..core.memory import check_solve
 from ..core.validation import check_noise
 from . import distributed
 from .chunking import Featurizer, chunked_feature_statistics
@@ -93,6 +94,7 @@ def kronecker_statistics(data: Tensor | ChunkedDataFeatures, weights: Tensor, ta
     chunked = isinstance(data, ChunkedDataFeatures)
     data_dtype = data.inputs.dtype if chunked else data.dtype
     dtype = torch.promote_types(torch.promote_types(data_dtype, weights.dtype), task.dtype)
+    check_kronecker_solve(data, weights, task, chol, dtype)
     whitened_task = torch.linalg.solve_triangular(chol.to(dtype), task.to(dtype), upper=False)  # B̃ = C⁻¹B
     blocks = rhs.to(dtype).unflatten(-2, (-1, num_tasks))  # (..., N, T, k)
     whitened = torch.linalg.solve_triangular(chol.to(dtype).unsqueeze(-3), blocks, upper=False)  # R̃ per point
@@ -121,6 +123,24 @@ def kronecker_statistics(data: Tensor | ChunkedDataFeatures, weights: Tensor, ta
     # that sync_gradients sums count B and Σ_T once (a reduced φᵀD_N⁻¹φ times a local B̃ᵀB̃ counted them per rank).
     gram, cross, weighted_square = distributed.reduce_statistics(gram, cross, weighted_square)
     return gram, cross, weighted_square, dtype
+
+
+def check_kronecker_solve(data: Tensor | ChunkedDataFeatures, weights: Tensor, task: Tensor, chol: Tensor,
+                          dtype: torch.dtype) -> None:
+    """Refuse, naming the sizes, F·m × F·m statistics (and the capacitance's factor) that cannot fit in the memory
+    available (:func:`rfgp.core.memory.check_solve`), before they are formed: the rule of an F × F solve
+    (:func:`rfgp.inference.chunking.check_chunked_solve`) for the width F·m of the Kronecker root φ ⊗ B, which neither
+    the data kernel's F × F check nor the memory budget of φ's row blocks covers."""
+    chunked = isinstance(data, ChunkedDataFeatures)
+    data_batch = torch.broadcast_shapes(data.featurizer.batch_shape, data.inputs.shape[:-2]) if chunked \
+        else data.shape[:-2]
+    num_points, num_features = data.inputs.shape[-2] if chunked else data.shape[-2], task.shape[-1]
+    num_features *= data.featurizer.num_features if chunked else data.shape[-1]
+    batch = torch.broadcast_shapes(data_batch, weights.shape[:-1], task.shape[:-2], chol.shape[:-2]).numel()
+    device = data.inputs.device if chunked else data.device
+    advice = (f"reduce num_features (the data kernel's F) or the task covariance's rank: the capacitance of a "
+              f"sketched MultitaskKernel is F·(rank + T) = {num_features} wide")
+    check_solve(num_points * task.shape[-2], num_features, batch, dtype, device, size=num_features, advice=advice)
 
 
 def kronecker_noise_logdet(point_noise: Tensor, chol: Tensor, num_points: int) -> Tensor:

@@ -409,10 +409,6 @@ class KroneckerStatistics:
     def _task_cholesky(self, task_noise: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def capacitance_width(self) -> int:
-        """F·m, the side of the capacitance I + Φ̃ᵀΦ̃: the columns of the root."""
-        return self._kronecker_parts()[0].root.shape[-1]
-
     def _kronecker_noise(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """(φ, d, B, Σ_T) where the covariance carries its factors and the noise is D_N ⊗ Σ_T, else ``None``."""
         covariance, noise = self._kronecker_parts()

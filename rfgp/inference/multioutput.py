@@ -249,10 +249,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             return None
         if noisy.uses_kernel_space():
             return None
-        num_features = noisy.capacitance_width()
-        batch = math.prod(torch.broadcast_shapes(noisy.batch_shape, residual.shape[:-1]))
-        check_solve(noisy.shape[-1], num_features, batch, residual.dtype, residual.device, size=num_features)
-        statistics = noisy.kronecker_statistics(residual.unsqueeze(-1))
+        statistics = noisy.kronecker_statistics(residual.unsqueeze(-1))  # refuses F·m × F·m that cannot fit
         if statistics is None:
             return None
         gram, cross, _, dtype = statistics

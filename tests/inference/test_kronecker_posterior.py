@@ -18,10 +18,10 @@ from tests.inference.test_kronecker_statistics import _kernel, _likelihood
 F64 = torch.float64
 
 
-def _model(num_tasks, rank, noise_rank, batch_shape=torch.Size(), num_features=16, scaled=False):
+def _model(num_tasks, rank, noise_rank, batch_shape=torch.Size(), num_features=16, scaled=False, num_points=60):
     gen = torch.Generator().manual_seed(0)
-    x = torch.rand(*batch_shape, 60, 2, generator=gen, dtype=F64)
-    y = torch.randn(*batch_shape, 60, num_tasks, generator=gen, dtype=F64)
+    x = torch.rand(*batch_shape, num_points, 2, generator=gen, dtype=F64)
+    y = torch.randn(*batch_shape, num_points, num_tasks, generator=gen, dtype=F64)
     kernel = _kernel(num_tasks, rank, num_features=num_features, batch_shape=batch_shape)
     if scaled:
         kernel = gpytorch.kernels.ScaleKernel(kernel, batch_shape=batch_shape).double()
@@ -69,21 +69,21 @@ def _assert_same(actual, expected):
 ])
 def test_mean_and_variance_from_the_factors_equal_the_root_path(monkeypatch, num_tasks, rank, noise_rank, scaled,
                                                                  fast):
-    """n* = 80 test points, T·(rank + T) columns per feature: the variance contracts C = A⁻¹ with φ* and B, in fewer
+    """n* = 150 test points, T·(rank + T) columns per feature: the variance contracts C = A⁻¹ with φ* and B, in fewer
     triangular-solve flops than the root Φ*L⁻ᵀ, and the values and gradients (mean, variances, covariance) are the
     root path's."""
     model = _model(num_tasks, rank, noise_rank, scaled=scaled)
-    test_x = torch.rand(80, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    test_x = torch.rand(150, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
     width = 16 * (rank + num_tasks)
-    assert prefers_kronecker_variance(80, num_tasks, 16, rank + num_tasks)
+    assert prefers_kronecker_variance(150, num_tasks, 16, rank + num_tasks)
     new = _predict(model, test_x, fast, flops := TriangularSolveFlops())
     assert isinstance(new[2], KroneckerFeatureSpacePosteriorCovariance)
     _root_path(monkeypatch)
     old = _predict(model, test_x, fast, root_flops := TriangularSolveFlops())
     assert not isinstance(old[2], KroneckerFeatureSpacePosteriorCovariance)
     _assert_same(new, old)
-    assert root_flops.flops >= 80 * num_tasks * width**2  # the root Φ*L⁻ᵀ
-    assert flops.flops < 80 * num_tasks * width**2
+    assert root_flops.flops >= 150 * num_tasks * width**2  # the root Φ*L⁻ᵀ
+    assert flops.flops < 150 * num_tasks * width**2
 
 
 def test_few_test_points_keep_the_root_and_a_batch_of_models_contracts_per_member(monkeypatch):
@@ -98,7 +98,7 @@ def test_few_test_points_keep_the_root_and_a_batch_of_models_contracts_per_membe
     few = _predict(model, few_x)
     assert calls == []
     batched = _model(3, 1, 0, batch_shape=torch.Size([2]))
-    test_x = torch.rand(2, 40, 2, generator=gen, dtype=F64)
+    test_x = torch.rand(2, 100, 2, generator=gen, dtype=F64)
     batch = _predict(batched, test_x)
     assert len(calls) == 2  # latent and predictive variance
     _root_path(monkeypatch)
@@ -118,3 +118,14 @@ def test_skipped_variances_never_form_the_test_root():
             mean = model(test_x).mean
     torch.testing.assert_close(mean, expected, rtol=1e-10, atol=1e-12)
     assert largest.numel < 500 * 3 * model.covar_module.num_features
+
+
+def test_the_kernel_space_posterior_takes_the_mean_from_the_factors(monkeypatch):
+    """N·T = 40 rows for F·m = 192 columns: the posterior runs in kernel space, whose mean φ*·W·Bᵀ and variance (its
+    own root) are the root path's."""
+    model = _model(2, 1, 1, num_features=64, num_points=20)
+    test_x = torch.rand(200, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    new = _predict(model, test_x)
+    assert model.prediction_strategy.uses_kernel_space
+    _root_path(monkeypatch)
+    _assert_same(new, _predict(model, test_x))

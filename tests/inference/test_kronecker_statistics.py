@@ -237,3 +237,28 @@ def test_a_training_step_never_forms_the_interleaved_root(noise_rank):
     for grad, expected in zip(grads, expected_grads):
         torch.testing.assert_close(grad, torch.zeros_like(grad) if expected is None else expected, rtol=1e-9,
                                    atol=1e-9)
+
+
+@pytest.mark.parametrize("budget", [2**30, 20 * 4 * 16 * 8])  # φ whole; φ in row blocks of 20 points
+def test_statistics_wider_than_the_memory_available_are_refused_by_name(monkeypatch, budget):
+    """N = 40 points, T = 3, F = 16, rank 1: the capacitance is F·m = 64 wide (2 × 64² float64 = 64 KiB with its
+    factor), the data kernel's F × F 4 KiB and the kernel's own check min(N, F·m)² 25.6 KiB.  With 30 000 bytes
+    available the marginal likelihood and the posterior caches are refused before the statistics are formed, naming
+    the 64 × 64 matrix; before, nothing checked it."""
+    monkeypatch.setattr(rfgp.core.memory, "CHECK_THRESHOLD", 0)
+    monkeypatch.setattr(rfgp.core.memory, "available_bytes", lambda device: 30_000)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(40, 2, generator=gen, dtype=F64), torch.randn(40, 3, generator=gen, dtype=F64)
+    model = MultitaskGP(x, y, _likelihood(3, 1), _kernel(3, 1))
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    message = r"N=120 training rows, num_features=64.*64 × 64 torch.float64 .*F·\(rank \+ T\) = 64 wide"
+    with rfgp.settings.memory_budget(budget):
+        with pytest.raises(ValueError, match=message):
+            mll(model(x), y)
+        model.eval()
+        with torch.no_grad(), pytest.raises(ValueError, match=message):
+            model(x[:5])
+    monkeypatch.setattr(rfgp.core.memory, "available_bytes", lambda device: 70_000)
+    with rfgp.settings.memory_budget(budget):
+        model.train()
+        mll(model(x), y)
