@@ -58,7 +58,7 @@ from tests._models import MultitaskGP  # noqa: E402
 WIDTH, NUM_TEST, REPEATS = 256, 1000, 5
 BUDGET_POINTS, BUDGET_TASKS, BUDGET_WIDTH, BUDGET_REPEATS = 20_000, 3, 512, 3
 BUDGETS = {"1 GiB (default)": 2**30, "64 MiB": 64 * 2**20}
-TEST_SIDE_COUNTS, TEST_SIDE_REPEATS = (10, 100, 1000), 3
+TEST_SIDE_COUNTS, TEST_SIDE_REPEATS = (100, 1000, 3000), 3
 
 
 def build(x, y, noise_rank, width):
