@@ -129,3 +129,30 @@ def test_the_kernel_space_posterior_takes_the_mean_from_the_factors(monkeypatch)
     assert model.prediction_strategy.uses_kernel_space
     _root_path(monkeypatch)
     _assert_same(new, _predict(model, test_x))
+
+
+@pytest.mark.parametrize("noise_rank", [0, 1])
+def test_log_densities_samples_and_scalings_read_the_same_posterior(monkeypatch, noise_rank):
+    """The predictive log-density (and its gradient w.r.t. the test inputs), a scaled covariance (``c·Σ*``, BoTorch's
+    ``Standardize`` rescaling) and its variance, and joint samples from the same seed equal the root path's."""
+    model = _model(3, 1, noise_rank)
+    gen = torch.Generator().manual_seed(5)
+    test_x, test_y = torch.rand(100, 2, generator=gen, dtype=F64), torch.randn(100, 3, generator=gen, dtype=F64)
+    scale = torch.linspace(0.5, 2.0, 300, dtype=F64)
+
+    def reads():
+        inputs = test_x.clone().requires_grad_(True)
+        model.train().eval()
+        latent = model(inputs)
+        covar = latent.lazy_covariance_matrix
+        log_prob = model.likelihood(latent).log_prob(test_y)
+        grad = torch.autograd.grad(log_prob, inputs)[0]
+        with torch.no_grad():
+            torch.manual_seed(7)
+            samples = model.likelihood(model(test_x)).rsample(torch.Size([4]))
+        return (log_prob, grad, (covar * 2.5).diagonal(), covar.rescaled(scale).diagonal(), samples)
+
+    new = reads()
+    _root_path(monkeypatch)
+    for actual, expected in zip(new, reads()):
+        torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-10)
