@@ -26,10 +26,14 @@ Kronecker factors (φφᵀ, BBᵀ) to code that takes K_XX ⊗ K_TT apart (BoTor
 
 from __future__ import annotations
 
+import math
+
+import torch
 from linear_operator.operators import DiagLinearOperator, LinearOperator, RootLinearOperator
 from torch import Tensor
 
 from ..core.grad_mode_cache import cached_per_grad_mode
+from ..core.settings import resolve_chunk_size
 from .chunking import Featurizer
 from .kronecker_statistics import ChunkedDataFeatures
 from .kronecker_tasks import (
@@ -80,9 +84,25 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
 
     @classmethod
     def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs):
-        """Derived operators (expanded, transposed, whitened, summed) are plain chunked roots."""
+        """Other derived operators (transposed, whitened, summed) are plain chunked roots."""
         return ChunkedMultiOutputFeatureOperator.from_featurizer(inputs1, inputs2, featurizer, chunk_size,
                                                                  num_outputs)
+
+    def _expand_batch(self, batch_shape) -> ChunkedKroneckerFeatureOperator:
+        """The same covariance over ``batch_shape`` (a mean or likelihood with a batch of its own: linear_operator's
+        sums expand their terms), x and B expanded without copying, φ's blocks sized for the batch as the kernel
+        sizes them (:func:`~rfgp.core.settings.resolve_chunk_size`): the Kronecker statistics stay (a plain
+        expanded root took the chunked whitened root's O(N·T·F²·m²) statistics)."""
+        inputs = self.inputs1.expand(*batch_shape, *self.inputs1.shape[-2:])
+        data = self.data_featurizer
+        batch = math.prod(torch.broadcast_shapes(data.batch_shape, batch_shape))
+        data_chunk = resolve_chunk_size(inputs.shape[-2], data.num_features, batch, inputs.dtype)
+        task = self.task_factor.expand(*batch_shape, *self.task_factor.shape[-2:])
+        expanded = ChunkedKroneckerFeatureOperator(inputs, *self.featurizer.params, featurizer=self.featurizer,
+                                                   chunk_size=self.chunk_size, num_outputs=self.num_outputs,
+                                                   data_featurizer=data, task_factor=task, data_chunk_size=data_chunk)
+        expanded.factors_detached = self.factors_detached
+        return expanded
 
     @property
     def data_features(self) -> Tensor | ChunkedDataFeatures:

@@ -41,6 +41,7 @@ from linear_operator.operators import (
     RootLinearOperator,
 )
 from linear_operator.utils.cholesky import psd_safe_cholesky
+from linear_operator.utils.getitem import _is_noop_index
 from linear_operator.utils.memoize import cached
 from torch import Tensor
 
@@ -282,7 +283,8 @@ class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):
     The operator is the :class:`~rfgp.inference.operators.FeatureRootLinearOperator` of R (marginal likelihood,
     solves and rfgp's multi-output prediction unchanged); ``linear_ops`` = (φφᵀ, BBᵀ) as
     (:class:`DataFeatureRootLinearOperator`, ``RootLinearOperator``), the factors of
-    GPyTorch's K_XX ⊗ K_TT.  Operators derived from it (expanded, indexed, scaled) are plain feature roots.
+    GPyTorch's K_XX ⊗ K_TT.  Expanded over a batch, scaled by c > 0 or indexed by whole points (a principal block)
+    it keeps them; other derived operators are plain feature roots.
 
     Args:
         root: R, ``(..., N·p, F_s·r)``.
@@ -322,6 +324,40 @@ class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):
         root_constant = torch.as_tensor(other, dtype=features.dtype, device=features.device).sqrt()
         root_constant = root_constant.unsqueeze(-1).unsqueeze(-1) if root_constant.dim() else root_constant
         return type(self)(scaled.root, scaled.variance_correction, features * root_constant, self.task_factor)
+
+    def _expand_batch(self, batch_shape) -> FeatureRootLinearOperator:
+        """The same covariance over ``batch_shape`` (a mean or likelihood with a batch of its own: linear_operator's
+        sums expand their terms), its factors φ and B expanded without copying, so that the Kronecker statistics
+        stay (a plain expanded root took the whitened root's O(N·T·F²·m²) statistics)."""
+        expanded = super()._expand_batch(batch_shape)
+        if self.data_features is None or self.task_factor is None:
+            return expanded
+        data, task = self.data_features, self.task_factor
+        return type(self)(expanded.root, expanded.variance_correction, data.expand(*batch_shape, *data.shape[-2:]),
+                          task.expand(*batch_shape, *task.shape[-2:]))
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """A principal block whose rows are whole points (all T rows of each, a slice of step 1 over every batch
+        member: the training block of an eagerly evaluated joint covariance) keeps its factors φ[points] and B;
+        other blocks are plain (:meth:`FeatureRootLinearOperator._getitem`)."""
+        points = self._whole_points(row_index, col_index, batch_indices)
+        if points is None:
+            return super()._getitem(row_index, col_index, *batch_indices)
+        data, task = self.data_features[..., points, :], self.task_factor
+        correction = None if self.variance_correction is None else self.variance_correction[..., row_index]
+        return type(self)(KroneckerRootLinearOperator(data, task), correction, data, task)
+
+    def _whole_points(self, row_index, col_index, batch_indices) -> slice | None:
+        """The points of a principal block [r, r] whose rows r are whole points (see :meth:`_getitem`), else
+        ``None``."""
+        if (self.data_features is None or self.task_factor is None or not isinstance(row_index, slice)
+                or row_index != col_index or not all(map(_is_noop_index, batch_indices))):
+            return None
+        start, stop, step = row_index.indices(self.shape[-1])
+        tasks = self.task_factor.shape[-2]
+        if step != 1 or start % tasks or stop % tasks or stop < start:
+            return None
+        return slice(start // tasks, stop // tasks)
 
     def __add__(self, other):
         """RRᵀ + noise as rfgp adds it (:class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`,
@@ -412,7 +448,7 @@ class KroneckerStatistics:
     def _kronecker_noise(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """(φ, d, B, Σ_T) where the covariance carries its factors and the noise is D_N ⊗ Σ_T, else ``None``."""
         covariance, noise = self._kronecker_parts()
-        if covariance.task_factor is None:
+        if getattr(covariance, "task_factor", None) is None:  # also a plain operator derived from a Kronecker one
             return None
         parts = kronecker_noise(noise, covariance.task_factor.shape[-2])
         if parts is None or covariance.data_features is None:  # the noise first: a chunked φ is formed on request

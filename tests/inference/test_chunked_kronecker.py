@@ -15,7 +15,7 @@ from linear_operator.operators import DiagLinearOperator
 import rfgp
 from rfgp.inference import chunking, kronecker_statistics, multioutput_chunking
 from rfgp.inference.chunked_kronecker import ChunkedKroneckerFeatureOperator
-from rfgp.inference.kronecker_tasks import KroneckerFeatureRootLinearOperator
+from rfgp.inference.kronecker_tasks import KroneckerFeatureRootLinearOperator, KroneckerStatistics
 from rfgp.inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import SketchedDecomposableKernel, SketchedRBFKernel
@@ -219,3 +219,34 @@ def test_a_batch_of_kernels_chunked_equals_unchunked(monkeypatch):
     assert isinstance(covariance, ChunkedMultiOutputFeatureOperator)
     assert isinstance(calls["kronecker"][-1], kronecker_statistics.ChunkedDataFeatures)
     _assert_close(results[1], results[0])
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("noise_rank", [0, 1])
+def test_a_covariance_expanded_to_the_batch_of_the_mean_keeps_the_kronecker_statistics(monkeypatch, budget,
+                                                                                       noise_rank):
+    """A mean (and targets) with a batch of two and a kernel without one: linear_operator's noise sum expands the
+    covariance to the batch.  Before, the expanded materialised covariance lost its factors (whitened-root statistics,
+    O(N·T·F²·m²)) and the expanded chunked one was a plain chunked root inside the Kronecker noise operator, which
+    raised AttributeError ('task_factor'); now both keep the Kronecker statistics, with the whitened path's loss and
+    gradients."""
+    calls = _spied(monkeypatch)
+    model, x, y = _model(noise_rank, num_points=100)
+    y = torch.stack((y, 0.5 * y.flip(-1)))
+    model.set_train_data(x, y, strict=False)
+    model.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(batch_shape=torch.Size([2])),
+                                                     num_tasks=T).double()
+
+    def mll_and_grads():
+        model.train()
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        with rfgp.settings.memory_budget(BUDGETS[budget]):
+            loss = -mll(model(x), y).sum()
+            return loss.detach(), torch.autograd.grad(loss, params)
+
+    new = mll_and_grads()
+    assert len(calls["kronecker"]) == 1 and calls["whitened root"] == 0
+    monkeypatch.setattr(KroneckerStatistics, "_kronecker_noise", lambda self: None)
+    _assert_close(new, mll_and_grads())
+    assert len(calls["kronecker"]) == 1

@@ -156,3 +156,16 @@ def test_log_densities_samples_and_scalings_read_the_same_posterior(monkeypatch,
     _root_path(monkeypatch)
     for actual, expected in zip(new, reads()):
         torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-10)
+
+
+def test_eagerly_evaluated_kernels_index_whole_points_and_keep_the_factors():
+    """Under ``lazily_evaluate_kernels(False)`` GPyTorch takes the test covariance as the principal block [n·T:, n·T:]
+    of the joint train/test covariance: whole points, whose factors φ*[points] and B the block keeps, so the
+    prediction contracts them as the lazily evaluated model does (before, the block was a plain root)."""
+    model = _model(3, 1, 0)
+    test_x = torch.rand(150, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    expected = _predict(model, test_x)
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        actual = _predict(model, test_x)
+    assert isinstance(actual[2], KroneckerFeatureSpacePosteriorCovariance)
+    _assert_same(actual, expected)
