@@ -18,15 +18,18 @@ operators take the Kronecker statistics (:class:`~rfgp.inference.kronecker_tasks
 Both equal the unchunked path to rounding, in value and gradient.  Every other case keeps the chunked whitened-root
 path of :mod:`rfgp.inference.multioutput_chunking` (R block by block, O(N·T·F²·m²)): other noises (per-entry), missing
 targets (``observation_nan_policy`` "mask"/"fill": the masked operators are the plain chunked ones), and operators
-derived from the covariance (expanded, indexed) — as for a materialised root, whose derived operators are plain
-feature roots.  A chunked covariance never takes the N·T × N·T kernel-space path.  Where φ fits, it also hands its
-Kronecker factors (φφᵀ, BBᵀ) to code that takes K_XX ⊗ K_TT apart (BoTorch's ``KroneckerMultiTaskGP.posterior``:
-``linear_ops``), as an unchunked root does.
+derived from the covariance (transposed, indexed, summed) — as for a materialised root.  Expanded over a batch (a mean
+or likelihood with a batch of its own) it keeps its factors.  As a test covariance it gives the blocks' data features
+(:meth:`ChunkedKroneckerFeatureOperator.data_chunks`) to the Kronecker test side
+(:mod:`rfgp.inference.kronecker_posterior`).  A chunked covariance never takes the N·T × N·T kernel-space path.
+Where φ fits, it also hands its Kronecker factors (φφᵀ, BBᵀ) to code that takes K_XX ⊗ K_TT apart (BoTorch's
+``KroneckerMultiTaskGP.posterior``: ``linear_ops``), as an unchunked root does.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from linear_operator.operators import DiagLinearOperator, LinearOperator, RootLinearOperator
@@ -34,7 +37,7 @@ from torch import Tensor
 
 from ..core.grad_mode_cache import cached_per_grad_mode
 from ..core.settings import resolve_chunk_size
-from .chunking import Featurizer
+from .chunking import Featurizer, chunk_slices, output_rows
 from .kronecker_statistics import ChunkedDataFeatures
 from .kronecker_tasks import (
     DataFeatureRootLinearOperator,
@@ -103,6 +106,12 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
                                                    data_featurizer=data, task_factor=task, data_chunk_size=data_chunk)
         expanded.factors_detached = self.factors_detached
         return expanded
+
+    def data_chunks(self) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, φ_c) for the blocks of :meth:`feature_chunks` (``chunk_size`` points of x), φ_c their data features
+        ``(*batch, c, F)``, rows indexing the n·T interleaved rows."""
+        for points in chunk_slices(self.inputs1.shape[-2], self.chunk_size):
+            yield output_rows(points, self.num_outputs), self.data_featurizer(self.inputs1[..., points, :])
 
     @property
     def data_features(self) -> Tensor | ChunkedDataFeatures:

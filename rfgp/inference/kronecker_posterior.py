@@ -20,7 +20,8 @@ gradients w.r.t. the test inputs and the hyperparameters (plain autograd through
 the lazy root Φ*L⁻ᵀ for everything else (products, joint samples, rows, log-densities); an added diagonal noise
 (``MultitaskGaussianLikelihood`` of rank 0) keeps the contraction for the variance and forms the root only where it is
 read (:class:`DeferredPosteriorRoot`).  The kernel-space posterior (N·T ≲ F·m) takes the mean from the factors and
-keeps its root for the variance.
+keeps its root for the variance.  A test covariance over :class:`rfgp.settings.memory_budget` does the same a block of
+points at a time (:class:`ChunkedKroneckerPosteriorCovariance`, φ*_c from the kernel's data featurizer).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from linear_operator.operators import DenseLinearOperator, DiagLinearOperator, L
 from torch import Tensor
 
 from ..core.dtypes import FullPrecisionOperator
+from .multioutput_chunking import ChunkedPosteriorCovariance
 from .posterior_covariance import FeatureSpacePosteriorCovariance, LowRankPosteriorAddedDiag
 
 
@@ -128,6 +130,39 @@ def kronecker_posterior_covariance(features: Tensor, chol: Tensor, data_features
                                                     data_features=data_features, task_factor=task_factor)
 
 
+class ChunkedKroneckerPosteriorCovariance(ChunkedPosteriorCovariance):
+    """:class:`~rfgp.inference.multioutput_chunking.ChunkedPosteriorCovariance` of a test covariance over the memory
+    budget that keeps its factors (:class:`~rfgp.inference.chunked_kronecker.ChunkedKroneckerFeatureOperator`): its
+    diagonal contracts each block's φ*_c with B and C = A⁻¹ where that costs fewer flops for all n* points
+    (:func:`prefers_kronecker_variance`), everything else reads the blocks of the root Φ*_cL⁻ᵀ.
+
+    Args:
+        prior: the chunked test covariance.
+        root: Φ*_c ↦ Φ*_cL⁻ᵀ.
+        noise: optional diagonal ``(..., n*·T)``.
+        chol: L = chol(A) ``(..., F·m, F·m)``.
+    """
+
+    def __init__(self, prior, *params: Tensor, root, noise: Tensor | None = None, chol: Tensor) -> None:
+        LinearOperator.__init__(self, prior, *params, root=root, noise=noise, chol=chol)
+        self.prior, self.params, self.root, self.noise, self.chol = prior, params, root, noise, chol
+
+    def _diagonal(self) -> Tensor:
+        task = self.prior.task_factor
+        if not prefers_kronecker_variance(self.prior.inputs1.shape[-2], task.shape[-2],
+                                          self.prior.data_featurizer.num_features, task.shape[-1]):
+            return super()._diagonal()
+        covariance = torch.cholesky_inverse(self.chol)
+        task = task.to(covariance.dtype)
+        blocks = []
+        for rows, data in self.prior.data_chunks():
+            block = kronecker_variance(data.to(covariance.dtype), task, covariance).to(self.dtype)
+            block = block.expand(*self.batch_shape, block.shape[-1])
+            noise = self._noise(rows)
+            blocks.append(block if noise is None else block + noise)
+        return torch.cat(blocks, -1)
+
+
 class DeferredPosteriorRoot(FullPrecisionOperator, LowRankRootLinearOperator):
     """RRᵀ of a lazy-root posterior covariance Σ* (:class:`KroneckerFeatureSpacePosteriorCovariance`) as the
     ``LowRankRootLinearOperator`` that linear_operator's low-rank-plus-diagonal algebra needs, its root R read from Σ*
@@ -166,6 +201,7 @@ class DeferredPosteriorRoot(FullPrecisionOperator, LowRankRootLinearOperator):
 
 
 __all__ = [
+    "ChunkedKroneckerPosteriorCovariance",
     "DeferredPosteriorRoot",
     "KroneckerFeatureSpacePosteriorCovariance",
     "kronecker_mean",

@@ -50,8 +50,9 @@ from ..core.dtypes import in_full_precision
 from ..core.memory import check_solve
 from ..core.validation import check_noise
 from . import distributed
+from .chunked_kronecker import ChunkedKroneckerFeatureOperator
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, join_tasks, split_tasks
-from .kronecker_posterior import kronecker_mean, kronecker_posterior_covariance
+from .kronecker_posterior import ChunkedKroneckerPosteriorCovariance, kronecker_mean, kronecker_posterior_covariance
 from .linalg import capacitance_solve, weighted_gram
 from .multioutput_chunking import (
     ChunkedMultiOutputFeatureOperator,
@@ -296,10 +297,15 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         """
         kernel_space = self.uses_kernel_space
         weight_mean, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
+        kronecker = isinstance(test_test_covar, ChunkedKroneckerFeatureOperator)
         blocks = []
-        for _, features in test_test_covar.feature_chunks():
+        chunks = test_test_covar.data_chunks() if kronecker else test_test_covar.feature_chunks()
+        for _, features in chunks:
             self.check_features(features)
-            blocks.append((features @ weight_mean).squeeze(-1))
+            if kronecker:  # φ*_c·W·Bᵀ, never the block's c·T × F·m root (rfgp.inference.kronecker_posterior)
+                blocks.append(kronecker_mean(features, test_test_covar.task_factor, weight_mean))
+            else:
+                blocks.append((features @ weight_mean).squeeze(-1))
         mean = torch.cat(blocks, -1) + test_mean
         if gpytorch.settings.skip_posterior_variances.on():
             shape = (*mean.shape, mean.shape[-1])
@@ -308,6 +314,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         def root(features: Tensor) -> Tensor:
             return feature_posterior_covariance(features, factor, kernel_space).low_rank_root
 
+        if kronecker and not kernel_space:
+            return mean, ChunkedKroneckerPosteriorCovariance(test_test_covar, root=root, chol=factor)
         return mean, ChunkedPosteriorCovariance(test_test_covar, root=root)
 
 

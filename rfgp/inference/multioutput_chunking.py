@@ -36,6 +36,8 @@ Prediction.  :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePrediction
 mean of a chunked test root block by block and returns :class:`ChunkedPosteriorCovariance`, whose variance (the
 diagonal), joint samples R*ε (one ε ~ N(0, I_F) shared by all blocks, so samples are jointly correct) and products
 are computed block by block too: peak memory O(chunk·p·F + F²), the same numbers as the unchunked path to rounding.
+A sketched ``MultitaskKernel``'s test covariance contracts its blocks' factors instead
+(:class:`~rfgp.inference.kronecker_posterior.ChunkedKroneckerPosteriorCovariance`).
 A dense ``covariance_matrix`` (n·p × n·p) is still available on request.
 """
 
@@ -427,10 +429,10 @@ class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):
         return ChunkedPosteriorCovariance(self.prior, *self.params, root=lambda f: root(f) * scale, noise=noise)
 
     def __add__(self, other):
-        if isinstance(other, DiagLinearOperator):
+        if isinstance(other, DiagLinearOperator):  # the same operator (subclasses' keywords kept) with the noise
             diag = other.diagonal(dim1=-2, dim2=-1)
             noise = diag if self.noise is None else self.noise + diag
-            return ChunkedPosteriorCovariance(self.prior, *self.params, root=self.root, noise=noise)
+            return type(self)(self.prior, *self.params, **{**self._kwargs, "noise": noise})
         if is_interleaved_task_noise(other):
             return PosteriorAddedTaskNoise(self, other)
         return super().__add__(other)
