@@ -26,7 +26,9 @@ of one MLL + gradient above the built model, each path in a fresh process.
 
 Test side (``--test-side`` rows): the same models' predictions with warm caches, mean and variance at n* test points
 (and their gradient w.r.t. the test inputs), "new" contracting the factors φ* and B of the test root
-(:mod:`rfgp.inference.kronecker_posterior`), "old" pushing the test root φ* ⊗ B through the F·m-wide posterior.
+(:mod:`rfgp.inference.kronecker_posterior`), "old" pushing the test root φ* ⊗ B through the F·m-wide posterior; also
+with the test covariance chunked (16 MiB budget), and one MLL + gradient of a covariance expanded to a batch of two
+targets (the factors expanded with it, or a plain root).
 
 ``--quick``: N ≤ 500, one repeat, float64 only (under a minute).
 """
@@ -50,7 +52,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import rfgp  # noqa: E402
 from rfgp.inference import multioutput  # noqa: E402
-from rfgp.inference.kronecker_tasks import KroneckerStatistics  # noqa: E402
+from rfgp.inference.kronecker_tasks import KroneckerFeatureRootLinearOperator, KroneckerStatistics  # noqa: E402
+from rfgp.inference.operators import FeatureRootLinearOperator  # noqa: E402
 from rfgp.kernels import SketchedDecomposableKernel  # noqa: E402
 from rfgp.kernels.random_feature_kernel import FeatureKernel  # noqa: E402
 from tests._models import MultitaskGP  # noqa: E402
@@ -58,7 +61,7 @@ from tests._models import MultitaskGP  # noqa: E402
 WIDTH, NUM_TEST, REPEATS = 256, 1000, 5
 BUDGET_POINTS, BUDGET_TASKS, BUDGET_WIDTH, BUDGET_REPEATS = 20_000, 3, 512, 3
 BUDGETS = {"1 GiB (default)": 2**30, "64 MiB": 64 * 2**20}
-TEST_SIDE_COUNTS, TEST_SIDE_REPEATS = (100, 1000, 3000), 3
+TEST_SIDE_COUNTS, TEST_SIDE_REPEATS, TEST_SIDE_BUDGET = (100, 1000, 3000), 3, 16 * 2**20
 
 
 def build(x, y, noise_rank, width):
@@ -135,10 +138,21 @@ def paired(function, repeats, switch=switched) -> tuple[float, float]:
 
 
 def test_sided(path: str):
-    """The test side contracted from the factors φ* and B (``new``) or through the test root φ* ⊗ B (``old``)."""
+    """The test side contracted from the factors φ* and B (``new``) or through the test root φ* ⊗ B (``old``),
+    materialised or chunked."""
+    stack = contextlib.ExitStack()
+    if path == "old":
+        stack.enter_context(mock.patch.object(multioutput, "kronecker_test_factors", lambda covar: None))
+        stack.enter_context(mock.patch.object(multioutput, "ChunkedKroneckerFeatureOperator", type("Plain", (), {})))
+    return stack
+
+
+def expansion(path: str):
+    """A covariance expanded to a batch keeps its Kronecker factors (``new``) or is a plain root (``old``)."""
     if path == "new":
         return contextlib.nullcontext()
-    return mock.patch.object(multioutput, "kronecker_test_factors", lambda covar: None)
+    plain = FeatureRootLinearOperator._expand_batch
+    return mock.patch.object(KroneckerFeatureRootLinearOperator, "_expand_batch", plain)
 
 
 def test_side_phases(model, test):
@@ -155,22 +169,68 @@ def test_side_phases(model, test):
     return {"mean + variance": predict, "mean + variance, gradient w.r.t. x*": gradient}
 
 
-def run_test_side(configs, test_counts, repeats):
-    """Warm-cache predictions, old (test root) against new (factors), per model and number of test points."""
+def run_test_side(configs, test_counts, repeats, budget=None):
+    """Warm-cache predictions, old (test root) against new (factors), per model and number of test points; under
+    ``rfgp.settings.memory_budget(budget)`` (the test covariance chunked) without gradients."""
     rows = []
     for name, num_points, num_tasks, noise_rank in configs:
         x, y, _ = data(num_points, num_tasks, torch.float64)
         model = build(x, y, noise_rank, WIDTH)
         model.eval()
-        with torch.no_grad():
+        with rfgp.settings.memory_budget(budget or 2**30), torch.no_grad():
             model(x[:2])  # the caches, once
         for num_test in test_counts:
             test = torch.rand(num_test, 1, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
             for phase, function in test_side_phases(model, test).items():
-                old, new = paired(function, repeats, test_sided)
-                rows.append((name, num_points, num_tasks, num_test, phase, old, new))
+                if budget is not None and "gradient" in phase:
+                    continue
+                with rfgp.settings.memory_budget(budget or 2**30):
+                    old, new = paired(function, repeats, test_sided)
+                label = name if budget is None else f"{name}, test covariance chunked ({budget // 2**20} MiB)"
+                rows.append((label, num_points, num_tasks, num_test, phase, old, new))
                 print(rows[-1], os.getloadavg(), flush=True)
     return rows
+
+
+def run_expanded(num_points, num_tasks, repeats):
+    """One MLL + gradient of the tutorial model with a batch of two targets and means over an unbatched kernel (its
+    covariance expanded to the batch): Kronecker statistics (new) against the expanded plain root's (old)."""
+    x, y, test = data(num_points, num_tasks, torch.float64)
+    y = torch.stack((y, y.flip(-1)))
+    model = build(x, y[0], 0, WIDTH)
+    model.set_train_data(x, y, strict=False)
+    model.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(batch_shape=torch.Size([2])),
+                                                     num_tasks=num_tasks).double()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+
+    def step():
+        model.zero_grad()
+        (-mll(model(x), y).sum()).backward()
+
+    old, new = paired(step, repeats, expansion)
+    row = ("tutorial, batch of 2 targets", num_points, num_tasks, "MLL + gradient", old, new)
+    print(row, os.getloadavg(), flush=True)
+    return [row]
+
+
+def expanded_markdown(rows, repeats, load) -> str:
+    lines = [
+        "",
+        "## Expanded to a batch: Kronecker factors kept (new) vs a plain expanded root (old)",
+        "",
+        f"GPyTorch's multitask tutorial model with two sets of targets (`y` of shape 2 × N × T, `MultitaskMean` with a "
+        f"batch of 2) over the unbatched sketched kernel (`rfgp.sketch(kernel, {WIDTH})`): linear_operator's noise sum "
+        "expands the covariance to the batch. Old: the expanded root lost its factors (whitened-root statistics, "
+        "O(N·T·F²·m²); the chunked one raised AttributeError); new: the factors are expanded with it. float64, one CPU "
+        f"thread, median of {repeats} alternated runs after one untimed each. Load average (1, 5, 15 min) at the end: "
+        f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (2 shared cores).",
+        "",
+        "| model | N | T | phase | old (s) | new (s) | old/new |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, num_points, num_tasks, phase, old, new in rows:
+        lines.append(f"| {name} | {num_points} | {num_tasks} | {phase} | {old:.3f} | {new:.3f} | {old / new:.1f}× |")
+    return "\n".join(lines) + "\n"
 
 
 def test_side_markdown(rows, repeats, load) -> str:
@@ -344,16 +404,19 @@ def main() -> None:
         configs = [("correlated", 500, 2, 1), ("tutorial", 500, 2, 0)]
         rows = run(configs, (torch.float64,), 1, 0)
         budget_rows = run_budget(500, 32, {"16 KiB": 16 * 2**10}, 1)
-        test_rows = run_test_side(configs, (1000,), 1)
+        test_rows = run_test_side(configs, (1000,), 1) + run_test_side(configs[:1], (1000,), 1, 2**20)
         print(markdown(rows, 1, os.getloadavg()) + budget_markdown(budget_rows, 1, os.getloadavg())
-              + test_side_markdown(test_rows, 1, os.getloadavg()))
+              + test_side_markdown(test_rows, 1, os.getloadavg())
+              + expanded_markdown(run_expanded(500, 2, 1), 1, os.getloadavg()))
         return
     path = os.path.join(os.path.dirname(__file__), "results", "kronecker_gram.md")
     sections = read_sections(path)
     if args.test_side:
         configs = [("tutorial", 4000, 2, 0), ("correlated", 2000, 4, 1)]
         rows = run_test_side(configs, TEST_SIDE_COUNTS, TEST_SIDE_REPEATS)
+        rows += run_test_side(configs[1:], TEST_SIDE_COUNTS[1:], TEST_SIDE_REPEATS, TEST_SIDE_BUDGET)
         sections[2] = test_side_markdown(rows, TEST_SIDE_REPEATS, os.getloadavg())
+        sections[3] = expanded_markdown(run_expanded(2000, 3, TEST_SIDE_REPEATS), TEST_SIDE_REPEATS, os.getloadavg())
     else:
         budget_rows = run_budget(BUDGET_POINTS, BUDGET_WIDTH, BUDGETS, BUDGET_REPEATS)
         sections[1] = budget_markdown(budget_rows, BUDGET_REPEATS, os.getloadavg())
@@ -367,13 +430,14 @@ def main() -> None:
 
 
 def read_sections(path) -> list[str]:
-    """The results file as [main table, memory-budget section, test-side section] ("" for a missing one), so that a
-    run of one part replaces only its own section."""
-    sections = ["", "", ""]
+    """The results file as [main table, memory-budget section, test-side section, expanded-batch section] ("" for a
+    missing one), so that a run of one part replaces only its own section."""
+    sections = ["", "", "", ""]
     if os.path.exists(path):
         with open(path) as handle:
             text = handle.read()
-        for index, heading in ((2, "\n## Test side"), (1, "\n## Under the memory budget")):
+        for index, heading in ((3, "\n## Expanded to a batch"), (2, "\n## Test side"),
+                               (1, "\n## Under the memory budget")):
             if heading in text:
                 text, section = text.split(heading, 1)
                 sections[index] = heading + section
