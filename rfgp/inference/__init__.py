@@ -21,6 +21,8 @@ The kernels hand over Φ (N × F) instead of an N × N matrix; this layer keeps 
 * :mod:`~rfgp.inference.kronecker_tasks` — a sketched ``MultitaskKernel``'s covariance φφᵀ ⊗ A with its Kronecker
   factors (BoTorch's ``KroneckerMultiTaskGP.posterior``): the data factor's eigenpairs from the thin SVD of φ, and
   solves with c·I_N ⊗ Σ_T noise through both factors' eigendecompositions;
+* :mod:`~rfgp.inference.kronecker_posterior` — its predictive mean and variance at test points from the factors φ* and
+  B of the test root, never pushing φ* ⊗ B through the posterior where that costs more;
 * :mod:`~rfgp.inference.independent_tasks` — T independent outputs (GPyTorch's batch-independent GP) as T
   single-output systems Φ_tΦ_tᵀ + D_t under diagonal noise;
 * :mod:`~rfgp.inference.posterior_covariance` — the posterior covariance Φ*A⁻¹Φ*ᵀ kept as its n × F root
