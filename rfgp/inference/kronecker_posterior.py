@@ -41,8 +41,9 @@ def kronecker_mean(data_features: Tensor, task_factor: Tensor, weights: Tensor) 
     return ((data_features @ matrix) @ task_factor.mT).flatten(-2)
 
 
-#: the cost of the contraction's n*·(F·m)² products relative to a triangular solve's flop, measured (one thread,
-#: F·m = 768 and 1 280, n* = 100–3 000: 1.1–1.9; ``benchmarks/results/kronecker_gram.md``); C = A⁻¹ costs as a solve
+#: the cost of the contraction's n*·(F·m)² products per flop relative to the root's triangular solve, measured on the
+#: variances alone (one thread, paired, F·m = 768 and 1 280, n* = 100–3 000: 1.1–1.9); C = A⁻¹ (LAPACK's potri) costs
+#: about a solve's flop.  End to end: ``benchmarks/results/kronecker_gram.md``, third table
 CONTRACTION_WEIGHT = 1.5
 
 
