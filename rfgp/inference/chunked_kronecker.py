@@ -73,9 +73,6 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         self.inputs1 = self.inputs2 = inputs
         self.featurizer, self.chunk_size, self.num_outputs = featurizer, chunk_size, num_outputs
         self.data_featurizer, self.task_factor, self.data_chunk_size = data_featurizer, task_factor, data_chunk_size
-        #: whether :meth:`detach` made this copy: its Kronecker factors then carry no graph (the featurizer, a
-        #: function of the live kernel, cannot be detached itself)
-        self.factors_detached = False
 
     @classmethod
     def from_root(cls, root: ChunkedMultiOutputFeatureOperator, data_featurizer: Featurizer, task_factor: Tensor,
@@ -101,11 +98,9 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         batch = math.prod(torch.broadcast_shapes(data.batch_shape, batch_shape))
         data_chunk = resolve_chunk_size(inputs.shape[-2], data.num_features, batch, inputs.dtype)
         task = self.task_factor.expand(*batch_shape, *self.task_factor.shape[-2:])
-        expanded = ChunkedKroneckerFeatureOperator(inputs, *self.featurizer.params, featurizer=self.featurizer,
-                                                   chunk_size=self.chunk_size, num_outputs=self.num_outputs,
-                                                   data_featurizer=data, task_factor=task, data_chunk_size=data_chunk)
-        expanded.factors_detached = self.factors_detached
-        return expanded
+        return ChunkedKroneckerFeatureOperator(inputs, *self.featurizer.params, featurizer=self.featurizer,
+                                               chunk_size=self.chunk_size, num_outputs=self.num_outputs,
+                                               data_featurizer=data, task_factor=task, data_chunk_size=data_chunk)
 
     def data_chunks(self) -> Iterator[tuple[slice, Tensor]]:
         """(rows, φ_c) for the blocks of :meth:`feature_chunks` (``chunk_size`` points of x), φ_c their data features
@@ -136,15 +131,7 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
 
     @cached_per_grad_mode("kronecker_factors")  # φ's graph per grad mode
     def _factors(self) -> tuple[LinearOperator, LinearOperator]:
-        data = self.data_features.detach() if self.factors_detached else self.data_features
-        return DataFeatureRootLinearOperator(data), RootLinearOperator(self.task_factor)
-
-    def detach(self) -> ChunkedKroneckerFeatureOperator:
-        """A copy without a graph, as ``LinearOperator.detach`` makes it (BoTorch detaches its training covariance
-        under ``gpytorch.settings.detach_test_caches()``), whose Kronecker factors are detached too."""
-        detached = super().detach()
-        detached.factors_detached = True
-        return detached
+        return DataFeatureRootLinearOperator(self.data_features), RootLinearOperator(self.task_factor)
 
     def _mul_constant(self, other):
         """c·RRᵀ = (√c·φ ⊗ B)(√c·φ ⊗ B)ᵀ for c > 0 (``ScaleKernel`` around the multitask kernel): both featurizers
