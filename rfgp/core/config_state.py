@@ -81,11 +81,29 @@ def encode(value: Any) -> Tensor:
     )
 
 
-def decode(tensor: Tensor) -> Any:
-    """The configuration value stored in ``tensor`` (inverse of :func:`encode`)."""
+#: the dimensions :func:`encode` gives each dtype (float64 tensors are fitted tables of any shape)
+_ENCODED_DIMS = {torch.bool: (0, 1), torch.int64: (0, 1), torch.uint8: (1,)}
+
+
+def decode(tensor: Tensor, key: str = "a configuration entry") -> Any:
+    """The configuration value stored in ``tensor`` (inverse of :func:`encode`); ``key`` names it in errors.
+
+    A tensor of more dimensions than :func:`encode` gives its dtype is refused: it is not one value (a state dict
+    whose tensors were all expanded to a batch, as BoTorch's meta-learning tutorial does for its leave-one-out
+    models, expands the configuration too)."""
     if not torch.is_tensor(tensor):
-        raise TypeError(f"a configuration entry must be a tensor, got {type(tensor).__name__}")
+        raise TypeError(f"{key} must be a tensor, got {type(tensor).__name__}")
     tensor = tensor.detach().cpu()
+    dims = _ENCODED_DIMS.get(tensor.dtype)
+    if dims is not None and (tensor.dim() not in dims or tensor.dtype == torch.bool and tensor.numel() > 1):
+        raise ValueError(
+            f"cannot load state: {key} has shape {tuple(tensor.shape)} and dtype {tensor.dtype}, which holds no "
+            "configuration value: a configuration entry is one value per module (a scalar, a vector for a string "
+            "or a tuple of ints, an empty bool vector for None), never expanded to a batch. A state dict whose "
+            "tensors were all expanded (`{k: t.expand(b, *t.shape)}` for a batch of b models) expands it too: "
+            "expand only the parameters (and buffers) that have a batch shape, and load the configuration and "
+            "random draws as saved"
+        )
     if tensor.dtype == torch.bool:
         return None if tensor.dim() == 1 and tensor.numel() == 0 else bool(tensor)
     if tensor.dtype == torch.int64:
@@ -94,7 +112,12 @@ def decode(tensor: Tensor) -> Any:
         return float(tensor) if tensor.dim() == 0 else tensor
     if tensor.dtype == torch.uint8:
         return bytes(tensor.tolist()).decode("utf-8")
-    raise TypeError(f"a configuration entry has dtype {tensor.dtype}, which encodes no configuration value")
+    raise TypeError(f"{key} has dtype {tensor.dtype}, which encodes no configuration value")
+
+
+def _is_vector(value: Any) -> bool:
+    """Whether a configuration value is a tuple or a tensor rather than one scalar."""
+    return isinstance(value, tuple) or torch.is_tensor(value)
 
 
 def same_value(saved: Any, current: Any) -> bool:
@@ -177,7 +200,7 @@ class ConfigState:
         for name in self.config_fields:
             key = prefix + CONFIG_PREFIX + name
             if key in state_dict:
-                saved[name] = decode(state_dict[key])
+                saved[name] = decode(state_dict[key], key)
             elif name not in self.optional_config_fields:
                 missing_keys.append(key)
         if saved.get("type") in self.legacy_type_names:
@@ -192,6 +215,11 @@ class ConfigState:
                 continue
             value, current = saved[name], self._config_value(name)
             if role == DRAW or (role == LAZY and current is None):
+                if None not in (value, current) and _is_vector(value) != _is_vector(current):  # one entry expanded
+                    raise ValueError(
+                        f"cannot load state: {prefix}{name} is {value!r} (type {type(value).__name__}) in the state "
+                        f"dict but {current!r} (type {type(current).__name__}) in this module"
+                    )
                 if value is not None or role == DRAW:
                     adopt[name] = value
             elif not (same_value(value, current) or (role == LAZY and value is None)):

@@ -354,6 +354,23 @@ def test_mismatching_load_raises_naming_the_field(field, saved, loading):
         module.load_state_dict(state)
 
 
+def test_state_expanded_to_a_batch_is_refused_naming_the_entry():
+    """BoTorch's meta-learning (RGPE) tutorial expands every tensor of a fitted model's state dict to a batch of
+    leave-one-out models (``t.expand(n, *t.shape)``); a configuration entry holds one value, and its expanded copy
+    decoded to a TypeError from ``bytes`` (the class name) or a tuple (an int field) instead."""
+    state = ScaleKernel(SketchedRBFKernel(16, input_dim=3, seed=0)).state_dict()
+    expanded = {key: value.expand(4, *value.shape) for key, value in state.items()}
+    kernel = ScaleKernel(SketchedRBFKernel(16, input_dim=3, seed=0, batch_shape=torch.Size([4])))
+    with pytest.raises(ValueError, match=r"base_kernel\.config_type has shape \(4, 17\).*one value.*"
+                                         r"expand only the parameters"):
+        kernel.load_state_dict(expanded)
+    for key, value in (("seed", 0), ("num_features", 16)):  # one entry expanded alone: an int vector is a tuple
+        entry = "base_kernel.feature_map.config_" + key
+        bad = dict(state, **{entry: state[entry].expand(4)})
+        with pytest.raises(ValueError, match=rf"{key} is \({value}, {value}, {value}, {value}\) .*in the state dict"):
+            ScaleKernel(SketchedRBFKernel(16, input_dim=3, seed=0)).load_state_dict(bad)
+
+
 def test_refused_load_leaves_the_map_unchanged():
     phi = RandomFourierFeatures(16, 3, sampler="orthogonal", seed=5)
     before = {k: v.clone() for k, v in phi.state_dict().items()}
