@@ -187,6 +187,37 @@ def _rgpe(_):
         _RGPE(list(m.models), weights), X_baseline=members[-1].train_inputs[0], sampler=_sampler())
 
 
+def test_rgpe_leave_one_out_model_from_an_expanded_state_is_the_exact_models():
+    """meta_learning_with_rgpe builds the target task's n leave-one-out models as one batch and loads the fitted
+    model's state expanded to it. Expanding every tensor fails for the exact model in BoTorch 0.18.1 (the priors'
+    and constraints' buffers keep their shapes) and, for rfgp, the configuration entries are refused by name; with
+    the parameters and the outcome transform's statistics expanded, the sketched batch loads and is the exact one."""
+    x = uniform(6, d=2, seed=0)
+    y, noise = torch.sin(6 * x).sum(-1, keepdim=True), torch.full((6, 1), 1e-3, dtype=F64)
+    masks = torch.eye(6, dtype=torch.bool)
+    x_cv, y_cv, noise_cv = (torch.stack([t[~m] for m in masks]) for t in (x, y, noise))
+    def landmarks(model):
+        model.covar_module = nystrom(model.covar_module, x)
+        return model
+
+    posteriors = []
+    for convert in (lambda model: model, landmarks):
+        target = convert(fixed(SingleTaskGP(x, y, noise).double()))
+        state = target.state_dict()
+        batched = {"outcome_transform.means", "outcome_transform.stdvs", "outcome_transform._stdvs_sq",
+                   *dict(target.named_parameters())}
+        loo = convert(SingleTaskGP(x_cv, y_cv, noise_cv).double())
+        if convert is landmarks:
+            with pytest.raises(ValueError, match=r"config_type has shape \(6, \d+\).*expand only the parameters"):
+                loo.load_state_dict({k: v.expand(6, *v.shape) for k, v in state.items()}, strict=False)
+        loo.load_state_dict({k: v.expand(6, *v.shape) if k in batched else v for k, v in state.items()},
+                            strict=False)
+        with torch.no_grad():
+            posteriors.append(loo.eval().posterior(x))
+    torch.testing.assert_close(posteriors[1].mean, posteriors[0].mean, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(posteriors[1].variance, posteriors[0].variance, rtol=1e-4, atol=1e-6)
+
+
 class _ExpectedCoverageImprovement(MCAcquisitionFunction):
     """constraint_active_search's acquisition (q = 1): the probability of satisfying the constraints, integrated over
     a ball of radius r around x, masked by the distance to the evaluated points from ``covar_module.covar_dist``."""
