@@ -15,8 +15,9 @@ only from the layers above it in this list:
 * :mod:`rfgp.likelihoods` — Dirichlet classification and softmax expectations;
 * :mod:`rfgp.training` — :func:`fit_mll`;
 * :mod:`rfgp.models` — ready-made regression, classification, multi-output and streaming models,
+  scikit-learn estimators, posterior function draws (:mod:`rfgp.models.sampling`, also ``rfgp.sampling``),
   and :func:`set_num_features` and :func:`fit_scale_and_noise` for trained models;
-* :mod:`rfgp.applications` — posterior function draws, vector-field tools, kernel distances;
+* :mod:`rfgp.applications` — vector-field tools, kernel distances;
 * :mod:`rfgp.pyro` (Bayesian weight-space models) and :mod:`rfgp.integrations` (BoTorch) sit on top.
 
 :mod:`rfgp.metrics` and :mod:`rfgp.datasets` are leaf utilities; :mod:`rfgp.demo` runs

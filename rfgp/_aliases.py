@@ -38,7 +38,8 @@ OLD_PATHS: dict[str, tuple[str, ...]] = {
     "rfgp.kernels.complex_posterior": ("rfgp.kernels.complex_posterior_option",),
     "rfgp.streaming": ("rfgp.models.streaming",),
     "rfgp.feature_width": ("rfgp.models.feature_width",),
-    "rfgp.sampling": ("rfgp.applications.sampling",),
+    "rfgp.sampling": ("rfgp.models.sampling",),
+    "rfgp.applications.sampling": ("rfgp.models.sampling",),
     "rfgp.vector_fields": ("rfgp.applications.vector_fields",),
     "rfgp.distances": ("rfgp.applications.distances",),
 }

@@ -24,7 +24,7 @@ Prior path Φ(x)ᵀw plus update Φ(x)ᵀv is an exact draw of the posterior of 
 bias (``has_variance_bias``) have a posterior variance larger by the diagonal c(x) =
 k(x, x) − E[k̂(x, x)] (paper 000 §5.6); a function draw cannot carry an uncorrelated diagonal,
 so BoTorch paths of such kernels sample the k̂ posterior without it and a warning says so
-(:func:`rfgp.applications.sampling.posterior_paths` can add it as per-point noise).  Kernels with several
+(:func:`rfgp.models.sampling.posterior_paths` can add it as per-point noise).  Kernels with several
 outputs per input (operator-valued) and ``complex_posterior=True`` kernels are refused with
 an error naming them, as are BoTorch's multi-task models (``MultiTaskGP``: no pathwise support in BoTorch for
 its exact kernel either), whose error points to ``posterior(X).rsample``.
@@ -53,7 +53,7 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
-from ..applications.sampling import check_path_kernel
+from ..models.sampling import check_path_kernel
 from ..core.dtypes import in_full_precision
 from ..inference.kernel_space import kernel_cholesky
 from ..inference.linalg import capacitance_solve, cholesky_solve
@@ -105,13 +105,13 @@ def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_out
         raise UnsupportedError(
             f"{type(kernel).__name__} has {outputs} outputs per input (an operator-valued kernel, interleaved rows); "
             "BoTorch's pathwise sampling expects one output per input (multi-output models are batched). "
-            "Use rfgp.applications.sampling.posterior_paths for operator-valued kernels"
+            "Use rfgp.models.sampling.posterior_paths for operator-valued kernels"
         )
     feature_map = getattr(kernel, "feature_map", None)
     if getattr(feature_map, "has_variance_bias", False):
         warnings.warn(
             f"{type(feature_map).__name__} has a variance bias: BoTorch paths sample the posterior of k̂ = ΦᵀΦ without "
-            "the diagonal correction c(x) that the model's posterior variance adds (rfgp.applications.sampling.posterior_paths "
+            "the diagonal correction c(x) that the model's posterior variance adds (rfgp.models.sampling.posterior_paths "
             "adds it as per-point noise)",
             UserWarning,
             stacklevel=2,

@@ -23,7 +23,7 @@ def test_rfgp_imports_and_samples_without_botorch():
         "x = torch.rand(20, 2, dtype=torch.float64); y = x.sum(-1)\n"
         "kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(16, ard_num_dims=2, seed=0))\n"
         "gp = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().eval()\n"
-        "print(tuple(rfgp.applications.sampling.posterior_paths(gp, 3)(x).shape))\n"
+        "print(tuple(rfgp.models.sampling.posterior_paths(gp, 3)(x).shape))\n"
     )
     assert out.strip() == "(3, 20)"
 

@@ -38,7 +38,7 @@ from ..core.settings import resolve_chunk_size
 from ..core.validation import check_positive_int
 from ..inference.chunking import chunk_slices
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
-from ..models.kernel_inputs import covar_module_inputs
+from .kernel_inputs import covar_module_inputs
 
 
 def _base_kernel(kernel):

@@ -1,4 +1,4 @@
-"""rfgp.applications.sampling.posterior_paths: weight-space function draws reproduce the model's posterior mean and
+"""rfgp.models.sampling.posterior_paths: weight-space function draws reproduce the model's posterior mean and
 covariance (within Monte-Carlo standard errors), batched and chunked, with the bias correction as noise."""
 
 import gpytorch
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rfgp
-from rfgp.applications.sampling import posterior_paths
+from rfgp.models.sampling import posterior_paths
 from rfgp.inference.kernel_space import kernel_space_posterior_caches
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import SketchedRBFKernel
