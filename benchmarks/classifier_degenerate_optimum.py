@@ -57,7 +57,7 @@ def exact_fits(seed: int) -> list[dict]:
 
     import rfgp
     from rfgp.models import ExactGPModel
-    from rfgp.models.classifier import _median_distance
+    from rfgp.models.estimator import _median_distance
 
     train_x, train_y, test_x, test_y, _ = problem(seed)
     mean, scale = train_x.mean(0), train_x.std(0, ddof=1)

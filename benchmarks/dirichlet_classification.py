@@ -85,7 +85,7 @@ def run_rfgp_kernel(data, base_kernel, num_features, iterations):
 
     from rfgp.likelihoods.dirichlet import dirichlet_transform
     from rfgp.models import DirichletGPClassifier
-    from rfgp.models.classifier import _median_distance
+    from rfgp.models.estimator import _median_distance
 
     x_tr, x_te, y_tr, y_te = data
     t0 = time.perf_counter()
@@ -106,7 +106,7 @@ def run_gpytorch_exact(data, iterations):
     import gpytorch
 
     from rfgp.likelihoods import softmax_expectation_mc
-    from rfgp.models.classifier import _median_distance
+    from rfgp.models.estimator import _median_distance
 
     x_tr, x_te, y_tr, y_te = (torch.as_tensor(a) for a in data)
     x_tr, x_te = x_tr.float(), x_te.float()
@@ -191,7 +191,7 @@ def run_sklearn(data, optimize):
     from sklearn.gaussian_process import GaussianProcessClassifier
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
-    from rfgp.models.classifier import _median_distance
+    from rfgp.models.estimator import _median_distance
 
     x_tr, x_te, y_tr, y_te = data
     lengthscale = float(_median_distance(torch.as_tensor(x_tr), SEED))

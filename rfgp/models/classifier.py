@@ -10,10 +10,6 @@ when the kernel is an rfgp feature kernel (see :mod:`rfgp.inference.classificati
 from __future__ import annotations
 
 import contextlib
-import copy
-import inspect
-import numbers
-import sys
 import warnings
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -24,21 +20,15 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
-from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
-from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
-from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
-from ..kernels.nystrom import NystromKernel
+from ..core.validation import check_choice, check_positive_float, check_positive_int
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood
-from ..training import OPTIMIZERS, fit_mll
+from ..training import fit_mll
 from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
 from .data_scale import shown_lengthscales
-from .feature_width import refit_data_fitted_maps, set_num_features
+from .estimator import RandomFeatureEstimator
+from .feature_width import set_num_features
 from .regression import ExactGPModel
-
-#: the default kernel's training width when neither width is given, and its prediction width's multiple of it
-DEFAULT_TRAIN_NUM_FEATURES = 256
-PREDICT_WIDTH_RATIO = 4
 
 
 @contextlib.contextmanager
@@ -62,7 +52,7 @@ def _replay(caught) -> None:
                                source=message.source)
 
 
-class DirichletGPClassifier:
+class DirichletGPClassifier(RandomFeatureEstimator):
     r"""Dirichlet-based GP classifier: ``fit(X, y)``, ``predict_proba(X)``, ``predict(X)``.
 
     Args:
@@ -185,23 +175,7 @@ class DirichletGPClassifier:
 
     # ----- scikit-learn estimator protocol ------------------------------------------------
     _estimator_type = "classifier"  # scikit-learn < 1.6 reads this; newer versions read __sklearn_tags__
-
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
-
-    def get_params(self, deep: bool = True) -> dict:
-        """The constructor arguments as stored (scikit-learn's ``get_params``; ``clone`` rebuilds from them)."""
-        return {name: getattr(self, name) for name in self._get_param_names()}
-
-    def set_params(self, **params) -> "DirichletGPClassifier":
-        """Set constructor arguments (checked at the next ``fit``), as scikit-learn's ``set_params``."""
-        valid = self._get_param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise ValueError(f"invalid parameter {name!r} for DirichletGPClassifier; accepted: {', '.join(valid)}")
-            setattr(self, name, value)
-        return self
+    _noun = "classifier"
 
     def __sklearn_tags__(self):
         # only scikit-learn calls this, so scikit-learn is installed; rfgp itself does not depend on it
@@ -216,60 +190,19 @@ class DirichletGPClassifier:
         correct = np.asarray(self.predict(X) == np.asarray(y), dtype=np.float64)
         return float(np.average(correct, weights=sample_weight))
 
-    def __repr__(self) -> str:
-        defaults = {name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()}
-        changed = [f"{k}={v!r}" for k, v in self.get_params().items() if not _same(v, defaults.get(k))]
-        return f"{type(self).__name__}({', '.join(changed)})"
-
     def _check_params(self) -> SimpleNamespace:
         """The constructor arguments, checked: they drive this fit and the predictions after it (``_fit_params``)."""
-        if self.kernel is not None and not isinstance(self.kernel, gpytorch.kernels.Kernel):
-            raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(self.kernel).__name__}")
-        train_width, predict_width = self._check_widths()
-        check_choice(self.method, "method", tuple(FOURIER_METHODS))
-        iterations = self.num_iterations
-        if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) or iterations < 0:
-            raise ValueError(f"num_iterations must be an integer ≥ 0, got {iterations!r}")
-        if self.lr is not None:
-            check_positive_float(self.lr, "lr")
-        check_choice(self.optimizer, "optimizer", OPTIMIZERS)
+        common = self._check_common_params()
         if check_positive_float(self.validation_fraction, "validation_fraction") >= 1:
             raise ValueError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction}")
         check_choice(self.probability_method, "probability_method", PROBABILITY_METHODS)
         check_positive_int(self.num_samples, "num_samples")
-        dtype = check_dtype_argument(self.dtype)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise TypeError(f"seed must be an integer, got {self.seed!r}")
         return SimpleNamespace(
-            kernel=self.kernel, train_num_features=train_width, num_features=predict_width, method=self.method,
-            alpha_candidates=_check_alphas(self.alpha_epsilon), num_iterations=int(iterations),
-            lr=None if self.lr is None else float(self.lr), optimizer=self.optimizer,
+            **common, alpha_candidates=_check_alphas(self.alpha_epsilon),
             learn_additional_noise=_check_optional_bool(self.learn_additional_noise, "learn_additional_noise"),
             validation_fraction=float(self.validation_fraction),
             probability_method=self.probability_method, num_samples=int(self.num_samples),
-            standardize=bool(self.standardize), dtype=dtype,
-            device=torch.device(self.device) if self.device is not None else torch.device("cpu"),
-            seed=int(self.seed), progress=self.progress,
         )
-
-    def _check_widths(self) -> tuple[int | None, int | None]:
-        """(F_train, F) of the default kernel by the rule in the class doc; ``(None, None)`` with a given kernel."""
-        train, predict = (None if getattr(self, name) is None else check_positive_int(getattr(self, name), name)
-                          for name in ("train_num_features", "num_features"))
-        if self.kernel is not None:
-            if train is not None:
-                raise ValueError(
-                    f"train_num_features={train} sets the default kernel's training width, but a kernel was given (it "
-                    "keeps its own width); build the kernel at the training width and call "
-                    "rfgp.set_num_features(clf.model_, F) after fit, or pass train_num_features=None"
-                )
-            return None, None
-        for name, value in (("train_num_features", train), ("num_features", predict)):
-            if value is not None and value % 2:
-                raise ValueError(f"{name} must be even for the default kernel's sin/cos features (F = 2m), got {value}")
-        if train is None:
-            train = DEFAULT_TRAIN_NUM_FEATURES if predict is None else predict
-        return train, PREDICT_WIDTH_RATIO * train if predict is None else predict
 
     # ----- fitting ------------------------------------------------------------------------
     @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
@@ -279,23 +212,13 @@ class DirichletGPClassifier:
         A pandas DataFrame's string column names are kept as ``feature_names_in_`` and checked at prediction.
         """
         self._fit_params = p = self._check_params()
-        self.n_features_in_ = None  # a new fit forgets the previous one's columns before reading X
-        self.feature_names_in_ = None
-        names = _feature_names(X)
-        x = self._as_inputs(X, "X")
-        self.n_features_in_ = x.shape[-1]
-        self.feature_names_in_ = names
-        if self.feature_names_in_ is None:
-            del self.feature_names_in_
+        x = self._training_inputs(X)
         labels_np = _check_labels(y, x.shape[0])
         self.classes_, encoded = np.unique(labels_np, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(f"y must contain at least two classes, got 1 class: {self.classes_.tolist()}")
         labels = torch.as_tensor(encoded.reshape(-1), dtype=torch.long, device=p.device)
-        if p.standardize:
-            self.input_mean_ = x.mean(0)
-            self.input_scale_ = _column_scales(x, self.input_mean_)
-            x = (x - self.input_mean_) / self.input_scale_
+        x = self._standardised(x)
         self.validation_mnll_ = {}
         if len(p.alpha_candidates) > 1:
             self.validation_mnll_ = self._validate_alphas(x, labels)
@@ -376,20 +299,6 @@ class DirichletGPClassifier:
         likelihood.eval()
         return model, losses, None if loo is None else float(loo)
 
-    def _new_kernel(self, x: Tensor, targets: Tensor) -> gpytorch.kernels.Kernel:
-        p = self._fit_params
-        if p.kernel is not None:
-            kernel = copy.deepcopy(p.kernel)
-            if p.standardize:
-                _refit_among(kernel, x)
-            return kernel
-        base = SketchedRBFKernel(p.train_num_features, method=p.method, input_dim=x.shape[-1], seed=p.seed)
-        kernel = gpytorch.kernels.ScaleKernel(base).to(device=p.device, dtype=p.dtype)
-        with torch.no_grad():
-            base.lengthscale = _median_distance(x, p.seed)
-            kernel.outputscale = (targets - targets.mean(-1, keepdim=True)).var().clamp_min(1e-3)
-        return kernel
-
     # ----- prediction ---------------------------------------------------------------------
     def predict_proba(self, X, batch_size: int = 4096):
         """Class probabilities ``(M, C)`` in the order of ``classes_`` (a tensor for tensor input)."""
@@ -424,79 +333,6 @@ class DirichletGPClassifier:
                 posterior, method=p.probability_method, num_samples=p.num_samples, seed=p.seed
             )
 
-    def _test_inputs(self, X) -> Tensor:
-        """Checked, standardised prediction inputs: fitted, same columns (and column names) as in ``fit``."""
-        self._check_fitted()
-        names = _feature_names(X)
-        fitted_names = getattr(self, "feature_names_in_", None)
-        if fitted_names is not None and names is not None and not np.array_equal(names, fitted_names):
-            raise ValueError(
-                f"X has the columns {names.tolist()}, but the classifier was fitted on {fitted_names.tolist()}"
-                " (same names in the same order are required)"
-            )
-        if (fitted_names is None) != (names is None):
-            warnings.warn(
-                f"X {'has' if names is not None else 'does not have'} feature names, but the classifier was fitted "
-                f"{'without' if fitted_names is None else 'with'} them: columns are matched by position",
-                UserWarning, stacklevel=3,
-            )
-        x = self._as_inputs(X, "X")
-        if self._fit_params.standardize:
-            x = (x - self.input_mean_) / self.input_scale_
-        return x
-
-    def _as_inputs(self, X, name: str) -> Tensor:
-        p = self._fit_params
-        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
-            raise TypeError(f"{name} is a sparse matrix; sparse input is not supported: pass {name}.toarray()")
-        if torch.is_tensor(X):
-            x = X.detach()
-        else:
-            # a copy: DataFrames give read-only or negatively strided views, which torch refuses
-            array = np.array(X, copy=True)
-            if np.iscomplexobj(array):  # float64 conversion would silently drop the imaginary part
-                raise ValueError(f"Complex data not supported: {name} has {array.dtype} values; real inputs required")
-            x = torch.as_tensor(array.astype(np.float64))
-        if x.is_complex():
-            raise ValueError(f"Complex data not supported: {name} has {x.dtype} values; real inputs required")
-        if x.dim() != 2:
-            raise ValueError(
-                f"{name} must be a 2-D array (n_samples, n_features), got shape {tuple(x.shape)}. Reshape your data"
-                f" with {name}.reshape(-1, 1) for a single feature or {name}.reshape(1, -1) for a single sample"
-            )
-        for axis, what in enumerate(("sample", "feature")):
-            if x.shape[axis] == 0:
-                raise ValueError(f"{name} has 0 {what}(s) (shape={tuple(x.shape)}) while a minimum of 1 is required.")
-        x = x.to(device=p.device, dtype=p.dtype)
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} contains NaN or Inf entries")
-        if self.n_features_in_ is not None and x.shape[-1] != self.n_features_in_:
-            raise ValueError(
-                f"{name} has {x.shape[-1]} features, but DirichletGPClassifier is expecting {self.n_features_in_}"
-                " features as input (the number of columns it was fitted on)"
-            )
-        return x
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise _not_fitted_error()("this DirichletGPClassifier is not fitted yet; call fit(X, y) first")
-
-
-class NotFittedError(ValueError, AttributeError):
-    """Prediction before ``fit``: a ``ValueError`` and an ``AttributeError``, as scikit-learn's NotFittedError."""
-
-
-def _not_fitted_error() -> type:
-    """scikit-learn's ``NotFittedError`` when scikit-learn is in use (already imported), else rfgp's twin.
-
-    Both are ``ValueError`` and ``AttributeError`` subclasses; scikit-learn's own code (``check_is_fitted``
-    users, meta-estimators, its estimator checks) catches its class by name, and rfgp does not import
-    scikit-learn itself.
-    """
-    sklearn_exceptions = sys.modules.get("sklearn.exceptions")
-    return sklearn_exceptions.NotFittedError if sklearn_exceptions is not None else NotFittedError
-
-
 def _check_labels(y, num_rows: int) -> np.ndarray:
     """Class labels ``y`` as a 1-D array, one per row of X; real values that are not integers are refused.
 
@@ -522,37 +358,6 @@ def _check_labels(y, num_rows: int) -> np.ndarray:
     return labels
 
 
-def _feature_names(X) -> np.ndarray | None:
-    """A DataFrame's column names when they are all strings (scikit-learn's rule), else ``None``."""
-    columns = getattr(X, "columns", None)
-    if columns is None or torch.is_tensor(X):
-        return None
-    names = np.asarray(list(columns), dtype=object)
-    return names if len(names) and all(isinstance(n, str) for n in names) else None
-
-
-def _same(a, b) -> bool:
-    try:
-        return bool(a is b or a == b)
-    except (TypeError, ValueError, RuntimeError):
-        return False
-
-
-def _column_scales(x: Tensor, mean: Tensor) -> Tensor:
-    """Standard deviations of the columns of ``x``, 1 for columns constant up to rounding (and for one row).
-
-    A column is constant when its computed variance is within the rounding error of a variance
-    computation, n·ε·var + (n·|mean|·ε)² (scikit-learn's test): dividing by such a standard deviation
-    (rounding noise, or 0) would blow up any other value the column takes at prediction.
-    """
-    if x.shape[0] < 2:
-        return torch.ones_like(x[0])
-    n, eps = x.shape[0], torch.finfo(x.dtype).eps
-    var = x.var(0)
-    constant = var <= n * eps * var + (n * eps * mean).square()
-    return torch.where(constant, torch.ones_like(var), var.sqrt())
-
-
 def _check_optional_bool(value, name: str) -> bool | None:
     if value is not None and not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True, False or None, got {value!r}")
@@ -573,43 +378,3 @@ def _check_alphas(alpha_epsilon) -> tuple[float, ...]:
     if len(values) == 0:
         raise ValueError("alpha_epsilon must be a positive number or a non-empty sequence of them, got []")
     return tuple(check_positive_float(v, "alpha_epsilon") for v in values)
-
-
-def _refit_among(kernel: gpytorch.kernels.Kernel, x: Tensor) -> None:
-    """Refit the data-fitted maps of ``kernel`` on the standardised training inputs ``x``, in place.
-
-    ``rfgp.sketch(kernel, M, method=..., x_sample=X)`` fitted them to the user's inputs ``X``, but the model sees the
-    standardised ``x``: Nyström landmarks in raw units gave a silently wrong model (ggplot2::diamonds, 2 400 rows,
-    M = 256: test error 0.61 instead of 0.22), and an optimized Maclaurin allocation fitted on ``X`` is another model
-    than the one fitted on ``x``.  Landmarks are re-chosen among ``x`` by the same rule and seed (uniform selection
-    picks the same rows) and allocations refitted (:func:`~rfgp.models.feature_width.refit_data_fitted_maps`).
-    Landmarks given by hand or learned, and a GaussianSketch centre or radius (in the raw units; its truncation order
-    was chosen for them), have no rule to repeat and are refused.
-    """
-    for module in kernel.modules():
-        if isinstance(module, NystromKernel) and (module.landmark_method is None or module.learn_landmarks):
-            raise ValueError(
-                "kernel holds a NystromKernel with landmarks given by hand or learned (learn_landmarks=True), and "
-                "standardize=True rescales the inputs those landmarks live among; build it with rfgp.sketch(kernel, "
-                "M, method='nystrom', x_sample=X) so that fit re-selects them among the standardised inputs, or pass "
-                "standardize=False with inputs and landmarks on the same scale"
-            )
-        if isinstance(module, GaussianSketchRBFKernel) and (
-                module.input_center is not None or module.min_lengthscale is not None):
-            raise ValueError(
-                "kernel holds a GaussianSketchRBFKernel with a centre or radius (from x_sample=, center= or radius=) "
-                "in the units of the raw inputs, and standardize=True rescales the inputs: its truncation order "
-                "holds only within that radius of that centre. Build it with order= alone (the Taylor expansion is "
-                "then around the origin, the standardised inputs' mean), or pass standardize=False with the inputs "
-                "in the units of the centre and radius"
-            )
-    refit_data_fitted_maps(kernel, x)
-
-
-def _median_distance(x: Tensor, seed: int, max_points: int = 1000) -> Tensor:
-    """Median pairwise distance of (up to ``max_points``) rows: the paper's lengthscale heuristic."""
-    if x.shape[0] > max_points:
-        gen = torch.Generator().manual_seed(seed)
-        x = x[torch.randperm(x.shape[0], generator=gen)[:max_points].to(x.device)]
-    distances = torch.pdist(x)
-    return distances.median().clamp_min(1e-6) if distances.numel() else torch.ones((), dtype=x.dtype)

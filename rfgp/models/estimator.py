@@ -1,0 +1,312 @@
+"""What rfgp's scikit-learn estimators share: the estimator protocol, checked arguments, inputs and the default kernel.
+
+:class:`~rfgp.models.DirichletGPClassifier` and :class:`~rfgp.models.GPRegressor` follow scikit-learn's estimator
+contract without depending on scikit-learn (its developer guide, "Rolling your own estimator"): the constructor stores
+its arguments as given and ``fit`` checks them (also those changed by ``set_params``), ``get_params``/``set_params``
+let ``clone``, ``Pipeline``, ``GridSearchCV`` and ``cross_val_score`` rebuild and tune them, prediction before
+``fit`` raises a ``NotFittedError``, and a DataFrame's string column names are kept as ``feature_names_in_`` and
+checked at prediction.  :class:`RandomFeatureEstimator` holds that protocol, the width rule "train small, predict
+big" of the default kernel, the input conversion and standardisation, and the default kernel's construction.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import numbers
+import sys
+import warnings
+
+import gpytorch
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
+from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
+from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
+from ..kernels.nystrom import NystromKernel
+from ..training import OPTIMIZERS
+from .feature_width import refit_data_fitted_maps
+
+#: the default kernel's training width when neither width is given, and its prediction width's multiple of it
+DEFAULT_TRAIN_NUM_FEATURES = 256
+PREDICT_WIDTH_RATIO = 4
+
+
+class NotFittedError(ValueError, AttributeError):
+    """Prediction before ``fit``: a ``ValueError`` and an ``AttributeError``, as scikit-learn's NotFittedError."""
+
+
+def _not_fitted_error() -> type:
+    """scikit-learn's ``NotFittedError`` when scikit-learn is in use (already imported), else rfgp's twin.
+
+    Both are ``ValueError`` and ``AttributeError`` subclasses; scikit-learn's own code (``check_is_fitted``
+    users, meta-estimators, its estimator checks) catches its class by name, and rfgp does not import
+    scikit-learn itself.
+    """
+    sklearn_exceptions = sys.modules.get("sklearn.exceptions")
+    return sklearn_exceptions.NotFittedError if sklearn_exceptions is not None else NotFittedError
+
+
+class RandomFeatureEstimator:
+    """Base of rfgp's scikit-learn estimators: the protocol, the shared arguments, inputs and the default kernel.
+
+    A subclass stores its constructor arguments under their names (scikit-learn's rule) and has at least ``kernel``,
+    ``num_features``, ``train_num_features``, ``method``, ``num_iterations``, ``lr``, ``optimizer``, ``standardize``,
+    ``dtype``, ``device``, ``seed`` and ``progress``, documented in its class docstring; ``_noun`` names it in
+    messages ("classifier", "regressor").
+    """
+
+    _noun = "estimator"
+
+    # ----- scikit-learn estimator protocol ------------------------------------------------
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor arguments as stored (scikit-learn's ``get_params``; ``clone`` rebuilds from them)."""
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params):
+        """Set constructor arguments (checked at the next ``fit``), as scikit-learn's ``set_params``."""
+        valid = self._get_param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(
+                    f"invalid parameter {name!r} for {type(self).__name__}; accepted: {', '.join(valid)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = {name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()}
+        changed = [f"{k}={v!r}" for k, v in self.get_params().items() if not _same(v, defaults.get(k))]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    # ----- arguments ----------------------------------------------------------------------
+    def _check_common_params(self) -> dict:
+        """The shared constructor arguments, checked (a dict for the subclass's ``_fit_params`` namespace)."""
+        if self.kernel is not None and not isinstance(self.kernel, gpytorch.kernels.Kernel):
+            raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(self.kernel).__name__}")
+        train_width, predict_width = self._check_widths()
+        check_choice(self.method, "method", tuple(FOURIER_METHODS))
+        iterations = self.num_iterations
+        if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) or iterations < 0:
+            raise ValueError(f"num_iterations must be an integer ≥ 0, got {iterations!r}")
+        if self.lr is not None:
+            check_positive_float(self.lr, "lr")
+        check_choice(self.optimizer, "optimizer", OPTIMIZERS)
+        dtype = check_dtype_argument(self.dtype)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise TypeError(f"seed must be an integer, got {self.seed!r}")
+        return dict(
+            kernel=self.kernel, train_num_features=train_width, num_features=predict_width, method=self.method,
+            num_iterations=int(iterations), lr=None if self.lr is None else float(self.lr), optimizer=self.optimizer,
+            standardize=bool(self.standardize), dtype=dtype, device=_check_device(self.device), seed=int(self.seed),
+            progress=self.progress,
+        )
+
+    def _check_widths(self) -> tuple[int | None, int | None]:
+        """(F_train, F) of the default kernel by the rule in the class doc; ``(None, None)`` with a given kernel."""
+        train, predict = (None if getattr(self, name) is None else check_positive_int(getattr(self, name), name)
+                          for name in ("train_num_features", "num_features"))
+        if self.kernel is not None:
+            if train is not None:
+                raise ValueError(
+                    f"train_num_features={train} sets the default kernel's training width, but a kernel was given (it "
+                    "keeps its own width); build the kernel at the training width and call "
+                    f"rfgp.set_num_features({self._noun}.model_, F) after fit, or pass train_num_features=None"
+                )
+            return None, None
+        for name, value in (("train_num_features", train), ("num_features", predict)):
+            if value is not None and value % 2:
+                raise ValueError(f"{name} must be even for the default kernel's sin/cos features (F = 2m), got {value}")
+        if train is None:
+            train = DEFAULT_TRAIN_NUM_FEATURES if predict is None else predict
+        return train, PREDICT_WIDTH_RATIO * train if predict is None else predict
+
+    # ----- inputs -------------------------------------------------------------------------
+    def _training_inputs(self, X) -> Tensor:
+        """``X`` checked and converted, its columns recorded (``n_features_in_``, ``feature_names_in_``) and, with
+        ``standardize``, standardised with the statistics kept for prediction (``input_mean_``, ``input_scale_``)."""
+        self.n_features_in_ = None  # a new fit forgets the previous one's columns before reading X
+        self.feature_names_in_ = None
+        names = _feature_names(X)
+        x = self._as_inputs(X, "X")
+        self.n_features_in_ = x.shape[-1]
+        self.feature_names_in_ = names
+        if self.feature_names_in_ is None:
+            del self.feature_names_in_
+        return x
+
+    def _standardised(self, x: Tensor) -> Tensor:
+        """The training inputs standardised (``standardize``), their statistics kept for prediction."""
+        if not self._fit_params.standardize:
+            return x
+        self.input_mean_ = x.mean(0)
+        self.input_scale_ = column_scales(x, self.input_mean_)
+        return (x - self.input_mean_) / self.input_scale_
+
+    def _test_inputs(self, X) -> Tensor:
+        """Checked, standardised prediction inputs: fitted, same columns (and column names) as in ``fit``."""
+        self._check_fitted()
+        names = _feature_names(X)
+        fitted_names = getattr(self, "feature_names_in_", None)
+        if fitted_names is not None and names is not None and not np.array_equal(names, fitted_names):
+            raise ValueError(
+                f"X has the columns {names.tolist()}, but the {self._noun} was fitted on {fitted_names.tolist()}"
+                " (same names in the same order are required)"
+            )
+        if (fitted_names is None) != (names is None):
+            warnings.warn(
+                f"X {'has' if names is not None else 'does not have'} feature names, but the {self._noun} was fitted "
+                f"{'without' if fitted_names is None else 'with'} them: columns are matched by position",
+                UserWarning, stacklevel=3,
+            )
+        x = self._as_inputs(X, "X")
+        if self._fit_params.standardize:
+            x = (x - self.input_mean_) / self.input_scale_
+        return x
+
+    def _as_inputs(self, X, name: str) -> Tensor:
+        p = self._fit_params
+        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
+            raise TypeError(f"{name} is a sparse matrix; sparse input is not supported: pass {name}.toarray()")
+        x = as_real_tensor(X, name)
+        if x.dim() != 2:
+            raise ValueError(
+                f"{name} must be a 2-D array (n_samples, n_features), got shape {tuple(x.shape)}. Reshape your data"
+                f" with {name}.reshape(-1, 1) for a single feature or {name}.reshape(1, -1) for a single sample"
+            )
+        for axis, what in enumerate(("sample", "feature")):
+            if x.shape[axis] == 0:
+                raise ValueError(f"{name} has 0 {what}(s) (shape={tuple(x.shape)}) while a minimum of 1 is required.")
+        x = x.to(device=p.device, dtype=p.dtype)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or Inf entries")
+        if self.n_features_in_ is not None and x.shape[-1] != self.n_features_in_:
+            raise ValueError(
+                f"{name} has {x.shape[-1]} features, but {type(self).__name__} is expecting {self.n_features_in_}"
+                " features as input (the number of columns it was fitted on)"
+            )
+        return x
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+
+    # ----- kernel -------------------------------------------------------------------------
+    def _new_kernel(self, x: Tensor, targets: Tensor, ard: bool = False) -> gpytorch.kernels.Kernel:
+        """A deep copy of the given kernel (its data-fitted maps refitted on the standardised ``x``), or the default
+        ``ScaleKernel(SketchedRBFKernel(F_train, method))`` (ARD if ``ard``) at the median-heuristic lengthscale,
+        with the outputscale set to the variance of the centred ``targets`` (rows of a batch centred each)."""
+        p = self._fit_params
+        if p.kernel is not None:
+            kernel = copy.deepcopy(p.kernel)
+            if p.standardize:
+                _refit_among(kernel, x)
+            return kernel
+        ard_dims = {"ard_num_dims": x.shape[-1]} if ard else {}
+        base = SketchedRBFKernel(p.train_num_features, method=p.method, input_dim=x.shape[-1], seed=p.seed, **ard_dims)
+        kernel = gpytorch.kernels.ScaleKernel(base).to(device=p.device, dtype=p.dtype)
+        with torch.no_grad():
+            base.lengthscale = _median_distance(x, p.seed)
+            kernel.outputscale = (targets - targets.mean(-1, keepdim=True)).var().clamp_min(1e-3)
+        return kernel
+
+
+def as_real_tensor(X, name: str) -> Tensor:
+    """``X`` (NumPy, pandas, lists or torch) as a real tensor: a detached tensor as it is, anything else a float64
+    copy (DataFrames give read-only or negatively strided views, which torch refuses); complex values refused."""
+    if torch.is_tensor(X):
+        x = X.detach()
+    else:
+        array = np.array(X, copy=True)
+        if np.iscomplexobj(array):  # float64 conversion would silently drop the imaginary part
+            raise ValueError(f"Complex data not supported: {name} has {array.dtype} values; real inputs required")
+        x = torch.as_tensor(array.astype(np.float64))
+    if x.is_complex():
+        raise ValueError(f"Complex data not supported: {name} has {x.dtype} values; real inputs required")
+    return x
+
+
+def _check_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device must be None, a torch.device or a device string such as 'cpu' or 'cuda:0', got "
+                         f"{device!r} ({error})") from None
+
+
+def _feature_names(X) -> np.ndarray | None:
+    """A DataFrame's column names when they are all strings (scikit-learn's rule), else ``None``."""
+    columns = getattr(X, "columns", None)
+    if columns is None or torch.is_tensor(X):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    return names if len(names) and all(isinstance(n, str) for n in names) else None
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+def column_scales(x: Tensor, mean: Tensor) -> Tensor:
+    """Standard deviations of the columns of ``x``, 1 for columns constant up to rounding (and for one row).
+
+    A column is constant when its computed variance is within the rounding error of a variance
+    computation, n·ε·var + (n·|mean|·ε)² (scikit-learn's test): dividing by such a standard deviation
+    (rounding noise, or 0) would blow up any other value the column takes at prediction.
+    """
+    if x.shape[0] < 2:
+        return torch.ones_like(x[0])
+    n, eps = x.shape[0], torch.finfo(x.dtype).eps
+    var = x.var(0)
+    constant = var <= n * eps * var + (n * eps * mean).square()
+    return torch.where(constant, torch.ones_like(var), var.sqrt())
+
+
+def _refit_among(kernel: gpytorch.kernels.Kernel, x: Tensor) -> None:
+    """Refit the data-fitted maps of ``kernel`` on the standardised training inputs ``x``, in place.
+
+    ``rfgp.sketch(kernel, M, method=..., x_sample=X)`` fitted them to the user's inputs ``X``, but the model sees the
+    standardised ``x``: Nyström landmarks in raw units gave a silently wrong model (ggplot2::diamonds, 2 400 rows,
+    M = 256: test error 0.61 instead of 0.22), and an optimized Maclaurin allocation fitted on ``X`` is another model
+    than the one fitted on ``x``.  Landmarks are re-chosen among ``x`` by the same rule and seed (uniform selection
+    picks the same rows) and allocations refitted (:func:`~rfgp.models.feature_width.refit_data_fitted_maps`).
+    Landmarks given by hand or learned, and a GaussianSketch centre or radius (in the raw units; its truncation order
+    was chosen for them), have no rule to repeat and are refused.
+    """
+    for module in kernel.modules():
+        if isinstance(module, NystromKernel) and (module.landmark_method is None or module.learn_landmarks):
+            raise ValueError(
+                "kernel holds a NystromKernel with landmarks given by hand or learned (learn_landmarks=True), and "
+                "standardize=True rescales the inputs those landmarks live among; build it with rfgp.sketch(kernel, "
+                "M, method='nystrom', x_sample=X) so that fit re-selects them among the standardised inputs, or pass "
+                "standardize=False with inputs and landmarks on the same scale"
+            )
+        if isinstance(module, GaussianSketchRBFKernel) and (
+                module.input_center is not None or module.min_lengthscale is not None):
+            raise ValueError(
+                "kernel holds a GaussianSketchRBFKernel with a centre or radius (from x_sample=, center= or radius=) "
+                "in the units of the raw inputs, and standardize=True rescales the inputs: its truncation order "
+                "holds only within that radius of that centre. Build it with order= alone (the Taylor expansion is "
+                "then around the origin, the standardised inputs' mean), or pass standardize=False with the inputs "
+                "in the units of the centre and radius"
+            )
+    refit_data_fitted_maps(kernel, x)
+
+
+def _median_distance(x: Tensor, seed: int, max_points: int = 1000) -> Tensor:
+    """Median pairwise distance of (up to ``max_points``) rows: the paper's lengthscale heuristic."""
+    if x.shape[0] > max_points:
+        gen = torch.Generator().manual_seed(seed)
+        x = x[torch.randperm(x.shape[0], generator=gen)[:max_points].to(x.device)]
+    distances = torch.pdist(x)
+    return distances.median().clamp_min(1e-6) if distances.numel() else torch.ones((), dtype=x.dtype)
