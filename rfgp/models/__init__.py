@@ -2,8 +2,10 @@
 
 * :class:`ExactGPModel` — a constant-mean regression ``ExactGP`` with input checks;
 * :class:`DirichletGPClassifier` — Dirichlet-based GP classification with a ``fit``/``predict`` API;
+* :class:`GPRegressor` — GP regression with scikit-learn's ``fit``/``predict`` API;
 * :class:`MultiOutputGPModel` — p outputs per input (vector fields) in feature space;
 * :class:`StreamingFeatureGP`, :func:`fit_from_batches` — online regression from data batches;
+* :func:`posterior_paths` — posterior function draws in weight space (:mod:`rfgp.models.sampling`);
 * :func:`set_num_features` — re-draw a trained model's feature maps at a new width;
 * :func:`fit_scale_and_noise` — the outputscale, noise and constant mean for the current map, in closed form.
 """
@@ -15,6 +17,7 @@ from .classifier_check import DegenerateFitWarning
 from .feature_width import set_num_features
 from .multioutput import MultiOutputGPModel
 from .regression import ExactGPModel
+from .regressor import GPRegressor
 from .scale_and_noise import ScaleNoiseFit, fit_scale_and_noise
 from .streaming import StreamingFeatureGP, fit_from_batches
 
@@ -22,6 +25,7 @@ __all__ = [
     "DegenerateFitWarning",
     "DirichletGPClassifier",
     "ExactGPModel",
+    "GPRegressor",
     "MultiOutputGPModel",
     "ScaleNoiseFit",
     "StreamingFeatureGP",

@@ -210,9 +210,11 @@ class RandomFeatureEstimator:
         ard_dims = {"ard_num_dims": x.shape[-1]} if ard else {}
         base = SketchedRBFKernel(p.train_num_features, method=p.method, input_dim=x.shape[-1], seed=p.seed, **ard_dims)
         kernel = gpytorch.kernels.ScaleKernel(base).to(device=p.device, dtype=p.dtype)
+        centred = targets - targets.mean(-1, keepdim=True)
         with torch.no_grad():
             base.lengthscale = _median_distance(x, p.seed)
-            kernel.outputscale = (targets - targets.mean(-1, keepdim=True)).var().clamp_min(1e-3)
+            # one target has no sample variance (NaN): start at 1, the variance of normalised targets
+            kernel.outputscale = (centred.var() if centred.numel() > 1 else torch.ones(())).clamp_min(1e-3)
         return kernel
 
 

@@ -1,0 +1,336 @@
+"""A scikit-learn estimator: GP regression with random features, ``GPRegressor().fit(X, y).predict(X_test)``.
+
+The model is GPyTorch's exact regression GP y = f(x) + ε, f ~ GP(m, k), ε ~ N(0, σ²), with the kernel k replaced by a
+random-feature estimate k̂(x, x') = s·Φ(x)ᵀΦ(x') (Rahimi & Recht 2007; orthogonal features: paper 002).  Its
+hyperparameters maximise the exact marginal likelihood of k̂ and its posterior (Rasmussen & Williams 2006, Eqs.
+2.25–2.26) is computed in feature space, O(N·F² + F³) in time and O(N·F) in memory, where scikit-learn's
+``GaussianProcessRegressor`` costs O(N³) and O(N²) per likelihood evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import warnings
+from types import SimpleNamespace
+
+import gpytorch
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core.dtypes import in_full_precision
+from ..core.validation import check_finite, check_positive_float, check_positive_int
+from ..training import fit_mll
+from .estimator import RandomFeatureEstimator, as_real_tensor, column_scales
+from .feature_width import set_num_features
+from .regression import ExactGPModel
+from .sampling import posterior_paths
+
+
+class GPRegressor(RandomFeatureEstimator):
+    r"""Gaussian-process regression with random features: ``fit(X, y)``, ``predict(X, return_std=True)``.
+
+    y = f(x) + ε with f ~ GP(m, k̂), k̂(x, x') = s·Φ(x)ᵀΦ(x'), ε ~ N(0, σ²); the hyperparameters (lengthscales,
+    outputscale s, noise σ², constant mean m) maximise the exact marginal likelihood log p(y | θ) of k̂, and the
+    posterior of f at x* has mean m + k̂(x*, X)(K̂ + σ²I)⁻¹(y − m) and covariance k̂(x*, x*) − k̂(x*, X)(K̂ + σ²I)⁻¹k̂(X, x*)
+    (Rasmussen & Williams 2006, Eqs. 2.25–2.26), both computed in feature space in O(N·F² + F³).  The API is that of
+    scikit-learn's ``GaussianProcessRegressor``.
+
+    Args:
+        kernel: a GPyTorch kernel; default ``ScaleKernel(SketchedRBFKernel(F_train, method, ard_num_dims=d))``,
+            re-drawn at F after training, starting from the median-heuristic lengthscale in every dimension and the
+            outputscale set to the variance of the (normalised) targets.  A given kernel is used as given (deep-copied
+            at every fit; an exact GPyTorch kernel is not converted: ``rfgp.sketch(kernel, F)`` makes a random-feature
+            one, e.g. ``rfgp.sketch(ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d)), 1024)``); with
+            ``standardize`` its maps fitted to a data sample are refitted on the standardised inputs as in
+            :class:`~rfgp.models.DirichletGPClassifier`.
+        num_features, train_num_features: the default kernel's width at prediction (F) and in training (F_train),
+            by :class:`~rfgp.models.DirichletGPClassifier`'s rule ("train small, predict big", re-drawn by
+            :func:`rfgp.set_num_features` with the same hyperparameters and seed): neither given: F_train = 256,
+            F = 1024; only ``num_features``: both that; only ``train_num_features``: F = 4·F_train; both: those.  Even
+            numbers.  With ``kernel`` given its own width is used and ``train_num_features`` is refused.
+        method: the Fourier method of the default kernel (``"rff"``, ``"orf"``, ``"sorf"``, …).
+        num_iterations, lr, optimizer, time_budget: training by :func:`rfgp.fit_mll`: at most ``num_iterations``
+            iterations (0: no training) of L-BFGS (``"lbfgs"``, the default, stopped by fit_mll's convergence rule)
+            or Adam (``"adam"``), ``lr`` its step (``None``: fit_mll's default), ``time_budget`` seconds at most
+            (``None``: no limit).
+        standardize: centre and scale every input column with the training statistics (a constant column is
+            centred, not scaled), as the classifier.
+        normalize_y: centre and scale every target column to mean 0 and variance 1 for the model (the default prior
+            of the outputscale and noise assumes unit-scale targets; scikit-learn's default is ``False``);
+            predictions are transformed back: means by y·scale + mean, standard deviations by the scale,
+            covariances by its square.
+        dtype, device: of the model; inputs are converted (float32 by default, as the classifier).
+        seed: seeds the random features.
+        progress: tqdm progress bar during training (``None``: only on a terminal).
+
+    Targets ``y`` of shape ``(N,)``, or ``(N, T)`` for T outputs: T independent GPs sharing the inputs and the
+    kernel's hyperparameters, noise and features (as scikit-learn's multi-target regressor shares its kernel), each
+    with its own constant mean and, with ``normalize_y``, its own scaling; one F × F factorisation serves all T
+    (O(N·F² + F³ + N·F·T)).  ``(N, 1)`` gives 1-D predictions, as in scikit-learn.
+
+    Uncertainty: ``predict``'s ``return_std`` and ``return_cov`` are those of the latent f (noise excluded, as
+    scikit-learn's regressor with a kernel without ``WhiteKernel``); the fitted noise variance is ``noise_`` (in
+    the units of y²), so the predictive standard deviation of a new observation is √(std² + noise_), and
+    :meth:`log_predictive_density` gives log p(y* | x*, data) per point, noise included.
+
+    It follows scikit-learn's estimator contract without depending on scikit-learn (:mod:`rfgp.models.estimator`):
+    ``get_params``/``set_params``, ``clone``, ``Pipeline``, ``GridSearchCV``, ``cross_val_score``, ``score`` (R²),
+    arguments checked by ``fit``, prediction before ``fit`` raises a ``NotFittedError``.
+
+    Attributes (after ``fit``):
+        ``model_``/``likelihood_``: the fitted GPyTorch objects (in normalised units); ``losses_``: the
+        :class:`~rfgp.training.TrainingHistory` of :func:`rfgp.fit_mll` (``[]`` for ``num_iterations=0``);
+        ``n_features_in_``; ``feature_names_in_`` (a DataFrame's string column names, checked at prediction);
+        ``train_num_features_``, ``num_features_``: the default kernel's widths (``None`` with a given kernel);
+        ``y_mean_``, ``y_scale_``: the target normalisation (0 and 1 without ``normalize_y``);
+        ``noise_``: the noise variance σ² in the units of y² (a float, or ``(T,)`` for T outputs).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = 4 * torch.rand(300, 2, generator=g, dtype=torch.float64) - 2
+        >>> y = torch.sin(2 * X[:, 0]) * X[:, 1] + 0.1 * torch.randn(300, generator=g, dtype=torch.float64)
+        >>> reg = GPRegressor(dtype=torch.float64).fit(X[:200], y[:200])
+        >>> mean, std = reg.predict(X[200:], return_std=True)      # tensors in, tensors out (else NumPy)
+        >>> mean.shape, bool((std > 0).all())
+        (torch.Size([100]), True)
+        >>> reg.score(X[200:], y[200:]) > 0.9                        # R²
+        True
+    """
+
+    _estimator_type = "regressor"  # scikit-learn < 1.6 reads this; newer versions read __sklearn_tags__
+    _noun = "regressor"
+
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel | None = None,
+        num_features: int | None = None,
+        train_num_features: int | None = None,
+        method: str = "rff",
+        num_iterations: int = 100,
+        lr: float | None = None,
+        optimizer: str = "lbfgs",
+        time_budget: float | None = None,
+        standardize: bool = True,
+        normalize_y: bool = True,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        progress: bool | None = None,
+    ) -> None:
+        # scikit-learn's estimator contract: arguments stored as given, checked by ``fit``
+        self.kernel = kernel
+        self.num_features = num_features
+        self.train_num_features = train_num_features
+        self.method = method
+        self.num_iterations = num_iterations
+        self.lr = lr
+        self.optimizer = optimizer
+        self.time_budget = time_budget
+        self.standardize = standardize
+        self.normalize_y = normalize_y
+        self.dtype = dtype
+        self.device = device
+        self.seed = seed
+        self.progress = progress
+
+    def __sklearn_tags__(self):
+        # only scikit-learn calls this, so scikit-learn is installed; rfgp itself does not depend on it
+        from sklearn.utils import RegressorTags, Tags, TargetTags
+
+        return Tags(estimator_type="regressor", target_tags=TargetTags(required=True, multi_output=True),
+                    regressor_tags=RegressorTags())
+
+    def _check_params(self) -> SimpleNamespace:
+        """The constructor arguments, checked: they drive this fit and the predictions after it (``_fit_params``)."""
+        common = self._check_common_params()
+        if self.time_budget is not None:
+            check_positive_float(self.time_budget, "time_budget")
+        for name in ("standardize", "normalize_y"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        return SimpleNamespace(**common, time_budget=self.time_budget, normalize_y=bool(self.normalize_y))
+
+    # ----- fitting ------------------------------------------------------------------------
+    @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
+    def fit(self, X, y) -> "GPRegressor":
+        """Fit on inputs ``X`` (N, d) and real targets ``y`` (N,) or (N, T); NaN or Inf in either is refused.
+
+        A pandas DataFrame's string column names are kept as ``feature_names_in_`` and checked at prediction.
+        """
+        self._fit_params = p = self._check_params()
+        x = self._training_inputs(X)
+        self.n_outputs_ = None
+        targets = self._as_targets(y, x.shape[0])  # (N, T)
+        self.n_outputs_ = targets.shape[-1]
+        x = self._standardised(x)
+        self.y_mean_ = targets.mean(0) if p.normalize_y else torch.zeros_like(targets[0])
+        self.y_scale_ = column_scales(targets, self.y_mean_) if p.normalize_y else torch.ones_like(targets[0])
+        targets = ((targets - self.y_mean_) / self.y_scale_).T  # (T, N): a target batch over one shared kernel
+        batch = torch.Size([self.n_outputs_]) if self.n_outputs_ > 1 else torch.Size()
+        targets = targets.reshape(*batch, -1)
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        mean = gpytorch.means.ConstantMean(batch_shape=batch)
+        kernel = self._new_kernel(x, targets, ard=True)
+        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
+        with torch.no_grad():
+            mean.constant.copy_(targets.mean(-1))
+        self.losses_ = []
+        if p.num_iterations > 0:
+            self.losses_ = fit_mll(model, p.num_iterations, p.lr, p.progress, description="GP regression",
+                                   optimizer=p.optimizer, time_budget=p.time_budget)
+        if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
+            set_num_features(model, p.num_features)
+        model.eval()
+        likelihood.eval()
+        self.model_, self.likelihood_ = model, likelihood
+        self.train_num_features_, self.num_features_ = p.train_num_features, p.num_features
+        noise = likelihood.noise.detach().reshape(()) * self.y_scale_.square()
+        self.noise_ = float(noise) if self.n_outputs_ == 1 else noise.cpu().numpy()
+        return self
+
+    def _as_targets(self, y, num_rows: int, name: str = "y", dtype: torch.dtype | None = None) -> Tensor:
+        """Real targets ``y`` of shape (N,) or (N, T) as an (N, T) tensor of ``dtype`` (default: the model's) on the
+        model's device."""
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
+        try:
+            values = as_real_tensor(y, name)
+        except (TypeError, ValueError) as error:
+            if "Complex" in str(error):
+                raise
+            raise ValueError(f"{name} must hold real numbers (regression targets), got {error}") from None
+        if values.dim() not in (1, 2) or values.shape[0] != num_rows or values.numel() == 0:
+            raise ValueError(f"{name} must have shape ({num_rows},) or ({num_rows}, T) with T ≥ 1 (one target per row "
+                             f"of X), got {tuple(values.shape)}")
+        values = values.to(device=self._fit_params.device, dtype=dtype or self._fit_params.dtype)
+        values = values.reshape(num_rows, -1)
+        check_finite(values, name, "remove or impute those rows")
+        if self.n_outputs_ is not None and values.shape[-1] != self.n_outputs_:
+            raise ValueError(f"{name} has {values.shape[-1]} output column(s), but the regressor was fitted on "
+                             f"{self.n_outputs_}")
+        return values
+
+    # ----- prediction ---------------------------------------------------------------------
+    def predict(self, X, return_std: bool = False, return_cov: bool = False):
+        """Posterior mean of f at ``X``; with ``return_std`` also its standard deviation, with ``return_cov`` its
+        covariance (latent f, noise excluded: add ``noise_`` for a new observation's).
+
+        Shapes as scikit-learn's ``GaussianProcessRegressor.predict``: mean and std ``(M,)``, covariance ``(M, M)``;
+        ``(M, T)`` and ``(M, M, T)`` for T outputs.  NumPy arrays, or tensors for tensor input.
+        """
+        if return_std and return_cov:
+            raise RuntimeError("predict: at most one of return_std and return_cov can be requested, got both True")
+        x = self._test_inputs(X)
+        with _predicting(skip_variances=not (return_std or return_cov)):
+            posterior = self.model_(x)
+            mean = posterior.mean * self._scale(1) + self._shift()
+            if return_std:
+                second = posterior.variance.clamp_min(0).sqrt() * self._scale(1)
+            elif return_cov:
+                second = posterior.covariance_matrix * self._scale(2).unsqueeze(-1)
+        results = (self._outputs(mean),) + ((self._outputs(second, cov=return_cov),) if return_std or return_cov
+                                            else ())
+        results = tuple(r if torch.is_tensor(X) else r.cpu().numpy() for r in results)
+        return results if len(results) > 1 else results[0]
+
+    def log_predictive_density(self, X, y):
+        """log p(y* | x*, data) = log N(y*; μ(x*), σ²_f(x*) + σ²) per point, in the units of y (noise included).
+
+        ``(M,)``, or ``(M, T)`` for T outputs; its negative mean is the test NLPD.  NumPy, or a tensor for tensor X.
+        """
+        x = self._test_inputs(X)
+        targets = self._as_targets(y, x.shape[0])
+        with _predicting(skip_variances=False):
+            predictive = self.likelihood_(self.model_(x))
+            mean = predictive.mean * self._scale(1) + self._shift()
+            variance = predictive.variance * self._scale(2)
+        density = -0.5 * ((self._outputs(targets.T) - self._outputs(mean)).square() / self._outputs(variance)
+                          + self._outputs(variance).log() + math.log(2 * math.pi))
+        return density if torch.is_tensor(X) else density.cpu().numpy()
+
+    def sample_y(self, X, n_samples: int = 1, random_state=0):
+        """``n_samples`` posterior functions f evaluated at ``X`` (latent, noise excluded): ``(M, n_samples)``, or
+        ``(M, T, n_samples)`` for T outputs, as scikit-learn's ``sample_y``.
+
+        Drawn as weight-space paths f(x) = m + Φ(x)ᵀw, w ~ p(w | data) (:func:`rfgp.sampling.posterior_paths`): one
+        featurisation of X, no M × M covariance.  Needs an rfgp feature kernel (the default); an exact GPyTorch kernel
+        is refused (sample ``latent = reg.model_(x)`` yourself, at O(M³)).  ``random_state``: an integer seed (the
+        default 0, as scikit-learn's), a ``torch.Generator``, a NumPy ``Generator``/``RandomState`` (a seed is drawn
+        from it) or ``None`` (torch's global generator).
+        """
+        x = self._test_inputs(X)
+        n_samples = check_positive_int(n_samples, "n_samples")
+        generator = self._generator(random_state)
+        try:
+            paths = posterior_paths(self.model_, n_samples, generator=generator)
+        except TypeError as error:
+            raise TypeError(f"sample_y draws posterior functions by rfgp.sampling.posterior_paths: {error}") from None
+        with torch.no_grad():
+            values = paths(x) * self._scale(1) + self._shift()  # (S, [T,] M)
+        values = values.movedim(0, -1)  # ([T,] M, S)
+        values = values.movedim(0, 1) if self.n_outputs_ > 1 else values
+        return values if torch.is_tensor(X) else values.cpu().numpy()
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """R² = 1 − Σᵢwᵢ(yᵢ − ŷᵢ)²/Σᵢwᵢ(yᵢ − ȳ)² of ``predict(X)`` (scikit-learn's regressor score, averaged
+        uniformly over outputs; a constant y scores 1 if predicted exactly, else 0), weighted if given."""
+        predicted = self.predict(X)
+        truth = self._as_targets(y, np.shape(predicted)[0], dtype=torch.float64).cpu().numpy()
+        predicted = np.asarray(predicted.cpu() if torch.is_tensor(predicted) else predicted, dtype=np.float64)
+        return r2_score(truth, predicted.reshape(truth.shape), sample_weight)
+
+    # ----- helpers ------------------------------------------------------------------------
+    def _shift(self) -> Tensor:
+        """The targets' mean, shaped for the model's (T, M) or (M,) outputs."""
+        return self.y_mean_.reshape(-1, 1) if self.n_outputs_ > 1 else self.y_mean_.reshape(())
+
+    def _scale(self, power: int) -> Tensor:
+        scale = self.y_scale_ ** power
+        return scale.reshape(-1, 1) if self.n_outputs_ > 1 else scale.reshape(())
+
+    def _outputs(self, values: Tensor, cov: bool = False) -> Tensor:
+        """A model output ``([T,] M[, M])`` in scikit-learn's layout: ``(M[, M], T)`` for T outputs."""
+        if self.n_outputs_ == 1:
+            return values.reshape(values.shape[-2:] if cov else values.shape[-1:])
+        return values.movedim(0, -1)
+
+    def _generator(self, random_state) -> torch.Generator | None:
+        if random_state is None or isinstance(random_state, torch.Generator):
+            return random_state
+        if isinstance(random_state, np.random.RandomState):
+            random_state = int(random_state.randint(np.iinfo(np.int32).max))
+        elif isinstance(random_state, np.random.Generator):
+            random_state = int(random_state.integers(np.iinfo(np.int32).max))
+        if isinstance(random_state, bool) or not isinstance(random_state, numbers.Integral):
+            raise TypeError("random_state must be an integer seed, a torch.Generator, a NumPy Generator or "
+                            f"RandomState, or None, got {random_state!r}")
+        return torch.Generator(device=self._fit_params.device).manual_seed(int(random_state))
+
+
+@contextlib.contextmanager
+def _predicting(skip_variances: bool):
+    """No gradients, and no GPyTorch warning for predicting at the training inputs (deliberate here: training R²)."""
+    with torch.no_grad(), warnings.catch_warnings(), gpytorch.settings.skip_posterior_variances(skip_variances):
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+        yield
+
+
+def r2_score(truth: np.ndarray, predicted: np.ndarray, sample_weight=None) -> float:
+    """The coefficient of determination of ``(M, T)`` predictions, averaged uniformly over the T outputs.
+
+    R²_t = 1 − Σᵢwᵢ(yᵢₜ − ŷᵢₜ)²/Σᵢwᵢ(yᵢₜ − ȳₜ)² with ȳₜ the weighted mean; an output with a constant truth scores 1
+    where predicted exactly and 0 otherwise (scikit-learn's ``r2_score`` with ``force_finite=True``).
+    """
+    weights = np.ones(truth.shape[0]) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    if weights.shape != (truth.shape[0],):
+        raise ValueError(f"sample_weight must have shape ({truth.shape[0]},) (one weight per row of X), got "
+                         f"{weights.shape}")
+    weights = weights[:, None]
+    residual = (weights * (truth - predicted) ** 2).sum(0)
+    total = (weights * (truth - np.average(truth, axis=0, weights=weights[:, 0])) ** 2).sum(0)
+    constant = total == 0
+    scores = np.where(constant, np.where(residual == 0, 1.0, 0.0), 1 - residual / np.where(constant, 1, total))
+    return float(scores.mean())
