@@ -61,8 +61,9 @@ def test_nystrom_with_every_point_a_landmark_predicts_as_the_exact_gp():
 
 def test_accuracy_near_scikit_learns_gaussian_process_regressor():
     # the default regressor (float32, 256 features trained, 1024 predicting) against scikit-learn's exact GP with an
-    # ARD RBF kernel and a white noise, on 200 training and 300 test points (noise 0.1): the test RMSE within 20 % and
-    # the NLPD within 0.2 nats of scikit-learn's.  Measured: RMSE 0.112 against 0.109, NLPD -0.77 against -0.81
+    # ARD RBF kernel and a white noise, on 200 training and 300 test points (noise 0.1): the test RMSE within 10 % and
+    # the NLPD within 0.1 nats of scikit-learn's.  Measured: RMSE 0.1126 against 0.1118, NLPD -0.760 against -0.766;
+    # 4 features (the control) 0.88 and 1.30
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
@@ -75,13 +76,14 @@ def test_accuracy_near_scikit_learns_gaussian_process_regressor():
     def metrics(mean, density):
         return np.sqrt(np.mean((mean - test_y) ** 2)), -np.mean(density)
 
-    ref_rmse, ref_nlpd = metrics(ref_mean, -0.5 * (((test_y - ref_mean) / ref_std) ** 2 + np.log(2 * np.pi * ref_std**2)))
+    ref_density = -0.5 * (((test_y - ref_mean) / ref_std) ** 2 + np.log(2 * np.pi * ref_std**2))
+    ref_rmse, ref_nlpd = metrics(ref_mean, ref_density)
     reg = GPRegressor(progress=False).fit(train_x, train_y)
     rmse, nlpd = metrics(reg.predict(test_x), reg.log_predictive_density(test_x, test_y))
-    assert rmse < 1.2 * ref_rmse and nlpd < ref_nlpd + 0.2, (rmse, ref_rmse, nlpd, ref_nlpd)
+    assert rmse < 1.1 * ref_rmse and nlpd < ref_nlpd + 0.1, (rmse, ref_rmse, nlpd, ref_nlpd)
     narrow = GPRegressor(num_features=4, progress=False).fit(train_x, train_y)  # the check can fail
     narrow_rmse, narrow_nlpd = metrics(narrow.predict(test_x), narrow.log_predictive_density(test_x, test_y))
-    assert narrow_rmse > 1.2 * ref_rmse and narrow_nlpd > ref_nlpd + 0.2
+    assert narrow_rmse > 1.1 * ref_rmse and narrow_nlpd > ref_nlpd + 0.1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
