@@ -5,7 +5,7 @@
 * :class:`GPRegressor` — GP regression with scikit-learn's ``fit``/``predict`` API;
 * :class:`MultiOutputGPModel` — p outputs per input (vector fields) in feature space;
 * :class:`StreamingFeatureGP`, :func:`fit_from_batches` — online regression from data batches;
-* :func:`posterior_paths` — posterior function draws in weight space (:mod:`rfgp.models.sampling`);
+* :func:`~rfgp.models.sampling.posterior_paths` — posterior function draws in weight space (also ``rfgp.sampling``);
 * :func:`set_num_features` — re-draw a trained model's feature maps at a new width;
 * :func:`fit_scale_and_noise` — the outputscale, noise and constant mean for the current map, in closed form.
 """
