@@ -263,7 +263,7 @@ def column_scales(x: Tensor, mean: Tensor) -> Tensor:
     """Standard deviations of the columns of ``x``, 1 for columns constant up to rounding (and for one row).
 
     A column is constant when its computed variance is within the rounding error of a variance
-    computation, n·ε·var + (n·|mean|·ε)² (scikit-learn's test): dividing by such a standard deviation
+    computation, ``n·ε·var + (n·|mean|·ε)²`` (scikit-learn's test): dividing by such a standard deviation
     (rounding noise, or 0) would blow up any other value the column takes at prediction.
     """
     if x.shape[0] < 2:

@@ -73,7 +73,7 @@ class GPRegressor(RandomFeatureEstimator):
 
     Uncertainty: ``predict``'s ``return_std`` and ``return_cov`` are those of the latent f (noise excluded, as
     scikit-learn's regressor with a kernel without ``WhiteKernel``); the fitted noise variance is ``noise_`` (in
-    the units of y²), so the predictive standard deviation of a new observation is √(std² + noise_), and
+    the units of y²), so the predictive standard deviation of a new observation is √(std² + ``noise_``), and
     :meth:`log_predictive_density` gives log p(y* | x*, data) per point, noise included.
 
     It follows scikit-learn's estimator contract without depending on scikit-learn (:mod:`rfgp.models.estimator`):
