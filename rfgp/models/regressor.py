@@ -68,8 +68,11 @@ class GPRegressor(RandomFeatureEstimator):
 
     Targets ``y`` of shape ``(N,)``, or ``(N, T)`` for T outputs: T independent GPs sharing the inputs and the
     kernel's hyperparameters, noise and features (as scikit-learn's multi-target regressor shares its kernel), each
-    with its own constant mean and, with ``normalize_y``, its own scaling; one F × F factorisation serves all T
-    (O(N·F² + F³ + N·F·T)).  ``(N, 1)`` gives 1-D predictions, as in scikit-learn.
+    with its own constant mean and, with ``normalize_y``, its own scaling: a batch of T targets over one kernel.  It
+    costs about T times one output (GPyTorch's marginal likelihood and rfgp's posterior treat each target of the batch
+    on its own: at N = 4 000, F = 512, T = 8 one MLL + gradient took 6.5–7.5× and a prediction 5–7× the time of
+    T = 1), as T separate fits would, with one set of hyperparameters.  ``(N, 1)`` gives 1-D predictions, as in
+    scikit-learn.
 
     Uncertainty: ``predict``'s ``return_std`` and ``return_cov`` are those of the latent f (noise excluded, as
     scikit-learn's regressor with a kernel without ``WhiteKernel``); the fitted noise variance is ``noise_`` (in

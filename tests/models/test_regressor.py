@@ -130,7 +130,7 @@ def test_multiple_targets_are_independent_gps_sharing_the_kernel():
     assert reg.sample_y(x[200:205], 3).shape == (5, 2, 3)
     assert reg.log_predictive_density(x[200:], targets[200:]).shape == (60, 2)
     assert reg.score(x[200:], targets[200:]) > 0.98
-    # each output is the single-output GP with the same hyperparameters (one shared factorisation serves both)
+    # each output is the single-output GP with the same hyperparameters
     model = reg.model_
     for t in range(2):
         single = rfgp.models.ExactGPModel(model.train_inputs[0], model.train_targets[t], model.likelihood,
