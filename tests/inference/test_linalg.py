@@ -2,10 +2,13 @@
 uniform weights, the outputscale folded into the weights, and the MLL of a ScaleKernel-wrapped
 sketched kernel against dense algebra on both the materialised and the chunked path."""
 
+import math
+
 import gpytorch
 import pytest
 import torch
 from linear_operator.operators import ConstantMulLinearOperator
+from torch.utils.flop_counter import FlopCounterMode
 
 import rfgp
 from rfgp.inference import linalg
@@ -73,6 +76,36 @@ def test_feature_statistics_values_and_gradients(uniform, columns, feature_batch
         else:
             torch.testing.assert_close(g, r)
 
+
+
+@pytest.mark.parametrize("feature_shape, batch", [((1,), (8,)), ((), (8,)), ((2, 1), (2, 3)), ((1, 1), (2, 3))])
+def test_statistics_of_copied_features_form_one_gram(feature_shape, batch, device):
+    """Uniform weights over a batch in which Φ is one tensor expanded (T targets of one unbatched kernel, the
+    likelihood's noise expanding Φ to their batch): Φᵀ Φ once per distinct Φ, the members' R as its columns — the
+    same statistics and gradients (w.r.t. Φ's base, the weights and R) as from distinct copies, at one Gram's cost."""
+    n, f = 40, 2 * GRAM_BLOCK + 5
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(*feature_shape, n, f, generator=gen, dtype=F64).to(device).requires_grad_()
+    weights = (0.5 + torch.rand(*batch, 1, generator=gen, dtype=F64)).to(device).requires_grad_()
+    rhs = torch.randn(*batch, n, 2, generator=gen, dtype=F64).to(device).requires_grad_()
+    grad_gram = torch.randn(*batch, f, f, generator=gen, dtype=F64).to(device)
+    grad_cross = torch.randn(*batch, f, 2, generator=gen, dtype=F64).to(device)
+    results = []
+    for copied in (True, False):
+        features = base * 1.0  # a non-leaf, as a kernel's features are
+        features = features.expand(*batch, n, f) if copied else features.expand(*batch, n, f).contiguous()
+        with FlopCounterMode(display=False) as counter:
+            gram, cross = feature_statistics(features, weights, rhs)
+            loss = (gram * grad_gram).sum() + (cross * grad_cross).sum()
+            grads = torch.autograd.grad(loss, (base, weights, rhs))
+        results.append((gram, cross, grads, counter.get_total_flops()))
+    (gram, cross, grads, flops), (ref_gram, ref_cross, ref_grads, ref_flops) = results
+    torch.testing.assert_close(gram, ref_gram)
+    torch.testing.assert_close(cross, ref_cross)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+    distinct, members = math.prod(feature_shape), math.prod(batch)  # Grams formed: distinct Φ against members
+    assert flops <= ref_flops * distinct / members * 1.2
 
 
 @pytest.mark.parametrize("uniform", [False, True])
