@@ -69,9 +69,10 @@ class GPRegressor(RandomFeatureEstimator):
     Targets ``y`` of shape ``(N,)``, or ``(N, T)`` for T outputs: T independent GPs sharing the inputs and the
     kernel's hyperparameters, noise and features (as scikit-learn's multi-target regressor shares its kernel), each
     with its own constant mean and, with ``normalize_y``, its own scaling: a batch of T targets over one kernel.  It
-    costs about T times one output (GPyTorch's marginal likelihood and rfgp's posterior treat each target of the batch
-    on its own: at N = 4 000, F = 512, T = 8 one MLL + gradient took 6.5–7.5× and a prediction 5–7× the time of
-    T = 1), as T separate fits would, with one set of hyperparameters.  ``(N, 1)`` gives 1-D predictions, as in
+    forms the features' Gram ΦᵀΦ once for all T targets (:func:`rfgp.inference.linalg.feature_statistics` of a Φ
+    shared by the batch) and the F × F factorisation and solves once per target: at N = 4 000, F = 512, T = 8, float64,
+    one thread, one MLL + gradient took 0.24 s against 0.09–0.13 s for T = 1 (6.5–7.5× before the Gram was shared)
+    and a prediction at 1 000 points 0.16–0.19 s against 0.05–0.07 s.  ``(N, 1)`` gives 1-D predictions, as in
     scikit-learn.
 
     Uncertainty: ``predict``'s ``return_std`` and ``return_cov`` are those of the latent f (noise excluded, as
