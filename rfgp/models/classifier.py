@@ -102,7 +102,8 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             constant in the training data (up to the rounding of its variance) is centred but not scaled
             (scale 1, as scikit-learn's ``StandardScaler``), so that a value it takes only at prediction
             (a category absent from the training data) stays on the data's scale.
-        dtype, device: of the model; inputs are converted.
+        dtype, device: of the model (dtype ``"float32"``, the default, ``"float64"`` or the torch dtype); inputs are
+            converted.
         seed: seeds the random features, the validation split and the Monte-Carlo draws.
         progress: tqdm progress bar during training (``None``: only on a terminal).
 
@@ -147,7 +148,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         probability_method: str = "mc",
         num_samples: int = 1000,
         standardize: bool = True,
-        dtype: torch.dtype = torch.float32,
+        dtype: str | torch.dtype = "float32",
         device: str | torch.device | None = None,
         seed: int = 0,
         progress: bool | None = None,

@@ -97,7 +97,7 @@ class RandomFeatureEstimator:
         if self.lr is not None:
             check_positive_float(self.lr, "lr")
         check_choice(self.optimizer, "optimizer", OPTIMIZERS)
-        dtype = check_dtype_argument(self.dtype)
+        dtype = _check_dtype(self.dtype)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise TypeError(f"seed must be an integer, got {self.seed!r}")
         return dict(
@@ -231,6 +231,19 @@ def as_real_tensor(X, name: str) -> Tensor:
     if x.is_complex():
         raise ValueError(f"Complex data not supported: {name} has {x.dtype} values; real inputs required")
     return x
+
+
+#: the names an estimator's ``dtype`` argument takes (scikit-learn's estimator checks want plain defaults)
+DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _check_dtype(dtype) -> torch.dtype:
+    """An estimator's ``dtype``: ``"float32"``, ``"float64"`` or the torch dtype."""
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_NAMES:
+            raise TypeError(f"dtype must be 'float32', 'float64', torch.float32 or torch.float64, got {dtype!r}")
+        return DTYPE_NAMES[dtype]
+    return check_dtype_argument(dtype)
 
 
 def _check_device(device) -> torch.device:

@@ -62,7 +62,8 @@ class GPRegressor(RandomFeatureEstimator):
             of the outputscale and noise assumes unit-scale targets; scikit-learn's default is ``False``);
             predictions are transformed back: means by y·scale + mean, standard deviations by the scale,
             covariances by its square.
-        dtype, device: of the model; inputs are converted (float32 by default, as the classifier).
+        dtype, device: of the model (dtype ``"float32"``, the default, ``"float64"`` or the torch dtype); inputs are
+            converted.
         seed: seeds the random features.
         progress: tqdm progress bar during training (``None``: only on a terminal).
 
@@ -119,7 +120,7 @@ class GPRegressor(RandomFeatureEstimator):
         time_budget: float | None = None,
         standardize: bool = True,
         normalize_y: bool = True,
-        dtype: torch.dtype = torch.float32,
+        dtype: str | torch.dtype = "float32",
         device: str | torch.device | None = None,
         seed: int = 0,
         progress: bool | None = None,

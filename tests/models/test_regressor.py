@@ -203,6 +203,7 @@ def test_score_is_scikit_learns_r2():
     ({"normalize_y": "yes"}, TypeError, "normalize_y must be True or False, got 'yes'"),
     ({"standardize": None}, TypeError, "standardize must be True or False, got None"),
     ({"dtype": torch.float16}, TypeError, "dtype"),
+    ({"dtype": "half"}, TypeError, "dtype must be .float32., .float64."),
     ({"device": "tpu:7"}, ValueError, "device must be None, a torch.device or a device string.*'tpu:7'"),
     ({"seed": 1.5}, TypeError, "seed must be an integer, got 1.5"),
     ({"num_features": 65}, ValueError, "num_features must be even.*got 65"),
@@ -298,13 +299,12 @@ def test_scikit_learn_estimator_contract():
 
 
 def test_scikit_learn_estimator_checks():
-    # 51 checks pass; check_array_api_input is skipped (SCIPY_ARRAY_API unset: rfgp takes NumPy, pandas and torch
-    # input, not the array API).  Deliberate failure: dtype's default is a torch dtype, which
-    # check_parameters_default_constructible does not accept (it allows Python and NumPy scalars).  float64, as
-    # float32 predictions are float32 arrays, which check_regressor_multioutput refuses (it wants float64)
+    # every check passes but check_array_api_input, skipped (SCIPY_ARRAY_API unset: rfgp takes NumPy, pandas and
+    # torch input, not the array API); check_parameters_default_constructible needs plain defaults (dtype "float32").
+    # float64, as float32 predictions are float32 arrays, which check_regressor_multioutput refuses (it wants float64)
     from sklearn.utils.estimator_checks import check_estimator
 
-    reg = GPRegressor(num_features=32, num_iterations=3, progress=False, dtype=torch.float64)
+    reg = GPRegressor(num_features=32, num_iterations=3, progress=False, dtype="float64")
     results = check_estimator(reg, on_fail=None)
     failed = {r["check_name"] for r in results if r["status"] == "failed"}
-    assert failed == {"check_parameters_default_constructible"}
+    assert failed == set()
