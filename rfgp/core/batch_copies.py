@@ -48,6 +48,32 @@ def narrow_broadcast(x: Tensor, num_batch_dims: int) -> Tensor:
     return narrow_copies(x, tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0))
 
 
+def distinct_members(x: Tensor, num_batch_dims: int) -> Tensor:
+    """:func:`narrow_broadcast` for computations that differentiate through the distinct members: the backward
+    returns the gradient spread evenly over the copies as a stride-0 tensor, which the ``expand`` that made them sums
+    back to the gradient itself, where narrowing's backward writes a zero-filled gradient of x's whole shape
+    (b·N·F writes for b copies of an N × F matrix) first.  A leaf that requires grad is narrowed plainly: its own
+    ``.grad`` holds each copy's gradient, which must stay where it belongs."""
+    copies = tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0)
+    if not copies or not x.requires_grad or x.is_leaf:
+        return narrow_copies(x, copies)
+    return _DistinctMembers.apply(x, copies)
+
+
+class _DistinctMembers(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, copies: tuple[int, ...]) -> Tensor:
+        ctx.shape, ctx.copies = x.shape, copies
+        return narrow_copies(x, copies)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        count = 1
+        for dim in ctx.copies:
+            count *= ctx.shape[dim]
+        return (grad / count).expand(ctx.shape), None
+
+
 def expand_batch(output: Tensor | LinearOperator, input_batch_shape: torch.Size) -> Tensor | LinearOperator:
     """A kernel's output on inputs without their copies — a diagonal ``(..., n)`` or a covariance operator
     ``(..., n, m)`` — expanded to its batch shape broadcast with the inputs' as given, without copying (stride-0

@@ -26,6 +26,7 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
+from ..core.batch_copies import distinct_members
 from ..core.dtypes import factor_dtype, refuse_autocast_backward
 from .statistics_precision import unit_roundoff
 
@@ -350,41 +351,21 @@ def feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor,
         return plain_statistics(features.to(dtype), weights, rhs)
     weights, rhs = weights.expand(*batch, weights.shape[-1]), rhs.expand(*batch, *rhs.shape[-2:])
     copies = tuple(dim for dim in range(len(batch)) if batch[dim] > 1 and features.stride(dim) == 0)
-    if copies and _is_uniform(weights) and not (features.requires_grad and features.is_leaf):
+    if copies and _is_uniform(weights):
         return _shared_feature_statistics(features, weights, rhs, copies, dtype)
     return _FeatureStatistics.apply(features, weights, rhs, dtype)
-
-
-class _DistinctMember(torch.autograd.Function):
-    """Φ with its stride-0 batch dimensions ``copies`` removed (the one tensor they repeat).  Its backward returns
-    the gradient spread evenly over the copies as a stride-0 tensor, which the ``expand`` that made them sums back to
-    the gradient itself — where narrowing would write a zero-filled gradient of the whole expanded shape (b·N·F
-    writes) first.  For a non-leaf Φ only (:func:`feature_statistics` checks): the copies' own gradients are not
-    observable there, only their sum."""
-
-    @staticmethod
-    def forward(ctx, features: Tensor, copies: tuple[int, ...]) -> Tensor:
-        ctx.shape, ctx.copies = features.shape, copies
-        return features[tuple(0 if dim in copies else slice(None) for dim in range(features.dim()))]
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        count = 1
-        for dim in ctx.copies:
-            grad = grad.unsqueeze(dim)
-            count *= ctx.shape[dim]
-        return (grad / count).expand(ctx.shape), None
 
 
 def _shared_feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor, copies: tuple[int, ...],
                                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """:func:`feature_statistics` for uniform weights w_b over batch dimensions ``copies`` in which Φ is one tensor
     expanded (stride 0): ΦᵀWΦ = w_b·Φᵀ Φ and ΦᵀWR_b = w_b·ΦᵀR_b, so Φᵀ Φ is formed once per distinct Φ and the
-    members' R_b are its right-hand-side columns — O(N·F² + N·F·t·b) instead of b·O(N·F²).  A GPyTorch ``ExactGP``
+    members' R_b are its right-hand-side columns — O(N·F² + N·F·t·b) instead of b·O(N·F²); the gradient reaches Φ
+    through :func:`~rfgp.core.batch_copies.distinct_members`.  A GPyTorch ``ExactGP``
     whose targets (and mean) have a batch of their own over an unbatched kernel (T targets of one kernel, as
     ``rfgp.models.GPRegressor`` fits them) has that covariance: the likelihood's noise expands Φ to the targets'
     batch."""
-    distinct = _DistinctMember.apply(features, copies)
+    distinct = distinct_members(features, features.dim() - 2).squeeze(copies)  # the dimensions ``copies``
     lead = rhs.dim() - len(copies)
     columns = rhs.movedim(copies, tuple(range(lead, rhs.dim()))).flatten(lead - 1)  # (..., N, t·b)
     ones = weights.new_ones(()).expand(*distinct.shape[:-2], 1)

@@ -270,3 +270,49 @@ def test_multi_output_mll_matches_feature_space(feature_space_only, monkeypatch)
     torch.testing.assert_close(value, ref_value, **TIGHT)
     for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], **TIGHT, msg=name)
+
+
+class _TargetBatchGP(gpytorch.models.ExactGP):
+    """T targets over one unbatched kernel: a constant mean per target, one kernel (``rfgp.models.GPRegressor``'s
+    multi-target model, GPyTorch's batch-mean recipe)."""
+
+    def __init__(self, x, y, kernel):
+        super().__init__(x, y, GaussianLikelihood())
+        self.mean = gpytorch.means.ConstantMean(batch_shape=y.shape[:-1])
+        self.covar = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean(x), self.covar(x))
+
+
+@pytest.mark.parametrize("num_data", [48, 600])  # kernel space (N ≤ F), feature space (N > F)
+def test_targets_of_one_kernel_share_its_gram(num_data):
+    """A batch of T targets over one unbatched kernel is T independent GPs with one kernel and one noise: its
+    marginal likelihood and gradients are the sums of the T single-target models', and ΦΦᵀ (kernel space) or ΦᵀΦ
+    (feature space) is formed once, not once per target (the likelihood's noise expands Φ to the targets' batch)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(num_data, 2, generator=gen, dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1) + 0.3 * torch.randn(4, num_data, generator=gen, dtype=torch.float64)
+
+    constants = torch.linspace(-0.5, 0.5, 4, dtype=torch.float64)
+
+    def loss_and_grads(targets, constant):
+        kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(256, ard_num_dims=2, seed=0))
+        model = _TargetBatchGP(x, targets, kernel).double()
+        with torch.no_grad():
+            model.mean.constant.copy_(constant.view_as(model.mean.constant))
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        with FlopCounterMode(display=False) as counter:
+            loss = -mll(model(x), targets).sum() * num_data
+            loss.backward()
+        grads = {name: p.grad for name, p in model.named_parameters() if name != "mean.raw_constant"}
+        return loss.detach(), grads, counter.get_total_flops()
+
+    loss, grads, flops = loss_and_grads(y, constants)
+    singles = [loss_and_grads(y[t], constants[t]) for t in range(4)]
+    torch.testing.assert_close(loss, sum(s[0] for s in singles), rtol=1e-10, atol=1e-9)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, sum(s[1][name] for s in singles), rtol=1e-8, atol=1e-9)
+    assert flops < 0.6 * sum(s[2] for s in singles)
