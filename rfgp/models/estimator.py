@@ -22,7 +22,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
+from ..core.validation import (
+    check_choice,
+    check_dtype_argument,
+    check_positive_float,
+    check_positive_int,
+    nonfinite_message,
+)
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
 from ..kernels.nystrom import NystromKernel
@@ -184,7 +190,8 @@ class RandomFeatureEstimator:
                 raise ValueError(f"{name} has 0 {what}(s) (shape={tuple(x.shape)}) while a minimum of 1 is required.")
         x = x.to(device=p.device, dtype=p.dtype)
         if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} contains NaN or Inf entries")
+            hint = "drop or impute those rows (e.g. sklearn.impute.SimpleImputer)"
+            raise ValueError(nonfinite_message(x, name, hint))
         if self.n_features_in_ is not None and x.shape[-1] != self.n_features_in_:
             raise ValueError(
                 f"{name} has {x.shape[-1]} features, but {type(self).__name__} is expecting {self.n_features_in_}"
@@ -227,10 +234,34 @@ def as_real_tensor(X, name: str) -> Tensor:
         array = np.array(X, copy=True)
         if np.iscomplexobj(array):  # float64 conversion would silently drop the imaginary part
             raise ValueError(f"Complex data not supported: {name} has {array.dtype} values; real inputs required")
-        x = torch.as_tensor(array.astype(np.float64))
+        try:
+            x = torch.as_tensor(array.astype(np.float64))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name} must hold numbers only: {_non_numeric(X, array)} ({error}); encode such "
+                              "columns first, e.g. with sklearn.preprocessing.OneHotEncoder or OrdinalEncoder in a "
+                              "Pipeline") from None  # numpy's type: TypeError for objects, ValueError for strings
     if x.is_complex():
         raise ValueError(f"Complex data not supported: {name} has {x.dtype} values; real inputs required")
     return x
+
+
+def _non_numeric(X, array: np.ndarray) -> str:
+    """Which columns of ``X`` are not numbers (error path only): a DataFrame's by name and dtype."""
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is not None and hasattr(dtypes, "items"):
+        bad = [f"{column!r} ({dtype})" for column, dtype in dtypes.items() if not _is_numeric(dtype)]
+        if bad:
+            return f"column{'s' if len(bad) > 1 else ''} {', '.join(bad)}"
+    return f"values of dtype {array.dtype}"
+
+
+def _is_numeric(dtype) -> bool:
+    """A NumPy number or bool dtype (pandas' categorical, string and object dtypes are not)."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return False
+    return np.issubdtype(dtype, np.number) or dtype == np.bool_
 
 
 #: the names an estimator's ``dtype`` argument takes (scikit-learn's estimator checks want plain defaults)

@@ -227,7 +227,7 @@ def test_data_errors_are_named():
         reg.fit(x, np.where(np.arange(20) == 3, np.nan, y))
     with pytest.raises(ValueError, match="y contains NaN or Inf entries .0 NaN and 1 ±Inf"):
         reg.fit(x, np.where(np.arange(20) == 3, np.inf, y))
-    with pytest.raises(ValueError, match="X contains NaN or Inf"):
+    with pytest.raises(ValueError, match=r"X contains NaN or Inf entries \(2 NaN .* first at index \(3, 0\)\).*impute"):
         reg.fit(np.where(np.arange(20)[:, None] == 3, np.nan, x), y)
     with pytest.raises(ValueError, match=r"y must have shape \(20,\) or \(20, T\)"):
         reg.fit(x, y[:-1])
@@ -308,3 +308,15 @@ def test_scikit_learn_estimator_checks():
     results = check_estimator(reg, on_fail=None)
     failed = {r["check_name"] for r in results if r["status"] == "failed"}
     assert failed == set()
+
+
+def test_non_numeric_columns_are_named():
+    """A DataFrame's categorical or string columns are refused by name, with the encoders that work (before: numpy's
+    "could not convert string to float: 'x'", naming neither X nor the column)."""
+    pandas = pytest.importorskip("pandas")
+    x, y = _wave(20)
+    frame = pandas.DataFrame({"a": x[:, 0], "kind": pandas.Categorical(["u", "v"] * 10), "label": ["p", "q"] * 10})
+    with pytest.raises(ValueError, match=r"X must hold numbers only: columns 'kind' \(category\), 'label'.*Encoder"):
+        GPRegressor(num_iterations=0).fit(frame, y)
+    with pytest.raises(ValueError, match=r"X must hold numbers only: values of dtype object"):
+        GPRegressor(num_iterations=0).fit(frame.to_numpy(), y)
