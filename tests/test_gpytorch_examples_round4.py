@@ -57,8 +57,19 @@ def inducing(state):
     return [state["variational_strategy.inducing_points"]] if state else []
 
 
-def train(step, num_steps):
-    return [float(step()) for _ in range(num_steps)]
+def train(objective, optimizers, num_steps):
+    """The notebooks' loop, ``num_steps`` times: zero the gradients, ``objective()``, backward, step every optimizer;
+    the losses."""
+    losses = []
+    for _ in range(num_steps):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        loss = objective()
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+        losses.append(float(loss))
+    return losses
 
 
 # --- the notebooks' code paths, `convert` applied to the notebook's kernel; each returns (losses, outputs, state) ---
@@ -85,14 +96,10 @@ def classification_labels(convert, state):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
 
-    def step():
-        optimizer.zero_grad()
-        loss = -mll(model(x), likelihood.transformed_targets).sum()
-        loss.backward()
-        optimizer.step()
-        return loss
+    def objective():
+        return -mll(model(x), likelihood.transformed_targets).sum()
 
-    losses = train(step, 5)
+    losses = train(objective, (optimizer,), 5)
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
@@ -123,14 +130,10 @@ def ciq_sampling(convert, state):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
 
-    def step():
-        optimizer.zero_grad()
-        loss = -mll(model(train_x), train_y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    def objective():
+        return -mll(model(train_x), train_y)
 
-    losses = train(step, 5)
+    losses = train(objective, (optimizer,), 5)
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
@@ -181,20 +184,16 @@ def vnngp(convert, state):
     batches = iter([None] * 2 * num_batches + [(train_x[:24], train_y[:24]), (train_x[24:], train_y[24:])])
     torch.manual_seed(1)
 
-    def step():
+    def objective():
         batch = next(batches)
-        optimizer.zero_grad()
         if batch is None:  # the notebook's first loop: the strategy chooses the minibatch
             output = model(None)
             targets = train_y[..., model.variational_strategy.current_training_indices]
         else:  # its second loop: minibatches from a DataLoader
             output, targets = model(batch[0]), batch[1]
-        loss = -mll(output, targets)
-        loss.backward()
-        optimizer.step()
-        return loss
+        return -mll(output, targets)
 
-    losses = train(step, 2 * num_batches + 2)
+    losses = train(objective, (optimizer,), 2 * num_batches + 2)
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
@@ -249,16 +248,10 @@ def polya_gamma(convert, state):
     adam = torch.optim.Adam([{"params": model.hyperparameters()}, {"params": likelihood.parameters()}], lr=0.01)
     mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=len(train_y))
 
-    def step():
-        ngd.zero_grad()
-        adam.zero_grad()
-        loss = -mll(model(train_x), train_y)
-        loss.backward()
-        ngd.step()
-        adam.step()
-        return loss
+    def objective():
+        return -mll(model(train_x), train_y)
 
-    losses = train(step, 5)
+    losses = train(objective, (ngd, adam), 5)
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
@@ -292,15 +285,11 @@ def uncertain_inputs(convert, state):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=20)
 
-    def step():
+    def objective():
         sample = torch.distributions.Normal(mean_x, stdv_x).rsample()  # a new draw of the inputs per step
-        optimizer.zero_grad()
-        loss = -mll(model(sample), train_y)
-        loss.backward()
-        optimizer.step()
-        return loss
+        return -mll(model(sample), train_y)
 
-    losses = train(step, 8)
+    losses = train(objective, (optimizer,), 8)
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
@@ -349,7 +338,7 @@ def pyro_low_level(convert, state):
     elbo = pyro.infer.Trace_ELBO(num_particles=16, vectorize_particles=True, retain_graph=True)
     svi = pyro.infer.SVI(model.model, model.guide, pyro.optim.Adam({"lr": 0.1}), elbo)
     model.train()
-    losses = train(lambda: svi.step(train_x, train_y), 6)
+    losses = [float(svi.step(train_x, train_y)) for _ in range(6)]
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
@@ -401,16 +390,12 @@ def dgp_multitask(convert, state):
     mll = gpytorch.mlls.DeepApproximateMLL(gpytorch.mlls.VariationalELBO(model.likelihood, model, num_data=30))
     seeds = iter(range(100, 200))
 
-    def step():
+    def objective():
         torch.manual_seed(next(seeds))  # the same layer samples in every model
-        optimizer.zero_grad()
-        loss = -mll(model(train_x), train_y)
-        loss.backward()
-        optimizer.step()
-        return loss
+        return -mll(model(train_x), train_y)
 
     with gpytorch.settings.num_likelihood_samples(4):
-        losses = train(step, 5)
+        losses = train(objective, (optimizer,), 5)
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
@@ -450,14 +435,10 @@ def custom_kernel_and_hyperparameters(convert, state):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
 
-    def step():
-        optimizer.zero_grad()
-        loss = -mll(model(train_x), train_y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    def objective():
+        return -mll(model(train_x), train_y)
 
-    losses = train(step, 5)
+    losses = train(objective, (optimizer,), 5)
     if state is not None:
         model.load_state_dict(state, strict=False)
     model.eval()
