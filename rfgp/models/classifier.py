@@ -10,6 +10,7 @@ when the kernel is an rfgp feature kernel (see :mod:`rfgp.inference.classificati
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -351,12 +352,28 @@ def _check_labels(y, num_rows: int) -> np.ndarray:
         )
     if np.iscomplexobj(labels):
         raise ValueError(f"Unknown label type: y has complex values ({labels.dtype})")
+    missing = _missing(labels)
+    if missing.any():
+        raise ValueError(f"y has {int(missing.sum())} missing label(s) (NaN, None or pd.NA) of {num_rows}, the first "
+                         f"at index {int(missing.argmax())}; drop those rows")
     if labels.dtype.kind == "f" and not bool(np.all(np.isfinite(labels) & (labels == np.round(labels)))):
         raise ValueError(
             "Unknown label type: continuous. y has non-integer (or non-finite) float values, which are a regression"
             " target, not class labels; pass integer or string labels"
         )
     return labels
+
+
+def _missing(labels: np.ndarray) -> np.ndarray:
+    """Which labels are missing: NaN, ``None`` or, when pandas is in use, ``pd.NA`` (error check, on the host)."""
+    pandas = sys.modules.get("pandas")  # pd.NA implies pandas imported; rfgp does not import it itself
+    if pandas is not None:
+        return np.asarray(pandas.isna(labels), dtype=bool)
+    if labels.dtype.kind == "f":
+        return np.isnan(labels)
+    if labels.dtype.kind == "O":
+        return np.array([v is None or (isinstance(v, float) and v != v) for v in labels], dtype=bool)
+    return np.zeros(labels.shape, dtype=bool)
 
 
 def _check_optional_bool(value, name: str) -> bool | None:

@@ -90,6 +90,11 @@ class RandomFeatureEstimator:
         changed = [f"{k}={v!r}" for k, v in self.get_params().items() if not _same(v, defaults.get(k))]
         return f"{type(self).__name__}({', '.join(changed)})"
 
+    def __sklearn_is_fitted__(self) -> bool:
+        """Fitted once ``fit`` has finished (scikit-learn's ``check_is_fitted`` asks this instead of looking for
+        attributes ending in ``_``, which a fit that failed half-way leaves behind)."""
+        return hasattr(self, "model_")
+
     # ----- arguments ----------------------------------------------------------------------
     def _check_common_params(self) -> dict:
         """The shared constructor arguments, checked (a dict for the subclass's ``_fit_params`` namespace)."""
@@ -136,7 +141,8 @@ class RandomFeatureEstimator:
     def _training_inputs(self, X) -> Tensor:
         """``X`` checked and converted, its columns recorded (``n_features_in_``, ``feature_names_in_``) and, with
         ``standardize``, standardised with the statistics kept for prediction (``input_mean_``, ``input_scale_``)."""
-        self.n_features_in_ = None  # a new fit forgets the previous one's columns before reading X
+        self.__dict__.pop("model_", None)  # a new fit forgets the previous one: a failed one leaves it unfitted
+        self.n_features_in_ = None  # and its columns, before reading X
         self.feature_names_in_ = None
         names = _feature_names(X)
         x = self._as_inputs(X, "X")
@@ -190,7 +196,10 @@ class RandomFeatureEstimator:
                 raise ValueError(f"{name} has 0 {what}(s) (shape={tuple(x.shape)}) while a minimum of 1 is required.")
         x = x.to(device=p.device, dtype=p.dtype)
         if not bool(torch.isfinite(x).all()):
-            hint = "drop or impute those rows (e.g. sklearn.impute.SimpleImputer)"
+            names = _feature_names(X)
+            first_column = int((~torch.isfinite(x)).nonzero()[0, 1])
+            column = "" if names is None else f"the first in column {names[first_column]!r}; "
+            hint = f"{column}drop or impute those rows (e.g. sklearn.impute.SimpleImputer)"
             raise ValueError(nonfinite_message(x, name, hint))
         if self.n_features_in_ is not None and x.shape[-1] != self.n_features_in_:
             raise ValueError(
@@ -200,7 +209,7 @@ class RandomFeatureEstimator:
         return x
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
+        if not self.__sklearn_is_fitted__():
             raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
 
     # ----- kernel -------------------------------------------------------------------------
@@ -235,7 +244,7 @@ def as_real_tensor(X, name: str) -> Tensor:
         if np.iscomplexobj(array):  # float64 conversion would silently drop the imaginary part
             raise ValueError(f"Complex data not supported: {name} has {array.dtype} values; real inputs required")
         try:
-            x = torch.as_tensor(array.astype(np.float64))
+            x = torch.as_tensor(_float64(X, array))
         except (TypeError, ValueError) as error:
             raise type(error)(f"{name} must hold numbers only: {_non_numeric(X, array)} ({error}); encode such "
                               "columns first, e.g. with sklearn.preprocessing.OneHotEncoder or OrdinalEncoder in a "
@@ -243,6 +252,15 @@ def as_real_tensor(X, name: str) -> Tensor:
     if x.is_complex():
         raise ValueError(f"Complex data not supported: {name} has {x.dtype} values; real inputs required")
     return x
+
+
+def _float64(X, array: np.ndarray) -> np.ndarray:
+    """``X``'s values as float64; a pandas object's missing values (``pd.NA`` of its nullable ``Int64``, ``Float64``
+    or ``boolean`` columns, which NumPy cannot convert) as NaN, for the finiteness check to name."""
+    pandas = sys.modules.get("pandas")  # a pandas object implies pandas imported; rfgp does not import it itself
+    if pandas is not None and isinstance(X, (pandas.DataFrame, pandas.Series)):
+        return X.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)  # writable: torch refuses read-only views
+    return array.astype(np.float64)
 
 
 def _non_numeric(X, array: np.ndarray) -> str:
@@ -256,9 +274,9 @@ def _non_numeric(X, array: np.ndarray) -> str:
 
 
 def _is_numeric(dtype) -> bool:
-    """A NumPy number or bool dtype (pandas' categorical, string and object dtypes are not)."""
+    """A NumPy number or bool dtype, or pandas' nullable one (its categorical, string and object dtypes are not)."""
     try:
-        dtype = np.dtype(dtype)
+        dtype = np.dtype(getattr(dtype, "numpy_dtype", dtype))
     except TypeError:
         return False
     return np.issubdtype(dtype, np.number) or dtype == np.bool_

@@ -270,6 +270,44 @@ def test_continuous_and_malformed_inputs_raise():
         clf.fit(x, None)
 
 
+@pytest.mark.parametrize("missing", ["none", "nan", "pandas_int", "pandas_string"])
+def test_missing_labels_are_named(missing):
+    """A missing label (None, NaN, pd.NA) is refused as missing with its index (before: "'<' not supported between
+    'NoneType' and 'str'", "boolean value of NA is ambiguous", or a float y with NaN called continuous)."""
+    x, y = _blobs(10)
+    codes = (y == "a").astype(int)
+    if missing == "none":
+        labels = y.astype(object)
+        labels[4] = None
+    elif missing == "nan":
+        labels = np.where(np.arange(len(y)) == 4, np.nan, codes)
+    else:
+        pandas = pytest.importorskip("pandas")
+        labels = pandas.Series(codes if missing == "pandas_int" else y, dtype="Int64" if missing == "pandas_int"
+                               else "string")
+        labels[4] = pandas.NA
+    with pytest.raises(ValueError, match=r"y has 1 missing label.* of 30, the first at index 4.*drop"):
+        DirichletGPClassifier(num_iterations=0, num_features=16).fit(x, labels)
+
+
+def test_a_failed_fit_leaves_the_classifier_unfitted():
+    """As the regressor: check_is_fitted called it fitted after a failed fit."""
+    from sklearn.utils.validation import check_is_fitted
+
+    x, y = _blobs(10)
+    clf = DirichletGPClassifier(num_iterations=0, num_features=16)
+    with pytest.raises(ValueError, match="1d array"):
+        clf.fit(x, y[:5])
+    with pytest.raises(ValueError, match="not fitted"):
+        check_is_fitted(clf)
+    clf.fit(x, y)
+    check_is_fitted(clf)
+    with pytest.raises(ValueError, match="1d array"):
+        clf.fit(x[:, :1], y[:5])
+    with pytest.raises(ValueError, match="not fitted"):
+        clf.predict(x[:, :1])
+
+
 def test_scikit_learn_estimator_checks():
     # the check that still fails is deliberate: y of shape (N, 1) is refused with a message (scikit-learn ravels it
     # with a warning); dtype's default is the plain "float32" that check_parameters_default_constructible wants;

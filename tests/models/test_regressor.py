@@ -320,3 +320,38 @@ def test_non_numeric_columns_are_named():
         GPRegressor(num_iterations=0).fit(frame, y)
     with pytest.raises(ValueError, match=r"X must hold numbers only: values of dtype object"):
         GPRegressor(num_iterations=0).fit(frame.to_numpy(), y)
+
+
+def test_missing_values_of_nullable_columns_are_named():
+    """pandas' nullable Int64/Float64 columns are numbers; their pd.NA is a missing value, named with its column
+    (before: "X must hold numbers only: columns 'a' (Int64), 'b' (Float64)" and the advice to encode them)."""
+    pandas = pytest.importorskip("pandas")
+    x, y = _wave(20)
+    frame = pandas.DataFrame({"a": pandas.array(np.arange(20), dtype="Int64"), "b": pandas.array(x[:, 1], "Float64")})
+    reference = GPRegressor(num_iterations=0).fit(frame.astype("float64"), y).predict(frame.astype("float64"))
+    np.testing.assert_array_equal(GPRegressor(num_iterations=0).fit(frame, y).predict(frame), reference)
+    frame.loc[3, "b"] = pandas.NA
+    with pytest.raises(ValueError, match=r"X contains NaN .*1 NaN .*\(3, 1\)\).*first in column 'b'; drop or impute"):
+        GPRegressor(num_iterations=0).fit(frame, y)
+    frame["kind"] = ["u", "v"] * 10
+    with pytest.raises(ValueError, match=r"numbers only: column 'kind' \(object|str"):  # the nullable ones not named
+        GPRegressor(num_iterations=0).fit(frame, y)
+
+
+def test_a_failed_fit_leaves_the_regressor_unfitted():
+    """scikit-learn's check_is_fitted called an estimator fitted after a fit that failed (its n_features_in_ was
+    set), and a failed refit kept the previous model_ beside the new columns."""
+    from sklearn.utils.validation import check_is_fitted
+
+    x, y = _wave(20)
+    reg = GPRegressor(num_iterations=0)
+    with pytest.raises(ValueError, match="y must have shape"):
+        reg.fit(x, y[:5])
+    with pytest.raises(ValueError, match="not fitted"):
+        check_is_fitted(reg)
+    reg.fit(x, y)
+    check_is_fitted(reg)
+    with pytest.raises(ValueError, match="y must have shape"):
+        reg.fit(x[:, :1], y[:5])
+    with pytest.raises(ValueError, match="not fitted"):
+        reg.predict(x[:, :1])
