@@ -306,12 +306,18 @@ def _check_device(device) -> torch.device:
 
 
 def _feature_names(X) -> np.ndarray | None:
-    """A DataFrame's column names when they are all strings (scikit-learn's rule), else ``None``."""
+    """A DataFrame's column names when they are all strings, ``None`` when none is; names of mixed types (``"a"``
+    and ``1``) are refused, as scikit-learn's ``_get_feature_names`` does."""
     columns = getattr(X, "columns", None)
     if columns is None or torch.is_tensor(X):
         return None
     names = np.asarray(list(columns), dtype=object)
-    return names if len(names) and all(isinstance(n, str) for n in names) else None
+    strings = [isinstance(n, str) for n in names]
+    if any(strings) and not all(strings):
+        types = sorted({type(n).__name__ for n in names})
+        raise TypeError(f"X has column names of types {types}; feature names are kept and checked only when all are "
+                        "strings: convert them with X.columns = X.columns.astype(str), or make none a string")
+    return names if len(names) and all(strings) else None
 
 
 def _same(a, b) -> bool:

@@ -279,6 +279,18 @@ def test_feature_names_follow_scikit_learn():
     assert not hasattr(GPRegressor(num_iterations=0).fit(x, y), "feature_names_in_")
 
 
+def test_mixed_type_column_names_are_refused():
+    """Column names of mixed types (as "a", 1) are refused as by scikit-learn (before: silently matched by position,
+    so the same frame with its columns reordered predicted something else)."""
+    pandas = pytest.importorskip("pandas")
+    x, y = _wave(20)
+    frame = pandas.DataFrame(x, columns=["a", 1])
+    for estimator in (GPRegressor(num_iterations=0), rfgp.models.DirichletGPClassifier(num_iterations=0)):
+        with pytest.raises(TypeError, match=r"X has column names of types \['int', 'str'\].*astype\(str\)"):
+            estimator.fit(frame, (y > 0).astype(int))
+    assert not hasattr(GPRegressor(num_iterations=0).fit(pandas.DataFrame(x), y), "feature_names_in_")  # all ints
+
+
 def test_scikit_learn_estimator_contract():
     from sklearn.base import clone, is_regressor
     from sklearn.model_selection import GridSearchCV, KFold, cross_val_score
