@@ -346,7 +346,7 @@ def test_missing_values_of_nullable_columns_are_named():
     with pytest.raises(ValueError, match=r"X contains NaN .*1 NaN .*\(3, 1\)\).*first in column 'b'; drop or impute"):
         GPRegressor(num_iterations=0).fit(frame, y)
     frame["kind"] = ["u", "v"] * 10
-    with pytest.raises(ValueError, match=r"numbers only: column 'kind' \(object|str"):  # the nullable ones not named
+    with pytest.raises(ValueError, match=r"numbers only: column 'kind' \((object|str)\) "):  # nullable ones not named
         GPRegressor(num_iterations=0).fit(frame, y)
 
 
