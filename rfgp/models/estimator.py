@@ -240,6 +240,13 @@ def as_real_tensor(X, name: str) -> Tensor:
     if torch.is_tensor(X):
         x = X.detach()
     else:
+        temporal = _temporal_columns(X)
+        if temporal:  # their float64 values would be nanoseconds since 1970, a unit and origin nobody chose
+            raise TypeError(
+                f"{name} has date/time values ({temporal}), which rfgp does not convert to numbers itself: convert "
+                "them to a scale you choose, e.g. days since a reference date, "
+                "(X[c] - X[c].min()).dt.total_seconds() / 86400"
+            )
         array = np.array(X, copy=True)
         if np.iscomplexobj(array):  # float64 conversion would silently drop the imaginary part
             raise ValueError(f"Complex data not supported: {name} has {array.dtype} values; real inputs required")
@@ -261,6 +268,20 @@ def _float64(X, array: np.ndarray) -> np.ndarray:
     if pandas is not None and isinstance(X, (pandas.DataFrame, pandas.Series)):
         return X.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)  # writable: torch refuses read-only views
     return array.astype(np.float64)
+
+
+def _temporal_columns(X) -> str:
+    """The date/time (datetime64, timezone-aware, timedelta64) columns of ``X`` as text, ``""`` for none."""
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is not None and hasattr(dtypes, "items"):  # a DataFrame
+        bad = [f"column {column!r} ({dtype})" for column, dtype in dtypes.items() if _is_temporal(dtype)]
+        return ", ".join(bad)
+    dtype = getattr(X, "dtype", None)
+    return f"dtype {dtype}" if dtype is not None and _is_temporal(dtype) else ""
+
+
+def _is_temporal(dtype) -> bool:
+    return getattr(dtype, "kind", None) in ("M", "m") or str(dtype).startswith(("datetime64", "timedelta64"))
 
 
 def _non_numeric(X, array: np.ndarray) -> str:

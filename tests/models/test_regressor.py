@@ -334,6 +334,20 @@ def test_non_numeric_columns_are_named():
         GPRegressor(num_iterations=0).fit(frame.to_numpy(), y)
 
 
+def test_date_and_time_columns_are_refused_not_read_as_nanoseconds():
+    """Datetime, timezone-aware and timedelta columns (and NumPy datetime64 arrays) are refused by name: float64
+    conversion would read them as nanoseconds since 1970, a unit and origin the user never chose."""
+    pandas = pytest.importorskip("pandas")
+    x, y = _wave(20)
+    times = pandas.date_range("2020-01-01", periods=20, freq="D")
+    for column in (times, times.tz_localize("UTC"), times - times[0]):
+        frame = pandas.DataFrame({"a": x[:, 0], "when": column})
+        with pytest.raises(TypeError, match=r"X has date/time values \(column 'when' \((datetime|timedelta)64"):
+            GPRegressor(num_iterations=0).fit(frame, y)
+    with pytest.raises(TypeError, match=r"X has date/time values \(dtype datetime64"):
+        GPRegressor(num_iterations=0).fit(times.values.reshape(-1, 1), y)
+
+
 def test_missing_values_of_nullable_columns_are_named():
     """pandas' nullable Int64/Float64 columns are numbers; their pd.NA is a missing value, named with its column
     (before: "X must hold numbers only: columns 'a' (Int64), 'b' (Float64)" and the advice to encode them)."""
