@@ -31,8 +31,10 @@ import math
 import torch
 from scipy.special import gammainc
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..core.config_state import LAZY, METHOD
+from ..core.settings import memory_budget
 from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from .base import FeatureMap
 from .degree_sketch import HierarchicalSketch
@@ -198,6 +200,11 @@ class GaussianSketch(_TaylorSketchBase):
             zero-padded to F; needs s^d ≤ F) or ``"auto"`` (explicit when s^d ≤ F).
         input_dim, seed, generator: see :class:`~rfgp.features.FeatureMap`.
 
+    The tree has one leaf per coordinate: 2·num_leaves ≥ 2d nodes of width F per row, O(d·F log F) time and
+    O(d·F) memory per row.  Rows go through it in blocks that fit :class:`rfgp.settings.memory_budget`
+    (:meth:`rows_per_chunk`), each recomputed in the backward pass; at high d :class:`GaussianSketchHD` is the
+    variant of choice (paper 003 §3.2).
+
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> p = torch.randn(200, 2, generator=g, dtype=torch.float64)
@@ -240,13 +247,31 @@ class GaussianSketch(_TaylorSketchBase):
         return HierarchicalSketch(self.input_dim, self.num_features, self.order, complex_weights=False)
 
     def _features(self, x: Tensor) -> Tensor:
-        monomials = taylor_monomials(self.rescale(x), self.order)  # (..., n, d, s)
-        factors = list(monomials.unbind(-2))
+        z = self.rescale(x)
         if self.explicit:
-            phi = _pad_features(_kron_rows(factors), self.num_features)
-        else:
-            phi = self.sketch().apply_to(factors, self._float64_buffer)
-        return phi.to(x.dtype)
+            factors = list(taylor_monomials(z, self.order).unbind(-2))  # d factors (..., n, s)
+            return _pad_features(_kron_rows(factors), self.num_features).to(x.dtype)
+        rows = self.rows_per_chunk()
+        if rows >= z.shape[-2]:
+            return self._tree_features(z).to(x.dtype)
+        # the tree holds 2·num_leaves ≥ 2d nodes of width F per row: O(n·d·F) memory at once (22 GiB with its
+        # autograd graph at d = 300, n = 2000, F = 1024); row blocks, each recomputed in the backward pass, keep
+        # it to one block's working set plus the n × F output
+        grad = torch.is_grad_enabled() and z.requires_grad
+        blocks = [checkpoint(self._tree_features, block, use_reentrant=True) if grad else self._tree_features(block)
+                  for block in z.split(rows, dim=-2)]
+        return torch.cat(blocks, dim=-2).to(x.dtype)
+
+    def rows_per_chunk(self) -> int:
+        """Rows whose tree-sketch working set fits :class:`rfgp.settings.memory_budget`: the tree holds
+        2·num_leaves nodes of width F (float64) per row, num_leaves the power of two ≥ d (at least one row)."""
+        row_bytes = 2 * self.sketch().num_leaves * self.num_features * 8
+        return max(1, memory_budget.value() // row_bytes)
+
+    def _tree_features(self, z: Tensor) -> Tensor:
+        """T(y^{(1)} ⊗ … ⊗ y^{(d)}) of the rescaled rows z (float64)."""
+        factors = list(taylor_monomials(z, self.order).unbind(-2))  # d factors (..., n, s)
+        return self.sketch().apply_to(factors, self._float64_buffer)
 
     def truncated_kernel(self, x: Tensor, y: Tensor) -> Tensor:
         """K_s^GS(z, z') = e^{−‖z‖²−‖z'‖²} ∏_j e_{s−1}(2 z_j z'_j), shape ``(..., n, m)`` (notes I.3)."""

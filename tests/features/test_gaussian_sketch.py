@@ -141,6 +141,32 @@ def test_state_dict_round_trip_and_dtypes(cls, kwargs, dtype):
     assert out.dtype == dtype and torch.equal(out, other(x.to(dtype)))
 
 
+def test_tree_sketch_runs_in_row_blocks_under_the_memory_budget(monkeypatch):
+    """The tree holds 2·num_leaves ≥ 2d nodes of width F per row (O(n·d·F) memory, 22 GiB at d = 300, n = 2000,
+    F = 1024 with its autograd graph): rows go through it in blocks, recomputed in the backward pass, with the
+    same features and gradients as all rows at once."""
+    from rfgp.core.settings import memory_budget
+    from rfgp.features.degree_sketch import HierarchicalSketch
+
+    x = _box(40, 6, 0.5, 13)
+    phi = GaussianSketch(64, order=3, input_dim=6, seed=0, mode="tree")
+    row_bytes = 2 * 8 * 64 * 8  # 2·num_leaves nodes of width F in float64
+    seen = []
+    apply_to = HierarchicalSketch.apply_to
+    monkeypatch.setattr(HierarchicalSketch, "apply_to", lambda self, inputs, get: seen.append(inputs[0].shape[-2])
+                        or apply_to(self, inputs, get))
+    results = []
+    for budget in (2**30, 7 * row_bytes):
+        scale = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
+        with memory_budget(budget):
+            features = phi(x / scale)
+        (features.sum(0) ** 2).sum().backward()
+        results.append((features.detach(), scale.grad))
+    assert seen[0] == 40 and max(seen[1:]) == 7  # blocks of 7 rows, forward and backward recomputation
+    assert torch.allclose(results[1][0], results[0][0], rtol=1e-12, atol=1e-14)
+    assert torch.allclose(results[1][1], results[0][1], rtol=1e-10)
+
+
 def test_for_data_centres_and_picks_order():
     x = _box(50, 2, 0.5, 10, shift=5.0)
     phi = GaussianSketch.for_data(x, 256, alpha=1e-4, seed=0)
