@@ -264,8 +264,10 @@ class GaussianSketch(_TaylorSketchBase):
 
     def rows_per_chunk(self) -> int:
         """Rows whose tree-sketch working set fits :class:`rfgp.settings.memory_budget`: the tree holds
-        2·num_leaves nodes of width F (float64) per row, num_leaves the power of two ≥ d (at least one row)."""
-        row_bytes = 2 * self.sketch().num_leaves * self.num_features * 8
+        2·num_leaves nodes of width F (float64) per row, num_leaves the power of two ≥ d, and the SRHTs'
+        intermediates and the backward's recomputation about as much again twice over (peak RSS measured 3.5× the
+        nodes alone at d = 300, F = 1024): 8·num_leaves·F numbers per row (at least one row)."""
+        row_bytes = 8 * self.sketch().num_leaves * self.num_features * 8
         return max(1, memory_budget.value() // row_bytes)
 
     def _tree_features(self, z: Tensor) -> Tensor:

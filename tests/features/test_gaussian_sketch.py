@@ -150,7 +150,7 @@ def test_tree_sketch_runs_in_row_blocks_under_the_memory_budget(monkeypatch):
 
     x = _box(40, 6, 0.5, 13)
     phi = GaussianSketch(64, order=3, input_dim=6, seed=0, mode="tree")
-    row_bytes = 2 * 8 * 64 * 8  # 2·num_leaves nodes of width F in float64
+    row_bytes = 8 * 8 * 64 * 8  # 8·num_leaves numbers of width F in float64
     seen = []
     apply_to = HierarchicalSketch.apply_to
     monkeypatch.setattr(HierarchicalSketch, "apply_to", lambda self, inputs, get: seen.append(inputs[0].shape[-2])
