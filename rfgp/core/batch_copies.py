@@ -20,6 +20,8 @@ anyway (one lengthscale per member) and nothing is saved.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from linear_operator.operators import LinearOperator
 from torch import Tensor
@@ -44,16 +46,13 @@ def narrow_copies(x: Tensor, dims: tuple[int, ...]) -> Tensor:
 
 def narrow_broadcast(x: Tensor, num_batch_dims: int) -> Tensor:
     """``x`` with every stride-0 dimension among its first ``num_batch_dims`` narrowed to size 1 (a view of the
-    same memory): the distinct members of an expanded tensor, which broadcast back to ``x``'s shape."""
-    return narrow_copies(x, tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0))
+    same memory): the distinct members of an expanded tensor, which broadcast back to ``x``'s shape.
 
-
-def distinct_members(x: Tensor, num_batch_dims: int) -> Tensor:
-    """:func:`narrow_broadcast` for computations that differentiate through the distinct members: the backward
-    returns the gradient spread evenly over the copies as a stride-0 tensor, which the ``expand`` that made them sums
-    back to the gradient itself, where narrowing's backward writes a zero-filled gradient of x's whole shape
-    (b·N·F writes for b copies of an N × F matrix) first.  A leaf that requires grad is narrowed plainly: its own
-    ``.grad`` holds each copy's gradient, which must stay where it belongs."""
+    Differentiable: for a non-leaf ``x`` the backward returns the gradient spread evenly over the copies as a
+    stride-0 tensor, which the ``expand`` that made them sums back to the gradient itself, where narrowing's backward
+    writes a zero-filled gradient of x's whole shape (b·N·F writes for b copies of an N × F matrix) first.  A leaf
+    that requires grad is narrowed plainly: its own ``.grad`` holds each copy's gradient, which must stay where it
+    belongs."""
     copies = tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0)
     if not copies or not x.requires_grad or x.is_leaf:
         return narrow_copies(x, copies)
@@ -68,9 +67,7 @@ class _DistinctMembers(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        count = 1
-        for dim in ctx.copies:
-            count *= ctx.shape[dim]
+        count = math.prod(ctx.shape[dim] for dim in ctx.copies)
         return (grad / count).expand(ctx.shape), None
 
 

@@ -26,7 +26,7 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
-from ..core.batch_copies import distinct_members
+from ..core.batch_copies import narrow_broadcast
 from ..core.dtypes import factor_dtype, refuse_autocast_backward
 from .statistics_precision import unit_roundoff
 
@@ -361,11 +361,11 @@ def _shared_feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor, c
     """:func:`feature_statistics` for uniform weights w_b over batch dimensions ``copies`` in which Φ is one tensor
     expanded (stride 0): ΦᵀWΦ = w_b·Φᵀ Φ and ΦᵀWR_b = w_b·ΦᵀR_b, so Φᵀ Φ is formed once per distinct Φ and the
     members' R_b are its right-hand-side columns — O(N·F² + N·F·t·b) instead of b·O(N·F²); the gradient reaches Φ
-    through :func:`~rfgp.core.batch_copies.distinct_members`.  A GPyTorch ``ExactGP``
+    through :func:`~rfgp.core.batch_copies.narrow_broadcast`.  A GPyTorch ``ExactGP``
     whose targets (and mean) have a batch of their own over an unbatched kernel (T targets of one kernel, as
     ``rfgp.models.GPRegressor`` fits them) has that covariance: the likelihood's noise expands Φ to the targets'
     batch."""
-    distinct = distinct_members(features, features.dim() - 2).squeeze(copies)  # the dimensions ``copies``
+    distinct = narrow_broadcast(features, features.dim() - 2).squeeze(copies)  # the dimensions ``copies``
     lead = rhs.dim() - len(copies)
     columns = rhs.movedim(copies, tuple(range(lead, rhs.dim()))).flatten(lead - 1)  # (..., N, t·b)
     ones = weights.new_ones(()).expand(*distinct.shape[:-2], 1)

@@ -44,7 +44,7 @@ from linear_operator.operators import (
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
-from ..core.batch_copies import distinct_members, narrow_broadcast
+from ..core.batch_copies import narrow_broadcast
 from ..core.draws import standard_normal
 from ..core.dtypes import FullPrecisionOperator
 from ..core.grad_mode_cache import cached_per_grad_mode
@@ -314,7 +314,7 @@ class FeatureRootAddedDiagLinearOperator(FullPrecisionOperator, LowRankRootAdded
         check_targets(inv_quad_rhs)
         if self.uses_kernel_space():
             features, constant = self._linear_op.scaled_features()
-            features = distinct_members(features, features.dim() - 2)  # one Gram for copies (T targets of one kernel)
+            features = narrow_broadcast(features, features.dim() - 2)  # one Gram for copies (T targets of one kernel)
             noise = check_noise(self._diag_tensor.diagonal(dim1=-1, dim2=-2))
             scale = None if constant is None else constant**2
             inv_quad, logdet_term = kernel_space_inv_quad_logdet(
