@@ -311,9 +311,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-2])
         columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
         mean_cache, factor = dense_noise_posterior_caches(features, noise, columns)
-        if target_batch:
-            mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
-        return mean_cache, factor
+        return _columns_as_target_batch(mean_cache, target_batch), factor
 
     def _training_system(self, nan_policy: str) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """(Φ ``(..., N, F)``, the noise diagonal ``(..., N)``, y − μ, :func:`observed_points`) of K = ΦΦᵀ + D."""
@@ -385,9 +383,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             gram, cross, dtype = adaptive_feature_statistics(train_covar, weights, columns)
         gram, cross = distributed.reduce_statistics(gram, cross)
         mean_cache, chol = capacitance_solve(gram, cross, dtype=dtype)  # (*batch, F, prod(extra) or 1)
-        if target_batch:
-            mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
-        return mean_cache, chol
+        return _columns_as_target_batch(mean_cache, target_batch), chol
 
 
 class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
@@ -725,9 +721,7 @@ def kernel_space_caches(features: Tensor, noise: Tensor, residual: Tensor,
     check_solve(num_rows, num_features, math.prod(operator_batch), features.dtype, features.device, size=num_rows)
     columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
     mean_cache, factor = kernel_space_posterior_caches(features, noise, columns)
-    if target_batch:
-        mean_cache = mean_cache.movedim(-1, 0).unflatten(0, target_batch).unsqueeze(-1)
-    return mean_cache, factor
+    return _columns_as_target_batch(mean_cache, target_batch), factor
 
 
 def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tensor, torch.Size]:
@@ -742,6 +736,14 @@ def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tens
     if not extra:
         return residual.unsqueeze(-1), extra
     return residual.flatten(0, len(extra) - 1).movedim(0, -1), extra
+
+
+def _columns_as_target_batch(mean_cache: Tensor, extra: torch.Size) -> Tensor:
+    """The inverse of :func:`_target_batch_as_columns` for a mean cache ``(*batch, F, prod(extra))``:
+    ``(*extra, *batch, F, 1)``, or the cache as it is for no ``extra``."""
+    if not extra:
+        return mean_cache
+    return mean_cache.movedim(-1, 0).unflatten(0, extra).unsqueeze(-1)
 
 
 def _placement(module) -> tuple[torch.dtype, torch.device] | None:
