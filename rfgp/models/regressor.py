@@ -250,10 +250,10 @@ class GPRegressor(RandomFeatureEstimator):
         targets = self._as_targets(y, x.shape[0])
         with _predicting(skip_variances=False):
             predictive = self.likelihood_(self.model_(x))
-            mean = predictive.mean * self._scale(1) + self._shift()
-            variance = predictive.variance * self._scale(2)
-        density = -0.5 * ((self._outputs(targets.T) - self._outputs(mean)).square() / self._outputs(variance)
-                          + self._outputs(variance).log() + math.log(2 * math.pi))
+            mean = self._outputs(predictive.mean * self._scale(1) + self._shift())
+            variance = self._outputs(predictive.variance * self._scale(2))
+        residual = self._outputs(targets.T) - mean
+        density = -0.5 * (residual.square() / variance + variance.log() + math.log(2 * math.pi))
         return density if torch.is_tensor(X) else density.cpu().numpy()
 
     def sample_y(self, X, n_samples: int = 1, random_state=0):
