@@ -223,6 +223,8 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     """
 
     config_fields = {"method": METHOD, "nu": METHOD}
+    #: ν = ½: the anchor ℓ₀ has the lengthscale's shape, one per batch member
+    batched_buffers = ("lengthscale_anchor",)
 
     def __init__(
         self,

@@ -122,6 +122,8 @@ class NystromKernel(FeatureKernel):
                      "selection_seed": DRAW, "regularization": DRAW, "pilot_size": DRAW}
     optional_config_fields = frozenset({"num_features", "landmark_method", "selection_seed", "regularization",
                                         "pilot_size"})
+    #: Z is shared by the batch members of a batched base kernel (``kernel[i]`` indexes the base kernel only)
+    shared_parameters = ("landmarks",)
 
     def __init__(self, base_kernel: Kernel, landmarks: Tensor, learn_landmarks: bool = False,
                  jitter: float | None = None, landmark_method: str | None = None, selection_seed: int | None = None,

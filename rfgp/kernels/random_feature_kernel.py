@@ -14,13 +14,14 @@ operators that hold x and the feature function instead of Φ (see
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
 import torch
 from gpytorch.kernels import Kernel
 from linear_operator.operators import LinearOperator, MatmulLinearOperator
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..core.batch_copies import copied_batch_dims, expand_batch, narrow_copies
 from ..core.config_state import ConfigState
@@ -84,6 +85,43 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         hyperparameter (values, first and second derivatives), and make :meth:`featurize`'s checks.
         """
         raise NotImplementedError(f"{type(self).__name__} implements neither featurize nor folded_features")
+
+    #: own buffers that carry the kernel's batch shape, indexed by :meth:`__getitem__`; every other own buffer (random
+    #: draws, landmarks, an input centre, ``active_dims``) is shared by the batch members
+    batched_buffers: tuple[str, ...] = ()
+    #: own parameters shared by the batch members, not indexed by :meth:`__getitem__`; every other own parameter is a
+    #: hyperparameter of shape ``(*batch_shape, ...)``
+    shared_parameters: tuple[str, ...] = ()
+
+    def __getitem__(self, index) -> Kernel:
+        """The kernel of the batch members ``index`` (GPyTorch's ``kernel[i]``): ``kernel[i](x)`` is ``kernel(x)[i]``.
+
+        GPyTorch's ``Kernel.__getitem__`` indexes every own parameter and buffer and sets the batch shape from the last
+        of them; rfgp kernels keep state that all batch members share (the draws of a spectral product, Nyström
+        landmarks, ``active_dims``), which that indexing cut to the first rows (silently other landmarks) or raised on,
+        and the sums and products of feature kernels kept their parts unindexed (the whole batch, without a word).
+        Here the hyperparameters (and :attr:`batched_buffers`) are indexed, the shared state is kept, the batch shape
+        is that of the index, and the child kernels (also those in a ``ModuleList``) are indexed in turn.
+        """
+        if len(self.batch_shape) == 0:
+            return self
+        index = index if isinstance(index, tuple) else (index,)
+        new = copy.deepcopy(self)
+        if len(self._batch_shape):
+            own = [name for name, _ in self.named_parameters(recurse=False) if name not in self.shared_parameters]
+            own += [name for name, _ in self.named_buffers(recurse=False) if name in self.batched_buffers]
+            for name in own:
+                tensor = getattr(new, name)
+                tensor.data = tensor.data[index]
+            new.batch_shape = torch.empty(self._batch_shape)[index].shape
+        for name, child in self.named_children():  # an unbatched child answers itself: its copy in new stays
+            if isinstance(child, Kernel) and child[index] is not child:
+                setattr(new, name, child[index])
+            elif isinstance(child, nn.ModuleList):
+                for i, part in enumerate(child):
+                    if isinstance(part, Kernel) and part[index] is not part:
+                        getattr(new, name)[i] = part[index]
+        return new
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
         """(k(x, x), E[k̂(x, x)]) per point, or ``None`` when the two agree exactly."""

@@ -105,13 +105,6 @@ class SketchedSphericalPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKern
             raise RuntimeError(f"The kernel's parameters are on multiple devices: {devices}.")
         return devices.pop()
 
-    def __getitem__(self, index) -> SketchedSphericalPolynomialKernel:
-        # GPyTorch infers the indexed batch shape from the parameters, and there are none here.
-        new_kernel = super().__getitem__(index)
-        if new_kernel is not self:
-            new_kernel.batch_shape = torch.empty(self.batch_shape)[index].shape
-        return new_kernel
-
     @property
     def power(self) -> int:
         return self.feature_map.power

@@ -1,0 +1,79 @@
+"""rfgp kernels under the torch/GPyTorch module API, checked against GPyTorch's exact kernels.
+
+Batch indexing: ``kernel[i]`` (GPyTorch's ``Kernel.__getitem__``, also what ``kernel(x)[i]`` of a lazily evaluated
+batch covariance calls) is the kernel of batch member i.  GPyTorch's generic version indexes every own parameter and
+buffer and leaves the parts of a ``ModuleList`` unindexed: rfgp's shared state (Nyström landmarks, the draws of a
+spectral product or a Newton-Girard sketch) was cut to other rows or raised, and feature sums and products returned
+the whole batch.
+"""
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.kernels import MaternKernel, NewtonGirardAdditiveKernel, PolynomialKernel, RBFKernel, ScaleKernel
+
+import rfgp
+from rfgp.kernels import NystromKernel
+
+F64 = torch.float64
+BATCH = torch.Size([3])
+X = torch.rand(20, 3, generator=torch.Generator().manual_seed(0), dtype=F64) * 2
+
+
+def scaled_rbf():
+    return ScaleKernel(RBFKernel(batch_shape=BATCH), batch_shape=BATCH)
+
+
+BATCHED_KERNELS = {
+    "nystrom": lambda: rfgp.sketch(scaled_rbf(), 12, method="nystrom", x_sample=X, seed=0),
+    "nystrom_learned_landmarks": lambda: NystromKernel(scaled_rbf(), X[:12], learn_landmarks=True),
+    "feature_sum": lambda: rfgp.sketch(scaled_rbf() + ScaleKernel(MaternKernel(batch_shape=BATCH), batch_shape=BATCH),
+                                       32, seed=0),
+    "spectral_product": lambda: rfgp.sketch(
+        ScaleKernel(RBFKernel(batch_shape=BATCH) * MaternKernel(batch_shape=BATCH), batch_shape=BATCH), 32, seed=0),
+    "sketched_product": lambda: rfgp.sketch(RBFKernel(batch_shape=BATCH) * PolynomialKernel(2, batch_shape=BATCH),
+                                            32, seed=0),
+    "newton_girard": lambda: rfgp.sketch(
+        NewtonGirardAdditiveKernel(RBFKernel(batch_shape=BATCH), num_dims=3, max_degree=2, batch_shape=BATCH),
+        32, seed=0),
+    "matern_half": lambda: rfgp.sketch(ScaleKernel(MaternKernel(nu=0.5, batch_shape=BATCH), batch_shape=BATCH),
+                                       32, seed=0),
+    "exact": scaled_rbf,
+}
+
+
+def distinct_members(kernel):
+    """The kernel in float64 with different hyperparameters per batch member (up to ±25 % of each raw value)."""
+    kernel = kernel.double()
+    with torch.no_grad():
+        for name, parameter in kernel.named_parameters():
+            if parameter.shape[:1] == BATCH:
+                parameter.add_(torch.linspace(-0.25, 0.25, parameter.numel(), dtype=F64).view_as(parameter))
+    return kernel
+
+
+def dense(covariance):
+    return covariance.to_dense().detach()
+
+
+@pytest.mark.parametrize("index", [1, slice(0, 2), (2,), (slice(None),)], ids=["int", "slice", "tuple", "all"])
+@pytest.mark.parametrize("name", list(BATCHED_KERNELS))
+def test_batch_indexed_kernel_is_the_kernel_of_those_members(name, index):
+    kernel = distinct_members(BATCHED_KERNELS[name]())
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        full = dense(kernel(X))
+        indexed = kernel[index]
+        torch.testing.assert_close(dense(indexed(X)), full[index], rtol=1e-12, atol=1e-12)
+    assert indexed.batch_shape == full[index].shape[:-2]
+    torch.testing.assert_close(dense(kernel(X)[index]), full[index], rtol=1e-12, atol=1e-12)  # lazy batch indexing
+
+
+def test_batch_indexing_keeps_the_shared_landmarks_and_leaves_the_kernel_unchanged():
+    kernel = distinct_members(BATCHED_KERNELS["nystrom_learned_landmarks"]())
+    before = {key: value.clone() for key, value in kernel.state_dict().items()}
+    member = kernel[1]
+    torch.testing.assert_close(member.landmarks, kernel.landmarks, rtol=0, atol=0)
+    assert member.landmarks.data_ptr() != kernel.landmarks.data_ptr()
+    assert isinstance(member.landmarks, torch.nn.Parameter)
+    for key, value in kernel.state_dict().items():
+        torch.testing.assert_close(value, before[key], rtol=0, atol=0)
