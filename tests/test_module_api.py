@@ -77,3 +77,22 @@ def test_batch_indexing_keeps_the_shared_landmarks_and_leaves_the_kernel_unchang
     assert isinstance(member.landmarks, torch.nn.Parameter)
     for key, value in kernel.state_dict().items():
         torch.testing.assert_close(value, before[key], rtol=0, atol=0)
+
+
+def test_nystrom_kernel_around_a_tree_initializes_by_the_exact_tree_names():
+    """``rfgp.sketch(sum, M, method="nystrom")`` is a NystromKernel around the whole sum: ``initialize`` by the sum's
+    own names (as its ``load_state_dict`` takes the sum's keys) reaches the sum; before, ``AttributeError``."""
+    exact = (ScaleKernel(RBFKernel()) + ScaleKernel(MaternKernel())).double()
+    kernel = rfgp.sketch(exact, 20, method="nystrom", x_sample=X, seed=0)
+    assert isinstance(kernel, NystromKernel)
+    values = {"kernels.0.outputscale": 1.7, "kernels.1.base_kernel.lengthscale": torch.tensor(0.3, dtype=F64)}
+    assert kernel.initialize(**values) is kernel
+    exact.initialize(**values)
+    kernel.initialize(**{"base_kernel.kernels.1.outputscale": 0.8})  # the kernel's own module path, as before
+    exact.initialize(**{"kernels.1.outputscale": 0.8})
+    for name, parameter in exact.named_parameters():
+        torch.testing.assert_close(kernel.base_kernel.get_parameter(name), parameter, rtol=0, atol=0)
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        torch.testing.assert_close(dense(kernel(X)), dense(exact(X)), rtol=1e-6, atol=1e-6)  # every point a landmark
+    with pytest.raises(AttributeError, match="no module nothing"):
+        kernel.initialize(**{"nothing.lengthscale": 1.0})

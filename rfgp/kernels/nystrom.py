@@ -210,6 +210,23 @@ class NystromKernel(FeatureKernel):
         check_hyperparameter(value, "lengthscale", self.base_kernel.raw_lengthscale_constraint)
         self.base_kernel.lengthscale = value
 
+    def initialize(self, **kwargs) -> NystromKernel:
+        """GPyTorch's ``initialize``, also by the names of the exact tree this kernel approximates, as
+        ``load_state_dict`` takes that tree's keys: a dotted name whose first part is a module of the base kernel and
+        not of this one (``kernels.0.outputscale`` of ``rfgp.sketch(ScaleKernel(RBFKernel()) + ..., M,
+        method="nystrom", ...)``, a ``NystromKernel`` around the sum) initialises the base kernel.  Before, code
+        written for the exact tree raised ``AttributeError`` ("NystromKernel has no module kernels")."""
+        base_modules = self.base_kernel._modules
+
+        def in_base(name: str) -> bool:
+            head = name.split(".", 1)[0]
+            return "." in name and head not in self._modules and head in base_modules
+
+        inner = {name: value for name, value in kwargs.items() if in_base(name)}
+        if inner:
+            self.base_kernel.initialize(**inner)
+        return super().initialize(**{name: value for name, value in kwargs.items() if name not in inner})
+
     def _base_accessor(self, name: str) -> bool:
         """Whether ``name`` is a settable property of the base kernel's class that this kernel lacks: a hyperparameter
         accessor such as ``PeriodicKernel.period_length``, ``RQKernel.alpha``, ``SpectralMixtureKernel.mixture_*``,
