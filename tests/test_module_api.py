@@ -96,3 +96,45 @@ def test_nystrom_kernel_around_a_tree_initializes_by_the_exact_tree_names():
         torch.testing.assert_close(dense(kernel(X)), dense(exact(X)), rtol=1e-6, atol=1e-6)  # every point a landmark
     with pytest.raises(AttributeError, match="no module nothing"):
         kernel.initialize(**{"nothing.lengthscale": 1.0})
+
+
+def regression_model():
+    x = torch.rand(30, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
+    kernel = ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, method="orf", seed=0, ard_num_dims=2))
+    return rfgp.models.ExactGPModel(x, torch.sin(5 * x[:, 0]), gpytorch.likelihoods.GaussianLikelihood(), kernel)
+
+
+def vector_field_model():
+    x = torch.rand(30, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
+    kernel = ScaleKernel(rfgp.kernels.SketchedCurlFreeKernel(64, input_dim=2, seed=0))
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0)
+    return rfgp.MultiOutputGPModel(x, -2 * x, likelihood, kernel)
+
+
+def predictive_moments(model, x):
+    model.eval()
+    with torch.no_grad():
+        predictive = model.likelihood(model(x))
+        return predictive.mean, predictive.variance
+
+
+@pytest.mark.parametrize("build", [regression_model, vector_field_model], ids=["regression", "vector_field"])
+def test_dtype_conversion_after_a_prediction_predicts_as_a_model_built_in_that_dtype(build):
+    """GPyTorch's ``ExactGP`` converts its training data in ``model.float()`` but keeps the posterior caches of the
+    old dtype; rfgp's models drop them (before: a RuntimeError asking for ``model.train()``)."""
+    model = build()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1)
+    x_test = torch.rand(6, 2, generator=torch.Generator().manual_seed(2), dtype=F64)
+    predictive_moments(model, x_test)  # caches in float64
+    fresh = build()
+    fresh.load_state_dict(model.state_dict())
+    fresh.float()
+    expected = predictive_moments(fresh, x_test.float())
+    for converted, dtype in ((model.float(), torch.float32), (model.to(torch.float32), torch.float32)):
+        mean, variance = predictive_moments(converted, x_test.to(dtype))
+        assert mean.dtype == dtype
+        torch.testing.assert_close((mean, variance), expected, rtol=0, atol=0)
+    mean, _ = predictive_moments(model.double(), x_test)  # and back: float64 caches again
+    assert mean.dtype == F64

@@ -13,10 +13,10 @@ from torch import Tensor
 
 from ..core.validation import check_model_inputs, check_training_data
 from ..inference.multioutput import kernel_num_outputs
-from .regression import _nan_policy_leaves_nan_out, lazy_kernels_when_predicting
+from .regression import CachesDroppedOnConversion, _nan_policy_leaves_nan_out, lazy_kernels_when_predicting
 
 
-class MultiOutputGPModel(gpytorch.models.ExactGP):
+class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
     """f ~ GP(μ, K) with p outputs per input; y = f + ε, ``MultitaskMultivariateNormal`` output.
 
     With an rfgp multi-output kernel (sketched curl/div-free or decomposable) training and

@@ -29,7 +29,21 @@ def lazy_kernels_when_predicting(model: gpytorch.models.ExactGP):
     return contextlib.nullcontext() if model.training else gpytorch.settings.lazily_evaluate_kernels(True)
 
 
-class ExactGPModel(gpytorch.models.ExactGP):
+class CachesDroppedOnConversion:
+    """Mixin of rfgp's ``ExactGP`` models: ``model.float()``, ``.double()`` and ``.to(...)`` drop the posterior caches.
+
+    GPyTorch's ``ExactGP._apply`` converts the training data with the parameters but keeps the prediction strategy,
+    whose caches were computed in the old dtype or on the old device: GPyTorch's exact model then fails in a matrix
+    product ("expected m1 and m2 to have the same dtype"), and rfgp's strategy raises asking for ``model.train()``.
+    Here the caches are recomputed at the next prediction, which equals that of a model built in the new dtype.
+    """
+
+    def _apply(self, fn, *args, **kwargs):
+        self._clear_cache()
+        return super()._apply(fn, *args, **kwargs)
+
+
+class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
     """f ~ GP(m, k) with y = f + ε: the standard GPyTorch regression model, kernel supplied.
 
     With an rfgp kernel, training and prediction cost O(N·F² + F³) instead of O(N³).

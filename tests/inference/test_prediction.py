@@ -11,6 +11,7 @@ from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
 from rfgp.models import ExactGPModel
 from tests._dense import assert_eager_kernels_keep_the_strategy
 from tests._feature_maps import ShrunkFourierFeatures
+from tests._models import UserGP
 
 
 def data(device, n=30, d=2, seed=0):
@@ -21,9 +22,9 @@ def data(device, n=30, d=2, seed=0):
     return x.to(device), y.to(device), xs.to(device)
 
 
-def build(kernel, x, y, device, outputscale=1.7, lengthscale=0.6, noise=0.05):
+def build(kernel, x, y, device, outputscale=1.7, lengthscale=0.6, noise=0.05, model_class=ExactGPModel):
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    model = ExactGPModel(x, y, likelihood, gpytorch.kernels.ScaleKernel(kernel)).double().to(device)
+    model = model_class(x, y, likelihood, gpytorch.kernels.ScaleKernel(kernel)).double().to(device)
     model.covar_module.outputscale = outputscale
     model.covar_module.base_kernel.lengthscale = lengthscale
     model.likelihood.noise = noise
@@ -200,9 +201,11 @@ def test_prediction_after_the_features_were_redrawn_raises_until_the_posterior_i
 def test_prediction_after_a_dtype_conversion_raises_until_the_posterior_is_rebuilt(num_features):
     """``model.float()``/``.double()`` in eval mode converts GPyTorch's training data but keeps the prediction
     strategy, whose caches are in the old dtype: the next prediction names the conversion (it was a bare
-    "expected m1 and m2 to have the same dtype"), and after train()/eval() predicts in the new dtype."""
+    "expected m1 and m2 to have the same dtype"), and after train()/eval() predicts in the new dtype.  (A GPyTorch
+    ``ExactGP``; rfgp's own models drop the caches in the conversion: tests/test_module_api.py.)"""
     x, y, xs = data("cpu")
-    model = build(SketchedRBFKernel(num_features, seed=0), x, y, "cpu")
+    model = build(SketchedRBFKernel(num_features, seed=0), x, y, "cpu",
+                  model_class=lambda x, y, likelihood, kernel: UserGP(x, y, kernel))
     with torch.no_grad():
         model(xs)
         for convert, dtype, tol in ((model.float, torch.float32, 1e-4), (model.double, torch.float64, 1e-8)):
