@@ -3,8 +3,8 @@
 Batch indexing: ``kernel[i]`` (GPyTorch's ``Kernel.__getitem__``, also what ``kernel(x)[i]`` of a lazily evaluated
 batch covariance calls) is the kernel of batch member i.  GPyTorch's generic version indexes every own parameter and
 buffer and leaves the parts of a ``ModuleList`` unindexed: rfgp's shared state (Nyström landmarks, the draws of a
-spectral product or a Newton-Girard sketch) was cut to other rows or raised, and feature sums and products returned
-the whole batch.
+spectral product or a Newton-Girard sketch, ``active_dims``) was cut to other rows or raised, and feature sums and
+products returned the whole batch.
 """
 
 import gpytorch
@@ -38,6 +38,7 @@ BATCHED_KERNELS = {
         32, seed=0),
     "matern_half": lambda: rfgp.sketch(ScaleKernel(MaternKernel(nu=0.5, batch_shape=BATCH), batch_shape=BATCH),
                                        32, seed=0),
+    "active_dims": lambda: rfgp.sketch(RBFKernel(batch_shape=BATCH, active_dims=[0, 2]), 32, seed=0),
     "exact": scaled_rbf,
 }
 
