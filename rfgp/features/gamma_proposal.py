@@ -37,7 +37,14 @@ def log_gamma_density(tau: Tensor, shape: Tensor) -> Tensor:
 
 
 def draw_gamma_proposal(num_draws: int, reference_shape: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """(τ, log r(τ)): ``num_draws`` draws from the proposal r at a₀ = ``reference_shape``, float64."""
+    """(τ, log r(τ)): ``num_draws`` draws from the proposal r at a₀ = ``reference_shape``, float64.
+
+    a₀ is rounded to float32 first, so that a seed draws the same τ whether a₀ was read from a float32 or a float64
+    hyperparameter: α = 1 set on a float64 kernel reads back as 0.9999999995 (softplus round trip), on a float32 one
+    as 1.0, and :func:`~rfgp.features.random.gamma` samples shapes below 1 by another route, so the two dtypes drew
+    unrelated τ.  Any a₀ gives an unbiased proposal; r is evaluated at the rounded one.
+    """
+    reference_shape = float(torch.tensor(reference_shape, dtype=torch.float32))
     shapes = [reference_shape * factor for factor in PROPOSAL_FACTORS]
     candidates = torch.stack([random.gamma((num_draws,), a, generator) / a for a in shapes])
     component = torch.randint(len(shapes), (num_draws,), generator=generator)
