@@ -41,7 +41,8 @@ def test_a_seed_draws_the_same_rational_quadratic_features_in_float32_and_float6
     # Gamma sampler boosts shapes below 1, so the two dtypes drew unrelated precisions from one seed (the CO₂ tree at
     # F = 1024: −MLL 0.4987 per point in float32 against 0.5291 in float64, a Monte-Carlo difference read as float32
     # error).  The proposal's shape is now rounded to float32 before drawing.
-    kernels = {dtype: rfgp.sketch(_mauna_loa_tree(), 1024, seed=0).to(dtype) for dtype in (torch.float32, torch.float64)}
+    dtypes = (torch.float32, torch.float64)
+    kernels = {dtype: rfgp.sketch(_mauna_loa_tree(), 1024, seed=0).to(dtype) for dtype in dtypes}
     x = torch.linspace(0.0, 40.0, 50, dtype=torch.float64)[:, None]
     for dtype, kernel in kernels.items():
         kernel(x.to(dtype)).to_dense()  # draws are made at the first evaluation
@@ -51,3 +52,39 @@ def test_a_seed_draws_the_same_rational_quadratic_features_in_float32_and_float6
     with torch.no_grad():
         values = {dtype: kernel(x.to(dtype)).to_dense().double() for dtype, kernel in kernels.items()}
     torch.testing.assert_close(values[torch.float32], values[torch.float64], rtol=0.0, atol=1e-3)
+
+
+def _fitted_mauna_loa_tree(target_variance: float) -> gpytorch.kernels.Kernel:
+    """scikit-learn's fitted Mauna Loa hyperparameters (its example's, in years; outputscales in units of the
+    normalised targets), all fixed."""
+    trend = ScaleKernel(RBFKernel())
+    trend.outputscale, trend.base_kernel.lengthscale = 44.8**2 / target_variance, 51.6
+    periodic, decay = PeriodicKernel(), RBFKernel()
+    periodic.period_length, periodic.lengthscale, decay.lengthscale = 1.0, 1.48, 91.5
+    seasonal = ScaleKernel(decay * periodic)
+    seasonal.outputscale = 2.64**2 / target_variance
+    irregular = ScaleKernel(RQKernel())
+    irregular.outputscale = 0.536**2 / target_variance
+    irregular.base_kernel.lengthscale, irregular.base_kernel.alpha = 0.968, 2.89
+    tree = trend + seasonal + irregular
+    for parameter in tree.parameters():
+        parameter.requires_grad_(False)
+    return tree
+
+
+def test_gp_regressor_keeps_a_given_kernels_hyperparameters_in_the_units_of_x():
+    # A forecaster hands GPRegressor the Mauna Loa tree in years (period one year, fixed) and raw decimal years.  The
+    # default standardize=True rescaled the inputs under the given kernel, so its period meant 12.7 years, silently:
+    # forecast RMSE 5.5 ppm over 1992–2001 against 0.87 with the years as given.  A given kernel now sees X as given
+    # unless standardize=True is passed ("auto"); noise and mean are trained, the kernel's hyperparameters are not.
+    x, y = _co2(step=8)
+    train = x[:, 0] <= 1992
+    kernel = rfgp.sketch(_fitted_mauna_loa_tree(float(y[train].var())), 512, seed=0)
+    reg = GPRegressor(kernel=kernel, dtype=torch.float64, progress=False).fit(x[train], y[train])
+    torch.testing.assert_close(reg.model_.train_inputs[0], torch.as_tensor(x[train]))  # the years, as given
+    assert not hasattr(reg, "input_mean_")
+    rmse = float(np.sqrt(np.mean((reg.predict(x[~train]) - y[~train]) ** 2)))
+    assert rmse < 1.5, rmse
+    assert GPRegressor().get_params()["standardize"] == "auto"
+    default = GPRegressor(num_iterations=0, dtype=torch.float64).fit(x[train], y[train])
+    assert default.input_scale_.item() == pytest.approx(float(x[train].std(ddof=1)))  # the default kernel: standardised

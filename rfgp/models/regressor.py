@@ -43,9 +43,10 @@ class GPRegressor(RandomFeatureEstimator):
             re-drawn at F after training, starting from the median-heuristic lengthscale in every dimension and the
             outputscale set to the variance of the (normalised) targets.  A given kernel is used as given (deep-copied
             at every fit; an exact GPyTorch kernel is not converted: ``rfgp.sketch(kernel, F)`` makes a random-feature
-            one, e.g. ``rfgp.sketch(ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d)), 1024)``); with
-            ``standardize`` its maps fitted to a data sample are refitted on the standardised inputs as in
-            :class:`~rfgp.models.DirichletGPClassifier`.
+            one, e.g. ``rfgp.sketch(ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d)), 1024)``).  It sees the
+            inputs in the units of ``X`` (scikit-learn's convention: a period of 1 in years stays one year) unless
+            ``standardize=True``, with which its hyperparameters are read in standardised units and its maps fitted to
+            a data sample are refitted on the standardised inputs as in :class:`~rfgp.models.DirichletGPClassifier`.
         num_features, train_num_features: the default kernel's width at prediction (F) and in training (F_train),
             by :class:`~rfgp.models.DirichletGPClassifier`'s rule ("train small, predict big", re-drawn by
             :func:`rfgp.set_num_features` with the same hyperparameters and seed): neither given: F_train = 256,
@@ -57,7 +58,10 @@ class GPRegressor(RandomFeatureEstimator):
             or Adam (``"adam"``), ``lr`` its step (``None``: fit_mll's default), ``time_budget`` seconds at most
             (``None``: no limit).
         standardize: centre and scale every input column with the training statistics (a constant column is
-            centred, not scaled), as the classifier.
+            centred, not scaled), as the classifier: ``True``, ``False`` or ``"auto"`` (the default: the default
+            kernel's inputs are standardised, a given kernel's are not, since its lengthscales, periods and
+            frequencies are in the units of ``X``; standardising them silently made a one-year period 12.7 years
+            on the weekly CO₂ record).
         normalize_y: centre and scale every target column to mean 0 and variance 1 for the model (the default prior
             of the outputscale and noise assumes unit-scale targets; scikit-learn's default is ``False``);
             predictions are transformed back: means by y·scale + mean, standard deviations by the scale,
@@ -118,7 +122,7 @@ class GPRegressor(RandomFeatureEstimator):
         lr: float | None = None,
         optimizer: str = "lbfgs",
         time_budget: float | None = None,
-        standardize: bool = True,
+        standardize: bool | str = "auto",
         normalize_y: bool = True,
         dtype: str | torch.dtype = "float32",
         device: str | torch.device | None = None,
@@ -153,9 +157,12 @@ class GPRegressor(RandomFeatureEstimator):
         common = self._check_common_params()
         if self.time_budget is not None:
             check_positive_float(self.time_budget, "time_budget")
-        for name in ("standardize", "normalize_y"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.normalize_y, (bool, np.bool_)):
+            raise TypeError(f"normalize_y must be True or False, got {self.normalize_y!r}")
+        auto = isinstance(self.standardize, str) and self.standardize == "auto"
+        if not (auto or isinstance(self.standardize, (bool, np.bool_))):
+            raise TypeError(f"standardize must be True, False or 'auto', got {self.standardize!r}")
+        common["standardize"] = self.kernel is None if auto else bool(self.standardize)
         return SimpleNamespace(**common, time_budget=self.time_budget, normalize_y=bool(self.normalize_y))
 
     # ----- fitting ------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def test_nystrom_with_every_point_a_landmark_predicts_as_the_exact_gp():
     train_x, train_y, test_x, test_y = x[:60], y[:60], x[60:], y[60:]
     kernel = rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)), 60,
                          method="nystrom", x_sample=torch.as_tensor(train_x), seed=0)
-    reg = GPRegressor(kernel=kernel, num_iterations=10, dtype=torch.float64, progress=False).fit(train_x, train_y)
+    reg = GPRegressor(kernel=kernel, num_iterations=10, standardize=True, dtype=torch.float64,
+                      progress=False).fit(train_x, train_y)
     twin = _exact_twin(reg)
     with torch.no_grad():
         latent = twin((torch.as_tensor(test_x) - reg.input_mean_) / reg.input_scale_)
@@ -55,7 +56,8 @@ def test_nystrom_with_every_point_a_landmark_predicts_as_the_exact_gp():
                                exact_density.log_prob(torch.as_tensor(test_y)).numpy(), atol=1e-4)
     assert reg.noise_ == pytest.approx(float(twin.likelihood.noise.detach()) * scale**2)
     # the check can fail: the untrained hyperparameters give other predictions
-    untrained = GPRegressor(kernel=kernel, num_iterations=0, dtype=torch.float64).fit(train_x, train_y)
+    untrained = GPRegressor(kernel=kernel, num_iterations=0, standardize=True, dtype=torch.float64).fit(train_x,
+                                                                                                  train_y)
     assert np.abs(untrained.predict(test_x) - mean).max() > 1e-2
 
 
@@ -201,7 +203,7 @@ def test_score_is_scikit_learns_r2():
     ({"optimizer": "sgd"}, ValueError, "optimizer"),
     ({"time_budget": -2.0}, ValueError, "time_budget"),
     ({"normalize_y": "yes"}, TypeError, "normalize_y must be True or False, got 'yes'"),
-    ({"standardize": None}, TypeError, "standardize must be True or False, got None"),
+    ({"standardize": None}, TypeError, "standardize must be True, False or 'auto', got None"),
     ({"dtype": torch.float16}, TypeError, "dtype"),
     ({"dtype": "half"}, TypeError, "dtype must be .float32., .float64."),
     ({"device": "tpu:7"}, ValueError, "device must be None, a torch.device or a device string.*'tpu:7'"),
