@@ -88,3 +88,22 @@ def test_gp_regressor_keeps_a_given_kernels_hyperparameters_in_the_units_of_x():
     assert GPRegressor().get_params()["standardize"] == "auto"
     default = GPRegressor(num_iterations=0, dtype=torch.float64).fit(x[train], y[train])
     assert default.input_scale_.item() == pytest.approx(float(x[train].std(ddof=1)))  # the default kernel: standardised
+
+
+def test_gp_regressor_standardises_julian_dates_before_rounding_them_to_float32():
+    # Hourly observations against Julian dates (≈ 2.46·10⁶ days): the float32 regressor (the default dtype) rounded
+    # the inputs to float32's spacing there, 0.25 days, before centring them, so 500 hourly rows shared 84 inputs and
+    # the fit's training RMSE was 0.65 against the noise's 0.10 (the same hours counted from 0: 0.10).  The inputs are
+    # now centred and scaled in float64 and rounded to the model's dtype after.
+    import pandas as pd
+
+    hours = pd.date_range("2024-01-01", periods=300, freq="h")
+    julian = hours.to_julian_date().to_numpy()[:, None]
+    assert len(np.unique(julian.astype(np.float32))) < 60  # the raw column does not survive float32
+    t = np.arange(300.0)
+    y = np.sin(2 * np.pi * t / 150) + 0.1 * np.random.default_rng(0).standard_normal(300)
+    reg = GPRegressor(num_iterations=30, progress=False).fit(julian, y)
+    assert reg.model_.train_inputs[0].dtype == torch.float32
+    assert len(torch.unique(reg.model_.train_inputs[0])) == 300
+    reference = GPRegressor(num_iterations=30, progress=False).fit(t[:, None], y)
+    np.testing.assert_allclose(reg.predict(julian), reference.predict(t[:, None]), atol=1e-3)

@@ -139,8 +139,8 @@ class RandomFeatureEstimator:
 
     # ----- inputs -------------------------------------------------------------------------
     def _training_inputs(self, X) -> Tensor:
-        """``X`` checked and converted, its columns recorded (``n_features_in_``, ``feature_names_in_``) and, with
-        ``standardize``, standardised with the statistics kept for prediction (``input_mean_``, ``input_scale_``)."""
+        """``X`` checked and converted (in the wider of its dtype and the model's: :meth:`_standardised` scales and
+        rounds it), its columns recorded (``n_features_in_``, ``feature_names_in_``)."""
         self.__dict__.pop("model_", None)  # a new fit forgets the previous one: a failed one leaves it unfitted
         self.n_features_in_ = None  # and its columns, before reading X
         self.feature_names_in_ = None
@@ -153,12 +153,19 @@ class RandomFeatureEstimator:
         return x
 
     def _standardised(self, x: Tensor) -> Tensor:
-        """The training inputs standardised (``standardize``), their statistics kept for prediction."""
-        if not self._fit_params.standardize:
-            return x
-        self.input_mean_ = x.mean(0)
-        self.input_scale_ = column_scales(x, self.input_mean_)
-        return (x - self.input_mean_) / self.input_scale_
+        """The training inputs standardised (``standardize``), their statistics kept for prediction, in the model's
+        dtype.
+
+        ``x`` comes in the wider of its own and the model's dtype (:meth:`_as_inputs`) and is centred and scaled there
+        before it is rounded to the model's: float32 first rounded decimal years or Julian dates (≈ 2.46·10⁶ days,
+        spacing 0.25 days in float32) before the centring, so hourly observations shared six-hourly inputs (500
+        rows, 84 distinct; training RMSE 0.65 instead of the noise's 0.10).
+        """
+        if self._fit_params.standardize:
+            self.input_mean_ = x.mean(0)
+            self.input_scale_ = column_scales(x, self.input_mean_)
+            x = (x - self.input_mean_) / self.input_scale_
+        return x.to(self._fit_params.dtype)
 
     def _test_inputs(self, X) -> Tensor:
         """Checked, standardised prediction inputs: fitted, same columns (and column names) as in ``fit``."""
@@ -179,7 +186,7 @@ class RandomFeatureEstimator:
         x = self._as_inputs(X, "X")
         if self._fit_params.standardize:
             x = (x - self.input_mean_) / self.input_scale_
-        return x
+        return x.to(self._fit_params.dtype)
 
     def _as_inputs(self, X, name: str) -> Tensor:
         p = self._fit_params
@@ -194,7 +201,7 @@ class RandomFeatureEstimator:
         for axis, what in enumerate(("sample", "feature")):
             if x.shape[axis] == 0:
                 raise ValueError(f"{name} has 0 {what}(s) (shape={tuple(x.shape)}) while a minimum of 1 is required.")
-        x = x.to(device=p.device, dtype=p.dtype)
+        x = x.to(device=p.device, dtype=torch.promote_types(x.dtype, p.dtype))  # the model's dtype after scaling
         if not bool(torch.isfinite(x).all()):
             names = _feature_names(X)
             first_column = int((~torch.isfinite(x)).nonzero()[0, 1])
