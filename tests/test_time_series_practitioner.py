@@ -107,3 +107,33 @@ def test_gp_regressor_standardises_julian_dates_before_rounding_them_to_float32(
     assert len(torch.unique(reg.model_.train_inputs[0])) == 300
     reference = GPRegressor(num_iterations=30, progress=False).fit(t[:, None], y)
     np.testing.assert_allclose(reg.predict(julian), reference.predict(t[:, None]), atol=1e-3)
+
+
+def test_posterior_paths_take_one_dimensional_times_as_the_model_does():
+    # GPyTorch's regression tutorials pass times as a 1-D tensor (train_x = torch.linspace(...)); ExactGP reads it as
+    # one column, and the sketched model trained and predicted so, but its posterior paths raised "IndexError: tuple
+    # index out of range" at x.shape[-2] for the same 1-D test times.
+    x, y = _co2(step=16)
+    t = torch.as_tensor(x[:, 0] - 1958.0)
+    y = torch.as_tensor((y - y.mean()) / y.std())
+
+    class TutorialGP(gpytorch.models.ExactGP):
+        def __init__(self, train_x, train_y, likelihood):
+            super().__init__(train_x, train_y, likelihood)
+            self.mean_module = gpytorch.means.ConstantMean()
+            self.covar_module = rfgp.sketch(ScaleKernel(RBFKernel()), 256, seed=0)
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    model = TutorialGP(t, y, gpytorch.likelihoods.GaussianLikelihood()).double()
+    model.covar_module.base_kernel.lengthscale = 5.0
+    model.eval()
+    future = torch.linspace(44.0, 54.0, 25, dtype=torch.float64)
+    paths = rfgp.sampling.posterior_paths(model, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        values = paths(future)
+        torch.testing.assert_close(values, paths(future.unsqueeze(-1)))
+        assert values.shape == (8, 25)
+        with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., n, d\), or \(n,\).*got \(\)"):
+            paths(future[0])

@@ -63,8 +63,8 @@ class PosteriorPaths(nn.Module):
     r"""S posterior function draws f_s(x) = μ(x) + Φ(x)ᵀw_s of a fitted random-feature GP.
 
     Build it with :func:`posterior_paths`.  Calling it on x ``(..., n, d)`` (model-space inputs,
-    what ``model.forward`` receives) returns ``(S, *batch, n)`` for single-output models and
-    ``(S, *batch, n, p)`` for operator-valued kernels with p outputs per input.
+    what ``model.forward`` receives; ``(n,)`` is one column, as ``model(x)`` reads it) returns ``(S, *batch, n)`` for
+    single-output models and ``(S, *batch, n, p)`` for operator-valued kernels with p outputs per input.
 
     Attributes:
         weights: ``(S, *batch, F)`` the drawn w_s.
@@ -86,6 +86,10 @@ class PosteriorPaths(nn.Module):
 
     @in_full_precision  # Φ(x)W is a matmul that an enclosing autocast would run in half precision
     def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 1:  # n points of one column, as ExactGP.__call__ reads them (GPyTorch's 1-D tutorials)
+            x = x.unsqueeze(-1)
+        if x.dim() < 2:
+            raise ValueError(f"x must have shape (..., n, d), or (n,) for one input column, got {tuple(x.shape)}")
         weights = self.weights.movedim(0, -1)  # (*batch, F, S)
         num_features = weights.shape[-2]
         rows = x.shape[-2] * self.num_outputs
