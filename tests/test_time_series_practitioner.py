@@ -137,3 +137,20 @@ def test_posterior_paths_take_one_dimensional_times_as_the_model_does():
         assert values.shape == (8, 25)
         with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., n, d\), or \(n,\).*got \(\)"):
             paths(future[0])
+
+
+def test_posterior_paths_name_the_modules_they_need():
+    # a model whose kernel is registered as self.kernel: "model.covar_module must be an rfgp feature kernel …, got
+    # NoneType" read as a wrong kernel type; the message now names the attribute and GPyTorch's convention
+    class OwnNames(gpytorch.models.ExactGP):
+        def __init__(self, train_x, train_y):
+            super().__init__(train_x, train_y, gpytorch.likelihoods.GaussianLikelihood())
+            self.mean = gpytorch.means.ConstantMean()
+            self.kernel = rfgp.sketch(ScaleKernel(RBFKernel()), 64, seed=0)
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean(x), self.kernel(x))
+
+    model = OwnNames(torch.linspace(0.0, 1.0, 20)[:, None], torch.zeros(20)).eval()
+    with pytest.raises(TypeError, match="OwnNames has no module 'mean_module'"):
+        rfgp.sampling.posterior_paths(model, 2)

@@ -157,7 +157,13 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
     num_paths = check_positive_int(num_paths, "num_paths")
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
-    check_path_kernel(getattr(model, "covar_module", None))
+    for name in ("mean_module", "covar_module"):
+        if not isinstance(getattr(model, name, None), nn.Module):
+            raise TypeError(
+                f"posterior paths evaluate model.mean_module and model.covar_module (GPyTorch's names for the mean and "
+                f"the kernel), but {type(model).__name__} has no module {name!r}: register them under these names"
+            )
+    check_path_kernel(model.covar_module)
     if model.train_inputs is None:
         raise ValueError("model has no training data (model.train_inputs is None); posterior paths need it")
     if covar_module_inputs(model, model.train_inputs[0]) is not model.train_inputs[0]:
