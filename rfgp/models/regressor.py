@@ -46,7 +46,9 @@ class GPRegressor(RandomFeatureEstimator):
             one, e.g. ``rfgp.sketch(ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d)), 1024)``).  It sees the
             inputs in the units of ``X`` (scikit-learn's convention: a period of 1 in years stays one year) unless
             ``standardize=True``, with which its hyperparameters are read in standardised units and its maps fitted to
-            a data sample are refitted on the standardised inputs as in :class:`~rfgp.models.DirichletGPClassifier`.
+            a data sample are refitted on the standardised inputs as in :class:`~rfgp.models.DirichletGPClassifier`
+            (a kernel at GPyTorch's initial lengthscale 0.69, like the Matérn example, wants ``standardize=True`` on
+            raw columns; :func:`rfgp.fit_mll` warns with a ``DataScaleWarning`` otherwise).
         num_features, train_num_features: the default kernel's width at prediction (F) and in training (F_train),
             by :class:`~rfgp.models.DirichletGPClassifier`'s rule ("train small, predict big", re-drawn by
             :func:`rfgp.set_num_features` with the same hyperparameters and seed): neither given: F_train = 256,
