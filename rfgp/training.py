@@ -40,6 +40,7 @@ from .core.validation import (
     check_positive_int,
 )
 from .inference.statistics_precision import unit_roundoff
+from .kernels.random_feature_kernel import FeatureKernel
 
 OPTIMIZERS = ("lbfgs", "adam")
 CLOCKS = ("wall", "cpu")
@@ -587,6 +588,7 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
     params = objective.params  # bounded parameters without a transform: their proxies (see _BoundedProxies)
     step = _stepper(optimizer, params, objective, lr, history_size)
     history = TrainingHistory(optimizer)
+    causes = _stall_causes(model, params, optimizer)
     start_wall, start_cpu = time.perf_counter(), time.process_time()
 
     def record() -> None:
@@ -653,7 +655,7 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                 history.stalls.append(objective.iteration)
                 step = _stepper(optimizer, params, objective, lr, history_size)
             history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget,
-                                                           options.clock, moved)
+                                                           options.clock, moved, causes)
     finally:
         bar.close()
         model.eval()
@@ -689,13 +691,33 @@ def _stationary_gradient(ftol: float, scale: float) -> float:
     return math.sqrt(2 * _MAX_CURVATURE * ftol * scale)
 
 
+def _stall_causes(model: gpytorch.models.ExactGP, params: list[Tensor], optimizer: str) -> str:
+    """What can stall a loss that still slopes, for this model: the features' Monte-Carlo noise only where it holds an
+    rfgp kernel, float32 rounding only for float32 parameters, Adam's circling only for Adam; badly scaled
+    hyperparameters always (an exact float64 GP of raw CO₂ in ppm, outputscale 10³, stalled so with L-BFGS and was
+    told of all three others)."""
+    causes = []
+    if any(isinstance(module, FeatureKernel) for module in model.modules()):
+        causes.append("a loss that is the features' Monte-Carlo noise at these hyperparameters (inputs many "
+                      "lengthscales apart: standardise inputs and targets, or start the lengthscales at the inputs' "
+                      "spread)")
+    if any(p.dtype == torch.float32 for p in params):
+        causes.append("float32 rounding (train in float64)")
+    if optimizer == "adam":
+        causes.append("Adam circling at its learning rate (a smaller lr, or L-BFGS)")
+    causes.append("steps shortened by hyperparameters on very different scales (raw targets in the hundreds, "
+                  "lengthscales far from 1: standardise inputs and targets)")
+    return ", ".join(causes[:-1]) + (", or " if len(causes) > 1 else "") + causes[-1]
+
+
 def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: float,
-          time_budget: float | None, clock: str, moved: bool) -> tuple[str, bool]:
+          time_budget: float | None, clock: str, moved: bool, causes: str) -> tuple[str, bool]:
     """(reason, converged) after the latest iteration; ``("", False)`` to continue.
 
     The loss-change rule needs a step: an iteration that left the parameters where they were
     (``moved=False``) changes nothing and proves nothing about convergence; and a gradient within
-    √(2κ·ftol·s) (:func:`fit_mll`), else the loss has stalled at a point that is not stationary.
+    √(2κ·ftol·s) (:func:`fit_mll`), else the loss has stalled at a point that is not stationary (``causes``:
+    :func:`_stall_causes`).
     """
     previous, current = history.losses[-2], history.losses[-1]
     scale = max(abs(current), abs(previous), 1.0)
@@ -708,10 +730,8 @@ def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: floa
         reason = (
             f"stalled: relative loss change {change:.3g} ≤ ftol={ftol:g}, but the largest gradient entry "
             f"{gradient:.3g} > gtol={gtol:g} and > {bound:.3g} = √(2·{_MAX_CURVATURE:g}·ftol·{scale:.3g}), so this "
-            "is no stationary point: the optimiser's steps no longer change the loss although it still slopes — "
-            "a loss that is the features' Monte-Carlo noise at these hyperparameters (inputs many lengthscales "
-            "apart: standardise inputs and targets, or start the lengthscales at the inputs' spread), float32 "
-            "rounding (train in float64), or Adam circling at its learning rate (a smaller lr, or L-BFGS)"
+            f"is no stationary point: the optimiser's steps no longer change the loss although it still slopes — "
+            f"{causes}"
         )
         warnings.warn(f"fit_mll: {reason} (TrainingHistory.converged is False)", NumericalWarning, stacklevel=5)
         return reason, False

@@ -337,6 +337,32 @@ def test_a_loss_change_below_ftol_at_a_large_gradient_is_a_stall_not_convergence
     assert history.num_iterations == 1 and history.gradient_norms[-1] > 0.1
 
 
+def test_a_stall_names_only_the_causes_that_apply_to_the_model(monkeypatch):
+    """An exact GPyTorch kernel in float64 under L-BFGS (raw CO₂ in ppm, outputscale 10³, stalled so) was told its
+    loss might be the features' Monte-Carlo noise, float32 rounding or Adam circling, none of which it has; the
+    message now lists what applies: badly scaled hyperparameters here, the three others where they apply."""
+    def creeping(optimizer, params, objective, lr, history_size):
+        def step():
+            objective()
+            with torch.no_grad():
+                for p in params:
+                    p -= 1e-9 * p.grad
+        return step
+
+    monkeypatch.setattr(rfgp.training, "_stepper", creeping)
+    exact = _regression()
+    exact.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)).to(F64)
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match="stalled") as caught:
+        rfgp.fit_mll(exact, progress=False)
+    message = str(caught[0].message)
+    assert "hyperparameters on very different scales" in message
+    assert not any(cause in message for cause in ("Monte-Carlo", "float32", "Adam")), message
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match="stalled") as caught:
+        rfgp.fit_mll(_regression().float(), optimizer="adam", progress=False)
+    message = str(caught[0].message)
+    assert all(cause in message for cause in ("Monte-Carlo", "float32 rounding", "Adam circling", "scales")), message
+
+
 @pytest.mark.parametrize("gradient, converged", [(0.0099, True), (0.0101, False), (1e-6, True)])
 def test_the_loss_change_rule_holds_for_gradients_up_to_its_curvature_bound(gradient, converged):
     """At s = max(|f|, 1) = 1 and ftol = 1e-6 the bound √(2·50·ftol·s) is 0.01: below it the loss-change rule is
@@ -345,7 +371,7 @@ def test_the_loss_change_rule_holds_for_gradients_up_to_its_curvature_bound(grad
                                    wall_seconds=[0.0, 0.1], cpu_seconds=[0.0, 0.1])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        reason, done = rfgp.training._stop(history, 100, 1e-6, 1e-5, None, "wall", True)
+        reason, done = rfgp.training._stop(history, 100, 1e-6, 1e-5, None, "wall", True, "its causes")
     assert done is converged and reason.startswith("converged: relative loss change" if converged else "stalled")
     assert len(caught) == (0 if converged else 1)
 
