@@ -384,9 +384,12 @@ def optimized_maclaurin_units(module: nn.Module, x: Tensor | None) -> Iterator[t
 
 def fourier_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple]:
     """(map, owning kernel, the input columns it sees) for every random Fourier map (RFF/ORF/SORF of the RBF and
-    Matérn kernels) in ``module`` whose owner has a lengthscale; factors of product kernels are not searched."""
+    Matérn kernels, and the operator-valued ones of the curl- and divergence-free kernels, whose Gaussian envelope
+    k₀ decays the same way) in ``module`` whose owner has a lengthscale; factors of product kernels are not
+    searched."""
     for unit, owner, inputs in _width_units(module, x, None):
-        if isinstance(unit, RandomFourierFeatures) and inputs is not None and getattr(owner, "has_lengthscale", False):
+        fourier = isinstance(unit, (RandomFourierFeatures, OperatorValuedFourierFeatures))
+        if fourier and inputs is not None and getattr(owner, "has_lengthscale", False):
             yield unit, owner, inputs
 
 
