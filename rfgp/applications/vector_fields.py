@@ -26,7 +26,7 @@ from ..core.validation import check_finite, check_positive_int, check_tensor_dty
 from ..inference.chunking import chunk_slices
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
 from ..inference.multioutput_chunking import points_per_block
-from ..kernels.combinations import is_feature_kernel, kernel_features
+from ..kernels.combinations import is_feature_kernel, kernel_features, unwrap_scale
 
 Field = Callable[[Tensor], Tensor]
 
@@ -195,13 +195,17 @@ def posterior_component_fields(model) -> list[Field]:
 
     With K̂ = Σᵢ RᵢRᵢᵀ the weights split as θ = [θ₁, …], and component i has posterior mean
     Rᵢ(x)E[θᵢ | y] (e.g. the curl-free and divergence-free parts of a Helmholtz fit); the
-    components sum to the posterior mean minus the prior mean.
+    components sum to the posterior mean minus the prior mean.  A ``ScaleKernel`` around the sum (root
+    √s·[R₁, …]) scales every component by its √s.
     """
     from ..kernels.sketched_operator_valued import MultiOutputFeatureSumKernel
 
-    kernel = model.covar_module
+    kernel, outputscale = unwrap_scale(model.covar_module)
     if not isinstance(kernel, MultiOutputFeatureSumKernel):
-        raise TypeError(f"model.covar_module must be a MultiOutputFeatureSumKernel, got {type(kernel).__name__}")
+        inside = f" around {type(kernel).__name__}" if kernel is not model.covar_module else ""
+        raise TypeError("model.covar_module must be a MultiOutputFeatureSumKernel, optionally inside ScaleKernel, got "
+                        f"{type(model.covar_module).__name__}{inside}")
+    root_scale = 1.0 if outputscale is None else outputscale.detach().sqrt()
     model.eval()
     train_x = model.train_inputs[0]
     with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
@@ -211,7 +215,7 @@ def posterior_component_fields(model) -> list[Field]:
 
     def component_field(i: int) -> Field:
         field = _feature_field(kernel.kernels[i], weight_mean[offsets[i] : offsets[i + 1]].unsqueeze(0), kernel.num_outputs)
-        return lambda x: field(x).squeeze(0)
+        return lambda x: field(x).squeeze(0) * root_scale
 
     return [component_field(i) for i in range(len(kernel.kernels))]
 

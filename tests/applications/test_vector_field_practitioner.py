@@ -1,0 +1,75 @@
+"""Vector-field workflows as a geophysicist or oceanographer first runs them (raw units, wrapped kernels)."""
+
+import warnings
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.kernels import ScaleKernel
+from gpytorch.likelihoods import MultitaskGaussianLikelihood
+
+import rfgp
+from rfgp.applications.vector_fields import posterior_component_fields
+from rfgp.datasets import EARTH_RADIUS_KM, helmholtz_field, igrf_field_at
+from rfgp.kernels import MultiOutputFeatureSumKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
+from rfgp.models.multioutput import MultiOutputGPModel
+
+F64 = torch.float64
+
+
+def _igrf_box_km(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """IGRF at n points of a 5° × 5° × 400 km box over Europe: Earth-centred Cartesian km and nT (raw units)."""
+    generator = torch.Generator().manual_seed(0)
+    latitude, longitude = 45 + 5 * torch.rand(2, n, generator=generator, dtype=F64)
+    radius = EARTH_RADIUS_KM + 400 * torch.rand(n, generator=generator, dtype=F64)
+    colatitude, longitude = torch.deg2rad(90 - latitude), torch.deg2rad(longitude + 0.0)
+    direction = torch.stack((colatitude.sin() * longitude.cos(), colatitude.sin() * longitude.sin(), colatitude.cos()), -1)
+    positions = direction * radius.unsqueeze(-1)
+    return positions, igrf_field_at(positions / EARTH_RADIUS_KM) * 1000.0
+
+
+@pytest.mark.parametrize("family", ["curl_free", "divergence_free", "helmholtz"])
+def test_fit_mll_warns_when_a_vector_field_kernel_starts_far_below_the_data_scale(family):
+    """Positions in km at GPyTorch's initial lengthscale 0.69 lie a median of ~400 lengthscales apart.  Before, the
+    data-scale check skipped the operator-valued maps: the IGRF box (N = 2000, F = 512, nT targets, 50 L-BFGS
+    steps) trained without a word to ℓ = 0.17 km and a noise of 3·10⁷ nT², a white-noise model with an RMSE of
+    24 000 nT at the training points (5 nT from scaled inputs and targets)."""
+    x, y = _igrf_box_km(200)
+    curl_free = ScaleKernel(SketchedCurlFreeKernel(32, input_dim=3, seed=0))
+    div_free = ScaleKernel(SketchedDivFreeKernel(32, input_dim=3, seed=1))
+    kernel = {"curl_free": curl_free, "divergence_free": div_free,
+              "helmholtz": MultiOutputFeatureSumKernel(curl_free, div_free)}[family]
+    model = MultiOutputGPModel(x, y, MultitaskGaussianLikelihood(num_tasks=3, rank=0), kernel).to(F64)
+    with pytest.warns(rfgp.DataScaleWarning, match=r"Sketched(CurlFree|DivFree)Kernel lie a median \d+ lengthscales"):
+        rfgp.fit_mll(model, num_iterations=1, progress=False)
+    # the advice (inputs on the scale of the lengthscale) silences it
+    scaled = (x - x.mean(0)) / 300.0
+    model = MultiOutputGPModel(scaled, y / y.std(), MultitaskGaussianLikelihood(num_tasks=3, rank=0), kernel).to(F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.DataScaleWarning)
+        rfgp.fit_mll(model, num_iterations=1, progress=False)
+
+
+def test_helmholtz_components_with_a_scale_kernel_around_the_sum():
+    """ScaleKernel(MultiOutputFeatureSumKernel(...)) trains and predicts; its components were refused (TypeError).
+    With root √s·[R₁, R₂] each component is √s·Rᵢ(x)E[θᵢ | y], and they sum to the posterior mean minus the prior
+    mean."""
+    data = helmholtz_field(80, input_dim=2, noise=0.05, seed=3)
+    helmholtz = MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(64, 2, seed=0)),
+                                            ScaleKernel(SketchedDivFreeKernel(64, 2, seed=1)))
+    kernel = ScaleKernel(helmholtz)
+    kernel.outputscale = 3.0
+    mean = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=2)
+    model = MultiOutputGPModel(data["x"], data["y"], MultitaskGaussianLikelihood(num_tasks=2, rank=0), kernel,
+                               mean_module=mean).to(F64)
+    mean.base_means[0].constant.data.fill_(0.3)
+    probe = torch.rand(7, 2, dtype=F64) * 2 - 1
+    curl_part, div_part = posterior_component_fields(model)
+    with torch.no_grad():
+        total = curl_part(probe) + div_part(probe) + model.mean_module(probe)
+        torch.testing.assert_close(total, model(probe).mean, rtol=1e-10, atol=1e-10)
+    assert curl_part(probe).abs().max() > 1e-2 and div_part(probe).abs().max() > 1e-2  # both parts carry signal
+    with pytest.raises(TypeError, match="MultiOutputFeatureSumKernel, optionally inside ScaleKernel, got ScaleKernel "
+                                        "around SketchedCurlFreeKernel"):
+        posterior_component_fields(MultiOutputGPModel(data["x"], data["y"], MultitaskGaussianLikelihood(num_tasks=2),
+                                                      ScaleKernel(SketchedCurlFreeKernel(64, 2))).to(F64))
