@@ -214,7 +214,8 @@ def posterior_component_fields(model) -> list[Field]:
     offsets = torch.tensor([0] + kernel.component_widths(train_x)).cumsum(0).tolist()
 
     def component_field(i: int) -> Field:
-        field = _feature_field(kernel.kernels[i], weight_mean[offsets[i] : offsets[i + 1]].unsqueeze(0), kernel.num_outputs)
+        weights = weight_mean[offsets[i] : offsets[i + 1]].unsqueeze(0)
+        field = _feature_field(kernel.kernels[i], weights, kernel.num_outputs)
         return lambda x: field(x).squeeze(0) * root_scale
 
     return [component_field(i) for i in range(len(kernel.kernels))]

@@ -22,8 +22,8 @@ def _igrf_box_km(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     latitude, longitude = 45 + 5 * torch.rand(2, n, generator=generator, dtype=F64)
     radius = EARTH_RADIUS_KM + 400 * torch.rand(n, generator=generator, dtype=F64)
-    colatitude, longitude = torch.deg2rad(90 - latitude), torch.deg2rad(longitude + 0.0)
-    direction = torch.stack((colatitude.sin() * longitude.cos(), colatitude.sin() * longitude.sin(), colatitude.cos()), -1)
+    theta, phi = torch.deg2rad(90 - latitude), torch.deg2rad(longitude)
+    direction = torch.stack((theta.sin() * phi.cos(), theta.sin() * phi.sin(), theta.cos()), -1)
     positions = direction * radius.unsqueeze(-1)
     return positions, igrf_field_at(positions / EARTH_RADIUS_KM) * 1000.0
 
