@@ -173,11 +173,14 @@ def posterior_field_samples(model, num_samples: int, generator: torch.Generator 
     :class:`~rfgp.models.multioutput.MultiOutputGPModel`).
     """
     num_samples = check_positive_int(num_samples, "num_samples")
-    if not is_feature_kernel(model.covar_module):
-        raise TypeError(
-            f"posterior_field_samples needs an rfgp feature kernel, got {type(model.covar_module).__name__}; "
-            "for exact kernels sample model(x) at fixed points instead"
-        )
+    kernel = model.covar_module
+    if not is_feature_kernel(kernel):
+        if isinstance(kernel, gpytorch.kernels.AdditiveKernel) and all(map(is_feature_kernel, kernel.kernels)):
+            advice = ("GPyTorch's k₁ + k₂ of rfgp kernels; use MultiOutputFeatureSumKernel(k₁, k₂) (root [R₁, R₂], "
+                      "e.g. the Helmholtz kernel) instead")
+        else:
+            advice = "for exact kernels sample model(x) at fixed points instead"
+        raise TypeError(f"posterior_field_samples needs an rfgp feature kernel, got {type(kernel).__name__}: {advice}")
     model.eval()
     train_x = model.train_inputs[0]
     with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):

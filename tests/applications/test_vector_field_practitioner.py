@@ -9,9 +9,14 @@ from gpytorch.kernels import ScaleKernel
 from gpytorch.likelihoods import MultitaskGaussianLikelihood
 
 import rfgp
-from rfgp.applications.vector_fields import posterior_component_fields
+from rfgp.applications.vector_fields import posterior_component_fields, posterior_field_samples
 from rfgp.datasets import EARTH_RADIUS_KM, helmholtz_field, igrf_field_at
-from rfgp.kernels import MultiOutputFeatureSumKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
+from rfgp.kernels import (
+    CurlFreeRBFKernel,
+    MultiOutputFeatureSumKernel,
+    SketchedCurlFreeKernel,
+    SketchedDivFreeKernel,
+)
 from rfgp.models.multioutput import MultiOutputGPModel
 
 F64 = torch.float64
@@ -73,3 +78,19 @@ def test_helmholtz_components_with_a_scale_kernel_around_the_sum():
                                         "around SketchedCurlFreeKernel"):
         posterior_component_fields(MultiOutputGPModel(data["x"], data["y"], MultitaskGaussianLikelihood(num_tasks=2),
                                                       ScaleKernel(SketchedCurlFreeKernel(64, 2))).to(F64))
+
+
+def test_posterior_field_samples_of_a_gpytorch_sum_name_the_feature_sum():
+    """ScaleKernel(curl) + ScaleKernel(div), GPyTorch's sum, trains and predicts (through GPyTorch's generic
+    strategy), but has no weight space to sample: the error said "for exact kernels sample model(x)" although every
+    part is an rfgp kernel; now it names MultiOutputFeatureSumKernel."""
+    data = helmholtz_field(30, input_dim=2, noise=0.05, seed=3)
+    kernel = ScaleKernel(SketchedCurlFreeKernel(32, 2, seed=0)) + ScaleKernel(SketchedDivFreeKernel(32, 2, seed=1))
+    model = MultiOutputGPModel(data["x"], data["y"], MultitaskGaussianLikelihood(num_tasks=2), kernel).to(F64)
+    with pytest.raises(TypeError, match=r"got AdditiveKernel: GPyTorch's k₁ \+ k₂ of rfgp kernels; use "
+                                        r"MultiOutputFeatureSumKernel\(k₁, k₂\)"):
+        posterior_field_samples(model, 2)
+    exact = MultiOutputGPModel(data["x"], data["y"], MultitaskGaussianLikelihood(num_tasks=2),
+                               ScaleKernel(CurlFreeRBFKernel(2))).to(F64)
+    with pytest.raises(TypeError, match="got ScaleKernel: for exact kernels sample model"):
+        posterior_field_samples(exact, 2)
