@@ -60,7 +60,8 @@ class NonFiniteLossError(FloatingPointError):
 class DataScaleWarning(UserWarning):
     """:func:`fit_mll` starts from a lengthscale far below the spacing of the training inputs (raw, unstandardised
     columns at GPyTorch's initial ℓ = 0.69), where random features estimate a kernel that is ≈ 0 between all points
-    by Monte-Carlo noise, and Nyström features vanish away from the landmarks; the message says what to do."""
+    by Monte-Carlo noise, and Nyström features vanish away from the landmarks; or on targets that vary less than the
+    Gaussian likelihood's noise floor, which it explains as noise.  The message says what to do."""
 
 
 class TruncationWarning(UserWarning):
@@ -430,7 +431,8 @@ def fit_mll(
     inputs lie a median of more than 50 lengthscales apart (raw columns at GPyTorch's initial ℓ = 0.69), or more than
     3 from their nearest neighbours, gets a :class:`DataScaleWarning`: the kernel is ≈ 0 between the points, and
     training follows the features' Monte-Carlo noise, or (Nyström) stays at the white-noise model
-    (:mod:`rfgp.models.data_scale`).  A trial point
+    (:mod:`rfgp.models.data_scale`); so do targets whose variance is below the likelihood's noise floor (GPyTorch's
+    10⁻⁴).  A trial point
     beyond the range a periodic or RQ map's draws cover (``DrawCoverageError``) is a failed evaluation as above.
 
     L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above

@@ -1,4 +1,5 @@
-"""Warn before :func:`rfgp.fit_mll` trains a random Fourier map from a lengthscale far below the data's spacing.
+"""Warn before :func:`rfgp.fit_mll` trains a random Fourier map from a lengthscale far below the data's spacing,
+or a Gaussian likelihood on targets that vary less than its noise floor.
 
 Raw columns (ages in years, serum levels in mg/dl, calendar years, incomes) at GPyTorch's initial lengthscale
 ℓ = 0.69 put the training points hundreds of lengthscales apart.  The exact kernel is then ≈ 0 between all of them:
@@ -30,6 +31,11 @@ landmarks, the marginal likelihood is flat in the lengthscale and training stays
 tree (through ``ScaleKernel``, sums and products, on the columns it sees), whose correlation at 3 lengthscales is
 0.011 (RBF) to 0.05 (Matérn-1/2).  Not on rational-quadratic kernels, whose polynomial tails (1 + r²/2α)^−α keep
 0.18 at 3 lengthscales for α = 1, nor on periodic ones, whose lengthscale scales sin(π·(x − x')/p), not the distance.
+
+Raw targets can fail the other way: GPyTorch's Gaussian likelihoods keep the noise variance above 10⁻⁴ (2·10⁻⁴ for a
+multitask one's global plus independent task noise), so targets that vary less than that — a magnetic field in tesla,
+~10⁻⁹ — are explained as noise and the posterior mean stays at the prior mean, while training reports convergence.
+:func:`warn_targets_below_noise_floor` says so before the first step.
 """
 
 from __future__ import annotations
@@ -166,3 +172,56 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
 
 
 register_start_check(warn_lengthscale_below_data_scale)
+
+
+def noise_floor(likelihood) -> float | None:
+    """The smallest noise variance of a ``GaussianLikelihood`` or ``MultitaskGaussianLikelihood`` (``None`` for any
+    other likelihood): the sum of the lower bounds of its noise constraints, i.e. GPyTorch's default 10⁻⁴, and for a
+    multitask one with independent task noises (rank 0) the global noise's plus each output's own (2·10⁻⁴)."""
+    if type(likelihood) is gpytorch.likelihoods.GaussianLikelihood:
+        constraints = [likelihood.noise_covar.raw_noise_constraint]
+    elif type(likelihood) is gpytorch.likelihoods.MultitaskGaussianLikelihood:
+        # one constraint object may guard both noises: named_constraints() would list it once
+        constraints = [likelihood._constraints[name] for name in ("raw_noise_constraint", "raw_task_noises_constraint")
+                       if name in likelihood._constraints]
+    else:
+        return None
+    return float(sum(constraint.lower_bound.detach().to(torch.float64).max() for constraint in constraints))
+
+
+def warn_targets_below_noise_floor(model: gpytorch.models.ExactGP) -> None:
+    """Warn (:class:`~rfgp.training.DataScaleWarning`) when an output's training targets vary less than the
+    likelihood's noise can: with a variance below :func:`noise_floor` the marginal likelihood explains them as noise
+    and the posterior mean stays at the prior mean (the IGRF field in tesla, variance 10⁻⁹ against GPyTorch's floor
+    2·10⁻⁴: a curl-free GP "converged" with a relative RMSE of 1.0 at the training points).  Variances over the data
+    axis (the points of each output of a multitask likelihood), NaN targets left out; constant targets (variance 0)
+    carry no signal to lose and are not reported."""
+    floor = noise_floor(getattr(model, "likelihood", None))
+    targets = getattr(model, "train_targets", None)
+    if floor is None or not floor > 0 or not torch.is_tensor(targets) or not targets.is_floating_point():
+        return
+    multitask = isinstance(model.likelihood, gpytorch.likelihoods.MultitaskGaussianLikelihood)
+    values = targets.detach().to(torch.float64)
+    values = values.movedim(-2, -1) if multitask and values.dim() >= 2 else values  # (..., outputs, points)
+    count = (~values.isnan()).sum(-1)
+    variance = (values - values.nanmean(-1, keepdim=True)).pow(2).nansum(-1) / (count - 1).clamp_min(1)
+    missing = values.isnan()
+    spread = values.masked_fill(missing, -torch.inf).amax(-1) - values.masked_fill(missing, torch.inf).amin(-1)
+    low = (spread > 0) & (variance < floor)  # spread 0: constant (a variance of rounding errors)
+    if not bool(low.any()):
+        return
+    largest = float(variance[low].max())
+    where = ""
+    if multitask:
+        outputs = low.reshape(-1, low.shape[-1]).any(0).nonzero().flatten().tolist()
+        where = f"of output{'s' * (len(outputs) > 1)} {', '.join(map(str, outputs))} "
+    warnings.warn(
+        f"fit_mll: the training targets {where}vary with a variance of {largest:.3g} or less, below the smallest noise "
+        f"variance the likelihood allows ({floor:.3g}, its noise constraints' lower bounds): the marginal likelihood "
+        "explains them as noise and the posterior mean stays at the prior mean. Rescale the targets (e.g. "
+        "train_y / train_y.std(0), in units where they vary by about 1), or lower the noise constraint's bound",
+        DataScaleWarning, stacklevel=4,
+    )
+
+
+register_start_check(warn_targets_below_noise_floor)

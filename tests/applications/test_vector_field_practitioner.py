@@ -10,7 +10,7 @@ from gpytorch.likelihoods import MultitaskGaussianLikelihood
 
 import rfgp
 from rfgp.applications.vector_fields import posterior_component_fields, posterior_field_samples
-from rfgp.datasets import EARTH_RADIUS_KM, helmholtz_field, igrf_field_at
+from rfgp.datasets import EARTH_RADIUS_KM, helmholtz_field, igrf_field_at, igrf_magnetic_field
 from rfgp.kernels import (
     CurlFreeRBFKernel,
     MultiOutputFeatureSumKernel,
@@ -94,3 +94,45 @@ def test_posterior_field_samples_of_a_gpytorch_sum_name_the_feature_sum():
                                ScaleKernel(CurlFreeRBFKernel(2))).to(F64)
     with pytest.raises(TypeError, match="got ScaleKernel: for exact kernels sample model"):
         posterior_field_samples(exact, 2)
+
+
+def test_fit_mll_warns_when_the_targets_vary_less_than_the_noise_floor():
+    """The IGRF field in tesla (variance ~10⁻⁹) under GPyTorch's noise floor (2·10⁻⁴ for independent task noises):
+    before, a curl-free GP "converged" without a word to a posterior mean of ≈ 0 (relative RMSE 1.0 at the training
+    points).  The same field in µT (variance ~600) trains without the warning."""
+    positions, field = igrf_magnetic_field(100, seed=0)
+    kernel = ScaleKernel(SketchedCurlFreeKernel(32, input_dim=3, seed=0))
+    kernel.base_kernel.lengthscale = 0.6
+    tesla = MultiOutputGPModel(positions, field * 1e-6, MultitaskGaussianLikelihood(num_tasks=3, rank=0), kernel)
+    with pytest.warns(rfgp.DataScaleWarning, match=r"targets of outputs 0, 1, 2 vary with a variance of \d\.\d+e-10 or "
+                                                   r"less, below the smallest noise variance the likelihood allows "
+                                                   r"\(0\.0002"):
+        rfgp.fit_mll(tesla.to(F64), num_iterations=1, progress=False)
+    micro = MultiOutputGPModel(positions, field, MultitaskGaussianLikelihood(num_tasks=3, rank=0), kernel).to(F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.DataScaleWarning)
+        rfgp.fit_mll(micro, num_iterations=1, progress=False)
+    # one output under the floor is named; NaN targets left out under observation_nan_policy("mask")
+    mixed = field.clone()
+    mixed[:, 2] = 1e-3 * mixed[:, 2] / mixed[:, 2].std()
+    mixed[::4, 2] = float("nan")
+    with gpytorch.settings.observation_nan_policy("mask"):
+        model = MultiOutputGPModel(positions, mixed, MultitaskGaussianLikelihood(num_tasks=3, rank=1), kernel).to(F64)
+        with pytest.warns(rfgp.DataScaleWarning, match=r"targets of output 2 vary with a variance of 1\.\d+e-06 or "
+                                                       r"less, below .* \(0\.0001,"):
+            rfgp.fit_mll(model, num_iterations=1, progress=False)
+
+
+def test_single_output_targets_below_the_noise_floor_warn_too():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(50, 1, generator=generator, dtype=F64)
+    y = 1e-4 * torch.sin(6 * x[:, 0])
+    kernel = ScaleKernel(rfgp.kernels.SketchedRBFKernel(32, seed=0))
+    model = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).to(F64)
+    with pytest.warns(rfgp.DataScaleWarning, match=r"training targets vary with a variance of 5\.\d+e-09 or less"):
+        rfgp.fit_mll(model, num_iterations=1, progress=False)
+    # a constant target carries no signal to lose: no warning
+    model = rfgp.models.ExactGPModel(x, torch.full_like(y, 3.0), gpytorch.likelihoods.GaussianLikelihood(), kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.DataScaleWarning)
+        rfgp.fit_mll(model.to(F64), num_iterations=1, progress=False)
