@@ -26,6 +26,7 @@ from ..core.validation import check_finite, check_positive_int, check_tensor_dty
 from ..inference.chunking import chunk_slices
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
 from ..inference.multioutput_chunking import points_per_block
+from ..inference.prediction import draw_fingerprint
 from ..kernels.combinations import is_feature_kernel, kernel_features, unwrap_scale
 
 Field = Callable[[Tensor], Tensor]
@@ -93,7 +94,10 @@ def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | No
     The points are featurised in blocks whose n·p × F root fits :class:`rfgp.settings.memory_budget` (the whole
     root of a 10⁵-point grid in 3-D at F = 1024 is 2.3 GiB in float64), so peak memory is bounded when no
     gradient is recorded; under autograd (:func:`jacobian`) the blocks' graphs are kept, as for any computation.
+    θ belongs to the kernel's draws at this call: once they are re-drawn (``resample()``, :func:`rfgp.set_num_features`,
+    a loaded state with other draws) the field raises instead of pairing θ with other features.
     """
+    draws = draw_fingerprint(kernel)
 
     def block(x: Tensor) -> Tensor:
         features = kernel_features(kernel, x).to(weights.dtype)  # (..., c·p, F)
@@ -106,6 +110,13 @@ def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | No
 
     @in_full_precision  # Φ(x)θ is a matmul that an enclosing autocast would run in half precision
     def field(x: Tensor) -> Tensor:
+        if draw_fingerprint(kernel) != draws:
+            raise RuntimeError(
+                "the kernel's random features were re-drawn after this field was drawn (feature_map.resample(), "
+                "rfgp.set_num_features, or a state dict with other draws loaded), so its weights belong to other "
+                "features; draw the field again (prior_field_samples, posterior_field_samples, "
+                "posterior_component_fields)"
+            )
         num_points = x.shape[-2]
         points = points_per_block(num_points, num_outputs, weights.shape[-1], math.prod(x.shape[:-2]), weights.dtype)
         if points is None:
