@@ -219,7 +219,7 @@ def posterior_component_fields(model) -> list[Field]:
         inside = f" around {type(kernel).__name__}" if kernel is not model.covar_module else ""
         raise TypeError("model.covar_module must be a MultiOutputFeatureSumKernel, optionally inside ScaleKernel, got "
                         f"{type(model.covar_module).__name__}{inside}")
-    root_scale = 1.0 if outputscale is None else outputscale.detach().sqrt()
+    root_scale = 1.0 if outputscale is None else outputscale.detach().sqrt()[..., None, None]  # (*batch, 1, 1)
     model.eval()
     train_x = model.train_inputs[0]
     with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
@@ -228,7 +228,7 @@ def posterior_component_fields(model) -> list[Field]:
     offsets = torch.tensor([0] + kernel.component_widths(train_x)).cumsum(0).tolist()
 
     def component_field(i: int) -> Field:
-        weights = weight_mean[offsets[i] : offsets[i + 1]].unsqueeze(0)
+        weights = weight_mean[..., offsets[i] : offsets[i + 1]].unsqueeze(0)  # (1, *batch, F_i)
         field = _feature_field(kernel.kernels[i], weights, kernel.num_outputs)
         return lambda x: field(x).squeeze(0) * root_scale
 

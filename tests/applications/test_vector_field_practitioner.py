@@ -166,3 +166,39 @@ def test_field_samples_refuse_features_redrawn_after_them(redraw):
     model.train()  # the model's own cache belongs to the old draws too (rfgp.set_num_features clears it itself)
     with torch.no_grad():
         assert posterior_field_samples(model, 2)(probe).shape == (2, 5, 2)
+
+
+class _BatchFieldGP(gpytorch.models.ExactGP):
+    """A batch of independent vector fields (e.g. one ocean-current map per day), the user's own ExactGP."""
+
+    def __init__(self, x, y, kernel):
+        batch, outputs = x.shape[:-2], y.shape[-1]
+        super().__init__(x, y, MultitaskGaussianLikelihood(num_tasks=outputs, rank=0, batch_shape=batch))
+        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ZeroMean(batch_shape=batch), num_tasks=outputs)
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+@pytest.mark.parametrize("outer_scale", [False, True])
+def test_helmholtz_components_of_a_batch_of_fields(outer_scale):
+    """Two days of a 2-D flow in one batched model: the components sliced E[θ | y] along its batch axis instead of
+    its feature axis (a matmul error); with a batched ScaleKernel around the sum its (2,) outputscales would have
+    multiplied the p = 2 components instead of the batch members."""
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.Size([2])
+    x = torch.rand(2, 40, 2, generator=generator, dtype=F64)
+    y = torch.randn(2, 40, 2, generator=generator, dtype=F64)
+    kernel = MultiOutputFeatureSumKernel(
+        ScaleKernel(SketchedCurlFreeKernel(64, 2, seed=0, batch_shape=batch), batch_shape=batch),
+        ScaleKernel(SketchedDivFreeKernel(64, 2, seed=1, batch_shape=batch), batch_shape=batch))
+    if outer_scale:
+        kernel = ScaleKernel(kernel, batch_shape=batch)
+        kernel.outputscale = torch.tensor([2.0, 5.0])
+    model = _BatchFieldGP(x, y, kernel).to(F64)
+    probe = torch.rand(2, 5, 2, generator=generator, dtype=F64)
+    parts = posterior_component_fields(model)
+    with torch.no_grad():
+        total = sum(part(probe) for part in parts)
+        torch.testing.assert_close(total, model(probe).mean, rtol=1e-10, atol=1e-10)
