@@ -145,7 +145,8 @@ def prior_field_samples(
         jitter: added to the anchor Gram matrix's diagonal (exact kernels).
 
     Returns:
-        A field ``x (n, d) | (S, n, d) -> (S, n, p)``.
+        A field ``x (n, d) | (S, n, d) -> (S, n, p)``; a kernel with ``batch_shape`` B gives every member its own
+        S samples, ``x (n, d) | (S, *B, n, d) -> (S, *B, n, p)``.
     """
     num_samples = check_positive_int(num_samples, "num_samples")
     if is_feature_kernel(kernel):
@@ -153,16 +154,16 @@ def prior_field_samples(
             raise ValueError("feature kernels need a probe input to size their features: pass anchors=x (n, d)")
         root = kernel_features(kernel, anchors)
         num_outputs = root.shape[-2] // anchors.shape[-2]
-        weights = torch.randn(num_samples, root.shape[-1], generator=generator, dtype=root.dtype).to(root.device)
-        return _feature_field(kernel, weights, num_outputs)
+        weights = torch.randn(num_samples, *root.shape[:-2], root.shape[-1], generator=generator, dtype=root.dtype)
+        return _feature_field(kernel, weights.to(root.device), num_outputs)  # θ (S, *batch, F)
     if anchors is None:
         raise ValueError(f"anchors (N, d) are required to sample the exact kernel {type(kernel).__name__}")
     with torch.no_grad():
         gram = kernel(anchors).to_dense()
         chol = psd_safe_cholesky(gram + jitter * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device))
-        normal = torch.randn(gram.shape[-1], num_samples, generator=generator, dtype=gram.dtype).to(gram.device)
+        normal = torch.randn(*gram.shape[:-1], num_samples, generator=generator, dtype=gram.dtype).to(gram.device)
         # K⁻¹f(X) for f(X) = Lε: (LLᵀ)⁻¹Lε = L⁻ᵀε, one triangular solve
-        coefficients = torch.linalg.solve_triangular(chol.mT, normal, upper=True).mT  # (S, N·p)
+        coefficients = torch.linalg.solve_triangular(chol.mT, normal, upper=True).movedim(-1, 0)  # (S, *batch, N·p)
     num_outputs = kernel_num_outputs(kernel, anchors)
 
     def field(x: Tensor) -> Tensor:

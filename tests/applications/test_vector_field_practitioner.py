@@ -202,3 +202,27 @@ def test_helmholtz_components_of_a_batch_of_fields(outer_scale):
     with torch.no_grad():
         total = sum(part(probe) for part in parts)
         torch.testing.assert_close(total, model(probe).mean, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_prior_samples_of_a_batched_kernel_have_each_members_covariance(exact):
+    """A kernel with batch_shape (2,) (two lengthscales): before, the S weight draws met the batch axis — S = 2 returned
+    (2, n, p) pairing sample s with member s (exact kernels: (2, 2, n, p) mixing one member's cross-covariance with the
+    other's coefficients), other S failed in a broadcast.  Now (S, 2, n, p), each member's samples with its
+    covariance."""
+    batch = torch.Size([2])
+    kernel = (CurlFreeRBFKernel(2, batch_shape=batch) if exact
+              else SketchedCurlFreeKernel(64, 2, seed=0, batch_shape=batch)).to(F64)
+    kernel.lengthscale = torch.tensor([0.3, 1.0], dtype=F64).view(2, 1, 1)
+    anchors = torch.rand(6, 2, dtype=F64, generator=torch.Generator().manual_seed(0))
+    num_samples = 4000
+    field = prior_field_samples(kernel, num_samples, anchors=anchors, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        values = field(anchors[:2]).reshape(num_samples, 2, 4)  # (S, member, 2 points × 2 components)
+        target = kernel(anchors[:2]).to_dense()  # (member, 4, 4)
+    assert field(anchors[:3]).shape == (num_samples, 2, 3, 2)
+    empirical = torch.einsum("sbi,sbj->bij", values, values) / num_samples
+    diagonal = target.diagonal(dim1=-2, dim2=-1)
+    stderr = (diagonal.unsqueeze(-1) * diagonal.unsqueeze(-2) + target**2).sqrt() / num_samples**0.5
+    assert ((empirical - target).abs() <= 4 * stderr).all()
+    assert target[0].diagonal().mean() > 5 * target[1].diagonal().mean()  # the members differ (K(x, x) = I/ℓ²)
