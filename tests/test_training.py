@@ -315,20 +315,22 @@ def test_two_stalls_at_a_stationary_point_stop_without_a_warning(monkeypatch):
     assert not history.converged and history.stop_reason.startswith("stalled"), history.stop_reason
 
 
+def _creeping_stepper(optimizer, params, objective, lr, history_size):
+    """A stepper whose steps (1e-9 along the gradient) are too short to change the loss while it still slopes."""
+    def step():
+        objective()
+        with torch.no_grad():
+            for p in params:
+                p -= 1e-9 * p.grad
+    return step
+
+
 def test_a_loss_change_below_ftol_at_a_large_gradient_is_a_stall_not_convergence(monkeypatch):
     """Steps too short to change the loss (here 1e-9 along the gradient; in practice a loss that is the features'
     Monte-Carlo noise on raw inputs, where L-BFGS stopped at gradients of 65-3400 and losses 23-74 times the exact
     GP's) change it by less than ftol while it still slopes: fit_mll reported that as convergence after one
     iteration at the starting gradient 0.3; now it is a stall, with a warning."""
-    def creeping(optimizer, params, objective, lr, history_size):
-        def step():
-            objective()
-            with torch.no_grad():
-                for p in params:
-                    p -= 1e-9 * p.grad
-        return step
-
-    monkeypatch.setattr(rfgp.training, "_stepper", creeping)
+    monkeypatch.setattr(rfgp.training, "_stepper", _creeping_stepper)
     match = (r"fit_mll: stalled: relative loss change .* ≤ ftol=1e-06, but the largest gradient entry 0\.\d+ > "
              r"gtol=1e-05 and > 0\.01 = .*converged is False")
     with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match=match):
@@ -341,15 +343,7 @@ def test_a_stall_names_only_the_causes_that_apply_to_the_model(monkeypatch):
     """An exact GPyTorch kernel in float64 under L-BFGS (raw CO₂ in ppm, outputscale 10³, stalled so) was told its
     loss might be the features' Monte-Carlo noise, float32 rounding or Adam circling, none of which it has; the
     message now lists what applies: badly scaled hyperparameters here, the three others where they apply."""
-    def creeping(optimizer, params, objective, lr, history_size):
-        def step():
-            objective()
-            with torch.no_grad():
-                for p in params:
-                    p -= 1e-9 * p.grad
-        return step
-
-    monkeypatch.setattr(rfgp.training, "_stepper", creeping)
+    monkeypatch.setattr(rfgp.training, "_stepper", _creeping_stepper)
     exact = _regression()
     exact.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)).to(F64)
     with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match="stalled") as caught:
