@@ -112,3 +112,11 @@ def test_botorch_example_fits_and_draws_paths_from_the_kernels_features():
     assert type(model.covar_module).__name__ == "SketchedRBFKernel" and model.covar_module.num_features == 1024
     samples = namespace["paths"](torch.rand(5, 3, dtype=torch.float64))
     assert samples.shape == (16, 5) and torch.isfinite(samples).all()
+
+
+def test_bad_input_table_size_stated_in_readme_and_conventions_is_the_tables():
+    from tests.reliability.test_bad_inputs import CASES
+
+    conventions = (pathlib.Path(__file__).parents[1] / "guide" / "conventions.md").read_text()
+    for text in (README, conventions):
+        assert re.findall(r"holds a (\d+)-row bad-input table", text) == [str(len(CASES))]
