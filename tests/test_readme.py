@@ -63,6 +63,7 @@ def test_train_small_predict_big_example_keeps_hyperparameters_and_widens():
     x = torch.rand(60, 2, dtype=torch.float64)
     y = torch.sin(4 * x[:, 0]) + 0.05 * torch.randn(60, dtype=torch.float64)
     model = namespace["GP"](x, y, gpytorch.likelihoods.GaussianLikelihood()).double()
+    assert model.covar_module.base_kernel.num_features == 1024
     trained = {}
 
     def keep_trained(module, num_features):  # the hyperparameters right before the re-draw
@@ -74,7 +75,7 @@ def test_train_small_predict_big_example_keeps_hyperparameters_and_widens():
     exec(_python_blocks()[2], namespace)
     history = namespace["history"]
     assert history.converged and history.stop_reason.startswith("converged")
-    assert model.covar_module.base_kernel.num_features == 8 * 512
+    assert model.covar_module.base_kernel.num_features == 4 * 1024  # 4× the swap-your-kernel model's width
     assert all(torch.equal(v, trained[k]) for k, v in model.named_parameters())
     posterior = namespace["posterior"]
     assert posterior.mean.shape == (7,) and torch.isfinite(posterior.variance).all()
