@@ -27,10 +27,14 @@ def demo_data(num_train: int = 3000, num_test: int = 500, seed: int = 0):
     def signal(x):
         return torch.sin(5 * x) + 0.5 * torch.sin(2 * x) + 0.2 * torch.sin(0.5 * x)
 
-    x = torch.rand(num_train + num_test, generator=generator, dtype=torch.float64) * 10 - 5
-    x = x[(x < 0.5) | (x > 1.5)]
+    total = num_train + num_test
+    x = torch.empty(0, dtype=torch.float64)
+    while x.numel() < total:  # draws falling in the gap are replaced, so N is the num_train asked for
+        draws = torch.rand(total, generator=generator, dtype=torch.float64) * 10 - 5
+        x = torch.cat([x, draws[(draws < 0.5) | (draws > 1.5)]])
+    x = x[:total]
     y = signal(x) + 0.2 * torch.randn(x.shape, generator=generator, dtype=torch.float64)
-    train, test = slice(0, min(num_train, x.numel() - num_test)), slice(-num_test, None)
+    train, test = slice(0, num_train), slice(num_train, None)
     return x[train, None], y[train], x[test, None], y[test], signal
 
 
