@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Iterator
 
 import pyro
@@ -47,6 +48,7 @@ def weight_guide(
     family: str = "full_rank",
     hyperparameters: str = "map",
     init_scale: float = 0.1,
+    from_param_store: bool = False,
 ) -> autoguide.AutoGuide:
     """A Gaussian variational family on the weights w (and a guide for the hyperparameters).
 
@@ -56,9 +58,13 @@ def weight_guide(
         hyperparameters: ``"map"``, ``"mean_field"`` or ``"joint"`` (see module docstring);
             ignored when no hyperparameter has a prior.
         init_scale: initial standard deviation of q(w).
+        from_param_store: start from the parameters of this name in Pyro's parameter store, e.g. after
+            ``pyro.get_param_store().load(path)`` (a guide built before the load picks them up as well).
 
-    Parameters of a previous guide with the same name are removed from Pyro's global
-    parameter store, so that a fresh guide starts from its own initialisation.
+    Otherwise the guide starts from its own initialisation: parameters of the same name that an earlier
+    guide of this function created are removed from Pyro's global parameter store.  Others of that name
+    (loaded from a file, or of a guide built by hand) are not guessed at: the call raises, naming
+    ``from_param_store`` and ``pyro.clear_param_store()``.
     """
     _check_model(model)
     check_choice(family, "family", GUIDE_FAMILIES)
@@ -81,9 +87,32 @@ def weight_guide(
         else:
             guide.append(autoguide.AutoNormal(poutine.block(model, expose=hyper_sites), init_scale=init_scale))
     store = pyro.get_param_store()
-    for name in [name for name in store.keys() if name.startswith(guide._pyro_name + ".")]:
-        del store[name]
+    stored = [name for name in store.keys() if name.startswith(guide._pyro_name + ".")]
+    if from_param_store:
+        if not stored:
+            raise ValueError(
+                f"from_param_store=True, but Pyro's parameter store holds no parameters of a guide named "
+                f"{guide._pyro_name!r}: load them first (pyro.get_param_store().load(path))"
+            )
+    else:
+        foreign = [name for name in stored if _GUIDE_PARAMETERS.get(id(store._params[name])) is not store._params[name]]
+        if foreign:
+            raise ValueError(
+                f"Pyro's parameter store holds parameters named {foreign[:3]} that no guide of weight_guide made "
+                "(loaded with pyro.get_param_store().load, or of a guide built by hand): pass from_param_store=True "
+                "to start from them, or call pyro.clear_param_store() to start from the guide's initialisation"
+            )
+        for name in stored:
+            del store[name]
+    # Guides create their parameters at their first call: remember them then, as this function's own.
+    guide.register_forward_hook(
+        lambda module, args, output: _GUIDE_PARAMETERS.update((id(p), p) for p in module.parameters()))
     return guide
+
+
+#: the parameters that guides of :func:`weight_guide` created (weakly held: they live in Pyro's parameter store)
+#: by id, since tensors compare elementwise
+_GUIDE_PARAMETERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast

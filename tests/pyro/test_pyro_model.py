@@ -155,3 +155,38 @@ def test_num_data_rescales_minibatch_likelihood():
     assert trace.nodes["y"]["scale"] == 4.0
     # Pyro's trace log-probabilities already carry the plate's scale.
     torch.testing.assert_close(trace.nodes["y"]["log_prob_sum"], 4.0 * full.nodes["y"]["log_prob_sum"])
+
+
+def test_guide_restores_a_saved_param_store(tmp_path):
+    """Loading a saved parameter store and then building the guide (Pyro's usual order) restored nothing:
+    weight_guide removed the loaded parameters, and the guide predicted from its initialisation."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x, y = torch.randn(20, 2), torch.randint(2, (20,)).float()
+
+    def make_model():
+        return RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Bernoulli(),
+                               lengthscale=dist.Gamma(4.0, 4.0))
+
+    guide = weight_guide(make_model(), family="mean_field", hyperparameters="map")
+    fit_svi(make_model(), guide, x, y, num_steps=20, lr=0.1)
+    fitted = {**guide[0].median(), **guide[1].median()}
+    pyro.get_param_store().save(tmp_path / "params.pt")
+
+    pyro.clear_param_store()
+    pyro.get_param_store().load(tmp_path / "params.pt")
+    with pytest.raises(ValueError, match="from_param_store=True"):
+        weight_guide(make_model(), family="mean_field", hyperparameters="map")
+    model = make_model()
+    restored = weight_guide(model, family="mean_field", hyperparameters="map", from_param_store=True)
+    restored(x, y)
+    for name, value in {**restored[0].median(), **restored[1].median()}.items():
+        assert torch.equal(value, fitted[name])
+    # A second guide of weight_guide starts afresh again, without complaint.
+    fresh = weight_guide(model, family="mean_field", hyperparameters="map")
+    fresh(x, y)
+    assert not torch.equal(fresh[1].median()["lengthscale"], fitted["lengthscale"])
+
+    pyro.clear_param_store()
+    with pytest.raises(ValueError, match="from_param_store=True, but"):
+        weight_guide(model, from_param_store=True)
