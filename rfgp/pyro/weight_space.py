@@ -149,19 +149,16 @@ class RandomFeatureGP(PyroModule):
         lengthscale = hyperparameter_value(self, "lengthscale", x)
         if self._scalar_lengthscale:
             lengthscale = lengthscale.unsqueeze(-1)
+        else:
+            _check_sample_layout("lengthscale", lengthscale, event_ndim=1)
         outputscale = hyperparameter_value(self, "outputscale", x).unsqueeze(-1)
         mean = hyperparameter_value(self, "mean", x).unsqueeze(-1)
         features = self.features(x, lengthscale)  # (*S, n, F)
         prior = dist.Normal(x.new_zeros(()), x.new_ones(()))
         weights = pyro.sample("w", prior.expand((self.num_latents, self.feature_map.num_features)).to_event(2))
+        _check_sample_layout("w", weights, event_ndim=2)
         if weights.dim() > 2:
-            # Sample dims are (*S, 1): the trailing 1 is the data plate's slot.
-            if weights.shape[-3] != 1:
-                raise ValueError(
-                    f"w has batch shape {tuple(weights.shape[:-2])}; RandomFeatureGP expects vectorised "
-                    "sample dimensions left of its data plate (dim -1), i.e. max_plate_nesting=1"
-                )
-            weights = weights.squeeze(-3)
+            weights = weights.squeeze(-3)  # the data plate's slot
         return mean + outputscale.sqrt() * (features @ weights.mT)
 
     def features(self, x: Tensor, lengthscale: Tensor) -> Tensor:
@@ -208,6 +205,19 @@ class RandomFeatureGP(PyroModule):
         with pyro.plate("data", size, subsample=torch.arange(n, device=x.device), dim=-1):
             pyro.deterministic("f", f, event_dim=1)
             return pyro.sample("y", likelihood, obs=y)
+
+
+def _check_sample_layout(site: str, value: Tensor, event_ndim: int) -> None:
+    """Vectorised samples of a global site with event dimensions must be ``(*S, 1, *event)``: the 1 is the data
+    plate's slot (dim −1).  ``pyro.infer.Predictive(parallel=True)`` lays posterior samples of such sites out as
+    ``(S, *event)``, which would broadcast S against the data points."""
+    if value.dim() > event_ndim and value.shape[-event_ndim - 1] != 1:
+        raise ValueError(
+            f"{site} has batch shape {tuple(value.shape[:-event_ndim])}; RandomFeatureGP expects vectorised sample "
+            "dimensions left of its data plate (dim -1), i.e. (*S, 1) with max_plate_nesting=1. "
+            "pyro.infer.Predictive(parallel=True) misplaces them for sites with event dimensions (w, an ARD "
+            "lengthscale): use rfgp.pyro.posterior_predictive, or Predictive with parallel=False"
+        )
 
 
 def _is_matern_half(feature_map: FeatureMap) -> bool:

@@ -190,3 +190,21 @@ def test_guide_restores_a_saved_param_store(tmp_path):
     pyro.clear_param_store()
     with pytest.raises(ValueError, match="from_param_store=True, but"):
         weight_guide(model, from_param_store=True)
+
+
+@pytest.mark.parametrize("ard", [False, True])
+def test_parallel_predictive_layout_is_refused_by_name(ard):
+    """pyro.infer.Predictive(parallel=True) lays samples of sites with event dimensions out as (S, *event), with no
+    slot for the data plate: an ARD lengthscale failed with a bare broadcasting RuntimeError, w with a message that
+    did not say what to use instead."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x, y = torch.randn(10, 2), torch.randn(10)
+    lengthscale = dist.LogNormal(torch.zeros(2), torch.ones(2)).to_event(1) if ard else dist.LogNormal(0.0, 1.0)
+    model = RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Gaussian(0.1), lengthscale=lengthscale)
+    guide = pyro.infer.autoguide.AutoNormal(model)
+    guide(x, y)
+    with pytest.raises(ValueError, match=r"(lengthscale|w) has batch shape \(4,\).*rfgp.pyro.posterior_predictive"):
+        pyro.infer.Predictive(model, guide=guide, num_samples=4, parallel=True)(x)
+    sequential = pyro.infer.Predictive(model, guide=guide, num_samples=4, return_sites=["f"])(x)
+    assert sequential["f"].shape == posterior_predictive(model, x, guide, num_samples=4)["f"].shape == (4, 10, 1)
