@@ -140,6 +140,7 @@ def fit_svi(
     (``seed`` seeds it), each step takes the next ``batch_size`` rows (the last of an epoch may be fewer) and
     scales their log likelihood by N/batch (``num_data`` = N), so the loss of a step is an unbiased estimate of
     the full-data −ELBO and one optimiser (its Adam state and learning-rate decay) runs through all steps.
+    Without ``seed`` the order is drawn from torch's global random state, so ``pyro.set_rng_seed`` reproduces it.
     ``num_data`` is for callers that pass one minibatch themselves; it cannot be combined with ``batch_size``.
     """
     _check_model(model)
@@ -176,10 +177,8 @@ def _minibatches(num_rows: int, batch_size: int, seed: int | None, device) -> It
     if batch_size > num_rows:
         raise ValueError(f"batch_size must be at most the number of rows of x ({num_rows}), got {batch_size}")
     generator = torch.Generator()
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
+    # Without a seed, one draw of the global random state (which pyro.set_rng_seed seeds) seeds the order.
+    generator.manual_seed(int(torch.randint(2**62, ())) if seed is None else seed)
     while True:
         yield from torch.randperm(num_rows, generator=generator).to(device).split(batch_size)
 
@@ -249,7 +248,14 @@ def posterior_predictive(
     else:
         raise TypeError(f"posterior must be a guide or a dict of samples, got {type(posterior).__name__}")
     samples = {name: value for name, value in samples.items() if name not in ("f", "y")}
-    if num_samples is not None:
+    if isinstance(posterior, dict) and num_samples is not None:
+        num_samples = check_positive_int(num_samples, "num_samples")
+        available = next(iter(samples.values())).shape[0]
+        if num_samples > available:
+            raise ValueError(
+                f"num_samples={num_samples} exceeds the {available} posterior samples given: pass at most "
+                f"{available}, or None for all"
+            )
         samples = {name: value[:num_samples] for name, value in samples.items()}
     # Every latent site is global (outside the data plate, dim -1): give its samples the
     # (S, 1, *site_shape) layout of a vectorised sample plate at dim -2.  Predictive's own
