@@ -27,6 +27,7 @@ from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside noteb
 
 from ..core.dtypes import in_full_precision
 from ..core.validation import check_choice, check_positive_float, check_positive_int
+from .likelihoods import CustomLikelihood
 from .weight_space import RandomFeatureGP
 
 GUIDE_FAMILIES = ("mean_field", "full_rank")
@@ -55,8 +56,9 @@ def weight_guide(
     Args:
         model: the :class:`RandomFeatureGP`.
         family: ``"mean_field"`` or ``"full_rank"`` (full-rank needs F·L ≤ 4096).
-        hyperparameters: ``"map"``, ``"mean_field"`` or ``"joint"`` (see module docstring);
-            ignored when no hyperparameter has a prior.
+        hyperparameters: ``"map"``, ``"mean_field"`` or ``"joint"`` (see module docstring) for every latent
+            site but w: the priors of the model and its likelihood, and any site a :class:`CustomLikelihood`'s
+            ``distribution_fn`` samples; ignored when there is none.
         init_scale: initial standard deviation of q(w).
         from_param_store: start from the parameters of this name in Pyro's parameter store, e.g. after
             ``pyro.get_param_store().load(path)`` (a guide built before the load picks them up as well).
@@ -76,16 +78,20 @@ def weight_guide(
             f"{model.num_weights} (F={model.feature_map.num_features}, L={model.num_latents}); use family='mean_field'"
         )
     gaussian = autoguide.AutoMultivariateNormal if family == "full_rank" else autoguide.AutoNormal
-    hyper_sites = model.hyperparameter_sites()
-    if hyperparameters == "joint" or not hyper_sites:
+    # A CustomLikelihood may sample hyperparameters of its own inside distribution_fn: sites only a trace shows.
+    # The hyperparameter guide takes every latent site but w, so that those are inferred too, not drawn from
+    # their priors at every step (Pyro only warns "Found vars in model but not guide").
+    has_hyperparameters = model.hyperparameter_sites() or isinstance(model.likelihood, CustomLikelihood)
+    if hyperparameters == "joint" or not has_hyperparameters:
         guide = gaussian(model, init_scale=init_scale)
     else:
         guide = autoguide.AutoGuideList(model)
         guide.append(gaussian(poutine.block(model, expose=["w"]), init_scale=init_scale))
+        hyperparameter_model = poutine.block(model, hide=["w"])
         if hyperparameters == "map":
-            guide.append(autoguide.AutoDelta(poutine.block(model, expose=hyper_sites)))
+            guide.append(autoguide.AutoDelta(hyperparameter_model))
         else:
-            guide.append(autoguide.AutoNormal(poutine.block(model, expose=hyper_sites), init_scale=init_scale))
+            guide.append(autoguide.AutoNormal(hyperparameter_model, init_scale=init_scale))
     store = pyro.get_param_store()
     stored = [name for name in store.keys() if name.startswith(guide._pyro_name + ".")]
     if from_param_store:

@@ -208,3 +208,4 @@ def test_parallel_predictive_layout_is_refused_by_name(ard):
         pyro.infer.Predictive(model, guide=guide, num_samples=4, parallel=True)(x)
     sequential = pyro.infer.Predictive(model, guide=guide, num_samples=4, return_sites=["f"])(x)
     assert sequential["f"].shape == posterior_predictive(model, x, guide, num_samples=4)["f"].shape == (4, 10, 1)
+    pyro.clear_param_store()  # the hand-built guide's parameters: weight_guide refuses to drop them
