@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from collections.abc import Iterator
@@ -22,11 +23,18 @@ import pyro.infer.autoguide as autoguide
 import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS, SVI, Predictive, Trace_ELBO
+from pyro.infer.mcmc.util import initialize_model
 from torch import Tensor
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from ..core.dtypes import in_full_precision
-from ..core.validation import check_choice, check_positive_float, check_positive_int
+from ..core.validation import (
+    DrawCoverageError,
+    InvalidValueError,
+    check_choice,
+    check_positive_float,
+    check_positive_int,
+)
 from .likelihoods import CustomLikelihood
 from .weight_space import RandomFeatureGP
 
@@ -205,7 +213,8 @@ def run_nuts(
 
     For small problems only (F·L ≤ 2048 weights); use :func:`fit_svi` beyond.  ``full_mass``
     adapts a dense mass matrix during warm-up, which removes the posterior correlations
-    of w (cheap for a few hundred weights, and much faster mixing).
+    of w (cheap for a few hundred weights, and much faster mixing).  Proposals that rfgp's checks refuse (a
+    lengthscale so small that x/ℓ overflows) have zero posterior density: divergences, not errors.
     Returns ``{site: tensor of shape (num_chains·num_samples, *site_shape)}``.
     """
     _check_model(model)
@@ -219,11 +228,25 @@ def run_nuts(
         )
     if progress is None:
         progress = sys.stderr.isatty()
-    kernel = NUTS(model, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"),
-                  full_mass=bool(full_mass), max_plate_nesting=1)
+    initial_params, potential, transforms, _ = initialize_model(model, model_args=(x, y), max_plate_nesting=1,
+                                                                num_chains=num_chains)
+
+    def rejecting_potential(params: dict[str, Tensor]) -> Tensor:
+        # NUTS' step-size search and trajectories probe extreme hyperparameters (a lengthscale of 1e-40 in float32
+        # makes x/ℓ infinite), which rfgp's checks refuse: such a point has zero posterior density, a divergence to
+        # NUTS, not an error that ends the run.  Draws the features do not cover stay an error.
+        try:
+            return potential(params)
+        except DrawCoverageError:
+            raise
+        except InvalidValueError:
+            return sum(value.sum() for value in params.values()) * 0.0 + math.inf
+
+    kernel = NUTS(potential_fn=rejecting_potential, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"),
+                  full_mass=bool(full_mass))
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, num_chains=num_chains,
-                disable_progbar=not progress)
-    mcmc.run(x, y)
+                initial_params=initial_params, transforms=transforms, disable_progbar=not progress)
+    mcmc.run()
     return mcmc.get_samples()
 
 

@@ -209,3 +209,17 @@ def test_parallel_predictive_layout_is_refused_by_name(ard):
     sequential = pyro.infer.Predictive(model, guide=guide, num_samples=4, return_sites=["f"])(x)
     assert sequential["f"].shape == posterior_predictive(model, x, guide, num_samples=4)["f"].shape == (4, 10, 1)
     pyro.clear_param_store()  # the hand-built guide's parameters: weight_guide refuses to drop them
+
+
+def test_nuts_rejects_extreme_hyperparameter_proposals_instead_of_failing():
+    """NUTS' step-size search probes extreme lengthscales: in float32 one underflowed to 0, x/ℓ became infinite,
+    and rfgp's input check ended the whole run with a NonFiniteError (3 of the first 6 seeds of this problem).
+    Such a point has zero posterior density: NUTS must treat it as a divergence and go on."""
+    pyro.set_rng_seed(0)
+    x = torch.randn(30, 2)
+    y = torch.sin(x[:, 0]) + 0.1 * torch.randn(30)
+    model = RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Gaussian(0.1),
+                            lengthscale=dist.LogNormal(0.0, 1.0))
+    samples = run_nuts(model, x, y, num_samples=10, warmup_steps=10)
+    assert samples["w"].shape == (10, 1, 8) and samples["lengthscale"].shape == (10,)
+    assert bool(torch.isfinite(samples["w"]).all()) and bool((samples["lengthscale"] > 0).all())
