@@ -119,9 +119,13 @@ def weight_guide(
         for name in stored:
             del store[name]
     # Guides create their parameters at their first call: remember them then, as this function's own.
-    guide.register_forward_hook(
-        lambda module, args, output: _GUIDE_PARAMETERS.update((id(p), p) for p in module.parameters()))
+    guide.register_forward_hook(_remember_parameters)
     return guide
+
+
+def _remember_parameters(guide, args, output) -> None:
+    """Forward hook of the guides of :func:`weight_guide` (a module-level function, so that guides still pickle)."""
+    _GUIDE_PARAMETERS.update((id(parameter), parameter) for parameter in guide.parameters())
 
 
 #: the parameters that guides of :func:`weight_guide` created (weakly held: they live in Pyro's parameter store)

@@ -172,6 +172,7 @@ def test_guide_restores_a_saved_param_store(tmp_path):
     fit_svi(make_model(), guide, x, y, num_steps=20, lr=0.1)
     fitted = {**guide[0].median(), **guide[1].median()}
     pyro.get_param_store().save(tmp_path / "params.pt")
+    torch.save(guide, tmp_path / "guide.pt")  # as Pyro's docs save a guide: it must pickle
 
     pyro.clear_param_store()
     pyro.get_param_store().load(tmp_path / "params.pt")
