@@ -196,8 +196,11 @@ def test_float32_chunked_statistics_decide_by_the_trace_of_the_whitened_gram(mon
             assert traces[0] == pytest.approx(expected_trace, rel=1e-4)
     (loss32, grads32), (loss64, grads64) = results[torch.float32], results[F64]
     assert abs(float(loss32) - float(loss64)) <= 1e-5 * abs(float(loss64))
+    # float32 rounding of the loss (≈ 1.7 here) reaches every gradient entry alike: the tolerance is set by the largest
+    # gradient of all parameters, not by each one's own (a scalar of 2.4e-4 moved by 5e-7 on another CPU's BLAS)
+    scale = max(float(grad.abs().max()) for grad in grads64)
     for grad32, grad64 in zip(grads32, grads64):
-        torch.testing.assert_close(grad32.to(F64), grad64, rtol=1e-3, atol=1e-3 * float(grad64.abs().max()))
+        torch.testing.assert_close(grad32.to(F64), grad64, rtol=1e-3, atol=1e-4 * scale)
 
 
 def test_a_batch_of_kernels_chunked_equals_unchunked(monkeypatch):
