@@ -224,10 +224,18 @@ class ConfigState:
                     adopt[name] = value
             elif not (same_value(value, current) or (role == LAZY and value is None)):
                 raise ValueError(
-                    f"cannot load state: {prefix}{name} is {value!r} in the state dict but {current!r} in this module "
+                    f"cannot load state: {prefix}{name} is {self._reported_config(name, saved)!r} in the state dict "
+                    f"but {self._reported_config(name, self.config())!r} in this module "
                     "(the state was saved from a differently configured module)"
                 )
         return adopt
+
+    def _reported_config(self, name: str, values: dict[str, Any]) -> Any:
+        """The value of field ``name`` that a load error reports, from ``values`` (saved, or this module's config).
+
+        Default: the field itself; a module whose field is derived from an argument the user passed reports that
+        argument instead, when ``values`` hold it."""
+        return values[name]
 
 
 class SavedDrawShapes:

@@ -44,11 +44,15 @@ class _MaclaurinFeatures(FeatureMap):
     Saved configuration: the target kernel's family (``kernel``; for the polynomial kernel
     without its offset ν, which :func:`~rfgp.kernels.refit_allocation` may change and which is
     saved as ``kernel_offset``; a spec from :func:`~rfgp.features.dot_product.from_coefficients` is saved as
-    ``"custom"``, its coefficients are not), the sketch options and the allocation ``widths`` (D₁..D_p).
+    ``"custom"``, its coefficients are not), the sketch options, the allocation ``widths`` (D₁..D_p) and the
+    ``num_features`` the map was built with (``requested_num_features``: the saved width ``num_features`` drops an
+    unusable column, so a load error reports the argument the user passed).
     """
 
     config_fields = {"kernel": METHOD, "projection": METHOD, "weights": METHOD, "srht_blocks": METHOD,
-                     "bias_correction": METHOD, "kernel_offset": DRAW, "widths": DRAW}
+                     "bias_correction": METHOD, "kernel_offset": DRAW, "widths": DRAW,
+                     "requested_num_features": DRAW}
+    optional_config_fields = frozenset({"requested_num_features"})
 
     def __init__(self, kernel, num_features, input_dim, projection, weights, srht_blocks, bias_correction,
                  seed, generator, projections=PROJECTIONS) -> None:
@@ -62,7 +66,7 @@ class _MaclaurinFeatures(FeatureMap):
         self.srht_blocks = check_choice(srht_blocks, "srht_blocks", SRHT_BLOCKS)
         self.bias_correction = bias_correction
         self.has_constant = bool(kernel.coefficients(0)[0] > 0)
-        check_positive_int(num_features, "num_features")
+        self.requested_num_features = check_positive_int(num_features, "num_features")
         self.total_width = total_width(num_features, self.has_constant, self.is_complex)
         if self.total_width < 1:
             raise ValueError(f"num_features={num_features} leaves no feature for the sketches (weights={weights!r})")
@@ -204,6 +208,11 @@ class _MaclaurinFeatures(FeatureMap):
         if values.get("widths") is not None:
             values["widths"] = tuple(values["widths"])
         super()._adopt_config(values)
+
+    def _reported_config(self, name: str, values: dict):
+        if name == "num_features" and values.get("requested_num_features") is not None:
+            return values["requested_num_features"]
+        return super()._reported_config(name, values)
 
     def _legacy_config(self, extra: dict) -> dict:
         config = super()._legacy_config(extra)

@@ -206,3 +206,18 @@ def test_spectral_kernels_refuse_unknown_keyword_arguments():
 def test_min_lengthscale_without_radius_raises_instead_of_being_ignored():
     with pytest.raises(ValueError, match="min_lengthscale=0.5 only applies with radius="):
         GaussianSketchRBFKernel(32, order=4, min_lengthscale=0.5)
+
+
+def test_maclaurin_width_mismatch_on_load_reports_the_num_features_passed():
+    """An even num_features leaves a column unused (width 63 for 64); the load error names the argument, 64 vs 32."""
+    x = torch.randn(10, 3, dtype=torch.float64)
+    saved = gpytorch.kernels.ScaleKernel(rfgp.kernels.MaclaurinRBFKernel(64, seed=0)).double()
+    saved(x, x).to_dense()
+    target = gpytorch.kernels.ScaleKernel(rfgp.kernels.MaclaurinRBFKernel(32, seed=0)).double()
+    with pytest.raises(ValueError, match=r"base_kernel\.feature_map\.num_features is 64 in the state dict but 32 in"):
+        target.load_state_dict(saved.state_dict())
+    # the same width built from the odd argument loads (and adopts the saved argument)
+    same = gpytorch.kernels.ScaleKernel(rfgp.kernels.MaclaurinRBFKernel(63, seed=1)).double()
+    same.load_state_dict(saved.state_dict())
+    assert same.base_kernel.feature_map.requested_num_features == 64
+    torch.testing.assert_close(same(x, x).to_dense(), saved(x, x).to_dense(), rtol=0, atol=0)
