@@ -433,9 +433,14 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
     def _chunks(self):
         return chunk_slices(self.inputs.shape[-2], self.chunk_size)
 
+    def feature_chunks(self) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, Φ_c) for every chunk of ``chunk_size`` rows of x, Φ_c ``(..., c, F)``."""
+        for rows in self._chunks():
+            yield rows, self.featurizer(self.inputs[..., rows, :])
+
     def features(self) -> Tensor:
         """Φ materialised, ``(..., N, F)`` (for small test sets)."""
-        return torch.cat([self.featurizer(self.inputs[..., rows, :]) for rows in self._chunks()], -2)
+        return torch.cat([features for _, features in self.feature_chunks()], -2)
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """Φε, one ε ~ N(0, I_F) for every chunk: ``(num_samples, *batch, N)`` samples of N(0, ΦΦᵀ), exact, in

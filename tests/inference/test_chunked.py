@@ -379,3 +379,35 @@ def test_detached_chunked_operators_carry_no_graph(kernel):
                 assert reference.requires_grad and not value.requires_grad
                 torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=1e-12)
         assert not noisy.detach().solve(rhs).requires_grad
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "maclaurin", "kernel_space"])
+def test_prediction_at_chunked_test_inputs_never_materialises_their_features(kernel, monkeypatch):
+    """Test inputs whose features exceed the budget are predicted a chunk at a time (mean, variance with the bias
+    correction, likelihood, log_prob, joint samples), equal to the unchunked prediction; their n × F features are
+    never formed whole (before: the chunks were concatenated, then squared, several n × F copies)."""
+    x, y, _ = _data(torch.float64)
+    x_test = torch.randn(300, DIM, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    y_test = torch.sin(2 * x_test).sum(-1)
+    num_train = 40 if kernel == "kernel_space" else NUM_TRAIN  # N ≤ F: the kernel-space factor
+    base = rfgp.kernels.MaclaurinRBFKernel(64, seed=0) if kernel == "maclaurin" else _kernel("rbf").base_kernel
+    model = ExactGPModel(x[:num_train], y[:num_train], gpytorch.likelihoods.GaussianLikelihood(),
+                         gpytorch.kernels.ScaleKernel(base)).double().eval()
+    with torch.no_grad():
+        latent, noisy = model(x_test), model.likelihood(model(x_test))
+        expected = (latent.mean, latent.variance, noisy.variance, noisy.log_prob(y_test))
+
+    def materialised(self):
+        raise AssertionError(f"features of {self.shape[-1]} test points materialised")
+
+    monkeypatch.setattr(ChunkedFeatureRootLinearOperator, "features", materialised)
+    with rfgp.settings.chunk_size(50), torch.no_grad():
+        latent, noisy = model(x_test), model.likelihood(model(x_test))
+        assert type(latent.lazy_covariance_matrix).__name__ == "ChunkedPosteriorCovariance"
+        chunked = (latent.mean, latent.variance, noisy.variance, noisy.log_prob(y_test))
+        samples = noisy.rsample(torch.Size([3]))
+    if kernel == "maclaurin":
+        assert base.feature_map.has_variance_bias and expected[1].min() > 0
+    for value, reference in zip(chunked, expected):
+        torch.testing.assert_close(value, reference, rtol=1e-9, atol=1e-11)
+    assert samples.shape == (3, len(x_test)) and samples.isfinite().all()
