@@ -6,8 +6,9 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
     G = ΦᵀWΦ (F × F),  B = ΦᵀWr (F),  q = rᵀWr,  ℓ = Σ log σ²,  n,
 
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
-and memory O(F²), whatever the number of points seen.  G and B are summed in the factor's precision (float64 for
-float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`; q, ℓ and n stay in the inputs' dtype); a float32 batch's
+and memory O(F²), whatever the number of points seen.  All five are summed in the factor's precision (float64 for
+float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`: float32 sums of q and ℓ drifted by 2·10⁻⁶ and 2·10⁻⁴
+relative over 2·10⁴ single-point updates, 31 nats of log p(y), and a float32 n stops counting at 2²⁴); a float32 batch's
 ΦₖᵀWΦₖ is formed in float32 while the stream's float32 rounding stays negligible, in float64 otherwise
 (:mod:`rfgp.inference.statistics_precision`): see :meth:`StreamingFeatureGP.update`.  The posterior needs
 L = chol(I + G) (:meth:`StreamingFeatureGP.cholesky`).  Once L exists, a small batch updates it
@@ -166,10 +167,11 @@ class StreamingFeatureGP(nn.Module):
         :func:`takes_rank_update` says so, and dropped (refactorised when next needed) otherwise.
 
         The features Φₖ are evaluated in the inputs' dtype; G = ΣΦₖᵀWΦₖ and B = ΣΦₖᵀWrₖ are summed in
-        :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 inputs).  I + G has eigenvalues ≥ 1 in exact
-        arithmetic, and the Gram matrix of the rounded float32 features, formed and summed in float64, keeps them ≥ 1
-        up to eps₆₄·‖G‖.  Formed in float32, ΦₖᵀWΦₖ carries errors of up to about u₃₂·tr(ΦₖᵀWΦₖ) (u₃₂ = 2⁻²⁴;
-        measured 0.06–0.1 times that in spectral norm): at a high signal-to-noise ratio (the float32 IGRF fit of the
+        :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 inputs), as are q = ΣrₖᵀWrₖ, ℓ and n.  I + G
+        has eigenvalues ≥ 1 in exact arithmetic, and the Gram matrix of the rounded float32 features, formed and
+        summed in float64, keeps them ≥ 1 up to eps₆₄·‖G‖.  Formed in float32, ΦₖᵀWΦₖ carries errors of up to about
+        u₃₂·tr(ΦₖᵀWΦₖ) (u₃₂ = 2⁻²⁴; measured 0.06–0.1 times that in spectral norm): at a high signal-to-noise ratio
+        (the float32 IGRF fit of the
         tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) float32 sums erred by 1.7 in spectral norm, and the
         smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04 — the float64 factorisation then failed or
         not by chance.  So a float32 batch is formed in float32 only while u₃₂·tr(G) of the whole stream, this batch
@@ -200,12 +202,12 @@ class StreamingFeatureGP(nn.Module):
                                 lambda: weighted_square_norm(features, weights) + self._gram_trace())
         gram, cross = feature_statistics(features.to(work), weights.to(work), residual.to(work))
         gram, cross = gram.to(storage), cross.to(storage)
-        batch = (
+        batch = (  # q, ℓ and n summed in the factor's precision too: see the module's docstring
             gram,
             cross,
-            (residual.squeeze(-1).pow(2) * weights).sum(-1),
-            noise.log().sum(-1),
-            torch.full(noise.shape[:-1], float(x.shape[-2]), dtype=features.dtype, device=features.device),
+            (residual.squeeze(-1).to(storage).pow(2) * weights.to(storage)).sum(-1),
+            noise.to(storage).log().sum(-1),
+            torch.full(noise.shape[:-1], float(x.shape[-2]), dtype=storage, device=features.device),
         )
         for name, value in zip(_STATISTICS, batch):
             current = getattr(self, name)
@@ -224,18 +226,14 @@ class StreamingFeatureGP(nn.Module):
         return self.gram.diagonal(dim1=-2, dim2=-1).sum(-1) if self.gram.numel() else 0.0
 
     def _check_inputs(self, x) -> None:
-        """x is a supported floating tensor in the dtype of the statistics (or, before any data, of the model)."""
+        """x is a supported floating tensor in the model's dtype."""
         check_tensor_dtype(x, "x")
-        # Unlike a kernel call, streaming cannot follow type promotion: the statistics are sums kept in one
-        # dtype, so a float64 batch added to float32 sums would lose its precision (and earlier batches' lost
-        # digits cannot be restored by promoting the sums), and they are buffers in the model's dtype.
-        if self.count.numel():  # n, q and ℓ are kept in the inputs' dtype (G and B in the factor's)
-            check_same_dtype(x, "x", self.count.dtype, "the statistics accumulated from earlier batches",
-                             "streaming statistics are sums kept in one dtype (promoting them cannot restore the "
-                             "precision earlier batches were summed in)")
-        else:
-            check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype",
-                             "streaming statistics accumulate in the model's dtype, as buffers of the model")
+        # Unlike a kernel call, streaming cannot follow type promotion: the statistics are sums of one model's
+        # features, kept in its factor's precision (float64 for a float32 model), and buffers of the model.
+        check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype",
+                         "streaming statistics are sums kept in one dtype and accumulate in the model's dtype, as "
+                         "buffers of the model (promoting them cannot restore the precision earlier batches were "
+                         "summed in)")
 
     @in_full_precision
     def cholesky(self) -> Tensor:
@@ -266,7 +264,7 @@ class StreamingFeatureGP(nn.Module):
         projected = torch.linalg.solve_triangular(chol, self.cross.to(work), upper=False).pow(2).sum((-2, -1))
         logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1) + self.noise_logdet.to(work)
         value = self.weighted_square.to(work) - projected + logdet + self.count.to(work) * math.log(2 * math.pi)
-        return (-0.5 * value).to(self.count.dtype)
+        return (-0.5 * value).to(module_dtype(self.covar_module))
 
     @in_full_precision
     def forward(self, x: Tensor) -> MultivariateNormal:
@@ -287,7 +285,15 @@ class StreamingFeatureGP(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         self._chol = None  # a plain attribute, not a buffer: refactorised in the new dtype/device
-        return super()._apply(fn, *args, **kwargs)
+        statistics = {name: getattr(self, name) for name in _STATISTICS}
+        super()._apply(fn, *args, **kwargs)
+        # the sums stay in the new model's factor precision: model.float() must not round float64 sums to float32
+        dtype = module_dtype(self.covar_module)
+        for name, before in statistics.items():
+            after = getattr(self, name)
+            if dtype is not None and before.is_floating_point():
+                setattr(self, name, before.to(device=after.device, dtype=factor_dtype(dtype, after.device)))
+        return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for name in _STATISTICS:

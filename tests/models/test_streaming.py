@@ -270,3 +270,48 @@ def test_float32_stream_forms_batches_in_float32_until_its_rounding_estimate_exc
         results.append((streaming.gram, streaming.cross, streaming.log_marginal_likelihood().double()))
     for value, reference in zip(*results):
         torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-4)
+
+
+def _streamed(dtype, x, y, batch_size):
+    model = _model(x, y).to(dtype)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
+    for start in range(0, len(x), batch_size):
+        streaming.update(x[start:start + batch_size].to(dtype), y[start:start + batch_size].to(dtype))
+    return streaming
+
+
+def test_float32_stream_of_many_small_batches_sums_every_statistic_in_float64():
+    """q = ΣrᵀWr, ℓ = Σ log σ² and n are summed in float64 for float32 inputs, as G and B are: summed in float32 over
+    one-point updates, ℓ drifted by 2·10⁻⁴ relative after 2·10⁴ of them (31 nats of log p(y)), and q by 2·10⁻⁶."""
+    x, y = _data(1200)
+    y = y + 3.0  # a residual far from 0: q grows with every point
+    wide, narrow = _streamed(torch.float64, x, y, 1), _streamed(torch.float32, x, y, 1)
+    # measured before: q, ℓ and log p(y) 4.6·10⁻⁷, 1.6·10⁻⁵ and 1.1·10⁻⁴ off; now 1.0·10⁻⁷ (the float32 model's own
+    # rounding of r and σ²), 1.8·10⁻⁸ and 4·10⁻⁷
+    for name, rtol in (("weighted_square", 3e-7), ("noise_logdet", 1e-6), ("count", 0)):
+        assert getattr(narrow, name).dtype == torch.float64, name
+        torch.testing.assert_close(getattr(narrow, name), getattr(wide, name), rtol=rtol, atol=0, msg=name)
+    torch.testing.assert_close(narrow.log_marginal_likelihood().double(), wide.log_marginal_likelihood(),
+                               rtol=1e-5, atol=0)
+
+
+def test_float32_stream_counts_past_two_to_the_24_points():
+    """A stream resumed at n = 2²⁴ points counts the next one (a float32 n + 1 rounded back to 2²⁴)."""
+    x, y = _data(20)
+    streaming = _streamed(torch.float32, x, y, 10)
+    state = streaming.state_dict()
+    state["count"] = torch.full_like(state["count"], 2.0**24)
+    streaming.load_state_dict(state)
+    streaming.update(x[:1].float(), y[:1].float())
+    assert streaming.num_data == 2**24 + 1
+
+
+def test_model_float_keeps_the_float64_sums_of_a_float32_stream():
+    """model.float() (or .to(device)) after streaming keeps G, B, q, ℓ and n in float64: rounding them to float32
+    loses what the float64 sums are for (the factorisation of I + G at a high signal-to-noise ratio)."""
+    x, y = _data(60)
+    streaming = _streamed(torch.float32, x, y, 20)
+    before = {name: getattr(streaming, name).clone() for name in streaming_module._STATISTICS}
+    streaming.float()
+    for name, value in before.items():
+        assert getattr(streaming, name).dtype == torch.float64 and torch.equal(getattr(streaming, name), value), name
