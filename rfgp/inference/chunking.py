@@ -264,40 +264,30 @@ def accumulated_statistics_dtype(gram: Tensor, weights: Tensor, trace_scale: Ten
 
 
 def _widened_statistics(featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int,
-                        gram: Tensor, cross: Tensor, trace_scale: Tensor | float,
-                        unfolded: tuple) -> tuple[Tensor, Tensor, Tensor]:
-    """(``gram``, ``cross``, weights) as accumulated, or recomputed from Φ_c cast to float64 where the float32 rounding
-    of ``gram`` (its trace times ``trace_scale``) is not negligible (:func:`accumulated_statistics_dtype`).
-
-    ``unfolded``: (W, R, c) before :func:`~rfgp.inference.linalg.fold_constant`; the recomputation folds c in float64,
-    since c²W and R/c rounded to float32 scale B by up to 2u, which rᵀD⁻¹r − ‖L⁻¹B‖² amplifies at a high
-    signal-to-noise ratio.  The weights returned are those the statistics were formed with (folded, in their dtype).
-    """
+                        gram: Tensor, cross: Tensor, trace_scale: Tensor | float) -> tuple[Tensor, Tensor]:
+    """(``gram``, ``cross``) as accumulated, or recomputed from Φ_c cast to float64 where the float32 rounding of
+    ``gram`` (its trace times ``trace_scale``) is not negligible (:func:`accumulated_statistics_dtype`)."""
     work = accumulated_statistics_dtype(gram, weights, trace_scale)
     if work == gram.dtype:
-        return gram, cross, weights
-    raw_weights, raw_rhs, constant = unfolded
-    weights, rhs = fold_constant(constant.to(work) if torch.is_tensor(constant) else constant,
-                                 raw_weights.to(work), raw_rhs.to(work))
-    return (*accumulated_statistics(lambda x: featurizer(x).to(work), inputs, weights, rhs, chunk_size, outputs),
-            weights)
+        return gram, cross
+    return accumulated_statistics(lambda x: featurizer(x).to(work), inputs, weights.to(work), rhs.to(work),
+                                  chunk_size, outputs)
 
 
 class _ChunkedStatistics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, featurizer, blocks, inputs, weights, rhs, *params):
-        # points per chunk, rows of Φ per point, adaptive precision, its trace's scale, (W, R, c) unfolded
-        chunk_size, outputs, adaptive, trace_scale, unfolded = blocks
+        # points per chunk, rows of Φ per point, adaptive precision, its trace's scale
+        chunk_size, outputs, adaptive, trace_scale = blocks
         uniform = _is_uniform(weights)
         gram, cross = accumulated_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs)
-        formed_weights = weights
         if adaptive:
-            gram, cross, formed_weights = _widened_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs,
-                                                              gram, cross, trace_scale, unfolded)
+            gram, cross = _widened_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs, gram, cross,
+                                              trace_scale)
         ctx.featurizer, ctx.chunk_size, ctx.outputs, ctx.work = featurizer, chunk_size, outputs, gram.dtype
         if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
             ctx.save_for_backward(inputs, weights, rhs, gram, cross)
-            w = formed_weights.unsqueeze(-1).to(gram.dtype)
+            w = weights.unsqueeze(-1).to(gram.dtype)
             return gram * w, cross * w
         ctx.save_for_backward(inputs, weights, rhs)
         return gram, cross
@@ -376,10 +366,8 @@ def chunked_feature_statistics(
     """
     check_chunked_solve(featurizer, inputs, weights, outputs)
     unscaled = featurizer.unscaled()
-    constant = featurizer.constant
-    unfolded = (weights.detach(), rhs.detach(), constant.detach() if torch.is_tensor(constant) else constant)
-    weights, rhs = fold_constant(constant, weights, rhs)
+    weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size, outputs)
-    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision, trace_scale, unfolded), inputs,
-                                    weights, rhs, *unscaled.params)
+    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision, trace_scale), inputs, weights,
+                                    rhs, *unscaled.params)
