@@ -163,6 +163,9 @@ class StreamingFeatureGP(nn.Module):
     def update(self, x: Tensor, y: Tensor) -> StreamingFeatureGP:
         """Absorb a batch: inputs ``(k, d)`` and targets ``(k,)``; O(k·F²) time, no old data needed.
 
+        An empty batch (k = 0, e.g. from a filtering ``DataLoader``) leaves the model unchanged, after the same
+        checks of its dtype, shape and (once data were absorbed) width as any batch.
+
         The Cholesky factor, if already computed, is updated by a rank-k update when
         :func:`takes_rank_update` says so, and dropped (refactorised when next needed) otherwise.
 
@@ -189,10 +192,10 @@ class StreamingFeatureGP(nn.Module):
         if y.shape != x.shape[:-1]:
             raise ValueError(f"y must have shape {tuple(x.shape[:-1])} to match x of shape {tuple(x.shape)}, "
                              f"got {tuple(y.shape)}")
-        if x.shape[-2] == 0:
-            raise ValueError("x and y are an empty batch (0 rows); pass batches with at least one point")
         check_finite(y, "y (the targets)", "remove or impute those rows before streaming them")
         self._check_hyperparameters()
+        if x.shape[-2] == 0:
+            return self._check_empty_batch(x)
         features = kernel_features(self.covar_module, x)
         noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
         residual = (y - self.mean_module(x)).unsqueeze(-1)
@@ -219,6 +222,14 @@ class StreamingFeatureGP(nn.Module):
             self._chol = cholesky_update(self._chol, vectors.to(self._chol.dtype))
         else:
             self._chol = None
+        return self
+
+    def _check_empty_batch(self, x: Tensor) -> StreamingFeatureGP:
+        """An empty batch adds nothing: state unchanged.  Once data were absorbed, its Φ (0 rows) checks its width
+        against the features' draws as for any batch; before that, featurising it would fix the draws (and a fit to
+        the first inputs) on no data, so only its dtype and the targets' shape are checked."""
+        if self._hyperparameters is not None:
+            kernel_features(self.covar_module, x)
         return self
 
     def _gram_trace(self) -> Tensor | float:

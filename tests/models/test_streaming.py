@@ -106,6 +106,68 @@ def test_bad_input():
         fit_from_batches(gp, [x], progress=False)
 
 
+def _assert_same_state(before: dict, after: dict) -> None:
+    assert before.keys() == after.keys()
+    for name in before:
+        assert before[name].dtype == after[name].dtype and torch.equal(before[name], after[name]), name
+
+
+@pytest.mark.parametrize("absorbed", [0, 100], ids=["before-data", "after-data"])
+def test_empty_batch_is_a_no_op(absorbed):
+    x, y = _data()
+    model = _model(x, y)
+    gp = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
+    if absorbed:
+        gp.update(x[:absorbed], y[:absorbed])
+        gp.cholesky()
+    before, factor = copy.deepcopy(gp.state_dict()), gp._chol
+    assert gp.update(x[:0], y[:0]) is gp
+    _assert_same_state(before, gp.state_dict())
+    assert gp.num_data == absorbed and gp._chol is factor  # the posterior's factor kept, not even refactorised
+
+
+def test_empty_batch_is_still_checked():
+    x, y = _data()
+    model = _model(x, y)
+    gp = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x[:50], y[:50])
+    before = copy.deepcopy(gp.state_dict())
+    for rows in (1, 0):  # a batch of 3 columns into a 2-column model: the empty one is refused as the other is
+        with pytest.raises(Exception) as error:
+            gp.update(torch.zeros(rows, 3, dtype=torch.float64), torch.zeros(rows, dtype=torch.float64))
+        assert "empty" not in str(error.value)
+        if rows:
+            refusal = (type(error.value), str(error.value))
+    assert (type(error.value), str(error.value)) == refusal
+    with pytest.raises(ValueError, match="y must have shape"):
+        gp.update(x[:0], y[:1])
+    with pytest.raises(TypeError, match="x"):
+        gp.update(x[:0].float(), y[:0].float())
+    with pytest.raises(TypeError, match="y"):
+        gp.update(x[:0], y[:0].float())
+    _assert_same_state(before, gp.state_dict())
+
+
+def test_fit_from_batches_passes_over_an_empty_batch():
+    x, y = _data()
+    keep = torch.ones(len(y), dtype=torch.bool)
+    keep[80:120] = False  # the second batch of 40 is filtered out entirely
+
+    def filtering(rows):
+        x_batch, y_batch, keep_batch = (torch.stack(column) for column in zip(*rows))
+        return x_batch[keep_batch], y_batch[keep_batch]
+
+    loader = DataLoader(TensorDataset(x, y, keep), batch_size=40, collate_fn=filtering)
+    assert [len(batch[1]) for batch in loader] == [40, 40, 0, 40, 40, 40]
+    model = _model(x, y)
+    streamed = fit_from_batches(StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module), loader,
+                                progress=False)
+    batches = [batch for batch in loader if len(batch[1])]
+    reference = fit_from_batches(StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module),
+                                 batches, progress=False)
+    _assert_same_state(reference.state_dict(), streamed.state_dict())
+    assert streamed.num_data == 200
+
+
 def _count_rank_updates(monkeypatch):
     """Record the rank k of every Cholesky update the streaming model makes."""
     calls = []
