@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import weakref
@@ -69,7 +70,9 @@ def weight_guide(
             ``distribution_fn`` samples; ignored when there is none.
         init_scale: initial standard deviation of q(w).
         from_param_store: start from the parameters of this name in Pyro's parameter store, e.g. after
-            ``pyro.get_param_store().load(path)`` (a guide built before the load picks them up as well).
+            ``pyro.get_param_store().load(path)`` (a guide built before the load picks them up as well).  The guide
+            must be the one that saved them (same ``family``, ``hyperparameters`` and model): its first call raises,
+            naming them, if it needs parameters the store lacks or leaves stored ones unused.
 
     Otherwise the guide starts from its own initialisation: parameters of the same name that an earlier
     guide of this function created are removed from Pyro's global parameter store.  Others of that name
@@ -108,6 +111,8 @@ def weight_guide(
                 f"from_param_store=True, but Pyro's parameter store holds no parameters of a guide named "
                 f"{guide._pyro_name!r}: load them first (pyro.get_param_store().load(path))"
             )
+        # Which parameters the guide needs shows only at its first call, when it creates them.
+        guide.register_forward_hook(functools.partial(_check_stored_parameters, frozenset(stored)))
     else:
         foreign = [name for name in stored if _GUIDE_PARAMETERS.get(id(store._params[name])) is not store._params[name]]
         if foreign:
@@ -121,6 +126,26 @@ def weight_guide(
     # Guides create their parameters at their first call: remember them then, as this function's own.
     guide.register_forward_hook(_remember_parameters)
     return guide
+
+
+def _check_stored_parameters(stored: frozenset[str], guide, args, output) -> None:
+    """Forward hook of a guide of ``weight_guide(..., from_param_store=True)``: raise if it created parameters that
+    the store lacked (they would start from their initialisation) or left stored ones unused — the saved guide had
+    another ``family``, ``hyperparameters`` or model.  The parameters created by the refused call are removed."""
+    store = pyro.get_param_store()
+    own = {id(parameter) for parameter in guide.parameters()}
+    names = {name for name in store.keys() if name.startswith(guide._pyro_name + ".")}
+    missing = sorted(names - stored)
+    unused = sorted(name for name in stored if name not in store or id(store._params[name]) not in own)
+    if missing or unused:
+        for name in missing:
+            del store[name]
+        raise ValueError(
+            f"weight_guide(..., from_param_store=True): the stored parameters are not those of this guide; missing "
+            f"from the store (this guide would start them from its initialisation): {missing or 'none'}; stored but "
+            f"unused by this guide: {unused or 'none'}. Build the guide with the family= and hyperparameters= of the "
+            "guide that saved them, for the same model (features, likelihood, priors)"
+        )
 
 
 def _remember_parameters(guide, args, output) -> None:

@@ -193,6 +193,41 @@ def test_guide_restores_a_saved_param_store(tmp_path):
         weight_guide(model, from_param_store=True)
 
 
+@pytest.mark.parametrize(
+    "saved, built, missing, unused",
+    [
+        (("mean_field", "map"), ("full_rank", "map"), "AutoGuideList.0.loc", "AutoGuideList.0.locs.w"),
+        (("full_rank", "map"), ("mean_field", "map"), "AutoGuideList.0.locs.w", "AutoGuideList.0.loc"),
+        (("mean_field", "map"), ("mean_field", "mean_field"), "AutoGuideList.1.locs.lengthscale",
+         "AutoGuideList.1.lengthscale"),
+        (("mean_field", "mean_field"), ("mean_field", "map"), "AutoGuideList.1.lengthscale",
+         "AutoGuideList.1.locs.lengthscale"),
+    ],
+)
+def test_guide_from_a_param_store_of_another_guide_is_refused(saved, built, missing, unused):
+    """A guide built from_param_store with another family or hyperparameters than the saved one started the
+    parameters the store lacked from their initialisation without a word, and ignored the stored ones."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x, y = torch.randn(20, 2), torch.randint(2, (20,)).float()
+
+    def make_model():
+        return RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Bernoulli(),
+                               lengthscale=dist.Gamma(4.0, 4.0))
+
+    fit_svi(make_model(), weight_guide(make_model(), *saved), x, y, num_steps=3, lr=0.1)
+    store = pyro.get_param_store()
+    before = {name: store[name].detach().clone() for name in store.keys()}
+    guide = weight_guide(make_model(), *built, from_param_store=True)
+    with pytest.raises(ValueError, match="family= and hyperparameters=") as error:
+        guide(x, y)
+    assert missing in str(error.value).split("stored but")[0] and unused in str(error.value).split("stored but")[1]
+    assert store.keys() == before.keys()  # the parameters the refused call created are gone again
+    assert all(torch.equal(store[name], value) for name, value in before.items())
+    with pytest.raises(ValueError, match="family= and hyperparameters="):
+        guide(x, y)
+
+
 @pytest.mark.parametrize("ard", [False, True])
 def test_parallel_predictive_layout_is_refused_by_name(ard):
     """pyro.infer.Predictive(parallel=True) lays samples of sites with event dimensions out as (S, *event), with no
