@@ -454,7 +454,11 @@ case("streaming/nan_x", _stream((nan_at(_x), _y)), Raises(ValueError, "x", "NaN"
 case("streaming/float32_after_float64", _stream((_x, _y), (_x.float(), _y.float())), Raises(TypeError, "float32", "float64"))
 case("streaming/float32_y", _stream((_x, _y.float())), Raises(TypeError, "y", "float32"))
 case("streaming/half_batch", _stream((_x.half(), _y.half())), Raises(TypeError, "float16"))
-case("streaming/empty_batch", _stream((_x[:0], _y[:0])), Raises(ValueError, "empty"))
+case("streaming/empty_batch", _stream((_x, _y), (_x[:0], _y[:0])), Finite())  # a no-op, as a filtering DataLoader's
+case("streaming/empty_batch_wrong_dim", _stream((_x, _y), (torch.ones(0, D + 1, dtype=torch.float64), _y[:0])),
+     Raises(ValueError, "x", str(D + 1)))
+case("streaming/empty_batch_float32", _stream((_x, _y), (_x[:0].float(), _y[:0].float())),
+     Raises(TypeError, "float32", "float64"))
 case("streaming/predict_wrong_dim", _stream((_x, _y), predict_at=torch.ones(2, D + 1, dtype=torch.float64)),
      Raises(ValueError, "x", str(D + 1)))
 case("streaming/y_shape", _stream((_x, _y[:5])), Raises(ValueError, "y"))
