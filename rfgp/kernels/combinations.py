@@ -73,6 +73,11 @@ def kernel_features(kernel: Kernel, x: Tensor) -> Tensor:
     base, outputscale = unwrap_scale(kernel)
     if not isinstance(base, FeatureKernel):
         raise TypeError(f"{type(base).__name__} is not a feature kernel")
+    if base.ard_num_dims is not None and x.shape[-1] != base.ard_num_dims:  # GPyTorch's Kernel.__call__ checks it
+        raise ValueError(
+            f"x has {x.shape[-1]} input column(s) (after active_dims), but {type(base).__name__} has "
+            f"ard_num_dims={base.ard_num_dims}: pass points of shape (..., n, {base.ard_num_dims})"
+        )
     root = None if outputscale is None else outputscale.sqrt()
     return scaled_features(x, base.featurize, root, base.amplitude_function())
 

@@ -147,6 +147,16 @@ def test_empty_batch_is_still_checked():
     _assert_same_state(before, gp.state_dict())
 
 
+def test_batch_of_the_wrong_width_is_refused_by_name_under_ard_lengthscales():
+    """Streaming featurises without GPyTorch's Kernel.__call__, whose ard_num_dims check then did not run: a
+    3-column batch into a 2-column ARD model failed in x / lengthscale with a bare broadcasting RuntimeError."""
+    x, y = _data()
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, ard_num_dims=2, seed=0)).double()
+    gp = StreamingFeatureGP(kernel, gpytorch.likelihoods.GaussianLikelihood().double()).update(x[:50], y[:50])
+    with pytest.raises(ValueError, match=r"x has 3 input column\(s\).*ard_num_dims=2"):
+        gp.update(torch.zeros(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.float64))
+
+
 def test_fit_from_batches_passes_over_an_empty_batch():
     x, y = _data()
     keep = torch.ones(len(y), dtype=torch.bool)
