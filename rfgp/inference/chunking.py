@@ -263,68 +263,105 @@ def accumulated_statistics_dtype(gram: Tensor, weights: Tensor, trace_scale: Ten
     return statistics_dtype(torch.promote_types(gram.dtype, weights.dtype), gram.device, trace)
 
 
-def _widened_statistics(featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int,
-                        gram: Tensor, cross: Tensor, trace_scale: Tensor | float) -> tuple[Tensor, Tensor]:
-    """(``gram``, ``cross``) as accumulated, or recomputed from Φ_c cast to float64 where the float32 rounding of
-    ``gram`` (its trace times ``trace_scale``) is not negligible (:func:`accumulated_statistics_dtype`)."""
-    work = accumulated_statistics_dtype(gram, weights, trace_scale)
-    if work == gram.dtype:
-        return gram, cross
-    return accumulated_statistics(lambda x: featurizer(x).to(work), inputs, weights.to(work), rhs.to(work),
-                                  chunk_size, outputs)
+def folded_in(constant: Tensor | float | None, weights: Tensor, rhs: Tensor,
+              dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+    """:func:`~rfgp.inference.linalg.fold_constant` (c²W, R/c) formed in ``dtype`` (``None``: the tensors' own).
+
+    Chunked statistics formed in float64 for float32 features fold c in float64 too, forward and backward: c²W and
+    R/c rounded to float32 scale B = Φ₀ᵀ(c²W)(R/c) by up to 2u, which rᵀD⁻¹r − ‖L⁻¹B‖² amplifies at a high
+    signal-to-noise ratio (N = 3 000, outputscale 0.69, noise 10⁻⁴, y ≈ 5: 17 of 3 412 in rᵀ(K + D)⁻¹r).
+    """
+    if dtype is not None:
+        constant = constant.to(dtype) if torch.is_tensor(constant) else constant
+        weights, rhs = weights.to(dtype), rhs.to(dtype)
+    return fold_constant(constant, weights, rhs)
+
+
+def _fold_backward(constant: Tensor | float | None, weights: Tensor, rhs: Tensor, dtype: torch.dtype | None,
+                   grad_weights: Tensor | None, grad_rhs: Tensor | None,
+                   needs: Sequence[bool]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(W̄, R̄, c̄) from the gradients of the folded c²W and R/c (:func:`folded_in`, chained in ``dtype`` as formed),
+    each in its tensor's dtype; ``needs`` says which of W, R, c want one."""
+    leaves = [t.detach().requires_grad_() if need else t for t, need in zip((weights, rhs, constant), needs)]
+    with torch.enable_grad():
+        folded = folded_in(leaves[2], leaves[0], leaves[1], dtype)
+    pairs = [(out, grad) for out, grad in zip(folded, (grad_weights, grad_rhs)) if grad is not None]
+    wanted = [leaf for leaf, need in zip(leaves, needs) if need]
+    found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
+                                     allow_unused=True))
+    grads = [next(found) if need else None for need in needs]
+    return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (weights, rhs, constant)))
 
 
 class _ChunkedStatistics(torch.autograd.Function):
+    """(ΦᵀWΦ, ΦᵀWR) for Φ = c·Φ₀, of Φ₀ = ``featurizer`` and the unfolded W, R and c: c is folded
+    (:func:`folded_in`) in the statistics' precision, forward and backward, so that value and gradient agree."""
+
     @staticmethod
-    def forward(ctx, featurizer, blocks, inputs, weights, rhs, *params):
+    def forward(ctx, featurizer, blocks, inputs, weights, rhs, constant, *params):
         # points per chunk, rows of Φ per point, adaptive precision, its trace's scale
         chunk_size, outputs, adaptive, trace_scale = blocks
         uniform = _is_uniform(weights)
-        gram, cross = accumulated_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs)
+        folded_weights, folded_rhs = fold_constant(constant, weights, rhs)
+        gram, cross = accumulated_statistics(featurizer, inputs, folded_weights, folded_rhs, chunk_size, outputs)
+        fold_dtype = None  # the tensors' own; float64 where the statistics are recomputed so
         if adaptive:
-            gram, cross = _widened_statistics(featurizer, inputs, weights, rhs, chunk_size, outputs, gram, cross,
-                                              trace_scale)
+            work = accumulated_statistics_dtype(gram, folded_weights, trace_scale)
+            if work != gram.dtype:  # float32 rounding not negligible: again from Φ₀_c cast to float64, c folded so
+                fold_dtype = work
+                folded_weights, folded_rhs = folded_in(constant, weights, rhs, work)
+                gram, cross = accumulated_statistics(lambda x: featurizer(x).to(work), inputs, folded_weights,
+                                                     folded_rhs, chunk_size, outputs)
         ctx.featurizer, ctx.chunk_size, ctx.outputs, ctx.work = featurizer, chunk_size, outputs, gram.dtype
+        ctx.fold_dtype, ctx.constant = fold_dtype, None if torch.is_tensor(constant) else constant
+        saved = (inputs, weights, rhs, constant if torch.is_tensor(constant) else None)
         if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
-            ctx.save_for_backward(inputs, weights, rhs, gram, cross)
-            w = weights.unsqueeze(-1).to(gram.dtype)
+            ctx.save_for_backward(*saved, gram, cross)
+            w = folded_weights.unsqueeze(-1).to(gram.dtype)
             return gram * w, cross * w
-        ctx.save_for_backward(inputs, weights, rhs)
+        ctx.save_for_backward(*saved)
         return gram, cross
 
     @staticmethod
     @refuse_autocast_backward
     def backward(ctx, grad_gram, grad_cross):
-        inputs, weights, rhs, *unit = ctx.saved_tensors
-        needs, work = ctx.needs_input_grad, ctx.work  # work: the statistics' dtype (float64 where widened)
+        inputs, weights, rhs, constant, *unit = ctx.saved_tensors
+        constant = ctx.constant if constant is None else constant
+        needs, work, fold_dtype = ctx.needs_input_grad, ctx.work, ctx.fold_dtype  # work: float64 where widened
         if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
             params = ctx.featurizer.params
             grads = differentiable_backward(
-                lambda: plain_statistics(ctx.featurizer(inputs).to(work), weights.to(work), rhs.to(work)),
-                (inputs, weights, rhs, *params), needs[2:], (grad_gram, grad_cross),
+                lambda: plain_statistics(ctx.featurizer(inputs).to(work),
+                                         *(t.to(work) for t in folded_in(constant, weights, rhs, fold_dtype))),
+                (inputs, weights, rhs, constant, *params), needs[2:], (grad_gram, grad_cross),
             )
             return (None, None, *grads)
+        need_fold = (needs[3], needs[4], needs[5])
+        with torch.no_grad():
+            folded_weights, folded_rhs = folded_in(constant, weights, rhs, fold_dtype)
         uniform = _is_uniform(weights)
         weight_grads, rhs_grads = [], []
+        need_folded_weights, need_folded_rhs = needs[3] or needs[5], needs[4] or needs[5]
 
         def chunk_grad(features: Tensor, rows: slice) -> Tensor:
-            chunk_weights = weights if uniform else weights[..., rows]
+            chunk_weights = folded_weights if uniform else folded_weights[..., rows]
             grad_features, grad_weights, grad_rhs = statistics_backward(
-                features.to(work), chunk_weights.to(work), rhs[..., rows, :].to(work), grad_gram, grad_cross,
-                (True, needs[3], needs[4]),
+                features.to(work), chunk_weights.to(work), folded_rhs[..., rows, :].to(work), grad_gram, grad_cross,
+                (True, need_folded_weights, need_folded_rhs),
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)
             return grad_features.to(features.dtype)
 
         input_grad, param_grads = backprop_chunks(
-            ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[5:], ctx.outputs
+            ctx.featurizer, inputs, ctx.chunk_size, chunk_grad, needs[2], needs[6:], ctx.outputs
         )
-        grad_weights, grad_rhs = gathered_row_grads(unit, weights, rhs, weight_grads, rhs_grads, grad_gram, grad_cross,
-                                                    needs[3], needs[4])
-        grad_weights = None if grad_weights is None else grad_weights.to(weights.dtype)
-        grad_rhs = None if grad_rhs is None else grad_rhs.to(rhs.dtype)
-        return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
+        grad_weights, grad_rhs = gathered_row_grads(unit, folded_weights, folded_rhs, weight_grads, rhs_grads,
+                                                    grad_gram, grad_cross, need_folded_weights, need_folded_rhs)
+        fold_grads = (None, None, None)
+        if any(need_fold):
+            fold_grads = _fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
+        return (None, None, input_grad, *fold_grads, *param_grads)
 
 
 def check_chunked_solve(featurizer: Featurizer, inputs: Tensor, weights: Tensor, outputs: int = 1) -> None:
@@ -366,8 +403,8 @@ def chunked_feature_statistics(
     """
     check_chunked_solve(featurizer, inputs, weights, outputs)
     unscaled = featurizer.unscaled()
-    weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
+        weights, rhs = fold_constant(featurizer.constant, weights, rhs)
         return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size, outputs)
     return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision, trace_scale), inputs, weights,
-                                    rhs, *unscaled.params)
+                                    rhs, featurizer.constant, *unscaled.params)
