@@ -277,7 +277,7 @@ def folded_in(constant: Tensor | float | None, weights: Tensor, rhs: Tensor,
     return fold_constant(constant, weights, rhs)
 
 
-def _fold_backward(constant: Tensor | float | None, weights: Tensor, rhs: Tensor, dtype: torch.dtype | None,
+def fold_backward(constant: Tensor | float | None, weights: Tensor, rhs: Tensor, dtype: torch.dtype | None,
                    grad_weights: Tensor | None, grad_rhs: Tensor | None,
                    needs: Sequence[bool]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(W̄, R̄, c̄) from the gradients of the folded c²W and R/c (:func:`folded_in`, chained in ``dtype`` as formed),
@@ -360,7 +360,7 @@ class _ChunkedStatistics(torch.autograd.Function):
                                                     grad_gram, grad_cross, need_folded_weights, need_folded_rhs)
         fold_grads = (None, None, None)
         if any(need_fold):
-            fold_grads = _fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
+            fold_grads = fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
         return (None, None, input_grad, *fold_grads, *param_grads)
 
 

@@ -56,6 +56,8 @@ from .chunking import (
     accumulated_statistics_dtype,
     backprop_chunks,
     check_chunked_solve,
+    fold_backward,
+    folded_in,
     gathered_row_grads,
     scaled_accumulated_statistics,
     without_graph,
@@ -260,38 +262,52 @@ class TriangularFeaturizer(Featurizer):
 
 
 class _ChunkedTriangularStatistics(torch.autograd.Function):
+    """(ΦᵀWΦ, ΦᵀWR) for Φ = c·K(x)L⁻ᵀ of the unfolded W, R and c: c is folded
+    (:func:`~rfgp.inference.chunking.folded_in`) in the statistics' precision, forward and backward."""
+
     @staticmethod
-    def forward(ctx, featurizer, blocks, inputs, weights, rhs, *params):
+    def forward(ctx, featurizer, blocks, inputs, weights, rhs, constant, *params):
         chunk_size, adaptive = blocks  # points per chunk, adaptive precision
         chol = featurizer.chol()
+        folded_weights, folded_rhs = fold_constant(constant, weights, rhs)
         gram, projection = accumulated_statistics(lambda rows: triangular_features(featurizer.cross(rows), chol),
-                                                  inputs, weights, rhs, chunk_size)
-        work = accumulated_statistics_dtype(gram, weights) if adaptive else gram.dtype
+                                                  inputs, folded_weights, folded_rhs, chunk_size)
+        work = accumulated_statistics_dtype(gram, folded_weights) if adaptive else gram.dtype
+        fold_dtype = None  # the tensors' own; float64 where the statistics are recomputed so
         if work != gram.dtype:  # float32 rounding not negligible: again from K(x_c, Z) and L cast to float64
-            chol = chol.to(work)
+            chol, fold_dtype = chol.to(work), work
+            folded_weights, folded_rhs = folded_in(constant, weights, rhs, work)
             gram, projection = accumulated_statistics(
-                lambda rows: triangular_features(featurizer.cross(rows).to(work), chol), inputs, weights.to(work),
-                rhs.to(work), chunk_size)
+                lambda rows: triangular_features(featurizer.cross(rows).to(work), chol), inputs, folded_weights,
+                folded_rhs, chunk_size)
         unit = ()
         if _is_uniform(weights):
-            unit, w = (gram, projection), weights.unsqueeze(-1).to(work)
+            unit, w = (gram, projection), folded_weights.unsqueeze(-1).to(work)
             gram, projection = gram * w, projection * w
         ctx.featurizer, ctx.chunk_size, ctx.work = featurizer, chunk_size, work
-        ctx.save_for_backward(inputs, weights, rhs, chol, gram, projection, *unit)
+        ctx.fold_dtype, ctx.constant = fold_dtype, None if torch.is_tensor(constant) else constant
+        ctx.save_for_backward(inputs, weights, rhs, constant if torch.is_tensor(constant) else None, chol, gram,
+                              projection, *unit)
         return gram, projection
 
     @staticmethod
     @refuse_autocast_backward
     def backward(ctx, grad_gram, grad_projection):
-        inputs, weights, rhs, chol, gram, projection, *unit = ctx.saved_tensors
-        featurizer, needs, work = ctx.featurizer, ctx.needs_input_grad, ctx.work  # work: float64 where widened
+        inputs, weights, rhs, constant, chol, gram, projection, *unit = ctx.saved_tensors
+        constant = ctx.constant if constant is None else constant
+        featurizer, needs, work, fold_dtype = ctx.featurizer, ctx.needs_input_grad, ctx.work, ctx.fold_dtype
         if torch.is_grad_enabled():  # create_graph=True: second derivatives, features of all chunks at once
             grads = differentiable_backward(
-                lambda: plain_statistics(featurizer(inputs).to(work), weights.to(work), rhs.to(work)),
-                (inputs, weights, rhs, *featurizer.params), needs[2:], (grad_gram, grad_projection),
+                lambda: plain_statistics(featurizer(inputs).to(work),
+                                         *(t.to(work) for t in folded_in(constant, weights, rhs, fold_dtype))),
+                (inputs, weights, rhs, constant, *featurizer.params), needs[2:], (grad_gram, grad_projection),
             )
             return (None, None, *grads)
-        need_inputs, need_weights, need_rhs, params_need = needs[2], needs[3], needs[4], needs[5:]
+        need_fold = (needs[3], needs[4], needs[5])
+        with torch.no_grad():
+            folded_weights, folded_rhs = folded_in(constant, weights, rhs, fold_dtype)
+        need_inputs, params_need = needs[2], needs[6:]
+        need_weights, need_rhs = needs[3] or needs[5], needs[4] or needs[5]  # of the folded c²W and R/c: c̄ too
         need_cross = need_inputs or any(params_need)
         factors = None
         if _uses_factors(weights, (need_cross, False, need_weights, need_rhs)):
@@ -299,14 +315,16 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
         weight_grads, rhs_grads = [], []
 
         def chunk_grad(cross: Tensor, rows: slice) -> Tensor:
-            chunk_weights = weights if unit else weights[..., rows]
+            chunk_weights = folded_weights if unit else folded_weights[..., rows]
             grad_cross, grad_weights, grad_rhs = _row_grads(
-                triangular_features(cross.to(work), chol), chol, chunk_weights.to(work), rhs[..., rows, :].to(work),
-                grad_gram, grad_projection, factors, True, need_weights, need_rhs,
+                triangular_features(cross.to(work), chol), chol, chunk_weights.to(work),
+                folded_rhs[..., rows, :].to(work), grad_gram, grad_projection, factors, need_cross, need_weights,
+                need_rhs,
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)
-            return grad_cross.to(cross.dtype)
+            # only w̄ or R̄ wanted (a frozen kernel): no K̄, nor the factors it would come from
+            return torch.zeros_like(cross) if grad_cross is None else grad_cross.to(cross.dtype)
 
         cross = Featurizer(featurizer.cross, featurizer.params, featurizer.num_features, featurizer.batch_shape)
         input_grad, param_grads = backprop_chunks(cross, inputs, ctx.chunk_size, chunk_grad, need_inputs, params_need)
@@ -317,11 +335,12 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
             grad_chol = _sum_to_shape(_factor_grad(chol, grad_gram, grad_projection, gram, projection), factor.shape)
             found = iter(torch.autograd.grad(factor, wanted, grad_chol.to(factor.dtype), allow_unused=True))
             param_grads = [_add(g, next(found)) if need else None for g, need in zip(param_grads, params_need)]
-        grad_weights, grad_rhs = gathered_row_grads(unit, weights, rhs, weight_grads, rhs_grads, grad_gram,
-                                                    grad_projection, need_weights, need_rhs)
-        grad_weights = None if grad_weights is None else grad_weights.to(weights.dtype)
-        grad_rhs = None if grad_rhs is None else grad_rhs.to(rhs.dtype)
-        return (None, None, input_grad, grad_weights, grad_rhs, *param_grads)
+        grad_weights, grad_rhs = gathered_row_grads(unit, folded_weights, folded_rhs, weight_grads, rhs_grads,
+                                                    grad_gram, grad_projection, need_weights, need_rhs)
+        fold_grads = (None, None, None)
+        if any(need_fold):
+            fold_grads = fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
+        return (None, None, input_grad, *fold_grads, *param_grads)
 
 
 def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tensor, weights: Tensor, rhs: Tensor,
@@ -336,11 +355,11 @@ def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tens
     """
     check_chunked_solve(featurizer, inputs, weights)
     unscaled = featurizer.unscaled()
-    weights, rhs = fold_constant(featurizer.constant, weights, rhs)
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
+        weights, rhs = fold_constant(featurizer.constant, weights, rhs)
         return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size)
     return _ChunkedTriangularStatistics.apply(unscaled, (chunk_size, adaptive_precision), inputs, weights, rhs,
-                                              *unscaled.params)
+                                              featurizer.constant, *unscaled.params)
 
 
 class TriangularFeatures(FullPrecisionOperator, LinearOperator):

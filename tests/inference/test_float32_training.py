@@ -7,6 +7,7 @@ IGRF positions (3-D, Earth radii) with the hyperparameters of a float32 curl-fre
 import math
 import re
 from contextlib import nullcontext
+from functools import partial
 
 import gpytorch
 import pytest
@@ -18,10 +19,16 @@ from linear_operator.utils.errors import NotPSDError
 
 import rfgp
 from rfgp.datasets import igrf_magnetic_field
+from rfgp.inference.chunking import Featurizer, chunked_feature_statistics
 from rfgp.inference.kernel_space import KernelSpaceNotPSDError, kernel_space_inv_quad_logdet
-from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet
+from rfgp.inference.linalg import CapacitanceNotPSDError, capacitance_inv_quad_logdet, feature_statistics
 from rfgp.inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator, noise_weights
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes, unit_roundoff
+from rfgp.inference.triangular_statistics import (
+    TriangularFeaturizer,
+    chunked_triangular_statistics,
+    triangular_features,
+)
 from rfgp.kernels import NystromKernel, SketchedCurlFreeKernel, SketchedRBFKernel
 from rfgp.kernels.combinations import kernel_features
 from rfgp.models import ExactGPModel, MultiOutputGPModel
@@ -517,3 +524,64 @@ def test_float32_chunked_statistics_fold_the_outputscale_in_float64():
     (loss32, grads32), (loss64, grads64) = results[torch.float32], results[F64]
     assert abs(loss32 - loss64) <= 1e-6 * abs(loss64) + 1e-6
     assert torch.allclose(grads32, grads64, rtol=1e-4, atol=1e-6), (grads32, grads64)
+
+
+def _random_features(x, omega, phase):
+    return torch.cos(x @ omega + phase)
+
+
+def _rbf_cross(x, landmarks):
+    return torch.exp(-torch.cdist(x, landmarks).square() / 0.18)
+
+
+@pytest.mark.parametrize("kind", ["features", "nystrom"])
+def test_chunked_float64_statistics_fold_the_constant_in_float64(kind):
+    """Both chunked statistics Functions (random features and Nyström K(x)L⁻ᵀ) recomputed in float64 for float32
+    features form (ΦᵀWΦ, ΦᵀWR) of Φ = c·Φ₀ with c²W and R/c folded in float64: equal to the float64 statistics of the
+    same float32 Φ₀, c, W and R to float64 rounding, and their gradients to c, W and R to float32 rounding.  Before,
+    c²W and R/c were rounded to float32 first: relative errors of ~10⁻⁷ in G and B."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(500, 2, generator=gen)
+    if kind == "features":
+        omega, phase = 3 * torch.randn(2, 40, generator=gen), 6.3 * torch.rand(40, generator=gen)
+        unit = partial(_random_features, omega=omega, phase=phase)
+
+        def make(constant):
+            return Featurizer(unit, (), 40, torch.Size(), constant)
+
+        def reference(constant):
+            return unit(x).double() * constant
+    else:
+        landmarks = torch.rand(12, 2, generator=gen)
+        cross = partial(_rbf_cross, landmarks=landmarks)
+        chol = torch.linalg.cholesky(cross(landmarks) + 1e-3 * torch.eye(12))
+
+        def make(constant):
+            return TriangularFeaturizer(cross, lambda: chol, (), 12, torch.Size(), constant)
+
+        def reference(constant):
+            return triangular_features(cross(x).double(), chol.double()) * constant
+
+    constant = torch.tensor(0.8317, requires_grad=True)
+    weights = torch.full((1,), 1e4, requires_grad=True)  # uniform: 1/σ² of noise 10⁻⁴
+    rhs = (5 + torch.randn(500, 1, generator=gen)).requires_grad_()
+    grad_gram, grad_cross = torch.randn(2, 40 if kind == "features" else 12, 40 if kind == "features" else 12,
+                                        generator=gen, dtype=F64).unbind(0)
+    grad_cross = grad_cross[:, :1]
+    with rfgp.settings.float32_statistics_tolerance(0.0):
+        featurizer = make(constant)
+        if kind == "features":
+            gram, cross_stats = chunked_feature_statistics(featurizer, x, weights, rhs, 64, adaptive_precision=True)
+        else:
+            gram, cross_stats = chunked_triangular_statistics(featurizer, x, weights, rhs, 64, adaptive_precision=True)
+    assert gram.dtype == cross_stats.dtype == F64
+    grads = torch.autograd.grad((gram * grad_gram).sum() + (cross_stats * grad_cross).sum(), (constant, weights, rhs))
+    leaves = [t.detach().double().requires_grad_() for t in (constant, weights, rhs)]
+    features = reference(leaves[0])
+    expected = feature_statistics(features, leaves[1], leaves[2])
+    expected_grads = torch.autograd.grad((expected[0] * grad_gram).sum() + (expected[1] * grad_cross).sum(), leaves)
+    for value, want in zip((gram, cross_stats), expected):
+        assert torch.linalg.matrix_norm(value - want) <= 1e-12 * torch.linalg.matrix_norm(want)
+    for grad, want in zip(grads, expected_grads):
+        assert grad.dtype == torch.float32
+        assert torch.allclose(grad.double(), want, rtol=1e-6, atol=0), (grad, want)

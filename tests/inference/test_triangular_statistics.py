@@ -401,3 +401,22 @@ def test_gradient_reaches_differentiable_inputs(size, fused_calls, chunked_calls
     monkeypatch.setattr(NystromKernel, "feature_root", NystromKernel.featurize)
     monkeypatch.setattr(NystromKernel, "featurizer", FeatureKernelFeaturizer)
     torch.testing.assert_close(grad, warp_grad(), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("per_point", [False, True], ids=["uniform", "per-point"])
+def test_chunked_statistics_differentiate_the_weights_and_targets_alone(per_point):
+    """Before: a chunked Nyström root whose K and L need no gradient (a frozen kernel, only the noise trained) raised
+    ``TypeError: Value after * must be an iterable, not NoneType`` in the backward for uniform weights (K̄'s factors
+    were skipped, K̄ still asked for).  Now w̄ and R̄ are those of autograd through the unchunked statistics."""
+    cross, chol, weights, rhs = (v.detach() for v in factors(per_point=per_point))
+    weights.requires_grad_(), rhs.requires_grad_()
+    # the inputs are row numbers: K(x_c) is a slice of K
+    featurizer = module.TriangularFeaturizer(lambda rows: cross[rows[:, 0].long()], lambda: chol, (), chol.shape[-1],
+                                             torch.Size())
+    inputs = torch.arange(cross.shape[0], dtype=DTYPE).unsqueeze(-1)
+    gram, projection = module.chunked_triangular_statistics(featurizer, inputs, weights, rhs, 16)
+    grads = torch.autograd.grad(gram.square().sum() + projection.sum(), (weights, rhs))
+    gram, projection = autograd(cross, chol, weights, rhs)
+    expected = torch.autograd.grad(gram.square().sum() + projection.sum(), (weights, rhs))
+    for grad, want in zip(grads, expected):
+        torch.testing.assert_close(grad, want, rtol=1e-10, atol=1e-10)
