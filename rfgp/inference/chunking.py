@@ -397,7 +397,8 @@ def chunked_feature_statistics(
         adaptive_precision: float32 features' statistics are recomputed in float64 (and returned so, gradients in
             the inputs' dtypes) where their float32 rounding, u·tr(G) of the float32 result, exceeds
             :class:`rfgp.settings.float32_statistics_tolerance` (:mod:`rfgp.inference.statistics_precision`): a
-            second forward pass at a high signal-to-noise ratio, none otherwise.
+            second forward pass at a high signal-to-noise ratio, none otherwise.  The featurizer's constant c is
+            folded into W and R (:func:`folded_in`) in that precision, forward and backward.
         trace_scale: a factor (no gradient) on that estimate's tr(G), where G enters a wider product: ‖B̃‖_F² for
             the data Gram of a Kronecker root (:mod:`rfgp.inference.kronecker_statistics`).
     """
