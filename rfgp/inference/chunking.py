@@ -278,8 +278,8 @@ def folded_in(constant: Tensor | float | None, weights: Tensor, rhs: Tensor,
 
 
 def fold_backward(constant: Tensor | float | None, weights: Tensor, rhs: Tensor, dtype: torch.dtype | None,
-                   grad_weights: Tensor | None, grad_rhs: Tensor | None,
-                   needs: Sequence[bool]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+                  grad_weights: Tensor | None, grad_rhs: Tensor | None,
+                  needs: Sequence[bool]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(W̄, R̄, c̄) from the gradients of the folded c²W and R/c (:func:`folded_in`, chained in ``dtype`` as formed),
     each in its tensor's dtype; ``needs`` says which of W, R, c want one."""
     leaves = [t.detach().requires_grad_() if need else t for t, need in zip((weights, rhs, constant), needs)]
