@@ -462,17 +462,13 @@ def test_float32_weighted_square_of_the_targets_is_formed_with_the_float64_stati
     assert abs(noise32 - noise64) <= 3e-2 * abs(noise64)
 
 
-def test_float32_statistics_fold_the_outputscale_in_float64():
-    """B = Φ₀ᵀ(c²W)(R/c) for Φ = c·Φ₀ (ScaleKernel): with c²W and R/c rounded to float32 before the float64
-    statistics, B was scaled by up to 2u, which rᵀD⁻¹r − ‖L⁻¹B‖² amplified (outputscale 0.69, noise 10⁻⁴, y ≈ 5,
-    N = 3 000: rᵀ(K + D)⁻¹r 3 395.1 for 3 412.5, the loss 2.9·10⁻³ per point off the float64 model's); now c is
-    folded in float64 and the loss is within 10⁻⁶ of the float64 model of the same data and hyperparameters.
-    (A chunked Φ: :func:`test_float32_chunked_statistics_fold_the_outputscale_in_float64`.)"""
+def _high_signal_to_noise_models():
+    """(dtype, model, its ScaleKernel) in float32 and then float64, on the same data (y ≈ 5, N = 3 000) at the same
+    hyperparameters (the float32 ones exactly: outputscale 0.69, noise 10⁻⁴, lengthscale 0.3)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(3000, 2, generator=gen, dtype=F64)
     y = 5 + torch.sin(6 * x[:, 0]) + 0.01 * torch.randn(3000, generator=gen, dtype=F64)
     x, y = x.float().double(), y.float().double()  # the same data in both precisions
-    losses = {}
     for dtype in (torch.float32, F64):
         kernel = ScaleKernel(SketchedRBFKernel(256, ard_num_dims=2, seed=0))
         model = ExactGPModel(x.to(dtype), y.to(dtype), GaussianLikelihood(), kernel).to(dtype)
@@ -482,6 +478,17 @@ def test_float32_statistics_fold_the_outputscale_in_float64():
                      for name, value in model.state_dict().items()}
         else:
             model.load_state_dict(state)  # the float32 hyperparameters exactly
+        yield dtype, model, kernel
+
+
+def test_float32_statistics_fold_the_outputscale_in_float64():
+    """B = Φ₀ᵀ(c²W)(R/c) for Φ = c·Φ₀ (ScaleKernel): with c²W and R/c rounded to float32 before the float64
+    statistics, B was scaled by up to 2u, which rᵀD⁻¹r − ‖L⁻¹B‖² amplified (outputscale 0.69, noise 10⁻⁴, y ≈ 5,
+    N = 3 000: rᵀ(K + D)⁻¹r 3 395.1 for 3 412.5, the loss 2.9·10⁻³ per point off the float64 model's); now c is
+    folded in float64 and the loss is within 10⁻⁶ of the float64 model of the same data and hyperparameters.
+    (A chunked Φ: :func:`test_float32_chunked_statistics_fold_the_outputscale_in_float64`.)"""
+    losses = {}
+    for dtype, model, kernel in _high_signal_to_noise_models():
         mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
         with torch.no_grad(), recorded_statistics_dtypes() as recorded:
             losses[dtype] = float(-mll(model(*model.train_inputs), model.train_targets))
@@ -497,20 +504,8 @@ def test_float32_chunked_statistics_fold_the_outputscale_in_float64():
     is folded in the statistics' precision forward and backward: the loss and the gradients of the lengthscales and
     the output scale (before: 5 % off in the output scale's) agree with the float64 model of the same data and
     hyperparameters."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.rand(3000, 2, generator=gen, dtype=F64)
-    y = 5 + torch.sin(6 * x[:, 0]) + 0.01 * torch.randn(3000, generator=gen, dtype=F64)
-    x, y = x.float().double(), y.float().double()  # the same data in both precisions
     results = {}
-    for dtype in (torch.float32, F64):
-        kernel = ScaleKernel(SketchedRBFKernel(256, ard_num_dims=2, seed=0))
-        model = ExactGPModel(x.to(dtype), y.to(dtype), GaussianLikelihood(), kernel).to(dtype)
-        if dtype == torch.float32:
-            model.likelihood.noise, kernel.base_kernel.lengthscale, kernel.outputscale = 1e-4, 0.3, 0.6931
-            state = {name: value.double() if value.is_floating_point() else value
-                     for name, value in model.state_dict().items()}
-        else:
-            model.load_state_dict(state)  # the float32 hyperparameters exactly
+    for dtype, model, kernel in _high_signal_to_noise_models():
         mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
         with rfgp.settings.memory_budget(2**20), recorded_statistics_dtypes() as recorded:
             output = model(*model.train_inputs)

@@ -157,19 +157,23 @@ def test_num_data_rescales_minibatch_likelihood():
     torch.testing.assert_close(trace.nodes["y"]["log_prob_sum"], 4.0 * full.nodes["y"]["log_prob_sum"])
 
 
+def _fresh_store_and_data():
+    """An empty parameter store, the seed 0 and 20 binary-labelled points in 2-D."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    return torch.randn(20, 2), torch.randint(2, (20,)).float()
+
+
+def _bernoulli_model():
+    return RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Bernoulli(), lengthscale=dist.Gamma(4.0, 4.0))
+
+
 def test_guide_restores_a_saved_param_store(tmp_path):
     """Loading a saved parameter store and then building the guide (Pyro's usual order) restored nothing:
     weight_guide removed the loaded parameters, and the guide predicted from its initialisation."""
-    pyro.clear_param_store()
-    pyro.set_rng_seed(0)
-    x, y = torch.randn(20, 2), torch.randint(2, (20,)).float()
-
-    def make_model():
-        return RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Bernoulli(),
-                               lengthscale=dist.Gamma(4.0, 4.0))
-
-    guide = weight_guide(make_model(), family="mean_field", hyperparameters="map")
-    fit_svi(make_model(), guide, x, y, num_steps=20, lr=0.1)
+    x, y = _fresh_store_and_data()
+    guide = weight_guide(_bernoulli_model(), family="mean_field", hyperparameters="map")
+    fit_svi(_bernoulli_model(), guide, x, y, num_steps=20, lr=0.1)
     fitted = {**guide[0].median(), **guide[1].median()}
     pyro.get_param_store().save(tmp_path / "params.pt")
     torch.save(guide, tmp_path / "guide.pt")  # as Pyro's docs save a guide: it must pickle
@@ -177,8 +181,8 @@ def test_guide_restores_a_saved_param_store(tmp_path):
     pyro.clear_param_store()
     pyro.get_param_store().load(tmp_path / "params.pt")
     with pytest.raises(ValueError, match="from_param_store=True"):
-        weight_guide(make_model(), family="mean_field", hyperparameters="map")
-    model = make_model()
+        weight_guide(_bernoulli_model(), family="mean_field", hyperparameters="map")
+    model = _bernoulli_model()
     restored = weight_guide(model, family="mean_field", hyperparameters="map", from_param_store=True)
     restored(x, y)
     for name, value in {**restored[0].median(), **restored[1].median()}.items():
@@ -207,18 +211,11 @@ def test_guide_restores_a_saved_param_store(tmp_path):
 def test_guide_from_a_param_store_of_another_guide_is_refused(saved, built, missing, unused):
     """A guide built from_param_store with another family or hyperparameters than the saved one started the
     parameters the store lacked from their initialisation without a word, and ignored the stored ones."""
-    pyro.clear_param_store()
-    pyro.set_rng_seed(0)
-    x, y = torch.randn(20, 2), torch.randint(2, (20,)).float()
-
-    def make_model():
-        return RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Bernoulli(),
-                               lengthscale=dist.Gamma(4.0, 4.0))
-
-    fit_svi(make_model(), weight_guide(make_model(), *saved), x, y, num_steps=3, lr=0.1)
+    x, y = _fresh_store_and_data()
+    fit_svi(_bernoulli_model(), weight_guide(_bernoulli_model(), *saved), x, y, num_steps=3, lr=0.1)
     store = pyro.get_param_store()
     before = {name: store[name].detach().clone() for name in store.keys()}
-    guide = weight_guide(make_model(), *built, from_param_store=True)
+    guide = weight_guide(_bernoulli_model(), *built, from_param_store=True)
     with pytest.raises(ValueError, match="family= and hyperparameters=") as error:
         guide(x, y)
     assert missing in str(error.value).split("stored but")[0] and unused in str(error.value).split("stored but")[1]
