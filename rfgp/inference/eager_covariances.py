@@ -22,12 +22,18 @@ vector fields, multitask feature kernels: more rows than training points). Every
 :func:`eager_strategy_class`), and every lazily evaluated one, goes to GPyTorch's function unchanged. Without the
 kernel, the strategy cannot check for re-drawn features (they are checked where the kernel is lazily evaluated, as
 in rfgp's own models).
+
+The same dispatch serves a lazily evaluated covariance whose kernel answers with GPyTorch's generic strategy while
+kernels inside it have their own — GPyTorch's ``AdditiveKernel``/``ProductKernel`` of rfgp kernels (``k₁ + k₂``),
+which train through the feature root (:func:`_combines_specialised_kernels`): its covariance is evaluated (memoised)
+and dispatched as an eager one, keeping the lazy covariance, so the strategy still checks the kernel's draws.
 """
 
 from __future__ import annotations
 
 import functools
 
+import gpytorch.kernels
 import gpytorch.models.exact_gp
 from gpytorch.lazy import LazyEvaluatedKernelTensor
 
@@ -53,6 +59,8 @@ def _with_eager_rfgp_covariances(gpytorch_prediction_strategy):
     @functools.wraps(gpytorch_prediction_strategy)
     def prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood):
         covariance = train_prior_dist.lazy_covariance_matrix
+        if isinstance(covariance, LazyEvaluatedKernelTensor) and _combines_specialised_kernels(covariance.kernel):
+            covariance = covariance.evaluate_kernel()  # memoised: the strategy evaluates it again for free
         if not isinstance(covariance, LazyEvaluatedKernelTensor) and train_inputs:
             strategy = eager_strategy_class(covariance, train_inputs[0].shape[-2])
             if strategy is not None:
@@ -61,6 +69,20 @@ def _with_eager_rfgp_covariances(gpytorch_prediction_strategy):
 
     prediction_strategy.gpytorch_prediction_strategy = gpytorch_prediction_strategy
     return prediction_strategy
+
+
+def _combines_specialised_kernels(kernel) -> bool:
+    """Whether ``kernel`` answers GPyTorch's dispatch with the generic ``Kernel.prediction_strategy`` although a kernel
+    inside it has a strategy of its own: GPyTorch's ``AdditiveKernel``/``ProductKernel`` (``k₁ + k₂``, ``k₁ * k₂``) of
+    rfgp kernels, whose evaluated covariance is an rfgp feature root (trained through its F × F statistics), predicted
+    through ``DefaultPredictionStrategy``'s N × N algebra: 160× slower than ``FeatureSumKernel`` (N = 3 000,
+    F = 512, 500 test points: 1.5 s against 0.009 s) and without the bias correction of truncated maps.  Their
+    covariance is evaluated (memoised, as the strategy would) and dispatched as an eager one."""
+    generic = gpytorch.kernels.Kernel.prediction_strategy
+    return type(kernel).prediction_strategy is generic and any(
+        type(part).prediction_strategy is not generic
+        for part in kernel.modules() if isinstance(part, gpytorch.kernels.Kernel) and part is not kernel
+    )
 
 
 def install() -> None:

@@ -141,6 +141,36 @@ def test_rfgp_models_keep_the_variance_correction_with_eagerly_evaluated_kernels
     assert_eager_kernels_keep_the_strategy(model, xs, FeatureSpacePredictionStrategy, tolerance=1e-10)
 
 
+def test_gpytorch_sums_of_rfgp_kernels_predict_in_feature_space():
+    """GPyTorch's ``k₁ + k₂`` of rfgp kernels (an ``AdditiveKernel``, which trains through the feature root) answered
+    GPyTorch's dispatch with the generic DefaultPredictionStrategy: N × N algebra (160× slower than FeatureSumKernel at
+    N = 3 000, F = 512) and, for a biased map, no variance correction.  Now it predicts as FeatureSumKernel does; a
+    sum of exact kernels keeps GPyTorch's strategy."""
+    from rfgp.kernels import FeatureSumKernel
+
+    x, y, xs = data("cpu")
+
+    def parts():
+        return (gpytorch.kernels.ScaleKernel(RandomFeatureKernel(ShrunkFourierFeatures(16, 0.6, seed=0))),
+                gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, seed=1)))
+
+    predictions = {}
+    for name, kernel in (("gpytorch sum", gpytorch.kernels.AdditiveKernel(*parts())),
+                         ("feature sum", FeatureSumKernel(*parts()))):
+        model = UserGP(x, y, kernel).double().eval()
+        with torch.no_grad():
+            prediction = model(xs)
+            predictions[name] = (prediction.mean, prediction.variance)
+        assert isinstance(model.prediction_strategy, FeatureSpacePredictionStrategy), name
+    for actual, expected in zip(predictions["gpytorch sum"], predictions["feature sum"]):
+        torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+    exact = UserGP(x, y, gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+                   + gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel())).double().eval()
+    with torch.no_grad():
+        exact(xs)
+    assert type(exact.prediction_strategy) is gpytorch.models.exact_prediction_strategies.DefaultPredictionStrategy
+
+
 def test_unbiased_maps_carry_no_correction(device):
     x, _, _ = data(device)
     kernel = RandomFeatureKernel(RandomFourierFeatures(16, seed=0)).double().to(device)
