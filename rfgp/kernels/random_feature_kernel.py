@@ -115,12 +115,15 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                 tensor.data = tensor.data[index]
             new.batch_shape = torch.empty(self._batch_shape)[index].shape
         for name, child in self.named_children():  # an unbatched child answers itself: its copy in new stays
-            if isinstance(child, Kernel) and child[index] is not child:
-                setattr(new, name, child[index])
+            if isinstance(child, Kernel):
+                indexed = child[index]
+                if indexed is not child:
+                    setattr(new, name, indexed)
             elif isinstance(child, nn.ModuleList):
                 for i, part in enumerate(child):
-                    if isinstance(part, Kernel) and part[index] is not part:
-                        getattr(new, name)[i] = part[index]
+                    indexed = part[index] if isinstance(part, Kernel) else part
+                    if indexed is not part:
+                        getattr(new, name)[i] = indexed
         return new
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
