@@ -64,12 +64,9 @@ import rfgp  # noqa: E402
 
 from ._converted_models import nystrom  # noqa: E402
 from .test_botorch_acquisitions import assert_same_value_and_grad, value_and_grad  # noqa: E402
+from .test_botorch_loops import uniform  # noqa: E402
 
 F64 = torch.float64
-
-
-def uniform(*shape, d, seed):
-    return torch.rand(*shape, d, generator=torch.Generator().manual_seed(seed), dtype=F64)
 
 
 def fixed(model, lengthscale=0.3, noise=None):
