@@ -8,8 +8,8 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
 and memory O(F²), whatever the number of points seen.  All five are summed in the factor's precision (float64 for
 float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`: float32 sums of q and ℓ drifted by 2·10⁻⁶ and 2·10⁻⁴
-relative over 2·10⁴ single-point updates, 31 nats of log p(y), and a float32 n stops counting at 2²⁴); a float32 batch's
-ΦₖᵀWΦₖ is formed in float32 while the stream's float32 rounding stays negligible, in float64 otherwise
+relative over 2·10⁴ single-point updates, 31 nats of log p(y), and a float32 n stops counting at 2²⁴); a float32
+batch's ΦₖᵀWΦₖ is formed in float32 while the stream's float32 rounding stays negligible, in float64 otherwise
 (:mod:`rfgp.inference.statistics_precision`): see :meth:`StreamingFeatureGP.update`.  The posterior needs
 L = chol(I + G) (:meth:`StreamingFeatureGP.cholesky`).  Once L exists, a small batch updates it
 in O(k·F²) by the rank-k update LLᵀ + VVᵀ, V = ΦₖᵀW^½ (:func:`rfgp.inference.cholesky_update.cholesky_update`, see
@@ -170,21 +170,20 @@ class StreamingFeatureGP(nn.Module):
         :func:`takes_rank_update` says so, and dropped (refactorised when next needed) otherwise.
 
         The features Φₖ are evaluated in the inputs' dtype; G = ΣΦₖᵀWΦₖ and B = ΣΦₖᵀWrₖ are summed in
-        :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 inputs), as are q = ΣrₖᵀWrₖ, ℓ and n.  I + G
-        has eigenvalues ≥ 1 in exact arithmetic, and the Gram matrix of the rounded float32 features, formed and
-        summed in float64, keeps them ≥ 1 up to eps₆₄·‖G‖.  Formed in float32, ΦₖᵀWΦₖ carries errors of up to about
-        u₃₂·tr(ΦₖᵀWΦₖ) (u₃₂ = 2⁻²⁴; measured 0.06–0.1 times that in spectral norm): at a high signal-to-noise ratio
-        (the float32 IGRF fit of the
-        tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) float32 sums erred by 1.7 in spectral norm, and the
-        smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04 — the float64 factorisation then failed or
-        not by chance.  So a float32 batch is formed in float32 only while u₃₂·tr(G) of the whole stream, this batch
-        included, is within :class:`rfgp.settings.float32_statistics_tolerance` (10⁻¹: the float32 batches' errors
-        then add up to at most 10⁻² beside the 1 of I, :mod:`rfgp.inference.statistics_precision`), and in float64
-        from then on (one host read per batch decides).  Only the accuracy depends on the choice, never the model.
-        float64 products cost time (1.1–2.0× a float32 update at F = 512–1024, batches of 64–2000, one CPU thread;
-        1.6–2.5× in an earlier run: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy
-        of Φₖ; a benign stream (u₃₂·tr(G) ≤ 10⁻¹, e.g. N ≲ 1.7·10⁶ points at noise ≈ outputscale) keeps float32
-        products, and the decision costs 2–5 % of an update (0.1–0.8 ms there).
+        :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 inputs), as are q = ΣrₖᵀWrₖ, ℓ and n.  I + G has
+        eigenvalues ≥ 1 in exact arithmetic, and the Gram matrix of the rounded float32 features, formed and summed in
+        float64, keeps them ≥ 1 up to eps₆₄·‖G‖.  Formed in float32, ΦₖᵀWΦₖ carries errors of up to about u₃₂·tr(ΦₖᵀWΦₖ)
+        (u₃₂ = 2⁻²⁴; measured 0.06–0.1 times that in spectral norm): at a high signal-to-noise ratio (the float32 IGRF
+        fit of the tests, ‖G‖ = 2.3·10⁷, 291 eigenvalues of G below 1) float32 sums erred by 1.7 in spectral norm, and
+        the smallest eigenvalue of the rounded I + G fell between −0.06 and 0.04 — the float64 factorisation then failed
+        or not by chance.  So a float32 batch is formed in float32 only while u₃₂·tr(G) of the whole stream, this batch
+        included, is within :class:`rfgp.settings.float32_statistics_tolerance` (10⁻¹: the float32 batches' errors then
+        add up to at most 10⁻² beside the 1 of I, :mod:`rfgp.inference.statistics_precision`), and in float64 from then
+        on (one host read per batch decides).  Only the accuracy depends on the choice, never the model. float64
+        products cost time (1.1–2.0× a float32 update at F = 512–1024, batches of 64–2000, one CPU thread; 1.6–2.5× in
+        an earlier run: ``benchmarks/results/streaming_float64_statistics.md``) and a k × F float64 copy of Φₖ; a benign
+        stream (u₃₂·tr(G) ≤ 10⁻¹, e.g. N ≲ 1.7·10⁶ points at noise ≈ outputscale) keeps float32 products, and the
+        decision costs 2–5 % of an update (0.1–0.8 ms there).
         """
         self._check_inputs(x)
         check_tensor_dtype(y, "y")
