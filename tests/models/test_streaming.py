@@ -147,6 +147,24 @@ def test_empty_batch_is_still_checked():
     _assert_same_state(before, gp.state_dict())
 
 
+def test_empty_first_batch_of_the_wrong_width_is_refused_without_drawing():
+    """Before any data, an empty batch cannot be featurised (that would fix lazily drawn features on no data), but its
+    width is checked against the tree: it was accepted silently, and the stream failed only at its first rows."""
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, ard_num_dims=2, seed=0)).double()
+    gp = StreamingFeatureGP(kernel, gpytorch.likelihoods.GaussianLikelihood().double())
+    before = copy.deepcopy(gp.state_dict())
+    empty = torch.zeros(0, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"ard_num_dims=2\) sees 3 columns"):
+        gp.update(torch.zeros(0, 3, dtype=torch.float64), empty)
+    picked = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(64, active_dims=[0, 4], seed=0)).double()
+    with pytest.raises(ValueError, match=r"active_dims=\[0, 4\].*given 3 columns"):
+        StreamingFeatureGP(picked, gpytorch.likelihoods.GaussianLikelihood().double()).update(
+            torch.zeros(0, 3, dtype=torch.float64), empty)
+    assert gp.update(torch.zeros(0, 2, dtype=torch.float64), empty) is gp
+    _assert_same_state(before, gp.state_dict())
+    assert gp._hyperparameters is None  # nothing drawn or fixed
+
+
 def test_batch_of_the_wrong_width_is_refused_by_name_under_ard_lengthscales():
     """Streaming featurises without GPyTorch's Kernel.__call__, whose ard_num_dims check then did not run: a
     3-column batch into a 2-column ARD model failed in x / lengthscale with a bare broadcasting RuntimeError."""
