@@ -196,6 +196,14 @@ class FeatureSumKernel(_CombinedFeatureKernel):
 
     def featurize(self, x: Tensor) -> Tensor:
         parts = [kernel_features(kernel, x) for kernel in self.kernels]
+        outputs = [p.shape[-2] // max(x.shape[-2], 1) for p in parts]
+        if len(set(outputs)) > 1:  # e.g. RBFKernelGrad + RBFKernel: GPyTorch's AdditiveKernel cannot add them either
+            names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in self.kernels]
+            raise ValueError(
+                f"{type(self).__name__} adds its parts' covariances row by row, but its parts {names} have "
+                f"{outputs} outputs per input (inputs of dimension {x.shape[-1]}); its parts need the same outputs "
+                "(RBFKernelGrad + Matern52KernelGrad, not RBFKernelGrad + RBFKernel or + RBFKernelGradGrad)"
+            )
         batch = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
         return torch.cat([p.expand(*batch, *p.shape[-2:]) for p in parts], dim=-1)
 

@@ -131,14 +131,7 @@ class NystromKernel(FeatureKernel):
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
         landmarks = _check_points(landmarks, "landmarks")
-        probe = landmarks[:1]
-        with torch.no_grad():
-            outputs = base_kernel.num_outputs_per_input(probe, probe)
-        if outputs != 1:
-            raise TypeError(
-                f"base_kernel {type(base_kernel).__name__} has {outputs} outputs per input; Nyström features are "
-                "for scalar kernels: use SketchedDecomposableKernel(NystromKernel(data_kernel, ...), num_tasks=p)"
-            )
+        _check_scalar(base_kernel, landmarks, "base_kernel")
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(batch_shape=base_kernel.batch_shape, **kwargs)
         self.base_kernel = base_kernel
@@ -400,6 +393,22 @@ class NystromKernel(FeatureKernel):
         return super().variance_correction(x)
 
 
+def _check_scalar(kernel: Kernel, points: Tensor, name: str) -> None:
+    """The TypeError for a kernel with several outputs per input (at ``points``), naming what converts it instead."""
+    probe = points[:1]
+    with torch.no_grad():
+        outputs = kernel.num_outputs_per_input(probe, probe)
+    if outputs == 1:
+        return
+    if hasattr(kernel, "num_tasks"):  # MultitaskKernel: Nyström features of its data kernel
+        instead = "SketchedDecomposableKernel(NystromKernel(data_kernel, ...), num_tasks=p)"
+    else:  # derivative kernels, vector fields: another covariance than a task matrix times a scalar kernel
+        instead = ("random features, rfgp.sketch(kernel, num_features) without method='nystrom' (derivative kernels "
+                   "such as RBFKernelGrad: method 'rff', 'orf' or 'sorf')")
+    raise TypeError(f"{name} {type(kernel).__name__} has {outputs} outputs per input; Nyström features are for scalar "
+                    f"kernels: use {instead}")
+
+
 def _check_points(points, name: str) -> Tensor:
     if not torch.is_tensor(points) or not points.is_floating_point() or points.is_complex():
         raise TypeError(f"{name} must be a real floating-point tensor of shape (n, d), got {points!r:.80}")
@@ -470,6 +479,7 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
         base.active_dims = None
         if scale.active_dims is not None:
             x_sample = x_sample.index_select(-1, scale.active_dims.to(x_sample.device))
+    _check_scalar(base, x_sample, "kernel")  # before choosing landmarks, which may evaluate the kernel
     with torch.no_grad():
         outputscale = None if scale is None else scale.outputscale
         points = select_landmarks(x_sample, num_features, landmarks, kernel=_dense(base, outputscale), seed=seed,
