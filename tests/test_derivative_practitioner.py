@@ -226,3 +226,11 @@ def test_nystrom_of_a_derivative_kernel_points_to_random_features(kernel):
     with pytest.raises(TypeError, match="3 outputs per input.*without method='nystrom'") as raised:
         rfgp.sketch(kernel(), 64, method="nystrom", x_sample=x)
     assert "SketchedDecomposableKernel" not in str(raised.value)
+
+
+@pytest.mark.parametrize("method", ["maclaurin", "random_maclaurin"])
+def test_polynomial_gradient_kernel_refuses_the_maclaurin_maps_by_name(method):
+    """SketchedPolynomialKernelGrad(2, F, method="maclaurin") was built, then its first evaluation raised
+    "AttributeError: 'OptimizedMaclaurin' object has no attribute 'input_derivatives'"."""
+    with pytest.raises(ValueError, match=f"method must be one of 'sketch'; got '{method}'"):
+        rfgp.kernels.SketchedPolynomialKernelGrad(2, 64, method=method)

@@ -142,8 +142,9 @@ class SketchedPolynomialKernelGrad(_DerivativeRootMixin, SketchedPolynomialKerne
     Φ(x) = S(x̃ ⊗ … ⊗ x̃) with x̃ = [x; √c] and S linear in each factor, so
     ∂ⱼΦ = Σᵢ S(x̃ ⊗ … ⊗ eⱼ ⊗ … ⊗ x̃) (eⱼ at factor i) — exact for every projection
     (:func:`~rfgp.features.derivatives.multilinear_derivatives`).  Arguments as
-    :class:`SketchedPolynomialKernel`, except ``input_normalization`` (no derivative
-    through x/‖x‖) and ``complex_posterior`` (the joint derivative GP is the real one).
+    :class:`SketchedPolynomialKernel`, except ``method`` (``"sketch"`` only: the Maclaurin maps have no input
+    derivatives), ``input_normalization`` (no derivative through x/‖x‖) and ``complex_posterior`` (the joint
+    derivative GP is the real one).
 
     Example:
         >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedPolynomialKernelGrad(2, num_features=512))
@@ -153,6 +154,8 @@ class SketchedPolynomialKernelGrad(_DerivativeRootMixin, SketchedPolynomialKerne
         for name in ("input_normalization", "complex_posterior"):
             if kwargs.get(name):
                 raise ValueError(f"{type(self).__name__} does not support {name}={kwargs[name]!r}")
+        # the Maclaurin maps (method="maclaurin" | "random_maclaurin") have no input derivatives
+        check_choice(kwargs.get("method", "sketch"), "method", ("sketch",))
         super().__init__(power, num_features, **kwargs)
 
     def input_derivatives(self, x: Tensor) -> Tensor:
