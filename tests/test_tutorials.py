@@ -47,6 +47,9 @@ def test_notebook_runs(name, monkeypatch):
     client.execute()  # raises CellExecutionError, naming the cell, on any error
     outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
     assert not [out for out in outputs if out.output_type == "error"]
+    # no warnings: a reader cannot tell a harmless one from a problem (fix the cause, or filter it saying why)
+    printed_warnings = [out.text for out in outputs if out.output_type == "stream" and out.name == "stderr"]
+    assert not printed_warnings, f"{name} prints to stderr: {printed_warnings}"
     text = "".join(out.get("text", "") + str(out.get("data", {}).get("text/plain", "")) for out in outputs)
     assert expected_text in text
     assert sum(out.output_type == "display_data" for out in outputs) == expected_figures
