@@ -45,7 +45,7 @@ from .kronecker_tasks import (
     KroneckerStatistics,
     TaskNoiseKroneckerStatistics,
 )
-from .linalg import is_positive
+from .linalg import scales_root
 from .multioutput_chunking import ChunkedAddedTaskNoiseLinearOperator, ChunkedMultiOutputFeatureOperator
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator
 from .task_noise import is_interleaved_task_noise
@@ -136,7 +136,7 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
     def _mul_constant(self, other):
         """c·RRᵀ = (√c·φ ⊗ B)(√c·φ ⊗ B)ᵀ for c > 0 (``ScaleKernel`` around the multitask kernel): both featurizers
         scaled, the factors kept."""
-        if not is_positive(other):
+        if not scales_root(other):
             return super()._mul_constant(other)
         return ChunkedKroneckerFeatureOperator(
             self.inputs1, *self.featurizer.scaled(other).params, featurizer=self.featurizer.scaled(other),

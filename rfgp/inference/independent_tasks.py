@@ -44,7 +44,7 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from .chunking import Featurizer
-from .linalg import is_positive
+from .linalg import scales_root
 from .multioutput_chunking import ChunkedMultiOutputFeatureOperator
 from .operators import ChunkedFeatureRootLinearOperator, FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .triangular_statistics import TriangularFeatures
@@ -170,7 +170,7 @@ class IndependentTasksLinearOperator(FeatureRootLinearOperator):
         return self.interleaved().select_rows(observed)
 
     def _mul_constant(self, other):
-        if not is_positive(other):
+        if not scales_root(other):
             return self.interleaved()._mul_constant(other)
         if torch.is_tensor(other) and other.dim() > 0:
             other = other.unsqueeze(-1)  # a batch constant, the same for every output
@@ -228,7 +228,7 @@ class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
                    chunk_size=chunk_size, num_outputs=num_tasks, tasks=interleaved if tasks is None else tasks)
 
     def _mul_constant(self, other):
-        if not is_positive(other):
+        if not scales_root(other):
             return super()._mul_constant(other)
         scaled = super()._mul_constant(other)  # the interleaved rows' featurizer scaled
         if torch.is_tensor(other) and other.dim() > 0:

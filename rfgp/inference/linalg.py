@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..core.batch_copies import narrow_broadcast
 from ..core.dtypes import factor_dtype, refuse_autocast_backward
+from ..core.validation import NonFiniteHyperparameterError
 from .statistics_precision import unit_roundoff
 
 
@@ -125,6 +126,32 @@ def is_positive(value: Tensor | float) -> bool:
     """Whether a constant (a number, or one per batch member) is > 0 everywhere: operators scale their roots by √c
     only then (one host read for a tensor)."""
     return bool((value > 0).all()) if torch.is_tensor(value) else value > 0
+
+
+def scales_root(value: Tensor | float) -> bool:
+    """Whether c·ΦΦᵀ stays a feature root, (√c·Φ)(√c·Φ)ᵀ: c > 0 everywhere (a number, or one per batch member; one
+    host read for a tensor).  ``False`` where some c < 0 — not a covariance: linear_operator's generic product, as for
+    its own ``RootLinearOperator``.
+
+    Raises:
+        NonFiniteHyperparameterError: c ≥ 0 with c = 0 somewhere — an outputscale underflowed to 0 (GPyTorch's softplus
+            of a float32 raw_outputscale below about −104).  The feature-space algebra scales Φ by √c and
+            differentiates through it (d√c/dc is infinite at 0), and linear_operator's generic product would silently
+            take its iterative CG/Lanczos path (O(N²) per iteration, NaN preconditioners).  A ``NanError``, so that
+            :func:`rfgp.fit_mll` and BoTorch's ``fit_gpytorch_mll`` step back from such a line-search trial point.
+    """
+    if is_positive(value):
+        return True
+    if bool((value < 0).any()) if torch.is_tensor(value) else value < 0:
+        return False
+    raise NonFiniteHyperparameterError(
+        "a covariance of random features is multiplied by the constant 0 (a ScaleKernel's outputscale is 0"
+        f"{' in some batch members' if torch.is_tensor(value) and value.numel() > 1 else ''}; in float32, softplus of "
+        "a raw_outputscale below about -104 underflows to 0): rfgp's feature-space algebra scales the features by "
+        "√outputscale and cannot differentiate at 0. Keep it positive — a lower bound such as ScaleKernel(..., "
+        "outputscale_constraint=gpytorch.constraints.GreaterThan(1e-6)), or float64 — and remove a component from "
+        "the kernel tree instead of scaling it by 0"
+    )
 
 
 #: column-block width of :func:`symmetric_gram`; narrower blocks skip more of the lower

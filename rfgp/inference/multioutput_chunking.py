@@ -60,7 +60,7 @@ from ..core.settings import WORKING_COPIES, memory_budget, resolve_chunk_size
 from ..core.settings import chunk_size as forced_chunk_size
 from ..core.validation import check_noise
 from .chunking import Featurizer, chunk_slices, chunked_feature_statistics, output_rows
-from .linalg import is_positive, woodbury_inv_quad_logdet
+from .linalg import scales_root, woodbury_inv_quad_logdet
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, _NoKroneckerFactors
 from .posterior_covariance import PosteriorAddedTaskNoise
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, is_interleaved_task_noise, whiten_points
@@ -221,7 +221,7 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, _NoKroneckerFacto
         )
 
     def _mul_constant(self, other):
-        if not is_positive(other):
+        if not scales_root(other):
             return super()._mul_constant(other)
         return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
                                     self.num_outputs)
@@ -421,7 +421,7 @@ class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):
         )
 
     def _mul_constant(self, other):
-        if not is_positive(other):
+        if not scales_root(other):
             return super()._mul_constant(other)
         scale = other.sqrt().unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(other) else other**0.5
         noise = None if self.noise is None else self.noise * (other.unsqueeze(-1) if torch.is_tensor(other) else other)

@@ -57,7 +57,7 @@ from .chunking import (
     chunked_feature_statistics,
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import feature_statistics, fold_constant, is_positive, project, woodbury_inv_quad_logdet
+from .linalg import feature_statistics, fold_constant, project, scales_root, woodbury_inv_quad_logdet
 from .statistics_precision import statistics_dtype, weighted_square_norm
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
@@ -228,7 +228,7 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         return super()._matmul(rhs)
 
     def _mul_constant(self, other):
-        if not is_positive(other):
+        if not scales_root(other):
             return super()._mul_constant(other)
         base, constant = self.scaled_root()  # the base root stays an operator (a TriangularFeatures keeps K and L)
         root_constant = torch.as_tensor(other, dtype=base.dtype, device=base.device).sqrt()
@@ -238,9 +238,13 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         return self.__class__(root, _scaled_correction(self.variance_correction, other))
 
     def _mul_matrix(self, other):
-        """K̂ ∘ B, a feature root when B has a small exact root (:mod:`rfgp.inference.elementwise_product`)."""
+        """K̂ ∘ B, a feature root when B has a small exact root (:mod:`rfgp.inference.elementwise_product`), or
+        scaled per batch member when B is a batch of constants (:func:`batch_constants`)."""
         from .elementwise_product import face_splitting_product  # imports this module
 
+        constants = batch_constants(self, other)
+        if constants is not None:
+            return self._expand_batch(constants.shape)._mul_constant(constants)
         return face_splitting_product(self, other.evaluate_kernel())
 
     def __add__(self, other):
@@ -542,10 +546,17 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
                                     self.chunk_size, _expanded_correction(self.variance_correction, batch_shape))
 
     def _mul_constant(self, other):
-        if not is_positive(other):
+        if not scales_root(other):
             return super()._mul_constant(other)
         correction = _scaled_correction(self.variance_correction, other)
         return self.from_featurizer(self.inputs, self.featurizer.scaled(other), self.chunk_size, correction)
+
+    def _mul_matrix(self, other):
+        """Scaled per batch member when ``other`` is a batch of constants (:func:`batch_constants`)."""
+        constants = batch_constants(self, other)
+        if constants is not None:
+            return self._expand_batch(constants.shape)._mul_constant(constants)
+        return super()._mul_matrix(other)
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
@@ -557,6 +568,23 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
                 _add_optional(self.variance_correction, other.variance_correction),
             )
         return super().__add__(other)
+
+
+def batch_constants(operator: LinearOperator, other) -> Tensor | None:
+    """The constants c of ``other`` as a tensor of the broadcast batch shape if ``other`` has shape (..., 1, 1), else
+    ``None``.
+
+    GPyTorch's ``ScaleKernel(batch_shape=b)`` around a kernel of a smaller batch multiplies its covariance by
+    outputscales of shape (*b, 1, 1), and linear_operator's ``mul`` routes a constant per batch member to
+    ``_mul_constant`` only when the operator already has the whole batch; otherwise to ``_mul_matrix``, whose generic
+    product formed the dense N × N covariance (an O(N³) model behind a feature kernel).  A feature root instead
+    expands its batch and scales Φ by √c per member.
+    """
+    if other.shape[-2:] != (1, 1):
+        return None
+    values = other.to_dense() if isinstance(other, LinearOperator) else other
+    batch = torch.broadcast_shapes(operator.batch_shape, other.shape[:-2])
+    return values.reshape(other.shape[:-2]).expand(batch)
 
 
 def _scaled_correction(correction: Tensor | None, constant) -> Tensor | None:
@@ -683,7 +711,7 @@ class ChunkedFeatureCrossLinearOperator(FullPrecisionOperator, LinearOperator):
         return _dense_get_indices(self, row_index, col_index, batch_indices)
 
     def _mul_constant(self, other):
-        if not is_positive(other):
+        if not scales_root(other):
             return super()._mul_constant(other)
         return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
                                     self.unchecked)

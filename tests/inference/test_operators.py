@@ -1,13 +1,22 @@
 """Feature-root operators: Woodbury inv_quad_logdet against dense algebra, weighted_gram backward,
 concatenation of roots and constant scaling of the variance correction."""
 
+import contextlib
+
+import gpytorch
 import pytest
 import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import DiagLinearOperator
+from linear_operator.utils.errors import NanError
 
+import rfgp
 from rfgp.inference.linalg import weighted_gram
-from rfgp.inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
+from rfgp.inference.operators import (
+    ChunkedFeatureRootLinearOperator,
+    FeatureRootAddedDiagLinearOperator,
+    FeatureRootLinearOperator,
+)
 
 
 def dense_inv_quad_logdet(features, noise, rhs):
@@ -143,12 +152,13 @@ def test_mul_batched_constant_scales_each_batch(device):
     torch.testing.assert_close(scaled.variance_correction, op.variance_correction * constant.view(2, 1))
 
 
-def test_mul_non_positive_constant_falls_back_but_stays_correct(device):
+def test_mul_negative_constant_falls_back_but_stays_correct_and_zero_is_refused(device):
     op = FeatureRootLinearOperator(torch.randn(6, 2, dtype=torch.float64, device=device))
-    for c in (-1.5, 0.0):
-        scaled = op * c
-        assert not isinstance(scaled, FeatureRootLinearOperator)  # no real root for c ≤ 0
-        torch.testing.assert_close(scaled.to_dense(), c * op.to_dense())
+    scaled = op * -1.5
+    assert not isinstance(scaled, FeatureRootLinearOperator)  # no real root for c < 0
+    torch.testing.assert_close(scaled.to_dense(), -1.5 * op.to_dense())
+    with pytest.raises(NanError, match="multiplied by the constant 0"):  # an underflowed outputscale
+        op * 0.0
 
 
 @pytest.mark.parametrize("batch, n, f, columns", [((), 6, 64, 40), ((2,), 6, 64, 40), ((), 6, 64, 1), ((), 50, 8, 40)])
@@ -191,3 +201,62 @@ def test_a_gram_first_formed_without_gradients_is_formed_again_with_them():
     (gradient,) = torch.autograd.grad(dense.sum(), features)
     torch.testing.assert_close(gradient, 2 * features.detach().sum(0, keepdim=True).expand(5, 3).clone())
     assert operator.to_dense() is dense  # cached within a grad mode
+
+
+@pytest.mark.parametrize("budget", [None, 2**12], ids=["materialised", "chunked"])
+@pytest.mark.parametrize("batch", [(), (2,)], ids=["single", "batched"])
+def test_a_zero_outputscale_is_refused_not_solved_iteratively(budget, batch):
+    """An outputscale of exactly 0 (a float32 raw_outputscale below about −104 underflows GPyTorch's softplus) made
+    the scaled feature root fall back to linear_operator's generic product: the MLL went through CG and Lanczos with
+    NaN preconditioners, silently.  It raises a NanError naming the outputscale (fit_mll steps back from it)."""
+    torch.manual_seed(0)
+    x = torch.rand(64, 2, dtype=torch.float64)
+    y = torch.sin(4 * x.sum(-1))
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(32, seed=0), batch_shape=batch).double()
+    zero = torch.zeros(batch, dtype=torch.float64)
+    if batch:
+        zero[0] = 1.0  # one member at 0 is enough
+        zero = zero.flip(0)
+    kernel.outputscale = zero
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).double()
+    mean = gpytorch.means.ConstantMean(batch_shape=batch).double()
+
+    class Model(gpytorch.models.ExactGP):
+        def forward(self, inputs):
+            return gpytorch.distributions.MultivariateNormal(mean(inputs), kernel(inputs))
+
+    model = Model(x, y.expand(*batch, 64), likelihood)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with rfgp.settings.memory_budget(budget) if budget else contextlib.nullcontext():
+        with pytest.raises(NanError, match="outputscale is 0"):
+            mll(model(x), y.expand(*batch, 64))
+    kernel.outputscale = torch.full(batch, 0.5, dtype=torch.float64)
+    with rfgp.settings.memory_budget(budget) if budget else contextlib.nullcontext():
+        assert torch.isfinite(mll(model(x), y.expand(*batch, 64))).all()
+
+
+@pytest.mark.parametrize("budget", [None, 2**12], ids=["materialised", "chunked"])
+def test_batched_outputscales_around_an_unbatched_feature_kernel_keep_the_feature_root(budget):
+    """ScaleKernel(batch_shape=(2,)) around an unbatched rfgp kernel: linear_operator hands the (2, 1, 1) outputscales
+    to _mul_matrix, whose generic product formed the dense 2 × N × N covariance (O(N³) training behind a feature
+    kernel).  The root is expanded and scaled per member instead: same MLL and gradients as the dense algebra."""
+    torch.manual_seed(0)
+    x = torch.rand(50, 2, dtype=torch.float64)
+    y = torch.stack([torch.sin(4 * x.sum(-1)), torch.cos(3 * x[:, 0])])
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(32, seed=0), batch_shape=(2,)).double()
+    kernel.outputscale = torch.tensor([1.0, 0.3], dtype=torch.float64)
+    noise = torch.tensor([0.1, 0.05], dtype=torch.float64)
+
+    def loss_and_grads(dense: bool):
+        kernel.zero_grad()
+        with rfgp.settings.memory_budget(budget) if budget else contextlib.nullcontext():
+            covar = kernel(x, x).evaluate_kernel()
+            assert dense or isinstance(covar, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator))
+            matrix = covar.to_dense() if dense else covar
+            noisy = to_linear_operator(matrix) + DiagLinearOperator(noise.unsqueeze(-1).expand(2, 50))
+            inv_quad, logdet = noisy.inv_quad_logdet(y.unsqueeze(-1), logdet=True)
+        (inv_quad + logdet).sum().backward()
+        return inv_quad + logdet, kernel.raw_outputscale.grad.clone(), kernel.base_kernel.raw_lengthscale.grad.clone()
+
+    for ours, dense in zip(loss_and_grads(False), loss_and_grads(True)):
+        torch.testing.assert_close(ours, dense, rtol=1e-10, atol=1e-10)
