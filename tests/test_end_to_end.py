@@ -4,6 +4,7 @@ posterior converges to the exact GP's as the number of features F grows."""
 import math
 
 import gpytorch
+import pytest
 import torch
 
 import rfgp
@@ -98,3 +99,12 @@ def test_float32_training_stays_finite(device):
     with torch.no_grad():
         pred = model(x[:10])
     assert pred.mean.dtype == torch.float32 and bool(torch.isfinite(pred.variance).all())
+
+
+def test_one_dimensional_train_x_is_refused_with_the_reshape_to_use():
+    """GPyTorch's tutorials keep one input column as x of shape (n,); rfgp's ExactGPModel checks (n, d) and says how."""
+    x = torch.linspace(0, 1, 20, dtype=torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0)).double()
+    with pytest.raises(ValueError, match=r"one input column: train_x.unsqueeze\(-1\)"):
+        ExactGPModel(x, torch.sin(x), gpytorch.likelihoods.GaussianLikelihood().double(), kernel)
+    ExactGPModel(x.unsqueeze(-1), torch.sin(x), gpytorch.likelihoods.GaussianLikelihood().double(), kernel)

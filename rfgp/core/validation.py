@@ -370,7 +370,8 @@ def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1,
     check_same_dtype(train_y, "train_y", train_x.dtype, "train_x",
                      "an rfgp model keeps its training data in one dtype, that of its posterior caches")
     if train_x.dim() < 2:
-        raise ValueError(f"train_x must have shape (..., n, d), got {tuple(train_x.shape)}")
+        one_column = " (one input column: train_x.unsqueeze(-1))" if train_x.dim() == 1 else ""
+        raise ValueError(f"train_x must have shape (..., n, d){one_column}, got {tuple(train_x.shape)}")
     if train_x.shape[-2] == 0:
         raise ValueError("train_x is empty (0 rows): a GP needs at least one training point")
     if train_y.dim() < -target_axis or train_y.shape[target_axis] != train_x.shape[-2]:
