@@ -108,7 +108,29 @@ def _kernel_space_terms(covar: FeatureRootAddedDiagLinearOperator, residual: Ten
 
 def leave_one_out_predictions(covar: LinearOperator, targets: Tensor, mean: Tensor) -> tuple[Tensor, Tensor]:
     """(μ₋ᵢ, σ²₋ᵢ), ``(*batch, N)``: each point's predictive mean and variance (noise included) given all others,
-    for the prior mean ``mean`` and covariance ``covar`` (noise added; see :func:`feature_covariance`)."""
+    for the prior mean ``mean`` and covariance ``covar`` (noise added), e.g. leave-one-out cross-validation of a
+    trained model (kriging cross-validation)::
+
+        model.train()  # the prior at the training inputs, not the posterior
+        prior = model.likelihood(model(train_x))
+        loo_mean, loo_variance = leave_one_out_predictions(prior.lazy_covariance_matrix, train_y, prior.mean)
+
+    ``covar`` may be lazily evaluated (:func:`feature_covariance` evaluates it).
+
+    Raises:
+        TypeError: ``covar`` is not a noise-added rfgp feature covariance ΦΦᵀ + D (an exact kernel's, or a
+            posterior covariance of a model in eval mode).
+    """
+    if type(covar) not in LEAVE_ONE_OUT_OPERATORS:
+        evaluated = feature_covariance(covar)
+        if evaluated is None:
+            raise TypeError(
+                f"leave_one_out_predictions: covar must be a noise-added rfgp feature covariance ΦΦᵀ + D (the "
+                f"lazy_covariance_matrix of likelihood(model(train_x)) in train mode, for an rfgp kernel), got "
+                f"{type(covar).__name__}; an exact kernel's or a posterior covariance (model in eval mode) has no "
+                "feature root"
+            )
+        covar = evaluated
     inv_residual, inv_diag = leave_one_out_terms(covar, targets - mean)
     variance = inv_diag.reciprocal()
     return targets - inv_residual * variance, variance
