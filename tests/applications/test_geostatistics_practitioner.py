@@ -60,3 +60,37 @@ def test_leave_one_out_cross_validation_of_a_kriging_model():
     prior = exact.likelihood(exact(x))
     with pytest.raises(TypeError, match=r"covar must be .* got \w+"):
         leave_one_out_predictions(prior.lazy_covariance_matrix, y, prior.mean)
+
+
+def test_kriging_variance_far_from_the_sites_reverts_to_the_sill_with_nystrom_not_with_fourier_features():
+    """The documented limit (guide/gpytorch.md, kriging with Matérn sketches): a random-feature posterior is that of
+    a degenerate GP whose F weights the data pin down everywhere at once, so its kriging variance is too small near
+    the sites and, 40 ranges away from any site, neither its variance reverts to the sill nor its mean to the
+    trend: ORF (F = 128, N = 400) gives 0.90–1.03 for a sill of 1.5 and means 1.2 off.  Nyström (M = 128) carries
+    k(x, x) − ‖Φ(x)‖² (FITC-style) and Φ(x) → 0 away from its landmarks, so it gives the sill and the mean exactly,
+    as the exact GP does."""
+    x, y = _matern_field(400)
+    generator = torch.Generator().manual_seed(1)
+    near = x[:100] + 0.05
+    far = 40 + 10 * torch.rand(50, 2, generator=generator, dtype=F64)
+    test_x = torch.cat([near, far])
+    kernels = {
+        "exact": ScaleKernel(MaternKernel(nu=1.5)),
+        "orf": rfgp.sketch(ScaleKernel(MaternKernel(nu=1.5)), 128, method="orf", seed=0),
+        "nystrom": rfgp.sketch(ScaleKernel(MaternKernel(nu=1.5)), 128, method="nystrom", x_sample=x, seed=0),
+    }
+    posteriors = {}
+    for name, kernel in kernels.items():
+        model = _kriging_model(x, y, kernel)
+        model.mean_module.constant.data.fill_(0.3)
+        model.eval()
+        with torch.no_grad():
+            posteriors[name] = model(test_x)
+    sill, trend = torch.full((50,), 1.5, dtype=F64), torch.full((50,), 0.3, dtype=F64)
+    for name in ("exact", "nystrom"):
+        torch.testing.assert_close(posteriors[name].variance[100:], sill, rtol=1e-9, atol=0)
+        torch.testing.assert_close(posteriors[name].mean[100:], trend, rtol=0, atol=1e-9)
+    fourier = posteriors["orf"]
+    assert fourier.variance[100:].max() < 0.95 * 1.5
+    assert (fourier.mean[100:] - 0.3).abs().max() > 0.5
+    assert fourier.variance[:100].mean() < 0.5 * posteriors["exact"].variance[:100].mean()
