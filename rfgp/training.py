@@ -431,8 +431,9 @@ def fit_mll(
     inputs lie a median of more than 50 lengthscales apart (raw columns at GPyTorch's initial ℓ = 0.69), or more than
     3 from their nearest neighbours, gets a :class:`DataScaleWarning`: the kernel is ≈ 0 between the points, and
     training follows the features' Monte-Carlo noise, or (Nyström) stays at the white-noise model
-    (:mod:`rfgp.models.data_scale`); so do targets whose variance is below the likelihood's noise floor (GPyTorch's
-    10⁻⁴).  A trial point
+    (:mod:`rfgp.models.data_scale`); so does an exact RBF or Matérn kernel of ``model.covar_module`` whose inputs lie
+    more than 50 lengthscales apart (it stays at the white-noise model); so do targets whose variance is below the
+    likelihood's noise floor (GPyTorch's 10⁻⁴).  A trial point
     beyond the range a periodic or RQ map's draws cover (``DrawCoverageError``) is a failed evaluation as above.
 
     L-BFGS needs a deterministic loss: rfgp kernels give one; an exact GPyTorch kernel above
@@ -541,8 +542,8 @@ _START_CHECKS: list = []
 def register_start_check(check) -> None:
     """Register ``check(model)``, run by :func:`fit_mll` before its first step (it may warn, never changes the model).
 
-    The models layer registers the check of Fourier lengthscales against the spacing of the training inputs
-    (:mod:`rfgp.models.data_scale`).
+    The models layer registers the check of Fourier, Nyström and exact RBF/Matérn lengthscales against the spacing of
+    the training inputs (:mod:`rfgp.models.data_scale`).
     """
     _START_CHECKS.append(check)
 
