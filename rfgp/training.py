@@ -466,6 +466,7 @@ def fit_mll(
             finite point first.
         NotPSDError: likewise for a covariance that is not positive definite even with jitter.
         NanError: likewise for a covariance with NaN entries (linear_operator's error).
+        ValueError: training inputs or targets that carry an autograd graph (``grad_fn``), naming them.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -482,6 +483,7 @@ def fit_mll(
     """
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
+    _refuse_attached_data(model)
     num_iterations = check_positive_int(num_iterations, "num_iterations")
     optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
     if time_budget is not None:
@@ -515,6 +517,23 @@ def fit_mll(
         history.extend(more, refits, offsets)
     _check_trained_maps(model)
     return history
+
+
+def _refuse_attached_data(model: gpytorch.models.ExactGP) -> None:
+    """Refuse training data that carry an autograd graph (``grad_fn``): every step backpropagates through it, and the
+    second step fails inside autograd ("Trying to backward through the graph a second time"), e.g. targets sampled
+    from a GPyTorch kernel with trainable hyperparameters outside ``torch.no_grad()``."""
+    inputs = getattr(model, "train_inputs", None) or ()
+    data = [(f"model.train_inputs[{i}]", x) for i, x in enumerate(inputs)]
+    data.append(("model.train_targets", getattr(model, "train_targets", None)))
+    for name, tensor in data:
+        if torch.is_tensor(tensor) and tensor.grad_fn is not None:
+            raise ValueError(
+                f"fit_mll: {name} carries an autograd graph (grad_fn {type(tensor.grad_fn).__name__}), which every "
+                "training step would backpropagate through (the second step fails inside autograd); training data "
+                "must be detached: model.set_train_data(train_x.detach(), train_y.detach(), strict=False), or build "
+                "them under torch.no_grad()"
+            )
 
 
 #: at most this many refits (by the registered handlers) per fit_mll call

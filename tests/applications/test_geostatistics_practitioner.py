@@ -132,3 +132,30 @@ def test_fit_mll_warns_when_an_exact_kriging_model_starts_far_below_the_site_spa
     with warnings.catch_warnings():
         warnings.simplefilter("error", rfgp.DataScaleWarning)
         rfgp.fit_mll(model, num_iterations=1, progress=False)
+
+
+def test_fit_mll_refuses_a_field_sampled_with_the_autograd_graph_attached():
+    """A synthetic field sampled through a GPyTorch kernel outside torch.no_grad() carries the kernel's autograd
+    graph.  Before, fit_mll's second step failed inside autograd with "Trying to backward through the graph a second
+    time" (for the exact model and rfgp's alike); now the data are refused by name before training, and the model's
+    parameters are untouched."""
+    generator = torch.Generator().manual_seed(0)
+    x = 10 * torch.rand(100, 2, generator=generator, dtype=F64)
+    kernel = MaternKernel(nu=1.5).to(F64)
+    covariance = 1.5 * kernel(x).to_dense() + 1e-8 * torch.eye(100, dtype=F64)  # no torch.no_grad(): a graph
+    y = torch.linalg.cholesky(covariance) @ torch.randn(100, generator=generator, dtype=F64)
+    assert y.grad_fn is not None
+    for converted in (False, True):
+        model_kernel = ScaleKernel(MaternKernel(nu=1.5))
+        model_kernel = rfgp.sketch(model_kernel, 64, seed=0) if converted else model_kernel
+        model = _kriging_model(x, y, model_kernel)
+        before = {name: value.clone() for name, value in model.state_dict().items()}
+        with pytest.raises(ValueError, match=r"model.train_targets carries an autograd graph .*detach"):
+            rfgp.fit_mll(model, num_iterations=3, progress=False)
+        assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
+        model.set_train_data(inputs=x.requires_grad_(True) * 1.0, targets=y.detach(), strict=False)
+        with pytest.raises(ValueError, match=r"model.train_inputs\[0\] carries an autograd graph"):
+            rfgp.fit_mll(model, num_iterations=3, progress=False)
+        x = x.detach()
+        model.set_train_data(inputs=x, targets=y.detach(), strict=False)
+        rfgp.fit_mll(model, num_iterations=3, progress=False)  # detached: trains
