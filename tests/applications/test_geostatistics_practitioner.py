@@ -159,3 +159,36 @@ def test_fit_mll_refuses_a_field_sampled_with_the_autograd_graph_attached():
         x = x.detach()
         model.set_train_data(inputs=x, targets=y.detach(), strict=False)
         rfgp.fit_mll(model, num_iterations=3, progress=False)  # detached: trains
+
+
+def test_space_time_kriging_trains_small_predicts_big_and_round_trips_through_state_dict():
+    """Matérn-3/2 (space, ARD) × Matérn-½ (time) via active_dims, trained at F = 128, re-drawn at 512 (the time
+    factor's anchor re-set), saved and loaded into a model built with another seed after widening it the same way:
+    the same kriging mean and variance bit for bit; a model not widened is refused by name, not loaded."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(150, 3, generator=generator, dtype=F64) * torch.tensor([10.0, 10.0, 4.0], dtype=F64)
+    y = torch.sin(x[:, 0] / 2) + torch.cos(x[:, 2]) + 0.1 * torch.randn(150, generator=generator, dtype=F64)
+    test_x = torch.rand(40, 3, generator=generator, dtype=F64) * torch.tensor([10.0, 10.0, 4.0], dtype=F64)
+
+    def model(seed):
+        tree = ScaleKernel(MaternKernel(nu=1.5, ard_num_dims=2, active_dims=[0, 1])
+                           * MaternKernel(nu=0.5, active_dims=[2]))
+        kernel = rfgp.sketch(tree, 128, seed=seed)
+        return rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).to(F64)
+
+    trained = model(0)
+    rfgp.fit_mll(trained, num_iterations=10, progress=False)
+    rfgp.set_num_features(trained, 512)
+    trained.eval()
+    with torch.no_grad():
+        posterior = trained(test_x)
+    state = trained.state_dict()
+    with pytest.raises(ValueError, match=r"cannot load state: .* is \d+ in the state dict but \d+ in this module"):
+        model(5).load_state_dict(state)
+    loaded = model(5)
+    rfgp.set_num_features(loaded, 512)
+    loaded.load_state_dict(state)
+    loaded.eval()
+    with torch.no_grad():
+        again = loaded(test_x)
+    assert torch.equal(again.mean, posterior.mean) and torch.equal(again.variance, posterior.variance)
