@@ -575,7 +575,7 @@ def batch_constants(operator: LinearOperator, other) -> Tensor | None:
     ``None``.
 
     GPyTorch's ``ScaleKernel(batch_shape=b)`` around a kernel of a smaller batch multiplies its covariance by
-    outputscales of shape (*b, 1, 1), and linear_operator's ``mul`` routes a constant per batch member to
+    outputscales of shape ``(*b, 1, 1)``, and linear_operator's ``mul`` routes a constant per batch member to
     ``_mul_constant`` only when the operator already has the whole batch; otherwise to ``_mul_matrix``, whose generic
     product formed the dense N × N covariance (an O(N³) model behind a feature kernel).  A feature root instead
     expands its batch and scales Φ by √c per member.
