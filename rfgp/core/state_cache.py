@@ -1,0 +1,71 @@
+"""A result reused while the values it was computed from are unchanged.
+
+Some per-call quantities depend only on a module's state, not on the call's input: the Cholesky factor
+L = chol(K(Z, Z) + εI) of a Nyström kernel's landmarks, say, which every posterior call of a BO loop recomputed
+(O(M³) per call at M landmarks, more than the prediction at small N).  :class:`StateCache` keeps one such result
+together with copies of the tensors and the configuration it came from, and returns it while they compare equal.
+
+Keyed on values, not on identities or version counters: GPyTorch's ``kernel.lengthscale = v`` writes through
+``parameter.data.copy_``, which leaves the parameter's ``_version`` unchanged, so only a comparison of values sees
+every change (in-place edits, assignments, ``load_state_dict``, optimiser steps, ``.to(dtype)``).  The comparison
+is O(size of the state), small next to what it saves; it reads one boolean per tensor on the host, as the
+computation it replaces did (a Cholesky's success check).
+
+Only results without an autograd graph are cached: with gradients enabled and a state tensor that requires
+them, the result is computed afresh at every call (a cached graph would be freed by the first backward pass, and a
+graph-free result would drop the gradient w.r.t. the state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+Result = TypeVar("Result")
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def module_configuration(module: nn.Module) -> tuple:
+    """The plain Python settings of ``module`` and its submodules (``nu`` of a Matérn kernel, ``ard_num_dims``, a
+    batch shape, ...): for each submodule its type and its attributes that are scalars, strings, ``None`` or tuples
+    of those — everything a module holds besides tensors and other objects — as a hashable tuple."""
+    return tuple(
+        (type(sub), tuple(sorted((name, value) for name, value in vars(sub).items()
+                                 if isinstance(value, _SCALARS)
+                                 or (isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value)))))
+        for sub in module.modules()
+    )
+
+
+def module_tensors(module: nn.Module) -> tuple[Tensor, ...]:
+    """Every parameter and buffer of ``module`` and its submodules."""
+    return (*module.parameters(), *module.buffers())
+
+
+class StateCache(Generic[Result]):
+    """One result of ``compute()``, reused while ``tensors`` equal (shape, dtype, device and values) and ``config``
+    equals (``==``) those it was computed from, and no tensor requires a gradient while gradients are enabled."""
+
+    def __init__(self) -> None:
+        self._config: Hashable = None
+        self._tensors: tuple[Tensor, ...] | None = None
+        self._result: Result | None = None
+
+    def get(self, tensors: Sequence[Tensor], config: Hashable, compute: Callable[[], Result]) -> Result:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return compute()
+        if self._tensors is not None and self._config == config and _equal(self._tensors, tensors):
+            return self._result
+        result = compute()
+        self._config, self._tensors, self._result = config, tuple(t.detach().clone() for t in tensors), result
+        return result
+
+
+def _equal(saved: Sequence[Tensor], tensors: Sequence[Tensor]) -> bool:
+    return len(saved) == len(tensors) and all(
+        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
+        for a, b in zip(saved, tensors))
