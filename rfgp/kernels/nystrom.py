@@ -348,12 +348,12 @@ class NystromKernel(FeatureKernel):
         cross, chol = self._factors(x)
         return TriangularFeatures(triangular_features(cross, chol), cross, chol)
 
-    def featurizer(self, x: Tensor) -> TriangularFeaturizer:
+    def featurizer(self, x: Tensor, reuse_shape: bool = False) -> TriangularFeaturizer:
         """Φ = K(·, Z)·L⁻ᵀ with K and L apart, so that chunked statistics factorise L once per pass and take the fused
         backward (:func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics`).
 
         Width M and the batch shape of x and the base kernel are known, so no probe row is featurised (FeatureKernel's
-        probe would factorise K(Z, Z) once more per kernel call).
+        probe would factorise K(Z, Z) once more per kernel call), and ``reuse_shape`` has nothing to reuse.
         """
         params = [p for p in self.parameters() if p.requires_grad]
         dtype = x.dtype

@@ -28,6 +28,7 @@ from ..core.config_state import ConfigState
 from ..core.dtypes import in_full_precision, promote_pair
 from ..core.memory import check_solve
 from ..core.settings import memory_budget, resolve_chunk_size
+from ..core.state_cache import module_configuration, module_tensors
 from ..core.validation import (
     NonFiniteError,
     NonFiniteHyperparameterError,
@@ -270,18 +271,23 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
             norms = self.feature_squared_norm(x1)
             if norms is not None:
                 return norms
-        featurizer = self.featurizer(x1)
+        outputs = self.num_outputs_per_input(x1, x2)
+        # unchunked, a covariance of one output per input or a diagonal featurises every row of x1 (and x2) below,
+        # which makes the probe row's checks: the probe's shape may be reused
+        reuse = (same or diag) and outputs == 1
+        featurizer = self.featurizer(x1, reuse_shape=reuse)
         num_rows = max(x1.shape[-2], x2.shape[-2])
         batch = math.prod(featurizer.batch_shape)
         if same and not diag:
             check_solve(num_rows, featurizer.num_features, batch, x1.dtype, x1.device)
-        outputs = self.num_outputs_per_input(x1, x2)
         if outputs != 1:
             lazy = self._multi_output_prediction_forward(x1, x2, same, diag, featurizer, num_rows, outputs, batch)
             if lazy is not None:
                 return lazy
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
+            if reuse:  # chunks featurised later: the probe row's checks now, as at every chunked call
+                featurizer = self.featurizer(x1)
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
         if not (same or diag) and outputs == 1:
             # Prediction asks for the test–train covariance Φ(x*)Φ(x)ᵀ, which the feature-space
@@ -309,15 +315,31 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         structure for the feature statistics (Nyström's K·L⁻ᵀ)."""
         return self.featurize(x)
 
-    def featurizer(self, x: Tensor) -> Featurizer:
+    def featurizer(self, x: Tensor, reuse_shape: bool = False) -> Featurizer:
         """:meth:`featurize` as a :class:`~rfgp.inference.chunking.Featurizer` (for chunked evaluation), probed on x's
-        first row — after :meth:`prepare` on all of x, so that no data-dependent map is fitted to the probe."""
+        first row — after :meth:`prepare` on all of x, so that no data-dependent map is fitted to the probe — for its
+        width and batch shape.
+
+        ``reuse_shape``: for callers that featurise every row of x next (whose evaluation makes the probe's checks),
+        the width and batch shape of an earlier probe are reused if x's batch shape and dimension and the kernel's
+        settings and tensor shapes (:func:`~rfgp.core.state_cache.module_configuration`) are those it was made at: a
+        probe costs as much as the features of hundreds of rows for maps with a Python loop over their parts
+        (a Maclaurin map's degrees: half of a marginal-likelihood step at N = 10).
+        """
+        shapes = self.__dict__.setdefault("_probe_shapes", {})
         with torch.no_grad():
             self.prepare(x)
-            probe = self.featurize(x[..., :1, :])
+            key = (x.shape[:-2], x.shape[-1], module_configuration(self),
+                   tuple((t.shape, t.dtype) for t in module_tensors(self)))
+            shape = shapes.get(key) if reuse_shape else None
+            if shape is None:
+                probe = self.featurize(x[..., :1, :])
+                shape = probe.shape[-1], probe.shape[:-2]
+                if len(shapes) >= 16:  # t-batch shapes of an acquisition optimisation, train and eval: a few keys
+                    shapes.clear()
+                shapes[key] = shape
         params = [p for p in self.parameters() if p.requires_grad]
-        return Featurizer(self.featurize, params, probe.shape[-1], probe.shape[:-2],
-                          amplitude_function=self.amplitude_function())
+        return Featurizer(self.featurize, params, shape[0], shape[1], amplitude_function=self.amplitude_function())
 
     def _nonfinite_error(self, error: NonFiniteError) -> NonFiniteError:
         """x1 and x2 are finite, the scaled inputs (or feature weights) are not: name the hyperparameter (error path

@@ -170,8 +170,8 @@ def test_sampled_likelihood_featurises_the_test_points_once_whatever_the_number_
     x, z = points(20, seed=3), points(6, seed=4)
     model = SVGP(scaled_kernel(), z).double().eval()
     likelihood = gpytorch.likelihoods.BetaLikelihood().double().eval()
-    with torch.no_grad():
-        model(x)  # eval mode caches K(Z, Z)'s factor at the first call
+    with torch.no_grad(), gpytorch.settings.num_likelihood_samples(1):
+        likelihood(model(x))  # eval mode caches K(Z, Z)'s factor, the kernel its probe rows' shapes, at the first call
     counter = RowCounter(model.covar_module.base_kernel.feature_map)
     rows = {}
     for samples in (1, 16):
