@@ -26,6 +26,7 @@ always run (they are free).
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 
@@ -147,12 +148,18 @@ def check_same_dtype(x: Tensor, name: str, dtype: torch.dtype | None, other: str
         )
 
 
+def first_floating_tensor(module) -> Tensor | None:
+    """A module's first floating parameter or buffer (parameters first; ``None`` if it has none).
+
+    The module tree is walked only up to that tensor (every kernel call asks, and a tree's parameters were listed
+    in full twice per call before)."""
+    return next((t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()), None)
+
+
 def module_dtype(module) -> torch.dtype | None:
     """The floating dtype of a module's first floating parameter or buffer (``None`` if it has none)."""
-    for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return None
+    tensor = first_floating_tensor(module)
+    return None if tensor is None else tensor.dtype
 
 
 def check_finite(x: Tensor, name: str, hint: str = "") -> None:

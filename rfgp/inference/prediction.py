@@ -54,7 +54,7 @@ from torch import Tensor
 from ..core.draws import standard_normal
 from ..core.dtypes import in_full_precision
 from ..core.memory import check_solve
-from ..core.validation import check_noise, check_targets
+from ..core.validation import check_noise, check_targets, first_floating_tensor
 from ..features.base import FeatureMap
 from . import distributed
 from .deferred_graph import deferred_graph
@@ -783,8 +783,8 @@ def _columns_as_target_batch(mean_cache: Tensor, extra: torch.Size) -> Tensor:
 
 def _placement(module) -> tuple[torch.dtype, torch.device] | None:
     """(dtype, device) of a module's first floating parameter or buffer (``None`` for no module or none)."""
-    tensors = () if module is None else (*module.parameters(), *module.buffers())
-    return next(((t.dtype, t.device) for t in tensors if t.is_floating_point()), None)
+    tensor = None if module is None else first_floating_tensor(module)
+    return None if tensor is None else (tensor.dtype, tensor.device)
 
 
 def _describe(placement: tuple[torch.dtype, torch.device] | None) -> str:
