@@ -68,6 +68,7 @@ from ..core.validation import check_hyperparameter, check_positive_float
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..inference.chunking import chunk_slices
+from ..inference.operators import FeatureRootLinearOperator
 from ..inference.triangular_statistics import (
     TriangularFeatures,
     TriangularFeaturizer,
@@ -348,6 +349,16 @@ class NystromKernel(FeatureKernel):
         cross, chol = self._factors(x)
         return TriangularFeatures(triangular_features(cross, chol), cross, chol)
 
+    def training_covariance(self, x: Tensor) -> FeatureRootLinearOperator:
+        """Φ(x)Φ(x)ᵀ (:meth:`feature_root`) and, in eval mode, the correction k(x, x) − ‖Φ(x)‖² from the same Φ(x)
+        (:meth:`variance_correction` of x alone featurises it again: K(x, Z), its solve, and the base kernel's
+        evaluation overhead once more per prediction)."""
+        root = self.feature_root(x)
+        if self.training:
+            return FeatureRootLinearOperator(root, None)
+        features = root.features if isinstance(root, TriangularFeatures) else root
+        return FeatureRootLinearOperator(root, self._correction(x, features.pow(2).sum(-1)))
+
     def featurizer(self, x: Tensor, reuse_shape: bool = False) -> TriangularFeaturizer:
         """Φ = K(·, Z)·L⁻ᵀ with K and L apart, so that chunked statistics factorise L once per pass and take the fused
         backward (:func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics`).
@@ -404,6 +415,11 @@ class NystromKernel(FeatureKernel):
         if self.training:
             return None
         return super().variance_correction(x)
+
+    def _correction(self, x: Tensor, norms: Tensor) -> Tensor:
+        """k(x, x) − ‖Φ(x)‖² ≥ 0 for the squared norms ‖Φ(x)‖² (as :meth:`variance_correction` from
+        :meth:`diag_moments`)."""
+        return (_kernel_diagonal(self.base_kernel, x).expand(norms.shape) - norms).clamp_min(0.0)
 
 
 def _check_scalar(kernel: Kernel, points: Tensor, name: str) -> None:

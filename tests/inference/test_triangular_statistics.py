@@ -356,9 +356,9 @@ def test_chunked_statistics_equal_unchunked_and_chunked_autograd(form, noise, ch
             torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-10, msg=f"{path}: {name}")
 
 
-def FeatureKernelFeaturizer(kernel, x):
+def FeatureKernelFeaturizer(kernel, x, reuse_shape=False):
     """FeatureKernel's featurizer: Φ recomputed per chunk with autograd through the solve (the unfused chunked path)."""
-    return rfgp.kernels.FeatureKernel.featurizer(kernel, x)
+    return rfgp.kernels.FeatureKernel.featurizer(kernel, x, reuse_shape)
 
 
 def test_chunked_batched_dirichlet_and_second_derivatives(chunked_calls, monkeypatch):

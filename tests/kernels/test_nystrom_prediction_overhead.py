@@ -1,6 +1,6 @@
-"""NystromKernel reuses L = chol(K(Z, Z) + εI) between graph-free calls while Z, the base kernel and dtype are
-unchanged (rfgp.core.state_cache), with the same predictions as a freshly factorised L, and refactorises after every
-change of what L depends on."""
+"""NystromKernel's per-prediction work: L = chol(K(Z, Z) + εI) is reused between graph-free calls while Z, the base
+kernel and dtype are unchanged (rfgp.core.state_cache), with the same predictions as a freshly factorised L, and
+refactorised after every change of what L depends on; an eval-mode covariance featurises its inputs once."""
 
 import copy
 
@@ -136,3 +136,25 @@ def test_marginal_likelihood_gradient_unchanged_after_cached_predictions():
     with torch.no_grad():
         model(torch.rand(5, 2, dtype=DTYPE)).variance
     assert torch.equal(gradient(model), gradient(reference))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_eval_covariance_featurises_once_with_the_same_root_and_correction(grad, monkeypatch):
+    x, _, kernel = setting()
+    nystrom = kernel.base_kernel.eval()
+    test = torch.rand(9, 2, dtype=DTYPE)
+    with torch.set_grad_enabled(grad):
+        expected_root, expected_correction = nystrom.feature_root(test).features, nystrom.variance_correction(test)
+        crosses = []
+        cross = NystromKernel._cross
+
+        def counted(self, rows):
+            crosses.append(rows.shape[-2])
+            return cross(self, rows)
+
+        monkeypatch.setattr(NystromKernel, "_cross", counted)
+        covariance = nystrom.training_covariance(test)
+    assert crosses == [9]  # before: K(x, Z) and its solve once for the root, once more for the correction
+    assert torch.equal(covariance.root.features, expected_root)
+    assert torch.equal(covariance.variance_correction, expected_correction)
+    assert nystrom.train().training_covariance(test).variance_correction is None
