@@ -23,7 +23,9 @@ Jitter.  ε = jitter·mean(diag K(Z, Z)) is relative to the kernel's scale.  It 
 ``jitter`` (default 1e-8 in float64, 1e-6 in float32) and grows ×10 while the Cholesky factor
 fails (at most up to 10⁻¹); a growth is reported once per kernel by a ``NumericalWarning``,
 and a failure at the largest value raises ``NotPSDError`` naming the kernel (never a silent
-NaN).  The check costs one host synchronisation per kernel call.  For float32 (and half)
+NaN).  The check costs one host synchronisation per factorisation; between calls that build no
+graph (predictions) L is reused while Z and the base kernel are unchanged, at one host read per
+tensor compared (:class:`~rfgp.core.state_cache.StateCache`).  For float32 (and half)
 inputs K(Z, Z) and its factor are computed in float64 and L is rounded to the input dtype:
 the O(M³) factorisation is small next to the O(N·M²) features, and a float32 Cholesky of
 thousands of close landmarks needs a jitter (10⁻⁴ at M = 4096 on the elecdemand data of
