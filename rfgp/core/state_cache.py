@@ -13,7 +13,8 @@ computation it replaces did (a Cholesky's success check).
 
 Only results without an autograd graph are cached: with gradients enabled and a state tensor that requires
 them, the result is computed afresh at every call (a cached graph would be freed by the first backward pass, and a
-graph-free result would drop the gradient w.r.t. the state).
+graph-free result would drop the gradient w.r.t. the state); so is it while ``torch.jit.trace`` or ``torch.compile``
+records the computation.
 """
 
 from __future__ import annotations
@@ -56,13 +57,19 @@ class StateCache(Generic[Result]):
         self._result: Result | None = None
 
     def get(self, tensors: Sequence[Tensor], config: Hashable, compute: Callable[[], Result]) -> Result:
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or _recording():
             return compute()
         if self._tensors is not None and self._config == config and _equal(self._tensors, tensors):
             return self._result
         result = compute()
         self._config, self._tensors, self._result = config, tuple(t.detach().clone() for t in tensors), result
         return result
+
+
+def _recording() -> bool:
+    """Under ``torch.jit.trace`` or ``torch.compile`` a reused result would enter the recorded program as a constant
+    (later hyperparameters would not reach it): computed afresh there."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
 
 
 def _equal(saved: Sequence[Tensor], tensors: Sequence[Tensor]) -> bool:

@@ -158,3 +158,18 @@ def test_eval_covariance_featurises_once_with_the_same_root_and_correction(grad,
     assert torch.equal(covariance.root.features, expected_root)
     assert torch.equal(covariance.variance_correction, expected_correction)
     assert nystrom.train().training_covariance(test).variance_correction is None
+
+
+
+@pytest.mark.parametrize("recorder", ["torch.jit.is_tracing", "torch.compiler.is_compiling"])
+def test_no_reuse_while_a_trace_or_compilation_records(recorder, monkeypatch):
+    """A reused factor would enter a traced or compiled program as a constant, which later hyperparameters miss."""
+    _, _, kernel = setting()
+    nystrom = kernel.base_kernel
+    with torch.no_grad():
+        nystrom.landmark_cholesky()
+        calls = counting(monkeypatch)
+        monkeypatch.setattr(recorder, lambda: True)
+        nystrom.landmark_cholesky()
+        nystrom.landmark_cholesky()
+    assert len(calls) == 2
