@@ -329,15 +329,18 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         shapes = self.__dict__.setdefault("_probe_shapes", {})
         with torch.no_grad():
             self.prepare(x)
-            key = (x.shape[:-2], x.shape[-1], module_configuration(self),
-                   tuple((t.shape, t.dtype) for t in module_tensors(self)))
-            shape = shapes.get(key) if reuse_shape else None
+            key = shape = None
+            if reuse_shape:  # the key walks the module tree: only where it is read
+                key = (x.shape[:-2], x.shape[-1], module_configuration(self),
+                       tuple((t.shape, t.dtype) for t in module_tensors(self)))
+                shape = shapes.get(key)
             if shape is None:
                 probe = self.featurize(x[..., :1, :])
                 shape = probe.shape[-1], probe.shape[:-2]
-                if len(shapes) >= 16:  # t-batch shapes of an acquisition optimisation, train and eval: a few keys
-                    shapes.clear()
-                shapes[key] = shape
+                if key is not None:
+                    if len(shapes) >= 16:  # t-batch shapes of an acquisition optimisation, train and eval: a few keys
+                        shapes.clear()
+                    shapes[key] = shape
         params = [p for p in self.parameters() if p.requires_grad]
         return Featurizer(self.featurize, params, shape[0], shape[1], amplitude_function=self.amplitude_function())
 
