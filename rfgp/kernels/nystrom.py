@@ -298,8 +298,8 @@ class NystromKernel(FeatureKernel):
 
         Without a graph to build (gradients disabled, or neither Z nor the base kernel's hyperparameters require
         them: prediction) L is reused while Z, the base kernel's parameters, buffers and settings, the jitter and
-        ``dtype`` equal those it was computed at (:class:`~rfgp.core.state_cache.StateCache`): a BO loop's posterior
-        calls factorised K(Z, Z) once or twice each (O(M³), 4× the exact GP's posterior at N = M = 10).
+        ``dtype`` equal those it was computed at (:class:`~rfgp.core.state_cache.StateCache`): each posterior call of a
+        BO loop factorised K(Z, Z) twice (O(M³) per call, whatever the number of test points).
         """
         dtype = self.landmarks.dtype if dtype is None else dtype
         tensors = (self.landmarks, *module_tensors(self.base_kernel))

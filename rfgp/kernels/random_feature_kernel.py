@@ -286,7 +286,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                 return lazy
         chunk_size = resolve_chunk_size(num_rows, featurizer.num_features, batch, x1.dtype)
         if chunk_size is not None:
-            if reuse:  # chunks featurised later: the probe row's checks now, as at every chunked call
+            if reuse:  # a chunked covariance featurises its chunks lazily: the probe row's checks now, as before
                 featurizer = self.featurizer(x1)
             return self._chunked_forward(x1, x2, same, diag, featurizer, chunk_size)
         if not (same or diag) and outputs == 1:
