@@ -142,13 +142,20 @@ class _CombinedFeatureKernel(FeatureKernel):
             unwrap_scale(kernel)[0].prepare(select_active(kernel, x))
 
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
-        outputs = sorted({kernel.num_outputs_per_input(x1, x2) for kernel in self.kernels})
-        if len(outputs) > 1:
-            raise ValueError(
-                f"the parts of {type(self).__name__} have different numbers of outputs per input ({outputs}) "
-                f"for inputs of dimension {x1.shape[-1]}; their covariances cannot be added"
-            )
+        outputs = [kernel.num_outputs_per_input(x1, x2) for kernel in self.kernels]
+        self._check_same_outputs(outputs, x1.shape[-1])
         return outputs[0]
+
+    def _check_same_outputs(self, outputs: list[int], input_dim: int) -> None:
+        """Raise unless every part has the same number of outputs per input (``outputs``, in the parts' order):
+        GPyTorch's ``AdditiveKernel``/``ProductKernel`` cannot combine ``RBFKernelGrad`` with ``RBFKernel`` either."""
+        if len(set(outputs)) > 1:
+            names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in self.kernels]
+            raise ValueError(
+                f"{type(self).__name__} combines its parts' covariances entry by entry, but its parts {names} have "
+                f"{outputs} outputs per input (inputs of dimension {input_dim}); its parts need the same outputs per "
+                "input (RBFKernelGrad with Matern52KernelGrad, not with RBFKernel or RBFKernelGradGrad)"
+            )
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         x = train_inputs[0]
@@ -196,14 +203,7 @@ class FeatureSumKernel(_CombinedFeatureKernel):
 
     def featurize(self, x: Tensor) -> Tensor:
         parts = [kernel_features(kernel, x) for kernel in self.kernels]
-        outputs = [p.shape[-2] // max(x.shape[-2], 1) for p in parts]
-        if len(set(outputs)) > 1:  # e.g. RBFKernelGrad + RBFKernel: GPyTorch's AdditiveKernel cannot add them either
-            names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in self.kernels]
-            raise ValueError(
-                f"{type(self).__name__} adds its parts' covariances row by row, but its parts {names} have "
-                f"{outputs} outputs per input (inputs of dimension {x.shape[-1]}); its parts need the same outputs "
-                "(RBFKernelGrad + Matern52KernelGrad, not RBFKernelGrad + RBFKernel or + RBFKernelGradGrad)"
-            )
+        self._check_same_outputs([p.shape[-2] // max(x.shape[-2], 1) for p in parts], x.shape[-1])
         batch = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
         return torch.cat([p.expand(*batch, *p.shape[-2:]) for p in parts], dim=-1)
 
