@@ -203,7 +203,8 @@ class FeatureSumKernel(_CombinedFeatureKernel):
 
     def featurize(self, x: Tensor) -> Tensor:
         parts = [kernel_features(kernel, x) for kernel in self.kernels]
-        self._check_same_outputs([p.shape[-2] // max(x.shape[-2], 1) for p in parts], x.shape[-1])
+        if not torch.jit.is_tracing():  # a trace records sizes as tensors; its kernel calls made the check
+            self._check_same_outputs([p.shape[-2] // max(x.shape[-2], 1) for p in parts], x.shape[-1])
         batch = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
         return torch.cat([p.expand(*batch, *p.shape[-2:]) for p in parts], dim=-1)
 
