@@ -34,6 +34,7 @@ policies give the same mean as GPyTorch's.  Under the default "ignore" a NaN tar
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import gpytorch
 import torch
@@ -486,7 +487,20 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         if prefers_kernel_space(num_train + num_new, features.shape[-1], *(math.prod(batch),) * 3):
             return None
         weights = check_noise(noise).reciprocal()
+        if isinstance(parent, RankUpdatedFantasyStrategy):
+            parent.settle_parent()
         return cls(parent, full_inputs, full_targets, full_output, likelihood, features, weights, batch)
+
+    def settle_parent(self) -> None:
+        """Replace the parent by its :class:`SettledFantasyParent` where this strategy never differentiates it: its
+        data carry no graph (:meth:`_parent_caches`) and no point is masked (``observation_nan_policy`` "ignore").
+
+        Called when this strategy becomes a parent itself, so that a chain of fantasies (a loop of
+        ``condition_on_observations``) keeps its last two strategies alive instead of every ancestor with its module
+        copies and F × F caches (N = 60, F = 64: 25 tensors and 216 objects more per link, 300 links: 40 MB)."""
+        if (isinstance(self.parent, FeatureSpacePredictionStrategy) and not self.data_require_grad()
+                and gpytorch.settings.observation_nan_policy.value() == "ignore"):
+            self.parent = SettledFantasyParent(self.parent)
 
     @property
     def full_strategy(self) -> FeatureSpacePredictionStrategy:
@@ -670,6 +684,21 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
             num_train = covar.shape[-1] - num_new
             features = _features(covar[..., num_train:, num_train:].evaluate_kernel())  # a new slice: evaluated anew
         return features, check_noise(_new_noise(self.likelihood, self.train_labels.shape[-1], num_new)).reciprocal()
+
+
+class SettledFantasyParent:
+    """What a fantasy strategy whose data carry no graph reads of its parent: the parent's training data, prior mean
+    and constant caches (m, L) (:meth:`RankUpdatedFantasyStrategy.settle_parent`) — not the parent's own parent, module
+    copies and operators."""
+
+    def __init__(self, parent: FeatureSpacePredictionStrategy):
+        with torch.no_grad():
+            self.mean_covar_cache = parent.mean_covar_cache
+        self.train_inputs, self.train_labels = parent.train_inputs, parent.train_labels
+        self.train_prior_dist = _PriorMean(parent.train_prior_dist.mean)
+
+
+_PriorMean = namedtuple("_PriorMean", "mean")
 
 
 def _first_member(values: Tensor, batch_dims: int) -> Tensor:
