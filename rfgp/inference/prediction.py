@@ -579,7 +579,7 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
 
         A chain of fantasies whose data carry no graph (a loop of ``condition_on_observations`` on observed points)
         otherwise re-evaluated every ancestor's new rows at each differentiated call: 305 fantasies deep (N = 60,
-        F = 64), one gradient of a prediction took 50 s instead of 0.05 s, growing with the chain.  Those rows'
+        F = 64), one gradient of a prediction took 50 s instead of 0.007 s, growing with the chain.  Those rows'
         graph reached only the hyperparameters of the ancestors' module copies, which ``detach_test_caches``
         detaches as it does the training points'."""
         parent = self.parent
