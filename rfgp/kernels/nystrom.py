@@ -381,7 +381,12 @@ class NystromKernel(FeatureKernel):
 
     def _cross(self, x: Tensor) -> Tensor:
         """K(x, Z) with its negligible entries, below tiny^¼ of the largest kernel value at the landmarks (see
-        :func:`~rfgp.inference.triangular_statistics.negligible_threshold`), set to zero."""
+        :func:`~rfgp.inference.triangular_statistics.negligible_threshold`), set to zero.
+
+        The scale is evaluated at every call, though it depends on the state only and takes no gradient (it enters a
+        comparison): reusing it (:class:`~rfgp.core.state_cache.StateCache`) saved 0.07 ms of diagonal but cost 0.03 ms
+        of key comparison, a change within noise (−2.8 % to +0.5 %, paired CPU-time medians, 1 thread, float64) of a
+        posterior mean and variance at 32 points under autograd, N = M = 50–200, d = 2–6 (2.8–6.2 ms per call)."""
         if x.shape[-1] != self.landmarks.shape[-1]:
             raise ValueError(
                 f"NystromKernel got inputs with {x.shape[-1]} columns, but its landmarks have "
