@@ -218,6 +218,20 @@ def test_a_sum_of_a_derivative_kernel_and_another_output_count_is_refused_by_nam
         sketched(torch.rand(5, 2, dtype=F64)).to_dense()
 
 
+@pytest.mark.parametrize("first, second", [([0], [1]), ([0, 1], [1, 0])])
+def test_a_sum_of_derivative_kernels_on_other_columns_is_refused_by_name(first, second):
+    """A derivative kernel's rows are ∂/∂x of the columns its active_dims select: parts on [0] and [1] have as many
+    rows each, and the converted sum added ∂/∂x₀ rows to ∂/∂x₁ rows silently (GPyTorch's exact sum does so for
+    [0, 1] + [1, 0] too).  The same columns in another spelling (None on two columns, [0, 1]) still add."""
+    x = torch.rand(5, 2, dtype=F64)
+    sketched = rfgp.sketch(ScaleKernel(RBFKernelGrad(active_dims=first)) + RBFKernelGrad(active_dims=second), 64,
+                           seed=0)
+    with pytest.raises(ValueError, match=r"see the input columns .* same active_dims"):
+        sketched(x).to_dense()
+    same = rfgp.sketch(ScaleKernel(RBFKernelGrad(active_dims=[0, 1])) + RBFKernelGrad(), 64, seed=0)
+    assert same(x).to_dense().shape == (15, 15)
+
+
 @pytest.mark.parametrize("kernel", [RBFKernelGrad, lambda: ScaleKernel(Matern52KernelGrad())])
 def test_nystrom_of_a_derivative_kernel_points_to_random_features(kernel):
     """method="nystrom" refused a derivative kernel saying to use SketchedDecomposableKernel (a multitask kernel,

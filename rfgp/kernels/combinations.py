@@ -144,7 +144,24 @@ class _CombinedFeatureKernel(FeatureKernel):
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
         outputs = [kernel.num_outputs_per_input(x1, x2) for kernel in self.kernels]
         self._check_same_outputs(outputs, x1.shape[-1])
+        if outputs[0] > 1:
+            self._check_same_derivative_columns(x1.shape[-1])
         return outputs[0]
+
+    def _check_same_derivative_columns(self, input_dim: int) -> None:
+        """Raise unless parts with several outputs per input see the same input columns in the same order: a
+        derivative kernel's rows are ∂/∂x of the columns its ``active_dims`` select, so parts on ``[0]`` and ``[1]``
+        (or ``[0, 1]`` and ``[1, 0]``) would add ∂/∂x₀ rows to ∂/∂x₁ rows (GPyTorch's exact sum does so silently for
+        the latter)."""
+        seen = [tuple(range(input_dim)) if k.active_dims is None else tuple(k.active_dims.tolist())
+                for k in self.kernels]
+        if len(set(seen)) > 1:
+            names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in self.kernels]
+            raise ValueError(
+                f"{type(self).__name__} adds its parts' derivative rows entry by entry, but its parts {names} see the "
+                f"input columns {[list(s) for s in seen]}: each part's rows are derivatives along its own columns. "
+                "Give every part the same active_dims (in the same order)"
+            )
 
     def _check_same_outputs(self, outputs: list[int], input_dim: int) -> None:
         """Raise unless every part has the same number of outputs per input (``outputs``, in the parts' order):
