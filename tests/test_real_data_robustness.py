@@ -7,6 +7,7 @@ Data sets shipped in installed packages (statsmodels, scikit-learn), subsampled 
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import gpytorch
@@ -241,3 +242,74 @@ def test_fit_mll_does_not_warn_on_inputs_on_the_lengthscale_scale(case):
     with warnings.catch_warnings():
         warnings.simplefilter("error", rfgp.DataScaleWarning)
         rfgp.fit_mll(model, num_iterations=1, progress=False)
+
+
+def _grid_in_metres(standardise: bool = False) -> torch.Tensor:
+    """(east, north) of a 20 × 15 grid at 10 m spacing in metres, as R's volcano elevations come (optionally
+    standardised)."""
+    east, north = torch.meshgrid(torch.arange(20.0, dtype=torch.float64) * 10, torch.arange(15.0, dtype=torch.float64)
+                                 * 10, indexing="ij")
+    x = torch.stack([east.flatten(), north.flatten()], -1)
+    return (x - x.mean(0)) / x.std(0) if standardise else x
+
+
+def _space_time_product(x: torch.Tensor, time_kernel: gpytorch.kernels.Kernel, kernel_wraps=lambda k: k):
+    return UserGP(x, torch.sin(x[:, 0]), kernel_wraps(ScaleKernel(
+        gpytorch.kernels.MaternKernel(nu=1.5, active_dims=[0, 1]) * time_kernel))).double()
+
+
+def _data_scale_warnings(model) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rfgp.fit_mll(model, num_iterations=1, progress=False)
+    return [str(w.message) for w in caught if issubclass(w.category, rfgp.DataScaleWarning)]
+
+
+@pytest.mark.parametrize("factor", ["linear (Kronecker product)", "periodic (spectral product)",
+                                    "polynomial (TensorSRHT)", "periodic and linear (nested)"])
+def test_fit_mll_checks_the_data_scale_of_each_factor_of_a_sketched_product(factor):
+    # a sketched Matérn factor on coordinates in metres (a median 90 m, 130 lengthscales, apart at ℓ = 0.69 m) is ≈ 0 between almost
+    # all points, whatever the other factors: the product's correlation is the Matérn's times the other factor's,
+    # which is at most 1 in size (Cauchy–Schwarz), a linear one's too.  R's volcano (600 cells, Matérn-3/2 ×
+    # Linear, ORF F = 1024) stayed at the white-noise model (test RMSE 25.3 m, the targets' spread; standardised:
+    # 2.2 m) and was not warned, as a lone Matérn was
+    others = {"linear (Kronecker product)": (gpytorch.kernels.LinearKernel(active_dims=[0, 1]), "FeatureProduct"),
+              "periodic (spectral product)": (PeriodicKernel(active_dims=[2]), "SpectralProduct"),
+              "polynomial (TensorSRHT)": (gpytorch.kernels.PolynomialKernel(power=2, active_dims=[0, 1]),
+                                          "SketchedProduct"),
+              "periodic and linear (nested)": (PeriodicKernel(active_dims=[2]) * gpytorch.kernels.LinearKernel(
+                  active_dims=[0, 1]), "SpectralProduct")}
+    other, product = others[factor]
+    for standardise in (False, True):
+        space = _grid_in_metres(standardise)
+        x = torch.cat([space, torch.linspace(0, 1, space.shape[0], dtype=torch.float64)[:, None]], -1)
+        model = _space_time_product(x, other, lambda k: rfgp.sketch(k, 512, seed=0))
+        messages = _data_scale_warnings(model)
+        if standardise:
+            assert messages == []
+        else:
+            assert len(messages) == 1, messages
+            assert re.search(rf"SketchedMaternKernel \(a factor of {product}Kernel\) lie a median 1[23]\d "
+                             "lengthscales apart", messages[0]), messages[0]
+
+
+@pytest.mark.parametrize("method", ["exact", "orf"])
+def test_fit_mll_warns_only_for_the_factor_of_a_space_time_product_that_is_off_scale(method):
+    # Matérn(space) × periodic or RBF(time), each on its own columns: the check runs on each factor on the columns it
+    # sees, once per factor; a periodic factor is never checked (its lengthscale scales sin(π·τ/p), not τ)
+    sketch = (lambda k: k) if method == "exact" else (lambda k: rfgp.sketch(k, 512, seed=0))
+    prefix = "" if method == "exact" else "Sketched"
+    days = torch.arange(300.0, dtype=torch.float64)[:, None] * 12  # ten years of observations, in days
+    raw_space_periodic_days = torch.cat([_grid_in_metres(), days], -1)
+    periodic = PeriodicKernel(active_dims=[2])
+    periodic.period_length = 365.25
+    messages = _data_scale_warnings(_space_time_product(raw_space_periodic_days, periodic, sketch))
+    assert len(messages) == 1 and messages[0].startswith(f"fit_mll: the training inputs of {prefix}MaternKernel"), \
+        messages
+    standardised_space_raw_days = torch.cat([_grid_in_metres(standardise=True), days], -1)
+    messages = _data_scale_warnings(_space_time_product(standardised_space_raw_days, periodic, sketch))
+    assert messages == []  # the periodic factor on raw days is not off-scale
+    rbf = gpytorch.kernels.RBFKernel(active_dims=[2])
+    messages = _data_scale_warnings(_space_time_product(standardised_space_raw_days, rbf, sketch))
+    assert len(messages) == 1 and messages[0].startswith(f"fit_mll: the training inputs of {prefix}RBFKernel"), \
+        messages

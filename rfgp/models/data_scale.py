@@ -160,13 +160,15 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
     if not train_inputs or not torch.is_tensor(train_inputs[0]) or not train_inputs[0].is_floating_point():
         return
     inputs = covar_module_inputs(model, train_inputs[0])
-    checked = [(owner, x, "fourier") for _, owner, x in fourier_units(model, inputs)]
-    checked += [(kernel, x, "nystrom") for kernel, x in nystrom_lengthscale_kernels(model, inputs)]
+    checked = [(owner, x, "fourier", f" (a factor of {type(product).__name__})" if product is not None else "")
+               for _, owner, x, product in fourier_units(model, inputs)]
+    checked += [(kernel, x, "nystrom", " (in a NystromKernel)")
+                for kernel, x in nystrom_lengthscale_kernels(model, inputs)]
     covar_module = getattr(model, "covar_module", None)
     if isinstance(covar_module, gpytorch.kernels.Kernel):
-        checked += [(kernel, x, "exact") for kernel, x in decaying_kernels(covar_module, inputs)]
-    for kernel, x, kind in checked:
-        name = type(kernel).__name__ + (" (in a NystromKernel)" if kind == "nystrom" else "")
+        checked += [(kernel, x, "exact", "") for kernel, x in decaying_kernels(covar_module, inputs)]
+    for kernel, x, kind, where in checked:
+        name = type(kernel).__name__ + where
         apart, from_neighbours = _CONSEQUENCES[kind]
         distance = median_scaled_distance(x, kernel.lengthscale)
         if distance > MEDIAN_SCALED_DISTANCE:

@@ -379,33 +379,38 @@ def _redraw_maclaurin(feature_map: _MaclaurinFeatures, width: int, owner: Kernel
 def optimized_maclaurin_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple]:
     """(map, owning kernel, the input columns it sees) for every fitted optimized Maclaurin map in ``module``,
     factors of product kernels included (:func:`_width_units` stops at a product)."""
-    yield from _maclaurin_in(_width_units(module, x, None))
+    for unit, owner, inputs, _ in _units_through_products(_width_units(module, x, None)):
+        if isinstance(unit, OptimizedMaclaurin) and unit.widths is not None and inputs is not None and isinstance(
+                owner, RandomFeatureKernel):
+            yield unit, owner, inputs
 
 
 def fourier_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple]:
-    """(map, owning kernel, the input columns it sees) for every random Fourier map (RFF/ORF/SORF of the RBF and
-    Matérn kernels, and the operator-valued ones of the curl- and divergence-free kernels, whose Gaussian envelope
-    k₀ decays the same way) in ``module`` whose owner has a lengthscale; factors of product kernels are not
-    searched."""
-    for unit, owner, inputs in _width_units(module, x, None):
+    """(map, owning kernel, the input columns it sees, the innermost product kernel holding it or ``None``) for every
+    random Fourier map (RFF/ORF/SORF of the RBF and Matérn kernels, and the operator-valued ones of the curl- and
+    divergence-free kernels, whose Gaussian envelope k₀ decays the same way) in ``module`` whose owner has a
+    lengthscale, factors of product kernels included (a spectral product draws from its factors' lengthscales)."""
+    for unit, owner, inputs, product in _units_through_products(_width_units(module, x, None)):
         fourier = isinstance(unit, (RandomFourierFeatures, OperatorValuedFourierFeatures))
         if fourier and inputs is not None and getattr(owner, "has_lengthscale", False):
-            yield unit, owner, inputs
+            yield unit, owner, inputs, product
 
 
 def nystrom_units(module: nn.Module, x: Tensor | None) -> Iterator[tuple[NystromKernel, Tensor]]:
     """(Nyström kernel, the input columns its ``forward`` sees) for every :class:`~rfgp.kernels.NystromKernel` in
-    ``module`` (a ``ScaleKernel`` around one selects them, as for ``rfgp.sketch(ScaleKernel(k), method="nystrom")``)."""
-    for unit, _, inputs in _width_units(module, x, None):
+    ``module`` (a ``ScaleKernel`` around one selects them, as for ``rfgp.sketch(ScaleKernel(k), method="nystrom")``),
+    factors of product kernels included."""
+    for unit, _, inputs, _ in _units_through_products(_width_units(module, x, None)):
         if isinstance(unit, NystromKernel) and inputs is not None:
             yield unit, inputs
 
 
-def _maclaurin_in(units) -> Iterator[tuple]:
+def _units_through_products(units, product: Kernel | None = None) -> Iterator[tuple]:
+    """``units`` (from :func:`_width_units`) and, for each product kernel among them, its factors' units (on the
+    columns each factor sees, nested products included), each with the innermost product holding it (or
+    ``product``)."""
     for unit, owner, inputs in units:
-        if isinstance(unit, OptimizedMaclaurin):
-            if unit.widths is not None and inputs is not None and isinstance(owner, RandomFeatureKernel):
-                yield unit, owner, inputs
-        elif isinstance(unit, _PRODUCTS):
+        yield unit, owner, inputs, product
+        if isinstance(unit, _PRODUCTS):
             for factor in _factor_units(unit, inputs):
-                yield from _maclaurin_in(factor)
+                yield from _units_through_products(factor, unit)
