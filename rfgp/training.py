@@ -426,8 +426,8 @@ def fit_mll(
     the bias-corrected posterior variance adds the missing part as uninformed prior variance).
     ``refit_allocation=False`` keeps the allocation fixed (the warning stays).
 
-    Before the first step, a random Fourier kernel (curl- and divergence-free ones included), or an RBF or Matérn
-    kernel inside a Nyström map, whose training
+    Before the first step, a random Fourier kernel (curl- and divergence-free ones included, factors of products
+    too), or an RBF or Matérn kernel inside a Nyström map, whose training
     inputs lie a median of more than 50 lengthscales apart (raw columns at GPyTorch's initial ℓ = 0.69), or more than
     3 from their nearest neighbours, gets a :class:`DataScaleWarning`: the kernel is ≈ 0 between the points, and
     training follows the features' Monte-Carlo noise, or (Nyström) stays at the white-noise model

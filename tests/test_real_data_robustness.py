@@ -268,11 +268,11 @@ def _data_scale_warnings(model) -> list[str]:
 @pytest.mark.parametrize("factor", ["linear (Kronecker product)", "periodic (spectral product)",
                                     "polynomial (TensorSRHT)", "periodic and linear (nested)"])
 def test_fit_mll_checks_the_data_scale_of_each_factor_of_a_sketched_product(factor):
-    # a sketched Matérn factor on coordinates in metres (a median 90 m, 130 lengthscales, apart at ℓ = 0.69 m) is ≈ 0 between almost
-    # all points, whatever the other factors: the product's correlation is the Matérn's times the other factor's,
-    # which is at most 1 in size (Cauchy–Schwarz), a linear one's too.  R's volcano (600 cells, Matérn-3/2 ×
-    # Linear, ORF F = 1024) stayed at the white-noise model (test RMSE 25.3 m, the targets' spread; standardised:
-    # 2.2 m) and was not warned, as a lone Matérn was
+    # a sketched Matérn factor on coordinates in metres (a median 90 m, 130 lengthscales, apart at ℓ = 0.69 m) is
+    # ≈ 0 between almost all points, whatever the other factors: the product's correlation is the Matérn's times the
+    # other factor's, which is at most 1 in size (Cauchy–Schwarz), a linear one's too.  R's volcano (600 cells,
+    # Matérn-3/2 × Linear, ORF F = 1024) stayed at the white-noise model (test RMSE 25.3 m, the targets' spread;
+    # standardised: 2.2 m) and was not warned, as a lone Matérn was
     others = {"linear (Kronecker product)": (gpytorch.kernels.LinearKernel(active_dims=[0, 1]), "FeatureProduct"),
               "periodic (spectral product)": (PeriodicKernel(active_dims=[2]), "SpectralProduct"),
               "polynomial (TensorSRHT)": (gpytorch.kernels.PolynomialKernel(power=2, active_dims=[0, 1]),
