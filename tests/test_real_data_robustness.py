@@ -313,3 +313,19 @@ def test_fit_mll_warns_only_for_the_factor_of_a_space_time_product_that_is_off_s
     messages = _data_scale_warnings(_space_time_product(standardised_space_raw_days, rbf, sketch))
     assert len(messages) == 1 and messages[0].startswith(f"fit_mll: the training inputs of {prefix}RBFKernel"), \
         messages
+
+
+def test_fit_mll_checks_a_nystrom_kernel_that_is_a_factor_of_a_product():
+    # a Nyström map as a Kronecker factor (its landmarks chosen on the coordinates in metres): its RBF or Matérn base
+    # kernel is checked on the columns the factor sees, as for a Nyström kernel alone
+    space_time = torch.cat([_grid_in_metres(), torch.linspace(0, 1, 300, dtype=torch.float64)[:, None]], -1)
+    for x in (space_time, torch.cat([_grid_in_metres(standardise=True), space_time[:, 2:]], -1)):
+        nystrom = rfgp.sketch(gpytorch.kernels.MaternKernel(nu=1.5, active_dims=[0, 1]), 64, method="nystrom",
+                              x_sample=x, seed=0)
+        time = rfgp.sketch(gpytorch.kernels.LinearKernel(active_dims=[2]), 1, input_dim=1)
+        model = UserGP(x, torch.sin(x[:, 0]), ScaleKernel(rfgp.kernels.FeatureProductKernel(nystrom, time))).double()
+        messages = _data_scale_warnings(model)
+        if x is space_time:
+            assert len(messages) == 1 and "MaternKernel (in a NystromKernel) lie a median" in messages[0], messages
+        else:
+            assert messages == []
