@@ -154,6 +154,7 @@ class ChunkedKroneckerPosteriorCovariance(ChunkedPosteriorCovariance):
     def __init__(self, prior, *params: Tensor, root, noise: Tensor | None = None, chol: Tensor) -> None:
         LinearOperator.__init__(self, prior, *params, root=root, noise=noise, chol=chol)
         self.prior, self.params, self.root, self.noise, self.chol = prior, params, root, noise, chol
+        self._posterior_batch_shape = prior.batch_shape  # the prior's batch (the factors carry no wider one)
 
     def _diagonal(self) -> Tensor:
         task = self.prior.task_factor

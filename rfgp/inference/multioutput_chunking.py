@@ -324,15 +324,18 @@ class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):
         root: Φ*_c ↦ R_c, the posterior root rows of a block of test features (e.g. Φ*_cL⁻ᵀ).
         params: tensors ``root`` reads (the posterior factor), for the operator's representation.
         noise: optional diagonal ``(..., n·p)`` added to Σ* (observation noise), ``None`` for none.
+        batch_shape: the posterior's batch where it is wider than the prior's: an unbatched kernel's Φ* shared by
+            batched outputs (a Dirichlet classifier's C classes), whose root rows carry the batch of the factor.
     """
 
     def __init__(self, prior: ChunkedMultiOutputFeatureOperator, *params: Tensor, root: Callable[[Tensor], Tensor],
-                 noise: Tensor | None = None) -> None:
-        super().__init__(prior, *params, root=root, noise=noise)
+                 noise: Tensor | None = None, batch_shape: torch.Size = torch.Size()) -> None:
+        super().__init__(prior, *params, root=root, noise=noise, batch_shape=batch_shape)
         self.prior, self.params, self.root, self.noise = prior, params, root, noise
+        self._posterior_batch_shape = torch.broadcast_shapes(prior.batch_shape, batch_shape)
 
     def _size(self) -> torch.Size:
-        return self.prior.shape
+        return self._posterior_batch_shape + self.prior.shape[-2:]
 
     def _transpose_nonbatch(self):
         return self
@@ -426,7 +429,8 @@ class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):
         scale = other.sqrt().unsqueeze(-1).unsqueeze(-1) if torch.is_tensor(other) else other**0.5
         noise = None if self.noise is None else self.noise * (other.unsqueeze(-1) if torch.is_tensor(other) else other)
         root = self.root
-        return ChunkedPosteriorCovariance(self.prior, *self.params, root=lambda f: root(f) * scale, noise=noise)
+        return ChunkedPosteriorCovariance(self.prior, *self.params, root=lambda f: root(f) * scale, noise=noise,
+                                          batch_shape=self._posterior_batch_shape)
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):  # the same operator (subclasses' keywords kept) with the noise

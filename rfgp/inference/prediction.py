@@ -196,7 +196,9 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         correction = test_test_covar.variance_correction
         if correction is not None:
             correction = correction.expand(mean.shape)
-        return mean, ChunkedPosteriorCovariance(test_test_covar, root=root, noise=correction)
+        # an unbatched kernel's Φ* shared by batched outputs (a Dirichlet classifier's classes): the batch of the mean
+        return mean, ChunkedPosteriorCovariance(test_test_covar, root=root, noise=correction,
+                                                batch_shape=mean.shape[:-1])
 
     @in_full_precision
     def get_fantasy_strategy(self, inputs, targets, full_inputs, full_targets, full_output, **kwargs):

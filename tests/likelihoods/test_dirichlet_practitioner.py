@@ -1,0 +1,44 @@
+"""The Dirichlet GP as a classification practitioner uses it: GPyTorch's recipe with rfgp's pieces."""
+
+import gpytorch
+import pytest
+import torch
+
+import rfgp
+from rfgp.kernels.fourier import SketchedRBFKernel
+from rfgp.likelihoods import DirichletClassificationLikelihood
+from rfgp.models import ExactGPModel
+
+
+def _classifier(dtype, num_points=100, num_classes=3):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(num_points, 2, generator=gen, dtype=dtype)
+    labels = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=num_classes, dtype=dtype,
+                                                   learn_additional_noise=True)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, seed=0))
+    mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([num_classes]))
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean).to(dtype)
+    model.eval()
+    return model, likelihood, torch.randn(40, 2, generator=gen, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_test_points_over_the_memory_budget_predict_the_classes_as_whole(dtype):
+    # More test points than fit the memory budget (rfgp.settings.chunk_size) give a chunked posterior covariance;
+    # with Φ* shared by the C classes its root rows are (C, chunk, F), and its variance, samples and class
+    # probabilities failed on "expand(... [3, 16, 32], size=[16, 32])" (DirichletGPClassifier.predict_proba too).
+    model, likelihood, x_test = _classifier(dtype)
+    with torch.no_grad():
+        whole = model(x_test)
+        reference = (whole.mean, whole.variance, likelihood.predict_proba(whole), likelihood(whole).variance)
+        with rfgp.settings.chunk_size(16):
+            chunked = model(x_test)
+            assert chunked.lazy_covariance_matrix.shape == (3, 40, 40)
+            result = (chunked.mean, chunked.variance, likelihood.predict_proba(chunked), likelihood(chunked).variance)
+            assert chunked.sample(torch.Size([4])).shape == (4, 3, 40)
+            dense = chunked.lazy_covariance_matrix.to_dense()
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for got, expected in zip(result, reference):
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+    torch.testing.assert_close(dense, whole.covariance_matrix, rtol=tol, atol=tol)
