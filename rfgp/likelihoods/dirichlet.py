@@ -216,6 +216,7 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         """p(ỹ) = N(m, K̂ + D_c); over the training points with a feature kernel the covariance
         is a :class:`~rfgp.inference.classification.ClassNoiseFeatureLinearOperator` (structured solve), or
         its chunked sibling when the kernel returned a chunked ΦΦᵀ."""
+        self._check_latent_batch(function_dist)
         prior_covar = function_dist.lazy_covariance_matrix
         if hasattr(prior_covar, "evaluate_kernel"):
             # A lazily evaluated kernel would be added to the noise as a generic sum; the evaluated
@@ -236,6 +237,20 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         max_block_size = getattr(covar._linear_op, "chunk_size", None)
         structured = structured_type.from_parts(covar, self._two_level_noise(max_block_size))
         return result.__class__(result.mean, structured)
+
+    def _check_latent_batch(self, function_dist: MultivariateNormal) -> None:
+        """Refuse latent GPs whose class batch is not C (or one GP broadcast to all classes), naming both: labels
+        1..C without ``num_classes`` give C + 1 classes (class 0 without points), which only a broadcasting error
+        deep in GPyTorch reported."""
+        batch = function_dist.batch_shape
+        if len(batch) > 0 and batch[-1] not in (1, self.num_classes):
+            low, high = int(self.targets.min()), int(self.targets.max())
+            raise ValueError(
+                f"the model's latent GPs have batch shape {tuple(batch)}, but the likelihood has num_classes="
+                f"{self.num_classes} (one latent GP per class: batch (..., {self.num_classes})); its labels span "
+                f"{low}..{high} and num_classes defaults to max(labels) + 1: pass labels 0..C-1 (or num_classes) "
+                f"and a model of batch shape (C,)"
+            )
 
     def _shaped_noise_covar(self, base_shape, *params, **kwargs):
         if "noise" not in kwargs or self.second_noise_covar is None:

@@ -42,3 +42,26 @@ def test_test_points_over_the_memory_budget_predict_the_classes_as_whole(dtype):
     for got, expected in zip(result, reference):
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
     torch.testing.assert_close(dense, whole.covariance_matrix, rtol=tol, atol=tol)
+
+
+def test_a_model_with_another_number_of_classes_than_the_likelihood_is_refused_by_name():
+    # Labels 1..3 without num_classes give 4 classes (class 0 without points); a model of batch (3,) built for the
+    # three classes seen failed in training and prediction on GPyTorch's "Attempting to broadcast a dimension of
+    # length 3 at -1!" instead of naming num_classes.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 2, generator=gen)
+    labels = (x[:, 0] > 0).long() + (x[:, 1] > 0).long() + 1
+    likelihood = DirichletClassificationLikelihood(labels, learn_additional_noise=True)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, seed=0))
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel,
+                         gpytorch.means.ConstantMean(batch_shape=torch.Size([3])))
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with pytest.raises(ValueError, match=r"batch shape \(3,\).*num_classes=4.*labels span 1\.\.3"):
+        mll(model(x), likelihood.transformed_targets)
+    model.eval()
+    with torch.no_grad(), pytest.raises(ValueError, match=r"batch shape \(3,\).*num_classes=4"):
+        model(x[:2])
+    # one latent GP broadcast to all classes, and the C classes' own, are accepted
+    for batch in (torch.Size([1]), torch.Size([4])):
+        assert likelihood(gpytorch.distributions.MultivariateNormal(
+            torch.zeros(*batch, 60), torch.eye(60).expand(*batch, 60, 60))).batch_shape == (4,)
