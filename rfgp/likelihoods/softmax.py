@@ -27,6 +27,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..core.settings import resolve_chunk_size
 from ..core.validation import check_positive_int
 
 
@@ -48,28 +49,41 @@ def softmax_expectation_mc(
         mean, variance: ``(..., C)`` latent means and variances.
         num_samples: number of samples S.
         generator: a ``torch.Generator`` on ``mean``'s device for reproducible draws.
-        chunk_size: samples drawn at once (bounds memory to ``chunk_size × mean.numel()``).
+        chunk_size: samples drawn at once; the points are visited in blocks whose ``chunk_size × block × C``
+            samples fit :class:`rfgp.settings.memory_budget` (or of :class:`rfgp.settings.chunk_size` points),
+            with the same draws, so that the blocks change neither the draws nor the estimate.
 
     Returns:
         (probabilities, standard_error), both ``(..., C)``; the probabilities sum to 1.
     """
     num_samples = check_positive_int(num_samples, "num_samples")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    std = variance.clamp_min(0.0).sqrt()
-    total = torch.zeros_like(mean)
-    total_sq = torch.zeros_like(mean)
+    num_classes = mean.shape[-1]
+    flat_mean = mean.reshape(-1, num_classes)
+    flat_std = variance.clamp_min(0.0).sqrt().expand(mean.shape).reshape(-1, num_classes)
+    num_points = flat_mean.shape[0]
+    block = resolve_chunk_size(num_points, num_classes, min(chunk_size, num_samples), mean.dtype) or num_points
+    total = torch.zeros_like(flat_mean)
+    total_sq = torch.zeros_like(flat_mean)
     remaining = num_samples
     while remaining > 0:
         size = min(chunk_size, remaining)
-        shape = (size, *[1] * (mean.dim() - 1), mean.shape[-1])  # one ε_s per sample, shared by all points
-        noise = torch.randn(shape, generator=generator, dtype=mean.dtype, device=mean.device)
-        probs = torch.softmax(mean + std * noise, dim=-1)
-        total = total + probs.sum(0)
-        total_sq = total_sq + probs.pow(2).sum(0)
+        # one ε_s per sample, shared by all points
+        noise = torch.randn((size, 1, num_classes), generator=generator, dtype=mean.dtype, device=mean.device)
+        sums, squares = zip(*(_sample_moments(torch.softmax(m + s * noise, dim=-1))
+                              for m, s in zip(flat_mean.split(block), flat_std.split(block))))
+        total = total + torch.cat(sums)
+        total_sq = total_sq + torch.cat(squares)
         remaining -= size
+    total, total_sq = total.reshape(mean.shape), total_sq.reshape(mean.shape)
     estimate = total / num_samples
     sample_var = (total_sq / num_samples - estimate.pow(2)).clamp_min(0.0) * num_samples / max(num_samples - 1, 1)
     return estimate, (sample_var / num_samples).sqrt()
+
+
+def _sample_moments(probs: Tensor) -> tuple[Tensor, Tensor]:
+    """Σ_s p_s and Σ_s p_s² over the samples (first axis) of a block of probabilities."""
+    return probs.sum(0), probs.pow(2).sum(0)
 
 
 def softmax_expectation_mean_field(mean: Tensor, variance: Tensor) -> Tensor:
