@@ -155,24 +155,23 @@ class _CombinedFeatureKernel(FeatureKernel):
         the latter)."""
         seen = [tuple(range(input_dim)) if k.active_dims is None else tuple(k.active_dims.tolist())
                 for k in self.kernels]
-        if len(set(seen)) > 1:
-            names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in self.kernels]
-            raise ValueError(
-                f"{type(self).__name__} adds its parts' derivative rows entry by entry, but its parts {names} see the "
-                f"input columns {[list(s) for s in seen]}: each part's rows are derivatives along its own columns. "
-                "Give every part the same active_dims (in the same order)"
-            )
+        self._check_parts_agree(seen, f"see the input columns {[list(s) for s in seen]}, each part's rows being "
+                                "derivatives along its own columns", "give every part the same active_dims (in the "
+                                "same order)")
 
     def _check_same_outputs(self, outputs: list[int], input_dim: int) -> None:
         """Raise unless every part has the same number of outputs per input (``outputs``, in the parts' order):
         GPyTorch's ``AdditiveKernel``/``ProductKernel`` cannot combine ``RBFKernelGrad`` with ``RBFKernel`` either."""
-        if len(set(outputs)) > 1:
+        self._check_parts_agree(outputs, f"have {outputs} outputs per input (inputs of dimension {input_dim})",
+                                "its parts need the same outputs per input (RBFKernelGrad with Matern52KernelGrad, "
+                                "not with RBFKernel or RBFKernelGradGrad)")
+
+    def _check_parts_agree(self, values: list, what: str, remedy: str) -> None:
+        """Raise a ValueError naming the parts unless ``values`` (one per part) are all equal."""
+        if len(set(values)) > 1:
             names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in self.kernels]
-            raise ValueError(
-                f"{type(self).__name__} combines its parts' covariances entry by entry, but its parts {names} have "
-                f"{outputs} outputs per input (inputs of dimension {input_dim}); its parts need the same outputs per "
-                "input (RBFKernelGrad with Matern52KernelGrad, not with RBFKernel or RBFKernelGradGrad)"
-            )
+            raise ValueError(f"{type(self).__name__} combines its parts' covariances entry by entry, but its parts "
+                             f"{names} {what}; {remedy}")
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         x = train_inputs[0]
