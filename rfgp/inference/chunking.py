@@ -281,7 +281,9 @@ def fold_backward(constant: Tensor | float | None, weights: Tensor, rhs: Tensor,
                   grad_weights: Tensor | None, grad_rhs: Tensor | None,
                   needs: Sequence[bool]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(W̄, R̄, c̄) from the gradients of the folded c²W and R/c (:func:`folded_in`, chained in ``dtype`` as formed),
-    each in its tensor's dtype; ``needs`` says which of W, R, c want one."""
+    each in its tensor's dtype; ``needs`` says which of W, R, c want one (none: no work)."""
+    if not any(needs):
+        return None, None, None
     leaves = [t.detach().requires_grad_() if need else t for t, need in zip((weights, rhs, constant), needs)]
     with torch.enable_grad():
         folded = folded_in(leaves[2], leaves[0], leaves[1], dtype)
@@ -358,9 +360,7 @@ class _ChunkedStatistics(torch.autograd.Function):
         )
         grad_weights, grad_rhs = gathered_row_grads(unit, folded_weights, folded_rhs, weight_grads, rhs_grads,
                                                     grad_gram, grad_cross, need_folded_weights, need_folded_rhs)
-        fold_grads = (None, None, None)
-        if any(need_fold):
-            fold_grads = fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
+        fold_grads = fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
         return (None, None, input_grad, *fold_grads, *param_grads)
 
 

@@ -337,9 +337,7 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
             param_grads = [_add(g, next(found)) if need else None for g, need in zip(param_grads, params_need)]
         grad_weights, grad_rhs = gathered_row_grads(unit, folded_weights, folded_rhs, weight_grads, rhs_grads,
                                                     grad_gram, grad_projection, need_weights, need_rhs)
-        fold_grads = (None, None, None)
-        if any(need_fold):
-            fold_grads = fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
+        fold_grads = fold_backward(constant, weights, rhs, fold_dtype, grad_weights, grad_rhs, need_fold)
         return (None, None, input_grad, *fold_grads, *param_grads)
 
 
