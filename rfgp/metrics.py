@@ -14,7 +14,13 @@ import math
 import torch
 from torch import Tensor
 
-from .core.validation import check_finite, check_positive_float, check_positive_int, check_tensor_dtype
+from .core.validation import (
+    check_finite,
+    check_gaussian_moments,
+    check_positive_float,
+    check_positive_int,
+    check_tensor_dtype,
+)
 
 
 def _dense(matrix) -> Tensor:
@@ -56,22 +62,13 @@ def gaussian_kl_divergence(
     shapes = {t.shape for t in (mean_approx, var_approx, mean_exact, var_exact)}
     if len(shapes) != 1:
         raise ValueError(f"means and variances must share one shape, got {sorted(tuple(s) for s in shapes)}")
-    _check_gaussian(var_approx=var_approx, var_exact=var_exact, mean_approx=mean_approx, mean_exact=mean_exact)
+    check_gaussian_moments(var_approx=var_approx, var_exact=var_exact, mean_approx=mean_approx, mean_exact=mean_exact)
     min_variance = check_positive_float(min_variance, "min_variance")
     var_approx = var_approx.clamp_min(min_variance)
     var_exact = var_exact.clamp_min(min_variance)
     ratio = var_approx / var_exact
     terms = ratio - ratio.log() - 1.0 + (mean_exact - mean_approx).pow(2) / var_exact
     return 0.5 * terms.sum(-1)
-
-
-def _check_gaussian(**tensors: Tensor) -> None:
-    """Finite means and variances; variances (names starting with ``var``) ≥ 0."""
-    for name, tensor in tensors.items():
-        check_tensor_dtype(tensor, name)
-        check_finite(tensor, name)
-        if name.startswith("var") and bool((tensor < 0).any()):
-            raise ValueError(f"{name} must be ≥ 0 (variances), got the minimum {float(tensor.min()):.6g}")
 
 
 def _check_probabilities(probs: Tensor, labels: Tensor) -> Tensor:
@@ -113,7 +110,7 @@ def gaussian_mnll(mean: Tensor, variance: Tensor, targets: Tensor) -> Tensor:
     if not (mean.shape == variance.shape == targets.shape):
         raise ValueError(f"mean, variance and targets must share one shape, got {tuple(mean.shape)}, "
                          f"{tuple(variance.shape)} and {tuple(targets.shape)}")
-    _check_gaussian(mean=mean, variance=variance, targets=targets)
+    check_gaussian_moments(mean=mean, variance=variance, targets=targets)
     if not bool((variance > 0).all()):
         raise ValueError(f"variance must be > 0 (a predictive variance), got the minimum {float(variance.min()):.6g}")
     return 0.5 * ((targets - mean).pow(2) / variance + variance.log() + math.log(2 * math.pi)).mean()

@@ -171,6 +171,16 @@ def check_finite(x: Tensor, name: str, hint: str = "") -> None:
         raise NonFiniteError(nonfinite_message(x, name, hint))
 
 
+def check_gaussian_moments(**tensors: Tensor) -> None:
+    """Finite floating means and variances, variances (keyword names starting with ``var``) ≥ 0: raise naming the
+    argument, never clamp (a negative variance is a bug upstream, not rounding to hide)."""
+    for name, tensor in tensors.items():
+        check_tensor_dtype(tensor, name)
+        check_finite(tensor, name)
+        if name.startswith("var") and bool((tensor < 0).any()):
+            raise ValueError(f"{name} must be ≥ 0 (variances), got the minimum {float(tensor.min()):.6g}")
+
+
 def nonfinite_message(x: Tensor, name: str, hint: str = "") -> str:
     """What is wrong with a non-finite ``x`` (error path only: counts and the first bad position)."""
     nan = int(torch.isnan(x).sum())

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..core.settings import resolve_chunk_size
-from ..core.validation import check_positive_int
+from ..core.validation import check_gaussian_moments, check_positive_int
 
 
 def softmax_expectation_mc(
@@ -46,7 +46,8 @@ def softmax_expectation_mc(
     (the same point gets the same probabilities in a batch, alone or in another chunk).
 
     Args:
-        mean, variance: ``(..., C)`` latent means and variances.
+        mean, variance: ``(..., C)`` latent means and variances (finite; variances ≥ 0 and broadcastable to the
+            means; a negative variance is refused, not clamped).
         num_samples: number of samples S.
         generator: a ``torch.Generator`` on ``mean``'s device for reproducible draws.
         chunk_size: samples drawn at once; the points are visited in blocks whose ``chunk_size × block × C``
@@ -58,9 +59,10 @@ def softmax_expectation_mc(
     """
     num_samples = check_positive_int(num_samples, "num_samples")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
+    _check_latents(mean, variance)
     num_classes = mean.shape[-1]
     flat_mean = mean.reshape(-1, num_classes)
-    flat_std = variance.clamp_min(0.0).sqrt().expand(mean.shape).reshape(-1, num_classes)
+    flat_std = variance.sqrt().expand(mean.shape).reshape(-1, num_classes)
     num_points = flat_mean.shape[0]
     block = resolve_chunk_size(num_points, num_classes, min(chunk_size, num_samples), mean.dtype) or num_points
     total = torch.zeros_like(flat_mean)
@@ -81,6 +83,20 @@ def softmax_expectation_mc(
     return estimate, (sample_var / num_samples).sqrt()
 
 
+def _check_latents(mean: Tensor, variance: Tensor) -> None:
+    """Finite latent means, finite variances ≥ 0 broadcastable to the means' ``(..., C)`` (C ≥ 1)."""
+    check_gaussian_moments(mean=mean, variance=variance)
+    try:
+        broadcast = mean.dim() > 0 and torch.broadcast_shapes(mean.shape, variance.shape) == mean.shape
+    except RuntimeError:
+        broadcast = False
+    if not broadcast:
+        raise ValueError(
+            f"mean must be (..., C) latent means and variance broadcastable to it, got shapes {tuple(mean.shape)} "
+            f"and {tuple(variance.shape)}"
+        )
+
+
 def _sample_moments(probs: Tensor) -> tuple[Tensor, Tensor]:
     """Σ_s p_s and Σ_s p_s² over the samples (first axis) of a block of probabilities."""
     return probs.sum(0), probs.pow(2).sum(0)
@@ -91,6 +107,7 @@ def softmax_expectation_mean_field(mean: Tensor, variance: Tensor) -> Tensor:
 
     Costs O(C²) per point; ``mean``, ``variance`` of shape ``(..., C)``.
     """
+    _check_latents(mean, variance)
     diff = mean.unsqueeze(-1) - mean.unsqueeze(-2)  # μ_c − μ_j, (..., C, C)
     scale = (1.0 + (math.pi / 8.0) * (variance.unsqueeze(-1) + variance.unsqueeze(-2))).sqrt()
     # log Σ_j exp(−d_cj/s_cj) over all j (the j = c term is exp(0) = 1, the "1 +" of the formula).

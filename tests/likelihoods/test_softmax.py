@@ -74,3 +74,18 @@ def test_bad_sample_count_rejected():
     mean, variance = _latents(3, 2, torch.float64)
     with pytest.raises(ValueError, match="num_samples"):
         softmax_expectation_mc(mean, variance, 0)
+
+
+@pytest.mark.parametrize("estimator", [softmax_expectation_mc, softmax_expectation_mean_field])
+def test_negative_nonfinite_or_misshapen_latents_are_refused(estimator):
+    """A negative variance was clamped to 0 by the Monte-Carlo estimator (and made the mean-field one NaN)."""
+    mean = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match=r"variance must be ≥ 0 .*-0\.2"):
+        estimator(mean, torch.tensor([[0.1, -0.2], [0.0, 0.0], [1.0, 1.0]]))
+    with pytest.raises(ValueError, match="NaN"):
+        estimator(torch.tensor([[0.0, float("nan")]]), torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"broadcastable .*\(3, 2\) and \(3, 3\)"):
+        estimator(mean, torch.ones(3, 3))
+    probs = estimator(mean, torch.zeros(3, 2))  # zero variance is a point mass: the softmax of the means
+    probs = probs[0] if isinstance(probs, tuple) else probs
+    torch.testing.assert_close(probs, torch.full((3, 2), 0.5))
