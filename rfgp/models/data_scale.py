@@ -207,11 +207,23 @@ register_start_check(warn_lengthscale_below_data_scale)
 
 
 def noise_floor(likelihood) -> float | None:
-    """The smallest noise variance of a ``GaussianLikelihood`` or ``MultitaskGaussianLikelihood`` (``None`` for any
-    other likelihood): the sum of the lower bounds of its noise constraints, i.e. GPyTorch's default 10⁻⁴, and for a
-    multitask one with independent task noises (rank 0) the global noise's plus each output's own (2·10⁻⁴)."""
+    """The smallest noise variance that a likelihood's learned noise can take (``None`` where no learned noise has a
+    floor): the sum of the lower bounds of its noise constraints, i.e. GPyTorch's default 10⁻⁴, for a
+    ``GaussianLikelihood``, the learned part of a ``FixedNoiseGaussianLikelihood(learn_additional_noise=True)`` (the
+    known per-point noise adds to it, and is the data's own), a Gaussian likelihood whose noise is GPyTorch's
+    ``HeteroskedasticNoise`` (its noise model's output is kept above the bound) and a
+    ``MultitaskGaussianLikelihood``: with independent task noises (rank 0), the global noise's plus each output's own
+    (2·10⁻⁴)."""
+    noise_covar = getattr(likelihood, "noise_covar", None)
     if type(likelihood) is gpytorch.likelihoods.GaussianLikelihood:
         constraints = [likelihood.noise_covar.raw_noise_constraint]
+    elif type(likelihood) is gpytorch.likelihoods.FixedNoiseGaussianLikelihood:
+        if likelihood.second_noise_covar is None:
+            return None
+        constraints = [likelihood.second_noise_covar.raw_noise_constraint]
+    elif (isinstance(likelihood, gpytorch.likelihoods._GaussianLikelihoodBase)
+          and type(noise_covar) is gpytorch.likelihoods.noise_models.HeteroskedasticNoise):
+        constraints = [noise_covar._noise_constraint]
     elif type(likelihood) is gpytorch.likelihoods.MultitaskGaussianLikelihood:
         # one constraint object may guard both noises: named_constraints() would list it once
         constraints = [likelihood._constraints[name] for name in ("raw_noise_constraint", "raw_task_noises_constraint")
