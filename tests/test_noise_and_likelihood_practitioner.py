@@ -406,3 +406,38 @@ def test_minibatch_training_with_nystrom_landmarks_at_every_point_follows_the_ex
                                                              x_sample=landmarks, seed=0), likelihood_class, natural)
     errors = [relative(s, e) for s, e in zip(sketched, exact)]
     assert max(errors) < 1e-5, errors
+
+
+@pytest.mark.parametrize("num_features", [16, 256])  # the F × F path (N + m > F), the N × N one
+@pytest.mark.parametrize("given", [False, True])
+def test_heteroskedastic_fantasy_model_is_the_formula_with_or_without_given_noise(num_features, given):
+    """``get_fantasy_model(x_new, y_new)`` of a heteroskedastic model conditions the new points on the noise GP's
+    noise there; with ``noise=`` on that noise (BoTorch's ``condition_on_observations(X, Y, noise)``, as for Gaussian
+    and fixed-noise likelihoods).  Before, ``noise=`` raised ``NotImplementedError`` for any noise model but the
+    homoscedastic one (GPyTorch's exact strategy ignores it, and conditions on the noise GP's noise)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(50, 1, generator=generator, dtype=F64)
+    y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(50, generator=generator, dtype=F64)
+    new_x = torch.rand(3, 1, generator=generator, dtype=F64)
+    new_y = torch.sin(6 * new_x[:, 0])
+    test_x = torch.linspace(0, 1, 5, dtype=F64).view(-1, 1)
+    noise_gp = GP(x, (0.01 + x[:, 0]).log(), exact_rbf((0.4,), 1.0), GaussianLikelihood()).double()
+    likelihood = _GaussianLikelihoodBase(noise_covar=HeteroskedasticNoise(noise_gp))
+    kernel = rfgp.sketch(exact_rbf((0.3,), 1.0), num_features, method="orf", seed=0)
+    model = GP(x, y, kernel, likelihood).double().eval()
+    new_noise = torch.full((3,), 0.05, dtype=F64)
+    with torch.no_grad():
+        likelihood(model(test_x), test_x)  # the caches a fantasy starts from
+        fantasy = model.get_fantasy_model(new_x, new_y, **({"noise": new_noise} if given else {}))
+        posterior = fantasy(test_x)
+        inputs, targets = torch.cat([x, new_x]), torch.cat([y, new_y])
+        noise = likelihood.noise_covar(inputs).diagonal()
+        if given:
+            noise = torch.cat([noise[:50], new_noise])
+        constant = model.mean_module.constant
+        train = kernel(inputs).to_dense() + torch.diag(noise)
+        cross = kernel(test_x, inputs).to_dense()
+        mean = constant + cross @ torch.linalg.solve(train, targets - constant)
+        variance = kernel(test_x, diag=True) - (cross * torch.linalg.solve(train, cross.mT).mT).sum(-1)
+    torch.testing.assert_close(posterior.mean, mean, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(posterior.variance, variance, rtol=1e-8, atol=1e-10)

@@ -40,7 +40,12 @@ import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.lazy import LazyEvaluatedKernelTensor
-from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.likelihoods import (
+    FixedNoiseGaussianLikelihood,
+    GaussianLikelihood,
+    _GaussianLikelihoodBase,
+    _MultitaskGaussianLikelihoodBase,
+)
 from gpytorch.likelihoods.noise_models import HomoskedasticNoise
 from gpytorch.models.exact_prediction_strategies import LinearPredictionStrategy
 from gpytorch.utils.memoize import cached
@@ -732,17 +737,20 @@ def fantasy_noise_likelihood(likelihood, lik_train_train_covar, **kwargs):
     that mean and covariance are those of a model fitted with that noise; the model's own likelihood
     (``get_fantasy_model`` sets it, for observation noise at test points) is unchanged. (GPyTorch's
     ``DefaultPredictionStrategy`` uses the given noise in its covariance cache but not in its mean, whose cache it
-    recomputes from the homoscedastic likelihood.) Other likelihoods (multitask: several outputs per point) cannot
-    take a per-point ``noise`` this way and raise.
+    recomputes from the homoscedastic likelihood.) The same holds for a learned noise model (GPyTorch's
+    ``HeteroskedasticNoise``, whose training diagonal is its noise model's at the training points; GPyTorch's own
+    strategy ignores ``noise`` there).  Other likelihoods (multitask: several outputs per point) cannot take a
+    per-point ``noise`` this way and raise.
     """
     fantasy = likelihood.get_fantasy_likelihood(**kwargs)
     if kwargs.get("noise") is None or isinstance(fantasy, FixedNoiseGaussianLikelihood):
         return fantasy
-    if not isinstance(fantasy, GaussianLikelihood):
+    if not isinstance(fantasy, _GaussianLikelihoodBase) or isinstance(fantasy, _MultitaskGaussianLikelihoodBase):
         raise NotImplementedError(
-            f"conditioning on observations with noise= is supported for GaussianLikelihood and "
-            f"FixedNoiseGaussianLikelihood, got {type(likelihood).__name__}: condition without noise= (the "
-            "likelihood's own noise), or use a fixed-noise likelihood"
+            f"conditioning on observations with noise= is supported for single-output Gaussian likelihoods "
+            f"(GaussianLikelihood, FixedNoiseGaussianLikelihood, a noise model such as HeteroskedasticNoise), got "
+            f"{type(likelihood).__name__}: condition without noise= (the likelihood's own noise), or use a "
+            "fixed-noise likelihood"
         )
     train_noise = lik_train_train_covar()._diag_tensor.diagonal(dim1=-1, dim2=-2)  # (..., N), also for constant D
     return FixedNoiseGaussianLikelihood(train_noise).get_fantasy_likelihood(noise=kwargs["noise"])
