@@ -311,5 +311,6 @@ def test_conditioning_with_a_per_point_noise_is_refused_for_a_multitask_likeliho
     model = MultiOutputGPModel(x, y, likelihood, SketchedDecomposableKernel(SketchedRBFKernel(16, seed=0),
                                                                             num_tasks=2, rank=1)).to(F64).eval()
     model(x[:2])
-    with pytest.raises(NotImplementedError, match="noise= is supported for single-output Gaussian likelihoods.*MultitaskGaussianLik"):
+    with pytest.raises(NotImplementedError,
+                       match="noise= is supported for single-output Gaussian likelihoods.*MultitaskGaussianLik"):
         model.get_fantasy_model(x[:3] + 0.1, y[:3], noise=torch.full((3, 2), 0.1, dtype=F64))
