@@ -24,7 +24,10 @@ uses the estimate::
 and forms the statistics in float32 while ε̂ ≤ τ (:class:`rfgp.settings.float32_statistics_tolerance`, default
 10⁻¹), in float64 (:func:`~rfgp.core.dtypes.factor_dtype`) otherwise.  Measured
 (``benchmarks/results/float32_statistics_threshold.md``: float32 ExactGP, F = 512, N = 1 500–20 000, MKL on one CPU
-thread): ‖ΔG‖₂ = 0.06–0.10·ε̂ at every N (no growth with N), and, against the float64 model,
+thread): ‖ΔG‖₂ = 0.06–0.10·ε̂ for N ≤ 2·10⁴ (it grows slowly with N: 0.3–0.4·ε̂ at N = 2·10⁵, and features
+with a large common mean round coherently, Maclaurin 0.35–1.4·ε̂ and a linear kernel on offset inputs 14–66·ε̂:
+``benchmarks/results/float32_statistics_refined.md``, which also shows that no estimate built on A = I + G
+separates those models from the benign ones), and, against the float64 model,
 
 =========  ===========================  ================================  ================
 u·tr(G)    loss per point, f32 / f64    gradient (relative), f32 / f64    λ_min(I + G₃₂)
