@@ -14,18 +14,27 @@ forward solve, the Gram matrix, one backward product).  R̄ = WΦH̄; uniform we
 w̄ from the unit statistics as in :mod:`rfgp.inference.linalg`.  Per-point weights that need w̄
 (w̄ᵢ = φᵢᵀSφᵢ + φᵢᵀH̄rᵢ) need ΦS anyway: there Φ̄ is formed
 (:func:`~rfgp.inference.linalg.statistics_backward`) and K̄ = Φ̄L⁻¹ solved in its memory
-(≈ 5.25·N·M²).
+(≈ 5.25·N·M²), and so is it for float32 features (below).
 
-Precision.  The M × M factors SL⁻¹, L⁻ᵀH̄ and 2SG + H̄Hᵀ are formed in float64 for float32 inputs
-(:func:`factor_dtype`): their rounding is shared by all N rows, so it adds up instead of averaging
-out; in float32 it raised the largest relative error of float32 hyperparameter gradients against
-float64 from 2.8·10⁻⁴ (autograd's) to 1.3·10⁻³ at N = 14 016, M = 1024, d = 4; with float64 factors
-it is autograd's (``benchmarks/nystrom_statistics.py``).  Learned landmarks there have gradients
-below float32 rounding on either path; their rounding noise is ~25× autograd's with a float32
-2SG + H̄Hᵀ and ~5× with the float64 one (equal to autograd's at M = 128, where they are resolved).
-The closed form K̄ = W(2KĜ + RĤᵀ), Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward, is not used:
-K·Ĝ multiplies rounding by κ(L), and at that size its float32 lengthscale gradients were off by
-up to 2.2 times their value.  Likewise the
+Precision.  For float32 features K̄ is Φ̄L⁻¹, not W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ): the M × M factors SL⁻¹ and
+L⁻ᵀH̄, rounded to float32 once for all N rows, perturb S by up to u·|SL⁻¹||L|, a relative error of order
+κ(L)·u that every row shares, so that it adds up in the hyperparameters' gradients instead of averaging
+out (forming them in float64 and rounding them to float32 does not help).  Φ̄ = W(2ΦS + RH̄ᵀ) and its
+solve round per row.  Measured (one CPU thread; ``benchmarks/results/float32_statistics_refined.md``'s
+Nyström model: 256 landmarks of an RBF, ℓ = 0.3, x ∈ [0, 1]³, N = 2 000–10 000, σ² = 10⁻², jitter
+10⁻⁶, κ(L) = 7·10³; errors of float32 statistics against float64 ones of the same model): the
+gradient was 1.7–1.9·10⁻² off (the lengthscale's), now 1.7·10⁻⁴ at N = 2 000 and 10⁻³ at N = 10 000,
+where the float32 statistics' own rounding (ε̂ = 0.06) dominates; the error of the factors' form grows
+with κ(L) (5·10⁻⁴ at κ(L) = 5·10², none at κ(L) ≤ 55: ``benchmarks/results/nystrom_float32_gradients.md``).
+The solve costs 1.16–1.24× per float32 MLL + gradient (N = 10 000–20 000, M = 256–1 024, materialised or
+chunked).  The M × M product 2SG + H̄Hᵀ of L̄ is formed in float64 (:func:`factor_dtype`): in float32 it
+raised the largest relative error of float32 hyperparameter gradients against float64 from 2.8·10⁻⁴
+(autograd's) to 1.3·10⁻³ at N = 14 016, M = 1024, d = 4 (``benchmarks/nystrom_statistics.py``).  Learned
+landmarks there have gradients below float32 rounding on either path; their rounding noise is ~25×
+autograd's with a float32 2SG + H̄Hᵀ and ~5× with the float64 one (equal to autograd's at M = 128, where
+they are resolved).  The closed form K̄ = W(2KĜ + RĤᵀ), Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward,
+is not used: K·Ĝ multiplies rounding by κ(L), and at that size its float32 lengthscale gradients were off
+by up to 2.2 times their value.  Likewise the
 forward pass keeps the triangular solve: forming KᵀWK and solving on both sides would square the
 conditioning of L in the statistics themselves.  Second derivatives (``create_graph=True``)
 recompute the statistics with autograd (:func:`~rfgp.inference.linalg.differentiable_backward`).
@@ -125,10 +134,9 @@ def _solve_lower_transpose(chol: Tensor, matrix: Tensor, overwrite: bool = False
 
 
 def _right_factors(chol: Tensor, grad_gram: Tensor, grad_projection: Tensor) -> tuple[Tensor, Tensor]:
-    """(SL⁻¹, (L⁻ᵀH̄)ᵀ) with S = ½(Ḡ + Ḡᵀ), computed in :func:`factor_dtype` and rounded back."""
+    """(SL⁻¹, (L⁻ᵀH̄)ᵀ) with S = ½(Ḡ + Ḡᵀ), for float64 factors (:func:`_uses_factors`)."""
     sym = 0.5 * (grad_gram + grad_gram.mT)
-    work = factor_dtype(chol.dtype, chol.device)
-    solved = _solve_lower_transpose(chol.to(work), torch.cat((sym, grad_projection), -1).to(work)).mT.to(sym.dtype)
+    solved = _solve_lower_transpose(chol, torch.cat((sym, grad_projection), -1)).mT
     return solved[..., : sym.shape[-1], :], solved[..., sym.shape[-1] :, :]
 
 
@@ -165,7 +173,7 @@ class _TriangularStatistics(torch.autograd.Function):
 def _lean_backward(features, chol, weights, rhs, gram, projection, unit, grad_gram, grad_projection, needs):
     """(K̄, L̄, w̄, R̄) without a graph; ``unit`` holds the unit statistics of uniform weights (else empty)."""
     need_cross, need_chol, need_weights, need_rhs = needs
-    factors = _right_factors(chol, grad_gram, grad_projection) if _uses_factors(weights, needs) else None
+    factors = _right_factors(chol, grad_gram, grad_projection) if _uses_factors(weights, needs, chol.dtype) else None
     grad_cross, grad_weights, grad_rhs = _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors,
                                                     need_cross, need_weights, need_rhs)
     if need_weights and unit:
@@ -174,22 +182,25 @@ def _lean_backward(features, chol, weights, rhs, gram, projection, unit, grad_gr
     return grad_cross, grad_chol, grad_weights, grad_rhs
 
 
-def _uses_factors(weights: Tensor, needs) -> bool:
-    """Whether K̄ comes from :func:`_right_factors` (not from Φ̄, which per-point weights needing w̄ form anyway)."""
+def _uses_factors(weights: Tensor, needs, dtype: torch.dtype) -> bool:
+    """Whether K̄ comes from the M × M factors of :func:`_right_factors` by one product: in float64, and unless
+    per-point weights need w̄ (which forms Φ̄ anyway).  In float32 K̄ = Φ̄L⁻¹ solves Φ̄, whose rounding is each row's
+    own, instead of rounding SL⁻¹ once for all rows (see the module docstring's "Precision")."""
     need_cross, _, need_weights, _ = needs
-    return need_cross and not (need_weights and not _is_uniform(weights))
+    return need_cross and dtype == torch.float64 and not (need_weights and not _is_uniform(weights))
 
 
 def _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors, need_cross, need_weights, need_rhs):
     """(K̄, per-point w̄, R̄) of a block of rows (``weights`` theirs, or uniform).
 
-    Per-point weights that need w̄ = rowsum(Φ ⊙ ΦS) + rowsum(R ⊙ ΦH̄) form Φ̄ = W(2ΦS + RH̄ᵀ)
-    (:func:`~rfgp.inference.linalg.statistics_backward`) and solve K̄ = Φ̄L⁻¹ in its memory; otherwise
-    K̄ comes from the M × M ``factors`` by one product.
+    Without ``factors`` (float32, or per-point weights that need w̄ = rowsum(Φ ⊙ ΦS) + rowsum(R ⊙ ΦH̄)) Φ̄ =
+    W(2ΦS + RH̄ᵀ) is formed (:func:`~rfgp.inference.linalg.statistics_backward`) and K̄ = Φ̄L⁻¹ solved in its
+    memory; otherwise K̄ comes from the M × M ``factors`` by one product.
     """
-    if need_weights and not _is_uniform(weights):
+    per_point = need_weights and not _is_uniform(weights)
+    if per_point or (need_cross and factors is None):
         grad_features, grad_weights, grad_rhs = statistics_backward(
-            features, weights, rhs, grad_gram, grad_projection, (need_cross, True, need_rhs)
+            features, weights, rhs, grad_gram, grad_projection, (need_cross, per_point, need_rhs)
         )
         if need_cross:
             grad_features = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
@@ -310,7 +321,7 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
         need_weights, need_rhs = needs[3] or needs[5], needs[4] or needs[5]  # of the folded c²W and R/c: c̄ too
         need_cross = need_inputs or any(params_need)
         factors = None
-        if _uses_factors(weights, (need_cross, False, need_weights, need_rhs)):
+        if _uses_factors(weights, (need_cross, False, need_weights, need_rhs), chol.dtype):
             factors = _right_factors(chol, grad_gram, grad_projection)
         weight_grads, rhs_grads = [], []
 

@@ -435,6 +435,58 @@ def test_float32_nystrom_statistics_at_a_high_signal_to_noise_ratio_are_formed_i
     assert (grads32 - grads64).norm() <= 2e-5 * grads64.norm()
 
 
+def ill_conditioned_nystrom_model():
+    """A float32 ExactGP over 256 Nyström landmarks of an RBF (ℓ = 0.3) among N = 2 000 points of [0, 1]³, noise 10⁻²,
+    jitter 10⁻⁶: κ(L) ≈ 7·10³, u·tr(ΦᵀD⁻¹Φ) ≈ 0.012, so the default rule keeps float32 statistics."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(2000, 3, generator=gen, dtype=F64)
+    y = torch.sin(3 * x[:, 0]) + x[:, 1] * torch.cos(2 * x[:, 2]) + 0.1 * torch.randn(2000, generator=gen, dtype=F64)
+    landmarks = x[torch.randperm(2000, generator=torch.Generator().manual_seed(1))[:256]].float()
+    kernel = ScaleKernel(NystromKernel(gpytorch.kernels.RBFKernel(), landmarks, jitter=1e-6))
+    likelihood = GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-9))
+    model = ExactGPModel(x.float(), y.float(), likelihood, kernel).train()
+    kernel.base_kernel.base_kernel.lengthscale, kernel.outputscale, likelihood.noise = 0.3, 1.0, 1e-2
+    return model
+
+
+@pytest.mark.parametrize("budget", [2**40, 2**21])  # 2**21 bytes: chunks of 512 rows
+def test_float32_nystrom_gradients_with_an_ill_conditioned_landmark_factor(budget):
+    """The backward of float32 Nyström statistics solves K̄ = Φ̄L⁻¹ per row: the M × M factors SL⁻¹ and L⁻ᵀH̄ of the
+    fused form, rounded to float32 once for all rows, put the gradient (the lengthscale's) 7.5·10⁻³ (materialised) and
+    5.3·10⁻³ (chunked) off the float64 statistics of the same model; now 2.6·10⁻⁴ and 1.5·10⁻⁴ (the float32
+    statistics' own rounding, 1.2–4.3·10⁻⁴ at other chunk sizes).  The loss (2·10⁻⁵ per point) and the posterior mean
+    and variance (≤ 5.4·10⁻⁵ relative) do not go through that backward and were as accurate before."""
+    model = ill_conditioned_nystrom_model()
+
+    def loss_and_grads(tolerance):
+        model.train()
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        with rfgp.settings.float32_statistics_tolerance(tolerance), rfgp.settings.memory_budget(budget):
+            loss = -mll(model(*model.train_inputs), model.train_targets)
+            grads = torch.autograd.grad(loss, params)
+        return loss.double(), torch.cat([g.double().reshape(-1) for g in grads])
+
+    def posterior(tolerance):
+        model.train()
+        model.eval()
+        with rfgp.settings.float32_statistics_tolerance(tolerance), rfgp.settings.memory_budget(budget), \
+                torch.no_grad():
+            output = model(model.train_inputs[0][:200] + 0.01)
+            return output.mean.double(), output.variance.double()
+
+    loss64, grads64 = loss_and_grads(0.0)
+    with recorded_statistics_dtypes() as dtypes:
+        loss32, grads32 = loss_and_grads(rfgp.settings.float32_statistics_tolerance.value())
+    assert dtypes == [torch.float32]
+    assert abs(loss32 - loss64) <= 1e-4
+    assert (grads32 - grads64).norm() <= 1e-3 * grads64.norm()
+    mean64, variance64 = posterior(0.0)
+    mean32, variance32 = posterior(rfgp.settings.float32_statistics_tolerance.value())
+    assert (mean32 - mean64).norm() <= 2e-4 * mean64.norm()
+    assert (variance32 - variance64).norm() <= 2e-4 * variance64.norm()
+
+
 def test_float32_weighted_square_of_the_targets_is_formed_with_the_float64_statistics():
     """rᵀD⁻¹r − ‖L⁻¹B‖² cancels at a high signal-to-noise ratio (outputscale 900, noise 10⁻³, targets of size 60):
     before, rᵀD⁻¹r was summed in float32 while B and L came from float64 statistics — the loss 5.3·10⁻³ relative off
