@@ -16,28 +16,29 @@ w̄ from the unit statistics as in :mod:`rfgp.inference.linalg`.  Per-point weig
 (:func:`~rfgp.inference.linalg.statistics_backward`) and K̄ = Φ̄L⁻¹ solved in its memory
 (≈ 5.25·N·M²), and so is it for float32 features (below).
 
-Precision.  For float32 features K̄ is Φ̄L⁻¹, not W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ): the M × M factors SL⁻¹ and
-L⁻ᵀH̄, rounded to float32 once for all N rows, perturb S by up to u·|SL⁻¹||L|, a relative error of order
-κ(L)·u that every row shares, so that it adds up in the hyperparameters' gradients instead of averaging
-out (forming them in float64 and rounding them to float32 does not help).  Φ̄ = W(2ΦS + RH̄ᵀ) and its
-solve round per row.  Measured (one CPU thread; ``benchmarks/results/float32_statistics_refined.md``'s
-Nyström model: 256 landmarks of an RBF, ℓ = 0.3, x ∈ [0, 1]³, N = 2 000–10 000, σ² = 10⁻², jitter
-10⁻⁶, κ(L) = 7·10³; errors of float32 statistics against float64 ones of the same model): the
-gradient was 1.7–1.9·10⁻² off (the lengthscale's), now 1.7·10⁻⁴ at N = 2 000 and 10⁻³ at N = 10 000,
-where the float32 statistics' own rounding (ε̂ = 0.06) dominates; the error of the factors' form grows
-with κ(L) (5·10⁻⁴ at κ(L) = 5·10², none at κ(L) ≤ 55: ``benchmarks/results/nystrom_float32_gradients.md``).
-The solve costs 1.16–1.24× per float32 MLL + gradient (N = 10 000–20 000, M = 256–1 024, materialised or
-chunked).  The M × M product 2SG + H̄Hᵀ of L̄ is formed in float64 (:func:`factor_dtype`): in float32 it
-raised the largest relative error of float32 hyperparameter gradients against float64 from 2.8·10⁻⁴
-(autograd's) to 1.3·10⁻³ at N = 14 016, M = 1024, d = 4 (``benchmarks/nystrom_statistics.py``).  Learned
-landmarks there have gradients below float32 rounding on either path; their rounding noise is ~25×
-autograd's with a float32 2SG + H̄Hᵀ and ~5× with the float64 one (equal to autograd's at M = 128, where
-they are resolved).  The closed form K̄ = W(2KĜ + RĤᵀ), Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward,
-is not used: K·Ĝ multiplies rounding by κ(L), and at that size its float32 lengthscale gradients were off
-by up to 2.2 times their value.  Likewise the
-forward pass keeps the triangular solve: forming KᵀWK and solving on both sides would square the
-conditioning of L in the statistics themselves.  Second derivatives (``create_graph=True``)
-recompute the statistics with autograd (:func:`~rfgp.inference.linalg.differentiable_backward`).
+Precision.  For float32 features K̄ is Φ̄L⁻¹, not W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ): the M × M factors SL⁻¹ and L⁻ᵀH̄,
+rounded to float32 once for all N rows, perturb S by up to u·|SL⁻¹||L|, a relative error of order κ(L)·u
+that every row shares, so that it adds up in the hyperparameters' gradients instead of averaging out
+(forming the factors in float64 and rounding them to float32 does not help).  Φ̄ = W(2ΦS + RH̄ᵀ) and its
+solve round per row.  Measured (``benchmarks/results/nystrom_float32_gradients.md``: 256 landmarks of an
+RBF, ℓ = 0.3, x ∈ [0, 1]³, jitter 10⁻⁶, κ(L) = 7·10³, the model of
+``benchmarks/results/float32_statistics_refined.md``; float32 against float64 statistics of the same model):
+the gradient was 1.7–1.9·10⁻² off at N = 2 000–10 000, σ² = 10⁻², now 1.7·10⁻⁴ and 10⁻³ (chunked
+1.2–3.7·10⁻⁴ instead of 0.9–5.3·10⁻³); the factors' error grows with κ(L) (none at κ(L) ≤ 55, 2.2·10⁻³ at
+7·10²).  What remains at N ≥ 10⁴ is the float32 statistics' own rounding, to which a Nyström gradient is
+more sensitive than a Fourier one (errors of S and H̄ are shared by all rows too and reach K̄ through L⁻¹):
+``rfgp.settings.float32_statistics_tolerance(0)`` removes it.  The solve costs 1.12–1.22× per float32 MLL +
+gradient (N = 10⁴–2·10⁴, M = 256–1 024, materialised or chunked, one CPU thread).  The M × M product 2SG +
+H̄Hᵀ of L̄ is formed in float64 (:func:`factor_dtype`): in float32 it raised the largest relative error of
+float32 hyperparameter gradients against float64 from 2.8·10⁻⁴ (autograd's) to 1.3·10⁻³ at N = 14 016,
+M = 1024, d = 4 (``benchmarks/nystrom_statistics.py``).  Learned landmarks there have gradients below float32
+rounding on either path; their rounding noise is ~25× autograd's with a float32 2SG + H̄Hᵀ and ~5× with the
+float64 one (equal to autograd's at M = 128, where they are resolved).  The closed form K̄ = W(2KĜ + RĤᵀ),
+Ĝ = L⁻ᵀSL⁻¹, which needs no Φ in the backward, is not used: K·Ĝ multiplies rounding by κ(L), and at that size
+its float32 lengthscale gradients were off by up to 2.2 times their value.  Likewise the forward pass keeps
+the triangular solve: forming KᵀWK and solving on both sides would square the conditioning of L in the
+statistics themselves.  Second derivatives (``create_graph=True``) recompute the statistics with autograd
+(:func:`~rfgp.inference.linalg.differentiable_backward`).
 
 :class:`TriangularFeatures` is the root ``LinearOperator`` through which
 :class:`~rfgp.kernels.NystromKernel` hands Φ, K and L to
