@@ -37,6 +37,7 @@ from .linalg import (
     _sum_to_shape,
     differentiable_backward,
     fold_constant,
+    gram_gradient,
     plain_statistics,
     statistics_backward,
     uniform_weight_grad,
@@ -344,12 +345,13 @@ class _ChunkedStatistics(torch.autograd.Function):
         uniform = _is_uniform(weights)
         weight_grads, rhs_grads = [], []
         need_folded_weights, need_folded_rhs = needs[3] or needs[5], needs[4] or needs[5]
+        factor = gram_gradient(grad_gram, folded_weights.to(work))  # once, not per chunk: (*batch, F, F) work
 
         def chunk_grad(features: Tensor, rows: slice) -> Tensor:
             chunk_weights = folded_weights if uniform else folded_weights[..., rows]
             grad_features, grad_weights, grad_rhs = statistics_backward(
                 features.to(work), chunk_weights.to(work), folded_rhs[..., rows, :].to(work), grad_gram, grad_cross,
-                (True, need_folded_weights, need_folded_rhs),
+                (True, need_folded_weights, need_folded_rhs), factor,
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)

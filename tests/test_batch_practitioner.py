@@ -1,0 +1,165 @@
+"""A practitioner's pass over many independent GPs in one batched model (GPyTorch's "Batch GP regression" recipe:
+``batch_shape`` on the mean, kernel and likelihood; train_x ``(B, N, d)``, train_y ``(B, N)``) with rfgp kernels.
+
+Each member of the batch must be the GP that a separately built rfgp model with the same draws and hyperparameters
+is: marginal likelihood, gradients and posterior, materialised or chunked, after ``set_num_features`` and with
+fantasies; the members share the kernel's draws (one set of buffers in the state dict)."""
+
+import math
+
+import gpytorch
+import pytest
+import torch
+
+import rfgp
+import rfgp.inference.chunking as chunking
+import rfgp.inference.linalg as linalg
+
+F64 = torch.float64
+B, N, D = 4, 30, 2
+BATCH = torch.Size([B])
+
+
+class _GP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, kernel, batch_shape):
+        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch_shape))
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch_shape)
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def _data(num_members=B, num_points=N):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(num_members, num_points, D, generator=gen, dtype=F64)
+    y = torch.sin(3 * x).sum(-1) + 0.1 * torch.randn(num_members, num_points, generator=gen, dtype=F64)
+    return x, y
+
+
+def _kernel(batch_shape, method, x_sample):
+    exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch_shape, ard_num_dims=D),
+                                         batch_shape=batch_shape)
+    if method == "nystrom":
+        return rfgp.sketch(exact, 16, method="nystrom", seed=0, x_sample=x_sample)
+    return rfgp.sketch(exact, 64, method=method, seed=0)
+
+
+def _batched(x, y, method="rff", seed_hypers=0):
+    """The batched model with distinct hyperparameters per member."""
+    model = _GP(x, y, _kernel(BATCH, method, x.reshape(-1, D)), BATCH).double()
+    gen = torch.Generator().manual_seed(seed_hypers)
+    model.covar_module.base_kernel.lengthscale = 0.3 + torch.rand(B, 1, D, generator=gen, dtype=F64)
+    model.covar_module.outputscale = 0.5 + torch.rand(B, generator=gen, dtype=F64)
+    model.likelihood.noise = 0.01 + 0.1 * torch.rand(B, 1, generator=gen, dtype=F64)
+    model.mean_module.constant = torch.randn(B, generator=gen, dtype=F64)
+    return model
+
+
+def _member(model, x, y, b, method="rff"):
+    """Member b of ``model`` built on its own: the same draws (seed, landmarks) and member b's hyperparameters."""
+    single = _GP(x[b], y[b], _kernel(torch.Size([]), method, x.reshape(-1, D)), torch.Size([])).double()
+    single.load_state_dict({name: value[b] if value.dim() and value.shape[0] == B and "config" not in name
+                            and "feature_map" not in name and "landmarks" not in name else value
+                            for name, value in model.state_dict().items()})
+    return single
+
+
+def _loss_and_grads(model, x, y):
+    model.train()
+    model.zero_grad()
+    loss = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(x), y)
+    loss.sum().backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("method", ["rff", "orf", "sorf", "nystrom"])
+def test_every_member_is_the_separately_built_gp(method):
+    x, y = _data()
+    model = _batched(x, y, method)
+    losses, grads = _loss_and_grads(model, x, y)
+    assert losses.shape == BATCH
+    x_test = torch.rand(7, D, generator=torch.Generator().manual_seed(2), dtype=F64)
+    model.eval()
+    with torch.no_grad():
+        batched = model(x_test)
+    for b in range(B):
+        single = _member(model, x, y, b, method)
+        loss, single_grads = _loss_and_grads(single, x[b], y[b])
+        assert math.isclose(loss.item(), losses[b].item(), rel_tol=0, abs_tol=1e-10)
+        for name, grad in single_grads.items():
+            torch.testing.assert_close(grads[name][b].reshape(grad.shape), grad, rtol=0, atol=1e-10)
+        single.eval()
+        with torch.no_grad():
+            prediction = single(x_test)
+        torch.testing.assert_close(batched.mean[b], prediction.mean, rtol=0, atol=1e-10)
+        torch.testing.assert_close(batched.variance[b], prediction.variance, rtol=0, atol=1e-10)
+
+
+def test_members_share_one_set_of_draws_and_the_state_round_trips_bit_for_bit():
+    x, y = _data()
+    model = _batched(x, y)
+    state = model.state_dict()
+    frequencies = state["covar_module.base_kernel.feature_map.frequencies"]
+    assert frequencies.shape[0] != B  # one (d, m) draw for all members, not one per member
+    other = _GP(x, y, rfgp.sketch(gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.RBFKernel(batch_shape=BATCH, ard_num_dims=D), batch_shape=BATCH), 64, seed=7), BATCH).double()
+    other.load_state_dict(state)
+    x_test = torch.rand(5, D, generator=torch.Generator().manual_seed(3), dtype=F64)
+    model.eval()
+    other.eval()
+    with torch.no_grad():
+        expected, loaded = model(x_test), other(x_test)
+    assert torch.equal(expected.mean, loaded.mean) and torch.equal(expected.variance, loaded.variance)
+
+
+def test_test_inputs_broadcast_against_the_member_batch_and_t_batches():
+    x, y = _data()
+    model = _batched(x, y)
+    model.eval()
+    gen = torch.Generator().manual_seed(4)
+    shared = torch.rand(6, D, generator=gen, dtype=F64)
+    t_batches = torch.rand(3, B, 6, D, generator=gen, dtype=F64)
+    with torch.no_grad():
+        on_shared = model(shared)
+        on_members = model(shared.expand(B, 6, D))
+        on_t_batches = model(t_batches)
+        assert on_shared.mean.shape == (B, 6) and on_t_batches.mean.shape == (3, B, 6)
+        torch.testing.assert_close(on_shared.mean, on_members.mean, rtol=0, atol=1e-12)
+        for t in range(3):
+            alone = model(t_batches[t])
+            torch.testing.assert_close(on_t_batches.mean[t], alone.mean, rtol=0, atol=1e-12)
+            torch.testing.assert_close(on_t_batches.covariance_matrix[t], alone.covariance_matrix, rtol=0, atol=1e-12)
+
+
+def test_a_non_finite_target_names_its_member():
+    x, y = _data()
+    y[2, 5] = math.nan
+    model = _batched(x, y)
+    with pytest.raises(ValueError, match=r"1 NaN .* the first at index \(2, 5"):
+        rfgp.fit_mll(model, num_iterations=1)
+
+
+def test_chunked_backward_forms_the_gram_gradient_factor_once(monkeypatch):
+    """The F × F factor ½(Ḡ + Ḡᵀ) of the chunked statistics' backward pass is the same for every chunk: formed once
+    (it was formed per chunk, an O(B·F²) pass each, which at B = 100 members, F = 256 and a 16 MiB budget was as
+    long as the chunks' products)."""
+    calls = []
+    original = linalg.gram_gradient
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(linalg, "gram_gradient", counted)
+    monkeypatch.setattr(chunking, "gram_gradient", counted, raising=False)
+    x, y = _data()
+    model = _batched(x, y)
+    expected, expected_grads = _loss_and_grads(model, x, y)
+    calls.clear()
+    with rfgp.settings.chunk_size(7):
+        losses, grads = _loss_and_grads(model, x, y)
+    assert len(calls) == 1
+    torch.testing.assert_close(losses, expected, rtol=0, atol=1e-12)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=1e-12)
