@@ -223,8 +223,9 @@ class _Objective:
         self.mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
         self.evaluations = 0
         self.iteration = 0
-        self.memory: list[tuple[Tensor, Tensor, list[Tensor]]] = []
+        self.memory: list[tuple[Tensor, Tensor, list[Tensor], Tensor]] = []
         self.last_finite: tuple[Tensor, float] | None = None
+        self.member_losses: Tensor | None = None  # the unsummed loss of the last evaluation: (*batch) of a batch model
 
     def point(self) -> Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params])
@@ -232,10 +233,11 @@ class _Objective:
     def __call__(self) -> Tensor:
         point = self.point()
         self.bounds.push()
-        for seen, loss, grads in self.memory:
+        for seen, loss, grads, member_losses in self.memory:
             if torch.equal(seen, point):
                 for p, g in zip(self.params, grads):
                     p.grad = g.clone()
+                self.member_losses = member_losses
                 return loss
         for p in self.params:
             p.grad = None
@@ -243,7 +245,8 @@ class _Objective:
             # the inputs go to the likelihood too, as in GPyTorch's heteroskedastic recipe and BoTorch's fit: a
             # HeteroskedasticNoise evaluates its noise GP at them (others take only the shape, the same)
             inputs = self.model.train_inputs
-            loss = -self.mll(self.model(*inputs), self.model.train_targets, *inputs).sum()
+            member_losses = -self.mll(self.model(*inputs), self.model.train_targets, *inputs)
+            loss = member_losses.sum()
             loss.backward()
             self.bounds.pull_gradients()
         except (NotPSDError, NanError) as error:  # NanError: also DrawCoverageError, NonFiniteHyperparameterError
@@ -269,7 +272,8 @@ class _Objective:
             what = f"a loss of {value}" if not math.isfinite(value) else "a non-finite gradient"
             raise NonFiniteLossError(self._advice(what))
         loss = loss.detach()
-        self.memory.append((point, loss, [g.detach().clone() for g in grads]))
+        self.member_losses = member_losses.detach()
+        self.memory.append((point, loss, [g.detach().clone() for g in grads], self.member_losses))
         return loss
 
     def accept(self) -> tuple[float, float]:
@@ -393,6 +397,13 @@ def fit_mll(
       float32 co2 with a Nyström map stalled so at a gradient of 8.6e6 and 130 times the loss of the float64 fit;
       a float32 fit that stalls at its optimum, flat to its rounding, stays quiet).  An unchanged
       point is never reported as convergence by the loss-change rule.
+
+    Batches of independent GPs (GPyTorch's batch GP regression: ``batch_shape=[B]`` on the mean, kernel and
+    likelihood, every trainable parameter with the batch as its leading dimensions).  The rules above test the summed
+    loss, and L-BFGS's curvature history mixes the members' problems, so a batch converges in many more iterations
+    than each member alone, and can stop with members far from their own optima.  After training each member is
+    tested by the loss-change rule's gradient bound at its own loss; a ``NumericalWarning`` names those above it (a
+    one-sided test: a member on a plateau can pass it; guide/training.md, "Many independent GPs in one batch").
 
     Failed evaluations.  A line search may try a point where the covariance is not positive
     definite even with jitter (``NotPSDError``) or has NaN entries (``NanError``), or where the
@@ -683,7 +694,52 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
         bar.close()
         model.eval()
         model.likelihood.eval()
+    _check_batch_members(objective, history, ftol, gtol)
     return history
+
+
+def _check_batch_members(objective: _Objective, history: TrainingHistory, ftol: float, gtol: float) -> None:
+    """Warn where members of a batch model (one loss per member, summed) stopped away from a stationary point of
+    their own loss.
+
+    Only for independent members: every trainable parameter carries the loss's batch as its leading dimensions
+    (GPyTorch's ``batch_shape`` parameters), and member b's gradient is their slice b.  It passes where its largest
+    entry is at most gtol or the stationary bound √(2κ·ftol·s_b) of the loss-change rule, s_b = max(|f_b|, 1) with f_b
+    its own loss per data point (:func:`fit_mll`: stopping); like that rule the test is one-sided (a member on a
+    plateau passes it far from its optimum).  The summed loss's rules test the sum (a gradient bound √B times looser,
+    a loss change summed over the members), and L-BFGS's curvature pairs mix the members' independent problems:
+    B = 50 GPs (N = 50, F = 64) that converged alone in at most 43 iterations (median 16) were, after the default 100
+    iterations of the batch fit, up to 1.35 nats per point above their own optima (5 members above 10⁻², 2 of them
+    named), and after 500 iterations still up to 9·10⁻³ (5 members above 10⁻³; benchmarks/batch_members.py,
+    guide/training.md, "Many independent GPs in one batch").
+    """
+    members = objective.member_losses
+    if members is None or members.dim() == 0 or members.numel() < 2 or (ftol == 0 and gtol == 0):
+        return
+    batch = members.shape
+    if not all(param.dim() >= len(batch) and param.shape[:len(batch)] == batch for param in objective.params):
+        return  # a parameter shared by the members (a Dirichlet classifier's one kernel) couples their optima
+    worst = torch.zeros(batch, dtype=members.dtype, device=members.device)
+    for param in objective.params:
+        if param.grad is not None:
+            worst = torch.maximum(worst, param.grad.detach().abs().reshape(*batch, -1).amax(-1).to(worst))
+    bounds = (2 * _MAX_CURVATURE * ftol * members.abs().clamp(min=1.0)).sqrt().clamp(min=gtol)
+    failing = worst > bounds
+    count = int(failing.sum())  # host sync: once per fit
+    if not count:
+        return
+    index = tuple(int(i) for i in torch.nonzero(failing)[(worst / bounds)[failing].argmax()])
+    member = index[0] if len(index) == 1 else index
+    warnings.warn(
+        f"fit_mll: {count} of {members.numel()} batch members stopped away from a stationary point of their own "
+        f"marginal likelihood (the worst, member {member}: largest gradient entry {float(worst[index]):.3g} > "
+        f"{float(bounds[index]):.3g} = max(gtol, √(2·{_MAX_CURVATURE:g}·ftol·s)) at its loss "
+        f"{float(members[index]):.6g}); the fit stopped on the summed loss ({history.stop_reason}). L-BFGS's "
+        f"curvature history mixes the members' independent problems, so a batch converges in many more iterations "
+        f"than each member alone: train on (call fit_mll again, with a larger num_iterations or history_size), or "
+        f"fit the members that matter as separate models",
+        NumericalWarning, stacklevel=5,
+    )
 
 
 def _summary(error: Exception, length: int = 160) -> str:

@@ -6,6 +6,7 @@ is: marginal likelihood, gradients and posterior, materialised or chunked, after
 fantasies; the members share the kernel's draws (one set of buffers in the state dict)."""
 
 import math
+import warnings
 
 import gpytorch
 import pytest
@@ -163,3 +164,79 @@ def test_chunked_backward_forms_the_gram_gradient_factor_once(monkeypatch):
     torch.testing.assert_close(losses, expected, rtol=0, atol=1e-12)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=1e-12)
+
+
+def test_fit_mll_names_the_batch_members_that_stopped_away_from_their_own_optimum():
+    """The summed loss's stopping rules test the sum: a member can stop far from its own optimum.  fit_mll checks
+    each member's gradient against its own stationary bound max(gtol, √(2κ·ftol·max(|f_b|, 1))) and names them."""
+    x, y = _data()
+    model = _GP(x, y, _kernel(BATCH, "rff", None), BATCH).double()
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match="batch members stopped away") as caught:
+        rfgp.fit_mll(model, num_iterations=2)
+    losses, grads = _loss_and_grads(model, x, y)
+    worst = torch.stack([grad.abs().reshape(B, -1).amax(-1) for grad in grads.values()]).amax(0)
+    bounds = (2 * 50 * 1e-6 * losses.abs().clamp(min=1.0)).sqrt().clamp(min=1e-5)
+    message = next(str(w.message) for w in caught if "batch members" in str(w.message))
+    assert f"{int((worst > bounds).sum())} of {B} batch members" in message
+    assert f"member {int((worst / bounds).argmax())}:" in message
+    alone = _GP(x[0], y[0], _kernel(torch.Size([]), "rff", None), torch.Size([])).double()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rfgp.fit_mll(alone, num_iterations=2)
+    assert not [w for w in caught if "batch members" in str(w.message)]
+
+
+def test_widened_and_conditioned_batches_are_their_members_widened_and_conditioned():
+    """Train small, predict big (``set_num_features``) and GPyTorch's fantasy update act on every member as on the
+    member built alone."""
+    x, y = _data()
+    model = _batched(x, y)
+    gen = torch.Generator().manual_seed(5)
+    x_new, y_new = torch.rand(B, 3, D, generator=gen, dtype=F64), torch.randn(B, 3, generator=gen, dtype=F64)
+    x_test = torch.rand(6, D, generator=gen, dtype=F64)
+    members = [_member(model, x, y, b) for b in range(B)]
+    for m in (model, *members):
+        rfgp.set_num_features(m, 128)
+        m.eval()
+        with torch.no_grad():
+            m(x_test)  # the caches the fantasy updates
+    with torch.no_grad():
+        widened = model(x_test)
+        conditioned = model.get_fantasy_model(x_new, y_new)(x_test)
+    for b, member in enumerate(members):
+        with torch.no_grad():
+            alone = member(x_test)
+            alone_conditioned = member.get_fantasy_model(x_new[b], y_new[b])(x_test)
+        torch.testing.assert_close(widened.mean[b], alone.mean, rtol=0, atol=1e-10)
+        torch.testing.assert_close(widened.variance[b], alone.variance, rtol=0, atol=1e-10)
+        torch.testing.assert_close(conditioned.mean[b], alone_conditioned.mean, rtol=0, atol=1e-10)
+        torch.testing.assert_close(conditioned.variance[b], alone_conditioned.variance, rtol=0, atol=1e-10)
+
+
+def test_botorch_single_task_gp_on_batched_training_data_is_its_members():
+    pytest.importorskip("botorch")
+    from botorch.models import SingleTaskGP
+    from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
+
+    x, y = _data(num_points=15)
+
+    def kernel(batch_shape):
+        return rfgp.sketch(get_covar_module_with_dim_scaled_prior(ard_num_dims=D, batch_shape=batch_shape), 64, seed=0)
+
+    model = SingleTaskGP(x, y.unsqueeze(-1), covar_module=kernel(BATCH))
+    gen = torch.Generator().manual_seed(6)
+    model.covar_module.lengthscale = 0.3 + torch.rand(B, 1, D, generator=gen, dtype=F64)
+    model.likelihood.noise = 0.01 + 0.1 * torch.rand(B, 1, generator=gen, dtype=F64)
+    x_test = torch.rand(2, B, 5, D, generator=gen, dtype=F64)  # t-batches of an acquisition
+    with torch.no_grad():
+        batched = model.posterior(x_test)
+    assert batched.mean.shape == (2, B, 5, 1)
+    for b in range(B):
+        member = SingleTaskGP(x[b], y[b].unsqueeze(-1), covar_module=kernel(torch.Size([])))
+        member.load_state_dict({name: value[b] if value.dim() and value.shape[0] == B and "config" not in name
+                                and "feature_map" not in name else value
+                                for name, value in model.state_dict().items()})
+        with torch.no_grad():
+            alone = member.posterior(x_test[:, b])
+        torch.testing.assert_close(batched.mean[:, b], alone.mean, rtol=0, atol=1e-10)
+        torch.testing.assert_close(batched.variance[:, b], alone.variance, rtol=0, atol=1e-10)
