@@ -240,3 +240,12 @@ def test_botorch_single_task_gp_on_batched_training_data_is_its_members():
             alone = member.posterior(x_test[:, b])
         torch.testing.assert_close(batched.mean[:, b], alone.mean, rtol=0, atol=1e-10)
         torch.testing.assert_close(batched.variance[:, b], alone.variance, rtol=0, atol=1e-10)
+
+
+def test_targets_below_the_noise_floor_are_named_by_their_batch_member():
+    x, y = _data()
+    y[1] = 1e-4 * y[1]  # variance ≈ 10⁻⁸ against GPyTorch's noise floor 10⁻⁴
+    y[3] = 2.0  # constant: no signal to lose, not reported
+    model = _GP(x, y, _kernel(BATCH, "rff", None), BATCH).double()
+    with pytest.warns(rfgp.training.DataScaleWarning, match=r"the training targets of batch member 1 vary with"):
+        rfgp.fit_mll(model, num_iterations=1)

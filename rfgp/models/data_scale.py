@@ -238,8 +238,9 @@ def warn_targets_below_noise_floor(model: gpytorch.models.ExactGP) -> None:
     likelihood's noise can: with a variance below :func:`noise_floor` the marginal likelihood explains them as noise
     and the posterior mean stays at the prior mean (the IGRF field in tesla, variance 10⁻⁹ against GPyTorch's floor
     2·10⁻⁴: a curl-free GP "converged" with a relative RMSE of 1.0 at the training points).  Variances over the data
-    axis (the points of each output of a multitask likelihood), NaN targets left out; constant targets (variance 0)
-    carry no signal to lose and are not reported."""
+    axis (the points of each output of a multitask likelihood, of each member of a batch), NaN targets left out;
+    constant targets (variance 0) carry no signal to lose and are not reported.  The message names the outputs or
+    batch members concerned."""
     floor = noise_floor(getattr(model, "likelihood", None))
     targets = getattr(model, "train_targets", None)
     if floor is None or not floor > 0 or not torch.is_tensor(targets) or not targets.is_floating_point():
@@ -259,6 +260,10 @@ def warn_targets_below_noise_floor(model: gpytorch.models.ExactGP) -> None:
     if multitask:
         outputs = low.reshape(-1, low.shape[-1]).any(0).nonzero().flatten().tolist()
         where = f"of output{'s' * (len(outputs) > 1)} {', '.join(map(str, outputs))} "
+    elif low.dim():  # a batch of independent GPs (train_y (*batch, N)): which members
+        members = [tuple(index) if len(index) > 1 else index[0] for index in low.nonzero().tolist()]
+        shown = ", ".join(map(str, members[:5])) + (f" (and {len(members) - 5} more)" if len(members) > 5 else "")
+        where = f"of batch member{'s' * (len(members) > 1)} {shown} "
     warnings.warn(
         f"fit_mll: the training targets {where}vary with a variance of {largest:.3g} or less, below the smallest noise "
         f"variance the likelihood allows ({floor:.3g}, its noise constraints' lower bounds): the marginal likelihood "
