@@ -158,12 +158,21 @@ def test_chunked_backward_forms_the_gram_gradient_factor_once(monkeypatch):
     model = _batched(x, y)
     expected, expected_grads = _loss_and_grads(model, x, y)
     calls.clear()
+    x_test = torch.rand(5, D, generator=torch.Generator().manual_seed(7), dtype=F64)
+    model.eval()
+    with torch.no_grad():
+        expected_prediction = model(x_test)
     with rfgp.settings.chunk_size(7):
         losses, grads = _loss_and_grads(model, x, y)
-    assert len(calls) == 1
+        assert len(calls) == 1
+        model.eval()
+        with torch.no_grad():
+            prediction = model(x_test)
     torch.testing.assert_close(losses, expected, rtol=0, atol=1e-12)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=1e-12)
+    torch.testing.assert_close(prediction.mean, expected_prediction.mean, rtol=0, atol=1e-12)
+    torch.testing.assert_close(prediction.variance, expected_prediction.variance, rtol=0, atol=1e-12)
 
 
 def test_fit_mll_names_the_batch_members_that_stopped_away_from_their_own_optimum():
