@@ -258,3 +258,36 @@ def test_targets_below_the_noise_floor_are_named_by_their_batch_member():
     model = _GP(x, y, _kernel(BATCH, "rff", None), BATCH).double()
     with pytest.warns(rfgp.training.DataScaleWarning, match=r"the training targets of batch member 1 vary with"):
         rfgp.fit_mll(model, num_iterations=1)
+
+
+def _member_losses(model):
+    model.train()
+    with torch.no_grad():
+        return -gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(*model.train_inputs),
+                                                                                  model.train_targets)
+
+
+def test_member_lbfgs_trains_every_member_to_its_own_optimum():
+    """optimizer="member_lbfgs": one L-BFGS per member (own curvature pairs, own Armijo step, own stopping rule) on
+    the batch's evaluations; each member ends where fit_mll takes it alone."""
+    x, y = _data(num_points=25)
+    y = y * torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=F64).unsqueeze(-1)
+    alone = []
+    for b in range(B):
+        single = _GP(x[b], y[b], _kernel(torch.Size([]), "rff", None), torch.Size([])).double()
+        rfgp.fit_mll(single)
+        alone.append(_member_losses(single).item())
+    model = _GP(x, y, _kernel(BATCH, "rff", None), BATCH).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpytorch.utils.warnings.NumericalWarning)  # no member left short
+        history = rfgp.fit_mll(model, optimizer="member_lbfgs")
+    assert history.converged and history.stop_reason.startswith(f"converged: each of the {B} batch members")
+    torch.testing.assert_close(_member_losses(model), torch.tensor(alone, dtype=F64), rtol=0, atol=1e-4)
+    assert history.losses[-1] == pytest.approx(sum(alone), abs=4e-4)
+
+
+def test_member_lbfgs_refuses_parameters_the_members_share():
+    x, y = _data()
+    model = _GP(x, y, _kernel(torch.Size([]), "rff", None), BATCH).double()  # one kernel for all members
+    with pytest.raises(ValueError, match=r"member_lbfgs.* batch shape \(4,\).*\[\(\), \(1, 2\)"):
+        rfgp.fit_mll(model, optimizer="member_lbfgs")
