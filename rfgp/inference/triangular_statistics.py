@@ -17,7 +17,7 @@ w̄ from the unit statistics as in :mod:`rfgp.inference.linalg`.  Per-point weig
 (≈ 5.25·N·M²), and so is it for float32 features (below).
 
 Precision.  For float32 features K̄ is Φ̄L⁻¹, not W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ): the M × M factors SL⁻¹ and L⁻ᵀH̄,
-rounded to float32 once for all N rows, perturb S by up to u·|SL⁻¹||L|, a relative error of order κ(L)·u
+rounded to float32 once for all N rows, perturb S by up to ``u·|SL⁻¹|·|L|``, a relative error of order κ(L)·u
 that every row shares, so that it adds up in the hyperparameters' gradients instead of averaging out
 (forming the factors in float64 and rounding them to float32 does not help).  Φ̄ = W(2ΦS + RH̄ᵀ) and its
 solve round per row.  Measured (``benchmarks/results/nystrom_float32_gradients.md``: 256 landmarks of an
