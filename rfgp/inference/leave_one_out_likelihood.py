@@ -11,7 +11,8 @@ value and gradient of an rfgp model, F = 256, float64, 2 shared cores: 3.9 s at 
 0.20 s and 0.51 s; ``benchmarks/leave_one_out.py``).  :func:`install` (run at ``import rfgp``) wraps that method: when
 the latent covariance is an rfgp feature operator and the noise-added one is accepted by
 :func:`~rfgp.inference.leave_one_out.feature_covariance`, μ₋ᵢ and σ²₋ᵢ come from
-:func:`~rfgp.inference.leave_one_out.leave_one_out_predictions` (Woodbury, F × F factor) and the objective is formed
+:func:`~rfgp.inference.leave_one_out.leave_one_out_moments` (Woodbury, F × F factor; those of the training covariance
+ΦΦᵀ + D, which the marginal likelihood trains, without a map's variance correction) and the objective is formed
 as GPyTorch forms it; its value and gradients are those of the dense path up to rounding.  Every other model —
 multitask distributions, covariances without a feature root — runs GPyTorch's unchanged method.
 """
@@ -25,7 +26,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.mlls import LeaveOneOutPseudoLikelihood
 from linear_operator.operators import LinearOperator
 
-from .leave_one_out import feature_covariance, leave_one_out_predictions
+from .leave_one_out import feature_covariance, leave_one_out_moments
 from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 
 
@@ -44,7 +45,7 @@ def _feature_space_forward(gpytorch_forward):
         covar = feature_covariance(output.lazy_covariance_matrix) if type(output) is MultivariateNormal else None
         if covar is None:
             return gpytorch_forward(self, function_dist, target, *params)
-        mean, variance = leave_one_out_predictions(covar, target, output.mean.reshape(*target.shape))
+        mean, variance = leave_one_out_moments(covar, target, output.mean.reshape(*target.shape))
         log_density = -0.5 * variance.log() - 0.5 * (target - mean).pow(2) / variance
         result = self._add_other_terms(log_density.sum(-1), params)
         return result.div_(target.size(-1)) - 0.5 * math.log(2 * math.pi)
