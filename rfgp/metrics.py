@@ -80,6 +80,14 @@ def _check_probabilities(probs: Tensor, labels: Tensor) -> Tensor:
     check_finite(probs, "probs")
     if bool(((probs < 0) | (probs > 1)).any()):
         raise ValueError(f"probs must lie in [0, 1], got values in [{float(probs.min()):.6g}, {float(probs.max()):.6g}]")
+    # rows of an (M, C) predictive distribution sum to 1 up to rounding (C·√ε: float32 softmax or Monte-Carlo
+    # averages are far within it); scores of one-vs-rest sigmoids or unnormalised Dirichlet means are not
+    # probabilities, and their MNLL and ECE would be meaningless numbers
+    sums = probs.sum(-1)
+    if bool(((sums - 1).abs() > probs.shape[1] * torch.finfo(probs.dtype).eps ** 0.5).any()):
+        raise ValueError(f"probs must be class probabilities whose rows sum to 1, got row sums in "
+                         f"[{float(sums.min()):.6g}, {float(sums.max()):.6g}]; normalise them first "
+                         "(probs / probs.sum(-1, keepdim=True)), or pass softmax(logits, -1)")
     if labels.is_floating_point() and not bool((labels == labels.round()).all()):
         raise ValueError("labels must be integer class indices, got non-integer values")
     labels = labels.long()

@@ -133,3 +133,40 @@ def test_every_door_reports_the_same_bias_corrected_variance(method, num_feature
     # the sample variance of 2000 draws: relative standard error √(2/1999) ≈ 0.032; 25 points, 5 SE
     ratio = samples.var(0) / variance
     assert float((ratio - 1).abs().max()) < 5 * math.sqrt(2 / 1999), ratio
+
+
+def test_classification_scores_refuse_rows_that_are_not_probability_distributions():
+    """The MNLL, error and ECE of (M, C) class probabilities: rows that do not sum to 1 (one-vs-rest sigmoid scores,
+    unnormalised Dirichlet means) gave numbers without meaning — an MNLL of 0.97 and an ECE of 0.62 for rows summing to
+    0.5 — and now raise, naming the row sums.  Rows normalised in float32 pass."""
+    probs = torch.tensor([[0.3, 0.2], [0.1, 0.4], [0.45, 0.05]])
+    labels = torch.tensor([0, 1, 0])
+    for score in (rfgp.metrics.mean_negative_log_likelihood, rfgp.metrics.expected_calibration_error,
+                  rfgp.metrics.classification_error, rfgp.metrics.reliability_curve):
+        with pytest.raises(ValueError, match=r"rows sum to 1, got row sums in \[0\.5, 0\.5\]"):
+            score(probs, labels)
+    logits = torch.randn(1000, 10, generator=torch.Generator().manual_seed(0)) * 30
+    normalised = torch.softmax(logits, -1)
+    assert 0 <= float(rfgp.metrics.expected_calibration_error(normalised, logits.argmax(-1))) <= 1
+    nll = rfgp.metrics.mean_negative_log_likelihood(probs / probs.sum(-1, keepdim=True), labels)
+    assert float(nll) == pytest.approx(-(math.log(0.6) + math.log(0.8) + math.log(0.9)) / 3, rel=1e-6)
+
+
+def test_gaussian_mnll_is_scipys_and_names_its_bad_inputs():
+    """gaussian_mnll against scipy's normal log density, and its refusals: a negative variance is named, not clamped;
+    a zero variance, mismatched shapes and NaN raise."""
+    from scipy.stats import norm
+
+    mean = torch.tensor([0.1, -1.0, 2.0], dtype=DTYPE)
+    variance = torch.tensor([0.5, 2.0, 0.1], dtype=DTYPE)
+    targets = torch.tensor([0.3, 0.0, 1.0], dtype=DTYPE)
+    expected = -norm.logpdf(targets.numpy(), mean.numpy(), variance.sqrt().numpy()).mean()
+    assert float(rfgp.metrics.gaussian_mnll(mean, variance, targets)) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match=r"variance must be ≥ 0 \(variances\), got the minimum -2"):
+        rfgp.metrics.gaussian_mnll(mean, -variance, targets)
+    with pytest.raises(ValueError, match="variance must be > 0"):
+        rfgp.metrics.gaussian_mnll(mean, variance * 0, targets)
+    with pytest.raises(ValueError, match=r"must share one shape, got \(3,\), \(3,\) and \(1, 3\)"):
+        rfgp.metrics.gaussian_mnll(mean, variance, targets.unsqueeze(0))
+    with pytest.raises(ValueError, match="variance contains NaN"):
+        rfgp.metrics.gaussian_mnll(mean, variance.clone().fill_(float("nan")), targets)
