@@ -40,6 +40,7 @@ from .core.validation import (
     check_positive_int,
 )
 from .inference.statistics_precision import unit_roundoff
+from .kernels.maclaurin import TruncationWarning
 from .kernels.random_feature_kernel import FeatureKernel
 
 OPTIMIZERS = ("lbfgs", "adam", "member_lbfgs")
@@ -62,11 +63,6 @@ class DataScaleWarning(UserWarning):
     columns at GPyTorch's initial ℓ = 0.69), where random features estimate a kernel that is ≈ 0 between all points
     by Monte-Carlo noise, and Nyström features vanish away from the landmarks; or on targets that vary less than the
     Gaussian likelihood's noise floor, which it explains as noise.  The message says what to do."""
-
-
-class TruncationWarning(UserWarning):
-    """:func:`fit_mll` trained a truncated (optimized Maclaurin) map into hyperparameters where it carries little
-    of the kernel it approximates; the message says what to do."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ correction included, and that it is the one the exact GP reports where the docs 
 from __future__ import annotations
 
 import math
+import warnings
 
 import gpytorch
 import pytest
@@ -170,3 +171,18 @@ def test_gaussian_mnll_is_scipys_and_names_its_bad_inputs():
         rfgp.metrics.gaussian_mnll(mean, variance, targets.unsqueeze(0))
     with pytest.raises(ValueError, match="variance contains NaN"):
         rfgp.metrics.gaussian_mnll(mean, variance.clone().fill_(float("nan")), targets)
+
+
+def test_converting_at_hyperparameters_the_maclaurin_truncation_does_not_carry_warns():
+    """``rfgp.sketch(trained_exact, F, method="maclaurin", x_sample=train_x)`` at ℓ = 0.3 on [−1, 1]² fits an
+    allocation of order ≤ 10 that leaves out about a quarter of k(x, x) over the sample: the bias correction then put
+    334 times the exact GP's variance among 1 000 training points, and nothing said so (fit_mll warns only after
+    training).  Now the conversion warns with rfgp.TruncationWarning; at ℓ = 1 it stays quiet."""
+    x, _ = _data(40)
+    with pytest.warns(rfgp.TruncationWarning, match=r"leaves out 0\.\d+ of k\(x, x\) on average over it.*max_order"):
+        kernel = rfgp.sketch(_exact_kernel(lengthscale=0.2), 32, method="maclaurin", x_sample=x, seed=0)
+    share = rfgp.kernels.maclaurin.truncation_share(kernel.base_kernel, x)
+    assert float((1 - share).mean()) > 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.TruncationWarning)
+        rfgp.sketch(_exact_kernel(lengthscale=1.0), 32, method="maclaurin", x_sample=x, seed=0)

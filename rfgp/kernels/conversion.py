@@ -679,6 +679,7 @@ def _convert_rbf(kernel, num_features, method, seed, **options):
     ``num_features``, feature-space inference."""
     from .fourier import SketchedRBFKernel
     from .gaussian_sketch import GAUSSIAN_SKETCH_METHODS
+    from .maclaurin import warn_truncated_conversion
 
     x_sample = None
     if method in GAUSSIAN_SKETCH_METHODS:
@@ -689,6 +690,7 @@ def _convert_rbf(kernel, num_features, method, seed, **options):
     sketched = copy_hyperparameters(kernel, sketched, "lengthscale")
     if x_sample is not None and method == "maclaurin":
         sketched.prepare(x_sample)
+        warn_truncated_conversion(sketched, x_sample)
     return sketched
 
 
@@ -782,7 +784,7 @@ def _polynomial_methods() -> tuple[str, ...]:
 def _convert_polynomial(kernel, num_features, method, seed, x_sample=None, **options):
     """PolynomialKernel → :class:`~rfgp.kernels.SketchedPolynomialKernel`, offset carried over; with ``x_sample``
     ``method="maclaurin"`` fits its allocation on it at the converted offset (as the RBF conversion does)."""
-    from .maclaurin import fit_allocation_on_columns
+    from .maclaurin import fit_allocation_on_columns, warn_truncated_conversion
     from .polynomial import SketchedPolynomialKernel
 
     if kernel.power < 1:
@@ -803,6 +805,7 @@ def _convert_polynomial(kernel, num_features, method, seed, x_sample=None, **opt
     sketched = copy_hyperparameters(kernel, sketched, "offset")
     if x_sample is not None and method == "maclaurin":
         fit_allocation_on_columns(sketched, x_sample)
+        warn_truncated_conversion(sketched, x_sample)
     return sketched
 
 
