@@ -18,7 +18,7 @@ import warnings
 import gpytorch
 from torch import Tensor
 
-from ..kernels.maclaurin import fit_allocation_on_columns, truncation_share
+from ..kernels.maclaurin import TRUNCATION_WARN_MISSING, fit_allocation_on_columns, truncation_share
 from ..training import AllocationRefit, TruncationWarning, register_stale_map_handlers
 from .feature_width import optimized_maclaurin_units
 from .kernel_inputs import covar_module_inputs
@@ -52,10 +52,6 @@ def refit_stale_allocations(model: gpytorch.models.ExactGP, iteration: int, loss
     return refits
 
 
-#: fit_mll warns when an optimized Maclaurin map leaves out more than this share of k(x, x) on average
-_WARN_MISSING = 0.1
-
-
 def warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
     """Warn for each optimized Maclaurin map that leaves out much of k(x, x) at the trained hyperparameters.
 
@@ -71,7 +67,7 @@ def warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
     for feature_map, kernel, x in optimized_maclaurin_units(model, covar_module_inputs(model, train_inputs[0])):
         share = truncation_share(kernel, x)
         missing = _missing(share)
-        if missing <= _WARN_MISSING:
+        if missing <= TRUNCATION_WARN_MISSING:
             continue
         missing_refit = _missing(truncation_share(kernel, x, refit=True))
         scale = float(kernel.scale_inputs(x).detach().pow(2).sum(-1).median())
