@@ -40,7 +40,7 @@ from .core.validation import (
     check_positive_int,
 )
 from .inference.statistics_precision import unit_roundoff
-from .kernels.maclaurin import TruncationWarning
+from .kernels.maclaurin import TruncationWarning as TruncationWarning  # re-exported: rfgp.training.TruncationWarning
 from .kernels.random_feature_kernel import FeatureKernel
 
 OPTIMIZERS = ("lbfgs", "adam", "member_lbfgs")

@@ -18,8 +18,8 @@ import warnings
 import gpytorch
 from torch import Tensor
 
-from ..kernels.maclaurin import TRUNCATION_WARN_MISSING, fit_allocation_on_columns, truncation_share
-from ..training import AllocationRefit, TruncationWarning, register_stale_map_handlers
+from ..kernels.maclaurin import TRUNCATION_WARN_MISSING, TruncationWarning, fit_allocation_on_columns, truncation_share
+from ..training import AllocationRefit, register_stale_map_handlers
 from .feature_width import optimized_maclaurin_units
 from .kernel_inputs import covar_module_inputs
 
