@@ -136,11 +136,15 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         self._prepare(x)
 
     def _prepare(self, x: Tensor) -> None:
-        """Validate an input and make the draws at the first call when ``input_dim`` was left unset."""
+        """Validate an input and make the draws at the first call when ``input_dim`` was left unset.
+
+        Draws made at a first call under ``torch.inference_mode()`` (a prediction before training) are made outside
+        it: as inference tensors they could never be used by a later call that records a graph (training)."""
         check_features_input(x, "x", self.input_dim)
         if self.input_dim is None:
             self.input_dim = x.shape[-1]
-            self._materialize()
+            with torch.inference_mode(False):
+                self._materialize()
 
     def _features(self, x: Tensor) -> Tensor:
         raise NotImplementedError

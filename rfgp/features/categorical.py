@@ -135,7 +135,8 @@ class CategoricalFeatures(FeatureMap):
         check_category_input(x, "x", self.input_dim)
         if self.input_dim is None:
             self.input_dim = x.shape[-1]
-            self._materialize()
+            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._prepare)
+                self._materialize()
 
     def _check_log_share(self, log_share: Tensor, x: Tensor, per_feature: bool) -> Tensor:
         if not torch.is_tensor(log_share) or log_share.dtype not in SUPPORTED_DTYPES:

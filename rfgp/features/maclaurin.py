@@ -435,7 +435,8 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
     def _prepare(self, x: Tensor) -> None:
         super()._prepare(x)
         if self.widths is None:
-            self.fit(x)  # no sample given: allocate on the first inputs
+            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._prepare)
+                self.fit(x)  # no sample given: allocate on the first inputs
 
 
 class RandomMaclaurin(_MaclaurinFeatures):

@@ -372,17 +372,24 @@ class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):
         return dense if self.noise is None else dense + torch.diag_embed(self.noise.expand(dense.shape[:-1]))
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
-        """R·ε (+ √d·ε′), ε ~ N(0, I_F) shared by every block: ``(num_samples, *batch, n·p)`` joint samples."""
+        """R·ε (+ √d·ε′), ε ~ N(0, I_F) shared by every block: ``(num_samples, *batch, n·p)`` joint samples.
+
+        ε and then ε′ are drawn whole, in the order and shapes of the unchunked posterior's samples
+        (:class:`~rfgp.inference.posterior_covariance.LowRankPosteriorAddedDiag`), so that a seeded draw does not
+        depend on :class:`rfgp.settings.memory_budget`: ε′ drawn block by block took other numbers from the
+        generator (a different sample under the same ``torch.manual_seed``)."""
         first_rows, first = next(self.root_chunks())
         width = first.shape[-1]
         normal = standard_normal((*self.batch_shape, width, num_samples), first, None)
+        independent = None
+        if self.noise is not None:
+            independent = standard_normal((*self.batch_shape, self.shape[-1], num_samples), first, None)
         blocks = []
         for rows, root in self.root_chunks():
             block = root @ normal
             noise = self._noise(rows)
             if noise is not None:
-                independent = torch.randn(*block.shape, dtype=block.dtype, device=block.device)
-                block = block + noise.sqrt().unsqueeze(-1) * independent
+                block = block + noise.sqrt().unsqueeze(-1) * independent[..., rows, :]
             blocks.append(block)
         return torch.cat(blocks, -2).movedim(-1, 0).contiguous()
 

@@ -264,8 +264,10 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
 
     # ------------------------------------------------------------ ν = ½: anchored weights
     def anchor_lengthscale(self) -> None:
-        """ℓ₀ ← ℓ (detached), for the feature map's current draws."""
-        self.lengthscale_anchor = self.lengthscale.detach().clone()
+        """ℓ₀ ← ℓ (detached), for the feature map's current draws (made outside inference mode, like the draws, at a
+        first call under ``torch.inference_mode()``: see :meth:`rfgp.features.FeatureMap._prepare`)."""
+        with torch.inference_mode(False):
+            self.lengthscale_anchor = self.lengthscale.detach().clone()
         self._anchored_draws = self._draw_key()
 
     def _draw_key(self) -> tuple[int, int]:
