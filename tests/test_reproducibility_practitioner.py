@@ -122,3 +122,125 @@ def test_estimator_draws_do_not_depend_on_torchs_default_dtype(estimator):
     assert all(torch.equal(draws[0][key], draws[1][key]) for key in draws[0])
     if estimator == "classifier":
         np.testing.assert_array_equal(getattr(fits[0], predict)(rows), getattr(fits[1], predict)(rows))
+
+
+def _persisted_models(seed):
+    """A Maclaurin, a k-means++ Nyström, a polynomial-sketch and a curl-free model (seeded by ``seed``)."""
+    x, y = _data()
+    models = {}
+    for name, tree, options in (
+        ("maclaurin", ScaleKernel(RBFKernel()), {"method": "maclaurin"}),
+        ("nystrom", ScaleKernel(RBFKernel()), {"method": "nystrom", "x_sample": x, "landmarks": "kmeans++"}),
+        ("polynomial", ScaleKernel(PolynomialKernel(power=3)), {}),
+    ):
+        kernel = rfgp.sketch(tree, 24 if name == "nystrom" else 48, seed=seed, **options)
+        models[name] = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double()
+    targets = torch.stack([y, torch.cos(3 * x[:, 0])], -1)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2)
+    kernel = rfgp.kernels.SketchedCurlFreeKernel(48, D, seed=seed)
+    models["curl_free"] = MultiOutputGPModel(x, targets, likelihood, kernel).double()
+    return models
+
+
+def _predict(model, test_x):
+    model.eval()
+    with torch.no_grad():
+        output = model.likelihood(model(test_x))
+        return torch.cat([output.mean.reshape(-1), output.variance.reshape(-1)])
+
+
+_RELOAD = """
+import sys, torch
+import rfgp
+torch.set_num_threads(int(sys.argv[3]))  # bit-equal results need the same thread count (BLAS summation order)
+saved = torch.load(sys.argv[1], weights_only=False)
+states = torch.load(sys.argv[2], weights_only=True)
+for name, (whole, fresh, expected) in saved["models"].items():
+    fresh.load_state_dict(states[name])
+    for model in (whole, fresh):
+        model.eval()
+        with torch.no_grad():
+            output = model.likelihood(model(saved["x"]))
+            got = torch.cat([output.mean.reshape(-1), output.variance.reshape(-1)])
+        assert torch.equal(got, expected), name
+"""
+
+
+def test_trained_models_predict_bit_for_bit_in_a_fresh_process(tmp_path):
+    """Beyond the RBF model of `tests/test_long_running.py`: a trained Maclaurin (fitted allocation), Nyström
+    (k-means++ landmarks), polynomial-sketch and curl-free model, saved whole (`torch.save`) and as a state dict
+    (read back with `weights_only=True` into models of another seed), predict bit for bit in a new process."""
+    import subprocess
+    import sys
+
+    test_x = _test_points()
+    trained, fresh = _persisted_models(0), _persisted_models(1)
+    saved, states = {}, {}
+    for name, model in trained.items():
+        rfgp.fit_mll(model, 3, progress=False)
+        saved[name] = (model, fresh[name], _predict(model, test_x))
+        states[name] = model.state_dict()
+    torch.save({"models": saved, "x": test_x}, tmp_path / "models.pt")
+    torch.save(states, tmp_path / "states.pt")
+    subprocess.run([sys.executable, "-c", _RELOAD, str(tmp_path / "models.pt"), str(tmp_path / "states.pt"),
+                    str(torch.get_num_threads())],
+                   check=True, timeout=120)
+
+
+def test_a_state_loaded_into_another_seed_keeps_nothing_of_that_seed():
+    """After `load_state_dict` into a model built with another seed, everything seeded is the saved model's: the
+    state dict is equal entry for entry, and `set_num_features` (which re-draws, or re-chooses landmarks, from the
+    stored seed and rule) gives the saved model's wider map."""
+    x, _ = _data()
+    saved, other = _persisted_models(0), _persisted_models(7)
+    for name in saved:
+        other[name].load_state_dict(saved[name].state_dict())
+        reference, loaded = saved[name].state_dict(), other[name].state_dict()
+        assert reference.keys() == loaded.keys()
+        assert all(torch.equal(reference[key], loaded[key]) for key in reference), name
+        if name != "curl_free":
+            for model in (saved[name], other[name]):
+                rfgp.set_num_features(model, 40 if name == "nystrom" else 96, x_sample=x)
+            reference, loaded = saved[name].state_dict(), other[name].state_dict()
+            assert all(torch.equal(reference[key], loaded[key]) for key in reference), name
+
+
+def _predict_in_worker(arguments):
+    model, test_x, threads = arguments
+    torch.set_num_threads(threads)  # bit-equal results need the same thread count (BLAS summation order)
+    return _predict(model, test_x)
+
+
+class _PredictionBlocks(torch.utils.data.Dataset):
+    def __init__(self, model, test_x):
+        self.model, self.test_x = model, test_x
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return _predict(self.model, self.test_x[index::2])
+
+
+def test_a_model_sent_to_spawned_processes_and_dataloader_workers_predicts_bit_for_bit():
+    """A trained model pickled to a `spawn` worker and used inside DataLoader workers (one thread each, as
+    PyTorch sets them) predicts as in the parent process at the same thread count."""
+    import multiprocessing
+
+    model = _persisted_models(0)["maclaurin"]
+    rfgp.fit_mll(model, 3, progress=False)
+    test_x = _test_points()
+    threads = torch.get_num_threads()
+    expected = _predict(model, test_x)
+    model.train()  # sent without its posterior caches: the worker rebuilds them
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        (got,) = pool.map(_predict_in_worker, [(model, test_x, threads)])
+    assert torch.equal(got, expected)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        blocks = [_predict(model, test_x[index::2]) for index in range(2)]
+    finally:
+        torch.set_num_threads(previous)
+    loader = torch.utils.data.DataLoader(_PredictionBlocks(model, test_x), batch_size=None, num_workers=2)
+    assert all(torch.equal(got, want) for got, want in zip(loader, blocks))
