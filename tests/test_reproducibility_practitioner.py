@@ -305,3 +305,48 @@ def test_the_same_fit_twice_repeats_every_loss(optimizer):
         states.append(model.state_dict())
     assert histories[0] == histories[1]
     assert all(torch.equal(states[0][key], states[1][key]) for key in states[0])
+
+
+def _built_under(default, build):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        return build()
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("name", ["rbf_ard", "matern_ard", "sorf", "curl_free"])
+def test_a_map_drawn_in_float32_then_doubled_is_the_float64_map(name):
+    """Maps that draw at construction (ARD trees in `rfgp.sketch`, `input_dim=` given) draw in torch's default dtype;
+    `.double()` of one built under float32 (BoTorch's `SingleTaskGP` converts its kernel so) kept float32-rounded
+    draws, 1e-8–1e-7 away in k from the same seed built under float64.  Now the same state and kernel values."""
+    build = {
+        "rbf_ard": lambda: rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=D)), 64, method="orf", seed=0),
+        "matern_ard": lambda: rfgp.sketch(ScaleKernel(MaternKernel(nu=1.5, ard_num_dims=D)), 64, seed=0),
+        "sorf": lambda: rfgp.kernels.SketchedRBFKernel(64, method="sorf", input_dim=D, seed=0),
+        "curl_free": lambda: rfgp.kernels.SketchedCurlFreeKernel(64, D, seed=0),
+    }[name]
+    doubled = _built_under(torch.float32, build).double()
+    native = _built_under(torch.float64, build)
+    reference, converted = native.state_dict(), doubled.state_dict()
+    assert all(torch.equal(reference[key], converted[key]) for key in reference)
+    x = _test_points()
+    with torch.no_grad():
+        assert torch.equal(doubled(x).to_dense(), native(x).to_dense())
+    round_trip = _built_under(torch.float64, build).float().double().state_dict()  # exact again
+    assert all(torch.equal(reference[key], round_trip[key]) for key in reference)
+
+
+def test_widening_keeps_draws_centred_on_earlier_hyperparameters():
+    """A periodic map's harmonics are drawn around the lengthscale at draw time: after it changed, the seed gives
+    other draws, and `.double()` keeps the map's own (converted) draws."""
+    kernel = _built_under(torch.float32, lambda: rfgp.kernels.SketchedPeriodicKernel(64, seed=0))
+    with torch.no_grad():
+        kernel(_test_points(dtype=torch.float32)).to_dense()  # draws, at the initial lengthscale
+    feature_map = kernel.feature_map
+    before = {key: value.double() for key, value in feature_map.state_dict().items() if value.is_floating_point()}
+    kernel.lengthscale = 0.05  # a proposal drawn now would be centred elsewhere, with more harmonics
+    kernel.double()
+    after = feature_map.state_dict()
+    assert before and all(torch.equal(before[key], after[key]) for key in before)

@@ -57,6 +57,10 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
     #: whether :meth:`squared_norm` gives ‖Φ(x)‖² in closed form, without the features
     has_closed_form_squared_norm: bool = False
 
+    #: whether :meth:`_draw` depends on the seed and the configuration only (not on hyperparameters at draw time), so
+    #: that draws rounded to float32 can be made again in float64 (:meth:`_apply`)
+    draws_follow_seed: bool = True
+
     #: Φ(x) of every map, its own ``forward`` included, in its input's dtype under an enclosing ``torch.autocast``
     full_precision_methods = ("forward",)
 
@@ -107,6 +111,38 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         for name in set(self._buffer_names) - set(draws):  # draws of a previous seed or allocation
             delattr(self, name)
         self._buffer_names = tuple(draws)
+
+    def _apply(self, fn, *args, **kwargs):
+        """``.double()``, ``.to(...)``: draws rounded to a narrower dtype are made again in the wider one.
+
+        The draws are made in the dtype the map has when it draws; a map that drew at construction under torch's
+        default float32 and was then converted with ``.double()`` kept float32-rounded draws (kernel values 1e-8–1e-7
+        away from the map built in float64 with the same seed).  After a widening conversion the draws the seed gives
+        are made again and kept where their rounding to the old dtype is exactly the converted buffers (maps whose
+        draws are centred on hyperparameters at draw time, ``draws_follow_seed = False``, keep the converted ones)."""
+        drawn_in = self._anchor.dtype
+        result = super()._apply(fn, *args, **kwargs)
+        widened = torch.finfo(self._anchor.dtype).bits > torch.finfo(drawn_in).bits
+        if widened and self.is_initialized and self.draws_follow_seed:
+            self._widen_draws(drawn_in)
+        return result
+
+    def _widen_draws(self, drawn_in: torch.dtype) -> None:
+        with torch.inference_mode(False), torch.no_grad():
+            draws = self._draw(self.input_dim, torch.Generator().manual_seed(self.seed))
+        widened = {}
+        for name, value in draws.items():
+            current = getattr(self, name, None)
+            if not value.is_floating_point() or current is None or not current.is_floating_point():
+                continue
+            if current.shape != value.shape:
+                return
+            rounded = value.to(drawn_in).to(device=current.device, dtype=current.dtype)
+            if not torch.equal(rounded, current):
+                return
+            widened[name] = value.to(device=current.device, dtype=current.dtype)
+        for name, value in widened.items():
+            self.register_buffer(name, value)
 
     @property
     def is_initialized(self) -> bool:

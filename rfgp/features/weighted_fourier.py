@@ -182,6 +182,8 @@ class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
     """
 
     config_fields = {"measure": METHOD}
+    #: the proposal is centred on the hyperparameters at draw time
+    draws_follow_seed = False
     has_closed_form_squared_norm = True
 
     def __init__(self, measure: SpectralMeasure, num_features: int, input_dim: int | None = None,

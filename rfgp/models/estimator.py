@@ -233,9 +233,6 @@ class RandomFeatureEstimator:
         ard_dims = {"ard_num_dims": x.shape[-1]} if ard else {}
         base = SketchedRBFKernel(p.train_num_features, method=p.method, input_dim=x.shape[-1], seed=p.seed, **ard_dims)
         kernel = gpytorch.kernels.ScaleKernel(base).to(device=p.device, dtype=p.dtype)
-        # drawn again in the model's dtype: drawn at construction in torch's default dtype, a float64 model's draws
-        # were float32-rounded where that default was float32, so its fit depended on torch.get_default_dtype()
-        base.feature_map._materialize()
         centred = targets - targets.mean(-1, keepdim=True)
         with torch.no_grad():
             base.lengthscale = _median_distance(x, p.seed)
