@@ -748,10 +748,11 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
         norm = "‖x − center‖_∞" if method == "gaussian_sketch" else "‖x − center‖₂"
         missing = [name for name, value in (("radius", radius), ("alpha", alpha)) if value is None]
         if missing:
+            given_sample = "None" if x_sample is None else f"a tensor of shape {tuple(x_sample.shape)}"
             raise ValueError(
                 f"method={method!r} chooses its truncation order s from the data radius and the target "
                 f"additive error alpha (paper 003 Lemma 2.9/2.11); missing: {' and '.join(missing)} "
-                f"(got radius={radius}, x_sample=None, alpha={alpha}). Pass x_sample= (points to take the "
+                f"(got radius={radius}, x_sample={given_sample}, alpha={alpha}). Pass x_sample= (points to take the "
                 f"centre and radius from) or radius= (a bound on {norm} in input units), and alpha= "
                 "(e.g. 1e-4), or order= directly"
             )
