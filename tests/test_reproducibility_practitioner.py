@@ -350,3 +350,32 @@ def test_widening_keeps_draws_centred_on_earlier_hyperparameters():
     kernel.double()
     after = feature_map.state_dict()
     assert before and all(torch.equal(before[key], after[key]) for key in before)
+
+
+@pytest.mark.parametrize("name", list(LAZY_TREES))
+def test_manual_seed_fixes_the_draws_whatever_happens_before_the_first_call(name):
+    """`torch.manual_seed(s)` before building: the same draws whether the global generator is used between building
+    and the first call (dropout elsewhere), the kernel is built under `torch.no_grad()`, or the first call runs with
+    another number of threads."""
+    tree, options = LAZY_TREES[name]
+    x = _test_points()
+
+    def draws(between=lambda: None, building=torch.enable_grad, threads=None):
+        torch.manual_seed(11)
+        with building():
+            kernel = rfgp.sketch(tree(), 64, **options).double()
+        between()
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads or previous)
+        try:
+            with torch.no_grad():
+                kernel(x).to_dense()
+        finally:
+            torch.set_num_threads(previous)
+        return {key: value for key, value in kernel.state_dict().items() if "raw_" not in key}
+
+    reference = draws()
+    for other in (draws(between=lambda: torch.nn.functional.dropout(torch.ones(1000), 0.5)),
+                  draws(building=torch.no_grad), draws(threads=2)):
+        assert reference.keys() == other.keys()
+        assert all(torch.equal(reference[key], other[key]) for key in reference)
