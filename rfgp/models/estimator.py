@@ -110,7 +110,11 @@ class RandomFeatureEstimator:
         check_choice(self.optimizer, "optimizer", OPTIMIZERS)
         dtype = _check_dtype(self.dtype)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise TypeError(f"seed must be an integer, got {self.seed!r}")
+            raise TypeError(
+                f"seed must be an integer, got {self.seed!r}: the estimators' features are drawn from one integer seed "
+                "(fixed, so that a fit repeats bit for bit), not from scikit-learn's random_state (None, a RandomState); "
+                "pass e.g. seed=0, or seed=int(rng.integers(2**31)) for a fresh draw"
+            )
         return dict(
             kernel=self.kernel, train_num_features=train_width, num_features=predict_width, method=self.method,
             num_iterations=int(iterations), lr=None if self.lr is None else float(self.lr), optimizer=self.optimizer,

@@ -242,7 +242,7 @@ class GPRegressor(RandomFeatureEstimator):
             posterior = self.model_(x)
             mean = posterior.mean * self._scale(1) + self._shift()
             if return_std:
-                second = posterior.variance.clamp_min(0).sqrt() * self._scale(1)
+                second = posterior.variance.sqrt() * self._scale(1)  # GPyTorch warns about and rounds up negatives
             elif return_cov:
                 second = posterior.covariance_matrix * self._scale(2).unsqueeze(-1)
         results = (self._outputs(mean),) + ((self._outputs(second, cov=return_cov),) if return_std or return_cov

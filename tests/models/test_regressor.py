@@ -208,6 +208,7 @@ def test_score_is_scikit_learns_r2():
     ({"dtype": "half"}, TypeError, "dtype must be .float32., .float64."),
     ({"device": "tpu:7"}, ValueError, "device must be None, a torch.device or a device string.*'tpu:7'"),
     ({"seed": 1.5}, TypeError, "seed must be an integer, got 1.5"),
+    ({"seed": None}, TypeError, "seed must be an integer, got None: .* not from scikit-learn's random_state"),
     ({"num_features": 65}, ValueError, "num_features must be even.*got 65"),
     ({"train_num_features": 0}, ValueError, "train_num_features must be a positive"),
     ({"kernel": "rbf"}, TypeError, "kernel must be a gpytorch Kernel or None, got str"),
