@@ -111,9 +111,9 @@ class RandomFeatureEstimator:
         dtype = _check_dtype(self.dtype)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise TypeError(
-                f"seed must be an integer, got {self.seed!r}: the estimators' features are drawn from one integer seed "
-                "(fixed, so that a fit repeats bit for bit), not from scikit-learn's random_state (None, a RandomState); "
-                "pass e.g. seed=0, or seed=int(rng.integers(2**31)) for a fresh draw"
+                f"seed must be an integer, got {self.seed!r}: the estimators' features are drawn from one integer "
+                "seed (fixed, so that a fit repeats bit for bit), not from scikit-learn's random_state (None, a "
+                "RandomState); pass e.g. seed=0, or seed=int(rng.integers(2**31)) for a fresh draw"
             )
         return dict(
             kernel=self.kernel, train_num_features=train_width, num_features=predict_width, method=self.method,
