@@ -44,8 +44,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
 
+from float32_statistics_threshold import gram_pair  # noqa: E402  (a sibling script)
+
 import rfgp  # noqa: E402
-from rfgp.inference.linalg import CapacitanceNotPSDError, feature_statistics  # noqa: E402
+from rfgp.inference.linalg import CapacitanceNotPSDError  # noqa: E402
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes, unit_roundoff  # noqa: E402
 from rfgp.kernels import (  # noqa: E402
     FeatureSumKernel,
@@ -54,7 +56,6 @@ from rfgp.kernels import (  # noqa: E402
     NystromKernel,
     SketchedRBFKernel,
 )
-from rfgp.kernels.combinations import kernel_features  # noqa: E402
 from rfgp.models import ExactGPModel  # noqa: E402
 
 U = unit_roundoff(torch.float32)
@@ -137,13 +138,8 @@ def posterior_mean(model, test_x, tolerance):
 def estimates(model, probes=4):
     """(ε̂, ‖ΔG‖₂, ‖E‖₂, ε̃_λ, ε̃_dof, ε̃_diag, ε̃_probe, coherence) of the model's float32 statistics; coherence
     ‖ΦᵀW1‖²/(Σw·tr(G)) ∈ [0, 1] is the share of tr(G) in the features' weighted mean (1: constant features)."""
+    features, weights, low, high = gram_pair(model)
     with torch.no_grad():
-        x = model.train_inputs[0]
-        features = kernel_features(model.covar_module, x)
-        weights = model.likelihood.noise.expand(x.shape[0]).reciprocal()
-        empty = features.new_zeros(x.shape[0], 0)
-        low = feature_statistics(features, weights, empty)[0].double()
-        high = feature_statistics(features.double(), weights.double(), empty.double())[0]
         eye = torch.eye(low.shape[0], dtype=torch.float64)
         factor = torch.linalg.cholesky(eye + high)
         delta = low - high

@@ -56,7 +56,9 @@ def loss_and_grads(model, tolerance=math.inf):
     return loss.double(), torch.cat([g.double().reshape(-1) for g in grads])
 
 
-def summation_error(model):
+def gram_pair(model):
+    """(Φ, w, G₃₂, G₆₄): the model's float32 features and noise weights, and their Gram ΦᵀWΦ formed in float32
+    (returned in float64) and in float64."""
     with torch.no_grad():
         x = model.train_inputs[0]
         features = kernel_features(model.covar_module, x)
@@ -64,6 +66,12 @@ def summation_error(model):
         empty = features.new_zeros(x.shape[0], 0)
         low = feature_statistics(features, weights, empty)[0].double()
         high = feature_statistics(features.double(), weights.double(), empty.double())[0]
+    return features, weights, low, high
+
+
+def summation_error(model):
+    _, _, low, high = gram_pair(model)
+    with torch.no_grad():
         error = torch.linalg.eigvalsh(low - high).abs().max().item()
         smallest = torch.linalg.eigvalsh(low + torch.eye(low.shape[0], dtype=low.dtype))[0].item()
         return error, high.diagonal().sum().item(), smallest

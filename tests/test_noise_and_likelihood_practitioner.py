@@ -214,6 +214,14 @@ def heteroskedastic_training(convert_main, convert_noise, steps=3):
     model = GP(x, y, convert_main(exact_rbf((0.3,), 1.0)), likelihood).double()
     model.register_added_loss_term("noise_added_loss")
     model.update_added_loss_term("noise_added_loss", NoiseModelAddedLossTerm(noise_gp))
+    return (*adam_then_predict(model, x, y, test_x, steps),
+            torch.cat([p.detach().flatten() for p in model.parameters()]))
+
+
+def adam_then_predict(model, x, y, test_x, steps):
+    """(losses, predictive mean, predictive variance) after ``steps`` Adam steps on the model's MLL, the inputs
+    passed to the likelihood too (its noise model evaluates at them)."""
+    likelihood = model.likelihood
     mll = ExactMarginalLogLikelihood(likelihood, model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     losses = []
@@ -226,8 +234,7 @@ def heteroskedastic_training(convert_main, convert_noise, steps=3):
     model.eval()
     with torch.no_grad():
         predictive = likelihood(model(test_x), test_x)
-    return torch.stack(losses), predictive.mean, predictive.variance, torch.cat([p.detach().flatten()
-                                                                                 for p in model.parameters()])
+    return torch.stack(losses), predictive.mean, predictive.variance
 
 
 def test_heteroskedastic_noise_gp_trained_jointly_with_nystrom_landmarks_at_every_point_is_the_exact_model():
@@ -266,20 +273,8 @@ def network_noise_training(convert, steps=3):
     y = torch.sin(6 * x[:, 0]) + (0.05 + 0.5 * x[:, 0]) * torch.randn(40, generator=generator, dtype=F64)
     likelihood = _GaussianLikelihoodBase(noise_covar=NetworkNoise()).double()
     model = GP(x, y, convert(exact_rbf((0.3,), 1.0)), likelihood).double()
-    mll = ExactMarginalLogLikelihood(likelihood, model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = -mll(model(x), y, x)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
     test_x = torch.linspace(0, 1, 9, dtype=F64).view(-1, 1)
-    model.eval()
-    with torch.no_grad():
-        predictive = likelihood(model(test_x), test_x)
-    return torch.stack(losses), predictive.mean, predictive.variance
+    return adam_then_predict(model, x, y, test_x, steps)
 
 
 def test_noise_from_a_network_trained_jointly_with_nystrom_landmarks_at_every_point_is_the_exact_model():

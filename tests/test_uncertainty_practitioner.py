@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import gpytorch
 import pytest
 import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
@@ -19,18 +18,10 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 import rfgp
 from rfgp.inference.leave_one_out import leave_one_out_predictions
 
+from ._models import UserGP
+
 DTYPE = torch.float64
 NOISE = 0.01
-
-
-class _GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood, kernel):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def _data(n: int = 80, seed: int = 0):
@@ -47,10 +38,10 @@ def _exact_kernel(lengthscale: float = 0.3, outputscale: float = 1.3) -> ScaleKe
     return kernel
 
 
-def _model(x, y, kernel) -> _GP:
-    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DTYPE)
-    likelihood.noise = NOISE
-    return _GP(x, y, likelihood, kernel).to(DTYPE)
+def _model(x, y, kernel) -> UserGP:
+    model = UserGP(x, y, kernel).to(DTYPE)
+    model.likelihood.noise = NOISE
+    return model
 
 
 #: a fixed optimized-Maclaurin allocation of 64 features (order 7, what Algorithm 3 picks on _data() at ℓ = 0.3,
