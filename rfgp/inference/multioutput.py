@@ -53,7 +53,7 @@ from . import distributed
 from .chunked_kronecker import ChunkedKroneckerFeatureOperator
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, join_tasks, split_tasks
 from .kronecker_posterior import ChunkedKroneckerPosteriorCovariance, kronecker_mean, kronecker_posterior_covariance
-from .linalg import capacitance_solve, weighted_gram
+from .linalg import accumulated_project, capacitance_solve, weighted_gram
 from .multioutput_chunking import (
     ChunkedMultiOutputFeatureOperator,
     ChunkedPosteriorCovariance,
@@ -235,7 +235,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         work = statistics_dtype(dtype, features.device,
                                 lambda: distributed.reduce_statistics(weighted_square_norm(features, weights))[0])
         features, weights, residual = features.to(work), weights.to(work), residual.to(work)
-        rhs = features.mT @ (residual * weights).unsqueeze(-1)
+        rhs = accumulated_project(features, (residual * weights).unsqueeze(-1))  # float64 partial sums of float32 rows
         return capacitance_solve(*distributed.reduce_statistics(weighted_gram(features, weights), rhs), dtype=dtype)
 
     def _kronecker_statistics(self, nan_policy: str) -> tuple[Tensor, Tensor] | None:
