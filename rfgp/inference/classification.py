@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..core.dtypes import refuse_autocast_backward
+from ..core.dtypes import factor_dtype, refuse_autocast_backward
 from . import distributed
 from .chunking import Featurizer, backprop_chunks
-from .linalg import capacitance_solve, woodbury_inv_quad_logdet
+from .linalg import accumulated_project, capacitance_solve, woodbury_inv_quad_logdet
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .statistics_precision import statistics_dtype
 
@@ -158,15 +158,16 @@ def _label_statistics(plan, featurizer, step_blocks: int, rhs: Tensor, source: T
     membership = torch.nn.functional.one_hot(plan.block_class, num_classes).to(rhs.dtype).mT
     num_features = source.shape[-1] if featurizer is None else featurizer.num_features
     grams = rhs.new_zeros(num_classes, num_features * num_features)
-    projection = rhs.new_zeros(rhs.shape[-1], num_features)
+    # VᵀΦ summed in float64 for float32 rows (accumulated_project within a step, the steps' sums added in float64):
+    # one float32 sum over the N rows rounds coherently where the columns have a large mean (Maclaurin, Nyström)
+    projection = rhs.new_zeros(rhs.shape[-1], num_features, dtype=factor_dtype(rhs.dtype, rhs.device))
     for start, slots, pad, features in _block_steps(plan, featurizer, step_blocks, source):
         blocks = features.view(-1, plan.block_size, num_features)
         block_grams = torch.bmm(blocks.mT, blocks).view(blocks.shape[0], -1)
         # sum the blocks into their classes (a small matmul; CPU index_add is far slower here)
         grams.addmm_(membership[:, start : start + blocks.shape[0]], block_grams)
-        # VᵀΦ, not ΦᵀV: BLAS is an order of magnitude slower on (F × n)(n × k) with small k
-        projection.addmm_(_gather_rows(rhs, slots, pad).mT, features)
-    return grams.view(num_classes, num_features, num_features), projection
+        projection += accumulated_project(features, _gather_rows(rhs, slots, pad)).mT  # formed as VᵀΦ
+    return grams.view(num_classes, num_features, num_features), projection.to(rhs.dtype)
 
 
 def _label_statistics_apply(plan, featurizer, step_blocks: int, rhs: Tensor, source: Tensor, *params):
