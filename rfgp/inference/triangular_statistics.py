@@ -79,6 +79,7 @@ from .linalg import (
     differentiable_backward,
     factor_dtype,
     fold_constant,
+    gram_gradient,
     plain_statistics,
     statistics_backward,
     uniform_weight_grad,
@@ -191,17 +192,19 @@ def _uses_factors(weights: Tensor, needs, dtype: torch.dtype) -> bool:
     return need_cross and dtype == torch.float64 and not (need_weights and not _is_uniform(weights))
 
 
-def _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors, need_cross, need_weights, need_rhs):
+def _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors, need_cross, need_weights, need_rhs,
+               gram_factor: Tensor | None = None):
     """(K̄, per-point w̄, R̄) of a block of rows (``weights`` theirs, or uniform).
 
     Without ``factors`` (float32, or per-point weights that need w̄ = rowsum(Φ ⊙ ΦS) + rowsum(R ⊙ ΦH̄)) Φ̄ =
-    W(2ΦS + RH̄ᵀ) is formed (:func:`~rfgp.inference.linalg.statistics_backward`) and K̄ = Φ̄L⁻¹ solved in its
-    memory; otherwise K̄ comes from the M × M ``factors`` by one product.
+    W(2ΦS + RH̄ᵀ) is formed (:func:`~rfgp.inference.linalg.statistics_backward`, with ``gram_factor`` its
+    :func:`~rfgp.inference.linalg.gram_gradient` where a caller visiting row blocks formed it once) and K̄ = Φ̄L⁻¹
+    solved in its memory; otherwise K̄ comes from the M × M ``factors`` by one product.
     """
     per_point = need_weights and not _is_uniform(weights)
     if per_point or (need_cross and factors is None):
         grad_features, grad_weights, grad_rhs = statistics_backward(
-            features, weights, rhs, grad_gram, grad_projection, (need_cross, per_point, need_rhs)
+            features, weights, rhs, grad_gram, grad_projection, (need_cross, per_point, need_rhs), gram_factor
         )
         if need_cross:
             grad_features = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
@@ -321,9 +324,11 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
         need_inputs, params_need = needs[2], needs[6:]
         need_weights, need_rhs = needs[3] or needs[5], needs[4] or needs[5]  # of the folded c²W and R/c: c̄ too
         need_cross = need_inputs or any(params_need)
-        factors = None
+        factors = gram_factor = None
         if _uses_factors(weights, (need_cross, False, need_weights, need_rhs), chol.dtype):
             factors = _right_factors(chol, grad_gram, grad_projection)
+        elif need_cross or (need_weights and not _is_uniform(weights)):  # Φ̄ per chunk: S (2w·S) once, not per chunk
+            gram_factor = gram_gradient(grad_gram, folded_weights.to(work))
         weight_grads, rhs_grads = [], []
 
         def chunk_grad(cross: Tensor, rows: slice) -> Tensor:
@@ -331,7 +336,7 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
             grad_cross, grad_weights, grad_rhs = _row_grads(
                 triangular_features(cross.to(work), chol), chol, chunk_weights.to(work),
                 folded_rhs[..., rows, :].to(work), grad_gram, grad_projection, factors, need_cross, need_weights,
-                need_rhs,
+                need_rhs, gram_factor,
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)
