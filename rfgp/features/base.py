@@ -172,11 +172,15 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         self._prepare(x)
 
     def _prepare(self, x: Tensor) -> None:
-        """Validate an input and make the draws at the first call when ``input_dim`` was left unset.
+        """Validate an input and make the draws at the first call when ``input_dim`` was left unset."""
+        check_features_input(x, "x", self.input_dim)
+        self._draw_at_first_call(x)
+
+    def _draw_at_first_call(self, x: Tensor) -> None:
+        """Make the draws for ``x``'s width when ``input_dim`` was left unset (a validated input).
 
         Draws made at a first call under ``torch.inference_mode()`` (a prediction before training) are made outside
         it: as inference tensors they could never be used by a later call that records a graph (training)."""
-        check_features_input(x, "x", self.input_dim)
         if self.input_dim is None:
             self.input_dim = x.shape[-1]
             with torch.inference_mode(False):

@@ -133,10 +133,7 @@ class CategoricalFeatures(FeatureMap):
 
     def _prepare(self, x: Tensor) -> None:
         check_category_input(x, "x", self.input_dim)
-        if self.input_dim is None:
-            self.input_dim = x.shape[-1]
-            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._prepare)
-                self._materialize()
+        self._draw_at_first_call(x)
 
     def _check_log_share(self, log_share: Tensor, x: Tensor, per_feature: bool) -> Tensor:
         if not torch.is_tensor(log_share) or log_share.dtype not in SUPPORTED_DTYPES:

@@ -435,7 +435,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
     def _prepare(self, x: Tensor) -> None:
         super()._prepare(x)
         if self.widths is None:
-            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._prepare)
+            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._draw_at_first_call)
                 self.fit(x)  # no sample given: allocate on the first inputs
 
 
