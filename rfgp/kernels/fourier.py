@@ -265,7 +265,7 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
     # ------------------------------------------------------------ ν = ½: anchored weights
     def anchor_lengthscale(self) -> None:
         """ℓ₀ ← ℓ (detached), for the feature map's current draws (made outside inference mode, like the draws, at a
-        first call under ``torch.inference_mode()``: see :meth:`rfgp.features.FeatureMap._prepare`)."""
+        first call under ``torch.inference_mode()``: see :meth:`rfgp.features.FeatureMap._draw_at_first_call`)."""
         with torch.inference_mode(False):
             self.lengthscale_anchor = self.lengthscale.detach().clone()
         self._anchored_draws = self._draw_key()

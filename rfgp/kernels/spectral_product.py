@@ -154,7 +154,7 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         weights Πᵢwᵢ (``None``: all 1), each checked finite (a NaN hyperparameter would make Φ NaN silently)."""
         inputs = [select_active(kernel, x) for kernel in self.kernels]
         if self.input_dims is None:
-            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._prepare)
+            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._draw_at_first_call)
                 self._materialize(tuple(u.shape[-1] for u in inputs))
         terms, amplitude, weights = [], 1.0, None
         for i, (kernel, u) in enumerate(zip(self.kernels, inputs)):
