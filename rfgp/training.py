@@ -727,7 +727,7 @@ def _check_batch_members(objective: _Objective, history: TrainingHistory, ftol: 
     for param in objective.params:
         if param.grad is not None:
             worst = torch.maximum(worst, param.grad.detach().abs().reshape(*batch, -1).amax(-1).to(worst))
-    bounds = (2 * _MAX_CURVATURE * ftol * members.abs().clamp(min=1.0)).sqrt().clamp(min=gtol)
+    bounds = _stationary_gradient(ftol, members.abs().clamp(min=1.0)).clamp(min=gtol)
     failing = worst > bounds
     count = int(failing.sum())  # host sync: once per fit
     if not count:
@@ -882,7 +882,7 @@ class _MemberLBFGS:
         f, new_f, new_g, moved = self.last
         scale = torch.maximum(torch.maximum(new_f.abs(), f.abs()), torch.ones_like(f))
         largest = new_g.abs().amax(-1)
-        flat = ((f - new_f).abs() <= ftol * scale) & (largest <= (2 * _MAX_CURVATURE * ftol * scale).sqrt())
+        flat = ((f - new_f).abs() <= ftol * scale) & (largest <= _stationary_gradient(ftol, scale))
         self.converged |= moved & (flat | (largest <= gtol))
         count, stalled = self.batch.numel(), int(self.stalled.sum())
         if bool((self.converged | self.stalled).all()):
@@ -899,10 +899,11 @@ class _MemberLBFGS:
 _MAX_CURVATURE = 50.0
 
 
-def _stationary_gradient(ftol: float, scale: float) -> float:
+def _stationary_gradient(ftol: float, scale: float | Tensor) -> float | Tensor:
     """√(2κ·ftol·s): the largest gradient entry at which a loss flat to ``ftol·s`` may be a stationary point
-    (:func:`fit_mll`: stopping)."""
-    return math.sqrt(2 * _MAX_CURVATURE * ftol * scale)
+    (:func:`fit_mll`: stopping); elementwise for a tensor of scales (one per batch member)."""
+    bound = 2 * _MAX_CURVATURE * ftol * scale
+    return bound.sqrt() if torch.is_tensor(bound) else math.sqrt(bound)
 
 
 def _stall_causes(model: gpytorch.models.ExactGP, params: list[Tensor], optimizer: str) -> str:
