@@ -40,6 +40,19 @@ class UserSVGP(gpytorch.models.ApproximateGP):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
+class LikelihoodGP(gpytorch.models.ExactGP):
+    """An ExactGP of the given kernel and likelihood with constant means of ``batch_shape`` (GPyTorch's batch GP
+    regression for a batch; any Gaussian likelihood: fixed, heteroskedastic, batched)."""
+
+    def __init__(self, x, y, kernel, likelihood, batch_shape=torch.Size()):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch_shape)
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
 class MultitaskGP(gpytorch.models.ExactGP):
     """GPyTorch's multitask tutorial model: T = ``y.shape[-1]`` constant means (``MultitaskMean``), the given
     multitask kernel and likelihood, a ``MultitaskMultivariateNormal`` over the interleaved outputs."""

@@ -16,19 +16,16 @@ import rfgp
 import rfgp.inference.chunking as chunking
 import rfgp.inference.linalg as linalg
 
+from ._models import LikelihoodGP
+
 F64 = torch.float64
 B, N, D = 4, 30, 2
 BATCH = torch.Size([B])
 
 
-class _GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, kernel, batch_shape):
-        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch_shape))
-        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch_shape)
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+def _GP(x, y, kernel, batch_shape):
+    """GPyTorch's batch GP regression model: constant means and a Gaussian likelihood of ``batch_shape``."""
+    return LikelihoodGP(x, y, kernel, gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch_shape), batch_shape)
 
 
 def _data(num_members=B, num_points=N):

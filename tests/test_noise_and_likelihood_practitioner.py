@@ -24,19 +24,10 @@ from linear_operator.operators import DiagLinearOperator
 import rfgp
 from rfgp.core.validation import InvalidValueError
 
+from ._models import LikelihoodGP
 from .test_approximate_gps_sweep import assert_approaches, errors_by_width, svgp_outputs
 
 F64 = torch.float64
-
-
-class GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, kernel, likelihood, batch_shape=torch.Size()):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch_shape)
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
 def exact_rbf(lengthscale=(0.3, 0.5), outputscale=1.3, batch_shape=torch.Size()):
@@ -102,7 +93,7 @@ def test_known_per_point_noise_over_eight_decades_is_the_dense_algebra_of_the_sa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)  # the rounding up, said once
         likelihood = FixedNoiseGaussianLikelihood(noise=noise)
-        model = GP(x, y, kernel, likelihood).to(dtype)
+        model = LikelihoodGP(x, y, kernel, likelihood).to(dtype)
         with rfgp.settings.chunk_size(chunk):
             loss = -ExactMarginalLogLikelihood(likelihood, model)(model(x), y)
             loss.backward()
@@ -131,7 +122,7 @@ def test_batched_per_point_noise_with_learned_extra_noise_and_test_time_noise_is
     kernel = rfgp.sketch(exact_rbf(), 256, method="orf", seed=0)
     likelihood = FixedNoiseGaussianLikelihood(noise=noise, learn_additional_noise=True, batch_shape=torch.Size([3]))
     likelihood.second_noise = torch.tensor([[0.01], [0.05], [0.2]], dtype=F64)
-    model = GP(x, targets, kernel, likelihood, torch.Size([3])).double()
+    model = LikelihoodGP(x, targets, kernel, likelihood, torch.Size([3])).double()
     loss = -ExactMarginalLogLikelihood(likelihood, model)(model(x), targets)
     model.eval()
     with torch.no_grad():
@@ -157,7 +148,7 @@ def test_non_finite_per_point_noise_is_refused_by_name():
         noisy = noise.clone()
         noisy[3] = bad
         likelihood = FixedNoiseGaussianLikelihood(noise=noisy)
-        model = GP(x, y, rfgp.sketch(exact_rbf(), 32, method="orf", seed=0), likelihood).double()
+        model = LikelihoodGP(x, y, rfgp.sketch(exact_rbf(), 32, method="orf", seed=0), likelihood).double()
         with pytest.raises(InvalidValueError, match="the likelihood's noise variances must be finite and > 0"):
             ExactMarginalLogLikelihood(likelihood, model)(model(x), y)
 
@@ -209,9 +200,10 @@ def heteroskedastic_training(convert_main, convert_noise, steps=3):
     scale = 0.05 + 0.5 * x[:, 0]
     y = torch.sin(6 * x[:, 0]) + scale * torch.randn(40, generator=generator, dtype=F64)
     test_x = torch.linspace(0, 1, 9, dtype=F64).view(-1, 1)
-    noise_gp = GP(x, scale.square().log(), convert_noise(exact_rbf((0.4,), 1.0)), GaussianLikelihood()).double()
+    noise_gp = LikelihoodGP(x, scale.square().log(), convert_noise(exact_rbf((0.4,), 1.0)),
+                            GaussianLikelihood()).double()
     likelihood = _GaussianLikelihoodBase(noise_covar=HeteroskedasticNoise(noise_gp)).double()
-    model = GP(x, y, convert_main(exact_rbf((0.3,), 1.0)), likelihood).double()
+    model = LikelihoodGP(x, y, convert_main(exact_rbf((0.3,), 1.0)), likelihood).double()
     model.register_added_loss_term("noise_added_loss")
     model.update_added_loss_term("noise_added_loss", NoiseModelAddedLossTerm(noise_gp))
     return (*adam_then_predict(model, x, y, test_x, steps),
@@ -272,7 +264,7 @@ def network_noise_training(convert, steps=3):
     x = torch.rand(40, 1, generator=generator, dtype=F64)
     y = torch.sin(6 * x[:, 0]) + (0.05 + 0.5 * x[:, 0]) * torch.randn(40, generator=generator, dtype=F64)
     likelihood = _GaussianLikelihoodBase(noise_covar=NetworkNoise()).double()
-    model = GP(x, y, convert(exact_rbf((0.3,), 1.0)), likelihood).double()
+    model = LikelihoodGP(x, y, convert(exact_rbf((0.3,), 1.0)), likelihood).double()
     test_x = torch.linspace(0, 1, 9, dtype=F64).view(-1, 1)
     return adam_then_predict(model, x, y, test_x, steps)
 
@@ -300,17 +292,17 @@ def test_fit_mll_warns_when_targets_vary_less_than_the_learned_noise_floor(likel
         model_likelihood = FixedNoiseGaussianLikelihood(noise=torch.full((60,), 1e-5, dtype=F64),
                                                         learn_additional_noise=True)
     else:
-        noise_gp = GP(x, torch.full((60,), -12.0, dtype=F64), exact_rbf((0.4,), 1.0), GaussianLikelihood())
+        noise_gp = LikelihoodGP(x, torch.full((60,), -12.0, dtype=F64), exact_rbf((0.4,), 1.0), GaussianLikelihood())
         model_likelihood = _GaussianLikelihoodBase(noise_covar=HeteroskedasticNoise(noise_gp))
-    model = GP(x, y, rfgp.sketch(exact_rbf((0.3,), 1.0), 32, method="orf", seed=0), model_likelihood).double()
+    model = LikelihoodGP(x, y, rfgp.sketch(exact_rbf((0.3,), 1.0), 32, method="orf", seed=0), model_likelihood).double()
     with pytest.warns(rfgp.DataScaleWarning, match=r"vary with a variance of 4\.\d+e-06 or less, below the smallest "
                                                    r"noise variance the likelihood allows \(0\.0001,"):
         rfgp.fit_mll(model, num_iterations=1, progress=False)
     # the same targets at unit scale: no warning; and known noise alone (nothing learned) has no floor to report
-    unit = GP(x, y / 3e-3, rfgp.sketch(exact_rbf((0.3,), 1.0), 32, method="orf", seed=0),
-              copy.deepcopy(model_likelihood)).double()
-    known = GP(x, y, rfgp.sketch(exact_rbf((0.3,), 1.0), 32, method="orf", seed=0),
-               FixedNoiseGaussianLikelihood(noise=torch.full((60,), 1e-5, dtype=F64))).double()
+    unit = LikelihoodGP(x, y / 3e-3, rfgp.sketch(exact_rbf((0.3,), 1.0), 32, method="orf", seed=0),
+                        copy.deepcopy(model_likelihood)).double()
+    known = LikelihoodGP(x, y, rfgp.sketch(exact_rbf((0.3,), 1.0), 32, method="orf", seed=0),
+                         FixedNoiseGaussianLikelihood(noise=torch.full((60,), 1e-5, dtype=F64))).double()
     with warnings.catch_warnings():
         warnings.simplefilter("error", rfgp.DataScaleWarning)
         rfgp.fit_mll(unit, num_iterations=1, progress=False)
@@ -417,10 +409,10 @@ def test_heteroskedastic_fantasy_model_is_the_formula_with_or_without_given_nois
     new_x = torch.rand(3, 1, generator=generator, dtype=F64)
     new_y = torch.sin(6 * new_x[:, 0])
     test_x = torch.linspace(0, 1, 5, dtype=F64).view(-1, 1)
-    noise_gp = GP(x, (0.01 + x[:, 0]).log(), exact_rbf((0.4,), 1.0), GaussianLikelihood()).double()
+    noise_gp = LikelihoodGP(x, (0.01 + x[:, 0]).log(), exact_rbf((0.4,), 1.0), GaussianLikelihood()).double()
     likelihood = _GaussianLikelihoodBase(noise_covar=HeteroskedasticNoise(noise_gp))
     kernel = rfgp.sketch(exact_rbf((0.3,), 1.0), num_features, method="orf", seed=0)
-    model = GP(x, y, kernel, likelihood).double().eval()
+    model = LikelihoodGP(x, y, kernel, likelihood).double().eval()
     new_noise = torch.full((3,), 0.05, dtype=F64)
     with torch.no_grad():
         likelihood(model(test_x), test_x)  # the caches a fantasy starts from
