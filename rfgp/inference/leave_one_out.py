@@ -44,6 +44,7 @@ from .operators import (
     FeatureRootAddedDiagLinearOperator,
     noise_weights,
 )
+from .triangular_statistics import TriangularFeaturizer
 
 #: noise-added covariances ΦΦᵀ + D whose leave-one-out terms are formed here — exact types: the Dirichlet
 #: classifier's class-noise operators are the same matrices (their label structure only speeds up the marginal
@@ -121,18 +122,26 @@ def leave_one_out_predictions(covar: LinearOperator, targets: Tensor, mean: Tens
     ``covar`` may be lazily evaluated (:func:`feature_covariance` evaluates it).  The variance is the one the model
     fitted to the other points reports at xᵢ: with the variance correction c(xᵢ) = k(xᵢ, xᵢ) − E k̂(xᵢ, xᵢ) that the
     covariance carries for a map biased on the diagonal (truncated Maclaurin: without it, 0.012 instead of 1.18 at a
-    point where the truncation leaves out most of k(x, x)) and, in eval mode, for Nyström (its FITC term
-    k(x, x) − ‖Φ(x)‖², which it forms in eval mode only: 0.028 instead of 0.143 at a point that is not a landmark).
-    The prior of a model in train mode (``model.train(); model.likelihood(model(train_x))``) gives the same means, but
-    Nyström variances without that term; BoTorch's ``loo_cv`` takes the model in eval mode.
+    point where the truncation leaves out most of k(x, x)) and for Nyström (its FITC term
+    k(x, x) − ‖Φ(x)‖²: 0.028 instead of 0.143 at a point that is not a landmark).  The prior of a model in train mode
+    (``model.train(); model.likelihood(model(train_x))``) gives the same means and variances, except a chunked
+    Nyström covariance (over :class:`rfgp.settings.memory_budget`), which forms that term in eval mode only.
 
     Raises:
         TypeError: ``covar`` is not a noise-added rfgp feature covariance ΦΦᵀ + D (an exact kernel's, or a
             posterior covariance of a model in eval mode).
+        ValueError: ``covar`` is a chunked Nyström covariance of a model in train mode (take the prior in eval mode).
     """
     covar = _feature_covariance_or_raise(covar)
-    loo_mean, variance = leave_one_out_moments(covar, targets, mean)
     correction = covar._linear_op.variance_correction
+    if correction is None and isinstance(getattr(covar._linear_op, "featurizer", None), TriangularFeaturizer):
+        raise ValueError(
+            "leave_one_out_predictions: covar is a chunked Nyström training covariance of a model in train mode, "
+            "which does not form the FITC term k(x, x) − ‖Φ(x)‖² (one more pass over the data per training step) "
+            "that the refitted model adds to its variance; take the prior in eval mode: model.eval(); "
+            "prior = model.likelihood(model.forward(train_x))"
+        )
+    loo_mean, variance = leave_one_out_moments(covar, targets, mean)
     return loo_mean, variance if correction is None else variance + correction
 
 

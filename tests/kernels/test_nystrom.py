@@ -69,7 +69,9 @@ def test_variance_correction_is_the_fitc_residual():
     assert bool((correction >= 0).all())
     torch.testing.assert_close(correction, prior - features.pow(2).sum(-1), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(correction[-5:], prior[-5:], rtol=1e-10, atol=0)
-    assert nystrom.train()(test).evaluate_kernel().variance_correction is None  # training never reads it
+    # train mode carries it too (leave-one-out predictions of the training covariance read it)
+    torch.testing.assert_close(nystrom.train()(test).evaluate_kernel().variance_correction, correction,
+                               rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("learn_landmarks", [False, True])
