@@ -9,11 +9,12 @@ face-splitting identity (ΦΦᵀ) ∘ (RRᵀ) = (Φ • R)(Φ • R)ᵀ, (Φ •
 product, width F·T): the same matrix, exactly, with the marginal likelihood and posterior of
 :class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator` (feature or kernel space,
 whichever is cheaper) at O(N·F·T) extra cost.  A per-point variance correction cₙ of the rfgp
-covariance becomes cₙ·Bᵢₙᵢₙ.
+covariance becomes cₙ·Bᵢₙᵢₙ; of two rfgp covariances with corrections c₁, c₂ (Nyström, truncated Maclaurin) the
+product's diagonal (‖Φ₁ₙ‖² + c₁ₙ)(‖Φ₂ₙ‖² + c₂ₙ) leaves c₁ₙ‖Φ₂ₙ‖² + c₂ₙ‖Φ₁ₙ‖² + c₁ₙc₂ₙ beside ‖(Φ₁ • Φ₂)ₙ‖².
 
 Operands with such a root: an ``InterpolatedLinearOperator`` over a small base (``IndexKernel``,
 symmetric: the same indices on both sides) whose base has a Cholesky factor, another rfgp
-feature root without a variance correction (two sketched kernels: width F₁·F₂), or a
+feature root (two sketched kernels: width F₁·F₂), or a
 ``RootLinearOperator``.  Any other operand (a cross covariance with different task indices on the
 two sides, say) gets the dense product, as GPyTorch gives an exact kernel's dense matrix —
 linear_operator's generic ``MulLinearOperator`` multiplies root decompositions, which is only
@@ -51,8 +52,8 @@ def exact_root(operator: LinearOperator) -> Tensor | None:
     """R with RRᵀ = ``operator`` exactly (an interpolated small base, a root operator), ``None`` if not cheap."""
     from .operators import FeatureRootLinearOperator  # imports this module
 
-    if isinstance(operator, FeatureRootLinearOperator):
-        return operator.features() if operator.variance_correction is None else None
+    if isinstance(operator, FeatureRootLinearOperator):  # its variance correction is not part of the matrix
+        return operator.features()
     if isinstance(operator, RootLinearOperator):
         return operator.root.to_dense()
     if not isinstance(operator, InterpolatedLinearOperator):
@@ -91,10 +92,18 @@ def face_splitting_product(features: LinearOperator, other: LinearOperator) -> L
         return MulLinearOperator(features, other)
     product = (phi.unsqueeze(-1) * root.to(phi.dtype).unsqueeze(-2)).flatten(-2)  # (..., N, F·r)
     split_root = product if constant is None else ConstantMulLinearOperator(to_linear_operator(product), constant)
-    correction = features.variance_correction
-    if correction is not None:
-        correction = correction * root.pow(2).sum(-1)
-    return type(features)(split_root, correction)
+    return type(features)(split_root, _product_correction(features, other, root))
+
+
+def _product_correction(features: LinearOperator, other: LinearOperator, root: Tensor) -> Tensor | None:
+    """The correction of (Φ₁Φ₁ᵀ) ∘ (RRᵀ): c₁‖R‖² + c₂‖Φ₁‖² + c₁c₂, where c₂ is ``other``'s own correction (an rfgp
+    feature root's; ``None`` for exact operands) — the product's diagonal (‖Φ₁‖² + c₁)(‖R‖² + c₂) less ‖Φ₁ • R‖²."""
+    own = features.variance_correction
+    theirs = getattr(other, "variance_correction", None)
+    if theirs is None:
+        return None if own is None else own * root.pow(2).sum(-1)
+    correction = theirs * features.features().pow(2).sum(-1)
+    return correction if own is None else correction + own * (root.pow(2).sum(-1) + theirs)
 
 
 def install() -> None:

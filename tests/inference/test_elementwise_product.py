@@ -142,3 +142,23 @@ def test_two_sketched_kernels_multiply_into_the_kronecker_of_their_features():
     product = left(x).mul(right(x))
     assert isinstance(product, FeatureRootLinearOperator) and product.root.shape[-1] == 48
     torch.testing.assert_close(product.to_dense(), left(x).to_dense() * right(x).to_dense())
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_two_nystrom_kernels_multiply_into_a_feature_root_whose_diagonal_is_the_product_of_theirs(mode):
+    """Both operands carry a FITC correction c = k(x, x) − ‖Φ(x)‖²: the product keeps the face-splitting root (it
+    was the dense N × N product, which also lost the corrections) with the correction c₁‖Φ₂‖² + c₂‖Φ₁‖² + c₁c₂, so
+    that its diagonal is k₁(x, x)·k₂(x, x), also at points far from the landmarks."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(30, 2, dtype=F64, generator=g)
+    test = torch.cat((x[:10], x[:4] + 5.0))  # landmarks' points and far points
+    base_left = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(active_dims=[0])).to(F64)
+    base_right = gpytorch.kernels.RBFKernel(active_dims=[1]).to(F64)
+    base_left.outputscale = 1.7
+    left = getattr(NystromKernel(base_left, landmarks=x[::5]), mode)()
+    right = getattr(NystromKernel(base_right, landmarks=x[1::4]), mode)()
+    product = left(test).mul(right(test))
+    assert isinstance(product, FeatureRootLinearOperator) and product.root.shape[-1] == 6 * 8
+    torch.testing.assert_close(product.to_dense(), left(test).to_dense() * right(test).to_dense())
+    torch.testing.assert_close(product.to_dense().diagonal() + product.variance_correction,
+                               base_left(test, diag=True) * base_right(test, diag=True), rtol=1e-10, atol=1e-12)
