@@ -351,10 +351,15 @@ def describe_bad_hyperparameters(module) -> list[str]:
 RESIDUAL = "y − μ (the training targets minus the prior mean)"
 
 
-def check_targets(y: Tensor, name: str = RESIDUAL) -> None:
-    """Targets (or residuals y − μ) of a Gaussian model: finite and non-empty (an MLL over no data is 0/0)."""
+def check_targets(y: Tensor, name: str = RESIDUAL, num_tasks: int | None = None) -> None:
+    """Targets (or residuals y − μ) of a Gaussian model: finite and non-empty (an MLL over no data is 0/0).
+
+    ``num_tasks``: ``y`` ``(..., N·T)`` holds T outputs per point in GPyTorch's interleaved order (entry n·T + t),
+    checked as ``(..., N, T)`` so that the error names the (point, task) of a bad entry, not its flat index."""
     if y is None:
         return
+    if num_tasks is not None:
+        y, name = y.reshape(*y.shape[:-1], -1, num_tasks), f"{name}, indexed (…, point, task),"
     if y.shape[-1 if y.dim() == 1 else -2] == 0:
         raise ValueError(f"{name} is empty (0 data points); the marginal likelihood and posterior need at least one")
     check_finite(y, name, "remove or impute the rows of train_y with NaN/Inf, or fix a mean module that returns "

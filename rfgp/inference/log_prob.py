@@ -21,6 +21,10 @@ wrapped in a ``MaskedLinearOperator`` (NaN targets' rows and columns dropped), w
 feature-space algebra; the wrapper replaces it by the rfgp operator of the observed rows
 (:func:`rfgp.inference.operators.select_observed`), so the masked marginal likelihood is the exact
 one of the NaN-free subset at feature-space cost.
+
+``MultitaskMultivariateNormal.log_prob`` flattens its ``(…, N, T)`` targets before the covariance checks them, so
+:func:`install` also wraps it: the residual of an rfgp multi-output covariance is checked there, and a NaN or Inf
+target is named by its (point, task) instead of the flat index n·T + t.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from __future__ import annotations
 import functools
 
 import gpytorch
-from gpytorch.distributions import MultivariateNormal
+from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from linear_operator.operators import LinearOperator
 
+from ..core.validation import RESIDUAL, check_targets
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, ObservedIndependentTasks
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
 from .posterior_covariance import LowRankPosteriorAddedDiag
@@ -74,8 +79,26 @@ def _feature_space_log_prob(gpytorch_log_prob):
     return log_prob
 
 
+def _checked_multitask_log_prob(gpytorch_log_prob):
+    @functools.wraps(gpytorch_log_prob)
+    def log_prob(self, value):
+        # GPyTorch flattens the (…, N, T) targets before the covariance sees them, whose check would name the entry
+        # n·T + t: checked here while the (point, task) index exists (NaN entries are left out under "mask"/"fill")
+        if gpytorch.settings.observation_nan_policy.value() == "ignore" and has_feature_space_covariance(self):
+            check_targets((value - self.mean).flatten(-2), RESIDUAL, self.num_tasks)
+        return gpytorch_log_prob(self, value)
+
+    log_prob.gpytorch_log_prob = gpytorch_log_prob
+    return log_prob
+
+
 def install() -> None:
-    """Wrap ``gpytorch.distributions.MultivariateNormal.log_prob`` (idempotent; subclasses inherit it)."""
+    """Wrap ``gpytorch.distributions.MultivariateNormal.log_prob`` (idempotent; subclasses inherit it), and
+    ``MultitaskMultivariateNormal.log_prob`` so that a non-finite target of an rfgp multi-output covariance is named
+    by its (point, task)."""
     current = MultivariateNormal.log_prob
     if getattr(current, "gpytorch_log_prob", None) is None:
         MultivariateNormal.log_prob = _feature_space_log_prob(current)
+    current = MultitaskMultivariateNormal.log_prob
+    if getattr(current, "gpytorch_log_prob", None) is None:
+        MultitaskMultivariateNormal.log_prob = _checked_multitask_log_prob(current)

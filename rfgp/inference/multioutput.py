@@ -124,6 +124,14 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             )
 
     @property
+    def num_tasks(self) -> int | None:
+        """T, the outputs per training point of a ``MultitaskMultivariateNormal`` prior (the flattened targets' entry
+        n·T + t is point n's output t), which errors about the targets name as (point, task); ``None`` for another
+        distribution (flat indices)."""
+        prior = self.train_prior_dist
+        return prior.num_tasks if isinstance(prior, gpytorch.distributions.MultitaskMultivariateNormal) else None
+
+    @property
     def independent_tasks(self) -> bool:
         """Whether the outputs are independent (:mod:`rfgp.inference.independent_tasks`: a batch-independent kernel
         with diagonal noise), so that the posterior is the T outputs' single-output posteriors
@@ -139,7 +147,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
 
     @cached(name="task_strategy")
     def _task_strategy(self, nan_policy: str) -> FeatureSpacePredictionStrategy:
-        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy, self.num_tasks)
         noisy = self.lik_train_train_covar
         system, tasks = noisy.task_system(observed), noisy.num_tasks
         mean = split_tasks(self.train_prior_dist.loc, tasks)
@@ -196,7 +204,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         With correlated task noise R and y − μ are whitened (d = 1, module docstring); a missing entry's
         whitened row is 0 (task_noise docstring).
         """
-        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy, self.num_tasks)
         features = scaled_root(self.train_prior_dist.lazy_covariance_matrix)
         noisy = self.lik_train_train_covar
         if isinstance(noisy, FeatureRootAddedTaskNoiseLinearOperator):  # whitened: Φ̃ = WΦ, r̃ = Wr, D = I
@@ -221,7 +229,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         if kronecker is not None:
             return kronecker
         if is_chunked_training_covariance(self.lik_train_train_covar):
-            residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+            residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy,
+                                                   self.num_tasks)
             statistics = chunked_training_statistics(self.lik_train_train_covar, residual, observed)
             return capacitance_solve(*distributed.reduce_statistics(*statistics), dtype=residual.dtype)
         features, noise, residual, observed = self._training_system(nan_policy)
@@ -245,7 +254,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         noisy = self.lik_train_train_covar
         if not hasattr(noisy, "kronecker_statistics"):
             return None
-        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy)
+        residual, observed = observed_residual(self.train_labels, self.train_prior_dist.loc, nan_policy, self.num_tasks)
         if observed is not None:
             return None
         if noisy.uses_kernel_space():

@@ -778,15 +778,21 @@ def observed_points(train_labels: Tensor, nan_policy: str) -> Tensor | None:
     return None if bool(observed.all()) else observed
 
 
-def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str) -> tuple[Tensor, Tensor | None]:
-    """(y − μ, :func:`observed_points`), y checked finite on the observed points, the others' residual set to 0."""
+def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str,
+                      num_tasks: int | None = None) -> tuple[Tensor, Tensor | None]:
+    """(y − μ, :func:`observed_points`), y checked finite on the observed points, the others' residual set to 0.
+
+    ``num_tasks``: ``labels`` are T outputs per point, interleaved (a multi-output model's flattened targets); a
+    non-finite entry is named by its (point, task) (:func:`~rfgp.core.validation.check_targets`)."""
     observed = observed_points(labels, nan_policy)
     residual = labels - prior_mean
     if observed is None:
-        check_targets(labels, "the training targets y")
+        check_targets(labels, "the training targets y", num_tasks)
         return residual, None
-    check_targets(labels[..., observed], "the training targets y at the points without NaN")
-    return torch.where(observed, residual, torch.zeros((), dtype=residual.dtype, device=residual.device)), observed
+    zero = torch.zeros((), dtype=residual.dtype, device=residual.device)
+    # the left-out entries read as 0: a bad observed entry keeps its own index, not its place among the observed
+    check_targets(torch.where(observed, labels, zero), "the training targets y at the points without NaN", num_tasks)
+    return torch.where(observed, residual, zero), observed
 
 
 def observed_rows(features: Tensor, noise: Tensor, observed: Tensor | None) -> tuple[Tensor, Tensor]:
