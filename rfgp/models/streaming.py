@@ -6,7 +6,9 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
     G = ΦᵀWΦ (F × F),  B = ΦᵀWr (F),  q = rᵀWr,  ℓ = Σ log σ²,  n,
 
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
-and memory O(F²), whatever the number of points seen.  All five are summed in the factor's precision (float64 for
+and memory O(F²), whatever the number of points seen.  Points observed with known noise variances σᵢ² (sensors)
+enter with W = diag(σᵢ⁻²) and ℓ = Σ log σᵢ² instead (``update(x, y, noise=...)``): the statistics of a GP whose
+likelihood is ``FixedNoiseGaussianLikelihood`` on those points.  All five are summed in the factor's precision (float64 for
 float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`: float32 sums of q and ℓ drifted by 2·10⁻⁶ and 2·10⁻⁴
 relative over 2·10⁴ single-point updates, 31 nats of log p(y), and a float32 n stops counting at 2²⁴); a float32
 batch's ΦₖᵀWΦₖ is formed in float32 while the stream's float32 rounding stays negligible, in float64 otherwise
@@ -161,8 +163,14 @@ class StreamingFeatureGP(nn.Module):
 
     @torch.no_grad()
     @in_full_precision
-    def update(self, x: Tensor, y: Tensor) -> StreamingFeatureGP:
+    def update(self, x: Tensor, y: Tensor, noise: Tensor | None = None) -> StreamingFeatureGP:
         """Absorb a batch: inputs ``(k, d)`` and targets ``(k,)``; O(k·F²) time, no old data needed.
+
+        ``noise``: the observation noise variances of the batch's points ``(k,)`` (the shape of y, finite, > 0), known
+        per point (sensors of different accuracy), used instead of the likelihood's σ² for them: W = diag(1/noise) in
+        G, B and q, and ℓ sums their logarithms, so the posterior and log p(y) are those of the GP with
+        ``FixedNoiseGaussianLikelihood`` noise on the points so absorbed (and σ² on the others).  ``None``: σ².  The
+        likelihood's σ² is still the noise ``self.likelihood(self(x*))`` adds at test points.
 
         An empty batch (k = 0, e.g. from a filtering ``DataLoader``) leaves the model unchanged, after the same
         checks of its dtype, shape and (once data were absorbed) width as any batch.
@@ -193,11 +201,14 @@ class StreamingFeatureGP(nn.Module):
             raise ValueError(f"y must have shape {tuple(x.shape[:-1])} to match x of shape {tuple(x.shape)}, "
                              f"got {tuple(y.shape)}")
         check_finite(y, "y (the targets)", "remove or impute those rows before streaming them")
+        if noise is not None:
+            _check_point_noise(noise, y)
         self._check_hyperparameters()
         if x.shape[-2] == 0:
             return self._check_empty_batch(x)
         features = kernel_features(self.covar_module, x)
-        noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
+        if noise is None:
+            noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
         residual = (y - self.mean_module(x)).unsqueeze(-1)
         weights = noise.reciprocal()
         storage = factor_dtype(features.dtype, features.device)
@@ -319,6 +330,19 @@ class StreamingFeatureGP(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
+def _check_point_noise(noise, y: Tensor) -> None:
+    """``noise`` of :meth:`StreamingFeatureGP.update`: a tensor of y's dtype and shape, of finite variances > 0."""
+    check_tensor_dtype(noise, "noise")
+    check_same_dtype(noise, "noise", y.dtype, "y")
+    if noise.shape != y.shape:
+        raise ValueError(f"noise must hold one noise variance per point, of the shape of y {tuple(y.shape)}, got "
+                         f"{tuple(noise.shape)}")
+    check_finite(noise, "noise (the batch's noise variances)")
+    if noise.numel() and not bool((noise > 0).all()):
+        raise ValueError(f"noise must hold noise variances > 0 (each point's data weighs 1/noise), got the minimum "
+                         f"{float(noise.min()):.6g}")
+
+
 def _snapshot_after_loading(module: StreamingFeatureGP, incompatible_keys) -> None:
     # Runs after the kernel, likelihood and mean were loaded: the loaded statistics belong to them.
     module._hyperparameters = (
@@ -334,11 +358,13 @@ def _identical(current: Tensor, saved: Tensor) -> bool:
 def fit_from_batches(
     model: StreamingFeatureGP, batches: Iterable, progress: bool | None = None, description: str = "streaming"
 ) -> StreamingFeatureGP:
-    """Absorb every ``(x, y)`` batch of ``batches`` (a ``DataLoader`` or any iterator) into ``model``.
+    """Absorb every ``(x, y)`` or ``(x, y, noise)`` batch of ``batches`` (a ``DataLoader`` or any iterator) into
+    ``model`` (:meth:`StreamingFeatureGP.update`).
 
     Args:
         model: the :class:`StreamingFeatureGP` to update (its existing data is kept).
-        batches: yields ``(x, y)`` pairs.
+        batches: yields ``(x, y)`` pairs, or ``(x, y, noise)`` triples with the points' noise variances (e.g. a
+            ``DataLoader`` of ``TensorDataset(x, y, noise)``).
         progress: tqdm progress bar; ``None`` shows it only on a terminal.
         description: label of the progress bar.
     """
@@ -347,7 +373,9 @@ def fit_from_batches(
     if progress is None:
         progress = sys.stderr.isatty()
     for batch in tqdm(batches, desc=description, disable=not progress, leave=False):
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise ValueError(f"each batch must be an (x, y) pair, got {type(batch).__name__}")
+        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+            given = f"a {type(batch).__name__} of length {len(batch)}" if isinstance(batch, (tuple, list)) else (
+                type(batch).__name__)
+            raise ValueError(f"each batch must be an (x, y) pair or an (x, y, noise) triple, got {given}")
         model.update(*batch)
     return model

@@ -405,3 +405,95 @@ def test_model_float_keeps_the_float64_sums_of_a_float32_stream():
     streaming.float()
     for name, value in before.items():
         assert getattr(streaming, name).dtype == torch.float64 and torch.equal(getattr(streaming, name), value), name
+
+
+def _noisy_data(n=240):
+    """Targets observed with known noise variances spanning three decades (sensors of different accuracy)."""
+    x, y = _data(n)
+    gen = torch.Generator().manual_seed(8)
+    noise = 10 ** (3 * torch.rand(n, generator=gen, dtype=torch.float64) - 3)  # 1e-3 … 1
+    return x, y + noise.sqrt() * torch.randn(n, generator=gen, dtype=torch.float64), noise
+
+
+def _fixed_noise_reference(model, x, y, noise, x_test):
+    """Posterior at x_test and log p(y) (a sum) of the ExactGP with FixedNoiseGaussianLikelihood(noise) on model's
+    kernel (the same features) and mean."""
+    likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise, learn_additional_noise=False).double()
+    reference = ExactGPModel(x, y, likelihood, model.covar_module, model.mean_module).double()
+    with torch.no_grad():
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, reference)(reference(x), y) * len(y)
+        reference.eval()
+        return reference(x_test), mll
+
+
+@pytest.mark.parametrize("rank_update", ["never", "always"])
+def test_per_point_noise_equals_the_fixed_noise_gp_after_any_sequence_of_updates(rank_update):
+    """Streaming with ``noise=`` per batch — batches of different sizes, some without noise (the likelihood's σ²
+    then), the factor refactorised or rank-updated — equals the FixedNoiseGaussianLikelihood ExactGP on all points
+    to 1e-10 (float64): posterior mean, covariance and log p(y) after every update; before, update took no noise."""
+    x, y, noise = _noisy_data()
+    model = _model(x, y)
+    sigma2 = model.likelihood.noise.detach().expand(len(y))
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update=rank_update)
+    x_test = torch.rand(8, DIM, generator=torch.Generator().manual_seed(9), dtype=torch.float64) * 4
+    bounds = [0, 50, 51, 57, 120, 121, 200, 240]
+    given = [True, True, False, True, True, False, True]
+    absorbed = torch.zeros(0, dtype=torch.float64)
+    for (start, stop), known in zip(zip(bounds[:-1], bounds[1:]), given):
+        streaming.update(x[start:stop], y[start:stop], noise=noise[start:stop] if known else None)
+        absorbed = torch.cat((absorbed, noise[start:stop] if known else sigma2[start:stop]))
+        streaming.cholesky()  # the factor exists: the next batch may rank-update it
+        reference, mll = _fixed_noise_reference(model, x[:stop], y[:stop], absorbed, x_test)
+        with torch.no_grad():
+            streamed = streaming(x_test)
+        torch.testing.assert_close(streamed.mean, reference.mean, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(streamed.covariance_matrix, reference.covariance_matrix, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(streaming.log_marginal_likelihood(), mll, rtol=1e-10, atol=1e-10)
+    # the noise is a per-point weight: the same data with σ² everywhere is another posterior
+    plain = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x, y)
+    with torch.no_grad():
+        assert float((plain(x_test).mean - streaming(x_test).mean).abs().max()) > 1e-2
+
+
+def test_per_point_noise_streamed_through_fit_from_batches_and_a_state_dict_round_trip():
+    """``fit_from_batches`` takes (x, y, noise) triples (a DataLoader of TensorDataset(x, y, noise)); the state
+    (sums of the noise-weighted statistics) round-trips bit for bit into a differently seeded model."""
+    x, y, noise = _noisy_data()
+    model = _model(x, y)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
+    fit_from_batches(streaming, DataLoader(TensorDataset(x, y, noise), batch_size=70), progress=False)
+    x_test = torch.rand(6, DIM, generator=torch.Generator().manual_seed(10), dtype=torch.float64) * 4
+    reference, mll = _fixed_noise_reference(model, x, y, noise, x_test)
+    with torch.no_grad():
+        streamed = streaming(x_test)
+    torch.testing.assert_close(streamed.mean, reference.mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(streamed.covariance_matrix, reference.covariance_matrix, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(streaming.log_marginal_likelihood(), mll, rtol=1e-10, atol=1e-10)
+    other = _model(x[:3], y[:3], seed=7)
+    fresh = StreamingFeatureGP(other.covar_module, other.likelihood, other.mean_module)
+    fresh.load_state_dict(streaming.state_dict())
+    with torch.no_grad():
+        assert torch.equal(fresh(x_test).mean, streamed.mean)
+        assert torch.equal(fresh(x_test).covariance_matrix, streamed.covariance_matrix)
+    assert torch.equal(fresh.log_marginal_likelihood(), streaming.log_marginal_likelihood())
+
+
+def test_bad_per_point_noise_is_refused_by_name_and_leaves_the_model_unchanged():
+    x, y, noise = _noisy_data(20)
+    model = _model(x, y)
+    gp = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x[:10], y[:10])
+    before = {name: t.clone() for name, t in gp.state_dict().items()}
+    bad = [
+        (noise[10:19], ValueError, r"noise must hold one noise variance per point, of the shape of y \(10,\)"),
+        (noise[10:].float(), TypeError, "noise"),
+        ([0.1] * 10, TypeError, "noise"),
+        (torch.cat((noise[10:19], noise.new_zeros(1))), ValueError, "noise must hold noise variances > 0"),
+        (torch.cat((noise[10:19], noise.new_full((1,), -1.0))), ValueError, "> 0.*-1"),
+        (torch.cat((noise[10:19], noise.new_full((1,), float("nan")))), ValueError, "noise.*NaN"),
+    ]
+    for value, error, message in bad:
+        with pytest.raises(error, match=message):
+            gp.update(x[10:], y[10:], noise=value)
+    _assert_same_state(before, gp.state_dict())
+    with pytest.raises(ValueError, match=r"\(x, y, noise\) triple, got a tuple of length 4"):
+        fit_from_batches(gp, [(x, y, noise, noise)], progress=False)
