@@ -24,7 +24,8 @@ one of the NaN-free subset at feature-space cost.
 
 ``MultitaskMultivariateNormal.log_prob`` flattens its ``(…, N, T)`` targets before the covariance checks them, so
 :func:`install` also wraps it: the residual of an rfgp multi-output covariance is checked there, and a NaN or Inf
-target is named by its (point, task) instead of the flat index n·T + t.
+target is named by its (point, task) instead of the flat index n·T + t (or, under ``"mask"``, its place among
+the observed entries).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import functools
 
 import gpytorch
+import torch
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from linear_operator.operators import LinearOperator
 
@@ -83,9 +85,13 @@ def _checked_multitask_log_prob(gpytorch_log_prob):
     @functools.wraps(gpytorch_log_prob)
     def log_prob(self, value):
         # GPyTorch flattens the (…, N, T) targets before the covariance sees them, whose check would name the entry
-        # n·T + t: checked here while the (point, task) index exists (NaN entries are left out under "mask"/"fill")
-        if gpytorch.settings.observation_nan_policy.value() == "ignore" and has_feature_space_covariance(self):
-            check_targets((value - self.mean).flatten(-2), RESIDUAL, self.num_tasks)
+        # n·T + t (or, under "mask", its place among the observed entries): checked here while the (point, task)
+        # index exists; NaN targets are missing ones under "mask" and "fill"
+        if has_feature_space_covariance(self):
+            residual = value - self.mean
+            if gpytorch.settings.observation_nan_policy.value() != "ignore":
+                residual = torch.where(value.isnan(), residual.new_zeros(()), residual)
+            check_targets(residual.flatten(-2), RESIDUAL, self.num_tasks)
         return gpytorch_log_prob(self, value)
 
     log_prob.gpytorch_log_prob = gpytorch_log_prob

@@ -96,13 +96,17 @@ def test_a_nan_target_is_named_by_point_and_task_in_the_posterior(path, chunked)
 @pytest.mark.parametrize("path", PATHS)
 def test_an_inf_target_beside_masked_nan_targets_is_named_by_its_own_point_and_task(path):
     """Under ``observation_nan_policy("mask")`` the NaN entries are left out; an Inf entry is named by its own
-    (point, task), not by its place among the observed entries."""
+    (point, task), not by its place among the observed entries, in the log-density of the model's distribution and
+    in the posterior.  (GPyTorch's ExactMarginalLogLikelihood masks the targets itself into a flat distribution
+    first, where no (point, task) is left: there the index is still the flat one among the observed entries.)"""
     x, y = _data()
     with gpytorch.settings.observation_nan_policy("mask"):
-        model, _ = _model(path, x, y)
+        model, likelihood = _model(path, x, y)
         bad = y.clone()
         bad[2, 0] = bad[4, 1] = float("nan")
         bad[POINT, TASK] = float("inf")
+        with pytest.raises(NonFiniteError, match=MESSAGE):
+            likelihood(model(x)).log_prob(bad)
         model.set_train_data(x, bad, strict=False)
         model.eval()
         with torch.no_grad(), pytest.raises(NonFiniteError, match=MESSAGE):
