@@ -8,7 +8,8 @@ With fixed hyperparameters, the posterior of y = f + ε, f ~ GP(m, Φ(·)ᵀΦ(�
 so a new batch (Φₖ, rₖ) is absorbed by G ← G + ΦₖᵀWΦₖ, B ← B + ΦₖᵀWrₖ, ... in O(k·F²)
 and memory O(F²), whatever the number of points seen.  Points observed with known noise variances σᵢ² (sensors)
 enter with W = diag(σᵢ⁻²) and ℓ = Σ log σᵢ² instead (``update(x, y, noise=...)``): the statistics of a GP whose
-likelihood is ``FixedNoiseGaussianLikelihood`` on those points.  All five are summed in the factor's precision (float64 for
+likelihood is ``FixedNoiseGaussianLikelihood`` on those points.
+All five are summed in the factor's precision (float64 for
 float32 inputs, :func:`~rfgp.core.dtypes.factor_dtype`: float32 sums of q and ℓ drifted by 2·10⁻⁶ and 2·10⁻⁴
 relative over 2·10⁴ single-point updates, 31 nats of log p(y), and a float32 n stops counting at 2²⁴); a float32
 batch's ΦₖᵀWΦₖ is formed in float32 while the stream's float32 rounding stays negligible, in float64 otherwise
