@@ -57,7 +57,14 @@ from .chunking import (
     chunked_feature_statistics,
 )
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import feature_statistics, fold_constant, project, scales_root, woodbury_inv_quad_logdet
+from .linalg import (
+    feature_statistics,
+    fold_constant,
+    project,
+    scales_root,
+    squared_row_norms,
+    woodbury_inv_quad_logdet,
+)
 from .statistics_precision import statistics_dtype, weighted_square_norm
 from .triangular_statistics import TriangularFeatures, TriangularFeaturizer, chunked_triangular_statistics
 
@@ -532,7 +539,7 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
         return (input_grad, *param_grads, *correction)
 
     def _diagonal(self) -> Tensor:
-        return torch.cat([self.featurizer(self.inputs[..., rows, :]).pow(2).sum(-1) for rows in self._chunks()], -1)
+        return torch.cat([squared_row_norms(self.featurizer(self.inputs[..., rows, :])) for rows in self._chunks()], -1)
 
     def to_dense(self) -> Tensor:
         """ΦΦᵀ, featurising each distinct batch member of x once (stride-0 members share one Gram, expanded)."""

@@ -52,7 +52,7 @@ from torch import Tensor
 from ..core.dtypes import FullPrecisionOperator, in_full_precision
 from ..core.grad_mode_cache import cached_per_grad_mode
 from .kernel_space import KernelSpaceFactor, kernel_space_inv_quad_logdet, prefers_kernel_space
-from .linalg import CapacitanceFactor, is_positive
+from .linalg import CapacitanceFactor, is_positive, squared_row_norms
 from .task_noise import is_interleaved_task_noise
 
 
@@ -97,7 +97,7 @@ class LowRankPosteriorCovariance(FullPrecisionOperator, MatmulLinearOperator):
     _bilinear_derivative = LinearOperator._bilinear_derivative
 
     def _diagonal(self) -> Tensor:
-        return self.low_rank_root.pow(2).sum(-1)
+        return squared_row_norms(self.low_rank_root)
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """R·ε, ε ~ N(0, I_F): ``(num_samples, *batch, n)`` samples of N(0, RRᵀ) in O(num_samples·n·F)."""

@@ -71,6 +71,7 @@ from ..core.validation import check_hyperparameter, check_positive_float
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..inference.chunking import chunk_slices
+from ..inference.linalg import squared_row_norms
 from ..inference.operators import FeatureRootLinearOperator
 from ..inference.triangular_statistics import (
     TriangularFeatures,
@@ -363,7 +364,7 @@ class NystromKernel(FeatureKernel):
         k(x, x) and O(N·M) beside the features' O(N·M²)."""
         root = self.feature_root(x)
         features = root.features if isinstance(root, TriangularFeatures) else root
-        return FeatureRootLinearOperator(root, self._correction(x, features.pow(2).sum(-1)))
+        return FeatureRootLinearOperator(root, self._correction(x, squared_row_norms(features)))
 
     def featurizer(self, x: Tensor, reuse_shape: bool = False) -> TriangularFeaturizer:
         """Φ = K(·, Z)·L⁻ᵀ with K and L apart, so that chunked statistics factorise L once per pass and take the fused
@@ -419,7 +420,7 @@ class NystromKernel(FeatureKernel):
         return target.expand(norms.shape), norms
 
     def _squared_norms(self, x: Tensor) -> Tensor:
-        return self.featurize(x).pow(2).sum(-1)
+        return squared_row_norms(self.featurize(x))
 
     def variance_correction(self, x: Tensor) -> Tensor | None:
         """k(x, x) − ‖Φ(x)‖² ≥ 0, computed in eval mode only: no training quantity reads it, predictions do."""

@@ -43,6 +43,7 @@ from ..features.base import FeatureMap
 from ..features.fourier import RandomFourierFeatures
 from ..features.weighted_fourier import projection_features
 from ..inference.chunking import Featurizer, chunk_slices
+from ..inference.linalg import squared_row_norms
 from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import (
     ChunkedFeatureCrossLinearOperator,
@@ -365,7 +366,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         if diag:
             rows = chunk_slices(x1.shape[-2], chunk_size)
             if same:  # ‖Φ(x)‖² from one featurisation of each chunk
-                return torch.cat([featurizer(x1[..., r, :]).pow(2).sum(-1) for r in rows], -1)
+                return torch.cat([squared_row_norms(featurizer(x1[..., r, :])) for r in rows], -1)
             return torch.cat([(featurizer(x1[..., r, :]) * featurizer(x2[..., r, :])).sum(-1) for r in rows], -1)
         if same:
             return ChunkedFeatureRootLinearOperator.from_featurizer(

@@ -221,3 +221,23 @@ def test_mll_and_gradients_match_dense_algebra(chunk_size, device):
     torch.testing.assert_close(loss, ref_loss)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
+
+
+def test_squared_row_norms_equal_the_sum_of_squares_with_derivatives_of_every_order():
+    rows = torch.randn(2, 6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    assert torch.allclose(linalg.squared_row_norms(rows), rows.pow(2).sum(-1), rtol=1e-14, atol=0)
+    assert torch.autograd.gradcheck(linalg.squared_row_norms, (rows,))
+    assert torch.autograd.gradgradcheck(linalg.squared_row_norms, (rows,))
+
+
+def test_squared_row_norms_second_derivative_at_a_zero_row_is_two():
+    # vector_norm's own backward divides by the norm: NaN second derivatives where a Nyström row vanishes
+    rows = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(linalg.squared_row_norms(rows).sum(), rows, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), rows)
+    assert torch.equal(grad, torch.zeros_like(rows)) and torch.equal(second, torch.full_like(rows, 2.0))
+
+
+def test_squared_row_norms_refuse_complex_rows():
+    with pytest.raises(TypeError, match="real rows"):
+        linalg.squared_row_norms(torch.ones(2, 3, dtype=torch.complex64))
