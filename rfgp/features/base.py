@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..core.config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
 from ..core.dtypes import FullPrecisionMethods
+from ..core.locks import init_lock
 from ..core.memory import check_draws
 from ..core.validation import check_features_input, check_positive_int
 
@@ -180,11 +181,26 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         """Make the draws for ``x``'s width when ``input_dim`` was left unset (a validated input).
 
         Draws made at a first call under ``torch.inference_mode()`` (a prediction before training) are made outside
-        it: as inference tensors they could never be used by a later call that records a graph (training)."""
-        if self.input_dim is None:
-            self.input_dim = x.shape[-1]
+        it: as inference tensors they could never be used by a later call that records a graph (training).
+
+        Threads calling a fresh map at once draw once: the draws are made under the map's
+        :func:`~rfgp.core.locks.init_lock`, and a thread goes without it only once they are registered
+        (:attr:`is_initialized`, set after the last buffer), not once ``input_dim`` is set (it is set before them: a
+        second thread's call raised ``AttributeError`` on a draw not yet registered)."""
+        if not self.is_initialized:
+            with init_lock(self):
+                if self.input_dim is None:
+                    self._draw_for(x.shape[-1])
+
+    def _draw_for(self, input_dim: int) -> None:
+        """Make the draws for ``input_dim``, then publish it (a failed draw leaves the map without an input_dim)."""
+        self.input_dim = input_dim
+        try:
             with torch.inference_mode(False):
                 self._materialize()
+        except BaseException:
+            self.input_dim = None
+            raise
 
     def _features(self, x: Tensor) -> Tensor:
         raise NotImplementedError

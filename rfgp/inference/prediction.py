@@ -59,6 +59,7 @@ from torch import Tensor
 
 from ..core.draws import standard_normal
 from ..core.dtypes import in_full_precision
+from ..core.locks import init_lock
 from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets, first_floating_tensor
 from ..features.base import FeatureMap
@@ -280,10 +281,13 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         ``backward()``; a cache built without one under ``detach_test_caches`` made the gradient of a fantasy
         posterior w.r.t. its new inputs silently zero), from the kernel evaluated anew at the training inputs
         (:meth:`reevaluated`).  GPyTorch's exact fantasy strategy keeps the graph of its mean cache, under
-        ``detach_test_caches``."""
+        ``detach_test_caches``.
+
+        Built under the strategy's :func:`~rfgp.core.locks.init_lock`: threads predicting at once from one model
+        build each cache once (each built it, and stored its own copy, when they came together)."""
         if self.caches_follow_new_data and torch.is_grad_enabled():
             return method.__wrapped__(self.reevaluated(), nan_policy)
-        with cache_grad_mode():
+        with cache_grad_mode(), init_lock(self):
             return method(self, nan_policy)
 
     def reevaluated(self) -> FeatureSpacePredictionStrategy:

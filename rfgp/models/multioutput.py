@@ -13,7 +13,12 @@ from torch import Tensor
 
 from ..core.validation import check_model_inputs, check_training_data
 from ..inference.multioutput import kernel_num_outputs
-from .regression import CachesDroppedOnConversion, _nan_policy_leaves_nan_out, lazy_kernels_when_predicting
+from .regression import (
+    CachesDroppedOnConversion,
+    _nan_policy_leaves_nan_out,
+    first_prediction_once,
+    lazy_kernels_when_predicting,
+)
 
 
 class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
@@ -68,7 +73,7 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
 
     def __call__(self, *inputs, **kwargs):
         check_model_inputs(self, inputs)
-        with lazy_kernels_when_predicting(self):
+        with lazy_kernels_when_predicting(self), first_prediction_once(self):
             return super().__call__(*inputs, **kwargs)
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultitaskMultivariateNormal:

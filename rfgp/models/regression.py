@@ -8,6 +8,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from ..core.locks import init_lock
 from ..core.validation import check_model_inputs, check_training_data
 
 
@@ -27,6 +28,18 @@ def lazy_kernels_when_predicting(model: gpytorch.models.ExactGP):
     outputs keep the user's setting (a lazy covariance would be evaluated after ``functional_call`` returns).
     """
     return contextlib.nullcontext() if model.training else gpytorch.settings.lazily_evaluate_kernels(True)
+
+
+def first_prediction_once(model: gpytorch.models.ExactGP):
+    """The model's :func:`~rfgp.core.locks.init_lock` while it predicts without a prediction strategy, else no change.
+
+    GPyTorch's ``ExactGP`` builds its prediction strategy (and with it the posterior caches) at the first call in
+    eval mode, without a lock: threads predicting at once from a fresh or just ``eval()``-ed model each built one.
+    The first prediction is made under the lock, and the threads that came with it wait for its strategy; later
+    predictions do not take the lock."""
+    if model.training or model.prediction_strategy is not None:
+        return contextlib.nullcontext()
+    return init_lock(model)
 
 
 class CachesDroppedOnConversion:
@@ -72,7 +85,7 @@ class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
     def __call__(self, *inputs, **kwargs):
         """The prior (train mode) or posterior (eval mode) at ``inputs``, checked against the training inputs."""
         check_model_inputs(self, inputs)
-        with lazy_kernels_when_predicting(self):
+        with lazy_kernels_when_predicting(self), first_prediction_once(self):
             return super().__call__(*inputs, **kwargs)
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultivariateNormal:
