@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..core.config_state import DRAW, METHOD
 from ..core.dtypes import device_constant
+from ..core.locks import init_lock
 from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from . import dot_product
 from .base import FeatureMap
@@ -433,10 +434,17 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         return self.widths is None
 
     def _prepare(self, x: Tensor) -> None:
-        super()._prepare(x)
-        if self.widths is None:
-            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._draw_at_first_call)
-                self.fit(x)  # no sample given: allocate on the first inputs
+        """Validate ``x``; at the first call, draw and allocate on it (under the map's
+        :func:`~rfgp.core.locks.init_lock`: a thread that came during another's allocation found the widths set
+        before the sketches were drawn for them, or allocated a second time)."""
+        if self.widths is not None and self.is_initialized:
+            super()._prepare(x)
+            return
+        with init_lock(self):
+            super()._prepare(x)
+            if self.widths is None:
+                with torch.inference_mode(False):  # the draws stay usable by training (FeatureMap._draw_at_first_call)
+                    self.fit(x)  # no sample given: allocate on the first inputs
 
 
 class RandomMaclaurin(_MaclaurinFeatures):

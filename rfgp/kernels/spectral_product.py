@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
 from ..core.dtypes import cast_to
+from ..core.locks import init_lock
 from ..core.validation import check_finite, check_positive_int
 from ..features.base import _new_seed
 from ..features.weighted_fourier import projection_features
@@ -153,9 +154,10 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         """The factors' inputs and frequencies [(uᵢ, ωᵢ)], the amplitude a = Πᵢaᵢ (outputscales included) and the
         weights Πᵢwᵢ (``None``: all 1), each checked finite (a NaN hyperparameter would make Φ NaN silently)."""
         inputs = [select_active(kernel, x) for kernel in self.kernels]
-        if self.input_dims is None:
-            with torch.inference_mode(False):  # the draws stay usable by training (see FeatureMap._draw_at_first_call)
-                self._materialize(tuple(u.shape[-1] for u in inputs))
+        if self.input_dims is None:  # drawn once by threads calling at once (see FeatureMap._draw_at_first_call)
+            with init_lock(self), torch.inference_mode(False):  # the draws stay usable by training
+                if self.input_dims is None:
+                    self._materialize(tuple(u.shape[-1] for u in inputs))
         terms, amplitude, weights = [], 1.0, None
         for i, (kernel, u) in enumerate(zip(self.kernels, inputs)):
             base, outputscale = unwrap_scale(kernel)
