@@ -102,22 +102,32 @@ def test_lazy_draws_are_made_once_and_seen_whole(monkeypatch):
 
 @pytest.mark.parametrize("retrain", [False, True])
 def test_posterior_caches_are_built_once(monkeypatch, retrain):
-    """rfgp's ExactGP models build one prediction strategy and its caches once, also after eval() following
-    training (caches dropped), with every thread's prediction equal to the single-threaded one."""
+    """rfgp's ExactGP models build one prediction strategy and its caches once for threads predicting at once after
+    eval() (caches dropped), also after a training step changed the hyperparameters, with every thread's prediction
+    equal to the single-threaded one."""
     model, likelihood, x = _regression(gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64, input_dim=3, seed=2)))
-    model.eval()
-    reference = _prediction(model, likelihood, x)
     if retrain:
         model.train()
         model.covar_module.outputscale = 1.5
         model.eval()
-        model.train(), model.eval()
-        reference = _prediction(copy.deepcopy(model), likelihood, x)
-        model.train(), model.eval()
-    else:
-        model.train(), model.eval()
+    reference = _prediction(copy.deepcopy(model), likelihood, x)
+    model.train(), model.eval()
     built = _mean_cache_spy(monkeypatch)
     results = _together(lambda: _prediction(model, likelihood, x))
+    assert len(built) == 1
+    _assert_all_equal(results, reference)
+
+
+def test_strategy_cache_is_built_once_per_policy(monkeypatch):
+    """Threads sharing a built prediction strategy build a cache it has not yet got (here the one of another NaN
+    policy) once."""
+    model, likelihood, x = _regression(gpytorch.kernels.ScaleKernel(SketchedRBFKernel(64, input_dim=3, seed=9)))
+    with gpytorch.settings.observation_nan_policy("mask"):
+        reference = _prediction(copy.deepcopy(model), likelihood, x)
+    _prediction(model, likelihood, x)  # the strategy and its "ignore" caches
+    built = _mean_cache_spy(monkeypatch)
+    with gpytorch.settings.observation_nan_policy("mask"):
+        results = _together(lambda: _prediction(model, likelihood, x))
     assert len(built) == 1
     _assert_all_equal(results, reference)
 
