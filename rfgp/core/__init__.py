@@ -9,6 +9,7 @@ Nothing here imports another part of rfgp, and every other layer may import from
 * :mod:`~rfgp.core.config_state` — a map's or kernel's configuration stored as ``config_*``
   tensors, so ``state_dict`` round-trips it bit for bit;
 * :mod:`~rfgp.core.memory` — refuses random draws and solves that would not fit in memory;
+* :mod:`~rfgp.core.locks` — a re-entrant lock per object around state built lazily at first use (threads);
 * :mod:`~rfgp.core.state_cache` — a graph-free result reused while the tensors and settings it came from are
   unchanged (compared by value).
 """
