@@ -320,9 +320,12 @@ def _add_matmul(out: Tensor, left: Tensor, right: Tensor) -> Tensor:
 
 
 def plain_statistics(features: Tensor, weights: Tensor, rhs: Tensor) -> tuple[Tensor, Tensor]:
-    """(ΦᵀWΦ, ΦᵀWR) with ordinary differentiable operations (weights ``(..., N)`` or uniform ``(..., 1)``)."""
+    """(ΦᵀWΦ, ΦᵀWR) with ordinary differentiable operations (weights ``(..., N)`` or uniform ``(..., 1)``), ΦᵀWR
+    summed as the fused statistics do (:func:`accumulated_project`): ``torch.jit.trace`` records this forward, and
+    one float32 product of N = 2·10⁴ Maclaurin rows put a traced B 2.3·10⁻⁶ off the float64 statistics' against the
+    eager 7·10⁻⁸."""
     w = weights.unsqueeze(-1)
-    return (features * w).mT @ features, features.mT @ (rhs * w)
+    return (features * w).mT @ features, accumulated_project(features, rhs * w)
 
 
 def differentiable_backward(compute, inputs, needs, grads) -> tuple[Tensor | None, ...]:
