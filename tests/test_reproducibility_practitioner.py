@@ -338,6 +338,58 @@ def test_a_map_drawn_in_float32_then_doubled_is_the_float64_map(name):
     assert all(torch.equal(reference[key], round_trip[key]) for key in reference)
 
 
+def _product(nu, second=None):
+    """An RBF × Matérn-ν spectral product over the D = 2 columns (every part seeded)."""
+    second = second or (lambda: rfgp.kernels.SketchedMaternKernel(64, nu=nu, active_dims=[1], seed=2))
+    return rfgp.kernels.SpectralProductKernel(rfgp.kernels.SketchedRBFKernel(64, active_dims=[0], seed=1),
+                                              second(), num_features=64, seed=0)
+
+
+@pytest.mark.parametrize("name", ["product", "product_matern_half", "matern_half"])
+def test_draws_made_by_a_float32_call_then_doubled_are_the_float64_draws(name):
+    """A spectral product's frequencies and a Matérn-½ anchor ℓ₀ are made at the first call, in its dtype: made in
+    float32, `.double()` kept them float32-rounded (k 1.4·10⁻⁸, 2.5·10⁻⁸ and 6·10⁻⁹ off the same seed's kernel
+    called in float64).  Now the same state and kernel values."""
+    build = {
+        "product": lambda: _product(1.5),
+        "product_matern_half": lambda: _product(0.5),
+        "matern_half": lambda: rfgp.kernels.SketchedMaternKernel(64, nu=0.5, seed=0),
+    }[name]
+
+    def called(dtype):
+        kernel = _built_under(dtype, build)
+        with torch.no_grad():
+            kernel(_test_points(dtype=dtype)).to_dense()  # the draws (and the anchor), in dtype
+        return kernel
+
+    doubled, native = called(torch.float32).double(), called(torch.float64)
+    reference, converted = native.state_dict(), doubled.state_dict()
+    assert all(torch.equal(reference[key], converted[key]) for key in reference)
+    with torch.no_grad():
+        assert torch.equal(doubled(_test_points()).to_dense(), native(_test_points()).to_dense())
+
+
+def test_widening_keeps_an_anchor_and_product_draws_that_do_not_follow_the_seed():
+    """A Matérn-½ anchor ℓ₀ that ℓ has moved away from, and a product with a factor whose draws are centred on its
+    hyperparameters (periodic), keep their converted values under `.double()`."""
+    matern = _built_under(torch.float32, lambda: rfgp.kernels.SketchedMaternKernel(64, nu=0.5, seed=0))
+    with torch.no_grad():
+        matern(_test_points(dtype=torch.float32)).to_dense()
+    anchor = matern.lengthscale_anchor.double()
+    matern.lengthscale = 0.3  # trained away from ℓ₀
+    matern.double()
+    assert torch.equal(matern.lengthscale_anchor, anchor)
+
+    product = _built_under(torch.float32, lambda: _product(
+        None, lambda: rfgp.kernels.SketchedPeriodicKernel(64, active_dims=[1], seed=2)))
+    with torch.no_grad():
+        product(_test_points(dtype=torch.float32)).to_dense()
+    before = {key: value.double() for key, value in product.state_dict().items() if value.is_floating_point()}
+    product.double()
+    after = product.state_dict()
+    assert all(torch.equal(before[key], after[key]) for key in before)
+
+
 def test_widening_keeps_draws_centred_on_earlier_hyperparameters():
     """A periodic map's harmonics are drawn around the lengthscale at draw time: after it changed, the seed gives
     other draws, and `.double()` keeps the map's own (converted) draws."""

@@ -34,6 +34,25 @@ def _new_seed(generator: torch.Generator | None) -> int:
     return int(torch.randint(_SEED_BOUND, (1,), generator=generator).item())
 
 
+def widen_draws(module: nn.Module, draws: dict[str, Tensor], drawn_in: torch.dtype) -> None:
+    """Register the seed's ``draws`` (buffers of ``module`` by name) in the buffers' current, wider dtype where the
+    buffers are exactly the draws rounded to ``drawn_in`` — all of them, or none (draws that depend on more than the
+    seed, such as hyperparameters that have changed since, keep their converted values)."""
+    widened = {}
+    for name, value in draws.items():
+        current = getattr(module, name, None)
+        if not value.is_floating_point() or current is None or not current.is_floating_point():
+            continue
+        if current.shape != value.shape:
+            return
+        rounded = value.to(drawn_in).to(device=current.device, dtype=current.dtype)
+        if not torch.equal(rounded, current):
+            return
+        widened[name] = value.to(device=current.device, dtype=current.dtype)
+    for name, value in widened.items():
+        module.register_buffer(name, value)
+
+
 class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
     """Base class of all random feature maps.
 
@@ -131,19 +150,7 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
     def _widen_draws(self, drawn_in: torch.dtype) -> None:
         with torch.inference_mode(False), torch.no_grad():
             draws = self._draw(self.input_dim, torch.Generator().manual_seed(self.seed))
-        widened = {}
-        for name, value in draws.items():
-            current = getattr(self, name, None)
-            if not value.is_floating_point() or current is None or not current.is_floating_point():
-                continue
-            if current.shape != value.shape:
-                return
-            rounded = value.to(drawn_in).to(device=current.device, dtype=current.dtype)
-            if not torch.equal(rounded, current):
-                return
-            widened[name] = value.to(device=current.device, dtype=current.dtype)
-        for name, value in widened.items():
-            self.register_buffer(name, value)
+        widen_draws(self, draws, drawn_in)
 
     @property
     def is_initialized(self) -> bool:

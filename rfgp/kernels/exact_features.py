@@ -33,6 +33,8 @@ from .random_feature_kernel import FeatureKernel
 class _ExactFeatureKernel(FeatureKernel):
     #: Φ(x)ᵀΦ(y) = k(x, y) exactly, at a width fixed by the kernel: sums reserve it before splitting F
     is_exact = True
+    #: the spectral draws (zeros, random signs) depend on the seed alone
+    spectral_draws_follow_seed = True
 
     def diag_moments(self, x: Tensor) -> None:
         return None

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..core.config_state import METHOD
 from ..core.validation import check_choice, check_finite
 from ..features import random
-from ..features.base import FeatureMap
+from ..features.base import FeatureMap, widen_draws
 from ..features.fourier import RandomFourierFeatures
 from ..features.spectral import (
     GaussianSpectralDensity,
@@ -53,6 +53,9 @@ class ScaleMixtureSpectrum:
     ω₁ + ω₂ of orthogonal blocks is no longer orthogonal, so nothing would be gained), and
     for every RBF family (the protocol describes the kernel, not its approximation).
     """
+
+    #: the draws g (and s) depend on the seed alone (:meth:`SpectralProductKernel._apply` makes them again in float64)
+    spectral_draws_follow_seed = True
 
     def spectral_density(self) -> SpectralDensity:
         raise NotImplementedError
@@ -270,6 +273,18 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
             self.lengthscale_anchor = self.lengthscale.detach().clone()
         self._anchored_draws = self._draw_key()
 
+    def _apply(self, fn, *args, **kwargs):
+        """``.double()``, ``.to(...)``: an anchor ℓ₀ set in float32 that is the current ℓ rounded becomes the current ℓ
+        in the wider dtype, as the seed's draws are made again in it (:meth:`rfgp.features.FeatureMap._apply`): the
+        kernel is then the one built in float64 (before, kernel values 6·10⁻⁹ apart).  An anchor that ℓ has moved
+        away from since (training) keeps its converted value."""
+        drawn_in = self.lengthscale_anchor.dtype if self.is_anchored else None
+        result = super()._apply(fn, *args, **kwargs)
+        if drawn_in is not None and torch.finfo(self.lengthscale_anchor.dtype).bits > torch.finfo(drawn_in).bits:
+            with torch.inference_mode(False), torch.no_grad():
+                widen_draws(self, {"lengthscale_anchor": self.lengthscale.detach().clone()}, drawn_in)
+        return result
+
     def _draw_key(self) -> tuple[int, int]:
         return self.feature_map.seed, self.feature_map.num_features
 
@@ -326,10 +341,10 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         check_finite(log_weights, "the Matérn-½ importance weights log r(ℓ/ℓ₀)")
         return log_weights
 
-    def spectral_draws(self, num_frequencies: int, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
+    def spectral_draws_made(self) -> None:
+        """A product drew this factor's frequencies: ξ/ℓ₀ are fixed from here on (ℓ₀ ← ℓ for ν = ½)."""
         if self.is_anchored:
-            self.anchor_lengthscale()  # a product's draws: its frequencies ξ/ℓ₀ are fixed from here on
-        return super().spectral_draws(num_frequencies, input_dim, generator)
+            self.anchor_lengthscale()
 
     def spectral_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
         if not self.is_anchored:

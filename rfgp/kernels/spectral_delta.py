@@ -69,6 +69,8 @@ class SpectralDeltaFeatureKernel(FeatureKernel):
     is_stationary = True
     #: Φ(x)ᵀΦ(y) = k(x, y) exactly, at the width 2·num_deltas: sums reserve it before splitting F
     is_exact = True
+    #: the spectral draws (indices and signs) depend on the seed alone
+    spectral_draws_follow_seed = True
 
     def __init__(self, num_dims: int, num_deltas: int = 128, Z_constraint: Interval | None = None,
                  num_features: int | None = None, seed: int | None = None, generator: torch.Generator | None = None,

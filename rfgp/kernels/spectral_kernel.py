@@ -42,6 +42,8 @@ class SpectralFeatureKernel(FeatureKernel):
     """
 
     config_fields = {"method": METHOD}
+    #: the spectral draws are centred on the hyperparameters at draw time: a product keeps them when widened
+    spectral_draws_follow_seed = False
 
     def __init__(self, measure: SpectralMeasure, num_features: int, method: str = "rff", seed: int | None = None,
                  generator: torch.Generator | None = None, **kwargs) -> None:

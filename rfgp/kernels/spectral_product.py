@@ -27,7 +27,10 @@ the amplitude) is usable here when it implements
   factor's raw (``active_dims``-selected) inputs, hyperparameters applied differentiably;
 * ``spectral_weights(draws) -> Tensor | None`` (optional): per-frequency nonnegative importance
   weights ``(*batch, m)`` with expectation 1, or ``None``;
-* ``spectral_amplitude() -> Tensor``: k(x, x), batch-shaped.
+* ``spectral_amplitude() -> Tensor``: k(x, x), batch-shaped;
+* ``spectral_draws_follow_seed`` (optional, default ``False``): whether the draws depend on the seed alone, so
+  that ``.double()`` of a product that drew in float32 makes them again in float64 (every factor's must);
+* ``spectral_draws_made()`` (optional): called once the product has drawn (Matérn-½ fixes its anchor ℓ₀ there).
 
 The draws are always i.i.d. (a factor built with ORF/SORF is convolved with i.i.d. draws: the
 sum of orthogonal blocks is not orthogonal).  Variance: that of m-frequency RFF for the product
@@ -46,7 +49,7 @@ from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
 from ..core.dtypes import cast_to
 from ..core.locks import init_lock
 from ..core.validation import check_finite, check_positive_int
-from ..features.base import _new_seed
+from ..features.base import _new_seed, widen_draws
 from ..features.weighted_fourier import projection_features
 from .combinations import refuse_multi_output_factors, select_active, unwrap_scale
 from .families import check_kernel_kwargs
@@ -113,18 +116,43 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         return 2 * self.num_frequencies
 
     # ------------------------------------------------------------------ draws
-    def _materialize(self, input_dims: tuple[int, ...]) -> None:
+    def _seed_draws(self, input_dims: tuple[int, ...]) -> dict[str, Tensor]:
+        """The factors' draws from the seed, named as buffers (``draws{i}_{name}``), float64 or integer CPU tensors."""
         generator = torch.Generator().manual_seed(self.seed)
+        return {f"draws{i}_{name}": value
+                for i, (kernel, dim) in enumerate(zip(self.kernels, input_dims))
+                for name, value in unwrap_scale(kernel)[0].spectral_draws(self.num_frequencies, dim, generator).items()}
+
+    def _materialize(self, input_dims: tuple[int, ...]) -> None:
         anchor = next(iter(self.parameters()), None)
-        for i, (kernel, dim) in enumerate(zip(self.kernels, input_dims)):
-            draws = unwrap_scale(kernel)[0].spectral_draws(self.num_frequencies, dim, generator)
-            for name, value in draws.items():
-                if anchor is not None:  # integer draws too: a CPU buffer would be copied to the device at every call
-                    value = value.to(device=anchor.device,
-                                     dtype=anchor.dtype if value.is_floating_point() else value.dtype)
-                self.register_buffer(f"draws{i}_{name}", value)
+        for name, value in self._seed_draws(input_dims).items():
+            if anchor is not None:  # integer draws too: a CPU buffer would be copied to the device at every call
+                value = value.to(device=anchor.device, dtype=anchor.dtype if value.is_floating_point() else value.dtype)
+            self.register_buffer(name, value)
+        for kernel in self.kernels:
+            getattr(unwrap_scale(kernel)[0], "spectral_draws_made", lambda: None)()
         self.input_dims = tuple(input_dims)
         self._adopt_saved_shapes()  # a periodic factor's number of harmonics follows its lengthscale at draw time
+
+    def _draws_dtype(self) -> torch.dtype | None:
+        """The dtype of the floating draws (``None`` before they are made)."""
+        return next((value.dtype for name, value in self.named_buffers(recurse=False)
+                     if name.startswith("draws") and value.is_floating_point()), None)
+
+    def _apply(self, fn, *args, **kwargs):
+        """``.double()``, ``.to(...)``: draws made in float32 (at a first call under torch's default dtype) are made
+        again from the seed in the wider dtype, as a feature map's (:meth:`rfgp.features.FeatureMap._apply`), where
+        every factor's draws follow the seed alone (``spectral_draws_follow_seed``)."""
+        drawn_in = self._draws_dtype()
+        result = super()._apply(fn, *args, **kwargs)
+        if drawn_in is None or self.input_dims is None:
+            return result
+        widened = torch.finfo(self._draws_dtype()).bits > torch.finfo(drawn_in).bits
+        if widened and all(getattr(unwrap_scale(kernel)[0], "spectral_draws_follow_seed", False)
+                           for kernel in self.kernels):
+            with torch.inference_mode(False), torch.no_grad():
+                widen_draws(self, self._seed_draws(self.input_dims), drawn_in)
+        return result
 
     def resample(self, generator: torch.Generator | None = None) -> SpectralProductKernel:
         """Redraw the joint frequencies (from ``generator`` if given, else torch's global RNG)."""
