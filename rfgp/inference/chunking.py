@@ -226,15 +226,31 @@ def accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor
     return gram, cross
 
 
-def scaled_accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor, weights: Tensor, rhs: Tensor,
-                                  chunk_size: int, outputs: int = 1) -> tuple[Tensor, Tensor]:
-    """The forward of the chunked statistics Functions as plain operations, for ``torch.jit.trace`` (which cannot
-    export a Python autograd.Function): :func:`accumulated_statistics`, scaled by a uniform weight."""
-    gram, cross = accumulated_statistics(featurize, inputs, weights, rhs, chunk_size, outputs)
-    if _is_uniform(weights):
-        w = weights.unsqueeze(-1)
-        return gram * w, cross * w
-    return gram, cross
+def chunked_statistics_forward(featurize: Callable[[Tensor, torch.dtype | None], Tensor], inputs: Tensor,
+                               weights: Tensor, rhs: Tensor, constant: Tensor | float | None, chunk_size: int,
+                               outputs: int = 1, adaptive: bool = False, trace_scale: Tensor | float = 1.0):
+    """The forward of the chunked statistics Functions, and all of it under ``torch.jit.trace`` (which cannot export a
+    Python autograd.Function, and then records the precision chosen for the traced inputs).
+
+    :func:`accumulated_statistics` of Φ₀ = ``featurize(x, None)`` with c folded into W and R (:func:`fold_constant`);
+    where ``adaptive`` and their float32 rounding is not negligible (:func:`accumulated_statistics_dtype`) again from
+    ``featurize(x, work)`` (Φ₀ formed in, or cast to, ``work``), c folded in ``work`` (:func:`folded_in`).  Returns
+    (ΦᵀWΦ, ΦᵀWR, the unit statistics for uniform weights ``(..., 1)`` or ``()``, the fold dtype: ``None`` for the
+    tensors' own)."""
+    folded_weights, folded_rhs = fold_constant(constant, weights, rhs)
+    gram, cross = accumulated_statistics(lambda x: featurize(x, None), inputs, folded_weights, folded_rhs, chunk_size,
+                                         outputs)
+    fold_dtype = None
+    work = accumulated_statistics_dtype(gram, folded_weights, trace_scale) if adaptive else gram.dtype
+    if work != gram.dtype:  # float32 rounding not negligible: again from Φ₀_c in float64, c folded so
+        fold_dtype = work
+        folded_weights, folded_rhs = folded_in(constant, weights, rhs, work)
+        gram, cross = accumulated_statistics(lambda x: featurize(x, work), inputs, folded_weights, folded_rhs,
+                                             chunk_size, outputs)
+    if not _is_uniform(weights):
+        return gram, cross, (), fold_dtype
+    w = folded_weights.unsqueeze(-1).to(gram.dtype)
+    return gram * w, cross * w, (gram, cross), fold_dtype
 
 
 def gathered_row_grads(unit: Sequence[Tensor], weights: Tensor, rhs: Tensor, weight_grads: list, rhs_grads: list,
@@ -296,6 +312,11 @@ def fold_backward(constant: Tensor | float | None, weights: Tensor, rhs: Tensor,
     return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (weights, rhs, constant)))
 
 
+def _cast_features(featurizer: Callable[[Tensor], Tensor]) -> Callable[[Tensor, torch.dtype | None], Tensor]:
+    """x, dtype ↦ featurizer(x) cast to dtype (``None``: as it is), for :func:`chunked_statistics_forward`."""
+    return lambda x, dtype: featurizer(x) if dtype is None else featurizer(x).to(dtype)
+
+
 class _ChunkedStatistics(torch.autograd.Function):
     """(ΦᵀWΦ, ΦᵀWR) for Φ = c·Φ₀, of Φ₀ = ``featurizer`` and the unfolded W, R and c: c is folded
     (:func:`folded_in`) in the statistics' precision, forward and backward, so that value and gradient agree."""
@@ -304,25 +325,12 @@ class _ChunkedStatistics(torch.autograd.Function):
     def forward(ctx, featurizer, blocks, inputs, weights, rhs, constant, *params):
         # points per chunk, rows of Φ per point, adaptive precision, its trace's scale
         chunk_size, outputs, adaptive, trace_scale = blocks
-        uniform = _is_uniform(weights)
-        folded_weights, folded_rhs = fold_constant(constant, weights, rhs)
-        gram, cross = accumulated_statistics(featurizer, inputs, folded_weights, folded_rhs, chunk_size, outputs)
-        fold_dtype = None  # the tensors' own; float64 where the statistics are recomputed so
-        if adaptive:
-            work = accumulated_statistics_dtype(gram, folded_weights, trace_scale)
-            if work != gram.dtype:  # float32 rounding not negligible: again from Φ₀_c cast to float64, c folded so
-                fold_dtype = work
-                folded_weights, folded_rhs = folded_in(constant, weights, rhs, work)
-                gram, cross = accumulated_statistics(lambda x: featurizer(x).to(work), inputs, folded_weights,
-                                                     folded_rhs, chunk_size, outputs)
+        gram, cross, unit, fold_dtype = chunked_statistics_forward(
+            _cast_features(featurizer), inputs, weights, rhs, constant, chunk_size, outputs, adaptive, trace_scale)
         ctx.featurizer, ctx.chunk_size, ctx.outputs, ctx.work = featurizer, chunk_size, outputs, gram.dtype
         ctx.fold_dtype, ctx.constant = fold_dtype, None if torch.is_tensor(constant) else constant
-        saved = (inputs, weights, rhs, constant if torch.is_tensor(constant) else None)
-        if uniform:  # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR give ∂w as an F × F contraction
-            ctx.save_for_backward(*saved, gram, cross)
-            w = folded_weights.unsqueeze(-1).to(gram.dtype)
-            return gram * w, cross * w
-        ctx.save_for_backward(*saved)
+        # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR of uniform weights give ∂w as an F × F contraction
+        ctx.save_for_backward(inputs, weights, rhs, constant if torch.is_tensor(constant) else None, *unit)
         return gram, cross
 
     @staticmethod
@@ -407,7 +415,7 @@ def chunked_feature_statistics(
     check_chunked_solve(featurizer, inputs, weights, outputs)
     unscaled = featurizer.unscaled()
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
-        weights, rhs = fold_constant(featurizer.constant, weights, rhs)
-        return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size, outputs)
+        return chunked_statistics_forward(_cast_features(unscaled), inputs, weights, rhs, featurizer.constant,
+                                          chunk_size, outputs, adaptive_precision, trace_scale)[:2]
     return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision, trace_scale), inputs, weights,
                                     rhs, featurizer.constant, *unscaled.params)

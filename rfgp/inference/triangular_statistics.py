@@ -62,14 +62,12 @@ from ..core.dtypes import FullPrecisionOperator, refuse_autocast_backward
 from .chunking import (
     Featurizer,
     _add,
-    accumulated_statistics,
-    accumulated_statistics_dtype,
     backprop_chunks,
     check_chunked_solve,
+    chunked_statistics_forward,
     fold_backward,
     folded_in,
     gathered_row_grads,
-    scaled_accumulated_statistics,
     without_graph,
 )
 from .linalg import (
@@ -78,7 +76,6 @@ from .linalg import (
     _sum_to_shape,
     differentiable_backward,
     factor_dtype,
-    fold_constant,
     gram_gradient,
     plain_statistics,
     statistics_backward,
@@ -276,6 +273,14 @@ class TriangularFeaturizer(Featurizer):
         return super().detach_()
 
 
+def _triangular_chunks(featurizer: TriangularFeaturizer,
+                       chol: Tensor) -> Callable[[Tensor, torch.dtype | None], Tensor]:
+    """x, dtype ↦ K(x, Z)·L⁻ᵀ for L = ``chol`` (factorised once), formed from K and L cast to dtype (``None``: as they
+    are), for :func:`~rfgp.inference.chunking.chunked_statistics_forward`."""
+    return lambda x, dtype: (triangular_features(featurizer.cross(x), chol) if dtype is None
+                             else triangular_features(featurizer.cross(x).to(dtype), chol.to(dtype)))
+
+
 class _ChunkedTriangularStatistics(torch.autograd.Function):
     """(ΦᵀWΦ, ΦᵀWR) for Φ = c·K(x)L⁻ᵀ of the unfolded W, R and c: c is folded
     (:func:`~rfgp.inference.chunking.folded_in`) in the statistics' precision, forward and backward."""
@@ -284,21 +289,10 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
     def forward(ctx, featurizer, blocks, inputs, weights, rhs, constant, *params):
         chunk_size, adaptive = blocks  # points per chunk, adaptive precision
         chol = featurizer.chol()
-        folded_weights, folded_rhs = fold_constant(constant, weights, rhs)
-        gram, projection = accumulated_statistics(lambda rows: triangular_features(featurizer.cross(rows), chol),
-                                                  inputs, folded_weights, folded_rhs, chunk_size)
-        work = accumulated_statistics_dtype(gram, folded_weights) if adaptive else gram.dtype
-        fold_dtype = None  # the tensors' own; float64 where the statistics are recomputed so
-        if work != gram.dtype:  # float32 rounding not negligible: again from K(x_c, Z) and L cast to float64
-            chol, fold_dtype = chol.to(work), work
-            folded_weights, folded_rhs = folded_in(constant, weights, rhs, work)
-            gram, projection = accumulated_statistics(
-                lambda rows: triangular_features(featurizer.cross(rows).to(work), chol), inputs, folded_weights,
-                folded_rhs, chunk_size)
-        unit = ()
-        if _is_uniform(weights):
-            unit, w = (gram, projection), folded_weights.unsqueeze(-1).to(work)
-            gram, projection = gram * w, projection * w
+        gram, projection, unit, fold_dtype = chunked_statistics_forward(
+            _triangular_chunks(featurizer, chol), inputs, weights, rhs, constant, chunk_size, adaptive=adaptive)
+        work = gram.dtype
+        chol = chol.to(work)
         ctx.featurizer, ctx.chunk_size, ctx.work = featurizer, chunk_size, work
         ctx.fold_dtype, ctx.constant = fold_dtype, None if torch.is_tensor(constant) else constant
         ctx.save_for_backward(inputs, weights, rhs, constant if torch.is_tensor(constant) else None, chol, gram,
@@ -371,8 +365,8 @@ def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tens
     check_chunked_solve(featurizer, inputs, weights)
     unscaled = featurizer.unscaled()
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
-        weights, rhs = fold_constant(featurizer.constant, weights, rhs)
-        return scaled_accumulated_statistics(unscaled, inputs, weights, rhs, chunk_size)
+        return chunked_statistics_forward(_triangular_chunks(unscaled, unscaled.chol()), inputs, weights, rhs,
+                                          featurizer.constant, chunk_size, adaptive=adaptive_precision)[:2]
     return _ChunkedTriangularStatistics.apply(unscaled, (chunk_size, adaptive_precision), inputs, weights, rhs,
                                               featurizer.constant, *unscaled.params)
 
