@@ -32,7 +32,8 @@ from . import dot_product
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
 from .dot_product import DotProductKernelSpec, degree_terms
-from .maclaurin_allocation import AllocationObjective, extended_allocation, random_degrees, total_width
+from .maclaurin_allocation import (AUTO_MAX_ORDER, AllocationObjective, extended_allocation, random_degrees,
+                                   total_width)
 from .polynomial import WEIGHTS
 
 #: projections the allocation has closed-form variances for
@@ -248,7 +249,13 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             (Rademacher real) and 0.205 / 0.137 / 0.158 (RFF); TensorSRHT real is 4 % better on
             digits only.  For the polynomial kernel (x̃ᵀỹ)³ TensorSRHT + CtR is best or tied as well.  An odd ``num_features`` is used in full; an even one leaves one
             column unused (one constant column plus pairs), reported by ``num_features``.
-        min_order, max_order: the search range [p_min, p_max] of Algorithm 3.
+        min_order, max_order: the search range [p_min, p_max] of Algorithm 3.  ``max_order=None`` (default):
+            no fixed p_max, the search runs upward until no higher order can lower the objective g (at most
+            ``AUTO_MAX_ORDER`` = 60; :func:`~rfgp.features.maclaurin_allocation.extended_allocation`).  In high
+            dimension this ends near the paper's p_max = 10; in low dimension, where a few features make a
+            degree exact, it raises the order instead of widening one degree: the Gaussian kernel on 1-D
+            standard-normal inputs (ℓ = 1, 500 points) has Gram relative error 3.9·10⁻³ at every F = 64…4096 with
+            p_max = 10 (widths (2, …, 2, 1005) at F = 2048) and ≤ 10⁻¹⁰ from F = 128 with the automatic search.
         widths: a fixed allocation (D₁, …, D_p) instead of the search (Σ Dₙ = D_total).
         x_sample: the data sample for the allocation; ``None`` fits on the first call's
             inputs.  :meth:`fit` refits (e.g. after the lengthscale changed).
@@ -288,7 +295,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         weights: str = "ctr",
         srht_blocks: str = "tiled",
         min_order: int = 1,
-        max_order: int = 10,
+        max_order: int | None = None,
         widths: tuple[int, ...] | None = None,
         x_sample: Tensor | None = None,
         sample_size: int = 500,
@@ -299,9 +306,11 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
     ) -> None:
         self.min_share = check_positive_float(min_share, "min_share", allow_zero=True)
         self.min_order = check_positive_int(min_order, "min_order")
-        self.max_order = check_positive_int(max_order, "max_order")
-        if self.max_order < self.min_order:
-            raise ValueError(f"max_order must be ≥ min_order={min_order}, got {max_order}")
+        self.max_order = None if max_order is None else check_positive_int(max_order, "max_order")
+        if self.max_order is not None and self.max_order < self.min_order:
+            raise ValueError(f"max_order must be ≥ min_order={min_order} (or None), got {max_order}")
+        if self.max_order is None and self.min_order > AUTO_MAX_ORDER:
+            raise ValueError(f"min_order must be ≤ {AUTO_MAX_ORDER} with max_order=None, got {min_order}")
         self.sample_size = check_positive_int(sample_size, "sample_size")
         self.objective = None
         super().__init__(kernel, num_features, None, projection, weights, srht_blocks, bias_correction, seed,
@@ -355,9 +364,23 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         if x.shape[0] > self.sample_size:
             generator = torch.Generator().manual_seed(self.seed)
             x = x[torch.randperm(x.shape[0], generator=generator)[: self.sample_size]]
-        objective = AllocationObjective(self.kernel, x, self.max_order, self.projection, self.weights,
+        objective = AllocationObjective(self.kernel, x, self.order_limit, self.projection, self.weights,
                                         self.srht_blocks)
         return x, extended_allocation(objective, self.min_order, self.max_order, self.total_width)
+
+    @property
+    def order_limit(self) -> int:
+        """The highest order :meth:`fit` may choose: ``max_order``, or :data:`AUTO_MAX_ORDER` for the automatic search."""
+        return AUTO_MAX_ORDER if self.max_order is None else self.max_order
+
+    def _checked_adoptions(self, saved: dict, prefix: str) -> dict:
+        """A state saved with a fixed ``max_order`` (before the automatic search, 10 by default) loads into a map
+        with ``max_order=None`` and keeps its cap for later refits; any other difference raises as usual."""
+        if self.max_order is None and isinstance(saved.get("max_order"), int):
+            cap = saved["max_order"]
+            adopt = super()._checked_adoptions({k: v for k, v in saved.items() if k != "max_order"}, prefix)
+            return {**adopt, "max_order": cap}
+        return super()._checked_adoptions(saved, prefix)
 
     def carried_share(self, x: Tensor, refit: bool = False, kernel: DotProductKernelSpec | None = None) -> Tensor:
         """E k̂(x, x)/k(x, x) per row of ``x`` (as the map sees it, divided by ℓ; 1 where k(x, x) = 0), in float64.
@@ -406,7 +429,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             norm = float(x.pow(2).sum(-1).median())
             raise ValueError(
                 f"the optimized Maclaurin map of the {self.kernel.name} kernel (order {len(widths)} ≤ "
-                f"max_order={self.max_order}, {self.num_features} features) carries a share {share:.2g} of k(x, x) "
+                f"max_order={self.order_limit}, {self.num_features} features) carries a share {share:.2g} of k(x, x) "
                 f"at the median sample point (‖x‖²/ℓ² = {norm:.3g} there), below min_share={self.min_share:.2g}: "
                 f"{self._share_advice()}"
             )

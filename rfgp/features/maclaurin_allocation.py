@@ -17,7 +17,8 @@ the bias of each candidate order.
   get nothing; ties go to the larger degree).  TensorSRHT uses the convex surrogate of
   Appendix C (Eqs. 72–73), which gives degree 1 at most d features (automatic H0/1).
 * :func:`extended_allocation` (Algorithm 3): the best truncation order p ∈ [p_min, p_max]
-  by the exact objective g (ties to the larger p).
+  by the exact objective g (ties to the larger p); without p_max, upward from p_min until no higher order
+  can beat the best g (the low-dimensional case: there extra width buys nothing, a higher order does).
 """
 
 from __future__ import annotations
@@ -215,19 +216,41 @@ class Allocation:
     objective: float
 
 
-def extended_allocation(objective: AllocationObjective, min_order: int, max_order: int, total: int) -> Allocation:
-    """Algorithm 3: min over p ∈ [min_order, max_order] of g(p, Algorithm 2(p)); ties go to the larger p."""
+#: the highest order the automatic search (``max_order=None``) may reach: the signed-log pair statistics are checked
+#: against 50-digit arithmetic up to degree 60 (tests/features/test_maclaurin_allocation_numerics.py)
+AUTO_MAX_ORDER = 60
+
+
+def extended_allocation(objective: AllocationObjective, min_order: int, max_order: int | None,
+                        total: int) -> Allocation:
+    """Algorithm 3: min over p ∈ [min_order, max_order] of g(p, Algorithm 2(p)); ties go to the larger p.
+
+    ``max_order=None`` lifts the paper's p_max = 10 (an experimental setting, §6.1.4, chosen where the degrees
+    above 3 receive few features): the search runs upward from ``min_order`` (to at most :data:`AUTO_MAX_ORDER`
+    and ``objective.max_degree``) and stops at the first order p whose variance term alone reaches the best g so
+    far.  The optimal variance V*(p) of Eq. 53 does not decrease with p (an order q > p must give each new degree
+    a feature, taken from the first p), so g(q) ≥ V*(q) ≥ V*(p) ≥ g* for every q ≥ p: the stop loses nothing
+    (for TensorSRHT this holds for the Appendix C surrogate that Algorithm 2 minimises).
+    This matters in low dimension, where a degree-n sketch reaches its exact value with few features (in 1-D
+    the real Rademacher and the TensorSRHT variances vanish at one or two features, paper 000 §5.5) and every
+    further feature can only lower the truncation bias through a higher order; in high dimension the variance
+    term reaches g* near the paper's orders and the result is the same.
+    """
+    upper = min(AUTO_MAX_ORDER, objective.max_degree) if max_order is None else max_order
     best, best_value = None, math.inf
-    for order in range(min_order, max_order + 1):
-        active = sum(1 for n in range(1, order + 1) if objective.has_degree(n))
-        if active > total:
+    for order in range(min_order, upper + 1):
+        active = [n for n in range(1, order + 1) if objective.has_degree(n)]
+        if len(active) > total:
             break  # infeasible: every degree with aₙ > 0 needs a feature
         widths = incremental_allocation(objective, order, total)
+        variance = sum(objective.degree_variance(n, widths[n - 1]) for n in active)
+        if max_order is None and best is not None and variance >= best_value:
+            break  # no order ≥ this one can beat g*
         value = objective(widths)
         if best is None or value <= best_value:
             best, best_value = (order, widths), value
     if best is None:
-        raise ValueError(f"no truncation order in [{min_order}, {max_order}] fits a budget of {total} features")
+        raise ValueError(f"no truncation order in [{min_order}, {upper}] fits a budget of {total} features")
     return Allocation(*best, objective.absolute(best_value))
 
 
@@ -247,4 +270,5 @@ def total_width(num_features: int, has_constant: bool, complex_weights: bool) ->
     return (num_features - has_constant) // (2 if complex_weights else 1)
 
 
-__all__ = ["Allocation", "AllocationObjective", "extended_allocation", "incremental_allocation", "random_degrees"]
+__all__ = ["AUTO_MAX_ORDER", "Allocation", "AllocationObjective", "extended_allocation", "incremental_allocation",
+           "random_degrees"]

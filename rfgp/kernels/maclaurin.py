@@ -67,7 +67,8 @@ class MaclaurinRBFKernel(SketchedRBFKernel):
             :class:`~rfgp.features.OptimizedMaclaurin`.
         weights: ``"ctr"``, ``"complex"``, ``"rademacher"``, ... (the random weights' distribution).
         srht_blocks: ``"tiled"`` or another SRHT block layout of the map.
-        min_order, max_order: the degrees n the allocation may use, ``min_order ≤ n ≤ max_order``.
+        min_order, max_order: the degrees n the allocation may use, ``min_order ≤ n ≤ max_order``
+            (``max_order=None``: the order rises while it can lower the objective, see ``OptimizedMaclaurin``).
         sample_size: number of inputs the allocation is fitted on.
         bias_correction: add the expected truncation bias to the variance correction.
         complex_posterior: with ``weights="complex"``/``"ctr"``, the complex-feature GP of paper 000
@@ -104,7 +105,7 @@ class MaclaurinRBFKernel(SketchedRBFKernel):
         weights: str = "ctr",
         srht_blocks: str = "tiled",
         min_order: int = 1,
-        max_order: int = 10,
+        max_order: int | None = None,
         sample_size: int = 500,
         bias_correction: bool = True,
         complex_posterior: bool = False,
@@ -139,7 +140,8 @@ class SketchedExponentialKernel(MethodDispatch, ComplexPosteriorMixin, RandomFea
         projection: the sketch of each degree (default ``"srht"``, TensorSRHT).
         weights: ``"ctr"`` (default), ``"complex"`` or ``"real"``.
         srht_blocks: SRHT block layout, ``"tiled"`` or ``"independent"``.
-        min_order, max_order: the degrees n the allocation may use, ``min_order ≤ n ≤ max_order``.
+        min_order, max_order: the degrees n the allocation may use, ``min_order ≤ n ≤ max_order``
+            (``max_order=None``: the order rises while it can lower the objective, see ``OptimizedMaclaurin``).
         sample_size: number of inputs the allocation is fitted on.
         widths: a fixed allocation (D₁, …, D_p) instead of fitting one.
         x_sample: inputs (in scaled units) to fit the allocation on at construction.
@@ -179,7 +181,7 @@ class SketchedExponentialKernel(MethodDispatch, ComplexPosteriorMixin, RandomFea
         weights: str = "ctr",
         srht_blocks: str = "tiled",
         min_order: int = 1,
-        max_order: int = 10,
+        max_order: int | None = None,
         sample_size: int = 500,
         widths: tuple[int, ...] | None = None,
         x_sample: Tensor | None = None,
@@ -348,7 +350,7 @@ def warn_truncated_conversion(kernel: Kernel, x: Tensor) -> None:
                 else "its posterior is the truncated kernel's")
     warnings.warn(
         f"rfgp.sketch: the optimized Maclaurin map of {type(kernel).__name__} ({feature_map.kernel.name}, order "
-        f"{feature_map.order} ≤ max_order={feature_map.max_order}), fitted on x_sample at the converted "
+        f"{feature_map.order} ≤ max_order={feature_map.order_limit}), fitted on x_sample at the converted "
         f"hyperparameters, leaves out {missing:.2g} of k(x, x) on average over it (median share "
         f"{float(share.median()):.3g}, median ‖x‖²/ℓ² {scale:.3g}), so it is not the converted model there: "
         f"{variance}. Raise max_order, centre and scale the inputs, or use method='rff', 'orf' or 'nystrom'",

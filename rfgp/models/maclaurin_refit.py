@@ -76,13 +76,13 @@ def warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
                       f"(leaving out {missing_refit:.2g}) and train on (fit_mll does both while iterations are left, "
                       "unless refit_allocation=False)")
         else:
-            advice = (f"A refit at max_order={feature_map.max_order} would still leave out {missing_refit:.2g}: build "
+            advice = (f"A refit at max_order={feature_map.order_limit} would still leave out {missing_refit:.2g}: build "
                       "the kernel with a larger max_order, refit_allocation(model.covar_module, train_x) and train on")
         if feature_map.bias_correction:
             advice += ", or build it with bias_correction=False (the posterior of the truncated kernel)"
         warnings.warn(
             f"fit_mll: at the trained hyperparameters the optimized Maclaurin map of {type(kernel).__name__} "
-            f"({feature_map.kernel.name}, order {feature_map.order} ≤ max_order={feature_map.max_order}) leaves out "
+            f"({feature_map.kernel.name}, order {feature_map.order} ≤ max_order={feature_map.order_limit}) leaves out "
             f"{missing:.2g} of k(x, x) on average over the training inputs (median share {float(share.median()):.3g}, "
             f"median ‖x‖²/ℓ² {scale:.3g}): the model was trained on the truncated kernel, and the bias-corrected "
             "posterior variance adds the outputscale times the rest, k(x, x) − E k̂(x, x), as prior variance that no "

@@ -1,0 +1,92 @@
+"""The truncation order of the optimized Maclaurin map without a fixed p_max (``max_order=None``, the default).
+
+In low dimension a degree-n sketch is exact with a few features, so extra width buys nothing and only a higher order
+lowers the error; with the paper's p_max = 10 the 1-D Gaussian kernel kept its truncation error at every F.
+"""
+
+import math
+
+import pytest
+import torch
+
+from rfgp.features import OptimizedMaclaurin, dot_product
+from rfgp.features.maclaurin_allocation import AUTO_MAX_ORDER, AllocationObjective, extended_allocation
+from rfgp.kernels import SketchedRBFKernel
+
+
+def _inputs(n, d, seed=1):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _gram_error(kernel, x):
+    with torch.no_grad():
+        approx = kernel(x).to_dense()
+    exact = torch.exp(-torch.cdist(x, x).pow(2) / 2)
+    return float((approx - exact).norm() / exact.norm())
+
+
+def test_one_dimensional_rbf_error_falls_with_the_order_instead_of_stalling_at_order_ten():
+    """1-D standard-normal inputs, F = 2048: order 10 leaves a Gram error of 3.9·10⁻³ at every F (widths
+    (2, …, 2, 1005)); the automatic order carries the kernel to round-off."""
+    x = _inputs(120, 1)
+    errors = {}
+    for num_features in (256, 2048):
+        kernel = SketchedRBFKernel(num_features, method="maclaurin", input_dim=1, seed=0, sample_size=120).double()
+        kernel.lengthscale = 1.0
+        errors[num_features] = _gram_error(kernel, x)
+        feature_map = kernel.feature_map
+        assert feature_map.order > 10
+        assert sum(feature_map.widths) == feature_map.total_width
+        assert all(width >= 1 for width in feature_map.widths)  # every degree ≤ p* with aₙ > 0 is sketched
+    capped = SketchedRBFKernel(2048, method="maclaurin", input_dim=1, seed=0, sample_size=120, max_order=10).double()
+    capped.lengthscale = 1.0
+    assert _gram_error(capped, x) > 1e-3
+    assert errors[2048] < 1e-8 and errors[256] < 1e-8
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("projection, weights", [("srht", "ctr"), ("rademacher", "real")])
+def test_automatic_search_finds_the_exhaustive_optimum(d, projection, weights):
+    """The stop (variance term ≥ best g) loses nothing against the search over every order ≤ AUTO_MAX_ORDER.
+
+    In 1-D the variances are zero up to the round-off of their closed forms (≈10⁻²⁶ of the objective's scale), so
+    the two may differ there by 10⁻²⁰ of the scale (10⁻¹⁰ of the kernel values)."""
+    objective = AllocationObjective(dot_product.gaussian(), _inputs(60, d, seed=d), AUTO_MAX_ORDER, projection, weights)
+    round_off = 1e-20 * math.exp(objective.log_scale)
+    for total in (20, 300):
+        automatic = extended_allocation(objective, 1, None, total)
+        exhaustive = extended_allocation(objective, 1, AUTO_MAX_ORDER, total)
+        assert automatic.objective <= exhaustive.objective * (1 + 1e-9) + round_off
+        assert sum(automatic.widths) == total and len(automatic.widths) == automatic.order
+
+
+def test_high_dimension_keeps_the_order_of_the_paper_range():
+    """d = 16, F = 513: the automatic search ends inside [1, 10] with the allocation the capped search gives."""
+    x = _inputs(200, 16) / 4
+    automatic = OptimizedMaclaurin(dot_product.gaussian(), 513, x_sample=x, seed=0)
+    capped = OptimizedMaclaurin(dot_product.gaussian(), 513, max_order=10, x_sample=x, seed=0)
+    assert automatic.order <= 10 and automatic.widths == capped.widths
+
+
+def test_state_round_trip_of_an_automatic_order_and_a_saved_cap():
+    x = _inputs(80, 1)
+    phi = OptimizedMaclaurin(dot_product.gaussian(), 129, x_sample=x, seed=0).double()
+    assert phi.order > 10
+    other = OptimizedMaclaurin(dot_product.gaussian(), 129, input_dim=1, widths=(64,), seed=3).double()
+    other.load_state_dict(phi.state_dict())
+    assert other.widths == phi.widths and other.objective == phi.objective and other.max_order is None
+    assert torch.equal(other(x), phi(x))
+    # a state saved with a fixed cap (every state before the automatic search: 10) keeps it in a default map
+    capped = OptimizedMaclaurin(dot_product.gaussian(), 129, max_order=10, x_sample=x, seed=0).double()
+    default = OptimizedMaclaurin(dot_product.gaussian(), 129, input_dim=1, widths=(64,), seed=3).double()
+    default.load_state_dict(capped.state_dict())
+    assert default.max_order == 10 and default.widths == capped.widths and torch.equal(default(x), capped(x))
+    assert default.fit(x).order == 10
+    # an automatic state does not load into a map with a fixed cap
+    with pytest.raises(ValueError, match="max_order"):
+        capped.load_state_dict(phi.state_dict())
+
+
+def test_min_order_beyond_the_automatic_limit_names_the_argument():
+    with pytest.raises(ValueError, match=f"min_order must be ≤ {AUTO_MAX_ORDER} with max_order=None, got 61"):
+        OptimizedMaclaurin(dot_product.gaussian(), 129, min_order=61)
