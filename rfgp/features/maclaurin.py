@@ -32,8 +32,7 @@ from . import dot_product
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
 from .dot_product import DotProductKernelSpec, degree_terms
-from .maclaurin_allocation import (AUTO_MAX_ORDER, AllocationObjective, extended_allocation, random_degrees,
-                                   total_width)
+from .maclaurin_allocation import AUTO_MAX_ORDER, AllocationObjective, extended_allocation, random_degrees, total_width
 from .polynomial import WEIGHTS
 
 #: projections the allocation has closed-form variances for
@@ -370,7 +369,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
 
     @property
     def order_limit(self) -> int:
-        """The highest order :meth:`fit` may choose: ``max_order``, or :data:`AUTO_MAX_ORDER` for the automatic search."""
+        """The highest order :meth:`fit` may choose: ``max_order``, or ``AUTO_MAX_ORDER`` for the automatic search."""
         return AUTO_MAX_ORDER if self.max_order is None else self.max_order
 
     def _checked_adoptions(self, saved: dict, prefix: str) -> dict:
