@@ -254,13 +254,15 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             dimension this ends near the paper's p_max = 10; in low dimension, where a few features make a
             degree exact, it raises the order instead of widening one degree: the Gaussian kernel on 1-D
             standard-normal inputs (ℓ = 1, 500 points) has Gram relative error 3.9·10⁻³ at every F = 64…4096 with
-            p_max = 10 (widths (2, …, 2, 1005) at F = 2048) and ≤ 10⁻¹⁰ from F = 128 with the automatic search.
+            p_max = 10 (widths (2, …, 2, 1005) at F = 2048), 5·10⁻⁸ at F = 64 and ≤ 6·10⁻¹¹ from F = 256 with the
+            automatic search (orders 31–41).
         widths: a fixed allocation (D₁, …, D_p) instead of the search (Σ Dₙ = D_total).
         x_sample: the data sample for the allocation; ``None`` fits on the first call's
             inputs.  :meth:`fit` refits (e.g. after the lengthscale changed).
         sample_size: at most this many rows of the sample are used (O(m²) statistics).
             (``min_order``, ``max_order`` and ``sample_size`` are saved and checked on load; the
-            fitted ``widths`` and ``objective`` are adopted.)
+            fitted ``widths`` and ``objective`` are adopted, and so is a saved fixed ``max_order`` by a map
+            with ``max_order=None``: states saved before the automatic search keep their cap of 10.)
         bias_correction: report k(x, x) − E k̂(x, x) to the kernels' posterior variance (§5.6).
         min_share: :meth:`fit` raises a ``ValueError`` when the fitted map carries less than this share
             E k̂(x, x)/k(x, x) of the kernel at the median sample point (0, the default, never raises;
