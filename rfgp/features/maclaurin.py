@@ -374,6 +374,13 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         """The highest order :meth:`fit` may choose: ``max_order``, or ``AUTO_MAX_ORDER`` for the automatic search."""
         return AUTO_MAX_ORDER if self.max_order is None else self.max_order
 
+    @property
+    def order_option(self) -> str:
+        """The option that raises the truncation order: ``max_order`` (the cap), or ``min_order`` for the automatic
+        search, which stops where the objective over pairs of distinct points (k(x, x) is not among them) stops
+        improving."""
+        return "min_order" if self.max_order is None else "max_order"
+
     def _checked_adoptions(self, saved: dict, prefix: str) -> dict:
         """A state saved with a fixed ``max_order`` (before the automatic search, 10 by default) loads into a map
         with ``max_order=None`` and keeps its cap for later refits; any other difference raises as usual."""
@@ -439,8 +446,8 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         """What a map that carries almost nothing of k(x, x) means for this kernel family, and what to do."""
         if self.kernel.name == "gaussian":
             return ("its features are numerically zero and the marginal likelihood is flat in the lengthscale. Start "
-                    "from a larger lengthscale (‖x‖²/ℓ² of a few units; standardise the inputs), raise max_order, or "
-                    "use method='rff', 'orf' or 'sorf'")
+                    "from a larger lengthscale (‖x‖²/ℓ² of a few units; standardise the inputs), raise "
+                    f"{self.order_option}, or use method='rff', 'orf' or 'sorf'")
         dropped = ("the degrees it leaves out hold the rest, so it trains a different kernel, and the bias-corrected "
                    "posterior variance adds them back as prior variance that no data informs")
         power = getattr(self.kernel, "power", None)
@@ -448,7 +455,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             return (f"{dropped}. Pass min_order={power} (every degree ≤ {power} sketched: the exact expansion), use a "
                     "larger lengthscale or offset (standardise the inputs), or method='sketch'")
         return (f"{dropped}. Start from a larger lengthscale (‖x‖²/ℓ² of a few units; standardise the inputs) or "
-                "raise max_order")
+                f"raise {self.order_option}")
 
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         return self._draw_sketches(generator)

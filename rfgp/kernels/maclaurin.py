@@ -353,7 +353,8 @@ def warn_truncated_conversion(kernel: Kernel, x: Tensor) -> None:
         f"{feature_map.order} ≤ max_order={feature_map.order_limit}), fitted on x_sample at the converted "
         f"hyperparameters, leaves out {missing:.2g} of k(x, x) on average over it (median share "
         f"{float(share.median()):.3g}, median ‖x‖²/ℓ² {scale:.3g}), so it is not the converted model there: "
-        f"{variance}. Raise max_order, centre and scale the inputs, or use method='rff', 'orf' or 'nystrom'",
+        f"{variance}. Raise {feature_map.order_option}, centre and scale the inputs, or use method='rff', 'orf' or "
+        "'nystrom'",
         TruncationWarning, stacklevel=2,
     )
 

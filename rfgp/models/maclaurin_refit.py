@@ -77,8 +77,8 @@ def warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
                       "unless refit_allocation=False)")
         else:
             advice = (f"A refit at max_order={feature_map.order_limit} would still leave out {missing_refit:.2g}: "
-                      "build the kernel with a larger max_order, refit_allocation(model.covar_module, train_x) and "
-                      "train on")
+                      f"build the kernel with a larger {feature_map.order_option}, "
+                      "refit_allocation(model.covar_module, train_x) and train on")
         if feature_map.bias_correction:
             advice += ", or build it with bias_correction=False (the posterior of the truncated kernel)"
         warnings.warn(
