@@ -6,9 +6,11 @@ lowers the error; with the paper's p_max = 10 the 1-D Gaussian kernel kept its t
 
 import math
 
+import gpytorch
 import pytest
 import torch
 
+import rfgp
 from rfgp.features import OptimizedMaclaurin, dot_product
 from rfgp.features.maclaurin_allocation import AUTO_MAX_ORDER, AllocationObjective, extended_allocation
 from rfgp.kernels import SketchedRBFKernel
@@ -42,6 +44,11 @@ def test_one_dimensional_rbf_error_falls_with_the_order_instead_of_stalling_at_o
     capped.lengthscale = 1.0
     assert _gram_error(capped, x) > 1e-3
     assert errors[2048] < 1e-8 and errors[256] < 1e-8
+    # the conversion builds the same default
+    exact = gpytorch.kernels.RBFKernel().double()
+    exact.lengthscale = 1.0
+    converted = rfgp.sketch(exact, 2048, method="maclaurin", x_sample=x, seed=0, sample_size=120)
+    assert converted.feature_map.order > 10 and _gram_error(converted, x) < 1e-8
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
