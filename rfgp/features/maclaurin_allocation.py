@@ -79,11 +79,9 @@ class AllocationObjective:
         self._log_weight = 2 * log_pair  # sᵢ²sⱼ², Eq. 55
         self.log_coefficients = kernel.log_coefficients(max_degree)
         self.coefficients = self.log_coefficients.exp()
-        # sᵢsⱼaₙGⁿ per pair and degree (log|·|, sign) and k(xᵢ, xⱼ), for the bias
-        degrees = torch.arange(max_degree + 1, dtype=torch.float64)
-        log_abs_g = torch.where(degrees == 0, 0.0, degrees * g.abs().log().unsqueeze(-1))
-        self._log_terms = log_pair.unsqueeze(-1) + self.log_coefficients + log_abs_g
-        self._sign_terms = torch.where((g.unsqueeze(-1) < 0) & (degrees % 2 == 1), -1.0, 1.0).double()
+        # for the bias: sᵢsⱼaₙGⁿ per pair, formed for the degrees a candidate order includes (a table of every degree
+        # up to AUTO_MAX_ORDER would hold 61 values per pair), and k(xᵢ, xⱼ)
+        self._log_pair, self._log_abs_g, self._g_negative = log_pair, g.abs().log(), g < 0
         log_k, sign_k = kernel.log_gram(x, x)
         self._log_exact, self._sign_exact = log_k[rows, cols], sign_k[rows, cols]
         self.log_scale = self._reference_scale()
@@ -164,9 +162,12 @@ class AllocationObjective:
     # ------------------------------------------------------------ objective
     def squared_bias(self, included: list[int]) -> float:
         """mean_{i≠j}(k − sᵢsⱼ Σ_{n ∈ {0} ∪ included} aₙGⁿ)² (relative units)."""
-        degrees = sorted({0, *included})
-        log_abs = torch.cat((self._log_exact.unsqueeze(-1), self._log_terms[:, degrees]), dim=-1)
-        sign = torch.cat((self._sign_exact.unsqueeze(-1), -self._sign_terms[:, degrees]), dim=-1)
+        degrees = torch.tensor(sorted({0, *included}), dtype=torch.float64)
+        log_abs_g = torch.where(degrees == 0, 0.0, degrees * self._log_abs_g.unsqueeze(-1))
+        log_terms = self._log_pair.unsqueeze(-1) + self.log_coefficients[degrees.long()] + log_abs_g
+        sign_terms = torch.where(self._g_negative.unsqueeze(-1) & (degrees % 2 == 1), -1.0, 1.0).double()
+        log_abs = torch.cat((self._log_exact.unsqueeze(-1), log_terms), dim=-1)
+        sign = torch.cat((self._sign_exact.unsqueeze(-1), -sign_terms), dim=-1)
         log_residual, _ = signed_log.sum_exp(log_abs, sign)
         log_mean, _ = signed_log.mean_exp(2 * log_residual, torch.ones_like(log_residual))
         return signed_log.to_float(log_mean - self.log_scale)
