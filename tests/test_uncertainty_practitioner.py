@@ -191,8 +191,7 @@ def test_converting_at_hyperparameters_the_maclaurin_truncation_does_not_carry_w
     334 times the exact GP's variance among 1 000 training points, and nothing said so (fit_mll warns only after
     training).  Now the conversion warns with rfgp.TruncationWarning; at ℓ = 1 it stays quiet."""
     x, _ = _data(40)
-    with pytest.warns(rfgp.TruncationWarning,
-                      match=r"leaves out 0\.\d+ of k\(x, x\) on average over it.*Raise min_order"):
+    with pytest.warns(rfgp.TruncationWarning, match=r"leaves out 0\.\d+ of k\(x, x\) on average over it.*max_order"):
         kernel = rfgp.sketch(_exact_kernel(lengthscale=0.2), 32, method="maclaurin", x_sample=x, seed=0)
     share = rfgp.kernels.maclaurin.truncation_share(kernel.base_kernel, x)
     assert float((1 - share).mean()) > 0.1

@@ -1,4 +1,4 @@
-"""The truncation order of the optimized Maclaurin map without a fixed p_max (``max_order=None``, the default).
+"""The truncation order of the optimized Maclaurin map without a fixed p_max (``max_order=None``, opt-in).
 
 In low dimension a degree-n sketch is exact with a few features, so extra width buys nothing and only a higher order
 lowers the error; with the paper's p_max = 10 the 1-D Gaussian kernel kept its truncation error at every F.
@@ -33,21 +33,22 @@ def test_one_dimensional_rbf_error_falls_with_the_order_instead_of_stalling_at_o
     x = _inputs(120, 1)
     errors = {}
     for num_features in (256, 2048):
-        kernel = SketchedRBFKernel(num_features, method="maclaurin", input_dim=1, seed=0, sample_size=120).double()
+        kernel = SketchedRBFKernel(num_features, method="maclaurin", input_dim=1, seed=0, sample_size=120,
+                                   max_order=None).double()
         kernel.lengthscale = 1.0
         errors[num_features] = _gram_error(kernel, x)
         feature_map = kernel.feature_map
         assert feature_map.order > 10
         assert sum(feature_map.widths) == feature_map.total_width
         assert all(width >= 1 for width in feature_map.widths)  # every degree ≤ p* with aₙ > 0 is sketched
-    capped = SketchedRBFKernel(2048, method="maclaurin", input_dim=1, seed=0, sample_size=120, max_order=10).double()
+    capped = SketchedRBFKernel(2048, method="maclaurin", input_dim=1, seed=0, sample_size=120).double()  # default 10
     capped.lengthscale = 1.0
     assert _gram_error(capped, x) > 1e-3
     assert errors[2048] < 1e-8 and errors[256] < 1e-8
-    # the conversion builds the same default
+    # the conversion passes the option on
     exact = gpytorch.kernels.RBFKernel().double()
     exact.lengthscale = 1.0
-    converted = rfgp.sketch(exact, 2048, method="maclaurin", x_sample=x, seed=0, sample_size=120)
+    converted = rfgp.sketch(exact, 2048, method="maclaurin", x_sample=x, seed=0, sample_size=120, max_order=None)
     assert converted.feature_map.order > 10 and _gram_error(converted, x) < 1e-8
 
 
@@ -70,22 +71,23 @@ def test_automatic_search_finds_the_exhaustive_optimum(d, projection, weights):
 def test_high_dimension_keeps_the_order_of_the_paper_range():
     """d = 16, F = 513: the automatic search ends inside [1, 10] with the allocation the capped search gives."""
     x = _inputs(200, 16) / 4
-    automatic = OptimizedMaclaurin(dot_product.gaussian(), 513, x_sample=x, seed=0)
+    automatic = OptimizedMaclaurin(dot_product.gaussian(), 513, max_order=None, x_sample=x, seed=0)
     capped = OptimizedMaclaurin(dot_product.gaussian(), 513, max_order=10, x_sample=x, seed=0)
     assert automatic.order <= 10 and automatic.widths == capped.widths
 
 
 def test_state_round_trip_of_an_automatic_order_and_a_saved_cap():
     x = _inputs(80, 1)
-    phi = OptimizedMaclaurin(dot_product.gaussian(), 129, x_sample=x, seed=0).double()
+    phi = OptimizedMaclaurin(dot_product.gaussian(), 129, max_order=None, x_sample=x, seed=0).double()
     assert phi.order > 10
-    other = OptimizedMaclaurin(dot_product.gaussian(), 129, input_dim=1, widths=(64,), seed=3).double()
+    other = OptimizedMaclaurin(dot_product.gaussian(), 129, max_order=None, input_dim=1, widths=(64,), seed=3).double()
     other.load_state_dict(phi.state_dict())
     assert other.widths == phi.widths and other.objective == phi.objective and other.max_order is None
     assert torch.equal(other(x), phi(x))
-    # a state saved with a fixed cap (every state before the automatic search: 10) keeps it in a default map
+    # a state saved with a fixed cap (the default 10) keeps it in a map built with max_order=None
     capped = OptimizedMaclaurin(dot_product.gaussian(), 129, max_order=10, x_sample=x, seed=0).double()
-    default = OptimizedMaclaurin(dot_product.gaussian(), 129, input_dim=1, widths=(64,), seed=3).double()
+    default = OptimizedMaclaurin(dot_product.gaussian(), 129, max_order=None, input_dim=1, widths=(64,), seed=3)
+    default = default.double()
     default.load_state_dict(capped.state_dict())
     assert default.max_order == 10 and default.widths == capped.widths and torch.equal(default(x), capped(x))
     assert default.fit(x).order == 10
@@ -96,4 +98,4 @@ def test_state_round_trip_of_an_automatic_order_and_a_saved_cap():
 
 def test_min_order_beyond_the_automatic_limit_names_the_argument():
     with pytest.raises(ValueError, match=f"min_order must be ≤ {AUTO_MAX_ORDER} with max_order=None, got 61"):
-        OptimizedMaclaurin(dot_product.gaussian(), 129, min_order=61)
+        OptimizedMaclaurin(dot_product.gaussian(), 129, min_order=61, max_order=None)

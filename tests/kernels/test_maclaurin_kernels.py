@@ -189,7 +189,7 @@ def test_exponential_and_polynomial_maps_that_carry_no_share_of_the_kernel_are_r
     the rest back as uninformed prior variance; both are refused, and min_order=power gives the exact expansion."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 26, generator=g, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"exponential kernel .*carries a share .*raise min_order"):
+    with pytest.raises(ValueError, match=r"exponential kernel .*carries a share .*raise max_order"):
         SketchedExponentialKernel(512, ard_num_dims=26, seed=0).double()(x).to_dense()
     exact = gpytorch.kernels.PolynomialKernel(20).double()
     with pytest.raises(ValueError, match=r"polynomial\(p=20.*carries a share .*min_order=20"):
