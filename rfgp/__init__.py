@@ -37,6 +37,7 @@ from .kernels import independent_outputs as _independent_outputs
 from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
 from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
+from .core.memory import MemoryBudgetWarning
 from .kernels.conversion import register_converter, sketch
 from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, fit_scale_and_noise, set_num_features
 from .training import (
@@ -79,6 +80,7 @@ __all__ = [
     "NonFiniteLossError",
     "AllocationRefit",
     "DataScaleWarning",
+    "MemoryBudgetWarning",
     "StreamingFeatureGP",
     "TrainingHistory",
     "TrainingRestart",

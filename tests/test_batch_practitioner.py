@@ -288,3 +288,46 @@ def test_member_lbfgs_refuses_parameters_the_members_share():
     model = _GP(x, y, _kernel(torch.Size([]), "rff", None), BATCH).double()  # one kernel for all members
     with pytest.raises(ValueError, match=r"member_lbfgs.* batch shape \(4,\).*\[\(\), \(1, 2\)"):
         rfgp.fit_mll(model, optimizer="member_lbfgs")
+
+
+def _statistics_warnings(budget, evaluate):
+    with warnings.catch_warnings(record=True) as caught, rfgp.settings.memory_budget(budget):
+        warnings.simplefilter("always")
+        result = evaluate()
+    return result, [str(w.message) for w in caught if issubclass(w.category, rfgp.MemoryBudgetWarning)]
+
+
+def test_statistics_over_the_memory_budget_are_named_with_their_batch_and_width():
+    """The budget chunks the (B, N, F) features but not the (B, F, F) statistics: where those alone exceed it, a
+    MemoryBudgetWarning names B, F, the bytes and the budget (B = 100, F = 256 under 16 MiB had grown by 304 MB
+    without a word).  B = 4, F = 64, float64: 6 (B, F, F) matrices for an MLL and its gradient, 786 432 bytes; 3 for a
+    posterior, 393 216; the features (4 copies of 4 × 200 × 64) 1 638 400 bytes, chunked under every budget here."""
+    assert issubclass(rfgp.MemoryBudgetWarning, UserWarning)  # shown by default, unlike a ResourceWarning
+    x, y = _data(num_points=200)
+    model = _batched(x, y)
+    expected, expected_grads = _loss_and_grads(model, x, y)
+    (losses, grads), messages = _statistics_warnings(500_000, lambda: _loss_and_grads(model, x, y))
+    assert len(messages) == 1
+    assert "B = 4 batch member(s) at num_features F = 64 need about 786432 bytes" in messages[0]
+    assert "500000 bytes" in messages[0] and "separate models of at most 2 (batch_shape=[2])" in messages[0]
+    torch.testing.assert_close(losses, expected, rtol=0, atol=1e-12)  # warned, not changed
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=1e-12)
+    # no member fits: the advice is the width
+    _, messages = _statistics_warnings(150_000, lambda: _loss_and_grads(model, x, y))
+    assert len(messages) == 1 and "reduce num_features, or raise the budget above 786432 bytes" in messages[0]
+    # statistics within the budget (features still chunked): no warning
+    _, messages = _statistics_warnings(1_000_000, lambda: _loss_and_grads(model, x, y))
+    assert messages == []
+
+    def posterior():
+        model.eval()
+        with torch.no_grad():
+            return model(x[:, :5]).variance
+
+    _, messages = _statistics_warnings(500_000, posterior)  # a posterior's 393 216 bytes fit
+    assert messages == []
+    model.train()
+    _, messages = _statistics_warnings(300_000, posterior)
+    assert len(messages) == 1
+    assert "a posterior for B = 4 batch member(s)" in messages[0] and "393216 bytes" in messages[0]

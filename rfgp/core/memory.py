@@ -10,13 +10,21 @@ they are chunked under :class:`rfgp.settings.memory_budget`.
 
 Estimates below :data:`CHECK_THRESHOLD` bytes are not checked, so the common case costs
 nothing (no ``/proc`` read, no CUDA call).
+
+The budget bounds the chunked feature matrices, not the F × F statistics of the solve, which one chunk at a time
+cannot shrink: where those alone exceed it (a batch of B independent GPs forms B of them),
+:func:`warn_statistics_over_budget` says so with a :class:`MemoryBudgetWarning`.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
+
+from .dtypes import factor_dtype
+from .settings import memory_budget
 
 #: allocations smaller than this (256 MiB) are never checked
 CHECK_THRESHOLD = 2**28
@@ -99,4 +107,49 @@ def check_solve(num_rows: int, num_features: int, batch: int, dtype: torch.dtype
         f"({size} × {size} {dtype} matrix and its Cholesky factor)",
         device,
         advice,
+    )
+
+
+class MemoryBudgetWarning(UserWarning):
+    """The F × F statistics of a chunked feature-space solve exceed :class:`rfgp.settings.memory_budget` on their own.
+
+    Chunking bounds the ``(B, N, F)`` features by the budget; the ``(B, F, F)`` statistics, the capacitance, its
+    Cholesky factor and their gradients are formed whole, B of them for a batch of B independent GPs.
+    """
+
+
+#: (B, F, F) matrices alive at the peak of one marginal likelihood and its gradient on chunked statistics, and of
+#: one posterior's caches (no gradient): peak memory growth over one (B, F, F) float64 matrix, B = 100 members,
+#: F = 128–512, N = 1000, budgets 4–64 MiB (:file:`benchmarks/results/batch_memory.md`)
+STATISTICS_COPIES_GRADIENT = 6
+STATISTICS_COPIES = 3
+
+
+def warn_statistics_over_budget(batch: int, num_features: int, dtype: torch.dtype, device, gradient: bool) -> None:
+    """Warn (:class:`MemoryBudgetWarning`) where the ``(batch, F, F)`` statistics alone exceed the memory budget.
+
+    Their size is :data:`STATISTICS_COPIES_GRADIENT` (``gradient``: an MLL and its backward pass) or
+    :data:`STATISTICS_COPIES` (a posterior's caches) matrices of ``batch · F²`` numbers in the factors' precision
+    (:func:`~rfgp.core.dtypes.factor_dtype`: float64 for float32 features).
+    """
+    budget = memory_budget.value()
+    copies = STATISTICS_COPIES_GRADIENT if gradient else STATISTICS_COPIES
+    element = torch.empty((), dtype=factor_dtype(dtype, torch.device(device))).element_size()
+    member_bytes = copies * num_features**2 * element
+    needed = batch * member_bytes
+    if needed <= budget:
+        return
+    group = budget // member_bytes
+    if batch > 1 and group >= 1:
+        advice = (f"fit the members in separate models of at most {group} (batch_shape=[{group}]), reduce "
+                  f"num_features, or raise the budget above {needed} bytes")
+    else:
+        advice = f"reduce num_features, or raise the budget above {needed} bytes"
+    what = "an MLL and its gradient" if gradient else "a posterior"
+    warnings.warn(
+        f"rfgp.settings.memory_budget is {budget} bytes ({format_bytes(budget)}) but the feature statistics of "
+        f"{what} for B = {batch} batch member(s) at num_features F = {num_features} need about {needed} bytes "
+        f"({format_bytes(needed)}: {copies} (B, F, F) matrices) on top of the chunked features; the budget bounds "
+        f"only the (B, N, F) features, which it chunks: {advice}",
+        MemoryBudgetWarning, stacklevel=2,
     )

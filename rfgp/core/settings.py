@@ -82,7 +82,13 @@ class _ValueSetting:
 
 
 class memory_budget(_ValueSetting):
-    """Bytes the N × F feature matrices of one kernel evaluation may use (default 1 GiB)."""
+    """Bytes the N × F feature matrices of one kernel evaluation may use (default 1 GiB).
+
+    The F × F statistics of the solve are not chunked: for a batch of B independent GPs they are B of them, about
+    6·B·F² numbers for a marginal likelihood and its gradient, 3·B·F² for a posterior (float64 factors).  Where
+    those alone exceed the budget, chunked statistics warn (:class:`rfgp.MemoryBudgetWarning`, naming B, F, the bytes
+    and how many members would fit).
+    """
 
     _global_value = 2**30
     _name = "memory_budget"

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import refuse_autocast_backward
-from ..core.memory import check_solve
+from ..core.memory import check_solve, warn_statistics_over_budget
 from ..core.settings import memory_budget
 from . import distributed
 from .linalg import (
@@ -380,7 +380,9 @@ def check_chunked_solve(featurizer: Featurizer, inputs: Tensor, weights: Tensor,
     Checked where the statistics are accumulated — a marginal likelihood or posterior caches — not where a chunked
     covariance is built: a prior covariance, its products and samples need no F × F matrix (N = 1000 points at
     F = 65 536 raised this error for ``kernel(x)`` before).  With N < F the unchunked N × N kernel-space path would
-    need only N × N, but Φ whole, hence the advice.
+    need only N × N, but Φ whole, hence the advice.  Statistics that fit the device but not
+    :class:`rfgp.settings.memory_budget` get a :class:`~rfgp.core.memory.MemoryBudgetWarning`
+    (:func:`~rfgp.core.memory.warn_statistics_over_budget`; with a gradient where one is being recorded).
     """
     num_rows, num_features = inputs.shape[-2] * outputs, featurizer.num_features
     batch = torch.broadcast_shapes(featurizer.batch_shape, inputs.shape[:-2], weights.shape[:-1]).numel()
@@ -389,6 +391,8 @@ def check_chunked_solve(featurizer: Featurizer, inputs: Tensor, weights: Tensor,
         advice = (f"with N < F the N × N kernel-space path needs Φ whole: raise rfgp.settings.memory_budget above "
                   f"{memory_budget.value()} bytes, or reduce num_features")
     check_solve(num_rows, num_features, batch, inputs.dtype, inputs.device, size=num_features, advice=advice)
+    gradient = torch.is_grad_enabled() and any(t.requires_grad for t in (inputs, weights, *featurizer.params))
+    warn_statistics_over_budget(batch, num_features, inputs.dtype, inputs.device, gradient)
 
 
 def chunked_feature_statistics(
