@@ -47,8 +47,16 @@ def _held_warnings():
 
 
 def _replay(caught) -> None:
-    """Issues held warnings again, under the caller's filters, with their original category and location."""
+    """Issues held warnings again, under the caller's filters, with their original category and location, each
+    distinct one once: a warning raised at every training step (statistics over ``rfgp.settings.memory_budget``)
+    is held once per step, and ``warn_explicit`` without a registry deduplicates nothing (it was shown once per
+    step)."""
+    seen = set()
     for message in caught:
+        key = (message.category, str(message.message), message.filename, message.lineno)
+        if key in seen:
+            continue
+        seen.add(key)
         warnings.warn_explicit(message.message, message.category, message.filename, message.lineno,
                                source=message.source)
 

@@ -501,3 +501,14 @@ def test_leave_one_out_nll_is_that_of_refits_without_each_point(extra_noise):
     torch.testing.assert_close(leave_one_out_nll(model), expected, rtol=1e-9, atol=1e-9)
     counts = np.bincount(labels.numpy())
     assert float(class_prior_nll(labels, 3)) == pytest.approx(-np.log(counts[labels.numpy()] / len(labels)).mean())
+
+
+def test_warnings_held_during_the_fit_are_replayed_once_each():
+    """A warning of every training step (here the (C, F, F) statistics over rfgp.settings.memory_budget) is held
+    once per step while the fit runs; it was replayed as often (11 identical ones for a fit of 10 L-BFGS iterations)."""
+    x, y = _blobs()
+    with warnings.catch_warnings(record=True) as caught, rfgp.settings.memory_budget(100_000):
+        warnings.simplefilter("always")
+        DirichletGPClassifier(num_iterations=10, progress=False).fit(x, y)
+    messages = [str(w.message) for w in caught if issubclass(w.category, rfgp.MemoryBudgetWarning)]
+    assert messages and len(messages) == len(set(messages))
