@@ -94,11 +94,21 @@ def main() -> None:
                                          env=env, capture_output=True, text=True, check=True).stdout
                     rows.append(json.loads(out.strip().splitlines()[-1]))
                     print(rows[-1], flush=True)
-    lines = [__doc__.split("\n\n    python")[0], "",
+    write_results(rows)
+
+
+def write_results(rows: list[dict]) -> None:
+    lines = ["# " + __doc__.splitlines()[0], "", "`python benchmarks/batch_memory.py`: "
+             + " ".join(__doc__.split("\n\n")[1].split()), "",
              "| evaluation | B | F | budget (MiB) | peak growth (MiB) | one (B, F, F) (MiB) | growth / (B, F, F) |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['what']} | {r['B']} | {r['F']} | {r['budget_mib']} | {r['growth_mib']} | {r['bff_mib']} | "
               f"{r['copies']} |" for r in rows]
+    widest = max(r["B"] for r in rows)
+    for what in ("mll", "posterior"):
+        copies = [r["copies"] for r in rows if r["B"] == widest and r["what"] == what and r["budget_mib"] <= 16]
+        lines.append(f"\nAt B = {widest} under budgets of at most 16 MiB, {what}: {min(copies)}–{max(copies)} "
+                     "(B, F, F) matrices, the chunks included.")
     RESULTS.write_text("\n".join(lines) + "\n")
 
 
