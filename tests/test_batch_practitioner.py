@@ -331,3 +331,20 @@ def test_statistics_over_the_memory_budget_are_named_with_their_batch_and_width(
     _, messages = _statistics_warnings(300_000, posterior)
     assert len(messages) == 1
     assert "a posterior for B = 4 batch member(s)" in messages[0] and "393216 bytes" in messages[0]
+
+
+def test_unchunked_statistics_over_the_memory_budget_are_named_too():
+    """Features within the budget are not chunked, but their (B, F, F) statistics can still exceed it on their own
+    (N a little above F, where the feature path is taken): B = 4, N = 80, F = 64, float64, features 655 360 bytes
+    (4 copies) within 700 000, an MLL and its gradient 786 432 bytes; the posterior's 393 216 fit."""
+    x, y = _data(num_points=80)
+    model = _batched(x, y)
+    expected, _ = _loss_and_grads(model, x, y)
+    (losses, _), messages = _statistics_warnings(700_000, lambda: _loss_and_grads(model, x, y))
+    assert len(messages) == 1 and "B = 4 batch member(s) at num_features F = 64 need about 786432 bytes" in messages[0]
+    torch.testing.assert_close(losses, expected, rtol=0, atol=0)
+    model.eval()
+    with torch.no_grad():
+        _, messages = _statistics_warnings(700_000, lambda: model(x[:, :5]).variance)
+    assert messages == []
+    model.train()

@@ -11,8 +11,8 @@ they are chunked under :class:`rfgp.settings.memory_budget`.
 Estimates below :data:`CHECK_THRESHOLD` bytes are not checked, so the common case costs
 nothing (no ``/proc`` read, no CUDA call).
 
-The budget bounds the chunked feature matrices, not the F × F statistics of the solve, which one chunk at a time
-cannot shrink: where those alone exceed it (a batch of B independent GPs forms B of them),
+The budget bounds the feature matrices (chunked where they exceed it), not the F × F statistics of the solve,
+which one chunk at a time cannot shrink: where those alone exceed it (a batch of B independent GPs forms B of them),
 :func:`warn_statistics_over_budget` says so with a :class:`MemoryBudgetWarning`.
 """
 
@@ -111,10 +111,11 @@ def check_solve(num_rows: int, num_features: int, batch: int, dtype: torch.dtype
 
 
 class MemoryBudgetWarning(UserWarning):
-    """The F × F statistics of a chunked feature-space solve exceed :class:`rfgp.settings.memory_budget` on their own.
+    """The F × F statistics of a feature-space solve exceed :class:`rfgp.settings.memory_budget` on their own.
 
-    Chunking bounds the ``(B, N, F)`` features by the budget; the ``(B, F, F)`` statistics, the capacitance, its
-    Cholesky factor and their gradients are formed whole, B of them for a batch of B independent GPs.
+    The budget bounds the ``(B, N, F)`` features (chunking them where they exceed it); the ``(B, F, F)`` statistics,
+    the capacitance, its Cholesky factor and their gradients are formed whole, B of them for a batch of B
+    independent GPs.
     """
 
 
@@ -135,8 +136,7 @@ def warn_statistics_over_budget(batch: int, num_features: int, dtype: torch.dtyp
     """
     budget = memory_budget.value()
     copies = STATISTICS_COPIES_GRADIENT if gradient else STATISTICS_COPIES
-    element = torch.empty((), dtype=factor_dtype(dtype, torch.device(device))).element_size()
-    member_bytes = copies * num_features**2 * element
+    member_bytes = copies * num_features**2 * factor_dtype(dtype, torch.device(device)).itemsize
     needed = batch * member_bytes
     if needed <= budget:
         return
@@ -150,7 +150,7 @@ def warn_statistics_over_budget(batch: int, num_features: int, dtype: torch.dtyp
     warnings.warn(
         f"rfgp.settings.memory_budget is {budget} bytes ({format_bytes(budget)}) but the feature statistics of "
         f"{what} for B = {batch} batch member(s) at num_features F = {num_features} need about {needed} bytes "
-        f"({format_bytes(needed)}: {copies} (B, F, F) matrices) on top of the chunked features; the budget bounds "
-        f"only the (B, N, F) features, which it chunks: {advice}",
+        f"({format_bytes(needed)}: {copies} (B, F, F) matrices) on top of the features; the budget bounds only the "
+        f"(B, N, F) features, in chunks where they exceed it: {advice}",
         MemoryBudgetWarning, stacklevel=2,
     )

@@ -86,8 +86,8 @@ class memory_budget(_ValueSetting):
 
     The F × F statistics of the solve are not chunked: for a batch of B independent GPs they are B of them, about
     6·B·F² numbers for a marginal likelihood and its gradient, 3·B·F² for a posterior (float64 factors).  Where
-    those alone exceed the budget, chunked statistics warn (:class:`rfgp.MemoryBudgetWarning`, naming B, F, the bytes
-    and how many members would fit).
+    those alone exceed the budget, forming them warns (:class:`rfgp.MemoryBudgetWarning`, naming B, F, the bytes and
+    how many members would fit).
     """
 
     _global_value = 2**30

@@ -48,6 +48,7 @@ from ..core.batch_copies import narrow_broadcast
 from ..core.draws import standard_normal
 from ..core.dtypes import FullPrecisionOperator
 from ..core.grad_mode_cache import cached_per_grad_mode
+from ..core.memory import warn_statistics_over_budget
 from ..core.validation import check_finite, check_noise, check_targets
 from . import distributed
 from .chunking import (
@@ -135,13 +136,19 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         """(ΦᵀWΦ, ΦᵀWR) for diagonal weights ``(..., N)`` (or uniform ``(..., 1)``) and R ``(..., N, t)``.
 
         A root Φ₀ = K·L⁻ᵀ (:class:`~rfgp.inference.triangular_statistics.TriangularFeatures`, Nyström) takes the
-        backward fused through its triangular solve.  ``adaptive_precision``: float32 features form the statistics in
+        backward fused through its triangular solve.  Statistics that alone exceed
+        :class:`rfgp.settings.memory_budget` warn (:func:`~rfgp.core.memory.warn_statistics_over_budget`).
+        ``adaptive_precision``: float32 features form the statistics in
         float64 (and return them so) where their float32 rounding would not be negligible
         (:func:`~rfgp.inference.statistics_precision.statistics_dtype`; the casts are differentiable, gradients
         reach Φ — or a Nyström root's K and L — in its own dtype).
         """
         root, constant = self.scaled_root()
         features = root.features if isinstance(root, TriangularFeatures) else root.to_dense()
+        gradient = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad
+                                                   for t in (features, weights, constant))
+        warn_statistics_over_budget(torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1]).numel(),
+                                    features.shape[-1], features.dtype, features.device, gradient)
         if adaptive_precision:
             def trace() -> Tensor:
                 scaled = fold_constant(constant, weights, rhs[..., :0])[0]
