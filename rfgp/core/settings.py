@@ -4,7 +4,9 @@
   marginal-likelihood-and-gradient evaluation or one posterior update.  When the
   N × F working set of a kernel call exceeds it, rfgp kernels return operators that
   compute their feature statistics ΦᵀD⁻¹Φ and ΦᵀD⁻¹r chunk by chunk, so that peak
-  memory is O(chunk·F + F²) instead of O(N·F), with the same results to rounding.  The posterior at a test set
+  memory is O(chunk·F + F²) instead of O(N·F), with the same results to rounding (O(chunk·F + B·F²) for a batch of B
+  GPs, whose F × F part is not chunked: :class:`rfgp.MemoryBudgetWarning` where it alone exceeds the budget).  The
+  posterior at a test set
   whose features exceed it is formed a chunk of test points at a time, too
   (:meth:`rfgp.inference.prediction.FeatureSpacePredictionStrategy.exact_prediction`).
   Multi-output (vector-field) kernels chunk their n·p-row roots a block of points at a time, for
