@@ -348,3 +348,16 @@ def test_unchunked_statistics_over_the_memory_budget_are_named_too():
         _, messages = _statistics_warnings(700_000, lambda: model(x[:, :5]).variance)
     assert messages == []
     model.train()
+
+
+def test_a_single_gp_whose_statistics_exceed_the_budget_is_not_warned():
+    """One GP's F × F matrices are the width it was given (the recipe's re-draw at 8F exceeds the default budget):
+    only batches, whose statistics grow with B, are warned.  N = 200, F = 64, float64: 196 608 bytes for an MLL."""
+    x, y = _data(num_points=200)
+    model = _batched(x, y)
+    single = _member(model, x, y, 0)
+    _, messages = _statistics_warnings(100_000, lambda: _loss_and_grads(single, x[0], y[0]))
+    assert messages == []
+    _, messages = _statistics_warnings(100_000, lambda: _loss_and_grads(model, x, y))
+    assert len(messages) == 1
+

@@ -133,7 +133,13 @@ def warn_statistics_over_budget(batch: int, num_features: int, dtype: torch.dtyp
     Their size is :data:`STATISTICS_COPIES_GRADIENT` (``gradient``: an MLL and its backward pass) or
     :data:`STATISTICS_COPIES` (a posterior's caches) matrices of ``batch · F²`` numbers in the factors' precision
     (:func:`~rfgp.core.dtypes.factor_dtype`: float64 for float32 features).
+
+    Only for batches (``batch`` > 1): one GP's F × F matrices are the width it was given (train small, predict big
+    re-draws a single model at 4–8F: F = 8 192 needs 1.6 GB for a posterior, above the default 1 GiB budget, which
+    bounds the N × F features), while a batch's grow with its number of members, which the budget does not see.
     """
+    if batch <= 1:
+        return
     budget = memory_budget.value()
     copies = STATISTICS_COPIES_GRADIENT if gradient else STATISTICS_COPIES
     member_bytes = copies * num_features**2 * factor_dtype(dtype, torch.device(device)).itemsize
@@ -141,7 +147,7 @@ def warn_statistics_over_budget(batch: int, num_features: int, dtype: torch.dtyp
     if needed <= budget:
         return
     group = budget // member_bytes
-    if batch > 1 and group >= 1:
+    if group >= 1:
         advice = (f"fit the members in separate models of at most {group} (batch_shape=[{group}]), reduce "
                   f"num_features, or raise the budget above {needed} bytes")
     else:
