@@ -57,13 +57,24 @@ def _model(path, x, y):
 PATHS = ["lcm", "curl_free", "kronecker", "kronecker_task_noise", "independent"]
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
-@pytest.mark.parametrize("path", PATHS)
-def test_a_nan_target_is_named_by_point_and_task_in_the_marginal_likelihood(path, chunked):
+def _each_path_whole_and_chunked(test):
+    """The test for every multi-output path, with the features whole and in chunks."""
+    by_path = pytest.mark.parametrize("path", PATHS)(test)
+    return pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])(by_path)
+
+
+def _with_nan_target(path):
+    """(x, the model, its likelihood, the targets with a NaN at (POINT, TASK))."""
     x, y = _data()
     model, likelihood = _model(path, x, y)
     bad = y.clone()
     bad[POINT, TASK] = float("nan")
+    return x, model, likelihood, bad
+
+
+@_each_path_whole_and_chunked
+def test_a_nan_target_is_named_by_point_and_task_in_the_marginal_likelihood(path, chunked):
+    x, model, likelihood, bad = _with_nan_target(path)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     with rfgp.settings.chunk_size(8 if chunked else None):
         output = model(x)
@@ -79,13 +90,9 @@ def test_a_nan_target_is_named_by_point_and_task_in_the_marginal_likelihood(path
             mll(output, bad)
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
-@pytest.mark.parametrize("path", PATHS)
+@_each_path_whole_and_chunked
 def test_a_nan_target_is_named_by_point_and_task_in_the_posterior(path, chunked):
-    x, y = _data()
-    model, _ = _model(path, x, y)
-    bad = y.clone()
-    bad[POINT, TASK] = float("nan")
+    x, model, _, bad = _with_nan_target(path)
     model.set_train_data(x, bad, strict=False)
     model.eval()
     with rfgp.settings.chunk_size(8 if chunked else None), torch.no_grad():
