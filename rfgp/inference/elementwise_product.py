@@ -43,6 +43,7 @@ from linear_operator.utils.interpolation import left_interp
 from torch import Tensor
 
 from ..core.settings import memory_budget, resolve_chunk_size
+from .linalg import squared_row_norms
 
 #: largest base of an interpolated operator (T × T) factorised for its root
 MAX_INTERPOLATED_BASE = 1024
@@ -101,9 +102,9 @@ def _product_correction(features: LinearOperator, other: LinearOperator, root: T
     own = features.variance_correction
     theirs = getattr(other, "variance_correction", None)
     if theirs is None:
-        return None if own is None else own * root.pow(2).sum(-1)
-    correction = theirs * features.features().pow(2).sum(-1)
-    return correction if own is None else correction + own * (root.pow(2).sum(-1) + theirs)
+        return None if own is None else own * squared_row_norms(root)
+    correction = theirs * squared_row_norms(features.features())
+    return correction if own is None else correction + own * (squared_row_norms(root) + theirs)
 
 
 def install() -> None:
