@@ -195,7 +195,7 @@ def posterior_field_samples(model, num_samples: int, generator: torch.Generator 
         raise TypeError(f"posterior_field_samples needs an rfgp feature kernel, got {type(kernel).__name__}: {advice}")
     model.eval()
     train_x = model.train_inputs[0]
-    with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
+    with torch.no_grad():
         model(train_x[..., :1, :])  # builds the prediction strategy and its cache
         strategy = model.prediction_strategy
         if not isinstance(strategy, MultitaskFeatureSpacePredictionStrategy):
@@ -223,7 +223,7 @@ def posterior_component_fields(model) -> list[Field]:
     root_scale = 1.0 if outputscale is None else outputscale.detach().sqrt()[..., None, None]  # (*batch, 1, 1)
     model.eval()
     train_x = model.train_inputs[0]
-    with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
+    with torch.no_grad():
         model(train_x[..., :1, :])
         weight_mean = model.prediction_strategy.weight_mean.squeeze(-1)
     offsets = torch.tensor([0] + kernel.component_widths(train_x)).cumsum(0).tolist()
@@ -241,7 +241,6 @@ def posterior_mean_field(model) -> Field:
     model.eval()
 
     def field(x: Tensor) -> Tensor:
-        with gpytorch.settings.skip_posterior_variances(True):
-            return model(x).mean
+        return model(x).mean  # the posterior covariance is lazy: not formed for the mean
 
     return field

@@ -238,7 +238,7 @@ class GPRegressor(RandomFeatureEstimator):
         if return_std and return_cov:
             raise RuntimeError("predict: at most one of return_std and return_cov can be requested, got both True")
         x = self._test_inputs(X)
-        with _predicting(skip_variances=not (return_std or return_cov)):
+        with _predicting():
             posterior = self.model_(x)
             mean = posterior.mean * self._scale(1) + self._shift()
             if return_std:
@@ -257,7 +257,7 @@ class GPRegressor(RandomFeatureEstimator):
         """
         x = self._test_inputs(X)
         targets = self._as_targets(y, x.shape[0])
-        with _predicting(skip_variances=False):
+        with _predicting():
             predictive = self.likelihood_(self.model_(x))
             mean = self._outputs(predictive.mean * self._scale(1) + self._shift())
             variance = self._outputs(predictive.variance * self._scale(2))
@@ -325,9 +325,14 @@ class GPRegressor(RandomFeatureEstimator):
 
 
 @contextlib.contextmanager
-def _predicting(skip_variances: bool):
-    """No gradients, and no GPyTorch warning for predicting at the training inputs (deliberate here: training R²)."""
-    with torch.no_grad(), warnings.catch_warnings(), gpytorch.settings.skip_posterior_variances(skip_variances):
+def _predicting():
+    """No gradients, and no GPyTorch warning for predicting at the training inputs (deliberate here: training R²).
+
+    GPyTorch's ``skip_posterior_variances`` is not entered for mean-only predictions: it is process-wide, so a thread's
+    ``predict(X)`` gave another thread's ``predict(X, return_std=True)`` skipped variances.  rfgp's posterior
+    covariance is lazy (its root is formed where it is read), so the mean alone costs what it did; the mean is the
+    same either way."""
+    with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
         yield
 

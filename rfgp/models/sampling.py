@@ -185,8 +185,8 @@ def _prediction_strategy(model):
     if model.training:
         raise ValueError("call model.eval() first: posterior paths use the eval-mode prediction caches")
     if model.prediction_strategy is None:
-        with torch.no_grad(), gpytorch.settings.skip_posterior_variances(True):
-            model(*(x[..., :1, :] for x in model.train_inputs))  # builds the prediction strategy
+        with torch.no_grad():  # builds the prediction strategy (no global skip_posterior_variances: threads)
+            model(*(x[..., :1, :] for x in model.train_inputs))
     strategy = model.prediction_strategy
     if not hasattr(strategy, "weight_samples"):
         raise TypeError(

@@ -1,0 +1,125 @@
+"""GPyTorch's process-wide settings that rfgp used to enter around its own calls, under threads: a thread's rfgp call
+changes nothing another thread reads, and leaves no setting changed (guide/conventions.md, "Threads").
+
+As in tests/test_threads.py, the threads are released together by a barrier and the windows are widened by a sleep
+inside the calls (a spy around a method that runs while a setting was entered).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import gpytorch
+import linear_operator
+import pytest
+import torch
+
+from rfgp.applications.vector_fields import posterior_component_fields, posterior_field_samples, posterior_mean_field
+from rfgp.datasets import helmholtz_field
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
+from rfgp.inference.operators import FeatureRootAddedDiagLinearOperator
+from rfgp.inference.prediction import FeatureSpacePredictionStrategy
+from rfgp.kernels import MultiOutputFeatureSumKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel, SketchedRBFKernel
+from rfgp.models import GPRegressor, MultiOutputGPModel
+from rfgp.sampling import posterior_paths
+
+from .test_threads import _regression, _slowed, _together
+
+THREADS = 8
+
+
+def _sleeping(monkeypatch, cls, name: str, seconds: float) -> None:
+    """``cls.name`` sleeping ``seconds`` before it runs."""
+    original = getattr(cls, name)
+
+    def slow(self, *args, **kwargs):
+        time.sleep(seconds)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, slow)
+
+
+def _interleaved(calls) -> list:
+    """``calls[i]()`` in thread i, released together by a barrier, thread i starting 5·(i mod 4) ms later: entries and
+    exits of a setting interleaved."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(i):
+        barrier.wait()
+        time.sleep(0.005 * (i % 4))
+        return calls[i]()
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, range(len(calls))))
+
+
+def _assert_settings_untouched():
+    assert gpytorch.settings.skip_posterior_variances.is_default()
+    assert gpytorch.settings.skip_posterior_variances.off()
+
+
+def test_estimator_predictions_in_threads_keep_each_ones_variances(monkeypatch):
+    """``GPRegressor.predict(X)`` entered ``skip_posterior_variances(True)`` for the process: a thread's
+    ``predict(X, return_std=True)`` at the same time got skipped variances, and the flag could stay on for every later
+    GPyTorch model.  Now no setting is entered: every thread gets its single-threaded result, bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(60, 2, generator=generator, dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1)
+    test_x = torch.rand(9, 2, generator=generator, dtype=torch.float64)
+    reg = GPRegressor(num_iterations=3, dtype=torch.float64, progress=False).fit(x, y)
+    mean_only = reg.predict(test_x)
+    mean, std = reg.predict(test_x, return_std=True)
+    assert (std > 1e-3).all()
+    _sleeping(monkeypatch, FeatureSpacePredictionStrategy, "exact_prediction", 0.02)
+    calls = [(lambda: reg.predict(test_x, return_std=True)) if i % 2 else (lambda: reg.predict(test_x))
+             for i in range(THREADS)]
+    for _ in range(3):
+        results = _interleaved(calls)
+        _assert_settings_untouched()
+        for i, result in enumerate(results):
+            if i % 2:
+                assert torch.equal(result[0], mean) and torch.equal(result[1], std)
+            else:
+                assert torch.equal(result, mean_only)
+
+
+def _helmholtz_model():
+    kernel = MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(64, 2, seed=0)),
+                                         ScaleKernel(SketchedDivFreeKernel(64, 2, seed=1)))
+    data = helmholtz_field(40, input_dim=2, noise=0.05, seed=3)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0).double()
+    return MultiOutputGPModel(data["x"].double(), data["y"].double(), likelihood, kernel).double().eval()
+
+
+ScaleKernel = gpytorch.kernels.ScaleKernel
+HELPERS = {
+    "posterior_paths": lambda: posterior_paths(_regression(ScaleKernel(SketchedRBFKernel(64, seed=1)))[0], 2),
+    "posterior_field_samples": lambda: posterior_field_samples(_helmholtz_model(), 2),
+    "posterior_component_fields": lambda: posterior_component_fields(_helmholtz_model()),
+    "posterior_mean_field": lambda: posterior_mean_field(_helmholtz_model())(torch.rand(3, 2, dtype=torch.float64)),
+}
+
+
+@pytest.mark.parametrize("helper", list(HELPERS))
+def test_posterior_weight_helpers_in_a_thread_leave_other_threads_variances(monkeypatch, helper):
+    """``posterior_paths`` (its first prediction), ``posterior_field_samples``, ``posterior_component_fields`` and
+    ``posterior_mean_field`` entered ``skip_posterior_variances(True)`` for the process: another thread's prediction
+    at the same time got zero variances.  Now the other threads' variances are their single-threaded ones."""
+    model, likelihood, test_x = _regression(ScaleKernel(SketchedRBFKernel(64, seed=0)))
+    with torch.no_grad():
+        reference = model(test_x).variance
+    assert (reference > 0).all()
+    _sleeping(monkeypatch, FeatureSpacePredictionStrategy, "exact_prediction", 0.02)
+    _sleeping(monkeypatch, MultitaskFeatureSpacePredictionStrategy, "exact_prediction", 0.02)
+
+    def variance():
+        with torch.no_grad():
+            return model(test_x).variance
+
+    for _ in range(2):
+        results = _interleaved([HELPERS[helper]] + [variance] * (THREADS - 1))
+        _assert_settings_untouched()
+        for result in results[1:]:
+            assert torch.equal(result, reference)
