@@ -11,10 +11,11 @@ of 0.05 s per MLL and gradient) and fail with ``NotPSDError`` where ΦΦᵀ + D 
 
 :func:`install` (run at ``import rfgp``) wraps ``MultivariateNormal.log_prob`` so that, **only
 when the evaluated covariance is an rfgp noise-added feature operator**
-(:data:`FEATURE_SPACE_OPERATORS`), GPyTorch's own structured branch runs with the flag on for
-that one call.  Every other covariance — and every rfgp covariance while the flag is already
-on — goes to GPyTorch's unchanged method, so no other model changes behaviour.  For rfgp
-operators both branches compute the same exact quantity; only the cost differs.
+(:data:`FEATURE_SPACE_OPERATORS`), the density is rfgp's own :func:`feature_space_log_prob`, which asks the
+covariance for its ``inv_quad_logdet`` (the structured algebra, as GPyTorch's "fast" branch would) with or without
+the flag.  It enters no GPyTorch setting: entering ``fast_computations.log_prob(True)`` around the call — as rfgp
+did — is process-wide, so threads training rfgp models at once could leave it on for the process's other models.
+Every other covariance goes to GPyTorch's unchanged method, so no other model changes behaviour.
 
 Under ``gpytorch.settings.observation_nan_policy("mask")`` GPyTorch hands ``log_prob`` the covariance
 wrapped in a ``MaskedLinearOperator`` (NaN targets' rows and columns dropped), which has no
@@ -31,16 +32,19 @@ the observed entries).
 from __future__ import annotations
 
 import functools
+import math
 
 import gpytorch
 import torch
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from linear_operator.operators import LinearOperator
+from torch import Tensor
 
 from ..core.validation import RESIDUAL, check_targets
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, ObservedIndependentTasks
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
 from .posterior_covariance import LowRankPosteriorAddedDiag
+from .prediction import target_batch_as_columns
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, ObservedTaskNoiseLinearOperator
 
 #: noise-added covariances whose ``inv_quad_logdet`` works in feature space (their subclasses —
@@ -66,16 +70,39 @@ def has_feature_space_covariance(distribution: MultivariateNormal) -> bool:
     return isinstance(covar.evaluate_kernel(), FEATURE_SPACE_OPERATORS)
 
 
+def feature_space_log_prob(distribution: MultivariateNormal, value: Tensor) -> Tensor:
+    """log N(y; μ, K) = −½[rᵀK⁻¹r + log|K| + N log 2π], r = y − μ, by the covariance's own ``inv_quad_logdet``.
+
+    For a covariance of :data:`FEATURE_SPACE_OPERATORS` that is the exact feature-space (Woodbury and
+    determinant-lemma) or kernel-space algebra, whatever ``gpytorch.settings.fast_computations`` says, and no
+    process-wide setting is entered (threads).  Batch dimensions of ``value`` beyond the covariance's (fantasies,
+    BoTorch's sample batches) are folded into right-hand-side columns, so one factorisation serves them all; a
+    covariance batch dimension of size 1 is expanded to the residual's.  Returns the ``(*batch)`` log densities.
+    """
+    if distribution._validate_args:
+        distribution._validate_sample(value)
+    covar = distribution.lazy_covariance_matrix.evaluate_kernel()
+    residual = value - distribution.loc
+    batch = torch.broadcast_shapes(residual.shape[:-1], covar.batch_shape)
+    residual = residual.expand(*batch, residual.shape[-1])
+    operator_batch = batch[len(batch) - len(covar.batch_shape):]
+    if operator_batch != covar.batch_shape:
+        covar = covar.expand(*operator_batch, *covar.shape[-2:])
+    columns, extra = target_batch_as_columns(residual, len(operator_batch))
+    inv_quad, logdet = covar.inv_quad_logdet(inv_quad_rhs=columns, logdet=True, reduce_inv_quad=False)
+    inv_quad = inv_quad.movedim(-1, 0).reshape(batch) if extra else inv_quad.squeeze(-1)
+    return -0.5 * (inv_quad + logdet + residual.shape[-1] * math.log(2 * math.pi))
+
+
 def _feature_space_log_prob(gpytorch_log_prob):
     @functools.wraps(gpytorch_log_prob)
     def log_prob(self, value):
         observed = select_observed(self.lazy_covariance_matrix)
         if observed is not None:  # observation_nan_policy("mask"): the feature operator of the observed rows
             self = MultivariateNormal(self.loc, observed)
-        if gpytorch.settings.fast_computations.log_prob.on() or not has_feature_space_covariance(self):
+        if not has_feature_space_covariance(self):
             return gpytorch_log_prob(self, value)
-        with gpytorch.settings.fast_computations.log_prob(True):
-            return gpytorch_log_prob(self, value)
+        return feature_space_log_prob(self, value)
 
     log_prob.gpytorch_log_prob = gpytorch_log_prob
     return log_prob

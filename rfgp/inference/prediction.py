@@ -356,7 +356,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             features, noise, residual = features[..., observed, :], noise[..., observed, :][..., observed], \
                 residual[..., observed]
         operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-2])
-        columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
+        columns, target_batch = target_batch_as_columns(residual, len(operator_batch))
         mean_cache, factor = dense_noise_posterior_caches(features, noise, columns)
         return _columns_as_target_batch(mean_cache, target_batch), factor
 
@@ -420,7 +420,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if observed is not None:  # weight 0 (D⁻¹ of an unobserved point): its row leaves ΦᵀD⁻¹Φ and ΦᵀD⁻¹r
             weights = weights * observed.to(weights.dtype)
         operator_batch = torch.broadcast_shapes(train_covar.batch_shape, weights.shape[:-1])
-        columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
+        columns, target_batch = target_batch_as_columns(residual, len(operator_batch))
         if torch.is_tensor(scale):  # the base's statistics, scaled after (a precision chosen without s would be wrong)
             gram, cross = train_covar.feature_statistics(weights, columns)
             gram = gram * scale.unsqueeze(-1).unsqueeze(-1)
@@ -824,12 +824,12 @@ def kernel_space_caches(features: Tensor, noise: Tensor, residual: Tensor,
     operator_batch = torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1])
     num_rows, num_features = features.shape[-2:]
     check_solve(num_rows, num_features, math.prod(operator_batch), features.dtype, features.device, size=num_rows)
-    columns, target_batch = _target_batch_as_columns(residual, len(operator_batch))
+    columns, target_batch = target_batch_as_columns(residual, len(operator_batch))
     mean_cache, factor = kernel_space_posterior_caches(features, noise, columns)
     return _columns_as_target_batch(mean_cache, target_batch), factor
 
 
-def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tensor, torch.Size]:
+def target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tensor, torch.Size]:
     """Targets ``(*extra, *batch, N)`` as right-hand-side columns ``(*batch, N, prod(extra))``, and ``extra``.
 
     Fantasy models (BoTorch's ``fantasize``, qKnowledgeGradient) carry batch dimensions in their
@@ -844,7 +844,7 @@ def _target_batch_as_columns(residual: Tensor, operator_dims: int) -> tuple[Tens
 
 
 def _columns_as_target_batch(mean_cache: Tensor, extra: torch.Size) -> Tensor:
-    """The inverse of :func:`_target_batch_as_columns` for a mean cache ``(*batch, F, prod(extra))``:
+    """The inverse of :func:`target_batch_as_columns` for a mean cache ``(*batch, F, prod(extra))``:
     ``(*extra, *batch, F, 1)``, or the cache as it is for no ``extra``."""
     if not extra:
         return mean_cache

@@ -7,8 +7,9 @@ import torch
 
 import rfgp
 from rfgp.inference.log_prob import has_feature_space_covariance
-from rfgp.kernels import SketchedRBFKernel
-from rfgp.models import ExactGPModel
+from rfgp.inference.operators import select_observed
+from rfgp.kernels import SketchedCurlFreeKernel, SketchedRBFKernel
+from rfgp.models import ExactGPModel, MultiOutputGPModel
 
 SLOW_LOG_PROB = gpytorch.settings.fast_computations(covar_root_decomposition=False, log_prob=False, solves=False)
 
@@ -69,3 +70,93 @@ def test_install_is_idempotent():
     wrapped = gpytorch.distributions.MultivariateNormal.log_prob
     rfgp.inference.log_prob.install()
     assert gpytorch.distributions.MultivariateNormal.log_prob is wrapped
+
+
+# ----- rfgp's own log-density against GPyTorch's structured branch ------------------------------------------------
+GPYTORCH_LOG_PROB = gpytorch.distributions.MultivariateNormal.log_prob.gpytorch_log_prob
+
+
+def _gpytorch_structured_log_prob(self, value):
+    """What rfgp did before: GPyTorch's own method with ``fast_computations.log_prob`` on (the masked covariance
+    replaced by the operator of the observed rows, as rfgp's wrapper does)."""
+    observed = select_observed(self.lazy_covariance_matrix)
+    if observed is not None:
+        self = gpytorch.distributions.MultivariateNormal(self.loc, observed)
+    with gpytorch.settings.fast_computations(log_prob=True):
+        return GPYTORCH_LOG_PROB(self, value)
+
+
+def _single(n, num_features=32, nan=False):
+    gp, x, y = model(SketchedRBFKernel(num_features, ard_num_dims=2, seed=0), n=n)
+    if nan:
+        y = y.clone()
+        y[[3, 7]] = float("nan")
+        gp.set_train_data(targets=y, strict=False)
+    gp.train()
+    return lambda: gpytorch.mlls.ExactMarginalLogLikelihood(gp.likelihood, gp)(gp(x), y), list(gp.parameters())
+
+
+def _multi_output(nan=False):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.rand(50, 2, generator=gen, dtype=torch.float64)
+    y = torch.stack([torch.sin(3 * x[:, 0]), torch.cos(2 * x[:, 1])], -1)
+    if nan:
+        y[4, 1] = y[9, 0] = float("nan")
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0).double()
+    gp = MultiOutputGPModel(x, y, likelihood, gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(32, 2, seed=0)))
+    gp = gp.double().train()
+    return lambda: gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, gp)(gp(x), y), list(gp.parameters())
+
+
+def _batched(target_shape, covariance_batch):
+    """A noise-added feature operator of batch ``covariance_batch`` evaluated at targets of ``target_shape``
+    (extra leading dimensions: fantasies; a covariance batch of size 1 broadcast)."""
+    gen = torch.Generator().manual_seed(3)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(24, ard_num_dims=2, seed=0)).double()
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    x = torch.rand(*covariance_batch, 40, 2, generator=gen, dtype=torch.float64)
+    y = torch.randn(*target_shape, generator=gen, dtype=torch.float64)
+
+    def log_density():
+        prior = gpytorch.distributions.MultivariateNormal(torch.zeros(x.shape[:-1], dtype=torch.float64), kernel(x))
+        return likelihood(prior).log_prob(y)
+
+    return log_density, list(kernel.parameters()) + list(likelihood.parameters())
+
+
+LOG_DENSITIES = {
+    "feature space": lambda: _single(300),
+    "kernel space": lambda: _single(20, num_features=64),
+    "masked": lambda: _single(300, nan=True),
+    "multi-output": lambda: _multi_output(),
+    "multi-output masked": lambda: _multi_output(nan=True),
+    "batched": lambda: _batched((2, 40), (2,)),
+    "fantasy targets": lambda: _batched((3, 2, 40), (2,)),
+    "covariance batch of 1": lambda: _batched((3, 40), (1,)),
+    "targets without the batch": lambda: _batched((40,), (2,)),
+}
+
+
+@pytest.mark.parametrize("chunk_size", [None, 16])
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("case", list(LOG_DENSITIES))
+def test_log_density_and_gradients_are_gpytorchs_structured_ones(monkeypatch, case, fast, chunk_size):
+    """rfgp's −½[rᵀK⁻¹r + log|K| + N log 2π] from the covariance's ``inv_quad_logdet`` equals GPyTorch's structured
+    branch (which rfgp used to enter by the process-wide flag) to 1e-12, gradients included, whatever the flag
+    says, and enters no setting."""
+    policy = "mask" if "masked" in case else "ignore"
+
+    def value_and_gradients():
+        with rfgp.settings.chunk_size(chunk_size), gpytorch.settings.observation_nan_policy(policy):
+            log_density, parameters = LOG_DENSITIES[case]()
+            with gpytorch.settings.fast_computations(log_prob=fast):
+                value = log_density()
+        return value.detach(), torch.autograd.grad(value.sum(), parameters)
+
+    value, gradients = value_and_gradients()
+    assert gpytorch.settings.fast_computations.log_prob.on()
+    monkeypatch.setattr(gpytorch.distributions.MultivariateNormal, "log_prob", _gpytorch_structured_log_prob)
+    reference, reference_gradients = value_and_gradients()
+    torch.testing.assert_close(value, reference, rtol=1e-12, atol=1e-12)
+    for gradient, expected in zip(gradients, reference_gradients, strict=True):
+        torch.testing.assert_close(gradient, expected, rtol=1e-12, atol=1e-12)
