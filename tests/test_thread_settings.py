@@ -23,9 +23,9 @@ from rfgp.inference.operators import FeatureRootAddedDiagLinearOperator
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import MultiOutputFeatureSumKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel, SketchedRBFKernel
 from rfgp.models import GPRegressor, MultiOutputGPModel
-from rfgp.sampling import posterior_paths
+from rfgp.models.sampling import posterior_paths
 
-from .test_threads import _regression, _slowed, _together
+from .test_threads import _regression, _slowed
 
 THREADS = 8
 
@@ -123,3 +123,27 @@ def test_posterior_weight_helpers_in_a_thread_leave_other_threads_variances(monk
         _assert_settings_untouched()
         for result in results[1:]:
             assert torch.equal(result, reference)
+
+
+def test_marginal_likelihoods_in_threads_leave_fast_log_prob_as_botorch_set_it(monkeypatch):
+    """After ``import botorch`` (fast log-prob off for the process) rfgp entered ``fast_computations.log_prob(True)``
+    around each rfgp marginal likelihood: threads leaving it in another order than they entered left it on for every
+    GPyTorch model of the process.  Now rfgp's log-density enters no setting: the flag stays off, and every thread's
+    value and gradients equal a single-threaded call's, bit for bit."""
+    monkeypatch.setattr(linear_operator.settings._fast_log_prob, "_default", False)  # what import botorch does
+    model, likelihood, _ = _regression(ScaleKernel(SketchedRBFKernel(64, seed=0)))
+    model.train(), likelihood.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+
+    def value_and_gradient():
+        loss = mll(model(*model.train_inputs), model.train_targets)
+        return (loss.detach(), *torch.autograd.grad(loss, list(model.parameters())))
+
+    reference = value_and_gradient()
+    _slowed(monkeypatch, FeatureRootAddedDiagLinearOperator, "inv_quad_logdet", [])
+    for _ in range(3):
+        results = _interleaved([value_and_gradient] * THREADS)
+        assert gpytorch.settings.fast_computations.log_prob.off()
+        for result in results:
+            for got, want in zip(result, reference, strict=True):
+                assert torch.equal(got, want)
