@@ -331,7 +331,8 @@ def _predicting():
     GPyTorch's ``skip_posterior_variances`` is not entered for mean-only predictions: it is process-wide, so a thread's
     ``predict(X)`` gave another thread's ``predict(X, return_std=True)`` skipped variances.  rfgp's posterior
     covariance is lazy (its root is formed where it is read), so the mean alone costs what it did; the mean is the
-    same either way."""
+    same either way.  With an exact GPyTorch kernel (``kernel=``) GPyTorch forms its predictive covariance with the
+    mean (O(N²M)): correct, slower."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
         yield
