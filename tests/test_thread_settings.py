@@ -30,6 +30,16 @@ from .test_threads import _regression, _slowed
 THREADS = 8
 
 
+@pytest.fixture(autouse=True)
+def _settings_restored(monkeypatch):
+    """GPyTorch's own kernel evaluation enters ``lazily_evaluate_kernels(False)`` process-wide, so threads evaluating
+    kernels at once can leave it off (GPyTorch's race, documented in guide/conventions.md "Threads"): the flags are
+    restored after each test, so that later tests in the process run with the settings they expect."""
+    for flag in (gpytorch.settings.lazily_evaluate_kernels, gpytorch.settings.skip_posterior_variances,
+                 linear_operator.settings.fast_computations.log_prob):
+        monkeypatch.setattr(flag, "_state", flag._state)
+
+
 def _sleeping(monkeypatch, cls, name: str, seconds: float) -> None:
     """``cls.name`` sleeping ``seconds`` before it runs."""
     original = getattr(cls, name)

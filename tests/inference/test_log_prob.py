@@ -153,8 +153,9 @@ def test_log_density_and_gradients_are_gpytorchs_structured_ones(monkeypatch, ca
                 value = log_density()
         return value.detach(), torch.autograd.grad(value.sum(), parameters)
 
+    before = gpytorch.settings.fast_computations.log_prob.on()  # False once any test imported botorch
     value, gradients = value_and_gradients()
-    assert gpytorch.settings.fast_computations.log_prob.on()
+    assert gpytorch.settings.fast_computations.log_prob.on() == before
     monkeypatch.setattr(gpytorch.distributions.MultivariateNormal, "log_prob", _gpytorch_structured_log_prob)
     reference, reference_gradients = value_and_gradients()
     torch.testing.assert_close(value, reference, rtol=1e-12, atol=1e-12)
