@@ -162,15 +162,28 @@ class AllocationObjective:
     # ------------------------------------------------------------ objective
     def squared_bias(self, included: list[int]) -> float:
         """mean_{i≠j}(k − sᵢsⱼ Σ_{n ∈ {0} ∪ included} aₙGⁿ)² (relative units)."""
-        degrees = torch.tensor(sorted({0, *included}), dtype=torch.float64)
-        log_abs_g = torch.where(degrees == 0, 0.0, degrees * self._log_abs_g.unsqueeze(-1))
-        log_terms = self._log_pair.unsqueeze(-1) + self.log_coefficients[degrees.long()] + log_abs_g
-        sign_terms = torch.where(self._g_negative.unsqueeze(-1) & (degrees % 2 == 1), -1.0, 1.0).double()
-        log_abs = torch.cat((self._log_exact.unsqueeze(-1), log_terms), dim=-1)
-        sign = torch.cat((self._sign_exact.unsqueeze(-1), -sign_terms), dim=-1)
-        log_residual, _ = signed_log.sum_exp(log_abs, sign)
+        log_residual, _ = self._residual(tuple(sorted({0, *included})))
         log_mean, _ = signed_log.mean_exp(2 * log_residual, torch.ones_like(log_residual))
         return signed_log.to_float(log_mean - self.log_scale)
+
+    def _residual(self, degrees: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        """(log|·|, sign) per pair of k − sᵢsⱼ Σ_{n ∈ degrees} aₙGⁿ.
+
+        The last residual is kept: a call whose degrees extend it (the upward order search) adds only the new
+        degrees' terms, O(m²) per order instead of O(m²p).
+        """
+        known, log_abs, sign = self._cache.get("residual", ((), self._log_exact, self._sign_exact))
+        if degrees[: len(known)] != known:
+            known, log_abs, sign = (), self._log_exact, self._sign_exact
+        if len(degrees) > len(known):
+            new = torch.tensor(degrees[len(known):], dtype=torch.float64)
+            log_abs_g = torch.where(new == 0, 0.0, new * self._log_abs_g.unsqueeze(-1))
+            log_terms = self._log_pair.unsqueeze(-1) + self.log_coefficients[new.long()] + log_abs_g
+            sign_terms = torch.where(self._g_negative.unsqueeze(-1) & (new % 2 == 1), -1.0, 1.0).double()
+            log_abs, sign = signed_log.sum_exp(torch.cat((log_abs.unsqueeze(-1), log_terms), dim=-1),
+                                               torch.cat((sign.unsqueeze(-1), -sign_terms), dim=-1))
+            self._cache["residual"] = (degrees, log_abs, sign)
+        return log_abs, sign
 
     def __call__(self, allocation: tuple[int, ...]) -> float:
         """g(p, D) for D = (D₁, …, D_p) (exact closed-form variances; relative units)."""
