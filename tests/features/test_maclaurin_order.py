@@ -12,7 +12,12 @@ import torch
 
 import rfgp
 from rfgp.features import OptimizedMaclaurin, dot_product
-from rfgp.features.maclaurin_allocation import AUTO_MAX_ORDER, AllocationObjective, extended_allocation
+from rfgp.features.maclaurin_allocation import (
+    AUTO_MAX_ORDER,
+    AllocationObjective,
+    extended_allocation,
+    incremental_allocation,
+)
 from rfgp.kernels import SketchedRBFKernel
 
 
@@ -99,3 +104,47 @@ def test_state_round_trip_of_an_automatic_order_and_a_saved_cap():
 def test_min_order_beyond_the_automatic_limit_names_the_argument():
     with pytest.raises(ValueError, match=f"min_order must be ≤ {AUTO_MAX_ORDER} with max_order=None, got 61"):
         OptimizedMaclaurin(dot_product.gaussian(), 129, min_order=61, max_order=None)
+
+
+def test_automatic_search_stops_at_the_float64_resolution_in_one_dimension():
+    """1-D, 400 standard-normal points, F = 2049: every variance is zero up to round-off, so the variance stop never
+    fired and the search ran to order 59 for a squared bias far below what float64 resolves; it ends well below
+    AUTO_MAX_ORDER now, with the Gram error still at round-off."""
+    x = _inputs(400, 1)
+    kernel = SketchedRBFKernel(2049, method="maclaurin", input_dim=1, seed=0, sample_size=400, max_order=None).double()
+    kernel.lengthscale = 1.0
+    feature_map = kernel.feature_map.fit(x)
+    objective = AllocationObjective(dot_product.gaussian(), x, AUTO_MAX_ORDER, "srht", "ctr")
+    result = extended_allocation(objective, 1, None, feature_map.total_width)
+    assert 20 < result.order <= 45 and sum(result.widths) == feature_map.total_width
+    assert feature_map.order == result.order and feature_map.widths == result.widths
+    assert _gram_error(kernel, x[:150]) < 1e-8
+
+
+@pytest.mark.parametrize("projection, weights", [("srht", "ctr"), ("srht", "real")])
+def test_unresolvable_gains_go_to_the_cheapest_degree(projection, weights):
+    """1-D TensorSRHT at order 20, 2048 features: the gains of degrees ≥ 9 are round-off (≈10⁻³⁷ of the scale) and had
+    pulled ~1 500 features onto degrees 9–20, the costliest to compute; they go to degree 1 now."""
+    objective = AllocationObjective(dot_product.gaussian(), _inputs(120, 1), AUTO_MAX_ORDER, projection, weights)
+    widths = incremental_allocation(objective, 20, 2048)
+    assert sum(widths) == 2048 and all(width >= 1 for width in widths)
+    assert max(widths[1:]) <= 2 and widths[0] == 2048 - sum(widths[1:])
+
+
+def test_gains_above_the_resolution_are_allocated_as_before():
+    """d = 3: every gain is resolvable, the greedy allocation spreads the width over the degrees (sum = total)."""
+    objective = AllocationObjective(dot_product.gaussian(), _inputs(100, 3), 10, "srht", "ctr")
+    widths = incremental_allocation(objective, 6, 500)
+    assert sum(widths) == 500 and widths[0] <= 4 and min(widths[1:4]) > 20
+
+
+def test_kept_bias_residual_matches_a_fresh_computation():
+    """The upward search extends the cached residual; any other degree set is computed afresh."""
+    x = _inputs(50, 2)
+    kept = AllocationObjective(dot_product.gaussian(), x, 20, "srht", "ctr")
+    values = [kept.squared_bias(list(range(1, p + 1))) for p in range(1, 21)]
+    values.append(kept.squared_bias([1, 3, 5]))
+    values.append(kept.squared_bias(list(range(1, 8))))
+    for index, included in enumerate([list(range(1, p + 1)) for p in range(1, 21)] + [[1, 3, 5], list(range(1, 8))]):
+        fresh = AllocationObjective(dot_product.gaussian(), x, 20, "srht", "ctr")
+        assert values[index] == pytest.approx(fresh.squared_bias(included), rel=1e-9, abs=1e-30)
