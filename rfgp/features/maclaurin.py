@@ -255,8 +255,8 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             In high dimension this ends near 10 with the same allocation; in low dimension, where a few features make
             a degree exact and extra width buys nothing, it raises the order instead: the Gaussian kernel on 1-D
             standard-normal inputs (ℓ = 1, 500 points) has Gram relative error 3.9·10⁻³ at every F = 64…4096 with
-            p_max = 10 (widths (2, …, 2, 1005) at F = 2048), 5·10⁻⁸ at F = 64 and ≤ 6·10⁻¹¹ from F = 256 with the
-            automatic search (orders 31–41).  The search also stops once g is below what float64 resolves
+            p_max = 10 (widths (2, …, 2, 1005) at F = 2048 before the rule below), 5·10⁻⁸ at F = 64 and ≤ 6·10⁻¹¹
+            from F = 256 with the automatic search (orders 31–41).  The search also stops once g is below what float64 resolves
             (``RESOLUTION`` = ε² of the objective's scale), and width whose gain is below that goes to degree 1, the
             cheapest (before, round-off gains pulled it onto high degrees).  Its cost there: on a 1-D sample of
             2 000 standard-normal points at F = 2049 (one thread, float64, a loaded shared machine) the search ends at
