@@ -256,15 +256,15 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             a degree exact and extra width buys nothing, it raises the order instead: the Gaussian kernel on 1-D
             standard-normal inputs (ℓ = 1, 500 points) has Gram relative error 3.9·10⁻³ at every F = 64…4096 with
             p_max = 10 (widths (2, …, 2, 1005) at F = 2048 before the rule below), 5·10⁻⁸ at F = 64 and ≤ 6·10⁻¹¹
-            from F = 256 with the automatic search (orders 31–41).  The search also stops once g is below what float64 resolves
-            (``RESOLUTION`` = ε² of the objective's scale), and width whose gain is below that goes to degree 1, the
-            cheapest (before, round-off gains pulled it onto high degrees).  Its cost there: on a 1-D sample of
+            from F = 256 with the automatic search (orders 31–41).  The search also stops once g is below what float64
+            resolves (``RESOLUTION`` = ε² of the objective's scale), and width whose gain is below that goes to
+            degree 1, the cheapest (before, round-off gains pulled it onto high degrees).  Its cost there: on a 1-D sample of
             2 000 standard-normal points at F = 2049 (one thread, float64, a loaded shared machine) the search ends at
             order 37 (before: 60) in 55 s against 18 s for p_max = 10 (before, unloaded: 16.2 s against 1.4 s), Gram
-            error 8·10⁻¹¹ against 3.8·10⁻³, and features of 10⁴ points take 0.69 s against 0.35 s (F = 256:
-            order 36, 81 s against 26 s, features 0.40 s against 0.05 s); at d = 2, 3, 4 it ends at the capped
-            order with the same widths, error and times.  The remaining fit cost is the per-degree pair statistics.
-            Not the default for that cost.
+            error 8·10⁻¹¹ against 3.8·10⁻³, and features of 10⁴ points take 0.69 s against 0.35 s (F = 256: order 36,
+            81 s against 26 s, features 0.40 s against 0.05 s); at d = 2, 3, 4 it ends at the capped order with the
+            same widths, error and times.  The remaining fit cost is the per-degree pair statistics.  Not the default
+            for that cost.
         widths: a fixed allocation (D₁, …, D_p) instead of the search (Σ Dₙ = D_total).
         x_sample: the data sample for the allocation; ``None`` fits on the first call's
             inputs.  :meth:`fit` refits (e.g. after the lengthscale changed).
