@@ -258,7 +258,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             p_max = 10 (widths (2, …, 2, 1005) at F = 2048 before the rule below), 5·10⁻⁸ at F = 64 and ≤ 6·10⁻¹¹
             from F = 256 with the automatic search (orders 31–41).  The search also stops once g is below what float64
             resolves (``RESOLUTION`` = ε² of the objective's scale), and width whose gain is below that goes to
-            degree 1, the cheapest (before, round-off gains pulled it onto high degrees).  Its cost there: on a 1-D sample of
+            degree 1, the cheapest (round-off had pulled it onto high degrees).  Its cost there: on a 1-D sample of
             2 000 standard-normal points at F = 2049 (one thread, float64, a loaded shared machine) the search ends at
             order 37 (before: 60) in 55 s against 18 s for p_max = 10 (before, unloaded: 16.2 s against 1.4 s), Gram
             error 8·10⁻¹¹ against 3.8·10⁻³, and features of 10⁴ points take 0.69 s against 0.35 s (F = 256: order 36,
