@@ -171,6 +171,41 @@ def test_gpytorch_sums_of_rfgp_kernels_predict_in_feature_space():
     assert type(exact.prediction_strategy) is gpytorch.models.exact_prediction_strategies.DefaultPredictionStrategy
 
 
+@pytest.mark.parametrize("wrapper", ["scale", "scale_of_scale"])
+def test_scaled_gpytorch_products_of_corrected_rfgp_kernels_predict_with_the_correction(wrapper):
+    """``ScaleKernel(k₁ * k₂)`` of Nyström and truncated Maclaurin kernels: GPyTorch's dispatch asks the ScaleKernel,
+    which hands it to the ProductKernel's generic strategy; the dispatch looked at the ScaleKernel only, so the model
+    predicted through DefaultPredictionStrategy with neither factor's variance correction (the variance 0.07–0.3 below
+    the dense posterior of the same features and corrections).  Now it predicts in feature space, with
+    c₁‖Φ₂‖² + c₂‖Φ₁‖² + c₁c₂ on the prior diagonal."""
+    from rfgp.kernels import MaclaurinRBFKernel, NystromKernel
+
+    x, y, xs = data("cpu")
+    base = gpytorch.kernels.RBFKernel(active_dims=[0]).double()
+    base.lengthscale = 0.4
+    left = NystromKernel(base, landmarks=x[:6])
+    right = MaclaurinRBFKernel(8, active_dims=[1], seed=0, max_order=3).double()
+    kernel = gpytorch.kernels.ScaleKernel(left * right)
+    if wrapper == "scale_of_scale":
+        kernel = gpytorch.kernels.ScaleKernel(kernel)
+    model = UserGP(x, y, kernel).double().eval()
+    model.likelihood.noise = 0.05
+    with torch.no_grad():
+        prediction = model(xs)
+        scale = kernel.outputscale if wrapper == "scale" else kernel.outputscale * kernel.base_kernel.outputscale
+        exact_right = gpytorch.kernels.RBFKernel(active_dims=[1]).double()
+        exact_right.lengthscale = right.lengthscale
+        prior = scale * base(xs, diag=True) * exact_right(xs, diag=True)
+        train = scale * left(x).to_dense() * right(x).to_dense() + 0.05 * torch.eye(len(x), dtype=x.dtype)
+        cross = scale * left(xs, x).to_dense() * right(xs, x).to_dense()
+        variance = prior - (cross @ torch.linalg.solve(train, cross.T)).diagonal()
+        mean = model.mean_module.constant + cross @ torch.linalg.solve(train, y - model.mean_module.constant)
+    # to the Nyström roots' jitter (1e-9 here): the corrections alone are 0.07–0.7
+    torch.testing.assert_close(prediction.variance, variance, rtol=1e-7, atol=1e-8)
+    torch.testing.assert_close(prediction.mean, mean, rtol=1e-7, atol=1e-8)
+    assert isinstance(model.prediction_strategy, FeatureSpacePredictionStrategy)
+
+
 def test_unbiased_maps_carry_no_correction(device):
     x, _, _ = data(device)
     kernel = RandomFeatureKernel(RandomFourierFeatures(16, seed=0)).double().to(device)
