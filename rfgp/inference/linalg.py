@@ -190,17 +190,31 @@ def project(features: Tensor, rhs: Tensor) -> Tensor:
 
 
 class _SquaredRowNorms(torch.autograd.Function):
-    """‖rᵢ‖² by one fused reduction, with the derivative 2rᵢ·ḡᵢ written in differentiable operations (any order)."""
+    """‖rᵢ‖² by one fused reduction, with the derivative 2rᵢ·ḡᵢ written in differentiable operations (any order) and
+    the forward-mode derivative 2rᵢ·ṙᵢ; ``setup_context`` and the generated vmap rule let ``torch.func`` transforms
+    (``grad``, ``jacrev``, ``hessian``, ``vmap``) through it."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, rows: Tensor) -> Tensor:
-        ctx.save_for_backward(rows)
+    def forward(rows: Tensor) -> Tensor:
         return torch.linalg.vector_norm(rows, 2, -1).square()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        (rows,) = inputs
+        ctx.save_for_backward(rows)
+        ctx.save_for_forward(rows)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (rows,) = ctx.saved_tensors
         return 2 * rows * grad.unsqueeze(-1)
+
+    @staticmethod
+    def jvp(ctx, tangent: Tensor) -> Tensor:
+        (rows,) = ctx.saved_tensors
+        return 2 * (rows * tangent).sum(-1)
 
 
 def squared_row_norms(rows: Tensor) -> Tensor:

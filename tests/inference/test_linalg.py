@@ -238,6 +238,25 @@ def test_squared_row_norms_second_derivative_at_a_zero_row_is_two():
     assert torch.equal(grad, torch.zeros_like(rows)) and torch.equal(second, torch.full_like(rows, 2.0))
 
 
+def test_squared_row_norms_go_through_torch_func_transforms():
+    """``torch.func.grad``/``jacrev``/``hessian`` of a function of the row norms (a user's, or rfgp's diagonal under
+    them) raised "it must override the setup_context staticmethod" where ``rows.pow(2).sum(-1)`` worked; forward mode
+    (``hessian`` is ``jacfwd(jacrev)``) needs the Function's jvp.  Zero row included."""
+    rows = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    rows[1] = 0.0
+
+    def loss(squares):
+        return lambda r: (squares(r).sin() * torch.arange(1.0, 5.0, dtype=r.dtype)).sum()
+
+    reference = loss(lambda r: r.pow(2).sum(-1))
+    for transform in (torch.func.grad, torch.func.jacrev, torch.func.hessian):
+        torch.testing.assert_close(transform(loss(linalg.squared_row_norms))(rows), transform(reference)(rows),
+                                   rtol=1e-12, atol=1e-14)
+    batched = torch.func.vmap(torch.func.grad(loss(linalg.squared_row_norms)))(rows.expand(2, 4, 3))
+    torch.testing.assert_close(batched, torch.func.grad(reference)(rows).expand(2, 4, 3), rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(linalg.squared_row_norms, (rows.clone().requires_grad_(),), check_forward_ad=True)
+
+
 def test_squared_row_norms_refuse_complex_rows():
     with pytest.raises(TypeError, match="real rows"):
         linalg.squared_row_norms(torch.ones(2, 3, dtype=torch.complex64))
