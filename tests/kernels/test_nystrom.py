@@ -594,3 +594,21 @@ def test_batched_scale_kernel_conversion_pickles_with_its_state_guard():
     assert torch.equal(copied(x).to_dense(), dense)
     with pytest.raises(ValueError, match="cannot load state"):
         copied.load_state_dict(whole_tree_nystrom(exact, converted).state_dict(), strict=False)
+
+
+def test_forward_over_reverse_hessian_of_the_posterior_variance():
+    """``torch.autograd.functional.hessian(..., outer_jacobian_strategy="forward-mode")`` of a Nyström model's
+    posterior variance in its test inputs: the correction's row norms (squared_row_norms, an autograd Function) had no
+    forward-mode derivative ("You must implement the jvp function"), where ``pow(2).sum(-1)`` before it had one."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(30, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1)
+    kernel = gpytorch.kernels.ScaleKernel(NystromKernel(gpytorch.kernels.RBFKernel(), landmarks=x[:8])).double()
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().eval()
+    test = torch.rand(3, 2, generator=g, dtype=torch.float64)
+
+    def variance(z):
+        return model(z).variance.sum()
+
+    forward = torch.autograd.functional.hessian(variance, test, vectorize=True, outer_jacobian_strategy="forward-mode")
+    torch.testing.assert_close(forward, torch.autograd.functional.hessian(variance, test), rtol=1e-10, atol=1e-12)
