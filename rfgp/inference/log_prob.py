@@ -26,7 +26,9 @@ one of the NaN-free subset at feature-space cost.
 ``MultitaskMultivariateNormal.log_prob`` flattens its ``(…, N, T)`` targets before the covariance checks them, so
 :func:`install` also wraps it: the residual of an rfgp multi-output covariance is checked there, and a NaN or Inf
 target is named by its (point, task) instead of the flat index n·T + t (or, under ``"mask"``, its place among
-the observed entries).
+the observed entries).  Under ``"mask"`` and ``"fill"`` a NaN target that reaches a log-density — a distribution's
+``log_prob``, which takes every target, unlike ``ExactMarginalLogLikelihood`` — is refused saying so
+(:func:`refuse_unmasked_nan`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNorm
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from ..core.validation import RESIDUAL, check_targets
+from ..core import settings
+from ..core.validation import RESIDUAL, check_finite, check_targets
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, ObservedIndependentTasks
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
 from .posterior_covariance import LowRankPosteriorAddedDiag
@@ -83,6 +86,7 @@ def feature_space_log_prob(distribution: MultivariateNormal, value: Tensor) -> T
         distribution._validate_sample(value)
     covar = distribution.lazy_covariance_matrix.evaluate_kernel()
     residual = value - distribution.loc
+    refuse_unmasked_nan(residual, RESIDUAL)
     batch = torch.broadcast_shapes(residual.shape[:-1], covar.batch_shape)
     residual = residual.expand(*batch, residual.shape[-1])
     operator_batch = batch[len(batch) - len(covar.batch_shape):]
@@ -92,6 +96,20 @@ def feature_space_log_prob(distribution: MultivariateNormal, value: Tensor) -> T
     inv_quad, logdet = covar.inv_quad_logdet(inv_quad_rhs=columns, logdet=True, reduce_inv_quad=False)
     inv_quad = inv_quad.movedim(-1, 0).reshape(batch) if extra else inv_quad.squeeze(-1)
     return -0.5 * (inv_quad + logdet + residual.shape[-1] * math.log(2 * math.pi))
+
+
+def refuse_unmasked_nan(residual: Tensor, name: str) -> None:
+    """Under ``observation_nan_policy("mask"/"fill")``, raise :class:`~rfgp.core.validation.NonFiniteError` for a
+    NaN in the ``residual`` of a log-density (indexed as given), saying what leaves NaN targets out.
+
+    GPyTorch's ``ExactMarginalLogLikelihood`` masks them before it asks for the density (of the observed entries);
+    a distribution's ``log_prob`` takes every target under any policy (GPyTorch's own returns NaN), where the
+    covariance's check advised the policy already in use."""
+    policy = gpytorch.settings.observation_nan_policy.value()
+    if policy != "ignore" and settings.validate_inputs.on() and bool(residual.isnan().any()):
+        check_finite(residual, name, f"under observation_nan_policy('{policy}') GPyTorch's ExactMarginalLogLikelihood "
+                     "leaves NaN targets out, but a distribution's log_prob takes every target (GPyTorch's returns "
+                     "NaN): pass the observed entries only, or use ExactMarginalLogLikelihood")
 
 
 def _feature_space_log_prob(gpytorch_log_prob):
@@ -113,12 +131,15 @@ def _checked_multitask_log_prob(gpytorch_log_prob):
     def log_prob(self, value):
         # GPyTorch flattens the (…, N, T) targets before the covariance sees them, whose check would name the entry
         # n·T + t (or, under "mask", its place among the observed entries): checked here while the (point, task)
-        # index exists; NaN targets are missing ones under "mask" and "fill"
+        # index exists; under "mask" and "fill" an Inf first, then the NaN targets, which log_prob does not leave out
         if has_feature_space_covariance(self):
             residual = value - self.mean
             if gpytorch.settings.observation_nan_policy.value() != "ignore":
-                residual = torch.where(value.isnan(), residual.new_zeros(()), residual)
-            check_targets(residual.flatten(-2), RESIDUAL, self.num_tasks)
+                check_targets(torch.where(value.isnan(), residual.new_zeros(()), residual).flatten(-2), RESIDUAL,
+                              self.num_tasks)
+                refuse_unmasked_nan(residual, f"{RESIDUAL}, indexed (…, point, task),")
+            else:
+                check_targets(residual.flatten(-2), RESIDUAL, self.num_tasks)
         return gpytorch_log_prob(self, value)
 
     log_prob.gpytorch_log_prob = gpytorch_log_prob

@@ -161,3 +161,18 @@ def test_log_density_and_gradients_are_gpytorchs_structured_ones(monkeypatch, ca
     torch.testing.assert_close(value, reference, rtol=1e-12, atol=1e-12)
     for gradient, expected in zip(gradients, reference_gradients, strict=True):
         torch.testing.assert_close(gradient, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["mask", "fill"])
+def test_a_nan_target_of_a_log_density_under_a_nan_policy_is_refused_with_what_leaves_it_out(policy):
+    """Under ``observation_nan_policy("mask"/"fill")`` a NaN target given to the distribution's ``log_prob`` (not
+    left out: only ExactMarginalLogLikelihood masks them) is refused naming its point, and not with the advice to
+    use the policy already in use."""
+    gp, x, y = model(SketchedRBFKernel(16, seed=0))
+    gp.train()
+    bad = y.clone()
+    bad[3] = float("nan")
+    with gpytorch.settings.observation_nan_policy(policy), pytest.raises(
+            rfgp.core.validation.NonFiniteError,
+            match=r"the first at index \(3,\).*ExactMarginalLogLikelihood leaves NaN targets out"):
+        gp.likelihood(gp(x)).log_prob(bad)

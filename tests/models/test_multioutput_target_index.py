@@ -118,3 +118,16 @@ def test_an_inf_target_beside_masked_nan_targets_is_named_by_its_own_point_and_t
         model.eval()
         with torch.no_grad(), pytest.raises(NonFiniteError, match=MESSAGE):
             model(x[:3]).mean
+
+
+@pytest.mark.parametrize("policy", ["mask", "fill"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_nan_target_of_a_log_density_under_a_nan_policy_is_named_by_point_and_task(path, policy):
+    """A distribution's ``log_prob`` takes every target under ``observation_nan_policy("mask"/"fill")`` (GPyTorch's
+    ExactMarginalLogLikelihood leaves NaN entries out before, GPyTorch's own log_prob returns NaN): the NaN target was
+    read as missing by the (point, task) check and then refused by the covariance as the flat entry n·T + t ("(15, 0)",
+    or "(1, 7, 0)" for independent outputs), with the advice to use the policy already in use."""
+    x, model, likelihood, bad = _with_nan_target(path)
+    with gpytorch.settings.observation_nan_policy(policy):
+        with pytest.raises(NonFiniteError, match=MESSAGE + r".*ExactMarginalLogLikelihood leaves NaN targets out"):
+            likelihood(model(x)).log_prob(bad)
