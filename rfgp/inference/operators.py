@@ -593,8 +593,12 @@ def batch_constants(operator: LinearOperator, other) -> Tensor | None:
     ``_mul_constant`` only when the operator already has the whole batch; otherwise to ``_mul_matrix``, whose generic
     product formed the dense N × N covariance (an O(N³) model behind a feature kernel).  A feature root instead
     expands its batch and scales Φ by √c per member.
+
+    Only a tensor (or its dense wrapper) is taken for constants: a 1 × 1 covariance of one point per batch member
+    (a product of rfgp kernels at BoTorch's q = 1 candidates ``(b, 1, d)``) is a kernel matrix, whose product keeps
+    its face-splitting root and correction (scaled by its value, the product had the first factor's root).
     """
-    if other.shape[-2:] != (1, 1):
+    if other.shape[-2:] != (1, 1) or not (torch.is_tensor(other) or type(other) is DenseLinearOperator):
         return None
     values = other.to_dense() if isinstance(other, LinearOperator) else other
     batch = torch.broadcast_shapes(operator.batch_shape, other.shape[:-2])

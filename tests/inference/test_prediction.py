@@ -206,6 +206,27 @@ def test_scaled_gpytorch_products_of_corrected_rfgp_kernels_predict_with_the_cor
     assert isinstance(model.prediction_strategy, FeatureSpacePredictionStrategy)
 
 
+def test_products_of_rfgp_kernels_predict_one_point_per_batch_member():
+    """A product of rfgp kernels at a single point per batch member (BoTorch's q = 1 candidates ``(b, 1, d)``): the
+    1 × 1 covariance of the second factor was taken for a batch of ScaleKernel constants, so the test covariance was
+    the first factor's root scaled (width M instead of M·F, and without the second factor's correction), and the
+    prediction raised "mat1 and mat2 shapes cannot be multiplied (3x8 and 120x1)".  It equals the prediction of the
+    same points as one batch of three."""
+    from rfgp.kernels import MaclaurinRBFKernel, NystromKernel
+
+    x, y, xs = data("cpu")
+    base = gpytorch.kernels.RBFKernel(active_dims=[0]).double()
+    base.lengthscale = 0.4
+    kernel = NystromKernel(base, landmarks=x[:8]) * MaclaurinRBFKernel(16, active_dims=[1], seed=0, max_order=4)
+    model = UserGP(x, y, kernel).double().eval()
+    with torch.no_grad():
+        together = model(xs[:3])
+        apart = model(xs[:3].unsqueeze(-2))
+    assert isinstance(model.prediction_strategy, FeatureSpacePredictionStrategy)
+    torch.testing.assert_close(apart.mean.squeeze(-1), together.mean, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(apart.variance.squeeze(-1), together.variance, rtol=1e-10, atol=1e-12)
+
+
 def test_unbiased_maps_carry_no_correction(device):
     x, _, _ = data(device)
     kernel = RandomFeatureKernel(RandomFourierFeatures(16, seed=0)).double().to(device)
