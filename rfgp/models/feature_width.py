@@ -92,7 +92,9 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
 
     Raises:
         ValueError: ``num_features`` is not a multiple of a single map's granularity (e.g. odd for
-            sin/cos features), ``module`` holds no feature map, or a data-dependent map has no data.
+            sin/cos features), ``module`` holds no feature map, a data-dependent map has no data, or a
+            Nyström map is asked for more landmarks than its data has distinct rows (the message names how
+            many: AER's CPS1988, 10 000 rows of integer-coded columns, has 3 827).
         TypeError: a map type without a width rule, or a :class:`~rfgp.models.streaming.StreamingFeatureGP`
             (its sufficient statistics belong to the old features: refit it from the data).
 
