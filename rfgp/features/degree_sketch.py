@@ -35,6 +35,7 @@ separate ``_real``/``_imag`` buffers.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -42,7 +43,8 @@ import torch
 from torch import Tensor
 
 from . import random
-from .gather_product import gather_product
+from ..core.dtypes import device_constant
+from .gather_product import gather_product, suffix_gather_product
 from .hadamard import fwht, next_power_of_two
 
 PROJECTIONS = ("rademacher", "gaussian", "srht", "countsketch")
@@ -254,6 +256,65 @@ class DegreeSketch:
         blocks = _hadamard(x * diagonal.movedim(0, -3).unsqueeze(-4))  # (..., N, k, blocks, padded)
         offsets = torch.arange(k, device=index.device) * (num_blocks * padded)
         return blocks.flatten(-3), index + offsets.view(k, *[1] * (index.dim() - 1))
+
+
+def srht_of_degrees(x: Tensor, sketches: list[DegreeSketch], gets: list[Getter], owner: object) -> Tensor:
+    """[Φ_{n₁}(x), Φ_{n₂}(x), …], shape ``(..., N, ΣD)``, of TensorSRHT sketches of increasing degrees n₁ < n₂ < …
+    of one input: every degree in one FWHT and one :func:`~rfgp.features.gather_product.suffix_gather_product`.
+
+    Equal to ``torch.cat([s.apply(x, get) for s, get in zip(sketches, gets)], -1)``, product for product: the
+    diagonals of all degrees (each scaled by D^{-1/(2n)}) are stacked into one transform of
+    ``(..., N, Σ n·blocks, padded)``, and with the columns ordered by degree, factor i of the product reaches the
+    columns of the degrees n > i, a suffix of them.  Per-degree calls cost O(Σ n) small ops, which dominate at the
+    small N of a BO loop.  ``gets[j]`` reads the draws of ``sketches[j]``; the draws' layout (positions, not
+    values) is kept on ``owner`` per device (:func:`~rfgp.core.dtypes.device_constant`).
+    """
+    first = sketches[0]
+    degrees = tuple(s.degree for s in sketches)
+    key = ("srht_of_degrees", degrees, tuple(s.width for s in sketches), first.padded_dim, first.srht_blocks)
+    diagonals = [_weight(get, "diagonal", first.complex_weights) for get in gets]  # (n, blocks, padded) each
+    indices = [get("index") for get in gets]  # (n, D) each
+    layout = _srht_layout(degrees, key[2], first.padded_dim, tuple(d.shape[-2] for d in diagonals))
+    scales = device_constant(owner, (*key, "scales"), lambda: torch.tensor(layout["scales"], dtype=torch.float64).unsqueeze(-1), x)
+    order = device_constant(owner, (*key, "order"), lambda: torch.tensor(layout["order"]), indices[0])
+    shift = device_constant(owner, (*key, "shift"), lambda: torch.tensor(layout["shift"]), indices[0])
+    diagonal = torch.cat([d.flatten(0, -2) for d in diagonals]) * scales  # (Σ n·blocks, padded)
+    positions = torch.cat([i.flatten() for i in indices])[order] + shift
+    values = _hadamard(_pad(x, first.padded_dim).unsqueeze(-2) * diagonal).flatten(-2)
+    factors = list(positions.split(layout["lengths"]))
+    return suffix_gather_product(values, factors, layout["starts"])
+
+
+@functools.lru_cache(maxsize=64)
+def _srht_layout(degrees: tuple[int, ...], widths: tuple[int, ...], padded: int, blocks: tuple[int, ...]) -> dict:
+    """Where the draws of :func:`srht_of_degrees` go: Python numbers from the sketches' shapes, no draws.
+
+    ``scales``: D^{-1/(2n)} per stacked diagonal row (degree n, factor i, block b, in that order); ``order``: the
+    entries of the concatenated flat indices (degree, factor, column) in product order (factor, degree, column);
+    ``shift``: each ordered entry's offset (its row × padded) in the flattened transform; ``starts``/``lengths``:
+    the first column and the number of columns factor i reaches.
+    """
+    row, entry, column = 0, 0, 0
+    rows, entries, columns = [], [], []
+    scales = []
+    for degree, width, count in zip(degrees, widths, blocks):
+        rows.append(row)
+        entries.append(entry)
+        columns.append(column)
+        scales += [width ** (-0.5 / degree)] * (degree * count)
+        row += degree * count
+        entry += degree * width
+        column += width
+    order, shift, starts, lengths = [], [], [], []
+    for i in range(degrees[-1]):
+        reached = [j for j, degree in enumerate(degrees) if degree > i]
+        starts.append(columns[reached[0]])
+        lengths.append(column - columns[reached[0]])
+        for j in reached:
+            begin = entries[j] + i * widths[j]
+            order += range(begin, begin + widths[j])
+            shift += [(rows[j] + i * blocks[j]) * padded] * widths[j]
+    return {"scales": scales, "order": order, "shift": shift, "starts": tuple(starts), "lengths": lengths}
 
 
 def _pad(x: Tensor, size: int) -> Tensor:

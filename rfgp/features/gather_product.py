@@ -24,12 +24,34 @@ def gather_product(values: Tensor, index: Tensor) -> Tensor:
     (one per independent draw) broadcasts against ``values.shape[:-2]`` (the row axis −2 is
     shared).  Differentiable to any order in ``values`` (real or complex).
     """
+    return suffix_gather_product(values, list(index.unbind(0)), (0,) * index.shape[0])
+
+
+def suffix_gather_product(values: Tensor, indices: list[Tensor], starts: tuple[int, ...]) -> Tensor:
+    """out[..., l] = Π_{i: starts[i] ≤ l} values[..., indices[i][..., l − starts[i]]]: factor i multiplies the
+    columns from ``starts[i]`` on (``starts[0] = 0``, non-decreasing; ``indices[i]`` has D − starts[i] entries).
+
+    Products of different lengths in one call: the degree-n TensorSRHT blocks of a Maclaurin map, ordered by degree,
+    are the columns that the first n factors reach (one op per factor for all degrees, instead of one per factor and
+    degree).  Each column's factors are multiplied in the order i = 0, 1, …, as :func:`gather_product` does.
+    Indices as in :func:`gather_product`; differentiable to any order in ``values`` (real or complex).
+    """
+    if len(indices) != len(starts) or starts[0] != 0:
+        raise ValueError(f"starts must begin with 0 and name one start per index, got {starts} for "
+                         f"{len(indices)} indices")
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same products, plainly
-        out = _gather(values, index[0])
-        for i in range(1, index.shape[0]):
-            out = out * _gather(values, index[i])
+        out = _gather(values, indices[0])
+        for start, index in zip(starts[1:], indices[1:]):
+            out = _multiply_from(out, start, _gather(values, index))
         return out
-    return _GatherProduct.apply(values, index)
+    return _GatherProduct.apply(values, tuple(starts), *indices)
+
+
+def _multiply_from(target: Tensor, start: int, factor: Tensor) -> Tensor:
+    """target with its columns from ``start`` on multiplied by ``factor``, out of place (differentiable)."""
+    if start == 0:
+        return target * factor
+    return torch.cat((target[..., :start], target[..., start:] * factor), dim=-1)
 
 
 def _gather(values: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor:
@@ -53,29 +75,34 @@ def _scatter_add(target: Tensor, index: Tensor, source: Tensor) -> Tensor:
 _BLOCK_BYTES = 8 << 20
 
 
-def _multiply_gathers_in_row_blocks(out: Tensor, values: Tensor, index: Tensor) -> None:
-    """out ⊙= Π_i values[..., index[i]] for shared 1-D indices, a block of rows at a time."""
-    rows, width = out.reshape(-1, out.shape[-1]), index.shape[-1]
+def _multiply_gathers_in_row_blocks(out: Tensor, values: Tensor, factors) -> None:
+    """out[..., s:] ⊙= values[..., index] for each (s, index) of ``factors`` (shared 1-D indices), a block of rows
+    at a time."""
+    rows, width = out.reshape(-1, out.shape[-1]), out.shape[-1]
     values = values.reshape(-1, values.shape[-1])
     step = max(1, _BLOCK_BYTES // (width * out.element_size()))
-    buffer = torch.empty(min(step, rows.shape[0]), width, dtype=out.dtype, device=out.device)
+    buffer = torch.empty(min(step, rows.shape[0]) * width, dtype=out.dtype, device=out.device)
     for start in range(0, rows.shape[0], step):  # blocks of memory, not a loop over data points
         block, source = rows[start : start + step], values[start : start + step]
-        for idx in index:
-            block.mul_(torch.index_select(source, -1, idx, out=buffer[: block.shape[0]]))
+        for first, idx in factors:
+            gathered = buffer[: block.shape[0] * idx.shape[0]].view(block.shape[0], idx.shape[0])
+            block[:, first:].mul_(torch.index_select(source, -1, idx, out=gathered))
 
 
 class _GatherProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values: Tensor, index: Tensor) -> Tensor:
-        out = _gather(values, index[0])
-        if index.shape[0] > 1 and index.dim() == 2 and not out.is_cuda:
-            _multiply_gathers_in_row_blocks(out, values, index[1:])
-        elif index.shape[0] > 1:  # CUDA's caching allocator, or one index per draw: one full-size buffer
-            buffer = torch.empty_like(out)
-            for i in range(1, index.shape[0]):
-                out.mul_(_gather(values, index[i], out=buffer))
-        ctx.save_for_backward(values, index)
+    def forward(ctx, values: Tensor, starts: tuple[int, ...], *indices: Tensor) -> Tensor:
+        out = _gather(values, indices[0])
+        factors = list(zip(starts[1:], indices[1:]))
+        if factors and all(index.dim() == 1 for index in indices) and not out.is_cuda:
+            _multiply_gathers_in_row_blocks(out, values, factors)
+        elif factors:  # CUDA's caching allocator, or one index per draw: one full-size buffer
+            buffer = torch.empty(out.numel(), dtype=out.dtype, device=out.device)
+            for start, index in factors:
+                target = out[..., start:]
+                target.mul_(_gather(values, index, out=buffer[: target.numel()].view(target.shape)))
+        ctx.starts = starts
+        ctx.save_for_backward(values, *indices)
         return out
 
     @staticmethod
@@ -83,16 +110,21 @@ class _GatherProduct(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         # ∂out/∂values at index_i is Π_{j≠i} gathered_j (conjugated: PyTorch's complex convention);
         # suffix products of the upstream gradient and prefix products of the gathers give all
-        # k leave-one-out products in O(k) multiplications.  Plain differentiable ops, so the
-        # backward is itself differentiable (double backward).
-        values, index = ctx.saved_tensors
-        gathered = [_gather(values, index[i]).conj() for i in range(index.shape[0])]
-        suffixes = [grad]
-        for g in reversed(gathered[1:]):
-            suffixes.append(suffixes[-1] * g)
-        suffixes.reverse()  # suffixes[i] = grad · Π_{j>i} conj(gathered_j)
+        # k leave-one-out products in O(k) multiplications, factor i over its columns starts[i]:.
+        # Plain differentiable ops, so the backward is itself differentiable (double backward).
+        values, *indices = ctx.saved_tensors
+        starts = ctx.starts
+        gathered = [_gather(values, index).conj() for index in indices]
+        suffixes, running = [], grad  # suffixes[i] = grad · Π_{j>i} conj(gathered_j), on the columns starts[i]:
+        for i in reversed(range(len(indices))):
+            suffixes.append(running[..., starts[i]:])
+            if i > 0:
+                running = _multiply_from(running, starts[i], gathered[i])
+        suffixes.reverse()
         grad_values, prefix = torch.zeros_like(values), None
         for i, suffix in enumerate(suffixes):
-            grad_values = _scatter_add(grad_values, index[i], suffix if prefix is None else suffix * prefix)
-            prefix = gathered[i] if prefix is None else prefix * gathered[i]
-        return grad_values, None
+            grad_values = _scatter_add(grad_values, indices[i], suffix if prefix is None else suffix * prefix)
+            if i + 1 < len(indices):
+                step = starts[i + 1] - starts[i]
+                prefix = gathered[i][..., step:] if prefix is None else (prefix * gathered[i])[..., step:]
+        return grad_values, None, *(None,) * len(indices)

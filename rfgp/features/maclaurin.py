@@ -30,7 +30,7 @@ from ..core.locks import init_lock
 from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from . import dot_product
 from .base import FeatureMap
-from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch
+from .degree_sketch import PROJECTIONS, SRHT_BLOCKS, DegreeSketch, srht_of_degrees
 from .dot_product import DotProductKernelSpec, degree_terms
 from .maclaurin_allocation import AUTO_MAX_ORDER, AllocationObjective, extended_allocation, random_degrees, total_width
 from .polynomial import WEIGHTS
@@ -150,15 +150,13 @@ class _MaclaurinFeatures(FeatureMap):
     def _features(self, x: Tensor, offset: Tensor | None = None) -> Tensor:
         roots = self._sqrt_coefficients(x, offset)
         scales = device_constant(self, ("block_scales", self.widths, self.total_width), self._block_scales, x)
-        get = lambda name: self._buffer(name, like=x)  # noqa: E731
-        parts = []
+        # √aₙ times the block scale, per output column of the sketches (the constant column apart)
+        degrees = device_constant(self, ("column_degrees", self.widths, self.is_complex), self._column_degrees,
+                                  self._anchor.new_empty((), dtype=torch.long))
+        factors = (roots[..., 1:] * scales).index_select(-1, degrees.to(x.device)).unsqueeze(-2)
+        parts = [self._sketch_columns(x) * factors]
         if self.has_constant:
-            parts.append(x.new_ones(*x.shape[:-1], 1) * roots[..., :1].unsqueeze(-2))
-        for index, (n, width) in enumerate(self._blocks()):
-            phi = self._sketch(n, width).apply(x, lambda name, n=n: get(f"degree{n}_{name}"))
-            if phi.is_complex():
-                phi = torch.cat((phi.real, phi.imag), dim=-1)
-            parts.append(phi * (roots[..., n : n + 1].unsqueeze(-2) * scales[n - 1]))
+            parts.insert(0, x.new_ones(*x.shape[:-1], 1) * roots[..., :1].unsqueeze(-2))
         if len({p.shape[:-1] for p in parts}) > 1:
             shape = torch.broadcast_shapes(*(p.shape[:-1] for p in parts))
             parts = [p.expand(*shape, p.shape[-1]) for p in parts]
@@ -166,6 +164,34 @@ class _MaclaurinFeatures(FeatureMap):
         if self.kernel.has_prefactor:
             features = features * self.kernel.log_prefactor(x).exp().unsqueeze(-1)
         return features
+
+    def _column_degrees(self) -> Tensor:
+        """n − 1 for every output column of the sketches (two per complex feature)."""
+        copies = 2 if self.is_complex else 1
+        return torch.tensor([n - 1 for n, width in self._blocks() for _ in range(copies * width)])
+
+    def _sketch_columns(self, x: Tensor) -> Tensor:
+        """[Φ₁(x), Φ₂(x), …] of the degrees with a feature, unscaled; complex blocks as [Re Φₙ, Im Φₙ]."""
+        blocks = self._blocks()
+        sketches = [self._sketch(n, width) for n, width in blocks]
+        gets = [lambda name, n=n: self._buffer(f"degree{n}_{name}", like=x) for n, _ in blocks]
+        if self.projection == "srht":  # every degree in one transform and one product
+            phi = srht_of_degrees(x, sketches, gets, self)
+            if not phi.is_complex():
+                return phi
+            interleaved = device_constant(self, ("complex_columns", self.widths), self._complex_columns,
+                                          self._anchor.new_empty((), dtype=torch.long))
+            return torch.view_as_real(phi).flatten(-2).index_select(-1, interleaved.to(x.device))
+        parts = [sketch.apply(x, get) for sketch, get in zip(sketches, gets)]
+        return torch.cat([torch.cat((p.real, p.imag), dim=-1) if p.is_complex() else p for p in parts], dim=-1)
+
+    def _complex_columns(self) -> Tensor:
+        """Positions of [Re Φ₁, Im Φ₁, Re Φ₂, …] in the interleaved (Re, Im) pairs of [Φ₁, Φ₂, …]."""
+        columns, start = [], 0
+        for _, width in self._blocks():
+            columns += [2 * (start + j) for j in range(width)] + [2 * (start + j) + 1 for j in range(width)]
+            start += width
+        return torch.tensor(columns)
 
     # ------------------------------------------------------- bias correction
     def target_diag(self, x: Tensor) -> Tensor:
