@@ -7,7 +7,7 @@ import torch
 
 from rfgp.features import gather_product as module
 from rfgp.features.degree_sketch import DegreeSketch
-from rfgp.features.gather_product import gather_product
+from rfgp.features.gather_product import gather_product, suffix_gather_product
 
 
 def reference(values, index):
@@ -82,3 +82,55 @@ def test_batched_srht_equals_product_of_per_degree_projections(blocks, complex_w
         got = sketch.apply_to(xs, buffers.__getitem__)
         assert got.shape == (*draws, 5, width)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def _suffix_inputs(complex_values: bool, per_factor: bool, rows=(2, 5)):
+    """Four factors reaching the columns 0:, 2:, 2: and 7: of 9, from one shared source or one per factor."""
+    gen = torch.Generator().manual_seed(3)
+    starts, widths = (0, 2, 2, 7), (6, 3, 5, 4)
+    dtype = torch.complex128 if complex_values else torch.float64
+    sources = [torch.randn(*rows, m, dtype=dtype, generator=gen) for m in (widths if per_factor else widths[:1])]
+    indices = [torch.randint(0, sources[i if per_factor else 0].shape[-1], (9 - s,), generator=gen)
+               for i, s in enumerate(starts)]
+    return sources, indices, starts
+
+
+def suffix_reference(sources, indices, starts):
+    columns = []
+    for column in range(9):
+        value = 1
+        for i, (start, index) in enumerate(zip(starts, indices)):
+            if column >= start:
+                value = value * sources[i if len(sources) > 1 else 0][..., index[column - start]]
+        columns.append(value)
+    return torch.stack(columns, dim=-1)
+
+
+@pytest.mark.parametrize("per_factor", [False, True])
+@pytest.mark.parametrize("complex_values", [False, True])
+@pytest.mark.parametrize("block_bytes", [1, 64, 8 << 20])  # one row, a few rows, every row per block
+def test_suffix_products_match_the_products_of_each_column(per_factor, complex_values, block_bytes, monkeypatch):
+    monkeypatch.setattr(module, "_BLOCK_BYTES", block_bytes)
+    sources, indices, starts = _suffix_inputs(complex_values, per_factor)
+    sources = [s.requires_grad_() for s in sources]
+    got = suffix_gather_product(sources, indices, starts)
+    expected = suffix_reference(sources, indices, starts)
+    torch.testing.assert_close(got, expected, rtol=1e-14, atol=1e-14)
+    upstream = torch.randn(got.shape, dtype=got.dtype, generator=torch.Generator().manual_seed(4))
+    for a, b in zip(torch.autograd.grad(got, sources, upstream), torch.autograd.grad(expected, sources, upstream)):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("per_factor", [False, True])
+def test_suffix_products_gradients_to_second_order(per_factor):
+    sources, indices, starts = _suffix_inputs(True, per_factor, rows=(3,))
+    sources = [s.requires_grad_() for s in sources]
+    assert torch.autograd.gradcheck(lambda *v: suffix_gather_product(list(v), indices, starts), tuple(sources))
+    assert torch.autograd.gradgradcheck(lambda *v: suffix_gather_product(list(v), indices, starts), tuple(sources))
+
+
+@pytest.mark.parametrize("starts, count", [((1, 2), 1), ((0, 2), 3)])
+def test_suffix_products_refuse_inconsistent_arguments(starts, count):
+    sources = [torch.ones(2, 4)] * count
+    with pytest.raises(ValueError, match="starts must begin with 0"):
+        suffix_gather_product(sources, [torch.zeros(4, dtype=torch.long), torch.zeros(2, dtype=torch.long)], starts)
