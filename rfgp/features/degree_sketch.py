@@ -42,8 +42,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from . import random
 from ..core.dtypes import device_constant
+from . import random
 from .gather_product import gather_product, suffix_gather_product
 from .hadamard import fwht, next_power_of_two
 
