@@ -28,6 +28,7 @@ Matérn against ``exact Matérn``).  The machine's load average is written with 
     python benchmarks/small_data_overhead.py                 # writes results/small_data_overhead.md
     python benchmarks/small_data_overhead.py --quick         # N = 10, 200, d = 2, one repeat
     python benchmarks/small_data_overhead.py --label after   # writes results/small_data_overhead_after.md
+    python benchmarks/small_data_overhead.py --models 'exact RBF,RFF 256,Maclaurin 256' --sizes 50,500 --label x
 
 ``results/small_data_overhead_before.md`` and ``_after.md`` are this script run against rfgp before and after the
 small-data overhead pass (the header names the rfgp it imported; a copy of the script outside the repository, with
@@ -56,7 +57,7 @@ COLUMNS = ["MLL", "post 1 first", "post 1 rep", "post 32 first", "post 32 rep", 
            "LogEI", "qLogNEI"]
 
 
-def _models(n: int, d: int) -> dict:
+def _models(n: int, d: int, names: list[str] | None = None) -> dict:
     from botorch.models import SingleTaskGP
     from gpytorch.kernels import MaternKernel, ScaleKernel
 
@@ -78,6 +79,11 @@ def _models(n: int, d: int) -> dict:
     landmarks = min(n, 256)
     models[f"Nyström {landmarks}"] = stgp(rfgp.sketch(stgp().covar_module, landmarks, method="nystrom", x_sample=x,
                                                       seed=0))
+    if names is not None:
+        unknown = sorted(set(names) - set(models))
+        if unknown:
+            raise SystemExit(f"--models: unknown model(s) {unknown}; the models are {sorted(models)}")
+        models = {name: model for name, model in models.items() if name in names}
     return {name: model.double() for name, model in models.items()}, x, y
 
 
@@ -134,10 +140,10 @@ def _measure(model, x, y, gen, calls: int) -> dict:
     return times
 
 
-def run(sizes, dims, repeats: int, calls: int, rows: list[str]) -> None:
+def run(sizes, dims, repeats: int, calls: int, rows: list[str], names: list[str] | None = None) -> None:
     for d in dims:
         for n in sizes:
-            models, x, y = _models(n, d)
+            models, x, y = _models(n, d, names)
             samples = {name: {} for name in models}
             for repeat in range(repeats):
                 for name, model in models.items():
@@ -146,11 +152,11 @@ def run(sizes, dims, repeats: int, calls: int, rows: list[str]) -> None:
                         samples[name].setdefault(column, []).append(seconds)
             medians = {name: {c: statistics.median(v) for c, v in s.items()} for name, s in samples.items()}
             for name, cells in medians.items():
-                reference = medians["exact Matérn" if "Matérn" in name else "exact RBF"]
+                reference = medians.get("exact Matérn" if "Matérn" in name else "exact RBF")
                 text = []
                 for column in COLUMNS:
                     cell = f"{1e3 * cells[column]:.2f}"
-                    if not name.startswith("exact"):
+                    if not name.startswith("exact") and reference is not None:
                         cell += f" ({cells[column] / reference[column]:.1f}×)"
                     text.append(cell)
                 rows.append(f"| {n} | {d} | {name} | " + " | ".join(text) + " |")
@@ -167,9 +173,10 @@ def _table(label: str) -> tuple[str, dict]:
     return lines[0], rows
 
 
-def compare(before: str, after: str) -> None:
-    """results/small_data_overhead.md: per cell the rfgp model's ratio to the exact model before → after (each
-    against the exact model of its own run, which absorbs the machine's load), and the rfgp time before → after."""
+def compare(before: str, after: str, output: str = "small_data_overhead") -> None:
+    """results/<output>.md (default small_data_overhead.md): per cell the rfgp model's ratio to the exact model
+    before → after (each against the exact model of its own run, which absorbs the machine's load), and the rfgp
+    time before → after."""
     (head_before, old), (head_after, new) = _table(before), _table(after)
     text = ["Small-data overhead before → after (ratio to the exact model of the same family in its own run, then "
             "milliseconds per call before → after).", "", f"Before: {head_before}", "", f"After: {head_after}", "",
@@ -184,7 +191,7 @@ def compare(before: str, after: str) -> None:
         cells = [f"{ro:.1f}× → {rn:.1f}× ({a:.2f} → {b:.2f})"
                  for ro, rn, a, b in zip(ratios_old, ratios_new, old[key], values)]
         text.append(f"| {n} | {d} | {name} | " + " | ".join(cells) + " |")
-    (RESULTS / "small_data_overhead.md").write_text("\n".join(text) + "\n")
+    (RESULTS / f"{output}.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
 
 
@@ -194,21 +201,31 @@ def main() -> None:
     parser.add_argument("--label", default=None, help="suffix of the results file (e.g. before / after)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
                         help="labels of two results files to set side by side in results/small_data_overhead.md")
+    parser.add_argument("--output", default="small_data_overhead", help="the --compare table's file name (no .md)")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated model names to measure (e.g. 'exact RBF,RFF 256,Maclaurin 256')")
+    parser.add_argument("--sizes", default=None, help="comma-separated N (default 10,50,200,500)")
+    parser.add_argument("--dims", default=None, help="comma-separated d (default 2,6)")
     args = parser.parse_args()
     if args.compare:
-        compare(*args.compare)
+        compare(*args.compare, output=args.output)
         return
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     rows = ["| N | d | model | " + " | ".join(COLUMNS) + " |", "|---|---|---|" + "---|" * len(COLUMNS)]
     load_before = os.getloadavg()
-    if args.quick:
-        run([10, 200], [2], 1, 5, rows)
-    else:
-        run([10, 50, 200, 500], [2, 6], 3, 5, rows)
+    names = None if args.models is None else [name.strip() for name in args.models.split(",")]
+    sizes = [10, 200] if args.quick else [10, 50, 200, 500]
+    dims = [2] if args.quick else [2, 6]
+    sizes = sizes if args.sizes is None else [int(v) for v in args.sizes.split(",")]
+    dims = dims if args.dims is None else [int(v) for v in args.dims.split(",")]
+    run(sizes, dims, 1 if args.quick else 3, 5, rows, names)
     load_after = os.getloadavg()
-    command = ("python benchmarks/small_data_overhead.py" + (" --quick" if args.quick else "")
-               + (f" --label {args.label}" if args.label else ""))
+    command = " ".join(["python benchmarks/small_data_overhead.py", *(["--quick"] if args.quick else []),
+                        *([f"--label {args.label}"] if args.label else []),
+                        *([f"--models '{args.models}'"] if args.models else []),
+                        *([f"--sizes {args.sizes}"] if args.sizes else []),
+                        *([f"--dims {args.dims}"] if args.dims else [])])
     text = "\n".join([
         f"`{command}` (torch {torch.__version__}, rfgp at {pathlib.Path(rfgp.__file__).parent}, one thread, CPU "
         f"time, float64, milliseconds per call, medians of paired repeats, ratio to the exact model of the same "
