@@ -76,6 +76,7 @@ def _scatter_add(target: Tensor, index: Tensor, source: Tensor) -> Tensor:
 # TensorSRHT's time at N = 1000, D = 10240), yet large enough for few blocks: each op is an
 # OpenMP parallel region, and on an oversubscribed host every region waits for both threads.
 _BLOCK_BYTES = 8 << 20
+_BACKWARD_BLOCK_BYTES = 256 << 10
 
 
 def _multiply_gathers_in_row_blocks(out: Tensor, factors) -> None:
@@ -116,7 +117,7 @@ class _GatherProduct(torch.autograd.Function):
         tensors, count = ctx.saved_tensors, ctx.count
         values, indices = list(tensors[:count]), list(tensors[count:])
         width = grad.shape[-1]
-        step = max(1, _BLOCK_BYTES // (width * grad.element_size()))
+        step = max(1, _BACKWARD_BLOCK_BYTES // (width * grad.element_size()))
         rows = grad.shape[:-1].numel()
         if all(index.dim() == 1 for index in indices) and not grad.is_cuda and rows > step:
             # shared indices: rows are independent; blocks of rows keep the O(k) temporaries below glibc's mmap

@@ -19,7 +19,7 @@ import pathlib
 import pytest
 import torch
 
-from rfgp.features import OptimizedMaclaurin, RandomMaclaurin, dot_product
+from rfgp.features import OptimizedMaclaurin, RandomMaclaurin, dot_product, maclaurin
 
 DATA = pathlib.Path(__file__).parent / "data" / "maclaurin_reference.pt"
 
@@ -114,8 +114,12 @@ def reference():
     return torch.load(DATA, weights_only=True)
 
 
+@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("name", sorted(_cases()))
-def test_features_and_gradients_equal_main(reference, name):
+def test_features_and_gradients_equal_main(reference, name, batched, monkeypatch):
+    """Both TensorSRHT paths: every degree at once (few rows) and degree by degree (many rows)."""
+    if not batched:
+        monkeypatch.setattr(maclaurin, "BATCHED_DEGREES_MAX_ROWS", 0)
     saved = reference["features"][name]
     phi, x, offset = _cases()[name]
     now = _evaluate(phi, x, offset)
