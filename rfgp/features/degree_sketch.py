@@ -274,7 +274,7 @@ def srht_of_degrees(x: Tensor, sketches: list[DegreeSketch], gets: list[Getter],
     diagonals = [_weight(get, "diagonal", first.complex_weights) for get in gets]  # (n, blocks, padded) each
     indices = [get("index") for get in gets]  # (n, D) each
     shape = (tuple(s.degree for s in sketches), tuple(s.width for s in sketches), first.padded_dim,
-             tuple(d.shape[-2] for d in diagonals))
+             tuple(int(d.shape[-2]) for d in diagonals))  # ints even under torch.jit.trace, where sizes are tensors
     layout = _srht_layout(*shape)
     constant = lambda name, dtype, like: device_constant(  # noqa: E731
         owner, ("srht_of_degrees", shape, name), lambda: torch.tensor(layout[name], dtype=dtype), like)
