@@ -264,28 +264,30 @@ def srht_of_degrees(x: Tensor, sketches: list[DegreeSketch], gets: list[Getter],
 
     Equal to ``torch.cat([s.apply(x, get) for s, get in zip(sketches, gets)], -1)``, product for product: the
     diagonals of all degrees (each scaled by D^{-1/(2n)}) are stacked into one transform of
-    ``(..., N, Σ n·blocks, padded)``, grouped by factor i, and with the columns ordered by degree, factor i of the
-    product reaches the columns of the degrees n > i, a suffix of them, gathering from its own group.  Per-degree
-    calls cost O(Σ n) small ops, which dominate at the small N of a BO loop.  ``gets[j]`` reads the draws of
+    ``(..., N, Σ n·blocks, padded)``, and with the columns ordered by degree, factor i of the product reaches the
+    columns of the degrees n > i, a suffix of them.  Per-degree calls cost O(Σ n) small ops, which dominate at the
+    small N of a BO loop.  ``gets[j]`` reads the draws of
     ``sketches[j]``; the draws' layout (positions, not values) is kept on ``owner`` per device
     (:func:`~rfgp.core.dtypes.device_constant`).
     """
     first = sketches[0]
-    diagonals = [_weight(get, "diagonal", first.complex_weights) for get in gets]  # (n, blocks, padded) each
+    reals = [get("diagonal_real") for get in gets]  # (n, blocks, padded) each
     indices = [get("index") for get in gets]  # (n, D) each
     shape = (tuple(s.degree for s in sketches), tuple(s.width for s in sketches), first.padded_dim,
-             tuple(int(d.shape[-2]) for d in diagonals))  # ints even under torch.jit.trace, where sizes are tensors
+             tuple(int(d.shape[-2]) for d in reals))  # ints even under torch.jit.trace, where sizes are tensors
     layout = _srht_layout(*shape)
     constant = lambda name, dtype, like: device_constant(  # noqa: E731
         owner, ("srht_of_degrees", shape, name), lambda: torch.tensor(layout[name], dtype=dtype), like)
     rows = constant("rows", torch.long, indices[0])
     scales = constant("scales", torch.float64, x).unsqueeze(-1)
-    diagonal = torch.cat([d.flatten(0, -2) for d in diagonals]).index_select(0, rows) * scales
+    diagonal = torch.cat([d.flatten(0, -2) for d in reals])
+    if first.complex_weights:
+        diagonal = torch.complex(diagonal, torch.cat([get("diagonal_imag").flatten(0, -2) for get in gets]))
+    diagonal = diagonal.index_select(0, rows) * scales
     positions = torch.cat([i.flatten() for i in indices]).index_select(0, constant("order", torch.long, rows))
     positions = positions + constant("shift", torch.long, rows)
-    values = _hadamard(_pad(x, first.padded_dim).unsqueeze(-2) * diagonal)  # (..., N, Σ n·blocks, padded)
-    groups = [v.flatten(-2).contiguous() for v in values.split(layout["groups"], dim=-2)]
-    return suffix_gather_product(groups, list(positions.split(layout["lengths"])), layout["starts"])
+    values = _hadamard(_pad(x, first.padded_dim).unsqueeze(-2) * diagonal).flatten(-2)  # (..., N, Σ n·blocks·padded)
+    return suffix_gather_product(values, list(positions.split(layout["lengths"])), layout["starts"])
 
 
 @functools.lru_cache(maxsize=64)
@@ -293,10 +295,10 @@ def _srht_layout(degrees: tuple[int, ...], widths: tuple[int, ...], padded: int,
     """Where the draws of :func:`srht_of_degrees` go: Python numbers from the sketches' shapes, no draws.
 
     ``rows``: the stacked diagonal rows (degree n, factor i, block b) in the transform's order (factor, degree,
-    block), ``groups`` of them per factor; ``scales``: D^{-1/(2n)} per transform row; ``order``: the entries of the
-    concatenated flat indices (degree, factor, column) in product order (factor, degree, column); ``shift``: each
-    ordered entry's offset (its row within its factor's group × padded); ``starts``/``lengths``: the first column
-    and the number of columns factor i reaches.
+    block); ``scales``: D^{-1/(2n)} per transform row; ``order``: the entries of the concatenated flat indices
+    (degree, factor, column) in product order (factor, degree, column); ``shift``: each ordered entry's offset (its
+    first transform row × padded); ``starts``/``lengths``: the first column and the number of columns factor i
+    reaches.
     """
     row, entry, column = 0, 0, 0
     rows, entries, columns = [], [], []
@@ -307,20 +309,17 @@ def _srht_layout(degrees: tuple[int, ...], widths: tuple[int, ...], padded: int,
         row += degree * count
         entry += degree * width
         column += width
-    layout = {"rows": [], "groups": [], "scales": [], "order": [], "shift": [], "starts": (), "lengths": []}
+    layout = {"rows": [], "scales": [], "order": [], "shift": [], "starts": (), "lengths": []}
     for i in range(degrees[-1]):
         reached = [j for j, degree in enumerate(degrees) if degree > i]
         layout["starts"] += (columns[reached[0]],)
         layout["lengths"].append(column - columns[reached[0]])
-        group = 0
         for j in reached:
             begin = entries[j] + i * widths[j]
             layout["order"] += range(begin, begin + widths[j])
-            layout["shift"] += [group * padded] * widths[j]
+            layout["shift"] += [len(layout["rows"]) * padded] * widths[j]
             layout["rows"] += range(rows[j] + i * blocks[j], rows[j] + (i + 1) * blocks[j])
             layout["scales"] += [widths[j] ** (-0.5 / degrees[j])] * blocks[j]
-            group += blocks[j]
-        layout["groups"].append(group)
     return layout
 
 

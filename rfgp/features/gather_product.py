@@ -24,30 +24,27 @@ def gather_product(values: Tensor, index: Tensor) -> Tensor:
     (one per independent draw) broadcasts against ``values.shape[:-2]`` (the row axis −2 is
     shared).  Differentiable to any order in ``values`` (real or complex).
     """
-    return suffix_gather_product([values], list(index.unbind(0)), (0,) * index.shape[0])
+    return suffix_gather_product(values, list(index.unbind(0)), (0,) * index.shape[0])
 
 
-def suffix_gather_product(values: list[Tensor], indices: list[Tensor], starts: tuple[int, ...]) -> Tensor:
-    """out[..., l] = Π_{i: starts[i] ≤ l} values_i[..., indices[i][..., l − starts[i]]]: factor i multiplies the
+def suffix_gather_product(values: Tensor, indices: list[Tensor], starts: tuple[int, ...]) -> Tensor:
+    """out[..., l] = Π_{i: starts[i] ≤ l} values[..., indices[i][..., l − starts[i]]]: factor i multiplies the
     columns from ``starts[i]`` on (``starts[0] = 0``, non-decreasing; ``indices[i]`` has D − starts[i] entries).
 
-    ``values``: one tensor shared by every factor, or one per factor (values_i = ``values[i]``, same leading shape):
-    a gather along the last axis reads a narrow contiguous source several times faster than a column range of a
-    wide one.  Products of different lengths in one call: the degree-n TensorSRHT blocks of a Maclaurin map, ordered
-    by degree, are the columns that the first n factors reach (one op per factor for all degrees, instead of one per
-    factor and degree).  Each column's factors are multiplied in the order i = 0, 1, …, as :func:`gather_product`
-    does.  Indices as in :func:`gather_product`; differentiable to any order in ``values`` (real or complex).
+    Products of different lengths in one call: the degree-n TensorSRHT blocks of a Maclaurin map, ordered by degree,
+    are the columns that the first n factors reach (one op per factor for all degrees, instead of one per factor and
+    degree).  Each column's factors are multiplied in the order i = 0, 1, …, as :func:`gather_product` does.
+    Indices as in :func:`gather_product`; differentiable to any order in ``values`` (real or complex).
     """
-    if len(indices) != len(starts) or starts[0] != 0 or len(values) not in (1, len(indices)):
-        raise ValueError(f"starts must begin with 0 and name one start per index, and values hold one tensor or one "
-                         f"per index; got starts={starts}, {len(values)} values for {len(indices)} indices")
+    if len(indices) != len(starts) or starts[0] != 0:
+        raise ValueError(f"starts must begin with 0 and name one start per index, got starts={starts} for "
+                         f"{len(indices)} indices")
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same products, plainly
-        sources = values * len(indices) if len(values) == 1 else values
-        out = _gather(sources[0], indices[0])
-        for start, source, index in zip(starts[1:], sources[1:], indices[1:]):
-            out = _multiply_from(out, start, _gather(source, index))
+        out = _gather(values, indices[0])
+        for start, index in zip(starts[1:], indices[1:]):
+            out = _multiply_from(out, start, _gather(values, index))
         return out
-    return _GatherProduct.apply(tuple(starts), len(values), *values, *indices)
+    return _GatherProduct.apply(values, tuple(starts), *indices)
 
 
 def _multiply_from(target: Tensor, start: int, factor: Tensor) -> Tensor:
@@ -79,80 +76,72 @@ _BLOCK_BYTES = 8 << 20
 _BACKWARD_BLOCK_BYTES = 256 << 10
 
 
-def _multiply_gathers_in_row_blocks(out: Tensor, factors) -> None:
-    """out[..., s:] ⊙= source[..., index] for each (s, source, index) of ``factors`` (shared 1-D indices), a block of
-    rows at a time."""
+def _multiply_gathers_in_row_blocks(out: Tensor, values: Tensor, factors) -> None:
+    """out[..., s:] ⊙= values[..., index] for each (s, index) of ``factors`` (shared 1-D indices), a block of rows
+    at a time."""
     rows, width = out.reshape(-1, out.shape[-1]), out.shape[-1]
-    factors = [(first, source.reshape(-1, source.shape[-1]), index) for first, source, index in factors]
+    values = values.reshape(-1, values.shape[-1])
     step = max(1, _BLOCK_BYTES // (width * out.element_size()))
     buffer = torch.empty(min(step, rows.shape[0]) * width, dtype=out.dtype, device=out.device)
     for start in range(0, rows.shape[0], step):  # blocks of memory, not a loop over data points
-        block = rows[start : start + step]
-        for first, source, index in factors:
+        block, source = rows[start : start + step], values[start : start + step]
+        for first, index in factors:
             gathered = buffer[: block.shape[0] * index.shape[0]].view(block.shape[0], index.shape[0])
-            block[:, first:].mul_(torch.index_select(source[start : start + step], -1, index, out=gathered))
+            block[:, first:].mul_(torch.index_select(source, -1, index, out=gathered))
 
 
 class _GatherProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, starts: tuple[int, ...], count: int, *tensors: Tensor) -> Tensor:
-        values, indices = tensors[:count], tensors[count:]
-        sources = values * len(indices) if count == 1 else values
-        out = _gather(sources[0], indices[0])
-        factors = list(zip(starts[1:], sources[1:], indices[1:]))
+    def forward(ctx, values: Tensor, starts: tuple[int, ...], *indices: Tensor) -> Tensor:
+        out = _gather(values, indices[0])
+        factors = list(zip(starts[1:], indices[1:]))
         if factors and all(index.dim() == 1 for index in indices) and not out.is_cuda:
-            _multiply_gathers_in_row_blocks(out, factors)
+            _multiply_gathers_in_row_blocks(out, values, factors)
         elif factors:  # CUDA's caching allocator, or one index per draw: one full-size buffer
             buffer = torch.empty(out.numel(), dtype=out.dtype, device=out.device)
-            for start, source, index in factors:
+            for start, index in factors:
                 target = out[..., start:]
-                target.mul_(_gather(source, index, out=buffer[: target.numel()].view(target.shape)))
-        ctx.starts, ctx.count = starts, count
-        ctx.save_for_backward(*tensors)
+                target.mul_(_gather(values, index, out=buffer[: target.numel()].view(target.shape)))
+        ctx.starts = starts
+        ctx.save_for_backward(values, *indices)
         return out
 
     @staticmethod
     @refuse_autocast_backward
     def backward(ctx, grad: Tensor):
-        tensors, count = ctx.saved_tensors, ctx.count
-        values, indices = list(tensors[:count]), list(tensors[count:])
-        width = grad.shape[-1]
+        values, *indices = ctx.saved_tensors
+        none = (None,) * (len(indices) + 1)
+        rows, width = values.reshape(-1, values.shape[-1]), grad.shape[-1]
         step = max(1, _BACKWARD_BLOCK_BYTES // (width * grad.element_size()))
-        rows = grad.shape[:-1].numel()
-        if all(index.dim() == 1 for index in indices) and not grad.is_cuda and rows > step:
-            # shared indices: rows are independent; blocks of rows keep the O(k) temporaries below glibc's mmap
-            # limit (a (N × D) temporary per factor page-faulted in fresh at every call otherwise)
-            flat = [v.reshape(-1, v.shape[-1]) for v in values]
+        if all(index.dim() == 1 for index in indices) and not values.is_cuda and rows.shape[0] > step:
+            # shared indices: rows are independent; blocks of rows keep the O(k) temporaries in cache (and below
+            # glibc's mmap limit, where a (N × D) temporary per factor was page-faulted in fresh at every call)
             grads = grad.reshape(-1, width)
-            blocks = [_leave_one_out_gradient([v[a : a + step] for v in flat], grads[a : a + step], indices,
-                                              ctx.starts) for a in range(0, rows, step)]
-            return (None, None, *(torch.cat(parts).view(v.shape) for v, parts in zip(values, zip(*blocks))),
-                    *(None,) * len(indices))
-        return (None, None, *_leave_one_out_gradient(values, grad, indices, ctx.starts), *(None,) * len(indices))
+            blocks = [_leave_one_out_gradient(rows[a : a + step], grads[a : a + step], indices, ctx.starts)
+                      for a in range(0, rows.shape[0], step)]
+            return torch.cat(blocks).view(values.shape), *none
+        return _leave_one_out_gradient(values, grad, indices, ctx.starts), *none
 
 
-def _leave_one_out_gradient(values: list[Tensor], grad: Tensor, indices: list[Tensor],
-                            starts: tuple[int, ...]) -> list[Tensor]:
-    """The gradients of :func:`suffix_gather_product` w.r.t. ``values`` for the upstream ``grad``.
+def _leave_one_out_gradient(values: Tensor, grad: Tensor, indices: list[Tensor], starts: tuple[int, ...]) -> Tensor:
+    """The gradient of :func:`suffix_gather_product` w.r.t. ``values`` for the upstream ``grad``.
 
-    ∂out/∂values_i at indices[i] is Π_{j≠i} gathered_j (conjugated: PyTorch's complex convention); suffix products of
+    ∂out/∂values at indices[i] is Π_{j≠i} gathered_j (conjugated: PyTorch's complex convention); suffix products of
     the upstream gradient and prefix products of the gathers give all k leave-one-out products in O(k)
     multiplications, factor i over its columns starts[i]:.  Plain differentiable ops, so the backward is itself
     differentiable (double backward).
     """
-    sources = values * len(indices) if len(values) == 1 else values
-    gathered = [_gather(source, index).conj() for source, index in zip(sources, indices)]
+    gathered = [_gather(values, index).conj() for index in indices]
     suffixes, running = [], grad  # suffixes[i] = grad · Π_{j>i} conj(gathered_j), on the columns starts[i]:
     for i in reversed(range(len(indices))):
         suffixes.append(running[..., starts[i]:])
         if i > 0:
             running = _multiply_from(running, starts[i], gathered[i])
     suffixes.reverse()
-    grads, prefix = [torch.zeros_like(v) for v in values], None
+    grad_values, prefix = torch.zeros_like(values), None
     for i, suffix in enumerate(suffixes):
-        j = i if len(values) > 1 else 0
-        grads[j] = _scatter_add(grads[j], indices[i], suffix if prefix is None else suffix * prefix)
+        grad_values = _scatter_add(grad_values, indices[i], suffix if prefix is None else suffix * prefix)
         if i + 1 < len(indices):
             step = starts[i + 1] - starts[i]
             prefix = gathered[i][..., step:] if prefix is None else (prefix * gathered[i])[..., step:]
-    return grads
+    return grad_values
