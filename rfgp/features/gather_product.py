@@ -73,7 +73,6 @@ def _scatter_add(target: Tensor, index: Tensor, source: Tensor) -> Tensor:
 # TensorSRHT's time at N = 1000, D = 10240), yet large enough for few blocks: each op is an
 # OpenMP parallel region, and on an oversubscribed host every region waits for both threads.
 _BLOCK_BYTES = 8 << 20
-_BACKWARD_BLOCK_BYTES = 256 << 10
 
 
 def _multiply_gathers_in_row_blocks(out: Tensor, values: Tensor, factors) -> None:
@@ -112,10 +111,10 @@ class _GatherProduct(torch.autograd.Function):
         values, *indices = ctx.saved_tensors
         none = (None,) * (len(indices) + 1)
         rows, width = values.reshape(-1, values.shape[-1]), grad.shape[-1]
-        step = max(1, _BACKWARD_BLOCK_BYTES // (width * grad.element_size()))
+        step = max(1, _BLOCK_BYTES // (width * grad.element_size()))
         if all(index.dim() == 1 for index in indices) and not values.is_cuda and rows.shape[0] > step:
-            # shared indices: rows are independent; blocks of rows keep the O(k) temporaries in cache (and below
-            # glibc's mmap limit, where a (N × D) temporary per factor was page-faulted in fresh at every call)
+            # shared indices: rows are independent; blocks of rows keep the O(k) temporaries below glibc's mmap
+            # limit (a (N × D) temporary per factor page-faulted in fresh at every call otherwise)
             grads = grad.reshape(-1, width)
             blocks = [_leave_one_out_gradient(rows[a : a + step], grads[a : a + step], indices, ctx.starts)
                       for a in range(0, rows.shape[0], step)]

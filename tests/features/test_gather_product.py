@@ -109,7 +109,6 @@ def suffix_reference(values, indices, starts):
 @pytest.mark.parametrize("block_bytes", [1, 64, 8 << 20])  # one row, a few rows, every row per block
 def test_suffix_products_match_the_products_of_each_column(complex_values, block_bytes, monkeypatch):
     monkeypatch.setattr(module, "_BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(module, "_BACKWARD_BLOCK_BYTES", block_bytes)
     values, indices, starts = _suffix_inputs(complex_values)
     values.requires_grad_()
     got = suffix_gather_product(values, indices, starts)
