@@ -39,10 +39,10 @@ from .polynomial import WEIGHTS
 ALLOCATION_PROJECTIONS = ("rademacher", "gaussian", "srht")
 
 #: at most this many input rows go through :func:`~rfgp.features.degree_sketch.srht_of_degrees` (all TensorSRHT
-#: degrees in one transform and one product, a fixed ~20 ops: 3–5× faster than one sketch per degree at N ≤ 500);
-#: more rows go degree by degree, whose smaller temporaries stay in cache (one thread, d = 2, p = 10, F = 255:
-#: value + gradient 40 ms either way at 1 000 rows, the batched path 10–30 % slower from 4 000 rows on)
-BATCHED_DEGREES_MAX_ROWS = 2048
+#: degrees in one transform and one product, a fixed ~20 ops: 2–5× faster than one sketch per degree at N ≤ 500);
+#: more rows go degree by degree, whose smaller temporaries stay in cache (one thread, F = 255, p = 7–10, value and
+#: gradient: about equal at 1 000 rows, the batched path 10–30 % slower at 1 700–4 000 rows)
+BATCHED_DEGREES_MAX_ROWS = 1024
 
 
 class _MaclaurinFeatures(FeatureMap):
