@@ -266,9 +266,8 @@ def srht_of_degrees(x: Tensor, sketches: list[DegreeSketch], gets: list[Getter],
     diagonals of all degrees (each scaled by D^{-1/(2n)}) are stacked into one transform of
     ``(..., N, Σ n·blocks, padded)``, and with the columns ordered by degree, factor i of the product reaches the
     columns of the degrees n > i, a suffix of them.  Per-degree calls cost O(Σ n) small ops, which dominate at the
-    small N of a BO loop.  ``gets[j]`` reads the draws of
-    ``sketches[j]``; the draws' layout (positions, not values) is kept on ``owner`` per device
-    (:func:`~rfgp.core.dtypes.device_constant`).
+    small N of a BO loop.  ``gets[j]`` reads the draws of ``sketches[j]``; the draws' layout (positions, not values)
+    is kept on ``owner`` per device (:func:`~rfgp.core.dtypes.device_constant`).
     """
     first = sketches[0]
     reals = [get("diagonal_real") for get in gets]  # (n, blocks, padded) each
