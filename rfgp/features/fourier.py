@@ -189,24 +189,36 @@ class _SinCosFeatures(torch.autograd.Function):
     The backward is made of differentiable operations on the saved *output*, so autograd
     differentiates it again through this function (double backward: Hessians w.r.t. inputs
     and hyperparameters); a first-order backward runs it without building a graph, at the
-    same cost as before.
+    same cost as before.  The forward-mode derivative is Φ̇ = [−Φ_sin·Ṗ, Φ_cos·Ṗ] from the output too
+    (:func:`sincos_projection_jvp`); ``setup_context`` and the generated vmap rule let forward-over-reverse
+    Hessians (``torch.autograd.functional.hessian(..., outer_jacobian_strategy="forward-mode")``) through it.
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, projection: Tensor, scale: float) -> Tensor:
+    def forward(projection: Tensor, scale: float) -> Tensor:
         m = projection.shape[-1]
         features = projection.new_empty(*projection.shape[:-1], 2 * m)
         torch.cos(projection, out=features[..., :m])  # written in place: no concatenation pass
         torch.sin(projection, out=features[..., m:])
-        features.mul_(scale)
-        ctx.save_for_backward(features)
-        return features
+        return features.mul_(scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
 
     @staticmethod
     @refuse_autocast_backward
     def backward(ctx, grad: Tensor):
         (features,) = ctx.saved_tensors
         return sincos_projection_grad(grad, features), None
+
+    @staticmethod
+    def jvp(ctx, tangent: Tensor, _scale_tangent: None) -> Tensor:
+        (features,) = ctx.saved_tensors
+        return sincos_projection_jvp(tangent, features)
 
 
 def sincos_projection_grad(grad: Tensor, features: Tensor) -> Tensor:
@@ -218,3 +230,10 @@ def sincos_projection_grad(grad: Tensor, features: Tensor) -> Tensor:
     """
     m = features.shape[-1] // 2
     return (grad[..., m:] * features[..., :m]).addcmul_(grad[..., :m], features[..., m:], value=-1.0)
+
+
+def sincos_projection_jvp(tangent: Tensor, features: Tensor) -> Tensor:
+    """Φ̇ for features Φ = [a·cos P, a·sin P] (any per-pair amplitude a, fixed) from Φ itself and the tangent Ṗ:
+    [−Φ_sin·Ṗ, Φ_cos·Ṗ] — the forward-mode counterpart of :func:`sincos_projection_grad`."""
+    m = features.shape[-1] // 2
+    return torch.cat([-features[..., m:] * tangent, features[..., :m] * tangent], dim=-1)

@@ -28,7 +28,7 @@ from ..core.config_state import METHOD, SavedDrawShapes
 from ..core.dtypes import refuse_autocast_backward
 from ..core.validation import check_finite
 from .base import FeatureMap
-from .fourier import _SinCosFeatures, sincos_projection_grad
+from .fourier import _SinCosFeatures, sincos_projection_grad, sincos_projection_jvp
 
 
 class SpectralMeasure:
@@ -113,11 +113,15 @@ class _WeightedSinCosFeatures(torch.autograd.Function):
     operations on the saved output, so autograd differentiates it again (double backward).
 
     ``projection`` ``(..., n, m)`` must already have the broadcast shape; ``log_amplitudes`` s
-    ``(*batch, m)`` broadcasts against its rows and receives a gradient of its own shape.
+    ``(*batch, m)`` broadcasts against its rows and receives a gradient of its own shape.  The forward-mode
+    derivative Φ̇ = [−Φ_sin·Ṗ, Φ_cos·Ṗ] + Φ·ṡ (ṡ per pair, both halves) is formed from Φ too, and the generated vmap
+    rule lets forward-over-reverse Hessians through it (as :class:`~rfgp.features.fourier._SinCosFeatures`).
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, projection: Tensor, log_amplitudes: Tensor) -> Tensor:
+    def forward(projection: Tensor, log_amplitudes: Tensor) -> Tensor:
         m = projection.shape[-1]
         features = projection.new_empty(*projection.shape[:-1], 2 * m)
         amplitudes = torch.exp(log_amplitudes).unsqueeze(-2)
@@ -125,9 +129,13 @@ class _WeightedSinCosFeatures(torch.autograd.Function):
         torch.sin(projection, out=features[..., m:])
         features[..., :m].mul_(amplitudes)
         features[..., m:].mul_(amplitudes)
-        ctx.save_for_backward(features)
-        ctx.log_amplitudes_shape = log_amplitudes.shape
         return features
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.log_amplitudes_shape = inputs[1].shape
 
     @staticmethod
     @refuse_autocast_backward
@@ -139,6 +147,15 @@ class _WeightedSinCosFeatures(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_log_amplitudes = _pair_row_sums(grad, features).sum_to_size(ctx.log_amplitudes_shape)
         return grad_projection, grad_log_amplitudes
+
+    @staticmethod
+    def jvp(ctx, projection_tangent: Tensor | None, log_amplitudes_tangent: Tensor | None) -> Tensor:
+        (features,) = ctx.saved_tensors
+        tangent = torch.zeros_like(features) if projection_tangent is None else sincos_projection_jvp(
+            projection_tangent, features)
+        if log_amplitudes_tangent is not None:  # ∂Φ_j/∂s_j = Φ_j for both halves of pair j
+            tangent = tangent + features * torch.cat([log_amplitudes_tangent] * 2, -1).unsqueeze(-2)
+        return tangent
 
 
 #: row blocks of :func:`_pair_row_sums` hold about this many elements (2 MiB in float64): a product the size of Φ

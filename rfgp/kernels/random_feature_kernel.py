@@ -38,6 +38,7 @@ from ..core.validation import (
     describe_bad_hyperparameters,
     module_dtype,
     promote_unit_rows,
+    refuse_functorch_transforms,
 )
 from ..features.base import FeatureMap
 from ..features.fourier import RandomFourierFeatures
@@ -193,6 +194,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
         if last_dim_is_batch:
             refuse_last_dim_is_batch(self)
         refuse_unfixed_state(self)
+        refuse_functorch_transforms()  # before same_inputs, whose storage test a functorch tensor fails obscurely
         same = same_inputs(x1, x2)
         # A cross-covariance of one output per input is a lazy operator that checks the rows it featurises (a
         # posterior never reads its test–train covariance, whose N training rows GPyTorch slices from the joint

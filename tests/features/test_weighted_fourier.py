@@ -121,3 +121,25 @@ def test_the_amplitude_folded_into_the_pair_scales_is_sqrt_a_times_the_features(
             pairs.append((*grads, *torch.autograd.grad(sum((g * g).sum() for g in grads), leaves)))
         for got, want in zip(*pairs):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_forward_mode_matches_finite_differences_reverse_mode_and_vmap(name):
+    """The Function's jvp (tangents in P and in the log pair scales, broadcast against the rows) against finite
+    differences, reverse mode (jacfwd = jacrev) and its generated vmap rule; forward-over-reverse second derivatives
+    (a forward-mode Hessian of a posterior): it had no jvp ("You must implement the jvp function")."""
+    gen = torch.Generator().manual_seed(3)
+    x_shape, w_shape, lw_shape = SHAPES[name]
+    inputs = tuple(torch.randn(s, generator=gen, dtype=torch.float64, requires_grad=True)
+                   for s in (x_shape, w_shape, lw_shape) if s is not None)
+
+    def features(*args):
+        return fourier_features(*args, *([None] if lw_shape is None else []))
+
+    torch.autograd.gradcheck(features, inputs, check_forward_ad=True, check_batched_forward_grad=True)
+    torch.autograd.gradgradcheck(features, inputs, check_fwd_over_rev=True)
+    detached = tuple(t.detach() for t in inputs)
+    arguments = tuple(range(len(inputs)))
+    forward = torch.func.jacfwd(features, argnums=arguments)(*detached)
+    for got, want in zip(forward, torch.func.jacrev(features, argnums=arguments)(*detached)):
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-14)

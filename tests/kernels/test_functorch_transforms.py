@@ -41,3 +41,40 @@ def test_vmap_and_grad_over_stacked_hyperparameters_are_refused_naming_batch_sha
         vmap(gram)(params, buffers)
     with pytest.raises(NotImplementedError, match="torch.func transforms"):
         vmap(grad(lambda p, b: gram(p, b).sum()))(params, buffers)
+
+
+def _posterior(base):
+    """A trained-shape RFF/weighted-Fourier ExactGP in eval mode (its draws and caches made outside a transform)."""
+    from .._models import UserGP
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(20, 2, generator=gen, dtype=torch.float64)
+    model = UserGP(x, torch.sin(3 * x).sum(-1), rfgp.sketch(ScaleKernel(base), 64, seed=0)).double().eval()
+    test = torch.rand(3, 2, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        model(test)
+    return model, test
+
+
+@pytest.mark.parametrize("base", [RBFKernel, gpytorch.kernels.PeriodicKernel], ids=["rff", "weighted_fourier"])
+@pytest.mark.parametrize("moment", ["mean", "variance"])
+def test_forward_over_reverse_hessian_of_a_posterior_in_its_test_inputs(base, moment):
+    """``torch.autograd.functional.hessian(..., outer_jacobian_strategy="forward-mode")`` through the fused sin/cos
+    Functions (plain and weighted) equals the reverse-mode Hessian: it failed with "You must implement the jvp
+    function for custom autograd.Function to use it with forward mode AD"."""
+    model, test = _posterior(base())
+
+    def moment_sum(z):
+        return getattr(model(z), moment).sum()
+
+    forward = torch.autograd.functional.hessian(moment_sum, test, vectorize=True,
+                                                outer_jacobian_strategy="forward-mode")
+    torch.testing.assert_close(forward, torch.autograd.functional.hessian(moment_sum, test), rtol=1e-10, atol=1e-12)
+
+
+def test_jvp_of_a_posterior_is_refused_naming_the_alternative():
+    """torch.func.jvp of a cached posterior reached the kernel's same-memory test of its inputs first ("Cannot access
+    data pointer of Tensor that doesn't have storage") instead of the refusal."""
+    model, test = _posterior(RBFKernel())
+    with pytest.raises(NotImplementedError, match="torch.func transforms"):
+        torch.func.jvp(lambda z: model(z).mean.sum(), (test,), (torch.ones_like(test),))
