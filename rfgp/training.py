@@ -734,14 +734,20 @@ def _check_batch_members(objective: _Objective, history: TrainingHistory, ftol: 
         return
     index = tuple(int(i) for i in torch.nonzero(failing)[(worst / bounds)[failing].argmax()])
     member = index[0] if len(index) == 1 else index
+    if history.optimizer == "member_lbfgs":  # each member had its own L-BFGS: a budget or a stall stopped them
+        cause = (f"the fit stopped before they converged ({history.stop_reason}): train on (call fit_mll again) or "
+                 "give it a larger num_iterations/time_budget; a stalled member may sit on a parameter constraint or "
+                 "where its covariance fails")
+    else:
+        cause = (f"the fit stopped on the summed loss ({history.stop_reason}). L-BFGS's curvature history mixes the "
+                 "members' independent problems, so a batch converges in many more iterations than each member "
+                 "alone: train with optimizer='member_lbfgs' (one L-BFGS per member), or train on (call fit_mll "
+                 "again)")
     warnings.warn(
         f"fit_mll: {count} of {members.numel()} batch members stopped away from a stationary point of their own "
         f"marginal likelihood (the worst, member {member}: largest gradient entry {float(worst[index]):.3g} > "
         f"{float(bounds[index]):.3g} = max(gtol, √(2·{_MAX_CURVATURE:g}·ftol·s)) at its loss "
-        f"{float(members[index]):.6g}); the fit stopped on the summed loss ({history.stop_reason}). L-BFGS's "
-        f"curvature history mixes the members' independent problems, so a batch converges in many more iterations "
-        f"than each member alone: train with optimizer='member_lbfgs' (one L-BFGS per member), or train on (call "
-        f"fit_mll again)",
+        f"{float(members[index]):.6g}); {cause}",
         NumericalWarning, stacklevel=5,
     )
 
@@ -775,10 +781,12 @@ class _MemberLBFGS:
     failed line search, is −g_b·min(1, 1/‖g_b‖₁)·lr as in ``torch.optim.LBFGS``), and a backtracking line search halves
     each member's step until its own loss satisfies the Armijo condition f_b(x + t·d) ≤ f_b + 10⁻⁴·t·g_bᵀd (every trial
     evaluates all members at once, the accepted ones at their accepted points).  A trial point whose evaluation fails
-    (not positive definite, NaN) halves every pending step.  A member stops when its own loss-change rule holds
-    (:func:`fit_mll`: stopping, with its own loss f_b and gradient), or when two line searches in a row found no step
-    for it (stalled); training stops when every member has.  One iteration costs the evaluations of its line search,
-    each one evaluation of the whole batch.
+    (not positive definite, NaN) names no member, so the members it moved are bisected: the later half is held at its
+    current point and the rest tried again, down to one member, whose step is halved while the held ones go on
+    (O(log B) evaluations per failure; one member at a failing boundary would otherwise stall them all).  A member
+    stops when its own loss-change rule holds (:func:`fit_mll`: stopping, with its own loss f_b and gradient), or
+    when two line searches in a row found no step for it (stalled); training stops when every member has.  One
+    iteration costs the evaluations of its line search, each one evaluation of the whole batch.
     """
 
     def __init__(self, params: list[Tensor], objective: _Objective, lr: float, history_size: int) -> None:
@@ -846,22 +854,31 @@ class _MemberLBFGS:
         step = torch.ones_like(f)
         accepted = ~active
         new_x, new_f, new_g = x.clone(), f.clone(), g.clone()
+        held = torch.zeros_like(accepted)  # pending members kept at x in this trial (isolating a failure)
         for _ in range(_LINE_SEARCH_EVALUATIONS):
-            trial = torch.where(accepted.unsqueeze(-1), new_x, x + step.unsqueeze(-1) * direction)
+            moving = ~accepted & ~held
+            trial = torch.where(accepted.unsqueeze(-1), new_x,
+                                torch.where(moving.unsqueeze(-1), x + step.unsqueeze(-1) * direction, x))
             self._set(trial)
             try:
                 self.objective()
             except (NotPSDError, NanError, NonFiniteLossError, DrawCoverageError):
-                step = torch.where(accepted, step, step / 2)
+                count = int(moving.sum())  # host sync: a failed evaluation only
+                if count > 1:  # the failure names no member: hold back the later half of the moving ones
+                    held = held | (moving & (moving.cumsum(0) > count // 2))
+                else:  # the member whose trial fails: a shorter step, the held members go first
+                    step = torch.where(moving, step / 2, step)
+                    held = moving if bool((~accepted & ~moving).any()) else torch.zeros_like(held)
                 continue
             _, trial_f, trial_g = self._point()
-            ok = ~accepted & torch.isfinite(trial_f) & (trial_f <= f + 1e-4 * step * slope)
+            ok = moving & torch.isfinite(trial_f) & (trial_f <= f + 1e-4 * step * slope)
             new_x, new_f = torch.where(ok.unsqueeze(-1), trial, new_x), torch.where(ok, trial_f, new_f)
             new_g = torch.where(ok.unsqueeze(-1), trial_g, new_g)
             accepted = accepted | ok
             if bool(accepted.all()):
                 break
-            step = torch.where(accepted, step, step / 2)
+            step = torch.where(moving & ~ok, step / 2, step)
+            held = torch.zeros_like(held)
         self._set(new_x)
         moved = active & accepted
         s, y = new_x - x, new_g - g
@@ -888,9 +905,11 @@ class _MemberLBFGS:
         if bool((self.converged | self.stalled).all()):
             if not stalled:
                 return f"converged: each of the {count} batch members by its own loss-change rule", True
-            members = self.stalled.nonzero().flatten().tolist()
+            indices = self.stalled.reshape(self.batch).nonzero().tolist()  # named in the batch shape, as the warning
+            members = [index[0] if len(index) == 1 else tuple(index) for index in indices]
+            others = ", the others converged" if stalled < count else ""
             return (f"stalled: {stalled} of {count} batch members found no step in two line searches in a row "
-                    f"(members {members[:5]}), the others converged"), False
+                    f"(members {members[:5]}){others}"), False
         return _budget_stop(history, num_iterations, time_budget, clock)
 
 

@@ -11,6 +11,7 @@ import warnings
 import gpytorch
 import pytest
 import torch
+from linear_operator.utils.errors import NotPSDError
 
 import rfgp
 import rfgp.inference.chunking as chunking
@@ -361,3 +362,44 @@ def test_a_single_gp_whose_statistics_exceed_the_budget_is_not_warned():
     _, messages = _statistics_warnings(100_000, lambda: _loss_and_grads(model, x, y))
     assert len(messages) == 1
 
+
+
+def test_member_lbfgs_isolates_the_member_whose_trial_point_fails(monkeypatch):
+    """A failed evaluation of the batch names no member.  Halving every pending step let member 0, stepping towards a
+    noise where its covariance fails, stall all four members (3 of them up to 0.1 nats per point above their own
+    fits); the members it moved are bisected instead, and only member 0 stalls."""
+    x, y = _data(num_points=25)
+    y = y * torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=F64).unsqueeze(-1)
+    alone = []
+    for b in range(1, B):
+        single = _GP(x[b], y[b], _kernel(torch.Size([]), "rff", None), torch.Size([])).double()
+        rfgp.fit_mll(single)
+        alone.append(_member_losses(single).item())
+    model = _GP(x, y, _kernel(BATCH, "rff", None), BATCH).double()
+    floor = 0.02  # member 0's own optimum lies below it
+    evaluate = gpytorch.mlls.ExactMarginalLogLikelihood.forward
+
+    def failing_below_the_floor(self, *args, **kwargs):
+        if float(model.likelihood.noise[0].detach()) < floor:
+            raise NotPSDError("member 0's covariance at this trial point")
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(gpytorch.mlls.ExactMarginalLogLikelihood, "forward", failing_below_the_floor)
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match=r"1 of 4 batch members .* member 0:.*train on"):
+        history = rfgp.fit_mll(model, optimizer="member_lbfgs")
+    assert history.stop_reason.startswith("stalled: 1 of 4 batch members") and "(members [0]), the others" in (
+        history.stop_reason)
+    monkeypatch.undo()
+    torch.testing.assert_close(_member_losses(model)[1:], torch.tensor(alone, dtype=F64), rtol=0, atol=1e-4)
+
+
+def test_member_lbfgs_stopped_by_its_budget_is_not_told_to_use_member_lbfgs():
+    """The batch-member warning after optimizer="member_lbfgs" said "the fit stopped on the summed loss" and advised
+    "train with optimizer='member_lbfgs'" — the optimizer it had used; it names the budget and says to train on."""
+    x, y = _data()
+    model = _GP(x, y, _kernel(BATCH, "rff", None), BATCH).double()
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match="batch members stopped away") as caught:
+        rfgp.fit_mll(model, optimizer="member_lbfgs", num_iterations=2)
+    message = next(str(w.message) for w in caught if "batch members" in str(w.message))
+    assert "stopped before they converged (iteration budget" in message and "train on" in message
+    assert "summed loss" not in message and "optimizer='member_lbfgs'" not in message
