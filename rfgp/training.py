@@ -800,11 +800,17 @@ class _MemberLBFGS:
         members = self.objective.member_losses
         batch = torch.Size() if members is None else members.shape
         shared = [tuple(p.shape) for p in self.params if p.dim() < len(batch) or p.shape[:len(batch)] != batch]
-        if not len(batch) or shared:
+        if not len(batch):
+            raise ValueError(
+                "fit_mll(optimizer='member_lbfgs') trains a batch of independent GPs (GPyTorch's batch_shape on the "
+                "mean, kernel and likelihood, one marginal likelihood per member); this model's marginal likelihood is "
+                "one number (no batch; a multitask model's tasks share it). Use optimizer='lbfgs'"
+            )
+        if shared:
             raise ValueError(
                 f"fit_mll(optimizer='member_lbfgs') trains a batch of independent GPs: every trainable parameter must "
                 f"carry the loss's batch shape {tuple(batch)} as its leading dimensions (GPyTorch's batch_shape on the "
-                f"mean, kernel and likelihood); got parameters of shapes {shared[:3] or 'without a batch'} shared by "
+                f"mean, kernel and likelihood); got parameters of shapes {shared[:3]} shared by "
                 "the members. Use optimizer='lbfgs' for the summed loss"
             )
         self.batch = batch

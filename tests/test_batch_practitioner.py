@@ -403,3 +403,19 @@ def test_member_lbfgs_stopped_by_its_budget_is_not_told_to_use_member_lbfgs():
     message = next(str(w.message) for w in caught if "batch members" in str(w.message))
     assert "stopped before they converged (iteration budget" in message and "train on" in message
     assert "summed loss" not in message and "optimizer='member_lbfgs'" not in message
+
+
+def test_member_lbfgs_is_refused_where_there_is_no_batch_of_members():
+    """The estimators accepted optimizer="member_lbfgs" (fit_mll's OPTIMIZERS) and failed in fit_mll, whose message
+    for a model without a batch read "batch shape () ... got parameters of shapes without a batch shared by the
+    members": the estimators refuse it with their choices, fit_mll says the loss is one number."""
+    x, y = _data()
+    regressor = rfgp.models.GPRegressor(optimizer="member_lbfgs", num_features=32, progress=False)
+    with pytest.raises(ValueError, match="optimizer must be one of 'lbfgs', 'adam'; got 'member_lbfgs'"):
+        regressor.fit(x[0], y[0])
+    classifier = rfgp.models.DirichletGPClassifier(optimizer="member_lbfgs", num_features=32, progress=False)
+    with pytest.raises(ValueError, match="optimizer must be one of 'lbfgs', 'adam'; got 'member_lbfgs'"):
+        classifier.fit(x[0], (y[0] > 0).long())
+    single = _GP(x[0], y[0], _kernel(torch.Size([]), "rff", None), torch.Size([])).double()
+    with pytest.raises(ValueError, match=r"member_lbfgs.*marginal likelihood is one number \(no batch"):
+        rfgp.fit_mll(single, optimizer="member_lbfgs")

@@ -32,12 +32,14 @@ from ..core.validation import (
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
 from ..kernels.nystrom import NystromKernel
-from ..training import OPTIMIZERS
 from .feature_width import refit_data_fitted_maps
 
 #: the default kernel's training width when neither width is given, and its prediction width's multiple of it
 DEFAULT_TRAIN_NUM_FEATURES = 256
 PREDICT_WIDTH_RATIO = 4
+#: fit_mll's optimizers an estimator takes: its outputs or classes share one kernel, which ``"member_lbfgs"`` (one
+#: L-BFGS per independent batch member) refuses
+ESTIMATOR_OPTIMIZERS = ("lbfgs", "adam")
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -107,7 +109,7 @@ class RandomFeatureEstimator:
             raise ValueError(f"num_iterations must be an integer ≥ 0, got {iterations!r}")
         if self.lr is not None:
             check_positive_float(self.lr, "lr")
-        check_choice(self.optimizer, "optimizer", OPTIMIZERS)
+        check_choice(self.optimizer, "optimizer", ESTIMATOR_OPTIMIZERS)
         dtype = _check_dtype(self.dtype)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise TypeError(
