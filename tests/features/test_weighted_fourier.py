@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from rfgp.features import weighted_fourier
 from rfgp.features.weighted_fourier import fourier_features
@@ -142,4 +143,11 @@ def test_forward_mode_matches_finite_differences_reverse_mode_and_vmap(name):
     arguments = tuple(range(len(inputs)))
     forward = torch.func.jacfwd(features, argnums=arguments)(*detached)
     for got, want in zip(forward, torch.func.jacrev(features, argnums=arguments)(*detached)):
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-14)
+    if lw_shape is not None:  # a tangent in the log weights alone (the projection's is None in the jvp)
+        tangent = torch.randn(lw_shape, generator=gen, dtype=torch.float64)
+        with forward_ad.dual_level():
+            dual = forward_ad.make_dual(detached[2], tangent)
+            got = forward_ad.unpack_dual(fourier_features(*detached[:2], dual)).tangent
+        want = torch.func.jvp(lambda lw: plain(*detached[:2], lw), (detached[2],), (tangent,))[1]
         torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-14)
