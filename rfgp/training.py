@@ -782,11 +782,11 @@ class _MemberLBFGS:
     each member's step until its own loss satisfies the Armijo condition f_b(x + t·d) ≤ f_b + 10⁻⁴·t·g_bᵀd (every trial
     evaluates all members at once, the accepted ones at their accepted points).  A trial point whose evaluation fails
     (not positive definite, NaN) names no member, so the members it moved are bisected: the later half is held at its
-    current point and the rest tried again, down to one member, whose step is halved while the held ones go on
-    (O(log B) evaluations per failure; one member at a failing boundary would otherwise stall them all).  A member
-    stops when its own loss-change rule holds (:func:`fit_mll`: stopping, with its own loss f_b and gradient), or
-    when two line searches in a row found no step for it (stalled); training stops when every member has.  One
-    iteration costs the evaluations of its line search, each one evaluation of the whole batch.
+    current point and the rest tried again, down to one member, whose step is halved and which is held while the
+    others go on (O(log B) evaluations per failure; one member at a failing boundary would otherwise stall them all).
+    A member stops when its own loss-change rule holds (:func:`fit_mll`: stopping, with its own loss f_b and
+    gradient), or when two line searches in a row found no step for it (stalled); training stops when every member
+    has.  One iteration costs the evaluations of its line search, each one evaluation of the whole batch.
     """
 
     def __init__(self, params: list[Tensor], objective: _Objective, lr: float, history_size: int) -> None:
@@ -860,7 +860,9 @@ class _MemberLBFGS:
         step = torch.ones_like(f)
         accepted = ~active
         new_x, new_f, new_g = x.clone(), f.clone(), g.clone()
-        held = torch.zeros_like(accepted)  # pending members kept at x in this trial (isolating a failure)
+        # a failed evaluation names no member: the moving members are bisected (the later half held at x) down to one,
+        # whose step is halved; the members so isolated stay held until the others have been evaluated
+        held, isolated, tried = torch.zeros_like(accepted), torch.zeros_like(accepted), torch.zeros_like(accepted)
         for _ in range(_LINE_SEARCH_EVALUATIONS):
             moving = ~accepted & ~held
             trial = torch.where(accepted.unsqueeze(-1), new_x,
@@ -870,21 +872,21 @@ class _MemberLBFGS:
                 self.objective()
             except (NotPSDError, NanError, NonFiniteLossError, DrawCoverageError):
                 count = int(moving.sum())  # host sync: a failed evaluation only
-                if count > 1:  # the failure names no member: hold back the later half of the moving ones
+                if count > 1:
                     held = held | (moving & (moving.cumsum(0) > count // 2))
-                else:  # the member whose trial fails: a shorter step, the held members go first
-                    step = torch.where(moving, step / 2, step)
-                    held = moving if bool((~accepted & ~moving).any()) else torch.zeros_like(held)
+                else:
+                    step, tried, isolated = torch.where(moving, step / 2, step), tried | moving, isolated | moving
+                    held = isolated if bool((~accepted & ~isolated).any()) else torch.zeros_like(held)
                 continue
             _, trial_f, trial_g = self._point()
             ok = moving & torch.isfinite(trial_f) & (trial_f <= f + 1e-4 * step * slope)
             new_x, new_f = torch.where(ok.unsqueeze(-1), trial, new_x), torch.where(ok, trial_f, new_f)
             new_g = torch.where(ok.unsqueeze(-1), trial_g, new_g)
-            accepted = accepted | ok
+            accepted, tried = accepted | ok, tried | moving
             if bool(accepted.all()):
                 break
             step = torch.where(moving & ~ok, step / 2, step)
-            held = torch.zeros_like(held)
+            held, isolated = torch.zeros_like(held), torch.zeros_like(isolated)
         self._set(new_x)
         moved = active & accepted
         s, y = new_x - x, new_g - g
@@ -892,10 +894,12 @@ class _MemberLBFGS:
         rho = torch.where(moved & (curvature > 1e-10 * (s * s).sum(-1).sqrt() * (y * y).sum(-1).sqrt()),
                           1.0 / curvature, torch.zeros_like(curvature))
         self.pairs = (self.pairs + [(s, y, rho)])[-self.history_size:]
-        missed = active & ~accepted  # no step: steepest descent next (its pairs dropped), stalled the second time
+        # no step although tried: steepest descent next (its pairs dropped), stalled the second time; a member the
+        # evaluations ran out before trying (failures elsewhere) keeps its state
+        missed = active & ~accepted & tried
         self.pairs = [(s, y, torch.where(missed, torch.zeros_like(r), r)) for s, y, r in self.pairs]
         self.stalled |= missed & self.failed
-        self.failed = missed
+        self.failed = missed | (self.failed & ~tried)
         self.last = (f, new_f, new_g, moved)
 
     def stop(self, history: TrainingHistory, num_iterations: int, ftol: float, gtol: float, time_budget: float | None,

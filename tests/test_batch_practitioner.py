@@ -364,33 +364,35 @@ def test_a_single_gp_whose_statistics_exceed_the_budget_is_not_warned():
 
 
 
-def test_member_lbfgs_isolates_the_member_whose_trial_point_fails(monkeypatch):
+@pytest.mark.parametrize("num_members, failing", [(4, [0]), (8, [0, 5])])
+def test_member_lbfgs_isolates_the_members_whose_trial_points_fail(monkeypatch, num_members, failing):
     """A failed evaluation of the batch names no member.  Halving every pending step let member 0, stepping towards a
     noise where its covariance fails, stall all four members (3 of them up to 0.1 nats per point above their own
-    fits); the members it moved are bisected instead, and only member 0 stalls."""
-    x, y = _data(num_points=25)
-    y = y * torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=F64).unsqueeze(-1)
+    fits); the members it moved are bisected instead, and only the failing members stall."""
+    x, y = _data(num_members, num_points=25)
+    others = [b for b in range(num_members) if b not in failing]
     alone = []
-    for b in range(1, B):
+    for b in others:
         single = _GP(x[b], y[b], _kernel(torch.Size([]), "rff", None), torch.Size([])).double()
         rfgp.fit_mll(single)
         alone.append(_member_losses(single).item())
-    model = _GP(x, y, _kernel(BATCH, "rff", None), BATCH).double()
-    floor = 0.02  # member 0's own optimum lies below it
+    model = _GP(x, y, _kernel(torch.Size([num_members]), "rff", None), torch.Size([num_members])).double()
+    floor = 0.02  # the failing members' own optima lie below it
     evaluate = gpytorch.mlls.ExactMarginalLogLikelihood.forward
 
     def failing_below_the_floor(self, *args, **kwargs):
-        if float(model.likelihood.noise[0].detach()) < floor:
-            raise NotPSDError("member 0's covariance at this trial point")
+        if bool((model.likelihood.noise.detach().flatten()[failing] < floor).any()):
+            raise NotPSDError("a failing member's covariance at this trial point")
         return evaluate(self, *args, **kwargs)
 
     monkeypatch.setattr(gpytorch.mlls.ExactMarginalLogLikelihood, "forward", failing_below_the_floor)
-    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match=r"1 of 4 batch members .* member 0:.*train on"):
+    count, worst = f"{len(failing)} of {num_members} batch members", "|".join(map(str, failing))
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match=rf"{count} .* member ({worst}):.*train on"):
         history = rfgp.fit_mll(model, optimizer="member_lbfgs")
-    assert history.stop_reason.startswith("stalled: 1 of 4 batch members") and "(members [0]), the others" in (
+    assert history.stop_reason.startswith(f"stalled: {count}") and f"(members {failing}), the others" in (
         history.stop_reason)
     monkeypatch.undo()
-    torch.testing.assert_close(_member_losses(model)[1:], torch.tensor(alone, dtype=F64), rtol=0, atol=1e-4)
+    torch.testing.assert_close(_member_losses(model)[others], torch.tensor(alone, dtype=F64), rtol=0, atol=1e-4)
 
 
 def test_member_lbfgs_stopped_by_its_budget_is_not_told_to_use_member_lbfgs():
