@@ -161,10 +161,11 @@ def _feature_covariance_or_raise(covar) -> LinearOperator:
         evaluated = feature_covariance(covar)
         if evaluated is None:
             raise TypeError(
-                f"leave_one_out_predictions: covar must be a noise-added rfgp feature covariance ΦΦᵀ + D (the "
-                f"lazy_covariance_matrix of likelihood(model(train_x)) in train mode, for an rfgp kernel), got "
-                f"{type(covar).__name__}; an exact kernel's or a posterior covariance (model in eval mode) has no "
-                "feature root"
+                f"leave_one_out_predictions: covar must be a noise-added rfgp feature covariance ΦΦᵀ + D of one "
+                f"output (the lazy_covariance_matrix of model.likelihood(model.forward(train_x)), the prior at the "
+                f"training inputs of a model in eval mode with an rfgp kernel), got {type(covar).__name__}; an exact "
+                "kernel's covariance, a posterior covariance (model(train_x) in eval mode) and a multi-output one "
+                "(several outputs per input) have no such root"
             )
         covar = evaluated
     return covar

@@ -55,7 +55,8 @@ def test_leave_one_out_cross_validation_of_a_kriging_model():
     model.eval()
     with torch.no_grad():
         posterior = model.likelihood(model(x))
-    with pytest.raises(TypeError, match=r"covar must be a noise-added rfgp feature covariance.*got "):
+    with pytest.raises(TypeError, match=r"covar must be a noise-added rfgp feature covariance.*model.forward\(train_x\)"
+                       r".*got .*posterior covariance \(model\(train_x\) in eval mode\)"):
         leave_one_out_predictions(posterior.lazy_covariance_matrix, y, posterior.mean)
     exact = _kriging_model(x, y, ScaleKernel(MaternKernel(nu=1.5)))
     exact.train()

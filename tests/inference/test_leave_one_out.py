@@ -19,7 +19,7 @@ from rfgp.inference.leave_one_out import feature_covariance, leave_one_out_predi
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.likelihoods import DirichletClassificationLikelihood
 from rfgp.models import ExactGPModel
-from tests._models import UserGP
+from tests._models import MultitaskGP, UserGP
 
 F64 = torch.float64
 
@@ -129,6 +129,21 @@ def test_other_models_run_gpytorchs_method():
     x, y = data(20)
     exact = UserGP(x, y, ScaleKernel(RBFKernel())).double()
     assert_same(loo_value_and_grads(exact, x, y), dense_loo_value_and_grads(exact, x, y), tolerance=0)
+
+
+def test_a_multi_output_covariance_is_refused_naming_the_documented_prior():
+    """A multitask prior covariance (several outputs per input) was refused with advice to take
+    likelihood(model(train_x)) "in train mode", where the documented recipe takes model.forward in eval mode."""
+    x, _ = data(15)
+    targets = torch.stack([torch.sin(3 * x).sum(-1), torch.cos(2 * x).sum(-1)], -1)
+    kernel = rfgp.sketch(gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=2, rank=1), 32, seed=0)
+    model = MultitaskGP(x, targets, gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2), kernel).double()
+    model.eval()
+    with torch.no_grad():
+        prior = model.likelihood(model.forward(x))
+    with pytest.raises(TypeError, match=r"covar must be .* of one output \(.*model.forward\(train_x\).* eval mode"
+                       r".*got KroneckerFeatureRootAddedDiagLinearOperator.*multi-output"):
+        leave_one_out_predictions(prior.lazy_covariance_matrix, targets.reshape(-1), prior.mean.reshape(-1))
 
 
 def test_non_finite_targets_are_refused():
