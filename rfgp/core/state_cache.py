@@ -14,7 +14,8 @@ computation it replaces did (a Cholesky's success check).
 Only results without an autograd graph are cached: with gradients enabled and a state tensor that requires
 them, the result is computed afresh at every call (a cached graph would be freed by the first backward pass, and a
 graph-free result would drop the gradient w.r.t. the state); so is it while ``torch.jit.trace`` or ``torch.compile``
-records the computation.
+records the computation.  A result computed under ``torch.inference_mode`` (an inference tensor, which autograd
+refuses to save for backward) is reused only under inference mode: outside it, it is computed afresh and replaces it.
 """
 
 from __future__ import annotations
@@ -49,20 +50,25 @@ def module_tensors(module: nn.Module) -> tuple[Tensor, ...]:
 
 class StateCache(Generic[Result]):
     """One result of ``compute()``, reused while ``tensors`` equal (shape, dtype, device and values) and ``config``
-    equals (``==``) those it was computed from, and no tensor requires a gradient while gradients are enabled."""
+    equals (``==``) those it was computed from, and no tensor requires a gradient while gradients are enabled; one
+    computed under ``torch.inference_mode`` only under inference mode."""
 
     def __init__(self) -> None:
         self._config: Hashable = None
         self._tensors: tuple[Tensor, ...] | None = None
         self._result: Result | None = None
+        self._inference = False
 
     def get(self, tensors: Sequence[Tensor], config: Hashable, compute: Callable[[], Result]) -> Result:
         if (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or _recording():
             return compute()
-        if self._tensors is not None and self._config == config and _equal(self._tensors, tensors):
+        inference = torch.is_inference_mode_enabled()
+        if (self._tensors is not None and (inference or not self._inference) and self._config == config
+                and _equal(self._tensors, tensors)):
             return self._result
         result = compute()
         self._config, self._tensors, self._result = config, tuple(t.detach().clone() for t in tensors), result
+        self._inference = inference
         return result
 
 

@@ -173,3 +173,20 @@ def test_no_reuse_while_a_trace_or_compilation_records(recorder, monkeypatch):
         nystrom.landmark_cholesky()
         nystrom.landmark_cholesky()
     assert len(calls) == 2
+
+
+def test_a_factor_from_inference_mode_is_not_reused_under_autograd():
+    """L factorised under torch.inference_mode is an inference tensor, which autograd refuses to save for backward: a
+    later gradient w.r.t. test inputs (frozen hyperparameters, a BoTorch acquisition optimisation) refactorises."""
+    x, y, kernel = setting()
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).to(DTYPE).eval()
+    model.requires_grad_(False)
+    test = torch.rand(5, 2, dtype=DTYPE)
+    with torch.inference_mode():
+        expected = model(test).mean
+    model.train()
+    model.eval()  # GPyTorch's prediction caches dropped: only the landmark factor is kept
+    test.requires_grad_()
+    mean = model(test).mean
+    mean.sum().backward()
+    assert torch.allclose(mean.detach(), expected) and torch.isfinite(test.grad).all() and test.grad.abs().sum() > 0
