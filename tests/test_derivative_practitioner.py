@@ -232,6 +232,19 @@ def test_a_sum_of_derivative_kernels_on_other_columns_is_refused_by_name(first, 
     assert same(x).to_dense().shape == (15, 15)
 
 
+def test_a_sum_of_multitask_kernels_on_other_columns_still_adds():
+    """The derivative-column check is for rows that are derivatives along the columns: a multitask (LCM-style) sum
+    whose parts see other columns has the same tasks in its rows, and GPyTorch adds them; it was refused as
+    "derivatives along its own columns".  Against the exact sum, to Monte-Carlo error at F = 8192."""
+    x = torch.rand(6, 2, dtype=F64)
+    exact = (gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=2, rank=1, active_dims=[0])
+             + gpytorch.kernels.MultitaskKernel(gpytorch.kernels.MaternKernel(), num_tasks=2, rank=1,
+                                                active_dims=[1])).to(F64)
+    sketched = rfgp.sketch(exact, 8192, seed=0).to(F64)
+    with torch.no_grad():
+        torch.testing.assert_close(sketched(x).to_dense(), exact(x).to_dense(), atol=0.05, rtol=0)
+
+
 @pytest.mark.parametrize("kernel", [RBFKernelGrad, lambda: ScaleKernel(Matern52KernelGrad())])
 def test_nystrom_of_a_derivative_kernel_points_to_random_features(kernel):
     """method="nystrom" refused a derivative kernel saying to use SketchedDecomposableKernel (a multitask kernel,

@@ -40,6 +40,16 @@ def select_active(kernel: Kernel, x: Tensor) -> Tensor:
     return x if kernel.active_dims is None else x.index_select(-1, kernel.active_dims.to(x.device))
 
 
+def rows_follow_columns(kernel: Kernel) -> bool:
+    """Whether a feature kernel's several outputs per input are derivatives along its input columns (derivative and
+    curl-/divergence-free kernels: ``outputs_follow_input_columns``), through ``ScaleKernel`` and combinations, rather
+    than tasks (a multitask or LCM kernel's rows, the same tasks whatever columns each part sees)."""
+    base = unwrap_scale(kernel)[0]
+    if isinstance(base, _CombinedFeatureKernel):
+        return any(rows_follow_columns(part) for part in base.kernels)
+    return getattr(base, "outputs_follow_input_columns", False)
+
+
 def unwrap_scale(kernel: Kernel) -> tuple[Kernel, Tensor | None]:
     """(base kernel, product of the outputscales of the ``ScaleKernel`` wrappers around it or ``None``)."""
     outputscale = None
@@ -153,11 +163,11 @@ class _CombinedFeatureKernel(FeatureKernel):
         derivative kernel's rows are ∂/∂x of the columns its ``active_dims`` select, so parts on ``[0]`` and ``[1]``
         (or ``[0, 1]`` and ``[1, 0]``) would add ∂/∂x₀ rows to ∂/∂x₁ rows (GPyTorch's exact sum does so silently for
         the latter)."""
-        seen = [tuple(range(input_dim)) if k.active_dims is None else tuple(k.active_dims.tolist())
-                for k in self.kernels]
+        parts = [k for k in self.kernels if rows_follow_columns(k)]  # not tasks (a multitask or LCM kernel's rows)
+        seen = [tuple(range(input_dim)) if k.active_dims is None else tuple(k.active_dims.tolist()) for k in parts]
         self._check_parts_agree(seen, f"see the input columns {[list(s) for s in seen]}, each part's rows being "
                                 "derivatives along its own columns", "give every part the same active_dims (in the "
-                                "same order)")
+                                "same order)", parts)
 
     def _check_same_outputs(self, outputs: list[int], input_dim: int) -> None:
         """Raise unless every part has the same number of outputs per input (``outputs``, in the parts' order):
@@ -166,10 +176,11 @@ class _CombinedFeatureKernel(FeatureKernel):
                                 "its parts need the same outputs per input (RBFKernelGrad with Matern52KernelGrad, "
                                 "not with RBFKernel or RBFKernelGradGrad)")
 
-    def _check_parts_agree(self, values: list, what: str, remedy: str) -> None:
-        """Raise a ValueError naming the parts unless ``values`` (one per part) are all equal."""
+    def _check_parts_agree(self, values: list, what: str, remedy: str, parts: list | None = None) -> None:
+        """Raise a ValueError naming the parts (``parts``, default all) unless ``values`` (one per part) are all
+        equal."""
         if len(set(values)) > 1:
-            names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in self.kernels]
+            names = [type(unwrap_scale(kernel)[0]).__name__ for kernel in (self.kernels if parts is None else parts)]
             raise ValueError(f"{type(self).__name__} combines its parts' covariances entry by entry, but its parts "
                              f"{names} {what}; {remedy}")
 

@@ -42,6 +42,8 @@ class _DerivativeRootMixin:
     """
 
     second_derivatives: bool = False
+    #: the rows after the first are derivatives along the input columns (see :func:`~.combinations.rows_follow_columns`)
+    outputs_follow_input_columns = True
 
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
         d = x1.shape[-1]

@@ -73,6 +73,8 @@ class _MultiOutputFeatureKernel(FeatureKernel):
 class _SketchedGaussianDerivativeKernel(_MultiOutputFeatureKernel):
     family: str
     has_lengthscale = True
+    #: output j is the field's component along input column j (see :func:`~.combinations.rows_follow_columns`)
+    outputs_follow_input_columns = True
     config_fields = {"method": METHOD, "input_dim": METHOD}
 
     def __init__(
