@@ -52,6 +52,7 @@ from linear_operator.operators import (
     LinearOperator,
     MaskedLinearOperator,
 )
+from linear_operator.utils.getitem import _is_noop_index
 from torch import Tensor
 
 from ..core.draws import standard_normal
@@ -324,15 +325,53 @@ class ChunkedPosteriorCovariance(FullPrecisionOperator, LinearOperator):
         root: Φ*_c ↦ R_c, the posterior root rows of a block of test features (e.g. Φ*_cL⁻ᵀ).
         params: tensors ``root`` reads (the posterior factor), for the operator's representation.
         noise: optional diagonal ``(..., n·p)`` added to Σ* (observation noise), ``None`` for none.
-        batch_shape: the posterior's batch where it is wider than the prior's: an unbatched kernel's Φ* shared by
-            batched outputs (a Dirichlet classifier's C classes), whose root rows carry the batch of the factor.
+        batch_shape: the posterior's batch where it is not the prior's: an unbatched kernel's Φ* shared by batched
+            outputs (a Dirichlet classifier's C classes), whose root rows carry the batch of the factor, or some
+            members of it (:meth:`_getitem`); ``None``: the prior's.
     """
 
     def __init__(self, prior: ChunkedMultiOutputFeatureOperator, *params: Tensor, root: Callable[[Tensor], Tensor],
-                 noise: Tensor | None = None, batch_shape: torch.Size = torch.Size()) -> None:
+                 noise: Tensor | None = None, batch_shape: torch.Size | None = None) -> None:
         super().__init__(prior, *params, root=root, noise=noise, batch_shape=batch_shape)
         self.prior, self.params, self.root, self.noise = prior, params, root, noise
-        self._posterior_batch_shape = torch.broadcast_shapes(prior.batch_shape, batch_shape)
+        self._posterior_batch_shape = prior.batch_shape if batch_shape is None else torch.Size(batch_shape)
+
+    def _getitem(self, row_index, col_index, *batch_indices):
+        """Batch members (``covar[c]``) as :meth:`_batch_reshaped`; rows and columns then as linear_operator's
+        default."""
+        if all(_is_noop_index(index) for index in batch_indices):
+            return super()._getitem(row_index, col_index, *batch_indices)
+        members = self._batch_reshaped(lambda t: t[(*batch_indices, Ellipsis)])
+        return members._getitem(row_index, col_index, *(slice(None),) * len(members.batch_shape))
+
+    def _unsqueeze_batch(self, dim: int) -> ChunkedPosteriorCovariance:
+        return self._batch_reshaped(lambda t: t.unsqueeze(dim))
+
+    def _expand_batch(self, batch_shape: torch.Size) -> ChunkedPosteriorCovariance:
+        return self._batch_reshaped(lambda t: t.expand(*batch_shape, *t.shape[-2:]))
+
+    def _permute_batch(self, *dims: int) -> ChunkedPosteriorCovariance:
+        return self._batch_reshaped(lambda t: t.permute(*dims, -2, -1))
+
+    def _batch_reshaped(self, reshape: Callable[[Tensor], Tensor]) -> ChunkedPosteriorCovariance:
+        """The same chunked operator with its batch reshaped (members selected, expanded, unsqueezed, permuted) by
+        ``reshape`` of tensors ``(*batch, r, c)``: applied to each block's root rows and to the noise.
+
+        linear_operator's defaults reshape the operator's arguments instead — the prior, whose batch may be narrower
+        (an unbatched kernel's Φ* shared by a Dirichlet classifier's classes), and the factor, which ``root`` does not
+        read: ``covar[c]`` failed, and so did ``MultitaskMultivariateNormal.from_independent_mvns`` (``unsqueeze``)."""
+        batch, root = self.batch_shape, self.root
+
+        def reshaped_root(features: Tensor) -> Tensor:
+            rows = root(features)
+            return reshape(rows.expand(*batch, *rows.shape[-2:]))
+
+        noise = None
+        if self.noise is not None:
+            noise = reshape(self.noise.unsqueeze(-1).expand(*batch, self.shape[-1], 1)).squeeze(-1)
+        new_batch = reshape(torch.empty(*batch, 0, 0, device=self.device)).shape[:-2]
+        return ChunkedPosteriorCovariance(self.prior, *self.params, root=reshaped_root, noise=noise,
+                                          batch_shape=new_batch)
 
     def _size(self) -> torch.Size:
         return self._posterior_batch_shape + self.prior.shape[-2:]

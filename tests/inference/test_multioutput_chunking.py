@@ -149,3 +149,46 @@ def test_blockwise_predictive_log_density_is_exact(batched):
             blocked = predictive.log_prob(test_y)
     assert isinstance(predictive.lazy_covariance_matrix, ChunkedPosteriorCovariance)
     torch.testing.assert_close(blocked, whole, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("kernel_batch", [torch.Size([2]), torch.Size()])
+def test_batch_members_of_a_chunked_posterior_covariance(kernel_batch):
+    """Selecting, unsqueezing, expanding or permuting the batch of a chunked posterior covariance: linear_operator's
+    defaults reshaped its arguments (the prior, whose batch is narrower for an unbatched kernel shared by batched
+    outputs, and the factor, which its root function does not read): ``covar[1]`` and
+    ``MultitaskMultivariateNormal.from_independent_mvns`` failed.  Against the unchunked posterior."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.rand(40, 2, generator=gen, dtype=F64), torch.randn(2, 40, generator=gen, dtype=F64)
+    batch = torch.Size([2])
+    kernel = rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=kernel_batch),
+                                                      batch_shape=kernel_batch), 16, seed=0)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch)
+
+    class BatchGP(gpytorch.models.ExactGP):
+        def __init__(self):
+            super().__init__(x, y, likelihood)
+            self.mean_module, self.covar_module = gpytorch.means.ConstantMean(batch_shape=batch), kernel
+
+        def forward(self, inputs):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(inputs), self.covar_module(inputs))
+
+    model = BatchGP().to(F64).eval()
+    test_x = torch.rand(7, 2, generator=gen, dtype=F64)
+    with torch.no_grad():
+        dense = model(test_x)
+        model.train()
+        model.eval()
+        with rfgp.settings.chunk_size(3):
+            chunked = model(test_x)
+            covar, expected = chunked.lazy_covariance_matrix, dense.covariance_matrix
+            assert isinstance(covar, ChunkedPosteriorCovariance)
+            torch.testing.assert_close(covar[1].to_dense(), expected[1])
+            torch.testing.assert_close(covar[torch.tensor([1, 0, 1]), 2:5, 1:4].to_dense(),
+                                       expected[torch.tensor([1, 0, 1]), 2:5, 1:4])
+            torch.testing.assert_close(covar.expand(4, 2, 7, 7).permute(1, 0, 2, 3).to_dense(),
+                                       expected.expand(4, 2, 7, 7).permute(1, 0, 2, 3))
+            noisy = model.likelihood(chunked)
+            torch.testing.assert_close(noisy[1].log_prob(y[1, :7]), model.likelihood(dense)[1].log_prob(y[1, :7]))
+            joint = gpytorch.distributions.MultitaskMultivariateNormal.from_independent_mvns([chunked[0], chunked[1]])
+            reference = gpytorch.distributions.MultitaskMultivariateNormal.from_independent_mvns([dense[0], dense[1]])
+            torch.testing.assert_close(joint.covariance_matrix, reference.covariance_matrix)
