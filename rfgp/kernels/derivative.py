@@ -161,4 +161,4 @@ class SketchedPolynomialKernelGrad(_DerivativeRootMixin, SketchedPolynomialKerne
         super().__init__(power, num_features, **kwargs)
 
     def input_derivatives(self, x: Tensor) -> Tensor:
-        return self.feature_map.input_derivatives(self.scale_inputs(x), offset=self.offset, second=False)
+        return self.feature_map.input_derivatives(self.scale_inputs(x), offset=self.checked_offset(), second=False)

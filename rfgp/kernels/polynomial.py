@@ -17,7 +17,14 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from ..core.config_state import METHOD
-from ..core.validation import check_choice, check_hyperparameter, check_positive_float, check_unit_rows, normalize_rows
+from ..core.validation import (
+    check_choice,
+    check_finite,
+    check_hyperparameter,
+    check_positive_float,
+    check_unit_rows,
+    normalize_rows,
+)
 from ..features.base import FeatureMap
 from ..features.polynomial import PolynomialSketch, check_degree
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
@@ -210,4 +217,12 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         return UNIT_ROWS_HINT if self.input_normalization == "check" else None
 
     def featurize(self, x: Tensor) -> Tensor:
-        return self.feature_map(self.scale_inputs(x), offset=self.offset)
+        return self.feature_map(self.scale_inputs(x), offset=self.checked_offset())
+
+    def checked_offset(self) -> Tensor:
+        """The offset ν the features append as √ν, checked finite: one set in place on ``raw_offset`` (past the
+        setter's check) made every feature NaN silently, where a NaN lengthscale is named through the scaled inputs;
+        the kernel call names it (``NonFiniteHyperparameterError``)."""
+        offset = self.offset
+        check_finite(offset, "offset")
+        return offset

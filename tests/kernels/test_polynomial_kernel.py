@@ -9,6 +9,7 @@ import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 import rfgp
+from rfgp.core.validation import NonFiniteHyperparameterError
 from rfgp.kernels import SketchedPolynomialKernel
 
 
@@ -160,3 +161,18 @@ def test_bad_inputs():
         kernel(torch.rand(4, 3, dtype=torch.complex64)).to_dense()
     with pytest.raises(ValueError, match="offset must be finite and ≥ 0"):
         kernel.offset = -1.0
+
+
+@pytest.mark.parametrize("method", ["sketch", "maclaurin", "random_maclaurin"])
+def test_a_nan_offset_set_in_place_is_named_not_propagated(method):
+    """A NaN written into raw_offset in place (past the setter's check) made every feature NaN silently; the kernel
+    call now names it, as it names a NaN lengthscale — the derivative kernel too."""
+    x = torch.rand(6, 3, dtype=torch.float64)
+    kernels = [rfgp.sketch(gpytorch.kernels.PolynomialKernel(power=3), 32, method=method).double()]
+    if method == "sketch":
+        kernels.append(rfgp.sketch(gpytorch.kernels.PolynomialKernelGrad(power=2), 32).double())
+    for kernel in kernels:
+        with torch.no_grad():
+            kernel.raw_offset.fill_(math.nan)
+        with pytest.raises(NonFiniteHyperparameterError, match="offset = nan"):
+            kernel(x).to_dense()
