@@ -90,8 +90,15 @@ def _multiply_gathers_in_row_blocks(out: Tensor, values: Tensor, factors) -> Non
 
 
 class _GatherProduct(torch.autograd.Function):
+    """The products of :func:`suffix_gather_product`: in place through reused buffers forward, the leave-one-out
+    gradient (:func:`_leave_one_out_gradient`, itself differentiable) backward, and the product rule
+    (:func:`_product_tangent`) in forward mode; ``setup_context`` and the generated vmap rule let forward-over-reverse
+    Hessians (``torch.autograd.functional.hessian(..., outer_jacobian_strategy="forward-mode")``) through it."""
+
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, values: Tensor, starts: tuple[int, ...], *indices: Tensor) -> Tensor:
+    def forward(values: Tensor, starts: tuple[int, ...], *indices: Tensor) -> Tensor:
         out = _gather(values, indices[0])
         factors = list(zip(starts[1:], indices[1:]))
         if factors and all(index.dim() == 1 for index in indices) and not out.is_cuda:
@@ -101,9 +108,14 @@ class _GatherProduct(torch.autograd.Function):
             for start, index in factors:
                 target = out[..., start:]
                 target.mul_(_gather(values, index, out=buffer[: target.numel()].view(target.shape)))
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        values, starts, *indices = inputs
         ctx.starts = starts
         ctx.save_for_backward(values, *indices)
-        return out
+        ctx.save_for_forward(values, *indices)
 
     @staticmethod
     @refuse_autocast_backward
@@ -121,6 +133,30 @@ class _GatherProduct(torch.autograd.Function):
             return torch.cat(blocks).view(values.shape), *none
         return _leave_one_out_gradient(values, grad, indices, ctx.starts), *none
 
+    @staticmethod
+    def jvp(ctx, tangent: Tensor, _starts_tangent: None, *_index_tangents: None) -> Tensor:
+        values, *indices = ctx.saved_tensors
+        return _product_tangent(values, tangent, indices, ctx.starts)
+
+
+def _product_tangent(values: Tensor, tangent: Tensor, indices: list[Tensor], starts: tuple[int, ...]) -> Tensor:
+    """The forward-mode derivative of :func:`suffix_gather_product` along ``tangent`` (shaped as ``values``).
+
+    The product rule, factor by factor: with P the product of the factors so far and Ṗ its derivative, a factor
+    g (gathered from ``values``) and ġ (the same gather of ``tangent``) turn them into P·g and Ṗ·g + P·ġ on its
+    columns starts[i]:; complex values are holomorphic products, so no conjugate enters.
+    """
+    out, derivative = _gather(values, indices[0]), _gather(tangent, indices[0])
+    for start, index in zip(starts[1:], indices[1:]):
+        factor, factor_tangent = _gather(values, index), _gather(tangent, index)
+        if start == 0:  # no slice: a [..., 0:] alias has no batching rule for vmapped tangents
+            derivative = derivative * factor + out * factor_tangent
+        else:
+            changed = derivative[..., start:] * factor + out[..., start:] * factor_tangent
+            derivative = torch.cat((derivative[..., :start], changed), dim=-1)
+        out = _multiply_from(out, start, factor)
+    return derivative
+
 
 def _leave_one_out_gradient(values: Tensor, grad: Tensor, indices: list[Tensor], starts: tuple[int, ...]) -> Tensor:
     """The gradient of :func:`suffix_gather_product` w.r.t. ``values`` for the upstream ``grad``.
@@ -130,7 +166,10 @@ def _leave_one_out_gradient(values: Tensor, grad: Tensor, indices: list[Tensor],
     multiplications, factor i over its columns starts[i]:.  Plain differentiable ops, so the backward is itself
     differentiable (double backward).
     """
-    gathered = [_gather(values, index).conj() for index in indices]
+    # conj() is a view: under forward-over-reverse its vmapped tangent failed PyTorch's internal layout assert
+    # (has_fw_view); one physical conjugate of the small ``values`` instead
+    conjugate = values.conj_physical() if values.is_complex() else values
+    gathered = [_gather(conjugate, index) for index in indices]
     suffixes, running = [], grad  # suffixes[i] = grad · Π_{j>i} conj(gathered_j), on the columns starts[i]:
     for i in reversed(range(len(indices))):
         suffixes.append(running[..., starts[i]:])

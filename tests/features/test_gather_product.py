@@ -131,3 +131,20 @@ def test_suffix_products_refuse_inconsistent_starts(starts):
     with pytest.raises(ValueError, match="starts must begin with 0"):
         suffix_gather_product(torch.ones(2, 4), [torch.zeros(4, dtype=torch.long), torch.zeros(2, dtype=torch.long)],
                               starts)
+
+
+@pytest.mark.parametrize("complex_values", [False, True])
+@pytest.mark.parametrize("batched", [False, True])
+def test_forward_mode_and_forward_over_reverse(complex_values, batched):
+    """Forward mode (the product rule, vmapped over batched tangents) and forward-over-reverse derivatives against
+    finite differences: without a jvp they failed with PyTorch's "You must implement the jvp function", and
+    conj() in the backward failed a forward-over-reverse Hessian with the internal assert "has_fw_view"."""
+    values, index = _inputs(batched, complex_values)
+    values.requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: gather_product(v, index), (values,), check_forward_ad=True,
+                                    check_batched_forward_grad=True)
+    suffix_values, indices, starts = _suffix_inputs(complex_values, rows=(3,))
+    suffix_values.requires_grad_()
+    product = lambda v: suffix_gather_product(v, indices, starts)  # noqa: E731
+    assert torch.autograd.gradcheck(product, (suffix_values,), check_forward_ad=True, check_batched_forward_grad=True)
+    assert torch.autograd.gradgradcheck(product, (suffix_values,), check_fwd_over_rev=True)

@@ -43,13 +43,14 @@ def test_vmap_and_grad_over_stacked_hyperparameters_are_refused_naming_batch_sha
         vmap(grad(lambda p, b: gram(p, b).sum()))(params, buffers)
 
 
-def _posterior(base):
-    """A trained-shape RFF/weighted-Fourier ExactGP in eval mode (its draws and caches made outside a transform)."""
+def _posterior(base, method=None):
+    """A trained-shape ExactGP (RFF, weighted-Fourier or ``method``) in eval mode (its draws and caches made outside a
+    transform)."""
     from .._models import UserGP
 
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(20, 2, generator=gen, dtype=torch.float64)
-    model = UserGP(x, torch.sin(3 * x).sum(-1), rfgp.sketch(ScaleKernel(base), 64, seed=0)).double().eval()
+    model = UserGP(x, torch.sin(3 * x).sum(-1), rfgp.sketch(ScaleKernel(base), 64, method, seed=0)).double().eval()
     test = torch.rand(3, 2, generator=gen, dtype=torch.float64)
     with torch.no_grad():
         model(test)
@@ -63,6 +64,26 @@ def test_forward_over_reverse_hessian_of_a_posterior_in_its_test_inputs(base, mo
     Functions (plain and weighted) equals the reverse-mode Hessian: it failed with "You must implement the jvp
     function for custom autograd.Function to use it with forward mode AD"."""
     model, test = _posterior(base())
+
+    def moment_sum(z):
+        return getattr(model(z), moment).sum()
+
+    forward = torch.autograd.functional.hessian(moment_sum, test, vectorize=True,
+                                                outer_jacobian_strategy="forward-mode")
+    torch.testing.assert_close(forward, torch.autograd.functional.hessian(moment_sum, test), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("max_rows", [1024, 0], ids=["degrees_batched", "degree_by_degree"])
+@pytest.mark.parametrize("moment", ["mean", "variance"])
+def test_forward_over_reverse_hessian_of_a_maclaurin_posterior(moment, max_rows, monkeypatch):
+    """The same for the optimized Maclaurin map (TensorSRHT, CtR weights, bias-corrected variance), both TensorSRHT
+    paths: it failed with "You must implement the jvp function" (the gather product), then inside the backward with
+    PyTorch's internal assert "has_fw_view" (a conj() view), then with "Trying to use forward AD with igammac" (the
+    bias correction's Q(p + 1, ‖x‖²))."""
+    from rfgp.features import maclaurin
+
+    monkeypatch.setattr(maclaurin, "BATCHED_DEGREES_MAX_ROWS", max_rows)
+    model, test = _posterior(RBFKernel(), method="maclaurin")
 
     def moment_sum(z):
         return getattr(model(z), moment).sum()
