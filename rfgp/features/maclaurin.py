@@ -179,7 +179,9 @@ class _MaclaurinFeatures(FeatureMap):
         """√aₙ for n = 0..p, shape ``(p + 1,)`` or ``(*offset.shape[:-1], p + 1)`` for a tensor offset ν."""
         order = len(self.widths)
         if offset is None:
-            return device_constant(self, ("sqrt_coefficients", order),
+            # kept on the spec: fit(kernel=...) and a loaded kernel_offset replace it (a key on the map kept √aₙ of
+            # the old offset at the same order)
+            return device_constant(self.kernel, ("sqrt_coefficients", order),
                                    lambda: (0.5 * self.kernel.log_coefficients(order)).exp(), like)
         # polynomial kernel with a learnable offset: √aₙ = √C(p, n)·ν^{(p−n)/2} (Eq. 37), differentiable in ν
         power = getattr(self.kernel, "power", None)

@@ -226,3 +226,16 @@ def test_device_and_dtype_follow_the_input(cls, device, dtype):
     correction = phi.variance_correction(x.to(device, dtype))
     assert correction.device.type == device.type
     assert torch.allclose(correction.cpu().double(), reference.variance_correction(x), atol=tolerance)
+
+
+def test_features_follow_a_replaced_polynomial_offset_at_the_same_order():
+    """fit(x, kernel=polynomial(3, 4.0)) at an unchanged order kept √aₙ of the first offset (ν = 1) in the features
+    (cached per order on the map) while expected_diag used the new one: Φ's constant column stayed 1 instead of 8."""
+    x = torch.rand(10, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    phi = OptimizedMaclaurin(dot_product.polynomial(3, 1.0), 41, input_dim=3, widths=(5, 5, 10), min_order=3,
+                             max_order=3, seed=0).double()
+    phi(x)
+    phi.fit(x, kernel=dot_product.polynomial(3, 4.0))
+    fresh = OptimizedMaclaurin(dot_product.polynomial(3, 4.0), 41, input_dim=3, widths=phi.widths, min_order=3,
+                               max_order=3, seed=0).double()
+    torch.testing.assert_close(phi(x), fresh(x), rtol=0, atol=0)
