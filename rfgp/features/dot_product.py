@@ -133,12 +133,16 @@ def degree_terms(spec: DotProductKernelSpec, t: Tensor, max_degree: int, log_sca
     log_a = device_constant(spec, ("log_coefficients", max_degree), lambda: spec.log_coefficients(max_degree), t)
     degrees = torch.arange(max_degree + 1, dtype=t.dtype, device=t.device)
     t = t.unsqueeze(-1)
-    log_abs = torch.where(degrees == 0, 0.0, degrees * t.abs().log())  # t⁰ = 1 even at t = 0
+    log_c = log_a if log_scale is None else log_a + log_scale.unsqueeze(-1)
+    # |t| < 1: c·aₙ·tⁿ with tⁿ as a power, whose derivatives of every order are finite at t = 0 (those of n·log|t|
+    # were NaN there: the gradient and Hessian of a bias-corrected posterior variance at x = 0); |t| ≥ 1 in log space.
+    # Each branch sees a safe argument, and t⁰ is no power (a NaN derivative of a branch not taken, such as that of
+    # t^{n−1} = t^{−1} for n = 0, would still reach the sum).
+    small = t.abs() < 1
+    near = torch.where(degrees == 0, 1.0, torch.where(small, t, 0.0).pow(degrees.clamp_min(1))) * log_c.exp()
     sign = torch.where((t < 0) & (degrees % 2 == 1), -1.0, 1.0)
-    if log_scale is not None:
-        log_abs = log_abs + log_scale.unsqueeze(-1)
-    terms = sign * (log_a + log_abs).exp()
-    return torch.where(torch.isneginf(log_a), 0.0, terms)
+    far = sign * (log_c + degrees * torch.where(small, 1.0, t).abs().log()).exp()
+    return torch.where(torch.isneginf(log_a), 0.0, torch.where(small, near, far))
 
 
 def truncated_series(spec: DotProductKernelSpec, t: Tensor, max_degree: int) -> Tensor:

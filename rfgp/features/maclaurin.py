@@ -84,8 +84,13 @@ class _RegularizedUpperGamma(torch.autograd.Function):
 
 
 def _upper_gamma_derivative(t: Tensor, a: float) -> Tensor:
-    a = t.new_full((), a)
-    return -torch.exp((a - 1) * torch.log(t) - t - torch.lgamma(a))
+    """−t^{a−1}e^{−t}/Γ(a) for t ≥ 0: as a power below t = 1 (PyTorch's exp((a − 1)·log t − …) has NaN derivatives
+    at t = 0, the Hessian of a bias-corrected posterior variance at x = 0), in log space above (no overflow)."""
+    small = t < 1
+    log_scale = -t - math.lgamma(a)
+    near = torch.where(small, t, 0.0).pow(a - 1) * log_scale.exp()
+    far = ((a - 1) * torch.where(small, 1.0, t).log() + log_scale).exp()
+    return -torch.where(small, near, far)
 
 
 class _MaclaurinFeatures(FeatureMap):

@@ -199,3 +199,37 @@ def test_exponential_and_polynomial_maps_that_carry_no_share_of_the_kernel_are_r
     kernel = SketchedPolynomialKernel(20, 512, method="maclaurin", min_order=20, seed=0).double()
     kernel.featurize(3 * x)
     assert kernel.feature_map.order == 20
+
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MaclaurinRBFKernel(129, seed=0),
+    lambda: MaclaurinRBFKernel(129, seed=0),
+    lambda: SketchedExponentialKernel(129, seed=0),
+    lambda: SketchedPolynomialKernel(3, 65, method="maclaurin", seed=0),
+], ids=["rbf", "rbf_skipped_degree", "exponential", "polynomial"])
+def test_posterior_variance_derivatives_at_the_origin(make, request):
+    """The gradient and Hessian of the bias-corrected posterior variance at x = 0 against finite differences: the
+    correction's n·log‖x‖² (and the incomplete gamma's (a − 1)·log t) gave NaN there."""
+    from .._models import UserGP
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(30, 3, generator=gen, dtype=torch.float64)
+    model = UserGP(x, torch.sin(3 * x).sum(-1), gpytorch.kernels.ScaleKernel(make())).double().eval()
+    with torch.no_grad():
+        model(x[:2])
+    if request.node.callspec.id == "rbf_skipped_degree":  # degree 2's features moved to degree 3
+        feature_map = model.covar_module.base_kernel.feature_map
+        widths = list(feature_map.widths)
+        widths[2], widths[1] = widths[2] + widths[1], 0
+        feature_map.set_widths(tuple(widths))
+        model.train()
+        model.eval()
+    variance = lambda z: model(z.unsqueeze(0)).variance.sum()  # noqa: E731
+    origin = torch.zeros(3, dtype=torch.float64)
+    gradient = lambda z: torch.autograd.grad(variance(z.requires_grad_()), z)[0]  # noqa: E731
+    hessian = torch.autograd.functional.hessian(variance, origin)
+    steps = 1e-5 * torch.eye(3, dtype=torch.float64)
+    assert torch.isfinite(gradient(origin.clone())).all()
+    expected = torch.stack([(gradient(origin + e) - gradient(origin - e)) / 2e-5 for e in steps], dim=-1)
+    torch.testing.assert_close(hessian, expected, rtol=1e-5, atol=1e-7)
