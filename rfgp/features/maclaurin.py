@@ -565,6 +565,13 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         with init_lock(self):
             super()._prepare(x)
             if self.widths is None:
+                if x.shape[-2] < 2:  # fit's own message would name an x_sample the caller never passed
+                    raise ValueError(
+                        f"the optimized Maclaurin map allocates its features to degrees (Algorithm 3) on the inputs of "
+                        f"its first call, which needs at least 2 rows; the first call had x of shape {tuple(x.shape)}. "
+                        "Make the first call on the training inputs, or allocate beforehand: rfgp.sketch(kernel, F, "
+                        "method='maclaurin', x_sample=train_x), or feature_map.fit(train_x / lengthscale)"
+                    )
                 with torch.inference_mode(False):  # the draws stay usable by training (FeatureMap._draw_at_first_call)
                     self.fit(x)  # no sample given: allocate on the first inputs
 

@@ -233,3 +233,14 @@ def test_posterior_variance_derivatives_at_the_origin(make, request):
     assert torch.isfinite(gradient(origin.clone())).all()
     expected = torch.stack([(gradient(origin + e) - gradient(origin - e)) / 2e-5 for e in steps], dim=-1)
     torch.testing.assert_close(hessian, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_first_call_on_one_row_names_the_first_call_and_the_remedies():
+    """The allocation is fitted on the first call's inputs (≥ 2 rows): one row was refused naming an x_sample the
+    caller never passed; with x_sample given, one row is fine."""
+    kernel = rfgp.sketch(gpytorch.kernels.RBFKernel(), 257, method="maclaurin")
+    with pytest.raises(ValueError, match=r"first call had x of shape \(1, 2\).*x_sample=train_x"):
+        kernel(torch.rand(1, 2)).to_dense()
+    assert kernel.feature_map.widths is None  # nothing was allocated
+    fitted = rfgp.sketch(gpytorch.kernels.RBFKernel(), 257, method="maclaurin", x_sample=torch.rand(50, 2))
+    assert fitted(torch.rand(1, 2)).to_dense().shape == (1, 1)
