@@ -51,6 +51,7 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.models import ExactGP
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
+from torch.nn import Module
 from torch.quasirandom import SobolEngine
 
 from ..models.sampling import check_path_kernel
@@ -132,8 +133,12 @@ def _draw_kernel_feature_paths_rfgp(model: ExactGP, **kwargs) -> GeneralizedLine
     quasi-Monte-Carlo stratification).  Up to that width, and for every other kernel, BoTorch's sampler runs
     unchanged, with BoTorch's own draws.
     """
-    sketched = is_feature_kernel(getattr(model, "covar_module", None))
-    if sketched and isinstance(model, MultiTaskGPyTorchModel):
+    covar_module = getattr(model, "covar_module", None)
+    sketched = is_feature_kernel(covar_module)
+    # MultiTaskGP(covar_module=rfgp.sketch(k)) builds the product of the sketched data kernel and an exact
+    # IndexKernel, not itself a feature kernel (BoTorch raised "Could not find signature for gen_kernel_features")
+    if isinstance(model, MultiTaskGPyTorchModel) and isinstance(covar_module, Module) and any(
+            isinstance(module, FeatureKernel) for module in covar_module.modules()):
         raise UnsupportedError(
             f"BoTorch's pathwise sampling has no {type(model).__name__} support (with its exact kernel it raises "
             "NotImplementedError): its ExactGP path adds model.mean_module(x), here a MultitaskMean of one column per "

@@ -253,6 +253,19 @@ def test_multi_task_gp_paths_are_refused_and_its_posterior_samples_are_the_sketc
     assert_matches_posterior(model, xs, values)
 
 
+def test_multi_task_gp_built_with_a_sketched_data_kernel_is_refused_by_name():
+    """MultiTaskGP(covar_module=rfgp.sketch(k)) multiplies the sketched kernel by an exact IndexKernel: refused with
+    the pointer to posterior(X).rsample, not BoTorch's "Could not find signature for gen_kernel_features"."""
+    gen = torch.Generator().manual_seed(0)
+    inputs = torch.cat([torch.rand(12, 2, generator=gen, dtype=torch.float64),
+                        torch.arange(12, dtype=torch.float64).remainder(2).unsqueeze(-1)], -1)
+    y = torch.sin(4 * inputs[:, :1]) + 0.3 * inputs[:, 2:]
+    model = botorch.models.MultiTaskGP(inputs, y, task_feature=-1, covar_module=rfgp.sketch(
+        ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)), 64, seed=1)).eval()
+    with pytest.raises(UnsupportedError, match="no MultiTaskGP support.*posterior\\(X\\).rsample"):
+        draw_matheron_paths(model, sample_shape=torch.Size([2]))
+
+
 @pytest.mark.parametrize("transform", ["warp", "filter"])
 def test_paths_through_learned_and_filtering_input_transforms_match_posterior(transform):
     """Paths evaluate the kernel's features on the transformed inputs: a Warp with non-identity concentrations, and
