@@ -184,6 +184,25 @@ def test_batched_multi_output_paths_match_posterior():
         assert ((values[:, output].var(0) - variance).abs() <= 4 * variance * (2 / NUM_PATHS) ** 0.5).all()
 
 
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_paths_of_a_model_conditioned_with_noise_match_its_posterior(fixed_noise):
+    """condition_on_observations(X, Y, noise=1e-4) on a model at noise 0.01: the paths condition the new points on
+    the given noise, as the posterior does (before, a GaussianLikelihood model's paths used its noise 0.01 there)."""
+    model = single_task_gp(ScaleKernel(SketchedRBFKernel(64, ard_num_dims=2, seed=0)), outcome_transform=None)
+    if fixed_noise:
+        (x,), y = model.train_inputs, model.train_targets.unsqueeze(-1)
+        model = SingleTaskGP(x, y, torch.full_like(y, 0.01), covar_module=model.covar_module,
+                             outcome_transform=None).eval()
+    xs = torch.tensor([[1.5, 1.5], [1.6, 1.4], [1.2, 1.8], [2.0, 2.0]], dtype=torch.float64)
+    with torch.no_grad():
+        model.posterior(xs)  # prediction caches, which conditioning updates
+        conditioned = model.condition_on_observations(xs[:1], torch.tensor([[3.0]], dtype=torch.float64),
+                                                      noise=torch.tensor([[1e-4]], dtype=torch.float64))
+        torch.manual_seed(0)
+        values = draw_matheron_paths(conditioned, sample_shape=torch.Size([NUM_PATHS]))(xs)
+    assert_matches_posterior(conditioned, xs, values)
+
+
 def test_other_kernels_keep_botorch_update():
     model = single_task_gp(ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)))
     update = draw_matheron_paths(model, sample_shape=torch.Size([2]))["update_paths"]
