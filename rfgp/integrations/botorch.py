@@ -129,9 +129,10 @@ def _draw_kernel_feature_paths_rfgp(model: ExactGP, **kwargs) -> GeneralizedLine
     """BoTorch's prior paths, with prior weights that exist at any feature width (multi-task models refused).
 
     BoTorch draws the weights w ~ N(0, I_F) as scrambled Sobol normals, and ``SobolEngine`` stops at
-    21 201 dimensions: an rfgp map wider than that gets i.i.d. normal weights (exact draws, without the
-    quasi-Monte-Carlo stratification).  Up to that width, and for every other kernel, BoTorch's sampler runs
-    unchanged, with BoTorch's own draws.
+    21 201 dimensions: an rfgp map wider than that (over all batch members) gets i.i.d. normal weights (exact draws,
+    without the quasi-Monte-Carlo stratification).  Up to that width the weights are Sobol normals with one point per
+    sample for all batch members (:func:`_prior_weights`; for an unbatched kernel BoTorch's own draws).  For every
+    other kernel BoTorch's sampler runs unchanged.
     """
     covar_module = getattr(model, "covar_module", None)
     sketched = is_feature_kernel(covar_module)
