@@ -45,6 +45,22 @@ def _check_exact_gp(model) -> None:
             raise ValueError(f"prior {name!r} has no setting closure, so Pyro cannot set its hyperparameter")
 
 
+def _within_constraints(model) -> bool:
+    """Whether every raw hyperparameter of ``model`` under a transform-less GPyTorch constraint satisfies it.
+
+    A constraint without a transform (BoTorch's ``SingleTaskGP``: ``GreaterThan(1e-4, transform=None)`` on the noise,
+    ``GreaterThan(2.5e-2, transform=None)`` on the lengthscale) is not enforced by the prior's setting closure, which
+    stores a value below the bound as it is (an enforced one's inverse transform gives NaN there, rejected as such):
+    NUTS sampled BoTorch's noise down to 1e-7 on noiseless data and loaded those samples into the model.
+    """
+    for module in model.modules():
+        for name, constraint in getattr(module, "_constraints", {}).items():
+            if constraint is not None and not constraint.enforced and not bool(
+                    constraint.check_raw(getattr(module, name.removesuffix("_constraint")))):
+                return False
+    return True
+
+
 @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
 def sample_hyperparameters(
     model: gpytorch.models.ExactGP,
@@ -99,8 +115,11 @@ def sample_hyperparameters(
         try:
             for module, setting_closure, value in values:
                 setting_closure(module, value)
-            # Fast log_prob stays on: it routes to the kernel's own inv_quad_logdet (O(N·F²) for rfgp).
-            log_likelihood = random_model.likelihood(random_model(x)).log_prob(y)
+            if _within_constraints(random_model):
+                # Fast log_prob stays on: it routes to the kernel's own inv_quad_logdet (O(N·F²) for rfgp).
+                log_likelihood = random_model.likelihood(random_model(x)).log_prob(y)
+            else:  # a proposal below a transform-less constraint's bound: zero posterior density
+                log_likelihood = y.new_tensor(-math.inf)
         except DrawCoverageError:  # a NanError too, but a valid point: never a zero density
             raise
         except (NanError, NotPSDError, InvalidValueError):

@@ -150,3 +150,22 @@ def test_nuts_samples_the_matern_half_model_anchored_at_its_current_lengthscale(
         single = reference(x_test)
     torch.testing.assert_close(output.mean[7], single.mean, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(output.variance[7], single.variance, rtol=1e-6, atol=1e-8)
+
+
+def test_nuts_rejects_proposals_below_a_transform_less_constraint():
+    """A noise constraint without a transform (BoTorch's GreaterThan(1e-4, transform=None)) is not enforced by the
+    prior's setting closure: on noiseless data NUTS sampled the noise down to 1e-7 and loaded it into the model.
+    Such proposals are rejected, so every sample and the loaded model keep noise ≥ the bound."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(25, 1, generator=generator, dtype=DTYPE)
+    y = torch.sin(3 * x[:, 0])
+    kernel = gpytorch.kernels.ScaleKernel(
+        SketchedRBFKernel(32, seed=0, lengthscale_prior=LogNormalPrior(math.log(0.5), 0.5)))
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(
+        noise_prior=LogNormalPrior(math.log(1e-4), 1.0),
+        noise_constraint=gpytorch.constraints.GreaterThan(1e-4, transform=None, initial_value=1e-3))
+    model = ExactGPModel(x, y, likelihood, kernel, mean_module=gpytorch.means.ZeroMean()).to(DTYPE)
+    pyro.set_rng_seed(0)
+    samples = sample_hyperparameters(model, num_samples=30, warmup_steps=30, max_tree_depth=4)
+    assert (samples["likelihood.noise_covar.noise_prior"] >= 1e-4).all()
+    assert (model.likelihood.noise >= 1e-4).all()
