@@ -54,7 +54,6 @@ from torch import Tensor
 from torch.nn import Module
 from torch.quasirandom import SobolEngine
 
-from ..models.sampling import check_path_kernel
 from ..core.dtypes import in_full_precision
 from ..inference.kernel_space import kernel_cholesky
 from ..inference.linalg import capacitance_solve, cholesky_solve
@@ -62,6 +61,7 @@ from ..inference.operators import FeatureRootAddedDiagLinearOperator, noise_weig
 from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
 from ..models.kernel_inputs import covar_module_inputs
+from ..models.sampling import check_path_kernel
 
 
 class _Identity(TensorTransform):
