@@ -568,7 +568,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
                 if x.shape[-2] < 2:  # fit's own message would name an x_sample the caller never passed
                     raise ValueError(
                         f"the optimized Maclaurin map allocates its features to degrees (Algorithm 3) on the inputs of "
-                        f"its first call, which needs at least 2 rows; the first call had x of shape {tuple(x.shape)}. "
+                        f"its first call, which needs m ≥ 2 rows; the first call had x of shape {tuple(x.shape)}. "
                         "Make the first call on the training inputs, or allocate beforehand: rfgp.sketch(kernel, F, "
                         "method='maclaurin', x_sample=train_x), or feature_map.fit(train_x / lengthscale)"
                     )
