@@ -69,9 +69,11 @@ def helmholtz_field(
         to evaluate the noise-free parts anywhere (e.g. on a plotting grid).
     """
     n = check_positive_int(n, "n")
-    if input_dim not in (2, 3):
+    if check_positive_int(input_dim, "input_dim") not in (2, 3):
         raise ValueError(f"input_dim must be 2 or 3 for helmholtz_field, got {input_dim}")
     noise = check_positive_float(noise, "noise", allow_zero=True)
+    width = check_positive_float(width, "width")
+    num_bumps = check_positive_int(num_bumps, "num_bumps")
     check_dtype_argument(dtype)
     generator = torch.Generator().manual_seed(seed)
 
@@ -84,6 +86,11 @@ def helmholtz_field(
     potentials = [layout() for _ in range(1 if input_dim == 2 else 3)]
 
     def field(x: Tensor) -> tuple[Tensor, Tensor]:
+        check_tensor_dtype(x, "x")
+        if x.dim() != 2 or x.shape[-1] != input_dim:
+            raise ValueError(f"x must have shape (n, {input_dim}) for this input_dim={input_dim} field, "
+                             f"got {tuple(x.shape)}")
+        check_finite(x, "x")
         x = x.to(dtype)
         curl_free = _gradient(lambda z: _bumps(z, *scalar, width), x) * width
         grads = [_gradient(lambda z, p=p: _bumps(z, *p, width), x) * width for p in potentials]
@@ -131,6 +138,8 @@ def igrf_magnetic_field(
         curl-free in the shell (no sources between the Earth's core and the ionosphere).
     """
     n = check_positive_int(n, "n")
+    if not isinstance(altitude_km, (tuple, list)) or len(altitude_km) != 2:
+        raise ValueError(f"altitude_km must be a (low, high) pair in km, got {altitude_km!r}")
     low, high = (check_positive_float(a, "altitude_km", allow_zero=True) for a in altitude_km)
     if high < low:
         raise ValueError(f"altitude_km must be (low, high) with low ≤ high, got {altitude_km}")
@@ -157,6 +166,14 @@ def igrf_field_at(
         raise ValueError(f"positions must have shape (n, 3) (Cartesian, in Earth radii), got {tuple(positions.shape)}")
     check_finite(positions, "positions")
     _check_max_degree(max_degree)
+    if date is not None and not isinstance(date, datetime.datetime):
+        raise TypeError(f"date must be a datetime.datetime (or None for 2020-01-01), got {date!r} of type "
+                        f"{type(date).__name__}")
+    date = date or datetime.datetime(2020, 1, 1)
+    epochs = ppigrf.ppigrf.read_shc(ppigrf.ppigrf.shc_fn)[0].index  # the shipped model's epochs
+    if not epochs.min() <= date <= epochs.max():  # ppigrf returns NaN outside them
+        raise ValueError(f"date must lie within the IGRF model's span {epochs.min():%Y-%m-%d} to "
+                         f"{epochs.max():%Y-%m-%d}, got {date}")
     positions = positions.detach().to(torch.float64).cpu()
     radius = positions.norm(dim=-1)
     colatitude = torch.arccos((positions[:, 2] / radius).clamp(-1.0, 1.0))
@@ -165,7 +182,7 @@ def igrf_field_at(
         (radius * EARTH_RADIUS_KM).numpy(),
         np.degrees(colatitude.numpy()),
         np.degrees(longitude.numpy()),
-        date or datetime.datetime(2020, 1, 1),
+        date,
         max_degree=int(max_degree),
     )
     spherical = torch.as_tensor(np.stack([b_r[0], b_theta[0], b_phi[0]], -1), dtype=torch.float64) / 1000.0

@@ -22,7 +22,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
-from ..core.validation import check_finite, check_positive_int, check_tensor_dtype
+from ..core.validation import check_finite, check_positive_float, check_positive_int, check_tensor_dtype
 from ..inference.chunking import chunk_slices
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
 from ..inference.multioutput_chunking import points_per_block
@@ -149,6 +149,7 @@ def prior_field_samples(
         S samples, ``x (n, d) | (S, *B, n, d) -> (S, *B, n, p)``.
     """
     num_samples = check_positive_int(num_samples, "num_samples")
+    jitter = check_positive_float(jitter, "jitter", allow_zero=True)
     if is_feature_kernel(kernel):
         if anchors is None:
             raise ValueError("feature kernels need a probe input to size their features: pass anchors=x (n, d)")

@@ -91,6 +91,8 @@ class _SketchedGaussianDerivativeKernel(_MultiOutputFeatureKernel):
         ard = kwargs.get("ard_num_dims")
         if ard is not None and ard != input_dim:
             raise ValueError(f"ard_num_dims must be None or input_dim={input_dim}, got {ard}")
+        if kwargs.get("active_dims") is not None and len(kwargs["active_dims"]) != input_dim:
+            raise ValueError(f"active_dims must select input_dim={input_dim} columns, got {kwargs['active_dims']}")
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.method = method
