@@ -703,16 +703,21 @@ case("datasets/helmholtz_n_zero", lambda: rfgp.datasets.helmholtz_field(0), Rais
 case("datasets/helmholtz_dim", lambda: rfgp.datasets.helmholtz_field(5, input_dim=4), Raises(ValueError, "input_dim"))
 case("datasets/helmholtz_noise", lambda: rfgp.datasets.helmholtz_field(5, noise=-1.0), Raises(ValueError, "noise"))
 case("datasets/helmholtz_dtype", lambda: rfgp.datasets.helmholtz_field(5, dtype=torch.float16), Raises(TypeError, "dtype"))
-case("datasets/helmholtz_dim_float", lambda: rfgp.datasets.helmholtz_field(5, input_dim=2.0), Raises(TypeError, "input_dim"))
+case("datasets/helmholtz_dim_float", lambda: rfgp.datasets.helmholtz_field(5, input_dim=2.0),
+     Raises(TypeError, "input_dim"))
 case("datasets/helmholtz_width_zero", lambda: rfgp.datasets.helmholtz_field(5, width=0.0), Raises(ValueError, "width"))
-case("datasets/helmholtz_width_nan", lambda: rfgp.datasets.helmholtz_field(5, width=math.nan), Raises(ValueError, "width"))
-case("datasets/helmholtz_no_bumps", lambda: rfgp.datasets.helmholtz_field(5, num_bumps=0), Raises(ValueError, "num_bumps"))
-case("datasets/helmholtz_bumps_float", lambda: rfgp.datasets.helmholtz_field(5, num_bumps=1.5), Raises(TypeError, "num_bumps"))
+case("datasets/helmholtz_width_nan", lambda: rfgp.datasets.helmholtz_field(5, width=math.nan),
+     Raises(ValueError, "width"))
+case("datasets/helmholtz_no_bumps", lambda: rfgp.datasets.helmholtz_field(5, num_bumps=0),
+     Raises(ValueError, "num_bumps"))
+case("datasets/helmholtz_bumps_float", lambda: rfgp.datasets.helmholtz_field(5, num_bumps=1.5),
+     Raises(TypeError, "num_bumps"))
 case("datasets/helmholtz_field_columns", lambda: rfgp.datasets.helmholtz_field(5)["field"](data(3, d=3)),
      Raises(ValueError, "x", "(n, 2)"))
 case("datasets/igrf_altitude_triple", lambda: rfgp.datasets.igrf_magnetic_field(5, altitude_km=(0.0, 1.0, 2.0)),
      Raises(ValueError, "altitude_km"))
-case("datasets/igrf_date_string", lambda: rfgp.datasets.igrf_magnetic_field(5, date="2020-01-01"), Raises(TypeError, "date"))
+case("datasets/igrf_date_string", lambda: rfgp.datasets.igrf_magnetic_field(5, date="2020-01-01"),
+     Raises(TypeError, "date"))
 case("datasets/igrf_date_outside", lambda: rfgp.datasets.igrf_magnetic_field(5, date=datetime.datetime(1800, 1, 1)),
      Raises(ValueError, "date", "1900-01-01"))
 case("vector_fields/prior_jitter_negative", lambda: rfgp.applications.vector_fields.prior_field_samples(
