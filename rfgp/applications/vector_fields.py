@@ -32,11 +32,13 @@ from ..kernels.combinations import is_feature_kernel, kernel_features, unwrap_sc
 Field = Callable[[Tensor], Tensor]
 
 
+@in_full_precision  # its autograd.grad is a backward pass: under autocast it would run in half precision
 def jacobian(field: Field, x: Tensor) -> Tensor:
     """J[..., i, a, b] = ∂fₐ/∂x_b at every point xᵢ, by autograd; shape ``(..., n, p, d)``.
 
     If ``field`` returns leading sample dimensions that ``x`` lacks, ``x`` is expanded to them
-    so that each sample gets its own Jacobian.
+    so that each sample gets its own Jacobian.  An enclosing ``torch.autocast`` is switched off for the field and
+    its derivatives (:func:`~rfgp.core.dtypes.full_precision`): the check is made in ``x``'s dtype.
     """
     check_tensor_dtype(x, "x")
     check_finite(x, "x")

@@ -102,6 +102,25 @@ def test_posterior_samples_and_mean_field(kernel_space, monkeypatch):
     assert curl(few, probe).abs().max() < 1e-8 * jacobian(few, probe).abs().max()
 
 
+def test_physics_checks_inside_autocast_are_the_full_precision_ones():
+    """divergence/curl under ``torch.autocast`` (e.g. a mixed-precision script) used to raise rfgp's
+    "backward() was called inside torch.autocast … call loss.backward() after leaving" from jacobian's own
+    autograd.grad, a call the user never made; the derivatives are now taken in full precision."""
+    data = helmholtz_field(40, input_dim=2, noise=0.02, seed=1, dtype=torch.float32)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedDivFreeKernel(128, 2, seed=0))
+    model = MultiOutputGPModel(data["x"], data["divergence_free"], MultitaskGaussianLikelihood(num_tasks=2, rank=0),
+                               kernel)
+    mean_field = posterior_mean_field(model)
+    probe = data["x"][:10]
+    reference = jacobian(mean_field, probe)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        jac = jacobian(mean_field, probe)
+        div = divergence(mean_field, probe)
+    torch.testing.assert_close(jac, reference)
+    assert jac.dtype == torch.float32
+    assert div.abs().max() < 1e-5 * reference.abs().max()
+
+
 def test_igrf_field_is_curl_free_and_physical():
     positions, field = igrf_magnetic_field(200, altitude_km=(0.0, 0.0), seed=0)
     assert positions.shape == field.shape == (200, 3)
