@@ -37,6 +37,7 @@ from ..core.validation import (
     check_tensor_dtype,
 )
 from .checked_call import CheckedCallMixin, refuse_last_dim_is_batch
+from .families import check_kernel_kwargs
 
 
 def interleave(blocks: Tensor) -> Tensor:
@@ -79,6 +80,7 @@ class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
             raise ValueError(f"ard_num_dims must be None or input_dim={self.input_dim}, got {ard}")
         if kwargs.get("active_dims") is not None and len(kwargs["active_dims"]) != self.input_dim:
             raise ValueError(f"active_dims must select input_dim={self.input_dim} columns, got {kwargs['active_dims']}")
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
 
     @property
@@ -192,6 +194,7 @@ class DecomposableKernel(MultitaskKernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
         num_outputs = check_positive_int(num_outputs, "num_outputs")
         rank = check_positive_int(rank, "rank", allow_zero=True)
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(base_kernel, num_tasks=num_outputs, rank=rank, task_covar_prior=output_covar_prior, **kwargs)
         self.rank = rank
 

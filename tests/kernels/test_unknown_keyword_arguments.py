@@ -1,4 +1,4 @@
-"""Every rfgp feature kernel refuses keyword arguments that GPyTorch's Kernel.__init__ would silently drop."""
+"""Every rfgp feature kernel (and exact operator-valued kernel) refuses keyword arguments that GPyTorch's Kernel.__init__ would silently drop."""
 
 import gpytorch
 import pytest
@@ -8,6 +8,9 @@ import rfgp
 from rfgp.kernels import (
     ConstantFeatureKernel,
     CosineFeatureKernel,
+    CurlFreeRBFKernel,
+    DecomposableKernel,
+    DivFreeRBFKernel,
     FeatureSumKernel,
     LinearFeatureKernel,
     NystromKernel,
@@ -28,6 +31,10 @@ BUILDERS = {
         SketchedRBFKernel(16, seed=0), SketchedRBFKernel(16, seed=1), num_features=16, **kw),
     "SketchedCurlFreeKernel": lambda **kw: SketchedCurlFreeKernel(16, input_dim=2, **kw),
     "SketchedDecomposableKernel": lambda **kw: SketchedDecomposableKernel(SketchedRBFKernel(16), num_tasks=2, **kw),
+    # the exact operator-valued kernels too (they dropped a misspelt keyword silently)
+    "CurlFreeRBFKernel": lambda **kw: CurlFreeRBFKernel(2, **kw),
+    "DivFreeRBFKernel": lambda **kw: DivFreeRBFKernel(2, **kw),
+    "DecomposableKernel": lambda **kw: DecomposableKernel(gpytorch.kernels.RBFKernel(), num_outputs=2, **kw),
 }
 
 
