@@ -1,4 +1,5 @@
-"""Every rfgp feature kernel (and exact operator-valued kernel) refuses keyword arguments that GPyTorch's Kernel.__init__ would silently drop."""
+"""Every rfgp feature kernel (and exact operator-valued kernel) refuses keyword arguments that GPyTorch's
+Kernel.__init__ would silently drop."""
 
 import gpytorch
 import pytest
