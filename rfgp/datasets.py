@@ -176,6 +176,9 @@ def igrf_field_at(
                          f"{epochs.max():%Y-%m-%d}, got {date}")
     positions = positions.detach().to(torch.float64).cpu()
     radius = positions.norm(dim=-1)
+    if not (radius > 0).all():
+        raise ValueError(f"positions must be away from the Earth's centre (the field is singular there), got a zero "
+                         f"row at index {int((radius == 0).nonzero()[0])}")
     colatitude = torch.arccos((positions[:, 2] / radius).clamp(-1.0, 1.0))
     longitude = torch.atan2(positions[:, 1], positions[:, 0])
     b_r, b_theta, b_phi = ppigrf.igrf_gc(

@@ -45,6 +45,10 @@ def jacobian(field: Field, x: Tensor) -> Tensor:
     leaf = x.detach().requires_grad_(True)
     with torch.enable_grad():
         values = field(leaf)
+        if not torch.is_tensor(values) or not values.requires_grad:
+            got = f"a {type(values).__name__}" if not torch.is_tensor(values) else "values detached from x"
+            raise TypeError(f"field must return a tensor computed from x by differentiable torch operations (not under "
+                            f"torch.no_grad, .detach() or NumPy), got {got}")
         if values.dtype != x.dtype:
             raise TypeError(f"the field returned dtype {values.dtype} for x of dtype {x.dtype}: pass x in the "
                             f"dtype of the model behind the field ({values.dtype})")

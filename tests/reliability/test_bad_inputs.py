@@ -720,6 +720,12 @@ case("datasets/igrf_date_string", lambda: rfgp.datasets.igrf_magnetic_field(5, d
      Raises(TypeError, "date"))
 case("datasets/igrf_date_outside", lambda: rfgp.datasets.igrf_magnetic_field(5, date=datetime.datetime(1800, 1, 1)),
      Raises(ValueError, "date", "1900-01-01"))
+case("datasets/igrf_at_centre", lambda: rfgp.datasets.igrf_field_at(torch.zeros(2, 3, dtype=torch.float64)),
+     Raises(ValueError, "positions", "index 0"))
+case("vector_fields/jacobian_detached_field", lambda: rfgp.applications.vector_fields.divergence(
+    lambda z: torch.ones_like(z).detach(), data(3)), Raises(TypeError, "field", "detached"))
+case("vector_fields/jacobian_non_tensor_field", lambda: rfgp.applications.vector_fields.divergence(
+    lambda z: z.tolist(), data(3)), Raises(TypeError, "field", "list"))
 case("vector_fields/prior_jitter_negative", lambda: rfgp.applications.vector_fields.prior_field_samples(
     rfgp.kernels.CurlFreeRBFKernel(2), 2, anchors=data(3), jitter=-1.0), Raises(ValueError, "jitter"))
 case("vector_fields/prior_jitter_nan", lambda: rfgp.applications.vector_fields.prior_field_samples(
