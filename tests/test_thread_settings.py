@@ -157,3 +157,58 @@ def test_marginal_likelihoods_in_threads_leave_fast_log_prob_as_botorch_set_it(m
         for result in results:
             for got, want in zip(result, reference, strict=True):
                 assert torch.equal(got, want)
+
+
+def _lazy_evaluation_lost(monkeypatch, times: float) -> None:
+    """The first ``times`` entries of ``lazily_evaluate_kernels(False)`` leave the flag on, as when another thread
+    leaves the setting at that moment and restores the value it found (GPyTorch's flag is one class attribute)."""
+    flag = gpytorch.settings.lazily_evaluate_kernels
+    lost = {"left": times}
+
+    def set_state(cls, state):
+        if state is False and lost["left"] > 0:
+            lost["left"] -= 1
+            state = True
+        cls._state = state
+
+    monkeypatch.setattr(flag, "_set_state", classmethod(set_state))
+
+
+PREDICTIONS = {
+    "regression variance": lambda: _regression(ScaleKernel(SketchedRBFKernel(64, seed=0)))[::2],
+    "vector field": lambda: (_helmholtz_model(), torch.rand(3, 2, dtype=torch.float64,
+                                                            generator=torch.Generator().manual_seed(5))),
+}
+
+
+@pytest.mark.parametrize("times", [1, 3])
+@pytest.mark.parametrize("case", list(PREDICTIONS))
+def test_a_kernel_evaluation_another_thread_left_lazy_is_evaluated_again(monkeypatch, case, times):
+    """GPyTorch's ``evaluate_kernel`` calls the kernel under ``lazily_evaluate_kernels(False)``, a process-wide flag:
+    a thread leaving that setting at the same moment restored it on, the kernel returned one more
+    ``LazyEvaluatedKernelTensor``, and rfgp's prediction strategies refused their own model ("expected a low-rank
+    feature operator for the test covariance, got LazyEvaluatedKernelTensor"; one of 8 threads in a CI run).  Now
+    the covariance is evaluated again: the prediction and the marginal likelihood equal an undisturbed call's."""
+    model, test_x = PREDICTIONS[case]()
+    with torch.no_grad():
+        reference = model(test_x)
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    reference_mll = mll(model(*model.train_inputs), model.train_targets)
+    model.eval()
+    _lazy_evaluation_lost(monkeypatch, times)
+    with torch.no_grad():
+        disturbed = model(test_x)
+        assert torch.equal(disturbed.mean, reference.mean) and torch.equal(disturbed.variance, reference.variance)
+    model.train()
+    _lazy_evaluation_lost(monkeypatch, times)
+    assert torch.equal(mll(model(*model.train_inputs), model.train_targets), reference_mll)
+
+
+def test_a_kernel_left_lazily_evaluated_every_time_is_named(monkeypatch):
+    """A covariance that stays lazily evaluated through every evaluation (a kernel whose ``forward`` returns one) is
+    refused by kernel name instead of looping."""
+    model, _, test_x = _regression(ScaleKernel(SketchedRBFKernel(64, seed=0)))
+    _lazy_evaluation_lost(monkeypatch, float("inf"))
+    with pytest.raises(RuntimeError, match="ScaleKernel returned a LazyEvaluatedKernelTensor from 64 evaluations"):
+        model(test_x)

@@ -43,6 +43,8 @@ import torch.distributed as dist
 from linear_operator.operators import MaskedLinearOperator
 from torch import Tensor, nn
 
+from .kernel_evaluation import evaluated_covariance
+
 _active_groups: list = []
 
 
@@ -195,8 +197,8 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
         if not has_feature_space_covariance(output):
             raise NotImplementedError(
                 "rfgp.inference.distributed.data_parallel does not support a noise-added covariance of type "
-                f"{type(output.lazy_covariance_matrix.evaluate_kernel()).__name__} (no rfgp feature-space statistics "
-                f"to sum over processes); supported: {SUPPORTED}"
+                f"{type(evaluated_covariance(output.lazy_covariance_matrix)).__name__} (no rfgp feature-space "
+                f"statistics to sum over processes); supported: {SUPPORTED}"
             )
         policy = gpytorch.settings.observation_nan_policy.value()
         if policy == "fill":

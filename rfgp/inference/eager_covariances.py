@@ -37,6 +37,7 @@ import gpytorch.kernels
 import gpytorch.models.exact_gp
 from gpytorch.lazy import LazyEvaluatedKernelTensor
 
+from .kernel_evaluation import evaluated_covariance
 from .multioutput import MultitaskFeatureSpacePredictionStrategy
 from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from .prediction import FeatureSpacePredictionStrategy
@@ -60,7 +61,7 @@ def _with_eager_rfgp_covariances(gpytorch_prediction_strategy):
     def prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood):
         covariance = train_prior_dist.lazy_covariance_matrix
         if isinstance(covariance, LazyEvaluatedKernelTensor) and _combines_specialised_kernels(covariance.kernel):
-            covariance = covariance.evaluate_kernel()  # memoised: the strategy evaluates it again for free
+            covariance = evaluated_covariance(covariance)  # memoised: the strategy evaluates it again for free
         if not isinstance(covariance, LazyEvaluatedKernelTensor) and train_inputs:
             strategy = eager_strategy_class(covariance, train_inputs[0].shape[-2])
             if strategy is not None:

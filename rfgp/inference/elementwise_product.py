@@ -43,6 +43,7 @@ from linear_operator.utils.interpolation import left_interp
 from torch import Tensor
 
 from ..core.settings import memory_budget, resolve_chunk_size
+from .kernel_evaluation import evaluated_covariance
 from .linalg import squared_row_norms
 
 #: largest base of an interpolated operator (T × T) factorised for its root
@@ -121,7 +122,7 @@ def install() -> None:
         from .operators import FeatureRootLinearOperator  # imports this module
 
         if isinstance(other, LinearOperator):
-            left, right = self.evaluate_kernel(), other.evaluate_kernel()
+            left, right = evaluated_covariance(self), evaluated_covariance(other)
             if isinstance(left, FeatureRootLinearOperator):
                 return face_splitting_product(left, right)
             if isinstance(right, FeatureRootLinearOperator):

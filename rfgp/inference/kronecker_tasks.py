@@ -51,6 +51,7 @@ from ..core.settings import validate_inputs
 from ..core.validation import check_noise, check_targets
 from ..features.operator_valued import decomposable_features
 from . import distributed
+from .kernel_evaluation import evaluated_covariance
 from .kronecker_statistics import (
     diagonal_task_cholesky,
     kronecker_noise,
@@ -116,7 +117,7 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
         skipped under ``rfgp.settings.validate_inputs(False)``).  ``generate_roots``/``generate_inv_roots`` and the
         decomposition keywords are accepted and ignored: the root is exact, and no inverse root is formed.
         """
-        new = to_linear_operator(new_mat).evaluate_kernel()
+        new = evaluated_covariance(to_linear_operator(new_mat))
         if not isinstance(new, FeatureRootLinearOperator) or new.shape[-2] != new.root.shape[-2]:
             raise TypeError(
                 f"new_mat must be an rfgp feature covariance φ*φ*ᵀ (the data kernel at the new rows), got "

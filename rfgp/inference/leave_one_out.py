@@ -36,6 +36,7 @@ from torch import Tensor
 from ..core.validation import check_noise, check_targets
 from . import distributed
 from .classification import ChunkedClassNoiseFeatureLinearOperator, ClassNoiseFeatureLinearOperator
+from .kernel_evaluation import evaluated_covariance
 from .kernel_space import kernel_cholesky
 from .linalg import capacitance_cholesky
 from .operators import (
@@ -61,7 +62,7 @@ def feature_covariance(covar) -> LinearOperator | None:
     distributed.refuse("leave-one-out terms (LeaveOneOutPseudoLikelihood, cross-validation, the classifier check)")
     if not isinstance(covar, LinearOperator):
         return None
-    covar = covar.evaluate_kernel()
+    covar = evaluated_covariance(covar)
     return covar if type(covar) in LEAVE_ONE_OUT_OPERATORS else None
 
 

@@ -26,6 +26,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.mlls import LeaveOneOutPseudoLikelihood
 from linear_operator.operators import LinearOperator
 
+from .kernel_evaluation import evaluated_covariance
 from .leave_one_out import feature_covariance, leave_one_out_moments
 from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 
@@ -33,7 +34,7 @@ from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperat
 def _has_feature_root(distribution) -> bool:
     covar = distribution.lazy_covariance_matrix
     return isinstance(covar, LinearOperator) and isinstance(
-        covar.evaluate_kernel(), (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator))
+        evaluated_covariance(covar), (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator))
 
 
 def _feature_space_forward(gpytorch_forward):

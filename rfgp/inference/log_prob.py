@@ -45,6 +45,7 @@ from torch import Tensor
 from ..core import settings
 from ..core.validation import RESIDUAL, check_finite, check_targets
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, ObservedIndependentTasks
+from .kernel_evaluation import evaluated_covariance
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
 from .posterior_covariance import LowRankPosteriorAddedDiag
 from .prediction import target_batch_as_columns
@@ -70,7 +71,7 @@ def has_feature_space_covariance(distribution: MultivariateNormal) -> bool:
     if not isinstance(covar, LinearOperator):
         return False
     # evaluate_kernel is what both of GPyTorch's branches do first (and it is cached on lazy kernels)
-    return isinstance(covar.evaluate_kernel(), FEATURE_SPACE_OPERATORS)
+    return isinstance(evaluated_covariance(covar), FEATURE_SPACE_OPERATORS)
 
 
 def feature_space_log_prob(distribution: MultivariateNormal, value: Tensor) -> Tensor:
@@ -84,7 +85,7 @@ def feature_space_log_prob(distribution: MultivariateNormal, value: Tensor) -> T
     """
     if distribution._validate_args:
         distribution._validate_sample(value)
-    covar = distribution.lazy_covariance_matrix.evaluate_kernel()
+    covar = evaluated_covariance(distribution.lazy_covariance_matrix)
     residual = value - distribution.loc
     refuse_unmasked_nan(residual, RESIDUAL)
     batch = torch.broadcast_shapes(residual.shape[:-1], covar.batch_shape)

@@ -52,6 +52,7 @@ from ..core.validation import check_noise
 from . import distributed
 from .chunked_kronecker import ChunkedKroneckerFeatureOperator
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, join_tasks, split_tasks
+from .kernel_evaluation import evaluated_covariance
 from .kronecker_posterior import ChunkedKroneckerPosteriorCovariance, kronecker_mean, kronecker_posterior_covariance
 from .linalg import accumulated_project, capacitance_solve, weighted_gram
 from .multioutput_chunking import (
@@ -70,7 +71,7 @@ from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 def scaled_root(covar) -> Tensor | None:
     """The feature root of a (possibly constant-scaled) low-rank operator, constant folded in."""
     if hasattr(covar, "evaluate_kernel"):
-        covar = covar.evaluate_kernel()
+        covar = evaluated_covariance(covar)
     if isinstance(covar, ConstantMulLinearOperator):
         inner = scaled_root(covar.base_linear_op)
         return None if inner is None else inner * covar.expanded_constant.sqrt().unsqueeze(-1).unsqueeze(-1)
@@ -269,7 +270,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         self.check_draws()
         if hasattr(test_test_covar, "evaluate_kernel"):
-            test_test_covar = test_test_covar.evaluate_kernel()
+            test_test_covar = evaluated_covariance(test_test_covar)
         if self.independent_tasks:
             return self._task_prediction(test_mean, test_test_covar)
         if isinstance(test_test_covar, ChunkedMultiOutputFeatureOperator):

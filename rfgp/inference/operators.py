@@ -57,6 +57,7 @@ from .chunking import (
     chunk_slices,
     chunked_feature_statistics,
 )
+from .kernel_evaluation import evaluated_covariance
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import (
     feature_statistics,
@@ -259,7 +260,7 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         constants = batch_constants(self, other)
         if constants is not None:
             return self._expand_batch(constants.shape)._mul_constant(constants)
-        return face_splitting_product(self, other.evaluate_kernel())
+        return face_splitting_product(self, evaluated_covariance(other))
 
     def __add__(self, other):
         from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, is_interleaved_task_noise  # imports this
@@ -303,7 +304,7 @@ def select_observed(covar: LinearOperator) -> LinearOperator | None:
     """
     if not isinstance(covar, MaskedLinearOperator) or not covar.row_eq_col_mask or covar.row_mask.dim() != 1:
         return None
-    base = covar.base.evaluate_kernel()
+    base = evaluated_covariance(covar.base)
     from .independent_tasks import IndependentTasksAddedDiagLinearOperator  # imports this module
     from .task_noise import FeatureRootAddedTaskNoiseLinearOperator  # imports this module
 

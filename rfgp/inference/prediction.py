@@ -67,6 +67,7 @@ from . import distributed
 from .deferred_graph import deferred_graph
 from .dense_noise import appended_noise, dense_noise_posterior_caches, dense_training_noise, with_dense_noise
 from .fantasy_update import updated_capacitance_caches
+from .kernel_evaluation import evaluated_covariance
 from .kernel_space import KernelSpaceFactor, kernel_space_posterior_caches, prefers_kernel_space
 from .linalg import capacitance_solve
 from .multioutput_chunking import ChunkedPosteriorCovariance
@@ -89,9 +90,10 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     """
 
     def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        covar = train_prior_dist.lazy_covariance_matrix
+        evaluated_covariance(covar)  # memoised, whatever another thread does to the flag: GPyTorch's __init__ reads it
         super().__init__(train_inputs, train_prior_dist, train_labels, likelihood)
         # the lazily evaluated training covariance and its kernel (None where it came evaluated)
-        covar = train_prior_dist.lazy_covariance_matrix
         self.lazy_train_covar = covar if isinstance(covar, LazyEvaluatedKernelTensor) else None
         self.kernel = getattr(covar, "kernel", None)
         self.draws = draw_fingerprint(self.kernel)
@@ -159,7 +161,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
         self.check_draws()
         if hasattr(test_test_covar, "evaluate_kernel"):
-            test_test_covar = test_test_covar.evaluate_kernel()
+            test_test_covar = evaluated_covariance(test_test_covar)
         if isinstance(test_test_covar, ChunkedFeatureRootLinearOperator):
             return self._chunked_prediction(test_mean, test_test_covar)
         features = _features(test_test_covar)
@@ -346,7 +348,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         observed points."""
         residual, observed = observed_residual(self.train_labels, self.train_prior_dist.mean, nan_policy)
         prior = self.train_prior_dist.lazy_covariance_matrix
-        features = _features(prior.evaluate_kernel() if hasattr(prior, "evaluate_kernel") else prior)
+        features = _features(evaluated_covariance(prior))
         if features is None:
             raise NotImplementedError(
                 f"a training covariance with a dense noise covariance (GPyTorch's online variational conditioning) "
@@ -488,7 +490,7 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         noise = _new_noise(likelihood, num_train + num_new, num_new)
         covar = full_output.lazy_covariance_matrix[..., num_train:, num_train:]
         if hasattr(covar, "evaluate_kernel"):
-            covar = covar.evaluate_kernel()
+            covar = evaluated_covariance(covar)
         features = _features(covar)
         if noise is None or features is None or num_new < 1:
             return None
@@ -693,7 +695,8 @@ class RankUpdatedFantasyStrategy(FeatureSpacePredictionStrategy):
         features = self.features
         if isinstance(covar, LazyEvaluatedKernelTensor):
             num_train = covar.shape[-1] - num_new
-            features = _features(covar[..., num_train:, num_train:].evaluate_kernel())  # a new slice: evaluated anew
+            new_rows = covar[..., num_train:, num_train:]  # a new slice: evaluated anew
+            features = _features(evaluated_covariance(new_rows))
         return features, check_noise(_new_noise(self.likelihood, self.train_labels.shape[-1], num_new)).reciprocal()
 
 

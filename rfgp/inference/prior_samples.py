@@ -17,6 +17,7 @@ from __future__ import annotations
 from gpytorch.lazy import LazyEvaluatedKernelTensor
 from torch import Tensor
 
+from .kernel_evaluation import evaluated_covariance
 from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 
 
@@ -28,7 +29,7 @@ def install() -> None:
         return
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
-        evaluated = self.evaluate_kernel()
+        evaluated = evaluated_covariance(self)
         if isinstance(evaluated, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator)):
             return evaluated.zero_mean_mvn_samples(num_samples)
         return current(self, num_samples)

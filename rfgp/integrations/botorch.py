@@ -55,6 +55,7 @@ from torch.nn import Module
 from torch.quasirandom import SobolEngine
 
 from ..core.dtypes import in_full_precision
+from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.kernel_space import kernel_cholesky
 from ..inference.linalg import capacitance_solve, cholesky_solve
 from ..inference.operators import FeatureRootAddedDiagLinearOperator, noise_weights
@@ -275,7 +276,7 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
     when N ≲ F (a Bayesian-optimisation loop's few observations under a wide map), Φᵀ(ΦΦᵀ + D)⁻¹r from the N × N
     Cholesky factor — the same vector (push-through identity) without an F × F matrix.
     """
-    operator = kernel(points).evaluate_kernel()
+    operator = evaluated_covariance(kernel(points))
     if not hasattr(operator, "feature_statistics"):
         raise TypeError(f"expected an rfgp feature operator from {type(kernel).__name__}, got {type(operator).__name__}")
     weights = noise_weights(noise_covariance)

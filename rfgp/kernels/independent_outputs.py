@@ -42,6 +42,7 @@ from ..core.dtypes import in_full_precision
 from ..core.settings import memory_budget
 from ..inference.chunking import Featurizer
 from ..inference.independent_tasks import ChunkedIndependentTasksOperator, IndependentTasksLinearOperator
+from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
@@ -96,7 +97,7 @@ class IndependentOutputsKernel(Kernel):
         """The batch kernel's covariance under a memory budget, the outputs in its last batch dimension."""
         with memory_budget(budget):
             covar = self.batch_kernel(x1, x2, **params)
-            covar = covar.evaluate_kernel() if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
+            covar = evaluated_covariance(covar) if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
         if source == -1:
             return covar
         correction = getattr(covar, "variance_correction", None)
@@ -137,7 +138,7 @@ class IndependentOutputsKernel(Kernel):
         return ChunkedIndependentTasksOperator.from_tasks(covar, points or num_points, tasks)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        if isinstance(train_prior_dist.lazy_covariance_matrix.evaluate_kernel(),
+        if isinstance(evaluated_covariance(train_prior_dist.lazy_covariance_matrix),
                       (FeatureRootLinearOperator, ChunkedMultiOutputFeatureOperator)):
             return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
         return gpytorch.models.exact_prediction_strategies.DefaultPredictionStrategy(

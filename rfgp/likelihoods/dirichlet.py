@@ -40,6 +40,7 @@ from ..inference.classification import (
     LabelBlockPlan,
     TwoLevelNoise,
 )
+from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .softmax import softmax_expectation_mc, softmax_expectation_mean_field
 
@@ -221,7 +222,7 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         if hasattr(prior_covar, "evaluate_kernel"):
             # A lazily evaluated kernel would be added to the noise as a generic sum; the evaluated
             # feature kernel (ΦΦᵀ) adds to it as a (chunked) feature-root-plus-diagonal operator.
-            function_dist = function_dist.__class__(function_dist.mean, prior_covar.evaluate_kernel())
+            function_dist = function_dist.__class__(function_dist.mean, evaluated_covariance(prior_covar))
         result = super().marginal(function_dist, *args, **kwargs)
         covar = result.lazy_covariance_matrix
         structured_type = _STRUCTURED_OPERATORS.get(type(covar))

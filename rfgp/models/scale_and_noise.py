@@ -43,6 +43,7 @@ from ..core.bounds import bounded_coordinate, bounded_value
 from ..core.dtypes import in_full_precision
 from ..core.validation import check_positive_int
 from ..inference.complex_posterior import ComplexFeatureRootLinearOperator
+from ..inference.kernel_evaluation import evaluated_covariance
 from ..kernels.nystrom import NystromKernel
 
 
@@ -232,7 +233,7 @@ class _Problem:
             exact = _float64_twin(model)
             output = exact(*exact.train_inputs)
             covar = output.lazy_covariance_matrix
-            covar = covar.evaluate_kernel() if hasattr(covar, "evaluate_kernel") else covar
+            covar = evaluated_covariance(covar)
             if not hasattr(covar, "feature_statistics") or isinstance(covar, ComplexFeatureRootLinearOperator):
                 raise TypeError(
                     f"fit_scale_and_noise needs a training covariance ΦΦᵀ from an rfgp feature kernel (rfgp.sketch), "
