@@ -22,8 +22,8 @@ def carry_extra_hyperparameters(source: Kernel, target: Kernel) -> Kernel:
     """Give ``target`` the parameters (with constraints) and priors of ``source`` itself that it lacks by name.
 
     ``source``'s own ones only (not its children's: the conversion handles those where it converts them).
-    Values are copied, constraints and priors (with their closures) shared, as for the hyperparameters that the
-    converters copy.
+    Values are copied, constraints and priors (with their closures) passed on, as for the hyperparameters that the
+    converters copy (:func:`rfgp.sketch` then gives the converted tree its own copies of those modules).
     """
     for name, parameter in source.named_parameters(recurse=False):
         if name in target._parameters or hasattr(target, name):

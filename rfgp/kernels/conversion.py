@@ -165,8 +165,10 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Returns:
         The converted kernel tree: ``ScaleKernel`` kept, leaves replaced by their rfgp kernels
         (an RBF leaf by the class of its family, e.g. :class:`~rfgp.kernels.MaclaurinRBFKernel`
-        for ``method="maclaurin"``), hyperparameters copied (``requires_grad`` included); a module the tree
-        holds more than once is converted once per occurrence (independent draws) with its hyperparameters shared.
+        for ``method="maclaurin"``), hyperparameters copied (``requires_grad`` included), constraints and priors
+        too (copies: moving the converted tree or loading a state into it leaves ``kernel`` as it was); a module
+        the tree holds more than once is converted once per occurrence (independent draws) with its hyperparameters
+        shared.
 
     Example:
         >>> import torch, rfgp
@@ -191,7 +193,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     _check_kernel_argument(kernel)
     columns = check_tree(kernel, options.pop("x_sample", None))
     if method == "nystrom":
-        return _nystrom(kernel, num_features, seed, columns, options)
+        return _own_modules(kernel, _nystrom(kernel, num_features, seed, columns, options))
     _check_option_names(options)
     leaves = list(_leaves(kernel))
     choose_method = _method_chooser(method, leaves)
@@ -199,6 +201,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     converted = _convert(kernel, plan)
     _tie_shared_modules(converted, plan.conversions)
     _count_priors_as_gpytorch(converted, plan.conversions)
+    _own_modules(kernel, converted)
     check_priors_kept(kernel, converted)
     unused = sorted(set(options) - plan.used_options)
     if unused:
@@ -207,6 +210,33 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             "options not taken by any kernel in this tree: "
             + "; ".join(f"{name!r} (taken by {', '.join(takers[name])})" for name in unused)
         )
+    return converted
+
+
+def _own_modules(exact: Kernel, converted: Kernel) -> Kernel:
+    """Replace every module that ``converted`` took from ``exact`` (the converters pass on its constraints and
+    priors) by a copy, so that the conversion is a copy: ``converted.to(...)`` or ``converted.load_state_dict(...)``
+    must not cast or overwrite the exact kernel's constraint bounds and prior parameters, which are buffers.
+
+    One copy per exact module (a constraint or prior that several converted modules share stays shared among them),
+    registered wherever the module was: as a child, in GPyTorch's ``_constraints``, and in its ``_priors`` entries.
+    """
+    exact_modules = {id(module) for module in exact.modules()}
+    memo: dict[int, object] = {}
+
+    def own(module):
+        return copy.deepcopy(module, memo) if id(module) in exact_modules else module
+
+    for module in [module for module in converted.modules() if id(module) not in exact_modules]:
+        for name, child in list(module._modules.items()):
+            if child is not None:
+                module._modules[name] = own(child)
+        constraints = getattr(module, "_constraints", {})
+        for name, constraint in list(constraints.items()):
+            constraints[name] = own(constraint)
+        priors = getattr(module, "_priors", {})
+        for name, (prior, closure, setting_closure) in list(priors.items()):
+            priors[name] = (own(prior), closure, setting_closure)
     return converted
 
 

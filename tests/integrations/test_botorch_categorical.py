@@ -18,6 +18,7 @@ from gpytorch.priors import GammaPrior  # noqa: E402
 import rfgp  # noqa: E402
 from rfgp.features.categorical import categorical_variance  # noqa: E402
 from rfgp.kernels import SketchedCategoricalKernel, SketchedProductKernel  # noqa: E402
+from tests._conversion_checks import assert_copied_constraint, assert_copied_prior  # noqa: E402
 
 F64 = torch.float64
 CATEGORIES = torch.tensor([
@@ -63,9 +64,10 @@ def test_sketch_copies_lengthscale_constraint_prior_batch_and_dims():
     assert sketched.feature_map.seed == 5 and sketched.batch_shape == torch.Size([2])
     assert torch.equal(sketched.active_dims, exact.active_dims) and sketched.ard_num_dims == 2
     assert torch.equal(sketched.lengthscale, exact.lengthscale) and sketched.raw_lengthscale.dtype == F64
-    assert sketched.raw_lengthscale_constraint is constraint
+    assert_copied_constraint(sketched.raw_lengthscale_constraint, constraint)
     (name, _, sketched_prior, closure, _), = sketched.named_priors()
-    assert name == "lengthscale_prior" and sketched_prior is prior
+    assert name == "lengthscale_prior"
+    assert_copied_prior(sketched_prior, prior)
     torch.testing.assert_close(closure(sketched), exact.lengthscale)
     x = torch.randint(0, 3, (5, 4)).to(F64)
     assert sketched(x).to_dense().shape == (2, 5, 5)

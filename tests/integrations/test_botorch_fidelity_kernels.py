@@ -20,6 +20,7 @@ from rfgp.core.config_state import decode, encode  # noqa: E402
 from rfgp.core.validation import DrawCoverageError  # noqa: E402
 from rfgp.features import exponential_quadrature as quadrature  # noqa: E402
 from rfgp.kernels import DownsamplingFeatureKernel, ExponentialDecayFeatureKernel  # noqa: E402
+from tests._conversion_checks import assert_copied_constraint, assert_copied_prior  # noqa: E402
 
 F64 = torch.float64
 BATCH = torch.Size([2])
@@ -105,13 +106,13 @@ def test_sketch_carries_constraints_priors_batch_and_dims(build, names):
     exact = build(offset_constraint=constraint, active_dims=[3])
     converted = rfgp.sketch(exact, 64)
     assert converted.batch_shape == BATCH and torch.equal(converted.active_dims, exact.active_dims)
-    assert converted.raw_offset_constraint is constraint
+    assert_copied_constraint(converted.raw_offset_constraint, constraint)
     priors = {name: (prior, closure) for name, _, prior, closure, _ in converted.named_priors()}
     assert set(priors) == {f"{name}_prior" for name in names}
     for name in names:
-        assert getattr(converted, f"raw_{name}_constraint") is getattr(exact, f"raw_{name}_constraint")
+        assert_copied_constraint(getattr(converted, f"raw_{name}_constraint"), getattr(exact, f"raw_{name}_constraint"))
         prior, closure = priors[f"{name}_prior"]
-        assert prior is getattr(exact, f"{name}_prior")
+        assert_copied_prior(prior, getattr(exact, f"{name}_prior"))
         torch.testing.assert_close(closure(converted), getattr(exact, name))
     x = torch.rand(5, 4, dtype=F64)
     torch.testing.assert_close(converted(x).to_dense(), exact(x).to_dense(), rtol=1e-7, atol=0)

@@ -18,6 +18,7 @@ from gpytorch.priors import GammaPrior  # noqa: E402
 
 import rfgp  # noqa: E402
 from rfgp.integrations.botorch_oak import SketchedOrthogonalAdditiveKernel  # noqa: E402
+from tests._conversion_checks import assert_copied_constraint  # noqa: E402
 
 F64 = torch.float64
 X = torch.rand(10, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
@@ -81,7 +82,7 @@ def test_converted_kernel_keeps_botorchs_parameters_priors_and_state():
     for name in ("offset", "coeffs_1", "coeffs_2"):
         assert torch.equal(getattr(converted, name), getattr(exact, name)), name
     assert torch.equal(converted.base_kernel.lengthscale, exact.base_kernel.lengthscale)
-    assert converted.coeff_constraint is exact.coeff_constraint
+    assert_copied_constraint(converted.coeff_constraint, exact.coeff_constraint)
     priors = {name: prior.log_prob(closure(module)).sum() for name, module, prior, closure, _ in exact.named_priors()}
     converted_priors = {name: prior.log_prob(closure(module)).sum()
                         for name, module, prior, closure, _ in converted.named_priors()}

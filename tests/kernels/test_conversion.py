@@ -65,7 +65,9 @@ def test_constraint_with_an_initial_value_keeps_the_copied_value():
     exact = ScaleKernel(RBFKernel(ard_num_dims=2, lengthscale_constraint=constraint))
     exact.base_kernel.lengthscale = torch.tensor([[6.3, 1.1]])
     sketched = rfgp.sketch(exact, num_features=32, seed=0)
-    assert sketched.base_kernel.raw_lengthscale_constraint is constraint
+    copied = sketched.base_kernel.raw_lengthscale_constraint
+    assert type(copied) is GreaterThan and copied is not constraint and not copied.enforced
+    assert torch.equal(copied.lower_bound, constraint.lower_bound) and copied.initial_value == constraint.initial_value
     assert torch.equal(sketched.base_kernel.lengthscale, exact.base_kernel.lengthscale)
 
 
@@ -245,3 +247,48 @@ def test_a_degree_zero_polynomial_kernel_is_refused_naming_the_kernel_and_the_co
     feature map's bare 'power must be a positive integer, got 0', naming neither)."""
     with pytest.raises(ValueError, match=r"PolynomialKernel\(power=0\) is the constant kernel.*ConstantKernel"):
         rfgp.sketch(gpytorch.kernels.PolynomialKernel(power=0), 64)
+
+
+def _exact_trees_with_constraints_and_priors():
+    rbf, matern = exact_scaled_tree()
+    periodic = gpytorch.kernels.PeriodicKernel(period_length_prior=GammaPrior(2.0, 2.0),
+                                               period_length_constraint=Interval(0.1, 4.0))
+    shared = exact_rbf()
+    index = gpytorch.kernels.IndexKernel(num_tasks=3, rank=1, prior=gpytorch.priors.LKJCovariancePrior(
+        3, 1.0, gpytorch.priors.SmoothedBoxPrior(0.1, 2.0)))
+    rq = gpytorch.kernels.RQKernel(alpha_constraint=Interval(0.1, 9.0))
+    rq.register_prior("alpha_prior", GammaPrior(2.0, 1.0), lambda module: module.alpha)
+    return [rbf + matern, periodic * exact_rbf(), shared + shared * periodic, index, rq]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_the_converted_tree_owns_its_constraints_and_priors(index):
+    """The converted tree holds copies of the exact tree's constraint and prior modules, not the modules themselves:
+    moving the converted kernel to another dtype, or loading a state dict into it, leaves the exact kernel as it was
+    (before, ``sketched.double()`` cast the exact kernel's constraint bounds and prior parameters, and loading a
+    state dict with other bounds changed the exact kernel's constraints)."""
+    exact = _exact_trees_with_constraints_and_priors()[index]
+    sketched = rfgp.sketch(exact, num_features=64, seed=0)
+    exact_state = {name: value.clone() for name, value in exact.state_dict().items()}
+    assert not {id(m) for m in exact.modules()} & {id(m) for m in sketched.modules()}
+    for (name, c1), (other, c2) in zip(exact.named_constraints(), sketched.named_constraints()):
+        assert type(c1) is type(c2) and torch.equal(c1.lower_bound, c2.lower_bound), (name, other)
+        assert torch.equal(c1.upper_bound, c2.upper_bound) and c1.initial_value == c2.initial_value
+    x = torch.rand(4, 3 if index == 0 else 2)
+    expected = [p.log_prob(c(m)).detach() for _, m, p, c, _ in exact.named_priors()]
+    assert len(expected) == len(list(sketched.named_priors())) > 0
+    with torch.no_grad():
+        for (_, m, p, c, _), value in zip(sketched.named_priors(), expected):
+            assert torch.equal(p.log_prob(c(m)), value)
+    state = sketched.state_dict()
+    sketched.double()
+    with torch.no_grad():
+        for name, value in state.items():
+            if "_constraint." in name or "_prior." in name:
+                value.add_(0.5)
+    sketched.load_state_dict(state)
+    assert exact.state_dict().keys() == exact_state.keys()
+    for name, value in exact.state_dict().items():
+        assert value.dtype == exact_state[name].dtype and torch.equal(value, exact_state[name]), name
+    if index != 3:
+        assert exact(x).to_dense().dtype == torch.float32

@@ -13,6 +13,7 @@ import rfgp
 from rfgp.core.validation import DrawCoverageError
 from rfgp.kernels.hamming_imq import SketchedHammingIMQKernel
 from rfgp.models import ExactGPModel
+from tests._conversion_checks import assert_copied_constraint
 
 F64 = torch.float64
 VOCAB = 4
@@ -82,7 +83,7 @@ def test_conversion_carries_hyperparameters_constraints_priors_batch_and_state()
     converted = rfgp.sketch(exact, 64, seed=3)
     assert isinstance(converted, SketchedHammingIMQKernel) and converted.batch_shape == batch
     assert torch.equal(converted.alpha, exact.alpha) and torch.equal(converted.beta, exact.beta)
-    assert converted.raw_beta_constraint is exact.raw_beta_constraint
+    assert_copied_constraint(converted.raw_beta_constraint, exact.raw_beta_constraint)
     assert {n for n, *_ in converted.named_priors()} == {"alpha_prior", "beta_prior"}
     gram = converted(X).to_dense()
     assert gram.shape == (2, 7, 7)

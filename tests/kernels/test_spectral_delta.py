@@ -12,6 +12,7 @@ from gpytorch.priors import GammaPrior
 import rfgp
 from rfgp.kernels.spectral_delta import SpectralDeltaFeatureKernel
 from rfgp.models import ExactGPModel
+from tests._conversion_checks import assert_copied_constraint
 from tests._spectral_checks import assert_unbiased
 
 F64 = torch.float64
@@ -48,7 +49,7 @@ def test_values_and_gradients_equal_gpytorch():
 def test_hyperparameters_constraints_priors_and_state_dict_carry_over():
     exact = exact_kernel(Z_constraint=Interval(0.0, 3.0))
     sketched = rfgp.sketch(exact, num_features=64)
-    assert sketched.raw_Z_constraint is exact.raw_Z_constraint
+    assert_copied_constraint(sketched.raw_Z_constraint, exact.raw_Z_constraint)
     assert torch.equal(sketched.Z, exact.Z) and torch.equal(sketched.lengthscale, exact.lengthscale)
     assert {n for n, *_ in sketched.named_priors()} == {"lengthscale_prior"}
     fresh = rfgp.sketch(exact_kernel(Z_constraint=Interval(0.0, 3.0)), num_features=64)
