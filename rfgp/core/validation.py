@@ -86,6 +86,18 @@ def check_positive_int(value, name: str, allow_zero: bool = False) -> int:
     return int(value)
 
 
+def check_seed(seed, name: str = "seed") -> int | None:
+    """Return ``seed`` (``None`` or a Python ``int`` in [-2**63, 2**63), the range of the int64 it is saved as in
+    ``state_dict``) after checking it; a ``TypeError``/``ValueError`` names what was given otherwise."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"{name} must be an int or None, got {seed!r} of type {type(seed).__name__}")
+    if not -(2**63) <= seed < 2**63:
+        raise ValueError(f"{name} must be an int in [-2**63, 2**63), got {seed}")
+    return int(seed)
+
+
 def check_choice(value, name: str, choices) -> str:
     """Return ``value`` after checking it is one of ``choices``."""
     if value not in choices:

@@ -25,7 +25,7 @@ from ..core.config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, 
 from ..core.dtypes import FullPrecisionMethods
 from ..core.locks import init_lock
 from ..core.memory import check_draws
-from ..core.validation import check_features_input, check_positive_int
+from ..core.validation import check_features_input, check_positive_int, check_seed
 
 _SEED_BOUND = 2**62
 
@@ -100,11 +100,7 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         if seed is not None and generator is not None:
             raise ValueError("pass either seed or generator, not both")
         if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-            if not -(2**63) <= seed < 2**63:  # saved as an int64 in state_dict
-                raise ValueError(f"seed must be an int in [-2**63, 2**63), got {seed}")
-            self.seed = int(seed)
+            self.seed = check_seed(seed)
         else:
             self.seed = _new_seed(generator)
         # Follows .to()/.double()/.cuda(): the dtype and device lazily drawn buffers get.

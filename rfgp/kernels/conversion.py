@@ -31,6 +31,7 @@ from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 from torch.nn import Module
 
+from ..core.validation import check_seed
 from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
 from .combinations import FeatureProductKernel, FeatureSumKernel
 from .hyperparameters import prior_closures
@@ -347,6 +348,12 @@ def _method_chooser(method, leaves: list[Kernel]) -> Callable[[Kernel], str | No
                 raise ValueError(f"method for {kernel_type.__name__} must be one of "
                                  f"{', '.join(repr(a) for a in accepted)}; got {value!r}")
             by_type[kernel_type] = value
+        in_tree = {type(leaf) for leaf in leaves}
+        if not in_tree.intersection(kernel_types):  # like a method name no leaf has: it would change nothing
+            raise ValueError(
+                f"method mapping names {getattr(key, '__name__', key)}, which this tree does not hold (its leaves: "
+                f"{', '.join(sorted({t.__name__ for t in in_tree}))}); remove that entry"
+            )
     return lambda leaf: by_type.get(type(leaf))
 
 
@@ -421,7 +428,7 @@ class _Plan:
 
 class _SeedSequence:
     def __init__(self, seed: int | None) -> None:
-        self.next = seed
+        self.next = check_seed(seed)
 
     def take(self) -> int | None:
         seed = self.next

@@ -10,6 +10,7 @@ from gpytorch.kernels import (
     ConstantKernel,
     CosineKernel,
     LinearKernel,
+    MaternKernel,
     NewtonGirardAdditiveKernel,
     PeriodicKernel,
     PolynomialKernel,
@@ -34,6 +35,7 @@ from rfgp.kernels.rational_quadratic import SketchedRQKernel
 from rfgp.kernels.spectral_delta import SpectralDeltaFeatureKernel
 from rfgp.kernels.spectral_mixture import SketchedSpectralMixtureKernel
 from rfgp.models import ExactGPModel
+from tests._conversion_checks import assert_copied_constraint
 
 F64 = torch.float64
 BATCH = torch.Size([2])
@@ -133,7 +135,7 @@ def test_conversion_carries_hyperparameters_constraints_priors_batch_and_active_
         assert torch.equal(sketched.active_dims, exact.active_dims)
     for name in names:
         assert torch.equal(getattr(sketched, name), getattr(exact, name)), name
-        assert getattr(sketched, f"raw_{name}_constraint") is getattr(exact, f"raw_{name}_constraint")
+        assert_copied_constraint(getattr(sketched, f"raw_{name}_constraint"), getattr(exact, f"raw_{name}_constraint"))
     assert {n for n, *_ in exact.named_priors()} == {n for n, *_ in sketched.named_priors()}
     again = rfgp.sketch(make(), num_features=64, seed=5)
     sketched(X).to_dense(), again(X).to_dense()  # draws are made at the first call
@@ -362,3 +364,21 @@ def test_hamming_imq_converts_inside_a_tree_and_approximates_the_exact_gram():
               for f in (64, 8192)]
     assert errors[1] < errors[0] / 4 and errors[1] < 0.1, errors
     assert type(rfgp.sketch(tree, 64).kernels[0].base_kernel).__name__ == "SketchedHammingIMQKernel"
+
+
+def test_method_mapping_naming_a_kernel_the_tree_does_not_hold_raises():
+    """A mapping entry that no leaf of the tree takes would silently leave every leaf at its default (as a single
+    method name that no leaf has, which raises): ``{"MaternKernel": "sorf"}`` on an RBF tree kept RFF."""
+    with pytest.raises(ValueError, match="names MaternKernel, which this tree does not hold.*RBFKernel"):
+        rfgp.sketch(ScaleKernel(RBFKernel()), 64, method={"MaternKernel": "sorf"})
+    with pytest.raises(ValueError, match="names MaternKernel, which this tree does not hold"):
+        rfgp.sketch(mixed_tree(), 64, method={"RBFKernel": "orf", MaternKernel: "sorf"})
+    sketched = rfgp.sketch(ScaleKernel(MaternKernel()), 64, method={MaternKernel: "sorf"})
+    assert sketched.base_kernel.method == "sorf"
+
+
+@pytest.mark.parametrize("seed", ["3", 1.0, [3]])
+def test_a_seed_that_is_not_an_integer_is_refused_by_name(seed):
+    """Before, a string seed failed inside the seed sequence with "can only concatenate str (not "int") to str"."""
+    with pytest.raises(TypeError, match=r"seed must be an int or None, got .* of type"):
+        rfgp.sketch(RBFKernel() + MaternKernel(), 64, seed=seed)
