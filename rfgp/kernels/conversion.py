@@ -1078,8 +1078,9 @@ refuse_conversion(
     gpytorch.kernels.PiecewisePolynomialKernel,
     "its compactly supported (Wendland-type) covariance has a spectral density that is a sum of "
     "Bessel/hypergeometric terms with power-law tails and no closed-form sampler, and rfgp's radial "
-    "density fit (used for SRF on the sphere) has no documented accuracy for it; keep it exact or "
-    "replace it by a MaternKernel of similar smoothness (q = 0, 1, 2, 3 ~ nu = 0.5, 1.5, 2.5)",
+    "density fit (used for SRF on the sphere) has no documented accuracy for it; keep it exact, "
+    "replace it by a MaternKernel of similar smoothness (q = 0, 1, 2, 3 ~ nu = 0.5, 1.5, 2.5), or use its landmark "
+    "features. " + NYSTROM_ALTERNATIVE,
 )
 
 

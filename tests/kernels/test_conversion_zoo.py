@@ -274,6 +274,17 @@ def test_piecewise_polynomial_is_refused_with_the_reason():
         rfgp.sketch(gpytorch.kernels.PiecewisePolynomialKernel(), num_features=16)
 
 
+def test_piecewise_polynomial_refusal_names_the_landmark_features_that_convert_it():
+    """The refusal named only keeping the kernel exact or swapping it for a Matérn, while method='nystrom' converts
+    it (exactly, with every point a landmark)."""
+    exact = gpytorch.kernels.PiecewisePolynomialKernel(q=2).double()
+    with pytest.raises(TypeError, match="PiecewisePolynomialKernel.*method='nystrom', x_sample=X"):
+        rfgp.sketch(exact, num_features=16)
+    x = torch.rand(12, 2, dtype=F64, generator=torch.Generator().manual_seed(0))
+    landmark = rfgp.sketch(exact, 12, method="nystrom", x_sample=x, seed=0)
+    torch.testing.assert_close(landmark(x).to_dense(), exact(x).to_dense(), rtol=0, atol=1e-6)
+
+
 def mixed_tree():
     return AdditiveKernel(ScaleKernel(RBFKernel()), PolynomialKernel(power=2), LinearKernel())
 
