@@ -645,7 +645,7 @@ def _convert_leaf(kernel: Kernel, plan: _Plan) -> Kernel:
             f"rfgp.sketch has no random-feature version of {kernel_type.__name__}; it is a subclass of "
             f"{parents[0]}, but a subclass may compute a different covariance (RBFKernelGrad adds derivatives), "
             f"so it is not converted as its parent: register a converter with "
-            f"rfgp.register_converter({kernel_type.__name__})"
+            f"rfgp.register_converter({kernel_type.__name__}). {NYSTROM_ALTERNATIVE}"
         )
     supported = ", ".join(sorted({t.__name__ for t in _CONVERTERS}))
     raise TypeError(

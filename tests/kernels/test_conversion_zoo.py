@@ -393,3 +393,20 @@ def test_a_seed_that_is_not_an_integer_is_refused_by_name(seed):
     """Before, a string seed failed inside the seed sequence with "can only concatenate str (not "int") to str"."""
     with pytest.raises(TypeError, match=r"seed must be an int or None, got .* of type"):
         rfgp.sketch(RBFKernel() + MaternKernel(), 64, seed=seed)
+
+
+def test_unknown_subclass_refusal_names_the_landmark_features_that_convert_it():
+    """guide/gpytorch.md: a subclass rfgp does not know is refused naming method='nystrom' (it named only
+    rfgp.register_converter)."""
+
+    class SquaredScaleKernel(ScaleKernel):
+        def forward(self, x1, x2, **params):
+            return super().forward(x1, x2, **params) ** 2
+
+    exact = SquaredScaleKernel(RBFKernel()).double()
+    with pytest.raises(TypeError, match="version of SquaredScaleKernel; it is a subclass of ScaleKernel.*"
+                                        "register_converter.*method='nystrom', x_sample=X"):
+        rfgp.sketch(exact, num_features=16)
+    x = torch.rand(12, 2, dtype=F64, generator=torch.Generator().manual_seed(0))
+    landmark = rfgp.sketch(exact, 12, method="nystrom", x_sample=x, seed=0)
+    torch.testing.assert_close(landmark(x).to_dense(), exact(x).to_dense(), rtol=0, atol=1e-6)
