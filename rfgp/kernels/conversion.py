@@ -117,7 +117,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             keep their default — a name no leaf of the tree has raises; or a mapping from
             kernel class or class name to method, ``{"RBFKernel": "orf", PolynomialKernel: "sketch"}``
             (a name covers every class of that name, ``RBFKernel`` and ``keops.RBFKernel``; unlisted
-            leaves keep their default; unknown kernels or methods raise).
+            leaves keep their default; unknown kernels or methods, and kernels no leaf of the tree is, raise).
             ``method="nystrom"`` instead turns the whole tree (any scalar kernel) into one
             :class:`~rfgp.kernels.NystromKernel` with ``num_features`` landmarks chosen among
             ``x_sample=`` (required) by ``landmarks="uniform" | "kmeans++" | "rls"``, see
@@ -156,7 +156,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             (:mod:`rfgp.kernels.carried_hyperparameters`; parameters and priors registered on a kernel instance
             beyond its class's, as BoTorch's ``add_saas_prior`` adds, are carried over).
         ValueError: a method name no leaf of the tree has, a ``method`` mapping naming an
-            unknown kernel or a method that kernel does not have, or an option of another family
+            unknown kernel, a kernel no leaf of the tree is, or a method that kernel does not have, or an option of
+            another family
             than the leaf's method; a bad ``x_sample``; and, before any first call would, a tree
             that contradicts itself or ``x_sample``: ``active_dims`` outside the columns a kernel is
             given, a leaf's ``ard_num_dims`` other than the number of columns it sees, leaves that
@@ -351,8 +352,8 @@ def _method_chooser(method, leaves: list[Kernel]) -> Callable[[Kernel], str | No
         in_tree = {type(leaf) for leaf in leaves}
         if not in_tree.intersection(kernel_types):  # like a method name no leaf has: it would change nothing
             raise ValueError(
-                f"method mapping names {getattr(key, '__name__', key)}, which this tree does not hold (its leaves: "
-                f"{', '.join(sorted({t.__name__ for t in in_tree}))}); remove that entry"
+                f"method mapping names {getattr(key, '__name__', key)}, which is no leaf of this tree (its leaves: "
+                f"{', '.join(sorted({t.__name__ for t in in_tree}))}), so the entry would change nothing; remove it"
             )
     return lambda leaf: by_type.get(type(leaf))
 
