@@ -37,7 +37,7 @@ from .combinations import FeatureProductKernel, FeatureSumKernel
 from .hyperparameters import prior_closures
 from .input_columns import MULTITASK_TYPES, STRUCTURE_TYPES, TreeColumns, check_tree, children
 from .operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
-from .tree_widths import TreeBuilder, leaf_width
+from .tree_widths import TreeBuilder, check_exact_part_width, leaf_width
 
 _CONVERTERS: dict[type, Callable] = {}
 #: the ``method`` names each converter accepts (a callable for families that grow, e.g. polynomial)
@@ -201,6 +201,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     choose_method = _method_chooser(method, leaves)
     plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, columns)
     converted = _convert(kernel, plan)
+    if not isinstance(num_features, (list, tuple)):  # a root that is one exact leaf (a sum's parts are checked)
+        check_exact_part_width(converted, kernel, num_features, f"num_features={num_features}")
     _tie_shared_modules(converted, plan.conversions)
     _count_priors_as_gpytorch(converted, plan.conversions)
     _own_modules(kernel, converted)

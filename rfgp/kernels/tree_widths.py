@@ -72,6 +72,18 @@ def check_width(width, name: str) -> None:
         raise ValueError(f"{name}: every width must be a positive int, got {width!r}")
 
 
+def check_exact_part_width(part: Kernel, exact: Kernel, width: int, given: str) -> None:
+    """A ValueError for the conversion ``part`` of ``exact``, a part of a sum or a tree's root, that has exact features
+    (``is_exact``: Linear, Index, Constant, Cosine) wider than the ``width`` given to it: they cannot be cut, so the
+    tree would exceed the F asked for.  (Exact factors of a product are not checked: it sketches them to F.)"""
+    needed = exact_width(part) if is_exact_feature_kernel(part) else 0
+    if needed > width:
+        raise ValueError(
+            f"{given}: {type(unwrap_scale(exact)[0]).__name__} has exactly {needed} features (exact features cannot be "
+            f"fewer), more than the {width} given to it; accepted: a width ≥ {needed} for it"
+        )
+
+
 def is_kronecker_factor(kernel: Kernel) -> bool:
     """An exact factor with no spectral form to convolve instead (IndexKernel, Linear), unless its class says that its
     width is too large to multiply a product's by (``kronecker_factor = False``: it joins the TensorSRHT instead)."""
@@ -122,7 +134,11 @@ class TreeBuilder:
             for width in num_features:
                 if not isinstance(width, (list, tuple)):
                     check_width(width, f"num_features={list(num_features)}")
-            return [self.convert(part, width) for part, width in zip(parts, num_features)]
+            converted = [self.convert(part, width) for part, width in zip(parts, num_features)]
+            for part, exact, width in zip(converted, parts, num_features):
+                if not isinstance(width, (list, tuple)):
+                    check_exact_part_width(part, exact, width, f"num_features={list(num_features)}")
+            return converted
         return self._split(parts, num_features, owner)
 
     def _split(self, parts, num_features: int, owner: str) -> list[Kernel]:
@@ -132,7 +148,7 @@ class TreeBuilder:
         num_random = sum(not is_exact_feature_kernel(p) for p in probes)
         remaining = num_features - reserved
         share = 2 * (remaining // (2 * num_random)) if num_random else 0
-        if num_random and share < 2:
+        if reserved > num_features or (num_random and share < 2):
             raise ValueError(
                 f"num_features={num_features} is too small for this {owner}: its exact parts take "
                 f"{reserved} features and its {num_random} random parts need at least 2 each"
