@@ -111,7 +111,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             the widths of the parts of the tree's (outermost, ScaleKernels looked through)
             ``AdditiveKernel`` (or columns of its ``AdditiveStructureKernel``) explicitly, e.g.
             ``[256, 512, 256]``; an entry may itself be a list for a nested sum.  Non-positive or
-            non-integer widths, or a list whose length is not the number of parts, raise ValueError.
+            non-integer widths, a list whose length is not the number of parts, or a width below that of the exact
+            part (or root) it is given to, raise ValueError.
         method: the sketch of each leaf: ``None`` (every family's default, e.g. ``"rff"`` for
             RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others
             keep their default — a name no leaf of the tree has raises; or a mapping from
