@@ -31,7 +31,7 @@ from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 from torch.nn import Module
 
-from ..core.validation import check_seed
+from ..core.validation import check_positive_int, check_seed
 from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
 from .combinations import FeatureProductKernel, FeatureSumKernel
 from .hyperparameters import prior_closures
@@ -194,8 +194,10 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         ('ScaleKernel', 32)
     """
     _check_kernel_argument(kernel)
+    seed = check_seed(seed)
     columns = check_tree(kernel, options.pop("x_sample", None))
     if method == "nystrom":
+        check_positive_int(num_features, "num_features")  # the number of landmarks: one map of the whole tree
         return _own_modules(kernel, _nystrom(kernel, num_features, seed, columns, options))
     _check_option_names(options)
     leaves = list(_leaves(kernel))
@@ -432,7 +434,7 @@ class _Plan:
 
 class _SeedSequence:
     def __init__(self, seed: int | None) -> None:
-        self.next = check_seed(seed)
+        self.next = seed
 
     def take(self) -> int | None:
         seed = self.next

@@ -390,9 +390,19 @@ def test_method_mapping_naming_a_kernel_the_tree_does_not_hold_raises():
 
 @pytest.mark.parametrize("seed", ["3", 1.0, [3]])
 def test_a_seed_that_is_not_an_integer_is_refused_by_name(seed):
-    """Before, a string seed failed inside the seed sequence with "can only concatenate str (not "int") to str"."""
+    """Before, a string seed failed inside the seed sequence with "can only concatenate str (not "int") to str" (with
+    method="nystrom" too, for an LCMKernel)."""
     with pytest.raises(TypeError, match=r"seed must be an int or None, got .* of type"):
         rfgp.sketch(RBFKernel() + MaternKernel(), 64, seed=seed)
+    lcm = gpytorch.kernels.LCMKernel([RBFKernel(), MaternKernel()], num_tasks=2)
+    with pytest.raises(TypeError, match=r"seed must be an int or None, got .* of type"):
+        rfgp.sketch(lcm, 8, method="nystrom", x_sample=X, seed=seed)
+
+
+def test_nystrom_width_list_is_refused_naming_num_features():
+    """method="nystrom" makes one map of the whole tree: a list of per-part widths was refused as "num_landmarks"."""
+    with pytest.raises(TypeError, match=r"^num_features must be a positive integer, got \[8, 8\]"):
+        rfgp.sketch(RBFKernel() + MaternKernel(), [8, 8], method="nystrom", x_sample=X)
 
 
 def test_unknown_subclass_refusal_names_the_landmark_features_that_convert_it():
