@@ -37,7 +37,7 @@ from .combinations import FeatureProductKernel, FeatureSumKernel
 from .hyperparameters import prior_closures
 from .input_columns import MULTITASK_TYPES, STRUCTURE_TYPES, TreeColumns, check_tree, children
 from .operator_valued import CurlFreeRBFKernel, DivFreeRBFKernel
-from .tree_widths import TreeBuilder, check_exact_part_width, leaf_width
+from .tree_widths import TreeBuilder, leaf_width
 
 _CONVERTERS: dict[type, Callable] = {}
 #: the ``method`` names each converter accepts (a callable for families that grow, e.g. polynomial)
@@ -112,7 +112,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             ``AdditiveKernel`` (or columns of its ``AdditiveStructureKernel``) explicitly, e.g.
             ``[256, 512, 256]``; an entry may itself be a list for a nested sum.  Non-positive or
             non-integer widths, a list whose length is not the number of parts, or a width below that of the exact
-            part (or root) it is given to, raise ValueError.
+            part of a sum it is given to, raise ValueError.  (A tree that is one exact leaf, e.g. a ``LinearKernel``,
+            has its own width whatever F.)
         method: the sketch of each leaf: ``None`` (every family's default, e.g. ``"rff"`` for
             RBF/Matérn); one name (``"orf"``), used by every leaf that has it while the others
             keep their default — a name no leaf of the tree has raises; or a mapping from
@@ -204,8 +205,6 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     choose_method = _method_chooser(method, leaves)
     plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, columns)
     converted = _convert(kernel, plan)
-    if not isinstance(num_features, (list, tuple)):  # a root that is one exact leaf (a sum's parts are checked)
-        check_exact_part_width(converted, kernel, num_features, f"num_features={num_features}")
     _tie_shared_modules(converted, plan.conversions)
     _count_priors_as_gpytorch(converted, plan.conversions)
     _own_modules(kernel, converted)

@@ -73,9 +73,9 @@ def check_width(width, name: str) -> None:
 
 
 def check_exact_part_width(part: Kernel, exact: Kernel, width: int, given: str) -> None:
-    """A ValueError for the conversion ``part`` of ``exact``, a part of a sum or a tree's root, that has exact features
-    (``is_exact``: Linear, Index, Constant, Cosine) wider than the ``width`` given to it: they cannot be cut, so the
-    tree would exceed the F asked for.  (Exact factors of a product are not checked: it sketches them to F.)"""
+    """A ValueError for the conversion ``part`` of ``exact``, a part of a sum, that has exact features (``is_exact``:
+    Linear, Index, Constant, Cosine) wider than the ``width`` given to it: they cannot be cut, so the sum would exceed
+    the widths asked for.  (Exact factors of a product are not checked: it sketches them to F.)"""
     needed = exact_width(part) if is_exact_feature_kernel(part) else 0
     if needed > width:
         raise ValueError(
