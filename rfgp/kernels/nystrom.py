@@ -493,7 +493,7 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
         landmarks: ``"uniform"``, ``"kmeans++"`` (in the kernel's feature-space distance) or
             ``"rls"`` (approximate ridge leverage scores of the whole kernel, outputscale included),
             see :mod:`rfgp.features.landmarks`.
-        seed, generator: randomness of the selection.
+        seed, generator: randomness of the selection (one of them; a generator draws the seed that is stored).
         learn_landmarks, jitter: see :class:`NystromKernel`.
         selection_options: passed to the selector (``regularization``, ``pilot_size`` for ``"rls"``).
 
@@ -508,11 +508,17 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
     x_sample = _check_points(x_sample, "x_sample").detach()
-    tree = _copy_tree(kernel)
-    seed = seed if seed is not None else _new_seed(generator)  # stored: set_num_features repeats the choice
+    if seed is not None and generator is not None:  # the seed alone would decide, the generator go unused
+        raise ValueError(f"pass seed or generator, not both (got seed={seed!r} and a generator): the landmarks are "
+                         "chosen by one stored seed, which set_num_features repeats")
     unknown = set(selection_options) - {"regularization", "pilot_size"}
     if unknown:
         raise TypeError(f"unknown landmark selection options {sorted(unknown)}; accepted: regularization, pilot_size")
+    if selection_options and landmarks in ("uniform", "kmeans++"):
+        raise TypeError(f"landmark selection options {sorted(selection_options)} are those of landmarks='rls' (ridge "
+                        f"leverage scores); landmarks={landmarks!r} takes none")
+    tree = _copy_tree(kernel)
+    seed = seed if seed is not None else _new_seed(generator)  # stored: set_num_features repeats the choice
     scale = tree if type(tree) is ScaleKernel else None
     base, active_dims = tree, None
     if scale is not None:  # it calls base.forward on its own columns: base's active_dims move to the Nyström kernel

@@ -3,6 +3,7 @@
 import copy
 import io
 import pickle
+import re
 import warnings
 
 import gpytorch
@@ -299,6 +300,20 @@ def test_bad_arguments():
         NystromKernel(gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=2), x[:3])
     with pytest.raises(ValueError, match="jitter"):
         NystromKernel(exact_kernel(), x[:3], jitter=-1.0)
+
+
+def test_selection_arguments_that_would_go_unused_are_refused():
+    """Before, a generator beside a seed was ignored (the seed alone chose the landmarks), and ``regularization`` or
+    ``pilot_size`` with uniform or k-means++ selection raised Python's "unexpected keyword argument" of a helper."""
+    x, _ = data()
+    with pytest.raises(ValueError, match="seed or generator, not both"):
+        rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, seed=0, generator=torch.Generator())
+    for method, option in (("uniform", {"regularization": 0.1}), ("kmeans++", {"pilot_size": 5})):
+        with pytest.raises(TypeError, match=f"landmarks='rls'.*{re.escape(repr(method))} takes none"):
+            rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, landmarks=method, **option)
+    drawn = rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, generator=torch.Generator().manual_seed(3))
+    again = rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(drawn.base_kernel.landmarks, again.base_kernel.landmarks)
 
 
 # ----- inside every rfgp model ------------------------------------------------------------------
