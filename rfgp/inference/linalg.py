@@ -20,6 +20,7 @@ through the same statistics, differentiable again.  Used by :class:`rfgp.inferen
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -129,9 +130,9 @@ def is_positive(value: Tensor | float) -> bool:
 
 
 def scales_root(value: Tensor | float) -> bool:
-    """Whether c·ΦΦᵀ stays a feature root, (√c·Φ)(√c·Φ)ᵀ: c > 0 everywhere (a number, or one per batch member; one
-    host read for a tensor).  ``False`` where some c < 0 — not a covariance: linear_operator's generic product, as for
-    its own ``RootLinearOperator``.
+    """Whether c·ΦΦᵀ stays a feature root, (√c·Φ)(√c·Φ)ᵀ: c finite and > 0 everywhere (a number, or one per batch
+    member; one host read for a tensor).  ``False`` where some c < 0 — not a covariance: linear_operator's generic
+    product, as for its own ``RootLinearOperator``.
 
     Raises:
         NonFiniteHyperparameterError: c ≥ 0 with c = 0 somewhere — an outputscale underflowed to 0 (GPyTorch's softplus
@@ -139,9 +140,23 @@ def scales_root(value: Tensor | float) -> bool:
             differentiates through it (d√c/dc is infinite at 0), and linear_operator's generic product would silently
             take its iterative CG/Lanczos path (O(N²) per iteration, NaN preconditioners).  A ``NanError``, so that
             :func:`rfgp.fit_mll` and BoTorch's ``fit_gpytorch_mll`` step back from such a line-search trial point.
+            Also where c is NaN or ±Inf somewhere (an outputscale after a diverged step): before, a NaN c was reported
+            as 0 and an infinite one gave a covariance of NaN and Inf entries without a word.
     """
-    if is_positive(value):
+    if torch.is_tensor(value):
+        if bool(((value > 0) & (value < float("inf"))).all()):  # one host read, as is_positive's
+            return True
+        finite = bool(torch.isfinite(value).all())
+    elif 0 < value < float("inf"):
         return True
+    else:
+        finite = math.isfinite(value)
+    if not finite:
+        raise NonFiniteHyperparameterError(
+            "a covariance of random features is multiplied by a constant that is NaN or ±Inf (a ScaleKernel's "
+            f"outputscale{' in some batch members' if torch.is_tensor(value) and value.numel() > 1 else ''}, after a "
+            "diverged optimiser step, say): reset it to a finite positive value, e.g. kernel.outputscale = 1.0"
+        )
     if bool((value < 0).any()) if torch.is_tensor(value) else value < 0:
         return False
     raise NonFiniteHyperparameterError(

@@ -161,6 +161,25 @@ def test_mul_negative_constant_falls_back_but_stays_correct_and_zero_is_refused(
         op * 0.0
 
 
+@pytest.mark.parametrize("constant", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_mul_non_finite_constant_is_refused_by_name(constant, as_tensor, device):
+    """Before, a NaN constant (a diverged outputscale) was reported as 0 and an infinite one gave NaN entries."""
+    op = FeatureRootLinearOperator(torch.randn(2, 6, 2, dtype=torch.float64, device=device))
+    value = torch.tensor([1.0, constant], dtype=torch.float64, device=device).view(2, 1, 1) if as_tensor else constant
+    with pytest.raises(NanError, match="NaN or ±Inf"):
+        op * value
+
+
+def test_scale_kernel_with_non_finite_outputscale_raises():
+    x = torch.rand(20, 2, dtype=torch.float64)
+    for raw in (float("nan"), float("inf")):
+        kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(16, seed=0)).double()
+        kernel.raw_outputscale.data.fill_(raw)
+        with pytest.raises(NanError, match="outputscale"):
+            kernel(x).to_dense()
+
+
 @pytest.mark.parametrize("batch, n, f, columns", [((), 6, 64, 40), ((2,), 6, 64, 40), ((), 6, 64, 1), ((), 50, 8, 40)])
 def test_matmul_takes_the_cheaper_order_with_the_same_values_and_gradients(batch, n, f, columns, monkeypatch, device):
     """ΦΦᵀR: with N ≪ F and a wide R the N × N Gram first (N²(F + k) flops), never Φ(ΦᵀR) (2NFk: a Kronecker
