@@ -67,7 +67,12 @@ from torch.utils.checkpoint import checkpoint
 from ..core.config_state import DRAW, METHOD
 from ..core.settings import resolve_chunk_size
 from ..core.state_cache import StateCache, module_configuration, module_tensors
-from ..core.validation import check_hyperparameter, check_positive_float
+from ..core.validation import (
+    NonFiniteHyperparameterError,
+    check_hyperparameter,
+    check_positive_float,
+    describe_bad_hyperparameters,
+)
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, select_landmarks
 from ..inference.chunking import chunk_slices
@@ -319,6 +324,8 @@ class NystromKernel(FeatureKernel):
             chol, info = torch.linalg.cholesky_ex(gram + (jitter * scale) * eye)
             if bool((info == 0).all() & torch.isfinite(chol).all()):
                 break
+            if jitter == first and not bool(torch.isfinite(gram).all()):  # no jitter makes NaN entries positive
+                raise self._nonfinite_gram_error()
             if jitter * 10 > _MAX_JITTER * (1 + 1e-9):
                 raise NotPSDError(
                     f"NystromKernel: Cholesky of K(Z, Z) + ε·I failed for base kernel {type(self.base_kernel).__name__} "
@@ -336,6 +343,19 @@ class NystromKernel(FeatureKernel):
             )
         # entries negligible in dtype (below its rounding) are zero, so that no subnormal number enters the solve
         return flush_negligible(chol, negligible_threshold(kernel_scale(chol), dtype, 0.25, 1)).to(dtype)
+
+    def _nonfinite_gram_error(self) -> NonFiniteHyperparameterError:
+        """K(Z, Z) has NaN or Inf entries (Z is finite at construction): name the hyperparameters (learned landmarks
+        included) that are not finite or not positive.  Before, the jitter grew to 10⁻¹ in vain and a ``NotPSDError``
+        blamed duplicated landmarks; as a ``NanError`` the trial point of an optimiser is stepped back from, as with
+        random features."""
+        bad = describe_bad_hyperparameters(self)
+        cause = (f"its hyperparameters {', '.join(bad)} are NaN, Inf or not positive; reset them to finite values "
+                 "inside their constraints" if bad else "the base kernel returns them at finite hyperparameters")
+        return NonFiniteHyperparameterError(
+            f"NystromKernel: K(Z, Z) of base kernel {type(self.base_kernel).__name__} at its {self.num_features} "
+            f"landmarks has NaN or Inf entries: {cause}"
+        )
 
     def featurize(self, x: Tensor) -> Tensor:
         """Φ(x) = K(x, Z)·L⁻ᵀ, ``(*batch_shape, n, M)``.

@@ -302,6 +302,24 @@ def test_bad_arguments():
         NystromKernel(exact_kernel(), x[:3], jitter=-1.0)
 
 
+@pytest.mark.parametrize("learn_landmarks", [False, True])
+def test_non_finite_hyperparameters_are_named_not_blamed_on_the_landmarks(learn_landmarks):
+    """A NaN lengthscale (or learned landmark) made K(Z, Z) NaN: the jitter grew to 10⁻¹ in vain and a NotPSDError
+    blamed duplicated landmarks; now the NanError that optimisers step back from, naming the hyperparameter."""
+    x, _ = data(40)
+    kernel = rfgp.sketch(exact_kernel(), 8, method="nystrom", x_sample=x, seed=0, learn_landmarks=learn_landmarks)
+    nystrom = kernel.base_kernel
+    with torch.no_grad():
+        if learn_landmarks:
+            nystrom.landmarks[0, 0] = float("nan")
+        else:
+            nystrom.base_kernel.raw_lengthscale[..., 0] = float("nan")
+    name = "landmarks" if learn_landmarks else "lengthscale"
+    with pytest.raises(gpytorch.utils.errors.NanError, match=f"{name} = "):
+        nystrom.landmark_cholesky()
+    with pytest.raises(gpytorch.utils.errors.NanError, match=f"{name} = "):
+        kernel(x).to_dense()
+
 def test_selection_arguments_that_would_go_unused_are_refused():
     """Before, a generator beside a seed was ignored (the seed alone chose the landmarks), and ``regularization`` or
     ``pilot_size`` with uniform or k-means++ selection raised Python's "unexpected keyword argument" of a helper."""
