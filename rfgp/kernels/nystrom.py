@@ -142,12 +142,14 @@ class NystromKernel(FeatureKernel):
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
         landmarks = _check_points(landmarks, "landmarks")
+        if not isinstance(learn_landmarks, bool):  # bool("no") is True: a string would train the landmarks
+            raise TypeError(f"learn_landmarks must be True or False, got {learn_landmarks!r}")
         _check_scalar(base_kernel, landmarks, "base_kernel")
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(batch_shape=base_kernel.batch_shape, **kwargs)
         self.base_kernel = base_kernel
         landmarks = landmarks.detach().clone()
-        self.learn_landmarks = bool(learn_landmarks)
+        self.learn_landmarks = learn_landmarks
         if learn_landmarks:
             self.landmarks = nn.Parameter(landmarks)
         else:
@@ -282,8 +284,10 @@ class NystromKernel(FeatureKernel):
             )
         if self.learn_landmarks:
             raise ValueError(
-                "cannot re-select trained landmarks (learn_landmarks=True): new landmarks would discard their learned "
-                "positions; resize before training, or keep this width"
+                "cannot re-select landmarks that are trained parameters (learn_landmarks=True, trained or not): new "
+                "landmarks would discard their learned positions and the optimiser's hold on them; keep this width, "
+                "or build the kernel at the new width, rfgp.sketch(kernel, M, method='nystrom', x_sample=X, "
+                "learn_landmarks=True), before training"
             )
         if x_sample is None:
             raise ValueError(

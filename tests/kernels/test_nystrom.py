@@ -329,6 +329,8 @@ def test_selection_arguments_that_would_go_unused_are_refused():
     for method, option in (("uniform", {"regularization": 0.1}), ("kmeans++", {"pilot_size": 5})):
         with pytest.raises(TypeError, match=f"landmarks='rls'.*{re.escape(repr(method))} takes none"):
             rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, landmarks=method, **option)
+    with pytest.raises(TypeError, match="learn_landmarks must be True or False, got 'no'"):  # was taken as True
+        rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, seed=0, learn_landmarks="no")
     drawn = rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, generator=torch.Generator().manual_seed(3))
     again = rfgp.sketch(exact_kernel(), 10, method="nystrom", x_sample=x, generator=torch.Generator().manual_seed(3))
     assert torch.equal(drawn.base_kernel.landmarks, again.base_kernel.landmarks)
