@@ -1056,7 +1056,8 @@ refuse_conversion(
     gpytorch.kernels.InducingPointKernel,
     "it is SGPR's inducing-point approximation of its base_kernel (the inducing points are parameters, and "
     "the model's training objective is not an exact GP's); sketch the base kernel and use it in an ExactGP: "
-    "rfgp.sketch(kernel.base_kernel, num_features)",
+    "rfgp.sketch(kernel.base_kernel, num_features), or keep the inducing points as Nyström landmarks: "
+    "rfgp.kernels.NystromKernel(kernel.base_kernel, kernel.inducing_points.detach(), learn_landmarks=True)",
 )
 refuse_conversion(
     gpytorch.kernels.MultiDeviceKernel,

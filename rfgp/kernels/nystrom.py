@@ -58,7 +58,7 @@ import math
 import warnings
 
 import torch
-from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.kernels import InducingPointKernel, Kernel, ScaleKernel
 from gpytorch.utils.warnings import NumericalWarning
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor, nn
@@ -142,6 +142,7 @@ class NystromKernel(FeatureKernel):
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
         landmarks = _check_points(landmarks, "landmarks")
+        _refuse_inducing_point_kernel(base_kernel, "base_kernel")
         if not isinstance(learn_landmarks, bool):  # bool("no") is True: a string would train the landmarks
             raise TypeError(f"learn_landmarks must be True or False, got {learn_landmarks!r}")
         _check_scalar(base_kernel, landmarks, "base_kernel")
@@ -458,6 +459,23 @@ class NystromKernel(FeatureKernel):
         return (_kernel_diagonal(self.base_kernel, x).expand(norms.shape) - norms).clamp_min(0.0)
 
 
+def _refuse_inducing_point_kernel(kernel: Kernel, name: str) -> None:
+    """The TypeError for a tree holding GPyTorch's ``InducingPointKernel`` (SGPR), naming the Nyström kernel of its
+    parts.  Before, ``rfgp.sketch(..., method="nystrom")`` built Nyström features of it: in train mode its evaluation
+    at two inputs raised GPyTorch's "x1 should equal x2 in training mode", and in eval mode the features approximated
+    its rank-(number of inducing points) covariance instead of the base kernel, without a word."""
+    if not any(isinstance(module, InducingPointKernel) for module in kernel.modules()):
+        return
+    raise TypeError(
+        f"{name} holds GPyTorch's InducingPointKernel (SGPR), itself a landmark approximation of its base_kernel whose "
+        "train-mode evaluation also registers SGPR's loss term, so it has no Nyström features of its own; for "
+        "SGPR's kernel as rfgp features take its base kernel and inducing points: "
+        "rfgp.kernels.NystromKernel(ipk.base_kernel, ipk.inducing_points.detach(), learn_landmarks=True), ipk the "
+        "InducingPointKernel, in an ExactGP (trained on the DTC marginal likelihood, SGPR's bound without its trace "
+        "term)"
+    )
+
+
 def _check_scalar(kernel: Kernel, points: Tensor, name: str) -> None:
     """The TypeError for a kernel with several outputs per input (at ``points``), naming what converts it instead."""
     probe = points[:1]
@@ -550,6 +568,7 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
         base.active_dims = None
         if scale.active_dims is not None:
             x_sample = x_sample.index_select(-1, scale.active_dims.to(x_sample.device))
+    _refuse_inducing_point_kernel(base, "kernel")
     _check_scalar(base, x_sample, "kernel")  # before choosing landmarks, which may evaluate the kernel
     with torch.no_grad():
         outputscale = None if scale is None else scale.outputscale

@@ -320,6 +320,22 @@ def test_non_finite_hyperparameters_are_named_not_blamed_on_the_landmarks(learn_
     with pytest.raises(gpytorch.utils.errors.NanError, match=f"{name} = "):
         kernel(x).to_dense()
 
+def test_sgpr_inducing_point_kernel_is_refused_naming_its_nystrom_kernel():
+    """Before, method="nystrom" built Nyström features of GPyTorch's InducingPointKernel: in train mode they raised
+    GPyTorch's "x1 should equal x2 in training mode", in eval mode they approximated SGPR's rank-5 covariance."""
+    x, _ = data(30)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    sgpr = gpytorch.kernels.InducingPointKernel(exact_kernel(), x[:5].clone(), likelihood)
+    for tree in (sgpr, ScaleKernel(sgpr) + RBFKernel()):
+        with pytest.raises(TypeError, match=r"InducingPointKernel \(SGPR\).*NystromKernel\(ipk.base_kernel"):
+            rfgp.sketch(tree, 10, method="nystrom", x_sample=x, seed=0)
+    with pytest.raises(TypeError, match=r"base_kernel holds GPyTorch's InducingPointKernel"):
+        NystromKernel(sgpr, x[:5])
+    with pytest.raises(TypeError, match=r"NystromKernel\(kernel.base_kernel, kernel.inducing_points"):
+        rfgp.sketch(sgpr, 16)
+    kernel = NystromKernel(sgpr.base_kernel, sgpr.inducing_points.detach(), learn_landmarks=True)
+    torch.testing.assert_close(kernel(x[:5]).to_dense(), sgpr.base_kernel(x[:5]).to_dense(), atol=1e-6, rtol=0)
+
 def test_selection_arguments_that_would_go_unused_are_refused():
     """Before, a generator beside a seed was ignored (the seed alone chose the landmarks), and ``regularization`` or
     ``pilot_size`` with uniform or k-means++ selection raised Python's "unexpected keyword argument" of a helper."""
