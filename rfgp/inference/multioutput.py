@@ -41,6 +41,7 @@ from gpytorch.utils.memoize import cached
 from linear_operator.operators import (
     BlockInterleavedLinearOperator,
     ConstantMulLinearOperator,
+    DiagLinearOperator,
     LinearOperator,
     ZeroLinearOperator,
 )
@@ -63,7 +64,7 @@ from .multioutput_chunking import (
 )
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
-from .prediction import FeatureSpacePredictionStrategy, observed_residual
+from .prediction import FeatureSpacePredictionStrategy, _variance_correction, observed_residual
 from .statistics_precision import statistics_dtype, weighted_square_norm
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
@@ -291,12 +292,16 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         if gpytorch.settings.skip_posterior_variances.on():
             shape = (*mean.shape, mean.shape[-1])
             return mean, ZeroLinearOperator(*shape, dtype=mean.dtype, device=mean.device)
-        if factors is None:
-            return mean, feature_posterior_covariance(features, factor, kernel_space)
-        features = scaled_root(test_test_covar)
-        if kernel_space:
-            return mean, feature_posterior_covariance(features, factor, kernel_space)
-        return mean, kronecker_posterior_covariance(features, factor, *factors)
+        if factors is not None:
+            features = scaled_root(test_test_covar)
+        if factors is None or kernel_space:
+            covar = feature_posterior_covariance(features, factor, kernel_space)
+        else:
+            covar = kronecker_posterior_covariance(features, factor, *factors)
+        correction = _variance_correction(test_test_covar)  # a Nyström data kernel's k(x, x) − ‖φ(x)‖², times A_ii
+        if correction is not None:
+            covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
+        return mean, covar
 
     def _chunked_prediction(self, test_mean: Tensor, test_test_covar: ChunkedMultiOutputFeatureOperator):
         """Mean and covariance of a test root over :class:`~rfgp.settings.memory_budget`, a block of points at a time.

@@ -52,6 +52,16 @@ from .operator_valued import check_vector_dim, check_vector_input
 from .random_feature_kernel import FeatureKernel
 
 
+def _part_correction(kernel: Kernel, x: Tensor) -> Tensor | None:
+    """The variance correction of a feature kernel or a ``ScaleKernel`` around one (times its outputscale), on the
+    columns it sees: a Nyström data kernel's k(x, x) − ‖φ(x)‖² in eval mode, a truncated Maclaurin map's bias."""
+    base, outputscale = unwrap_scale(kernel)
+    correction = base.variance_correction(select_active(kernel, x))
+    if correction is None or outputscale is None:
+        return correction
+    return correction * outputscale.unsqueeze(-1)
+
+
 class _MultiOutputFeatureKernel(FeatureKernel):
     """A feature kernel whose root has p interleaved rows per input point."""
 
@@ -289,6 +299,20 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         params = [p for p in kernel.parameters() if p.requires_grad]
         return Featurizer(functools.partial(kernel_features, kernel), params, probe.shape[-1], probe.shape[:-2])
 
+    def variance_correction(self, x: Tensor) -> Tensor | None:
+        """c(x)·A_ii per interleaved row (point x, task i), c the data kernel's correction: the diagonal that the
+        root φ(x) ⊗ Bᵀ (row norm ‖φ(x)‖²·‖B_i‖² = ‖φ(x)‖²·A_ii) falls short of k(x, x)·A_ii by.  Before, none: a
+        multitask Nyström model's posterior variance away from the landmarks fell to 0 instead of the prior A_ii.
+        In eval mode only, as a Nyström kernel's: no training quantity reads it, and a truncated Maclaurin data
+        kernel would featurise x a second time for it."""
+        if self.training:
+            return None
+        correction = _part_correction(self.data_covar_module, x)
+        if correction is None:
+            return None
+        tasks = self.output_factor().to(correction).pow(2).sum(-1)  # diag(A) = ‖B_i‖², (*batch, p)
+        return (correction.unsqueeze(-1) * tasks.unsqueeze(-2)).flatten(-2, -1)
+
     def _decomposable_features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(Φ(x) = φ(x) ⊗ Bᵀ with interleaved rows, φ(x), B)."""
         scalar = kernel_features(self.data_covar_module, x)
@@ -322,6 +346,11 @@ class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
         if len(set(outputs)) != 1:
             raise ValueError(f"all kernels must have the same number of outputs; got num_outputs={outputs}")
         self.num_outputs = outputs[0]
+
+    def variance_correction(self, x: Tensor) -> Tensor | None:
+        """The sum of the components' corrections (those of an LCM's Nyström or truncated Maclaurin data kernels)."""
+        corrections = [c for c in (_part_correction(kernel, x) for kernel in self.kernels) if c is not None]
+        return functools.reduce(torch.add, corrections) if corrections else None
 
     def component_widths(self, x: Tensor) -> list[int]:
         """Root width of every component (the column blocks of the root)."""

@@ -433,6 +433,33 @@ def test_multi_output_over_a_nystrom_data_kernel():
     torch.testing.assert_close(means[1], means[0], rtol=1e-5, atol=1e-6)  # M = N landmarks: the exact GP
 
 
+@pytest.mark.parametrize("kind", ["multitask", "lcm"])
+def test_multi_output_nystrom_variance_is_the_exact_gps_away_from_the_landmarks(kind):
+    """The multi-output root φ(x) ⊗ Bᵀ carries the data kernel's FITC term (k(x, x) − ‖φ(x)‖²)·A_ii: before, a
+    multitask or LCM model over Nyström data kernels had none, and its variance away from the landmarks fell to
+    10⁻¹⁰ instead of the prior A_ii·k(x, x) (and differed from the exact GP's with every point a landmark)."""
+    x, _ = data(40)
+    y = torch.stack((torch.sin(2 * x[:, 0]), torch.cos(x[:, 1]) + torch.sin(2 * x[:, 0])), -1)
+    torch.manual_seed(0)  # IndexKernel's random covar_factor
+    if kind == "multitask":
+        exact = gpytorch.kernels.MultitaskKernel(exact_kernel(), num_tasks=2, rank=1).to(DTYPE)
+    else:
+        exact = gpytorch.kernels.LCMKernel([exact_kernel(), MaternKernel(nu=1.5)], num_tasks=2, rank=1).to(DTYPE)
+    sketched = rfgp.sketch(exact, 40, method="nystrom", x_sample=x, seed=0, jitter=1e-12)
+    test = torch.cat((data(6, seed=5)[0], torch.tensor([[6.0, -6.0], [-9.0, 7.0]], dtype=DTYPE)))  # 2 far away
+    results = []
+    for kernel in (exact, sketched):
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0).to(DTYPE)
+        likelihood.noise = 0.05
+        model = rfgp.MultiOutputGPModel(x, y, likelihood, kernel).to(DTYPE).eval()
+        with torch.no_grad():
+            posterior = model(test)
+            results.append((posterior.mean, posterior.variance))
+    (mean, variance), (nystrom_mean, nystrom_variance) = results
+    torch.testing.assert_close(nystrom_mean, mean, rtol=1e-5, atol=1e-6)  # M = N landmarks: the exact GP
+    torch.testing.assert_close(nystrom_variance, variance, rtol=1e-5, atol=1e-6)
+    assert bool((variance[-2:] > 0.1).all())  # the prior, far from the data
+
 def test_dirichlet_classifier_with_a_nystrom_kernel():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(150, 2, generator=gen, dtype=DTYPE)
