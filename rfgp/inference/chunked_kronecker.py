@@ -63,16 +63,19 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         data_featurizer: x ↦ φ ``(*batch, c, F)``.
         task_factor: B ``(..., T, m)``.
         data_chunk_size: points per block of φ, ``None`` where φ fits the budget whole.
+        variance_correction: as for :class:`~rfgp.inference.multioutput_chunking.ChunkedMultiOutputFeatureOperator`.
     """
 
     def __init__(self, inputs: Tensor, *params: Tensor, featurizer: Featurizer, chunk_size: int, num_outputs: int,
-                 data_featurizer: Featurizer, task_factor: Tensor, data_chunk_size: int | None) -> None:
+                 data_featurizer: Featurizer, task_factor: Tensor, data_chunk_size: int | None,
+                 variance_correction: Tensor | None = None) -> None:
         LinearOperator.__init__(self, inputs, *params, featurizer=featurizer, chunk_size=chunk_size,
                                 num_outputs=num_outputs, data_featurizer=data_featurizer, task_factor=task_factor,
-                                data_chunk_size=data_chunk_size)
+                                data_chunk_size=data_chunk_size, variance_correction=variance_correction)
         self.inputs1 = self.inputs2 = inputs
         self.featurizer, self.chunk_size, self.num_outputs = featurizer, chunk_size, num_outputs
         self.data_featurizer, self.task_factor, self.data_chunk_size = data_featurizer, task_factor, data_chunk_size
+        self.variance_correction = variance_correction
 
     @classmethod
     def from_root(cls, root: ChunkedMultiOutputFeatureOperator, data_featurizer: Featurizer, task_factor: Tensor,
@@ -80,13 +83,13 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         """The symmetric chunked root ``root`` with its factors φ (``data_featurizer``) and B."""
         return cls(root.inputs1, *root.featurizer.params, featurizer=root.featurizer, chunk_size=root.chunk_size,
                    num_outputs=root.num_outputs, data_featurizer=data_featurizer, task_factor=task_factor,
-                   data_chunk_size=data_chunk_size)
+                   data_chunk_size=data_chunk_size, variance_correction=root.variance_correction)
 
     @classmethod
-    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs):
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs, variance_correction=None):
         """Other derived operators (transposed, whitened, summed) are plain chunked roots."""
         return ChunkedMultiOutputFeatureOperator.from_featurizer(inputs1, inputs2, featurizer, chunk_size,
-                                                                 num_outputs)
+                                                                 num_outputs, variance_correction)
 
     def _expand_batch(self, batch_shape) -> ChunkedKroneckerFeatureOperator:
         """The same covariance over ``batch_shape`` (a mean or likelihood with a batch of its own: linear_operator's
@@ -98,9 +101,13 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
         batch = math.prod(torch.broadcast_shapes(data.batch_shape, batch_shape))
         data_chunk = resolve_chunk_size(inputs.shape[-2], data.num_features, batch, inputs.dtype)
         task = self.task_factor.expand(*batch_shape, *self.task_factor.shape[-2:])
+        correction = self.variance_correction
+        if correction is not None:
+            correction = correction.expand(*batch_shape, correction.shape[-1])
         return ChunkedKroneckerFeatureOperator(inputs, *self.featurizer.params, featurizer=self.featurizer,
                                                chunk_size=self.chunk_size, num_outputs=self.num_outputs,
-                                               data_featurizer=data, task_factor=task, data_chunk_size=data_chunk)
+                                               data_featurizer=data, task_factor=task, data_chunk_size=data_chunk,
+                                               variance_correction=correction)
 
     def data_chunks(self) -> Iterator[tuple[slice, Tensor]]:
         """(rows, φ_c) for the blocks of :meth:`feature_chunks` (``chunk_size`` points of x), φ_c their data features

@@ -48,7 +48,8 @@ def eager_strategy_class(covariance, num_points: int):
 
     A multi-output root evaluated a block of points at a time (over ``rfgp.settings.memory_budget``) stays with
     GPyTorch's strategy: ``ExactGP`` slices its test block out of the joint operator as a generic (interpolated)
-    operator, which the feature-space strategy cannot predict from; its maps carry no variance correction.
+    operator, which the feature-space strategy cannot predict from (nor add the variance correction of a Nyström
+    data kernel that the blocks carry).
     """
     if isinstance(covariance, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator)):
         single = covariance.shape[-1] == num_points

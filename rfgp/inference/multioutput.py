@@ -329,9 +329,12 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         def root(features: Tensor) -> Tensor:
             return feature_posterior_covariance(features, factor, kernel_space).low_rank_root
 
+        correction = test_test_covar.variance_correction  # a Nyström data kernel's (k(x, x) − ‖φ(x)‖²)·A_ii
+        if correction is not None:
+            correction = correction.expand(mean.shape)
         if kronecker and not kernel_space:
-            return mean, ChunkedKroneckerPosteriorCovariance(test_test_covar, root=root, chol=factor)
-        return mean, ChunkedPosteriorCovariance(test_test_covar, root=root)
+            return mean, ChunkedKroneckerPosteriorCovariance(test_test_covar, root=root, noise=correction, chol=factor)
+        return mean, ChunkedPosteriorCovariance(test_test_covar, root=root, noise=correction)
 
 
 def kronecker_test_factors(covar) -> tuple[Tensor, Tensor] | None:

@@ -88,21 +88,24 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, _NoKroneckerFacto
         featurizer: x ``(..., c, d)`` ↦ R ``(*batch, c·p, F)``.
         chunk_size: points per block.
         num_outputs: p.
+        variance_correction: ``(..., n·p)`` of a symmetric R(x)R(x)ᵀ whose kernel corrects its diagonal (a Nyström
+            data kernel's (k(x, x) − ‖φ(x)‖²)·A_ii), which its posterior adds; ``None`` for none.
     """
 
     def __init__(self, inputs1: Tensor, inputs2: Tensor, *params: Tensor, featurizer: Featurizer, chunk_size: int,
-                 num_outputs: int) -> None:
+                 num_outputs: int, variance_correction: Tensor | None = None) -> None:
         super().__init__(inputs1, inputs2, *params, featurizer=featurizer, chunk_size=chunk_size,
-                         num_outputs=num_outputs)
+                         num_outputs=num_outputs, variance_correction=variance_correction)
         self.inputs1, self.inputs2 = inputs1, inputs2
         self.featurizer = featurizer
         self.chunk_size = chunk_size
         self.num_outputs = num_outputs
+        self.variance_correction = variance_correction
 
     @classmethod
-    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs):
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs, variance_correction=None):
         return cls(inputs1, inputs2, *featurizer.params, featurizer=featurizer, chunk_size=chunk_size,
-                   num_outputs=num_outputs)
+                   num_outputs=num_outputs, variance_correction=variance_correction)
 
     @property
     def symmetric(self) -> bool:
@@ -122,7 +125,10 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, _NoKroneckerFacto
         """The same operator over ``batch_shape``: x₁ and x₂ expanded without copying (one tensor if symmetric)."""
         inputs1 = self.inputs1.expand(*batch_shape, *self.inputs1.shape[-2:])
         inputs2 = inputs1 if self.symmetric else self.inputs2.expand(*batch_shape, *self.inputs2.shape[-2:])
-        return self.from_featurizer(inputs1, inputs2, self.featurizer, self.chunk_size, self.num_outputs)
+        correction = self.variance_correction
+        if correction is not None:
+            correction = correction.expand(*batch_shape, correction.shape[-1])
+        return self.from_featurizer(inputs1, inputs2, self.featurizer, self.chunk_size, self.num_outputs, correction)
 
     def feature_chunks(self, inputs: Tensor | None = None) -> Iterator[tuple[slice, Tensor]]:
         """(rows, R_c) for every block of ``chunk_size`` points of ``inputs`` (default x₁); rows index the n·p rows."""

@@ -396,8 +396,9 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
                                    "multi-output feature kernels evaluate block by block only a covariance R(x)R(x)ᵀ "
                                    "or, for prediction (eval mode, or under torch.no_grad()), R(x₁)R(x₂)ᵀ, not a "
                                    "diagonal or a cross-covariance with a gradient recorded")
+        correction = self.variance_correction(x1) if same else None  # its posterior adds it (a test covariance)
         return ChunkedMultiOutputFeatureOperator.from_featurizer(x1, x1 if same else x2, featurizer,
-                                                                 chunk_points or num_rows, outputs)
+                                                                 chunk_points or num_rows, outputs, correction)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         return FeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
