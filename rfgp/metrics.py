@@ -39,6 +39,10 @@ def relative_frobenius_error(approx, exact) -> Tensor:
     approx, exact = _dense(approx), _dense(exact)
     if approx.shape != exact.shape:
         raise ValueError(f"approx and exact must have the same shape, got {tuple(approx.shape)} and {tuple(exact.shape)}")
+    if approx.dim() < 2:
+        raise ValueError(f"approx and exact must be (..., m, m) matrices, got shape {tuple(approx.shape)}")
+    check_tensor_dtype(approx, "approx")
+    check_tensor_dtype(exact, "exact")
     check_finite(approx, "approx")
     check_finite(exact, "exact")
     norm = torch.linalg.matrix_norm(exact)
@@ -77,9 +81,13 @@ def _check_probabilities(probs: Tensor, labels: Tensor) -> Tensor:
     if not torch.is_tensor(labels) or labels.shape != probs.shape[:1]:
         raise ValueError(f"labels must be a ({probs.shape[0]},) tensor, got {getattr(labels, 'shape', labels)}")
     check_tensor_dtype(probs, "probs")
+    if probs.shape[0] == 0:  # every score below is a mean over the M points: 0/0 = NaN otherwise
+        raise ValueError(f"probs must hold at least one prediction, got shape {tuple(probs.shape)}")
     check_finite(probs, "probs")
     if bool(((probs < 0) | (probs > 1)).any()):
-        raise ValueError(f"probs must lie in [0, 1], got values in [{float(probs.min()):.6g}, {float(probs.max()):.6g}]")
+        # 10 digits: a float32 1 + 2⁻²³ must not print as 1
+        raise ValueError(f"probs must lie in [0, 1], got values in [{float(probs.min()):.10g}, "
+                         f"{float(probs.max()):.10g}]")
     # rows of an (M, C) predictive distribution sum to 1 up to rounding (C·√ε: float32 softmax or Monte-Carlo
     # averages are far within it); scores of one-vs-rest sigmoids or unnormalised Dirichlet means are not
     # probabilities, and their MNLL and ECE would be meaningless numbers
@@ -119,6 +127,8 @@ def gaussian_mnll(mean: Tensor, variance: Tensor, targets: Tensor) -> Tensor:
         raise ValueError(f"mean, variance and targets must share one shape, got {tuple(mean.shape)}, "
                          f"{tuple(variance.shape)} and {tuple(targets.shape)}")
     check_gaussian_moments(mean=mean, variance=variance, targets=targets)
+    if mean.numel() == 0:  # a mean over no points: 0/0 = NaN otherwise
+        raise ValueError(f"mean, variance and targets must hold at least one prediction, got shape {tuple(mean.shape)}")
     if not bool((variance > 0).all()):
         raise ValueError(f"variance must be > 0 (a predictive variance), got the minimum {float(variance.min()):.6g}")
     return 0.5 * ((targets - mean).pow(2) / variance + variance.log() + math.log(2 * math.pi)).mean()

@@ -52,3 +52,32 @@ def test_gaussian_mnll_matches_normal_log_prob():
     mean, var, y = torch.tensor([0.0, 1.0]), torch.tensor([1.0, 4.0]), torch.tensor([0.5, -1.0])
     expected = -torch.distributions.Normal(mean, var.sqrt()).log_prob(y).mean()
     torch.testing.assert_close(metrics.gaussian_mnll(mean, var, y), expected)
+
+
+@pytest.mark.parametrize("score", [metrics.classification_error, metrics.mean_negative_log_likelihood,
+                                   metrics.expected_calibration_error, metrics.reliability_curve])
+def test_classification_scores_refuse_empty_predictions(score):
+    """A mean over no points was a silent NaN (ECE: 0/0 bin weights); the reliability curve was all zeros."""
+    with pytest.raises(ValueError, match=r"probs must hold at least one prediction, got shape \(0, 3\)"):
+        score(torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+
+
+def test_gaussian_mnll_refuses_empty_predictions():
+    empty = torch.zeros(0, dtype=torch.float64)
+    with pytest.raises(ValueError, match="at least one prediction"):
+        metrics.gaussian_mnll(empty, empty, empty)
+
+
+def test_relative_frobenius_error_refuses_vectors_and_integer_matrices_by_name():
+    """Both reached torch.linalg.matrix_norm, whose RuntimeError named neither argument."""
+    with pytest.raises(ValueError, match=r"approx and exact must be \(\.\.\., m, m\) matrices, got shape \(3,\)"):
+        metrics.relative_frobenius_error(torch.ones(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="approx must be a floating-point tensor"):
+        metrics.relative_frobenius_error(torch.eye(2, dtype=torch.long), torch.eye(2, dtype=torch.float64))
+
+
+def test_probability_range_message_shows_the_offending_value():
+    """A float32 probability one ulp above 1 was reported as 'got values in [0, 1]'."""
+    probs = torch.tensor([[1.0 + 2.0**-23, 0.0]])
+    with pytest.raises(ValueError, match=r"got values in \[0, 1\.000000119\]"):
+        metrics.classification_error(probs, torch.tensor([0]))
