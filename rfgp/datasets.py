@@ -24,6 +24,7 @@ from .core.validation import (
     check_finite,
     check_positive_float,
     check_positive_int,
+    check_seed,
     check_tensor_dtype,
 )
 
@@ -59,7 +60,8 @@ def helmholtz_field(
         input_dim: 2 or 3.
         noise: standard deviation of Gaussian noise added to ``y``.
         seed: seed of the bump layout, the points and the noise.
-        dtype: floating dtype of the tensors.
+        dtype: floating dtype of the tensors (the draws are made in float64 and rounded, so float32 and
+            float64 give the same data set up to rounding).
         width: bump width (the field's length scale).
         num_bumps: bumps per potential.
 
@@ -75,10 +77,12 @@ def helmholtz_field(
     width = check_positive_float(width, "width")
     num_bumps = check_positive_int(num_bumps, "num_bumps")
     check_dtype_argument(dtype)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed(seed, allow_none=False))
+
+    # every draw is made in float64 and rounded to ``dtype``: one seed gives one data set in both dtypes
 
     def layout():
-        centers = (torch.rand(num_bumps, input_dim, generator=generator, dtype=dtype) * 1.6 - 0.8)
+        centers = (torch.rand(num_bumps, input_dim, generator=generator, dtype=torch.float64) * 1.6 - 0.8).to(dtype)
         signs = torch.randint(0, 2, (num_bumps,), generator=generator).to(dtype) * 2 - 1
         return centers, signs
 
@@ -107,10 +111,10 @@ def helmholtz_field(
             )
         return curl_free, div_free
 
-    x = torch.rand(n, input_dim, generator=generator, dtype=dtype) * 2 - 1
+    x = (torch.rand(n, input_dim, generator=generator, dtype=torch.float64) * 2 - 1).to(dtype)
     curl_free, div_free = field(x)
     f = curl_free + div_free
-    y = f + noise * torch.randn(f.shape, generator=generator, dtype=dtype)
+    y = f + noise * torch.randn(f.shape, generator=generator, dtype=torch.float64).to(dtype)
     return {"x": x, "y": y, "f": f, "curl_free": curl_free, "divergence_free": div_free, "field": field}
 
 
@@ -145,7 +149,7 @@ def igrf_magnetic_field(
         raise ValueError(f"altitude_km must be (low, high) with low ≤ high, got {altitude_km}")
     check_dtype_argument(dtype)
     _check_max_degree(max_degree)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed(seed, allow_none=False))
     direction = torch.randn(n, 3, generator=generator, dtype=torch.float64)
     direction = direction / direction.norm(dim=-1, keepdim=True)
     radius_km = EARTH_RADIUS_KM + low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)
@@ -220,6 +224,7 @@ def mauna_loa_co2(holdout_years: float = 5.0, dtype: torch.dtype = torch.float64
         dict with ``train_x``/``test_x`` (n, 1) in years and ``train_y``/``test_y`` (n,) in ppm.
     """
     holdout_years = check_positive_float(holdout_years, "holdout_years")
+    check_dtype_argument(dtype)
     from statsmodels.datasets import co2  # an optional dependency: only this dataset needs it
 
     monthly = co2.load_pandas().data["co2"].resample("MS").mean().dropna()

@@ -86,13 +86,18 @@ def check_positive_int(value, name: str, allow_zero: bool = False) -> int:
     return int(value)
 
 
-def check_seed(seed, name: str = "seed") -> int | None:
-    """Return ``seed`` (``None`` or a Python ``int`` in [-2**63, 2**63), the range of the int64 it is saved as in
-    ``state_dict``) after checking it; a ``TypeError``/``ValueError`` names what was given otherwise."""
-    if seed is None:
+def check_seed(seed, name: str = "seed", allow_none: bool = True) -> int | None:
+    """Return ``seed`` as a Python ``int`` in [-2**63, 2**63) (the range of ``torch.Generator.manual_seed`` and of the
+    int64 it is saved as in ``state_dict``), or ``None`` where ``allow_none``, after checking it.
+
+    ``manual_seed`` itself raises a RuntimeError that names no argument for floats, bools and ``None``, and an
+    OverflowError for integers beyond 64 bits; a string seed failed later with "can only concatenate str".
+    """
+    if seed is None and allow_none:
         return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"{name} must be an int or None, got {seed!r} of type {type(seed).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        accepted = "an int or None" if allow_none else "an int"
+        raise TypeError(f"{name} must be {accepted}, got {seed!r} of type {type(seed).__name__}")
     if not -(2**63) <= seed < 2**63:
         raise ValueError(f"{name} must be an int in [-2**63, 2**63), got {seed}")
     return int(seed)
@@ -126,6 +131,8 @@ def check_dtype_argument(dtype, name: str = "dtype") -> torch.dtype:
 
 
 def _half_hint(dtype) -> str:
+    if not isinstance(dtype, torch.dtype):  # a string such as "float64": no hint (it has no dtype attributes)
+        return ""
     if dtype in (torch.float16, torch.bfloat16):
         return (" (half precision is not supported: random-feature sums lose about three digits in it; under "
                 "torch.autocast a kernel takes autocast's half-precision outputs and computes in float32)")

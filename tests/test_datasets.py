@@ -1,0 +1,52 @@
+"""rfgp.datasets: argument checks and reproducibility under seeds."""
+
+import pytest
+import torch
+
+from rfgp.datasets import helmholtz_field, igrf_magnetic_field, mauna_loa_co2
+
+
+@pytest.mark.parametrize("input_dim", [2, 3])
+def test_helmholtz_field_is_one_data_set_in_both_dtypes(input_dim):
+    """float32 drew the layout, the points and the noise from a different random stream than float64, so
+    comparing float32 with float64 training meant comparing two different data sets."""
+    single = helmholtz_field(30, input_dim=input_dim, noise=0.1, seed=3, dtype=torch.float32)
+    double = helmholtz_field(30, input_dim=input_dim, noise=0.1, seed=3, dtype=torch.float64)
+    for key in ("x", "y", "curl_free", "divergence_free"):
+        torch.testing.assert_close(single[key], double[key].float(), rtol=1e-5, atol=1e-5)
+    again = helmholtz_field(30, input_dim=input_dim, noise=0.1, seed=3, dtype=torch.float32)
+    assert torch.equal(single["y"], again["y"])
+
+
+@pytest.mark.parametrize("seed", [1.5, None, True, "0"])
+@pytest.mark.parametrize("make", [lambda seed: helmholtz_field(5, seed=seed),
+                                  lambda seed: igrf_magnetic_field(5, seed=seed)])
+def test_dataset_seeds_are_checked_by_name(make, seed):
+    """torch's manual_seed raised 'manual_seed expected a long, but got float', naming no argument."""
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        make(seed)
+
+
+def test_dataset_seed_beyond_64_bits_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\*\*63, 2\*\*63\)"):
+        helmholtz_field(5, seed=2**64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int64, "float64"])
+def test_mauna_loa_co2_refuses_unsupported_dtypes(dtype):
+    """int64 returned the years truncated to whole years (and ppm to integers), float16 rounded them, silently."""
+    pytest.importorskip("statsmodels")
+    with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
+        mauna_loa_co2(dtype=dtype)
+
+
+def test_mauna_loa_co2_split_and_missing_months():
+    pytest.importorskip("statsmodels")
+    data = mauna_loa_co2(holdout_years=1.0)
+    x = torch.cat((data["train_x"], data["test_x"])).squeeze(-1)
+    assert x.numel() == 521 and data["test_x"].shape == (12, 1)  # 526 months, 5 without a measurement
+    assert bool((torch.diff(x) > 0).all()) and data["train_x"].max() < data["test_x"].min()
+    single = mauna_loa_co2(holdout_years=1.0, dtype=torch.float32)
+    assert single["test_x"].shape == (12, 1) and single["train_y"].dtype == torch.float32
+    with pytest.raises(ValueError, match="holdout_years=44.0 leaves no training"):
+        mauna_loa_co2(holdout_years=44.0)
