@@ -104,6 +104,7 @@ def mean_kernel(kernel: KernelFunction, x: Tensor, y: Tensor, chunk_size: int = 
     """κ(X, Y) = mean of k(x, y) over X × Y, accumulated over row chunks of X (memory ``O(chunk·|Y|)``)."""
     _check_points(x, "x")
     _check_points(y, "y")
+    check_same_dtype(y, "y", x.dtype, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     total = sum(kernel(x[i : i + chunk_size], y).sum() for i in range(0, x.shape[0], chunk_size))
     return total / (x.shape[0] * y.shape[0])
@@ -130,7 +131,7 @@ def exact_gaussian_kernel_distance(
 
     Uses the signed-weight form D_K² = βᵀKβ over Z = P ∪ Q with ``β = 1/|P|`` on P and ``−1/|Q|`` on Q
     (paper 003 §1).  K is never formed: ``chunk_size`` × 8·``chunk_size`` blocks of the upper
-    triangle are built from one GEMM each, ‖z − z'‖² = ‖z‖² + ‖z'‖² − 2zᵀz' (clamped at 0), and
+    triangle are built from one GEMM each, ‖z − z'‖² = ‖z‖² + ‖z'‖² − 2zᵀz' of the centred points (clamped at 0), and
     symmetry (off-diagonal blocks counted twice) halves the ``(|P| + |Q|)²`` kernel evaluations.
     Memory O(chunk_size²); same value as :func:`exact_kernel_distance` with :func:`gaussian_kernel`.
     """
@@ -138,6 +139,9 @@ def exact_gaussian_kernel_distance(
     lengthscale = check_positive_float(lengthscale, "lengthscale")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     z = torch.cat((p, q)).double() / lengthscale
+    # k is translation invariant: centring keeps ‖z‖² + ‖z'‖² − 2zᵀz' from cancelling ‖z‖² ≫ ‖z − z'‖² (far
+    # from the origin, e.g. coordinates in metres or timestamps, the expansion lost all but a few digits)
+    z = z - z.mean(0)
     n, num_p = z.shape[0], p.shape[0]
     beta = torch.full((n,), -1.0 / (n - num_p), dtype=z.dtype, device=z.device)
     beta[:num_p] = 1.0 / num_p
@@ -287,11 +291,15 @@ def kernel_pca(feature_map: FeatureMap, x: Tensor, num_components: int, center: 
 
 
 def exact_kernel_pca_eigenvalues(kernel: KernelFunction, x: Tensor, num_components: int, center: bool = True) -> Tensor:
-    """Top-k eigenvalues of the exact n × n Gram matrix (H K H if ``center``), O(n³), for reference."""
-    gram = kernel(_check_points(x, "x"), x)
+    """Top-k eigenvalues of the exact n × n Gram matrix (H K H if ``center``), O(n³), for reference (k ≤ n)."""
+    num_components = check_positive_int(num_components, "num_components")
+    if num_components > _check_points(x, "x").shape[0]:
+        raise ValueError(f"num_components must be ≤ n = {x.shape[0]} (the Gram matrix has n eigenvalues), "
+                         f"got {num_components}")
+    gram = kernel(x, x)
     if center:
         gram = gram - gram.mean(0, keepdim=True) - gram.mean(1, keepdim=True) + gram.mean()
-    return torch.linalg.eigvalsh(gram).flip(0)[: check_positive_int(num_components, "num_components")]
+    return torch.linalg.eigvalsh(gram).flip(0)[:num_components]
 
 
 @dataclass
@@ -360,8 +368,10 @@ def projection_residual(kernel: KernelFunction, x: Tensor, basis: Tensor, chunk_
     """
     _check_points(x, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
+    check_tensor_dtype(basis, "basis")
     if basis.dim() != 2 or basis.shape[0] != x.shape[0]:
         raise ValueError(f"basis must be (n, k) with n = {x.shape[0]} rows, got shape {tuple(basis.shape)}")
+    check_finite(basis, "basis")
     total = torch.zeros((), dtype=basis.dtype, device=basis.device)
     for i in range(0, x.shape[0], chunk_size):
         rows = x[i : i + chunk_size]

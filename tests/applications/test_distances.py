@@ -15,6 +15,7 @@ from rfgp.applications.distances import (
     kernel_pca,
     mean_kernel,
     permutation_statistics,
+    projection_residual,
     two_sample_test,
 )
 from rfgp.features import RandomFourierFeatures
@@ -165,3 +166,35 @@ def test_bad_test_arguments_rejected():
         kernel_distance(phi, torch.zeros(3, 2), torch.zeros(3, 3))
     with pytest.raises(ValueError, match="num_components"):
         kernel_pca(phi, torch.zeros(3, 2), 5)
+
+
+def test_gemm_gaussian_distance_keeps_its_digits_far_from_the_origin():
+    """‖z‖² + ‖z'‖² − 2zᵀz' cancelled ‖z‖² ~ 10¹² down to a 10⁻⁴ relative error of D_K (2·10⁻³ at 10⁷):
+    points far from the origin (coordinates in metres, timestamps) now give the value of the centred points."""
+    p, q = _sets(n=60, shift=0.3)
+    offset = torch.tensor([1e6, -3e6], dtype=torch.float64)
+    reference = exact_gaussian_kernel_distance(p, q, 0.7)
+    torch.testing.assert_close(exact_gaussian_kernel_distance(p + offset, q + offset, 0.7), reference,
+                               rtol=1e-8, atol=0)
+
+
+def test_exact_pca_eigenvalues_refuse_more_components_than_points():
+    """k > n silently returned n eigenvalues (kernel_pca refuses it by name)."""
+    with pytest.raises(ValueError, match=r"num_components must be ≤ n = 3 .*got 10"):
+        exact_kernel_pca_eigenvalues(gaussian_kernel(1.0), torch.zeros(3, 2, dtype=torch.float64), 10)
+
+
+def test_projection_residual_refuses_nonfinite_or_integer_basis():
+    """A NaN basis gave a silent NaN residual."""
+    x = torch.randn(5, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="basis contains NaN"):
+        projection_residual(gaussian_kernel(1.0), x, torch.full((5, 2), math.nan, dtype=torch.float64))
+    with pytest.raises(TypeError, match="basis must be a floating-point tensor"):
+        projection_residual(gaussian_kernel(1.0), x, torch.ones(5, 2, dtype=torch.long))
+
+
+def test_mean_kernel_refuses_mixed_dtypes_by_name():
+    """torch.cdist's 'expected m1 and m2 to have the same dtype' named neither set."""
+    p, q = _sets()
+    with pytest.raises(TypeError, match="y has dtype torch.float32 but x is torch.float64"):
+        mean_kernel(gaussian_kernel(1.0), p, q.float())
