@@ -20,7 +20,7 @@ independent one ranks directions inside it) with its almost-relative-error guara
 
 from __future__ import annotations
 
-import numbers
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +32,7 @@ from ..core.validation import (
     check_positive_float,
     check_positive_int,
     check_same_dtype,
+    check_seed,
     check_tensor_dtype,
 )
 from ..features.base import FeatureMap
@@ -170,7 +171,10 @@ class TwoSampleTestResult:
     Attributes:
         statistic: the squared kernel distance D̂²(P, Q) of the observed split.
         p_value: (1 + #{permutations with D̂² ≥ statistic}) / (1 + num_permutations).
-        threshold: the (1 − level) quantile of the permutation statistics.
+        threshold: the critical value: ``reject`` is exactly ``statistic > threshold``.  It is the (c + 1)-th
+            largest permutation statistic, c the most permutation statistics ≥ D̂² that still give
+            p_value ≤ level (close to the (1 − level) quantile, which disagreed with ``reject`` when the +1
+            of the p-value or the quantile's interpolation decided).
         reject: whether H₀ (same distribution) is rejected at ``level`` (p_value ≤ level).
         null_statistics: the permutation statistics, shape ``(num_permutations,)``.
     """
@@ -220,20 +224,33 @@ def two_sample_test(
         level: significance level in (0, 1).
         seed: seed of the permutation generator (``None``: torch's global generator).
         batch_size: permutations evaluated per matrix product (memory O(batch_size · n)).
+
+    Raises:
+        ValueError: if ``num_permutations`` is too small for the test ever to reject at ``level``
+            (the smallest p-value is 1/(B + 1), so B + 1 ≥ 1/level is needed).
     """
     _check_pair(p, q)
     num_permutations = check_positive_int(num_permutations, "num_permutations")
     batch_size = check_positive_int(batch_size, "batch_size")
-    if not 0 < float(level) < 1:
+    level = check_positive_float(level, "level")
+    if level >= 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    # c: the most permutation statistics ≥ D̂² with (1 + c)/(1 + B) ≤ level, by the p-value's own float comparison
+    allowed = int(level * (1 + num_permutations)) - 1
+    allowed += (2 + allowed) / (1 + num_permutations) <= level
+    allowed -= allowed >= 0 and (1 + allowed) / (1 + num_permutations) > level
+    if allowed < 0:
+        needed = math.ceil(1 / level) - 1
+        needed += 1 / (1 + needed) > level
+        raise ValueError(f"num_permutations={num_permutations} can never reject at level={level}: the smallest "
+                         f"p-value is 1/(num_permutations + 1) = {1 / (1 + num_permutations):.4g}; use "
+                         f"num_permutations ≥ {needed}")
+    generator = torch.Generator().manual_seed(
+        check_seed(seed) if seed is not None else int(torch.randint(2**62, (1,)).item()))
     features = feature_map(torch.cat((p, q), dim=0))
     n, num_p = features.shape[0], p.shape[0]
     identity = torch.arange(n, device=features.device).unsqueeze(0)
     statistic = permutation_statistics(features, num_p, identity)[0]
-    generator = torch.Generator()
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an integer or None, got {seed!r}")
-    generator.manual_seed(int(seed) if seed is not None else int(torch.randint(2**62, (1,)).item()))
     null = []
     for start in range(0, num_permutations, batch_size):
         count = min(batch_size, num_permutations - start)
@@ -241,7 +258,7 @@ def two_sample_test(
         null.append(permutation_statistics(features, num_p, orders))
     null = torch.cat(null)
     p_value = (1 + (null >= statistic).sum().item()) / (1 + num_permutations)
-    threshold = torch.quantile(null, 1 - level)
+    threshold = null.sort(descending=True).values[allowed]
     return TwoSampleTestResult(statistic, p_value, threshold, p_value <= level, null)
 
 

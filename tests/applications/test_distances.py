@@ -198,3 +198,31 @@ def test_mean_kernel_refuses_mixed_dtypes_by_name():
     p, q = _sets()
     with pytest.raises(TypeError, match="y has dtype torch.float32 but x is torch.float64"):
         mean_kernel(gaussian_kernel(1.0), p, q.float())
+
+
+def test_two_sample_threshold_is_the_critical_value_of_reject():
+    """threshold was the interpolated (1 − level) quantile of the null statistics: `statistic > threshold`
+    disagreed with `reject` (p ≤ level, with its +1) in ~3% of tests near the boundary."""
+    phi = RandomFourierFeatures(64, input_dim=2, seed=0).double()
+    g = torch.Generator().manual_seed(5)
+    decisions = []
+    for t in range(120):
+        z = torch.randn(40, 2, generator=g, dtype=torch.float64)
+        for level, permutations in ((0.05, 39), (0.1, 19), (0.05, 19)):
+            result = two_sample_test(phi, z[:20], z[20:] + 0.3, num_permutations=permutations, level=level, seed=t)
+            assert result.reject == bool(result.statistic > result.threshold)
+            decisions.append(result.reject)
+    assert 0 < sum(decisions) < len(decisions)
+
+
+def test_two_sample_test_refuses_too_few_permutations_and_non_numeric_levels():
+    """With B + 1 < 1/level the smallest p-value 1/(B + 1) exceeds level: the test silently never rejected."""
+    phi = RandomFourierFeatures(8, input_dim=2, seed=0).double()
+    p, q = _sets(n=5, shift=3.0)
+    with pytest.raises(ValueError, match=r"num_permutations=10 can never reject at level=0.05.*num_permutations ≥ 19"):
+        two_sample_test(phi, p, q, num_permutations=10, seed=0)
+    assert two_sample_test(phi, p, q, num_permutations=19, seed=0).p_value >= 1 / 20
+    with pytest.raises(TypeError, match="level must be a real number"):
+        two_sample_test(phi, p, q, level="0.05")
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\*\*63, 2\*\*63\)"):
+        two_sample_test(phi, p, q, seed=2**64)
