@@ -81,3 +81,14 @@ def test_probability_range_message_shows_the_offending_value():
     probs = torch.tensor([[1.0 + 2.0**-23, 0.0]])
     with pytest.raises(ValueError, match=r"got values in \[0, 1\.000000119\]"):
         metrics.classification_error(probs, torch.tensor([0]))
+
+
+def test_row_sum_tolerance_does_not_grow_linearly_with_the_classes():
+    """The C·√ε tolerance let float32 rows summing to 0.7 through at C = 1000 (a meaningless MNLL/ECE)."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(20, 1000, generator=g) * 5, -1)
+    labels = torch.zeros(20, dtype=torch.long)
+    metrics.expected_calibration_error(probs, labels)  # float32 softmax round-off is accepted
+    metrics.expected_calibration_error(torch.softmax(torch.randn(20, 10000, generator=g), -1), labels)
+    with pytest.raises(ValueError, match="rows sum to 1"):
+        metrics.expected_calibration_error(probs * 0.97, labels)
