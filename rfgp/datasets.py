@@ -173,6 +173,10 @@ def igrf_field_at(
     if date is not None and not isinstance(date, datetime.datetime):
         raise TypeError(f"date must be a datetime.datetime (or None for 2020-01-01), got {date!r} of type "
                         f"{type(date).__name__}")
+    # the model's epochs are naive datetimes: comparing an aware one with them raised a TypeError naming no argument
+    if date is not None and date.utcoffset() is not None:
+        raise ValueError(f"date must be a naive datetime (UTC, as IGRF's epochs), got the timezone-aware {date}; "
+                         "pass date.astimezone(datetime.timezone.utc).replace(tzinfo=None)")
     date = date or datetime.datetime(2020, 1, 1)
     epochs = ppigrf.ppigrf.read_shc(ppigrf.ppigrf.shc_fn)[0].index  # the shipped model's epochs
     if not epochs.min() <= date <= epochs.max():  # ppigrf returns NaN outside them

@@ -1,5 +1,7 @@
 """rfgp.datasets: argument checks and reproducibility under seeds."""
 
+import datetime
+
 import pytest
 import torch
 
@@ -50,3 +52,14 @@ def test_mauna_loa_co2_split_and_missing_months():
     assert single["test_x"].shape == (12, 1) and single["train_y"].dtype == torch.float32
     with pytest.raises(ValueError, match="holdout_years=44.0 leaves no training"):
         mauna_loa_co2(holdout_years=44.0)
+
+
+def test_igrf_refuses_timezone_aware_dates_by_name():
+    """Comparing an aware date with the model's naive epochs raised "can't compare offset-naive and
+    offset-aware datetimes", naming no argument."""
+    pytest.importorskip("ppigrf")
+    aware = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+    with pytest.raises(ValueError, match="date must be a naive datetime"):
+        igrf_magnetic_field(5, date=aware)
+    naive = aware.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    assert torch.isfinite(igrf_magnetic_field(5, date=naive)[1]).all()
