@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from ..core.validation import (
@@ -47,6 +48,23 @@ def _check_points(x: Tensor, name: str) -> Tensor:
     check_tensor_dtype(x, name)
     check_finite(x, name)
     return x
+
+
+def _features(feature_map: FeatureMap, x: Tensor, name: str = "feature_map") -> Tensor:
+    """Φ(x), ``(n, F)``, refusing kernels and maps whose output is not one feature row per point.
+
+    A GPyTorch kernel called on X returns its n × n kernel matrix: taken for features it gave a silently
+    wrong test statistic (βᵀK instead of Φ's mean embeddings) and cryptic errors elsewhere.
+    """
+    if isinstance(feature_map, Kernel):
+        raise TypeError(f"{name} must be a feature map x ↦ Φ(x) (e.g. rfgp.features.RandomFourierFeatures), got the "
+                        f"kernel {type(feature_map).__name__}, whose call gives the n × n kernel matrix, not features")
+    features = feature_map(x)
+    if not torch.is_tensor(features) or features.dim() != 2 or features.shape[0] != x.shape[0]:
+        shape = tuple(features.shape) if hasattr(features, "shape") else type(features).__name__
+        raise ValueError(f"{name} must map the ({x.shape[0]}, d) points to an ({x.shape[0]}, F) feature tensor, "
+                         f"got {shape}")
+    return features
 
 
 def _check_pair(p: Tensor, q: Tensor) -> None:
@@ -75,7 +93,7 @@ def kernel_mean_embedding(feature_map: FeatureMap, x: Tensor, chunk_size: int = 
     """
     x = _check_points(x, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    total = sum(feature_map(x[i : i + chunk_size]).sum(-2) for i in range(0, x.shape[0], chunk_size))
+    total = sum(_features(feature_map, x[i : i + chunk_size]).sum(-2) for i in range(0, x.shape[0], chunk_size))
     return total / x.shape[0]
 
 
@@ -247,7 +265,7 @@ def two_sample_test(
                          f"num_permutations ≥ {needed}")
     generator = torch.Generator().manual_seed(
         check_seed(seed) if seed is not None else int(torch.randint(2**62, (1,)).item()))
-    features = feature_map(torch.cat((p, q), dim=0))
+    features = _features(feature_map, torch.cat((p, q), dim=0))
     n, num_p = features.shape[0], p.shape[0]
     identity = torch.arange(n, device=features.device).unsqueeze(0)
     statistic = permutation_statistics(features, num_p, identity)[0]
@@ -283,7 +301,7 @@ class KernelPCA:
 
     def transform(self, feature_map: FeatureMap, x: Tensor) -> Tensor:
         """Scores of new points: (φ(x) − mean) · components, ``(m, k)``."""
-        return (feature_map(x) - self.mean) @ self.components
+        return (_features(feature_map, x) - self.mean) @ self.components
 
 
 def kernel_pca(feature_map: FeatureMap, x: Tensor, num_components: int, center: bool = True) -> KernelPCA:
@@ -296,7 +314,7 @@ def kernel_pca(feature_map: FeatureMap, x: Tensor, num_components: int, center: 
     """
     _check_points(x, "x")
     num_components = check_positive_int(num_components, "num_components")
-    features = feature_map(x)
+    features = _features(feature_map, x)
     if num_components > min(features.shape):
         raise ValueError(
             f"num_components must be ≤ min(n, num_features) = {min(features.shape)}, got {num_components}"
@@ -363,7 +381,7 @@ def two_sketch_kernel_pca(range_map: FeatureMap, projection_map: FeatureMap, x: 
     """
     _check_points(x, "x")
     num_components = check_positive_int(num_components, "num_components")
-    range_features = range_map(x)
+    range_features = _features(range_map, x, "range_map")
     # orthonormal basis of col(M) from its SVD, dropping directions at round-off level
     left, singular, _ = torch.linalg.svd(range_features, full_matrices=False)
     tolerance = max(range_features.shape) * torch.finfo(singular.dtype).eps * singular[0]
@@ -371,7 +389,7 @@ def two_sketch_kernel_pca(range_map: FeatureMap, projection_map: FeatureMap, x: 
     if num_components > rank:
         raise ValueError(f"num_components must be ≤ rank of the range sketch G(x) = {rank}, got {num_components}")
     basis = left[:, :rank]
-    projected = basis.mT @ projection_map(x).to(basis.dtype)  # UᵀN, rank × r
+    projected = basis.mT @ _features(projection_map, x, "projection_map").to(basis.dtype)  # UᵀN, rank × r
     top, values, _ = torch.linalg.svd(projected, full_matrices=False)
     return SketchedKernelPCA(basis @ top[:, :num_components], values[:num_components], rank)
 

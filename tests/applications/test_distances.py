@@ -17,6 +17,7 @@ from rfgp.applications.distances import (
     permutation_statistics,
     projection_residual,
     two_sample_test,
+    two_sketch_kernel_pca,
 )
 from rfgp.features import RandomFourierFeatures
 
@@ -226,3 +227,24 @@ def test_two_sample_test_refuses_too_few_permutations_and_non_numeric_levels():
         two_sample_test(phi, p, q, level="0.05")
     with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\*\*63, 2\*\*63\)"):
         two_sample_test(phi, p, q, seed=2**64)
+
+
+def test_kernels_and_non_feature_outputs_are_refused_as_feature_maps():
+    """A sketched kernel passed for its feature map gave the two-sample test an n × n kernel matrix as
+    'features': a silently wrong statistic and p-value (kernel_pca: an AttributeError, kernel_distance: a
+    size-mismatch RuntimeError)."""
+    import gpytorch
+
+    import rfgp
+
+    kernel = rfgp.sketch(gpytorch.kernels.RBFKernel(), 64, seed=0).double()
+    p, q = _sets(n=20)
+    for call in (lambda: two_sample_test(kernel, p, q, num_permutations=19, seed=0),
+                 lambda: kernel_distance(kernel, p, q), lambda: kernel_pca(kernel, p, 2)):
+        with pytest.raises(TypeError, match="feature_map must be a feature map .* got the kernel"):
+            call()
+    with pytest.raises(ValueError, match=r"feature_map must map the \(20, d\) points to an \(20, F\) feature tensor"):
+        kernel_mean_embedding(lambda x: x.sum(), p)
+    phi = RandomFourierFeatures(64, input_dim=2, seed=0).double()
+    with pytest.raises(TypeError, match="projection_map must be a feature map"):
+        two_sketch_kernel_pca(phi, kernel, p, 2)
