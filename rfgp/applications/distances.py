@@ -212,6 +212,11 @@ def permutation_statistics(features: Tensor, num_p: int, permutations: Tensor) -
     all B statistics are one (B × n)(n × F) product: the features are computed once.
     """
     n = features.shape[0]
+    if check_positive_int(num_p, "num_p") >= n:
+        raise ValueError(f"num_p must leave both sets non-empty: 1 ≤ num_p < n = {n}, got {num_p}")
+    if permutations.dim() != 2 or permutations.shape[1] != n or permutations.is_floating_point():
+        raise ValueError(f"permutations must be a (B, n = {n}) integer tensor of row orders, got "
+                         f"{tuple(permutations.shape)} of dtype {permutations.dtype}")
     base = torch.full((n,), -1.0 / (n - num_p), dtype=features.dtype, device=features.device)
     base[:num_p] = 1.0 / num_p
     weights = torch.zeros(permutations.shape, dtype=features.dtype, device=features.device)

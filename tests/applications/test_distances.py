@@ -248,3 +248,14 @@ def test_kernels_and_non_feature_outputs_are_refused_as_feature_maps():
     phi = RandomFourierFeatures(64, input_dim=2, seed=0).double()
     with pytest.raises(TypeError, match="projection_map must be a feature map"):
         two_sketch_kernel_pca(phi, kernel, p, 2)
+
+
+def test_permutation_statistics_checks_its_split_and_orders():
+    """num_p = 0 or n raised a bare ZeroDivisionError; a 1-D order silently gave one scalar."""
+    features = torch.randn(5, 4, dtype=torch.float64)
+    for num_p in (0, 5):
+        with pytest.raises(ValueError, match="num_p must"):
+            permutation_statistics(features, num_p, torch.arange(5)[None])
+    for orders in (torch.arange(5), torch.arange(4)[None], torch.arange(5.0)[None]):
+        with pytest.raises(ValueError, match=r"permutations must be a \(B, n = 5\) integer tensor"):
+            permutation_statistics(features, 2, orders)
