@@ -89,10 +89,13 @@ def kernel_mean_embedding(feature_map: FeatureMap, x: Tensor, chunk_size: int = 
     """``F(X) = (1/|X|) Σ_{x∈X} G(x)``, shape ``(F,)`` (paper 003 §1, the mean — not the sum).
 
     The features are summed over row chunks of ``chunk_size`` points, so memory is
-    O(chunk_size · F) (plus the map's intermediates) for any ``|X|``.
+    O(chunk_size · F) (plus the map's intermediates) for any ``|X|``; a map that fits itself to its first
+    inputs is fitted to all of X first.
     """
     x = _check_points(x, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
+    if getattr(feature_map, "fits_on_first_input", False):  # fit on all of X, not on its first chunk
+        feature_map.prepare(x)
     total = sum(_features(feature_map, x[i : i + chunk_size]).sum(-2) for i in range(0, x.shape[0], chunk_size))
     return total / x.shape[0]
 
@@ -102,7 +105,8 @@ def kernel_distance(
 ) -> Tensor:
     """Estimate of D_K(P, Q) (or D_K² with ``squared=True``) from ONE feature map applied to both sets.
 
-    ``chunk_size``: rows per feature evaluation (see :func:`kernel_mean_embedding`).
+    ``chunk_size``: rows per feature evaluation (see :func:`kernel_mean_embedding`).  A map that fits itself to
+    its first inputs (the optimized Maclaurin allocation) is fitted to P ∪ Q.
 
     Example:
         >>> from rfgp.features import RandomFourierFeatures
@@ -114,6 +118,8 @@ def kernel_distance(
         True
     """
     _check_pair(p, q)
+    if getattr(feature_map, "fits_on_first_input", False):  # fit on P ∪ Q, not on P: D(P, Q) = D(Q, P)
+        feature_map.prepare(torch.cat((p, q)))
     difference = kernel_mean_embedding(feature_map, p, chunk_size) - kernel_mean_embedding(feature_map, q, chunk_size)
     value = difference.square().sum(-1)
     return value if squared else value.sqrt()

@@ -259,3 +259,24 @@ def test_permutation_statistics_checks_its_split_and_orders():
     for orders in (torch.arange(5), torch.arange(4)[None], torch.arange(5.0)[None]):
         with pytest.raises(ValueError, match=r"permutations must be a \(B, n = 5\) integer tensor"):
             permutation_statistics(features, 2, orders)
+
+
+def test_maps_fitted_on_first_input_see_all_the_points():
+    """A fresh optimized Maclaurin map allocated its degrees on P alone (D(P, Q) ≠ D(Q, P): widths (4, 28)
+    against (4, 18, 10)), and kernel_mean_embedding on its first chunk only."""
+    from rfgp.features import OptimizedMaclaurin, dot_product
+
+    def fresh():
+        return OptimizedMaclaurin(dot_product.gaussian(), 65, seed=0).double()
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(200, 3, generator=g, dtype=torch.float64) * 0.3
+    q = torch.randn(150, 3, generator=g, dtype=torch.float64) * 0.6 + 0.2
+    forward, backward = fresh(), fresh()
+    torch.testing.assert_close(kernel_distance(forward, p, q), kernel_distance(backward, q, p), rtol=1e-12, atol=0)
+    assert forward.widths == backward.widths
+    pooled = torch.cat((q, p))
+    whole, chunked = fresh(), fresh()
+    torch.testing.assert_close(kernel_mean_embedding(chunked, pooled, chunk_size=7),
+                               kernel_mean_embedding(whole, pooled), rtol=1e-12, atol=1e-15)
+    assert chunked.widths == whole.widths
