@@ -76,11 +76,16 @@ def _check_pair(p: Tensor, q: Tensor) -> None:
 
 
 def gaussian_kernel(lengthscale: float = 1.0) -> KernelFunction:
-    """The exact RBF kernel k(x, y) = exp(−‖x − y‖²/(2ℓ²)) as a function of two point sets."""
+    """The exact RBF kernel k(x, y) = exp(−‖x − y‖²/(2ℓ²)) as a function of two point sets.
+
+    Both sets are shifted by the mean of ``x`` first (k is translation invariant): cdist's matrix-product
+    expansion ‖x‖² + ‖y‖² − 2xᵀy otherwise loses the digits of ‖x − y‖² far from the origin.
+    """
     lengthscale = check_positive_float(lengthscale, "lengthscale")
 
     def kernel(x: Tensor, y: Tensor) -> Tensor:
-        return torch.cdist(x, y).square().div(-2 * lengthscale**2).exp()
+        center = x.mean(0)
+        return torch.cdist(x - center, y - center).square().div(-2 * lengthscale**2).exp()
 
     return kernel
 

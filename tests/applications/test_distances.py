@@ -280,3 +280,12 @@ def test_maps_fitted_on_first_input_see_all_the_points():
     torch.testing.assert_close(kernel_mean_embedding(chunked, pooled, chunk_size=7),
                                kernel_mean_embedding(whole, pooled), rtol=1e-12, atol=1e-15)
     assert chunked.widths == whole.widths
+
+
+def test_exact_kernel_distance_keeps_its_digits_far_from_the_origin():
+    """gaussian_kernel's cdist expands ‖x‖² + ‖y‖² − 2xᵀy: D_K was off by 10⁻⁴ (relative) at an offset of 10⁶."""
+    p, q = _sets(n=60, shift=0.3)
+    offset = torch.tensor([1e6, -3e6], dtype=torch.float64)
+    reference = exact_kernel_distance(gaussian_kernel(0.7), p, q)
+    torch.testing.assert_close(exact_kernel_distance(gaussian_kernel(0.7), p + offset, q + offset), reference,
+                               rtol=1e-8, atol=0)
