@@ -90,8 +90,9 @@ def check_seed(seed, name: str = "seed", allow_none: bool = True) -> int | None:
     """Return ``seed`` as a Python ``int`` in [-2**63, 2**63) (the range of ``torch.Generator.manual_seed`` and of the
     int64 it is saved as in ``state_dict``), or ``None`` where ``allow_none``, after checking it.
 
-    ``manual_seed`` itself raises a RuntimeError that names no argument for floats, bools and ``None``, and an
-    OverflowError for integers beyond 64 bits; a string seed failed later with "can only concatenate str".
+    ``manual_seed`` itself raises errors that name no argument: a RuntimeError for floats, bools and ``None``, a
+    ValueError ("Overflow when unpacking long long") for integers beyond 64 bits; a string seed failed later with "can
+    only concatenate str".
     """
     if seed is None and allow_none:
         return None
