@@ -25,12 +25,12 @@ def test_helmholtz_field_is_one_data_set_in_both_dtypes(input_dim):
                                   lambda seed: igrf_magnetic_field(5, seed=seed)])
 def test_dataset_seeds_are_checked_by_name(make, seed):
     """torch's manual_seed raised 'manual_seed expected a long, but got float', naming no argument."""
-    with pytest.raises(TypeError, match="seed must be an integer"):
+    with pytest.raises(TypeError, match="seed must be an int"):
         make(seed)
 
 
 def test_dataset_seed_beyond_64_bits_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\*\*63, 2\*\*63\)"):
+    with pytest.raises(ValueError, match=r"seed must be an int in \[-2\*\*63, 2\*\*63\)"):
         helmholtz_field(5, seed=2**64)
 
 

@@ -225,7 +225,7 @@ def test_two_sample_test_refuses_too_few_permutations_and_non_numeric_levels():
     assert two_sample_test(phi, p, q, num_permutations=19, seed=0).p_value >= 1 / 20
     with pytest.raises(TypeError, match="level must be a real number"):
         two_sample_test(phi, p, q, level="0.05")
-    with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\*\*63, 2\*\*63\)"):
+    with pytest.raises(ValueError, match=r"seed must be an int in \[-2\*\*63, 2\*\*63\)"):
         two_sample_test(phi, p, q, seed=2**64)
 
 
