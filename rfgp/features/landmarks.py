@@ -58,7 +58,7 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import factor_dtype
-from ..core.validation import check_positive_float, check_positive_int
+from ..core.validation import check_positive_float, check_positive_int, check_seed
 
 KernelFunction = Callable[..., Tensor]
 
@@ -275,9 +275,7 @@ def _generator(seed: int | None, generator: torch.Generator | None) -> torch.Gen
     if seed is not None and generator is not None:
         raise ValueError("pass seed or generator, not both")
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an integer, got {seed!r}")
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator().manual_seed(check_seed(seed))
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     return generator

@@ -22,7 +22,6 @@ same name (and a subclass of it) that
 from __future__ import annotations
 
 import math
-import numbers
 from copy import deepcopy
 
 import gpytorch
@@ -33,7 +32,7 @@ from gpytorch.likelihoods.noise_models import FixedGaussianNoise
 from torch import Tensor
 
 from ..core.config_state import METHOD, ConfigState
-from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int
+from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int, check_seed
 from ..inference.classification import (
     ChunkedClassNoiseFeatureLinearOperator,
     ClassNoiseFeatureLinearOperator,
@@ -327,14 +326,8 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         if method == "mean_field":
             return softmax_expectation_mean_field(mean, variance)
         if generator is None and seed is not None:
-            generator = torch.Generator(device=mean.device).manual_seed(int(_check_seed(seed)))
+            generator = torch.Generator(device=mean.device).manual_seed(check_seed(seed))
         return softmax_expectation_mc(mean, variance, num_samples, generator)[0]
-
-
-def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an integer or None, got {seed!r}")
-    return int(seed)
 
 
 def _refresh_after_load(module: DirichletClassificationLikelihood, incompatible_keys) -> None:
