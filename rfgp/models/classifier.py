@@ -27,7 +27,7 @@ from ..metrics import mean_negative_log_likelihood
 from ..training import fit_mll
 from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
 from .data_scale import shown_lengthscales
-from .estimator import RandomFeatureEstimator
+from .estimator import RandomFeatureEstimator, check_sample_weight
 from .feature_width import set_num_features
 from .regression import ExactGPModel
 
@@ -196,9 +196,12 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         )
 
     def score(self, X, y, sample_weight=None) -> float:
-        """Mean accuracy of ``predict(X)`` against ``y`` (scikit-learn's classifier score), weighted if given."""
-        correct = np.asarray(self.predict(X) == np.asarray(y), dtype=np.float64)
-        return float(np.average(correct, weights=sample_weight))
+        """Mean accuracy of ``predict(X)`` against the labels ``y`` (scikit-learn's classifier score), weighted if
+        given; ``y`` is checked as in ``fit`` (one label per row of ``X``)."""
+        predicted = self.predict(X)
+        truth = _check_labels(y, predicted.shape[0])
+        correct = np.asarray(predicted == truth, dtype=np.float64)
+        return float(np.average(correct, weights=check_sample_weight(sample_weight, truth.shape[0])))
 
     def _check_params(self) -> SimpleNamespace:
         """The constructor arguments, checked: they drive this fit and the predictions after it (``_fit_params``)."""
@@ -364,6 +367,15 @@ def _check_labels(y, num_rows: int) -> np.ndarray:
     if missing.any():
         raise ValueError(f"y has {int(missing.sum())} missing label(s) (NaN, None or pd.NA) of {num_rows}, the first "
                          f"at index {int(missing.argmax())}; drop those rows")
+    if labels.dtype.kind in "UO":  # NumPy turns [1, "a"] into the strings "1", "a": predict gave "1" for 1
+        values = np.asarray(y, dtype=object).reshape(-1)
+        text = np.fromiter((isinstance(v, str) for v in values), dtype=bool, count=values.size)
+        if text.any() and not text.all():
+            raise ValueError(
+                "Mix of label input types (string and number): y holds strings such as "
+                f"{str(values[text.argmax()])!r} and other values such as {values[(~text).argmax()]!r}; pass labels of "
+                "one type (e.g. y.astype(str))"
+            )
     if labels.dtype.kind == "f" and not bool(np.all(np.isfinite(labels) & (labels == np.round(labels)))):
         raise ValueError(
             "Unknown label type: continuous. y has non-integer (or non-finite) float values, which are a regression"

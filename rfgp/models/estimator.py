@@ -354,6 +354,16 @@ def _feature_names(X) -> np.ndarray | None:
     return names if len(names) and all(strings) else None
 
 
+def check_sample_weight(sample_weight, num_rows: int) -> np.ndarray:
+    """A ``score``'s ``sample_weight`` as float64 weights ``(num_rows,)``, ones for ``None``; another shape refused."""
+    if sample_weight is None:
+        return np.ones(num_rows)
+    weights = np.asarray(sample_weight.cpu() if torch.is_tensor(sample_weight) else sample_weight, dtype=np.float64)
+    if weights.shape != (num_rows,):
+        raise ValueError(f"sample_weight must have shape ({num_rows},) (one weight per row of X), got {weights.shape}")
+    return weights
+
+
 def _same(a, b) -> bool:
     try:
         return bool(a is b or a == b)

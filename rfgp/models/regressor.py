@@ -23,7 +23,7 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.validation import check_finite, check_positive_float, check_positive_int
 from ..training import fit_mll
-from .estimator import RandomFeatureEstimator, as_real_tensor, column_scales
+from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales
 from .feature_width import set_num_features
 from .regression import ExactGPModel
 from .sampling import posterior_paths
@@ -344,11 +344,7 @@ def r2_score(truth: np.ndarray, predicted: np.ndarray, sample_weight=None) -> fl
     R²_t = 1 − Σᵢwᵢ(yᵢₜ − ŷᵢₜ)²/Σᵢwᵢ(yᵢₜ − ȳₜ)² with ȳₜ the weighted mean; an output with a constant truth scores 1
     where predicted exactly and 0 otherwise (scikit-learn's ``r2_score`` with ``force_finite=True``).
     """
-    weights = np.ones(truth.shape[0]) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    if weights.shape != (truth.shape[0],):
-        raise ValueError(f"sample_weight must have shape ({truth.shape[0]},) (one weight per row of X), got "
-                         f"{weights.shape}")
-    weights = weights[:, None]
+    weights = check_sample_weight(sample_weight, truth.shape[0])[:, None]
     residual = (weights * (truth - predicted) ** 2).sum(0)
     total = (weights * (truth - np.average(truth, axis=0, weights=weights[:, 0])) ** 2).sum(0)
     constant = total == 0

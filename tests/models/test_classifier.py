@@ -270,6 +270,32 @@ def test_continuous_and_malformed_inputs_raise():
         clf.fit(x, None)
 
 
+def test_mixed_label_types_are_refused():
+    """NumPy turned [1, "a"] into the strings "1" and "a": the fit passed and predict returned "1" for the label 1
+    (an object array raised "'<' not supported between 'str' and 'int'" from np.unique)."""
+    x, y = _blobs(10)
+    mixed = [1 if label == "a" else label for label in y]
+    for labels in (mixed, np.array(mixed, dtype=object)):
+        with pytest.raises(ValueError, match=r"Mix of label input types.*such as '[bc]' and other values such as 1;"):
+            DirichletGPClassifier(num_iterations=0, num_features=16).fit(x, labels)
+
+
+def test_score_checks_its_labels_and_weights():
+    """score compared (N,) predictions with (N, 1) labels by broadcasting, an (N, N) table: 0.33 for a classifier
+    that is right on every row; labels or weights of another length raised NumPy's broadcasting errors."""
+    x, y = _blobs(10)
+    clf = DirichletGPClassifier(num_features=32, num_iterations=5, progress=False).fit(x, y)
+    assert clf.score(x, y) == 1.0
+    with pytest.raises(ValueError, match=r"y should be a 1d array with 30 labels.*\(30, 1\); pass y.ravel"):
+        clf.score(x, y.reshape(-1, 1))
+    with pytest.raises(ValueError, match=r"y should be a 1d array with 30 labels.*\(10,\)"):
+        clf.score(x, y[:10])
+    with pytest.raises(ValueError, match=r"sample_weight must have shape \(30,\).*got \(10,\)"):
+        clf.score(x, y, sample_weight=np.ones(10))
+    weights = (y == "a").astype(float)
+    assert clf.score(x, np.where(y == "a", "b", y), sample_weight=torch.as_tensor(weights)) == 0.0
+
+
 @pytest.mark.parametrize("missing", ["none", "nan", "pandas_int", "pandas_string"])
 def test_missing_labels_are_named(missing):
     """A missing label (None, NaN, pd.NA) is refused as missing with its index (before: "'<' not supported between
