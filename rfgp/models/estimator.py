@@ -146,12 +146,16 @@ class RandomFeatureEstimator:
     # ----- inputs -------------------------------------------------------------------------
     def _training_inputs(self, X) -> Tensor:
         """``X`` checked and converted (in the wider of its dtype and the model's: :meth:`_standardised` scales and
-        rounds it), its columns recorded (``n_features_in_``, ``feature_names_in_``)."""
+        rounds it; a copy, never the caller's tensor), its columns recorded (``n_features_in_``,
+        ``feature_names_in_``)."""
         self.__dict__.pop("model_", None)  # a new fit forgets the previous one: a failed one leaves it unfitted
         self.n_features_in_ = None  # and its columns, before reading X
         self.feature_names_in_ = None
         names = _feature_names(X)
         x = self._as_inputs(X, "X")
+        if torch.is_tensor(X) and x.untyped_storage().data_ptr() == X.untyped_storage().data_ptr():
+            # the model keeps its training inputs: the caller's tensor, changed in place after fit, changed the fit
+            x = x.clone()
         self.n_features_in_ = x.shape[-1]
         self.feature_names_in_ = names
         if self.feature_names_in_ is None:

@@ -384,3 +384,21 @@ def test_a_failed_fit_leaves_the_regressor_unfitted():
         reg.fit(x[:, :1], y[:5])
     with pytest.raises(ValueError, match="not fitted"):
         reg.predict(x[:, :1])
+
+
+@pytest.mark.parametrize("estimator", ["regressor", "classifier"])
+def test_training_inputs_are_copied_from_a_tensor(estimator):
+    """A float32 tensor X fitted without standardisation was the model's training inputs itself: the caller zeroing
+    that tensor after fit changed every prediction (by 0.9 here) without a word; scikit-learn's
+    GaussianProcessRegressor copies X (copy_X_train=True)."""
+    x, y = _wave(40)
+    inputs = torch.as_tensor(x, dtype=torch.float32)
+    regressor = estimator == "regressor"
+    cls, target, method = ((GPRegressor, y, "predict") if regressor else
+                           (rfgp.models.DirichletGPClassifier, (y > 3).astype(int), "predict_proba"))
+    arguments = dict(num_features=32, num_iterations=2, standardize=False, progress=False)
+    expected = getattr(cls(**arguments).fit(inputs.clone(), target), method)(inputs[:5].clone())
+    fitted = cls(**arguments).fit(inputs, target)
+    inputs.zero_()
+    torch.testing.assert_close(getattr(fitted, method)(torch.as_tensor(x[:5], dtype=torch.float32)), expected,
+                               rtol=0, atol=0)
