@@ -117,7 +117,8 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         alpha_epsilon: α_ε > 0 (Dirichlet prior concentration; pick by validation MNLL).
         learn_additional_noise: add a learned per-class homoscedastic noise to σ².
         dtype: floating dtype of the noise and targets.
-        kwargs: ``noise_prior``/``noise_constraint`` of the learned noise.
+        kwargs: ``noise_prior``/``noise_constraint`` of the learned noise; ``batch_shape`` (GPyTorch's argument)
+            only as ``(C,)``, one noise per class, which it is anyway.
 
     Example:
         >>> from gpytorch.kernels import ScaleKernel
@@ -155,12 +156,18 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         self.alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")
         check_dtype_argument(dtype)
         noise, transformed = dirichlet_transform(labels, num_classes, self.alpha_epsilon, dtype)
+        batch_shape = torch.Size((num_classes,))
+        # GPyTorch's class takes batch_shape and ignores it; passed on, it collided with the one set below
+        given = kwargs.pop("batch_shape", batch_shape)
+        if not _same_shape(given, batch_shape):
+            raise ValueError(f"batch_shape must be (num_classes,) = {tuple(batch_shape)} (one noise per class) or "
+                             f"left out, got {given!r}")
         # GPyTorch's parent __init__ infers C from max(targets); bypass it and set up the noise directly.
         FixedNoiseGaussianLikelihood.__init__(
             self,
             noise=noise,
             learn_additional_noise=learn_additional_noise,
-            batch_shape=torch.Size((num_classes,)),
+            batch_shape=batch_shape,
             **kwargs,
         )
         self.num_classes = num_classes
@@ -328,6 +335,13 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         if generator is None and seed is not None:
             generator = torch.Generator(device=mean.device).manual_seed(check_seed(seed))
         return softmax_expectation_mc(mean, variance, num_samples, generator)[0]
+
+
+def _same_shape(given, shape: torch.Size) -> bool:
+    try:
+        return torch.Size(given) == shape
+    except TypeError:  # not a sequence of integers
+        return False
 
 
 def _refresh_after_load(module: DirichletClassificationLikelihood, incompatible_keys) -> None:

@@ -85,3 +85,16 @@ def test_monte_carlo_class_probabilities_keep_to_the_memory_budget(monkeypatch):
         blocked = likelihood.predict_proba(posterior)
     assert 0 < max(largest) * 8 <= budget
     torch.testing.assert_close(blocked, reference, rtol=1e-12, atol=1e-12)
+
+
+def test_gpytorchs_batch_shape_argument_is_taken_as_one_noise_per_class():
+    """GPyTorch's DirichletClassificationLikelihood takes batch_shape (and ignores it); rfgp's drop-in raised
+    "FixedNoiseGaussianLikelihood.__init__() got multiple values for keyword argument 'batch_shape'"."""
+    labels = torch.tensor([0, 1, 2, 1, 0, 2])
+    expected = DirichletClassificationLikelihood(labels).noise
+    for shape in (torch.Size([3]), [3]):
+        torch.testing.assert_close(DirichletClassificationLikelihood(labels, batch_shape=shape).noise, expected,
+                                   rtol=0, atol=0)
+    for shape in (torch.Size([2]), torch.Size(), None, 3):
+        with pytest.raises(ValueError, match=r"batch_shape must be \(num_classes,\) = \(3,\) .* got"):
+            DirichletClassificationLikelihood(labels, batch_shape=shape)
