@@ -27,7 +27,7 @@ from ..metrics import mean_negative_log_likelihood
 from ..training import fit_mll
 from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
 from .data_scale import shown_lengthscales
-from .estimator import RandomFeatureEstimator, check_sample_weight
+from .estimator import RandomFeatureEstimator, check_sample_weight, predicting
 from .feature_width import set_num_features
 from .regression import ExactGPModel
 
@@ -248,6 +248,12 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         gen = torch.Generator().manual_seed(p.seed)
         order = torch.randperm(x.shape[0], generator=gen).to(p.device)
         num_val = max(1, int(round(p.validation_fraction * x.shape[0])))
+        if num_val >= x.shape[0]:  # the fits on no point raised about an empty "targets" tensor
+            raise ValueError(
+                f"validation_fraction={p.validation_fraction} holds out {num_val} of the {x.shape[0]} training points "
+                f"to choose among the alpha_epsilon candidates {list(p.alpha_candidates)}, which leaves none to fit "
+                "on: lower validation_fraction, or pass a single alpha_epsilon"
+            )
         val, train = order[:num_val], order[num_val:]
         scores = {}
         for alpha in p.alpha_candidates:
@@ -331,16 +337,12 @@ class DirichletGPClassifier(RandomFeatureEstimator):
     def latent_posterior(self, X) -> gpytorch.distributions.MultivariateNormal:
         """The C latent posteriors f_c at ``X`` (batch ``(C,)``): what the probabilities integrate over."""
         x = self._test_inputs(X)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+        with predicting():
             return self.model_(x)
 
     def _probabilities(self, model, x: Tensor) -> Tensor:
         p = self._fit_params
-        # GPyTorch warns when eval-mode inputs equal the training inputs ("did you forget model.train()?");
-        # predicting at the training points (training accuracy) is deliberate here
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+        with predicting():
             posterior = model(x)
             return model.likelihood.predict_proba(
                 posterior, method=p.probability_method, num_samples=p.num_samples, seed=p.seed

@@ -11,6 +11,7 @@ big" of the default kernel, the input conversion and standardisation, and the de
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import numbers
@@ -249,6 +250,25 @@ class RandomFeatureEstimator:
             # one target has no sample variance (NaN): start at 1, the variance of normalised targets
             kernel.outputscale = (centred.var() if centred.numel() > 1 else torch.ones(())).clamp_min(1e-3)
         return kernel
+
+
+@contextlib.contextmanager
+def predicting():
+    """An estimator's predictions: no gradients, no GPyTorch warning for predicting at the training inputs (deliberate
+    here: training accuracy or R²), and GPyTorch's test covariances lazy at every size.
+
+    GPyTorch's ``skip_posterior_variances`` is not entered for mean-only predictions: it is process-wide, so a thread's
+    ``predict(X)`` gave another thread's ``predict(X, return_std=True)`` skipped variances.  rfgp's posterior
+    covariance is lazy (its root is formed where it is read), so the mean alone costs what it did; the mean is the
+    same either way.  With an exact GPyTorch kernel (``kernel=``) GPyTorch forms its predictive covariance with the
+    mean (O(N²M)): correct, slower.  GPyTorch makes the test covariances dense tensors below
+    ``max_eager_kernel_size`` (N + M ≤ 512) and then adds a kernel's unbatched (M, M) one to the (T, M, M) or (C, M, M)
+    correction of T outputs or C classes with ``torch.addmm``, which raised "mat2 must be a matrix, got 3-D tensor" at
+    every prediction of such an exact kernel; its lazy path, taken above that size anyway, broadcasts them.
+    """
+    with torch.no_grad(), warnings.catch_warnings(), gpytorch.settings.max_eager_kernel_size(0):
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+        yield
 
 
 def as_real_tensor(X, name: str) -> Tensor:

@@ -9,10 +9,8 @@ hyperparameters maximise the exact marginal likelihood of k̂ and its posterior 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
-import warnings
 from types import SimpleNamespace
 
 import gpytorch
@@ -23,7 +21,7 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.validation import check_finite, check_positive_float, check_positive_int
 from ..training import fit_mll
-from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales
+from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
 from .feature_width import set_num_features
 from .regression import ExactGPModel
 from .sampling import posterior_paths
@@ -238,7 +236,7 @@ class GPRegressor(RandomFeatureEstimator):
         if return_std and return_cov:
             raise RuntimeError("predict: at most one of return_std and return_cov can be requested, got both True")
         x = self._test_inputs(X)
-        with _predicting():
+        with predicting():
             posterior = self.model_(x)
             mean = posterior.mean * self._scale(1) + self._shift()
             if return_std:
@@ -257,7 +255,7 @@ class GPRegressor(RandomFeatureEstimator):
         """
         x = self._test_inputs(X)
         targets = self._as_targets(y, x.shape[0])
-        with _predicting():
+        with predicting():
             predictive = self.likelihood_(self.model_(x))
             mean = self._outputs(predictive.mean * self._scale(1) + self._shift())
             variance = self._outputs(predictive.variance * self._scale(2))
@@ -322,20 +320,6 @@ class GPRegressor(RandomFeatureEstimator):
             raise TypeError("random_state must be an integer seed, a torch.Generator, a NumPy Generator or "
                             f"RandomState, or None, got {random_state!r}")
         return torch.Generator(device=self._fit_params.device).manual_seed(int(random_state))
-
-
-@contextlib.contextmanager
-def _predicting():
-    """No gradients, and no GPyTorch warning for predicting at the training inputs (deliberate here: training R²).
-
-    GPyTorch's ``skip_posterior_variances`` is not entered for mean-only predictions: it is process-wide, so a thread's
-    ``predict(X)`` gave another thread's ``predict(X, return_std=True)`` skipped variances.  rfgp's posterior
-    covariance is lazy (its root is formed where it is read), so the mean alone costs what it did; the mean is the
-    same either way.  With an exact GPyTorch kernel (``kernel=``) GPyTorch forms its predictive covariance with the
-    mean (O(N²M)): correct, slower."""
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
-        yield
 
 
 def r2_score(truth: np.ndarray, predicted: np.ndarray, sample_weight=None) -> float:

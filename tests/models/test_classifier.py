@@ -51,6 +51,21 @@ def test_alpha_chosen_by_validation_mnll_and_mean_field_probabilities():
     np.testing.assert_array_equal(clf.predict_proba(x[:7]), clf.predict_proba(x[:7]))
 
 
+def test_a_validation_split_that_leaves_no_training_point_is_named():
+    """validation_fraction=0.99 on 10 points held out all 10: the candidates' fits raised "targets must be a non-empty
+    1-D tensor of class labels, got shape (0,)", naming neither validation_fraction nor alpha_epsilon."""
+    x, y = _blobs(10)
+    x, y = x[:10], y[:10]
+    for fraction in (0.99, 0.96):
+        with pytest.raises(ValueError, match=rf"validation_fraction={fraction} holds out 10 of the 10 training points"
+                                             r" to choose among the alpha_epsilon candidates \[0.01, 0.1\]"):
+            DirichletGPClassifier(alpha_epsilon=[0.01, 0.1], validation_fraction=fraction, num_features=16,
+                                  num_iterations=0).fit(x, y)
+    fitted = DirichletGPClassifier(alpha_epsilon=[0.01, 0.1], validation_fraction=0.9, num_features=16,
+                                   num_iterations=0).fit(x, y)  # one point left to fit on
+    assert set(fitted.validation_mnll_) == {0.01, 0.1}
+
+
 def test_classifier_arguments_validated():
     x, y = _blobs(10)
     # scikit-learn's contract: the constructor stores its arguments, fit checks them (also those set_params set)

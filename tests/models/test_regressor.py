@@ -402,3 +402,40 @@ def test_training_inputs_are_copied_from_a_tensor(estimator):
     inputs.zero_()
     torch.testing.assert_close(getattr(fitted, method)(torch.as_tensor(x[:5], dtype=torch.float32)), expected,
                                rtol=0, atol=0)
+
+
+
+def _dense_posterior(model, x):
+    """Mean (B, M) and covariance (B, M, M) of a batch of B exact GPs sharing an unbatched kernel, formed densely."""
+    kernel, train_x = model.covar_module, model.train_inputs[0]
+    with torch.no_grad():
+        k_train, k_cross, k_test = (kernel(a, b).to_dense() for a, b in ((train_x, train_x), (x, train_x), (x, x)))
+        covariance = k_train + torch.diag_embed(model.likelihood.noise.expand(model.train_targets.shape))
+        constant = model.mean_module.constant.unsqueeze(-1)
+        mean = (k_cross @ torch.linalg.solve(covariance, (model.train_targets - constant).unsqueeze(-1))).squeeze(-1)
+        return mean + constant, k_test - k_cross @ torch.linalg.solve(covariance, k_cross.T)
+
+
+def test_an_exact_kernel_predicts_several_outputs_and_classes():
+    """An unbatched exact GPyTorch kernel under T outputs or C classes: every prediction raised GPyTorch's "mat2 must
+    be a matrix, got 3-D tensor" (its dense path for N + M ≤ 512 adds the (M, M) test covariance to the (T, M, M)
+    correction with torch.addmm), after a fit that had passed."""
+    x, y = _wave(60)
+    targets = np.c_[y, x[:, 0] - y]
+    reg = GPRegressor(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()), num_iterations=2,
+                      dtype="float64", progress=False).fit(x, targets)
+    mean, covariance = reg.predict(x[:5], return_cov=True)
+    expected_mean, expected_covariance = _dense_posterior(reg.model_, torch.as_tensor(x[:5]))
+    scale = reg.y_scale_.numpy()
+    np.testing.assert_allclose(mean, expected_mean.T.numpy() * scale + reg.y_mean_.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(covariance, expected_covariance.permute(1, 2, 0).numpy() * scale**2, atol=1e-12)
+    np.testing.assert_allclose(reg.predict(x[:5], return_std=True)[1], np.sqrt(np.diagonal(covariance).T))
+    clf = rfgp.models.DirichletGPClassifier(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()),
+                                            num_iterations=2, dtype="float64", progress=False)
+    clf.fit(x, np.digitize(y, [2.0, 4.0]))
+    latent = clf.latent_posterior(x[:5])
+    standardised = (torch.as_tensor(x[:5]) - clf.input_mean_) / clf.input_scale_
+    expected_mean, expected_covariance = _dense_posterior(clf.model_, standardised)
+    torch.testing.assert_close(latent.mean, expected_mean)
+    torch.testing.assert_close(latent.covariance_matrix, expected_covariance)
+    assert clf.predict_proba(x[:5]).shape == (5, 3)
