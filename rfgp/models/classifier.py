@@ -206,6 +206,8 @@ class DirichletGPClassifier(RandomFeatureEstimator):
     def _check_params(self) -> SimpleNamespace:
         """The constructor arguments, checked: they drive this fit and the predictions after it (``_fit_params``)."""
         common = self._check_common_params()
+        if not isinstance(self.standardize, (bool, np.bool_)):  # bool("no") and the regressor's "auto" were True
+            raise TypeError(f"standardize must be True or False, got {self.standardize!r}")
         if check_positive_float(self.validation_fraction, "validation_fraction") >= 1:
             raise ValueError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction}")
         check_choice(self.probability_method, "probability_method", PROBABILITY_METHODS)

@@ -81,6 +81,10 @@ def test_classifier_arguments_validated():
         DirichletGPClassifier(num_iterations=0).fit(x, y[:-1])
     with pytest.raises(ValueError, match="at least two classes"):
         DirichletGPClassifier(num_iterations=0).fit(x, np.zeros(len(x)))
+    # bool(standardize) was taken: "no" and the regressor's "auto" standardised silently
+    for given in ("no", "auto", None):
+        with pytest.raises(TypeError, match=f"standardize must be True or False, got {given!r}"):
+            DirichletGPClassifier(num_iterations=0, standardize=given).fit(x, y)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
