@@ -88,7 +88,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             With ``kernel`` given its own width is used: ``num_features`` does not apply and ``train_num_features`` is
             refused (build the kernel at the training width and call ``rfgp.set_num_features(clf.model_, F)``).
         method: the Fourier method of the default kernel.
-        alpha_epsilon: α_ε, or a sequence of candidates chosen by validation MNLL.
+        alpha_epsilon: α_ε, or a sequence (or 1-D array) of candidates chosen by validation MNLL.
         num_iterations, lr, optimizer: training of the hyperparameters on the negative MLL by
             :func:`rfgp.fit_mll`: at most ``num_iterations`` iterations (0 disables training) of full-batch
             L-BFGS (``"lbfgs"``, the default, stopped by fit_mll's convergence rule) or Adam (``"adam"``);
@@ -415,7 +415,8 @@ def _lengthscales(model: ExactGPModel) -> str:
 
 
 def _check_alphas(alpha_epsilon) -> tuple[float, ...]:
-    several = isinstance(alpha_epsilon, Sequence) and not isinstance(alpha_epsilon, str)
+    several = (isinstance(alpha_epsilon, Sequence) and not isinstance(alpha_epsilon, str)
+               or isinstance(alpha_epsilon, np.ndarray) and alpha_epsilon.ndim == 1)  # np.logspace(-3, -1, 3)
     values = alpha_epsilon if several else [alpha_epsilon]
     if len(values) == 0:
         raise ValueError("alpha_epsilon must be a positive number or a non-empty sequence of them, got []")

@@ -49,6 +49,9 @@ def test_alpha_chosen_by_validation_mnll_and_mean_field_probabilities():
     assert np.isfinite(list(clf.validation_mnll_.values())).all()
     # deterministic probabilities: two calls agree exactly
     np.testing.assert_array_equal(clf.predict_proba(x[:7]), clf.predict_proba(x[:7]))
+    # candidates as a NumPy array (np.logspace) were refused: "alpha_epsilon must be a real number, got array(...)"
+    from_list = dict(clf.validation_mnll_)
+    assert clf.set_params(alpha_epsilon=np.array([0.001, 0.3])).fit(x, y).validation_mnll_ == from_list
 
 
 def test_a_validation_split_that_leaves_no_training_point_is_named():
