@@ -439,3 +439,20 @@ def test_an_exact_kernel_predicts_several_outputs_and_classes():
     torch.testing.assert_close(latent.mean, expected_mean)
     torch.testing.assert_close(latent.covariance_matrix, expected_covariance)
     assert clf.predict_proba(x[:5]).shape == (5, 3)
+
+
+def test_repeated_input_values_do_not_start_the_lengthscale_at_its_floor():
+    """An ordinal column with 80 % of the rows at one level: most pairwise distances were 0, the median heuristic gave
+    the lengthscale floor 1e-6, where the marginal likelihood's gradients vanish, and the trained model was a lookup
+    table of the levels: 0.21 at x = 1.5 for y = sin x (1.0), the classifier's probabilities the class prior's."""
+    rng = np.random.default_rng(0)
+    x = rng.choice([0.0, 1.0, 2.0], size=400, p=[0.8, 0.1, 0.1])[:, None]
+    y = np.sin(x[:, 0]) + 0.05 * rng.standard_normal(400)
+    between = np.array([[0.5], [1.5]])
+    reg = GPRegressor(dtype="float64", progress=False).fit(x, y)
+    np.testing.assert_allclose(reg.predict(between), np.sin(between[:, 0]), atol=0.15)  # was off by 0.26 and 0.78
+    for estimator, target in ((GPRegressor, y), (rfgp.models.DirichletGPClassifier, (x[:, 0] > 0).astype(int))):
+        start = estimator(num_iterations=0).fit(x, target).model_.covar_module.base_kernel.lengthscale
+        assert float(start.min()) > 0.1  # the median distance between distinct standardised rows, 1.44
+    clf = rfgp.models.DirichletGPClassifier(dtype="float64", progress=False).fit(x, (x[:, 0] > 0).astype(int))
+    assert clf.predict_proba(between)[1, 1] > 0.5  # between the levels 1 and 2, both of class 1: was 0.15
