@@ -200,6 +200,10 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         given; ``y`` is checked as in ``fit`` (one label per row of ``X``)."""
         predicted = self.predict(X)
         truth = _check_labels(y, predicted.shape[0])
+        if _holds_text(truth) != _holds_text(self.classes_):  # "1" never equals 1: every row counted as wrong
+            kinds = ("strings", "numbers") if _holds_text(truth) else ("numbers", "strings")
+            raise ValueError(f"y holds {kinds[0]}, but the classifier was fitted on {kinds[1]} "
+                             f"(classes_ {self.classes_[:5].tolist()}); pass labels of the type fitted on")
         correct = np.asarray(predicted == truth, dtype=np.float64)
         return float(np.average(correct, weights=check_sample_weight(sample_weight, truth.shape[0])))
 
@@ -386,6 +390,11 @@ def _check_labels(y, num_rows: int) -> np.ndarray:
             " target, not class labels; pass integer or string labels"
         )
     return labels
+
+
+def _holds_text(labels: np.ndarray) -> bool:
+    """Whether checked labels (:func:`_check_labels`: not of mixed types) are strings."""
+    return labels.dtype.kind == "U" or labels.dtype.kind == "O" and isinstance(labels.reshape(-1)[0], str)
 
 
 def _missing(labels: np.ndarray) -> np.ndarray:

@@ -316,6 +316,13 @@ def test_score_checks_its_labels_and_weights():
         clf.score(x, y, sample_weight=np.ones(10))
     weights = (y == "a").astype(float)
     assert clf.score(x, np.where(y == "a", "b", y), sample_weight=torch.as_tensor(weights)) == 0.0
+    codes = np.unique(y, return_inverse=True)[1]  # labels of another type than those fitted on scored 0
+    with pytest.raises(ValueError, match=r"y holds numbers, but the classifier was fitted on strings \(classes_ \[.a"):
+        clf.score(x, codes)
+    numeric = DirichletGPClassifier(num_features=32, num_iterations=5, progress=False).fit(x, codes)
+    assert numeric.score(x, codes.astype(object)) == 1.0
+    with pytest.raises(ValueError, match=r"y holds strings, but the classifier was fitted on numbers \(classes_ \[0,"):
+        numeric.score(x, codes.astype(str))
 
 
 @pytest.mark.parametrize("missing", ["none", "nan", "pandas_int", "pandas_string"])
