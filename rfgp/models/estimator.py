@@ -241,6 +241,13 @@ class RandomFeatureEstimator:
         with the outputscale set to the variance of the centred ``targets`` (rows of a batch centred each)."""
         p = self._fit_params
         if p.kernel is not None:
+            batch = targets.shape[:-1]
+            if p.kernel.batch_shape not in (torch.Size(), batch):  # GPyTorch's broadcasting error named neither
+                raise ValueError(
+                    f"kernel has batch_shape {tuple(p.kernel.batch_shape)}, but the {self._noun}'s targets form a "
+                    f"batch of shape {tuple(batch)} (one per output or class): pass a kernel without a batch (shared "
+                    f"by all of them) or with batch_shape {tuple(batch)}"
+                )
             kernel = copy.deepcopy(p.kernel)
             if p.standardize:
                 _refit_among(kernel, x)

@@ -476,3 +476,20 @@ def test_integer_tensor_inputs_are_scaled_as_integer_arrays():
     from_tensor = GPRegressor(num_iterations=30, progress=False).fit(torch.as_tensor(times), y)
     np.testing.assert_array_equal(from_tensor.predict(torch.as_tensor(times)).numpy(), from_array.predict(times))
     assert from_tensor.score(torch.as_tensor(times), y) > 0.99
+
+
+def test_a_kernel_batch_other_than_the_targets_is_named():
+    """A batched kernel whose batch is not that of the outputs or classes failed in GPyTorch's broadcasting ("shape
+    '[2]' is invalid for input of size 6", "Attempting to broadcast a dimension of length 3")."""
+    x, y = _wave(30)
+
+    def batched(size):
+        return gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(16, seed=0, batch_shape=torch.Size([size])),
+                                            batch_shape=torch.Size([size]))
+
+    for estimator, target in ((GPRegressor(kernel=batched(3), num_iterations=0), y),
+                              (GPRegressor(kernel=batched(3), num_iterations=0), np.c_[y, y]),
+                              (rfgp.models.DirichletGPClassifier(kernel=batched(3), num_iterations=0), y > 3)):
+        with pytest.raises(ValueError, match=r"kernel has batch_shape \(3,\), but the .* targets form a batch of"):
+            estimator.fit(x, target)
+    assert GPRegressor(kernel=batched(2), num_iterations=0).fit(x, np.c_[y, y]).predict(x[:4]).shape == (4, 2)
