@@ -393,12 +393,16 @@ def _feature_names(X) -> np.ndarray | None:
 
 
 def check_sample_weight(sample_weight, num_rows: int) -> np.ndarray:
-    """A ``score``'s ``sample_weight`` as float64 weights ``(num_rows,)``, ones for ``None``; another shape refused."""
+    """A ``score``'s ``sample_weight`` as float64 weights ``(num_rows,)``, ones for ``None``; another shape, NaN or Inf
+    refused."""
     if sample_weight is None:
         return np.ones(num_rows)
     weights = np.asarray(sample_weight.cpu() if torch.is_tensor(sample_weight) else sample_weight, dtype=np.float64)
     if weights.shape != (num_rows,):
         raise ValueError(f"sample_weight must have shape ({num_rows},) (one weight per row of X), got {weights.shape}")
+    if not np.isfinite(weights).all():  # the score was NaN
+        raise ValueError(f"sample_weight must be finite, got {int((~np.isfinite(weights)).sum())} NaN or Inf of "
+                         f"{num_rows}, the first at index {int((~np.isfinite(weights)).argmax())}")
     return weights
 
 

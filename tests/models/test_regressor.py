@@ -251,6 +251,8 @@ def test_data_errors_are_named():
         reg.log_predictive_density(x, np.c_[y, y])
     with pytest.raises(ValueError, match="sample_weight must have shape"):
         reg.score(x, y, sample_weight=np.ones(3))
+    with pytest.raises(ValueError, match="sample_weight must be finite, got 1 NaN or Inf"):  # R² was NaN
+        reg.score(x, y, sample_weight=np.where(np.arange(len(y)) == 0, np.inf, 1.0))
 
 
 def test_fitted_model_round_trips_its_state():
