@@ -371,10 +371,16 @@ def _check_device(device) -> torch.device:
     if device is None:
         return torch.device("cpu")
     try:
-        return torch.device(device)
+        device = torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device must be None, a torch.device or a device string such as 'cpu' or 'cuda:0', got "
                          f"{device!r} ({error})") from None
+    try:  # torch's "Torch not compiled with CUDA enabled" (an AssertionError) named no argument
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(f"device {str(device)!r} is not available here ({error}); pass device=None or 'cpu', or "
+                         "a device torch can reach") from None
+    return device
 
 
 def _feature_names(X) -> np.ndarray | None:

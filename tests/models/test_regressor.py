@@ -207,6 +207,8 @@ def test_score_is_scikit_learns_r2():
     ({"dtype": torch.float16}, TypeError, "dtype"),
     ({"dtype": "half"}, TypeError, "dtype must be .float32., .float64."),
     ({"device": "tpu:7"}, ValueError, "device must be None, a torch.device or a device string.*'tpu:7'"),
+    # torch's AssertionError "Torch not compiled with CUDA enabled" (or "invalid device ordinal") named no argument
+    ({"device": "cuda:99"}, ValueError, "device 'cuda:99' is not available here"),
     ({"seed": 1.5}, TypeError, "seed must be an integer, got 1.5"),
     ({"seed": None}, TypeError, "seed must be an integer, got None: .* not from scikit-learn's random_state"),
     ({"num_features": 65}, ValueError, "num_features must be even.*got 65"),
