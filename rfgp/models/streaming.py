@@ -56,7 +56,7 @@ from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import capacitance_cholesky, cholesky_solve, feature_statistics
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
 from ..inference.statistics_precision import statistics_dtype, weighted_square_norm
-from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
+from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features, unwrap_scale
 from ..kernels.input_columns import check_tree
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
@@ -84,7 +84,9 @@ class StreamingFeatureGP(nn.Module):
     """A random-feature GP posterior accumulated batch by batch from sufficient statistics.
 
     Args:
-        covar_module: an rfgp feature kernel, optionally inside ``ScaleKernel`` (hyperparameters fixed).
+        covar_module: an rfgp feature kernel, optionally inside ``ScaleKernel`` (hyperparameters fixed), with one
+            output per input and real features (``complex_posterior=True`` and derivative, operator-valued or
+            multitask kernels are refused).
         likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (its noise is fixed while streaming).
         mean_module: prior mean, default ``gpytorch.means.ZeroMean()``.
         rank_update: once the Cholesky factor exists, does a batch update it (O(k·F²)) or drop it
@@ -109,6 +111,18 @@ class StreamingFeatureGP(nn.Module):
         if not is_feature_kernel(covar_module):
             raise TypeError(
                 f"covar_module must be an rfgp feature kernel (optionally in ScaleKernel), got {type(covar_module).__name__}"
+            )
+        if getattr(unwrap_scale(covar_module)[0], "complex_posterior", False):
+            raise ValueError(
+                "covar_module has complex_posterior=True: its posterior is the complex-feature GP of paper 000 App. D, "
+                "which the real feature statistics ΦᵀWΦ do not hold; build the kernel with complex_posterior=False"
+            )
+        probe = torch.zeros(1, 1)
+        outputs = covar_module.num_outputs_per_input(probe, probe)
+        if outputs != 1:
+            raise TypeError(
+                f"covar_module has several outputs per input ({outputs}: a derivative, operator-valued or multitask "
+                "kernel), but StreamingFeatureGP absorbs one target per input row; use a single-output feature kernel"
             )
         if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
             raise TypeError(f"likelihood must be a gpytorch GaussianLikelihood, got {type(likelihood).__name__}")

@@ -106,6 +106,20 @@ def test_bad_input():
         fit_from_batches(gp, [x], progress=False)
 
 
+def test_kernels_whose_posterior_the_statistics_do_not_hold_are_refused_by_name():
+    """A complex_posterior=True kernel was streamed with its real features: posterior and log p(y) silently those of
+    another model (33 nats off the ExactGP's on 40 points); a kernel with several outputs per input failed at the
+    first batch with a bare broadcasting RuntimeError."""
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    complex_kernel = rfgp.kernels.MaclaurinRBFKernel(64, seed=0, complex_posterior=True)
+    with pytest.raises(ValueError, match="complex_posterior=True"):
+        StreamingFeatureGP(gpytorch.kernels.ScaleKernel(complex_kernel).double(), likelihood)
+    for kernel in (rfgp.kernels.SketchedCurlFreeKernel(64, input_dim=2, seed=0),
+                   rfgp.kernels.SketchedRBFKernelGrad(64, input_dim=2, seed=0)):
+        with pytest.raises(TypeError, match=r"several outputs per input \((2|3):"):
+            StreamingFeatureGP(gpytorch.kernels.ScaleKernel(kernel).double(), likelihood)
+
+
 def _assert_same_state(before: dict, after: dict) -> None:
     assert before.keys() == after.keys()
     for name in before:
