@@ -238,6 +238,12 @@ class StreamingFeatureGP(nn.Module):
             noise.to(storage).log().sum(-1),
             torch.full(noise.shape[:-1], float(x.shape[-2]), dtype=storage, device=features.device),
         )
+        if self.gram.numel() and gram.shape != self.gram.shape:
+            raise ValueError(
+                f"x has batch shape {tuple(x.shape[:-2])}, which gives statistics of batch shape "
+                f"{tuple(gram.shape[:-2])}, but the data absorbed so far have batch shape {tuple(self.gram.shape[:-2])}: every batch of a stream "
+                "must have the same batch dimensions (broadcasting would add the earlier data to every new batch entry)"
+            )
         for name, value in zip(_STATISTICS, batch):
             current = getattr(self, name)
             setattr(self, name, value if current.numel() == 0 else current + value)

@@ -120,6 +120,22 @@ def test_kernels_whose_posterior_the_statistics_do_not_hold_are_refused_by_name(
             StreamingFeatureGP(gpytorch.kernels.ScaleKernel(kernel).double(), likelihood)
 
 
+def test_a_batch_of_another_batch_shape_is_refused_and_leaves_the_model_unchanged():
+    """A batched (3, k, d) batch after unbatched data was accepted, broadcasting the earlier points into each of the
+    three new models as if each had seen them; (3, k, d) after (2, k, d) failed with a bare
+    broadcasting RuntimeError."""
+    x, y = _data(40)
+    model = _model(x, y)
+    gp = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module).update(x[:10], y[:10])
+    before = copy.deepcopy(gp.state_dict())
+    with pytest.raises(ValueError, match=r"batch shape \(3,\).*absorbed so far have batch shape \(\)"):
+        gp.update(x[10:40].reshape(3, 10, DIM), y[10:40].reshape(3, 10))
+    _assert_same_state(before, gp.state_dict())
+    gp.reset().update(x[:20].reshape(2, 10, DIM), y[:20].reshape(2, 10))
+    with pytest.raises(ValueError, match=r"batch shape \(3,\).*absorbed so far have batch shape \(2,\)"):
+        gp.update(x[10:40].reshape(3, 10, DIM), y[10:40].reshape(3, 10))
+
+
 def _assert_same_state(before: dict, after: dict) -> None:
     assert before.keys() == after.keys()
     for name in before:
