@@ -241,8 +241,9 @@ class StreamingFeatureGP(nn.Module):
         if self.gram.numel() and gram.shape != self.gram.shape:
             raise ValueError(
                 f"x has batch shape {tuple(x.shape[:-2])}, which gives statistics of batch shape "
-                f"{tuple(gram.shape[:-2])}, but the data absorbed so far have batch shape {tuple(self.gram.shape[:-2])}: every batch of a stream "
-                "must have the same batch dimensions (broadcasting would add the earlier data to every new batch entry)"
+                f"{tuple(gram.shape[:-2])}, but the data absorbed so far have batch shape "
+                f"{tuple(self.gram.shape[:-2])}: every batch of a stream must have the same batch dimensions "
+                "(broadcasting would add the earlier data to every new batch entry)"
             )
         for name, value in zip(_STATISTICS, batch):
             current = getattr(self, name)
