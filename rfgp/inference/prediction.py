@@ -229,6 +229,13 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         """
         distributed.refuse("fantasies (get_fantasy_model, condition_on_observations, fantasize; every process would "
                            "add the new points to its shard)")
+        event = full_output.event_shape
+        if full_targets.shape[full_targets.dim() - len(event):] != event:
+            raise ValueError(
+                f"get_fantasy_model: targets of shape {tuple(targets.shape)} do not match the "
+                f"{inputs[0].shape[-2]} new input points (the {event[0]} old and new points need targets ending in "
+                f"{tuple(event)}, the concatenated targets have shape {tuple(full_targets.shape)})"
+            )
         training_noise = self.dense_noise
         if training_noise is not None:
             return self._dense_noise_fantasy(training_noise, inputs, targets, full_inputs, full_targets, full_output,

@@ -393,3 +393,14 @@ def test_fantasy_of_a_fantasy_differentiates_as_the_recomputation(detach, monkey
     assert min(g.abs().max() for g in expected[:4]) > 1e-2 and len(expected) == (4 if detach else 8)
     for a, b in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("num_targets", [5, 2])
+def test_fantasy_targets_of_another_number_of_points_are_refused(num_targets):
+    """3 new inputs with 5 (or 2) targets: the updated strategy read the number of new points off the targets and
+    predicted from 53 inputs and 55 labels, silently (the recomputation failed in GPyTorch's reshape of the labels)."""
+    model = model_of()
+    with pytest.raises(ValueError, match=rf"targets.*{num_targets}.*3 new input points"):
+        model.get_fantasy_model(new_points(), torch.zeros(num_targets, dtype=torch.float64))
+    fantasy = model.get_fantasy_model(new_points(), torch.zeros(2, 3, dtype=torch.float64))  # 2 fantasies of 3
+    assert predict(fantasy, XS)[0].shape == (2, 7)
