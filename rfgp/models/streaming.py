@@ -348,6 +348,8 @@ class StreamingFeatureGP(nn.Module):
             saved = state_dict.get(prefix + name)
             if saved is not None:
                 setattr(self, name, torch.empty_like(saved))
+        # read by _snapshot_after_loading: only loaded statistics belong to the loaded hyperparameters
+        self._statistics_loaded = all(prefix + name in state_dict for name in _STATISTICS)
         self._chol = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -366,7 +368,11 @@ def _check_point_noise(noise, y: Tensor) -> None:
 
 
 def _snapshot_after_loading(module: StreamingFeatureGP, incompatible_keys) -> None:
-    # Runs after the kernel, likelihood and mean were loaded: the loaded statistics belong to them.
+    # Runs after the kernel, likelihood and mean were loaded: the loaded statistics belong to them.  Statistics kept
+    # through a partial load (strict=False) keep the snapshot of their own hyperparameters, so that a hyperparameter
+    # the load changed raises where they are used.
+    if not module.__dict__.pop("_statistics_loaded", True):
+        return
     module._hyperparameters = (
         {name: t.clone() for name, t in module._hyperparameter_state().items()} if module.num_data else None
     )

@@ -328,6 +328,26 @@ def test_loaded_statistics_are_tied_to_the_loaded_hyperparameters():
         fresh(x[:2].float())
 
 
+def test_a_partial_load_that_changes_hyperparameters_but_not_the_statistics_invalidates_them():
+    """load_state_dict(strict=False) of another model's hyperparameters without the statistics re-snapshotted the
+    loaded hyperparameters as those of the kept statistics: the posterior was silently that of the old noise and
+    outputscale applied to statistics summed under the new ones (0.39 against the refit's 0.17)."""
+    x, y = _data(60)
+    model, streaming, _ = _fitted_and_loaded_copy(x, y)
+    other = _model(x, y)
+    other.likelihood.noise = 0.3
+    hyperparameters = {name: value for name, value in StreamingFeatureGP(
+        other.covar_module, other.likelihood, other.mean_module).state_dict().items()
+        if name not in streaming_module._STATISTICS}
+    original_noise = streaming.likelihood.raw_noise.detach().clone()
+    streaming.load_state_dict(hyperparameters, strict=False)
+    with pytest.raises(RuntimeError, match="likelihood.noise_covar.raw_noise changed after data were absorbed"):
+        streaming(x[:2])
+    streaming.load_state_dict({**hyperparameters, "likelihood.noise_covar.raw_noise": original_noise},
+                              strict=False)  # the statistics' own hyperparameters again: valid
+    streaming(x[:2])
+
+
 @pytest.mark.parametrize("rank_update", ["never", "always"])
 def test_float32_streaming_at_a_high_signal_to_noise_ratio_matches_float64(rank_update):
     """The IGRF fit of tests/inference/test_float32_training.py (N = 1500, F = 512, outputscale 84, noise 4.4e-4;
