@@ -353,6 +353,28 @@ def test_sketched_decomposable_kernel_has_multitask_kernel_names():
     assert SketchedDecomposableKernel(SketchedRBFKernel(16), 4).num_tasks == 4
 
 
+def test_sketched_decomposable_kernel_batches_its_task_covariance_as_multitask_kernel():
+    """SketchedDecomposableKernel(..., batch_shape=b) built one task covariance A shared by the b members where
+    GPyTorch's MultitaskKernel(..., batch_shape=b) gives each its own: the drop-in was silently another model, and a
+    batched MultitaskKernel's state_dict did not load into it (size mismatch of covar_factor)."""
+    batch = torch.Size([2])
+    data = SketchedRBFKernel(32, seed=0, batch_shape=batch).to(F64)
+    sketched = SketchedDecomposableKernel(data, num_tasks=3, rank=1, batch_shape=batch).to(F64)
+    exact = gpytorch.kernels.MultitaskKernel(data, num_tasks=3, rank=1, batch_shape=batch).to(F64)
+    assert {name: p.shape for name, p in sketched.named_parameters()} == {
+        name: p.shape for name, p in exact.named_parameters()}
+    with torch.no_grad():
+        exact.task_covar_module.covar_factor.copy_(torch.randn(2, 3, 1, generator=torch.Generator().manual_seed(1)))
+    sketched.load_state_dict(exact.state_dict(), strict=False)  # strict=False: rfgp adds its config entries
+    x = torch.rand(2, 5, 2, dtype=F64)
+    # GPyTorch's MultitaskKernel.forward repeats a batched task covariance over x's batch (2 → 4 members): compare
+    # with its entries K(xᵢ, xⱼ)·A[s, t] at [i·p + s, j·p + t] instead
+    tasks, values = exact.task_covar_module.covar_matrix.to_dense(), data(x).to_dense()
+    expected = torch.stack([torch.kron(values[member], tasks[member]) for member in range(2)])
+    assert not torch.allclose(tasks[0], tasks[1])
+    torch.testing.assert_close(sketched(x).to_dense(), expected)
+
+
 def test_sketched_decomposable_kernel_accepts_its_former_keywords():
     with pytest.warns(DeprecationWarning, match="num_tasks"):
         kernel = SketchedDecomposableKernel(base_kernel=SketchedRBFKernel(16), num_outputs=2, output_covar_prior=None)
