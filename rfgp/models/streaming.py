@@ -223,7 +223,8 @@ class StreamingFeatureGP(nn.Module):
             return self._check_empty_batch(x)
         features = kernel_features(self.covar_module, x)
         if noise is None:
-            noise = self.likelihood.noise.to(features.dtype).expand(*features.shape[:-2], x.shape[-2])
+            noise = self.likelihood.noise.to(features.dtype)  # (*likelihood batch, 1): a batch of its own broadcasts
+            noise = noise.expand(*torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1]), x.shape[-2])
         residual = (y - self.mean_module(x)).unsqueeze(-1)
         weights = noise.reciprocal()
         storage = factor_dtype(features.dtype, features.device)

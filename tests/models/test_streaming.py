@@ -136,6 +136,32 @@ def test_a_batch_of_another_batch_shape_is_refused_and_leaves_the_model_unchange
         gp.update(x[10:40].reshape(3, 10, DIM), y[10:40].reshape(3, 10))
 
 
+@pytest.mark.parametrize("rank_update", ["never", "always"])
+def test_a_batched_likelihood_over_an_unbatched_kernel_streams_one_gp_per_noise(rank_update):
+    """GaussianLikelihood(batch_shape=(3,)) over an unbatched kernel (three GPs of one kernel, as in an ExactGP) failed
+    at the first batch with a bare RuntimeError of expand; each member now equals the stream of its own noise."""
+    x, y = _data(40)
+    model = _model(x, y)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([3])).double()
+    noises = torch.tensor([0.01, 0.1, 0.5], dtype=torch.float64)
+    likelihood.noise = noises.unsqueeze(-1)
+    gp = StreamingFeatureGP(model.covar_module, likelihood, model.mean_module, rank_update=rank_update)
+    gp.update(x[:15], y[:15]).cholesky()
+    gp.update(x[15:], y[15:])
+    x_test = x[:4] + 0.1
+    with torch.no_grad():
+        batched = gp(x_test)
+        for member, noise in enumerate(noises):
+            single = gpytorch.likelihoods.GaussianLikelihood().double()
+            single.noise = noise
+            alone = StreamingFeatureGP(model.covar_module, single, model.mean_module).update(x, y)
+            torch.testing.assert_close(gp.log_marginal_likelihood()[member], alone.log_marginal_likelihood(),
+                                       rtol=1e-12, atol=1e-10)
+            torch.testing.assert_close(batched.mean[member], alone(x_test).mean, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(batched.covariance_matrix[member], alone(x_test).covariance_matrix,
+                                       rtol=1e-12, atol=1e-12)
+
+
 def _assert_same_state(before: dict, after: dict) -> None:
     assert before.keys() == after.keys()
     for name in before:
