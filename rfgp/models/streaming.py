@@ -170,10 +170,20 @@ class StreamingFeatureGP(nn.Module):
             or not _identical(current[name], self._hyperparameters[name])
         )
         if changed:
+            conversions = sorted({
+                f"from {self._hyperparameters[name].dtype} to {current[name].dtype}" for name in changed
+                if name in current and name in self._hyperparameters
+                and current[name].dtype != self._hyperparameters[name].dtype
+            })
+            converted = (
+                f" The model was converted {' and '.join(conversions)} after streaming, which draws seeded features "
+                "anew in the new dtype (not the rounded draws the statistics were summed with): convert the model "
+                "before streaming." if conversions else ""
+            )
             raise RuntimeError(
                 f"StreamingFeatureGP: {', '.join(changed)} changed after data were absorbed; the accumulated "
                 "statistics hold the old hyperparameters and cannot be recomputed without the old data. "
-                "Restore them, or call reset() and stream the data again."
+                f"Restore them, or call reset() and stream the data again.{converted}"
             )
 
     @torch.no_grad()

@@ -472,6 +472,16 @@ def test_float32_stream_counts_past_two_to_the_24_points():
     assert streaming.num_data == 2**24 + 1
 
 
+def test_converting_a_float32_stream_to_float64_is_refused_naming_the_conversion():
+    """model.double() after a float32 stream re-draws the seeded features in float64, so the statistics no longer
+    match; the refusal named only the draws ("feature_map.frequencies changed"), which the user had not touched."""
+    x, y = _data(60)
+    streaming = _streamed(torch.float32, x, y, 20)
+    streaming.double()
+    with pytest.raises(RuntimeError, match=r"frequencies changed.*converted from torch.float32 to torch.float64"):
+        streaming(x[:2])
+
+
 def test_model_float_keeps_the_float64_sums_of_a_float32_stream():
     """model.float() (or .to(device)) after streaming keeps G, B, q, ℓ and n in float64: rounding them to float32
     loses what the float64 sums are for (the factorisation of I + G at a high signal-to-noise ratio)."""
