@@ -218,8 +218,9 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         self.num_tasks = check_positive_int(num_tasks, "num_tasks")
         self.rank = check_positive_int(rank, "rank", allow_zero=True)
         self.data_covar_module = data_covar_module
+        # one task covariance per batch member, as GPyTorch's MultitaskKernel
         self.task_covar_module = IndexKernel(num_tasks=self.num_tasks, batch_shape=self.batch_shape, rank=self.rank,
-                                             prior=task_covar_prior)  # one task covariance per batch member, as GPyTorch
+                                             prior=task_covar_prior)
 
     @property
     def num_outputs(self) -> int:
