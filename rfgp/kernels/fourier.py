@@ -249,13 +249,26 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
             seed=seed,
             generator=generator,
         )
-        self.nu = feature_map.spectral_density.nu
+        self._nu = feature_map.spectral_density.nu
         super().__init__(feature_map, **kwargs)
         if self.is_anchored:
             self.register_buffer("lengthscale_anchor", self.lengthscale.detach().clone())
             self._anchored_draws = None  # (seed, width) of the feature map's draws ℓ₀ was set for
             self.register_state_dict_pre_hook(_anchor_before_saving)
             self.register_load_state_dict_post_hook(_anchored_after_loading)
+
+    @property
+    def nu(self) -> float:
+        """The smoothness ν, fixed at construction: the frequencies were drawn from its spectral density."""
+        return self._nu
+
+    @nu.setter
+    def nu(self, value) -> None:
+        raise AttributeError(
+            f"{type(self).__name__}.nu is fixed at construction (its frequencies were drawn from the ν = {self._nu:g} "
+            f"spectral density), so assigning nu = {value!r} would change nothing: build a new kernel with "
+            f"nu={value!r} (rfgp.sketch converts a GPyTorch MaternKernel with its ν)"
+        )
 
     @property
     def is_anchored(self) -> bool:

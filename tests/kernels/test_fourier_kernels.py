@@ -269,3 +269,13 @@ def test_bad_inputs_to_kernel(device):
     ard = SketchedRBFKernel(16, ard_num_dims=3, seed=0).to(device)
     with pytest.raises(RuntimeError, match="ard_num_dims"):
         ard(torch.randn(5, 4, device=device)).to_dense()
+
+
+def test_assigning_nu_after_construction_is_refused_by_name():
+    """GPyTorch's ``MaternKernel.nu`` is a plain attribute read at every call; the sketched kernel's frequencies were
+    drawn from ν's spectral density at construction, so ``kernel.nu = 2.5`` was accepted and changed nothing: the
+    kernel matrix stayed the ν = 1.5 one.  Now the assignment raises, naming the kernel to build instead."""
+    kernel = SketchedMaternKernel(64, nu=1.5, input_dim=2, seed=0)
+    with pytest.raises(AttributeError, match=r"SketchedMaternKernel.nu is fixed at construction .* nu=2.5"):
+        kernel.nu = 2.5
+    assert kernel.nu == 1.5 and kernel.config()["nu"] == 1.5
