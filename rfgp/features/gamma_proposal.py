@@ -31,13 +31,17 @@ PROPOSAL_FACTORS = (1.0, 0.25)
 MIN_SHAPE_RATIO = 0.125
 
 
-def log_gamma_density(tau: Tensor, shape: Tensor) -> Tensor:
-    """log of the Gamma(shape, rate = shape) density at τ (mean 1)."""
-    return shape * torch.log(shape) - torch.lgamma(shape) + (shape - 1) * torch.log(tau) - shape * tau
+def log_gamma_density(log_tau: Tensor, shape: Tensor) -> Tensor:
+    """log of the Gamma(shape, rate = shape) density (mean 1) at τ, from log τ (finite where τ underflows)."""
+    return shape * torch.log(shape) - torch.lgamma(shape) + (shape - 1) * log_tau - shape * log_tau.exp()
 
 
 def draw_gamma_proposal(num_draws: int, reference_shape: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """(τ, log r(τ)): ``num_draws`` draws from the proposal r at a₀ = ``reference_shape``, float64.
+    """(log τ, log r(τ)): ``num_draws`` draws from the proposal r at a₀ = ``reference_shape``, float64.
+
+    The draws are kept as log τ: at a₀/4 ≲ 0.0025 a share of the τ underflow float64 (and float32 at a₀/4 ≲ 0.05),
+    where log τ, the weights and their derivatives stay finite; the frequencies ∝ √τ = exp(½ log τ) then underflow
+    to 0 harmlessly.
 
     a₀ is rounded to float32 first, so that a seed draws the same τ whether a₀ was read from a float32 or a float64
     hyperparameter: α = 1 set on a float64 kernel reads back as 0.9999999995 (softplus round trip), on a float32 one
@@ -46,16 +50,18 @@ def draw_gamma_proposal(num_draws: int, reference_shape: float, generator: torch
     """
     reference_shape = float(torch.tensor(reference_shape, dtype=torch.float32))
     shapes = [reference_shape * factor for factor in PROPOSAL_FACTORS]
-    candidates = torch.stack([random.gamma((num_draws,), a, generator) / a for a in shapes])
+    candidates = torch.stack([random.log_gamma((num_draws,), a, generator) - math.log(a) for a in shapes])
     component = torch.randint(len(shapes), (num_draws,), generator=generator)
-    tau = candidates.gather(0, component.unsqueeze(0)).squeeze(0)
+    log_tau = candidates.gather(0, component.unsqueeze(0)).squeeze(0)
     shape_tensor = torch.tensor(shapes, dtype=torch.float64).unsqueeze(-1)
-    return tau, torch.logsumexp(log_gamma_density(tau, shape_tensor), dim=0) - math.log(len(shapes))
+    return log_tau, torch.logsumexp(log_gamma_density(log_tau, shape_tensor), dim=0) - math.log(len(shapes))
 
 
-def gamma_log_weights(tau: Tensor, log_proposal: Tensor, shape: Tensor, reference_shape: Tensor, name: str) -> Tensor:
-    """log w(τ) = log Gamma(τ; a, a) − log r(τ) of :func:`draw_gamma_proposal`'s draws, shape ``(*batch, m)`` for a =
-    ``shape`` ``(*batch, 1)``; a ≤ a₀/8 (a₀ = ``reference_shape``) raises, naming the hyperparameter ``name``."""
+def gamma_log_weights(log_tau: Tensor, log_proposal: Tensor, shape: Tensor, reference_shape: Tensor,
+                      name: str) -> Tensor:
+    """log w(τ) = log Gamma(τ; a, a) − log r(τ) of :func:`draw_gamma_proposal`'s draws log τ, shape ``(*batch, m)``
+    for a = ``shape`` ``(*batch, 1)``; a ≤ a₀/8 (a₀ = ``reference_shape``) raises, naming the hyperparameter
+    ``name``."""
     bound = reference_shape * MIN_SHAPE_RATIO
     if bool((shape <= bound).any()):
         raise DrawCoverageError(
@@ -63,4 +69,4 @@ def gamma_log_weights(tau: Tensor, log_proposal: Tensor, shape: Tensor, referenc
             "where the importance weights of the drawn precisions have infinite variance: call resample() on the "
             f"kernel to re-centre the proposal at the current {name}"
         )
-    return log_gamma_density(tau, shape) - log_proposal
+    return log_gamma_density(log_tau, shape) - log_proposal

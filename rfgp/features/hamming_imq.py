@@ -56,15 +56,15 @@ class HammingIMQFeatures(CategoricalFeatures):
 
     def _draw(self, input_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
         draws = super()._draw(input_dim, generator)
-        tau, log_proposal = draw_gamma_proposal(self.num_features, self.reference, generator)
-        return {**draws, "precisions": tau, "log_proposal": log_proposal,
+        log_tau, log_proposal = draw_gamma_proposal(self.num_features, self.reference, generator)
+        return {**draws, "log_precisions": log_tau, "log_proposal": log_proposal,
                 "reference_beta": torch.tensor(self.reference, dtype=torch.float64)}
 
     def forward(self, x: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         self._prepare(x)
-        tau, log_proposal, reference = (self._buffer(name, alpha) for name in
-                                        ("precisions", "log_proposal", "reference_beta"))
-        log_weights = gamma_log_weights(tau, log_proposal, beta, reference, "beta")  # (*batch, F)
-        log_share = (-tau * beta / alpha).unsqueeze(-2)  # log c_f, (*batch, 1, F): one share for all positions
+        log_tau, log_proposal, reference = (self._buffer(name, alpha) for name in
+                                            ("log_precisions", "log_proposal", "reference_beta"))
+        log_weights = gamma_log_weights(log_tau, log_proposal, beta, reference, "beta")  # (*batch, F)
+        log_share = (-log_tau.exp() * beta / alpha).unsqueeze(-2)  # log c_f, (*batch, 1, F): one share for all positions
         features = super().forward(x, log_share, per_feature=True)
         return features * (0.5 * log_weights).exp().unsqueeze(-2)

@@ -37,18 +37,18 @@ class RationalQuadraticSpectralMeasure(SpectralMeasure):
         if alpha is None:
             raise RuntimeError("RationalQuadraticSpectralMeasure needs reference['alpha'] before drawing")
         alpha_ref = float(alpha.detach().min())
-        tau, log_proposal = draw_gamma_proposal(num_frequencies, alpha_ref, generator)
+        log_tau, log_proposal = draw_gamma_proposal(num_frequencies, alpha_ref, generator)
         return {
             "directions": random.normal((num_frequencies, input_dim), generator),
-            "precisions": tau,
+            "log_precisions": log_tau,
             "log_proposal": log_proposal,
             "reference_alpha": torch.tensor(alpha_ref, dtype=torch.float64),
         }
 
     def frequencies(self, draws: dict[str, Tensor], lengthscale: Tensor, **others: Tensor) -> Tensor:
         """ω = g√τ/ℓ, shape ``(*batch, m, d)`` for ``lengthscale`` ``(*batch, 1, d or 1)``."""
-        return draws["directions"] * draws["precisions"].sqrt().unsqueeze(-1) / lengthscale
+        return draws["directions"] * (0.5 * draws["log_precisions"]).exp().unsqueeze(-1) / lengthscale
 
     def log_weights(self, draws: dict[str, Tensor], alpha: Tensor, **others: Tensor) -> Tensor:
         """log Gamma(τ; α, α) − log r(τ), shape ``(*batch, m)`` for ``alpha`` ``(*batch, 1)``."""
-        return gamma_log_weights(draws["precisions"], draws["log_proposal"], alpha, draws["reference_alpha"], "alpha")
+        return gamma_log_weights(draws["log_precisions"], draws["log_proposal"], alpha, draws["reference_alpha"], "alpha")

@@ -63,6 +63,23 @@ def test_gamma_shape_and_rejects_bad_concentration():
             random.gamma((3,), bad, torch.Generator())
 
 
+@pytest.mark.parametrize("concentration", [0.3, 2.5])
+def test_log_gamma_is_the_log_of_the_same_gamma_draws(concentration):
+    x = random.gamma((4, 5), concentration, torch.Generator().manual_seed(1))
+    log_x = random.log_gamma((4, 5), concentration, torch.Generator().manual_seed(1))
+    assert log_x.shape == (4, 5)
+    torch.testing.assert_close(log_x, x.log(), rtol=1e-12, atol=1e-12)
+
+
+def test_log_gamma_stays_finite_where_the_draws_underflow():
+    # Gamma(a) = Gamma(a + 1)·U^{1/a}: at a = 0.001 a U below 0.5 already gives U^{1000} < 1e-301
+    n = 20_000
+    log_x = random.log_gamma((n,), 0.001, torch.Generator().manual_seed(2))
+    assert bool(torch.isfinite(log_x).all()) and bool((log_x.exp() == 0).any())
+    # a·log X → −Exp(1) in law as a → 0 (log X ≈ log U/a): mean −1, SE 1/√n
+    assert within(*mean_and_se(0.001 * log_x), -1.0)
+
+
 @pytest.mark.parametrize("dof", [1, 3, 16])
 def test_chi_moments(dof):
     n = 100_000

@@ -62,6 +62,19 @@ def test_alpha_far_below_the_proposal_raises_naming_it():
         gram(features(16, 0), alpha=ALPHA / 10)
 
 
+@pytest.mark.parametrize("dtype,alpha", [(torch.float32, 0.1), (torch.float64, 0.002)])
+def test_small_alpha_gives_finite_unbiased_features(dtype, alpha):
+    # the proposal's Gamma(α/4) precisions underflow (float32 at α ≈ 0.1, float64 at α ≈ 0.01): log τ = −inf made
+    # the log-weights NaN/Inf and every call raise; the draws are kept as log τ
+    alpha = torch.tensor([alpha], dtype=F64)
+
+    def small_alpha_gram(seed):
+        phi = features(128, seed, reference=alpha).to(dtype)
+        return gram(phi, LENGTHSCALE.to(dtype), alpha.to(dtype), X.to(dtype)).double()
+
+    assert_unbiased(small_alpha_gram, exact_rq(X, X, LENGTHSCALE, alpha), 100)
+
+
 def test_state_dict_round_trip():
     phi, other = features(32, 5), features(32, 6)
     other.load_state_dict(phi.state_dict())

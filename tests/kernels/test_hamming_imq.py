@@ -74,6 +74,14 @@ def test_mean_of_the_features_and_of_their_gradients_is_gpytorchs_kernel(beta):
         assert_within_4_standard_errors(derivatives, exact_grad)
 
 
+def test_small_beta_in_float32_gives_finite_unbiased_features():
+    # β = 0.1 drew Gamma(β/4) precisions below float32's range: log τ = −inf made every float32 call raise
+    converted = rfgp.sketch(hamming_imq(beta=0.1), 20000, seed=0).float()
+    truth = hamming_imq(beta=0.1)(X).to_dense().detach()
+    phi = converted.featurize(X.float()).double()
+    assert_within_4_standard_errors((phi.unsqueeze(-2) * phi.unsqueeze(-3) * phi.shape[-1]).detach(), truth)
+
+
 def test_conversion_carries_hyperparameters_constraints_priors_batch_and_state():
     batch = torch.Size([2])
     exact = HammingIMQKernel(vocab_size=VOCAB, batch_shape=batch, alpha_prior=GammaPrior(2.0, 2.0),
