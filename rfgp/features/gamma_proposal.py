@@ -69,4 +69,8 @@ def gamma_log_weights(log_tau: Tensor, log_proposal: Tensor, shape: Tensor, refe
             "where the importance weights of the drawn precisions have infinite variance: call resample() on the "
             f"kernel to re-centre the proposal at the current {name}"
         )
-    return log_gamma_density(log_tau, shape) - log_proposal
+    # in float64 (the tensors are tiny): a log a − log Γ(a) cancels to O(log a) from O(a log a), which float32 loses
+    # at large a (α = 1e5: every weight off by several per cent, α = 1e7: k̂(x, x) ≈ 8000)
+    float64 = torch.float64
+    log_weights = log_gamma_density(log_tau.to(float64), shape.to(float64)) - log_proposal.to(float64)
+    return log_weights.to(shape.dtype)

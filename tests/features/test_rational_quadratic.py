@@ -75,6 +75,16 @@ def test_small_alpha_gives_finite_unbiased_features(dtype, alpha):
     assert_unbiased(small_alpha_gram, exact_rq(X, X, LENGTHSCALE, alpha), 100)
 
 
+@pytest.mark.parametrize("alpha", [1e5, 1e7])
+def test_float32_features_at_large_alpha_match_float64(alpha):
+    # a log a − log Γ(a) in the Gamma log-density cancelled in float32: at α = 1e7 k̂(x, x) was ≈ 8000, not ≈ 1
+    alpha = torch.tensor([alpha], dtype=F64)
+    phi = features(128, 3, reference=alpha)
+    in_float64 = gram(phi, alpha=alpha)
+    in_float32 = gram(phi.float(), LENGTHSCALE.float(), alpha.float(), X.float()).double()
+    torch.testing.assert_close(in_float32, in_float64, rtol=0.0, atol=1e-4)
+
+
 def test_state_dict_round_trip():
     phi, other = features(32, 5), features(32, 6)
     other.load_state_dict(phi.state_dict())
