@@ -65,6 +65,7 @@ class HammingIMQFeatures(CategoricalFeatures):
         log_tau, log_proposal, reference = (self._buffer(name, alpha) for name in
                                             ("log_precisions", "log_proposal", "reference_beta"))
         log_weights = gamma_log_weights(log_tau, log_proposal, beta, reference, "beta")  # (*batch, F)
-        log_share = (-log_tau.exp() * beta / alpha).unsqueeze(-2)  # log c_f, (*batch, 1, F): one share for all positions
+        # log c_f, (*batch, 1, F): one share for all positions
+        log_share = (-log_tau.exp() * beta / alpha).unsqueeze(-2)
         features = super().forward(x, log_share, per_feature=True)
         return features * (0.5 * log_weights).exp().unsqueeze(-2)

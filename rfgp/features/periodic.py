@@ -112,11 +112,11 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         # the Bessel table and the log-weights in float64 (the table is tiny): the tail check is exact
         # and log q_k stays finite in float32 too, where q_k(1/ℓ) of a high harmonic can underflow
         probabilities = harmonic_probabilities(lengthscale.to(torch.float64).reciprocal(), num_harmonics)
-        missing = (1.0 - probabilities.sum(-1)).max()
+        missing = (1.0 - probabilities.detach().sum(-1)).max()
         if bool(missing > TAIL_TOLERANCE):
             raise DrawCoverageError(
-                f"lengthscale {float(lengthscale.min()):.4g} is too small for the drawn harmonics (the periodic "
-                f"measure puts {float(missing):.2e} of its mass beyond the {num_harmonics} harmonics the proposal "
+                f"lengthscale {float(lengthscale.detach().min()):.4g} is too small for the drawn harmonics (the "
+                f"periodic measure puts {float(missing):.2e} of its mass beyond the {num_harmonics} harmonics the proposal "
                 "covers): call resample() on the kernel to re-centre the proposal at the current lengthscale"
             )
         batch = probabilities.shape[:-3]  # (*batch, 1, d|1, K)

@@ -51,4 +51,5 @@ class RationalQuadraticSpectralMeasure(SpectralMeasure):
 
     def log_weights(self, draws: dict[str, Tensor], alpha: Tensor, **others: Tensor) -> Tensor:
         """log Gamma(τ; α, α) − log r(τ), shape ``(*batch, m)`` for ``alpha`` ``(*batch, 1)``."""
-        return gamma_log_weights(draws["log_precisions"], draws["log_proposal"], alpha, draws["reference_alpha"], "alpha")
+        return gamma_log_weights(draws["log_precisions"], draws["log_proposal"], alpha, draws["reference_alpha"],
+                                 "alpha")

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import pytest
 import torch
@@ -93,6 +94,17 @@ def test_too_small_lengthscale_raises_naming_it():
     phi = features(16, 0)
     with pytest.raises(ValueError, match="lengthscale .* too small.*resample"):
         gram(phi, lengthscale=LENGTHSCALE / 200)
+
+
+def test_too_small_trainable_lengthscale_raises_without_a_warning():
+    # the message read float() of a tensor that requires grad: a UserWarning came with (or, under -W error, instead
+    # of) the refusal
+    phi = features(16, 0)
+    lengthscale = (LENGTHSCALE / 200).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="lengthscale .* too small"):
+            gram(phi, lengthscale=lengthscale)
 
 
 def test_state_dict_round_trip_restores_proposal_dependent_shapes():
