@@ -116,8 +116,8 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         if bool(missing > TAIL_TOLERANCE):
             raise DrawCoverageError(
                 f"lengthscale {float(lengthscale.detach().min()):.4g} is too small for the drawn harmonics (the "
-                f"periodic measure puts {float(missing):.2e} of its mass beyond the {num_harmonics} harmonics the proposal "
-                "covers): call resample() on the kernel to re-centre the proposal at the current lengthscale"
+                f"periodic measure puts {float(missing):.2e} of its mass beyond the {num_harmonics} harmonics the "
+                "proposal covers): call resample() on the kernel to re-centre the proposal at the current lengthscale"
             )
         batch = probabilities.shape[:-3]  # (*batch, 1, d|1, K)
         shape = (*batch, *harmonics.shape)
