@@ -74,3 +74,11 @@ def gamma_log_weights(log_tau: Tensor, log_proposal: Tensor, shape: Tensor, refe
     float64 = torch.float64
     log_weights = log_gamma_density(log_tau.to(float64), shape.to(float64)) - log_proposal.to(float64)
     return log_weights.to(shape.dtype)
+
+
+def upgrade_saved_precisions(state_dict: dict, prefix: str) -> None:
+    """Rename a state's precisions τ (``precisions``, saved before the draws were kept as log τ) to ``log_precisions``
+    = log τ, in the copy ``load_state_dict`` hands to a module; a state with log τ is left as it is."""
+    saved = state_dict.pop(prefix + "precisions", None)
+    if saved is not None and prefix + "log_precisions" not in state_dict:
+        state_dict[prefix + "log_precisions"] = saved.log()

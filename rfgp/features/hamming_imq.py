@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .categorical import CategoricalFeatures
-from .gamma_proposal import draw_gamma_proposal, gamma_log_weights
+from .gamma_proposal import draw_gamma_proposal, gamma_log_weights, upgrade_saved_precisions
 
 
 class HammingIMQFeatures(CategoricalFeatures):
@@ -59,6 +59,10 @@ class HammingIMQFeatures(CategoricalFeatures):
         log_tau, log_proposal = draw_gamma_proposal(self.num_features, self.reference, generator)
         return {**draws, "log_precisions": log_tau, "log_proposal": log_proposal,
                 "reference_beta": torch.tensor(self.reference, dtype=torch.float64)}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        upgrade_saved_precisions(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
         self._prepare(x)

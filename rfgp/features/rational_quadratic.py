@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from . import random
-from .gamma_proposal import draw_gamma_proposal, gamma_log_weights
+from .gamma_proposal import draw_gamma_proposal, gamma_log_weights, upgrade_saved_precisions
 from .weighted_fourier import SpectralMeasure
 
 
@@ -44,6 +44,9 @@ class RationalQuadraticSpectralMeasure(SpectralMeasure):
             "log_proposal": log_proposal,
             "reference_alpha": torch.tensor(alpha_ref, dtype=torch.float64),
         }
+
+    def upgrade_saved_draws(self, state_dict: dict, prefix: str) -> None:
+        upgrade_saved_precisions(state_dict, prefix)
 
     def frequencies(self, draws: dict[str, Tensor], lengthscale: Tensor, **others: Tensor) -> Tensor:
         """ω = g√τ/ℓ, shape ``(*batch, m, d)`` for ``lengthscale`` ``(*batch, 1, d or 1)``."""

@@ -56,6 +56,10 @@ class SpectralMeasure:
         """log wⱼ of shape ``(*batch, m)`` with E[wⱼ] = 1, or ``None`` for uniform weights."""
         return None
 
+    def upgrade_saved_draws(self, state_dict: dict, prefix: str) -> None:
+        """Bring the draws of a state saved by an earlier rfgp (keys under ``prefix``) to the current form, in the
+        copy ``load_state_dict`` hands to the feature map; nothing to do by default."""
+
     def __repr__(self) -> str:
         return self.name
 
@@ -264,6 +268,10 @@ class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
     def _materialize(self) -> None:
         super()._materialize()
         self._adopt_saved_shapes()  # the number of harmonics follows the proposal's hyperparameters
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        self.measure.upgrade_saved_draws(state_dict, prefix)  # before the saved shapes are read
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, measure={self.measure!r}"

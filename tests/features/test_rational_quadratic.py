@@ -89,3 +89,16 @@ def test_state_dict_round_trip():
     phi, other = features(32, 5), features(32, 6)
     other.load_state_dict(phi.state_dict())
     assert torch.equal(gram(other), gram(phi))
+
+
+def test_a_state_with_the_precisions_saved_as_tau_loads():
+    # states saved before the draws were kept as log τ hold τ under "precisions"
+    phi, other = features(32, 5), features(32, 6)
+    gram(phi)
+    state = phi.state_dict()
+    legacy = {("precisions" if key == "log_precisions" else key): (value.exp() if key == "log_precisions" else value)
+              for key, value in state.items()}
+    other.load_state_dict(legacy)
+    assert "precisions" in legacy and "log_precisions" not in legacy  # the caller's dict is not changed
+    torch.testing.assert_close(other.log_precisions, phi.log_precisions)  # to the buffers' dtype's precision
+    torch.testing.assert_close(gram(other), gram(phi))

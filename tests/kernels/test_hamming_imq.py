@@ -82,6 +82,16 @@ def test_small_beta_in_float32_gives_finite_unbiased_features():
     assert_within_4_standard_errors((phi.unsqueeze(-2) * phi.unsqueeze(-3) * phi.shape[-1]).detach(), truth)
 
 
+def test_a_state_with_the_precisions_saved_as_tau_loads():
+    # states saved before the draws were kept as log τ hold τ under "feature_map.precisions"
+    converted, other = rfgp.sketch(hamming_imq(), 64, seed=0), rfgp.sketch(hamming_imq(), 64, seed=1)
+    expected = converted(X).to_dense()
+    legacy = {key.replace("log_precisions", "precisions"): (value.exp() if key.endswith("log_precisions") else value)
+              for key, value in converted.state_dict().items()}
+    other.load_state_dict(legacy)
+    torch.testing.assert_close(other(X).to_dense(), expected, rtol=1e-12, atol=1e-14)
+
+
 def test_conversion_carries_hyperparameters_constraints_priors_batch_and_state():
     batch = torch.Size([2])
     exact = HammingIMQKernel(vocab_size=VOCAB, batch_shape=batch, alpha_prior=GammaPrior(2.0, 2.0),
