@@ -113,6 +113,22 @@ def test_float32_gradients_stay_finite_when_the_lengthscale_grows_far_from_the_p
     assert all(bool(torch.isfinite(p.grad).all()) for p in kernel.parameters())
 
 
+def test_float32_spectral_mixture_amplitude_stays_finite_over_many_dimensions():
+    # A = (Σw)^d = 0.05^50 underflows float32: log A = −inf made every gradient NaN; log A = d·log Σw stays finite
+    dims = 50
+    kernels = [SketchedSpectralMixtureKernel(num_mixtures=2, num_features=64, ard_num_dims=dims, seed=0).to(dtype)
+               for dtype in (torch.float32, torch.float64)]
+    x = torch.rand(3, dims, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.01
+    values = []
+    for kernel in kernels:
+        kernel.mixture_weights = torch.tensor([0.02, 0.03])
+        value = kernel(x.to(kernel.raw_mixture_weights.dtype)).to_dense()
+        value.sum().backward()
+        assert all(bool(torch.isfinite(p.grad).all()) for p in kernel.parameters())
+        values.append(value.double())
+    torch.testing.assert_close(values[0], values[1], rtol=0.0, atol=1e-30)  # k ≈ 1e-65: 0 in float32
+
+
 def test_resample_recentres_the_proposal_after_the_lengthscale_shrinks():
     _, kernel = periodic_pair()
     kernel(X).to_dense()
