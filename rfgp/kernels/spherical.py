@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from ..core.batch_copies import expand_batch
 from ..core.config_state import METHOD
 from ..core.validation import check_choice
 from ..features.spherical import UNIT_ROWS_HINT, SphericalRandomFeatures
@@ -85,6 +86,11 @@ class SketchedSphericalPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKern
             generator=generator,
         )
         super().__init__(feature_map, **kwargs)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, diag: bool = False, **params):
+        """The feature kernel's output, expanded (stride 0) to ``batch_shape``: no hyperparameter carries the batch
+        here, so every member is the same kernel, and GPyTorch expects the batch of a ``batch_shape`` kernel."""
+        return expand_batch(super().forward(x1, x2, diag=diag, **params), self.batch_shape)
 
     def unit_rows_hint(self) -> str | None:
         return None if self.feature_map.normalize_inputs else UNIT_ROWS_HINT

@@ -87,6 +87,18 @@ def test_state_dict_round_trip():
     assert torch.equal(fresh.feature_map.density.weights, kernel.feature_map.density.weights)
 
 
+def test_batch_shape_kernel_on_unbatched_inputs_gives_the_batch():
+    # no hyperparameter carries the batch: the output was (n, n) and GPyTorch raised "expected (2, n, n) ... likely a
+    # bug in GPyTorch"
+    kernel = SketchedSphericalPolynomialKernel(power=3, num_features=64, seed=0, batch_shape=torch.Size([2]))
+    single = SketchedSphericalPolynomialKernel(power=3, num_features=64, seed=0)
+    x = unit_rows(5, 3, dtype=F64)
+    covariance = kernel(x).to_dense()
+    assert covariance.shape == (2, 5, 5)
+    assert torch.equal(covariance[0], single(x).to_dense()) and torch.equal(covariance[1], covariance[0])
+    assert torch.equal(kernel(x, diag=True), single(x, diag=True).expand(2, 5))
+
+
 def test_bad_input():
     kernel = SketchedSphericalPolynomialKernel(power=3, num_features=64, seed=0)
     with pytest.raises(ValueError, match="unit sphere"):
