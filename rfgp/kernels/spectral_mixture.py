@@ -84,13 +84,15 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         """k(x, x) = (Σ_q w_q)^d."""
         return self.mixture_weights.sum(-1).pow(self.ard_num_dims)
 
+    def spectral_log_amplitude(self) -> Tensor:
+        """log k(x, x) = d·log Σ_q w_q: finite where (Σw)^d under- or overflows (float32 at d = 50 already)."""
+        return self.mixture_weights.sum(-1).log() * self.ard_num_dims
+
     def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
         """√(s·A)·Φ(x): an outputscale s (log s = ``log_amplitude``, ``None``: s = 1) and the mixture's
         A = (Σ_q w_q)^d in the same pair scales."""
         self._check_input_dim(x)
-        # log A = d·log Σw, not log of A: (Σw)^d under- or overflows float32 at d = 50 already (Σw = 0.05: A = 0, and
-        # log 0 made every gradient NaN), where log A and the features √A·Φ stay finite
-        log_total = self.mixture_weights.sum(-1).log() * self.ard_num_dims
+        log_total = self.spectral_log_amplitude()  # not log A: A = 0.05^50 = 0 in float32 made every gradient NaN
         return super().folded_features(x, log_total if log_amplitude is None else log_total + log_amplitude)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:

@@ -28,6 +28,8 @@ the amplitude) is usable here when it implements
 * ``spectral_weights(draws) -> Tensor | None`` (optional): per-frequency nonnegative importance
   weights ``(*batch, m)`` with expectation 1, or ``None``;
 * ``spectral_amplitude() -> Tensor``: k(x, x), batch-shaped;
+* ``spectral_log_amplitude() -> Tensor`` (optional): log k(x, x), for a factor whose k(x, x) can leave the floating
+  range (the spectral mixture's (Σw)^d); default the log of ``spectral_amplitude()``;
 * ``spectral_draws_follow_seed`` (optional, default ``False``): whether the draws depend on the seed alone, so
   that ``.double()`` of a product that drew in float32 makes them again in float64 (every factor's must);
 * ``spectral_draws_made()`` (optional): called once the product has drawn (Matérn-½ fixes its anchor ℓ₀ there).
@@ -179,42 +181,48 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         return None
 
     def spectrum(self, x: Tensor) -> tuple[list[tuple[Tensor, Tensor]], Tensor, Tensor | None]:
-        """The factors' inputs and frequencies [(uᵢ, ωᵢ)], the amplitude a = Πᵢaᵢ (outputscales included) and the
-        weights Πᵢwᵢ (``None``: all 1), each checked finite (a NaN hyperparameter would make Φ NaN silently)."""
+        """The factors' inputs and frequencies [(uᵢ, ωᵢ)], the log amplitude log a = Σᵢ log aᵢ (outputscales included;
+        a sum of logs, finite where the product a under- or overflows) and the weights Πᵢwᵢ (``None``: all 1), each
+        checked finite (a NaN hyperparameter would make Φ NaN silently)."""
         inputs = [select_active(kernel, x) for kernel in self.kernels]
         if self.input_dims is None:  # drawn once by threads calling at once (see FeatureMap._draw_at_first_call)
             with init_lock(self), torch.inference_mode(False):  # the draws stay usable by training
                 if self.input_dims is None:
                     self._materialize(tuple(u.shape[-1] for u in inputs))
-        terms, amplitude, weights = [], 1.0, None
+        terms, log_amplitude, weights = [], 0.0, None
         for i, (kernel, u) in enumerate(zip(self.kernels, inputs)):
             base, outputscale = unwrap_scale(kernel)
             draws = self._draws(i, u)
             frequencies = cast_to(base.spectral_frequencies(draws), u.dtype)
             check_finite(frequencies, f"the frequencies of kernels[{i}]")
             terms.append((u, frequencies))
-            factor_amplitude = base.spectral_amplitude()
-            amplitude = amplitude * (factor_amplitude if outputscale is None else factor_amplitude * outputscale)
+            factor_log_amplitude = getattr(base, "spectral_log_amplitude", None)
+            log_amplitude = log_amplitude + (base.spectral_amplitude().log() if factor_log_amplitude is None
+                                             else factor_log_amplitude())
+            if outputscale is not None:
+                log_amplitude = log_amplitude + outputscale.log()
             factor_weights = getattr(base, "spectral_weights", lambda _: None)(draws)
             if factor_weights is not None:
                 check_finite(factor_weights, f"the spectral weights of kernels[{i}]")
                 weights = factor_weights if weights is None else weights * factor_weights
-        check_finite(amplitude, "the amplitude (the factors' k(x, x) and outputscales)")
-        return terms, amplitude, weights
+        # an amplitude that underflows is allowed (its log stays finite); NaN or one beyond the floating range is not
+        check_finite(log_amplitude.exp(), "the amplitude (the factors' k(x, x) and outputscales)")
+        return terms, log_amplitude, weights
 
     def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
         """√s·Φ(x) for log s (an outputscale around the product; ``None``: s = 1), with the pair scales √(s·a·wⱼ/m)."""
-        terms, amplitude, weights = self.spectrum(x)
+        terms, log_product_amplitude, weights = self.spectrum(x)
         projection = 0.0
         for u, frequencies in terms:
             projection = projection + u @ frequencies.mT
-        log_total = amplitude.log() if log_amplitude is None else amplitude.log() + log_amplitude
+        log_total = log_product_amplitude if log_amplitude is None else log_product_amplitude + log_amplitude
         return projection_features(projection, None if weights is None else weights.log(), log_total)  # √(a·wⱼ/m)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = (a/m)Σⱼ wⱼ(cos² + sin²) = a·mean(w) without featurising x: the same for every x, differentiable
         in the amplitudes, outputscales and importance weights (Matérn-½'s r(ℓ), a periodic factor's q(1/ℓ))."""
-        terms, amplitude, weights = self.spectrum(x)
+        terms, log_amplitude, weights = self.spectrum(x)
+        amplitude = log_amplitude.exp()
         norms = amplitude if weights is None else amplitude * weights.mean(-1)
         rows = torch.broadcast_shapes(*((*u.shape[:-1],) for u, _ in terms),
                                       *((*frequencies.shape[:-2], 1) for _, frequencies in terms))

@@ -125,6 +125,20 @@ def test_a_product_of_cosine_kernels_is_unbiased():
     assert float(errors.pow(2).mean().sqrt()) < 0.15  # 1/√F: 0.08 at F = 1024
 
 
+def test_float32_product_with_a_spectral_mixture_over_many_dimensions_has_finite_gradients():
+    # the product's amplitude a = (Σw)^50 = 0.05^50 underflowed float32: log a = −inf made the mixture weights' gradient
+    # NaN; the amplitude is now a sum of logs
+    import rfgp
+
+    dims = 50
+    mixture = gpytorch.kernels.SpectralMixtureKernel(num_mixtures=2, ard_num_dims=dims)
+    mixture.mixture_weights = torch.tensor([0.02, 0.03])
+    product = rfgp.sketch(mixture * RBFKernel(), 64, seed=0).float()
+    x = torch.rand(3, dims, generator=torch.Generator().manual_seed(0)) * 0.01
+    product(x).to_dense().sum().backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in product.parameters())
+
+
 def test_factors_without_the_protocol_are_refused():
     poly = SketchedPolynomialKernel(2, num_features=8, seed=0)
     assert not has_spectral_protocol(poly) and has_spectral_protocol(ScaleKernel(SketchedRBFKernel(2)))
