@@ -271,9 +271,9 @@ def test_features_are_the_plain_formula_with_its_first_and_second_derivatives():
     kernel(x[:2].detach()).to_dense()
 
     def plain(x):
-        terms, amplitude, weights = kernel.spectrum(x)
+        terms, log_amplitude, weights = kernel.spectrum(x)
         projection = sum(u @ w.mT for u, w in terms)
-        features = torch.cat((projection.cos(), projection.sin()), -1) * (amplitude / 8).sqrt()
+        features = torch.cat((projection.cos(), projection.sin()), -1) * (log_amplitude.exp() / 8).sqrt()
         return features * torch.cat((weights.sqrt(), weights.sqrt()), -1)
 
     leaves = [x, *kernel.parameters()]
