@@ -7,6 +7,8 @@ columns as GPyTorch takes them), r the Hamming distance; the features of
 
 from __future__ import annotations
 
+import math
+
 import torch
 from gpytorch.constraints import Interval
 from gpytorch.priors import Prior
@@ -14,7 +16,7 @@ from torch import Tensor
 
 from ..core import settings
 from ..core.config_state import METHOD
-from ..core.validation import check_kernel_inputs, module_dtype
+from ..core.validation import NonFiniteHyperparameterError, check_kernel_inputs, module_dtype
 from ..features.hamming_imq import HammingIMQFeatures
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .random_feature_kernel import FeatureKernel
@@ -99,6 +101,14 @@ class SketchedHammingIMQKernel(FeatureKernel):
         categories = x.reshape(*x.shape[:-1], -1, self.vocab_size).argmax(-1).to(x.dtype)
         alpha, beta = self.alpha, self.beta
         log_amplitude = beta * torch.log1p(alpha.reciprocal())  # log k₀ = β·log((1 + α)/α), (*batch, 1)
+        largest = torch.finfo(log_amplitude.dtype).max
+        if bool((log_amplitude.detach() >= math.log(largest)).any()):  # k₀ = k(x, x) itself overflows: Φᵀ Φ = inf/NaN
+            raise NonFiniteHyperparameterError(
+                f"k(x, x) = ((1 + alpha)/alpha)^beta = exp({float(log_amplitude.detach().max()):.4g}) exceeds "
+                f"{log_amplitude.dtype}'s largest value {largest:.3g} at alpha={float(alpha.detach().min()):.4g}, "
+                f"beta={float(beta.detach().max()):.4g}; accepted are beta·log(1 + 1/alpha) < {math.log(largest):.4g} "
+                "(a larger alpha or a smaller beta, or float64)"
+            )
         features = self.feature_map(categories, alpha, beta)
         return features * (0.5 * log_amplitude).exp().unsqueeze(-1)
 

@@ -128,6 +128,14 @@ def test_inputs_that_are_not_one_hot_and_betas_beyond_the_draws_are_refused():
     assert torch.isfinite(converted(X).to_dense()).all()
 
 
+@pytest.mark.parametrize("dtype,beta", [(torch.float64, 1e5), (torch.float32, 200.0)])
+def test_an_amplitude_beyond_the_floating_range_is_refused_naming_alpha_and_beta(dtype, beta):
+    # k(x, x) = ((1 + α)/α)^β overflowed: the covariance was inf and NaN without a word
+    converted = rfgp.sketch(hamming_imq(beta=beta), 64, seed=0).to(dtype)
+    with pytest.raises(ValueError, match=r"k\(x, x\) = \(\(1 \+ alpha\)/alpha\)\^beta .* alpha=0.7, beta="):
+        converted(X.to(dtype)).to_dense()
+
+
 def test_set_num_features_recentres_the_gamma_draws_at_the_trained_beta():
     converted = rfgp.sketch(hamming_imq(), 64, seed=0)
     converted.beta = 0.1  # trained far below the conversion's β₀ = 1.3
