@@ -8,13 +8,15 @@ features of :mod:`rfgp.features.spectral_mixture` — unbiased, gradients in all
 
 from __future__ import annotations
 
+import math
+
 import torch
 from gpytorch.constraints import Interval
 from gpytorch.kernels import SpectralMixtureKernel
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from ..core.validation import check_positive_int
+from ..core.validation import NonFiniteHyperparameterError, check_positive_int
 from ..features.spectral_mixture import SpectralMixtureSpectralMeasure
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .spectral_kernel import SpectralFeatureKernel
@@ -92,14 +94,27 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         """√(s·A)·Φ(x): an outputscale s (log s = ``log_amplitude``, ``None``: s = 1) and the mixture's
         A = (Σ_q w_q)^d in the same pair scales."""
         self._check_input_dim(x)
-        log_total = self.spectral_log_amplitude()  # not log A: A = 0.05^50 = 0 in float32 made every gradient NaN
-        return super().folded_features(x, log_total if log_amplitude is None else log_total + log_amplitude)
+        return super().folded_features(x, self._checked_log_amplitude(log_amplitude))
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = A·mean(w), A = (Σ_q w_q)^d, without featurising x: differentiable in the mixture weights (the
         amplitude and the importance weights), and with the checks of :meth:`featurize`."""
         self._check_input_dim(x)
-        return self.measure_squared_norm(x) * self.spectral_amplitude().unsqueeze(-1)
+        return self.measure_squared_norm(x) * self._checked_log_amplitude().exp().unsqueeze(-1)
+
+    def _checked_log_amplitude(self, log_scale: Tensor | None = None) -> Tensor:
+        """log(s·A) = log s + d·log Σ_q w_q (not log A: A = 0.05^50 = 0 in float32 made every gradient NaN), refused
+        where s·A = k(x, x) itself exceeds the dtype's range (the covariance would be inf and NaN)."""
+        log_total = self.spectral_log_amplitude() if log_scale is None else self.spectral_log_amplitude() + log_scale
+        largest = torch.finfo(log_total.dtype).max
+        if bool((log_total.detach() >= math.log(largest)).any()):
+            raise NonFiniteHyperparameterError(
+                f"k(x, x) = (Σ_q mixture_weights)^ard_num_dims{'' if log_scale is None else ' × outputscale'} = "
+                f"exp({float(log_total.detach().max()):.4g}) exceeds {log_total.dtype}'s largest value {largest:.3g} "
+                f"(mixture_weights summing to {float(self.mixture_weights.detach().sum(-1).max()):.4g}, "
+                f"ard_num_dims={self.ard_num_dims}); accepted is a k(x, x) below it: smaller mixture weights or float64"
+            )
+        return log_total
 
     def _check_input_dim(self, x: Tensor) -> None:
         if x.shape[-1] != self.ard_num_dims:

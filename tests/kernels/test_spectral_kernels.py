@@ -129,6 +129,18 @@ def test_float32_spectral_mixture_amplitude_stays_finite_over_many_dimensions():
     torch.testing.assert_close(values[0], values[1], rtol=0.0, atol=1e-30)  # k ≈ 1e-65: 0 in float32
 
 
+@pytest.mark.parametrize("diag", [False, True])
+def test_a_spectral_mixture_amplitude_beyond_float32_is_refused_naming_the_weights(diag):
+    # k(x, x) = (Σw)^d = 10^50 overflows float32: the covariance was inf and NaN without a word
+    kernel = SketchedSpectralMixtureKernel(num_mixtures=2, num_features=64, ard_num_dims=50, seed=0).float()
+    kernel.mixture_weights = torch.tensor([4.0, 6.0])
+    x = torch.rand(3, 50, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match=r"mixture_weights\)\^ard_num_dims = exp\(115.1\) exceeds torch.float32"):
+        output = kernel(x, diag=diag)
+        if not diag:
+            output.to_dense()  # the lazily evaluated covariance
+
+
 def test_resample_recentres_the_proposal_after_the_lengthscale_shrinks():
     _, kernel = periodic_pair()
     kernel(X).to_dense()
