@@ -65,11 +65,11 @@ def plain_fourier_features(x, frequencies, log_weights=None, log_amplitude=None)
 
 def plain_product_featurize(self, x):
     """SpectralProductKernel.featurize before the custom Function (the baseline)."""
-    terms, log_amplitude, weights = self.spectrum(x)
+    terms, log_amplitude, log_weights = self.spectrum(x)
     projection = sum(u @ frequencies.mT for u, frequencies in terms)
     scale = (log_amplitude.exp() / self.num_frequencies).sqrt()[..., None, None]
     features = torch.cat((projection.cos(), projection.sin()), -1) * scale
-    return features if weights is None else weighted_fourier.scale_sincos_pairs(features, weights.sqrt())
+    return features if log_weights is None else weighted_fourier.scale_sincos_pairs(features, (0.5 * log_weights).exp())
 
 
 IMPLEMENTATIONS = {"plain": (plain_fourier_features, plain_product_featurize),

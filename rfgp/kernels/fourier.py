@@ -360,9 +360,13 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
             self.anchor_lengthscale()
 
     def spectral_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
+        log_weights = self.spectral_log_weights(draws)
+        return None if log_weights is None else log_weights.exp()
+
+    def spectral_log_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
         if not self.is_anchored:
             return None
-        return self._log_weights(unit_frequencies(draws).to(self.lengthscale)).exp()
+        return self._log_weights(unit_frequencies(draws).to(self.lengthscale))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:

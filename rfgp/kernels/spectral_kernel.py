@@ -130,5 +130,8 @@ class SpectralFeatureKernel(FeatureKernel):
         return self.measure.frequencies(self._cast(draws), **self.measure_hyperparameters())
 
     def spectral_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
-        log_weights = self.measure.log_weights(self._cast(draws), **self.measure_hyperparameters())
+        log_weights = self.spectral_log_weights(draws)
         return None if log_weights is None else log_weights.exp()
+
+    def spectral_log_weights(self, draws: dict[str, Tensor]) -> Tensor | None:
+        return self.measure.log_weights(self._cast(draws), **self.measure_hyperparameters())

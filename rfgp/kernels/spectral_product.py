@@ -27,6 +27,8 @@ the amplitude) is usable here when it implements
   factor's raw (``active_dims``-selected) inputs, hyperparameters applied differentiably;
 * ``spectral_weights(draws) -> Tensor | None`` (optional): per-frequency nonnegative importance
   weights ``(*batch, m)`` with expectation 1, or ``None``;
+* ``spectral_log_weights(draws) -> Tensor | None`` (optional): their logs, finite where a weight underflows
+  (the product of the factors' weights is formed as the sum of these); default the log of ``spectral_weights``;
 * ``spectral_amplitude() -> Tensor``: k(x, x), batch-shaped;
 * ``spectral_log_amplitude() -> Tensor`` (optional): log k(x, x), for a factor whose k(x, x) can leave the floating
   range (the spectral mixture's (Σw)^d); default the log of ``spectral_amplitude()``;
@@ -64,6 +66,15 @@ def has_spectral_protocol(kernel: Kernel) -> bool:
     """Whether ``kernel`` (or the base of a ``ScaleKernel``) implements the spectral protocol above."""
     base, _ = unwrap_scale(kernel)
     return all(callable(getattr(base, name, None)) for name in SPECTRAL_PROTOCOL)
+
+
+def _log_weights(kernel: Kernel, draws: dict[str, Tensor]) -> Tensor | None:
+    """A factor's log importance weights: its ``spectral_log_weights``, else the log of its ``spectral_weights``."""
+    log_weights = getattr(kernel, "spectral_log_weights", None)
+    if log_weights is not None:
+        return log_weights(draws)
+    weights = getattr(kernel, "spectral_weights", lambda _: None)(draws)
+    return None if weights is None else weights.log()
 
 
 class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
@@ -181,15 +192,16 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         return None
 
     def spectrum(self, x: Tensor) -> tuple[list[tuple[Tensor, Tensor]], Tensor, Tensor | None]:
-        """The factors' inputs and frequencies [(uᵢ, ωᵢ)], the log amplitude log a = Σᵢ log aᵢ (outputscales included;
-        a sum of logs, finite where the product a under- or overflows) and the weights Πᵢwᵢ (``None``: all 1), each
-        checked finite (a NaN hyperparameter would make Φ NaN silently)."""
+        """The factors' inputs and frequencies [(uᵢ, ωᵢ)], the log amplitude log a = Σᵢ log aᵢ (outputscales included)
+        and the log weights Σᵢ log wᵢ (``None``: all 1) — sums of logs, finite where the products a and Πᵢwᵢ under- or
+        overflow (a float32 periodic factor over 50 dimensions) — each checked (a NaN hyperparameter would make Φ NaN
+        silently)."""
         inputs = [select_active(kernel, x) for kernel in self.kernels]
         if self.input_dims is None:  # drawn once by threads calling at once (see FeatureMap._draw_at_first_call)
             with init_lock(self), torch.inference_mode(False):  # the draws stay usable by training
                 if self.input_dims is None:
                     self._materialize(tuple(u.shape[-1] for u in inputs))
-        terms, log_amplitude, weights = [], 0.0, None
+        terms, log_amplitude, log_weights = [], 0.0, None
         for i, (kernel, u) in enumerate(zip(self.kernels, inputs)):
             base, outputscale = unwrap_scale(kernel)
             draws = self._draws(i, u)
@@ -201,29 +213,29 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
                                              else factor_log_amplitude())
             if outputscale is not None:
                 log_amplitude = log_amplitude + outputscale.log()
-            factor_weights = getattr(base, "spectral_weights", lambda _: None)(draws)
-            if factor_weights is not None:
-                check_finite(factor_weights, f"the spectral weights of kernels[{i}]")
-                weights = factor_weights if weights is None else weights * factor_weights
+            factor_log_weights = _log_weights(base, draws)
+            if factor_log_weights is not None:
+                check_finite(factor_log_weights.exp(), f"the spectral weights of kernels[{i}]")
+                log_weights = factor_log_weights if log_weights is None else log_weights + factor_log_weights
         # an amplitude that underflows is allowed (its log stays finite); NaN or one beyond the floating range is not
         check_finite(log_amplitude.exp(), "the amplitude (the factors' k(x, x) and outputscales)")
-        return terms, log_amplitude, weights
+        return terms, log_amplitude, log_weights
 
     def folded_features(self, x: Tensor, log_amplitude: Tensor | None = None) -> Tensor:
         """√s·Φ(x) for log s (an outputscale around the product; ``None``: s = 1), with the pair scales √(s·a·wⱼ/m)."""
-        terms, log_product_amplitude, weights = self.spectrum(x)
+        terms, log_product_amplitude, log_weights = self.spectrum(x)
         projection = 0.0
         for u, frequencies in terms:
             projection = projection + u @ frequencies.mT
         log_total = log_product_amplitude if log_amplitude is None else log_product_amplitude + log_amplitude
-        return projection_features(projection, None if weights is None else weights.log(), log_total)  # √(a·wⱼ/m)
+        return projection_features(projection, log_weights, log_total)  # √(a·wⱼ/m)
 
     def feature_squared_norm(self, x: Tensor) -> Tensor:
         """‖Φ(x)‖² = (a/m)Σⱼ wⱼ(cos² + sin²) = a·mean(w) without featurising x: the same for every x, differentiable
         in the amplitudes, outputscales and importance weights (Matérn-½'s r(ℓ), a periodic factor's q(1/ℓ))."""
-        terms, log_amplitude, weights = self.spectrum(x)
+        terms, log_amplitude, log_weights = self.spectrum(x)
         amplitude = log_amplitude.exp()
-        norms = amplitude if weights is None else amplitude * weights.mean(-1)
+        norms = amplitude if log_weights is None else amplitude * log_weights.exp().mean(-1)
         rows = torch.broadcast_shapes(*((*u.shape[:-1],) for u, _ in terms),
                                       *((*frequencies.shape[:-2], 1) for _, frequencies in terms))
         norms = norms.unsqueeze(-1)

@@ -139,6 +139,22 @@ def test_float32_product_with_a_spectral_mixture_over_many_dimensions_has_finite
     assert all(bool(torch.isfinite(p.grad).all()) for p in product.parameters())
 
 
+def test_float32_product_with_a_periodic_factor_over_many_dimensions_has_finite_gradients():
+    # the product of the factors' importance weights underflowed float32 (50 periodic dimensions, ℓ moved away from
+    # the proposal): log 0 made the lengthscale's gradient NaN; the weights are now multiplied as a sum of logs
+    import rfgp
+
+    dims = 50
+    periodic = gpytorch.kernels.PeriodicKernel(ard_num_dims=dims)
+    periodic.lengthscale = 0.1
+    product = rfgp.sketch(periodic * RBFKernel(), 1024, seed=0).float()
+    x = torch.rand(3, dims, generator=torch.Generator().manual_seed(0))
+    product(x).to_dense()
+    product.kernels[0].lengthscale = 0.3
+    product(x).to_dense().sum().backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in product.parameters())
+
+
 def test_factors_without_the_protocol_are_refused():
     poly = SketchedPolynomialKernel(2, num_features=8, seed=0)
     assert not has_spectral_protocol(poly) and has_spectral_protocol(ScaleKernel(SketchedRBFKernel(2)))
@@ -271,10 +287,11 @@ def test_features_are_the_plain_formula_with_its_first_and_second_derivatives():
     kernel(x[:2].detach()).to_dense()
 
     def plain(x):
-        terms, log_amplitude, weights = kernel.spectrum(x)
+        terms, log_amplitude, log_weights = kernel.spectrum(x)
         projection = sum(u @ w.mT for u, w in terms)
         features = torch.cat((projection.cos(), projection.sin()), -1) * (log_amplitude.exp() / 8).sqrt()
-        return features * torch.cat((weights.sqrt(), weights.sqrt()), -1)
+        root_weights = (0.5 * log_weights).exp()
+        return features * torch.cat((root_weights, root_weights), -1)
 
     leaves = [x, *kernel.parameters()]
     out, ref = kernel.featurize(x), plain(x)
