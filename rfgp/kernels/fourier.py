@@ -46,7 +46,7 @@ class ScaleMixtureSpectrum:
     * ``spectral_frequencies(draws)``: ω = s·g/ℓ, shape ``(*batch, m, d)``, differentiable in ℓ;
       Matérn-½ divides by its anchor ℓ₀ instead (see :class:`SketchedMaternKernel`);
     * ``spectral_weights(draws)``: ``None`` (the draws follow the spectral measure exactly), or
-      Matérn-½'s importance weights r(ℓ);
+      Matérn-½'s importance weights r(ℓ) (``spectral_log_weights(draws)``: log r);
     * ``spectral_amplitude()``: k(x, x) = 1, batch-shaped.
 
     Products draw these i.i.d. even when the kernel's own map is ORF/SORF (the convolution

@@ -12,8 +12,10 @@ multiplied).  The protocol, implemented by every kernel here:
 * ``spectral_frequencies(draws) -> Tensor`` ``(*batch_shape, m, d)``: ω in units of the
   kernel's raw (active-dims) inputs, hyperparameters applied differentiably;
 * ``spectral_weights(draws) -> Tensor | None``: ``(*batch_shape, m)`` nonnegative weights with
-  E[w] = 1 (``None``: all ones), so k(x, y) = A·E[w cos(ωᵀ(x − y))];
-* ``spectral_amplitude() -> Tensor``: A = k(x, x), shape ``batch_shape``.
+  E[w] = 1 (``None``: all ones), so k(x, y) = A·E[w cos(ωᵀ(x − y))]; ``spectral_log_weights(draws)`` their logs
+  (finite where a weight underflows);
+* ``spectral_amplitude() -> Tensor``: A = k(x, x), shape ``batch_shape`` (the spectral mixture also has
+  ``spectral_log_amplitude()``).
 """
 
 from __future__ import annotations
