@@ -329,7 +329,7 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         def root(features: Tensor) -> Tensor:
             return feature_posterior_covariance(features, factor, kernel_space).low_rank_root
 
-        correction = test_test_covar.variance_correction  # a Nyström data kernel's (k(x, x) − ‖φ(x)‖²)·A_ii
+        correction = _variance_correction(test_test_covar)  # a Nyström data kernel's (k(x, x) − ‖φ(x)‖²)·A_ii
         if correction is not None:
             correction = correction.expand(mean.shape)
         if kronecker and not kernel_space:
