@@ -91,11 +91,14 @@ def _check_probabilities(probs: Tensor, labels: Tensor) -> Tensor:
     # rows of an (M, C) predictive distribution sum to 1 up to rounding, a random walk of C roundings: √C·√ε
     # (float32 softmax and Monte-Carlo averages stay below 1.3·√C·ε, ~2000× within it; C·√ε let float32
     # rows summing to 0.7 through at C = 1000); scores of one-vs-rest sigmoids or unnormalised Dirichlet
-    # means are not probabilities, and their MNLL and ECE would be meaningless numbers
+    # means are not probabilities, and their MNLL and ECE would be meaningless numbers.  ε is at least float32's:
+    # float32 probabilities handed over as float64 (a NumPy array of a float32 model's predict_proba) keep float32's
+    # rounding, which float64's √(C·ε) refused (the Dirichlet tutorial's rows summed to 1 ± 1e-7 at C = 10)
     sums = probs.sum(-1)
-    if bool(((sums - 1).abs() > (probs.shape[1] * torch.finfo(probs.dtype).eps) ** 0.5).any()):
+    eps = max(torch.finfo(probs.dtype).eps, torch.finfo(torch.float32).eps)
+    if bool(((sums - 1).abs() > (probs.shape[1] * eps) ** 0.5).any()):
         raise ValueError(f"probs must be class probabilities whose rows sum to 1, got row sums in "
-                         f"[{float(sums.min()):.6g}, {float(sums.max()):.6g}]; normalise them first "
+                         f"[{float(sums.min()):.10g}, {float(sums.max()):.10g}]; normalise them first "
                          "(probs / probs.sum(-1, keepdim=True)), or pass softmax(logits, -1)")
     if labels.is_floating_point() and not bool((labels == labels.round()).all()):
         raise ValueError("labels must be integer class indices, got non-integer values")

@@ -92,3 +92,16 @@ def test_row_sum_tolerance_does_not_grow_linearly_with_the_classes():
     metrics.expected_calibration_error(torch.softmax(torch.randn(20, 10000, generator=g), -1), labels)
     with pytest.raises(ValueError, match="rows sum to 1"):
         metrics.expected_calibration_error(probs * 0.97, labels)
+
+
+def test_float32_probabilities_handed_over_as_float64_are_accepted():
+    """A float32 model's probabilities converted to float64 (NumPy's predict_proba output) keep float32's rounding:
+    float64's √(C·ε) refused the Dirichlet tutorial's rows (1 ± 1e-7 at C = 10).  Gross mis-normalisation is still
+    refused in float64."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(200, 10, generator=g) * 3, -1)  # float32 rounding
+    probs[:, 0] += 2e-7  # a float32 Monte-Carlo average's last-digit error
+    labels = torch.zeros(200, dtype=torch.long)
+    metrics.mean_negative_log_likelihood(probs.double(), labels)
+    with pytest.raises(ValueError, match="rows sum to 1"):
+        metrics.mean_negative_log_likelihood(probs.double() * 0.99, labels)
