@@ -126,8 +126,10 @@ def kernel_distance(
     if getattr(feature_map, "fits_on_first_input", False):  # fit on P ∪ Q, not on P: D(P, Q) = D(Q, P)
         feature_map.prepare(torch.cat((p, q)))
     difference = kernel_mean_embedding(feature_map, p, chunk_size) - kernel_mean_embedding(feature_map, q, chunk_size)
-    value = difference.square().sum(-1)
-    return value if squared else value.sqrt()
+    if squared:
+        return difference.square().sum(-1)
+    # ‖·‖ rather than √(‖·‖²): at D = 0 (P = Q) the latter's gradient is 0·∞ = NaN, torch's norm gives the subgradient 0
+    return torch.linalg.vector_norm(difference, dim=-1)
 
 
 def mean_kernel(kernel: KernelFunction, x: Tensor, y: Tensor, chunk_size: int = 2048) -> Tensor:

@@ -289,3 +289,18 @@ def test_exact_kernel_distance_keeps_its_digits_far_from_the_origin():
     reference = exact_kernel_distance(gaussian_kernel(0.7), p, q)
     torch.testing.assert_close(exact_kernel_distance(gaussian_kernel(0.7), p + offset, q + offset), reference,
                                rtol=1e-8, atol=0)
+
+
+def test_the_distance_of_a_set_to_itself_has_a_finite_gradient():
+    """D(P, Q) was √(‖F(P) − F(Q)‖²), whose gradient at D = 0 is 0·∞ = NaN (a NaN step for anyone minimising the
+    distance to reach it); now the norm's subgradient 0, and the gradient away from 0 is unchanged."""
+    phi = RandomFourierFeatures(256, input_dim=2, seed=0).double()
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(30, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    kernel_distance(phi, p, p.detach()).backward()
+    assert torch.equal(p.grad, torch.zeros_like(p))
+    q = torch.randn(20, 2, generator=g, dtype=torch.float64) + 1.0
+    x = p.detach().clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(kernel_distance(phi, x, q), x)
+    (reference,) = torch.autograd.grad(kernel_distance(phi, x, q, squared=True).sqrt(), x)
+    assert torch.allclose(gradient, reference, rtol=1e-12, atol=0)
