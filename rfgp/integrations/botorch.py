@@ -105,9 +105,9 @@ def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_out
     outputs = kernel.num_outputs_per_input(probe, probe)
     if outputs != 1:
         raise UnsupportedError(
-            f"{type(kernel).__name__} has {outputs} outputs per input (an operator-valued kernel, interleaved rows); "
-            "BoTorch's pathwise sampling expects one output per input (multi-output models are batched). "
-            "Use rfgp.models.sampling.posterior_paths for operator-valued kernels"
+            f"{type(kernel).__name__} has {outputs} outputs per input (a derivative or operator-valued kernel, "
+            "interleaved rows); BoTorch's pathwise sampling expects one output per input (multi-output models are "
+            "batched). Use rfgp.models.sampling.posterior_paths for derivative and operator-valued kernels"
         )
     feature_map = getattr(kernel, "feature_map", None)
     if getattr(feature_map, "has_variance_bias", False):

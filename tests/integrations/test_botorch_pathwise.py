@@ -213,6 +213,10 @@ def test_unsupported_kernels_are_refused():
     operator_valued = rfgp.kernels.SketchedCurlFreeKernel(32, input_dim=2, seed=0)
     with pytest.raises(UnsupportedError, match="outputs per input"):
         botorch.sampling.pathwise.gen_kernel_features(operator_valued, num_inputs=2, num_outputs=32)
+    # a derivative kernel's rows are (f, ∇f) per point: the refusal named it an operator-valued kernel
+    derivative = rfgp.sketch(gpytorch.kernels.RBFKernelGrad(), 32, seed=0)
+    with pytest.raises(UnsupportedError, match="3 outputs per input .*derivative.*posterior_paths for derivative"):
+        botorch.sampling.pathwise.gen_kernel_features(derivative, num_inputs=2, num_outputs=32)
     complex_kernel = SketchedPolynomialKernel(2, 32, weights="complex", complex_posterior=True, seed=0)
     with pytest.raises(ValueError, match="complex_posterior"):
         botorch.sampling.pathwise.gen_kernel_features(complex_kernel, num_inputs=2, num_outputs=32)
