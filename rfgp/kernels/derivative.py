@@ -46,7 +46,12 @@ class _DerivativeRootMixin:
     outputs_follow_input_columns = True
 
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
-        d = x1.shape[-1]
+        """1 + d (+ d) for the d columns the kernel differentiates along: its ``active_dims`` where set.
+
+        GPyTorch asks with the columns already selected; a ``ScaleKernel``, a sum or a model asks with all of them
+        (a kernel on columns [0, 2] of 3 has 3 outputs per input, not 4).
+        """
+        d = x1.shape[-1] if self.active_dims is None else self.active_dims.numel()
         return 1 + (2 * d if self.second_derivatives else d)
 
     def input_derivatives(self, x: Tensor) -> Tensor:

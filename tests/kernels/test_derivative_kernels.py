@@ -212,6 +212,31 @@ def test_sum_of_derivative_kernels_adds_their_joint_covariances():
     assert mean.shape == (3, 3) and bool(torch.isfinite(mean).all())
 
 
+def test_derivative_kernels_on_active_dims_count_their_outputs_in_sums_scales_and_models():
+    """Derivatives along columns [0, 2] of 3: 3 outputs per input.  The count was taken from all 3 columns (4) when
+    a ScaleKernel, a sum or MultiOutputGPModel asked: the sum raised GPyTorch's "expected shape of the kernel was
+    [4, 4], but got [3, 3]" and the model refused 3-column targets (asking for 4)."""
+    columns = {"active_dims": [0, 2], "ard_num_dims": 2}
+    tree = (gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernelGrad(**columns))
+            + gpytorch.kernels.ScaleKernel(gpytorch.kernels.Matern52KernelGrad(**columns)))
+    sketched = rfgp.sketch(tree, 256, seed=0).double()
+    x = torch.rand(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert sketched.num_outputs_per_input(x, x) == sketched.kernels[0].num_outputs_per_input(x, x) == 3
+    covar = sketched(x).to_dense()
+    assert covar.shape == (15, 15)
+    torch.testing.assert_close(covar, sum(part(x).to_dense() for part in sketched.kernels), rtol=1e-12, atol=1e-12)
+    # the derivative rows are along columns 0 and 2: the parts on those columns alone give the same covariance
+    torch.testing.assert_close(covar, rfgp.sketch(
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernelGrad(ard_num_dims=2))
+        + gpytorch.kernels.ScaleKernel(gpytorch.kernels.Matern52KernelGrad(ard_num_dims=2)), 256, seed=0).double()(
+        x[:, [0, 2]]).to_dense(), rtol=1e-12, atol=1e-12)
+    y = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3).double()
+    model = rfgp.models.MultiOutputGPModel(x, y, likelihood, sketched.kernels[0]).eval()
+    with torch.no_grad():
+        assert model(x[:2]).mean.shape == (2, 3)
+
+
 @pytest.mark.parametrize("other", [gpytorch.kernels.RBFKernelGrad, gpytorch.kernels.RBFKernel,
                                    lambda: gpytorch.kernels.PolynomialKernel(2)])
 def test_products_with_a_derivative_kernel_are_refused(other):
