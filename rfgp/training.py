@@ -382,7 +382,9 @@ def fit_mll(
     * time budget: ``time_budget`` seconds of ``clock`` time elapsed (``"wall"``:
       ``time.perf_counter``; ``"cpu"``: ``time.process_time``, the CPU time of all threads of
       this process).  An iteration is never interrupted, so the budget can be exceeded by at
-      most one iteration;
+      most one iteration (an interrupt, ``KeyboardInterrupt``, or any other error that escapes an iteration
+      leaves the model at the last accepted point, the last ``losses`` entry, not at a trial point of the
+      line search or Adam's unevaluated step);
     * stall (L-BFGS only): an iteration that leaves the parameters unchanged while the
       gradient is above ``gtol`` — the line search found no decrease along the quasi-Newton
       direction (torch's L-BFGS stops without a step when that direction is not a descent
@@ -704,6 +706,9 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                 continue
             history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget,
                                                            options.clock, moved, causes)
+    except BaseException:  # KeyboardInterrupt or any error inside a line search: leave no trial point behind
+        objective.restore()
+        raise
     finally:
         bar.close()
         model.eval()

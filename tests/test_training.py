@@ -235,6 +235,27 @@ def test_a_failure_at_the_starting_point_is_not_restarted():
             rfgp.fit_mll(model)
 
 
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_an_interrupt_inside_an_iteration_leaves_the_model_at_the_last_accepted_point(optimizer, monkeypatch):
+    # Ctrl-C during L-BFGS's line search (or Adam's evaluation of its new point) used to leave the trial point behind
+    reference = _regression()
+    evaluations = rfgp.fit_mll(reference, num_iterations=3, optimizer=optimizer).evaluations[-1]
+    forward, calls = gpytorch.mlls.ExactMarginalLogLikelihood.forward, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(None)
+        if len(calls) > evaluations:  # the first evaluation of iteration 4
+            raise KeyboardInterrupt
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(gpytorch.mlls.ExactMarginalLogLikelihood, "forward", interrupted)
+    model = _regression()
+    with pytest.raises(KeyboardInterrupt):
+        rfgp.fit_mll(model, optimizer=optimizer)
+    assert torch.equal(_parameters(model), _parameters(reference))
+    assert not model.training
+
+
 @pytest.mark.parametrize("value, error", [(-1, ValueError), (1.5, TypeError), (True, TypeError)])
 def test_max_restarts_is_validated(value, error):
     with pytest.raises(error, match="max_restarts must be a non-negative integer"):
