@@ -359,21 +359,21 @@ def _redraw_maclaurin(feature_map: _MaclaurinFeatures, width: int, owner: Kernel
     if budget < 1:
         raise ValueError(f"num_features={width} leaves no feature for the Maclaurin sketches (weights="
                          f"{feature_map.weights!r})")
-    if isinstance(feature_map, OptimizedMaclaurin) and feature_map.widths is not None:
-        if inputs is None or not isinstance(owner, RandomFeatureKernel):
-            raise ValueError(
-                "set_num_features needs x_sample (the training inputs) to refit the optimized Maclaurin "
-                "allocation for the new width; pass x_sample= or call it on the model (an ExactGP, or a model type "
-                "registered with register_cache_clearer, such as BoTorch's PairwiseGP)"
-            )
-        feature_map.total_width = budget
-        feature_map.num_features = feature_map._output_width()
-        fit_allocation_on_columns(owner, inputs)  # the owner's lengthscale (its columns are selected)
-        return
+    refit = isinstance(feature_map, OptimizedMaclaurin) and feature_map.widths is not None
+    if refit and (inputs is None or not isinstance(owner, RandomFeatureKernel)):
+        raise ValueError(
+            "set_num_features needs x_sample (the training inputs) to refit the optimized Maclaurin "
+            "allocation for the new width; pass x_sample= or call it on the model (an ExactGP, or a model type "
+            "registered with register_cache_clearer, such as BoTorch's PairwiseGP)"
+        )
     if not isinstance(feature_map, (OptimizedMaclaurin, RandomMaclaurin)):
         raise TypeError(f"set_num_features has no width rule for {type(feature_map).__name__}")
+    feature_map.requested_num_features = width  # saved as a map built at this width saves it
     feature_map.total_width = budget
     feature_map.num_features = feature_map._output_width()
+    if refit:
+        fit_allocation_on_columns(owner, inputs)  # the owner's lengthscale (its columns are selected)
+        return
     if feature_map.input_dim is not None and (isinstance(feature_map, RandomMaclaurin) or feature_map.widths):
         feature_map._materialize()
 

@@ -139,6 +139,24 @@ def test_maclaurin_widths_are_budgets_as_in_the_constructor(width):
     assert gp.covar_module.base_kernel.num_features == fresh.num_features == expected
 
 
+@pytest.mark.parametrize("method", ["maclaurin", "random_maclaurin"])
+def test_a_resized_maclaurin_map_saves_the_state_of_one_built_at_the_new_width(method):
+    """The saved requested width follows the resize: the state of a model trained at 32 and resized to 128 loads
+    into a model built at 128 as that model's own, and a model built at the old width refuses it naming 128
+    (it said "32 in the state dict but 32 in this module")."""
+    x, y = data()
+
+    def build(width):
+        kernel = rfgp.kernels.SketchedExponentialKernel(width, method=method, seed=0)
+        return model(gpytorch.kernels.ScaleKernel(kernel).double(), x, y)
+
+    gp = rfgp.set_num_features(build(32), 128)
+    state, fresh = gp.state_dict(), build(128).state_dict()
+    assert state.keys() == fresh.keys() and all(torch.equal(state[k], fresh[k]) for k in state)
+    with pytest.raises(ValueError, match="is 128 in the state dict but 32 in this module"):
+        build(32).load_state_dict(state)
+
+
 def test_complex_polynomial_sketch_widths_stay_even_as_in_the_constructor():
     kernel = rfgp.kernels.SketchedPolynomialKernel(3, 12, weights="ctr", seed=0)
     with pytest.raises(ValueError, match="multiple of 2"):
