@@ -510,6 +510,8 @@ def fit_mll(
     optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)
     if time_budget is not None:
         time_budget = check_positive_float(time_budget, "time_budget")
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be True, False or None (on a terminal only), got {progress!r}")
     options = _RunOptions(
         optimizer=optimizer,
         lr=DEFAULT_LR[optimizer] if lr is None else check_positive_float(lr, "lr"),

@@ -154,6 +154,7 @@ def test_chunked_training_follows_the_unchunked_trajectory():
         ({"time_budget": 0.0}, ValueError, "time_budget"),
         ({"clock": "gpu"}, ValueError, "clock must be one of 'wall', 'cpu'"),
         ({"ftol": -1e-3}, ValueError, "ftol"),
+        ({"progress": "no"}, TypeError, "progress must be True, False or None"),  # a truthy string showed the bar
     ],
 )
 def test_arguments_are_validated(kwargs, error, match):
