@@ -488,7 +488,8 @@ def fit_mll(
             finite point first.
         NotPSDError: likewise for a covariance that is not positive definite even with jitter.
         NanError: likewise for a covariance with NaN entries (linear_operator's error).
-        ValueError: training inputs or targets that carry an autograd graph (``grad_fn``), naming them.
+        ValueError: training inputs or targets that carry an autograd graph (``grad_fn``), naming them; a model
+            without training data.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -505,6 +506,9 @@ def fit_mll(
     """
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
+    if model.train_inputs is None or model.train_targets is None:
+        raise ValueError("fit_mll: model has no training data (train_inputs/train_targets are None); give it some "
+                         "with model.set_train_data(train_x, train_y, strict=False)")
     _refuse_attached_data(model)
     num_iterations = check_positive_int(num_iterations, "num_iterations")
     optimizer = check_choice(optimizer, "optimizer", OPTIMIZERS)

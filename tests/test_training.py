@@ -162,6 +162,13 @@ def test_arguments_are_validated(kwargs, error, match):
         rfgp.fit_mll(_regression(n=20, num_features=8), **kwargs)
 
 
+def test_a_model_without_training_data_is_refused_by_name():
+    model = _regression(n=20, num_features=8)
+    model.train_inputs, model.train_targets = None, None  # as ExactGP(None, None, likelihood) has them
+    with pytest.raises(ValueError, match="model has no training data"):  # was a TypeError with the module's repr
+        rfgp.fit_mll(model)
+
+
 def test_model_must_be_an_exact_gp():
     with pytest.raises(TypeError, match="ExactGP"):
         rfgp.fit_mll(torch.nn.Linear(2, 1))
