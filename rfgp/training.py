@@ -540,8 +540,8 @@ def fit_mll(
         if not refits:
             break
         offsets = (time.perf_counter() - start_wall, time.process_time() - start_cpu)
-        more = _fit_mll(model, num_iterations - history.num_iterations,
-                        None if time_budget is None else time_budget - elapsed, options)
+        spent = (history.num_iterations, offsets[0] if options.clock == "wall" else offsets[1])
+        more = _fit_mll(model, num_iterations, time_budget, options, spent)
         history.extend(more, refits, offsets)
     _check_trained_maps(model)
     return history
@@ -626,8 +626,9 @@ class _RunOptions:
 
 
 def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: float | None,
-             options: _RunOptions) -> TrainingHistory:
-    """One run of :func:`fit_mll`'s optimiser (no allocation refits)."""
+             options: _RunOptions, spent: tuple[int, float] = (0, 0.0)) -> TrainingHistory:
+    """One run of :func:`fit_mll`'s optimiser (no allocation refits), within the budgets of the whole call of which
+    earlier runs ``spent`` (iterations, seconds of ``options.clock``)."""
     optimizer, lr, ftol, gtol = options.optimizer, options.lr, options.ftol, options.gtol
     history_size, max_restarts = options.history_size, options.max_restarts
     model.train()
@@ -651,7 +652,7 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
         history.evaluations.append(objective.evaluations)
 
     record()
-    bar = tqdm(total=num_iterations, desc=options.description, disable=not options.progress, leave=False)
+    bar = tqdm(total=num_iterations - spent[0], desc=options.description, disable=not options.progress, leave=False)
     try:
         while not history.stop_reason:
             objective.iteration += 1
@@ -708,10 +709,10 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                 step = _stepper(optimizer, params, objective, lr, history_size)
             if optimizer == "member_lbfgs":
                 history.stop_reason, history.converged = step.stop(history, num_iterations, ftol, gtol, time_budget,
-                                                                   options.clock)
+                                                                   options.clock, spent)
                 continue
             history.stop_reason, history.converged = _stop(history, num_iterations, ftol, gtol, time_budget,
-                                                           options.clock, moved, causes)
+                                                           options.clock, spent, moved, causes)
     except BaseException:  # KeyboardInterrupt or any error inside a line search: leave no trial point behind
         objective.restore()
         raise
@@ -989,7 +990,7 @@ class _MemberLBFGS:
         self.last = (f, new_f, new_g, moved)
 
     def stop(self, history: TrainingHistory, num_iterations: int, ftol: float, gtol: float, time_budget: float | None,
-             clock: str) -> tuple[str, bool]:
+             clock: str, spent: tuple[int, float]) -> tuple[str, bool]:
         """(reason, converged) after a step: the members whose own rule holds have converged; every member converged
         or stalled stops training, else :func:`_budget_stop`."""
         f, new_f, new_g, moved = self.last
@@ -1006,7 +1007,7 @@ class _MemberLBFGS:
             others = ", the others converged" if stalled < count else ""
             return (f"stalled: {stalled} of {count} batch members found no step in two line searches in a row "
                     f"(members {members[:5]}){others}"), False
-        return _budget_stop(history, num_iterations, time_budget, clock)
+        return _budget_stop(history, num_iterations, time_budget, clock, spent)
 
 
 #: curvature bound κ of the loss per unit of a raw parameter, for the gradient the loss-change rule accepts
@@ -1041,7 +1042,8 @@ def _stall_causes(model: gpytorch.models.ExactGP, params: list[Tensor], optimize
 
 
 def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: float,
-          time_budget: float | None, clock: str, moved: bool, causes: str) -> tuple[str, bool]:
+          time_budget: float | None, clock: str, spent: tuple[int, float], moved: bool,
+          causes: str) -> tuple[str, bool]:
     """(reason, converged) after the latest iteration; ``("", False)`` to continue.
 
     The loss-change rule needs a step: an iteration that left the parameters where they were
@@ -1067,15 +1069,16 @@ def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: floa
         return reason, False
     if gradient <= gtol:
         return f"converged: largest gradient entry {gradient:.3g} ≤ gtol={gtol:g}", True
-    return _budget_stop(history, num_iterations, time_budget, clock)
+    return _budget_stop(history, num_iterations, time_budget, clock, spent)
 
 
 def _budget_stop(history: TrainingHistory, num_iterations: int, time_budget: float | None,
-                 clock: str) -> tuple[str, bool]:
-    """(reason, False) when the iteration or time budget is spent; ``("", False)`` to continue."""
-    if history.num_iterations >= num_iterations:
+                 clock: str, spent: tuple[int, float]) -> tuple[str, bool]:
+    """(reason, False) when the iteration or time budget of the whole :func:`fit_mll` call is spent, earlier runs
+    (before allocation refits) having ``spent`` (iterations, seconds); ``("", False)`` to continue."""
+    if spent[0] + history.num_iterations >= num_iterations:
         return f"iteration budget: num_iterations={num_iterations} reached", False
-    elapsed = (history.wall_seconds if clock == "wall" else history.cpu_seconds)[-1]
+    elapsed = spent[1] + (history.wall_seconds if clock == "wall" else history.cpu_seconds)[-1]
     if time_budget is not None and elapsed >= time_budget:
         return f"time budget: {elapsed:.3g} s of {clock} time ≥ time_budget={time_budget:g} s", False
     return "", False

@@ -504,7 +504,7 @@ def test_the_loss_change_rule_holds_for_gradients_up_to_its_curvature_bound(grad
                                    wall_seconds=[0.0, 0.1], cpu_seconds=[0.0, 0.1])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        reason, done = rfgp.training._stop(history, 100, 1e-6, 1e-5, None, "wall", True, "its causes")
+        reason, done = rfgp.training._stop(history, 100, 1e-6, 1e-5, None, "wall", (0, 0.0), True, "its causes")
     assert done is converged and reason.startswith("converged: relative loss change" if converged else "stalled")
     assert len(caught) == (0 if converged else 1)
 
@@ -594,6 +594,14 @@ def test_fit_mll_refits_a_stale_maclaurin_allocation_and_trains_on():
     with pytest.warns(rfgp.TruncationWarning, match=r"Call refit_allocation\(model.covar_module, train_x\) to refit"):
         history = rfgp.fit_mll(kept, num_iterations=60, refit_allocation=False)
     assert not history.refits and kept.covar_module.base_kernel.feature_map.widths == stale
+
+
+def test_a_budget_reached_after_a_refit_is_named_as_the_caller_gave_it():
+    """The run after a refit trains within what is left of the call's budgets; the stop reason names the call's
+    num_iterations (it named the remainder: "num_iterations=4 reached" for num_iterations=12)."""
+    history = rfgp.fit_mll(_maclaurin_model(), num_iterations=12)
+    assert history.refits and history.num_iterations == 12
+    assert history.stop_reason == "iteration budget: num_iterations=12 reached"
 
 
 def test_fit_mll_warns_when_no_refit_carries_the_kernel():
