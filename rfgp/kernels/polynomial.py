@@ -152,6 +152,13 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         self.register_parameter("raw_offset", torch.nn.Parameter(torch.zeros(*self.batch_shape, 1)))
         if offset_constraint is None:
             offset_constraint = Positive()
+        lower = getattr(offset_constraint, "lower_bound", None)
+        if lower is None or bool((torch.as_tensor(lower) < 0).any()):
+            # the features sketch [x/ℓ; √c]: a negative offset would make every feature NaN
+            raise ValueError(
+                f"offset_constraint must keep the offset ≥ 0 (the features append √c), got {offset_constraint} "
+                "(accepted: a gpytorch constraint with lower_bound ≥ 0, e.g. Positive() or Interval(0, b))"
+            )
         self.register_constraint("raw_offset", offset_constraint)
         if offset_prior is not None:
             if not isinstance(offset_prior, Prior):

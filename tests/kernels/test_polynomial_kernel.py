@@ -164,6 +164,18 @@ def test_bad_inputs():
 
 
 @pytest.mark.parametrize("method", ["sketch", "maclaurin", "random_maclaurin"])
+def test_an_offset_constraint_admitting_negative_offsets_is_refused(method):
+    """Interval(−1, 1) accepted offset = −0.5 and every feature of [x; √c] was NaN, silently: refused when built
+    (directly or converted from GPyTorch's PolynomialKernel), naming the constraint."""
+    constraint = gpytorch.constraints.Interval(-1.0, 1.0)
+    with pytest.raises(ValueError, match="offset_constraint must keep the offset ≥ 0"):
+        SketchedPolynomialKernel(2, 8, method=method, offset_constraint=constraint)
+    with pytest.raises(ValueError, match="offset_constraint must keep the offset ≥ 0"):
+        rfgp.sketch(gpytorch.kernels.PolynomialKernel(2, offset_constraint=constraint), 8, method=method)
+    assert SketchedPolynomialKernel(2, 8, offset_constraint=gpytorch.constraints.Interval(0.0, 1.0)).offset >= 0
+
+
+@pytest.mark.parametrize("method", ["sketch", "maclaurin", "random_maclaurin"])
 def test_a_nan_offset_set_in_place_is_named_not_propagated(method):
     """A NaN written into raw_offset in place (past the setter's check) made every feature NaN silently; the kernel
     call now names it, as it names a NaN lengthscale — the derivative kernel too."""
