@@ -61,7 +61,8 @@ class PolynomialSketch(FeatureMap):
         projection: ``"rademacher"``, ``"gaussian"``, ``"srht"`` (TensorSRHT), ``"countsketch"``
             (TensorSketch) or ``"hierarchical"`` (Ahle et al. 2020 tree of TensorSRHTs).
         weights: ``"real"``, ``"complex"`` or ``"ctr"``.
-        srht_blocks: ``"tiled"`` (paper 001, default) or ``"independent"`` (paper 000 Alg. 1).
+        srht_blocks: ``"tiled"`` (paper 001, default) or ``"independent"`` (paper 000 Alg. 1); ``"independent"``
+            needs ``projection="srht"`` (the hierarchical tree's nodes are tiled).
         seed, generator: randomness, see :class:`~rfgp.features.FeatureMap`.
 
     Example:
@@ -89,6 +90,12 @@ class PolynomialSketch(FeatureMap):
         self.projection = check_choice(projection, "projection", PROJECTIONS)
         self.weights = check_choice(weights, "weights", WEIGHTS)
         self.srht_blocks = check_choice(srht_blocks, "srht_blocks", SRHT_BLOCKS)
+        if self.srht_blocks != "tiled" and self.projection != "srht":
+            # only DegreeSketch's TensorSRHT reads it; the hierarchical tree's SRHT nodes are always tiled
+            raise ValueError(
+                f"srht_blocks={srht_blocks!r} is a TensorSRHT block sampling and needs projection='srht', "
+                f"got projection={projection!r} (accepted with it: srht_blocks='tiled', the default)"
+            )
         self.offset = None if offset is None else check_positive_float(offset, "offset", allow_zero=True)
         check_positive_int(num_features, "num_features")
         if self.is_complex and num_features % 2:

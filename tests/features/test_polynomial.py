@@ -274,6 +274,9 @@ def test_complex_features_shape_and_real_map_refuses():
         (dict(projection="fastfood"), ValueError, "projection"),
         (dict(weights="quaternion"), ValueError, "weights"),
         (dict(srht_blocks="shared"), ValueError, "srht_blocks"),
+        # was silently ignored: the tree's SRHT nodes are tiled, the dense projections have no blocks
+        (dict(srht_blocks="independent", projection="hierarchical"), ValueError, "needs projection='srht'"),
+        (dict(srht_blocks="independent", projection="rademacher"), ValueError, "needs projection='srht'"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
