@@ -268,8 +268,11 @@ class _MaclaurinFeatures(FeatureMap):
                 value = value - degree_terms(self.kernel, t, order, log_scale=-t)[..., missing].sum(-1)
             return value
         terms = degree_terms(self.kernel, t, order, log_scale=2 * self.kernel.log_prefactor(x))
-        present = [0] + [n for n, _ in self._blocks()]
-        return terms[..., present].sum(-1)
+        return terms[..., self.expected_degrees()].sum(-1)
+
+    def expected_degrees(self) -> list[int]:
+        """The degrees n whose terms aₙ‖x‖²ⁿ make up E[Φ(x)ᵀΦ(x)]: the constant and those with features."""
+        return [0] + [n for n, _ in self._blocks()]
 
     def variance_correction(self, x: Tensor) -> Tensor:
         """k(x, x) − E[Φ(x)ᵀΦ(x)] ≥ 0 (for the Gaussian kernel P(p+1, ‖x‖²) minus omitted inner degrees)."""
@@ -621,6 +624,10 @@ class RandomMaclaurin(_MaclaurinFeatures):
     def _block_scales(self) -> Tensor:
         counts = torch.tensor(self.widths, dtype=torch.float64)
         return (counts / (self.total_width * self._probabilities)).sqrt()
+
+    def expected_degrees(self) -> list[int]:
+        """The degrees n whose terms aₙ‖x‖²ⁿ make up E[Φ(x)ᵀΦ(x)]: every n ≤ p has positive probability."""
+        return list(range(self.max_order + 1))
 
     def expected_diag(self, x: Tensor) -> Tensor:
         """E over degrees and sketches: s(x)² Σ_{n ≤ p} aₙ‖x‖²ⁿ (every degree ≤ p has positive probability)."""

@@ -9,6 +9,7 @@ x̃ = [x/ℓ; √c] (paper 000 Eq. 2), so gradients reach ℓ and c with the dra
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -225,6 +226,31 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
 
     def featurize(self, x: Tensor) -> Tensor:
         return self.feature_map(self.scale_inputs(x), offset=self.checked_offset())
+
+    def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(k(x, x), E[Φ(x)ᵀΦ(x)]) of a biased (Maclaurin) map at the kernel's current offset ν, t = ‖x/ℓ‖²::
+
+            k(x, x) = (ν + t)^p,    E[Φ(x)ᵀΦ(x)] = Σ_{n present} C(p, n) ν^{p−n} tⁿ    (paper 000 Eq. 37),
+
+        the degrees present being the map's (:meth:`~rfgp.features.OptimizedMaclaurin.expected_degrees`).  The
+        maps' own moments take ν from the allocation's fit: after the offset moved (a hand-written optimisation
+        loop; ``rfgp.fit_mll`` refits the allocation), the variance correction was the old offset's (k(x, x) = 8
+        where it is 64).  Powers of 0 are taken as 1 without a power, so the derivatives at t = 0 or ν = 0 stay
+        finite.
+        """
+        if not self.feature_map.has_variance_bias:
+            return None
+        t = self.scale_inputs(x).pow(2).sum(-1)
+        offset = self.checked_offset()  # (*batch, 1): broadcasts over the points
+        degrees = torch.arange(self.power + 1, device=t.device)
+        binomial = torch.tensor([math.comb(self.power, n) for n in range(self.power + 1)], dtype=t.dtype,
+                                device=t.device)
+
+        def powers(base: Tensor, exponents: Tensor) -> Tensor:
+            return torch.where(exponents == 0, 1.0, base.unsqueeze(-1).pow(exponents.clamp_min(1)))
+
+        terms = binomial * powers(offset.to(t), self.power - degrees) * powers(t, degrees)
+        return (offset.to(t) + t).pow(self.power), terms[..., self.feature_map.expected_degrees()].sum(-1)
 
     def checked_offset(self) -> Tensor:
         """The offset ν the features append as √ν, checked finite: one set in place on ``raw_offset`` (past the

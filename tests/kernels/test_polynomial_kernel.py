@@ -188,3 +188,32 @@ def test_a_nan_offset_set_in_place_is_named_not_propagated(method):
             kernel.raw_offset.fill_(math.nan)
         with pytest.raises(NonFiniteHyperparameterError, match="offset = nan"):
             kernel(x).to_dense()
+
+
+@pytest.mark.parametrize("method, options", [("maclaurin", {"min_order": 2}), ("random_maclaurin", {})])
+def test_maclaurin_variance_moments_follow_the_kernels_current_offset(method, options):
+    """The Maclaurin maps' k(x, x) and E[Φ(x)ᵀΦ(x)] used the offset of the map's allocation fit (ν = 1 at
+    construction, whatever the kernel's offset: GPyTorch's default is softplus(0) = 0.693), while the features use
+    the kernel's current offset: the bias correction was the wrong offset's (after k.offset = 3: k(x, x) = 8
+    reported where it is 64).  Now both moments are the current offset's: E[Φ(x)ᵀΦ(x)] equals the Monte-Carlo mean
+    of ‖Φ(x)‖² over draws within 4 standard errors, and k(x, x) = (ν + ‖x‖²)^p."""
+    x = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def kernel(seed):
+        return SketchedPolynomialKernel(3, 40, method=method, weights="real", projection="rademacher",
+                                        bias_correction=True, seed=seed, input_dim=3, **options).double()
+
+    for offset in (None, 3.0):
+        norms = []
+        for seed in range(600):
+            k = kernel(seed)
+            if offset is not None:
+                k.offset = offset
+            with torch.no_grad():
+                norms.append(k.featurize(x).pow(2).sum(-1))
+        norms = torch.stack(norms)
+        with torch.no_grad():
+            target, expected = k.diag_moments(x)
+        assert torch.allclose(target, (k.offset + x.pow(2).sum(-1)).pow(3), rtol=1e-12, atol=0)
+        error = norms.std(0) / len(norms) ** 0.5
+        assert ((norms.mean(0) - expected).abs() < 4 * error + 1e-12).all(), (norms.mean(0), expected, error)
