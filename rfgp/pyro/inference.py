@@ -35,6 +35,7 @@ from ..core.validation import (
     check_choice,
     check_positive_float,
     check_positive_int,
+    check_seed,
 )
 from .likelihoods import CustomLikelihood
 from .weight_space import RandomFeatureGP
@@ -89,16 +90,19 @@ def weight_guide(
             f"{model.num_weights} (F={model.feature_map.num_features}, L={model.num_latents}); use family='mean_field'"
         )
     gaussian = autoguide.AutoMultivariateNormal if family == "full_rank" else autoguide.AutoNormal
+    # A guide fixes its latent sites at its first call: one without y (predicting from a fresh or reloaded guide)
+    # would make the observed site y latent, a guide of another model that no later call could fit or predict with.
+    latent_model = poutine.block(model, hide=["y"])
     # A CustomLikelihood may sample hyperparameters of its own inside distribution_fn: sites only a trace shows.
     # The hyperparameter guide takes every latent site but w, so that those are inferred too, not drawn from
     # their priors at every step (Pyro only warns "Found vars in model but not guide").
     has_hyperparameters = model.hyperparameter_sites() or isinstance(model.likelihood, CustomLikelihood)
     if hyperparameters == "joint" or not has_hyperparameters:
-        guide = gaussian(model, init_scale=init_scale)
+        guide = gaussian(latent_model, init_scale=init_scale)
     else:
-        guide = autoguide.AutoGuideList(model)
-        guide.append(gaussian(poutine.block(model, expose=["w"]), init_scale=init_scale))
-        hyperparameter_model = poutine.block(model, hide=["w"])
+        guide = autoguide.AutoGuideList(latent_model)
+        guide.append(gaussian(poutine.block(latent_model, expose=["w"]), init_scale=init_scale))
+        hyperparameter_model = poutine.block(latent_model, hide=["w"])
         if hyperparameters == "map":
             guide.append(autoguide.AutoDelta(hyperparameter_model))
         else:
@@ -192,6 +196,12 @@ def fit_svi(
     lr = check_positive_float(lr, "lr")
     final_lr_fraction = check_positive_float(final_lr_fraction, "final_lr_fraction")
     batches = None
+    seed = check_seed(seed)
+    if seed is not None and batch_size is None:
+        raise ValueError(
+            f"seed={seed} was given without batch_size: it seeds the order of minibatches only (full-batch SVI "
+            "draws its ELBO samples from Pyro's global random state): pass batch_size, or seed with pyro.set_rng_seed"
+        )
     if batch_size is not None:
         if num_data is not None:
             raise ValueError(
@@ -296,7 +306,14 @@ def posterior_predictive(
         return_sites: the sites to return (also hyperparameter sites, e.g. ``"lengthscale"``).
     """
     _check_model(model)
+    sites = {"w", *model.hyperparameter_sites()}
+    # A CustomLikelihood's distribution_fn may sample sites of its own, which only a run of the model shows.
+    known = None if isinstance(model.likelihood, CustomLikelihood) else sites | {"f", "y"}
+    if isinstance(return_sites, str) or (known is not None and not set(return_sites) <= known):
+        raise ValueError(f"return_sites must be a tuple of this model's sites {sorted(known or sites | {'f', 'y'})}, "
+                         f"got {return_sites!r}")
     if isinstance(posterior, dict):
+        _check_posterior_samples(posterior, sites, known)
         samples = posterior
     elif callable(posterior):
         if num_samples is None:
@@ -324,3 +341,21 @@ def posterior_predictive(
                             return_sites=list(return_sites), parallel=True)
     predictions = predictive(x)
     return {name: value if name in ("f", "y") else value.squeeze(1) for name, value in predictions.items()}
+
+
+def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | None) -> None:
+    """Raise unless ``samples`` holds S samples of every latent site of the model (``sites``; ``known``: all its
+    sites, None for a CustomLikelihood's).  Pyro's ``Predictive`` draws a site without samples from its prior, so a
+    missing or misspelt one would give the predictive of another model."""
+    missing = sorted(sites - samples.keys())
+    unknown = sorted(samples.keys() - known) if known is not None else []
+    if missing or unknown:
+        raise ValueError(
+            f"posterior must hold samples of the model's latent sites {sorted(sites)}; missing: {missing or 'none'}, "
+            f"not sites of this model: {unknown or 'none'}"
+        )
+    counts = {name: value.shape[0] if torch.is_tensor(value) and value.dim() > 0 else None
+              for name, value in samples.items()}
+    if len(set(counts.values())) != 1 or None in counts.values():
+        raise ValueError(f"posterior must hold tensors with the same number S of samples (first dimension) for "
+                         f"every site, got {counts}")

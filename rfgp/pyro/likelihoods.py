@@ -21,6 +21,7 @@ CustomLikelihood       L    any ``f -> Distribution`` callable          checked 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import pyro.distributions as dist
@@ -115,6 +116,8 @@ class HeteroscedasticGaussian(Likelihood):
         super().__init__()
         if isinstance(noise_offset, bool) or not isinstance(noise_offset, (int, float)):
             raise TypeError(f"noise_offset must be a real number, got {noise_offset!r}")
+        if not math.isfinite(noise_offset):
+            raise ValueError(f"noise_offset must be a finite number, got {noise_offset!r}")
         self.noise_offset = float(noise_offset)
 
     def _distribution(self, f: Tensor) -> dist.Distribution:

@@ -79,6 +79,12 @@ class RandomFeatureGP(PyroModule):
         register_hyperparameter(self, "mean", mean, positive=False)
         # A scalar lengthscale divides every input dimension; a (d,) one is ARD.
         self._scalar_lengthscale = self._event_ndim("lengthscale", lengthscale) == 0
+        shape = lengthscale.event_shape if isinstance(lengthscale, dist.Distribution) else self.lengthscale.shape
+        #: d of an ARD lengthscale (None for a scalar one), checked against x's at every call (lazy feature maps)
+        self._ard_dim = None if self._scalar_lengthscale else shape[0]
+        if self._ard_dim is not None and feature_map.input_dim not in (None, self._ard_dim):
+            raise ValueError(f"an ARD lengthscale must have the feature map's input_dim={feature_map.input_dim} "
+                             f"entries, got shape {tuple(shape)}")
         anchored = is_random(self, "lengthscale") and _is_matern_half(feature_map)
         if not anchored and lengthscale_anchor is not None:
             raise ValueError(
@@ -193,7 +199,11 @@ class RandomFeatureGP(PyroModule):
         check_features_input(x, "x", self.feature_map.input_dim)
         if x.dim() != 2:
             raise ValueError(f"x must have shape (n, d), got {tuple(x.shape)}")
+        if self._ard_dim not in (None, x.shape[-1]):
+            raise ValueError(f"x has {x.shape[-1]} input dimensions, but the ARD lengthscale has {self._ard_dim}")
         n = x.shape[-2]
+        if n == 0:
+            raise ValueError(f"x must have at least one row, got shape {tuple(x.shape)}")
         if y is not None:
             self.likelihood.check_targets(y, n)
         if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < n):

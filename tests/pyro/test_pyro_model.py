@@ -256,3 +256,66 @@ def test_nuts_rejects_extreme_hyperparameter_proposals_instead_of_failing():
     samples = run_nuts(model, x, y, num_samples=10, warmup_steps=10)
     assert samples["w"].shape == (10, 1, 8) and samples["lengthscale"].shape == (10,)
     assert bool(torch.isfinite(samples["w"]).all()) and bool((samples["lengthscale"] > 0).all())
+
+
+@pytest.mark.parametrize("family", ["mean_field", "full_rank"])
+@pytest.mark.parametrize("hyperparameters", ["map", "mean_field", "joint"])
+def test_guide_first_called_without_targets_predicts_and_fits(tmp_path, family, hyperparameters):
+    """A guide fixes its sites at its first call: one without y (posterior_predictive right after a param-store load,
+    or a prior check before fitting) made the observed y a latent site of the guide, and predicting failed with a
+    bare RuntimeError ('shape [3, 4] is invalid'), the load check named a missing 'locs.y', and fitting afterwards
+    failed with 'Shape mismatch inside plate('data')'."""
+    x, y = _fresh_store_and_data()
+    guide = weight_guide(_bernoulli_model(), family, hyperparameters)
+    assert posterior_predictive(_bernoulli_model(), x[:4], guide, num_samples=3)["f"].shape == (3, 4, 1)
+    fit_svi(_bernoulli_model(), guide, x, y, num_steps=3, lr=0.1)
+    pyro.get_param_store().save(tmp_path / "params.pt")
+    fitted = guide.median()
+
+    pyro.clear_param_store()
+    pyro.get_param_store().load(tmp_path / "params.pt")
+    restored = weight_guide(_bernoulli_model(), family, hyperparameters, from_param_store=True)
+    assert posterior_predictive(_bernoulli_model(), x[:4], restored, num_samples=3)["y"].shape == (3, 4)
+    for name, value in restored.median().items():
+        assert torch.equal(value, fitted[name])
+
+
+def test_posterior_samples_must_cover_the_model_sites():
+    """Pyro's Predictive draws a latent site without samples from its prior: a NUTS dict without the lengthscale
+    (or with it misspelt) gave the predictive of prior lengthscales without a word; sample counts that differ
+    failed with a bare reshape RuntimeError, an empty dict with StopIteration, and an unknown return site gave {}."""
+    pyro.set_rng_seed(0)
+    model = _bernoulli_model()
+    x, w, lengthscale = torch.randn(4, 2), torch.randn(10, 1, 8), torch.rand(10) + 0.5
+    assert posterior_predictive(model, x, {"w": w, "lengthscale": lengthscale})["f"].shape == (10, 4, 1)
+    with pytest.raises(ValueError, match=r"missing: \['lengthscale'\]"):
+        posterior_predictive(model, x, {"w": w})
+    with pytest.raises(ValueError, match=r"not sites of this model: \['lengthscal'\]"):
+        posterior_predictive(model, x, {"w": w, "lengthscale": lengthscale, "lengthscal": lengthscale})
+    with pytest.raises(ValueError, match=r"missing: \['lengthscale', 'w'\]"):
+        posterior_predictive(model, x, {})
+    with pytest.raises(ValueError, match="same number S of samples"):
+        posterior_predictive(model, x, {"w": w, "lengthscale": lengthscale[:7]})
+    with pytest.raises(ValueError, match="return_sites must be a tuple of this model's sites"):
+        posterior_predictive(model, x, {"w": w, "lengthscale": lengthscale}, return_sites=("g",))
+
+
+def test_shapes_and_seed_are_checked_by_name():
+    """An empty x failed with ZeroDivisionError, an ARD lengthscale of the wrong length with a broadcasting
+    RuntimeError, a float seed with torch's 'manual_seed expected a long', and a seed without batch_size was
+    ignored without a word (it seeds only the minibatch order); a NaN noise_offset gave NaN noise scales."""
+    x, y = _fresh_store_and_data()
+    model = _bernoulli_model()
+    with pytest.raises(ValueError, match="x must have at least one row"):
+        model(x[:0], y[:0])
+    with pytest.raises(ValueError, match="input_dim=2 entries, got shape \\(3,\\)"):
+        RandomFeatureGP(RandomFourierFeatures(8, input_dim=2, seed=0), Bernoulli(), lengthscale=torch.ones(3))
+    lazy = RandomFeatureGP(RandomFourierFeatures(8, seed=0), Bernoulli(), lengthscale=torch.ones(3))
+    with pytest.raises(ValueError, match="x has 2 input dimensions, but the ARD lengthscale has 3"):
+        lazy(x, y)
+    with pytest.raises(TypeError, match="seed must be an int or None, got 1.5"):
+        fit_svi(model, weight_guide(model), x, y, num_steps=1, batch_size=5, seed=1.5)
+    with pytest.raises(ValueError, match="seed=3 was given without batch_size"):
+        fit_svi(model, weight_guide(model), x, y, num_steps=1, seed=3)
+    with pytest.raises(ValueError, match="noise_offset must be a finite number, got nan"):
+        HeteroscedasticGaussian(float("nan"))
