@@ -208,6 +208,8 @@ def fit_svi(
                 f"num_data={num_data!r} and batch_size={batch_size!r} were both given: with batch_size, x and y are "
                 "the full data set and num_data is their number of rows; pass num_data only for a minibatch of your own"
             )
+        # The rows of y are indexed with those of x: one y of another length would pair targets with other rows.
+        model.likelihood.check_targets(y, x.shape[0])
         batches = _minibatches(x.shape[0], check_positive_int(batch_size, "batch_size"), seed, x.device)
     if progress is None:
         progress = sys.stderr.isatty()

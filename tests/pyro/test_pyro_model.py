@@ -319,3 +319,13 @@ def test_shapes_and_seed_are_checked_by_name():
         fit_svi(model, weight_guide(model), x, y, num_steps=1, seed=3)
     with pytest.raises(ValueError, match="noise_offset must be a finite number, got nan"):
         HeteroscedasticGaussian(float("nan"))
+
+
+def test_minibatch_targets_must_match_the_rows_of_x():
+    """With batch_size, y[rows] of a y longer than x passed every batch's check and trained on its first rows of y,
+    paired with the rows of x, without a word; a shorter y failed with a bare IndexError."""
+    x, y = _fresh_store_and_data()
+    model = _bernoulli_model()
+    for wrong in (torch.cat([y, y[:5]]), y[:15]):
+        with pytest.raises(ValueError, match=r"y must have shape \(20,\) \(one target per row of x\)"):
+            fit_svi(model, weight_guide(model), x, wrong, num_steps=10, batch_size=5)
