@@ -315,7 +315,7 @@ def posterior_predictive(
         raise ValueError(f"return_sites must be a tuple of this model's sites {sorted(known or sites | {'f', 'y'})}, "
                          f"got {return_sites!r}")
     if isinstance(posterior, dict):
-        _check_posterior_samples(posterior, sites, known)
+        _check_posterior_samples(posterior, sites, known, (model.num_latents, model.feature_map.num_features))
         samples = posterior
     elif callable(posterior):
         if num_samples is None:
@@ -345,9 +345,9 @@ def posterior_predictive(
     return {name: value if name in ("f", "y") else value.squeeze(1) for name, value in predictions.items()}
 
 
-def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | None) -> None:
+def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | None, weight_shape) -> None:
     """Raise unless ``samples`` holds S samples of every latent site of the model (``sites``; ``known``: all its
-    sites, None for a CustomLikelihood's).  Pyro's ``Predictive`` draws a site without samples from its prior, so a
+    sites, None for a CustomLikelihood's), those of w of shape ``(S, *weight_shape)`` = (S, L, F).  Pyro's ``Predictive`` draws a site without samples from its prior, so a
     missing or misspelt one would give the predictive of another model."""
     missing = sorted(sites - samples.keys())
     unknown = sorted(samples.keys() - known) if known is not None else []
@@ -361,3 +361,6 @@ def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | N
     if len(set(counts.values())) != 1 or None in counts.values():
         raise ValueError(f"posterior must hold tensors with the same number S of samples (first dimension) for "
                          f"every site, got {counts}")
+    if samples["w"].shape[1:] != weight_shape:
+        raise ValueError(f"posterior['w'] must have shape (S, L, F) = (S, {weight_shape[0]}, {weight_shape[1]}), got "
+                         f"{tuple(samples['w'].shape)}")

@@ -283,7 +283,8 @@ def test_guide_first_called_without_targets_predicts_and_fits(tmp_path, family, 
 def test_posterior_samples_must_cover_the_model_sites():
     """Pyro's Predictive draws a latent site without samples from its prior: a NUTS dict without the lengthscale
     (or with it misspelt) gave the predictive of prior lengthscales without a word; sample counts that differ
-    failed with a bare reshape RuntimeError, an empty dict with StopIteration, and an unknown return site gave {}."""
+    failed with a bare reshape RuntimeError, an empty dict with StopIteration, an unknown return site gave {}, and w
+    samples without their L axis (or with an extra one) blamed Predictive's layout or failed in a reshape."""
     pyro.set_rng_seed(0)
     model = _bernoulli_model()
     x, w, lengthscale = torch.randn(4, 2), torch.randn(10, 1, 8), torch.rand(10) + 0.5
@@ -296,6 +297,9 @@ def test_posterior_samples_must_cover_the_model_sites():
         posterior_predictive(model, x, {})
     with pytest.raises(ValueError, match="same number S of samples"):
         posterior_predictive(model, x, {"w": w, "lengthscale": lengthscale[:7]})
+    for wrong in (w[:, 0], w.unsqueeze(1)):
+        with pytest.raises(ValueError, match=r"posterior\['w'\] must have shape \(S, L, F\) = \(S, 1, 8\)"):
+            posterior_predictive(model, x, {"w": wrong, "lengthscale": lengthscale})
     with pytest.raises(ValueError, match="return_sites must be a tuple of this model's sites"):
         posterior_predictive(model, x, {"w": w, "lengthscale": lengthscale}, return_sites=("g",))
 
