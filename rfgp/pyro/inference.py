@@ -347,8 +347,9 @@ def posterior_predictive(
 
 def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | None, weight_shape) -> None:
     """Raise unless ``samples`` holds S samples of every latent site of the model (``sites``; ``known``: all its
-    sites, None for a CustomLikelihood's), those of w of shape ``(S, *weight_shape)`` = (S, L, F).  Pyro's ``Predictive`` draws a site without samples from its prior, so a
-    missing or misspelt one would give the predictive of another model."""
+    sites, None for a CustomLikelihood's), those of w of shape ``(S, *weight_shape)`` = (S, L, F).  Pyro's
+    ``Predictive`` draws a site without samples from its prior, so a missing or misspelt one would give the
+    predictive of another model."""
     missing = sorted(sites - samples.keys())
     unknown = sorted(samples.keys() - known) if known is not None else []
     if missing or unknown:
