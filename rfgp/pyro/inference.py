@@ -262,6 +262,8 @@ def run_nuts(
     num_samples = check_positive_int(num_samples, "num_samples")
     warmup_steps = check_positive_int(warmup_steps, "warmup_steps")
     num_chains = check_positive_int(num_chains, "num_chains")
+    if not isinstance(full_mass, bool):
+        raise TypeError(f"full_mass must be True or False, got {full_mass!r}")
     if model.num_weights > MAX_NUTS_WEIGHTS:
         raise ValueError(
             f"NUTS is for small models (F·L ≤ {MAX_NUTS_WEIGHTS} weights); this one has {model.num_weights}: "
@@ -284,7 +286,7 @@ def run_nuts(
             return sum(value.sum() for value in params.values()) * 0.0 + math.inf
 
     kernel = NUTS(potential_fn=rejecting_potential, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"),
-                  full_mass=bool(full_mass))
+                  full_mass=full_mass)
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, num_chains=num_chains,
                 initial_params=initial_params, transforms=transforms, disable_progbar=not progress)
     mcmc.run()

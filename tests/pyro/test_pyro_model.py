@@ -307,7 +307,8 @@ def test_posterior_samples_must_cover_the_model_sites():
 def test_shapes_and_seed_are_checked_by_name():
     """An empty x failed with ZeroDivisionError, an ARD lengthscale of the wrong length with a broadcasting
     RuntimeError, a float seed with torch's 'manual_seed expected a long', and a seed without batch_size was
-    ignored without a word (it seeds only the minibatch order); a NaN noise_offset gave NaN noise scales."""
+    ignored without a word (it seeds only the minibatch order); a NaN noise_offset gave NaN noise scales, and
+    run_nuts(full_mass='no') adapted a dense mass matrix."""
     x, y = _fresh_store_and_data()
     model = _bernoulli_model()
     with pytest.raises(ValueError, match="x must have at least one row"):
@@ -321,6 +322,8 @@ def test_shapes_and_seed_are_checked_by_name():
         fit_svi(model, weight_guide(model), x, y, num_steps=1, batch_size=5, seed=1.5)
     with pytest.raises(ValueError, match="seed=3 was given without batch_size"):
         fit_svi(model, weight_guide(model), x, y, num_steps=1, seed=3)
+    with pytest.raises(TypeError, match="full_mass must be True or False, got 'no'"):
+        run_nuts(model, x, y, num_samples=1, warmup_steps=1, full_mass="no")
     with pytest.raises(ValueError, match="noise_offset must be a finite number, got nan"):
         HeteroscedasticGaussian(float("nan"))
 
