@@ -195,6 +195,9 @@ def fit_svi(
     num_particles = check_positive_int(num_particles, "num_particles")
     lr = check_positive_float(lr, "lr")
     final_lr_fraction = check_positive_float(final_lr_fraction, "final_lr_fraction")
+    # y=None would fit the prior (Pyro samples an unobserved y); with batch_size, the rows of y are indexed with
+    # those of x, so one y of another length would pair targets with other rows.
+    model.likelihood.check_targets(y, x.shape[0])
     batches = None
     seed = check_seed(seed)
     if seed is not None and batch_size is None:
@@ -208,8 +211,6 @@ def fit_svi(
                 f"num_data={num_data!r} and batch_size={batch_size!r} were both given: with batch_size, x and y are "
                 "the full data set and num_data is their number of rows; pass num_data only for a minibatch of your own"
             )
-        # The rows of y are indexed with those of x: one y of another length would pair targets with other rows.
-        model.likelihood.check_targets(y, x.shape[0])
         batches = _minibatches(x.shape[0], check_positive_int(batch_size, "batch_size"), seed, x.device)
     if progress is None:
         progress = sys.stderr.isatty()
@@ -264,6 +265,7 @@ def run_nuts(
     num_chains = check_positive_int(num_chains, "num_chains")
     if not isinstance(full_mass, bool):
         raise TypeError(f"full_mass must be True or False, got {full_mass!r}")
+    model.likelihood.check_targets(y, x.shape[0])  # y=None would sample the prior, y being unobserved
     if model.num_weights > MAX_NUTS_WEIGHTS:
         raise ValueError(
             f"NUTS is for small models (F·L ≤ {MAX_NUTS_WEIGHTS} weights); this one has {model.num_weights}: "

@@ -336,3 +336,8 @@ def test_minibatch_targets_must_match_the_rows_of_x():
     for wrong in (torch.cat([y, y[:5]]), y[:15]):
         with pytest.raises(ValueError, match=r"y must have shape \(20,\) \(one target per row of x\)"):
             fit_svi(model, weight_guide(model), x, wrong, num_steps=10, batch_size=5)
+    # Without targets, SVI fitted the prior (Pyro only warned "Found vars in model but not guide") and NUTS sampled y.
+    with pytest.raises(TypeError, match="y must be a torch.Tensor, got NoneType"):
+        fit_svi(model, weight_guide(model), x, None, num_steps=2)
+    with pytest.raises(TypeError, match="y must be a torch.Tensor, got NoneType"):
+        run_nuts(model, x, None, num_samples=1, warmup_steps=1)
