@@ -71,6 +71,8 @@ from ..core.validation import (
     NonFiniteHyperparameterError,
     check_hyperparameter,
     check_positive_float,
+    check_positive_int,
+    check_seed,
     describe_bad_hyperparameters,
 )
 from ..features.base import _new_seed
@@ -159,9 +161,10 @@ class NystromKernel(FeatureKernel):
         if landmark_method is not None and landmark_method not in LANDMARK_METHODS:
             raise ValueError(f"landmark_method must be None or one of {LANDMARK_METHODS}, got {landmark_method!r}")
         self.landmark_method = landmark_method
-        self.selection_seed = selection_seed
-        self.regularization = regularization
-        self.pilot_size = pilot_size
+        # checked here, not only when set_num_features re-selects with them
+        self.selection_seed = check_seed(selection_seed, "selection_seed")
+        self.regularization = None if regularization is None else check_positive_float(regularization, "regularization")
+        self.pilot_size = None if pilot_size is None else check_positive_int(pilot_size, "pilot_size")
         self._warned_jitter = False
         self._cholesky_cache = StateCache()
 

@@ -195,6 +195,9 @@ def fit_svi(
     num_particles = check_positive_int(num_particles, "num_particles")
     lr = check_positive_float(lr, "lr")
     final_lr_fraction = check_positive_float(final_lr_fraction, "final_lr_fraction")
+    if final_lr_fraction > 1:  # lrd = fraction^(1/steps) > 1 would grow the learning rate geometrically
+        raise ValueError(f"final_lr_fraction must be in (0, 1] (the learning rate decays to final_lr_fraction·lr), "
+                         f"got {final_lr_fraction}")
     # y=None would fit the prior (Pyro samples an unobserved y); with batch_size, the rows of y are indexed with
     # those of x, so one y of another length would pair targets with other rows.
     model.likelihood.check_targets(y, x.shape[0])

@@ -352,6 +352,19 @@ def test_selection_arguments_that_would_go_unused_are_refused():
     assert torch.equal(drawn.base_kernel.landmarks, again.base_kernel.landmarks)
 
 
+def test_selection_settings_of_a_hand_built_kernel_are_checked_when_it_is_built():
+    """``NystromKernel(..., selection_seed="a", regularization=-1)`` was accepted and failed only at
+    ``set_num_features``, when the landmarks are re-selected with them (a seed of 2**70 in torch's "Overflow")."""
+    x, _ = data()
+    landmarks = x[:5]
+    for options, error, name in (({"selection_seed": "a"}, TypeError, "selection_seed"),
+                                 ({"selection_seed": 2**70}, ValueError, "selection_seed"),
+                                 ({"regularization": -1.0}, ValueError, "regularization"),
+                                 ({"pilot_size": 0}, ValueError, "pilot_size")):
+        with pytest.raises(error, match=name):
+            NystromKernel(exact_kernel(), landmarks, **options)
+
+
 # ----- inside every rfgp model ------------------------------------------------------------------
 
 

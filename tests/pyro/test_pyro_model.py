@@ -341,3 +341,12 @@ def test_minibatch_targets_must_match_the_rows_of_x():
         fit_svi(model, weight_guide(model), x, None, num_steps=2)
     with pytest.raises(TypeError, match="y must be a torch.Tensor, got NoneType"):
         run_nuts(model, x, None, num_samples=1, warmup_steps=1)
+
+
+def test_a_final_learning_rate_fraction_above_one_is_refused():
+    """``final_lr_fraction=2`` was accepted: the "decay" factor (2)^(1/steps) > 1 grew the learning rate
+    geometrically."""
+    model = RandomFeatureGP(RandomFourierFeatures(8, input_dim=1, seed=0), Gaussian(0.1))
+    x = torch.linspace(0, 1, 10).unsqueeze(-1)
+    with pytest.raises(ValueError, match=r"final_lr_fraction must be in \(0, 1\]"):
+        fit_svi(model, weight_guide(model), x, torch.sin(x[:, 0]), num_steps=2, final_lr_fraction=2.0)
