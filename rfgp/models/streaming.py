@@ -51,7 +51,14 @@ from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
 from ..core.dtypes import factor_dtype, in_full_precision
-from ..core.validation import check_choice, check_finite, check_same_dtype, check_tensor_dtype, module_dtype
+from ..core.validation import (
+    check_choice,
+    check_finite,
+    check_input_shape,
+    check_same_dtype,
+    check_tensor_dtype,
+    module_dtype,
+)
 from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import capacitance_cholesky, cholesky_solve, feature_statistics
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
@@ -285,8 +292,9 @@ class StreamingFeatureGP(nn.Module):
         return self.gram.diagonal(dim1=-2, dim2=-1).sum(-1) if self.gram.numel() else 0.0
 
     def _check_inputs(self, x) -> None:
-        """x is a supported floating tensor in the model's dtype."""
+        """x is a supported floating tensor of shape (..., k, d) in the model's dtype."""
         check_tensor_dtype(x, "x")
+        check_input_shape(x, "x", None)  # a 1-D x was told its targets must have shape ()
         # Unlike a kernel call, streaming cannot follow type promotion: the statistics are sums of one model's
         # features, kept in its factor's precision (float64 for a float32 model), and buffers of the model.
         check_same_dtype(x, "x", module_dtype(self.covar_module), "the kernel's dtype",

@@ -583,3 +583,13 @@ def test_bad_per_point_noise_is_refused_by_name_and_leaves_the_model_unchanged()
     _assert_same_state(before, gp.state_dict())
     with pytest.raises(ValueError, match=r"\(x, y, noise\) triple, got a tuple of length 4"):
         fit_from_batches(gp, [(x, y, noise, noise)], progress=False)
+
+
+def test_a_one_dimensional_x_is_named_as_the_input_not_the_targets():
+    """``update(x of shape (5,), y of shape (5,))`` said "y must have shape () to match x of shape (5,)", blaming
+    the targets for inputs without their (k, d) layout."""
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, input_dim=1, seed=0)).double()
+    gp = StreamingFeatureGP(kernel, gpytorch.likelihoods.GaussianLikelihood().double())
+    x = torch.rand(5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., n, d\), got shape \(5,\)"):
+        gp.update(x, torch.sin(x))
