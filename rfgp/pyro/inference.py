@@ -322,7 +322,7 @@ def posterior_predictive(
         raise ValueError(f"return_sites must be a tuple of this model's sites {sorted(known or sites | {'f', 'y'})}, "
                          f"got {return_sites!r}")
     if isinstance(posterior, dict):
-        _check_posterior_samples(posterior, sites, known, (model.num_latents, model.feature_map.num_features))
+        _check_posterior_samples(model, posterior, sites, known)
         samples = posterior
     elif callable(posterior):
         if num_samples is None:
@@ -352,11 +352,11 @@ def posterior_predictive(
     return {name: value if name in ("f", "y") else value.squeeze(1) for name, value in predictions.items()}
 
 
-def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | None, weight_shape) -> None:
+def _check_posterior_samples(model: RandomFeatureGP, samples: dict, sites: set[str], known: set[str] | None) -> None:
     """Raise unless ``samples`` holds S samples of every latent site of the model (``sites``; ``known``: all its
     sites, None for a CustomLikelihood's), those of w of shape ``(S, *weight_shape)`` = (S, L, F).  Pyro's
     ``Predictive`` draws a site without samples from its prior, so a missing or misspelt one would give the
-    predictive of another model."""
+    predictive of another model; and every sample is finite and inside its prior's support."""
     missing = sorted(sites - samples.keys())
     unknown = sorted(samples.keys() - known) if known is not None else []
     if missing or unknown:
@@ -364,6 +364,7 @@ def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | N
             f"posterior must hold samples of the model's latent sites {sorted(sites)}; missing: {missing or 'none'}, "
             f"not sites of this model: {unknown or 'none'}"
         )
+    weight_shape = (model.num_latents, model.feature_map.num_features)
     counts = {name: value.shape[0] if torch.is_tensor(value) and value.dim() > 0 else None
               for name, value in samples.items()}
     if len(set(counts.values())) != 1 or None in counts.values():
@@ -372,3 +373,18 @@ def _check_posterior_samples(samples: dict, sites: set[str], known: set[str] | N
     if samples["w"].shape[1:] != weight_shape:
         raise ValueError(f"posterior['w'] must have shape (S, L, F) = (S, {weight_shape[0]}, {weight_shape[1]}), got "
                          f"{tuple(samples['w'].shape)}")
+    for site in sorted(sites):  # a value outside its prior's support (ℓ < 0, a NaN) predicted silently, or failed later
+        support = getattr(_site_prior(model, site), "support", None)
+        value = samples[site]
+        if not bool(torch.isfinite(value).all()) or (support is not None and not bool(support.check(value).all())):
+            raise ValueError(f"posterior[{site!r}] holds values that are not finite or outside its prior's support "
+                             f"({support if support is not None else 'the reals'}); a sample must be a value the "
+                             "model can take")
+
+
+def _site_prior(model: RandomFeatureGP, site: str):
+    """The prior of a latent site (``None`` for the weights w, whose prior is a standard normal)."""
+    if site == "w":
+        return None
+    module, name = (model.likelihood, site.split(".", 1)[1]) if site.startswith("likelihood.") else (model, site)
+    return module._pyro_samples[name]

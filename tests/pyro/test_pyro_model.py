@@ -350,3 +350,15 @@ def test_a_final_learning_rate_fraction_above_one_is_refused():
     x = torch.linspace(0, 1, 10).unsqueeze(-1)
     with pytest.raises(ValueError, match=r"final_lr_fraction must be in \(0, 1\]"):
         fit_svi(model, weight_guide(model), x, torch.sin(x[:, 0]), num_steps=2, final_lr_fraction=2.0)
+
+
+def test_posterior_samples_outside_their_priors_support_are_refused():
+    """A samples dict with a negative lengthscale predicted finite numbers without a word (a model that cannot
+    exist), and NaN weights failed in Pyro's Normal validation without naming ``posterior``."""
+    pyro.set_rng_seed(0)
+    model = _bernoulli_model()
+    x, w, lengthscale = torch.randn(4, 2), torch.randn(10, 1, 8), torch.rand(10) + 0.5
+    with pytest.raises(ValueError, match=r"posterior\['lengthscale'\] holds values that are not finite or outside"):
+        posterior_predictive(model, x, {"w": w, "lengthscale": -lengthscale})
+    with pytest.raises(ValueError, match=r"posterior\['w'\] holds values that are not finite"):
+        posterior_predictive(model, x, {"w": w * float("nan"), "lengthscale": lengthscale})
