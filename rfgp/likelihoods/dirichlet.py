@@ -151,6 +151,12 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         **kwargs,
     ) -> None:
         labels = check_labels(targets, "targets")
+        if isinstance(num_classes, float):  # GPyTorch's second positional argument: alpha_epsilon
+            raise TypeError(
+                f"num_classes must be an integer, got {num_classes!r}: the second positional argument here is "
+                "num_classes, where GPyTorch's DirichletClassificationLikelihood takes alpha_epsilon; pass "
+                f"alpha_epsilon={num_classes!r} by keyword"
+            )
         num_classes = check_num_classes(num_classes, labels)
         labels = check_labels(labels, "targets", num_classes)
         self.alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")

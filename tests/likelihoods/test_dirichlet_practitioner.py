@@ -98,3 +98,13 @@ def test_gpytorchs_batch_shape_argument_is_taken_as_one_noise_per_class():
     for shape in (torch.Size([2]), torch.Size(), None, 3):
         with pytest.raises(ValueError, match=r"batch_shape must be \(num_classes,\) = \(3,\) .* got"):
             DirichletClassificationLikelihood(labels, batch_shape=shape)
+
+
+def test_gpytorchs_positional_alpha_epsilon_is_named():
+    """``DirichletClassificationLikelihood(y, 0.1)`` (GPyTorch's order: targets, alpha_epsilon) said only
+    "num_classes must be a positive integer, got 0.1"; the message now says which argument 0.1 was meant for."""
+    y = torch.tensor([0, 1, 2, 1])
+    with pytest.raises(TypeError, match=r"GPyTorch's DirichletClassificationLikelihood takes alpha_epsilon; pass "
+                                        r"alpha_epsilon=0.1 by keyword"):
+        DirichletClassificationLikelihood(y, 0.1)
+    assert DirichletClassificationLikelihood(y, 3).num_classes == 3
