@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 
 import torch
 from torch import Tensor
@@ -178,10 +179,9 @@ def igrf_field_at(
         raise ValueError(f"date must be a naive datetime (UTC, as IGRF's epochs), got the timezone-aware {date}; "
                          "pass date.astimezone(datetime.timezone.utc).replace(tzinfo=None)")
     date = date or datetime.datetime(2020, 1, 1)
-    epochs = ppigrf.ppigrf.read_shc(ppigrf.ppigrf.shc_fn)[0].index  # the shipped model's epochs
-    if not epochs.min() <= date <= epochs.max():  # ppigrf returns NaN outside them
-        raise ValueError(f"date must lie within the IGRF model's span {epochs.min():%Y-%m-%d} to "
-                         f"{epochs.max():%Y-%m-%d}, got {date}")
+    first, last = _igrf_span()
+    if not first <= date <= last:  # ppigrf returns NaN outside them
+        raise ValueError(f"date must lie within the IGRF model's span {first:%Y-%m-%d} to {last:%Y-%m-%d}, got {date}")
     positions = positions.detach().to(torch.float64).cpu()
     radius = positions.norm(dim=-1)
     if not (radius > 0).all():
@@ -204,6 +204,15 @@ def igrf_field_at(
     e_theta = torch.stack((ct * cp, ct * sp, -st), -1)
     e_phi = torch.stack((-sp, cp, torch.zeros_like(sp)), -1)
     return spherical[:, :1] * e_r + spherical[:, 1:2] * e_theta + spherical[:, 2:] * e_phi
+
+
+@functools.cache
+def _igrf_span() -> tuple[datetime.datetime, datetime.datetime]:
+    """The first and last epochs of the IGRF model ppigrf ships (its coefficient file read once per process)."""
+    import ppigrf
+
+    epochs = ppigrf.ppigrf.read_shc(ppigrf.ppigrf.shc_fn)[0].index
+    return epochs.min(), epochs.max()
 
 
 def _check_max_degree(max_degree) -> None:
