@@ -124,6 +124,12 @@ class DotProductKernelSpec:
         return self._from_log(2 * self.log_prefactor(x), x.pow(2).sum(-1))
 
 
+def integer_powers(base: Tensor, exponents: Tensor) -> Tensor:
+    """baseⁿ for integer exponents n ≥ 0 (broadcast), with base⁰ = 1 taken without a power: PyTorch's derivative of
+    base⁰, 0·base⁻¹, is NaN at base = 0, and would reach a sum even where the term is not used."""
+    return torch.where(exponents == 0, 1.0, base.pow(exponents.clamp_min(1)))
+
+
 def degree_terms(spec: DotProductKernelSpec, t: Tensor, max_degree: int, log_scale: Tensor | None = None) -> Tensor:
     """c·aₙtⁿ for n = 0..max_degree on a new last axis, as sign·exp(log c + log aₙ + n log|t|).
 
@@ -139,7 +145,7 @@ def degree_terms(spec: DotProductKernelSpec, t: Tensor, max_degree: int, log_sca
     # Each branch sees a safe argument, and t⁰ is no power (a NaN derivative of a branch not taken, such as that of
     # t^{n−1} = t^{−1} for n = 0, would still reach the sum).
     small = t.abs() < 1
-    near = torch.where(degrees == 0, 1.0, torch.where(small, t, 0.0).pow(degrees.clamp_min(1))) * log_c.exp()
+    near = integer_powers(torch.where(small, t, 0.0), degrees) * log_c.exp()
     sign = torch.where((t < 0) & (degrees % 2 == 1), -1.0, 1.0)
     far = sign * (log_c + degrees * torch.where(small, 1.0, t).abs().log()).exp()
     return torch.where(torch.isneginf(log_a), 0.0, torch.where(small, near, far))

@@ -27,6 +27,7 @@ from ..core.validation import (
     normalize_rows,
 )
 from ..features.base import FeatureMap
+from ..features.dot_product import integer_powers
 from ..features.polynomial import PolynomialSketch, check_degree
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
 from .hyperparameters import prior_closures
@@ -235,8 +236,8 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         the degrees present being the map's (:meth:`~rfgp.features.OptimizedMaclaurin.expected_degrees`).  The
         maps' own moments take ν from the allocation's fit: after the offset moved (a hand-written optimisation
         loop; ``rfgp.fit_mll`` refits the allocation), the variance correction was the old offset's (k(x, x) = 8
-        where it is 64).  Powers of 0 are taken as 1 without a power, so the derivatives at t = 0 or ν = 0 stay
-        finite.
+        where it is 64).  Zeroth powers without a power (:func:`~rfgp.features.dot_product.integer_powers`): the
+        derivatives at t = 0 or ν = 0 stay finite.
         """
         if not self.feature_map.has_variance_bias:
             return None
@@ -245,11 +246,8 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         degrees = torch.arange(self.power + 1, device=t.device)
         binomial = torch.tensor([math.comb(self.power, n) for n in range(self.power + 1)], dtype=t.dtype,
                                 device=t.device)
-
-        def powers(base: Tensor, exponents: Tensor) -> Tensor:
-            return torch.where(exponents == 0, 1.0, base.unsqueeze(-1).pow(exponents.clamp_min(1)))
-
-        terms = binomial * powers(offset.to(t), self.power - degrees) * powers(t, degrees)
+        terms = (binomial * integer_powers(offset.to(t).unsqueeze(-1), self.power - degrees)
+                 * integer_powers(t.unsqueeze(-1), degrees))
         return (offset.to(t) + t).pow(self.power), terms[..., self.feature_map.expected_degrees()].sum(-1)
 
     def checked_offset(self) -> Tensor:
