@@ -112,6 +112,17 @@ def kernel_diag_moments(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor] | No
     return moments[0] * scale, moments[1] * scale
 
 
+def kernel_variance_correction(kernel: Kernel, x: Tensor) -> Tensor | None:
+    """The variance correction of a feature kernel, optionally inside ``ScaleKernel`` (times its outputscale), on the
+    columns it sees: a Nyström kernel's k(x, x) − ‖φ(x)‖² in eval mode, a truncated Maclaurin map's bias; ``None``
+    for none."""
+    base, outputscale = unwrap_scale(kernel)
+    correction = base.variance_correction(select_active(kernel, x))
+    if correction is None or outputscale is None:
+        return correction
+    return correction * outputscale.unsqueeze(-1)
+
+
 def _exact_moments(kernel: Kernel, x: Tensor) -> tuple[Tensor, Tensor]:
     """Diagonal moments, with E[k̂(x, x)] = k̂(x, x) = k(x, x) filled in for unbiased kernels."""
     moments = kernel_diag_moments(kernel, x)

@@ -43,6 +43,7 @@ from .combinations import (
     is_feature_kernel,
     kernel_features,
     kernel_num_features,
+    kernel_variance_correction,
     select_active,
     unwrap_scale,
 )
@@ -50,16 +51,6 @@ from .families import check_kernel_kwargs
 from .fourier import FOURIER_METHODS
 from .operator_valued import check_vector_dim, check_vector_input
 from .random_feature_kernel import FeatureKernel
-
-
-def _part_correction(kernel: Kernel, x: Tensor) -> Tensor | None:
-    """The variance correction of a feature kernel or a ``ScaleKernel`` around one (times its outputscale), on the
-    columns it sees: a Nyström data kernel's k(x, x) − ‖φ(x)‖² in eval mode, a truncated Maclaurin map's bias."""
-    base, outputscale = unwrap_scale(kernel)
-    correction = base.variance_correction(select_active(kernel, x))
-    if correction is None or outputscale is None:
-        return correction
-    return correction * outputscale.unsqueeze(-1)
 
 
 class _MultiOutputFeatureKernel(FeatureKernel):
@@ -309,7 +300,7 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
         kernel would featurise x a second time for it."""
         if self.training:
             return None
-        correction = _part_correction(self.data_covar_module, x)
+        correction = kernel_variance_correction(self.data_covar_module, x)
         if correction is None:
             return None
         tasks = self.output_factor().to(correction).pow(2).sum(-1)  # diag(A) = ‖B_i‖², (*batch, p)
@@ -351,7 +342,7 @@ class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
 
     def variance_correction(self, x: Tensor) -> Tensor | None:
         """The sum of the components' corrections (those of an LCM's Nyström or truncated Maclaurin data kernels)."""
-        corrections = [c for c in (_part_correction(kernel, x) for kernel in self.kernels) if c is not None]
+        corrections = [c for c in (kernel_variance_correction(kernel, x) for kernel in self.kernels) if c is not None]
         return functools.reduce(torch.add, corrections) if corrections else None
 
     def component_widths(self, x: Tensor) -> list[int]:
