@@ -64,7 +64,7 @@ from .multioutput_chunking import (
 )
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator
 from .posterior_covariance import feature_posterior_covariance
-from .prediction import FeatureSpacePredictionStrategy, _variance_correction, observed_residual
+from .prediction import FeatureSpacePredictionStrategy, observed_residual, operator_variance_correction
 from .statistics_precision import statistics_dtype, weighted_square_norm
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator
 
@@ -298,7 +298,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
             covar = feature_posterior_covariance(features, factor, kernel_space)
         else:
             covar = kronecker_posterior_covariance(features, factor, *factors)
-        correction = _variance_correction(test_test_covar)  # a Nyström data kernel's k(x, x) − ‖φ(x)‖², times A_ii
+        # a Nyström data kernel's k(x, x) − ‖φ(x)‖², times A_ii
+        correction = operator_variance_correction(test_test_covar)
         if correction is not None:
             covar = covar + DiagLinearOperator(correction.expand(covar.shape[:-1]))
         return mean, covar
@@ -329,7 +330,8 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         def root(features: Tensor) -> Tensor:
             return feature_posterior_covariance(features, factor, kernel_space).low_rank_root
 
-        correction = _variance_correction(test_test_covar)  # a Nyström data kernel's (k(x, x) − ‖φ(x)‖²)·A_ii
+        # a Nyström data kernel's (k(x, x) − ‖φ(x)‖²)·A_ii
+        correction = operator_variance_correction(test_test_covar)
         if correction is not None:
             correction = correction.expand(mean.shape)
         if kronecker and not kernel_space:

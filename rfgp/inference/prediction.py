@@ -168,7 +168,7 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if features is None:
             return super().exact_prediction(test_mean, test_test_covar, test_train_covar)
         self.check_features(features)
-        correction = _variance_correction(test_test_covar)
+        correction = operator_variance_correction(test_test_covar)
         kernel_space = self.uses_kernel_space
         mean_cache, factor = self.kernel_space_cache if kernel_space else self.mean_covar_cache
         mean = (features @ mean_cache).squeeze(-1) + test_mean
@@ -895,9 +895,10 @@ def _features(covar) -> Tensor | None:
     return None
 
 
-def _variance_correction(covar):
-    """The bias correction carried by a (possibly constant-scaled) feature-root operator."""
+def operator_variance_correction(covar):
+    """The bias correction carried by a (possibly constant-scaled) feature-root operator (``None`` for none); read by
+    the single- and multi-output strategies."""
     if isinstance(covar, ConstantMulLinearOperator):
-        inner = _variance_correction(covar.base_linear_op)
+        inner = operator_variance_correction(covar.base_linear_op)
         return None if inner is None else inner * covar.expanded_constant.unsqueeze(-1)
     return getattr(covar, "variance_correction", None)

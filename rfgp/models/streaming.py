@@ -61,6 +61,7 @@ from ..core.validation import (
 )
 from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import capacitance_cholesky, cholesky_solve, feature_statistics
+from ..inference.multioutput import kernel_num_outputs
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
 from ..inference.statistics_precision import statistics_dtype, weighted_square_norm
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features, unwrap_scale
@@ -124,8 +125,7 @@ class StreamingFeatureGP(nn.Module):
                 "covar_module has complex_posterior=True: its posterior is the complex-feature GP of paper 000 App. D, "
                 "which the real feature statistics ΦᵀWΦ do not hold; build the kernel with complex_posterior=False"
             )
-        probe = torch.zeros(1, 1)
-        outputs = covar_module.num_outputs_per_input(probe, probe)
+        outputs = kernel_num_outputs(covar_module, torch.zeros(1, 1))
         if outputs != 1:
             raise TypeError(
                 f"covar_module has several outputs per input ({outputs}: a derivative, operator-valued or multitask "
