@@ -17,7 +17,7 @@ import rfgp
 from rfgp.inference.chunking import Featurizer, chunked_feature_statistics
 from rfgp.inference.kernel_space import kernel_space_inv_quad_logdet
 from rfgp.inference.linalg import feature_statistics
-from rfgp.inference.prediction import _variance_correction
+from rfgp.inference.prediction import operator_variance_correction
 from rfgp.inference.triangular_statistics import (
     TriangularFeaturizer,
     chunked_triangular_statistics,
@@ -114,7 +114,7 @@ def test_traced_variance_keeps_the_bias_correction(tmp_path):
     model = _model("rbf-maclaurin", 60, torch.float64)
     test_x = 3.0 + torch.rand(10, 2, dtype=torch.float64)  # far from the data: the correction dominates
     with torch.no_grad():
-        correction = _variance_correction(model.covar_module(test_x).evaluate_kernel())
+        correction = operator_variance_correction(model.covar_module(test_x).evaluate_kernel())
     assert correction is not None and correction.min() > 1e-3
     loaded = _export(model, test_x, tmp_path / "model.pt")
     _check(model, loaded, test_x, 1e-10)
