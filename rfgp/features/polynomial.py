@@ -27,8 +27,9 @@ import numbers
 import torch
 from torch import Tensor
 
+from ..core import settings
 from ..core.config_state import METHOD
-from ..core.validation import check_choice, check_positive_float, check_positive_int
+from ..core.validation import check_choice, check_hyperparameter, check_positive_float, check_positive_int
 from .base import FeatureMap
 from .degree_sketch import PROJECTIONS as DEGREE_PROJECTIONS
 from .degree_sketch import SRHT_BLOCKS, DegreeSketch, HierarchicalSketch
@@ -180,6 +181,8 @@ class PolynomialSketch(FeatureMap):
         if offset is None:
             return x
         if torch.is_tensor(offset):  # a kernel's constrained (≥ 0) hyperparameter
+            if settings.validate_inputs.on():  # one host read: √ν of ν < 0 or NaN made every feature NaN silently
+                check_hyperparameter(offset, "offset", allow_bound=True)
             root = offset.to(dtype=x.dtype, device=x.device).sqrt()
         else:
             root = torch.tensor(check_positive_float(offset, "offset", allow_zero=True), dtype=x.dtype, device=x.device).sqrt()

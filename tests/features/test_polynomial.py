@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import rfgp
 from rfgp.features import PolynomialSketch, variance
 from rfgp.features.degree_sketch import DegreeSketch
 
@@ -240,6 +241,16 @@ def test_tensor_offset_broadcasts_over_batch_and_carries_gradients():
     assert torch.allclose(out[1], phi(x[1], offset=2.0))
     out.pow(2).sum().backward()
     assert torch.isfinite(offset.grad).all() and (offset.grad != 0).all()
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_tensor_offset_outside_its_range_is_named(bad):
+    """√ν of a negative or non-finite tensor offset made every feature NaN silently."""
+    phi = PolynomialSketch(3, 16, input_dim=2, offset=1.0, seed=0)
+    with pytest.raises(ValueError, match="offset must be finite and ≥ 0"):
+        phi(torch.rand(4, 2), offset=torch.tensor([0.5, 1.0, bad, 2.0]))
+    with rfgp.settings.validate_inputs(False):  # the value check is the one host read it skips
+        assert phi(torch.rand(4, 2), offset=torch.tensor(bad)).shape == (4, 16)
 
 
 def test_homogeneous_map_matches_padded_input():
