@@ -71,7 +71,7 @@ _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
 
 #: ``rank_update="auto"`` updates the factor for batches of k < F / RANK_UPDATE_DIVISOR points when
 #: F ≥ RANK_UPDATE_MIN_FEATURES.  Measured (benchmarks/results/streaming_update.md, CPU time, one
-#: thread): for k ≤ 16 the update takes 1.6–2.3× less time than refactorising at F = 1024 and
+#: thread): for k ≤ 16 the update takes 1.6–2.5× less time than refactorising at F = 1024 and
 #: 2.8–4.4× less at F = 2048, it breaks even near k = F/16, and at F = 512 LAPACK's Cholesky matches
 #: or beats it (the blocked update's per-block overhead dominates).
 RANK_UPDATE_DIVISOR = 16
