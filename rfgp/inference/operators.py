@@ -321,7 +321,39 @@ def _add_optional(a: Tensor | None, b: Tensor | None) -> Tensor | None:
 
 
 class FeatureRootAddedDiagLinearOperator(FullPrecisionOperator, LowRankRootAddedDiagLinearOperator):
-    """ΦΦᵀ + D with a feature-space marginal-likelihood path."""
+    """ΦΦᵀ + D with a feature-space marginal-likelihood path.
+
+    GPyTorch builds it when a Gaussian likelihood adds its noise D to an rfgp kernel's
+    :class:`FeatureRootLinearOperator` (``likelihood(model(x))``); users rarely construct it.
+    ``inv_quad_logdet`` — the marginal likelihood's hot path — uses the capacitance
+    A = I + ΦᵀD⁻¹Φ (F × F), by the Woodbury identity and the matrix determinant lemma::
+
+        rᵀ(ΦΦᵀ + D)⁻¹r = rᵀD⁻¹r − bᵀA⁻¹b,  b = ΦᵀD⁻¹r,
+        log|ΦΦᵀ + D| = log|A| + Σᵢ log dᵢ,
+
+    in O(N·F² + F³); when the N × N matrix is cheaper by flop count (always when N ≤ F,
+    :meth:`uses_kernel_space`) it factorises ΦΦᵀ + D in O(N²·F + N³) instead.
+
+    Args:
+        linear_ops: the root operator ΦΦᵀ (:class:`FeatureRootLinearOperator`) and the noise D
+            (a ``DiagLinearOperator``), in that order, as GPyTorch's ``AddedDiagLinearOperator`` takes them.
+        preconditioner_override: linear_operator's preconditioner hook for iterative solves, passed on
+            to ``AddedDiagLinearOperator`` unchanged.
+
+    Example:
+        >>> from linear_operator.operators import DiagLinearOperator
+        >>> phi = torch.randn(6, 4, dtype=torch.float64)
+        >>> noise = torch.full((6,), 0.1, dtype=torch.float64)
+        >>> covar = rfgp.FeatureRootAddedDiagLinearOperator(
+        ...     rfgp.FeatureRootLinearOperator(phi), DiagLinearOperator(noise))
+        >>> r = torch.randn(6, 1, dtype=torch.float64)
+        >>> inv_quad, logdet = covar.inv_quad_logdet(r, logdet=True)
+        >>> dense = phi @ phi.T + torch.diag(noise)
+        >>> bool(torch.allclose(inv_quad, (r.T @ torch.linalg.solve(dense, r)).squeeze()))
+        True
+        >>> bool(torch.allclose(logdet, torch.logdet(dense)))
+        True
+    """
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
