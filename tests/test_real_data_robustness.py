@@ -329,3 +329,18 @@ def test_fit_mll_checks_a_nystrom_kernel_that_is_a_factor_of_a_product():
             assert len(messages) == 1 and "MaternKernel (in a NystromKernel) lie a median" in messages[0], messages
         else:
             assert messages == []
+
+
+@pytest.mark.parametrize("sketched", [True, False])
+def test_fit_mll_names_a_lengthscale_narrower_than_the_inputs(sketched):
+    """A kernel built for 2 columns on 3-column inputs: fit_mll's data-scale check used to divide the inputs by the
+    lengthscale first and raise torch's broadcasting RuntimeError instead of a message naming the kernel."""
+    x = torch.rand(20, 3, dtype=torch.float64)
+    kernel = ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2))
+    model = rfgp.models.ExactGPModel(x, torch.sin(x[:, 0]), gpytorch.likelihoods.GaussianLikelihood(),
+                                     rfgp.sketch(kernel, 64) if sketched else kernel).double()
+    with pytest.raises(ValueError, match=r"the lengthscale of (Sketched)?RBFKernel has 2 entries \(ard_num_dims=2\) "
+                                         r"but its inputs have 3 columns.*ard_num_dims=3"):
+        rfgp.fit_mll(model, num_iterations=2)
+    with pytest.raises(ValueError, match="lengthscale has 2 entries"):
+        median_neighbour_distance(x, torch.ones(1, 2, dtype=torch.float64))

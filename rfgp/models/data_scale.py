@@ -99,24 +99,40 @@ def _evenly_spaced_rows(x: torch.Tensor, count: int) -> torch.Tensor:
     return rows[index.to(rows.device)].to(torch.float64)  # select first: no float64 copy of all N rows
 
 
-def _largest_lengthscale(lengthscale: torch.Tensor) -> torch.Tensor:
+def _check_lengthscale_columns(x: torch.Tensor, lengthscale: torch.Tensor, what: str = "lengthscale") -> None:
+    """Raise ``ValueError`` unless ``lengthscale`` has one entry, or one per column of ``x``, on its last axis.
+
+    The kernel would refuse such inputs itself, but these checks run first (from :func:`rfgp.fit_mll`)."""
+    columns, entries = x.shape[-1], lengthscale.shape[-1]
+    if entries not in (1, columns):
+        raise ValueError(
+            f"{what} has {entries} entries (ard_num_dims={entries}) but its inputs have {columns} columns (after "
+            f"active_dims); build the kernel with ard_num_dims={columns}, or give it active_dims that select "
+            f"{entries} columns"
+        )
+
+
+def _largest_lengthscale(x: torch.Tensor, lengthscale: torch.Tensor) -> torch.Tensor:
+    _check_lengthscale_columns(x, lengthscale)
     return lengthscale.detach().to(torch.float64).reshape(-1, lengthscale.shape[-1]).amax(0)
 
 
 def median_scaled_distance(x: torch.Tensor, lengthscale: torch.Tensor) -> float:
     """The median of ‖(xᵢ − xⱼ)/ℓ‖ over pairs of rows of ``x`` (at most ``_SAMPLE_ROWS`` of them, evenly spaced);
-    ``lengthscale`` of shape ``(..., 1, d or 1)``, the largest over a batch (the mildest case) is used."""
+    ``lengthscale`` of shape ``(..., 1, d or 1)``, the largest over a batch (the mildest case) is used; another
+    last axis raises ``ValueError``."""
+    ell = _largest_lengthscale(x, lengthscale)
     rows = _evenly_spaced_rows(x, _SAMPLE_ROWS)
     if rows.shape[0] < 2:
         return 0.0
-    return float(torch.pdist(rows / _largest_lengthscale(lengthscale)).median())
+    return float(torch.pdist(rows / ell).median())
 
 
 def median_neighbour_distance(x: torch.Tensor, lengthscale: torch.Tensor) -> float:
     """The median over rows of ``x`` (at most ``_SAMPLE_ROWS``, evenly spaced) of ‖(xᵢ − xⱼ)/ℓ‖ to the nearest row
     xⱼ ≠ xᵢ among at most ``_NEIGHBOUR_ROWS`` (evenly spaced; duplicates of xᵢ are no neighbours: they carry no
     information about ℓ); ``lengthscale`` as for :func:`median_scaled_distance`.  0 when no row has a distinct one."""
-    ell = _largest_lengthscale(lengthscale)
+    ell = _largest_lengthscale(x, lengthscale)
     reference = _evenly_spaced_rows(x, _NEIGHBOUR_ROWS) / ell
     # without matrix products: a row's distance to itself must come out exactly 0 to be skipped
     distances = torch.cdist(_evenly_spaced_rows(x, _SAMPLE_ROWS) / ell, reference,
@@ -177,6 +193,7 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
     for kernel, x, kind, where in checked:
         name = type(kernel).__name__ + where
         apart, from_neighbours = _CONSEQUENCES[kind]
+        _check_lengthscale_columns(x, kernel.lengthscale, f"fit_mll: the lengthscale of {name}")
         distance = median_scaled_distance(x, kernel.lengthscale)
         if distance > MEDIAN_SCALED_DISTANCE:
             shown = shown_lengthscales(kernel)
