@@ -87,6 +87,25 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
     answer only for test features of the same draws: a prediction after the kernel's maps were re-drawn
     (``feature_map.resample()``, a state with other draws loaded into the kernel alone) raises instead of pairing the
     new Φ(x*) with the old weights (:func:`draw_fingerprint`).
+
+    The posterior at test points x* with features Φ* = Φ(x*) (n* × F; Bayesian linear regression in weight space,
+    Rasmussen & Williams 2006 §2.1)::
+
+        mean  μ(x*) + Φ* A⁻¹ΦᵀD⁻¹(y − μ),      A = I + ΦᵀD⁻¹Φ,
+        cov   Φ* A⁻¹ Φ*ᵀ  (+ the variance correction of a biased map on the diagonal),
+
+    in O(N·F² + F³) once and O(F²) per test point; when the training covariance runs in kernel space (N ≲ F) the
+    same quantities come from the N × N factor of ΦΦᵀ + D.
+
+    GPyTorch builds it (``ExactGP.__call__`` in eval mode, through the kernel's ``prediction_strategy``) with the
+    arguments of its own ``DefaultPredictionStrategy``.
+
+    Args:
+        train_inputs: the model's training inputs (a tuple of tensors).
+        train_prior_dist: the prior ``MultivariateNormal`` at the training inputs (its covariance an rfgp
+            feature-root operator).
+        train_labels: the training targets y.
+        likelihood: the model's Gaussian likelihood (its noise gives D).
     """
 
     def __init__(self, train_inputs, train_prior_dist, train_labels, likelihood):
