@@ -40,6 +40,9 @@ def jacobian(field: Field, x: Tensor) -> Tensor:
     so that each sample gets its own Jacobian.  An enclosing ``torch.autocast`` is switched off for the field and
     its derivatives (:func:`~rfgp.core.dtypes.full_precision`): the check is made in ``x``'s dtype.
     """
+    if not callable(field):
+        raise TypeError(f"field must be a callable x -> f(x) (e.g. posterior_mean_field(model)), got "
+                        f"{type(field).__name__}")
     check_tensor_dtype(x, "x")
     check_finite(x, "x")
     leaf = x.detach().requires_grad_(True)

@@ -35,6 +35,14 @@ def test_jacobian_divergence_curl_on_known_fields():
         divergence(lambda z: z[..., :2], torch.randn(3, 3))
 
 
+@pytest.mark.parametrize("check", [jacobian, divergence, curl])
+def test_a_field_that_is_not_callable_is_refused_by_name(check):
+    """A tensor of field values instead of the field used to fail with Python's "'Tensor' object is not callable"."""
+    x = torch.randn(5, 2, dtype=F64)
+    with pytest.raises(TypeError, match=r"field must be a callable x -> f\(x\).*got Tensor"):
+        check(x * 2, x)
+
+
 def _relative(values, jac):
     return (values.abs().max() / jac.abs().max()).item()
 
