@@ -11,7 +11,8 @@ diagonal with W = D⁻¹, Woodbury with the capacitance A = I + ΦᵀWΦ = LLᵀ
     [K⁻¹]ᵢᵢ = wᵢ − wᵢ²‖vᵢ‖²,    K⁻¹r = Wr − WV(L⁻¹ΦᵀWr),
 
 so the cost is that of the marginal likelihood: the statistics ΦᵀWΦ and ΦᵀWr
-(:meth:`~rfgp.inference.operators.FeatureRootLinearOperator.feature_statistics`), the F × F factor
+(:meth:`~rfgp.inference.operators.FeatureRootLinearOperator.feature_statistics`; float32 features' in float64 where
+:mod:`~rfgp.inference.statistics_precision` says so, as for the marginal likelihood), the F × F factor
 (:func:`~rfgp.inference.linalg.capacitance_cholesky`, in :func:`~rfgp.core.dtypes.factor_dtype`) and one N × F
 triangular solve.  The per-point differences wᵢ − wᵢ²‖vᵢ‖², which cancel at a high signal-to-noise ratio, are taken
 in the factor's dtype and rounded back.  When the N × N matrix is cheaper (always when N ≤ F,
@@ -43,6 +44,7 @@ from .operators import (
     ChunkedFeatureRootAddedDiagLinearOperator,
     ChunkedFeatureRootLinearOperator,
     FeatureRootAddedDiagLinearOperator,
+    adaptive_feature_statistics,
     noise_weights,
 )
 from .triangular_statistics import TriangularFeaturizer
@@ -74,7 +76,8 @@ def leave_one_out_terms(covar: LinearOperator, residual: Tensor) -> tuple[Tensor
     if isinstance(covar, FeatureRootAddedDiagLinearOperator) and covar.uses_kernel_space():
         return _kernel_space_terms(covar, residual)
     weights = noise_weights(covar._diag_tensor)  # (..., N), or (..., 1) for homoscedastic noise
-    gram, cross = covar._linear_op.feature_statistics(weights, residual.unsqueeze(-1))
+    # float32 features' statistics in float64 where their rounding matters, as the marginal likelihood's
+    gram, cross, _ = adaptive_feature_statistics(covar._linear_op, weights, residual.unsqueeze(-1))
     chol = capacitance_cholesky(gram, weights.detach().reciprocal())
     work = chol.dtype
     projected = torch.linalg.solve_triangular(chol, cross.to(work), upper=False)  # L⁻¹ΦᵀWr, (..., F, 1)

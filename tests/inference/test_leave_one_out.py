@@ -199,6 +199,28 @@ def test_kernel_space_predictions_at_a_high_signal_to_noise_ratio_are_float64_on
     torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-5, atol=1e-5)
 
 
+def test_feature_space_predictions_at_a_high_signal_to_noise_ratio_take_the_marginal_likelihoods_precision():
+    """N = 1500 > F = 32 (the F × F path), outputscale 1.5 at noise 10⁻⁴: u·tr(ΦᵀD⁻¹Φ) ≈ 1.3 > 10⁻¹, so the statistics
+    ΦᵀWΦ, ΦᵀWr are formed in float64 as for the marginal likelihood (rfgp.inference.statistics_precision): the float64
+    closed form of the same float32 features (measured: variance 1.1·10⁻⁷ relative, mean 4.8·10⁻⁷).  Before: the
+    statistics were float32 whatever the tolerance, variances off by 4.7·10⁻⁴ relative, means by 8.6·10⁻⁴."""
+    model, x, y = sketched_model(1500, 32)
+    model = model.float()
+    model.likelihood.noise = 1e-4
+    model.eval()
+    with torch.no_grad(), gpytorch.settings.prior_mode(True):
+        covar = feature_covariance(model.likelihood(model(x.float())).lazy_covariance_matrix)
+        assert not covar.uses_kernel_space()
+        with rfgp.inference.statistics_precision.recorded_statistics_dtypes() as dtypes:
+            mean, variance = leave_one_out_predictions(covar, y.float(), torch.full_like(y, 0.3).float())
+        features = covar._linear_op.features().double()
+    assert dtypes == [F64]
+    expected_mean, expected_variance = dense_loo_predictions(features, 1e-4, y, 0.3)
+    assert mean.dtype == variance.dtype == torch.float32
+    torch.testing.assert_close(variance.double(), expected_variance, rtol=1e-5, atol=0)
+    torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-5, atol=1e-5)
+
+
 def test_dirichlet_classifier_is_the_dense_paths(factorised):
     """The Dirichlet classifier's class-noise operator (C regressions sharing Φ, per-class noise) is ΦΦᵀ + D_c."""
     g = torch.Generator().manual_seed(0)
