@@ -76,6 +76,12 @@ def is_active() -> bool:
     return bool(_active_groups)
 
 
+def reduction_scope() -> tuple:
+    """What statistics are currently summed over: ``()`` outside :class:`data_parallel` (this process's points),
+    ``(group,)`` inside it.  Caches of statistics built in one scope do not answer in another."""
+    return tuple(_active_groups[-1:])
+
+
 #: what data_parallel supports, named in every refusal (:func:`refuse`)
 SUPPORTED = (
     "DistributedExactMarginalLogLikelihood (loss and, after sync_gradients, gradients) and the posterior mean and "

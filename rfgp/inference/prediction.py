@@ -312,10 +312,20 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         ``detach_test_caches``.
 
         Built under the strategy's :func:`~rfgp.core.locks.init_lock`: threads predicting at once from one model
-        build each cache once (each built it, and stored its own copy, when they came together)."""
+        build each cache once (each built it, and stored its own copy, when they came together).
+
+        The caches hold the statistics of this process's points outside :class:`~rfgp.inference.distributed.
+        data_parallel` and those of all ranks' points inside it (:func:`~rfgp.inference.distributed.reduction_scope`):
+        entering or leaving it drops the caches built in the other scope (a prediction inside ``data_parallel`` after
+        one outside returned the posterior of this rank's shard alone, and one outside after one inside that of all
+        points)."""
         if self.caches_follow_new_data and torch.is_grad_enabled():
             return method.__wrapped__(self.reevaluated(), nan_policy)
         with cache_grad_mode(), init_lock(self):
+            scope = distributed.reduction_scope()
+            if getattr(self, "_reduction_scope", scope) != scope and hasattr(self, "_memoize_cache"):
+                self._memoize_cache.clear()
+            self._reduction_scope = scope
             return method(self, nan_policy)
 
     def reevaluated(self) -> FeatureSpacePredictionStrategy:

@@ -1,5 +1,6 @@
 """Two gloo processes on localhost give the single-process MLL, gradients and predictions."""
 
+import contextlib
 import re
 import socket
 
@@ -258,6 +259,23 @@ def _refusal(model, x, y) -> str | None:
     return None
 
 
+def _scope_means(model, x_test):
+    """Posterior means of one eval-mode model inside data_parallel, outside it, and inside again."""
+    model.eval()
+    means = []
+    with torch.no_grad():
+        for reduced in (True, False, True):
+            with rfgp.inference.distributed.data_parallel() if reduced else contextlib.nullcontext():
+                means.append(model(x_test).mean)
+    return means
+
+
+def _posterior_mean(model, x_test):
+    model.eval()
+    with torch.no_grad():
+        return model(x_test).mean
+
+
 def _worker(rank, port, path):
     """Every distributed run of this file on one rank (a single spawn): the single-output model, every case of
     :data:`CASE_RUNS`, the differing-rank refusals; with the flip cases' shard-alone decisions beside."""
@@ -285,10 +303,12 @@ def _worker(rank, port, path):
                              rfgp.sketch(gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), 3, rank=1), 8))
         torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-parameters.pt")
         torch.manual_seed(0)  # the same parameters, but each rank's own random features
-        x, y, _ = _data()
+        x, y, x_test = _data()
         model = _model(x[shard], y[shard])
         model.covar_module.base_kernel = SketchedRBFKernel(32, ard_num_dims=DIM, seed=rank).double()
         torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-draws.pt")
+        shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
+        torch.save(_scope_means(_model(x[shard], y[shard]), x_test), f"{path}/rank{rank}-scopes.pt")
     finally:
         dist.destroy_process_group()
 
@@ -322,6 +342,22 @@ def test_two_gloo_processes_match_one_per_model_kind(spawned):
         refusal = torch.load(spawned / f"rank{rank}-different-draws.pt")  # buffers too: the random draws
         assert refusal is not None and refusal.startswith("buffer model.covar_module.base_kernel."), refusal
         assert "differs between ranks" in refusal and "seed" in refusal, refusal
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_caches_follow_the_data_parallel_scope(spawned):
+    """A model that predicts inside data_parallel, outside it and inside again gives the posterior of all points, of
+    its rank's shard alone and of all points: the posterior caches of one scope do not answer in the other (before,
+    the first prediction's caches answered all three, whichever scope built them)."""
+    x, y, x_test = _data()
+    everything = _posterior_mean(_model(x, y), x_test)
+    for rank in range(WORLD_SIZE):
+        shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
+        alone = _posterior_mean(_model(x[shard], y[shard]), x_test)
+        assert (alone - everything).abs().max() > 1e-2  # the check is not vacuous
+        inside, outside, inside_again = torch.load(spawned / f"rank{rank}-scopes.pt")
+        for mean, expected in ((inside, everything), (outside, alone), (inside_again, everything)):
+            torch.testing.assert_close(mean, expected, rtol=1e-9, atol=1e-12)
 
 
 @pytest.fixture
