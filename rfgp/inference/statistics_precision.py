@@ -55,8 +55,9 @@ tr(G) is the quantity a stream accumulates too: the float32 errors of the batche
 float32 add up to at most u·Σₖ tr(Gₖ) ≤ u·tr(G_total), so the stream compares u·tr(G_total) (earlier batches
 included) with τ, and every later batch is formed in float64 once it is exceeded.
 
-Where it applies: the marginal likelihood (forward and backward), the posterior caches and the leave-one-out terms
-(:mod:`rfgp.inference.leave_one_out`) of a feature-root model with a materialised Φ
+Where it applies: the marginal likelihood (forward and backward), the posterior caches, the leave-one-out terms
+(:mod:`rfgp.inference.leave_one_out`) and BoTorch's pathwise update (:mod:`rfgp.integrations.botorch`) of a
+feature-root model with a materialised Φ
 (:meth:`~rfgp.inference.operators.FeatureRootLinearOperator.feature_statistics`, Nyström roots Φ = K·L⁻ᵀ included: K
 and L are cast with Φ) or a chunked one (:func:`~rfgp.inference.chunking.chunked_feature_statistics`, and
 :func:`~rfgp.inference.triangular_statistics.chunked_triangular_statistics` for Nyström: tr(G) is read off the float32

@@ -58,7 +58,7 @@ from ..core.dtypes import in_full_precision
 from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.kernel_space import kernel_cholesky
 from ..inference.linalg import capacitance_solve, cholesky_solve
-from ..inference.operators import FeatureRootAddedDiagLinearOperator, noise_weights
+from ..inference.operators import FeatureRootAddedDiagLinearOperator, adaptive_feature_statistics, noise_weights
 from ..kernels.combinations import is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
 from ..models.kernel_inputs import covar_module_inputs
@@ -271,8 +271,8 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
     """v = Φᵀ(ΦΦᵀ + D)⁻¹(y − f(X) − ε) with ε ~ N(0, D), shape ``sample_shape × batch × F``.
 
     In the cheaper of the posterior's two algebras (:meth:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator.
-    uses_kernel_space`): A⁻¹ΦᵀD⁻¹r from the F × F feature statistics (chunked when the kernel's operator is; A is
-    factorised in float64 for float32 statistics), or,
+    uses_kernel_space`): A⁻¹ΦᵀD⁻¹r from the F × F feature statistics (chunked when the kernel's operator is; float32
+    features' formed in float64 where :mod:`rfgp.inference.statistics_precision` says so, A factorised in float64), or,
     when N ≲ F (a Bayesian-optimisation loop's few observations under a wide map), Φᵀ(ΦΦᵀ + D)⁻¹r from the N × N
     Cholesky factor — the same vector (push-through identity) without an F × F matrix.
     """
@@ -292,7 +292,8 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
         work = rhs.to(chol.dtype).expand(*chol.shape[:-2], *rhs.shape[-2:])
         solved = (features.to(chol.dtype).mT @ cholesky_solve(work, chol)).to(rhs.dtype)
     else:
-        gram, cross = operator.feature_statistics(weights, rhs)
-        # A = I + ΦᵀD⁻¹Φ factorised in float64 for float32 statistics, as the training MLL's (capacitance_solve)
-        solved = capacitance_solve(gram, cross, weights.reciprocal())[0]  # (batch, F, S)
+        # float32 features' statistics in float64 where their rounding matters and A = I + ΦᵀD⁻¹Φ factorised in
+        # float64, as the training MLL's (adaptive_feature_statistics, capacitance_solve)
+        gram, cross, dtype = adaptive_feature_statistics(operator, weights, rhs)
+        solved = capacitance_solve(gram, cross, weights.reciprocal(), dtype)[0]  # (batch, F, S)
     return solved.movedim(-1, 0).unflatten(0, residual.shape[:sample_dims]) if sample_dims else solved.squeeze(-1)
