@@ -12,8 +12,9 @@ whichever is cheaper) at O(N·F·T) extra cost.  A per-point variance correction
 covariance becomes cₙ·Bᵢₙᵢₙ; of two rfgp covariances with corrections c₁, c₂ (Nyström, truncated Maclaurin) the
 product's diagonal (‖Φ₁ₙ‖² + c₁ₙ)(‖Φ₂ₙ‖² + c₂ₙ) leaves c₁ₙ‖Φ₂ₙ‖² + c₂ₙ‖Φ₁ₙ‖² + c₁ₙc₂ₙ beside ‖(Φ₁ • Φ₂)ₙ‖².
 
-Operands with such a root: an ``InterpolatedLinearOperator`` over a small base (``IndexKernel``,
-symmetric: the same indices on both sides) whose base has a Cholesky factor, another rfgp
+A cross covariance Φ(x₁)Φ(x₂)ᵀ of an rfgp kernel (``covar_module(x1, x2).mul(...)``) has no such root: its product is
+the dense one, as an exact kernel's.  Operands with such a root: an ``InterpolatedLinearOperator`` over a small base
+(``IndexKernel``, symmetric: the same indices on both sides) whose base has a Cholesky factor, another rfgp
 feature root (two sketched kernels: width F₁·F₂), or a
 ``RootLinearOperator``.  Any other operand (a cross covariance with different task indices on the
 two sides, say) gets the dense product, as GPyTorch gives an exact kernel's dense matrix —
@@ -119,7 +120,7 @@ def install() -> None:
         return
 
     def _mul_matrix(self, other):
-        from .operators import FeatureRootLinearOperator  # imports this module
+        from .operators import ChunkedFeatureCrossLinearOperator, FeatureRootLinearOperator  # import this module
 
         if isinstance(other, LinearOperator):
             left, right = evaluated_covariance(self), evaluated_covariance(other)
@@ -127,6 +128,12 @@ def install() -> None:
                 return face_splitting_product(left, right)
             if isinstance(right, FeatureRootLinearOperator):
                 return face_splitting_product(right, left)
+            if isinstance(left, ChunkedFeatureCrossLinearOperator) or isinstance(right,
+                                                                                 ChunkedFeatureCrossLinearOperator):
+                # a cross covariance Φ(x₁)Φ(x₂)ᵀ: the generic product multiplies root decompositions of symmetric
+                # operators (wrong for x₁ ≠ x₂ of one size, an error for two sizes); GPyTorch's exact kernels give
+                # the dense product
+                return DenseLinearOperator(left.to_dense() * right.to_dense())
         return current(self, other)
 
     _mul_matrix.generic_mul_matrix = current

@@ -123,6 +123,25 @@ def test_products_without_a_cheap_exact_root_are_the_dense_product():
     assert not isinstance(exact(x).mul(task(i)), FeatureRootLinearOperator)  # nothing rfgp in it
 
 
+@pytest.mark.parametrize("num_test", [30, 4], ids=["same-size", "test-train"])
+def test_cross_covariance_products_are_the_dense_product(num_test):
+    """``covar_module(x1, x2).mul(task_covar_module(i1, i2))`` at x₁ ≠ x₂ (an rfgp cross covariance, of either size):
+    the dense product, as for an exact kernel.  Before: linear_operator's generic product multiplied root
+    decompositions of both operands, 5.7 off at one size (silently), and raised a RuntimeError at two."""
+    x, i, _ = _data(10)
+    g = torch.Generator().manual_seed(3)
+    x_test, i_test = torch.rand(num_test, 1, generator=g, dtype=F64), torch.randint(0, NUM_TASKS, (num_test, 1),
+                                                                                    generator=g)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, seed=0)).to(F64)
+    task = gpytorch.kernels.IndexKernel(num_tasks=NUM_TASKS, rank=2).to(F64)
+    expected = kernel(x_test, x).to_dense() * task(i_test, i).to_dense()
+    torch.testing.assert_close(kernel(x_test, x).mul(task(i_test, i)).to_dense(), expected)
+    torch.testing.assert_close(task(i_test, i).mul(kernel(x_test, x)).to_dense(), expected)
+    second = SketchedRBFKernel(8, seed=1).to(F64)  # two sketched kernels' cross covariances
+    torch.testing.assert_close(kernel(x_test, x).mul(second(x_test, x)).to_dense(),
+                               kernel(x_test, x).to_dense() * second(x_test, x).to_dense())
+
+
 def test_a_root_over_the_memory_budget_warns_and_keeps_the_generic_product():
     x, i, _ = _data(10)
     kernel = SketchedRBFKernel(64, seed=0).to(F64)
