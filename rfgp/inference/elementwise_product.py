@@ -128,12 +128,10 @@ def install() -> None:
                 return face_splitting_product(left, right)
             if isinstance(right, FeatureRootLinearOperator):
                 return face_splitting_product(right, left)
-            if isinstance(left, ChunkedFeatureCrossLinearOperator) or isinstance(right,
-                                                                                 ChunkedFeatureCrossLinearOperator):
-                # a cross covariance Φ(x₁)Φ(x₂)ᵀ: the generic product multiplies root decompositions of symmetric
-                # operators (wrong for x₁ ≠ x₂ of one size, an error for two sizes); GPyTorch's exact kernels give
-                # the dense product
-                return DenseLinearOperator(left.to_dense() * right.to_dense())
+            if isinstance(left, ChunkedFeatureCrossLinearOperator):  # the dense product, as an exact kernel's
+                return left._mul_matrix(right)
+            if isinstance(right, ChunkedFeatureCrossLinearOperator):
+                return right._mul_matrix(left)
         return current(self, other)
 
     _mul_matrix.generic_mul_matrix = current

@@ -767,6 +767,21 @@ class ChunkedFeatureCrossLinearOperator(FullPrecisionOperator, LinearOperator):
         return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
                                     self.unchecked)
 
+    def _mul_matrix(self, other):
+        """The dense elementwise product, as GPyTorch gives an exact kernel's: linear_operator's generic product
+        multiplies root decompositions, which a cross covariance (x₁ ≠ x₂) does not have
+        (:meth:`root_decomposition`)."""
+        return DenseLinearOperator(self.to_dense() * evaluated_covariance(other).to_dense())
+
+    def root_decomposition(self, method=None):
+        """Refused: Φ(x₁)Φ(x₂)ᵀ with x₁ ≠ x₂ (the kernel returns a feature root for equal inputs) is no symmetric
+        positive semi-definite matrix, so it has no root RRᵀ; linear_operator's Lanczos returned a wrong one for a
+        square cross covariance (``InterpolatedLinearOperator.mul`` of an eagerly evaluated one, up to 1.8 off)."""
+        raise ValueError(
+            f"root_decomposition of a {tuple(self.shape)} rfgp cross covariance Φ(x1)Φ(x2)ᵀ at different inputs x1 and "
+            "x2: it is not symmetric, so it has no root; use to_dense(), or multiply it elementwise as "
+            "cross.mul(other) (the dense product)")
+
 
 def _only_rows_and_columns(batch_indices) -> bool:
     """Whether an index of a chunked operator leaves its batch dimensions whole (rows and columns are rows of x)."""

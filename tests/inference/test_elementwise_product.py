@@ -142,6 +142,21 @@ def test_cross_covariance_products_are_the_dense_product(num_test):
                                kernel(x_test, x).to_dense() * second(x_test, x).to_dense())
 
 
+def test_eagerly_evaluated_cross_covariance_products_are_dense_or_refused():
+    """Under ``lazily_evaluate_kernels(False)`` the rfgp cross covariance multiplies into the dense product; an
+    ``IndexKernel`` operator multiplied by it (linear_operator's generic product, which root-decomposes both) is
+    refused by name.  Before: both gave a MulLinearOperator up to 1.8 off the dense product."""
+    x, i, _ = _data(10)
+    other_x = torch.rand(x.shape, generator=torch.Generator().manual_seed(5), dtype=F64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(32, seed=0)).to(F64)
+    task = gpytorch.kernels.IndexKernel(num_tasks=NUM_TASKS, rank=2).to(F64)
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        cross, tasks = kernel(x, other_x), task(i)
+        torch.testing.assert_close(cross.mul(tasks).to_dense(), cross.to_dense() * tasks.to_dense())
+        with pytest.raises(ValueError, match=r"root_decomposition of a \(30, 30\) rfgp cross covariance"):
+            tasks.mul(cross)
+
+
 def test_a_root_over_the_memory_budget_warns_and_keeps_the_generic_product():
     x, i, _ = _data(10)
     kernel = SketchedRBFKernel(64, seed=0).to(F64)
