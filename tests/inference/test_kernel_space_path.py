@@ -140,6 +140,33 @@ def test_selection_rule_by_flop_count():
     assert prefers_kernel_space(600, 512, feature_batch=1, solve_batch=10, statistics_batch=10)
 
 
+def test_copies_of_one_feature_matrix_count_once(feature_space_only):
+    """T = 8 targets of one unbatched kernel under per-point noise: GPyTorch expands Φ to the targets' batch (stride
+    0), and the N × N path forms its Gram once, the F × F path 8 statistics.  N = 60 > F = 50: N²F + 8·N³/3 = 7.6·10⁵
+    against 8·NF² + 8·F³/3 = 1.5·10⁶ flops, so the kernel space is chosen — with the same MLL, gradients and posterior.
+    Before: Φ counted per copy (8·N²F), the F × F path (8 copies of Φ at N = 600, F = 512: twice the flops)."""
+    x, y = _data(n=60)
+    targets = torch.stack([y * (1 + 0.1 * t) for t in range(8)])
+    noise = torch.linspace(0.01, 0.2, 8 * 60, dtype=F64).reshape(8, 60)
+    batch = torch.Size([8])
+
+    def build():
+        mean = gpytorch.means.ConstantMean(batch_shape=batch)
+        model = ExactGPModel(x, targets, FixedNoiseGaussianLikelihood(noise, batch_shape=batch),
+                             gpytorch.kernels.ScaleKernel(SketchedRBFKernel(50, seed=0)), mean).to(F64)
+        model.covar_module.base_kernel.lengthscale = 0.3
+        return model
+
+    model = build()
+    covar = model.likelihood(model(x)).lazy_covariance_matrix.evaluate_kernel()
+    features = covar._linear_op.scaled_features()[0]
+    assert features.shape[:-2] == batch and features.stride(0) == 0  # the copies this test is about
+    assert prefers_kernel_space(60, 50, feature_batch=1, solve_batch=8, statistics_batch=8)
+    assert not prefers_kernel_space(60, 50, feature_batch=8, solve_batch=8, statistics_batch=8)
+    assert covar.uses_kernel_space()
+    _compare(build, x, targets, torch.rand(5, 2, dtype=F64), feature_space_only)
+
+
 @pytest.mark.parametrize("n, expected", [(40, True), (200, False)])
 def test_operator_selects_the_path_automatically(n, expected, monkeypatch):
     x, y = _data(n=n)
