@@ -38,6 +38,7 @@ from .inference.operators import FeatureRootAddedDiagLinearOperator, FeatureRoot
 from .inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from .inference.prediction import FeatureSpacePredictionStrategy
 from .core.memory import MemoryBudgetWarning
+from .inference.elementwise_product import SingularTaskMatrixWarning
 from .kernels.conversion import register_converter, sketch
 from .models import MultiOutputGPModel, StreamingFeatureGP, fit_from_batches, fit_scale_and_noise, set_num_features
 from .training import (
@@ -81,6 +82,7 @@ __all__ = [
     "AllocationRefit",
     "DataScaleWarning",
     "MemoryBudgetWarning",
+    "SingularTaskMatrixWarning",
     "StreamingFeatureGP",
     "TrainingHistory",
     "TrainingRestart",

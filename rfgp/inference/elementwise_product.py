@@ -14,7 +14,8 @@ product's diagonal (‖Φ₁ₙ‖² + c₁ₙ)(‖Φ₂ₙ‖² + c₂ₙ) leav
 
 A cross covariance Φ(x₁)Φ(x₂)ᵀ of an rfgp kernel (``covar_module(x1, x2).mul(...)``) has no such root: its product is
 the dense one, as an exact kernel's.  Operands with such a root: an ``InterpolatedLinearOperator`` over a small base
-(``IndexKernel``, symmetric: the same indices on both sides) whose base has a Cholesky factor, another rfgp
+(``IndexKernel``, symmetric: the same indices on both sides) whose base has a Cholesky factor (a singular base gets
+the dense product with a :class:`SingularTaskMatrixWarning`), another rfgp
 feature root (two sketched kernels: width F₁·F₂), or a
 ``RootLinearOperator``.  Any other operand (a cross covariance with different task indices on the
 two sides, say) gets the dense product, as GPyTorch gives an exact kernel's dense matrix —
@@ -47,6 +48,13 @@ from ..core.settings import memory_budget, resolve_chunk_size
 from .kernel_evaluation import evaluated_covariance
 from .linalg import squared_row_norms
 
+
+class SingularTaskMatrixWarning(UserWarning):
+    """An elementwise product's small matrix (an ``IndexKernel``'s B) has no Cholesky factor, so the product of an
+    rfgp covariance with it is dense (:func:`exact_root`).  A root from B's eigendecomposition would be exact in value
+    but its gradient is undefined at B's repeated zero eigenvalues, so the exact dense product is kept, and said."""
+
+
 #: largest base of an interpolated operator (T × T) factorised for its root
 MAX_INTERPOLATED_BASE = 1024
 
@@ -70,7 +78,15 @@ def exact_root(operator: LinearOperator) -> Tensor | None:
     if not (same and values_same):
         return None
     chol, info = torch.linalg.cholesky_ex(operator.base_linear_op.to_dense())
-    if bool((info != 0).any()):  # a singular task matrix: the generic product handles it
+    if bool((info != 0).any()):  # a singular task matrix: the dense product, said
+        warnings.warn(
+            f"the {tuple(operator.base_linear_op.shape[-2:])} matrix of an elementwise product with an rfgp covariance "
+            "(an IndexKernel's task covariance B = WWᵀ + diag(v), say) has no Cholesky factor (singular: task "
+            "variances v at 0): the product is the dense N × N matrix (O(N³) solves), without rfgp's feature-space "
+            "algebra; keep B positive definite, e.g. IndexKernel(..., var_constraint=gpytorch.constraints."
+            "GreaterThan(1e-6))",
+            SingularTaskMatrixWarning, stacklevel=5,
+        )
         return None
     return left_interp(left, operator.left_interp_values, chol)
 

@@ -123,6 +123,25 @@ def test_products_without_a_cheap_exact_root_are_the_dense_product():
     assert not isinstance(exact(x).mul(task(i)), FeatureRootLinearOperator)  # nothing rfgp in it
 
 
+def test_a_singular_task_matrix_gets_the_dense_product_and_says_so():
+    """An IndexKernel whose task variances underflowed (B = wwᵀ, rank 1) has no Cholesky factor: the product is the
+    exact dense one (an eigendecomposition root has no gradient at B's repeated zero eigenvalues), with a warning
+    naming the O(N³) cost; before, the dense product came without a word."""
+    x, i, _ = _data(10)
+    kernel = SketchedRBFKernel(16, seed=0).to(F64)
+    task = gpytorch.kernels.IndexKernel(num_tasks=NUM_TASKS, rank=1).to(F64)
+    with torch.no_grad():
+        task.raw_var.fill_(-200.0)  # softplus: 1e-87
+    with pytest.warns(rfgp.SingularTaskMatrixWarning, match="no Cholesky factor"):
+        product = kernel(x).mul(task(i))
+    assert not isinstance(product, FeatureRootLinearOperator)
+    torch.testing.assert_close(product.to_dense(), kernel(x).to_dense() * task(i).to_dense())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a positive definite B keeps the feature root, quietly
+        task.var = torch.full((NUM_TASKS,), 0.1, dtype=F64)
+        assert isinstance(kernel(x).mul(task(i)), FeatureRootLinearOperator)
+
+
 @pytest.mark.parametrize("num_test", [30, 4], ids=["same-size", "test-train"])
 def test_cross_covariance_products_are_the_dense_product(num_test):
     """``covar_module(x1, x2).mul(task_covar_module(i1, i2))`` at x₁ ≠ x₂ (an rfgp cross covariance, of either size):
