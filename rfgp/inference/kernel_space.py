@@ -85,6 +85,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
+from ..core.batch_copies import narrow_broadcast
 from ..core.dtypes import refuse_autocast_backward
 from .linalg import _sum_to_shape, cholesky_solve, differentiable_backward, rounding_advice, symmetric_gram
 from .statistics_precision import statistics_dtype, unit_roundoff, weighted_square_norm
@@ -136,9 +137,13 @@ def covariance_dtype(features: Tensor, noise: Tensor, scale: Tensor | None = Non
 def kernel_cholesky(features: Tensor, noise: Tensor, scale: Tensor | None = None) -> Tensor:
     """chol(sΦΦᵀ + D) for Φ ``(..., N, F)``, the noise diagonal ``(..., N)`` and an optional batch-shaped s, formed
     and factorised in :func:`covariance_dtype` (float64 for float32 features at a high signal-to-noise ratio): solve
-    with it in its dtype."""
+    with it in its dtype.  A Φ expanded to a batch (stride-0 copies: T targets of one kernel) forms one Gram, which
+    the factorisations share (one factorisation, expanded, where the noise is shared too), as the marginal
+    likelihood's path does."""
     work = covariance_dtype(features, noise, scale)
-    return _factor(kernel_gram(features.to(work)), noise.to(work), None if scale is None else scale.to(work))
+    distinct = narrow_broadcast(features, features.dim() - 2)
+    chol = _factor(kernel_gram(distinct.to(work)), noise.to(work), None if scale is None else scale.to(work))
+    return chol.expand(*torch.broadcast_shapes(features.shape[:-2], chol.shape[:-2]), *chol.shape[-2:])
 
 
 def _factor(gram: Tensor, noise: Tensor, scale: Tensor | None) -> Tensor:
