@@ -47,6 +47,7 @@ from botorch.sampling.pathwise.update_strategies import GaussianUpdate
 from botorch.sampling.pathwise.utils import TensorTransform, get_input_transform, get_train_inputs, get_train_targets
 from botorch.utils.dispatcher import MDNotImplementedError
 from botorch.utils.sampling import draw_sobol_normal_samples
+from botorch.utils.transforms import is_ensemble
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import ExactGP
 from linear_operator.operators import DiagLinearOperator
@@ -245,7 +246,9 @@ def _gaussian_update_feature_space(
     with torch.no_grad():  # the update is a function of x only, like the prior draws
         weight = _update_weights(kernel, points, target_values, sample_values, noise_covariance)
     feature_map = gen_kernel_features(kernel, num_inputs=points.shape[-1], num_outputs=weight.shape[-1])
-    return FullPrecisionPath(feature_map=feature_map, weight=weight, input_transform=get_input_transform(model))
+    # an ensemble (a fully Bayesian model's batch of MCMC samples) evaluates its members on inputs without their axis
+    return FullPrecisionPath(feature_map=feature_map, weight=weight, input_transform=get_input_transform(model),
+                             is_ensemble=is_ensemble(model))
 
 
 def _conditioned_likelihood(model: ExactGP, likelihood, points: Tensor):
@@ -282,7 +285,10 @@ def _update_weights(kernel, points: Tensor, targets: Tensor, sample_values: Tens
     weights = noise_weights(noise_covariance)
     noise = torch.randn(sample_values.shape, dtype=sample_values.dtype, device=sample_values.device)
     residual = targets - sample_values - noise * weights.reciprocal().sqrt()
-    sample_dims = residual.dim() - targets.dim()
+    # the leading dimensions beyond the model's batch (the kernel's and the noise's): targets may lack the batch, as
+    # a fully Bayesian model's (N,) under its S MCMC samples
+    batch = torch.broadcast_shapes(operator.shape[:-2], noise_covariance.shape[:-2])
+    sample_dims = residual.dim() - 1 - len(batch)
     # sample dimensions become right-hand-side columns: (batch, N, S)
     rhs = residual.flatten(0, sample_dims - 1).movedim(0, -1) if sample_dims else residual.unsqueeze(-1)
     noisy = operator + noise_covariance

@@ -25,6 +25,7 @@ from botorch.fit import fit_fully_bayesian_model_nuts  # noqa: E402
 from botorch.models.fully_bayesian import SaasFullyBayesianSingleTaskGP  # noqa: E402
 from botorch.models.fully_bayesian_multitask import SaasFullyBayesianMultiTaskGP  # noqa: E402
 from botorch.sampling import SobolQMCNormalSampler  # noqa: E402
+from botorch.sampling.pathwise import draw_matheron_paths  # noqa: E402
 from gpytorch.kernels import MaternKernel, ScaleKernel  # noqa: E402
 
 import rfgp  # noqa: E402
@@ -237,3 +238,32 @@ def test_nystrom_conversion_keeps_median_lengthscale():
     exact = model.median_lengthscale
     model.covar_module = rfgp.sketch(model.covar_module, 20, method="nystrom", x_sample=x, seed=0)
     torch.testing.assert_close(model.median_lengthscale, exact, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_features", [8, 64])  # the update in feature space (F < N) and in kernel space
+def test_matheron_paths_of_the_converted_model_are_one_path_per_mcmc_sample(num_features):
+    """``draw_matheron_paths`` of the converted SAAS model gives, as for the exact one, paths of shape
+    ``paths × S × n`` whose mean and variance per MCMC sample are that sample's posterior's (4 standard errors).
+    The update path lacked BoTorch's ``is_ensemble`` flag, so it evaluated the S members' updates on the inputs
+    without an ensemble axis (its weights ``paths × S × S × F``: BoTorch's targets of shape (N,) were taken for the
+    batch shape): the sum had shape ``paths × S × S × n`` (4 × 4 × 4 × 5 for 4 paths), other numbers of paths raised
+    'The size of tensor a (500) must match the size of tensor b (4)', and so did ``get_optimal_samples``."""
+    x = uniform(20, seed=0)
+    model = SaasFullyBayesianSingleTaskGP(x, targets(x, seed=1))
+    samples = {"mean": torch.zeros(S, dtype=F64), "outputscale": 1 + uniform(S, seed=3)[:, 0],
+               "noise": 0.01 + 0.01 * uniform(S, seed=4)[:, 0], "lengthscale": 0.3 + uniform(S, seed=2)}
+    model.load_mcmc_samples(samples)
+    model = sketched_copy(model.eval(), num_features)
+    xs, num_paths = uniform(5, seed=5), 3000
+    with torch.no_grad():
+        draws = draw_matheron_paths(model, torch.Size([num_paths]))
+        paths = draws(xs)
+        posterior = model.posterior(xs)
+        # points per path (as optimize_posterior_samples evaluates them): the update evaluated them without the
+        # ensemble axis, 3000 batches of points against 4 members ('size of tensor a (3000) must match ... b (4)')
+        per_path = draws(xs.expand(num_paths, 5, D))
+    assert paths.shape == (num_paths, S, 5)
+    torch.testing.assert_close(per_path, paths, rtol=1e-12, atol=1e-12)
+    mean, variance = posterior.mean.squeeze(-1), posterior.variance.squeeze(-1)
+    assert ((paths.mean(0) - mean).abs() <= 4 * (variance / num_paths).sqrt()).all()
+    assert ((paths.var(0) / variance - 1).abs() <= 4 * (2 / num_paths) ** 0.5).all()
