@@ -796,7 +796,12 @@ def fantasy_noise_likelihood(likelihood, lik_train_train_covar, **kwargs):
             "fixed-noise likelihood"
         )
     train_noise = lik_train_train_covar()._diag_tensor.diagonal(dim1=-1, dim2=-2)  # (..., N), also for constant D
-    return FixedNoiseGaussianLikelihood(train_noise).get_fantasy_likelihood(noise=kwargs["noise"])
+    # both to their common batch shape: GPyTorch's concatenation only expands the training noise to the new one's
+    # (an ensemble's (S, N) training noise under one (m,) noise of the new points raised inside ``expand``)
+    noise = kwargs["noise"]
+    batch = torch.broadcast_shapes(train_noise.shape[:-1], noise.shape[:-1])
+    return FixedNoiseGaussianLikelihood(train_noise.expand(*batch, train_noise.shape[-1])).get_fantasy_likelihood(
+        noise=noise.expand(*batch, noise.shape[-1]))
 
 
 def cache_grad_mode() -> torch.autograd.grad_mode.set_grad_enabled:

@@ -267,3 +267,34 @@ def test_matheron_paths_of_the_converted_model_are_one_path_per_mcmc_sample(num_
     mean, variance = posterior.mean.squeeze(-1), posterior.variance.squeeze(-1)
     assert ((paths.mean(0) - mean).abs() <= 4 * (variance / num_paths).sqrt()).all()
     assert ((paths.var(0) / variance - 1).abs() <= 4 * (2 / num_paths) ** 0.5).all()
+
+
+def test_conditioning_the_converted_model_with_noise_conditions_every_mcmc_sample_on_it():
+    """``condition_on_observations(X, Y, noise=...)`` (qJointEntropySearch's conditioning on sampled optima) of the
+    converted SAAS model gives every MCMC sample the posterior of a GP fitted with its own noise at the training
+    points and ``noise`` at the new ones (the dense formulas with BoTorch's kernel; landmarks at every point).  The
+    S samples' (S, N) training noise and the (m,) new noise raised 'expand(torch.DoubleTensor{[4, 20]}, size=[20])'
+    inside GPyTorch's fixed-noise likelihood."""
+    x = uniform(20, seed=0)
+    y = targets(x, seed=1)
+    model = SaasFullyBayesianSingleTaskGP(x, y)
+    model.load_mcmc_samples({"mean": uniform(S, seed=3)[:, 0], "outputscale": 1 + uniform(S, seed=4)[:, 0],
+                             "noise": 0.01 + 0.1 * uniform(S, seed=5)[:, 0], "lengthscale": 0.3 + uniform(S, seed=2)})
+    exact = model.eval()
+    xs, new_x, new_y = uniform(5, seed=6), uniform(2, seed=7), torch.tensor([[1.0], [-1.0]], dtype=F64)
+    landmarks = landmark_copy(exact, x, xs, new_x)
+    landmarks.posterior(xs)
+    conditioned = landmarks.condition_on_observations(new_x, new_y, noise=torch.full((2, 1), 0.2, dtype=F64))
+    with torch.no_grad():
+        posterior = conditioned.posterior(xs)
+        points = torch.cat([x, new_x])
+        noise = torch.cat([exact.likelihood.noise.expand(S, 20), torch.full((S, 2), 0.2, dtype=F64)], -1)
+        kernel = exact.covar_module
+        train_cov = kernel(points).to_dense() + torch.diag_embed(noise)
+        cross = kernel(xs, points).to_dense()
+        mean = exact.mean_module.constant.reshape(S, 1)
+        residual = torch.cat([y, new_y]) - mean[..., None]
+        expected_mean = mean + (cross @ torch.linalg.solve(train_cov, residual)).squeeze(-1)
+        expected_variance = kernel(xs, diag=True) - (cross * torch.linalg.solve(train_cov, cross.mT).mT).sum(-1)
+    torch.testing.assert_close(posterior.mean.squeeze(-1), expected_mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(posterior.variance.squeeze(-1), expected_variance, rtol=1e-6, atol=1e-6)
