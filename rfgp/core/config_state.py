@@ -127,6 +127,13 @@ def same_value(saved: Any, current: Any) -> bool:
     return type(saved) is type(current) and saved == current
 
 
+def hashable_config(module: ConfigState) -> tuple:
+    """``module.config()`` as a hashable, comparable tuple of (name, value) (a float64 tensor as its shape and values),
+    for checks of whether a module's draws or data fit changed since a result was computed from them."""
+    return tuple((name, (tuple(value.shape), tuple(value.flatten().tolist())) if torch.is_tensor(value) else value)
+                 for name, value in module.config().items())
+
+
 class ConfigState:
     """``nn.Module`` mixin (listed before ``nn.Module`` in the bases): configuration fields in ``state_dict``.
 

@@ -57,12 +57,12 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from ..core.config_state import ConfigState, hashable_config
 from ..core.draws import standard_normal
 from ..core.dtypes import in_full_precision
 from ..core.locks import init_lock
 from ..core.memory import check_solve
 from ..core.validation import check_noise, check_targets, first_floating_tensor
-from ..features.base import FeatureMap
 from . import distributed
 from .deferred_graph import deferred_graph
 from .dense_noise import appended_noise, dense_noise_posterior_caches, dense_training_noise, with_dense_noise
@@ -905,14 +905,18 @@ def _describe(placement: tuple[torch.dtype, torch.device] | None) -> str:
     return "no parameters" if placement is None else f"{placement[0]} on {placement[1]}"
 
 
-def draw_fingerprint(kernel) -> tuple[tuple[str, int, int], ...] | None:
-    """(class, seed, width) of every feature map in ``kernel``, in module order (``None`` for no kernel).
+def draw_fingerprint(kernel) -> tuple[tuple, ...] | None:
+    """The configuration (:func:`~rfgp.core.config_state.hashable_config`: class, width, seed, fitted allocation, ...)
+    of every module in ``kernel`` that saves one, in module order (``None`` for no kernel).
 
-    ``seed`` changes exactly when a map's draws do (``resample``, a loaded state of other draws).
+    It changes exactly when draws do: a feature map's seed (``resample``, a loaded state of other draws), the seed of a
+    kernel that draws its own frequencies (:class:`~rfgp.kernels.SpectralProductKernel`,
+    :class:`~rfgp.kernels.SketchedNewtonGirardAdditiveKernel`), an optimised Maclaurin allocation (``set_widths``,
+    :func:`~rfgp.kernels.refit_allocation`) or a Nyström landmark selection.
     """
     if kernel is None:
         return None
-    return tuple((type(m).__name__, m.seed, m.num_features) for m in kernel.modules() if isinstance(m, FeatureMap))
+    return tuple(hashable_config(m) for m in kernel.modules() if isinstance(m, ConfigState))
 
 
 def _features(covar) -> Tensor | None:

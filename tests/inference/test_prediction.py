@@ -5,9 +5,16 @@ import gpytorch
 import pytest
 import torch
 
-from rfgp.features import RandomFourierFeatures
+from rfgp.features import OptimizedMaclaurin, RandomFourierFeatures, dot_product
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
-from rfgp.kernels import RandomFeatureKernel, SketchedRBFKernel, kernel_features
+from rfgp.kernels import (
+    RandomFeatureKernel,
+    SketchedMaternKernel,
+    SketchedNewtonGirardAdditiveKernel,
+    SketchedRBFKernel,
+    SpectralProductKernel,
+    kernel_features,
+)
 from rfgp.models import ExactGPModel
 from tests._dense import assert_eager_kernels_keep_the_strategy
 from tests._feature_maps import ShrunkFourierFeatures
@@ -280,6 +287,41 @@ def test_prediction_after_the_features_were_redrawn_raises_until_the_posterior_i
         torch.testing.assert_close(model(xs).mean, mean, rtol=1e-8, atol=1e-8)
         model.covar_module.load_state_dict(build(SketchedRBFKernel(64, seed=2), x, y, device).covar_module.state_dict())
         with pytest.raises(RuntimeError, match="re-drawn"):
+            model(xs)
+
+
+def _refit_maclaurin(kernel):
+    feature_map = kernel.feature_map
+    feature_map.set_widths(tuple(reversed(feature_map.widths)))
+
+
+# kernels whose draws are not (only) a feature map's seed: a kernel-level seed, or a fitted allocation at one seed
+REDRAWS = {
+    "spectral_product": (lambda: SpectralProductKernel(SketchedRBFKernel(8, input_dim=1, seed=0),
+                                                       SketchedMaternKernel(8, input_dim=1, seed=1),
+                                                       num_features=16, seed=0), lambda k: k.resample()),
+    "newton_girard": (lambda: SketchedNewtonGirardAdditiveKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2), 2, 16,
+                                                                 seed=0), lambda k: k.resample()),
+    "maclaurin_widths": (lambda: RandomFeatureKernel(OptimizedMaclaurin(dot_product.gaussian(), 24, input_dim=2,
+                                                                        widths=(6, 3, 2), seed=0)),
+                         _refit_maclaurin),
+}
+
+
+@pytest.mark.parametrize("name", REDRAWS)
+def test_prediction_after_draws_outside_a_map_seed_changed_raises(name):
+    """A spectral-product or Newton–Girard kernel draws its frequencies from a seed of its own, and an optimised
+    Maclaurin map re-draws at its seed for a new allocation: after such a redraw in eval mode the cached weights
+    belong to the old features (the check compared the feature maps' (class, seed, width) only, and the prediction
+    silently paired the new Φ(x*) with them)."""
+    build_kernel, redraw = REDRAWS[name]
+    x, y, xs = data("cpu")
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), build_kernel()).double()
+    model.eval()
+    with torch.no_grad():
+        model(xs)
+        redraw(model.covar_module)
+        with pytest.raises(RuntimeError, match="re-drawn after this model cached its posterior.*model.train"):
             model(xs)
 
 
