@@ -250,6 +250,14 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
             # saved before its first call, so without draws: this map made them from the adopted seed
             drawn = {prefix + name for name in self._buffer_names}
             missing_keys[:] = [key for key in missing_keys if key not in drawn]
+        saved_in = [state_dict[prefix + name].dtype for name in self._buffer_names
+                    if torch.is_tensor(state_dict.get(prefix + name)) and state_dict[prefix + name].is_floating_point()]
+        if saved_in and self.is_initialized and self.draws_follow_seed:
+            # draws saved in float32, loaded into a float64 map: the seed's draws in float64, as ``.double()`` after
+            # the load gives (:meth:`_apply`), not the float32 draws converted
+            drawn_in = min(saved_in, key=lambda dtype: torch.finfo(dtype).bits)
+            if torch.finfo(self._anchor.dtype).bits > torch.finfo(drawn_in).bits:
+                self._widen_draws(drawn_in)
 
     def extra_repr(self) -> str:
         return f"input_dim={self.input_dim}, num_features={self.num_features}"

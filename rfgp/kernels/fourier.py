@@ -293,10 +293,14 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
         away from since (training) keeps its converted value."""
         drawn_in = self.lengthscale_anchor.dtype if self.is_anchored else None
         result = super()._apply(fn, *args, **kwargs)
+        self._widen_anchor(drawn_in)
+        return result
+
+    def _widen_anchor(self, drawn_in: torch.dtype | None) -> None:
+        """ℓ₀ ← ℓ in the anchor's dtype where ℓ₀ is ℓ rounded to the narrower ``drawn_in`` (``None``: nothing to do)."""
         if drawn_in is not None and torch.finfo(self.lengthscale_anchor.dtype).bits > torch.finfo(drawn_in).bits:
             with torch.inference_mode(False), torch.no_grad():
                 widen_draws(self, {"lengthscale_anchor": self.lengthscale.detach().clone()}, drawn_in)
-        return result
 
     def _draw_key(self) -> tuple[int, int]:
         return self.feature_map.seed, self.feature_map.num_features
@@ -379,6 +383,8 @@ class SketchedMaternKernel(ScaleMixtureSpectrum, RandomFeatureKernel):
             if key in missing_keys:
                 missing_keys.remove(key)
             self.lengthscale_anchor = self.lengthscale.detach().clone()
+        elif self.is_anchored and state_dict[key].is_floating_point():
+            self._widen_anchor(state_dict[key].dtype)  # a float32 state in a float64 kernel: as .double() after it
 
 
 def _anchor_before_saving(module: SketchedMaternKernel, prefix: str, keep_vars: bool) -> None:
