@@ -114,7 +114,10 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
         (512, torch.Size([10, 10]))
     """
 
-    config_fields = {"num_frequencies": METHOD, "num_dims": METHOD, "max_degree": METHOD, "seed": DRAW}
+    config_fields = {"num_frequencies": METHOD, "num_dims": METHOD, "max_degree": METHOD,
+                     "spectral_density": METHOD, "spectral_parameter": METHOD, "seed": DRAW}
+    #: the base kernel's measure (an RBF and a Matérn base have the same state keys): absent from earlier states
+    optional_config_fields = frozenset({"spectral_density", "spectral_parameter"})
 
     def __init__(self, base_kernel: Kernel, num_dims: int, num_features: int, max_degree: int | None = None,
                  seed: int | None = None, generator: torch.Generator | None = None,
@@ -212,6 +215,13 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
                              f"{2 * self.max_degree}")
         self.num_frequencies = num_features // 2
         self._materialize()
+
+    def _config_value(self, name: str):
+        if name == "spectral_density":
+            return self.density.family
+        if name == "spectral_parameter":
+            return self.density.parameter
+        return super()._config_value(name)
 
     def _adopt_config(self, values: dict) -> None:
         """Adopt the saved seed, then re-draw so that the saved draws load into place."""

@@ -64,7 +64,7 @@ from linear_operator.utils.errors import NotPSDError
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..core.config_state import DRAW, METHOD
+from ..core.config_state import DRAW, METHOD, ConfigState
 from ..core.settings import resolve_chunk_size
 from ..core.state_cache import StateCache, module_configuration, module_tensors
 from ..core.validation import (
@@ -131,10 +131,10 @@ class NystromKernel(FeatureKernel):
         >>> kernel = rfgp.sketch(base, num_features=64, method="nystrom", x_sample=train_x, landmarks="rls", seed=0)
     """
 
-    config_fields = {"learn_landmarks": METHOD, "jitter": METHOD, "num_features": DRAW, "landmark_method": DRAW,
-                     "selection_seed": DRAW, "regularization": DRAW, "pilot_size": DRAW}
-    optional_config_fields = frozenset({"num_features", "landmark_method", "selection_seed", "regularization",
-                                        "pilot_size"})
+    config_fields = {"learn_landmarks": METHOD, "jitter": METHOD, "base_kernel_tree": METHOD, "num_features": DRAW,
+                     "landmark_method": DRAW, "selection_seed": DRAW, "regularization": DRAW, "pilot_size": DRAW}
+    optional_config_fields = frozenset({"base_kernel_tree", "num_features", "landmark_method", "selection_seed",
+                                        "regularization", "pilot_size"})
     #: Z is shared by the batch members of a batched base kernel (``kernel[i]`` indexes the base kernel only)
     shared_parameters = ("landmarks",)
 
@@ -180,6 +180,11 @@ class NystromKernel(FeatureKernel):
                     state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+    def _config_value(self, name: str):
+        if name == "base_kernel_tree":
+            return kernel_tree(self.base_kernel)
+        return super()._config_value(name)
 
     @property
     def num_features(self) -> int:
@@ -460,6 +465,23 @@ class NystromKernel(FeatureKernel):
         """k(x, x) − ‖Φ(x)‖² ≥ 0 for the squared norms ‖Φ(x)‖² (as :meth:`variance_correction` from
         :meth:`diag_moments`)."""
         return (_kernel_diagonal(self.base_kernel, x).expand(norms.shape) - norms).clamp_min(0.0)
+
+
+def kernel_tree(kernel: Kernel) -> str:
+    """The classes of a kernel tree in module order, each GPyTorch kernel with its settings that are not tensors
+    (``ScaleKernel, MaternKernel(nu=2.5)``): what a state dict does not say, since GPyTorch's RBF and Matérn kernels of
+    any ν (or polynomial kernels of any power) hold the same keys.  rfgp kernels in the tree check their own
+    configuration, so only their class is named."""
+    parts = []
+    for module in kernel.modules():
+        if not isinstance(module, Kernel):
+            continue
+        settings = [] if isinstance(module, ConfigState) else [
+            f"{name}={value!r}" for name, value in sorted(vars(module).items())
+            if not name.startswith("_") and name != "training" and value is not None
+            and isinstance(value, (bool, int, float, str))]
+        parts.append(f"{type(module).__name__}({', '.join(settings)})" if settings else type(module).__name__)
+    return ", ".join(parts)
 
 
 def _refuse_inducing_point_kernel(kernel: Kernel, name: str) -> None:

@@ -15,7 +15,7 @@ import io
 import gpytorch
 import pytest
 import torch
-from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 
 import rfgp
 from rfgp import features, kernels
@@ -317,6 +317,14 @@ def _dirichlet(alpha):
     return DirichletClassificationLikelihood(torch.tensor([0, 1, 2, 1]), alpha_epsilon=alpha)
 
 
+def _nystrom(base):
+    return NystromKernel(base, torch.randn(8, 3, generator=torch.Generator().manual_seed(0)))
+
+
+def _newton_girard(base):
+    return kernels.SketchedNewtonGirardAdditiveKernel(base, 3, 16, seed=0)
+
+
 # (field, saved module, loading module)
 MISMATCHES = [
     ("sampler", lambda: RandomFourierFeatures(16, 3, sampler="iid", seed=0),
@@ -359,6 +367,14 @@ MISMATCHES = [
      lambda: SketchedSphericalPolynomialKernel(3, 16, method="srf_orth", input_dim=4, seed=0)),
     ("input_dim", lambda: CurlFreeRBFKernel(2), lambda: CurlFreeRBFKernel(3)),
     ("alpha_epsilon", lambda: _dirichlet(0.01), lambda: _dirichlet(0.1)),
+    # the exact tree of a Nyström kernel, the base kernel of a Newton–Girard kernel: GPyTorch's RBF and Matérn
+    # kernels of any ν have the same state keys, and these loads made another model silently
+    ("base_kernel_tree", lambda: _nystrom(RBFKernel()), lambda: _nystrom(MaternKernel(nu=2.5))),
+    ("base_kernel_tree", lambda: _nystrom(ScaleKernel(MaternKernel(nu=0.5))),
+     lambda: _nystrom(ScaleKernel(MaternKernel(nu=2.5)))),
+    ("spectral_density", lambda: _newton_girard(RBFKernel(ard_num_dims=3)),
+     lambda: _newton_girard(MaternKernel(nu=1.5, ard_num_dims=3))),
+    ("spectral_parameter", lambda: _newton_girard(MaternKernel(nu=1.5)), lambda: _newton_girard(MaternKernel(nu=2.5))),
 ]
 
 
