@@ -129,8 +129,9 @@ class _TaylorSketchBase(FeatureMap):
     """Shared input handling: centre c (buffer), rescaling z = (u − c)/√2, order from radius/alpha."""
 
     has_variance_bias = True
-    #: ``order`` is chosen from radius and alpha at the first draw when not given
-    config_fields = {"order": LAZY, "radius": METHOD, "alpha": METHOD, "rule": METHOD}
+    #: ``order`` is chosen from radius and alpha at the first draw when not given (checked after them: a load of
+    #: another radius names the radius the user passed, not the order it gave)
+    config_fields = {"radius": METHOD, "alpha": METHOD, "rule": METHOD, "order": LAZY}
     _degree_rule_dim: bool  # whether the order rule uses the input dimension (box vs ball)
 
     def __init__(self, num_features, order, radius, alpha, rule, center, input_dim, seed, generator):

@@ -349,6 +349,11 @@ MISMATCHES = [
      lambda: SphericalRandomFeatures(16, power=5, input_dim=3, seed=0)),
     ("order", lambda: GaussianSketch(64, order=3, mode="tree", input_dim=3, seed=0),
      lambda: GaussianSketch(64, order=4, mode="tree", input_dim=3, seed=0)),
+    # the order follows from radius and alpha: a load named it (6 vs 15) where the user had passed another radius
+    ("radius", lambda: GaussianSketchHD(64, radius=1.0, alpha=1e-2, input_dim=3, seed=0),
+     lambda: GaussianSketchHD(64, radius=2.0, alpha=1e-2, input_dim=3, seed=0)),
+    ("alpha", lambda: GaussianSketch(64, radius=1.0, alpha=1e-2, input_dim=3, seed=0),
+     lambda: GaussianSketch(64, radius=1.0, alpha=1e-4, input_dim=3, seed=0)),
     ("mode", lambda: GaussianSketch(64, order=3, mode="tree", input_dim=3, seed=0),
      lambda: GaussianSketch(64, order=3, mode="explicit", input_dim=3, seed=0)),
     ("family", lambda: OperatorValuedFourierFeatures(16, 2, "curl_free", seed=0),
