@@ -127,11 +127,14 @@ def same_value(saved: Any, current: Any) -> bool:
     return type(saved) is type(current) and saved == current
 
 
-def hashable_config(module: ConfigState) -> tuple:
-    """``module.config()`` as a hashable, comparable tuple of (name, value) (a float64 tensor as its shape and values),
-    for checks of whether a module's draws or data fit changed since a result was computed from them."""
+def draw_key(module: ConfigState) -> tuple:
+    """The fields of ``module`` that change when its draws or its data fit do — its class, its width and its ``DRAW``
+    and ``LAZY`` fields (``METHOD`` fields never change after construction) — as a hashable, comparable tuple of
+    (name, value), a float64 tensor as its shape and values: whether a result computed from the draws still holds."""
+    names = [name for name, role in module.config_fields.items() if role != METHOD or name in ("type", "num_features")]
+    values = ((name, module._config_value(name)) for name in names)
     return tuple((name, (tuple(value.shape), tuple(value.flatten().tolist())) if torch.is_tensor(value) else value)
-                 for name, value in module.config().items())
+                 for name, value in values)
 
 
 class ConfigState:

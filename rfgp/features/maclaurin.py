@@ -99,15 +99,16 @@ class _MaclaurinFeatures(FeatureMap):
     Saved configuration: the target kernel's family (``kernel``; for the polynomial kernel
     without its offset ν, which :func:`~rfgp.kernels.refit_allocation` may change and which is
     saved as ``kernel_offset``; a spec from :func:`~rfgp.features.dot_product.from_coefficients` is saved as
-    ``"custom"``, its coefficients are not), the sketch options, the allocation ``widths`` (D₁..D_p) and the
+    ``"custom"`` with its coefficients log aₙ up to its degree, or to ``AUTO_MAX_ORDER`` for an infinite series, as
+    ``kernel_coefficients``), the sketch options, the allocation ``widths`` (D₁..D_p) and the
     ``num_features`` the map was built with (``requested_num_features``: the saved width ``num_features`` drops an
     unusable column, so a load error reports the argument the user passed).
     """
 
     config_fields = {"kernel": METHOD, "projection": METHOD, "weights": METHOD, "srht_blocks": METHOD,
-                     "bias_correction": METHOD, "kernel_offset": DRAW, "widths": DRAW,
+                     "bias_correction": METHOD, "kernel_coefficients": METHOD, "kernel_offset": DRAW, "widths": DRAW,
                      "requested_num_features": DRAW}
-    optional_config_fields = frozenset({"requested_num_features"})
+    optional_config_fields = frozenset({"requested_num_features", "kernel_coefficients"})
 
     def __init__(self, kernel, num_features, input_dim, projection, weights, srht_blocks, bias_correction,
                  seed, generator, projections=PROJECTIONS) -> None:
@@ -285,6 +286,11 @@ class _MaclaurinFeatures(FeatureMap):
             return self.kernel.name if power is None else f"polynomial(p={power})"
         if name == "kernel_offset":
             return None if power is None else self.kernel.offset
+        if name == "kernel_coefficients":  # every spec of from_coefficients is named "custom"
+            if self.kernel.name != "custom":
+                return None
+            return self.kernel.log_coefficients(AUTO_MAX_ORDER if self.kernel.max_degree is None
+                                                else self.kernel.max_degree)
         return super()._config_value(name)
 
     def _adopt_config(self, values: dict) -> None:
@@ -298,6 +304,10 @@ class _MaclaurinFeatures(FeatureMap):
     def _reported_config(self, name: str, values: dict):
         if name == "num_features" and values.get("requested_num_features") is not None:
             return values["requested_num_features"]
+        if name == "kernel_coefficients" and torch.is_tensor(values[name]):
+            coefficients = values[name].exp().tolist()
+            shown = ", ".join(f"{value:.6g}" for value in coefficients[:6])
+            return f"a_0..a_{len(coefficients) - 1} = {shown}{', ...' if len(coefficients) > 6 else ''}"
         return super()._reported_config(name, values)
 
     def _legacy_config(self, extra: dict) -> dict:

@@ -57,7 +57,7 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from ..core.config_state import ConfigState, hashable_config
+from ..core.config_state import ConfigState, draw_key
 from ..core.draws import standard_normal
 from ..core.dtypes import in_full_precision
 from ..core.locks import init_lock
@@ -906,8 +906,8 @@ def _describe(placement: tuple[torch.dtype, torch.device] | None) -> str:
 
 
 def draw_fingerprint(kernel) -> tuple[tuple, ...] | None:
-    """The configuration (:func:`~rfgp.core.config_state.hashable_config`: class, width, seed, fitted allocation, ...)
-    of every module in ``kernel`` that saves one, in module order (``None`` for no kernel).
+    """The draw fields (:func:`~rfgp.core.config_state.draw_key`: class, width, seed, fitted allocation, ...) of every
+    module in ``kernel`` that saves a configuration, in module order (``None`` for no kernel).
 
     It changes exactly when draws do: a feature map's seed (``resample``, a loaded state of other draws), the seed of a
     kernel that draws its own frequencies (:class:`~rfgp.kernels.SpectralProductKernel`,
@@ -916,7 +916,7 @@ def draw_fingerprint(kernel) -> tuple[tuple, ...] | None:
     """
     if kernel is None:
         return None
-    return tuple(hashable_config(m) for m in kernel.modules() if isinstance(m, ConfigState))
+    return tuple(draw_key(m) for m in kernel.modules() if isinstance(m, ConfigState))
 
 
 def _features(covar) -> Tensor | None:

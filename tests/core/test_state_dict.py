@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import math
 
 import gpytorch
 import pytest
@@ -317,6 +318,12 @@ def _dirichlet(alpha):
     return DirichletClassificationLikelihood(torch.tensor([0, 1, 2, 1]), alpha_epsilon=alpha)
 
 
+def _custom(rate, max_degree=None):
+    """f(t) = Σ aₙtⁿ with aₙ = rateⁿ/n! (exp(rate·t)), or its first terms."""
+    coefficient = lambda n: rate**n / math.factorial(n)  # noqa: E731
+    return dot_product.from_coefficients(coefficient, None if max_degree else lambda t: torch.exp(rate * t), max_degree)
+
+
 def _nystrom(base):
     return NystromKernel(base, torch.randn(8, 3, generator=torch.Generator().manual_seed(0)))
 
@@ -345,6 +352,11 @@ MISMATCHES = [
      lambda: OptimizedMaclaurin(dot_product.gaussian(), 21, 3, seed=0)),
     ("kernel", lambda: RandomMaclaurin(dot_product.gaussian(), 21, 3, seed=0),
      lambda: RandomMaclaurin(dot_product.exponential(), 21, 3, seed=0)),
+    # user kernels f(t) = Σ aₙtⁿ are all named "custom": the coefficients tell them apart (they loaded silently)
+    ("kernel_coefficients", lambda: RandomMaclaurin(_custom(1.0), 20, 3, seed=0),
+     lambda: RandomMaclaurin(_custom(0.5), 20, 3, seed=0)),
+    ("kernel_coefficients", lambda: OptimizedMaclaurin(_custom(1.0, max_degree=4), 21, 3, widths=(3, 3, 2, 2), seed=0),
+     lambda: OptimizedMaclaurin(_custom(0.5, max_degree=4), 21, 3, widths=(3, 3, 2, 2), seed=0)),
     ("power", lambda: SphericalRandomFeatures(16, power=3, input_dim=3, seed=0),
      lambda: SphericalRandomFeatures(16, power=5, input_dim=3, seed=0)),
     ("order", lambda: GaussianSketch(64, order=3, mode="tree", input_dim=3, seed=0),
