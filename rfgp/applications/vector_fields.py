@@ -122,7 +122,7 @@ def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | No
         if draw_fingerprint(kernel) != draws:
             raise RuntimeError(
                 "the kernel's random features were re-drawn after this field was drawn (feature_map.resample(), "
-                "rfgp.set_num_features, or a state dict with other draws loaded), so its weights belong to other "
+                "rfgp.set_num_features, or a state dict loaded into the kernel), so its weights belong to other "
                 "features; draw the field again (prior_field_samples, posterior_field_samples, "
                 "posterior_component_fields)"
             )

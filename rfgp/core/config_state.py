@@ -129,10 +129,13 @@ def same_value(saved: Any, current: Any) -> bool:
 
 def draw_key(module: ConfigState) -> tuple:
     """The fields of ``module`` that change when its draws or its data fit do — its class, its width and its ``DRAW``
-    and ``LAZY`` fields (``METHOD`` fields never change after construction) — as a hashable, comparable tuple of
-    (name, value), a float64 tensor as its shape and values: whether a result computed from the draws still holds."""
+    and ``LAZY`` fields (``METHOD`` fields never change after construction) — and its
+    :attr:`~ConfigState.loaded_state_version` (a load may change draws that no field names, such as landmarks given
+    by hand, and hyperparameters), as a hashable, comparable tuple of (name, value), a float64 tensor as its shape and
+    values: whether a result computed from the module's state still holds."""
     names = [name for name, role in module.config_fields.items() if role != METHOD or name in ("type", "num_features")]
-    values = ((name, module._config_value(name)) for name in names)
+    values = [(name, module._config_value(name)) for name in names]
+    values.append(("loaded_state_version", module.loaded_state_version))
     return tuple((name, (tuple(value.shape), tuple(value.flatten().tolist())) if torch.is_tensor(value) else value)
                  for name, value in values)
 
@@ -148,6 +151,8 @@ class ConfigState:
     """
 
     config_fields: ClassVar[dict[str, str]] = {"type": METHOD}
+    #: how many loaded states changed this module's own parameters or buffers (:func:`draw_key`)
+    loaded_state_version: int = 0
     #: fields added after states of the class were first saved: a state without them is not
     #: missing anything (the module keeps its own values), a state with them loads as usual
     optional_config_fields: ClassVar[frozenset[str]] = frozenset()
@@ -194,10 +199,21 @@ class ConfigState:
                               error_msgs) -> None:
         saved = self._saved_config(state_dict, prefix, missing_keys)
         self._adopt_config(self._checked_adoptions(saved, prefix))
+        before = self._own_tensors()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        after = self._own_tensors()
+        if before.keys() != after.keys() or any(
+                a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b)
+                for a, b in ((before[name], after[name]) for name in before)):
+            self.loaded_state_version += 1
         own = {prefix + CONFIG_PREFIX + name for name in self.config_fields} | {prefix + _LEGACY_KEY}
         unexpected_keys[:] = [key for key in unexpected_keys if key not in own]
+
+    def _own_tensors(self) -> dict[str, Tensor]:
+        """Copies of this module's own parameters and buffers (not its submodules')."""
+        tensors = {**self._parameters, **self._buffers}
+        return {name: tensor.detach().clone() for name, tensor in tensors.items() if tensor is not None}
 
     def _saved_config(self, state_dict, prefix: str, missing_keys: list[str]) -> dict[str, Any]:
         if not any(key.startswith(prefix + CONFIG_PREFIX) for key in state_dict):

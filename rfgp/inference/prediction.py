@@ -85,8 +85,8 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
     Its caches live in weight space (A⁻¹ΦᵀD⁻¹(y − μ) and a factor of A⁻¹ for the training features Φ), so they
     answer only for test features of the same draws: a prediction after the kernel's maps were re-drawn
-    (``feature_map.resample()``, a state with other draws loaded into the kernel alone) raises instead of pairing the
-    new Φ(x*) with the old weights (:func:`draw_fingerprint`).
+    (``feature_map.resample()``, a state loaded into the kernel alone) raises instead of pairing the new Φ(x*) with the
+    old weights (:func:`draw_fingerprint`).
 
     The posterior at test points x* with features Φ* = Φ(x*) (n* × F; Bayesian linear regression in weight space,
     Rasmussen & Williams 2006 §2.1)::
@@ -151,9 +151,9 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         if self.kernel is not None and draw_fingerprint(self.kernel) != self.draws:
             raise RuntimeError(
                 "the kernel's random features were re-drawn after this model cached its posterior "
-                "(feature_map.resample(), or a state dict with other draws loaded into the kernel), so the cached "
-                "weights belong to other features; call model.train() once before predicting again "
-                "(rfgp.set_num_features does this itself)"
+                "(feature_map.resample(), or a state dict loaded into the kernel alone: its draws, landmarks or "
+                "hyperparameters), so the cached weights belong to other features; call model.train() once before "
+                "predicting again (rfgp.set_num_features does this itself, and model.load_state_dict clears them)"
             )
 
     def check_features(self, features: Tensor) -> None:
@@ -912,7 +912,8 @@ def draw_fingerprint(kernel) -> tuple[tuple, ...] | None:
     It changes exactly when draws do: a feature map's seed (``resample``, a loaded state of other draws), the seed of a
     kernel that draws its own frequencies (:class:`~rfgp.kernels.SpectralProductKernel`,
     :class:`~rfgp.kernels.SketchedNewtonGirardAdditiveKernel`), an optimised Maclaurin allocation (``set_widths``,
-    :func:`~rfgp.kernels.refit_allocation`) or a Nyström landmark selection.
+    :func:`~rfgp.kernels.refit_allocation`) or a Nyström landmark selection; and at every state loaded into one of
+    them (other landmarks given by hand, other hyperparameters).
     """
     if kernel is None:
         return None

@@ -1,6 +1,8 @@
 """FeatureSpacePredictionStrategy: the posterior equals a dense exact GP with the same K̂ = ΦΦᵀ,
 honours skip_posterior_variances and adds the scaled variance correction of biased maps."""
 
+import copy
+
 import gpytorch
 import pytest
 import torch
@@ -8,6 +10,7 @@ import torch
 from rfgp.features import OptimizedMaclaurin, RandomFourierFeatures, dot_product
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import (
+    NystromKernel,
     RandomFeatureKernel,
     SketchedMaternKernel,
     SketchedNewtonGirardAdditiveKernel,
@@ -295,8 +298,23 @@ def _refit_maclaurin(kernel):
     feature_map.set_widths(tuple(reversed(feature_map.widths)))
 
 
-# kernels whose draws are not (only) a feature map's seed: a kernel-level seed, or a fitted allocation at one seed
+def _load_other_state(kernel):
+    """Load the state of the same kernel at other hyperparameters (Nyström: at other landmarks given by hand)."""
+    other = copy.deepcopy(kernel)
+    with torch.no_grad():
+        other.lengthscale = 2 * other.lengthscale
+        if isinstance(other, NystromKernel):
+            other.landmarks.add_(0.5)
+    kernel.load_state_dict(other.state_dict())
+
+
+# kernels whose draws are not (only) a feature map's seed: a kernel-level seed, or a fitted allocation at one seed;
+# and states loaded into the kernel alone, of the same seed (other hyperparameters) or of other hand-given landmarks
 REDRAWS = {
+    "hyperparameters_loaded": (lambda: SketchedRBFKernel(16, seed=0), _load_other_state),
+    "nystrom_landmarks_loaded": (lambda: NystromKernel(gpytorch.kernels.RBFKernel(),
+                                                       torch.linspace(-2, 2, 8, dtype=torch.float64).unsqueeze(-1)
+                                                       .expand(8, 2).contiguous()), _load_other_state),
     "spectral_product": (lambda: SpectralProductKernel(SketchedRBFKernel(8, input_dim=1, seed=0),
                                                        SketchedMaternKernel(8, input_dim=1, seed=1),
                                                        num_features=16, seed=0), lambda k: k.resample()),
@@ -313,7 +331,9 @@ def test_prediction_after_draws_outside_a_map_seed_changed_raises(name):
     """A spectral-product or Newton–Girard kernel draws its frequencies from a seed of its own, and an optimised
     Maclaurin map re-draws at its seed for a new allocation: after such a redraw in eval mode the cached weights
     belong to the old features (the check compared the feature maps' (class, seed, width) only, and the prediction
-    silently paired the new Φ(x*) with them)."""
+    silently paired the new Φ(x*) with them).  So do the weights after a state loaded into the kernel alone, whose
+    draws no seed names (Nyström landmarks) or which changes hyperparameters only: the prediction was stale, silently
+    (the model's own load_state_dict clears its caches)."""
     build_kernel, redraw = REDRAWS[name]
     x, y, xs = data("cpu")
     model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), build_kernel()).double()
