@@ -29,18 +29,22 @@ import torch
 from pyro.nn import PyroModule
 from torch import Tensor
 
+from ..core.config_state import METHOD, ConfigState
 from ..core.validation import check_positive_float, check_positive_int
 from .hyperparameter import hyperparameter_value, register_hyperparameter
 
 
-class Likelihood(PyroModule):
+class Likelihood(ConfigState, PyroModule):
     """Base class: ``forward(f)`` returns p(y | f) with batch shape ``f.shape[:-1]``.
 
     Subclasses set ``num_latents`` and implement :meth:`_distribution`; they override
-    :meth:`check_targets` when only some values of y are valid.
+    :meth:`check_targets` when only some values of y are valid.  Their settings that are not parameters (the class,
+    ``exposure``, ``num_classes``, ...) are ``config_fields`` (:mod:`rfgp.core.config_state`): a state of another
+    likelihood is refused; states saved before they were (without them) load as they are.
     """
 
     num_latents: int = 1
+    optional_config_fields = frozenset({"type", "num_latents", "noise_offset", "num_classes", "exposure"})
 
     def forward(self, f: Tensor) -> dist.Distribution:
         if f.shape[-1] != self.num_latents:
@@ -110,6 +114,8 @@ class HeteroscedasticGaussian(Likelihood):
     zero-mean GP on f₂ starts near a sensible noise level.
     """
 
+    config_fields = {"noise_offset": METHOD}
+
     num_latents = 2
 
     def __init__(self, noise_offset: float = -1.0) -> None:
@@ -145,6 +151,8 @@ class Bernoulli(Likelihood):
 class Categorical(Likelihood):
     """C-class classification with one latent GP per class: p(y = c | f) = softmax(f)_c."""
 
+    config_fields = {"num_classes": METHOD}
+
     def __init__(self, num_classes: int) -> None:
         super().__init__()
         self.num_classes = check_positive_int(num_classes, "num_classes")
@@ -171,6 +179,8 @@ class Categorical(Likelihood):
 class Poisson(Likelihood):
     """Count regression with a log link: y ~ Poisson(exposure · exp(f))."""
 
+    config_fields = {"exposure": METHOD}
+
     def __init__(self, exposure: float = 1.0) -> None:
         super().__init__()
         self.exposure = check_positive_float(exposure, "exposure")
@@ -196,6 +206,8 @@ class CustomLikelihood(Likelihood):
     Example:
         >>> gamma = CustomLikelihood(lambda f: dist.Gamma(2.0, 2.0 * torch.exp(-f[..., 0])), num_latents=1)
     """
+
+    config_fields = {"num_latents": METHOD}
 
     def __init__(self, distribution_fn: Callable[[Tensor], dist.Distribution], num_latents: int = 1) -> None:
         super().__init__()

@@ -9,11 +9,14 @@ import torch
 
 from rfgp.features import RandomFourierFeatures
 from rfgp.pyro import (
+    Bernoulli,
     Categorical,
     CustomLikelihood,
+    Gaussian,
     HeteroscedasticGaussian,
     Poisson,
     RandomFeatureGP,
+    StudentT,
     fit_svi,
     posterior_predictive,
     weight_guide,
@@ -121,3 +124,40 @@ def test_weight_guide_infers_hyperparameters_sampled_inside_a_custom_likelihood(
     assert concentration.quantile(0.05) > 3.0
     if hyperparameters == "map":
         assert (concentration == concentration[0]).all()
+
+
+def _gp(likelihood, seed=0):
+    return RandomFeatureGP(RandomFourierFeatures(16, 2, seed=seed), likelihood)
+
+
+# (field, saved likelihood, loading likelihood): the likelihoods' settings are Python numbers, not parameters, so
+# such states loaded silently into another model
+LIKELIHOOD_MISMATCHES = [
+    ("type", lambda: Bernoulli(), lambda: Poisson()),
+    ("type", lambda: Gaussian(noise=0.1), lambda: StudentT(scale=0.1)),
+    ("exposure", lambda: Poisson(exposure=1.0), lambda: Poisson(exposure=2.0)),
+    ("num_classes", lambda: Categorical(3), lambda: Categorical(4)),
+    ("noise_offset", lambda: HeteroscedasticGaussian(-1.0), lambda: HeteroscedasticGaussian(0.0)),
+    ("num_latents", lambda: CustomLikelihood(lambda f: dist.Normal(f[..., 0], 1.0)),
+     lambda: CustomLikelihood(lambda f: dist.Normal(f[..., 0], f[..., 1].exp()), num_latents=2)),
+]
+
+
+@pytest.mark.parametrize("field, saved, loading", LIKELIHOOD_MISMATCHES,
+                         ids=[f"{m[0]}-{i}" for i, m in enumerate(LIKELIHOOD_MISMATCHES)])
+def test_state_of_another_likelihood_is_refused_naming_the_field(field, saved, loading):
+    state = _gp(saved()).state_dict()
+    with pytest.raises(ValueError, match=rf"cannot load state: likelihood\.{field} is .* in the state dict but .* in "
+                                         "this module"):
+        _gp(loading(), seed=1).load_state_dict(state)
+
+
+def test_likelihood_state_round_trips_and_loads_without_its_configuration():
+    """A model's state loads into a model of the same likelihood (another seed), and a state saved before the
+    likelihoods had a configuration (no ``likelihood.config_*`` keys) loads strictly."""
+    source = _gp(Poisson(exposure=2.0))
+    target = _gp(Poisson(exposure=2.0), seed=1)
+    target.load_state_dict(source.state_dict())
+    assert all(torch.equal(target.state_dict()[key], value) for key, value in source.state_dict().items())
+    legacy = {key: value for key, value in source.state_dict().items() if not key.startswith("likelihood.config_")}
+    _gp(Poisson(exposure=2.0), seed=1).load_state_dict(legacy)
