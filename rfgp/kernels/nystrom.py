@@ -478,8 +478,7 @@ def kernel_tree(kernel: Kernel) -> str:
             continue
         settings = [] if isinstance(module, ConfigState) else [
             f"{name}={value!r}" for name, value in sorted(vars(module).items())
-            if not name.startswith("_") and name != "training" and value is not None
-            and isinstance(value, (bool, int, float, str))]
+            if not name.startswith("_") and name != "training" and isinstance(value, (bool, int, float, str))]
         parts.append(f"{type(module).__name__}({', '.join(settings)})" if settings else type(module).__name__)
     return ", ".join(parts)
 
