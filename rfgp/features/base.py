@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.config_state import CONFIG_PREFIX, DRAW, LAZY, METHOD, ConfigState, decode, same_value
+from ..core.draws import register_draw
 from ..core.dtypes import FullPrecisionMethods
 from ..core.locks import init_lock
 from ..core.memory import check_draws
@@ -123,7 +124,7 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
                 value = value.to(device=self._anchor.device, dtype=self._anchor.dtype)
             else:
                 value = value.to(device=self._anchor.device)
-            self.register_buffer(name, value)
+            register_draw(self, name, value)
         for name in set(self._buffer_names) - set(draws):  # draws of a previous seed or allocation
             delattr(self, name)
         self._buffer_names = tuple(draws)

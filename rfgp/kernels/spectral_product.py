@@ -50,6 +50,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
 from ..core.config_state import DRAW, LAZY, METHOD, SavedDrawShapes
+from ..core.draws import register_draw
 from ..core.dtypes import cast_to
 from ..core.locks import init_lock
 from ..core.validation import check_finite, check_positive_int
@@ -141,7 +142,7 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         for name, value in self._seed_draws(input_dims).items():
             if anchor is not None:  # integer draws too: a CPU buffer would be copied to the device at every call
                 value = value.to(device=anchor.device, dtype=anchor.dtype if value.is_floating_point() else value.dtype)
-            self.register_buffer(name, value)
+            register_draw(self, name, value)
         for kernel in self.kernels:
             getattr(unwrap_scale(kernel)[0], "spectral_draws_made", lambda: None)()
         self.input_dims = tuple(input_dims)

@@ -99,3 +99,27 @@ def test_jvp_of_a_posterior_is_refused_naming_the_alternative():
     model, test = _posterior(RBFKernel())
     with pytest.raises(NotImplementedError, match="torch.func transforms"):
         torch.func.jvp(lambda z: model(z).mean.sum(), (test,), (torch.ones_like(test),))
+
+
+@pytest.mark.parametrize("make", [
+    lambda seed: rfgp.kernels.SketchedPeriodicKernel(16, seed=seed),
+    lambda seed: rfgp.kernels.SketchedRBFKernel(21, method="maclaurin", seed=seed),
+    lambda seed: rfgp.kernels.SpectralProductKernel(rfgp.kernels.SketchedRBFKernel(8, input_dim=2, seed=seed),
+                                                    rfgp.kernels.SketchedMaternKernel(8, seed=seed),
+                                                    num_features=16, seed=seed),
+], ids=["periodic", "maclaurin", "spectral_product"])
+def test_functional_call_of_a_module_before_its_first_draw_names_the_cause(make):
+    """A module that draws at its first call, called through ``functional_call`` with the state of a called one: the
+    missing buffers are set as plain attributes for the call, and the draw failed with a bare ``KeyError: "attribute
+    'harmonics' already exists"``.  After load_state_dict, the same call gives the saved module's values."""
+    x = torch.rand(6, 2, dtype=torch.float64)
+    source = make(0).double()
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        expected = source(x).to_dense()
+        state = dict(source.state_dict())
+        fresh = make(1).double()
+        with pytest.raises(RuntimeError, match="makes its draws at its first call, and '.*' is already a plain "
+                                               "attribute .*functional_call.*call the module once"):
+            functional_call(fresh, state, (x,))
+        fresh.load_state_dict(state)
+        assert torch.equal(functional_call(fresh, state, (x,)).to_dense(), expected)
