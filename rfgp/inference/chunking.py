@@ -167,6 +167,18 @@ def output_rows(points: slice, outputs: int) -> slice:
     return points if outputs == 1 else slice(points.start * outputs, points.stop * outputs)
 
 
+def row_points(rows, num_rows: int, outputs: int) -> slice | None:
+    """The inverse of :func:`output_rows`: the points whose rows ``rows`` (an index of ``num_rows`` interleaved rows)
+    are, all ``outputs`` rows of each point (a slice of step 1 from and to point boundaries); ``None`` for any other
+    index."""
+    if not isinstance(rows, slice):
+        return None
+    start, stop, step = rows.indices(num_rows)
+    if step != 1 or start % outputs or stop % outputs or stop < start:
+        return None
+    return slice(start // outputs, stop // outputs)
+
+
 def backprop_chunks(
     featurizer: Featurizer,
     inputs: Tensor,

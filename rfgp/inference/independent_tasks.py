@@ -34,6 +34,7 @@ import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import (
     AddedDiagLinearOperator,
+    BlockInterleavedLinearOperator,
     ConstantDiagLinearOperator,
     ConstantMulLinearOperator,
     DiagLinearOperator,
@@ -41,9 +42,10 @@ from linear_operator.operators import (
     LinearOperator,
     MaskedLinearOperator,
 )
+from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
-from .chunking import Featurizer
+from .chunking import Featurizer, row_points
 from .linalg import scales_root
 from .multioutput_chunking import ChunkedMultiOutputFeatureOperator
 from .operators import ChunkedFeatureRootLinearOperator, FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
@@ -157,7 +159,15 @@ class IndependentTasksLinearOperator(FeatureRootLinearOperator):
         return self.__class__(self.tasks._expand_batch((*batch_shape, self.num_tasks)))
 
     def _getitem(self, row_index, col_index, *batch_indices):
-        return self.interleaved()._getitem(row_index, col_index, *batch_indices)
+        """A block of whole points (all T rows of each: the test blocks that ``ExactGP`` slices out of an eagerly
+        evaluated joint covariance) stays per output, Φ_t[I]Φ_t[I]ᵀ or the cross covariances Φ_t[I]Φ_t[J]ᵀ; other
+        indices are R's (materialised)."""
+        rows = row_points(row_index, self.shape[-2], self.num_tasks)
+        columns = row_points(col_index, self.shape[-1], self.num_tasks)
+        if rows is None or columns is None or not all(map(_is_noop_index, batch_indices)):
+            return self.interleaved()._getitem(row_index, col_index, *batch_indices)
+        tasks = self.tasks._getitem(rows, columns, *batch_indices, _noop_index)
+        return self.__class__(tasks) if rows == columns else BlockInterleavedLinearOperator(tasks)
 
     def _permute_batch(self, *dims):
         return self.__class__(self.tasks._permute_batch(*dims, len(dims)))

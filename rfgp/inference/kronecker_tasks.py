@@ -51,6 +51,7 @@ from ..core.settings import validate_inputs
 from ..core.validation import check_noise, check_targets
 from ..features.operator_valued import decomposable_features
 from . import distributed
+from .chunking import row_points
 from .kernel_evaluation import evaluated_covariance
 from .kronecker_statistics import (
     diagonal_task_cholesky,
@@ -352,13 +353,10 @@ class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):
         """The points of a principal block [r, r] whose rows r are whole points (see :meth:`_getitem`), else
         ``None``."""
         if (self.data_features is None or self.task_factor is None or not isinstance(row_index, slice)
-                or row_index != col_index or not all(map(_is_noop_index, batch_indices))):
+                or row_index != col_index
+                or not all(map(_is_noop_index, batch_indices))):
             return None
-        start, stop, step = row_index.indices(self.shape[-1])
-        tasks = self.task_factor.shape[-2]
-        if step != 1 or start % tasks or stop % tasks or stop < start:
-            return None
-        return slice(start // tasks, stop // tasks)
+        return row_points(row_index, self.shape[-1], self.task_factor.shape[-2])
 
     def __add__(self, other):
         """RRᵀ + noise as rfgp adds it (:class:`~rfgp.inference.operators.FeatureRootAddedDiagLinearOperator`,

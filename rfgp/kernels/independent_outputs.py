@@ -98,28 +98,8 @@ class IndependentOutputsKernel(Kernel):
         with memory_budget(budget):
             covar = self.batch_kernel(x1, x2, **params)
             covar = evaluated_covariance(covar) if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
-        if source == -1:
-            return covar
-        correction = getattr(covar, "variance_correction", None)
-        if correction is not None:
-            correction = correction.movedim(source - 1, -2)  # (..., n): the outputs' batch dimension last
-        if isinstance(covar, ChunkedFeatureRootLinearOperator):  # permuted in its features
-            base = covar.featurizer
-            batch = list(base.batch_shape)
-            batch.append(batch.pop(len(batch) + source))
+        return _outputs_last(covar, source)
 
-            def task_features(x: Tensor) -> Tensor:
-                return base(x).movedim(source - 2, -3)
-
-            featurizer = Featurizer(task_features, base.params, base.num_features, torch.Size(batch))
-            return ChunkedFeatureRootLinearOperator.from_featurizer(covar.inputs, featurizer, covar.chunk_size,
-                                                                    correction)
-        dims = list(range(covar.dim() - 2))
-        dims.append(dims.pop(source))
-        covar = covar.permute(*dims, -2, -1)
-        if isinstance(covar, FeatureRootLinearOperator):  # a permutation keeps the correction's order
-            covar = FeatureRootLinearOperator(covar.root, correction)
-        return covar
 
     def _chunked_block_root(self, covar: ChunkedFeatureRootLinearOperator, tasks):
         """The outputs over the budget: the interleaved root's rows evaluated a block of points at a time
@@ -145,6 +125,33 @@ class IndependentOutputsKernel(Kernel):
             train_inputs, train_prior_dist, train_labels, likelihood)
 
 
+def _outputs_last(covar, source: int):
+    """A batch kernel's evaluated covariance with its outputs' batch dimension ``source`` (counted from the batch's
+    end) moved last, as :class:`~rfgp.inference.independent_tasks.IndependentTasksLinearOperator` takes them."""
+    if source == -1:
+        return covar
+    correction = getattr(covar, "variance_correction", None)
+    if correction is not None:
+        correction = correction.movedim(source - 1, -2)  # (..., n): the outputs' batch dimension last
+    if isinstance(covar, ChunkedFeatureRootLinearOperator):  # permuted in its features
+        base = covar.featurizer
+        batch = list(base.batch_shape)
+        batch.append(batch.pop(len(batch) + source))
+
+        def task_features(x: Tensor) -> Tensor:
+            return base(x).movedim(source - 2, -3)
+
+        featurizer = Featurizer(task_features, base.params, base.num_features, torch.Size(batch))
+        return ChunkedFeatureRootLinearOperator.from_featurizer(covar.inputs, featurizer, covar.chunk_size,
+                                                                correction)
+    dims = list(range(covar.dim() - 2))
+    dims.append(dims.pop(source))
+    covar = covar.permute(*dims, -2, -1)
+    if isinstance(covar, FeatureRootLinearOperator):  # a permutation keeps the correction's order
+        covar = FeatureRootLinearOperator(covar.root, correction)
+    return covar
+
+
 #: GPyTorch's function (the classmethod's ``__func__``), which :func:`_from_batch_mvn` runs first
 _gpytorch_from_batch_mvn = MultitaskMultivariateNormal.__dict__["from_batch_mvn"].__func__
 
@@ -153,6 +160,11 @@ _gpytorch_from_batch_mvn = MultitaskMultivariateNormal.__dict__["from_batch_mvn"
 def _from_batch_mvn(cls, batch_mvn, task_dim=-1):
     joint = _gpytorch_from_batch_mvn(cls, batch_mvn, task_dim)  # its checks, its mean
     covar = batch_mvn.lazy_covariance_matrix if batch_mvn.islazy else None
+    if type(covar) is FeatureRootLinearOperator and covar.batch_shape == batch_mvn.batch_shape:
+        # an eagerly evaluated batch of T feature roots (gpytorch.settings.lazily_evaluate_kernels(False))
+        task_dim = task_dim if task_dim >= 0 else len(batch_mvn.batch_shape) + task_dim
+        outputs = IndependentTasksLinearOperator(_outputs_last(covar, task_dim - len(batch_mvn.batch_shape)))
+        return cls(mean=joint.mean, covariance_matrix=outputs)
     if not isinstance(covar, LazyEvaluatedKernelTensor) or covar.x1.dim() != 2 or covar.x2.dim() != 2:
         return joint
     kernel = covar.kernel
