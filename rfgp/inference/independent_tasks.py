@@ -218,8 +218,9 @@ class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
         return self.num_outputs
 
     @classmethod
-    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs):
-        return ChunkedMultiOutputFeatureOperator.from_featurizer(inputs1, inputs2, featurizer, chunk_size, num_outputs)
+    def from_featurizer(cls, inputs1, inputs2, featurizer, chunk_size, num_outputs, variance_correction=None):
+        return ChunkedMultiOutputFeatureOperator.from_featurizer(inputs1, inputs2, featurizer, chunk_size, num_outputs,
+                                                                 variance_correction)
 
     @classmethod
     def from_tasks(cls, interleaved: ChunkedFeatureRootLinearOperator, chunk_size: int,
@@ -236,6 +237,16 @@ class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
         featurizer = Featurizer(block_features, base.params, num_tasks * base.num_features, base.batch_shape[:-1])
         return cls(interleaved.inputs, interleaved.inputs, *featurizer.params, featurizer=featurizer,
                    chunk_size=chunk_size, num_outputs=num_tasks, tasks=interleaved if tasks is None else tasks)
+
+    def _points(self, rows: slice, columns: slice) -> ChunkedMultiOutputFeatureOperator:
+        """A principal block of whole points keeps the T outputs' covariances on those points; other blocks are
+        plain chunked operators."""
+        if not (self.symmetric and rows == columns):
+            return super()._points(rows, columns)
+        inputs = self.inputs1[..., rows, :]
+        return self.__class__(inputs, inputs, *self.featurizer.params, featurizer=self.featurizer,
+                              chunk_size=self.chunk_size, num_outputs=self.num_outputs,
+                              tasks=self.tasks[..., rows, rows])
 
     def _mul_constant(self, other):
         if not scales_root(other):

@@ -60,7 +60,7 @@ from ..core.dtypes import FullPrecisionOperator
 from ..core.settings import WORKING_COPIES, memory_budget, resolve_chunk_size
 from ..core.settings import chunk_size as forced_chunk_size
 from ..core.validation import check_noise
-from .chunking import Featurizer, chunk_slices, chunked_feature_statistics, output_rows
+from .chunking import Featurizer, chunk_slices, chunked_feature_statistics, output_rows, row_points
 from .linalg import scales_root, woodbury_inv_quad_logdet
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, _NoKroneckerFactors
 from .posterior_covariance import PosteriorAddedTaskNoise
@@ -128,6 +128,27 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, _NoKroneckerFacto
         correction = self.variance_correction
         if correction is not None:
             correction = correction.expand(*batch_shape, correction.shape[-1])
+        return self.from_featurizer(inputs1, inputs2, self.featurizer, self.chunk_size, self.num_outputs, correction)
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """A block of whole points (all p rows of each: the test blocks that ``ExactGP`` slices out of an eagerly
+        evaluated joint covariance) is this operator on those points, still chunked (:meth:`_points`); other indices
+        are linear_operator's (an interpolated operator, which rfgp's prediction cannot read)."""
+        rows = row_points(row_index, self.shape[-2], self.num_outputs)
+        columns = row_points(col_index, self.shape[-1], self.num_outputs)
+        if rows is None or columns is None or not all(map(_is_noop_index, batch_indices)):
+            return super()._getitem(row_index, col_index, *batch_indices)
+        return self._points(rows, columns)
+
+    def _points(self, rows: slice, columns: slice) -> "ChunkedMultiOutputFeatureOperator":
+        """R(x₁[rows])R(x₂[columns])ᵀ; a principal block of a symmetric operator keeps its rows' variance correction."""
+        inputs1 = self.inputs1[..., rows, :]
+        if self.symmetric and rows == columns:
+            inputs2, correction = inputs1, self.variance_correction
+            if correction is not None:
+                correction = correction[..., output_rows(rows, self.num_outputs)]
+        else:
+            inputs2, correction = self.inputs2[..., columns, :], None
         return self.from_featurizer(inputs1, inputs2, self.featurizer, self.chunk_size, self.num_outputs, correction)
 
     def feature_chunks(self, inputs: Tensor | None = None) -> Iterator[tuple[slice, Tensor]]:

@@ -88,7 +88,8 @@ class IndependentOutputsKernel(Kernel):
         covar = self._task_covariance(x1, x2, max(1, budget // self.num_tasks), source, **params)
         if isinstance(covar, ChunkedFeatureRootLinearOperator):
             # the T roots alone (diagonal noise) may still fit the whole budget
-            return self._chunked_block_root(covar, self._task_covariance(x1, x2, budget, source, **params))
+            return _chunked_block_root(covar, self._task_covariance(x1, x2, budget, source, **params),
+                                       type(self.batch_kernel).__name__)
         if not isinstance(covar, FeatureRootLinearOperator):  # a cross covariance, or a tree without one feature root
             return BlockInterleavedLinearOperator(covar)
         return IndependentTasksLinearOperator(covar)
@@ -100,22 +101,6 @@ class IndependentOutputsKernel(Kernel):
             covar = evaluated_covariance(covar) if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
         return _outputs_last(covar, source)
 
-
-    def _chunked_block_root(self, covar: ChunkedFeatureRootLinearOperator, tasks):
-        """The outputs over the budget: the interleaved root's rows evaluated a block of points at a time
-        (:class:`~rfgp.inference.independent_tasks.ChunkedIndependentTasksOperator`, which also trains), with the
-        T roots ``tasks`` (materialised if they fit the budget) for diagonal noise."""
-        if covar.variance_correction is not None:
-            raise NotImplementedError(
-                f"{type(self.batch_kernel).__name__}'s features are biased on the diagonal (a bias-corrected map), and "
-                "the independent outputs of such a kernel over rfgp.settings.memory_budget "
-                f"({memory_budget.value()} bytes) have no chunked evaluation: raise the budget, or use an unbiased map "
-                "(random Fourier features)"
-            )
-        num_points, base = covar.inputs.shape[-2], covar.featurizer
-        points = points_per_block(num_points, self.num_tasks, self.num_tasks * base.num_features,
-                                  math.prod(base.batch_shape[:-1]), covar.inputs.dtype)
-        return ChunkedIndependentTasksOperator.from_tasks(covar, points or num_points, tasks)
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         if isinstance(evaluated_covariance(train_prior_dist.lazy_covariance_matrix),
@@ -152,6 +137,25 @@ def _outputs_last(covar, source: int):
     return covar
 
 
+def _chunked_block_root(covar: ChunkedFeatureRootLinearOperator, tasks,
+                        kernel: str = "the batch kernel") -> ChunkedIndependentTasksOperator:
+    """The outputs over the budget: the interleaved root's rows evaluated a block of points at a time
+    (:class:`~rfgp.inference.independent_tasks.ChunkedIndependentTasksOperator`, which also trains), with the
+    T roots ``tasks`` (materialised if they fit the budget) for diagonal noise; ``kernel`` names the batch kernel
+    in errors."""
+    if covar.variance_correction is not None:
+        raise NotImplementedError(
+            f"{kernel}'s features are biased on the diagonal (a bias-corrected map), and "
+            "the independent outputs of such a kernel over rfgp.settings.memory_budget "
+            f"({memory_budget.value()} bytes) have no chunked evaluation: raise the budget, or use an unbiased map "
+            "(random Fourier features)"
+        )
+    num_points, base = covar.inputs.shape[-2], covar.featurizer
+    points = points_per_block(num_points, base.batch_shape[-1], base.batch_shape[-1] * base.num_features,
+                              math.prod(base.batch_shape[:-1]), covar.inputs.dtype)
+    return ChunkedIndependentTasksOperator.from_tasks(covar, points or num_points, tasks)
+
+
 #: GPyTorch's function (the classmethod's ``__func__``), which :func:`_from_batch_mvn` runs first
 _gpytorch_from_batch_mvn = MultitaskMultivariateNormal.__dict__["from_batch_mvn"].__func__
 
@@ -160,10 +164,13 @@ _gpytorch_from_batch_mvn = MultitaskMultivariateNormal.__dict__["from_batch_mvn"
 def _from_batch_mvn(cls, batch_mvn, task_dim=-1):
     joint = _gpytorch_from_batch_mvn(cls, batch_mvn, task_dim)  # its checks, its mean
     covar = batch_mvn.lazy_covariance_matrix if batch_mvn.islazy else None
-    if type(covar) is FeatureRootLinearOperator and covar.batch_shape == batch_mvn.batch_shape:
+    if type(covar) in (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator) and (
+            covar.batch_shape == batch_mvn.batch_shape):
         # an eagerly evaluated batch of T feature roots (gpytorch.settings.lazily_evaluate_kernels(False))
         task_dim = task_dim if task_dim >= 0 else len(batch_mvn.batch_shape) + task_dim
-        outputs = IndependentTasksLinearOperator(_outputs_last(covar, task_dim - len(batch_mvn.batch_shape)))
+        tasks = _outputs_last(covar, task_dim - len(batch_mvn.batch_shape))
+        chunked = isinstance(tasks, ChunkedFeatureRootLinearOperator)
+        outputs = _chunked_block_root(tasks, tasks) if chunked else IndependentTasksLinearOperator(tasks)
         return cls(mean=joint.mean, covariance_matrix=outputs)
     if not isinstance(covar, LazyEvaluatedKernelTensor) or covar.x1.dim() != 2 or covar.x2.dim() != 2:
         return joint

@@ -8,14 +8,15 @@ from linear_operator.operators import LinearOperator
 
 import rfgp
 from rfgp.datasets import igrf_magnetic_field
-from rfgp.inference.multioutput_chunking import ChunkedPosteriorCovariance
+from rfgp.inference.multioutput import MultitaskFeatureSpacePredictionStrategy
+from rfgp.inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, ChunkedPosteriorCovariance
 from rfgp.kernels import (
     SketchedCurlFreeKernel,
     SketchedRBFKernel,
 )
 from rfgp.models.multioutput import MultiOutputGPModel
 
-from .._models import vector_field_kernel
+from .._models import MultitaskGP, vector_field_kernel
 
 F64 = torch.float64
 ScaleKernel = gpytorch.kernels.ScaleKernel
@@ -192,3 +193,37 @@ def test_batch_members_of_a_chunked_posterior_covariance(kernel_batch):
             joint = gpytorch.distributions.MultitaskMultivariateNormal.from_independent_mvns([chunked[0], chunked[1]])
             reference = gpytorch.distributions.MultitaskMultivariateNormal.from_independent_mvns([dense[0], dense[1]])
             torch.testing.assert_close(joint.covariance_matrix, reference.covariance_matrix)
+
+
+@pytest.mark.parametrize("kind", ["multitask", "curl_free"])
+def test_eagerly_evaluated_roots_over_the_budget_predict_block_by_block(kind):
+    """Under ``gpytorch.settings.lazily_evaluate_kernels(False)`` a user's ExactGP gets its multi-output root over the
+    budget evaluated: it went to GPyTorch's generic strategy, which sliced the test blocks into interpolated operators
+    and solved by CG (a sketched ``MultitaskKernel``, N = 600, T = 3: means off by 2e-2, 10× the time).  Now the
+    blocks of whole points stay chunked and the posterior is the lazily evaluated model's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(450, 2, generator=g, dtype=F64) * 2 - 1  # N·T = 900 > max_cholesky_size: CG before
+    y = torch.cat([torch.sin(3 * x[:, :1]), torch.cos(2 * x[:, 1:])], -1) + 0.05 * torch.randn(450, 2, generator=g,
+                                                                                                  dtype=F64)
+    test_x = torch.rand(30, 2, generator=g, dtype=F64) * 2 - 1
+    if kind == "multitask":
+        torch.manual_seed(0)
+        exact = gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), num_tasks=2, rank=1)
+        kernel = rfgp.sketch(exact, 64, seed=0)
+    else:
+        kernel = vector_field_kernel(kind, 32)
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=0).to(F64)
+    likelihood.noise = 0.01
+    model = MultitaskGP(x, y, likelihood, kernel).to(F64)
+    results = []
+    for lazy in (True, False):
+        model.train()
+        model.eval()
+        with torch.no_grad(), rfgp.settings.chunk_size(64), gpytorch.settings.lazily_evaluate_kernels(lazy):
+            assert isinstance(model.forward(x).lazy_covariance_matrix.evaluate_kernel(),
+                              ChunkedMultiOutputFeatureOperator)
+            posterior = model(test_x)
+            results.append((posterior.mean, posterior.variance, posterior.covariance_matrix))
+        assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
+    for actual, expected in zip(*results):
+        torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)

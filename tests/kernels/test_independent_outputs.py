@@ -289,15 +289,18 @@ def test_independent_outputs_weight_posterior_is_the_interleaved_roots():
     torch.testing.assert_close(draws[0], draws[1], rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.parametrize("method, rank, missing", [("orf", 0, False), ("orf", 0, True), ("orf", 1, False),
-                                                   ("maclaurin", 0, False)])
-def test_eagerly_evaluated_batch_kernels_keep_the_independent_outputs(method, rank, missing, monkeypatch):
+@pytest.mark.parametrize("method, rank, missing, budget", [
+    ("orf", 0, False, 2**30), ("orf", 0, True, 2**30), ("orf", 1, False, 2**30), ("maclaurin", 0, False, 2**30),
+    ("orf", 0, True, 2**17), ("orf", 1, False, 2**17)])
+def test_eagerly_evaluated_batch_kernels_keep_the_independent_outputs(method, rank, missing, budget, monkeypatch):
     """Under ``gpytorch.settings.lazily_evaluate_kernels(False)`` ``from_batch_mvn`` gets the batch of T feature
     roots itself, not a lazily evaluated kernel: it joined them in GPyTorch's ``BlockInterleavedLinearOperator``,
     so the marginal likelihood ran linear_operator's CG and stochastic Lanczos (N·T = 900: loss off by 1e-5,
     lengthscale gradients by 0.1, 40× the time at N = 3000) and prediction its generic strategy.  Now loss, gradient
     and predictions (a bias-corrected map's correction included) equal the lazily evaluated model's, factorising
-    nothing larger than the T·F features; the test blocks of whole points stay per output."""
+    nothing larger than the T·F features; the test blocks of whole points stay per output.  So do roots over
+    ``rfgp.settings.memory_budget`` (128 KiB: evaluated a block of points at a time), which at N = 3000 had
+    linear_operator's generic path run for minutes until the process was killed."""
     x, y, test_x = data()
     if missing:
         y[::5, 0] = float("nan")
@@ -311,7 +314,8 @@ def test_eagerly_evaluated_batch_kernels_keep_the_independent_outputs(method, ra
         likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(2, rank=rank).double()
         model = BatchIndependentGP(x, y, kernel, likelihood)
         sizes.clear()
-        with gpytorch.settings.lazily_evaluate_kernels(lazy), gpytorch.settings.observation_nan_policy("mask"):
+        with gpytorch.settings.lazily_evaluate_kernels(lazy), gpytorch.settings.observation_nan_policy("mask"), \
+                rfgp.settings.memory_budget(budget):
             results.append(fit_and_predict(model, x, y, test_x))
         assert max(sizes, default=0) <= 128, sizes
         assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
