@@ -353,8 +353,7 @@ class KroneckerFeatureRootLinearOperator(FeatureRootLinearOperator):
         """The points of a principal block [r, r] whose rows r are whole points (see :meth:`_getitem`), else
         ``None``."""
         if (self.data_features is None or self.task_factor is None or not isinstance(row_index, slice)
-                or row_index != col_index
-                or not all(map(_is_noop_index, batch_indices))):
+                or row_index != col_index or not all(map(_is_noop_index, batch_indices))):
             return None
         return row_points(row_index, self.shape[-1], self.task_factor.shape[-2])
 

@@ -21,7 +21,9 @@ float64, one CPU thread, one loss and gradient: N = 2000 1.7 s, T separate GPs 1
 takes R through :mod:`rfgp.inference.multioutput`: O(N·T·(T·F)² + (T·F)³), T² times the flops of T separate GPs
 (the root's zero blocks are multiplied and factorised too).
 :func:`install` makes ``from_batch_mvn`` return it for a lazily evaluated covariance of a kernel tree that holds an
-rfgp kernel (unbatched inputs); any other batch MVN keeps GPyTorch's operator.
+rfgp kernel (unbatched inputs), and for an eagerly evaluated batch of feature roots
+(``gpytorch.settings.lazily_evaluate_kernels(False)``: the same operators, from the roots themselves); any other batch
+MVN keeps GPyTorch's operator.
 """
 
 from __future__ import annotations
@@ -100,7 +102,6 @@ class IndependentOutputsKernel(Kernel):
             covar = self.batch_kernel(x1, x2, **params)
             covar = evaluated_covariance(covar) if hasattr(covar, "evaluate_kernel") else to_linear_operator(covar)
         return _outputs_last(covar, source)
-
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         if isinstance(evaluated_covariance(train_prior_dist.lazy_covariance_matrix),
