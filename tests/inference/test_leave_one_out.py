@@ -179,42 +179,29 @@ def test_predictions_are_the_closed_form_in_float32():
     torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-4, atol=1e-4)
 
 
-def test_kernel_space_predictions_at_a_high_signal_to_noise_ratio_are_float64_ones_in_float32():
-    """N = 200 ≤ F = 512 (the N × N path), outputscale 20 at noise 10⁻⁴: u·tr(sΦᵀD⁻¹Φ) ≈ 2.4 > 10⁻¹, so K is formed
-    and factorised in float64 (rfgp.inference.kernel_space.kernel_cholesky) and K⁻¹r, diag K⁻¹ rounded back: the
-    float64 closed form of the same float32 features (measured: variance 7·10⁻⁷ relative, mean 1.2·10⁻⁶).  Before: K
-    formed and inverted in float32, variances off by up to 28 % relative, means by 0.16 (of values up to 2)."""
-    model, x, y = sketched_model(200, 512)
+@pytest.mark.parametrize("num_data, num_features, outputscale", [(200, 512, 20.0), (1500, 32, None)],
+                         ids=["kernel_space", "feature_space"])
+def test_predictions_at_a_high_signal_to_noise_ratio_are_float64_ones_in_float32(num_data, num_features, outputscale):
+    """Noise 10⁻⁴: u·tr(sΦᵀD⁻¹Φ) ≈ 2.4 (N = 200 ≤ F = 512, outputscale 20: the N × N path) or ≈ 1.3 (N = 1500 > F = 32:
+    the F × F path), above the tolerance 10⁻¹, so K is formed and factorised in float64
+    (rfgp.inference.kernel_space.kernel_cholesky), or the statistics ΦᵀWΦ, ΦᵀWr are, as for the marginal likelihood
+    (rfgp.inference.statistics_precision): the float64 closed form of the same float32 features (measured: variance
+    7·10⁻⁷ and 1.1·10⁻⁷ relative, mean 1.2·10⁻⁶ and 4.8·10⁻⁷).  Before: the N × N path formed and inverted K in
+    float32 (variances off by up to 28 % relative, means by 0.16 of values up to 2), the F × F path formed float32
+    statistics whatever the tolerance (variances off by 4.7·10⁻⁴ relative, means by 8.6·10⁻⁴)."""
+    model, x, y = sketched_model(num_data, num_features)
     model = model.float()
-    model.covar_module.outputscale, model.likelihood.noise = 20.0, 1e-4
-    model.eval()
-    with torch.no_grad(), gpytorch.settings.prior_mode(True):
-        covar = feature_covariance(model.likelihood(model(x.float())).lazy_covariance_matrix)
-        assert covar.uses_kernel_space()
-        mean, variance = leave_one_out_predictions(covar, y.float(), torch.full_like(y, 0.3).float())
-        features = covar._linear_op.features().double()
-    expected_mean, expected_variance = dense_loo_predictions(features, 1e-4, y, 0.3)
-    assert mean.dtype == variance.dtype == torch.float32
-    torch.testing.assert_close(variance.double(), expected_variance, rtol=1e-5, atol=0)
-    torch.testing.assert_close(mean.double(), expected_mean, rtol=1e-5, atol=1e-5)
-
-
-def test_feature_space_predictions_at_a_high_signal_to_noise_ratio_take_the_marginal_likelihoods_precision():
-    """N = 1500 > F = 32 (the F × F path), outputscale 1.5 at noise 10⁻⁴: u·tr(ΦᵀD⁻¹Φ) ≈ 1.3 > 10⁻¹, so the statistics
-    ΦᵀWΦ, ΦᵀWr are formed in float64 as for the marginal likelihood (rfgp.inference.statistics_precision): the float64
-    closed form of the same float32 features (measured: variance 1.1·10⁻⁷ relative, mean 4.8·10⁻⁷).  Before: the
-    statistics were float32 whatever the tolerance, variances off by 4.7·10⁻⁴ relative, means by 8.6·10⁻⁴."""
-    model, x, y = sketched_model(1500, 32)
-    model = model.float()
+    if outputscale is not None:
+        model.covar_module.outputscale = outputscale
     model.likelihood.noise = 1e-4
     model.eval()
     with torch.no_grad(), gpytorch.settings.prior_mode(True):
         covar = feature_covariance(model.likelihood(model(x.float())).lazy_covariance_matrix)
-        assert not covar.uses_kernel_space()
+        assert covar.uses_kernel_space() == (num_data <= num_features)
         with rfgp.inference.statistics_precision.recorded_statistics_dtypes() as dtypes:
             mean, variance = leave_one_out_predictions(covar, y.float(), torch.full_like(y, 0.3).float())
         features = covar._linear_op.features().double()
-    assert dtypes == [F64]
+    assert dtypes and set(dtypes) == {F64}
     expected_mean, expected_variance = dense_loo_predictions(features, 1e-4, y, 0.3)
     assert mean.dtype == variance.dtype == torch.float32
     torch.testing.assert_close(variance.double(), expected_variance, rtol=1e-5, atol=0)
