@@ -803,7 +803,7 @@ def _stochastic_exact_loss(model: gpytorch.models.ExactGP) -> str:
     in float32, so a float64 copy's loss differs from it by their Monte-Carlo error (N = 1 000 of ggplot2's
     ``txhousing``, d = 53: 0.384 against 0.352 per point), which ``model.double()`` does not remove."""
     n = model.train_inputs[0].shape[-2]
-    if (any(isinstance(module, FeatureKernel) for module in model.covar_module.modules())
+    if (any(isinstance(module, FeatureKernel) for module in model.modules())
             or n <= gpytorch.settings.max_cholesky_size.value()
             or not gpytorch.settings.fast_computations.log_prob.on()):
         return ""
