@@ -455,7 +455,10 @@ def test_a_stochastic_exact_loss_is_not_blamed_on_float32():
     y = torch.sin(2 * x[:, 0]) + 0.3 * torch.randn(120, generator=g)
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=3))
     model = ExactGPModel(x, y, GaussianLikelihood(), kernel)
-    with gpytorch.settings.max_cholesky_size(50), warnings.catch_warnings(record=True) as caught:
+    # fast log_prob set explicitly: BoTorch, once imported by another test in this process, switches it off globally
+    # (then GPyTorch's loss is a Cholesky one at any size, deterministic, and checked in float64)
+    with gpytorch.settings.max_cholesky_size(50), gpytorch.settings.fast_computations(log_prob=True), \
+            warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = rfgp.fit_mll(model, 100, progress=False)
     messages = [str(c.message) for c in caught if issubclass(c.category, gpytorch.utils.warnings.NumericalWarning)]
