@@ -41,8 +41,8 @@ from .core.validation import (
     check_positive_int,
 )
 from .inference.statistics_precision import unit_roundoff
+from .kernels.combinations import holds_feature_kernel
 from .kernels.maclaurin import TruncationWarning as TruncationWarning  # re-exported: rfgp.training.TruncationWarning
-from .kernels.random_feature_kernel import FeatureKernel
 
 OPTIMIZERS = ("lbfgs", "adam", "member_lbfgs")
 CLOCKS = ("wall", "cpu")
@@ -803,7 +803,7 @@ def _stochastic_exact_loss(model: gpytorch.models.ExactGP) -> str:
     in float32, so a float64 copy's loss differs from it by their Monte-Carlo error (N = 1 000 of ggplot2's
     ``txhousing``, d = 53: 0.384 against 0.352 per point), which ``model.double()`` does not remove."""
     n = model.train_inputs[0].shape[-2]
-    if (any(isinstance(module, FeatureKernel) for module in model.modules())
+    if (holds_feature_kernel(model)
             or n <= gpytorch.settings.max_cholesky_size.value()
             or not gpytorch.settings.fast_computations.log_prob.on()):
         return ""
@@ -1055,7 +1055,7 @@ def _stall_causes(model: gpytorch.models.ExactGP, params: list[Tensor], optimize
     hyperparameters always (an exact float64 GP of raw CO₂ in ppm, outputscale 10³, stalled so with L-BFGS and was
     told of all three others)."""
     causes = []
-    if any(isinstance(module, FeatureKernel) for module in model.modules()):
+    if holds_feature_kernel(model):
         causes.append("a loss that is the features' Monte-Carlo noise at these hyperparameters (inputs many "
                       "lengthscales apart: standardise inputs and targets, or start the lengthscales at the inputs' "
                       "spread)")

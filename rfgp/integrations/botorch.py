@@ -52,7 +52,6 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.models import ExactGP
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
-from torch.nn import Module
 from torch.quasirandom import SobolEngine
 
 from ..core.dtypes import in_full_precision
@@ -60,7 +59,7 @@ from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.kernel_space import kernel_cholesky
 from ..inference.linalg import capacitance_solve, cholesky_solve
 from ..inference.operators import FeatureRootAddedDiagLinearOperator, adaptive_feature_statistics, noise_weights
-from ..kernels.combinations import is_feature_kernel, kernel_features
+from ..kernels.combinations import holds_feature_kernel, is_feature_kernel, kernel_features
 from ..kernels.random_feature_kernel import FeatureKernel
 from ..models.kernel_inputs import covar_module_inputs
 from ..models.sampling import check_path_kernel
@@ -140,8 +139,7 @@ def _draw_kernel_feature_paths_rfgp(model: ExactGP, **kwargs) -> GeneralizedLine
     sketched = is_feature_kernel(covar_module)
     # MultiTaskGP(covar_module=rfgp.sketch(k)) builds the product of the sketched data kernel and an exact
     # IndexKernel, not itself a feature kernel (BoTorch raised "Could not find signature for gen_kernel_features")
-    if isinstance(model, MultiTaskGPyTorchModel) and isinstance(covar_module, Module) and any(
-            isinstance(module, FeatureKernel) for module in covar_module.modules()):
+    if isinstance(model, MultiTaskGPyTorchModel) and holds_feature_kernel(covar_module):
         raise UnsupportedError(
             f"BoTorch's pathwise sampling has no {type(model).__name__} support (with its exact kernel it raises "
             "NotImplementedError): its ExactGP path adds model.mean_module(x), here a MultitaskMean of one column per "

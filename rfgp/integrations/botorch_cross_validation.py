@@ -28,10 +28,9 @@ import functools
 import botorch.cross_validation as botorch_cross_validation
 from gpytorch.distributions import MultivariateNormal
 from torch import Tensor
-from torch.nn import Module
 
 from ..inference.leave_one_out import feature_covariance, leave_one_out_predictions
-from ..kernels.random_feature_kernel import FeatureKernel
+from ..kernels.combinations import holds_feature_kernel
 
 #: BoTorch's helper, which :func:`_compute_loo_predictions` calls for every other model
 _botorch_compute_loo_predictions = botorch_cross_validation._compute_loo_predictions
@@ -41,7 +40,8 @@ _botorch_compute_loo_predictions = botorch_cross_validation._compute_loo_predict
 def _compute_loo_predictions(model, observation_noise: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     train_inputs = getattr(model, "train_inputs", None)
     train_Y = getattr(model, "train_targets", None)
-    if not train_inputs or train_Y is None or not isinstance(train_inputs[0], Tensor) or not _has_feature_kernel(model):
+    if (not train_inputs or train_Y is None or not isinstance(train_inputs[0], Tensor)
+            or not holds_feature_kernel(model)):
         return _botorch_compute_loo_predictions(model, observation_noise=observation_noise)
     train_X = train_inputs[0]
     prior = model.forward(train_X)
@@ -59,12 +59,6 @@ def _compute_loo_predictions(model, observation_noise: bool = True) -> tuple[Ten
     if not observation_noise:
         loo_variance = botorch_cross_validation._subtract_observation_noise(model, loo_variance)
     return loo_mean, loo_variance, train_Y
-
-
-def _has_feature_kernel(model) -> bool:
-    """Whether an rfgp feature kernel is among ``model``'s modules (a traversal of the module tree, no evaluation):
-    without one its covariance cannot be a feature operator."""
-    return isinstance(model, Module) and any(isinstance(module, FeatureKernel) for module in model.modules())
 
 
 botorch_cross_validation._compute_loo_predictions = _compute_loo_predictions

@@ -29,7 +29,7 @@ from botorch.exceptions.errors import UnsupportedError
 from botorch.models.pairwise_gp import PairwiseGP
 from torch import Tensor
 
-from ..kernels.random_feature_kernel import FeatureKernel
+from ..kernels.combinations import holds_feature_kernel
 from ..models.feature_width import register_cache_clearer
 
 
@@ -54,7 +54,7 @@ if importlib.util.find_spec("botorch.models.latent_kronecker_gp") is not None:  
     @functools.wraps(_botorch_latent_kronecker_rsample)
     def _rsample_from_base_samples(self, *args, **kwargs):
         sketched = [name for name in ("covar_module_X", "covar_module_T")
-                    if any(isinstance(module, FeatureKernel) for module in getattr(self, name).modules())]
+                    if holds_feature_kernel(getattr(self, name))]
         if sketched:
             raise UnsupportedError(
                 "LatentKroneckerGP samples its posterior (posterior(X, T).rsample, Monte-Carlo acquisition functions) "

@@ -26,7 +26,7 @@ from gpytorch.lazy import LazyEvaluatedKernelTensor
 from gpytorch.lazy.lazy_evaluated_kernel_tensor import recall_grad_state
 from torch import Tensor
 
-from .random_feature_kernel import FeatureKernel
+from .combinations import holds_feature_kernel
 
 
 def install() -> None:
@@ -38,7 +38,7 @@ def install() -> None:
 
     @recall_grad_state
     def _expand_batch(self, batch_shape):
-        if self.last_dim_is_batch or not any(isinstance(module, FeatureKernel) for module in self.kernel.modules()):
+        if self.last_dim_is_batch or not holds_feature_kernel(self.kernel):
             return current(self, batch_shape)
         return expand_inputs(self, torch.Size(batch_shape))
 

@@ -35,6 +35,12 @@ def is_feature_kernel(kernel: Kernel) -> bool:
     return isinstance(kernel, FeatureKernel)
 
 
+def holds_feature_kernel(module) -> bool:
+    """Whether an rfgp feature kernel is among ``module``'s submodules, itself included (a traversal of the module
+    tree, no evaluation): a model, a kernel tree or anything else (``False`` for what is not an ``nn.Module``)."""
+    return isinstance(module, nn.Module) and any(isinstance(sub, FeatureKernel) for sub in module.modules())
+
+
 def select_active(kernel: Kernel, x: Tensor) -> Tensor:
     """The columns of x that ``kernel`` sees (its ``active_dims``; all of them when unset)."""
     return x if kernel.active_dims is None else x.index_select(-1, kernel.active_dims.to(x.device))

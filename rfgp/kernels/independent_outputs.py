@@ -48,7 +48,7 @@ from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
 from ..inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, points_per_block
 from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
-from .random_feature_kernel import FeatureKernel
+from .combinations import holds_feature_kernel
 
 
 class IndependentOutputsKernel(Kernel):
@@ -178,7 +178,7 @@ def _from_batch_mvn(cls, batch_mvn, task_dim=-1):
     kernel = covar.kernel
     if len(kernel.batch_shape) != len(batch_mvn.batch_shape) or kernel.batch_shape != batch_mvn.batch_shape:
         return joint
-    if not any(isinstance(module, FeatureKernel) for module in kernel.modules()):
+    if not holds_feature_kernel(kernel):
         return joint
     task_dim = task_dim if task_dim >= 0 else len(batch_mvn.batch_shape) + task_dim
     outputs = LazyEvaluatedKernelTensor(covar.x1, covar.x2, IndependentOutputsKernel(kernel, task_dim), **covar.params)
