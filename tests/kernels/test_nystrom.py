@@ -704,3 +704,36 @@ def test_forward_over_reverse_hessian_of_the_posterior_variance():
 
     forward = torch.autograd.functional.hessian(variance, test, vectorize=True, outer_jacobian_strategy="forward-mode")
     torch.testing.assert_close(forward, torch.autograd.functional.hessian(variance, test), rtol=1e-10, atol=1e-12)
+
+
+def test_float32_features_that_err_beyond_the_tolerance_warn_once_at_prediction(monkeypatch):
+    """Φ(x) = K(x, Z)·L⁻ᵀ carries K(x, Z)'s float32 rounding amplified by L⁻¹: with 256 landmarks on [0, 1] at
+    ℓ = 0.1, K(Z, Z) is near-singular and the float32 features err by about 10⁻³.  The estimate at the landmarks
+    matches the data rows' error (within a factor 3), and a prediction warns once per kernel where it exceeds the
+    tolerance (1 % by default: ggplot2's txhousing, d = 53, erred by 1.6 % and its test RMSE by 4 %, silently).
+    Training never checks, nor does a float64 kernel."""
+    import rfgp.kernels.nystrom as nystrom
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(400, 1, generator=g)
+    kernel = rfgp.sketch(RBFKernel(), num_features=256, method="nystrom", x_sample=x, seed=0)
+    kernel.lengthscale = 0.1
+    reference = copy.deepcopy(kernel).double()
+    reference.jitter = 1e-6  # float32's default: the same K(Z, Z) + εI, so that the features compare
+    with torch.no_grad():
+        error = (kernel.featurize(x).double() - reference.featurize(x.double())).norm() / reference.featurize(
+            x.double()).norm()
+    monkeypatch.setattr(nystrom, "FEATURE_PRECISION_TOLERANCE", float(error) / 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernel(x).to_dense()  # train mode: no check
+        reference.eval()(x).to_dense()  # float64: nothing to check
+    kernel.eval()
+    with pytest.warns(NumericalWarning, match=r"float32 features at 256 landmarks err by") as caught:
+        kernel(x[:5], x).to_dense()
+    estimate = float(re.search(r"err by (\S+) \(relative\)", str(caught[0].message)).group(1))
+    assert error / 3 < estimate < 3 * error, (estimate, float(error))
+    kernel.lengthscale = 0.2  # a new factor: warned once per kernel already
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernel(x[:5], x).to_dense()
