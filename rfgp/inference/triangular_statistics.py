@@ -250,6 +250,13 @@ def triangular_statistics(features: Tensor, cross: Tensor, chol: Tensor, weights
     )
 
 
+def _factor_first(cross: Callable[[Tensor], Tensor], chol: Callable[[], Tensor], x: Tensor) -> Tensor:
+    """K(x, Z)·L⁻ᵀ with L computed before K(x, Z): a Nyström kernel decides with its factor how to evaluate K(x, Z)
+    (:meth:`~rfgp.kernels.NystromKernel._choose_cross_precision`)."""
+    factor = chol()
+    return triangular_features(cross(x), factor)
+
+
 class TriangularFeaturizer(Featurizer):
     """x ↦ Φ(x) = c·K(x)·L⁻ᵀ with K(x) = K(x, Z) and L as functions of the differentiable ``params``.
 
@@ -264,7 +271,7 @@ class TriangularFeaturizer(Featurizer):
 
     def __init__(self, cross: Callable[[Tensor], Tensor], chol: Callable[[], Tensor], params: Sequence[Tensor],
                  num_features: int, batch_shape: torch.Size, constant: Tensor | float | None = None) -> None:
-        super().__init__(lambda x: triangular_features(cross(x), chol()), params, num_features, batch_shape, constant)
+        super().__init__(lambda x: _factor_first(cross, chol, x), params, num_features, batch_shape, constant)
         self.cross, self.chol = cross, chol
 
     def detach_(self) -> TriangularFeaturizer:

@@ -98,6 +98,10 @@ _MAX_JITTER = 1e-1
 #: relative error of float32 Nyström features from float64's above which a prediction warns
 #: (:meth:`NystromKernel._check_feature_precision`)
 FEATURE_PRECISION_TOLERANCE = 1e-2
+#: a float32 evaluation of K(x, Z) whose amplified error exceeds this many times that of rounding the float64 one, and
+#: the floor below, is replaced by the float64 one (:meth:`NystromKernel._choose_cross_precision`)
+CROSS_EVALUATION_EXCESS = 10.0
+CROSS_EVALUATION_FLOOR = 1e-5
 
 
 class NystromKernel(FeatureKernel):
@@ -170,6 +174,7 @@ class NystromKernel(FeatureKernel):
         self.pilot_size = None if pilot_size is None else check_positive_int(pilot_size, "pilot_size")
         self._warned_jitter = False
         self._warned_precision = False
+        self._cross_in_work_precision = False  # set with each landmark factor (_choose_cross_precision)
         self._cholesky_cache = StateCache()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -358,33 +363,63 @@ class NystromKernel(FeatureKernel):
                 "consider fewer or better spread landmarks",
                 NumericalWarning, stacklevel=2,
             )
-        if work != dtype and not self.training and not self._warned_precision:
-            self._check_feature_precision(landmarks, gram, chol, dtype)
         # entries negligible in dtype (below its rounding) are zero, so that no subnormal number enters the solve
-        return flush_negligible(chol, negligible_threshold(kernel_scale(chol), dtype, 0.25, 1)).to(dtype)
+        factor = flush_negligible(chol, negligible_threshold(kernel_scale(chol), dtype, 0.25, 1)).to(dtype)
+        if work != dtype:
+            self._choose_cross_precision(landmarks, gram, chol, dtype)
+        if work != dtype and not self.training and not self._warned_precision:
+            self._check_feature_precision(gram, chol, factor)
+        return factor
 
-    def _check_feature_precision(self, landmarks: Tensor, gram: Tensor, chol: Tensor, dtype: torch.dtype) -> None:
-        """Warn (once per kernel) where this kernel's ``dtype`` (float32) features err by more than
-        :data:`FEATURE_PRECISION_TOLERANCE` relative to float64's: Φ(x) = K(x, Z)·L⁻ᵀ carries the rounding ΔK of
-        K(x, Z) evaluated in ``dtype`` amplified by L⁻¹, up to ‖L⁻¹‖ ≈ (ε·k̄)^-½ when K(Z, Z) is near-singular.
-        Measured at the landmarks themselves, where Φ(Z) ≈ L: ‖L⁻¹ΔK(Z, Z)‖_F / ‖L‖_F, one M × M kernel evaluation in
-        ``dtype`` and one triangular solve in float64, once per factor computed in eval mode.  On ggplot2's
-        ``txhousing`` (d = 53 one-hot and numeric columns, N = 4 000, M = 1 024) float32 K(x, Z) erred by 1.1·10⁻⁵
-        relative, Φ by 0.9 % (median row, 5 % the worst) and the test RMSE of the same trained model was 0.301 against
-        float64's 0.290 (0.328 against 0.289 at M = 4 000), without a word."""
+    def _choose_cross_precision(self, landmarks: Tensor, gram: Tensor, chol: Tensor, dtype: torch.dtype) -> None:
+        """Whether :meth:`_cross` evaluates K(x, Z) of ``dtype`` (float32) inputs in float64 and rounds it, decided
+        with each landmark factor from K(Z, Z): where L⁻¹ amplifies the error of the float32 evaluation more than
+        :data:`CROSS_EVALUATION_EXCESS` times that of rounding the float64 one (and above
+        :data:`CROSS_EVALUATION_FLOOR` relative to ‖L‖, so that harmless errors cost nothing).
+
+        Φ(x) = K(x, Z)·L⁻ᵀ carries K(x, Z)'s error amplified by L⁻¹, up to (ε·k̄)^-½ ≈ 10³ at a near-singular
+        K(Z, Z).  A float32 evaluation of distances far from the origin in lengthscales cancels (‖a‖² + ‖b‖² − 2aᵀb):
+        on ggplot2's ``txhousing`` (d = 53 one-hot and numeric columns, N = 4 000, M = 1 024) K(x, Z) erred by
+        1.1·10⁻⁵ relative, Φ by 0.9 % (median row, 5 % the worst), and the test RMSE of the same trained model was
+        0.301 against float64's 0.290 (0.328 against 0.289 at M = 4 000), without a word; with the float64 evaluation
+        0.290 (0.289).  Evaluating always in float64 cost 12–43 % of a float32 marginal likelihood with gradient
+        (N = 10⁴, M = 512, d = 53 and 3), where standard normal inputs gain nothing.  The decision costs one M × M
+        kernel evaluation in ``dtype`` and two triangular solves in float64 per factor (no graph), and applies from
+        that factor on: to the features of the same call (:meth:`featurize`, the chunked statistics, which factorise
+        first) and to later calls."""
         with torch.no_grad():
             coarse = self.base_kernel(landmarks.to(dtype), landmarks.to(dtype)).to_dense().to(gram.dtype)
-            error = torch.linalg.solve_triangular(chol, coarse - gram, upper=False)
-            relative = (error.norm(dim=(-2, -1)) / chol.norm(dim=(-2, -1))).max()
+            size = chol.norm(dim=(-2, -1))
+            evaluated = torch.linalg.solve_triangular(chol, coarse - gram, upper=False).norm(dim=(-2, -1)) / size
+            rounded = torch.linalg.solve_triangular(chol, gram.to(dtype).to(gram.dtype) - gram,
+                                                    upper=False).norm(dim=(-2, -1)) / size
+            coarse_enough = (evaluated <= CROSS_EVALUATION_EXCESS * rounded) | (evaluated <= CROSS_EVALUATION_FLOOR)
+        self._cross_in_work_precision = not bool(coarse_enough.all())  # one host read per factor
+
+    def _check_feature_precision(self, gram: Tensor, chol: Tensor, factor: Tensor) -> None:
+        """Warn (once per kernel) where this kernel's float32 features err by more than
+        :data:`FEATURE_PRECISION_TOLERANCE` relative to float64's.  Φ(x) = K(x, Z)·L⁻ᵀ is formed from K(x, Z)
+        rounded to float32 (:meth:`_cross` evaluates it in float64), the factor L rounded to float32 and a float32
+        solve, whose errors L⁻¹ amplifies up to ‖L⁻¹‖ ≈ (ε·k̄)^-½ when K(Z, Z) is near-singular: about 10³·u at the
+        default jitter, more at a smaller one given by hand.  Measured at the landmarks, the same steps against the
+        float64 ones (Φ(Z) ≈ L): one float32 and one float64 triangular solve, once per factor computed in eval mode.
+        Before K(x, Z) was evaluated in float64, ggplot2's ``txhousing`` (d = 53 one-hot and numeric columns,
+        N = 4 000, M = 1 024) had K(x, Z) 1.1·10⁻⁵ off, Φ 0.9 % (median row, 5 % the worst) and a test RMSE of 0.301
+        against float64's 0.290 (0.328 against 0.289 at M = 4 000), without a word; now 0.290 (0.289)."""
+        with torch.no_grad():
+            exact = triangular_features(gram, chol)
+            rounded = triangular_features(gram.to(factor.dtype), factor).to(exact.dtype)
+            relative = ((rounded - exact).norm(dim=(-2, -1)) / exact.norm(dim=(-2, -1))).max()
         if not bool(relative > FEATURE_PRECISION_TOLERANCE):  # one host read per factor computed for prediction
             return
         self._warned_precision = True
         warnings.warn(
-            f"NystromKernel: its {dtype} features at {self.num_features} landmarks err by {float(relative):.1e} "
-            f"(relative) from float64's: K(x, Z)'s {dtype} rounding is amplified by L⁻¹, K(Z, Z) being near-singular "
-            "(many landmarks, long lengthscales or many input dimensions), and predictions change with it; use "
-            "model.double() (the float64 features cost about twice as much), or fewer landmarks (warned once per "
-            "kernel)",
+            f"NystromKernel: its {factor.dtype} features at {self.num_features} landmarks err by "
+            f"{float(relative):.1e} (relative) from float64's: their {factor.dtype} rounding is amplified by L⁻¹, "
+            "K(Z, Z) being near-singular "
+            "(many landmarks, long lengthscales, or a small jitter), and predictions change with it; use "
+            "model.double() (the float64 features cost about twice as much), fewer landmarks or the default jitter "
+            "(warned once per kernel)",
             NumericalWarning, stacklevel=2,
         )
 
@@ -463,10 +498,13 @@ class NystromKernel(FeatureKernel):
                 "kernel's network outputs, after input transforms), so choose them there, e.g. "
                 "rfgp.sketch(kernel, M, method='nystrom', x_sample=<the kernel's inputs>)"
             )
-        landmarks = self.landmarks.to(x.dtype)
-        cross = self.base_kernel(x, landmarks).to_dense()
+        # in the factor's working precision (float64 for float32 inputs), rounded, where the landmark factor found a
+        # float32 evaluation too coarse (_choose_cross_precision)
+        work = factor_dtype(x.dtype, x.device) if self._cross_in_work_precision else x.dtype
+        landmarks = self.landmarks.to(work)
+        cross = self.base_kernel(x.to(work), landmarks).to_dense().to(x.dtype)
         scale = _kernel_diagonal(self.base_kernel, landmarks).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]
-        return flush_negligible(cross, negligible_threshold(scale, cross.dtype, 0.25, 2))
+        return flush_negligible(cross, negligible_threshold(scale.to(x.dtype), cross.dtype, 0.25, 2))
 
     def diag_moments(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(k(x, x), ‖Φ(x)‖²) per point; their difference is the FITC-style variance correction (≥ 0)."""

@@ -706,23 +706,49 @@ def test_forward_over_reverse_hessian_of_the_posterior_variance():
     torch.testing.assert_close(forward, torch.autograd.functional.hessian(variance, test), rtol=1e-10, atol=1e-12)
 
 
+def _float32_and_float64_features(x, lengthscale, num_landmarks):
+    kernel = rfgp.sketch(RBFKernel(), num_features=num_landmarks, method="nystrom", x_sample=x, seed=0)
+    kernel.lengthscale = lengthscale
+    reference = copy.deepcopy(kernel).double()
+    reference.jitter = 1e-6  # float32's default: the same K(Z, Z) + εI, so that the features compare
+    return kernel, reference
+
+
+def test_float32_features_evaluate_the_cross_kernel_in_float64_where_float32_is_too_coarse():
+    """Φ(x) = K(x, Z)·L⁻ᵀ amplifies K(x, Z)'s error by L⁻¹.  Evaluated in float32, distances between points far
+    from the origin in lengthscales cancel (‖a‖² + ‖b‖² − 2aᵀb): 40 clusters spread over 30 lengthscales in 10
+    dimensions gave features 1.2·10⁻³ off float64's (ggplot2's txhousing, d = 53: 0.9 %, and a test RMSE of 0.301
+    against 0.290).  The landmark factor now finds the float32 evaluation too coarse there and K(x, Z) is evaluated
+    in float64 and rounded: 10⁻⁷.  Standard normal inputs keep the float32 evaluation (float64 cost 12–43 % of an
+    MLL with gradient and gains nothing there)."""
+    g = torch.Generator().manual_seed(0)
+    centers = 30 * torch.randn(40, 10, generator=g)
+    x = centers[torch.randint(0, 40, (600,), generator=g)] + 0.3 * torch.randn(600, 10, generator=g)
+    kernel, reference = _float32_and_float64_features(x, 1.0, 200)
+    with torch.no_grad():
+        exact = reference.featurize(x.double())
+        features = kernel.featurize(x)
+    assert kernel._cross_in_work_precision and features.dtype == torch.float32
+    assert (features.double() - exact).norm() / exact.norm() < 1e-5
+    plain, _ = _float32_and_float64_features(torch.randn(600, 3, generator=g), 0.7, 200)
+    with torch.no_grad():
+        plain.featurize(torch.randn(5, 3, generator=g))
+    assert not plain._cross_in_work_precision
+
+
 def test_float32_features_that_err_beyond_the_tolerance_warn_once_at_prediction(monkeypatch):
-    """Φ(x) = K(x, Z)·L⁻ᵀ carries K(x, Z)'s float32 rounding amplified by L⁻¹: with 256 landmarks on [0, 1] at
-    ℓ = 0.1, K(Z, Z) is near-singular and the float32 features err by about 10⁻³.  The estimate at the landmarks
-    matches the data rows' error (within a factor 3), and a prediction warns once per kernel where it exceeds the
-    tolerance (1 % by default: ggplot2's txhousing, d = 53, erred by 1.6 % and its test RMSE by 4 %, silently).
-    Training never checks, nor does a float64 kernel."""
+    """With 256 landmarks on [0, 1] at ℓ = 0.1, K(Z, Z) is near-singular and L⁻¹ amplifies the float32 rounding of
+    K(x, Z), of L and of the solve: the features err by about 7·10⁻⁴.  The estimate at the landmarks matches the data
+    rows' error (within a factor 3), and a prediction warns once per kernel where it exceeds the tolerance (1 % by
+    default).  Training never checks, nor does a float64 kernel."""
     import rfgp.kernels.nystrom as nystrom
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(400, 1, generator=g)
-    kernel = rfgp.sketch(RBFKernel(), num_features=256, method="nystrom", x_sample=x, seed=0)
-    kernel.lengthscale = 0.1
-    reference = copy.deepcopy(kernel).double()
-    reference.jitter = 1e-6  # float32's default: the same K(Z, Z) + εI, so that the features compare
+    kernel, reference = _float32_and_float64_features(x, 0.1, 256)
     with torch.no_grad():
-        error = (kernel.featurize(x).double() - reference.featurize(x.double())).norm() / reference.featurize(
-            x.double()).norm()
+        exact = reference.featurize(x.double())
+        error = (kernel.featurize(x).double() - exact).norm() / exact.norm()
     monkeypatch.setattr(nystrom, "FEATURE_PRECISION_TOLERANCE", float(error) / 10)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
