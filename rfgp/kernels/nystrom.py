@@ -409,7 +409,9 @@ class NystromKernel(FeatureKernel):
     def _check_feature_precision(self, gram: Tensor, chol: Tensor, factor: Tensor) -> None:
         """Warn (once per kernel) where this kernel's float32 features err by more than
         :data:`FEATURE_PRECISION_TOLERANCE` relative to float64's.  Φ(x) = K(x, Z)·L⁻ᵀ is formed from K(x, Z)
-        rounded to float32 (:meth:`_cross` evaluates it in float64), the factor L rounded to float32 and a float32
+        rounded to float32 (:meth:`_cross` evaluates it in float64 where a float32 evaluation would err by more, see
+        :meth:`_choose_cross_precision`; elsewhere by at most 10⁻³ or 10 times the rounding, which this estimate
+        leaves out), the factor L rounded to float32 and a float32
         solve, whose errors L⁻¹ amplifies up to ‖L⁻¹‖ ≈ (ε·k̄)^-½ when K(Z, Z) is near-singular: about 10³·u at the
         default jitter, more at a smaller one given by hand.  Measured at the landmarks, the same steps against the
         float64 ones (Φ(Z) ≈ L): one float32 and one float64 triangular solve, once per factor computed in eval mode.
