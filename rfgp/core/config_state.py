@@ -202,7 +202,8 @@ class ConfigState:
         before = self._own_tensors()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        after = self._own_tensors()
+        after = {**self._parameters, **self._buffers}  # compared, not kept: no copies
+        after = {name: tensor for name, tensor in after.items() if tensor is not None}
         if before.keys() != after.keys() or any(
                 a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b)
                 for a, b in ((before[name], after[name]) for name in before)):

@@ -369,8 +369,8 @@ class NystromKernel(FeatureKernel):
         factor = flush_negligible(chol, negligible_threshold(kernel_scale(chol), dtype, 0.25, 1)).to(dtype)
         if work != dtype:
             self._choose_cross_precision(landmarks, gram, chol, dtype)
-        if work != dtype and not self.training and not self._warned_precision:
-            self._check_feature_precision(gram, chol, factor)
+            if not self.training and not self._warned_precision:
+                self._check_feature_precision(gram, chol, factor)
         return factor
 
     def _choose_cross_precision(self, landmarks: Tensor, gram: Tensor, chol: Tensor, dtype: torch.dtype) -> None:
@@ -387,11 +387,10 @@ class NystromKernel(FeatureKernel):
         0.290 (0.289).  Evaluating always in float64 cost 12–43 % of a float32 marginal likelihood with gradient
         (N = 10⁴, M = 512, d = 53 and 3), where standard normal inputs gain nothing; the floor 10⁻³ keeps the float32
         evaluation on the time-to-accuracy benchmarks' data (elecdemand, diamonds: 5·10⁻⁵ to 9·10⁻⁴ at lengthscales
-        0.3–3, M = 1 024).  The decision costs an M × 64
-        kernel evaluation in ``dtype`` and two triangular solves with 64 columns in float64 per factor (no graph;
-        measured at 64 evenly spaced landmarks), and applies from
-        that factor on: to the features of the same call (:meth:`featurize`, the chunked statistics, which factorise
-        first) and to later calls."""
+        0.3–3, M = 1 024).  The decision costs an M × 64 kernel evaluation in ``dtype`` and two triangular solves with
+        64 columns in float64 per factor (no graph; measured at 64 evenly spaced landmarks), and applies from that
+        factor on: to the features of the same call (:meth:`featurize`, the chunked statistics, which factorise first)
+        and to later calls."""
         with torch.no_grad():
             # Φ(z)ᵀ = L⁻¹K(Z, z) at CROSS_EVALUATION_SAMPLE evenly spaced landmarks z, ‖Φ(z)‖ = ‖L's row of z‖
             picked = torch.linspace(0, landmarks.shape[-2] - 1, min(landmarks.shape[-2], CROSS_EVALUATION_SAMPLE),
@@ -411,13 +410,10 @@ class NystromKernel(FeatureKernel):
         :data:`FEATURE_PRECISION_TOLERANCE` relative to float64's.  Φ(x) = K(x, Z)·L⁻ᵀ is formed from K(x, Z)
         rounded to float32 (:meth:`_cross` evaluates it in float64 where a float32 evaluation would err by more, see
         :meth:`_choose_cross_precision`; elsewhere by at most 10⁻³ or 10 times the rounding, which this estimate
-        leaves out), the factor L rounded to float32 and a float32
-        solve, whose errors L⁻¹ amplifies up to ‖L⁻¹‖ ≈ (ε·k̄)^-½ when K(Z, Z) is near-singular: about 10³·u at the
-        default jitter, more at a smaller one given by hand.  Measured at the landmarks, the same steps against the
-        float64 ones (Φ(Z) ≈ L): one float32 and one float64 triangular solve, once per factor computed in eval mode.
-        Before K(x, Z) was evaluated in float64, ggplot2's ``txhousing`` (d = 53 one-hot and numeric columns,
-        N = 4 000, M = 1 024) had K(x, Z) 1.1·10⁻⁵ off, Φ 0.9 % (median row, 5 % the worst) and a test RMSE of 0.301
-        against float64's 0.290 (0.328 against 0.289 at M = 4 000), without a word; now 0.290 (0.289)."""
+        leaves out), the factor L rounded to float32 and a float32 solve, whose errors L⁻¹ amplifies up to
+        ‖L⁻¹‖ ≈ (ε·k̄)^-½ when K(Z, Z) is near-singular: about 10³·u at the default jitter, more at a smaller one given
+        by hand.  Measured at the landmarks, the same steps against the float64 ones (Φ(Z) ≈ L): one float32 and one
+        float64 triangular solve, once per factor computed in eval mode."""
         with torch.no_grad():
             exact = triangular_features(gram, chol)
             rounded = triangular_features(gram.to(factor.dtype), factor).to(exact.dtype)
