@@ -199,11 +199,10 @@ class ConfigState:
                               error_msgs) -> None:
         saved = self._saved_config(state_dict, prefix, missing_keys)
         self._adopt_config(self._checked_adoptions(saved, prefix))
-        before = self._own_tensors()
+        before = {name: tensor.detach().clone() for name, tensor in self._own_tensors().items()}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        after = {**self._parameters, **self._buffers}  # compared, not kept: no copies
-        after = {name: tensor for name, tensor in after.items() if tensor is not None}
+        after = self._own_tensors()
         if before.keys() != after.keys() or any(
                 a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b)
                 for a, b in ((before[name], after[name]) for name in before)):
@@ -212,9 +211,8 @@ class ConfigState:
         unexpected_keys[:] = [key for key in unexpected_keys if key not in own]
 
     def _own_tensors(self) -> dict[str, Tensor]:
-        """Copies of this module's own parameters and buffers (not its submodules')."""
-        tensors = {**self._parameters, **self._buffers}
-        return {name: tensor.detach().clone() for name, tensor in tensors.items() if tensor is not None}
+        """This module's own parameters and buffers (not its submodules')."""
+        return {name: tensor for name, tensor in {**self._parameters, **self._buffers}.items() if tensor is not None}
 
     def _saved_config(self, state_dict, prefix: str, missing_keys: list[str]) -> dict[str, Any]:
         if not any(key.startswith(prefix + CONFIG_PREFIX) for key in state_dict):
