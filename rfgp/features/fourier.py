@@ -36,6 +36,7 @@ from . import random
 from .base import FeatureMap
 from .derivatives import sincos_derivatives
 from .hadamard import fwht, next_power_of_two
+from .spectral import CONFIG_FIELDS as SPECTRAL_FIELDS
 from .spectral import GaussianSpectralDensity, SpectralDensity
 
 SAMPLERS = ("iid", "orthogonal", "structured")
@@ -93,10 +94,8 @@ class RandomFourierFeatures(FeatureMap):
         return self.num_features // 2
 
     def _config_value(self, name: str):
-        if name == "spectral_density":
-            return self.spectral_density.family
-        if name == "spectral_parameter":
-            return self.spectral_density.parameter
+        if name in SPECTRAL_FIELDS:
+            return self.spectral_density.config_value(name)
         return super()._config_value(name)
 
     # ------------------------------------------------------------------ draws

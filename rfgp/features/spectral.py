@@ -25,6 +25,10 @@ from torch import Tensor
 from ..core.validation import check_positive_float
 from . import random
 
+#: the configuration fields that save a module's spectral density (:meth:`SpectralDensity.config_value`): an RBF and
+#: a Matérn of any ν have the same draws' keys
+CONFIG_FIELDS = ("spectral_density", "spectral_parameter")
+
 
 class SpectralDensity:
     """A Gaussian scale mixture ω = s·g; subclasses define the scale draws and k(r)."""
@@ -40,6 +44,11 @@ class SpectralDensity:
     def parameter(self) -> float | None:
         """The shape parameter of the family (Matérn ν, rational-quadratic α), ``None`` if it has none."""
         return None
+
+    def config_value(self, name: str) -> str | float | None:
+        """The value saved as the configuration field ``name`` of a module drawing from this density
+        (:data:`CONFIG_FIELDS`): its family or its parameter."""
+        return self.family if name == "spectral_density" else self.parameter
 
     def sample_scales(self, num: int, generator: torch.Generator) -> Tensor | None:
         """``num`` draws of the row scale s (float64), or ``None`` when s ≡ 1."""

@@ -57,6 +57,7 @@ from ..core.dtypes import cast_to
 from ..core.validation import check_finite, check_positive_int
 from ..features import random
 from ..features.base import _new_seed
+from ..features.spectral import CONFIG_FIELDS as SPECTRAL_FIELDS
 from ..features.spectral import GaussianSpectralDensity, MaternSpectralDensity, SpectralDensity
 from ..features.weighted_fourier import scaled_sincos_features
 from .families import check_kernel_kwargs
@@ -217,10 +218,8 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
         self._materialize()
 
     def _config_value(self, name: str):
-        if name == "spectral_density":
-            return self.density.family
-        if name == "spectral_parameter":
-            return self.density.parameter
+        if name in SPECTRAL_FIELDS:
+            return self.density.config_value(name)
         return super()._config_value(name)
 
     def _adopt_config(self, values: dict) -> None:
