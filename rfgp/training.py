@@ -19,7 +19,6 @@ import copy
 import math
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside noteb
 
 from .core.bounds import bounded_coordinate, bounded_value
 from .core.dtypes import in_full_precision
+from .core.user_warnings import warn as warn_user
 from .core.validation import (
     DrawCoverageError,
     InvalidValueError,
@@ -671,12 +671,12 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                 lr /= 2  # the objective has restored the last accepted point
                 history.restarts.append(TrainingRestart(objective.iteration, objective.evaluations,
                                                 _summary(error), lr))
-                warnings.warn(
+                warn_user(
                     f"fit_mll: a loss evaluation in iteration {objective.iteration} failed "
                     f"({history.restarts[-1].error}); restarted {optimizer} from the last accepted point "
                     f"(loss {history.losses[-1]:.6g}) with lr={lr:g} (restart {len(history.restarts)} of at most "
                     f"{max_restarts}; see TrainingHistory.restarts)",
-                    NumericalWarning, stacklevel=2,
+                    NumericalWarning,
                 )
                 objective.iteration -= 1
                 step = _stepper(optimizer, params, objective, lr, history_size)
@@ -699,11 +699,11 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
                     flat = max(ftol, *(unit_roundoff(p.dtype) for p in params))  # the coarsest parameter dtype's u
                     bound = _stationary_gradient(flat, scale)
                     if history.gradient_norms[-1] > bound:
-                        warnings.warn(
+                        warn_user(
                             f"fit_mll: {history.stop_reason}; the gradient is above "
                             f"{bound:.3g} = √(2·{_MAX_CURVATURE:g}·{flat:.3g}·"
                             f"{scale:.3g}), so this is no stationary point (TrainingHistory.converged is False)",
-                            NumericalWarning, stacklevel=3,
+                            NumericalWarning,
                         )
                     _check_in_float64(model, params, history, bound)
                     break
@@ -763,7 +763,7 @@ def _check_in_float64(model: gpytorch.models.ExactGP, params: list[Tensor], hist
     stochastic = _stochastic_exact_loss(model)
     if stochastic:  # float64 evaluates it by the same random probes: a difference would be their noise, not rounding
         history.stop_reason += f"; not checked in float64 ({stochastic})"
-        warnings.warn(f"fit_mll: {stochastic}", NumericalWarning, stacklevel=4)
+        warn_user(f"fit_mll: {stochastic}", NumericalWarning)
         return True
     dtype = max(coarse, key=unit_roundoff)
     try:
@@ -792,7 +792,7 @@ def _check_in_float64(model: gpytorch.models.ExactGP, params: list[Tensor], hist
         f"large ‖y − μ‖²/σ²) amplify {name} rounding"
     )
     history.stop_reason += f"; {finding}"
-    warnings.warn(f"fit_mll: {finding} (TrainingHistory.converged is False)", NumericalWarning, stacklevel=4)
+    warn_user(f"fit_mll: {finding} (TrainingHistory.converged is False)", NumericalWarning)
     return False
 
 
@@ -857,12 +857,12 @@ def _check_batch_members(objective: _Objective, history: TrainingHistory, ftol: 
                  "members' independent problems, so a batch converges in many more iterations than each member "
                  "alone: train with optimizer='member_lbfgs' (one L-BFGS per member), or train on (call fit_mll "
                  "again)")
-    warnings.warn(
+    warn_user(
         f"fit_mll: {count} of {members.numel()} batch members stopped away from a stationary point of their own "
         f"marginal likelihood (the worst, member {member}: largest gradient entry {float(worst[index]):.3g} > "
         f"{float(bounds[index]):.3g} = max(gtol, √(2·{_MAX_CURVATURE:g}·ftol·s)) at its loss "
         f"{float(members[index]):.6g}); {cause}",
-        NumericalWarning, stacklevel=5,
+        NumericalWarning,
     )
 
 
@@ -1092,7 +1092,7 @@ def _stop(history: TrainingHistory, num_iterations: int, ftol: float, gtol: floa
             f"is no stationary point: the optimiser's steps no longer change the loss although it still slopes — "
             f"{causes}"
         )
-        warnings.warn(f"fit_mll: {reason} (TrainingHistory.converged is False)", NumericalWarning, stacklevel=5)
+        warn_user(f"fit_mll: {reason} (TrainingHistory.converged is False)", NumericalWarning)
         return reason, False
     if gradient <= gtol:
         return f"converged: largest gradient entry {gradient:.3g} ≤ gtol={gtol:g}", True

@@ -19,12 +19,12 @@ which one chunk at a time cannot shrink: where those alone exceed it (a batch of
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 
 from .dtypes import factor_dtype
 from .settings import memory_budget
+from .user_warnings import warn as warn_user
 
 #: allocations smaller than this (256 MiB) are never checked
 CHECK_THRESHOLD = 2**28
@@ -153,10 +153,10 @@ def warn_statistics_over_budget(batch: int, num_features: int, dtype: torch.dtyp
     else:
         advice = f"reduce num_features, or raise the budget above {needed} bytes"
     what = "an MLL and its gradient" if gradient else "a posterior"
-    warnings.warn(
+    warn_user(
         f"rfgp.settings.memory_budget is {budget} bytes ({format_bytes(budget)}) but the feature statistics of "
         f"{what} for B = {batch} batch member(s) at num_features F = {num_features} need about {needed} bytes "
         f"({format_bytes(needed)}: {copies} (B, F, F) matrices) on top of the features; the budget bounds only the "
         f"(B, N, F) features, in chunks where they exceed it: {advice}",
-        MemoryBudgetWarning, stacklevel=2,
+        MemoryBudgetWarning,
     )

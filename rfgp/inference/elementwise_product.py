@@ -28,7 +28,6 @@ budget.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from gpytorch.lazy import LazyEvaluatedKernelTensor
@@ -45,6 +44,7 @@ from linear_operator.utils.interpolation import left_interp
 from torch import Tensor
 
 from ..core.settings import memory_budget, resolve_chunk_size
+from ..core.user_warnings import warn as warn_user
 from .kernel_evaluation import evaluated_covariance
 from .linalg import squared_row_norms
 
@@ -79,13 +79,13 @@ def exact_root(operator: LinearOperator) -> Tensor | None:
         return None
     chol, info = torch.linalg.cholesky_ex(operator.base_linear_op.to_dense())
     if bool((info != 0).any()):  # a singular task matrix: the dense product, said
-        warnings.warn(
+        warn_user(
             f"the {tuple(operator.base_linear_op.shape[-2:])} matrix of an elementwise product with an rfgp covariance "
             "(an IndexKernel's task covariance B = WWᵀ + diag(v), say) has no Cholesky factor (singular: task "
             "variances v at 0): the product is the dense N × N matrix (O(N³) solves), without rfgp's feature-space "
             "algebra; keep B positive definite, e.g. IndexKernel(..., var_constraint=gpytorch.constraints."
             "GreaterThan(1e-6))",
-            SingularTaskMatrixWarning, stacklevel=5,
+            SingularTaskMatrixWarning,
         )
         return None
     return left_interp(left, operator.left_interp_values, chol)
@@ -101,12 +101,11 @@ def face_splitting_product(features: LinearOperator, other: LinearOperator) -> L
     batch = torch.broadcast_shapes(phi.shape[:-2], root.shape[:-2])
     width = phi.shape[-1] * root.shape[-1]
     if resolve_chunk_size(phi.shape[-2], width, math.prod(batch), phi.dtype) is not None:
-        warnings.warn(
+        warn_user(
             f"the elementwise product of an rfgp covariance (F = {phi.shape[-1]}) with a rank-{root.shape[-1]} "
             f"matrix has a feature root of width {width}, over rfgp.settings.memory_budget "
             f"({memory_budget.value()} bytes): linear_operator's generic product is used (as for exact kernels), "
             "without rfgp's feature-space algebra; raise the budget to keep it",
-            stacklevel=4,
         )
         return MulLinearOperator(features, other)
     product = (phi.unsqueeze(-1) * root.to(phi.dtype).unsqueeze(-2)).flatten(-2)  # (..., N, F·r)

@@ -27,8 +27,9 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
-import warnings
 from collections.abc import Callable
+
+from ..core.user_warnings import warn as warn_user
 
 
 def when_imported(module_name: str, register: Callable[[], None]) -> None:
@@ -43,11 +44,10 @@ def _run(module_name: str, register: Callable[[], None]) -> None:
     try:
         register()
     except Exception as error:  # an incompatible version must not break the user's own import
-        warnings.warn(
+        warn_user(
             f"rfgp could not register its {module_name} integration ({type(error).__name__}: {error}); "
             f"{module_name} itself works, but its rfgp-specific features are unavailable",
             RuntimeWarning,
-            stacklevel=3,
         )
 
 

@@ -33,7 +33,6 @@ its exact kernel either), whose error points to ``posterior(X).rsample``.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from botorch.exceptions.errors import UnsupportedError
@@ -55,6 +54,7 @@ from torch import Tensor
 from torch.quasirandom import SobolEngine
 
 from ..core.dtypes import in_full_precision
+from ..core.user_warnings import warn as warn_user
 from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.kernel_space import kernel_cholesky
 from ..inference.linalg import capacitance_solve, cholesky_solve
@@ -111,12 +111,11 @@ def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_out
         )
     feature_map = getattr(kernel, "feature_map", None)
     if getattr(feature_map, "has_variance_bias", False):
-        warnings.warn(
+        warn_user(
             f"{type(feature_map).__name__} has a variance bias: BoTorch paths sample the posterior of k̂ = ΦᵀΦ without "
             "the diagonal correction c(x) that the model's posterior variance adds (rfgp.models.sampling.posterior_paths "
             "adds it as per-point noise)",
             UserWarning,
-            stacklevel=2,
         )
     return KernelFeatures(kernel, num_inputs)
 

@@ -27,8 +27,6 @@ columns with different ``ard_num_dims``.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from gpytorch.kernels import (
     AdditiveKernel,
@@ -42,6 +40,7 @@ from gpytorch.kernels import (
 )
 from torch import Tensor
 
+from ..core.user_warnings import warn as warn_user
 from .operator_valued import DecomposableKernel
 
 #: multitask kernels whose data kernel ``rfgp.sketch`` converts (exact types: subclasses may compute otherwise)
@@ -236,11 +235,10 @@ def _warn_ignored_active_dims(parent: Kernel, child: Kernel) -> None:
     own = None if child.active_dims is None else child.active_dims.tolist()
     parents = None if parent.active_dims is None else parent.active_dims.tolist()
     if own is not None and own != parents:
-        warnings.warn(
+        warn_user(
             f"{type(child).__name__}.active_dims={own} have no effect inside {type(parent).__name__} "
             f"(active_dims={parents}): GPyTorch applies active_dims in Kernel.__call__ and {type(parent).__name__} "
             "runs its child's forward directly, so the child sees its parent's columns; the converted kernel does "
             f"the same. To select columns, set active_dims on the {type(parent).__name__}",
             UserWarning,
-            stacklevel=2,
         )

@@ -11,13 +11,12 @@ the training inputs after training (it redraws the sketches for the new widths) 
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from ..core.config_state import METHOD
+from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_choice
 from ..features import dot_product
 from ..features.base import FeatureMap
@@ -348,14 +347,14 @@ def warn_truncated_conversion(kernel: Kernel, x: Tensor) -> None:
     variance = ("the bias-corrected posterior variance adds the outputscale times the rest, k(x, x) − E k̂(x, x), as "
                 "prior variance, among the data too" if feature_map.bias_correction
                 else "its posterior is the truncated kernel's")
-    warnings.warn(
+    warn_user(
         f"rfgp.sketch: the optimized Maclaurin map of {type(kernel).__name__} ({feature_map.kernel.name}, order "
         f"{feature_map.order} ≤ max_order={feature_map.order_limit}), fitted on x_sample at the converted "
         f"hyperparameters, leaves out {missing:.2g} of k(x, x) on average over it (median share "
         f"{float(share.median()):.3g}, median ‖x‖²/ℓ² {scale:.3g}), so it is not the converted model there: "
         f"{variance}. Raise {feature_map.order_option}, centre and scale the inputs, or use method='rff', 'orf' or "
         "'nystrom'",
-        TruncationWarning, stacklevel=2,
+        TruncationWarning,
     )
 
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 
 import torch
 from gpytorch.kernels import InducingPointKernel, Kernel, ScaleKernel
@@ -67,6 +66,7 @@ from torch.utils.checkpoint import checkpoint
 from ..core.config_state import DRAW, METHOD, ConfigState
 from ..core.settings import resolve_chunk_size
 from ..core.state_cache import StateCache, module_configuration, module_tensors
+from ..core.user_warnings import warn as warn_user
 from ..core.validation import (
     NonFiniteHyperparameterError,
     check_hyperparameter,
@@ -359,11 +359,11 @@ class NystromKernel(FeatureKernel):
             jitter *= 10
         if jitter != first and not self._warned_jitter:
             self._warned_jitter = True
-            warnings.warn(
+            warn_user(
                 f"NystromKernel: the Cholesky factor of K(Z, Z) at {self.num_features} landmarks needed relative "
                 f"jitter {jitter:.0e} instead of {first:.0e} in {gram.dtype} (warned once per kernel); "
                 "consider fewer or better spread landmarks",
-                NumericalWarning, stacklevel=2,
+                NumericalWarning,
             )
         # entries negligible in dtype (below its rounding) are zero, so that no subnormal number enters the solve
         factor = flush_negligible(chol, negligible_threshold(kernel_scale(chol), dtype, 0.25, 1)).to(dtype)
@@ -421,14 +421,14 @@ class NystromKernel(FeatureKernel):
         if not bool(relative > FEATURE_PRECISION_TOLERANCE):  # one host read per factor computed for prediction
             return
         self._warned_precision = True
-        warnings.warn(
+        warn_user(
             f"NystromKernel: its {factor.dtype} features at {self.num_features} landmarks err by "
             f"{float(relative):.1e} (relative) from float64's: their {factor.dtype} rounding is amplified by L⁻¹, "
             "K(Z, Z) being near-singular "
             "(many landmarks, long lengthscales, or a small jitter), and predictions change with it; use "
             "model.double() (the float64 features cost about twice as much), fewer landmarks or the default jitter "
             "(warned once per kernel)",
-            NumericalWarning, stacklevel=2,
+            NumericalWarning,
         )
 
     def _nonfinite_gram_error(self) -> NonFiniteHyperparameterError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import torch
 from gpytorch.kernels import IndexKernel, Kernel
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 
 from ..core.config_state import METHOD
 from ..core.settings import resolve_chunk_size
+from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_choice, check_positive_int
 from ..features.operator_valued import (
     OperatorValuedFourierFeatures,
@@ -193,8 +193,8 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
                 continue
             if given[new] is not None:
                 raise TypeError(f"SketchedDecomposableKernel got both {new}= and its former name {old}=; pass {new}=")
-            warnings.warn(f"SketchedDecomposableKernel({old}=...) is deprecated; use {new}= (MultitaskKernel's name)",
-                          DeprecationWarning, stacklevel=2)
+            warn_user(f"SketchedDecomposableKernel({old}=...) is deprecated; use {new}= (MultitaskKernel's name)",
+                      DeprecationWarning)
             given[new] = kwargs.pop(old)
         data_covar_module, num_tasks, task_covar_prior = given.values()
         if num_tasks is None:

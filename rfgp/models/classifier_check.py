@@ -23,12 +23,11 @@ prior π_c = n_c/N (:func:`class_prior_nll`).
 
 from __future__ import annotations
 
-import warnings
-
 import gpytorch
 import torch
 from torch import Tensor
 
+from ..core.user_warnings import warn as warn_user
 from ..inference.leave_one_out import feature_covariance, leave_one_out_predictions
 from ..likelihoods.softmax import softmax_expectation_mean_field
 
@@ -98,5 +97,5 @@ def warn_degenerate_fit(loo_nll: float, prior_nll: float, lengthscale: str, refi
     else:
         advice = (f"; a refit with learn_additional_noise=True was no better (leave-one-out NLL {refit[0]:.4g}) and "
                   f"the first fit is kept; try {others}")
-    warnings.warn(symptom + advice + " (leave_one_out_nll_ and class_prior_nll_ hold the kept fit's numbers)",
-                  DegenerateFitWarning, stacklevel=5)  # fit's caller
+    warn_user(symptom + advice + " (leave_one_out_nll_ and class_prior_nll_ hold the kept fit's numbers)",
+              DegenerateFitWarning)

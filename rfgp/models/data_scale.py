@@ -53,11 +53,10 @@ multitask one's global plus independent task noise), so targets that vary less t
 
 from __future__ import annotations
 
-import warnings
-
 import gpytorch
 import torch
 
+from ..core.user_warnings import warn as warn_user
 from ..kernels.input_columns import children
 from ..training import DataScaleWarning, register_start_check
 from .feature_width import fourier_units, nystrom_units
@@ -197,12 +196,12 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
         distance = median_scaled_distance(x, kernel.lengthscale)
         if distance > MEDIAN_SCALED_DISTANCE:
             shown = shown_lengthscales(kernel)
-            warnings.warn(
+            warn_user(
                 f"fit_mll: the training inputs of {name} lie a median {distance:.3g} lengthscales apart (lengthscale "
                 f"{shown}; more than {MEDIAN_SCALED_DISTANCE:g}): the kernel is ≈ 0 between almost all of them, "
                 f"{apart}. Standardise the inputs, or start from a lengthscale on the data's scale, e.g. "
                 "kernel.lengthscale = train_x.std(0)",
-                DataScaleWarning, stacklevel=4,
+                DataScaleWarning,
             )
             continue
         if from_neighbours is None:
@@ -210,13 +209,13 @@ def warn_lengthscale_below_data_scale(model: gpytorch.models.ExactGP) -> None:
         neighbour = median_neighbour_distance(x, kernel.lengthscale)
         if neighbour > MEDIAN_NEIGHBOUR_DISTANCE:
             shown = shown_lengthscales(kernel)
-            warnings.warn(
+            warn_user(
                 f"fit_mll: each training input of {name} lies a median {neighbour:.3g} lengthscales from its nearest "
                 f"neighbour (lengthscale {shown}; more than {MEDIAN_NEIGHBOUR_DISTANCE:g}), as many standardised "
                 f"columns put them: the kernel is ≈ 0 between every point and all others, {from_neighbours}. Start "
                 "from a lengthscale that reaches the neighbours, e.g. kernel.lengthscale = "
                 "math.sqrt(train_x.shape[-1]) * train_x.std(0) (BoTorch's dimension-scaled prior does the same)",
-                DataScaleWarning, stacklevel=4,
+                DataScaleWarning,
             )
 
 
@@ -281,12 +280,12 @@ def warn_targets_below_noise_floor(model: gpytorch.models.ExactGP) -> None:
         members = [tuple(index) if len(index) > 1 else index[0] for index in low.nonzero().tolist()]
         shown = ", ".join(map(str, members[:5])) + (f" (and {len(members) - 5} more)" if len(members) > 5 else "")
         where = f"of batch member{'s' * (len(members) > 1)} {shown} "
-    warnings.warn(
+    warn_user(
         f"fit_mll: the training targets {where}vary with a variance of {largest:.3g} or less, below the smallest noise "
         f"variance the likelihood allows ({floor:.3g}, its noise constraints' lower bounds): the marginal likelihood "
         "explains them as noise and the posterior mean stays at the prior mean. Rescale the targets (e.g. "
         "train_y / train_y.std(0), in units where they vary by about 1), or lower the noise constraint's bound",
-        DataScaleWarning, stacklevel=4,
+        DataScaleWarning,
     )
 
 

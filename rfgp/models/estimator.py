@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.user_warnings import warn as warn_user
 from ..core.validation import (
     check_choice,
     check_dtype_argument,
@@ -190,10 +191,10 @@ class RandomFeatureEstimator:
                 " (same names in the same order are required)"
             )
         if (fitted_names is None) != (names is None):
-            warnings.warn(
+            warn_user(
                 f"X {'has' if names is not None else 'does not have'} feature names, but the {self._noun} was fitted "
                 f"{'without' if fitted_names is None else 'with'} them: columns are matched by position",
-                UserWarning, stacklevel=3,
+                UserWarning,
             )
         x = self._as_inputs(X, "X")
         if self._fit_params.standardize:

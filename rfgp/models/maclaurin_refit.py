@@ -13,11 +13,10 @@ lives in this layer, above the training loop.
 
 from __future__ import annotations
 
-import warnings
-
 import gpytorch
 from torch import Tensor
 
+from ..core.user_warnings import warn as warn_user
 from ..kernels.maclaurin import TRUNCATION_WARN_MISSING, TruncationWarning, fit_allocation_on_columns, truncation_share
 from ..training import AllocationRefit, register_stale_map_handlers
 from .feature_width import optimized_maclaurin_units
@@ -81,14 +80,14 @@ def warn_truncated_maclaurin(model: gpytorch.models.ExactGP) -> None:
                       "refit_allocation(model.covar_module, train_x) and train on")
         if feature_map.bias_correction:
             advice += ", or build it with bias_correction=False (the posterior of the truncated kernel)"
-        warnings.warn(
+        warn_user(
             f"fit_mll: at the trained hyperparameters the optimized Maclaurin map of {type(kernel).__name__} "
             f"({feature_map.kernel.name}, order {feature_map.order} ≤ max_order={feature_map.order_limit}) leaves out "
             f"{missing:.2g} of k(x, x) on average over the training inputs (median share {float(share.median()):.3g}, "
             f"median ‖x‖²/ℓ² {scale:.3g}): the model was trained on the truncated kernel, and the bias-corrected "
             "posterior variance adds the outputscale times the rest, k(x, x) − E k̂(x, x), as prior variance that no "
             f"data informs. {advice}; or use method='rff'.",
-            TruncationWarning, stacklevel=4,
+            TruncationWarning,
         )
 
 

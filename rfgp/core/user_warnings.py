@@ -1,0 +1,33 @@
+"""Warnings attributed to the user's line, not to the rfgp (or GPyTorch, BoTorch, torch) frame that issued them.
+
+``warnings.warn(..., stacklevel=n)`` names the frame n levels up, a depth that changes with every refactoring and
+with the road a call takes (``rfgp.sketch`` directly or through a BoTorch model's constructor, a kernel evaluated by
+GPyTorch's ``__call__`` or by linear_operator inside a solve).  A fixed depth left several of rfgp's warnings
+pointing at its own source lines, where the user can neither see which of their calls it was nor filter it by
+module.  :func:`warn` walks out of the libraries instead (Python 3.12's ``skip_file_prefixes`` does the same, by
+file name).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+#: top-level modules whose frames a warning skips: rfgp, the libraries that call into it, and Python's import and
+#: decorator machinery between them and the user's code
+LIBRARY_MODULES = frozenset({
+    "rfgp", "gpytorch", "linear_operator", "torch", "botorch", "pyro", "sklearn",
+    "importlib", "contextlib", "functools",
+})
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the first calling frame outside :data:`LIBRARY_MODULES`.
+
+    The frame's module (``__name__``; a script is ``__main__``, a notebook cell its kernel's namespace) decides,
+    so the user's line is named whether rfgp was reached directly or through GPyTorch, BoTorch or scikit-learn.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARY_MODULES:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level + 1)
