@@ -79,7 +79,7 @@ def run_rfgp(data, method, num_features, iterations):
     return probs, t1 - t0, time.perf_counter() - t1
 
 
-def run_rfgp_kernel(data, base_kernel, num_features, iterations):
+def run_rfgp_kernel(data, base_kernel, iterations):
     """rfgp ``DirichletGPClassifier`` with a given feature kernel, initialised like the default one."""
     import gpytorch
 
@@ -95,7 +95,7 @@ def run_rfgp_kernel(data, base_kernel, num_features, iterations):
     with torch.no_grad():
         base_kernel.lengthscale = _median_distance(x, SEED)
         kernel.outputscale = (targets - targets.mean(-1, keepdim=True)).var().clamp_min(1e-3)
-    clf = DirichletGPClassifier(kernel=kernel, num_features=num_features, num_iterations=iterations, optimizer="adam",
+    clf = DirichletGPClassifier(kernel=kernel, num_iterations=iterations, optimizer="adam",
                                 standardize=False, seed=SEED, progress=False).fit(x_tr, y_tr)
     t1 = time.perf_counter()
     probs = clf.predict_proba(x_te)
@@ -306,11 +306,11 @@ def main():
             "rfgp Dirichlet GP, SORF": lambda: run_rfgp(data, "sorf", num_features, iterations),
             "rfgp Dirichlet GP, Maclaurin RBF": lambda: run_rfgp_kernel(
                 data, SketchedRBFKernel(num_features, method="maclaurin", input_dim=data[0].shape[1], seed=SEED),
-                num_features, iterations),
+                iterations),
             "rfgp Dirichlet GP, poly. sketch p=3": lambda: run_rfgp_kernel(
                 data, SketchedPolynomialKernel(3, num_features, lengthscale=True, input_dim=data[0].shape[1],
                                                seed=SEED),
-                num_features, iterations),
+                iterations),
             "GPyTorch exact Dirichlet GP": lambda: run_gpytorch_exact(data, iterations),
             "GPyTorch softmax SVGP (100 ind.)": lambda: run_svgp(data, 3 * iterations),
             "sklearn GPC (Laplace, OvR)": lambda: run_sklearn(data, optimize=name != "digits"),

@@ -250,8 +250,8 @@ def run_method(method: str, data: Split, config: dict) -> tta.Run:
                                  method="nystrom", x_sample=x, seed=0)
         # the classifier builds its model (and, by default, its kernel's initial hyperparameters) on the clock;
         # num_iterations=0 leaves training to fit_mll below, which is what its fit runs
-        classifier = DirichletGPClassifier(kernel=kernel, num_features=width, num_iterations=0, progress=False,
-                                           seed=0).fit(x, y)
+        classifier = DirichletGPClassifier(kernel=kernel, num_features=None if kernel is not None else width,
+                                           num_iterations=0, progress=False, seed=0).fit(x, y)
         model = start.model = classifier.model_
         model.train()
         with tta._OptimizerHook(start):
@@ -356,7 +356,8 @@ def fit_at_widths(spec: tuple[str, int, int], data: Split) -> dict:
         kernel = None if kind == "rff" else rfgp.sketch(
             gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[-1])), train,
             method="nystrom", x_sample=x, seed=0)
-        classifier = DirichletGPClassifier(kernel=kernel, num_features=train, progress=False, seed=0).fit(x, y)
+        classifier = DirichletGPClassifier(kernel=kernel, num_features=None if kernel is not None else train,
+                                           progress=False, seed=0).fit(x, y)
         if predict != train:
             rfgp.set_num_features(classifier.model_, predict)
     classifier.latent_posterior(data.test_x[:2])  # builds the posterior caches at the prediction width

@@ -85,8 +85,8 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             0.010 ± 0.004, dplyr::storms (15 629 rows) in 0.07 of it to one higher by 0.008 ± 0.005, scikit-learn's
             digits in 0.1 of it, 0.003 ± 0.003 lower; ``train_num_features=512`` (F = 2048) was 0.005–0.019 below
             training at 1024 on all three in 0.2–0.38 of its time, at 4× the prediction memory (C·F²).
-            With ``kernel`` given its own width is used: ``num_features`` does not apply and ``train_num_features`` is
-            refused (build the kernel at the training width and call ``rfgp.set_num_features(clf.model_, F)``).
+            With ``kernel`` given its own width is used: ``num_features`` and ``train_num_features`` are refused
+            (build the kernel at the training width and call ``rfgp.set_num_features(clf.model_, F)``).
         method: the Fourier method of the default kernel.
         alpha_epsilon: α_ε, or a sequence (or 1-D array) of candidates chosen by validation MNLL.
         num_iterations, lr, optimizer: training of the hyperparameters on the negative MLL by

@@ -138,6 +138,13 @@ class RandomFeatureEstimator:
                     "keeps its own width); build the kernel at the training width and call "
                     f"rfgp.set_num_features({self._noun}.model_, F) after fit, or pass train_num_features=None"
                 )
+            if predict is not None:  # it was ignored: a sketched kernel kept its width, an exact one stayed exact
+                raise ValueError(
+                    f"num_features={predict} sets the default kernel's width, but kernel={type(self.kernel).__name__} "
+                    "was given (it keeps its own width and an exact GPyTorch kernel is not converted): build the "
+                    f"kernel at that width, e.g. kernel=rfgp.sketch(kernel, {predict}), or call "
+                    f"rfgp.set_num_features({self._noun}.model_, {predict}) after fit, and pass num_features=None"
+                )
             return None, None
         for name, value in (("train_num_features", train), ("num_features", predict)):
             if value is not None and value % 2:

@@ -178,6 +178,8 @@ def test_widths_validated():
     kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(32, input_dim=2, seed=0))
     with pytest.raises(ValueError, match="train_num_features=16 sets the default kernel's training width"):
         DirichletGPClassifier(kernel=kernel, train_num_features=16, num_iterations=0).fit(x, y)
+    with pytest.raises(ValueError, match="num_features=64 sets the default kernel's width, but kernel=ScaleKernel"):
+        DirichletGPClassifier(kernel=kernel, num_features=64, num_iterations=0).fit(x, y)  # was ignored silently
     clf = DirichletGPClassifier(kernel=kernel, num_iterations=0).fit(x, y)  # a given kernel keeps its width
     assert clf.model_.covar_module.base_kernel.num_features == 32 and clf.num_features_ is None
 

@@ -216,6 +216,11 @@ def test_score_is_scikit_learns_r2():
     ({"kernel": "rbf"}, TypeError, "kernel must be a gpytorch Kernel or None, got str"),
     ({"kernel": gpytorch.kernels.RBFKernel(), "train_num_features": 16}, ValueError,
      "train_num_features=16 sets the default kernel's training width"),
+    # num_features was ignored: an exact kernel stayed exact, a sketched one kept its own width
+    ({"kernel": gpytorch.kernels.RBFKernel(), "num_features": 512}, ValueError,
+     r"num_features=512 sets the default kernel's width, but kernel=RBFKernel was given.*rfgp.sketch\(kernel, 512\)"),
+    ({"kernel": rfgp.kernels.SketchedRBFKernel(16, seed=0), "num_features": 64}, ValueError,
+     "num_features=64 sets the default kernel's width, but kernel=SketchedRBFKernel was given"),
 ])
 def test_arguments_are_checked_by_fit_and_named(given, error, match):
     x, y = _wave(20)
