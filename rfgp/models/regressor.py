@@ -51,8 +51,8 @@ class GPRegressor(RandomFeatureEstimator):
             by :class:`~rfgp.models.DirichletGPClassifier`'s rule ("train small, predict big", re-drawn by
             :func:`rfgp.set_num_features` with the same hyperparameters and seed): neither given: F_train = 256,
             F = 1024; only ``num_features``: both that; only ``train_num_features``: F = 4·F_train; both: those.  Even
-            numbers.  With ``kernel`` given its own width is used and both are refused (``rfgp.sketch(kernel, F)`` builds
-            a kernel at width F; ``rfgp.set_num_features(reg.model_, F)`` re-draws a fitted one).
+            numbers.  With ``kernel`` given its own width is used and both are refused (``rfgp.sketch(kernel, F)``
+            builds a kernel at width F; ``rfgp.set_num_features(reg.model_, F)`` re-draws a fitted one).
         method: the Fourier method of the default kernel (``"rff"``, ``"orf"``, ``"sorf"``, …).
         num_iterations, lr, optimizer, time_budget: training by :func:`rfgp.fit_mll`: at most ``num_iterations``
             iterations (0: no training) of L-BFGS (``"lbfgs"``, the default, stopped by fit_mll's convergence rule)
