@@ -267,6 +267,6 @@ def test_exact_gp_model_refuses_a_derivative_kernel_by_name():
     """rfgp.models.ExactGPModel (one output per input) took a derivative kernel, then its first call failed in
     GPyTorch with "Attempting to broadcast a dimension of length 8 ... broadcastable to [24, 24]"."""
     kernel, train_x = rfgp.sketch(ScaleKernel(RBFKernelGrad()), 64, seed=0), torch.rand(8, 2, dtype=F64)
-    with pytest.raises(ValueError, match=r"covar_module \(ScaleKernel\) has 3 outputs per input .*"
-                                         r"MultiOutputGPModel with \(n, 3\) targets"):
+    with pytest.raises(TypeError, match=r"covar_module \(ScaleKernel\) has 3 outputs per input .*"
+                                        r"MultiOutputGPModel with \(n, 3\) targets"):
         rfgp.models.ExactGPModel(train_x, torch.rand(8, dtype=F64), gpytorch.likelihoods.GaussianLikelihood(), kernel)

@@ -352,3 +352,20 @@ def kernel_num_outputs(kernel, x: Tensor) -> int:
     if isinstance(outputs, tuple):
         raise ValueError(f"kernel {type(kernel).__name__} has different row/column output counts {outputs}")
     return int(outputs)
+
+
+def check_one_output_per_input(kernel, x: Tensor, owner: str, advice: str) -> None:
+    """Refuse ``kernel`` (a model's ``covar_module``) if it has several outputs per input at ``x``: a derivative,
+    operator-valued or multitask kernel, whose n·p × n·p covariance does not fit a model of one target per input row.
+
+    One check for every such model (:class:`~rfgp.models.ExactGPModel`,
+    :class:`~rfgp.models.streaming.StreamingFeatureGP`): a ``TypeError`` naming ``owner``, the kernel, its count and
+    ``advice`` (formatted with ``outputs``, the count).  The two raised a ``ValueError`` and a ``TypeError`` for the
+    same kernel.
+    """
+    outputs = kernel_num_outputs(kernel, x)
+    if outputs != 1:
+        raise TypeError(
+            f"covar_module ({type(kernel).__name__}) has {outputs} outputs per input (a derivative, operator-valued "
+            f"or multitask kernel), but {owner} models one output per input row: {advice.format(outputs=outputs)}"
+        )

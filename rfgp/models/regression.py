@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..core.locks import init_lock
 from ..core.validation import check_model_inputs, check_training_data
-from ..inference.multioutput import kernel_num_outputs
+from ..inference.multioutput import check_one_output_per_input
 
 
 def _nan_policy_leaves_nan_out() -> bool:
@@ -57,21 +57,6 @@ class CachesDroppedOnConversion:
         return super()._apply(fn, *args, **kwargs)
 
 
-def _check_one_output_per_input(covar_module, train_x: Tensor) -> None:
-    """Refuse a kernel with several outputs per input (derivative, operator-valued, multitask): its n·p × n·p
-    covariance does not fit ExactGPModel's ``MultivariateNormal`` over n points (GPyTorch failed at the first call
-    with "Attempting to broadcast a dimension")."""
-    if not hasattr(covar_module, "num_outputs_per_input"):
-        return
-    outputs = kernel_num_outputs(covar_module, train_x[..., :1, :])  # train_x is (..., n, d): checked
-    if outputs != 1:
-        raise ValueError(
-            f"covar_module ({type(covar_module).__name__}) has {outputs} outputs per input (a derivative, "
-            "operator-valued or multitask kernel), but ExactGPModel models one output per input: use "
-            f"rfgp.models.MultiOutputGPModel with (n, {outputs}) targets"
-        )
-
-
 class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
     """f ~ GP(m, k) with y = f + ε: the standard GPyTorch regression model, kernel supplied.
 
@@ -87,7 +72,10 @@ class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
 
     def __init__(self, train_x: Tensor, train_y: Tensor, likelihood, covar_module, mean_module=None) -> None:
         check_training_data(train_x, train_y, allow_nan_targets=_nan_policy_leaves_nan_out())
-        _check_one_output_per_input(covar_module, train_x)
+        # its n·p × n·p covariance does not fit the MultivariateNormal over n points (GPyTorch failed at the first
+        # call with "Attempting to broadcast a dimension"); train_x is (..., n, d): checked
+        check_one_output_per_input(covar_module, train_x[..., :1, :], "ExactGPModel",
+                                   "use rfgp.models.MultiOutputGPModel with (n, {outputs}) targets")
         super().__init__(train_x, train_y, likelihood)
         self.mean_module = mean_module if mean_module is not None else gpytorch.means.ConstantMean()
         self.covar_module = covar_module

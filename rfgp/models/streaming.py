@@ -61,7 +61,7 @@ from ..core.validation import (
 )
 from ..inference.cholesky_update import cholesky_update
 from ..inference.linalg import capacitance_cholesky, cholesky_solve, feature_statistics
-from ..inference.multioutput import kernel_num_outputs
+from ..inference.multioutput import check_one_output_per_input
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
 from ..inference.statistics_precision import statistics_dtype, weighted_square_norm
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features, unwrap_scale
@@ -125,12 +125,8 @@ class StreamingFeatureGP(nn.Module):
                 "covar_module has complex_posterior=True: its posterior is the complex-feature GP of paper 000 App. D, "
                 "which the real feature statistics ΦᵀWΦ do not hold; build the kernel with complex_posterior=False"
             )
-        outputs = kernel_num_outputs(covar_module, torch.zeros(1, 1))
-        if outputs != 1:
-            raise TypeError(
-                f"covar_module has several outputs per input ({outputs}: a derivative, operator-valued or multitask "
-                "kernel), but StreamingFeatureGP absorbs one target per input row; use a single-output feature kernel"
-            )
+        check_one_output_per_input(covar_module, torch.zeros(1, 1), "StreamingFeatureGP",
+                                   "use a single-output feature kernel")
         if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
             raise TypeError(f"likelihood must be a gpytorch GaussianLikelihood, got {type(likelihood).__name__}")
         self.covar_module = covar_module

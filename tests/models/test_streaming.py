@@ -116,8 +116,21 @@ def test_kernels_whose_posterior_the_statistics_do_not_hold_are_refused_by_name(
         StreamingFeatureGP(gpytorch.kernels.ScaleKernel(complex_kernel).double(), likelihood)
     for kernel in (rfgp.kernels.SketchedCurlFreeKernel(64, input_dim=2, seed=0),
                    rfgp.kernels.SketchedRBFKernelGrad(64, input_dim=2, seed=0)):
-        with pytest.raises(TypeError, match=r"several outputs per input \((2|3):"):
+        with pytest.raises(TypeError, match=r"covar_module \(ScaleKernel\) has (2|3) outputs per input .* but "
+                                            "StreamingFeatureGP models one output per input row: use a single-output"):
             StreamingFeatureGP(gpytorch.kernels.ScaleKernel(kernel).double(), likelihood)
+
+
+def test_streaming_and_exact_models_refuse_a_multi_output_kernel_alike():
+    """The twin checks differed: ExactGPModel raised a ValueError where StreamingFeatureGP raised a TypeError for the
+    same derivative kernel (one helper, rfgp.inference.multioutput.check_one_output_per_input, now raises for both)."""
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernelGrad(64, input_dim=1, seed=0)).double()
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    x = torch.rand(8, 1, dtype=torch.float64)
+    for build in (lambda: StreamingFeatureGP(kernel, likelihood),
+                  lambda: rfgp.models.ExactGPModel(x, x[:, 0], likelihood, kernel)):
+        with pytest.raises(TypeError, match=r"covar_module \(ScaleKernel\) has 2 outputs per input"):
+            build()
 
 
 def test_a_batch_of_another_batch_shape_is_refused_and_leaves_the_model_unchanged():
