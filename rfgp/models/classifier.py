@@ -343,12 +343,12 @@ class DirichletGPClassifier(RandomFeatureEstimator):
     def latent_posterior(self, X) -> gpytorch.distributions.MultivariateNormal:
         """The C latent posteriors f_c at ``X`` (batch ``(C,)``): what the probabilities integrate over."""
         x = self._test_inputs(X)
-        with predicting(self.model_):
+        with predicting():
             return self.model_(x)
 
     def _probabilities(self, model, x: Tensor) -> Tensor:
         p = self._fit_params
-        with predicting(model):
+        with predicting():
             posterior = model(x)
             return model.likelihood.predict_proba(
                 posterior, method=p.probability_method, num_samples=p.num_samples, seed=p.seed

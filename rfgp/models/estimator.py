@@ -31,7 +31,6 @@ from ..core.validation import (
     check_positive_int,
     nonfinite_message,
 )
-from ..kernels.combinations import is_feature_kernel
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
 from ..kernels.nystrom import NystromKernel
@@ -272,23 +271,18 @@ class RandomFeatureEstimator:
 
 
 @contextlib.contextmanager
-def predicting(model: gpytorch.models.ExactGP):
-    """An estimator's predictions by ``model``: no gradients, no GPyTorch warning for predicting at the training
+def predicting():
+    """An estimator's predictions: no gradients, no GPyTorch warning for predicting at the training
     inputs (deliberate here: training accuracy or R²).
 
     GPyTorch's ``skip_posterior_variances`` is not entered for mean-only predictions: it is process-wide, so a thread's
     ``predict(X)`` gave another thread's ``predict(X, return_std=True)`` skipped variances.  rfgp's posterior
     covariance is lazy (its root is formed where it is read), so the mean alone costs what it did; the mean is the
     same either way.  With an exact GPyTorch kernel (``kernel=``) GPyTorch forms its predictive covariance with the
-    mean (O(N²M)): correct, slower.  Under T outputs or C classes such a kernel is predicted with GPyTorch's test
-    covariances lazy at every size (``max_eager_kernel_size(0)``, process-wide, entered for this case only): below
-    N + M = 512 GPyTorch makes them dense and adds the kernel's unbatched (M, M) one to the (T, M, M) correction with
-    ``torch.addmm``, which raised "mat2 must be a matrix, got 3-D tensor" at every prediction; its lazy path, taken
-    above that size anyway, broadcasts them.
+    mean (O(N²M)): correct, slower; under T outputs or C classes :class:`~rfgp.models.ExactGPModel` predicts it with
+    lazy test covariances (:func:`~rfgp.models.regression.lazy_test_covariances_for_batched_exact`).
     """
-    batched_exact = model.train_targets.dim() > 1 and not is_feature_kernel(model.covar_module)
-    eager = gpytorch.settings.max_eager_kernel_size(0) if batched_exact else contextlib.nullcontext()
-    with torch.no_grad(), warnings.catch_warnings(), eager:
+    with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
         yield
 

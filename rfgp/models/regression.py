@@ -11,6 +11,7 @@ from torch import Tensor
 from ..core.locks import init_lock
 from ..core.validation import check_model_inputs, check_training_data
 from ..inference.multioutput import check_one_output_per_input
+from ..kernels.combinations import is_feature_kernel
 
 
 def _nan_policy_leaves_nan_out() -> bool:
@@ -41,6 +42,20 @@ def first_prediction_once(model: gpytorch.models.ExactGP):
     if model.training or model.prediction_strategy is not None:
         return contextlib.nullcontext()
     return init_lock(model)
+
+
+def lazy_test_covariances_for_batched_exact(model: gpytorch.models.ExactGP):
+    """``gpytorch.settings.max_eager_kernel_size(0)`` for a model in eval mode with batched targets (T outputs or C
+    classes) and an exact GPyTorch kernel (not an rfgp feature kernel), else no change.
+
+    Below N + M = 512 GPyTorch makes such a kernel's test covariances dense and adds the unbatched (M, M) one to the
+    (T, M, M) correction with ``torch.addmm``, which raised "mat2 must be a matrix, got 3-D tensor" at every
+    prediction; its lazy path, taken above that size anyway, broadcasts them (same values).  The setting is
+    process-wide (guide/conventions.md, "Threads"), so it is entered for this case only.
+    """
+    if model.training or model.train_targets.dim() < 2 or is_feature_kernel(model.covar_module):
+        return contextlib.nullcontext()
+    return gpytorch.settings.max_eager_kernel_size(0)
 
 
 class CachesDroppedOnConversion:
@@ -90,7 +105,8 @@ class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
     def __call__(self, *inputs, **kwargs):
         """The prior (train mode) or posterior (eval mode) at ``inputs``, checked against the training inputs."""
         check_model_inputs(self, inputs)
-        with lazy_kernels_when_predicting(self), first_prediction_once(self):
+        with lazy_kernels_when_predicting(self), first_prediction_once(self), \
+                lazy_test_covariances_for_batched_exact(self):
             return super().__call__(*inputs, **kwargs)
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultivariateNormal:

@@ -237,7 +237,7 @@ class GPRegressor(RandomFeatureEstimator):
         if return_std and return_cov:
             raise RuntimeError("predict: at most one of return_std and return_cov can be requested, got both True")
         x = self._test_inputs(X)
-        with predicting(self.model_):
+        with predicting():
             posterior = self.model_(x)
             mean = posterior.mean * self._scale(1) + self._shift()
             if return_std:
@@ -256,7 +256,7 @@ class GPRegressor(RandomFeatureEstimator):
         """
         x = self._test_inputs(X)
         targets = self._as_targets(y, x.shape[0])
-        with predicting(self.model_):
+        with predicting():
             predictive = self.likelihood_(self.model_(x))
             mean = self._outputs(predictive.mean * self._scale(1) + self._shift())
             variance = self._outputs(predictive.variance * self._scale(2))

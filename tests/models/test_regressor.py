@@ -458,6 +458,22 @@ def test_an_exact_kernel_predicts_several_outputs_and_classes(monkeypatch):
     assert clf.predict_proba(x[:5]).shape == (5, 3) and len(entered) > 0
 
 
+def test_exact_gp_model_predicts_batched_targets_with_an_unbatched_exact_kernel():
+    """rfgp.models.ExactGPModel itself (not only the estimators) with (T, N) targets and an unbatched exact GPyTorch
+    kernel: every prediction below N + M = 512 raised GPyTorch's "mat2 must be a matrix, got 3-D tensor"."""
+    x, y = (torch.as_tensor(a) for a in _wave(50))
+    targets = torch.stack([y, x[:, 0] - y])
+    model = rfgp.models.ExactGPModel(x, targets, gpytorch.likelihoods.GaussianLikelihood(),
+                                     gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()),
+                                     gpytorch.means.ConstantMean(batch_shape=torch.Size([2]))).double().eval()
+    with torch.no_grad():
+        posterior = model(x[:5])
+        mean, covariance = posterior.mean, posterior.covariance_matrix
+    expected_mean, expected_covariance = _dense_posterior(model, x[:5])
+    torch.testing.assert_close(mean, expected_mean)
+    torch.testing.assert_close(covariance, expected_covariance)
+
+
 def test_repeated_input_values_do_not_start_the_lengthscale_at_its_floor():
     """An ordinal column with 80 % of the rows at one level: most pairwise distances were 0, the median heuristic gave
     the lengthscale floor 1e-6, where the marginal likelihood's gradients vanish, and the trained model was a lookup
