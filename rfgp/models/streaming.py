@@ -135,9 +135,25 @@ class StreamingFeatureGP(nn.Module):
         self.rank_update = check_choice(rank_update, "rank_update", ("auto", "always", "never"))
         for name in _STATISTICS:
             self.register_buffer(name, torch.zeros(0))
-        self._chol = None
+        self.register_buffer("factor", torch.zeros(0))  # L, empty for none: see _chol
         self._hyperparameters = None
         self.register_load_state_dict_post_hook(_snapshot_after_loading)
+
+    @property
+    def _chol(self) -> Tensor | None:
+        """L = chol(I + G) as factorised or rank-updated so far (:meth:`cholesky`), ``None`` where it is to be
+        refactorised.
+
+        Kept in the buffer ``factor`` (empty for none), so that ``state_dict`` holds it: a rank-updated L differs from
+        the refactorisation of the same G by rounding (10⁻¹⁵ in the means after 20 updates), and a model loaded
+        without it predicted other values than the one saved.  A state dict without ``factor`` (saved before it was
+        kept) loads with L refactorised from the statistics where it is needed.
+        """
+        return self.factor if self.factor.numel() else None
+
+    @_chol.setter
+    def _chol(self, value: Tensor | None) -> None:
+        self.factor = self.factor.new_zeros(0) if value is None else value
 
     @property
     def num_data(self) -> int:
@@ -347,7 +363,7 @@ class StreamingFeatureGP(nn.Module):
         return MultivariateNormal(mean, covar)
 
     def _apply(self, fn, *args, **kwargs):
-        self._chol = None  # a plain attribute, not a buffer: refactorised in the new dtype/device
+        self._chol = None  # refactorised in the new dtype/device
         statistics = {name: getattr(self, name) for name in _STATISTICS}
         super()._apply(fn, *args, **kwargs)
         # the sums stay in the new model's factor precision: model.float() must not round float64 sums to float32
@@ -358,15 +374,20 @@ class StreamingFeatureGP(nn.Module):
                 setattr(self, name, before.to(device=after.device, dtype=factor_dtype(dtype, after.device)))
         return self
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        for name in _STATISTICS:
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs):
+        self._chol = None  # without a saved factor: refactorised where it is needed
+        for name in (*_STATISTICS, "factor"):
             saved = state_dict.get(prefix + name)
             if saved is not None:
                 setattr(self, name, torch.empty_like(saved))
         # read by _snapshot_after_loading: only loaded statistics belong to the loaded hyperparameters
         self._statistics_loaded = all(prefix + name in state_dict for name in _STATISTICS)
-        self._chol = None
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs)
+        factor = prefix + "factor"
+        if not self._statistics_loaded:
+            self._chol = None  # the statistics kept are not those the saved factor factorises
+        if factor not in state_dict and factor in missing_keys:  # saved before the factor was kept
+            missing_keys.remove(factor)
 
 
 def _check_point_noise(noise, y: Tensor) -> None:
