@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -49,15 +50,31 @@ import torch
 WORKING_COPIES = 4
 
 
+#: guards the settings' lists of entered contexts (entering and leaving; reading the innermost needs no lock)
+_OVERRIDES_LOCK = threading.Lock()
+
+
 class _ValueSetting:
-    """A process-wide value with a context manager that overrides it temporarily."""
+    """A process-wide value with a context manager that overrides it temporarily.
+
+    The value is that of the innermost context entered and not yet left, else the one ``set_global`` gave.  Leaving a
+    context removes its own override, wherever it is among those entered: restoring the value seen on entry instead
+    left a budget set for good where contexts did not nest — threads whose ``with`` blocks overlapped (A enters, B
+    enters, A leaves, B leaves restored A's value for the process; the independent-outputs kernel enters
+    ``memory_budget(budget // T)`` in every evaluation), or one instance entered twice (its second entry overwrote
+    the value to restore).  ``set_global`` inside a context changes the value seen once the contexts are left.
+    """
 
     _global_value = None
     _name = "value"
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._overrides = []  # (entry, value) of the contexts entered and not left, innermost last
+
     def __init__(self, value) -> None:
         self._value = self._check(value)
-        self._previous = None
+        self._entries = []  # this instance's entries not yet left (an instance may be entered again, nested)
 
     @classmethod
     def _check(cls, value):
@@ -67,19 +84,27 @@ class _ValueSetting:
 
     @classmethod
     def value(cls):
-        return cls._global_value
+        try:
+            return cls._overrides[-1][1]
+        except IndexError:  # no context entered (or the last one left since the list was read)
+            return cls._global_value
 
     @classmethod
     def set_global(cls, value) -> None:
         cls._global_value = cls._check(value)
 
     def __enter__(self):
-        self._previous = type(self)._global_value
-        type(self)._global_value = self._value
+        entry = object()
+        with _OVERRIDES_LOCK:
+            type(self)._overrides.append((entry, self._value))
+            self._entries.append(entry)
         return self
 
     def __exit__(self, *exc) -> bool:
-        type(self)._global_value = self._previous
+        with _OVERRIDES_LOCK:
+            entry = self._entries.pop()
+            overrides = type(self)._overrides
+            del overrides[next(i for i, (e, _) in enumerate(overrides) if e is entry)]
         return False
 
 
@@ -132,7 +157,7 @@ class validate_inputs(_ValueSetting):
 
     @classmethod
     def on(cls) -> bool:
-        return cls._global_value
+        return cls.value()
 
 
 class float32_statistics_tolerance(_ValueSetting):
