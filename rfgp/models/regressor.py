@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from types import SimpleNamespace
 
 import gpytorch
@@ -176,12 +177,15 @@ class GPRegressor(RandomFeatureEstimator):
         self._fit_params = p = self._check_params()
         x = self._training_inputs(X)
         self.n_outputs_ = None
-        targets = self._as_targets(y, x.shape[0])  # (N, T)
+        targets = self._as_targets(y, x.shape[0])  # (N, T), in the wider of y's dtype and the model's
         self.n_outputs_ = targets.shape[-1]
         x = self._standardised(x)
+        # normalised before they are rounded to the model's dtype: float32 rounded y ≈ 10⁷ ± 1 to whole numbers
+        # first (noise 0.044 fitted where it was 0.0022, R² lost)
         self.y_mean_ = targets.mean(0) if p.normalize_y else torch.zeros_like(targets[0])
         self.y_scale_ = column_scales(targets, self.y_mean_) if p.normalize_y else torch.ones_like(targets[0])
-        targets = ((targets - self.y_mean_) / self.y_scale_).T  # (T, N): a target batch over one shared kernel
+        _warn_rounded_targets(targets, p.dtype, p.normalize_y)
+        targets = ((targets - self.y_mean_) / self.y_scale_).to(p.dtype).T  # (T, N): a batch over one kernel
         batch = torch.Size([self.n_outputs_]) if self.n_outputs_ > 1 else torch.Size()
         targets = targets.reshape(*batch, -1)
         likelihood = gpytorch.likelihoods.GaussianLikelihood()
@@ -200,13 +204,13 @@ class GPRegressor(RandomFeatureEstimator):
         likelihood.eval()
         self.model_, self.likelihood_ = model, likelihood
         self.train_num_features_, self.num_features_ = p.train_num_features, p.num_features
-        noise = likelihood.noise.detach().reshape(()) * self.y_scale_.square()
+        noise = (likelihood.noise.detach().reshape(()) * self.y_scale_.square()).to(p.dtype)
         self.noise_ = float(noise) if self.n_outputs_ == 1 else noise.cpu().numpy()
         return self
 
     def _as_targets(self, y, num_rows: int, name: str = "y", dtype: torch.dtype | None = None) -> Tensor:
-        """Real targets ``y`` of shape (N,) or (N, T) as an (N, T) tensor of ``dtype`` (default: the model's) on the
-        model's device."""
+        """Real targets ``y`` of shape (N,) or (N, T) as an (N, T) tensor of ``dtype`` (default: the wider of y's and
+        the model's, float64 for anything but a tensor) on the model's device."""
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
         try:
@@ -218,7 +222,9 @@ class GPRegressor(RandomFeatureEstimator):
         if values.dim() not in (1, 2) or values.shape[0] != num_rows or values.numel() == 0:
             raise ValueError(f"{name} must have shape ({num_rows},) or ({num_rows}, T) with T ≥ 1 (one target per row "
                              f"of X), got {tuple(values.shape)}")
-        values = values.to(device=self._fit_params.device, dtype=dtype or self._fit_params.dtype)
+        wide = torch.promote_types(values.dtype if values.is_floating_point() else torch.float64,
+                                   self._fit_params.dtype)
+        values = values.to(device=self._fit_params.device, dtype=dtype or wide)
         values = values.reshape(num_rows, -1)
         check_finite(values, name, "remove or impute those rows")
         if self.n_outputs_ is not None and values.shape[-1] != self.n_outputs_:
@@ -239,13 +245,14 @@ class GPRegressor(RandomFeatureEstimator):
         x = self._test_inputs(X)
         with predicting():
             posterior = self.model_(x)
-            mean = posterior.mean * self._scale(1) + self._shift()
+            mean = self._in_units_of_y(posterior.mean, 1, shift=True)
             if return_std:
-                second = posterior.variance.sqrt() * self._scale(1)  # GPyTorch warns about and rounds up negatives
+                second = self._in_units_of_y(posterior.variance.sqrt(), 1)  # GPyTorch warns about, rounds negatives
             elif return_cov:
-                second = posterior.covariance_matrix * self._scale(2).unsqueeze(-1)
+                second = self._in_units_of_y(posterior.covariance_matrix, 2, cov=True)
         results = (self._outputs(mean),) + ((self._outputs(second, cov=return_cov),) if return_std or return_cov
                                             else ())
+        results = tuple(r.to(self._fit_params.dtype) for r in results)  # rounded once, after the unit change
         results = tuple(r if torch.is_tensor(X) else r.cpu().numpy() for r in results)
         return results if len(results) > 1 else results[0]
 
@@ -258,10 +265,11 @@ class GPRegressor(RandomFeatureEstimator):
         targets = self._as_targets(y, x.shape[0])
         with predicting():
             predictive = self.likelihood_(self.model_(x))
-            mean = self._outputs(predictive.mean * self._scale(1) + self._shift())
-            variance = self._outputs(predictive.variance * self._scale(2))
-        residual = self._outputs(targets.T) - mean
+            mean = self._outputs(self._in_units_of_y(predictive.mean, 1, shift=True))
+            variance = self._outputs(self._in_units_of_y(predictive.variance, 2))
+        residual = self._outputs(targets.T) - mean  # in the targets' dtype: y ≈ 10⁷ lost its digits in float32
         density = -0.5 * (residual.square() / variance + variance.log() + math.log(2 * math.pi))
+        density = density.to(self._fit_params.dtype)
         return density if torch.is_tensor(X) else density.cpu().numpy()
 
     def sample_y(self, X, n_samples: int = 1, random_state=0):
@@ -282,7 +290,7 @@ class GPRegressor(RandomFeatureEstimator):
         except TypeError as error:
             raise TypeError(f"sample_y draws posterior functions by rfgp.sampling.posterior_paths: {error}") from None
         with torch.no_grad():
-            values = paths(x) * self._scale(1) + self._shift()  # (S, [T,] M)
+            values = self._in_units_of_y(paths(x), 1, shift=True).to(self._fit_params.dtype)  # (S, [T,] M)
         values = values.movedim(0, -1)  # ([T,] M, S)
         values = values.movedim(0, 1) if self.n_outputs_ > 1 else values
         return values if torch.is_tensor(X) else values.cpu().numpy()
@@ -304,6 +312,13 @@ class GPRegressor(RandomFeatureEstimator):
         scale = self.y_scale_ ** power
         return scale.reshape(-1, 1) if self.n_outputs_ > 1 else scale.reshape(())
 
+    def _in_units_of_y(self, values: Tensor, power: int, shift: bool = False, cov: bool = False) -> Tensor:
+        """A normalised model output ``([T,] M[, M])`` in the units of y: ``values``·scale^power (+ the mean with
+        ``shift``; ``cov``: a covariance), formed in the dtype of ``y_mean_`` (the wider of y's and the model's)."""
+        scale = self._scale(power)
+        values = values.to(scale.dtype) * (scale.unsqueeze(-1) if cov else scale)
+        return values + self._shift() if shift else values
+
     def _outputs(self, values: Tensor, cov: bool = False) -> Tensor:
         """A model output ``([T,] M[, M])`` in scikit-learn's layout: ``(M[, M], T)`` for T outputs."""
         if self.n_outputs_ == 1:
@@ -321,6 +336,28 @@ class GPRegressor(RandomFeatureEstimator):
             raise TypeError("random_state must be an integer seed, a torch.Generator, a NumPy Generator or "
                             f"RandomState, or None, got {random_state!r}")
         return torch.Generator(device=self._fit_params.device).manual_seed(int(random_state))
+
+
+def _warn_rounded_targets(targets: Tensor, dtype: torch.dtype, normalized: bool) -> None:
+    """Warn where a float32 model rounds the targets ``(N, T)`` (in the wider dtype) to more than 10⁻³ of their
+    spread: predictions in the units of y are rounded to float32 (a mean of 10⁷ to a whole number), and without
+    ``normalize_y`` so are the training targets."""
+    if dtype != torch.float32 or targets.dtype == torch.float32:
+        return  # float64 model, or targets already float32 (the user's rounding)
+    mean = targets.mean(0)
+    spread = column_scales(targets, mean)
+    rounding = mean.abs() * torch.finfo(torch.float32).eps / 2
+    coarse = rounding > 1e-3 * spread
+    if bool(coarse.any()):
+        column = int(coarse.nonzero()[0, 0])
+        trained = "" if normalized else " the training targets and"
+        warnings.warn(
+            f"GPRegressor(dtype='float32'): y (column {column}) has the mean {float(mean[column]):.7g} against a "
+            f"standard deviation of {float(spread[column]):.3g}, so float32 rounds{trained} the predictions in the "
+            f"units of y by up to {float(rounding[column]):.3g} ({float(rounding[column] / spread[column]):.2g} of "
+            "that spread); pass dtype='float64', or subtract a reference value from y yourself",
+            UserWarning, stacklevel=4,  # fit's caller (fit runs in in_full_precision's wrapper)
+        )
 
 
 def r2_score(truth: np.ndarray, predicted: np.ndarray, sample_weight=None) -> float:

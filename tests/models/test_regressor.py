@@ -1,6 +1,7 @@
 """GPRegressor: scikit-learn's regressor contract on rfgp's random-feature GP regression."""
 
 import pickle
+import warnings
 
 import gpytorch
 import numpy as np
@@ -115,6 +116,25 @@ def test_float32_predicts_as_float64():
     single, double = (GPRegressor(dtype=dtype, progress=False).fit(x[:200], y[:200])
                       for dtype in (torch.float32, torch.float64))
     np.testing.assert_allclose(single.predict(x[200:]), double.predict(x[200:]), atol=0.02)
+
+
+def test_float32_normalises_targets_with_a_large_offset_before_rounding_them():
+    """y ≈ 10⁷ ± 1 went to float32 before its normalisation, which rounded it to whole numbers: the float32 fit's
+    noise was 0.044 where the float64 fit's is 0.0022 (the noise of the data, 0.05²).  Now the targets are
+    normalised in float64 and only the predictions in the units of y are rounded to float32, which is warned about."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 4, (300, 1))
+    y = 1e7 + np.sin(2 * x[:, 0]) + 0.05 * rng.standard_normal(300)
+    double = GPRegressor(dtype="float64", num_iterations=50, progress=False).fit(x, y)
+    with pytest.warns(UserWarning, match=r"y \(column 0\) has the mean 1e\+07 against a standard deviation of 0.69.*"
+                                         r"rounds the predictions in the units of y by up to 0.596.*dtype='float64'"):
+        single = GPRegressor(num_iterations=50, progress=False).fit(x, y)
+    np.testing.assert_allclose(single.noise_, double.noise_, rtol=0.05)
+    assert np.abs(single.predict(x) - double.predict(x)).max() <= 0.5 + 0.05  # float32's spacing at 10⁷ is 1
+    np.testing.assert_allclose(single.log_predictive_density(x, y), double.log_predictive_density(x, y), atol=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning where float32 holds the targets' digits
+        GPRegressor(num_iterations=0).fit(x, y - 1e7 + 300)
 
 
 def test_multiple_targets_are_independent_gps_sharing_the_kernel():
