@@ -33,7 +33,8 @@ from ..likelihoods.softmax import softmax_expectation_mean_field
 
 
 class DegenerateFitWarning(UserWarning):
-    """A trained classifier predicts its own training labels (leave one out) no better than the class prior."""
+    """A trained classifier predicts its own training labels (leave one out) no better than the class prior, or a
+    trained :class:`~rfgp.models.GPRegressor` its training targets no better than their mean."""
 
 
 def leave_one_out_nll(model: gpytorch.models.ExactGP) -> Tensor | None:

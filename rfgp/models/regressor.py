@@ -21,7 +21,9 @@ from torch import Tensor
 
 from ..core.dtypes import in_full_precision
 from ..core.validation import check_finite, check_positive_float, check_positive_int
+from ..inference.leave_one_out import feature_covariance, leave_one_out_predictions
 from ..training import fit_mll
+from .classifier_check import DegenerateFitWarning
 from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
 from .feature_width import set_num_features
 from .regression import ExactGPModel
@@ -97,7 +99,10 @@ class GPRegressor(RandomFeatureEstimator):
         ``n_features_in_``; ``feature_names_in_`` (a DataFrame's string column names, checked at prediction);
         ``train_num_features_``, ``num_features_``: the default kernel's widths (``None`` with a given kernel);
         ``y_mean_``, ``y_scale_``: the target normalisation (0 and 1 without ``normalize_y``);
-        ``noise_``: the noise variance σ² in the units of y² (a float, or ``(T,)`` for T outputs).
+        ``noise_``: the noise variance σ² in the units of y² (a float, or ``(T,)`` for T outputs);
+        ``leave_one_out_nll_``, ``constant_mean_nll_``: the trained model's leave-one-out NLL of its training targets
+        and that of their mean and variance alone (normalised units; ``None`` untrained or for an exact kernel): a
+        ``DegenerateFitWarning`` says when the first is no better, the fit having explained the targets as noise.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -195,9 +200,11 @@ class GPRegressor(RandomFeatureEstimator):
         with torch.no_grad():
             mean.constant.copy_(targets.mean(-1))
         self.losses_ = []
+        self.leave_one_out_nll_ = self.constant_mean_nll_ = None
         if p.num_iterations > 0:
             self.losses_ = fit_mll(model, p.num_iterations, p.lr, p.progress, description="GP regression",
                                    optimizer=p.optimizer, time_budget=p.time_budget)
+            self._check_degenerate_fit(model)
         if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
             set_num_features(model, p.num_features)
         model.eval()
@@ -207,6 +214,47 @@ class GPRegressor(RandomFeatureEstimator):
         noise = (likelihood.noise.detach().reshape(()) * self.y_scale_.square()).to(p.dtype)
         self.noise_ = float(noise) if self.n_outputs_ == 1 else noise.cpu().numpy()
         return self
+
+    def _check_degenerate_fit(self, model: ExactGPModel) -> None:
+        """Warn (:class:`~rfgp.models.classifier_check.DegenerateFitWarning`) where the trained model predicts its
+        training targets, each left out in turn, no better than their mean does, ignoring the inputs.
+
+        The marginal likelihood has the trivial optimum "all noise" (outputscale → 0, noise → the targets' variance),
+        which a start far from the data's lengthscale falls into although a better one exists: sin(20x) on x in
+        [0, 10] (400 points, noise 0.1) ended there from the median-heuristic lengthscale (R² 0.00; started at a
+        hundredth of it: noise 0.02, R² 0.98), as did pure-noise targets, where it is the answer.  The leave-one-out
+        NLL (Rasmussen & Williams 2006, Eqs. 5.12–5.13; O(N·F²),
+        :func:`~rfgp.inference.leave_one_out.leave_one_out_predictions`) is compared with that of the Gaussian fitted
+        to the other targets (:func:`constant_mean_nll`), per output, in normalised units; a model within
+        ``DEGENERATE_MARGIN`` nats per point of it (explaining ≲ 2 % of the variance) is warned about.  Exact GPyTorch
+        kernels (O(N³) leave-one-out terms) are not checked.  ``leave_one_out_nll_``, ``constant_mean_nll_`` keep the
+        numbers (``None`` when not checked).
+        """
+        loo = leave_one_out_nll(model)
+        targets = model.train_targets
+        if loo is None or targets.shape[-1] < 3:
+            return
+        baseline = constant_mean_nll(targets)
+        self.leave_one_out_nll_, self.constant_mean_nll_ = (
+            float(v) if self.n_outputs_ == 1 else v.cpu().numpy() for v in (loo, baseline))
+        degenerate = (loo > baseline - DEGENERATE_MARGIN).reshape(-1)
+        if bool(degenerate.any()):
+            outputs = degenerate.nonzero()[:, 0].tolist()
+            which = "" if self.n_outputs_ == 1 else f" (outputs {outputs})"
+            first = outputs[0]
+            warnings.warn(
+                f"GPRegressor: the trained model{which} predicts its training targets, each left out in turn, with "
+                f"a mean negative log density of {float(loo.reshape(-1)[first]):.4g} (normalised units), not "
+                f"{DEGENERATE_MARGIN} nats better than the {float(baseline.reshape(-1)[first]):.4g} of their mean and "
+                "variance alone: the marginal "
+                "likelihood's optimum explains the targets as noise (outputscale "
+                f"{_outputscale(model)}, noise {float(model.likelihood.noise.reshape(-1)[0]):.3g}). If y is not "
+                "noise, the fit started far from the data's lengthscale: pass a kernel started at a shorter one "
+                "(e.g. rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=d)), F) with base_kernel.lengthscale set, and "
+                "standardize=True), more num_iterations, or more data (leave_one_out_nll_ and constant_mean_nll_ hold "
+                "the numbers)",
+                DegenerateFitWarning, stacklevel=4,  # fit's caller (fit runs in in_full_precision's wrapper)
+            )
 
     def _as_targets(self, y, num_rows: int, name: str = "y", dtype: torch.dtype | None = None) -> Tensor:
         """Real targets ``y`` of shape (N,) or (N, T) as an (N, T) tensor of ``dtype`` (default: the wider of y's and
@@ -336,6 +384,49 @@ class GPRegressor(RandomFeatureEstimator):
             raise TypeError("random_state must be an integer seed, a torch.Generator, a NumPy Generator or "
                             f"RandomState, or None, got {random_state!r}")
         return torch.Generator(device=self._fit_params.device).manual_seed(int(random_state))
+
+
+#: nats per point by which a trained regressor's leave-one-out NLL must beat the targets' own Gaussian: 0.01 is a
+#: model that explains 2 % of the variance (−½·log(1 − 0.02))
+DEGENERATE_MARGIN = 0.01
+
+
+def leave_one_out_nll(model: ExactGPModel) -> Tensor | None:
+    """Mean leave-one-out negative log density of the training targets, ``()`` or ``(T,)``, of a regression ``model``;
+    ``None`` when its noise-added covariance has no feature root (an exact GPyTorch kernel)."""
+    was_training = model.training
+    model.eval()  # a chunked Nyström covariance forms its FITC term in eval mode only
+    try:
+        with torch.no_grad():
+            prior = model.likelihood(model.forward(model.train_inputs[0]))  # the prior at the training inputs
+            covar = feature_covariance(prior.lazy_covariance_matrix)
+            if covar is None:
+                return None
+            targets = model.train_targets
+            mean, variance = leave_one_out_predictions(covar, targets, prior.mean)
+            return 0.5 * ((2 * math.pi * variance).log() + (targets - mean).square() / variance).mean(-1)
+    finally:
+        model.train(was_training)
+
+
+def constant_mean_nll(targets: Tensor) -> Tensor:
+    """Mean leave-one-out negative log density of ``targets`` ``(..., N)`` (N ≥ 3) under the model that ignores the
+    inputs: each yᵢ predicted by the Gaussian of the other N − 1 targets' mean ȳ₋ᵢ and sample variance s²₋ᵢ, with
+    predictive variance s²₋ᵢ·N/(N − 1) (that of a new draw given an estimated mean).
+
+    With d = y − ȳ: yᵢ − ȳ₋ᵢ = dᵢ·N/(N − 1) and (N − 2)·s²₋ᵢ = Σd² − dᵢ²·N/(N − 1).
+    """
+    n = targets.shape[-1]
+    centred = targets - targets.mean(-1, keepdim=True)
+    residual = centred * n / (n - 1)
+    variance = (centred.square().sum(-1, keepdim=True) - centred.square() * n / (n - 1)) / (n - 2) * n / (n - 1)
+    variance = variance.clamp_min(torch.finfo(variance.dtype).tiny)
+    return 0.5 * ((2 * math.pi * variance).log() + residual.square() / variance).mean(-1)
+
+
+def _outputscale(model: ExactGPModel) -> str:
+    scale = getattr(model.covar_module, "outputscale", None)
+    return "—" if scale is None else f"{float(scale.detach().reshape(-1)[0]):.3g}"
 
 
 def _warn_rounded_targets(targets: Tensor, dtype: torch.dtype, normalized: bool) -> None:

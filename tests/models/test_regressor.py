@@ -137,6 +137,41 @@ def test_float32_normalises_targets_with_a_large_offset_before_rounding_them():
         GPRegressor(num_iterations=0).fit(x, y - 1e7 + 300)
 
 
+def test_a_fit_that_explains_the_targets_as_noise_warns():
+    """sin(20x) on x in [0, 10] (400 points, noise 0.1): from the median-heuristic lengthscale the marginal likelihood
+    ended silently at its trivial optimum, all noise (outputscale 9e-6, noise ≈ var y, R² 0.00), where a start at a
+    hundredth of that lengthscale reaches noise 0.02 and R² 0.98.  The fit now says so, with the leave-one-out
+    numbers; a fit that explains part of the variance does not warn."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, (400, 1))
+    y = np.sin(20 * x[:, 0]) + 0.1 * rng.standard_normal(400)
+    with pytest.warns(rfgp.models.classifier_check.DegenerateFitWarning,
+                      match=r"GPRegressor: the trained model predicts its training targets, each left out in turn.*"
+                            r"explains the targets as noise \(outputscale .*If y is not noise"):
+        reg = GPRegressor(dtype="float64", progress=False).fit(x, y)
+    assert reg.score(x, y) < 0.01 and reg.leave_one_out_nll_ > reg.constant_mean_nll_ - 0.01
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.models.classifier_check.DegenerateFitWarning)
+        weak = GPRegressor(dtype="float64", progress=False).fit(x, 0.1 * np.sin(x[:, 0]) + 0.1 * y)
+    assert weak.leave_one_out_nll_ < weak.constant_mean_nll_ - 0.01
+    two = GPRegressor(dtype="float64", num_iterations=20, progress=False)
+    with pytest.warns(rfgp.models.classifier_check.DegenerateFitWarning, match=r"model \(outputs \[1\]\)"):
+        two.fit(x, np.c_[np.sin(x[:, 0]), rng.standard_normal(400)])  # the second output is noise
+    assert two.leave_one_out_nll_.shape == (2,)
+
+
+def test_constant_mean_nll_is_the_leave_one_out_gaussian():
+    from rfgp.models.regressor import constant_mean_nll
+
+    targets = torch.tensor([[0.3, -1.2, 2.0, 0.7, -0.1]], dtype=torch.float64)
+    expected = []
+    for i in range(5):
+        others = torch.cat([targets[0, :i], targets[0, i + 1:]])
+        variance = others.var() * 5 / 4  # a new draw given the estimated mean: s²·(1 + 1/(N − 1))
+        expected.append(-torch.distributions.Normal(others.mean(), variance.sqrt()).log_prob(targets[0, i]))
+    torch.testing.assert_close(constant_mean_nll(targets), torch.stack(expected).mean().reshape(1))
+
+
 def test_multiple_targets_are_independent_gps_sharing_the_kernel():
     # y of shape (N, 2) with the second column an affine map a·y + b of the first: normalised, the two targets are
     # ±the same, so each output's posterior is that affine map of the other's, through its own mean and scale
