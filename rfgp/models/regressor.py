@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from types import SimpleNamespace
 
 import gpytorch
@@ -20,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
+from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
 from ..inference.leave_one_out import feature_covariance, leave_one_out_predictions
 from ..training import fit_mll
@@ -242,7 +242,7 @@ class GPRegressor(RandomFeatureEstimator):
             outputs = degenerate.nonzero()[:, 0].tolist()
             which = "" if self.n_outputs_ == 1 else f" (outputs {outputs})"
             first = outputs[0]
-            warnings.warn(
+            warn_user(
                 f"GPRegressor: the trained model{which} predicts its training targets, each left out in turn, with "
                 f"a mean negative log density of {float(loo.reshape(-1)[first]):.4g} (normalised units), not "
                 f"{DEGENERATE_MARGIN} nats better than the {float(baseline.reshape(-1)[first]):.4g} of their mean and "
@@ -253,7 +253,7 @@ class GPRegressor(RandomFeatureEstimator):
                 "(e.g. rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=d)), F) with base_kernel.lengthscale set, and "
                 "standardize=True), more num_iterations, or more data (leave_one_out_nll_ and constant_mean_nll_ hold "
                 "the numbers)",
-                DegenerateFitWarning, stacklevel=4,  # fit's caller (fit runs in in_full_precision's wrapper)
+                DegenerateFitWarning,
             )
 
     def _as_targets(self, y, num_rows: int, name: str = "y", dtype: torch.dtype | None = None) -> Tensor:
@@ -442,12 +442,12 @@ def _warn_rounded_targets(targets: Tensor, dtype: torch.dtype, normalized: bool)
     if bool(coarse.any()):
         column = int(coarse.nonzero()[0, 0])
         trained = "" if normalized else " the training targets and"
-        warnings.warn(
+        warn_user(
             f"GPRegressor(dtype='float32'): y (column {column}) has the mean {float(mean[column]):.7g} against a "
             f"standard deviation of {float(spread[column]):.3g}, so float32 rounds{trained} the predictions in the "
             f"units of y by up to {float(rounding[column]):.3g} ({float(rounding[column] / spread[column]):.2g} of "
             "that spread); pass dtype='float64', or subtract a reference value from y yourself",
-            UserWarning, stacklevel=4,  # fit's caller (fit runs in in_full_precision's wrapper)
+            UserWarning,
         )
 
 
