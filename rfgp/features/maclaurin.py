@@ -366,7 +366,8 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         sample_size: at most this many rows of the sample are used (O(m²) statistics).
             (``min_order``, ``max_order`` and ``sample_size`` are saved and checked on load; the
             fitted ``widths`` and ``objective`` are adopted, and so is a saved fixed ``max_order`` by a map
-            built with ``max_order=None``: it keeps that cap for later refits.)
+            built with ``max_order=None``: it keeps that cap for later refits.  ``min_share`` is saved and checked
+            too; a state saved before it was does not carry it and loads into a map of any ``min_share``.)
         bias_correction: report k(x, x) − E k̂(x, x) to the kernels' posterior variance (§5.6).
         min_share: :meth:`fit` raises a ``ValueError`` when the fitted map carries less than this share
             E k̂(x, x)/k(x, x) of the kernel at the median sample point (0, the default, never raises;
@@ -389,7 +390,9 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         torch.Size([100, 10])
     """
 
-    config_fields = {"min_order": METHOD, "max_order": METHOD, "sample_size": METHOD, "objective": DRAW}
+    config_fields = {"min_order": METHOD, "max_order": METHOD, "sample_size": METHOD, "objective": DRAW,
+                     "min_share": METHOD}
+    optional_config_fields = _MaclaurinFeatures.optional_config_fields | {"min_share"}
 
     def __init__(
         self,

@@ -152,7 +152,7 @@ class NystromKernel(FeatureKernel):
                  regularization: float | None = None, pilot_size: int | None = None, **kwargs) -> None:
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
-        landmarks = _check_points(landmarks, "landmarks")
+        landmarks = _check_distinct(_check_points(landmarks, "landmarks"))
         _refuse_inducing_point_kernel(base_kernel, "base_kernel")
         if not isinstance(learn_landmarks, bool):  # bool("no") is True: a string would train the landmarks
             raise TypeError(f"learn_landmarks must be True or False, got {learn_landmarks!r}")
@@ -596,11 +596,29 @@ def _check_scalar(kernel: Kernel, points: Tensor, name: str) -> None:
 def _check_points(points, name: str) -> Tensor:
     if not torch.is_tensor(points) or not points.is_floating_point() or points.is_complex():
         raise TypeError(f"{name} must be a real floating-point tensor of shape (n, d), got {points!r:.80}")
-    if points.dim() != 2 or points.shape[0] < 1:
-        raise ValueError(f"{name} must have shape (n, d) with n ≥ 1 (one point per row), got shape {tuple(points.shape)}")
+    if points.dim() != 2 or points.shape[0] < 1 or points.shape[1] < 1:
+        raise ValueError(f"{name} must have shape (n, d) with n ≥ 1 and d ≥ 1 (one point per row), got shape "
+                         f"{tuple(points.shape)}")
     if not bool(torch.isfinite(points).all()):
         raise ValueError(f"{name} contains NaN or Inf entries")
     return points
+
+
+def _check_distinct(landmarks: Tensor) -> Tensor:
+    """The ValueError for hand-given landmarks with repeated rows (one host read, at construction).
+
+    A repeated landmark adds nothing to span{φ(z)}: K(Z, Z) is singular, the jitter absorbs it and the map has rank
+    below its width M = ``num_features``, which then overstates the approximation's cost and accuracy, without a word.
+    Deduplicating would change M behind the user's back (and the shape of a trained ``landmarks`` parameter), so the
+    repeated rows are refused, as the landmark selectors refuse to pick a point twice."""
+    distinct, rows = torch.unique(landmarks, dim=0).shape[0], landmarks.shape[0]
+    if distinct < rows:
+        raise ValueError(
+            f"landmarks has {rows - distinct} repeated rows ({distinct} distinct of {rows}): "
+            "a repeated landmark adds nothing to the Nyström span and makes K(Z, Z) singular, wasting part of the "
+            "width M; pass distinct points, e.g. torch.unique(landmarks, dim=0)"
+        )
+    return landmarks
 
 
 def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = None, landmarks: str = "uniform",

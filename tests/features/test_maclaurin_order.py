@@ -148,3 +148,20 @@ def test_kept_bias_residual_matches_a_fresh_computation():
     for index, included in enumerate([list(range(1, p + 1)) for p in range(1, 21)] + [[1, 3, 5], list(range(1, 8))]):
         fresh = AllocationObjective(dot_product.gaussian(), x, 20, "srht", "ctr")
         assert values[index] == pytest.approx(fresh.squared_bias(included), rel=1e-9, abs=1e-30)
+
+
+def test_min_share_is_saved_and_a_state_of_another_min_share_is_refused():
+    x = _inputs(60, 2)
+    phi = OptimizedMaclaurin(dot_product.gaussian(), 65, x_sample=x, seed=0, min_share=1e-3).double()
+    assert float(phi.state_dict()["config_min_share"]) == 1e-3
+    same = OptimizedMaclaurin(dot_product.gaussian(), 65, input_dim=2, widths=(32,), seed=3, min_share=1e-3).double()
+    same.load_state_dict(phi.state_dict())
+    assert same.widths == phi.widths and torch.equal(same(x), phi(x))
+    other = OptimizedMaclaurin(dot_product.gaussian(), 65, input_dim=2, widths=(32,), seed=3, min_share=0.5).double()
+    with pytest.raises(ValueError, match=r"min_share is 0\.001 in the state dict but 0\.5 in this module"):
+        other.load_state_dict(phi.state_dict())
+    assert other.min_share == 0.5 and other.widths == (32,)  # refused before anything changed
+    # a state saved before min_share was saved (no config_min_share) still loads
+    older = {key: value for key, value in phi.state_dict().items() if key != "config_min_share"}
+    other.load_state_dict(older)
+    assert other.widths == phi.widths and other.min_share == 0.5

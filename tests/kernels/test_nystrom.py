@@ -303,6 +303,21 @@ def test_bad_arguments():
 
 
 @pytest.mark.parametrize("learn_landmarks", [False, True])
+def test_hand_given_landmarks_with_repeated_rows_or_no_rows_or_columns_are_refused(learn_landmarks):
+    """Repeated landmarks made K(Z, Z) singular: the default jitter absorbed them without a warning and the map had rank
+    5 at width 10; a (5, 0) tensor was accepted until the first evaluation blamed the inputs' columns."""
+    x, _ = data()
+    with pytest.raises(ValueError, match=r"landmarks has 5 repeated rows \(5 distinct of 10\).*torch.unique"):
+        NystromKernel(exact_kernel(), torch.cat([x[:5], x[:5]]), learn_landmarks=learn_landmarks)
+    for shape in [(5, 0), (0, 2)]:
+        with pytest.raises(ValueError, match=rf"landmarks must have shape \(n, d\) with n ≥ 1 and d ≥ 1.*{shape}"):
+            NystromKernel(exact_kernel(), torch.zeros(shape, dtype=DTYPE), learn_landmarks=learn_landmarks)
+    with pytest.raises(ValueError, match="inputs with 2 columns, but its landmarks have 3"):
+        NystromKernel(RBFKernel().to(DTYPE), torch.rand(5, 3, dtype=DTYPE))(x).to_dense()
+    assert NystromKernel(exact_kernel(), x[:10], learn_landmarks=learn_landmarks).num_features == 10
+
+
+@pytest.mark.parametrize("learn_landmarks", [False, True])
 def test_non_finite_hyperparameters_are_named_not_blamed_on_the_landmarks(learn_landmarks):
     """A NaN lengthscale (or learned landmark) made K(Z, Z) NaN: the jitter grew to 10⁻¹ in vain and a NotPSDError
     blamed duplicated landmarks; now the NanError that optimisers step back from, naming the hyperparameter."""
