@@ -134,7 +134,7 @@ def draw_key(module: ConfigState) -> tuple:
     by hand, and hyperparameters), as a hashable, comparable tuple of (name, value), a float64 tensor as its shape and
     values: whether a result computed from the module's state still holds."""
     names = [name for name, role in module.config_fields.items() if role != METHOD or name in ("type", "num_features")]
-    values = [(name, module._config_value(name)) for name in names]
+    values = [(name, module._draw_key_value(name)) for name in names]
     values.append(("loaded_state_version", module.loaded_state_version))
     return tuple((name, (tuple(value.shape), tuple(value.flatten().tolist())) if torch.is_tensor(value) else value)
                  for name, value in values)
@@ -175,6 +175,12 @@ class ConfigState:
         if name == "type":
             return type(self).__name__
         return getattr(self, name)
+
+    def _draw_key_value(self, name: str) -> Any:
+        """The value of field ``name`` in :func:`draw_key` (default: the field itself).  A module whose field is a
+        tensor it only ever replaces, never changes in place, may key it by a number it bumps at each replacement:
+        the key is compared at every prediction, and a tensor enters it as the list of its values."""
+        return self._config_value(name)
 
     def config(self) -> dict[str, Any]:
         """The configuration fields and their current values."""

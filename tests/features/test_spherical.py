@@ -7,6 +7,7 @@ import pytest
 import scipy.special
 import torch
 
+from rfgp.core.config_state import draw_key
 from rfgp.features.radial_density import RadialDensity, clear_memory_cache, fit_radial_density
 from rfgp.features.sphere_characteristic import sphere_characteristic
 from rfgp.features.spherical import SphericalRandomFeatures
@@ -189,6 +190,25 @@ def test_state_dict_round_trip_with_density(sampler):
     tau = torch.linspace(0, 2, 7, dtype=F64)
     assert torch.equal(fresh.fitted_kernel(tau), phi.fitted_kernel(tau))
     assert fresh.max_fit_error == phi.max_fit_error
+
+
+def test_draw_key_holds_the_density_version_and_still_sees_a_new_density():
+    """The prediction caches' draw check keyed the density by its 96 weights, read into a tuple at every prediction;
+    the key now holds a version bumped when the density is replaced, and a load of the same density keeps it."""
+    phi = SphericalRandomFeatures(64, power=7, a=4.0, input_dim=12, seed=0).double()
+    key = draw_key(phi)
+    weights_entry = dict(key)["density_weights"]
+    assert weights_entry[0] == "density version"  # not (shape, the 96 weights)
+    same = SphericalRandomFeatures(64, power=7, a=4.0, input_dim=12, seed=0).double()
+    phi.load_state_dict(same.state_dict())  # the same density and draws: the key stays
+    assert draw_key(phi) == key
+    state = same.state_dict()
+    state["config_density_weights"] = state["config_density_weights"] * 1.5
+    phi.load_state_dict(state)  # another density: the key changes
+    assert draw_key(phi) != key and torch.equal(phi.density.weights, state["config_density_weights"])
+    moved = draw_key(phi)
+    phi.density = RadialDensity.from_state(phi.density.state())  # replaced, even by equal values: a new version
+    assert draw_key(phi) != moved
 
 
 def test_state_dict_of_another_kernel_is_refused():
