@@ -33,6 +33,9 @@ Every field has a role, which says what a load does with the saved value:
   adopted; the module then re-creates its buffers with the saved shapes
   (:meth:`ConfigState._adopt_config`) and the saved values are copied into them.
 
+A hyperparameter saved with another shape (a kernel built with another ``ard_num_dims`` or ``batch_shape``) fails as
+in torch, with a line naming that argument and both values before torch's "size mismatch" line.
+
 A state dict without ``config_*`` keys reports them as missing keys (``strict=True`` fails, and
 ``strict=False`` loads without checks, e.g. GPyTorch hyperparameters into an rfgp kernel).  A
 checkpoint from rfgp versions that kept the feature maps' draw fields in a Python dict under
@@ -205,6 +208,7 @@ class ConfigState:
                               error_msgs) -> None:
         saved = self._saved_config(state_dict, prefix, missing_keys)
         self._adopt_config(self._checked_adoptions(saved, prefix))
+        error_msgs.extend(self._shape_hints(state_dict, prefix))
         before = {name: tensor.detach().clone() for name, tensor in self._own_tensors().items()}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
@@ -215,6 +219,23 @@ class ConfigState:
             self.loaded_state_version += 1
         own = {prefix + CONFIG_PREFIX + name for name in self.config_fields} | {prefix + _LEGACY_KEY}
         unexpected_keys[:] = [key for key in unexpected_keys if key not in own]
+
+    def _shape_hints(self, state_dict, prefix: str) -> list[str]:
+        """What torch's "size mismatch for raw_lengthscale" leaves unsaid: the constructor argument that differs.
+
+        One line per parameter of this module, or of its submodules down to the next configured module (the GPyTorch
+        base kernel of a Nyström kernel), whose saved shape differs from its own after the adopted draws were
+        re-created; torch's ``load_state_dict`` raises its ``RuntimeError`` with them and its own lines."""
+        hints = []
+        for owner_prefix, owner in _hyperparameter_owners(self, prefix):
+            for name, parameter in owner._parameters.items():
+                saved = state_dict.get(owner_prefix + name)
+                if parameter is None or not torch.is_tensor(saved) or saved.shape == parameter.shape:
+                    continue
+                hints.append(f"{owner_prefix}{name} has shape {tuple(saved.shape)} in the state dict but "
+                             f"{tuple(parameter.shape)} in this module: "
+                             f"{_shape_reason(owner, name, tuple(saved.shape), tuple(parameter.shape))}")
+        return hints
 
     def _own_tensors(self) -> dict[str, Tensor]:
         """This module's own parameters and buffers (not its submodules')."""
@@ -267,6 +288,27 @@ class ConfigState:
         Default: the field itself; a module whose field is derived from an argument the user passed reports that
         argument instead, when ``values`` hold it."""
         return values[name]
+
+
+def _hyperparameter_owners(module, prefix: str):
+    """(prefix, module) for ``module`` and its submodules, not entering configured modules (they check their own)."""
+    yield prefix, module
+    for name, child in module._modules.items():
+        if child is not None and not isinstance(child, ConfigState):
+            yield from _hyperparameter_owners(child, f"{prefix}{name}.")
+
+
+def _shape_reason(owner, name: str, saved: tuple, current: tuple) -> str:
+    """The constructor argument of ``owner`` (a GPyTorch kernel, say) that gave parameter ``name`` another shape."""
+    batch = tuple(getattr(owner, "batch_shape", ()))
+    event = len(current) - len(batch)
+    if name == "raw_lengthscale" and saved and current and saved[-1] != current[-1]:
+        return (f"the state holds lengthscales for {saved[-1]} input dimensions, this module for {current[-1]}; build "
+                f"it with ard_num_dims={saved[-1] if saved[-1] > 1 else None}, as the state was saved")
+    if 0 <= event <= len(saved) and saved[len(saved) - event:] == current[len(current) - event:]:
+        return (f"the state was saved with batch_shape={saved[:len(saved) - event]}, this module has "
+                f"batch_shape={batch}; build it with the saved batch_shape")
+    return "the state was saved from a module built with other sizes (ard_num_dims, batch_shape, a number of tasks)"
 
 
 class SavedDrawShapes:

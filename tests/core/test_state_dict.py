@@ -403,6 +403,28 @@ def test_mismatching_load_raises_naming_the_field(field, saved, loading):
         module.load_state_dict(state)
 
 
+@pytest.mark.parametrize("saved, loading, hint", [
+    (dict(ard_num_dims=2), dict(), r"raw_lengthscale has shape \(1, 2\) in the state dict but \(1, 1\) in this "
+                                   r"module: the state holds lengthscales for 2 input dimensions.*ard_num_dims=2"),
+    (dict(batch_shape=torch.Size([2])), dict(batch_shape=torch.Size([3])),
+     r"raw_lengthscale has shape \(2, 1, 1\).*saved with batch_shape=\(2,\), this module has batch_shape=\(3,\)"),
+    (dict(), dict(batch_shape=torch.Size([2])),
+     r"raw_lengthscale has shape \(1, 1\).*saved with batch_shape=\(\), this module has batch_shape=\(2,\)"),
+])
+def test_hyperparameter_shape_mismatch_names_the_argument(saved, loading, hint):
+    """Before, torch's bare "size mismatch for raw_lengthscale" left the user to guess ard_num_dims or batch_shape; the
+    GPyTorch base kernel of a Nyström kernel (not a configured module) gets the hint too."""
+    rff = lambda **kw: ScaleKernel(SketchedRBFKernel(num_features=16, seed=0, **kw),  # noqa: E731
+                                   batch_shape=kw.get("batch_shape", torch.Size()))
+    with pytest.raises(RuntimeError, match=hint):
+        rff(**loading).load_state_dict(rff(**saved).state_dict())
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+    nystrom = lambda **kw: NystromKernel(RBFKernel(**kw), x)  # noqa: E731
+    if "ard_num_dims" not in saved:  # (the ard_num_dims of a base tree is a configuration field of its own)
+        with pytest.raises(RuntimeError, match=r"base_kernel\." + hint):
+            nystrom(**loading).load_state_dict(nystrom(**saved).state_dict())
+
+
 def test_state_expanded_to_a_batch_is_refused_naming_the_entry():
     """BoTorch's meta-learning (RGPE) tutorial expands every tensor of a fitted model's state dict to a batch of
     leave-one-out models (``t.expand(n, *t.shape)``); a configuration entry holds one value, and its expanded copy
