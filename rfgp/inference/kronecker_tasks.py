@@ -109,8 +109,13 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
 
     def cat_rows(self, cross_mat, new_mat, generate_roots: bool = True, generate_inv_roots: bool = True,
                  **root_decomp_kwargs) -> LinearOperator:
-        r"""[[φφᵀ, φφ*ᵀ], [φ*φᵀ, φ*φ*ᵀ]] as the feature root [φ; φ*] (narrowed to N + n* columns where F is wider,
-        :meth:`_narrow_joint_root`).
+        r"""[[φφᵀ, φφ*ᵀ], [φ*φᵀ, φ*φ*ᵀ + C*]] as the feature root [[φ, 0], [φ*, C*^½]] (narrowed to N + n* columns where
+        it is wider, :meth:`_narrow_joint_root`).
+
+        C* = diag(c(x*)) is the variance correction that ``new_mat`` carries (a Nyström data kernel's FITC-style
+        k(x*, x*) − ‖φ(x*)‖², :class:`~rfgp.kernels.NystromKernel`), absent (C* = 0, root [φ; φ*]) for unbiased maps:
+        the prior at the new rows is the corrected one, as in rfgp's own posterior, so BoTorch's Matheron samples of
+        ``KroneckerMultiTaskGP.posterior`` have its variance.  Before, they fell to zero away from the landmarks.
 
         φ* is the root of ``new_mat`` (the data kernel at the new rows, an rfgp feature covariance), and
         ``cross_mat`` must be φ*φᵀ: the rows appended are those of the same feature map.  Its shape is checked,
@@ -142,17 +147,25 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
             )
         if validate_inputs.on():
             _check_cross(cross, new_features, features)
+        correction = new.variance_correction
+        if correction is not None:
+            batch = torch.broadcast_shapes(batch, correction.shape[:-1])
         num_rows = features.shape[-2] + new_features.shape[-2]
-        if features.shape[-1] <= num_rows:
+        width = features.shape[-1] + (0 if correction is None else new_features.shape[-2])
+        if width <= num_rows:
             root = torch.cat((features.expand(*batch, *features.shape[-2:]),
                               new_features.expand(*batch, *new_features.shape[-2:])), -2)
+            if correction is not None:
+                added = torch.diag_embed(correction.clamp_min(0).sqrt().to(root).expand(*batch, -1))
+                root = torch.cat((root, torch.cat((added.new_zeros(*batch, features.shape[-2], added.shape[-1]),
+                                                   added), -2)), -1)
             return FeatureRootLinearOperator(root)
-        return FeatureRootLinearOperator(self._narrow_joint_root(new_features, batch))
+        return FeatureRootLinearOperator(self._narrow_joint_root(new_features, batch, correction))
 
-    def _narrow_joint_root(self, new_features: Tensor, batch: torch.Size) -> Tensor:
-        r"""A root of [φ; φ*][φ; φ*]ᵀ with N + n* columns where F > N + n*: [[U·S, 0], [φ*V, C]], C = chol(BBᵀ) of
-        the part B = φ* − φ*VVᵀ of the new rows outside φ's row space (φ = USVᵀ, so φ*Vᵀ·(US)ᵀ = φ*φᵀ and
-        φ*VVᵀφ*ᵀ + BBᵀ = φ*φ*ᵀ).
+    def _narrow_joint_root(self, new_features: Tensor, batch: torch.Size, correction: Tensor | None = None) -> Tensor:
+        r"""A root of [φ; φ*][φ; φ*]ᵀ + diag(0, C*) with N + n* columns where it is wider: [[U·S, 0], [φ*V, C]],
+        C = chol(BBᵀ + C*) of the part B = φ* − φ*VVᵀ of the new rows outside φ's row space and the new rows'
+        ``correction`` C* (φ = USVᵀ, so φ*Vᵀ·(US)ᵀ = φ*φᵀ and φ*VVᵀφ*ᵀ + BBᵀ + C* = φ*φ*ᵀ + C*).
 
         BoTorch's Matheron sampler draws one base sample per row of the joint covariance and uses the first
         root-width of them, so a root wider than tall must be narrowed.  Only the n* × n* block is factorised (in
@@ -165,7 +178,10 @@ class DataFeatureRootLinearOperator(FeatureRootLinearOperator):
         work = new_features.to(singular.dtype)
         inside = work @ right.mT  # φ*V, (..., n*, N)
         outside = work - inside @ right  # B
-        schur_root = psd_safe_cholesky(outside @ outside.mT)
+        schur = outside @ outside.mT
+        if correction is not None:
+            schur = schur + torch.diag_embed(correction.clamp_min(0).to(schur))
+        schur_root = psd_safe_cholesky(schur)
         top = left * singular.unsqueeze(-2)
         top = torch.cat((top, top.new_zeros(*top.shape[:-1], work.shape[-2])), -1)
         bottom = torch.cat((inside, schur_root), -1)

@@ -18,6 +18,13 @@ kernels' dense ``.tensor`` and Cholesky-factorises K_X and the conditional test 
 covariance ΦΦᵀ is singular once F < n.  It failed with ``AttributeError: 'ChunkedFeatureCrossLinearOperator' object
 has no attribute 'tensor'``; it now raises an ``UnsupportedError`` that names the models whose sampling takes rfgp
 kernels.
+
+``botorch.models.KroneckerMultiTaskGP`` with a sketched ``MultitaskKernel``
+(:class:`~rfgp.kernels.SketchedDecomposableKernel`) whose data kernel has a variance correction (Nyström
+landmarks: the FITC-style c(x) = k(x, x) − ‖φ(x)‖²) adds c(x*)·A_ii to its posterior variance, A the task
+covariance, as rfgp's multi-output models do; BoTorch's formula reads the data kernel's diagonal ‖φ(x*)‖² only, so
+away from the landmarks the variance fell to 10⁻¹⁰ instead of the prior k(x*, x*)·A_ii.  Its Matheron samples get
+the same term from the joint root (:meth:`~rfgp.inference.kronecker_tasks.DataFeatureRootLinearOperator.cat_rows`).
 """
 
 from __future__ import annotations
@@ -26,10 +33,14 @@ import functools
 import importlib.util
 
 from botorch.exceptions.errors import UnsupportedError
+from botorch.models.multitask import KroneckerMultiTaskGP
 from botorch.models.pairwise_gp import PairwiseGP
+from botorch.posteriors.multitask import MultitaskGPPosterior
+from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
 from ..kernels.combinations import holds_feature_kernel
+from ..kernels.sketched_operator_valued import SketchedDecomposableKernel
 from ..models.feature_width import register_cache_clearer
 
 
@@ -43,6 +54,35 @@ def _datapoints(model: PairwiseGP) -> Tensor | None:
 
 
 register_cache_clearer(PairwiseGP, _resolve_laplace, train_inputs=_datapoints)
+
+#: BoTorch's posterior, which :func:`_kronecker_posterior` runs and completes with the variance correction
+_botorch_kronecker_posterior = KroneckerMultiTaskGP.posterior
+
+
+@functools.wraps(_botorch_kronecker_posterior)
+def _kronecker_posterior(self, X: Tensor, *args, **kwargs):
+    posterior = _botorch_kronecker_posterior(self, X, *args, **kwargs)
+    kernel = self.covar_module
+    if not isinstance(kernel, SketchedDecomposableKernel):
+        return posterior
+    correction = kernel.variance_correction(self.transform_inputs(X))  # c(x*)·A_ii, interleaved as the variance
+    if correction is None:
+        return posterior
+    inner = posterior
+    while not isinstance(inner, MultitaskGPPosterior):  # outcome transforms wrap it in TransformedPosteriors
+        if not hasattr(inner, "_posterior"):
+            raise TypeError(
+                f"KroneckerMultiTaskGP.posterior returned a {type(inner).__name__} around no MultitaskGPPosterior, so "
+                "rfgp cannot add its data kernel's variance correction k(x, x) − ‖φ(x)‖² (Nyström landmarks) to it"
+            )
+        inner = inner._posterior
+    mvn = inner.distribution
+    inner.distribution = type(mvn)(mvn.mean, mvn.lazy_covariance_matrix + DiagLinearOperator(correction.to(mvn.mean)),
+                                   interleaved=mvn._interleaved)
+    return posterior
+
+
+KroneckerMultiTaskGP.posterior = _kronecker_posterior
 
 
 if importlib.util.find_spec("botorch.models.latent_kronecker_gp") is not None:  # not in every BoTorch

@@ -7,6 +7,7 @@ import torch
 botorch = pytest.importorskip("botorch")
 
 from botorch.models import KroneckerMultiTaskGP  # noqa: E402
+from botorch.models.transforms.outcome import Standardize  # noqa: E402
 from gpytorch.likelihoods import MultitaskGaussianLikelihood  # noqa: E402
 
 import rfgp  # noqa: E402
@@ -40,11 +41,13 @@ def _likelihood(noise):
     return likelihood.double()
 
 
-def _model(x, y, noise, num_features=None, seed=0, data_only=False):
+def _model(x, y, noise, num_features=None, seed=0, data_only=False, standardize=False):
     """A KroneckerMultiTaskGP with set hyperparameters; its MultitaskKernel sketched (``num_features``), or only its
-    data kernel (``data_only``: BoTorch's own posterior algebra on the same sketched covariance)."""
+    data kernel (``data_only``: BoTorch's own posterior algebra on the same sketched covariance); ``standardize``:
+    with BoTorch's ``Standardize`` outcome transform."""
     torch.manual_seed(0)
-    model = KroneckerMultiTaskGP(x, y, likelihood=_likelihood(noise), outcome_transform=None)
+    transform = Standardize(m=NUM_TASKS) if standardize else None
+    model = KroneckerMultiTaskGP(x, y, likelihood=_likelihood(noise), outcome_transform=transform)
     with torch.no_grad():
         model.covar_module.data_covar_module.lengthscale = 0.3
         task = model.covar_module.task_covar_module
@@ -332,3 +335,40 @@ def test_a_posterior_differentiated_through_the_training_caches_is_refused_by_na
             model.posterior(x[:2])
         with torch.no_grad():
             assert model.posterior(x[:2]).mean.shape == (2, NUM_TASKS)
+
+
+@pytest.mark.parametrize("noise", ["shared", "task"])
+@pytest.mark.parametrize("num_landmarks", [8, 20])  # a joint root [[φ, 0], [φ*, C*^½]] narrow enough, and narrowed
+@pytest.mark.parametrize("standardize", [False, True])
+def test_nystrom_posterior_adds_the_fitc_variance_correction(noise, num_landmarks, standardize):
+    """Before, BoTorch's posterior of a Nyström data kernel lacked c(x) = k(x, x) − ‖φ(x)‖²: at x = (5, 5), far from
+    the landmarks in [0, 1]², its variance was 10⁻¹⁰ instead of the prior k(x, x)·A_ii = A_ii.  Now the mean and the
+    Matheron samples' covariance are the dense GP's whose test prior is (φ*φ*ᵀ + diag c(x*)) ⊗ A, and the variance is
+    its diagonal (where BoTorch's variance formula is the dense GP's: task noise c·I)."""
+    x, y = _data(20)
+    xs = torch.cat([torch.rand(3, 2, generator=torch.Generator().manual_seed(1), dtype=F64),
+                    torch.full((1, 2), 5.0, dtype=F64)])
+    model = _model(x, y, noise, standardize=standardize)
+    model.covar_module = rfgp.sketch(model.covar_module, num_landmarks, method="nystrom", x_sample=x, seed=0)
+    model.eval()
+    posterior = model.posterior(xs)
+    with torch.no_grad():
+        mean, covariance = _dense_posterior(model, x, model.train_targets, xs)
+        task = model.covar_module.output_covariance
+        correction = model.covar_module.data_covar_module(xs).evaluate_kernel().variance_correction
+        assert float(correction[-1]) > 0.99  # ‖φ(x)‖² ≈ 0 far from the landmarks
+        covariance = covariance + torch.kron(torch.diag(correction), task)
+        scale = torch.ones(NUM_TASKS, dtype=F64)
+        if standardize:  # BoTorch untransforms the posterior: mean·σ + μ, covariance scaled by σσᵀ per task
+            scale = model.outcome_transform.stdvs.reshape(-1)
+            mean = (mean.reshape(-1, NUM_TASKS) * scale + model.outcome_transform.means.reshape(-1)).reshape(-1)
+        scales = scale.repeat(xs.shape[0])
+        covariance = covariance * scales[:, None] * scales[None, :]
+        torch.testing.assert_close(posterior.mean.reshape(-1), mean, rtol=1e-8, atol=1e-8)
+        sample_covariance, sample_mean = _sample_covariance(posterior)
+        torch.testing.assert_close(sample_mean, mean, rtol=1e-8, atol=1e-8)
+        torch.testing.assert_close(sample_covariance, covariance, rtol=1e-7, atol=1e-8)
+        if noise == "shared":
+            torch.testing.assert_close(posterior.variance.reshape(-1), covariance.diagonal(), rtol=1e-7, atol=1e-8)
+        # far from the data the exact GP's prior variance k(x, x)·A_ii (k(x, x) = 1)
+        torch.testing.assert_close(posterior.variance[-1], task.diagonal() * scale ** 2, rtol=1e-6, atol=1e-8)
