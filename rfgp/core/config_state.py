@@ -228,10 +228,13 @@ class ConfigState:
         re-created; torch's ``load_state_dict`` raises its ``RuntimeError`` with them and its own lines."""
         hints = []
         for owner_prefix, owner in _hyperparameter_owners(self, prefix):
+            if not getattr(owner, "_load_strict_shapes", True):  # GPyTorch's load_strict_shapes(False) adopts them
+                continue
             for name, parameter in owner._parameters.items():
                 saved = state_dict.get(owner_prefix + name)
-                if parameter is None or not torch.is_tensor(saved) or saved.shape == parameter.shape:
-                    continue
+                if (parameter is None or not torch.is_tensor(saved) or torch.nn.parameter.is_lazy(parameter)
+                        or saved.shape == parameter.shape or (parameter.dim() == 0 and saved.shape == (1,))):
+                    continue  # torch copies these (a 1-vector into a scalar as saved by torch 0.3)
                 hints.append(f"{owner_prefix}{name} has shape {tuple(saved.shape)} in the state dict but "
                              f"{tuple(parameter.shape)} in this module: "
                              f"{_shape_reason(owner, name, tuple(saved.shape), tuple(parameter.shape))}")

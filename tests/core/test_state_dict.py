@@ -425,6 +425,17 @@ def test_hyperparameter_shape_mismatch_names_the_argument(saved, loading, hint):
             nystrom(**loading).load_state_dict(nystrom(**saved).state_dict())
 
 
+def test_gpytorch_relaxed_shapes_still_load_into_a_nystrom_base_tree():
+    """GPyTorch's ``load_strict_shapes(False)`` (BoTorch's fully Bayesian models load MCMC batches so) adopts the saved
+    shapes in each module's pre-hook, which runs after the Nyström kernel checked its base tree: no hint there."""
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(0))
+    batched = NystromKernel(RBFKernel(batch_shape=torch.Size([2])), x)
+    single = NystromKernel(RBFKernel(), x)
+    single.load_strict_shapes(False)
+    single.load_state_dict(batched.state_dict())
+    assert torch.equal(single.base_kernel.raw_lengthscale, batched.base_kernel.raw_lengthscale)
+
+
 def test_state_expanded_to_a_batch_is_refused_naming_the_entry():
     """BoTorch's meta-learning (RGPE) tutorial expands every tensor of a fitted model's state dict to a batch of
     leave-one-out models (``t.expand(n, *t.shape)``); a configuration entry holds one value, and its expanded copy
