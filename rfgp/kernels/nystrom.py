@@ -76,7 +76,7 @@ from ..core.validation import (
     describe_bad_hyperparameters,
 )
 from ..features.base import _new_seed
-from ..features.landmarks import LANDMARK_METHODS, select_landmarks
+from ..features.landmarks import LANDMARK_METHODS, _distinct_rows, select_landmarks
 from ..inference.chunking import chunk_slices
 from ..inference.linalg import squared_row_norms
 from ..inference.operators import FeatureRootLinearOperator
@@ -152,7 +152,7 @@ class NystromKernel(FeatureKernel):
                  regularization: float | None = None, pilot_size: int | None = None, **kwargs) -> None:
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
-        landmarks = _check_distinct(_check_points(landmarks, "landmarks"))
+        landmarks = _check_distinct_landmarks(_check_points(landmarks, "landmarks"))
         _refuse_inducing_point_kernel(base_kernel, "base_kernel")
         if not isinstance(learn_landmarks, bool):  # bool("no") is True: a string would train the landmarks
             raise TypeError(f"learn_landmarks must be True or False, got {learn_landmarks!r}")
@@ -604,14 +604,14 @@ def _check_points(points, name: str) -> Tensor:
     return points
 
 
-def _check_distinct(landmarks: Tensor) -> Tensor:
+def _check_distinct_landmarks(landmarks: Tensor) -> Tensor:
     """The ValueError for hand-given landmarks with repeated rows (one host read, at construction).
 
     A repeated landmark adds nothing to span{φ(z)}: K(Z, Z) is singular, the jitter absorbs it and the map has rank
     below its width M = ``num_features``, which then overstates the approximation's cost and accuracy, without a word.
     Deduplicating would change M behind the user's back (and the shape of a trained ``landmarks`` parameter), so the
     repeated rows are refused, as the landmark selectors refuse to pick a point twice."""
-    distinct, rows = torch.unique(landmarks, dim=0).shape[0], landmarks.shape[0]
+    distinct, rows = _distinct_rows(landmarks)[1], landmarks.shape[0]
     if distinct < rows:
         raise ValueError(
             f"landmarks has {rows - distinct} repeated rows ({distinct} distinct of {rows}): "
