@@ -116,7 +116,8 @@ class NystromKernel(FeatureKernel):
             :class:`~rfgp.kernels.SketchedDecomposableKernel`).
         landmarks: Z, ``(M, d)`` points of the input space (the base kernel applies its
             ``active_dims`` to them as to the data); see :mod:`rfgp.features.landmarks`.
-        learn_landmarks: make Z an ``nn.Parameter`` (trained with the hyperparameters).
+        learn_landmarks: make Z an ``nn.Parameter`` (trained with the hyperparameters); under a batch shape of the
+            base kernel, one ``(*batch_shape, M, d)`` parameter, each member's Z starting at ``landmarks``.
         jitter: first relative jitter (default 1e-8 for float64, 1e-6 for float32), see the
             module docstring.
         landmark_method, selection_seed, regularization, pilot_size: how ``landmarks`` were
@@ -125,7 +126,10 @@ class NystromKernel(FeatureKernel):
             landmarks by the same rule.  ``None`` for landmarks given by hand.
 
     ``num_features`` is M.  Batch shapes of the base kernel give batched features
-    ``(*batch_shape, n, M)`` over shared landmarks.  The ``state_dict`` of the exact tree (a trained
+    ``(*batch_shape, n, M)`` over shared landmarks, or with ``learn_landmarks=True`` over each member's own: the batch
+    members are independent GPs (a BoTorch multi-output ``SingleTaskGP``, GPyTorch's batch-independent models), each
+    trained as if alone — by ``rfgp.fit_mll(model, optimizer="member_lbfgs")`` or BoTorch's ``fit_gpytorch_mll``,
+    which fits them independently and refused landmarks the members shared.  The ``state_dict`` of the exact tree (a trained
     ``ScaleKernel(RBFKernel())``, say: keys at this level, no ``landmarks``) loads into ``base_kernel``
     and keeps the landmarks, so ``load_state_dict(exact.state_dict(), strict=False)`` leaves no key over.
 
@@ -144,8 +148,11 @@ class NystromKernel(FeatureKernel):
                      "landmark_method": DRAW, "selection_seed": DRAW, "regularization": DRAW, "pilot_size": DRAW}
     optional_config_fields = frozenset({"base_kernel_tree", "num_features", "landmark_method", "selection_seed",
                                         "regularization", "pilot_size"})
-    #: Z is shared by the batch members of a batched base kernel (``kernel[i]`` indexes the base kernel only)
-    shared_parameters = ("landmarks",)
+    @property
+    def shared_parameters(self) -> tuple[str, ...]:
+        """Fixed landmarks (a buffer) are shared by the batch members; learned ones are one Z per member, which
+        ``kernel[i]`` indexes with the base kernel."""
+        return ("landmarks",) if self.landmarks.dim() == 2 else ()
 
     def __init__(self, base_kernel: Kernel, landmarks: Tensor, learn_landmarks: bool = False,
                  jitter: float | None = None, landmark_method: str | None = None, selection_seed: int | None = None,
@@ -162,8 +169,8 @@ class NystromKernel(FeatureKernel):
         self.base_kernel = base_kernel
         landmarks = landmarks.detach().clone()
         self.learn_landmarks = learn_landmarks
-        if learn_landmarks:
-            self.landmarks = nn.Parameter(landmarks)
+        if learn_landmarks:  # each batch member its own Z (independent members)
+            self.landmarks = nn.Parameter(landmarks.expand(*self.batch_shape, *landmarks.shape).clone())
         else:
             self.register_buffer("landmarks", landmarks)
         self.jitter = None if jitter is None else check_positive_float(jitter, "jitter")
@@ -183,6 +190,10 @@ class NystromKernel(FeatureKernel):
                               error_msgs) -> None:
         # The state of the exact tree this kernel approximates (a trained ScaleKernel(RBFKernel()), say) has no
         # landmarks and holds the tree's keys at this level: load them into base_kernel, keep the landmarks.
+        saved = state_dict.get(prefix + "landmarks")
+        if torch.is_tensor(saved) and saved.dim() == 2 and self.landmarks.dim() > 2:
+            # saved when learned landmarks were shared by the batch members: the same Z for each, the same model
+            state_dict[prefix + "landmarks"] = saved.expand(*self.landmarks.shape[:-2], *saved.shape)
         if prefix + "landmarks" not in state_dict:
             inner = prefix + "base_kernel."
             tree_keys = set(self.base_kernel.state_dict())
@@ -205,7 +216,7 @@ class NystromKernel(FeatureKernel):
     def num_features(self, value: int) -> None:
         """Adopted from a state dict: re-create Z with the saved number of rows (the values follow)."""
         if value != self.num_features:
-            empty = self.landmarks.new_empty(value, self.landmarks.shape[-1])
+            empty = self.landmarks.new_empty(*self.landmarks.shape[:-2], value, self.landmarks.shape[-1])
             if self.learn_landmarks:
                 self.landmarks = nn.Parameter(empty)
             else:

@@ -778,3 +778,65 @@ def test_float32_features_that_err_beyond_the_tolerance_warn_once_at_prediction(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         kernel(x[:5], x).to_dense()
+
+
+def _member_model(x, y, batch, landmarks):
+    """An ExactGP of ``batch`` independent members with learned landmarks, all starting at ``landmarks``."""
+    base = ScaleKernel(RBFKernel(batch_shape=batch), batch_shape=batch)
+    kernel = NystromKernel(base, landmarks, learn_landmarks=True)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch)
+    return ExactGPModel(x, y, likelihood, kernel, gpytorch.means.ConstantMean(batch_shape=batch)).to(DTYPE)
+
+
+def _member_losses(model):
+    model.train()
+    with torch.no_grad():
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+        return -mll(model(*model.train_inputs), model.train_targets)
+
+
+def test_learned_landmarks_of_batch_members_are_their_own_and_train_as_if_alone():
+    """Learned landmarks were one (M, d) parameter shared by the members of a batched model: BoTorch's
+    fit_gpytorch_mll (which fits a multi-output SingleTaskGP's outputs independently) crashed reshaping it
+    ("shape '[2, 2]' is invalid for input of size 20") and member_lbfgs refused it.  Each member now has its own Z:
+    member b's loss is that of the un-batched model of member b's kernel (kernel[b]) and depends on no other member's
+    parameters, member_lbfgs moves every member's Z, and a state with shared (M, d) landmarks still loads
+    (each member gets that Z)."""
+    x, y = data(30)
+    xs = torch.stack([x, x.flip(0)])
+    ys = torch.stack([y, 2 * torch.cos(x.flip(0)[:, 0])])
+    start = x[:5] + 0.05
+    model = _member_model(xs, ys, torch.Size([2]), start)
+    assert model.covar_module.landmarks.shape == (2, 5, 2)
+    shared = {**model.state_dict(), "covar_module.landmarks": start}
+    rfgp.fit_mll(model, optimizer="member_lbfgs", num_iterations=30)
+    z = model.covar_module.landmarks.detach()
+    assert not torch.equal(z[0], start) and not torch.equal(z[1], start) and not torch.equal(z[0], z[1])
+    model.covar_module.landmarks.grad = None
+    loss = -gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(model(xs), ys)
+    loss[0].backward()
+    assert torch.equal(model.covar_module.landmarks.grad[1], torch.zeros(5, 2, dtype=DTYPE))  # no coupling
+    for b in range(2):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood().to(DTYPE)
+        likelihood.noise = model.likelihood.noise[b].detach()
+        mean = gpytorch.means.ConstantMean().to(DTYPE)
+        mean.constant = model.mean_module.constant[b].detach()
+        alone = ExactGPModel(xs[b], ys[b], likelihood, model.covar_module[b], mean)
+        torch.testing.assert_close(_member_losses(model)[b], _member_losses(alone), rtol=1e-10, atol=1e-12)
+        assert torch.equal(model.covar_module[b].landmarks, z[b]) and model.covar_module[b].batch_shape == ()
+    model.load_state_dict(shared)  # saved when the members shared Z
+    assert torch.equal(model.covar_module.landmarks, start.expand(2, 5, 2))
+
+
+def test_botorch_fits_a_multi_output_model_with_learned_landmarks_independently():
+    botorch = pytest.importorskip("botorch")
+    x, _ = data(15)
+    y = torch.stack([torch.sin(3 * x[:, 0]), torch.cos(3 * x[:, 1])], -1)
+    model = botorch.models.SingleTaskGP(x, y)
+    model.covar_module = rfgp.sketch(model.covar_module, 4, method="nystrom", x_sample=x, seed=0, learn_landmarks=True)
+    start = model.covar_module.landmarks.detach().clone()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    botorch.fit.fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 10}})
+    landmarks = model.covar_module.landmarks.detach()
+    assert landmarks.shape == (2, 4, 2) and not torch.equal(landmarks[0], landmarks[1])
+    assert not torch.equal(landmarks[0], start[0]) and not torch.equal(landmarks[1], start[1])
