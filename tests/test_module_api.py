@@ -69,13 +69,15 @@ def test_batch_indexed_kernel_is_the_kernel_of_those_members(name, index):
     torch.testing.assert_close(dense(kernel(X)[index]), full[index], rtol=1e-12, atol=1e-12)  # lazy batch indexing
 
 
-def test_batch_indexing_keeps_the_shared_landmarks_and_leaves_the_kernel_unchanged():
-    kernel = distinct_members(BATCHED_KERNELS["nystrom_learned_landmarks"]())
+@pytest.mark.parametrize("learned", [False, True])
+def test_batch_indexing_keeps_shared_landmarks_or_takes_the_members_and_leaves_the_kernel_unchanged(learned):
+    """Fixed landmarks are shared by the members; learned ones are one Z per member (independent members)."""
+    kernel = distinct_members(NystromKernel(scaled_rbf(), X[:12], learn_landmarks=learned))
     before = {key: value.clone() for key, value in kernel.state_dict().items()}
     member = kernel[1]
-    torch.testing.assert_close(member.landmarks, kernel.landmarks, rtol=0, atol=0)
+    torch.testing.assert_close(member.landmarks, kernel.landmarks[1] if learned else kernel.landmarks, rtol=0, atol=0)
     assert member.landmarks.data_ptr() != kernel.landmarks.data_ptr()
-    assert isinstance(member.landmarks, torch.nn.Parameter)
+    assert isinstance(member.landmarks, torch.nn.Parameter) == learned
     for key, value in kernel.state_dict().items():
         torch.testing.assert_close(value, before[key], rtol=0, atol=0)
 
