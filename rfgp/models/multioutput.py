@@ -61,6 +61,14 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
             )
         if train_y.shape[0] != train_x.shape[-2]:
             raise ValueError(f"train_x has {train_x.shape[-2]} points but train_y has {train_y.shape[0]} rows")
+        if isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
+            # its one noise per row broadcast against the N·p × N·p covariance deep inside GPyTorch's marginal
+            raise TypeError(
+                f"likelihood must be a multitask likelihood for {num_outputs} outputs per point, got "
+                f"{type(likelihood).__name__} (one noise per scalar target, which GPyTorch cannot add to a "
+                f"MultitaskMultivariateNormal); use MultitaskGaussianLikelihood(num_tasks={num_outputs}, rank=0) "
+                "(has_task_noise=False for one noise shared by all outputs)"
+            )
         tasks = getattr(likelihood, "num_tasks", num_outputs)
         if tasks != num_outputs:
             raise ValueError(f"likelihood has num_tasks={tasks} but the kernel has {num_outputs} outputs")

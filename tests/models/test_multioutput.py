@@ -249,6 +249,15 @@ def test_bad_model_input():
         MultiOutputFeatureSumKernel(SketchedCurlFreeKernel(32, 2), SketchedCurlFreeKernel(32, 3))
 
 
+@pytest.mark.parametrize("kernel", [CurlFreeRBFKernel(2), SketchedCurlFreeKernel(32, 2, seed=0)])
+def test_a_single_output_gaussian_likelihood_is_refused_by_name(kernel):
+    """Before: accepted, then the marginal likelihood and the prediction failed deep in torch ("Attempting to broadcast
+    a dimension of length 2 at -1 ... [60, 120, 120]")."""
+    x, y = _data()
+    with pytest.raises(TypeError, match=r"likelihood must be a multitask likelihood.*GaussianLikelihood.*num_tasks=2"):
+        MultiOutputGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel)
+
+
 @pytest.mark.parametrize("num_features", [16, 512])  # N·T > F: feature space; N·T < F: kernel space
 @pytest.mark.parametrize("rank, global_noise", [(1, True), (2, False)])
 def test_missing_targets_with_correlated_task_noise_match_the_dense_gp_of_the_observed_entries(
