@@ -162,10 +162,12 @@ def igrf_magnetic_field(
 def igrf_field_at(
     positions: Tensor, date: datetime.datetime | None = None, max_degree: int = 13
 ) -> Tensor:
-    """The IGRF field (µT, Earth-centred Cartesian) at ``positions`` (n, 3) given in Earth radii."""
-    import numpy as np
-    import ppigrf
+    """The IGRF field (µT, Earth-centred Cartesian) at ``positions`` (n, 3) given in Earth radii.
 
+    The result has the dtype of ``positions``.  On the polar axis (x = y = 0), where the spherical basis is undefined
+    and ppigrf's eastward component divides by sin θ = 0, the field is the mean of its values at colatitude
+    δ = 1e-7 rad on two opposite meridians, equal to the value on the axis up to O(δ²) ≈ 1e-14 relative.
+    """
     check_tensor_dtype(positions, "positions")
     if positions.dim() != 2 or positions.shape[-1] != 3:
         raise ValueError(f"positions must have shape (n, 3) (Cartesian, in Earth radii), got {tuple(positions.shape)}")
@@ -182,13 +184,33 @@ def igrf_field_at(
     first, last = _igrf_span()
     if not first <= date <= last:  # ppigrf returns NaN outside them
         raise ValueError(f"date must lie within the IGRF model's span {first:%Y-%m-%d} to {last:%Y-%m-%d}, got {date}")
+    dtype = positions.dtype
     positions = positions.detach().to(torch.float64).cpu()
     radius = positions.norm(dim=-1)
     if not (radius > 0).all():
         raise ValueError(f"positions must be away from the Earth's centre (the field is singular there), got a zero "
                          f"row at index {int((radius == 0).nonzero()[0])}")
-    colatitude = torch.arccos((positions[:, 2] / radius).clamp(-1.0, 1.0))
+    horizontal = positions[:, :2].norm(dim=-1)
+    # atan2 rather than arccos(z / r): arccos rounded colatitudes below 1e-8 rad to exactly 0, where ppigrf gave NaN
+    colatitude = torch.atan2(horizontal, positions[:, 2])
     longitude = torch.atan2(positions[:, 1], positions[:, 0])
+    field = _igrf_cartesian(radius, colatitude, longitude, date, max_degree)
+    axis = horizontal == 0
+    if axis.any():
+        # before: NaN at the north pole (colatitude 0), silently
+        delta = 1e-7
+        shifted = torch.where(colatitude[axis] > 1.0, torch.pi - delta, delta)
+        meridians = [torch.zeros_like(shifted), torch.full_like(shifted, torch.pi)]
+        field[axis] = sum(_igrf_cartesian(radius[axis], shifted, phi, date, max_degree) for phi in meridians) / 2
+    return field.to(dtype)
+
+
+def _igrf_cartesian(radius: Tensor, colatitude: Tensor, longitude: Tensor, date: datetime.datetime,
+                    max_degree: int) -> Tensor:
+    """ppigrf's (B_r, B_θ, B_φ) at (r in Earth radii, θ, φ in radians, float64) rotated to Earth-centred axes (µT)."""
+    import numpy as np
+    import ppigrf
+
     b_r, b_theta, b_phi = ppigrf.igrf_gc(
         (radius * EARTH_RADIUS_KM).numpy(),
         np.degrees(colatitude.numpy()),

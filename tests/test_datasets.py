@@ -5,7 +5,7 @@ import datetime
 import pytest
 import torch
 
-from rfgp.datasets import helmholtz_field, igrf_magnetic_field, mauna_loa_co2
+from rfgp.datasets import helmholtz_field, igrf_field_at, igrf_magnetic_field, mauna_loa_co2
 
 
 @pytest.mark.parametrize("input_dim", [2, 3])
@@ -63,3 +63,18 @@ def test_igrf_refuses_timezone_aware_dates_by_name():
         igrf_magnetic_field(5, date=aware)
     naive = aware.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     assert torch.isfinite(igrf_magnetic_field(5, date=naive)[1]).all()
+
+
+def test_igrf_field_on_and_near_the_polar_axis_is_the_limit_of_its_neighbours():
+    """Before: NaN, silently, at the north pole and within 1e-8 Earth radii of the axis above it (arccos(z / r)
+    rounded the colatitude to 0, where ppigrf divides by sin θ); a float32 input also came back in float64."""
+    pytest.importorskip("ppigrf")
+    offsets = 1e-4 * torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
+    for height in (1.0, -1.0, 1.1, -1.05):
+        on_axis = igrf_field_at(torch.tensor([[0.0, 0.0, height]], dtype=torch.float64))
+        around = torch.cat((offsets, torch.full((4, 1), height, dtype=torch.float64)), -1)
+        limit = igrf_field_at(around).mean(0, keepdim=True)  # the mean of the 4 neighbours: O(offset²) off the axis
+        torch.testing.assert_close(on_axis, limit, rtol=1e-6, atol=1e-6 * limit.norm().item())
+    near = igrf_field_at(torch.tensor([[1e-9, 0.0, 1.0], [0.0, 1e-12, -1.0]], dtype=torch.float64))
+    assert torch.isfinite(near).all()
+    assert igrf_field_at(torch.tensor([[0.0, 0.0, 1.0]])).dtype == torch.float32
