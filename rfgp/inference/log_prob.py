@@ -134,6 +134,13 @@ def _checked_multitask_log_prob(gpytorch_log_prob):
         # n·T + t (or, under "mask", its place among the observed entries): checked here while the (point, task)
         # index exists; under "mask" and "fill" an Inf first, then the NaN targets, which log_prob does not leave out
         if has_feature_space_covariance(self):
+            if not torch.is_tensor(value) or value.shape[-2:] != self.mean.shape[-2:]:
+                # before: "The size of tensor a (90) must match the size of tensor b (3)" from the subtraction
+                points, tasks = self.mean.shape[-2:]
+                shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+                raise ValueError(f"the targets must have shape (..., n, T) = (..., {points}, {tasks}), one row per "
+                                 f"point and one column per task (output), got {shape}; reshape a flat interleaved "
+                                 f"vector with .reshape(-1, {tasks}) and transpose a (T, n) array")
             residual = value - self.mean
             if gpytorch.settings.observation_nan_policy.value() != "ignore":
                 check_targets(torch.where(value.isnan(), residual.new_zeros(()), residual).flatten(-2), RESIDUAL,

@@ -176,3 +176,29 @@ def test_a_nan_target_of_a_log_density_under_a_nan_policy_is_refused_with_what_l
             rfgp.core.validation.NonFiniteError,
             match=r"the first at index \(3,\).*ExactMarginalLogLikelihood leaves NaN targets out"):
         gp.likelihood(gp(x)).log_prob(bad)
+
+
+@pytest.mark.parametrize("layout", ["flat", "transposed"])
+def test_multi_output_targets_in_another_layout_are_refused_by_name(layout):
+    """Before: a flat interleaved (n·T,) or a transposed (T, n) target of a sketched vector field failed in the
+    subtraction y − μ ("The size of tensor a (90) must match the size of tensor b (3)"), in the marginal likelihood
+    and in ``likelihood(posterior).log_prob``."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 3, generator=gen, dtype=torch.float64)
+    y = torch.randn(30, 3, generator=gen, dtype=torch.float64)
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3, rank=0)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(64, input_dim=3, seed=0))
+    gp = MultiOutputGPModel(x, y, likelihood, kernel).double()
+
+    def wrong(targets):
+        return targets.reshape(-1) if layout == "flat" else targets.mT
+
+    def expected(n):
+        given = f"{3 * n}," if layout == "flat" else f"3, {n}"
+        return rf"targets must have shape \(\.\.\., n, T\) = \(\.\.\., {n}, 3\).*got \({given}\)"
+
+    with pytest.raises(ValueError, match=expected(30)):
+        gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, gp)(gp(x), wrong(y))
+    gp.eval()
+    with torch.no_grad(), pytest.raises(ValueError, match=expected(4)):
+        likelihood(gp(x[:4])).log_prob(wrong(y[:4]))
