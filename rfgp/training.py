@@ -635,9 +635,11 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
     history_size, max_restarts = options.history_size, options.max_restarts
     model.train()
     model.likelihood.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    # an empty parameter (the p × 0 factor of a rank-0 IndexKernel) has nothing to fit; its empty gradient failed in
+    # the largest-gradient reduction of every iteration
+    params = [p for p in model.parameters() if p.requires_grad and p.numel()]
     if not params:
-        raise ValueError("model has no trainable parameters (every parameter has requires_grad=False)")
+        raise ValueError("model has no trainable parameters (every parameter has requires_grad=False or no entries)")
     objective = _Objective(model, params, optimizer)
     params = objective.params  # bounded parameters without a transform: their proxies (see _BoundedProxies)
     step = _stepper(optimizer, params, objective, lr, history_size)
@@ -770,7 +772,7 @@ def _check_in_float64(model: gpytorch.models.ExactGP, params: list[Tensor], hist
         wide = copy.deepcopy(model).double()
         wide.train()
         wide.likelihood.train()
-        objective = _Objective(wide, [p for p in wide.parameters() if p.requires_grad], history.optimizer)
+        objective = _Objective(wide, [p for p in wide.parameters() if p.requires_grad and p.numel()], history.optimizer)
         loss = float(objective())
     except Exception as error:  # a model's own __deepcopy__, _apply or float64 forward may raise anything
         history.stop_reason += f"; not checked in float64 ({_summary(error)})"

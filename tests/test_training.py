@@ -639,3 +639,24 @@ def test_fit_mll_warns_when_no_refit_carries_the_kernel():
     with warnings.catch_warnings():
         warnings.simplefilter("error", rfgp.TruncationWarning)
         assert not rfgp.fit_mll(healthy, num_iterations=60).refits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])  # float32: the float64 check at the end builds its own list
+@pytest.mark.parametrize("sketched", [False, True])
+def test_a_rank_zero_output_covariance_trains(sketched, dtype):
+    """Before: a multitask kernel with rank=0 (independent outputs, an IndexKernel whose p × 0 covar_factor has no
+    entries) failed at the first iteration in the largest-gradient reduction: "max(): Expected reduction dim to be
+    specified for input.numel() == 0"."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 1, generator=g, dtype=F64)
+    y = torch.cat((torch.sin(6 * x), torch.cos(4 * x)), -1) + 0.05 * torch.randn(40, 2, generator=g, dtype=F64)
+    data = SketchedRBFKernel(64, seed=0) if sketched else gpytorch.kernels.RBFKernel()
+    kernel = (rfgp.kernels.SketchedDecomposableKernel(data, num_tasks=2, rank=0) if sketched
+              else rfgp.kernels.DecomposableKernel(data, num_outputs=2, rank=0))
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=0)
+    model = rfgp.MultiOutputGPModel(x.to(dtype), y.to(dtype), likelihood, kernel).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)  # float32's stopping advice is not what is tested
+        history = rfgp.fit_mll(model, num_iterations=5)
+    assert history.losses[-1] < history.losses[0]
+    assert kernel.task_covar_module.covar_factor.shape == (2, 0)
