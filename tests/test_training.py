@@ -655,8 +655,8 @@ def test_a_rank_zero_output_covariance_trains(sketched, dtype):
               else rfgp.kernels.DecomposableKernel(data, num_outputs=2, rank=0))
     likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=0)
     model = rfgp.MultiOutputGPModel(x.to(dtype), y.to(dtype), likelihood, kernel).to(dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)  # float32's stopping advice is not what is tested
+    with warnings.catch_warnings():  # float32's stopping advice is not what is tested
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)
         history = rfgp.fit_mll(model, num_iterations=5)
     assert history.losses[-1] < history.losses[0]
     assert kernel.task_covar_module.covar_factor.shape == (2, 0)
