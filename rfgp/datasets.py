@@ -194,8 +194,11 @@ def igrf_field_at(
     # atan2 rather than arccos(z / r): arccos rounded colatitudes below 1e-8 rad to exactly 0, where ppigrf gave NaN
     colatitude = torch.atan2(horizontal, positions[:, 2])
     longitude = torch.atan2(positions[:, 1], positions[:, 0])
-    field = _igrf_cartesian(radius, colatitude, longitude, date, max_degree)
+    field = torch.empty_like(positions)
     axis = horizontal == 0
+    if not axis.all():
+        off = ~axis
+        field[off] = _igrf_cartesian(radius[off], colatitude[off], longitude[off], date, max_degree)
     if axis.any():
         # before: NaN at the north pole (colatitude 0), silently
         delta = 1e-7
