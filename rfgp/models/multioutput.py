@@ -61,13 +61,15 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
             )
         if train_y.shape[0] != train_x.shape[-2]:
             raise ValueError(f"train_x has {train_x.shape[-2]} points but train_y has {train_y.shape[0]} rows")
-        if isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
-            # its one noise per row broadcast against the N·p × N·p covariance deep inside GPyTorch's marginal
+        if isinstance(likelihood, gpytorch.likelihoods._GaussianLikelihoodBase) and not isinstance(
+                likelihood, gpytorch.likelihoods._MultitaskGaussianLikelihoodBase):
+            # GaussianLikelihood's noise failed to broadcast deep inside GPyTorch; FixedNoiseGaussianLikelihood's
+            # (n·p,) noise was dropped with a GPInputWarning only (a noise-free marginal likelihood), its (n, p) failed
             raise TypeError(
                 f"likelihood must be a multitask likelihood for {num_outputs} outputs per point, got "
-                f"{type(likelihood).__name__} (one noise per scalar target, which GPyTorch cannot add to a "
-                f"MultitaskMultivariateNormal); use MultitaskGaussianLikelihood(num_tasks={num_outputs}, rank=0) "
-                "(has_task_noise=False for one noise shared by all outputs)"
+                f"{type(likelihood).__name__} (a single-output Gaussian likelihood, whose noise GPyTorch does not add "
+                f"to a MultitaskMultivariateNormal); use MultitaskGaussianLikelihood(num_tasks={num_outputs}, "
+                "rank=0) (has_task_noise=False for one noise shared by all outputs)"
             )
         tasks = getattr(likelihood, "num_tasks", num_outputs)
         if tasks != num_outputs:

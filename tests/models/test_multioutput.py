@@ -249,13 +249,19 @@ def test_bad_model_input():
         MultiOutputFeatureSumKernel(SketchedCurlFreeKernel(32, 2), SketchedCurlFreeKernel(32, 3))
 
 
+@pytest.mark.parametrize("likelihood", ["gaussian", "fixed_flat", "fixed_table"])
 @pytest.mark.parametrize("kernel", [CurlFreeRBFKernel(2), SketchedCurlFreeKernel(32, 2, seed=0)])
-def test_a_single_output_gaussian_likelihood_is_refused_by_name(kernel):
-    """Before: accepted, then the marginal likelihood and the prediction failed deep in torch ("Attempting to broadcast
-    a dimension of length 2 at -1 ... [60, 120, 120]")."""
+def test_a_single_output_gaussian_likelihood_is_refused_by_name(kernel, likelihood):
+    """Before: accepted; then GaussianLikelihood and a FixedNoiseGaussianLikelihood of (n, p) noises failed deep in
+    torch ("Attempting to broadcast a dimension of length 2 at -1 ... [60, 120, 120]"), and one of (n·p,) noises
+    was dropped with only GPyTorch's GPInputWarning: the marginal likelihood of a noise-free model."""
     x, y = _data()
+    likelihood = {"gaussian": gpytorch.likelihoods.GaussianLikelihood,
+                  "fixed_flat": lambda: gpytorch.likelihoods.FixedNoiseGaussianLikelihood(torch.full((120,), 0.1)),
+                  "fixed_table": lambda: gpytorch.likelihoods.FixedNoiseGaussianLikelihood(torch.full((60, 2), 0.1)),
+                  }[likelihood]()
     with pytest.raises(TypeError, match=r"likelihood must be a multitask likelihood.*GaussianLikelihood.*num_tasks=2"):
-        MultiOutputGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel)
+        MultiOutputGPModel(x, y, likelihood, kernel)
 
 
 @pytest.mark.parametrize("num_features", [16, 512])  # N·T > F: feature space; N·T < F: kernel space
