@@ -187,8 +187,20 @@ def check_finite(x: Tensor, name: str, hint: str = "") -> None:
 
     Skipped under ``rfgp.settings.validate_inputs(False)``.
     """
-    if settings.validate_inputs.on() and x.numel() and not bool(torch.isfinite(x).all()):
+    if reads_values(x) and not bool(torch.isfinite(x).all()):
         raise NonFiniteError(nonfinite_message(x, name, hint))
+
+
+def has_values(x: Tensor) -> bool:
+    """Whether ``x`` holds values: a tensor on the ``meta`` device (shape inference, ``torch.device("meta")``) has
+    only a shape and a dtype, so value checks pass it and rfgp returns outputs of the right shapes on ``meta``."""
+    return x.device.type != "meta"
+
+
+def reads_values(x: Tensor) -> bool:
+    """Whether a value check reads ``x``: checks are on (:class:`rfgp.settings.validate_inputs`) and ``x`` has
+    entries with values (:func:`has_values`)."""
+    return settings.validate_inputs.on() and x.numel() > 0 and has_values(x)
 
 
 def check_gaussian_moments(**tensors: Tensor) -> None:
@@ -296,7 +308,7 @@ def check_task_indices(x: Tensor, name: str, num_tasks: int, values: bool = True
 
 def check_unit_rows(x: Tensor, name: str, hint: str) -> None:
     """Every row of ``x`` has norm 1 within √eps of its dtype (float32: 3.5e-4, float64: 1.5e-8)."""
-    if not settings.validate_inputs.on() or x.numel() == 0:
+    if not reads_values(x):
         return
     check_finite(x, name)
     deviation = (x.norm(dim=-1) - 1).abs()
@@ -324,7 +336,7 @@ def promote_unit_rows(x: Tensor, name: str, dtype: torch.dtype, hint: str) -> Te
 def normalize_rows(x: Tensor, name: str) -> Tensor:
     """x/‖x‖ row by row; an all-zero row has no direction and raises instead of staying zero."""
     norms = x.norm(dim=-1, keepdim=True)
-    if settings.validate_inputs.on() and x.numel() and bool((norms == 0).any()):
+    if reads_values(x) and bool((norms == 0).any()):
         row = int((norms.reshape(-1) == 0).nonzero()[0])
         raise ValueError(f"{name} has an all-zero row (row {row}), which cannot be normalised onto the unit sphere")
     return x / norms
@@ -341,6 +353,8 @@ def check_hyperparameter(value, name: str, constraint=None, allow_bound: bool = 
     lower = getattr(constraint, "lower_bound", torch.tensor(0.0))
     upper = getattr(constraint, "upper_bound", torch.tensor(math.inf))
     tensor = tensor.detach()
+    if not has_values(tensor):
+        return
     above = tensor >= lower.to(tensor) if allow_bound else tensor > lower.to(tensor)
     inside = torch.isfinite(tensor) & above & (tensor < upper.to(tensor))
     if not bool(inside.all()):

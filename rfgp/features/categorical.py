@@ -35,9 +35,8 @@ import math
 import torch
 from torch import Tensor
 
-from ..core import settings
 from ..core.dtypes import promoted_dtype
-from ..core.validation import SUPPORTED_DTYPES, NonFiniteError, check_input_shape, nonfinite_message
+from ..core.validation import SUPPORTED_DTYPES, NonFiniteError, check_input_shape, nonfinite_message, reads_values
 from .base import FeatureMap
 
 _LOW_WORD = 0xFFFFFFFF
@@ -150,8 +149,7 @@ class CategoricalFeatures(FeatureMap):
                 f"log_constant_share must have shape {expected} for x with d = {x.shape[-1]} columns, "
                 f"got shape {tuple(log_share.shape)}"
             )
-        bad = torch.isnan(log_share) | (log_share > 0)
-        if settings.validate_inputs.on() and log_share.numel() and bool(bad.any()):
+        if reads_values(log_share) and bool((torch.isnan(log_share) | (log_share > 0)).any()):
             raise ValueError(
                 f"log_constant_share must hold log cᵢ ≤ 0 (constant shares cᵢ in [0, 1]), got {log_share.detach()}"
             )
@@ -166,7 +164,7 @@ def check_category_input(x: Tensor, name: str, input_dim: int | None) -> None:
     if not integer and x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} must hold categories as float32, float64 or an integer dtype, got {x.dtype}")
     check_input_shape(x, name, input_dim)
-    if not settings.validate_inputs.on() or x.numel() == 0:
+    if not reads_values(x):
         return
     if integer:
         if x.dtype == torch.int64 and bool((x.abs() > 2**53).any()):  # beyond 2⁵³ float64 merges integers

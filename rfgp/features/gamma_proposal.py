@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..core.validation import DrawCoverageError
+from ..core.validation import DrawCoverageError, has_values
 from . import random
 
 #: the proposal is the equal mixture of Gamma(f·a₀, rate f·a₀) over these factors f
@@ -63,7 +63,7 @@ def gamma_log_weights(log_tau: Tensor, log_proposal: Tensor, shape: Tensor, refe
     for a = ``shape`` ``(*batch, 1)``; a ≤ a₀/8 (a₀ = ``reference_shape``) raises, naming the hyperparameter
     ``name``."""
     bound = reference_shape * MIN_SHAPE_RATIO
-    if bool((shape <= bound).any()):
+    if has_values(shape) and bool((shape <= bound).any()):
         raise DrawCoverageError(
             f"{name} {float(shape.detach().min()):.4g} is at or below {float(bound):.4g} = {name}_at_draw_time/8, "
             "where the importance weights of the drawn precisions have infinite variance: call resample() on the "

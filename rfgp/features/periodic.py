@@ -37,7 +37,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..core.validation import DrawCoverageError
+from ..core.validation import DrawCoverageError, has_values
 from . import random
 from .bessel import scaled_bessel_i
 from .weighted_fourier import SpectralMeasure
@@ -113,7 +113,7 @@ class PeriodicSpectralMeasure(SpectralMeasure):
         # and log q_k stays finite in float32 too, where q_k(1/ℓ) of a high harmonic can underflow
         probabilities = harmonic_probabilities(lengthscale.to(torch.float64).reciprocal(), num_harmonics)
         missing = (1.0 - probabilities.detach().sum(-1)).max()
-        if bool(missing > TAIL_TOLERANCE):
+        if has_values(missing) and bool(missing > TAIL_TOLERANCE):
             raise DrawCoverageError(
                 f"lengthscale {float(lengthscale.detach().min()):.4g} is too small for the drawn harmonics (the "
                 f"periodic measure puts {float(missing):.2e} of its mass beyond the {num_harmonics} harmonics the "

@@ -16,8 +16,7 @@ from gpytorch.kernels import SpectralMixtureKernel
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from ..core import settings
-from ..core.validation import NonFiniteHyperparameterError, check_positive_int
+from ..core.validation import NonFiniteHyperparameterError, check_positive_int, reads_values
 from ..features.spectral_mixture import SpectralMixtureSpectralMeasure
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .spectral_kernel import SpectralFeatureKernel
@@ -109,7 +108,7 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         ``rfgp.settings.validate_inputs(False)``)."""
         log_total = self.spectral_log_amplitude() if log_scale is None else self.spectral_log_amplitude() + log_scale
         largest = torch.finfo(log_total.dtype).max
-        if settings.validate_inputs.on() and bool((log_total.detach() >= math.log(largest)).any()):  # one host read
+        if reads_values(log_total) and bool((log_total.detach() >= math.log(largest)).any()):  # one host read
             raise NonFiniteHyperparameterError(
                 f"k(x, x) = (Σ_q mixture_weights)^ard_num_dims{'' if log_scale is None else ' × outputscale'} = "
                 f"exp({float(log_total.detach().max()):.4g}) exceeds {log_total.dtype}'s largest value {largest:.3g} "
