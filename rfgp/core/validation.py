@@ -33,6 +33,8 @@ import numbers
 import torch
 from linear_operator.utils.errors import NanError
 from torch import Tensor
+from torch._C._functorch import TransformType
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 from . import settings
 from .dtypes import cast_to, lowered_by_autocast, promoted_dtype
@@ -256,6 +258,24 @@ def refuse_functorch_transforms() -> None:
             "batch. For an ensemble of models with different hyperparameters build the kernel (and mean, "
             "likelihood) with batch_shape=torch.Size([B]), one member per model sharing the random draws; take "
             "derivatives with torch.autograd; torch.func.functional_call alone works"
+        )
+
+
+def refuse_draws_under_vmap(module) -> None:
+    """The NotImplementedError for a first call that would make a map's draws under ``torch.func.vmap`` (also inside
+    ``jacfwd``, ``jacrev`` and ``hessian``, which vmap over tangents and cotangents).
+
+    Random draws made there are per slice under ``randomness="different"``: they were registered as buffers holding
+    batched tensors, the Jacobian came out wrong and the next call failed with "your tensor may have escaped from
+    inside a function being vmapped".  ``torch.func.grad`` alone draws plain tensors, once, and is not refused.
+    """
+    if torch._C._are_functorch_transforms_active() and any(
+            interpreter.key() == TransformType.Vmap for interpreter in retrieve_all_functorch_interpreters()):
+        raise NotImplementedError(
+            f"{type(module).__name__} makes its random draws at its first call, and this first call runs under "
+            "torch.func.vmap (or jacfwd, jacrev, hessian, which vmap): draws made there would be per slice or "
+            "escape the transform. Call the map once outside the transform (or load a saved state) before "
+            "transforming it"
         )
 
 

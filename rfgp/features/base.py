@@ -26,7 +26,7 @@ from ..core.draws import register_draw
 from ..core.dtypes import FullPrecisionMethods
 from ..core.locks import init_lock
 from ..core.memory import check_draws
-from ..core.validation import check_features_input, check_positive_int, check_seed
+from ..core.validation import check_features_input, check_positive_int, check_seed, refuse_draws_under_vmap
 
 _SEED_BOUND = 2**62
 
@@ -185,13 +185,15 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         """Make the draws for ``x``'s width when ``input_dim`` was left unset (a validated input).
 
         Draws made at a first call under ``torch.inference_mode()`` (a prediction before training) are made outside
-        it: as inference tensors they could never be used by a later call that records a graph (training).
+        it: as inference tensors they could never be used by a later call that records a graph (training).  A first call
+        under ``torch.func.vmap`` (or ``jacfwd``/``jacrev``/``hessian``) is refused (:func:`refuse_draws_under_vmap`).
 
         Threads calling a fresh map at once draw once: the draws are made under the map's
         :func:`~rfgp.core.locks.init_lock`, and a thread goes without it only once they are registered
         (:attr:`is_initialized`, set after the last buffer), not once ``input_dim`` is set (it is set before them: a
         second thread's call raised ``AttributeError`` on a draw not yet registered)."""
         if not self.is_initialized:
+            refuse_draws_under_vmap(self)
             with init_lock(self):
                 if self.input_dim is None:
                     self._draw_for(x.shape[-1])

@@ -123,3 +123,23 @@ def test_functional_call_of_a_module_before_its_first_draw_names_the_cause(make)
             functional_call(fresh, state, (x,))
         fresh.load_state_dict(state)
         assert torch.equal(functional_call(fresh, state, (x,)).to_dense(), expected)
+
+
+@pytest.mark.parametrize("name", ["srf", "rff", "optimized_maclaurin", "gaussian_sketch"])
+@pytest.mark.parametrize("randomness", ["different", "same"])
+def test_first_call_draws_under_vmap_are_refused_and_leave_the_map_usable(name, randomness):
+    """A feature map that draws at its first call, first called inside ``jacfwd(..., randomness="different")``: the
+    spherical map registered its per-slice draws as batched buffers, returned a wrong Jacobian, and failed at its next
+    call with "your tensor may have escaped from inside a function being vmapped".  Now the first call is refused;
+    the map is left undrawn, and after a call outside the transform jacfwd equals autograd's Jacobian."""
+    from ..core.test_state_dict import FEATURE_MAPS, _inputs
+
+    build, d, sphere = FEATURE_MAPS[name]
+    x = _inputs(d, sphere)
+    feature_map = build(0, None).double()
+    with pytest.raises(NotImplementedError, match="makes its random draws at its first call.*torch.func.vmap"):
+        torch.func.jacfwd(feature_map, randomness=randomness)(x)
+    assert not feature_map.is_initialized
+    torch.testing.assert_close(feature_map(x), build(0, None).double()(x), rtol=0, atol=0)
+    torch.testing.assert_close(torch.func.jacfwd(feature_map)(x), torch.autograd.functional.jacobian(feature_map, x),
+                               rtol=1e-12, atol=1e-12)
