@@ -227,7 +227,9 @@ def nonfinite_message(x: Tensor, name: str, hint: str = "") -> str:
 
 
 def check_features_input(x: Tensor, name: str, input_dim: int | None) -> None:
-    """Check a feature-map input: a real floating tensor of shape (..., n, d) with finite entries."""
+    """Check a feature-map input: a real floating tensor of shape (..., n, d) with finite entries, not vmapped over
+    (:func:`refuse_vmapped_input`)."""
+    refuse_vmapped_input(x, name)
     check_tensor_dtype(x, name)
     check_input_shape(x, name, input_dim)
     check_finite(x, name)
@@ -259,6 +261,26 @@ def refuse_functorch_transforms() -> None:
             "likelihood) with batch_shape=torch.Size([B]), one member per model sharing the random draws; take "
             "derivatives with torch.autograd; torch.func.functional_call alone works"
         )
+
+
+def refuse_vmapped_input(x: Tensor, name: str) -> None:
+    """The NotImplementedError for a feature-map input that ``torch.func.vmap`` batches.
+
+    The value checks read the input (``bool`` of a reduction) and the fused feature Functions write into ``out=``
+    buffers, neither of which vmap can batch: PyTorch answered "data-dependent control flow" or "Batching rule not
+    implemented for aten::cos.out".  Maps broadcast over leading batch dimensions instead.  ``grad``, ``jacrev``,
+    ``jacfwd`` and ``hessian`` of a map that has made its draws work: they batch tangents, never the input itself.
+    """
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(x):
+        if functorch.is_batchedtensor(x):
+            raise NotImplementedError(
+                f"rfgp feature maps do not run under torch.func.vmap over their input ({name}): their input checks "
+                "and fused feature functions cannot be batched by vmap. A feature map broadcasts over leading batch "
+                f"dimensions: pass {name} of shape (..., n, d) instead; torch.func.grad, jacrev, jacfwd and hessian "
+                "of a map that has made its draws work"
+            )
+        x = functorch.get_unwrapped(x)
 
 
 def refuse_draws_under_vmap(module) -> None:

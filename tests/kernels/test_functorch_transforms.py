@@ -143,3 +143,25 @@ def test_first_call_draws_under_vmap_are_refused_and_leave_the_map_usable(name, 
     torch.testing.assert_close(feature_map(x), build(0, None).double()(x), rtol=0, atol=0)
     torch.testing.assert_close(torch.func.jacfwd(feature_map)(x), torch.autograd.functional.jacobian(feature_map, x),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["rff", "polynomial_srht_ctr", "optimized_maclaurin", "random_maclaurin", "srf",
+                                  "gaussian_sketch_hd", "operator_valued"])
+def test_vmap_over_a_feature_map_input_is_refused_and_input_jacobians_are_autograds(name):
+    """``vmap(feature_map)`` over a batch of inputs failed with PyTorch's "data-dependent control flow" (the finite
+    check) or "Batching rule not implemented for aten::cos.out"; now a NotImplementedError names the broadcasting
+    alternative.  ``jacrev``/``jacfwd``/``hessian`` (which vmap over tangents, not over the input) equal autograd's."""
+    from ..core.test_state_dict import FEATURE_MAPS, _inputs
+
+    build, d, sphere = FEATURE_MAPS[name]
+    x = _inputs(d, sphere)
+    feature_map = build(0, d).double()
+    batch = torch.stack((x, x.flip(0)))
+    with pytest.raises(NotImplementedError, match=r"vmap over their input \(x\).*shape \(\.\.\., n, d\)"):
+        vmap(feature_map)(batch)
+    jacobian = torch.autograd.functional.jacobian(feature_map, x)
+    torch.testing.assert_close(torch.func.jacrev(feature_map)(x), jacobian, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.func.jacfwd(feature_map)(x), jacobian, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.func.hessian(lambda z: feature_map(z).sum())(x),
+                               torch.autograd.functional.hessian(lambda z: feature_map(z).sum(), x),
+                               rtol=1e-10, atol=1e-10)
