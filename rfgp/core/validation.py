@@ -229,8 +229,8 @@ def nonfinite_message(x: Tensor, name: str, hint: str = "") -> str:
 def check_features_input(x: Tensor, name: str, input_dim: int | None) -> None:
     """Check a feature-map input: a real floating tensor of shape (..., n, d) with finite entries, not vmapped over
     (:func:`refuse_vmapped_input`)."""
-    refuse_vmapped_input(x, name)
     check_tensor_dtype(x, name)
+    refuse_vmapped_input(x, name)
     check_input_shape(x, name, input_dim)
     check_finite(x, name)
 
