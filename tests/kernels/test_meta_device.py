@@ -10,7 +10,6 @@ import copy
 
 import gpytorch
 import pytest
-import torch
 
 from ..core.test_state_dict import FEATURE_MAPS, KERNELS, _inputs
 
