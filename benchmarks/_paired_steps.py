@@ -14,7 +14,7 @@ import time
 
 import gpytorch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))  # last: tests/packaging is no packaging
 from _models import UserGP, UserSVGP  # noqa: E402  (the models a GPyTorch user writes)
 
 

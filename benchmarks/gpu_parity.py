@@ -41,7 +41,7 @@ from gpytorch.kernels import (
     ScaleKernel,
 )
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))  # last: tests/packaging is no packaging
 from _models import BatchIndependentGP, MultitaskGP, UserGP, vector_field_kernel  # noqa: E402
 
 import rfgp  # noqa: E402

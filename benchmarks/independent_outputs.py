@@ -31,7 +31,7 @@ from pathlib import Path
 import gpytorch
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))  # last: tests/packaging is no packaging
 from _models import BatchIndependentGP, UserGP  # noqa: E402  (the models a GPyTorch user writes)
 
 import rfgp

@@ -35,7 +35,7 @@ import rfgp  # noqa: F401  (installs the leave-one-out hooks)
 from rfgp.integrations import botorch_cross_validation
 from rfgp.kernels import SketchedRBFKernel
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))  # last: tests/packaging is no packaging
 from _models import UserGP  # noqa: E402  (the ExactGP a GPyTorch user writes)
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

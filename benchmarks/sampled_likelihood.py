@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's r
 
 import rfgp  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))  # last: tests/packaging is no packaging
 from _models import UserSVGP  # noqa: E402  (GPyTorch's SVGP tutorial model)
 
 RESULTS = Path(__file__).resolve().parent / "results"
