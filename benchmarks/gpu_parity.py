@@ -681,6 +681,9 @@ def main():
                         "comma-separated substrings (default: all)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here (torch {torch.__version__}); "
+                     "--device cpu runs the harness CPU against CPU")
     out = ["# CUDA parity of rfgp's workflows\n", f"Load average (1, 5, 15 min) before: {os.getloadavg()}.\n"]
     if device.type == "cuda":
         out.append(f"Device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}, gpytorch "
