@@ -99,6 +99,20 @@ class RandomFeatureEstimator:
         attributes ending in ``_``, which a fit that failed half-way leaves behind)."""
         return hasattr(self, "model_")
 
+    def __getstate__(self) -> dict:
+        """The estimator as pickled (``pickle``, ``joblib.dump``): its fitted model without prediction caches.
+
+        A fitted model's posterior caches (the C or T factors of F × F matrices a prediction builds, GPyTorch's
+        ``prediction_strategy``) are a function of its state, rebuilt at the first prediction after loading with the
+        same values; pickled with it they made a 16-class classifier at F = 1 024 92 MB instead of 0.35 MB.
+        """
+        strategy = getattr(self.__dict__.get("model_"), "prediction_strategy", None)
+        if strategy is None:
+            return self.__dict__.copy()
+        # a copy whose memo maps the caches to None: a shallow copy of the model still reached them through the
+        # bound methods GPyTorch registers as load hooks, and the copy keeps likelihood_ the model's likelihood
+        return copy.deepcopy(self.__dict__, {id(strategy): None})
+
     # ----- arguments ----------------------------------------------------------------------
     def _check_common_params(self) -> dict:
         """The shared constructor arguments, checked (a dict for the subclass's ``_fit_params`` namespace)."""

@@ -65,6 +65,25 @@ def test_persistence_and_clone():
         assert not hasattr(clone(fitted), "model_")
 
 
+def test_pickles_leave_the_prediction_caches_out():
+    """A fitted estimator's posterior caches (F × F factors per class or output) were pickled with it after its first
+    prediction: a 16-class classifier at F = 1 024 grew from 0.35 MB to 92 MB.  They are rebuilt, with the same
+    values, at the first prediction after loading; the estimator pickled keeps its own."""
+    x, y, labels = _data()
+    for estimator, target, method in ((_regressor(), y, "predict"), (_classifier(), labels, "predict_proba")):
+        fitted = estimator.fit(x, target)
+        before = len(pickle.dumps(fitted))
+        expected = getattr(fitted, method)(x)
+        strategy = fitted.model_.prediction_strategy
+        assert strategy is not None
+        pickled = pickle.dumps(fitted)
+        assert len(pickled) < 1.1 * before
+        assert fitted.model_.prediction_strategy is strategy  # the live estimator keeps its caches
+        restored = pickle.loads(pickled)
+        assert restored.model_.prediction_strategy is None and restored.likelihood_ is restored.model_.likelihood
+        np.testing.assert_array_equal(getattr(restored, method)(x), expected)
+
+
 def test_cross_validation():
     from sklearn.model_selection import cross_val_predict, cross_val_score
 
