@@ -80,9 +80,10 @@ def warn_degenerate_fit(loo_nll: float, prior_nll: float, lengthscale: str, refi
     symptom = (
         f"DirichletGPClassifier: the trained model (lengthscale {lengthscale}) predicts its training labels, each left "
         f"out in turn, with a mean negative log likelihood of {loo_nll:.4g}, no better than the class prior's "
-        f"{prior_nll:.4g}: the marginal likelihood's optimum explains the labels as noise, not by the inputs (heavily "
-        "overlapping classes: the fixed Dirichlet noise cannot hold their spread, and the likelihood prefers a kernel "
-        "that is white noise, ℓ → 0)"
+        f"{prior_nll:.4g}: the marginal likelihood's optimum explains the labels as noise, not by the inputs (with "
+        "heavily overlapping classes the fixed Dirichlet noise cannot hold their spread and the likelihood may prefer "
+        "a kernel that is white noise, ℓ → 0; with heavily imbalanced ones the default alpha_epsilon can suit the "
+        "rare classes poorly at any lengthscale)"
     )
     others = "a larger alpha_epsilon (or several, chosen by validation), or more training data"
     if refit is None:
