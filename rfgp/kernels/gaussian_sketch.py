@@ -107,7 +107,7 @@ class GaussianSketchRBFKernel(SketchedRBFKernel):
         """(x − c)/ℓ; refuses a lengthscale below the ``min_lengthscale`` the order s was chosen for."""
         if self.min_lengthscale is not None and bool((self.lengthscale < self.min_lengthscale * (1 - 1e-6)).any()):
             raise ValueError(
-                f"lengthscale {self.lengthscale.min().item():.4g} is below min_lengthscale={self.min_lengthscale:.4g} "
+                f"lengthscale {self.lengthscale.min().item():.7g} is below min_lengthscale={self.min_lengthscale:.7g} "
                 f"for which the truncation order s={self.feature_map.order} was chosen (radius/lengthscale grew, so "
                 "the truncation bound no longer holds): rebuild the kernel with a smaller min_lengthscale or "
                 "constrain it with lengthscale_constraint=gpytorch.constraints.GreaterThan(min_lengthscale)"

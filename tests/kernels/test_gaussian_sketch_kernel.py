@@ -45,6 +45,10 @@ def test_order_chosen_for_min_lengthscale_and_refuses_smaller_lengthscale():
     kernel.lengthscale = 0.4
     with pytest.raises(ValueError, match="min_lengthscale"):
         kernel(_data().float()).to_dense()
+    # a lengthscale just below its bound is printed apart from it ("11.32 is below min_lengthscale=11.32" before)
+    kernel.lengthscale = 0.5 * (1 - 1e-5)
+    with pytest.raises(ValueError, match=r"lengthscale 0\.499995 is below min_lengthscale=0\.5 "):
+        kernel(_data().float()).to_dense()
 
 
 def test_gp_posterior_close_to_exact_gp():
