@@ -6,6 +6,7 @@ map with every training point as a landmark is the exact kernel, so its pseudo-l
 """
 
 import copy
+import weakref
 
 import gpytorch
 import pytest
@@ -108,6 +109,35 @@ def test_chunked_kernel_is_the_unchunked(factorised):
         actual = loo_value_and_grads(model, x, y)
     assert max(factorised) <= 16
     assert_same(actual, expected)
+
+
+def test_chunked_features_are_formed_one_chunk_at_a_time(monkeypatch):
+    """Each chunk's features are solved against the factor and released before the next chunk is formed: the chunks
+    were all formed first, holding the N × F matrix the budget bounds (2 GB at N = 400 000, F = 1 024 under 64 MiB,
+    in every GPRegressor fit's degenerate-fit check)."""
+    model, x, y = sketched_model(80, 16)
+    model.eval()
+    formed, alive_at_solve = [], []
+    solve = torch.linalg.solve_triangular
+
+    def logged_solve(*args, **kwargs):
+        alive_at_solve.append(sum(ref() is not None for ref in formed))
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "solve_triangular", logged_solve)
+    with rfgp.settings.memory_budget(16 * 8 * 20), torch.no_grad():  # 20 rows of float64 features per chunk
+        prior = model.likelihood(model.forward(x))
+        covar = feature_covariance(prior.lazy_covariance_matrix)
+        featurize = type(covar._linear_op.featurizer).__call__
+
+        def logged_featurize(self, *args, **kwargs):
+            features = featurize(self, *args, **kwargs)
+            formed.append(weakref.ref(features))
+            return features
+
+        monkeypatch.setattr(type(covar._linear_op.featurizer), "__call__", logged_featurize)
+        leave_one_out_predictions(covar, y, prior.mean)
+    assert len(alive_at_solve) >= 4 and max(alive_at_solve) == 1, alive_at_solve
 
 
 def test_nystrom_with_every_point_is_the_exact_gps():
