@@ -635,9 +635,7 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
     history_size, max_restarts = options.history_size, options.max_restarts
     model.train()
     model.likelihood.train()
-    # an empty parameter (the p × 0 factor of a rank-0 IndexKernel) has nothing to fit; its empty gradient failed in
-    # the largest-gradient reduction of every iteration
-    params = [p for p in model.parameters() if p.requires_grad and p.numel()]
+    params = _fitted_parameters(model)
     if not params:
         raise ValueError("model has no trainable parameters (every parameter has requires_grad=False or no entries)")
     objective = _Objective(model, params, optimizer)
@@ -742,6 +740,12 @@ def _rounding_noise(dtype: torch.dtype) -> float:
     return math.sqrt(unit_roundoff(dtype))
 
 
+def _fitted_parameters(model: torch.nn.Module) -> list[Tensor]:
+    """The parameters ``fit_mll`` trains: those that require grad and have entries (the p × 0 factor of a rank-0
+    ``IndexKernel`` has nothing to fit, and its empty gradient failed in the largest-gradient reduction)."""
+    return [p for p in model.parameters() if p.requires_grad and p.numel()]
+
+
 def _check_in_float64(model: gpytorch.models.ExactGP, params: list[Tensor], history: TrainingHistory,
                       bound: float) -> bool:
     """After an L-BFGS stall or a convergence of a model with parameters coarser than float64 (float32), evaluate the
@@ -772,7 +776,7 @@ def _check_in_float64(model: gpytorch.models.ExactGP, params: list[Tensor], hist
         wide = copy.deepcopy(model).double()
         wide.train()
         wide.likelihood.train()
-        objective = _Objective(wide, [p for p in wide.parameters() if p.requires_grad and p.numel()], history.optimizer)
+        objective = _Objective(wide, _fitted_parameters(wide), history.optimizer)
         loss = float(objective())
     except Exception as error:  # a model's own __deepcopy__, _apply or float64 forward may raise anything
         history.stop_reason += f"; not checked in float64 ({_summary(error)})"
