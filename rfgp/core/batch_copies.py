@@ -44,6 +44,18 @@ def narrow_copies(x: Tensor, dims: tuple[int, ...]) -> Tensor:
     return x
 
 
+def _broadcast_dims(x: Tensor, num_batch_dims: int) -> tuple[int, ...]:
+    """The stride-0 dimensions of size > 1 among the first ``num_batch_dims`` of ``x``: copies made by ``expand``."""
+    return tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0)
+
+
+def distinct_members(x: Tensor, num_batch_dims: int) -> int:
+    """How many distinct members the first ``num_batch_dims`` dimensions of ``x`` hold: their batch size less the
+    stride-0 copies (the batch size of :func:`narrow_broadcast`'s view, from the metadata alone)."""
+    copies = _broadcast_dims(x, num_batch_dims)
+    return math.prod(size for dim, size in enumerate(x.shape[:num_batch_dims]) if dim not in copies)
+
+
 def narrow_broadcast(x: Tensor, num_batch_dims: int) -> Tensor:
     """``x`` with every stride-0 dimension among its first ``num_batch_dims`` narrowed to size 1 (a view of the
     same memory): the distinct members of an expanded tensor, which broadcast back to ``x``'s shape.
@@ -53,7 +65,7 @@ def narrow_broadcast(x: Tensor, num_batch_dims: int) -> Tensor:
     writes a zero-filled gradient of x's whole shape (b·N·F writes for b copies of an N × F matrix) first.  A leaf
     that requires grad is narrowed plainly: its own ``.grad`` holds each copy's gradient, which must stay where it
     belongs."""
-    copies = tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0)
+    copies = _broadcast_dims(x, num_batch_dims)
     if not copies or not x.requires_grad or x.is_leaf:
         return narrow_copies(x, copies)
     return _DistinctMembers.apply(x, copies)

@@ -44,7 +44,7 @@ from linear_operator.operators import (
 from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
-from ..core.batch_copies import narrow_broadcast
+from ..core.batch_copies import distinct_members, narrow_broadcast
 from ..core.draws import standard_normal
 from ..core.dtypes import FullPrecisionOperator
 from ..core.grad_mode_cache import cached_per_grad_mode
@@ -408,8 +408,7 @@ def _distinct_members(operator: FeatureRootLinearOperator) -> int:
     base = operator.scaled_root()[0]
     if not isinstance(base, DenseLinearOperator):
         return math.prod(base.shape[:-2])
-    tensor = base.tensor
-    return math.prod(size for size, stride in zip(tensor.shape[:-2], tensor.stride()[:-2]) if stride != 0)
+    return distinct_members(base.tensor, base.tensor.dim() - 2)
 
 
 def _as_matrix(rhs: Tensor | None) -> Tensor | None:
