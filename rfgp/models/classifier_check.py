@@ -44,21 +44,35 @@ def leave_one_out_nll(model: gpytorch.models.ExactGP) -> Tensor | None:
     trained on its transformed targets.  ``None`` when the noise-added covariance has no feature root (an exact
     GPyTorch kernel: its leave-one-out terms would cost O(N³)).
     """
+    predictions = training_leave_one_out(model)
+    if predictions is None:
+        return None
+    mean, variance = predictions
     likelihood = model.likelihood
+    latent = (variance - likelihood.noise).clamp_min(0)  # ≥ 0 up to rounding: K ⪰ D
+    probs = softmax_expectation_mean_field(mean.transpose(-1, -2), latent.transpose(-1, -2))
+    return -probs.gather(-1, likelihood.targets.unsqueeze(-1)).clamp_min(torch.finfo(probs.dtype).tiny).log().mean()
+
+
+def training_leave_one_out(model: gpytorch.models.ExactGP) -> tuple[Tensor, Tensor] | None:
+    """(μ₋ᵢ, σ²₋ᵢ + c(xᵢ)) for each training target of ``model`` given all others
+    (:func:`~rfgp.inference.leave_one_out.leave_one_out_predictions`), from the prior at the training inputs with
+    the likelihood's noise; ``None`` when that covariance has no feature root (an exact GPyTorch kernel: O(N³)).
+
+    Shared by the classifier's and :class:`~rfgp.models.GPRegressor`'s degenerate-fit checks.  The prior is taken in
+    eval mode (``model.forward``), where a chunked Nyström covariance forms its FITC term; taken in train mode it
+    raised for a :class:`~rfgp.models.DirichletGPClassifier` with a Nyström kernel over the memory budget.
+    """
     inputs = model.train_inputs
     was_training = model.training
-    model.train()
+    model.eval()
     try:
         with torch.no_grad():
-            output = likelihood(model(*inputs), *inputs)
-            covar = feature_covariance(output.lazy_covariance_matrix)
+            prior = model.likelihood(model.forward(*inputs), *inputs)
+            covar = feature_covariance(prior.lazy_covariance_matrix)
             if covar is None:
                 return None
-            mean, variance = leave_one_out_predictions(covar, model.train_targets, output.mean)
-            latent = (variance - likelihood.noise).clamp_min(0)  # ≥ 0 up to rounding: K ⪰ D
-            probs = softmax_expectation_mean_field(mean.transpose(-1, -2), latent.transpose(-1, -2))
-            labels = likelihood.targets
-            return -probs.gather(-1, labels.unsqueeze(-1)).clamp_min(torch.finfo(probs.dtype).tiny).log().mean()
+            return leave_one_out_predictions(covar, model.train_targets, prior.mean)
     finally:
         model.train(was_training)
 

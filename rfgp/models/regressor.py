@@ -21,9 +21,8 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
-from ..inference.leave_one_out import feature_covariance, leave_one_out_predictions
 from ..training import fit_mll
-from .classifier_check import DegenerateFitWarning
+from .classifier_check import DegenerateFitWarning, training_leave_one_out
 from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
 from .feature_width import set_num_features
 from .regression import ExactGPModel
@@ -394,19 +393,12 @@ DEGENERATE_MARGIN = 0.01
 def leave_one_out_nll(model: ExactGPModel) -> Tensor | None:
     """Mean leave-one-out negative log density of the training targets, ``()`` or ``(T,)``, of a regression ``model``;
     ``None`` when its noise-added covariance has no feature root (an exact GPyTorch kernel)."""
-    was_training = model.training
-    model.eval()  # a chunked Nyström covariance forms its FITC term in eval mode only
-    try:
-        with torch.no_grad():
-            prior = model.likelihood(model.forward(model.train_inputs[0]))  # the prior at the training inputs
-            covar = feature_covariance(prior.lazy_covariance_matrix)
-            if covar is None:
-                return None
-            targets = model.train_targets
-            mean, variance = leave_one_out_predictions(covar, targets, prior.mean)
-            return 0.5 * ((2 * math.pi * variance).log() + (targets - mean).square() / variance).mean(-1)
-    finally:
-        model.train(was_training)
+    predictions = training_leave_one_out(model)
+    if predictions is None:
+        return None
+    mean, variance = predictions
+    targets = model.train_targets
+    return 0.5 * ((2 * math.pi * variance).log() + (targets - mean).square() / variance).mean(-1)
 
 
 def constant_mean_nll(targets: Tensor) -> Tensor:

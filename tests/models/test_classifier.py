@@ -562,6 +562,22 @@ def test_leave_one_out_nll_is_that_of_refits_without_each_point(extra_noise):
     assert float(class_prior_nll(labels, 3)) == pytest.approx(-np.log(counts[labels.numpy()] / len(labels)).mean())
 
 
+def test_leave_one_out_nll_of_a_nystrom_kernel_over_the_memory_budget_is_the_unchunked_one():
+    """The check took the training prior in train mode, where a chunked Nyström covariance does not form its FITC
+    term, so every fit of a Nyström classifier over rfgp.settings.memory_budget raised a ValueError; the prior is
+    now taken in eval mode, as GPRegressor's check does, and the value is that of the unchunked covariance."""
+    from rfgp.models.classifier_check import leave_one_out_nll
+
+    x, y = _blobs(40)
+    kernel = rfgp.sketch(gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()), 32, method="nystrom",
+                         x_sample=torch.as_tensor(x), seed=0)
+    with rfgp.settings.memory_budget(2**14):  # 32 landmarks × 120 points × 3 classes: chunked
+        clf = DirichletGPClassifier(kernel=kernel, num_iterations=3, dtype=torch.float64, progress=False).fit(x, y)
+        chunked = leave_one_out_nll(clf.model_)
+    assert clf.leave_one_out_nll_ == pytest.approx(float(chunked))
+    torch.testing.assert_close(chunked, leave_one_out_nll(clf.model_), rtol=1e-10, atol=1e-10)
+
+
 def test_warnings_held_during_the_fit_are_replayed_once_each():
     """A warning of every training step (here the (C, F, F) statistics over rfgp.settings.memory_budget) is held
     once per step while the fit runs; it was replayed as often (11 identical ones for a fit of 10 L-BFGS iterations)."""
