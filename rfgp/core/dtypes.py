@@ -169,11 +169,6 @@ def promoted_dtype(*dtypes: torch.dtype | None) -> torch.dtype:
     return result
 
 
-def complex_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The complex dtype with real part ``dtype`` (float32 → complex64, float64 → complex128)."""
-    return _COMPLEX[dtype]
-
-
 def cast_to(tensor: Tensor, dtype: torch.dtype) -> Tensor:
     """``tensor`` in the compute dtype ``dtype`` (a real float dtype): real floating tensors take ``dtype``,
     complex ones its complex counterpart, integer and boolean ones stay as they are.  A no-op (the same

@@ -92,7 +92,7 @@ def uniform_landmarks(x: Tensor, num_landmarks: int, seed: int | None = None,
         ValueError: when x has fewer than ``num_landmarks`` distinct rows.
     """
     num_landmarks = _check_sample(x, num_landmarks)
-    groups, count = _distinct_rows(x)
+    groups, count = distinct_rows(x)
     _check_distinct(count, num_landmarks, "distinct rows")
     generator = _generator(seed, generator)
     order = torch.randperm(x.shape[0], generator=generator, device=_draw_device(generator, x)).to(x.device)
@@ -121,7 +121,7 @@ def kmeanspp_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFunction | N
         ValueError: when fewer than ``num_landmarks`` rows are distinct (or at a positive distance).
     """
     num_landmarks = _check_sample(x, num_landmarks)
-    groups, count = _distinct_rows(x)
+    groups, count = distinct_rows(x)
     _check_distinct(count, num_landmarks, "distinct rows")
     generator = _generator(seed, generator)
     points = x.to(factor_dtype(x.dtype, x.device))
@@ -173,7 +173,7 @@ def ridge_leverage_landmarks(x: Tensor, num_landmarks: int, kernel: KernelFuncti
         ValueError: on a bad argument, or when fewer than M distinct rows have a positive score.
     """
     num_landmarks = _check_sample(x, num_landmarks)
-    groups, count = _distinct_rows(x)
+    groups, count = distinct_rows(x)
     _check_distinct(count, num_landmarks, "distinct rows")
     num_points = x.shape[0]
     pilot_size = min(count, num_landmarks) if pilot_size is None else check_positive_int(pilot_size, "pilot_size")
@@ -244,7 +244,7 @@ def _check_sample(x: Tensor, num_landmarks: int) -> int:
     return num_landmarks
 
 
-def _distinct_rows(x: Tensor) -> tuple[Tensor, int]:
+def distinct_rows(x: Tensor) -> tuple[Tensor, int]:
     """The group of every row of x (equal rows share one, ``(n,)``) and the number of distinct rows (one sync)."""
     _, groups = torch.unique(x, dim=0, return_inverse=True)
     return groups, int(groups.max()) + 1

@@ -76,7 +76,7 @@ from ..core.validation import (
     describe_bad_hyperparameters,
 )
 from ..features.base import _new_seed
-from ..features.landmarks import LANDMARK_METHODS, _distinct_rows, select_landmarks
+from ..features.landmarks import LANDMARK_METHODS, distinct_rows, select_landmarks
 from ..inference.chunking import chunk_slices
 from ..inference.linalg import squared_row_norms
 from ..inference.operators import FeatureRootLinearOperator
@@ -622,7 +622,7 @@ def _check_distinct_landmarks(landmarks: Tensor) -> Tensor:
     below its width M = ``num_features``, which then overstates the approximation's cost and accuracy, without a word.
     Deduplicating would change M behind the user's back (and the shape of a trained ``landmarks`` parameter), so the
     repeated rows are refused, as the landmark selectors refuse to pick a point twice."""
-    distinct, rows = _distinct_rows(landmarks)[1], landmarks.shape[0]
+    distinct, rows = distinct_rows(landmarks)[1], landmarks.shape[0]
     if distinct < rows:
         raise ValueError(
             f"landmarks has {rows - distinct} repeated rows ({distinct} distinct of {rows}): "
