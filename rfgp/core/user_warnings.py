@@ -10,6 +10,7 @@ file name).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 
@@ -31,3 +32,33 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARY_MODULES:
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level + 1)
+
+
+@contextlib.contextmanager
+def held_warnings():
+    """The warnings raised inside the block, held back (a list of ``warnings.WarningMessage``) for
+    :func:`replay_warnings`: an estimator that fits several models and keeps one shows the kept fit's warnings only.
+    Replayed at once if the block raises, so that they still explain the error."""
+    caught = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    except BaseException:
+        replay_warnings(caught)
+        raise
+
+
+def replay_warnings(caught) -> None:
+    """Issues held warnings again, under the caller's filters, with their original category and location, each
+    distinct one once: a warning raised at every training step (statistics over ``rfgp.settings.memory_budget``)
+    is held once per step, and ``warn_explicit`` without a registry deduplicates nothing (it was shown once per
+    step)."""
+    seen = set()
+    for message in caught:
+        key = (message.category, str(message.message), message.filename, message.lineno)
+        if key in seen:
+            continue
+        seen.add(key)
+        warnings.warn_explicit(message.message, message.category, message.filename, message.lineno,
+                               source=message.source)

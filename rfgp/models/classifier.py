@@ -9,9 +9,7 @@ when the kernel is an rfgp feature kernel (see :mod:`rfgp.inference.classificati
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import warnings
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -21,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
+from ..core.user_warnings import held_warnings, replay_warnings
 from ..core.validation import check_choice, check_positive_float, check_positive_int
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood
@@ -30,35 +29,6 @@ from .data_scale import shown_lengthscales
 from .estimator import RandomFeatureEstimator, check_sample_weight, predicting
 from .feature_width import set_num_features
 from .regression import ExactGPModel
-
-
-@contextlib.contextmanager
-def _held_warnings():
-    """The warnings raised inside the block, held back (a list of ``warnings.WarningMessage``) for :func:`_replay`;
-    replayed at once if the block raises, so that they still explain the error."""
-    caught = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield caught
-    except BaseException:
-        _replay(caught)
-        raise
-
-
-def _replay(caught) -> None:
-    """Issues held warnings again, under the caller's filters, with their original category and location, each
-    distinct one once: a warning raised at every training step (statistics over ``rfgp.settings.memory_budget``)
-    is held once per step, and ``warn_explicit`` without a registry deduplicates nothing (it was shown once per
-    step)."""
-    seen = set()
-    for message in caught:
-        key = (message.category, str(message.message), message.filename, message.lineno)
-        if key in seen:
-            continue
-        seen.add(key)
-        warnings.warn_explicit(message.message, message.category, message.filename, message.lineno,
-                               source=message.source)
 
 
 class DirichletGPClassifier(RandomFeatureEstimator):
@@ -278,20 +248,20 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         p = self._fit_params
         self.class_prior_nll_ = float(class_prior_nll(labels, len(self.classes_)))
         extra = bool(p.learn_additional_noise)
-        with _held_warnings() as kept_warnings:  # shown for the fit that is kept, not for one discarded
+        with held_warnings() as kept_warnings:  # shown for the fit that is kept, not for one discarded
             model, losses, loo = self._fit_model(x, labels, self.alpha_epsilon_, extra)
         first_loo, first_lengthscales = loo, _lengthscales(model)
         trained = p.num_iterations > 0
         degenerate = trained and loo is not None and loo >= self.class_prior_nll_
         other = None  # (leave-one-out NLL, lengthscales) of the fit with the extra noise, when the default made one
         if degenerate and p.learn_additional_noise is None:
-            with _held_warnings() as refit_warnings:
+            with held_warnings() as refit_warnings:
                 refit, refit_losses, refit_loo = self._fit_model(x, labels, self.alpha_epsilon_, True)
             other = (refit_loo, _lengthscales(refit))
             if refit_loo < loo:
                 model, losses, loo, extra = refit, refit_losses, refit_loo, True
                 kept_warnings = refit_warnings
-        _replay(kept_warnings)
+        replay_warnings(kept_warnings)
         self.learn_additional_noise_, self.leave_one_out_nll_ = extra, loo
         if degenerate:
             warn_degenerate_fit(first_loo, self.class_prior_nll_, first_lengthscales, other,

@@ -16,15 +16,19 @@ from types import SimpleNamespace
 import gpytorch
 import numpy as np
 import torch
+from gpytorch.utils.warnings import NumericalWarning
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
+from ..core.user_warnings import held_warnings, replay_warnings
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
-from ..training import fit_mll
+from ..training import NonFiniteLossError, fit_mll
 from .classifier_check import DegenerateFitWarning, training_leave_one_out
 from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
 from .feature_width import set_num_features
+from .random_start import draw_random_start
 from .regression import ExactGPModel
 from .sampling import posterior_paths
 
@@ -59,7 +63,7 @@ class GPRegressor(RandomFeatureEstimator):
         num_iterations, lr, optimizer, time_budget: training by :func:`rfgp.fit_mll`: at most ``num_iterations``
             iterations (0: no training) of L-BFGS (``"lbfgs"``, the default, stopped by fit_mll's convergence rule)
             or Adam (``"adam"``), ``lr`` its step (``None``: fit_mll's default), ``time_budget`` seconds at most
-            (``None``: no limit).
+            per start (``None``: no limit).
         standardize: centre and scale every input column with the training statistics (a constant column is
             centred, not scaled), as the classifier: ``True``, ``False`` or ``"auto"`` (the default: the default
             kernel's inputs are standardised, a given kernel's are not, since its lengthscales, periods and
@@ -73,6 +77,11 @@ class GPRegressor(RandomFeatureEstimator):
             converted.
         seed: seeds the random features.
         progress: tqdm progress bar during training (``None``: only on a terminal).
+        n_restarts_optimizer: train that many more times, from random starts drawn from ``seed``
+            (:func:`~rfgp.models.random_start.draw_random_start`: lengthscales and noise), and keep the fit with the
+            lowest final loss, as scikit-learn's argument of that name; a start that fails is skipped with a
+            ``NumericalWarning``.  The marginal likelihood has local optima (all noise, among others) that the default
+            start can end in.
 
     Targets ``y`` of shape ``(N,)``, or ``(N, T)`` for T outputs: T independent GPs sharing the inputs and the
     kernel's hyperparameters, noise and features (as scikit-learn's multi-target regressor shares its kernel), each
@@ -99,6 +108,8 @@ class GPRegressor(RandomFeatureEstimator):
         ``train_num_features_``, ``num_features_``: the default kernel's widths (``None`` with a given kernel);
         ``y_mean_``, ``y_scale_``: the target normalisation (0 and 1 without ``normalize_y``);
         ``noise_``: the noise variance σ² in the units of y² (a float, or ``(T,)`` for T outputs);
+        ``restart_losses_``: the final training loss (negative MLL per point) from each start, the default one first
+        (NaN for a start that failed; ``[]`` untrained); ``losses_`` is the kept fit's history;
         ``leave_one_out_nll_``, ``constant_mean_nll_``: the trained model's leave-one-out NLL of its training targets
         and that of their mean and variance alone (normalised units; ``None`` untrained or for an exact kernel): a
         ``DegenerateFitWarning`` says when the first is no better, the fit having explained the targets as noise.
@@ -134,6 +145,7 @@ class GPRegressor(RandomFeatureEstimator):
         device: str | torch.device | None = None,
         seed: int = 0,
         progress: bool | None = None,
+        n_restarts_optimizer: int = 0,
     ) -> None:
         # scikit-learn's estimator contract: arguments stored as given, checked by ``fit``
         self.kernel = kernel
@@ -150,6 +162,7 @@ class GPRegressor(RandomFeatureEstimator):
         self.device = device
         self.seed = seed
         self.progress = progress
+        self.n_restarts_optimizer = n_restarts_optimizer
 
     def __sklearn_tags__(self):
         # only scikit-learn calls this, so scikit-learn is installed; rfgp itself does not depend on it
@@ -169,7 +182,16 @@ class GPRegressor(RandomFeatureEstimator):
         if not (auto or isinstance(self.standardize, (bool, np.bool_))):
             raise TypeError(f"standardize must be True, False or 'auto', got {self.standardize!r}")
         common["standardize"] = self.kernel is None if auto else bool(self.standardize)
-        return SimpleNamespace(**common, time_budget=self.time_budget, normalize_y=bool(self.normalize_y))
+        restarts = self.n_restarts_optimizer
+        if isinstance(restarts, bool) or not isinstance(restarts, numbers.Integral) or restarts < 0:
+            raise ValueError(f"n_restarts_optimizer must be an integer ≥ 0, got {restarts!r}")
+        if restarts > 0 and common["num_iterations"] == 0:  # nothing would be optimised from the random starts
+            raise ValueError(
+                f"n_restarts_optimizer={restarts} restarts the hyperparameter optimisation, but num_iterations=0 "
+                "does not optimise: pass num_iterations > 0, or n_restarts_optimizer=0"
+            )
+        return SimpleNamespace(**common, time_budget=self.time_budget, normalize_y=bool(self.normalize_y),
+                               n_restarts_optimizer=int(restarts))
 
     # ----- fitting ------------------------------------------------------------------------
     @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
@@ -192,18 +214,28 @@ class GPRegressor(RandomFeatureEstimator):
         targets = ((targets - self.y_mean_) / self.y_scale_).to(p.dtype).T  # (T, N): a batch over one kernel
         batch = torch.Size([self.n_outputs_]) if self.n_outputs_ > 1 else torch.Size()
         targets = targets.reshape(*batch, -1)
-        likelihood = gpytorch.likelihoods.GaussianLikelihood()
-        mean = gpytorch.means.ConstantMean(batch_shape=batch)
-        kernel = self._new_kernel(x, targets, ard=True)
-        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
-        with torch.no_grad():
-            mean.constant.copy_(targets.mean(-1))
-        self.losses_ = []
+        with held_warnings() as kept_warnings:  # shown for the fit that is kept, not for a discarded restart
+            model, self.losses_ = self._trained_model(x, targets)
+        self.restart_losses_ = [self.losses_.losses[-1]] if p.num_iterations > 0 else []
+        starts = torch.Generator().manual_seed(p.seed)
+        for restart in range(1, p.n_restarts_optimizer + 1):
+            try:
+                with held_warnings() as restart_warnings:  # replayed at once if it fails: they explain why
+                    candidate, history = self._trained_model(x, targets, starts)
+            except (NotPSDError, NonFiniteLossError) as error:  # at its random start: that start is skipped
+                warn_user(f"GPRegressor: restart {restart} of n_restarts_optimizer={p.n_restarts_optimizer} failed "
+                          f"and is skipped ({type(error).__name__}: {str(error).splitlines()[0]}); "
+                          "restart_losses_ records it as NaN", NumericalWarning)
+                self.restart_losses_.append(math.nan)
+                continue
+            self.restart_losses_.append(history.losses[-1])
+            if history.losses[-1] < self.losses_.losses[-1]:  # the default start wins ties
+                model, self.losses_, kept_warnings = candidate, history, restart_warnings
+        replay_warnings(kept_warnings)
         self.leave_one_out_nll_ = self.constant_mean_nll_ = None
         if p.num_iterations > 0:
-            self.losses_ = fit_mll(model, p.num_iterations, p.lr, p.progress, description="GP regression",
-                                   optimizer=p.optimizer, time_budget=p.time_budget)
             self._check_degenerate_fit(model)
+        likelihood = model.likelihood
         if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
             set_num_features(model, p.num_features)
         model.eval()
@@ -213,6 +245,25 @@ class GPRegressor(RandomFeatureEstimator):
         noise = (likelihood.noise.detach().reshape(()) * self.y_scale_.square()).to(p.dtype)
         self.noise_ = float(noise) if self.n_outputs_ == 1 else noise.cpu().numpy()
         return self
+
+    def _trained_model(self, x: Tensor, targets: Tensor, start: torch.Generator | None = None):
+        """(model, :class:`~rfgp.training.TrainingHistory` or ``[]`` untrained): a new regression GP on ``x`` and the
+        normalised ``targets`` ``([T,] N)``, trained by :func:`rfgp.fit_mll` from the default start, or from a random
+        one drawn from ``start`` (:func:`~rfgp.models.random_start.draw_random_start`, a restart)."""
+        p = self._fit_params
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        mean = gpytorch.means.ConstantMean(batch_shape=targets.shape[:-1])
+        kernel = self._new_kernel(x, targets, ard=True)
+        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
+        with torch.no_grad():
+            mean.constant.copy_(targets.mean(-1))
+            if start is not None:
+                draw_random_start(model, start, float(targets.var(-1, correction=0).mean()) or 1.0)
+        if p.num_iterations == 0:
+            return model, []
+        history = fit_mll(model, p.num_iterations, p.lr, p.progress, description="GP regression",
+                          optimizer=p.optimizer, time_budget=p.time_budget)
+        return model, history
 
     def _check_degenerate_fit(self, model: ExactGPModel) -> None:
         """Warn (:class:`~rfgp.models.classifier_check.DegenerateFitWarning`) where the trained model predicts its
@@ -246,12 +297,12 @@ class GPRegressor(RandomFeatureEstimator):
                 f"a mean negative log density of {float(loo.reshape(-1)[first]):.4g} (normalised units), not "
                 f"{DEGENERATE_MARGIN} nats better than the {float(baseline.reshape(-1)[first]):.4g} of their mean and "
                 "variance alone: it explains no more of the targets than noise does (outputscale "
-                f"{_outputscale(model)}, noise {float(model.likelihood.noise.reshape(-1)[0]):.3g}). If y is not "
+                f"{_outputscale(model)}, noise {float(model.likelihood.noise.detach().reshape(-1)[0]):.3g}). If y is not "
                 "noise, the fit may have ended at the marginal likelihood's all-noise optimum from a start far from "
-                "the data's lengthscale, or stopped early: pass a kernel started at a shorter lengthscale "
-                "(e.g. rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=d)), F) with base_kernel.lengthscale set, and "
-                "standardize=True), more num_iterations, or more data (leave_one_out_nll_ and constant_mean_nll_ hold "
-                "the numbers)",
+                "the data's lengthscale, or stopped early: pass n_restarts_optimizer (e.g. 5: more starts, the best kept), "
+                "a kernel started at a shorter lengthscale (e.g. rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=d)), "
+                "F) with base_kernel.lengthscale set, and standardize=True), more num_iterations, or more data "
+                "(leave_one_out_nll_ and constant_mean_nll_ hold the numbers)",
                 DegenerateFitWarning,
             )
 

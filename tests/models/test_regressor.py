@@ -160,6 +160,95 @@ def test_a_fit_that_explains_the_targets_as_noise_warns():
     assert two.leave_one_out_nll_.shape == (2,)
 
 
+def _degenerate_wave():
+    """sin(20x) on x in [0, 10] (400 points, noise 0.1): from the median-heuristic lengthscale the marginal likelihood
+    ends at its all-noise optimum."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, (400, 1))
+    return x, np.sin(20 * x[:, 0]) + 0.1 * rng.standard_normal(400)
+
+
+def test_restarts_escape_the_all_noise_optimum_and_keep_the_best():
+    """scikit-learn's n_restarts_optimizer: the default start ends at the all-noise optimum (R² 0.00, with a
+    DegenerateFitWarning and no other warning: its message read a tensor that required grad); restarts from random
+    lengthscales and noises find the wave (R² 0.98), the best final loss is kept, the fit repeats bit for bit, and
+    the discarded fits' warnings are not shown."""
+    x, y = _degenerate_wave()
+    settings = dict(dtype="float64", progress=False, train_num_features=64, num_iterations=30)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        single = GPRegressor(**settings).fit(x, y)
+    assert [m.category for m in caught] == [rfgp.models.classifier_check.DegenerateFitWarning]
+    assert single.score(x, y) < 0.01 and single.restart_losses_ == [single.losses_[-1]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.models.classifier_check.DegenerateFitWarning)
+        reg = GPRegressor(n_restarts_optimizer=4, **settings).fit(x, y)
+    assert reg.score(x, y) > 0.95
+    assert len(reg.restart_losses_) == 5 and reg.restart_losses_[0] == single.restart_losses_[0]
+    assert reg.losses_[-1] == min(reg.restart_losses_) < reg.restart_losses_[0] - 1
+    again = GPRegressor(n_restarts_optimizer=4, **settings).fit(x, y)
+    assert again.restart_losses_ == reg.restart_losses_
+    assert torch.equal(again.predict(torch.as_tensor(x[:50])), reg.predict(torch.as_tensor(x[:50])))
+
+
+def test_a_restart_that_fails_is_skipped_by_name(monkeypatch):
+    """A random start whose covariance is not positive definite is recorded as NaN with a NumericalWarning; the fit
+    goes on with the other starts."""
+    from linear_operator.utils.errors import NotPSDError
+
+    import rfgp.models.regressor as regressor
+
+    calls = []
+
+    def failing_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise NotPSDError("Matrix not positive definite after repeatedly adding jitter")
+        return rfgp.fit_mll(*args, **kwargs)
+
+    monkeypatch.setattr(regressor, "fit_mll", failing_second)
+    x, y = _wave(80)
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning,
+                      match=r"restart 1 of n_restarts_optimizer=2 failed and is skipped \(NotPSDError: Matrix not"):
+        reg = GPRegressor(n_restarts_optimizer=2, num_iterations=5, progress=False).fit(x, y)
+    assert len(calls) == 3 and np.isnan(reg.restart_losses_[1]) and not np.isnan(reg.restart_losses_[2])
+
+
+@pytest.mark.parametrize("value, match", [
+    (-1, r"n_restarts_optimizer must be an integer ≥ 0, got -1"),
+    (1.5, r"n_restarts_optimizer must be an integer ≥ 0, got 1.5"),
+    (True, r"n_restarts_optimizer must be an integer ≥ 0, got True"),
+])
+def test_restarts_are_checked(value, match):
+    x, y = _wave(40)
+    with pytest.raises(ValueError, match=match):
+        GPRegressor(n_restarts_optimizer=value).fit(x, y)
+    with pytest.raises(ValueError, match=r"n_restarts_optimizer=2 restarts .* but num_iterations=0 does not optimise"):
+        GPRegressor(n_restarts_optimizer=2, num_iterations=0).fit(x, y)
+
+
+def test_random_start_moves_lengthscales_and_noise_only_and_inside_their_constraints():
+    from rfgp.models.random_start import draw_random_start
+
+    x = torch.rand(30, 3, dtype=torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(rfgp.sketch(gpytorch.kernels.RBFKernel(
+        ard_num_dims=3, lengthscale_constraint=gpytorch.constraints.Interval(0.5, 2.0)), 64))
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = rfgp.models.ExactGPModel(x, x.sum(-1), likelihood, kernel).double()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with torch.no_grad():
+        for seed in range(20):
+            model.load_state_dict(before)
+            draw_random_start(model, torch.Generator().manual_seed(seed), 4.0)
+            lengthscale = kernel.base_kernel.lengthscale
+            assert ((lengthscale > 0.5) & (lengthscale < 2.0)).all()
+            assert 4e-3 * (1 - 1e-9) <= likelihood.noise.item() <= 4.0
+        draw_random_start(model, torch.Generator().manual_seed(0), 4.0)
+        assert len(set(kernel.base_kernel.lengthscale.flatten().tolist())) == 3  # ARD entries drawn independently
+    changed = {name for name, value in model.state_dict().items() if not torch.equal(value, before[name])}
+    assert changed == {"covar_module.base_kernel.raw_lengthscale", "likelihood.noise_covar.raw_noise"}
+
+
 def test_constant_mean_nll_is_the_leave_one_out_gaussian():
     from rfgp.models.regressor import constant_mean_nll
 
