@@ -113,6 +113,14 @@ class RandomFeatureEstimator:
         # bound methods GPyTorch registers as load hooks, and the copy keeps likelihood_ the model's likelihood
         return copy.deepcopy(self.__dict__, {id(strategy): None})
 
+    @property
+    def kernel_(self) -> gpytorch.kernels.Kernel:
+        """The fitted kernel, ``model_.covar_module`` (scikit-learn's ``kernel_``), in the units the model sees: the
+        standardised inputs with ``standardize`` and, for the regressor, the normalised targets with ``normalize_y``.
+        """
+        self._check_fitted()
+        return self.model_.covar_module
+
     # ----- arguments ----------------------------------------------------------------------
     def _check_common_params(self) -> dict:
         """The shared constructor arguments, checked (a dict for the subclass's ``_fit_params`` namespace)."""

@@ -108,6 +108,8 @@ class GPRegressor(RandomFeatureEstimator):
         ``train_num_features_``, ``num_features_``: the default kernel's widths (``None`` with a given kernel);
         ``y_mean_``, ``y_scale_``: the target normalisation (0 and 1 without ``normalize_y``);
         ``noise_``: the noise variance σ² in the units of y² (a float, or ``(T,)`` for T outputs);
+        ``kernel_``: the fitted kernel (``model_.covar_module``); ``log_marginal_likelihood_value_``: log p(y | X, θ)
+        of the fitted model (scikit-learn's attribute; computed at first access);
         ``restart_losses_``: the final training loss (negative MLL per point) from each start, the default one first
         (NaN for a start that failed; ``[]`` untrained); ``losses_`` is the kept fit's history;
         ``leave_one_out_nll_``, ``constant_mean_nll_``: the trained model's leave-one-out NLL of its training targets
@@ -241,6 +243,7 @@ class GPRegressor(RandomFeatureEstimator):
         model.eval()
         likelihood.eval()
         self.model_, self.likelihood_ = model, likelihood
+        self._log_marginal_likelihood = None  # log_marginal_likelihood_value_, computed when first read
         self.train_num_features_, self.num_features_ = p.train_num_features, p.num_features
         noise = (likelihood.noise.detach().reshape(()) * self.y_scale_.square()).to(p.dtype)
         self.noise_ = float(noise) if self.n_outputs_ == 1 else noise.cpu().numpy()
@@ -369,6 +372,22 @@ class GPRegressor(RandomFeatureEstimator):
         density = -0.5 * (residual.square() / variance + variance.log() + math.log(2 * math.pi))
         density = density.to(self._fit_params.dtype)
         return density if torch.is_tensor(X) else density.cpu().numpy()
+
+    @property
+    def log_marginal_likelihood_value_(self) -> float:
+        """log p(y | X, θ) at the fitted hyperparameters θ, as scikit-learn's attribute of that name: the exact log
+        marginal likelihood of the fitted model (its kernel at the prediction width F, so "train small, predict big"
+        gives the value of the model that predicts), of the normalised targets with ``normalize_y`` (as scikit-learn
+        computes it), summed over outputs; the mean's and kernel's priors are not included.  Computed at the first
+        access (one O(N·F²) pass, chunked under :class:`rfgp.settings.memory_budget`), then kept.
+        """
+        self._check_fitted()
+        if getattr(self, "_log_marginal_likelihood", None) is None:
+            model = self.model_
+            with predicting(), gpytorch.settings.prior_mode(True):
+                value = self.likelihood_(model(*model.train_inputs)).log_prob(model.train_targets).sum()
+            self._log_marginal_likelihood = float(value)
+        return self._log_marginal_likelihood
 
     def sample_y(self, X, n_samples: int = 1, random_state=0):
         """``n_samples`` posterior functions f evaluated at ``X`` (latent, noise excluded): ``(M, n_samples)``, or

@@ -249,6 +249,25 @@ def test_random_start_moves_lengthscales_and_noise_only_and_inside_their_constra
     assert changed == {"covar_module.base_kernel.raw_lengthscale", "likelihood.noise_covar.raw_noise"}
 
 
+def test_kernel_and_log_marginal_likelihood_value_as_scikit_learn():
+    """scikit-learn's ``kernel_`` and ``log_marginal_likelihood_value_`` (read by most of its GP examples): the fitted
+    kernel, and the exact log marginal likelihood of the normalised targets under the fitted model at its prediction
+    width, summed over outputs; before fit, a NotFittedError that hasattr treats as absent."""
+    x, y = _wave(120)
+    reg = GPRegressor(dtype="float64", num_iterations=10, progress=False)
+    assert not hasattr(reg, "kernel_") and not hasattr(reg, "log_marginal_likelihood_value_")
+    reg.fit(x, np.c_[y, np.cos(x[:, 0])])
+    assert reg.kernel_ is reg.model_.covar_module
+    model, noise = reg.model_, reg.likelihood_.noise.detach()
+    train_x, targets = model.train_inputs[0], model.train_targets  # (2, 120) normalised targets
+    with torch.no_grad():
+        covariance = reg.kernel_(train_x).to_dense() + noise * torch.eye(120, dtype=torch.float64)
+        dense = torch.distributions.MultivariateNormal(model.mean_module(train_x), covariance).log_prob(targets).sum()
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(float(dense), rel=1e-9)
+    same_width = GPRegressor(dtype="float64", num_iterations=10, num_features=256, progress=False).fit(x, y)
+    assert same_width.log_marginal_likelihood_value_ == pytest.approx(-120 * same_width.losses_[-1], rel=1e-9)
+
+
 def test_constant_mean_nll_is_the_leave_one_out_gaussian():
     from rfgp.models.regressor import constant_mean_nll
 
