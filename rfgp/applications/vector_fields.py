@@ -44,6 +44,9 @@ def jacobian(field: Field, x: Tensor) -> Tensor:
         raise TypeError(f"field must be a callable x -> f(x) (e.g. posterior_mean_field(model)), got "
                         f"{type(field).__name__}")
     check_tensor_dtype(x, "x")
+    if x.dim() < 2:  # a (d,) point or (n,) 1-D inputs: ambiguous, and a field takes (..., n, d)
+        raise ValueError(f"x must hold points as (..., n, d), got shape {tuple(x.shape)}: pass x.reshape(1, -1) for "
+                         "one point in d dimensions, or x.reshape(-1, 1) for n points in one dimension")
     check_finite(x, "x")
     leaf = x.detach().requires_grad_(True)
     with torch.enable_grad():

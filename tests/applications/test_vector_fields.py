@@ -43,6 +43,16 @@ def test_a_field_that_is_not_callable_is_refused_by_name(check):
         check(x * 2, x)
 
 
+@pytest.mark.parametrize("check", [jacobian, divergence, curl])
+def test_points_without_an_n_axis_are_refused_by_name(check):
+    """x of shape (d,) read as one point without its n axis: divergence(identity, x) of 5 values returned the 5-D
+    identity's divergence 5 (a scalar, not one value per point), curl said "got d=5" of what the user meant as five
+    1-D points."""
+    with pytest.raises(ValueError, match=r"x must hold points as \(\.\.\., n, d\), got shape \(5,\): pass "
+                                         r"x.reshape\(1, -1\) for one point"):
+        check(lambda z: z, torch.randn(5, dtype=F64))
+
+
 def _relative(values, jac):
     return (values.abs().max() / jac.abs().max()).item()
 
