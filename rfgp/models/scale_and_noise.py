@@ -252,7 +252,7 @@ class _Problem:
             r64 = residual.double()
             self.rr, self.r1 = (r64 * r64).sum(-1), r64.sum(-1)
             self.num_data, self.width = residual.shape[-1], self.eigenvalues.shape[-1]
-            self.batch = math.prod(torch.broadcast_shapes(residual.shape[:-1], self.eigenvalues.shape[:-1]))
+            self.batch_shape = torch.broadcast_shapes(residual.shape[:-1], self.eigenvalues.shape[:-1])
 
     def loss(self, values: dict[str, Tensor]) -> Tensor:
         """fit_mll's loss Σ_batch (−log p(y) − Σ log priors)/N at the float64 ``values`` (noise ``(*batch, 1)``)."""
@@ -267,16 +267,21 @@ class _Problem:
         quad = squared / noise - (s / noise) * (c * c / (s_ * lam + noise_)).sum(-1)
         logdet = torch.log(s_ * lam + noise_).sum(-1) + (n - self.width) * torch.log(noise)
         negative_log_likelihood = 0.5 * (quad + logdet + n * math.log(2 * math.pi))
-        return (negative_log_likelihood.sum() - self.batch * self.log_prior(values)) / n
+        return (negative_log_likelihood.sum() - self.log_prior(values)) / n
 
     def log_prior(self, values: dict[str, Tensor]) -> Tensor:
-        """Σ log priors of the model, those on the outputscale, noise and constant evaluated at ``values``."""
+        """The log priors of the model, those on the outputscale, noise and constant evaluated at ``values``, as
+        fit_mll's loss holds them: GPyTorch's ``ExactMarginalLogLikelihood`` adds each prior's log density to the
+        members' losses summed over all but their batch dimensions (a member's own hyperparameter to its loss, a
+        shared one to every member's), and the members' losses are summed."""
         owners = {id(self.scale): "outputscale", id(self.model.likelihood.noise_covar): "noise",
                   id(self.mean): "constant"}
-        total = torch.zeros((), dtype=torch.float64)
+        ndim = len(self.batch_shape)
+        total = torch.zeros(self.batch_shape, dtype=torch.float64, device=self.eigenvalues.device)
         for _, module, prior, get, _ in self.model.named_priors():
             current = get(module)
             name = owners.get(id(module))
             value = values[name].reshape(current.shape) if name in values else current.detach().double()
-            total = total + prior.log_prob(value).sum().double()
-        return total
+            term = prior.log_prob(value).double()
+            total = total + term.reshape(*term.shape[:ndim], -1).sum(-1)
+        return total.sum()
