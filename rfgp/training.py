@@ -240,11 +240,13 @@ class _Objective:
             p.grad = None
         try:
             # the inputs go to the likelihood too, as in GPyTorch's heteroskedastic recipe and BoTorch's fit: a
-            # HeteroskedasticNoise evaluates its noise GP at them (others take only the shape, the same)
+            # HeteroskedasticNoise evaluates its noise GP at them (others take only the shape, the same); gradients
+            # enabled as torch.optim.LBFGS enables them for its closure (fit_mll called inside torch.no_grad())
             inputs = self.model.train_inputs
-            member_losses = -self.mll(self.model(*inputs), self.model.train_targets, *inputs)
-            loss = member_losses.sum()
-            loss.backward()
+            with torch.enable_grad():
+                member_losses = -self.mll(self.model(*inputs), self.model.train_targets, *inputs)
+                loss = member_losses.sum()
+                loss.backward()
             self.bounds.pull_gradients()
         except (NotPSDError, NanError) as error:  # NanError: also DrawCoverageError, NonFiniteHyperparameterError
             if isinstance(error, _TRIAL_POINT_ERRORS) and self.last_finite is None:
@@ -492,6 +494,9 @@ def fit_mll(
         NanError: likewise for a covariance with NaN entries (linear_operator's error).
         ValueError: training inputs or targets that carry an autograd graph (``grad_fn``), naming them; a model
             without training data.
+        RuntimeError: called under ``torch.inference_mode()``, which records no gradients (under
+            ``torch.no_grad()`` it trains as anywhere else: it enables gradients for its evaluations, as
+            ``torch.optim.LBFGS`` does for its closure).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -508,6 +513,7 @@ def fit_mll(
     """
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
+    refuse_inference_mode("fit_mll")
     if model.train_inputs is None or model.train_targets is None:
         raise ValueError("fit_mll: model has no training data (train_inputs/train_targets are None); give it some "
                          "with model.set_train_data(train_x, train_y, strict=False)")
@@ -547,6 +553,14 @@ def fit_mll(
         history.extend(more, refits, offsets)
     _check_trained_maps(model)
     return history
+
+
+def refuse_inference_mode(caller: str) -> None:
+    """Refuse to train under ``torch.inference_mode()``, where no gradient is recorded (``torch.enable_grad()``
+    included): the first backward pass failed with torch's "element 0 of tensors does not require grad"."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{caller} trains by gradients, which torch.inference_mode() does not record (not even "
+                           "under torch.enable_grad()); call it outside the torch.inference_mode() block")
 
 
 def _refuse_attached_data(model: gpytorch.models.ExactGP) -> None:

@@ -174,6 +174,20 @@ def test_model_must_be_an_exact_gp():
         rfgp.fit_mll(torch.nn.Linear(2, 1))
 
 
+def test_training_inside_no_grad_is_the_same_training_and_inference_mode_is_refused_by_name():
+    """torch.optim enables gradients for its closure; fit_mll failed inside torch.no_grad() with torch's "element 0 of
+    tensors does not require grad", and so it did under torch.inference_mode(), where no gradient can be recorded."""
+    expected = rfgp.fit_mll(_regression(), num_iterations=3)
+    with torch.no_grad():
+        got = rfgp.fit_mll(_regression(), num_iterations=3)
+    assert got.losses == expected.losses and got.gradient_norms == expected.gradient_norms
+    model = _regression()
+    start = _parameters(model)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"fit_mll .* torch.inference_mode\(\)"):
+        rfgp.fit_mll(model)
+    assert torch.equal(_parameters(model), start)
+
+
 class _FlakyMean(gpytorch.means.ConstantMean):
     """A constant mean whose calls listed in ``fail_at`` fail (NotPSDError or NaN): a bad line-search trial point.
     Calls without a gradient (fit_mll's look at the kernel's inputs, ``covar_module_inputs``) are not counted."""

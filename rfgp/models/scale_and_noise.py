@@ -45,6 +45,7 @@ from ..core.validation import check_positive_int
 from ..inference.complex_posterior import ComplexFeatureRootLinearOperator
 from ..inference.kernel_evaluation import evaluated_covariance
 from ..kernels.nystrom import NystromKernel
+from ..training import refuse_inference_mode
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ def fit_scale_and_noise(model: gpytorch.models.ExactGP, max_iter: int = 100) -> 
             covariance that is not an rfgp feature root (an exact kernel, a sum with one).
         ValueError: no training data, or no parameter to fit (all frozen).
         FloatingPointError: the loss is not finite at the model's hyperparameters.
+        RuntimeError: called under ``torch.inference_mode()``, which records no gradients for its L-BFGS.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -110,6 +112,7 @@ def fit_scale_and_noise(model: gpytorch.models.ExactGP, max_iter: int = 100) -> 
     """
     if not isinstance(model, gpytorch.models.ExactGP):
         raise TypeError(f"model must be a gpytorch.models.ExactGP, got {type(model).__name__}")
+    refuse_inference_mode("fit_scale_and_noise")
     max_iter = check_positive_int(max_iter, "max_iter")
     if model.train_inputs is None or model.train_targets is None:
         raise ValueError("model has no training data (train_inputs/train_targets are None)")

@@ -197,6 +197,8 @@ def test_what_it_cannot_fit_is_refused():
         rfgp.fit_scale_and_noise(frozen)
     with pytest.raises(ValueError, match="max_iter"):
         rfgp.fit_scale_and_noise(rff_model(x, y), max_iter=0)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"fit_scale_and_noise .* torch.inference_mode"):
+        rfgp.fit_scale_and_noise(rff_model(x, y))  # no gradient is recorded there: torch's error, unnamed, before
     exact.train()
     assert exact.training  # a refused call leaves the mode as it was
 
