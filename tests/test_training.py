@@ -169,6 +169,26 @@ def test_a_model_without_training_data_is_refused_by_name():
         rfgp.fit_mll(model)
 
 
+def test_a_trainable_parameter_on_its_bound_or_nan_is_refused_by_name():
+    """noise = 1e-4, GPyTorch's floor, stores raw_noise = −∞, whose gradient is 0: fit_mll ran its iterations without
+    ever moving it (loss 20.5 per point where a fit from the initial noise reaches −0.68), and said nothing."""
+    model = _regression()
+    model.likelihood.noise = 1e-4
+    start = _parameters(model)
+    with pytest.raises(ValueError, match=r"likelihood.noise_covar.raw_noise holds -inf .* gradient is 0"):
+        rfgp.fit_mll(model, num_iterations=20)
+    assert torch.equal(_parameters(model), start)
+    model = _regression()
+    with torch.no_grad():
+        model.covar_module.raw_outputscale.fill_(float("nan"))
+    with pytest.raises(ValueError, match=r"covar_module.raw_outputscale holds nan"):
+        rfgp.fit_mll(model)
+    model = _regression()
+    model.likelihood.noise = 1e-4
+    model.likelihood.noise_covar.raw_noise.requires_grad_(False)  # a frozen noise on the floor is the user's choice
+    assert math.isfinite(rfgp.fit_mll(model, num_iterations=2).losses[-1])
+
+
 def test_model_must_be_an_exact_gp():
     with pytest.raises(TypeError, match="ExactGP"):
         rfgp.fit_mll(torch.nn.Linear(2, 1))
