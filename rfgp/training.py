@@ -690,9 +690,9 @@ def _fit_mll(model: gpytorch.models.ExactGP, num_iterations: int, time_budget: f
         history.cpu_seconds.append(time.process_time() - start_cpu)
         history.evaluations.append(objective.evaluations)
 
-    record()
     bar = tqdm(total=num_iterations - spent[0], desc=options.description, disable=not options.progress, leave=False)
     try:
+        record()  # a failure here (the user's starting point) raises unrestarted, the model back in eval mode too
         while not history.stop_reason:
             objective.iteration += 1
             before = objective.point()

@@ -275,6 +275,7 @@ def test_a_failure_at_the_starting_point_is_not_restarted():
         warnings.simplefilter("error")
         with pytest.raises(NotPSDError, match="simulated"):
             rfgp.fit_mll(model)
+    assert not model.training  # as after a failure later on (it was left in training mode)
 
 
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
