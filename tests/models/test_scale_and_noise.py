@@ -113,6 +113,21 @@ def test_the_closed_form_loss_is_fit_mlls_and_its_optimum_zeroes_the_mll_gradien
             assert float(param.grad.abs().max()) < 1e-6, (param_name, param.grad)
 
 
+def test_targets_far_from_zero_keep_the_loss_exact():
+    """Raw targets around 10⁴: ‖r − μ1‖² and VᵀΦᵀ(r − μ1) formed from r itself cancelled to the residual's digits, so
+    the closed-form loss was 1.4·10⁻⁶ per point off fit_mll's at the optimum (its gradient noise stopped L-BFGS)."""
+    x, y = data()
+    model = rff_model(x, y + 1e4)
+    model.covar_module.outputscale, model.likelihood.noise, model.mean_module.constant = 16.0, 0.01, 1e4 + 0.7
+    before = mll_loss(model)
+    fit = rfgp.fit_scale_and_noise(model)
+    torch.testing.assert_close(torch.tensor(fit.loss_before, dtype=F64), before, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(torch.tensor(fit.loss_after, dtype=F64), mll_loss(model), rtol=1e-10, atol=1e-10)
+    for name, param in model.named_parameters():
+        if not name.endswith("raw_lengthscale"):
+            assert float(param.grad.abs().max()) < 1e-6, (name, param.grad)
+
+
 def test_it_finds_what_lbfgs_on_the_same_three_parameters_finds():
     x, y = data()
     reference = rff_model(x, y)
