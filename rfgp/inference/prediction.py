@@ -117,6 +117,12 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         self.kernel = getattr(covar, "kernel", None)
         self.draws = draw_fingerprint(self.kernel)
         self.kernel_placement = _placement(self.kernel)
+        self.prior_has_graph = torch.is_grad_enabled()
+
+    #: whether the training prior (its mean, the kernel's hyperparameters) was computed with its graph: GPyTorch builds
+    #: the strategy in the grad mode of the first prediction; :meth:`cache` refuses to differentiate caches through a
+    #: prior without one
+    prior_has_graph = True
 
     #: whether the caches depend on data that may carry a graph of their own: a recomputed fantasy's new inputs and
     #: targets (:meth:`get_fantasy_strategy`), which BoTorch differentiates acquisition values through (:meth:`cache`)
@@ -318,8 +324,19 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         data_parallel` and those of all ranks' points inside it (:func:`~rfgp.inference.distributed.reduction_scope`):
         entering or leaving it drops the caches built in the other scope (a prediction inside ``data_parallel`` after
         one outside returned the posterior of this rank's shard alone, and one outside after one inside that of all
-        points)."""
+        points).
+
+        Under ``gpytorch.settings.detach_test_caches(False)`` (BoTorch's ``propagate_grads(True)``) while a gradient is
+        recorded, the caches are built with the graph of the training prior at every call and not cached, as a
+        recomputed fantasy's: cached caches built without a graph (a prediction under ``torch.no_grad`` or the default
+        setting) made the gradient of the posterior w.r.t. the hyperparameters, the noise and the prior mean silently
+        that of the test features alone, and cached caches built with one raised 'Trying to backward through the
+        graph a second time' at the second differentiated prediction (GPyTorch's exact strategy does both).  A
+        strategy whose training prior was computed without a graph (:attr:`prior_has_graph`) raises instead."""
         if self.caches_follow_new_data and torch.is_grad_enabled():
+            return method.__wrapped__(self.reevaluated(), nan_policy)
+        if torch.is_grad_enabled() and not gpytorch.settings.detach_test_caches.on():
+            self.check_prior_graph()
             return method.__wrapped__(self.reevaluated(), nan_policy)
         with cache_grad_mode(), init_lock(self):
             scope = distributed.reduction_scope()
@@ -327,6 +344,18 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
                 self._memoize_cache.clear()
             self._reduction_scope = scope
             return method(self, nan_policy)
+
+    def check_prior_graph(self) -> None:
+        """Raise if the training prior was computed without a graph (:attr:`prior_has_graph`): caches built from it
+        would carry no gradient w.r.t. the prior mean, whose module the strategy cannot call again."""
+        if not self.prior_has_graph:
+            raise RuntimeError(
+                "this model's posterior caches are differentiated under gpytorch.settings.detach_test_caches(False) "
+                "(BoTorch's propagate_grads(True)), but its prediction strategy was built under torch.no_grad(), "
+                "from a training prior without a graph: the gradient w.r.t. the hyperparameters and the prior mean "
+                "would be missing. Call model.train() once (it drops the strategy), then predict under "
+                "detach_test_caches(False) with gradients enabled"
+            )
 
     def reevaluated(self) -> FeatureSpacePredictionStrategy:
         """This strategy with its lazily evaluated training covariance evaluated again, in the current grad mode.
@@ -341,7 +370,9 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             return self
         prior = self.train_prior_dist.__class__(self.train_prior_dist.mean, covar.__class__(*covar._args,
                                                                                              **covar._kwargs))
-        strategy = type(self)(self.train_inputs, prior, self.train_labels, self.likelihood)
+        # GPyTorch's __init__ flattened the labels to (..., N·T); it takes them in the prior's event shape (N, T)
+        labels = self.train_labels.unflatten(-1, self._train_shape)
+        strategy = type(self)(self.train_inputs, prior, labels, self.likelihood)
         strategy.caches_follow_new_data = self.caches_follow_new_data
         noise = self.dense_noise
         if noise is not None:  # the dense noise replaced the likelihood's: keep it (with_dense_noise's structure)

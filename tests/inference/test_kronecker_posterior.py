@@ -169,3 +169,30 @@ def test_eagerly_evaluated_kernels_index_whole_points_and_keep_the_factors():
         actual = _predict(model, test_x)
     assert isinstance(actual[2], KroneckerFeatureSpacePosteriorCovariance)
     _assert_same(actual, expected)
+
+
+def test_a_batched_multitask_fantasy_differentiates_in_its_new_inputs():
+    """A fantasy of a batch of multitask models, differentiated w.r.t. its new inputs: its caches are rebuilt with
+    their graph from the strategy evaluated again, which took GPyTorch's flattened (batch, N·T) labels as targets of
+    shape (N, T) (before: 'Flattening the training labels failed' for any batch).  Reference: the models with the
+    points appended to their training data, their caches differentiated (``detach_test_caches(False)``)."""
+    gen = torch.Generator().manual_seed(5)
+    test_x = torch.rand(2, 4, 2, generator=gen, dtype=F64)
+    new_x = torch.rand(2, 2, 2, generator=gen, dtype=F64)
+    new_y = torch.randn(2, 2, 3, generator=gen, dtype=F64)
+    results = []
+    for appended in (False, True):
+        model, inputs = _model(3, 1, 0, batch_shape=torch.Size([2])), new_x.clone().requires_grad_(True)
+        if appended:
+            model.set_train_data(torch.cat([model.train_inputs[0], inputs], -2),
+                                 torch.cat([model.train_targets, new_y], -2), strict=False)
+        else:
+            with torch.no_grad():
+                model(test_x)
+            model = model.get_fantasy_model(inputs, new_y)
+        with gpytorch.settings.detach_test_caches(not appended):  # the reference's caches differentiated too
+            mean = model(test_x).mean
+        results.append((mean.detach(), torch.autograd.grad(mean.sum(), inputs)[0]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-8, atol=1e-10)
+    assert results[1][1].abs().max() > 1e-2

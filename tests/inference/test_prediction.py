@@ -423,3 +423,50 @@ def test_predictions_differentiated_twice_wrt_the_test_inputs(num_features):
         value = lambda z: (model(z).variance.sum() + model(z).mean.sum()).item()  # noqa: E731
         finite_difference = (value(test_x + step) - value(test_x - step)) / 2e-6
     assert abs(grad[2, 1].item() - finite_difference) <= 1e-5 * max(1.0, abs(finite_difference))
+
+
+def _dense_mean_and_variance_gradient(model, x, y, test_x, parameters):
+    """The gradient of Σ mean + Σ variance of the posterior w.r.t. ``parameters``, by the dense algebra of K̂ = ΦΦᵀ."""
+    phi, test_phi = kernel_features(model.covar_module, x), kernel_features(model.covar_module, test_x)
+    prior_mean = model.mean_module.constant
+    train = phi @ phi.T + model.likelihood.noise * torch.eye(len(x), dtype=x.dtype)
+    cross = test_phi @ phi.T
+    mean = prior_mean + cross @ torch.linalg.solve(train, y - prior_mean)
+    variance = test_phi.pow(2).sum(-1) - (cross * torch.linalg.solve(train, cross.T).T).sum(-1)
+    return torch.autograd.grad(mean.sum() + variance.sum(), parameters)
+
+
+@pytest.mark.parametrize("num_features", [16, 256])  # N > F: feature-space caches; N < F: kernel-space caches
+def test_predictions_without_detached_caches_differentiate_the_training_prior_at_every_call(num_features):
+    """Under gpytorch.settings.detach_test_caches(False) (BoTorch's propagate_grads(True)) the posterior is
+    differentiable in the hyperparameters, the noise and the prior mean through its caches.  Before, the caches were
+    cached whatever their graph: after a first prediction under the default setting (caches without a graph) the
+    gradient was silently the test features' alone (raw_outputscale: 0.133 against -0.0098), and caches built with a
+    graph raised 'Trying to backward through the graph a second time' at the second differentiated prediction.
+    A strategy built under torch.no_grad, whose training prior has no graph, is refused by name."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(60, 2, generator=g, dtype=torch.float64), torch.randn(60, generator=g, dtype=torch.float64)
+    test_x = torch.rand(5, 2, generator=g, dtype=torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(num_features, seed=0))
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double()
+    model.covar_module.outputscale, model.likelihood.noise = 1.7, 0.05
+    model.mean_module.constant.data.fill_(0.3)
+    parameters = [model.covar_module.raw_outputscale, model.covar_module.base_kernel.raw_lengthscale,
+                  model.likelihood.noise_covar.raw_noise, model.mean_module.constant]
+    expected = _dense_mean_and_variance_gradient(model, x, y, test_x, parameters)
+    model.eval()
+    model(test_x)  # the default setting's caches, without a graph
+    for _ in range(2):
+        with gpytorch.settings.detach_test_caches(False):
+            posterior = model(test_x)
+            gradients = torch.autograd.grad(posterior.mean.sum() + posterior.variance.sum(), parameters)
+        for gradient, reference in zip(gradients, expected):
+            torch.testing.assert_close(gradient, reference, rtol=1e-8, atol=1e-10)
+    model.train()
+    model.eval()
+    with torch.no_grad():
+        model(test_x)
+    with gpytorch.settings.detach_test_caches(False), pytest.raises(RuntimeError, match="built under torch.no_grad"):
+        model(test_x)
+    with gpytorch.settings.detach_test_caches(False), torch.no_grad():
+        model(test_x)  # no gradient recorded: the cached caches answer
