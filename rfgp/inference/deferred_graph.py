@@ -28,13 +28,14 @@ def deferred_graph(values: Sequence[Tensor], rebuild: Callable[[], Sequence[Tens
     Args:
         values: the tensors, without a graph.
         rebuild: recomputes ``values`` from ``inputs`` with their graph; called in a backward pass that needs them.
-        inputs: the tensors ``rebuild`` differentiates in (those that do not require grad are dropped); a backward
-            pass whose rebuilt graph reaches another tensor that requires grad raises instead of dropping its gradient.
+        inputs: the tensors ``rebuild`` differentiates in (those that do not require grad are dropped, a repeated
+            one counted once); a backward pass whose rebuilt graph reaches another tensor that requires grad raises
+            instead of dropping its gradient.
 
     Returns:
         ``values`` unchanged where no gradient is recorded or no input requires grad, else copies with the node.
     """
-    inputs = tuple(t for t in inputs if t.requires_grad)
+    inputs = tuple({id(t): t for t in inputs if t.requires_grad}.values())  # once each: a repeat doubled its gradient
     if not torch.is_grad_enabled() or not inputs:
         return tuple(values)
     return _DeferredGraph.apply(rebuild, len(values), *values, *inputs)

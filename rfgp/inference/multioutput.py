@@ -157,6 +157,9 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         strategy = FeatureSpacePredictionStrategy(self.train_inputs, prior, split_tasks(residual, tasks) + mean,
                                                   SystemNoise(system._diag_tensor))
         strategy.caches_follow_new_data = self.caches_follow_new_data
+        # its caches' graph is this strategy's: rebuilt from this one's kernel and likelihood, evaluated again
+        strategy.graph_origin = (lambda: type(self)._task_strategy.__wrapped__(self.graph_source(), nan_policy),
+                                 self.graph_inputs)
         return strategy
 
     def _task_prediction(self, test_mean: Tensor, test_test_covar):

@@ -56,6 +56,7 @@ from linear_operator.operators import (
     ZeroLinearOperator,
 )
 from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..core.config_state import ConfigState, draw_key
 from ..core.draws import standard_normal
@@ -120,8 +121,8 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         self.prior_has_graph = torch.is_grad_enabled()
 
     #: whether the training prior (its mean, the kernel's hyperparameters) was computed with its graph: GPyTorch builds
-    #: the strategy in the grad mode of the first prediction; :meth:`cache` refuses to differentiate caches through a
-    #: prior without one
+    #: the strategy in the grad mode of the first prediction; :meth:`graph_source` refuses to differentiate the caches
+    #: through a prior without one
     prior_has_graph = True
 
     #: whether the caches depend on data that may carry a graph of their own: a recomputed fantasy's new inputs and
@@ -309,13 +310,24 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         return dense_training_noise(self.lik_train_train_covar, self.train_prior_dist.lazy_covariance_matrix)
 
     def cache(self, method, nan_policy: str):
-        """``method(self, nan_policy)``, a ``@cached`` cache builder, under :func:`cache_grad_mode` — except for a
-        recomputed fantasy's caches while a gradient is recorded: they depend on the new inputs and targets, so they
-        are built with their graph at every call and not cached (a cached graph would be freed by the first
-        ``backward()``; a cache built without one under ``detach_test_caches`` made the gradient of a fantasy
-        posterior w.r.t. its new inputs silently zero), from the kernel evaluated anew at the training inputs
-        (:meth:`reevaluated`).  GPyTorch's exact fantasy strategy keeps the graph of its mean cache, under
-        ``detach_test_caches``.
+        """``method(self, nan_policy)``, a ``@cached`` cache builder, built without a graph — except for a recomputed
+        fantasy's caches while a gradient is recorded: they depend on the new inputs and targets, so they are built
+        with their graph at every call and not cached (a cached graph would be freed by the first ``backward()``; a
+        cache built without one under ``detach_test_caches`` made the gradient of a fantasy posterior w.r.t. its new
+        inputs silently zero), from the kernel evaluated anew at the training inputs (:meth:`reevaluated`).
+        GPyTorch's exact fantasy strategy keeps the graph of its mean cache, under ``detach_test_caches``.
+
+        Under ``gpytorch.settings.detach_test_caches(False)`` (BoTorch's ``propagate_grads(True)``) while a gradient is
+        recorded, the cached values are returned with a deferred graph (:func:`~rfgp.inference.deferred_graph.
+        deferred_graph`): a backward pass that asks for a gradient w.r.t. the hyperparameters, the noise, the prior
+        mean or the training data rebuilds the caches with their graph (:meth:`graph_source`), one that asks only for
+        the test inputs' does not.  Before, the caches were cached with whatever graph they were first built with:
+        after a prediction without one (under ``torch.no_grad`` or the default setting) the gradient w.r.t. the
+        hyperparameters was silently the test features' alone, and caches built with one raised 'Trying to backward
+        through the graph a second time' at the second differentiated prediction (GPyTorch's exact strategy does
+        both).  An eagerly evaluated training covariance (``lazily_evaluate_kernels(False)``: no kernel to evaluate
+        again) gives caches with the graph of its evaluation instead, built at every call.  Without a graph by
+        default, as GPyTorch's own strategies detach theirs under ``detach_test_caches``.
 
         Built under the strategy's :func:`~rfgp.core.locks.init_lock`: threads predicting at once from one model
         build each cache once (each built it, and stored its own copy, when they came together).
@@ -324,38 +336,65 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
         data_parallel` and those of all ranks' points inside it (:func:`~rfgp.inference.distributed.reduction_scope`):
         entering or leaving it drops the caches built in the other scope (a prediction inside ``data_parallel`` after
         one outside returned the posterior of this rank's shard alone, and one outside after one inside that of all
-        points).
-
-        Under ``gpytorch.settings.detach_test_caches(False)`` (BoTorch's ``propagate_grads(True)``) while a gradient is
-        recorded, the caches are built with the graph of the training prior at every call and not cached, as a
-        recomputed fantasy's: cached caches built without a graph (a prediction under ``torch.no_grad`` or the default
-        setting) made the gradient of the posterior w.r.t. the hyperparameters, the noise and the prior mean silently
-        that of the test features alone, and cached caches built with one raised 'Trying to backward through the
-        graph a second time' at the second differentiated prediction (GPyTorch's exact strategy does both).  A
-        strategy whose training prior was computed without a graph (:attr:`prior_has_graph`) raises instead."""
+        points)."""
         if self.caches_follow_new_data and torch.is_grad_enabled():
             return method.__wrapped__(self.reevaluated(), nan_policy)
-        if torch.is_grad_enabled() and not gpytorch.settings.detach_test_caches.on():
-            self.check_prior_graph()
-            return method.__wrapped__(self.reevaluated(), nan_policy)
-        with cache_grad_mode(), init_lock(self):
+        graph = torch.is_grad_enabled() and not gpytorch.settings.detach_test_caches.on()
+        if graph and self.lazy_train_covar is None and self.graph_origin is None:
+            # an eagerly evaluated training covariance: no kernel to call again, its graph is its construction's
+            return method.__wrapped__(self.graph_source(), nan_policy)
+        with torch.no_grad(), init_lock(self):
             scope = distributed.reduction_scope()
             if getattr(self, "_reduction_scope", scope) != scope and hasattr(self, "_memoize_cache"):
                 self._memoize_cache.clear()
             self._reduction_scope = scope
-            return method(self, nan_policy)
+            values = method(self, nan_policy)
+        leaves, spec = tree_flatten(values)
+        if not graph or not all(torch.is_tensor(leaf) for leaf in leaves):  # a strategy: its own caches defer
+            return values
 
-    def check_prior_graph(self) -> None:
-        """Raise if the training prior was computed without a graph (:attr:`prior_has_graph`): caches built from it
-        would carry no gradient w.r.t. the prior mean, whose module the strategy cannot call again."""
+        def rebuild() -> list[Tensor]:
+            return tree_flatten(method.__wrapped__(self.graph_source(), nan_policy))[0]
+
+        return tree_unflatten(list(deferred_graph(leaves, rebuild, self.graph_inputs())), spec)
+
+    #: where the strategy's caches and their graph come from: ``None`` for the strategy itself, else a pair of
+    #: callables (the strategy to rebuild them from, the tensors they depend on) — an outer strategy's, for the
+    #: independent outputs' strategy that :class:`~rfgp.inference.multioutput.MultitaskFeatureSpacePredictionStrategy`
+    #: builds from its training operator
+    graph_origin = None
+
+    def graph_source(self) -> FeatureSpacePredictionStrategy:
+        """The strategy to rebuild the caches from with their graph (in a backward pass, :meth:`cache`): this one
+        with its kernel evaluated again (:meth:`reevaluated`).
+
+        Raises:
+            RuntimeError: the strategy was built under ``torch.no_grad()`` (:attr:`prior_has_graph`): the prior mean
+                at the training points carries no graph, and its module cannot be called again from here.
+        """
+        if self.graph_origin is not None:
+            return self.graph_origin[0]()
         if not self.prior_has_graph:
             raise RuntimeError(
-                "this model's posterior caches are differentiated under gpytorch.settings.detach_test_caches(False) "
-                "(BoTorch's propagate_grads(True)), but its prediction strategy was built under torch.no_grad(), "
-                "from a training prior without a graph: the gradient w.r.t. the hyperparameters and the prior mean "
-                "would be missing. Call model.train() once (it drops the strategy), then predict under "
-                "detach_test_caches(False) with gradients enabled"
+                "a gradient w.r.t. the hyperparameters, the noise or the training data was asked through this model's "
+                "posterior caches (gpytorch.settings.detach_test_caches(False), BoTorch's propagate_grads(True)), but "
+                "its prediction strategy was built under torch.no_grad(), from a training prior mean without a graph: "
+                "that gradient would be incomplete. Call model.train() once (it drops the strategy), then predict "
+                "with gradients enabled"
             )
+        return self.reevaluated()
+
+    def graph_inputs(self) -> tuple[Tensor, ...]:
+        """The tensors the caches are a function of: the kernel's and the likelihood's parameters, the prior mean,
+        the kernel's inputs at the training points (a deep kernel's network outputs) and the training data."""
+        if self.graph_origin is not None:
+            return self.graph_origin[1]()
+        covar = self.lazy_train_covar
+        kernel_inputs = () if covar is None else tuple(dict.fromkeys((covar.x1, covar.x2)))  # x₂ may be x₁
+        kernel = () if self.kernel is None else tuple(self.kernel.parameters())
+        # the prior's loc: a multitask prior's ``mean`` is a new view of it at every read
+        return (*kernel, *self.likelihood.parameters(), self.train_prior_dist.loc, *kernel_inputs,
+                *self.train_inputs, self.train_labels)
 
     def reevaluated(self) -> FeatureSpacePredictionStrategy:
         """This strategy with its lazily evaluated training covariance evaluated again, in the current grad mode.
@@ -833,14 +872,6 @@ def fantasy_noise_likelihood(likelihood, lik_train_train_covar, **kwargs):
     batch = torch.broadcast_shapes(train_noise.shape[:-1], noise.shape[:-1])
     return FixedNoiseGaussianLikelihood(train_noise.expand(*batch, train_noise.shape[-1])).get_fantasy_likelihood(
         noise=noise.expand(*batch, noise.shape[-1]))
-
-
-def cache_grad_mode() -> torch.autograd.grad_mode.set_grad_enabled:
-    """Build the posterior caches without a graph under ``gpytorch.settings.detach_test_caches`` (on by default), as
-    GPyTorch's own strategies detach theirs: a cache built while a gradient was recorded (a first prediction
-    differentiated w.r.t. the test inputs) otherwise kept the training graph, freed by the first ``backward()``, so
-    a second differentiated prediction raised 'Trying to backward through the graph a second time'."""
-    return torch.set_grad_enabled(torch.is_grad_enabled() and not gpytorch.settings.detach_test_caches.on())
 
 
 def observed_points(train_labels: Tensor, nan_policy: str) -> Tensor | None:

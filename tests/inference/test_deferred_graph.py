@@ -70,3 +70,14 @@ def test_an_input_modified_in_place_before_backward_raises():
         a.add_(1.0)  # e.g. an optimizer step between the forward and the backward pass
     with pytest.raises(RuntimeError, match="modified in place after the forward pass"):
         sum(v.sum() for v in deferred).backward()
+
+
+def test_a_repeated_input_gets_its_gradient_once():
+    """An input passed twice (a model's training inputs that are also its kernel's inputs) is differentiated once;
+    before, autograd returned its gradient for each occurrence and the two were summed: twice the true gradient."""
+    a, b, _ = _setup()
+    with torch.no_grad():
+        values = _function(a, b)
+    deferred = deferred_graph(values, lambda: _function(a, b), (a, b, a))
+    expected = torch.autograd.grad(_function(a, b)[0].sum(), (a, b))
+    torch.testing.assert_close(torch.autograd.grad(deferred[0].sum(), (a, b)), expected, rtol=1e-12, atol=1e-12)

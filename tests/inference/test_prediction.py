@@ -443,7 +443,8 @@ def test_predictions_without_detached_caches_differentiate_the_training_prior_at
     cached whatever their graph: after a first prediction under the default setting (caches without a graph) the
     gradient was silently the test features' alone (raw_outputscale: 0.133 against -0.0098), and caches built with a
     graph raised 'Trying to backward through the graph a second time' at the second differentiated prediction.
-    A strategy built under torch.no_grad, whose training prior has no graph, is refused by name."""
+    Now the cached values carry a deferred graph: the test inputs' gradient needs no rebuild, and one through the
+    caches of a strategy built under torch.no_grad (a training prior mean without a graph) is refused by name."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(60, 2, generator=g, dtype=torch.float64), torch.randn(60, generator=g, dtype=torch.float64)
     test_x = torch.rand(5, 2, generator=g, dtype=torch.float64)
@@ -466,7 +467,10 @@ def test_predictions_without_detached_caches_differentiate_the_training_prior_at
     model.eval()
     with torch.no_grad():
         model(test_x)
-    with gpytorch.settings.detach_test_caches(False), pytest.raises(RuntimeError, match="built under torch.no_grad"):
-        model(test_x)
-    with gpytorch.settings.detach_test_caches(False), torch.no_grad():
-        model(test_x)  # no gradient recorded: the cached caches answer
+    inputs = test_x.clone().requires_grad_(True)
+    with gpytorch.settings.detach_test_caches(False):
+        posterior = model(inputs)
+    (input_gradient,) = torch.autograd.grad(posterior.mean.sum(), inputs, retain_graph=True)  # needs no rebuild
+    assert input_gradient.abs().max() > 1e-2
+    with pytest.raises(RuntimeError, match="built under torch.no_grad"):
+        torch.autograd.grad(posterior.mean.sum(), parameters[:1])
