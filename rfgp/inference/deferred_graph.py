@@ -51,6 +51,7 @@ class _DeferredGraph(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: Tensor):
         _check_unmodified(ctx.inputs, ctx.versions)
+        _check_not_nested(ctx.inputs)
         with torch.enable_grad():
             rebuilt = tuple(ctx.rebuild())
         _check_inputs(rebuilt, ctx.inputs)
@@ -72,6 +73,30 @@ def _check_unmodified(inputs: Sequence[Tensor], versions: Sequence[int]) -> None
                 f"forward pass (version {version} → {tensor._version}; an optimizer step before backward()?), so "
                 "its gradient cannot be computed at the values the forward pass used; call backward() before "
                 "changing the parameters")
+
+
+def _check_not_nested(inputs: Sequence[Tensor]) -> None:
+    """Raise if an input is computed from another: the gradient w.r.t. the earlier one would include the path through
+    the later one, which the outer backward pass then follows again (counted twice)."""
+    nodes = {t.grad_fn: position for position, t in enumerate(inputs) if t.grad_fn is not None}
+    leaves = {id(t): position for position, t in enumerate(inputs) if t.grad_fn is None}
+    for position, tensor in enumerate(inputs):
+        seen, pending = set(), [] if tensor.grad_fn is None else [tensor.grad_fn]
+        while pending:
+            node = pending.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            for child, _ in node.next_functions:
+                if child is None:
+                    continue
+                upstream = nodes.get(child, leaves.get(id(getattr(child, "variable", None))))
+                if upstream is not None and upstream != position:
+                    raise RuntimeError(
+                        f"deferred_graph input {position} (shape {tuple(tensor.shape)}) is computed from input "
+                        f"{upstream} (shape {tuple(inputs[upstream].shape)}), so the gradient through it would be "
+                        "counted twice: pass only one of them")
+                pending.append(child)
 
 
 def _check_inputs(outputs: Sequence[Tensor], inputs: Sequence[Tensor]) -> None:

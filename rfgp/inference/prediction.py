@@ -386,15 +386,17 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
 
     def graph_inputs(self) -> tuple[Tensor, ...]:
         """The tensors the caches are a function of: the kernel's and the likelihood's parameters, the prior mean,
-        the kernel's inputs at the training points (a deep kernel's network outputs) and the training data."""
+        the kernel's inputs at the training points (a deep kernel's network outputs; the training inputs for an
+        eagerly evaluated covariance) and the training targets."""
         if self.graph_origin is not None:
             return self.graph_origin[1]()
         covar = self.lazy_train_covar
-        kernel_inputs = () if covar is None else tuple(dict.fromkeys((covar.x1, covar.x2)))  # x₂ may be x₁
+        # the kernel's inputs, not the model's where its forward transformed them: a tensor and one computed from it
+        # would both receive the gradient of the second (deferred_graph refuses such nested inputs)
+        inputs = self.train_inputs if covar is None else tuple(dict.fromkeys((covar.x1, covar.x2)))  # x₂ may be x₁
         kernel = () if self.kernel is None else tuple(self.kernel.parameters())
         # the prior's loc: a multitask prior's ``mean`` is a new view of it at every read
-        return (*kernel, *self.likelihood.parameters(), self.train_prior_dist.loc, *kernel_inputs,
-                *self.train_inputs, self.train_labels)
+        return (*kernel, *self.likelihood.parameters(), self.train_prior_dist.loc, *inputs, self.train_labels)
 
     def reevaluated(self) -> FeatureSpacePredictionStrategy:
         """This strategy with its lazily evaluated training covariance evaluated again, in the current grad mode.

@@ -81,3 +81,15 @@ def test_a_repeated_input_gets_its_gradient_once():
     deferred = deferred_graph(values, lambda: _function(a, b), (a, b, a))
     expected = torch.autograd.grad(_function(a, b)[0].sum(), (a, b))
     torch.testing.assert_close(torch.autograd.grad(deferred[0].sum(), (a, b)), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_an_input_computed_from_another_is_refused():
+    """b and 2b as inputs: autograd.grad w.r.t. both gives b the gradient through 2b too, which the outer backward
+    then propagates to b again — counted twice, silently; refused by name instead."""
+    a, b, _ = _setup()
+    doubled = 2 * b
+    with torch.no_grad():
+        values = _function(a, doubled)
+    deferred = deferred_graph(values, lambda: _function(a, doubled), (a, b, doubled))
+    with pytest.raises(RuntimeError, match="input 2 .shape .4,.. is computed from input 1"):
+        torch.autograd.grad(deferred[0].sum(), (a, b))
