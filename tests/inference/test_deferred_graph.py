@@ -84,12 +84,12 @@ def test_a_repeated_input_gets_its_gradient_once():
 
 
 def test_an_input_computed_from_another_is_refused():
-    """b and 2b as inputs: autograd.grad w.r.t. both gives b the gradient through 2b too, which the outer backward
-    then propagates to b again — counted twice, silently; refused by name instead."""
+    """b and b + 1 as inputs: autograd.grad w.r.t. both gives b the gradient through b + 1 too, which the outer
+    backward then propagates to b again — before, b's gradient was silently twice the true one; refused by name."""
     a, b, _ = _setup()
-    doubled = 2 * b
+    shifted = b + 1.0
     with torch.no_grad():
-        values = _function(a, doubled)
-    deferred = deferred_graph(values, lambda: _function(a, doubled), (a, b, doubled))
+        values = _function(a, shifted)
+    deferred = deferred_graph(values, lambda: _function(a, shifted), (a, b, shifted))
     with pytest.raises(RuntimeError, match="input 2 .shape .4,.. is computed from input 1"):
         torch.autograd.grad(deferred[0].sum(), (a, b))
