@@ -354,6 +354,10 @@ class FeatureSpacePredictionStrategy(LinearPredictionStrategy):
             return values
 
         def rebuild() -> list[Tensor]:
+            if distributed.reduction_scope() != scope:  # the statistics would be summed over other points
+                raise RuntimeError(
+                    "a gradient through posterior caches built inside rfgp.inference.distributed.data_parallel was "
+                    "asked outside it (or the reverse): call backward() in the scope of the prediction")
             return tree_flatten(method.__wrapped__(self.graph_source(), nan_policy))[0]
 
         return tree_unflatten(list(deferred_graph(leaves, rebuild, self.graph_inputs())), spec)

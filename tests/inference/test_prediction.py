@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rfgp.features import OptimizedMaclaurin, RandomFourierFeatures, dot_product
+from rfgp.inference import distributed
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import (
     NystromKernel,
@@ -474,3 +475,18 @@ def test_predictions_without_detached_caches_differentiate_the_training_prior_at
     assert input_gradient.abs().max() > 1e-2
     with pytest.raises(RuntimeError, match="built under torch.no_grad"):
         torch.autograd.grad(posterior.mean.sum(), parameters[:1])
+
+
+def test_a_deferred_cache_gradient_outside_the_reduction_scope_of_its_prediction_is_refused(monkeypatch):
+    """The caches' graph is rebuilt in the backward pass; its statistics are summed over the points of the scope it
+    runs in (all ranks' inside rfgp.inference.distributed.data_parallel, this process's outside), so a backward in
+    another scope than the prediction's would differentiate another posterior: refused by name."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(30, 2, generator=g, dtype=torch.float64), torch.randn(30, generator=g, dtype=torch.float64)
+    kernel = gpytorch.kernels.ScaleKernel(SketchedRBFKernel(16, seed=0))
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel).double().eval()
+    with gpytorch.settings.detach_test_caches(False):
+        mean = model(torch.rand(3, 2, generator=g, dtype=torch.float64)).mean
+    monkeypatch.setattr(distributed, "reduction_scope", lambda: ("another group",))
+    with pytest.raises(RuntimeError, match="inside rfgp.inference.distributed.data_parallel was asked outside it"):
+        torch.autograd.grad(mean.sum(), model.covar_module.raw_outputscale)
