@@ -222,18 +222,26 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
 def _own_modules(exact: Kernel, converted: Kernel) -> Kernel:
     """Replace every module that ``converted`` took from ``exact`` (the converters pass on its constraints and
     priors) by a copy, so that the conversion is a copy: ``converted.to(...)`` or ``converted.load_state_dict(...)``
-    must not cast or overwrite the exact kernel's constraint bounds and prior parameters, which are buffers.
+    must not cast or overwrite the exact kernel's constraint bounds and prior parameters, which are buffers.  So are
+    the tensors a converted module took from ``exact`` (the ``active_dims`` buffer the converters pass to the rfgp
+    constructors, which GPyTorch keeps as it is given): ``load_state_dict`` copies into buffers in place.
 
-    One copy per exact module (a constraint or prior that several converted modules share stays shared among them),
-    registered wherever the module was: as a child, in GPyTorch's ``_constraints``, and in its ``_priors`` entries.
+    One copy per exact module or tensor (a constraint or prior that several converted modules share stays shared
+    among them), registered wherever it was: as a child, in GPyTorch's ``_constraints``, in its ``_priors`` entries,
+    as a buffer or a parameter.
     """
     exact_modules = {id(module) for module in exact.modules()}
+    exact_tensors = {id(tensor) for tensor in (*exact.parameters(), *exact.buffers())}
     memo: dict[int, object] = {}
 
     def own(module):
         return copy.deepcopy(module, memo) if id(module) in exact_modules else module
 
     for module in [module for module in converted.modules() if id(module) not in exact_modules]:
+        for tensors in (module._buffers, module._parameters):
+            for name, tensor in list(tensors.items()):
+                if tensor is not None and id(tensor) in exact_tensors:
+                    tensors[name] = copy.deepcopy(tensor, memo)
         for name, child in list(module._modules.items()):
             if child is not None:
                 module._modules[name] = own(child)

@@ -168,6 +168,33 @@ def test_a_prior_that_cannot_carry_over_is_refused_naming_it():
         rfgp.sketch(exact, num_features=64, seed=0)
 
 
+def _trees_with_active_dims():
+    rbf, matern = exact_scaled_tree()
+    index = gpytorch.kernels.IndexKernel(num_tasks=2, rank=1, active_dims=[2])
+    multitask = gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=2, active_dims=[0, 1])
+    structure = gpytorch.kernels.AdditiveStructureKernel(RBFKernel(active_dims=[0, 2]), 2, active_dims=[0, 1, 2])
+    return [rbf + matern, ProductKernel(ScaleKernel(RBFKernel(active_dims=[0, 1])), index), multitask, structure]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_the_converted_tree_shares_no_tensor_with_the_exact_one(index):
+    """The converters passed the exact kernels' ``active_dims`` buffers to the rfgp constructors, which kept them:
+    loading a state dict into the converted tree (``load_state_dict`` copies into buffers in place) changed the
+    columns the exact kernel selects."""
+    exact = _trees_with_active_dims()[index]
+    sketched = rfgp.sketch(exact, num_features=16, seed=0)
+    exact_tensors = {id(t) for t in (*exact.parameters(), *exact.buffers())}
+    assert not exact_tensors & {id(t) for t in (*sketched.parameters(), *sketched.buffers())}
+    before = {name: value.clone() for name, value in exact.state_dict().items()}
+    state = sketched.state_dict()
+    for name, value in state.items():
+        if name.endswith("active_dims"):
+            state[name] = value.flip(-1)
+    sketched.load_state_dict(state)
+    for name, value in exact.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
 def test_a_model_instead_of_a_kernel_is_refused_naming_its_covar_module():
     x, y = torch.rand(5, 2), torch.rand(5)
     model = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), ScaleKernel(RBFKernel()))
