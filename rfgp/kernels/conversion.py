@@ -452,7 +452,10 @@ class _SeedSequence:
 
 #: the composite kernels that _convert takes apart; a subclass is taken apart as its parent only if it computes as it
 _COMPOSITES = (ScaleKernel, AdditiveKernel, ProductKernel)
-_COVARIANCE_METHODS = ("forward", "__call__", "num_outputs_per_input")
+#: what every class defines: overriding these is no change of the covariance (a subclass's constructor sets defaults)
+_CLASS_BOOKKEEPING = frozenset({"__init__", "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                                "__annotations__", "__firstlineno__", "__static_attributes__", "__orig_bases__",
+                                "__parameters__", "__slotnames__"})
 
 
 def _convert(kernel, plan: _Plan):
@@ -621,11 +624,14 @@ def _convert_arc(kernel: Kernel, plan: _Plan) -> Kernel:
 
 
 def _computes_as_composite(kernel: Kernel) -> bool:
-    """Whether ``kernel`` is a composite or a subclass of one that defines its covariance no differently (BoTorch's
-    ``CombinatorialCovarModule(ScaleKernel)`` only sets constructor defaults); one that overrides ``forward``
-    (say, a squared ``ScaleKernel``) is another covariance, which converting it as its parent would silently change."""
+    """Whether ``kernel`` is a composite or a subclass of one that overrides nothing of it but its constructor
+    (BoTorch's ``CombinatorialCovarModule(ScaleKernel)`` only sets constructor defaults); one that overrides
+    ``forward`` (a squared ``ScaleKernel``), the ``outputscale`` property that ``forward`` reads, or any other attribute
+    of its parent may compute another covariance, which converting it as its parent would silently change."""
+    mro = type(kernel).__mro__
     parent = next(base for base in _COMPOSITES if isinstance(kernel, base))
-    return all(getattr(type(kernel), name) is getattr(parent, name) for name in _COVARIANCE_METHODS)
+    return not any(hasattr(parent, name) for cls in mro[:mro.index(parent)] for name in vars(cls)
+                   if name not in _CLASS_BOOKKEEPING)
 
 
 def _tree_builder(kernel: Kernel, plan: _Plan) -> TreeBuilder:

@@ -156,6 +156,26 @@ def test_a_composite_subclass_converts_as_its_parent_only_if_it_computes_as_it()
     assert type(sketched) is ScaleKernel and float(sketched.raw_outputscale_constraint.lower_bound) == 0.5
 
 
+class _SquaredOutputscale(ScaleKernel):  # ScaleKernel.forward, reading an outputscale that is another function of raw
+    @property
+    def outputscale(self):
+        return self.raw_outputscale_constraint.transform(self.raw_outputscale) ** 2
+
+    @outputscale.setter
+    def outputscale(self, value):
+        self._set_outputscale(value)
+
+
+def test_a_composite_subclass_overriding_what_its_forward_reads_is_not_converted_as_its_parent():
+    """Only forward, __call__ and num_outputs_per_input were compared with the parent's: a ScaleKernel whose
+    outputscale property squares the constrained value converted to a plain ScaleKernel with the same raw value, a
+    covariance 1.31 where the exact one is 1.72, silently."""
+    exact = _SquaredOutputscale(RBFKernel())
+    exact.initialize(raw_outputscale=torch.tensor(1.0))
+    with pytest.raises(TypeError, match="_SquaredOutputscale; it is a subclass of ScaleKernel.*not converted as its"):
+        rfgp.sketch(exact, num_features=64, seed=0)
+
+
 def test_a_prior_that_cannot_carry_over_is_refused_naming_it():
     """A prior registered on a kernel instance is carried with its closure; one that reads the kernel's covariance
     (not a hyperparameter) would take another value on the sketch, changing the MAP objective: refused by name."""
