@@ -152,8 +152,8 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     Raises:
         TypeError: ``kernel`` is not a GPyTorch ``Kernel`` (a model: convert its ``covar_module``), or naming
             the first kernel in the tree that has no random-feature version (or is an unregistered subclass of
-            one, or of ``ScaleKernel``/``AdditiveKernel``/``ProductKernel`` overriding more than its constructor), or an unknown
-            keyword option (the accepted ones listed), or a
+            one, or of ``ScaleKernel``/``AdditiveKernel``/``ProductKernel`` overriding more than its constructor), or
+            an unknown keyword option (the accepted ones listed), or a
             prior of the tree that the converted tree would not have with the same log-density
             (:mod:`rfgp.kernels.carried_hyperparameters`; parameters and priors registered on a kernel instance
             beyond its class's, as BoTorch's ``add_saas_prior`` adds, are carried over).
