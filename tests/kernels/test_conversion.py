@@ -215,6 +215,31 @@ def test_the_converted_tree_shares_no_tensor_with_the_exact_one(index):
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_prior_on_a_function_of_a_hyperparameter_under_its_name_is_refused(scaled):
+    """A ``lengthscale_prior`` on ℓ² (an ``outputscale_prior`` on √s) was re-registered on ℓ (s) by the conversion;
+    the check of the priors' values passed where the two agree (ℓ = 1), so the MAP objective changed silently.  The
+    same prior under another name carries over with its closure."""
+    exact = ScaleKernel(RBFKernel())
+    kernel, name = (exact, "outputscale") if scaled else (exact.base_kernel, "lengthscale")
+    setattr(kernel, name, 1.0)
+    kernel.register_prior(f"{name}_prior", GammaPrior(2.0, 1.0), lambda m: getattr(m, name) ** 2)
+    raw = getattr(kernel, f"raw_{name}").detach().clone()
+    with pytest.raises(TypeError, match=f"{type(kernel).__name__}.{name}_prior: its closure gives .* a prior on "
+                                        f"another quantity than {name}"):
+        rfgp.sketch(exact, num_features=16, seed=0)
+    assert torch.equal(getattr(kernel, f"raw_{name}"), raw)
+    renamed = ScaleKernel(RBFKernel())
+    kernel = renamed if scaled else renamed.base_kernel
+    setattr(kernel, name, 1.0)
+    kernel.register_prior(f"{name}_squared_prior", GammaPrior(2.0, 1.0), lambda m: getattr(m, name) ** 2)
+    sketched = rfgp.sketch(renamed, num_features=16, seed=0)
+    for tree in (renamed, sketched):
+        setattr(tree if scaled else tree.base_kernel, name, 0.5)
+    terms = [[p.log_prob(c(m)).detach() for _, m, p, c, _ in tree.named_priors()] for tree in (renamed, sketched)]
+    assert len(terms[0]) == 1 and torch.equal(terms[0][0], terms[1][0])
+
+
 def test_a_model_instead_of_a_kernel_is_refused_naming_its_covar_module():
     x, y = torch.rand(5, 2), torch.rand(5)
     model = rfgp.models.ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), ScaleKernel(RBFKernel()))
