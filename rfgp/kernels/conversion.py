@@ -199,7 +199,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     columns = check_tree(kernel, options.pop("x_sample", None))
     if method == "nystrom":
         check_positive_int(num_features, "num_features")  # the number of landmarks: one map of the whole tree
-        return _own_modules(kernel, _nystrom(kernel, num_features, seed, columns, options))
+        return _own_modules(kernel, _nystrom(kernel, num_features, seed, columns, options)).train(kernel.training)
     _check_option_names(options)
     leaves = list(_leaves(kernel))
     choose_method = _method_chooser(method, leaves)
@@ -216,7 +216,9 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             "options not taken by any kernel in this tree: "
             + "; ".join(f"{name!r} (taken by {', '.join(takers[name])})" for name in unused)
         )
-    return converted
+    # in the exact tree's mode (new modules are in train mode): an rfgp kernel adds its eval-mode terms (a Nyström or
+    # truncated map's variance correction) only in eval mode, which a model converted after model.eval() is in
+    return converted.train(kernel.training)
 
 
 def _own_modules(exact: Kernel, converted: Kernel) -> Kernel:

@@ -188,6 +188,43 @@ def test_a_prior_that_cannot_carry_over_is_refused_naming_it():
         rfgp.sketch(exact, num_features=64, seed=0)
 
 
+class _MultitaskGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, covar_module):
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2)
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(), num_tasks=2)
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return gpytorch.distributions.MultitaskMultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+@pytest.mark.parametrize("method", [None, "nystrom"])
+def test_the_converted_tree_is_in_the_exact_trees_mode(method):
+    """The converted modules were new, hence in train mode, whatever the exact tree's: a model converted after
+    ``model.eval()`` (as BoTorch's fit leaves it) predicted with its kernel in train mode, where a multitask Nyström
+    kernel leaves out its variance correction — a posterior variance of 1e-10 far from the data, where it is the
+    prior's (2.48 after model.train(); model.eval())."""
+    x = torch.linspace(0, 1, 30, dtype=torch.float64).unsqueeze(-1)
+    y = torch.cat([torch.sin(6 * x), torch.cos(6 * x)], -1)
+    far = torch.tensor([[2.0], [3.0]], dtype=torch.float64)
+    exact = gpytorch.kernels.MultitaskKernel(RBFKernel(), num_tasks=2, rank=1).double()
+    exact.data_covar_module.lengthscale = 0.05
+    options = {} if method is None else {"method": method, "x_sample": x}
+    for mode in (True, False):
+        sketched = rfgp.sketch(exact.train(mode), num_features=6, seed=0, **options)
+        assert {module.training for module in sketched.modules()} == {mode}
+    model = _MultitaskGP(x, y, exact).eval()
+    model.covar_module = rfgp.sketch(model.covar_module, num_features=6, seed=0, **options)
+    with torch.no_grad():
+        variance = model(far).variance
+        model.train()
+        model.eval()
+        assert torch.equal(variance, model(far).variance)
+    if method == "nystrom":  # far from every landmark: the prior variance A_ii
+        assert torch.allclose(variance, exact.task_covar_module.covar_matrix.to_dense().diagonal().expand(2, 2))
+
+
 def _trees_with_active_dims():
     rbf, matern = exact_scaled_tree()
     index = gpytorch.kernels.IndexKernel(num_tasks=2, rank=1, active_dims=[2])
