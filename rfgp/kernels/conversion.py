@@ -877,7 +877,8 @@ def _polynomial_methods() -> tuple[str, ...]:
                              "bias_correction", "x_sample"))
 def _convert_polynomial(kernel, num_features, method, seed, x_sample=None, **options):
     """PolynomialKernel → :class:`~rfgp.kernels.SketchedPolynomialKernel`, offset carried over; with ``x_sample``
-    ``method="maclaurin"`` fits its allocation on it at the converted offset (as the RBF conversion does)."""
+    ``method="maclaurin"`` fits its allocation on it at the converted offset (as the RBF conversion does).  The option
+    ``lengthscale=True`` adds a trainable ℓ, ((x/ℓ)ᵀ(y/ℓ) + c)^p, at ℓ = 1: the exact kernel at conversion."""
     from .maclaurin import fit_allocation_on_columns, warn_truncated_conversion
     from .polynomial import SketchedPolynomialKernel
 
@@ -897,6 +898,8 @@ def _convert_polynomial(kernel, num_features, method, seed, x_sample=None, **opt
         **_common_kwargs(kernel),
     )
     sketched = copy_hyperparameters(kernel, sketched, "offset")
+    if sketched.has_lengthscale:  # the lengthscale the option adds starts at 1, where the covariance is the exact one
+        sketched.lengthscale = torch.ones_like(sketched.lengthscale)
     if x_sample is not None and method == "maclaurin":
         fit_allocation_on_columns(sketched, x_sample)
         warn_truncated_conversion(sketched, x_sample)

@@ -351,6 +351,18 @@ def test_carried_priors_sample_set_and_pickle(exact):
         torch.testing.assert_close(copied_closure(copied), closure(module), rtol=0, atol=0)
 
 
+def test_a_polynomial_lengthscale_added_by_the_option_starts_at_the_exact_covariance():
+    """``rfgp.sketch(PolynomialKernel(2), F, lengthscale=True)`` added a lengthscale at GPyTorch's initial softplus(0)
+    = 0.69, so the converted kernel was ((x/0.69)ᵀ(y/0.69) + c)², another covariance, from the conversion on."""
+    exact = gpytorch.kernels.PolynomialKernel(power=2).double()
+    exact.offset = 0.7
+    x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    plain = rfgp.sketch(exact, num_features=64, seed=0)
+    scaled = rfgp.sketch(exact, num_features=64, seed=0, lengthscale=True)
+    assert torch.equal(scaled.lengthscale.detach(), torch.ones(1, 1, dtype=torch.float64))
+    assert torch.allclose(scaled(x).to_dense(), plain(x).to_dense(), rtol=1e-12, atol=1e-12)
+
+
 def test_a_degree_zero_polynomial_kernel_is_refused_naming_the_kernel_and_the_constant_kernel():
     """PolynomialKernel(power=0) is the constant 1: the refusal names the kernel and ConstantKernel (before: the
     feature map's bare 'power must be a positive integer, got 0', naming neither)."""
