@@ -172,7 +172,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
         for ``method="maclaurin"``), hyperparameters copied (``requires_grad`` included), constraints and priors
         too (copies: moving the converted tree or loading a state into it leaves ``kernel`` as it was); a module
         the tree holds more than once is converted once per occurrence (independent draws) with its hyperparameters
-        shared.
+        shared; in ``kernel``'s train/eval mode.
 
     Example:
         >>> import torch, rfgp
