@@ -493,6 +493,34 @@ def _tie_shared_modules(converted: Kernel, conversions: list[tuple[Kernel, Kerne
         for name in own:
             owner, _, leaf = name.rpartition(".")
             result.get_submodule(owner)._parameters[leaf] = shared[name]
+    _tie_shared_parameters(in_tree, conversions)
+
+
+def _tie_shared_parameters(in_tree: set[int], conversions: list[tuple[Kernel, Kernel]]) -> None:
+    """Share the conversions of a ``Parameter`` that several modules of the exact tree hold.
+
+    ``k2.raw_lengthscale = k1.raw_lengthscale`` ties two kernels' lengthscales in GPyTorch (one parameter in
+    ``named_parameters``, trained as one); the converters copy each kernel's values into parameters of its own, so
+    the conversions of ``k1`` and ``k2`` get the first one's ``Parameter`` (the converters copy the values under the
+    exact names, and :func:`~rfgp.kernels.carried_hyperparameters.carry_extra_hyperparameters` the rest), else
+    training would fit them apart.
+    """
+    holders: dict[int, list[tuple[Kernel, str, Kernel]]] = {}  # exact parameter → (exact module, name, conversion)
+    for exact, result in conversions:
+        if id(result) in in_tree:
+            for name, parameter in exact.named_parameters(recurse=False):
+                holders.setdefault(id(parameter), []).append((exact, name, result))
+    for occurrences in holders.values():
+        if len({id(exact) for exact, _, _ in occurrences}) < 2:  # one module's: tied by _tie_shared_modules
+            continue
+        first = None
+        for _, name, result in occurrences:
+            if name not in result._parameters:  # not carried over (a restructured product's own parameter): no tie
+                continue
+            if first is None:
+                first = result._parameters[name]
+            else:
+                result._parameters[name] = first
 
 
 def _count_priors_as_gpytorch(converted: Kernel, conversions: list[tuple[Kernel, Kernel]]) -> None:

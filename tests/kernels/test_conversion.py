@@ -225,6 +225,24 @@ def test_the_converted_tree_is_in_the_exact_trees_mode(method):
         assert torch.allclose(variance, exact.task_covar_module.covar_matrix.to_dense().diagonal().expand(2, 2))
 
 
+def test_a_parameter_that_several_kernels_share_stays_one_parameter():
+    """``matern.raw_lengthscale = rbf.raw_lengthscale`` (one lengthscale in GPyTorch's ``named_parameters``, trained
+    as one) converted to two lengthscale parameters, which training fitted apart: another model."""
+    rbf, matern = RBFKernel(active_dims=[0]), MaternKernel(nu=2.5, active_dims=[1])
+    matern.raw_lengthscale = rbf.raw_lengthscale
+    rbf.lengthscale = 0.7
+    scaled = ScaleKernel(RBFKernel())
+    exact = ScaleKernel(rbf) + ScaleKernel(matern) + scaled * gpytorch.kernels.PeriodicKernel()
+    exact.kernels[1].raw_outputscale = scaled.raw_outputscale
+    sketched = rfgp.sketch(exact, num_features=64, seed=0)
+    assert [n for n, _ in sketched.named_parameters()] == [n for n, _ in exact.named_parameters()]
+    s_rbf, s_matern = sketched.kernels[0].base_kernel, sketched.kernels[1].base_kernel
+    assert s_rbf.raw_lengthscale is s_matern.raw_lengthscale
+    assert torch.equal(s_rbf.lengthscale, rbf.lengthscale)
+    s_scaled = next(m for m in sketched.kernels[2].modules() if isinstance(m, ScaleKernel))
+    assert sketched.kernels[1].raw_outputscale is s_scaled.raw_outputscale
+
+
 def _trees_with_active_dims():
     rbf, matern = exact_scaled_tree()
     index = gpytorch.kernels.IndexKernel(num_tasks=2, rank=1, active_dims=[2])
