@@ -14,6 +14,8 @@ changing the model.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from gpytorch.kernels import Kernel
 
@@ -40,26 +42,57 @@ def carry_extra_hyperparameters(source: Kernel, target: Kernel) -> Kernel:
     return target
 
 
+#: the shifts of every raw hyperparameter at which :func:`check_priors_kept` compares the prior terms
+_SHIFTS = (0.0, 0.5)
+
+
 def check_priors_kept(source: Kernel, converted: Kernel) -> None:
     """Raise a ``TypeError`` unless ``converted`` has ``source``'s prior terms: as many priors and each log pᵢ(gᵢ(θ))
     equal, compared as sorted values since a conversion may restructure the tree and rename modules (a term that
-    cannot be evaluated on the exact tree either, e.g. a prior outside its support, only has to exist)."""
-    expected, actual = _prior_terms(source), _prior_terms(converted)
-    values, other_values = _values(expected), _values(actual)
-    if len(expected) == len(actual) and values.shape == other_values.shape and torch.allclose(
-        values, other_values, equal_nan=True
-    ):
-        return
-    lost = [f"{name} ({_describe(actual.get(name))})" for name, value in expected.items()
-            if name not in actual or (isinstance(value, torch.Tensor) and not _same_term(value, actual[name]))]
-    added = [name for name in actual if name not in expected]
-    raise TypeError(
-        f"rfgp.sketch would change the model's priors: the exact tree has {len(expected)} prior term(s), the "
-        f"converted one {len(actual)}; not kept: {', '.join(lost) or 'none by name'}"
-        + (f"; only in the converted tree: {', '.join(added)}" if added else "")
-        + ". A prior whose closure reads more than the kernel's hyperparameters (its covariance, an attribute of "
-        "the exact class) cannot carry over: remove it, or register a converter with rfgp.register_converter"
-    )
+    cannot be evaluated on the exact tree either, e.g. a prior outside its support, only has to exist).
+
+    The terms are compared at the hyperparameters θ and at θ + 1/2 (every raw parameter of each tree shifted in turn,
+    by swapping its ``.data``, and restored), so that a closure that only agrees at θ — a ``lengthscale_prior`` on
+    ℓ² where ℓ = 1, a closure that reads the exact kernel instead of the module it is given — is refused too."""
+    for shift in _SHIFTS:
+        with _shifted(source, shift):
+            expected = _prior_terms(source)
+        with _shifted(converted, shift):
+            actual = _prior_terms(converted)
+        values, other_values = _values(expected), _values(actual)
+        if len(expected) == len(actual) and values.shape == other_values.shape and torch.allclose(
+            values, other_values, equal_nan=True
+        ):
+            continue
+        lost = [f"{name} ({_describe(actual.get(name))})" for name, value in expected.items()
+                if name not in actual or (isinstance(value, torch.Tensor) and not _same_term(value, actual[name]))]
+        added = [name for name in actual if name not in expected]
+        raise TypeError(
+            f"rfgp.sketch would change the model's priors: the exact tree has {len(expected)} prior term(s), the "
+            f"converted one {len(actual)}; not kept"
+            + (f" (at every raw hyperparameter + {shift})" if shift else "")
+            + f": {', '.join(lost) or 'none by name'}"
+            + (f"; only in the converted tree: {', '.join(added)}" if added else "")
+            + ". A prior whose closure reads more than the kernel's hyperparameters (its covariance, an attribute of "
+            "the exact class, another kernel than the module it is given) cannot carry over, nor a prior on a "
+            "function of a hyperparameter registered under the hyperparameter's own prior name (lengthscale_prior "
+            "on ℓ², which the converted kernel puts on ℓ): remove it, register it under another name (carried over "
+            "with its closure), or register a converter with rfgp.register_converter"
+        )
+
+
+@contextlib.contextmanager
+def _shifted(module: torch.nn.Module, shift: float):
+    """Every parameter of ``module`` shifted by ``shift`` within the block (its ``.data`` swapped, then restored)."""
+    saved = [(parameter, parameter.data) for parameter in module.parameters()]
+    try:
+        with torch.no_grad():
+            for parameter, data in saved:
+                parameter.data = data + shift
+        yield
+    finally:
+        for parameter, data in saved:
+            parameter.data = data
 
 
 def _prior_terms(kernel: Kernel) -> dict:

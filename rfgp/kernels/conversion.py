@@ -739,45 +739,10 @@ def copy_hyperparameters(source: Kernel, target: Kernel, *names: str) -> Kernel:
         getattr(target, raw).requires_grad_(getattr(source, raw).requires_grad)
         prior_name = f"{name}_prior"
         if prior_name in source._priors:
-            _check_prior_reads(source, name)
             # the target's own closures: the source's call its class's private setters (PeriodicKernel's
             # _set_period_length), which the rfgp kernel has not, or are bound to the source kernel
             target.register_prior(prior_name, source._priors[prior_name][0], *prior_closures(name))
     return target
-
-
-def _check_prior_reads(source: Kernel, name: str) -> None:
-    """Raise a TypeError unless the closure of ``source``'s ``<name>_prior`` reads ``<name>`` itself, the quantity
-    the converted kernel's closure reads: a prior on a function of it (``lambda m: m.lengthscale ** 2`` registered as
-    ``lengthscale_prior``) would become a prior on ``<name>``, another model, which the check of the priors' values
-    (:func:`~rfgp.kernels.carried_hyperparameters.check_priors_kept`) misses where the two agree (ℓ² = ℓ at ℓ = 1).
-
-    The closure is compared with ``<name>`` at the current raw value and at the raw value + 1/2 (set by swapping the
-    parameter's ``.data``, restored after: ``source``'s values are left as they were)."""
-    closure = source._priors[f"{name}_prior"][1]
-    raw = getattr(source, f"raw_{name}")
-    current = raw.data
-    try:
-        with torch.no_grad():
-            for shift in (0.0, 0.5):
-                raw.data = current + shift
-                read, value = closure(source), getattr(source, name)
-                try:
-                    same = torch.equal(*torch.broadcast_tensors(read, value))
-                except RuntimeError:  # shapes that do not broadcast: not the hyperparameter
-                    same = False
-                if not same:
-                    raise TypeError(
-                        f"rfgp.sketch does not convert {type(source).__name__}.{name}_prior: its closure gives "
-                        f"{read.flatten()[:4].tolist()} where {name} is {value.flatten()[:4].tolist()}"
-                        + (f" (at raw_{name} + {shift})" if shift else "") + f", a prior on another quantity than "
-                        f"{name}, which the converted kernel's {name}_prior (on {name}) would silently replace. "
-                        f"Register it under another name, e.g. kernel.register_prior("
-                        f"'{name}_function_prior', prior, closure): a prior of another name carries over with its "
-                        "closure"
-                    )
-    finally:
-        raw.data = current
 
 
 _FOURIER = ("rff", "orf", "sorf")

@@ -280,8 +280,8 @@ def test_a_prior_on_a_function_of_a_hyperparameter_under_its_name_is_refused(sca
     setattr(kernel, name, 1.0)
     kernel.register_prior(f"{name}_prior", GammaPrior(2.0, 1.0), lambda m: getattr(m, name) ** 2)
     raw = getattr(kernel, f"raw_{name}").detach().clone()
-    with pytest.raises(TypeError, match=f"{type(kernel).__name__}.{name}_prior: its closure gives .* a prior on "
-                                        f"another quantity than {name}"):
+    with pytest.raises(TypeError, match=r"would change the model's priors.*not kept \(at every raw hyperparameter "
+                                        rf"\+ 0.5\): .*{name}_prior \(log-density"):
         rfgp.sketch(exact, num_features=16, seed=0)
     assert torch.equal(getattr(kernel, f"raw_{name}"), raw)
     renamed = ScaleKernel(RBFKernel())
@@ -293,6 +293,16 @@ def test_a_prior_on_a_function_of_a_hyperparameter_under_its_name_is_refused(sca
         setattr(tree if scaled else tree.base_kernel, name, 0.5)
     terms = [[p.log_prob(c(m)).detach() for _, m, p, c, _ in tree.named_priors()] for tree in (renamed, sketched)]
     assert len(terms[0]) == 1 and torch.equal(terms[0][0], terms[1][0])
+
+
+def test_a_prior_whose_closure_reads_the_exact_kernel_is_refused():
+    """A prior registered on an instance is carried with its closure; one that ignores the module it is given and
+    reads the exact kernel (``lambda m: rbf.lengthscale``) agreed at conversion, then stayed at the exact kernel's
+    value however the converted lengthscale was trained."""
+    rbf = RBFKernel()
+    rbf.register_prior("shrinkage_prior", GammaPrior(2.0, 2.0), lambda m: rbf.lengthscale)
+    with pytest.raises(TypeError, match=r"not kept \(at every raw hyperparameter \+ 0.5\): shrinkage_prior"):
+        rfgp.sketch(rbf, num_features=16, seed=0)
 
 
 def test_a_model_instead_of_a_kernel_is_refused_naming_its_covar_module():
