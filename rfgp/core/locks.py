@@ -10,12 +10,20 @@ Builders take :func:`init_lock` around the build and test the state again inside
 initialisation), so a built object never takes the lock.  The locks live in a table keyed weakly on the object, not
 on the object: ``state_dict``, ``pickle``, ``copy.deepcopy``, ``torch.save``, DataLoader workers,
 ``torch.jit.trace`` and ``torch.compile`` see nothing of them, and a copy gets a lock of its own at its first build.
+
+A build that is host-side Python (:func:`untraced_build`: the optimized Maclaurin allocation and its draws) runs as
+Python under ``torch.compile`` too, instead of being traced by TorchDynamo.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 import weakref
+from typing import Callable, TypeVar
+
+Function = TypeVar("Function", bound=Callable)
 
 _TABLE_LOCK = threading.Lock()
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -31,3 +39,24 @@ def init_lock(owner: object) -> threading.RLock:
         if lock is None:
             lock = _LOCKS[owner] = threading.RLock()
         return lock
+
+
+def untraced_build(function: Function) -> Function:
+    """``function``, run as Python (``torch._dynamo.disable``) even when a compiled caller (``torch.compile``) reaches it.
+
+    For one-time, host-side builds of Python numbers and caches, which compiling cannot speed up: traced, the
+    optimized Maclaurin allocation recompiled at every candidate order (guards on ``len(self._cache)`` of its pair
+    statistics, on the degree, on float values of its sums) and its draws once per degree.  TorchDynamo still traces
+    the wrapper and guards on the wrapped code: decorate the one entry of a build, not its parts.  It is looked up at
+    the call, not imported here: it is imported whenever something is compiled, and importing it costs seconds that
+    an rfgp import without ``torch.compile`` should not pay.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is None:
+            return function(*args, **kwargs)
+        return dynamo.disable(function)(*args, **kwargs)  # a wrapper per call: no state for Dynamo to guard on
+
+    return wrapper

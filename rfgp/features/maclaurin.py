@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..core.config_state import DRAW, METHOD
 from ..core.dtypes import device_constant, refuse_autocast_backward
-from ..core.locks import init_lock
+from ..core.locks import init_lock, untraced_build
 from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
 from . import dot_product
 from .base import FeatureMap
@@ -443,6 +443,7 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             self._materialize()
         return self
 
+    @untraced_build
     def fit(self, x_sample: Tensor, kernel: DotProductKernelSpec | None = None) -> OptimizedMaclaurin:
         """Recompute (p*, D*) by Algorithm 3 on ``x_sample`` (as the map sees it: divided by ℓ), then redraw.
 

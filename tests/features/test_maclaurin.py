@@ -239,3 +239,26 @@ def test_features_follow_a_replaced_polynomial_offset_at_the_same_order():
     fresh = OptimizedMaclaurin(dot_product.polynomial(3, 4.0), 41, input_dim=3, widths=phi.widths, min_order=3,
                                max_order=3, seed=0).double()
     torch.testing.assert_close(phi(x), fresh(x), rtol=0, atol=0)
+
+
+def test_first_call_under_torch_compile_allocates_without_recompiling():
+    """The allocation (Algorithms 2–3) and the draws of an optimized Maclaurin map's first call are host-side Python:
+    traced by TorchDynamo they recompiled at every candidate order (guards on ``len(self._cache)`` of the pair
+    statistics, on the degree) and at every degree's draw.  They now run untraced (twice: a second compiled fit reuses
+    the frame), and give the map an uncompiled build gives."""
+    import torch._dynamo
+
+    x = torch.randn(30, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    phi, reference = (OptimizedMaclaurin(dot_product.gaussian(), 33, max_order=5, seed=0) for _ in range(2))
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            torch.compile(phi.prepare, backend="eager")(x)
+            torch.compile(phi.fit, backend="eager")(0.5 * x)
+    finally:
+        torch._dynamo.reset()
+    reference.prepare(x)
+    reference.fit(0.5 * x)
+    assert phi.widths == reference.widths and len(set(phi.widths)) > 1
+    for name, value in reference.state_dict().items():
+        assert torch.equal(phi.state_dict()[name], value), name
