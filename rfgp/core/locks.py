@@ -42,7 +42,7 @@ def init_lock(owner: object) -> threading.RLock:
 
 
 def untraced_build(function: Function) -> Function:
-    """``function``, run as Python (``torch._dynamo.disable``) even when a compiled caller (``torch.compile``) reaches it.
+    """``function``, run as Python (``torch._dynamo.disable``) even when compiled code reaches it.
 
     For one-time, host-side builds of Python numbers and caches, which compiling cannot speed up: traced, the
     optimized Maclaurin allocation recompiled at every candidate order (guards on ``len(self._cache)`` of its pair
