@@ -186,8 +186,8 @@ def _log_gaussian_prefactor(x: Tensor) -> Tensor:
 
 def _checked_log(coefficient: Callable[[int], float], n: int) -> float:
     value = float(coefficient(n))
-    if not value >= 0:
-        raise ValueError(f"Maclaurin coefficients must be ≥ 0 (positive definiteness), got a_{n} = {value}")
+    if not 0 <= value < math.inf:  # an infinite aₙ had log aₙ = inf, read downstream as aₙ = 0 (not finite)
+        raise ValueError(f"Maclaurin coefficients must be finite and ≥ 0 (positive definiteness), got a_{n} = {value}")
     return math.log(value) if value > 0 else -math.inf
 
 

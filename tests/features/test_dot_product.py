@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rfgp.features import dot_product
+from rfgp.features import OptimizedMaclaurin, dot_product
 
 
 def test_polynomial_coefficients_are_binomial_and_finite():
@@ -75,5 +75,17 @@ def test_bad_input_names_the_argument():
         dot_product.from_coefficients(3.0)
     with pytest.raises(ValueError, match="needs its exact function"):
         dot_product.from_coefficients(lambda n: 1.0)
-    with pytest.raises(ValueError, match=r"must be ≥ 0.*a_0 = -1.0"):
+    with pytest.raises(ValueError, match=r"must be finite and ≥ 0.*a_0 = -1.0"):
         dot_product.from_coefficients(lambda n: -1.0, max_degree=2).coefficients(2)
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_non_finite_user_coefficient_is_named(value):
+    """a₂ = inf had log aₙ = inf, which the allocation read as aₙ = 0 (``has_degree`` tests finiteness): degree 2
+    got no feature and the map approximated another kernel, silently."""
+    spec = dot_product.from_coefficients(lambda n: value if n == 2 else 1 / math.factorial(n), torch.exp)
+    with pytest.raises(ValueError, match=r"must be finite.*a_2 = (inf|nan)"):
+        spec.log_coefficients(3)
+    phi = OptimizedMaclaurin(spec, 33, max_order=4, seed=0)
+    with pytest.raises(ValueError, match=r"a_2 = (inf|nan)"):
+        phi(torch.randn(20, 3, dtype=torch.float64))
