@@ -7,6 +7,9 @@ main at 3e93386 (the per-degree loop, before the degrees were batched into one t
 
     PYTHONPATH=<main checkout> python tests/features/test_maclaurin_reference.py
 
+The two ``random-*`` entries were made again when RandomMaclaurin's sketches stopped sharing random numbers with its
+degree draw (new draws for the same seed; the feature computation they check is unchanged).
+
 Compared with a tolerance (≤ 1e-12 relative), as the saved numbers may come from another CPU's BLAS; the two
 TensorSRHT paths are compared with each other on this machine, real-weight features bit for bit (the batched path
 keeps every product in the same order; complex products may round in the last bit, and the gradients w.r.t. x sum
