@@ -18,6 +18,7 @@ from gpytorch.priors import Prior
 from torch import Tensor
 
 from ..core.config_state import METHOD
+from ..core.dtypes import device_constant
 from ..core.validation import (
     check_choice,
     check_finite,
@@ -244,8 +245,8 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         t = self.scale_inputs(x).pow(2).sum(-1)
         offset = self.checked_offset()  # (*batch, 1): broadcasts over the points
         degrees = torch.arange(self.power + 1, device=t.device)
-        binomial = torch.tensor([math.comb(self.power, n) for n in range(self.power + 1)], dtype=t.dtype,
-                                device=t.device)
+        binomial = device_constant(self, ("binomial", self.power), lambda: torch.tensor(
+            [math.comb(self.power, n) for n in range(self.power + 1)], dtype=torch.float64), t)
         terms = (binomial * integer_powers(offset.to(t).unsqueeze(-1), self.power - degrees)
                  * integer_powers(t.unsqueeze(-1), degrees))
         return (offset.to(t) + t).pow(self.power), terms[..., self.feature_map.expected_degrees()].sum(-1)

@@ -217,3 +217,16 @@ def test_maclaurin_variance_moments_follow_the_kernels_current_offset(method, op
         assert torch.allclose(target, (k.offset + x.pow(2).sum(-1)).pow(3), rtol=1e-12, atol=0)
         error = norms.std(0) / len(norms) ** 0.5
         assert ((norms.mean(0) - expected).abs() < 4 * error + 1e-12).all(), (norms.mean(0), expected, error)
+
+
+def test_maclaurin_variance_moments_copy_no_constant_from_the_host(monkeypatch):
+    """The binomials C(p, n) of the bias correction were a new host tensor at every call (a copy to the device, which
+    waits for the stream on CUDA); they are made once per dtype and device (:func:`rfgp.core.dtypes.device_constant`)."""
+    kernel = SketchedPolynomialKernel(3, 41, method="maclaurin", min_order=3, seed=0, input_dim=2).double()
+    x = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    first = kernel.diag_moments(x)
+    made, tensor = [], torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *args, **kwargs: made.append(args) or tensor(*args, **kwargs))
+    again = kernel.diag_moments(x)
+    assert not made
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
