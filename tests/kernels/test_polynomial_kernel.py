@@ -221,7 +221,8 @@ def test_maclaurin_variance_moments_follow_the_kernels_current_offset(method, op
 
 def test_maclaurin_variance_moments_copy_no_constant_from_the_host(monkeypatch):
     """The binomials C(p, n) of the bias correction were a new host tensor at every call (a copy to the device, which
-    waits for the stream on CUDA); they are made once per dtype and device (:func:`rfgp.core.dtypes.device_constant`)."""
+    waits for the stream on CUDA); they are made once per dtype and device (:func:`~rfgp.core.dtypes.device_constant`).
+    """
     kernel = SketchedPolynomialKernel(3, 41, method="maclaurin", min_order=3, seed=0, input_dim=2).double()
     x = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     first = kernel.diag_moments(x)
