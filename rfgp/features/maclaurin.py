@@ -453,14 +453,18 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
             shape = tuple(x_sample.shape) if torch.is_tensor(x_sample) else type(x_sample).__name__
             raise ValueError(f"x_sample must be a tensor of shape (..., m, d) with m ≥ 2, got {shape}")
         check_features_input(x_sample, "x_sample", self.input_dim)
-        if kernel is not None:
-            if not isinstance(kernel, DotProductKernelSpec):
-                raise TypeError(f"kernel must be a DotProductKernelSpec, got {type(kernel).__name__}")
-            self.kernel = kernel
-        x, result = self._allocate(x_sample)
-        widths = tuple(result.widths[: result.order])
-        if self.min_share > 0:
-            self._check_share(x, widths)  # before the map changes: a refused refit leaves it as it was
+        if kernel is not None and not isinstance(kernel, DotProductKernelSpec):
+            raise TypeError(f"kernel must be a DotProductKernelSpec, got {type(kernel).__name__}")
+        kept, self.kernel = self.kernel, kernel if kernel is not None else self.kernel
+        try:
+            x, result = self._allocate(x_sample)
+            widths = tuple(result.widths[: result.order])
+            if self.min_share > 0:
+                self._check_share(x, widths)  # before the map changes: a refused refit leaves it as it was
+        except BaseException:
+            # the target too: left replaced, it gave the features (√aₙ, offset=None) its coefficients on the old widths
+            self.kernel = kept
+            raise
         self.objective = result.objective
         self.input_dim = x.shape[-1]
         return self.set_widths(widths)

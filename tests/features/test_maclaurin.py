@@ -280,3 +280,18 @@ def test_random_maclaurin_degrees_and_sketches_are_independent():
         samples.append(features[0] @ features[1])
     estimate, se = mean_and_se(torch.stack(samples))
     assert abs(estimate - (0.5 + float(x @ y)) ** 3) <= 4 * se
+
+
+def test_refused_refit_keeps_the_target_kernel_and_the_features():
+    """``fit(x, kernel=...)`` refused by ``min_share`` left the new target on the map with the old widths: its
+    features (√aₙ of the target) became those of another kernel, silently, although the error said nothing
+    changed."""
+    x = torch.nn.functional.normalize(torch.randn(30, 3, generator=torch.Generator().manual_seed(0),
+                                                  dtype=torch.float64), dim=-1)
+    spec = dot_product.polynomial(3, 1.0)
+    phi = OptimizedMaclaurin(spec, 41, max_order=2, min_share=0.5, seed=0, x_sample=x)
+    features, widths = phi(x), phi.widths
+    with pytest.raises(ValueError, match="min_share"):
+        phi.fit(x, kernel=dot_product.polynomial(3, 0.01))
+    assert phi.kernel is spec and phi.widths == widths
+    assert torch.equal(phi(x), features)
