@@ -44,3 +44,25 @@ def test_compiled_kernel_space_gradient_equals_eager():
     expected = outputscale_gradient(chol, solve, features)
     compiled = torch.compile(outputscale_gradient, fullgraph=True)(chol, solve, features)
     torch.testing.assert_close(compiled, expected, rtol=1e-12, atol=1e-14)
+
+
+def test_compiled_backward_through_complex_maclaurin_features_equals_eager():
+    """A training step through a Maclaurin map with its default complex (CtR) weights, compiled: TorchDynamo's fake
+    tensors failed in the TensorSRHT gather products' backward on complex values ("Tensor must have a last dimension
+    of size 2"), so no CtR Maclaurin model compiled a training step; the products run as plain torch there now."""
+    from rfgp.features import OptimizedMaclaurin, dot_product
+
+    x = torch.randn(40, 3, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    phi = OptimizedMaclaurin(dot_product.gaussian(), 33, input_dim=3, widths=(4, 6, 6), seed=0).double()
+    lengthscale = torch.tensor(1.3, dtype=DTYPE, requires_grad=True)
+
+    def step(x):
+        loss = phi(x / lengthscale).abs().pow(2).sum()
+        loss.backward()
+        return loss
+
+    expected = step(x).detach()
+    expected_grad, lengthscale.grad = lengthscale.grad.clone(), None
+    compiled = torch.compile(step, backend="eager")(x)
+    torch.testing.assert_close(compiled.detach(), expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(lengthscale.grad, expected_grad, rtol=1e-12, atol=0)

@@ -39,7 +39,10 @@ def suffix_gather_product(values: Tensor, indices: list[Tensor], starts: tuple[i
     if len(indices) != len(starts) or starts[0] != 0:
         raise ValueError(f"starts must begin with 0 and name one start per index, got starts={starts} for "
                          f"{len(indices)} indices")
-    if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same products, plainly
+    # TorchScript cannot export a Python autograd.Function, and TorchDynamo's fake tensors failed in its backward on
+    # complex values (a CtR Maclaurin training step under torch.compile: "Tensor must have a last dimension of size
+    # 2"): the same products, plainly, which both record
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
         out = _gather(values, indices[0])
         for start, index in zip(starts[1:], indices[1:]):
             out = _multiply_from(out, start, _gather(values, index))
