@@ -273,9 +273,11 @@ def test_a_failure_at_the_starting_point_is_not_restarted():
     model = _regression(mean_module=_FlakyMean(fail_at={1}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(NotPSDError, match="simulated"):
+        with pytest.raises(NotPSDError, match="simulated") as raised:
             rfgp.fit_mll(model)
     assert not model.training  # as after a failure later on (it was left in training mode)
+    # nothing was restored: its note said "restored to the last point with a finite loss"
+    assert "the hyperparameters are the starting ones, unchanged" in "".join(raised.value.__notes__)
 
 
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
