@@ -304,12 +304,13 @@ class _Objective:
     def _advice(self, what: str) -> str:
         # at the starting point there is nothing to restore: the hyperparameters are the user's, unchanged
         kept = ("the hyperparameters are the starting ones, unchanged" if self.last_finite is None else
-                f"the hyperparameters were restored to the last point with a finite loss (loss {self.last_finite[1]:.6g})")
+                "the hyperparameters were restored to the last point with a finite loss "
+                f"(loss {self.last_finite[1]:.6g})")
         return (
             f"fit_mll(optimizer={self.optimizer!r}) reached {what} at iteration {self.iteration} "
-            f"(loss evaluation {self.evaluations + 1}); {kept}. Check: the training data (NaN/Inf, unstandardised targets), the "
-            "initial hyperparameters (a lengthscale, outputscale or noise far from the data's scale), the "
-            "precision (float32: use float64 or raise the noise constraint's lower bound), or pass a smaller lr."
+            f"(loss evaluation {self.evaluations + 1}); {kept}. Check: the training data (NaN/Inf, unstandardised "
+            "targets), the initial hyperparameters (a lengthscale, outputscale or noise far from the data's scale), "
+            "the precision (float32: use float64 or raise the noise constraint's lower bound), or pass a smaller lr."
         )
 
 

@@ -300,12 +300,13 @@ class GPRegressor(RandomFeatureEstimator):
                 f"a mean negative log density of {float(loo.reshape(-1)[first]):.4g} (normalised units), not "
                 f"{DEGENERATE_MARGIN} nats better than the {float(baseline.reshape(-1)[first]):.4g} of their mean and "
                 "variance alone: it explains no more of the targets than noise does (outputscale "
-                f"{_outputscale(model)}, noise {float(model.likelihood.noise.detach().reshape(-1)[0]):.3g}). If y is not "
-                "noise, the fit may have ended at the marginal likelihood's all-noise optimum from a start far from "
-                "the data's lengthscale, or stopped early: pass n_restarts_optimizer (e.g. 5: more starts, the best kept), "
-                "a kernel started at a shorter lengthscale (e.g. rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=d)), "
-                "F) with base_kernel.lengthscale set, and standardize=True), more num_iterations, or more data "
-                "(leave_one_out_nll_ and constant_mean_nll_ hold the numbers)",
+                f"{_outputscale(model)}, noise {float(model.likelihood.noise.detach().reshape(-1)[0]):.3g}). If y is "
+                "not noise, the fit may have ended at the marginal likelihood's all-noise optimum from a start far "
+                "from the data's lengthscale, or stopped early: pass n_restarts_optimizer (e.g. 5: more starts, the "
+                "best kept), a kernel started at a shorter lengthscale (e.g. "
+                "rfgp.sketch(ScaleKernel(RBFKernel(ard_num_dims=d)), F) with base_kernel.lengthscale set, and "
+                "standardize=True), more num_iterations, or more data (leave_one_out_nll_ and constant_mean_nll_ hold "
+                "the numbers)",
                 DegenerateFitWarning,
             )
 
