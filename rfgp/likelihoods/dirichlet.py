@@ -16,7 +16,8 @@ same name (and a subclass of it) that
   kernel's features exceed ``rfgp.settings.memory_budget``), whose marginal likelihood and
   posterior caches cost O(N·F² + C·F³) instead of O(C·N·F²);
 * fixes GPyTorch's fantasy update (which read the ``noise`` keyword as the new labels);
-* predicts class probabilities by seeded Monte Carlo or the deterministic mean-field approximation.
+* predicts class probabilities by seeded Monte Carlo or the deterministic mean-field approximation, optionally at a
+  temperature T (E[softmax(f/T)], saved in ``state_dict``; :mod:`rfgp.models.classifier_temperature` chooses it).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
 from gpytorch.likelihoods.noise_models import FixedGaussianNoise
 from torch import Tensor
 
-from ..core.config_state import METHOD, ConfigState
+from ..core.config_state import DRAW, METHOD, ConfigState
 from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int, check_seed
 from ..inference.classification import (
     ChunkedClassNoiseFeatureLinearOperator,
@@ -117,6 +118,11 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         alpha_epsilon: α_ε > 0 (Dirichlet prior concentration; pick by validation MNLL).
         learn_additional_noise: add a learned per-class homoscedastic noise to σ².
         dtype: floating dtype of the noise and targets.
+        temperature: T > 0 of the class probabilities E[softmax(f/T)] (:meth:`predict_proba`); 1 is the
+            Dirichlet GP of the paper, T < 1 sharpens them, T > 1 flattens them.  A post-hoc calibration of the
+            probabilities (Guo et al. 2017, "On calibration of modern neural networks", Sec. 4.2), chosen, e.g., by
+            the leave-one-out NLL of the training labels (:func:`rfgp.models.classifier_temperature.
+            leave_one_out_temperature`); it never changes the latent posterior.
         kwargs: ``noise_prior``/``noise_constraint`` of the learned noise; ``batch_shape`` (GPyTorch's argument)
             only as ``(C,)``, one noise per class, which it is anyway.
 
@@ -136,10 +142,12 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         torch.Size([8, 6])
 
     ``alpha_epsilon`` and ``num_classes`` are saved in ``state_dict`` and a state saved with other
-    values is refused (the labels are data: they are loaded).
+    values is refused (the labels are data: they are loaded); ``temperature`` is saved (a float64 scalar, bit for
+    bit) and adopted at load (a state saved before it existed keeps the module's).
     """
 
-    config_fields = {"num_classes": METHOD, "alpha_epsilon": METHOD}
+    config_fields = {"num_classes": METHOD, "alpha_epsilon": METHOD, "temperature": DRAW}
+    optional_config_fields = frozenset({"temperature"})
 
     def __init__(
         self,
@@ -148,6 +156,7 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         alpha_epsilon: float = 0.01,
         learn_additional_noise: bool = False,
         dtype: torch.dtype = torch.float,
+        temperature: float = 1.0,
         **kwargs,
     ) -> None:
         labels = check_labels(targets, "targets")
@@ -160,6 +169,7 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         num_classes = check_num_classes(num_classes, labels)
         labels = check_labels(labels, "targets", num_classes)
         self.alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")
+        temperature = check_positive_float(temperature, "temperature")
         check_dtype_argument(dtype)
         noise, transformed = dirichlet_transform(labels, num_classes, self.alpha_epsilon, dtype)
         batch_shape = torch.Size((num_classes,))
@@ -177,10 +187,20 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
             **kwargs,
         )
         self.num_classes = num_classes
+        self.temperature = temperature
         self.register_buffer("targets", labels)
         self.register_buffer("transformed_targets", transformed)
         self._plans = {}
         self.register_load_state_dict_post_hook(_refresh_after_load)
+
+    @property
+    def temperature(self) -> float:
+        """T of the class probabilities E[softmax(f/T)] (a float > 0)."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._temperature = check_positive_float(value, "temperature")
 
     # ----- labels and noise -------------------------------------------------------------
     def _set_labels(self, labels: Tensor) -> None:
@@ -315,7 +335,8 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         generator: torch.Generator | None = None,
         seed: int | None = 0,
     ) -> Tensor:
-        """Class probabilities ``(M, C)`` = E[softmax(f)] under the latent posterior ``function_dist``.
+        """Class probabilities ``(M, C)`` = E[softmax(f/T)] under the latent posterior ``function_dist``, at the
+        likelihood's :attr:`temperature` T (1 unless set).
 
         Args:
             function_dist: the C latent posteriors at M points (batch ``(C,)``, event ``(M,)``),
@@ -336,11 +357,31 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
             )
         mean = function_dist.mean.transpose(-1, -2)
         variance = function_dist.variance.transpose(-1, -2)
-        if method == "mean_field":
-            return softmax_expectation_mean_field(mean, variance)
-        if generator is None and seed is not None:
-            generator = torch.Generator(device=mean.device).manual_seed(check_seed(seed))
-        return softmax_expectation_mc(mean, variance, num_samples, generator)[0]
+        return class_probabilities(mean, variance, method, num_samples, generator, seed, self.temperature)
+
+
+def class_probabilities(
+    mean: Tensor,
+    variance: Tensor,
+    method: str = "mc",
+    num_samples: int = 1000,
+    generator: torch.Generator | None = None,
+    seed: int | None = 0,
+    temperature: float = 1.0,
+) -> Tensor:
+    """E[softmax(f/T)] ``(..., C)`` for independent latents f_c ~ N(μ_c, σ²_c) given as ``mean``, ``variance``
+    ``(..., C)``: f/T ~ N(μ/T, σ²/T²) integrated by ``method`` (``"mc"``: ``num_samples`` draws from ``generator``,
+    or one seeded with ``seed`` when it is ``None``; ``"mean_field"``), as
+    :meth:`DirichletClassificationLikelihood.predict_proba` does."""
+    check_choice(method, "method", PROBABILITY_METHODS)
+    temperature = check_positive_float(temperature, "temperature")
+    if temperature != 1.0:
+        mean, variance = mean / temperature, variance / temperature**2
+    if method == "mean_field":
+        return softmax_expectation_mean_field(mean, variance)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=mean.device).manual_seed(check_seed(seed))
+    return softmax_expectation_mc(mean, variance, num_samples, generator)[0]
 
 
 def _same_shape(given, shape: torch.Size) -> bool:

@@ -9,6 +9,7 @@ when the kernel is an rfgp feature kernel (see :mod:`rfgp.inference.classificati
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -25,6 +26,7 @@ from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassification
 from ..metrics import mean_negative_log_likelihood
 from ..training import fit_mll
 from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
+from .classifier_temperature import leave_one_out_temperature
 from .data_scale import shown_lengthscales
 from .estimator import RandomFeatureEstimator, check_sample_weight, predicting
 from .feature_width import set_num_features
@@ -77,6 +79,13 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             :mod:`rfgp.models.classifier_check`).  ``α_ε`` validation fits go without it unless it is ``True``.
         validation_fraction: share of the data held out to choose α_ε (then refit on all data).
         probability_method, num_samples: class probabilities by ``"mc"`` (seeded) or ``"mean_field"``.
+        temperature: T > 0 of the class probabilities E[softmax(f/T)] (1, the default, is the paper's Dirichlet GP),
+            or ``"loo"``: T in [0.1, 10] minimising the leave-one-out NLL of the training labels under the fitted
+            model, by the same probability integration (:mod:`rfgp.models.classifier_temperature`; about 20
+            evaluations of the N training points' class probabilities, after the fit).  A post-hoc calibration:
+            it leaves the latent posterior and the hyperparameters alone, and ``alpha_epsilon`` candidates are
+            compared at T = 1.  Measured (``benchmarks/results/classifier_calibration.md``): TEMPERATURE_RESULTS.
+            Needs a kernel with random features (an exact GPyTorch kernel is refused).
         standardize: centre and scale every input column with the training statistics; a column that is
             constant in the training data (up to the rounding of its variance) is centred but not scaled
             (scale 1, as scikit-learn's ``StandardScaler``), so that a value it takes only at prediction
@@ -97,7 +106,9 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         ``alpha_epsilon_``: the α_ε used; ``validation_mnll_``: {α_ε: MNLL} when several were tried;
         ``train_num_features_``, ``num_features_``: the default kernel's training and prediction widths (``None``
         with a given kernel);
-        ``losses_``: training losses;
+        ``losses_``: training losses; ``temperature_``: the T used (also the likelihood's
+        :attr:`~rfgp.likelihoods.DirichletClassificationLikelihood.temperature`, saved in its ``state_dict``);
+        ``temperature_nll_``: {T: leave-one-out NLL} of the temperatures tried (``{}`` for a given T);
         ``leave_one_out_nll_``, ``class_prior_nll_``: the kept fit's mean leave-one-out negative log likelihood of
         the training labels (at the training width; ``None`` for a kernel without a feature root, which is not
         checked) and that of the class frequencies; ``learn_additional_noise_``: whether the kept fit has the extra
@@ -126,6 +137,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         validation_fraction: float = 0.2,
         probability_method: str = "mc",
         num_samples: int = 1000,
+        temperature: float | str = 1.0,
         standardize: bool = True,
         dtype: str | torch.dtype = "float32",
         device: str | torch.device | None = None,
@@ -147,6 +159,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         self.validation_fraction = validation_fraction
         self.probability_method = probability_method
         self.num_samples = num_samples
+        self.temperature = temperature
         self.standardize = standardize
         self.dtype = dtype
         self.device = device
@@ -191,6 +204,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             learn_additional_noise=_check_optional_bool(self.learn_additional_noise, "learn_additional_noise"),
             validation_fraction=float(self.validation_fraction),
             probability_method=self.probability_method, num_samples=int(self.num_samples),
+            temperature=_check_temperature(self.temperature),
         )
 
     # ----- fitting ------------------------------------------------------------------------
@@ -216,6 +230,13 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             self.alpha_epsilon_ = p.alpha_candidates[0]
         self.model_, self.losses_ = self._fit_checked(x, labels)
         self.likelihood_ = self.model_.likelihood
+        self.temperature_nll_ = {}
+        if p.temperature == "loo":
+            self.temperature_, self.temperature_nll_ = leave_one_out_temperature(
+                self.model_, p.probability_method, p.num_samples, p.seed)
+        else:
+            self.temperature_ = p.temperature
+        self.likelihood_.temperature = self.temperature_
         self.train_num_features_, self.num_features_ = p.train_num_features, p.num_features
         return self
 
@@ -391,6 +412,17 @@ def _lengthscales(model: ExactGPModel) -> str:
         if getattr(module, "has_lengthscale", False):
             return shown_lengthscales(module)
     return "none"
+
+
+def _check_temperature(temperature) -> float | str:
+    if isinstance(temperature, str):
+        if temperature != "loo":
+            raise ValueError(f"temperature must be a number > 0 or 'loo' (chosen by leave-one-out NLL), "
+                             f"got {temperature!r}")
+        return temperature
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a number > 0 or 'loo', got {temperature!r}")
+    return check_positive_float(temperature, "temperature")
 
 
 def _check_alphas(alpha_epsilon) -> tuple[float, ...]:

@@ -44,14 +44,23 @@ def leave_one_out_nll(model: gpytorch.models.ExactGP) -> Tensor | None:
     trained on its transformed targets.  ``None`` when the noise-added covariance has no feature root (an exact
     GPyTorch kernel: its leave-one-out terms would cost O(N³)).
     """
+    latents = leave_one_out_latents(model)
+    if latents is None:
+        return None
+    probs = softmax_expectation_mean_field(*latents)
+    picked = probs.gather(-1, model.likelihood.targets.unsqueeze(-1))
+    return -picked.clamp_min(torch.finfo(probs.dtype).tiny).log().mean()
+
+
+def leave_one_out_latents(model: gpytorch.models.ExactGP) -> tuple[Tensor, Tensor] | None:
+    """Each training point's C latent predictions given all other points, (μ₋ᵢ, σ²₋ᵢ − σ²_{c,i}), both ``(N, C)``,
+    of a Dirichlet GP ``model`` (as :func:`leave_one_out_nll`); ``None`` without a feature root."""
     predictions = training_leave_one_out(model)
     if predictions is None:
         return None
     mean, variance = predictions
-    likelihood = model.likelihood
-    latent = (variance - likelihood.noise).clamp_min(0)  # ≥ 0 up to rounding: K ⪰ D
-    probs = softmax_expectation_mean_field(mean.transpose(-1, -2), latent.transpose(-1, -2))
-    return -probs.gather(-1, likelihood.targets.unsqueeze(-1)).clamp_min(torch.finfo(probs.dtype).tiny).log().mean()
+    latent = (variance - model.likelihood.noise).clamp_min(0)  # ≥ 0 up to rounding: K ⪰ D
+    return mean.transpose(-1, -2), latent.transpose(-1, -2)
 
 
 def training_leave_one_out(model: gpytorch.models.ExactGP) -> tuple[Tensor, Tensor] | None:
