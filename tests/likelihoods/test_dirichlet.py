@@ -441,3 +441,58 @@ def test_float32_label_projection_is_accumulated_in_float64_partial_sums(monkeyp
     assert calls, "the structured solve was not used"
     assert chosen and set(chosen) == {torch.float32}  # the default rule keeps float32 statistics here
     assert float((grad32 - grad64).norm() / grad64.norm()) < 4e-4
+
+
+def test_temperature_rescales_the_latents_before_the_softmax(dtype):
+    """predict_proba at temperature T is E[softmax(f/T)], f/T ~ N(μ/T, σ²/T²): Monte Carlo with the same draws and
+    mean field alike; T = 1 is the default and the posterior itself is untouched."""
+    from rfgp.likelihoods.softmax import softmax_expectation_mc, softmax_expectation_mean_field
+
+    x, labels, num_classes = _problem(dtype)
+    model, likelihood, _ = _model(x, labels, num_classes, dtype)
+    x_test = torch.randn(5, 2, generator=torch.Generator().manual_seed(6), dtype=dtype)
+    model.eval()
+    assert likelihood.temperature == 1.0
+    likelihood.temperature = 0.4
+    with torch.no_grad():
+        posterior = model(x_test)
+        mean, variance = posterior.mean.T, posterior.variance.T
+        field = likelihood.predict_proba(posterior, method="mean_field")
+        sampled = likelihood.predict_proba(posterior, seed=2)
+    torch.testing.assert_close(field, softmax_expectation_mean_field(mean / 0.4, variance / 0.16))
+    expected = softmax_expectation_mc(mean / 0.4, variance / 0.16, 1000, torch.Generator().manual_seed(2))[0]
+    torch.testing.assert_close(sampled, expected)
+    sharp = field.max(-1).values
+    likelihood.temperature = 1.0
+    with torch.no_grad():
+        assert bool((likelihood.predict_proba(model(x_test), method="mean_field").max(-1).values < sharp).all())
+
+
+def test_temperature_is_checked_and_round_trips_through_state_dict(dtype):
+    x, labels, num_classes = _problem(dtype)
+    for bad, error in [(0.0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), ("loo", TypeError),
+                       (True, TypeError)]:
+        with pytest.raises(error, match="temperature"):
+            DirichletClassificationLikelihood(labels, num_classes=num_classes, temperature=bad)
+        likelihood = DirichletClassificationLikelihood(labels, num_classes=num_classes)
+        with pytest.raises(error, match="temperature"):
+            likelihood.temperature = bad
+    model, likelihood, _ = _model(x, labels, num_classes, dtype)
+    likelihood.temperature = 0.1 + 0.2  # not a float32 number: saved bit for bit
+    state = model.state_dict()
+    assert state["likelihood.config_temperature"].dtype == torch.float64
+    fresh, fresh_likelihood, _ = _model(x, labels, num_classes, dtype)
+    fresh.load_state_dict(state)
+    assert fresh_likelihood.temperature == 0.1 + 0.2
+    x_test = torch.randn(4, 2, generator=torch.Generator().manual_seed(6), dtype=dtype)
+    model.eval()
+    fresh.eval()
+    with torch.no_grad():
+        assert torch.equal(fresh_likelihood.predict_proba(fresh(x_test)), likelihood.predict_proba(model(x_test)))
+    # a state saved before the temperature existed loads and keeps the module's own
+    del state["likelihood.config_temperature"]
+    fresh_likelihood.temperature = 2.0
+    fresh.load_state_dict(state)
+    assert fresh_likelihood.temperature == 2.0
+    # the fantasy likelihood keeps it
+    assert likelihood.get_fantasy_likelihood(labels=labels[:2]).temperature == 0.1 + 0.2
