@@ -59,7 +59,8 @@ def leave_one_out_latents(model: gpytorch.models.ExactGP) -> tuple[Tensor, Tenso
     if predictions is None:
         return None
     mean, variance = predictions
-    latent = (variance - model.likelihood.noise).clamp_min(0)  # ≥ 0 up to rounding: K ⪰ D
+    with torch.no_grad():  # a learned extra noise is a parameter: its graph made float(nll) warn about requires_grad
+        latent = (variance - model.likelihood.noise).clamp_min(0)  # ≥ 0 up to rounding: K ⪰ D
     return mean.transpose(-1, -2), latent.transpose(-1, -2)
 
 

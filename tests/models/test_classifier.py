@@ -656,3 +656,18 @@ def test_leave_one_out_temperature_warns_at_its_bound_and_needs_features():
     exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
     with pytest.raises(ValueError, match="leave_one_out_temperature needs a model whose kernel has random features"):
         DirichletGPClassifier(kernel=exact, num_iterations=0, temperature="loo").fit(x, y)
+
+
+def test_a_fit_with_the_extra_noise_raises_no_autograd_warning():
+    """Before: the leave-one-out check of a fit with learn_additional_noise=True subtracted the learned noise (a
+    parameter) with gradients on, and ``float`` of the NLL gave torch's "Converting a tensor with requires_grad=True
+    to a scalar" UserWarning at every such fit (the default's refit too)."""
+    x, y = _overlapping(3)[:2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clf = DirichletGPClassifier(num_features=64, num_iterations=3, learn_additional_noise=True,
+                                    progress=False).fit(x, y)
+    assert clf.leave_one_out_nll_ is not None
+    assert not [w for w in caught if "requires_grad" in str(w.message)]
+    latents = rfgp.models.classifier_check.leave_one_out_latents(clf.model_)
+    assert not any(t.requires_grad for t in latents)
