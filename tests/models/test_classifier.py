@@ -671,3 +671,27 @@ def test_a_fit_with_the_extra_noise_raises_no_autograd_warning():
     assert not [w for w in caught if "requires_grad" in str(w.message)]
     latents = rfgp.models.classifier_check.leave_one_out_latents(clf.model_)
     assert not any(t.requires_grad for t in latents)
+
+
+def test_leave_one_out_temperature_minimises_the_leave_one_out_nll_of_the_probability_method():
+    """The objective is the training labels' mean negative log probability under E[softmax(f/T)] of the left-out
+    latents, by the classifier's own integration (mean field here); the golden-section result is no worse than any
+    temperature of a fine grid around it."""
+    from rfgp.likelihoods.softmax import softmax_expectation_mean_field
+    from rfgp.models.classifier_check import leave_one_out_latents
+    from rfgp.models.classifier_temperature import leave_one_out_temperature
+
+    x, y = _overlapping(3)[:2]
+    clf = DirichletGPClassifier(num_features=64, num_iterations=5, probability_method="mean_field",
+                                temperature="loo", progress=False).fit(x, y)
+    mean, variance = leave_one_out_latents(clf.model_)
+    labels = clf.likelihood_.targets
+
+    def nll(temperature):
+        probs = softmax_expectation_mean_field(mean / temperature, variance / temperature**2)
+        return float(-probs.gather(-1, labels.unsqueeze(-1)).log().mean())
+
+    assert all(value == pytest.approx(nll(t), rel=1e-5) for t, value in clf.temperature_nll_.items())
+    best = clf.temperature_
+    assert 0.1 < best < 10 and nll(best) <= min(nll(best * f) for f in (0.9, 0.97, 1.03, 1.1)) + 1e-6
+    assert leave_one_out_temperature(clf.model_, "mean_field")[0] == best  # the likelihood's own T is not read
