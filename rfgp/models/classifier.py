@@ -230,15 +230,13 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             self.alpha_epsilon_ = min(self.validation_mnll_, key=self.validation_mnll_.get)
         else:
             self.alpha_epsilon_ = p.alpha_candidates[0]
-        self.model_, self.losses_ = self._fit_checked(x, labels)
-        self.likelihood_ = self.model_.likelihood
-        self.temperature_nll_ = {}
-        if p.temperature == "loo":
+        model, losses = self._fit_checked(x, labels)
+        self.temperature_, self.temperature_nll_ = p.temperature, {}
+        if p.temperature == "loo":  # before model_ is set: a fit that raises here is not fitted
             self.temperature_, self.temperature_nll_ = leave_one_out_temperature(
-                self.model_, p.probability_method, p.num_samples, p.seed)
-        else:
-            self.temperature_ = p.temperature
-        self.likelihood_.temperature = self.temperature_
+                model, p.probability_method, p.num_samples, p.seed)
+        model.likelihood.temperature = self.temperature_
+        self.model_, self.losses_, self.likelihood_ = model, losses, model.likelihood
         self.train_num_features_, self.num_features_ = p.train_num_features, p.num_features
         return self
 

@@ -654,8 +654,11 @@ def test_leave_one_out_temperature_warns_at_its_bound_and_needs_features():
                                     progress=False).fit(x, y)
     assert clf.temperature_ == pytest.approx(0.1)
     exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+    refused = DirichletGPClassifier(kernel=exact, num_iterations=0, temperature="loo")
     with pytest.raises(ValueError, match="leave_one_out_temperature needs a model whose kernel has random features"):
-        DirichletGPClassifier(kernel=exact, num_iterations=0, temperature="loo").fit(x, y)
+        refused.fit(x, y)
+    with pytest.raises(ValueError, match="is not fitted yet"):  # the failed fit left no model behind
+        refused.predict(x)
 
 
 def test_a_fit_with_the_extra_noise_raises_no_autograd_warning():
