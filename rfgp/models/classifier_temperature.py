@@ -5,8 +5,8 @@ the fixed noise σ²_{c,i} = log(1/α_{c,i} + 1), α_{c,i} = α_ε + 1[y_i = c];
 calibrated only as far as α_ε suits the data, which the paper leaves to validation.  On scikit-learn's digits
 (α_ε = 0.01) the off-class noise σ² = log 101 = 4.6 pulls the posterior means towards the prior mean and the
 probabilities are too flat (mean confidence 0.90 at 98 % accuracy, ECE 0.08); on the Pima diabetes data they are too
-sharp (ECE 0.11–0.18, test NLL 0.55–0.66 over five 70/30 splits).  A temperature T (Guo et al. 2017, "On calibration of modern neural
-networks", Sec. 4.2) rescales the latent before the softmax, p = E[softmax(f/T)] with f/T ~ N(μ/T, σ²/T²), and leaves
+sharp (ECE 0.11–0.18, test NLL 0.55–0.66 over five 70/30 splits).  A temperature T (Guo et al. 2017, "On
+calibration of modern neural networks", Sec. 4.2) rescales the latent before the softmax, p = E[softmax(f/T)] with f/T ~ N(μ/T, σ²/T²), and leaves
 the most probable class of a point with little latent variance unchanged.
 
 :func:`leave_one_out_temperature` chooses T without a held-out split: each training point's C latent predictions
