@@ -6,8 +6,8 @@ calibrated only as far as α_ε suits the data, which the paper leaves to valida
 (α_ε = 0.01) the off-class noise σ² = log 101 = 4.6 pulls the posterior means towards the prior mean and the
 probabilities are too flat (mean confidence 0.90 at 98 % accuracy, ECE 0.08); on the Pima diabetes data they are too
 sharp (ECE 0.11–0.18, test NLL 0.55–0.66 over five 70/30 splits).  A temperature T (Guo et al. 2017, "On
-calibration of modern neural networks", Sec. 4.2) rescales the latent before the softmax, p = E[softmax(f/T)] with f/T ~ N(μ/T, σ²/T²), and leaves
-the most probable class of a point with little latent variance unchanged.
+calibration of modern neural networks", Sec. 4.2) rescales the latent before the softmax, p = E[softmax(f/T)] with
+f/T ~ N(μ/T, σ²/T²), and leaves the most probable class of a point with little latent variance unchanged.
 
 :func:`leave_one_out_temperature` chooses T without a held-out split: each training point's C latent predictions
 given all other points (μ₋ᵢ, σ²₋ᵢ − σ²_{c,i}: :func:`~rfgp.models.classifier_check.leave_one_out_latents`, O(N·F²)
