@@ -100,7 +100,8 @@ def test_softmax_last_is_torch_softmax_in_value_and_gradient(dtype):
     from rfgp.likelihoods.softmax import softmax_last
 
     generator = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 50, 7, generator=generator, dtype=dtype) * torch.tensor([1.0, 30.0, 1e3], dtype=dtype).reshape(3, 1, 1)
+    scales = torch.tensor([1.0, 30.0, 1e3], dtype=dtype).reshape(3, 1, 1)
+    logits = torch.randn(3, 50, 7, generator=generator, dtype=dtype) * scales
     logits[0, 0, 2] = -math.inf
     logits = (logits + 500.0).requires_grad_(True)
     weights = torch.randn(3, 50, 7, generator=generator, dtype=dtype)
