@@ -30,6 +30,7 @@ from .classifier_temperature import leave_one_out_temperature
 from .data_scale import shown_lengthscales
 from .estimator import RandomFeatureEstimator, check_sample_weight, predicting
 from .feature_width import set_num_features
+from .random_start import draw_random_start
 from .regression import ExactGPModel
 
 
@@ -97,6 +98,10 @@ class DirichletGPClassifier(RandomFeatureEstimator):
             converted.
         seed: seeds the random features, the validation split and the Monte-Carlo draws.
         progress: tqdm progress bar during training (``None``: only on a terminal).
+        n_restarts_optimizer: train every fit (each α_ε candidate's, the extra-noise refit) that many more times from
+            random lengthscales drawn from ``seed`` (:func:`~rfgp.models.random_start.draw_random_start`; the noise
+            is fixed by α_ε) and keep the lowest final loss, as scikit-learn's argument of that name; a start that
+            fails is skipped with a ``NumericalWarning``.
 
     It follows scikit-learn's estimator contract without depending on scikit-learn: ``get_params``/``set_params``
     (so ``clone``, ``Pipeline``, ``GridSearchCV`` and ``cross_val_score`` with stratified folds work), ``score``
@@ -115,7 +120,8 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         ``leave_one_out_nll_``, ``class_prior_nll_``: the kept fit's mean leave-one-out negative log likelihood of
         the training labels (at the training width; ``None`` for a kernel without a feature root, which is not
         checked) and that of the class frequencies; ``learn_additional_noise_``: whether the kept fit has the extra
-        noise.
+        noise; ``restart_losses_``: the kept fit's final training loss from each start, the default one first (NaN
+        for a start that failed; ``[]`` untrained); ``kernel_``: the fitted kernel.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -146,6 +152,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         device: str | torch.device | None = None,
         seed: int = 0,
         progress: bool | None = None,
+        n_restarts_optimizer: int = 0,
     ) -> None:
         # scikit-learn's estimator contract: the arguments are stored as given (``clone`` and
         # ``get_params`` hand back these very objects) and checked by ``fit``, which also sees
@@ -168,6 +175,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         self.device = device
         self.seed = seed
         self.progress = progress
+        self.n_restarts_optimizer = n_restarts_optimizer
 
     # ----- scikit-learn estimator protocol ------------------------------------------------
     _estimator_type = "classifier"  # scikit-learn < 1.6 reads this; newer versions read __sklearn_tags__
@@ -255,8 +263,7 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         val, train = order[:num_val], order[num_val:]
         scores = {}
         for alpha in p.alpha_candidates:
-            model, _, _ = self._fit_model(x[train], labels[train], alpha, bool(p.learn_additional_noise),
-                                          check=False)
+            model, *_ = self._fit_model(x[train], labels[train], alpha, bool(p.learn_additional_noise), check=False)
             probs = self._probabilities(model, x[val])
             scores[alpha] = mean_negative_log_likelihood(probs, labels[val]).item()
         return scores
@@ -271,20 +278,20 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         self.class_prior_nll_ = float(class_prior_nll(labels, len(self.classes_)))
         extra = bool(p.learn_additional_noise)
         with held_warnings() as kept_warnings:  # shown for the fit that is kept, not for one discarded
-            model, losses, loo = self._fit_model(x, labels, self.alpha_epsilon_, extra)
+            model, losses, loo, starts = self._fit_model(x, labels, self.alpha_epsilon_, extra)
         first_loo, first_lengthscales = loo, _lengthscales(model)
         trained = p.num_iterations > 0
         degenerate = trained and loo is not None and loo >= self.class_prior_nll_
         other = None  # (leave-one-out NLL, lengthscales) of the fit with the extra noise, when the default made one
         if degenerate and p.learn_additional_noise is None:
             with held_warnings() as refit_warnings:
-                refit, refit_losses, refit_loo = self._fit_model(x, labels, self.alpha_epsilon_, True)
+                refit, refit_losses, refit_loo, refit_starts = self._fit_model(x, labels, self.alpha_epsilon_, True)
             other = (refit_loo, _lengthscales(refit))
             if refit_loo < loo:
-                model, losses, loo, extra = refit, refit_losses, refit_loo, True
+                model, losses, loo, starts, extra = refit, refit_losses, refit_loo, refit_starts, True
                 kept_warnings = refit_warnings
         replay_warnings(kept_warnings)
-        self.learn_additional_noise_, self.leave_one_out_nll_ = extra, loo
+        self.learn_additional_noise_, self.leave_one_out_nll_, self.restart_losses_ = extra, loo, starts
         if degenerate:
             warn_degenerate_fit(first_loo, self.class_prior_nll_, first_lengthscales, other,
                                 bool(p.learn_additional_noise))
@@ -292,7 +299,23 @@ class DirichletGPClassifier(RandomFeatureEstimator):
 
     def _fit_model(self, x: Tensor, labels: Tensor, alpha: float, extra_noise: bool, check: bool = True):
         """(model, losses, leave-one-out NLL at the training width, or ``None`` where not ``check``ed or not
-        available), the model re-drawn for prediction."""
+        available, the final losses from every start), the model trained from the best of ``n_restarts_optimizer``
+        + 1 starts and re-drawn for prediction."""
+        p = self._fit_params
+        model, losses, starts = self._best_of_starts(
+            lambda start: self._trained_model(x, labels, alpha, extra_noise, start))
+        loo = leave_one_out_nll(model) if check else None
+        if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
+            set_num_features(model, p.num_features)
+        model.eval()
+        model.likelihood.eval()
+        return model, losses, None if loo is None else float(loo), starts
+
+    def _trained_model(self, x: Tensor, labels: Tensor, alpha: float, extra_noise: bool,
+                       start: torch.Generator | None = None):
+        """(model, :class:`~rfgp.training.TrainingHistory` or ``[]`` untrained): a new Dirichlet GP on ``x`` and
+        ``labels``, trained by :func:`rfgp.fit_mll` from the default start, or from a random one drawn from ``start``
+        (:func:`~rfgp.models.random_start.draw_random_start`: its lengthscales; the noise is fixed by α_ε)."""
         p = self._fit_params
         num_classes = len(self.classes_)
         likelihood = DirichletClassificationLikelihood(
@@ -305,16 +328,12 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
         with torch.no_grad():
             mean.constant.copy_(targets.mean(-1))
-        losses = []
-        if p.num_iterations > 0:
-            losses = fit_mll(model, p.num_iterations, p.lr, p.progress, description="Dirichlet GP",
-                             optimizer=p.optimizer)
-        loo = leave_one_out_nll(model) if check else None
-        if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
-            set_num_features(model, p.num_features)
-        model.eval()
-        likelihood.eval()
-        return model, losses, None if loo is None else float(loo)
+            if start is not None:
+                draw_random_start(model, start, float(targets.var(-1, correction=0).mean()))
+        if p.num_iterations == 0:
+            return model, []
+        return model, fit_mll(model, p.num_iterations, p.lr, p.progress, description="Dirichlet GP",
+                              optimizer=p.optimizer)
 
     # ----- prediction ---------------------------------------------------------------------
     def predict_proba(self, X, batch_size: int = 4096):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 import numbers
 import sys
 import warnings
@@ -21,8 +22,11 @@ import warnings
 import gpytorch
 import numpy as np
 import torch
+from gpytorch.utils.warnings import NumericalWarning
+from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
+from ..core.user_warnings import held_warnings, replay_warnings
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import (
     check_choice,
@@ -34,6 +38,7 @@ from ..core.validation import (
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
 from ..kernels.nystrom import NystromKernel
+from ..training import NonFiniteLossError
 from .feature_width import refit_data_fitted_maps
 
 #: the default kernel's training width when neither width is given, and its prediction width's multiple of it
@@ -64,8 +69,8 @@ class RandomFeatureEstimator:
 
     A subclass stores its constructor arguments under their names (scikit-learn's rule) and has at least ``kernel``,
     ``num_features``, ``train_num_features``, ``method``, ``num_iterations``, ``lr``, ``optimizer``, ``standardize``,
-    ``dtype``, ``device``, ``seed`` and ``progress``, documented in its class docstring; ``_noun`` names it in
-    messages ("classifier", "regressor").
+    ``dtype``, ``device``, ``seed``, ``progress`` and ``n_restarts_optimizer``, documented in its class docstring;
+    ``_noun`` names it in messages ("classifier", "regressor").
     """
 
     _noun = "estimator"
@@ -141,11 +146,19 @@ class RandomFeatureEstimator:
                 "seed (fixed, so that a fit repeats bit for bit), not from scikit-learn's random_state (None, a "
                 "RandomState); pass e.g. seed=0, or seed=int(rng.integers(2**31)) for a fresh draw"
             )
+        restarts = self.n_restarts_optimizer
+        if isinstance(restarts, bool) or not isinstance(restarts, numbers.Integral) or restarts < 0:
+            raise ValueError(f"n_restarts_optimizer must be an integer ≥ 0, got {restarts!r}")
+        if restarts > 0 and iterations == 0:  # nothing would be optimised from the random starts
+            raise ValueError(
+                f"n_restarts_optimizer={restarts} restarts the hyperparameter optimisation, but num_iterations=0 "
+                "does not optimise: pass num_iterations > 0, or n_restarts_optimizer=0"
+            )
         return dict(
             kernel=self.kernel, train_num_features=train_width, num_features=predict_width, method=self.method,
             num_iterations=int(iterations), lr=None if self.lr is None else float(self.lr), optimizer=self.optimizer,
             standardize=bool(self.standardize), dtype=dtype, device=_check_device(self.device), seed=int(self.seed),
-            progress=self.progress,
+            progress=self.progress, n_restarts_optimizer=int(restarts),
         )
 
     def _check_widths(self) -> tuple[int | None, int | None]:
@@ -262,6 +275,41 @@ class RandomFeatureEstimator:
     def _check_fitted(self) -> None:
         if not self.__sklearn_is_fitted__():
             raise _not_fitted_error()(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+
+    # ----- training -----------------------------------------------------------------------
+    def _best_of_starts(self, train):
+        """(model, history, final losses of every start) of ``train(start)`` — a new model trained from the default
+        start (``start=None``), then from ``n_restarts_optimizer`` random starts drawn from a CPU generator seeded
+        with ``seed`` (:func:`~rfgp.models.random_start.draw_random_start`) — keeping the lowest final training loss
+        (the default start wins ties), as scikit-learn's ``n_restarts_optimizer``.
+
+        Only the kept fit's warnings are shown.  A restart that fails (``NotPSDError``, ``NonFiniteLossError``) is
+        skipped with a ``NumericalWarning`` and recorded as NaN; a failure from the default start raises.  Untrained
+        (``num_iterations=0``): ``train(None)``'s model and ``[]``.
+        """
+        p = self._fit_params
+        with held_warnings() as kept_warnings:
+            model, history = train(None)
+        if not history:
+            replay_warnings(kept_warnings)
+            return model, history, []
+        losses = [history.losses[-1]]
+        starts = torch.Generator().manual_seed(p.seed)
+        for restart in range(1, p.n_restarts_optimizer + 1):
+            try:
+                with held_warnings() as restart_warnings:  # replayed at once if it fails: they explain why
+                    candidate, candidate_history = train(starts)
+            except (NotPSDError, NonFiniteLossError) as error:
+                warn_user(f"{type(self).__name__}: restart {restart} of n_restarts_optimizer="
+                          f"{p.n_restarts_optimizer} failed and is skipped ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0]}); restart_losses_ records it as NaN", NumericalWarning)
+                losses.append(math.nan)
+                continue
+            losses.append(candidate_history.losses[-1])
+            if candidate_history.losses[-1] < history.losses[-1]:
+                model, history, kept_warnings = candidate, candidate_history, restart_warnings
+        replay_warnings(kept_warnings)
+        return model, history, losses
 
     # ----- kernel -------------------------------------------------------------------------
     def _new_kernel(self, x: Tensor, targets: Tensor, ard: bool = False) -> gpytorch.kernels.Kernel:

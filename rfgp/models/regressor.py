@@ -16,15 +16,12 @@ from types import SimpleNamespace
 import gpytorch
 import numpy as np
 import torch
-from gpytorch.utils.warnings import NumericalWarning
-from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
-from ..core.user_warnings import held_warnings, replay_warnings
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
-from ..training import NonFiniteLossError, fit_mll
+from ..training import fit_mll
 from .classifier_check import DegenerateFitWarning, training_leave_one_out
 from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
 from .feature_width import set_num_features
@@ -184,16 +181,7 @@ class GPRegressor(RandomFeatureEstimator):
         if not (auto or isinstance(self.standardize, (bool, np.bool_))):
             raise TypeError(f"standardize must be True, False or 'auto', got {self.standardize!r}")
         common["standardize"] = self.kernel is None if auto else bool(self.standardize)
-        restarts = self.n_restarts_optimizer
-        if isinstance(restarts, bool) or not isinstance(restarts, numbers.Integral) or restarts < 0:
-            raise ValueError(f"n_restarts_optimizer must be an integer ≥ 0, got {restarts!r}")
-        if restarts > 0 and common["num_iterations"] == 0:  # nothing would be optimised from the random starts
-            raise ValueError(
-                f"n_restarts_optimizer={restarts} restarts the hyperparameter optimisation, but num_iterations=0 "
-                "does not optimise: pass num_iterations > 0, or n_restarts_optimizer=0"
-            )
-        return SimpleNamespace(**common, time_budget=self.time_budget, normalize_y=bool(self.normalize_y),
-                               n_restarts_optimizer=int(restarts))
+        return SimpleNamespace(**common, time_budget=self.time_budget, normalize_y=bool(self.normalize_y))
 
     # ----- fitting ------------------------------------------------------------------------
     @in_full_precision  # its own backward passes too: rfgp trains in full precision under autocast
@@ -216,24 +204,8 @@ class GPRegressor(RandomFeatureEstimator):
         targets = ((targets - self.y_mean_) / self.y_scale_).to(p.dtype).T  # (T, N): a batch over one kernel
         batch = torch.Size([self.n_outputs_]) if self.n_outputs_ > 1 else torch.Size()
         targets = targets.reshape(*batch, -1)
-        with held_warnings() as kept_warnings:  # shown for the fit that is kept, not for a discarded restart
-            model, self.losses_ = self._trained_model(x, targets)
-        self.restart_losses_ = [self.losses_.losses[-1]] if p.num_iterations > 0 else []
-        starts = torch.Generator().manual_seed(p.seed)
-        for restart in range(1, p.n_restarts_optimizer + 1):
-            try:
-                with held_warnings() as restart_warnings:  # replayed at once if it fails: they explain why
-                    candidate, history = self._trained_model(x, targets, starts)
-            except (NotPSDError, NonFiniteLossError) as error:  # at its random start: that start is skipped
-                warn_user(f"GPRegressor: restart {restart} of n_restarts_optimizer={p.n_restarts_optimizer} failed "
-                          f"and is skipped ({type(error).__name__}: {str(error).splitlines()[0]}); "
-                          "restart_losses_ records it as NaN", NumericalWarning)
-                self.restart_losses_.append(math.nan)
-                continue
-            self.restart_losses_.append(history.losses[-1])
-            if history.losses[-1] < self.losses_.losses[-1]:  # the default start wins ties
-                model, self.losses_, kept_warnings = candidate, history, restart_warnings
-        replay_warnings(kept_warnings)
+        model, self.losses_, self.restart_losses_ = self._best_of_starts(
+            lambda start: self._trained_model(x, targets, start))
         self.leave_one_out_nll_ = self.constant_mean_nll_ = None
         if p.num_iterations > 0:
             self._check_degenerate_fit(model)

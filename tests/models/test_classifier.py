@@ -698,3 +698,37 @@ def test_leave_one_out_temperature_minimises_the_leave_one_out_nll_of_the_probab
     best = clf.temperature_
     assert 0.1 < best < 10 and nll(best) <= min(nll(best * f) for f in (0.9, 0.97, 1.03, 1.1)) + 1e-6
     assert leave_one_out_temperature(clf.model_, "mean_field")[0] == best  # the likelihood's own T is not read
+
+
+def test_restarts_keep_the_lowest_final_loss_of_every_start_and_repeat(monkeypatch):
+    """scikit-learn's n_restarts_optimizer (GaussianProcessClassifier has it; the argument was a TypeError): every
+    start's final loss recorded, the default's first, the lowest kept, the fit repeated bit for bit by the seed; a
+    start that fails is skipped by name and recorded as NaN."""
+    from linear_operator.utils.errors import NotPSDError
+
+    import rfgp.models.classifier as classifier
+
+    x, y = _blobs(30)
+    settings = dict(num_features=64, num_iterations=8, progress=False, dtype="float64", seed=3)
+    clf = DirichletGPClassifier(n_restarts_optimizer=2, **settings).fit(x, y)
+    assert len(clf.restart_losses_) == 3 and clf.losses_[-1] == min(clf.restart_losses_)
+    assert clf.restart_losses_[0] == DirichletGPClassifier(**settings).fit(x, y).restart_losses_[0]
+    again = DirichletGPClassifier(n_restarts_optimizer=2, **settings).fit(x, y)
+    assert again.restart_losses_ == clf.restart_losses_
+    np.testing.assert_array_equal(again.predict_proba(x), clf.predict_proba(x))
+
+    calls = []
+
+    def failing_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise NotPSDError("Matrix not positive definite after repeatedly adding jitter")
+        return rfgp.fit_mll(*args, **kwargs)
+
+    monkeypatch.setattr(classifier, "fit_mll", failing_second)
+    with pytest.warns(gpytorch.utils.warnings.NumericalWarning,
+                      match=r"DirichletGPClassifier: restart 1 of n_restarts_optimizer=2 failed and is skipped"):
+        skipped = DirichletGPClassifier(n_restarts_optimizer=2, **settings).fit(x, y)
+    assert np.isnan(skipped.restart_losses_[1]) and not np.isnan(skipped.restart_losses_[2])
+    with pytest.raises(ValueError, match=r"n_restarts_optimizer must be an integer ≥ 0, got -1"):
+        DirichletGPClassifier(n_restarts_optimizer=-1).fit(x, y)
