@@ -89,3 +89,22 @@ def vector_field_kernel(kind: str, width: int, d: int = 2):
         return MultiOutputFeatureSumKernel(ScaleKernel(SketchedCurlFreeKernel(width, d, seed=0)),
                                            ScaleKernel(SketchedDivFreeKernel(width * (d - 1), d, seed=1)))
     return SketchedDecomposableKernel(SketchedRBFKernel(width, seed=0), num_tasks=d, rank=1)
+
+
+def fit_mll_failing_at(call: int):
+    """(a stand-in for ``rfgp.fit_mll`` that raises linear_operator's ``NotPSDError`` at its ``call``-th call and
+    trains as ``rfgp.fit_mll`` otherwise, the list of its calls): a fit whose covariance fails, for the estimators'
+    restarts."""
+    from linear_operator.utils.errors import NotPSDError
+
+    import rfgp
+
+    calls = []
+
+    def fit_mll(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise NotPSDError("Matrix not positive definite after repeatedly adding jitter")
+        return rfgp.fit_mll(*args, **kwargs)
+
+    return fit_mll, calls

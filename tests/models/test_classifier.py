@@ -704,9 +704,9 @@ def test_restarts_keep_the_lowest_final_loss_of_every_start_and_repeat(monkeypat
     """scikit-learn's n_restarts_optimizer (GaussianProcessClassifier has it; the argument was a TypeError): every
     start's final loss recorded, the default's first, the lowest kept, the fit repeated bit for bit by the seed; a
     start that fails is skipped by name and recorded as NaN."""
-    from linear_operator.utils.errors import NotPSDError
-
     import rfgp.models.classifier as classifier
+
+    from .._models import fit_mll_failing_at
 
     x, y = _blobs(30)
     settings = dict(num_features=64, num_iterations=8, progress=False, dtype="float64", seed=3)
@@ -717,14 +717,7 @@ def test_restarts_keep_the_lowest_final_loss_of_every_start_and_repeat(monkeypat
     assert again.restart_losses_ == clf.restart_losses_
     np.testing.assert_array_equal(again.predict_proba(x), clf.predict_proba(x))
 
-    calls = []
-
-    def failing_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise NotPSDError("Matrix not positive definite after repeatedly adding jitter")
-        return rfgp.fit_mll(*args, **kwargs)
-
+    failing_second, _ = fit_mll_failing_at(2)
     monkeypatch.setattr(classifier, "fit_mll", failing_second)
     with pytest.warns(gpytorch.utils.warnings.NumericalWarning,
                       match=r"DirichletGPClassifier: restart 1 of n_restarts_optimizer=2 failed and is skipped"):

@@ -194,18 +194,11 @@ def test_restarts_escape_the_all_noise_optimum_and_keep_the_best():
 def test_a_restart_that_fails_is_skipped_by_name(monkeypatch):
     """A random start whose covariance is not positive definite is recorded as NaN with a NumericalWarning; the fit
     goes on with the other starts."""
-    from linear_operator.utils.errors import NotPSDError
-
     import rfgp.models.regressor as regressor
 
-    calls = []
+    from .._models import fit_mll_failing_at
 
-    def failing_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise NotPSDError("Matrix not positive definite after repeatedly adding jitter")
-        return rfgp.fit_mll(*args, **kwargs)
-
+    failing_second, calls = fit_mll_failing_at(2)
     monkeypatch.setattr(regressor, "fit_mll", failing_second)
     x, y = _wave(80)
     with pytest.warns(gpytorch.utils.warnings.NumericalWarning,
