@@ -127,7 +127,10 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
             ``ScaleKernel(NystromKernel(k))``, the same kernel); a ``MultitaskKernel`` becomes a
             decomposable kernel over the Nyström data kernel.
         seed: seed of the random draws; leaf kernels get ``seed, seed + 1, ...`` so
-            that factors of a product are independent.
+            that factors of a product are independent.  Trees converted for independent models (an ensemble)
+            want seeds at least their number of leaves apart: ``seed=0`` and ``seed=1`` give a two-leaf tree's
+            second leaf and the other tree's first leaf the same seed, hence the same draws where their type and
+            width agree.
         x_sample: optional points of the model's input space (all the columns the tree receives),
             ``(n, d)`` or batched ``(..., n, d)`` (flattened to rows); finite, floating.  Accepted
             whatever the method.  Every leaf gets the columns it sees, as GPyTorch evaluates the
