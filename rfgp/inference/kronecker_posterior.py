@@ -149,12 +149,15 @@ class ChunkedKroneckerPosteriorCovariance(ChunkedPosteriorCovariance):
         root: Φ*_c ↦ Φ*_cL⁻ᵀ.
         noise: optional diagonal ``(..., n*·T)``.
         chol: L = chol(A) ``(..., F·m, F·m)``.
+        batch_shape: the posterior's batch where it is wider than the prior's (an unbatched kernel under batched
+            targets: L carries their batch); ``None``: the prior's.
     """
 
-    def __init__(self, prior, *params: Tensor, root, noise: Tensor | None = None, chol: Tensor) -> None:
-        LinearOperator.__init__(self, prior, *params, root=root, noise=noise, chol=chol)
+    def __init__(self, prior, *params: Tensor, root, noise: Tensor | None = None, chol: Tensor,
+                 batch_shape: torch.Size | None = None) -> None:
+        LinearOperator.__init__(self, prior, *params, root=root, noise=noise, chol=chol, batch_shape=batch_shape)
         self.prior, self.params, self.root, self.noise, self.chol = prior, params, root, noise, chol
-        self._posterior_batch_shape = prior.batch_shape  # the prior's batch (the factors carry no wider one)
+        self._posterior_batch_shape = prior.batch_shape if batch_shape is None else torch.Size(batch_shape)
 
     def _diagonal(self) -> Tensor:
         task = self.prior.task_factor

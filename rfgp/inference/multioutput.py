@@ -337,9 +337,12 @@ class MultitaskFeatureSpacePredictionStrategy(FeatureSpacePredictionStrategy):
         correction = operator_variance_correction(test_test_covar)
         if correction is not None:
             correction = correction.expand(mean.shape)
+        # an unbatched kernel's Φ* under batched targets or noise (an expanded training covariance): the mean's batch
+        batch = mean.shape[:-1]
         if kronecker and not kernel_space:
-            return mean, ChunkedKroneckerPosteriorCovariance(test_test_covar, root=root, noise=correction, chol=factor)
-        return mean, ChunkedPosteriorCovariance(test_test_covar, root=root, noise=correction)
+            return mean, ChunkedKroneckerPosteriorCovariance(test_test_covar, root=root, noise=correction, chol=factor,
+                                                             batch_shape=batch)
+        return mean, ChunkedPosteriorCovariance(test_test_covar, root=root, noise=correction, batch_shape=batch)
 
 
 def kronecker_test_factors(covar) -> tuple[Tensor, Tensor] | None:

@@ -17,7 +17,7 @@ from rfgp.inference import chunking, kronecker_statistics, multioutput_chunking
 from rfgp.inference.chunked_kronecker import ChunkedKroneckerFeatureOperator
 from rfgp.inference.kronecker_posterior import ChunkedKroneckerPosteriorCovariance
 from rfgp.inference.kronecker_tasks import KroneckerFeatureRootLinearOperator, KroneckerStatistics
-from rfgp.inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator
+from rfgp.inference.multioutput_chunking import ChunkedMultiOutputFeatureOperator, ChunkedPosteriorCovariance
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import SketchedDecomposableKernel, SketchedRBFKernel
 from tests._cost import LargestTensor, TriangularSolveFlops
@@ -273,5 +273,33 @@ def test_a_chunked_test_covariance_contracts_the_factors_of_its_blocks(noise_ran
                 results.append((latent.mean, latent.variance, model.likelihood(latent).variance))
     assert isinstance(latent.lazy_covariance_matrix, ChunkedKroneckerPosteriorCovariance)
     assert flops.flops == 0
+    for actual, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("eager", [False, True])  # True: the plain chunked test root (ChunkedPosteriorCovariance)
+@pytest.mark.parametrize("noise_rank", [0, 1])
+def test_a_chunked_posterior_of_batched_targets_over_an_unbatched_kernel_has_their_batch(noise_rank, eager):
+    """Targets and a mean with a batch of two, an unbatched kernel, the test covariance over the budget: the
+    posterior covariance has the batch of the targets (the factor L carries it), with the unchunked variances and
+    covariances.  Before, the chunked posterior took the unbatched test covariance's batch and raised
+    ``RuntimeError: expand(...)`` at its variance, covariance matrix and samples."""
+    model, x, y = _model(noise_rank, num_points=100)
+    y = torch.stack((y, 0.5 * y.flip(-1)))
+    model.set_train_data(x, y, strict=False)
+    model.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(batch_shape=torch.Size([2])),
+                                                     num_tasks=T).double()
+    test_x = torch.rand(300, 2, generator=torch.Generator().manual_seed(4), dtype=F64)
+    results = []
+    for budget in (WHOLE, DATA_CHUNKED):
+        model.train().eval()
+        with rfgp.settings.memory_budget(budget), gpytorch.settings.lazily_evaluate_kernels(not eager):
+            with torch.no_grad():
+                latent = model(test_x)
+                results.append((latent.mean, latent.variance, model.likelihood(latent).variance,
+                                latent.covariance_matrix[..., :40, :40]))
+    expected_type = ChunkedPosteriorCovariance if eager else ChunkedKroneckerPosteriorCovariance
+    assert type(latent.lazy_covariance_matrix) is expected_type
+    assert latent.lazy_covariance_matrix.shape == (2, 300 * T, 300 * T)
     for actual, expected in zip(results[1], results[0]):
         torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
