@@ -47,7 +47,7 @@ from .kronecker_tasks import (
 )
 from .linalg import scales_root
 from .multioutput_chunking import ChunkedAddedTaskNoiseLinearOperator, ChunkedMultiOutputFeatureOperator
-from .operators import ChunkedFeatureRootAddedDiagLinearOperator
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator, _scaled_correction
 from .task_noise import is_interleaved_task_noise
 
 
@@ -142,14 +142,15 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
 
     def _mul_constant(self, other):
         """c·RRᵀ = (√c·φ ⊗ B)(√c·φ ⊗ B)ᵀ for c > 0 (``ScaleKernel`` around the multitask kernel): both featurizers
-        scaled, the factors kept."""
+        scaled, the factors kept, the variance correction scaled by c."""
         if not scales_root(other):
             return super()._mul_constant(other)
         return ChunkedKroneckerFeatureOperator(
             self.inputs1, *self.featurizer.scaled(other).params, featurizer=self.featurizer.scaled(other),
             chunk_size=self.chunk_size, num_outputs=self.num_outputs,
             data_featurizer=self.data_featurizer.scaled(other), task_factor=self.task_factor,
-            data_chunk_size=self.data_chunk_size)
+            data_chunk_size=self.data_chunk_size,
+            variance_correction=_scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):

@@ -489,6 +489,35 @@ def test_multi_output_nystrom_variance_is_the_exact_gps_away_from_the_landmarks(
     torch.testing.assert_close(nystrom_variance, variance, rtol=1e-5, atol=1e-6)
     assert bool((variance[-2:] > 0.1).all())  # the prior, far from the data
 
+
+@pytest.mark.parametrize("kind", ["multitask", "lcm"])
+def test_a_scaled_multi_output_nystrom_kernel_keeps_its_variance_correction_chunked(kind):
+    """``ScaleKernel`` around a sketched multitask / LCM kernel of Nyström data kernels, its covariances evaluated 3
+    points at a time: c times the FITC term (k(x, x) − ‖φ(x)‖²)·A_ii stays on the diagonal, so the chunked posterior
+    is the unchunked one.  Before, scaling a chunked multi-output root dropped the term: the variance far from the
+    10 landmarks was 10⁻¹⁰ instead of about c·A_ii·k(x, x)."""
+    x, _ = data(40)
+    y = torch.stack((torch.sin(2 * x[:, 0]), torch.cos(x[:, 1])), -1)
+    torch.manual_seed(0)  # IndexKernel's random covar_factor
+    if kind == "multitask":
+        exact = gpytorch.kernels.MultitaskKernel(exact_kernel(), num_tasks=2, rank=1).to(DTYPE)
+    else:
+        exact = gpytorch.kernels.LCMKernel([exact_kernel(), MaternKernel(nu=1.5)], num_tasks=2, rank=1).to(DTYPE)
+    kernel = ScaleKernel(rfgp.sketch(exact, 10, method="nystrom", x_sample=x[:10], seed=0)).to(DTYPE)
+    kernel.outputscale = 3.0
+    test = torch.cat((data(6, seed=5)[0], torch.tensor([[6.0, -6.0], [-9.0, 7.0]], dtype=DTYPE)))  # 2 far away
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0).to(DTYPE)
+    likelihood.noise = 0.05
+    model = rfgp.MultiOutputGPModel(x, y, likelihood, kernel).to(DTYPE).eval()
+    results = []
+    for chunk_size in (None, 3):
+        model.train().eval()
+        with torch.no_grad(), rfgp.settings.chunk_size(chunk_size):
+            posterior = model(test)
+            results.append((posterior.mean, posterior.variance))
+    torch.testing.assert_close(results[1], results[0], rtol=1e-10, atol=1e-12)
+    assert bool((results[1][1][-2:] > 1.0).all())  # c·A_ii·k(x, x), far from the data
+
 def test_dirichlet_classifier_with_a_nystrom_kernel():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(150, 2, generator=gen, dtype=DTYPE)
