@@ -93,21 +93,38 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
 
     def _expand_batch(self, batch_shape) -> ChunkedKroneckerFeatureOperator:
         """The same covariance over ``batch_shape`` (a mean or likelihood with a batch of its own: linear_operator's
-        sums expand their terms), x and B expanded without copying, φ's blocks sized for the batch as the kernel
-        sizes them (:func:`~rfgp.core.settings.resolve_chunk_size`): the Kronecker statistics stay (a plain
+        sums expand their terms), x and B expanded without copying: the Kronecker statistics stay (a plain
         expanded root took the chunked whitened root's O(N·T·F²·m²) statistics)."""
         inputs = self.inputs1.expand(*batch_shape, *self.inputs1.shape[-2:])
-        data = self.data_featurizer
-        batch = math.prod(torch.broadcast_shapes(data.batch_shape, batch_shape))
-        data_chunk = resolve_chunk_size(inputs.shape[-2], data.num_features, batch, inputs.dtype)
         task = self.task_factor.expand(*batch_shape, *self.task_factor.shape[-2:])
         correction = self.variance_correction
         if correction is not None:
             correction = correction.expand(*batch_shape, correction.shape[-1])
+        return self._with_inputs(inputs, task, correction)
+
+    def _points(self, rows: slice, columns: slice) -> ChunkedMultiOutputFeatureOperator:
+        """A principal block of whole points (the test block that ``ExactGP`` slices out of an eagerly evaluated
+        joint covariance) keeps its factors, so that its posterior contracts them
+        (:class:`~rfgp.inference.kronecker_posterior.ChunkedKroneckerPosteriorCovariance`); other blocks are plain
+        chunked operators."""
+        if rows != columns:
+            return super()._points(rows, columns)
+        correction = self.variance_correction
+        if correction is not None:
+            correction = correction[..., output_rows(rows, self.num_outputs)]
+        return self._with_inputs(self.inputs1[..., rows, :], self.task_factor, correction)
+
+    def _with_inputs(self, inputs: Tensor, task_factor: Tensor,
+                     variance_correction: Tensor | None) -> ChunkedKroneckerFeatureOperator:
+        """This covariance at ``inputs`` (expanded or a block of x), φ's blocks sized for them as the kernel sizes
+        them (:func:`~rfgp.core.settings.resolve_chunk_size`)."""
+        data = self.data_featurizer
+        batch = math.prod(torch.broadcast_shapes(data.batch_shape, inputs.shape[:-2]))
+        data_chunk = resolve_chunk_size(inputs.shape[-2], data.num_features, batch, inputs.dtype)
         return ChunkedKroneckerFeatureOperator(inputs, *self.featurizer.params, featurizer=self.featurizer,
                                                chunk_size=self.chunk_size, num_outputs=self.num_outputs,
-                                               data_featurizer=data, task_factor=task, data_chunk_size=data_chunk,
-                                               variance_correction=correction)
+                                               data_featurizer=data, task_factor=task_factor,
+                                               data_chunk_size=data_chunk, variance_correction=variance_correction)
 
     def data_chunks(self) -> Iterator[tuple[slice, Tensor]]:
         """(rows, φ_c) for the blocks of :meth:`feature_chunks` (``chunk_size`` points of x), φ_c their data features

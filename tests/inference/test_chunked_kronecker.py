@@ -277,14 +277,18 @@ def test_a_chunked_test_covariance_contracts_the_factors_of_its_blocks(noise_ran
         torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("eager", [False, True])  # True: the plain chunked test root (ChunkedPosteriorCovariance)
+@pytest.mark.parametrize("kernel", ["multitask", "lcm"])  # lcm: a plain chunked test root (ChunkedPosteriorCovariance)
 @pytest.mark.parametrize("noise_rank", [0, 1])
-def test_a_chunked_posterior_of_batched_targets_over_an_unbatched_kernel_has_their_batch(noise_rank, eager):
+def test_a_chunked_posterior_of_batched_targets_over_an_unbatched_kernel_has_their_batch(noise_rank, kernel):
     """Targets and a mean with a batch of two, an unbatched kernel, the test covariance over the budget: the
     posterior covariance has the batch of the targets (the factor L carries it), with the unchunked variances and
     covariances.  Before, the chunked posterior took the unbatched test covariance's batch and raised
     ``RuntimeError: expand(...)`` at its variance, covariance matrix and samples."""
     model, x, y = _model(noise_rank, num_points=100)
+    if kernel == "lcm":
+        lcm = gpytorch.kernels.LCMKernel([gpytorch.kernels.RBFKernel(), gpytorch.kernels.MaternKernel()],
+                                         num_tasks=T, rank=RANK)
+        model.covar_module = rfgp.sketch(lcm, WIDTH, seed=0).double()
     y = torch.stack((y, 0.5 * y.flip(-1)))
     model.set_train_data(x, y, strict=False)
     model.mean_module = gpytorch.means.MultitaskMean(gpytorch.means.ConstantMean(batch_shape=torch.Size([2])),
@@ -293,13 +297,35 @@ def test_a_chunked_posterior_of_batched_targets_over_an_unbatched_kernel_has_the
     results = []
     for budget in (WHOLE, DATA_CHUNKED):
         model.train().eval()
-        with rfgp.settings.memory_budget(budget), gpytorch.settings.lazily_evaluate_kernels(not eager):
-            with torch.no_grad():
-                latent = model(test_x)
-                results.append((latent.mean, latent.variance, model.likelihood(latent).variance,
-                                latent.covariance_matrix[..., :40, :40]))
-    expected_type = ChunkedPosteriorCovariance if eager else ChunkedKroneckerPosteriorCovariance
+        with rfgp.settings.memory_budget(budget), torch.no_grad():
+            latent = model(test_x)
+            results.append((latent.mean, latent.variance, model.likelihood(latent).variance,
+                            latent.covariance_matrix[..., :40, :40]))
+    expected_type = ChunkedKroneckerPosteriorCovariance if kernel == "multitask" else ChunkedPosteriorCovariance
     assert type(latent.lazy_covariance_matrix) is expected_type
     assert latent.lazy_covariance_matrix.shape == (2, 300 * T, 300 * T)
+    for actual, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("noise_rank", [0, 1])
+def test_an_eagerly_evaluated_chunked_test_block_keeps_its_factors(noise_rank):
+    """``gpytorch.settings.lazily_evaluate_kernels(False)``: ExactGP slices the test block out of the joint chunked
+    covariance, which keeps φ and B, so its posterior contracts the blocks' factors with no triangular solve of the
+    test rows, as a lazily evaluated one.  Before, the block was a plain chunked root (ChunkedPosteriorCovariance,
+    the roots Φ*_cL⁻ᵀ: n*·T·(F·m)² flops); the values were the same."""
+    model, x, _ = _model(noise_rank)
+    test_x = torch.rand(300, 2, generator=torch.Generator().manual_seed(4), dtype=F64)
+    results = []
+    for eager in (False, True):
+        model.train().eval()
+        with rfgp.settings.memory_budget(DATA_CHUNKED), gpytorch.settings.lazily_evaluate_kernels(not eager):
+            with torch.no_grad():
+                model(x[:2])  # the posterior caches
+                with TriangularSolveFlops() as flops:
+                    latent = model(test_x)
+                    results.append((latent.mean, latent.variance, model.likelihood(latent).variance))
+        assert isinstance(latent.lazy_covariance_matrix, ChunkedKroneckerPosteriorCovariance)
+        assert flops.flops == 0
     for actual, expected in zip(results[1], results[0]):
         torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
