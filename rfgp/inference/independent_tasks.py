@@ -212,6 +212,7 @@ class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
         self.chunk_size = chunk_size
         self.num_outputs = num_outputs
         self.tasks = tasks
+        self.variance_correction = None  # bias-corrected maps' independent outputs are not chunked (the kernel refuses)
 
     @property
     def num_tasks(self) -> int:

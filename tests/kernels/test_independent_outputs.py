@@ -325,3 +325,22 @@ def test_eagerly_evaluated_batch_kernels_keep_the_independent_outputs(method, ra
         joint = IndependentTasksLinearOperator(kernel(torch.cat([x, test_x])).evaluate_kernel())
     assert isinstance(joint[2 * N:, 2 * N:], IndependentTasksLinearOperator)
     assert isinstance(joint[2 * N:, :2 * N], BlockInterleavedLinearOperator)
+
+
+def test_a_chunked_covariance_of_independent_outputs_scales_by_a_constant():
+    """c·RRᵀ of T independent outputs over the budget (linear_operator's ``mul`` by a constant) is the chunked
+    operator with its T covariances scaled, and c times the matrix.  Scaling a chunked multi-output root reads its
+    variance correction, which this operator lacked (``AttributeError``); bias-corrected maps' independent outputs are
+    not chunked, so it is none."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(20, 2, generator=gen, dtype=F64)
+    kernel = rfgp.kernels.SketchedRBFKernel(16, seed=0, batch_shape=torch.Size([3])).double()
+    with rfgp.settings.memory_budget(2000):
+        covariance = gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
+            gpytorch.distributions.MultivariateNormal(torch.zeros(3, 20, dtype=F64), kernel(x))).lazy_covariance_matrix
+        covariance = covariance.evaluate_kernel()
+        assert type(covariance).__name__ == "ChunkedIndependentTasksOperator"
+        assert covariance.variance_correction is None
+        scaled = covariance.mul(torch.tensor(2.5, dtype=F64))
+        assert type(scaled) is type(covariance)
+        torch.testing.assert_close(scaled.to_dense(), 2.5 * covariance.to_dense(), rtol=1e-12, atol=1e-12)
