@@ -47,7 +47,7 @@ from .kronecker_tasks import (
 )
 from .linalg import scales_root
 from .multioutput_chunking import ChunkedAddedTaskNoiseLinearOperator, ChunkedMultiOutputFeatureOperator
-from .operators import ChunkedFeatureRootAddedDiagLinearOperator, _scaled_correction
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator, scaled_correction
 from .task_noise import is_interleaved_task_noise
 
 
@@ -167,7 +167,7 @@ class ChunkedKroneckerFeatureOperator(ChunkedMultiOutputFeatureOperator):
             chunk_size=self.chunk_size, num_outputs=self.num_outputs,
             data_featurizer=self.data_featurizer.scaled(other), task_factor=self.task_factor,
             data_chunk_size=self.data_chunk_size,
-            variance_correction=_scaled_correction(self.variance_correction, other))
+            variance_correction=scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):

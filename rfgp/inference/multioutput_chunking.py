@@ -62,7 +62,7 @@ from ..core.settings import chunk_size as forced_chunk_size
 from ..core.validation import check_noise
 from .chunking import Featurizer, chunk_slices, chunked_feature_statistics, output_rows, row_points
 from .linalg import scales_root, woodbury_inv_quad_logdet
-from .operators import ChunkedFeatureRootAddedDiagLinearOperator, _NoKroneckerFactors, _scaled_correction
+from .operators import ChunkedFeatureRootAddedDiagLinearOperator, _NoKroneckerFactors, scaled_correction
 from .posterior_covariance import PosteriorAddedTaskNoise
 from .task_noise import FeatureRootAddedTaskNoiseLinearOperator, is_interleaved_task_noise, whiten_points
 
@@ -253,7 +253,7 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, _NoKroneckerFacto
         if not scales_root(other):
             return super()._mul_constant(other)
         return self.from_featurizer(self.inputs1, self.inputs2, self.featurizer.scaled(other), self.chunk_size,
-                                    self.num_outputs, _scaled_correction(self.variance_correction, other))
+                                    self.num_outputs, scaled_correction(self.variance_correction, other))
 
     def __add__(self, other):
         if self.symmetric and isinstance(other, DiagLinearOperator):  # the noisy training covariance

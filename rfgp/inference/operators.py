@@ -250,7 +250,7 @@ class FeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactors, LowR
         if constant is not None:
             root_constant = constant * root_constant
         root = ConstantMulLinearOperator(base, root_constant)
-        return self.__class__(root, _scaled_correction(self.variance_correction, other))
+        return self.__class__(root, scaled_correction(self.variance_correction, other))
 
     def _mul_matrix(self, other):
         """K̂ ∘ B, a feature root when B has a small exact root (:mod:`rfgp.inference.elementwise_product`), or
@@ -607,7 +607,7 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
     def _mul_constant(self, other):
         if not scales_root(other):
             return super()._mul_constant(other)
-        correction = _scaled_correction(self.variance_correction, other)
+        correction = scaled_correction(self.variance_correction, other)
         return self.from_featurizer(self.inputs, self.featurizer.scaled(other), self.chunk_size, correction)
 
     def _mul_matrix(self, other):
@@ -650,7 +650,7 @@ def batch_constants(operator: LinearOperator, other) -> Tensor | None:
     return values.reshape(other.shape[:-2]).expand(batch)
 
 
-def _scaled_correction(correction: Tensor | None, constant) -> Tensor | None:
+def scaled_correction(correction: Tensor | None, constant) -> Tensor | None:
     """The per-point variance correction of c·K: c times it (a batch constant broadcasts over points)."""
     if correction is None:
         return None
