@@ -22,7 +22,8 @@ pathwise Thompson sampling, ``optimize_posterior_samples``, …) work for any mo
 Prior path Φ(x)ᵀw plus update Φ(x)ᵀv is an exact draw of the posterior of the model's k̂
 (Wilson et al. 2020, Eq. 13, with no feature approximation left).  Feature maps with a variance
 bias (``has_variance_bias``) have a posterior variance larger by the diagonal c(x) =
-k(x, x) − E[k̂(x, x)] (paper 000 §5.6); a function draw cannot carry an uncorrelated diagonal,
+k(x, x) − E[k̂(x, x)] (paper 000 §5.6), Nyström kernels by the FITC-style k(x, x) − ‖φ(x)‖² (in eval mode;
+either inside a sum or product too); a function draw cannot carry an uncorrelated diagonal,
 so BoTorch paths of such kernels sample the k̂ posterior without it and a warning says so
 (:func:`rfgp.models.sampling.posterior_paths` can add it as per-point noise).  Kernels with several
 outputs per input (operator-valued) and ``complex_posterior=True`` kernels are refused with
@@ -60,6 +61,7 @@ from ..inference.kernel_space import kernel_cholesky
 from ..inference.linalg import capacitance_solve, cholesky_solve
 from ..inference.operators import FeatureRootAddedDiagLinearOperator, adaptive_feature_statistics, noise_weights
 from ..kernels.combinations import holds_feature_kernel, is_feature_kernel, kernel_features
+from ..kernels.nystrom import NystromKernel
 from ..kernels.random_feature_kernel import FeatureKernel
 from ..models.kernel_inputs import covar_module_inputs
 from ..models.sampling import check_path_kernel
@@ -109,15 +111,23 @@ def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_out
             "interleaved rows); BoTorch's pathwise sampling expects one output per input (multi-output models are "
             "batched). Use rfgp.models.sampling.posterior_paths for derivative and operator-valued kernels"
         )
-    feature_map = getattr(kernel, "feature_map", None)
-    if getattr(feature_map, "has_variance_bias", False):
+    if adds_variance_correction(kernel):
         warn_user(
-            f"{type(feature_map).__name__} has a variance bias: BoTorch paths sample the posterior of k̂ = ΦᵀΦ without "
-            "the diagonal correction c(x) that the model's posterior variance adds (rfgp.models.sampling.posterior_paths "
-            "adds it as per-point noise)",
+            f"{type(kernel).__name__} has a variance bias: BoTorch paths sample the posterior of k̂ = ΦᵀΦ without the "
+            "diagonal correction c(x) = k(x, x) − E[k̂(x, x)] (Nyström: k(x, x) − ‖φ(x)‖²) that the model's posterior "
+            "variance adds (rfgp.models.sampling.posterior_paths adds it as per-point noise)",
             UserWarning,
         )
     return KernelFeatures(kernel, num_inputs)
+
+
+def adds_variance_correction(kernel) -> bool:
+    """Whether the posterior variance of ``kernel`` adds a diagonal c(x) that its features do not carry: a feature map
+    with ``has_variance_bias`` (c(x) = k(x, x) − E[k̂(x, x)]) or a Nyström kernel in eval mode (k(x, x) − ‖φ(x)‖²)
+    anywhere in the kernel tree (inside sums, products, ``ScaleKernel``).  Read from the modules, not by evaluating
+    the kernel: a map fitted on its first inputs (optimized Maclaurin) has not seen the training data yet here."""
+    return any(getattr(module, "has_variance_bias", False) is True
+               or (isinstance(module, NystromKernel) and not module.training) for module in kernel.modules())
 
 
 #: BoTorch's prior-path sampler for exact GPs, which :func:`_draw_kernel_feature_paths_rfgp` wraps

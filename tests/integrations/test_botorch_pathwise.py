@@ -368,3 +368,27 @@ def test_input_transforms_are_not_taken_for_a_transforming_forward(mode):
         xs = 3 * torch.rand(5, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
         with torch.no_grad():
             assert_matches_posterior(model, xs, paths(xs))
+
+
+@pytest.mark.parametrize("name", ["nystrom", "sum_with_maclaurin"])
+def test_paths_warn_of_a_correction_the_posterior_adds(name):
+    """A Nyström kernel's posterior variance adds k(x, x) − ‖φ(x)‖², a sum with a biased map's term that map's
+    c(x); BoTorch paths carry neither, and warned of neither (Nyström has no ``feature_map``, a sum kernel none of
+    its own): the paths' variance was half the posterior's with no warning (M = 8 landmarks, N = 50)."""
+    if name == "nystrom":
+        x_sample = torch.rand(8, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        kernel = rfgp.sketch(ScaleKernel(gpytorch.kernels.RBFKernel()), 8, method="nystrom", x_sample=x_sample)
+    else:
+        kernel = rfgp.kernels.FeatureSumKernel(ScaleKernel(KERNELS["maclaurin"]()), ScaleKernel(KERNELS["rff"]()))
+    model = single_task_gp(kernel, outcome_transform=None)
+    xs = 2 * torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            values = draw_matheron_paths(model, sample_shape=torch.Size([NUM_PATHS]))(xs)
+    assert any("variance bias" in str(w.message) for w in caught)
+    with torch.no_grad():
+        target, expected = rfgp.kernels.combinations.kernel_diag_moments(model.covar_module, xs)
+    correction = (target - expected).clamp_min(0.0)
+    assert (correction > 0.05).any()  # exercised away from the landmarks / where the map truncates
+    assert_matches_posterior(model, xs, values, correction)
