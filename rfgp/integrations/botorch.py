@@ -247,7 +247,10 @@ def _gaussian_update_feature_space(
     if target_values is None:
         target_values = get_train_targets(model, transformed=True)
     if noise_covariance is None:
-        noise_covariance = _conditioned_likelihood(model, likelihood, points).noise_covar(shape=points.shape[:-1])
+        # the likelihood's whole noise: a FixedNoiseGaussianLikelihood's learned second_noise too (its noise_covar
+        # alone, which BoTorch's own update reads, left the paths' variance at the fixed noise: 1e-4 under a
+        # learned 0.5, path variances 0.3–1 % of the posterior's)
+        noise_covariance = _conditioned_likelihood(model, likelihood, points)._shaped_noise_covar(points.shape[:-1])
     if not isinstance(noise_covariance, DiagLinearOperator):
         raise MDNotImplementedError  # a non-diagonal noise: BoTorch's dense update handles it
     with torch.no_grad():  # the update is a function of x only, like the prior draws
