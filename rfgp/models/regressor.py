@@ -21,6 +21,7 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
+from ..inference.log_prob import has_feature_space_covariance
 from ..training import fit_mll
 from .classifier_check import DegenerateFitWarning, training_leave_one_out
 from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
@@ -357,10 +358,15 @@ class GPRegressor(RandomFeatureEstimator):
         self._check_fitted()
         if getattr(self, "_log_marginal_likelihood", None) is None:
             model = self.model_
-            # exact for an exact GPyTorch kernel too: above max_cholesky_size GPyTorch estimates the log-determinant
-            # by stochastic Lanczos quadrature (36 nats off at N = 900), unless fast log_prob is off
-            with predicting(), gpytorch.settings.prior_mode(True), gpytorch.settings.fast_computations(log_prob=False):
-                value = self.likelihood_(model(*model.train_inputs)).log_prob(model.train_targets).sum()
+            x = model.train_inputs[0]
+            with predicting():  # the prior at the training inputs, from the model's forward: no GPyTorch setting
+                marginal = self.likelihood_(model.forward(x))
+                if has_feature_space_covariance(marginal):  # rfgp's exact O(N·F²) log-determinant and solve
+                    value = marginal.log_prob(model.train_targets).sum()
+                else:  # an exact GPyTorch kernel, whose log_prob above max_cholesky_size is a stochastic estimate
+                    # (36 nats off at N = 900): the dense Cholesky, O(N³) like its training
+                    dense = torch.distributions.MultivariateNormal(marginal.mean, marginal.covariance_matrix)
+                    value = dense.log_prob(model.train_targets).sum()
             self._log_marginal_likelihood = float(value)
         return self._log_marginal_likelihood
 
