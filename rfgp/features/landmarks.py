@@ -205,8 +205,7 @@ def approximate_ridge_leverage_scores(x: Tensor, kernel: KernelFunction, regular
     set S, equal to it when S = x (then K − K(K + λI)⁻¹K = λK(K + λI)⁻¹).  Computed in float64
     for float32 input and returned in x's dtype.
     """
-    if not torch.is_tensor(regularization):
-        regularization = check_positive_float(regularization, "regularization")
+    regularization = _check_regularization(regularization)
     work = factor_dtype(x.dtype, x.device)
     points, pilot = x.to(work), pilot.to(work)
     if torch.is_tensor(regularization):
@@ -226,6 +225,21 @@ def _spectral_regularization(x: Tensor, kernel: KernelFunction, pilot: Tensor) -
     spectrum = torch.linalg.eigvalsh(_batch_mean(kernel(pilot, pilot), 2).to(x.dtype)) * (num_points / pilot_size)
     floor = 1e-6 * _batch_mean(kernel(x, x, diag=True), 1).to(x.dtype).mean()
     return torch.maximum(spectrum[pilot_size - (pilot_size + 1) // 2], floor)
+
+
+def _check_regularization(regularization: float | Tensor) -> float | Tensor:
+    """λ: a finite number > 0, or a one-element real tensor holding one (one host read).
+
+    A tensor λ was used unchecked: λ = 0 gave NaN and Inf scores (then ``torch.multinomial``'s "probability
+    tensor contains either inf, nan or element < 0"), a negative λ a ``LinAlgError`` or scores clamped to 0."""
+    if not torch.is_tensor(regularization):
+        return check_positive_float(regularization, "regularization")
+    if regularization.numel() != 1 or not regularization.is_floating_point() or regularization.is_complex():
+        raise TypeError(f"regularization must be a real number or a one-element real floating-point tensor, got "
+                        f"{regularization!r:.80}")
+    if not bool(torch.isfinite(regularization).all() & (regularization > 0).all()):
+        raise ValueError(f"regularization must be a finite number > 0, got {regularization.item()}")
+    return regularization.reshape(())
 
 
 def _check_sample(x: Tensor, num_landmarks: int) -> int:
