@@ -30,7 +30,8 @@ inputs K(Z, Z) and its factor are computed in float64 and L is rounded to the in
 the O(M³) factorisation is small next to the O(N·M²) features, and a float32 Cholesky of
 thousands of close landmarks needs a jitter (10⁻⁴ at M = 4096 on the elecdemand data of
 ``benchmarks/time_to_accuracy.py``) that costs test NLPD: −0.306 with a float32 factor, −0.314
-with the float64 one, at the same prediction time (30.8 s against 30.7 s CPU).  Devices without float64 (Apple MPS) factorise in the input dtype.
+with the float64 one, at the same prediction time (30.8 s against 30.7 s CPU).  Devices without float64 (Apple
+MPS) factorise in the input dtype.
 
 Negligible entries.  Far from every landmark K(x, Z) underflows below the dtype's smallest normal
 number, and the solve and ΦᵀΦ create more such numbers, on which CPUs compute 10–100× more slowly
@@ -129,8 +130,8 @@ class NystromKernel(FeatureKernel):
     ``(*batch_shape, n, M)`` over shared landmarks, or with ``learn_landmarks=True`` over each member's own: the batch
     members are independent GPs (a BoTorch multi-output ``SingleTaskGP``, GPyTorch's batch-independent models), each
     trained as if alone — by ``rfgp.fit_mll(model, optimizer="member_lbfgs")`` or BoTorch's ``fit_gpytorch_mll``,
-    which fits them independently and refused landmarks the members shared.  The ``state_dict`` of the exact tree (a trained
-    ``ScaleKernel(RBFKernel())``, say: keys at this level, no ``landmarks``) loads into ``base_kernel``
+    which fits them independently and refused landmarks the members shared.  The ``state_dict`` of the exact tree (a
+    trained ``ScaleKernel(RBFKernel())``, say: keys at this level, no ``landmarks``) loads into ``base_kernel``
     and keeps the landmarks, so ``load_state_dict(exact.state_dict(), strict=False)`` leaves no key over.
 
     Example:
@@ -183,7 +184,7 @@ class NystromKernel(FeatureKernel):
         self.pilot_size = None if pilot_size is None else check_positive_int(pilot_size, "pilot_size")
         self._warned_jitter = False
         self._warned_precision = False
-        self._cross_in_work_precision = False  # set with each landmark factor (_choose_cross_precision)
+        self._cross_in_work_precision = False  # set with each landmark factor, computed or reused (landmark_cholesky)
         self._cholesky_cache = StateCache()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -346,7 +347,16 @@ class NystromKernel(FeatureKernel):
         dtype = self.landmarks.dtype if dtype is None else dtype
         tensors = (self.landmarks, *module_tensors(self.base_kernel))
         config = (dtype, self.jitter, module_configuration(self.base_kernel))
-        return self._cholesky_cache.get(tensors, config, lambda: self._landmark_cholesky(dtype))
+
+        def factorise() -> tuple[Tensor, bool]:
+            factor = self._landmark_cholesky(dtype)
+            return factor, self._cross_in_work_precision
+
+        # the precision of K(x, Z) chosen with a factor is reused with it: set from the last factor computed, a
+        # reused one took that of another state (one computed under autograd, which is not kept), and the same
+        # state's float32 covariance changed by 4·10⁻³ with the kernel's history
+        factor, self._cross_in_work_precision = self._cholesky_cache.get(tensors, config, factorise)
+        return factor
 
     def _landmark_cholesky(self, dtype: torch.dtype) -> Tensor:
         work = factor_dtype(dtype, self.landmarks.device)
@@ -363,9 +373,10 @@ class NystromKernel(FeatureKernel):
                 raise self._nonfinite_gram_error()
             if jitter * 10 > _MAX_JITTER * (1 + 1e-9):
                 raise NotPSDError(
-                    f"NystromKernel: Cholesky of K(Z, Z) + ε·I failed for base kernel {type(self.base_kernel).__name__} "
-                    f"at {self.num_features} landmarks even at relative jitter {jitter:.0e} (K(Z, Z) has non-finite "
-                    "entries, or the landmarks are (nearly) duplicated, or the kernel is not positive definite at them)"
+                    "NystromKernel: Cholesky of K(Z, Z) + ε·I failed for base kernel "
+                    f"{type(self.base_kernel).__name__} at {self.num_features} landmarks even at relative jitter "
+                    f"{jitter:.0e} (K(Z, Z) has non-finite entries, or the landmarks are (nearly) duplicated, or the "
+                    "kernel is not positive definite at them)"
                 )
             jitter *= 10
         if jitter != first and not self._warned_jitter:
@@ -378,13 +389,12 @@ class NystromKernel(FeatureKernel):
             )
         # entries negligible in dtype (below its rounding) are zero, so that no subnormal number enters the solve
         factor = flush_negligible(chol, negligible_threshold(kernel_scale(chol), dtype, 0.25, 1)).to(dtype)
-        if work != dtype:
-            self._choose_cross_precision(landmarks, gram, chol, dtype)
-            if not self.training and not self._warned_precision:
-                self._check_feature_precision(gram, chol, factor)
+        self._cross_in_work_precision = work != dtype and self._choose_cross_precision(landmarks, gram, chol, dtype)
+        if work != dtype and not self.training and not self._warned_precision:
+            self._check_feature_precision(gram, chol, factor)
         return factor
 
-    def _choose_cross_precision(self, landmarks: Tensor, gram: Tensor, chol: Tensor, dtype: torch.dtype) -> None:
+    def _choose_cross_precision(self, landmarks: Tensor, gram: Tensor, chol: Tensor, dtype: torch.dtype) -> bool:
         """Whether :meth:`_cross` evaluates K(x, Z) of ``dtype`` (float32) inputs in float64 and rounds it, decided
         with each landmark factor from K(Z, Z): where L⁻¹ amplifies the error of the float32 evaluation more than
         :data:`CROSS_EVALUATION_EXCESS` times that of rounding the float64 one (and above
@@ -414,7 +424,7 @@ class NystromKernel(FeatureKernel):
             rounded = torch.linalg.solve_triangular(chol, exact.to(dtype).to(gram.dtype) - exact,
                                                     upper=False).norm(dim=(-2, -1)) / size
             coarse_enough = (evaluated <= CROSS_EVALUATION_EXCESS * rounded) | (evaluated <= CROSS_EVALUATION_FLOOR)
-        self._cross_in_work_precision = not bool(coarse_enough.all())  # one host read per factor
+        return not bool(coarse_enough.all())  # one host read per factor
 
     def _check_feature_precision(self, gram: Tensor, chol: Tensor, factor: Tensor) -> None:
         """Warn (once per kernel) where this kernel's float32 features err by more than

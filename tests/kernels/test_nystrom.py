@@ -780,6 +780,28 @@ def test_float32_features_evaluate_the_cross_kernel_in_float64_where_float32_is_
     assert not plain._cross_in_work_precision
 
 
+def test_float32_cross_precision_is_that_of_the_reused_factor():
+    """The precision of K(x, Z) is chosen with each landmark factor.  It was an attribute set whenever a factor was
+    computed, so a factor reused from the cache (prediction) took the choice of the last factor computed, one under
+    autograd at other hyperparameters that the cache does not keep: the same state's float32 covariance changed by
+    4·10⁻³ with the kernel's history."""
+    x = 1000 + torch.rand(300, 3, generator=torch.Generator().manual_seed(0))
+    base = RBFKernel()
+    base.lengthscale = 0.3  # here the float32 evaluation of K(x, Z) is too coarse, at ℓ = 0.1 it is not
+    kernel = NystromKernel(base, x[:100]).eval()
+    with torch.no_grad():
+        first = kernel(x[100:]).to_dense()
+    assert kernel._cross_in_work_precision
+    base.lengthscale = 0.1
+    kernel(x[100:]).to_dense().sum().backward()  # a factor under autograd, not cached
+    assert not kernel._cross_in_work_precision
+    base.lengthscale = 0.3
+    with torch.no_grad():
+        again = kernel(x[100:]).to_dense()  # the cached factor of the first call
+    assert kernel._cross_in_work_precision
+    assert torch.equal(again, first)
+
+
 def test_float32_features_that_err_beyond_the_tolerance_warn_once_at_prediction(monkeypatch):
     """With 256 landmarks on [0, 1] at ℓ = 0.1, K(Z, Z) is near-singular and L⁻¹ amplifies the float32 rounding of
     K(x, Z), of L and of the solve: the features err by about 7·10⁻⁴.  The estimate at the landmarks matches the data
