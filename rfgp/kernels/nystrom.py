@@ -192,6 +192,14 @@ class NystromKernel(FeatureKernel):
         # The state of the exact tree this kernel approximates (a trained ScaleKernel(RBFKernel()), say) has no
         # landmarks and holds the tree's keys at this level: load them into base_kernel, keep the landmarks.
         saved = state_dict.get(prefix + "landmarks")
+        if torch.is_tensor(saved) and saved.dim() >= 1 and saved.shape[-1] != self.landmarks.shape[-1]:
+            # before the saved width is adopted: that re-created Z uninitialised at this module's d, and torch's
+            # "size mismatch" then named that shape as this module's, leaving garbage landmarks behind
+            raise ValueError(
+                f"cannot load state: {prefix}landmarks has shape {tuple(saved.shape)} in the state dict, points of "
+                f"{saved.shape[-1]} input columns, but this module's landmarks {tuple(self.landmarks.shape)} have "
+                f"{self.landmarks.shape[-1]}: the state was saved from a kernel on other inputs"
+            )
         if torch.is_tensor(saved) and saved.dim() == 2 and self.landmarks.dim() > 2:
             # saved when learned landmarks were shared by the batch members: the same Z for each, the same model
             state_dict[prefix + "landmarks"] = saved.expand(*self.landmarks.shape[:-2], *saved.shape)

@@ -780,6 +780,18 @@ def test_float32_features_evaluate_the_cross_kernel_in_float64_where_float32_is_
     assert not plain._cross_in_work_precision
 
 
+def test_state_of_landmarks_in_other_columns_is_refused_and_keeps_the_landmarks():
+    """A state whose landmarks have another number of columns: the saved width was adopted first (Z re-created
+    uninitialised at this module's d), so torch's "size mismatch" named that new shape as this module's and left
+    the kernel with garbage landmarks; now a ValueError names both shapes and the landmarks stay."""
+    kernel = NystromKernel(RBFKernel(), torch.randn(5, 2))
+    other = NystromKernel(RBFKernel(), torch.randn(8, 3))
+    before = kernel.landmarks.clone()
+    with pytest.raises(ValueError, match=r"landmarks has shape \(8, 3\) in the state dict.*\(5, 2\) have 2"):
+        kernel.load_state_dict(other.state_dict())
+    assert torch.equal(kernel.landmarks, before)
+
+
 def test_float32_cross_precision_is_that_of_the_reused_factor():
     """The precision of K(x, Z) is chosen with each landmark factor.  It was an attribute set whenever a factor was
     computed, so a factor reused from the cache (prediction) took the choice of the last factor computed, one under
