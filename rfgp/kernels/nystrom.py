@@ -311,7 +311,9 @@ class NystromKernel(FeatureKernel):
         """Choose ``num_landmarks`` new landmarks among ``x_sample`` by the rule and seed of the first choice.
 
         The hyperparameters (the base kernel's) are kept; with the same seed, uniform selection
-        at a larger M extends the previous landmarks' draw order.  ``outputscale``: that of the ``ScaleKernel``
+        at a larger M extends the previous landmarks' draw order.  ``x_sample`` holds points in the columns the
+        landmarks have, after this kernel's own ``active_dims`` (:func:`rfgp.set_num_features` passes them so).
+        ``outputscale``: that of the ``ScaleKernel``
         around this kernel (:func:`nystrom_sketch` of ``ScaleKernel(k)``), which ``"rls"`` selection scores the
         kernel with, as at the first choice (a ``regularization`` given then is on that scale).
 
