@@ -339,10 +339,16 @@ class NystromKernel(FeatureKernel):
                 "re-selecting Nyström landmarks needs the data they are chosen among: pass x_sample= (e.g. the "
                 "training inputs), or call set_num_features on the ExactGP model"
             )
+        x_sample = _check_points(x_sample, "x_sample")
+        if x_sample.shape[-1] != self.landmarks.shape[-1]:  # before: such landmarks, refused at the next evaluation
+            raise ValueError(
+                f"x_sample has {x_sample.shape[-1]} columns but the landmarks have {self.landmarks.shape[-1]}: pass "
+                "the points in the columns this kernel sees (after its active_dims)"
+            )
         options = {name: value for name, value in (("regularization", self.regularization),
                                                       ("pilot_size", self.pilot_size)) if value is not None}
         with torch.no_grad():
-            points = select_landmarks(_check_points(x_sample, "x_sample").detach(), num_landmarks,
+            points = select_landmarks(x_sample.detach(), num_landmarks,
                                       self.landmark_method, kernel=_dense(self.base_kernel, outputscale),
                                       seed=self.selection_seed,
                                       **options)

@@ -780,6 +780,19 @@ def test_float32_features_evaluate_the_cross_kernel_in_float64_where_float32_is_
     assert not plain._cross_in_work_precision
 
 
+def test_reselection_among_points_of_other_columns_is_refused_and_keeps_the_landmarks():
+    """reselect_landmarks takes points in the landmarks' columns (after the kernel's active_dims); given the tree's
+    inputs it chose landmarks of 3 columns for a kernel on 2, refused only at the next evaluation."""
+    x = torch.randn(100, 3, dtype=torch.float64)
+    kernel = rfgp.sketch(ScaleKernel(RBFKernel(active_dims=[0, 2])).double(), 30, method="nystrom", x_sample=x, seed=0)
+    before = kernel.base_kernel.landmarks.clone()
+    with pytest.raises(ValueError, match="x_sample has 3 columns but the landmarks have 2"):
+        kernel.base_kernel.reselect_landmarks(40, x)
+    assert torch.equal(kernel.base_kernel.landmarks, before)
+    kernel.base_kernel.reselect_landmarks(40, x[:, [0, 2]])
+    assert kernel.base_kernel.landmarks.shape == (40, 2)
+
+
 @pytest.mark.parametrize("landmarks", ["uniform", "kmeans++", "rls"])
 def test_float32_polynomial_kernel_is_factorised_in_float64(landmarks):
     """K(Z, Z) of float32 inputs is formed in float64, and so are the selectors' kernel values.  GPyTorch's
