@@ -57,13 +57,11 @@ from __future__ import annotations
 import copy
 import math
 
-import gpytorch
 import torch
 from gpytorch.kernels import InducingPointKernel, Kernel, ScaleKernel
 from gpytorch.utils.warnings import NumericalWarning
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from ..core.config_state import DRAW, METHOD, ConfigState
@@ -77,7 +75,6 @@ from ..core.validation import (
     check_positive_int,
     check_seed,
     describe_bad_hyperparameters,
-    module_dtype,
 )
 from ..features.base import _new_seed
 from ..features.landmarks import LANDMARK_METHODS, distinct_rows, select_landmarks
@@ -380,7 +377,7 @@ class NystromKernel(FeatureKernel):
     def _landmark_cholesky(self, dtype: torch.dtype) -> Tensor:
         work = factor_dtype(dtype, self.landmarks.device)
         landmarks = self.landmarks.to(work)
-        gram = _call_in_dtype(self.base_kernel, work, landmarks, landmarks).to_dense().to(work)
+        gram = self.base_kernel(landmarks, landmarks).to_dense().to(work)
         scale = gram.diagonal(dim1=-2, dim2=-1).mean(-1).unsqueeze(-1).unsqueeze(-1)
         eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
         first = jitter = self.jitter if self.jitter is not None else _DEFAULT_JITTER.get(dtype, 1e-4)
@@ -436,8 +433,7 @@ class NystromKernel(FeatureKernel):
             picked = torch.linspace(0, landmarks.shape[-2] - 1, min(landmarks.shape[-2], CROSS_EVALUATION_SAMPLE),
                                     device=landmarks.device).round().long()
             exact = gram.index_select(-1, picked)
-            coarse = _call_in_dtype(self.base_kernel, dtype, landmarks.to(dtype),
-                                    landmarks.index_select(-2, picked).to(dtype))
+            coarse = self.base_kernel(landmarks.to(dtype), landmarks.index_select(-2, picked).to(dtype))
             size = chol.index_select(-2, picked).norm(dim=(-2, -1))
             evaluated = torch.linalg.solve_triangular(chol, coarse.to_dense().to(gram.dtype) - exact,
                                                       upper=False).norm(dim=(-2, -1)) / size
@@ -551,7 +547,7 @@ class NystromKernel(FeatureKernel):
         # float32 evaluation too coarse (_choose_cross_precision)
         work = factor_dtype(x.dtype, x.device) if self._cross_in_work_precision else x.dtype
         landmarks = self.landmarks.to(work)
-        cross = _call_in_dtype(self.base_kernel, work, x.to(work), landmarks).to_dense().to(x.dtype)
+        cross = self.base_kernel(x.to(work), landmarks).to_dense().to(x.dtype)
         scale = _kernel_diagonal(self.base_kernel, landmarks).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]
         return flush_negligible(cross, negligible_threshold(scale.to(x.dtype), cross.dtype, 0.25, 2))
 
@@ -767,13 +763,10 @@ def _copy_tree(kernel: Kernel) -> Kernel:
 
 def _dense(kernel: Kernel, outputscale: Tensor | None = None):
     """``kernel`` (times ``outputscale``, ``(*batch)``, if given) as a function (x1, x2, diag) → dense tensor, the
-    form the landmark selectors take.
-
-    The selectors work in float64 for float32 points (:func:`~rfgp.core.dtypes.factor_dtype`): the kernel is
-    evaluated in the points' dtype (:func:`_call_in_dtype`)."""
+    form the landmark selectors take."""
 
     def dense_kernel(x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
-        value = _kernel_diagonal(kernel, x1) if diag else _call_in_dtype(kernel, x1.dtype, x1, x2).to_dense()
+        value = _kernel_diagonal(kernel, x1) if diag else kernel(x1, x2).to_dense()
         if outputscale is None:
             return value
         return value * (outputscale[..., None] if diag else outputscale[..., None, None])
@@ -781,24 +774,8 @@ def _dense(kernel: Kernel, outputscale: Tensor | None = None):
     return dense_kernel
 
 
-def _call_in_dtype(kernel: Kernel, dtype: torch.dtype, *args, **kwargs):
-    """``kernel(*args, **kwargs)`` with the kernel's floating parameters and buffers cast to ``dtype``, differentiably
-    (gradients reach the kernel's own parameters); evaluated at once (not lazily) when a cast is needed.
-
-    K(Z, Z) of float32 inputs is formed in float64 (the module docstring), as are the landmark selectors' kernel
-    values: GPyTorch's ``PolynomialKernel`` (``torch.addmm`` of its float32 offset and float64 inputs) raised "self
-    and mat2 must have the same dtype" at every evaluation of a float32 Nyström map of it, where other kernels
-    promote their float32 hyperparameters to float64 inputs."""
-    if module_dtype(kernel) in (None, dtype):
-        return kernel(*args, **kwargs)
-    state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-             for name, tensor in (*kernel.named_parameters(), *kernel.named_buffers())}
-    with gpytorch.settings.lazily_evaluate_kernels(False):
-        return functional_call(kernel, state, args, kwargs)
-
-
 def _kernel_diagonal(kernel: Kernel, x: Tensor) -> Tensor:
-    """k(x, x) per point, ``(*batch, n)``, evaluated at x expanded to the kernel's batch shape, in x's dtype.
+    """k(x, x) per point, ``(*batch, n)``, evaluated at x expanded to the kernel's batch shape.
 
     GPyTorch's ``Kernel.__call__(x, diag=True)`` takes the diagonal of a kernel whose ``forward`` ignores ``diag``
     (``IndexKernel``) only when the output has as many dimensions as the inputs (GPyTorch 1.15.2): a batched
@@ -807,4 +784,4 @@ def _kernel_diagonal(kernel: Kernel, x: Tensor) -> Tensor:
     of MCMC samples of Matérn × IndexKernel).
     """
     batch = torch.broadcast_shapes(x.shape[:-2], kernel.batch_shape)
-    return _call_in_dtype(kernel, x.dtype, x.expand(*batch, *x.shape[-2:]), diag=True)
+    return kernel(x.expand(*batch, *x.shape[-2:]), diag=True)
