@@ -103,7 +103,8 @@ def _check_square(jac: Tensor) -> None:
 def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | None = None) -> Field:
     """x ↦ (Φ(x)θₛ) reshaped to (S, n, p) for weight samples θ of shape (S, F).
 
-    The points are featurised in blocks whose n·p × F root fits :class:`rfgp.settings.memory_budget` (the whole
+    The points are featurised in blocks whose n·p × F root (one per member of the batch of x and of the kernel) fits
+    :class:`rfgp.settings.memory_budget` (the whole
     root of a 10⁵-point grid in 3-D at F = 1024 is 2.3 GiB in float64), so peak memory is bounded when no
     gradient is recorded; under autograd (:func:`jacobian`) the blocks' graphs are kept, as for any computation.
     θ belongs to the kernel's draws at this call: once they are re-drawn (``resample()``, :func:`rfgp.set_num_features`,
@@ -130,7 +131,9 @@ def _feature_field(kernel, weights: Tensor, num_outputs: int, offset: Field | No
                 "posterior_component_fields)"
             )
         num_points = x.shape[-2]
-        points = points_per_block(num_points, num_outputs, weights.shape[-1], math.prod(x.shape[:-2]), weights.dtype)
+        # the features of x have the batch shape of x and of the kernel (θ's, after the sample axis) together
+        batch = math.prod(torch.broadcast_shapes(x.shape[:-2], weights.shape[1:-1]))
+        points = points_per_block(num_points, num_outputs, weights.shape[-1], batch, weights.dtype)
         if points is None:
             return block(x)
         return torch.cat([block(x[..., rows, :]) for rows in chunk_slices(num_points, points)], -2)

@@ -186,3 +186,24 @@ def test_field_samples_on_a_grid_over_the_memory_budget_are_featurised_block_by_
     torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
     with rfgp.settings.chunk_size(30):
         assert curl(field, grid[:20]).abs().max() < 1e-10
+
+
+def test_field_blocks_of_a_batch_kernel_count_every_batch_member_against_the_memory_budget():
+    """Before: a field of a kernel with batch_shape B sized its blocks by the batch of x alone, so at x (n, d) the
+    (*B, n·p, F) features of all n points were made at once, B times over rfgp.settings.memory_budget."""
+    import rfgp
+    from rfgp.core.settings import WORKING_COPIES
+
+    kernel = SketchedCurlFreeKernel(64, input_dim=3, seed=0, batch_shape=torch.Size([8])).to(F64)
+    x = torch.rand(100, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    field = prior_field_samples(kernel, 2, anchors=x[:5], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = field(x)
+    sizes = []
+    featurize = kernel.featurize
+    kernel.featurize = lambda z: sizes.append(z.shape[-2]) or featurize(z)
+    # room for the 300 × 64 root of 2 of the 8 batch members: blocks of at most 25 points
+    with rfgp.settings.memory_budget(WORKING_COPIES * 64 * 300 * 8 * 2), torch.no_grad():
+        blocked = field(x)
+    assert max(sizes) <= 25 and sum(sizes) == 100
+    torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
