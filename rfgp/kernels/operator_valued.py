@@ -66,6 +66,16 @@ def check_vector_dim(input_dim, name: str = "input_dim") -> int:
     return input_dim
 
 
+def check_vector_kernel_kwargs(input_dim: int, kwargs: dict) -> None:
+    """``ard_num_dims`` and ``active_dims`` of a curl- or divergence-free kernel (exact or sketched) must give
+    d = ``input_dim`` columns, the number of outputs."""
+    ard = kwargs.get("ard_num_dims")
+    if ard is not None and ard != input_dim:
+        raise ValueError(f"ard_num_dims must be None or input_dim={input_dim}, got {ard}")
+    if kwargs.get("active_dims") is not None and len(kwargs["active_dims"]) != input_dim:
+        raise ValueError(f"active_dims must select input_dim={input_dim} columns, got {kwargs['active_dims']}")
+
+
 class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
     """Shared machinery of the curl- and divergence-free Gaussian kernels (p = d outputs)."""
 
@@ -75,11 +85,7 @@ class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
 
     def __init__(self, input_dim: int, **kwargs) -> None:
         self.input_dim = check_vector_dim(input_dim)
-        ard = kwargs.get("ard_num_dims")
-        if ard is not None and ard != self.input_dim:
-            raise ValueError(f"ard_num_dims must be None or input_dim={self.input_dim}, got {ard}")
-        if kwargs.get("active_dims") is not None and len(kwargs["active_dims"]) != self.input_dim:
-            raise ValueError(f"active_dims must select input_dim={self.input_dim} columns, got {kwargs['active_dims']}")
+        check_vector_kernel_kwargs(self.input_dim, kwargs)
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
 

@@ -49,7 +49,7 @@ from .combinations import (
 )
 from .families import check_kernel_kwargs
 from .fourier import FOURIER_METHODS
-from .operator_valued import check_vector_dim, check_vector_input
+from .operator_valued import check_vector_dim, check_vector_input, check_vector_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
 
@@ -89,11 +89,7 @@ class _SketchedGaussianDerivativeKernel(_MultiOutputFeatureKernel):
     ) -> None:
         input_dim = check_vector_dim(input_dim)
         check_choice(method, "method", tuple(FOURIER_METHODS))
-        ard = kwargs.get("ard_num_dims")
-        if ard is not None and ard != input_dim:
-            raise ValueError(f"ard_num_dims must be None or input_dim={input_dim}, got {ard}")
-        if kwargs.get("active_dims") is not None and len(kwargs["active_dims"]) != input_dim:
-            raise ValueError(f"active_dims must select input_dim={input_dim} columns, got {kwargs['active_dims']}")
+        check_vector_kernel_kwargs(input_dim, kwargs)
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.method = method

@@ -411,8 +411,12 @@ def test_bad_input_is_rejected_with_clear_messages():
         SketchedDivFreeKernel(66, 3)
     with pytest.raises(ValueError, match="method must be one of"):
         SketchedCurlFreeKernel(64, 2, method="qmc")
-    with pytest.raises(ValueError, match="ard_num_dims"):
-        CurlFreeRBFKernel(3, ard_num_dims=2)
+    for make in (lambda **kw: CurlFreeRBFKernel(3, **kw), lambda **kw: DivFreeRBFKernel(3, **kw),
+                 lambda **kw: SketchedCurlFreeKernel(64, 3, **kw), lambda **kw: SketchedDivFreeKernel(64, 3, **kw)):
+        with pytest.raises(ValueError, match="ard_num_dims must be None or input_dim=3, got 2"):
+            make(ard_num_dims=2)
+        with pytest.raises(ValueError, match=r"active_dims must select input_dim=3 columns, got \[0, 1\]"):
+            make(active_dims=[0, 1])
     with pytest.raises(TypeError, match="data_covar_module must be an rfgp feature kernel"):
         SketchedDecomposableKernel(gpytorch.kernels.RBFKernel(), num_tasks=2)
     with pytest.raises(ValueError, match="num_outputs"):
