@@ -164,7 +164,8 @@ def igrf_field_at(
 ) -> Tensor:
     """The IGRF field (µT, Earth-centred Cartesian) at ``positions`` (n, 3) given in Earth radii.
 
-    The result has the dtype of ``positions``.  On the polar axis (x = y = 0), where the spherical basis is undefined
+    The result has the dtype of ``positions`` and is not differentiable (positions that require grad are refused
+    outside ``torch.no_grad()``).  On the polar axis (x = y = 0), where the spherical basis is undefined
     and ppigrf's eastward component divides by sin θ = 0, the field is the mean of its values at colatitude
     δ = 1e-7 rad on two opposite meridians, equal to the value on the axis up to O(δ²) ≈ 1e-14 relative.
     """
@@ -172,6 +173,10 @@ def igrf_field_at(
     if positions.dim() != 2 or positions.shape[-1] != 3:
         raise ValueError(f"positions must have shape (n, 3) (Cartesian, in Earth radii), got {tuple(positions.shape)}")
     check_finite(positions, "positions")
+    if positions.requires_grad and torch.is_grad_enabled():
+        # ppigrf evaluates in NumPy: a result detached from positions would add a silent zero to their gradient
+        raise ValueError("positions require grad, but igrf_field_at is not differentiable (ppigrf evaluates the model "
+                         "in NumPy); pass positions.detach(), or call it under torch.no_grad()")
     _check_max_degree(max_degree)
     if date is not None and not isinstance(date, datetime.datetime):
         raise TypeError(f"date must be a datetime.datetime (or None for 2020-01-01), got {date!r} of type "

@@ -81,3 +81,15 @@ def test_igrf_field_on_and_near_the_polar_axis_is_the_limit_of_its_neighbours():
     near = igrf_field_at(torch.tensor([[1e-9, 0.0, 1.0], [0.0, 1e-12, -1.0]], dtype=torch.float64))
     assert torch.isfinite(near).all()
     assert igrf_field_at(torch.tensor([[0.0, 0.0, 1.0]])).dtype == torch.float32
+
+
+def test_igrf_field_refuses_positions_that_require_grad():
+    """Before: positions that required grad gave a field detached from them (ppigrf evaluates in NumPy), so a loss
+    mixing it with differentiable terms got a silent zero from it in its gradient; now a ValueError naming them."""
+    pytest.importorskip("ppigrf")
+    positions = torch.tensor([[0.3, -0.4, 1.0]], dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ValueError, match="positions require grad, but igrf_field_at is not differentiable"):
+        igrf_field_at(positions)
+    with torch.no_grad():
+        under_no_grad = igrf_field_at(positions)
+    torch.testing.assert_close(under_no_grad, igrf_field_at(positions.detach()), rtol=0, atol=0)
