@@ -168,8 +168,9 @@ def prior_field_samples(
     if is_feature_kernel(kernel):
         if anchors is None:
             raise ValueError("feature kernels need a probe input to size their features: pass anchors=x (n, d)")
-        root = kernel_features(kernel, anchors)
-        num_outputs = root.shape[-2] // anchors.shape[-2]
+        with torch.no_grad():  # one point sizes the root: the whole n·p × F root of the anchors may exceed the budget
+            root = kernel_features(kernel, anchors[..., :1, :])
+        num_outputs = root.shape[-2]
         weights = torch.randn(num_samples, *root.shape[:-2], root.shape[-1], generator=generator, dtype=root.dtype)
         return _feature_field(kernel, weights.to(root.device), num_outputs)  # θ (S, *batch, F)
     if anchors is None:

@@ -207,3 +207,18 @@ def test_field_blocks_of_a_batch_kernel_count_every_batch_member_against_the_mem
         blocked = field(x)
     assert max(sizes) <= 25 and sum(sizes) == 100
     torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_prior_field_samples_of_a_feature_kernel_size_the_features_on_one_anchor():
+    """Before: the anchors, documented as a probe that sizes the features, were featurised whole (the unchunked
+    n·p × F root of every point passed, e.g. all training inputs); now one point sizes them, with the same draws."""
+    kernel = SketchedDivFreeKernel(64, input_dim=3, seed=0).to(F64)
+    x = torch.rand(50, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    sizes = []
+    featurize = kernel.featurize
+    kernel.featurize = lambda z: sizes.append(z.shape[-2]) or featurize(z)
+    field = prior_field_samples(kernel, 3, anchors=x, generator=torch.Generator().manual_seed(1))
+    assert sizes == [1]
+    weights = torch.randn(3, 64, generator=torch.Generator().manual_seed(1), dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(field(x), (featurize(x) @ weights.mT).mT.reshape(3, 50, 3), rtol=1e-12, atol=1e-12)
