@@ -40,6 +40,9 @@ def _bumps(x: Tensor, centers: Tensor, signs: Tensor, width: float) -> Tensor:
 
 
 def _gradient(fn, x: Tensor) -> Tensor:
+    """∇fn at every row of x (fn of a row depends on that row only); differentiable in x where x records a gradient."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return torch.autograd.grad(fn(x).sum(), x, create_graph=True)[0]
     with torch.enable_grad():
         leaf = x.detach().requires_grad_(True)
         return torch.autograd.grad(fn(leaf).sum(), leaf)[0]
@@ -69,7 +72,8 @@ def helmholtz_field(
     Returns:
         dict with ``x`` (n, d), ``y`` = f + noise (n, d), ``f``, ``curl_free`` (= ∇g) and
         ``divergence_free`` parts (n, d) each, and ``field``, a callable x ↦ (f_curl, f_div)
-        to evaluate the noise-free parts anywhere (e.g. on a plotting grid).
+        to evaluate the noise-free parts anywhere (e.g. on a plotting grid); differentiable in x (for
+        :func:`rfgp.applications.vector_fields.curl` and ``divergence``).
     """
     n = check_positive_int(n, "n")
     if check_positive_int(input_dim, "input_dim") not in (2, 3):

@@ -93,3 +93,22 @@ def test_igrf_field_refuses_positions_that_require_grad():
     with torch.no_grad():
         under_no_grad = igrf_field_at(positions)
     torch.testing.assert_close(under_no_grad, igrf_field_at(positions.detach()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("input_dim", [2, 3])
+def test_helmholtz_field_parts_are_differentiable_and_curl_or_divergence_free(input_dim):
+    """Before: the field's parts were detached from x, so rfgp's own autograd checks (jacobian, curl, divergence)
+    refused them; now they are differentiable, the curl-free part has a symmetric Jacobian and the divergence-free
+    part zero divergence, to round-off."""
+    from rfgp.applications.vector_fields import jacobian
+
+    data = helmholtz_field(20, input_dim=input_dim, seed=4)
+    x = data["x"]
+    curl_free = jacobian(lambda z: data["field"](z)[0], x)
+    div_free = jacobian(lambda z: data["field"](z)[1], x)
+    assert curl_free.abs().max() > 0.1 and div_free.abs().max() > 0.1
+    assert (curl_free - curl_free.mT).abs().max() < 1e-12
+    assert div_free.diagonal(dim1=-2, dim2=-1).sum(-1).abs().max() < 1e-12
+    assert (div_free - div_free.mT).abs().max() > 0.1  # a rotational field, not a second gradient
+    with torch.no_grad():  # unchanged values without a gradient
+        torch.testing.assert_close(data["field"](x)[0], data["curl_free"], rtol=0, atol=0)
