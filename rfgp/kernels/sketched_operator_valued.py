@@ -310,8 +310,8 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
 
 
 def _num_outputs(kernel: Kernel) -> int:
-    inner = kernel.base_kernel if hasattr(kernel, "outputscale") else kernel
-    return getattr(inner, "num_outputs", 1)
+    """p of a (multi-output) feature kernel inside any number of ``ScaleKernel`` s (1 for a scalar one)."""
+    return getattr(unwrap_scale(kernel)[0], "num_outputs", 1)
 
 
 class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):

@@ -12,6 +12,7 @@ from rfgp.kernels import (
     CurlFreeRBFKernel,
     DecomposableKernel,
     DivFreeRBFKernel,
+    MultiOutputFeatureSumKernel,
     SketchedCurlFreeKernel,
     SketchedDecomposableKernel,
     SketchedDivFreeKernel,
@@ -439,3 +440,18 @@ def test_ard_lengthscales_reach_the_sketched_factors(family):
     assert ((approx - target).norm() / target.norm()).item() < 0.05
     approx.sum().backward()
     assert sketched.raw_lengthscale.grad.abs().min() > 0
+
+
+def test_feature_sum_reads_the_outputs_of_components_inside_nested_scale_kernels():
+    """Before: a component in ScaleKernel(ScaleKernel(...)) counted as 1 output, so a sum of two such curl- and
+    div-free kernels had num_outputs 1 and its 2n × 2n covariance failed in GPyTorch ("likely a bug in GPyTorch"),
+    and a mix with a single ScaleKernel was refused as having [1, 2] outputs."""
+    scale = gpytorch.kernels.ScaleKernel
+    curl, div = SketchedCurlFreeKernel(64, 2, seed=0), SketchedDivFreeKernel(64, 2, seed=1)
+    helmholtz = MultiOutputFeatureSumKernel(scale(scale(curl)), scale(scale(div))).to(F64)
+    assert helmholtz.num_outputs == 2
+    x = torch.randn(5, 2, dtype=F64)
+    outer, inner = helmholtz.kernels[0].outputscale, helmholtz.kernels[0].base_kernel.outputscale  # both components'
+    root = torch.cat((curl.featurize(x), div.featurize(x)), -1)
+    torch.testing.assert_close(helmholtz(x).to_dense(), root @ root.mT * outer * inner)
+    assert MultiOutputFeatureSumKernel(scale(scale(curl)), scale(div)).num_outputs == 2
