@@ -30,7 +30,9 @@ Vector fields live in d = 2 or 3 dimensions, where SORF blocks √d·HD₁HD₂H
 Gaussian (in d = 2 every row has norm √2; paper 002 Lemma 5 puts the bias at O(1/d)).  The
 ``"structured"`` sampler therefore runs in the input zero-padded to
 max(next power of two ≥ d, 64) dimensions: the first d coordinates of those rows are
-nearly N(0, I_d) (bias O(1/64)), at O(log 64) cost per frequency.
+nearly N(0, I_d) (bias O(1/64)), at O(log 64) cost per frequency.  The bias stays visible:
+the mean of 200 curl-free draws at F = 2048 in d = 2, ℓ = 0.69, ‖δ‖ = 1.3 missed the entry −0.716 of K(δ) by
+0.040 (5.5 % of it, 2 % of K(0)'s diagonal, 8 standard errors), where ``"iid"`` and ``"orthogonal"`` are unbiased.
 """
 
 from __future__ import annotations
