@@ -161,9 +161,14 @@ def fit_radial_density(a: float, power: int, dim: int, cache_dir: str | os.PathL
         return _MEMORY_CACHE[key]
     path = None
     if cache_dir is not None:
-        path = os.path.join(os.fspath(cache_dir), f"srf_a{a:g}_p{power}_d{dim}_v{FIT_VERSION}.pt")
+        path = os.path.join(os.fspath(cache_dir), f"srf_a{_exact_name(a)}_p{power}_d{dim}_v{FIT_VERSION}.pt")
         if os.path.exists(path):
             density = RadialDensity.from_state(torch.load(path, weights_only=True))
+            if (density.a, density.power, density.dim) != (a, power, dim):
+                raise ValueError(
+                    f"the cached SRF fit {path} is for a={density.a!r}, power={density.power}, dim={density.dim}, "
+                    f"not the requested a={a!r}, power={power}, dim={dim}: remove the file or use another cache_dir"
+                )
             _MEMORY_CACHE[key] = density
             return density
     density = _fit(a, power, dim)
@@ -172,6 +177,13 @@ def fit_radial_density(a: float, power: int, dim: int, cache_dir: str | os.PathL
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.save(density.state(), path)
     return density
+
+
+def _exact_name(a: float) -> str:
+    """a in a cache file name: ``f"{a:g}"`` where that reads back as a (the names of earlier rfgp), else ``repr(a)``
+    (exact): ``:g`` keeps 6 significant digits, so a = 2.0000001 and 2.0000004 shared one file."""
+    short = f"{a:g}"
+    return short if float(short) == a else repr(a)
 
 
 def clear_memory_cache() -> None:

@@ -256,3 +256,25 @@ def test_radial_density_state_round_trip():
     copy = RadialDensity.from_state(density.state())
     tau = torch.linspace(0, 2, 5, dtype=F64)
     assert torch.equal(copy.kernel(tau), density.kernel(tau))
+
+
+def test_disk_cache_keeps_values_of_a_apart(tmp_path):
+    # f"{a:g}" named both fits srf_a2_p2_d3: the second call loaded the fit of a = 2.0000001 for a = 2.0000004.
+    clear_memory_cache()
+    fit_radial_density(2.0000001, 2, 3, cache_dir=tmp_path)
+    clear_memory_cache()
+    second = fit_radial_density(2.0000004, 2, 3, cache_dir=tmp_path)
+    assert second.a == 2.0000004
+    assert len(list(tmp_path.glob("srf_*.pt"))) == 2
+    clear_memory_cache()
+
+
+def test_disk_cache_refuses_a_file_fitted_for_other_parameters(tmp_path):
+    clear_memory_cache()
+    fit_radial_density(2.0, 2, 3, cache_dir=tmp_path)
+    (saved,) = tmp_path.glob("srf_a2_p2_d3_v*.pt")
+    saved.rename(tmp_path / saved.name.replace("srf_a2_", "srf_a3_"))
+    clear_memory_cache()
+    with pytest.raises(ValueError, match="a=2.0, power=2, dim=3, not the requested a=3.0"):
+        fit_radial_density(3.0, 2, 3, cache_dir=tmp_path)
+    clear_memory_cache()
