@@ -35,6 +35,7 @@ EARTH_RADIUS_KM = 6371.2
 
 def _bumps(x: Tensor, centers: Tensor, signs: Tensor, width: float) -> Tensor:
     """Σₖ sₖ exp(−‖x − cₖ‖²/(2w²)), shape (n,)."""
+    centers, signs = centers.to(x.device), signs.to(x.device)  # drawn on the CPU; the field is evaluated anywhere
     sq = (x.unsqueeze(-2) - centers).pow(2).sum(-1)
     return (signs * torch.exp(-0.5 * sq / width**2)).sum(-1)
 
@@ -168,8 +169,8 @@ def igrf_field_at(
 ) -> Tensor:
     """The IGRF field (µT, Earth-centred Cartesian) at ``positions`` (n, 3) given in Earth radii.
 
-    The result has the dtype of ``positions`` and is not differentiable (positions that require grad are refused
-    outside ``torch.no_grad()``).  On the polar axis (x = y = 0), where the spherical basis is undefined
+    The result has the dtype and device of ``positions`` and is not differentiable (positions that require grad are
+    refused outside ``torch.no_grad()``).  On the polar axis (x = y = 0), where the spherical basis is undefined
     and ppigrf's eastward component divides by sin θ = 0, the field is the mean of its values at colatitude
     δ = 1e-7 rad on two opposite meridians, equal to the value on the axis up to O(δ²) ≈ 1e-14 relative.
     """
@@ -193,8 +194,8 @@ def igrf_field_at(
     first, last = _igrf_span()
     if not first <= date <= last:  # ppigrf returns NaN outside them
         raise ValueError(f"date must lie within the IGRF model's span {first:%Y-%m-%d} to {last:%Y-%m-%d}, got {date}")
-    dtype = positions.dtype
-    positions = positions.detach().to(torch.float64).cpu()
+    dtype, device = positions.dtype, positions.device
+    positions = positions.detach().to(torch.float64).cpu()  # ppigrf evaluates in NumPy
     radius = positions.norm(dim=-1)
     if not (radius > 0).all():
         raise ValueError(f"positions must be away from the Earth's centre (the field is singular there), got a zero "
@@ -214,7 +215,7 @@ def igrf_field_at(
         shifted = torch.where(colatitude[axis] > 1.0, torch.pi - delta, delta)
         meridians = [torch.zeros_like(shifted), torch.full_like(shifted, torch.pi)]
         field[axis] = sum(_igrf_cartesian(radius[axis], shifted, phi, date, max_degree) for phi in meridians) / 2
-    return field.to(dtype)
+    return field.to(device=device, dtype=dtype)  # where the positions are: a GPU tensor came back on the CPU
 
 
 def _igrf_cartesian(radius: Tensor, colatitude: Tensor, longitude: Tensor, date: datetime.datetime,
