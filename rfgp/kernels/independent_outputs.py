@@ -41,7 +41,7 @@ from linear_operator.operators import BlockInterleavedLinearOperator
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
-from ..core.settings import memory_budget
+from ..core.settings import chunk_size, memory_budget
 from ..inference.chunking import Featurizer
 from ..inference.independent_tasks import ChunkedIndependentTasksOperator, IndependentTasksLinearOperator
 from ..inference.kernel_evaluation import evaluated_covariance
@@ -145,11 +145,14 @@ def _chunked_block_root(covar: ChunkedFeatureRootLinearOperator, tasks,
     T roots ``tasks`` (materialised if they fit the budget) for diagonal noise; ``kernel`` names the batch kernel
     in errors."""
     if covar.variance_correction is not None:
+        forced = chunk_size.value()  # the chunking named as the user asked for it: rows, or a memory budget
+        why = (f"in chunks of rfgp.settings.chunk_size({forced}) rows" if forced is not None else
+               f"over rfgp.settings.memory_budget ({memory_budget.value()} bytes)")
+        remedy = "leave chunk_size unset" if forced is not None else "raise the budget"
         raise NotImplementedError(
-            f"{kernel}'s features are biased on the diagonal (a bias-corrected map), and "
-            "the independent outputs of such a kernel over rfgp.settings.memory_budget "
-            f"({memory_budget.value()} bytes) have no chunked evaluation: raise the budget, or use an unbiased map "
-            "(random Fourier features)"
+            f"{kernel}'s features are biased on the diagonal (a bias-corrected map), and the independent outputs of "
+            f"such a kernel {why} have no chunked evaluation: {remedy}, or use an unbiased map (random Fourier "
+            "features)"
         )
     num_points, base = covar.inputs.shape[-2], covar.featurizer
     points = points_per_block(num_points, base.batch_shape[-1], base.batch_shape[-1] * base.num_features,

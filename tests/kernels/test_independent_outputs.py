@@ -344,3 +344,17 @@ def test_a_chunked_covariance_of_independent_outputs_scales_by_a_constant():
         scaled = covariance.mul(torch.tensor(2.5, dtype=F64))
         assert type(scaled) is type(covariance)
         torch.testing.assert_close(scaled.to_dense(), 2.5 * covariance.to_dense(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("setting, message", [
+    (lambda: rfgp.settings.memory_budget(2000), r"over rfgp.settings.memory_budget \(2000 bytes\) .*raise the budget"),
+    (lambda: rfgp.settings.chunk_size(5), r"in chunks of rfgp.settings.chunk_size\(5\) rows .*leave chunk_size unset"),
+])
+def test_chunked_independent_outputs_of_a_biased_map_are_refused_naming_the_chunking(setting, message):
+    """The refusal named the memory budget (1 GiB) where rfgp.settings.chunk_size had forced the chunking."""
+    x = torch.rand(20, 2, generator=torch.Generator().manual_seed(0), dtype=F64)
+    kernel = rfgp.kernels.SketchedRBFKernel(16, method="maclaurin", seed=0, batch_shape=torch.Size([3])).double()
+    with setting(), pytest.raises(NotImplementedError, match=message):
+        gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
+            gpytorch.distributions.MultivariateNormal(torch.zeros(3, 20, dtype=F64), kernel(x))
+        ).lazy_covariance_matrix.evaluate_kernel()
