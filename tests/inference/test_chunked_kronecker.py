@@ -6,6 +6,8 @@ Before, a root over the budget was chunked as a whole and left the Kronecker pat
 (O(N·T·F²·m²)), although φ fitted.
 """
 
+import contextlib
+
 import gpytorch
 import pytest
 import torch
@@ -263,18 +265,26 @@ def test_a_chunked_test_covariance_contracts_the_factors_of_its_blocks(noise_ran
     test rows (before: the blocks' roots Φ*_cL⁻ᵀ, n*·T·(F·m)² flops); the same mean and variances as unchunked."""
     model, x, _ = _model(noise_rank)
     test_x = torch.rand(300, 2, generator=torch.Generator().manual_seed(4), dtype=F64)
-    results = []
-    for budget in (WHOLE, DATA_CHUNKED):
-        model.train().eval()
-        with rfgp.settings.memory_budget(budget), torch.no_grad():
-            model(x[:2])  # the posterior caches
-            with TriangularSolveFlops() as flops:
-                latent = model(test_x)
-                results.append((latent.mean, latent.variance, model.likelihood(latent).variance))
+    expected, _, _ = _test_moments(model, x, test_x, rfgp.settings.memory_budget(WHOLE))
+    actual, latent, flops = _test_moments(model, x, test_x, rfgp.settings.memory_budget(DATA_CHUNKED))
     assert isinstance(latent.lazy_covariance_matrix, ChunkedKroneckerPosteriorCovariance)
-    assert flops.flops == 0
-    for actual, expected in zip(results[1], results[0]):
-        torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+    assert flops == 0
+    for value, reference in zip(actual, expected):
+        torch.testing.assert_close(value, reference, rtol=1e-10, atol=1e-12)
+
+
+def _test_moments(model, x, test_x, *settings):
+    """((mean, variance, predictive variance) at ``test_x``, the latent posterior, the triangular-solve flops of the
+    test rows) under ``settings``, the posterior caches built first (at two training points)."""
+    model.train().eval()
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        for setting in settings:
+            stack.enter_context(setting)
+        model(x[:2])
+        with TriangularSolveFlops() as flops:
+            latent = model(test_x)
+            moments = (latent.mean, latent.variance, model.likelihood(latent).variance)
+    return moments, latent, flops.flops
 
 
 @pytest.mark.parametrize("kernel", ["multitask", "lcm"])  # lcm: a plain chunked test root (ChunkedPosteriorCovariance)
@@ -318,14 +328,10 @@ def test_an_eagerly_evaluated_chunked_test_block_keeps_its_factors(noise_rank):
     test_x = torch.rand(300, 2, generator=torch.Generator().manual_seed(4), dtype=F64)
     results = []
     for eager in (False, True):
-        model.train().eval()
-        with rfgp.settings.memory_budget(DATA_CHUNKED), gpytorch.settings.lazily_evaluate_kernels(not eager):
-            with torch.no_grad():
-                model(x[:2])  # the posterior caches
-                with TriangularSolveFlops() as flops:
-                    latent = model(test_x)
-                    results.append((latent.mean, latent.variance, model.likelihood(latent).variance))
+        moments, latent, flops = _test_moments(model, x, test_x, rfgp.settings.memory_budget(DATA_CHUNKED),
+                                               gpytorch.settings.lazily_evaluate_kernels(not eager))
         assert isinstance(latent.lazy_covariance_matrix, ChunkedKroneckerPosteriorCovariance)
-        assert flops.flops == 0
+        assert flops == 0
+        results.append(moments)
     for actual, expected in zip(results[1], results[0]):
         torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
