@@ -299,9 +299,23 @@ def _draw_device(generator: torch.Generator | None, x: Tensor) -> torch.device:
     return generator.device if generator is not None else x.device
 
 
+#: ``torch.multinomial`` takes at most this many categories
+MULTINOMIAL_CATEGORIES = 2**24
+
+
 def _draw(weights: Tensor, count: int, generator: torch.Generator | None) -> Tensor:
-    """``count`` indices drawn without replacement ∝ weights, on the weights' device."""
+    """``count`` indices drawn without replacement ∝ weights, on the weights' device.
+
+    Above :data:`MULTINOMIAL_CATEGORIES` weights (k-means++ and ridge-leverage selection among more than 2²⁴ points,
+    where ``torch.multinomial`` raised "number of categories cannot exceed 2^24") by the exponential race of
+    Efraimidis & Spirakis (2006): the ``count`` largest keys log(uᵢ)/wᵢ, uᵢ ~ U(0, 1), are a weighted sample
+    without replacement with the same law as successive draws ∝ w; below it, ``torch.multinomial``'s draws as before.
+    """
     device = _draw_device(generator, weights)
+    if weights.numel() > MULTINOMIAL_CATEGORIES:
+        uniform = torch.rand(weights.shape, generator=generator, dtype=torch.float64, device=device)
+        keys = uniform.log() / weights.to(device=device, dtype=torch.float64)
+        return keys.topk(count).indices.to(weights.device)
     return torch.multinomial(weights.to(device), count, replacement=False, generator=generator).to(weights.device)
 
 

@@ -217,3 +217,30 @@ def test_rls_draws_distinct_points_with_their_rows_pooled():
 def test_validation(call, error, match):
     with pytest.raises(error, match=match):
         call(data())
+
+
+def test_weighted_draws_above_multinomials_category_limit(monkeypatch):
+    """k-means++ and ridge-leverage selection among more than 2²⁴ points raised torch.multinomial's "number of
+    categories cannot exceed 2^24"; above it the draw is an exponential race with the law of successive draws ∝ w:
+    first draw ∝ w, second ∝ w among the rest (checked below the limit with the race forced, 4 standard errors)."""
+    from rfgp.features import landmarks
+
+    generator = torch.Generator().manual_seed(0)
+    many = torch.rand(landmarks.MULTINOMIAL_CATEGORIES + 10, generator=generator, dtype=torch.float64)
+    many[:5] = 0.0
+    picked = landmarks._draw(many, 3, generator)
+    assert picked.shape == (3,) and len(set(picked.tolist())) == 3 and bool((picked >= 5).all())
+
+    weights = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0], dtype=torch.float64)
+    draws = 6000
+    monkeypatch.setattr(landmarks, "MULTINOMIAL_CATEGORIES", 3)
+    pairs = torch.stack([landmarks._draw(weights, 2, generator) for _ in range(draws)])
+    total = weights.sum()
+    for first in range(4):
+        for second in range(4):
+            if first == second:
+                continue
+            expected = float(weights[first] / total * weights[second] / (total - weights[first]))
+            observed = float(((pairs[:, 0] == first) & (pairs[:, 1] == second)).double().mean())
+            assert abs(observed - expected) <= 4 * (expected * (1 - expected) / draws) ** 0.5, (first, second)
+    assert not bool((pairs == 4).any())
