@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..core.validation import (
     check_finite,
+    check_points,
     check_positive_float,
     check_positive_int,
     check_same_dtype,
@@ -39,15 +40,6 @@ from ..core.validation import (
 from ..features.base import FeatureMap
 
 KernelFunction = Callable[[Tensor, Tensor], Tensor]
-
-
-def _check_points(x: Tensor, name: str) -> Tensor:
-    if not torch.is_tensor(x) or x.dim() != 2 or x.shape[0] == 0:
-        shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        raise ValueError(f"{name} must be a non-empty (n, d) tensor of points, got {shape}")
-    check_tensor_dtype(x, name)
-    check_finite(x, name)
-    return x
 
 
 def _features(feature_map: FeatureMap, x: Tensor, name: str = "feature_map") -> Tensor:
@@ -68,8 +60,8 @@ def _features(feature_map: FeatureMap, x: Tensor, name: str = "feature_map") -> 
 
 
 def _check_pair(p: Tensor, q: Tensor) -> None:
-    _check_points(p, "p")
-    _check_points(q, "q")
+    check_points(p, "p")
+    check_points(q, "q")
     if p.shape[-1] != q.shape[-1]:
         raise ValueError(f"p and q must have the same dimension, got p: {tuple(p.shape)}, q: {tuple(q.shape)}")
     check_same_dtype(q, "q", p.dtype, "p")
@@ -97,7 +89,7 @@ def kernel_mean_embedding(feature_map: FeatureMap, x: Tensor, chunk_size: int = 
     O(chunk_size · F) (plus the map's intermediates) for any ``|X|``; a map that fits itself to its first
     inputs is fitted to all of X first.
     """
-    x = _check_points(x, "x")
+    x = check_points(x, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     if getattr(feature_map, "fits_on_first_input", False):  # fit on all of X, not on its first chunk
         feature_map.prepare(x)
@@ -134,8 +126,8 @@ def kernel_distance(
 
 def mean_kernel(kernel: KernelFunction, x: Tensor, y: Tensor, chunk_size: int = 2048) -> Tensor:
     """κ(X, Y) = mean of k(x, y) over X × Y, accumulated over row chunks of X (memory ``O(chunk·|Y|)``)."""
-    _check_points(x, "x")
-    _check_points(y, "y")
+    check_points(x, "x")
+    check_points(y, "y")
     check_same_dtype(y, "y", x.dtype, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     total = sum(kernel(x[i : i + chunk_size], y).sum() for i in range(0, x.shape[0], chunk_size))
@@ -330,7 +322,7 @@ def kernel_pca(feature_map: FeatureMap, x: Tensor, num_components: int, center: 
     the uncentred rank-k approximation of paper 003 Appendix A, where
     ‖B_X − VVᵀB_X‖²_F = Tr(K) − Tr(VᵀKV) is compared with Σ_{i>k} λᵢ(K).
     """
-    _check_points(x, "x")
+    check_points(x, "x")
     num_components = check_positive_int(num_components, "num_components")
     features = _features(feature_map, x)
     if num_components > min(features.shape):
@@ -346,7 +338,7 @@ def kernel_pca(feature_map: FeatureMap, x: Tensor, num_components: int, center: 
 def exact_kernel_pca_eigenvalues(kernel: KernelFunction, x: Tensor, num_components: int, center: bool = True) -> Tensor:
     """Top-k eigenvalues of the exact n × n Gram matrix (H K H if ``center``), O(n³), for reference (k ≤ n)."""
     num_components = check_positive_int(num_components, "num_components")
-    if num_components > _check_points(x, "x").shape[0]:
+    if num_components > check_points(x, "x").shape[0]:
         raise ValueError(f"num_components must be ≤ n = {x.shape[0]} (the Gram matrix has n eigenvalues), "
                          f"got {num_components}")
     gram = kernel(x, x)
@@ -397,7 +389,7 @@ def two_sketch_kernel_pca(range_map: FeatureMap, projection_map: FeatureMap, x: 
         x: the n points ``(n, d)``.
         num_components: k ≤ rank of G(X).
     """
-    _check_points(x, "x")
+    check_points(x, "x")
     num_components = check_positive_int(num_components, "num_components")
     range_features = _features(range_map, x, "range_map")
     # orthonormal basis of col(M) from its SVD, dropping directions at round-off level
@@ -419,7 +411,7 @@ def projection_residual(kernel: KernelFunction, x: Tensor, basis: Tensor, chunk_
     rank-k value Σ_{i>k} λᵢ(K) = Tr(K) − Σ_{i≤k} λᵢ(K) (:func:`exact_kernel_pca_eigenvalues`
     with ``center=False``).
     """
-    _check_points(x, "x")
+    check_points(x, "x")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     check_tensor_dtype(basis, "basis")
     if basis.dim() != 2 or basis.shape[0] != x.shape[0]:

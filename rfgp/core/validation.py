@@ -157,6 +157,18 @@ def check_tensor_dtype(x, name: str) -> None:
         raise TypeError(f"{name} must be a floating-point tensor ({_SUPPORTED}), got dtype {x.dtype}{_half_hint(x.dtype)}")
 
 
+def check_points(x, name: str) -> Tensor:
+    """``x``: points as the rows of a real float32/float64 tensor of shape (n, d) with n ≥ 1 and d ≥ 1 and finite
+    entries (a TypeError for another type or dtype, a ValueError for another shape or a NaN/Inf, naming ``name``);
+    returned as given."""
+    check_tensor_dtype(x, name)
+    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name} must have shape (n, d) with n ≥ 1 and d ≥ 1 (one point per row), got shape "
+                         f"{tuple(x.shape)}")
+    check_finite(x, name)
+    return x
+
+
 def check_same_dtype(x: Tensor, name: str, dtype: torch.dtype | None, other: str, reason: str = "") -> None:
     """``x`` has ``dtype`` (that of ``other``), where a computation cannot follow type promotion (``reason`` says why).
 

@@ -58,7 +58,7 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import factor_dtype
-from ..core.validation import check_positive_float, check_positive_int, check_seed
+from ..core.validation import check_points, check_positive_float, check_positive_int, check_seed
 
 KernelFunction = Callable[..., Tensor]
 
@@ -243,18 +243,13 @@ def _check_regularization(regularization: float | Tensor) -> float | Tensor:
 
 
 def _check_sample(x: Tensor, num_landmarks: int) -> int:
-    if not torch.is_tensor(x) or not x.is_floating_point() or x.is_complex():
-        raise TypeError(f"x must be a real floating-point tensor of shape (n, d), got {x!r:.80}")
-    if x.dim() != 2:
-        raise ValueError(f"x must have shape (n, d) (one input point per row), got shape {tuple(x.shape)}")
+    check_points(x, "x")
     num_landmarks = check_positive_int(num_landmarks, "num_landmarks")
     if num_landmarks > x.shape[0]:
         raise ValueError(
             f"num_landmarks={num_landmarks} exceeds the number of rows of x ({x.shape[0]}); landmarks are "
             "chosen among the given points, so pass at least num_landmarks points"
         )
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError("x contains NaN or Inf entries; landmarks must be finite points")
     return num_landmarks
 
 

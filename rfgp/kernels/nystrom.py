@@ -71,6 +71,7 @@ from ..core.user_warnings import warn as warn_user
 from ..core.validation import (
     NonFiniteHyperparameterError,
     check_hyperparameter,
+    check_points,
     check_positive_float,
     check_positive_int,
     check_seed,
@@ -160,7 +161,7 @@ class NystromKernel(FeatureKernel):
                  regularization: float | None = None, pilot_size: int | None = None, **kwargs) -> None:
         if not isinstance(base_kernel, Kernel):
             raise TypeError(f"base_kernel must be a gpytorch Kernel, got {type(base_kernel).__name__}")
-        landmarks = _check_distinct_landmarks(_check_points(landmarks, "landmarks"))
+        landmarks = _check_distinct_landmarks(check_points(landmarks, "landmarks"))
         _refuse_inducing_point_kernel(base_kernel, "base_kernel")
         if not isinstance(learn_landmarks, bool):  # bool("no") is True: a string would train the landmarks
             raise TypeError(f"learn_landmarks must be True or False, got {learn_landmarks!r}")
@@ -336,7 +337,7 @@ class NystromKernel(FeatureKernel):
                 "re-selecting Nyström landmarks needs the data they are chosen among: pass x_sample= (e.g. the "
                 "training inputs), or call set_num_features on the ExactGP model"
             )
-        x_sample = _check_points(x_sample, "x_sample")
+        x_sample = check_points(x_sample, "x_sample")
         if x_sample.shape[-1] != self.landmarks.shape[-1]:  # before: such landmarks, refused at the next evaluation
             raise ValueError(
                 f"x_sample has {x_sample.shape[-1]} columns but the landmarks have {self.landmarks.shape[-1]}: pass "
@@ -630,17 +631,6 @@ def _check_scalar(kernel: Kernel, points: Tensor, name: str) -> None:
                     f"kernels: use {instead}")
 
 
-def _check_points(points, name: str) -> Tensor:
-    if not torch.is_tensor(points) or not points.is_floating_point() or points.is_complex():
-        raise TypeError(f"{name} must be a real floating-point tensor of shape (n, d), got {points!r:.80}")
-    if points.dim() != 2 or points.shape[0] < 1 or points.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (n, d) with n ≥ 1 and d ≥ 1 (one point per row), got shape "
-                         f"{tuple(points.shape)}")
-    if not bool(torch.isfinite(points).all()):
-        raise ValueError(f"{name} contains NaN or Inf entries")
-    return points
-
-
 def _check_distinct_landmarks(landmarks: Tensor) -> Tensor:
     """The ValueError for hand-given landmarks with repeated rows (one host read, at construction).
 
@@ -705,7 +695,7 @@ def nystrom_sketch(kernel: Kernel, num_features: int, x_sample: Tensor | None = 
         )
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch Kernel, got {type(kernel).__name__}")
-    x_sample = _check_points(x_sample, "x_sample").detach()
+    x_sample = check_points(x_sample, "x_sample").detach()
     if seed is not None and generator is not None:  # the seed alone would decide, the generator go unused
         raise ValueError(f"pass seed or generator, not both (got seed={seed!r} and a generator): the landmarks are "
                          "chosen by one stored seed, which set_num_features repeats")

@@ -80,7 +80,7 @@ def test_arguments_validated():
         two_sketch_kernel_pca(g, g, x, 5)
     with pytest.raises(ValueError, match="basis must be"):
         projection_residual(gaussian_kernel(), x, torch.zeros(19, 2, dtype=torch.float64))
-    with pytest.raises(ValueError, match="x must be a non-empty"):
+    with pytest.raises(ValueError, match=r"x must have shape \(n, d\) with n ≥ 1 and d ≥ 1"):
         two_sketch_kernel_pca(g, g, x[0], 1)
     # the reference helper: exact eigenvalues agree with projection_residual's optimum
     values = exact_kernel_pca_eigenvalues(gaussian_kernel(), x, 20, center=False)

@@ -197,7 +197,7 @@ def test_rls_draws_distinct_points_with_their_rows_pooled():
         (lambda x: uniform_landmarks(x, 0), ValueError, "num_landmarks"),
         (lambda x: uniform_landmarks(x, 2.0), TypeError, "num_landmarks"),
         (lambda x: uniform_landmarks(x[:, 0], 2), ValueError, "x must have shape"),
-        (lambda x: uniform_landmarks(x.long(), 2), TypeError, "x must be a real"),
+        (lambda x: uniform_landmarks(x.long(), 2), TypeError, "x must be a floating-point tensor"),
         (lambda x: kmeanspp_landmarks(torch.where(x > 2, float("nan"), x), 2), ValueError, "NaN"),
         (lambda x: ridge_leverage_landmarks(x, 5, rbf(), regularization=-1.0), ValueError, "regularization"),
         (lambda x: ridge_leverage_landmarks(x, 5, rbf(), regularization=torch.tensor(0.0)), ValueError,
