@@ -24,13 +24,11 @@ from ..core.user_warnings import held_warnings, replay_warnings
 from ..core.validation import check_choice, check_positive_float, check_positive_int
 from ..likelihoods.dirichlet import PROBABILITY_METHODS, DirichletClassificationLikelihood
 from ..metrics import mean_negative_log_likelihood
-from ..training import fit_mll
 from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
 from .classifier_temperature import leave_one_out_temperature
 from .data_scale import shown_lengthscales
 from .estimator import RandomFeatureEstimator, check_sample_weight, predicting
 from .feature_width import set_num_features
-from .random_start import draw_random_start
 from .regression import ExactGPModel
 
 
@@ -302,8 +300,8 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         available, the final losses from every start), the model trained from the best of ``n_restarts_optimizer``
         + 1 starts and re-drawn for prediction."""
         p = self._fit_params
-        model, losses, starts = self._best_of_starts(
-            lambda start: self._trained_model(x, labels, alpha, extra_noise, start))
+        model, losses, starts = self._best_of_starts(lambda start: self._trained_model(
+            x, *self._dirichlet_targets(labels, alpha, extra_noise), start, "Dirichlet GP"))
         loo = leave_one_out_nll(model) if check else None
         if p.num_features != p.train_num_features:  # train small, predict big: same hyperparameters and seed
             set_num_features(model, p.num_features)
@@ -311,29 +309,15 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         model.likelihood.eval()
         return model, losses, None if loo is None else float(loo), starts
 
-    def _trained_model(self, x: Tensor, labels: Tensor, alpha: float, extra_noise: bool,
-                       start: torch.Generator | None = None):
-        """(model, :class:`~rfgp.training.TrainingHistory` or ``[]`` untrained): a new Dirichlet GP on ``x`` and
-        ``labels``, trained by :func:`rfgp.fit_mll` from the default start, or from a random one drawn from ``start``
-        (:func:`~rfgp.models.random_start.draw_random_start`: its lengthscales; the noise is fixed by α_ε)."""
+    def _dirichlet_targets(self, labels: Tensor, alpha: float, extra_noise: bool):
+        """(the C transformed targets ``(C, N)``, their ``DirichletClassificationLikelihood``) of ``labels`` at α_ε =
+        ``alpha``; the noise is fixed by α_ε, so a restart draws the lengthscales alone."""
         p = self._fit_params
-        num_classes = len(self.classes_)
         likelihood = DirichletClassificationLikelihood(
-            labels, num_classes=num_classes, alpha_epsilon=alpha,
-            learn_additional_noise=extra_noise, dtype=p.dtype,
+            labels, num_classes=len(self.classes_), alpha_epsilon=alpha, learn_additional_noise=extra_noise,
+            dtype=p.dtype,
         )
-        targets = likelihood.transformed_targets.to(p.device)
-        mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([num_classes]))
-        kernel = self._new_kernel(x, targets)
-        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
-        with torch.no_grad():
-            mean.constant.copy_(targets.mean(-1))
-            if start is not None:
-                draw_random_start(model, start, float(targets.var(-1, correction=0).mean()))
-        if p.num_iterations == 0:
-            return model, []
-        return model, fit_mll(model, p.num_iterations, p.lr, p.progress, description="Dirichlet GP",
-                              optimizer=p.optimizer)
+        return likelihood.transformed_targets.to(p.device), likelihood
 
     # ----- prediction ---------------------------------------------------------------------
     def predict_proba(self, X, batch_size: int = 4096):

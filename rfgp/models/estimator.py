@@ -38,8 +38,10 @@ from ..core.validation import (
 from ..kernels.fourier import FOURIER_METHODS, SketchedRBFKernel
 from ..kernels.gaussian_sketch import GaussianSketchRBFKernel
 from ..kernels.nystrom import NystromKernel
-from ..training import NonFiniteLossError
+from ..training import NonFiniteLossError, fit_mll
 from .feature_width import refit_data_fitted_maps
+from .random_start import draw_random_start
+from .regression import ExactGPModel
 
 #: the default kernel's training width when neither width is given, and its prediction width's multiple of it
 DEFAULT_TRAIN_NUM_FEATURES = 256
@@ -310,6 +312,28 @@ class RandomFeatureEstimator:
                 model, history, kept_warnings = candidate, candidate_history, restart_warnings
         replay_warnings(kept_warnings)
         return model, history, losses
+
+    def _trained_model(self, x: Tensor, targets: Tensor, likelihood: gpytorch.likelihoods.Likelihood,
+                       start: torch.Generator | None, description: str, ard: bool = False,
+                       time_budget: float | None = None):
+        """(model, :class:`~rfgp.training.TrainingHistory` or ``[]`` untrained): a new ``ExactGPModel`` on ``x`` and
+        the ``targets`` ``([B,] N)`` it regresses, with ``likelihood``, a constant mean started at the targets' means
+        and :meth:`_new_kernel`'s kernel, trained by :func:`rfgp.fit_mll` from the default start, or from a random one
+        drawn from ``start`` (:func:`~rfgp.models.random_start.draw_random_start`, a restart of
+        :meth:`_best_of_starts`); ``description`` labels the progress bar."""
+        p = self._fit_params
+        mean = gpytorch.means.ConstantMean(batch_shape=targets.shape[:-1])
+        kernel = self._new_kernel(x, targets, ard=ard)
+        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
+        with torch.no_grad():
+            mean.constant.copy_(targets.mean(-1))
+            if start is not None:
+                draw_random_start(model, start, float(targets.var(-1, correction=0).mean()) or 1.0)
+        if p.num_iterations == 0:
+            return model, []
+        history = fit_mll(model, p.num_iterations, p.lr, p.progress, description=description, optimizer=p.optimizer,
+                          time_budget=time_budget)
+        return model, history
 
     # ----- kernel -------------------------------------------------------------------------
     def _new_kernel(self, x: Tensor, targets: Tensor, ard: bool = False) -> gpytorch.kernels.Kernel:

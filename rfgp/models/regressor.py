@@ -22,11 +22,9 @@ from ..core.dtypes import in_full_precision
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
 from ..inference.log_prob import has_feature_space_covariance
-from ..training import fit_mll
 from .classifier_check import DegenerateFitWarning, training_leave_one_out
 from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
 from .feature_width import set_num_features
-from .random_start import draw_random_start
 from .regression import ExactGPModel
 from .sampling import posterior_paths
 
@@ -205,8 +203,9 @@ class GPRegressor(RandomFeatureEstimator):
         targets = ((targets - self.y_mean_) / self.y_scale_).to(p.dtype).T  # (T, N): a batch over one kernel
         batch = torch.Size([self.n_outputs_]) if self.n_outputs_ > 1 else torch.Size()
         targets = targets.reshape(*batch, -1)
-        model, self.losses_, self.restart_losses_ = self._best_of_starts(
-            lambda start: self._trained_model(x, targets, start))
+        model, self.losses_, self.restart_losses_ = self._best_of_starts(lambda start: self._trained_model(
+            x, targets, gpytorch.likelihoods.GaussianLikelihood(), start, "GP regression", ard=True,
+            time_budget=p.time_budget))
         self.leave_one_out_nll_ = self.constant_mean_nll_ = None
         if p.num_iterations > 0:
             self._check_degenerate_fit(model)
@@ -221,25 +220,6 @@ class GPRegressor(RandomFeatureEstimator):
         noise = (likelihood.noise.detach().reshape(()) * self.y_scale_.square()).to(p.dtype)
         self.noise_ = float(noise) if self.n_outputs_ == 1 else noise.cpu().numpy()
         return self
-
-    def _trained_model(self, x: Tensor, targets: Tensor, start: torch.Generator | None = None):
-        """(model, :class:`~rfgp.training.TrainingHistory` or ``[]`` untrained): a new regression GP on ``x`` and the
-        normalised ``targets`` ``([T,] N)``, trained by :func:`rfgp.fit_mll` from the default start, or from a random
-        one drawn from ``start`` (:func:`~rfgp.models.random_start.draw_random_start`, a restart)."""
-        p = self._fit_params
-        likelihood = gpytorch.likelihoods.GaussianLikelihood()
-        mean = gpytorch.means.ConstantMean(batch_shape=targets.shape[:-1])
-        kernel = self._new_kernel(x, targets, ard=True)
-        model = ExactGPModel(x, targets, likelihood, kernel, mean).to(device=p.device, dtype=p.dtype)
-        with torch.no_grad():
-            mean.constant.copy_(targets.mean(-1))
-            if start is not None:
-                draw_random_start(model, start, float(targets.var(-1, correction=0).mean()) or 1.0)
-        if p.num_iterations == 0:
-            return model, []
-        history = fit_mll(model, p.num_iterations, p.lr, p.progress, description="GP regression",
-                          optimizer=p.optimizer, time_budget=p.time_budget)
-        return model, history
 
     def _check_degenerate_fit(self, model: ExactGPModel) -> None:
         """Warn (:class:`~rfgp.models.classifier_check.DegenerateFitWarning`) where the trained model predicts its

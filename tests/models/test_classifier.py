@@ -112,9 +112,10 @@ def _iris():
 
 
 def _training_widths(monkeypatch) -> list:
-    """Widths of the feature maps' outputs during the classifier's training (a hook around its ``fit_mll``)."""
-    classifier_module = importlib.import_module("rfgp.models.classifier")
-    seen, train = [], classifier_module.fit_mll
+    """Widths of the feature maps' outputs during the classifier's training (a hook around the ``fit_mll`` that the
+    estimators train with)."""
+    estimator_module = importlib.import_module("rfgp.models.estimator")
+    seen, train = [], estimator_module.fit_mll
 
     def recording_fit_mll(model, *args, **kwargs):
         handles = _record_widths(model, seen)
@@ -124,7 +125,7 @@ def _training_widths(monkeypatch) -> list:
             for handle in handles:
                 handle.remove()
 
-    monkeypatch.setattr(classifier_module, "fit_mll", recording_fit_mll)
+    monkeypatch.setattr(estimator_module, "fit_mll", recording_fit_mll)
     return seen
 
 
@@ -704,7 +705,7 @@ def test_restarts_keep_the_lowest_final_loss_of_every_start_and_repeat(monkeypat
     """scikit-learn's n_restarts_optimizer (GaussianProcessClassifier has it; the argument was a TypeError): every
     start's final loss recorded, the default's first, the lowest kept, the fit repeated bit for bit by the seed; a
     start that fails is skipped by name and recorded as NaN."""
-    import rfgp.models.classifier as classifier
+    import rfgp.models.estimator as estimator
 
     from .._models import fit_mll_failing_at
 
@@ -718,7 +719,7 @@ def test_restarts_keep_the_lowest_final_loss_of_every_start_and_repeat(monkeypat
     np.testing.assert_array_equal(again.predict_proba(x), clf.predict_proba(x))
 
     failing_second, _ = fit_mll_failing_at(2)
-    monkeypatch.setattr(classifier, "fit_mll", failing_second)
+    monkeypatch.setattr(estimator, "fit_mll", failing_second)
     with pytest.warns(gpytorch.utils.warnings.NumericalWarning,
                       match=r"DirichletGPClassifier: restart 1 of n_restarts_optimizer=2 failed and is skipped"):
         skipped = DirichletGPClassifier(n_restarts_optimizer=2, **settings).fit(x, y)

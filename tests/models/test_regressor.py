@@ -194,12 +194,12 @@ def test_restarts_escape_the_all_noise_optimum_and_keep_the_best():
 def test_a_restart_that_fails_is_skipped_by_name(monkeypatch):
     """A random start whose covariance is not positive definite is recorded as NaN with a NumericalWarning; the fit
     goes on with the other starts."""
-    import rfgp.models.regressor as regressor
+    import rfgp.models.estimator as estimator
 
     from .._models import fit_mll_failing_at
 
     failing_second, calls = fit_mll_failing_at(2)
-    monkeypatch.setattr(regressor, "fit_mll", failing_second)
+    monkeypatch.setattr(estimator, "fit_mll", failing_second)
     x, y = _wave(80)
     with pytest.warns(gpytorch.utils.warnings.NumericalWarning,
                       match=r"restart 1 of n_restarts_optimizer=2 failed and is skipped \(NotPSDError: Matrix not"):
