@@ -261,6 +261,21 @@ def test_kernel_and_log_marginal_likelihood_value_as_scikit_learn():
     assert same_width.log_marginal_likelihood_value_ == pytest.approx(-120 * same_width.losses_[-1], rel=1e-9)
 
 
+def test_log_marginal_likelihood_value_of_a_float32_regressor_is_its_models_in_float64():
+    """A float32 regressor's value is that of its float32 hyperparameters and features, evaluated in float64, to
+    float32's rounding of the statistics."""
+    x, y = _wave(120)
+    reg = GPRegressor(num_iterations=10, progress=False).fit(x, y)
+    model = reg.model_
+    train_x, targets = model.train_inputs[0], model.train_targets.double()
+    with torch.no_grad():
+        covariance = (reg.kernel_(train_x).to_dense().double()
+                      + reg.likelihood_.noise.detach().double() * torch.eye(120, dtype=torch.float64))
+        mean = model.mean_module(train_x).double()
+        dense = torch.distributions.MultivariateNormal(mean, covariance).log_prob(targets)
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(float(dense), rel=1e-4, abs=1e-2)
+
+
 def test_log_marginal_likelihood_value_is_exact_for_an_exact_kernel_above_max_cholesky_size():
     """Above GPyTorch's max_cholesky_size (800) an exact kernel's log_prob is a stochastic Lanczos estimate: the value
     was 438.5 where the dense Gaussian gives 402.6 at N = 900."""
