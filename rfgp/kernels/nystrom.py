@@ -31,7 +31,9 @@ the O(M³) factorisation is small next to the O(N·M²) features, and a float32 
 thousands of close landmarks needs a jitter (10⁻⁴ at M = 4096 on the elecdemand data of
 ``benchmarks/time_to_accuracy.py``) that costs test NLPD: −0.306 with a float32 factor, −0.314
 with the float64 one, at the same prediction time (30.8 s against 30.7 s CPU).  Devices without float64 (Apple
-MPS) factorise in the input dtype.
+MPS) factorise in the input dtype.  The base kernel is evaluated there as if converted by ``.double()``, through a
+view of it whose float32 hyperparameters are differentiable casts (:func:`~rfgp.core.module_in_dtype.module_in_dtype`;
+the kernel itself is never converted): GPyTorch's ``PolynomialKernel`` does not promote its offset to float64 inputs.
 
 Negligible entries.  Far from every landmark K(x, Z) underflows below the dtype's smallest normal
 number, and the solve and ΦᵀΦ create more such numbers, on which CPUs compute 10–100× more slowly
@@ -65,6 +67,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..core.config_state import DRAW, METHOD, ConfigState
+from ..core.module_in_dtype import module_in_dtype
 from ..core.settings import resolve_chunk_size
 from ..core.state_cache import StateCache, module_configuration, module_tensors
 from ..core.user_warnings import warn as warn_user
@@ -378,7 +381,7 @@ class NystromKernel(FeatureKernel):
     def _landmark_cholesky(self, dtype: torch.dtype) -> Tensor:
         work = factor_dtype(dtype, self.landmarks.device)
         landmarks = self.landmarks.to(work)
-        gram = self.base_kernel(landmarks, landmarks).to_dense().to(work)
+        gram = _dense_covariance(self.base_kernel, landmarks, landmarks).to(work)
         scale = gram.diagonal(dim1=-2, dim2=-1).mean(-1).unsqueeze(-1).unsqueeze(-1)
         eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
         first = jitter = self.jitter if self.jitter is not None else _DEFAULT_JITTER.get(dtype, 1e-4)
@@ -434,9 +437,10 @@ class NystromKernel(FeatureKernel):
             picked = torch.linspace(0, landmarks.shape[-2] - 1, min(landmarks.shape[-2], CROSS_EVALUATION_SAMPLE),
                                     device=landmarks.device).round().long()
             exact = gram.index_select(-1, picked)
-            coarse = self.base_kernel(landmarks.to(dtype), landmarks.index_select(-2, picked).to(dtype))
+            coarse = _dense_covariance(self.base_kernel, landmarks.to(dtype),
+                                       landmarks.index_select(-2, picked).to(dtype))
             size = chol.index_select(-2, picked).norm(dim=(-2, -1))
-            evaluated = torch.linalg.solve_triangular(chol, coarse.to_dense().to(gram.dtype) - exact,
+            evaluated = torch.linalg.solve_triangular(chol, coarse.to(gram.dtype) - exact,
                                                       upper=False).norm(dim=(-2, -1)) / size
             rounded = torch.linalg.solve_triangular(chol, exact.to(dtype).to(gram.dtype) - exact,
                                                     upper=False).norm(dim=(-2, -1)) / size
@@ -548,7 +552,7 @@ class NystromKernel(FeatureKernel):
         # float32 evaluation too coarse (_choose_cross_precision)
         work = factor_dtype(x.dtype, x.device) if self._cross_in_work_precision else x.dtype
         landmarks = self.landmarks.to(work)
-        cross = self.base_kernel(x.to(work), landmarks).to_dense().to(x.dtype)
+        cross = _dense_covariance(self.base_kernel, x.to(work), landmarks).to(x.dtype)
         scale = _kernel_diagonal(self.base_kernel, landmarks).detach().clamp_min(0).amax(-1).sqrt()[..., None, None]
         return flush_negligible(cross, negligible_threshold(scale.to(x.dtype), cross.dtype, 0.25, 2))
 
@@ -756,7 +760,7 @@ def _dense(kernel: Kernel, outputscale: Tensor | None = None):
     form the landmark selectors take."""
 
     def dense_kernel(x1: Tensor, x2: Tensor, diag: bool = False) -> Tensor:
-        value = _kernel_diagonal(kernel, x1) if diag else kernel(x1, x2).to_dense()
+        value = _kernel_diagonal(kernel, x1) if diag else _dense_covariance(kernel, x1, x2)
         if outputscale is None:
             return value
         return value * (outputscale[..., None] if diag else outputscale[..., None, None])
@@ -774,4 +778,12 @@ def _kernel_diagonal(kernel: Kernel, x: Tensor) -> Tensor:
     of MCMC samples of Matérn × IndexKernel).
     """
     batch = torch.broadcast_shapes(x.shape[:-2], kernel.batch_shape)
-    return kernel(x.expand(*batch, *x.shape[-2:]), diag=True)
+    return module_in_dtype(kernel, x.dtype)(x.expand(*batch, *x.shape[-2:]), diag=True)
+
+
+def _dense_covariance(kernel: Kernel, x1: Tensor, x2: Tensor) -> Tensor:
+    """K(x1, x2) as a dense tensor, the kernel evaluated in the inputs' dtype (:func:`module_in_dtype`: float32
+    hyperparameters cast, differentiably, where the factor works in float64).  GPyTorch's ``PolynomialKernel`` does not
+    promote its offset (``torch.addmm``): called as it is on float64 inputs, a float32 one raised "self and mat2 must
+    have the same dtype" at every factorisation of a float32 Nyström map."""
+    return module_in_dtype(kernel, x1.dtype)(x1, x2).to_dense()

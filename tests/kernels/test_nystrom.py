@@ -9,7 +9,7 @@ import warnings
 import gpytorch
 import pytest
 import torch
-from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import MaternKernel, PeriodicKernel, PolynomialKernel, RBFKernel, ScaleKernel
 from gpytorch.utils.warnings import NumericalWarning
 from linear_operator.utils.errors import NotPSDError
 
@@ -791,6 +791,27 @@ def test_reselection_among_points_of_other_columns_is_refused_and_keeps_the_land
     assert torch.equal(kernel.base_kernel.landmarks, before)
     kernel.base_kernel.reselect_landmarks(40, x[:, [0, 2]])
     assert kernel.base_kernel.landmarks.shape == (40, 2)
+
+
+@pytest.mark.parametrize("landmarks", ["uniform", "kmeans++", "rls"])
+def test_float32_polynomial_kernel_is_factorised_in_float64(landmarks):
+    """K(Z, Z) of float32 inputs is formed in float64, and so are the selectors' kernel values.  GPyTorch's
+    PolynomialKernel does not promote its float32 offset to float64 inputs (``torch.addmm``): a float32 Nyström map of
+    it raised "self and mat2 must have the same dtype" at every evaluation (and at "kmeans++" and "rls" selection).
+    Now its features are the float64 map's (same landmarks, same jitter) to float32 rounding, the gradient still
+    reaches the float32 offset, and the base kernel's parameters stay float32 (rfgp.core.module_in_dtype)."""
+    x = torch.rand(60, 2, generator=torch.Generator().manual_seed(0))
+    kernel = rfgp.sketch(PolynomialKernel(power=2), 6, method="nystrom", x_sample=x, seed=0, landmarks=landmarks)
+    reference = copy.deepcopy(kernel).double()
+    reference.jitter = 1e-6  # float32's default jitter
+    features = kernel.featurize(x)
+    exact = reference.featurize(x.double())
+    assert features.dtype == torch.float32
+    assert torch.equal(kernel.landmarks.double(), reference.landmarks)
+    assert (features.double() - exact).norm() / exact.norm() < 1e-3  # K(Z, Z) of rank 6 = M: L⁻¹ amplifies rounding
+    features.sum().backward()
+    assert kernel.base_kernel.raw_offset.dtype == torch.float32
+    assert kernel.base_kernel.raw_offset.grad is not None and bool(torch.isfinite(kernel.base_kernel.raw_offset.grad))
 
 
 def test_state_of_landmarks_in_other_columns_is_refused_and_keeps_the_landmarks():
