@@ -54,21 +54,21 @@ class StateCache(Generic[Result]):
     computed under ``torch.inference_mode`` only under inference mode."""
 
     def __init__(self) -> None:
-        self._config: Hashable = None
-        self._tensors: tuple[Tensor, ...] | None = None
-        self._result: Result | None = None
-        self._inference = False
+        # (config, tensors, result, computed under inference mode), replaced as one object: threads sharing the module
+        # read a whole entry, never one state's key with another's result
+        self._entry: tuple[Hashable, tuple[Tensor, ...], Result, bool] | None = None
 
     def get(self, tensors: Sequence[Tensor], config: Hashable, compute: Callable[[], Result]) -> Result:
         if (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or _recording():
             return compute()
         inference = torch.is_inference_mode_enabled()
-        if (self._tensors is not None and (inference or not self._inference) and self._config == config
-                and _equal(self._tensors, tensors)):
-            return self._result
+        entry = self._entry
+        if entry is not None:
+            saved_config, saved_tensors, saved_result, saved_inference = entry
+            if (inference or not saved_inference) and saved_config == config and _equal(saved_tensors, tensors):
+                return saved_result
         result = compute()
-        self._config, self._tensors, self._result = config, tuple(t.detach().clone() for t in tensors), result
-        self._inference = inference
+        self._entry = (config, tuple(t.detach().clone() for t in tensors), result, inference)
         return result
 
 
