@@ -4,7 +4,8 @@ The Dirichlet-based classifier (Milios et al. 2018; paper 000 App. D.4) predicts
 p_c = E[exp f_c / Σ_j exp f_j].  There is no closed form; two estimators are provided:
 
 * :func:`softmax_expectation_mc` — Monte Carlo with a seeded generator (what paper 000's
-  code does, with 1000 samples); unbiased, standard error ≤ 0.5/√S per entry.
+  code does, with 1000 samples); unbiased, standard error ≤ 0.5/√S per entry; its variance gradient is Price's
+  theorem's ½ E[∂²p/∂f²] (finite at σ² = 0).
 * :func:`softmax_expectation_mean_field` — the deterministic mean-field approximation
   (Lu, Ie & Sha 2020, "Mean-field approximation to Gaussian-softmax integral with
   application to uncertainty estimation", arXiv:2006.07584):
@@ -27,6 +28,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..core.dtypes import refuse_autocast_backward
 from ..core.settings import resolve_chunk_size
 from ..core.validation import check_gaussian_moments, check_positive_int
 
@@ -55,32 +57,110 @@ def softmax_expectation_mc(
             with the same draws, so that the blocks change neither the draws nor the estimate.
 
     Returns:
-        (probabilities, standard_error), both ``(..., C)``; the probabilities sum to 1.
+        (probabilities, standard_error), both ``(..., C)``; the probabilities sum to 1.  They are differentiable in
+        ``mean`` (the exact derivative of the estimate) and ``variance`` (Price's theorem, ∂E[p]/∂σ² = ½ E[∂²p/∂f²],
+        estimated from the same draws: finite at σ² = 0, where the reparameterised derivative through √σ² is
+        infinite; :class:`_SoftmaxExpectation`); the standard error carries no gradient.
     """
     num_samples = check_positive_int(num_samples, "num_samples")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     _check_latents(mean, variance)
+    # one ε_s per sample, shared by all points, drawn chunk by chunk (S × C numbers: kept for the backward pass)
+    noise = torch.cat([
+        torch.randn((min(chunk_size, num_samples - start), 1, mean.shape[-1]), generator=generator,
+                    dtype=mean.dtype, device=mean.device)
+        for start in range(0, num_samples, chunk_size)
+    ])
+    return _SoftmaxExpectation.apply(mean, variance, noise, chunk_size)
+
+
+class _SoftmaxExpectation(torch.autograd.Function):
+    """(mean_s softmax(μ + σ ⊙ ε_s), its standard error) with a gradient that is finite at σ² = 0.
+
+    The reparameterised derivative of the estimate with respect to σ²_c, mean_s ∂p/∂f_c(f_s)·ε_{s,c}/(2σ_c), is
+    infinite at σ_c = 0 (and of variance O(1/σ²_c) near it), whereas ∂E[p]/∂σ²_c is finite everywhere.  The
+    backward pass therefore estimates the variance gradient by Price's theorem (Price 1958; Bonnet 1964),
+    ∂E[g(f)]/∂σ²_c = ½ E[∂²g/∂f_c²(f)], from the same draws; for p = softmax(f) and an incoming gradient G,
+
+        Σ_k G_k ∂p_k/∂f_c = p_c (G_c − ⟨G, p⟩),   Σ_k G_k ∂²p_k/∂f_c² = p_c (1 − 2p_c)(G_c − ⟨G, p⟩),
+
+    so ∂/∂μ_c = mean_s p_c(G_c − ⟨G, p⟩) (the exact derivative of the estimate, as autograd would give) and
+    ∂/∂σ²_c = ½ mean_s p_c(1 − 2p_c)(G_c − ⟨G, p⟩): an unbiased estimate of ∂E[p]/∂σ²_c, which at σ² = 0 is the
+    exact ½ ∂²softmax/∂f_c²(μ), but not the derivative of this particular estimate.  The samples are recomputed
+    block by block in the backward pass (memory as in the forward); the standard error carries no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, mean, variance, noise, chunk_size):
+        ctx.chunk_size = chunk_size
+        ctx.save_for_backward(mean, variance, noise)
+        block, flat_mean, flat_std = _point_blocks(mean, variance, noise.shape[0], chunk_size)
+        total = torch.zeros_like(flat_mean)
+        total_sq = torch.zeros_like(flat_mean)
+        for chunk in noise.split(chunk_size):
+            samples = _block_samples(flat_mean, flat_std, chunk, block)
+            sums, squares = zip(*(_sample_moments(probs) for probs in samples))
+            total = total + torch.cat(sums)
+            total_sq = total_sq + torch.cat(squares)
+        num_samples = noise.shape[0]
+        total, total_sq = total.reshape(mean.shape), total_sq.reshape(mean.shape)
+        estimate = total / num_samples
+        sample_var = (total_sq / num_samples - estimate.pow(2)).clamp_min(0.0) * num_samples / max(num_samples - 1, 1)
+        error = (sample_var / num_samples).sqrt()
+        ctx.mark_non_differentiable(error)
+        return estimate, error
+
+    @staticmethod
+    @refuse_autocast_backward
+    def backward(ctx, grad_estimate, grad_error):
+        if torch.is_grad_enabled():
+            # the recomputed samples would differentiate √σ² at 0 again: refuse rather than return an infinite or
+            # partial second derivative
+            raise NotImplementedError(
+                "second derivatives (create_graph=True) of the Monte-Carlo softmax expectation are not supported; "
+                "differentiate softmax_expectation_mc (predict_proba) once"
+            )
+        mean, variance, noise = ctx.saved_tensors
+        block, flat_mean, flat_std = _point_blocks(mean, variance, noise.shape[0], ctx.chunk_size)
+        incoming = grad_estimate.reshape(flat_mean.shape).split(block)
+        grad_mean = torch.zeros_like(flat_mean)
+        grad_variance = torch.zeros_like(flat_mean)
+        for chunk in noise.split(ctx.chunk_size):
+            firsts, seconds = zip(*(_price_sums(probs, grad) for probs, grad in
+                                    zip(_block_samples(flat_mean, flat_std, chunk, block), incoming)))
+            grad_mean = grad_mean + torch.cat(firsts)
+            grad_variance = grad_variance + torch.cat(seconds)
+        num_samples = noise.shape[0]
+        grad_mean = grad_mean.reshape(mean.shape) / num_samples
+        grad_variance = ((0.5 / num_samples) * grad_variance.reshape(mean.shape)).sum_to_size(variance.shape)
+        needs = ctx.needs_input_grad
+        return (grad_mean.to(mean.dtype) if needs[0] else None, grad_variance.to(variance.dtype) if needs[1] else None,
+                None, None)
+
+
+def _point_blocks(mean: Tensor, variance: Tensor, num_samples: int, chunk_size: int) -> tuple[int, Tensor, Tensor]:
+    """(points per block, μ, σ) with μ, σ flattened to ``(points, C)``: blocks whose ``chunk × block × C`` samples fit
+    :class:`rfgp.settings.memory_budget` (or of :class:`rfgp.settings.chunk_size` points), with the same draws, so
+    that the blocks change neither the draws nor the estimate."""
     num_classes = mean.shape[-1]
     flat_mean = mean.reshape(-1, num_classes)
     flat_std = variance.sqrt().expand(mean.shape).reshape(-1, num_classes)
     num_points = flat_mean.shape[0]
     block = resolve_chunk_size(num_points, num_classes, min(chunk_size, num_samples), mean.dtype) or num_points
-    total = torch.zeros_like(flat_mean)
-    total_sq = torch.zeros_like(flat_mean)
-    remaining = num_samples
-    while remaining > 0:
-        size = min(chunk_size, remaining)
-        # one ε_s per sample, shared by all points
-        noise = torch.randn((size, 1, num_classes), generator=generator, dtype=mean.dtype, device=mean.device)
-        sums, squares = zip(*(_sample_moments(softmax_last(m + s * noise))
-                              for m, s in zip(flat_mean.split(block), flat_std.split(block))))
-        total = total + torch.cat(sums)
-        total_sq = total_sq + torch.cat(squares)
-        remaining -= size
-    total, total_sq = total.reshape(mean.shape), total_sq.reshape(mean.shape)
-    estimate = total / num_samples
-    sample_var = (total_sq / num_samples - estimate.pow(2)).clamp_min(0.0) * num_samples / max(num_samples - 1, 1)
-    return estimate, (sample_var / num_samples).sqrt()
+    return block, flat_mean, flat_std
+
+
+def _block_samples(flat_mean: Tensor, flat_std: Tensor, noise: Tensor, block: int):
+    """softmax(μ + σ ⊙ ε_s) ``(chunk, block, C)`` for the draws ``noise`` ``(chunk, 1, C)``, block by block (lazily)."""
+    for m, s in zip(flat_mean.split(block), flat_std.split(block)):
+        yield softmax_last(m + s * noise)
+
+
+def _price_sums(probs: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """Σ_s p_c(G_c − ⟨G, p⟩) and Σ_s p_c(1 − 2p_c)(G_c − ⟨G, p⟩) over the samples of a block (see
+    :class:`_SoftmaxExpectation`)."""
+    first = probs * (grad - (probs * grad).sum(-1, keepdim=True))
+    return first.sum(0), (first * (1.0 - 2.0 * probs)).sum(0)
 
 
 def _check_latents(mean: Tensor, variance: Tensor) -> None:

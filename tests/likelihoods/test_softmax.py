@@ -111,3 +111,117 @@ def test_softmax_last_is_torch_softmax_in_value_and_gradient(dtype):
     (grad,) = torch.autograd.grad((ours * weights).sum(), logits)
     (expected_grad,) = torch.autograd.grad((expected * weights).sum(), logits)
     torch.testing.assert_close(grad, expected_grad)
+
+
+def _quadrature_expectation(mean, variance, nodes=24):
+    """E[softmax(f)] for independent f_c ~ N(μ_c, σ²_c), C = 3, by a Gauss–Hermite product rule (float64, exact to
+    ~1e-12 for these latents): the reference of the Monte-Carlo estimator's gradients."""
+    import numpy as np
+
+    x, w = (torch.as_tensor(a, dtype=torch.float64) for a in np.polynomial.hermite.hermgauss(nodes))
+    grid = torch.stack(torch.meshgrid(x, x, x, indexing="ij"), -1).reshape(-1, 3)  # (n³, 3)
+    weight = (w[:, None, None] * w[None, :, None] * w[None, None, :]).reshape(-1) / math.pi**1.5
+    samples = mean.unsqueeze(-2) + (2.0 * variance).sqrt().unsqueeze(-2) * grid  # (..., n³, 3)
+    return (weight.unsqueeze(-1) * torch.softmax(samples, -1)).sum(-2)
+
+
+def _expectation_variance_gradient(mean, variance, weights, step):
+    """∂/∂σ² of Σ weights · E[softmax(f)] by finite differences of the quadrature: one-sided (forward) where σ² = 0,
+    central elsewhere."""
+    def value(v):
+        return float((weights * _quadrature_expectation(mean, v)).sum())
+
+    grad = torch.zeros_like(variance)
+    for index in torch.cartesian_prod(*(torch.arange(n) for n in variance.shape)):
+        index = tuple(index.tolist())
+        up, down = variance.clone(), variance.clone()
+        up[index] += step
+        if variance[index] > 0:
+            down[index] -= step
+        grad[index] = (value(up) - value(down)) / (up[index] - down[index])
+    return grad
+
+
+def test_mc_variance_gradient_at_zero_variance_is_finite_and_exact():
+    """The variance gradient was infinite at σ² = 0 (the draws f = μ + √σ² ε differentiated √ at 0); it is Price's
+    ½ E[∂²p/∂f²], at σ² = 0 exactly ½ ∂²softmax/∂f²(μ): equal to the limit of finite differences of E[softmax(f)]."""
+    mean = torch.tensor([[0.3, -0.2, 1.0], [2.0, -1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    variance = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    weights = torch.tensor([[1.0, -0.5, 2.0], [0.3, 1.0, -1.0]], dtype=torch.float64)
+    probs, _ = softmax_expectation_mc(mean, variance, 200, torch.Generator().manual_seed(0))
+    grad_mean, grad_variance = torch.autograd.grad((weights * probs).sum(), (mean, variance))
+    assert bool(torch.isfinite(grad_variance).all()), grad_variance
+    # all draws coincide at σ² = 0: the estimate is exact, the second derivative of softmax at μ
+    hessians = [torch.autograd.functional.hessian(lambda f: (w * torch.softmax(f, -1)).sum(), m.detach())
+                for w, m in zip(weights, mean)]
+    expected = 0.5 * torch.stack([h.diagonal() for h in hessians])
+    torch.testing.assert_close(grad_variance, expected, rtol=1e-12, atol=1e-14)
+    reference = _expectation_variance_gradient(mean.detach(), variance.detach(), weights, 1e-6)
+    torch.testing.assert_close(grad_variance, reference, rtol=0.0, atol=1e-5)
+    # the mean gradient is the Jacobian of softmax at μ
+    jacobians = [torch.autograd.functional.jacobian(lambda f: torch.softmax(f, -1), m.detach()) for m in mean]
+    torch.testing.assert_close(grad_mean, torch.stack([w @ j for w, j in zip(weights, jacobians)]))
+
+
+@pytest.mark.parametrize("variance", [
+    [[0.0, 0.5, 0.1], [1e-4, 1e-4, 0.0]],  # exactly 0 and small beside larger ones
+    [[0.3, 1.5, 0.8], [2.0, 0.05, 1.0]],  # away from 0
+])
+def test_mc_gradients_against_the_exact_expectation_within_standard_errors(variance):
+    """The variance gradient (Price's estimate from the draws) against finite differences of the quadrature
+    expectation, the mean gradient against its autograd, within 4 standard errors over 30 independent seeds."""
+    mean = torch.tensor([[0.3, -0.2, 1.0], [2.0, -1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    variance = torch.tensor(variance, dtype=torch.float64, requires_grad=True)
+    weights = torch.tensor([[1.0, -0.5, 2.0], [0.3, 1.0, -1.0]], dtype=torch.float64)
+    runs = []
+    for seed in range(30):
+        probs, _ = softmax_expectation_mc(mean, variance, 2000, torch.Generator().manual_seed(seed))
+        runs.append(torch.stack(torch.autograd.grad((weights * probs).sum(), (mean, variance))))
+    runs = torch.stack(runs)
+    estimate, error = runs.mean(0), runs.std(0) / math.sqrt(len(runs))
+    assert bool(torch.isfinite(runs).all())
+    quadrature_mean = mean.detach().clone().requires_grad_(True)
+    (reference_mean,) = torch.autograd.grad(
+        (weights * _quadrature_expectation(quadrature_mean, variance.detach())).sum(), quadrature_mean)
+    reference_variance = _expectation_variance_gradient(mean.detach(), variance.detach(), weights, 1e-5)
+    reference = torch.stack((reference_mean, reference_variance))
+    assert bool(((estimate - reference).abs() <= 4.0 * error + 1e-9).all()), (estimate, reference, error)
+
+
+def test_mc_mean_gradient_is_the_derivative_of_the_estimate():
+    """Against autograd through the same draws f_s = μ + σ ε_s (float64, σ² > 0), the same in blocks under a small
+    memory budget, and for a variance broadcast over the points (its gradient summed over them)."""
+    from rfgp import settings
+
+    mean, variance = _latents(20, 4, torch.float64)
+    mean.requires_grad_(True)
+    variance = variance[0].clone().requires_grad_(True)  # (C,), broadcast over the 20 points
+    weights = torch.randn(20, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    probs, error = softmax_expectation_mc(mean, variance, 300, torch.Generator().manual_seed(4), chunk_size=128)
+    assert not error.requires_grad
+    grad_mean, grad_variance = torch.autograd.grad((weights * probs).sum(), (mean, variance))
+    assert grad_variance.shape == variance.shape
+    generator = torch.Generator().manual_seed(4)
+    draws = torch.cat([torch.randn((n, 1, 4), generator=generator, dtype=torch.float64) for n in (128, 128, 44)])
+    plain = torch.softmax(mean + variance.sqrt() * draws, -1).mean(0)
+    torch.testing.assert_close(probs, plain, rtol=1e-12, atol=1e-15)
+    (expected_mean,) = torch.autograd.grad((weights * plain).sum(), mean)
+    torch.testing.assert_close(grad_mean, expected_mean, rtol=1e-10, atol=1e-14)
+    with settings.memory_budget(2000):
+        blocked, _ = softmax_expectation_mc(mean, variance, 300, torch.Generator().manual_seed(4), chunk_size=128)
+        blocked_grads = torch.autograd.grad((weights * blocked).sum(), (mean, variance))
+    torch.testing.assert_close(blocked_grads[0], grad_mean, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(blocked_grads[1], grad_variance, rtol=1e-12, atol=1e-15)
+
+
+def test_mc_float32_gradient_and_second_derivatives_refused():
+    mean, variance = _latents(10, 3, torch.float32)
+    variance[0, 1] = 0.0
+    mean.requires_grad_(True)
+    variance.requires_grad_(True)
+    probs, _ = softmax_expectation_mc(mean, variance, 500, torch.Generator().manual_seed(0))
+    grads = torch.autograd.grad(probs[:, 0].sum(), (mean, variance))
+    assert all(g.dtype == torch.float32 and bool(torch.isfinite(g).all()) for g in grads)
+    probs, _ = softmax_expectation_mc(mean, variance, 500, torch.Generator().manual_seed(0))
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        torch.autograd.grad(probs[:, 0].sum(), (mean, variance), create_graph=True)
