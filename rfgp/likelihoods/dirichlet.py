@@ -88,6 +88,30 @@ def check_num_classes(num_classes, labels: Tensor) -> int:
     return num_classes
 
 
+def check_alpha_epsilon(alpha_epsilon, dtype: torch.dtype) -> float:
+    """α_ε as a float, refused (naming the accepted range) where the model in ``dtype`` would not have its noise.
+
+    σ²_off = log(1/α_ε + 1) overflows to ∞ (targets −∞) for an α_ε below the dtype's smallest normal number, and
+    σ²_on = log(1/(1 + α_ε) + 1) falls below GPyTorch's ``min_fixed_noise`` for α_ε > 1/(e^{min_fixed_noise} − 1) − 1,
+    where ``FixedGaussianNoise`` rounds the noise up (with a warning) while the structured solve kept the formula's:
+    two different models, a marginal likelihood 10× off at α_ε = 10⁷ in float64.  The levels are checked as
+    :func:`dirichlet_transform` computes them in ``dtype``.
+    """
+    alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")
+    floor = gpytorch.settings.min_fixed_noise.value(dtype)
+    on, off = dirichlet_transform(torch.zeros(1, dtype=torch.long), 2, alpha_epsilon, dtype)[0].view(2)
+    low, high = torch.finfo(dtype).tiny, 1.0 / math.expm1(floor) - 1.0
+    if not bool(torch.isfinite(off)):
+        reason = f"its off-class noise log(1/alpha_epsilon + 1) overflows in {dtype}"
+    elif not bool(on >= floor):
+        reason = (f"its on-class noise log(1/(1 + alpha_epsilon) + 1) = {float(on):.4g} falls below gpytorch's "
+                  f"min_fixed_noise ({floor:g}), which would round the fixed noise up")
+    else:
+        return alpha_epsilon
+    raise ValueError(f"alpha_epsilon must be within about [{low:.3g}, {high:.6g}] for dtype {dtype}, got "
+                     f"{alpha_epsilon:g}: {reason}")
+
+
 def dirichlet_noise_levels(alpha_epsilon: float) -> tuple[float, float]:
     """(σ²_on, σ²_off) = (log(1/(1 + α_ε) + 1), log(1/α_ε + 1)): noise where y_i = c and where y_i ≠ c."""
     return math.log1p(1.0 / (1.0 + alpha_epsilon)), math.log1p(1.0 / alpha_epsilon)
@@ -168,9 +192,9 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
             )
         num_classes = check_num_classes(num_classes, labels)
         labels = check_labels(labels, "targets", num_classes)
-        self.alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")
-        temperature = check_positive_float(temperature, "temperature")
         check_dtype_argument(dtype)
+        self.alpha_epsilon = check_alpha_epsilon(alpha_epsilon, dtype)
+        temperature = check_positive_float(temperature, "temperature")
         noise, transformed = dirichlet_transform(labels, num_classes, self.alpha_epsilon, dtype)
         batch_shape = torch.Size((num_classes,))
         # GPyTorch's class takes batch_shape and ignores it; passed on, it collided with the one set below
@@ -310,7 +334,9 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         """
         new_labels = next((kwargs[k] for k in ("labels", "targets", "noise") if kwargs.get(k) is not None), None)
         if new_labels is None:
-            raise ValueError("get_fantasy_likelihood needs the fantasy class labels as noise=..., labels=... or targets=...")
+            raise ValueError(
+                "get_fantasy_likelihood needs the fantasy class labels as noise=..., labels=... or targets=..."
+            )
         if torch.is_tensor(new_labels) and new_labels.is_floating_point():
             raise TypeError(
                 "the fantasy labels of a DirichletClassificationLikelihood must be an integer tensor of classes "

@@ -1,6 +1,7 @@
 """DirichletClassificationLikelihood: transform, validation, structured batched solve, fantasies, state."""
 
 import math
+import re
 from contextlib import nullcontext
 
 import gpytorch
@@ -107,6 +108,25 @@ def test_bad_alpha_and_fixed_noise_assignment_rejected():
     likelihood = DirichletClassificationLikelihood(torch.tensor([0, 1]))
     with pytest.raises(AttributeError, match="learn_additional_noise"):
         likelihood.noise = torch.ones(2, 2)
+
+
+@pytest.mark.parametrize("dtype, alpha, reason", [
+    (torch.float32, 1e-40, "overflows"), (torch.float64, 1e-310, "overflows"),
+    (torch.float32, 2e4, "min_fixed_noise"), (torch.float64, 1e7, "min_fixed_noise"),
+])
+def test_alpha_epsilon_whose_noise_the_model_cannot_hold_is_refused(dtype, alpha, reason):
+    """An α_ε below the dtype's smallest normal number gave infinite noise and −∞ targets without a word; one whose
+    on-class noise falls below gpytorch's min_fixed_noise had that noise rounded up by FixedGaussianNoise (a warning)
+    but not by the structured solve: its marginal likelihood was −3.1e8 against −3.1e7 for the noise the likelihood
+    reports (α_ε = 1e7, float64).  The ends of the accepted range still build."""
+    labels = torch.tensor([0, 1, 1])
+    with pytest.raises(ValueError, match=rf"alpha_epsilon must be within about .*got {re.escape(f'{alpha:g}')}: .*{reason}"):
+        DirichletClassificationLikelihood(labels, alpha_epsilon=alpha, dtype=dtype)
+    high = 1.0 / math.expm1(gpytorch.settings.min_fixed_noise.value(dtype)) - 1.0
+    for edge in (torch.finfo(dtype).tiny, 0.999 * high):
+        likelihood = DirichletClassificationLikelihood(labels, alpha_epsilon=edge, dtype=dtype)
+        assert bool(torch.isfinite(likelihood.transformed_targets).all())
+        assert bool((likelihood.noise >= gpytorch.settings.min_fixed_noise.value(dtype)).all())
 
 
 @pytest.mark.parametrize("max_block_size", [None, 5])
