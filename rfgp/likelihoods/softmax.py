@@ -197,9 +197,22 @@ def _sample_moments(probs: Tensor) -> tuple[Tensor, Tensor]:
 def softmax_expectation_mean_field(mean: Tensor, variance: Tensor) -> Tensor:
     """Mean-field (probit) approximation of E[softmax(f)] over the last axis, normalised to sum to 1.
 
-    Costs O(C²) per point; ``mean``, ``variance`` of shape ``(..., C)``.
+    Costs O(C²) per point; ``mean``, ``variance`` of shape ``(..., C)``.  The points are visited in blocks whose
+    ``(block, C, C)`` pairwise terms fit :class:`rfgp.settings.memory_budget` (or of :class:`rfgp.settings.chunk_size`
+    points); a point's result does not depend on the blocks.
     """
     _check_latents(mean, variance)
+    num_classes = mean.shape[-1]
+    flat_mean = mean.reshape(-1, num_classes)
+    flat_variance = variance.expand(mean.shape).reshape(-1, num_classes)
+    num_points = flat_mean.shape[0]
+    block = resolve_chunk_size(num_points, num_classes, num_classes, mean.dtype) or num_points
+    probs = [_mean_field_block(m, v) for m, v in zip(flat_mean.split(block), flat_variance.split(block))]
+    return torch.cat(probs).reshape(mean.shape)
+
+
+def _mean_field_block(mean: Tensor, variance: Tensor) -> Tensor:
+    """The mean-field probabilities of a ``(points, C)`` block (module docstring's formula)."""
     diff = mean.unsqueeze(-1) - mean.unsqueeze(-2)  # μ_c − μ_j, (..., C, C)
     scale = (1.0 + (math.pi / 8.0) * (variance.unsqueeze(-1) + variance.unsqueeze(-2))).sqrt()
     # log Σ_j exp(−d_cj/s_cj) over all j (the j = c term is exp(0) = 1, the "1 +" of the formula).

@@ -225,3 +225,21 @@ def test_mc_float32_gradient_and_second_derivatives_refused():
     probs, _ = softmax_expectation_mc(mean, variance, 500, torch.Generator().manual_seed(0))
     with pytest.raises(NotImplementedError, match="second derivatives"):
         torch.autograd.grad(probs[:, 0].sum(), (mean, variance), create_graph=True)
+
+
+def test_mean_field_pairwise_terms_are_blocked_under_the_memory_budget(monkeypatch):
+    """The mean-field (points, C, C) pairwise terms were formed for all points at once (the leave-one-out check runs
+    it over every training point: 8 GB at N = 10⁵, C = 100), whatever rfgp.settings.memory_budget; they are formed
+    in blocks that fit it, with the same probabilities."""
+    from rfgp import settings
+
+    mean, variance = _latents(60, 5, torch.float64)
+    whole = softmax_expectation_mean_field(mean, variance)
+    pair_shapes = []
+    logsumexp = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, dim: pair_shapes.append(x.shape) or logsumexp(x, dim=dim))
+    budget = 4 * 5 * 5 * 8 * 16  # 16 points' working copies of their pairwise terms
+    with settings.memory_budget(budget):
+        blocked = softmax_expectation_mean_field(mean, variance)
+    assert pair_shapes and all(4 * shape.numel() * 8 <= budget for shape in pair_shapes), pair_shapes
+    torch.testing.assert_close(blocked, whole, rtol=0.0, atol=0.0)
