@@ -59,8 +59,6 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
                 f"train_y has {train_y.shape[-1]} outputs (columns) but covar_module has num_outputs_per_input="
                 f"{num_outputs}; they must match"
             )
-        if train_y.shape[0] != train_x.shape[-2]:
-            raise ValueError(f"train_x has {train_x.shape[-2]} points but train_y has {train_y.shape[0]} rows")
         if isinstance(likelihood, gpytorch.likelihoods._GaussianLikelihoodBase) and not isinstance(
                 likelihood, gpytorch.likelihoods._MultitaskGaussianLikelihoodBase):
             # GaussianLikelihood's noise failed to broadcast deep inside GPyTorch; FixedNoiseGaussianLikelihood's
