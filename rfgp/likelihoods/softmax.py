@@ -87,13 +87,13 @@ class _SoftmaxExpectation(torch.autograd.Function):
     so ∂/∂μ_c = mean_s p_c(G_c − ⟨G, p⟩) (the exact derivative of the estimate, as autograd would give) and
     ∂/∂σ²_c = ½ mean_s p_c(1 − 2p_c)(G_c − ⟨G, p⟩): an unbiased estimate of ∂E[p]/∂σ²_c, which at σ² = 0 is the
     exact ½ ∂²softmax/∂f_c²(μ), but not the derivative of this particular estimate.  The samples are recomputed
-    block by block in the backward pass (memory as in the forward); the standard error carries no gradient.
+    block by block in the backward pass (memory as in the forward); the standard error carries no gradient.  The
+    backward pass is differentiable (``create_graph=True``, ``torch.func.grad``): second derivatives differentiate
+    these sums, through f_s = μ + √σ² ε_s, so that one with respect to a variance of exactly 0 is infinite.
     """
 
     @staticmethod
-    def forward(ctx, mean, variance, noise, chunk_size):
-        ctx.chunk_size = chunk_size
-        ctx.save_for_backward(mean, variance, noise)
+    def forward(mean, variance, noise, chunk_size):
         block, flat_mean, flat_std = _point_blocks(mean, variance, noise.shape[0], chunk_size)
         total = torch.zeros_like(flat_mean)
         total_sq = torch.zeros_like(flat_mean)
@@ -106,20 +106,17 @@ class _SoftmaxExpectation(torch.autograd.Function):
         total, total_sq = total.reshape(mean.shape), total_sq.reshape(mean.shape)
         estimate = total / num_samples
         sample_var = (total_sq / num_samples - estimate.pow(2)).clamp_min(0.0) * num_samples / max(num_samples - 1, 1)
-        error = (sample_var / num_samples).sqrt()
-        ctx.mark_non_differentiable(error)
-        return estimate, error
+        return estimate, (sample_var / num_samples).sqrt()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        mean, variance, noise, ctx.chunk_size = inputs
+        ctx.save_for_backward(mean, variance, noise)
+        ctx.mark_non_differentiable(output[1])
 
     @staticmethod
     @refuse_autocast_backward
     def backward(ctx, grad_estimate, grad_error):
-        if torch.is_grad_enabled():
-            # the recomputed samples would differentiate √σ² at 0 again: refuse rather than return an infinite or
-            # partial second derivative
-            raise NotImplementedError(
-                "second derivatives (create_graph=True) of the Monte-Carlo softmax expectation are not supported; "
-                "differentiate softmax_expectation_mc (predict_proba) once"
-            )
         mean, variance, noise = ctx.saved_tensors
         block, flat_mean, flat_std = _point_blocks(mean, variance, noise.shape[0], ctx.chunk_size)
         incoming = grad_estimate.reshape(flat_mean.shape).split(block)
