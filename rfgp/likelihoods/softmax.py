@@ -89,7 +89,7 @@ class _SoftmaxExpectation(torch.autograd.Function):
     exact ½ ∂²softmax/∂f_c²(μ), but not the derivative of this particular estimate.  The samples are recomputed
     block by block in the backward pass (memory as in the forward); the standard error carries no gradient.  The
     backward pass is differentiable (``create_graph=True``, ``torch.func.grad``): second derivatives differentiate
-    these sums, through f_s = μ + √σ² ε_s, so that one with respect to a variance of exactly 0 is infinite.
+    these sums, through f_s = μ + √σ² ε_s, so that one with respect to a variance of exactly 0 is infinite (or NaN).
     """
 
     @staticmethod
