@@ -60,7 +60,8 @@ def softmax_expectation_mc(
         (probabilities, standard_error), both ``(..., C)``; the probabilities sum to 1.  They are differentiable in
         ``mean`` (the exact derivative of the estimate) and ``variance`` (Price's theorem, ∂E[p]/∂σ² = ½ E[∂²p/∂f²],
         estimated from the same draws: finite at σ² = 0, where the reparameterised derivative through √σ² is
-        infinite; :class:`_SoftmaxExpectation`); the standard error carries no gradient.
+        infinite; :class:`_SoftmaxExpectation`); the standard error carries no gradient, and is ∞ for
+        ``num_samples=1`` (one sample has no spread to estimate it from).
     """
     num_samples = check_positive_int(num_samples, "num_samples")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
@@ -105,7 +106,9 @@ class _SoftmaxExpectation(torch.autograd.Function):
         num_samples = noise.shape[0]
         total, total_sq = total.reshape(mean.shape), total_sq.reshape(mean.shape)
         estimate = total / num_samples
-        sample_var = (total_sq / num_samples - estimate.pow(2)).clamp_min(0.0) * num_samples / max(num_samples - 1, 1)
+        if num_samples == 1:  # one sample says nothing of its spread: unknown, not the 0 of a certain estimate
+            return estimate, torch.full_like(estimate, math.inf)
+        sample_var = (total_sq / num_samples - estimate.pow(2)).clamp_min(0.0) * num_samples / (num_samples - 1)
         return estimate, (sample_var / num_samples).sqrt()
 
     @staticmethod

@@ -55,6 +55,15 @@ def test_mc_is_seeded_and_its_standard_error_is_honest():
     assert bool(((ratio > 0.85) & (ratio < 1.15)).all()), ratio
 
 
+def test_mc_standard_error_of_one_sample_is_unknown_not_zero():
+    """One sample has no spread to estimate its error from: the error was 0 (an estimate claimed certain), now ∞."""
+    mean, variance = _latents(4, 3, torch.float64)
+    estimate, error = softmax_expectation_mc(mean, variance, 1, torch.Generator().manual_seed(0))
+    assert bool(torch.isfinite(estimate).all()) and bool(torch.isinf(error).all())
+    _, two = softmax_expectation_mc(mean, variance, 2, torch.Generator().manual_seed(0))
+    assert bool(torch.isfinite(two).all()) and bool((two > 0).all())
+
+
 def test_mc_estimate_of_a_point_does_not_depend_on_the_other_points():
     # DirichletGPClassifier.predict_proba(X)[i] changed with the order and number of the other rows of X
     # (a fresh (S, M, C) draw per call: 0.0400 vs 0.0458 for the same point, S = 1000); every point now uses
