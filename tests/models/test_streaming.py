@@ -430,7 +430,8 @@ def test_float32_streaming_at_a_high_signal_to_noise_ratio_matches_float64(rank_
     projections Wu of size ≲ 20): the float32 stream is the float64 model of perturbed features, whose log p(y), mean
     and variance move by O(δ) times their sensitivities (measured 3.3·10⁻⁵ = 20δ for log p(y), a sum over 1500 points
     in which q − ‖L⁻¹B‖² cancels; 8·10⁻⁷ for the mean; 5·10⁻⁶ for the variance).  The tolerances are ten times
-    those (and ≥ 10δ); the float32 sums' errors were 5·10⁻³, 1·10⁻³ and 1·10⁻²."""
+    those (and ≥ 10δ); the float32 sums' errors were 5·10⁻³, 1·10⁻³ and 1·10⁻².  The rank-updated factor's update
+    V = ΦₖᵀW^½ was formed in float32 (the weights 3.5·10⁻⁴ off those of the refactorised I + G); now in float64."""
     results = []
     for dtype in (torch.float32, torch.float64):
         model = igrf_model(dtype, False, 512)
@@ -444,6 +445,9 @@ def test_float32_streaming_at_a_high_signal_to_noise_ratio_matches_float64(rank_
         assert streaming.cholesky().dtype == streaming.gram.dtype == torch.float64
         eye = torch.eye(streaming.gram.shape[-1], dtype=torch.float64)
         assert torch.linalg.eigvalsh(eye + streaming.gram)[0] >= 1 - 1e-7
+        # the rank-updated factor is that of I + G: its update V = ΦₖᵀW^½ was formed in float32, ‖A⁻¹(LLᵀ − A)‖₂ = 10⁻²
+        factor, capacitance = streaming.cholesky(), eye + streaming.gram
+        assert torch.linalg.matrix_norm(torch.linalg.solve(capacitance, factor @ factor.mT - capacitance), 2) < 1e-7
         with torch.no_grad():
             posterior = streaming(x[:50] * 1.01)
         results.append([streaming.log_marginal_likelihood().reshape(1), posterior.mean, posterior.variance])
