@@ -32,7 +32,8 @@ The statistics are only valid for the hyperparameters they were accumulated with
 lengthscale, outputscale, noise, mean): the model keeps a copy of every parameter and buffer of
 its kernel, likelihood and mean module from its first update, and ``update``, the posterior and
 the marginal likelihood raise ``RuntimeError`` once any of them changed, because old data would
-be needed to recompute the statistics (``reset()`` and stream again, or restore them).
+be needed to recompute the statistics (``reset()`` and stream again, or restore them).  That copy is saved in
+``state_dict`` beside the statistics, so a loaded model refuses them as the saved one did.
 The streaming path runs without autograd.
 """
 
@@ -68,6 +69,8 @@ from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kerne
 from ..kernels.input_columns import check_tree
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
+#: prefix of the state-dict keys holding the hyperparameters the statistics were summed with (written at save time)
+_SNAPSHOT_PREFIX = "statistics_hyperparameters."
 
 #: ``rank_update="auto"`` updates the factor for batches of k < F / RANK_UPDATE_DIVISOR points when
 #: F ≥ RANK_UPDATE_MIN_FEATURES.  Measured (benchmarks/results/streaming_update.md, CPU time, one
@@ -376,15 +379,31 @@ class StreamingFeatureGP(nn.Module):
                 setattr(self, name, before.to(device=after.device, dtype=factor_dtype(dtype, after.device)))
         return self
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs):
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        """The hyperparameters the statistics were summed with are saved beside them (keys
+        ``statistics_hyperparameters.<name>``): a model whose hyperparameters changed after streaming, saved and
+        loaded, had the snapshot taken anew from the changed ones and predicted from the stale statistics without a
+        word."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, tensor in (self._hyperparameters or {}).items():
+            destination[prefix + _SNAPSHOT_PREFIX + name] = tensor
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
         self._chol = None  # without a saved factor: refactorised where it is needed
         for name in (*_STATISTICS, "factor"):
             saved = state_dict.get(prefix + name)
             if saved is not None:
                 setattr(self, name, torch.empty_like(saved))
-        # read by _snapshot_after_loading: only loaded statistics belong to the loaded hyperparameters
+        # read by _snapshot_after_loading: only loaded statistics belong to the loaded hyperparameters, or to the
+        # saved snapshot where the state dict holds one
         self._statistics_loaded = all(prefix + name in state_dict for name in _STATISTICS)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs)
+        snapshot = prefix + _SNAPSHOT_PREFIX
+        self._loaded_snapshot = {key[len(snapshot):]: value.detach().clone() for key, value in state_dict.items()
+                                 if key.startswith(snapshot)}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        unexpected_keys[:] = [key for key in unexpected_keys if not key.startswith(snapshot)]
         factor = prefix + "factor"
         if not self._statistics_loaded:
             self._chol = None  # the statistics kept are not those the saved factor factorises
@@ -406,14 +425,19 @@ def _check_point_noise(noise, y: Tensor) -> None:
 
 
 def _snapshot_after_loading(module: StreamingFeatureGP, incompatible_keys) -> None:
-    # Runs after the kernel, likelihood and mean were loaded: the loaded statistics belong to them.  Statistics kept
-    # through a partial load (strict=False) keep the snapshot of their own hyperparameters, so that a hyperparameter
-    # the load changed raises where they are used.
+    # Runs after the kernel, likelihood and mean were loaded: the loaded statistics belong to the saved snapshot, or
+    # (a state dict saved before the snapshot was) to the loaded hyperparameters.  Statistics kept through a partial
+    # load (strict=False) keep the snapshot of their own hyperparameters, so that a hyperparameter the load changed
+    # raises where they are used.
+    saved = module.__dict__.pop("_loaded_snapshot", {})
     if not module.__dict__.pop("_statistics_loaded", True):
         return
-    module._hyperparameters = (
-        {name: t.clone() for name, t in module._hyperparameter_state().items()} if module.num_data else None
-    )
+    if not module.num_data:
+        module._hyperparameters = None
+    elif saved:
+        module._hyperparameters = saved
+    else:
+        module._hyperparameters = {name: t.clone() for name, t in module._hyperparameter_state().items()}
 
 
 def _identical(current: Tensor, saved: Tensor) -> bool:

@@ -394,6 +394,32 @@ def test_loaded_statistics_are_tied_to_the_loaded_hyperparameters():
         fresh(x[:2].float())
 
 
+def test_a_model_saved_after_its_hyperparameters_changed_loads_still_refusing_its_statistics():
+    """The snapshot of the hyperparameters the statistics were summed with was not in the state dict: a model whose
+    outputscale changed after streaming (refused at its next use) was saved and loaded, the loaded model took the
+    changed outputscale as that of the statistics and predicted from them without a word.  Now the snapshot is saved
+    beside the statistics (and the state dict round-trips bit for bit); restoring the hyperparameter makes both valid."""
+    x, y = _data(60)
+    model, streaming, _ = _fitted_and_loaded_copy(x, y)
+    original = model.covar_module.raw_outputscale.detach().clone()
+    model.covar_module.outputscale = 5.0
+    saved = copy.deepcopy(streaming.state_dict())
+    other = _model(x[:3], y[:3], seed=7)
+    fresh = StreamingFeatureGP(other.covar_module, other.likelihood, other.mean_module)
+    fresh.load_state_dict(saved)  # strict: the snapshot's keys are the model's own
+    _assert_same_state(saved, fresh.state_dict())
+    for gp in (streaming, fresh):
+        with pytest.raises(RuntimeError, match="covar_module.raw_outputscale changed after data were absorbed"):
+            gp(x[:2])
+        gp.covar_module.raw_outputscale.data.copy_(original)
+    with torch.no_grad():
+        assert torch.equal(fresh(x[:2]).mean, streaming(x[:2]).mean)
+    assert saved["statistics_hyperparameters.covar_module.raw_outputscale"].equal(original)
+    unsaved = {key: value for key, value in saved.items() if not key.startswith("statistics_hyperparameters.")}
+    fresh.load_state_dict(unsaved)  # saved before the snapshot was: the loaded hyperparameters are taken as its own
+    fresh(x[:2])
+
+
 def test_a_partial_load_that_changes_hyperparameters_but_not_the_statistics_invalidates_them():
     """load_state_dict(strict=False) of another model's hyperparameters without the statistics re-snapshotted the
     loaded hyperparameters as those of the kept statistics: the posterior was silently that of the old noise and
