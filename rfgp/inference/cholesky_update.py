@@ -62,6 +62,7 @@ def cholesky_update(chol: Tensor, vectors: Tensor, block_size: int | None = None
             f"vectors must have chol's dtype and device ({chol.dtype}, {chol.device}), "
             f"got {vectors.dtype} on {vectors.device}"
         )
+    check_finite(chol, "chol")  # only orthogonal transformations follow: a NaN in L came out as NaN entries of L'
     check_finite(vectors, "vectors")
     size, rank = chol.shape[-1], vectors.shape[-1]
     block = default_block_size(rank) if block_size is None else block_size

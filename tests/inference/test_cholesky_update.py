@@ -62,5 +62,8 @@ def test_bad_input():
         cholesky_update(chol, torch.ones(3, 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="vectors must have chol's dtype"):
         cholesky_update(chol, torch.ones(4, 1))
+    with pytest.raises(ValueError, match="chol contains NaN or Inf"):  # was NaN entries in the result, silently
+        cholesky_update(torch.tensor([[1.0, 0.0], [float("nan"), 1.0]], dtype=torch.float64),
+                        torch.ones(2, 1, dtype=torch.float64))
     with pytest.raises(ValueError, match="block_size must be a positive int"):
         cholesky_update(chol, torch.ones(4, 1, dtype=torch.float64), block_size=0)

@@ -398,7 +398,8 @@ def test_a_model_saved_after_its_hyperparameters_changed_loads_still_refusing_it
     """The snapshot of the hyperparameters the statistics were summed with was not in the state dict: a model whose
     outputscale changed after streaming (refused at its next use) was saved and loaded, the loaded model took the
     changed outputscale as that of the statistics and predicted from them without a word.  Now the snapshot is saved
-    beside the statistics (and the state dict round-trips bit for bit); restoring the hyperparameter makes both valid."""
+    beside the statistics (and the state dict round-trips bit for bit); restoring the hyperparameter makes both
+    valid."""
     x, y = _data(60)
     model, streaming, _ = _fitted_and_loaded_copy(x, y)
     original = model.covar_module.raw_outputscale.detach().clone()
