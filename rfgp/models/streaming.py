@@ -51,6 +51,7 @@ from linear_operator.operators import DiagLinearOperator
 from torch import Tensor, nn
 from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets inside notebooks
 
+from ..core.config_state import CONFIG_PREFIX, ConfigState, encode
 from ..core.dtypes import factor_dtype, in_full_precision
 from ..core.validation import (
     check_choice,
@@ -172,12 +173,21 @@ class StreamingFeatureGP(nn.Module):
         return self
 
     def _hyperparameter_state(self) -> dict[str, Tensor]:
+        """Every parameter and buffer of the kernel, likelihood and mean module, and the configuration fields of their
+        rfgp modules (``config_<field>``, as ``state_dict`` encodes them: a Nyström kernel's ``jitter`` changes Φ as a
+        hyperparameter does, and a jitter set after streaming had been used with the stale statistics)."""
         modules = {"covar_module": self.covar_module, "likelihood": self.likelihood, "mean_module": self.mean_module}
-        return {
+        state = {
             f"{prefix}.{name}": tensor.detach()
             for prefix, module in modules.items()
             for name, tensor in [*module.named_parameters(), *module.named_buffers()]
         }
+        for prefix, module in modules.items():
+            for name, sub in module.named_modules(prefix=prefix):
+                if isinstance(sub, ConfigState):
+                    state.update({f"{name}.{CONFIG_PREFIX}{field}": encode(value)
+                                  for field, value in sub.config().items()})
+        return state
 
     def _check_hyperparameters(self) -> None:
         """Raise if a hyperparameter changed since the statistics were first accumulated."""
@@ -196,6 +206,7 @@ class StreamingFeatureGP(nn.Module):
                 f"from {self._hyperparameters[name].dtype} to {current[name].dtype}" for name in changed
                 if name in current and name in self._hyperparameters
                 and current[name].dtype != self._hyperparameters[name].dtype
+                and current[name].is_floating_point() and self._hyperparameters[name].is_floating_point()
             })
             converted = (
                 f" The model was converted {' and '.join(conversions)} after streaming, which draws seeded features "
