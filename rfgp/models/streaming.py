@@ -379,8 +379,9 @@ class StreamingFeatureGP(nn.Module):
         return MultivariateNormal(mean, covar)
 
     def _apply(self, fn, *args, **kwargs):
-        self._chol = None  # refactorised in the new dtype/device
-        statistics = {name: getattr(self, name) for name in _STATISTICS}
+        # the factor moves with the statistics (a rank-updated L differs from the refactorisation by rounding, which
+        # moved the means of a model by 4·10⁻¹⁶ after a no-op .to("cpu") when it was dropped here)
+        statistics = {name: getattr(self, name) for name in (*_STATISTICS, "factor")}
         super()._apply(fn, *args, **kwargs)
         # the sums stay in the new model's factor precision: model.float() must not round float64 sums to float32
         dtype = module_dtype(self.covar_module)
@@ -402,10 +403,12 @@ class StreamingFeatureGP(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
         self._chol = None  # without a saved factor: refactorised where it is needed
+        # the saved shape, dtype and strides (a column-major L solves with other rounding than a row-major copy), on
+        # this model's device (the factor's): a CPU state dict loaded into a GPU model had left them on the CPU
         for name in (*_STATISTICS, "factor"):
             saved = state_dict.get(prefix + name)
             if saved is not None:
-                setattr(self, name, torch.empty_like(saved))
+                setattr(self, name, torch.empty_like(saved, device=self.factor.device))
         # read by _snapshot_after_loading: only loaded statistics belong to the loaded hyperparameters, or to the
         # saved snapshot where the state dict holds one
         self._statistics_loaded = all(prefix + name in state_dict for name in _STATISTICS)

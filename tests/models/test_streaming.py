@@ -582,6 +582,29 @@ def test_model_float_keeps_the_float64_sums_of_a_float32_stream():
         assert getattr(streaming, name).dtype == torch.float64 and torch.equal(getattr(streaming, name), value), name
 
 
+def test_moving_the_model_keeps_the_rank_updated_factor(device):
+    """.to(device) dropped the factor L, refactorised at the next prediction: after rank updates that differs by
+    rounding, and a no-op model.to("cpu") moved the means by 4·10⁻¹⁶.  The factor now moves with the statistics."""
+    x, y = _data()
+    model = _model(x, y)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
+    streaming.update(x[:100], y[:100]).cholesky()
+    for start in range(100, 240, 3):
+        streaming.update(x[start:start + 3], y[start:start + 3])
+    x_test = torch.rand(6, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        before = streaming(x_test).mean
+    factor = streaming.factor.clone()
+    streaming.to(device)
+    assert torch.equal(streaming.factor.cpu(), factor)
+    with torch.no_grad():
+        after = streaming(x_test.to(device)).mean.cpu()
+    assert torch.equal(after, before) if device.type == "cpu" else torch.allclose(after, before, rtol=1e-12, atol=1e-14)
+    loaded = StreamingFeatureGP(*(copy.deepcopy(m) for m in (model.covar_module, model.likelihood, model.mean_module)))
+    loaded.to(device).load_state_dict({key: value.cpu() for key, value in streaming.state_dict().items()})
+    assert all(getattr(loaded, name).device == device for name in (*streaming_module._STATISTICS, "factor"))
+
+
 def _noisy_data(n=240):
     """Targets observed with known noise variances spanning three decades (sensors of different accuracy)."""
     x, y = _data(n)
