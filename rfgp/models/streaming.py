@@ -289,18 +289,20 @@ class StreamingFeatureGP(nn.Module):
                 f"{tuple(self.gram.shape[:-2])}: every batch of a stream must have the same batch dimensions "
                 "(broadcasting would add the earlier data to every new batch entry)"
             )
+        chol = self._chol  # updated before anything of the model changes: an interrupted update leaves it as it was
+        if chol is not None and takes_rank_update(x.shape[-2], features.shape[-1], self.rank_update):
+            # V = ΦₖᵀW^½ formed in the factor's precision, as G is summed: a float32 product rounds each entry by u₃₂,
+            # which moved LLᵀ off I + G by ‖A⁻¹ΔA‖₂ = 10⁻² at a high signal-to-noise ratio (the IGRF fit of the tests)
+            vectors = (features.to(chol.dtype) * weights.to(chol.dtype).sqrt().unsqueeze(-1)).mT
+            chol = cholesky_update(chol, vectors)
+        else:
+            chol = None
         for name, value in zip(_STATISTICS, batch):
             current = getattr(self, name)
             setattr(self, name, value if current.numel() == 0 else current + value)
+        self._chol = chol
         if self._hyperparameters is None:  # after the first featurisation: lazily drawn features exist now
             self._hyperparameters = {name: t.clone() for name, t in self._hyperparameter_state().items()}
-        if self._chol is not None and takes_rank_update(x.shape[-2], features.shape[-1], self.rank_update):
-            # V = ΦₖᵀW^½ formed in the factor's precision, as G is summed: a float32 product rounds each entry by u₃₂,
-            # which moved LLᵀ off I + G by ‖A⁻¹ΔA‖₂ = 10⁻² at a high signal-to-noise ratio (the IGRF fit of the tests)
-            vectors = (features.to(self._chol.dtype) * weights.to(self._chol.dtype).sqrt().unsqueeze(-1)).mT
-            self._chol = cholesky_update(self._chol, vectors)
-        else:
-            self._chol = None
         return self
 
     def _check_empty_batch(self, x: Tensor) -> StreamingFeatureGP:

@@ -338,6 +338,25 @@ def test_rank_updates_equal_refit(dtype, monkeypatch):
     torch.testing.assert_close(streamed.covariance_matrix, reference.covariance_matrix, **close)
 
 
+def test_an_interrupted_rank_update_leaves_the_model_as_it_was(monkeypatch):
+    """The statistics were summed before the factor was rank-updated: an update interrupted there (Ctrl-C in an
+    O(k·F²) update at a large F, out of memory) left G and B with the new batch and L without it, and the posterior
+    was silently that of the mixed state."""
+    x, y = _data()
+    model = _model(x, y)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
+    streaming.update(x[:100], y[:100]).cholesky()
+    before = copy.deepcopy(streaming.state_dict())
+
+    def interrupted(chol, vectors):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(streaming_module, "cholesky_update", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        streaming.update(x[100:103], y[100:103])
+    _assert_same_state(before, streaming.state_dict())
+
+
 def test_when_batches_update_the_factor(monkeypatch):
     assert takes_rank_update(63, 1024) and not takes_rank_update(64, 1024)  # k < F/16 ...
     assert not takes_rank_update(1, 512)  # ... once F is large enough to pay
