@@ -30,7 +30,8 @@ on all the data.  :func:`fit_from_batches` feeds a ``DataLoader`` or any iterato
 
 The statistics are only valid for the hyperparameters they were accumulated with (features,
 lengthscale, outputscale, noise, mean): the model keeps a copy of every parameter and buffer of
-its kernel, likelihood and mean module from its first update, and ``update``, the posterior and
+its kernel, likelihood and mean module, and of the configuration fields of their rfgp modules (a Nyström kernel's
+``jitter``), from its first update, and ``update``, the posterior and
 the marginal likelihood raise ``RuntimeError`` once any of them changed, because old data would
 be needed to recompute the statistics (``reset()`` and stream again, or restore them).  That copy is saved in
 ``state_dict`` beside the statistics, so a loaded model refuses them as the saved one did.
