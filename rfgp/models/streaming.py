@@ -266,10 +266,15 @@ class StreamingFeatureGP(nn.Module):
         if x.shape[-2] == 0:
             return self._check_empty_batch(x)
         features = kernel_features(self.covar_module, x)
+        # A NaN noise or prior mean (a diverged hyperparameter) had been summed into the statistics, and the next call
+        # reported it as changed (NaN ≠ NaN) instead of naming it
         if noise is None:
             noise = self.likelihood.noise.to(features.dtype)  # (*likelihood batch, 1): a batch of its own broadcasts
+            check_finite(noise, "likelihood.noise (the likelihood's noise variance)")
             noise = noise.expand(*torch.broadcast_shapes(features.shape[:-2], noise.shape[:-1]), x.shape[-2])
-        residual = (y - self.mean_module(x)).unsqueeze(-1)
+        mean = self.mean_module(x)
+        check_finite(mean, "mean_module(x) (the prior mean at the batch's points)")
+        residual = (y - mean).unsqueeze(-1)
         weights = noise.reciprocal()
         storage = factor_dtype(features.dtype, features.device)
         work = statistics_dtype(features.dtype, features.device,

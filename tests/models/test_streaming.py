@@ -716,6 +716,28 @@ def test_bad_per_point_noise_is_refused_by_name_and_leaves_the_model_unchanged()
         fit_from_batches(gp, [(x, y, noise, noise)], progress=False)
 
 
+@pytest.mark.parametrize("module", ["likelihood", "mean_module"])
+def test_a_non_finite_noise_or_mean_is_refused_by_name_and_leaves_the_model_unchanged(module):
+    """A NaN noise or prior mean (a diverged hyperparameter) at the first batch was summed into the statistics — G and B
+    NaN for good — and the next call said the hyperparameter had "changed" (NaN ≠ NaN in the snapshot)."""
+    x, y = _data(40)
+    model = _model(x, y)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module)
+    before = copy.deepcopy(streaming.state_dict())
+    parameter = {"likelihood": model.likelihood.raw_noise, "mean_module": model.mean_module.raw_constant}[module]
+    saved = parameter.detach().clone()
+    parameter.data.fill_(float("nan"))
+    name = {"likelihood": r"likelihood\.noise", "mean_module": r"mean_module\(x\)"}[module]
+    with pytest.raises(ValueError, match=f"{name}.*NaN"):
+        streaming.update(x, y)
+    parameter.data.copy_(saved)  # repaired: the stream starts as if nothing happened
+    _assert_same_state(before, streaming.state_dict())
+    assert streaming.num_data == 0 and streaming._hyperparameters is None
+    streaming.update(x, y)
+    with torch.no_grad():
+        torch.testing.assert_close(streaming(x[:3]).mean, _exact_posterior(model, x, y, x[:3]).mean)
+
+
 def test_a_one_dimensional_x_is_named_as_the_input_not_the_targets():
     """``update(x of shape (5,), y of shape (5,))`` said "y must have shape () to match x of shape (5,)", blaming
     the targets for inputs without their (k, d) layout."""
