@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.validation import check_finite
+from ..core.validation import check_finite, check_tensor_dtype
 
 #: smallest column block: below it the per-block Python and LAPACK-call overhead dominates.
 MIN_BLOCK_SIZE = 32
@@ -51,6 +51,7 @@ def cholesky_update(chol: Tensor, vectors: Tensor, block_size: int | None = None
         L' ``(..., F, F)`` with a positive diagonal, in the dtype and on the device of the inputs.
         Runs without autograd (the streaming path needs none).
     """
+    check_tensor_dtype(chol, "chol")  # torch's QR named geqrf_cpu, "lt_cpu" or Long instead
     if chol.dim() < 2 or chol.shape[-1] != chol.shape[-2]:
         raise ValueError(f"chol must be a square (..., F, F) matrix, got shape {tuple(chol.shape)}")
     if vectors.dim() < 2 or vectors.shape[-2] != chol.shape[-1]:

@@ -65,5 +65,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match="chol contains NaN or Inf"):  # was NaN entries in the result, silently
         cholesky_update(torch.tensor([[1.0, 0.0], [float("nan"), 1.0]], dtype=torch.float64),
                         torch.ones(2, 1, dtype=torch.float64))
+    for dtype in (torch.float16, torch.int64, torch.complex128):  # torch's QR named geqrf_cpu, Long, "lt_cpu"
+        with pytest.raises(TypeError, match=f"chol must be a .*{dtype}"):
+            cholesky_update(torch.eye(3, dtype=dtype), torch.ones(3, 1, dtype=dtype))
     with pytest.raises(ValueError, match="block_size must be a positive int"):
         cholesky_update(chol, torch.ones(4, 1, dtype=torch.float64), block_size=0)
