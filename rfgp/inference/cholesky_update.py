@@ -37,7 +37,6 @@ def default_block_size(rank: int) -> int:
     return max(rank, MIN_BLOCK_SIZE)
 
 
-@torch.no_grad()
 def cholesky_update(chol: Tensor, vectors: Tensor, block_size: int | None = None) -> Tensor:
     """Lower-triangular L' with L'L'ᵀ = LLᵀ + VVᵀ in O(k·F²), without forming LLᵀ.
 
@@ -49,7 +48,8 @@ def cholesky_update(chol: Tensor, vectors: Tensor, block_size: int | None = None
 
     Returns:
         L' ``(..., F, F)`` with a positive diagonal, in the dtype and on the device of the inputs.
-        Runs without autograd (the streaming path needs none).
+        Runs without autograd (the streaming path needs none): inputs that require a gradient while gradients are
+        enabled are refused (the result had none, and a loss through it lost their share of the gradient silently).
     """
     check_tensor_dtype(chol, "chol")  # torch's QR named geqrf_cpu, "lt_cpu" or Long instead
     if chol.dim() < 2 or chol.shape[-1] != chol.shape[-2]:
@@ -62,6 +62,11 @@ def cholesky_update(chol: Tensor, vectors: Tensor, block_size: int | None = None
         raise ValueError(
             f"vectors must have chol's dtype and device ({chol.dtype}, {chol.device}), "
             f"got {vectors.dtype} on {vectors.device}"
+        )
+    if torch.is_grad_enabled() and (chol.requires_grad or vectors.requires_grad):
+        raise ValueError(
+            "cholesky_update has no gradient, but chol or vectors requires one: call it on detached tensors or "
+            "under torch.no_grad(), or differentiate torch.linalg.cholesky(L @ L.mT + V @ V.mT) instead"
         )
     check_finite(chol, "chol")  # only orthogonal transformations follow: a NaN in L came out as NaN entries of L'
     check_finite(vectors, "vectors")

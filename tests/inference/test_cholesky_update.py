@@ -68,5 +68,12 @@ def test_bad_input():
     for dtype in (torch.float16, torch.int64, torch.complex128):  # torch's QR named geqrf_cpu, Long, "lt_cpu"
         with pytest.raises(TypeError, match=f"chol must be a .*{dtype}"):
             cholesky_update(torch.eye(3, dtype=dtype), torch.ones(3, 1, dtype=dtype))
+    for name in ("chol", "vectors"):  # the result had no gradient: a loss through it lost their share silently
+        inputs = {"chol": chol.clone(), "vectors": torch.ones(4, 1, dtype=torch.float64)}
+        inputs[name].requires_grad_()
+        with pytest.raises(ValueError, match="cholesky_update has no gradient, but chol or vectors requires one"):
+            cholesky_update(**inputs)
+        with torch.no_grad():
+            cholesky_update(**inputs)
     with pytest.raises(ValueError, match="block_size must be a positive int"):
         cholesky_update(chol, torch.ones(4, 1, dtype=torch.float64), block_size=0)
