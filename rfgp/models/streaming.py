@@ -106,11 +106,15 @@ class StreamingFeatureGP(nn.Module):
             for an O(F³) refactorisation: "auto" (see :func:`takes_rank_update`), "always", "never".
 
     Example:
+        >>> import gpytorch, torch
+        >>> import rfgp
+        >>> from rfgp.models import StreamingFeatureGP, fit_from_batches
         >>> from torch.utils.data import DataLoader, TensorDataset
         >>> x = torch.rand(3000, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         >>> y = torch.sin(6 * x[:, 0])
         >>> kernel = gpytorch.kernels.ScaleKernel(rfgp.kernels.SketchedRBFKernel(256, seed=0))
-        >>> gp = StreamingFeatureGP(kernel, gpytorch.likelihoods.GaussianLikelihood(), gpytorch.means.ConstantMean()).double()
+        >>> likelihood, mean = gpytorch.likelihoods.GaussianLikelihood(), gpytorch.means.ConstantMean()
+        >>> gp = StreamingFeatureGP(kernel, likelihood, mean).double()
         >>> gp = fit_from_batches(gp, DataLoader(TensorDataset(x, y), batch_size=1000), progress=False)
         >>> prediction = gp.likelihood(gp(torch.rand(5, 1, dtype=torch.float64)))
         >>> prediction.mean.shape
