@@ -396,6 +396,10 @@ class ChunkedClassNoiseFeatureLinearOperator(_ClassNoiseSolve, ChunkedFeatureRoo
         if self.structure is None:
             return None
         root = self._linear_op
-        if root.inputs.dim() != 2 or len(root.featurizer.batch_shape) or root.featurizer.num_features >= root.shape[-1]:
+        if root.inputs.dim() != 2 or len(root.featurizer.batch_shape):
+            return None
+        # N ≤ F: the generic path; not inside data_parallel, where every rank must take the path of all ranks'
+        # points whatever its own shard's N (a rank that took the other path sent other collectives: gloo aborted)
+        if root.featurizer.num_features >= root.shape[-1] and not distributed.is_active():
             return None
         return root

@@ -886,12 +886,14 @@ def observed_points(train_labels: Tensor, nan_policy: str) -> Tensor | None:
     ``gpytorch.settings.observation_nan_policy``: under "ignore" (GPyTorch's default) every point,
     NaN targets included (the caches then refuse them with a ``NonFiniteError``); under "mask" and
     "fill" the points whose target is NaN in no batch member (GPyTorch's ``_get_observed``, whose
-    mean caches both policies reduce to).
+    mean caches both policies reduce to).  Inside :class:`rfgp.inference.distributed.data_parallel` the mask is
+    returned even where it keeps every point: the caches then take the masked path on every rank, whichever shards
+    hold a NaN (a rank without one took the unmasked path, whose collectives differ: gloo aborted on the mismatch).
     """
     if nan_policy == "ignore":
         return None
     observed = gpytorch.settings.observation_nan_policy._get_observed(train_labels, train_labels.shape[-1:])
-    return None if bool(observed.all()) else observed
+    return None if not distributed.is_active() and bool(observed.all()) else observed
 
 
 def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str,

@@ -404,3 +404,41 @@ def test_data_parallel_needs_a_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         with rfgp.inference.distributed.data_parallel():
             pass
+
+
+#: (kind, first point of rank 1's shard) of uneven shards: rank 1 holds no NaN target (the caches took the unmasked
+#: path there, the masked one on rank 0: other collectives, gloo aborted); rank 1's shard of 11 points is below the
+#: shared kernel's F = 16 (its chunked structured Dirichlet path was left for the generic one: gloo aborted); rank 1's
+#: 6 points are one chunk of 8, rank 0's 34 are chunked
+UNEVEN_SHARDS = [("multitask-rank1-masked", 39), ("dirichlet-shared-chunked", 29), ("multitask-rank1-chunked", 34)]
+
+
+def _uneven_worker(rank, port, path):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        shard = slice(0, 110) if rank == 0 else slice(110, NUM_TRAIN)
+        with rfgp.inference.distributed.data_parallel():
+            torch.save(_single_output_result(torch.float64, None, None, shard, distributed=True),
+                       f"{path}/rank{rank}-single.pt")
+        for kind, split in UNEVEN_SHARDS:
+            shard = slice(0, split) if rank == 0 else slice(split, NUM_CASE_TRAIN)
+            with rfgp.inference.distributed.data_parallel():
+                torch.save(_case_result(kind, shard, True), f"{path}/rank{rank}-{kind}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_uneven_shards_match_one_process(tmp_path):
+    """Shards of different sizes, one without missing targets, one chunked beside one whole, one with fewer points
+    than features: every rank takes the collectives of the others and gets the single-process loss, gradients and
+    posterior."""
+    mp.spawn(_uneven_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    x, y, _ = _case_data(3, True)
+    assert not torch.isnan(y[39:]).any() and torch.isnan(y[:39]).any()  # rank 1 of the masked cases has no NaN
+    references = {"single": _single_output_result(torch.float64, None, None)}
+    references.update((kind, _case_result(kind)) for kind, _ in UNEVEN_SHARDS)
+    for name, reference in references.items():
+        for rank in range(WORLD_SIZE):
+            _assert_matches(torch.load(tmp_path / f"rank{rank}-{name}.pt"), reference, (name, rank))
