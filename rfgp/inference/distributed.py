@@ -147,7 +147,8 @@ def check_same_parameters(module: nn.Module, group=None) -> None:
     ``IndexKernel`` draws its factor from torch's global generator, so unseeded ranks differ) or other buffers (the
     random draws of an unseeded ``rfgp.sketch``, Nyström landmarks chosen from each rank's own shard) would silently
     sum the statistics of different models.  Compares each tensor's sum and sum of squares (float64) by one
-    max-reduction.
+    max-reduction; a sum that is NaN or ±Inf on every rank (a diverged optimiser step) is no difference between
+    ranks, and is left to the evaluation, which names it as on one process.
     """
     named = [(f"parameter {name}", p) for name, p in module.named_parameters()]
     named += [(f"buffer {name}", b) for name, b in _model_buffers(module)]
@@ -156,6 +157,8 @@ def check_same_parameters(module: nn.Module, group=None) -> None:
     with torch.no_grad():
         device = named[0][1].device
         stats = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]).to(device) for _, t in named])
+        finite = torch.isfinite(stats)  # NaN != NaN: a NaN on every rank read as a difference
+        stats = torch.cat([torch.where(finite, stats, 0.0), (~finite).double()], -1)
         extremes = torch.cat([stats, -stats])  # max and −min in one collective
         dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
         differ = (extremes[: len(named)] != -extremes[len(named):]).any(-1).tolist()

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import rfgp
+from rfgp.core.validation import NonFiniteHyperparameterError
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import NystromKernel, SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
@@ -442,3 +443,16 @@ def test_uneven_shards_match_one_process(tmp_path):
     for name, reference in references.items():
         for rank in range(WORLD_SIZE):
             _assert_matches(torch.load(tmp_path / f"rank{rank}-{name}.pt"), reference, (name, rank))
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_a_nan_parameter_is_named_as_on_one_process(one_process_group):
+    """A hyperparameter that a diverged step made NaN (on every rank) gets the single-process error naming it, not
+    "differs between ranks" (NaN != NaN read as a difference)."""
+    x, y, _ = _data()
+    model = _model(x, y)
+    with torch.no_grad():
+        model.covar_module.raw_outputscale.fill_(float("nan"))
+    mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
+    with pytest.raises(NonFiniteHyperparameterError, match="outputscale"):
+        mll(model(x), y)
