@@ -37,6 +37,7 @@ from ..core.dtypes import in_full_precision
 from ..core.settings import resolve_chunk_size
 from ..core.validation import check_positive_int
 from ..inference.chunking import chunk_slices
+from ..inference.prediction import draw_fingerprint
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features
 from .kernel_inputs import covar_module_inputs
 
@@ -66,6 +67,10 @@ class PosteriorPaths(nn.Module):
     what ``model.forward`` receives; ``(n,)`` is one column, as ``model(x)`` reads it) returns ``(S, *batch, n)`` for
     single-output models and ``(S, *batch, n, p)`` for operator-valued kernels with p outputs per input.
 
+    The weights belong to the kernel's draws at :func:`posterior_paths`: once they are re-drawn (``resample()``,
+    :func:`rfgp.set_num_features`, a state loaded into the kernel alone) calling the paths raises instead of pairing
+    w_s with other features (a state loaded into the paths, weights and kernel together, is theirs).
+
     Attributes:
         weights: ``(S, *batch, F)`` the drawn w_s.
     """
@@ -79,6 +84,8 @@ class PosteriorPaths(nn.Module):
         self.num_outputs = num_outputs
         self.variance_correction = variance_correction
         self.generator = generator
+        self.draws = draw_fingerprint(covar_module)
+        self.register_load_state_dict_post_hook(_record_draws)
 
     @property
     def num_paths(self) -> int:
@@ -90,6 +97,13 @@ class PosteriorPaths(nn.Module):
             x = x.unsqueeze(-1)
         if x.dim() < 2:
             raise ValueError(f"x must have shape (..., n, d), or (n,) for one input column, got {tuple(x.shape)}")
+        if draw_fingerprint(self.covar_module) != self.draws:
+            raise RuntimeError(
+                "the kernel's random features were re-drawn after these posterior paths were drawn "
+                "(feature_map.resample(), rfgp.set_num_features, or a state dict loaded into the kernel), so their "
+                "weights belong to other features; draw them again with rfgp.sampling.posterior_paths(model, ...) "
+                "(after model.train(); model.eval())"
+            )
         weights = self.weights.movedim(0, -1)  # (*batch, F, S)
         num_features = weights.shape[-2]
         rows = x.shape[-2] * self.num_outputs
@@ -114,6 +128,11 @@ class PosteriorPaths(nn.Module):
         correction = (moments[0] - moments[1]).clamp_min(0.0).unsqueeze(-1)
         noise = torch.randn(values.shape, generator=self.generator, dtype=values.dtype, device=values.device)
         return values + correction.sqrt() * noise
+
+
+def _record_draws(paths: PosteriorPaths, incompatible_keys) -> None:
+    """After a state loaded into the paths (weights and kernel together): the weights belong to the loaded draws."""
+    paths.draws = draw_fingerprint(paths.covar_module)
 
 
 def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: torch.Generator | None = None,

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import rfgp
-from rfgp.models.sampling import posterior_paths
 from rfgp.inference.kernel_space import kernel_space_posterior_caches
 from rfgp.inference.prediction import FeatureSpacePredictionStrategy
 from rfgp.kernels import SketchedRBFKernel
 from rfgp.models import ExactGPModel
+from rfgp.models.sampling import posterior_paths
 from tests._feature_maps import ShrunkFourierFeatures
 
 NUM_PATHS = 4000
@@ -200,3 +200,19 @@ def test_errors_name_the_problem():
     complex_gp = fitted(rfgp.kernels.SketchedPolynomialKernel(2, 32, weights="complex", complex_posterior=True, seed=0))
     with pytest.raises(ValueError, match="complex_posterior"):
         posterior_paths(complex_gp, 4)
+
+
+def test_paths_refuse_redrawn_features_and_follow_a_loaded_state():
+    """Paths whose kernel was re-drawn raise (they paired their weights with the new features: values of no
+    posterior); a state loaded into paths, weights and kernel together, gives the source paths' values."""
+    xs = torch.tensor([[0.3, -0.2], [1.0, 0.5]], dtype=torch.float64)
+    gp = fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=0))
+    paths = posterior_paths(gp, 4, generator=torch.Generator().manual_seed(0), variance_correction=False)
+    with torch.no_grad():
+        values = paths(xs)
+        other = posterior_paths(fitted(SketchedRBFKernel(32, ard_num_dims=2, seed=1)), 4, variance_correction=False)
+        other.load_state_dict(paths.state_dict())
+        torch.testing.assert_close(other(xs), values, rtol=0, atol=0)
+        gp.covar_module.base_kernel.feature_map.resample(torch.Generator().manual_seed(5))
+        with pytest.raises(RuntimeError, match="re-drawn after these posterior paths were drawn"):
+            paths(xs)
