@@ -46,6 +46,15 @@ def select_active(kernel: Kernel, x: Tensor) -> Tensor:
     return x if kernel.active_dims is None else x.index_select(-1, kernel.active_dims.to(x.device))
 
 
+def seen_width(kernel: Kernel, x: Tensor) -> int:
+    """The number of input columns ``kernel`` sees: the count of its ``active_dims`` where set, else x's width.
+
+    For ``num_outputs_per_input``, which GPyTorch asks with the columns already selected (``Kernel.__call__``) while a
+    ``ScaleKernel``, a sum or a model asks with all of them: the count is right either way (a derivative kernel on
+    columns [0, 2] of 3 has 3 outputs per input, not 4)."""
+    return x.shape[-1] if kernel.active_dims is None else kernel.active_dims.numel()
+
+
 def rows_follow_columns(kernel: Kernel) -> bool:
     """Whether a feature kernel's several outputs per input are derivatives along its input columns (derivative and
     curl-/divergence-free kernels: ``outputs_follow_input_columns``), through ``ScaleKernel`` and combinations, rather
@@ -169,10 +178,15 @@ class _CombinedFeatureKernel(FeatureKernel):
             unwrap_scale(kernel)[0].prepare(select_active(kernel, x))
 
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
+        """The parts' common number of outputs per input, counted on the columns this kernel sees (:func:`seen_width`:
+        its parts count from the width of what they are given, and a model asks with all the columns)."""
+        width = seen_width(self, x1)
+        if width != x1.shape[-1]:
+            x1 = x2 = x1.new_zeros(1, width)
         outputs = [kernel.num_outputs_per_input(x1, x2) for kernel in self.kernels]
-        self._check_same_outputs(outputs, x1.shape[-1])
+        self._check_same_outputs(outputs, width)
         if outputs[0] > 1:
-            self._check_same_derivative_columns(x1.shape[-1])
+            self._check_same_derivative_columns(width)
         return outputs[0]
 
     def _check_same_derivative_columns(self, input_dim: int) -> None:

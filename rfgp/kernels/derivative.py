@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..core.validation import check_choice
+from .combinations import seen_width
 from .fourier import FOURIER_METHODS, SketchedMaternKernel, SketchedRBFKernel
 from .polynomial import SketchedPolynomialKernel
 
@@ -46,12 +47,9 @@ class _DerivativeRootMixin:
     outputs_follow_input_columns = True
 
     def num_outputs_per_input(self, x1: Tensor, x2: Tensor) -> int:
-        """1 + d (+ d) for the d columns the kernel differentiates along: its ``active_dims`` where set.
-
-        GPyTorch asks with the columns already selected; a ``ScaleKernel``, a sum or a model asks with all of them
-        (a kernel on columns [0, 2] of 3 has 3 outputs per input, not 4).
-        """
-        d = x1.shape[-1] if self.active_dims is None else self.active_dims.numel()
+        """1 + d (+ d) for the d columns the kernel differentiates along (:func:`~.combinations.seen_width`: its
+        ``active_dims`` where set, whether it is asked with the columns selected or with all of them)."""
+        d = seen_width(self, x1)
         return 1 + (2 * d if self.second_derivatives else d)
 
     def input_derivatives(self, x: Tensor) -> Tensor:

@@ -243,3 +243,28 @@ def test_products_with_a_derivative_kernel_are_refused(other):
     """The product of derivative kernels is not the derivative kernel of the product: never a silent scalar product."""
     with pytest.raises(TypeError, match="multiplies scalar kernels only"):
         rfgp.sketch(gpytorch.kernels.RBFKernelGrad() * other(), 256)
+
+
+def test_a_sum_on_active_dims_counts_its_derivative_outputs_on_its_columns():
+    """A FeatureSumKernel of derivative kernels with active_dims [0, 2] of 3 columns has 3 outputs per input.  Asked
+    with all 3 columns (by a ScaleKernel, MultiOutputGPModel or a prediction strategy) its parts counted them all (4),
+    so MultiOutputGPModel refused its 3-column targets ("covar_module has num_outputs_per_input=4")."""
+    from rfgp.kernels import FeatureSumKernel
+
+    def parts():
+        return SketchedRBFKernelGrad(128, seed=0), SketchedMatern52KernelGrad(128, seed=1)
+
+    x = torch.rand(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    on_columns = FeatureSumKernel(*parts(), active_dims=[0, 2]).double()
+    alone = FeatureSumKernel(*parts()).double()
+    assert on_columns.num_outputs_per_input(x, x) == 3
+    assert gpytorch.kernels.ScaleKernel(on_columns).num_outputs_per_input(x, x) == 3
+    torch.testing.assert_close(on_columns(x).to_dense(), alone(x[:, [0, 2]]).to_dense(), rtol=1e-12, atol=1e-12)
+    means = []
+    for kernel, inputs in ((on_columns, x), (alone, x[:, [0, 2]])):
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3).double()
+        model = rfgp.models.MultiOutputGPModel(inputs, y, likelihood, kernel).eval()
+        with torch.no_grad():
+            means.append(model(inputs[:2]).mean)
+    torch.testing.assert_close(means[0], means[1], rtol=1e-10, atol=1e-10)
