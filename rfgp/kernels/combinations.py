@@ -157,8 +157,7 @@ class _CombinedFeatureKernel(FeatureKernel):
                     f"kernels[{i}] is a {type(kernel).__name__}; only rfgp feature kernels "
                     "(optionally inside ScaleKernel) can be combined in feature space"
                 )
-            base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
-            if getattr(base, "complex_posterior", False):
+            if getattr(unwrap_scale(kernel)[0], "complex_posterior", False):  # through nested ScaleKernels too
                 raise ValueError(
                     f"kernels[{i}] has complex_posterior=True, which combined kernels would silently drop "
                     "(their features are real): use it on a single kernel"

@@ -106,3 +106,17 @@ def test_random_feature_kernel_rejects_non_feature_map():
         RandomFeatureKernel(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="ard_num_dims=2.*input_dim=3"):
         RandomFeatureKernel(RandomFourierFeatures(8, input_dim=3), ard_num_dims=2)
+
+
+@pytest.mark.parametrize("wrappers", [0, 1, 2])
+@pytest.mark.parametrize("combination", [FeatureSumKernel, FeatureProductKernel])
+def test_a_complex_posterior_part_is_refused_inside_any_number_of_scale_kernels(wrappers, combination):
+    """A part with complex_posterior=True would lose it in a combination (real features): refused, also inside two
+    ScaleKernels (only one wrapper was looked through, so ScaleKernel(ScaleKernel(part)) combined silently)."""
+    from rfgp.kernels import SketchedPolynomialKernel
+
+    part = SketchedPolynomialKernel(2, 16, weights="complex", complex_posterior=True, seed=0)
+    for _ in range(wrappers):
+        part = gpytorch.kernels.ScaleKernel(part)
+    with pytest.raises(ValueError, match="kernels\\[0\\] has complex_posterior=True"):
+        combination(part, SketchedRBFKernel(16, seed=1))
