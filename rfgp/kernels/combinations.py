@@ -65,6 +65,18 @@ def rows_follow_columns(kernel: Kernel) -> bool:
     return getattr(base, "outputs_follow_input_columns", False)
 
 
+def derivative_columns(kernel: Kernel, input_dim: int) -> tuple[int, ...]:
+    """The input columns (of the ``input_dim`` that ``kernel`` is given) along which the rows of a kernel whose rows
+    follow its columns (:func:`rows_follow_columns`) are derivatives: those its ``active_dims`` select, and for a
+    combination those of its parts (which its own check made agree) within them."""
+    seen = tuple(range(input_dim)) if kernel.active_dims is None else tuple(kernel.active_dims.tolist())
+    base = unwrap_scale(kernel)[0]
+    if not isinstance(base, _CombinedFeatureKernel):
+        return seen
+    inner = next(derivative_columns(part, len(seen)) for part in base.kernels if rows_follow_columns(part))
+    return tuple(seen[i] for i in inner)
+
+
 def unwrap_scale(kernel: Kernel) -> tuple[Kernel, Tensor | None]:
     """(base kernel, product of the outputscales of the ``ScaleKernel`` wrappers around it or ``None``)."""
     outputscale = None
@@ -194,7 +206,7 @@ class _CombinedFeatureKernel(FeatureKernel):
         (or ``[0, 1]`` and ``[1, 0]``) would add ∂/∂x₀ rows to ∂/∂x₁ rows (GPyTorch's exact sum does so silently for
         the latter)."""
         parts = [k for k in self.kernels if rows_follow_columns(k)]  # not tasks (a multitask or LCM kernel's rows)
-        seen = [tuple(range(input_dim)) if k.active_dims is None else tuple(k.active_dims.tolist()) for k in parts]
+        seen = [derivative_columns(k, input_dim) for k in parts]
         self._check_parts_agree(seen, f"see the input columns {[list(s) for s in seen]}, each part's rows being "
                                 "derivatives along its own columns", "give every part the same active_dims (in the "
                                 "same order)", parts)

@@ -268,3 +268,24 @@ def test_a_sum_on_active_dims_counts_its_derivative_outputs_on_its_columns():
         with torch.no_grad():
             means.append(model(inputs[:2]).mean)
     torch.testing.assert_close(means[0], means[1], rtol=1e-10, atol=1e-10)
+
+
+def test_nested_sums_of_derivative_kernels_on_active_dims_agree_by_their_parts_columns():
+    """ScaleKernel(RBFKernelGrad + Matern52KernelGrad) + RBFKernelGrad, every derivative kernel on columns [0, 2]: the
+    inner sum has no active_dims of its own, and its rows were taken to follow all 3 columns, so the valid tree was
+    refused ("see the input columns [[0, 1, 2], [0, 2]]").  Parts on other columns are still refused."""
+    kernels = gpytorch.kernels
+
+    def tree(last_columns):
+        columns = {"active_dims": [0, 2], "ard_num_dims": 2}
+        inner = kernels.ScaleKernel(kernels.RBFKernelGrad(**columns) + kernels.Matern52KernelGrad(**columns))
+        return inner + kernels.RBFKernelGrad(active_dims=last_columns, ard_num_dims=2)
+
+    x = torch.rand(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    sketched = rfgp.sketch(tree([0, 2]), 256, seed=0).double()
+    assert sketched.num_outputs_per_input(x, x) == 3
+    covar = sketched(x).to_dense()
+    assert covar.shape == (15, 15)
+    torch.testing.assert_close(covar, sum(part(x).to_dense() for part in sketched.kernels), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"see the input columns \[\[0, 2\], \[2, 0\]\]"):
+        rfgp.sketch(tree([2, 0]), 256, seed=0)(x).to_dense()
