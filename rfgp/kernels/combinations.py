@@ -22,6 +22,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor, nn
 
 from ..core.dtypes import in_full_precision
+from ..features.base import FeatureMap
 from ..features.tensor_product import TensorProductSketch
 from ..inference.chunking import scaled_features
 from .families import check_kernel_kwargs
@@ -176,6 +177,7 @@ class _CombinedFeatureKernel(FeatureKernel):
                 )
         if not self.combines_outputs:
             refuse_multi_output_factors(kernels, type(self).__name__)
+            refuse_shared_draws(kernels, type(self).__name__)
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.kernels = nn.ModuleList(kernels)
@@ -250,6 +252,26 @@ def refuse_multi_output_factors(kernels, owner: str) -> None:
             "(derivative or operator-valued kernels): the product of derivative kernels is not the derivative "
             "kernel of the product — use the derivative kernel of a scalar kernel instead"
         )
+
+
+def refuse_shared_draws(kernels, owner: str) -> None:
+    """A ValueError where two factors of a product hold the same random feature kernel or feature map (one instance
+    twice, as in ``FeatureProductKernel(k, k)``): E[k̂₁k̂₂] = E[k̂₁]E[k̂₂] = k₁k₂ needs independent draws, and one
+    draw used twice gives k̂², whose mean k² + Var k̂ is biased.  Exact kernels (``is_exact``: an ``IndexKernel``'s
+    task features) may repeat: their Φ(x)ᵀΦ(y) is k(x, y) itself."""
+    first: dict[int, int] = {}
+    for i, kernel in enumerate(kernels):
+        random = {id(module): module for module in kernel.modules()
+                  if isinstance(module, FeatureMap) or (isinstance(module, FeatureKernel)
+                                                        and not getattr(module, "is_exact", False))}
+        for key, module in random.items():
+            j = first.setdefault(key, i)
+            if j != i:
+                raise ValueError(
+                    f"{owner} multiplies factors with independent random draws, but kernels[{j}] and kernels[{i}] hold "
+                    f"the same {type(module).__name__} instance: its k̂ times itself is k̂², biased for k² by Var k̂; "
+                    "give each factor its own kernel (another seed), as rfgp.sketch(k * k) does"
+                )
 
 
 class FeatureSumKernel(_CombinedFeatureKernel):
