@@ -8,7 +8,7 @@
   arbitrary moment), and a part's need for features depends on its structure (a periodic part
   with many harmonics, a short lengthscale) as much as on its amplitude.  (A Linear part of
   width d unknown at conversion — no ``ard_num_dims``, ``active_dims``, ``input_dim=`` or ``x_sample=`` — is
-  not reserved: the total is then ≤ F + d.)  Per-part widths are
+  not reserved: the total is then ≤ F + d, with a warning.)  Per-part widths are
   given as a list, ``num_features=[256, 512, 256]``, one entry per part of the
   ``AdditiveKernel`` (``ScaleKernel``s looked through); an entry may be a list for a nested sum.
   An ``LCMKernel`` is a sum of ``MultitaskKernel`` s: its data kernels share F the same way, and an
@@ -46,6 +46,7 @@ from collections.abc import Callable
 
 from gpytorch.kernels import Kernel
 
+from ..core.user_warnings import warn as warn_user
 from .combinations import (
     FeatureProductKernel,
     FeatureSumKernel,
@@ -144,6 +145,15 @@ class TreeBuilder:
     def _split(self, parts, num_features: int, owner: str) -> list[Kernel]:
         check_width(num_features, "num_features")
         probes = self._probes(parts, num_features)
+        unknown = [type(unwrap_scale(p)[0]).__name__ for p in probes
+                   if is_exact_feature_kernel(p) and not exact_width(p)]
+        if unknown:
+            warn_user(
+                f"num_features={num_features}: the width d of {unknown[0]} (its input dimension) is unknown at "
+                f"conversion, so this {owner} is up to {num_features} + d wide after its first call, not "
+                f"{num_features}: give the exact kernel ard_num_dims= or active_dims=, or pass input_dim= or x_sample= "
+                "to rfgp.sketch"
+            )
         reserved = sum(exact_width(p) for p in probes if is_exact_feature_kernel(p))
         num_random = sum(not is_exact_feature_kernel(p) for p in probes)
         remaining = num_features - reserved

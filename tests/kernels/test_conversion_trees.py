@@ -5,6 +5,7 @@ tree predicting like its conversion, state_dict round trips."""
 
 import copy
 import math
+import warnings
 
 import gpytorch
 import pytest
@@ -459,6 +460,18 @@ def test_exact_linear_and_constant_parts_take_their_width_first():
     assert isinstance(product, FeatureProductKernel) and width(product.double(), x) == 64
     with pytest.raises(ValueError, match="width of LinearFeatureKernel .* is unknown at conversion"):
         rfgp.sketch(ProductKernel(LinearKernel(), RBFKernel()), num_features=64)
+
+
+def test_a_sum_whose_linear_width_is_unknown_warns_that_it_exceeds_f():
+    """RBF + Linear without ard_num_dims/active_dims/x_sample: the linear part's d cannot be reserved, so the sum is
+    F + d wide after its first call (69 for F = 64, d = 5): it was silent; now a warning says so and how to avoid it."""
+    with pytest.warns(UserWarning, match=r"width d of LinearFeatureKernel .* is up to 64 \+ d wide"):
+        sketched = rfgp.sketch(ScaleKernel(RBFKernel()) + LinearKernel(), num_features=64, seed=0).double()
+    assert width(sketched, torch.randn(4, 5, dtype=F64)) == 69
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        known = rfgp.sketch(ScaleKernel(RBFKernel()) + LinearKernel(), 64, seed=0, x_sample=torch.randn(4, 5)).double()
+    assert width(known, torch.randn(4, 5, dtype=F64)) <= 64
 
 
 @pytest.mark.parametrize("method, options", [
