@@ -255,16 +255,16 @@ def refuse_multi_output_factors(kernels, owner: str) -> None:
 
 
 def refuse_shared_draws(kernels, owner: str) -> None:
-    """A ValueError where two factors of a product hold the same random feature kernel or feature map (one instance
-    twice, as in ``FeatureProductKernel(k, k)``): E[k̂₁k̂₂] = E[k̂₁]E[k̂₂] = k₁k₂ needs independent draws, and one
-    draw used twice gives k̂², whose mean k² + Var k̂ is biased.  Exact kernels (``is_exact``: an ``IndexKernel``'s
-    task features) may repeat: their Φ(x)ᵀΦ(y) is k(x, y) itself."""
+    """A ValueError where two factors of a product hold the same random draws — one feature map (``FeatureMap``) or
+    drawing kernel (one with ``resample``) in both, as in ``FeatureProductKernel(k, k)``: E[k̂₁k̂₂] = E[k̂₁]E[k̂₂] =
+    k₁k₂ needs independent draws, and one draw used twice gives k̂², whose mean k² + Var k̂ is biased.  Kernels without
+    draws (exact features such as an ``IndexKernel``'s, Nyström's fixed landmarks) may repeat: their k̂ is not
+    random."""
     first: dict[int, int] = {}
     for i, kernel in enumerate(kernels):
-        random = {id(module): module for module in kernel.modules()
-                  if isinstance(module, FeatureMap) or (isinstance(module, FeatureKernel)
-                                                        and not getattr(module, "is_exact", False))}
-        for key, module in random.items():
+        draws = {id(module): module for module in kernel.modules()
+                 if isinstance(module, FeatureMap) or callable(getattr(module, "resample", None))}
+        for key, module in draws.items():
             j = first.setdefault(key, i)
             if j != i:
                 raise ValueError(

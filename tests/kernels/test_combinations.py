@@ -136,7 +136,7 @@ def test_a_product_refuses_one_random_kernel_in_two_factors(wrap, combination):
     from rfgp.kernels import IndexFeatureKernel
 
     k = SketchedRBFKernel(8, seed=0).double()
-    with pytest.raises(ValueError, match=r"kernels\[0\] and kernels\[1\] hold the same SketchedRBFKernel instance"):
+    with pytest.raises(ValueError, match=r"kernels\[0\] and kernels\[1\] hold the same RandomFourierFeatures instance"):
         combination(k, gpytorch.kernels.ScaleKernel(k) if wrap else k)
     combination(k, SketchedRBFKernel(8, seed=1).double())
     tasks = IndexFeatureKernel(num_tasks=3, rank=1).double()
