@@ -5,6 +5,7 @@ import gpytorch
 import pytest
 import torch
 
+import rfgp
 from rfgp.features import RandomFourierFeatures
 from rfgp.inference.operators import FeatureRootLinearOperator
 from rfgp.kernels import (
@@ -132,7 +133,8 @@ def _sketched_product(*kernels):
 def test_a_product_refuses_one_random_kernel_in_two_factors(wrap, combination):
     """FeatureProductKernel(k, k) was k̂², whose mean k² + Var k̂ is biased (RFF, F = 8, ℓ = 0.69, |x − y| = 0.5:
     E[k̂²] = 0.618 ± 0.004 over 3000 seeds against k² = 0.594), with no variance correction to say so; refused, also
-    through a ScaleKernel.  Two instances (independent draws) and a repeated exact factor are accepted."""
+    through a ScaleKernel.  Two instances (independent draws) and a repeated factor without draws (exact, Nyström) are
+    accepted."""
     from rfgp.kernels import IndexFeatureKernel
 
     k = SketchedRBFKernel(8, seed=0).double()
@@ -142,3 +144,6 @@ def test_a_product_refuses_one_random_kernel_in_two_factors(wrap, combination):
     tasks = IndexFeatureKernel(num_tasks=3, rank=1).double()
     i = torch.tensor([[0.0], [2.0], [1.0]], dtype=torch.float64)
     torch.testing.assert_close(FeatureProductKernel(tasks, tasks)(i).to_dense(), tasks(i).to_dense().square())
+    x = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    nystrom = rfgp.sketch(gpytorch.kernels.RBFKernel(), 6, method="nystrom", x_sample=x, seed=0).double()
+    torch.testing.assert_close(FeatureProductKernel(nystrom, nystrom)(x).to_dense(), nystrom(x).to_dense().square())
