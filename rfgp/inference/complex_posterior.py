@@ -39,7 +39,7 @@ import torch
 from linear_operator.operators import DiagLinearOperator
 from torch import Tensor
 
-from ..core.validation import check_targets
+from ..core.validation import InvalidValueError, check_noise, check_targets
 from . import distributed
 from .linalg import capacitance_solve, feature_statistics, weighted_gram, woodbury_inv_quad_logdet
 from .operators import (
@@ -101,6 +101,10 @@ def complex_feature_posterior(
             f"train_targets has {train_targets.shape[-1]} points but train_features has {train_features.shape[-2]}"
         )
     noise = torch.as_tensor(noise, dtype=train_features.dtype, device=train_features.device)
+    if not bool((torch.isfinite(noise) & (noise > 0)).all()):
+        raise InvalidValueError(f"noise must be finite and > 0 (a variance; every point is weighted by 1/noise), got "
+                                f"values in [{float(noise.min()):.6g}, {float(noise.max()):.6g}]"
+                                f"{' including NaN' if bool(noise.isnan().any()) else ''}")
     precision = noise.reciprocal().expand(train_targets.shape)
     gram, cross = complex_feature_statistics(train_features, precision, train_targets.unsqueeze(-1))
     weights, chol = capacitance_solve(gram, cross, noise)  # A factorised in float64 for float32 input, rounded back
@@ -170,7 +174,7 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         :class:`rfgp.inference.distributed.data_parallel` (N a tensor); float32 features form the statistics in
         float64 where u·tr(ΨᵀΣ⁻¹Ψ + Ψ°ᵀΣ⁻¹Ψ°) = 2u·Σᵢ‖ψᵢ‖²/σᵢ² (Ψ° has Ψ's row norms) exceeds the tolerance
         (:func:`~rfgp.inference.statistics_precision.statistics_dtype`); ``dtype``: the model's, to round back to."""
-        noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
+        noise = check_noise(self._diag_tensor.diagonal(dim1=-1, dim2=-2))  # a negative one gave a NaN evidence
         weights = noise.reciprocal()
         features = self._linear_op.root.to_dense()
         dtype = torch.promote_types(features.dtype, weights.dtype)

@@ -347,3 +347,24 @@ def test_float32_complex_posterior_at_a_high_signal_to_noise_ratio_forms_float64
     assert abs(loss32 - loss64) <= 1e-6 * abs(loss64)
     assert (grads32 - grads64).norm() <= 1e-6 * grads64.norm()
     assert (mean32 - mean64).norm() <= 1.5e-6 * mean64.norm()
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, float("nan")])
+def test_non_positive_noise_is_refused_by_name(bad):
+    """A zero, negative or NaN noise variance is refused naming it: the complex GP's evidence was NaN for a negative
+    one (and its capacitance "not finite" for a zero one), while the real feature GP refused it."""
+    from linear_operator.operators import DiagLinearOperator
+
+    from rfgp.core.validation import InvalidValueError
+    from rfgp.inference.complex_posterior import ComplexFeatureRootLinearOperator
+
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(10, 8, generator=g, dtype=torch.float64)
+    y = torch.randn(10, generator=g, dtype=torch.float64)
+    noise = torch.full((10,), 0.1, dtype=torch.float64)
+    noise[3] = bad
+    covariance = ComplexFeatureRootLinearOperator(features) + DiagLinearOperator(noise)
+    with pytest.raises(InvalidValueError, match="noise variances must be finite and > 0"):
+        gpytorch.distributions.MultivariateNormal(torch.zeros_like(y), covariance).log_prob(y)
+    with pytest.raises(InvalidValueError, match="noise must be finite and > 0"):
+        complex_feature_posterior(features, y, noise, features[:2])
