@@ -381,7 +381,7 @@ class _ChunkedStatistics(torch.autograd.Function):
             chunk_weights = folded_weights if uniform else folded_weights[..., rows]
             grad_features, grad_weights, grad_rhs = statistics_backward(
                 features.to(work), chunk_weights.to(work), folded_rhs[..., rows, :].to(work), grad_gram, grad_cross,
-                (True, need_folded_weights, need_folded_rhs), factor,
+                (True, need_folded_weights, need_folded_rhs), factor, uniform,
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)

@@ -308,19 +308,23 @@ def statistics_backward(
     grad_cross: Tensor,
     needs: tuple[bool, bool, bool],
     factor: Tensor | None = None,
+    uniform: bool | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Gradients of (ΦᵀWΦ, ΦᵀWR) with respect to (Φ, w, R), before un-broadcasting.
 
     For uniform weights ``(..., 1)`` ∂w is not computed here: it is an F × F contraction of
     the whole data's unit statistics (:func:`uniform_weight_grad`), so ``needs[1]`` is ignored.
     ``factor``: :func:`gram_gradient` of ``grad_gram``, where a caller that splits Φ into row blocks forms it once.
+    ``uniform``: whether ``weights`` are uniform (default: their shape ``(..., 1)`` says so); a caller that splits Φ
+    into row blocks says it, since a one-row block of per-point weights has that shape too.
     """
+    uniform = _is_uniform(weights) if uniform is None else uniform
     sym = gram_gradient(grad_gram, weights) if factor is None else factor
     w = weights.unsqueeze(-1)
     grad_features = grad_weights = grad_rhs = None
     if needs[2]:
         grad_rhs = (features @ grad_cross) * w
-    if _is_uniform(weights):
+    if uniform:
         if needs[0]:
             grad_features = _add_matmul(features @ sym, rhs * w, grad_cross.mT)
         return grad_features, grad_weights, grad_rhs
@@ -430,7 +434,7 @@ class _FeatureStatistics(torch.autograd.Function):
             for rows in blocks:
                 block_weights = weights if unit else weights[..., rows]
                 block = statistics_backward(features[..., rows, :].to(ctx.dtype), block_weights, rhs[..., rows, :],
-                                            grad_gram, grad_cross, ctx.needs_input_grad[:3], factor)
+                                            grad_gram, grad_cross, ctx.needs_input_grad[:3], factor, bool(unit))
                 if grad_features is not None:
                     grad_features[..., rows, :] = block[0]
                 weight_parts.append(block[1])

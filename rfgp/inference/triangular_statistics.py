@@ -190,31 +190,35 @@ def _uses_factors(weights: Tensor, needs, dtype: torch.dtype) -> bool:
 
 
 def _row_grads(features, chol, weights, rhs, grad_gram, grad_projection, factors, need_cross, need_weights, need_rhs,
-               gram_factor: Tensor | None = None):
-    """(K̄, per-point w̄, R̄) of a block of rows (``weights`` theirs, or uniform).
+               gram_factor: Tensor | None = None, uniform: bool | None = None):
+    """(K̄, per-point w̄, R̄) of a block of rows (``weights`` theirs, or uniform: ``uniform``, by default their shape
+    ``(..., 1)``, which a one-row block of per-point weights has too).
 
     Without ``factors`` (float32, or per-point weights that need w̄ = rowsum(Φ ⊙ ΦS) + rowsum(R ⊙ ΦH̄)) Φ̄ =
     W(2ΦS + RH̄ᵀ) is formed (:func:`~rfgp.inference.linalg.statistics_backward`, with ``gram_factor`` its
     :func:`~rfgp.inference.linalg.gram_gradient` where a caller visiting row blocks formed it once) and K̄ = Φ̄L⁻¹
     solved in its memory; otherwise K̄ comes from the M × M ``factors`` by one product.
     """
-    per_point = need_weights and not _is_uniform(weights)
+    uniform = _is_uniform(weights) if uniform is None else uniform
+    per_point = need_weights and not uniform
     if per_point or (need_cross and factors is None):
         grad_features, grad_weights, grad_rhs = statistics_backward(
-            features, weights, rhs, grad_gram, grad_projection, (need_cross, per_point, need_rhs), gram_factor
+            features, weights, rhs, grad_gram, grad_projection, (need_cross, per_point, need_rhs), gram_factor, uniform
         )
         if need_cross:
             grad_features = _solve_lower_transpose(chol, grad_features.mT, overwrite=True).mT
         return grad_features, grad_weights, grad_rhs
-    grad_cross = _cross_grad(features, weights, rhs, *factors) if need_cross else None
+    grad_cross = _cross_grad(features, weights, rhs, *factors, uniform) if need_cross else None
     grad_rhs = (features @ grad_projection) * weights.unsqueeze(-1) if need_rhs else None
     return grad_cross, None, grad_rhs
 
 
-def _cross_grad(features: Tensor, weights: Tensor, rhs: Tensor, hat_sym: Tensor, hat_projection: Tensor) -> Tensor:
-    """K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ) from the factors of :func:`_right_factors`: one N·M² product."""
+def _cross_grad(features: Tensor, weights: Tensor, rhs: Tensor, hat_sym: Tensor, hat_projection: Tensor,
+                uniform: bool) -> Tensor:
+    """K̄ = W(2Φ(SL⁻¹) + R(L⁻ᵀH̄)ᵀ) from the factors of :func:`_right_factors`: one N·M² product (``uniform``: as
+    :func:`_row_grads`)."""
     w = weights.unsqueeze(-1)
-    if _is_uniform(weights):  # the uniform weight scales the M × M factor, not the N × M product
+    if uniform:  # the uniform weight scales the M × M factor, not the N × M product
         return _add_matmul(features @ (hat_sym * (2.0 * w)), rhs * w, hat_projection)
     return _add_matmul((features @ hat_sym).mul_(2.0), rhs, hat_projection).mul_(w)
 
@@ -337,7 +341,7 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
             grad_cross, grad_weights, grad_rhs = _row_grads(
                 triangular_features(cross.to(work), chol), chol, chunk_weights.to(work),
                 folded_rhs[..., rows, :].to(work), grad_gram, grad_projection, factors, need_cross, need_weights,
-                need_rhs, gram_factor,
+                need_rhs, gram_factor, bool(unit),
             )
             weight_grads.append(grad_weights)
             rhs_grads.append(grad_rhs)

@@ -439,3 +439,34 @@ def test_float32_chunked_statistics_add_their_chunks_in_float64(uniform):
         error = ((value.double() - reference).abs().max() / reference.abs().max()).item()
         unchunked_error = ((whole.double() - reference).abs().max() / reference.abs().max()).item()
         assert error <= max(4 * unchunked_error, 2 * 2.0**-24), (error, unchunked_error)
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["bare-kernel", "scale-kernel"])
+@pytest.mark.parametrize("kind", ["rff", "nystrom"])
+@pytest.mark.parametrize("chunk_size", [1, 7])
+def test_per_point_noise_with_a_one_point_chunk_matches_unchunked(kind, scaled, chunk_size):
+    """Per-point noise and a chunk of one point (N = 29 in chunks of 7, or of 1): that chunk's weights have the shape
+    (..., 1) of uniform weights, which the backward took them for — a TypeError where the weights needed a gradient
+    (a ScaleKernel's outputscale is folded into them), and silently a wrong one otherwise (a bare kernel with fixed
+    noise: the lengthscale's 1.38 instead of −0.21)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(29, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(3 * x).sum(-1)
+    noise = 0.01 + 0.05 * torch.rand(29, generator=g, dtype=torch.float64)
+    likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise)
+    kernel = (SketchedRBFKernel(16, seed=0) if kind == "rff"
+              else rfgp.kernels.NystromKernel(gpytorch.kernels.RBFKernel(), x[::4].clone()))
+    kernel = gpytorch.kernels.ScaleKernel(kernel) if scaled else kernel
+    model = ExactGPModel(x, y, likelihood, kernel).double().train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_and_grads(size):
+        with rfgp.settings.chunk_size(size):
+            loss = mll(model(x), y)
+            return loss.detach(), torch.autograd.grad(loss, params)
+
+    (loss, grads), (reference, reference_grads) = loss_and_grads(chunk_size), loss_and_grads(None)
+    torch.testing.assert_close(loss, reference, rtol=1e-10, atol=1e-12)
+    for grad, reference_grad in zip(grads, reference_grads):
+        torch.testing.assert_close(grad, reference_grad, rtol=1e-8, atol=1e-10)

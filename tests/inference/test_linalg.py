@@ -110,13 +110,15 @@ def test_statistics_of_copied_features_form_one_gram(feature_shape, batch, devic
 
 @pytest.mark.parametrize("uniform", [False, True])
 @pytest.mark.parametrize("feature_batch, weight_batch", [((), ()), ((2,), (2,))])
-def test_float64_statistics_of_float32_features_cast_row_blocks(uniform, feature_batch, weight_batch, monkeypatch,
+@pytest.mark.parametrize("n", [37, 33], ids=["short-last-block", "one-row-last-block"])
+def test_float64_statistics_of_float32_features_cast_row_blocks(uniform, feature_batch, weight_batch, n, monkeypatch,
                                                                  device):
     """``dtype=float64`` for float32 Φ: the statistics and their gradients are those of Φ cast whole, in blocks of
-    max(F, CAST_BLOCK_ELEMENTS/F) rows (here F = 8 rows: 5 blocks of 37 rows, the last short), with Φ's gradient in
-    float32; second derivatives too."""
+    max(F, CAST_BLOCK_ELEMENTS/F) rows (here F = 8 rows: 5 blocks of 37 or 33 rows, the last short), with Φ's
+    gradient in float32; second derivatives too.  A last block of one row has per-point weights of shape (..., 1),
+    which the backward took for uniform ones (w̄ missing: a TypeError; Φ̄ of that row without its 2w)."""
     monkeypatch.setattr(linalg, "CAST_BLOCK_ELEMENTS", 64)
-    n, f = 37, 8
+    f = 8
     gen = torch.Generator().manual_seed(5)
     features = torch.randn(*feature_batch, n, f, generator=gen).to(device).requires_grad_()
     weights = (0.5 + torch.rand(*weight_batch, 1 if uniform else n, generator=gen, dtype=F64)).to(device)
