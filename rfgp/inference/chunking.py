@@ -242,10 +242,9 @@ def accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor
             chunk_gram, chunk_cross = unit_statistics(features, chunk_rhs)
         else:
             chunk_gram, chunk_cross = weighted_statistics(features, weights[..., rows], chunk_rhs)
-        dtype = chunk_gram.dtype
-        wide = factor_dtype(dtype, chunk_gram.device)
+        wide = factor_dtype(chunk_gram.dtype, chunk_gram.device)
         gram, cross = _add(gram, chunk_gram.to(wide)), _add(cross, chunk_cross.to(wide))
-    return gram.to(dtype), cross.to(dtype)
+    return gram.to(chunk_gram.dtype), cross.to(chunk_gram.dtype)
 
 
 def chunked_statistics_forward(featurize: Callable[[Tensor, torch.dtype | None], Tensor], inputs: Tensor,
