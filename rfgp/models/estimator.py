@@ -495,8 +495,8 @@ def _feature_names(X) -> np.ndarray | None:
 
 
 def check_sample_weight(sample_weight, num_rows: int) -> np.ndarray:
-    """A ``score``'s ``sample_weight`` as float64 weights ``(num_rows,)``, ones for ``None``; another shape, NaN or Inf
-    refused."""
+    """A ``score``'s ``sample_weight`` as float64 weights ``(num_rows,)``, ones for ``None``; another shape, NaN or Inf,
+    a negative weight or weights that are all 0 (scikit-learn refuses those too) refused."""
     if sample_weight is None:
         return np.ones(num_rows)
     weights = np.asarray(sample_weight.cpu() if torch.is_tensor(sample_weight) else sample_weight, dtype=np.float64)
@@ -505,6 +505,12 @@ def check_sample_weight(sample_weight, num_rows: int) -> np.ndarray:
     if not np.isfinite(weights).all():  # the score was NaN
         raise ValueError(f"sample_weight must be finite, got {int((~np.isfinite(weights)).sum())} NaN or Inf of "
                          f"{num_rows}, the first at index {int((~np.isfinite(weights)).argmax())}")
+    if (weights < 0).any():  # a weighted mean with negative weights is no accuracy or R² (R² of 1.2, say)
+        raise ValueError(f"sample_weight must be ≥ 0, got {int((weights < 0).sum())} negative weight(s), the first "
+                         f"{weights[(weights < 0).argmax()]:g} at index {int((weights < 0).argmax())}")
+    if not weights.any():  # NumPy's "Weights sum to zero, can't be normalized" (a ZeroDivisionError) named none
+        raise ValueError(f"sample_weight must hold at least one weight > 0, got {num_rows} zeros: the weighted score "
+                         "of no row is undefined")
     return weights
 
 

@@ -375,7 +375,8 @@ class GPRegressor(RandomFeatureEstimator):
 
     def score(self, X, y, sample_weight=None) -> float:
         """R² = 1 − Σᵢwᵢ(yᵢ − ŷᵢ)²/Σᵢwᵢ(yᵢ − ȳ)² of ``predict(X)`` (scikit-learn's regressor score, averaged
-        uniformly over outputs; a constant y scores 1 if predicted exactly, else 0), weighted if given."""
+        uniformly over outputs; a constant y scores 1 if predicted exactly, else 0), weighted if given; at least 2
+        rows."""
         predicted = self.predict(X)
         truth = self._as_targets(y, np.shape(predicted)[0], dtype=torch.float64).cpu().numpy()
         predicted = np.asarray(predicted.cpu() if torch.is_tensor(predicted) else predicted, dtype=np.float64)
@@ -478,8 +479,13 @@ def r2_score(truth: np.ndarray, predicted: np.ndarray, sample_weight=None) -> fl
     """The coefficient of determination of ``(M, T)`` predictions, averaged uniformly over the T outputs.
 
     R²_t = 1 − Σᵢwᵢ(yᵢₜ − ŷᵢₜ)²/Σᵢwᵢ(yᵢₜ − ȳₜ)² with ȳₜ the weighted mean; an output with a constant truth scores 1
-    where predicted exactly and 0 otherwise (scikit-learn's ``r2_score`` with ``force_finite=True``).
+    where predicted exactly and 0 otherwise (scikit-learn's ``r2_score`` with ``force_finite=True``).  Fewer than 2
+    rows raise a ``ValueError`` (where scikit-learn returns NaN).
     """
+    if truth.shape[0] < 2:  # the total sum of squares of one value is 0: R² would be 1 or 0 whatever the model
+        raise ValueError(f"score: R² needs at least 2 samples (rows of X), got {truth.shape[0]}: the spread of one "
+                         "target around its own mean is 0, so R² is undefined (scikit-learn's r2_score warns and "
+                         "returns NaN)")
     weights = check_sample_weight(sample_weight, truth.shape[0])[:, None]
     residual = (weights * (truth - predicted) ** 2).sum(0)
     total = (weights * (truth - np.average(truth, axis=0, weights=weights[:, 0])) ** 2).sum(0)

@@ -319,6 +319,10 @@ def test_score_checks_its_labels_and_weights():
         clf.score(x, y, sample_weight=np.ones(10))
     with pytest.raises(ValueError, match=r"sample_weight must be finite, got 1 NaN or Inf of 30, the first at index 3"):
         clf.score(x, y, sample_weight=np.where(np.arange(30) == 3, np.nan, 1.0))  # the score was NaN
+    with pytest.raises(ValueError, match="sample_weight must hold at least one weight > 0, got 30 zeros"):
+        clf.score(x, y, sample_weight=np.zeros(30))  # NumPy's ZeroDivisionError "Weights sum to zero"
+    with pytest.raises(ValueError, match="sample_weight must be ≥ 0, got 1 negative weight.*at index 0"):
+        clf.score(x, y, sample_weight=np.where(np.arange(30) == 0, -1.0, 1.0))
     weights = (y == "a").astype(float)
     assert clf.score(x, np.where(y == "a", "b", y), sample_weight=torch.as_tensor(weights)) == 0.0
     codes = np.unique(y, return_inverse=True)[1]  # labels of another type than those fitted on scored 0

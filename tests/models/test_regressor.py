@@ -380,6 +380,20 @@ def test_score_is_scikit_learns_r2():
     assert constant.score(x[:20], np.full(20, 2.0)) == r2_score(np.full(20, 2.0), constant.predict(x[:20]))
 
 
+def test_score_refuses_one_row_and_weights_that_weigh_nothing():
+    """R² of one row was 1 or 0 whatever the model (its targets' spread around their mean is 0; scikit-learn returns
+    NaN); weights all 0 raised NumPy's ZeroDivisionError "Weights sum to zero", naming no argument, and negative
+    weights gave a weighted "R²" of no meaning."""
+    x, y = _wave()
+    reg = GPRegressor(num_iterations=0, num_features=32).fit(x[:50], y[:50])
+    with pytest.raises(ValueError, match="R² needs at least 2 samples"):
+        reg.score(x[:1], y[:1])
+    with pytest.raises(ValueError, match="sample_weight must hold at least one weight > 0, got 5 zeros"):
+        reg.score(x[:5], y[:5], sample_weight=np.zeros(5))
+    with pytest.raises(ValueError, match="sample_weight must be ≥ 0, got 1 negative weight.*-0.5 at index 2"):
+        reg.score(x[:5], y[:5], sample_weight=[1, 1, -0.5, 1, 1])
+
+
 @pytest.mark.parametrize("given, error, match", [
     ({"method": "fft"}, ValueError, "method"),
     ({"num_iterations": -1}, ValueError, "num_iterations must be an integer ≥ 0, got -1"),
