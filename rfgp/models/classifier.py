@@ -379,7 +379,10 @@ def _check_labels(y, num_rows: int) -> np.ndarray:
                 f"{str(values[text.argmax()])!r} and other values such as {values[(~text).argmax()]!r}; pass labels of "
                 "one type (e.g. y.astype(str))"
             )
-    if labels.dtype.kind == "f" and not bool(np.all(np.isfinite(labels) & (labels == np.round(labels)))):
+    values = labels
+    if labels.dtype.kind == "O" and all(isinstance(v, numbers.Real) for v in labels):
+        values = labels.astype(np.float64)  # numbers in an object array (a pandas object column) were not checked
+    if values.dtype.kind == "f" and not bool(np.all(np.isfinite(values) & (values == np.round(values)))):
         raise ValueError(
             "Unknown label type: continuous. y has non-integer (or non-finite) float values, which are a regression"
             " target, not class labels; pass integer or string labels"

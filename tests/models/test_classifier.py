@@ -286,7 +286,10 @@ def test_continuous_and_malformed_inputs_raise():
     # a regression target used to be fitted as one class per distinct value (here 30 classes)
     with pytest.raises(ValueError, match="continuous"):
         clf.fit(x, np.linspace(0.0, 1.0, len(x)))
+    with pytest.raises(ValueError, match="continuous"):  # in an object array too (fitted as 30 classes before)
+        clf.fit(x, np.linspace(0.0, 1.0, len(x)).astype(object))
     assert list(clf.fit(x, (y == "a").astype(float)).classes_) == [0.0, 1.0]  # integral floats are labels
+    assert list(clf.fit(x, (y == "a").astype(float).astype(object)).classes_) == [0.0, 1.0]
     with pytest.raises(ValueError, match="Complex data"):  # the imaginary part used to be dropped
         clf.fit(x + 1j, y)
     with pytest.raises(TypeError, match="sparse"):
