@@ -139,7 +139,9 @@ def gaussian_mnll(mean: Tensor, variance: Tensor, targets: Tensor) -> Tensor:
 
 
 def reliability_curve(probs: Tensor, labels: Tensor, num_bins: int = 10) -> tuple[Tensor, Tensor, Tensor]:
-    """Per confidence bin (equal width on [0, 1]): mean confidence, accuracy and point count.
+    """Per confidence bin I_b = ((b − 1)/B, b/B], b = 1..B (Guo et al. 2017, Sec. 2; scikit-learn's
+    ``calibration_curve`` closes its bins on the right too; the first bin holds 0 as well): mean confidence, accuracy
+    and point count.
 
     Confidence is the top-class probability; empty bins report zero confidence and accuracy.
     """
@@ -147,7 +149,10 @@ def reliability_curve(probs: Tensor, labels: Tensor, num_bins: int = 10) -> tupl
     num_bins = check_positive_int(num_bins, "num_bins")
     confidence, predicted = probs.max(-1)
     correct = (predicted == labels).to(probs.dtype)
-    bins = (confidence * num_bins).long().clamp(0, num_bins - 1)
+    # the inner edges b/B (each the float nearest to it); a confidence on an edge belongs to the bin below it: a
+    # two-class tie at 0.5 went to [0.5, 0.6) with floor(conf·B), among confidences up to 0.6
+    edges = torch.arange(1, num_bins, dtype=probs.dtype, device=probs.device) / num_bins
+    bins = torch.bucketize(confidence, edges)
     counts = torch.bincount(bins, minlength=num_bins).to(probs.dtype)
     conf_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add(0, bins, confidence)
     acc_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add(0, bins, correct)
@@ -156,6 +161,7 @@ def reliability_curve(probs: Tensor, labels: Tensor, num_bins: int = 10) -> tupl
 
 
 def expected_calibration_error(probs: Tensor, labels: Tensor, num_bins: int = 10) -> Tensor:
-    """ECE = Σ_b (n_b/M) ``|accuracy_b − confidence_b|`` over equal-width confidence bins (Guo et al. 2017)."""
+    """ECE = Σ_b (n_b/M) ``|accuracy_b − confidence_b|`` over the equal-width confidence bins ((b − 1)/B, b/B] of
+    :func:`reliability_curve` (Guo et al. 2017, Eq. 3)."""
     confidence, accuracy, counts = reliability_curve(probs, labels, num_bins)
     return (counts / counts.sum() * (accuracy - confidence).abs()).sum()

@@ -36,7 +36,7 @@ def test_classification_scores_by_hand():
     assert metrics.classification_error(probs, labels).item() == pytest.approx(0.25)
     nll = -(math.log(0.9) + math.log(0.8) + math.log(0.4) + math.log(0.7)) / 4
     assert metrics.mean_negative_log_likelihood(probs, labels).item() == pytest.approx(nll)
-    # bins of width 0.25: [0.5, 0.75) holds 0.6 (wrong) and 0.7 (right); [0.75, 1] holds 0.9, 0.8 (right)
+    # bins of width 0.25: (0.5, 0.75] holds 0.6 (wrong) and 0.7 (right); (0.75, 1] holds 0.9, 0.8 (right)
     ece = 2 / 4 * abs(0.5 - 0.65) + 2 / 4 * abs(1.0 - 0.85)
     assert metrics.expected_calibration_error(probs, labels, num_bins=4).item() == pytest.approx(ece)
     confidence, accuracy, counts = metrics.reliability_curve(probs, labels, num_bins=4)
@@ -46,6 +46,20 @@ def test_classification_scores_by_hand():
     assert metrics.mean_negative_log_likelihood(torch.tensor([[1.0, 0.0]]), torch.tensor([1])).isfinite()
     with pytest.raises(ValueError, match="labels must lie in 0..1"):
         metrics.classification_error(probs, torch.tensor([0, 1, 2, 1]))
+
+
+def test_calibration_bins_are_closed_on_the_right():
+    """Guo et al.'s bins are ((b − 1)/B, b/B], as scikit-learn's calibration_curve's: a confidence on an edge belongs
+    to the bin below.  floor(conf·B) put a two-class tie at 0.5 in [0.5, 0.6) with the confidence 0.55: ECE 0.025
+    instead of 0.525, and 0.4 (4.000000000000001 tenths) in [0.4, 0.5)."""
+    probs = torch.tensor([[0.5, 0.5, 0.0], [0.45, 0.55, 0.0], [0.3, 0.3, 0.4], [0.7, 0.2, 0.1]], dtype=torch.float64)
+    labels = torch.tensor([0, 0, 2, 0])  # the tie is right (argmax takes class 0), 0.55 wrong, 0.4 and 0.7 right
+    ece = 1 / 4 * abs(1 - 0.5) + 1 / 4 * abs(0 - 0.55) + 1 / 4 * abs(1 - 0.4) + 1 / 4 * abs(1 - 0.7)
+    assert metrics.expected_calibration_error(probs, labels).item() == pytest.approx(ece, rel=1e-12)
+    counts = metrics.reliability_curve(probs, labels)[2]
+    assert counts.nonzero().flatten().tolist() == [3, 4, 5, 6]  # (0.3, 0.4], (0.4, 0.5], (0.5, 0.6], (0.6, 0.7]
+    edges = torch.tensor([[0.3, 0.7], [1.0, 0.0]], dtype=torch.float32)  # 0.7 and 1.0 in float32 too
+    assert metrics.reliability_curve(edges, torch.tensor([1, 0]))[2].nonzero().flatten().tolist() == [6, 9]
 
 
 def test_gaussian_mnll_matches_normal_log_prob():
