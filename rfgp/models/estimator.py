@@ -394,7 +394,11 @@ def as_real_tensor(X, name: str) -> Tensor:
                 "them to a scale you choose, e.g. days since a reference date, "
                 "(X[c] - X[c].min()).dt.total_seconds() / 86400"
             )
-        array = np.array(X, copy=True)
+        try:
+            array = np.array(X, copy=True)
+        except ValueError as error:  # rows of unequal lengths: NumPy's "inhomogeneous shape" named no argument
+            raise ValueError(f"{name} must be a rectangular array, one row per sample, all of one length: {error}"
+                             ) from None
         if np.iscomplexobj(array):  # float64 conversion would silently drop the imaginary part
             raise ValueError(f"Complex data not supported: {name} has {array.dtype} values; real inputs required")
         try:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rfgp
-from rfgp.models import GPRegressor
+from rfgp.models import DirichletGPClassifier, GPRegressor
 
 
 def _wave(num_points=260, seed=0, noise=0.1):
@@ -542,6 +542,17 @@ def test_non_numeric_columns_are_named():
         GPRegressor(num_iterations=0).fit(frame, y)
     with pytest.raises(ValueError, match=r"X must hold numbers only: values of dtype object"):
         GPRegressor(num_iterations=0).fit(frame.to_numpy(), y)
+
+
+def test_ragged_rows_are_named():
+    """Lists of rows of unequal lengths raised NumPy's "setting an array element with a sequence", naming neither X
+    nor y."""
+    with pytest.raises(ValueError, match="X must be a rectangular array, one row per sample"):
+        GPRegressor(num_iterations=0).fit([[1.0, 2.0], [3.0]], [1.0, 2.0])
+    with pytest.raises(ValueError, match="y must be a rectangular array"):
+        GPRegressor(num_iterations=0).fit([[1.0], [3.0]], [[1.0, 2.0], [3.0]])
+    with pytest.raises(ValueError, match="X must be a rectangular array"):
+        DirichletGPClassifier(num_iterations=0).fit([[1.0, 2.0], [3.0]], [0, 1])
 
 
 def test_date_and_time_columns_are_refused_not_read_as_nanoseconds():
