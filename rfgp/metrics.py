@@ -23,20 +23,24 @@ from .core.validation import (
 )
 
 
-def _dense(matrix) -> Tensor:
+def _dense(matrix, name: str) -> Tensor:
     matrix = matrix.to_dense() if hasattr(matrix, "to_dense") and not torch.is_tensor(matrix) else matrix
     if not torch.is_tensor(matrix):
-        raise TypeError(f"expected a torch.Tensor or LinearOperator, got {type(matrix).__name__}")
-    return matrix.real if matrix.is_complex() else matrix
+        raise TypeError(f"{name} must be a torch.Tensor or LinearOperator, got {type(matrix).__name__}")
+    return matrix
 
 
 def relative_frobenius_error(approx, exact) -> Tensor:
     """‖K̂ − K‖_F / ‖K‖_F over the last two axes (paper 000 Eq. 58).
 
-    A complex K̂ contributes its real part (the paper's convention: K is real).  Accepts tensors
-    or LinearOperators of equal shape ``(..., m, m)``.
+    A complex K̂ contributes its real part (the paper's convention: K is real; a complex ``exact`` is refused).
+    Accepts tensors or LinearOperators of equal shape ``(..., m, m)``.
     """
-    approx, exact = _dense(approx), _dense(exact)
+    approx, exact = _dense(approx, "approx"), _dense(exact, "exact")
+    if exact.is_complex():  # its imaginary part was dropped: (1 + i)·I against I scored 0
+        raise TypeError(f"exact must be a real matrix (the exact kernel matrix K), got the complex dtype "
+                        f"{exact.dtype}; pass exact.real if its imaginary part is rounding")
+    approx = approx.real if approx.is_complex() else approx
     if approx.shape != exact.shape:
         raise ValueError(f"approx and exact must have the same shape, got {tuple(approx.shape)} and {tuple(exact.shape)}")
     if approx.dim() < 2:

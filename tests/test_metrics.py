@@ -15,6 +15,10 @@ def test_relative_frobenius_error_uses_real_part_of_complex_approximation():
     assert metrics.relative_frobenius_error(approx, exact).item() == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="same shape"):
         metrics.relative_frobenius_error(torch.ones(2, 2), torch.ones(3, 3))
+    with pytest.raises(TypeError, match="exact must be a real matrix"):  # (1 + i)·I against I scored 0
+        metrics.relative_frobenius_error(torch.eye(2), torch.eye(2) * (1 + 1j))
+    with pytest.raises(TypeError, match="approx must be a torch.Tensor or LinearOperator, got list"):
+        metrics.relative_frobenius_error([[1.0]], torch.eye(1))
 
 
 def test_gaussian_kl_is_the_corrected_formula_and_matches_torch():
