@@ -333,11 +333,15 @@ class GPRegressor(RandomFeatureEstimator):
         marginal likelihood of the fitted model (its kernel at the prediction width F, so "train small, predict big"
         gives the value of the model that predicts), of the normalised targets with ``normalize_y`` (as scikit-learn
         computes it), summed over outputs; the mean's and kernel's priors are not included.  Computed at the first
-        access (one O(N·F²) pass, chunked under :class:`rfgp.settings.memory_budget`), then kept.
+        access (one O(N·F²) pass, chunked under :class:`rfgp.settings.memory_budget`), then kept while ``model_``'s
+        state (hyperparameters, features) and training data stay those it was computed for: after
+        ``rfgp.set_num_features(reg.model_, F)`` or a changed hyperparameter it is computed again (it was the value
+        of the model before).
         """
         self._check_fitted()
-        if getattr(self, "_log_marginal_likelihood", None) is None:
-            model = self.model_
+        model = self.model_
+        cached = getattr(self, "_log_marginal_likelihood", None)
+        if cached is None or not _same_model_state(cached[1], _model_state(model)):
             x = model.train_inputs[0]
             with predicting():  # the prior at the training inputs, from the model's forward: no GPyTorch setting
                 marginal = self.likelihood_(model.forward(x))
@@ -347,8 +351,9 @@ class GPRegressor(RandomFeatureEstimator):
                     # (36 nats off at N = 900): the dense Cholesky, O(N³) like its training
                     dense = torch.distributions.MultivariateNormal(marginal.mean, marginal.covariance_matrix)
                     value = dense.log_prob(model.train_targets).sum()
-            self._log_marginal_likelihood = float(value)
-        return self._log_marginal_likelihood
+            state = _model_state(model)
+            self._log_marginal_likelihood = (float(value), (state[0], {k: v.clone() for k, v in state[1].items()}))
+        return self._log_marginal_likelihood[0]
 
     def sample_y(self, X, n_samples: int = 1, random_state=0):
         """``n_samples`` posterior functions f evaluated at ``X`` (latent, noise excluded): ``(M, n_samples)``, or
@@ -446,6 +451,22 @@ def constant_mean_nll(targets: Tensor) -> Tensor:
     variance = (centred.square().sum(-1, keepdim=True) - centred.square() * n / (n - 1)) / (n - 2) * n / (n - 1)
     variance = variance.clamp_min(torch.finfo(variance.dtype).tiny)
     return 0.5 * ((2 * math.pi * variance).log() + residual.square() / variance).mean(-1)
+
+
+def _model_state(model: ExactGPModel) -> tuple[list, dict]:
+    """What a model's marginal likelihood depends on: its training tensors (by identity and in-place version: not
+    copied) and its ``state_dict`` (hyperparameters, feature draws)."""
+    data = [(t, t._version) for t in (*model.train_inputs, model.train_targets)]
+    return data, {name: value.detach() for name, value in model.state_dict().items()}
+
+
+def _same_model_state(kept: tuple[list, dict], now: tuple[list, dict]) -> bool:
+    """Whether :func:`_model_state` ``now`` is ``kept`` (whose ``state_dict`` part is a copy)."""
+    (kept_data, kept_state), (data, state) = kept, now
+    return (len(kept_data) == len(data) and all(a is b and u == v for (a, u), (b, v) in zip(kept_data, data))
+            and kept_state.keys() == state.keys()
+            and all((kept_state[k].shape, kept_state[k].dtype, kept_state[k].device) == (v.shape, v.dtype, v.device)
+                    and torch.equal(kept_state[k], v) for k, v in state.items()))
 
 
 def _outputscale(model: ExactGPModel) -> str:

@@ -261,6 +261,38 @@ def test_kernel_and_log_marginal_likelihood_value_as_scikit_learn():
     assert same_width.log_marginal_likelihood_value_ == pytest.approx(-120 * same_width.losses_[-1], rel=1e-9)
 
 
+def test_log_marginal_likelihood_value_follows_changes_to_the_fitted_model():
+    """The value was kept from its first reading: after rfgp.set_num_features(reg.model_, F) (the widening the
+    estimators' messages suggest), a changed hyperparameter or new training data it was the value of the model
+    before."""
+    x, y = _wave(120)
+    reg = GPRegressor(num_features=64, num_iterations=5, dtype=torch.float64, progress=False).fit(x, y)
+
+    @torch.no_grad()
+    def dense():
+        model = reg.model_
+        prior = reg.likelihood_(model.forward(model.train_inputs[0]))
+        return float(torch.distributions.MultivariateNormal(prior.mean, prior.covariance_matrix).log_prob(
+            model.train_targets))
+
+    first = reg.log_marginal_likelihood_value_
+    assert reg.log_marginal_likelihood_value_ == first
+    rfgp.set_num_features(reg.model_, 512)
+    assert reg.log_marginal_likelihood_value_ != first
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(dense(), rel=1e-9)
+    with torch.no_grad():
+        reg.likelihood_.noise = 0.5
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(dense(), rel=1e-9)
+    model = reg.model_
+    model.set_train_data(model.train_inputs[0][:60], model.train_targets[:60], strict=False)
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(dense(), rel=1e-9)
+    with torch.no_grad():
+        model.train_targets.mul_(2.0)  # in place
+    assert reg.log_marginal_likelihood_value_ == pytest.approx(dense(), rel=1e-9)
+    restored = pickle.loads(pickle.dumps(reg))
+    assert restored.log_marginal_likelihood_value_ == reg.log_marginal_likelihood_value_
+
+
 def test_log_marginal_likelihood_value_of_a_float32_regressor_is_its_models_in_float64():
     """A float32 regressor's value is that of its float32 hyperparameters and features, evaluated in float64, to
     float32's rounding of the statistics."""
