@@ -26,6 +26,7 @@ from gpytorch.utils.warnings import NumericalWarning
 from linear_operator.utils.errors import NotPSDError
 from torch import Tensor
 
+from ..core.dtypes import factor_dtype
 from ..core.user_warnings import held_warnings, replay_warnings
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import (
@@ -219,7 +220,7 @@ class RandomFeatureEstimator:
         """
         if self._fit_params.standardize:
             self.input_mean_ = x.mean(0)
-            self.input_scale_ = column_scales(x, self.input_mean_)
+            self.input_scale_ = column_scales(x, self.input_mean_, "X")
             x = (x - self.input_mean_) / self.input_scale_
         return x.to(self._fit_params.dtype)
 
@@ -525,19 +526,29 @@ def _same(a, b) -> bool:
         return False
 
 
-def column_scales(x: Tensor, mean: Tensor) -> Tensor:
-    """Standard deviations of the columns of ``x``, 1 for columns constant up to rounding (and for one row).
+def column_scales(x: Tensor, mean: Tensor, name: str) -> Tensor:
+    """Standard deviations of the columns of ``x`` (named ``name`` in errors), in its dtype, 1 for columns constant up
+    to rounding (and for one row).
 
     A column is constant when its computed variance is within the rounding error of a variance
     computation, ``n·ε·var + (n·|mean|·ε)²`` (scikit-learn's test): dividing by such a standard deviation
-    (rounding noise, or 0) would blow up any other value the column takes at prediction.
+    (rounding noise, or 0) would blow up any other value the column takes at prediction.  As scikit-learn, the
+    variance and the test are in float64 (:func:`~rfgp.core.dtypes.factor_dtype`: float64 except on Apple MPS): in
+    float32, n·ε ≥ 1 from 2²³ rows on, which made every column of a float32 tensor with 9·10⁶ rows "constant" (neither
+    standardised nor normalised), and columns spreading by more than 1.8·10¹⁹ overflowed the variance to Inf, which
+    counted as constant too.  A variance beyond float64's range raises.
     """
     if x.shape[0] < 2:
         return torch.ones_like(x[0])
-    n, eps = x.shape[0], torch.finfo(x.dtype).eps
-    var = x.var(0)
-    constant = var <= n * eps * var + (n * eps * mean).square()
-    return torch.where(constant, torch.ones_like(var), var.sqrt())
+    wide = factor_dtype(x.dtype, x.device)
+    n, eps = x.shape[0], torch.finfo(wide).eps
+    var = x.to(wide).var(0)
+    if not bool(torch.isfinite(var).all()):
+        column = int((~torch.isfinite(var)).nonzero()[0, 0])
+        raise ValueError(f"{name} (column {column}) spreads too widely for its variance to be computed in {wide} "
+                         f"(it overflows; values up to {float(x[:, column].abs().max()):.3g}): rescale that column")
+    constant = var <= n * eps * var + (n * eps * mean.to(wide)).square()
+    return torch.where(constant, torch.ones_like(var), var.sqrt()).to(x.dtype)
 
 
 def _refit_among(kernel: gpytorch.kernels.Kernel, x: Tensor) -> None:

@@ -198,7 +198,7 @@ class GPRegressor(RandomFeatureEstimator):
         # normalised before they are rounded to the model's dtype: float32 rounded y ≈ 10⁷ ± 1 to whole numbers
         # first (noise 0.044 fitted where it was 0.0022, R² lost)
         self.y_mean_ = targets.mean(0) if p.normalize_y else torch.zeros_like(targets[0])
-        self.y_scale_ = column_scales(targets, self.y_mean_) if p.normalize_y else torch.ones_like(targets[0])
+        self.y_scale_ = column_scales(targets, self.y_mean_, "y") if p.normalize_y else torch.ones_like(targets[0])
         _warn_rounded_targets(targets, p.dtype, p.normalize_y)
         targets = ((targets - self.y_mean_) / self.y_scale_).to(p.dtype).T  # (T, N): a batch over one kernel
         batch = torch.Size([self.n_outputs_]) if self.n_outputs_ > 1 else torch.Size()
@@ -481,7 +481,7 @@ def _warn_rounded_targets(targets: Tensor, dtype: torch.dtype, normalized: bool)
     if dtype != torch.float32 or targets.dtype == torch.float32:
         return  # float64 model, or targets already float32 (the user's rounding)
     mean = targets.mean(0)
-    spread = column_scales(targets, mean)
+    spread = column_scales(targets, mean, "y")
     rounding = mean.abs() * torch.finfo(torch.float32).eps / 2
     coarse = rounding > 1e-3 * spread
     if bool(coarse.any()):

@@ -576,6 +576,27 @@ def test_non_numeric_columns_are_named():
         GPRegressor(num_iterations=0).fit(frame.to_numpy(), y)
 
 
+def test_float32_columns_are_scaled_past_2_to_the_23_rows_and_beyond_float32s_squares():
+    """In float32 the constant-column test var ≤ n·ε·var + (n·ε·mean)² holds for every column from n·ε ≥ 1, 2²³ rows
+    on: a float32 tensor of 9·10⁶ rows was neither standardised nor normalised (scales 1 for columns with standard
+    deviations 5 and 2).  A float32 column spreading by 4·10²⁰ overflowed its variance to Inf, also taken for constant
+    (the fit then failed on an infinite lengthscale); a float64 one whose variance overflows is named."""
+    from rfgp.models.estimator import column_scales
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-1.0, 1.0, 2**23 + 2**20).unsqueeze(-1) * 5 + 3  # standard deviation 5/√3
+    scales = column_scales(x, x.mean(0), "X")
+    assert scales.dtype == torch.float32
+    torch.testing.assert_close(scales, torch.tensor([5 / 3**0.5]), rtol=1e-5, atol=0)
+    wide = torch.rand(50, 1, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * wide[:, 0])
+    reg = GPRegressor(num_features=64, num_iterations=10, progress=False).fit((wide * 4e20).float(), y)
+    assert float(reg.input_scale_) == pytest.approx(float(wide.std() * 4e20), rel=1e-5)
+    assert reg.score((wide * 4e20).float(), y) > 0.99
+    with pytest.raises(ValueError, match=r"X \(column 0\) spreads too widely for its variance .* rescale that column"):
+        GPRegressor(num_iterations=0).fit(wide * 1e160, y)
+
+
 def test_ragged_rows_are_named():
     """Lists of rows of unequal lengths raised NumPy's "setting an array element with a sequence", naming neither X
     nor y."""
