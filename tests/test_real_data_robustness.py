@@ -18,7 +18,7 @@ from gpytorch.kernels import PeriodicKernel, ScaleKernel
 
 import rfgp
 from rfgp.core.validation import DrawCoverageError
-from rfgp.models.data_scale import median_neighbour_distance
+from rfgp.models.data_scale import median_neighbour_distance, median_scaled_distance
 
 from ._models import UserGP
 
@@ -226,6 +226,14 @@ def test_neighbour_distance_skips_duplicated_rows():
     x = torch.tensor([[0.0], [0.0], [4.0], [4.0], [8.0]], dtype=torch.float64)
     assert median_neighbour_distance(x, torch.ones(1, 1)) == 4.0
     assert median_neighbour_distance(torch.zeros(3, 2), torch.ones(1, 2)) == 0.0
+
+
+def test_data_scale_checks_take_rows_of_more_than_2_to_the_24_points():
+    """The evenly spaced rows were indexed through a float32 linspace, which rounded the last index N − 1 up to N
+    from N = 2²⁴ + 4 rows on: fit_mll's data-scale check raised an IndexError on such a training set."""
+    x = torch.zeros(1, 1).expand(2**24 + 4, 1)
+    assert median_scaled_distance(x, torch.ones(1, 1)) == 0.0
+    assert median_neighbour_distance(x, torch.ones(1, 1)) == 0.0
 
 
 @pytest.mark.parametrize("case", ["standardised diabetes", "raw co2 years", "lengthscale at the columns' spread"])

@@ -94,7 +94,8 @@ _NEIGHBOUR_ROWS = 8192
 
 def _evenly_spaced_rows(x: torch.Tensor, count: int) -> torch.Tensor:
     rows = x.detach().reshape(-1, x.shape[-1])
-    index = torch.linspace(0, rows.shape[0] - 1, min(rows.shape[0], count)).round().long().unique()
+    # in float64: float32 (the default dtype) rounded an index past N − 1 from N = 2²⁴ + 4 rows on (an IndexError)
+    index = torch.linspace(0, rows.shape[0] - 1, min(rows.shape[0], count), dtype=torch.float64).round().long().unique()
     return rows[index.to(rows.device)].to(torch.float64)  # select first: no float64 copy of all N rows
 
 
