@@ -225,8 +225,16 @@ class RandomFeatureEstimator:
         return x.to(self._fit_params.dtype)
 
     def _test_inputs(self, X) -> Tensor:
-        """Checked, standardised prediction inputs: fitted, same columns (and column names) as in ``fit``."""
+        """Checked, standardised prediction inputs: fitted, in eval mode, same columns (and column names) as in
+        ``fit``."""
         self._check_fitted()
+        if self.model_.training:  # GPyTorch's train mode: the prior at the training inputs, an error elsewhere
+            raise RuntimeError(
+                f"{type(self).__name__}.model_ is in training mode (model_.train() was called after fit, e.g. by a "
+                "training loop), where GPyTorch returns the prior at the training inputs instead of the posterior "
+                f"(a {self._noun} scored its training data by its prior mean): call {self._noun}.model_.eval() "
+                "before predicting"
+            )
         names = _feature_names(X)
         fitted_names = getattr(self, "feature_names_in_", None)
         if fitted_names is not None and names is not None and not np.array_equal(names, fitted_names):

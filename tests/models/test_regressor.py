@@ -597,6 +597,27 @@ def test_float32_columns_are_scaled_past_2_to_the_23_rows_and_beyond_float32s_sq
         GPRegressor(num_iterations=0).fit(wide * 1e160, y)
 
 
+def test_prediction_refuses_a_model_left_in_training_mode():
+    """A training loop's model_.train() after fit made predict at the training inputs return GPyTorch's prior there
+    (a constant mean, R² −0.1 instead of 0.97) and sample_y and the classifier's probabilities likewise, silently."""
+    x, y = _wave(100)
+    reg = GPRegressor(num_features=64, num_iterations=5, progress=False).fit(x, y)
+    expected = reg.predict(x)
+    reg.model_.train()
+    for call in (lambda: reg.predict(x), lambda: reg.score(x, y), lambda: reg.sample_y(x),
+                 lambda: reg.log_predictive_density(x, y)):
+        with pytest.raises(RuntimeError, match=r"GPRegressor.model_ is in training mode .* call regressor.model_.eval"):
+            call()
+    reg.model_.eval()
+    np.testing.assert_array_equal(reg.predict(x), expected)
+    labels = (y > 3).astype(int)
+    clf = DirichletGPClassifier(num_features=32, num_iterations=3, progress=False).fit(x, labels)
+    clf.model_.train()
+    for call in (lambda: clf.predict_proba(x), lambda: clf.predict(x), lambda: clf.latent_posterior(x)):
+        with pytest.raises(RuntimeError, match="DirichletGPClassifier.model_ is in training mode"):
+            call()
+
+
 def test_ragged_rows_are_named():
     """Lists of rows of unequal lengths raised NumPy's "setting an array element with a sequence", naming neither X
     nor y."""
