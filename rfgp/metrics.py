@@ -104,6 +104,8 @@ def _check_probabilities(probs: Tensor, labels: Tensor) -> Tensor:
         raise ValueError(f"probs must be class probabilities whose rows sum to 1, got row sums in "
                          f"[{float(sums.min()):.10g}, {float(sums.max()):.10g}]; normalise them first "
                          "(probs / probs.sum(-1, keepdim=True)), or pass softmax(logits, -1)")
+    if labels.is_floating_point():  # a NaN label was reported as "non-integer"
+        check_finite(labels, "labels")
     if labels.is_floating_point() and not bool((labels == labels.round()).all()):
         raise ValueError("labels must be integer class indices, got non-integer values")
     labels = labels.long()

@@ -50,6 +50,8 @@ def test_classification_scores_by_hand():
     assert metrics.mean_negative_log_likelihood(torch.tensor([[1.0, 0.0]]), torch.tensor([1])).isfinite()
     with pytest.raises(ValueError, match="labels must lie in 0..1"):
         metrics.classification_error(probs, torch.tensor([0, 1, 2, 1]))
+    with pytest.raises(ValueError, match="labels contains NaN or Inf entries"):  # was called "non-integer"
+        metrics.classification_error(probs, torch.tensor([0.0, 1.0, math.nan, 1.0]))
 
 
 def test_calibration_bins_are_closed_on_the_right():
