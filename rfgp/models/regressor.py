@@ -232,7 +232,8 @@ class GPRegressor(RandomFeatureEstimator):
         NLL (Rasmussen & Williams 2006, Eqs. 5.12–5.13; O(N·F²),
         :func:`~rfgp.inference.leave_one_out.leave_one_out_predictions`) is compared with that of the Gaussian fitted
         to the other targets (:func:`constant_mean_nll`), per output, in normalised units; a model within
-        ``DEGENERATE_MARGIN`` nats per point of it (explaining ≲ 2 % of the variance) is warned about.  Exact GPyTorch
+        ``DEGENERATE_MARGIN`` nats per point of it (explaining ≲ 2 % of the variance) is warned about; constant
+        targets (nothing to explain) are not.  Exact GPyTorch
         kernels (O(N³) leave-one-out terms) are not checked.  ``leave_one_out_nll_``, ``constant_mean_nll_`` keep the
         numbers (``None`` when not checked).
         """
@@ -243,7 +244,10 @@ class GPRegressor(RandomFeatureEstimator):
         baseline = constant_mean_nll(targets)
         self.leave_one_out_nll_, self.constant_mean_nll_ = (
             float(v) if self.n_outputs_ == 1 else v.cpu().numpy() for v in (loo, baseline))
-        degenerate = (loo > baseline - DEGENERATE_MARGIN).reshape(-1)
+        # a constant output has nothing to explain (its baseline variance is 0: a density of −43 nats per point in
+        # float32), and was warned about with advice for a fit that missed a signal
+        constant = targets.amax(-1) == targets.amin(-1)
+        degenerate = ((loo > baseline - DEGENERATE_MARGIN) & ~constant).reshape(-1)
         if bool(degenerate.any()):
             outputs = degenerate.nonzero()[:, 0].tolist()
             which = "" if self.n_outputs_ == 1 else f" (outputs {outputs})"

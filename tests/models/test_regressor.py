@@ -160,6 +160,18 @@ def test_a_fit_that_explains_the_targets_as_noise_warns():
     assert two.leave_one_out_nll_.shape == (2,)
 
 
+def test_a_constant_target_is_no_degenerate_fit():
+    """A constant target column (leave-one-out baseline variance 0) was warned about as a fit that explains no more
+    than noise, with advice for a missed signal (restarts, shorter lengthscales); alone or beside a real output."""
+    x, y = _wave(60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rfgp.models.classifier_check.DegenerateFitWarning)
+        both = GPRegressor(num_features=64, num_iterations=30, progress=False).fit(x, np.c_[y, np.full(60, 2.0)])
+        alone = GPRegressor(num_features=64, num_iterations=10, progress=False).fit(x, np.full(60, 2.0))
+    np.testing.assert_allclose(both.predict(x[:5])[:, 1], 2.0, rtol=1e-6)
+    np.testing.assert_allclose(alone.predict(x[:5]), 2.0, rtol=1e-6)
+
+
 def _degenerate_wave():
     """sin(20x) on x in [0, 10] (400 points, noise 0.1): from the median-heuristic lengthscale the marginal likelihood
     ends at its all-noise optimum."""
