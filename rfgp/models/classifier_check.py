@@ -30,6 +30,7 @@ from torch import Tensor
 from ..core.user_warnings import warn as warn_user
 from ..inference.leave_one_out import feature_covariance, leave_one_out_predictions
 from ..likelihoods.softmax import softmax_expectation_mean_field
+from ..metrics import mean_negative_log_likelihood
 
 
 class DegenerateFitWarning(UserWarning):
@@ -47,9 +48,7 @@ def leave_one_out_nll(model: gpytorch.models.ExactGP) -> Tensor | None:
     latents = leave_one_out_latents(model)
     if latents is None:
         return None
-    probs = softmax_expectation_mean_field(*latents)
-    picked = probs.gather(-1, model.likelihood.targets.unsqueeze(-1))
-    return -picked.clamp_min(torch.finfo(probs.dtype).tiny).log().mean()
+    return mean_negative_log_likelihood(softmax_expectation_mean_field(*latents), model.likelihood.targets)
 
 
 def leave_one_out_latents(model: gpytorch.models.ExactGP) -> tuple[Tensor, Tensor] | None:
