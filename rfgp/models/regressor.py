@@ -487,7 +487,9 @@ def _warn_rounded_targets(targets: Tensor, dtype: torch.dtype, normalized: bool)
     mean = targets.mean(0)
     spread = column_scales(targets, mean, "y")
     rounding = mean.abs() * torch.finfo(torch.float32).eps / 2
-    coarse = rounding > 1e-3 * spread
+    # a constant column has no spread to lose (its scale is 1, not its standard deviation 0): y = 10⁵ everywhere was
+    # said to have "a standard deviation of 1" rounded by 0.006 of it
+    coarse = (rounding > 1e-3 * spread) & (targets.amax(0) > targets.amin(0))
     if bool(coarse.any()):
         column = int(coarse.nonzero()[0, 0])
         trained = "" if normalized else " the training targets and"
