@@ -512,7 +512,8 @@ def check_sample_weight(sample_weight, num_rows: int) -> np.ndarray:
     a negative weight or weights that are all 0 (scikit-learn refuses those too) refused."""
     if sample_weight is None:
         return np.ones(num_rows)
-    weights = np.asarray(sample_weight.cpu() if torch.is_tensor(sample_weight) else sample_weight, dtype=np.float64)
+    given = sample_weight.detach().cpu() if torch.is_tensor(sample_weight) else sample_weight
+    weights = np.asarray(given, dtype=np.float64)
     if weights.shape != (num_rows,):
         raise ValueError(f"sample_weight must have shape ({num_rows},) (one weight per row of X), got {weights.shape}")
     if not np.isfinite(weights).all():  # the score was NaN

@@ -328,6 +328,7 @@ def test_score_checks_its_labels_and_weights():
         clf.score(x, y, sample_weight=np.where(np.arange(30) == 0, -1.0, 1.0))
     weights = (y == "a").astype(float)
     assert clf.score(x, np.where(y == "a", "b", y), sample_weight=torch.as_tensor(weights)) == 0.0
+    assert clf.score(x, y, sample_weight=torch.ones(30, requires_grad=True)) == 1.0  # numpy() refused it
     codes = np.unique(y, return_inverse=True)[1]  # labels of another type than those fitted on scored 0
     with pytest.raises(ValueError, match=r"y holds numbers, but the classifier was fitted on strings \(classes_ \[.a"):
         clf.score(x, codes)
