@@ -18,8 +18,11 @@ should be centred (the kernel is shift-invariant, the features are not).  All ra
 e_n(w) = Σ_{t≤n} w^t/t! is the truncated exponential.  Both sketches are unbiased for K_s, and
 K − K_s is PSD (sums of squares of the omitted terms), so the truncation error is one-sided and
 the prior variance is under-estimated: ``has_variance_bias`` feeds k(x, x) − K_s(x, x) to the
-kernels' variance correction.  Monomials are computed in float64 log space (t log|z| +
-½(t log 2 − log t!) − z², then the sign), which stays finite for large s and radii.
+kernels' variance correction.  Monomials are computed in float64 as (z/c)^t·exp(t log c +
+½(t log 2 − log t!) − z²) with c = max(|z|, 1) (c = max(‖z‖, 1) for the HD blocks): the scaled
+power stays in [−1, 1] and the exponent finite for large s and radii, and near z = 0, where c = 1,
+it is the plain polynomial, so derivatives of every order are exact there too (a log|z| would
+make them 0 or NaN at z = 0).
 
 The truncation order s follows Lemmas 2.9/2.11 (:func:`truncation_order`).
 """
@@ -41,7 +44,6 @@ from .degree_sketch import HierarchicalSketch
 
 RULES = ("exact", "paper")
 MODES = ("auto", "tree", "explicit")
-_TINY = 1e-300
 
 
 # --------------------------------------------------------------------------- truncation order
@@ -99,18 +101,27 @@ def truncated_exp(w: Tensor, order: int) -> Tensor:
     return out
 
 
+def scale_at_least_one(squared: Tensor) -> Tensor:
+    """c = max(√``squared``, 1), with derivatives of every order (√ only sees values ≥ 1: no 1/0 at 0)."""
+    return torch.where(squared > 1, squared, torch.ones_like(squared)).sqrt()
+
+
 def taylor_monomials(z: Tensor, order: int) -> Tensor:
-    """y[..., j, t] = e^{−z_j²} √(2^t/t!) z_j^t for t < s, in float64 log space (paper 003 Lemma 2.1)."""
+    """y[..., j, t] = e^{−z_j²} √(2^t/t!) z_j^t for t < s, in float64 (paper 003 Lemma 2.1).
+
+    Evaluated as (z/c)^t·exp(t log c + ½(t log 2 − log t!) − z²), c = max(|z|, 1): no overflow for
+    large s and |z|, and the plain polynomial (exact derivatives of every order) for |z| ≤ 1.
+    """
     z = z.double()
     t = torch.arange(order, dtype=z.dtype, device=z.device)
     log_coeff = 0.5 * (t * math.log(2) - torch.lgamma(t + 1))
     z = z.unsqueeze(-1)
-    # |z| clamped so that t = 0 gives 0·log|z| = 0 (and finite gradients at z = 0)
-    log_abs = t * z.abs().clamp_min(_TINY).log() + log_coeff - z.square()
-    odd = torch.remainder(t, 2).bool()
-    sign = torch.where(odd & (z < 0), -1.0, 1.0).to(z.dtype)
-    sign = torch.where((z == 0) & (t > 0), 0.0, sign)  # exact zeros z^t = 0 for t ≥ 1
-    return sign * log_abs.exp()
+    square = z.square()
+    scale = scale_at_least_one(square)
+    # (z/c)^t as a running product 1, z/c, (z/c)², …: a pow's second derivative is NaN at 0 (0·0^{−1})
+    ratio = z / scale
+    powers = torch.cat((torch.ones_like(ratio), ratio.expand(*ratio.shape[:-1], order - 1)), dim=-1).cumprod(-1)
+    return powers * (t * scale.log() + log_coeff - square).exp()
 
 
 def _kron_rows(factors: list[Tensor]) -> Tensor:
@@ -289,7 +300,7 @@ class GaussianSketch(_TaylorSketchBase):
 class GaussianSketchHD(_TaylorSketchBase):
     r"""GaussianSketchHD_{m_1..m_s, s} (paper 003 §3.2) for exp(−‖u − v‖²/2), u divided by the lengthscale.
 
-    Block j < s sketches √(2^j/j!) e^{−‖z‖²} z^{⊗j} = √(2^j/j!) e^{−‖z‖²}‖z‖^j ẑ^{⊗j} (ẑ = z/‖z‖;
+    Block j < s sketches √(2^j/j!) e^{−‖z‖²} z^{⊗j} = √(2^j/j!) e^{−‖z‖²}c^j (z/c)^{⊗j} (c = max(‖z‖, 1);
     the scalar factor in log space) with a degree-j tree sketch of width m_j ∝ j (paper:
     m_j = O(j/ε²)), or exactly when d^j ≤ m_j.  Block 0 is the scalar e^{−‖z‖²}.  Arguments as
     :class:`GaussianSketch`; ``radius`` bounds ‖u − c‖₂ and the order rule uses R = radius/√2
@@ -339,15 +350,16 @@ class GaussianSketchHD(_TaylorSketchBase):
 
     def _features(self, x: Tensor) -> Tensor:
         z = self.rescale(x)
-        norm = z.norm(dim=-1, keepdim=True).clamp_min(_TINY)
-        unit, log_norm, squared = z / norm, norm.log(), z.square().sum(-1, keepdim=True)
+        squared = z.square().sum(-1, keepdim=True)
+        scale = scale_at_least_one(squared)  # c = max(‖z‖, 1): (z/c)^{⊗j} has entries in [−1, 1]
+        scaled, log_scale_norm = z / scale, scale.log()
         blocks = [(-squared).exp()]
         for j, _, sketch in self._sketches():
-            log_scale = 0.5 * (j * math.log(2) - math.lgamma(j + 1)) + j * log_norm - squared
+            log_scale = 0.5 * (j * math.log(2) - math.lgamma(j + 1)) + j * log_scale_norm - squared
             if sketch is None:
-                power = _kron_rows([unit] * j)
+                power = _kron_rows([scaled] * j)
             else:
-                power = sketch.apply(unit, lambda name, j=j: self._float64_buffer(f"degree{j}_{name}"))
+                power = sketch.apply(scaled, lambda name, j=j: self._float64_buffer(f"degree{j}_{name}"))
             blocks.append(log_scale.exp() * power)
         return _pad_features(torch.cat(blocks, dim=-1), self.num_features).to(x.dtype)
 

@@ -59,6 +59,26 @@ def test_explicit_features_reproduce_truncated_kernel(cls, kwargs):
     assert torch.allclose(far.truncated_kernel(x, x), gaussian_kernel(1.0)(x, x), atol=1e-12)
 
 
+@pytest.mark.parametrize("cls,kwargs", [(GaussianSketch, {"mode": "explicit"}), (GaussianSketchHD, {})])
+def test_explicit_features_have_the_truncated_kernels_derivatives_at_the_centre(cls, kwargs):
+    # rows with a coordinate at the centre (GaussianSketch) or at the centre itself (HD): the features' first and
+    # second derivatives are those of the truncated kernel they reproduce exactly (once 0 and NaN at z = 0)
+    phi = cls(4096, order=5, input_dim=3, seed=0, **kwargs).double()
+    y = _box(4, 3, 1.0, 1)
+    for row in ([0.0, 0.5, -0.3], [0.0, 0.0, 0.0]):
+        x = torch.tensor([row], dtype=torch.float64, requires_grad=True)
+        (grad,) = torch.autograd.grad((phi(x) @ phi(y).T).sum(), x, create_graph=True)
+        (exact,) = torch.autograd.grad(phi.truncated_kernel(x, y).sum(), x, create_graph=True)
+        assert torch.allclose(grad, exact, atol=1e-13)
+        for i in range(3):
+            hessian_row = torch.autograd.grad(grad[0, i], x, retain_graph=True)[0]
+            exact_row = torch.autograd.grad(exact[0, i], x, retain_graph=True)[0]
+            assert torch.allclose(hessian_row, exact_row, atol=1e-12)
+    tree = GaussianSketch(64, order=5, mode="tree", input_dim=3, seed=0)
+    at_zero = torch.tensor([[0.0, 0.5, -0.3], [0.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(tree, (at_zero,))
+
+
 def test_truncated_kernels_match_expansions_term_by_term():
     x, y = _box(6, 2, 1.0, 1), _box(5, 2, 1.0, 2)
     gs = GaussianSketch(64, order=4, input_dim=2, seed=0, mode="explicit")
