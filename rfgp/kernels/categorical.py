@@ -76,8 +76,8 @@ class SketchedCategoricalKernel(FeatureKernel):
         return -self.lengthscale.squeeze(-2).reciprocal() / num_columns
 
     def check_inputs(self, x1: Tensor, x2: Tensor, finite: bool = True) -> torch.dtype:
-        """Categories (finite, integral values) of x1 and x2 whatever ``finite``: a lazy cross-covariance checks
-        only finiteness, not categories, in the rows it featurises."""
+        """Categories of x1 and x2 (finite values, any float being a category, as in BoTorch) whatever ``finite``:
+        a lazy cross-covariance checks only finiteness, not categories, in the rows it featurises."""
         dtype = check_kernel_inputs(x1, x2, module_dtype(self))
         check_category_input(x1, "x1", self.input_dim)
         if x2 is not x1:
