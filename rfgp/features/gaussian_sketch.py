@@ -270,7 +270,7 @@ class GaussianSketch(_TaylorSketchBase):
         # autograd graph at d = 300, n = 2000, F = 1024); row blocks, each recomputed in the backward pass, keep
         # it to one block's working set plus the n × F output
         grad = torch.is_grad_enabled() and z.requires_grad
-        blocks = [checkpoint(self._tree_features, block, use_reentrant=True) if grad else self._tree_features(block)
+        blocks = [checkpoint(self._tree_features, block, use_reentrant=False) if grad else self._tree_features(block)
                   for block in z.split(rows, dim=-2)]
         return torch.cat(blocks, dim=-2).to(x.dtype)
 

@@ -17,8 +17,9 @@ carries |sin θ|^{d−2}, a kink of order d − 2 at θ = 0, and the error falls
 (measured with the default node count, z ≤ 600: 5·10⁻⁷ at d = 3, 2·10⁻¹² at d = 5, float64
 precision from d = 7).  The weights are formed in log space (no overflow at any d) and nodes of
 negligible weight are dropped, which for large d keeps only |t| ≲ 9/√d.  Accuracy against mpmath:
-≤ 1e−13 for d ∈ {2, 8, 64, 1024}, z ≤ 800 with the default node count.  The same quadrature gives the fitted SRF kernel exactly for
-densities with closed-form cosine transforms (:mod:`rfgp.features.radial_density`).
+≤ 1e−13 for d ∈ {2, 8, 64, 1024}, z ≤ 800 with the default node count.  The same quadrature gives
+the fitted SRF kernel exactly for densities with closed-form cosine transforms
+(:mod:`rfgp.features.radial_density`).
 """
 
 from __future__ import annotations

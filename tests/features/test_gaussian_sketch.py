@@ -187,6 +187,23 @@ def test_tree_sketch_runs_in_row_blocks_under_the_memory_budget(monkeypatch):
     assert torch.allclose(results[1][1], results[0][1], rtol=1e-10)
 
 
+def test_tree_sketch_in_row_blocks_has_input_derivatives_by_autograd_grad():
+    """torch.autograd.grad (BoTorch's acquisition optimisers) and second derivatives through the row blocks: the
+    same as all rows at once (a reentrant checkpoint refused .grad() and create_graph)."""
+    from rfgp.core.settings import memory_budget
+
+    phi = GaussianSketch(64, order=4, input_dim=3, seed=0, mode="tree")
+    x = _box(5, 3, 0.5, 2).requires_grad_()
+    results = []
+    for budget in (2**30, 2 * phi.sketch().num_leaves * 64 * 64):
+        with memory_budget(budget):
+            features = phi(x)
+        (grad,) = torch.autograd.grad(features.square().sum(), x, create_graph=True)
+        results.append((grad, torch.autograd.grad(grad.sum(), x)[0]))
+    assert torch.allclose(results[1][0], results[0][0], rtol=1e-12, atol=1e-14)
+    assert torch.allclose(results[1][1], results[0][1], rtol=1e-10, atol=1e-13)
+
+
 def test_for_data_centres_and_picks_order():
     x = _box(50, 2, 0.5, 10, shift=5.0)
     phi = GaussianSketch.for_data(x, 256, alpha=1e-4, seed=0)
