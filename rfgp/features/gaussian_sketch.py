@@ -38,7 +38,13 @@ from torch.utils.checkpoint import checkpoint
 
 from ..core.config_state import LAZY, METHOD
 from ..core.settings import memory_budget
-from ..core.validation import check_choice, check_features_input, check_positive_float, check_positive_int
+from ..core.validation import (
+    check_choice,
+    check_features_input,
+    check_finite,
+    check_positive_float,
+    check_positive_int,
+)
 from .base import FeatureMap
 from .degree_sketch import HierarchicalSketch
 
@@ -124,6 +130,22 @@ def taylor_monomials(z: Tensor, order: int) -> Tensor:
     return powers * (t * scale.log() + log_coeff - square).exp()
 
 
+def check_center(center, input_dim: int | None, dtype: torch.dtype) -> Tensor:
+    """The expansion centre c as a finite vector of ``input_dim`` entries (a scalar: one shift for every column)."""
+    value = torch.as_tensor(center, dtype=dtype)
+    if value.dim() > 1 or (value.dim() == 1 and input_dim is not None and value.numel() != input_dim):
+        raise ValueError(f"center must be a scalar or a vector of input_dim={input_dim} entries (one per input "
+                         f"column), got shape {tuple(value.shape)}")
+    check_finite(value, "center")
+    return value.reshape(-1)
+
+
+def bounding_box_center(x: Tensor) -> Tensor:
+    """The centre (low + high)/2 of the bounding box of all rows of x ``(..., n, d)``, shape ``(d,)``."""
+    rows = x.reshape(-1, x.shape[-1])  # every row of every batch member: one map serves them all
+    return (rows.min(0).values + rows.max(0).values) / 2
+
+
 def _kron_rows(factors: list[Tensor]) -> Tensor:
     """Row-wise Kronecker product of (..., n_i) factors → (..., ∏ n_i)."""
     out = factors[0]
@@ -153,7 +175,7 @@ class _TaylorSketchBase(FeatureMap):
         self.alpha = None if alpha is None else check_positive_float(alpha, "alpha")
         self.rule = check_choice(rule, "rule", RULES)
         if center is not None:
-            center = torch.as_tensor(center, dtype=torch.float64).reshape(-1)
+            center = check_center(center, input_dim, torch.float64)
             if input_dim is None:
                 input_dim = center.numel()
         super().__init__(num_features, input_dim=input_dim, seed=seed, generator=generator)
@@ -161,10 +183,10 @@ class _TaylorSketchBase(FeatureMap):
 
     @classmethod
     def for_data(cls, x: Tensor, num_features: int, alpha: float, rule: str = "exact", **kwargs):
-        """A map centred on the bounding box of x (in lengthscale units) with s chosen from its radius."""
+        """A map centred on the bounding box of the rows of x (``(..., n, d)``, lengthscale units), s chosen from
+        their radius."""
         check_features_input(x, "x", None)
-        low, high = x.min(0).values, x.max(0).values
-        center = (low + high) / 2
+        center = bounding_box_center(x)
         radius = cls._data_radius(x - center)
         return cls(num_features, radius=radius, alpha=alpha, rule=rule, center=center,
                    input_dim=x.shape[-1], **kwargs)

@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from ..core.validation import check_positive_int, check_seed
+from ..features.gaussian_sketch import bounding_box_center
 from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
 from .combinations import FeatureProductKernel, FeatureSumKernel
 from .hyperparameters import prior_closures
@@ -829,7 +830,7 @@ def taylor_sketch_options(kernel: Kernel, method: str, x_sample: Tensor | None =
         if radius is not None:
             raise ValueError(f"pass radius= or x_sample= for method={method!r}, not both (got radius={radius})")
         x = x_sample.double()
-        center = (x.min(-2).values + x.max(-2).values) / 2 if center is None else torch.as_tensor(center).to(x)
+        center = bounding_box_center(x) if center is None else torch.as_tensor(center).to(x)
         offsets = x - center
         radius = float(offsets.abs().max() if method == "gaussian_sketch" else offsets.norm(dim=-1).max())
         center = center.tolist()

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..core.validation import check_choice, check_positive_float
-from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD
+from ..features.gaussian_sketch import GaussianSketch, GaussianSketchHD, check_center
 from .families import refuse_other_family_options
 from .fourier import SketchedRBFKernel, _input_dim
 
@@ -100,7 +100,8 @@ class GaussianSketchRBFKernel(SketchedRBFKernel):
         )
         self._setup_rbf(method, feature_map, kwargs, min_lengthscale=min_lengthscale)
         # a None buffer when absent: GPyTorch's batch expansion (__getitem__) walks every buffer
-        center = None if center is None else torch.as_tensor(center, dtype=torch.get_default_dtype()).reshape(-1)
+        if center is not None:
+            center = check_center(center, self.feature_map.input_dim, torch.get_default_dtype())
         self.register_buffer("input_center", center)
 
     def scale_inputs(self, x: Tensor) -> Tensor:
@@ -113,5 +114,8 @@ class GaussianSketchRBFKernel(SketchedRBFKernel):
                 "constrain it with lengthscale_constraint=gpytorch.constraints.GreaterThan(min_lengthscale)"
             )
         if self.input_center is not None:
+            if self.input_center.numel() not in (1, x.shape[-1]):
+                raise ValueError(f"center has {self.input_center.numel()} entries but the inputs have {x.shape[-1]} "
+                                 "columns (after active_dims): pass one entry per column")
             x = x - self.input_center.to(x)
         return super().scale_inputs(x)

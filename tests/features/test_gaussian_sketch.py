@@ -213,6 +213,9 @@ def test_for_data_centres_and_picks_order():
     assert torch.allclose(phi(x), GaussianSketch(256, order=phi.order, input_dim=2, seed=0)(x - phi.center))
     hd = GaussianSketchHD.for_data(x, 256, alpha=1e-4, seed=0)
     assert hd.radius == pytest.approx(float((x - hd.center).norm(dim=-1).max()))
+    # batched data: the bounding box of all rows (it had been taken per row index, a centre of n·d entries)
+    batched = GaussianSketchHD.for_data(x.reshape(2, 25, 2), 256, alpha=1e-4, seed=0)
+    assert torch.equal(batched.center, hd.center) and batched.radius == hd.radius
 
 
 def test_bad_arguments():
@@ -224,6 +227,11 @@ def test_bad_arguments():
         GaussianSketch(64, order=5, input_dim=3, mode="explicit")
     with pytest.raises(ValueError, match="too small"):
         GaussianSketchHD(4, order=8, input_dim=5)
+    # a centre of the wrong length or with NaN raises by name (once a raw RuntimeError at the call, or NaN features)
+    with pytest.raises(ValueError, match=r"center must be .* input_dim=3 .* shape \(2,\)"):
+        GaussianSketch(64, order=3, center=[0.0, 0.0], input_dim=3)
+    with pytest.raises(ValueError, match="center contains NaN"):
+        GaussianSketchHD(64, order=3, center=[0.0, math.nan])
 
 
 def test_independent_draws_for_p_and_q_break_the_estimate():

@@ -123,3 +123,16 @@ def test_state_dict_round_trip_bit_for_bit(method):
     assert not torch.equal(b(train).to_dense().detach(), out)
     b.load_state_dict(a.state_dict())
     assert torch.equal(b(train).to_dense().detach(), out)
+
+
+
+def test_batched_x_sample_gives_the_centre_and_radius_of_all_its_rows():
+    """taylor_sketch_options with x_sample of shape (b, n, d): the bounding box of all b·n rows (it had been one
+    centre per batch member, a centre of b·d entries)."""
+    from rfgp.kernels.conversion import taylor_sketch_options
+
+    x = torch.rand(2, 20, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 4
+    exact = RBFKernel(ard_num_dims=3).double()
+    batched = taylor_sketch_options(exact, "gaussian_sketch_hd", x_sample=x, alpha=1e-2)
+    flat = taylor_sketch_options(exact, "gaussian_sketch_hd", x_sample=x.reshape(40, 3), alpha=1e-2)
+    assert batched == flat and len(flat["center"]) == 3

@@ -8,6 +8,7 @@ import torch
 
 from rfgp.features.gaussian_sketch import truncation_order
 from rfgp.kernels.fourier import SketchedRBFKernel
+from rfgp.kernels.gaussian_sketch import GaussianSketchRBFKernel
 
 
 def _data(n=40, d=2, seed=0):
@@ -120,3 +121,16 @@ def test_state_dict_round_trip():
     a.lengthscale = 1.3
     b.load_state_dict(a.state_dict())
     assert torch.equal(a(x.float()).to_dense(), b(x.float()).to_dense())
+
+
+def test_center_is_checked_by_name():
+    """A centre of the wrong length or with NaN raises naming ``center`` (once a raw RuntimeError at the call, or a
+    kernel of NaN)."""
+    x = torch.rand(4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="center must be"):
+        GaussianSketchRBFKernel(64, order=4, center=[0.5, 0.5], ard_num_dims=3)
+    with pytest.raises(ValueError, match="center contains NaN"):
+        GaussianSketchRBFKernel(64, order=4, center=[0.5, math.nan, 0.5])
+    kernel = GaussianSketchRBFKernel(64, order=4, center=[0.5, 0.5], seed=0).double()
+    with pytest.raises(ValueError, match="center has 2 entries but the inputs have 3 columns"):
+        kernel(x).to_dense()
