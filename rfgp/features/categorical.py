@@ -157,12 +157,14 @@ class CategoricalFeatures(FeatureMap):
 
 
 def check_category_input(x: Tensor, name: str, input_dim: int | None) -> None:
-    """Categories: a float32/float64 tensor of finite values or an integer tensor, shape (..., n, d)."""
+    """Categories: a float32/float64 tensor of finite values or an integer tensor (not uint64), shape (..., n, d)."""
     if not torch.is_tensor(x):
         raise TypeError(f"{name} must be a torch.Tensor of categories, got {type(x).__name__}")
     integer = not (x.is_floating_point() or x.is_complex()) and x.dtype != torch.bool
-    if not integer and x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must hold categories as float32, float64 or an integer dtype, got {x.dtype}")
+    # uint64: torch has no comparisons to check it against 2⁵³, beyond which float64 merges integers
+    if (not integer and x.dtype not in SUPPORTED_DTYPES) or x.dtype == torch.uint64:
+        raise TypeError(f"{name} must hold categories as float32, float64 or an integer dtype other than uint64 "
+                        f"(convert it to int64), got {x.dtype}")
     check_input_shape(x, name, input_dim)
     if not reads_values(x):
         return

@@ -151,6 +151,8 @@ def test_doubled_map_keeps_integer_draws():
     (torch.zeros(3, dtype=F64), ValueError, "shape"),
     (torch.zeros(2, 2, dtype=F64), ValueError, "input_dim=3"),
     (torch.tensor([[2**60, 0, 1]]), ValueError, "2\\*\\*53"),
+    # uint64 (no comparisons in torch to check it against 2⁵³): 2⁵³ and 2⁵³ + 1 had hashed alike
+    (torch.tensor([[2**53, 2**53 + 1, 0]], dtype=torch.uint64), TypeError, "other than uint64"),
 ])
 def test_bad_categories_raise(bad, error, match):
     with pytest.raises(error, match=match):
