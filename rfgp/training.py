@@ -503,6 +503,7 @@ def fit_mll(
             ``torch.optim.LBFGS`` does for its closure).
 
     Example:
+        >>> import torch, gpytorch, rfgp
         >>> g = torch.Generator().manual_seed(0)
         >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
         >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)

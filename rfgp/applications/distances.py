@@ -106,6 +106,8 @@ def kernel_distance(
     its first inputs (the optimized Maclaurin allocation) is fitted to P ∪ Q.
 
     Example:
+        >>> import torch
+        >>> from rfgp.applications.distances import kernel_distance, exact_gaussian_kernel_distance
         >>> from rfgp.features import RandomFourierFeatures
         >>> phi = RandomFourierFeatures(1024, input_dim=2, seed=0)
         >>> g = torch.Generator().manual_seed(0)

@@ -24,6 +24,7 @@
   call each.  For data you have validated yourself; shape and dtype checks always run.
 
 Example:
+    >>> import torch, gpytorch, rfgp
     >>> g = torch.Generator().manual_seed(0)
     >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
     >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
@@ -135,6 +136,7 @@ class validate_inputs(_ValueSetting):
     Turn them off only for data you have validated: a NaN then propagates silently.
 
     Example:
+        >>> import torch, gpytorch, rfgp
         >>> g = torch.Generator().manual_seed(0)
         >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
         >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)
@@ -170,6 +172,7 @@ class float32_statistics_tolerance(_ValueSetting):
     neither reads the data, so neither costs the decision's host synchronisation.  float64 models are unaffected.
 
     Example:
+        >>> import rfgp
         >>> with rfgp.settings.float32_statistics_tolerance(0.0):   # float64 statistics for float32 data
         ...     pass
     """

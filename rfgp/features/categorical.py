@@ -87,6 +87,8 @@ class CategoricalFeatures(FeatureMap):
         input_dim, seed, generator: see :class:`~rfgp.features.FeatureMap`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features import CategoricalFeatures
         >>> phi = CategoricalFeatures(4096, input_dim=2, seed=0)
         >>> x = torch.tensor([[0.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
         >>> log_c = torch.log(torch.tensor([0.25, 0.5], dtype=torch.float64))

@@ -61,6 +61,8 @@ class RandomFourierFeatures(FeatureMap):
         seed, generator: randomness, see :class:`~rfgp.features.FeatureMap`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features import RandomFourierFeatures
         >>> phi = RandomFourierFeatures(256, input_dim=3, sampler="orthogonal", seed=0)
         >>> x = torch.randn(5, 3)
         >>> (phi(x) @ phi(x).T).shape

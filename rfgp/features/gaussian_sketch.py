@@ -240,6 +240,8 @@ class GaussianSketch(_TaylorSketchBase):
     variant of choice (paper 003 §3.2).
 
     Example:
+        >>> import torch, rfgp
+        >>> from rfgp.features import GaussianSketch
         >>> g = torch.Generator().manual_seed(0)
         >>> p = torch.randn(200, 2, generator=g, dtype=torch.float64)
         >>> q = torch.randn(150, 2, generator=g, dtype=torch.float64) + 1.0

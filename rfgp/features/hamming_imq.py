@@ -41,6 +41,8 @@ class HammingIMQFeatures(CategoricalFeatures):
         input_dim, seed, generator: see :class:`~rfgp.features.FeatureMap`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features import HammingIMQFeatures
         >>> phi = HammingIMQFeatures(8192, reference_beta=1.0, input_dim=3, seed=0)
         >>> x = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 3.0]], dtype=torch.float64)
         >>> one = torch.ones(1, dtype=torch.float64)

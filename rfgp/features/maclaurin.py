@@ -381,6 +381,8 @@ class OptimizedMaclaurin(_MaclaurinFeatures):
         order: p*; ``widths``: (D₁..D_p*); ``objective``: g(p*, D*) on the fitted sample.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features import OptimizedMaclaurin, dot_product
         >>> x = torch.rand(100, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         >>> lengthscale = 1.0
         >>> phi = OptimizedMaclaurin(dot_product.gaussian(), 65, projection="srht", weights="ctr", seed=0)

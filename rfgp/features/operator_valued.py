@@ -100,6 +100,8 @@ class OperatorValuedFourierFeatures(ConfigState, nn.Module):
     ``None`` for ℓ = 1), because B(ω) depends on ω = ε/ℓ; it returns ``(..., n, d, F)``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features import OperatorValuedFourierFeatures
         >>> phi = OperatorValuedFourierFeatures(512, input_dim=2, family="divergence_free", seed=0)
         >>> phi(torch.randn(10, 2)).shape
         torch.Size([10, 2, 512])

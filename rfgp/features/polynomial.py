@@ -67,6 +67,8 @@ class PolynomialSketch(FeatureMap):
         seed, generator: randomness, see :class:`~rfgp.features.FeatureMap`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features import PolynomialSketch
         >>> phi = PolynomialSketch(3, 256, input_dim=8, offset=1.0, projection="srht", weights="ctr", seed=0)
         >>> x = torch.nn.functional.normalize(torch.rand(5, 8), dim=-1)
         >>> k_hat = phi(x) @ phi(x).T          # ≈ (x xᵀ + 1)³

@@ -72,6 +72,8 @@ class SphericalRandomFeatures(FeatureMap):
         seed, generator: randomness, see :class:`~rfgp.features.FeatureMap`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features import SphericalRandomFeatures
         >>> phi = SphericalRandomFeatures(512, power=3, input_dim=8, seed=0)
         >>> x = torch.nn.functional.normalize(torch.randn(5, 8, dtype=torch.float64), dim=-1)
         >>> phi(x).shape

@@ -41,6 +41,8 @@ class TensorProductSketch(FeatureMap):
         seed, generator: randomness, see :class:`~rfgp.features.FeatureMap`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.features.tensor_product import TensorProductSketch
         >>> sketch = TensorProductSketch(2, 256, seed=0)
         >>> u, v = torch.randn(5, 64), torch.randn(5, 16)
         >>> sketch([u, v]).shape            # ≈ the row-wise Kronecker product (width 1024)

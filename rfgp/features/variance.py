@@ -205,6 +205,8 @@ def expected_error(x_sample: Tensor, sketches) -> dict[str, float]:
         ``{name: mean squared error}`` (name ``"sketch"`` for a single sketch).
 
     Example:
+        >>> import torch
+        >>> from rfgp.features.variance import expected_error
         >>> x = torch.nn.functional.normalize(torch.rand(20, 8, dtype=torch.float64), dim=-1)
         >>> errors = expected_error(x, {"real": dict(degree=3, num_features=128, projection="srht"),
         ...                    "ctr": dict(degree=3, num_features=128, projection="srht", weights="ctr")})

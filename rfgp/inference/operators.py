@@ -341,6 +341,7 @@ class FeatureRootAddedDiagLinearOperator(FullPrecisionOperator, LowRankRootAdded
             to ``AddedDiagLinearOperator`` unchanged.
 
     Example:
+        >>> import torch, rfgp
         >>> from linear_operator.operators import DiagLinearOperator
         >>> phi = torch.randn(6, 4, dtype=torch.float64)
         >>> noise = torch.full((6,), 0.1, dtype=torch.float64)

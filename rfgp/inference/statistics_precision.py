@@ -145,6 +145,7 @@ def recorded_statistics_dtypes() -> Iterator[list[torch.dtype]]:
     float64 models, which have nothing to decide, are not recorded.
 
     Example:
+        >>> from rfgp.inference.statistics_precision import recorded_statistics_dtypes
         >>> with recorded_statistics_dtypes() as dtypes:
         ...     pass  # an MLL evaluation or a StreamingFeatureGP.update of a float32 model
         >>> dtypes

@@ -78,6 +78,8 @@ if importlib.util.find_spec("botorch.models.kernels.positive_index") is not None
         ``unit_scale_for_target`` are saved in ``state_dict``.
 
         Example:
+            >>> import torch
+            >>> from rfgp.integrations.botorch_kernels import PositiveIndexFeatureKernel
             >>> tasks = PositiveIndexFeatureKernel(num_tasks=3, rank=2, target_task_index=1)
             >>> k = tasks(torch.tensor([[0], [1], [2]])).to_dense().detach()  # integers or integral floats
             >>> bool(torch.allclose(k, tasks.covar_matrix)), round(float(k[1, 1]), 6)

@@ -74,6 +74,8 @@ class SketchedOrthogonalAdditiveKernel(FeatureKernel, OrthogonalAdditiveKernel):
             independent of the leaves ``rfgp.sketch`` seeds with seed + 1, seed + 2, … next to this kernel.
 
     Example:
+        >>> import torch
+        >>> from rfgp.integrations.botorch_oak import SketchedOrthogonalAdditiveKernel
         >>> from botorch.models.kernels.orthogonal_additive_kernel import OrthogonalAdditiveKernel
         >>> exact = OrthogonalAdditiveKernel(dim=3, second_order=True, dtype=torch.float64)
         >>> converted = SketchedOrthogonalAdditiveKernel(exact, num_features=1201, seed=0)

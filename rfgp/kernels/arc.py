@@ -66,6 +66,8 @@ class SketchedArcKernel(FeatureKernel):
         TypeError: a base kernel that is not an rfgp feature kernel, or one with several outputs per input.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedArcKernel
         >>> from rfgp.kernels import SketchedMaternKernel
         >>> kernel = SketchedArcKernel(SketchedMaternKernel(256, nu=2.5, seed=0), ard_num_dims=3)
         >>> kernel.num_features, kernel(torch.rand(10, 3)).shape

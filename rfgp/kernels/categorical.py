@@ -38,6 +38,8 @@ class SketchedCategoricalKernel(FeatureKernel):
             ``lengthscale_constraint``, as in GPyTorch/BoTorch.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedCategoricalKernel
         >>> kernel = SketchedCategoricalKernel(4096, ard_num_dims=2, seed=0).double()
         >>> x = torch.tensor([[0.0, 1.0], [0.0, 2.0], [1.0, 2.0]], dtype=torch.float64)
         >>> kernel(x).to_dense().shape

@@ -391,6 +391,8 @@ class SketchedProductKernel(_CombinedFeatureKernel):
         kwargs: GPyTorch ``Kernel`` arguments (``active_dims``, …).
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedProductKernel
         >>> from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
         >>> poly = SketchedPolynomialKernel(2, num_features=512, seed=0)
         >>> product = SketchedProductKernel(poly, SketchedRBFKernel(512, seed=1), num_features=512, seed=2)

@@ -97,6 +97,8 @@ class SketchedRBFKernelGrad(_DerivativeRootMixin, SketchedRBFKernel):
             ``lengthscale_constraint`` as in ``gpytorch.kernels.RBFKernelGrad``.
 
     Example:
+        >>> import torch, gpytorch
+        >>> from rfgp.kernels import SketchedRBFKernelGrad
         >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedRBFKernelGrad(1024, ard_num_dims=2))
         >>> covar_module(torch.randn(10, 2)).shape  # n·(d + 1) = 30
         torch.Size([30, 30])
@@ -152,6 +154,8 @@ class SketchedPolynomialKernelGrad(_DerivativeRootMixin, SketchedPolynomialKerne
     derivative GP is the real one).
 
     Example:
+        >>> import gpytorch
+        >>> from rfgp.kernels import SketchedPolynomialKernelGrad
         >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedPolynomialKernelGrad(2, num_features=512))
     """
 

@@ -50,6 +50,8 @@ class LinearFeatureKernel(_ExactFeatureKernel):
         kwargs: ``batch_shape``, ``active_dims``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import LinearFeatureKernel
         >>> LinearFeatureKernel(input_dim=3).featurize(torch.rand(5, 3)).shape
         torch.Size([5, 3])
     """

@@ -57,6 +57,8 @@ class DownsamplingFeatureKernel(_ExactFeatureKernel):
         kwargs: ``batch_shape``, ``active_dims``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import DownsamplingFeatureKernel
         >>> kernel = DownsamplingFeatureKernel(active_dims=[2]).double()
         >>> kernel.featurize(torch.tensor([[0.5], [1.0]], dtype=torch.float64)).shape
         torch.Size([2, 2])
@@ -122,6 +124,8 @@ class ExponentialDecayFeatureKernel(_ExactFeatureKernel):
         kwargs: ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import ExponentialDecayFeatureKernel
         >>> kernel = ExponentialDecayFeatureKernel().double()
         >>> x = torch.tensor([[0.0], [0.5]], dtype=torch.float64)
         >>> kernel.featurize(x).shape

@@ -40,6 +40,8 @@ class SketchedHammingIMQKernel(FeatureKernel):
         kwargs: ``batch_shape``, ``active_dims``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedHammingIMQKernel
         >>> kernel = SketchedHammingIMQKernel(vocab_size=4, num_features=4096, seed=0).double()
         >>> x = torch.nn.functional.one_hot(torch.tensor([[0, 1, 2], [0, 1, 3]]), 4).flatten(-2).double()
         >>> kernel(x).to_dense().shape

@@ -28,6 +28,8 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
     index raises (GPyTorch's ``IndexKernel`` would truncate 0.5 to task 0).
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import IndexFeatureKernel
         >>> tasks = IndexFeatureKernel(num_tasks=3, rank=1)
         >>> tasks(torch.tensor([[0.0], [2.0]])).to_dense().shape
         torch.Size([2, 2])

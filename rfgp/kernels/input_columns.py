@@ -209,6 +209,8 @@ def check_tree(kernel: Kernel, x_sample=None) -> TreeColumns:
             ``ard_num_dims``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels.input_columns import check_tree
         >>> from gpytorch.kernels import LinearKernel, RBFKernel, ScaleKernel
         >>> tree = ScaleKernel(RBFKernel(active_dims=[0, 2])) + LinearKernel(active_dims=[1])
         >>> columns = check_tree(tree, x_sample=torch.rand(10, 3))

@@ -109,6 +109,8 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
             call, inputs with other than n columns.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedNewtonGirardAdditiveKernel
         >>> from gpytorch.kernels import RBFKernel
         >>> kernel = SketchedNewtonGirardAdditiveKernel(RBFKernel(ard_num_dims=4), 4, 512, max_degree=2, seed=0)
         >>> kernel.num_features, kernel(torch.rand(10, 4)).shape

@@ -139,6 +139,8 @@ class NystromKernel(FeatureKernel):
     and keeps the landmarks, so ``load_state_dict(exact.state_dict(), strict=False)`` leaves no key over.
 
     Example:
+        >>> import torch, rfgp
+        >>> from rfgp.kernels import NystromKernel
         >>> from gpytorch.kernels import PeriodicKernel, ScaleKernel
         >>> train_x = torch.rand(2000, 1, generator=torch.Generator().manual_seed(0))
         >>> base = ScaleKernel(PeriodicKernel())

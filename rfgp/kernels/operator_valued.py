@@ -144,6 +144,8 @@ class CurlFreeRBFKernel(_GaussianDerivativeKernel):
             ``batch_shape``, ``active_dims`` as in ``gpytorch.kernels.RBFKernel``.
 
     Example:
+        >>> import torch, gpytorch
+        >>> from rfgp.kernels import CurlFreeRBFKernel
         >>> covar_module = gpytorch.kernels.ScaleKernel(CurlFreeRBFKernel(input_dim=2))
         >>> covar_module(torch.randn(5, 2)).shape
         torch.Size([10, 10])
@@ -190,6 +192,8 @@ class DecomposableKernel(MultitaskKernel):
         output_covar_prior: optional prior on A (``task_covar_prior`` of ``MultitaskKernel``).
 
     Example:
+        >>> import torch, gpytorch
+        >>> from rfgp.kernels import DecomposableKernel
         >>> kernel = DecomposableKernel(gpytorch.kernels.RBFKernel(), num_outputs=3, rank=1)
         >>> kernel(torch.randn(4, 2)).shape
         torch.Size([12, 12])

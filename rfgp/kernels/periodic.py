@@ -30,6 +30,8 @@ class SketchedPeriodicKernel(SpectralFeatureKernel):
             ``lengthscale_constraint``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedPeriodicKernel
         >>> kernel = SketchedPeriodicKernel(512, seed=0)
         >>> kernel.period_length = 2.0
         >>> kernel(torch.rand(10, 1)).shape

@@ -105,6 +105,8 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ...
 
     Example:
+        >>> import torch, gpytorch
+        >>> from rfgp.kernels import SketchedPolynomialKernel
         >>> covar = gpytorch.kernels.ScaleKernel(SketchedPolynomialKernel(3, num_features=512))
         >>> covar(torch.rand(10, 4)).shape
         torch.Size([10, 10])

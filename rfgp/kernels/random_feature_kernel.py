@@ -417,6 +417,8 @@ class RandomFeatureKernel(FeatureKernel):
             ``TypeError`` (GPyTorch's ``Kernel`` would silently drop it).
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import RandomFeatureKernel
         >>> from rfgp.features import RandomFourierFeatures
         >>> kernel = RandomFeatureKernel(RandomFourierFeatures(512, input_dim=2, seed=0))
         >>> kernel(torch.randn(10, 2)).shape

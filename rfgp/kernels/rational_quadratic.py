@@ -29,6 +29,8 @@ class SketchedRQKernel(SpectralFeatureKernel):
         kwargs: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedRQKernel
         >>> kernel = SketchedRQKernel(1024, ard_num_dims=2, seed=0)
         >>> kernel.alpha = 0.5
         >>> kernel(torch.rand(10, 2)).shape

@@ -128,6 +128,8 @@ class SketchedCurlFreeKernel(_SketchedGaussianDerivativeKernel):
             ``active_dims``.
 
     Example:
+        >>> import gpytorch
+        >>> from rfgp.kernels import SketchedCurlFreeKernel
         >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(1024, input_dim=3, method="orf"))
     """
 
@@ -170,6 +172,8 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
     Width: F = F_s·(rank + p).
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedDecomposableKernel
         >>> from rfgp.kernels import SketchedRBFKernel
         >>> kernel = SketchedDecomposableKernel(SketchedRBFKernel(64, seed=0), num_tasks=3, rank=1)
         >>> kernel(torch.randn(4, 2)).shape          # 4 points × 3 tasks, interleaved
@@ -322,6 +326,8 @@ class MultiOutputFeatureSumKernel(_MultiOutputFeatureKernel, FeatureSumKernel):
     :func:`rfgp.applications.vector_fields.posterior_component_fields`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import MultiOutputFeatureSumKernel, SketchedCurlFreeKernel, SketchedDivFreeKernel
         >>> from gpytorch.kernels import ScaleKernel
         >>> helmholtz = MultiOutputFeatureSumKernel(
         ...     ScaleKernel(SketchedCurlFreeKernel(512, 2)), ScaleKernel(SketchedDivFreeKernel(512, 2)))
@@ -355,6 +361,8 @@ class SketchedLCMKernel(MultiOutputFeatureSumKernel):
     [R₁, …, R_Q] (width Σ_q F_q·(rank_q + p)), as for any :class:`MultiOutputFeatureSumKernel`.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedLCMKernel, SketchedDecomposableKernel
         >>> from rfgp.kernels import SketchedRBFKernel
         >>> lcm = SketchedLCMKernel(SketchedDecomposableKernel(SketchedRBFKernel(32, seed=0), num_tasks=2),
         ...                         SketchedDecomposableKernel(SketchedRBFKernel(32, seed=1), num_tasks=2))

@@ -58,6 +58,8 @@ class SpectralDeltaFeatureKernel(FeatureKernel):
             columns; non-finite Z/ℓ at a call.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SpectralDeltaFeatureKernel
         >>> kernel = SpectralDeltaFeatureKernel(num_dims=2, num_deltas=16, seed=0)
         >>> kernel.num_features
         32

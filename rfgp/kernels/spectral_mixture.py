@@ -34,6 +34,8 @@ class SketchedSpectralMixtureKernel(SpectralFeatureKernel):
         kwargs: ``batch_shape``, ``active_dims``.
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SketchedSpectralMixtureKernel
         >>> kernel = SketchedSpectralMixtureKernel(num_mixtures=3, num_features=512, ard_num_dims=1, seed=0)
         >>> kernel(torch.rand(10, 1)).shape
         torch.Size([10, 10])

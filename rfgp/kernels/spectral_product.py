@@ -91,6 +91,8 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         kwargs: GPyTorch ``Kernel`` arguments (``active_dims``, …).
 
     Example:
+        >>> import torch
+        >>> from rfgp.kernels import SpectralProductKernel
         >>> from gpytorch.kernels import ScaleKernel
         >>> from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
         >>> a = SketchedRBFKernel(2, active_dims=[0]); b = SketchedMaternKernel(2, nu=1.5)

@@ -49,6 +49,8 @@ class SketchedSphericalPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKern
         kwargs: ``batch_shape``, ``active_dims`` as in GPyTorch kernels.
 
     Example:
+        >>> import gpytorch
+        >>> from rfgp.kernels import SketchedSphericalPolynomialKernel
         >>> covar_module = gpytorch.kernels.ScaleKernel(
         ...     SketchedSphericalPolynomialKernel(power=7, num_features=512, method="srf_orth"))
     """

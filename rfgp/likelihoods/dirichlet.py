@@ -151,6 +151,8 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
             only as ``(C,)``, one noise per class, which it is anyway.
 
     Example:
+        >>> import torch
+        >>> from rfgp.likelihoods import DirichletClassificationLikelihood
         >>> from gpytorch.kernels import ScaleKernel
         >>> from gpytorch.means import ConstantMean
         >>> from rfgp.kernels import SketchedRBFKernel

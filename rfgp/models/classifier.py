@@ -122,6 +122,8 @@ class DirichletGPClassifier(RandomFeatureEstimator):
         for a start that failed; ``[]`` untrained); ``kernel_``: the fitted kernel.
 
     Example:
+        >>> import torch
+        >>> from rfgp.models import DirichletGPClassifier
         >>> g = torch.Generator().manual_seed(0)
         >>> X = torch.randn(150, 2, generator=g)
         >>> y = (X[:, 0] > 0).long() + (X[:, 1] > 1).long()                # three classes

@@ -99,6 +99,7 @@ def set_num_features(module: nn.Module, num_features: int, x_sample: Tensor | No
             (its sufficient statistics belong to the old features: refit it from the data).
 
     Example:
+        >>> import torch, gpytorch, rfgp
         >>> g = torch.Generator().manual_seed(0)
         >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
         >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)

@@ -37,6 +37,8 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
         mean_module: defaults to ``MultitaskMean(ZeroMean(), p)`` (vector fields are usually centred).
 
     Example:
+        >>> import torch, gpytorch
+        >>> from rfgp.models import MultiOutputGPModel
         >>> from gpytorch.likelihoods import MultitaskGaussianLikelihood
         >>> from rfgp.kernels import SketchedCurlFreeKernel
         >>> x = torch.randn(50, 2, generator=torch.Generator().manual_seed(0))

@@ -113,6 +113,8 @@ class GPRegressor(RandomFeatureEstimator):
         ``DegenerateFitWarning`` says when the first is no better, the fit having explained the targets as noise.
 
     Example:
+        >>> import torch
+        >>> from rfgp.models import GPRegressor
         >>> g = torch.Generator().manual_seed(0)
         >>> X = 4 * torch.rand(300, 2, generator=g, dtype=torch.float64) - 2
         >>> y = torch.sin(2 * X[:, 0]) * X[:, 1] + 0.1 * torch.randn(300, generator=g, dtype=torch.float64)

@@ -159,6 +159,7 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
             learning; :func:`~rfgp.models.kernel_inputs.covar_module_inputs`): paths of x would skip the network.
 
     Example:
+        >>> import torch, gpytorch, rfgp
         >>> g = torch.Generator().manual_seed(0)
         >>> train_x = torch.rand(200, 1, generator=g, dtype=torch.float64)
         >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=torch.float64)

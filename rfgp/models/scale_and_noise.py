@@ -104,6 +104,7 @@ def fit_scale_and_noise(model: gpytorch.models.ExactGP, max_iter: int = 100) -> 
         RuntimeError: called under ``torch.inference_mode()``, which records no gradients for its L-BFGS.
 
     Example:
+        >>> import torch, gpytorch, rfgp
         >>> g = torch.Generator().manual_seed(0)
         >>> train_x = torch.rand(300, 1, generator=g, dtype=torch.float64)
         >>> train_y = torch.sin(6 * train_x[:, 0]) + 0.1 * torch.randn(300, generator=g, dtype=torch.float64)

@@ -53,8 +53,9 @@ class RandomFeatureGP(PyroModule):
             number or a tensor of ℓ's shape; default the prior's median.  Other models have no anchor.
 
     Example:
+        >>> import pyro.distributions as dist
         >>> from rfgp.features import RandomFourierFeatures
-        >>> from rfgp.pyro import Bernoulli, weight_guide
+        >>> from rfgp.pyro import Bernoulli, RandomFeatureGP, weight_guide
         >>> model = RandomFeatureGP(RandomFourierFeatures(128, input_dim=2, seed=0), Bernoulli(),
         ...                         lengthscale=dist.Gamma(4.0, 4.0))
         >>> guide = weight_guide(model, family="full_rank", hyperparameters="map")
