@@ -67,8 +67,7 @@ class SketchedArcKernel(FeatureKernel):
 
     Example:
         >>> import torch
-        >>> from rfgp.kernels import SketchedArcKernel
-        >>> from rfgp.kernels import SketchedMaternKernel
+        >>> from rfgp.kernels import SketchedArcKernel, SketchedMaternKernel
         >>> kernel = SketchedArcKernel(SketchedMaternKernel(256, nu=2.5, seed=0), ard_num_dims=3)
         >>> kernel.num_features, kernel(torch.rand(10, 3)).shape
         (256, torch.Size([10, 10]))

@@ -392,8 +392,7 @@ class SketchedProductKernel(_CombinedFeatureKernel):
 
     Example:
         >>> import torch
-        >>> from rfgp.kernels import SketchedProductKernel
-        >>> from rfgp.kernels import SketchedPolynomialKernel, SketchedRBFKernel
+        >>> from rfgp.kernels import SketchedPolynomialKernel, SketchedProductKernel, SketchedRBFKernel
         >>> poly = SketchedPolynomialKernel(2, num_features=512, seed=0)
         >>> product = SketchedProductKernel(poly, SketchedRBFKernel(512, seed=1), num_features=512, seed=2)
         >>> product(torch.rand(10, 3)).shape

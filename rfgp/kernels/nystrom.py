@@ -142,11 +142,11 @@ class NystromKernel(FeatureKernel):
         >>> import torch, rfgp
         >>> from rfgp.kernels import NystromKernel
         >>> from gpytorch.kernels import PeriodicKernel, ScaleKernel
-        >>> train_x = torch.rand(2000, 1, generator=torch.Generator().manual_seed(0))
+        >>> train_x = torch.rand(200, 1, generator=torch.Generator().manual_seed(0))
         >>> base = ScaleKernel(PeriodicKernel())
         >>> kernel = NystromKernel(base, landmarks=train_x[:64])
         >>> kernel(train_x).shape          # a rank-64 feature-root operator
-        torch.Size([2000, 2000])
+        torch.Size([200, 200])
         >>> # or, choosing the landmarks and deep-copying the tree: ScaleKernel(NystromKernel(PeriodicKernel()))
         >>> kernel = rfgp.sketch(base, num_features=64, method="nystrom", x_sample=train_x, landmarks="rls", seed=0)
     """

@@ -173,8 +173,7 @@ class SketchedDecomposableKernel(_MultiOutputFeatureKernel):
 
     Example:
         >>> import torch
-        >>> from rfgp.kernels import SketchedDecomposableKernel
-        >>> from rfgp.kernels import SketchedRBFKernel
+        >>> from rfgp.kernels import SketchedDecomposableKernel, SketchedRBFKernel
         >>> kernel = SketchedDecomposableKernel(SketchedRBFKernel(64, seed=0), num_tasks=3, rank=1)
         >>> kernel(torch.randn(4, 2)).shape          # 4 points × 3 tasks, interleaved
         torch.Size([12, 12])
@@ -362,8 +361,7 @@ class SketchedLCMKernel(MultiOutputFeatureSumKernel):
 
     Example:
         >>> import torch
-        >>> from rfgp.kernels import SketchedLCMKernel, SketchedDecomposableKernel
-        >>> from rfgp.kernels import SketchedRBFKernel
+        >>> from rfgp.kernels import SketchedDecomposableKernel, SketchedLCMKernel, SketchedRBFKernel
         >>> lcm = SketchedLCMKernel(SketchedDecomposableKernel(SketchedRBFKernel(32, seed=0), num_tasks=2),
         ...                         SketchedDecomposableKernel(SketchedRBFKernel(32, seed=1), num_tasks=2))
         >>> lcm(torch.randn(5, 3)).shape          # 5 points × 2 tasks, interleaved

@@ -92,9 +92,8 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
 
     Example:
         >>> import torch
-        >>> from rfgp.kernels import SpectralProductKernel
         >>> from gpytorch.kernels import ScaleKernel
-        >>> from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
+        >>> from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel, SpectralProductKernel
         >>> a = SketchedRBFKernel(2, active_dims=[0]); b = SketchedMaternKernel(2, nu=1.5)
         >>> product = SpectralProductKernel(a, ScaleKernel(b), num_features=1024, seed=0)
         >>> product(torch.randn(10, 3)).shape

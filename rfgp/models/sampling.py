@@ -168,8 +168,8 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
         >>> model = rfgp.models.ExactGPModel(train_x, train_y, likelihood, kernel).double()
         >>> _ = model.eval()
         >>> paths = rfgp.sampling.posterior_paths(model, num_paths=16, generator=torch.Generator().manual_seed(0))
-        >>> candidates = torch.rand(10**5, 1, dtype=torch.float64)
-        >>> values = paths(candidates)                      # (16, 10**5), one featurisation
+        >>> candidates = torch.rand(10**4, 1, dtype=torch.float64)
+        >>> values = paths(candidates)                      # (16, 10**4), one featurisation
         >>> best = candidates[values.argmax(-1)]            # 16 Thompson-sampling proposals
         >>> best.shape
         torch.Size([16, 1])

@@ -204,6 +204,8 @@ class CustomLikelihood(Likelihood):
     (close over fixed values, or call ``pyro.sample`` inside ``distribution_fn``).
 
     Example:
+        >>> import torch
+        >>> import pyro.distributions as dist
         >>> from rfgp.pyro import CustomLikelihood
         >>> gamma = CustomLikelihood(lambda f: dist.Gamma(2.0, 2.0 * torch.exp(-f[..., 0])), num_latents=1)
     """
