@@ -72,6 +72,8 @@ class PolynomialSketch(FeatureMap):
         >>> phi = PolynomialSketch(3, 256, input_dim=8, offset=1.0, projection="srht", weights="ctr", seed=0)
         >>> x = torch.nn.functional.normalize(torch.rand(5, 8), dim=-1)
         >>> k_hat = phi(x) @ phi(x).T          # ≈ (x xᵀ + 1)³
+        >>> k_hat.shape
+        torch.Size([5, 5])
     """
 
     config_fields = {"degree": METHOD, "offset": METHOD, "projection": METHOD, "weights": METHOD,

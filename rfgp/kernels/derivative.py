@@ -154,9 +154,11 @@ class SketchedPolynomialKernelGrad(_DerivativeRootMixin, SketchedPolynomialKerne
     derivative GP is the real one).
 
     Example:
-        >>> import gpytorch
+        >>> import torch, gpytorch
         >>> from rfgp.kernels import SketchedPolynomialKernelGrad
         >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedPolynomialKernelGrad(2, num_features=512))
+        >>> covar_module(torch.rand(5, 3)).shape  # n·(d + 1) = 20
+        torch.Size([20, 20])
     """
 
     def __init__(self, power: int, num_features: int, **kwargs) -> None:

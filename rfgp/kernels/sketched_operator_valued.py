@@ -128,9 +128,11 @@ class SketchedCurlFreeKernel(_SketchedGaussianDerivativeKernel):
             ``active_dims``.
 
     Example:
-        >>> import gpytorch
+        >>> import torch, gpytorch
         >>> from rfgp.kernels import SketchedCurlFreeKernel
         >>> covar_module = gpytorch.kernels.ScaleKernel(SketchedCurlFreeKernel(1024, input_dim=3, method="orf"))
+        >>> covar_module(torch.rand(5, 3)).shape  # 5 points × 3 field components
+        torch.Size([15, 15])
     """
 
     family = "curl_free"
