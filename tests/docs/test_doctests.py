@@ -2,7 +2,7 @@
 
 Each docstring's example runs as its own test (id: the docstring's qualified name) in an empty namespace:
 no module globals and no pre-imported ``torch``, ``gpytorch`` or ``rfgp``, so every example imports what
-it uses, seeds its own data and can be pasted into a fresh interpreter as it stands.
+it uses, seeds any data its output depends on, and can be pasted into a fresh interpreter as it stands.
 """
 
 import doctest
