@@ -95,8 +95,19 @@ def sample_hyperparameters(
     if progress is None:
         progress = sys.stderr.isatty()
 
+    # GPyTorch's pyro_load_from_samples (an earlier call of this function) makes the model a batch of S GPs over S
+    # stride-0 copies of its training data: NUTS would sample S independent copies of every hyperparameter given the
+    # same data, the posterior of another model, and load S × S samples.
+    y = model.train_targets
+    if y.dim() > 1 and y.shape[0] > 1 and y.stride(0) == 0:
+        raise ValueError(
+            f"model holds {y.shape[0]} hyperparameter samples loaded by an earlier sample_hyperparameters (or "
+            f"pyro_load_from_samples): its training targets are {y.shape[0]} copies of the same data, and NUTS would "
+            "sample that many independent copies of each hyperparameter. Sample a model with one value per "
+            "hyperparameter (build it again, or load its state_dict saved before sampling)"
+        )
     model.train()
-    x, y = model.train_inputs[0], model.train_targets
+    x = model.train_inputs[0]
     # rfgp kernels fix some state at their first evaluation after a draw: a Matérn-½ kernel's lengthscale anchor ℓ₀
     # (its frequencies ξ/ℓ₀), a spectral product's draws.  Evaluate once here, at the model's current
     # hyperparameters, so that NUTS samples the posterior of this model and the samples load into it: otherwise the
@@ -146,6 +157,8 @@ def batched_predictive(model: gpytorch.models.ExactGP, samples: dict[str, Tensor
     predictive is the equal-weight mixture of these S components; see :func:`mixture_moments`.
     """
     _check_exact_gp(model)
+    if not isinstance(samples, dict) or not samples:
+        raise ValueError(f"samples must be the non-empty dict that sample_hyperparameters returned, got {samples!r}")
     num_samples = next(iter(samples.values())).shape[0]
     for name, module, _, closure, _ in model.named_priors():
         if name in samples and closure(module).shape != samples[name].shape:
@@ -163,8 +176,10 @@ def batched_predictive(model: gpytorch.models.ExactGP, samples: dict[str, Tensor
 def mixture_moments(output) -> tuple[Tensor, Tensor]:
     """Mean and variance of the equal-weight mixture over the batch of a :func:`batched_predictive`.
 
-    E[f] = mean_s μ_s, Var[f] = mean_s (σ²_s + μ_s²) − E[f]² (law of total variance).
+    E[f] = mean_s μ_s, Var[f] = mean_s σ²_s + mean_s (μ_s − E[f])² (law of total variance), the spread of the means
+    taken about their mean: the equal form mean_s (σ²_s + μ_s²) − E[f]² cancels catastrophically where |E[f]| ≫ the
+    standard deviation (float32 means of 1000 gave a variance of 0 for 1e-4).
     """
     means, variances = output.mean, output.variance
     mean = means.mean(0)
-    return mean, (variances + means.pow(2)).mean(0) - mean.pow(2)
+    return mean, variances.mean(0) + (means - mean).pow(2).mean(0)

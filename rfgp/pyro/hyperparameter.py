@@ -18,25 +18,45 @@ from pyro.nn import PyroModule, PyroSample
 from torch import Tensor
 
 
-def register_hyperparameter(module: PyroModule, name: str, spec, positive: bool = True) -> None:
+def register_hyperparameter(module: PyroModule, name: str, spec, positive: bool = True, max_ndim: int = 0) -> None:
     """Attach hyperparameter ``name`` to ``module``: a fixed buffer or a ``PyroSample`` prior.
+
+    The hyperparameter is a scalar, or a vector where ``max_ndim`` = 1 (an ARD lengthscale): a fixed value of at most
+    ``max_ndim`` dimensions, a prior with batch shape ``()`` and at most ``max_ndim`` event dimensions (a vector
+    prior is ``prior.expand([d]).to_event(1)``).  Any other shape would broadcast against the data points (one
+    value per point where their number happens to match).  A floating tensor keeps its dtype (float64 stays exact).
 
     Raises:
         TypeError: ``spec`` is neither a real number, a real tensor nor a Pyro distribution.
-        ValueError: a fixed value is not finite, or not > 0 where ``positive``.
+        ValueError: a fixed value is not finite, or not > 0 where ``positive``; ``spec`` has more dimensions than
+            ``max_ndim``, or a prior has a batch shape.
     """
+    shapes = "a scalar" if max_ndim == 0 else "a scalar or a (d,) vector"
     if isinstance(spec, dist.Distribution):
+        if spec.batch_shape != () or len(spec.event_shape) > max_ndim:
+            raise ValueError(
+                f"the prior of {name} must be {shapes}: batch shape () and event shape of at most {max_ndim} "
+                f"dimension(s), got batch shape {tuple(spec.batch_shape)} and event shape {tuple(spec.event_shape)}"
+                + (" (a vector prior is prior.expand([d]).to_event(1))" if max_ndim else "")
+            )
         if positive and not _support_is_positive(spec):
-            raise ValueError(f"the prior of {name} must have positive support, got {spec!r} with support {spec.support}")
+            raise ValueError(
+                f"the prior of {name} must have positive support, got {spec!r} with support {spec.support}"
+            )
         setattr(module, name, PyroSample(spec))
         return
     if isinstance(spec, bool) or not (isinstance(spec, numbers.Real) or torch.is_tensor(spec)):
         raise TypeError(
             f"{name} must be a number, a real tensor or a pyro.distributions prior, got {type(spec).__name__}"
         )
-    value = torch.as_tensor(spec, dtype=torch.get_default_dtype()).clone()
-    if not value.is_floating_point() or not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{name} must be finite and real, got {spec!r}")
+    if torch.is_tensor(spec) and (spec.is_complex() or spec.dtype == torch.bool):
+        raise TypeError(f"{name} must be a real number or tensor, got a tensor of dtype {spec.dtype}")
+    keep_dtype = torch.is_tensor(spec) and spec.is_floating_point()
+    value = torch.as_tensor(spec, dtype=spec.dtype if keep_dtype else torch.get_default_dtype()).clone()
+    if value.dim() > max_ndim:
+        raise ValueError(f"{name} must be {shapes}, got shape {tuple(value.shape)}")
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} must be finite, got {spec!r}")
     if positive and not bool((value > 0).all()):
         raise ValueError(f"{name} must be > 0, got {spec!r}")
     module.register_buffer(name, value)

@@ -75,12 +75,12 @@ class RandomFeatureGP(PyroModule):
             )
         self.feature_map = feature_map
         self.likelihood = likelihood
-        register_hyperparameter(self, "lengthscale", lengthscale)
+        register_hyperparameter(self, "lengthscale", lengthscale, max_ndim=1)
         register_hyperparameter(self, "outputscale", outputscale)
         register_hyperparameter(self, "mean", mean, positive=False)
         # A scalar lengthscale divides every input dimension; a (d,) one is ARD.
-        self._scalar_lengthscale = self._event_ndim("lengthscale", lengthscale) == 0
         shape = lengthscale.event_shape if isinstance(lengthscale, dist.Distribution) else self.lengthscale.shape
+        self._scalar_lengthscale = len(shape) == 0
         #: d of an ARD lengthscale (None for a scalar one), checked against x's at every call (lazy feature maps)
         self._ard_dim = None if self._scalar_lengthscale else shape[0]
         if self._ard_dim is not None and feature_map.input_dim not in (None, self._ard_dim):
@@ -97,7 +97,7 @@ class RandomFeatureGP(PyroModule):
                 raise TypeError("lengthscale_anchor must be a positive number or tensor (a fixed ℓ₀), not a prior")
             if lengthscale_anchor is None:
                 lengthscale_anchor = prior_median(lengthscale)
-            register_hyperparameter(self, "lengthscale_anchor", lengthscale_anchor)
+            register_hyperparameter(self, "lengthscale_anchor", lengthscale_anchor, max_ndim=1)
             if self.lengthscale_anchor.shape != lengthscale.event_shape:
                 raise ValueError(
                     f"lengthscale_anchor must have the lengthscale's shape {tuple(lengthscale.event_shape)}, "
@@ -125,13 +125,6 @@ class RandomFeatureGP(PyroModule):
     def is_anchored(self) -> bool:
         """Whether ℓ enters through anchored importance weights (Matérn-½ map, ℓ with a prior)."""
         return hasattr(self, "lengthscale_anchor")
-
-    @staticmethod
-    def _event_ndim(name: str, spec) -> int:
-        shape = spec.event_shape if isinstance(spec, dist.Distribution) else getattr(spec, "shape", ())
-        if len(shape) > 1:
-            raise ValueError(f"{name} must be a scalar or a (d,) vector, got shape {tuple(shape)}")
-        return len(shape)
 
     @property
     def num_latents(self) -> int:

@@ -169,3 +169,32 @@ def test_nuts_rejects_proposals_below_a_transform_less_constraint():
     samples = sample_hyperparameters(model, num_samples=30, warmup_steps=30, max_tree_depth=4)
     assert (samples["likelihood.noise_covar.noise_prior"] >= 1e-4).all()
     assert (model.likelihood.noise >= 1e-4).all()
+
+
+def test_mixture_variance_does_not_cancel_for_large_means():
+    """mean_s(σ²_s + μ_s²) − E[f]² in float32 with means near 1000 returned 0 for a variance of 1.0025e-4."""
+    output = gpytorch.distributions.MultivariateNormal(
+        torch.tensor([[1000.0], [1000.001]]), torch.full((2, 1, 1), 1e-4))
+    mean, variance = mixture_moments(output)
+    spread = (output.mean - mean).pow(2).mean(0)
+    torch.testing.assert_close(variance, 1e-4 + spread, rtol=1e-5, atol=0.0)
+
+
+def test_a_model_holding_loaded_samples_is_refused_and_left_as_it_was():
+    """A second call sampled S independent copies of each hyperparameter given S copies of the same data (samples of
+    shape (num_samples, S, ...)), the posterior of another model, and loaded them."""
+    x, y = make_data(20)
+    model = make_model(x, y, num_features=16)
+    model.pyro_load_from_samples({"covar_module.base_kernel.lengthscale_prior": torch.full((3, 1, 1), 0.3, dtype=DTYPE),
+                                  "covar_module.outputscale_prior": torch.ones(3, dtype=DTYPE),
+                                  "likelihood.noise_covar.noise_prior": torch.full((3, 1), 0.01, dtype=DTYPE)})
+    model.eval()
+    with pytest.raises(ValueError, match="holds 3 hyperparameter samples loaded by an earlier sample_hyperparameters"):
+        sample_hyperparameters(model, num_samples=2, warmup_steps=2)
+    assert not model.training
+
+
+def test_batched_predictive_refuses_empty_samples():
+    x, y = make_data(10)
+    with pytest.raises(ValueError, match="non-empty dict"):
+        batched_predictive(make_model(x, y), {}, x)

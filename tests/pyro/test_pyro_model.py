@@ -362,3 +362,35 @@ def test_posterior_samples_outside_their_priors_support_are_refused():
         posterior_predictive(model, x, {"w": w, "lengthscale": -lengthscale})
     with pytest.raises(ValueError, match=r"posterior\['w'\] holds values that are not finite"):
         posterior_predictive(model, x, {"w": w * float("nan"), "lengthscale": lengthscale})
+
+
+@pytest.mark.parametrize("name, spec", [
+    ("mean", torch.tensor([0.0, 5.0])),
+    ("outputscale", torch.tensor([1.0, 5.0])),
+    ("mean", dist.Normal(torch.zeros(2), 1.0).to_event(1)),
+    ("lengthscale", dist.Gamma(torch.ones(2), 1.0)),  # batch shape (2,), event shape (): not an ARD prior
+    ("lengthscale", torch.ones(2, 1)),
+])
+def test_hyperparameters_of_another_shape_are_refused_not_broadcast_against_the_points(name, spec):
+    """A (2,) mean, outputscale or batch-shaped prior was accepted and, with n = 2 points, gave each point its own
+    value (f of shape (2, 1) with the mean 0 at one point and 5 at the other)."""
+    with pytest.raises(ValueError, match=name):
+        RandomFeatureGP(RandomFourierFeatures(8, input_dim=1, seed=0), Gaussian(0.1), **{name: spec})
+
+
+@pytest.mark.parametrize("spec", [torch.tensor([0.1, 0.2]), dist.Gamma(torch.ones(2), 1.0)])
+def test_likelihood_hyperparameters_must_be_scalars(spec):
+    with pytest.raises(ValueError, match="noise must be a scalar"):
+        Gaussian(spec)
+    with pytest.raises(ValueError, match="df must be a scalar"):
+        StudentT(df=spec)
+
+
+def test_fixed_hyperparameters_keep_a_float64_value_and_refuse_complex_ones():
+    """A float64 tensor was stored in the default float32 (ℓ = 0.123456789012345 became 0.12345679104), and a complex
+    one lost its imaginary part with only torch's cast warning."""
+    value = torch.tensor(0.123456789012345, dtype=torch.float64)
+    model = RandomFeatureGP(RandomFourierFeatures(8, input_dim=1, seed=0), Gaussian(0.1), lengthscale=value)
+    assert model.lengthscale.dtype == torch.float64 and model.lengthscale.item() == value.item()
+    with pytest.raises(TypeError, match="lengthscale must be a real number or tensor"):
+        RandomFeatureGP(RandomFourierFeatures(8, input_dim=1, seed=0), Gaussian(0.1), lengthscale=torch.tensor(1 + 1j))
