@@ -127,9 +127,30 @@ def weight_guide(
             )
         for name in stored:
             del store[name]
+        # Pyro names an autoguide's parameters by its class (AutoMultivariateNormal.loc): an earlier guide of this
+        # name would read and train this one's parameters (its predictions changed silently once this one was fit).
+        for earlier in _GUIDES:
+            if earlier._pyro_name == guide._pyro_name:
+                earlier._superseded = True
+    guide._superseded = False
+    guide.register_forward_pre_hook(_refuse_superseded)
+    _GUIDES.add(guide)
     # Guides create their parameters at their first call: remember them then, as this function's own.
     guide.register_forward_hook(_remember_parameters)
     return guide
+
+
+def _refuse_superseded(guide, args) -> None:
+    """Forward pre-hook of the guides of :func:`weight_guide`: refuse a guide whose parameters a later guide of the
+    same name took over in Pyro's parameter store."""
+    if guide._superseded:
+        raise RuntimeError(
+            f"this {guide._pyro_name} guide was superseded by a later weight_guide(...) call: Pyro names an "
+            f"autoguide's parameters by its class ({guide._pyro_name}.loc, ...) in its global parameter store, so the "
+            "later guide replaced them and this one would read and train the later one's. Use the latest guide; to "
+            "keep a fitted one, save its parameters first (pyro.get_param_store().save(path)) and restore them with "
+            "weight_guide(..., from_param_store=True) after pyro.get_param_store().load(path)"
+        )
 
 
 def _check_stored_parameters(stored: frozenset[str], guide, args, output) -> None:
@@ -157,6 +178,8 @@ def _remember_parameters(guide, args, output) -> None:
     _GUIDE_PARAMETERS.update((id(parameter), parameter) for parameter in guide.parameters())
 
 
+#: the guides of :func:`weight_guide` (weakly held), so that a later guide of the same name marks them superseded
+_GUIDES: weakref.WeakSet = weakref.WeakSet()
 #: the parameters that guides of :func:`weight_guide` created (weakly held: they live in Pyro's parameter store)
 #: by id, since tensors compare elementwise
 _GUIDE_PARAMETERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
