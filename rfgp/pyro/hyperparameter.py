@@ -63,13 +63,17 @@ def register_hyperparameter(module: PyroModule, name: str, spec, positive: bool 
 
 
 def _support_is_positive(prior: dist.Distribution) -> bool:
+    lower = support_lower_bound(prior)
+    return lower is not None and lower >= 0
+
+
+def support_lower_bound(prior: dist.Distribution) -> float | None:
+    """The smallest lower bound of ``prior``'s support over its entries (``None`` where the support has none)."""
     support = prior.support
-    while isinstance(support, (torch.distributions.constraints.independent,)):
+    while isinstance(support, torch.distributions.constraints.independent):
         support = support.base_constraint
-    if support is torch.distributions.constraints.positive:
-        return True
     lower = getattr(support, "lower_bound", None)
-    return lower is not None and bool(torch.all(torch.as_tensor(lower) >= 0))
+    return None if lower is None else float(torch.as_tensor(lower).min())
 
 
 def prior_median(prior: dist.Distribution, num_draws: int = 4096) -> Tensor:

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..core.config_state import METHOD, ConfigState
 from ..core.validation import check_positive_float, check_positive_int
-from .hyperparameter import hyperparameter_value, register_hyperparameter
+from .hyperparameter import hyperparameter_value, is_random, register_hyperparameter, support_lower_bound
 
 
 class Likelihood(ConfigState, PyroModule):
@@ -101,6 +101,25 @@ class StudentT(Likelihood):
         df = hyperparameter_value(self, "df", f)
         scale = hyperparameter_value(self, "scale", f)
         return dist.StudentT(df, f[..., 0], scale)
+
+    def expected_value(self, f: Tensor) -> Tensor:
+        """E[y | f] = f where it exists, i.e. for ν > 1; for ν ≤ 1 (Cauchy tails and heavier) y has no mean.
+
+        Raises:
+            ValueError: a fixed ν ≤ 1, or a prior on ν whose support reaches below 1 (the mean of the posterior
+                predictive does not exist then; the median is f).
+        """
+        if is_random(self, "df"):
+            lower = support_lower_bound(self._pyro_samples["df"])
+            if lower is None or lower < 1:
+                raise ValueError(
+                    f"the prior of df has support down to {lower}: y has no mean for df ≤ 1, so its posterior "
+                    "predictive has none; use the median f (posterior_predictive's 'f') or a prior on df > 1 "
+                    "(dist.Uniform(1.0, 30.0), dist.Pareto(1.0, 2.0))"
+                )
+        elif not bool((self.df > 1).all()):
+            raise ValueError(f"y has no mean for df ≤ 1, got df={self.df.item()}; its median is f")
+        return f[..., 0]
 
     def check_targets(self, y: Tensor, num_data: int) -> None:
         super().check_targets(y, num_data)

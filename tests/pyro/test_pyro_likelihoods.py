@@ -161,3 +161,15 @@ def test_likelihood_state_round_trips_and_loads_without_its_configuration():
     assert all(torch.equal(target.state_dict()[key], value) for key, value in source.state_dict().items())
     legacy = {key: value for key, value in source.state_dict().items() if not key.startswith("likelihood.config_")}
     _gp(Poisson(exposure=2.0), seed=1).load_state_dict(legacy)
+
+
+def test_student_t_expected_value_is_refused_where_y_has_no_mean():
+    """E[y | f] of a Student-t with ν ≤ 1 does not exist: expected_value returned NaN, and with a prior on ν it drew
+    a fresh ν from the prior at every call (NaN or f by chance)."""
+    f = torch.randn(5, 1, dtype=torch.float64)
+    torch.testing.assert_close(StudentT(df=3.0).expected_value(f), f[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(StudentT(df=dist.Pareto(1.0, 2.0)).expected_value(f), f[:, 0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no mean for df ≤ 1, got df=1.0"):
+        StudentT(df=1.0).expected_value(f)
+    with pytest.raises(ValueError, match="prior of df has support down to 0.0"):
+        StudentT(df=dist.Gamma(2.0, 0.1)).expected_value(f)
