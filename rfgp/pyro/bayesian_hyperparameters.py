@@ -106,44 +106,49 @@ def sample_hyperparameters(
             "sample that many independent copies of each hyperparameter. Sample a model with one value per "
             "hyperparameter (build it again, or load its state_dict saved before sampling)"
         )
+    was_training = model.training
     model.train()
-    x = model.train_inputs[0]
-    # rfgp kernels fix some state at their first evaluation after a draw: a Matérn-½ kernel's lengthscale anchor ℓ₀
-    # (its frequencies ξ/ℓ₀), a spectral product's draws.  Evaluate once here, at the model's current
-    # hyperparameters, so that NUTS samples the posterior of this model and the samples load into it: otherwise the
-    # copy below fixed that state at NUTS' random initial point (an anchor of 4.7 where ℓ was 0.69, which moved
-    # E[log ℓ | y] from 0.70 to 0.30; exact 0.82), and the loaded model at each sample (r ≡ 1, other features).
-    with torch.no_grad():
-        model.likelihood(model(x)).log_prob(y)
-    # GPyTorch's pyro_sample_from_prior() deep-copies the model at every potential evaluation
-    # (most of NUTS' time on small problems); copy it once and overwrite its hyperparameters.
-    random_model = model.to_pyro_random_module()
-    priors = list(random_model.named_priors())
+    try:
+        x = model.train_inputs[0]
+        # rfgp kernels fix some state at their first evaluation after a draw: a Matérn-½ kernel's lengthscale anchor ℓ₀
+        # (its frequencies ξ/ℓ₀), a spectral product's draws.  Evaluate once here, at the model's current
+        # hyperparameters, so that NUTS samples the posterior of this model and the samples load into it: otherwise the
+        # copy below fixed that state at NUTS' random initial point (an anchor of 4.7 where ℓ was 0.69, which moved
+        # E[log ℓ | y] from 0.70 to 0.30; exact 0.82), and the loaded model at each sample (r ≡ 1, other features).
+        with torch.no_grad():
+            model.likelihood(model(x)).log_prob(y)
+        # GPyTorch's pyro_sample_from_prior() deep-copies the model at every potential evaluation
+        # (most of NUTS' time on small problems); copy it once and overwrite its hyperparameters.
+        random_model = model.to_pyro_random_module()
+        priors = list(random_model.named_priors())
 
-    def pyro_model(x: Tensor, y: Tensor) -> None:
-        values = [(module, setting_closure, pyro.sample(name, prior.expand(closure(module).shape)))
-                  for name, module, prior, closure, setting_closure in priors]
-        try:
-            for module, setting_closure, value in values:
-                setting_closure(module, value)
-            if _within_constraints(random_model):
-                # Fast log_prob stays on: it routes to the kernel's own inv_quad_logdet (O(N·F²) for rfgp).
-                log_likelihood = random_model.likelihood(random_model(x)).log_prob(y)
-            else:  # a proposal below a transform-less constraint's bound: zero posterior density
+        def pyro_model(x: Tensor, y: Tensor) -> None:
+            values = [(module, setting_closure, pyro.sample(name, prior.expand(closure(module).shape)))
+                      for name, module, prior, closure, setting_closure in priors]
+            try:
+                for module, setting_closure, value in values:
+                    setting_closure(module, value)
+                if _within_constraints(random_model):
+                    # Fast log_prob stays on: it routes to the kernel's own inv_quad_logdet (O(N·F²) for rfgp).
+                    log_likelihood = random_model.likelihood(random_model(x)).log_prob(y)
+                else:  # a proposal below a transform-less constraint's bound: zero posterior density
+                    log_likelihood = y.new_tensor(-math.inf)
+            except DrawCoverageError:  # a NanError too, but a valid point: never a zero density
+                raise
+            except (NanError, NotPSDError, InvalidValueError):
+                # A proposal outside a hyperparameter's constraint (e.g. noise below GaussianLikelihood's
+                # 1e-4 floor) makes the setting closure produce NaN, or rfgp's checks refuse it: reject it
+                # (zero posterior density).
                 log_likelihood = y.new_tensor(-math.inf)
-        except DrawCoverageError:  # a NanError too, but a valid point: never a zero density
-            raise
-        except (NanError, NotPSDError, InvalidValueError):
-            # A proposal outside a hyperparameter's constraint (e.g. noise below GaussianLikelihood's
-            # 1e-4 floor) makes the setting closure produce NaN, or rfgp's checks refuse it: reject it
-            # (zero posterior density).
-            log_likelihood = y.new_tensor(-math.inf)
-        pyro.factor("y", log_likelihood)
+            pyro.factor("y", log_likelihood)
 
-    kernel = NUTS(pyro_model, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"))
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress)
-    mcmc.run(x, y)
-    samples = mcmc.get_samples()
+        kernel = NUTS(pyro_model, max_tree_depth=check_positive_int(max_tree_depth, "max_tree_depth"))
+        mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress)
+        mcmc.run(x, y)
+        samples = mcmc.get_samples()
+    except BaseException:  # an error or an interrupt leaves the model in the mode it was given in
+        model.train(was_training)
+        raise
     model.pyro_load_from_samples(samples)
     model.eval()
     return samples

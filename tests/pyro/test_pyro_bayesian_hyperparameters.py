@@ -198,3 +198,20 @@ def test_batched_predictive_refuses_empty_samples():
     x, y = make_data(10)
     with pytest.raises(ValueError, match="non-empty dict"):
         batched_predictive(make_model(x, y), {}, x)
+
+
+def test_a_failed_run_leaves_the_model_in_the_mode_it_was_given_in(monkeypatch):
+    """sample_hyperparameters switched the model to train mode first, and an error (or an interrupt) inside NUTS left
+    it there."""
+    from rfgp.pyro import bayesian_hyperparameters
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bayesian_hyperparameters.MCMC, "run", interrupted)
+    x, y = make_data(20)
+    model = make_model(x, y, num_features=16)
+    model.eval()
+    with pytest.raises(KeyboardInterrupt):
+        sample_hyperparameters(model, num_samples=2, warmup_steps=2)
+    assert not model.training and not model.likelihood.training
