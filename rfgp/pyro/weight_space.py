@@ -46,8 +46,9 @@ class RandomFeatureGP(PyroModule):
     Args:
         feature_map: any :class:`~rfgp.features.FeatureMap` (its draws stay fixed).
         likelihood: an :mod:`rfgp.pyro.likelihoods` likelihood; it fixes L = ``num_latents``.
-        lengthscale: ℓ, a number, a ``(d,)`` tensor (ARD) or a prior (event shape ``()`` or ``(d,)``).
-        outputscale: σ², a number or a prior.
+        lengthscale: ℓ, a number, a ``(d,)`` tensor (ARD) or a prior (batch shape ``()``, event shape ``()`` or
+            ``(d,)``: ``prior.expand([d]).to_event(1)``).
+        outputscale: σ², a number or a prior (scalars, as are the mean and the likelihood's hyperparameters).
         mean: the constant mean m, a number or a prior (real support).
         lengthscale_anchor: ℓ₀ of a Matérn-½ map with a lengthscale prior (see :meth:`features`), a positive
             number or a tensor of ℓ's shape; default the prior's median.  Other models have no anchor.
