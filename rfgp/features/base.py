@@ -116,15 +116,21 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         raise NotImplementedError
 
     def _materialize(self) -> None:
+        """Make the seed's draws for ``input_dim`` and register them as buffers (replacing those of a previous seed).
+
+        The draws are made outside ``torch.inference_mode()``, whichever call makes them (a first call, ``resample()``,
+        a state loaded into a map never called, a new width): as inference tensors they could never be used by a later
+        call that records a graph (training: "Inference tensors cannot be saved for backward")."""
         check_draws(self, self.input_dim, self._anchor.device)
         generator = torch.Generator().manual_seed(self.seed)
-        draws = self._draw(self.input_dim, generator)
-        for name, value in draws.items():
-            if value.is_floating_point():
-                value = value.to(device=self._anchor.device, dtype=self._anchor.dtype)
-            else:
-                value = value.to(device=self._anchor.device)
-            register_draw(self, name, value)
+        with torch.inference_mode(False):
+            draws = self._draw(self.input_dim, generator)
+            for name, value in draws.items():
+                if value.is_floating_point():
+                    value = value.to(device=self._anchor.device, dtype=self._anchor.dtype)
+                else:
+                    value = value.to(device=self._anchor.device)
+                register_draw(self, name, value)
         for name in set(self._buffer_names) - set(draws):  # draws of a previous seed or allocation
             delattr(self, name)
         self._buffer_names = tuple(draws)
@@ -202,8 +208,7 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
         """Make the draws for ``input_dim``, then publish it (a failed draw leaves the map without an input_dim)."""
         self.input_dim = input_dim
         try:
-            with torch.inference_mode(False):
-                self._materialize()
+            self._materialize()
         except BaseException:
             self.input_dim = None
             raise

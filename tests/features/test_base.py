@@ -59,6 +59,25 @@ def test_resample_changes_draws_and_is_reproducible(sampler):
     assert torch.equal(other(x), after)
 
 
+
+@pytest.mark.parametrize("redraw", ["resample", "load_into_lazy"])
+def test_draws_made_under_inference_mode_stay_usable_by_training(redraw):
+    # resample() in an evaluation loop, or a state loaded into a map never called, under torch.inference_mode():
+    # the new draws were inference tensors, and the next training step raised "Inference tensors cannot be saved
+    # for backward" (the first-call draws were already made outside inference mode).
+    saved = make(input_dim=3, seed=2).state_dict()
+    fm = make(input_dim=3, seed=1) if redraw == "resample" else make(seed=1)
+    with torch.inference_mode():
+        if redraw == "resample":
+            fm.resample(torch.Generator().manual_seed(0))
+        else:
+            fm.load_state_dict(saved)
+    assert not any(buffer.is_inference() for buffer in fm.buffers())
+    x = torch.randn(5, 3, requires_grad=True)
+    fm(x).pow(2).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 @pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("source_lazy", [False, True])
 def test_state_dict_round_trip_bit_for_bit(sampler, source_lazy, device):
