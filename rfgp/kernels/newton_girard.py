@@ -170,8 +170,10 @@ class SketchedNewtonGirardAdditiveKernel(FeatureKernel):
         return self.num_dims
 
     # ------------------------------------------------------------------ draws
+    @torch.inference_mode(False)
     def _materialize(self) -> None:
-        """Draw every order's subsets (or enumerate them) and per-column unit frequencies (module doc)."""
+        """Draw every order's subsets (or enumerate them) and per-column unit frequencies (module doc); outside
+        ``torch.inference_mode()``, so that draws made by ``resample()`` under it stay usable by training."""
         generator = torch.Generator().manual_seed(self.seed)
         n, m = self.num_dims, self.num_frequencies
         masks, orders, sampled, shares = [], [], [], []

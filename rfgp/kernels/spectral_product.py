@@ -138,6 +138,7 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
                 for i, (kernel, dim) in enumerate(zip(self.kernels, input_dims))
                 for name, value in unwrap_scale(kernel)[0].spectral_draws(self.num_frequencies, dim, generator).items()}
 
+    @torch.inference_mode(False)  # the draws stay usable by training, also when made under inference mode
     def _materialize(self, input_dims: tuple[int, ...]) -> None:
         anchor = next(iter(self.parameters()), None)
         for name, value in self._seed_draws(input_dims).items():
@@ -200,7 +201,7 @@ class SpectralProductKernel(SavedDrawShapes, FeatureKernel):
         silently)."""
         inputs = [select_active(kernel, x) for kernel in self.kernels]
         if self.input_dims is None:  # drawn once by threads calling at once (see FeatureMap._draw_at_first_call)
-            with init_lock(self), torch.inference_mode(False):  # the draws stay usable by training
+            with init_lock(self):
                 if self.input_dims is None:
                     self._materialize(tuple(u.shape[-1] for u in inputs))
         terms, log_amplitude, log_weights = [], 0.0, None

@@ -179,3 +179,14 @@ def test_product_with_another_kernel_is_unbiased():
     product = (ScaleKernel(exact_kernel(max_degree=2)) * RBFKernel(active_dims=[3])).double()
     assert_unbiased(lambda seed: rfgp.sketch(product, 128, seed=seed)(X).to_dense(), product(X).to_dense().detach(),
                     num_seeds=60, num_se=4.0)
+
+
+def test_resample_under_inference_mode_keeps_the_kernel_trainable():
+    # Draws made by resample() under torch.inference_mode() were inference tensors: the next training step raised
+    # "Inference tensors cannot be saved for backward".
+    kernel = SketchedNewtonGirardAdditiveKernel(RBFKernel(), 3, 16, seed=0).double()
+    with torch.inference_mode():
+        kernel.resample(torch.Generator().manual_seed(0))
+    assert not any(buffer.is_inference() for buffer in kernel.buffers())
+    kernel(torch.randn(6, 3, dtype=torch.float64)).to_dense().sum().backward()
+    assert kernel.raw_outputscale.grad is not None and torch.isfinite(kernel.raw_outputscale.grad).all()

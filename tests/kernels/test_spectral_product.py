@@ -304,3 +304,16 @@ def test_features_are_the_plain_formula_with_its_first_and_second_derivatives():
         pairs.append((*grads, *torch.autograd.grad(sum((g * g).sum() for g in grads), leaves)))
     for got, want in zip(*pairs):
         torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
+
+
+def test_resample_under_inference_mode_keeps_the_product_trainable():
+    # Draws made by resample() under torch.inference_mode() were inference tensors: the next training step raised
+    # "Inference tensors cannot be saved for backward".
+    kernel = SpectralProductKernel(*rbf_matern(), num_features=16, seed=0).double()
+    x = torch.randn(6, 2, dtype=torch.float64)
+    kernel(x).to_dense()
+    with torch.inference_mode():
+        kernel.resample(torch.Generator().manual_seed(0))
+    assert not any(buffer.is_inference() for buffer in kernel.buffers())
+    kernel(x).to_dense().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in kernel.parameters() if p.grad is not None)
