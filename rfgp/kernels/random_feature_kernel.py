@@ -516,10 +516,23 @@ def same_inputs(x1: Tensor, x2: Tensor) -> bool:
     The same tensor, or a view of the same memory (GPyTorch's test–test covariance slices x1 and x2 separately from
     its joint inputs), is answered without reading values; other tensors of one shape are compared entrywise (a
     host synchronisation).
+
+    Where autograd records a derivative with respect to the inputs, only the same tensor or views of one tensor in one
+    graph count: Φ(x1)Φ(x1)ᵀ for distinct tensors of equal values (independent leaves, or ``x.detach()`` and ``x``)
+    sent x2's gradient to x1 (doubled there, none for x2).
     """
+    if x1 is x2:
+        return True
+    if torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad):
+        return same_memory(x1, x2) and x1.requires_grad == x2.requires_grad and _view_base(x1) is _view_base(x2)
     if same_memory(x1, x2):
         return True
     return x1.shape == x2.shape and bool((x1 == x2).all())
+
+
+def _view_base(x: Tensor) -> Tensor:
+    """The tensor whose memory the view x shares (x itself if it is not a view)."""
+    return x if x._base is None else x._base
 
 
 def same_memory(x1: Tensor, x2: Tensor) -> bool:

@@ -114,6 +114,28 @@ def test_same_draw_for_x1_and_x2(method, device):
     torch.testing.assert_close(kernel(x, y).to_dense(), cross, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("pair", ["equal_leaves", "detached_x1"])
+@pytest.mark.parametrize("diag", [False, True])
+def test_input_gradients_of_distinct_inputs_with_equal_values(pair, diag):
+    # k(x1, x2) for distinct tensors holding the same points was computed as Φ(x1)Φ(x1)ᵀ (or ‖Φ(x1)‖²): x1 got its
+    # gradient twice and x2 none (k(x.detach(), x): a zero gradient for x, silently).
+    kernel = SketchedRBFKernel(64, seed=0).double()
+    x = torch.randn(5, 2, dtype=torch.float64)
+    reference = [x.clone().requires_grad_(True), x.clone().requires_grad_(True)]
+    phi1, phi2 = kernel.featurize(reference[0]), kernel.featurize(reference[1])
+    ((phi1 * phi2).sum(-1) if diag else phi1 @ phi2.mT).sum().backward()
+    if pair == "equal_leaves":
+        x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    else:
+        x2 = x.clone().requires_grad_(True)
+        x1 = x2.detach()
+    out = kernel(x1, x2, diag=diag)
+    (out if diag else out.to_dense()).sum().backward()
+    torch.testing.assert_close(x2.grad, reference[1].grad, rtol=1e-12, atol=1e-12)
+    if pair == "equal_leaves":
+        torch.testing.assert_close(x1.grad, reference[0].grad, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_diag_equals_row_wise_dot_products(method, device, dtype):
     kernel = SketchedMaternKernel(64, nu=2.5, method=method, seed=0, batch_shape=torch.Size([2])).to(device, dtype)
