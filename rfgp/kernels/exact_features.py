@@ -62,6 +62,9 @@ class LinearFeatureKernel(_ExactFeatureKernel):
                  variance_prior: Prior | None = None, variance_constraint: Interval | None = None, **kwargs) -> None:
         check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(ard_num_dims=ard_num_dims, **kwargs)
+        if ard_num_dims is not None and input_dim is not None and input_dim != ard_num_dims:
+            raise ValueError(f"input_dim={input_dim} does not match ard_num_dims={ard_num_dims} (one variance per "
+                             "input dimension): pass one of them, or equal values")
         input_dim = ard_num_dims if input_dim is None else input_dim
         self.input_dim = None if input_dim is None else check_positive_int(input_dim, "input_dim")
         register_positive_hyperparameter(self, "variance", (*self.batch_shape, 1, ard_num_dims or 1),

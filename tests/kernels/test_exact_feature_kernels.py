@@ -37,6 +37,13 @@ def test_linear_width_is_set_at_the_first_call_or_raises_before():
     assert kernel.num_features == 3
 
 
+def test_linear_input_dim_that_contradicts_ard_num_dims_is_refused_at_construction():
+    # was accepted, then every call raised GPyTorch's "Expected the input to have 3 dimensionality"
+    with pytest.raises(ValueError, match="input_dim=4 does not match ard_num_dims=3"):
+        LinearFeatureKernel(ard_num_dims=3, input_dim=4)
+    assert LinearFeatureKernel(ard_num_dims=3, input_dim=3).num_features == 3
+
+
 def test_constant_matches_gpytorch():
     exact = gpytorch.kernels.ConstantKernel(batch_shape=torch.Size([2])).double()
     exact.constant = torch.tensor([0.3, 2.0], dtype=F64)
