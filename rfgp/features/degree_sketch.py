@@ -216,7 +216,9 @@ class DegreeSketch:
         if self.projection == "srht":
             return self._srht_product(inputs, get)
         projections = [self.project(x, i, get) for i, x in enumerate(inputs)]
-        if self.projection == "countsketch":
+        # an empty batch (no rows) takes the plain product below: its shape and dtype, no values (MKL's FFT raised
+        # "DFTI ERROR: Inconsistent configuration" on it)
+        if self.projection == "countsketch" and all(p.numel() for p in projections):
             # Circular convolution of the CountSketches = CountSketch of the tensor product with
             # hash Σᵢhᵢ mod D (Pham & Pagh 2013), computed with FFTs.
             spectrum = torch.fft.fft(projections[0])

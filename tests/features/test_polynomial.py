@@ -304,3 +304,13 @@ def test_bad_inputs():
         phi(torch.rand(4, 3, dtype=torch.complex64))
     with pytest.raises(ValueError, match="NaN"):
         phi(torch.full((4, 3), float("nan")))
+
+
+@pytest.mark.parametrize("projection", PROJECTIONS)
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_inputs_without_rows_give_features_without_rows(projection, weights):
+    # CountSketch's FFT raised MKL's "DFTI ERROR: Inconsistent configuration" on (0, d) inputs
+    phi = PolynomialSketch(2, 8, input_dim=3, projection=projection, weights=weights, seed=0).double()
+    for shape in [(0, 3), (2, 0, 3)]:
+        out = phi(torch.zeros(shape, dtype=torch.float64))
+        assert out.shape == (*shape[:-1], 8) and out.dtype == torch.float64
