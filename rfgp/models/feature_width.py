@@ -9,8 +9,8 @@ posterior caches instead of at every optimiser step.
 Every map keeps its configuration (method, projection, weights, spectral density, seed, ...):
 a map re-drawn at F' is the map a model built at F' with the same seed has.  Its draws are made anew, not
 appended to the old ones: torch's normal sampler fills a tensor in blocks of 16 values, so the first draws at F' equal
-those at F only for some widths (RFF in d = 3: from F = 64 to 128, not from F = 100 to 300).  When a tree holds several maps (sums,
-multi-output parts) the widths keep their proportions; each is rounded to its map's granularity
+those at F only for some widths (RFF in d = 3: from F = 64 to 128, not from F = 100 to 300).  When a tree holds
+several maps (sums, multi-output parts) the widths keep their proportions; each is rounded to its map's granularity
 (sin/cos pairs, complex features and operator-valued blocks come in multiples).  A product whose
 own Φ sets its width counts once, with that width, as in :func:`rfgp.sketch`: a TensorSRHT
 (:class:`~rfgp.kernels.SketchedProductKernel`) or spectral product re-draws its sketch at the new
