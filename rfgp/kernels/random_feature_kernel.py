@@ -517,22 +517,45 @@ def same_inputs(x1: Tensor, x2: Tensor) -> bool:
     its joint inputs), is answered without reading values; other tensors of one shape are compared entrywise (a
     host synchronisation).
 
-    Where autograd records a derivative with respect to the inputs, only the same tensor or views of one tensor in one
-    graph count: Φ(x1)Φ(x1)ᵀ for distinct tensors of equal values (independent leaves, or ``x.detach()`` and ``x``)
-    sent x2's gradient to x1 (doubled there, none for x2).
+    Where autograd records a derivative with respect to the inputs, x1 and x2 must also be one function of the same
+    tensors (:func:`same_derivation`): Φ(x1)Φ(x1)ᵀ for distinct tensors of equal values (independent leaves, or
+    ``x.detach()`` and ``x``) sent x2's gradient to x1 (doubled there, none for x2).
     """
     if x1 is x2:
         return True
-    if torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad):
-        return same_memory(x1, x2) and x1.requires_grad == x2.requires_grad and _view_base(x1) is _view_base(x2)
+    if torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad) and not same_derivation(x1, x2):
+        return False
     if same_memory(x1, x2):
         return True
     return x1.shape == x2.shape and bool((x1 == x2).all())
 
 
-def _view_base(x: Tensor) -> Tensor:
-    """The tensor whose memory the view x shares (x itself if it is not a view)."""
-    return x if x._base is None else x._base
+def same_derivation(x1: Tensor, x2: Tensor) -> bool:
+    """Whether x1 and x2 are made by the same operation from the same tensors with the same arguments, so that a
+    gradient reaches those tensors alike through either: views of one tensor (GPyTorch's test–test covariance slices
+    x1 and x2 separately from its joint inputs) or, for equal values, the two ``index_select`` copies of
+    GPyTorch's ``active_dims`` (its kernels inside an ``AdditiveKernel`` or ``ProductKernel`` select the columns of x1
+    and x2 separately).  Leaves, and tensors of which one records no graph, are never the same derivation."""
+    if x1.requires_grad != x2.requires_grad:
+        return False
+    if x1._base is not None and x1._base is x2._base:
+        return same_memory(x1, x2)
+    node1, node2 = x1.grad_fn, x2.grad_fn
+    if node1 is None or node2 is None or type(node1) is not type(node2):
+        return False
+    if node1.next_functions != node2.next_functions:
+        return False
+    saved = [name for name in dir(node1) if name.startswith("_saved_")]
+    try:
+        return all(_same_argument(getattr(node1, name), getattr(node2, name)) for name in saved)
+    except RuntimeError:  # saved tensors freed by a backward pass: not known to be the same
+        return False
+
+
+def _same_argument(a, b) -> bool:
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and bool((a == b).all())
+    return a == b
 
 
 def same_memory(x1: Tensor, x2: Tensor) -> bool:

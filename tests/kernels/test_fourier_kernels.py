@@ -10,7 +10,8 @@ import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 from rfgp.inference.operators import FeatureRootLinearOperator
-from rfgp.kernels import SketchedMaternKernel, SketchedRBFKernel
+from rfgp.kernels import MaclaurinRBFKernel, SketchedMaternKernel, SketchedRBFKernel
+from rfgp.kernels.random_feature_kernel import same_inputs
 from rfgp.models import ExactGPModel
 
 METHODS = ["rff", "orf", "sorf"]
@@ -134,6 +135,23 @@ def test_input_gradients_of_distinct_inputs_with_equal_values(pair, diag):
     torch.testing.assert_close(x2.grad, reference[1].grad, rtol=1e-12, atol=1e-12)
     if pair == "equal_leaves":
         torch.testing.assert_close(x1.grad, reference[0].grad, rtol=1e-12, atol=1e-12)
+
+
+def test_inputs_derived_alike_still_share_one_root_under_autograd():
+    # GPyTorch's active_dims selects the columns of x1 and x2 separately (two index_select copies of one x): one
+    # feature root with its variance correction, also where an input gradient is recorded; slices of one tensor that
+    # hold equal values at different rows are not the same derivation
+    x = torch.rand(6, 3, dtype=torch.float64, requires_grad=True)
+    columns = torch.tensor([0, 2])
+    assert same_inputs(x.index_select(-1, columns), x.index_select(-1, columns))
+    assert same_inputs(x[:3], x[:3])
+    repeated = torch.cat((x[:3], x[:3])).detach().requires_grad_(True)
+    assert not same_inputs(repeated[:3], repeated[3:])
+    assert not same_inputs(x.detach(), x)
+    kernel = gpytorch.kernels.AdditiveKernel(MaclaurinRBFKernel(16, active_dims=[0, 2], seed=0)).double()
+    covariance = kernel.kernels[0](x, x)  # GPyTorch selects the columns of x1 and x2 separately
+    covariance = covariance.evaluate_kernel() if hasattr(covariance, "evaluate_kernel") else covariance
+    assert isinstance(covariance, FeatureRootLinearOperator) and covariance.variance_correction is not None
 
 
 @pytest.mark.parametrize("method", METHODS)
