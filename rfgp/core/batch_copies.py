@@ -44,15 +44,20 @@ def narrow_copies(x: Tensor, dims: tuple[int, ...]) -> Tensor:
     return x
 
 
-def _broadcast_dims(x: Tensor, num_batch_dims: int) -> tuple[int, ...]:
-    """The stride-0 dimensions of size > 1 among the first ``num_batch_dims`` of ``x``: copies made by ``expand``."""
+def broadcast_dims(x: Tensor, num_batch_dims: int) -> tuple[int, ...]:
+    """The stride-0 dimensions of size > 1 among the first ``num_batch_dims`` of ``x``: copies made by ``expand``;
+    none for a leaf that requires grad, whose ``.grad`` holds one gradient per member (a stride-0 leaf,
+    ``phi.expand(b, n, F).requires_grad_()``: computed once from its first member, every member's gradient would
+    land in the first)."""
+    if x.requires_grad and x.is_leaf:
+        return ()
     return tuple(dim for dim in range(num_batch_dims) if x.shape[dim] > 1 and x.stride(dim) == 0)
 
 
 def distinct_members(x: Tensor, num_batch_dims: int) -> int:
     """How many distinct members the first ``num_batch_dims`` dimensions of ``x`` hold: their batch size less the
     stride-0 copies (the batch size of :func:`narrow_broadcast`'s view, from the metadata alone)."""
-    copies = _broadcast_dims(x, num_batch_dims)
+    copies = broadcast_dims(x, num_batch_dims)
     return math.prod(size for dim, size in enumerate(x.shape[:num_batch_dims]) if dim not in copies)
 
 
@@ -63,10 +68,9 @@ def narrow_broadcast(x: Tensor, num_batch_dims: int) -> Tensor:
     Differentiable: for a non-leaf ``x`` the backward returns the gradient spread evenly over the copies as a
     stride-0 tensor, which the ``expand`` that made them sums back to the gradient itself, where narrowing's backward
     writes a zero-filled gradient of x's whole shape (b·N·F writes for b copies of an N × F matrix) first.  A leaf
-    that requires grad is narrowed plainly: its own ``.grad`` holds each copy's gradient, which must stay where it
-    belongs."""
-    copies = _broadcast_dims(x, num_batch_dims)
-    if not copies or not x.requires_grad or x.is_leaf:
+    that requires grad is returned whole (:func:`broadcast_dims`): its own ``.grad`` holds each copy's gradient."""
+    copies = broadcast_dims(x, num_batch_dims)
+    if not copies or not x.requires_grad:
         return narrow_copies(x, copies)
     return _DistinctMembers.apply(x, copies)
 

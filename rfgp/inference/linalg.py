@@ -27,7 +27,7 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
-from ..core.batch_copies import narrow_broadcast
+from ..core.batch_copies import broadcast_dims, narrow_broadcast
 from ..core.dtypes import factor_dtype, refuse_autocast_backward
 from ..core.validation import NonFiniteHyperparameterError
 from .statistics_precision import unit_roundoff
@@ -468,11 +468,12 @@ def feature_statistics(features: Tensor, weights: Tensor, rhs: Tensor,
     """
     dtype = features.dtype if dtype is None else dtype
     batch = torch.broadcast_shapes(features.shape[:-2], weights.shape[:-1], rhs.shape[:-2])
-    features = features.expand(*batch, *features.shape[-2:])
+    if features.shape[:-2] != batch:  # a leaf of the full batch stays a leaf (its stride-0 members are no copies)
+        features = features.expand(*batch, *features.shape[-2:])
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same statistics, plainly
         return plain_statistics(features.to(dtype), weights, rhs)
     weights, rhs = weights.expand(*batch, weights.shape[-1]), rhs.expand(*batch, *rhs.shape[-2:])
-    copies = tuple(dim for dim in range(len(batch)) if batch[dim] > 1 and features.stride(dim) == 0)
+    copies = broadcast_dims(features, len(batch))
     if copies and _is_uniform(weights):
         return _shared_feature_statistics(features, weights, rhs, copies, dtype)
     return _FeatureStatistics.apply(features, weights, rhs, dtype)
