@@ -23,15 +23,22 @@ LIBRARY_MODULES = frozenset({
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn(message, category)`` attributed to the first calling frame outside :data:`LIBRARY_MODULES`.
+    """``warnings.warn(message, category)`` attributed to the first calling frame outside :data:`LIBRARY_MODULES`
+    (the outermost frame where there is none).
 
     The frame's module (``__name__``; a script is ``__main__``, a notebook cell its kernel's namespace) decides,
     so the user's line is named whether rfgp was reached directly or through GPyTorch, BoTorch or scikit-learn.
     """
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARY_MODULES:
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level + 1)
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARY_MODULES:
+        frame = frame.f_back  # stops at the outermost frame where every frame is the libraries'
+    # warn_explicit with the frame's own registry, as warnings.warn does: a stacklevel counted here was off where
+    # import machinery lay between rfgp and the user (warnings.warn does not count importlib._bootstrap frames), as
+    # in a warning of rfgp's import hook for ``import botorch``, which named "sys", line 1
+    module_globals = frame.f_globals
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module_globals.get("__name__", "<string>"),
+                           module_globals.setdefault("__warningregistry__", {}), module_globals)
 
 
 @contextlib.contextmanager

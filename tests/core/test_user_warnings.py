@@ -6,6 +6,8 @@ named ``rfgp/kernels/conversion.py``, a warning raised while GPyTorch evaluated 
 
 from __future__ import annotations
 
+import importlib
+import sys
 import warnings
 
 import gpytorch
@@ -85,3 +87,22 @@ def test_frames_of_the_libraries_are_skipped(module):
     exec("def issue():\n    warn('inside', UserWarning)\n", namespace)
     (record,) = _caught(namespace["issue"])
     assert record.filename == __file__
+
+
+def test_a_warning_raised_inside_an_import_names_the_import_line(tmp_path, monkeypatch):
+    """rfgp's hook registering an integration when its library is imported warns if the registration fails: the
+    import machinery's frames lay between, which ``warnings.warn`` leaves out of its stacklevel count; the warning
+    had named "sys", line 1."""
+    from rfgp.integrations import when_imported
+
+    (tmp_path / "rfgp_hooked_library.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "rfgp_hooked_library", raising=False)
+
+    def register():
+        raise RuntimeError("incompatible version")
+
+    when_imported("rfgp_hooked_library", register)
+    caught = _caught(lambda: importlib.import_module("rfgp_hooked_library"))
+    hooked = [w for w in caught if "rfgp_hooked_library integration" in str(w.message)]
+    assert len(hooked) == 1 and hooked[0].filename == __file__
