@@ -95,9 +95,13 @@ def check_solve(num_rows: int, num_features: int, batch: int, dtype: torch.dtype
     """Guard the square matrix of a feature-space solve (capacitance I + ΦᵀD⁻¹Φ or dense N × N) and its factor.
 
     ``size`` is the side of the matrix the solve forms: F for the capacitance, N for the kernel-space
-    matrix; by default min(N, F), the cheaper of the two.  ``advice`` replaces the default advice.
+    matrix; by default min(N, F), the cheaper of the two.  ``advice`` replaces the default advice.  The capacitance
+    is factorised in :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32 features: counted in ``dtype``, the
+    guard passed twice the memory there was); the kernel-space matrix is counted in the features' ``dtype``.
     """
     size = min(num_rows, num_features) if size is None else size
+    if size == num_features:
+        dtype = factor_dtype(dtype, torch.device(device))
     num_bytes = 2 * batch * size * size * torch.empty((), dtype=dtype).element_size()  # matrix and its Cholesky
     if advice is None:
         advice = "reduce num_features" if size == num_features else "reduce the number of training points (rows N)"
