@@ -399,11 +399,19 @@ def normalize_rows(x: Tensor, name: str) -> Tensor:
 def check_hyperparameter(value, name: str, constraint=None, allow_bound: bool = False) -> None:
     """A value assigned to a hyperparameter is finite and inside its (positive) constraint.
 
-    ``allow_bound`` accepts the lower bound itself (an offset c = 0 is a valid kernel; ℓ = 0 is not).
+    ``allow_bound`` accepts the lower bound itself (an offset c = 0 is a valid kernel; ℓ = 0 is not).  Accepted: real
+    numbers (nested lists of them), float32/float64 or int32/int64 tensors; not bools, strings, complex or
+    half-precision values (the dtype policy above).
     """
-    tensor = value if torch.is_tensor(value) else torch.as_tensor(value, dtype=torch.float64)
-    if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in (torch.int32, torch.int64)):
-        raise TypeError(f"{name} must be a real number or tensor, got {value!r}")
+    try:
+        tensor = value if torch.is_tensor(value) else torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):  # a string, a ragged list, an int beyond 64 bits
+        tensor = None
+    if tensor is None or tensor.dtype not in (*SUPPORTED_DTYPES, torch.int32, torch.int64):
+        given = f"{value!r} of type {type(value).__name__}" + ("" if tensor is None else f" (dtype {tensor.dtype})")
+        raise TypeError(f"{name} must be a real number or a float32/float64 (or int32/int64) tensor, got {given}")
+    if not torch.is_tensor(value):
+        tensor = torch.as_tensor(value, dtype=torch.float64)  # Python floats checked in double precision
     lower = getattr(constraint, "lower_bound", torch.tensor(0.0))
     upper = getattr(constraint, "upper_bound", torch.tensor(math.inf))
     tensor = tensor.detach()

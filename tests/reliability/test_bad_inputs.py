@@ -135,6 +135,13 @@ for name in ("rbf_rff", "rbf_sorf", "rbf_maclaurin", "matern", "random_feature",
             kernel = build_kernel().double()
             kernel.lengthscale = value
         case(f"{name}/lengthscale_{label}", set_lengthscale, Raises(ValueError, "lengthscale", str(value)))
+    # a bool had been taken as 1.0 (tensor(True) refused), a half-precision tensor accepted against the dtype
+    # policy, a string answered with torch's "new(): invalid data type 'str'"
+    for label, value in (("bool", True), ("float16", torch.tensor(0.5, dtype=torch.float16)), ("string", "0.5")):
+        def set_lengthscale(build_kernel=build_kernel, value=value):
+            kernel = build_kernel().double()
+            kernel.lengthscale = value
+        case(f"{name}/lengthscale_{label}", set_lengthscale, Raises(TypeError, "lengthscale", "real number"))
 
 
 def _set(name, attribute, value):
