@@ -41,6 +41,8 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 import threading
 
 import torch
@@ -184,12 +186,12 @@ class float32_statistics_tolerance(_ValueSetting):
 
     @classmethod
     def _check(cls, value):
-        accepted = "a number ≥ 0 (math.inf: always float32 statistics, 0: always float64)"
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        accepted = "a real number ≥ 0 (math.inf: always float32 statistics, 0: always float64)"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # NumPy's floats and ints are Real
             raise TypeError(f"float32_statistics_tolerance must be {accepted}, got {type(value).__name__} {value!r}")
-        if math.isnan(value) or value < 0:
+        if not value >= 0:  # negative or NaN (math.isnan would overflow on an int beyond float's range)
             raise ValueError(f"float32_statistics_tolerance must be {accepted}, got {value!r}")
-        return float(value)
+        return math.inf if isinstance(value, int) and value > sys.float_info.max else float(value)  # beyond: ∞
 
 
 class chunk_size(_ValueSetting):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import sys
 
 import torch
 from linear_operator.utils.errors import NanError
@@ -118,12 +119,12 @@ def check_positive_float(value, name: str, allow_zero: bool = False) -> float:
     """Return ``value`` as a ``float`` after checking it is finite and > 0 (or ≥ 0)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
-    value = float(value)
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or value != value or value == float("inf"):
+    converted = math.inf if isinstance(value, int) and abs(value) > sys.float_info.max else float(value)  # overflow
+    ok = converted >= 0 if allow_zero else converted > 0
+    if not ok or not math.isfinite(converted):
         bound = "≥ 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be a finite number {bound}, got {value}")
-    return value
+    return converted
 
 
 def check_dtype_argument(dtype, name: str = "dtype") -> torch.dtype:

@@ -1,10 +1,12 @@
 """rfgp.settings: a context's override ends when it is left, whatever the order contexts are left in."""
 
+import math
 import threading
 
+import numpy as np
 import pytest
 
-from rfgp.core.settings import chunk_size, memory_budget, validate_inputs
+from rfgp.core.settings import chunk_size, float32_statistics_tolerance, memory_budget, validate_inputs
 
 
 def test_an_instance_entered_twice_restores_the_default():
@@ -69,3 +71,18 @@ def test_contexts_left_by_an_error_or_out_of_order_and_set_global_inside_one():
     with validate_inputs(False), chunk_size(7):  # each setting keeps its own contexts
         assert (validate_inputs.on(), chunk_size.value(), memory_budget.value()) == (False, 7, default)
     assert validate_inputs.on() is True and chunk_size.value() is None
+
+
+@pytest.mark.parametrize("value, expected", [(np.float32(0.5), 0.5), (np.int64(2), 2.0), (10**400, math.inf)],
+                         ids=["np.float32", "np.int64", "10**400"])
+def test_float32_statistics_tolerance_takes_every_real_number(value, expected):
+    """NumPy's float32 and integers were refused as no number; an int beyond float's range raised OverflowError."""
+    with float32_statistics_tolerance(value):
+        assert float32_statistics_tolerance.value() == expected
+
+
+@pytest.mark.parametrize("value", [-(10**400), math.nan, np.float32("nan"), -1],
+                         ids=["-10**400", "nan", "np.float32 nan", "-1"])
+def test_float32_statistics_tolerance_refuses_negative_and_nan_by_name(value):
+    with pytest.raises(ValueError, match="float32_statistics_tolerance must be a real number ≥ 0"):
+        float32_statistics_tolerance(value)
