@@ -156,8 +156,11 @@ class FullPrecisionOperator(FullPrecisionMethods):
 
 def factor_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The working precision of F × F / M × M factors (and landmark selection) for ``dtype`` inputs: float64 for
-    float32/half, except on devices without float64 (Apple MPS), which keep ``dtype``."""
-    return torch.float64 if dtype in _WIDENED and device.type != "mps" else dtype
+    float32/half, except on devices without float64 (Apple MPS): float32 there, for half inputs too (rfgp never
+    factorises in half precision)."""
+    if device.type == "mps":
+        return torch.float32 if dtype in _HALF else dtype
+    return torch.float64 if dtype in _WIDENED else dtype
 
 
 def promoted_dtype(*dtypes: torch.dtype | None) -> torch.dtype:
