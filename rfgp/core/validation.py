@@ -109,7 +109,11 @@ def check_seed(seed, name: str = "seed", allow_none: bool = True) -> int | None:
 
 def check_choice(value, name: str, choices) -> str:
     """Return ``value`` after checking it is one of ``choices``."""
-    if value not in choices:
+    try:
+        found = value in choices
+    except (TypeError, ValueError, RuntimeError):  # an array or tensor compares element-wise: no choice
+        found = False
+    if not found:
         accepted = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {accepted}; got {value!r}")
     return value

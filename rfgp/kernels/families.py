@@ -21,6 +21,7 @@ is its own class with explicit keyword arguments; the family classes of one kern
 from __future__ import annotations
 
 import inspect
+from collections.abc import Hashable
 from typing import Any, ClassVar
 
 from gpytorch.kernels import Kernel
@@ -51,7 +52,11 @@ class MethodDispatch:
             cls._families.update(dict.fromkeys(cls.family_methods, cls))
 
     def __new__(cls, *args, **kwargs):
-        family = cls._families.get(cls._method_argument(args, kwargs), cls) if cls._is_root() else cls
+        family = cls
+        if cls._is_root():
+            method = cls._method_argument(args, kwargs)
+            if isinstance(method, Hashable):  # an unhashable one (a list) reaches __init__'s check_choice, named
+                family = cls._families.get(method, cls)
         return super().__new__(family)
 
     @classmethod
