@@ -23,6 +23,9 @@
   in inputs and targets, label ranges, unit norms): one fused reduction and one host sync per
   call each.  For data you have validated yourself; shape and dtype checks always run.
 
+Every setting is process-wide, not per thread: a context entered in one thread applies to every thread until it is
+left (guide/conventions.md, "Threads"); set values for a server once at start-up with ``set_global``.
+
 Example:
     >>> import torch, gpytorch, rfgp
     >>> g = torch.Generator().manual_seed(0)
