@@ -31,10 +31,8 @@ def copied_batch_dims(x: Tensor, kernel_batch_shape: torch.Size) -> tuple[int, .
     """The stride-0 batch dimensions of ``x`` ``(..., n, d)`` (negative indices) of size > 1 where
     ``kernel_batch_shape`` (aligned to the right with x's batch) has size 1; none for a leaf that requires grad
     (module docstring)."""
-    if x.requires_grad and x.is_leaf:
-        return ()
-    return tuple(dim for dim in range(-x.dim(), -2)
-                 if x.shape[dim] > 1 and x.stride(dim) == 0 and _kernel_size(kernel_batch_shape, dim) == 1)
+    return tuple(dim for dim in (dim - x.dim() for dim in broadcast_dims(x, x.dim() - 2))
+                 if _kernel_size(kernel_batch_shape, dim) == 1)
 
 
 def narrow_copies(x: Tensor, dims: tuple[int, ...]) -> Tensor:
