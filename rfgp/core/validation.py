@@ -373,8 +373,10 @@ def check_unit_rows(x: Tensor, name: str, hint: str) -> None:
     deviation = (x.norm(dim=-1) - 1).abs()
     tolerance = math.sqrt(torch.finfo(x.dtype).eps)
     if bool((deviation > tolerance).any()):
-        worst = int(deviation.reshape(-1).argmax())
-        norm = float(x.reshape(-1, x.shape[-1])[worst].norm())
+        # its position (batch index, row) in a batched x, as nonfinite_message gives: a flat index named another row
+        position = tuple(int(i) for i in (deviation == deviation.max()).nonzero()[0])
+        norm = float(x[position].norm())
+        worst = position[0] if len(position) == 1 else position
         # enough significant digits to show |norm − 1| to three digits
         digits = 3 - math.floor(math.log10(abs(norm - 1))) if norm != 1 else 3
         raise ValueError(
