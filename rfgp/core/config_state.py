@@ -14,7 +14,7 @@ value                  tensor
 =====================  ===========================================
 ``None``               empty ``torch.bool`` vector, shape (0,)
 ``bool``               ``torch.bool`` scalar
-``int``                ``torch.int64`` scalar (seeds < 2**62 fit)
+``int``                ``torch.int64`` scalar (every seed, [-2**63, 2**63))
 ``float``              ``torch.float64`` scalar (bit exact)
 ``str``                ``torch.uint8`` vector of its UTF-8 bytes
 ``tuple`` of ints      ``torch.int64`` vector
