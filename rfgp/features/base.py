@@ -32,7 +32,10 @@ _SEED_BOUND = 2**62
 
 
 def _new_seed(generator: torch.Generator | None) -> int:
-    return int(torch.randint(_SEED_BOUND, (1,), generator=generator).item())
+    """A seed drawn from ``generator`` (``None``: torch's), on the generator's own device (a CUDA generator draws
+    there: on the CPU, torch refuses it)."""
+    device = None if generator is None else generator.device
+    return int(torch.randint(_SEED_BOUND, (1,), generator=generator, device=device).item())
 
 
 def widen_draws(module: nn.Module, draws: dict[str, Tensor], drawn_in: torch.dtype) -> None:

@@ -34,6 +34,15 @@ def test_generator_and_global_seed_are_reproducible():
     assert torch.equal(c.frequencies, d.frequencies)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA generator needs a GPU")
+def test_seed_from_a_cuda_generator_is_drawn_on_its_device():
+    """torch.randint refused a CUDA generator on the CPU ("Expected a 'cpu' device type for generator"): the seed is
+    drawn on the generator's device, reproducibly."""
+    a = make(input_dim=3, seed=None, generator=torch.Generator("cuda").manual_seed(5))
+    b = make(input_dim=3, seed=None, generator=torch.Generator("cuda").manual_seed(5))
+    assert a.seed == b.seed and torch.equal(a.frequencies, b.frequencies)
+
+
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_lazy_initialisation_equals_eager(sampler, device):
     lazy, eager = make(sampler, seed=3), make(sampler, seed=3, input_dim=4)
