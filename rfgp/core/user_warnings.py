@@ -32,13 +32,15 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     frame = sys._getframe(1)
     while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARY_MODULES:
         frame = frame.f_back  # stops at the outermost frame where every frame is the libraries'
-    # warn_explicit with the frame's own registry, as warnings.warn does: a stacklevel counted here was off where
-    # import machinery lay between rfgp and the user (warnings.warn does not count importlib._bootstrap frames), as
-    # in a warning of rfgp's import hook for ``import botorch``, which named "sys", line 1
+    # warn_explicit at the user's frame, with its registry, as warnings.warn does: a stacklevel counted here was off
+    # where import machinery lay between rfgp and the user (warnings.warn does not count importlib._bootstrap
+    # frames), as in a warning of rfgp's import hook for ``import botorch``, which named "sys", line 1.  Without
+    # module_globals, as warnings.warn: given them, C's warn_explicit asks the frame's __loader__ for the source line
+    # and raises its error ("ImportError: '__main__' is not a built-in module" for code read from stdin)
     module_globals = frame.f_globals
     warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
                            module_globals.get("__name__", "<string>"),
-                           module_globals.setdefault("__warningregistry__", {}), module_globals)
+                           module_globals.setdefault("__warningregistry__", {}))
 
 
 @contextlib.contextmanager

@@ -7,6 +7,9 @@ named ``rfgp/kernels/conversion.py``, a warning raised while GPyTorch evaluated 
 from __future__ import annotations
 
 import importlib
+import os
+import pathlib
+import subprocess
 import sys
 import warnings
 
@@ -106,3 +109,14 @@ def test_a_warning_raised_inside_an_import_names_the_import_line(tmp_path, monke
     caught = _caught(lambda: importlib.import_module("rfgp_hooked_library"))
     hooked = [w for w in caught if "rfgp_hooked_library integration" in str(w.message)]
     assert len(hooked) == 1 and hooked[0].filename == __file__
+
+
+def test_a_warning_from_code_read_from_stdin_is_shown_not_raised():
+    """Code piped to ``python -`` (``__main__`` from stdin, whose loader has no source): passing the frame's globals
+    to ``warnings.warn_explicit`` made it ask that loader for the line, and every rfgp warning raised
+    "ImportError: '__main__' is not a built-in module" instead of being shown."""
+    code = "from rfgp.core.user_warnings import warn\nwarn('shown from stdin')\nprint('went on')\n"
+    result = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, check=False,
+                            env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])})
+    assert result.returncode == 0, result.stderr
+    assert "<stdin>:2: UserWarning: shown from stdin" in result.stderr and "went on" in result.stdout
