@@ -309,6 +309,7 @@ class NystromKernel(FeatureKernel):
         else:
             super().__setattr__(name, value)
 
+    @torch.inference_mode(False)  # new landmarks chosen under inference mode stay usable by training
     def reselect_landmarks(self, num_landmarks: int, x_sample: Tensor | None,
                            outputscale: Tensor | None = None) -> None:
         """Choose ``num_landmarks`` new landmarks among ``x_sample`` by the rule and seed of the first choice.

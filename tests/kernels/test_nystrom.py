@@ -937,3 +937,19 @@ def test_botorch_fits_a_multi_output_model_with_learned_landmarks_independently(
     landmarks = model.covar_module.landmarks.detach()
     assert landmarks.shape == (2, 4, 2) and not torch.equal(landmarks[0], landmarks[1])
     assert not torch.equal(landmarks[0], start[0]) and not torch.equal(landmarks[1], start[1])
+
+
+def test_landmarks_reselected_under_inference_mode_stay_usable_by_training():
+    """Landmarks chosen again inside ``torch.inference_mode()`` were inference tensors: the next training step raised
+    "Inference tensors cannot be saved for backward"."""
+    x = torch.randn(80, 2, generator=torch.Generator().manual_seed(0))
+    y = torch.sin(x.sum(-1))
+    kernel = rfgp.sketch(ScaleKernel(RBFKernel()), 12, method="nystrom", x_sample=x, seed=0)
+    nystrom = kernel.base_kernel
+    with torch.inference_mode():
+        nystrom.reselect_landmarks(12, x.clone())
+    assert not nystrom.landmarks.is_inference()
+    model = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), kernel)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    (-mll(model(x), y)).backward()
+    assert kernel.base_kernel.base_kernel.raw_lengthscale.grad is not None
