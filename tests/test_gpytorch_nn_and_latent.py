@@ -237,6 +237,20 @@ def test_covar_module_inputs_leave_no_trace():
     assert covar_module_inputs(plain, x) is x
 
 
+def test_covar_module_inputs_under_inference_mode_leave_no_inference_buffers():
+    """The buffers' copies, restored after the captured forward, were made under ``torch.inference_mode()`` when
+    ``rfgp.set_num_features`` was called there: every buffer of the model (constraint bounds, batch-norm statistics)
+    became an inference tensor, which a later in-place update refuses outside inference mode."""
+    x, y = regression_data()
+    model = DKLModel(x, y, rfgp.sketch(exact_kernel(), 64, seed=0), extra=(torch.nn.BatchNorm1d(16),))
+    model.eval()
+    with torch.inference_mode():
+        rfgp.set_num_features(model, 128)
+    assert not [name for name, buffer in model.named_buffers() if buffer.is_inference()]
+    for buffer in model.buffers():
+        buffer.add_(0)  # "Inplace update to inference tensor outside InferenceMode" before
+
+
 def adam_steps(model, x, y, steps):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)

@@ -34,6 +34,7 @@ def _stop_at_call(kernel: Kernel, x1: Tensor, *args, **kwargs):
     raise _KernelCalled(x1)
 
 
+@torch.inference_mode(False)  # the buffers' saved copies are restored into the model: no inference tensors
 def covar_module_inputs(model: nn.Module, inputs: Tensor) -> Tensor:
     """The first argument ``model.forward(inputs)`` passes to ``model.covar_module`` (detached); ``inputs`` itself
     for a model without a GPyTorch kernel as ``covar_module``, or whose ``forward`` does not call it.
