@@ -37,6 +37,17 @@ def _data(n=240):
     return x, y
 
 
+def _rank_updated_stream(x, y, first, step):
+    """A stream of ``model``'s kernel over (x, y): the first ``first`` points, factorised, then batches of ``step``
+    points that update the factor by rank-``step`` updates."""
+    model = _model(x, y)
+    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
+    streaming.update(x[:first], y[:first]).cholesky()
+    for start in range(first, x.shape[0], step):
+        streaming.update(x[start:start + step], y[start:start + step])
+    return streaming
+
+
 def test_streaming_equals_refit():
     x, y = _data()
     x_test = torch.rand(9, DIM, dtype=torch.float64) * 4
@@ -95,11 +106,7 @@ def test_state_dict_round_trip_keeps_a_rank_updated_factor():
     from the rank-updated L by rounding, and predicted other values (10⁻¹⁵ in the means) than the model it was saved
     from.  A state dict saved without the factor still loads (strict), refactorising it."""
     x, y = _data()
-    model = _model(x, y)
-    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
-    streaming.update(x[:200], y[:200]).cholesky()
-    for start in range(200, 240, 4):
-        streaming.update(x[start:start + 4], y[start:start + 4])
+    streaming = _rank_updated_stream(x, y, 200, 4)
     other = _model(x[:3], y[:3], seed=7)
     fresh = StreamingFeatureGP(other.covar_module, other.likelihood, other.mean_module, rank_update="always")
     fresh.load_state_dict(copy.deepcopy(streaming.state_dict()))
@@ -605,11 +612,7 @@ def test_moving_the_model_keeps_the_rank_updated_factor(device):
     """.to(device) dropped the factor L, refactorised at the next prediction: after rank updates that differs by
     rounding, and a no-op model.to("cpu") moved the means by 4·10⁻¹⁶.  The factor now moves with the statistics."""
     x, y = _data()
-    model = _model(x, y)
-    streaming = StreamingFeatureGP(model.covar_module, model.likelihood, model.mean_module, rank_update="always")
-    streaming.update(x[:100], y[:100]).cholesky()
-    for start in range(100, 240, 3):
-        streaming.update(x[start:start + 3], y[start:start + 3])
+    streaming = _rank_updated_stream(x, y, 100, 3)
     x_test = torch.rand(6, DIM, dtype=torch.float64)
     with torch.no_grad():
         before = streaming(x_test).mean
@@ -619,7 +622,8 @@ def test_moving_the_model_keeps_the_rank_updated_factor(device):
     with torch.no_grad():
         after = streaming(x_test.to(device)).mean.cpu()
     assert torch.equal(after, before) if device.type == "cpu" else torch.allclose(after, before, rtol=1e-12, atol=1e-14)
-    loaded = StreamingFeatureGP(*(copy.deepcopy(m) for m in (model.covar_module, model.likelihood, model.mean_module)))
+    loaded = StreamingFeatureGP(*(copy.deepcopy(m) for m in (streaming.covar_module, streaming.likelihood,
+                                                              streaming.mean_module)))
     loaded.to(device).load_state_dict({key: value.cpu() for key, value in streaming.state_dict().items()})
     assert all(getattr(loaded, name).device == device for name in (*streaming_module._STATISTICS, "factor"))
 
