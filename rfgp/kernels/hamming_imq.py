@@ -18,6 +18,7 @@ from ..core import settings
 from ..core.config_state import METHOD
 from ..core.validation import NonFiniteHyperparameterError, check_kernel_inputs, module_dtype
 from ..features.hamming_imq import HammingIMQFeatures
+from .families import check_kernel_kwargs
 from .hyperparameters import PositiveHyperparameter, register_positive_hyperparameter
 from .random_feature_kernel import FeatureKernel
 
@@ -54,6 +55,7 @@ class SketchedHammingIMQKernel(FeatureKernel):
                  beta_constraint: Interval | None = None, reference_beta: float | None = None, **kwargs) -> None:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        check_kernel_kwargs(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         register_positive_hyperparameter(self, "alpha", (*self.batch_shape, 1), alpha_prior, alpha_constraint)

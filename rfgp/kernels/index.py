@@ -10,11 +10,14 @@ input column) they multiply the data features by a row-wise Kronecker product
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from gpytorch.kernels import IndexKernel
 from torch import Tensor
 
 from ..core.validation import check_finite, check_task_indices
+from .families import check_kernel_kwargs
 from .random_feature_kernel import FeatureKernel
 
 
@@ -37,6 +40,16 @@ class IndexFeatureKernel(FeatureKernel, IndexKernel):
 
     #: Φ(i)ᵀΦ(j) = k(i, j) exactly, at a width fixed by the kernel (not by ``num_features``)
     is_exact = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        """The arguments of the exact kernel computed (``IndexKernel``'s, or a subclass's such as BoTorch's
+        ``PositiveIndexKernel``) and GPyTorch's ``Kernel`` arguments; any other keyword raises a ``TypeError``
+        naming it (``IndexKernel`` would drop it silently)."""
+        exact = next(base for base in type(self).__mro__
+                     if issubclass(base, IndexKernel) and not issubclass(base, FeatureKernel))
+        own = inspect.signature(exact.__init__).parameters
+        check_kernel_kwargs(type(self).__name__, {name: value for name, value in kwargs.items() if name not in own})
+        super().__init__(*args, **kwargs)
 
     @property
     def num_features(self) -> int:

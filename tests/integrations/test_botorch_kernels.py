@@ -68,6 +68,13 @@ def test_state_carries_the_target_task_and_refuses_another():
         other.load_state_dict(state)
 
 
+def test_unknown_keyword_is_refused_and_positive_index_arguments_are_accepted():
+    with pytest.raises(TypeError, match="PositiveIndexFeatureKernel got unexpected keyword argument.*'target_task'"):
+        PositiveIndexFeatureKernel(num_tasks=3, rank=2, target_task=1)
+    tasks = PositiveIndexFeatureKernel(3, 2, target_task_index=1, unit_scale_for_target=False, active_dims=(1,))
+    assert tasks.target_task_index == 1 and not tasks.unit_scale_for_target and tasks.active_dims.tolist() == [1]
+
+
 def test_multitask_gp_converts_and_predicts_like_botorch():
     generator = torch.Generator().manual_seed(1)
     x = torch.rand(80, 2, generator=generator, dtype=F64)

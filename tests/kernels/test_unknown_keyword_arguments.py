@@ -13,10 +13,12 @@ from rfgp.kernels import (
     DecomposableKernel,
     DivFreeRBFKernel,
     FeatureSumKernel,
+    IndexFeatureKernel,
     LinearFeatureKernel,
     NystromKernel,
     SketchedCurlFreeKernel,
     SketchedDecomposableKernel,
+    SketchedHammingIMQKernel,
     SketchedRBFKernel,
     SpectralProductKernel,
 )
@@ -32,6 +34,9 @@ BUILDERS = {
         SketchedRBFKernel(16, seed=0), SketchedRBFKernel(16, seed=1), num_features=16, **kw),
     "SketchedCurlFreeKernel": lambda **kw: SketchedCurlFreeKernel(16, input_dim=2, **kw),
     "SketchedDecomposableKernel": lambda **kw: SketchedDecomposableKernel(SketchedRBFKernel(16), num_tasks=2, **kw),
+    # these two dropped a misspelt keyword silently (GPyTorch's IndexKernel does)
+    "SketchedHammingIMQKernel": lambda **kw: SketchedHammingIMQKernel(3, 16, seed=0, **kw),
+    "IndexFeatureKernel": lambda **kw: IndexFeatureKernel(num_tasks=3, **kw),
     # the exact operator-valued kernels too (they dropped a misspelt keyword silently)
     "CurlFreeRBFKernel": lambda **kw: CurlFreeRBFKernel(2, **kw),
     "DivFreeRBFKernel": lambda **kw: DivFreeRBFKernel(2, **kw),
