@@ -229,14 +229,24 @@ class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
         """From the T outputs' chunked covariances ``interleaved`` (outputs in the last batch dimension), whose
         features give the interleaved root's rows ``chunk_size`` points at a time, and ``tasks``, the same T
         covariances for a diagonal noise (default ``interleaved``; materialised when the T roots fit the budget)."""
-        base = interleaved.featurizer
+        base, inputs = interleaved.featurizer, interleaved.inputs
         num_tasks = base.batch_shape[-1]
+        # batched inputs of the T outputs hold their batch dimension (of 1, broadcast against the T outputs): the
+        # interleaved rows' inputs leave it out, and their featurizer puts it back
+        if inputs.dim() > 2:
+            if inputs.shape[-3] != 1:
+                raise NotImplementedError(
+                    f"the independent outputs' inputs {tuple(inputs.shape)} differ between the {num_tasks} outputs "
+                    "(batch dimension -3), which their chunked evaluation does not take; give every output the same "
+                    "inputs, or raise rfgp.settings.memory_budget"
+                )
+            inputs = inputs.squeeze(-3)
 
         def block_features(x: Tensor) -> Tensor:
-            return block_root(base(x))
+            return block_root(base(x.unsqueeze(-3) if x.dim() > 2 else x))
 
         featurizer = Featurizer(block_features, base.params, num_tasks * base.num_features, base.batch_shape[:-1])
-        return cls(interleaved.inputs, interleaved.inputs, *featurizer.params, featurizer=featurizer,
+        return cls(inputs, inputs, *featurizer.params, featurizer=featurizer,
                    chunk_size=chunk_size, num_outputs=num_tasks, tasks=interleaved if tasks is None else tasks)
 
     def _points(self, rows: slice, columns: slice) -> ChunkedMultiOutputFeatureOperator:

@@ -82,6 +82,7 @@ class IndependentOutputsKernel(Kernel):
     @in_full_precision
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params):
         source = self.task_dim - len(self.batch_kernel.batch_shape)  # the task dimension, counted from the batch's end
+        x1, x2 = _with_task_dim(x1, source), _with_task_dim(x2, source)
         if diag:
             covar = self.batch_kernel(x1, x2, diag=True, **params)
             return covar.movedim(source - 1, -1).flatten(-2)  # (..., T, n) → (..., n·T), interleaved
@@ -109,6 +110,14 @@ class IndependentOutputsKernel(Kernel):
             return MultitaskFeatureSpacePredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
         return gpytorch.models.exact_prediction_strategies.DefaultPredictionStrategy(
             train_inputs, train_prior_dist, train_labels, likelihood)
+
+
+def _with_task_dim(x: Tensor, source: int) -> Tensor:
+    """Inputs ``(..., n, d)`` in this kernel's batch (GPyTorch expands them to it, e.g. when it slices the joint
+    train/test covariance) with a dimension of 1 where the batch kernel has the outputs (``source``, counted from the
+    batch's end), so that they broadcast against the batch kernel's hyperparameters; inputs with fewer batch
+    dimensions broadcast as they are."""
+    return x.unsqueeze(source - 2) if x.dim() - 2 >= -source else x
 
 
 def _outputs_last(covar, source: int):

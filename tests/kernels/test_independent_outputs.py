@@ -358,3 +358,36 @@ def test_chunked_independent_outputs_of_a_biased_map_are_refused_naming_the_chun
         gpytorch.distributions.MultitaskMultivariateNormal.from_batch_mvn(
             gpytorch.distributions.MultivariateNormal(torch.zeros(3, 20, dtype=F64), kernel(x))
         ).lazy_covariance_matrix.evaluate_kernel()
+
+
+@pytest.mark.parametrize("rank, budget", [(0, 2**30), (1, 2**30), (0, 20_000), (1, 20_000)])
+def test_a_batch_of_independent_output_models_predicts_like_the_dense_model(rank, budget):
+    """A batch of B models of T outputs each (kernel ``batch_shape=[B, T]``, unbatched inputs): GPyTorch slices the
+    joint train/test covariance with the inputs expanded to the batch B, which the T outputs' kernel must broadcast
+    (its predictions raised a RuntimeError), also chunked over the memory budget (whose interleaved rows had a batch
+    B × B); loss, gradient and predictions equal the dense model's."""
+    x, y, test_x = data()
+    x, test_x, batch = x[:60], test_x[:7], torch.Size([3, 2])
+    y = torch.stack([y[:60], 2 * y[60:120], y[120:180] - 1])
+    exact = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch, ard_num_dims=3),
+                                         batch_shape=batch)
+    kernel = rfgp.sketch(exact, 64, seed=0).double()
+    kernel.base_kernel.lengthscale = torch.linspace(0.4, 1.5, 18, dtype=F64).reshape(3, 2, 1, 3)
+    results = []
+    for covariance, max_cholesky_size in ((kernel, 100), (DenseKernel(kernel), 10 ** 6)):
+        torch.manual_seed(1)
+        likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=rank,
+                                                                      batch_shape=batch[:1]).double()
+        model = BatchIndependentGP(x, y, covariance, likelihood)
+        model.mean_module = gpytorch.means.ConstantMean(batch_shape=batch).double()
+        with gpytorch.settings.max_cholesky_size(max_cholesky_size), rfgp.settings.memory_budget(budget):
+            model.train()
+            loss = -gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(x), y).sum()
+            (gradient,) = torch.autograd.grad(loss, kernel.base_kernel.raw_lengthscale)
+            model.eval()
+            with torch.no_grad():
+                predictive = likelihood(model(test_x))
+        results.append((loss.detach(), gradient, predictive.mean, predictive.variance))
+    assert results[0][2].shape == (3, 7, 2)
+    for value, expected in zip(*results):
+        torch.testing.assert_close(value, expected, rtol=1e-8, atol=1e-10)
