@@ -46,6 +46,7 @@ from linear_operator.utils.getitem import _is_noop_index, _noop_index
 from torch import Tensor
 
 from .chunking import Featurizer, row_points
+from .complex_posterior import ComplexFeatureRootLinearOperator
 from .linalg import scales_root
 from .multioutput_chunking import ChunkedMultiOutputFeatureOperator
 from .operators import ChunkedFeatureRootLinearOperator, FeatureRootAddedDiagLinearOperator, FeatureRootLinearOperator
@@ -191,6 +192,14 @@ class IndependentTasksLinearOperator(FeatureRootLinearOperator):
             return IndependentTasksAddedDiagLinearOperator(self, other)
         if isinstance(other, IndependentTasksLinearOperator) and other.num_tasks == self.num_tasks:
             return self.__class__(self.tasks + other.tasks)  # per output [Φ_t, Ψ_t]
+        if isinstance(self.tasks, ComplexFeatureRootLinearOperator):
+            # R of the outputs' Ψ_t is the real model on Re K̂: the complex GP's evidence would be lost silently
+            raise ValueError(
+                "the independent outputs of a kernel with complex_posterior=True take a diagonal noise only "
+                "(MultitaskGaussianLikelihood(rank=0), or a fixed noise), whose outputs are separate complex GPs; "
+                f"got {type(other).__name__} (correlated task noise, rank >= 1, which would couple them through the "
+                "real model on Re K̂): use rank=0, or complex_posterior=False"
+            )
         return self.interleaved() + other
 
 

@@ -43,6 +43,7 @@ from torch import Tensor
 from ..core.dtypes import in_full_precision
 from ..core.settings import chunk_size, memory_budget
 from ..inference.chunking import Featurizer
+from ..inference.complex_posterior import ComplexFeatureRootLinearOperator
 from ..inference.independent_tasks import ChunkedIndependentTasksOperator, IndependentTasksLinearOperator
 from ..inference.kernel_evaluation import evaluated_covariance
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy
@@ -177,9 +178,10 @@ _gpytorch_from_batch_mvn = MultitaskMultivariateNormal.__dict__["from_batch_mvn"
 def _from_batch_mvn(cls, batch_mvn, task_dim=-1):
     joint = _gpytorch_from_batch_mvn(cls, batch_mvn, task_dim)  # its checks, its mean
     covar = batch_mvn.lazy_covariance_matrix if batch_mvn.islazy else None
-    if type(covar) in (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator) and (
-            covar.batch_shape == batch_mvn.batch_shape):
-        # an eagerly evaluated batch of T feature roots (gpytorch.settings.lazily_evaluate_kernels(False))
+    if type(covar) in (FeatureRootLinearOperator, ComplexFeatureRootLinearOperator,
+                       ChunkedFeatureRootLinearOperator) and covar.batch_shape == batch_mvn.batch_shape:
+        # an eagerly evaluated batch of T feature roots (gpytorch.settings.lazily_evaluate_kernels(False)), complex
+        # ones (complex_posterior=True) included: GPyTorch's operator would lose their complex GP for the real one
         task_dim = task_dim if task_dim >= 0 else len(batch_mvn.batch_shape) + task_dim
         tasks = _outputs_last(covar, task_dim - len(batch_mvn.batch_shape))
         chunked = isinstance(tasks, ChunkedFeatureRootLinearOperator)

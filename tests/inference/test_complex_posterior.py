@@ -368,3 +368,40 @@ def test_non_positive_noise_is_refused_by_name(bad):
         gpytorch.distributions.MultivariateNormal(torch.zeros_like(y), covariance).log_prob(y)
     with pytest.raises(InvalidValueError, match="noise must be finite and > 0"):
         complex_feature_posterior(features, y, noise, features[:2])
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_independent_outputs_are_separate_complex_gps_and_correlated_task_noise_is_refused(lazy):
+    """GPyTorch's batch-independent multi-output GP on a complex_posterior=True kernel (batch of T = 2): with
+    diagonal task noise (rank 0) the outputs are T complex GPs, loss Σ_t evidence_t / (N·T) and posteriors Eqs. 88–90,
+    also with eagerly evaluated kernels (which had given the real GP on Re K̂ silently); correlated task noise
+    (rank 1) would couple them through the real model on Re K̂ (it did, silently) and raises."""
+    from tests._models import BatchIndependentGP
+
+    x, y, x_test = _data()
+    targets = torch.stack((y, 0.5 - y), -1)
+    base = SketchedPolynomialKernel(3, 24, weights="complex", complex_posterior=True, seed=3,
+                                    batch_shape=torch.Size([2]))
+    likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=0).double()
+    likelihood.noise, likelihood.task_noises = 0.1, torch.tensor([0.2, 0.05])
+    model = BatchIndependentGP(x, targets, base, likelihood).double()
+    with gpytorch.settings.lazily_evaluate_kernels(lazy):
+        loss = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(x), targets)
+        model.eval()
+        with torch.no_grad():
+            posterior = model(x_test)
+    with torch.no_grad():
+        noises = likelihood.noise + likelihood.task_noises
+        evidence = 0.0
+        for task in range(2):
+            phi_c, phi_c_test = (base.feature_map.complex_features(z, offset=base.offset[task]) for z in (x, x_test))
+            evidence = evidence + _complex_evidence(phi_c, targets[:, task], noises[task])
+            mean, variance = _direct_posterior(phi_c, targets[:, task], noises[task], phi_c_test)
+            assert torch.allclose(posterior.mean[:, task], mean, rtol=1e-8, atol=1e-10)
+            assert torch.allclose(posterior.variance[:, task], variance, rtol=1e-8, atol=1e-10)
+    assert torch.allclose(loss.detach(), evidence / targets.numel(), rtol=1e-10, atol=1e-12)
+
+    correlated = gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=2, rank=1).double()
+    model = BatchIndependentGP(x, targets, base, correlated).double()
+    with gpytorch.settings.lazily_evaluate_kernels(lazy), pytest.raises(ValueError, match="complex_posterior=True"):
+        gpytorch.mlls.ExactMarginalLogLikelihood(correlated, model)(model(x), targets)
