@@ -52,11 +52,9 @@ class MethodDispatch:
             cls._families.update(dict.fromkeys(cls.family_methods, cls))
 
     def __new__(cls, *args, **kwargs):
-        family = cls
-        if cls._is_root():
-            method = cls._method_argument(args, kwargs)
-            if isinstance(method, Hashable):  # an unhashable one (a list) reaches __init__'s check_choice, named
-                family = cls._families.get(method, cls)
+        method = cls._method_argument(args, kwargs) if cls._is_root() else None
+        # a method that is no family's name (not even a string) builds the root, whose __init__ refuses it by name
+        family = cls._families.get(method, cls) if isinstance(method, str) else cls
         return super().__new__(family)
 
     @classmethod

@@ -140,6 +140,8 @@ def test_states_of_different_families_do_not_load_into_each_other():
      (r"sample_size=50 is an option of SketchedExponentialKernel \(method='maclaurin'\), not of "
       r"RandomMaclaurinExponentialKernel \(method='random_maclaurin'\)")),
     (lambda: SketchedExponentialKernel(16, method="rff"), r"method must be one of 'maclaurin', 'random_maclaurin'"),
+    # an unhashable method raised Python's "unhashable type: 'list'", which names neither the argument nor the choices
+    (lambda: SketchedRBFKernel(16, method=["rff"]), r"method must be one of 'rff', .*got \['rff'\]"),
     (lambda: GaussianSketchRBFKernel(16, method="maclaurin"),
      r"method must be one of 'gaussian_sketch', 'gaussian_sketch_hd'; got 'maclaurin'"),
 ])
