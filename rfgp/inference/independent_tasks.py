@@ -240,19 +240,14 @@ class ChunkedIndependentTasksOperator(ChunkedMultiOutputFeatureOperator):
         covariances for a diagonal noise (default ``interleaved``; materialised when the T roots fit the budget)."""
         base, inputs = interleaved.featurizer, interleaved.inputs
         num_tasks = base.batch_shape[-1]
-        # batched inputs of the T outputs hold their batch dimension (of 1, broadcast against the T outputs): the
-        # interleaved rows' inputs leave it out, and their featurizer puts it back
-        if inputs.dim() > 2:
-            if inputs.shape[-3] != 1:
-                raise NotImplementedError(
-                    f"the independent outputs' inputs {tuple(inputs.shape)} differ between the {num_tasks} outputs "
-                    "(batch dimension -3), which their chunked evaluation does not take; give every output the same "
-                    "inputs, or raise rfgp.settings.memory_budget"
-                )
-            inputs = inputs.squeeze(-3)
+        # the inputs' batch dimension of the outputs (their own inputs, or 1 broadcast against them; none for inputs
+        # (n, d)) goes into the interleaved rows' columns, (..., T, n, d) → (..., n, T·d), so that it is not a batch
+        # dimension of theirs (which are expanded to the batch without it); their featurizer puts it back
+        per_output = inputs.shape[-3] if inputs.dim() > 2 else 1
+        inputs = inputs.movedim(-3, -2).flatten(-2) if inputs.dim() > 2 else inputs
 
         def block_features(x: Tensor) -> Tensor:
-            return block_root(base(x.unsqueeze(-3) if x.dim() > 2 else x))
+            return block_root(base(x.unflatten(-1, (per_output, -1)).movedim(-2, -3)))
 
         featurizer = Featurizer(block_features, base.params, num_tasks * base.num_features, base.batch_shape[:-1])
         return cls(inputs, inputs, *featurizer.params, featurizer=featurizer,
