@@ -190,7 +190,7 @@ def _from_batch_mvn(cls, batch_mvn, task_dim=-1):
     if not isinstance(covar, LazyEvaluatedKernelTensor) or covar.x1.dim() != 2 or covar.x2.dim() != 2:
         return joint
     kernel = covar.kernel
-    if len(kernel.batch_shape) != len(batch_mvn.batch_shape) or kernel.batch_shape != batch_mvn.batch_shape:
+    if kernel.batch_shape != batch_mvn.batch_shape:
         return joint
     if not holds_feature_kernel(kernel):
         return joint
