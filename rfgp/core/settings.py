@@ -204,6 +204,15 @@ class chunk_size(_ValueSetting):
     _name = "chunk_size"
 
 
+def chunking_cause() -> tuple[str, str]:
+    """(why rows are evaluated in chunks, what undoes it), for the message of a path that cannot be chunked: a forced
+    :class:`chunk_size`, else the :class:`memory_budget`, as :func:`resolve_chunk_size` decides."""
+    forced = chunk_size.value()
+    if forced is not None:
+        return f"in chunks of rfgp.settings.chunk_size({forced}) rows", "leave rfgp.settings.chunk_size unset"
+    return f"over rfgp.settings.memory_budget ({memory_budget.value()} bytes)", "raise rfgp.settings.memory_budget"
+
+
 def resolve_chunk_size(num_rows: int, num_features: int, batch_numel: int, dtype: torch.dtype) -> int | None:
     """Rows per chunk for a ``(batch, num_rows, num_features)`` feature matrix, ``None`` for no chunking.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..core.settings import chunking_cause
 from ..inference.complex_posterior import ComplexFeatureRootLinearOperator, complex_feature_posterior
 from ..inference.operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator
 from .combinations import kernel_features
@@ -51,9 +52,10 @@ class ComplexPosteriorMixin:
         if not self.complex_posterior or diag:
             return output
         if isinstance(output, ChunkedFeatureRootLinearOperator):
+            why, remedy = chunking_cause()
             raise NotImplementedError(
-                "complex_posterior=True needs the features materialised, but this call would be chunked; "
-                "raise rfgp.settings.memory_budget"
+                f"complex_posterior=True needs the features materialised, but this call would be evaluated {why}: "
+                f"{remedy}"
             )
         if isinstance(output, FeatureRootLinearOperator):
             return ComplexFeatureRootLinearOperator(self.complex_root(output.root.to_dense()),

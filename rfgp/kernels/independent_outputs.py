@@ -41,7 +41,7 @@ from linear_operator.operators import BlockInterleavedLinearOperator
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
-from ..core.settings import chunk_size, memory_budget
+from ..core.settings import chunking_cause, memory_budget
 from ..inference.chunking import Featurizer
 from ..inference.complex_posterior import ComplexFeatureRootLinearOperator
 from ..inference.independent_tasks import ChunkedIndependentTasksOperator, IndependentTasksLinearOperator
@@ -155,10 +155,7 @@ def _chunked_block_root(covar: ChunkedFeatureRootLinearOperator, tasks,
     T roots ``tasks`` (materialised if they fit the budget) for diagonal noise; ``kernel`` names the batch kernel
     in errors."""
     if covar.variance_correction is not None:
-        forced = chunk_size.value()  # the chunking named as the user asked for it: rows, or a memory budget
-        why = (f"in chunks of rfgp.settings.chunk_size({forced}) rows" if forced is not None else
-               f"over rfgp.settings.memory_budget ({memory_budget.value()} bytes)")
-        remedy = "leave chunk_size unset" if forced is not None else "raise the budget"
+        why, remedy = chunking_cause()  # the chunking named as the user asked for it: rows, or a memory budget
         raise NotImplementedError(
             f"{kernel}'s features are biased on the diagonal (a bias-corrected map), and the independent outputs of "
             f"such a kernel {why} have no chunked evaluation: {remedy}, or use an unbiased map (random Fourier "

@@ -4,6 +4,7 @@ import gpytorch
 import pytest
 import torch
 
+import rfgp
 from rfgp.features import PolynomialSketch
 from rfgp.inference.complex_posterior import complex_feature_posterior
 from rfgp.kernels import SketchedPolynomialKernel
@@ -405,3 +406,15 @@ def test_independent_outputs_are_separate_complex_gps_and_correlated_task_noise_
     model = BatchIndependentGP(x, targets, base, correlated).double()
     with gpytorch.settings.lazily_evaluate_kernels(lazy), pytest.raises(ValueError, match="complex_posterior=True"):
         gpytorch.mlls.ExactMarginalLogLikelihood(correlated, model)(model(x), targets)
+
+
+@pytest.mark.parametrize("setting, message", [
+    (lambda: rfgp.settings.memory_budget(2000), r"over rfgp.settings.memory_budget \(2000 bytes\): raise rfgp"),
+    # the message named the memory budget where a forced chunk_size had chunked the call
+    (lambda: rfgp.settings.chunk_size(5), r"in chunks of rfgp.settings.chunk_size\(5\) rows: leave rfgp.settings"),
+])
+def test_chunked_complex_posterior_is_refused_naming_the_chunking(setting, message):
+    x, _, _ = _data()
+    kernel = SketchedPolynomialKernel(3, 24, weights="complex", complex_posterior=True, seed=3).double()
+    with setting(), pytest.raises(NotImplementedError, match=message):
+        kernel(x).to_dense()

@@ -347,8 +347,10 @@ def test_a_chunked_covariance_of_independent_outputs_scales_by_a_constant():
 
 
 @pytest.mark.parametrize("setting, message", [
-    (lambda: rfgp.settings.memory_budget(2000), r"over rfgp.settings.memory_budget \(2000 bytes\) .*raise the budget"),
-    (lambda: rfgp.settings.chunk_size(5), r"in chunks of rfgp.settings.chunk_size\(5\) rows .*leave chunk_size unset"),
+    (lambda: rfgp.settings.memory_budget(2000),
+     r"over rfgp.settings.memory_budget \(2000 bytes\) .*raise rfgp.settings.memory"),
+    (lambda: rfgp.settings.chunk_size(5),
+     r"in chunks of rfgp.settings.chunk_size\(5\) rows .*leave rfgp.settings.chunk"),
 ])
 def test_chunked_independent_outputs_of_a_biased_map_are_refused_naming_the_chunking(setting, message):
     """The refusal named the memory budget (1 GiB) where rfgp.settings.chunk_size had forced the chunking."""
