@@ -37,8 +37,8 @@ class MethodDispatch:
     """Mixin of a root kernel class whose ``method`` argument selects a family subclass.
 
     The root (the first subclass; its ``__init__`` takes ``method``) sets ``family_methods`` (its
-    own methods); each family subclass sets its own ``family_methods`` and is registered under them.  Subclasses that do not set
-    ``family_methods`` (derivative kernels, say) are constructed as themselves.
+    own methods); each family subclass sets its own ``family_methods`` and is registered under them.
+    Subclasses that do not set ``family_methods`` (derivative kernels, say) are constructed as themselves.
     """
 
     family_methods: ClassVar[tuple[str, ...]] = ()
@@ -62,6 +62,12 @@ class MethodDispatch:
         """Every ``method`` of the root's families: the root's own first, then the others sorted."""
         root = cls._root()
         return (*root.family_methods, *sorted(set(root._families) - set(root.family_methods)))
+
+    @classmethod
+    def method_choices(cls) -> tuple[str, ...]:
+        """The ``method`` values this class's ``__init__`` accepts: every family's for the root (``__new__`` picks
+        the family class), its own family's for any other class (a subclass of the root, say, builds itself)."""
+        return cls.all_methods() if cls._is_root() else cls.family_methods
 
     @classmethod
     def _is_root(cls) -> bool:

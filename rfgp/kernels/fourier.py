@@ -143,7 +143,7 @@ class SketchedRBFKernel(MethodDispatch, ScaleMixtureSpectrum, ComplexPosteriorMi
         generator: torch.Generator | None = None,
         **kwargs,
     ) -> None:
-        check_choice(method, "method", self.all_methods())
+        check_choice(method, "method", self.method_choices())
         kwargs = refuse_other_family_options(self, method, kwargs)
         feature_map = RandomFourierFeatures(
             num_features, input_dim=_input_dim(input_dim, kwargs), spectral_density=GaussianSpectralDensity(),

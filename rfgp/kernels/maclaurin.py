@@ -188,7 +188,7 @@ class SketchedExponentialKernel(MethodDispatch, ComplexPosteriorMixin, RandomFea
         complex_posterior: bool = False,
         **kwargs,
     ) -> None:
-        check_choice(method, "method", self.all_methods() if self._is_root() else self.family_methods)
+        check_choice(method, "method", self.method_choices())
         kwargs = refuse_other_family_options(self, method, kwargs)
         feature_map = OptimizedMaclaurin(
             dot_product.exponential(), num_features, input_dim=_input_dim(input_dim, kwargs), projection=projection,

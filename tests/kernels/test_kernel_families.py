@@ -150,6 +150,18 @@ def test_options_of_another_family_raise_naming_the_family(build, message):
         build()
 
 
+def test_a_subclass_of_a_root_refuses_another_family_s_method_by_name():
+    """A user's subclass of SketchedRBFKernel builds itself, so only its own family's methods (it raised a raw
+    KeyError for method="maclaurin")."""
+
+    class MyRBFKernel(SketchedRBFKernel):
+        pass
+
+    assert type(MyRBFKernel(16, method="orf", seed=0)) is MyRBFKernel
+    with pytest.raises(ValueError, match="method must be one of 'rff', 'orf', 'sorf'; got 'maclaurin'"):
+        MyRBFKernel(16, method="maclaurin")
+
+
 def test_unknown_keyword_arguments_raise_instead_of_being_dropped_by_gpytorch():
     for build in (lambda: SketchedRBFKernel(16, lenghtscale_prior=None, bogus=1),
                   lambda: MaclaurinRBFKernel(16, bogus=1),
