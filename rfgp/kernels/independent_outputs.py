@@ -83,7 +83,9 @@ class IndependentOutputsKernel(Kernel):
     @in_full_precision
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params):
         source = self.task_dim - len(self.batch_kernel.batch_shape)  # the task dimension, counted from the batch's end
-        x1, x2 = _with_task_dim(x1, source), _with_task_dim(x2, source)
+        same = x2 is x1
+        x1 = _with_task_dim(x1, source)
+        x2 = x1 if same else _with_task_dim(x2, source)
         if diag:
             covar = self.batch_kernel(x1, x2, diag=True, **params)
             return covar.movedim(source - 1, -1).flatten(-2)  # (..., T, n) → (..., n·T), interleaved
