@@ -22,8 +22,9 @@ takes R through :mod:`rfgp.inference.multioutput`: O(N·T·(T·F)² + (T·F)³),
 (the root's zero blocks are multiplied and factorised too).
 :func:`install` makes ``from_batch_mvn`` return it for a lazily evaluated covariance of a kernel tree that holds an
 rfgp kernel (unbatched inputs), and for an eagerly evaluated batch of feature roots
-(``gpytorch.settings.lazily_evaluate_kernels(False)``: the same operators, from the roots themselves); any other batch
-MVN keeps GPyTorch's operator.
+(``gpytorch.settings.lazily_evaluate_kernels(False)``: the same operators, from the roots themselves), which batched
+inputs (each output's own, say) get too, evaluated in ``from_batch_mvn``; any other batch MVN keeps GPyTorch's
+operator.
 """
 
 from __future__ import annotations
@@ -177,6 +178,11 @@ _gpytorch_from_batch_mvn = MultitaskMultivariateNormal.__dict__["from_batch_mvn"
 def _from_batch_mvn(cls, batch_mvn, task_dim=-1):
     joint = _gpytorch_from_batch_mvn(cls, batch_mvn, task_dim)  # its checks, its mean
     covar = batch_mvn.lazy_covariance_matrix if batch_mvn.islazy else None
+    if (isinstance(covar, LazyEvaluatedKernelTensor) and (covar.x1.dim() != 2 or covar.x2.dim() != 2)
+            and holds_feature_kernel(covar.kernel)):
+        # batched inputs (each output's own, say), which the outputs' kernel cannot take lazily: evaluated now, as
+        # an eagerly evaluated kernel is (GPyTorch's operator ran CG and stochastic Lanczos: loss off by 6e-3)
+        covar = evaluated_covariance(covar)
     if type(covar) in (FeatureRootLinearOperator, ComplexFeatureRootLinearOperator,
                        ChunkedFeatureRootLinearOperator) and covar.batch_shape == batch_mvn.batch_shape:
         # an eagerly evaluated batch of T feature roots (gpytorch.settings.lazily_evaluate_kernels(False)), complex
