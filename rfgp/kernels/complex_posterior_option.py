@@ -64,7 +64,8 @@ class ComplexPosteriorMixin:
 
 
 def complex_kernel_posterior(kernel, train_x: Tensor, train_y: Tensor, noise, test_x: Tensor, full_covariance=False):
-    """:func:`~rfgp.inference.complex_posterior.complex_feature_posterior` with the features of a kernel built on complex weights.
+    """:func:`~rfgp.inference.complex_posterior.complex_feature_posterior` with the features of a kernel built on
+    complex weights.
 
     ``kernel`` is e.g. ``ScaleKernel(SketchedPolynomialKernel(p, F, weights="complex"))``
     (its outputscale is folded into the features), evaluated with its current hyperparameters.
