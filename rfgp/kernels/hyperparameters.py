@@ -46,6 +46,13 @@ def _set_hyperparameter(module, value, *, name: str) -> None:
     setattr(module, name, value)
 
 
+def parameter_value(value, raw: Tensor) -> Tensor:
+    """``value`` (a number or tensor) in the dtype and device of the raw parameter ``raw``: a Python float is made a
+    tensor in that dtype directly (GPyTorch's setters make it float32 first, which rounds 0.1 by 1.5e-9 in a float64
+    kernel)."""
+    return value.to(raw) if torch.is_tensor(value) else torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
+
+
 def positive_value(kernel: Kernel, name: str) -> Tensor:
     return getattr(kernel, f"raw_{name}_constraint").transform(getattr(kernel, f"raw_{name}"))
 
@@ -54,7 +61,7 @@ def set_positive_value(kernel: Kernel, name: str, value) -> None:
     """Set ``<name>`` after checking every entry is finite and > 0 (a ValueError names the argument otherwise)."""
     raw = getattr(kernel, f"raw_{name}")
     check_hyperparameter(value, name, getattr(kernel, f"raw_{name}_constraint"))
-    value = torch.as_tensor(value).to(raw)
+    value = parameter_value(value, raw)
     kernel.initialize(**{f"raw_{name}": getattr(kernel, f"raw_{name}_constraint").inverse_transform(value)})
 
 

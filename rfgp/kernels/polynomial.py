@@ -31,7 +31,7 @@ from ..features.base import FeatureMap
 from ..features.dot_product import integer_powers
 from ..features.polynomial import PolynomialSketch, check_degree
 from .complex_posterior_option import ComplexPosteriorMixin, check_complex_posterior
-from .hyperparameters import prior_closures
+from .hyperparameters import parameter_value, prior_closures
 from .random_feature_kernel import RandomFeatureKernel
 
 #: ``method`` name -> builder(power, num_features, input_dim, seed, generator, **options) -> FeatureMap
@@ -214,8 +214,7 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
 
     def _set_offset(self, value) -> None:
         check_hyperparameter(value, "offset", self.raw_offset_constraint, allow_bound=True)
-        if not torch.is_tensor(value):
-            value = torch.as_tensor(value).to(self.raw_offset)
+        value = parameter_value(value, self.raw_offset)
         self.initialize(raw_offset=self.raw_offset_constraint.inverse_transform(value))
 
     def scale_inputs(self, x: Tensor) -> Tensor:

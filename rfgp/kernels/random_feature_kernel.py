@@ -55,6 +55,7 @@ from ..inference.prediction import FeatureSpacePredictionStrategy
 from .checked_call import CheckedCallMixin, refuse_last_dim_is_batch
 from .families import check_kernel_kwargs
 from .first_evaluation import mark_loaded_samples, refuse_unfixed_state
+from .hyperparameters import parameter_value
 
 
 class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
@@ -361,7 +362,7 @@ class FeatureKernel(CheckedCallMixin, ConfigState, Kernel):
 
     def _set_lengthscale(self, value) -> None:
         check_hyperparameter(value, "lengthscale", self.raw_lengthscale_constraint)
-        super()._set_lengthscale(value)
+        super()._set_lengthscale(parameter_value(value, self.raw_lengthscale))
 
     def _chunked_forward(self, x1: Tensor, x2: Tensor, same: bool, diag: bool, featurizer: Featurizer,
                          chunk_size: int):
