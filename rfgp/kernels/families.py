@@ -21,7 +21,6 @@ is its own class with explicit keyword arguments; the family classes of one kern
 from __future__ import annotations
 
 import inspect
-from collections.abc import Hashable
 from typing import Any, ClassVar
 
 from gpytorch.kernels import Kernel
