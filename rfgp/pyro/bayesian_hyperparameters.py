@@ -182,8 +182,8 @@ def mixture_moments(output) -> tuple[Tensor, Tensor]:
     """Mean and variance of the equal-weight mixture over the batch of a :func:`batched_predictive`.
 
     E[f] = mean_s μ_s, Var[f] = mean_s σ²_s + mean_s (μ_s − E[f])² (law of total variance), the spread of the means
-    taken about their mean: the equal form mean_s (σ²_s + μ_s²) − E[f]² cancels catastrophically where |E[f]| ≫ the
-    standard deviation (float32 means of 1000 gave a variance of 0 for 1e-4).
+    taken about their mean: the equal form mean_s (σ²_s + μ_s²) − E[f]² cancels catastrophically where the absolute
+    value of E[f] is far above the standard deviation (float32 means of 1000 gave a variance of 0 for 1e-4).
     """
     means, variances = output.mean, output.variance
     mean = means.mean(0)
