@@ -92,7 +92,9 @@ def _gp() -> dict:
             return gpytorch.distributions.MultivariateNormal(self.mean_module(z), self.covar_module(z))
 
     model = GP().double()
-    model.covar_module.base_kernel.lengthscale = 0.4
+    # the float32-rounded 0.4 the saved numbers were computed at (rfgp's setters then made a Python float float32
+    # first, as GPyTorch's do; they now take it in the kernel's dtype)
+    model.covar_module.base_kernel.lengthscale = torch.tensor(0.4, dtype=torch.float32).double()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     model.train()
     loss = -mll(model(x), y)
