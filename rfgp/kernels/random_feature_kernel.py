@@ -27,7 +27,7 @@ from ..core.batch_copies import copied_batch_dims, expand_batch, narrow_copies
 from ..core.config_state import ConfigState
 from ..core.dtypes import in_full_precision, promote_pair
 from ..core.memory import check_solve
-from ..core.settings import memory_budget, resolve_chunk_size
+from ..core.settings import chunking_cause, resolve_chunk_size
 from ..core.state_cache import module_configuration, module_tensors
 from ..core.validation import (
     NonFiniteError,
@@ -575,9 +575,9 @@ def check_unchunked_memory(kernel: Kernel, num_points: int, outputs: int, num_fe
     """
     rows = num_points * outputs
     if resolve_chunk_size(rows, num_features, batch, dtype) is not None:
+        cause, remedy = chunking_cause()
         raise ValueError(
             f"{type(kernel).__name__}: the feature root of {rows} rows (n = {num_points} points × {outputs} outputs) "
-            f"and {num_features} features exceeds rfgp.settings.memory_budget ({memory_budget.value()} bytes) or a "
-            f"forced rfgp.settings.chunk_size, and {limitation}: raise the budget, e.g. "
-            "`with rfgp.settings.memory_budget(8 * 2**30):`"
+            f"and {num_features} features would be evaluated {cause}, and {limitation}: {remedy}"
+            + (", e.g. `with rfgp.settings.memory_budget(8 * 2**30):`" if remedy.startswith("raise") else "")
         )

@@ -228,3 +228,16 @@ def test_eagerly_evaluated_roots_over_the_budget_predict_block_by_block(kind):
         assert isinstance(model.prediction_strategy, MultitaskFeatureSpacePredictionStrategy)
     for actual, expected in zip(*results):
         torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_diagonal_over_the_budget_names_what_made_it_chunk():
+    """A multi-output diagonal cannot be evaluated block by block: the refusal advised "raise the budget" also where
+    a forced rfgp.settings.chunk_size, not the budget, asked for blocks."""
+    kernel = SketchedCurlFreeKernel(64, input_dim=2, seed=0).double()
+    x = torch.rand(30, 2, dtype=torch.float64)
+    forced = r"chunk_size\(7\).*leave rfgp.settings.chunk_size unset"
+    with rfgp.settings.chunk_size(7), pytest.raises(ValueError, match=forced):
+        kernel(x, diag=True)
+    with rfgp.settings.memory_budget(1024), pytest.raises(ValueError, match="raise rfgp.settings.memory_budget"):
+        kernel(x, diag=True)
+    assert kernel(x, diag=True).shape == (60,)
