@@ -38,6 +38,7 @@ from ..core.validation import (
 )
 from .checked_call import CheckedCallMixin, refuse_last_dim_is_batch
 from .families import check_kernel_kwargs
+from .hyperparameters import parameter_value
 
 
 def interleave(blocks: Tensor) -> Tensor:
@@ -126,7 +127,7 @@ class _GaussianDerivativeKernel(CheckedCallMixin, ConfigState, Kernel):
 
     def _set_lengthscale(self, value) -> None:
         check_hyperparameter(value, "lengthscale", self.raw_lengthscale_constraint)
-        super()._set_lengthscale(value)
+        super()._set_lengthscale(parameter_value(value, self.raw_lengthscale))  # a float in the kernel's dtype
 
     def extra_repr(self) -> str:
         return f"input_dim={self.input_dim}"

@@ -4,7 +4,14 @@ float32 tensor first, so that 0.1 set on a float64 kernel became 0.1 + 1.5e-9)."
 import pytest
 import torch
 
-from rfgp.kernels import SketchedHammingIMQKernel, SketchedPolynomialKernel, SketchedRBFKernel, SketchedRQKernel
+from rfgp.kernels import (
+    CurlFreeRBFKernel,
+    DivFreeRBFKernel,
+    SketchedHammingIMQKernel,
+    SketchedPolynomialKernel,
+    SketchedRBFKernel,
+    SketchedRQKernel,
+)
 
 
 @pytest.mark.parametrize("build, name", [
@@ -13,6 +20,8 @@ from rfgp.kernels import SketchedHammingIMQKernel, SketchedPolynomialKernel, Ske
     (lambda: SketchedRBFKernel(16, seed=0), "lengthscale"),
     (lambda: SketchedHammingIMQKernel(3, 16, seed=0), "beta"),
     (lambda: SketchedPolynomialKernel(2, 16, seed=0), "offset"),
+    (lambda: CurlFreeRBFKernel(input_dim=2), "lengthscale"),
+    (lambda: DivFreeRBFKernel(input_dim=2), "lengthscale"),
 ])
 def test_a_python_float_is_set_in_the_kernel_dtype(build, name):
     kernel = build().double()
