@@ -95,6 +95,7 @@ from ..inference.triangular_statistics import (
     triangular_features,
 )
 from .families import check_kernel_kwargs
+from .hyperparameters import parameter_value
 from .random_feature_kernel import FeatureKernel
 
 #: first relative jitter per dtype; ×10 per failed Cholesky up to _MAX_JITTER
@@ -261,7 +262,8 @@ class NystromKernel(FeatureKernel):
                 "e.g. kernel.base_kernel.base_kernel.lengthscale for a base ScaleKernel(RBFKernel())"
             )
         check_hyperparameter(value, "lengthscale", self.base_kernel.raw_lengthscale_constraint)
-        self.base_kernel.lengthscale = value
+        # a Python float in the kernel's dtype (GPyTorch's setter makes it float32 first)
+        self.base_kernel.lengthscale = parameter_value(value, self.base_kernel.raw_lengthscale)
 
     def initialize(self, **kwargs) -> NystromKernel:
         """GPyTorch's ``initialize``, also by the names of the exact tree this kernel approximates, as

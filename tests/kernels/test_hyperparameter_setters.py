@@ -3,10 +3,12 @@ float32 tensor first, so that 0.1 set on a float64 kernel became 0.1 + 1.5e-9)."
 
 import pytest
 import torch
+from gpytorch.kernels import RBFKernel
 
 from rfgp.kernels import (
     CurlFreeRBFKernel,
     DivFreeRBFKernel,
+    NystromKernel,
     SketchedHammingIMQKernel,
     SketchedPolynomialKernel,
     SketchedRBFKernel,
@@ -22,6 +24,7 @@ from rfgp.kernels import (
     (lambda: SketchedPolynomialKernel(2, 16, seed=0), "offset"),
     (lambda: CurlFreeRBFKernel(input_dim=2), "lengthscale"),
     (lambda: DivFreeRBFKernel(input_dim=2), "lengthscale"),
+    (lambda: NystromKernel(RBFKernel(), torch.rand(5, 2)), "lengthscale"),
 ])
 def test_a_python_float_is_set_in_the_kernel_dtype(build, name):
     kernel = build().double()

@@ -663,7 +663,8 @@ def test_lengthscale_set_on_a_trained_model_reaches_its_next_prediction():
     model.eval()
     with torch.no_grad():
         after = model(test).mean
-    exact.base_kernel.lengthscale = 0.4
+    # as a float64 tensor: GPyTorch's setter rounds a Python float to float32 first, rfgp's takes it in the dtype
+    exact.base_kernel.lengthscale = torch.tensor(0.4, dtype=DTYPE)
     fresh, _ = fitted(whole_tree_nystrom(exact, model.covar_module), x, y)
     with torch.no_grad():
         torch.testing.assert_close(after, fresh(test).mean, rtol=1e-10, atol=1e-12)
