@@ -27,7 +27,6 @@ Outputs ``benchmarks/results/bayesian_optimisation{_quick}.{md,csv,png}`` with t
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import statistics
@@ -38,6 +37,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 import rfgp  # noqa: E402
 from botorch.acquisition import qLogExpectedImprovement, qLogNoisyExpectedImprovement  # noqa: E402
@@ -222,10 +223,7 @@ def command_arguments() -> str:
 def write_results(rows: list[dict], name: str, args, loads: tuple[float, float]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     fields = sorted({k for row in rows for k in row})
-    with open(RESULTS / f"{name}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{name}.csv", rows, fields)
     lines = [f"# Bayesian optimisation: exact SingleTaskGP vs rfgp ({name})", "",
              f"Command: `python benchmarks/bayesian_optimisation.py {command_arguments()}`.  "
              f"rfgp kernel: `rfgp.sketch(BoTorch default RBF kernel, F={args.features})`, float64, "

@@ -31,7 +31,6 @@ Outputs ``benchmarks/results/classifier_calibration.{csv,md}``.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -42,6 +41,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GPC_MAX_TRAIN = 600
@@ -130,10 +131,7 @@ def run(num_seeds: int) -> list[dict]:
 
 def write(rows: list[dict], num_seeds: int, loads: tuple[float, float]) -> None:
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "classifier_calibration.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / "classifier_calibration.csv", rows)
     lines = [
         "# DirichletGPClassifier calibration against scikit-learn classifiers",
         "",

@@ -19,7 +19,6 @@ initialisation) by rfgp.fit_mll's L-BFGS and by 50 Adam steps at lr 0.1 (GPyTorc
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -30,6 +29,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = {"no_extra_noise": {"learn_additional_noise": False}, "extra_noise": {"learn_additional_noise": True},
@@ -139,10 +140,7 @@ def main() -> None:
 def _write(rows: list[dict], exact: list[dict], args) -> None:
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / "classifier_degenerate_optimum"
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(stem.with_suffix(".csv"), rows)
     lines = [f"# DirichletGPClassifier: bad optima over {args.seeds} seeded problems",
              "", "`python benchmarks/classifier_degenerate_optimum.py "
              f"--seeds {args.seeds}{' --exact ' + ' '.join(map(str, args.exact)) if args.exact else ''}` "

@@ -15,7 +15,6 @@ float32 and float64, N = 256 inputs, 1 thread; median of 3 repeats.  Ratios > 1:
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 from rfgp.features import PolynomialSketch  # noqa: E402
 
@@ -99,10 +100,7 @@ def main() -> None:
                               flush=True)
     stem = RESULTS / f"complex_sketch_speed{'_quick' if args.quick else ''}{'_' + args.tag if args.tag else ''}"
     RESULTS.mkdir(exist_ok=True)
-    with open(f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(f"{stem}.csv", rows)
     lines = [f"# Complex (CtR) sketch: rfgp vs a plain complex matmul (dp-rfs){' — ' + args.tag if args.tag else ''}",
              "", f"N = {n} inputs, 1 thread, median of {repeats}; ratio = rfgp / reference (> 1: rfgp slower).", "",
              "| projection | dtype | d | F | degree | draw s | ref draw s | draw ratio | apply s | ref apply s | apply ratio |",

@@ -20,7 +20,6 @@ Run: ``python benchmarks/correlated_task_noise.py`` (full) or ``--quick``.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import sys
@@ -31,6 +30,8 @@ import gpytorch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 import rfgp  # noqa: E402
 from tests._models import MultitaskGP  # noqa: E402
@@ -110,10 +111,7 @@ def main() -> None:
                   f"RMSE {row['rmse']:.4f}, NLPD {row['nlpd']:.3f} (load {row['load_1min']:.1f})", flush=True)
     name = "correlated_task_noise" + ("_quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{name}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{name}.csv", rows)
     lines = [f"# Correlated multitask noise: exact GPyTorch multitask GP vs rfgp.sketch ({iterations} Adam steps)", "",
              f"T = {NUM_TASKS} tasks, MultitaskGaussianLikelihood(rank=1); {os.cpu_count()} CPUs; load = 1-minute "
              f"load average after each run; the exact model is not run above N = {args.exact_max}.", "",

@@ -21,7 +21,6 @@ Run: ``python benchmarks/derivative_observations.py`` (full) or ``--quick``.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -32,6 +31,8 @@ import gpytorch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 import rfgp  # noqa: E402
 
@@ -150,10 +151,7 @@ def run(sizes, num_features, repeats, exact_limit, exact_memory, hyper_iteration
 
 def write(rows, header: str, stem: str):
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{stem}.csv", rows)
     lines = [header, "", "| N | observations N(d+1) | method | MLL+grad per iteration (s) | predict 1000 (s) | "
              "RMSE f | RMSE ∇f | load (1 min) | status |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -39,6 +39,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEED = 0
@@ -332,10 +334,7 @@ def main():
 def _write(records, scale, scale_n, num_features, iterations, quick, rfgp_only=False):
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / ("dirichlet_classification_quick" if quick else "dirichlet_classification")
-    with open(f"{stem}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows(records)
+    write_csv(f"{stem}.csv", records)
     load = os.getloadavg()[0]
     lines = [
         f"# Dirichlet GP classification ({'quick run' if quick else 'full run'}, seed {SEED}, one 70/30 split)",

@@ -49,6 +49,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
+
 import rfgp  # noqa: E402
 from rfgp.kernels import SketchedRBFKernel  # noqa: E402
 from rfgp.kernels.combinations import kernel_features  # noqa: E402
@@ -281,13 +284,6 @@ def benchmark_error(feature_counts, seeds, num_points):
 
 
 # ---------------------------------------------------------------------------- reports
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def error_summary(rows):
     summary = {}
     for row in rows:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import math
 import os
 import sys
@@ -36,6 +35,8 @@ from gpytorch.lazy import LazyEvaluatedKernelTensor
 from linear_operator.operators import LinearOperator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 import rfgp  # noqa: E402
 from rfgp.inference.operators import FeatureRootLinearOperator  # noqa: E402
@@ -129,10 +130,7 @@ def main() -> None:
                   f"(load {row['load_1min']:.1f})", flush=True)
     name = "hadamard_multitask" + ("_quick" if args.quick else "")
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{name}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{name}.csv", rows)
     lines = [f"# Hadamard multitask GP: exact GPyTorch model vs an rfgp data kernel ({iterations} Adam steps)", "",
              f"T = {NUM_TASKS} tasks, IndexKernel(rank=1), GaussianLikelihood; float64; {os.cpu_count()} CPUs; "
              "load = 1-minute load average after each run.  `generic` multiplies the rfgp covariance by "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import math
 import os
 import pathlib
@@ -47,6 +46,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import rfgp  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _results import write_csv  # noqa: E402
 from raw_data_sweep import UserGP  # noqa: E402  (README's model: ConstantMean and the kernel given)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -184,10 +184,7 @@ def run(quick: bool) -> list[dict]:
 def write(rows: list[dict], quick: bool, load: tuple[float, float], wall: float) -> None:
     stem = "interval_coverage_quick" if quick else "interval_coverage"
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{stem}.csv", rows)
     lines = [
         "# Predictive-interval coverage: sketched GPs against the exact GP", "",
         f"`python benchmarks/interval_coverage.py{' --quick' if quick else ''}`; torch {torch.__version__}, "

@@ -45,6 +45,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 from rfgp.distances import exact_gaussian_kernel_distance, kernel_distance  # noqa: E402
 from rfgp.features import GaussianSketch, GaussianSketchHD, RandomFourierFeatures  # noqa: E402
 
@@ -107,10 +109,7 @@ def exact_reference(n: int, d: int, recompute: bool = False) -> dict:
     cache[(d, n)] = {"d": d, "n": n, "exact": repr(value), "exact_wall_s": f"{wall:.2f}", "exact_cpu_s": f"{cpu:.2f}",
                      "threads": torch.get_num_threads(), "load_average": load_average()}
     RESULTS.mkdir(exist_ok=True)
-    with open(EXACT_CACHE, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(cache[(d, n)]))
-        writer.writeheader()
-        writer.writerows(cache[key] for key in sorted(cache))
+    write_csv(EXACT_CACHE, (cache[key] for key in sorted(cache)), list(cache[(d, n)]))
     print(f"exact d={d} n={n}: {value:.6e} in {wall:.1f} s wall / {cpu:.1f} s CPU", flush=True)
     return {"exact": value, "exact_wall_s": wall, "exact_cpu_s": cpu}
 
@@ -154,10 +153,7 @@ def run(dims, sizes, widths, seeds, recompute_exact):
 def write(rows, args, start_load, end_load):
     suffix = "_quick" if args.quick else ("_timing_row" if args.timing_row else "")
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"kernel_distance{suffix}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"kernel_distance{suffix}.csv", rows)
     lines = [
         "# Kernel distance D_K²(P, Q): GaussianSketch(HD) vs RFF vs SORF vs exact",
         "",

@@ -23,7 +23,6 @@ hold the cores, CPU time does not (with two threads it includes OpenMP's spinnin
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -34,6 +33,8 @@ import gpytorch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 import rfgp
 from rfgp import operators
@@ -185,10 +186,7 @@ def main() -> None:
     suffix = "_quick" if args.quick else ""
     described = ", ".join(f"{name.split('.')[-1]} {value:.4g}" for name, value in trained.items())
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / f"kernel_space_path{suffix}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"kernel_space_path{suffix}.csv", rows)
     lines = [
         f"# Kernel-space path: one MLL + gradient at N = {num_data}, F = {num_features} (d = {DIM})",
         "",

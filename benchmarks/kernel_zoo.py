@@ -35,7 +35,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import platform
@@ -53,6 +52,9 @@ import torch  # noqa: E402
 from gpytorch.kernels import PeriodicKernel, RBFKernel, RQKernel, ScaleKernel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
+
 import rfgp  # noqa: E402
 from rfgp.datasets import mauna_loa_co2  # noqa: E402
 from rfgp.models import ExactGPModel  # noqa: E402
@@ -172,10 +174,7 @@ def main() -> None:
 def write_results(rows, forecasts, data, args, iterations, num_data, loads, total) -> None:
     RESULTS.mkdir(exist_ok=True)
     stem = "kernel_zoo_quick" if args.quick else "kernel_zoo"
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{stem}.csv", rows)
     exact_time = rows[0]["seconds_per_iteration"]
     lines = [
         "# Mauna Loa CO₂: exact GPyTorch GP vs `rfgp.sketch(tree, F)`",

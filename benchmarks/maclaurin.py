@@ -32,7 +32,6 @@ beyond √2, with histograms in ``maclaurin_distances.png``.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import sys
@@ -42,6 +41,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 from rfgp import dot_product  # noqa: E402
 from rfgp.features import RandomMaclaurin  # noqa: E402
@@ -291,10 +292,7 @@ def winners(rows):
 
 def write(rows, diagnostics, stem, setup):
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{stem}.csv", rows)
     check_lines, counts, failures = optimized_vs_random(rows)
     status = "PASS" if counts["frob_all"] == counts["n"] else "FAIL"
     lines = [

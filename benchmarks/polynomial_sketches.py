@@ -16,7 +16,6 @@ the speed section of the existing results file, leaving the error tables as they
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -27,6 +26,9 @@ import torch
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
+
 from rfgp.features import PolynomialSketch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -163,10 +165,7 @@ def main() -> None:
 def write(rows, timing, quick, n, seeds) -> None:
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / ("polynomial_sketches_quick" if quick else "polynomial_sketches")
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(stem.with_suffix(".csv"), rows)
     lookup = {(r["data"], r["p"], r["F"], r["method"]): r for r in rows}
     lines = [
         f"# Polynomial sketches on digits (paper 000 Fig. 6 setting){' — QUICK run' if quick else ''}",

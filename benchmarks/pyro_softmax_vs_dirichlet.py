@@ -19,7 +19,6 @@ Reports accuracy, mean negative log-likelihood (MNLL), expected calibration erro
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 import time
@@ -37,6 +36,9 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
+
 from rfgp.features import RandomFourierFeatures  # noqa: E402
 from rfgp.kernels import SketchedRBFKernel  # noqa: E402
 from rfgp.pyro import Categorical, RandomFeatureGP, fit_svi, posterior_predictive, weight_guide  # noqa: E402
@@ -189,10 +191,7 @@ def main() -> None:
 
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / ("pyro_softmax_vs_dirichlet" + ("_quick" if args.quick else ""))
-    with open(stem.with_suffix(".csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(stem.with_suffix(".csv"), rows)
     header = (
         f"Digits (n_train={len(y_train)}, n_test={len(y_test)}, d=64, C={num_classes}), RBF random Fourier "
         f"features F={num_features}, seed {args.seed}; softmax: {svi_steps} SVI steps; Dirichlet: {mll_steps} MLL "

@@ -24,7 +24,6 @@ before :mod:`rfgp.core.batch_copies` (it imports the rfgp of the checkout it lie
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -35,6 +34,8 @@ import gpytorch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 import rfgp  # noqa: E402
 
@@ -109,10 +110,7 @@ def main() -> None:
 def write(rows, args, load) -> None:
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / f"sampled_likelihood_{args.label}"
-    with open(stem.with_suffix(".csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(stem.with_suffix(".csv"), rows)
     lines = [
         f"# Sampled likelihood of an SVGP, exact kernel vs rfgp ({args.label})",
         "",

@@ -21,7 +21,6 @@ autograd intermediates; configurations estimated above ``--max-gb`` are skipped.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import resource
@@ -30,6 +29,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -190,10 +192,7 @@ def write_results(rows: list[dict], mode: str, cores: int, load: float) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / {"quick": "scaling_quick", "selected": "scaling_selected"}.get(mode, "scaling")
     fields = ["method", "N", "F", "processes", "iteration_s", "iteration_cpu_s", "fit_s", "predict_s", "peak_mb", "loss", "skipped"]
-    with open(f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(f"{stem}.csv", rows, fields)
     header = (f"# Scaling: rfgp chunked vs GPyTorch RFFKernel ({mode} grid, float32, d={DIM}, {cores} CPU threads "
               f"in total, {NUM_TEST} test points)\n\n"
               f"Machine: {os.cpu_count()} CPU cores, load average up to {load:.1f} while measuring "

@@ -22,7 +22,6 @@ Run: python benchmarks/spherical_features.py [--quick]
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -36,6 +35,8 @@ import torch  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 from rfgp.features import RandomFourierFeatures  # noqa: E402
 from rfgp.features.radial_density import clear_memory_cache, fit_radial_density  # noqa: E402
@@ -111,10 +112,7 @@ def main():
 
     os.makedirs(RESULTS, exist_ok=True)
     tag = "_quick" if args.quick else ""
-    with open(os.path.join(RESULTS, f"spherical_features{tag}.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(os.path.join(RESULTS, f"spherical_features{tag}.csv"), rows)
     lines = [
         f"# Spherical random features on digits (a = 2, {len(seeds)} seeds, {num_points} points{', QUICK run' if args.quick else ''})",
         "",

@@ -19,7 +19,6 @@ stops paying sets ``rfgp.streaming.takes_rank_update`` (``rank_update="auto"``).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import time
@@ -30,6 +29,8 @@ import torch
 
 import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's rfgp, as the other benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 from rfgp.cholesky_update import cholesky_update
 from rfgp.kernels import SketchedRBFKernel
@@ -105,10 +106,7 @@ COLUMNS = [
 
 def write_results(rows: list[dict], name: str, note: str, load: float) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / f"{name}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{name}.csv", rows)
     lines = [
         f"# Streaming: rank-k Cholesky update vs refactorisation ({note})",
         "",

@@ -21,7 +21,6 @@ Run: ``python benchmarks/vector_fields.py`` (full) or ``--quick``.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 import time
@@ -31,6 +30,8 @@ import gpytorch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared _results helper
+from _results import write_csv  # noqa: E402
 
 import rfgp  # noqa: E402
 from rfgp.datasets import helmholtz_field, igrf_magnetic_field  # noqa: E402
@@ -142,10 +143,7 @@ def run(datasets, sizes, methods, num_features, exact_max, train_subset, iterati
 
 def write(rows, header: str, stem: str = "vector_fields"):
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"{stem}.csv", rows)
     lines = [header, "", "| dataset | method | N | RMSE | MNLL | fit (s) | predict (s) | hyper-fit (s) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
