@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..core.dtypes import in_full_precision
+from ..core.state_cache import StateCache, module_configuration, module_tensors
 from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
 from ..inference.log_prob import has_feature_space_covariance
@@ -217,7 +218,7 @@ class GPRegressor(RandomFeatureEstimator):
         model.eval()
         likelihood.eval()
         self.model_, self.likelihood_ = model, likelihood
-        self._log_marginal_likelihood = None  # log_marginal_likelihood_value_, computed when first read
+        self._log_marginal_likelihood = StateCache()  # log_marginal_likelihood_value_, computed when first read
         self.train_num_features_, self.num_features_ = p.train_num_features, p.num_features
         noise = (likelihood.noise.detach().reshape(()) * self.y_scale_.square()).to(p.dtype)
         self.noise_ = float(noise) if self.n_outputs_ == 1 else noise.cpu().numpy()
@@ -346,20 +347,22 @@ class GPRegressor(RandomFeatureEstimator):
         """
         self._check_fitted()
         model = self.model_
-        cached = getattr(self, "_log_marginal_likelihood", None)
-        if cached is None or not _same_model_state(cached[1], _model_state(model)):
+
+        def compute() -> float:
             x = model.train_inputs[0]
             with predicting():  # the prior at the training inputs, from the model's forward: no GPyTorch setting
                 marginal = self.likelihood_(model.forward(x))
                 if has_feature_space_covariance(marginal):  # rfgp's exact O(N·F²) log-determinant and solve
-                    value = marginal.log_prob(model.train_targets).sum()
-                else:  # an exact GPyTorch kernel, whose log_prob above max_cholesky_size is a stochastic estimate
-                    # (36 nats off at N = 900): the dense Cholesky, O(N³) like its training
-                    dense = torch.distributions.MultivariateNormal(marginal.mean, marginal.covariance_matrix)
-                    value = dense.log_prob(model.train_targets).sum()
-            state = _model_state(model)
-            self._log_marginal_likelihood = (float(value), (state[0], {k: v.clone() for k, v in state[1].items()}))
-        return self._log_marginal_likelihood[0]
+                    return float(marginal.log_prob(model.train_targets).sum())
+                # an exact GPyTorch kernel, whose log_prob above max_cholesky_size is a stochastic estimate (36 nats
+                # off at N = 900): the dense Cholesky, O(N³) like its training
+                dense = torch.distributions.MultivariateNormal(marginal.mean, marginal.covariance_matrix)
+                return float(dense.log_prob(model.train_targets).sum())
+
+        # kept while the model's parameters, buffers (feature draws), settings and training data are unchanged
+        state = (*module_tensors(model), *model.train_inputs, model.train_targets)
+        with torch.no_grad():  # a StateCache recomputes at every call where a state tensor records a gradient
+            return self._log_marginal_likelihood.get(state, module_configuration(model), compute)
 
     def sample_y(self, X, n_samples: int = 1, random_state=0):
         """``n_samples`` posterior functions f evaluated at ``X`` (latent, noise excluded): ``(M, n_samples)``, or
@@ -457,22 +460,6 @@ def constant_mean_nll(targets: Tensor) -> Tensor:
     variance = (centred.square().sum(-1, keepdim=True) - centred.square() * n / (n - 1)) / (n - 2) * n / (n - 1)
     variance = variance.clamp_min(torch.finfo(variance.dtype).tiny)
     return 0.5 * ((2 * math.pi * variance).log() + residual.square() / variance).mean(-1)
-
-
-def _model_state(model: ExactGPModel) -> tuple[list, dict]:
-    """What a model's marginal likelihood depends on: its training tensors (by identity and in-place version: not
-    copied) and its ``state_dict`` (hyperparameters, feature draws)."""
-    data = [(t, t._version) for t in (*model.train_inputs, model.train_targets)]
-    return data, {name: value.detach() for name, value in model.state_dict().items()}
-
-
-def _same_model_state(kept: tuple[list, dict], now: tuple[list, dict]) -> bool:
-    """Whether :func:`_model_state` ``now`` is ``kept`` (whose ``state_dict`` part is a copy)."""
-    (kept_data, kept_state), (data, state) = kept, now
-    return (len(kept_data) == len(data) and all(a is b and u == v for (a, u), (b, v) in zip(kept_data, data))
-            and kept_state.keys() == state.keys()
-            and all((kept_state[k].shape, kept_state[k].dtype, kept_state[k].device) == (v.shape, v.dtype, v.device)
-                    and torch.equal(kept_state[k], v) for k, v in state.items()))
 
 
 def _outputscale(model: ExactGPModel) -> str:
