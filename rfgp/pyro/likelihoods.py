@@ -28,6 +28,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 from torch import Tensor
+from torch.distributions import constraints
 
 from ..core.config_state import METHOD, ConfigState
 from ..core.validation import check_positive_float, check_positive_int
@@ -130,7 +131,8 @@ class HeteroscedasticGaussian(Likelihood):
     """y = f₁ + exp(f₂)·ε with two latent GPs: the mean f₁ and the log noise standard deviation f₂.
 
     ``noise_offset`` is added to f₂ (a prior mean for the log noise std), so that a
-    zero-mean GP on f₂ starts near a sensible noise level.
+    zero-mean GP on f₂ starts near a sensible noise level.  ``log_prob`` is computed from the log std, so it stays
+    finite where exp(f₂) under- or overflows (f₂ outside about [−103, 88] in float32).
     """
 
     config_fields = {"noise_offset": METHOD}
@@ -146,7 +148,7 @@ class HeteroscedasticGaussian(Likelihood):
         self.noise_offset = float(noise_offset)
 
     def _distribution(self, f: Tensor) -> dist.Distribution:
-        return dist.Normal(f[..., 0], torch.exp(f[..., 1] + self.noise_offset))
+        return _LogScaleNormal(f[..., 0], f[..., 1] + self.noise_offset)
 
     def check_targets(self, y: Tensor, num_data: int) -> None:
         super().check_targets(y, num_data)
@@ -196,7 +198,11 @@ class Categorical(Likelihood):
 
 
 class Poisson(Likelihood):
-    """Count regression with a log link: y ~ Poisson(exposure · exp(f))."""
+    """Count regression with a log link: y ~ Poisson(exposure · exp(f)).
+
+    ``log_prob`` is computed from the log rate log(exposure) + f, so it stays finite (and never NaN) where the rate
+    exp(f) under- or overflows (f outside about [−103, 88] in float32).
+    """
 
     config_fields = {"exposure": METHOD}
 
@@ -205,7 +211,7 @@ class Poisson(Likelihood):
         self.exposure = check_positive_float(exposure, "exposure")
 
     def _distribution(self, f: Tensor) -> dist.Distribution:
-        return dist.Poisson(self.exposure * torch.exp(f[..., 0]))
+        return _LogRatePoisson(math.log(self.exposure) + f[..., 0])
 
     def check_targets(self, y: Tensor, num_data: int) -> None:
         super().check_targets(y, num_data)
@@ -248,6 +254,64 @@ class CustomLikelihood(Likelihood):
                 f"got batch shape {tuple(result.batch_shape)} and event shape {tuple(result.event_shape)}"
             )
         return result
+
+
+class _LogScaleNormal(dist.Normal):
+    """N(loc, exp(log_scale)²) whose density is computed from the log scale s:
+
+        log p(y) = −z²/2 − s − log √(2π),   z = (y − loc)·e^{−s},
+
+    finite where e^{s} overflows to ∞ (s > 88.7 in float32: ``Normal``'s −log σ was −∞) and where it underflows to 0
+    (s < −103: ``Normal`` refused the scale, or gave 0/0 = NaN at y = loc); −∞ only where −z²/2 is below the dtype's
+    range.  ``scale`` = e^{s} (for sampling and the moments) may be 0 or ∞ there.
+    """
+
+    arg_constraints = {"loc": constraints.real, "log_scale": constraints.real}
+
+    def __init__(self, loc: Tensor, log_scale: Tensor, validate_args=None) -> None:
+        self.log_scale = log_scale
+        super().__init__(loc, log_scale.exp(), validate_args=validate_args)
+        self.log_scale = self.log_scale.expand(self.batch_shape)
+
+    def expand(self, batch_shape, _instance=None):
+        new = super().expand(batch_shape, _instance=self._get_checked_instance(_LogScaleNormal, _instance))
+        new.log_scale = self.log_scale.expand(batch_shape)
+        return new
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        residual = value - self.loc
+        # at y = loc, z = 0 also where e^{−s} = ∞ (0·∞ would be NaN, in the value and in the gradient)
+        z = residual * torch.exp(torch.where(residual == 0, 0.0, -self.log_scale))
+        return -0.5 * z.square() - self.log_scale - 0.5 * math.log(2 * math.pi)
+
+
+class _LogRatePoisson(dist.Poisson):
+    """Poisson(exp(log_rate)) whose mass is computed from the log rate η:
+
+        log p(y) = y·η − e^{η} − log y!,
+
+    finite where e^{η} underflows to 0 (η < −103 in float32: ``Poisson`` gave log 0 = −∞ for y > 0) and never NaN
+    where it overflows (η > 88.7: ``Poisson`` gave ∞ − ∞ = NaN for y > 0); −∞ there, the value −e^{η} being below the
+    dtype's range.  ``rate`` = e^{η} (for sampling and the moments).
+    """
+
+    arg_constraints = {"log_rate": constraints.real}
+
+    def __init__(self, log_rate: Tensor, validate_args=None) -> None:
+        self.log_rate = log_rate
+        super().__init__(log_rate.exp(), validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = super().expand(batch_shape, _instance=self._get_checked_instance(_LogRatePoisson, _instance))
+        new.log_rate = self.log_rate.expand(batch_shape)
+        return new
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        return value * self.log_rate - self.rate - torch.lgamma(value + 1)
 
 
 def _check_real(y: Tensor) -> None:

@@ -173,3 +173,43 @@ def test_student_t_expected_value_is_refused_where_y_has_no_mean():
         StudentT(df=1.0).expected_value(f)
     with pytest.raises(ValueError, match="prior of df has support down to 0.0"):
         StudentT(df=dist.Gamma(2.0, 0.1)).expected_value(f)
+
+
+def _poisson_log_likelihood_float64(y, f, exposure):
+    """log p(y | f) = y·log λ − λ − log y! with log λ = log exposure + f, in float64."""
+    y, f = y.double(), f.double()
+    log_rate = math.log(exposure) + f
+    return y * log_rate - log_rate.exp() - torch.lgamma(y + 1)
+
+
+def test_poisson_log_prob_in_log_space_at_extreme_latents():
+    # exposure·exp(f) overflowed to ∞ for f > 88 in float32 (log_prob ∞ − ∞ = NaN, a NaN SVI loss) and underflowed
+    # to 0 for f < −103 (log_prob −∞ for y > 0 where it is y·f − log y!, finite)
+    f = torch.tensor([89.0, 100.0, -120.0, -120.0, 0.0, 80.0], requires_grad=True)
+    y = torch.tensor([3.0, 0.0, 1.0, 0.0, 2.0, 4.0])
+    log_prob = Poisson(exposure=2.0)(f.unsqueeze(-1)).log_prob(y)
+    reference = _poisson_log_likelihood_float64(y, f.detach(), 2.0)
+    # the float64 value rounded to float32 (−∞ where it is below −3.4e38, as −2e89 is); e^η's relative error is the
+    # rounding error of η = log 2 + f in float32, up to |η|·2⁻²⁴ = 4.8e−6 at η = 80.7
+    assert not log_prob.isnan().any()
+    torch.testing.assert_close(log_prob, reference.float(), rtol=1e-5, atol=1e-5)
+    log_prob[2:].sum().backward()
+    # d/df = y − λ, finite where λ is
+    torch.testing.assert_close(f.grad[2:], (y[2:] - 2.0 * f.detach()[2:].double().exp()).float(), rtol=1e-5, atol=1e-6)
+
+
+def test_heteroscedastic_gaussian_log_prob_in_log_space_at_extreme_latents():
+    # exp(f₂) overflowed to σ = ∞ for f₂ > 88 in float32 (log_prob −∞ where it is −log σ − log √(2π), finite) and
+    # underflowed to σ = 0 for f₂ < −103 (pyro's validation of scale > 0 raised, or 0/0 = NaN at y = f₁)
+    log_std = torch.tensor([100.0, -100.0, -120.0, 0.5, -2.0])
+    mean = torch.tensor([0.3, 1.5, 1.5, -1.0, 2.0])
+    y = torch.tensor([2.0, 1.5, 1.5, 0.5, 2.25])
+    f = torch.stack([mean, log_std], dim=-1).requires_grad_(True)
+    log_prob = HeteroscedasticGaussian(noise_offset=0.0)(f).log_prob(y)
+    residual = (y - mean).double() * (-log_std.double()).exp()
+    reference = -0.5 * residual**2 - log_std.double() - 0.5 * math.log(2 * math.pi)
+    torch.testing.assert_close(log_prob, reference.float(), rtol=1e-6, atol=1e-5)
+    log_prob.sum().backward()
+    # d/df₁ = z·e^{−f₂}, d/df₂ = z² − 1 with z = (y − f₁)·e^{−f₂}
+    expected = torch.stack([residual * (-log_std.double()).exp(), residual**2 - 1], dim=-1).float()
+    torch.testing.assert_close(f.grad, expected, rtol=1e-6, atol=1e-6)
