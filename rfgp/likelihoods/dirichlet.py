@@ -99,7 +99,7 @@ def check_alpha_epsilon(alpha_epsilon, dtype: torch.dtype) -> float:
     """
     alpha_epsilon = check_positive_float(alpha_epsilon, "alpha_epsilon")
     floor = gpytorch.settings.min_fixed_noise.value(dtype)
-    on, off = dirichlet_transform(torch.zeros(1, dtype=torch.long), 2, alpha_epsilon, dtype)[0].view(2)
+    on, off = dirichlet_noise_levels(alpha_epsilon, dtype)
     low, high = torch.finfo(dtype).tiny, 1.0 / math.expm1(floor) - 1.0
     if not bool(torch.isfinite(off)):
         reason = f"its off-class noise log(1/alpha_epsilon + 1) overflows in {dtype}"
@@ -112,9 +112,13 @@ def check_alpha_epsilon(alpha_epsilon, dtype: torch.dtype) -> float:
                      f"{alpha_epsilon:g}: {reason}")
 
 
-def dirichlet_noise_levels(alpha_epsilon: float) -> tuple[float, float]:
-    """(σ²_on, σ²_off) = (log(1/(1 + α_ε) + 1), log(1/α_ε + 1)): noise where y_i = c and where y_i ≠ c."""
-    return math.log1p(1.0 / (1.0 + alpha_epsilon)), math.log1p(1.0 / alpha_epsilon)
+def dirichlet_noise_levels(
+    alpha_epsilon: float, dtype: torch.dtype, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
+    """(σ²_on, σ²_off) = (log(1/(1 + α_ε) + 1), log(1/α_ε + 1)), 0-dim tensors in ``dtype``: the noise where
+    y_i = c and where y_i ≠ c, bit for bit the entries of :func:`dirichlet_transform`'s noise."""
+    on, off = _dirichlet_noise(alpha_epsilon + torch.tensor([1.0, 0.0], dtype=dtype, device=device)).unbind()
+    return on, off
 
 
 def dirichlet_transform(
@@ -123,8 +127,13 @@ def dirichlet_transform(
     """Noise σ² and regression targets ỹ, both ``(C, N)``, of paper 000 App. D.4 for validated labels."""
     classes = torch.arange(num_classes, device=labels.device).unsqueeze(-1)
     alpha = alpha_epsilon + (labels == classes).to(dtype)
-    noise = torch.log1p(alpha.reciprocal())
+    noise = _dirichlet_noise(alpha)
     return noise, alpha.log() - 0.5 * noise
+
+
+def _dirichlet_noise(alpha: Tensor) -> Tensor:
+    """σ² = log(1/α + 1) (paper 000 App. D.4, Eq. 91), computed in α's dtype."""
+    return torch.log1p(alpha.reciprocal())
 
 
 class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.DirichletClassificationLikelihood):
@@ -260,10 +269,10 @@ class DirichletClassificationLikelihood(ConfigState, gpytorch.likelihoods.Dirich
         return dirichlet_transform(labels, self.num_classes, self.alpha_epsilon, self.transformed_targets.dtype)[1]
 
     def _two_level_noise(self, max_block_size: int | None = None) -> TwoLevelNoise:
-        on, off = dirichlet_noise_levels(self.alpha_epsilon)
         extra = self.second_noise
         extra = extra.reshape(-1) if torch.is_tensor(extra) else extra
         base = self.transformed_targets.new_ones(self.num_classes)
+        on, off = dirichlet_noise_levels(self.alpha_epsilon, base.dtype, base.device)
         # the label blocks depend only on the labels (and the chunk size): built once per size
         key = (max_block_size, self.targets.device)
         if key not in self._plans:

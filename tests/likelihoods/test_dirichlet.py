@@ -516,3 +516,14 @@ def test_temperature_is_checked_and_round_trips_through_state_dict(dtype):
     assert fresh_likelihood.temperature == 2.0
     # the fantasy likelihood keeps it
     assert likelihood.get_fantasy_likelihood(labels=labels[:2]).temperature == 0.1 + 0.2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [0.001, 0.01, 0.03, 0.05, 0.06, 0.1, 0.7, 2.0])
+def test_structured_noise_levels_are_the_dense_noise_bit_for_bit(dtype, alpha):
+    # the structured solve took its two levels from a float64 copy of the formula rounded to dtype, the dense
+    # FixedNoise from the formula in dtype: one float32 ulp apart (α_ε = 0.1: on-class 0.64662719 vs 0.64662713)
+    labels = torch.tensor([0, 2, 1, 1, 0, 2])
+    likelihood = DirichletClassificationLikelihood(labels, 3, alpha_epsilon=alpha, dtype=dtype)
+    structure = likelihood._two_level_noise()
+    assert torch.equal(structure.per_point(), likelihood.noise_covar.noise)
