@@ -136,9 +136,7 @@ class RandomFeatureEstimator:
             raise TypeError(f"kernel must be a gpytorch Kernel or None, got {type(self.kernel).__name__}")
         train_width, predict_width = self._check_widths()
         check_choice(self.method, "method", tuple(FOURIER_METHODS))
-        iterations = self.num_iterations
-        if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) or iterations < 0:
-            raise ValueError(f"num_iterations must be an integer ≥ 0, got {iterations!r}")
+        iterations = check_positive_int(self.num_iterations, "num_iterations", allow_zero=True)
         if self.lr is not None:
             check_positive_float(self.lr, "lr")
         check_choice(self.optimizer, "optimizer", ESTIMATOR_OPTIMIZERS)
@@ -149,9 +147,7 @@ class RandomFeatureEstimator:
                 "seed (fixed, so that a fit repeats bit for bit), not from scikit-learn's random_state (None, a "
                 "RandomState); pass e.g. seed=0, or seed=int(rng.integers(2**31)) for a fresh draw"
             )
-        restarts = self.n_restarts_optimizer
-        if isinstance(restarts, bool) or not isinstance(restarts, numbers.Integral) or restarts < 0:
-            raise ValueError(f"n_restarts_optimizer must be an integer ≥ 0, got {restarts!r}")
+        restarts = check_positive_int(self.n_restarts_optimizer, "n_restarts_optimizer", allow_zero=True)
         if restarts > 0 and iterations == 0:  # nothing would be optimised from the random starts
             raise ValueError(
                 f"n_restarts_optimizer={restarts} restarts the hyperparameter optimisation, but num_iterations=0 "
@@ -159,9 +155,9 @@ class RandomFeatureEstimator:
             )
         return dict(
             kernel=self.kernel, train_num_features=train_width, num_features=predict_width, method=self.method,
-            num_iterations=int(iterations), lr=None if self.lr is None else float(self.lr), optimizer=self.optimizer,
+            num_iterations=iterations, lr=None if self.lr is None else float(self.lr), optimizer=self.optimizer,
             standardize=bool(self.standardize), dtype=dtype, device=_check_device(self.device), seed=int(self.seed),
-            progress=self.progress, n_restarts_optimizer=int(restarts),
+            progress=self.progress, n_restarts_optimizer=restarts,
         )
 
     def _check_widths(self) -> tuple[int | None, int | None]:

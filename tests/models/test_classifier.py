@@ -732,5 +732,5 @@ def test_restarts_keep_the_lowest_final_loss_of_every_start_and_repeat(monkeypat
                       match=r"DirichletGPClassifier: restart 1 of n_restarts_optimizer=2 failed and is skipped"):
         skipped = DirichletGPClassifier(n_restarts_optimizer=2, **settings).fit(x, y)
     assert np.isnan(skipped.restart_losses_[1]) and not np.isnan(skipped.restart_losses_[2])
-    with pytest.raises(ValueError, match=r"n_restarts_optimizer must be an integer ≥ 0, got -1"):
+    with pytest.raises(ValueError, match=r"n_restarts_optimizer must be a non-negative integer, got -1"):
         DirichletGPClassifier(n_restarts_optimizer=-1).fit(x, y)
