@@ -454,16 +454,19 @@ def describe_bad_hyperparameters(module) -> list[str]:
 RESIDUAL = "y − μ (the training targets minus the prior mean)"
 
 
-def check_targets(y: Tensor, name: str = RESIDUAL, num_tasks: int | None = None) -> None:
+def check_targets(y: Tensor, name: str = RESIDUAL, num_tasks: int | None = None, point_axis: int = -1) -> None:
     """Targets (or residuals y − μ) of a Gaussian model: finite and non-empty (an MLL over no data is 0/0).
 
-    ``num_tasks``: ``y`` ``(..., N·T)`` holds T outputs per point in GPyTorch's interleaved order (entry n·T + t),
-    checked as ``(..., N, T)`` so that the error names the (point, task) of a bad entry, not its flat index."""
+    ``point_axis``: the axis of the N data points, −1 for target vectors ``(*b, N)``, −2 for linear_operator's
+    right-hand sides ``(*b, N, k)`` (a 1-D ``(N,)`` one has them along −1).
+    ``num_tasks``: ``y`` ``(*b, N·T)`` holds T outputs per point in GPyTorch's interleaved order (entry n·T + t),
+    checked as ``(*b, N, T)`` so that the error names the (point, task) of a bad entry, not its flat index."""
     if y is None:
         return
     if num_tasks is not None:
         y, name = y.reshape(*y.shape[:-1], -1, num_tasks), f"{name}, indexed (…, point, task),"
-    if y.shape[-1 if y.dim() == 1 else -2] == 0:
+        point_axis = -2
+    if y.shape[max(point_axis, -y.dim())] == 0:
         raise ValueError(f"{name} is empty (0 data points); the marginal likelihood and posterior need at least one")
     check_finite(y, name, "remove or impute the rows of train_y with NaN/Inf, or fix a mean module that returns "
                           "them (a NaN target makes the marginal likelihood and every prediction NaN); to leave "
@@ -504,12 +507,23 @@ def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1,
             f"train_y must hold one target per row of train_x ({train_x.shape[-2]} along axis {target_axis}), "
             f"got shape {tuple(train_y.shape)}"
         )
+    _check_batch_shapes_broadcast(train_x.shape[:-2], train_y.shape[:target_axis])
     check_finite(train_x, "train_x")
     if allow_nan_targets:
         train_y = torch.where(train_y.isnan(), torch.zeros((), dtype=train_y.dtype), train_y)
     check_finite(train_y, "train_y (the training targets)",
                  "remove or impute those rows, or (for NaN) build, train and predict with the model inside "
                  "gpytorch.settings.observation_nan_policy('mask'), which leaves NaN targets out")
+
+
+def _check_batch_shapes_broadcast(x_batch: torch.Size, y_batch: torch.Size) -> None:
+    """train_y's batch shape (before its point axis) broadcasts with train_x's ``(*b)`` (GPyTorch failed at the
+    first marginal likelihood with "The size of tensor a (2) must match the size of tensor b (3)")."""
+    try:
+        torch.broadcast_shapes(x_batch, y_batch)
+    except RuntimeError:
+        raise ValueError(f"train_y's batch shape {tuple(y_batch)} does not broadcast with train_x's "
+                         f"{tuple(x_batch)} (train_x is (*b, n, d)); give both the same batch shape") from None
 
 
 def check_model_inputs(model, inputs) -> None:

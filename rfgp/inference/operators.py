@@ -371,7 +371,7 @@ class FeatureRootAddedDiagLinearOperator(FullPrecisionOperator, LowRankRootAdded
                                                   select_noise(self._diag_tensor, observed))
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        check_targets(inv_quad_rhs)
+        check_targets(inv_quad_rhs, point_axis=-2)
         if self.uses_kernel_space():
             features, constant = self._linear_op.scaled_features()
             features = narrow_broadcast(features, features.dim() - 2)  # one Gram for copies (T targets of one kernel)
@@ -672,7 +672,7 @@ class ChunkedFeatureRootAddedDiagLinearOperator(FullPrecisionOperator, AddedDiag
                                                          select_noise(self._diag_tensor, observed))
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        check_targets(inv_quad_rhs)
+        check_targets(inv_quad_rhs, point_axis=-2)
         return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
 
 
