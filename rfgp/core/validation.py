@@ -224,11 +224,12 @@ def reads_values(x: Tensor) -> bool:
 
 def check_gaussian_moments(**tensors: Tensor) -> None:
     """Finite floating means and variances, variances (keyword names starting with ``var``) ≥ 0: raise naming the
-    argument, never clamp (a negative variance is a bug upstream, not rounding to hide)."""
+    argument, never clamp (a negative variance is a bug upstream, not rounding to hide).  Values on ``meta`` are not
+    read (:func:`has_values`)."""
     for name, tensor in tensors.items():
         check_tensor_dtype(tensor, name)
         check_finite(tensor, name)
-        if name.startswith("var") and bool((tensor < 0).any()):
+        if name.startswith("var") and has_values(tensor) and bool((tensor < 0).any()):
             raise ValueError(f"{name} must be ≥ 0 (variances), got the minimum {float(tensor.min()):.6g}")
 
 
@@ -475,8 +476,9 @@ def check_targets(y: Tensor, name: str = RESIDUAL, num_tasks: int | None = None,
 
 
 def check_noise(noise: Tensor) -> Tensor:
-    """The likelihood's noise variances D (returned unchanged): finite and > 0, as D⁻¹ weights the data."""
-    if settings.validate_inputs.on() and noise.numel() and not bool((torch.isfinite(noise) & (noise > 0)).all()):
+    """The likelihood's noise variances D (returned unchanged): finite and > 0, as D⁻¹ weights the data (not read on
+    ``meta``, :func:`reads_values`)."""
+    if reads_values(noise) and not bool((torch.isfinite(noise) & (noise > 0)).all()):
         values = noise.detach()
         raise InvalidValueError(
             f"the likelihood's noise variances must be finite and > 0 (the feature-space solve weights every point "

@@ -26,7 +26,13 @@ from ..core.draws import register_draw
 from ..core.dtypes import FullPrecisionMethods
 from ..core.locks import init_lock
 from ..core.memory import check_draws
-from ..core.validation import check_features_input, check_positive_int, check_seed, refuse_draws_under_vmap
+from ..core.validation import (
+    check_features_input,
+    check_positive_int,
+    check_seed,
+    has_values,
+    refuse_draws_under_vmap,
+)
 
 _SEED_BOUND = 2**62
 
@@ -41,7 +47,8 @@ def _new_seed(generator: torch.Generator | None) -> int:
 def widen_draws(module: nn.Module, draws: dict[str, Tensor], drawn_in: torch.dtype) -> None:
     """Register the seed's ``draws`` (buffers of ``module`` by name) in the buffers' current, wider dtype where the
     buffers are exactly the draws rounded to ``drawn_in`` — all of them, or none (draws that depend on more than the
-    seed, such as hyperparameters that have changed since, keep their converted values)."""
+    seed, such as hyperparameters that have changed since, keep their converted values).  Buffers on ``meta`` have
+    no values to compare: they take the draws' shapes and the wider dtype."""
     widened = {}
     for name, value in draws.items():
         current = getattr(module, name, None)
@@ -50,7 +57,7 @@ def widen_draws(module: nn.Module, draws: dict[str, Tensor], drawn_in: torch.dty
         if current.shape != value.shape:
             return
         rounded = value.to(drawn_in).to(device=current.device, dtype=current.dtype)
-        if not torch.equal(rounded, current):
+        if has_values(current) and not torch.equal(rounded, current):
             return
         widened[name] = value.to(device=current.device, dtype=current.dtype)
     for name, value in widened.items():
@@ -258,7 +265,10 @@ class FeatureMap(FullPrecisionMethods, ConfigState, nn.Module):
                                       error_msgs)
         saved_dim = state_dict.get(prefix + CONFIG_PREFIX + "input_dim")
         if saved_dim is not None and decode(saved_dim) is None:
-            # saved before its first call, so without draws: this map made them from the adopted seed
+            # saved before its first call, so without draws: this map's are made again from the adopted seed, also
+            # where the seed is its own (after ``to_empty()`` its buffers hold no draws, only uninitialised memory)
+            if self.is_initialized and self.draws_follow_seed:
+                self._materialize()
             drawn = {prefix + name for name in self._buffer_names}
             missing_keys[:] = [key for key in missing_keys if key not in drawn]
         saved_in = [state_dict[prefix + name].dtype for name in self._buffer_names

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..core.config_state import METHOD, SavedDrawShapes
 from ..core.dtypes import refuse_autocast_backward
-from ..core.validation import check_finite
+from ..core.validation import check_finite, has_values
 from .base import FeatureMap
 from .fourier import _SinCosFeatures, sincos_projection_grad, sincos_projection_jvp
 
@@ -266,6 +266,12 @@ class WeightedFourierFeatures(SavedDrawShapes, FeatureMap):
         return mean.to(torch.promote_types(x.dtype, mean.dtype)).expand(shape)
 
     def _materialize(self) -> None:
+        if not has_values(self._anchor):  # the proposal reads θ's values (PyTorch: "Cannot copy out of meta tensor")
+            raise ValueError(
+                f"{type(self).__name__} ({self.measure!r}) cannot draw on the meta device: its proposal is centred "
+                "on the hyperparameters' values at draw time, and how many harmonics it draws follows them; make the "
+                "draws on a device with values (call the kernel once, or load a state that has them), then .to('meta')"
+            )
         super()._materialize()
         self._adopt_saved_shapes()  # the number of harmonics follows the proposal's hyperparameters
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..core.batch_copies import broadcast_dims, narrow_broadcast
 from ..core.dtypes import factor_dtype, refuse_autocast_backward
-from ..core.validation import NonFiniteHyperparameterError
+from ..core.validation import NonFiniteHyperparameterError, has_values
 from .statistics_precision import unit_roundoff
 
 
@@ -131,7 +131,8 @@ def is_positive(value: Tensor | float) -> bool:
 
 def scales_root(value: Tensor | float) -> bool:
     """Whether c·ΦΦᵀ stays a feature root, (√c·Φ)(√c·Φ)ᵀ: c finite and > 0 everywhere (a number, or one per batch
-    member; one host read for a tensor).  ``False`` where some c < 0 — not a covariance: linear_operator's generic
+    member; one host read for a tensor; a c on ``meta``, shape inference, has no values and counts as > 0).  ``False``
+    where some c < 0 — not a covariance: linear_operator's generic
     product, as for its own ``RootLinearOperator``.
 
     Raises:
@@ -144,7 +145,7 @@ def scales_root(value: Tensor | float) -> bool:
             as 0 and an infinite one gave a covariance of NaN and Inf entries without a word.
     """
     if torch.is_tensor(value):
-        if bool(((value > 0) & (value < float("inf"))).all()):  # one host read, as is_positive's
+        if not has_values(value) or bool(((value > 0) & (value < float("inf"))).all()):  # one host read
             return True
         finite = bool(torch.isfinite(value).all())
     elif 0 < value < float("inf"):

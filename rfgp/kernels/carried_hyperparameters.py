@@ -19,6 +19,8 @@ import contextlib
 import torch
 from gpytorch.kernels import Kernel
 
+from ..core.validation import has_values
+
 
 def carry_extra_hyperparameters(source: Kernel, target: Kernel) -> Kernel:
     """Give ``target`` the parameters (with constraints) and priors of ``source`` itself that it lacks by name.
@@ -53,16 +55,14 @@ def check_priors_kept(source: Kernel, converted: Kernel) -> None:
 
     The terms are compared at the hyperparameters θ and at θ + 1/2 (every raw parameter of each tree shifted in turn,
     by swapping its ``.data``, and restored), so that a closure that only agrees at θ — a ``lengthscale_prior`` on
-    ℓ² where ℓ = 1, a closure that reads the exact kernel instead of the module it is given — is refused too."""
+    ℓ² where ℓ = 1, a closure that reads the exact kernel instead of the module it is given — is refused too.
+    Trees on ``meta`` (shape inference) have no values: only the number of terms is compared there."""
     for shift in _SHIFTS:
         with _shifted(source, shift):
             expected = _prior_terms(source)
         with _shifted(converted, shift):
             actual = _prior_terms(converted)
-        values, other_values = _values(expected), _values(actual)
-        if len(expected) == len(actual) and values.shape == other_values.shape and torch.allclose(
-            values, other_values, equal_nan=True
-        ):
+        if _same_terms(expected, actual):
             continue
         lost = [f"{name} ({_describe(actual.get(name))})" for name, value in expected.items()
                 if name not in actual or (isinstance(value, torch.Tensor) and not _same_term(value, actual[name]))]
@@ -107,6 +107,20 @@ def _prior_terms(kernel: Kernel) -> dict:
     return terms
 
 
+def _same_terms(expected: dict, actual: dict) -> bool:
+    """As many terms, and the same sorted values where the terms have values (not on ``meta``)."""
+    if len(expected) != len(actual):
+        return False
+    if not all(_has_value(term) for term in (*expected.values(), *actual.values())):
+        return True
+    values, other_values = _values(expected), _values(actual)
+    return values.shape == other_values.shape and torch.allclose(values, other_values, equal_nan=True)
+
+
+def _has_value(term) -> bool:
+    return not isinstance(term, torch.Tensor) or has_values(term)
+
+
 def _values(terms: dict) -> torch.Tensor:
     """The evaluated terms, sorted (NaN last), in float64 on the CPU so that trees on different devices compare."""
     values = [value.detach().to("cpu", torch.float64) for value in terms.values() if isinstance(value, torch.Tensor)]
@@ -114,6 +128,8 @@ def _values(terms: dict) -> torch.Tensor:
 
 
 def _same_term(value, other) -> bool:
+    if not (_has_value(value) and _has_value(other)):  # meta: present is all that can be compared
+        return isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor)
     return isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor) and torch.allclose(
         value.to("cpu", torch.float64), other.to("cpu", torch.float64), equal_nan=True)
 

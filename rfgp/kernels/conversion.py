@@ -31,7 +31,7 @@ from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from torch import Tensor
 from torch.nn import Module
 
-from ..core.validation import check_positive_int, check_seed
+from ..core.validation import check_positive_int, check_seed, has_values
 from ..features.gaussian_sketch import bounding_box_center
 from .carried_hyperparameters import carry_extra_hyperparameters, check_priors_kept
 from .combinations import FeatureProductKernel, FeatureSumKernel
@@ -943,10 +943,11 @@ def _convert_decomposable(kernel, base: Kernel) -> Kernel:
 
 
 def _check_positive_hyperparameters(kernel: Kernel, *names: str) -> None:
-    """Conversion-time check (the sketched families need them > 0 whatever constraint the exact kernel has)."""
+    """Conversion-time check (the sketched families need them > 0 whatever constraint the exact kernel has); a tree
+    on ``meta`` has no values to check."""
     for name in names:
         value = getattr(kernel, name).detach()
-        if not bool(torch.isfinite(value).all()) or bool((value <= 0).any()):
+        if has_values(value) and (not bool(torch.isfinite(value).all()) or bool((value <= 0).any())):
             raise ValueError(
                 f"{type(kernel).__name__}.{name} must be finite and > 0 to convert, got "
                 f"{value.cpu().flatten()[:8].tolist()}"

@@ -25,6 +25,7 @@ from ..core.validation import (
     check_hyperparameter,
     check_positive_float,
     check_unit_rows,
+    has_values,
     normalize_rows,
 )
 from ..features.base import FeatureMap
@@ -158,7 +159,8 @@ class SketchedPolynomialKernel(ComplexPosteriorMixin, RandomFeatureKernel):
         if offset_constraint is None:
             offset_constraint = Positive()
         lower = getattr(offset_constraint, "lower_bound", None)
-        if lower is None or bool((torch.as_tensor(lower) < 0).any()):
+        lower = None if lower is None else torch.as_tensor(lower)
+        if lower is None or (has_values(lower) and bool((lower < 0).any())):
             # the features sketch [x/ℓ; √c]: a negative offset would make every feature NaN
             raise ValueError(
                 f"offset_constraint must keep the offset ≥ 0 (the features append √c), got {offset_constraint} "

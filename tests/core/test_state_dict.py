@@ -515,3 +515,16 @@ def test_botorch_fit_with_a_sketched_kernel_runs():
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     fit_gpytorch_mll(mll)
     assert all(torch.is_tensor(value) for value in model.state_dict().values())
+
+
+def test_a_state_saved_before_the_first_call_redraws_a_drawn_map_from_its_seed():
+    # a drawn map kept its buffers where the loaded (undrawn) state had its own seed, trusting them to be the seed's
+    # draws; after to_empty() they are uninitialised memory, and the kernel values were garbage
+    x = _inputs(3)
+    saved = RandomFourierFeatures(16, seed=0).double()
+    expected = RandomFourierFeatures(16, seed=0).double()(x)
+    loaded = RandomFourierFeatures(16, seed=0).double()
+    loaded(x)
+    loaded.to_empty(device="cpu")
+    loaded.load_state_dict(saved.state_dict())
+    assert torch.equal(loaded(x), expected)
