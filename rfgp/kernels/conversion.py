@@ -209,7 +209,7 @@ def sketch(kernel: Kernel, num_features: int, method: str | None = None, seed: i
     choose_method = _method_chooser(method, leaves)
     plan = _Plan(num_features, choose_method, _SeedSequence(seed), options, columns)
     converted = _convert(kernel, plan)
-    _tie_shared_modules(converted, plan.conversions)
+    _tie_shared_hyperparameters(converted, plan.conversions)
     _count_priors_as_gpytorch(converted, plan.conversions)
     _own_modules(kernel, converted)
     check_priors_kept(kernel, converted)
@@ -470,61 +470,50 @@ def _convert(kernel, plan: _Plan):
     return converted
 
 
-def _tie_shared_modules(converted: Kernel, conversions: list[tuple[Kernel, Kernel]]) -> None:
-    """Share the hyperparameters of the conversions of a module that the exact tree holds more than once.
+def _tie_shared_hyperparameters(converted: Kernel, conversions: list[tuple[Kernel, Kernel]]) -> None:
+    """Give the conversions of one hyperparameter of the exact tree one ``Parameter``, as GPyTorch trains it as one.
 
-    ``AdditiveKernel(rbf, ProductKernel(rbf, periodic))`` with one ``rbf`` has one lengthscale; each occurrence is
-    converted on its own (a product needs draws independent of the sum's), so the conversions get the first one's
-    ``Parameter`` objects, else training would fit the occurrences apart, a different model.  Priors stay on the
-    occurrences that GPyTorch's ``named_priors`` counts in the exact tree (:func:`_count_priors_as_gpytorch`).
+    A hyperparameter is one ``Parameter`` of the exact tree, held by one module or several:
+
+    * a module the tree holds more than once (``AdditiveKernel(rbf, ProductKernel(rbf, periodic))`` with one ``rbf``)
+      is converted once per occurrence (a product needs draws independent of the sum's); each occurrence's
+      parameters are the first one's, by name;
+    * a ``Parameter`` several modules hold (``k2.raw_lengthscale = k1.raw_lengthscale``): the converters copy each
+      module's values into parameters of its own under the exact names (and
+      :func:`~rfgp.kernels.carried_hyperparameters.carry_extra_hyperparameters` the rest), so the conversions'
+      parameters of that name are the first one's (a restructured product's that lost the name keeps its own).
+
+    One rule for both: a converted parameter stands for the exact module's own ``Parameter`` of its name, or, where
+    the exact module has none of that name (one nested in a composite's conversion), for the name in that module;
+    all that stand for one hyperparameter become the first of them.  Else training would fit them apart, a different
+    model.  Priors stay on the occurrences that GPyTorch's ``named_priors`` counts in the exact tree
+    (:func:`_count_priors_as_gpytorch`).
     """
     in_tree = {id(module) for module in converted.modules()}
-    first: dict[int, Kernel] = {}
+    first_conversion: dict[int, Kernel] = {}
+    first_parameter: dict[tuple, torch.nn.Parameter] = {}
     for exact, result in conversions:
         if id(result) not in in_tree:  # a probe's conversion, thrown away
             continue
-        original = first.setdefault(id(exact), result)
-        if original is result:
-            continue
-        shared = dict(original.named_parameters(remove_duplicate=False))
-        own = dict(result.named_parameters(remove_duplicate=False))
-        if shared.keys() != own.keys() or any(shared[n].shape != p.shape for n, p in own.items()):
-            raise TypeError(
-                f"rfgp.sketch cannot keep the hyperparameters of {type(exact).__name__} tied: the same module appears "
-                f"more than once in the tree and its conversions have different parameters ({sorted(own)} vs "
-                f"{sorted(shared)}); use separate kernel instances, or tie them after conversion"
-            )
-        for name in own:
+        _check_same_parameters(exact, first_conversion.setdefault(id(exact), result), result)
+        exact_parameters = {name: id(parameter) for name, parameter in exact.named_parameters(recurse=False)}
+        for name in dict(result.named_parameters(remove_duplicate=False)):
             owner, _, leaf = name.rpartition(".")
-            result.get_submodule(owner)._parameters[leaf] = shared[name]
-    _tie_shared_parameters(in_tree, conversions)
+            module = result.get_submodule(owner)
+            key = (exact_parameters[name],) if name in exact_parameters else (id(exact), name)
+            module._parameters[leaf] = first_parameter.setdefault(key, module._parameters[leaf])
 
 
-def _tie_shared_parameters(in_tree: set[int], conversions: list[tuple[Kernel, Kernel]]) -> None:
-    """Share the conversions of a ``Parameter`` that several modules of the exact tree hold.
-
-    ``k2.raw_lengthscale = k1.raw_lengthscale`` ties two kernels' lengthscales in GPyTorch (one parameter in
-    ``named_parameters``, trained as one); the converters copy each kernel's values into parameters of its own, so
-    the conversions of ``k1`` and ``k2`` get the first one's ``Parameter`` (the converters copy the values under the
-    exact names, and :func:`~rfgp.kernels.carried_hyperparameters.carry_extra_hyperparameters` the rest), else
-    training would fit them apart.
-    """
-    holders: dict[int, list[tuple[Kernel, str, Kernel]]] = {}  # exact parameter → (exact module, name, conversion)
-    for exact, result in conversions:
-        if id(result) in in_tree:
-            for name, parameter in exact.named_parameters(recurse=False):
-                holders.setdefault(id(parameter), []).append((exact, name, result))
-    for occurrences in holders.values():
-        if len({id(exact) for exact, _, _ in occurrences}) < 2:  # one module's: tied by _tie_shared_modules
-            continue
-        first = None
-        for _, name, result in occurrences:
-            if name not in result._parameters:  # not carried over (a restructured product's own parameter): no tie
-                continue
-            if first is None:
-                first = result._parameters[name]
-            else:
-                result._parameters[name] = first
+def _check_same_parameters(exact: Kernel, first: Kernel, result: Kernel) -> None:
+    """Two conversions of one exact module have the same parameter names and shapes, else they cannot be tied."""
+    shared = dict(first.named_parameters(remove_duplicate=False))
+    own = dict(result.named_parameters(remove_duplicate=False))
+    if shared.keys() != own.keys() or any(shared[n].shape != p.shape for n, p in own.items()):
+        raise TypeError(
+            f"rfgp.sketch cannot keep the hyperparameters of {type(exact).__name__} tied: the same module appears "
+            f"more than once in the tree and its conversions have different parameters ({sorted(own)} vs "
+            f"{sorted(shared)}); use separate kernel instances, or tie them after conversion"
+        )
 
 
 def _count_priors_as_gpytorch(converted: Kernel, conversions: list[tuple[Kernel, Kernel]]) -> None:
@@ -532,7 +521,7 @@ def _count_priors_as_gpytorch(converted: Kernel, conversions: list[tuple[Kernel,
 
     ``named_priors`` walks ``named_children``, which lists a child held twice by the same parent once: the exact
     ``k * k`` or ``k + k`` counts k's priors once, while its conversion holds two occurrences (independent draws,
-    tied hyperparameters, :func:`_tie_shared_modules`), whose second would double the log prior.  An occurrence
+    tied hyperparameters, :func:`_tie_shared_hyperparameters`), whose second would double the log prior.  An occurrence
     whose exact module is an earlier sibling's (children of the same converted node, in order) loses its priors
     and those of its submodules; the same module under another parent keeps them, as GPyTorch counts it there.
     """
@@ -617,7 +606,7 @@ def _convert_structure(kernel: Kernel, plan: _Plan) -> Kernel:
         in_tree = {id(module) for module in converted.modules()}
         copy_ids = {id(part) for part in copies}
         occurrences = [result for exact, result in plan.conversions if id(exact) in copy_ids and id(result) in in_tree]
-        # the copies' conversions are occurrences of the one base module: _tie_shared_modules ties them
+        # the copies' conversions are occurrences of the one base module: _tie_shared_hyperparameters ties them
         plan.conversions.extend((base, result) for result in occurrences)
     names = {id(module): name for name, module in converted.named_modules(remove_duplicate=False)}
     paths = tuple(names[id(result)] for result in occurrences)

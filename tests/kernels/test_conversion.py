@@ -243,6 +243,18 @@ def test_a_parameter_that_several_kernels_share_stays_one_parameter():
     assert sketched.kernels[1].raw_outputscale is s_scaled.raw_outputscale
 
 
+def test_a_module_used_twice_whose_parameter_another_kernel_shares_stays_one_parameter():
+    """Both kinds of tie at once: ``rbf`` in a sum and in a product, and its lengthscale held by a Matérn too: the
+    exact tree has one lengthscale, and so do its three converted holders."""
+    rbf, matern = RBFKernel(), MaternKernel(nu=2.5)
+    matern.raw_lengthscale = rbf.raw_lengthscale
+    exact = rbf + rbf * matern
+    sketched = rfgp.sketch(exact, num_features=64, seed=0)
+    holders = [m for m in sketched.modules() if hasattr(m, "raw_lengthscale")]
+    assert len(holders) == 3 and all(m.raw_lengthscale is holders[0].raw_lengthscale for m in holders)
+    assert [n for n, _ in sketched.named_parameters()] == [n for n, _ in exact.named_parameters()]
+
+
 def _trees_with_active_dims():
     rbf, matern = exact_scaled_tree()
     index = gpytorch.kernels.IndexKernel(num_tasks=2, rank=1, active_dims=[2])
