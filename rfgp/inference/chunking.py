@@ -249,7 +249,8 @@ def accumulated_statistics(featurize: Callable[[Tensor], Tensor], inputs: Tensor
 
 def chunked_statistics_forward(featurize: Callable[[Tensor, torch.dtype | None], Tensor], inputs: Tensor,
                                weights: Tensor, rhs: Tensor, constant: Tensor | float | None, chunk_size: int,
-                               outputs: int = 1, adaptive: bool = False, trace_scale: Tensor | float = 1.0):
+                               outputs: int = 1, adaptive: bool = False, trace_scale: Tensor | float = 1.0,
+                               model_dtype: torch.dtype | None = None):
     """The forward of the chunked statistics Functions, and all of it under ``torch.jit.trace`` (which cannot export a
     Python autograd.Function, and then records the precision chosen for the traced inputs).
 
@@ -257,11 +258,13 @@ def chunked_statistics_forward(featurize: Callable[[Tensor, torch.dtype | None],
     where ``adaptive`` and their float32 rounding is not negligible (:func:`accumulated_statistics_dtype`) again from
     ``featurize(x, work)`` (Φ₀ formed in, or cast to, ``work``), c folded in ``work`` (:func:`folded_in`).  Returns
     (ΦᵀWΦ, ΦᵀWR, the unit statistics for uniform weights ``(..., 1)`` or ``()``, the fold dtype: ``None`` for the
-    tensors' own)."""
-    folded_weights, folded_rhs = fold_constant(constant, weights, rhs)
+    tensors' own).  ``model_dtype``: the statistics' dtype without adaptive precision, where W and R come wider (cast
+    once by the caller, :func:`~rfgp.inference.operators.adaptive_feature_statistics`): the first pass folds them in
+    it."""
+    fold_dtype = model_dtype
+    folded_weights, folded_rhs = folded_in(constant, weights, rhs, fold_dtype)
     gram, cross = accumulated_statistics(lambda x: featurize(x, None), inputs, folded_weights, folded_rhs, chunk_size,
                                          outputs)
-    fold_dtype = None
     work = accumulated_statistics_dtype(gram, folded_weights, trace_scale) if adaptive else gram.dtype
     if work != gram.dtype:  # float32 rounding not negligible: again from Φ₀_c in float64, c folded so
         fold_dtype = work
@@ -344,10 +347,11 @@ class _ChunkedStatistics(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, featurizer, blocks, inputs, weights, rhs, constant, *params):
-        # points per chunk, rows of Φ per point, adaptive precision, its trace's scale
-        chunk_size, outputs, adaptive, trace_scale = blocks
+        # points per chunk, rows of Φ per point, adaptive precision, its trace's scale, the model's dtype
+        chunk_size, outputs, adaptive, trace_scale, model_dtype = blocks
         gram, cross, unit, fold_dtype = chunked_statistics_forward(
-            _cast_features(featurizer), inputs, weights, rhs, constant, chunk_size, outputs, adaptive, trace_scale)
+            _cast_features(featurizer), inputs, weights, rhs, constant, chunk_size, outputs, adaptive, trace_scale,
+            model_dtype)
         ctx.featurizer, ctx.chunk_size, ctx.outputs, ctx.work = featurizer, chunk_size, outputs, gram.dtype
         ctx.fold_dtype, ctx.constant = fold_dtype, None if torch.is_tensor(constant) else constant
         # the unit statistics Φ₀ᵀΦ₀, Φ₀ᵀR of uniform weights give ∂w as an F × F contraction
@@ -418,7 +422,7 @@ def check_chunked_solve(featurizer: Featurizer, inputs: Tensor, weights: Tensor,
 
 def chunked_feature_statistics(
     featurizer: Featurizer, inputs: Tensor, weights: Tensor, rhs: Tensor, chunk_size: int, outputs: int = 1,
-    adaptive_precision: bool = False, trace_scale: Tensor | float = 1.0,
+    adaptive_precision: bool = False, trace_scale: Tensor | float = 1.0, model_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs), accumulated over ``chunk_size`` input points at a time.
 
@@ -436,11 +440,14 @@ def chunked_feature_statistics(
             folded into W and R (:func:`folded_in`) in that precision, forward and backward.
         trace_scale: a factor (no gradient) on that estimate's tr(G), where G enters a wider product: ‖B̃‖_F² for
             the data Gram of a Kronecker root (:mod:`rfgp.inference.kronecker_statistics`).
+        model_dtype: the statistics' dtype without adaptive precision where ``weights`` and ``rhs`` come already
+            widened to float64 (default ``None``: theirs), so that every use the caller makes of them accumulates its
+            gradient in float64 before one rounding (:func:`~rfgp.inference.operators.adaptive_feature_statistics`).
     """
     check_chunked_solve(featurizer, inputs, weights, outputs)
     unscaled = featurizer.unscaled()
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         return chunked_statistics_forward(_cast_features(unscaled), inputs, weights, rhs, featurizer.constant,
-                                          chunk_size, outputs, adaptive_precision, trace_scale)[:2]
-    return _ChunkedStatistics.apply(unscaled, (chunk_size, outputs, adaptive_precision, trace_scale), inputs, weights,
-                                    rhs, featurizer.constant, *unscaled.params)
+                                          chunk_size, outputs, adaptive_precision, trace_scale, model_dtype)[:2]
+    blocks = (chunk_size, outputs, adaptive_precision, trace_scale, model_dtype)
+    return _ChunkedStatistics.apply(unscaled, blocks, inputs, weights, rhs, featurizer.constant, *unscaled.params)

@@ -179,17 +179,18 @@ class ChunkedMultiOutputFeatureOperator(FullPrecisionOperator, _NoKroneckerFacto
             [features for _, features in self.feature_chunks(self.inputs2)], -2)
         return left @ right.mT
 
-    def feature_statistics(self, weights: Tensor, rhs: Tensor,
-                           adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
+    def feature_statistics(self, weights: Tensor, rhs: Tensor, adaptive_precision: bool = False,
+                           model_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """(RᵀWR, RᵀWY) over the n·p interleaved rows (weights ``(..., n·p)`` or uniform ``(..., 1)``, Y
         ``(..., n·p, t)``), accumulated ``chunk_size`` points at a time; the backward recomputes each block's rows
         (:func:`~rfgp.inference.chunking.chunked_feature_statistics`, whose ``adaptive_precision`` forms float32
-        rows' statistics in float64 where their float32 rounding would not be negligible).  Of the symmetric
-        operator R(x)R(x)ᵀ only."""
+        rows' statistics in float64 where their float32 rounding would not be negligible; ``model_dtype`` as
+        there).  Of the symmetric operator R(x)R(x)ᵀ only."""
         if not self.symmetric:
             raise ValueError("feature statistics RᵀWR belong to a symmetric covariance R(x)R(x)ᵀ, not R(x₁)R(x₂)ᵀ")
         return chunked_feature_statistics(self.featurizer, self.inputs1, weights, rhs, self.chunk_size,
-                                          self.num_outputs, adaptive_precision=adaptive_precision)
+                                          self.num_outputs, adaptive_precision=adaptive_precision,
+                                          model_dtype=model_dtype)
 
     def statistics_dtype(self, weights: Tensor) -> torch.dtype:
         """The dtype of :meth:`feature_statistics` without ``adaptive_precision``: x's, the constant's and the
@@ -280,15 +281,15 @@ class ObservedMultiOutputRows(FullPrecisionOperator, MaskedLinearOperator):
             raise ValueError("row_mask and col_mask must be the same mask of observed entries")
         super().__init__(base, row_mask, col_mask)
 
-    def feature_statistics(self, weights: Tensor, rhs: Tensor,
-                           adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
+    def feature_statistics(self, weights: Tensor, rhs: Tensor, adaptive_precision: bool = False,
+                           model_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """(R[o]ᵀWR[o], R[o]ᵀWY) for weights ``(..., #o)`` or uniform ``(..., 1)`` and Y ``(..., #o, t)``."""
         observed = self.row_mask
         full_weights = weights.new_zeros(*weights.shape[:-1], observed.shape[-1])
         full_weights[..., observed] = weights
         full_rhs = rhs.new_zeros(*rhs.shape[:-2], observed.shape[-1], rhs.shape[-1])
         full_rhs[..., observed, :] = rhs
-        return self.base.feature_statistics(full_weights, full_rhs, adaptive_precision)
+        return self.base.feature_statistics(full_weights, full_rhs, adaptive_precision, model_dtype)
 
     def statistics_dtype(self, weights: Tensor) -> torch.dtype:
         """:meth:`ChunkedMultiOutputFeatureOperator.statistics_dtype` of the base."""

@@ -298,10 +298,11 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, featurizer, blocks, inputs, weights, rhs, constant, *params):
-        chunk_size, adaptive = blocks  # points per chunk, adaptive precision
+        chunk_size, adaptive, model_dtype = blocks  # points per chunk, adaptive precision, the model's dtype
         chol = featurizer.chol()
         gram, projection, unit, fold_dtype = chunked_statistics_forward(
-            _triangular_chunks(featurizer, chol), inputs, weights, rhs, constant, chunk_size, adaptive=adaptive)
+            _triangular_chunks(featurizer, chol), inputs, weights, rhs, constant, chunk_size, adaptive=adaptive,
+            model_dtype=model_dtype)
         work = gram.dtype
         chol = chol.to(work)
         ctx.featurizer, ctx.chunk_size, ctx.work = featurizer, chunk_size, work
@@ -364,22 +365,26 @@ class _ChunkedTriangularStatistics(torch.autograd.Function):
 
 
 def chunked_triangular_statistics(featurizer: TriangularFeaturizer, inputs: Tensor, weights: Tensor, rhs: Tensor,
-                                  chunk_size: int, adaptive_precision: bool = False) -> tuple[Tensor, Tensor]:
+                                  chunk_size: int, adaptive_precision: bool = False,
+                                  model_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     """(ΦᵀWΦ, ΦᵀWR) for Φ = featurizer(inputs) = c·K(x)L⁻ᵀ, accumulated over ``chunk_size`` rows at a time.
 
     The chunked counterpart of :func:`triangular_statistics` (and the Nyström counterpart of
     :func:`~rfgp.inference.chunking.chunked_feature_statistics`): the backward recomputes K(x_c) per
     chunk under autograd, and L once.  ``adaptive_precision``: float32 features whose float32 statistics would not be
     accurate (:func:`~rfgp.inference.chunking.accumulated_statistics_dtype`, from tr(G) of the float32 pass) form
-    them again from K(x_c, Z) and L cast to float64, forward and backward, and return them so.
+    them again from K(x_c, Z) and L cast to float64, forward and backward, and return them so.  ``model_dtype``: as
+    :func:`~rfgp.inference.chunking.chunked_feature_statistics`'s.
     """
     check_chunked_solve(featurizer, inputs, weights)
     unscaled = featurizer.unscaled()
     if torch.jit.is_tracing():  # TorchScript cannot export a Python autograd.Function: the same forward, plainly
         return chunked_statistics_forward(_triangular_chunks(unscaled, unscaled.chol()), inputs, weights, rhs,
-                                          featurizer.constant, chunk_size, adaptive=adaptive_precision)[:2]
-    return _ChunkedTriangularStatistics.apply(unscaled, (chunk_size, adaptive_precision), inputs, weights, rhs,
-                                              featurizer.constant, *unscaled.params)
+                                          featurizer.constant, chunk_size, adaptive=adaptive_precision,
+                                          model_dtype=model_dtype)[:2]
+    blocks = (chunk_size, adaptive_precision, model_dtype)
+    return _ChunkedTriangularStatistics.apply(unscaled, blocks, inputs, weights, rhs, featurizer.constant,
+                                              *unscaled.params)
 
 
 class TriangularFeatures(FullPrecisionOperator, LinearOperator):

@@ -4,6 +4,7 @@ IGRF positions (3-D, Earth radii) with the hyperparameters of a float32 curl-fre
 4.4·10⁻⁴): ‖ΦᵀD⁻¹Φ‖ ≈ 10⁷, about 1/eps of float32.
 """
 
+import copy
 import math
 import re
 from contextlib import nullcontext
@@ -694,3 +695,43 @@ def test_float32_multi_output_posterior_cross_statistics_are_accumulated_in_floa
     mean32, chosen = posterior_mean(0.1)
     assert chosen and set(chosen) == {torch.float32}  # the default rule keeps float32 statistics here
     assert float((mean32 - mean64).norm() / mean64.norm()) < 2e-5
+
+
+def _offset_model(noise: float, offset: float = 10.0, num_points: int = 500):
+    """A float32 ExactGP (F = 256, ConstantMean at 0, targets offset + sin) and its ``.double()`` (the same draws)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(num_points, 3, generator=gen)
+    y = offset + torch.sin(3 * x[:, 0]) + x[:, 1] * torch.cos(2 * x[:, 2])
+    kernel = ScaleKernel(SketchedRBFKernel(256, seed=0))
+    likelihood = GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-12))
+    model = ExactGPModel(x, y, likelihood, kernel).train()
+    kernel.base_kernel.lengthscale, kernel.outputscale, likelihood.noise = 0.3, 1.0, noise
+    return model, copy.deepcopy(model).double()
+
+
+def _offset_loss_and_grads(model, chunked: bool):
+    """(loss, gradients of raw lengthscale, raw outputscale, raw noise and the mean constant), in float64."""
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    params = [model.covar_module.base_kernel.raw_lengthscale, model.covar_module.raw_outputscale,
+              model.likelihood.raw_noise, model.mean_module.raw_constant]
+    with rfgp.settings.chunk_size(125 if chunked else None):
+        loss = -mll(model(*model.train_inputs), model.train_targets)
+        grads = torch.autograd.grad(loss, params)
+    return loss.double(), torch.stack([g.double().reshape(()) for g in grads])
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_float32_noise_and_mean_gradients_with_float64_statistics_match_float64(chunked):
+    """With float64 statistics (noise 10⁻⁴: u·tr(sΦᵀD⁻¹Φ) ≈ 0.3), a float32 model's gradients are the float64 model's
+    to the float32 features' own rounding.  The weights D⁻¹ and residual r used to be cast to float64 separately for
+    the statistics and for rᵀD⁻¹r and log|D|; each term's gradient, about ‖r‖²/σ⁴ for the noise and r/σ² per point for
+    the mean, was rounded to float32 before they cancelled: the noise gradient 12 % and the mean's 3.2·10⁻⁴ off
+    (N = 500, F = 256, targets ≈ 10).  Now both are within 3·10⁻⁶ (the kernel-space path's, which casts once, 1.5·10⁻⁶);
+    the tolerance 10⁻⁴ leaves 30 times that and is 10³ below the error it pins."""
+    model, reference = _offset_model(1e-4)
+    with recorded_statistics_dtypes() as recorded:
+        loss, grads = _offset_loss_and_grads(model, chunked)
+    assert recorded and set(recorded) == {F64}
+    ref_loss, ref_grads = _offset_loss_and_grads(reference, chunked)
+    assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss) + 1e-5
+    assert ((grads - ref_grads).abs() <= 1e-4 * ref_grads.abs()).all(), (grads - ref_grads) / ref_grads
