@@ -285,12 +285,19 @@ class _ClassNoiseSolve:
         w_on, w_off = structure.on.reciprocal(), structure.off.reciprocal()
         num_classes, num_data = w_on.shape[0], structure.labels.shape[0]
         width = 0 if rhs is None else rhs.shape[-1]
-        if rhs is None:
-            weighted = w_on.new_zeros(num_data, 0)
-        else:
-            weights = structure.per_point().reciprocal().unsqueeze(-1)
-            weighted = (rhs * weights).permute(1, 0, 2).reshape(num_data, num_classes * width)
-        dtype = torch.promote_types(source.dtype, weighted.dtype)
+        weights = None if rhs is None else structure.per_point().reciprocal().unsqueeze(-1)
+        dtype = torch.promote_types(source.dtype, w_on.dtype if rhs is None else
+                                    torch.promote_types(rhs.dtype, weights.dtype))
+
+        def weighted(rhs: Tensor | None, weights: Tensor | None) -> Tensor:  # the columns r_c D_c⁻¹, (N, C·t)
+            if rhs is None:
+                return w_on.new_zeros(num_data, 0)
+            return (rhs * weights).permute(1, 0, 2).reshape(num_data, num_classes * width)
+
+        def widened(rhs: Tensor | None, weights: Tensor | None, work: torch.dtype):
+            # r and D⁻¹ cast once, shared by the projections and r_cᵀD_c⁻¹r_c: their gradients, which cancel, meet in
+            # ``work``, and r_cD_c⁻¹ is not rounded to float32 before the float64 projections
+            return (None, None) if rhs is None else (rhs.to(work), weights.to(work))
 
         def class_traces(label_traces: Tensor) -> Tensor:  # of all processes' points under data_parallel
             label_traces = distributed.reduce_statistics(label_traces)[0]
@@ -298,13 +305,16 @@ class _ClassNoiseSolve:
 
         if torch.is_tensor(source):
             work = statistics_dtype(dtype, source.device, lambda: class_traces(label_square_norms(source, structure)))
-            grams, projection = label_feature_statistics(source, structure.plan, weighted, dtype=work)
+            rhs, weights = widened(rhs, weights, work)
+            grams, projection = label_feature_statistics(source, structure.plan, weighted(rhs, weights), dtype=work)
         else:
-            grams, projection = label_feature_statistics(source, structure.plan, weighted)
+            grams, projection = label_feature_statistics(source, structure.plan, weighted(rhs, weights))
             work = statistics_dtype(dtype, grams.device,
                                     lambda: class_traces(grams.detach().diagonal(dim1=-2, dim2=-1).sum(-1)))
             if work != dtype:
-                grams, projection = label_feature_statistics(source, structure.plan, weighted, dtype=work)
+                rhs, weights = widened(rhs, weights, work)
+                grams, projection = label_feature_statistics(source, structure.plan, weighted(rhs, weights),
+                                                             dtype=work)
         w_on, w_off = w_on.to(work), w_off.to(work)
         # r_cᵀD_c⁻¹r_c in the statistics' precision: it cancels against the projections' quadratic form
         weighted_square = None if rhs is None else (rhs.to(work).pow(2) * weights.to(work)).sum(-2)

@@ -180,11 +180,13 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         dtype = torch.promote_types(features.dtype, weights.dtype)
         work = statistics_dtype(dtype, features.device, lambda: 2 * distributed.reduce_statistics(
             weighted_square_norm(features, weights))[0])
-        gram, cross = complex_feature_statistics(features.to(work), weights.to(work), rhs.to(work))
-        weighted_square = (rhs.to(work).pow(2) * weights.to(work).unsqueeze(-1)).sum(-2)  # cancels against B's form
+        # W and R cast once: the gradients of their uses, which cancel, meet in ``work`` before one rounding
+        weights, rhs = weights.to(work), rhs.to(work)
+        gram, cross = complex_feature_statistics(features.to(work), weights, rhs)
+        weighted_square = (rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)  # cancels against B's form
         num_points = noise.new_tensor(float(noise.shape[-1]))
         gram, cross, weighted_square, noise_logdet, num_points = distributed.reduce_statistics(
-            gram, cross, weighted_square, noise.log().sum(-1), num_points
+            gram, cross, weighted_square, -weights.log().sum(-1), num_points
         )
         return gram, cross, weighted_square, noise_logdet, num_points, dtype
 

@@ -36,6 +36,7 @@ import torch
 from linear_operator.operators import ConstantDiagLinearOperator, DiagLinearOperator, KroneckerProductLinearOperator
 from torch import Tensor
 
+from ..core.dtypes import factor_dtype
 from ..core.memory import check_solve
 from ..core.validation import check_noise
 from . import distributed
@@ -100,10 +101,14 @@ def kronecker_statistics(data: Tensor | ChunkedDataFeatures, weights: Tensor, ta
     whitened = torch.linalg.solve_triangular(chol.to(dtype).unsqueeze(-3), blocks, upper=False)  # R̃ per point
 
     if chunked:
+        # W, B̃ and R̃ widened once for all their uses (as rfgp.inference.operators.widened_statistics_inputs), so that
+        # the gradients of the statistics and of rᵀWr, which cancel, meet in float64
+        wide = factor_dtype(dtype, weights.device)
+        weights, whitened_task, whitened = weights.to(wide), whitened_task.to(wide), whitened.to(wide)
         projected = torch.einsum("...tm,...ntk->...nmk", whitened_task, whitened)  # B̃ᵀr̃ᵢ
         data_gram, data_cross = chunked_feature_statistics(
             data.featurizer, data.inputs, weights, projected.flatten(-2), data.chunk_size, adaptive_precision=True,
-            trace_scale=whitened_task.detach().square().sum((-2, -1)))
+            trace_scale=whitened_task.detach().square().sum((-2, -1)), model_dtype=dtype)
         work = data_gram.dtype
     else:
         def trace() -> Tensor:  # tr(Φ̃ᵀΦ̃) = tr(φᵀD_N⁻¹φ)·‖B̃‖_F², summed over processes (one dtype on every rank)
@@ -112,8 +117,10 @@ def kronecker_statistics(data: Tensor | ChunkedDataFeatures, weights: Tensor, ta
                 ).sum((-2, -1))
 
         work = statistics_dtype(dtype, data.device, trace)
-        projected = torch.einsum("...tm,...ntk->...nmk", whitened_task.to(work), whitened.to(work))
-        data_gram, data_cross = feature_statistics(data.to(work), weights.to(work), projected.flatten(-2))
+        # B̃, R̃ and W cast once for all their uses below: their gradients, which cancel, meet in ``work``
+        whitened_task, whitened, weights = whitened_task.to(work), whitened.to(work), weights.to(work)
+        projected = torch.einsum("...tm,...ntk->...nmk", whitened_task, whitened)
+        data_gram, data_cross = feature_statistics(data.to(work), weights, projected.flatten(-2))
     whitened_task, whitened, weights = whitened_task.to(work), whitened.to(work), weights.to(work)
     weighted_square = (whitened.square().sum(-2) * weights.unsqueeze(-1)).sum(-2)
     task_gram = whitened_task.mT @ whitened_task

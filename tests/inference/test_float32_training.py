@@ -735,3 +735,53 @@ def test_float32_noise_and_mean_gradients_with_float64_statistics_match_float64(
     ref_loss, ref_grads = _offset_loss_and_grads(reference, chunked)
     assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss) + 1e-5
     assert ((grads - ref_grads).abs() <= 1e-4 * ref_grads.abs()).all(), (grads - ref_grads) / ref_grads
+
+
+def _complex_offset_model():
+    """A float32 complex-feature GP (degree-2 polynomial, F = 256, noise 10⁻⁴: float64 statistics), targets ≈ 10."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(600, 2, generator=gen)
+    kernel = ScaleKernel(rfgp.kernels.SketchedPolynomialKernel(2, 256, weights="complex", complex_posterior=True,
+                                                               seed=0))
+    likelihood = GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-12))
+    model = ExactGPModel(x, 10 + torch.sin(4 * x[:, 0]), likelihood, kernel).train()
+    likelihood.noise = 1e-4
+    return model
+
+
+def _dirichlet_model():
+    """A float32 3-class Dirichlet GP at outputscale 3·10⁴ (u·max_c tr(ΦᵀD_c⁻¹Φ) > 0.1: float64 statistics)."""
+    from rfgp.likelihoods import DirichletClassificationLikelihood
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(600, 2, generator=gen)
+    labels = (x[:, 0] > 0.5).long() + (x[:, 1] > 0.5).long()
+    likelihood = DirichletClassificationLikelihood(labels, num_classes=3, alpha_epsilon=1e-3, dtype=torch.float32)
+    kernel = ScaleKernel(SketchedRBFKernel(256, seed=0))
+    mean = gpytorch.means.ConstantMean(batch_shape=torch.Size([3]))
+    model = ExactGPModel(x, likelihood.transformed_targets, likelihood, kernel, mean).train()
+    kernel.base_kernel.lengthscale, kernel.outputscale = 0.3, 3e4
+    return model
+
+
+@pytest.mark.parametrize("kind, chunk, tolerance", [("complex", None, 1e-3), ("dirichlet", None, 5e-3),
+                                                    ("dirichlet", 150, 5e-3)])
+def test_float32_mean_gradient_with_float64_statistics_matches_float64(kind, chunk, tolerance):
+    """The complex-feature GP and Dirichlet classification cast the residual (and D⁻¹) to float64 once for the
+    projections and rᵀD⁻¹r: the mean's gradient, 2·K⁻¹r summed from 2D⁻¹r and −2D⁻¹ΦA⁻¹B (each ≈ r/σ² per point),
+    was rounded to float32 per term before they cancelled — 6.6·10⁻³ (complex) and 2.3·10⁻² (Dirichlet) off the
+    float64 model; now 5.7·10⁻⁵ and 0.5–1.3·10⁻³, the float32 features' and per-class sums' own rounding.  The
+    tolerances leave 4–17 times that and are 4–7 times below the errors they pin."""
+    model = _complex_offset_model() if kind == "complex" else _dirichlet_model()
+    reference = copy.deepcopy(model).double()
+    results = []
+    for candidate in (model, reference):
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(candidate.likelihood, candidate)
+        with rfgp.settings.chunk_size(chunk), recorded_statistics_dtypes() as recorded:
+            loss = -mll(candidate(*candidate.train_inputs), candidate.train_targets).sum()
+            (grad,) = torch.autograd.grad(loss, [candidate.mean_module.raw_constant])
+        results.append(grad.double())
+        if candidate is model:
+            assert recorded and set(recorded) == {F64}
+    grad32, grad64 = results
+    assert (grad32 - grad64).norm() <= tolerance * grad64.norm()
