@@ -473,7 +473,8 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     formed in the input dtype — for a materialised or chunked float32 Φ, in float64 where the a-priori bound of their
     float32 rounding is not negligible beside the identity in A (:mod:`rfgp.inference.statistics_precision`) — L and
     everything after it (forward and backward) in
-    :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back to the model's dtype.  Every
+    :func:`~rfgp.core.dtypes.factor_dtype` (float64 for float32), rounded back to the model's dtype; W and r are cast
+    to float64 once for the statistics, rᵀD⁻¹r and log|D| (:func:`widened_statistics_inputs`).  Every
     data-dependent quantity is a sum over points, reduced over processes when
     :class:`rfgp.inference.distributed.data_parallel` is active.
     """

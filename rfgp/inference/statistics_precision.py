@@ -76,6 +76,27 @@ exceeds τ — the decision the feature path takes for the same model — in the
 the posterior caches, leave-one-out terms, BoTorch's pathwise update and log-densities under the posterior.  The
 choice changes the accuracy of the same model, never the model.
 
+The residual. The quadratic term q = rᵀ(ΦΦᵀ + D)⁻¹r = rᵀWr − BᵀA⁻¹B (W = D⁻¹, B = ΦᵀWr, α = A⁻¹B) is a difference of two
+terms of size ‖r‖²/σ², so its pieces are taken as follows. (i) W and r are cast to the statistics' precision once and
+every term uses those tensors (:func:`~rfgp.inference.operators.widened_statistics_inputs`): their gradients, ∂rᵀWr/∂w =
+Σr² against ∂BᵀA⁻¹B/∂w ≈ Σr², meet in float64; cast separately for each use, each was rounded to float32 before they
+cancelled, and a float32 model whose statistics were float64 had its noise gradient up to 120 % and its mean's 6 % off
+the float64 model (N = 500–5 000, noise 10⁻⁴, targets 0–10⁴; ≤ 3·10⁻⁶ now). (ii) rᵀWr is summed in float64 (O(N)): in
+float32 it erred by u·rᵀWr, i.e. u·κ relative to q with κ = rᵀWr/q up to 10⁶ for targets far from the mean. (iii) The
+Gram: to first order Δq = αᵀΔGα, and since q = min_β ‖β‖² + ‖W^½(r − Φβ)‖² = ‖α‖² + ‖W^½(r − Φα)‖² ≥ ‖α‖², ``|Δq| ≤
+‖ΔG‖₂·‖α‖² ≤ ‖ΔG‖₂·q``: the quadratic term's error relative to q is bounded by the same ε̂ as log|A|'s — it grows with q
+(as the float32 loss's own rounding u·|q| does), not with ‖r‖²/σ² — so the rule needs no residual term for the loss.
+(iv) B's float32 rounding, ``|ΔB| ≤ γ_N|Φ|ᵀW|r|`` (Higham, eq. (3.13)), changes q by ``|2αᵀΔB| ≤
+2γ_N·(rᵀWr·tr(G))^½·‖α‖`` (Cauchy–Schwarz, ‖α‖² ≤ q), of the order of (iii) where measured: forming B in float64 beside
+a float32 G did not lower the errors (N = 500/5 000, F = 256, targets 0–10⁴: loss and gradient errors within a factor
+2–4 either way; the noise gradient 5.3 % off with a float64 B against 0.28 % with the float32 one at N = 5 000, offset
+10⁴, noise 10⁻²), so B stays in the statistics' precision. Not covered: the noise gradient ∂q/∂w = ‖r − Φα‖² (uniform w)
+carries G's rounding as αᵀΔG₀α ≤ ε̂·‖α‖²/w, relative error up to ε̂·ρ with ρ = ‖α‖²/(q − ‖α‖²), large where the targets
+are far from the mean (the features fit the offset at a large ‖α‖²); ρ needs α, known only after the float32 solve, so
+an a-priori rule cannot see it: float32 statistics kept at ε̂ = 3·10⁻³–0.03 put it 0.3–7 % off at offsets 10³–10⁴ (N =
+5 000, F = 256–2048, ``benchmarks/results/float32_residual_precision.md``; the N × N path at the same ε̂: ≤ 10⁻⁵). Centre
+the targets (or train a mean) before float32 training, or use ``float32_statistics_tolerance(0)``.
+
 Under :class:`rfgp.inference.distributed.data_parallel` every path sums tr(G) over the processes before comparing
 (each rank holds only its shard of the N points), so all ranks choose the precision that one process holding all the
 data would choose.
