@@ -785,3 +785,28 @@ def test_float32_mean_gradient_with_float64_statistics_matches_float64(kind, chu
             assert recorded and set(recorded) == {F64}
     grad32, grad64 = results
     assert (grad32 - grad64).norm() <= tolerance * grad64.norm()
+
+
+def test_float32_correlated_task_noise_gradient_with_float64_statistics_matches_float64():
+    """A multi-output model with correlated task noise (rank 1, noise 10⁻⁴: float64 statistics) whitens its residual,
+    r̃ = C⁻¹r, which the statistics and r̃ᵀr̃ used through separate casts: the noise gradient was 1.4·10⁻² off the
+    float64 model (N = 300, T = 2, targets ≈ 10), now 2.8·10⁻⁶; the tolerance 10⁻⁴ leaves 35 times that and is 140
+    times below the error it pins."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(300, 2, generator=gen)
+    y = 10 + torch.stack([torch.sin(3 * x[:, 0]), torch.cos(3 * x[:, 1])], -1)
+    kernel = ScaleKernel(SketchedCurlFreeKernel(128, input_dim=2, seed=0))
+    likelihood = MultitaskGaussianLikelihood(num_tasks=2, rank=1, has_task_noise=False,
+                                             noise_constraint=gpytorch.constraints.GreaterThan(1e-12))
+    model = MultiOutputGPModel(x, y, likelihood, kernel).train()
+    kernel.base_kernel.lengthscale, likelihood.noise = 0.3, 1e-4
+    grads = []
+    for candidate in (model, copy.deepcopy(model).double()):
+        mll = gpytorch.mlls.ExactMarginalLogLikelihood(candidate.likelihood, candidate)
+        with recorded_statistics_dtypes() as recorded:
+            loss = -mll(candidate(*candidate.train_inputs), candidate.train_targets)
+            (grad,) = torch.autograd.grad(loss, [candidate.likelihood.raw_noise])
+        grads.append(grad.double())
+        if candidate is model:
+            assert recorded and set(recorded) == {F64}
+    assert (grads[0] - grads[1]).abs().max() <= 1e-4 * grads[1].abs().max()
