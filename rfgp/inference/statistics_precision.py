@@ -91,11 +91,14 @@ Gram: to first order Δq = αᵀΔGα, and since q = min_β ‖β‖² + ‖W^½
 a float32 G did not lower the errors (N = 500/5 000, F = 256, targets 0–10⁴: loss and gradient errors within a factor
 2–4 either way; the noise gradient 5.3 % off with a float64 B against 0.28 % with the float32 one at N = 5 000, offset
 10⁴, noise 10⁻²), so B stays in the statistics' precision. Not covered: the noise gradient ∂q/∂w = ‖r − Φα‖² (uniform w)
-carries G's rounding as αᵀΔG₀α ≤ ε̂·‖α‖²/w, relative error up to ε̂·ρ with ρ = ‖α‖²/(q − ‖α‖²), large where the targets
-are far from the mean (the features fit the offset at a large ‖α‖²); ρ needs α, known only after the float32 solve, so
-an a-priori rule cannot see it: float32 statistics kept at ε̂ = 3·10⁻³–0.03 put it 0.3–7 % off at offsets 10³–10⁴ (N =
-5 000, F = 256–2048, ``benchmarks/results/float32_residual_precision.md``; the N × N path at the same ε̂: ≤ 10⁻⁵). Centre
-the targets (or train a mean) before float32 training, or use ``float32_statistics_tolerance(0)``.
+carries G's rounding as αᵀΔG₀α ≤ ε̂·‖α‖²/w (G₀ = ΦᵀΦ), a relative error of at most about ε̂·(1 + ρ), ρ = ‖α‖²/(q −
+‖α‖²). With float32 statistics kept at ε̂ = 3·10⁻³–0.03 it is up to 4 % off (chunked 7 %) at targets 10³–10⁴ from the
+mean, against ≤ 3·10⁻³ at ≤ 10 (N = 500–5 000, F = 256–2048, ``benchmarks/results/float32_residual_precision.md``; the N
+× N path at the same ε̂: ≤ 10⁻⁵). ε̂·(1 + ρ) bounded the error in all 16 cases measured (N = 500/5 000, F = 256), but ρ
+= 6–13 at every offset, 0 included: it does not single out the far-off targets, and as a rule it would be τ lowered
+tenfold, float64 for benign models too; ρ also needs α, known only after the float32 solve (a second host
+synchronisation). No residual term was added to the rule. Centre the targets (or train a mean) before float32 training,
+or use ``float32_statistics_tolerance(0)``.
 
 Under :class:`rfgp.inference.distributed.data_parallel` every path sums tr(G) over the processes before comparing
 (each rank holds only its shard of the N points), so all ranks choose the precision that one process holding all the
