@@ -375,6 +375,8 @@ case("own_gp/nan_train_y", lambda: regression_model(y=nan_at(torch.sin(data(8).s
      Raises(ValueError, "train_y", "NaN"))
 case("own_gp/train_x_half", lambda: regression_model(data(8).half()), Raises(TypeError, "train_x", "float16"))
 case("own_gp/train_y_rows", lambda: regression_model(data(8), torch.zeros(5, dtype=torch.float64)), Raises(ValueError, "train_y", "5", "8"))
+case("own_gp/train_y_batch", lambda: regression_model(data(8).expand(3, 8, D), torch.zeros(2, 8, dtype=torch.float64)),
+     Raises(ValueError, "train_y", "(2,)", "(3,)"))
 
 
 def _fit_nan_target():
