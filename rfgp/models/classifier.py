@@ -27,7 +27,7 @@ from ..metrics import mean_negative_log_likelihood
 from .classifier_check import class_prior_nll, leave_one_out_nll, warn_degenerate_fit
 from .classifier_temperature import leave_one_out_temperature
 from .data_scale import shown_lengthscales
-from .estimator import RandomFeatureEstimator, check_sample_weight, predicting
+from .estimator import RandomFeatureEstimator, check_sample_weight, predicting, refuse_sparse
 from .feature_width import set_num_features
 from .regression import ExactGPModel
 
@@ -360,6 +360,7 @@ def _check_labels(y, num_rows: int) -> np.ndarray:
     """
     if y is None:
         raise ValueError("DirichletGPClassifier requires y to be passed, but the target y is None")
+    refuse_sparse(y, "y")
     labels = np.asarray(y.cpu() if torch.is_tensor(y) else y)
     if labels.ndim != 1 or labels.shape[0] != num_rows:
         raise ValueError(

@@ -251,8 +251,6 @@ class RandomFeatureEstimator:
 
     def _as_inputs(self, X, name: str) -> Tensor:
         p = self._fit_params
-        if hasattr(X, "toarray") or hasattr(X, "tocsr"):
-            raise TypeError(f"{name} is a sparse matrix; sparse input is not supported: pass {name}.toarray()")
         x = as_real_tensor(X, name)
         if x.dim() != 2:
             raise ValueError(
@@ -388,7 +386,9 @@ def predicting():
 
 def as_real_tensor(X, name: str) -> Tensor:
     """``X`` (NumPy, pandas, lists or torch) as a real tensor: a detached tensor as it is, anything else a float64
-    copy (DataFrames give read-only or negatively strided views, which torch refuses); complex values refused."""
+    copy (DataFrames give read-only or negatively strided views, which torch refuses); complex values and sparse
+    input (:func:`refuse_sparse`) refused."""
+    refuse_sparse(X, name)
     if torch.is_tensor(X):
         x = X.detach()
     else:
@@ -415,6 +415,25 @@ def as_real_tensor(X, name: str) -> Tensor:
     if x.is_complex():
         raise ValueError(f"Complex data not supported: {name} has {x.dtype} values; real inputs required")
     return x
+
+
+def refuse_sparse(X, name: str) -> None:
+    """Refuse a sparse ``X`` (SciPy matrix or array, torch sparse tensor) naming ``name`` and the way to dense input.
+
+    A torch sparse tensor crashed inside torch (``Could not run 'aten::ne.Scalar' ... 'SparseCPU' backend``), a SciPy
+    sparse ``y`` was called non-numeric; the features need dense rows anyway (Φ(x) is dense whatever x is), and a
+    Pipeline's encoder makes them dense where it is built, which ``X.toarray()`` gives no place for.
+    """
+    if torch.is_tensor(X):
+        if X.layout != torch.strided:
+            raise TypeError(f"{name} is a sparse tensor (layout {X.layout}); rfgp's estimators need dense input: "
+                            f"pass {name}.to_dense()")
+    elif hasattr(X, "toarray") or hasattr(X, "tocsr"):
+        raise TypeError(
+            f"{name} is a sparse matrix ({type(X).__name__}); rfgp's estimators need dense input: pass "
+            f"{name}.toarray(), or, in a Pipeline, make the step before dense (OneHotEncoder(sparse_output=False), "
+            "ColumnTransformer(..., sparse_threshold=0))"
+        )
 
 
 def _float64(X, array: np.ndarray) -> np.ndarray:

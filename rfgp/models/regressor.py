@@ -24,7 +24,14 @@ from ..core.user_warnings import warn as warn_user
 from ..core.validation import check_finite, check_positive_float, check_positive_int
 from ..inference.log_prob import has_feature_space_covariance
 from .classifier_check import DegenerateFitWarning, training_leave_one_out
-from .estimator import RandomFeatureEstimator, as_real_tensor, check_sample_weight, column_scales, predicting
+from .estimator import (
+    RandomFeatureEstimator,
+    as_real_tensor,
+    check_sample_weight,
+    column_scales,
+    predicting,
+    refuse_sparse,
+)
 from .feature_width import set_num_features
 from .regression import ExactGPModel
 from .sampling import posterior_paths
@@ -275,6 +282,7 @@ class GPRegressor(RandomFeatureEstimator):
         the model's, float64 for anything but a tensor) on the model's device."""
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
+        refuse_sparse(y, name)  # a TypeError, not the "must hold real numbers" below
         try:
             values = as_real_tensor(y, name)
         except (TypeError, ValueError) as error:

@@ -121,3 +121,30 @@ def test_meta_estimators_and_inspection():
     assert partial_dependence(fitted, x, [0], grid_resolution=5)["average"].shape == (1, 5)
     calibrated = CalibratedClassifierCV(_classifier(), cv=2).fit(x, labels)
     assert (calibrated.predict(x) == labels).mean() > 0.9
+
+
+def test_sparse_inputs_are_refused_by_name():
+    """Sparse X and y are refused naming the argument, in every format: a torch sparse tensor crashed inside torch
+    (``NotImplementedError: Could not run 'aten::ne.Scalar' ... 'SparseCPU' backend``, or "unsupported tensor layout:
+    SparseCsr"), a SciPy sparse y was called non-numeric with advice to one-hot encode it, and a sparse X from a
+    Pipeline's encoder was told ``X.toarray()``, which a Pipeline gives no place for."""
+    import scipy.sparse
+    import torch
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    x, y, labels = _data(30)
+    dense = torch.as_tensor(x)
+    for estimator, target in ((_regressor(), y), (_classifier(), labels)):
+        for sparse_x in (dense.to_sparse(), dense.to_sparse_csr(), scipy.sparse.csr_array(x)):
+            with pytest.raises(TypeError, match="X is a sparse .*pass X.to_dense|X is a sparse .*pass X.toarray"):
+                estimator.fit(sparse_x, target)
+        fitted = estimator.fit(x, target)
+        with pytest.raises(TypeError, match=r"X is a sparse tensor \(layout torch.sparse_coo\).*X.to_dense\(\)"):
+            fitted.predict(dense.to_sparse())
+        for sparse_y in (torch.as_tensor(target).to_sparse(), scipy.sparse.csr_matrix(target[:, None])):
+            with pytest.raises(TypeError, match="y is a sparse"):
+                estimator.fit(x, sparse_y)
+    # a Pipeline's encoder: the message names the dense-output switches
+    with pytest.raises(TypeError, match=r"sparse_output=False.*sparse_threshold=0"):
+        make_pipeline(OneHotEncoder(), _regressor()).fit(np.round(x), y)
