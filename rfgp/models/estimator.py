@@ -429,11 +429,10 @@ def refuse_sparse(X, name: str) -> None:
             raise TypeError(f"{name} is a sparse tensor (layout {X.layout}); rfgp's estimators need dense input: "
                             f"pass {name}.to_dense()")
     elif hasattr(X, "toarray") or hasattr(X, "tocsr"):
-        raise TypeError(
-            f"{name} is a sparse matrix ({type(X).__name__}); rfgp's estimators need dense input: pass "
-            f"{name}.toarray(), or, in a Pipeline, make the step before dense (OneHotEncoder(sparse_output=False), "
-            "ColumnTransformer(..., sparse_threshold=0))"
-        )
+        pipeline = (", or, in a Pipeline, make the step before dense (OneHotEncoder(sparse_output=False), "
+                    "ColumnTransformer(..., sparse_threshold=0))") if name == "X" else ""
+        raise TypeError(f"{name} is a sparse matrix ({type(X).__name__}); rfgp's estimators need dense input: pass "
+                        f"{name}.toarray(){pipeline}")
 
 
 def _float64(X, array: np.ndarray) -> np.ndarray:
