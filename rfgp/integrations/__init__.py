@@ -12,7 +12,7 @@ only reacts to that one module name and removes itself once that module has been
 * :mod:`rfgp.integrations.botorch_oak` — BoTorch's ``OrthogonalAdditiveKernel`` for ``rfgp.sketch``.
 * :mod:`rfgp.integrations.botorch_transforms` — BoTorch's ``Standardize`` keeps an rfgp posterior's low-rank root.
 * :mod:`rfgp.integrations.botorch_multioutput` — ``ModelListGP`` and batched multi-output posteriors keep their
-  low-rank roots.
+  low-rank roots; ``subset_output`` of a batched multi-output model indexes its converted kernel by the outputs.
 * :mod:`rfgp.integrations.botorch_models` — ``rfgp.set_num_features`` rebuilds ``PairwiseGP``'s Laplace approximation;
   ``LatentKroneckerGP``'s dense pathwise sampler refuses rfgp kernels by name.
 * :mod:`rfgp.integrations.botorch_pruning` — BoTorch's ``X_baseline`` pruning (qLogNEI, …) samples rfgp posteriors

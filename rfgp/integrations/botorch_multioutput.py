@@ -26,17 +26,31 @@ outputs into Σₖ wₖ²Σₖ, a ``SumLinearOperator`` that linear_operator aga
 factor.  It is wrapped the same way (BoTorch's function first, its mean kept): for q > 1 points of m > 1 outputs
 whose blocks are one stacked rfgp operator, the covariance becomes the rfgp operator with root [w₁R₁ … w_mR_m]
 (n × m·F; plus Σₖ wₖ²Dₖ with a diagonal), so ``MaxPosteriorSampling`` with a scalarization stays O(n·m·F) per draw.
+
+BoTorch's ``subset_output`` of a batched multi-output model (``SingleTaskGP`` with m > 1 outputs) indexes the
+parameters its ``_subset_batch_dict`` names (``"covar_module.raw_lengthscale"``) and sets every module's batch shape to
+the subset's.  A converted tree keeps its hyperparameters under other names (a Nyström kernel's lengthscale is
+``covar_module.base_kernel.raw_lengthscale``, learned landmarks are a ``(m, M, d)`` parameter), which were left with
+all m outputs under a subset batch shape, so the subset failed on shapes.  It is wrapped: BoTorch's method
+runs unchanged on the rest of the model, and where the model's kernel holds an rfgp kernel batched over the outputs,
+the subset's kernel is the full kernel's outputs ``idcs`` (the kernel's own ``kernel[..., idcs]``, which indexes every
+batched hyperparameter and keeps the shared draws and landmarks).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import botorch.posteriors.gpytorch as botorch_posteriors
+import torch
+from botorch.models.gpytorch import BatchedMultiOutputGPyTorchModel
 from gpytorch.distributions import MultitaskMultivariateNormal
+from gpytorch.kernels import Kernel
 from linear_operator.operators import BlockDiagLinearOperator, BlockInterleavedLinearOperator
 
 from ..inference.posterior_covariance import LowRankPosteriorAddedDiag, LowRankPosteriorCovariance, stack_independent
+from ..kernels.combinations import holds_feature_kernel
 
 #: GPyTorch's function (the classmethod's ``__func__``), which :func:`_from_independent_mvns` runs first
 _gpytorch_from_independent_mvns = MultitaskMultivariateNormal.__dict__["from_independent_mvns"].__func__
@@ -75,3 +89,34 @@ def _scalarize_posterior_gpytorch(posterior, weights, offset=0.0):
 
 
 botorch_posteriors.scalarize_posterior_gpytorch = _scalarize_posterior_gpytorch
+
+
+#: BoTorch's method, which :func:`_subset_output` runs first
+_botorch_subset_output = BatchedMultiOutputGPyTorchModel.subset_output
+
+
+@functools.wraps(_botorch_subset_output)
+def _subset_output(self, idcs):
+    kernel = getattr(self, "covar_module", None)
+    outputs_batch = self._aug_batch_shape
+    if (not isinstance(kernel, Kernel) or not holds_feature_kernel(kernel) or kernel.batch_shape != outputs_batch
+            or list(idcs) == list(range(self.num_outputs))):  # BoTorch's copy of the whole model
+        return _botorch_subset_output(self, idcs)
+    subset = _botorch_subset_output(_without_kernel(self), idcs)
+    output_index = idcs[0] if len(idcs) == 1 else torch.tensor(idcs, device=self.train_targets.device)
+    subset.covar_module = kernel[(slice(None),) * (len(outputs_batch) - 1) + (output_index,)]
+    return subset
+
+
+def _without_kernel(model):
+    """A shallow copy of ``model`` without its ``covar_module`` (``model`` itself unchanged), for BoTorch's subset.
+
+    BoTorch sets the batch shape of every module that owns a parameter to the subset's, parent kernels after their
+    children, and a converted tree's parent then broadcasts its own batch shape with its changed children's (a Nyström
+    kernel: ``Attempting to broadcast a dimension of length 2 at -1``); the kernel is indexed by itself instead."""
+    shell = copy.copy(model)
+    shell._modules = {name: module for name, module in model._modules.items() if name != "covar_module"}
+    return shell
+
+
+BatchedMultiOutputGPyTorchModel.subset_output = _subset_output
