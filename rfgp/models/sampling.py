@@ -135,6 +135,22 @@ def _record_draws(paths: PosteriorPaths, incompatible_keys) -> None:
     paths.draws = draw_fingerprint(paths.covar_module)
 
 
+def _refuse_botorch_transforms(model) -> None:
+    """Paths evaluate ``mean_module`` and ``covar_module`` on x and return the model's targets' scale, so a BoTorch
+    model's input and outcome transforms, which its ``posterior`` applies around them, would be skipped silently
+    (a ``SingleTaskGP`` with ``Normalize`` and ``Standardize``: the paths' mean 1000 standard errors off its
+    posterior's)."""
+    for name in ("input_transform", "outcome_transform"):
+        transform = getattr(model, name, None)
+        if isinstance(transform, nn.Module):
+            raise ValueError(
+                f"{type(model).__name__} has an {name} ({type(transform).__name__}): rfgp.sampling.posterior_paths "
+                "evaluates the model in its transformed space (transformed inputs, transformed outputs), not "
+                "model.posterior's; use botorch.sampling.pathwise.draw_matheron_paths(model, torch.Size([S])), which "
+                "applies the transforms and samples the kernel's own features, or build the model without transforms"
+            )
+
+
 def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: torch.Generator | None = None,
                     variance_correction: bool = True) -> PosteriorPaths:
     """Draw ``num_paths`` posterior functions f(x) = μ(x) + Φ(x)ᵀw, w ~ N(A⁻¹ΦᵀD⁻¹(y − μ), A⁻¹).
@@ -151,10 +167,12 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
 
     Returns:
         :class:`PosteriorPaths` (an ``nn.Module``; the drawn weights are a buffer).  It works in model
-        space: BoTorch input/outcome transforms are not applied — for BoTorch models use
+        space, so a BoTorch model with an ``input_transform`` or ``outcome_transform`` is refused — for those use
         ``botorch.sampling.pathwise.draw_matheron_paths``, which rfgp registers (:mod:`rfgp.integrations.botorch`).
 
     Raises:
+        ValueError: the model has a BoTorch ``input_transform`` or ``outcome_transform`` (``Normalize``,
+            ``Standardize``, ...): the paths would take transformed inputs and return transformed outputs.
         ValueError: the model's ``forward`` transforms its inputs before ``covar_module`` sees them (deep kernel
             learning; :func:`~rfgp.models.kernel_inputs.covar_module_inputs`): paths of x would skip the network.
 
@@ -184,6 +202,7 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
                 f"the kernel), but {type(model).__name__} has no module {name!r}: register them under these names"
             )
     check_path_kernel(model.covar_module)
+    _refuse_botorch_transforms(model)
     if model.train_inputs is None:
         raise ValueError("model has no training data (model.train_inputs is None); posterior paths need it")
     if covar_module_inputs(model, model.train_inputs[0]) is not model.train_inputs[0]:

@@ -417,3 +417,22 @@ def test_paths_condition_on_a_learned_second_noise(conditioned):
     with torch.no_grad():
         values = draw_matheron_paths(model, sample_shape=torch.Size([NUM_PATHS]))(xs)
     assert_matches_posterior(model, xs, values)
+
+
+@pytest.mark.parametrize("transform", ["input_transform", "outcome_transform"])
+def test_rfgp_posterior_paths_refuse_a_botorch_model_with_transforms(transform):
+    # Before: rfgp.sampling.posterior_paths evaluated the paths in the model's transformed space (Normalize'd inputs,
+    # Standardize'd outputs) and returned them as values of x: on a SingleTaskGP with both (y ≈ 2 + 5·Σsin 2x), the
+    # paths' mean at 6 points was 1000 standard errors off model.posterior(x).mean, the variance ratio 0.68–3.2.
+    from botorch.models.transforms import Normalize, Standardize
+
+    gen = torch.Generator().manual_seed(0)
+    x = 4 * torch.rand(30, 2, generator=gen, dtype=torch.float64) + 1
+    y = 5 * torch.sin(2 * x).sum(-1, keepdim=True) + 2
+    options = {"input_transform": Normalize(2)} if transform == "input_transform" else {"outcome_transform":
+                                                                                         Standardize(1)}
+    if transform == "input_transform":
+        options["outcome_transform"] = None
+    model = SingleTaskGP(x, y, covar_module=SketchedRBFKernel(64, ard_num_dims=2, seed=0), **options).eval()
+    with pytest.raises(ValueError, match=f"{transform}.*draw_matheron_paths"):
+        rfgp.sampling.posterior_paths(model, 4)
