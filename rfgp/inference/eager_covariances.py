@@ -27,6 +27,11 @@ The same dispatch serves a lazily evaluated covariance whose kernel answers with
 kernels inside it have their own — GPyTorch's ``AdditiveKernel``/``ProductKernel`` of rfgp kernels (``k₁ + k₂``),
 which train through the feature root (:func:`_combines_specialised_kernels`): its covariance is evaluated (memoised)
 and dispatched as an eager one, keeping the lazy covariance, so the strategy still checks the kernel's draws.
+
+A combined covariance that is no feature root (an rfgp kernel summed with or multiplied by an exact one,
+``MultitaskKernel`` around an rfgp data kernel) goes to GPyTorch's ``DefaultPredictionStrategy``; where its rfgp parts
+carry a variance correction (Nyström, truncated Maclaurin), to
+:class:`~rfgp.inference.combined_covariances.CorrectedDefaultPredictionStrategy`, which adds it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import gpytorch.kernels
 import gpytorch.models.exact_gp
 from gpytorch.lazy import LazyEvaluatedKernelTensor
 
+from .combined_covariances import CorrectedDefaultPredictionStrategy, combined_variance_correction
 from .kernel_evaluation import evaluated_covariance
 from .multioutput import MultitaskFeatureSpacePredictionStrategy
 from .multioutput_chunking import ChunkedMultiOutputFeatureOperator
@@ -71,6 +77,8 @@ def _with_eager_rfgp_covariances(gpytorch_prediction_strategy):
             strategy = eager_strategy_class(covariance, train_inputs[0].shape[-2])
             if strategy is not None:
                 return strategy(train_inputs, train_prior_dist, train_labels, likelihood)
+            if combined_variance_correction(covariance) is not None:
+                return CorrectedDefaultPredictionStrategy(train_inputs, train_prior_dist, train_labels, likelihood)
         return gpytorch_prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
 
     prediction_strategy.gpytorch_prediction_strategy = gpytorch_prediction_strategy

@@ -20,7 +20,10 @@ feature root (two sketched kernels: width F₁·F₂), or a
 ``RootLinearOperator``.  Any other operand (a cross covariance with different task indices on the
 two sides, say) gets the dense product, as GPyTorch gives an exact kernel's dense matrix —
 linear_operator's generic ``MulLinearOperator`` multiplies root decompositions, which is only
-right for two symmetric positive semi-definite operands.  A symmetric product whose root would
+right for two symmetric positive semi-definite operands.  The dense product keeps the correction of the rfgp
+covariance, cₙ·Kₙₙ (:class:`~rfgp.inference.combined_covariances.CorrectedDenseLinearOperator`), which GPyTorch's
+prediction strategy then adds (it had been dropped: a Nyström kernel times an exact one predicted 1e-10 instead of the
+prior variance far from the data).  A symmetric product whose root would
 exceed :class:`rfgp.settings.memory_budget` keeps that generic product, with a warning naming the
 budget.
 """
@@ -34,7 +37,6 @@ from gpytorch.lazy import LazyEvaluatedKernelTensor
 from linear_operator import to_linear_operator
 from linear_operator.operators import (
     ConstantMulLinearOperator,
-    DenseLinearOperator,
     InterpolatedLinearOperator,
     LinearOperator,
     MulLinearOperator,
@@ -45,6 +47,7 @@ from torch import Tensor
 
 from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.user_warnings import warn as warn_user
+from .combined_covariances import CorrectedDenseLinearOperator, product_correction
 from .kernel_evaluation import evaluated_covariance
 from .linalg import squared_row_norms
 
@@ -95,7 +98,9 @@ def face_splitting_product(features: LinearOperator, other: LinearOperator) -> L
     """(ΦΦᵀ) ∘ ``other`` for an rfgp feature root and an evaluated operator (module docstring)."""
     root = exact_root(other)
     if root is None:
-        return DenseLinearOperator(features.to_dense() * other.to_dense())
+        correction = product_correction(features.diagonal(), features.variance_correction, other.diagonal(),
+                                        getattr(other, "variance_correction", None))
+        return CorrectedDenseLinearOperator(features.to_dense() * other.to_dense(), correction)
     base, constant = features.scaled_root()
     phi = base.to_dense()
     batch = torch.broadcast_shapes(phi.shape[:-2], root.shape[:-2])
@@ -116,38 +121,68 @@ def face_splitting_product(features: LinearOperator, other: LinearOperator) -> L
 def _product_correction(features: LinearOperator, other: LinearOperator, root: Tensor) -> Tensor | None:
     """The correction of (Φ₁Φ₁ᵀ) ∘ (RRᵀ): c₁‖R‖² + c₂‖Φ₁‖² + c₁c₂, where c₂ is ``other``'s own correction (an rfgp
     feature root's; ``None`` for exact operands) — the product's diagonal (‖Φ₁‖² + c₁)(‖R‖² + c₂) less ‖Φ₁ • R‖²."""
-    own = features.variance_correction
     theirs = getattr(other, "variance_correction", None)
-    if theirs is None:
-        return None if own is None else own * squared_row_norms(root)
-    correction = theirs * squared_row_norms(features.features())
-    return correction if own is None else correction + own * (squared_row_norms(root) + theirs)
+    own_norms = None if theirs is None else squared_row_norms(features.features())  # read only beside c₂
+    return product_correction(own_norms, features.variance_correction, squared_row_norms(root), theirs)
 
 
 def install() -> None:
-    """Route ``LazyEvaluatedKernelTensor.mul`` (``covar_module(x).mul(...)``) through :func:`face_splitting_product`.
+    """Route elementwise products with rfgp covariances through :func:`face_splitting_product`; idempotent.
 
-    linear_operator's ``_mul_matrix`` evaluates both kernels and builds a generic ``MulLinearOperator``
-    without asking the evaluated operators; idempotent.
+    * ``LazyEvaluatedKernelTensor.mul`` (``covar_module(x).mul(...)``): linear_operator's ``_mul_matrix`` evaluates
+      both kernels and builds a generic ``MulLinearOperator`` without asking the evaluated operators.
+    * Any other operator times an rfgp covariance (GPyTorch's ``ProductKernel`` with an exact factor first,
+      ``exact * sketched``): linear_operator's generic product is the dense matrix or ``MulLinearOperator``, without
+      the rfgp factor's variance correction; the product is taken as ``sketched * exact`` (K₁ ∘ K₂ = K₂ ∘ K₁).
     """
     current = LazyEvaluatedKernelTensor._mul_matrix
     if getattr(current, "generic_mul_matrix", None) is not None:
         return
 
     def _mul_matrix(self, other):
-        from .operators import ChunkedFeatureCrossLinearOperator, FeatureRootLinearOperator  # import this module
-
         if isinstance(other, LinearOperator):
-            left, right = evaluated_covariance(self), evaluated_covariance(other)
-            if isinstance(left, FeatureRootLinearOperator):
-                return face_splitting_product(left, right)
-            if isinstance(right, FeatureRootLinearOperator):
-                return face_splitting_product(right, left)
-            if isinstance(left, ChunkedFeatureCrossLinearOperator):  # the dense product, as an exact kernel's
-                return left._mul_matrix(right)
-            if isinstance(right, ChunkedFeatureCrossLinearOperator):
-                return right._mul_matrix(left)
+            product = _rfgp_product(evaluated_covariance(self), evaluated_covariance(other))
+            if product is not None:
+                return product
         return current(self, other)
+
+    generic = LinearOperator._mul_matrix
+
+    def _operator_mul_matrix(self, other):
+        from .operators import FeatureRootLinearOperator  # imports this module
+
+        if isinstance(other, LinearOperator) and not isinstance(self, _rfgp_operators()):
+            right = evaluated_covariance(other)
+            if isinstance(right, (FeatureRootLinearOperator, CorrectedDenseLinearOperator)):
+                return right._mul_matrix(self)
+        return generic(self, other)
 
     _mul_matrix.generic_mul_matrix = current
     LazyEvaluatedKernelTensor._mul_matrix = _mul_matrix
+    LinearOperator._mul_matrix = _operator_mul_matrix
+
+
+def _rfgp_operators() -> tuple:
+    from .operators import (  # imports this module
+        ChunkedFeatureCrossLinearOperator,
+        ChunkedFeatureRootLinearOperator,
+        FeatureRootLinearOperator,
+    )
+
+    return (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator, ChunkedFeatureCrossLinearOperator,
+            CorrectedDenseLinearOperator)
+
+
+def _rfgp_product(left: LinearOperator, right: LinearOperator) -> LinearOperator | None:
+    """left ∘ right where either is an rfgp covariance (``None`` where neither is): the face-splitting product of a
+    feature root, else the dense product of a cross covariance or of a dense covariance with a correction."""
+    from .operators import ChunkedFeatureCrossLinearOperator, FeatureRootLinearOperator  # imports this module
+
+    if isinstance(left, FeatureRootLinearOperator):
+        return face_splitting_product(left, right)
+    if isinstance(right, FeatureRootLinearOperator):
+        return face_splitting_product(right, left)
+    for first, second in ((left, right), (right, left)):
+        if isinstance(first, (ChunkedFeatureCrossLinearOperator, CorrectedDenseLinearOperator)):
+            return first._mul_matrix(second)
+    return None
