@@ -120,3 +120,25 @@ def test_multitask_kernel_around_a_nystrom_data_kernel_predicts_the_exact_poster
     result = posterior(swapped, x, y, test, num_tasks=2)
     for value, expected in zip(result, reference):
         torch.testing.assert_close(value, expected, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("index_first", [False, True], ids=["sketched * index", "index * sketched"])
+def test_product_with_an_index_kernel_keeps_the_correction_in_either_order(index_first):
+    """``IndexKernel(active_dims=[2]) * nystrom`` (the task factor first): linear_operator's generic product of the
+    interpolated task operator with the feature root left the FITC term out (1e-10 far from the data for the prior
+    B_tt·0.7); it now takes the face-splitting root as ``nystrom * IndexKernel`` does."""
+    x, y, test = data()
+    tasks = (torch.arange(x.shape[0]) % 3).to(DTYPE).unsqueeze(-1)
+    inputs = torch.cat([x, tasks], -1)
+    test_inputs = torch.cat([test, (torch.arange(test.shape[0]) % 3).to(DTYPE).unsqueeze(-1)], -1)
+    rbf = ScaleKernel(RBFKernel(active_dims=[0, 1])).to(DTYPE)
+    rbf.base_kernel.lengthscale, rbf.outputscale = 0.4, 0.7
+    torch.manual_seed(0)
+    index = gpytorch.kernels.IndexKernel(num_tasks=3, rank=1, active_dims=[2]).to(DTYPE)
+    sketched = rfgp.sketch(copy.deepcopy(rbf), x.shape[0], method="nystrom", x_sample=inputs)
+    exact = index * rbf if index_first else rbf * index
+    combined = copy.deepcopy(index) * sketched if index_first else sketched * copy.deepcopy(index)
+    reference = posterior(exact, inputs, y, test_inputs)
+    result = posterior(combined, inputs, y, test_inputs)
+    for value, expected in zip(result, reference):
+        torch.testing.assert_close(value, expected, rtol=TOL, atol=TOL)
