@@ -294,12 +294,22 @@ class NystromKernel(FeatureKernel):
     def __getattr__(self, name: str):
         """Reads of the base kernel's hyperparameter accessors (:meth:`_base_accessor`), as on the exact tree:
         ``covar_module.base_kernel.period_length`` of ``ScaleKernel(NystromKernel(PeriodicKernel()))``.  Its raw
-        parameters and other attributes are not forwarded (their owner stays the base kernel, as the lengthscale's)."""
+        parameters and other attributes are not forwarded (their owner stays the base kernel, as the lengthscale's):
+        reading one (``covar_module.base_kernel.raw_lengthscale``, as GPyTorch's hyperparameter tutorial does) raises
+        an ``AttributeError`` that names its path, ``NystromKernel.base_kernel.raw_lengthscale``."""
         try:
             return super().__getattr__(name)
         except AttributeError:
             if self._base_accessor(name):
                 return getattr(self.base_kernel, name)
+            base = self.__dict__.get("_modules", {}).get("base_kernel")
+            if base is not None and hasattr(base, name):
+                raise AttributeError(
+                    f"NystromKernel has no attribute {name!r}: it belongs to the kernel it approximates, "
+                    f"NystromKernel.base_kernel.{name} (covar_module.base_kernel.base_kernel.{name} of "
+                    "rfgp.sketch(ScaleKernel(k), M, method='nystrom')); the Nyström kernel forwards the base "
+                    "kernel's hyperparameter properties (lengthscale, period_length, ...), not its raw parameters"
+                ) from None
             raise
 
     def __setattr__(self, name: str, value) -> None:

@@ -954,3 +954,17 @@ def test_landmarks_reselected_under_inference_mode_stay_usable_by_training():
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     (-mll(model(x), y)).backward()
     assert kernel.base_kernel.base_kernel.raw_lengthscale.grad is not None
+
+
+def test_raw_parameters_of_the_base_kernel_are_refused_with_their_path():
+    """GPyTorch's hyperparameter tutorial reads ``covar_module.base_kernel.raw_lengthscale`` (and its constraint);
+    on ScaleKernel(NystromKernel(k)) the parameter stays k's (one owner for module walkers), and the error names
+    where it is instead of torch's bare "'NystromKernel' object has no attribute 'raw_lengthscale'"."""
+    x, _ = data(40)
+    converted = rfgp.sketch(ScaleKernel(RBFKernel()).to(DTYPE), 20, method="nystrom", x_sample=x, seed=0)
+    for name in ("raw_lengthscale", "raw_lengthscale_constraint"):
+        with pytest.raises(AttributeError, match=rf"NystromKernel\.base_kernel\.{name}\b"):
+            getattr(converted.base_kernel, name)
+    assert not hasattr(converted.base_kernel, "raw_lengthscale")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_attribute'$"):
+        converted.base_kernel.no_such_attribute
