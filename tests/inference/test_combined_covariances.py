@@ -142,3 +142,15 @@ def test_product_with_an_index_kernel_keeps_the_correction_in_either_order(index
     result = posterior(combined, inputs, y, test_inputs)
     for value, expected in zip(result, reference):
         torch.testing.assert_close(value, expected, rtol=TOL, atol=TOL)
+
+
+def test_eager_multitask_kernel_around_a_nystrom_data_kernel_refuses_rather_than_dropping_the_correction():
+    """Under ``lazily_evaluate_kernels(False)`` GPyTorch slices the test block out of the evaluated K̂ ⊗ B, which
+    linear_operator returns as an interpolated operator without the data kernel's correction: refused by name (before,
+    1e-10 far from the data, silently)."""
+    x, y, test = data()
+    torch.manual_seed(0)
+    swapped = MultitaskKernel(parts()[0], num_tasks=2, rank=1).to(DTYPE)
+    swapped.data_covar_module = landmarks(swapped.data_covar_module, x)
+    with gpytorch.settings.lazily_evaluate_kernels(False), pytest.raises(NotImplementedError, match="rfgp.sketch"):
+        posterior(swapped, x, y, test, num_tasks=2)
