@@ -65,6 +65,15 @@ def product_correction(left_diagonal: Tensor, left: Tensor | None, right_diagona
     return right * left_diagonal if left is None else left * (right_diagonal + right) + left_diagonal * right
 
 
+def dense_product_keeping_corrections(left: LinearOperator, right: LinearOperator,
+                                      product: Tensor) -> CorrectedDenseLinearOperator:
+    """The dense elementwise product ``product`` = left ∘ right, with the correction of both operands'
+    (:func:`product_correction`)."""
+    correction = product_correction(left.diagonal(), combined_variance_correction(left), right.diagonal(),
+                                    combined_variance_correction(right))
+    return CorrectedDenseLinearOperator(product, correction)
+
+
 def _kronecker_correction(factors) -> Tensor | None:
     corrections = [combined_variance_correction(factor) for factor in factors]
     if all(correction is None for correction in corrections):
@@ -125,9 +134,7 @@ class CorrectedDenseLinearOperator(DenseLinearOperator):
     def _mul_matrix(self, other):
         """The dense elementwise product, keeping both operands' corrections (:func:`product_correction`)."""
         other = evaluated_covariance(other)
-        correction = product_correction(self.diagonal(), self.variance_correction, other.diagonal(),
-                                        combined_variance_correction(other))
-        return self.__class__(self.tensor * other.to_dense(), correction)
+        return dense_product_keeping_corrections(self, other, self.tensor * other.to_dense())
 
     def __add__(self, other):
         if isinstance(other, DenseLinearOperator):

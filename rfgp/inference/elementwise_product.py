@@ -47,7 +47,11 @@ from torch import Tensor
 
 from ..core.settings import memory_budget, resolve_chunk_size
 from ..core.user_warnings import warn as warn_user
-from .combined_covariances import CorrectedDenseLinearOperator, product_correction
+from .combined_covariances import (
+    CorrectedDenseLinearOperator,
+    dense_product_keeping_corrections,
+    product_correction,
+)
 from .kernel_evaluation import evaluated_covariance
 from .linalg import squared_row_norms
 
@@ -98,9 +102,7 @@ def face_splitting_product(features: LinearOperator, other: LinearOperator) -> L
     """(ΦΦᵀ) ∘ ``other`` for an rfgp feature root and an evaluated operator (module docstring)."""
     root = exact_root(other)
     if root is None:
-        correction = product_correction(features.diagonal(), features.variance_correction, other.diagonal(),
-                                        getattr(other, "variance_correction", None))
-        return CorrectedDenseLinearOperator(features.to_dense() * other.to_dense(), correction)
+        return dense_product_keeping_corrections(features, other, features.to_dense() * other.to_dense())
     base, constant = features.scaled_root()
     phi = base.to_dense()
     batch = torch.broadcast_shapes(phi.shape[:-2], root.shape[:-2])
@@ -149,11 +151,12 @@ def install() -> None:
     generic = LinearOperator._mul_matrix
 
     def _operator_mul_matrix(self, other):
-        from .operators import FeatureRootLinearOperator  # imports this module
+        from .operators import ChunkedFeatureRootLinearOperator, FeatureRootLinearOperator  # imports this module
 
         if isinstance(other, LinearOperator) and not isinstance(self, _rfgp_operators()):
             right = evaluated_covariance(other)
-            if isinstance(right, (FeatureRootLinearOperator, CorrectedDenseLinearOperator)):
+            if isinstance(right, (FeatureRootLinearOperator, ChunkedFeatureRootLinearOperator,
+                                  CorrectedDenseLinearOperator)):
                 return right._mul_matrix(self)
         return generic(self, other)
 

@@ -642,11 +642,19 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
         return self.from_featurizer(self.inputs, self.featurizer.scaled(other), self.chunk_size, correction)
 
     def _mul_matrix(self, other):
-        """Scaled per batch member when ``other`` is a batch of constants (:func:`batch_constants`)."""
+        """Scaled per batch member when ``other`` is a batch of constants (:func:`batch_constants`); linear_operator's
+        generic product otherwise, whose dense matrix (an exact operand) keeps the variance correction
+        (:class:`~rfgp.inference.combined_covariances.CorrectedDenseLinearOperator`; it had been dropped: a chunked
+        Nyström kernel times an exact one predicted 1e-10 far from the data)."""
+        from .combined_covariances import dense_product_keeping_corrections  # imports this module
+
         constants = batch_constants(self, other)
         if constants is not None:
             return self._expand_batch(constants.shape)._mul_constant(constants)
-        return super()._mul_matrix(other)
+        product = super()._mul_matrix(other)
+        if not isinstance(product, DenseLinearOperator):
+            return product
+        return dense_product_keeping_corrections(self, other, product.tensor)
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):

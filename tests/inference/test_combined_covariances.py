@@ -14,6 +14,7 @@ import torch
 from gpytorch.kernels import MaternKernel, MultitaskKernel, RBFKernel, ScaleKernel
 
 import rfgp
+from rfgp.inference.operators import ChunkedFeatureRootLinearOperator
 
 DTYPE = torch.float64
 TOL = 1e-5
@@ -154,3 +155,18 @@ def test_eager_multitask_kernel_around_a_nystrom_data_kernel_refuses_rather_than
     swapped.data_covar_module = landmarks(swapped.data_covar_module, x)
     with gpytorch.settings.lazily_evaluate_kernels(False), pytest.raises(NotImplementedError, match="rfgp.sketch"):
         posterior(swapped, x, y, test, num_tasks=2)
+
+
+@pytest.mark.parametrize("name", ["sum", "product", "product, exact factor first"])
+def test_chunked_nystrom_combined_with_exact_kernels_predicts_the_exact_posterior(name):
+    """Under a memory budget below the 60 × 60 Nyström root (28.8 kB) the root is chunked; its generic dense product
+    with the exact factor dropped the correction (1e-10 for 0.28 far from the data)."""
+    x, y, test = data()
+    exact, combined = COMBINATIONS[name](*parts(), x)
+    reference = posterior(exact, x, y, test)
+    with rfgp.settings.memory_budget(2**14):
+        nystrom = next(k for k in combined.modules() if isinstance(k, rfgp.kernels.NystromKernel))
+        assert isinstance(nystrom(x).evaluate_kernel(), ChunkedFeatureRootLinearOperator)
+        result = posterior(combined, x, y, test)
+    for value, expected in zip(result, reference):
+        torch.testing.assert_close(value, expected, rtol=TOL, atol=TOL)
