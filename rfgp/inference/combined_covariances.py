@@ -32,6 +32,7 @@ from linear_operator.operators import (
     DiagLinearOperator,
     KroneckerProductLinearOperator,
     LinearOperator,
+    MulLinearOperator,
     SumLinearOperator,
 )
 from torch import Tensor
@@ -72,6 +73,14 @@ def dense_product_keeping_corrections(left: LinearOperator, right: LinearOperato
     correction = product_correction(left.diagonal(), combined_variance_correction(left), right.diagonal(),
                                     combined_variance_correction(right))
     return CorrectedDenseLinearOperator(product, correction)
+
+
+def lazy_product_keeping_corrections(left: LinearOperator, right: LinearOperator) -> LinearOperator:
+    """linear_operator's ``MulLinearOperator`` of ``left`` ∘ ``right``, with the correction of both operands where one
+    carries one (:class:`CorrectedMulLinearOperator`)."""
+    correction = product_correction(left.diagonal(), combined_variance_correction(left), right.diagonal(),
+                                    combined_variance_correction(right))
+    return MulLinearOperator(left, right) if correction is None else CorrectedMulLinearOperator(left, right, correction)
 
 
 def _kronecker_correction(factors) -> Tensor | None:
@@ -144,6 +153,32 @@ class CorrectedDenseLinearOperator(DenseLinearOperator):
 
     def __radd__(self, other):  # a plain dense operator on the left: Python asks the subclass first
         return self.__add__(other)
+
+
+class CorrectedMulLinearOperator(MulLinearOperator):
+    """linear_operator's lazy elementwise product of two root decompositions (a chunked rfgp root times an operand
+    that is not dense, such as an ``IndexKernel``'s) with the per-point correction of its diagonal; the matrix is the
+    product of the values alone; principal blocks keep the correction of their rows."""
+
+    def __init__(self, left_linear_op, right_linear_op, variance_correction: Tensor | None = None) -> None:
+        super().__init__(left_linear_op, right_linear_op)
+        # rebuilt from its representation (evaluate_kernel, detach, device moves): the correction goes along
+        LinearOperator.__init__(self, self.left_linear_op, self.right_linear_op,
+                                variance_correction=variance_correction)
+        self.variance_correction = variance_correction
+
+    def _check_args(self, left_linear_op, right_linear_op, variance_correction=None):
+        return super()._check_args(left_linear_op, right_linear_op)
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        """A principal block keeps the correction of its rows (GPyTorch's test block [n:, n:])."""
+        block = super()._getitem(row_index, col_index, *batch_indices)
+        if not (isinstance(block, MulLinearOperator) and self.variance_correction is not None
+                and _same_index(row_index, col_index)):
+            return block
+        correction = self.variance_correction.expand(*self.batch_shape, self.shape[-1])
+        return CorrectedMulLinearOperator(block.left_linear_op, block.right_linear_op,
+                                          correction[(*batch_indices, row_index)])
 
 
 class CorrectedDefaultPredictionStrategy(DefaultPredictionStrategy):

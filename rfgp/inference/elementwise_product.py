@@ -39,7 +39,6 @@ from linear_operator.operators import (
     ConstantMulLinearOperator,
     InterpolatedLinearOperator,
     LinearOperator,
-    MulLinearOperator,
     RootLinearOperator,
 )
 from linear_operator.utils.interpolation import left_interp
@@ -50,6 +49,7 @@ from ..core.user_warnings import warn as warn_user
 from .combined_covariances import (
     CorrectedDenseLinearOperator,
     dense_product_keeping_corrections,
+    lazy_product_keeping_corrections,
     product_correction,
 )
 from .kernel_evaluation import evaluated_covariance
@@ -114,7 +114,7 @@ def face_splitting_product(features: LinearOperator, other: LinearOperator) -> L
             f"({memory_budget.value()} bytes): linear_operator's generic product is used (as for exact kernels), "
             "without rfgp's feature-space algebra; raise the budget to keep it",
         )
-        return MulLinearOperator(features, other)
+        return lazy_product_keeping_corrections(features, other)
     product = (phi.unsqueeze(-1) * root.to(phi.dtype).unsqueeze(-2)).flatten(-2)  # (..., N, F·r)
     split_root = product if constant is None else ConstantMulLinearOperator(to_linear_operator(product), constant)
     return type(features)(split_root, _product_correction(features, other, root))

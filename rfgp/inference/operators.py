@@ -643,18 +643,21 @@ class ChunkedFeatureRootLinearOperator(FullPrecisionOperator, _NoKroneckerFactor
 
     def _mul_matrix(self, other):
         """Scaled per batch member when ``other`` is a batch of constants (:func:`batch_constants`); linear_operator's
-        generic product otherwise, whose dense matrix (an exact operand) keeps the variance correction
-        (:class:`~rfgp.inference.combined_covariances.CorrectedDenseLinearOperator`; it had been dropped: a chunked
-        Nyström kernel times an exact one predicted 1e-10 far from the data)."""
-        from .combined_covariances import dense_product_keeping_corrections  # imports this module
+        generic product otherwise (dense with a dense operand, else lazy), which keeps the variance correction
+        (:mod:`rfgp.inference.combined_covariances`; it had been dropped: a chunked Nyström kernel times an exact or
+        an index kernel predicted 1e-10 far from the data)."""
+        from .combined_covariances import (  # imports this module
+            dense_product_keeping_corrections,
+            lazy_product_keeping_corrections,
+        )
 
         constants = batch_constants(self, other)
         if constants is not None:
             return self._expand_batch(constants.shape)._mul_constant(constants)
-        product = super()._mul_matrix(other)
-        if not isinstance(product, DenseLinearOperator):
-            return product
-        return dense_product_keeping_corrections(self, other, product.tensor)
+        other = evaluated_covariance(other)
+        if isinstance(other, DenseLinearOperator):
+            return dense_product_keeping_corrections(self, other, self.to_dense() * other.to_dense())
+        return lazy_product_keeping_corrections(self, other)
 
     def __add__(self, other):
         if isinstance(other, DiagLinearOperator):
