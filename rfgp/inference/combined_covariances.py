@@ -14,11 +14,13 @@ its product with the Matérn and ``MultitaskKernel`` around it 1e-10 instead of 
 
 * a sum: Σᵢ cᵢ;
 * c·K: c times the correction;
-* an elementwise product K̂₁ ∘ K₂ (kept dense, :class:`CorrectedDenseLinearOperator`):
-  (d₁ + c₁)(d₂ + c₂) − d₁d₂, dᵢ the diagonal of the values;
+* an elementwise product K̂₁ ∘ K₂ (dense, :class:`CorrectedDenseLinearOperator`, or linear_operator's lazy product,
+  :class:`CorrectedMulLinearOperator`): (d₁ + c₁)(d₂ + c₂) − d₁d₂, dᵢ the diagonal of the values;
 * a Kronecker product K₁ ⊗ K₂: diag((K₁ + C₁) ⊗ (K₂ + C₂)) − diag(K₁ ⊗ K₂) = c₁ ⊗ (d₂ + c₂) + d₁ ⊗ c₂.
 
-The marginal likelihood is unchanged: it trains the values, as for an rfgp covariance alone.
+The marginal likelihood is unchanged: it trains the values, as for an rfgp covariance alone.  A test block that lost
+the correction although the training covariance has one (GPyTorch slicing an eagerly evaluated K̂ ⊗ B into an
+interpolated operator) is refused rather than predicted without it.
 """
 
 from __future__ import annotations
