@@ -33,6 +33,7 @@ import torch
 from gpytorch.kernels import ScaleKernel
 from torch import Tensor, nn
 
+from ..core.draws import standard_normal
 from ..core.dtypes import in_full_precision
 from ..core.settings import resolve_chunk_size
 from ..core.validation import check_positive_int
@@ -126,7 +127,7 @@ class PosteriorPaths(nn.Module):
         if moments is None:
             return values
         correction = (moments[0] - moments[1]).clamp_min(0.0).unsqueeze(-1)
-        noise = torch.randn(values.shape, generator=self.generator, dtype=values.dtype, device=values.device)
+        noise = standard_normal(values.shape, values, self.generator)  # on the generator's device, then moved
         return values + correction.sqrt() * noise
 
 
@@ -160,8 +161,9 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
             optionally inside ``ScaleKernel``), a Gaussian likelihood and its training data; its
             current hyperparameters are used.
         num_paths: S.
-        generator: source of the weight draws (on any device) and of the bias-correction noise (on the
-            model's device).  ``None``: torch's global generator.
+        generator: source of the weight draws and of the bias-correction noise, on any device: they are drawn on
+            the generator's device and moved to the model's (the same draws for a model on any device).  ``None``:
+            torch's global generator, on the model's device.
         variance_correction: add the bias correction c(x) as independent per-point noise (see the
             module docstring); ignored for maps without a variance bias.
 

@@ -216,3 +216,37 @@ def test_paths_refuse_redrawn_features_and_follow_a_loaded_state():
         gp.covar_module.base_kernel.feature_map.resample(torch.Generator().manual_seed(5))
         with pytest.raises(RuntimeError, match="re-drawn after these posterior paths were drawn"):
             paths(xs)
+
+
+def _biased_paths(generator):
+    """Paths of a model whose map has a variance bias (their evaluations add correction noise), and three points."""
+    gp = fitted(rfgp.kernels.RandomFeatureKernel(ShrunkFourierFeatures(64, shrink=0.6, input_dim=2, seed=0)))
+    xs = torch.tensor([[4.0, 4.0], [-4.0, 3.0], [0.0, 0.0]], dtype=torch.float64)
+    return posterior_paths(gp, 5, generator=generator), xs
+
+
+def test_correction_noise_is_drawn_from_the_generator_on_its_device():
+    """Paths on another device than their generator draw the correction noise from the generator, on its device, and
+    move it (as the weights): on CUDA a CPU generator raised torch's "Expected a 'cuda' device type for generator".
+    A CPU build has no such device; paths moved to 'meta' (shapes without values) stand in for it: their noise was
+    drawn on 'meta', which torch allows with a CPU generator but which does not advance it — the noise was not the
+    generator's.  The generator advances here by exactly the 3 × 5 normal draws of the noise."""
+    generator = torch.Generator().manual_seed(3)
+    paths, xs = _biased_paths(generator)
+    paths.to("meta")
+    expected = torch.Generator()
+    expected.set_state(generator.get_state())
+    torch.randn(3, 5, generator=expected, dtype=torch.float64)
+    values = paths(xs.to("meta"))
+    assert values.device.type == "meta" and values.shape == (5, 3)
+    assert torch.equal(generator.get_state(), expected.get_state())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_paths_on_cuda_with_a_cpu_generator_are_those_on_the_cpu():
+    """A CPU generator drives paths on CUDA: the same weights and correction noise as on the CPU (to rounding)."""
+    on_cpu, xs = _biased_paths(torch.Generator().manual_seed(3))
+    on_cuda, _ = _biased_paths(torch.Generator().manual_seed(3))
+    on_cuda.to("cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(on_cuda(xs.cuda()).cpu(), on_cpu(xs), rtol=1e-10, atol=1e-12)
