@@ -455,19 +455,22 @@ def describe_bad_hyperparameters(module) -> list[str]:
 RESIDUAL = "y − μ (the training targets minus the prior mean)"
 
 
-def check_targets(y: Tensor, name: str = RESIDUAL, num_tasks: int | None = None, point_axis: int = -1) -> None:
+def check_targets(y: Tensor, name: str = RESIDUAL, num_tasks: int | None = None, point_axis: int = -1,
+                  allow_empty: bool = False) -> None:
     """Targets (or residuals y − μ) of a Gaussian model: finite and non-empty (an MLL over no data is 0/0).
 
     ``point_axis``: the axis of the N data points, −1 for target vectors ``(*b, N)``, −2 for linear_operator's
     right-hand sides ``(*b, N, k)`` (a 1-D ``(N,)`` one has them along −1).
     ``num_tasks``: ``y`` ``(*b, N·T)`` holds T outputs per point in GPyTorch's interleaved order (entry n·T + t),
-    checked as ``(*b, N, T)`` so that the error names the (point, task) of a bad entry, not its flat index."""
+    checked as ``(*b, N, T)`` so that the error names the (point, task) of a bad entry, not its flat index.
+    ``allow_empty``: no points pass (a rank's empty shard inside :class:`rfgp.inference.distributed.data_parallel`,
+    whose statistics are sums over all ranks' points)."""
     if y is None:
         return
     if num_tasks is not None:
         y, name = y.reshape(*y.shape[:-1], -1, num_tasks), f"{name}, indexed (…, point, task),"
         point_axis = -2
-    if y.shape[max(point_axis, -y.dim())] == 0:
+    if y.shape[max(point_axis, -y.dim())] == 0 and not allow_empty:
         raise ValueError(f"{name} is empty (0 data points); the marginal likelihood and posterior need at least one")
     check_finite(y, name, "remove or impute the rows of train_y with NaN/Inf, or fix a mean module that returns "
                           "them (a NaN target makes the marginal likelihood and every prediction NaN); to leave "
@@ -488,6 +491,14 @@ def check_noise(noise: Tensor) -> Tensor:
     return noise
 
 
+def empty_shards_allowed() -> bool:
+    """Whether training data may have no rows: on a rank of an initialised ``torch.distributed`` process group, whose
+    shard of the data may be empty (N points split over more ranks).  Inside
+    :class:`rfgp.inference.distributed.data_parallel` its statistics are zero (ΦᵀD⁻¹Φ = 0, ΦᵀD⁻¹y = 0, no points)
+    and sum with the other ranks'; an evaluation on its points alone is refused (:func:`check_targets`)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1,
                         allow_nan_targets: bool = False) -> None:
     """train_x ``(..., n, d)`` and train_y with n along ``target_axis`` of an ExactGP: dtype, sizes, finiteness.
@@ -502,8 +513,10 @@ def check_training_data(train_x: Tensor, train_y: Tensor, target_axis: int = -1,
     if train_x.dim() < 2:
         one_column = " (one input column: train_x.unsqueeze(-1))" if train_x.dim() == 1 else ""
         raise ValueError(f"train_x must have shape (..., n, d){one_column}, got {tuple(train_x.shape)}")
-    if train_x.shape[-2] == 0:
-        raise ValueError("train_x is empty (0 rows): a GP needs at least one training point")
+    if train_x.shape[-2] == 0 and not empty_shards_allowed():
+        raise ValueError("train_x is empty (0 rows): a GP needs at least one training point (a rank of a "
+                         "torch.distributed process group may hold an empty shard: initialise the process group "
+                         "before building its model)")
     if train_y.dim() < -target_axis or train_y.shape[target_axis] != train_x.shape[-2]:
         raise ValueError(
             f"train_y must hold one target per row of train_x ({train_x.shape[-2]} along axis {target_axis}), "

@@ -196,7 +196,7 @@ class ComplexFeatureRootAddedDiagLinearOperator(FeatureRootAddedDiagLinearOperat
         The N log 2π normalises the N zero imaginary observations, which ``log_prob`` of an
         N-vector does not count; with it ``log_prob`` is the complex-GP evidence exactly.
         """
-        check_targets(inv_quad_rhs, point_axis=-2)
+        check_targets(inv_quad_rhs, point_axis=-2, allow_empty=distributed.is_active())
         noise = self._diag_tensor.diagonal(dim1=-1, dim2=-2)
         rhs = _as_matrix(inv_quad_rhs)
         stats_rhs = rhs if rhs is not None else noise.new_zeros(*noise.shape, 0)

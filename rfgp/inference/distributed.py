@@ -20,6 +20,11 @@ path is never taken under :class:`data_parallel`.  What is no sum over each proc
 terms, fantasies, the Kronecker eigen-solve, a covariance without rfgp statistics — is refused by name
 (:func:`refuse`).
 
+A rank's shard may be empty (N points over more ranks): its model, built after ``init_process_group``
+(:func:`rfgp.core.validation.empty_shards_allowed`), adds G = 0, B = 0, q = 0, ℓ = 0 and no points, and takes the same
+path as the other ranks.  No observed point on any rank is refused on every rank by the marginal likelihood (0/0);
+inside :class:`data_parallel` the posterior of no point is then the prior.
+
 Launch with ``torchrun --nproc_per_node=2 train.py``; in the script::
 
     torch.distributed.init_process_group("gloo")          # "nccl" on GPUs
@@ -51,7 +56,7 @@ _active_groups: list = []
 class data_parallel:
     """Context in which rfgp feature statistics are summed over the ranks of ``group``.
 
-    Every rank must enter it and evaluate the same operations (they are collectives).
+    Every rank must enter it and evaluate the same operations (they are collectives); a rank's shard may be empty.
     """
 
     def __init__(self, group=None) -> None:
@@ -201,7 +206,9 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
             )
         check_same_parameters(self, self.group)
         output = self.likelihood(function_dist, *params, **kwargs)
-        from .log_prob import has_feature_space_covariance  # at call time: log_prob's operators import this module
+        # at call time: log_prob's operators and prediction import this module
+        from .log_prob import has_feature_space_covariance
+        from .prediction import observed_entries
 
         if not has_feature_space_covariance(output):
             raise NotImplementedError(
@@ -214,19 +221,23 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
             raise ValueError("observation_nan_policy('fill') is not supported by DistributedExactMarginalLogLikelihood "
                              "(nor by GPyTorch's ExactMarginalLogLikelihood); accepted: 'ignore' or 'mask'")
         if policy == "mask":  # GPyTorch's ExactMarginalLogLikelihood: the observed entries' marginal
-            observed = gpytorch.settings.observation_nan_policy._get_observed(target, output.event_shape)
+            observed = observed_entries(target, output.event_shape)
             output = gpytorch.distributions.MultivariateNormal(
                 output.mean[..., observed],
                 MaskedLinearOperator(output.lazy_covariance_matrix, observed.reshape(-1), observed.reshape(-1)))
             target = target[..., observed]
-        with data_parallel(self.group):
-            res = output.log_prob(target)
         # GPyTorch divides by the number of all targets (missing ones included); log_prob's constant counts the
-        # observed ones of this rank, the statistics inside it are global.
+        # observed ones of this rank, the statistics inside it are global.  Counted first: every rank refuses no data.
         local = (function_dist.event_shape.numel(), output.event_shape.numel())
-        counts = torch.tensor(local, dtype=torch.float64, device=res.device)
+        counts = torch.tensor(local, dtype=torch.float64, device=output.mean.device)
         dist.all_reduce(counts, group=self.group)
         total, observed_total = (int(c) for c in counts.tolist())
+        if observed_total == 0:
+            raise ValueError(f"the targets of all {dist.get_world_size(self.group)} ranks hold no observed value "
+                             f"({total} targets in all, every one NaN or none at all): the marginal likelihood needs "
+                             "at least one")
+        with data_parallel(self.group):
+            res = output.log_prob(target)
         res = res - 0.5 * (observed_total - local[1]) * math.log(2 * math.pi)
         other = self._add_other_terms(torch.zeros_like(res), params)
         world = dist.get_world_size(self.group)

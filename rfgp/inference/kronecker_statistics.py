@@ -41,7 +41,7 @@ from ..core.memory import check_solve
 from ..core.validation import check_noise
 from . import distributed
 from .chunking import Featurizer, chunked_feature_statistics
-from .linalg import feature_statistics
+from .linalg import diagonal_logdet, feature_statistics
 from .statistics_precision import statistics_dtype, weighted_square_norm
 
 
@@ -154,7 +154,7 @@ def kronecker_noise_logdet(point_noise: Tensor, chol: Tensor, num_points: int) -
     """log|D_N ⊗ Σ_T| = T·Σ log dᵢ + 2N·Σ log Cₜₜ (d ``(..., N)``, or ``(..., 1)`` for a constant D_N), summed over
     processes inside :class:`rfgp.inference.distributed.data_parallel`."""
     num_tasks = chol.shape[-1]
-    point_logdet = point_noise.log().sum(-1) * (num_points // point_noise.shape[-1])
+    point_logdet = diagonal_logdet(point_noise, num_points)
     chol_logdet = 2.0 * torch.diagonal(chol, dim1=-2, dim2=-1).log().sum(-1)
     (logdet,) = distributed.reduce_statistics(num_tasks * point_logdet + num_points * chol_logdet)
     return logdet

@@ -504,7 +504,7 @@ class KroneckerStatistics:
         parts = None if rhs is not None and rhs.shape[-2] != rows else self._statistics_parts()
         if parts is None:
             return super().inv_quad_logdet(inv_quad_rhs, logdet, reduce_inv_quad)
-        check_targets(inv_quad_rhs, point_axis=-2)
+        check_targets(inv_quad_rhs, point_axis=-2, allow_empty=distributed.is_active())
         data, point_noise, task, task_noise = parts
         point_noise, chol = check_noise(point_noise), self._task_cholesky(task_noise)
         stats_rhs = rhs if rhs is not None else task.new_zeros(*self.batch_shape, rows, 0)

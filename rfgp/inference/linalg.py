@@ -123,6 +123,13 @@ def cholesky_solve(rhs: Tensor, chol: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(chol.mT, torch.linalg.solve_triangular(chol, rhs, upper=False), upper=True)
 
 
+def diagonal_logdet(diagonal: Tensor, size: int) -> Tensor:
+    """log|D| = Σᵢ log dᵢ of a ``size`` × ``size`` diagonal D given per entry ``(..., size)`` or constant ``(..., 1)``
+    (then ``size``·log d); 0 for ``size`` = 0 (a rank's empty shard: its per-point noise has no entry).  Batches of
+    ``diagonal`` give a batch of log-determinants ``(...)``."""
+    return diagonal.log().sum(-1) * (1 if diagonal.shape[-1] == size else size)
+
+
 def is_positive(value: Tensor | float) -> bool:
     """Whether a constant (a number, or one per batch member) is > 0 everywhere: operators scale their roots by √c
     only then (one host read for a tensor)."""

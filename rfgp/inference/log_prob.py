@@ -44,6 +44,7 @@ from torch import Tensor
 
 from ..core import settings
 from ..core.validation import RESIDUAL, check_finite, check_targets
+from . import distributed
 from .independent_tasks import IndependentTasksAddedDiagLinearOperator, ObservedIndependentTasks
 from .kernel_evaluation import evaluated_covariance
 from .operators import ChunkedFeatureRootAddedDiagLinearOperator, FeatureRootAddedDiagLinearOperator, select_observed
@@ -144,10 +145,10 @@ def _checked_multitask_log_prob(gpytorch_log_prob):
             residual = value - self.mean
             if gpytorch.settings.observation_nan_policy.value() != "ignore":
                 check_targets(torch.where(value.isnan(), residual.new_zeros(()), residual).flatten(-2), RESIDUAL,
-                              self.num_tasks)
+                              self.num_tasks, allow_empty=distributed.is_active())
                 refuse_unmasked_nan(residual, f"{RESIDUAL}, indexed (…, point, task),")
             else:
-                check_targets(residual.flatten(-2), RESIDUAL, self.num_tasks)
+                check_targets(residual.flatten(-2), RESIDUAL, self.num_tasks, allow_empty=distributed.is_active())
         return gpytorch_log_prob(self, value)
 
     log_prob.gpytorch_log_prob = gpytorch_log_prob

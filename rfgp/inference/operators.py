@@ -60,6 +60,7 @@ from .chunking import (
 from .kernel_evaluation import evaluated_covariance
 from .kernel_space import kernel_space_inv_quad_logdet, prefers_kernel_space
 from .linalg import (
+    diagonal_logdet,
     feature_statistics,
     fold_constant,
     project,
@@ -373,7 +374,7 @@ class FeatureRootAddedDiagLinearOperator(FullPrecisionOperator, LowRankRootAdded
                                                   select_noise(self._diag_tensor, observed))
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        check_targets(inv_quad_rhs, point_axis=-2)
+        check_targets(inv_quad_rhs, point_axis=-2, allow_empty=distributed.is_active())
         if self.uses_kernel_space():
             features, constant = self._linear_op.scaled_features()
             features = narrow_broadcast(features, features.dim() - 2)  # one Gram for copies (T targets of one kernel)
@@ -487,7 +488,7 @@ def _statistics_inv_quad_logdet(operator, inv_quad_rhs, logdet: bool, reduce_inv
     gram, cross, dtype = adaptive_feature_statistics(operator._linear_op, weights, stats_rhs, model_dtype)
     # rᵀD⁻¹r, in float64 for a float32 model: it cancels against ‖L⁻¹B‖²
     weighted_square = (stats_rhs.pow(2) * weights.unsqueeze(-1)).sum(-2)
-    noise_logdet = -weights.log().sum(-1) * (num_data // weights.shape[-1])
+    noise_logdet = -diagonal_logdet(weights, num_data)  # log|D| = −log|D⁻¹|
     gram, cross, weighted_square, noise_logdet = distributed.reduce_statistics(
         gram, cross, weighted_square, noise_logdet
     )
@@ -713,7 +714,7 @@ class ChunkedFeatureRootAddedDiagLinearOperator(FullPrecisionOperator, AddedDiag
                                                          select_noise(self._diag_tensor, observed))
 
     def inv_quad_logdet(self, inv_quad_rhs=None, logdet=False, reduce_inv_quad=True):
-        check_targets(inv_quad_rhs, point_axis=-2)
+        check_targets(inv_quad_rhs, point_axis=-2, allow_empty=distributed.is_active())
         return _statistics_inv_quad_logdet(self, inv_quad_rhs, logdet, reduce_inv_quad)
 
 

@@ -892,8 +892,17 @@ def observed_points(train_labels: Tensor, nan_policy: str) -> Tensor | None:
     """
     if nan_policy == "ignore":
         return None
-    observed = gpytorch.settings.observation_nan_policy._get_observed(train_labels, train_labels.shape[-1:])
+    observed = observed_entries(train_labels, train_labels.shape[-1:])
     return None if not distributed.is_active() and bool(observed.all()) else observed
+
+
+def observed_entries(values: Tensor, event_shape: torch.Size) -> Tensor:
+    """The boolean mask ``event_shape`` of the entries that are NaN in no batch member of ``values``
+    ``(*batch, *event_shape)``: GPyTorch's ``observation_nan_policy._get_observed``, also for an event of no points
+    (a rank's empty shard inside :class:`rfgp.inference.distributed.data_parallel`), which GPyTorch's reshape to
+    ``(-1, 0, …)`` refused ("cannot reshape tensor of 0 elements")."""
+    members = values.shape[: values.dim() - len(event_shape)].numel()
+    return ~values.isnan().reshape(members, *event_shape).any(0)
 
 
 def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str,
@@ -905,11 +914,12 @@ def observed_residual(labels: Tensor, prior_mean: Tensor, nan_policy: str,
     observed = observed_points(labels, nan_policy)
     residual = labels - prior_mean
     if observed is None:
-        check_targets(labels, "the training targets y", num_tasks)
+        check_targets(labels, "the training targets y", num_tasks, allow_empty=distributed.is_active())
         return residual, None
     zero = torch.zeros((), dtype=residual.dtype, device=residual.device)
     # the left-out entries read as 0: a bad observed entry keeps its own index, not its place among the observed
-    check_targets(torch.where(observed, labels, zero), "the training targets y at the points without NaN", num_tasks)
+    check_targets(torch.where(observed, labels, zero), "the training targets y at the points without NaN", num_tasks,
+                  allow_empty=distributed.is_active())
     return torch.where(observed, residual, zero), observed
 
 

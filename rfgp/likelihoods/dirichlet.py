@@ -33,7 +33,14 @@ from gpytorch.likelihoods.noise_models import FixedGaussianNoise
 from torch import Tensor
 
 from ..core.config_state import DRAW, METHOD, ConfigState
-from ..core.validation import check_choice, check_dtype_argument, check_positive_float, check_positive_int, check_seed
+from ..core.validation import (
+    check_choice,
+    check_dtype_argument,
+    check_positive_float,
+    check_positive_int,
+    check_seed,
+    empty_shards_allowed,
+)
 from ..inference.classification import (
     ChunkedClassNoiseFeatureLinearOperator,
     ClassNoiseFeatureLinearOperator,
@@ -53,13 +60,16 @@ _STRUCTURED_OPERATORS = {
 
 
 def check_labels(labels, name: str, num_classes: int | None = None) -> Tensor:
-    """Return ``labels`` as a 1-D ``torch.long`` tensor after checking they are integers in 0..C−1."""
+    """Return ``labels`` as a 1-D ``torch.long`` tensor after checking they are integers in 0..C−1; non-empty, except
+    on a rank of a ``torch.distributed`` process group (:func:`~rfgp.core.validation.empty_shards_allowed`)."""
     if not torch.is_tensor(labels):
         raise TypeError(f"{name} must be a 1-D torch.Tensor of integer class labels, got {type(labels).__name__}")
     if labels.is_complex() or labels.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer class labels, got dtype {labels.dtype}")
-    if labels.dim() != 1 or labels.numel() == 0:
+    if labels.dim() != 1 or (labels.numel() == 0 and not empty_shards_allowed()):
         raise ValueError(f"{name} must be a non-empty 1-D tensor of class labels, got shape {tuple(labels.shape)}")
+    if labels.numel() == 0:  # a rank's empty shard: no values to check
+        return labels.long()
     if labels.is_floating_point():
         if not bool(torch.isfinite(labels).all()) or not bool((labels == labels.round()).all()):
             raise ValueError(f"{name} must hold integer class labels; got non-integer values such as "
@@ -78,6 +88,9 @@ def check_labels(labels, name: str, num_classes: int | None = None) -> Tensor:
 def check_num_classes(num_classes, labels: Tensor) -> int:
     """``num_classes`` as an int ≥ 2, inferred as max(labels) + 1 when ``None``."""
     if num_classes is None:
+        if labels.numel() == 0:
+            raise ValueError("targets is empty (a rank's empty shard), so num_classes cannot be inferred from it: pass "
+                             "num_classes, the same on every rank")
         inferred = int(labels.max()) + 1
         if inferred < 2:
             raise ValueError(f"targets hold a single class ({inferred}); pass num_classes (≥ 2) explicitly")
