@@ -134,14 +134,63 @@ def reduce_statistics(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 def sync_gradients(module: nn.Module, group=None) -> None:
-    """Sum the ``.grad`` of every parameter of ``module`` over ranks (after ``loss.backward()``)."""
-    params = [p for p in module.parameters() if p.grad is not None]
+    """Sum the ``.grad`` of the parameters of ``module`` over the ranks of ``group`` (after ``loss.backward()``).
+
+    A collective: every rank calls it, with the same parameters (number, sizes, order).  A parameter whose ``.grad``
+    is ``None`` on some ranks — their loss did not reach it (an empty shard, a branch their data never take) —
+    counts as zeros there and receives the sum on every rank, so that every rank steps the same model; one without a
+    gradient on any rank keeps ``None``.  Refused on every rank (``ValueError``) where the ranks' modules differ in
+    their number of parameters or of parameter values, or where a parameter requires a gradient on some ranks and not
+    on others (frozen on some: their optimisers would step different models), naming the first such parameter.
+    Three all-reduces: the sizes, which parameters require and have gradients, the gradients of those that any rank
+    has.
+    """
+    named = list(module.named_parameters())
+    device = named[0][1].device if named else _collective_device(group)
+    world = dist.get_world_size(group)
+    _check_same_sizes(named, device, group)
+    flags = torch.tensor([[p.requires_grad, p.grad is not None] for _, p in named], dtype=torch.int64,
+                         device=device).reshape(len(named), 2)
+    dist.all_reduce(flags, group=group)
+    requiring, holding = flags.unbind(-1)
+    frozen_on_some = ((requiring > 0) & (requiring < world)).tolist()
+    if any(frozen_on_some):
+        index = frozen_on_some.index(True)
+        raise ValueError(
+            f"parameter {named[index][0]} requires a gradient on {int(requiring[index])} of {world} ranks: "
+            "sync_gradients sums the gradients of one model trained on every rank; freeze it (requires_grad_(False)) "
+            "on every rank or on none")
+    params = [p for (_, p), held in zip(named, holding.tolist()) if held]
     if not params:
         return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     for p, part in zip(params, flat.split([p.numel() for p in params])):
-        p.grad.copy_(part.view_as(p.grad))
+        if p.grad is None:
+            p.grad = part.view_as(p).to(dtype=p.dtype, copy=True)
+        else:
+            p.grad.copy_(part.view_as(p.grad))
+
+
+def _collective_device(group) -> torch.device:
+    """Where tensors of a collective of ``group`` live: the current CUDA device for NCCL, else the CPU."""
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_same_sizes(named: list[tuple[str, Tensor]], device: torch.device, group) -> None:
+    """Raise ``ValueError`` on every rank unless every rank holds as many parameters, with as many values, as the
+    others (one all-reduce of fixed length, so that ranks with different modules still meet)."""
+    sizes = torch.tensor([len(named), sum(p.numel() for _, p in named)], dtype=torch.int64, device=device)
+    extremes = torch.cat([sizes, -sizes])  # max and −min in one collective
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+    if bool((extremes[:2] != -extremes[2:]).any()):
+        (most, most_values), (least, least_values) = extremes[:2].tolist(), (-extremes[2:]).tolist()
+        raise ValueError(
+            f"the module has {len(named)} parameters ({int(sizes[1])} values) on this rank, and between {least} and "
+            f"{most} parameters ({least_values} to {most_values} values) over the ranks: sync_gradients sums the "
+            "gradients of one model built alike on every rank")
 
 
 def check_same_parameters(module: nn.Module, group=None) -> None:

@@ -471,6 +471,42 @@ def _empty_shard_result(kind, empty):
     return _case_result(kind, shard, True)
 
 
+class _Branches(torch.nn.Module):
+    """Two parameters; a loss of the second branch leaves the first's ``.grad`` ``None`` (a rank whose data never
+    take the first branch)."""
+
+    def __init__(self, extra=False):
+        super().__init__()
+        self.first = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float64))
+        self.second = torch.nn.Parameter(torch.tensor(3.0, dtype=torch.float64))
+        if extra:
+            self.third = torch.nn.Parameter(torch.tensor(4.0, dtype=torch.float64))
+
+
+def _sync_outcome(module, loss):
+    """The summed gradients ``{name: grad or None}`` on this rank, or the message of the ``ValueError`` raised."""
+    if loss is not None:
+        loss.backward()
+    try:
+        rfgp.inference.distributed.sync_gradients(module)
+    except ValueError as error:
+        return str(error)
+    return {name: None if p.grad is None else p.grad.clone() for name, p in module.named_parameters()}
+
+
+def _sync_cases(rank):
+    """sync_gradients where rank 1's loss leaves ``first`` without a gradient, where rank 1 froze ``first``, and
+    where rank 1's module has one more parameter."""
+    module = _Branches()
+    unused = _sync_outcome(module, (module.first.square().sum() if rank == 0 else 0) + 5 * module.second)
+    module = _Branches()
+    if rank == 1:
+        module.first.requires_grad_(False)
+    frozen = _sync_outcome(module, (module.first.sum() if rank == 0 else 0) + module.second)
+    module = _Branches(extra=rank == 1)
+    return {"unused": unused, "frozen": frozen, "extra": _sync_outcome(module, None)}
+
+
 def _empty_shard_worker(rank, port, path):
     torch.set_num_threads(1)
     # a collective that the other rank never joins fails after the timeout instead of hanging the test
@@ -495,6 +531,7 @@ def _empty_shard_worker(rank, port, path):
             prior = (model.mean_module(x_test), model.covar_module(x_test).to_dense())
         torch.save({"posterior": (posterior.mean, posterior.covariance_matrix), "prior": prior},
                    f"{path}/rank{rank}-prior.pt")
+        torch.save(_sync_cases(rank), f"{path}/rank{rank}-sync.pt")
     finally:
         dist.destroy_process_group()
 
@@ -533,3 +570,17 @@ def test_an_empty_shard_contributes_nothing(empty_shard_spawned):
         no_point = torch.load(empty_shard_spawned / f"rank{rank}-prior.pt")  # inside data_parallel: the prior
         for posterior, prior in zip(no_point["posterior"], no_point["prior"]):
             torch.testing.assert_close(posterior, prior, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_sync_gradients_agrees_on_the_parameters_first(empty_shard_spawned):
+    """A parameter without a gradient on one rank counts as zeros there and gets the sum on both (before, the ranks
+    all-reduced buffers of different lengths); one frozen on one rank only, or modules with different parameters, are
+    refused on every rank by name."""
+    for rank in range(WORLD_SIZE):
+        cases = torch.load(empty_shard_spawned / f"rank{rank}-sync.pt")
+        # rank 0: ∂(‖first‖² + 5·second) = (2, 4), 5; rank 1: ∂(5·second) = 5, first has none
+        torch.testing.assert_close(cases["unused"]["first"], torch.tensor([2.0, 4.0], dtype=torch.float64))
+        torch.testing.assert_close(cases["unused"]["second"], torch.tensor(10.0, dtype=torch.float64))
+        assert cases["frozen"].startswith("parameter first requires a gradient on 1 of 2 ranks"), cases["frozen"]
+        assert cases["extra"].startswith(f"the module has {2 + rank} parameters"), cases["extra"]
