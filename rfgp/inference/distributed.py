@@ -148,7 +148,7 @@ def sync_gradients(module: nn.Module, group=None) -> None:
     named = list(module.named_parameters())
     device = named[0][1].device if named else _collective_device(group)
     world = dist.get_world_size(group)
-    _check_same_sizes(named, device, group)
+    _check_same_sizes(named, "parameters", device, group)
     flags = torch.tensor([[p.requires_grad, p.grad is not None] for _, p in named], dtype=torch.int64,
                          device=device).reshape(len(named), 2)
     dist.all_reduce(flags, group=group)
@@ -179,18 +179,19 @@ def _collective_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _check_same_sizes(named: list[tuple[str, Tensor]], device: torch.device, group) -> None:
-    """Raise ``ValueError`` on every rank unless every rank holds as many parameters, with as many values, as the
-    others (one all-reduce of fixed length, so that ranks with different modules still meet)."""
+def _check_same_sizes(named: list[tuple[str, Tensor]], what: str, device: torch.device, group) -> None:
+    """Raise ``ValueError`` on every rank unless every rank holds as many tensors ``named`` (``what``: their kind),
+    with as many values, as the others: one all-reduce of fixed length, so that ranks with different modules still
+    meet, before collectives whose length is theirs."""
     sizes = torch.tensor([len(named), sum(p.numel() for _, p in named)], dtype=torch.int64, device=device)
     extremes = torch.cat([sizes, -sizes])  # max and −min in one collective
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
     if bool((extremes[:2] != -extremes[2:]).any()):
         (most, most_values), (least, least_values) = extremes[:2].tolist(), (-extremes[2:]).tolist()
         raise ValueError(
-            f"the module has {len(named)} parameters ({int(sizes[1])} values) on this rank, and between {least} and "
-            f"{most} parameters ({least_values} to {most_values} values) over the ranks: sync_gradients sums the "
-            "gradients of one model built alike on every rank")
+            f"the module has {len(named)} {what} ({int(sizes[1])} values) on this rank, and between {least} and "
+            f"{most} ({least_values} to {most_values} values) over the ranks: data-parallel training needs one model "
+            "built alike on every rank")
 
 
 def check_same_parameters(module: nn.Module, group=None) -> None:
@@ -201,15 +202,17 @@ def check_same_parameters(module: nn.Module, group=None) -> None:
     ``IndexKernel`` draws its factor from torch's global generator, so unseeded ranks differ) or other buffers (the
     random draws of an unseeded ``rfgp.sketch``, Nyström landmarks chosen from each rank's own shard) would silently
     sum the statistics of different models.  Compares each tensor's sum and sum of squares (float64) by one
-    max-reduction; a sum that is NaN or ±Inf on every rank (a diverged optimiser step) is no difference between
-    ranks, and is left to the evaluation, which names it as on one process.
+    max-reduction, after one of their number and sizes (:func:`_check_same_sizes`); a sum that is NaN or ±Inf on every
+    rank (a diverged optimiser step) is no difference between ranks, and is left to the evaluation, which names it as
+    on one process.
     """
     named = [(f"parameter {name}", p) for name, p in module.named_parameters()]
     named += [(f"buffer {name}", b) for name, b in _model_buffers(module)]
+    device = named[0][1].device if named else _collective_device(group)
+    _check_same_sizes(named, "parameters and buffers (outside the likelihoods)", device, group)
     if not named:
         return
     with torch.no_grad():
-        device = named[0][1].device
         stats = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]).to(device) for _, t in named])
         finite = torch.isfinite(stats)  # NaN != NaN: a NaN on every rank read as a difference
         stats = torch.cat([torch.where(finite, stats, 0.0), (~finite).double()], -1)

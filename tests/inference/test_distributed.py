@@ -532,6 +532,10 @@ def _empty_shard_worker(rank, port, path):
         torch.save({"posterior": (posterior.mean, posterior.covariance_matrix), "prior": prior},
                    f"{path}/rank{rank}-prior.pt")
         torch.save(_sync_cases(rank), f"{path}/rank{rank}-sync.pt")
+        model = _model(x, y)
+        if rank == 1:  # a buffer more on one rank: the comparison of the ranks' tensors would differ in length
+            model.covar_module.register_buffer("extra", torch.zeros(3, dtype=torch.float64))
+        torch.save(_refusal(model, x, y), f"{path}/rank{rank}-extra-buffer.pt")
     finally:
         dist.destroy_process_group()
 
@@ -576,11 +580,15 @@ def test_an_empty_shard_contributes_nothing(empty_shard_spawned):
 def test_sync_gradients_agrees_on_the_parameters_first(empty_shard_spawned):
     """A parameter without a gradient on one rank counts as zeros there and gets the sum on both (before, the ranks
     all-reduced buffers of different lengths); one frozen on one rank only, or modules with different parameters, are
-    refused on every rank by name."""
+    refused on every rank by name; so are models with a different number of buffers by the MLL's comparison of the
+    ranks (before, its all-reduce had another length on each rank)."""
     for rank in range(WORLD_SIZE):
         cases = torch.load(empty_shard_spawned / f"rank{rank}-sync.pt")
         # rank 0: ∂(‖first‖² + 5·second) = (2, 4), 5; rank 1: ∂(5·second) = 5, first has none
         torch.testing.assert_close(cases["unused"]["first"], torch.tensor([2.0, 4.0], dtype=torch.float64))
         torch.testing.assert_close(cases["unused"]["second"], torch.tensor(10.0, dtype=torch.float64))
         assert cases["frozen"].startswith("parameter first requires a gradient on 1 of 2 ranks"), cases["frozen"]
-        assert cases["extra"].startswith(f"the module has {2 + rank} parameters"), cases["extra"]
+        assert cases["extra"].startswith(f"the module has {2 + rank} parameters ({3 + rank} values) on this rank, and "
+                                         "between 2 and 3 (3 to 4 values) over the ranks"), cases["extra"]
+        refusal = torch.load(empty_shard_spawned / f"rank{rank}-extra-buffer.pt")  # the MLL's comparison of ranks
+        assert refusal is not None and "parameters and buffers (outside the likelihoods)" in refusal, refusal
