@@ -85,7 +85,7 @@ the float64 model (N = 500–5 000, noise 10⁻⁴, targets 0–10⁴; ≤ 3·10
 float32 it erred by u·rᵀWr, i.e. u·κ relative to q with κ = rᵀWr/q up to 10⁶ for targets far from the mean. (iii) The
 Gram: to first order Δq = αᵀΔGα, and since q = min_β ‖β‖² + ‖W^½(r − Φβ)‖² = ‖α‖² + ‖W^½(r − Φα)‖² ≥ ‖α‖², ``|Δq| ≤
 ‖ΔG‖₂·‖α‖² ≤ ‖ΔG‖₂·q``: the quadratic term's error relative to q is bounded by the same ε̂ as log|A|'s — it grows with q
-(as the float32 loss's own rounding u·|q| does), not with ‖r‖²/σ² — so the rule needs no residual term for the loss.
+(as the float32 loss's own rounding ``u·|q|`` does), not with ‖r‖²/σ² — so the rule needs no residual term for the loss.
 (iv) B's float32 rounding, ``|ΔB| ≤ γ_N|Φ|ᵀW|r|`` (Higham, eq. (3.13)), changes q by ``|2αᵀΔB| ≤
 2γ_N·(rᵀWr·tr(G))^½·‖α‖`` (Cauchy–Schwarz, ‖α‖² ≤ q), of the order of (iii) where measured: forming B in float64 beside
 a float32 G did not lower the errors (N = 500/5 000, F = 256, targets 0–10⁴: loss and gradient errors within a factor
