@@ -27,7 +27,7 @@ from ..inference.chunking import chunk_slices
 from ..inference.multioutput import MultitaskFeatureSpacePredictionStrategy, kernel_num_outputs
 from ..inference.multioutput_chunking import points_per_block
 from ..inference.prediction import draw_fingerprint
-from ..kernels.combinations import is_feature_kernel, kernel_features, unwrap_scale
+from ..kernels.combinations import FeatureSumKernel, is_feature_kernel, kernel_features, unwrap_scale
 
 Field = Callable[[Tensor], Tensor]
 
@@ -223,31 +223,39 @@ def posterior_field_samples(model, num_samples: int, generator: torch.Generator 
 
 
 def posterior_component_fields(model) -> list[Field]:
-    """Posterior mean of every component of a :class:`~rfgp.kernels.MultiOutputFeatureSumKernel` model.
+    """Posterior mean of every component of a multi-output feature-sum model.
 
-    With K̂ = Σᵢ RᵢRᵢᵀ the weights split as θ = [θ₁, …], and component i has posterior mean
+    The model's ``covar_module`` is a :class:`~rfgp.kernels.MultiOutputFeatureSumKernel`, or the
+    :class:`~rfgp.kernels.FeatureSumKernel` that :func:`rfgp.sketch` makes of GPyTorch's sum of multi-output kernels
+    (e.g. of an exact curl-free plus divergence-free Helmholtz kernel; refused before), optionally inside
+    ``ScaleKernel``.  With K̂ = Σᵢ RᵢRᵢᵀ the weights split as θ = [θ₁, …], and component i has posterior mean
     Rᵢ(x)E[θᵢ | y] (e.g. the curl-free and divergence-free parts of a Helmholtz fit); the
     components sum to the posterior mean minus the prior mean.  A ``ScaleKernel`` around the sum (root
     √s·[R₁, …]) scales every component by its √s.
     """
-    from ..kernels.sketched_operator_valued import MultiOutputFeatureSumKernel
-
     kernel, outputscale = unwrap_scale(model.covar_module)
-    if not isinstance(kernel, MultiOutputFeatureSumKernel):
+    if not isinstance(kernel, FeatureSumKernel):
         inside = f" around {type(kernel).__name__}" if kernel is not model.covar_module else ""
-        raise TypeError("model.covar_module must be a MultiOutputFeatureSumKernel, optionally inside ScaleKernel, got "
+        raise TypeError("model.covar_module must be a MultiOutputFeatureSumKernel (or rfgp.sketch's FeatureSumKernel "
+                        "of a sum of multi-output kernels), optionally inside ScaleKernel, got "
                         f"{type(model.covar_module).__name__}{inside}")
     root_scale = 1.0 if outputscale is None else outputscale.detach().sqrt()[..., None, None]  # (*batch, 1, 1)
     model.eval()
     train_x = model.train_inputs[0]
     with torch.no_grad():
         model(train_x[..., :1, :])
-        weight_mean = model.prediction_strategy.weight_mean.squeeze(-1)
-    offsets = torch.tensor([0] + kernel.component_widths(train_x)).cumsum(0).tolist()
+        strategy = model.prediction_strategy
+        if not isinstance(strategy, MultitaskFeatureSpacePredictionStrategy):
+            raise TypeError(f"posterior_component_fields needs a multi-output model predicting through "
+                            f"MultitaskFeatureSpacePredictionStrategy, got {type(strategy).__name__}")
+        weight_mean = strategy.weight_mean.squeeze(-1)
+        widths = [kernel_features(part, train_x[..., :1, :]).shape[-1] for part in kernel.kernels]
+    offsets = torch.tensor([0] + widths).cumsum(0).tolist()
+    num_outputs = kernel_num_outputs(kernel, train_x)
 
     def component_field(i: int) -> Field:
         weights = weight_mean[..., offsets[i] : offsets[i + 1]].unsqueeze(0)  # (1, *batch, F_i)
-        field = _feature_field(kernel.kernels[i], weights, kernel.num_outputs)
+        field = _feature_field(kernel.kernels[i], weights, num_outputs)
         return lambda x: field(x).squeeze(0) * root_scale
 
     return [component_field(i) for i in range(len(kernel.kernels))]

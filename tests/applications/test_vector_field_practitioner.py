@@ -74,10 +74,29 @@ def test_helmholtz_components_with_a_scale_kernel_around_the_sum():
         total = curl_part(probe) + div_part(probe) + model.mean_module(probe)
         torch.testing.assert_close(total, model(probe).mean, rtol=1e-10, atol=1e-10)
     assert curl_part(probe).abs().max() > 1e-2 and div_part(probe).abs().max() > 1e-2  # both parts carry signal
-    with pytest.raises(TypeError, match="MultiOutputFeatureSumKernel, optionally inside ScaleKernel, got ScaleKernel "
-                                        "around SketchedCurlFreeKernel"):
+    with pytest.raises(TypeError, match="MultiOutputFeatureSumKernel .*, optionally inside ScaleKernel, "
+                                        "got ScaleKernel around SketchedCurlFreeKernel"):
         posterior_component_fields(MultiOutputGPModel(data["x"], data["y"], MultitaskGaussianLikelihood(num_tasks=2),
                                                       ScaleKernel(SketchedCurlFreeKernel(64, 2))).to(F64))
+
+
+def test_helmholtz_components_of_a_sketched_exact_helmholtz_kernel():
+    """rfgp.sketch of an exact Helmholtz kernel (GPyTorch's sum of curl- and divergence-free kernels) is a
+    FeatureSumKernel of the sketched parts; posterior_component_fields refused it (TypeError naming
+    MultiOutputFeatureSumKernel), though its root is the same [R_curl, R_div].  Its parts are each exactly curl- or
+    divergence-free and sum to the posterior mean (rounding)."""
+    data = helmholtz_field(60, input_dim=3, noise=0.05, seed=3)
+    exact = gpytorch.kernels.AdditiveKernel(ScaleKernel(CurlFreeRBFKernel(3)),
+                                            ScaleKernel(rfgp.kernels.DivFreeRBFKernel(3)))
+    model = MultiOutputGPModel(data["x"], data["y"], MultitaskGaussianLikelihood(num_tasks=3, rank=0),
+                               rfgp.sketch(exact, 3 * 64)).to(F64)
+    probe = torch.rand(7, 3, dtype=F64, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    curl_part, div_part = posterior_component_fields(model)
+    with torch.no_grad():
+        torch.testing.assert_close(curl_part(probe) + div_part(probe), model(probe).mean, rtol=1e-10, atol=1e-10)
+    assert curl_part(probe).abs().max() > 1e-2 and div_part(probe).abs().max() > 1e-2
+    assert rfgp.applications.vector_fields.curl(curl_part, probe).abs().max() < 1e-12
+    assert rfgp.applications.vector_fields.divergence(div_part, probe).abs().max() < 1e-12
 
 
 def test_posterior_field_samples_of_a_gpytorch_sum_name_the_feature_sum():
