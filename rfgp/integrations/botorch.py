@@ -115,8 +115,8 @@ def _gen_kernel_features_rfgp(kernel: FeatureKernel, *, num_inputs: int, num_out
         warn_user(
             f"{type(kernel).__name__} has a variance bias: BoTorch paths sample the posterior of k̂ = ΦᵀΦ without the "
             "diagonal correction c(x) = k(x, x) − E[k̂(x, x)] (Nyström: k(x, x) − ‖φ(x)‖²) that the model's posterior "
-            "variance adds (rfgp.models.sampling.posterior_paths adds it as per-point noise to a model without BoTorch "
-            "input or outcome transforms)",
+            "variance adds (rfgp.models.sampling.posterior_paths adds it as per-point noise, also under BoTorch input "
+            "and outcome transforms)",
             UserWarning,
         )
     return KernelFeatures(kernel, num_inputs)

@@ -64,9 +64,12 @@ def check_path_kernel(kernel, what: str = "model.covar_module") -> None:
 class PosteriorPaths(nn.Module):
     r"""S posterior function draws f_s(x) = μ(x) + Φ(x)ᵀw_s of a fitted random-feature GP.
 
-    Build it with :func:`posterior_paths`.  Calling it on x ``(..., n, d)`` (model-space inputs,
-    what ``model.forward`` receives; ``(n,)`` is one column, as ``model(x)`` reads it) returns ``(S, *batch, n)`` for
-    single-output models and ``(S, *batch, n, p)`` for operator-valued kernels with p outputs per input.
+    Build it with :func:`posterior_paths`.  Calling it on x ``(..., n, d)`` (``(n,)`` is one column, as ``model(x)``
+    reads it) returns ``(S, *batch, n)`` for single-output models and ``(S, *batch, n, p)`` for operator-valued
+    kernels with p outputs per input.  For a BoTorch model x is what ``model.posterior`` takes: the paths apply the
+    model's ``input_transform`` as its posterior does in eval mode, and return values on the outcome scale,
+    ``outcome_transform.untransform`` of the paths' values; a multi-output model's m outputs are the last batch
+    dimension, ``(S, *batch, m, n)``, as BoTorch's paths.
 
     The weights belong to the kernel's draws at :func:`posterior_paths`: once they are re-drawn (``resample()``,
     :func:`rfgp.set_num_features`, a state loaded into the kernel alone) calling the paths raises instead of pairing
@@ -77,10 +80,14 @@ class PosteriorPaths(nn.Module):
     """
 
     def __init__(self, mean_module: nn.Module, covar_module: nn.Module, weights: Tensor, num_outputs: int,
-                 variance_correction: bool, generator: torch.Generator | None) -> None:
+                 variance_correction: bool, generator: torch.Generator | None, input_transform: nn.Module | None = None,
+                 outcome_transform: nn.Module | None = None, num_outcomes: int = 1) -> None:
         super().__init__()
         self.mean_module = mean_module
         self.covar_module = covar_module
+        self.input_transform = input_transform
+        self.outcome_transform = outcome_transform
+        self.num_outcomes = num_outcomes
         self.register_buffer("weights", weights)
         self.num_outputs = num_outputs
         self.variance_correction = variance_correction
@@ -98,6 +105,7 @@ class PosteriorPaths(nn.Module):
             x = x.unsqueeze(-1)
         if x.dim() < 2:
             raise ValueError(f"x must have shape (..., n, d), or (n,) for one input column, got {tuple(x.shape)}")
+        x = self._transformed_inputs(x)
         if draw_fingerprint(self.covar_module) != self.draws:
             raise RuntimeError(
                 "the kernel's random features were re-drawn after these posterior paths were drawn "
@@ -117,7 +125,33 @@ class PosteriorPaths(nn.Module):
         values = values.movedim(-1, 0)
         if self.num_outputs > 1:
             values = values.unflatten(-1, (x.shape[-2], self.num_outputs))
-        return values + self.mean_module(x)
+        return self._on_outcome_scale(values + self.mean_module(x), x)
+
+    def _transformed_inputs(self, x: Tensor) -> Tensor:
+        """x as ``model.posterior`` passes it to the model in eval mode: ``input_transform(x)``, which applies the
+        transform where its ``transform_on_eval`` is set (and, under ``botorch.models.transforms.input.fantasize``,
+        its ``transform_on_fantasize``)."""
+        if self.input_transform is None:
+            return x
+        if any(module.training for module in self.input_transform.modules()):
+            raise ValueError(
+                f"the model's input_transform ({type(self.input_transform).__name__}) is in training mode "
+                "(model.train()): posterior paths apply it as model.posterior does, in eval mode, and in training mode "
+                "it would transform x by its transform_on_train rule (a Normalize(learn_bounds=True) learns its bounds "
+                "from x); call model.eval() first"
+            )
+        return self.input_transform(x)
+
+    def _on_outcome_scale(self, values: Tensor, x: Tensor) -> Tensor:
+        """Path values f(x) on the outcome scale, ``outcome_transform.untransform(f, X=x)`` (x transformed, as
+        ``model.posterior`` passes it): g⁻¹(f) of a Gaussian path f is a draw of the untransformed posterior
+        (Standardize: μ_y + σ_y f; Log: exp f; Power(p): f^(1/p); Bilog: sign(f)(e^|f| − 1); a chain in reverse).
+        BoTorch's m outputs are the values' last batch dimension and the transform's last dimension."""
+        if self.outcome_transform is None:
+            return values
+        if self.num_outcomes == 1:
+            return self.outcome_transform.untransform(values.unsqueeze(-1), X=x)[0].squeeze(-1)
+        return self.outcome_transform.untransform(values.transpose(-1, -2), X=x)[0].transpose(-1, -2)
 
     def _chunk_values(self, x: Tensor, weights: Tensor) -> Tensor:
         values = kernel_features(self.covar_module, x) @ weights
@@ -136,20 +170,28 @@ def _record_draws(paths: PosteriorPaths, incompatible_keys) -> None:
     paths.draws = draw_fingerprint(paths.covar_module)
 
 
-def _refuse_botorch_transforms(model) -> None:
-    """Paths evaluate ``mean_module`` and ``covar_module`` on x and return the model's targets' scale, so a BoTorch
-    model's input and outcome transforms, which its ``posterior`` applies around them, would be skipped silently
-    (a ``SingleTaskGP`` with ``Normalize`` and ``Standardize``: the paths' mean 1000 standard errors off its
-    posterior's)."""
-    for name in ("input_transform", "outcome_transform"):
-        transform = getattr(model, name, None)
-        if isinstance(transform, nn.Module):
-            raise ValueError(
-                f"{type(model).__name__} has an {name} ({type(transform).__name__}): rfgp.sampling.posterior_paths "
-                "evaluates the model in its transformed space (transformed inputs, transformed outputs), not "
-                "model.posterior's; use botorch.sampling.pathwise.draw_matheron_paths(model, torch.Size([S])), which "
-                "applies the transforms and samples the kernel's own features, or build the model without transforms"
-            )
+def _botorch_transforms(model) -> tuple[nn.Module | None, nn.Module | None]:
+    """The model's BoTorch ``input_transform`` and ``outcome_transform`` (``None`` where absent), the outcome transform
+    checked to untransform samples: one whose ``untransform`` is not defined (BoTorch's base class raises
+    ``NotImplementedError``) has no outcome-scale value of a path and is refused by name."""
+    input_transform = getattr(model, "input_transform", None)
+    outcome_transform = getattr(model, "outcome_transform", None)
+    input_transform = input_transform if isinstance(input_transform, nn.Module) else None
+    if not isinstance(outcome_transform, nn.Module):
+        return input_transform, None
+    num_outputs = getattr(model, "num_outputs", 1)  # BoTorch's m: targets (*batch, m, n) if m > 1, else (*batch, n)
+    first_targets = model.train_targets[..., :1].reshape(-1, num_outputs)[:1]  # (1, m): values untransform accepts
+    first_input = model.train_inputs[0].reshape(-1, model.train_inputs[0].shape[-1])[:1]
+    try:
+        outcome_transform.untransform(first_targets, X=first_input)
+    except NotImplementedError as error:
+        raise ValueError(
+            f"{type(model).__name__} has an outcome_transform ({type(outcome_transform).__name__}) whose untransform "
+            f"of samples is not defined ({error}): posterior paths return values on the outcome scale, "
+            "outcome_transform.untransform of the paths' values; give the transform an untransform or build the "
+            "model without it"
+        ) from None
+    return input_transform, outcome_transform
 
 
 def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: torch.Generator | None = None,
@@ -168,13 +210,17 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
             module docstring); ignored for maps without a variance bias.
 
     Returns:
-        :class:`PosteriorPaths` (an ``nn.Module``; the drawn weights are a buffer).  It works in model
-        space, so a BoTorch model with an ``input_transform`` or ``outcome_transform`` is refused — for those use
-        ``botorch.sampling.pathwise.draw_matheron_paths``, which rfgp registers (:mod:`rfgp.integrations.botorch`).
+        :class:`PosteriorPaths` (an ``nn.Module``; the drawn weights are a buffer).  A BoTorch model's transforms
+        are applied around the paths as ``model.posterior`` applies them: x is input-transformed (``Normalize``,
+        ``Warp``, ...; in eval mode, so calling the paths after ``model.train()`` raises), the values f(x), with
+        any bias-correction noise, are drawn in the model's transformed outcome space and returned as
+        ``outcome_transform.untransform(f, X=x)`` (``Standardize``, ``StratifiedStandardize``, ``Log``,
+        ``Power``, ``Bilog``, ``ChainedOutcomeTransform``): an untransformed Gaussian draw, so the paths' mean and
+        variance are ``model.posterior(x).mean`` and ``.variance`` (Log: the log-normal's).
 
     Raises:
-        ValueError: the model has a BoTorch ``input_transform`` or ``outcome_transform`` (``Normalize``,
-            ``Standardize``, ...): the paths would take transformed inputs and return transformed outputs.
+        ValueError: the model's ``outcome_transform`` does not define ``untransform`` of samples (it raises
+            ``NotImplementedError``): a path has no value on the outcome scale.
         ValueError: the model's ``forward`` transforms its inputs before ``covar_module`` sees them (deep kernel
             learning; :func:`~rfgp.models.kernel_inputs.covar_module_inputs`): paths of x would skip the network.
 
@@ -204,9 +250,9 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
                 f"the kernel), but {type(model).__name__} has no module {name!r}: register them under these names"
             )
     check_path_kernel(model.covar_module)
-    _refuse_botorch_transforms(model)
     if model.train_inputs is None:
         raise ValueError("model has no training data (model.train_inputs is None); posterior paths need it")
+    input_transform, outcome_transform = _botorch_transforms(model)
     if covar_module_inputs(model, model.train_inputs[0]) is not model.train_inputs[0]:
         raise ValueError(
             f"{type(model).__name__}.forward passes its inputs to covar_module transformed (a deep kernel's network, "
@@ -218,7 +264,8 @@ def posterior_paths(model: gpytorch.models.ExactGP, num_paths: int, generator: t
     weights = _prediction_strategy(model).weight_samples(num_paths, generator).detach()
     num_outputs = int(model.covar_module.num_outputs_per_input(model.train_inputs[0], model.train_inputs[0]))
     return PosteriorPaths(model.mean_module, model.covar_module, weights.squeeze(-1), num_outputs,
-                          variance_correction, generator)
+                          variance_correction, generator, input_transform, outcome_transform,
+                          getattr(model, "num_outputs", 1))
 
 
 def _prediction_strategy(model):
