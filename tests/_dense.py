@@ -34,3 +34,21 @@ def assert_eager_kernels_keep_the_strategy(model, test_x, strategy_type, toleran
     torch.testing.assert_close(posterior.mean, expected.mean, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(posterior.covariance_matrix, expected.covariance_matrix, rtol=tolerance,
                                atol=tolerance)
+
+
+class SameFeaturesKernel(gpytorch.kernels.Kernel):
+    """s·Φ(x1/ℓ)Φ(x2/ℓ)ᵀ as a dense tensor, Φ the feature map's own ``forward``, of ``rfgp.sketch(ScaleKernel(
+    RBFKernel(...)), F)`` (its outputscale s, lengthscales ℓ and random draws): a reference on the same random
+    features that bypasses the rfgp kernel's forward and operators (feature roots, lazy cross-covariances), so that a
+    model on it differs from the rfgp model by rounding only, not by the random-feature error."""
+
+    def __init__(self, sketched):
+        super().__init__()
+        self.sketched = sketched
+
+    def forward(self, x1, x2, diag=False, **params):
+        base = self.sketched.base_kernel
+        phi1 = base.feature_map(x1 / base.lengthscale)
+        phi2 = base.feature_map(x2 / base.lengthscale)
+        scale = self.sketched.outputscale[..., None]
+        return scale * (phi1 * phi2).sum(-1) if diag else scale[..., None] * (phi1 @ phi2.mT)
