@@ -300,7 +300,8 @@ def test_svgp_is_the_dense_model_on_the_same_random_features(case, width, tolera
     draws (:class:`~tests._dense.SameFeaturesKernel`): whitened (K_ZZ's Cholesky factor with GPyTorch's jitter) and
     unwhitened (prior N(0, K_ZZ) in the KL), F ≥ M and F = 6 < M = 10 (K̂_ZZ of rank 6: the jitter 1e-6 alone makes it
     positive definite), and an independent multitask SVGP over a batch kernel.  Their differences from the exact
-    kernel's model are the random-feature error (guide/gpytorch.md, "Variational models"), not rfgp's algebra.
+    kernel's model are the random-feature error, not rfgp's algebra (guide/gpytorch.md, "How far its objective and
+    gradients are from the exact kernel's").
 
     Errors relative to max(1, |reference|), bounded by rounding: measured ≤ 1.1e-12 except unwhitened at F = 6, whose
     KL and its gradient hold K̂_ZZ⁻¹ (twice) with cond(K̂_ZZ + 1e-6·I) ≈ 1e7: there the dense reference differs from
