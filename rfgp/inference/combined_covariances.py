@@ -189,6 +189,8 @@ class CorrectedDefaultPredictionStrategy(DefaultPredictionStrategy):
     :mod:`rfgp.inference.eager_covariances` for a training covariance that carries one."""
 
     def exact_prediction(self, test_mean, test_test_covar, test_train_covar):
+        """GPyTorch's predictive mean and covariance, plus diag(c) of the test points' variance correction c (none
+        under ``skip_posterior_variances``); refused where the test covariance lost the correction."""
         correction = combined_variance_correction(evaluated_covariance(test_test_covar))
         if correction is None:
             raise NotImplementedError(
