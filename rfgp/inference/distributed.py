@@ -25,6 +25,16 @@ A rank's shard may be empty (N points over more ranks): its model, built after `
 path as the other ranks.  No observed point on any rank is refused on every rank by the marginal likelihood (0/0);
 inside :class:`data_parallel` the posterior of no point is then the prior.
 
+An error that one rank raises inside :class:`DistributedExactMarginalLogLikelihood` or :class:`data_parallel` — a NaN
+or Inf in its targets, a bad fixed noise, any check of its shard, which rfgp makes before its first collective — is
+raised on every rank (:class:`every_rank_raises`): the failing rank raises its own, the others an
+:class:`OtherRankError` (a ``ValueError``) with its message.  Before, the others waited for it in their next
+collective until the process group's timeout (30 minutes by default), or gloo aborted the process when that
+collective met another of a different length.  The ranks agree once per marginal likelihood, in the all-reduce of its
+counts of targets (no more collectives than before), and once per :class:`data_parallel` block (one all-reduce of 3
+numbers, shared with a marginal likelihood inside it).  Errors outside these sections (building the model, a
+``model(x)`` before the marginal likelihood) are the script's: wrap them in :class:`every_rank_raises`.
+
 Launch with ``torchrun --nproc_per_node=2 train.py``; in the script::
 
     torch.distributed.init_process_group("gloo")          # "nccl" on GPUs
@@ -53,27 +63,145 @@ from .kernel_evaluation import evaluated_covariance
 _active_groups: list = []
 
 
-class data_parallel:
+#: :class:`every_rank_raises` sections entered and not yet agreed, outermost first
+_pending: list = []
+
+#: numbers that an agreement sums over the ranks besides the count of failed ranks (the marginal likelihood's targets,
+#: all and observed): the same for every section, so that a failing rank's agreement meets the others' wherever they
+#: stand (another section, or the first collective of theirs)
+_AGREED_COUNTS = 2
+
+#: characters of a failing rank's message that an agreement passes to the other ranks
+_MESSAGE_CHARS = 2000
+
+
+class OtherRankError(ValueError):
+    """Raised on the ranks whose own evaluation passed where another rank raised inside an :class:`every_rank_raises`
+    section (:class:`data_parallel`, :class:`DistributedExactMarginalLogLikelihood`) before its next collective: a
+    ``ValueError`` whatever that rank raised, its message saying which rank raised what, with the message."""
+
+
+def _check_initialised(what: str) -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            f"rfgp.inference.distributed.{what} needs an initialised process group: call "
+            "torch.distributed.init_process_group(...) first (e.g. under torchrun)"
+        )
+
+
+class every_rank_raises:
+    """Context in which an exception that one rank of ``group`` raises is raised on every rank.
+
+    A rank that raises where the others go on would leave them waiting in their next collective until the process
+    group's timeout (30 minutes by default): a NaN target, a bad fixed noise, any check of one rank's shard.  So the
+    ranks agree before going on: at the first rfgp collective inside the section (:func:`reduce_statistics`,
+    :func:`check_same_parameters`, :func:`sync_gradients`), or at its exit if none came, every rank all-reduces the
+    number of ranks that failed (one all-reduce of :data:`_AGREED_COUNTS` + 1 numbers, which the marginal likelihood
+    shares with its count of targets; one for all the sections then open); a rank that raises before that point
+    makes the same all-reduce on its way out.  If any failed, the ranks gather the failing ones' messages
+    (``all_gather_object``, on the failure path only): a failing rank raises its own exception, every other an
+    :class:`OtherRankError` naming the failing rank, its exception's class and its message.
+
+    Errors after the agreement (a check between two later collectives) are not agreed: rfgp makes its checks of a
+    rank's data before its first collective.  ``on_agreed``: called with the summed counts once the ranks agreed
+    that none failed (it may raise: every rank raises alike).
+    """
+
+    def __init__(self, group=None, on_agreed=None) -> None:
+        self.group = group
+        self.on_agreed = on_agreed
+        #: numbers this rank adds to the agreement (:data:`_AGREED_COUNTS`), and their sums once agreed
+        self.counts = (0,) * _AGREED_COUNTS
+        self.totals = None
+
+    def __enter__(self):
+        _check_initialised(type(self).__name__)
+        _pending.append(self)
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if not any(section is self for section in _pending):  # agreed already, or an agreed error on its way out
+            return False
+        if error is None:
+            _agree()
+        elif isinstance(error, Exception):
+            _agree(error)  # then the error goes on
+        else:  # KeyboardInterrupt, SystemExit: no collective on the way out
+            del _pending[[section is self for section in _pending].index(True):]
+        return False
+
+
+def _agree(failure: BaseException | None = None) -> None:
+    """Agree with the other ranks of every pending section's group whether any raised (:class:`every_rank_raises`);
+    ``failure``: this rank's exception, if it raised."""
+    sections = list(_pending)
+    _pending.clear()
+    others = []
+    for group in _distinct_groups(sections):
+        mine = [section for section in sections if section.group is group]
+        counts = [failure is not None, *(sum(column) for column in zip(*(s.counts for s in mine)))]
+        flags = torch.tensor(counts, dtype=torch.float64, device=_collective_device(group))
+        dist.all_reduce(flags, group=group)
+        failed, *totals = flags.tolist()
+        for section in mine:
+            section.totals = tuple(int(total) for total in totals)
+        if failed:
+            others += _failing_messages(failure, group)
+    if others and failure is None:
+        raise OtherRankError("; ".join(others) + ". This rank's evaluation passed; every rank raises (rather than "
+                             "wait for the failing rank in a collective until the process group's timeout)")
+    if failure is None:
+        for section in reversed(sections):
+            if section.on_agreed is not None:
+                section.on_agreed(section.totals)
+
+
+def _distinct_groups(sections: list) -> list:
+    groups = []
+    for section in sections:
+        if not any(section.group is group for group in groups):
+            groups.append(section.group)
+    return groups
+
+
+def _failing_messages(failure: BaseException | None, group) -> list[str]:
+    """'rank r of R raised Class: message' of every rank of ``group`` that failed (a collective)."""
+    mine = None
+    if failure is not None:
+        mine = f"{type(failure).__name__}: {failure}"
+        mine = mine if len(mine) <= _MESSAGE_CHARS else mine[:_MESSAGE_CHARS] + "…"
+    messages = [None] * dist.get_world_size(group)
+    dist.all_gather_object(messages, mine, group=group)
+    return [f"rank {rank} of {len(messages)} raised {message}" for rank, message in enumerate(messages)
+            if message is not None]
+
+
+def _before_collective() -> None:
+    """Agree on the pending :class:`every_rank_raises` sections before an rfgp collective."""
+    if _pending:
+        _agree()
+
+
+class data_parallel(every_rank_raises):
     """Context in which rfgp feature statistics are summed over the ranks of ``group``.
 
     Every rank must enter it and evaluate the same operations (they are collectives); a rank's shard may be empty.
+    An exception that one rank raises inside it before its first rfgp collective is raised on every rank
+    (:class:`every_rank_raises`): one more all-reduce of 3 numbers per block, shared with a marginal likelihood's
+    own inside it.
     """
 
     def __init__(self, group=None) -> None:
-        self.group = group
+        super().__init__(group)
 
     def __enter__(self):
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "rfgp.inference.distributed.data_parallel needs an initialised process group: call "
-                "torch.distributed.init_process_group(...) first (e.g. under torchrun)"
-            )
+        super().__enter__()
         _active_groups.append(self.group)
         return self
 
     def __exit__(self, *exc) -> bool:
         _active_groups.pop()
-        return False
+        return super().__exit__(*exc)
 
 
 def is_active() -> bool:
@@ -128,6 +256,7 @@ def reduce_statistics(*tensors: Tensor) -> tuple[Tensor, ...]:
     if torch.jit.is_tracing():  # a collective is no part of a deployable single-process model
         raise RuntimeError("rfgp.inference.distributed.data_parallel statistics cannot be traced (torch.jit.trace): "
                            "compute the posterior caches outside data_parallel before tracing")
+    _before_collective()
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
     reduced = _AllReduceSum.apply(_active_groups[-1], *(t.to(dtype) for t in tensors))
     return tuple(r.to(t.dtype) for r, t in zip(reduced, tensors))
@@ -183,6 +312,7 @@ def _check_same_sizes(named: list[tuple[str, Tensor]], what: str, device: torch.
     """Raise ``ValueError`` on every rank unless every rank holds as many tensors ``named`` (``what``: their kind),
     with as many values, as the others: one all-reduce of fixed length, so that ranks with different modules still
     meet, before collectives whose length is theirs."""
+    _before_collective()
     sizes = torch.tensor([len(named), sum(p.numel() for _, p in named)], dtype=torch.int64, device=device)
     extremes = torch.cat([sizes, -sizes])  # max and −min in one collective
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
@@ -257,6 +387,24 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
                 f"function_dist must be a MultivariateNormal, got {type(function_dist).__name__}"
             )
         check_same_parameters(self, self.group)
+        # a rank whose own evaluation raises before the statistics' all-reduce: every rank raises (every_rank_raises);
+        # the ranks agree at that all-reduce's start, summing their counts of targets
+        with every_rank_raises(self.group, self._refuse_no_observed_target) as agreement:
+            output, target, local = self._observed_output(function_dist, target, *params, **kwargs)
+            agreement.counts = local
+            with data_parallel(self.group):
+                res = output.log_prob(target)
+        total, observed_total = agreement.totals
+        res = res - 0.5 * (observed_total - local[1]) * math.log(2 * math.pi)
+        other = self._add_other_terms(torch.zeros_like(res), params)
+        world = dist.get_world_size(self.group)
+        # Exact value on every rank, 1/world of its gradient per rank: summed once by sync_gradients.
+        other = other / world + (other - other / world).detach()
+        return (res + other) / total
+
+    def _observed_output(self, function_dist, target, *params, **kwargs):
+        """(the likelihood's distribution of the observed targets, those targets, (the number of targets, the number
+        observed)) on this rank: GPyTorch's ``ExactMarginalLogLikelihood`` under ``observation_nan_policy``."""
         output = self.likelihood(function_dist, *params, **kwargs)
         # at call time: log_prob's operators and prediction import this module
         from .log_prob import has_feature_space_covariance
@@ -279,20 +427,13 @@ class DistributedExactMarginalLogLikelihood(gpytorch.mlls.ExactMarginalLogLikeli
                 MaskedLinearOperator(output.lazy_covariance_matrix, observed.reshape(-1), observed.reshape(-1)))
             target = target[..., observed]
         # GPyTorch divides by the number of all targets (missing ones included); log_prob's constant counts the
-        # observed ones of this rank, the statistics inside it are global.  Counted first: every rank refuses no data.
-        local = (function_dist.event_shape.numel(), output.event_shape.numel())
-        counts = torch.tensor(local, dtype=torch.float64, device=output.mean.device)
-        dist.all_reduce(counts, group=self.group)
-        total, observed_total = (int(c) for c in counts.tolist())
+        # observed ones of this rank, the statistics inside it are global
+        return output, target, (function_dist.event_shape.numel(), output.event_shape.numel())
+
+    def _refuse_no_observed_target(self, totals: tuple[int, int]) -> None:
+        """Every rank refuses targets of which no rank observes one (the loss would be 0/0)."""
+        total, observed_total = totals
         if observed_total == 0:
             raise ValueError(f"the targets of all {dist.get_world_size(self.group)} ranks hold no observed value "
                              f"({total} targets in all, every one NaN or none at all): the marginal likelihood needs "
                              "at least one")
-        with data_parallel(self.group):
-            res = output.log_prob(target)
-        res = res - 0.5 * (observed_total - local[1]) * math.log(2 * math.pi)
-        other = self._add_other_terms(torch.zeros_like(res), params)
-        world = dist.get_world_size(self.group)
-        # Exact value on every rank, 1/world of its gradient per rank: summed once by sync_gradients.
-        other = other / world + (other - other / world).detach()
-        return (res + other) / total

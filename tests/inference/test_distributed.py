@@ -592,3 +592,112 @@ def test_sync_gradients_agrees_on_the_parameters_first(empty_shard_spawned):
                                          "between 2 and 3 (3 to 4 values) over the ranks"), cases["extra"]
         refusal = torch.load(empty_shard_spawned / f"rank{rank}-extra-buffer.pt")  # the MLL's comparison of ranks
         assert refusal is not None and "parameters and buffers (outside the likelihoods)" in refusal, refusal
+
+
+def _outcome(evaluate) -> tuple[str, str] | None:
+    """(class name, message) of the ``ValueError`` that ``evaluate()`` raised on this rank, ``None`` if it returned.
+    Another exception (gloo's timeout of a rank left waiting in a collective) fails the spawn."""
+    try:
+        evaluate()
+    except ValueError as error:
+        return type(error).__name__, str(error)
+    return None
+
+
+def _one_rank_failing_cases(rank):
+    """Every case's outcome on this rank, where one rank's shard or evaluation fails before the next collective."""
+    x, y, x_test = _data()
+    shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
+    x, y = x[shard], y[shard].clone()
+    outcomes = {}
+    model = _model(x, y)
+    bad_y = y.clone()
+    if rank == 1:
+        bad_y[3] = float("nan")
+    mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(model.likelihood, model)
+    outcomes["nan-target"] = _outcome(lambda: mll(model(x), bad_y))
+
+    def inside_data_parallel():  # the MLL called inside the user's data_parallel block
+        with rfgp.inference.distributed.data_parallel():
+            mll(model(x), bad_y)
+
+    outcomes["nan-target-inside"] = _outcome(inside_data_parallel)
+    noise = 0.01 + y.abs()
+    if rank == 0:
+        noise[5] = float("nan")
+    fixed = ExactGPModel(x, y, gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise), _model(x, y).covar_module)
+    fixed_mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(fixed.likelihood, fixed.double())
+    outcomes["fixed-noise"] = _outcome(lambda: fixed_mll(fixed(x), y))
+    cx, cy, _ = _case_data(3, True)
+    case_shard = slice(rank * NUM_CASE_TRAIN // WORLD_SIZE, (rank + 1) * NUM_CASE_TRAIN // WORLD_SIZE)
+    cx, cy = cx[case_shard], cy[case_shard].clone()
+    with gpytorch.settings.observation_nan_policy("mask"):
+        multitask = _case_model("multitask-rank1-masked", cx, cy)
+        if rank == 1:
+            cy[2, 1] = float("inf")
+        multitask_mll = rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(multitask.likelihood,
+                                                                                         multitask)
+        outcomes["multitask-inf-target"] = _outcome(lambda: multitask_mll(multitask(cx), cy))
+
+    def predict_from_a_nan_target():  # rank 1's training target turned NaN after construction
+        predicting = _model(x, y.clone())
+        with torch.no_grad():
+            if rank == 1:
+                predicting.train_targets[0] = float("nan")
+            predicting.eval()
+            with rfgp.inference.distributed.data_parallel():
+                predicting(x_test).mean
+
+    outcomes["prediction"] = _outcome(predict_from_a_nan_target)
+
+    def fail_before_the_mll():  # rank 0 refuses its test inputs inside the block, rank 1 goes on to the MLL
+        trained = _model(x, y)
+        with rfgp.inference.distributed.data_parallel():
+            trained(x[:, :1] if rank == 0 else x)
+            rfgp.inference.distributed.DistributedExactMarginalLogLikelihood(trained.likelihood, trained)(
+                trained(x), y)
+
+    outcomes["before-the-mll"] = _outcome(fail_before_the_mll)
+    with rfgp.inference.distributed.data_parallel():  # the ranks went on in step
+        outcomes["after"] = _single_output_result(torch.float64, None, None, shard, distributed=True)
+    return outcomes
+
+
+def _one_rank_failing_worker(rank, port, path):
+    torch.set_num_threads(1)
+    # a rank left waiting in a collective fails after the timeout instead of hanging the test
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        torch.save(_one_rank_failing_cases(rank), f"{path}/rank{rank}-failing.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+#: (case, failing rank, its error class, what its message says)
+ONE_RANK_FAILING = [("nan-target", 1, "NonFiniteError", "y − μ (the training targets minus the prior mean) contains"),
+                    ("nan-target-inside", 1, "NonFiniteError", "y − μ (the training targets minus the prior mean)"),
+                    ("fixed-noise", 0, "InvalidValueError", "noise variances must be finite and > 0"),
+                    ("multitask-inf-target", 1, "NonFiniteError", "contains NaN or Inf"),
+                    ("prediction", 1, "NonFiniteError", "contains NaN or Inf"),
+                    ("before-the-mll", 0, "ValueError", "")]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
+    """A NaN target, a NaN fixed noise, an Inf multi-output target on one rank's shard, a NaN training target at
+    prediction under data_parallel, or any error one rank raises inside data_parallel before its next collective:
+    that rank raises its own error and every other rank an OtherRankError (a ValueError) with its message, and both
+    go on in step (the next evaluation equals one process).  Before, the failing rank raised and the others waited
+    in their next collective (for the process group's timeout, 30 minutes by default; 30 s here)."""
+    mp.spawn(_one_rank_failing_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    outcomes = [torch.load(tmp_path / f"rank{rank}-failing.pt") for rank in range(WORLD_SIZE)]
+    for case, failing, error_class, says in ONE_RANK_FAILING:
+        own = outcomes[failing][case]
+        assert own is not None and own[0] == error_class and says in own[1], (case, own)
+        other = outcomes[1 - failing][case]
+        assert other is not None and other[0] == "OtherRankError", (case, other)
+        assert other[1].startswith(f"rank {failing} of 2 raised {error_class}: {own[1][:100]}"), (case, other)
+    reference = _single_output_result(torch.float64, None, None)
+    for rank in range(WORLD_SIZE):
+        _assert_matches(outcomes[rank]["after"], reference, ("after", rank))
