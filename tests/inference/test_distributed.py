@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from linear_operator.operators import LinearOperator
 
 import rfgp
 from rfgp.core.validation import NonFiniteHyperparameterError
+from rfgp.inference.kernel_evaluation import evaluated_covariance
 from rfgp.inference.statistics_precision import recorded_statistics_dtypes
 from rfgp.kernels import NystromKernel, SketchedPolynomialKernel, SketchedRBFKernel
 from rfgp.models import ExactGPModel
@@ -415,6 +417,44 @@ def test_data_parallel_needs_a_process_group():
 UNEVEN_SHARDS = [("multitask-rank1-masked", 39), ("dirichlet-shared-chunked", 29), ("multitask-rank1-chunked", 34)]
 
 
+#: (kind, rfgp.settings.memory_budget in bytes) at which rank 0's shard of uneven ones (110 of the single-output
+#: model's 150 points, 28 of the other kinds' 40) is evaluated in chunks and rank 1's (40, 12 points) materialised, as
+#: are all points on one process: the chunking decision is each rank's own, and the ranks must still reduce the same
+#: statistics in the same collectives (a materialised root, chunked row blocks of a single- or multi-output root,
+#: per-label classification statistics, Nyström's triangular ones, a curl-free field's, independent tasks')
+BUDGET_SPLIT_KINDS = [("single", 2**16), ("multitask-rank1-masked", 2**16), ("dirichlet-shared", 2**13),
+                      ("nystrom", 2**12), ("curl-free-rank1", 2**13), ("independent-rank1-masked", 2**14)]
+BUDGET_SPLIT = 28
+
+
+def _budget_split_result(kind, budget, shard=slice(None), distributed=False):
+    with rfgp.settings.memory_budget(budget):
+        if kind == "single":
+            return _single_output_result(torch.float64, None, None, shard, distributed)
+        return _case_result(kind, shard, distributed)
+
+
+def _is_chunked(operator) -> bool:
+    """Whether ``operator`` or an operator it is built of evaluates its root in chunks of rows."""
+    return type(operator).__name__.startswith("Chunked") or any(
+        _is_chunked(part) for part in operator._args if isinstance(part, LinearOperator))
+
+
+def _chunks_at(kind, budget, shard=slice(None)) -> bool:
+    """Whether the training covariance of ``kind`` on ``shard`` is evaluated in chunks under ``budget``."""
+    if kind == "single":
+        x, y, _ = _data()
+        model, masked = _model(x[shard], y[shard]), False
+    else:
+        name, _, _, masked = MODEL_KINDS[kind]
+        x, y, _ = _case_data(3 if name in ("multitask", "lcm") else DIM, masked)
+        model = _case_model(kind, x[shard], y[shard])
+    with (rfgp.settings.memory_budget(budget), gpytorch.settings.observation_nan_policy("mask" if masked else "ignore"),
+          torch.no_grad()):
+        covariance = model.likelihood(model(x[shard])).lazy_covariance_matrix
+        return _is_chunked(evaluated_covariance(covariance))
+
+
 def _uneven_worker(rank, port, path):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
@@ -427,23 +467,55 @@ def _uneven_worker(rank, port, path):
             shard = slice(0, split) if rank == 0 else slice(split, NUM_CASE_TRAIN)
             with rfgp.inference.distributed.data_parallel():
                 torch.save(_case_result(kind, shard, True), f"{path}/rank{rank}-{kind}.pt")
+        for kind, budget in BUDGET_SPLIT_KINDS:
+            split = 110 if kind == "single" else BUDGET_SPLIT
+            shard = slice(0, split) if rank == 0 else slice(split, None)
+            with rfgp.inference.distributed.data_parallel():
+                torch.save(_budget_split_result(kind, budget, shard, True), f"{path}/rank{rank}-budget-{kind}.pt")
     finally:
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def uneven_spawned(tmp_path_factory):
+    """The folder of the two gloo processes' results of :func:`_uneven_worker`."""
+    path = tmp_path_factory.mktemp("uneven")
+    mp.spawn(_uneven_worker, args=(_free_port(), str(path)), nprocs=WORLD_SIZE, join=True)
+    return path
+
+
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
-def test_uneven_shards_match_one_process(tmp_path):
+def test_uneven_shards_match_one_process(uneven_spawned):
     """Shards of different sizes, one without missing targets, one chunked beside one whole, one with fewer points
     than features: every rank takes the collectives of the others and gets the single-process loss, gradients and
     posterior."""
-    mp.spawn(_uneven_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     x, y, _ = _case_data(3, True)
     assert not torch.isnan(y[39:]).any() and torch.isnan(y[:39]).any()  # rank 1 of the masked cases has no NaN
     references = {"single": _single_output_result(torch.float64, None, None)}
     references.update((kind, _case_result(kind)) for kind, _ in UNEVEN_SHARDS)
     for name, reference in references.items():
         for rank in range(WORLD_SIZE):
-            _assert_matches(torch.load(tmp_path / f"rank{rank}-{name}.pt"), reference, (name, rank))
+            _assert_matches(torch.load(uneven_spawned / f"rank{rank}-{name}.pt"), reference, (name, rank))
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+def test_a_budget_that_chunks_one_shard_matches_one_process(uneven_spawned):
+    """rfgp.settings.memory_budget decides from each rank's own points whether to evaluate its features in chunks:
+    at a budget that chunks the bigger shard only (checked), the ranks still reduce the same statistics in the same
+    collectives, and both get the loss, gradients and posterior of one process (chunked) to 10⁻¹² relative.  The
+    sums are the same in another order: measured up to 2·10⁻¹⁴ (a gradient entry)."""
+    for kind, budget in BUDGET_SPLIT_KINDS:
+        split = 110 if kind == "single" else BUDGET_SPLIT
+        assert _chunks_at(kind, budget, slice(0, split)) and not _chunks_at(kind, budget, slice(split, None)), kind
+        assert _chunks_at(kind, budget), kind
+        reference = _budget_split_result(kind, budget)
+        for rank in range(WORLD_SIZE):
+            result = torch.load(uneven_spawned / f"rank{rank}-budget-{kind}.pt")
+            assert result["dtypes"] == reference["dtypes"], (kind, rank)
+            for key in ("loss", "mean", "var"):
+                torch.testing.assert_close(result[key], reference[key], rtol=1e-12, atol=1e-14, msg=str((kind, key)))
+            for name, grad in reference["grads"].items():
+                torch.testing.assert_close(result["grads"][name], grad, rtol=1e-12, atol=1e-14, msg=str((kind, name)))
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
