@@ -31,9 +31,11 @@ raised on every rank (:class:`every_rank_raises`): the failing rank raises its o
 :class:`OtherRankError` (a ``ValueError``) with its message.  Before, the others waited for it in their next
 collective until the process group's timeout (30 minutes by default), or gloo aborted the process when that
 collective met another of a different length.  The ranks agree once per marginal likelihood, in the all-reduce of its
-counts of targets (no more collectives than before), and once per :class:`data_parallel` block (one all-reduce of 3
-numbers, shared with a marginal likelihood inside it).  Errors outside these sections (building the model, a
-``model(x)`` before the marginal likelihood) are the script's: wrap them in :class:`every_rank_raises`.
+counts of targets (no more collectives than before), and once per :class:`data_parallel` block (one all-reduce of 4
+numbers).  Where some ranks reach a collective and the others leave the section without one (posterior caches
+built on some ranks only), every rank raises :class:`CollectiveMismatchError`.  Errors outside these sections
+(building the model, a ``model(x)`` before the marginal likelihood) are the script's: wrap them in
+:class:`every_rank_raises`.
 
 Launch with ``torchrun --nproc_per_node=2 train.py``; in the script::
 
@@ -66,9 +68,9 @@ _active_groups: list = []
 #: :class:`every_rank_raises` sections entered and not yet agreed, outermost first
 _pending: list = []
 
-#: numbers that an agreement sums over the ranks besides the count of failed ranks (the marginal likelihood's targets,
-#: all and observed): the same for every section, so that a failing rank's agreement meets the others' wherever they
-#: stand (another section, or the first collective of theirs)
+#: numbers that an agreement sums over the ranks besides the counts of failed ranks and of ranks agreeing at a
+#: collective (the marginal likelihood's targets, all and observed): the same for every section, so that a failing
+#: rank's agreement meets the others' wherever they stand (another section, or the first collective of theirs)
 _AGREED_COUNTS = 2
 
 #: characters of a failing rank's message that an agreement passes to the other ranks
@@ -79,6 +81,12 @@ class OtherRankError(ValueError):
     """Raised on the ranks whose own evaluation passed where another rank raised inside an :class:`every_rank_raises`
     section (:class:`data_parallel`, :class:`DistributedExactMarginalLogLikelihood`) before its next collective: a
     ``ValueError`` whatever that rank raised, its message saying which rank raised what, with the message."""
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Raised on every rank where some ranks reached an rfgp collective inside an :class:`every_rank_raises` section
+    and the others left it without one (posterior caches built on some ranks only): they would meet different
+    collectives."""
 
 
 def _check_initialised(what: str) -> None:
@@ -96,11 +104,13 @@ class every_rank_raises:
     group's timeout (30 minutes by default): a NaN target, a bad fixed noise, any check of one rank's shard.  So the
     ranks agree before going on: at the first rfgp collective inside the section (:func:`reduce_statistics`,
     :func:`check_same_parameters`, :func:`sync_gradients`), or at its exit if none came, every rank all-reduces the
-    number of ranks that failed (one all-reduce of :data:`_AGREED_COUNTS` + 1 numbers, which the marginal likelihood
+    number of ranks that failed (one all-reduce of :data:`_AGREED_COUNTS` + 2 numbers, which the marginal likelihood
     shares with its count of targets; one for all the sections then open); a rank that raises before that point
     makes the same all-reduce on its way out.  If any failed, the ranks gather the failing ones' messages
     (``all_gather_object``, on the failure path only): a failing rank raises its own exception, every other an
-    :class:`OtherRankError` naming the failing rank, its exception's class and its message.
+    :class:`OtherRankError` naming the failing rank, its exception's class and its message.  If none failed but some
+    ranks agree at a collective and others at the section's exit (posterior caches rebuilt on some ranks only), every
+    rank raises :class:`CollectiveMismatchError`: the first would wait for the others in that collective.
 
     Errors after the agreement (a check between two later collectives) are not agreed: rfgp makes its checks of a
     rank's data before its first collective.  ``on_agreed``: called with the summed counts once the ranks agreed
@@ -131,25 +141,36 @@ class every_rank_raises:
         return False
 
 
-def _agree(failure: BaseException | None = None) -> None:
+def _agree(failure: BaseException | None = None, at_collective: bool = False) -> None:
     """Agree with the other ranks of every pending section's group whether any raised (:class:`every_rank_raises`);
-    ``failure``: this rank's exception, if it raised."""
+    ``failure``: this rank's exception, if it raised; ``at_collective``: whether this rank agrees at an rfgp collective
+    (else at a section's exit)."""
     sections = list(_pending)
     _pending.clear()
-    others = []
+    others, mismatch = [], None
     for group in _distinct_groups(sections):
         mine = [section for section in sections if section.group is group]
-        counts = [failure is not None, *(sum(column) for column in zip(*(s.counts for s in mine)))]
+        counts = [failure is not None, at_collective, *(sum(column) for column in zip(*(s.counts for s in mine)))]
         flags = torch.tensor(counts, dtype=torch.float64, device=_collective_device(group))
         dist.all_reduce(flags, group=group)
-        failed, *totals = flags.tolist()
+        failed, reached, *totals = flags.tolist()
         for section in mine:
             section.totals = tuple(int(total) for total in totals)
         if failed:
             others += _failing_messages(failure, group)
+        elif 0 < reached < dist.get_world_size(group):
+            mismatch = (int(reached), dist.get_world_size(group))
     if others and failure is None:
         raise OtherRankError("; ".join(others) + ". This rank's evaluation passed; every rank raises (rather than "
                              "wait for the failing rank in a collective until the process group's timeout)")
+    if mismatch is not None and failure is None:
+        raise CollectiveMismatchError(
+            f"{mismatch[0]} of {mismatch[1]} ranks reached an rfgp collective (a sum of statistics) inside a "
+            "data_parallel block or marginal likelihood that the other ranks left without one; this rank "
+            f"{'reached one' if at_collective else 'left it without one'}. The ranks would meet different "
+            "collectives (gloo aborts, or waits for the process group's timeout): posterior caches built on some "
+            "ranks only (a prediction outside data_parallel, train()/eval(), other hyperparameters on some ranks)? "
+            "Make the same calls on every rank")
     if failure is None:
         for section in reversed(sections):
             if section.on_agreed is not None:
@@ -179,7 +200,7 @@ def _failing_messages(failure: BaseException | None, group) -> list[str]:
 def _before_collective() -> None:
     """Agree on the pending :class:`every_rank_raises` sections before an rfgp collective."""
     if _pending:
-        _agree()
+        _agree(at_collective=True)
 
 
 class data_parallel(every_rank_raises):
@@ -187,8 +208,7 @@ class data_parallel(every_rank_raises):
 
     Every rank must enter it and evaluate the same operations (they are collectives); a rank's shard may be empty.
     An exception that one rank raises inside it before its first rfgp collective is raised on every rank
-    (:class:`every_rank_raises`): one more all-reduce of 3 numbers per block, shared with a marginal likelihood's
-    own inside it.
+    (:class:`every_rank_raises`): one more all-reduce of 4 numbers per block.
     """
 
     def __init__(self, group=None) -> None:

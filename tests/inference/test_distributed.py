@@ -671,7 +671,7 @@ def _outcome(evaluate) -> tuple[str, str] | None:
     Another exception (gloo's timeout of a rank left waiting in a collective) fails the spawn."""
     try:
         evaluate()
-    except ValueError as error:
+    except (ValueError, rfgp.inference.distributed.CollectiveMismatchError) as error:
         return type(error).__name__, str(error)
     return None
 
@@ -730,6 +730,19 @@ def _one_rank_failing_cases(rank):
                 trained(x), y)
 
     outcomes["before-the-mll"] = _outcome(fail_before_the_mll)
+
+    def caches_on_one_rank_only():  # rank 1 predicts from its shard alone once: its caches are dropped, rank 0's kept
+        predicting = _model(x, y)
+        predicting.eval()
+        with torch.no_grad():
+            with rfgp.inference.distributed.data_parallel():
+                predicting(x_test).mean
+            if rank == 1:
+                predicting(x_test).mean
+            with rfgp.inference.distributed.data_parallel():
+                predicting(x_test).mean
+
+    outcomes["caches"] = _outcome(caches_on_one_rank_only)
     with rfgp.inference.distributed.data_parallel():  # the ranks went on in step
         outcomes["after"] = _single_output_result(torch.float64, None, None, shard, distributed=True)
     return outcomes
@@ -760,7 +773,9 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     """A NaN target, a NaN fixed noise, an Inf multi-output target on one rank's shard, a NaN training target at
     prediction under data_parallel, or any error one rank raises inside data_parallel before its next collective:
     that rank raises its own error and every other rank an OtherRankError (a ValueError) with its message, and both
-    go on in step (the next evaluation equals one process).  Before, the failing rank raised and the others waited
+    go on in step (the next evaluation equals one process).  Posterior caches rebuilt inside data_parallel on one rank
+    only (its prediction outside dropped them) raise CollectiveMismatchError on both ranks; before, that rank waited
+    in the statistics' all-reduce that the other never joined.  Before, the failing rank raised and the others waited
     in their next collective (for the process group's timeout, 30 minutes by default; 30 s here)."""
     mp.spawn(_one_rank_failing_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     outcomes = [torch.load(tmp_path / f"rank{rank}-failing.pt") for rank in range(WORLD_SIZE)]
@@ -770,6 +785,10 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
         other = outcomes[1 - failing][case]
         assert other is not None and other[0] == "OtherRankError", (case, other)
         assert other[1].startswith(f"rank {failing} of 2 raised {error_class}: {own[1][:100]}"), (case, other)
+    for rank, where in enumerate(("left it without one", "reached one")):  # rank 1 rebuilds its caches, rank 0 not
+        assert outcomes[rank]["caches"][0] == "CollectiveMismatchError", outcomes[rank]["caches"]
+        assert "1 of 2 ranks reached an rfgp collective" in outcomes[rank]["caches"][1], outcomes[rank]["caches"]
+        assert f"this rank {where}" in outcomes[rank]["caches"][1], outcomes[rank]["caches"]
     reference = _single_output_result(torch.float64, None, None)
     for rank in range(WORLD_SIZE):
         _assert_matches(outcomes[rank]["after"], reference, ("after", rank))
