@@ -743,6 +743,12 @@ def _one_rank_failing_cases(rank):
                 predicting(x_test).mean
 
     outcomes["caches"] = _outcome(caches_on_one_rank_only)
+
+    def build_a_model_of_a_nan_input():  # the script's own code, before any rfgp collective
+        with rfgp.inference.distributed.every_rank_raises():
+            _model(torch.where(torch.arange(len(x))[:, None] == 2, float("nan"), x) if rank == 1 else x, y)
+
+    outcomes["model"] = _outcome(build_a_model_of_a_nan_input)
     with rfgp.inference.distributed.data_parallel():  # the ranks went on in step
         outcomes["after"] = _single_output_result(torch.float64, None, None, shard, distributed=True)
     return outcomes
@@ -765,13 +771,15 @@ ONE_RANK_FAILING = [("nan-target", 1, "NonFiniteError", "y − μ (the training 
                     ("fixed-noise", 0, "InvalidValueError", "noise variances must be finite and > 0"),
                     ("multitask-inf-target", 1, "NonFiniteError", "contains NaN or Inf"),
                     ("prediction", 1, "NonFiniteError", "contains NaN or Inf"),
-                    ("before-the-mll", 0, "ValueError", "")]
+                    ("before-the-mll", 0, "ValueError", ""),
+                    ("model", 1, "NonFiniteError", "train_x contains NaN or Inf entries")]
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     """A NaN target, a NaN fixed noise, an Inf multi-output target on one rank's shard, a NaN training target at
-    prediction under data_parallel, or any error one rank raises inside data_parallel before its next collective:
+    prediction under data_parallel, any error one rank raises inside data_parallel before its next collective, or in
+    the script's code under every_rank_raises (a NaN training input):
     that rank raises its own error and every other rank an OtherRankError (a ValueError) with its message, and both
     go on in step (the next evaluation equals one process).  Posterior caches rebuilt inside data_parallel on one rank
     only (its prediction outside dropped them) raise CollectiveMismatchError on both ranks; before, that rank waited
