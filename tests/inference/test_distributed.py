@@ -782,9 +782,9 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     the script's code under every_rank_raises (a NaN training input):
     that rank raises its own error and every other rank an OtherRankError (a ValueError) with its message, and both
     go on in step (the next evaluation equals one process).  Posterior caches rebuilt inside data_parallel on one rank
-    only (its prediction outside dropped them) raise CollectiveMismatchError on both ranks; before, that rank waited
-    in the statistics' all-reduce that the other never joined.  Before, the failing rank raised and the others waited
-    in their next collective (for the process group's timeout, 30 minutes by default; 30 s here)."""
+    only (its prediction outside dropped them) raise CollectiveMismatchError on both ranks.  Before, the failing rank
+    raised and the others waited in their next collective (for the process group's timeout, 30 minutes by default;
+    30 s here), or met the failing rank's next collective of another length there: gloo aborted the process."""
     mp.spawn(_one_rank_failing_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     outcomes = [torch.load(tmp_path / f"rank{rank}-failing.pt") for rank in range(WORLD_SIZE)]
     for case, failing, error_class, says in ONE_RANK_FAILING:
