@@ -104,7 +104,7 @@ class every_rank_raises:
     group's timeout (30 minutes by default): a NaN target, a bad fixed noise, any check of one rank's shard.  So the
     ranks agree before going on: at the first rfgp collective inside the section (:func:`reduce_statistics`,
     :func:`check_same_parameters`, :func:`sync_gradients`), or at its exit if none came, every rank all-reduces the
-    number of ranks that failed (one all-reduce of :data:`_AGREED_COUNTS` + 2 numbers, which the marginal likelihood
+    number of ranks that failed (one all-reduce of 4 numbers, which the marginal likelihood
     shares with its count of targets; one for all the sections then open); a rank that raises before that point
     makes the same all-reduce on its way out.  If any failed, the ranks gather the failing ones' messages
     (``all_gather_object``, on the failure path only): a failing rank raises its own exception, every other an
@@ -120,7 +120,7 @@ class every_rank_raises:
     def __init__(self, group=None, on_agreed=None) -> None:
         self.group = group
         self.on_agreed = on_agreed
-        #: numbers this rank adds to the agreement (:data:`_AGREED_COUNTS`), and their sums once agreed
+        #: numbers this rank adds to the agreement (``_AGREED_COUNTS`` of them), and their sums once agreed
         self.counts = (0,) * _AGREED_COUNTS
         self.totals = None
 
