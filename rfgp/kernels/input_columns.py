@@ -16,13 +16,18 @@ GPyTorch selects a kernel's ``active_dims`` in ``Kernel.__call__``, before ``for
   kernel with ``active_dims`` of its own sees all the columns of the ``MultitaskKernel``.
   :func:`check_tree` warns about such ignored ``active_dims``, and ``rfgp.sketch`` converts the
   tree as GPyTorch evaluates it.
+* rfgp's feature-space combinations (``FeatureSumKernel``, the products, ``MultiOutputFeatureSumKernel``,
+  ``SketchedLCMKernel``) and ``SketchedDecomposableKernel`` evaluate their parts (its data kernel) through
+  :func:`~rfgp.kernels.combinations.kernel_features`, which selects each part's ``active_dims``: *called*
+  (:func:`evaluated_children`).
 
 Columns are indices into the root's input columns (those of ``x_sample``), ``None`` for all of
 them.  Their number d is ``x_sample``'s width if given, else the ``ard_num_dims`` of the leaves
 that see all columns.  :func:`check_tree` raises, at conversion, what GPyTorch (or the converted
 kernel) would only raise at the first call: ``active_dims`` outside the columns a node is given,
-a leaf's ``ard_num_dims`` different from the number of columns it sees, and leaves on all the
-columns with different ``ard_num_dims``.
+a leaf's ``ard_num_dims`` or an rfgp leaf's declared ``input_dim`` (:func:`declared_input_dim`) different
+from the number of columns it sees, and leaves on all the columns with different ``ard_num_dims``.
+:func:`check_input_width` makes the same checks against a model's ``train_x`` at construction.
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ from gpytorch.kernels import (
 from torch import Tensor
 
 from ..core.user_warnings import warn as warn_user
-from .operator_valued import DecomposableKernel
+from .combinations import _CombinedFeatureKernel
+from .operator_valued import DecomposableKernel, _GaussianDerivativeKernel
+from .random_feature_kernel import FeatureKernel
+from .sketched_operator_valued import SketchedDecomposableKernel
 
 #: multitask kernels whose data kernel ``rfgp.sketch`` converts (exact types: subclasses may compute otherwise)
 MULTITASK_TYPES = (MultitaskKernel, DecomposableKernel)
@@ -68,6 +76,29 @@ def children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
     if type(kernel) is LCMKernel:  # its forward calls each MultitaskKernel's forward
         return [(part, False) for part in kernel.covar_module_list]
     return []
+
+
+def evaluated_children(kernel: Kernel) -> list[tuple[Kernel, bool]]:
+    """:func:`children`, and the parts of rfgp's feature-space kernels as ``(child, True)``: a combination's ``kernels``
+    (sum, product, LCM) and a ``SketchedDecomposableKernel``'s ``data_covar_module`` are evaluated through
+    :func:`~rfgp.kernels.combinations.kernel_features`, which selects their ``active_dims`` as a call does."""
+    if isinstance(kernel, _CombinedFeatureKernel):
+        return [(part, True) for part in kernel.kernels]
+    if isinstance(kernel, SketchedDecomposableKernel):
+        return [(kernel.data_covar_module, True)]
+    return children(kernel)
+
+
+def declared_input_dim(kernel: Kernel) -> int | None:
+    """The number of input columns an rfgp kernel was built for, ``None`` where it declares none.
+
+    A feature kernel's ``input_dim`` (its draws' dimension, which :meth:`~rfgp.kernels.FeatureKernel.check_inputs`
+    holds every call to; ``None`` for a map that draws at its first call) and a curl-/divergence-free kernel's d.
+    GPyTorch's kernels declare theirs through ``ard_num_dims`` only.
+    """
+    if isinstance(kernel, (FeatureKernel, _GaussianDerivativeKernel)):
+        return getattr(kernel, "input_dim", None)
+    return None
 
 
 def check_x_sample(x_sample) -> Tensor:
@@ -105,10 +136,13 @@ class TreeColumns:
     Args:
         kernel: the root of the tree.
         x_sample: optional points of the root's input space (validated by :func:`check_x_sample`).
+        inputs: instead, ``(d, description)`` of the inputs the root is called with, e.g. a model's
+            ``(train_x.shape[-1], "train_x, shape (n, d)")``: checked against without reading their values.
     """
 
-    def __init__(self, kernel: Kernel, x_sample=None) -> None:
+    def __init__(self, kernel: Kernel, x_sample=None, inputs: tuple[int, str] | None = None) -> None:
         self.rows = None if x_sample is None else check_x_sample(x_sample)
+        self._inputs = inputs
         self.root = _compose(None, kernel)  # the model calls the root
         nodes = []  # (node, parent, whether it is called, the columns it is given, the columns it sees)
         self._walk(kernel, None, True, None, nodes)
@@ -117,12 +151,13 @@ class TreeColumns:
             if called and node.active_dims is not None:
                 self._check_active_dims(node, parent, given)
         for node, _, _, _, seen in nodes:
-            if not children(node):
+            if not evaluated_children(node):
                 self._check_ard(node, seen)
+                self._check_input_dim(node, seen)
 
     def child_columns(self, parent: Kernel, parent_columns: Columns, child: Kernel) -> Columns:
         """The columns ``child`` sees, ``parent`` seeing ``parent_columns``."""
-        called = next(c for k, c in children(parent) if k is child)
+        called = next(c for k, c in evaluated_children(parent) if k is child)
         return _compose(parent_columns, child) if called else parent_columns
 
     def width(self, columns: Columns) -> int | None:
@@ -145,7 +180,7 @@ class TreeColumns:
     def _walk(self, node: Kernel, parent: Kernel | None, called: bool, given: Columns, nodes: list) -> None:
         seen = _compose(given, node) if called else given
         nodes.append((node, parent, called, given, seen))
-        for child, child_called in children(node):
+        for child, child_called in evaluated_children(node):
             if not child_called:
                 _warn_ignored_active_dims(node, child)
             self._walk(child, node, child_called, seen, nodes)
@@ -154,8 +189,10 @@ class TreeColumns:
         """d and what it was taken from: x_sample, else the ``ard_num_dims`` of the leaves that see all columns."""
         if self.rows is not None:
             return self.rows.shape[-1], f"x_sample ({self.rows.shape[0]} rows × {self.rows.shape[-1]} columns)"
+        if self._inputs is not None:
+            return self._inputs
         on_all = [node for node, *_, seen in nodes
-                  if seen is None and not children(node) and node.ard_num_dims is not None]
+                  if seen is None and not evaluated_children(node) and node.ard_num_dims is not None]
         widths = sorted({node.ard_num_dims for node in on_all})
         if len(widths) > 1:
             leaves = ", ".join(f"{type(node).__name__}(ard_num_dims={node.ard_num_dims})" for node in on_all)
@@ -191,6 +228,17 @@ class TreeColumns:
                 f"({self.describe(seen)}); its ard_num_dims must be {width}{hint}"
             )
 
+    def _check_input_dim(self, leaf: Kernel, seen: Columns) -> None:
+        """An rfgp leaf built for ``input_dim`` columns (:func:`declared_input_dim`) sees that many."""
+        width, declared = self.width(seen), declared_input_dim(leaf)
+        if declared is not None and width is not None and declared != width:
+            dims = "" if leaf.active_dims is None else f", active_dims={leaf.active_dims.tolist()}"
+            raise ValueError(
+                f"{type(leaf).__name__}(input_dim={declared}{dims}) sees {width} columns ({self.describe(seen)}) but "
+                f"was built for input_dim={declared}: give it inputs of {declared} columns, or build it for "
+                f"input_dim={width}"
+            )
+
 
 def check_tree(kernel: Kernel, x_sample=None) -> TreeColumns:
     """The columns of every node of ``kernel``'s tree; raises ValueError for the contradictions of the module doc.
@@ -219,6 +267,18 @@ def check_tree(kernel: Kernel, x_sample=None) -> TreeColumns:
         ((0, 2), 2, (10, 2))
     """
     return TreeColumns(kernel, x_sample)
+
+
+def check_input_width(kernel: Kernel, x: Tensor, name: str) -> None:
+    """Refuse, before any evaluation, a kernel tree that cannot take ``x``'s columns: ``active_dims`` outside them, a
+    leaf whose ``ard_num_dims`` or declared ``input_dim`` (:func:`declared_input_dim`) is not the number of columns
+    it sees (a ``ValueError`` naming the kernel, ``name`` and x's shape).
+
+    Reads the tree's declared attributes only, never ``x``'s values: no map is drawn or fitted (Nyström landmarks,
+    a Gaussian sketch, draws at the first call) on a probe, and a kernel that declares nothing is left to its first
+    call.  For a model whose ``forward`` hands ``x`` to the kernel unchanged.
+    """
+    TreeColumns(kernel, inputs=(x.shape[-1], f"{name}, shape {tuple(x.shape)}"))
 
 
 def _compose(given: Columns, kernel: Kernel) -> Columns:

@@ -16,6 +16,7 @@ from ..inference.multioutput import kernel_num_outputs
 from .regression import (
     CachesDroppedOnConversion,
     _nan_policy_leaves_nan_out,
+    check_kernel_takes_train_x,
     first_prediction_once,
     lazy_kernels_when_predicting,
 )
@@ -36,6 +37,12 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
         covar_module: the matrix-valued kernel (optionally inside ``ScaleKernel``).
         mean_module: defaults to ``MultitaskMean(ZeroMean(), p)`` (vector fields are usually centred).
 
+    Inconsistent parts are refused here, by name, before any evaluation: train_x's columns against the kernel tree's
+    declared widths (``active_dims``, ``ard_num_dims``, an rfgp kernel's ``input_dim``; a kernel that declares none,
+    e.g. a map drawn at its first call, is checked by that call), train_y's columns against the kernel's outputs
+    (d for a curl- or divergence-free kernel in d dimensions), and the likelihood's and a ``MultitaskMean``'s
+    ``num_tasks`` against them.
+
     Example:
         >>> import torch, gpytorch
         >>> from rfgp.models import MultiOutputGPModel
@@ -55,6 +62,7 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
             shape = tuple(train_y.shape) if torch.is_tensor(train_y) else type(train_y).__name__
             raise ValueError(f"train_y must be an (n, p) tensor of vector observations, got {shape}")
         check_training_data(train_x, train_y, target_axis=-2, allow_nan_targets=_nan_policy_leaves_nan_out())
+        check_kernel_takes_train_x(self, MultiOutputGPModel, covar_module, train_x)  # before the outputs it implies
         num_outputs = kernel_num_outputs(covar_module, train_x[..., :1, :])
         if train_y.shape[-1] != num_outputs:
             raise ValueError(
@@ -74,6 +82,10 @@ class MultiOutputGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
         tasks = getattr(likelihood, "num_tasks", num_outputs)
         if tasks != num_outputs:
             raise ValueError(f"likelihood has num_tasks={tasks} but the kernel has {num_outputs} outputs")
+        means = getattr(mean_module, "num_tasks", num_outputs)  # a MultitaskMean's; other means say none
+        if means != num_outputs:
+            raise ValueError(f"mean_module has num_tasks={means} but the kernel has {num_outputs} outputs; use "
+                             f"MultitaskMean(..., num_tasks={num_outputs})")
         super().__init__(train_x, train_y, likelihood)
         self.num_outputs = num_outputs
         if mean_module is None:

@@ -12,6 +12,7 @@ from ..core.locks import init_lock
 from ..core.validation import check_model_inputs, check_training_data
 from ..inference.multioutput import check_one_output_per_input
 from ..kernels.combinations import is_feature_kernel
+from ..kernels.input_columns import check_input_width
 
 
 def _nan_policy_leaves_nan_out() -> bool:
@@ -58,6 +59,21 @@ def lazy_test_covariances_for_batched_exact(model: gpytorch.models.ExactGP):
     return gpytorch.settings.max_eager_kernel_size(0)
 
 
+def check_kernel_takes_train_x(model, model_class: type, covar_module, train_x: Tensor) -> None:
+    """Refuse at construction a ``covar_module`` whose declared input widths contradict train_x's columns
+    (:func:`~rfgp.kernels.input_columns.check_input_width`: ``active_dims``, ``ard_num_dims``, an rfgp kernel's
+    ``input_dim``), which its first evaluation would otherwise refuse, or, for an exact kernel under ``ScaleKernel``
+    whose lengthscales broadcast over one column, evaluate as another model.
+
+    Only where the kernel sees train_x: ``model_class.forward`` (a subclass's own ``forward`` may transform the inputs
+    first, deep kernel learning, and is left to the first call).  Kernel parameters in another dtype or on another
+    device than train_x are not refused: ``Model(x.cuda(), y.cuda(), likelihood, kernel).cuda()`` (or ``.double()``)
+    is GPyTorch's usual pattern, and the conversion aligns them.
+    """
+    if type(model).forward is model_class.forward:
+        check_input_width(covar_module, train_x, "train_x")
+
+
 class CachesDroppedOnConversion:
     """Mixin of rfgp's ``ExactGP`` models: ``model.float()``, ``.double()`` and ``.to(...)`` drop the posterior caches.
 
@@ -83,10 +99,15 @@ class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
         likelihood: e.g. ``gpytorch.likelihoods.GaussianLikelihood()``.
         covar_module: the kernel, e.g. ``ScaleKernel(SketchedRBFKernel(1024, ard_num_dims=d))``.
         mean_module: defaults to ``gpytorch.means.ConstantMean()``.
+
+    A kernel tree that contradicts train_x's columns (``active_dims`` outside them, a kernel's ``ard_num_dims`` or
+    an rfgp kernel's ``input_dim`` other than the columns it sees) is refused here, by name; a kernel that declares
+    no width is checked at its first call, as are the inputs of a subclass whose ``forward`` transforms them.
     """
 
     def __init__(self, train_x: Tensor, train_y: Tensor, likelihood, covar_module, mean_module=None) -> None:
         check_training_data(train_x, train_y, allow_nan_targets=_nan_policy_leaves_nan_out())
+        check_kernel_takes_train_x(self, ExactGPModel, covar_module, train_x)
         # its n·p × n·p covariance does not fit the MultivariateNormal over n points (GPyTorch failed at the first
         # call with "Attempting to broadcast a dimension"); train_x is (..., n, d): checked
         check_one_output_per_input(covar_module, train_x[..., :1, :], "ExactGPModel",

@@ -377,6 +377,15 @@ case("own_gp/train_x_half", lambda: regression_model(data(8).half()), Raises(Typ
 case("own_gp/train_y_rows", lambda: regression_model(data(8), torch.zeros(5, dtype=torch.float64)), Raises(ValueError, "train_y", "5", "8"))
 case("own_gp/train_y_batch", lambda: regression_model(data(8).expand(3, 8, D), torch.zeros(2, 8, dtype=torch.float64)),
      Raises(ValueError, "train_y", "(2,)", "(3,)"))
+case("own_gp/kernel_ard_num_dims", lambda: regression_model(
+    kernel=gpytorch.kernels.ScaleKernel(kernels.SketchedRBFKernel(32, ard_num_dims=D + 1, seed=0))),
+     Raises(ValueError, "train_x", f"ard_num_dims={D + 1}", f"sees {D} columns"))
+case("own_gp/exact_kernel_ard_broadcast", lambda: regression_model(
+    data(8, d=1), kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=3))),
+     Raises(ValueError, "train_x", "ard_num_dims=3", "sees 1 columns"))
+case("own_gp/kernel_active_dims_outside", lambda: regression_model(
+    kernel=kernels.SketchedRBFKernel(32, active_dims=[0, D], seed=0)),
+     Raises(ValueError, "train_x", f"active_dims=[0, {D}]", f"0..{D - 1}"))
 
 
 def _fit_nan_target():
@@ -515,6 +524,16 @@ case("multioutput/y_columns", _multi_mll(y=_y2[:, :1]), Raises(ValueError, "trai
 case("multioutput/y_rows", _multi_mll(y=_y2[:5]), Raises(ValueError, "train_y", "5"))
 case("multioutput/y_one_dimensional", _multi_mll(y=_y2[:, 0]), Raises(ValueError, "train_y"))
 case("multioutput/empty", _multi_mll(x=_x[:0], y=_y2[:0]), Raises(ValueError, "empty"))
+case("multioutput/kernel_input_dim",
+     lambda: multioutput_model(kernel=kernels.SketchedCurlFreeKernel(32, D + 1, seed=0)),
+     Raises(ValueError, "train_x", f"input_dim={D + 1}", f"sees {D} columns"))
+case("multioutput/decomposable_ard_num_dims", lambda: multioutput_model(kernel=kernels.SketchedDecomposableKernel(
+    kernels.SketchedRBFKernel(32, ard_num_dims=D + 1, seed=0), num_tasks=D)),
+     Raises(ValueError, "train_x", f"ard_num_dims={D + 1}", f"sees {D} columns"))
+case("multioutput/mean_num_tasks", lambda: rfgp.MultiOutputGPModel(
+    _x, _y2, gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=D, rank=0),
+    kernels.SketchedCurlFreeKernel(32, D, seed=0), gpytorch.means.MultitaskMean(gpytorch.means.ZeroMean(), D + 1)),
+     Raises(ValueError, "mean_module", f"num_tasks={D + 1}", f"{D} outputs"))
 
 
 # --------------------------------------------------------------------------- Dirichlet classification
