@@ -68,7 +68,7 @@ from ..inference.multioutput import check_one_output_per_input
 from ..inference.posterior_covariance import LowRankPosteriorCovariance
 from ..inference.statistics_precision import statistics_dtype, weighted_square_norm
 from ..kernels.combinations import is_feature_kernel, kernel_diag_moments, kernel_features, unwrap_scale
-from ..kernels.input_columns import check_tree
+from ..kernels.input_columns import check_input_width
 
 _STATISTICS = ("gram", "cross", "weighted_square", "noise_logdet", "count")
 #: prefix of the state-dict keys holding the hyperparameters the statistics were summed with (written at save time)
@@ -319,12 +319,13 @@ class StreamingFeatureGP(nn.Module):
         """An empty batch adds nothing: state unchanged.  Once data were absorbed, its Φ (0 rows) checks its width
         against the features' draws as for any batch.  Before that, featurising it would fix the draws (and a fit to
         the first inputs) on no data, so its width is checked against the kernel tree alone — ``active_dims`` within
-        its columns, each leaf's ``ard_num_dims`` equal to the columns it sees (:func:`check_tree` of a point of that
-        width; it reads the tree's structure only) — as the first non-empty batch would be."""
+        its columns, each leaf's ``ard_num_dims`` or declared ``input_dim`` equal to the columns it sees
+        (:func:`~rfgp.kernels.input_columns.check_input_width`; it reads the tree's structure only) — as the first
+        non-empty batch would be."""
         if self._hyperparameters is not None:
             kernel_features(self.covar_module, x)
         else:
-            check_tree(self.covar_module, x_sample=x.new_zeros(1, x.shape[-1]))
+            check_input_width(self.covar_module, x, "x")
         return self
 
     def _gram_trace(self) -> Tensor | float:

@@ -268,6 +268,15 @@ def test_empty_first_batch_of_the_wrong_width_is_refused_without_drawing():
     assert gp._hyperparameters is None  # nothing drawn or fixed
 
 
+def test_empty_first_batch_is_checked_against_a_declared_input_dim_and_named_as_x():
+    """A map built for input_dim=2 took an empty 3-column first batch silently (only ard_num_dims was read); the
+    error of an ard_num_dims contradiction described the batch as "x_sample (1 rows × 3 columns)"."""
+    kernel = rfgp.kernels.RandomFeatureKernel(rfgp.features.RandomFourierFeatures(64, input_dim=2, seed=0)).double()
+    gp = StreamingFeatureGP(kernel, gpytorch.likelihoods.GaussianLikelihood().double())
+    with pytest.raises(ValueError, match=r"input_dim=2\) sees 3 columns \(all columns of x, shape \(0, 3\)\)"):
+        gp.update(torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.float64))
+
+
 def test_batch_of_the_wrong_width_is_refused_by_name_under_ard_lengthscales():
     """Streaming featurises without GPyTorch's Kernel.__call__, whose ard_num_dims check then did not run: a
     3-column batch into a 2-column ARD model failed in x / lengthscale with a bare broadcasting RuntimeError."""
