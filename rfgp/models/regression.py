@@ -101,8 +101,9 @@ class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
         mean_module: defaults to ``gpytorch.means.ConstantMean()``.
 
     A kernel tree that contradicts train_x's columns (``active_dims`` outside them, a kernel's ``ard_num_dims`` or
-    an rfgp kernel's ``input_dim`` other than the columns it sees) is refused here, by name; a kernel that declares
-    no width is checked at its first call, as are the inputs of a subclass whose ``forward`` transforms them.
+    an rfgp kernel's ``input_dim`` other than the columns it sees) is refused here and by ``set_train_data``, by
+    name; a kernel that declares no width is checked at its first call, as are the inputs of a subclass whose
+    ``forward`` transforms them.
     """
 
     def __init__(self, train_x: Tensor, train_y: Tensor, likelihood, covar_module, mean_module=None) -> None:
@@ -121,6 +122,8 @@ class ExactGPModel(CachesDroppedOnConversion, gpytorch.models.ExactGP):
         check_training_data(self.train_inputs[0] if new_x is None else new_x,
                             self.train_targets if targets is None else targets,
                             allow_nan_targets=_nan_policy_leaves_nan_out())
+        if new_x is not None:
+            check_kernel_takes_train_x(self, ExactGPModel, self.covar_module, new_x)
         super().set_train_data(inputs, targets, strict)
 
     def __call__(self, *inputs, **kwargs):

@@ -184,3 +184,12 @@ def test_a_multitask_mean_for_another_number_of_outputs_is_refused():
     with pytest.raises(ValueError, match=r"mean_module has num_tasks=3 but the kernel has 2 outputs"):
         MultiOutputGPModel(x, torch.sin(x), MultitaskGaussianLikelihood(num_tasks=2, rank=0),
                            SketchedCurlFreeKernel(64, 2, seed=0), mean)
+
+
+def test_new_training_inputs_of_another_width_are_refused_by_set_train_data():
+    """set_train_data(strict=False) took 3 columns for a kernel with ard_num_dims=2; the next call raised."""
+    model = _single(_x(2), ScaleKernel(SketchedRBFKernel(64, ard_num_dims=2, seed=0))).to(F64)
+    with pytest.raises(ValueError, match=r"ard_num_dims=2\) sees 3 columns \(all columns of train_x, shape \(20, 3\)"):
+        model.set_train_data(_x(3), torch.sin(_x(3).sum(-1)), strict=False)
+    model.set_train_data(_x(2, n=7), torch.zeros(7, dtype=F64), strict=False)
+    assert model.train_inputs[0].shape == (7, 2)
