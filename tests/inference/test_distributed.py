@@ -88,6 +88,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _spawn(worker, path):
+    """Run ``worker(rank, port, path)`` in WORLD_SIZE processes (a gloo group on a free port); returns ``path``, the
+    folder of their results."""
+    mp.spawn(worker, args=(_free_port(), str(path)), nprocs=WORLD_SIZE, join=True)
+    return path
+
+
 #: relative tolerances (loss, gradient, posterior mean and variance) of two processes against one.  float64:
 #: elementwise, the same sums in another order.  float32: normwise (relative to the largest entry), the same float32
 #: statistics summed in another order (each rank's half, then the all-reduce) — the model's own rounding, measured up
@@ -320,9 +327,7 @@ def _worker(rank, port, path):
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory):
     """The folder of the two gloo processes' results (:func:`_worker`), spawned once for the file."""
-    path = tmp_path_factory.mktemp("distributed")
-    mp.spawn(_worker, args=(_free_port(), str(path)), nprocs=WORLD_SIZE, join=True)
-    return path
+    return _spawn(_worker, tmp_path_factory.mktemp("distributed"))
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -479,9 +484,7 @@ def _uneven_worker(rank, port, path):
 @pytest.fixture(scope="module")
 def uneven_spawned(tmp_path_factory):
     """The folder of the two gloo processes' results of :func:`_uneven_worker`."""
-    path = tmp_path_factory.mktemp("uneven")
-    mp.spawn(_uneven_worker, args=(_free_port(), str(path)), nprocs=WORLD_SIZE, join=True)
-    return path
+    return _spawn(_uneven_worker, tmp_path_factory.mktemp("uneven"))
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -615,9 +618,7 @@ def _empty_shard_worker(rank, port, path):
 @pytest.fixture(scope="module")
 def empty_shard_spawned(tmp_path_factory):
     """The folder of the two gloo processes' results of :func:`_empty_shard_worker`."""
-    path = tmp_path_factory.mktemp("empty-shard")
-    mp.spawn(_empty_shard_worker, args=(_free_port(), str(path)), nprocs=WORLD_SIZE, join=True)
-    return path
+    return _spawn(_empty_shard_worker, tmp_path_factory.mktemp("empty-shard"))
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -785,7 +786,7 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     only (its prediction outside dropped them) raise CollectiveMismatchError on both ranks.  Before, the failing rank
     raised and the others waited in their next collective (for the process group's timeout, 30 minutes by default;
     30 s here), or met the failing rank's next collective of another length there: gloo aborted the process."""
-    mp.spawn(_one_rank_failing_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    _spawn(_one_rank_failing_worker, tmp_path)
     outcomes = [torch.load(tmp_path / f"rank{rank}-failing.pt") for rank in range(WORLD_SIZE)]
     for case, failing, error_class, says in ONE_RANK_FAILING:
         own = outcomes[failing][case]
