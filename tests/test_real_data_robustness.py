@@ -342,11 +342,16 @@ def test_fit_mll_checks_a_nystrom_kernel_that_is_a_factor_of_a_product():
 @pytest.mark.parametrize("sketched", [True, False])
 def test_fit_mll_names_a_lengthscale_narrower_than_the_inputs(sketched):
     """A kernel built for 2 columns on 3-column inputs: fit_mll's data-scale check used to divide the inputs by the
-    lengthscale first and raise torch's broadcasting RuntimeError instead of a message naming the kernel."""
+    lengthscale first and raise torch's broadcasting RuntimeError instead of a message naming the kernel (a user's
+    ExactGP; rfgp's ExactGPModel refuses the kernel when it is built)."""
     x = torch.rand(20, 3, dtype=torch.float64)
     kernel = ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2))
-    model = rfgp.models.ExactGPModel(x, torch.sin(x[:, 0]), gpytorch.likelihoods.GaussianLikelihood(),
-                                     rfgp.sketch(kernel, 64) if sketched else kernel).double()
+    kernel = rfgp.sketch(kernel, 64) if sketched else kernel
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    refused = r"(Sketched)?RBFKernel\(ard_num_dims=2\) sees 3 columns.*ard_num_dims must be 3"
+    with pytest.raises(ValueError, match=refused):
+        rfgp.models.ExactGPModel(x, torch.sin(x[:, 0]), likelihood, kernel)
+    model = UserGP(x, torch.sin(x[:, 0]), kernel).double()
     with pytest.raises(ValueError, match=r"the lengthscale of (Sketched)?RBFKernel has 2 entries \(ard_num_dims=2\) "
                                          r"but its inputs have 3 columns.*ard_num_dims=3"):
         rfgp.fit_mll(model, num_iterations=2)
