@@ -88,11 +88,25 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _spawn(worker, path):
-    """Run ``worker(rank, port, path)`` in WORLD_SIZE processes (a gloo group on a free port); returns ``path``, the
-    folder of their results."""
-    mp.spawn(worker, args=(_free_port(), str(path)), nprocs=WORLD_SIZE, join=True)
+def _spawn(worker, path, timeout: float | None = None):
+    """Run ``worker(rank, path)`` on each of WORLD_SIZE processes in a gloo group on a free port (``timeout``: seconds
+    a collective waits before it fails, so that a rank left waiting fails the test instead of hanging it); returns
+    ``path``, the folder of their results."""
+    mp.spawn(_in_group, args=(worker, _free_port(), str(path), timeout), nprocs=WORLD_SIZE, join=True)
     return path
+
+
+def _in_group(rank, worker, port, path, timeout):
+    """One rank of :func:`_spawn`: one thread (two ranks' thread pools would oversubscribe the cores and delay every
+    collective 3×), the process group around ``worker(rank, path)``."""
+    torch.set_num_threads(1)
+    options = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+                            **options)
+    try:
+        worker(rank, path)
+    finally:
+        dist.destroy_process_group()
 
 
 #: relative tolerances (loss, gradient, posterior mean and variance) of two processes against one.  float64:
@@ -287,41 +301,36 @@ def _posterior_mean(model, x_test):
         return model(x_test).mean
 
 
-def _worker(rank, port, path):
+def _worker(rank, path):
     """Every distributed run of this file on one rank (a single spawn): the single-output model, every case of
     :data:`CASE_RUNS`, the differing-rank refusals; with the flip cases' shard-alone decisions beside."""
-    torch.set_num_threads(1)  # two ranks' thread pools would oversubscribe the cores and delay every collective (3×)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
-    try:
-        shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
-        for run in SINGLE_OUTPUT_RUNS:
-            with rfgp.inference.distributed.data_parallel():
-                torch.save(_single_output_result(*run, shard, distributed=True), f"{path}/rank{rank}-single-{run}.pt")
-            if run[0] == torch.float32:
-                shard_alone = _single_output_result(*run, shard)["dtypes"]
-                torch.save(shard_alone, f"{path}/rank{rank}-single-{run}-shard.pt")
-        shard = slice(rank * NUM_CASE_TRAIN // WORLD_SIZE, (rank + 1) * NUM_CASE_TRAIN // WORLD_SIZE)
-        for kind, dtype, tolerance in CASE_RUNS:
-            with rfgp.inference.distributed.data_parallel():
-                result = _case_result(kind, shard, True, dtype, tolerance)
-            torch.save(result, f"{path}/rank{rank}-{kind}-{dtype}-{tolerance}.pt")
-            if tolerance is not None:
-                torch.save(_case_result(kind, shard, False, dtype, tolerance)["dtypes"],
-                           f"{path}/rank{rank}-{kind}-{dtype}-{tolerance}-shard.pt")
-        x, y, _ = _case_data(3, False)
-        torch.manual_seed(rank)  # unseeded ranks: GPyTorch's IndexKernel draws another task factor on each
-        model = MultitaskGP(x[shard], y[shard], gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3),
-                             rfgp.sketch(gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), 3, rank=1), 8))
-        torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-parameters.pt")
-        torch.manual_seed(0)  # the same parameters, but each rank's own random features
-        x, y, x_test = _data()
-        model = _model(x[shard], y[shard])
-        model.covar_module.base_kernel = SketchedRBFKernel(32, ard_num_dims=DIM, seed=rank).double()
-        torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-draws.pt")
-        shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
-        torch.save(_scope_means(_model(x[shard], y[shard]), x_test), f"{path}/rank{rank}-scopes.pt")
-    finally:
-        dist.destroy_process_group()
+    shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
+    for run in SINGLE_OUTPUT_RUNS:
+        with rfgp.inference.distributed.data_parallel():
+            torch.save(_single_output_result(*run, shard, distributed=True), f"{path}/rank{rank}-single-{run}.pt")
+        if run[0] == torch.float32:
+            shard_alone = _single_output_result(*run, shard)["dtypes"]
+            torch.save(shard_alone, f"{path}/rank{rank}-single-{run}-shard.pt")
+    shard = slice(rank * NUM_CASE_TRAIN // WORLD_SIZE, (rank + 1) * NUM_CASE_TRAIN // WORLD_SIZE)
+    for kind, dtype, tolerance in CASE_RUNS:
+        with rfgp.inference.distributed.data_parallel():
+            result = _case_result(kind, shard, True, dtype, tolerance)
+        torch.save(result, f"{path}/rank{rank}-{kind}-{dtype}-{tolerance}.pt")
+        if tolerance is not None:
+            torch.save(_case_result(kind, shard, False, dtype, tolerance)["dtypes"],
+                       f"{path}/rank{rank}-{kind}-{dtype}-{tolerance}-shard.pt")
+    x, y, _ = _case_data(3, False)
+    torch.manual_seed(rank)  # unseeded ranks: GPyTorch's IndexKernel draws another task factor on each
+    model = MultitaskGP(x[shard], y[shard], gpytorch.likelihoods.MultitaskGaussianLikelihood(num_tasks=3),
+                         rfgp.sketch(gpytorch.kernels.MultitaskKernel(gpytorch.kernels.RBFKernel(), 3, rank=1), 8))
+    torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-parameters.pt")
+    torch.manual_seed(0)  # the same parameters, but each rank's own random features
+    x, y, x_test = _data()
+    model = _model(x[shard], y[shard])
+    model.covar_module.base_kernel = SketchedRBFKernel(32, ard_num_dims=DIM, seed=rank).double()
+    torch.save(_refusal(model, x[shard], y[shard]), f"{path}/rank{rank}-different-draws.pt")
+    shard = slice(rank * NUM_TRAIN // WORLD_SIZE, (rank + 1) * NUM_TRAIN // WORLD_SIZE)
+    torch.save(_scope_means(_model(x[shard], y[shard]), x_test), f"{path}/rank{rank}-scopes.pt")
 
 
 @pytest.fixture(scope="module")
@@ -460,25 +469,20 @@ def _chunks_at(kind, budget, shard=slice(None)) -> bool:
         return _is_chunked(evaluated_covariance(covariance))
 
 
-def _uneven_worker(rank, port, path):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
-    try:
-        shard = slice(0, 110) if rank == 0 else slice(110, NUM_TRAIN)
+def _uneven_worker(rank, path):
+    shard = slice(0, 110) if rank == 0 else slice(110, NUM_TRAIN)
+    with rfgp.inference.distributed.data_parallel():
+        torch.save(_single_output_result(torch.float64, None, None, shard, distributed=True),
+                   f"{path}/rank{rank}-single.pt")
+    for kind, split in UNEVEN_SHARDS:
+        shard = slice(0, split) if rank == 0 else slice(split, NUM_CASE_TRAIN)
         with rfgp.inference.distributed.data_parallel():
-            torch.save(_single_output_result(torch.float64, None, None, shard, distributed=True),
-                       f"{path}/rank{rank}-single.pt")
-        for kind, split in UNEVEN_SHARDS:
-            shard = slice(0, split) if rank == 0 else slice(split, NUM_CASE_TRAIN)
-            with rfgp.inference.distributed.data_parallel():
-                torch.save(_case_result(kind, shard, True), f"{path}/rank{rank}-{kind}.pt")
-        for kind, budget in BUDGET_SPLIT_KINDS:
-            split = 110 if kind == "single" else BUDGET_SPLIT
-            shard = slice(0, split) if rank == 0 else slice(split, None)
-            with rfgp.inference.distributed.data_parallel():
-                torch.save(_budget_split_result(kind, budget, shard, True), f"{path}/rank{rank}-budget-{kind}.pt")
-    finally:
-        dist.destroy_process_group()
+            torch.save(_case_result(kind, shard, True), f"{path}/rank{rank}-{kind}.pt")
+    for kind, budget in BUDGET_SPLIT_KINDS:
+        split = 110 if kind == "single" else BUDGET_SPLIT
+        shard = slice(0, split) if rank == 0 else slice(split, None)
+        with rfgp.inference.distributed.data_parallel():
+            torch.save(_budget_split_result(kind, budget, shard, True), f"{path}/rank{rank}-budget-{kind}.pt")
 
 
 @pytest.fixture(scope="module")
@@ -582,43 +586,36 @@ def _sync_cases(rank):
     return {"unused": unused, "frozen": frozen, "extra": _sync_outcome(module, None)}
 
 
-def _empty_shard_worker(rank, port, path):
-    torch.set_num_threads(1)
-    # a collective that the other rank never joins fails after the timeout instead of hanging the test
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
-        for index, kind in enumerate(EMPTY_SHARD_KINDS):
-            with rfgp.inference.distributed.data_parallel():
-                result = _empty_shard_result(kind, empty=rank == (index + 1) % WORLD_SIZE)
-            torch.save(result, f"{path}/rank{rank}-{kind}.pt")
-        x, y, x_test = _data()
-        model = _model(x[:0], y[:0])  # no rank holds a point
-        torch.save(_refusal(model, x[:0], y[:0]), f"{path}/rank{rank}-no-points.pt")
-        try:  # a rank's empty shard alone, outside data_parallel: a GP of no points (not a collective)
-            _posterior_mean(model, x_test)
-            outside = None
-        except ValueError as error:
-            outside = str(error)
-        torch.save(outside, f"{path}/rank{rank}-outside.pt")
-        with rfgp.inference.distributed.data_parallel(), torch.no_grad():  # inside it: the posterior of no point
-            posterior = model(x_test)
-            prior = (model.mean_module(x_test), model.covar_module(x_test).to_dense())
-        torch.save({"posterior": (posterior.mean, posterior.covariance_matrix), "prior": prior},
-                   f"{path}/rank{rank}-prior.pt")
-        torch.save(_sync_cases(rank), f"{path}/rank{rank}-sync.pt")
-        model = _model(x, y)
-        if rank == 1:  # a buffer more on one rank: the comparison of the ranks' tensors would differ in length
-            model.covar_module.register_buffer("extra", torch.zeros(3, dtype=torch.float64))
-        torch.save(_refusal(model, x, y), f"{path}/rank{rank}-extra-buffer.pt")
-    finally:
-        dist.destroy_process_group()
+def _empty_shard_worker(rank, path):
+    for index, kind in enumerate(EMPTY_SHARD_KINDS):
+        with rfgp.inference.distributed.data_parallel():
+            result = _empty_shard_result(kind, empty=rank == (index + 1) % WORLD_SIZE)
+        torch.save(result, f"{path}/rank{rank}-{kind}.pt")
+    x, y, x_test = _data()
+    model = _model(x[:0], y[:0])  # no rank holds a point
+    torch.save(_refusal(model, x[:0], y[:0]), f"{path}/rank{rank}-no-points.pt")
+    try:  # a rank's empty shard alone, outside data_parallel: a GP of no points (not a collective)
+        _posterior_mean(model, x_test)
+        outside = None
+    except ValueError as error:
+        outside = str(error)
+    torch.save(outside, f"{path}/rank{rank}-outside.pt")
+    with rfgp.inference.distributed.data_parallel(), torch.no_grad():  # inside it: the posterior of no point
+        posterior = model(x_test)
+        prior = (model.mean_module(x_test), model.covar_module(x_test).to_dense())
+    torch.save({"posterior": (posterior.mean, posterior.covariance_matrix), "prior": prior},
+               f"{path}/rank{rank}-prior.pt")
+    torch.save(_sync_cases(rank), f"{path}/rank{rank}-sync.pt")
+    model = _model(x, y)
+    if rank == 1:  # a buffer more on one rank: the comparison of the ranks' tensors would differ in length
+        model.covar_module.register_buffer("extra", torch.zeros(3, dtype=torch.float64))
+    torch.save(_refusal(model, x, y), f"{path}/rank{rank}-extra-buffer.pt")
 
 
 @pytest.fixture(scope="module")
 def empty_shard_spawned(tmp_path_factory):
     """The folder of the two gloo processes' results of :func:`_empty_shard_worker`."""
-    return _spawn(_empty_shard_worker, tmp_path_factory.mktemp("empty-shard"))
+    return _spawn(_empty_shard_worker, tmp_path_factory.mktemp("empty-shard"), timeout=120)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -755,15 +752,8 @@ def _one_rank_failing_cases(rank):
     return outcomes
 
 
-def _one_rank_failing_worker(rank, port, path):
-    torch.set_num_threads(1)
-    # a rank left waiting in a collective fails after the timeout instead of hanging the test
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        torch.save(_one_rank_failing_cases(rank), f"{path}/rank{rank}-failing.pt")
-    finally:
-        dist.destroy_process_group()
+def _one_rank_failing_worker(rank, path):
+    torch.save(_one_rank_failing_cases(rank), f"{path}/rank{rank}-failing.pt")
 
 
 #: (case, failing rank, its error class, what its message says)
@@ -786,7 +776,7 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     only (its prediction outside dropped them) raise CollectiveMismatchError on both ranks.  Before, the failing rank
     raised and the others waited in their next collective (for the process group's timeout, 30 minutes by default;
     30 s here), or met the failing rank's next collective of another length there: gloo aborted the process."""
-    _spawn(_one_rank_failing_worker, tmp_path)
+    _spawn(_one_rank_failing_worker, tmp_path, timeout=30)
     outcomes = [torch.load(tmp_path / f"rank{rank}-failing.pt") for rank in range(WORLD_SIZE)]
     for case, failing, error_class, says in ONE_RANK_FAILING:
         own = outcomes[failing][case]
